@@ -1,0 +1,97 @@
+"""Fixtures: a scripted model server on 127.0.0.1 and the real CLI run as a subprocess.
+
+Every CLI run gets its own HOME, XZATOMA_HOME and XDG_CONFIG_HOME under a tmp
+dir, and an environment without the caller's credentials, so no test touches
+the real home directory, keyring or network.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "xzatoma.py")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fake_model import FakeModel  # noqa: E402
+
+SCRUBBED = ("OPENAI_API_KEY", "COPILOT_API_TOKEN", "GITHUB_TOKEN", "OLLAMA_API_KEY", "OLLAMA_HOST",
+            "OLLAMA_MODEL", "COPILOT_MODEL", "XZATOMA_PROVIDER", "XZATOMA_MODEL", "XZATOMA_MAX_TURNS",
+            "XZATOMA_CONFIG", "OPENAI_BASE_URL", "XZATOMA_HOME", "XDG_CONFIG_HOME")
+
+
+@pytest.fixture
+def fake():
+    server = FakeModel().start()
+    yield server
+    server.stop()
+
+
+class Cli:
+    """Runs `python xzatoma.py …` the way cron and shells do."""
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        self.home = tmp_path / "home"
+        self.xz_home = tmp_path / "xzhome"
+        self.config_home = tmp_path / "config"
+        self.workdir = tmp_path / "work"
+        for d in (self.home, self.xz_home, self.config_home, self.workdir):
+            d.mkdir()
+        self.env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+        self.env.update(HOME=str(self.home), XZATOMA_HOME=str(self.xz_home),
+                        XDG_CONFIG_HOME=str(self.config_home), NO_COLOR="1", PYTHONUNBUFFERED="1")
+
+    @property
+    def config_path(self):
+        return self.config_home / "xzatoma" / "config.yaml"
+
+    def write_config(self, data):
+        import yaml
+        self.config_path.parent.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(data))
+
+    def use(self, fake, provider="ollama", model=None, api="chat", **agent):
+        """Point the config at the fake server, with fast retries."""
+        cfg = {"provider": {"type": provider, "max_retries": 2, "retry_backoff_seconds": 0.01,
+                            "request_timeout_seconds": 20,
+                            "ollama": {"host": fake.url, "model": model or "llama3.2:3b"},
+                            "openai": {"base_url": fake.url + "/v1", "model": model or "gpt-test", "api": api},
+                            "copilot": {"api_url": fake.url, "model": model or "gpt-5.3-codex"}}}
+        if agent:
+            cfg["agent"] = agent
+        self.write_config(cfg)
+        if provider == "copilot":
+            self.env["COPILOT_API_TOKEN"] = "tid=fake-copilot-token"
+        return self
+
+    def command(self, *args):
+        return [sys.executable, SCRIPT] + [str(a) for a in args]
+
+    def run(self, *args, input=None, env=None, timeout=60, cwd=None):
+        full_env = dict(self.env, **(env or {}))
+        return subprocess.run(self.command(*args), input=input, capture_output=True, text=True,
+                              env=full_env, cwd=str(cwd or self.workdir), timeout=timeout)
+
+    def popen(self, *args, env=None, **kw):
+        full_env = dict(self.env, **(env or {}))
+        return subprocess.Popen(self.command(*args), env=full_env, cwd=str(self.workdir),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, **kw)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    return Cli(tmp_path)
+
+
+def tool_call(name, **arguments):
+    return {"name": name, "arguments": arguments}
+
+
+def last_json(text):
+    return json.loads(text.strip().splitlines()[-1])

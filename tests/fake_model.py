@@ -1,0 +1,397 @@
+"""A scripted model server on 127.0.0.1 that speaks the real wire formats.
+
+Ollama (`/api/chat` NDJSON streaming, `/api/tags`, `/api/show`), OpenAI chat
+completions (SSE with tool-call deltas split across chunks), the Responses API
+(SSE events) and Copilot's `/models` listing. Each model request takes the
+next reply from a script; every request is recorded.
+
+A reply is a dict:
+  content        answer text (streamed in small pieces)
+  tool_calls     [{"name": ..., "arguments": dict or raw JSON text}, ...]
+  thinking       reasoning text (Ollama `thinking`, OpenAI `reasoning_content`)
+  status         send this HTTP error status instead (with `body`, `headers`)
+  delay          seconds to wait before answering
+  chunk_delay    seconds between streamed pieces
+  finish         finish reason to report ("length" for a truncated answer)
+  malformed      send a broken stream line
+  hang           keep the connection open without answering for this long
+  repeat         serve this reply N times
+  usage          {"prompt_tokens": n, "completion_tokens": n}
+  expect         callable(request_body) -> error text or None (checks the history)
+
+Run standalone (used by the benchmarks, so the server is another process):
+  python tests/fake_model.py --loop-tool read_file --loop-args '{"path": "x"}' --turns 500
+prints the port on stdout and serves until killed.
+"""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeModel:
+    def __init__(self, models=None):
+        self.script = []
+        self.requests = []
+        self.models = models if models is not None else {
+            "llama3.2:3b": {"context_length": 131072},
+            "qwen3": {"context_length": 32768},
+            "gpt-test": {"context_length": 128000},
+            "gpt-5.3-codex": {"context_length": 264000, "endpoints": ["/responses"]},
+            "gpt-4.1": {"context_length": 128000, "endpoints": ["/chat/completions"]},
+        }
+        self.strict_models = False
+        self.lock = threading.Lock()
+        self.server = None
+        self.generator = None  # callable(request_body) -> reply, used when the script is empty
+
+    # -- control --
+    def start(self):
+        handler = _make_handler(self)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self):
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+
+    @property
+    def port(self):
+        return self.server.server_address[1]
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def add(self, *replies):
+        with self.lock:
+            for reply in replies:
+                for _ in range(reply.get("repeat", 1)):
+                    self.script.append(reply)
+        return self
+
+    def model_requests(self):
+        return [r for r in self.requests if r["path"] in MODEL_PATHS]
+
+    def next_reply(self, body):
+        with self.lock:
+            if self.script:
+                return self.script.pop(0)
+        if self.generator:
+            return self.generator(body)
+        return {"status": 500, "body": json.dumps({"error": "fake model: script exhausted"})}
+
+
+MODEL_PATHS = {"/api/chat", "/v1/chat/completions", "/chat/completions", "/v1/responses", "/responses"}
+
+
+def _pieces(text, size=7):
+    return [text[i:i + size] for i in range(0, len(text), size)] or []
+
+
+def _args_text(arguments):
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _make_handler(fake):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        # -- plumbing --
+        def _body(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                return json.loads(raw) if raw else {}
+            except ValueError:
+                return {"_raw": raw.decode("utf-8", "replace")}
+
+        def _send_json(self, status, obj, headers=None):
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _start_stream(self, content_type):
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+        def _chunk(self, data, delay=0):
+            if delay:
+                time.sleep(delay)
+            if isinstance(data, str):
+                data = data.encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _end_stream(self):
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+        def _record(self, body):
+            entry = {"method": self.command, "path": self.path.split("?")[0],
+                     "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+            with fake.lock:
+                fake.requests.append(entry)
+
+        # -- routing --
+        def do_GET(self):
+            self._record(None)
+            path = self.path.split("?")[0]
+            if path == "/api/tags":
+                return self._send_json(200, {"models": [{"name": n, "model": n, "size": 1000} for n in fake.models]})
+            if path in ("/v1/models", "/models"):
+                data = []
+                for name, info in fake.models.items():
+                    entry = {"id": name, "object": "model",
+                             "capabilities": {"type": "chat", "limits": {
+                                 "max_context_window_tokens": info.get("context_length")},
+                                 "supports": {"tool_calls": True, "streaming": True}}}
+                    if info.get("endpoints"):
+                        entry["supported_endpoints"] = info["endpoints"]
+                    data.append(entry)
+                return self._send_json(200, {"object": "list", "data": data})
+            self._send_json(404, {"error": "not found: %s" % path})
+
+        def do_POST(self):
+            body = self._body()
+            self._record(body)
+            path = self.path.split("?")[0]
+            if path == "/api/show":
+                info = fake.models.get(body.get("model") or body.get("name"))
+                if info is None:
+                    return self._send_json(404, {"error": "model '%s' not found" % body.get("model")})
+                return self._send_json(200, {"model_info": {"llama.context_length": info.get("context_length")},
+                                             "capabilities": ["completion", "tools"]})
+            if path not in MODEL_PATHS:
+                return self._send_json(404, {"error": "not found: %s" % path})
+            if fake.strict_models and body.get("model") not in fake.models:
+                if path == "/api/chat":
+                    return self._send_json(404, {"error": "model \"%s\" not found, try pulling it first"
+                                                          % body.get("model")})
+                return self._send_json(404, {"error": {"message": "The model `%s` does not exist"
+                                                                  % body.get("model"), "code": "model_not_found"}})
+            reply = fake.next_reply(body)
+            if reply.get("delay"):
+                time.sleep(reply["delay"])
+            if reply.get("expect"):
+                problem = reply["expect"](body)
+                if problem:
+                    return self._send_json(400, {"error": {"message": "fake model: " + problem}})
+            if reply.get("status"):
+                return self._send_error(reply)
+            if reply.get("hang"):
+                time.sleep(reply["hang"])
+                return
+            try:
+                if path == "/api/chat":
+                    self._ollama(body, reply)
+                elif path.endswith("/chat/completions"):
+                    self._openai_chat(body, reply)
+                else:
+                    self._responses(body, reply)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def _send_error(self, reply):
+            body = reply.get("body")
+            if body is None:
+                body = json.dumps({"error": {"message": "injected HTTP %d" % reply["status"]}})
+            data = body.encode()
+            self.send_response(reply["status"])
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (reply.get("headers") or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        # -- Ollama NDJSON --
+        def _ollama(self, body, reply):
+            stream = body.get("stream", True)
+            content = reply.get("content", "")
+            calls = [{"function": {"name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], dict)
+                                   else json.loads(c["arguments"])}} for c in reply.get("tool_calls") or ()]
+            usage = reply.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
+            final = {"model": body.get("model"), "created_at": "2025-01-01T00:00:00Z",
+                     "message": {"role": "assistant", "content": ""}, "done": True,
+                     "done_reason": reply.get("finish", "stop"), "total_duration": 1000,
+                     "prompt_eval_count": usage["prompt_tokens"], "eval_count": usage["completion_tokens"]}
+            if not stream:
+                final["message"] = {"role": "assistant", "content": content}
+                if calls:
+                    final["message"]["tool_calls"] = calls
+                return self._send_json(200, final)
+            self._start_stream("application/x-ndjson")
+            delay = reply.get("chunk_delay", 0)
+            if reply.get("thinking"):
+                self._chunk(json.dumps({"model": body.get("model"), "message": {
+                    "role": "assistant", "content": "", "thinking": reply["thinking"]}, "done": False}) + "\n")
+            for piece in _pieces(content):
+                self._chunk(json.dumps({"model": body.get("model"), "message": {"role": "assistant",
+                                                                                "content": piece},
+                                        "done": False}) + "\n", delay)
+            if reply.get("malformed"):
+                self._chunk("{this is not json\n")
+            if calls:
+                self._chunk(json.dumps({"model": body.get("model"), "message": {
+                    "role": "assistant", "content": "", "tool_calls": calls}, "done": False}) + "\n", delay)
+            self._chunk(json.dumps(final) + "\n")
+            self._end_stream()
+
+        # -- OpenAI chat completions SSE --
+        def _openai_chat(self, body, reply):
+            content = reply.get("content", "")
+            calls = reply.get("tool_calls") or ()
+            usage = reply.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
+            finish = reply.get("finish") or ("tool_calls" if calls else "stop")
+            if not body.get("stream"):
+                msg = {"role": "assistant", "content": content or None}
+                if calls:
+                    msg["tool_calls"] = [{"id": "call_%d" % i, "type": "function",
+                                          "function": {"name": c["name"], "arguments": _args_text(c["arguments"])}}
+                                         for i, c in enumerate(calls)]
+                return self._send_json(200, {"id": "chatcmpl-1", "object": "chat.completion", "choices": [
+                    {"index": 0, "message": msg, "finish_reason": finish}], "usage": dict(
+                    usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])})
+            self._start_stream("text/event-stream")
+            delay = reply.get("chunk_delay", 0)
+
+            def event(delta, finish_reason=None):
+                chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
+                         "model": body.get("model"),
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+                self._chunk("data: %s\n\n" % json.dumps(chunk), delay)
+
+            event({"role": "assistant", "content": ""})
+            if reply.get("thinking"):
+                event({"reasoning_content": reply["thinking"]})
+            for piece in _pieces(content):
+                event({"content": piece})
+            if reply.get("malformed"):
+                self._chunk("data: {broken json\n\n")
+            for i, c in enumerate(calls):
+                args = _args_text(c["arguments"])
+                event({"tool_calls": [{"index": i, "id": "call_%d_%d" % (len(fake.requests), i), "type": "function",
+                                       "function": {"name": c["name"], "arguments": ""}}]})
+                for piece in _pieces(args, 5):  # arguments split mid-token, as real servers do
+                    event({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+            event({}, finish)
+            if body.get("stream_options", {}).get("include_usage"):
+                self._chunk("data: %s\n\n" % json.dumps({"id": "chatcmpl-1", "choices": [], "usage": dict(
+                    usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])}))
+            self._chunk("data: [DONE]\n\n")
+            self._end_stream()
+
+        # -- Responses API SSE --
+        def _responses(self, body, reply):
+            content = reply.get("content", "")
+            calls = reply.get("tool_calls") or ()
+            usage = reply.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
+            self._start_stream("text/event-stream")
+            delay = reply.get("chunk_delay", 0)
+            seq = [0]
+
+            def event(kind, **data):
+                data["type"] = kind
+                data["sequence_number"] = seq[0]
+                seq[0] += 1
+                self._chunk("event: %s\ndata: %s\n\n" % (kind, json.dumps(data)), delay)
+
+            output = []
+            base = {"id": "resp_1", "object": "response", "model": body.get("model"), "status": "in_progress",
+                    "output": []}
+            event("response.created", response=base)
+            index = 0
+            if content:
+                item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+                event("response.output_item.added", output_index=index, item=item)
+                for piece in _pieces(content):
+                    event("response.output_text.delta", item_id="msg_1", output_index=index, content_index=0,
+                          delta=piece)
+                done = dict(item, status="completed", content=[{"type": "output_text", "text": content,
+                                                                "annotations": []}])
+                event("response.output_item.done", output_index=index, item=done)
+                output.append(done)
+                index += 1
+            if reply.get("malformed"):
+                self._chunk("event: response.output_text.delta\ndata: {nope\n\n")
+            for i, c in enumerate(calls):
+                args = _args_text(c["arguments"])
+                item = {"id": "fc_%d" % i, "type": "function_call", "status": "in_progress",
+                        "call_id": "call_r%d_%d" % (len(fake.requests), i), "name": c["name"], "arguments": ""}
+                event("response.output_item.added", output_index=index, item=item)
+                for piece in _pieces(args, 5):
+                    event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                          delta=piece)
+                event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                      arguments=args)
+                done = dict(item, status="completed", arguments=args)
+                event("response.output_item.done", output_index=index, item=done)
+                output.append(done)
+                index += 1
+            status = "incomplete" if reply.get("finish") == "length" else "completed"
+            final = dict(base, status=status, output=output, usage={
+                "input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]})
+            if status == "incomplete":
+                final["incomplete_details"] = {"reason": "max_output_tokens"}
+            event("response.%s" % status, response=final)
+            self._end_stream()
+
+    return Handler
+
+
+def main():
+    """Serve a looping script in its own process (for benchmarks)."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser()
+    p.add_argument("--loop-tool", required=True)
+    p.add_argument("--loop-args", default="{}")
+    p.add_argument("--turns", type=int, default=100)
+    args = p.parse_args()
+    fake = FakeModel()
+    count = [0]
+    tool_args = json.loads(args.loop_args)
+
+    def generator(body):
+        count[0] += 1
+        if count[0] >= args.turns:
+            count[0] = 0
+            return {"content": "done"}
+        return {"tool_calls": [{"name": args.loop_tool, "arguments": tool_args}]}
+    fake.generator = generator
+    fake.requests = _Discard()
+    fake.start()
+    sys.stdout.write("%d\n" % fake.port)
+    sys.stdout.flush()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
+class _Discard(list):
+    """A request log that keeps nothing (long benchmark runs)."""
+
+    def append(self, item):
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1914 @@
+#!/usr/bin/env python3
+"""XZatoma: an autonomous AI agent for the terminal.
+
+One file, read top to bottom in sections (each opened by a `# ---- … ----`
+header): errors and output, configuration, conversation, providers, the agent
+loop, prompts, and the command line. Third-party packages (`requests`, `yaml`)
+are imported inside the functions that need them, so `--help` and `--version`
+work with the standard library alone and start fast.
+"""
+
+import os
+import sys
+import json
+import time
+
+__version__ = "0.1.0"
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+
+EXIT_CODES_HELP = """exit codes:
+  0    completed
+  1    the task failed (provider error after retries, max turns, timeout)
+  2    bad usage, configuration, plan, or missing credentials
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)"""
+
+# ---- Errors ----
+
+
+class XzError(Exception):
+    """An error for people: one line, and the exit code it maps to."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message, exit_code=None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(XzError):
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    pass
+
+
+class CredentialsError(UsageError):
+    pass
+
+
+class ProviderError(XzError):
+    """A provider failed: `retryable` ones are retried by the HTTP helper first."""
+
+    def __init__(self, message, status=None, retryable=False, retry_after=None, exit_code=None):
+        super().__init__(message, exit_code)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM handler; unwinds like Ctrl-C."""
+
+
+def require(module, package=None):
+    """Import a third-party module or fail with an install hint."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        pkg = package or module
+        raise UsageError("this command needs the Python package '%s', which is not installed: "
+                         "pip install %s (or reinstall xzatoma)" % (pkg, pkg))
+
+
+# ---- Output: stdout is data, stderr is for people ----
+
+
+class Console:
+    """Chrome goes to stderr; colour only on a TTY without NO_COLOR."""
+
+    COLORS = {"dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36", "bold": "1"}
+
+    def __init__(self, quiet=False, verbose=False, color=None, err=None):
+        self.err = err or sys.stderr
+        self.quiet = quiet
+        self.verbose = verbose
+        if color is None:
+            color = _isatty(self.err) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+        self.color = color
+        self._warned = set()
+
+    def style(self, text, *names):
+        if not self.color or not names:
+            return text
+        codes = ";".join(self.COLORS[n] for n in names)
+        return "\033[%sm%s\033[0m" % (codes, text)
+
+    def _write(self, text):
+        try:
+            self.err.write(text + "\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
+
+    def info(self, text, *styles):
+        if not self.quiet:
+            self._write(self.style(text, *styles))
+
+    def warn(self, text, once_key=None):
+        if once_key is not None:
+            if once_key in self._warned:
+                return
+            self._warned.add(once_key)
+        if not self.quiet:
+            self._write(self.style("warning: ", "yellow") + text)
+
+    def error(self, text):
+        self._write(self.style("error: ", "red", "bold") + text)
+
+    def debug(self, text):
+        if self.verbose:
+            self._write(self.style("debug: " + text, "dim"))
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def one_line(text, width=100):
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# ---- Configuration: defaults < file < environment < flags ----
+
+DEFAULTS = {
+    "provider": {
+        "type": "copilot",
+        "max_retries": 3,
+        "retry_backoff_seconds": 1.0,
+        "request_timeout_seconds": 300,
+        "copilot": {
+            "model": "gpt-5.3-codex",
+            "api_url": "https://api.githubcopilot.com",
+            "github_url": "https://github.com",
+            "github_api_url": "https://api.github.com",
+        },
+        "ollama": {"host": "localhost:11434", "model": "llama3.2:3b"},
+        "openai": {
+            "base_url": "https://api.openai.com/v1",
+            "model": "gpt-4o-mini",
+            "api_key_env": "OPENAI_API_KEY",
+            "api": "chat",
+        },
+    },
+    "agent": {
+        "max_turns": 100,
+        "timeout_seconds": 600,
+        "chat_mode": "planning",
+        "safety_mode": "safe",
+        "conversation": {"max_tokens": 100000, "min_retain_turns": 5, "prune_threshold": 0.8},
+        "tools": {
+            "max_output_size": 1048576,
+            "max_file_read_size": 10485760,
+            "fetch": {
+                "timeout_seconds": 60,
+                "max_response_size": 1048576,
+                "user_agent": "xzatoma/" + __version__,
+                "cache_ttl_seconds": 86400,
+                "allowed_hosts": [],
+            },
+        },
+        "terminal": {
+            "default_mode": "restricted_autonomous",
+            "timeout_seconds": 30,
+            "max_stdout_bytes": 10485760,
+            "max_stderr_bytes": 1048576,
+            "allowlist": ["ls", "cat", "head", "tail", "grep", "find", "echo", "pwd", "which", "type",
+                          "wc", "sort", "uniq", "diff", "file", "stat", "du", "df", "tree",
+                          "basename", "dirname", "realpath", "date"],
+            "custom_denylist": [],
+        },
+        "subagent": {
+            "max_depth": 3,
+            "default_max_turns": 10,
+            "output_max_size": 4096,
+            "telemetry_enabled": True,
+            "persistence_enabled": True,
+            "provider": None,
+            "model": None,
+        },
+        "quota": {"max_executions": 100, "max_total_tokens": 1000000, "max_total_time_seconds": 3600},
+        "mentions": {"max_file_size": 10485760, "url_cache_ttl_seconds": 86400, "max_urls_per_request": 10},
+        "persistence": {"enabled": True, "db_path": None},
+    },
+    "watcher": {
+        "enabled": False,
+        "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
+                  "group_id": "xzatoma-watcher", "security_protocol": "PLAINTEXT"},
+        "filter": {"event_types": [], "sources": [], "platforms": []},
+    },
+    "xzepr": {
+        "enabled": False,
+        "api_url": None,
+        "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
+                  "group_id": "xzatoma-consumer", "security_protocol": "PLAINTEXT",
+                  "sasl_mechanism": None},
+    },
+    "logging": {"level": "info", "format": "text"},
+}
+
+CHOICES = {
+    "provider.type": ("copilot", "ollama", "openai"),
+    "provider.openai.api": ("chat", "responses"),
+    "agent.chat_mode": ("planning", "write"),
+    "agent.safety_mode": ("safe", "yolo"),
+    "agent.terminal.default_mode": ("interactive", "restricted_autonomous", "full_autonomous"),
+    "watcher.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+    "xzepr.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+    "logging.level": ("debug", "info", "warn", "error"),
+    "logging.format": ("json", "text"),
+}
+
+RANGES = {  # inclusive bounds; None = open
+    "provider.max_retries": (0, 20),
+    "provider.retry_backoff_seconds": (0, 600),
+    "provider.request_timeout_seconds": (1, None),
+    "agent.max_turns": (1, None),
+    "agent.timeout_seconds": (1, None),
+    "agent.conversation.max_tokens": (1000, None),
+    "agent.conversation.min_retain_turns": (1, None),
+    "agent.conversation.prune_threshold": (0.1, 1.0),
+    "agent.tools.max_output_size": (1024, None),
+    "agent.tools.max_file_read_size": (1024, None),
+    "agent.terminal.timeout_seconds": (1, None),
+    "agent.subagent.max_depth": (0, 10),
+    "agent.subagent.default_max_turns": (1, None),
+}
+
+NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
+    "agent.subagent.provider": str, "agent.subagent.model": str,
+    "agent.persistence.db_path": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
+}
+
+DOCS = {
+    "provider": "AI provider settings",
+    "provider.type": "copilot | ollama | openai (any OpenAI-compatible server)",
+    "provider.max_retries": "retries on connection errors, 429 and 5xx (exponential backoff with jitter)",
+    "provider.request_timeout_seconds": "per-request read timeout",
+    "provider.copilot.api_url": "Copilot API base",
+    "provider.ollama.host": "host:port or URL of the Ollama server (env OLLAMA_HOST)",
+    "provider.openai.base_url": "OpenAI-compatible API base (vLLM, llama.cpp, LM Studio, OpenRouter…)",
+    "provider.openai.api_key_env": "environment variable that holds the API key",
+    "provider.openai.api": "chat (/chat/completions) | responses (/responses)",
+    "agent.max_turns": "model calls per task before stopping (env XZATOMA_MAX_TURNS)",
+    "agent.timeout_seconds": "wall-clock limit for one task",
+    "agent.conversation.max_tokens": "token budget of the conversation (bounded by the model's window)",
+    "agent.conversation.min_retain_turns": "most recent turns always kept when pruning",
+    "agent.conversation.prune_threshold": "prune when the conversation reaches this share of max_tokens",
+    "agent.tools.max_output_size": "bytes of one tool result sent to the model",
+    "agent.terminal.default_mode": "interactive | restricted_autonomous | full_autonomous",
+    "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
+}
+
+ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to the active provider)
+    ("XZATOMA_PROVIDER", "provider.type"),
+    ("COPILOT_MODEL", "provider.copilot.model"),
+    ("OLLAMA_HOST", "provider.ollama.host"),
+    ("OLLAMA_MODEL", "provider.ollama.model"),
+    ("OPENAI_BASE_URL", "provider.openai.base_url"),
+    ("XZATOMA_MAX_TURNS", "agent.max_turns"),
+)
+
+SECRET_SUFFIXES = ("api_key", "token", "password", "secret")
+
+
+def flatten(tree, prefix=""):
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists and None are leaves."""
+    out = {}
+    for key, value in tree.items():
+        dotted = prefix + key
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+DEFAULT_LEAVES = flatten(DEFAULTS)
+SECTIONS = {k.rsplit(".", i)[0] for k in DEFAULT_LEAVES for i in range(1, k.count(".") + 1)}
+
+
+def _set(tree, dotted, value):
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[parts[-1]] = value
+
+
+def _closest(name, candidates):
+    import difflib
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return " (did you mean '%s'?)" % match[0] if match else ""
+
+
+def default_config_path(env):
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "xzatoma", "config.yaml")
+
+
+def xzatoma_home(env):
+    return env.get("XZATOMA_HOME") or os.path.join(os.path.expanduser("~"), ".xzatoma")
+
+
+def normalize_ollama_host(value):
+    """Accept 'host', 'host:port', ':port' or a URL, as Ollama does; return a base URL."""
+    value = (value or "").strip().rstrip("/")
+    scheme = "http"
+    if "://" in value:
+        scheme, value = value.split("://", 1)
+    host, port = value, "11434"
+    if value.startswith("["):  # [::1]:11434
+        end = value.find("]")
+        host, rest = value[: end + 1], value[end + 1:]
+        if rest.startswith(":") and rest[1:]:
+            port = rest[1:]
+    elif value.count(":") == 1:
+        host, port = value.split(":", 1)
+        port = port or "11434"
+    if "/" in port:
+        port, path = port.split("/", 1)
+    host = host or "127.0.0.1"
+    if host == "0.0.0.0":
+        host = "127.0.0.1"
+    return "%s://%s:%s" % (scheme, host, port)
+
+
+class Config:
+    """A read-only view of the effective configuration and where each value came from."""
+
+    def __init__(self, values, sources, path, path_exists, home, secrets, secret_sources, warnings):
+        self._values = values
+        self.sources = sources
+        self.path = path
+        self.path_exists = path_exists
+        self.home = home
+        self._secrets = secrets
+        self._secret_sources = secret_sources
+        self.warnings = warnings
+
+    def get(self, dotted):
+        node = self._values
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    def section(self, dotted):
+        import copy
+        return copy.deepcopy(self.get(dotted))
+
+    def secret(self, name):
+        """A credential by provider name ('openai', 'copilot', 'ollama'); never shown."""
+        return self._secrets.get(name)
+
+    def secret_values(self):
+        return [v for v in self._secrets.values() if v]
+
+    def secret_sources(self):
+        """Provider name -> the environment variable its credential comes from."""
+        return dict(self._secret_sources)
+
+    def leaves(self):
+        return flatten(self._values)
+
+    @property
+    def provider_type(self):
+        return self.get("provider.type")
+
+    @property
+    def model(self):
+        return self.get("provider.%s.model" % self.provider_type)
+
+    def db_path(self):
+        path = self.get("agent.persistence.db_path")
+        return os.path.expanduser(path) if path else os.path.join(self.home, "conversations.db")
+
+
+def _coerce(dotted, value, origin):
+    """Check a value against the key's type, choices and range. Returns the value or raises."""
+    default = DEFAULT_LEAVES[dotted]
+    expected = NULLABLE_TYPES.get(dotted) or type(default)
+    if value is None and (dotted in NULLABLE_TYPES or dotted.startswith("agent.quota.")):
+        return None
+    if dotted.startswith("agent.quota.") and value is not None:
+        expected = (int, float) if dotted.endswith("seconds") else int
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, str) and expected in (int, float) or (
+            expected == (int, float) and isinstance(value, str)):
+        try:
+            value = int(value) if expected is int else float(value)
+        except ValueError:
+            raise ConfigError("%s: %s must be a number, got %r" % (origin, dotted, value))
+    if expected is bool and isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        value = value.lower() in ("true", "yes", "1")
+    ok = isinstance(value, expected) and not (isinstance(value, bool) and expected in (int, float, (int, float)))
+    if not ok:
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "text",
+                 list: "a list", (int, float): "a number"}
+        raise ConfigError("%s: %s must be %s, got %r" % (origin, dotted, names.get(expected, expected), value))
+    if dotted in CHOICES and value not in CHOICES[dotted]:
+        raise ConfigError("%s: %s must be one of %s, got %r" % (
+            origin, dotted, ", ".join(CHOICES[dotted]), value))
+    if dotted in RANGES:
+        low, high = RANGES[dotted]
+        if (low is not None and value < low) or (high is not None and value > high):
+            bound = ("between %s and %s" % (low, high)) if high is not None else ("at least %s" % low)
+            raise ConfigError("%s: %s must be %s, got %r" % (origin, dotted, bound, value))
+    if isinstance(default, list) and any(not isinstance(v, str) for v in value):
+        raise ConfigError("%s: %s must be a list of text values" % (origin, dotted))
+    return value
+
+
+def _read_config_file(path):
+    yaml = require("yaml", "pyyaml")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError("cannot read config file %s: %s" % (path, exc.strerror or exc))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = "%s:%d" % (path, mark.line + 1) if mark else path
+        raise ConfigError("%s: invalid YAML: %s" % (where, getattr(exc, "problem", None) or exc))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("%s: the configuration must be a mapping of keys, got %s" % (path, type(data).__name__))
+    return data
+
+
+def load_config(flags=None, env=None, config_path=None):
+    """Build the effective Config. `flags` maps dotted keys to command-line values."""
+    import copy
+    env = os.environ if env is None else env
+    flags = flags or {}
+    values = copy.deepcopy(DEFAULTS)
+    sources = {k: "default" for k in DEFAULT_LEAVES}
+    warnings = []
+
+    explicit = config_path or env.get("XZATOMA_CONFIG")
+    path = os.path.expanduser(explicit) if explicit else default_config_path(env)
+    exists = os.path.isfile(path)
+    if explicit and not exists:
+        how = "--config" if config_path else "XZATOMA_CONFIG"
+        raise ConfigError("config file not found: %s (given by %s); create it with 'xzatoma config init'"
+                          % (path, how))
+    if exists:
+        data = _read_config_file(path)
+        for dotted, value in flatten(data).items():
+            if dotted not in DEFAULT_LEAVES:
+                if dotted in SECTIONS:
+                    value = None if value is None else value
+                    if value is None:
+                        continue
+                warnings.append("unknown config key '%s' in %s (ignored)%s"
+                                % (dotted, path, _closest(dotted, DEFAULT_LEAVES)))
+                continue
+            _set(values, dotted, _coerce(dotted, value, path))
+            sources[dotted] = "file"
+
+    for var, dotted in ENV_KEYS:
+        raw = env.get(var)
+        if raw:
+            _set(values, dotted, _coerce(dotted, raw, "environment variable " + var))
+            sources[dotted] = "env " + var
+
+    if "provider.type" in flags:
+        _set(values, "provider.type", _coerce("provider.type", flags["provider.type"], "--provider"))
+        sources["provider.type"] = "flag --provider"
+    active = values["provider"]["type"]
+    model_key = "provider.%s.model" % active
+    if env.get("XZATOMA_MODEL"):
+        _set(values, model_key, env["XZATOMA_MODEL"])
+        sources[model_key] = "env XZATOMA_MODEL"
+    for dotted, value in flags.items():
+        if dotted == "provider.type" or value is None:
+            continue
+        if dotted == "model":
+            dotted = model_key
+        _set(values, dotted, _coerce(dotted, value, "command line"))
+        sources[dotted] = "flag"
+
+    values["provider"]["ollama"]["host"] = normalize_ollama_host(values["provider"]["ollama"]["host"])
+    key_env = values["provider"]["openai"]["api_key_env"]
+    secrets = {"openai": env.get(key_env) or None,
+               "copilot": env.get("COPILOT_API_TOKEN") or None,
+               "github": env.get("GITHUB_TOKEN") or None,
+               "ollama": env.get("OLLAMA_API_KEY") or None}
+    secret_sources = {"openai": key_env, "copilot": "COPILOT_API_TOKEN",
+                      "github": "GITHUB_TOKEN", "ollama": "OLLAMA_API_KEY"}
+    return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings)
+
+
+def is_secret_key(dotted):
+    leaf = dotted.rsplit(".", 1)[-1]
+    return any(leaf == s or leaf.endswith("_" + s) for s in SECRET_SUFFIXES)
+
+
+def render_config_template():
+    """A commented config.yaml with every key at its default (parses back to DEFAULTS)."""
+    lines = ["# XZatoma configuration (precedence: flags > environment > this file > defaults).",
+             "# Show the effective values and their sources: xzatoma config show", ""]
+
+    def emit(tree, prefix, indent):
+        for key, value in tree.items():
+            dotted = prefix + key
+            doc = DOCS.get(dotted)
+            pad = "  " * indent
+            if isinstance(value, dict):
+                if doc:
+                    lines.append("%s# %s" % (pad, doc))
+                lines.append("%s%s:" % (pad, key))
+                emit(value, dotted + ".", indent + 1)
+            else:
+                text = "%s%s: %s" % (pad, key, json.dumps(value))
+                lines.append(text + ("  # " + doc if doc else ""))
+    emit(DEFAULTS, "", 0)
+    return "\n".join(lines) + "\n"
+
+
+# ---- Conversation: messages, incremental token count, pruning by whole turns ----
+
+
+def estimate_tokens(message):
+    """About one token per four characters, plus framing."""
+    n = len(message.get("content") or "") + 16
+    for call in message.get("tool_calls") or ():
+        n += len(call["name"]) + len(call.get("arguments") or "") + 16
+    return n // 4
+
+
+class Conversation:
+    """The message list with a running token estimate (O(1) per message) and pruning.
+
+    Messages are plain dicts: role, content, and for assistant tool calls
+    `tool_calls` [{id, name, arguments (JSON text)}]; tool results carry
+    `tool_call_id` and `name`. Pruning removes whole units (an assistant
+    message with all its tool results, or a user message), so a tool call is
+    never separated from its result.
+    """
+
+    def __init__(self, max_tokens=100000, min_retain_turns=5, prune_threshold=0.8):
+        self.messages = []
+        self._estimates = []
+        self._estimated = 0
+        self._offset = 0  # provider-reported prompt tokens minus our estimate
+        self.max_tokens = max_tokens
+        self.min_retain_turns = min_retain_turns
+        self.prune_threshold = prune_threshold
+        self.pruned = {"messages": 0, "turns": 0, "tools": {}, "count": 0}
+        self.on_append = None  # callback(message) for persistence
+
+    # adding
+    def add(self, message):
+        est = estimate_tokens(message)
+        self.messages.append(message)
+        self._estimates.append(est)
+        self._estimated += est
+        if self.on_append is not None:
+            self.on_append(message)
+        return message
+
+    def add_system(self, content):
+        return self.add({"role": "system", "content": content})
+
+    def add_user(self, content):
+        return self.add({"role": "user", "content": content})
+
+    def add_assistant(self, content, tool_calls=None):
+        msg = {"role": "assistant", "content": content or ""}
+        if tool_calls:
+            msg["tool_calls"] = [{"id": c["id"], "name": c["name"], "arguments": c.get("arguments") or "{}"}
+                                 for c in tool_calls]
+        return self.add(msg)
+
+    def add_tool_result(self, call_id, name, content):
+        return self.add({"role": "tool", "tool_call_id": call_id, "name": name, "content": content})
+
+    def set_system_prompt(self, content):
+        """Replace the leading system prompt (mode switches keep the rest)."""
+        if self.messages and self.messages[0]["role"] == "system":
+            old = self._estimates[0]
+            self.messages[0] = {"role": "system", "content": content}
+            self._estimates[0] = estimate_tokens(self.messages[0])
+            self._estimated += self._estimates[0] - old
+        else:
+            self.messages.insert(0, {"role": "system", "content": content})
+            self._estimates.insert(0, estimate_tokens(self.messages[0]))
+            self._estimated += self._estimates[0]
+
+    # accounting
+    @property
+    def tokens(self):
+        return max(self._estimated + self._offset, 0)
+
+    def calibrate(self, prompt_tokens):
+        """Adopt the provider's count for everything sent so far (tool definitions included)."""
+        if prompt_tokens:
+            self._offset = prompt_tokens - self._estimated
+
+    def dangling_calls(self):
+        """Tool calls of the last assistant message that have no result yet."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            msg = self.messages[i]
+            if msg["role"] == "assistant":
+                answered = {m.get("tool_call_id") for m in self.messages[i + 1:] if m["role"] == "tool"}
+                return [c for c in msg.get("tool_calls") or () if c["id"] not in answered]
+            if msg["role"] == "user":
+                return []
+        return []
+
+    def close_dangling(self, text="Error: interrupted"):
+        """Give every unanswered tool call a result, so providers accept the history."""
+        for call in self.dangling_calls():
+            self.add_tool_result(call["id"], call["name"], text)
+
+    # pruning
+    def limit(self, context_window=None):
+        if context_window:
+            return min(self.max_tokens, int(context_window))
+        return self.max_tokens
+
+    def needs_pruning(self, context_window=None):
+        return self.tokens > self.limit(context_window) * self.prune_threshold
+
+    def _head_end(self):
+        """Index after the kept head: leading system messages and the original instruction."""
+        i = 0
+        while i < len(self.messages) and self.messages[i]["role"] == "system":
+            i += 1
+        if i < len(self.messages) and self.messages[i]["role"] == "user":
+            i += 1
+        if i < len(self.messages) and self.messages[i].get("pruned_summary"):
+            i += 1
+        return i
+
+    def prune(self, context_window=None):
+        """Drop the oldest whole turns until well under the threshold. Returns a summary or None."""
+        limit = self.limit(context_window)
+        if self.tokens <= limit * self.prune_threshold:
+            return None
+        target = limit * self.prune_threshold * 0.7  # hysteresis: pruning is rare, not every turn
+        head = self._head_end()
+        units = []  # start indexes of units after the head
+        for i in range(head, len(self.messages)):
+            if self.messages[i]["role"] != "tool":
+                units.append(i)
+        removable = len(units) - self.min_retain_turns
+        if removable <= 0:
+            return None
+        tokens = self.tokens
+        cut_unit = 0
+        while cut_unit < removable and tokens > target:
+            end = units[cut_unit + 1] if cut_unit + 1 < len(units) else len(self.messages)
+            tokens -= sum(self._estimates[units[cut_unit]:end])
+            cut_unit += 1
+        if cut_unit == 0:
+            return None
+        cut = units[cut_unit] if cut_unit < len(units) else len(self.messages)
+        removed = self.messages[head:cut]
+        stats = self.pruned
+        stats["count"] += 1
+        stats["messages"] += len(removed)
+        for msg in removed:
+            if msg["role"] == "assistant":
+                stats["turns"] += 1
+            for call in msg.get("tool_calls") or ():
+                stats["tools"][call["name"]] = stats["tools"].get(call["name"], 0) + 1
+        tools = ", ".join("%s ×%d" % kv for kv in sorted(stats["tools"].items(), key=lambda kv: -kv[1]))
+        text = ("[CONTEXT PRUNED: %d earlier messages from %d turns were removed to fit the context window; "
+                "%d tool calls: %s. Re-run a tool if you need its output again.]"
+                % (stats["messages"], stats["turns"], sum(stats["tools"].values()), tools or "none"))
+        summary = {"role": "system", "content": text, "pruned_summary": True}
+        # replace an earlier summary (it sits just before `head`) rather than stacking them
+        start = head
+        if head > 0 and self.messages[head - 1].get("pruned_summary"):
+            start = head - 1
+        removed_est = sum(self._estimates[start:cut])
+        self.messages[start:cut] = [summary]
+        est = estimate_tokens(summary)
+        self._estimates[start:cut] = [est]
+        self._estimated += est - removed_est
+        return text
+
+    def turn_count(self):
+        return sum(1 for m in self.messages if m["role"] == "assistant")
+
+
+# ---- Providers: one HTTP helper, three wire formats ----
+
+
+class Reply:
+    """One whole model reply: text, tool calls, usage and why it stopped."""
+
+    __slots__ = ("content", "tool_calls", "usage", "finish_reason", "thinking")
+
+    def __init__(self, content="", tool_calls=None, usage=None, finish_reason="stop", thinking=""):
+        self.content = content
+        self.tool_calls = tool_calls or []
+        self.usage = usage or {"prompt_tokens": 0, "completion_tokens": 0}
+        self.finish_reason = finish_reason
+        self.thinking = thinking
+
+
+RETRY_STATUSES = (408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529)
+
+
+class DeadlineExceeded(Exception):
+    """The task's wall-clock budget ran out while waiting for the model."""
+
+
+def _retry_after(headers):
+    value = (headers or {}).get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def error_text(body):
+    """The human part of a provider's JSON error body."""
+    try:
+        data = json.loads(body)
+    except (ValueError, TypeError):
+        return one_line(body or "", 200)
+    if isinstance(data, dict):
+        err = data.get("error", data.get("message", data.get("detail")))
+        if isinstance(err, dict):
+            err = err.get("message") or err.get("code") or json.dumps(err)
+        if err:
+            return one_line(err, 200)
+    return one_line(body, 200)
+
+
+def iter_sse(response):
+    """Yield (event, data) pairs from a text/event-stream response."""
+    event, data = None, []
+    for raw in response.iter_lines():
+        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+    if data:
+        yield event, "\n".join(data)
+
+
+class Provider:
+    """complete(messages, tools) -> Reply; models(); context_window(model)."""
+
+    name = "provider"
+
+    def __init__(self, cfg, console, model=None):
+        self.cfg = cfg
+        self.console = console
+        self.model = model or cfg.get("provider.%s.model" % self.name)
+        self.max_retries = cfg.get("provider.max_retries")
+        self.backoff = cfg.get("provider.retry_backoff_seconds")
+        self.timeout = cfg.get("provider.request_timeout_seconds")
+        self._session = None
+        self._windows = {}
+
+    # -- HTTP with retries --
+    @property
+    def session(self):
+        if self._session is None:
+            requests = require("requests")
+            self._session = requests.Session()
+            self._session.headers["User-Agent"] = "xzatoma/" + __version__
+        return self._session
+
+    def headers(self):
+        return {}
+
+    def call(self, method, url, handle, body=None, stream=False, deadline=None, what="request"):
+        """Send a request and hand the response to `handle`, retrying transient failures."""
+        requests = require("requests")
+        attempts = self.max_retries + 1
+        last = None
+        for attempt in range(attempts):
+            read_timeout = self.timeout
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineExceeded()
+                read_timeout = max(0.1, min(read_timeout, remaining))
+            try:
+                resp = self.session.request(method, url, json=body, headers=self.headers(), stream=stream,
+                                            timeout=(min(10.0, read_timeout), read_timeout))
+                try:
+                    if resp.status_code >= 400:
+                        text = resp.text
+                        raise self.http_error(resp.status_code, text, _retry_after(resp.headers))
+                    return handle(resp)
+                finally:
+                    resp.close()
+            except ProviderError as exc:
+                if not exc.retryable:
+                    raise
+                last = exc
+            except requests.exceptions.ConnectionError as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded()
+                last = self.connection_error(exc)
+            except requests.exceptions.Timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded()
+                last = ProviderError("%s timed out after %ss waiting for %s" % (what, read_timeout, self.label()),
+                                     retryable=True)
+            except requests.exceptions.RequestException as exc:  # chunked encoding, invalid URL, …
+                if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                                    requests.exceptions.InvalidSchema)):
+                    raise ProviderError("invalid URL for %s: %s" % (self.label(), url), exit_code=EXIT_USAGE)
+                last = ProviderError("%s to %s failed: %s" % (what, self.label(), one_line(exc, 160)),
+                                     retryable=True)
+            if attempt + 1 >= attempts:
+                break
+            delay = self.backoff * (2 ** attempt) * (0.5 + _jitter())
+            delay = min(delay, 30.0)
+            if last.retry_after is not None:
+                delay = min(max(delay, last.retry_after), 120.0)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise DeadlineExceeded()
+            self.console.info("  retrying in %.1fs (%d/%d): %s" % (delay, attempt + 1, self.max_retries, last),
+                              "dim")
+            time.sleep(delay)
+        raise ProviderError("%s (gave up after %d attempt%s)" % (last, attempts, "s" if attempts > 1 else ""),
+                            status=last.status)
+
+    def get_json(self, url, what="request"):
+        return self.call("GET", url, lambda r: r.json(), what=what)
+
+    def label(self):
+        return self.name
+
+    def connection_error(self, exc):
+        return ProviderError("cannot connect to %s: %s" % (self.label(), _connection_reason(exc)), retryable=True)
+
+    def http_error(self, status, body, retry_after=None):
+        message = error_text(body)
+        if status in (401, 403):
+            return ProviderError("%s rejected the credentials (HTTP %d: %s); %s"
+                                 % (self.label(), status, message, self.login_hint()),
+                                 status=status, exit_code=EXIT_USAGE)
+        if status == 404 and "model" in message.lower():
+            return ProviderError(self.model_not_found(message), status=status, exit_code=EXIT_USAGE)
+        return ProviderError("%s returned HTTP %d: %s" % (self.label(), status, message or "(no details)"),
+                             status=status, retryable=status in RETRY_STATUSES, retry_after=retry_after)
+
+    def login_hint(self):
+        return "check your credentials"
+
+    def model_not_found(self, message):
+        try:
+            names = [m["id"] for m in self.models()]
+        except XzError:
+            names = []
+        available = ("; available: " + ", ".join(names[:20])) if names else ""
+        return "model '%s' not found on %s%s" % (self.model, self.label(), available)
+
+    # -- interface --
+    def complete(self, messages, tools, on_delta=None, deadline=None):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def models(self):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def context_window(self, model=None):
+        model = model or self.model
+        if model not in self._windows:
+            try:
+                self._windows[model] = self._context_window(model)
+            except (XzError, ValueError, KeyError, TypeError) as exc:
+                self.console.debug("context window of %s unknown: %s" % (model, exc))
+                self._windows[model] = None
+        return self._windows[model]
+
+    def _context_window(self, model):
+        for m in self.models():
+            if m["id"] == model:
+                return m.get("context_window")
+        return None
+
+
+def _jitter():
+    import random
+    return random.random()
+
+
+def _connection_reason(exc):
+    text = str(exc)
+    for needle, reason in (("Connection refused", "connection refused"),
+                           ("Name or service not known", "host not found"),
+                           ("nodename nor servname", "host not found"),
+                           ("timed out", "connection timed out"),
+                           ("Network is unreachable", "network unreachable")):
+        if needle in text:
+            return reason
+    return one_line(text, 160)
+
+
+def tool_call_id(position, index, name, arguments):
+    """A stable id for providers that send none (Ollama): same history, same id."""
+    import hashlib
+    digest = hashlib.sha1(("%d:%d:%s:%s" % (position, index, name, arguments)).encode()).hexdigest()
+    return "call_" + digest[:16]
+
+
+def _args_object(arguments):
+    """Tool-call arguments as an object for wire formats that want one."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class OllamaProvider(Provider):
+    name = "ollama"
+
+    def __init__(self, cfg, console, model=None):
+        super().__init__(cfg, console, model)
+        self.host = cfg.get("provider.ollama.host")
+        self.api_key = cfg.secret("ollama")
+
+    def label(self):
+        return "Ollama at %s" % self.host
+
+    def headers(self):
+        return {"Authorization": "Bearer " + self.api_key} if self.api_key else {}
+
+    def connection_error(self, exc):
+        return ProviderError("cannot connect to Ollama at %s (%s); start it with 'ollama serve' or point "
+                             "OLLAMA_HOST / provider.ollama.host at it" % (self.host, _connection_reason(exc)),
+                             retryable=True)
+
+    def login_hint(self):
+        return "set OLLAMA_API_KEY if this server requires a key"
+
+    def model_not_found(self, message):
+        try:
+            names = [m["id"] for m in self.models()]
+        except XzError:
+            names = []
+        available = ("; available: " + ", ".join(names[:20])) if names else "; no models are installed"
+        return "model '%s' not found on %s%s (pull it with 'ollama pull %s')" % (
+            self.model, self.label(), available, self.model)
+
+    def models(self):
+        data = self.get_json(self.host + "/api/tags", "listing models")
+        return [{"id": m.get("name") or m.get("model"), "size": m.get("size")} for m in data.get("models", [])]
+
+    def _context_window(self, model):
+        data = self.call("POST", self.host + "/api/show", lambda r: r.json(), body={"model": model},
+                         what="model details")
+        for key, value in (data.get("model_info") or {}).items():
+            if key.endswith(".context_length"):
+                return int(value)
+        return None
+
+    def num_ctx(self, estimated_tokens):
+        """Ollama truncates silently beyond num_ctx: size it to the conversation, in powers of two."""
+        needed = estimated_tokens + 4096
+        size = 8192
+        while size < needed:
+            size *= 2
+        window = self.context_window()
+        return min(size, window) if window else size
+
+    def to_wire(self, messages):
+        out = []
+        for m in messages:
+            role = m["role"]
+            if role == "assistant" and m.get("tool_calls"):
+                out.append({"role": "assistant", "content": m.get("content") or "",
+                            "tool_calls": [{"function": {"name": c["name"], "arguments": _args_object(c["arguments"])}}
+                                           for c in m["tool_calls"]]})
+            elif role == "tool":
+                out.append({"role": "tool", "content": m["content"], "tool_name": m.get("name", "")})
+            else:
+                out.append({"role": role, "content": m.get("content") or ""})
+        return out
+
+    def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
+        body = {"model": self.model, "messages": self.to_wire(messages), "stream": True,
+                "options": {"num_ctx": self.num_ctx(estimated_tokens)}}
+        if tools:
+            body["tools"] = [{"type": "function", "function": t} for t in tools]
+        position = len(messages)
+
+        def handle(resp):
+            content, thinking, calls, final = [], [], [], {}
+            for raw in resp.iter_lines():
+                if not raw:
+                    continue
+                try:
+                    chunk = json.loads(raw)
+                except ValueError:
+                    raise ProviderError("Ollama sent a malformed stream line: %s" % one_line(raw, 80), retryable=True)
+                if chunk.get("error"):
+                    raise ProviderError("Ollama error: %s" % one_line(chunk["error"], 200))
+                msg = chunk.get("message") or {}
+                if msg.get("content"):
+                    content.append(msg["content"])
+                    if on_delta:
+                        on_delta(msg["content"])
+                if msg.get("thinking"):
+                    thinking.append(msg["thinking"])
+                for call in msg.get("tool_calls") or ():
+                    fn = call.get("function") or {}
+                    args = fn.get("arguments")
+                    args = args if isinstance(args, str) else json.dumps(args if args is not None else {})
+                    name = fn.get("name") or ""
+                    calls.append({"id": call.get("id") or tool_call_id(position, len(calls), name, args),
+                                  "name": name, "arguments": args})
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded()
+                if chunk.get("done"):
+                    final = chunk
+                    break
+            if not final:
+                raise ProviderError("Ollama closed the stream before the reply was complete", retryable=True)
+            reason = final.get("done_reason") or "stop"
+            if calls and reason == "stop":
+                reason = "tool_calls"
+            return Reply("".join(content), calls,
+                         {"prompt_tokens": final.get("prompt_eval_count") or 0,
+                          "completion_tokens": final.get("eval_count") or 0},
+                         reason, "".join(thinking))
+
+        return self.call("POST", self.host + "/api/chat", handle, body=body, stream=True, deadline=deadline,
+                         what="chat request")
+
+
+class OpenAIProvider(Provider):
+    """Any OpenAI-compatible server: /chat/completions (SSE) or /responses (SSE events)."""
+
+    name = "openai"
+
+    def __init__(self, cfg, console, model=None):
+        super().__init__(cfg, console, model)
+        self.base_url = cfg.get("provider.openai.base_url").rstrip("/")
+        self.api = cfg.get("provider.openai.api")
+        self.api_key = cfg.secret("openai")
+        self._model_list = None
+
+    def label(self):
+        return "the OpenAI-compatible server at %s" % self.base_url
+
+    def headers(self):
+        return {"Authorization": "Bearer " + self.api_key} if self.api_key else {}
+
+    def login_hint(self):
+        return "set %s to a valid API key" % self.cfg.get("provider.openai.api_key_env")
+
+    def connection_error(self, exc):
+        return ProviderError("cannot connect to %s (%s); check provider.openai.base_url / OPENAI_BASE_URL"
+                             % (self.base_url, _connection_reason(exc)), retryable=True)
+
+    def raw_models(self):
+        if self._model_list is None:
+            data = self.get_json(self.base_url + "/models", "listing models")
+            self._model_list = data.get("data") if isinstance(data, dict) else data
+            self._model_list = self._model_list or []
+        return self._model_list
+
+    def models(self):
+        out = []
+        for m in self.raw_models():
+            limits = (m.get("capabilities") or {}).get("limits") or {}
+            window = (limits.get("max_context_window_tokens") or limits.get("max_prompt_tokens")
+                      or m.get("context_length") or m.get("context_window") or m.get("max_model_len")
+                      or (m.get("meta") or {}).get("n_ctx_train"))
+            out.append({"id": m.get("id"), "context_window": window,
+                        "endpoints": m.get("supported_endpoints")})
+        return out
+
+    def uses_responses(self):
+        return self.api == "responses"
+
+    def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
+        if self.uses_responses():
+            return self._responses(messages, tools, on_delta, deadline)
+        return self._chat(messages, tools, on_delta, deadline)
+
+    # -- /chat/completions --
+    @staticmethod
+    def chat_wire(messages):
+        out = []
+        for m in messages:
+            role = m["role"]
+            if role == "assistant" and m.get("tool_calls"):
+                out.append({"role": "assistant", "content": m.get("content") or None,
+                            "tool_calls": [{"id": c["id"], "type": "function",
+                                            "function": {"name": c["name"], "arguments": c["arguments"] or "{}"}}
+                                           for c in m["tool_calls"]]})
+            elif role == "tool":
+                out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
+            else:
+                out.append({"role": role, "content": m.get("content") or ""})
+        return out
+
+    def _chat(self, messages, tools, on_delta, deadline):
+        body = {"model": self.model, "messages": self.chat_wire(messages), "stream": True,
+                "stream_options": {"include_usage": True}}
+        if tools:
+            body["tools"] = [{"type": "function", "function": t} for t in tools]
+
+        def handle(resp):
+            if "json" in resp.headers.get("Content-Type", ""):
+                return self._chat_reply_from_json(resp.json())
+            content, thinking, calls, usage, finish = [], [], {}, {}, None
+            for _, data in iter_sse(resp):
+                if data.strip() == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise ProviderError("malformed stream event from %s: %s" % (self.label(), one_line(data, 80)),
+                                        retryable=True)
+                if chunk.get("error"):
+                    raise ProviderError("%s reported an error: %s" % (self.label(), error_text(data)),
+                                        retryable=True)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        content.append(delta["content"])
+                        if on_delta:
+                            on_delta(delta["content"])
+                    for key in ("reasoning_content", "reasoning"):
+                        if isinstance(delta.get(key), str):
+                            thinking.append(delta[key])
+                    for tc in delta.get("tool_calls") or ():
+                        slot = calls.setdefault(tc.get("index", len(calls)), {"id": None, "name": "", "arguments": ""})
+                        if tc.get("id"):
+                            slot["id"] = tc["id"]
+                        fn = tc.get("function") or {}
+                        name = fn.get("name")
+                        if name and name != slot["name"]:
+                            slot["name"] += name
+                        if fn.get("arguments"):
+                            slot["arguments"] += fn["arguments"]
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded()
+            tool_calls = []
+            for i, idx in enumerate(sorted(calls)):
+                c = calls[idx]
+                tool_calls.append({"id": c["id"] or tool_call_id(len(messages), i, c["name"], c["arguments"]),
+                                   "name": c["name"], "arguments": c["arguments"]})
+            return Reply("".join(content), tool_calls, _usage(usage), finish or "stop", "".join(thinking))
+
+        return self.call("POST", self.base_url + "/chat/completions", handle, body=body, stream=True,
+                         deadline=deadline, what="chat request")
+
+    @staticmethod
+    def _chat_reply_from_json(data):
+        choice = (data.get("choices") or [{}])[0]
+        msg = choice.get("message") or {}
+        calls = [{"id": c.get("id") or tool_call_id(0, i, c["function"]["name"], c["function"].get("arguments")),
+                  "name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}
+                 for i, c in enumerate(msg.get("tool_calls") or ())]
+        return Reply(msg.get("content") or "", calls, _usage(data.get("usage") or {}),
+                     choice.get("finish_reason") or "stop", msg.get("reasoning_content") or "")
+
+    # -- /responses --
+    @staticmethod
+    def responses_wire(messages):
+        instructions, items = [], []
+        for i, m in enumerate(messages):
+            role = m["role"]
+            if role == "system":
+                if not items:
+                    instructions.append(m["content"])
+                else:
+                    items.append({"role": "developer", "content": m["content"]})
+            elif role == "user":
+                items.append({"role": "user", "content": m["content"]})
+            elif role == "assistant":
+                if m.get("content"):
+                    items.append({"role": "assistant", "content": m["content"]})
+                for c in m.get("tool_calls") or ():
+                    items.append({"type": "function_call", "call_id": c["id"], "name": c["name"],
+                                  "arguments": c["arguments"] or "{}"})
+            elif role == "tool":
+                items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        return "\n\n".join(instructions), items
+
+    def _responses(self, messages, tools, on_delta, deadline):
+        instructions, items = self.responses_wire(messages)
+        body = {"model": self.model, "input": items, "stream": True, "store": False}
+        if instructions:
+            body["instructions"] = instructions
+        if tools:
+            body["tools"] = [dict(t, type="function") for t in tools]
+
+        def handle(resp):
+            if "json" in resp.headers.get("Content-Type", ""):
+                return self._responses_reply(resp.json(), [], {})
+            text, items_done, args_by_item, final = [], {}, {}, None
+            for event, data in iter_sse(resp):
+                try:
+                    ev = json.loads(data)
+                except ValueError:
+                    raise ProviderError("malformed stream event from %s: %s" % (self.label(), one_line(data, 80)),
+                                        retryable=True)
+                kind = ev.get("type") or event
+                if kind == "response.output_text.delta":
+                    text.append(ev.get("delta", ""))
+                    if on_delta:
+                        on_delta(ev.get("delta", ""))
+                elif kind == "response.output_item.added":
+                    item = ev.get("item") or {}
+                    if item.get("type") == "function_call":
+                        args_by_item[item.get("id")] = [item.get("arguments") or ""]
+                elif kind == "response.function_call_arguments.delta":
+                    args_by_item.setdefault(ev.get("item_id"), []).append(ev.get("delta", ""))
+                elif kind == "response.output_item.done":
+                    items_done[ev.get("output_index", len(items_done))] = ev.get("item") or {}
+                elif kind in ("response.completed", "response.incomplete", "response.done"):
+                    final = ev.get("response") or {}
+                    break
+                elif kind == "response.failed":
+                    err = (ev.get("response") or {}).get("error") or {}
+                    raise ProviderError("%s failed the response: %s" % (self.label(), err.get("message") or err),
+                                        retryable=True)
+                elif kind == "error":
+                    raise ProviderError("%s reported an error: %s" % (self.label(), ev.get("message") or data),
+                                        retryable=True)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded()
+            if final is None:
+                raise ProviderError("%s closed the stream before the response completed" % self.label(),
+                                    retryable=True)
+            done = [items_done[k] for k in sorted(items_done)]
+            return self._responses_reply(final, done, args_by_item, "".join(text))
+
+        return self.call("POST", self.base_url + "/responses", handle, body=body, stream=True,
+                         deadline=deadline, what="responses request")
+
+    @staticmethod
+    def _responses_reply(final, done_items, args_by_item, streamed_text=None):
+        output = final.get("output") or done_items
+        text, calls, thinking = [], [], []
+        for item in output:
+            kind = item.get("type")
+            if kind == "message":
+                for part in item.get("content") or ():
+                    if part.get("type") in ("output_text", "text"):
+                        text.append(part.get("text", ""))
+            elif kind == "function_call":
+                args = item.get("arguments")
+                if args is None:
+                    args = "".join(args_by_item.get(item.get("id"), []))
+                calls.append({"id": item.get("call_id") or item.get("id"), "name": item.get("name") or "",
+                              "arguments": args or "{}"})
+            elif kind == "reasoning":
+                for part in item.get("summary") or ():
+                    thinking.append(part.get("text", ""))
+        content = "".join(text) if text or streamed_text is None else streamed_text
+        usage = final.get("usage") or {}
+        reason = "tool_calls" if calls else "stop"
+        if final.get("status") == "incomplete":
+            reason = "length"
+        return Reply(content, calls, {"prompt_tokens": usage.get("input_tokens") or 0,
+                                      "completion_tokens": usage.get("output_tokens") or 0},
+                     reason, "".join(thinking))
+
+
+def _usage(usage):
+    return {"prompt_tokens": usage.get("prompt_tokens") or 0,
+            "completion_tokens": usage.get("completion_tokens") or 0}
+
+
+class CopilotProvider(OpenAIProvider):
+    """GitHub Copilot: OpenAI wire formats with Copilot's headers; codex models via /responses."""
+
+    name = "copilot"
+    EDITOR_HEADERS = {"Editor-Version": "vscode/1.104.0", "Editor-Plugin-Version": "copilot-chat/0.31.0",
+                      "Copilot-Integration-Id": "vscode-chat", "Openai-Intent": "conversation-agent"}
+
+    def __init__(self, cfg, console, model=None):
+        Provider.__init__(self, cfg, console, model)
+        self.base_url = cfg.get("provider.copilot.api_url").rstrip("/")
+        self.api = "auto"
+        self.token = cfg.secret("copilot")
+        self._model_list = None
+        self._initiator = "user"
+        if not self.token:
+            hint = " (GITHUB_TOKEN is set, but exchanging it needs 'xzatoma auth login' support)" \
+                if cfg.secret("github") else ""
+            raise CredentialsError("no Copilot token: run 'xzatoma auth login' or set COPILOT_API_TOKEN%s" % hint)
+
+    def label(self):
+        return "GitHub Copilot (%s)" % self.base_url
+
+    def login_hint(self):
+        return "run 'xzatoma auth login' or set COPILOT_API_TOKEN"
+
+    def headers(self):
+        headers = dict(self.EDITOR_HEADERS)
+        headers["Authorization"] = "Bearer " + self.token
+        headers["X-Initiator"] = self._initiator
+        return headers
+
+    def uses_responses(self):
+        """Models Copilot serves only through /responses (the codex family) go there."""
+        try:
+            listed = {m["id"]: m for m in self.models()}
+        except XzError as exc:
+            self.console.debug("cannot list Copilot models: %s" % exc)
+            listed = {}
+        info = listed.get(self.model)
+        if info and info.get("endpoints"):
+            endpoints = info["endpoints"]
+            return "/responses" in endpoints and "/chat/completions" not in endpoints
+        return "codex" in self.model.lower()
+
+    def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
+        last = messages[-1]["role"] if messages else "user"
+        self._initiator = "user" if last == "user" else "agent"
+        return super().complete(messages, tools, on_delta, deadline)
+
+
+PROVIDERS = {"ollama": OllamaProvider, "openai": OpenAIProvider, "copilot": CopilotProvider}
+
+
+def make_provider(cfg, console, name=None, model=None):
+    return PROVIDERS[name or cfg.provider_type](cfg, console, model)
+
+
+# ---- Model output repair: <think> blocks and tool calls printed as text ----
+
+
+def strip_think(text):
+    """Split '<think>…</think>' reasoning from an answer. Returns (answer, thinking)."""
+    if not text or "think>" not in text:
+        return text, ""
+    import re
+    thinking = []
+
+    def keep(m):
+        thinking.append(m.group(1).strip())
+        return ""
+    answer = re.sub(r"<think>(.*?)</think>", keep, text, flags=re.S)
+    if "</think>" in answer:  # opening tag was in the chat template
+        before, _, answer = answer.partition("</think>")
+        thinking.insert(0, before.strip())
+    if "<think>" in answer:  # cut off while thinking
+        answer, _, rest = answer.partition("<think>")
+        thinking.append(rest.strip())
+    return answer.strip(), "\n".join(t for t in thinking if t)
+
+
+def parse_text_tool_calls(content, tool_names):
+    """Tool calls a small model printed as text instead of calling; None if it is prose."""
+    import re
+    text = (content or "").strip()
+    if not text:
+        return None
+    blocks = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, flags=re.S)
+    if blocks:
+        if re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S).strip():
+            return None
+    else:
+        fenced = re.fullmatch(r"```(?:json|tool_call)?\s*(.*?)\s*```", text, flags=re.S)
+        blocks = [fenced.group(1) if fenced else text]
+    calls = []
+    for block in blocks:
+        try:
+            data = json.loads(block)
+        except ValueError:
+            return None
+        for obj in (data if isinstance(data, list) else [data]):
+            if not isinstance(obj, dict):
+                return None
+            if isinstance(obj.get("function"), dict):
+                obj = obj["function"]
+            name = obj.get("name") or obj.get("tool")
+            args = obj.get("arguments", obj.get("parameters", obj.get("args", {})))
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    return None
+            if name not in tool_names or not isinstance(args, dict):
+                return None
+            calls.append({"name": name, "arguments": json.dumps(args)})
+    return calls or None
+
+
+# ---- Agent loop ----
+
+
+class AgentStop(Exception):
+    """Ends a run with a status other than completed."""
+
+    def __init__(self, status, message, exit_code=EXIT_FAILED):
+        super().__init__(message)
+        self.status = status
+        self.exit_code = exit_code
+
+
+class RunResult:
+    def __init__(self, conversation_id):
+        self.conversation_id = conversation_id
+        self.status = "running"
+        self.answer = ""
+        self.error = None
+        self.exit_code = EXIT_OK
+        self.turns = 0
+        self.tool_calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.duration = 0.0
+
+    def to_json(self):
+        return {"conversation_id": self.conversation_id, "status": self.status, "answer": self.answer,
+                "turns": self.turns, "tool_calls": self.tool_calls,
+                "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                          "total_tokens": self.prompt_tokens + self.completion_tokens},
+                "duration_seconds": round(self.duration, 3), "error": self.error}
+
+
+class Events:
+    """What the loop reports while it works; the CLI prints these on stderr."""
+
+    def __init__(self, console):
+        self.console = console
+
+    def delta(self, text):
+        pass
+
+    def thinking(self, text):
+        if text:
+            self.console.debug("thinking: " + one_line(text, 400))
+
+    def tool_start(self, name, preview):
+        self.console.info("▶ %s %s" % (name, one_line(preview, 80)), "cyan")
+
+    def tool_end(self, name, result):
+        mark = "✓" if result.success else "✗"
+        self.console.info("  %s %s" % (mark, result.preview(100)), "dim" if result.success else "yellow")
+
+    def note(self, text):
+        self.console.info(text, "dim")
+
+
+MAX_MALFORMED_STREAK = 3
+
+
+class Agent:
+    """The loop: send the conversation with tool definitions, run the calls, stop on an answer."""
+
+    def __init__(self, provider, registry, conversation, events, max_turns=100, timeout_seconds=None,
+                 conversation_id=None):
+        from xzatoma_store import new_ulid
+        self.provider = provider
+        self.registry = registry
+        self.conversation = conversation
+        self.events = events
+        self.max_turns = max_turns
+        self.timeout_seconds = timeout_seconds
+        self.result = RunResult(conversation_id or new_ulid())
+        self.malformed_streak = 0
+        self.deadline = None
+        self.on_step = None  # callback(agent) after each step (benchmarks, persistence)
+
+    def run(self):
+        """Repeat step() until an answer or a terminating condition; always leaves the history consistent."""
+        started = time.monotonic()
+        if self.timeout_seconds:
+            self.deadline = started + self.timeout_seconds
+        result = self.result
+        try:
+            while True:
+                if result.turns >= self.max_turns:
+                    raise AgentStop("max_turns", "stopped after %d turns without a final answer (agent.max_turns); "
+                                                 "raise it with --max-turns or simplify the task" % self.max_turns)
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    raise DeadlineExceeded()
+                if self.step():
+                    result.status = "completed"
+                    break
+        except DeadlineExceeded:
+            result.status, result.exit_code = "timeout", EXIT_FAILED
+            result.error = "timed out after %ss (agent.timeout_seconds); raise it with --timeout" % self.timeout_seconds
+        except AgentStop as stop:
+            result.status, result.exit_code, result.error = stop.status, stop.exit_code, str(stop)
+        except ProviderError as exc:
+            result.status, result.exit_code, result.error = "failed", exc.exit_code, str(exc)
+        except KeyboardInterrupt:
+            result.status, result.exit_code, result.error = "interrupted", EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
+        except Terminated:
+            result.status, result.exit_code, result.error = "interrupted", EXIT_TERMINATED, "terminated (SIGTERM)"
+        finally:
+            self.conversation.close_dangling("Error: interrupted" if result.status == "interrupted"
+                                             else "Error: not run (the task ended)")
+            result.duration = time.monotonic() - started
+        return result
+
+    def step(self):
+        """One model call and the tool calls it asks for. Returns True when the task is answered."""
+        conv, result = self.conversation, self.result
+        window = self.provider.context_window() if conv.tokens > 4096 else None
+        pruned = conv.prune(window)
+        if pruned:
+            self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
+        reply = self.provider.complete(conv.messages, self.registry.definitions(), on_delta=self.events.delta,
+                                       deadline=self.deadline, estimated_tokens=conv.tokens)
+        result.turns += 1
+        result.prompt_tokens += reply.usage.get("prompt_tokens", 0)
+        result.completion_tokens += reply.usage.get("completion_tokens", 0)
+        conv.calibrate(reply.usage.get("prompt_tokens"))
+        content, thinking = strip_think(reply.content)
+        self.events.thinking("\n".join(t for t in (reply.thinking, thinking) if t))
+        calls = reply.tool_calls
+        if not calls:
+            printed = parse_text_tool_calls(content, set(self.registry.names()))
+            if printed:
+                calls = [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
+                         for i, c in enumerate(printed)]
+                content = ""
+        if not calls:
+            conv.add_assistant(content)
+            result.answer = content
+            if reply.finish_reason == "length":
+                raise AgentStop("failed", "the model's answer was cut off (finish reason 'length': the output or "
+                                          "context limit was reached); the partial answer is not a success")
+            if self.on_step:
+                self.on_step(self)
+            return True
+        conv.add_assistant(content, calls)
+        invalid, last_error = 0, None
+        for call in calls:
+            self.events.tool_start(call["name"], self._preview(call))
+            tool_result = self.registry.execute(call["name"], call["arguments"])
+            result.tool_calls += 1
+            conv.add_tool_result(call["id"], call["name"], tool_result.to_message())
+            self.events.tool_end(call["name"], tool_result)
+            if tool_result.metadata.get("invalid"):
+                invalid += 1
+                last_error = tool_result.error
+        self.malformed_streak = self.malformed_streak + 1 if invalid == len(calls) else 0
+        if self.malformed_streak >= MAX_MALFORMED_STREAK:
+            raise AgentStop("failed", "the model made %d malformed or invalid tool calls in a row; stopping "
+                                      "(last: %s). A larger model may follow the tool format better"
+                            % (self.malformed_streak, last_error))
+        if self.on_step:
+            self.on_step(self)
+        return False
+
+    def _preview(self, call):
+        tool = self.registry.get(call["name"])
+        try:
+            args = json.loads(call["arguments"] or "{}")
+        except ValueError:
+            return call["arguments"] or ""
+        if tool is not None and isinstance(args, dict):
+            return tool.preview_args(args)
+        return call["arguments"] or ""
+
+
+# ---- Prompts ----
+
+PLANNING_PROMPT = """You are in PLANNING mode and can only read files and create plans. Never attempt to modify files or execute commands.
+Focus on analysis and understanding: explore with the read-only tools, then produce a clear plan (YAML or Markdown) with concrete steps, risks and a safe way to execute them."""
+
+WRITE_PROMPT = """You are in WRITE mode and can modify files and execute commands. Follow the Safety Mode guidelines for confirmations.
+Work in small, verifiable steps: inspect before you change, make the change, then check it (run the tests when there are any)."""
+
+
+def system_prompt(mode, working_dir, tool_names):
+    mode_text = PLANNING_PROMPT if mode == "planning" else WRITE_PROMPT
+    return "\n".join([
+        "You are XZatoma, an autonomous agent that accomplishes tasks with tools.",
+        "",
+        "Working directory: %s" % working_dir,
+        "Mode: %s" % mode.upper(),
+        mode_text,
+        "",
+        "Available tools: %s." % (", ".join(tool_names) or "none"),
+        "",
+        "Rules:",
+        "- Stay inside the working directory; use paths relative to it. Paths outside it are refused.",
+        "- Use the tools to find facts instead of guessing file contents or command output.",
+        "- Call tools through the tool-calling interface, not by writing JSON in your answer.",
+        "- When a tool returns 'Error: …', read the message and adapt; do not repeat the same failing call.",
+        "- When the task is done, reply without a tool call: report concisely what you did and what you found.",
+    ])
+
+
+# ---- Command line ----
+
+
+def _add_global_flags(parser, suppress):
+    """Global flags, accepted before or after the subcommand."""
+    import argparse
+    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
+    g = parser.add_argument_group("global options")
+    g.add_argument("--config", metavar="PATH", default=d(None),
+                   help="configuration file (default: $XZATOMA_CONFIG or ~/.config/xzatoma/config.yaml)")
+    g.add_argument("--provider", choices=("copilot", "ollama", "openai"), default=d(None),
+                   help="AI provider (overrides provider.type and XZATOMA_PROVIDER)")
+    g.add_argument("--model", metavar="NAME", default=d(None), help="model of the chosen provider")
+    g.add_argument("-v", "--verbose", action="store_true", default=d(False),
+                   help="show debug detail, model thinking and tracebacks")
+    g.add_argument("-q", "--quiet", action="store_true", default=d(False), help="show only errors on stderr")
+    g.add_argument("--no-color", action="store_true", default=d(False), help="never colour output")
+
+
+def build_parser():
+    import argparse
+    fmt = argparse.RawDescriptionHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global_flags(common, suppress=True)
+
+    parser = argparse.ArgumentParser(
+        prog="xzatoma", formatter_class=fmt,
+        description="XZatoma: an autonomous AI agent for the terminal. Give it a goal; it works through "
+                    "a model (GitHub Copilot, Ollama or any OpenAI-compatible server) using file, search "
+                    "and terminal tools inside the working directory.",
+        epilog="examples:\n"
+               "  xzatoma run --prompt \"List the Python files and count their lines\"\n"
+               "  xzatoma run --plan task.yaml --json > result.json\n"
+               "  echo \"Summarise README.md\" | xzatoma run --provider ollama --model qwen3\n"
+               "  xzatoma config show\n\n" + EXIT_CODES_HELP)
+    _add_global_flags(parser, suppress=False)
+    parser.add_argument("-V", "--version", action="version", version="xzatoma " + __version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run", parents=[common], formatter_class=fmt, help="run one task to completion (prompt, stdin or plan)",
+        description="Run one task autonomously and print the final answer on stdout (progress goes to "
+                    "stderr). The instruction comes from --prompt, --plan, or standard input.",
+        epilog="plans are YAML, JSON or Markdown files with a goal, optional context and instructions:\n"
+               "  goal: Generate API documentation\n"
+               "  context: {directory: src/api/}\n"
+               "  instructions: [List all API endpoint files, Create an OpenAPI spec]\n\n"
+               "terminal commands: without --allow-dangerous only read-only commands run; others are "
+               "refused\nso the model can adapt. --json prints one object: conversation_id, status, answer, "
+               "turns,\ntool_calls, usage, duration_seconds, error.\n\n" + EXIT_CODES_HELP)
+    src = run.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", metavar="TEXT", help="the instruction ('-' reads it from stdin)")
+    src.add_argument("--plan", metavar="FILE", help="a plan file (.yaml, .yml, .json, .md; '-' reads stdin)")
+    run.add_argument("--mode", choices=("write", "planning"), default="write",
+                     help="write: all tools (default); planning: read-only tools")
+    run.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls (agent.max_turns)")
+    run.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit (agent.timeout_seconds)")
+    run.add_argument("--allow-dangerous", action="store_true",
+                     help="full autonomy: run terminal commands that would otherwise need confirmation")
+    run.add_argument("--working-dir", "-C", metavar="DIR",
+                     help="directory the tools work in and cannot leave (default: current directory)")
+    run.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of the answer")
+    run.set_defaults(func=cmd_run)
+
+    config = sub.add_parser("config", parents=[common], formatter_class=fmt, help="show or create the configuration",
+                            description="Inspect the effective configuration or create a config file.")
+    csub = config.add_subparsers(dest="config_command", metavar="ACTION")
+    show = csub.add_parser("show", parents=[common], help="effective values and where each came from (secrets masked)")
+    show.add_argument("--json", action="store_true", help="print {key: {value, source}} as JSON")
+    show.set_defaults(func=cmd_config_show)
+    path = csub.add_parser("path", parents=[common], help="print the configuration file path")
+    path.set_defaults(func=cmd_config_path)
+    init = csub.add_parser("init", parents=[common], help="write a commented default config file (never overwrites)")
+    init.set_defaults(func=cmd_config_init)
+    config.set_defaults(func=lambda args, console: (config.print_help(sys.stderr), EXIT_USAGE)[1])
+
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=lambda args, console: (print("xzatoma " + __version__), EXIT_OK)[1])
+    return parser
+
+
+def config_from_args(args, console, extra=None):
+    flags = {}
+    if getattr(args, "provider", None):
+        flags["provider.type"] = args.provider
+    if getattr(args, "model", None):
+        flags["model"] = args.model
+    flags.update(extra or {})
+    cfg = load_config(flags, config_path=getattr(args, "config", None))
+    for warning in cfg.warnings:
+        console.warn(warning)
+    return cfg
+
+
+def read_instruction(args, console):
+    """The task text and its kind ('run' or 'plan'), or a UsageError."""
+    from xzatoma_tools import PlanError, parse_plan
+    if args.plan:
+        if args.plan == "-":
+            text, source = sys.stdin.read(), "<stdin>"
+        else:
+            try:
+                with open(args.plan, encoding="utf-8") as fh:
+                    text = fh.read()
+            except FileNotFoundError:
+                raise UsageError("plan file not found: %s" % args.plan)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
+            source = args.plan
+        try:
+            plan = parse_plan(text, source=source)
+        except PlanError as exc:
+            raise UsageError("invalid plan: %s" % exc)
+        for key in getattr(plan, "unknown_keys", ()):
+            console.warn("plan key '%s' is not used (known: goal, context, instructions)" % key)
+        return plan.to_prompt(), "plan"
+    if args.prompt == "-" or (args.prompt is None and not _isatty(sys.stdin)):
+        text = sys.stdin.read()
+    elif args.prompt is None:
+        raise UsageError("nothing to do: give --prompt TEXT, --plan FILE, or pipe the instruction on stdin "
+                         "(see 'xzatoma run --help')")
+    else:
+        text = args.prompt
+    if not text.strip():
+        raise UsageError("the instruction is empty")
+    return text.strip(), "run"
+
+
+class _RunEvents(Events):
+    """Progress for `run`: tool lines on stderr; streamed text is not echoed (stdout gets the answer)."""
+
+
+def cmd_run(args, console):
+    from xzatoma_tools import ToolContext, build_registry
+    extra = {}
+    if args.max_turns is not None:
+        extra["agent.max_turns"] = args.max_turns
+    if args.timeout is not None:
+        extra["agent.timeout_seconds"] = args.timeout
+    cfg = config_from_args(args, console, extra)
+    instruction, kind = read_instruction(args, console)
+    working_dir = os.path.abspath(args.working_dir or os.getcwd())
+    if not os.path.isdir(working_dir):
+        raise UsageError("working directory does not exist: %s" % working_dir)
+    provider = make_provider(cfg, console)
+    ctx = ToolContext(working_dir, cfg.section("agent.tools"), confirm=None)
+    ctx.terminal = cfg.section("agent.terminal")
+    ctx.terminal_mode = "full_autonomous" if args.allow_dangerous else "restricted_autonomous"
+    registry = build_registry(args.mode, ctx)
+    conv_cfg = cfg.get("agent.conversation")
+    conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
+    conversation.add_system(system_prompt(args.mode, ctx.root, registry.names()))
+    conversation.add_user(instruction)
+    agent = Agent(provider, registry, conversation, _RunEvents(console), cfg.get("agent.max_turns"),
+                  cfg.get("agent.timeout_seconds"))
+    console.info("xzatoma %s · %s · %s · conversation %s" % (
+        kind, provider.name, provider.model, agent.result.conversation_id), "dim")
+
+    previous = _install_sigterm()
+    try:
+        result = agent.run()
+    finally:
+        _restore_sigterm(previous)
+    summary = "%s: %d turn%s · %d tool call%s · %s tokens (%s in / %s out) · %.1fs · conversation %s" % (
+        result.status, result.turns, "" if result.turns == 1 else "s", result.tool_calls,
+        "" if result.tool_calls == 1 else "s", "{:,}".format(result.prompt_tokens + result.completion_tokens),
+        "{:,}".format(result.prompt_tokens), "{:,}".format(result.completion_tokens), result.duration,
+        result.conversation_id)
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    elif result.status == "completed":
+        sys.stdout.write(result.answer.rstrip("\n") + "\n")
+        sys.stdout.flush()
+    elif result.answer and not console.quiet:
+        console.info("partial answer:\n" + result.answer, "dim")
+    if result.status == "completed":
+        console.info(summary, "dim")
+    else:
+        console.error(result.error)
+        console.info(summary, "dim")
+    return result.exit_code
+
+
+def _install_sigterm():
+    import signal
+
+    def handler(signum, frame):
+        raise Terminated()
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # not the main thread
+        return None
+
+
+def _restore_sigterm(previous):
+    if previous is not None:
+        import signal
+        signal.signal(signal.SIGTERM, previous)
+
+
+def cmd_config_show(args, console):
+    cfg = config_from_args(args, console)
+    leaves = cfg.leaves()
+    if args.json:
+        out = {k: {"value": "****" if is_secret_key(k) and v else v, "source": cfg.sources.get(k, "default")}
+               for k, v in leaves.items()}
+        out["credentials"] = {name: {"env": var, "set": bool(cfg.secret(name))}
+                              for name, var in cfg.secret_sources().items()}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return EXIT_OK
+    width = max(len(k) for k in leaves)
+    lines = ["# file: %s%s" % (cfg.path, "" if cfg.path_exists else " (not present; using defaults)"),
+             "# home: %s" % cfg.home]
+    for key, value in leaves.items():
+        shown = "****" if is_secret_key(key) and value else json.dumps(value)
+        source = cfg.sources.get(key, "default")
+        lines.append("%-*s = %s%s" % (width, key, shown, "" if source == "default" else "   # " + source))
+    lines.append("# credentials (values never shown):")
+    for name, var in cfg.secret_sources().items():
+        lines.append("#   %-8s %s %s" % (name, var, "set" if cfg.secret(name) else "not set"))
+    sys.stdout.write("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
+def cmd_config_path(args, console):
+    env = os.environ
+    explicit = getattr(args, "config", None) or env.get("XZATOMA_CONFIG")
+    sys.stdout.write((os.path.expanduser(explicit) if explicit else default_config_path(env)) + "\n")
+    return EXIT_OK
+
+
+def cmd_config_init(args, console):
+    env = os.environ
+    explicit = getattr(args, "config", None) or env.get("XZATOMA_CONFIG")
+    path = os.path.expanduser(explicit) if explicit else default_config_path(env)
+    if os.path.exists(path):
+        raise UsageError("config file already exists: %s (not overwritten; edit it or remove it first)" % path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "x", encoding="utf-8") as fh:
+        fh.write(render_config_template())
+    console.info("wrote %s" % path)
+    sys.stdout.write(path + "\n")
+    return EXIT_OK
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv in (["--version"], ["-V"], ["version"]):  # fast path: no argparse, no imports
+        sys.stdout.write("xzatoma %s\n" % __version__)
+        return EXIT_OK
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console(quiet=args.quiet, verbose=args.verbose, color=False if args.no_color else None)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return args.func(args, console)
+    except XzError as exc:
+        console.error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        console.error("interrupted")
+        return EXIT_INTERRUPTED
+    except Terminated:
+        console.error("terminated")
+        return EXIT_TERMINATED
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_FAILED
+    except Exception as exc:  # a bug: one line unless --verbose
+        if args.verbose:
+            import traceback
+            traceback.print_exc()
+        else:
+            console.error("internal error: %s: %s (run again with --verbose for the traceback)"
+                          % (type(exc).__name__, one_line(exc, 200)))
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
