@@ -438,10 +438,7 @@ def walk_files(root, start, gitignore=True, include_dirs=False):
         subdirs = []
         for entry in reversed(entries):
             rel = os.path.relpath(entry.path, root).replace(os.sep, "/")
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                continue
+            is_dir = _is_dir(entry)
             if is_dir and entry.name in SKIP_DIRS:
                 continue
             if ignore is not None and ignore.ignored(rel, is_dir):
@@ -457,6 +454,14 @@ def walk_files(root, start, gitignore=True, include_dirs=False):
             else:
                 yield rel, entry.path, False
         stack.extend(reversed(subdirs))
+
+
+def _is_dir(entry):
+    """DirEntry.is_dir without following symlinks (loops and dangling links are not errors)."""
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def _fmt_size(n):
@@ -490,7 +495,7 @@ class ListDirectory(Tool):
         if args.get("recursive") or (pattern and ("/" in pattern or "**" in pattern)):
             entries = walk_files(ctx.root, real, include_dirs=True)
         else:
-            entries = ((os.path.relpath(e.path, ctx.root).replace(os.sep, "/"), e.path, e.is_dir())
+            entries = ((os.path.relpath(e.path, ctx.root).replace(os.sep, "/"), e.path, _is_dir(e))
                        for e in sorted(os.scandir(real), key=lambda e: e.name))
         base = display_path(real, ctx.root)
         for rel, full, is_dir in entries:

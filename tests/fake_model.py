@@ -51,7 +51,7 @@ class FakeModel:
         handler = _make_handler(self)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def stop(self):
@@ -95,6 +95,16 @@ def _pieces(text, size=7):
 
 def _args_text(arguments):
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _ollama_args(arguments):
+    """Ollama sends an object; text that is not JSON is passed through as a (broken) string."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 def _make_handler(fake):
@@ -223,8 +233,8 @@ def _make_handler(fake):
         def _ollama(self, body, reply):
             stream = body.get("stream", True)
             content = reply.get("content", "")
-            calls = [{"function": {"name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], dict)
-                                   else json.loads(c["arguments"])}} for c in reply.get("tool_calls") or ()]
+            calls = [{"function": {"name": c["name"], "arguments": _ollama_args(c["arguments"])}}
+                     for c in reply.get("tool_calls") or ()]
             usage = reply.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
             final = {"model": body.get("model"), "created_at": "2025-01-01T00:00:00Z",
                      "message": {"role": "assistant", "content": ""}, "done": True,

@@ -1,0 +1,139 @@
+"""Configuration: defaults < file < environment < flags, validation, show/path/init."""
+
+import json
+
+import pytest
+
+import xzatoma
+from xzatoma import ConfigError, load_config, normalize_ollama_host
+
+
+def cfg_with(tmp_path, text=None, env=None, flags=None):
+    path = tmp_path / "c.yaml"
+    if text is not None:
+        path.write_text(text)
+    env = dict(env or {}, XDG_CONFIG_HOME=str(tmp_path / "none"), HOME=str(tmp_path))
+    return load_config(flags or {}, env=env, config_path=str(path) if text is not None else None)
+
+
+@pytest.mark.parametrize("file_text,env,flags,key,value,source", [
+    (None, {}, {}, "provider.type", "copilot", "default"),
+    ("provider: {type: ollama}\n", {}, {}, "provider.type", "ollama", "file"),
+    ("provider: {type: ollama}\n", {"XZATOMA_PROVIDER": "openai"}, {}, "provider.type", "openai",
+     "env XZATOMA_PROVIDER"),
+    ("provider: {type: ollama}\n", {"XZATOMA_PROVIDER": "openai"}, {"provider.type": "copilot"},
+     "provider.type", "copilot", "flag --provider"),
+    (None, {"OLLAMA_MODEL": "qwen3"}, {}, "provider.ollama.model", "qwen3", "env OLLAMA_MODEL"),
+    (None, {"COPILOT_MODEL": "gpt-4.1"}, {}, "provider.copilot.model", "gpt-4.1", "env COPILOT_MODEL"),
+    (None, {"XZATOMA_PROVIDER": "ollama", "XZATOMA_MODEL": "m1"}, {}, "provider.ollama.model", "m1",
+     "env XZATOMA_MODEL"),
+    (None, {"XZATOMA_MODEL": "m1"}, {"provider.type": "openai", "model": "m2"}, "provider.openai.model", "m2",
+     "flag"),
+    ("agent: {max_turns: 7}\n", {"XZATOMA_MAX_TURNS": "9"}, {}, "agent.max_turns", 9, "env XZATOMA_MAX_TURNS"),
+    ("agent: {max_turns: 7}\n", {"XZATOMA_MAX_TURNS": "9"}, {"agent.max_turns": 3}, "agent.max_turns", 3, "flag"),
+    (None, {"OPENAI_BASE_URL": "http://x:1/v1"}, {}, "provider.openai.base_url", "http://x:1/v1",
+     "env OPENAI_BASE_URL"),
+    ("agent:\n  conversation: {prune_threshold: 1}\n", {}, {}, "agent.conversation.prune_threshold", 1.0, "file"),
+])
+def test_precedence(tmp_path, file_text, env, flags, key, value, source):
+    cfg = cfg_with(tmp_path, file_text, env, flags)
+    assert cfg.get(key) == value
+    assert cfg.sources[key] == source
+
+
+@pytest.mark.parametrize("text,message", [
+    ("provider: {type: claude}\n", "provider.type must be one of copilot, ollama, openai, got 'claude'"),
+    ("agent: {max_turns: 0}\n", "agent.max_turns must be at least 1, got 0"),
+    ("agent: {max_turns: lots}\n", "agent.max_turns must be a number, got 'lots'"),
+    ("agent: {conversation: {prune_threshold: 3}}\n", "prune_threshold must be between 0.1 and 1.0"),
+    ("agent: {subagent: {max_depth: 11}}\n", "agent.subagent.max_depth must be between 0 and 10"),
+    ("agent: {terminal: {allowlist: ls}}\n", "agent.terminal.allowlist must be a list"),
+    ("provider: {openai: {api: soap}}\n", "provider.openai.api must be one of chat, responses"),
+    ("[1, 2]\n", "must be a mapping of keys"),
+    ("provider:\n  type: [\n", "invalid YAML"),
+])
+def test_validation_names_the_key(tmp_path, text, message):
+    with pytest.raises(ConfigError) as err:
+        cfg_with(tmp_path, text)
+    assert message in str(err.value)
+
+
+def test_env_validation_names_the_variable(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        cfg_with(tmp_path, None, {"XZATOMA_PROVIDER": "bard"})
+    assert "environment variable XZATOMA_PROVIDER" in str(err.value)
+
+
+def test_unknown_keys_warn_with_a_suggestion(tmp_path):
+    cfg = cfg_with(tmp_path, "agent:\n  max_turn: 5\n  bogus: {x: 1}\n")
+    assert any("unknown config key 'agent.max_turn'" in w and "did you mean 'agent.max_turns'" in w
+               for w in cfg.warnings)
+    assert cfg.get("agent.max_turns") == 100
+
+
+def test_missing_explicit_file_is_an_error_missing_default_is_fine(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config({}, env={"HOME": str(tmp_path)}, config_path=str(tmp_path / "nope.yaml"))
+    assert "config file not found" in str(err.value) and "--config" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config({}, env={"HOME": str(tmp_path), "XZATOMA_CONFIG": str(tmp_path / "nope.yaml")})
+    assert "XZATOMA_CONFIG" in str(err.value)
+    cfg = load_config({}, env={"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "x")})
+    assert not cfg.path_exists and cfg.path == str(tmp_path / "x" / "xzatoma" / "config.yaml")
+
+
+@pytest.mark.parametrize("value,url", [
+    ("localhost:11434", "http://localhost:11434"),
+    ("127.0.0.1", "http://127.0.0.1:11434"),
+    ("0.0.0.0:8080", "http://127.0.0.1:8080"),
+    ("http://box:9999/", "http://box:9999"),
+    ("https://ollama.example.com", "https://ollama.example.com:11434"),
+    ("[::1]:5000", "http://[::1]:5000"),
+    (":7000", "http://127.0.0.1:7000"),
+])
+def test_ollama_host_forms(value, url):
+    assert normalize_ollama_host(value) == url
+
+
+def test_template_parses_back_to_the_defaults():
+    import yaml
+    assert yaml.safe_load(xzatoma.render_config_template()) == xzatoma.DEFAULTS
+
+
+def test_secrets_are_not_config_values(tmp_path):
+    cfg = cfg_with(tmp_path, None, {"OPENAI_API_KEY": "sk-secret-value-123", "COPILOT_API_TOKEN": "tid=abc"})
+    assert "sk-secret-value-123" not in json.dumps(cfg.leaves())
+    assert cfg.secret("openai") == "sk-secret-value-123" and cfg.secret("copilot") == "tid=abc"
+
+
+def test_config_commands(cli):
+    r = cli.run("config", "path")
+    assert r.returncode == 0 and r.stdout.strip() == str(cli.config_path)
+    r = cli.run("config", "init")
+    assert r.returncode == 0 and cli.config_path.exists()
+    original = cli.config_path.read_text()
+    r = cli.run("config", "init")
+    assert r.returncode == 2 and "already exists" in r.stderr and cli.config_path.read_text() == original
+    r = cli.run("config", "show", "--json", "--provider", "ollama",
+                env={"OLLAMA_MODEL": "qwen3", "OPENAI_API_KEY": "sk-live-abcdef"})
+    assert r.returncode == 0
+    data = json.loads(r.stdout)
+    assert data["provider.type"] == {"value": "ollama", "source": "flag --provider"}
+    assert data["provider.ollama.model"] == {"value": "qwen3", "source": "env OLLAMA_MODEL"}
+    assert data["agent.max_turns"]["source"] == "file"
+    assert data["credentials"]["openai"] == {"env": "OPENAI_API_KEY", "set": True}
+    r = cli.run("config", "show", env={"OPENAI_API_KEY": "sk-live-abcdef"})
+    assert r.returncode == 0 and "sk-live-abcdef" not in r.stdout + r.stderr
+    assert "OPENAI_API_KEY set" in r.stdout
+
+
+def test_config_show_warns_on_unknown_keys_and_fails_on_bad_values(cli):
+    cli.config_path.parent.mkdir(parents=True)
+    cli.config_path.write_text("agent:\n  max_turnz: 3\n")
+    r = cli.run("config", "show")
+    assert r.returncode == 0 and "warning: unknown config key 'agent.max_turnz'" in r.stderr
+    cli.config_path.write_text("provider:\n  type: nope\n")
+    r = cli.run("config", "show")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "provider.type must be one of" in r.stderr
+    r = cli.run("--config", cli.tmp / "missing.yaml", "config", "show")
+    assert r.returncode == 2 and "config file not found" in r.stderr

@@ -1,0 +1,91 @@
+"""Plan parsing (YAML, JSON, Markdown) and the plan-to-prompt translation."""
+
+import pytest
+
+from xzatoma_tools import PlanError, detect_plan_format, parse_plan
+
+SEED_MD = """# Task: Generate Project Documentation
+
+## Goal
+
+Create comprehensive documentation for the project
+
+## Context
+
+- Repository: /path/to/project
+- Focus on: Architecture and API reference
+
+## Steps
+
+1. Scan repository structure
+2. Read main source files
+3. Generate docs/architecture.md
+4. Generate docs/api.md
+"""
+
+
+@pytest.mark.parametrize("text,fmt,goal,steps,context", [
+    ("goal: G\ninstructions:\n  - a\n  - b\n", "yaml", "G", ["a", "b"], None),
+    ('{"goal": "G", "context": {"directory": "src/"}, "instructions": ["x"]}', "json", "G", ["x"],
+     ["- Directory: src/"]),
+    ("goal: G\nsteps: [one, two]\n", "yaml", "G", ["one", "two"], None),
+    ("goal: G\ninstructions:\n  - {name: build, description: run make}\n", "yaml", "G", ["run make"], None),
+    ("goal: G\ncontext: plain words\ninstructions: [a]\n", "yaml", "G", ["a"], ["plain words"]),
+    ("goal: G\ninstructions: |\n  - first\n  - second\n", "yaml", "G", ["first", "second"], None),
+    (SEED_MD, "markdown", "Create comprehensive documentation for the project",
+     ["Scan repository structure", "Read main source files", "Generate docs/architecture.md",
+      "Generate docs/api.md"], ["- Repository: /path/to/project", "- Focus on: Architecture and API reference"]),
+    ("# Task: Fix the build\n\n## Instructions\n- [ ] run tests\n- [x] read logs\n", "markdown",
+     "Fix the build", ["run tests", "read logs"], None),
+])
+def test_parse_plan(text, fmt, goal, steps, context):
+    assert detect_plan_format(text) == fmt
+    plan = parse_plan(text)
+    assert plan.goal == goal and plan.instructions == steps
+    assert (plan.context_lines() or None) == context
+
+
+@pytest.mark.parametrize("text,source,message", [
+    ("", "p.yaml", "p.yaml: the plan is empty"),
+    ("- a\n- b\n", "p.yaml", "p.yaml: a plan must be a mapping"),
+    ("goal: G\n", "p.yaml", "p.yaml: missing required key 'instructions'"),
+    ("goal: G\ninstructions: []\n", "p.yaml", "p.yaml:2: 'instructions' must be a non-empty list"),
+    ("goal: [1]\ninstructions: [a]\n", "p.yaml", "p.yaml:1: 'goal' must be text"),
+    ("goal: G\ninstructions:\n - ok\n - \n", "p.yaml", "step 2 of 'instructions' is empty"),
+    ("goal: 'G\ninstructions: [a]\n", "p.yaml", "p.yaml:3: invalid YAML"),
+    ('{"goal": "G"\n"instructions": []}', "p.json", "p.json:2: invalid JSON"),
+    ("# Title only\n\nSome prose\n", "p.md", "p.md: no instructions found"),
+    ("# T\n## Steps\nno list here\n", "p.md", "p.md:2: the instructions section has no list items"),
+])
+def test_plan_errors_name_source_and_line(text, source, message):
+    with pytest.raises(PlanError) as err:
+        parse_plan(text, source=source)
+    assert str(err.value).startswith(message) or message in str(err.value)
+
+
+def test_seed_translation_exactly():
+    plan = parse_plan("goal: \"Generate API documentation\"\ncontext:\n  directory: \"src/api/\"\n"
+                      "instructions:\n  - List all API endpoint files\n  - Extract function signatures\n"
+                      "  - Create OpenAPI spec\n")
+    assert plan.to_prompt() == """You are assisting with the following task:
+
+GOAL: Generate API documentation
+
+CONTEXT:
+- Directory: src/api/
+
+INSTRUCTIONS (follow as guidance):
+1. List all API endpoint files
+2. Extract function signatures
+3. Create OpenAPI spec
+
+Use the available tools to accomplish this goal. You may adapt your approach as needed, but try to follow the instructions provided."""
+
+
+def test_plan_without_context_has_no_context_block():
+    prompt = parse_plan("goal: G\ninstructions: [a]\n").to_prompt()
+    assert "CONTEXT" not in prompt and "GOAL: G\n\nINSTRUCTIONS" in prompt
+
+
+def test_unknown_keys_are_reported():
+    assert parse_plan("goal: G\ninstructions: [a]\nowner: me\n").unknown_keys == ["owner"]

@@ -1,0 +1,187 @@
+"""Providers in-process against the fake server: wire formats, deltas, retries, errors."""
+
+import json
+import time
+
+import pytest
+
+import xzatoma
+from xzatoma import (Console, CopilotProvider, OllamaProvider, OpenAIProvider, ProviderError, load_config,
+                     parse_text_tool_calls, strip_think)
+
+TOOLS = [{"name": "read_file", "description": "read", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}}, "required": ["path"]}}]
+MSGS = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+
+
+def provider(kind, fake, api="chat", model=None, env=None, retries=2):
+    cfg = load_config({}, env=dict({"HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}, **(env or {})))
+    cfg._values["provider"]["max_retries"] = retries
+    cfg._values["provider"]["retry_backoff_seconds"] = 0.01
+    cfg._values["provider"]["ollama"]["host"] = fake.url
+    cfg._values["provider"]["openai"].update(base_url=fake.url + "/v1", api=api)
+    cfg._values["provider"]["copilot"]["api_url"] = fake.url
+    cls = {"ollama": OllamaProvider, "openai": OpenAIProvider, "copilot": CopilotProvider}[kind]
+    return cls(cfg, Console(quiet=True), model or {"ollama": "llama3.2:3b", "openai": "gpt-test",
+                                                   "copilot": "gpt-5.3-codex"}[kind])
+
+
+@pytest.mark.parametrize("kind,api", [("ollama", "chat"), ("openai", "chat"), ("openai", "responses")])
+def test_streamed_text_and_parallel_tool_calls(fake, kind, api):
+    fake.add({"content": "Let me look at both files.",
+              "tool_calls": [{"name": "read_file", "arguments": {"path": "a é.txt"}},
+                             {"name": "read_file", "arguments": {"path": "b.txt", "nested": {"k": [1, 2]}}}],
+              "usage": {"prompt_tokens": 11, "completion_tokens": 4}})
+    deltas = []
+    reply = provider(kind, fake, api).complete(MSGS, TOOLS, on_delta=deltas.append)
+    assert "".join(deltas) == reply.content == "Let me look at both files."
+    assert len(deltas) > 1
+    assert [c["name"] for c in reply.tool_calls] == ["read_file", "read_file"]
+    assert json.loads(reply.tool_calls[0]["arguments"]) == {"path": "a é.txt"}
+    assert json.loads(reply.tool_calls[1]["arguments"]) == {"path": "b.txt", "nested": {"k": [1, 2]}}
+    assert len({c["id"] for c in reply.tool_calls}) == 2
+    assert reply.usage == {"prompt_tokens": 11, "completion_tokens": 4}
+    assert reply.finish_reason == "tool_calls"
+
+
+def test_ollama_ids_are_stable_for_the_same_history(fake):
+    p = provider("ollama", fake)
+    fake.add(*[{"tool_calls": [{"name": "read_file", "arguments": {"path": "x"}}]}] * 2)
+    a = p.complete(MSGS, TOOLS).tool_calls[0]["id"]
+    b = p.complete(MSGS, TOOLS).tool_calls[0]["id"]
+    assert a == b and a.startswith("call_")
+
+
+def test_ollama_thinking_and_length(fake):
+    fake.add({"content": "partial", "thinking": "pondering", "finish": "length"})
+    reply = provider("ollama", fake).complete(MSGS, [])
+    assert reply.thinking == "pondering" and reply.finish_reason == "length"
+    req = fake.model_requests()[0]["body"]
+    assert "tools" not in req and req["options"]["num_ctx"] == 8192
+
+
+def test_ollama_num_ctx_grows_with_the_conversation(fake):
+    p = provider("ollama", fake)
+    assert p.num_ctx(1000) == 8192
+    assert p.num_ctx(20000) == 32768
+    assert p.num_ctx(500000) == 131072  # the model's window from /api/show
+
+
+def test_openai_reasoning_content_is_thinking(fake):
+    fake.add({"content": "ok", "thinking": "because"})
+    reply = provider("openai", fake).complete(MSGS, TOOLS)
+    assert reply.thinking == "because" and reply.content == "ok"
+
+
+def test_openai_wire_format_of_history(fake):
+    fake.add({"content": "ok"})
+    history = MSGS + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "name": "read_file", "arguments": '{"path": "a"}'}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "A"}]
+    provider("openai", fake, env={"OPENAI_API_KEY": "sk-x"}).complete(history, TOOLS)
+    req = fake.model_requests()[0]
+    assert req["headers"]["authorization"] == "Bearer sk-x"
+    body = req["body"]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a"}'}}]}
+    assert body["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "A"}
+    assert body["tools"][0] == {"type": "function", "function": TOOLS[0]}
+
+
+def test_no_key_sends_no_authorization(fake):
+    fake.add({"content": "ok"})
+    provider("openai", fake).complete(MSGS, [])
+    assert "authorization" not in fake.model_requests()[0]["headers"]
+
+
+def test_responses_wire_format(fake):
+    fake.add({"content": "ok"})
+    history = MSGS + [{"role": "assistant", "content": "checking", "tool_calls": [
+        {"id": "c1", "name": "read_file", "arguments": '{"path": "a"}'}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "A"},
+        {"role": "system", "content": "[CONTEXT PRUNED: …]"}]
+    provider("openai", fake, api="responses").complete(history, TOOLS)
+    body = fake.model_requests()[0]["body"]
+    assert body["instructions"] == "sys" and body["store"] is False
+    assert body["input"] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "checking"},
+        {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": '{"path": "a"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "A"},
+        {"role": "developer", "content": "[CONTEXT PRUNED: …]"}]
+    assert body["tools"] == [dict(TOOLS[0], type="function")]
+
+
+def test_responses_incomplete_is_length(fake):
+    fake.add({"content": "cut", "finish": "length"})
+    assert provider("openai", fake, api="responses").complete(MSGS, []).finish_reason == "length"
+
+
+def test_retry_after_is_honoured(fake):
+    fake.add({"status": 429, "headers": {"Retry-After": "1"}}, {"content": "ok"})
+    started = time.monotonic()
+    assert provider("openai", fake).complete(MSGS, []).content == "ok"
+    assert time.monotonic() - started >= 1.0
+
+
+def test_client_errors_are_not_retried(fake):
+    fake.add({"status": 400, "body": '{"error": {"message": "tools[0] is invalid"}}'}, {"content": "never"})
+    with pytest.raises(ProviderError) as err:
+        provider("openai", fake).complete(MSGS, [])
+    assert "HTTP 400: tools[0] is invalid" in str(err.value) and err.value.exit_code == 1
+    assert len(fake.model_requests()) == 1
+
+
+def test_copilot_models_decide_the_endpoint(fake):
+    env = {"COPILOT_API_TOKEN": "tok"}
+    assert provider("copilot", fake, model="gpt-5.3-codex", env=env).uses_responses()
+    assert not provider("copilot", fake, model="gpt-4.1", env=env).uses_responses()
+    assert provider("copilot", fake, model="gpt-9-codex-unlisted", env=env).uses_responses()
+    assert not provider("copilot", fake, model="claude-unlisted", env=env).uses_responses()
+    p = provider("copilot", fake, env=env)
+    assert p.context_window() == 264000
+
+
+def test_copilot_401_says_to_log_in(fake):
+    fake.add({"status": 401, "body": '{"error": {"message": "unauthorized: token expired"}}'})
+    with pytest.raises(ProviderError) as err:
+        provider("copilot", fake, model="gpt-4.1", env={"COPILOT_API_TOKEN": "tok"}).complete(MSGS, [])
+    assert "xzatoma auth login" in str(err.value) and err.value.exit_code == 2
+
+
+@pytest.mark.parametrize("text,answer,thinking", [
+    ("plain", "plain", ""),
+    ("<think>a</think>b", "b", "a"),
+    ("<think>\nx\n</think>\n\nanswer\n", "answer", "x"),
+    ("hidden start</think>visible", "visible", "hidden start"),
+    ("visible<think>cut off", "visible", "cut off"),
+    ("<think>1</think>mid<think>2</think>end", "midend", "1\n2"),
+])
+def test_strip_think(text, answer, thinking):
+    assert strip_think(text) == (answer, thinking)
+
+
+NAMES = {"read_file", "list_directory"}
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('{"name": "read_file", "arguments": {"path": "a"}}', [("read_file", {"path": "a"})]),
+    ('```json\n{"name": "read_file", "parameters": {"path": "a"}}\n```', [("read_file", {"path": "a"})]),
+    ('<tool_call>\n{"name": "list_directory", "arguments": {}}\n</tool_call>', [("list_directory", {})]),
+    ('{"function": {"name": "read_file", "arguments": "{\\"path\\": \\"b\\"}"}}', [("read_file", {"path": "b"})]),
+    ('[{"name": "read_file", "arguments": {"path": "a"}}, {"name": "list_directory", "arguments": {}}]',
+     [("read_file", {"path": "a"}), ("list_directory", {})]),
+    ('{"name": "rm_rf", "arguments": {}}', None),
+    ('{"name": "read_file", "arguments": "not json"}', None),
+    ('Here is the config: {"name": "read_file", "arguments": {}}', None),
+    ('<tool_call>{"name": "read_file", "arguments": {}}</tool_call> and then prose', None),
+    ('{"answer": 42}', None),
+    ("", None),
+])
+def test_text_tool_calls(text, expected):
+    calls = parse_text_tool_calls(text, NAMES)
+    if expected is None:
+        assert calls is None
+    else:
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls] == expected
