@@ -10,8 +10,23 @@ work with the standard library alone and start fast.
 
 import os
 import sys
-import json
 import time
+
+
+class _LazyModule:
+    """A module imported on first attribute use, then swapped in for good (start-up is a feature)."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+        module = importlib.import_module(self._name)
+        globals()[self._name] = module
+        return getattr(module, attr)
+
+
+json = _LazyModule("json")
 
 __version__ = "0.1.0"
 
@@ -611,8 +626,11 @@ class Conversation:
         return max(self._estimated + self._offset, 0)
 
     def calibrate(self, prompt_tokens):
-        """Adopt the provider's count for everything sent so far (tool definitions included)."""
-        if prompt_tokens:
+        """Adopt the provider's count for everything sent so far (tool definitions included).
+
+        A count far from our estimate (a server that reports nonsense) is ignored.
+        """
+        if prompt_tokens and self._estimated / 4 <= prompt_tokens <= self._estimated * 4 + 2000:
             self._offset = prompt_tokens - self._estimated
 
     def dangling_calls(self):

@@ -49,7 +49,7 @@ class FakeModel:
     # -- control --
     def start(self):
         handler = _make_handler(self)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = _QuietServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
@@ -84,6 +84,13 @@ class FakeModel:
         if self.generator:
             return self.generator(body)
         return {"status": 500, "body": json.dumps({"error": "fake model: script exhausted"})}
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        import sys
+        if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
+            super().handle_error(request, client_address)
 
 
 MODEL_PATHS = {"/api/chat", "/v1/chat/completions", "/chat/completions", "/v1/responses", "/responses"}
@@ -195,6 +202,9 @@ def _make_handler(fake):
                 return self._send_json(404, {"error": {"message": "The model `%s` does not exist"
                                                                   % body.get("model"), "code": "model_not_found"}})
             reply = fake.next_reply(body)
+            if "usage" not in reply:  # realistic counts: about four characters per token
+                reply = dict(reply, usage={"prompt_tokens": max(1, len(json.dumps(body)) // 4),
+                                           "completion_tokens": 20})
             if reply.get("delay"):
                 time.sleep(reply["delay"])
             if reply.get("expect"):
@@ -235,7 +245,7 @@ def _make_handler(fake):
             content = reply.get("content", "")
             calls = [{"function": {"name": c["name"], "arguments": _ollama_args(c["arguments"])}}
                      for c in reply.get("tool_calls") or ()]
-            usage = reply.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
+            usage = reply["usage"]
             final = {"model": body.get("model"), "created_at": "2025-01-01T00:00:00Z",
                      "message": {"role": "assistant", "content": ""}, "done": True,
                      "done_reason": reply.get("finish", "stop"), "total_duration": 1000,
@@ -266,7 +276,7 @@ def _make_handler(fake):
         def _openai_chat(self, body, reply):
             content = reply.get("content", "")
             calls = reply.get("tool_calls") or ()
-            usage = reply.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
+            usage = reply["usage"]
             finish = reply.get("finish") or ("tool_calls" if calls else "stop")
             if not body.get("stream"):
                 msg = {"role": "assistant", "content": content or None}
@@ -310,7 +320,7 @@ def _make_handler(fake):
         def _responses(self, body, reply):
             content = reply.get("content", "")
             calls = reply.get("tool_calls") or ()
-            usage = reply.get("usage") or {"prompt_tokens": 100, "completion_tokens": 20}
+            usage = reply["usage"]
             self._start_stream("text/event-stream")
             delay = reply.get("chunk_delay", 0)
             seq = [0]

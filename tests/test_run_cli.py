@@ -103,7 +103,7 @@ def test_stdout_is_only_the_answer_and_wc_counts_its_lines(cli, fake):
 
 def test_json_output_is_one_object(cli, fake):
     cli.use(fake)
-    fake.add({"tool_calls": [tool_call("list_directory")]},
+    fake.add({"tool_calls": [tool_call("list_directory")], "usage": {"prompt_tokens": 100, "completion_tokens": 20}},
              {"content": "done", "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
     r = cli.run("run", "--json", "--prompt", "x")
     assert r.returncode == 0
