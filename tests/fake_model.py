@@ -18,6 +18,7 @@ A reply is a dict:
   repeat         serve this reply N times
   usage          {"prompt_tokens": n, "completion_tokens": n}
   expect         callable(request_body) -> error text or None (checks the history)
+  plain_json     answer with one JSON body even when streaming was asked for
 
 Run standalone (used by the benchmarks, so the server is another process):
   python tests/fake_model.py --loop-tool read_file --loop-args '{"path": "x"}' --turns 500
@@ -278,7 +279,7 @@ def _make_handler(fake):
             calls = reply.get("tool_calls") or ()
             usage = reply["usage"]
             finish = reply.get("finish") or ("tool_calls" if calls else "stop")
-            if not body.get("stream"):
+            if not body.get("stream") or reply.get("plain_json"):
                 msg = {"role": "assistant", "content": content or None}
                 if calls:
                     msg["tool_calls"] = [{"id": "call_%d" % i, "type": "function",

@@ -185,3 +185,12 @@ def test_text_tool_calls(text, expected):
         assert calls is None
     else:
         assert [(c["name"], json.loads(c["arguments"])) for c in calls] == expected
+
+
+def test_server_that_ignores_stream_is_understood(fake):
+    fake.add({"content": "whole", "tool_calls": [{"name": "read_file", "arguments": {"path": "a"}}],
+              "plain_json": True, "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    reply = provider("openai", fake).complete(MSGS, TOOLS)
+    assert reply.content == "whole" and reply.tool_calls[0]["name"] == "read_file"
+    assert json.loads(reply.tool_calls[0]["arguments"]) == {"path": "a"}
+    assert reply.usage == {"prompt_tokens": 5, "completion_tokens": 2}
