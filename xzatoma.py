@@ -1515,9 +1515,11 @@ class Agent:
         self.max_turns = max_turns
         self.timeout_seconds = timeout_seconds
         self.result = RunResult(conversation_id or new_ulid())
+        self.start_turns = 0
         self.malformed_streak = 0
         self.deadline = None
-        self.on_step = None  # callback(agent) after each step (benchmarks, persistence)
+        self.on_step = None  # callback(agent) after each step (benchmarks)
+        self.recorder = None  # Recorder: the conversation is saved after every step
 
     def run(self):
         """Repeat step() until an answer or a terminating condition; always leaves the history consistent."""
@@ -1527,7 +1529,7 @@ class Agent:
         result = self.result
         try:
             while True:
-                if result.turns >= self.max_turns:
+                if result.turns - self.start_turns >= self.max_turns:
                     raise AgentStop("max_turns", "stopped after %d turns without a final answer (agent.max_turns); "
                                                  "raise it with --max-turns or simplify the task" % self.max_turns)
                 if self.deadline is not None and time.monotonic() >= self.deadline:
@@ -1550,6 +1552,8 @@ class Agent:
             self.conversation.close_dangling("Error: interrupted" if result.status == "interrupted"
                                              else "Error: not run (the task ended)")
             result.duration = time.monotonic() - started
+            if self.recorder is not None:
+                self.recorder.finish(result)
         return result
 
     def step(self):
@@ -1580,8 +1584,7 @@ class Agent:
             if reply.finish_reason == "length":
                 raise AgentStop("failed", "the model's answer was cut off (finish reason 'length': the output or "
                                           "context limit was reached); the partial answer is not a success")
-            if self.on_step:
-                self.on_step(self)
+            self._stepped()
             return True
         conv.add_assistant(content, calls)
         invalid, last_error = 0, None
@@ -1599,9 +1602,14 @@ class Agent:
             raise AgentStop("failed", "the model made %d malformed or invalid tool calls in a row; stopping "
                                       "(last: %s). A larger model may follow the tool format better"
                             % (self.malformed_streak, last_error))
+        self._stepped()
+        return False
+
+    def _stepped(self):
+        if self.recorder is not None:
+            self.recorder.progress(self.result)
         if self.on_step:
             self.on_step(self)
-        return False
 
     def _preview(self, call):
         tool = self.registry.get(call["name"])
@@ -1641,6 +1649,246 @@ def system_prompt(mode, working_dir, tool_names):
         "- When a tool returns 'Error: …', read the message and adapt; do not repeat the same failing call.",
         "- When the task is done, reply without a tool call: report concisely what you did and what you found.",
     ])
+
+
+# ---- Persistence glue: recording, history, replay ----
+
+
+def open_store(cfg, console, required=False):
+    """The conversation store, or None (with one warning) when it cannot be used.
+
+    An unwritable or corrupt database never stops a task; history commands
+    (required=True) fail with the reason instead.
+    """
+    if not cfg.get("agent.persistence.enabled"):
+        if required:
+            raise UsageError("conversation history is turned off (agent.persistence.enabled: false)")
+        return None
+    from xzatoma_store import Store
+    try:
+        store = Store(cfg.db_path(), secrets=cfg.secret_values()).open()
+        store.reap()
+        return store
+    except Exception as exc:  # StoreError, sqlite3.Error, OSError: all mean "no history this time"
+        if required:
+            raise UsageError(str(exc))
+        console.warn("%s; continuing without conversation history" % one_line(exc, 240), once_key="store")
+        return None
+
+
+class Recorder:
+    """Writes a conversation to the store as it happens; a failing store is dropped with one warning."""
+
+    def __init__(self, store, console, conversation_id):
+        self.store = store
+        self.console = console
+        self.id = conversation_id
+
+    def attach(self, conversation):
+        conversation.on_append = self.append
+        return self
+
+    def _guard(self, fn, *args, **kw):
+        if self.store is None:
+            return None
+        try:
+            return fn(*args, **kw)
+        except Exception as exc:
+            self.console.warn("cannot write conversation history (%s); continuing without it" % one_line(exc, 200),
+                              once_key="store-write")
+            self.store = None
+            return None
+
+    def start(self, **fields):
+        return self._guard(self.store.start_conversation if self.store else None, self.id, **fields)
+
+    def resume(self, **fields):
+        return self._guard(self.store.resume_conversation if self.store else None, self.id, **fields)
+
+    def append(self, message):
+        if self.store is not None:
+            self._guard(self.store.append_message, self.id, message, estimate_tokens(message))
+
+    @staticmethod
+    def _counts(result):
+        return {"turns": result.turns, "tool_calls": result.tool_calls,
+                "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens}
+
+    def progress(self, result):
+        if self.store is not None:
+            self._guard(self.store.update_conversation, self.id, **self._counts(result))
+
+    def finish(self, result):
+        if self.store is not None:
+            self._guard(self.store.finish_conversation, self.id, result.status, error=result.error,
+                        **self._counts(result))
+
+
+def load_history(store, conversation_id):
+    """Stored messages as conversation messages (without the stored system prompt)."""
+    messages = []
+    for i, msg in enumerate(store.messages(conversation_id)):
+        msg.pop("created_at", None)
+        if i == 0 and msg["role"] == "system":
+            continue
+        messages.append(msg)
+    return messages
+
+
+def _plural(n, word):
+    return "%d %s%s" % (n, word, "" if n == 1 else "s")
+
+
+def _fmt_tokens(n):
+    return "{:,}".format(n or 0)
+
+
+def conversation_line(c):
+    started = (c.get("started_at") or "").replace("T", " ")[:16]
+    tokens = (c.get("prompt_tokens") or 0) + (c.get("completion_tokens") or 0)
+    return "%s  %s  %-8s %-11s %3d turns %9s tok  %s" % (
+        c["id"][:12], started, c["kind"], c["status"], c.get("turns") or 0, _fmt_tokens(tokens),
+        one_line(c.get("title") or "", 60))
+
+
+def cmd_history(args, console):
+    from xzatoma_store import NotFound, parse_age
+    cfg = config_from_args(args, console)
+    action = args.history_command
+    if action is None:
+        raise UsageError("say what to do: xzatoma history list|show|search|delete|prune (see --help)")
+    store = open_store(cfg, console, required=True)
+    try:
+        if action == "list":
+            rows = store.list_conversations(args.limit, args.kind)
+            if args.json:
+                sys.stdout.write(json.dumps(rows, ensure_ascii=False) + "\n")
+            else:
+                if not rows:
+                    console.info("no conversations yet")
+                for row in rows:
+                    sys.stdout.write(conversation_line(row) + "\n")
+        elif action == "show":
+            cid = store.resolve(args.id)
+            conv = store.conversation(cid)
+            messages = store.messages(cid)
+            if args.json:
+                conv["messages"] = [{"role": m["role"], "content": m["content"],
+                                     "tool_calls": m.get("tool_calls"), "tool_call_id": m.get("tool_call_id"),
+                                     "name": m.get("name"), "created_at": m.get("created_at")} for m in messages]
+                sys.stdout.write(json.dumps(conv, ensure_ascii=False) + "\n")
+            else:
+                sys.stdout.write(render_transcript(conv, messages, full=args.full))
+        elif action == "search":
+            rows = store.search(args.text, args.limit)
+            if args.json:
+                sys.stdout.write(json.dumps(rows, ensure_ascii=False) + "\n")
+            else:
+                if not rows:
+                    console.info("no conversation contains %r" % args.text)
+                for row in rows:
+                    sys.stdout.write(conversation_line(row) + "\n    … %s\n" % one_line(row["snippet"], 100))
+        elif action == "delete":
+            cid = store.resolve(args.id)
+            n = store.delete_conversation(cid)
+            console.info("deleted conversation %s%s" % (cid, " and %d subagent conversations" % (n - 1) if n > 1 else ""))
+        elif action == "prune":
+            try:
+                seconds = parse_age(args.older_than)
+            except ValueError as exc:
+                raise UsageError("--older-than: %s" % exc)
+            n = store.prune_older_than(seconds)
+            console.info("deleted %d conversation%s older than %s" % (n, "" if n == 1 else "s", args.older_than))
+        return EXIT_OK
+    except NotFound as exc:
+        raise UsageError(str(exc))
+    finally:
+        store.close()
+
+
+def _short(text, full, width=200):
+    text = text or ""
+    if full or len(text) <= width:
+        return text
+    return text[:width].rstrip() + "… (%d more characters; --full shows all)" % (len(text) - width)
+
+
+def render_transcript(conv, messages, full=False):
+    from xzatoma_tools import preview_arguments
+    lines = ["conversation %s  %s  %s" % (conv["id"], conv["kind"], conv["status"]),
+             "started %s · %s/%s · mode %s · %s" % (conv["started_at"], conv.get("provider") or "?",
+                                                  conv.get("model") or "?", conv.get("mode") or "?",
+                                                  conv.get("working_dir") or "?"),
+             "%s · %s · %s tokens%s" % (
+                 _plural(conv.get("turns") or 0, "turn"), _plural(conv.get("tool_calls") or 0, "tool call"),
+                 _fmt_tokens((conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)),
+                 (" · error: " + conv["error"]) if conv.get("error") else ""), ""]
+    for msg in messages:
+        role = msg["role"]
+        if role == "system":
+            lines.append("[system] " + _short(msg["content"], full, 120))
+        elif role == "user":
+            lines.append("[user] " + _short(msg["content"], full, 2000))
+        elif role == "assistant":
+            if msg.get("content"):
+                lines.append("[assistant] " + _short(msg["content"], full, 4000))
+            for call in msg.get("tool_calls") or ():
+                args = call.get("arguments") or ""
+                lines.append("  ▶ %s %s" % (call["name"], args if full else one_line(preview_arguments(args), 100)))
+        elif role == "tool":
+            lines.append("  ← %s: %s" % (msg.get("name") or "tool", _short(msg["content"], full, 200)
+                                         if full else one_line(msg["content"], 120)))
+    return "\n".join(lines) + "\n"
+
+
+def cmd_replay(args, console):
+    from xzatoma_store import NotFound
+    from xzatoma_tools import preview_arguments
+    cfg = config_from_args(args, console)
+    store = open_store(cfg, console, required=True)
+    try:
+        cid = store.resolve(args.id)
+        conv = store.conversation(cid)
+        out = sys.stdout
+        if args.tree:
+            out.write(tree_line(conv, 0) + "\n")
+            for child, level in store.descendants(cid):
+                out.write(tree_line(child, level) + "\n")
+            return EXIT_OK
+        out.write("replay of %s (%s, %s)\n" % (cid, conv["kind"], conv["status"]))
+        for msg in store.messages(cid):
+            if msg["role"] == "user":
+                out.write("\n» %s\n" % msg["content"])
+            elif msg["role"] == "assistant":
+                for call in msg.get("tool_calls") or ():
+                    out.write("▶ %s %s\n" % (call["name"], one_line(preview_arguments(call.get("arguments")), 80)))
+                if msg.get("content") and not msg.get("tool_calls"):
+                    out.write("\n%s\n" % msg["content"])
+                elif msg.get("content"):
+                    out.write("  %s\n" % one_line(msg["content"], 100))
+            elif msg["role"] == "tool":
+                ok = not (msg["content"] or "").startswith("Error: ")
+                text = (msg["content"] or "").strip()
+                first = text.splitlines()[0] if text else "(no output)"
+                more = text.count("\n")
+                out.write("  %s %s%s\n" % ("✓" if ok else "✗", one_line(first, 100),
+                                           "  (+%d lines)" % more if more else ""))
+        if conv.get("error"):
+            out.write("\n(%s: %s)\n" % (conv["status"], conv["error"]))
+        return EXIT_OK
+    except NotFound as exc:
+        raise UsageError(str(exc))
+    finally:
+        store.close()
+
+
+def tree_line(conv, level):
+    tokens = (conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)
+    label = conv.get("label") or one_line(conv.get("title") or "", 40)
+    indent = "" if level == 0 else "   " * (level - 1) + "└─ "
+    return "%s%s [%s] depth %d · %d turns · %s tokens · %s" % (
+        indent, conv["id"][:12], label, conv.get("depth") or 0, conv.get("turns") or 0, _fmt_tokens(tokens),
+        conv["status"])
 
 
 # ---- Command line ----
@@ -1705,7 +1953,39 @@ def build_parser():
     run.add_argument("--working-dir", "-C", metavar="DIR",
                      help="directory the tools work in and cannot leave (default: current directory)")
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of the answer")
+    resume = run.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation (unique id prefix)")
+    resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
     run.set_defaults(func=cmd_run)
+
+    history = sub.add_parser("history", parents=[common], formatter_class=fmt, help="list, show and search "
+                             "stored conversations", description="Every run and chat is stored in "
+                             "$XZATOMA_HOME/conversations.db as it happens. Ids match by unique prefix.")
+    hsub = history.add_subparsers(dest="history_command", metavar="ACTION")
+    h = hsub.add_parser("list", parents=[common], help="newest first: id, started, kind, status, turns, tokens, title")
+    h.add_argument("--limit", type=int, default=20, metavar="N")
+    h.add_argument("--kind", choices=("chat", "run", "plan", "subagent", "watch"))
+    h.add_argument("--json", action="store_true", help="print a JSON array of conversation objects")
+    h = hsub.add_parser("show", parents=[common], help="the transcript of one conversation")
+    h.add_argument("id")
+    h.add_argument("--full", action="store_true", help="do not shorten tool calls and results")
+    h.add_argument("--json", action="store_true", help="one object: the conversation's fields and its messages")
+    h = hsub.add_parser("search", parents=[common], help="conversations whose messages contain TEXT")
+    h.add_argument("text")
+    h.add_argument("--limit", type=int, default=20, metavar="N")
+    h.add_argument("--json", action="store_true")
+    h = hsub.add_parser("delete", parents=[common], help="remove a conversation, its subagents and undo records")
+    h.add_argument("id")
+    h = hsub.add_parser("prune", parents=[common], help="remove conversations older than an age")
+    h.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 2w")
+    history.set_defaults(func=cmd_history)
+
+    replay = sub.add_parser("replay", parents=[common], help="replay a stored conversation as it was shown",
+                            description="Replay a stored conversation turn by turn: instructions, tool calls, "
+                                        "results and answers.")
+    replay.add_argument("id")
+    replay.add_argument("--tree", action="store_true", help="print the subagent tree below it instead")
+    replay.set_defaults(func=cmd_replay)
 
     config = sub.add_parser("config", parents=[common], formatter_class=fmt, help="show or create the configuration",
                             description="Inspect the effective configuration or create a config file.")
@@ -1737,8 +2017,8 @@ def config_from_args(args, console, extra=None):
     return cfg
 
 
-def read_instruction(args, console):
-    """The task text and its kind ('run' or 'plan'), or a UsageError."""
+def read_instruction(args, console, default=None):
+    """The task: (text, kind 'run'|'plan', title, source) or a UsageError."""
     from xzatoma_tools import PlanError, parse_plan
     if args.plan:
         if args.plan == "-":
@@ -1751,24 +2031,28 @@ def read_instruction(args, console):
                 raise UsageError("plan file not found: %s" % args.plan)
             except (OSError, UnicodeDecodeError) as exc:
                 raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
-            source = args.plan
+            source = os.path.abspath(args.plan)
         try:
-            plan = parse_plan(text, source=source)
+            plan = parse_plan(text, source=args.plan if args.plan != "-" else source)
         except PlanError as exc:
             raise UsageError("invalid plan: %s" % exc)
         for key in getattr(plan, "unknown_keys", ()):
             console.warn("plan key '%s' is not used (known: goal, context, instructions)" % key)
-        return plan.to_prompt(), "plan"
+        return plan.to_prompt(), "plan", plan.goal, source
     if args.prompt == "-" or (args.prompt is None and not _isatty(sys.stdin)):
         text = sys.stdin.read()
+        if not text.strip() and default:
+            text = default
     elif args.prompt is None:
+        if default:
+            return default, "run", default, None
         raise UsageError("nothing to do: give --prompt TEXT, --plan FILE, or pipe the instruction on stdin "
                          "(see 'xzatoma run --help')")
     else:
         text = args.prompt
     if not text.strip():
         raise UsageError("the instruction is empty")
-    return text.strip(), "run"
+    return text.strip(), "run", text.strip(), None
 
 
 class _RunEvents(Events):
@@ -1783,33 +2067,67 @@ def cmd_run(args, console):
     if args.timeout is not None:
         extra["agent.timeout_seconds"] = args.timeout
     cfg = config_from_args(args, console, extra)
-    instruction, kind = read_instruction(args, console)
+    resuming = bool(args.resume or args.last)
+    instruction, kind, title, source = read_instruction(
+        args, console, default="Continue the task from where it stopped." if resuming else None)
     working_dir = os.path.abspath(args.working_dir or os.getcwd())
     if not os.path.isdir(working_dir):
         raise UsageError("working directory does not exist: %s" % working_dir)
     provider = make_provider(cfg, console)
+    store = open_store(cfg, console)
+    conversation_id = None
+    if resuming:
+        from xzatoma_store import NotFound
+        if store is None:
+            raise UsageError("cannot resume: conversation history is unavailable")
+        try:
+            conversation_id = store.resolve(args.resume) if args.resume else store.latest()
+            stored = store.conversation(conversation_id)
+        except NotFound as exc:
+            raise UsageError(str(exc))
+
     ctx = ToolContext(working_dir, cfg.section("agent.tools"), confirm=None)
     ctx.terminal = cfg.section("agent.terminal")
     ctx.terminal_mode = "full_autonomous" if args.allow_dangerous else "restricted_autonomous"
     registry = build_registry(args.mode, ctx)
     conv_cfg = cfg.get("agent.conversation")
     conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
-    conversation.add_system(system_prompt(args.mode, ctx.root, registry.names()))
-    conversation.add_user(instruction)
     agent = Agent(provider, registry, conversation, _RunEvents(console), cfg.get("agent.max_turns"),
-                  cfg.get("agent.timeout_seconds"))
-    console.info("xzatoma %s · %s · %s · conversation %s" % (
-        kind, provider.name, provider.model, agent.result.conversation_id), "dim")
+                  cfg.get("agent.timeout_seconds"), conversation_id=conversation_id)
+    recorder = Recorder(store, console, agent.result.conversation_id)
+    prompt = system_prompt(args.mode, ctx.root, registry.names())
+    if resuming:  # totals carry on; the turn limit counts this run's turns
+        for key in ("turns", "tool_calls", "prompt_tokens", "completion_tokens"):
+            setattr(agent.result, key, stored.get(key) or 0)
+        agent.start_turns = agent.result.turns
+        conversation.add_system(prompt)
+        for message in load_history(store, conversation_id):
+            conversation.add(message)
+        recorder.resume(mode=args.mode, model=provider.model)
+        recorder.attach(conversation)
+        conversation.close_dangling("Error: interrupted")
+    else:
+        recorder.start(kind=kind, title=title, provider=provider.name, model=provider.model, mode=args.mode,
+                       working_dir=ctx.root, source=source)
+        recorder.attach(conversation)
+        conversation.add_system(prompt)
+    conversation.add_user(instruction)
+    agent.recorder = recorder
+    console.info("xzatoma %s · %s · %s · conversation %s%s" % (
+        kind, provider.name, provider.model, agent.result.conversation_id, " (resumed)" if resuming else ""),
+        "dim")
 
     previous = _install_sigterm()
     try:
         result = agent.run()
     finally:
         _restore_sigterm(previous)
-    summary = "%s: %d turn%s · %d tool call%s · %s tokens (%s in / %s out) · %.1fs · conversation %s" % (
-        result.status, result.turns, "" if result.turns == 1 else "s", result.tool_calls,
-        "" if result.tool_calls == 1 else "s", "{:,}".format(result.prompt_tokens + result.completion_tokens),
-        "{:,}".format(result.prompt_tokens), "{:,}".format(result.completion_tokens), result.duration,
+        if store is not None:
+            store.close()
+    summary = "%s: %s · %s · %s tokens (%s in / %s out) · %.1fs · conversation %s" % (
+        result.status, _plural(result.turns, "turn"), _plural(result.tool_calls, "tool call"),
+        _fmt_tokens(result.prompt_tokens + result.completion_tokens),
+        _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens), result.duration,
         result.conversation_id)
     if args.json:
         sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
@@ -1819,11 +2137,9 @@ def cmd_run(args, console):
         sys.stdout.flush()
     elif result.answer and not console.quiet:
         console.info("partial answer:\n" + result.answer, "dim")
-    if result.status == "completed":
-        console.info(summary, "dim")
-    else:
+    if result.status != "completed":
         console.error(result.error)
-        console.info(summary, "dim")
+    console.info(summary, "dim")
     return result.exit_code
 
 

@@ -1,14 +1,20 @@
-"""XZatoma persistence: identifiers now; sqlite3 storage of conversations lands here.
+"""XZatoma persistence: every conversation, undo records and caches in one sqlite3 file.
 
-Nothing heavy is imported at module level: `sqlite3` is imported by the
-functions that open the database, so `xzatoma --help` stays fast.
+Read top to bottom: identifiers and times, redaction, the schema and its
+migrations, and the Store. `sqlite3` is imported when a Store opens, so
+`xzatoma --help` never pays for it. Each thread gets its own connection; WAL
+and a busy timeout let parallel subagents and several xzatoma processes write
+at once.
 """
 
+import json
 import os
+import re
+import socket
 import threading
 import time
 
-# ---- Identifiers ----
+# ---- Identifiers and times ----
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _ulid_lock = threading.Lock()
@@ -43,3 +49,466 @@ def ulid_time(ulid):
     for ch in ulid[:10].upper():
         value = value * 32 + _CROCKFORD.index(ch)
     return value / 1000.0
+
+
+def rfc3339(ts=None):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
+
+
+def parse_age(text):
+    """'30d', '12h', '90m', '45s', '2w' -> seconds; ValueError otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
+    if not m:
+        raise ValueError("expected a duration like 30d, 12h, 90m or 2w, got %r" % text)
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+
+
+# ---- Redaction: secrets never reach the store ----
+
+REDACTED = "[REDACTED]"
+TOKEN_PATTERNS = [  # (shape, replacement): common credential shapes, whatever their source
+    (re.compile(r"\bgh[opsu]_[A-Za-z0-9]{20,}"), REDACTED),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), REDACTED),
+    (re.compile(r"\btid=[A-Za-z0-9;=:._\-]{16,}"), REDACTED),
+    (re.compile(r"(?i)(authorization\s*[:=]\s*)(?:(?:bearer|token|basic)\s+)?[A-Za-z0-9._~+/=\-]{8,}"),
+     r"\1" + REDACTED),
+    (re.compile(r"(?i)\b(bearer|token)\s+(?!\[REDACTED)[A-Za-z0-9._~+/=\-]{16,}"), r"\1 " + REDACTED),
+]
+
+
+class Redactor:
+    """Replaces known secrets and common token shapes with [REDACTED]."""
+
+    def __init__(self, secrets=()):
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+
+    def __call__(self, text):
+        if not text:
+            return text
+        for secret in self.secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        for pattern, replacement in TOKEN_PATTERNS:
+            text = pattern.sub(replacement, text)
+        return text
+
+
+# ---- Schema and migrations ----
+
+MIGRATIONS = [
+    # 1: conversations and their messages
+    """
+    CREATE TABLE conversations (
+        id TEXT PRIMARY KEY, parent_id TEXT, depth INTEGER NOT NULL DEFAULT 0, label TEXT, title TEXT,
+        kind TEXT NOT NULL, provider TEXT, model TEXT, mode TEXT, working_dir TEXT,
+        status TEXT NOT NULL, started_at TEXT NOT NULL, updated_at TEXT NOT NULL, completed_at TEXT,
+        turns INTEGER NOT NULL DEFAULT 0, tool_calls INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
+        source TEXT, error TEXT);
+    CREATE INDEX conversations_parent ON conversations(parent_id);
+    CREATE TABLE messages (
+        conversation_id TEXT NOT NULL, seq INTEGER NOT NULL, role TEXT NOT NULL, content TEXT,
+        tool_calls TEXT, tool_call_id TEXT, name TEXT, tokens INTEGER, created_at TEXT NOT NULL,
+        PRIMARY KEY (conversation_id, seq));
+    """,
+    # 2: liveness of running conversations, undo records, caches, processed events
+    """
+    ALTER TABLE conversations ADD COLUMN pid INTEGER;
+    ALTER TABLE conversations ADD COLUMN host TEXT;
+    CREATE INDEX conversations_kind ON conversations(kind);
+    CREATE TABLE undo (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id TEXT, tool_call_id TEXT, tool TEXT,
+        path TEXT NOT NULL, kind TEXT NOT NULL, content BLOB, mode INTEGER, after_hash TEXT,
+        created_at TEXT NOT NULL, restored_at TEXT);
+    CREATE INDEX undo_conversation ON undo(conversation_id);
+    CREATE TABLE fetch_cache (
+        url TEXT PRIMARY KEY, fetched_at REAL NOT NULL, status INTEGER, content_type TEXT,
+        final_url TEXT, body TEXT);
+    CREATE TABLE model_cache (provider TEXT NOT NULL, key TEXT NOT NULL, fetched_at REAL NOT NULL,
+        data TEXT, PRIMARY KEY (provider, key));
+    CREATE TABLE processed_events (event_id TEXT PRIMARY KEY, processed_at TEXT NOT NULL,
+        conversation_id TEXT, status TEXT);
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+FTS_TABLE = "messages_fts"
+
+CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
+                       "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
+                       "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host")
+
+
+class StoreError(Exception):
+    """The database cannot be used; the message says why and what to do."""
+
+
+class NotFound(StoreError):
+    pass
+
+
+# ---- The store ----
+
+
+class Store:
+    """One sqlite3 database; methods are named for what callers want."""
+
+    def __init__(self, path, secrets=()):
+        self.path = path
+        self.redact = Redactor(secrets)
+        self._local = threading.local()
+        self._seq_lock = threading.Lock()
+        self._seq = {}
+        self.has_fts = False
+        self._connections = []
+
+    # -- connections --
+    def open(self):
+        """Create or migrate the database; raises StoreError with a reason a person can act on."""
+        import sqlite3
+        directory = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise StoreError("cannot create %s: %s" % (directory, exc.strerror or exc))
+        try:
+            conn = self.conn()
+            self._migrate(conn)
+            self.has_fts = bool(conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (FTS_TABLE,)).fetchone())
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise StoreError("cannot use the conversation database %s: %s" % (self.path, exc))
+        return self
+
+    def conn(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            import sqlite3
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._local.conn = conn
+            self._connections.append(conn)
+        return conn
+
+    def close(self):
+        for conn in self._connections:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        self._connections = []
+        self._local = threading.local()
+
+    def _migrate(self, conn):
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:  # checked before anything is written: a newer file stays untouched
+            raise StoreError("the conversation database %s was written by a newer xzatoma (schema %d; this "
+                             "version understands up to %d): upgrade xzatoma or point agent.persistence.db_path "
+                             "elsewhere" % (self.path, version, SCHEMA_VERSION))
+        conn.execute("PRAGMA journal_mode = WAL")  # persistent in the file; lets readers and a writer overlap
+        if version == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
+            for number in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[number].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+            if version < 2:
+                self._create_fts(conn)
+            conn.execute("PRAGMA user_version = %d" % SCHEMA_VERSION)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _create_fts(conn):
+        import sqlite3
+        for tokenizer in ("trigram", "unicode61"):
+            try:
+                conn.execute("CREATE VIRTUAL TABLE %s USING fts5(conversation_id UNINDEXED, content, "
+                             "tokenize = '%s')" % (FTS_TABLE, tokenizer))
+                conn.execute("INSERT INTO %s (conversation_id, content) SELECT conversation_id, "
+                             "coalesce(content, '') || ' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
+                return
+            except sqlite3.OperationalError:
+                continue  # no FTS5 in this interpreter's sqlite: search falls back to LIKE
+
+    # -- conversations --
+    def start_conversation(self, id, kind, title="", provider=None, model=None, mode=None, working_dir=None,
+                           parent_id=None, depth=0, label=None, source=None):
+        now = rfc3339()
+        self.conn().execute(
+            "INSERT INTO conversations (id, parent_id, depth, label, title, kind, provider, model, mode, "
+            "working_dir, status, started_at, updated_at, source, pid, host) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+            (id, parent_id, depth, label, self.redact(_shorten(title, 120)), kind, provider, model, mode,
+             working_dir, now, now, source, os.getpid(), socket.gethostname()))
+        with self._seq_lock:
+            self._seq[id] = 0
+        return id
+
+    def resume_conversation(self, id, mode=None, model=None):
+        """Mark a stored conversation as running again in this process."""
+        self.conn().execute(
+            "UPDATE conversations SET status = 'running', completed_at = NULL, error = NULL, updated_at = ?, "
+            "pid = ?, host = ?, mode = coalesce(?, mode), model = coalesce(?, model) WHERE id = ?",
+            (rfc3339(), os.getpid(), socket.gethostname(), mode, model, id))
+
+    def append_message(self, conversation_id, message, tokens=None):
+        """Append one message as it happens (never rewrites earlier rows)."""
+        with self._seq_lock:
+            seq = self._seq.get(conversation_id)
+            if seq is None:
+                row = self.conn().execute("SELECT coalesce(max(seq) + 1, 0) FROM messages WHERE conversation_id = ?",
+                                          (conversation_id,)).fetchone()
+                seq = row[0]
+            self._seq[conversation_id] = seq + 1
+        content = self.redact(message.get("content"))
+        calls = message.get("tool_calls")
+        calls_json = self.redact(json.dumps(calls, ensure_ascii=False)) if calls else None
+        conn = self.conn()
+        conn.execute("BEGIN")
+        try:
+            conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, name, "
+                         "tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (conversation_id, seq, message["role"], content, calls_json, message.get("tool_call_id"),
+                          message.get("name"), tokens, rfc3339()))
+            if self.has_fts:
+                conn.execute("INSERT INTO %s (conversation_id, content) VALUES (?, ?)" % FTS_TABLE,
+                             (conversation_id, (content or "") + (" " + calls_json if calls_json else "")))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return seq
+
+    def update_conversation(self, id, **fields):
+        fields["updated_at"] = rfc3339()
+        if "error" in fields and fields["error"]:
+            fields["error"] = self.redact(fields["error"])
+        cols = ", ".join("%s = ?" % k for k in fields if k in CONVERSATION_FIELDS)
+        values = [v for k, v in fields.items() if k in CONVERSATION_FIELDS]
+        self.conn().execute("UPDATE conversations SET %s WHERE id = ?" % cols, values + [id])
+
+    def finish_conversation(self, id, status, **fields):
+        fields.update(status=status, completed_at=rfc3339())
+        self.update_conversation(id, **fields)
+
+    def reap(self):
+        """Conversations left 'running' by a process that is gone become 'interrupted'."""
+        host = socket.gethostname()
+        rows = self.conn().execute("SELECT id, pid FROM conversations WHERE status = 'running' AND host = ?",
+                                   (host,)).fetchall()
+        for row in rows:
+            if row["pid"] and not _pid_alive(row["pid"]):
+                self.conn().execute("UPDATE conversations SET status = 'interrupted', error = ?, updated_at = ? "
+                                    "WHERE id = ? AND status = 'running'",
+                                    ("the process ended without finishing (killed or crashed)", rfc3339(), row["id"]))
+        return len(rows)
+
+    def resolve(self, prefix):
+        """A conversation id from a unique prefix (case-insensitive)."""
+        prefix = (prefix or "").strip().upper()
+        if not prefix:
+            raise NotFound("give a conversation id (see 'xzatoma history list')")
+        rows = self.conn().execute("SELECT id FROM conversations WHERE id LIKE ? ORDER BY id DESC LIMIT 6",
+                                   (prefix.replace("%", "").replace("_", "") + "%",)).fetchall()
+        if not rows:
+            raise NotFound("no conversation matches '%s' (see 'xzatoma history list')" % prefix)
+        if len(rows) > 1:
+            raise NotFound("'%s' matches several conversations (%s…); give more characters"
+                           % (prefix, ", ".join(r["id"][:12] for r in rows[:5])))
+        return rows[0]["id"]
+
+    def latest(self, kinds=None):
+        sql = "SELECT id FROM conversations WHERE parent_id IS NULL"
+        args = []
+        if kinds:
+            sql += " AND kind IN (%s)" % ",".join("?" * len(kinds))
+            args = list(kinds)
+        row = self.conn().execute(sql + " ORDER BY id DESC LIMIT 1", args).fetchone()
+        if row is None:
+            raise NotFound("there is no stored conversation to resume yet")
+        return row["id"]
+
+    def conversation(self, id):
+        row = self.conn().execute("SELECT * FROM conversations WHERE id = ?", (id,)).fetchone()
+        if row is None:
+            raise NotFound("no conversation %s" % id)
+        return dict(row)
+
+    def list_conversations(self, limit=20, kind=None, parent_id=None, top_level=False):
+        sql, args = "SELECT * FROM conversations WHERE 1 = 1", []
+        if kind:
+            sql += " AND kind = ?"
+            args.append(kind)
+        if parent_id:
+            sql += " AND parent_id = ?"
+            args.append(parent_id)
+        if top_level:
+            sql += " AND parent_id IS NULL"
+        sql += " ORDER BY id DESC"
+        if limit:
+            sql += " LIMIT %d" % int(limit)
+        return [dict(r) for r in self.conn().execute(sql, args)]
+
+    def messages(self, conversation_id):
+        out = []
+        for row in self.conn().execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq",
+                                       (conversation_id,)):
+            msg = {"role": row["role"], "content": row["content"] or ""}
+            if row["tool_calls"]:
+                msg["tool_calls"] = json.loads(row["tool_calls"])
+            if row["tool_call_id"] is not None:
+                msg["tool_call_id"] = row["tool_call_id"]
+            if row["name"] is not None:
+                msg["name"] = row["name"]
+            msg["created_at"] = row["created_at"]
+            out.append(msg)
+        return out
+
+    def search(self, text, limit=20):
+        """Conversations whose messages contain text, newest first, with one matching snippet each."""
+        conn = self.conn()
+        if self.has_fts and len(text) >= 3:
+            phrase = '"%s"' % text.replace('"', '""')
+            rows = conn.execute("SELECT DISTINCT conversation_id FROM %s WHERE %s MATCH ? ORDER BY conversation_id "
+                                "DESC LIMIT ?" % (FTS_TABLE, FTS_TABLE), (phrase, limit)).fetchall()
+            ids = [r[0] for r in rows]
+        else:
+            like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            rows = conn.execute("SELECT DISTINCT conversation_id FROM messages WHERE content LIKE ? ESCAPE '\\' "
+                                "OR tool_calls LIKE ? ESCAPE '\\' ORDER BY conversation_id DESC LIMIT ?",
+                                (like, like, limit)).fetchall()
+            ids = [r[0] for r in rows]
+        out = []
+        for cid in ids:
+            try:
+                conv = self.conversation(cid)
+            except NotFound:
+                continue
+            snippet = ""
+            for msg in self.messages(cid):
+                blob = msg["content"] + (json.dumps(msg["tool_calls"]) if msg.get("tool_calls") else "")
+                pos = blob.lower().find(text.lower())
+                if pos >= 0:
+                    snippet = blob[max(0, pos - 40): pos + len(text) + 40].replace("\n", " ")
+                    break
+            conv["snippet"] = snippet
+            out.append(conv)
+        return out
+
+    def descendants(self, id):
+        """[(conversation, depth_below)] of the subagent tree under id, depth first."""
+        out = []
+
+        def walk(parent, level):
+            for child in sorted(self.list_conversations(limit=0, parent_id=parent), key=lambda c: c["id"]):
+                out.append((child, level))
+                walk(child["id"], level + 1)
+        walk(id, 1)
+        return out
+
+    def delete_conversation(self, id):
+        """Remove a conversation, its subagent tree, messages and undo records. Returns how many."""
+        ids = [id] + [c["id"] for c, _ in self.descendants(id)]
+        conn = self.conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for cid in ids:
+                for table in ("messages", "undo"):
+                    conn.execute("DELETE FROM %s WHERE conversation_id = ?" % table, (cid,))
+                if self.has_fts:
+                    conn.execute("DELETE FROM %s WHERE conversation_id = ?" % FTS_TABLE, (cid,))
+                conn.execute("DELETE FROM conversations WHERE id = ?", (cid,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return len(ids)
+
+    def prune_older_than(self, seconds):
+        cutoff = rfc3339(time.time() - seconds)
+        rows = self.conn().execute("SELECT id FROM conversations WHERE parent_id IS NULL AND updated_at < ? "
+                                   "AND status != 'running'", (cutoff,)).fetchall()
+        return sum(self.delete_conversation(r["id"]) for r in rows)
+
+    # -- undo records (issue: file tools) --
+    def record_undo(self, conversation_id, tool_call_id, tool, path, kind, content=None, mode=None,
+                    after_hash=None):
+        cur = self.conn().execute(
+            "INSERT INTO undo (conversation_id, tool_call_id, tool, path, kind, content, mode, after_hash, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, tool_call_id, tool, path, kind, content, mode, after_hash, rfc3339()))
+        return cur.lastrowid
+
+    def set_undo_after(self, undo_id, after_hash):
+        self.conn().execute("UPDATE undo SET after_hash = ? WHERE id = ?", (after_hash, undo_id))
+
+    def undo_records(self, conversation_id=None, pending=True, limit=None):
+        sql, args = "SELECT * FROM undo WHERE 1 = 1", []
+        if conversation_id:
+            sql += " AND conversation_id = ?"
+            args.append(conversation_id)
+        if pending:
+            sql += " AND restored_at IS NULL"
+        sql += " ORDER BY id DESC"
+        if limit:
+            sql += " LIMIT %d" % int(limit)
+        return [dict(r) for r in self.conn().execute(sql, args)]
+
+    def mark_restored(self, undo_id):
+        self.conn().execute("UPDATE undo SET restored_at = ? WHERE id = ?", (rfc3339(), undo_id))
+
+    # -- caches --
+    def cache_get(self, url, ttl):
+        row = self.conn().execute("SELECT * FROM fetch_cache WHERE url = ?", (url,)).fetchone()
+        if row is None or time.time() - row["fetched_at"] > ttl:
+            return None
+        return dict(row)
+
+    def cache_put(self, url, status, content_type, final_url, body):
+        self.conn().execute("INSERT OR REPLACE INTO fetch_cache (url, fetched_at, status, content_type, final_url, "
+                            "body) VALUES (?, ?, ?, ?, ?, ?)",
+                            (url, time.time(), status, content_type, final_url, self.redact(body)))
+
+    def model_cache_get(self, provider, key, ttl):
+        row = self.conn().execute("SELECT * FROM model_cache WHERE provider = ? AND key = ?",
+                                  (provider, key)).fetchone()
+        if row is None or time.time() - row["fetched_at"] > ttl:
+            return None
+        return json.loads(row["data"])
+
+    def model_cache_put(self, provider, key, data):
+        self.conn().execute("INSERT OR REPLACE INTO model_cache (provider, key, fetched_at, data) VALUES (?, ?, ?, ?)",
+                            (provider, key, time.time(), json.dumps(data)))
+
+    def event_seen(self, event_id):
+        return self.conn().execute("SELECT 1 FROM processed_events WHERE event_id = ?", (event_id,)).fetchone() \
+            is not None
+
+    def record_event(self, event_id, conversation_id, status):
+        self.conn().execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status) "
+                            "VALUES (?, ?, ?, ?)", (event_id, rfc3339(), conversation_id, status))
+
+
+def _shorten(text, width):
+    text = " ".join((text or "").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True

@@ -106,11 +106,22 @@ class Tool:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
     def preview_args(self, args):
-        """A short argument summary for progress lines."""
-        for key in ("path", "glob", "pattern", "command", "url", "source_path"):
-            if isinstance(args.get(key), str):
-                return args[key]
+        return preview_arguments(args)
+
+
+def preview_arguments(args):
+    """A short argument summary for progress lines: the path, pattern, command or URL when there is one."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except ValueError:
+            return args[:80]
+    if not isinstance(args, dict):
         return json.dumps(args, ensure_ascii=False)[:80]
+    for key in ("path", "glob", "pattern", "command", "url", "source_path", "label"):
+        if isinstance(args.get(key), str):
+            return args[key]
+    return json.dumps(args, ensure_ascii=False)[:80]
 
 
 def _schema_error(name, prop, schema, value):

@@ -1,0 +1,319 @@
+"""Persistence: sqlite round trips, concurrency, crashes, resume, migration, redaction, history commands."""
+
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from conftest import tool_call
+from xzatoma_store import MIGRATIONS, SCHEMA_VERSION, Redactor, Store, StoreError, new_ulid, ulid_time
+
+SHAPES = [
+    {"role": "system", "content": "You are XZatoma."},
+    {"role": "user", "content": "héllo 👋 — «quotes» \"and\" 'more'\nsecond line"},
+    {"role": "assistant", "content": ""},
+    {"role": "assistant", "content": "thinking aloud", "tool_calls": [
+        {"id": "call_1", "name": "read_file", "arguments": '{"path": "a.txt"}'},
+        {"id": "call_2", "name": "grep", "arguments": "{not json"}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "read_file", "content": "x" * 200000},
+    {"role": "tool", "tool_call_id": "call_2", "name": "grep", "content": "Error: invalid JSON"},
+    {"role": "system", "content": "[CONTEXT PRUNED: …]"},
+]
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(str(tmp_path / "db" / "conversations.db")).open()
+    yield s
+    s.close()
+
+
+def test_ulids_sort_by_time_and_are_unique():
+    ids = [new_ulid() for _ in range(2000)]
+    assert ids == sorted(ids) and len(set(ids)) == 2000
+    assert all(len(i) == 26 for i in ids)
+    assert abs(ulid_time(new_ulid()) - time.time()) < 2
+
+
+def test_every_message_shape_round_trips(store):
+    cid = store.start_conversation(new_ulid(), "run", "title")
+    for msg in SHAPES:
+        store.append_message(cid, msg, 5)
+    back = store.messages(cid)
+    for original, stored in zip(SHAPES, back):
+        stored.pop("created_at")
+        assert stored == original
+    assert len(back) == len(SHAPES)
+
+
+def test_conversation_fields(store):
+    cid = store.start_conversation(new_ulid(), "plan", "a" * 300, provider="ollama", model="m", mode="write",
+                                   working_dir="/w", source="/w/plan.yaml")
+    store.update_conversation(cid, turns=3, tool_calls=4, prompt_tokens=10, completion_tokens=5)
+    store.finish_conversation(cid, "max_turns", error="stopped")
+    c = store.conversation(cid)
+    assert (c["kind"], c["status"], c["turns"], c["tool_calls"], c["error"]) == ("plan", "max_turns", 3, 4, "stopped")
+    assert len(c["title"]) == 120 and c["source"] == "/w/plan.yaml" and c["completed_at"].endswith("Z")
+    assert c["pid"] == os.getpid()
+
+
+def test_resolve_by_prefix(store):
+    a = store.start_conversation("01AAAAAAAAAAAAAAAAAAAAAAAA", "run")
+    store.start_conversation("01AAAAAAAAAAAAAAAAAAAAAAAB", "run")
+    assert store.resolve("01aaaaaaaaaaaaaaaaaaaaaaaa") == a
+    with pytest.raises(StoreError, match="matches several"):
+        store.resolve("01AAAA")
+    with pytest.raises(StoreError, match="no conversation matches"):
+        store.resolve("ZZZ")
+
+
+def test_concurrent_threads_lose_no_rows(store):
+    ids = [store.start_conversation(new_ulid(), "subagent") for _ in range(8)]
+    shared = store.start_conversation(new_ulid(), "run")
+
+    def work(cid):
+        for i in range(150):
+            store.append_message(cid, {"role": "user", "content": "m%d" % i})
+            store.append_message(shared, {"role": "user", "content": "%s-%d" % (cid, i)})
+    threads = [threading.Thread(target=work, args=(cid,)) for cid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(len(store.messages(cid)) == 150 for cid in ids)
+    assert len(store.messages(shared)) == 8 * 150
+
+
+def _writer(path, n):
+    s = Store(path).open()
+    cid = s.start_conversation(new_ulid(), "run")
+    for i in range(n):
+        s.append_message(cid, {"role": "user", "content": "p%d" % i})
+    s.close()
+
+
+def test_concurrent_processes_lose_no_rows(tmp_path):
+    path = str(tmp_path / "c.db")
+    Store(path).open().close()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, 200)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 800
+    assert conn.execute("SELECT count(*) FROM conversations").fetchone()[0] == 4
+
+
+def test_migration_from_version_1(tmp_path):
+    path = str(tmp_path / "old.db")
+    conn = sqlite3.connect(path)
+    conn.executescript(MIGRATIONS[0])
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO conversations (id, kind, status, started_at, updated_at, title) VALUES "
+                 "('01OLD0000000000000000000000', 'run', 'completed', '2025-01-01T00:00:00Z', "
+                 "'2025-01-01T00:00:00Z', 'old one')")
+    conn.execute("INSERT INTO messages (conversation_id, seq, role, content, created_at) VALUES "
+                 "('01OLD0000000000000000000000', 0, 'user', 'remember the walrus', '2025-01-01T00:00:00Z')")
+    conn.commit()
+    conn.close()
+    s = Store(path).open()
+    assert s.conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert s.messages("01OLD0000000000000000000000")[0]["content"] == "remember the walrus"
+    assert [c["id"] for c in s.search("walrus")] == ["01OLD0000000000000000000000"]
+    s.append_message("01OLD0000000000000000000000", {"role": "assistant", "content": "ok"})
+    assert len(s.messages("01OLD0000000000000000000000")) == 2
+    s.record_undo("01OLD0000000000000000000000", "c", "write_file", "/x", "absent")
+
+
+def test_newer_database_is_refused_and_untouched(cli, fake):
+    db = cli.xz_home / "conversations.db"
+    conn = sqlite3.connect(str(db))
+    conn.execute("CREATE TABLE future (x)")
+    conn.execute("PRAGMA user_version = 99")
+    conn.commit()
+    conn.close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    r = cli.run("history", "list")
+    assert r.returncode == 2 and "written by a newer xzatoma (schema 99" in r.stderr
+    cli.use(fake)
+    fake.add({"content": "still works"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stdout == "still works\n"
+    assert r.stderr.count("continuing without conversation history") == 1
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_corrupt_or_unwritable_database_never_stops_a_run(cli, fake):
+    (cli.xz_home / "conversations.db").write_bytes(b"this is not a database" * 100)
+    cli.use(fake)
+    fake.add({"content": "ok"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stdout == "ok\n" and "warning:" in r.stderr
+    r = cli.run("history", "list")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_persistence_can_be_turned_off(cli, fake):
+    cli.use(fake, persistence={"enabled": False})
+    fake.add({"content": "ok"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stderr.count("warning") == 0
+    assert not (cli.xz_home / "conversations.db").exists()
+
+
+def test_redaction():
+    r = Redactor(["configured-secret-value"])
+    assert r("key configured-secret-value here") == "key [REDACTED] here"
+    assert r("ghp_" + "a" * 36) == "[REDACTED]"
+    assert r("gho_" + "B" * 36 + " and ghs_" + "c" * 36) == "[REDACTED] and [REDACTED]"
+    assert r("github_pat_" + "x1" * 20) == "[REDACTED]"
+    assert r("export OPENAI_API_KEY=sk-proj-" + "z" * 30) == "export OPENAI_API_KEY=[REDACTED]"
+    assert r("Authorization: Bearer abcdefghijklmnopqrstuvwxyz") == "Authorization: [REDACTED]"
+    assert r('curl -H "authorization: token ghu_' + "q" * 36 + '"') == 'curl -H "authorization: token [REDACTED]"'
+    assert r("the token count was 12") == "the token count was 12"
+
+
+def test_secrets_never_reach_the_store(cli, fake):
+    secret = "sk-test-" + "s3cr3t" * 5
+    (cli.workdir / "env.txt").write_text("OPENAI_API_KEY=%s\nGH=ghp_%s\n" % (secret, "k" * 36))
+    cli.use(fake, provider="openai")
+    fake.add({"tool_calls": [tool_call("read_file", path="env.txt")]},
+             {"content": "the key is %s" % secret})
+    r = cli.run("run", "--prompt", "print the key %s" % secret, env={"OPENAI_API_KEY": secret})
+    assert r.returncode == 0
+    raw = b"".join(p.read_bytes() for p in cli.xz_home.iterdir() if p.is_file())
+    assert secret.encode() not in raw and b"ghp_kkkk" not in raw
+    assert b"[REDACTED]" in raw
+
+
+def _wait_for(predicate, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_kill_9_keeps_completed_turns(cli, fake):
+    (cli.workdir / "a.txt").write_text("A\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("read_file", path="a.txt")]},
+             {"tool_calls": [tool_call("list_directory")]}, {"hang": 60})
+    proc = cli.popen("run", "--prompt", "crash test")
+    try:
+        assert _wait_for(lambda: len(fake.model_requests()) == 3)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    r = cli.run("history", "list", "--json")
+    conv = json.loads(r.stdout)[0]
+    assert conv["status"] == "interrupted" and conv["turns"] == 2 and conv["title"] == "crash test"
+    r = cli.run("history", "show", conv["id"][:10], "--json")
+    data = json.loads(r.stdout)
+    assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert data["messages"][3]["content"] == "A\n" and data["status"] == "interrupted"
+
+
+def test_resume_sends_the_whole_history_with_pairs_intact(cli, fake):
+    s = Store(str(cli.xz_home / "conversations.db")).open()
+    cid = s.start_conversation(new_ulid(), "run", "earlier task")
+    for msg in [{"role": "system", "content": "old system prompt"},
+                {"role": "user", "content": "earlier task"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "name": "list_directory", "arguments": "{}"},
+                    {"id": "c2", "name": "read_file", "arguments": '{"path": "a"}'}]},
+                {"role": "tool", "tool_call_id": "c1", "name": "list_directory", "content": "(no entries)"}]:
+        s.append_message(cid, msg)
+    s.update_conversation(cid, turns=1, tool_calls=1)
+    s.finish_conversation(cid, "interrupted")
+    s.close()
+
+    def check(body):
+        msgs = body["messages"]
+        if msgs[0]["role"] != "system" or "Working directory" not in msgs[0]["content"]:
+            return "the current system prompt is missing"
+        if [m["role"] for m in msgs[1:]] != ["user", "assistant", "tool", "tool", "user"]:
+            return "unexpected history %s" % [m["role"] for m in msgs]
+        if msgs[4] != {"role": "tool", "tool_call_id": "c2", "content": "Error: interrupted"}:
+            return "the dangling call has no result: %s" % msgs[4]
+        if msgs[5]["content"] != "now finish":
+            return "the new instruction is missing"
+        return None
+    cli.use(fake, provider="openai")
+    fake.add({"content": "finished", "expect": check})
+    r = cli.run("run", "--resume", cid[:12], "--prompt", "now finish", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["conversation_id"] == cid and data["turns"] == 2 and "(resumed)" in r.stderr
+    r = cli.run("history", "show", cid, "--json")
+    stored = json.loads(r.stdout)
+    assert stored["status"] == "completed" and stored["messages"][-1]["content"] == "finished"
+    assert stored["messages"][4]["content"] == "Error: interrupted"
+
+
+def test_resume_errors(cli, fake):
+    cli.use(fake)
+    r = cli.run("run", "--last")
+    assert r.returncode == 2 and "no stored conversation" in r.stderr
+    r = cli.run("run", "--resume", "NOPE", "--prompt", "x")
+    assert r.returncode == 2 and "no conversation matches 'NOPE'" in r.stderr
+    assert fake.requests == []
+
+
+def test_history_commands(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "first answer"}, {"content": "second answer about zebras"})
+    assert cli.run("run", "--prompt", "task one").returncode == 0
+    (cli.workdir / "p.yaml").write_text("goal: plan goal\ninstructions: [a]\n")
+    assert cli.run("run", "--plan", "p.yaml").returncode == 0
+    rows = json.loads(cli.run("history", "list", "--json").stdout)
+    assert [r["kind"] for r in rows] == ["plan", "run"] and rows[0]["title"] == "plan goal"
+    assert rows[0]["source"].endswith("p.yaml")
+    assert len(json.loads(cli.run("history", "list", "--json", "--kind", "run").stdout)) == 1
+    assert len(json.loads(cli.run("history", "list", "--json", "--limit", "1").stdout)) == 1
+    out = cli.run("history", "list").stdout.splitlines()
+    assert out[0].startswith(rows[0]["id"][:12]) and "plan" in out[0] and "completed" in out[0]
+    found = cli.run("history", "search", "zebras")
+    assert found.returncode == 0 and rows[0]["id"][:12] in found.stdout and rows[1]["id"][:12] not in found.stdout
+    assert cli.run("history", "search", "ze").stdout.count("\n") == 2  # short text falls back to LIKE
+    show = cli.run("history", "show", rows[1]["id"][-14:] and rows[1]["id"][:20])
+    assert "[user] task one" in show.stdout and "[assistant] first answer" in show.stdout
+    r = cli.run("history", "delete", rows[1]["id"])
+    assert r.returncode == 0 and "deleted conversation" in r.stderr
+    assert len(json.loads(cli.run("history", "list", "--json").stdout)) == 1
+    assert cli.run("history", "prune", "--older-than", "bogus").returncode == 2
+    r = cli.run("history", "prune", "--older-than", "0s")
+    assert r.returncode == 0 and "deleted 1 conversation" in r.stderr
+    assert json.loads(cli.run("history", "list", "--json").stdout) == []
+
+
+def test_replay_and_tree(cli, fake, tmp_path):
+    (cli.workdir / "a.txt").write_text("A\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("read_file", path="a.txt")]}, {"content": "The file says A."})
+    r = cli.run("run", "--json", "--prompt", "what is in a.txt?")
+    cid = json.loads(r.stdout)["conversation_id"]
+    s = Store(str(cli.xz_home / "conversations.db")).open()
+    child = s.start_conversation(new_ulid(), "subagent", "child task", parent_id=cid, depth=1, label="research")
+    s.update_conversation(child, turns=4, prompt_tokens=2000, completion_tokens=500)
+    s.finish_conversation(child, "completed")
+    s.close()
+    replay = cli.run("replay", cid)
+    assert replay.returncode == 0
+    assert replay.stdout.splitlines()[1:] == ["", "» what is in a.txt?", "▶ read_file a.txt", "  ✓ A", "",
+                                              "The file says A."]
+    tree = cli.run("replay", cid, "--tree").stdout.splitlines()
+    assert tree[0].startswith(cid[:12]) and tree[1].startswith("└─ " + child[:12])
+    assert "[research] depth 1 · 4 turns · 2,500 tokens · completed" in tree[1]
+    assert cli.run("history", "delete", cid).stderr.strip().endswith("and 1 subagent conversations")
