@@ -1910,28 +1910,9 @@ def _add_global_flags(parser, suppress):
     g.add_argument("--no-color", action="store_true", default=d(False), help="never colour output")
 
 
-def build_parser():
-    import argparse
-    fmt = argparse.RawDescriptionHelpFormatter
-    common = argparse.ArgumentParser(add_help=False)
-    _add_global_flags(common, suppress=True)
-
-    parser = argparse.ArgumentParser(
-        prog="xzatoma", formatter_class=fmt,
-        description="XZatoma: an autonomous AI agent for the terminal. Give it a goal; it works through "
-                    "a model (GitHub Copilot, Ollama or any OpenAI-compatible server) using file, search "
-                    "and terminal tools inside the working directory.",
-        epilog="examples:\n"
-               "  xzatoma run --prompt \"List the Python files and count their lines\"\n"
-               "  xzatoma run --plan task.yaml --json > result.json\n"
-               "  echo \"Summarise README.md\" | xzatoma run --provider ollama --model qwen3\n"
-               "  xzatoma config show\n\n" + EXIT_CODES_HELP)
-    _add_global_flags(parser, suppress=False)
-    parser.add_argument("-V", "--version", action="version", version="xzatoma " + __version__)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _build_run(sub, common, fmt):
     run = sub.add_parser(
-        "run", parents=[common], formatter_class=fmt, help="run one task to completion (prompt, stdin or plan)",
+        "run", parents=[common], formatter_class=fmt, help=COMMAND_HELP["run"],
         description="Run one task autonomously and print the final answer on stdout (progress goes to "
                     "stderr). The instruction comes from --prompt, --plan, or standard input.",
         epilog="plans are YAML, JSON or Markdown files with a goal, optional context and instructions:\n"
@@ -1958,9 +1939,11 @@ def build_parser():
     resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
     run.set_defaults(func=cmd_run)
 
-    history = sub.add_parser("history", parents=[common], formatter_class=fmt, help="list, show and search "
-                             "stored conversations", description="Every run and chat is stored in "
-                             "$XZATOMA_HOME/conversations.db as it happens. Ids match by unique prefix.")
+
+def _build_history(sub, common, fmt):
+    history = sub.add_parser("history", parents=[common], formatter_class=fmt, help=COMMAND_HELP["history"],
+                             description="Every run and chat is stored in $XZATOMA_HOME/conversations.db as it "
+                                         "happens. Ids match by unique prefix.")
     hsub = history.add_subparsers(dest="history_command", metavar="ACTION")
     h = hsub.add_parser("list", parents=[common], help="newest first: id, started, kind, status, turns, tokens, title")
     h.add_argument("--limit", type=int, default=20, metavar="N")
@@ -1980,14 +1963,18 @@ def build_parser():
     h.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 2w")
     history.set_defaults(func=cmd_history)
 
-    replay = sub.add_parser("replay", parents=[common], help="replay a stored conversation as it was shown",
+
+def _build_replay(sub, common, fmt):
+    replay = sub.add_parser("replay", parents=[common], help=COMMAND_HELP["replay"],
                             description="Replay a stored conversation turn by turn: instructions, tool calls, "
                                         "results and answers.")
     replay.add_argument("id")
     replay.add_argument("--tree", action="store_true", help="print the subagent tree below it instead")
     replay.set_defaults(func=cmd_replay)
 
-    config = sub.add_parser("config", parents=[common], formatter_class=fmt, help="show or create the configuration",
+
+def _build_config(sub, common, fmt):
+    config = sub.add_parser("config", parents=[common], formatter_class=fmt, help=COMMAND_HELP["config"],
                             description="Inspect the effective configuration or create a config file.")
     csub = config.add_subparsers(dest="config_command", metavar="ACTION")
     show = csub.add_parser("show", parents=[common], help="effective values and where each came from (secrets masked)")
@@ -1999,8 +1986,64 @@ def build_parser():
     init.set_defaults(func=cmd_config_init)
     config.set_defaults(func=lambda args, console: (config.print_help(sys.stderr), EXIT_USAGE)[1])
 
-    version = sub.add_parser("version", help="print the version")
+
+def _build_version(sub, common, fmt):
+    version = sub.add_parser("version", help=COMMAND_HELP["version"])
     version.set_defaults(func=lambda args, console: (print("xzatoma " + __version__), EXIT_OK)[1])
+
+
+COMMAND_HELP = {
+    "run": "run one task to completion (prompt, stdin or plan)",
+    "history": "list, show and search stored conversations",
+    "replay": "replay a stored conversation as it was shown",
+    "config": "show or create the configuration",
+    "version": "print the version",
+}
+COMMAND_BUILDERS = {"run": _build_run, "history": _build_history, "replay": _build_replay,
+                    "config": _build_config, "version": _build_version}
+_VALUE_FLAGS = ("--config", "--provider", "--model")
+
+
+def _selected_command(argv):
+    """The subcommand named in argv (skipping global option values), or None."""
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token in _VALUE_FLAGS:
+            skip = True
+        elif not token.startswith("-"):
+            return token
+    return None
+
+
+def build_parser(argv=None):
+    """The argument parser; only the selected subcommand's own options are built (start-up is a feature)."""
+    import argparse
+    fmt = argparse.RawDescriptionHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global_flags(common, suppress=True)
+
+    parser = argparse.ArgumentParser(
+        prog="xzatoma", formatter_class=fmt,
+        description="XZatoma: an autonomous AI agent for the terminal. Give it a goal; it works through "
+                    "a model (GitHub Copilot, Ollama or any OpenAI-compatible server) using file, search "
+                    "and terminal tools inside the working directory.",
+        epilog="examples:\n"
+               "  xzatoma run --prompt \"List the Python files and count their lines\"\n"
+               "  xzatoma run --plan task.yaml --json > result.json\n"
+               "  echo \"Summarise README.md\" | xzatoma run --provider ollama --model qwen3\n"
+               "  xzatoma history list\n"
+               "  xzatoma config show\n\n" + EXIT_CODES_HELP)
+    _add_global_flags(parser, suppress=False)
+    parser.add_argument("-V", "--version", action="version", version="xzatoma " + __version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    selected = _selected_command(argv) if argv is not None else None
+    for name, builder in COMMAND_BUILDERS.items():
+        if argv is None or name == selected:
+            builder(sub, common, fmt)
+        else:
+            sub.add_parser(name, help=COMMAND_HELP[name])
     return parser
 
 
@@ -2210,7 +2253,7 @@ def main(argv=None):
     if argv in (["--version"], ["-V"], ["version"]):  # fast path: no argparse, no imports
         sys.stdout.write("xzatoma %s\n" % __version__)
         return EXIT_OK
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     console = Console(quiet=args.quiet, verbose=args.verbose, color=False if args.no_color else None)
     if not getattr(args, "func", None):

@@ -10,7 +10,6 @@ at once.
 import json
 import os
 import re
-import socket
 import threading
 import time
 
@@ -247,7 +246,7 @@ class Store:
             "working_dir, status, started_at, updated_at, source, pid, host) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
             (id, parent_id, depth, label, self.redact(_shorten(title, 120)), kind, provider, model, mode,
-             working_dir, now, now, source, os.getpid(), socket.gethostname()))
+             working_dir, now, now, source, os.getpid(), _hostname()))
         with self._seq_lock:
             self._seq[id] = 0
         return id
@@ -257,7 +256,7 @@ class Store:
         self.conn().execute(
             "UPDATE conversations SET status = 'running', completed_at = NULL, error = NULL, updated_at = ?, "
             "pid = ?, host = ?, mode = coalesce(?, mode), model = coalesce(?, model) WHERE id = ?",
-            (rfc3339(), os.getpid(), socket.gethostname(), mode, model, id))
+            (rfc3339(), os.getpid(), _hostname(), mode, model, id))
 
     def append_message(self, conversation_id, message, tokens=None):
         """Append one message as it happens (never rewrites earlier rows)."""
@@ -301,7 +300,7 @@ class Store:
 
     def reap(self):
         """Conversations left 'running' by a process that is gone become 'interrupted'."""
-        host = socket.gethostname()
+        host = _hostname()
         rows = self.conn().execute("SELECT id, pid FROM conversations WHERE status = 'running' AND host = ?",
                                    (host,)).fetchall()
         for row in rows:
@@ -500,6 +499,14 @@ class Store:
 def _shorten(text, width):
     text = " ".join((text or "").split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _hostname():
+    try:
+        return os.uname().nodename
+    except AttributeError:  # not POSIX
+        import platform
+        return platform.node()
 
 
 def _pid_alive(pid):
