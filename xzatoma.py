@@ -183,6 +183,7 @@ DEFAULTS = {
         "tools": {
             "max_output_size": 1048576,
             "max_file_read_size": 10485760,
+            "undo_max_bytes": 52428800,
             "fetch": {
                 "timeout_seconds": 60,
                 "max_response_size": 1048576,
@@ -279,6 +280,7 @@ DOCS = {
     "agent.conversation.min_retain_turns": "most recent turns always kept when pruning",
     "agent.conversation.prune_threshold": "prune when the conversation reaches this share of max_tokens",
     "agent.tools.max_output_size": "bytes of one tool result sent to the model",
+    "agent.tools.undo_max_bytes": "largest file or directory whose previous content is kept for 'xzatoma undo'",
     "agent.terminal.default_mode": "interactive | restricted_autonomous | full_autonomous",
     "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
 }
@@ -1590,7 +1592,7 @@ class Agent:
         invalid, last_error = 0, None
         for call in calls:
             self.events.tool_start(call["name"], self._preview(call))
-            tool_result = self.registry.execute(call["name"], call["arguments"])
+            tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             result.tool_calls += 1
             conv.add_tool_result(call["id"], call["name"], tool_result.to_message())
             self.events.tool_end(call["name"], tool_result)
@@ -1882,6 +1884,48 @@ def cmd_replay(args, console):
         store.close()
 
 
+def cmd_undo(args, console):
+    from xzatoma_store import NotFound
+    from xzatoma_tools import UndoError, undo_change
+    cfg = config_from_args(args, console)
+    store = open_store(cfg, console, required=True)
+    try:
+        conversation = store.resolve(args.conversation) if args.conversation else None
+        records = store.undo_records(conversation_id=conversation)
+        if args.list:
+            if not records:
+                console.info("nothing to undo")
+            for r in records:
+                what = {"absent": "created", "moved": "moved to %s" % (r["content"] or b"").decode("utf-8", "replace"),
+                        "file": "changed", "dir": "directory changed", "link": "link changed"}.get(r["kind"], r["kind"])
+                sys.stdout.write("#%-5d %s  %s  %-12s %s (%s)\n" % (
+                    r["id"], r["created_at"].replace("T", " ")[:16], (r["conversation_id"] or "-")[:12], r["tool"],
+                    r["path"], what))
+            return EXIT_OK
+        if not records:
+            console.info("nothing to undo")
+            return EXIT_OK
+        if args.all:
+            conversation = conversation or records[0]["conversation_id"]
+            chosen = [r for r in records if r["conversation_id"] == conversation]
+        else:
+            chosen = records[:1]
+        failed = 0
+        for record in chosen:  # newest first
+            try:
+                sys.stdout.write(undo_change(store, record, force=args.force) + "\n")
+            except (UndoError, OSError) as exc:
+                failed += 1
+                console.error(str(exc))
+                if not args.all:
+                    break
+        return EXIT_FAILED if failed else EXIT_OK
+    except NotFound as exc:
+        raise UsageError(str(exc))
+    finally:
+        store.close()
+
+
 def tree_line(conv, level):
     tokens = (conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)
     label = conv.get("label") or one_line(conv.get("title") or "", 40)
@@ -1973,6 +2017,20 @@ def _build_replay(sub, common, fmt):
     replay.set_defaults(func=cmd_replay)
 
 
+def _build_undo(sub, common, fmt):
+    undo = sub.add_parser("undo", parents=[common], formatter_class=fmt, help=COMMAND_HELP["undo"],
+                          description="Before a tool overwrites, edits, moves over or deletes a file, its previous "
+                                      "content is saved. undo puts the most recent change back; files the agent "
+                                      "created are removed. A path that changed since the agent touched it is "
+                                      "left alone unless --force.")
+    undo.add_argument("--all", action="store_true", help="undo every change of the most recent conversation "
+                                                         "(or of --conversation), newest first")
+    undo.add_argument("--conversation", metavar="ID", help="only changes made in this conversation")
+    undo.add_argument("--list", action="store_true", help="show what can be undone")
+    undo.add_argument("--force", action="store_true", help="restore even over later changes")
+    undo.set_defaults(func=cmd_undo)
+
+
 def _build_config(sub, common, fmt):
     config = sub.add_parser("config", parents=[common], formatter_class=fmt, help=COMMAND_HELP["config"],
                             description="Inspect the effective configuration or create a config file.")
@@ -1996,10 +2054,11 @@ COMMAND_HELP = {
     "run": "run one task to completion (prompt, stdin or plan)",
     "history": "list, show and search stored conversations",
     "replay": "replay a stored conversation as it was shown",
+    "undo": "put back files the agent changed",
     "config": "show or create the configuration",
     "version": "print the version",
 }
-COMMAND_BUILDERS = {"run": _build_run, "history": _build_history, "replay": _build_replay,
+COMMAND_BUILDERS = {"run": _build_run, "history": _build_history, "replay": _build_replay, "undo": _build_undo,
                     "config": _build_config, "version": _build_version}
 _VALUE_FLAGS = ("--config", "--provider", "--model")
 
@@ -2129,7 +2188,8 @@ def cmd_run(args, console):
         except NotFound as exc:
             raise UsageError(str(exc))
 
-    ctx = ToolContext(working_dir, cfg.section("agent.tools"), confirm=None)
+    ctx = ToolContext(working_dir, cfg.section("agent.tools"), confirm=None, store=store,
+                      conversation_id=conversation_id)
     ctx.terminal = cfg.section("agent.terminal")
     ctx.terminal_mode = "full_autonomous" if args.allow_dangerous else "restricted_autonomous"
     registry = build_registry(args.mode, ctx)
@@ -2138,6 +2198,7 @@ def cmd_run(args, console):
     agent = Agent(provider, registry, conversation, _RunEvents(console), cfg.get("agent.max_turns"),
                   cfg.get("agent.timeout_seconds"), conversation_id=conversation_id)
     recorder = Recorder(store, console, agent.result.conversation_id)
+    ctx.conversation_id = agent.result.conversation_id
     prompt = system_prompt(args.mode, ctx.root, registry.names())
     if resuming:  # totals carry on; the turn limit counts this run's turns
         for key in ("turns", "tool_calls", "prompt_tokens", "completion_tokens"):

@@ -78,17 +78,68 @@ PLANNING, WRITE_MODE = "planning", "write"
 
 
 class ToolContext:
-    """What a tool run may touch: the jail root, limits and the confirm callback."""
+    """What a tool run may touch: the jail root, limits, the confirm callback and the undo log.
 
-    def __init__(self, working_dir, tools_config=None, confirm=None, mode=WRITE_MODE):
+    `confirm(tool_name, args, detail, always=False) -> bool` is given by chat in Safe mode (None in
+    `run` and YOLO: nothing is asked); always=True asks even in YOLO (an irreversible change).
+    `store` and `conversation_id` let file tools save what they overwrite, so `xzatoma undo` can
+    put it back.
+    """
+
+    def __init__(self, working_dir, tools_config=None, confirm=None, mode=WRITE_MODE, store=None,
+                 conversation_id=None, interactive=False):
         self.root = os.path.realpath(working_dir)
         self.config = tools_config or {}
-        self.confirm = confirm  # callable(tool_name, args, detail) -> bool, or None
+        self.confirm = confirm
         self.mode = mode
+        self.store = store
+        self.conversation_id = conversation_id
+        self.interactive = interactive  # a person can be asked (chat), even when confirm is None (YOLO)
+        self.ask = None  # callable(tool_name, args, detail) -> bool for irreversible changes in chat
+        self.call_id = None
 
     def limit(self, key, default):
         value = self.config.get(key)
         return default if value is None else value
+
+    # -- undo log --
+    def before_change(self, tool, real):
+        """Save what is at `real` before a tool changes it. Returns a token for after_change."""
+        if self.store is None:
+            return None
+        cap = self.limit("undo_max_bytes", 52428800)
+        kind, blob, mode = snapshot(real, cap)
+        record = self.store.record_undo(self.conversation_id, self.call_id, tool, real, kind, blob, mode)
+        return record, real
+
+    def record_move(self, source, destination):
+        if self.store is None:
+            return None
+        record = self.store.record_undo(self.conversation_id, self.call_id, "move_path", source, "moved",
+                                        destination.encode("utf-8", "surrogateescape"), None)
+        return record, destination
+
+    def after_change(self, token, expected=None):
+        """Fingerprint the path after the change (or the state `expected` when undo reaches this record)."""
+        if token is not None:
+            record, real = token
+            self.store.set_undo_after(record, expected or state_hash(real))
+
+    def check_undo_cap(self, tool, real, args):
+        """A change that could not be undone (over the size cap) asks in chat and is refused otherwise."""
+        if self.store is None:
+            return
+        cap = self.limit("undo_max_bytes", 52428800)
+        size = tree_size(real)
+        if size <= cap:
+            return
+        detail = "%s is %s, over the undo cap of %s (agent.tools.undo_max_bytes): this cannot be undone" % (
+            display_path(real, self.root), _fmt_size(size), _fmt_size(cap))
+        if self.ask is not None and self.ask(tool, args, detail):
+            self.store = None  # the person accepted a change without an undo record
+            return
+        raise ToolError(detail + ("; the user declined" if self.ask is not None else
+                                  "; refused without a person to confirm it"))
 
 
 class Tool:
@@ -104,6 +155,10 @@ class Tool:
 
     def definition(self):
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def confirmation(self, args, ctx):
+        """What to show a person before this call in Safe mode, or None when it needs no confirmation."""
+        return None
 
     def preview_args(self, args):
         return preview_arguments(args)
@@ -222,13 +277,19 @@ class Registry:
         args, err = validate_arguments(tool, raw_args)
         return tool, args, err
 
-    def execute(self, name, raw_args):
+    def execute(self, name, raw_args, call_id=None):
         """Run one tool call; every failure becomes an error result."""
         tool, args, err = self.check_call(name, raw_args)
         if err:
             return ToolResult.fail(err, invalid=True)
         started = time.monotonic()
+        self.ctx.call_id = call_id
         try:
+            if self.ctx.confirm is not None:
+                detail = tool.confirmation(args, self.ctx)
+                if detail is not None and not self.ctx.confirm(name, args, detail):
+                    return ToolResult.fail("the user declined %s %s" % (name, tool.preview_args(args)),
+                                           declined=True)
             result = tool.run(args, self.ctx)
         except ToolError as exc:
             result = ToolResult.fail(str(exc))
@@ -433,33 +494,36 @@ class GitIgnore:
 
 
 def walk_files(root, start, gitignore=True, include_dirs=False):
-    """Yield (relpath, realpath, is_dir) under start, sorted, skipping VCS dirs and ignored paths.
+    """Yield (relpath, path, is_dir) under start in name order, skipping VCS dirs and ignored paths.
 
     Symlinks are not followed into directories, and a symlink whose target
-    lies outside the jail is skipped.
+    lies outside the jail is skipped. Relative paths are built by joining
+    names (no per-entry path arithmetic: this walk is the hot loop of grep
+    and find_path).
     """
     ignore = GitIgnore(root) if gitignore else None
-    stack = [start]
+    first = os.path.relpath(start, root).replace(os.sep, "/")
+    stack = [(start, "" if first == "." else first + "/")]
     while stack:
-        current = stack.pop()
+        current, prefix = stack.pop()
         try:
-            entries = sorted(os.scandir(current), key=lambda e: e.name, reverse=True)
+            entries = sorted(os.scandir(current), key=lambda e: e.name)
         except OSError:
             continue
         subdirs = []
-        for entry in reversed(entries):
-            rel = os.path.relpath(entry.path, root).replace(os.sep, "/")
+        for entry in entries:
+            rel = prefix + entry.name
             is_dir = _is_dir(entry)
             if is_dir and entry.name in SKIP_DIRS:
                 continue
-            if ignore is not None and ignore.ignored(rel, is_dir):
+            if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
                 continue
             if entry.is_symlink() and not _inside(os.path.realpath(entry.path), root):
                 continue
             if is_dir:
                 if ignore is not None:
                     ignore.enter(rel)
-                subdirs.append(entry.path)
+                subdirs.append((entry.path, rel + "/"))
                 if include_dirs:
                     yield rel, entry.path, True
             else:
@@ -473,6 +537,18 @@ def _is_dir(entry):
         return entry.is_dir(follow_symlinks=False)
     except OSError:
         return False
+
+
+def _owner(st):
+    try:
+        import pwd
+        return pwd.getpwuid(st.st_uid).pw_name
+    except (ImportError, KeyError):
+        return str(st.st_uid)
+
+
+def _rfc3339(ts):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _fmt_size(n):
@@ -558,18 +634,7 @@ class ReadFile(Tool):
             raise ToolError("end_line (%d) is before start_line (%d)" % (end, start))
         max_bytes = ctx.limit("max_file_read_size", 10485760)
         budget = self.LINE_BUDGET if end is None else max(end - start + 1, 1)
-        out, used, total, cut = [], 0, 0, False
-        with open(real, encoding="utf-8", errors="replace", newline="") as fh:
-            for total, line in enumerate(fh, 1):
-                if total < start or cut:
-                    continue
-                if end is not None and total > end:
-                    continue
-                if len(out) >= budget or used + len(line) > max_bytes:
-                    cut = True
-                    continue
-                out.append(line)
-                used += len(line)
+        out, total, cut = self._scan(real, start, end, budget, max_bytes)
         if start > max(total, 1) and total:
             raise ToolError("start_line %d is past the end of %s (%d lines)" % (start, path, total))
         text = "".join(out)
@@ -579,6 +644,50 @@ class ReadFile(Tool):
                      % (start, shown_end, total, shown_end + 1))
         return ToolResult.ok(text, lines=total, partial=cut)
 
+    LONG_LINE = 65536
+
+    def _scan(self, real, start, end, budget, max_bytes):
+        """Stream the file in chunks: keep the wanted lines, count the rest; memory stays bounded."""
+        out, used, number, cut = [], 0, 0, False
+        carry, overlong = b"", False
+        with open(real, "rb") as fh:
+            while True:
+                chunk = fh.read(1 << 20)
+                if not chunk:
+                    break
+                done = cut or (end is not None and number >= end)
+                if done and not carry and not overlong:
+                    number += chunk.count(b"\n")  # past the range: just count lines
+                    continue
+                if overlong:
+                    nl = chunk.find(b"\n")
+                    if nl == -1:
+                        continue
+                    chunk, overlong = chunk[nl:], False  # the newline ends the overlong line
+                lines = (carry + chunk).split(b"\n")
+                carry = lines.pop()
+                if len(carry) > self.LONG_LINE:
+                    carry, overlong = carry[: self.LONG_LINE] + b" ... [line truncated]", True
+                for line in lines:
+                    number += 1
+                    if number < start or cut or (end is not None and number > end):
+                        continue
+                    text = line.decode("utf-8", "replace") + "\n"
+                    if len(out) >= budget or used + len(text) > max_bytes:
+                        cut = True
+                        continue
+                    out.append(text)
+                    used += len(text)
+        if carry:
+            number += 1
+            if number >= start and not cut and (end is None or number <= end):
+                text = carry.decode("utf-8", "replace")
+                if len(out) >= budget or used + len(text) > max_bytes:
+                    cut = True
+                else:
+                    out.append(text)
+        return out, number, cut
+
 
 class WriteFile(Tool):
     name = "write_file"
@@ -587,20 +696,25 @@ class WriteFile(Tool):
         "path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]}
     permission = WRITE
 
+    def confirmation(self, args, ctx):
+        real = resolve_path(args["path"], ctx.root)
+        if not os.path.isfile(real):
+            return None
+        return "overwrite %s:\n%s" % (args["path"], text_diff(_read_text(real), args["content"],
+                                                              display_path(real, ctx.root)) or "(same content)")
+
     def run(self, args, ctx):
         path = args["path"]
         real = resolve_path(path, ctx.root)
         if os.path.isdir(real):
             raise ToolError("%s is a directory" % path)
         existed = os.path.exists(real)
-        os.makedirs(os.path.dirname(real), exist_ok=True)
         data = args["content"].encode("utf-8")
-        tmp = real + ".xzatoma-tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        if existed:
-            os.chmod(tmp, stat.S_IMODE(os.stat(real).st_mode))
-        os.replace(tmp, real)
+        ctx.check_undo_cap(self.name, real, args)
+        token = ctx.before_change(self.name, real)
+        os.makedirs(os.path.dirname(real), exist_ok=True)
+        write_atomic(real, data)
+        ctx.after_change(token)
         return ToolResult.ok("%s %s (%d bytes)" % ("Overwrote" if existed else "Created",
                                                    display_path(real, ctx.root), len(data)),
                              bytes=len(data), created=not existed)
@@ -616,11 +730,20 @@ class EditFile(Tool):
         "required": ["path", "old_text", "new_text"]}
     permission = WRITE
 
-    def run(self, args, ctx):
+    def confirmation(self, args, ctx):
+        try:
+            _, text, updated = self._apply(args, ctx)
+        except ToolError:
+            return None  # the call will fail with its own message; nothing to confirm
+        return "edit %s:\n%s" % (args["path"], text_diff(text, updated, args["path"]))
+
+    def _apply(self, args, ctx):
         path, old, new = args["path"], args["old_text"], args["new_text"]
         real = resolve_path(path, ctx.root, must_exist=True)
         if not old:
             raise ToolError("old_text must not be empty")
+        if os.path.isdir(real):
+            raise ToolError("%s is a directory" % path)
         with open(real, encoding="utf-8", newline="") as fh:
             text = fh.read()
         count = text.count(old)
@@ -633,13 +756,15 @@ class EditFile(Tool):
                 pos = text.find(old, pos + 1)
             raise ToolError("old_text occurs %d times in %s (lines %s); include more context or set replace_all"
                             % (count, path, ", ".join(lines)))
-        updated = text.replace(old, new)
-        with open(real, "w", encoding="utf-8", newline="") as fh:
-            fh.write(updated)
-        rel = display_path(real, ctx.root)
-        diff = "".join(difflib.unified_diff(text.splitlines(True), updated.splitlines(True),
-                                            "a/" + rel, "b/" + rel))
-        return ToolResult.ok(diff or "(no change)", replacements=count)
+        return real, text, text.replace(old, new)
+
+    def run(self, args, ctx):
+        real, text, updated = self._apply(args, ctx)
+        token = ctx.before_change(self.name, real)
+        write_atomic(real, updated.encode("utf-8"))
+        ctx.after_change(token)
+        diff = text_diff(text, updated, display_path(real, ctx.root))
+        return ToolResult.ok(diff or "(no change)", replacements=text.count(args["old_text"]))
 
 
 class FindPath(Tool):
@@ -695,6 +820,7 @@ class Grep(Tool):
         max_results = args.get("max_results") or 100
         files = [(display_path(real, ctx.root), real, False)] if os.path.isfile(real) else \
             walk_files(ctx.root, real)
+        quick = _byte_prefilter(args["pattern"], args.get("fixed_string"), flags)
         out, hits, extra = [], 0, 0
         for rel, full, _ in files:
             if include and not glob_match(include, rel):
@@ -702,32 +828,112 @@ class Grep(Tool):
             if exclude and glob_match(exclude, rel):
                 continue
             try:
-                if is_binary_file(full):
-                    continue
-                with open(full, encoding="utf-8", errors="replace") as fh:
-                    text = fh.read()
+                with open(full, "rb") as fh:
+                    data = fh.read()
             except OSError:
                 continue
+            if b"\x00" in data[:8192] or (quick is not None and not quick(data)):
+                continue  # binary, or cannot contain a match
+            text = data.decode("utf-8", "replace")
             if not regex.search(text):
                 continue
-            lines = text.splitlines()
-            for i, line in enumerate(lines):
-                if not regex.search(line):
-                    continue
+            lines = None
+            for m in regex.finditer(text):
                 hits += 1
                 if hits > max_results:
                     extra += 1
                     continue
+                if lines is None:
+                    lines = text.splitlines()
+                    starts = _line_starts(text)
+                i = _line_of(starts, m.start())
+                if out and out[-1][0] == (rel, i):
+                    hits -= 1  # several matches on one line count once
+                    continue
+                block = []
                 for j in range(max(0, i - ctx_lines), i):
-                    out.append("%s-%d- %s" % (rel, j + 1, lines[j]))
-                out.append("%s:%d: %s" % (rel, i + 1, line))
+                    block.append("%s-%d- %s" % (rel, j + 1, lines[j]))
+                block.append("%s:%d: %s" % (rel, i + 1, lines[i] if i < len(lines) else ""))
                 for j in range(i + 1, min(len(lines), i + 1 + ctx_lines)):
-                    out.append("%s-%d- %s" % (rel, j + 1, lines[j]))
+                    block.append("%s-%d- %s" % (rel, j + 1, lines[j]))
+                out.append(((rel, i), block))
         if not out:
             return ToolResult.ok("no matches for %s" % args["pattern"], matches=0)
+        text_out = [line for _, block in out for line in block]
         if extra:
-            out.append("... stopped at %d results; %d more matches not shown" % (max_results, extra))
-        return ToolResult.ok("\n".join(out), matches=hits)
+            text_out.append("... stopped at %d results; %d more matches not shown" % (max_results, extra))
+        return ToolResult.ok("\n".join(text_out), matches=hits)
+
+
+_REGEX_SPECIAL = set("\\.^$*+?{}[]|()")
+
+
+def _byte_prefilter(pattern, fixed, flags):
+    """A fast bytes test that rejects files that cannot match (never one that can), or None."""
+    if flags & re.IGNORECASE:
+        return None
+    literal = pattern if fixed else _required_literal(pattern)
+    if not literal:
+        return None
+    needle = literal.encode("utf-8")
+    return lambda data: needle in data
+
+
+def _required_literal(pattern):
+    """The longest run of characters every match of a simple regex must contain ('' if unsure)."""
+    if "|" in pattern or "(" in pattern:
+        return ""
+    runs, run, i = [], "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            if nxt in _REGEX_SPECIAL or nxt in "/-'\" #":
+                char, i = nxt, i + 2
+            else:  # \d, \w, \b, ...: not a literal
+                runs.append(run)
+                run, i = "", i + 2
+                continue
+        elif c == "[":
+            close = pattern.find("]", i + 2)
+            runs.append(run)
+            run, i = "", (close + 1 if close != -1 else len(pattern))
+            continue
+        elif c in ".^$":
+            runs.append(run)
+            run, i = "", i + 1
+            continue
+        elif c in "*?{+":
+            if c != "+" and run:
+                run = run[:-1]  # the preceding character is optional
+            runs.append(run)
+            run, i = "", i + 1
+            if c == "{":
+                close = pattern.find("}", i)
+                i = close + 1 if close != -1 else len(pattern)
+            continue
+        else:
+            char, i = c, i + 1
+        if i < len(pattern) and pattern[i] in "*?{":
+            runs.append(run)  # this character is optional; the run ends before it
+            run = ""
+            continue
+        run += char
+    runs.append(run)
+    return max(runs, key=len) if runs else ""
+
+
+def _line_starts(text):
+    starts, pos = [0], text.find("\n")
+    while pos != -1:
+        starts.append(pos + 1)
+        pos = text.find("\n", pos + 1)
+    return starts
+
+
+def _line_of(starts, offset):
+    import bisect
+    return bisect.bisect_right(starts, offset) - 1
 
 
 class PlanTool(Tool):
@@ -747,7 +953,185 @@ class PlanTool(Tool):
         return ToolResult.ok(plan.describe(), instructions=len(plan.instructions))
 
 
-ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, FindPath, Grep, PlanTool)
+class CopyPath(Tool):
+    name = "copy_path"
+    description = "Copy a file or a directory (recursively). overwrite=true replaces an existing destination."
+    parameters = {"type": "object", "properties": {
+        "source_path": {"type": "string"}, "destination_path": {"type": "string"},
+        "overwrite": {"type": "boolean", "default": False}}, "required": ["source_path", "destination_path"]}
+    permission = WRITE
+    verb = "copied"
+
+    def confirmation(self, args, ctx):
+        dst = resolve_path(args["destination_path"], ctx.root)
+        if args.get("overwrite") and os.path.lexists(dst):
+            return "%s %s over the existing %s" % (self.name.split("_")[0], args["source_path"],
+                                                  args["destination_path"])
+        return None
+
+    def _paths(self, args, ctx):
+        src = resolve_path(args["source_path"], ctx.root, must_exist=True)
+        dst = resolve_path(args["destination_path"], ctx.root)
+        if os.path.isdir(dst) and not os.path.isdir(src):
+            dst = os.path.join(dst, os.path.basename(src))  # like cp file dir/
+        if src == dst:
+            raise ToolError("source and destination are the same: %s" % args["source_path"])
+        if os.path.isdir(src) and _inside(dst, src):
+            raise ToolError("cannot put %s inside itself" % args["source_path"])
+        if os.path.lexists(dst) and not args.get("overwrite"):
+            raise ToolError("%s already exists; set overwrite=true to replace it" % display_path(dst, ctx.root))
+        return src, dst
+
+    def run(self, args, ctx):
+        import shutil
+        src, dst = self._paths(args, ctx)
+        tokens = []
+        if os.path.lexists(dst):
+            ctx.check_undo_cap(self.name, dst, args)
+            tokens.append(ctx.before_change(self.name, dst))
+            remove_path(dst)
+        else:
+            tokens.append(ctx.before_change(self.name, dst))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        count = self._transfer(src, dst, ctx)
+        for token in tokens:
+            ctx.after_change(token)
+        return ToolResult.ok("%s %s to %s (%d item%s)" % (self.verb.capitalize(), display_path(src, ctx.root),
+                                                         display_path(dst, ctx.root), count,
+                                                         "" if count == 1 else "s"), items=count)
+
+    def _transfer(self, src, dst, ctx):
+        import shutil
+        if os.path.isdir(src):
+            shutil.copytree(src, dst, symlinks=True)
+            return sum(len(files) + len(dirs) for _, dirs, files in os.walk(dst)) + 1
+        shutil.copy2(src, dst, follow_symlinks=False)
+        return 1
+
+
+class MovePath(CopyPath):
+    name = "move_path"
+    description = "Move or rename a file or directory. overwrite=true replaces an existing destination."
+    verb = "moved"
+
+    def run(self, args, ctx):
+        import shutil
+        src, dst = self._paths(args, ctx)
+        if os.path.lexists(dst):
+            ctx.check_undo_cap(self.name, dst, args)
+            token = ctx.before_change(self.name, dst)
+            remove_path(dst)
+            ctx.after_change(token, expected="absent")  # undone after the move back, when dst is gone again
+        count = tree_count(src)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        token = ctx.record_move(src, dst)
+        shutil.move(src, dst)
+        ctx.after_change(token)
+        return ToolResult.ok("Moved %s to %s (%d item%s)" % (display_path(src, ctx.root),
+                                                            display_path(dst, ctx.root), count,
+                                                            "" if count == 1 else "s"), items=count)
+
+
+class DeletePath(Tool):
+    name = "delete_path"
+    description = "Delete a file or directory. A non-empty directory needs recursive=true."
+    parameters = {"type": "object", "properties": {
+        "path": {"type": "string"}, "recursive": {"type": "boolean", "default": False}}, "required": ["path"]}
+    permission = WRITE
+
+    def confirmation(self, args, ctx):
+        real = resolve_path(args["path"], ctx.root)
+        if not os.path.lexists(real):
+            return None
+        return "delete %s (%d item%s)" % (args["path"], tree_count(real), "" if tree_count(real) == 1 else "s")
+
+    def run(self, args, ctx):
+        path = args["path"]
+        real = resolve_path(path, ctx.root, must_exist=True)
+        if real == ctx.root:
+            raise ToolError("refusing to delete the working directory itself")
+        if os.path.isdir(real) and not os.path.islink(real) and os.listdir(real) and not args.get("recursive"):
+            raise ToolError("%s is a non-empty directory (%d items); set recursive=true to delete it"
+                            % (path, tree_count(real) - 1))
+        count = tree_count(real)
+        ctx.check_undo_cap(self.name, real, args)
+        token = ctx.before_change(self.name, real)
+        remove_path(real)
+        ctx.after_change(token)
+        return ToolResult.ok("Deleted %s (%d item%s)" % (display_path(real, ctx.root), count,
+                                                        "" if count == 1 else "s"), items=count)
+
+
+class CreateDirectory(Tool):
+    name = "create_directory"
+    description = "Create a directory and any missing parents (like mkdir -p)."
+    parameters = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    permission = WRITE
+
+    def run(self, args, ctx):
+        real = resolve_path(args["path"], ctx.root)
+        if os.path.isdir(real):
+            return ToolResult.ok("%s already exists" % display_path(real, ctx.root), created=False)
+        if os.path.lexists(real):
+            raise ToolError("%s exists and is not a directory" % args["path"])
+        top = real  # the highest missing ancestor is what undo removes
+        while not os.path.exists(os.path.dirname(top)):
+            top = os.path.dirname(top)
+        token = ctx.before_change(self.name, top)
+        os.makedirs(real)
+        ctx.after_change(token)
+        return ToolResult.ok("Created directory %s" % display_path(real, ctx.root), created=True)
+
+
+class FileMetadata(Tool):
+    name = "file_metadata"
+    description = "Type, size, permissions, owner, modification and change times, symlink target, and line count."
+    parameters = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+    def run(self, args, ctx):
+        path = args["path"]
+        real = resolve_path(path, ctx.root, must_exist=True)
+        link = os.path.join(ctx.root, path)
+        st = os.lstat(link) if os.path.islink(link) else os.stat(real)
+        kind = "symlink" if stat.S_ISLNK(st.st_mode) else "directory" if stat.S_ISDIR(st.st_mode) else \
+            "file" if stat.S_ISREG(st.st_mode) else "other"
+        lines = ["path: %s" % display_path(real, ctx.root), "type: %s" % kind,
+                 "size: %d bytes (%s)" % (st.st_size, _fmt_size(st.st_size)),
+                 "mode: %s (%s)" % (oct(stat.S_IMODE(st.st_mode)), stat.filemode(st.st_mode)),
+                 "owner: %s" % _owner(st), "modified: %s" % _rfc3339(st.st_mtime),
+                 "changed: %s" % _rfc3339(st.st_ctime)]
+        if kind == "symlink":
+            lines.append("target: %s" % display_path(real, ctx.root))
+        if os.path.isfile(real) and not is_binary_file(real):
+            with open(real, "rb") as fh:
+                lines.append("lines: %d" % sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b"")))
+        elif os.path.isdir(real):
+            lines.append("entries: %d" % len(os.listdir(real)))
+        return ToolResult.ok("\n".join(lines), type=kind, size=st.st_size)
+
+
+class DiffFiles(Tool):
+    name = "diff_files"
+    description = "Unified diff between two text files."
+    parameters = {"type": "object", "properties": {
+        "path1": {"type": "string"}, "path2": {"type": "string"},
+        "context_lines": {"type": "integer", "minimum": 0, "default": 3}}, "required": ["path1", "path2"]}
+
+    def run(self, args, ctx):
+        texts = []
+        for key in ("path1", "path2"):
+            real = resolve_path(args[key], ctx.root, must_exist=True)
+            if os.path.isdir(real) or is_binary_file(real):
+                raise ToolError("%s is not a text file" % args[key])
+            texts.append(_read_text(real))
+        n = args.get("context_lines")
+        diff = "".join(difflib.unified_diff(texts[0].splitlines(True), texts[1].splitlines(True),
+                                            args["path1"], args["path2"], n=3 if n is None else n))
+        return ToolResult.ok(diff or "the files are identical", identical=not diff)
+
+
+ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
+             FileMetadata, FindPath, Grep, DiffFiles, PlanTool)
 PLANNING_TOOLS = {"list_directory", "read_file", "find_path", "file_metadata", "grep", "diff_files",
                   "plan", "fetch", "subagent", "parallel_subagent"}
 
@@ -758,6 +1142,156 @@ def build_registry(mode, ctx, extra=()):
     ctx.mode = mode
     offered = [t for t in tools if mode == WRITE_MODE or t.name in PLANNING_TOOLS]
     return Registry(offered, ctx, all_names=[t.name for t in tools])
+
+
+# ---- Undo: nothing lost ----
+
+
+def write_atomic(real, data):
+    """Replace a file's content in one step, keeping its permissions."""
+    tmp = "%s.xzatoma-%d.tmp" % (real, os.getpid())
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    if os.path.exists(real):
+        os.chmod(tmp, stat.S_IMODE(os.stat(real).st_mode))
+    os.replace(tmp, real)
+
+
+def _read_text(real):
+    with open(real, encoding="utf-8", errors="replace", newline="") as fh:
+        return fh.read()
+
+
+def text_diff(old, new, name):
+    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a/" + name, "b/" + name))
+
+
+def remove_path(real):
+    import shutil
+    if os.path.isdir(real) and not os.path.islink(real):
+        shutil.rmtree(real)
+    else:
+        os.unlink(real)
+
+
+def tree_count(real):
+    if os.path.isdir(real) and not os.path.islink(real):
+        return 1 + sum(len(files) + len(dirs) for _, dirs, files in os.walk(real))
+    return 1
+
+
+def tree_size(real):
+    if not os.path.lexists(real):
+        return 0
+    if os.path.isdir(real) and not os.path.islink(real):
+        total = 0
+        for base, _, files in os.walk(real):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(base, name)).st_size
+                except OSError:
+                    pass
+        return total
+    return os.lstat(real).st_size
+
+
+def state_hash(real):
+    """A fingerprint of what is at a path now: absent, a file's bytes, a link, or a whole tree."""
+    import hashlib
+    if not os.path.lexists(real):
+        return "absent"
+    if os.path.islink(real):
+        return "link:" + os.readlink(real)
+    h = hashlib.sha256()
+    if os.path.isdir(real):
+        for base, dirs, files in os.walk(real):
+            dirs.sort()
+            rel = os.path.relpath(base, real)
+            h.update(("d:%s\n" % rel).encode("utf-8", "surrogateescape"))
+            for name in sorted(files):
+                full = os.path.join(base, name)
+                h.update(("f:%s/%s:%s\n" % (rel, name, state_hash(full))).encode("utf-8", "surrogateescape"))
+        return "dir:" + h.hexdigest()
+    with open(real, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return "file:" + h.hexdigest()
+
+
+def snapshot(real, cap):
+    """(kind, content, mode) of what is at a path, for an undo record."""
+    if not os.path.lexists(real):
+        return "absent", None, None
+    mode = stat.S_IMODE(os.lstat(real).st_mode)
+    if os.path.islink(real):
+        return "link", os.readlink(real).encode("utf-8", "surrogateescape"), mode
+    if os.path.isdir(real):
+        import io
+        import tarfile
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.add(real, arcname=".")
+        return "dir", buf.getvalue(), mode
+    with open(real, "rb") as fh:
+        return "file", fh.read(cap + 1), mode
+
+
+class UndoError(Exception):
+    pass
+
+
+def undo_change(store, record, force=False):
+    """Put back what a tool changed; refuse when the path changed since unless force. Returns a sentence."""
+    path, kind = record["path"], record["kind"]
+    target = record["content"].decode("utf-8", "surrogateescape") if kind == "moved" else path
+    current = state_hash(target)
+    if record["after_hash"] and current != record["after_hash"] and not force:
+        raise UndoError("%s changed since the agent touched it; not restored (use --force to restore anyway)"
+                        % target)
+    if kind == "moved":
+        if os.path.lexists(path) and not force:
+            raise UndoError("%s exists again; not moving %s back over it (use --force)" % (path, target))
+        if os.path.lexists(path):
+            remove_path(path)
+        import shutil
+        shutil.move(target, path)
+        message = "moved %s back to %s" % (target, path)
+    elif kind == "absent":
+        if os.path.lexists(path):
+            remove_path(path)
+        message = "removed %s (created by the agent)" % path
+    else:
+        if os.path.lexists(path):
+            remove_path(path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if kind == "file":
+            write_atomic(path, record["content"])
+            message = "restored %s (%s)" % (path, _fmt_size(len(record["content"])))
+        elif kind == "link":
+            os.symlink(record["content"].decode("utf-8", "surrogateescape"), path)
+            message = "restored link %s" % path
+        else:
+            _extract_tree(record["content"], path)
+            message = "restored directory %s (%d items)" % (path, tree_count(path))
+        if record.get("mode") is not None and kind != "link":
+            os.chmod(path, record["mode"])
+    store.mark_restored(record["id"])
+    return message
+
+
+def _extract_tree(blob, path):
+    import io
+    import tarfile
+    os.makedirs(path, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            dest = os.path.realpath(os.path.join(path, member.name))
+            if not _inside(dest, os.path.realpath(path)) or member.isdev():
+                raise UndoError("refusing to restore %s: the archive entry %s escapes it" % (path, member.name))
+        try:
+            tar.extractall(path, filter="tar")
+        except TypeError:  # Python without extraction filters; members were checked above
+            tar.extractall(path)
 
 
 # ---- Plans ----

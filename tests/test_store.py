@@ -317,3 +317,33 @@ def test_replay_and_tree(cli, fake, tmp_path):
     assert tree[0].startswith(cid[:12]) and tree[1].startswith("└─ " + child[:12])
     assert "[research] depth 1 · 4 turns · 2,500 tokens · completed" in tree[1]
     assert cli.run("history", "delete", cid).stderr.strip().endswith("and 1 subagent conversations")
+
+
+def test_undo_command_after_a_run(cli, fake):
+    (cli.workdir / "app.py").write_text("print('v1')\n")
+    (cli.workdir / "old").mkdir()
+    (cli.workdir / "old" / "keep.txt").write_text("keep me\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path="app.py", content="print('v2')\n"),
+                             tool_call("write_file", path="new.txt", content="fresh\n"),
+                             tool_call("delete_path", path="old", recursive=True)]},
+             {"tool_calls": [tool_call("edit_file", path="app.py", old_text="v2", new_text="v3")]},
+             {"content": "done"})
+    r = cli.run("run", "--json", "--prompt", "change things")
+    assert r.returncode == 0, r.stderr
+    cid = json.loads(r.stdout)["conversation_id"]
+    listing = cli.run("undo", "--list").stdout.splitlines()
+    assert len(listing) == 4 and "edit_file" in listing[0] and cid[:12] in listing[0]
+    r = cli.run("undo")
+    assert r.returncode == 0 and r.stdout.startswith("restored %s" % (cli.workdir / "app.py"))
+    assert (cli.workdir / "app.py").read_text() == "print('v2')\n"
+    (cli.workdir / "new.txt").write_text("the person changed this\n")
+    r = cli.run("undo", "--all")
+    assert r.returncode == 1 and "new.txt changed since the agent touched it" in r.stderr
+    assert (cli.workdir / "app.py").read_text() == "print('v1')\n"
+    assert (cli.workdir / "old" / "keep.txt").read_text() == "keep me\n"
+    assert (cli.workdir / "new.txt").read_text() == "the person changed this\n"
+    r = cli.run("undo", "--all", "--force", "--conversation", cid)
+    assert r.returncode == 0 and "removed %s (created by the agent)" % (cli.workdir / "new.txt") in r.stdout
+    assert not (cli.workdir / "new.txt").exists()
+    assert cli.run("undo").stderr.strip() == "nothing to undo"

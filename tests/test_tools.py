@@ -170,3 +170,164 @@ def test_tool_result_message_forms():
     assert ToolResult.fail("boom").to_message() == "Error: boom"
     assert ToolResult.ok("fine").to_message() == "fine"
     assert ToolResult.ok("a\nb\nc").preview() == "a  (+2 lines)"
+
+
+# ---- the rest of the file tools ----
+
+def test_copy_move_delete_create(tree):
+    reg = registry(tree)
+    assert reg.execute("copy_path", {"source_path": "src", "destination_path": "copy"}).output == \
+        "Copied src to copy (4 items)"
+    assert (tree / "copy" / "pkg" / "util.py").read_text() == "def helper():\n    pass\n"
+    err = reg.execute("copy_path", {"source_path": "README.md", "destination_path": "copy/app.py"}).error
+    assert err == "copy/app.py already exists; set overwrite=true to replace it"
+    assert reg.execute("copy_path", {"source_path": "README.md", "destination_path": "copy/app.py",
+                                     "overwrite": True}).success
+    assert reg.execute("copy_path", {"source_path": "src", "destination_path": "src/inner"}).error == \
+        "cannot put src inside itself"
+    assert reg.execute("copy_path", {"source_path": "README.md", "destination_path": "src"}).output.startswith(
+        "Copied README.md to src/README.md")
+    assert reg.execute("move_path", {"source_path": "copy", "destination_path": "moved"}).output == \
+        "Moved copy to moved (4 items)"
+    assert not (tree / "copy").exists() and (tree / "moved" / "app.py").exists()
+    assert reg.execute("move_path", {"source_path": "moved", "destination_path": "../escape"}).error == \
+        "path outside working directory: ../escape"
+    assert reg.execute("delete_path", {"path": "moved"}).error == \
+        "moved is a non-empty directory (3 items); set recursive=true to delete it"
+    assert reg.execute("delete_path", {"path": "moved", "recursive": True}).output == "Deleted moved (4 items)"
+    assert reg.execute("delete_path", {"path": "."}).error == "refusing to delete the working directory itself"
+    assert reg.execute("delete_path", {"path": "link_out"}).error.startswith("path outside")
+    assert reg.execute("create_directory", {"path": "a/b/c"}).output == "Created directory a/b/c"
+    assert reg.execute("create_directory", {"path": "a/b/c"}).output == "a/b/c already exists"
+    assert reg.execute("create_directory", {"path": "README.md"}).error == "README.md exists and is not a directory"
+
+
+def test_file_metadata_and_diff(tree):
+    reg = registry(tree)
+    meta = dict(line.split(": ", 1) for line in reg.execute("file_metadata", {"path": "src/app.py"}).output.splitlines())
+    assert meta["type"] == "file" and meta["lines"] == "4" and meta["mode"].startswith("0o")
+    assert meta["modified"].endswith("Z") and meta["size"].startswith("44 bytes")
+    link = reg.execute("file_metadata", {"path": "link_in"}).output
+    assert "type: symlink" in link and "target: src" in link
+    (tree / "v2.py").write_text("import os\n\ndef main():\n    return 2  # TODO\n")
+    diff = reg.execute("diff_files", {"path1": "src/app.py", "path2": "v2.py", "context_lines": 0}).output
+    assert "-    return 1  # TODO\n+    return 2  # TODO" in diff
+    assert reg.execute("diff_files", {"path1": "v2.py", "path2": "v2.py"}).output == "the files are identical"
+    assert reg.execute("diff_files", {"path1": "data.bin", "path2": "v2.py"}).error == "data.bin is not a text file"
+
+
+def test_every_planning_tool_is_read_only(tree):
+    reg = registry(tree, PLANNING)
+    assert sorted(reg.names()) == ["diff_files", "file_metadata", "find_path", "grep", "list_directory", "plan",
+                                   "read_file"]
+    for name in ("write_file", "edit_file", "copy_path", "move_path", "delete_path", "create_directory"):
+        assert reg.execute(name, {}).error == "tool %s is not available in planning mode" % name
+
+
+def test_confirmation_is_asked_for_destructive_calls_only(tree):
+    asked = []
+
+    def confirm(name, args, detail, always=False):
+        asked.append((name, detail))
+        return name != "delete_path"
+    reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}, confirm=confirm))
+    assert reg.execute("write_file", {"path": "fresh.txt", "content": "x"}).success  # new file: not asked
+    assert reg.execute("write_file", {"path": "README.md", "content": "# New\n"}).success
+    assert asked[-1][0] == "write_file" and "-# Title" in asked[-1][1] and "+# New" in asked[-1][1]
+    assert reg.execute("edit_file", {"path": "README.md", "old_text": "New", "new_text": "Newer"}).success
+    assert asked[-1][0] == "edit_file" and "+# Newer" in asked[-1][1]
+    r = reg.execute("delete_path", {"path": "src", "recursive": True})
+    assert r.to_message() == "Error: the user declined delete_path src" and (tree / "src").exists()
+    assert asked[-1] == ("delete_path", "delete src (4 items)")
+    assert reg.execute("copy_path", {"source_path": "README.md", "destination_path": "c.md"}).success
+    n = len(asked)
+    assert reg.execute("copy_path", {"source_path": "README.md", "destination_path": "c.md",
+                                     "overwrite": True}).success
+    assert len(asked) == n + 1
+
+
+# ---- undo, through the store ----
+
+from xzatoma_store import Store  # noqa: E402
+from xzatoma_tools import UndoError, undo_change  # noqa: E402
+
+
+@pytest.fixture
+def undo_env(tree, tmp_path):
+    store = Store(str(tmp_path / "undo.db")).open()
+    ctx = ToolContext(str(tree), {"undo_max_bytes": 4096}, store=store, conversation_id="CONV1")
+    return build_registry(WRITE_MODE, ctx), store, tree
+
+
+def undo_all(store):
+    return [undo_change(store, r) for r in store.undo_records()]
+
+
+def test_undo_restores_write_edit_move_delete_create(undo_env):
+    reg, store, tree = undo_env
+    before = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert reg.execute("write_file", {"path": "README.md", "content": "overwritten"}, call_id="c1").success
+    assert reg.execute("edit_file", {"path": "src/app.py", "old_text": "1", "new_text": "2"}, call_id="c2").success
+    assert reg.execute("write_file", {"path": "brand/new.txt", "content": "n"}, call_id="c3").success
+    assert reg.execute("move_path", {"source_path": "src/pkg", "destination_path": "lib"}, call_id="c4").success
+    assert reg.execute("move_path", {"source_path": "debug.log", "destination_path": "README.md",
+                                     "overwrite": True}).success
+    assert reg.execute("delete_path", {"path": "lib", "recursive": True}).success
+    assert reg.execute("create_directory", {"path": "x/y"}).success
+    records = store.undo_records()
+    assert records[-1]["tool_call_id"] == "c1" and records[-1]["conversation_id"] == "CONV1"
+    messages = undo_all(store)
+    assert messages[0] == "removed %s (created by the agent)" % (tree / "x")
+    assert any(m.startswith("restored directory %s" % (tree / "lib")) for m in messages)
+    assert any(m == "moved %s back to %s" % (tree / "lib", tree / "src" / "pkg") for m in messages)
+    after = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert after == before
+    assert not (tree / "brand").exists() or not any((tree / "brand").iterdir())
+    assert store.undo_records() == []
+
+
+def test_undo_refuses_after_an_outside_change(undo_env):
+    reg, store, tree = undo_env
+    reg.execute("write_file", {"path": "README.md", "content": "agent version"})
+    (tree / "README.md").write_text("the person edited this later")
+    record = store.undo_records()[0]
+    with pytest.raises(UndoError) as err:
+        undo_change(store, record)
+    assert "changed since the agent touched it" in str(err.value)
+    assert (tree / "README.md").read_text() == "the person edited this later"
+    assert undo_change(store, record, force=True).startswith("restored")
+    assert (tree / "README.md").read_text() == "# Title\nTODO: write\n"
+
+
+def test_delete_over_the_undo_cap_is_refused_without_a_person(undo_env):
+    reg, store, tree = undo_env
+    (tree / "big").mkdir()
+    (tree / "big" / "blob.txt").write_text("z" * 10000)
+    r = reg.execute("delete_path", {"path": "big", "recursive": True})
+    assert "over the undo cap" in r.error and "refused without a person" in r.error
+    assert (tree / "big" / "blob.txt").exists()
+    reg.ctx.ask = lambda name, args, detail: True
+    assert reg.execute("delete_path", {"path": "big", "recursive": True}).success
+
+
+@pytest.mark.parametrize("pattern,fixed,found", [
+    ("caf.", False, True), ("a.b", False, True), ("caf\\w", False, True), ("é", True, True),
+    ("x{2}yz", False, True), ("colou?r", False, True), ("nothere", False, False), ("(aé|zz)b", False, True),
+])
+def test_grep_prefilter_never_hides_a_match(tmp_path, pattern, fixed, found):
+    (tmp_path / "u.txt").write_text("un café\naéb\nxxyz color\n", encoding="utf-8")
+    r = registry(tmp_path).execute("grep", {"pattern": pattern, "fixed_string": fixed})
+    assert (r.output != "no matches for %s" % pattern) is found
+
+
+def test_read_file_streams_huge_lines_and_files(tmp_path):
+    with open(tmp_path / "one_line.txt", "w") as fh:
+        fh.write("q" * 3_000_000)
+    r = registry(tmp_path).execute("read_file", {"path": "one_line.txt"})
+    assert r.success and "[line truncated]" in r.output and len(r.output) < 100_000
+    with open(tmp_path / "many.txt", "w") as fh:
+        fh.write("".join("row %d\n" % i for i in range(300_000)))
+    r = registry(tmp_path).execute("read_file", {"path": "many.txt", "start_line": 299_999})
+    assert r.output == "row 299998\nrow 299999\n" and r.metadata["lines"] == 300_000
+    r = registry(tmp_path).execute("read_file", {"path": "many.txt", "start_line": 5, "end_line": 6})
+    assert r.output == "row 4\nrow 5\n" and r.metadata["lines"] == 300_000
