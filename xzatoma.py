@@ -189,6 +189,7 @@ DEFAULTS = {
                 "max_response_size": 1048576,
                 "user_agent": "xzatoma/" + __version__,
                 "cache_ttl_seconds": 86400,
+                "rate_limit_per_minute": 30,
                 "allowed_hosts": [],
             },
         },
@@ -201,6 +202,7 @@ DEFAULTS = {
                           "wc", "sort", "uniq", "diff", "file", "stat", "du", "df", "tree",
                           "basename", "dirname", "realpath", "date"],
             "custom_denylist": [],
+            "audit_max_bytes": 10485760,
         },
         "subagent": {
             "max_depth": 3,
@@ -282,6 +284,10 @@ DOCS = {
     "agent.tools.max_output_size": "bytes of one tool result sent to the model",
     "agent.tools.undo_max_bytes": "largest file or directory whose previous content is kept for 'xzatoma undo'",
     "agent.terminal.default_mode": "interactive | restricted_autonomous | full_autonomous",
+    "agent.terminal.allowlist": "read-only programs that run without confirmation",
+    "agent.terminal.custom_denylist": "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or 're:REGEX'",
+    "agent.terminal.audit_max_bytes": "rotate $XZATOMA_HOME/audit.log at this size (the previous file is kept)",
+    "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
     "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
 }
 
@@ -2031,6 +2037,29 @@ def _build_undo(sub, common, fmt):
     undo.set_defaults(func=cmd_undo)
 
 
+def _build_policy(sub, common, fmt):
+    policy = sub.add_parser(
+        "policy", parents=[common], formatter_class=fmt, help=COMMAND_HELP["policy"],
+        description="Print the verdict the tools would reach, then the reason, without running or fetching "
+                    "anything: commands are allow/confirm/deny, URLs allow/block, paths inside/outside.",
+        epilog="examples:\n  xzatoma policy command 'rm -rf ~'\n  xzatoma policy command 'make test' --mode full\n"
+               "  xzatoma policy url http://169.254.169.254/latest/meta-data\n  xzatoma policy path ../secrets\n"
+               "  printf 'ls\\nsudo ls\\n' | xzatoma policy command -     (one verdict per line)")
+    psub = policy.add_subparsers(dest="policy_kind", metavar="KIND")
+    for kind, help_text in (("command", "judge a terminal command"), ("url", "judge a URL for fetch"),
+                            ("path", "judge a path against the working-directory jail")):
+        p = psub.add_parser(kind, parents=[common], help=help_text)
+        p.add_argument("value", metavar=kind.upper(), help="the %s, or - to read one per line from stdin" % kind)
+        p.add_argument("--null", "-0", action="store_true", help="with -: items are separated by NUL bytes")
+        if kind != "url":
+            p.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
+        if kind == "command":
+            p.add_argument("--mode", choices=("restricted", "full", "interactive"), default="restricted",
+                           help="restricted (run's default), full (--allow-dangerous) or interactive (chat Safe)")
+        p.set_defaults(func=cmd_policy)
+    policy.set_defaults(func=lambda args, console: (policy.print_help(sys.stderr), EXIT_USAGE)[1])
+
+
 def _build_config(sub, common, fmt):
     config = sub.add_parser("config", parents=[common], formatter_class=fmt, help=COMMAND_HELP["config"],
                             description="Inspect the effective configuration or create a config file.")
@@ -2055,10 +2084,11 @@ COMMAND_HELP = {
     "history": "list, show and search stored conversations",
     "replay": "replay a stored conversation as it was shown",
     "undo": "put back files the agent changed",
+    "policy": "check what the terminal, fetch and jail rules say about a command, URL or path",
     "config": "show or create the configuration",
     "version": "print the version",
 }
-COMMAND_BUILDERS = {"run": _build_run, "history": _build_history, "replay": _build_replay, "undo": _build_undo,
+COMMAND_BUILDERS = {"run": _build_run, "history": _build_history, "replay": _build_replay, "undo": _build_undo, "policy": _build_policy,
                     "config": _build_config, "version": _build_version}
 _VALUE_FLAGS = ("--config", "--provider", "--model")
 
@@ -2188,10 +2218,10 @@ def cmd_run(args, console):
         except NotFound as exc:
             raise UsageError(str(exc))
 
-    ctx = ToolContext(working_dir, cfg.section("agent.tools"), confirm=None, store=store,
-                      conversation_id=conversation_id)
-    ctx.terminal = cfg.section("agent.terminal")
-    ctx.terminal_mode = "full_autonomous" if args.allow_dangerous else "restricted_autonomous"
+    ctx = tool_context(cfg, working_dir, store, conversation_id)
+    default_mode = cfg.get("agent.terminal.default_mode")
+    ctx.terminal_mode = "full_autonomous" if args.allow_dangerous or default_mode == "full_autonomous" \
+        else "restricted_autonomous"  # nobody can be asked in run: interactive behaves as restricted
     registry = build_registry(args.mode, ctx)
     conv_cfg = cfg.get("agent.conversation")
     conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
@@ -2245,6 +2275,49 @@ def cmd_run(args, console):
         console.error(result.error)
     console.info(summary, "dim")
     return result.exit_code
+
+
+def tool_context(cfg, working_dir, store, conversation_id=None):
+    """The tools' view of a session: jail, limits, terminal policy, audit log and undo store."""
+    from xzatoma_store import Redactor
+    from xzatoma_tools import AuditLog, ToolContext
+    ctx = ToolContext(working_dir, cfg.section("agent.tools"), confirm=None, store=store,
+                      conversation_id=conversation_id)
+    ctx.terminal = cfg.section("agent.terminal")
+    ctx.secrets = cfg.secret_values()
+    ctx.audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
+                         redact=Redactor(ctx.secrets))
+    return ctx
+
+
+def cmd_policy(args, console):
+    from xzatoma_tools import CommandPolicy, path_verdict, url_verdict
+    cfg = config_from_args(args, console)
+    root = os.path.realpath(getattr(args, "working_dir", None) or os.getcwd())
+    if args.value == "-":
+        data = sys.stdin.read()
+        items = [i for i in (data.split("\0") if args.null else data.splitlines()) if i.strip()]
+    else:
+        items = [args.value]
+    term = cfg.get("agent.terminal")
+    policy = CommandPolicy(root, term["allowlist"], term["custom_denylist"])
+    allowed_hosts = cfg.get("agent.tools.fetch.allowed_hosts")
+    for item in items:
+        if args.policy_kind == "command":
+            verdict = policy.judge(item)
+            word, reason = verdict.level, verdict.reason
+            if word == "confirm":
+                reason += {"restricted": " (restricted mode refuses it: run --allow-dangerous runs it)",
+                           "full": "; full autonomous mode runs it without asking",
+                           "interactive": " (chat in Safe mode asks first)"}[args.mode]
+                if args.mode == "full":
+                    word = "allow"
+        elif args.policy_kind == "url":
+            word, reason = url_verdict(item, allowed_hosts)
+        else:
+            word, reason = path_verdict(item, root)
+        sys.stdout.write("%s: %s\n" % (word, reason))
+    return EXIT_OK
 
 
 def _install_sigterm():

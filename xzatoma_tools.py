@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+import threading
 import time
 
 # ---- Tool results ----
@@ -1130,20 +1131,6 @@ class DiffFiles(Tool):
         return ToolResult.ok(diff or "the files are identical", identical=not diff)
 
 
-ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
-             FileMetadata, FindPath, Grep, DiffFiles, PlanTool)
-PLANNING_TOOLS = {"list_directory", "read_file", "find_path", "file_metadata", "grep", "diff_files",
-                  "plan", "fetch", "subagent", "parallel_subagent"}
-
-
-def build_registry(mode, ctx, extra=()):
-    """The registry for a mode: planning offers read-only tools, write offers all."""
-    tools = [cls() for cls in ALL_TOOLS] + list(extra)
-    ctx.mode = mode
-    offered = [t for t in tools if mode == WRITE_MODE or t.name in PLANNING_TOOLS]
-    return Registry(offered, ctx, all_names=[t.name for t in tools])
-
-
 # ---- Undo: nothing lost ----
 
 
@@ -1292,6 +1279,1674 @@ def _extract_tree(blob, path):
             tar.extractall(path, filter="tar")
         except TypeError:  # Python without extraction filters; members were checked above
             tar.extractall(path)
+
+
+# ---- Terminal: parsing shell syntax ----
+#
+# A small recursive-descent parser for the POSIX shell language (plus the bash
+# forms agents write): lists, pipelines, subshells, brace groups, function
+# definitions, quoting, $(…) and `…` substitutions, <(…) process substitution,
+# parameter expansion, redirections and here-documents. It never runs anything:
+# it turns a command line into simple commands that the policy judges one by one.
+
+
+class ShellSyntaxError(ValueError):
+    pass
+
+
+class Word:
+    """One shell word after quote removal; expansions are kept as their source text."""
+
+    __slots__ = ("text", "dynamic", "subs", "glob", "tilde", "quoted", "variables")
+
+    def __init__(self):
+        self.text = ""
+        self.dynamic = False  # contains $VAR, ${…}, $(…), `…` or $((…))
+        self.subs = []  # Scripts of command and process substitutions inside the word
+        self.glob = False  # unquoted * ? [
+        self.tilde = False  # unquoted leading ~
+        self.quoted = False
+        self.variables = []
+
+    def __repr__(self):
+        return "Word(%r)" % self.text
+
+
+class Simple:
+    """A simple command: assignments, words and redirections."""
+
+    def __init__(self):
+        self.assigns = []
+        self.words = []
+        self.redirects = []  # (operator, target Word or None, here-document text or None)
+        self.background = False
+
+
+class Group:
+    def __init__(self, kind, script):
+        self.kind = kind  # "subshell" | "brace"
+        self.script = script
+        self.redirects = []
+        self.background = False
+
+
+class FunctionDef:
+    def __init__(self, name, body):
+        self.name = name
+        self.body = body
+        self.redirects = []
+        self.background = False
+
+
+class Pipeline:
+    def __init__(self):
+        self.commands = []
+
+
+class Script:
+    def __init__(self):
+        self.pipelines = []
+
+
+_OPERATOR_START = set(";&|()<>\n")
+_RESERVED_PREFIX = {"if", "then", "elif", "else", "do", "while", "until", "!", "time"}
+_RESERVED_ALONE = {"fi", "done", "esac", "}", "{"}
+
+
+class ShellParser:
+    def __init__(self, text, depth=0):
+        self.s = text
+        self.i = 0
+        self.depth = depth
+        self.pending_heredocs = []
+        if depth > 20:
+            raise ShellSyntaxError("commands are nested too deeply")
+
+    # -- low level --
+    def peek(self, n=0):
+        j = self.i + n
+        return self.s[j] if j < len(self.s) else ""
+
+    def startswith(self, token):
+        return self.s.startswith(token, self.i)
+
+    def skip_blanks(self):
+        while self.i < len(self.s):
+            c = self.s[self.i]
+            if c in " \t":
+                self.i += 1
+            elif c == "\\" and self.peek(1) == "\n":
+                self.i += 2
+            elif c == "#" and (self.i == 0 or self.s[self.i - 1] in " \t\n;&|()"):
+                while self.i < len(self.s) and self.s[self.i] != "\n":
+                    self.i += 1
+            else:
+                break
+
+    # -- grammar --
+    def parse(self):
+        script = self.parse_script(None)
+        if self.i < len(self.s):
+            raise ShellSyntaxError("unexpected %r at position %d" % (self.s[self.i], self.i))
+        return script
+
+    def parse_script(self, closer):
+        """Pipelines separated by ; & && || and newlines, up to `closer` (')' or '}') or the end."""
+        script = Script()
+        while True:
+            self.skip_blanks()
+            while self.peek() in (";", "\n") and not self.startswith(";;"):
+                if self.peek() == "\n":
+                    self.read_heredocs()
+                self.i += 1
+                self.skip_blanks()
+            if self.i >= len(self.s):
+                break
+            if closer == ")" and self.peek() == ")":
+                break
+            if closer == "}" and self.at_word("}"):
+                break
+            if self.startswith(";;"):  # case arm terminator
+                self.i += 2
+                continue
+            pipeline = self.parse_pipeline(closer)
+            if pipeline.commands:
+                script.pipelines.append(pipeline)
+            self.skip_blanks()
+            if self.startswith("&&") or self.startswith("||"):
+                self.i += 2
+                continue
+            if self.peek() == "&" and not self.startswith("&>"):
+                self.i += 1
+                if pipeline.commands:
+                    pipeline.commands[-1].background = True
+                continue
+            if self.peek() in (";", "\n"):
+                continue
+            if self.i >= len(self.s) or (closer == ")" and self.peek() == ")") or \
+                    (closer == "}" and self.at_word("}")):
+                break
+            if not pipeline.commands:
+                raise ShellSyntaxError("unexpected %r at position %d" % (self.peek(), self.i))
+        return script
+
+    def at_word(self, word):
+        end = self.i + len(word)
+        return self.s.startswith(word, self.i) and (end >= len(self.s) or self.s[end] in " \t\n;&|()")
+
+    def parse_pipeline(self, closer):
+        pipeline = Pipeline()
+        while True:
+            self.skip_blanks()
+            if self.peek() == "!" and self.peek(1) in " \t":
+                self.i += 1
+                continue
+            command = self.parse_command(closer)
+            if command is not None:
+                pipeline.commands.append(command)
+            self.skip_blanks()
+            if self.startswith("||"):
+                break
+            if self.startswith("|&") or self.peek() == "|":
+                self.i += 2 if self.startswith("|&") else 1
+                while self.peek() in (" ", "\t", "\n"):
+                    self.i += 1
+                continue
+            break
+        return pipeline
+
+    def parse_command(self, closer):
+        self.skip_blanks()
+        if self.startswith("(("):  # arithmetic command
+            end = self.s.find("))", self.i)
+            if end == -1:
+                raise ShellSyntaxError("unterminated (( ))")
+            simple = Simple()
+            w = Word()
+            w.text, w.dynamic = self.s[self.i:end + 2], True
+            simple.words.append(w)
+            self.i = end + 2
+            return simple
+        if self.peek() == "(":
+            self.i += 1
+            group = Group("subshell", self.parse_script(")"))
+            if self.peek() != ")":
+                raise ShellSyntaxError("missing ) for a subshell")
+            self.i += 1
+            self.parse_redirects(group)
+            return group
+        if self.at_word("{"):
+            self.i += 1
+            group = Group("brace", self.parse_script("}"))
+            self.skip_blanks()
+            if not self.at_word("}"):
+                raise ShellSyntaxError("missing } for a { group")
+            self.i += 1
+            self.parse_redirects(group)
+            return group
+        simple = Simple()
+        while True:
+            self.skip_blanks()
+            c = self.peek()
+            if not c or c in ";\n" or (c == "&" and not self.startswith("&>")) or c == "|" or \
+                    (c == ")" and closer is not None):
+                break
+            if c == ")":
+                raise ShellSyntaxError("unexpected ) at position %d" % self.i)
+            if closer == "}" and not simple.words and self.at_word("}"):
+                break
+            if self.try_redirect(simple):
+                continue
+            if c == "(":
+                if len(simple.words) == 1 and self.s[self.i:].replace(" ", "").startswith("()"):
+                    self.i = self.s.index(")", self.i) + 1  # name () body: a function definition
+                    self.skip_blanks()
+                    while self.peek() == "\n":
+                        self.i += 1
+                        self.skip_blanks()
+                    body = self.parse_command(closer)
+                    return FunctionDef(simple.words[0].text, body)
+                raise ShellSyntaxError("unexpected ( at position %d" % self.i)
+            word = self.read_word()
+            if not simple.words and not word.quoted and word.text in _RESERVED_PREFIX:
+                continue
+            if not simple.words and not word.quoted and "=" in word.text and \
+                    re.match(r"^[A-Za-z_][A-Za-z0-9_]*\+?=", word.text):
+                simple.assigns.append(word)
+                continue
+            simple.words.append(word)
+            if len(simple.words) == 1 and word.text in ("for", "case", "select") and not word.quoted:
+                self.skip_to_body(word.text)
+        if len(simple.words) == 1 and simple.words[0].text in _RESERVED_ALONE and not simple.redirects:
+            simple.words = []
+        if not simple.words and not simple.assigns and not simple.redirects:
+            return None
+        return simple
+
+    def skip_to_body(self, keyword):
+        """`for x in a b; do …` and `case w in p) …`: the header words are data, not a command."""
+        if keyword == "case":
+            end = self.s.find(" in", self.i)
+            if end == -1:
+                raise ShellSyntaxError("case without in")
+            self.i = end + 3
+            return
+        # for/select: leave the words to be read; the following 'do' starts the body
+
+    def parse_redirects(self, node):
+        while True:
+            self.skip_blanks()
+            holder = Simple()
+            if not self.try_redirect(holder):
+                break
+            node.redirects.extend(holder.redirects)
+
+    _REDIRECT = re.compile(r"(\d*)(&>>|&>|>>|>\||>&|<<<|<<-|<<|<&|<>|>|<)")
+
+    def try_redirect(self, simple):
+        if self.peek() in "<>" and self.peek(1) == "(":
+            return False  # process substitution: a word
+        m = self._REDIRECT.match(self.s, self.i)
+        if not m or (m.group(1) and not m.group(2)):
+            return False
+        op = m.group(2)
+        self.i = m.end()
+        self.skip_blanks()
+        if op in ("<<", "<<-"):
+            delim = self.read_word()
+            entry = [op, delim, None]
+            simple.redirects.append(entry)
+            self.pending_heredocs.append((entry, delim.text, op == "<<-"))
+            return True
+        if self.i >= len(self.s) or self.peek() in ";&|\n)":
+            raise ShellSyntaxError("redirection %s has no target" % op)
+        target = self.read_word()
+        simple.redirects.append([op, target, None])
+        return True
+
+    def read_heredocs(self):
+        """At a newline: consume the bodies of pending here-documents."""
+        for entry, delim, strip in self.pending_heredocs:
+            start = self.i + 1
+            lines, pos = [], start
+            while pos <= len(self.s):
+                end = self.s.find("\n", pos)
+                line = self.s[pos:end if end != -1 else len(self.s)]
+                if (line.lstrip("\t") if strip else line) == delim:
+                    self.i = (end if end != -1 else len(self.s)) - 1
+                    break
+                lines.append(line)
+                if end == -1:
+                    self.i = len(self.s) - 1
+                    break
+                pos = end + 1
+            entry[2] = "\n".join(lines)
+            self.i += 1
+        self.pending_heredocs = []
+
+    def read_word(self):
+        word = Word()
+        buf = []
+        start = self.i
+        while self.i < len(self.s):
+            c = self.s[self.i]
+            if c in " \t\n;&|)" or (c in "<>" and self.peek(1) != "(") or (c == "(" and buf):
+                break
+            if c == "(" and not buf:
+                raise ShellSyntaxError("unexpected ( at position %d" % self.i)
+            if c == "\\":
+                if self.peek(1) == "\n":
+                    self.i += 2
+                    continue
+                buf.append(self.peek(1))
+                word.quoted = True
+                self.i += 2
+            elif c == "'":
+                end = self.s.find("'", self.i + 1)
+                if end == -1:
+                    raise ShellSyntaxError("unterminated single quote")
+                buf.append(self.s[self.i + 1:end])
+                word.quoted = True
+                self.i = end + 1
+            elif c == '"':
+                self.i += 1
+                word.quoted = True
+                self.read_double_quoted(word, buf)
+            elif c == "$":
+                self.read_dollar(word, buf)
+            elif c == "`":
+                self.read_backtick(word, buf)
+            elif c in "<>" and self.peek(1) == "(":
+                self.i += 2
+                sub = self.parse_script(")")
+                if self.peek() != ")":
+                    raise ShellSyntaxError("missing ) for a process substitution")
+                self.i += 1
+                word.subs.append(sub)
+                word.dynamic = True
+                buf.append("%s(…)" % c)
+            else:
+                if c in "*?[":
+                    word.glob = True
+                if c == "~" and self.i == start:
+                    word.tilde = True
+                buf.append(c)
+                self.i += 1
+        word.text = "".join(buf)
+        return word
+
+    def read_double_quoted(self, word, buf):
+        while True:
+            if self.i >= len(self.s):
+                raise ShellSyntaxError("unterminated double quote")
+            c = self.s[self.i]
+            if c == '"':
+                self.i += 1
+                return
+            if c == "\\" and self.peek(1) in '$`"\\\n':
+                if self.peek(1) != "\n":
+                    buf.append(self.peek(1))
+                self.i += 2
+            elif c == "$":
+                self.read_dollar(word, buf)
+            elif c == "`":
+                self.read_backtick(word, buf)
+            else:
+                buf.append(c)
+                self.i += 1
+
+    def read_dollar(self, word, buf):
+        start = self.i
+        if self.startswith("$(("):
+            depth, j = 0, self.i + 1
+            while j < len(self.s):
+                if self.s[j] == "(":
+                    depth += 1
+                elif self.s[j] == ")":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            self.i = j + 1
+            word.dynamic = True
+            buf.append(self.s[start:self.i])
+        elif self.startswith("$("):
+            self.i += 2
+            sub = ShellParser(self.s, self.depth + 1)
+            sub.i = self.i
+            script = sub.parse_script(")")
+            if sub.peek() != ")":
+                raise ShellSyntaxError("missing ) for $(")
+            self.i = sub.i + 1
+            word.subs.append(script)
+            word.dynamic = True
+            buf.append(self.s[start:self.i])
+        elif self.startswith("${"):
+            depth, j = 0, self.i + 1
+            while j < len(self.s):
+                if self.s[j] == "{":
+                    depth += 1
+                elif self.s[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            if j >= len(self.s):
+                raise ShellSyntaxError("unterminated ${")
+            self.i = j + 1
+            name = re.match(r"[#!]?([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?$!-])", self.s[start + 2:j])
+            word.variables.append(name.group(1) if name else "?")
+            word.dynamic = True
+            buf.append(self.s[start:self.i])
+            inner = self.s[start + 2:j]
+            for m in re.finditer(r"\$\(", inner):  # ${x:-$(cmd)}
+                word.subs.append(ShellParser(inner[m.start() + 2:], self.depth + 1).parse_script(")"))
+        else:
+            m = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*|\d|[@*#?$!-])", self.s[self.i:])
+            if m:
+                word.variables.append(m.group(1))
+                word.dynamic = True
+                buf.append(m.group(0))
+                self.i += len(m.group(0))
+            else:
+                buf.append("$")
+                self.i += 1
+
+    def read_backtick(self, word, buf):
+        end = self.i + 1
+        body = []
+        while end < len(self.s) and self.s[end] != "`":
+            if self.s[end] == "\\" and end + 1 < len(self.s):
+                body.append(self.s[end + 1])
+                end += 2
+                continue
+            body.append(self.s[end])
+            end += 1
+        if end >= len(self.s):
+            raise ShellSyntaxError("unterminated backtick")
+        word.subs.append(ShellParser("".join(body), self.depth + 1).parse())
+        word.dynamic = True
+        buf.append(self.s[self.i:end + 1])
+        self.i = end + 1
+
+
+def parse_shell(text):
+    return ShellParser(text).parse()
+
+
+def needs_shell(text, script=None):
+    """True when a command uses shell syntax (operators, expansions, globs, redirections)."""
+    try:
+        script = script or parse_shell(text)
+    except ShellSyntaxError:
+        return True
+    if len(script.pipelines) != 1 or len(script.pipelines[0].commands) != 1:
+        return True
+    cmd = script.pipelines[0].commands[0]
+    if not isinstance(cmd, Simple) or cmd.redirects or cmd.assigns or cmd.background:
+        return True
+    return any(w.dynamic or w.glob or w.tilde for w in cmd.words) or bool(re.search(r"[;&|<>\n]", text))
+
+
+def simple_argv(text, script=None):
+    cmd = (script or parse_shell(text)).pipelines[0].commands[0]
+    return [w.text for w in cmd.words]
+
+
+def command_argv(command, verdict=None):
+    """How a validated command runs: an argument list when it has no shell syntax, else /bin/sh -c."""
+    script = getattr(verdict, "script", None)
+    if needs_shell(command, script):
+        return ["/bin/sh", "-c", command]
+    return simple_argv(command, script)
+
+
+# ---- Terminal: the policy (allow / confirm / deny) ----
+
+ALLOW, CONFIRM, DENY = "allow", "confirm", "deny"
+_SEVERITY = {ALLOW: 0, CONFIRM: 1, DENY: 2}
+
+DEFAULT_ALLOWLIST = ("ls", "cat", "head", "tail", "grep", "find", "echo", "pwd", "which", "type", "wc", "sort",
+                     "uniq", "diff", "file", "stat", "du", "df", "tree", "basename", "dirname", "realpath", "date")
+SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "busybox"}
+INTERPRETERS = SHELLS | {"python", "python2", "python3", "perl", "ruby", "node", "nodejs", "php", "lua", "Rscript",
+                         "pwsh", "deno", "bun"}
+DOWNLOADERS = {"curl", "wget", "fetch", "aria2c", "http", "https", "lwp-request", "lwp-download", "GET", "xh"}
+PRIVILEGE = {"sudo", "su", "doas", "pkexec", "runuser", "sudoedit"}
+DISK_TOOLS = {"mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs", "fdisk", "sfdisk", "parted", "sgdisk"}
+WRAPPERS = {"env", "command", "builtin", "nice", "nohup", "time", "timeout", "stdbuf", "ionice", "setsid", "exec",
+            "xargs", "chronic", "unbuffer", "caffeinate"}
+SYSTEM_ROOTS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root",
+                "/sbin", "/srv", "/sys", "/usr", "/var", "/home", "/Users", "/System", "/Library")
+SAFE_SINKS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero")
+WRITERS_LAST = {"cp", "mv", "install", "ln", "rsync", "scp"}
+WRITERS_ALL = {"tee", "touch", "truncate", "shred", "rm", "rmdir", "unlink", "chmod", "chown", "chgrp"}
+NO_PATH_ARGS = {"echo", "printf", "pwd", "date", "which", "type", "basename", "dirname", "true", "false"}
+_DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d)")
+
+# Defence in depth: shapes that are denied even when the command cannot be parsed.
+RAW_DENY = [
+    (re.compile(r"(\S+)\s*\(\s*\)\s*\{[^}]*\1\s*\|\s*\1[^}]*&[^}]*\}"), "a fork bomb"),
+    (re.compile(r"\b(curl|wget)\b[^|;&]*\|\s*(sudo\s+)?(ba|z|da|k)?sh\b"), "download-and-execute (pipes a download into a shell)"),
+    (re.compile(r"(^|[\s;&|(`])(sudo|doas|pkexec)\s"), "privilege escalation"),
+    (re.compile(r"(^|[\s;&|(`])mkfs(\.\w+)?\s"), "formatting a filesystem (mkfs)"),
+    (re.compile(r"\brm\s+(-\w+\s+)*-\w*[rR]\w*\s+(-\w+\s+)*(/|/\*|~|\$HOME)(\s|$)"), "recursive rm of / or home"),
+    (re.compile(r"--no-preserve-root"), "rm --no-preserve-root"),
+]
+
+
+class Verdict:
+    __slots__ = ("level", "reason", "script")
+
+    def __init__(self, level, reason, script=None):
+        self.level = level
+        self.reason = reason
+        self.script = script
+
+    def __repr__(self):
+        return "Verdict(%s, %r)" % (self.level, self.reason)
+
+    def worse(self, other):
+        return other if _SEVERITY[other.level] > _SEVERITY[self.level] else self
+
+
+class CommandPolicy:
+    """Judges a command line: deny (never runs), allow (read-only, inside the jail), or confirm."""
+
+    def __init__(self, root, allowlist=DEFAULT_ALLOWLIST, custom_denylist=(), home=None):
+        self.root = os.path.realpath(root)
+        self.allowlist = set(allowlist)
+        self.custom = [_custom_rule(entry) for entry in custom_denylist if entry and entry.strip()]
+        self.home = home or os.path.expanduser("~")
+
+    def judge(self, command):
+        if not command or not command.strip():
+            return Verdict(CONFIRM, "the command is empty")
+        if "\x00" in command:
+            return Verdict(DENY, "the command contains a NUL byte")
+        raw = self._raw_deny(command)
+        try:
+            script = parse_shell(command)
+        except ShellSyntaxError as exc:
+            return raw or Verdict(CONFIRM, "cannot check the command (%s); it needs confirmation" % exc)
+        verdict = self._script(script, 0)
+        if verdict.level != DENY:  # shapes that stay denied whatever the parse made of them
+            always = self._raw_deny(command, always_only=True)
+            if always is not None:
+                verdict = always
+        verdict = Verdict(verdict.level, verdict.reason, script)
+        if verdict.level == ALLOW and not script.pipelines:
+            verdict = Verdict(CONFIRM, "nothing to run")
+        return verdict
+
+    def _raw_deny(self, command, always_only=False):
+        flat = " ".join(command.replace("\\\n", " ").split())
+        for pattern, reason in RAW_DENY[:1] if always_only else RAW_DENY:
+            if pattern.search(flat):
+                return Verdict(DENY, reason)
+        for rule in self.custom:
+            if rule[0] == "regex" and rule[1].search(flat):
+                return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
+        return None
+
+    # -- structure --
+    def _script(self, script, depth):
+        verdict = Verdict(ALLOW, "read-only commands inside the working directory")
+        if depth > 10:
+            return Verdict(CONFIRM, "commands are nested too deeply to check")
+        for pipeline in script.pipelines:
+            verdict = verdict.worse(self._pipeline(pipeline, depth))
+            if verdict.level == DENY:
+                break
+        return verdict
+
+    def _pipeline(self, pipeline, depth):
+        verdict = Verdict(ALLOW, "")
+        downloader_seen = False
+        for position, command in enumerate(pipeline.commands):
+            if isinstance(command, Simple):
+                program, args = self._program(command)
+                if program in INTERPRETERS and downloader_seen and _reads_stdin(program, args):
+                    return Verdict(DENY, "download-and-execute: output of a download is piped into %s" % program)
+                if program in DOWNLOADERS:
+                    downloader_seen = True
+                verdict = verdict.worse(self._simple(command, depth, piped=position > 0))
+            elif isinstance(command, Group):
+                verdict = verdict.worse(self._script(command.script, depth + 1))
+                verdict = verdict.worse(self._redirects(command.redirects, depth))
+            elif isinstance(command, FunctionDef):
+                if _calls_itself(command):
+                    return Verdict(DENY, "a fork bomb (function %s calls itself in the background)" % command.name)
+                verdict = verdict.worse(Verdict(CONFIRM, "defines a shell function"))
+                body = command.body
+                if isinstance(body, Group):
+                    verdict = verdict.worse(self._script(body.script, depth + 1))
+            if getattr(command, "background", False):
+                verdict = verdict.worse(Verdict(CONFIRM, "runs a command in the background"))
+            if verdict.level == DENY:
+                return verdict
+        return verdict
+
+    def _program(self, simple):
+        if not simple.words:
+            return "", []
+        name = simple.words[0].text
+        return os.path.basename(name.lstrip("\\")), simple.words[1:]
+
+    # -- one simple command --
+    def _simple(self, simple, depth, piped=False):
+        verdict = Verdict(ALLOW, "")
+        for word in simple.assigns + simple.words:
+            for sub in word.subs:
+                verdict = verdict.worse(self._script(sub, depth + 1))
+        if verdict.level == DENY:
+            return verdict
+        verdict = verdict.worse(self._redirects(simple.redirects, depth))
+        if verdict.level == DENY:
+            return verdict
+        if simple.assigns and simple.words:
+            verdict = verdict.worse(Verdict(CONFIRM, "sets environment variables for the command"))
+        if not simple.words:
+            return verdict
+        first = simple.words[0]
+        if first.dynamic:
+            return verdict.worse(Verdict(CONFIRM, "the program name comes from an expansion (%s)" % first.text))
+        program, args = self._program(simple)
+        return verdict.worse(self._program_verdict(program, args, simple, depth))
+
+    def _program_verdict(self, program, args, simple, depth):
+        texts = [a.text for a in args]
+        for rule in self.custom:
+            if rule[0] == "words" and _matches_custom(rule, program, texts):
+                return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
+        if program in PRIVILEGE:
+            return Verdict(DENY, "privilege escalation (%s) is never run" % program)
+        if program.startswith("mkfs") or program in DISK_TOOLS:
+            return Verdict(DENY, "%s formats or repartitions disks" % program)
+        if program in WRAPPERS:
+            return self._wrapper(program, args, simple, depth)
+        if program in SHELLS or program in ("eval", "source", "."):
+            inner = self._shell_code(program, args, depth, simple)
+            if inner is not None:
+                return inner
+        if program in INTERPRETERS:
+            for code in _code_args(args):
+                if _runs_download(code):
+                    return Verdict(DENY, "download-and-execute: %s runs code fetched by a substitution" % program)
+            if any(a.subs and any(_script_downloads(s) for s in a.subs) for a in args):
+                return Verdict(DENY, "download-and-execute: %s runs a downloaded script" % program)
+        if program == "rm":
+            verdict = self._rm(args)
+            if verdict is not None:
+                return verdict
+        if program == "dd":
+            for a in texts:
+                if a.startswith("of="):
+                    target = self._abs(a[3:])
+                    if target.startswith("/dev/") and target not in SAFE_SINKS:
+                        return Verdict(DENY, "dd onto a device (%s)" % a[3:])
+        if program in ("chmod", "chown", "chgrp", "setfacl", "chattr"):
+            for target in _positional(args)[1:] if program != "setfacl" else _positional(args):
+                path = self._abs(target.text, target)
+                if self._is_system_path(path):
+                    return Verdict(DENY, "%s on a system path (%s)" % (program, target.text))
+        verdict = self._protected_writes(program, args)
+        if verdict is not None:
+            return verdict
+        if program == "find":
+            for i, a in enumerate(texts):
+                if a in ("-exec", "-execdir", "-ok", "-okdir"):
+                    inner = Simple()
+                    for w in args[i + 1:]:
+                        if w.text in (";", "+"):
+                            break
+                        inner.words.append(w)
+                    nested = self._simple(inner, depth + 1) if inner.words else Verdict(CONFIRM, "empty -exec")
+                    if nested.level == DENY:
+                        return nested
+                    return nested.worse(Verdict(CONFIRM, "find %s runs commands" % a))
+        if program not in self.allowlist:
+            return Verdict(CONFIRM, "%s is not on the read-only allowlist" % program)
+        return self._read_only(program, args, simple)
+
+    def _wrapper(self, program, args, simple, depth):
+        """env, nice, timeout, nohup, xargs, command, exec …: judge the command they run."""
+        rest = list(args)
+        if program == "xargs":
+            while rest and rest[0].text.startswith("-"):
+                opt = rest.pop(0).text
+                if opt in ("-I", "-n", "-P", "-L", "-d", "-s", "-E", "-a") and rest:
+                    rest.pop(0)
+            if not rest:
+                return Verdict(CONFIRM, "xargs runs commands built from its input")
+        elif program == "timeout":
+            while rest and rest[0].text.startswith("-"):
+                opt = rest.pop(0).text
+                if opt in ("-s", "-k", "--signal", "--kill-after") and rest:
+                    rest.pop(0)
+            if rest:
+                rest.pop(0)  # the duration
+        elif program == "env":
+            while rest and (rest[0].text.startswith("-") or "=" in rest[0].text):
+                opt = rest.pop(0).text
+                if opt in ("-u", "--unset", "-C", "--chdir", "-S") and rest:
+                    rest.pop(0)
+        elif program in ("nice", "ionice", "stdbuf"):
+            while rest and rest[0].text.startswith("-"):
+                opt = rest.pop(0).text
+                if opt in ("-n", "-c", "-p", "-i", "-o", "-e") and rest:
+                    rest.pop(0)
+        else:
+            while rest and rest[0].text.startswith("-"):
+                rest.pop(0)
+        if not rest:
+            return Verdict(CONFIRM, "%s without a command" % program)
+        inner = Simple()
+        inner.words = rest
+        verdict = self._simple(inner, depth + 1)
+        if program == "xargs" and verdict.level == ALLOW:
+            verdict = Verdict(CONFIRM, "xargs runs %s with arguments from its input" % rest[0].text)
+        return verdict
+
+    def _shell_code(self, program, args, depth, simple=None):
+        """sh -c BODY, eval BODY, source <(…): judge the code they run, or None to judge the program."""
+        if program == "eval":
+            if any(a.dynamic for a in args):
+                if any(_script_downloads(s) for a in args for s in a.subs):
+                    return Verdict(DENY, "download-and-execute: eval of fetched input")
+                return Verdict(DENY, "eval of substituted input is never run")
+            return self._nested(" ".join(a.text for a in args), depth)
+        if program in ("source", "."):
+            for a in args:
+                if any(_script_downloads(s) for s in a.subs):
+                    return Verdict(DENY, "download-and-execute: sourcing a download")
+            return Verdict(CONFIRM, "%s runs a script in the shell" % program)
+        texts = [a.text for a in args]
+        if program == "busybox" and texts and texts[0] in SHELLS:
+            args, texts = args[1:], texts[1:]
+        for i, a in enumerate(texts):
+            if a == "-c" or (a.startswith("-") and not a.startswith("--") and "c" in a[1:]):
+                if i + 1 >= len(args):
+                    return Verdict(CONFIRM, "%s -c without a command" % program)
+                body = args[i + 1]
+                if body.dynamic:
+                    if any(_script_downloads(s) for s in body.subs):
+                        return Verdict(DENY, "download-and-execute: %s -c runs fetched code" % program)
+                    return Verdict(CONFIRM, "%s -c runs code built from an expansion" % program)
+                return self._nested(body.text, depth)
+        for a in args:
+            if any(_script_downloads(s) for s in a.subs):
+                return Verdict(DENY, "download-and-execute: %s runs a downloaded script" % program)
+        if simple is not None and _reads_stdin(program, args):  # bash <<EOF … EOF, sh <<< '…'
+            for op, target, heredoc in simple.redirects:
+                code = heredoc if op in ("<<", "<<-") else target.text if op == "<<<" and target else None
+                if code:
+                    verdict = self._nested(code, depth)
+                    return verdict if verdict.level == DENY else Verdict(CONFIRM, "%s runs a script from its "
+                                                                                 "input" % program)
+        return None
+
+    def _nested(self, code, depth):
+        try:
+            script = ShellParser(code, depth + 1).parse()
+        except ShellSyntaxError as exc:
+            raw = self._raw_deny(code)
+            return raw or Verdict(CONFIRM, "cannot check the nested command (%s)" % exc)
+        verdict = self._script(script, depth + 1)
+        return verdict if verdict.level != ALLOW else Verdict(CONFIRM, "runs a nested shell")
+
+    def _rm(self, args):
+        flags, targets, end = set(), [], False
+        for a in args:
+            t = a.text
+            if not end and t == "--":
+                end = True
+            elif not end and t.startswith("--"):
+                flags.add(t)
+            elif not end and t.startswith("-") and len(t) > 1:
+                flags.update(t[1:])
+            else:
+                targets.append(a)
+        if "--no-preserve-root" in flags:
+            return Verdict(DENY, "rm --no-preserve-root")
+        recursive = bool(flags & {"r", "R", "--recursive"})
+        for target in targets:
+            path = self._abs(target.text, target)
+            if path is None:
+                continue
+            stripped = path.rstrip("*").rstrip("/") or "/"
+            if stripped == "/" or path in ("/*", "/.*"):
+                return Verdict(DENY, "rm of the root directory (%s)" % target.text)
+            if stripped == self.home.rstrip("/"):
+                return Verdict(DENY, "rm of the home directory (%s)" % target.text)
+            if recursive and (stripped in SYSTEM_ROOTS or os.path.dirname(stripped) == "/"):
+                return Verdict(DENY, "recursive rm of a system directory (%s)" % target.text)
+        return None
+
+    def _protected_writes(self, program, args):
+        positional = _positional(args)
+        if program in WRITERS_LAST and positional:
+            targets = positional[-1:]
+        elif program in WRITERS_ALL:
+            targets = positional
+        elif program == "sed" and any(a.text.startswith("-i") or a.text == "--in-place" for a in args):
+            targets = positional[1:]
+        else:
+            targets = []
+        for target in targets:
+            reason = self._protected(self._abs(target.text, target))
+            if reason:
+                return Verdict(DENY, "%s writes to %s (%s)" % (program, reason, target.text))
+        return None
+
+    def _protected(self, path):
+        if not path:
+            return None
+        if path == "/etc" or path.startswith("/etc/"):
+            return "/etc"
+        ssh = os.path.join(self.home, ".ssh")
+        if path == ssh or path.startswith(ssh + "/"):
+            return "~/.ssh"
+        if _DEVICE.match(path):
+            return "a disk device"
+        return None
+
+    def _redirects(self, redirects, depth):
+        verdict = Verdict(ALLOW, "")
+        for op, target, heredoc in redirects:
+            if target is not None:
+                for sub in target.subs:
+                    verdict = verdict.worse(self._script(sub, depth + 1))
+            if op in ("<<", "<<-", "<<<", ">&", "<&") or target is None:
+                if op in (">&",) and target is not None and not target.text.isdigit() and target.text != "-":
+                    verdict = verdict.worse(Verdict(CONFIRM, "redirects output to a file (%s)" % target.text))
+                continue
+            path = self._abs(target.text, target)
+            if op in ("<",):
+                if path and not self._inside(path):
+                    verdict = verdict.worse(Verdict(CONFIRM, "reads %s, outside the working directory" % target.text))
+                continue
+            if path in SAFE_SINKS or (path or "").startswith("/dev/fd/"):
+                continue
+            reason = self._protected(path)
+            if reason:
+                return Verdict(DENY, "redirects output into %s (%s)" % (reason, target.text))
+            verdict = verdict.worse(Verdict(CONFIRM, "writes to a file (%s %s)" % (op, target.text)))
+        return verdict
+
+    def _read_only(self, program, args, simple):
+        texts = [a.text for a in args]
+        if program == "find":
+            for a in texts:
+                if a in ("-delete", "-fprint", "-fprint0", "-fprintf", "-fls"):
+                    return Verdict(CONFIRM, "find %s changes files" % a)
+        if program == "sed" and any(t.startswith("-i") or t == "--in-place" for t in texts):
+            return Verdict(CONFIRM, "sed -i edits files")
+        if program in ("sort", "tree") and any(t in ("-o", "--output") or t.startswith("--output=") or
+                                               (program == "sort" and t.startswith("-o")) for t in texts):
+            return Verdict(CONFIRM, "%s -o writes a file" % program)
+        if program == "date" and any(t in ("-s", "--set") or t.startswith("--set=") for t in texts):
+            return Verdict(CONFIRM, "date --set changes the clock")
+        if program == "uniq" and len(_positional(args)) > 1:
+            return Verdict(CONFIRM, "uniq with two file arguments writes the second")
+        for a in args:
+            if a.dynamic:
+                return Verdict(CONFIRM, "%s uses a shell expansion (%s)" % (program, a.text))
+        if program in NO_PATH_ARGS:
+            return Verdict(ALLOW, "%s is read-only" % program)
+        skip_pattern = program == "grep" and not any(t in ("-e", "-f") or t.startswith(("--regexp", "--file"))
+                                                     for t in texts)
+        for a in _positional(args):
+            if skip_pattern:
+                skip_pattern = False
+                continue
+            path = self._abs(a.text, a)
+            if path and not self._inside(path):
+                return Verdict(CONFIRM, "%s reads %s, outside the working directory" % (program, a.text))
+        for a in args:  # --file=/etc/x style options
+            if a.text.startswith("--") and "=" in a.text:
+                value = a.text.split("=", 1)[1]
+                if "/" in value:
+                    path = self._abs(value)
+                    if path and not self._inside(path):
+                        return Verdict(CONFIRM, "%s reads %s, outside the working directory" % (program, value))
+        return Verdict(ALLOW, "%s is read-only and stays in the working directory" % program)
+
+    # -- paths --
+    def _abs(self, text, word=None):
+        """An argument as an absolute, normalised path ('' when it cannot be known)."""
+        if text is None:
+            return ""
+        if word is not None and word.dynamic:
+            if re.match(r"^(\$HOME|\$\{HOME\})(/|$)", text):
+                text = self.home + text[text.index("}") + 1 if text.startswith("${") else 5:]
+            else:
+                return ""
+        if text.startswith("~") and (word is None or word.tilde or not word.quoted):
+            if text == "~" or text.startswith("~/"):
+                text = self.home + text[1:]
+            else:
+                return ""  # ~user
+        glob_free = re.split(r"[*?\[]", text, 1)[0] if (word is None or word.glob) else text
+        if not glob_free and text and (word is None or word.glob):
+            glob_free = "."
+        if glob_free != text and not glob_free.endswith("/"):
+            glob_free = os.path.dirname(glob_free) or "."
+        path = glob_free if glob_free.startswith("/") else os.path.join(self.root, glob_free)
+        norm = os.path.normpath(path)
+        if norm.startswith("//"):
+            norm = "/" + norm.lstrip("/")
+        if glob_free != text:
+            return norm.rstrip("/") + "/*" if norm != "/" else "/*"
+        return norm
+
+    def _inside(self, path):
+        base = path[:-2] if path.endswith("/*") else path
+        real = os.path.realpath(base)
+        return _inside(real, self.root)
+
+    def _is_system_path(self, path):
+        if not path:
+            return False
+        base = path[:-2] if path.endswith("/*") else path
+        base = base.rstrip("/") or "/"
+        if self._inside(base):
+            return False
+        if base in SYSTEM_ROOTS or base == self.home.rstrip("/"):
+            return True
+        return any(base.startswith(root + "/") for root in SYSTEM_ROOTS
+                   if root not in ("/", "/home", "/Users", "/opt", "/srv"))
+
+
+def _positional(args):
+    out, end = [], False
+    for a in args:
+        if not end and a.text == "--":
+            end = True
+        elif not end and a.text.startswith("-") and len(a.text) > 1 and not a.dynamic:
+            continue
+        else:
+            out.append(a)
+    return out
+
+
+def _reads_stdin(program, args):
+    """An interpreter that takes its program from standard input."""
+    texts = [a.text for a in args]
+    if any(t in ("-c", "-e", "-E", "-m") for t in texts):
+        return False
+    positional = [t for t in texts if not t.startswith("-")]
+    return not positional or positional[0] == "-" or "-s" in texts
+
+
+def _code_args(args):
+    for i, a in enumerate(args):
+        if a.text in ("-c", "-e", "-E") and i + 1 < len(args):
+            yield args[i + 1]
+
+
+def _runs_download(word):
+    return any(_script_downloads(s) for s in word.subs)
+
+
+def _script_downloads(script):
+    """Does a (substitution) script run a downloader anywhere?"""
+    for pipeline in script.pipelines:
+        for command in pipeline.commands:
+            if isinstance(command, Simple) and command.words:
+                if os.path.basename(command.words[0].text.lstrip("\\")) in DOWNLOADERS:
+                    return True
+                if any(_script_downloads(s) for w in command.words for s in w.subs):
+                    return True
+            elif isinstance(command, Group) and _script_downloads(command.script):
+                return True
+    return False
+
+
+def _calls_itself(func):
+    body = func.body
+    scripts = [body.script] if isinstance(body, Group) else []
+    for script in scripts:
+        for pipeline in script.pipelines:
+            names = [c.words[0].text for c in pipeline.commands if isinstance(c, Simple) and c.words]
+            if func.name in names and (len(pipeline.commands) > 1 or any(
+                    getattr(c, "background", False) for c in pipeline.commands)):
+                return True
+    return False
+
+
+def _custom_rule(entry):
+    """'sudo' or 'rm -rf' (program plus required flags/words), or 're:REGEX' on the whole command."""
+    entry = entry.strip()
+    if entry.startswith("re:"):
+        return ("regex", re.compile(entry[3:]), entry)
+    words = entry.split()
+    return ("words", words, entry)
+
+
+def _matches_custom(rule, program, texts):
+    words = rule[1]
+    if os.path.basename(words[0]) != program:
+        return False
+    flags = set()
+    for t in texts:
+        if t.startswith("--"):
+            flags.add(t)
+        elif t.startswith("-"):
+            flags.update("-" + c for c in t[1:])
+    for want in words[1:]:
+        if want.startswith("--"):
+            if want not in flags:
+                return False
+        elif want.startswith("-"):
+            if not all("-" + c in flags for c in want[1:]):
+                return False
+        elif want not in texts:
+            return False
+    return True
+
+
+# ---- Terminal: running commands ----
+
+SECRET_ENV_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def sanitized_env(extra_secrets=()):
+    """Our environment without anything that looks like a credential."""
+    env = {k: v for k, v in os.environ.items() if not SECRET_ENV_NAME.search(k)}
+    if extra_secrets:
+        env = {k: v for k, v in env.items() if v not in extra_secrets}
+    return env
+
+
+class CommandResult:
+    __slots__ = ("exit_code", "duration", "stdout", "stderr", "stdout_total", "stderr_total", "timed_out",
+                 "cancelled")
+
+
+def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=None, cancel=None, argv=None):
+    """Run a validated command in its own process group; bounded memory, whole-group kill on timeout.
+
+    stdout and stderr are drained concurrently (one selector loop, no threads) and kept up to their caps;
+    the rest is counted and dropped, so memory stays bounded however much a command prints. On Linux the
+    process exit is watched through a pidfd in the same loop, so there is no polling delay.
+    """
+    import selectors
+    import subprocess
+    if argv is None:
+        if shell is None:
+            shell = needs_shell(command)
+        argv = ["/bin/sh", "-c", command] if shell else simple_argv(command)
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env if env is not None else sanitized_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    res = CommandResult()
+    res.timed_out = res.cancelled = False
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    caps = {out_fd: max_stdout, err_fd: max_stderr}
+    totals = dict.fromkeys(bufs, 0)
+    deadline = started + timeout
+    sel = selectors.DefaultSelector()
+    sel.register(out_fd, selectors.EVENT_READ)
+    sel.register(err_fd, selectors.EVENT_READ)
+    pidfd = None
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+        sel.register(pidfd, selectors.EVENT_READ)
+    except (AttributeError, OSError):
+        pidfd = None
+    streams, exited, finished = 2, False, False
+    try:
+        while streams or not exited:
+            if not exited and pidfd is None and not streams:
+                exited = proc.poll() is not None
+                if exited:
+                    break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                res.timed_out = True
+                break
+            if cancel is not None and cancel.is_set():
+                res.cancelled = True
+                break
+            wait = min(remaining, 0.25) if (streams or pidfd is not None) else min(remaining, 0.01)
+            for key, _ in sel.select(wait):
+                fd = key.fd
+                if fd == pidfd:
+                    sel.unregister(fd)
+                    exited = True
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    sel.unregister(fd)
+                    streams -= 1
+                    continue
+                totals[fd] += len(data)
+                buf, cap = bufs[fd], caps[fd]
+                if len(buf) < cap:
+                    buf += data[: cap - len(buf)]
+        finished = True
+    finally:
+        _kill_group(proc)  # also reaps anything the command left running in the background
+        sel.close()
+        if pidfd is not None:
+            os.close(pidfd)
+        proc.stdout.close()
+        proc.stderr.close()
+        if not finished:
+            proc.wait()
+    res.exit_code = proc.returncode
+    res.duration = time.monotonic() - started
+    res.stdout, res.stderr = bufs[out_fd], bufs[err_fd]
+    res.stdout_total, res.stderr_total = totals[out_fd], totals[err_fd]
+    return res
+
+
+def _kill_group(proc):
+    import signal
+    try:
+        pgid = proc.pid  # start_new_session: the group id is the leader's pid
+        if proc.poll() is None and proc.returncode is None:
+            os.killpg(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=1.0)
+            except Exception:
+                pass
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except Exception:
+        pass
+
+
+# ---- Audit log ----
+
+
+class AuditLog:
+    """One line per terminal decision; whole lines under a lock, rotated at a size, previous file kept.
+
+    2025-01-15T10:30:45Z | /home/user/project | ls -la | exit:0 | 0.023s | allow
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, path, max_bytes=10485760, redact=None):
+        self.path = path
+        self.max_bytes = max_bytes
+        self.redact = redact
+
+    def record(self, cwd, command, outcome, duration, verdict):
+        text = command.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+        if self.redact is not None:
+            text = self.redact(text)
+        line = "%s | %s | %s | %s | %.3fs | %s\n" % (_rfc3339(time.time()), cwd, text, outcome, duration, verdict)
+        data = line.encode("utf-8", "replace")
+        with self._lock:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                _flock(fd)
+                if self.max_bytes and os.fstat(fd).st_size + len(data) > self.max_bytes and \
+                        os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    os.replace(self.path, self.path + ".1")
+                    os.close(fd)
+                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                    _flock(fd)
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+
+def _flock(fd):
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ImportError, OSError):
+        pass
+
+
+# ---- Terminal tool ----
+
+RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "interactive"
+
+
+class Terminal(Tool):
+    name = "terminal"
+    description = ("Run a shell command in the working directory and return its exit code, stdout and stderr. "
+                   "Read-only commands (ls, cat, grep, find, wc, …) run directly; others may need confirmation "
+                   "or be refused, and destructive ones (rm -rf /, sudo, curl | sh, …) are never run.")
+    parameters = {"type": "object", "properties": {
+        "command": {"type": "string", "description": "The command line (POSIX shell syntax)"},
+        "timeout_seconds": {"type": "integer", "minimum": 1, "description": "Kill it after this many seconds"}},
+        "required": ["command"]}
+    permission = EXECUTE
+
+    def run(self, args, ctx):
+        term = getattr(ctx, "terminal", None) or {}
+        policy = ctx_policy(ctx)
+        command = args["command"]
+        mode = getattr(ctx, "terminal_mode", RESTRICTED)
+        audit = getattr(ctx, "audit", None)
+        while True:
+            verdict = policy.judge(command)
+            if verdict.level == DENY:
+                _audit(audit, ctx, command, "denied", 0, DENY)
+                raise ToolError("command denied (%s); it is never run: %s" % (verdict.reason, command))
+            if verdict.level == ALLOW or mode == FULL:
+                break
+            if mode == INTERACTIVE and getattr(ctx, "confirm_command", None) is not None:
+                answer = ctx.confirm_command(command, verdict.reason)
+                if answer is None:
+                    _audit(audit, ctx, command, "declined", 0, CONFIRM)
+                    raise ToolError("the user declined the command: %s" % command)
+                if answer != command:  # the person's edit is their approval, but it is validated again
+                    command = answer
+                    verdict = policy.judge(command)
+                    if verdict.level == DENY:
+                        _audit(audit, ctx, command, "denied", 0, DENY)
+                        raise ToolError("command denied (%s); it is never run: %s" % (verdict.reason, command))
+                break
+            _audit(audit, ctx, command, "refused", 0, CONFIRM)
+            raise ToolError("command requires confirmation; not run in restricted mode: %s (%s)"
+                            % (command, verdict.reason))
+        timeout = args.get("timeout_seconds") or term.get("timeout_seconds") or 30
+        env = getattr(ctx, "_env", None)
+        if env is None:
+            env = ctx._env = sanitized_env(getattr(ctx, "secrets", ()))
+        res = run_command(command, ctx.root, timeout, term.get("max_stdout_bytes") or 10485760,
+                          term.get("max_stderr_bytes") or 1048576, cancel=getattr(ctx, "cancel", None),
+                          env=env, argv=command_argv(command, verdict))
+        outcome = "timeout" if res.timed_out else "cancelled" if res.cancelled else "exit:%s" % res.exit_code
+        _audit(audit, ctx, command, outcome, res.duration, verdict.level)
+        body = _format_streams(res, ctx.limit("max_output_size", 1048576))
+        if res.timed_out:
+            raise ToolError("command timed out after %ss; its process group was killed%s" % (timeout, body))
+        if res.cancelled:
+            raise ToolError("cancelled by user" + body)
+        head = "exit code: %s · %.2fs" % (res.exit_code, res.duration)
+        return ToolResult(True, head + body, metadata={"exit_code": res.exit_code,
+                                                       "duration_seconds": round(res.duration, 3)})
+
+
+def _format_streams(res, limit):
+    """The streams as the model sees them: no more than the tool result can carry (no large copies)."""
+    parts = []
+    for name, data, total in (("stdout", res.stdout, res.stdout_total), ("stderr", res.stderr, res.stderr_total)):
+        if not total:
+            continue
+        shown = memoryview(data)[:limit]
+        text = bytes(shown).decode("utf-8", "replace")
+        parts.append("\n--- %s ---\n%s" % (name, text.rstrip("\n")))
+        if total > len(shown):
+            parts.append("\n[%s truncated: showing %d of %d bytes]" % (name, len(shown), total))
+        limit = max(limit - len(shown), 4096)
+    return "".join(parts)
+
+
+def _audit(audit, ctx, command, outcome, duration, verdict):
+    if audit is not None:
+        try:
+            audit.record(ctx.root, command, outcome, duration, verdict)
+        except OSError:
+            pass  # an unwritable audit log must not stop the work
+
+
+def ctx_policy(ctx):
+    policy = getattr(ctx, "_policy", None)
+    if policy is None:
+        term = getattr(ctx, "terminal", None) or {}
+        policy = CommandPolicy(ctx.root, term.get("allowlist") or DEFAULT_ALLOWLIST, term.get("custom_denylist") or ())
+        ctx._policy = policy
+    return policy
+
+
+# ---- Fetch: HTTP with SSRF protection ----
+
+
+class UrlBlocked(ToolError):
+    pass
+
+
+_CGNAT = None
+_NAT64 = None
+
+
+def parse_ipv4_loose(host):
+    """inet_aton's spellings: 127.0.0.1, 2130706433, 0x7f000001, 0177.0.0.1, 127.1 -> IPv4Address or None."""
+    import ipaddress
+    parts = host.split(".")
+    if not 1 <= len(parts) <= 4 or any(p == "" for p in parts):
+        return None
+    values = []
+    for p in parts:
+        try:
+            if p.lower().startswith("0x"):
+                values.append(int(p[2:] or "0", 16))
+            elif len(p) > 1 and p.startswith("0"):
+                values.append(int(p, 8))
+            else:
+                values.append(int(p, 10))
+        except ValueError:
+            return None
+    last_bits = 32 - 8 * (len(values) - 1)
+    if any(v > 255 for v in values[:-1]) or values[-1] >= (1 << last_bits):
+        return None
+    number = 0
+    for v in values[:-1]:
+        number = (number << 8) | v
+    number = (number << last_bits) | values[-1]
+    return ipaddress.IPv4Address(number)
+
+
+def address_block_reason(ip):
+    """Why an address must not be fetched, or None for a public one. Embedded IPv4 forms are unwrapped."""
+    import ipaddress
+    global _CGNAT, _NAT64
+    if _CGNAT is None:
+        _CGNAT = ipaddress.ip_network("100.64.0.0/10")
+        _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+    if isinstance(ip, str):
+        ip = ipaddress.ip_address(ip.split("%")[0])
+    if ip.version == 6:
+        embedded = []
+        if ip.ipv4_mapped:
+            embedded.append(("IPv4-mapped", ip.ipv4_mapped))
+        if ip.sixtofour:
+            embedded.append(("6to4", ip.sixtofour))
+        if ip.teredo:
+            embedded += [("Teredo server", ip.teredo[0]), ("Teredo client", ip.teredo[1])]
+        packed = ip.packed
+        if ip in _NAT64[0] or ip in _NAT64[1]:
+            embedded.append(("NAT64", ipaddress.IPv4Address(packed[-4:])))
+        if packed[:12] == b"\x00" * 12 and packed[12:] not in (b"\x00\x00\x00\x00", b"\x00\x00\x00\x01"):
+            embedded.append(("IPv4-compatible", ipaddress.IPv4Address(packed[-4:])))
+        for form, v4 in embedded:
+            inner = address_block_reason(v4)
+            if inner:
+                return "%s address embedding %s (%s)" % (form, v4, inner)
+        if embedded and embedded[0][0] in ("IPv4-mapped", "NAT64", "IPv4-compatible"):
+            return None  # these reach exactly the embedded address, which is public
+    checks = (("is_loopback", "a loopback address"), ("is_unspecified", "the unspecified address"),
+              ("is_link_local", "a link-local address (cloud metadata lives here)"),
+              ("is_multicast", "a multicast address"), ("is_private", "a private address"),
+              ("is_reserved", "a reserved address"))
+    for attr, reason in checks:
+        if getattr(ip, attr):
+            return reason
+    if ip.version == 4 and ip in _CGNAT:
+        return "a carrier-grade NAT address"
+    if not ip.is_global:
+        return "not a public address"
+    return None
+
+
+def check_url(url, allowed_hosts=()):
+    """Validate a URL and resolve its host once. Returns (scheme, host, port, path, address) or raises UrlBlocked."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise UrlBlocked("invalid URL %r: %s" % (url, exc))
+    if parts.scheme not in ("http", "https"):
+        raise UrlBlocked("only http and https URLs can be fetched, not %r" % (parts.scheme or url))
+    host = (parts.hostname or "").rstrip(".")
+    if not host:
+        raise UrlBlocked("the URL has no host: %s" % url)
+    port = port or (443 if parts.scheme == "https" else 80)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    allowed = host in {h.lower().rstrip(".") for h in allowed_hosts}
+    literal = None
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = parse_ipv4_loose(host)
+    if literal is not None:
+        reason = None if allowed else address_block_reason(literal)
+        if reason:
+            raise UrlBlocked("%s is %s" % (literal, reason))
+        return parts.scheme, host, port, path, str(literal)
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise UrlBlocked("the host %r is not a valid name" % host)
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", ascii_host):
+        raise UrlBlocked("the host %r is not a valid name" % host)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UrlBlocked("cannot resolve %s: %s" % (host, exc.strerror if hasattr(exc, "strerror") and
+                                                    exc.strerror else exc))
+    addresses = []
+    for info in infos:
+        addr = info[4][0]
+        if addr not in addresses:
+            addresses.append(addr)
+    if not allowed:
+        for addr in addresses:
+            reason = address_block_reason(addr)
+            if reason:
+                raise UrlBlocked("%s resolves to %s, %s" % (host, addr, reason))
+    return parts.scheme, host, port, path, addresses[0]
+
+
+def url_verdict(url, allowed_hosts=()):
+    """('allow'|'block', reason) for `xzatoma policy url`."""
+    try:
+        scheme, host, port, path, address = check_url(url, allowed_hosts)
+    except UrlBlocked as exc:
+        return "block", str(exc)
+    if host in allowed_hosts:
+        return "allow", "%s is in agent.tools.fetch.allowed_hosts (connects to %s)" % (host, address)
+    return "allow", "%s resolves to %s, a public address" % (host, address) if host != address else \
+        "%s is a public address" % address
+
+
+_rate_lock = threading.Lock()
+_rate_log = {}
+
+
+def _rate_check(host, per_minute):
+    now = time.monotonic()
+    with _rate_lock:
+        recent = [t for t in _rate_log.get(host, ()) if now - t < 60]
+        if per_minute and len(recent) >= per_minute:
+            raise ToolError("rate limit: %d fetches from %s in the last minute; try again later"
+                            % (len(recent), host))
+        recent.append(now)
+        _rate_log[host] = recent
+
+
+def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent):
+    """GET from the checked address (no second DNS lookup). Returns (status, headers, body, truncated)."""
+    import http.client
+    import socket
+    import ssl
+
+    class Pinned(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.create_connection((address, self.port), self.timeout)
+
+    class PinnedTLS(http.client.HTTPSConnection):
+        def connect(self):
+            sock = socket.create_connection((address, self.port), self.timeout)
+            self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+
+    if scheme == "https":
+        conn = PinnedTLS(host, port, timeout=timeout, context=ssl.create_default_context())
+    else:
+        conn = Pinned(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"User-Agent": user_agent, "Accept-Encoding": "identity",
+                                           "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"})
+        resp = conn.getresponse()
+        chunks, size, truncated = [], 0, False
+        while True:
+            chunk = resp.read(min(65536, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                truncated = True
+                break
+        body = b"".join(chunks)[:max_bytes]
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body, truncated
+    finally:
+        conn.close()
+
+
+TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
+              "application/yaml", "application/xhtml+xml", "application/x-sh", "application/toml",
+              "application/ld+json", "application/rss+xml", "application/atom+xml")
+
+
+class Fetch(Tool):
+    name = "fetch"
+    description = ("Fetch a web page or text file over http(s) and return it as readable text (HTML is converted). "
+                   "Private, loopback and cloud-metadata addresses are refused.")
+    parameters = {"type": "object", "properties": {
+        "url": {"type": "string"}, "max_bytes": {"type": "integer", "minimum": 1}}, "required": ["url"]}
+
+    def preview_args(self, args):
+        return args.get("url", "")
+
+    def run(self, args, ctx):
+        cfg = ctx.config.get("fetch") or {}
+        url = args["url"].strip()
+        cap = cfg.get("max_response_size") or 1048576
+        max_bytes = min(args.get("max_bytes") or cap, cap)
+        ttl = cfg.get("cache_ttl_seconds", 86400)
+        store = getattr(ctx, "store", None)
+        if store is not None and ttl:
+            try:
+                hit = store.cache_get(url, ttl)
+            except Exception:
+                hit = None
+            if hit is not None:
+                return ToolResult.ok(hit["body"], cached=True, status=hit["status"])
+        allowed = cfg.get("allowed_hosts") or ()
+        timeout = cfg.get("timeout_seconds") or 60
+        current = url
+        for hop in range(6):
+            scheme, host, port, path, address = check_url(current, allowed)
+            _rate_check(host, cfg.get("rate_limit_per_minute", 30))
+            try:
+                status, headers, body, truncated = _http_get(scheme, host, port, path, address, timeout, max_bytes,
+                                                             cfg.get("user_agent") or "xzatoma")
+            except OSError as exc:
+                raise ToolError("cannot fetch %s: %s" % (current, getattr(exc, "strerror", None) or exc))
+            if status in (301, 302, 303, 307, 308) and headers.get("location"):
+                if hop == 5:
+                    raise ToolError("too many redirects (more than 5) starting at %s" % url)
+                from urllib.parse import urljoin
+                current = urljoin(current, headers["location"])
+                continue
+            break
+        ctype = (headers.get("content-type") or "").split(";")[0].strip().lower()
+        charset = re.search(r"charset=([\w.-]+)", headers.get("content-type") or "", re.I)
+        encoding = charset.group(1) if charset else "utf-8"
+        is_text = ctype.startswith("text/") or ctype in TEXT_TYPES or ctype.endswith(("+json", "+xml"))
+        if not ctype:
+            is_text = b"\x00" not in body[:4096]
+        if not is_text:
+            raise ToolError("%s is binary content (%s, %d bytes); fetch returns only text" % (current, ctype, len(body)))
+        try:
+            text = body.decode(encoding, "replace")
+        except LookupError:
+            text = body.decode("utf-8", "replace")
+        if ctype in ("text/html", "application/xhtml+xml"):
+            text = html_to_text(text, current)
+        head = "URL: %s\nStatus: %d\nContent-Type: %s\n" % (current, status, ctype or "unknown")
+        if truncated:
+            head += "[Truncated at %d bytes]\n" % max_bytes
+        output = head + "\n" + text
+        if store is not None and ttl and 200 <= status < 300:
+            try:
+                store.cache_put(url, status, ctype, current, output)
+            except Exception:
+                pass
+        return ToolResult.ok(output, status=status, truncated_body=truncated)
+
+
+def html_to_text(html, base_url=""):
+    """Readable text from HTML: headings, paragraphs, lists, links as 'text (url)', pre kept; noise dropped."""
+    from html.parser import HTMLParser
+    from urllib.parse import urljoin
+
+    class Converter(HTMLParser):
+        SKIP = {"script", "style", "nav", "noscript", "template", "svg", "head", "iframe", "object", "canvas"}
+        BLOCK = {"p", "div", "section", "article", "main", "header", "footer", "aside", "table", "tr", "ul", "ol",
+                 "dl", "dt", "dd", "blockquote", "figure", "figcaption", "form", "hr", "address", "details",
+                 "summary"}
+
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.out, self.skip, self.pre, self.links, self.lists = [], 0, 0, [], []
+            self.title, self.in_title = "", False
+
+        def newline(self, n=1):
+            tail = "".join(self.out[-3:])
+            need = n - (len(tail) - len(tail.rstrip("\n")))
+            if self.out and need > 0:
+                self.out.append("\n" * need)
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "title":
+                self.in_title = True
+            if tag in self.SKIP:
+                self.skip += 1
+                return
+            if self.skip:
+                return
+            attrs = dict(attrs)
+            if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
+                self.newline(2)
+                self.out.append("#" * int(tag[1]) + " ")
+            elif tag == "br":
+                self.out.append("\n")
+            elif tag == "pre":
+                self.newline(2)
+                self.pre += 1
+            elif tag in ("ul", "ol"):
+                self.lists.append([tag, 0])
+                self.newline()
+            elif tag == "li":
+                self.newline()
+                depth = max(len(self.lists) - 1, 0)
+                if self.lists and self.lists[-1][0] == "ol":
+                    self.lists[-1][1] += 1
+                    self.out.append("  " * depth + "%d. " % self.lists[-1][1])
+                else:
+                    self.out.append("  " * depth + "- ")
+            elif tag == "a":
+                self.links.append((attrs.get("href") or "", len(self.out)))
+            elif tag in ("td", "th"):
+                self.out.append(" | ")
+            elif tag == "img" and attrs.get("alt"):
+                self.out.append("[image: %s]" % attrs["alt"])
+            elif tag in self.BLOCK:
+                self.newline(2 if tag in ("p", "blockquote", "table") else 1)
+
+        def handle_endtag(self, tag):
+            if tag == "title":
+                self.in_title = False
+            if tag in self.SKIP:
+                self.skip = max(0, self.skip - 1)
+                return
+            if self.skip:
+                return
+            if tag == "a" and self.links:
+                href, start = self.links.pop()
+                text = "".join(self.out[start:]).strip()
+                if href and not href.startswith(("#", "javascript:", "mailto:")):
+                    url = urljoin(base_url, href)
+                    del self.out[start:]
+                    self.out.append("%s (%s)" % (text, url) if text and text != url else url)
+            elif tag == "pre":
+                self.pre = max(0, self.pre - 1)
+                self.newline(2)
+            elif tag in ("ul", "ol"):
+                if self.lists:
+                    self.lists.pop()
+                self.newline()
+            elif tag in ("h1", "h2", "h3", "h4", "h5", "h6", "p", "blockquote", "table"):
+                self.newline(2)
+            elif tag in self.BLOCK or tag == "li":
+                self.newline()
+
+        def handle_data(self, data):
+            if self.in_title:
+                self.title += data
+            if self.skip:
+                return
+            if self.pre:
+                self.out.append(data)
+                return
+            text = re.sub(r"\s+", " ", data)
+            if text.strip() or (self.out and not self.out[-1].endswith((" ", "\n"))):
+                if self.out and self.out[-1].endswith(("\n", " ", "- ", ". ")) and text.startswith(" "):
+                    text = text.lstrip()
+                self.out.append(text)
+
+    conv = Converter()
+    conv.feed(html)
+    conv.close()
+    text = "".join(conv.out)
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    text = re.sub(r"\n{3,}", "\n\n", text).strip()
+    title = " ".join(conv.title.split())
+    if title and not text.startswith("# "):
+        text = "# %s\n\n%s" % (title, text)
+    return text + "\n"
 
 
 # ---- Plans ----
@@ -1490,3 +3145,19 @@ def _parse_markdown_plan(text, source):
     plan = Plan(goal, context, steps, title)
     plan.unknown_keys = []
     return plan
+
+
+# ---- Registry builder: the tools of a mode ----
+
+ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
+             FileMetadata, FindPath, Grep, DiffFiles, PlanTool, Terminal, Fetch)
+PLANNING_TOOLS = {"list_directory", "read_file", "find_path", "file_metadata", "grep", "diff_files",
+                  "plan", "fetch", "subagent", "parallel_subagent"}
+
+
+def build_registry(mode, ctx, extra=()):
+    """The registry for a mode: planning offers read-only tools, write offers all."""
+    tools = [cls() for cls in ALL_TOOLS] + list(extra)
+    ctx.mode = mode
+    offered = [t for t in tools if mode == WRITE_MODE or t.name in PLANNING_TOOLS]
+    return Registry(offered, ctx, all_names=[t.name for t in tools])

@@ -218,9 +218,9 @@ def test_file_metadata_and_diff(tree):
 
 def test_every_planning_tool_is_read_only(tree):
     reg = registry(tree, PLANNING)
-    assert sorted(reg.names()) == ["diff_files", "file_metadata", "find_path", "grep", "list_directory", "plan",
-                                   "read_file"]
-    for name in ("write_file", "edit_file", "copy_path", "move_path", "delete_path", "create_directory"):
+    assert sorted(reg.names()) == ["diff_files", "fetch", "file_metadata", "find_path", "grep", "list_directory",
+                                   "plan", "read_file"]
+    for name in ("write_file", "edit_file", "copy_path", "move_path", "delete_path", "create_directory", "terminal"):
         assert reg.execute(name, {}).error == "tool %s is not available in planning mode" % name
 
 

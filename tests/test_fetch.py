@@ -1,0 +1,185 @@
+"""fetch against a local HTTP server: SSRF guard on every hop, caps, HTML to text, cache, rate limit."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import xzatoma_tools
+from xzatoma_store import Store
+from xzatoma_tools import ToolContext, build_registry, html_to_text
+
+PAGE = """<!doctype html><html><head><title>Demo &amp; Test</title><style>body{color:red}</style>
+<script>var secret = "do not show";</script></head>
+<body><nav><a href="/home">Home</a> | <a href="/about">About</a></nav>
+<h1>Main   heading</h1>
+<p>First   paragraph with a <a href="/docs/intro.html">relative link</a> and an
+<a href="https://example.org/x">absolute one</a>. Entities: &lt;tag&gt; &eacute;&#233;</p>
+<ul><li>one</li><li>two <b>bold</b></li></ul>
+<ol><li>first</li><li>second</li></ol>
+<pre>  indented
+    code   block</pre>
+<h2>Sub</h2><p>End.</p></body></html>"""
+
+
+class Server:
+    def __init__(self):
+        self.hits = {}
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                outer.hits[self.path] = outer.hits.get(self.path, 0) + 1
+                routes = {
+                    "/page.html": (200, "text/html; charset=utf-8", PAGE.encode()),
+                    "/plain.txt": (200, "text/plain", b"just text\n"),
+                    "/data.json": (200, "application/json", b'{"a": 1}'),
+                    "/image.png": (200, "image/png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 100),
+                    "/big.txt": (200, "text/plain", b"b" * 3_000_000),
+                    "/latin1.txt": (200, "text/plain; charset=iso-8859-1", "café".encode("latin-1")),
+                }
+                if self.path in routes:
+                    status, ctype, body = routes[self.path]
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                redirects = {
+                    "/to-page": "/page.html",
+                    "/to-metadata": "http://169.254.169.254/latest/meta-data/",
+                    "/to-localhost": "http://localhost:%d/page.html" % outer.port,
+                    "/to-private": "http://10.1.2.3/",
+                    "/to-file": "file:///etc/passwd",
+                    "/loop": "/loop",
+                }
+                if self.path in redirects:
+                    self.send_response(302)
+                    self.send_header("Location", redirects[self.path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(404)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", "9")
+                self.end_headers()
+                self.wfile.write(b"not found")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.httpd.shutdown()
+    s.httpd.server_close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_rate_limits():
+    xzatoma_tools._rate_log.clear()
+
+
+def fetcher(tmp_path, allowed=("127.0.0.1",), store=None, **fetch_cfg):
+    cfg = dict({"allowed_hosts": list(allowed), "cache_ttl_seconds": 86400, "rate_limit_per_minute": 100}, **fetch_cfg)
+    return build_registry("planning", ToolContext(str(tmp_path), {"fetch": cfg}, store=store))
+
+
+def test_html_page_becomes_readable_text(tmp_path, server):
+    r = fetcher(tmp_path).execute("fetch", {"url": server.url("/page.html")})
+    assert r.success, r.error
+    head, _, body = r.output.partition("\n\n")
+    assert head == "URL: %s\nStatus: 200\nContent-Type: text/html" % server.url("/page.html")
+    assert body.startswith("# Main heading\n\nFirst paragraph with a relative link (%s) and an absolute one "
+                           "(https://example.org/x). Entities: <tag> éé" % server.url("/docs/intro.html"))
+    assert "- one\n- two bold\n" in body and "1. first\n2. second" in body
+    assert "  indented\n    code   block" in body and "## Sub\n\nEnd." in body
+    for noise in ("do not show", "color:red", "About", "Home"):
+        assert noise not in body
+
+
+def test_text_types_pass_through_and_binary_is_refused(tmp_path, server):
+    reg = fetcher(tmp_path)
+    assert reg.execute("fetch", {"url": server.url("/plain.txt")}).output.endswith("\n\njust text\n")
+    assert reg.execute("fetch", {"url": server.url("/data.json")}).output.endswith('{"a": 1}')
+    assert reg.execute("fetch", {"url": server.url("/latin1.txt")}).output.endswith("café")
+    err = reg.execute("fetch", {"url": server.url("/image.png")}).error
+    assert err == "%s is binary content (image/png, 108 bytes); fetch returns only text" % server.url("/image.png")
+    assert "Status: 404" in reg.execute("fetch", {"url": server.url("/missing")}).output
+
+
+def test_size_cap_is_enforced_while_streaming(tmp_path, server):
+    r = fetcher(tmp_path, max_response_size=1000).execute("fetch", {"url": server.url("/big.txt")})
+    assert "[Truncated at 1000 bytes]" in r.output and r.output.endswith("\n\n" + "b" * 1000)
+    r = fetcher(tmp_path).execute("fetch", {"url": server.url("/big.txt"), "max_bytes": 10})
+    assert r.output.endswith("bbbbbbbbbb") and "[Truncated at 10 bytes]" in r.output
+
+
+def test_loopback_is_refused_without_allowed_hosts(tmp_path, server):
+    err = fetcher(tmp_path, allowed=()).execute("fetch", {"url": server.url("/page.html")}).error
+    assert err == "127.0.0.1 is a loopback address"
+    assert server.hits == {}
+
+
+@pytest.mark.parametrize("path,message", [
+    ("/to-metadata", "169.254.169.254 is a link-local address"),
+    ("/to-localhost", "localhost resolves to"),
+    ("/to-private", "10.1.2.3 is a private address"),
+    ("/to-file", "only http and https URLs can be fetched"),
+    ("/loop", "too many redirects (more than 5)"),
+])
+def test_every_redirect_is_checked(tmp_path, server, path, message):
+    r = fetcher(tmp_path).execute("fetch", {"url": server.url(path)})
+    assert not r.success and message in r.error
+
+
+def test_good_redirect_is_followed_and_reported(tmp_path, server):
+    r = fetcher(tmp_path).execute("fetch", {"url": server.url("/to-page")})
+    assert r.output.startswith("URL: %s\nStatus: 200" % server.url("/page.html"))
+
+
+def test_cache_serves_repeat_fetches(tmp_path, server):
+    store = Store(str(tmp_path / "c.db")).open()
+    reg = fetcher(tmp_path, store=store)
+    first = reg.execute("fetch", {"url": server.url("/plain.txt")})
+    second = reg.execute("fetch", {"url": server.url("/plain.txt")})
+    assert first.output == second.output and second.metadata.get("cached") is True
+    assert server.hits["/plain.txt"] == 1
+    fetcher(tmp_path, store=store, cache_ttl_seconds=0).execute("fetch", {"url": server.url("/plain.txt")})
+    assert server.hits["/plain.txt"] == 2
+
+
+def test_per_domain_rate_limit(tmp_path, server):
+    reg = fetcher(tmp_path, rate_limit_per_minute=3, cache_ttl_seconds=0)
+    results = [reg.execute("fetch", {"url": server.url("/plain.txt")}) for _ in range(4)]
+    assert [r.success for r in results] == [True, True, True, False]
+    assert results[-1].error.startswith("rate limit: 3 fetches from 127.0.0.1 in the last minute")
+
+
+def test_html_to_text_details():
+    assert html_to_text("<p>a<br>b</p><p>c</p>") == "a\nb\n\nc\n"
+    assert html_to_text("<a href='#top'>top</a> <a href='mailto:x@y'>mail</a>") == "top mail\n"
+    assert html_to_text("<p>x &amp; y &#x263A;</p>") == "x & y ☺\n"
+    assert html_to_text("<table><tr><td>a</td><td>b</td></tr></table>").strip() == "| a | b"
+    assert html_to_text('<img alt="logo"><p>t</p>').startswith("[image: logo]")
+
+
+def test_fetch_from_a_run_uses_the_config(cli, fake, tmp_path, server):
+    cli.use(fake, tools={"fetch": {"allowed_hosts": ["127.0.0.1"]}})
+    fake.add({"tool_calls": [{"name": "fetch", "arguments": {"url": server.url("/plain.txt")}},
+                             {"name": "fetch", "arguments": {"url": "http://169.254.169.254/"}}]},
+             {"content": "ok"})
+    assert cli.run("run", "--mode", "planning", "--prompt", "x").returncode == 0
+    results = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"]
+    assert results[0].endswith("just text\n") and results[1].startswith("Error: 169.254.169.254 is a link-local")
