@@ -729,6 +729,236 @@ class Conversation:
         return sum(1 for m in self.messages if m["role"] == "assistant")
 
 
+# ---- Credentials: environment, system keyring, or a 0600 file ----
+
+KEYRING_SERVICE = "xzatoma"
+COPILOT_CLIENT_ID = "Iv1.b507a08c87ecfe98"  # the Copilot editor integration's OAuth app
+CREDENTIAL_KEYS = {"copilot": ("github_token", "copilot_token"), "openai": ("openai_api_key",),
+                   "ollama": ("ollama_api_key",)}
+
+
+class CredentialStore:
+    """Stored credentials: the system keyring (service 'xzatoma') when one works, else
+    $XZATOMA_HOME/credentials.json created 0600 (and refused when others can read it)."""
+
+    def __init__(self, home, console):
+        self.home = home
+        self.file = os.path.join(home, "credentials.json")
+        self.console = console
+        self._keyring = None
+
+    def keyring(self):
+        """The keyring module when a real backend works here, else False."""
+        if self._keyring is None:
+            self._keyring = False
+            try:
+                import keyring
+                from keyring.backends import fail
+                backend = keyring.get_keyring()
+                if not isinstance(backend, fail.Keyring) and getattr(backend, "priority", 1) > 0:
+                    keyring.get_password(KEYRING_SERVICE, "__probe__")
+                    self._keyring = keyring
+            except Exception:  # no package, no backend, locked or broken backend: use the file
+                self._keyring = False
+        return self._keyring
+
+    def _read_file(self):
+        try:
+            st = os.stat(self.file)
+        except FileNotFoundError:
+            return {}
+        if st.st_mode & 0o077:
+            raise CredentialsError("credentials file %s is readable by other users (mode %s); fix it with "
+                                   "'chmod 600 %s'" % (self.file, oct(st.st_mode & 0o777), self.file))
+        try:
+            with open(self.file, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise CredentialsError("cannot read credentials file %s: %s" % (self.file, getattr(exc, "strerror", exc)))
+        return data if isinstance(data, dict) else {}
+
+    def _write_file(self, data):
+        os.makedirs(self.home, exist_ok=True)
+        tmp = self.file + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.file)
+
+    def get(self, name):
+        """(value, 'keyring'|'file') or (None, None)."""
+        kr = self.keyring()
+        if kr:
+            try:
+                value = kr.get_password(KEYRING_SERVICE, name)
+            except Exception:
+                value = None
+            if value:
+                return value, "keyring"
+        value = self._read_file().get(name)
+        return (value, "file") if value else (None, None)
+
+    def set(self, name, value):
+        kr = self.keyring()
+        if kr:
+            try:
+                kr.set_password(KEYRING_SERVICE, name, value)
+                return "keyring"
+            except Exception as exc:
+                self.console.debug("keyring refused the credential: %s" % type(exc).__name__)
+        data = self._read_file()
+        data[name] = value
+        self._write_file(data)
+        self.console.warn("no system keyring works here; credentials are stored in %s (mode 0600)" % self.file,
+                          once_key="credentials-file")
+        return "file"
+
+    def delete(self, name):
+        removed = []
+        kr = self.keyring()
+        if kr:
+            try:
+                if kr.get_password(KEYRING_SERVICE, name):
+                    kr.delete_password(KEYRING_SERVICE, name)
+                    removed.append("keyring")
+            except Exception:
+                pass
+        data = self._read_file()
+        if name in data:
+            del data[name]
+            self._write_file(data)
+            removed.append("file")
+        return removed
+
+
+def next_poll_interval(current, response):
+    """GitHub's device flow: slow_down asks for the interval it names, or 5 seconds more."""
+    if response.get("error") == "slow_down":
+        return float(response["interval"]) if "interval" in response else current + 5
+    return current
+
+
+def copilot_device_login(cfg, console, creds):
+    """GitHub's OAuth device flow for the Copilot client id; returns the GitHub token."""
+    requests = require("requests")
+    github = cfg.get("provider.copilot.github_url").rstrip("/")
+    session = requests.Session()
+    headers = {"Accept": "application/json", "User-Agent": "xzatoma/" + __version__}
+    try:
+        resp = session.post(github + "/login/device/code", data={"client_id": COPILOT_CLIENT_ID, "scope": "read:user"},
+                            headers=headers, timeout=30)
+        resp.raise_for_status()
+        device = resp.json()
+    except (requests.RequestException, ValueError) as exc:
+        raise XzError("cannot start the GitHub login at %s: %s" % (github, one_line(exc, 160)))
+    console._write("To sign in to GitHub Copilot, open %s and enter the code %s"
+                   % (device["verification_uri"], console.style(device["user_code"], "bold")))
+    console._write("Waiting for you to authorise… (Ctrl-C cancels)")
+    interval = float(device.get("interval", 5))
+    deadline = time.monotonic() + float(device.get("expires_in", 900))
+    while True:
+        try:
+            time.sleep(interval)
+        except KeyboardInterrupt:
+            raise XzError("login cancelled; nothing was stored", EXIT_INTERRUPTED)
+        if time.monotonic() > deadline:
+            raise XzError("the login code expired before it was used; run 'xzatoma auth login' again")
+        try:
+            resp = session.post(github + "/login/oauth/access_token", headers=headers, timeout=30,
+                                data={"client_id": COPILOT_CLIENT_ID, "device_code": device["device_code"],
+                                      "grant_type": "urn:ietf:params:oauth:grant-type:device_code"})
+            data = resp.json()
+        except (requests.RequestException, ValueError) as exc:
+            raise XzError("GitHub login failed: %s" % one_line(exc, 160))
+        if data.get("access_token"):
+            return data["access_token"]
+        error = data.get("error")
+        if error == "authorization_pending":
+            continue
+        if error == "slow_down":
+            interval = next_poll_interval(interval, data)
+            continue
+        if error == "expired_token":
+            raise XzError("the login code expired before it was used; run 'xzatoma auth login' again")
+        if error == "access_denied":
+            raise XzError("the authorisation was declined on GitHub; nothing was stored")
+        raise XzError("GitHub login failed: %s" % (data.get("error_description") or error or "no token returned"))
+
+
+def exchange_copilot_token(cfg, github_token, session=None):
+    """Trade a GitHub token for a short-lived Copilot token: {token, expires_at, api}."""
+    requests = require("requests")
+    url = cfg.get("provider.copilot.github_api_url").rstrip("/") + "/copilot_internal/v2/token"
+    headers = dict(CopilotProvider.EDITOR_HEADERS, Authorization="token " + github_token, Accept="application/json")
+    try:
+        resp = (session or requests).get(url, headers=headers, timeout=30)
+    except requests.RequestException as exc:
+        raise ProviderError("cannot reach GitHub to get a Copilot token: %s" % _connection_reason(exc), retryable=True)
+    if resp.status_code in (401, 403, 404):
+        raise CredentialsError("GitHub refused the Copilot token exchange (HTTP %d): the GitHub token is invalid, "
+                               "expired or has no Copilot access; run 'xzatoma auth login'" % resp.status_code)
+    if resp.status_code >= 400:
+        raise ProviderError("GitHub returned HTTP %d for the Copilot token exchange" % resp.status_code,
+                            retryable=resp.status_code >= 500)
+    data = resp.json()
+    return {"token": data["token"], "expires_at": float(data.get("expires_at") or time.time() + 1500),
+            "api": (data.get("endpoints") or {}).get("api")}
+
+
+class CopilotAuth:
+    """Where the Copilot token comes from, and keeping it fresh (before expiry, and once after a 401)."""
+
+    REFRESH_MARGIN = 120
+
+    def __init__(self, cfg, console, creds=None):
+        self.cfg, self.console = cfg, console
+        self.creds = creds or CredentialStore(cfg.home, console)
+        self.ready = cfg.secret("copilot")  # COPILOT_API_TOKEN: used as is, cannot be refreshed
+        self.github, self.github_source = cfg.secret("github"), "env GITHUB_TOKEN"
+        if not self.github and not self.ready:
+            self.github, where = self.creds.get("github_token")
+            self.github_source = where
+        self.current = None
+        if not self.ready:
+            cached, _ = self.creds.get("copilot_token")
+            if cached:
+                try:
+                    self.current = json.loads(cached)
+                except ValueError:
+                    self.current = None
+        if not self.ready and not self.github:
+            raise CredentialsError("no Copilot credentials: run 'xzatoma auth login' or set COPILOT_API_TOKEN "
+                                   "(or GITHUB_TOKEN to a token with Copilot access)")
+
+    def source(self):
+        return "env COPILOT_API_TOKEN" if self.ready else self.github_source
+
+    def token(self):
+        if self.ready:
+            return self.ready
+        if not self.current or self.current.get("expires_at", 0) - self.REFRESH_MARGIN < time.time():
+            self.refresh()
+        return self.current["token"]
+
+    def api_base(self):
+        if self.cfg.sources.get("provider.copilot.api_url") == "default" and self.current and self.current.get("api"):
+            return self.current["api"].rstrip("/")
+        return self.cfg.get("provider.copilot.api_url").rstrip("/")
+
+    def refresh(self):
+        """Exchange the GitHub token again; False when there is none to exchange."""
+        if not self.github:
+            return False
+        self.current = exchange_copilot_token(self.cfg, self.github)
+        if self.github_source != "env GITHUB_TOKEN":
+            try:
+                self.creds.set("copilot_token", json.dumps(self.current))
+            except XzError:
+                pass
+        return True
+
+
 # ---- Providers: one HTTP helper, three wire formats ----
 
 
@@ -834,8 +1064,9 @@ class Provider:
         """Send a request and hand the response to `handle`, retrying transient failures."""
         requests = require("requests")
         attempts = self.max_retries + 1
-        last = None
-        for attempt in range(attempts):
+        last, attempt, refreshed = None, -1, False
+        while True:
+            attempt += 1
             read_timeout = self.timeout
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -853,6 +1084,10 @@ class Provider:
                 finally:
                     resp.close()
             except ProviderError as exc:
+                if exc.status == 401 and not refreshed and self.refresh_credentials():
+                    refreshed = True  # a fresh token, then the request once more
+                    attempt -= 1
+                    continue
                 if not exc.retryable:
                     raise
                 last = exc
@@ -887,6 +1122,10 @@ class Provider:
 
     def get_json(self, url, what="request"):
         return self.call("GET", url, lambda r: r.json(), what=what)
+
+    def refresh_credentials(self):
+        """Get fresh credentials after a 401; True when the request should be tried once more."""
+        return False
 
     def label(self):
         return self.name
@@ -979,7 +1218,7 @@ class OllamaProvider(Provider):
     def __init__(self, cfg, console, model=None):
         super().__init__(cfg, console, model)
         self.host = cfg.get("provider.ollama.host")
-        self.api_key = cfg.secret("ollama")
+        self.api_key = stored_key(cfg, console, "ollama")[0]
 
     def label(self):
         return "Ollama at %s" % self.host
@@ -1099,7 +1338,7 @@ class OpenAIProvider(Provider):
         super().__init__(cfg, console, model)
         self.base_url = cfg.get("provider.openai.base_url").rstrip("/")
         self.api = cfg.get("provider.openai.api")
-        self.api_key = cfg.secret("openai")
+        self.api_key = stored_key(cfg, console, "openai")[0]
         self._model_list = None
 
     def label(self):
@@ -1123,13 +1362,17 @@ class OpenAIProvider(Provider):
         return self._model_list
 
     def models(self):
+        """[{id, context_window, tools, endpoints}] from /models, in the dialects servers use."""
         out = []
         for m in self.raw_models():
-            limits = (m.get("capabilities") or {}).get("limits") or {}
+            caps = m.get("capabilities") or {}
+            limits = caps.get("limits") or {}
+            supports = caps.get("supports") or {}
             window = (limits.get("max_context_window_tokens") or limits.get("max_prompt_tokens")
                       or m.get("context_length") or m.get("context_window") or m.get("max_model_len")
                       or (m.get("meta") or {}).get("n_ctx_train"))
             out.append({"id": m.get("id"), "context_window": window,
+                        "tools": supports.get("tool_calls") if "tool_calls" in supports else None,
                         "endpoints": m.get("supported_endpoints")})
         return out
 
@@ -1340,27 +1583,36 @@ class CopilotProvider(OpenAIProvider):
     EDITOR_HEADERS = {"Editor-Version": "vscode/1.104.0", "Editor-Plugin-Version": "copilot-chat/0.31.0",
                       "Copilot-Integration-Id": "vscode-chat", "Openai-Intent": "conversation-agent"}
 
-    def __init__(self, cfg, console, model=None):
+    def __init__(self, cfg, console, model=None, auth=None):
         Provider.__init__(self, cfg, console, model)
-        self.base_url = cfg.get("provider.copilot.api_url").rstrip("/")
         self.api = "auto"
-        self.token = cfg.secret("copilot")
+        self.auth = auth or CopilotAuth(cfg, console)
         self._model_list = None
         self._initiator = "user"
-        if not self.token:
-            hint = " (GITHUB_TOKEN is set, but exchanging it needs 'xzatoma auth login' support)" \
-                if cfg.secret("github") else ""
-            raise CredentialsError("no Copilot token: run 'xzatoma auth login' or set COPILOT_API_TOKEN%s" % hint)
+
+    @property
+    def base_url(self):
+        self.auth.token()  # the token says which API endpoint serves this account
+        return self.auth.api_base()
+
+    def refresh_credentials(self):
+        """After a 401: exchange once more, unless the token from the last such exchange was refused too."""
+        if self.auth.current and self.auth.current.get("token") == getattr(self, "_refreshed", None):
+            return False
+        if not self.auth.refresh():
+            return False
+        self._refreshed = self.auth.current["token"]
+        return True
 
     def label(self):
-        return "GitHub Copilot (%s)" % self.base_url
+        return "GitHub Copilot (%s)" % self.auth.api_base()
 
     def login_hint(self):
         return "run 'xzatoma auth login' or set COPILOT_API_TOKEN"
 
     def headers(self):
         headers = dict(self.EDITOR_HEADERS)
-        headers["Authorization"] = "Bearer " + self.token
+        headers["Authorization"] = "Bearer " + self.auth.token()
         headers["X-Initiator"] = self._initiator
         return headers
 
@@ -1384,6 +1636,38 @@ class CopilotProvider(OpenAIProvider):
 
 
 PROVIDERS = {"ollama": OllamaProvider, "openai": OpenAIProvider, "copilot": CopilotProvider}
+KEY_NAMES = {"openai": "openai_api_key", "ollama": "ollama_api_key"}
+
+
+def stored_key(cfg, console, provider):
+    """An API key: (value, source) from the environment first, then the credential store."""
+    env_value = cfg.secret(provider)
+    if env_value:
+        return env_value, "env " + cfg.secret_sources()[provider]
+    try:
+        value, where = CredentialStore(cfg.home, console).get(KEY_NAMES[provider])
+    except CredentialsError as exc:
+        console.warn(str(exc), once_key="credentials-mode")
+        return None, None
+    return value, where
+
+
+def model_table(provider):
+    """[{id, context_window, tools}] for `xzatoma models`: tools is True/False, or None when unknown."""
+    rows = []
+    if isinstance(provider, OllamaProvider):
+        for m in provider.models():
+            try:
+                info = provider.call("POST", provider.host + "/api/show", lambda r: r.json(), body={"model": m["id"]},
+                                     what="model details")
+            except ProviderError:
+                info = {}
+            window = next((int(v) for k, v in (info.get("model_info") or {}).items()
+                           if k.endswith(".context_length")), None)
+            caps = info.get("capabilities")
+            rows.append({"id": m["id"], "context_window": window, "tools": ("tools" in caps) if caps else None})
+        return rows
+    return [{"id": m["id"], "context_window": m["context_window"], "tools": m["tools"]} for m in provider.models()]
 
 
 def make_provider(cfg, console, name=None, model=None):
@@ -1932,6 +2216,111 @@ def cmd_undo(args, console):
         store.close()
 
 
+def cmd_models(args, console):
+    cfg = config_from_args(args, console)
+    provider = make_provider(cfg, console)
+    store = open_store(cfg, console)
+    key = "%s|%s" % (provider.name, getattr(provider, "host", None) or provider.cfg.get("provider.%s.%s" % (
+        provider.name, "api_url" if provider.name == "copilot" else "base_url")))
+    rows = None
+    if store is not None and not args.refresh:
+        try:
+            rows = store.model_cache_get(provider.name, key, 300)
+        except Exception:
+            rows = None
+    if rows is None:
+        rows = model_table(provider)
+        if store is not None:
+            try:
+                store.model_cache_put(provider.name, key, rows)
+            except Exception:
+                pass
+    for row in rows:
+        row["configured"] = row["id"] == provider.model
+    if args.json:
+        sys.stdout.write(json.dumps({"provider": provider.name, "configured": provider.model, "models": rows}) + "\n")
+        return EXIT_OK
+    width = max([len(r["id"]) for r in rows] + [5])
+    sys.stdout.write("  %-*s  %9s  %s\n" % (width, "MODEL", "CONTEXT", "TOOLS"))
+    for r in rows:
+        tools = {True: "yes", False: "no", None: "?"}[r["tools"]]
+        sys.stdout.write("%s %-*s  %9s  %s\n" % ("*" if r["configured"] else " ", width, r["id"],
+                                                  _fmt_tokens(r["context_window"]) if r["context_window"] else "?",
+                                                  tools))
+    if not any(r["configured"] for r in rows):
+        console.warn("the configured model '%s' is not in this list" % provider.model)
+    return EXIT_OK
+
+
+def cmd_auth(args, console):
+    cfg = config_from_args(args, console)
+    creds = CredentialStore(cfg.home, console)
+    action = args.auth_command
+    if action is None:
+        raise UsageError("say what to do: xzatoma auth login|logout|status (see --help)")
+    names = [args.provider] if args.provider else (["copilot", "openai", "ollama"] if action == "status"
+                                                   else [cfg.provider_type])
+    if action == "login":
+        name = names[0]
+        if name == "copilot":
+            github = copilot_device_login(cfg, console, creds)
+            token = exchange_copilot_token(cfg, github)  # proves the account has Copilot
+            where = creds.set("github_token", github)
+            creds.set("copilot_token", json.dumps(token))
+            console.info("Logged in to GitHub Copilot; the GitHub token is stored in %s"
+                         % ("the system keyring" if where == "keyring" else creds.file))
+            return EXIT_OK
+        if _isatty(sys.stdin):
+            import getpass
+            key = getpass.getpass("%s API key (input hidden): " % name, stream=sys.stderr)
+        else:
+            key = sys.stdin.readline()
+        key = key.strip()
+        if not key:
+            raise UsageError("no key given; nothing was stored")
+        where = creds.set(KEY_NAMES[name], key)
+        console.info("stored the %s API key in %s" % (name, "the system keyring" if where == "keyring" else creds.file))
+        return EXIT_OK
+    if action == "logout":
+        for name in names:
+            removed = [w for key in CREDENTIAL_KEYS[name] for w in creds.delete(key)]
+            console.info("removed stored %s credentials (%s)" % (name, ", ".join(sorted(set(removed))))
+                         if removed else "no stored %s credentials" % name)
+        return EXIT_OK
+    failed = False
+    for name in names:
+        line, ok = auth_status_line(cfg, console, name)
+        failed |= not ok
+        sys.stdout.write(line + "\n")
+    return EXIT_OK if not failed or args.provider is None else EXIT_FAILED
+
+
+def auth_status_line(cfg, console, name):
+    """'provider  source  verdict' with one cheap request; never shows a secret."""
+    quiet = Console(quiet=True, verbose=False, color=False)
+    try:
+        if name == "copilot":
+            auth = CopilotAuth(cfg, quiet)
+            source = auth.source()
+            provider = CopilotProvider(cfg, quiet, auth=auth)
+            provider.max_retries = 0
+            count = len(provider.models())
+            expires = (auth.current or {}).get("expires_at")
+            when = (" · Copilot token expires %s (in %d min)" % (
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires)), max(0, (expires - time.time()) // 60))
+                if expires else "")
+            return "%-8s %-24s works: %d models%s" % (name, source, count, when), True
+        key, source = stored_key(cfg, quiet, name)
+        provider = make_provider(cfg, quiet, name)
+        provider.max_retries = 0
+        count = len(provider.models())
+        return "%-8s %-24s works: %d models" % (name, source or "none", count), True
+    except CredentialsError as exc:
+        return "%-8s %-24s %s" % (name, "none", one_line(exc, 160)), False
+    except XzError as exc:
+        return "%-8s %-24s fails: %s" % (name, locals().get("source") or "none", one_line(exc, 160)), False
+
+
 def tree_line(conv, level):
     tokens = (conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)
     label = conv.get("label") or one_line(conv.get("title") or "", 40)
@@ -2060,6 +2449,33 @@ def _build_policy(sub, common, fmt):
     policy.set_defaults(func=lambda args, console: (policy.print_help(sys.stderr), EXIT_USAGE)[1])
 
 
+def _build_auth(sub, common, fmt):
+    auth = sub.add_parser("auth", parents=[common], formatter_class=fmt, help=COMMAND_HELP["auth"],
+                          description="Credentials live in the system keyring (service 'xzatoma') or, where none "
+                                      "works, in $XZATOMA_HOME/credentials.json (mode 0600) — never in the config "
+                                      "file. Environment variables override them: COPILOT_API_TOKEN, GITHUB_TOKEN, "
+                                      "OPENAI_API_KEY, OLLAMA_API_KEY.",
+                          epilog="examples:\n  xzatoma auth login                      # GitHub device flow for Copilot\n"
+                                 "  echo \"$KEY\" | xzatoma auth login --provider openai\n  xzatoma auth status")
+    asub = auth.add_subparsers(dest="auth_command", metavar="ACTION")
+    a = asub.add_parser("login", parents=[common], help="sign in (Copilot: GitHub device flow; others: an API key)")
+    a.set_defaults(func=cmd_auth)
+    a = asub.add_parser("logout", parents=[common], help="remove stored credentials")
+    a.set_defaults(func=cmd_auth)
+    a = asub.add_parser("status", parents=[common], help="where each credential comes from and whether it works")
+    a.set_defaults(func=cmd_auth)
+    auth.set_defaults(func=cmd_auth)
+
+
+def _build_models(sub, common, fmt):
+    models = sub.add_parser("models", parents=[common], formatter_class=fmt, help=COMMAND_HELP["models"],
+                            description="List the provider's models with their context window and tool-call "
+                                        "support; * marks the configured one. Cached for 5 minutes.")
+    models.add_argument("--json", action="store_true", help="print one JSON object")
+    models.add_argument("--refresh", action="store_true", help="ignore the 5-minute cache")
+    models.set_defaults(func=cmd_models)
+
+
 def _build_config(sub, common, fmt):
     config = sub.add_parser("config", parents=[common], formatter_class=fmt, help=COMMAND_HELP["config"],
                             description="Inspect the effective configuration or create a config file.")
@@ -2085,10 +2501,13 @@ COMMAND_HELP = {
     "replay": "replay a stored conversation as it was shown",
     "undo": "put back files the agent changed",
     "policy": "check what the terminal, fetch and jail rules say about a command, URL or path",
+    "auth": "log in to Copilot, store API keys, check credentials",
+    "models": "list the provider's models",
     "config": "show or create the configuration",
     "version": "print the version",
 }
-COMMAND_BUILDERS = {"run": _build_run, "history": _build_history, "replay": _build_replay, "undo": _build_undo, "policy": _build_policy,
+COMMAND_BUILDERS = {"run": _build_run, "history": _build_history, "replay": _build_replay, "undo": _build_undo, "policy": _build_policy, "auth": _build_auth,
+                    "models": _build_models,
                     "config": _build_config, "version": _build_version}
 _VALUE_FLAGS = ("--config", "--provider", "--model")
 

@@ -44,7 +44,17 @@ class Cli:
             d.mkdir()
         self.env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
         self.env.update(HOME=str(self.home), XZATOMA_HOME=str(self.xz_home),
-                        XDG_CONFIG_HOME=str(self.config_home), NO_COLOR="1", PYTHONUNBUFFERED="1")
+                        XDG_CONFIG_HOME=str(self.config_home), NO_COLOR="1", PYTHONUNBUFFERED="1",
+                        # never the person's keyring: no backend (credentials go to the 0600 file) unless a
+                        # test chooses the file-backed test keyring
+                        PYTHON_KEYRING_BACKEND="keyring.backends.fail.Keyring")
+
+    def use_test_keyring(self):
+        """The file-backed keyring of tests/keyring_backend.py, as a real backend."""
+        self.keyring_file = self.tmp / "keyring.json"
+        self.env.update(PYTHON_KEYRING_BACKEND="keyring_backend.FileKeyring", XZ_TEST_KEYRING_FILE=str(self.keyring_file),
+                        PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+        return self
 
     @property
     def config_path(self):
@@ -55,17 +65,18 @@ class Cli:
         self.config_path.parent.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(data))
 
-    def use(self, fake, provider="ollama", model=None, api="chat", **agent):
+    def use(self, fake, provider="ollama", model=None, api="chat", github=False, **agent):
         """Point the config at the fake server, with fast retries."""
         cfg = {"provider": {"type": provider, "max_retries": 2, "retry_backoff_seconds": 0.01,
                             "request_timeout_seconds": 20,
                             "ollama": {"host": fake.url, "model": model or "llama3.2:3b"},
                             "openai": {"base_url": fake.url + "/v1", "model": model or "gpt-test", "api": api},
-                            "copilot": {"api_url": fake.url, "model": model or "gpt-5.3-codex"}}}
+                            "copilot": {"api_url": fake.url, "model": model or "gpt-5.3-codex",
+                                        "github_url": fake.url, "github_api_url": fake.url}}}
         if agent:
             cfg["agent"] = agent
         self.write_config(cfg)
-        if provider == "copilot":
+        if provider == "copilot" and "COPILOT_API_TOKEN" not in self.env and not github:
             self.env["COPILOT_API_TOKEN"] = "tid=fake-copilot-token"
         return self
 

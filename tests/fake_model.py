@@ -46,6 +46,12 @@ class FakeModel:
         self.lock = threading.Lock()
         self.server = None
         self.generator = None  # callable(request_body) -> reply, used when the script is empty
+        # a fake GitHub: device flow, Copilot token exchange, and Copilot token checks
+        self.github_token = "gho_FAKEgithubTOKEN0123456789abcdefXYZ"
+        self.device_responses = []  # what successive access-token polls answer (then success)
+        self.copilot_valid = None  # None: accept any Copilot token; a set: only these
+        self.copilot_ttl = 1800
+        self.issued = []
 
     # -- control --
     def start(self):
@@ -126,6 +132,9 @@ def _make_handler(fake):
         def _body(self):
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            if "form-urlencoded" in (self.headers.get("Content-Type") or ""):
+                from urllib.parse import parse_qs
+                return {k: v[0] for k, v in parse_qs(raw.decode()).items()}
             try:
                 return json.loads(raw) if raw else {}
             except ValueError:
@@ -166,9 +175,31 @@ def _make_handler(fake):
                 fake.requests.append(entry)
 
         # -- routing --
+        def _copilot_rejected(self):
+            """Copilot endpoints check the bearer token when the fake tracks issued tokens."""
+            if fake.copilot_valid is None:
+                return False
+            token = (self.headers.get("Authorization") or "")[len("Bearer "):]
+            if token in fake.copilot_valid:
+                return False
+            self._send_json(401, {"error": {"message": "unauthorized: token expired", "code": "unauthorized"}})
+            return True
+
         def do_GET(self):
             self._record(None)
             path = self.path.split("?")[0]
+            if path == "/copilot_internal/v2/token":
+                if self.headers.get("Authorization") != "token " + fake.github_token:
+                    return self._send_json(401, {"message": "Bad credentials"})
+                token = "tid=fake%d;exp=%d;sku=copilot_for_business:%s" % (
+                    len(fake.issued), time.time() + fake.copilot_ttl, "a1b2c3d4e5f6" * 3)
+                fake.issued.append(token)
+                if fake.copilot_valid is not None:
+                    fake.copilot_valid.add(token)
+                return self._send_json(200, {"token": token, "expires_at": int(time.time() + fake.copilot_ttl),
+                                             "refresh_in": fake.copilot_ttl - 60, "endpoints": {"api": fake.url}})
+            if path == "/models" and self._copilot_rejected():
+                return
             if path == "/api/tags":
                 return self._send_json(200, {"models": [{"name": n, "model": n, "size": 1000} for n in fake.models]})
             if path in ("/v1/models", "/models"):
@@ -188,6 +219,17 @@ def _make_handler(fake):
             body = self._body()
             self._record(body)
             path = self.path.split("?")[0]
+            if path == "/login/device/code":
+                return self._send_json(200, {"device_code": "dev-code-1", "user_code": "WDJB-MJHT",
+                                             "verification_uri": fake.url + "/login/device", "expires_in": 900,
+                                             "interval": 0})
+            if path == "/login/oauth/access_token":
+                with fake.lock:
+                    answer = fake.device_responses.pop(0) if fake.device_responses else \
+                        {"access_token": fake.github_token, "token_type": "bearer", "scope": "read:user"}
+                return self._send_json(200, answer)
+            if path in ("/chat/completions", "/responses") and self._copilot_rejected():
+                return
             if path == "/api/show":
                 info = fake.models.get(body.get("model") or body.get("name"))
                 if info is None:
