@@ -1776,6 +1776,12 @@ class Events:
     def delta(self, text):
         pass
 
+    def waiting(self):
+        """The model has been asked; nothing has arrived yet."""
+
+    def replied(self):
+        """The model's reply is complete (or failed)."""
+
     def thinking(self, text):
         if text:
             self.console.debug("thinking: " + one_line(text, 400))
@@ -1813,9 +1819,14 @@ class Agent:
         self.on_step = None  # callback(agent) after each step (benchmarks)
         self.recorder = None  # Recorder: the conversation is saved after every step
 
-    def run(self):
-        """Repeat step() until an answer or a terminating condition; always leaves the history consistent."""
+    def run(self, final=True, cancel_text="Error: interrupted"):
+        """Repeat step() until an answer or a terminating condition; always leaves the history consistent.
+
+        final=False (chat) records progress instead of finishing the stored conversation; a cancelled
+        tool call gets `cancel_text` as its result.
+        """
         started = time.monotonic()
+        self.start_turns = self.result.turns
         if self.timeout_seconds:
             self.deadline = started + self.timeout_seconds
         result = self.result
@@ -1841,11 +1852,14 @@ class Agent:
         except Terminated:
             result.status, result.exit_code, result.error = "interrupted", EXIT_TERMINATED, "terminated (SIGTERM)"
         finally:
-            self.conversation.close_dangling("Error: interrupted" if result.status == "interrupted"
+            self.conversation.close_dangling(cancel_text if result.status == "interrupted"
                                              else "Error: not run (the task ended)")
             result.duration = time.monotonic() - started
             if self.recorder is not None:
-                self.recorder.finish(result)
+                if final:
+                    self.recorder.finish(result)
+                else:
+                    self.recorder.progress(result)
         return result
 
     def step(self):
@@ -1855,8 +1869,12 @@ class Agent:
         pruned = conv.prune(window)
         if pruned:
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
-        reply = self.provider.complete(conv.messages, self.registry.definitions(), on_delta=self.events.delta,
-                                       deadline=self.deadline, estimated_tokens=conv.tokens)
+        self.events.waiting()
+        try:
+            reply = self.provider.complete(conv.messages, self.registry.definitions(), on_delta=self.events.delta,
+                                           deadline=self.deadline, estimated_tokens=conv.tokens)
+        finally:
+            self.events.replied()
         result.turns += 1
         result.prompt_tokens += reply.usage.get("prompt_tokens", 0)
         result.completion_tokens += reply.usage.get("completion_tokens", 0)
@@ -1975,6 +1993,7 @@ class Recorder:
         self.store = store
         self.console = console
         self.id = conversation_id
+        self.resume_id = None
 
     def attach(self, conversation):
         conversation.on_append = self.append
@@ -2330,6 +2349,723 @@ def tree_line(conv, level):
         conv["status"])
 
 
+# ---- Chat: @mentions ----
+
+MENTION_PATTERN = r'(?:(?<=\s)|^)(\\?)@(?:(url):(\S+)|(search|grep):"((?:[^"\\]|\\.)*)"|([^\s"\'`]+))'
+TRAILING = ",.;:!?)]}>'\""
+
+
+class Mentions:
+    """Expands @path, @path#L10-20, @dir/, @search:"…", @grep:"…" and @url:… through the jailed tools."""
+
+    def __init__(self, registry_factory, console, cfg):
+        self.registry_factory = registry_factory  # read-only registry over the session's context
+        self.console = console
+        self.cfg = cfg
+        self.files = {}  # (real path, range) -> (mtime, text)
+
+    def expand(self, text):
+        """(text for the model, number of mentions). Failures become blocks that say what went wrong."""
+        import re
+        blocks, count, urls = [], 0, 0
+        registry = None
+        for m in re.finditer(MENTION_PATTERN, text):
+            if m.group(1):  # \@ escapes a mention
+                continue
+            if registry is None:
+                registry = self.registry_factory()
+            count += 1
+            label = m.group(0).lstrip("\\")
+            if m.group(2):
+                urls += 1
+                if urls > self.cfg.get("agent.mentions.max_urls_per_request"):
+                    blocks.append(self._failed(label, "too many URLs in one message (agent.mentions."
+                                                      "max_urls_per_request)", None))
+                    continue
+                blocks.append(self._url(registry, label, m.group(3)))
+            elif m.group(4):
+                pattern = m.group(5).replace('\\"', '"')
+                args = {"pattern": pattern, "max_results": 100}
+                if m.group(4) == "search":
+                    args.update(fixed_string=True, case_sensitive=False)
+                blocks.append(self._tool(registry, label, "grep", args))
+            else:
+                blocks.append(self._path(registry, label, m.group(6)))
+        clean = re.sub(r'(?:(?<=\s)|^)\\@', "@", text)
+        if not blocks:
+            return clean, 0
+        return "\n\n".join(blocks) + "\n\n" + clean, count
+
+    def _report(self, label, status):
+        self.console.info("  %s: %s" % (label, status), "dim")
+
+    def _failed(self, label, error, suggestion):
+        self._report(label, "failed (%s)" % error)
+        text = "Failed to include %s:\n\n<%s>" % (label, error)
+        if suggestion:
+            text += "\n\nSuggestion: %s" % suggestion
+        return text
+
+    def _block(self, label, content):
+        return "[Content of %s]\n%s\n[End of %s]" % (label, content.rstrip("\n"), label)
+
+    def _tool(self, registry, label, name, args):
+        result = registry.execute(name, args)
+        if not result.success:
+            return self._failed(label, result.error, None)
+        self._report(label, "loaded" + (" (cached)" if result.metadata.get("cached") else ""))
+        return self._block(label, result.to_message())
+
+    def _url(self, registry, label, url):
+        if "fetch" not in registry:
+            return self._failed(label, "fetching is not available", None)
+        return self._tool(registry, label, "fetch", {"url": url})
+
+    def _path(self, registry, label, spec):
+        import re
+        from xzatoma_tools import ToolError, resolve_path
+        path, _, fragment = spec.partition("#")
+        rng = re.fullmatch(r"L(\d+)(?:-L?(\d+))?", fragment) if fragment else None
+        if fragment and not rng:
+            return self._failed(label, "unknown line range #%s (use #L10 or #L10-20)" % fragment, None)
+        root = registry.ctx.root
+        try:
+            real = resolve_path(path, root)
+            if not os.path.lexists(real) and path.rstrip(TRAILING) != path:
+                path = path.rstrip(TRAILING)
+                real = resolve_path(path, root)
+            resolve_path(path, root, must_exist=True)
+        except ToolError as exc:
+            message = str(exc)
+            hint = message.split("(did you mean ", 1)
+            suggestion = ("use %s" % hint[1].rstrip(")?")) if len(hint) > 1 else "check the path (relative to %s)" % root
+            return self._failed(label, hint[0].strip(), suggestion)
+        if os.path.isdir(real):
+            return self._tool(registry, label, "list_directory", {"path": path})
+        size = os.path.getsize(real)
+        if size > self.cfg.get("agent.mentions.max_file_size"):
+            return self._failed(label, "the file is %d bytes, over agent.mentions.max_file_size" % size, None)
+        start = int(rng.group(1)) if rng else None
+        end = int(rng.group(2) or rng.group(1)) if rng else None
+        key = (real, start, end)
+        mtime = os.path.getmtime(real)
+        cached = self.files.get(key)
+        if cached and cached[0] == mtime:
+            self._report(label, "cached")
+            return self._block(label, cached[1])
+        args = {"path": path}
+        if start:
+            args.update(start_line=start, end_line=end)
+        result = registry.execute("read_file", args)
+        if not result.success:
+            return self._failed(label, result.error, None)
+        text = result.to_message()
+        self.files[key] = (mtime, text)
+        self._report(label, "loaded (%d lines)" % text.count("\n"))
+        return self._block(label, text)
+
+
+# ---- Chat: confirmations, spinner, and output ----
+
+class Asker:
+    """Asks the person on the terminal (never through a piped stdin); one question at a time."""
+
+    def __init__(self, console):
+        import threading
+        self.console = console
+        self.lock = threading.Lock()  # parallel subagents' questions come one after the other
+
+    def ask(self, question):
+        with self.lock:
+            if _isatty(sys.stdin):
+                try:
+                    return input(question)
+                except EOFError:
+                    return None
+            try:
+                with open("/dev/tty", "r+") as tty:
+                    tty.write(question)
+                    tty.flush()
+                    return tty.readline()
+            except OSError:
+                self.console.warn("no terminal to ask for confirmation; declined")
+                return None
+
+
+class Confirmations:
+    """Safe mode: the session's always/never answers and the prompts for tools and commands."""
+
+    def __init__(self, asker, console):
+        self.asker = asker
+        self.console = console
+        self.always, self.never = set(), set()
+
+    def reset(self):
+        self.always.clear()
+        self.never.clear()
+
+    def _choice(self, header, detail, edit):
+        self.console._write(self.console.style(header, "yellow", "bold"))
+        if detail:
+            self.console._write(detail.rstrip("\n"))
+        options = "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session" + (" / [e]dit" if edit else "")
+        while True:
+            answer = self.asker.ask(options + " > ")
+            if answer is None:
+                return "n"
+            answer = answer.strip().lower()
+            if answer in ("y", "yes", "n", "no", "", "a", "always", "v", "never") or (edit and answer in ("e", "edit")):
+                return {"yes": "y", "no": "n", "": "n", "always": "a", "never": "v", "edit": "e"}.get(answer, answer)
+            self.console._write("please answer y, n, a, v%s" % (" or e" if edit else ""))
+
+    def confirm_tool(self, name, args, detail, always=False):
+        if name in self.never:
+            return False
+        if name in self.always:
+            return True
+        answer = self._choice("Allow %s?" % name, detail, edit=False)
+        if answer == "a":
+            self.always.add(name)
+        if answer == "v":
+            self.never.add(name)
+        return answer in ("y", "a")
+
+    def confirm_command(self, command, reason):
+        if "terminal" in self.never:
+            return None
+        if "terminal" in self.always:
+            return command
+        answer = self._choice("Run this command? (%s)" % reason, "  $ " + command, edit=True)
+        if answer == "e":
+            edited = self.asker.ask("edit the command > ")
+            return edited.strip() if edited and edited.strip() else None
+        if answer == "a":
+            self.always.add("terminal")
+        if answer == "v":
+            self.never.add("terminal")
+        return command if answer in ("y", "a") else None
+
+    def ask_irreversible(self, name, args, detail):
+        return self._choice("Allow %s? %s" % (name, detail), None, edit=False) in ("y", "a")
+
+
+class Spinner:
+    """An elapsed-seconds spinner on stderr, only on a TTY; stopped before anything else is printed."""
+
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self, console):
+        self.enabled = _isatty(console.err) and not console.quiet
+        self.console = console
+        self._stop = None
+
+    def start(self, label):
+        if not self.enabled or self._stop is not None:
+            return
+        import threading
+        self._stop = threading.Event()
+        started = time.monotonic()
+
+        def spin(stop):
+            i = 0
+            while not stop.wait(0.1):
+                self.console.err.write("\r%s %s %ds " % (self.FRAMES[i % 10], label, time.monotonic() - started))
+                self.console.err.flush()
+                i += 1
+            self.console.err.write("\r\033[K")
+            self.console.err.flush()
+        self._thread = threading.Thread(target=spin, args=(self._stop,), daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join()
+            self._stop = None
+
+
+class ThinkFilter:
+    """Hides <think>…</think> from streamed text (shown only with --verbose)."""
+
+    def __init__(self):
+        self.inside = False
+        self.pending = ""
+
+    def feed(self, text):
+        text = self.pending + text
+        self.pending = ""
+        out = []
+        while text:
+            tag = "</think>" if self.inside else "<think>"
+            pos = text.find(tag)
+            if pos == -1:
+                keep = max(0, len(text) - len(tag) + 1)  # a tag may be split across deltas
+                for cut in range(len(text) - 1, keep - 1, -1):
+                    if tag.startswith(text[cut:]):
+                        self.pending = text[cut:]
+                        text = text[:cut]
+                        break
+                if not self.inside:
+                    out.append(text)
+                break
+            if not self.inside:
+                out.append(text[:pos])
+            text = text[pos + len(tag):]
+            self.inside = not self.inside
+        return "".join(out)
+
+
+class ChatEvents(Events):
+    """Streams the answer to stdout as it arrives; tool lines, spinner and notes on stderr."""
+
+    def __init__(self, console, out):
+        super().__init__(console)
+        self.out = out
+        self.spinner = Spinner(console)
+        self.filter = ThinkFilter()
+        self.streamed = False
+        self.turn_tool_results = []
+
+    def waiting(self):
+        self.filter = ThinkFilter()
+        self.spinner.start("thinking")
+
+    def delta(self, text):
+        visible = self.filter.feed(text)
+        if visible:
+            self.spinner.stop()
+            if not self.streamed:
+                visible = visible.lstrip("\n")
+            self.out.write(visible)
+            self.out.flush()
+            self.streamed = True
+
+    def replied(self):
+        self.spinner.stop()
+        if self.streamed:
+            self.out.write("\n")
+            self.out.flush()
+            self.streamed = False
+
+    def tool_start(self, name, preview):
+        self.spinner.stop()
+        super().tool_start(name, preview)
+        self.spinner.start(name)
+
+    def tool_end(self, name, result):
+        self.spinner.stop()
+        super().tool_end(name, result)
+        self.turn_tool_results.append(len(result.to_message()))
+
+
+# ---- Chat: the session and the REPL ----
+
+MODE_TEXT = {"planning": "PLANNING (Read-only mode for creating plans)",
+             "write": "WRITE (Read/write mode for executing tasks)"}
+SAFETY_TEXT = {"safe": "SAFE (Confirm dangerous operations)", "yolo": "YOLO (Execute without confirmation)"}
+SLASH_COMMANDS = {
+    "/mode": "/mode planning|write — switch what the agent may do (the conversation is kept)",
+    "/planning": "/planning — read-only tools", "/write": "/write — all tools",
+    "/safe": "/safe — confirm dangerous operations (resets always/never answers)",
+    "/yolo": "/yolo — run without confirmations (denied commands stay denied)",
+    "/status": "/status — mode, model, tools, conversation size", "/help": "/help — this list",
+    "/models": "/models — the provider's models", "/model": "/model NAME — switch model, keep the conversation",
+    "/context": "/context — tokens used, the window, what pruning would drop",
+    "/clear": "/clear — start a new conversation", "/history": "/history — recent conversations",
+    "/resume": "/resume ID — continue a stored conversation", "/undo": "/undo — put back the last file change",
+    "/exit": "/exit, /quit, exit, quit, Ctrl-D — leave",
+}
+ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
+           "/plan": "/planning", "/new": "/clear"}
+
+
+def box(title):
+    inner = 62
+    return "╔" + "═" * inner + "╗\n║" + title.center(inner) + "║\n╚" + "═" * inner + "╝"
+
+
+class ChatSession:
+    def __init__(self, args, cfg, console):
+        from xzatoma_tools import INTERACTIVE, FULL
+        self.args, self.cfg, self.console = args, cfg, console
+        self.out = sys.stdout
+        self.interactive = _isatty(sys.stdin)
+        self.mode = args.mode or cfg.get("agent.chat_mode")
+        self.safety = args.safety or cfg.get("agent.safety_mode")
+        self.provider = make_provider(cfg, console)
+        self.store = open_store(cfg, console)
+        self.working_dir = os.path.abspath(args.working_dir or os.getcwd())
+        if not os.path.isdir(self.working_dir):
+            raise UsageError("working directory does not exist: %s" % self.working_dir)
+        self.asker = Asker(console)
+        self.confirmations = Confirmations(self.asker, console)
+        self.events = ChatEvents(console, self.out)
+        self.result = RunResult(None)
+        self.warned_write = False
+        self._modes = (INTERACTIVE, FULL)
+        self.mentions = Mentions(self._mention_registry, console, cfg)
+        self.new_conversation()
+        if args.resume or args.last:
+            self.resume(args.resume)
+
+    # -- conversation and tools --
+    def new_conversation(self, conversation_id=None):
+        from xzatoma_store import new_ulid
+        conv_cfg = self.cfg.get("agent.conversation")
+        self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
+                                         conv_cfg["prune_threshold"])
+        self.id = conversation_id or new_ulid()
+        self.result = RunResult(self.id)
+        self.recorder = Recorder(self.store, self.console, self.id)
+        self.started_record = False
+        self.ctx = tool_context(self.cfg, self.working_dir, self.store, self.id)
+        self.rebuild()
+        self.conversation.add_system(self.prompt_text())
+
+    def rebuild(self):
+        from xzatoma_tools import build_registry
+        self.ctx.confirm = self.confirmations.confirm_tool if self.safety == "safe" else None
+        self.ctx.confirm_command = self.confirmations.confirm_command
+        self.ctx.ask = self.confirmations.ask_irreversible
+        self.ctx.terminal_mode = self._modes[0] if self.safety == "safe" else self._modes[1]
+        self.registry = build_registry(self.mode, self.ctx)
+        if self.conversation.messages:
+            self.conversation.set_system_prompt(self.prompt_text())
+
+    def prompt_text(self):
+        return system_prompt(self.mode, self.ctx.root, self.registry.names())
+
+    def _mention_registry(self):
+        from xzatoma_tools import build_registry
+        return build_registry("planning", self.ctx)
+
+    def ensure_recorded(self, first_message):
+        if self.started_record:
+            return
+        self.started_record = True
+        if self.recorder.resume_id:
+            self.recorder.resume(mode=self.mode, model=self.provider.model)
+        else:
+            self.recorder.start(kind="chat", title=first_message, provider=self.provider.name,
+                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root)
+            for message in self.conversation.messages:
+                self.recorder.append(message)
+        self.recorder.attach(self.conversation)
+
+    def resume(self, prefix):
+        from xzatoma_store import NotFound
+        if self.store is None:
+            raise UsageError("cannot resume: conversation history is unavailable")
+        try:
+            cid = self.store.resolve(prefix) if prefix else self.store.latest()
+            stored = self.store.conversation(cid)
+        except NotFound as exc:
+            raise UsageError(str(exc))
+        self.new_conversation(cid)
+        for message in load_history(self.store, cid):
+            self.conversation.add(message)
+        for key in ("turns", "tool_calls", "prompt_tokens", "completion_tokens"):
+            setattr(self.result, key, stored.get(key) or 0)
+        self.recorder.resume_id = cid
+        self.ensure_recorded(None)
+        self.conversation.close_dangling("Error: interrupted")
+        self.console.info("resumed conversation %s (%d messages, %s)" % (cid, len(self.conversation.messages) - 1,
+                                                                        stored["status"]))
+
+    # -- display --
+    def prompt(self):
+        text = "[%s][%s] >> " % (self.mode.upper(), self.safety.upper())
+        if not (_isatty(sys.stdout) and not os.environ.get("NO_COLOR")):
+            return text
+        colour = "36" if self.mode == "planning" else "33"
+        return "\001\033[1;%sm\002[%s]\001\033[0m\002\001\033[1;%sm\002[%s]\001\033[0m\002 >> " % (
+            colour, self.mode.upper(), "32" if self.safety == "safe" else "31", self.safety.upper())
+
+    def banner(self):
+        self.console._write("\n".join([box("XZatoma Interactive Chat Mode - Welcome!"), "",
+                                       "Mode:   %s" % MODE_TEXT[self.mode], "Safety: %s" % SAFETY_TEXT[self.safety],
+                                       "Model:  %s/%s" % (self.provider.name, self.provider.model), "",
+                                       "Type '/help' for available commands, 'exit' to quit", ""]))
+
+    def window(self):
+        return self.provider.context_window() or self.conversation.max_tokens
+
+    def status(self):
+        window = self.window()
+        used = self.conversation.tokens
+        lines = [box("XZatoma Session Status"), "",
+                 "Chat Mode:         %s" % MODE_TEXT[self.mode],
+                 "Safety Mode:       %s" % SAFETY_TEXT[self.safety],
+                 "Provider / Model:  %s / %s" % (self.provider.name, self.provider.model),
+                 "Available Tools:   %d (%s)" % (len(self.registry), ", ".join(self.registry.names())),
+                 "Conversation Size: %d messages, ~%s tokens (%d%% of %s)" % (
+                     len(self.conversation.messages), _fmt_tokens(used), 100 * used // max(window, 1),
+                     _fmt_tokens(window)),
+                 "Session Usage:     %s, %s, %s tokens" % (
+                     _plural(self.result.turns, "turn"), _plural(self.result.tool_calls, "tool call"),
+                     _fmt_tokens(self.result.prompt_tokens + self.result.completion_tokens)),
+                 "Conversation ID:   %s" % self.id,
+                 "Prompt Format:     [%s][%s] >>" % (self.mode.upper(), self.safety.upper())]
+        if self.confirmations.always or self.confirmations.never:
+            lines.append("Session answers:   always: %s; never: %s" % (
+                ", ".join(sorted(self.confirmations.always)) or "-", ", ".join(sorted(self.confirmations.never)) or "-"))
+        self.console._write("\n".join(lines))
+
+    # -- the loop --
+    def run(self):
+        readline = self.setup_readline() if self.interactive else None
+        if self.interactive:
+            self.banner()
+        last_interrupt = 0.0
+        try:
+            while True:
+                try:
+                    line = input(self.prompt()) if self.interactive else sys.stdin.readline()
+                    if not self.interactive and line == "":
+                        break
+                except EOFError:
+                    if self.interactive:
+                        self.console._write("")
+                    break
+                except KeyboardInterrupt:
+                    now = time.monotonic()
+                    if now - last_interrupt < 1.0:
+                        self.console._write("")
+                        break
+                    last_interrupt = now
+                    self.console._write("\n(Ctrl-C again within a second, Ctrl-D or 'exit' leaves)")
+                    continue
+                text = line.strip()
+                if not text:
+                    continue
+                if self.command(text) == "exit":
+                    break
+        finally:
+            if readline is not None:
+                try:
+                    readline.write_history_file(self.history_file)
+                except OSError:
+                    pass
+            self.finish()
+        return EXIT_OK
+
+    def finish(self):
+        if self.started_record:
+            self.result.status = "completed"
+            self.recorder.finish(self.result)
+            self.console.info("Resume this conversation with: xzatoma chat --resume %s" % self.id)
+        if self.store is not None:
+            self.store.close()
+
+    def command(self, text):
+        word = text.split()[0].lower()
+        word = ALIASES.get(word, word)
+        import re
+        is_command = word in SLASH_COMMANDS or (text.startswith("/") and re.fullmatch(r"/[a-z?]+", word))
+        if not is_command:
+            self.turn(text)
+            return None
+        arg = text.split(None, 1)[1].strip() if len(text.split(None, 1)) > 1 else ""
+        if word == "/exit":
+            return "exit"
+        handler = {"/mode": lambda: self.switch_mode(arg.lower()), "/planning": lambda: self.switch_mode("planning"),
+                   "/write": lambda: self.switch_mode("write"), "/safe": lambda: self.switch_safety("safe"),
+                   "/yolo": lambda: self.switch_safety("yolo"), "/status": self.status, "/help": self.help,
+                   "/models": self.list_models, "/model": lambda: self.switch_model(arg), "/context": self.context,
+                   "/clear": self.clear, "/history": self.history, "/resume": lambda: self.resume_cmd(arg),
+                   "/undo": self.undo}.get(word)
+        if handler is None:
+            import difflib
+            close = difflib.get_close_matches(word, list(SLASH_COMMANDS) + list(ALIASES), n=1, cutoff=0.5)
+            self.console.error("unknown command %s%s (see /help)" % (
+                word, "; did you mean %s?" % ALIASES.get(close[0], close[0]) if close else ""))
+            return None
+        try:
+            handler()
+        except XzError as exc:
+            self.console.error(str(exc))
+        return None
+
+    def help(self):
+        self.console._write("Commands (case-insensitive):\n" + "\n".join("  " + v for v in SLASH_COMMANDS.values()) +
+                            "\nMentions: @path, @path#L10-20, @dir/, @search:\"text\", @grep:\"regex\", @url:https://…"
+                            " (\\@ for a literal @)")
+
+    def switch_mode(self, mode):
+        if mode not in ("planning", "write"):
+            raise UsageError("usage: /mode planning|write")
+        self.mode = mode
+        self.rebuild()
+        if mode == "write":
+            self.console.info("Switched to WRITE mode. All tools now available.")
+            if not self.warned_write:
+                self.warned_write = True
+                self.console.warn("in Write mode the agent can change files and run commands%s" % (
+                    "; Safe mode asks before dangerous operations" if self.safety == "safe" else
+                    " without asking (YOLO)"))
+        else:
+            self.console.info("Switched to PLANNING mode. Read-only tools only.")
+
+    def switch_safety(self, safety):
+        self.safety = safety
+        if safety == "safe":
+            self.confirmations.reset()
+        self.rebuild()
+        self.console.info("Switched to SAFE mode. Dangerous operations will ask for confirmation." if safety == "safe"
+                          else "Switched to YOLO safety mode. Operations will execute without confirmation.")
+
+    def switch_model(self, name):
+        if not name:
+            raise UsageError("usage: /model NAME (see /models)")
+        self.provider = make_provider(self.cfg, self.console, model=name)
+        self.console.info("Switched to model %s (the conversation is kept)" % name)
+
+    def list_models(self):
+        for row in model_table(self.provider):
+            self.console._write("%s %-40s %s" % ("*" if row["id"] == self.provider.model else " ", row["id"],
+                                                 _fmt_tokens(row["context_window"]) if row["context_window"] else "?"))
+
+    def context(self):
+        conv = self.conversation
+        window = self.window()
+        limit = conv.limit(window)
+        units = sum(1 for m in conv.messages[conv._head_end():] if m["role"] != "tool")
+        droppable = max(0, units - conv.min_retain_turns)
+        self.console._write("~%s tokens used of a %s budget (window %s; pruning starts at %d%%: %s tokens)\n"
+                            "%d messages; pruning would drop up to %d of %d turns, keeping the instruction and the "
+                            "last %d" % (_fmt_tokens(conv.tokens), _fmt_tokens(limit), _fmt_tokens(window),
+                                         conv.prune_threshold * 100, _fmt_tokens(int(limit * conv.prune_threshold)),
+                                         len(conv.messages), droppable, units, conv.min_retain_turns))
+
+    def clear(self):
+        self.finish_record_only()
+        self.new_conversation()
+        self.console.info("Started a new conversation (%s)" % self.id)
+
+    def finish_record_only(self):
+        if self.started_record:
+            self.result.status = "completed"
+            self.recorder.finish(self.result)
+
+    def history(self):
+        if self.store is None:
+            raise UsageError("conversation history is unavailable")
+        for row in self.store.list_conversations(10, top_level=True):
+            self.console._write(conversation_line(row))
+
+    def resume_cmd(self, arg):
+        if not arg:
+            raise UsageError("usage: /resume ID (see /history)")
+        self.finish_record_only()
+        self.resume(arg)
+
+    def undo(self):
+        from xzatoma_tools import UndoError, undo_change
+        if self.store is None:
+            raise UsageError("undo needs conversation history, which is unavailable")
+        records = self.store.undo_records(conversation_id=self.id, limit=1)
+        if not records:
+            self.console.info("nothing to undo in this conversation")
+            return
+        try:
+            self.console.info(undo_change(self.store, records[0]))
+        except (UndoError, OSError) as exc:
+            raise XzError(str(exc))
+
+    def turn(self, text):
+        expanded, _ = self.mentions.expand(text)
+        self.ensure_recorded(text)
+        before = self.result.prompt_tokens + self.result.completion_tokens
+        self.conversation.add_user(expanded)
+        self.events.turn_tool_results = []
+        agent = Agent(self.provider, self.registry, self.conversation, self.events, self.cfg.get("agent.max_turns"),
+                      self.cfg.get("agent.timeout_seconds"), conversation_id=self.id)
+        agent.result = self.result
+        agent.recorder = self.recorder
+        result = agent.run(final=False, cancel_text="Error: cancelled by user")
+        if result.status == "interrupted":
+            self.console._write("")
+            self.console.info("turn cancelled; the conversation is intact")
+        elif result.status != "completed":
+            self.console.error(result.error)
+        result.status = "running"
+        self.footer(before)
+
+    def footer(self, before):
+        used = self.result.prompt_tokens + self.result.completion_tokens
+        window = self.window()
+        conv = self.conversation
+        share = 100 * conv.tokens // max(window, 1)
+        self.console.info("tokens: %s this turn · %s this session · context ~%s (%d%% of %s)" % (
+            _fmt_tokens(used - before), _fmt_tokens(used), _fmt_tokens(conv.tokens), share, _fmt_tokens(window)), "dim")
+        limit = conv.limit(window)
+        if conv.tokens > limit * conv.prune_threshold * 0.85:
+            self.console.warn("the conversation is near its budget (%s of %s tokens): older turns will be pruned soon"
+                              " (/context shows what)" % (_fmt_tokens(conv.tokens), _fmt_tokens(limit)))
+        big = [n for n in self.events.turn_tool_results if n // 4 > limit * 0.25]
+        if big:
+            self.console.warn("a single tool result used ~%s tokens, over a quarter of the budget; ask for ranges or "
+                              "narrower searches" % _fmt_tokens(max(big) // 4))
+
+    # -- readline --
+    def setup_readline(self):
+        try:
+            import readline
+        except ImportError:
+            return None
+        self.history_file = os.path.join(self.cfg.home, "chat_history")
+        try:
+            os.makedirs(self.cfg.home, exist_ok=True)
+            readline.read_history_file(self.history_file)
+        except OSError:
+            pass
+        readline.set_history_length(1000)
+        readline.set_completer_delims(" \t\n")
+        readline.set_completer(self.complete)
+        readline.parse_and_bind("tab: complete")
+        return readline
+
+    def complete(self, text, state):
+        try:
+            import readline
+            line = readline.get_line_buffer()
+        except ImportError:
+            line = text
+        return (self.completions(line, text) + [None])[state]
+
+    def completions(self, line, text):
+        if line.lstrip().startswith("/") and " " not in line.strip():
+            return sorted(c + " " for c in list(SLASH_COMMANDS) + [a for a in ALIASES if a.startswith("/")]
+                          if c.startswith(text.lower()))
+        if line.lower().startswith("/mode "):
+            return [m for m in ("planning", "write") if m.startswith(text.lower())]
+        if text.startswith("@"):
+            from xzatoma_tools import JailError, resolve_path
+            partial = text[1:]
+            base, prefix = os.path.split(partial)
+            try:
+                directory = resolve_path(base or ".", self.ctx.root)
+                names = sorted(os.listdir(directory))
+            except (OSError, JailError):
+                return []
+            out = []
+            for name in names:
+                if name.startswith(prefix) and not name.startswith(".git"):
+                    full = os.path.join(base, name)
+                    out.append("@" + full + ("/" if os.path.isdir(os.path.join(directory, name)) else ""))
+            return out
+        return []
+
+
+def cmd_chat(args, console):
+    extra = {}
+    if args.max_turns is not None:
+        extra["agent.max_turns"] = args.max_turns
+    cfg = config_from_args(args, console, extra)
+    session = ChatSession(args, cfg, console)
+    return session.run()
+
+
 # ---- Command line ----
 
 
@@ -2377,6 +3113,24 @@ def _build_run(sub, common, fmt):
     resume.add_argument("--resume", metavar="ID", help="continue a stored conversation (unique id prefix)")
     resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
     run.set_defaults(func=cmd_run)
+
+
+def _build_chat(sub, common, fmt):
+    chat = sub.add_parser(
+        "chat", parents=[common], formatter_class=fmt, help=COMMAND_HELP["chat"],
+        description="An interactive session. Planning mode offers read-only tools, Write mode all of them; Safe "
+                    "asks before dangerous operations, YOLO does not. Answers stream to stdout; tool lines and "
+                    "status go to stderr. With stdin piped, each line is a turn (no prompts).",
+        epilog="in the chat: /help lists commands; @path, @path#L10-20, @dir/, @search:\"text\", @grep:\"regex\"\n"
+               "and @url:https://… inject content; Ctrl-C cancels the running turn; Ctrl-D or 'exit' leaves.")
+    chat.add_argument("--mode", choices=("planning", "write"), help="start mode (default: agent.chat_mode)")
+    chat.add_argument("--safety", choices=("safe", "yolo"), help="start safety (default: agent.safety_mode)")
+    chat.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
+    chat.add_argument("--max-turns", type=int, metavar="N", help="model calls per message (agent.max_turns)")
+    resume = chat.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation")
+    resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
+    chat.set_defaults(func=cmd_chat)
 
 
 def _build_history(sub, common, fmt):
@@ -2496,6 +3250,7 @@ def _build_version(sub, common, fmt):
 
 
 COMMAND_HELP = {
+    "chat": "an interactive session (Planning/Write, Safe/YOLO, @mentions)",
     "run": "run one task to completion (prompt, stdin or plan)",
     "history": "list, show and search stored conversations",
     "replay": "replay a stored conversation as it was shown",
@@ -2506,7 +3261,7 @@ COMMAND_HELP = {
     "config": "show or create the configuration",
     "version": "print the version",
 }
-COMMAND_BUILDERS = {"run": _build_run, "history": _build_history, "replay": _build_replay, "undo": _build_undo, "policy": _build_policy, "auth": _build_auth,
+COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay, "undo": _build_undo, "policy": _build_policy, "auth": _build_auth,
                     "models": _build_models,
                     "config": _build_config, "version": _build_version}
 _VALUE_FLAGS = ("--config", "--provider", "--model")
@@ -2652,7 +3407,6 @@ def cmd_run(args, console):
     if resuming:  # totals carry on; the turn limit counts this run's turns
         for key in ("turns", "tool_calls", "prompt_tokens", "completion_tokens"):
             setattr(agent.result, key, stored.get(key) or 0)
-        agent.start_turns = agent.result.turns
         conversation.add_system(prompt)
         for message in load_history(store, conversation_id):
             conversation.add(message)
