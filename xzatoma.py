@@ -912,7 +912,9 @@ class CopilotAuth:
     REFRESH_MARGIN = 120
 
     def __init__(self, cfg, console, creds=None):
+        import threading
         self.cfg, self.console = cfg, console
+        self.lock = threading.RLock()  # parallel subagents share one token
         self.creds = creds or CredentialStore(cfg.home, console)
         self.ready = cfg.secret("copilot")  # COPILOT_API_TOKEN: used as is, cannot be refreshed
         self.github, self.github_source = cfg.secret("github"), "env GITHUB_TOKEN"
@@ -937,9 +939,10 @@ class CopilotAuth:
     def token(self):
         if self.ready:
             return self.ready
-        if not self.current or self.current.get("expires_at", 0) - self.REFRESH_MARGIN < time.time():
-            self.refresh()
-        return self.current["token"]
+        with self.lock:
+            if not self.current or self.current.get("expires_at", 0) - self.REFRESH_MARGIN < time.time():
+                self.refresh()
+            return self.current["token"]
 
     def api_base(self):
         if self.cfg.sources.get("provider.copilot.api_url") == "default" and self.current and self.current.get("api"):
@@ -950,12 +953,13 @@ class CopilotAuth:
         """Exchange the GitHub token again; False when there is none to exchange."""
         if not self.github:
             return False
-        self.current = exchange_copilot_token(self.cfg, self.github)
-        if self.github_source != "env GITHUB_TOKEN":
-            try:
-                self.creds.set("copilot_token", json.dumps(self.current))
-            except XzError:
-                pass
+        with self.lock:
+            self.current = exchange_copilot_token(self.cfg, self.github)
+            if self.github_source != "env GITHUB_TOKEN":
+                try:
+                    self.creds.set("copilot_token", json.dumps(self.current))
+                except XzError:
+                    pass
         return True
 
 
@@ -1122,6 +1126,13 @@ class Provider:
 
     def get_json(self, url, what="request"):
         return self.call("GET", url, lambda r: r.json(), what=what)
+
+    def clone(self):
+        """The same provider for another thread: own HTTP session, shared credentials and caches."""
+        import copy
+        other = copy.copy(self)
+        other._session = None
+        return other
 
     def refresh_credentials(self):
         """Get fresh credentials after a 401; True when the request should be tried once more."""
@@ -1818,6 +1829,9 @@ class Agent:
         self.deadline = None
         self.on_step = None  # callback(agent) after each step (benchmarks)
         self.recorder = None  # Recorder: the conversation is saved after every step
+        self.quota = None  # QuotaTracker shared by a whole tree of agents
+        self.cancel = None  # threading.Event: set to stop this agent (parallel subagents, Ctrl-C)
+        self.metrics = NULL_METRICS
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a terminating condition; always leaves the history consistent.
@@ -1837,6 +1851,7 @@ class Agent:
                                                  "raise it with --max-turns or simplify the task" % self.max_turns)
                 if self.deadline is not None and time.monotonic() >= self.deadline:
                     raise DeadlineExceeded()
+                self._check_cancel()
                 if self.step():
                     result.status = "completed"
                     break
@@ -1860,6 +1875,8 @@ class Agent:
                     self.recorder.finish(result)
                 else:
                     self.recorder.progress(result)
+            if final:
+                self.metrics.run_finished(result)
         return result
 
     def step(self):
@@ -1873,11 +1890,21 @@ class Agent:
         try:
             reply = self.provider.complete(conv.messages, self.registry.definitions(), on_delta=self.events.delta,
                                            deadline=self.deadline, estimated_tokens=conv.tokens)
+        except ProviderError:
+            self.metrics.model_request(self.provider.name, "error")
+            raise
         finally:
             self.events.replied()
+        self._check_cancel()
         result.turns += 1
-        result.prompt_tokens += reply.usage.get("prompt_tokens", 0)
-        result.completion_tokens += reply.usage.get("completion_tokens", 0)
+        prompt, completion = reply.usage.get("prompt_tokens", 0), reply.usage.get("completion_tokens", 0)
+        result.prompt_tokens += prompt
+        result.completion_tokens += completion
+        self.metrics.model_request(self.provider.name, "ok")
+        self.metrics.tokens(prompt, completion)
+        if self.quota is not None:
+            self.quota.add_tokens(prompt + completion)
+            self.quota.check()  # after each model call: the whole tree's tokens and time
         conv.calibrate(reply.usage.get("prompt_tokens"))
         content, thinking = strip_think(reply.content)
         self.events.thinking("\n".join(t for t in (reply.thinking, thinking) if t))
@@ -1899,9 +1926,11 @@ class Agent:
         conv.add_assistant(content, calls)
         invalid, last_error = 0, None
         for call in calls:
+            self._check_cancel()
             self.events.tool_start(call["name"], self._preview(call))
             tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             result.tool_calls += 1
+            self.metrics.tool_call(call["name"], "ok" if tool_result.success else "error")
             conv.add_tool_result(call["id"], call["name"], tool_result.to_message())
             self.events.tool_end(call["name"], tool_result)
             if tool_result.metadata.get("invalid"):
@@ -1914,6 +1943,10 @@ class Agent:
                             % (self.malformed_streak, last_error))
         self._stepped()
         return False
+
+    def _check_cancel(self):
+        if self.cancel is not None and self.cancel.is_set():
+            raise AgentStop("interrupted", "cancelled", EXIT_INTERRUPTED)
 
     def _stepped(self):
         if self.recorder is not None:
@@ -1930,6 +1963,341 @@ class Agent:
         if tool is not None and isinstance(args, dict):
             return tool.preview_args(args)
         return call["arguments"] or ""
+
+
+# ---- Subagents, quotas and metrics ----
+
+
+class QuotaExceeded(AgentStop):
+    def __init__(self, message):
+        super().__init__("quota_exceeded", "quota exceeded: " + message)
+
+
+class QuotaTracker:
+    """agent.quota limits shared by a whole tree of agents (one run or chat session); thread-safe."""
+
+    def __init__(self, limits):
+        import threading
+        self.limits = dict(limits)
+        self.lock = threading.Lock()
+        self.executions = 0
+        self.tokens = 0
+        self.started = time.monotonic()
+
+    def _over(self):
+        lim = self.limits
+        if lim.get("max_total_tokens") is not None and self.tokens > lim["max_total_tokens"]:
+            return "%s tokens used, over agent.quota.max_total_tokens (%s)" % (
+                _fmt_tokens(self.tokens), _fmt_tokens(lim["max_total_tokens"]))
+        elapsed = time.monotonic() - self.started
+        if lim.get("max_total_time_seconds") is not None and elapsed > lim["max_total_time_seconds"]:
+            return "%.0fs elapsed, over agent.quota.max_total_time_seconds (%s)" % (
+                elapsed, lim["max_total_time_seconds"])
+        return None
+
+    def check(self):
+        with self.lock:
+            reason = self._over()
+        if reason:
+            raise QuotaExceeded(reason)
+
+    def start_execution(self):
+        """Reserve one subagent execution, or refuse with the limit that is reached."""
+        with self.lock:
+            reason = self._over()
+            limit = self.limits.get("max_executions")
+            if not reason and limit is not None and self.executions >= limit:
+                reason = "%d subagent executions, the agent.quota.max_executions limit" % limit
+            if not reason:
+                self.executions += 1
+        if reason:
+            raise QuotaExceeded(reason)
+
+    def add_tokens(self, n):
+        with self.lock:
+            self.tokens += n
+
+    def usage(self):
+        lim = self.limits
+        return ["executions %d/%s" % (self.executions, lim.get("max_executions") or "∞"),
+                "tokens %s/%s" % (_fmt_tokens(self.tokens), _fmt_tokens(lim["max_total_tokens"])
+                                  if lim.get("max_total_tokens") else "∞"),
+                "time %ds/%s" % (time.monotonic() - self.started, "%ss" % lim["max_total_time_seconds"]
+                                 if lim.get("max_total_time_seconds") else "∞")]
+
+
+class NullMetrics:
+    """Metrics off (the default): every hook is a no-op."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kw: None
+
+
+NULL_METRICS = NullMetrics()
+
+
+def load_metrics(port=None, textfile=None):
+    """The Prometheus metrics module, or a UsageError naming what to install."""
+    try:
+        import xzatoma_metrics
+        return xzatoma_metrics.PrometheusMetrics(port=port, textfile=textfile)
+    except ImportError:
+        raise UsageError("metrics need the Python package 'prometheus_client': pip install 'xzatoma[metrics]' "
+                         "(or pip install prometheus_client)")
+
+
+DEFAULT_SUMMARY_PROMPT = ("Summarise your findings concisely for the agent that gave you this task: what you did, "
+                          "what you found, and anything it must know. Do not call tools.")
+
+
+class SubagentSession:
+    """What a subagent inherits from its parent: config, provider, tools, jail, confirmation, store, quota."""
+
+    def __init__(self, cfg, console, provider, mode, ctx, quota, store=None, depth=0, parent_id=None, cancel=None,
+                 metrics=NULL_METRICS, label=None):
+        import threading
+        self.cfg, self.console, self.provider, self.mode, self.ctx = cfg, console, provider, mode, ctx
+        self.quota, self.store, self.depth, self.parent_id = quota, store, depth, parent_id
+        self.cancel = cancel or threading.Event()
+        self.metrics = metrics
+        self.label = label
+        self.registry = None  # the parent's registry, set once it is built
+
+    def tools(self):
+        return [SubagentTool(self), ParallelSubagentTool(self)]
+
+
+def _child_context(parent_ctx, label, conversation_id, cancel):
+    """A copy of the parent's tool context: same jail, policy and store; questions name the subagent."""
+    import copy
+    ctx = copy.copy(parent_ctx)
+    ctx.conversation_id = conversation_id
+    ctx.cancel = cancel
+    ctx._policy = getattr(parent_ctx, "_policy", None)
+    prefix = "[subagent %s] " % label
+    if parent_ctx.confirm is not None:
+        ctx.confirm = lambda name, args, detail, always=False: parent_ctx.confirm(name, args, prefix + (detail or ""))
+    if getattr(parent_ctx, "confirm_command", None) is not None:
+        ctx.confirm_command = lambda command, reason: parent_ctx.confirm_command(command, prefix + reason)
+    if getattr(parent_ctx, "ask", None) is not None:
+        ctx.ask = lambda name, args, detail: parent_ctx.ask(name, args, prefix + detail)
+    return ctx
+
+
+class _ChildEvents(Events):
+    """A subagent's progress: indented, labelled lines on stderr; its text is not streamed."""
+
+    def __init__(self, console, label, depth):
+        super().__init__(console)
+        self.prefix = "  " * depth + "[%s] " % label
+
+    def tool_start(self, name, preview):
+        self.console.info("%s▶ %s %s" % (self.prefix, name, one_line(preview, 70)), "cyan")
+
+    def tool_end(self, name, result):
+        self.console.info("%s  %s %s" % (self.prefix, "✓" if result.success else "✗", result.preview(90)), "dim")
+
+    def note(self, text):
+        self.console.info(self.prefix + text.strip(), "dim")
+
+
+def run_subagent(parent, spec):
+    """Run one subagent task to its end and ask it for a summary. Returns a ToolResult; never raises."""
+    from xzatoma_store import new_ulid
+    from xzatoma_tools import ToolResult, Registry, build_registry
+    cfg = parent.cfg
+    label = str(spec.get("label") or "subagent")
+    depth = parent.depth + 1
+    max_depth = cfg.get("agent.subagent.max_depth")
+    if depth > max_depth:
+        return ToolResult.fail("maximum subagent depth %d reached" % max_depth)
+    parent_names = parent.registry.names()
+    allowed = spec.get("allowed_tools")
+    if allowed:
+        unknown = [t for t in allowed if t not in parent_names]
+        if unknown:
+            return ToolResult.fail("allowed_tools names tools this agent does not have: %s; valid tools: %s"
+                                   % (", ".join(unknown), ", ".join(sorted(parent_names))))
+    try:
+        parent.quota.start_execution()
+    except QuotaExceeded as exc:
+        parent.metrics.subagent_error("quota")
+        return ToolResult.fail(str(exc), status="quota_exceeded")
+    started = time.monotonic()
+    child_id = new_ulid()
+    child_cancel = parent.cancel
+    ctx = _child_context(parent.ctx, label, child_id, child_cancel)
+    sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
+    provider = make_provider(cfg, parent.console, sub_name, sub_model) if (sub_name or sub_model) \
+        else parent.provider.clone()
+    child = SubagentSession(cfg, parent.console, provider, parent.mode, ctx, parent.quota, parent.store, depth,
+                            child_id, child_cancel, parent.metrics, label)
+    full = build_registry(parent.mode, ctx, extra=child.tools())
+    names = set(allowed or parent_names)
+    registry = Registry([full.get(n) for n in full.names() if n in names], ctx, all_names=full.all_names)
+    child.registry = registry
+    conv_cfg = cfg.get("agent.conversation")
+    conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
+    max_turns = spec.get("max_turns") or cfg.get("agent.subagent.default_max_turns")
+    events = _ChildEvents(parent.console, label, depth)
+    agent = Agent(provider, registry, conversation, events, max_turns, None, conversation_id=child_id)
+    agent.quota, agent.cancel, agent.metrics = parent.quota, child_cancel, parent.metrics
+    recorder = Recorder(parent.store, parent.console, child_id)
+    if cfg.get("agent.subagent.persistence_enabled"):
+        recorder.start(kind="subagent", title=spec["task_prompt"], provider=provider.name, model=provider.model,
+                       mode=parent.mode, working_dir=ctx.root, parent_id=parent.parent_id, depth=depth, label=label)
+        recorder.attach(conversation)
+        agent.recorder = recorder
+    conversation.add_system(system_prompt(parent.mode, ctx.root, registry.names()) +
+                            "\n\nYou are a subagent (label %r, depth %d) working for another agent. Do the task, "
+                            "then answer with your findings." % (label, depth))
+    conversation.add_user(spec["task_prompt"])
+    parent.metrics.subagent_started(depth)
+    events.note("started (depth %d, up to %d turns)" % (depth, max_turns))
+    result = agent.run(final=False)
+    summary, error = result.answer, result.error
+    if result.status in ("completed", "max_turns") and not child_cancel.is_set():
+        try:
+            conversation.add_user(spec.get("summary_prompt") or DEFAULT_SUMMARY_PROMPT)
+            reply = provider.complete(conversation.messages, [], deadline=None, estimated_tokens=conversation.tokens)
+            result.prompt_tokens += reply.usage.get("prompt_tokens", 0)
+            result.completion_tokens += reply.usage.get("completion_tokens", 0)
+            parent.quota.add_tokens(sum(reply.usage.values()))
+            summary = strip_think(reply.content)[0] or summary
+            conversation.add_assistant(summary)
+        except ProviderError as exc:
+            error = "the summary request failed: %s" % exc
+    if child_cancel.is_set():
+        result.status, error = "interrupted", "interrupted"
+    result.duration = time.monotonic() - started
+    recorder.finish(result)
+    tokens = result.prompt_tokens + result.completion_tokens
+    parent.metrics.subagent_finished(depth, result.status, result.duration, result.turns, tokens)
+    meta = {"label": label, "depth": depth, "turns_used": result.turns, "tokens_used": tokens,
+            "status": result.status, "conversation_id": child_id, "duration_seconds": round(result.duration, 3),
+            "max_turns_exceeded": result.status == "max_turns"}
+    events.note("%s: %s, %s tokens, %.1fs" % (result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens),
+                                               result.duration))
+    if result.status not in ("completed", "max_turns") or not summary:
+        parent.metrics.subagent_error(result.status)
+        return ToolResult.fail("subagent %s %s: %s" % (label, result.status, error or "no answer"), **meta)
+    cap = cfg.get("agent.subagent.output_max_size")
+    data = summary.encode("utf-8")
+    if len(data) > cap:
+        summary = data[:cap].decode("utf-8", "ignore") + "\n[summary truncated at %d bytes]" % cap
+    head = "[subagent %s · depth %d · %s · %s · %s tokens · conversation %s]" % (
+        label, depth, result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens), child_id)
+    return ToolResult.ok(head + "\n" + summary, **meta)
+
+
+_TASK_SCHEMA = {"type": "object", "properties": {
+    "label": {"type": "string", "description": "A short name for this task"},
+    "task_prompt": {"type": "string", "description": "Everything the subagent needs to know to do the task"},
+    "summary_prompt": {"type": "string", "description": "How the subagent should report back"},
+    "allowed_tools": {"type": "array", "items": {"type": "string"},
+                      "description": "Only these tools (a subset of yours); default: all of yours"},
+    "max_turns": {"type": "integer", "minimum": 1}}, "required": ["label", "task_prompt"]}
+
+
+class SubagentTool:
+    name = "subagent"
+    description = ("Delegate a self-contained task to a subagent with its own conversation and (optionally) fewer "
+                   "tools. It works until done, then returns a concise summary.")
+    parameters = _TASK_SCHEMA
+    permission = "read"
+
+    def __init__(self, session):
+        self.session = session
+
+    def definition(self):
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def confirmation(self, args, ctx):
+        return None
+
+    def preview_args(self, args):
+        return "%s: %s" % (args.get("label"), one_line(args.get("task_prompt", ""), 60))
+
+    def run(self, args, ctx):
+        return run_subagent(self.session, args)
+
+
+class ParallelSubagentTool(SubagentTool):
+    name = "parallel_subagent"
+    description = ("Run several independent subagent tasks at the same time; returns one result per task, in the "
+                   "order given, plus totals.")
+    parameters = {"type": "object", "properties": {
+        "tasks": {"type": "array", "items": _TASK_SCHEMA, "minItems": 1},
+        "max_concurrent": {"type": "integer", "minimum": 1, "default": 5},
+        "fail_fast": {"type": "boolean", "default": False}}, "required": ["tasks"]}
+
+    def preview_args(self, args):
+        return "%d tasks: %s" % (len(args.get("tasks") or ()), ", ".join(
+            str(t.get("label")) for t in args.get("tasks") or () if isinstance(t, dict)))
+
+    def run(self, args, ctx):
+        from xzatoma_tools import ToolError, ToolResult, validate_arguments
+        tasks = args["tasks"]
+        if not tasks:
+            raise ToolError("tasks must not be empty")
+        checked = []
+        for i, task in enumerate(tasks, 1):
+            spec, err = validate_arguments(SubagentTool(self.session), task)
+            if err:
+                raise ToolError("task %d: %s" % (i, err))
+            checked.append(spec)
+        return run_parallel(self.session, checked, args.get("max_concurrent") or 5, bool(args.get("fail_fast")))
+
+
+def run_parallel(session, tasks, max_concurrent, fail_fast):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
+    from xzatoma_tools import ToolResult
+    started = time.monotonic()
+    stop = threading.Event()  # fail_fast: what has not started yet does not start
+    results = [None] * len(tasks)
+
+    def one(i, spec):
+        if stop.is_set() or session.cancel.is_set():
+            return ToolResult.fail("not started (%s)" % ("fail_fast after a failure" if stop.is_set() else "cancelled"),
+                                   label=spec["label"], status="cancelled")
+        return run_subagent(session, spec)
+
+    pool = ThreadPoolExecutor(max_workers=min(max_concurrent, len(tasks)), thread_name_prefix="subagent")
+    futures = {pool.submit(one, i, spec): i for i, spec in enumerate(tasks)}
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for fut in done:
+                i = futures[fut]
+                results[i] = fut.result()
+                if fail_fast and not results[i].success:
+                    stop.set()
+                    for other in pending:
+                        other.cancel()
+    except BaseException:  # Ctrl-C or SIGTERM: stop every child (their commands' groups are killed)
+        session.cancel.set()
+        pool.shutdown(wait=False)
+        raise
+    pool.shutdown(wait=True)
+    lines, ok, tokens = [], 0, 0
+    for i, (spec, res) in enumerate(zip(tasks, results), 1):
+        if res is None:
+            res = ToolResult.fail("not started (fail_fast after a failure)", label=spec["label"], status="cancelled")
+            results[i - 1] = res
+        meta = res.metadata
+        tokens += meta.get("tokens_used", 0)
+        ok += res.success
+        lines.append("%d. %s — %s (%s, %s tokens, %.1fs)\n%s" % (
+            i, spec["label"], "success" if res.success else "failed: " + meta.get("status", "error"),
+            _plural(meta.get("turns_used", 0), "turn"), _fmt_tokens(meta.get("tokens_used", 0)),
+            meta.get("duration_seconds", 0), res.output if res.success else "Error: " + (res.error or "")))
+    total = "%d of %d tasks succeeded · %s tokens · %.1fs wall" % (ok, len(tasks), _fmt_tokens(tokens),
+                                                                 time.monotonic() - started)
+    output = total + "\n\n" + "\n\n".join(lines)
+    return ToolResult(ok > 0, output, error=None if ok else "all %d subagent tasks failed\n%s" % (len(tasks), output),
+                      metadata={"succeeded": ok, "failed": len(tasks) - ok, "tokens_used": tokens})
 
 
 # ---- Prompts ----
@@ -2704,6 +3072,8 @@ class ChatSession:
         self.warned_write = False
         self._modes = (INTERACTIVE, FULL)
         self.mentions = Mentions(self._mention_registry, console, cfg)
+        self.metrics = load_metrics(args.metrics_port) if args.metrics_port else NULL_METRICS
+        self.quota = QuotaTracker(cfg.get("agent.quota"))
         self.new_conversation()
         if args.resume or args.last:
             self.resume(args.resume)
@@ -2723,12 +3093,17 @@ class ChatSession:
         self.conversation.add_system(self.prompt_text())
 
     def rebuild(self):
+        import threading
         from xzatoma_tools import build_registry
         self.ctx.confirm = self.confirmations.confirm_tool if self.safety == "safe" else None
         self.ctx.confirm_command = self.confirmations.confirm_command
         self.ctx.ask = self.confirmations.ask_irreversible
         self.ctx.terminal_mode = self._modes[0] if self.safety == "safe" else self._modes[1]
-        self.registry = build_registry(self.mode, self.ctx)
+        self.ctx.cancel = threading.Event()
+        self.subagents = SubagentSession(self.cfg, self.console, self.provider, self.mode, self.ctx, self.quota,
+                                         self.store, parent_id=self.id, cancel=self.ctx.cancel, metrics=self.metrics)
+        self.registry = build_registry(self.mode, self.ctx, extra=self.subagents.tools())
+        self.subagents.registry = self.registry
         if self.conversation.messages:
             self.conversation.set_system_prompt(self.prompt_text())
 
@@ -2805,6 +3180,7 @@ class ChatSession:
                      _plural(self.result.turns, "turn"), _plural(self.result.tool_calls, "tool call"),
                      _fmt_tokens(self.result.prompt_tokens + self.result.completion_tokens)),
                  "Conversation ID:   %s" % self.id,
+                 "Quota:             %s" % ", ".join(self.quota.usage()),
                  "Prompt Format:     [%s][%s] >>" % (self.mode.upper(), self.safety.upper())]
         if self.confirmations.always or self.confirmations.never:
             lines.append("Session answers:   always: %s; never: %s" % (
@@ -2850,6 +3226,7 @@ class ChatSession:
         return EXIT_OK
 
     def finish(self):
+        self.metrics.close()
         if self.started_record:
             self.result.status = "completed"
             self.recorder.finish(self.result)
@@ -2918,6 +3295,7 @@ class ChatSession:
         if not name:
             raise UsageError("usage: /model NAME (see /models)")
         self.provider = make_provider(self.cfg, self.console, model=name)
+        self.rebuild()
         self.console.info("Switched to model %s (the conversation is kept)" % name)
 
     def list_models(self):
@@ -2982,7 +3360,14 @@ class ChatSession:
                       self.cfg.get("agent.timeout_seconds"), conversation_id=self.id)
         agent.result = self.result
         agent.recorder = self.recorder
-        result = agent.run(final=False, cancel_text="Error: cancelled by user")
+        agent.quota, agent.metrics = self.quota, self.metrics
+        if self.ctx.cancel.is_set():  # a cancelled turn's subagents stay cancelled; the next turn starts afresh
+            self.rebuild()
+        try:
+            result = agent.run(final=False, cancel_text="Error: cancelled by user")
+        finally:
+            if result_status(agent) == "interrupted":
+                self.ctx.cancel.set()
         if result.status == "interrupted":
             self.console._write("")
             self.console.info("turn cancelled; the conversation is intact")
@@ -3057,6 +3442,10 @@ class ChatSession:
         return []
 
 
+def result_status(agent):
+    return agent.result.status
+
+
 def cmd_chat(args, console):
     extra = {}
     if args.max_turns is not None:
@@ -3112,6 +3501,9 @@ def _build_run(sub, common, fmt):
     resume = run.add_mutually_exclusive_group()
     resume.add_argument("--resume", metavar="ID", help="continue a stored conversation (unique id prefix)")
     resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
+    run.add_argument("--metrics-textfile", metavar="PATH", help="write Prometheus metrics here at the end "
+                                                               "(node_exporter textfile collector)")
+    run.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics while running")
     run.set_defaults(func=cmd_run)
 
 
@@ -3127,6 +3519,7 @@ def _build_chat(sub, common, fmt):
     chat.add_argument("--safety", choices=("safe", "yolo"), help="start safety (default: agent.safety_mode)")
     chat.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
     chat.add_argument("--max-turns", type=int, metavar="N", help="model calls per message (agent.max_turns)")
+    chat.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics during the session")
     resume = chat.add_mutually_exclusive_group()
     resume.add_argument("--resume", metavar="ID", help="continue a stored conversation")
     resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
@@ -3396,13 +3789,20 @@ def cmd_run(args, console):
     default_mode = cfg.get("agent.terminal.default_mode")
     ctx.terminal_mode = "full_autonomous" if args.allow_dangerous or default_mode == "full_autonomous" \
         else "restricted_autonomous"  # nobody can be asked in run: interactive behaves as restricted
-    registry = build_registry(args.mode, ctx)
+    metrics = load_metrics(args.metrics_port, args.metrics_textfile) \
+        if (args.metrics_port or args.metrics_textfile) else NULL_METRICS
+    session = SubagentSession(cfg, console, provider, args.mode, ctx, QuotaTracker(cfg.get("agent.quota")),
+                              store, metrics=metrics)
+    ctx.cancel = session.cancel
+    registry = build_registry(args.mode, ctx, extra=session.tools())
+    session.registry = registry
     conv_cfg = cfg.get("agent.conversation")
     conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
     agent = Agent(provider, registry, conversation, _RunEvents(console), cfg.get("agent.max_turns"),
                   cfg.get("agent.timeout_seconds"), conversation_id=conversation_id)
     recorder = Recorder(store, console, agent.result.conversation_id)
-    ctx.conversation_id = agent.result.conversation_id
+    ctx.conversation_id = session.parent_id = agent.result.conversation_id
+    agent.quota, agent.cancel, agent.metrics = session.quota, session.cancel, metrics
     prompt = system_prompt(args.mode, ctx.root, registry.names())
     if resuming:  # totals carry on; the turn limit counts this run's turns
         for key in ("turns", "tool_calls", "prompt_tokens", "completion_tokens"):
@@ -3428,9 +3828,11 @@ def cmd_run(args, console):
     try:
         result = agent.run()
     finally:
+        session.cancel.set()  # children still running (Ctrl-C, SIGTERM) stop now
         _restore_sigterm(previous)
         if store is not None:
             store.close()
+        metrics.close()
     summary = "%s: %s · %s · %s tokens (%s in / %s out) · %.1fs · conversation %s" % (
         result.status, _plural(result.turns, "turn"), _plural(result.tool_calls, "tool call"),
         _fmt_tokens(result.prompt_tokens + result.completion_tokens),
@@ -3555,6 +3957,17 @@ def cmd_config_init(args, console):
     return EXIT_OK
 
 
+def _exit_now_if_threads_linger(code):
+    """After Ctrl-C or SIGTERM, subagent threads blocked in a model request must not hold the exit."""
+    if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED) or "threading" not in sys.modules:
+        return
+    import threading
+    if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv in (["--version"], ["-V"], ["version"]):  # fast path: no argparse, no imports
@@ -3567,7 +3980,9 @@ def main(argv=None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return args.func(args, console)
+        code = args.func(args, console)
+        _exit_now_if_threads_linger(code)
+        return code
     except XzError as exc:
         console.error(str(exc))
         return exc.exit_code

@@ -48,7 +48,7 @@ def test_banner_turn_status_unknown_command_and_ctrl_d(chat, fake):
     p.expect(r"tokens: [\d,]+ this turn · [\d,]+ this session · context ~[\d,]+ \(\d+% of 131,072\)")
     p.line("/STATUS")
     p.expect(r"XZatoma Session Status")
-    p.expect(r"Available Tools:   8 \(list_directory")
+    p.expect(r"Available Tools:   10 \(list_directory")
     p.expect(r"Conversation ID:   (\w{26})")
     p.line("/stauts")
     p.expect(r"unknown command /stauts; did you mean /status\?")
@@ -278,7 +278,8 @@ def test_tab_completion(cli, fake):
     (cli.workdir / "notebook").mkdir()
     cli.use(fake)
     cfg = xzatoma.load_config({}, env=cli.env)
-    args = argparse.Namespace(mode=None, safety=None, working_dir=str(cli.workdir), resume=None, last=False)
+    args = argparse.Namespace(mode=None, safety=None, working_dir=str(cli.workdir), resume=None, last=False,
+                              metrics_port=None)
     session = xzatoma.ChatSession(args, cfg, xzatoma.Console(quiet=True))
     assert session.completions("/mo", "/mo") == ["/mode ", "/model ", "/models "]
     assert session.completions("/mode p", "p") == ["planning"]
