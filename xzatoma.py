@@ -2160,9 +2160,12 @@ def run_subagent(parent, spec):
         try:
             conversation.add_user(spec.get("summary_prompt") or DEFAULT_SUMMARY_PROMPT)
             reply = provider.complete(conversation.messages, [], deadline=None, estimated_tokens=conversation.tokens)
+            result.turns += 1
             result.prompt_tokens += reply.usage.get("prompt_tokens", 0)
             result.completion_tokens += reply.usage.get("completion_tokens", 0)
             parent.quota.add_tokens(sum(reply.usage.values()))
+            parent.metrics.model_request(provider.name, "ok")
+            parent.metrics.tokens(reply.usage.get("prompt_tokens", 0), reply.usage.get("completion_tokens", 0))
             summary = strip_think(reply.content)[0] or summary
             conversation.add_assistant(summary)
         except ProviderError as exc:
@@ -2271,6 +2274,8 @@ def run_parallel(session, tasks, max_concurrent, fail_fast):
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for fut in done:
                 i = futures[fut]
+                if fut.cancelled():  # fail_fast withdrew it before it started
+                    continue
                 results[i] = fut.result()
                 if fail_fast and not results[i].success:
                     stop.set()
@@ -2712,9 +2717,9 @@ def tree_line(conv, level):
     tokens = (conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)
     label = conv.get("label") or one_line(conv.get("title") or "", 40)
     indent = "" if level == 0 else "   " * (level - 1) + "└─ "
-    return "%s%s [%s] depth %d · %d turns · %s tokens · %s" % (
-        indent, conv["id"][:12], label, conv.get("depth") or 0, conv.get("turns") or 0, _fmt_tokens(tokens),
-        conv["status"])
+    return "%s%s [%s] depth %d · %s · %s tokens · %s" % (
+        indent, conv["id"][:12], label, conv.get("depth") or 0, _plural(conv.get("turns") or 0, "turn"),
+        _fmt_tokens(tokens), conv["status"])
 
 
 # ---- Chat: @mentions ----
@@ -2841,7 +2846,7 @@ class Asker:
     def __init__(self, console):
         import threading
         self.console = console
-        self.lock = threading.Lock()  # parallel subagents' questions come one after the other
+        self.lock = threading.RLock()  # parallel subagents' questions come one after the other, whole
 
     def ask(self, question):
         with self.lock:
@@ -2867,12 +2872,19 @@ class Confirmations:
         self.asker = asker
         self.console = console
         self.always, self.never = set(), set()
+        self.before_question = None  # stops the spinner: nothing may draw over a question
 
     def reset(self):
         self.always.clear()
         self.never.clear()
 
     def _choice(self, header, detail, edit):
+        with self.asker.lock:
+            return self._ask_choice(header, detail, edit)
+
+    def _ask_choice(self, header, detail, edit):
+        if self.before_question is not None:
+            self.before_question()
         self.console._write(self.console.style(header, "yellow", "bold"))
         if detail:
             self.console._write(detail.rstrip("\n"))
@@ -2903,10 +2915,11 @@ class Confirmations:
             return None
         if "terminal" in self.always:
             return command
-        answer = self._choice("Run this command? (%s)" % reason, "  $ " + command, edit=True)
-        if answer == "e":
-            edited = self.asker.ask("edit the command > ")
-            return edited.strip() if edited and edited.strip() else None
+        with self.asker.lock:
+            answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + command, edit=True)
+            if answer == "e":
+                edited = self.asker.ask("edit the command > ")
+                return edited.strip() if edited and edited.strip() else None
         if answer == "a":
             self.always.add("terminal")
         if answer == "v":
@@ -2923,11 +2936,17 @@ class Spinner:
     FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
     def __init__(self, console):
+        import threading
         self.enabled = _isatty(console.err) and not console.quiet
         self.console = console
         self._stop = None
+        self._lock = threading.Lock()
 
     def start(self, label):
+        with self._lock:
+            self._start(label)
+
+    def _start(self, label):
         if not self.enabled or self._stop is not None:
             return
         import threading
@@ -2946,10 +2965,11 @@ class Spinner:
         self._thread.start()
 
     def stop(self):
-        if self._stop is not None:
-            self._stop.set()
-            self._thread.join()
-            self._stop = None
+        with self._lock:
+            if self._stop is not None:
+                self._stop.set()
+                self._thread.join()
+                self._stop = None
 
 
 class ThinkFilter:
@@ -3068,6 +3088,7 @@ class ChatSession:
         self.asker = Asker(console)
         self.confirmations = Confirmations(self.asker, console)
         self.events = ChatEvents(console, self.out)
+        self.confirmations.before_question = self.events.spinner.stop
         self.result = RunResult(None)
         self.warned_write = False
         self._modes = (INTERACTIVE, FULL)
@@ -3962,7 +3983,11 @@ def _exit_now_if_threads_linger(code):
     if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED) or "threading" not in sys.modules:
         return
     import threading
-    if any(t is not threading.main_thread() and t.is_alive() and not t.daemon for t in threading.enumerate()):
+    workers = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    deadline = time.monotonic() + 3.0  # children that run commands stop theirs within a fraction of a second
+    for t in workers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in workers):  # the rest wait on a model: do not wait for them
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

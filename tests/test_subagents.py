@@ -1,0 +1,252 @@
+"""Subagents: depth, tool narrowing, parallel runs, fail_fast, quotas, confirmations, Ctrl-C, metrics."""
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conftest import tool_call
+from ptyrun import PtyProcess
+
+
+def subagent_brain(parent_reply, delay=0.0, child_tools=None):
+    """A fake model for trees: subagents answer their task (after `delay`), then summarise it."""
+    def brain(body):
+        msgs = body["messages"]
+        if "You are a subagent" in msgs[0]["content"]:
+            task = msgs[1]["content"]
+            if msgs[-1]["role"] == "user" and msgs[-1]["content"].startswith("Summarise"):
+                return {"content": "summary of %s" % task, "delay": delay}
+            if child_tools and not any(m["role"] == "tool" for m in msgs):
+                return {"tool_calls": child_tools(task)}
+            return {"content": "answer to %s" % task, "delay": delay}
+        if not any(m["role"] == "tool" for m in msgs):
+            return {"tool_calls": [parent_reply]}
+        result = [m["content"] for m in msgs if m["role"] == "tool"][-1]
+        return {"content": "PARENT SAW:\n" + result}
+    return brain
+
+
+def child_requests(fake):
+    return [q for q in fake.model_requests() if "You are a subagent" in q["body"]["messages"][0]["content"]]
+
+
+def test_subagent_runs_and_reports_with_metadata(cli, fake):
+    cli.use(fake)
+    fake.generator = subagent_brain(tool_call("subagent", label="research", task_prompt="find the docs",
+                                              allowed_tools=["read_file", "grep"], max_turns=4))
+    r = cli.run("run", "--json", "--prompt", "delegate")
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)["answer"]
+    assert answer.startswith("PARENT SAW:\n[subagent research · depth 1 · completed · 2 turns · ")
+    assert answer.endswith("summary of find the docs")
+    child = child_requests(fake)
+    assert {t["function"]["name"] for t in child[0]["body"]["tools"]} == {"read_file", "grep"}
+    assert child[-1]["body"].get("tools") is None  # the summary request offers no tools
+    assert "[research] ▶" not in r.stderr and "[research] started (depth 1, up to 4 turns)" in r.stderr
+    cid = json.loads(r.stdout)["conversation_id"]
+    tree = cli.run("replay", cid, "--tree").stdout.splitlines()
+    assert len(tree) == 2 and "[research] depth 1 · 2 turns" in tree[1] and tree[1].endswith("completed")
+
+
+def test_depth_limit(cli, fake):
+    cli.use(fake, subagent={"max_depth": 1})
+    nested = tool_call("subagent", label="inner", task_prompt="go deeper")
+    fake.generator = subagent_brain(tool_call("subagent", label="outer", task_prompt="delegate again"),
+                                    child_tools=lambda task: [nested])
+    r = cli.run("run", "--json", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    inner_results = [m["content"] for q in child_requests(fake) for m in q["body"]["messages"] if m["role"] == "tool"]
+    assert "Error: maximum subagent depth 1 reached" in inner_results
+
+
+def test_no_escalation_and_unknown_tools(cli, fake):
+    cli.use(fake)
+    fake.generator = subagent_brain(tool_call("subagent", label="w", task_prompt="write",
+                                              allowed_tools=["write_file", "read_file", "nonsense"]))
+    r = cli.run("run", "--mode", "planning", "--json", "--prompt", "x")
+    answer = json.loads(r.stdout)["answer"]
+    assert "Error: allowed_tools names tools this agent does not have: write_file, nonsense; valid tools:" in answer
+    assert "read_file" in answer.split("valid tools:")[1] and "write_file" not in answer.split("valid tools:")[1]
+    assert child_requests(fake) == []
+
+
+def parallel_call(n, **kw):
+    return tool_call("parallel_subagent", tasks=[{"label": "t%d" % i, "task_prompt": "task %d" % i}
+                                                 for i in range(n)], **kw)
+
+
+def test_parallel_runs_concurrently_and_keeps_task_order(cli, fake):
+    cli.use(fake)
+    fake.generator = subagent_brain(parallel_call(4), delay=0.5)
+    started = time.monotonic()
+    r = cli.run("run", "--json", "--prompt", "fan out")
+    elapsed = time.monotonic() - started
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)["answer"]
+    assert elapsed < 3.0, "4 tasks x 2 answers x 0.5 s should overlap (took %.1fs)" % elapsed
+    assert "4 of 4 tasks succeeded" in answer
+    positions = [answer.index("%d. t%d — success" % (i + 1, i)) for i in range(4)]
+    assert positions == sorted(positions)
+    for i in range(4):
+        assert "summary of task %d" % i in answer
+    rows = json.loads(cli.run("history", "list", "--json", "--kind", "subagent").stdout)
+    assert len(rows) == 4 and {r["parent_id"] for r in rows} == {json.loads(r.stdout)["conversation_id"]}
+
+
+def test_fail_fast_stops_what_has_not_started(cli, fake):
+    cli.use(fake)
+    call = tool_call("parallel_subagent", max_concurrent=1, fail_fast=True, tasks=[
+        {"label": "bad", "task_prompt": "x", "allowed_tools": ["no_such_tool"]},
+        {"label": "later1", "task_prompt": "y"}, {"label": "later2", "task_prompt": "z"}])
+    fake.generator = subagent_brain(call)
+    r = cli.run("run", "--json", "--prompt", "x")
+    answer = json.loads(r.stdout)["answer"]
+    assert "0 of 3 tasks succeeded" in answer
+    assert "1. bad — failed" in answer and answer.count("not started (fail_fast after a failure)") == 2
+    assert child_requests(fake) == []
+
+
+def test_quota_of_executions_and_tokens(cli, fake):
+    cli.use(fake, quota={"max_executions": 1})
+    fake.generator = subagent_brain(parallel_call(2, max_concurrent=1))
+    r = cli.run("run", "--json", "--prompt", "x")
+    answer = json.loads(r.stdout)["answer"]
+    assert "1 of 2 tasks succeeded" in answer
+    assert "Error: quota exceeded: 1 subagent executions, the agent.quota.max_executions limit" in answer
+    cli.use(fake, quota={"max_total_tokens": 50})
+    fake.generator = None
+    fake.add({"tool_calls": [tool_call("list_directory")], "usage": {"prompt_tokens": 40, "completion_tokens": 20}},
+             {"content": "never"})
+    r = cli.run("run", "--json", "--prompt", "x")
+    assert r.returncode == 1
+    data = json.loads(r.stdout)
+    assert data["status"] == "quota_exceeded" and "agent.quota.max_total_tokens (50)" in data["error"]
+
+
+def test_quota_exhausted_inside_a_child_reaches_the_parent_model(cli, fake):
+    cli.use(fake, quota={"max_total_tokens": 1000})
+    fake.generator = subagent_brain(tool_call("subagent", label="hungry", task_prompt="eat tokens"))
+
+    def brain(body, inner=fake.generator):
+        reply = inner(body)
+        if "You are a subagent" in body["messages"][0]["content"]:
+            reply = dict(reply, usage={"prompt_tokens": 900, "completion_tokens": 200})
+        return reply
+    fake.generator = brain
+    r = cli.run("run", "--json", "--prompt", "x")
+    data = json.loads(r.stdout)
+    assert "Error: subagent hungry quota_exceeded: quota exceeded:" in data["answer"] or data["status"] == \
+        "quota_exceeded"
+
+
+def test_concurrent_confirmations_are_asked_one_after_the_other(cli, fake):
+    (cli.workdir / "a.txt").write_text("old a\n")
+    (cli.workdir / "b.txt").write_text("old b\n")
+    cli.use(fake)
+    writes = {"task a": [tool_call("write_file", path="a.txt", content="new a\n")],
+              "task b": [tool_call("write_file", path="b.txt", content="new b\n")]}
+    fake.generator = subagent_brain(tool_call("parallel_subagent", tasks=[
+        {"label": "A", "task_prompt": "task a"}, {"label": "B", "task_prompt": "task b"}]),
+        child_tools=lambda task: writes[task])
+    p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir))
+    try:
+        p.expect(r"\[WRITE\]\[SAFE\] >> ")
+        p.line("update both files")
+        first = p.expect(r"Allow write_file\?\s+\[subagent (A|B)\] overwrite")
+        p.expect(r"ne\[v\]er this session > ")
+        assert p.seen.count("Allow write_file?") == 1, "a second question appeared before the first was answered"
+        p.line("y")
+        second = p.expect(r"Allow write_file\?\s+\[subagent (A|B)\] overwrite")
+        assert {first.group(1), second.group(1)} == {"A", "B"}
+        p.expect(r"ne\[v\]er this session > ")
+        p.line("y")
+        p.expect(r"PARENT SAW")
+        p.expect(r"\[WRITE\]\[SAFE\] >> ")
+    finally:
+        p.close()
+    assert (cli.workdir / "a.txt").read_text() == "new a\n" and (cli.workdir / "b.txt").read_text() == "new b\n"
+
+
+def test_ctrl_c_stops_the_pool(cli, fake):
+    cli.use(fake)
+    sleeps = lambda task: [tool_call("terminal", command="echo $$ >> pgids; sleep 60")]
+    fake.generator = subagent_brain(parallel_call(3), child_tools=sleeps)
+    proc = cli.popen("run", "--allow-dangerous", "--json", "--prompt", "x")
+    try:
+        deadline = time.monotonic() + 20
+        pgids = cli.workdir / "pgids"
+        while (not pgids.exists() or len(pgids.read_text().split()) < 3) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert time.monotonic() - started < 5
+    assert proc.returncode == 130 and json.loads(out)["status"] == "interrupted"
+    from test_terminal import group_gone
+    assert all(group_gone(int(p)) for p in pgids.read_text().split())
+    rows = json.loads(cli.run("history", "list", "--json", "--kind", "subagent").stdout)
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"interrupted"}
+
+
+def test_metrics_textfile_is_parsed_by_prometheus(cli, fake, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+    cli.use(fake)
+    fake.generator = subagent_brain(parallel_call(2))
+    path = tmp_path / "xzatoma.prom"
+    r = cli.run("run", "--metrics-textfile", path, "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    samples = {}
+    for family in text_string_to_metric_families(path.read_text()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    assert samples[("xzatoma_subagent_executions_total", (("depth", "1"),))] == 2
+    assert samples[("xzatoma_subagent_completions_total", (("status", "completed"),))] == 2
+    assert samples[("xzatoma_runs_total", (("status", "completed"),))] == 1
+    assert samples[("xzatoma_tool_calls_total", (("outcome", "ok"), ("tool", "parallel_subagent")))] == 1
+    assert samples[("xzatoma_subagent_active_count", ())] == 0
+    assert samples[("xzatoma_subagent_turns_used_count", (("depth", "1"),))] == 2
+    assert samples[("xzatoma_subagent_turns_used_sum", (("depth", "1"),))] == 4
+    assert samples[("xzatoma_model_requests_total", (("provider", "ollama"), ("status", "ok")))] == 2 + 2 * 2
+
+
+def test_metrics_are_served_while_chatting(cli, fake):
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    cli.use(fake)
+    fake.add({"content": "hello"})
+    proc = subprocess.Popen(cli.command("chat", "--metrics-port", port), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=cli.env, cwd=str(cli.workdir), text=True)
+    try:
+        proc.stdin.write("hi\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "hello\n"
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+        assert 'xzatoma_model_requests_total{provider="ollama",status="ok"} 1.0' in body
+        proc.stdin.close()
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+
+
+def test_metrics_without_prometheus_client(cli, fake, tmp_path):
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "prometheus_client.py").write_text("raise ImportError('not installed')\n")
+    cli.use(fake)
+    fake.add({"content": "fine"})
+    env = {"PYTHONPATH": str(shadow)}
+    r = cli.run("run", "--prompt", "x", env=env)
+    assert r.returncode == 0 and r.stdout == "fine\n"
+    r = cli.run("run", "--metrics-textfile", tmp_path / "m.prom", "--prompt", "x", env=env)
+    assert r.returncode == 2 and "pip install 'xzatoma[metrics]'" in r.stderr
