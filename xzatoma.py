@@ -2435,14 +2435,30 @@ def conversation_line(c):
         one_line(c.get("title") or "", 60))
 
 
+class history_store:
+    """`with history_store(args, console) as store:` for commands that read the store: an unknown id is a
+    usage error, and the database is closed afterwards."""
+
+    def __init__(self, args, console):
+        self.store = open_store(config_from_args(args, console), console, required=True)
+
+    def __enter__(self):
+        return self.store
+
+    def __exit__(self, kind, exc, tb):
+        from xzatoma_store import NotFound
+        self.store.close()
+        if isinstance(exc, NotFound):
+            raise UsageError(str(exc))
+        return False
+
+
 def cmd_history(args, console):
-    from xzatoma_store import NotFound, parse_age
-    cfg = config_from_args(args, console)
+    from xzatoma_store import parse_age
     action = args.history_command
     if action is None:
         raise UsageError("say what to do: xzatoma history list|show|search|delete|prune (see --help)")
-    store = open_store(cfg, console, required=True)
-    try:
+    with history_store(args, console) as store:
         if action == "list":
             rows = store.list_conversations(args.limit, args.kind)
             if args.json:
@@ -2484,10 +2500,6 @@ def cmd_history(args, console):
             n = store.prune_older_than(seconds)
             console.info("deleted %d conversation%s older than %s" % (n, "" if n == 1 else "s", args.older_than))
         return EXIT_OK
-    except NotFound as exc:
-        raise UsageError(str(exc))
-    finally:
-        store.close()
 
 
 def _short(text, full, width=200):
@@ -2526,11 +2538,8 @@ def render_transcript(conv, messages, full=False):
 
 
 def cmd_replay(args, console):
-    from xzatoma_store import NotFound
     from xzatoma_tools import preview_arguments
-    cfg = config_from_args(args, console)
-    store = open_store(cfg, console, required=True)
-    try:
+    with history_store(args, console) as store:
         cid = store.resolve(args.id)
         conv = store.conversation(cid)
         out = sys.stdout
@@ -2560,18 +2569,11 @@ def cmd_replay(args, console):
         if conv.get("error"):
             out.write("\n(%s: %s)\n" % (conv["status"], conv["error"]))
         return EXIT_OK
-    except NotFound as exc:
-        raise UsageError(str(exc))
-    finally:
-        store.close()
 
 
 def cmd_undo(args, console):
-    from xzatoma_store import NotFound
     from xzatoma_tools import UndoError, undo_change
-    cfg = config_from_args(args, console)
-    store = open_store(cfg, console, required=True)
-    try:
+    with history_store(args, console) as store:
         conversation = store.resolve(args.conversation) if args.conversation else None
         records = store.undo_records(conversation_id=conversation)
         if args.list:
@@ -2602,10 +2604,6 @@ def cmd_undo(args, console):
                 if not args.all:
                     break
         return EXIT_FAILED if failed else EXIT_OK
-    except NotFound as exc:
-        raise UsageError(str(exc))
-    finally:
-        store.close()
 
 
 def cmd_models(args, console):
@@ -3775,10 +3773,6 @@ def read_instruction(args, console, default=None):
     return text.strip(), "run", text.strip(), None
 
 
-class _RunEvents(Events):
-    """Progress for `run`: tool lines on stderr; streamed text is not echoed (stdout gets the answer)."""
-
-
 def cmd_run(args, console):
     from xzatoma_tools import ToolContext, build_registry
     extra = {}
@@ -3819,7 +3813,7 @@ def cmd_run(args, console):
     session.registry = registry
     conv_cfg = cfg.get("agent.conversation")
     conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
-    agent = Agent(provider, registry, conversation, _RunEvents(console), cfg.get("agent.max_turns"),
+    agent = Agent(provider, registry, conversation, Events(console), cfg.get("agent.max_turns"),
                   cfg.get("agent.timeout_seconds"), conversation_id=conversation_id)
     recorder = Recorder(store, console, agent.result.conversation_id)
     ctx.conversation_id = session.parent_id = agent.result.conversation_id

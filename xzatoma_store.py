@@ -341,20 +341,24 @@ class Store:
             raise NotFound("no conversation %s" % id)
         return dict(row)
 
-    def list_conversations(self, limit=20, kind=None, parent_id=None, top_level=False):
-        sql, args = "SELECT * FROM conversations WHERE 1 = 1", []
-        if kind:
-            sql += " AND kind = ?"
-            args.append(kind)
-        if parent_id:
-            sql += " AND parent_id = ?"
-            args.append(parent_id)
-        if top_level:
-            sql += " AND parent_id IS NULL"
-        sql += " ORDER BY id DESC"
+    def _select(self, table, conditions, order, limit=None):
+        """Rows as dicts; `conditions` maps SQL fragments to a value (None: leave out, ...: no parameter)."""
+        clauses, args = [], []
+        for clause, value in conditions.items():
+            if value is None or value is False:
+                continue
+            clauses.append(clause)
+            if value is not Ellipsis:
+                args.append(value)
+        sql = "SELECT * FROM %s%s ORDER BY %s" % (table, " WHERE " + " AND ".join(clauses) if clauses else "", order)
         if limit:
             sql += " LIMIT %d" % int(limit)
         return [dict(r) for r in self.conn().execute(sql, args)]
+
+    def list_conversations(self, limit=20, kind=None, parent_id=None, top_level=False):
+        return self._select("conversations", {"kind = ?": kind or None, "parent_id = ?": parent_id or None,
+                                              "parent_id IS NULL": Ellipsis if top_level else None},
+                            "id DESC", limit)
 
     def messages(self, conversation_id):
         out = []
@@ -450,16 +454,8 @@ class Store:
         self.conn().execute("UPDATE undo SET after_hash = ? WHERE id = ?", (after_hash, undo_id))
 
     def undo_records(self, conversation_id=None, pending=True, limit=None):
-        sql, args = "SELECT * FROM undo WHERE 1 = 1", []
-        if conversation_id:
-            sql += " AND conversation_id = ?"
-            args.append(conversation_id)
-        if pending:
-            sql += " AND restored_at IS NULL"
-        sql += " ORDER BY id DESC"
-        if limit:
-            sql += " LIMIT %d" % int(limit)
-        return [dict(r) for r in self.conn().execute(sql, args)]
+        return self._select("undo", {"conversation_id = ?": conversation_id or None,
+                                     "restored_at IS NULL": Ellipsis if pending else None}, "id DESC", limit)
 
     def mark_restored(self, undo_id):
         self.conn().execute("UPDATE undo SET restored_at = ? WHERE id = ?", (rfc3339(), undo_id))

@@ -1655,19 +1655,22 @@ class ShellParser:
                 buf.append(c)
                 self.i += 1
 
+    def closing(self, at, opener, closer, what):
+        """Index of the `closer` that matches the `opener` at index `at` (nesting counted)."""
+        depth = 0
+        for j in range(at, len(self.s)):
+            if self.s[j] == opener:
+                depth += 1
+            elif self.s[j] == closer:
+                depth -= 1
+                if depth == 0:
+                    return j
+        raise ShellSyntaxError("unterminated %s" % what)
+
     def read_dollar(self, word, buf):
         start = self.i
         if self.startswith("$(("):
-            depth, j = 0, self.i + 1
-            while j < len(self.s):
-                if self.s[j] == "(":
-                    depth += 1
-                elif self.s[j] == ")":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                j += 1
-            self.i = j + 1
+            self.i = self.closing(self.i + 1, "(", ")", "$((") + 1
             word.dynamic = True
             buf.append(self.s[start:self.i])
         elif self.startswith("$("):
@@ -1682,17 +1685,7 @@ class ShellParser:
             word.dynamic = True
             buf.append(self.s[start:self.i])
         elif self.startswith("${"):
-            depth, j = 0, self.i + 1
-            while j < len(self.s):
-                if self.s[j] == "{":
-                    depth += 1
-                elif self.s[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                j += 1
-            if j >= len(self.s):
-                raise ShellSyntaxError("unterminated ${")
+            j = self.closing(self.i + 1, "{", "}", "${")
             self.i = j + 1
             name = re.match(r"[#!]?([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?$!-])", self.s[start + 2:j])
             word.variables.append(name.group(1) if name else "?")

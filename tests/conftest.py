@@ -100,6 +100,17 @@ def cli(tmp_path):
     return Cli(tmp_path)
 
 
+def wait_for(predicate, timeout=20):
+    """Wait for an event (bounded), polling; returns whether it happened."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
 def tool_call(name, **arguments):
     return {"name": name, "arguments": arguments}
 

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import tool_call
+from conftest import tool_call, wait_for
 from ptyrun import PtyProcess
 
 PROMPT = r"\[%s\]\[%s\] >> "
@@ -169,10 +169,7 @@ def test_ctrl_c_cancels_a_slow_tool_and_the_next_turn_works(chat, fake, cli):
     p.expect(PROMPT % ("WRITE", "YOLO"))
     p.line("run something slow")
     p.expect(r"▶ terminal echo")
-    import time
-    deadline = time.monotonic() + 10
-    while not (cli.workdir / "pgid").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert wait_for(lambda: (cli.workdir / "pgid").exists() and (cli.workdir / "pgid").read_text().strip())
     p.interrupt()
     p.expect(r"turn cancelled; the conversation is intact")
     p.expect(PROMPT % ("WRITE", "YOLO"))

@@ -60,6 +60,7 @@ COMMANDS = [
     ("if [ -f x ]; then cat x; fi", CONFIRM), ("for f in *.txt; do wc -l \"$f\"; done", CONFIRM),
     ("cat 'unterminated", CONFIRM), ("dd if=/dev/zero of=disk.img bs=1M count=1", CONFIRM),
     ("docker run --rm alpine", CONFIRM), ("kill -9 1234", CONFIRM), ("ssh host", CONFIRM), ("ls /etc/*", CONFIRM),
+    ("echo $((1 + 2", CONFIRM), ("ls ${HOME", CONFIRM),
 ]
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import last_json, tool_call
+from conftest import last_json, tool_call, wait_for
 
 PROVIDERS = [("ollama", "chat"), ("openai", "chat"), ("openai", "responses"), ("copilot", "chat")]
 
@@ -402,22 +402,13 @@ def test_working_dir_is_the_jail(cli, fake, tmp_path):
     assert r.returncode == 2 and "working directory does not exist" in r.stderr
 
 
-def _wait_for(predicate, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signals_end_the_run_cleanly(cli, fake, sig, code):
     cli.use(fake)
     fake.add({"tool_calls": [tool_call("list_directory")]}, {"hang": 30})
     proc = cli.popen("run", "--json", "--prompt", "x")
     try:
-        assert _wait_for(lambda: len(fake.model_requests()) == 2), "the second model call never arrived"
+        assert wait_for(lambda: len(fake.model_requests()) == 2), "the second model call never arrived"
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=15)
     finally:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import tool_call
+from conftest import tool_call, wait_for
 from xzatoma_store import MIGRATIONS, SCHEMA_VERSION, Redactor, Store, StoreError, new_ulid, ulid_time
 
 SHAPES = [
@@ -195,15 +195,6 @@ def test_secrets_never_reach_the_store(cli, fake):
     assert b"[REDACTED]" in raw
 
 
-def _wait_for(predicate, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_kill_9_keeps_completed_turns(cli, fake):
     (cli.workdir / "a.txt").write_text("A\n")
     cli.use(fake)
@@ -211,7 +202,7 @@ def test_kill_9_keeps_completed_turns(cli, fake):
              {"tool_calls": [tool_call("list_directory")]}, {"hang": 60})
     proc = cli.popen("run", "--prompt", "crash test")
     try:
-        assert _wait_for(lambda: len(fake.model_requests()) == 3)
+        assert wait_for(lambda: len(fake.model_requests()) == 3)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     finally:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import tool_call
+from conftest import tool_call, wait_for
 from xzatoma_tools import (FULL, INTERACTIVE, RESTRICTED, AuditLog, ToolContext, build_registry, needs_shell,
                            run_command)
 
@@ -42,10 +42,7 @@ def live_members(pgid):
 
 def group_gone(pgid, timeout=5.0):
     """SIGKILL is final but asynchronous: wait (bounded) until no member of the group still runs."""
-    deadline = time.monotonic() + timeout
-    while live_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return live_members(pgid) == []
+    return wait_for(lambda: live_members(pgid) == [], timeout)
 
 
 def audit_lines(tmp_path):
