@@ -3211,30 +3211,28 @@ class ChatSession:
         readline = self.setup_readline() if self.interactive else None
         if self.interactive:
             self.banner()
-        last_interrupt = 0.0
+        last_interrupt, notice = 0.0, False
         try:
             while True:
-                try:
+                try:  # everything between turns is guarded: a Ctrl-C may land anywhere here
+                    if notice:
+                        notice = False
+                        self.console._write("\n(Ctrl-C again within a second, Ctrl-D or 'exit' leaves)")
                     line = input(self.prompt()) if self.interactive else sys.stdin.readline()
                     if not self.interactive and line == "":
+                        break
+                    text = line.strip()
+                    if text and self.command(text) == "exit":
                         break
                 except EOFError:
                     if self.interactive:
                         self.console._write("")
                     break
-                except KeyboardInterrupt:
+                except KeyboardInterrupt:  # only bookkeeping here, so a second Ctrl-C cannot escape
                     now = time.monotonic()
                     if now - last_interrupt < 1.0:
-                        self.console._write("")
                         break
-                    last_interrupt = now
-                    self.console._write("\n(Ctrl-C again within a second, Ctrl-D or 'exit' leaves)")
-                    continue
-                text = line.strip()
-                if not text:
-                    continue
-                if self.command(text) == "exit":
-                    break
+                    last_interrupt, notice = now, True
         finally:
             if readline is not None:
                 try:
