@@ -187,7 +187,7 @@ def test_ctrl_c_at_the_prompt_reminds_then_double_exits(chat, fake):
     p.expect(PROMPT % ("PLANNING", "SAFE"))
     p.interrupt()
     p.expect(r"Ctrl-C again within a second, Ctrl-D or 'exit' leaves")
-    p.interrupt()
+    p.expect(PROMPT % ("PLANNING", "SAFE"))  # a person presses again once the prompt is back
     p.interrupt()
     assert p.wait() == 0
 
