@@ -113,6 +113,14 @@ class ToolContext:
         record = self.store.record_undo(self.conversation_id, self.call_id, tool, real, kind, blob, mode)
         return record, real
 
+    def before_create(self, tool, real):
+        """Like before_change, but when parent directories are missing the record covers the highest
+        new one, so undo removes everything the change created."""
+        top = real
+        while not os.path.lexists(os.path.dirname(top)):
+            top = os.path.dirname(top)
+        return self.before_change(tool, top)
+
     def record_move(self, source, destination):
         if self.store is None:
             return None
@@ -712,7 +720,7 @@ class WriteFile(Tool):
         existed = os.path.exists(real)
         data = args["content"].encode("utf-8")
         ctx.check_undo_cap(self.name, real, args)
-        token = ctx.before_change(self.name, real)
+        token = ctx.before_create(self.name, real)
         os.makedirs(os.path.dirname(real), exist_ok=True)
         write_atomic(real, data)
         ctx.after_change(token)
@@ -992,7 +1000,7 @@ class CopyPath(Tool):
             tokens.append(ctx.before_change(self.name, dst))
             remove_path(dst)
         else:
-            tokens.append(ctx.before_change(self.name, dst))
+            tokens.append(ctx.before_create(self.name, dst))
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         count = self._transfer(src, dst, ctx)
         for token in tokens:
@@ -1075,10 +1083,7 @@ class CreateDirectory(Tool):
             return ToolResult.ok("%s already exists" % display_path(real, ctx.root), created=False)
         if os.path.lexists(real):
             raise ToolError("%s exists and is not a directory" % args["path"])
-        top = real  # the highest missing ancestor is what undo removes
-        while not os.path.exists(os.path.dirname(top)):
-            top = os.path.dirname(top)
-        token = ctx.before_change(self.name, top)
+        token = ctx.before_create(self.name, real)
         os.makedirs(real)
         ctx.after_change(token)
         return ToolResult.ok("Created directory %s" % display_path(real, ctx.root), created=True)

@@ -131,18 +131,20 @@ def test_quota_of_executions_and_tokens(cli, fake):
 
 def test_quota_exhausted_inside_a_child_reaches_the_parent_model(cli, fake):
     cli.use(fake, quota={"max_total_tokens": 1000})
-    fake.generator = subagent_brain(tool_call("subagent", label="hungry", task_prompt="eat tokens"))
+    inner = subagent_brain(tool_call("subagent", label="hungry", task_prompt="eat tokens"))
 
-    def brain(body, inner=fake.generator):
-        reply = inner(body)
-        if "You are a subagent" in body["messages"][0]["content"]:
-            reply = dict(reply, usage={"prompt_tokens": 900, "completion_tokens": 200})
-        return reply
+    def brain(body):
+        child = "You are a subagent" in body["messages"][0]["content"]
+        return dict(inner(body), usage={"prompt_tokens": 900 if child else 50, "completion_tokens": 200 if child else 10})
     fake.generator = brain
     r = cli.run("run", "--json", "--prompt", "x")
-    data = json.loads(r.stdout)
-    assert "Error: subagent hungry quota_exceeded: quota exceeded:" in data["answer"] or data["status"] == \
-        "quota_exceeded"
+    parent_requests = [q for q in fake.model_requests() if "You are a subagent" not in q["body"]["messages"][0]["content"]]
+    child_error = [m["content"] for m in parent_requests[-1]["body"]["messages"] if m["role"] == "tool"]
+    assert child_error == ["Error: subagent hungry quota_exceeded: quota exceeded: 1,160 tokens used, over "
+                           "agent.quota.max_total_tokens (1,000)"]
+    assert len(child_requests(fake)) == 1  # the child stopped right after the call that crossed the limit
+    data = json.loads(r.stdout)  # the parent's next call pushes the tree further over: the run stops too
+    assert r.returncode == 1 and data["status"] == "quota_exceeded" and "max_total_tokens (1,000)" in data["error"]
 
 
 def test_concurrent_confirmations_are_asked_one_after_the_other(cli, fake):
