@@ -106,6 +106,11 @@ class Console:
             color = _isatty(self.err) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
         self.color = color
         self._warned = set()
+        import _thread  # built in: costs nothing at start-up
+        self._get_ident = _thread.get_ident
+        self._out_lock = _thread.allocate_lock()
+        self._holder = None  # the thread asking a question; other threads' lines wait until it is answered
+        self._held = []
 
     def style(self, text, *names):
         if not self.color or not names:
@@ -114,11 +119,38 @@ class Console:
         return "\033[%sm%s\033[0m" % (codes, text)
 
     def _write(self, text):
+        with self._out_lock:
+            if self._holder is not None and self._holder != self._get_ident():
+                self._held.append(text)
+                return
+            self._emit(text)
+
+    def _emit(self, text):
         try:
             self.err.write(text + "\n")
             self.err.flush()
         except (OSError, ValueError):
             pass
+
+    def hold(self):
+        """While a question is open, lines from other threads (parallel subagents) wait, then print whole."""
+        console = self
+
+        class _Hold:
+            def __enter__(self):
+                with console._out_lock:
+                    self.outer = console._holder is not None
+                    console._holder = console._get_ident()
+
+            def __exit__(self, *exc):
+                if self.outer:
+                    return
+                with console._out_lock:
+                    console._holder = None
+                    held, console._held = console._held, []
+                    for text in held:
+                        console._emit(text)
+        return _Hold()
 
     def info(self, text, *styles):
         if not self.quiet:
@@ -2877,7 +2909,7 @@ class Confirmations:
         self.never.clear()
 
     def _choice(self, header, detail, edit):
-        with self.asker.lock:
+        with self.asker.lock, self.console.hold():
             return self._ask_choice(header, detail, edit)
 
     def _ask_choice(self, header, detail, edit):
@@ -2913,7 +2945,7 @@ class Confirmations:
             return None
         if "terminal" in self.always:
             return command
-        with self.asker.lock:
+        with self.asker.lock, self.console.hold():
             answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + command, edit=True)
             if answer == "e":
                 edited = self.asker.ask("edit the command > ")

@@ -250,3 +250,22 @@ def test_metrics_without_prometheus_client(cli, fake, tmp_path):
     assert r.returncode == 0 and r.stdout == "fine\n"
     r = cli.run("run", "--metrics-textfile", tmp_path / "m.prom", "--prompt", "x", env=env)
     assert r.returncode == 2 and "pip install 'xzatoma[metrics]'" in r.stderr
+
+
+def test_lines_from_other_threads_wait_until_the_question_is_answered():
+    import io
+    from xzatoma import Console
+    err = io.StringIO()
+    console = Console(err=err, color=False)
+    written = threading.Event()
+    with console.hold():
+        console._write("Allow write_file?")
+        worker = threading.Thread(target=lambda: (console.info("  [A] completed"), written.set()))
+        worker.start()
+        assert written.wait(5), "a held line must not block the thread that wrote it"
+        console._write("answer > y")
+        assert err.getvalue() == "Allow write_file?\nanswer > y\n"
+    worker.join()
+    assert err.getvalue() == "Allow write_file?\nanswer > y\n  [A] completed\n"
+    console.info("after")
+    assert err.getvalue().endswith("completed\nafter\n")
