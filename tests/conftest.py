@@ -7,6 +7,7 @@ the real home directory, keyring or network.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -18,6 +19,11 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fake_model import FakeModel  # noqa: E402
+
+# A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored in every
+# child: the Ctrl-C tests would then test nothing. Handle it here so children get the default back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SCRUBBED = ("OPENAI_API_KEY", "COPILOT_API_TOKEN", "GITHUB_TOKEN", "OLLAMA_API_KEY", "OLLAMA_HOST",
             "OLLAMA_MODEL", "COPILOT_MODEL", "XZATOMA_PROVIDER", "XZATOMA_MODEL", "XZATOMA_MAX_TURNS",
