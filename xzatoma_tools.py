@@ -2525,9 +2525,9 @@ class Terminal(Tool):
             raise ToolError("command timed out after %ss; its process group was killed%s" % (timeout, body))
         if res.cancelled:
             raise ToolError("cancelled by user" + body)
-        head = "exit code: %s · %.2fs" % (res.exit_code, res.duration)
-        return ToolResult(True, head + body, metadata={"exit_code": res.exit_code,
-                                                       "duration_seconds": round(res.duration, 3)})
+        duration = round(res.duration, 3)  # one figure: the text and the metadata never disagree
+        head = "exit code: %s · %.2fs" % (res.exit_code, duration)
+        return ToolResult(True, head + body, metadata={"exit_code": res.exit_code, "duration_seconds": duration})
 
 
 def _format_streams(res, limit):

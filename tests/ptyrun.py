@@ -61,7 +61,26 @@ class PtyProcess:
     def line(self, text):
         self.send(text + "\r")
 
+    def wait_idle(self, timeout=10):
+        """Wait until the program's main thread sleeps (waiting for input or for its work).
+
+        CPython's readline shows the prompt and only then enters select(): a SIGINT that lands
+        in between is held until the next key. A person never types that fast; a test can.
+        """
+        stat = "/proc/%d/stat" % self.proc.pid
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(stat) as fh:
+                    state = fh.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # no /proc here, or the program has ended
+            if state == "S":
+                return
+            time.sleep(0.005)
+
     def interrupt(self):
+        self.wait_idle()
         self.send("\x03")
 
     def eof(self):
