@@ -231,8 +231,10 @@ def test_metrics_are_served_while_chatting(cli, fake):
         proc.stdin.write("hi\n")
         proc.stdin.flush()
         assert proc.stdout.readline() == "hello\n"
-        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
-        assert 'xzatoma_model_requests_total{provider="ollama",status="ok"} 1.0' in body
+        def scrape():  # the answer may print a moment before its counter moves: scrape as Prometheus would
+            return urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+        assert wait_for(lambda: 'xzatoma_model_requests_total{provider="ollama",status="ok"} 1.0' in scrape())
+        assert 'xzatoma_model_requests_total{provider="ollama",status="error"}' not in scrape()
         proc.stdin.close()
         assert proc.wait(20) == 0
     finally:
