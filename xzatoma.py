@@ -111,6 +111,7 @@ class Console:
         self._out_lock = _thread.allocate_lock()
         self._holder = None  # the thread asking a question; other threads' lines wait until it is answered
         self._held = []
+        self._status_shown = False  # a spinner line is on screen
 
     def style(self, text, *names):
         if not self.color or not names:
@@ -127,10 +128,35 @@ class Console:
 
     def _emit(self, text):
         try:
+            if self._status_shown:  # wipe the spinner first; it redraws below on its next tick
+                text = "\r\033[K" + text
+                self._status_shown = False
             self.err.write(text + "\n")
             self.err.flush()
         except (OSError, ValueError):
             pass
+
+    def status(self, text):
+        """A transient line (the spinner): drawn in place, wiped before any other line, never over a question."""
+        with self._out_lock:
+            if self._holder is not None:
+                return
+            try:
+                self.err.write("\r" + text + "\033[K")
+                self.err.flush()
+                self._status_shown = True
+            except (OSError, ValueError):
+                pass
+
+    def clear_status(self):
+        with self._out_lock:
+            if self._status_shown:
+                self._status_shown = False
+                try:
+                    self.err.write("\r\033[K")
+                    self.err.flush()
+                except (OSError, ValueError):
+                    pass
 
     def hold(self):
         """While a question is open, lines from other threads (parallel subagents) wait, then print whole."""
@@ -2986,11 +3012,9 @@ class Spinner:
         def spin(stop):
             i = 0
             while not stop.wait(0.1):
-                self.console.err.write("\r%s %s %ds " % (self.FRAMES[i % 10], label, time.monotonic() - started))
-                self.console.err.flush()
+                self.console.status("%s %s %ds" % (self.FRAMES[i % 10], label, time.monotonic() - started))
                 i += 1
-            self.console.err.write("\r\033[K")
-            self.console.err.flush()
+            self.console.clear_status()
         self._thread = threading.Thread(target=spin, args=(self._stop,), daemon=True)
         self._thread.start()
 

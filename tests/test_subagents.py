@@ -271,3 +271,17 @@ def test_lines_from_other_threads_wait_until_the_question_is_answered():
     assert err.getvalue() == "Allow write_file?\nanswer > y\n  [A] completed\n"
     console.info("after")
     assert err.getvalue().endswith("completed\nafter\n")
+
+
+def test_spinner_line_is_wiped_before_other_lines_and_never_drawn_over_a_question():
+    import io
+    from xzatoma import Console
+    err = io.StringIO()
+    console = Console(err=err, color=False)
+    console.status("⠋ parallel_subagent 1s")
+    console.info("  [A] completed")
+    assert err.getvalue() == "\r⠋ parallel_subagent 1s\033[K\r\033[K  [A] completed\n"
+    with console.hold():
+        console.status("⠙ parallel_subagent 2s")
+    console.clear_status()  # nothing on screen: nothing to wipe
+    assert err.getvalue().endswith("  [A] completed\n")
