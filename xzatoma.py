@@ -109,6 +109,7 @@ class Console:
         import _thread  # built in: costs nothing at start-up
         self._get_ident = _thread.get_ident
         self._out_lock = _thread.allocate_lock()
+        self._question = _thread.RLock()  # one question at a time: parallel subagents ask one after another
         self._holder = None  # the thread asking a question; other threads' lines wait until it is answered
         self._held = []
         self._status_shown = False  # a spinner line is on screen
@@ -159,24 +160,26 @@ class Console:
                     pass
 
     def hold(self):
-        """While a question is open, lines from other threads (parallel subagents) wait, then print whole."""
-        console = self
+        """`with console.hold():` around a question. Questions come one at a time; while one is open, lines
+        from other threads (parallel subagents) wait without blocking them, then print whole."""
+        import contextlib
 
-        class _Hold:
-            def __enter__(self):
-                with console._out_lock:
-                    self.outer = console._holder is not None
-                    console._holder = console._get_ident()
-
-            def __exit__(self, *exc):
-                if self.outer:
-                    return
-                with console._out_lock:
-                    console._holder = None
-                    held, console._held = console._held, []
-                    for text in held:
-                        console._emit(text)
-        return _Hold()
+        @contextlib.contextmanager
+        def held():
+            with self._question:
+                with self._out_lock:
+                    outer = self._holder is not None  # we own the question lock: only we can be holding
+                    self._holder = self._get_ident()
+                try:
+                    yield
+                finally:
+                    if not outer:
+                        with self._out_lock:
+                            self._holder = None
+                            waiting, self._held = self._held, []
+                            for text in waiting:
+                                self._emit(text)
+        return held()
 
     def info(self, text, *styles):
         if not self.quiet:
@@ -1816,6 +1819,8 @@ class AgentStop(Exception):
 
 
 class RunResult:
+    COUNTS = ("turns", "tool_calls", "prompt_tokens", "completion_tokens")  # what the store keeps per conversation
+
     def __init__(self, conversation_id):
         self.conversation_id = conversation_id
         self.status = "running"
@@ -1827,6 +1832,14 @@ class RunResult:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.duration = 0.0
+
+    def counts(self):
+        return {key: getattr(self, key) for key in self.COUNTS}
+
+    def carry_on(self, stored):
+        """A resumed conversation's totals continue from what the store recorded."""
+        for key in self.COUNTS:
+            setattr(self, key, stored.get(key) or 0)
 
     def to_json(self):
         return {"conversation_id": self.conversation_id, "status": self.status, "answer": self.answer,
@@ -2451,19 +2464,14 @@ class Recorder:
         if self.store is not None:
             self._guard(self.store.append_message, self.id, message, estimate_tokens(message))
 
-    @staticmethod
-    def _counts(result):
-        return {"turns": result.turns, "tool_calls": result.tool_calls,
-                "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens}
-
     def progress(self, result):
         if self.store is not None:
-            self._guard(self.store.update_conversation, self.id, **self._counts(result))
+            self._guard(self.store.update_conversation, self.id, **result.counts())
 
     def finish(self, result):
         if self.store is not None:
             self._guard(self.store.finish_conversation, self.id, result.status, error=result.error,
-                        **self._counts(result))
+                        **result.counts())
 
 
 def load_history(store, conversation_id):
@@ -2900,12 +2908,10 @@ class Asker:
     """Asks the person on the terminal (never through a piped stdin); one question at a time."""
 
     def __init__(self, console):
-        import threading
         self.console = console
-        self.lock = threading.RLock()  # parallel subagents' questions come one after the other, whole
 
     def ask(self, question):
-        with self.lock:
+        with self.console.hold():
             if _isatty(sys.stdin):
                 try:
                     return input(question)
@@ -2928,19 +2934,16 @@ class Confirmations:
         self.asker = asker
         self.console = console
         self.always, self.never = set(), set()
-        self.before_question = None  # stops the spinner: nothing may draw over a question
 
     def reset(self):
         self.always.clear()
         self.never.clear()
 
     def _choice(self, header, detail, edit):
-        with self.asker.lock, self.console.hold():
+        with self.console.hold():
             return self._ask_choice(header, detail, edit)
 
     def _ask_choice(self, header, detail, edit):
-        if self.before_question is not None:
-            self.before_question()
         self.console._write(self.console.style(header, "yellow", "bold"))
         if detail:
             self.console._write(detail.rstrip("\n"))
@@ -2971,7 +2974,7 @@ class Confirmations:
             return None
         if "terminal" in self.always:
             return command
-        with self.asker.lock, self.console.hold():
+        with self.console.hold():
             answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + command, edit=True)
             if answer == "e":
                 edited = self.asker.ask("edit the command > ")
@@ -2987,7 +2990,7 @@ class Confirmations:
 
 
 class Spinner:
-    """An elapsed-seconds spinner on stderr, only on a TTY; stopped before anything else is printed."""
+    """An elapsed-seconds spinner on stderr, only on a TTY; the console wipes it before any other line."""
 
     FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -3142,7 +3145,6 @@ class ChatSession:
         self.asker = Asker(console)
         self.confirmations = Confirmations(self.asker, console)
         self.events = ChatEvents(console, self.out)
-        self.confirmations.before_question = self.events.spinner.stop
         self.result = RunResult(None)
         self.warned_write = False
         self._modes = (INTERACTIVE, FULL)
@@ -3214,8 +3216,7 @@ class ChatSession:
         self.new_conversation(cid)
         for message in load_history(self.store, cid):
             self.conversation.add(message)
-        for key in ("turns", "tool_calls", "prompt_tokens", "completion_tokens"):
-            setattr(self.result, key, stored.get(key) or 0)
+        self.result.carry_on(stored)
         self.recorder.resume_id = cid
         self.ensure_recorded(None)
         self.conversation.close_dangling("Error: interrupted")
@@ -3300,9 +3301,7 @@ class ChatSession:
 
     def finish(self):
         self.metrics.close()
-        if self.started_record:
-            self.result.status = "completed"
-            self.recorder.finish(self.result)
+        if self.finish_record_only():
             self.console.info("Resume this conversation with: xzatoma chat --resume %s" % self.id)
         if self.store is not None:
             self.store.close()
@@ -3394,9 +3393,11 @@ class ChatSession:
         self.console.info("Started a new conversation (%s)" % self.id)
 
     def finish_record_only(self):
+        """Close the stored conversation; False when nothing was recorded."""
         if self.started_record:
             self.result.status = "completed"
             self.recorder.finish(self.result)
+        return self.started_record
 
     def history(self):
         if self.store is None:
@@ -3439,7 +3440,7 @@ class ChatSession:
         try:
             result = agent.run(final=False, cancel_text="Error: cancelled by user")
         finally:
-            if result_status(agent) == "interrupted":
+            if agent.result.status == "interrupted":
                 self.ctx.cancel.set()
         if result.status == "interrupted":
             self.console._write("")
@@ -3513,10 +3514,6 @@ class ChatSession:
                     out.append("@" + full + ("/" if os.path.isdir(os.path.join(directory, name)) else ""))
             return out
         return []
-
-
-def result_status(agent):
-    return agent.result.status
 
 
 def cmd_chat(args, console):
@@ -3727,8 +3724,8 @@ COMMAND_HELP = {
     "config": "show or create the configuration",
     "version": "print the version",
 }
-COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay, "undo": _build_undo, "policy": _build_policy, "auth": _build_auth,
-                    "models": _build_models,
+COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
+                    "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
                     "config": _build_config, "version": _build_version}
 _VALUE_FLAGS = ("--config", "--provider", "--model")
 
@@ -3874,8 +3871,7 @@ def cmd_run(args, console):
     agent.quota, agent.cancel, agent.metrics = session.quota, session.cancel, metrics
     prompt = system_prompt(args.mode, ctx.root, registry.names())
     if resuming:  # totals carry on; the turn limit counts this run's turns
-        for key in ("turns", "tool_calls", "prompt_tokens", "completion_tokens"):
-            setattr(agent.result, key, stored.get(key) or 0)
+        agent.result.carry_on(stored)
         conversation.add_system(prompt)
         for message in load_history(store, conversation_id):
             conversation.add(message)
