@@ -210,7 +210,7 @@ class Store:
         if version == SCHEMA_VERSION:
             return
         conn.execute("BEGIN IMMEDIATE")
-        try:
+        with conn:  # commits, or rolls back on any exception
             version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
             for number in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[number].split(";"):
@@ -219,10 +219,6 @@ class Store:
             if version < 2:
                 self._create_fts(conn)
             conn.execute("PRAGMA user_version = %d" % SCHEMA_VERSION)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
 
     @staticmethod
     def _create_fts(conn):
@@ -272,7 +268,7 @@ class Store:
         calls_json = self.redact(json.dumps(calls, ensure_ascii=False)) if calls else None
         conn = self.conn()
         conn.execute("BEGIN")
-        try:
+        with conn:
             conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, name, "
                          "tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (conversation_id, seq, message["role"], content, calls_json, message.get("tool_call_id"),
@@ -280,10 +276,6 @@ class Store:
             if self.has_fts:
                 conn.execute("INSERT INTO %s (conversation_id, content) VALUES (?, ?)" % FTS_TABLE,
                              (conversation_id, (content or "") + (" " + calls_json if calls_json else "")))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         return seq
 
     def update_conversation(self, id, **fields):
@@ -422,17 +414,13 @@ class Store:
         ids = [id] + [c["id"] for c, _ in self.descendants(id)]
         conn = self.conn()
         conn.execute("BEGIN IMMEDIATE")
-        try:
+        with conn:
             for cid in ids:
                 for table in ("messages", "undo"):
                     conn.execute("DELETE FROM %s WHERE conversation_id = ?" % table, (cid,))
                 if self.has_fts:
                     conn.execute("DELETE FROM %s WHERE conversation_id = ?" % FTS_TABLE, (cid,))
                 conn.execute("DELETE FROM conversations WHERE id = ?", (cid,))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         return len(ids)
 
     def prune_older_than(self, seconds):

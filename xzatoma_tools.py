@@ -912,9 +912,7 @@ def _required_literal(pattern):
             runs.append(run)
             run, i = "", i + 1
             continue
-        elif c in "*?{+":
-            if c != "+" and run:
-                run = run[:-1]  # the preceding character is optional
+        elif c in "*?{+":  # a quantifier after a class, escape or group: its operand was never added to run
             runs.append(run)
             run, i = "", i + 1
             if c == "{":
@@ -992,19 +990,16 @@ class CopyPath(Tool):
         return src, dst
 
     def run(self, args, ctx):
-        import shutil
         src, dst = self._paths(args, ctx)
-        tokens = []
         if os.path.lexists(dst):
             ctx.check_undo_cap(self.name, dst, args)
-            tokens.append(ctx.before_change(self.name, dst))
+            token = ctx.before_change(self.name, dst)
             remove_path(dst)
         else:
-            tokens.append(ctx.before_create(self.name, dst))
+            token = ctx.before_create(self.name, dst)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         count = self._transfer(src, dst, ctx)
-        for token in tokens:
-            ctx.after_change(token)
+        ctx.after_change(token)
         return ToolResult.ok("%s %s to %s (%d item%s)" % (self.verb.capitalize(), display_path(src, ctx.root),
                                                          display_path(dst, ctx.root), count,
                                                          "" if count == 1 else "s"), items=count)
@@ -1052,7 +1047,8 @@ class DeletePath(Tool):
         real = resolve_path(args["path"], ctx.root)
         if not os.path.lexists(real):
             return None
-        return "delete %s (%d item%s)" % (args["path"], tree_count(real), "" if tree_count(real) == 1 else "s")
+        count = tree_count(real)
+        return "delete %s (%d item%s)" % (args["path"], count, "" if count == 1 else "s")
 
     def run(self, args, ctx):
         path = args["path"]
@@ -1520,23 +1516,21 @@ class ShellParser:
                 simple.assigns.append(word)
                 continue
             simple.words.append(word)
-            if len(simple.words) == 1 and word.text in ("for", "case", "select") and not word.quoted:
-                self.skip_to_body(word.text)
+            if len(simple.words) == 1 and word.text == "case" and not word.quoted:
+                self.skip_case_header()
         if len(simple.words) == 1 and simple.words[0].text in _RESERVED_ALONE and not simple.redirects:
             simple.words = []
         if not simple.words and not simple.assigns and not simple.redirects:
             return None
         return simple
 
-    def skip_to_body(self, keyword):
-        """`for x in a b; do …` and `case w in p) …`: the header words are data, not a command."""
-        if keyword == "case":
-            end = self.s.find(" in", self.i)
-            if end == -1:
-                raise ShellSyntaxError("case without in")
-            self.i = end + 3
-            return
-        # for/select: leave the words to be read; the following 'do' starts the body
+    def skip_case_header(self):
+        """`case w in p) …`: the header words are data, not a command. (`for x in a b; do …` needs nothing:
+        its words stay data of the 'for' command, and 'do' starts the body.)"""
+        end = self.s.find(" in", self.i)
+        if end == -1:
+            raise ShellSyntaxError("case without in")
+        self.i = end + 3
 
     def parse_redirects(self, node):
         while True:
@@ -2489,28 +2483,27 @@ class Terminal(Tool):
         command = args["command"]
         mode = getattr(ctx, "terminal_mode", RESTRICTED)
         audit = getattr(ctx, "audit", None)
-        while True:
+
+        def judge(command):  # deny is refused in every mode, also after a person's edit
             verdict = policy.judge(command)
             if verdict.level == DENY:
                 _audit(audit, ctx, command, "denied", 0, DENY)
                 raise ToolError("command denied (%s); it is never run: %s" % (verdict.reason, command))
-            if verdict.level == ALLOW or mode == FULL:
-                break
-            if mode == INTERACTIVE and getattr(ctx, "confirm_command", None) is not None:
-                answer = ctx.confirm_command(command, verdict.reason)
-                if answer is None:
-                    _audit(audit, ctx, command, "declined", 0, CONFIRM)
-                    raise ToolError("the user declined the command: %s" % command)
-                if answer != command:  # the person's edit is their approval, but it is validated again
-                    command = answer
-                    verdict = policy.judge(command)
-                    if verdict.level == DENY:
-                        _audit(audit, ctx, command, "denied", 0, DENY)
-                        raise ToolError("command denied (%s); it is never run: %s" % (verdict.reason, command))
-                break
-            _audit(audit, ctx, command, "refused", 0, CONFIRM)
-            raise ToolError("command requires confirmation; not run in restricted mode: %s (%s)"
-                            % (command, verdict.reason))
+            return verdict
+
+        verdict = judge(command)
+        if verdict.level == CONFIRM and mode != FULL:
+            if mode != INTERACTIVE or getattr(ctx, "confirm_command", None) is None:
+                _audit(audit, ctx, command, "refused", 0, CONFIRM)
+                raise ToolError("command requires confirmation; not run in restricted mode: %s (%s)"
+                                % (command, verdict.reason))
+            answer = ctx.confirm_command(command, verdict.reason)
+            if answer is None:
+                _audit(audit, ctx, command, "declined", 0, CONFIRM)
+                raise ToolError("the user declined the command: %s" % command)
+            if answer != command:  # the person's edit is their approval, but it is validated again
+                command = answer
+                verdict = judge(command)
         timeout = args.get("timeout_seconds") or term.get("timeout_seconds") or 30
         env = getattr(ctx, "_env", None)
         if env is None:
