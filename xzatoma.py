@@ -847,6 +847,9 @@ class CredentialStore:
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.file)
 
+    def describe(self, where):
+        return "the system keyring" if where == "keyring" else self.file
+
     def get(self, name):
         """(value, 'keyring'|'file') or (None, None)."""
         kr = self.keyring()
@@ -916,6 +919,7 @@ def copilot_device_login(cfg, console, creds):
     console._write("To sign in to GitHub Copilot, open %s and enter the code %s"
                    % (device["verification_uri"], console.style(device["user_code"], "bold")))
     console._write("Waiting for you to authorise… (Ctrl-C cancels)")
+    expired = XzError("the login code expired before it was used; run 'xzatoma auth login' again")
     interval = float(device.get("interval", 5))
     deadline = time.monotonic() + float(device.get("expires_in", 900))
     while True:
@@ -924,7 +928,7 @@ def copilot_device_login(cfg, console, creds):
         except KeyboardInterrupt:
             raise XzError("login cancelled; nothing was stored", EXIT_INTERRUPTED)
         if time.monotonic() > deadline:
-            raise XzError("the login code expired before it was used; run 'xzatoma auth login' again")
+            raise expired
         try:
             resp = session.post(github + "/login/oauth/access_token", headers=headers, timeout=30,
                                 data={"client_id": COPILOT_CLIENT_ID, "device_code": device["device_code"],
@@ -941,7 +945,7 @@ def copilot_device_login(cfg, console, creds):
             interval = next_poll_interval(interval, data)
             continue
         if error == "expired_token":
-            raise XzError("the login code expired before it was used; run 'xzatoma auth login' again")
+            raise expired
         if error == "access_denied":
             raise XzError("the authorisation was declined on GitHub; nothing was stored")
         raise XzError("GitHub login failed: %s" % (data.get("error_description") or error or "no token returned"))
@@ -2723,8 +2727,7 @@ def cmd_auth(args, console):
             token = exchange_copilot_token(cfg, github)  # proves the account has Copilot
             where = creds.set("github_token", github)
             creds.set("copilot_token", json.dumps(token))
-            console.info("Logged in to GitHub Copilot; the GitHub token is stored in %s"
-                         % ("the system keyring" if where == "keyring" else creds.file))
+            console.info("Logged in to GitHub Copilot; the GitHub token is stored in %s" % creds.describe(where))
             return EXIT_OK
         if _isatty(sys.stdin):
             import getpass
@@ -2735,7 +2738,7 @@ def cmd_auth(args, console):
         if not key:
             raise UsageError("no key given; nothing was stored")
         where = creds.set(KEY_NAMES[name], key)
-        console.info("stored the %s API key in %s" % (name, "the system keyring" if where == "keyring" else creds.file))
+        console.info("stored the %s API key in %s" % (name, creds.describe(where)))
         return EXIT_OK
     if action == "logout":
         for name in names:

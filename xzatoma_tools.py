@@ -104,12 +104,15 @@ class ToolContext:
         return default if value is None else value
 
     # -- undo log --
+    @property
+    def undo_cap(self):
+        return self.limit("undo_max_bytes", 52428800)
+
     def before_change(self, tool, real):
         """Save what is at `real` before a tool changes it. Returns a token for after_change."""
         if self.store is None:
             return None
-        cap = self.limit("undo_max_bytes", 52428800)
-        kind, blob, mode = snapshot(real, cap)
+        kind, blob, mode = snapshot(real, self.undo_cap)
         record = self.store.record_undo(self.conversation_id, self.call_id, tool, real, kind, blob, mode)
         return record, real
 
@@ -138,7 +141,7 @@ class ToolContext:
         """A change that could not be undone (over the size cap) asks in chat and is refused otherwise."""
         if self.store is None:
             return
-        cap = self.limit("undo_max_bytes", 52428800)
+        cap = self.undo_cap
         size = tree_size(real)
         if size <= cap:
             return
