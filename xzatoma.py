@@ -2523,6 +2523,30 @@ class history_store:
         return False
 
 
+def _build_history(sub, common, fmt):
+    history = sub.add_parser("history", parents=[common], formatter_class=fmt, help=COMMAND_HELP["history"],
+                             description="Every run and chat is stored in $XZATOMA_HOME/conversations.db as it "
+                                         "happens. Ids match by unique prefix.")
+    hsub = history.add_subparsers(dest="history_command", metavar="ACTION")
+    h = hsub.add_parser("list", parents=[common], help="newest first: id, started, kind, status, turns, tokens, title")
+    h.add_argument("--limit", type=int, default=20, metavar="N")
+    h.add_argument("--kind", choices=("chat", "run", "plan", "subagent", "watch"))
+    h.add_argument("--json", action="store_true", help="print a JSON array of conversation objects")
+    h = hsub.add_parser("show", parents=[common], help="the transcript of one conversation")
+    h.add_argument("id")
+    h.add_argument("--full", action="store_true", help="do not shorten tool calls and results")
+    h.add_argument("--json", action="store_true", help="one object: the conversation's fields and its messages")
+    h = hsub.add_parser("search", parents=[common], help="conversations whose messages contain TEXT")
+    h.add_argument("text")
+    h.add_argument("--limit", type=int, default=20, metavar="N")
+    h.add_argument("--json", action="store_true")
+    h = hsub.add_parser("delete", parents=[common], help="remove a conversation, its subagents and undo records")
+    h.add_argument("id")
+    h = hsub.add_parser("prune", parents=[common], help="remove conversations older than an age")
+    h.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 2w")
+    history.set_defaults(func=cmd_history)
+
+
 def cmd_history(args, console):
     from xzatoma_store import parse_age
     action = args.history_command
@@ -2607,6 +2631,15 @@ def render_transcript(conv, messages, full=False):
     return "\n".join(lines) + "\n"
 
 
+def _build_replay(sub, common, fmt):
+    replay = sub.add_parser("replay", parents=[common], help=COMMAND_HELP["replay"],
+                            description="Replay a stored conversation turn by turn: instructions, tool calls, "
+                                        "results and answers.")
+    replay.add_argument("id")
+    replay.add_argument("--tree", action="store_true", help="print the subagent tree below it instead")
+    replay.set_defaults(func=cmd_replay)
+
+
 def cmd_replay(args, console):
     from xzatoma_tools import preview_arguments
     with history_store(args, console) as store:
@@ -2639,6 +2672,20 @@ def cmd_replay(args, console):
         if conv.get("error"):
             out.write("\n(%s: %s)\n" % (conv["status"], conv["error"]))
         return EXIT_OK
+
+
+def _build_undo(sub, common, fmt):
+    undo = sub.add_parser("undo", parents=[common], formatter_class=fmt, help=COMMAND_HELP["undo"],
+                          description="Before a tool overwrites, edits, moves over or deletes a file, its previous "
+                                      "content is saved. undo puts the most recent change back; files the agent "
+                                      "created are removed. A path that changed since the agent touched it is "
+                                      "left alone unless --force.")
+    undo.add_argument("--all", action="store_true", help="undo every change of the most recent conversation "
+                                                         "(or of --conversation), newest first")
+    undo.add_argument("--conversation", metavar="ID", help="only changes made in this conversation")
+    undo.add_argument("--list", action="store_true", help="show what can be undone")
+    undo.add_argument("--force", action="store_true", help="restore even over later changes")
+    undo.set_defaults(func=cmd_undo)
 
 
 def cmd_undo(args, console):
@@ -2676,6 +2723,15 @@ def cmd_undo(args, console):
         return EXIT_FAILED if failed else EXIT_OK
 
 
+def _build_models(sub, common, fmt):
+    models = sub.add_parser("models", parents=[common], formatter_class=fmt, help=COMMAND_HELP["models"],
+                            description="List the provider's models with their context window and tool-call "
+                                        "support; * marks the configured one. Cached for 5 minutes.")
+    models.add_argument("--json", action="store_true", help="print one JSON object")
+    models.add_argument("--refresh", action="store_true", help="ignore the 5-minute cache")
+    models.set_defaults(func=cmd_models)
+
+
 def cmd_models(args, console):
     cfg = config_from_args(args, console)
     provider = make_provider(cfg, console)
@@ -2710,6 +2766,24 @@ def cmd_models(args, console):
     if not any(r["configured"] for r in rows):
         console.warn("the configured model '%s' is not in this list" % provider.model)
     return EXIT_OK
+
+
+def _build_auth(sub, common, fmt):
+    auth = sub.add_parser("auth", parents=[common], formatter_class=fmt, help=COMMAND_HELP["auth"],
+                          description="Credentials live in the system keyring (service 'xzatoma') or, where none "
+                                      "works, in $XZATOMA_HOME/credentials.json (mode 0600) — never in the config "
+                                      "file. Environment variables override them: COPILOT_API_TOKEN, GITHUB_TOKEN, "
+                                      "OPENAI_API_KEY, OLLAMA_API_KEY.",
+                          epilog="examples:\n  xzatoma auth login                      # GitHub device flow for Copilot\n"
+                                 "  echo \"$KEY\" | xzatoma auth login --provider openai\n  xzatoma auth status")
+    asub = auth.add_subparsers(dest="auth_command", metavar="ACTION")
+    a = asub.add_parser("login", parents=[common], help="sign in (Copilot: GitHub device flow; others: an API key)")
+    a.set_defaults(func=cmd_auth)
+    a = asub.add_parser("logout", parents=[common], help="remove stored credentials")
+    a.set_defaults(func=cmd_auth)
+    a = asub.add_parser("status", parents=[common], help="where each credential comes from and whether it works")
+    a.set_defaults(func=cmd_auth)
+    auth.set_defaults(func=cmd_auth)
 
 
 def cmd_auth(args, console):
@@ -3519,6 +3593,25 @@ class ChatSession:
         return []
 
 
+def _build_chat(sub, common, fmt):
+    chat = sub.add_parser(
+        "chat", parents=[common], formatter_class=fmt, help=COMMAND_HELP["chat"],
+        description="An interactive session. Planning mode offers read-only tools, Write mode all of them; Safe "
+                    "asks before dangerous operations, YOLO does not. Answers stream to stdout; tool lines and "
+                    "status go to stderr. With stdin piped, each line is a turn (no prompts).",
+        epilog="in the chat: /help lists commands; @path, @path#L10-20, @dir/, @search:\"text\", @grep:\"regex\"\n"
+               "and @url:https://… inject content; Ctrl-C cancels the running turn; Ctrl-D or 'exit' leaves.")
+    chat.add_argument("--mode", choices=("planning", "write"), help="start mode (default: agent.chat_mode)")
+    chat.add_argument("--safety", choices=("safe", "yolo"), help="start safety (default: agent.safety_mode)")
+    chat.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
+    chat.add_argument("--max-turns", type=int, metavar="N", help="model calls per message (agent.max_turns)")
+    chat.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics during the session")
+    resume = chat.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation")
+    resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
+    chat.set_defaults(func=cmd_chat)
+
+
 def cmd_chat(args, console):
     extra = {}
     if args.max_turns is not None:
@@ -3547,169 +3640,6 @@ def _add_global_flags(parser, suppress):
     g.add_argument("--no-color", action="store_true", default=d(False), help="never colour output")
 
 
-def _build_run(sub, common, fmt):
-    run = sub.add_parser(
-        "run", parents=[common], formatter_class=fmt, help=COMMAND_HELP["run"],
-        description="Run one task autonomously and print the final answer on stdout (progress goes to "
-                    "stderr). The instruction comes from --prompt, --plan, or standard input.",
-        epilog="plans are YAML, JSON or Markdown files with a goal, optional context and instructions:\n"
-               "  goal: Generate API documentation\n"
-               "  context: {directory: src/api/}\n"
-               "  instructions: [List all API endpoint files, Create an OpenAPI spec]\n\n"
-               "terminal commands: without --allow-dangerous only read-only commands run; others are "
-               "refused\nso the model can adapt. --json prints one object: conversation_id, status, answer, "
-               "turns,\ntool_calls, usage, duration_seconds, error.\n\n" + EXIT_CODES_HELP)
-    src = run.add_mutually_exclusive_group()
-    src.add_argument("-p", "--prompt", metavar="TEXT", help="the instruction ('-' reads it from stdin)")
-    src.add_argument("--plan", metavar="FILE", help="a plan file (.yaml, .yml, .json, .md; '-' reads stdin)")
-    run.add_argument("--mode", choices=("write", "planning"), default="write",
-                     help="write: all tools (default); planning: read-only tools")
-    run.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls (agent.max_turns)")
-    run.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit (agent.timeout_seconds)")
-    run.add_argument("--allow-dangerous", action="store_true",
-                     help="full autonomy: run terminal commands that would otherwise need confirmation")
-    run.add_argument("--working-dir", "-C", metavar="DIR",
-                     help="directory the tools work in and cannot leave (default: current directory)")
-    run.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of the answer")
-    resume = run.add_mutually_exclusive_group()
-    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation (unique id prefix)")
-    resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
-    run.add_argument("--metrics-textfile", metavar="PATH", help="write Prometheus metrics here at the end "
-                                                               "(node_exporter textfile collector)")
-    run.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics while running")
-    run.set_defaults(func=cmd_run)
-
-
-def _build_chat(sub, common, fmt):
-    chat = sub.add_parser(
-        "chat", parents=[common], formatter_class=fmt, help=COMMAND_HELP["chat"],
-        description="An interactive session. Planning mode offers read-only tools, Write mode all of them; Safe "
-                    "asks before dangerous operations, YOLO does not. Answers stream to stdout; tool lines and "
-                    "status go to stderr. With stdin piped, each line is a turn (no prompts).",
-        epilog="in the chat: /help lists commands; @path, @path#L10-20, @dir/, @search:\"text\", @grep:\"regex\"\n"
-               "and @url:https://… inject content; Ctrl-C cancels the running turn; Ctrl-D or 'exit' leaves.")
-    chat.add_argument("--mode", choices=("planning", "write"), help="start mode (default: agent.chat_mode)")
-    chat.add_argument("--safety", choices=("safe", "yolo"), help="start safety (default: agent.safety_mode)")
-    chat.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
-    chat.add_argument("--max-turns", type=int, metavar="N", help="model calls per message (agent.max_turns)")
-    chat.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics during the session")
-    resume = chat.add_mutually_exclusive_group()
-    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation")
-    resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
-    chat.set_defaults(func=cmd_chat)
-
-
-def _build_history(sub, common, fmt):
-    history = sub.add_parser("history", parents=[common], formatter_class=fmt, help=COMMAND_HELP["history"],
-                             description="Every run and chat is stored in $XZATOMA_HOME/conversations.db as it "
-                                         "happens. Ids match by unique prefix.")
-    hsub = history.add_subparsers(dest="history_command", metavar="ACTION")
-    h = hsub.add_parser("list", parents=[common], help="newest first: id, started, kind, status, turns, tokens, title")
-    h.add_argument("--limit", type=int, default=20, metavar="N")
-    h.add_argument("--kind", choices=("chat", "run", "plan", "subagent", "watch"))
-    h.add_argument("--json", action="store_true", help="print a JSON array of conversation objects")
-    h = hsub.add_parser("show", parents=[common], help="the transcript of one conversation")
-    h.add_argument("id")
-    h.add_argument("--full", action="store_true", help="do not shorten tool calls and results")
-    h.add_argument("--json", action="store_true", help="one object: the conversation's fields and its messages")
-    h = hsub.add_parser("search", parents=[common], help="conversations whose messages contain TEXT")
-    h.add_argument("text")
-    h.add_argument("--limit", type=int, default=20, metavar="N")
-    h.add_argument("--json", action="store_true")
-    h = hsub.add_parser("delete", parents=[common], help="remove a conversation, its subagents and undo records")
-    h.add_argument("id")
-    h = hsub.add_parser("prune", parents=[common], help="remove conversations older than an age")
-    h.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 2w")
-    history.set_defaults(func=cmd_history)
-
-
-def _build_replay(sub, common, fmt):
-    replay = sub.add_parser("replay", parents=[common], help=COMMAND_HELP["replay"],
-                            description="Replay a stored conversation turn by turn: instructions, tool calls, "
-                                        "results and answers.")
-    replay.add_argument("id")
-    replay.add_argument("--tree", action="store_true", help="print the subagent tree below it instead")
-    replay.set_defaults(func=cmd_replay)
-
-
-def _build_undo(sub, common, fmt):
-    undo = sub.add_parser("undo", parents=[common], formatter_class=fmt, help=COMMAND_HELP["undo"],
-                          description="Before a tool overwrites, edits, moves over or deletes a file, its previous "
-                                      "content is saved. undo puts the most recent change back; files the agent "
-                                      "created are removed. A path that changed since the agent touched it is "
-                                      "left alone unless --force.")
-    undo.add_argument("--all", action="store_true", help="undo every change of the most recent conversation "
-                                                         "(or of --conversation), newest first")
-    undo.add_argument("--conversation", metavar="ID", help="only changes made in this conversation")
-    undo.add_argument("--list", action="store_true", help="show what can be undone")
-    undo.add_argument("--force", action="store_true", help="restore even over later changes")
-    undo.set_defaults(func=cmd_undo)
-
-
-def _build_policy(sub, common, fmt):
-    policy = sub.add_parser(
-        "policy", parents=[common], formatter_class=fmt, help=COMMAND_HELP["policy"],
-        description="Print the verdict the tools would reach, then the reason, without running or fetching "
-                    "anything: commands are allow/confirm/deny, URLs allow/block, paths inside/outside.",
-        epilog="examples:\n  xzatoma policy command 'rm -rf ~'\n  xzatoma policy command 'make test' --mode full\n"
-               "  xzatoma policy url http://169.254.169.254/latest/meta-data\n  xzatoma policy path ../secrets\n"
-               "  printf 'ls\\nsudo ls\\n' | xzatoma policy command -     (one verdict per line)")
-    psub = policy.add_subparsers(dest="policy_kind", metavar="KIND")
-    for kind, help_text in (("command", "judge a terminal command"), ("url", "judge a URL for fetch"),
-                            ("path", "judge a path against the working-directory jail")):
-        p = psub.add_parser(kind, parents=[common], help=help_text)
-        p.add_argument("value", metavar=kind.upper(), help="the %s, or - to read one per line from stdin" % kind)
-        p.add_argument("--null", "-0", action="store_true", help="with -: items are separated by NUL bytes")
-        if kind != "url":
-            p.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
-        if kind == "command":
-            p.add_argument("--mode", choices=("restricted", "full", "interactive"), default="restricted",
-                           help="restricted (run's default), full (--allow-dangerous) or interactive (chat Safe)")
-        p.set_defaults(func=cmd_policy)
-    policy.set_defaults(func=lambda args, console: (policy.print_help(sys.stderr), EXIT_USAGE)[1])
-
-
-def _build_auth(sub, common, fmt):
-    auth = sub.add_parser("auth", parents=[common], formatter_class=fmt, help=COMMAND_HELP["auth"],
-                          description="Credentials live in the system keyring (service 'xzatoma') or, where none "
-                                      "works, in $XZATOMA_HOME/credentials.json (mode 0600) — never in the config "
-                                      "file. Environment variables override them: COPILOT_API_TOKEN, GITHUB_TOKEN, "
-                                      "OPENAI_API_KEY, OLLAMA_API_KEY.",
-                          epilog="examples:\n  xzatoma auth login                      # GitHub device flow for Copilot\n"
-                                 "  echo \"$KEY\" | xzatoma auth login --provider openai\n  xzatoma auth status")
-    asub = auth.add_subparsers(dest="auth_command", metavar="ACTION")
-    a = asub.add_parser("login", parents=[common], help="sign in (Copilot: GitHub device flow; others: an API key)")
-    a.set_defaults(func=cmd_auth)
-    a = asub.add_parser("logout", parents=[common], help="remove stored credentials")
-    a.set_defaults(func=cmd_auth)
-    a = asub.add_parser("status", parents=[common], help="where each credential comes from and whether it works")
-    a.set_defaults(func=cmd_auth)
-    auth.set_defaults(func=cmd_auth)
-
-
-def _build_models(sub, common, fmt):
-    models = sub.add_parser("models", parents=[common], formatter_class=fmt, help=COMMAND_HELP["models"],
-                            description="List the provider's models with their context window and tool-call "
-                                        "support; * marks the configured one. Cached for 5 minutes.")
-    models.add_argument("--json", action="store_true", help="print one JSON object")
-    models.add_argument("--refresh", action="store_true", help="ignore the 5-minute cache")
-    models.set_defaults(func=cmd_models)
-
-
-def _build_config(sub, common, fmt):
-    config = sub.add_parser("config", parents=[common], formatter_class=fmt, help=COMMAND_HELP["config"],
-                            description="Inspect the effective configuration or create a config file.")
-    csub = config.add_subparsers(dest="config_command", metavar="ACTION")
-    show = csub.add_parser("show", parents=[common], help="effective values and where each came from (secrets masked)")
-    show.add_argument("--json", action="store_true", help="print {key: {value, source}} as JSON")
-    show.set_defaults(func=cmd_config_show)
-    path = csub.add_parser("path", parents=[common], help="print the configuration file path")
-    path.set_defaults(func=cmd_config_path)
-    init = csub.add_parser("init", parents=[common], help="write a commented default config file (never overwrites)")
-    init.set_defaults(func=cmd_config_init)
-    config.set_defaults(func=lambda args, console: (config.print_help(sys.stderr), EXIT_USAGE)[1])
-
-
 def _build_version(sub, common, fmt):
     version = sub.add_parser("version", help=COMMAND_HELP["version"])
     version.set_defaults(func=lambda args, console: (print("xzatoma " + __version__), EXIT_OK)[1])
@@ -3727,9 +3657,6 @@ COMMAND_HELP = {
     "config": "show or create the configuration",
     "version": "print the version",
 }
-COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
-                    "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
-                    "config": _build_config, "version": _build_version}
 _VALUE_FLAGS = ("--config", "--provider", "--model")
 
 
@@ -3825,6 +3752,39 @@ def read_instruction(args, console, default=None):
     if not text.strip():
         raise UsageError("the instruction is empty")
     return text.strip(), "run", text.strip(), None
+
+
+def _build_run(sub, common, fmt):
+    run = sub.add_parser(
+        "run", parents=[common], formatter_class=fmt, help=COMMAND_HELP["run"],
+        description="Run one task autonomously and print the final answer on stdout (progress goes to "
+                    "stderr). The instruction comes from --prompt, --plan, or standard input.",
+        epilog="plans are YAML, JSON or Markdown files with a goal, optional context and instructions:\n"
+               "  goal: Generate API documentation\n"
+               "  context: {directory: src/api/}\n"
+               "  instructions: [List all API endpoint files, Create an OpenAPI spec]\n\n"
+               "terminal commands: without --allow-dangerous only read-only commands run; others are "
+               "refused\nso the model can adapt. --json prints one object: conversation_id, status, answer, "
+               "turns,\ntool_calls, usage, duration_seconds, error.\n\n" + EXIT_CODES_HELP)
+    src = run.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", metavar="TEXT", help="the instruction ('-' reads it from stdin)")
+    src.add_argument("--plan", metavar="FILE", help="a plan file (.yaml, .yml, .json, .md; '-' reads stdin)")
+    run.add_argument("--mode", choices=("write", "planning"), default="write",
+                     help="write: all tools (default); planning: read-only tools")
+    run.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls (agent.max_turns)")
+    run.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit (agent.timeout_seconds)")
+    run.add_argument("--allow-dangerous", action="store_true",
+                     help="full autonomy: run terminal commands that would otherwise need confirmation")
+    run.add_argument("--working-dir", "-C", metavar="DIR",
+                     help="directory the tools work in and cannot leave (default: current directory)")
+    run.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of the answer")
+    resume = run.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation (unique id prefix)")
+    resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
+    run.add_argument("--metrics-textfile", metavar="PATH", help="write Prometheus metrics here at the end "
+                                                               "(node_exporter textfile collector)")
+    run.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics while running")
+    run.set_defaults(func=cmd_run)
 
 
 def cmd_run(args, console):
@@ -3933,6 +3893,29 @@ def tool_context(cfg, working_dir, store, conversation_id=None):
     return ctx
 
 
+def _build_policy(sub, common, fmt):
+    policy = sub.add_parser(
+        "policy", parents=[common], formatter_class=fmt, help=COMMAND_HELP["policy"],
+        description="Print the verdict the tools would reach, then the reason, without running or fetching "
+                    "anything: commands are allow/confirm/deny, URLs allow/block, paths inside/outside.",
+        epilog="examples:\n  xzatoma policy command 'rm -rf ~'\n  xzatoma policy command 'make test' --mode full\n"
+               "  xzatoma policy url http://169.254.169.254/latest/meta-data\n  xzatoma policy path ../secrets\n"
+               "  printf 'ls\\nsudo ls\\n' | xzatoma policy command -     (one verdict per line)")
+    psub = policy.add_subparsers(dest="policy_kind", metavar="KIND")
+    for kind, help_text in (("command", "judge a terminal command"), ("url", "judge a URL for fetch"),
+                            ("path", "judge a path against the working-directory jail")):
+        p = psub.add_parser(kind, parents=[common], help=help_text)
+        p.add_argument("value", metavar=kind.upper(), help="the %s, or - to read one per line from stdin" % kind)
+        p.add_argument("--null", "-0", action="store_true", help="with -: items are separated by NUL bytes")
+        if kind != "url":
+            p.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
+        if kind == "command":
+            p.add_argument("--mode", choices=("restricted", "full", "interactive"), default="restricted",
+                           help="restricted (run's default), full (--allow-dangerous) or interactive (chat Safe)")
+        p.set_defaults(func=cmd_policy)
+    policy.set_defaults(func=lambda args, console: (policy.print_help(sys.stderr), EXIT_USAGE)[1])
+
+
 def cmd_policy(args, console):
     from xzatoma_tools import CommandPolicy, path_verdict, url_verdict
     cfg = config_from_args(args, console)
@@ -3980,6 +3963,20 @@ def _restore_sigterm(previous):
         signal.signal(signal.SIGTERM, previous)
 
 
+def _build_config(sub, common, fmt):
+    config = sub.add_parser("config", parents=[common], formatter_class=fmt, help=COMMAND_HELP["config"],
+                            description="Inspect the effective configuration or create a config file.")
+    csub = config.add_subparsers(dest="config_command", metavar="ACTION")
+    show = csub.add_parser("show", parents=[common], help="effective values and where each came from (secrets masked)")
+    show.add_argument("--json", action="store_true", help="print {key: {value, source}} as JSON")
+    show.set_defaults(func=cmd_config_show)
+    path = csub.add_parser("path", parents=[common], help="print the configuration file path")
+    path.set_defaults(func=cmd_config_path)
+    init = csub.add_parser("init", parents=[common], help="write a commented default config file (never overwrites)")
+    init.set_defaults(func=cmd_config_init)
+    config.set_defaults(func=lambda args, console: (config.print_help(sys.stderr), EXIT_USAGE)[1])
+
+
 def cmd_config_show(args, console):
     cfg = config_from_args(args, console)
     leaves = cfg.leaves()
@@ -4023,6 +4020,12 @@ def cmd_config_init(args, console):
     console.info("wrote %s" % path)
     sys.stdout.write(path + "\n")
     return EXIT_OK
+
+
+# Every command's builder sits beside its cmd_ function above; build_parser builds only the selected one.
+COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
+                    "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
+                    "config": _build_config, "version": _build_version}
 
 
 def _exit_now_if_threads_linger(code):
