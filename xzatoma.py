@@ -2142,23 +2142,6 @@ class SubagentSession:
         return [SubagentTool(self), ParallelSubagentTool(self)]
 
 
-def _child_context(parent_ctx, label, conversation_id, cancel):
-    """A copy of the parent's tool context: same jail, policy and store; questions name the subagent."""
-    import copy
-    ctx = copy.copy(parent_ctx)
-    ctx.conversation_id = conversation_id
-    ctx.cancel = cancel
-    ctx._policy = getattr(parent_ctx, "_policy", None)
-    prefix = "[subagent %s] " % label
-    if parent_ctx.confirm is not None:
-        ctx.confirm = lambda name, args, detail, always=False: parent_ctx.confirm(name, args, prefix + (detail or ""))
-    if getattr(parent_ctx, "confirm_command", None) is not None:
-        ctx.confirm_command = lambda command, reason: parent_ctx.confirm_command(command, prefix + reason)
-    if getattr(parent_ctx, "ask", None) is not None:
-        ctx.ask = lambda name, args, detail: parent_ctx.ask(name, args, prefix + detail)
-    return ctx
-
-
 class _ChildEvents(Events):
     """A subagent's progress: indented, labelled lines on stderr; its text is not streamed."""
 
@@ -2179,7 +2162,7 @@ class _ChildEvents(Events):
 def run_subagent(parent, spec):
     """Run one subagent task to its end and ask it for a summary. Returns a ToolResult; never raises."""
     from xzatoma_store import new_ulid
-    from xzatoma_tools import ToolResult, Registry, build_registry
+    from xzatoma_tools import ToolResult, build_registry
     cfg = parent.cfg
     label = str(spec.get("label") or "subagent")
     depth = parent.depth + 1
@@ -2201,15 +2184,13 @@ def run_subagent(parent, spec):
     started = time.monotonic()
     child_id = new_ulid()
     child_cancel = parent.cancel
-    ctx = _child_context(parent.ctx, label, child_id, child_cancel)
+    ctx = parent.ctx.child(label, child_id)
     sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
     provider = make_provider(cfg, parent.console, sub_name, sub_model) if (sub_name or sub_model) \
         else parent.provider.clone()
     child = SubagentSession(cfg, parent.console, provider, parent.mode, ctx, parent.quota, parent.store, depth,
                             child_id, child_cancel, parent.metrics, label)
-    full = build_registry(parent.mode, ctx, extra=child.tools())
-    names = set(allowed or parent_names)
-    registry = Registry([full.get(n) for n in full.names() if n in names], ctx, all_names=full.all_names)
+    registry = build_registry(parent.mode, ctx, extra=child.tools()).narrowed(set(allowed or parent_names), ctx)
     child.registry = registry
     conv_cfg = cfg.get("agent.conversation")
     conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
@@ -3242,18 +3223,17 @@ class ChatSession:
         self.result = RunResult(self.id)
         self.recorder = Recorder(self.store, self.console, self.id)
         self.started_record = False
-        self.ctx = tool_context(self.cfg, self.working_dir, self.store, self.id)
         self.rebuild()
         self.conversation.add_system(self.prompt_text())
 
     def rebuild(self):
         import threading
         from xzatoma_tools import build_registry
-        self.ctx.confirm = self.confirmations.confirm_tool if self.safety == "safe" else None
-        self.ctx.confirm_command = self.confirmations.confirm_command
-        self.ctx.ask = self.confirmations.ask_irreversible
-        self.ctx.terminal_mode = self._modes[0] if self.safety == "safe" else self._modes[1]
-        self.ctx.cancel = threading.Event()
+        self.ctx = tool_context(self.cfg, self.working_dir, self.store, self.id, interactive=True,
+                                confirm=self.confirmations.confirm_tool if self.safety == "safe" else None,
+                                confirm_command=self.confirmations.confirm_command,
+                                ask=self.confirmations.ask_irreversible, cancel=threading.Event(),
+                                terminal_mode=self._modes[0] if self.safety == "safe" else self._modes[1])
         self.subagents = SubagentSession(self.cfg, self.console, self.provider, self.mode, self.ctx, self.quota,
                                          self.store, parent_id=self.id, cancel=self.ctx.cancel, metrics=self.metrics)
         self.registry = build_registry(self.mode, self.ctx, extra=self.subagents.tools())
@@ -3814,15 +3794,18 @@ def cmd_run(args, console):
         except NotFound as exc:
             raise UsageError(str(exc))
 
-    ctx = tool_context(cfg, working_dir, store, conversation_id)
+    import threading
+    from xzatoma_store import new_ulid
+    conversation_id = conversation_id or new_ulid()
     default_mode = cfg.get("agent.terminal.default_mode")
-    ctx.terminal_mode = "full_autonomous" if args.allow_dangerous or default_mode == "full_autonomous" \
-        else "restricted_autonomous"  # nobody can be asked in run: interactive behaves as restricted
+    cancel = threading.Event()
+    ctx = tool_context(cfg, working_dir, store, conversation_id, cancel=cancel, terminal_mode="full_autonomous"
+                       if args.allow_dangerous or default_mode == "full_autonomous"
+                       else "restricted_autonomous")  # nobody can be asked in run: interactive behaves as restricted
     metrics = load_metrics(args.metrics_port, args.metrics_textfile) \
         if (args.metrics_port or args.metrics_textfile) else NULL_METRICS
     session = SubagentSession(cfg, console, provider, args.mode, ctx, QuotaTracker(cfg.get("agent.quota")),
-                              store, metrics=metrics)
-    ctx.cancel = session.cancel
+                              store, metrics=metrics, cancel=cancel)
     registry = build_registry(args.mode, ctx, extra=session.tools())
     session.registry = registry
     conv_cfg = cfg.get("agent.conversation")
@@ -3830,7 +3813,7 @@ def cmd_run(args, console):
     agent = Agent(provider, registry, conversation, Events(console), cfg.get("agent.max_turns"),
                   cfg.get("agent.timeout_seconds"), conversation_id=conversation_id)
     recorder = Recorder(store, console, agent.result.conversation_id)
-    ctx.conversation_id = session.parent_id = agent.result.conversation_id
+    session.parent_id = agent.result.conversation_id
     agent.quota, agent.cancel, agent.metrics = session.quota, session.cancel, metrics
     prompt = system_prompt(args.mode, ctx.root, registry.names())
     if resuming:  # totals carry on; the turn limit counts this run's turns
@@ -3880,17 +3863,15 @@ def cmd_run(args, console):
     return result.exit_code
 
 
-def tool_context(cfg, working_dir, store, conversation_id=None):
+def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
     """The tools' view of a session: jail, limits, terminal policy, audit log and undo store."""
     from xzatoma_store import Redactor
     from xzatoma_tools import AuditLog, ToolContext
-    ctx = ToolContext(working_dir, cfg.section("agent.tools"), confirm=None, store=store,
-                      conversation_id=conversation_id)
-    ctx.terminal = cfg.section("agent.terminal")
-    ctx.secrets = cfg.secret_values()
-    ctx.audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
-                         redact=Redactor(ctx.secrets))
-    return ctx
+    secrets = cfg.secret_values()
+    audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
+                     redact=Redactor(secrets))
+    return ToolContext(working_dir, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
+                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit, **fields)
 
 
 def _build_policy(sub, common, fmt):

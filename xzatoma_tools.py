@@ -74,30 +74,84 @@ class ToolError(Exception):
 
 # ---- Tool and registry ----
 
-READ, WRITE, EXECUTE = "read", "write", "execute"
+READ, WRITE, EXECUTE = "read", "write", "execute"  # a tool's permission; planning mode offers only READ
 PLANNING, WRITE_MODE = "planning", "write"
+RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "interactive"  # terminal modes
 
 
 class ToolContext:
-    """What a tool run may touch: the jail root, limits, the confirm callback and the undo log.
+    """What a tool run may touch: the jail, limits, the people who can be asked, the undo log.
 
-    `confirm(tool_name, args, detail, always=False) -> bool` is given by chat in Safe mode (None in
-    `run` and YOLO: nothing is asked); always=True asks even in YOLO (an irreversible change).
-    `store` and `conversation_id` let file tools save what they overwrite, so `xzatoma undo` can
-    put it back.
+    Every field is given to the constructor (the Session builds it; tests pass what they need) and
+    documented here; tools read them directly, never probing with getattr. `child()` derives a
+    subagent's context, `with_deadline()` one run's.
     """
 
-    def __init__(self, working_dir, tools_config=None, confirm=None, mode=WRITE_MODE, store=None,
-                 conversation_id=None, interactive=False):
+    def __init__(self, working_dir, tools_config=None, confirm=None, store=None, conversation_id=None,
+                 interactive=False, ask=None, confirm_command=None, terminal=None, terminal_mode=None,
+                 audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None):
+        #: the jail: every path a tool touches resolves inside this real directory
         self.root = os.path.realpath(working_dir)
+        #: the agent.tools configuration slice (limits such as max_output_size, fetch, undo_max_bytes)
         self.config = tools_config or {}
+        #: confirm(tool_name, args, detail) -> bool before a call whose tool asks for it; chat in Safe mode only
         self.confirm = confirm
-        self.mode = mode
+        #: the Store for undo records and the fetch cache, or None (no history this run)
         self.store = store
+        #: the stored conversation the undo records belong to
         self.conversation_id = conversation_id
-        self.interactive = interactive  # a person can be asked (chat), even when confirm is None (YOLO)
-        self.ask = None  # callable(tool_name, args, detail) -> bool for irreversible changes in chat
+        #: True only when a person can be asked (chat), even when confirm is None (YOLO)
+        self.interactive = interactive
+        #: ask(tool_name, args, detail) -> bool for an irreversible change; None where nobody can be asked
+        self.ask = ask
+        #: confirm_command(command, reason) -> the command to run (maybe edited) or None; chat only
+        self.confirm_command = confirm_command
+        #: the agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist)
+        self.terminal = terminal or {}
+        #: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or interactive (Safe)
+        self.terminal_mode = terminal_mode or RESTRICTED
+        #: the AuditLog every terminal command is written to, or None
+        self.audit = audit
+        #: credential values: kept out of commands' environment
+        self.secrets = tuple(secrets)
+        #: a threading.Event; set, it stops running commands and subagents (Ctrl-C, SIGTERM, fail_fast)
+        self.cancel = cancel
+        #: time.monotonic() by which the run must end (--timeout), or None; tools and commands honour it
+        self.deadline = deadline
+        #: 0 for the top-level agent, n for a subagent n levels down
+        self.depth = depth
+        #: the subagent's label, named in every question it asks; None at the top
+        self.label = label
+        #: the id of the tool call in progress (set by the Registry for each call; undo records name it)
         self.call_id = None
+        #: the person accepted this call's change without an undo record (over the cap); reset for each call
+        self.undo_waived = False
+        #: the CommandPolicy, built on the first terminal call and shared with children
+        self._policy = None
+        #: the environment commands run with, built on the first terminal call and shared with children
+        self._env = None
+
+    def _derived(self, **changes):
+        import copy
+        ctx = copy.copy(self)  # caches (_policy, _env) and every field not named are shared
+        ctx.__dict__.update(changes, call_id=None, undo_waived=False)
+        return ctx
+
+    def child(self, label, conversation_id):
+        """A subagent's context: same jail, policy, store, cancel and deadline; its questions name it."""
+        prefix = "[subagent %s] " % label
+        confirm, confirm_command, ask = self.confirm, self.confirm_command, self.ask
+        return self._derived(
+            label=label, depth=self.depth + 1, conversation_id=conversation_id,
+            confirm=None if confirm is None else
+            (lambda name, args, detail: confirm(name, args, prefix + (detail or ""))),
+            confirm_command=None if confirm_command is None else
+            (lambda command, reason: confirm_command(command, prefix + reason)),
+            ask=None if ask is None else (lambda name, args, detail: ask(name, args, prefix + detail)))
+
+    def with_deadline(self, deadline):
+        """The same context for one run that must end by `deadline` (time.monotonic(), or None)."""
+        return self if deadline == self.deadline else self._derived(deadline=deadline)
 
     def limit(self, key, default):
         value = self.config.get(key)
@@ -110,7 +164,7 @@ class ToolContext:
 
     def before_change(self, tool, real):
         """Save what is at `real` before a tool changes it. Returns a token for after_change."""
-        if self.store is None:
+        if self.store is None or self.undo_waived:
             return None
         kind, blob, mode = snapshot(real, self.undo_cap)
         record = self.store.record_undo(self.conversation_id, self.call_id, tool, real, kind, blob, mode)
@@ -125,7 +179,7 @@ class ToolContext:
         return self.before_change(tool, top)
 
     def record_move(self, source, destination):
-        if self.store is None:
+        if self.store is None or self.undo_waived:
             return None
         record = self.store.record_undo(self.conversation_id, self.call_id, "move_path", source, "moved",
                                         destination.encode("utf-8", "surrogateescape"), None)
@@ -139,7 +193,7 @@ class ToolContext:
 
     def check_undo_cap(self, tool, real, args):
         """A change that could not be undone (over the size cap) asks in chat and is refused otherwise."""
-        if self.store is None:
+        if self.store is None or self.undo_waived:
             return
         cap = self.undo_cap
         size = tree_size(real)
@@ -148,7 +202,7 @@ class ToolContext:
         detail = "%s is %s, over the undo cap of %s (agent.tools.undo_max_bytes): this cannot be undone" % (
             display_path(real, self.root), _fmt_size(size), _fmt_size(cap))
         if self.ask is not None and self.ask(tool, args, detail):
-            self.store = None  # the person accepted a change without an undo record
+            self.undo_waived = True  # the person accepted this change without an undo record
             return
         raise ToolError(detail + ("; the user declined" if self.ask is not None else
                                   "; refused without a person to confirm it"))
@@ -259,10 +313,19 @@ def validate_arguments(tool, raw):
 class Registry:
     """The tools offered to the model in one mode. `execute` never raises."""
 
-    def __init__(self, tools, ctx, all_names=()):
+    def __init__(self, tools, ctx, mode=WRITE_MODE, all_names=()):
         self.tools = {t.name: t for t in tools}
         self.ctx = ctx
+        self.mode = mode
         self.all_names = set(all_names) | set(self.tools)
+
+    def narrowed(self, names, ctx):
+        """The same tools, only those named, over another context (a subagent's)."""
+        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.mode, self.all_names)
+
+    def bound(self, ctx):
+        """The same tools over another context (one run's deadline)."""
+        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names)
 
     def __contains__(self, name):
         return name in self.tools
@@ -284,7 +347,7 @@ class Registry:
         tool = self.tools.get(name)
         if tool is None:
             if name in self.all_names:
-                return None, None, "tool %s is not available in %s mode" % (name, self.ctx.mode)
+                return None, None, "tool %s is not available in %s mode" % (name, self.mode)
             return None, None, "unknown tool %r; available tools: %s" % (name, ", ".join(sorted(self.tools)))
         args, err = validate_arguments(tool, raw_args)
         return tool, args, err
@@ -295,7 +358,7 @@ class Registry:
         if err:
             return ToolResult.fail(err, invalid=True)
         started = time.monotonic()
-        self.ctx.call_id = call_id
+        self.ctx.call_id, self.ctx.undo_waived = call_id, False
         try:
             if self.ctx.confirm is not None:
                 detail = tool.confirmation(args, self.ctx)
@@ -2466,8 +2529,6 @@ def _flock(fd):
 
 # ---- Terminal tool ----
 
-RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "interactive"
-
 
 class Terminal(Tool):
     name = "terminal"
@@ -2481,11 +2542,11 @@ class Terminal(Tool):
     permission = EXECUTE
 
     def run(self, args, ctx):
-        term = getattr(ctx, "terminal", None) or {}
+        term = ctx.terminal
         policy = ctx_policy(ctx)
         command = args["command"]
-        mode = getattr(ctx, "terminal_mode", RESTRICTED)
-        audit = getattr(ctx, "audit", None)
+        mode = ctx.terminal_mode
+        audit = ctx.audit
 
         def judge(command):  # deny is refused in every mode, also after a person's edit
             verdict = policy.judge(command)
@@ -2496,7 +2557,7 @@ class Terminal(Tool):
 
         verdict = judge(command)
         if verdict.level == CONFIRM and mode != FULL:
-            if mode != INTERACTIVE or getattr(ctx, "confirm_command", None) is None:
+            if mode != INTERACTIVE or ctx.confirm_command is None:
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
                 raise ToolError("command requires confirmation; not run in restricted mode: %s (%s)"
                                 % (command, verdict.reason))
@@ -2508,11 +2569,11 @@ class Terminal(Tool):
                 command = answer
                 verdict = judge(command)
         timeout = args.get("timeout_seconds") or term.get("timeout_seconds") or 30
-        env = getattr(ctx, "_env", None)
+        env = ctx._env
         if env is None:
-            env = ctx._env = sanitized_env(getattr(ctx, "secrets", ()))
+            env = ctx._env = sanitized_env(ctx.secrets)
         res = run_command(command, ctx.root, timeout, term.get("max_stdout_bytes") or 10485760,
-                          term.get("max_stderr_bytes") or 1048576, cancel=getattr(ctx, "cancel", None),
+                          term.get("max_stderr_bytes") or 1048576, cancel=ctx.cancel,
                           env=env, argv=command_argv(command, verdict))
         outcome = "timeout" if res.timed_out else "cancelled" if res.cancelled else "exit:%s" % res.exit_code
         _audit(audit, ctx, command, outcome, res.duration, verdict.level)
@@ -2550,9 +2611,9 @@ def _audit(audit, ctx, command, outcome, duration, verdict):
 
 
 def ctx_policy(ctx):
-    policy = getattr(ctx, "_policy", None)
+    policy = ctx._policy
     if policy is None:
-        term = getattr(ctx, "terminal", None) or {}
+        term = ctx.terminal
         policy = CommandPolicy(ctx.root, term.get("allowlist") or DEFAULT_ALLOWLIST, term.get("custom_denylist") or ())
         ctx._policy = policy
     return policy
@@ -2779,7 +2840,7 @@ class Fetch(Tool):
         cap = cfg.get("max_response_size") or 1048576
         max_bytes = min(args.get("max_bytes") or cap, cap)
         ttl = cfg.get("cache_ttl_seconds", 86400)
-        store = getattr(ctx, "store", None)
+        store = ctx.store
         if store is not None and ttl:
             try:
                 hit = store.cache_get(url, ttl)
@@ -3145,13 +3206,14 @@ def _parse_markdown_plan(text, source):
 
 ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
              FileMetadata, FindPath, Grep, DiffFiles, PlanTool, Terminal, Fetch)
-PLANNING_TOOLS = {"list_directory", "read_file", "find_path", "file_metadata", "grep", "diff_files",
-                  "plan", "fetch", "subagent", "parallel_subagent"}
 
 
 def build_registry(mode, ctx, extra=()):
-    """The registry for a mode: planning offers read-only tools, write offers all."""
+    """The registry for a mode: planning offers the tools whose permission is read, write offers all.
+
+    `ctx` is only referenced, never changed: a chat's @mentions use a planning registry over the
+    same context as its Write-mode agent.
+    """
     tools = [cls() for cls in ALL_TOOLS] + list(extra)
-    ctx.mode = mode
-    offered = [t for t in tools if mode == WRITE_MODE or t.name in PLANNING_TOOLS]
-    return Registry(offered, ctx, all_names=[t.name for t in tools])
+    offered = [t for t in tools if mode == WRITE_MODE or t.permission == READ]
+    return Registry(offered, ctx, mode, all_names=[t.name for t in tools])

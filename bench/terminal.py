@@ -29,10 +29,9 @@ def main():
     p.add_argument("--flood-seconds", type=int, default=10)
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="xzterm-")
-    ctx = ToolContext(work, {})
-    ctx.terminal = {"timeout_seconds": 30, "max_stdout_bytes": 10485760, "max_stderr_bytes": 1048576}
-    ctx.terminal_mode = FULL
-    ctx.audit = AuditLog(os.path.join(work, "audit.log"))
+    ctx = ToolContext(work, {}, terminal={"timeout_seconds": 30, "max_stdout_bytes": 10485760,
+                                          "max_stderr_bytes": 1048576},
+                      terminal_mode=FULL, audit=AuditLog(os.path.join(work, "audit.log")))
     reg = build_registry("write", ctx)
 
     ours = theirs = 0.0
@@ -51,9 +50,8 @@ def main():
 
     code = ("import resource, sys; sys.path.insert(0, %r)\n"
             "from xzatoma_tools import FULL, ToolContext, build_registry\n"
-            "ctx = ToolContext(%r, {})\n"
-            "ctx.terminal = {'max_stdout_bytes': 10485760, 'max_stderr_bytes': 1048576}\n"
-            "ctx.terminal_mode = FULL\n"
+            "ctx = ToolContext(%r, {}, terminal={'max_stdout_bytes': 10485760, 'max_stderr_bytes': 1048576},\n"
+            "                  terminal_mode=FULL)\n"
             "r = build_registry('write', ctx).execute('terminal', {'command': 'yes', 'timeout_seconds': %d})\n"
             "assert 'timed out' in r.error\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n" % (ROOT, work, args.flood_seconds))

@@ -16,11 +16,10 @@ AUDIT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \| (.+) \| (.*) \| (e
                         r"denied|declined) \| \d+\.\d{3}s \| (allow|confirm|deny)$")
 
 
-def terminal(tmp_path, mode=RESTRICTED, **term):
-    ctx = ToolContext(str(tmp_path), {})
-    ctx.terminal = dict({"timeout_seconds": 30, "max_stdout_bytes": 10485760, "max_stderr_bytes": 1048576}, **term)
-    ctx.terminal_mode = mode
-    ctx.audit = AuditLog(str(tmp_path / "audit.log"))
+def terminal(tmp_path, mode=RESTRICTED, confirm_command=None, **term):
+    ctx = ToolContext(str(tmp_path), {}, terminal_mode=mode, audit=AuditLog(str(tmp_path / "audit.log")),
+                      confirm_command=confirm_command, terminal=dict(
+                          {"timeout_seconds": 30, "max_stdout_bytes": 10485760, "max_stderr_bytes": 1048576}, **term))
     return build_registry("write", ctx), ctx
 
 
@@ -69,14 +68,13 @@ def test_modes(tmp_path):
 
 
 def test_interactive_confirmation_approve_edit_decline(tmp_path):
-    reg, ctx = terminal(tmp_path, INTERACTIVE)
     answers = iter(["touch a.txt", "touch b.txt", None, "sudo touch c"])
     asked = []
 
     def confirm_command(command, reason):
         asked.append(command)
         return next(answers)
-    ctx.confirm_command = confirm_command
+    reg, ctx = terminal(tmp_path, INTERACTIVE, confirm_command)
     assert reg.execute("terminal", {"command": "touch a.txt"}).success  # approved as is
     assert reg.execute("terminal", {"command": "touch x.txt"}).success  # edited to b.txt
     assert (tmp_path / "b.txt").exists() and not (tmp_path / "x.txt").exists()

@@ -306,8 +306,14 @@ def test_delete_over_the_undo_cap_is_refused_without_a_person(undo_env):
     r = reg.execute("delete_path", {"path": "big", "recursive": True})
     assert "over the undo cap" in r.error and "refused without a person" in r.error
     assert (tree / "big" / "blob.txt").exists()
-    reg.ctx.ask = lambda name, args, detail: True
-    assert reg.execute("delete_path", {"path": "big", "recursive": True}).success
+    asking = ToolContext(str(tree), {"undo_max_bytes": 4096}, store=store, conversation_id="CONV1",
+                         ask=lambda name, args, detail: True)
+    reg = build_registry(WRITE_MODE, asking)
+    assert reg.execute("delete_path", {"path": "big", "recursive": True}, call_id="c1").success
+    assert not (tree / "big").exists()
+    # the person waived undo for that one change only: the next change is recorded again
+    assert reg.execute("write_file", {"path": "later.txt", "content": "x"}, call_id="c2").success
+    assert [r["tool_call_id"] for r in store.undo_records(conversation_id="CONV1")] == ["c2"]
 
 
 @pytest.mark.parametrize("pattern,fixed,found", [
@@ -331,3 +337,15 @@ def test_read_file_streams_huge_lines_and_files(tmp_path):
     assert r.output == "row 299998\nrow 299999\n" and r.metadata["lines"] == 300_000
     r = registry(tmp_path).execute("read_file", {"path": "many.txt", "start_line": 5, "end_line": 6})
     assert r.output == "row 4\nrow 5\n" and r.metadata["lines"] == 300_000
+
+
+def test_registry_offers_tools_by_permission_and_never_changes_the_context(tmp_path):
+    ctx = ToolContext(str(tmp_path), {})
+    write = build_registry(WRITE_MODE, ctx)
+    planning = build_registry(PLANNING, ctx)  # as a chat's @mention does beside a Write-mode agent
+    assert set(planning.names()) == {t.name for t in write.tools.values() if t.permission == "read"}
+    assert {"read_file", "grep", "fetch"} <= set(planning.names())
+    assert not {"write_file", "delete_path", "terminal"} & set(planning.names())
+    assert "not available in planning mode" in planning.execute("write_file", {"path": "a", "content": "x"}).error
+    assert write.execute("write_file", {"path": "a", "content": "x"}).success
+    assert vars(ctx) == vars(ToolContext(str(tmp_path), {}))
