@@ -94,7 +94,11 @@ def require(module, package=None):
 
 
 class Console:
-    """Chrome goes to stderr; colour only on a TTY without NO_COLOR."""
+    """Chrome goes to stderr; colour only on a TTY without NO_COLOR.
+
+    Every line passes through clean(): what a model, file, command or server said reaches the terminal with
+    its secrets redacted and its escape sequences shown, never emitted; only our own colours are codes.
+    """
 
     COLORS = {"dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36", "bold": "1"}
 
@@ -113,6 +117,13 @@ class Console:
         self._holder = None  # the thread asking a question; other threads' lines wait until it is answered
         self._held = []
         self._status_shown = False  # a spinner line is on screen
+
+    @staticmethod
+    def clean(text, exact=False):
+        """Untrusted text as it may reach a person: secrets redacted, control characters shown visibly."""
+        from xzatoma_store import redact
+        from xzatoma_tools import render_untrusted
+        return render_untrusted(redact(text), exact)
 
     def style(self, text, *names):
         if not self.color or not names:
@@ -143,7 +154,7 @@ class Console:
             if self._holder is not None:
                 return
             try:
-                self.err.write("\r" + text + "\033[K")
+                self.err.write("\r" + self.clean(text) + "\033[K")
                 self.err.flush()
                 self._status_shown = True
             except (OSError, ValueError):
@@ -183,7 +194,7 @@ class Console:
 
     def info(self, text, *styles):
         if not self.quiet:
-            self._write(self.style(text, *styles))
+            self._write(self.style(self.clean(text), *styles))
 
     def warn(self, text, once_key=None):
         if once_key is not None:
@@ -191,14 +202,33 @@ class Console:
                 return
             self._warned.add(once_key)
         if not self.quiet:
-            self._write(self.style("warning: ", "yellow") + text)
+            self._write(self.style("warning: ", "yellow") + self.clean(text))
 
     def error(self, text):
-        self._write(self.style("error: ", "red", "bold") + text)
+        self._write(self.style("error: ", "red", "bold") + self.clean(text))
 
     def debug(self, text):
         if self.verbose:
-            self._write(self.style("debug: " + text, "dim"))
+            self._write(self.style("debug: " + self.clean(text), "dim"))
+
+
+class CleanWriter:
+    """stdout for people (history, replay, listings): each write passes through Console.clean."""
+
+    def __init__(self, stream, exact=False):
+        self.stream, self.exact = stream, exact
+
+    def write(self, text):
+        self.stream.write(Console.clean(text, self.exact))
+
+    def flush(self):
+        self.stream.flush()
+
+
+def json_out(obj, **dumps_args):
+    """One JSON document on stdout: secrets redacted, nothing a terminal would act on (see render_json)."""
+    from xzatoma_tools import render_json
+    sys.stdout.write(render_json(obj, **dumps_args) + "\n")
 
 
 def _isatty(stream):
@@ -589,7 +619,40 @@ def load_config(flags=None, env=None, config_path=None):
                "ollama": env.get("OLLAMA_API_KEY") or None}
     secret_sources = {"openai": key_env, "copilot": "COPILOT_API_TOKEN",
                       "github": "GITHUB_TOKEN", "ollama": "OLLAMA_API_KEY"}
+    register_credentials(env, values, secrets.values())
     return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings)
+
+
+SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH")
+
+
+def register_credentials(env, values, known):
+    """Tell the redactor every credential configuration knows: the providers' keys, credential-named
+    environment variables (OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, …), secret config keys and URL passwords."""
+    from xzatoma_store import register_secret
+    for value in known:
+        register_secret(value)
+    for name, value in env.items():
+        words = name.upper().replace("-", "_").split("_")
+        if words[-1] in SECRET_ENV_SUFFIXES or name.upper().endswith("APIKEY"):
+            register_secret(value)
+    for dotted, value in flatten(values).items():
+        if isinstance(value, str):
+            if is_secret_key(dotted):
+                register_secret(value)
+            register_secret(url_password(value))
+
+
+def url_password(url):
+    """The password of a URL's userinfo (scheme://user:password@host), or None."""
+    if not isinstance(url, str) or "@" not in url or "://" not in url:
+        return None
+    from urllib.parse import unquote, urlsplit
+    try:
+        password = urlsplit(url.strip()).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
 
 
 def is_secret_key(dotted):
@@ -851,7 +914,7 @@ class CredentialStore:
         return "the system keyring" if where == "keyring" else self.file
 
     def get(self, name):
-        """(value, 'keyring'|'file') or (None, None)."""
+        """(value, 'keyring'|'file') or (None, None). Every value read is registered with the redactor."""
         kr = self.keyring()
         if kr:
             try:
@@ -859,11 +922,12 @@ class CredentialStore:
             except Exception:
                 value = None
             if value:
-                return value, "keyring"
+                return _registered(value), "keyring"
         value = self._read_file().get(name)
-        return (value, "file") if value else (None, None)
+        return (_registered(value), "file") if value else (None, None)
 
     def set(self, name, value):
+        _registered(value)
         kr = self.keyring()
         if kr:
             try:
@@ -896,6 +960,19 @@ class CredentialStore:
         return removed
 
 
+def _registered(value):
+    """A credential value, registered with the redactor (a stored Copilot token is JSON: its token too)."""
+    from xzatoma_store import register_secret
+    if isinstance(value, str):
+        register_secret(value)
+        if value.startswith("{"):
+            try:
+                register_secret(json.loads(value).get("token"))
+            except (ValueError, AttributeError):
+                pass
+    return value
+
+
 def next_poll_interval(current, response):
     """GitHub's device flow: slow_down asks for the interval it names, or 5 seconds more."""
     if response.get("error") == "slow_down":
@@ -917,7 +994,8 @@ def copilot_device_login(cfg, console, creds):
     except (requests.RequestException, ValueError) as exc:
         raise XzError("cannot start the GitHub login at %s: %s" % (github, one_line(exc, 160)))
     console._write("To sign in to GitHub Copilot, open %s and enter the code %s"
-                   % (device["verification_uri"], console.style(device["user_code"], "bold")))
+                   % (console.clean(device["verification_uri"], exact=True),
+                      console.style(console.clean(device["user_code"], exact=True), "bold")))
     console._write("Waiting for you to authorise… (Ctrl-C cancels)")
     expired = XzError("the login code expired before it was used; run 'xzatoma auth login' again")
     interval = float(device.get("interval", 5))
@@ -937,7 +1015,7 @@ def copilot_device_login(cfg, console, creds):
         except (requests.RequestException, ValueError) as exc:
             raise XzError("GitHub login failed: %s" % one_line(exc, 160))
         if data.get("access_token"):
-            return data["access_token"]
+            return _registered(data["access_token"])
         error = data.get("error")
         if error == "authorization_pending":
             continue
@@ -967,6 +1045,7 @@ def exchange_copilot_token(cfg, github_token, session=None):
         raise ProviderError("GitHub returned HTTP %d for the Copilot token exchange" % resp.status_code,
                             retryable=resp.status_code >= 500)
     data = resp.json()
+    _registered(data.get("token"))
     return {"token": data["token"], "expires_at": float(data.get("expires_at") or time.time() + 1500),
             "api": (data.get("endpoints") or {}).get("api")}
 
@@ -2533,16 +2612,17 @@ def cmd_history(args, console):
     action = args.history_command
     if action is None:
         raise UsageError("say what to do: xzatoma history list|show|search|delete|prune (see --help)")
+    out = CleanWriter(sys.stdout)
     with history_store(args, console) as store:
         if action == "list":
             rows = store.list_conversations(args.limit, args.kind)
             if args.json:
-                sys.stdout.write(json.dumps(rows, ensure_ascii=False) + "\n")
+                json_out(rows)
             else:
                 if not rows:
                     console.info("no conversations yet")
                 for row in rows:
-                    sys.stdout.write(conversation_line(row) + "\n")
+                    out.write(conversation_line(row) + "\n")
         elif action == "show":
             cid = store.resolve(args.id)
             conv = store.conversation(cid)
@@ -2551,18 +2631,18 @@ def cmd_history(args, console):
                 conv["messages"] = [{"role": m["role"], "content": m["content"],
                                      "tool_calls": m.get("tool_calls"), "tool_call_id": m.get("tool_call_id"),
                                      "name": m.get("name"), "created_at": m.get("created_at")} for m in messages]
-                sys.stdout.write(json.dumps(conv, ensure_ascii=False) + "\n")
+                json_out(conv)
             else:
-                sys.stdout.write(render_transcript(conv, messages, full=args.full))
+                out.write(render_transcript(conv, messages, full=args.full))
         elif action == "search":
             rows = store.search(args.text, args.limit)
             if args.json:
-                sys.stdout.write(json.dumps(rows, ensure_ascii=False) + "\n")
+                json_out(rows)
             else:
                 if not rows:
                     console.info("no conversation contains %r" % args.text)
                 for row in rows:
-                    sys.stdout.write(conversation_line(row) + "\n    … %s\n" % one_line(row["snippet"], 100))
+                    out.write(conversation_line(row) + "\n    … %s\n" % one_line(row["snippet"], 100))
         elif action == "delete":
             cid = store.resolve(args.id)
             n = store.delete_conversation(cid)
@@ -2626,7 +2706,7 @@ def cmd_replay(args, console):
     with history_store(args, console) as store:
         cid = store.resolve(args.id)
         conv = store.conversation(cid)
-        out = sys.stdout
+        out = CleanWriter(sys.stdout)  # what the model, files and commands said, shown never obeyed
         if args.tree:
             out.write(tree_line(conv, 0) + "\n")
             for child, level in store.descendants(cid):
@@ -2680,7 +2760,7 @@ def cmd_undo(args, console):
             for r in records:
                 what = {"absent": "created", "moved": "moved to %s" % (r["content"] or b"").decode("utf-8", "replace"),
                         "file": "changed", "dir": "directory changed", "link": "link changed"}.get(r["kind"], r["kind"])
-                sys.stdout.write("#%-5d %s  %s  %-12s %s (%s)\n" % (
+                CleanWriter(sys.stdout).write("#%-5d %s  %s  %-12s %s (%s)\n" % (
                     r["id"], r["created_at"].replace("T", " ")[:16], (r["conversation_id"] or "-")[:12], r["tool"],
                     r["path"], what))
             return EXIT_OK
@@ -2695,7 +2775,7 @@ def cmd_undo(args, console):
         failed = 0
         for record in chosen:  # newest first
             try:
-                sys.stdout.write(undo_change(store, record, force=args.force) + "\n")
+                CleanWriter(sys.stdout).write(undo_change(store, record, force=args.force) + "\n")
             except (UndoError, OSError) as exc:
                 failed += 1
                 console.error(str(exc))
@@ -2735,13 +2815,14 @@ def cmd_models(args, console):
     for row in rows:
         row["configured"] = row["id"] == provider.model
     if args.json:
-        sys.stdout.write(json.dumps({"provider": provider.name, "configured": provider.model, "models": rows}) + "\n")
+        json_out({"provider": provider.name, "configured": provider.model, "models": rows})
         return EXIT_OK
     width = max([len(r["id"]) for r in rows] + [5])
-    sys.stdout.write("  %-*s  %9s  %s\n" % (width, "MODEL", "CONTEXT", "TOOLS"))
+    out = CleanWriter(sys.stdout)  # model names come from the server
+    out.write("  %-*s  %9s  %s\n" % (width, "MODEL", "CONTEXT", "TOOLS"))
     for r in rows:
         tools = {True: "yes", False: "no", None: "?"}[r["tools"]]
-        sys.stdout.write("%s %-*s  %9s  %s\n" % ("*" if r["configured"] else " ", width, r["id"],
+        out.write("%s %-*s  %9s  %s\n" % ("*" if r["configured"] else " ", width, r["id"],
                                                   _fmt_tokens(r["context_window"]) if r["context_window"] else "?",
                                                   tools))
     if not any(r["configured"] for r in rows):
@@ -2805,7 +2886,7 @@ def cmd_auth(args, console):
     for name in names:
         line, ok = auth_status_line(cfg, console, name)
         failed |= not ok
-        sys.stdout.write(line + "\n")
+        CleanWriter(sys.stdout).write(line + "\n")
     return EXIT_OK if not failed or args.provider is None else EXIT_FAILED
 
 
@@ -3002,9 +3083,9 @@ class Confirmations:
             return self._ask_choice(header, detail, edit)
 
     def _ask_choice(self, header, detail, edit):
-        self.console._write(self.console.style(header, "yellow", "bold"))
-        if detail:
-            self.console._write(detail.rstrip("\n"))
+        self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
+        if detail:  # a diff or a command: shown with its hidden characters made visible
+            self.console._write(self.console.clean(detail.rstrip("\n")))
         options = "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session" + (" / [e]dit" if edit else "")
         while True:
             answer = self.asker.ask(options + " > ")
@@ -3033,7 +3114,8 @@ class Confirmations:
         if "terminal" in self.always:
             return command
         with self.console.hold():
-            answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + command, edit=True)
+            shown = self.console.clean(command, exact=True).replace("\n", "\n    ")  # exactly what will run
+            answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + shown, edit=True)
             if answer == "e":
                 edited = self.asker.ask("edit the command > ")
                 return edited.strip() if edited and edited.strip() else None
@@ -3126,15 +3208,21 @@ class ChatEvents(Events):
         self.out = out
         self.spinner = Spinner(console)
         self.filter = ThinkFilter()
+        from xzatoma_tools import UntrustedStream
+        self.render = UntrustedStream()
         self.streamed = False
         self.turn_tool_results = []
 
     def waiting(self):
+        from xzatoma_tools import UntrustedStream
         self.filter = ThinkFilter()
+        self.render = UntrustedStream()  # the answer is the model's text: redacted and neutralised as it streams
         self.spinner.start("thinking")
 
     def delta(self, text):
-        visible = self.filter.feed(text)
+        self._show(self.render.feed(self.filter.feed(text)))
+
+    def _show(self, visible):
         if visible:
             self.spinner.stop()
             if not self.streamed:
@@ -3145,6 +3233,7 @@ class ChatEvents(Events):
 
     def replied(self):
         self.spinner.stop()
+        self._show(self.render.finish())
         if self.streamed:
             self.out.write("\n")
             self.out.flush()
@@ -3429,7 +3518,8 @@ class ChatSession:
 
     def list_models(self):
         for row in model_table(self.provider):
-            self.console._write("%s %-40s %s" % ("*" if row["id"] == self.provider.model else " ", row["id"],
+            self.console._write("%s %-40s %s" % ("*" if row["id"] == self.provider.model else " ",
+                                                 self.console.clean(row["id"]),
                                                  _fmt_tokens(row["context_window"]) if row["context_window"] else "?"))
 
     def context(self):
@@ -3460,7 +3550,7 @@ class ChatSession:
         if self.store is None:
             raise UsageError("conversation history is unavailable")
         for row in self.store.list_conversations(10, top_level=True):
-            self.console._write(conversation_line(row))
+            self.console._write(self.console.clean(conversation_line(row)))
 
     def resume_cmd(self, arg):
         if not arg:
@@ -3850,10 +3940,12 @@ def cmd_run(args, console):
         _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens), result.duration,
         result.conversation_id)
     if args.json:
-        sys.stdout.write(json.dumps(result.to_json(), ensure_ascii=False) + "\n")
+        json_out(result.to_json())
         sys.stdout.flush()
-    elif result.status == "completed":
-        sys.stdout.write(result.answer.rstrip("\n") + "\n")
+    elif result.status == "completed":  # data when piped: byte-exact but for secrets; neutralised on a TTY
+        from xzatoma_store import redact
+        answer = redact(result.answer.rstrip("\n"))
+        sys.stdout.write((Console.clean(answer) if _isatty(sys.stdout) else answer) + "\n")
         sys.stdout.flush()
     elif result.answer and not console.quiet:
         console.info("partial answer:\n" + result.answer, "dim")
@@ -3923,7 +4015,7 @@ def cmd_policy(args, console):
             word, reason = url_verdict(item, allowed_hosts)
         else:
             word, reason = path_verdict(item, root)
-        sys.stdout.write("%s: %s\n" % (word, reason))
+        CleanWriter(sys.stdout, exact=True).write("%s: %s\n" % (word, reason))
     return EXIT_OK
 
 
@@ -3966,7 +4058,7 @@ def cmd_config_show(args, console):
                for k, v in leaves.items()}
         out["credentials"] = {name: {"env": var, "set": bool(cfg.secret(name))}
                               for name, var in cfg.secret_sources().items()}
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        json_out(out, indent=2)
         return EXIT_OK
     width = max(len(k) for k in leaves)
     lines = ["# file: %s%s" % (cfg.path, "" if cfg.path_exists else " (not present; using defaults)"),
@@ -3978,7 +4070,7 @@ def cmd_config_show(args, console):
     lines.append("# credentials (values never shown):")
     for name, var in cfg.secret_sources().items():
         lines.append("#   %-8s %s %s" % (name, var, "set" if cfg.secret(name) else "not set"))
-    sys.stdout.write("\n".join(lines) + "\n")
+    CleanWriter(sys.stdout).write("\n".join(lines) + "\n")  # a password in a base URL is redacted
     return EXIT_OK
 
 

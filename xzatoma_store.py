@@ -62,35 +62,152 @@ def parse_age(text):
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
 
 
-# ---- Redaction: secrets never reach the store ----
+# ---- Redaction: secrets never reach the store, a terminal or a log ----
+# One implementation for the whole program: the store, the console (stderr), errors, the audit log, `config
+# show`, `auth status`, --json and the final answer all call redact(). It removes common credential shapes
+# whatever their source, and every credential this process knows: configuration and credential loading
+# register them (register_secret) as they are read. One combined regex, rebuilt only when a secret is added,
+# keeps an append to the store well under a millisecond.
 
 REDACTED = "[REDACTED]"
-TOKEN_PATTERNS = [  # (shape, replacement): common credential shapes, whatever their source
-    (re.compile(r"\bgh[opsu]_[A-Za-z0-9]{20,}"), REDACTED),
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), REDACTED),
-    (re.compile(r"\btid=[A-Za-z0-9;=:._\-]{16,}"), REDACTED),
-    (re.compile(r"(?i)(authorization\s*[:=]\s*)(?:(?:bearer|token|basic)\s+)?[A-Za-z0-9._~+/=\-]{8,}"),
-     r"\1" + REDACTED),
-    (re.compile(r"(?i)\b(bearer|token)\s+(?!\[REDACTED)[A-Za-z0-9._~+/=\-]{16,}"), r"\1 " + REDACTED),
+MIN_SECRET_LENGTH = 8  # shorter known values are not registered: they would redact ordinary words
+
+_V = r"[A-Za-z0-9_\-]"  # the body of most token shapes
+# (triggers, shape): a shape is tried only when one of its triggers occurs in the lower-cased text, so text
+# without anything credential-like costs a few substring checks. A shape either replaces its whole match, or
+# keeps the text of its one named group (a label such as 'Authorization: Bearer ', or a URL up to the
+# password) and replaces the rest.
+TOKEN_SHAPES = [
+    # PEM private key blocks, whole (also JSON-escaped, and cut off before the END line)
+    (("private key",), r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+                       r"(?s:.{0,16384}?-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|(?:[A-Za-z0-9+/=\s:,.-]|\\[nr])*)"),
+    (("eyj",), r"\beyJ%s{8,}\.eyJ%s{8,}\.%s*" % (_V, _V, _V)),  # JWT
+    (("akia", "asia", "abia", "acca", "a3t"), r"\b(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}\b"),  # AWS key id
+    (("secret",), r"(?P<aws>(?i:aws_?secret_?(?:access_?)?key|secret_?access_?key)[\"']?\s*[:=]\s*[\"']?)"
+                  r"[A-Za-z0-9/+=]{40}(?![A-Za-z0-9/+=])"),  # AWS secret access key assignments
+    (("sk_live_", "sk_test_", "rk_live_", "rk_test_"), r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}"),  # Stripe
+    (("whsec_",), r"\bwhsec_[A-Za-z0-9]{16,}"),
+    (("xox", "xapp-"), r"\bxox[abposre]-[A-Za-z0-9-]{10,}|\bxapp-[A-Za-z0-9-]{10,}"),  # Slack
+    (("hooks.slack.com",), r"hooks\.slack\.com/services/[A-Za-z0-9/]{16,}"),
+    (("glpat-", "gldt-", "glrt-", "glptt-", "glcbt-", "glft-", "glimt-", "gloas-", "glsoat-", "glagent-"),
+     r"\bgl(?:pat|dt|rt|ptt|cbt|ft|imt|oas|soat|agent)-%s{20,}" % _V),  # GitLab
+    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+     r"\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}"),  # GitHub
+    (("hf_", "api_org_"), r"\bhf_[A-Za-z0-9]{20,}|\bapi_org_[A-Za-z0-9]{20,}"),  # Hugging Face
+    (("npm_",), r"\bnpm_[A-Za-z0-9]{20,}"),
+    (("pypi-age",), r"\bpypi-AgE%s{20,}" % _V),
+    (("aiza", "ya29.", "gocspx-"), r"\bAIza%s{30,}|\bya29\.%s{20,}|\bGOCSPX-%s{20,}" % (_V, _V, _V)),  # Google
+    (("sk-",), r"\bsk-%s{16,}" % _V),  # OpenAI (sk-, sk-proj-, sk-svcacct-), Anthropic (sk-ant-), DeepSeek, …
+    (("sg.",), r"\bSG\.%s{16,}\.%s{16,}" % (_V, _V)),  # SendGrid
+    (("shpat_", "shpca_", "shppa_", "shpss_"), r"\bshp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),  # Shopify
+    (("_v1_",), r"\bdo[opr]_v1_[a-f0-9]{64}"),  # DigitalOcean
+    (("dapi",), r"\bdapi[a-f0-9]{32}"),  # Databricks
+    (("hvs.", "hvb."), r"\bhv[sb]\.%s{20,}" % _V),  # Vault
+    (("atatt3",), r"\bATATT3[A-Za-z0-9_\-=]{50,}"),  # Atlassian
+    (("age-secret-key-1",), r"\bAGE-SECRET-KEY-1[0-9A-Z]{50,}"),
+    (("glc_",), r"\bglc_[A-Za-z0-9+/=]{30,}"),  # Grafana
+    ((":aa",), r"\b[0-9]{8,10}:AA[A-Za-z0-9_\-]{30,}"),  # Telegram bots
+    (("tid=",), r"\btid=[A-Za-z0-9;=:._\-]{16,}"),  # Copilot tokens
+    # Authorization headers, in HTTP, curl -H, JSON or YAML spellings
+    (("authorization",),
+     r"(?P<auth>(?i:(?:proxy-)?authorization)[\"']?\s*[:=]\s*[\"']?)(?:(?i:bearer|basic|token|digest|negotiate)\s+)?"
+     r"(?!\[REDACTED)[A-Za-z0-9._~+/=\-]{8,}"),
+    (("bearer", "basic", "token"), r"(?P<bearer>\b(?i:bearer|basic|token)\s+)(?!\[REDACTED)[A-Za-z0-9._~+/=\-]{16,}"),
+    # the password of URL userinfo: scheme://user:PASSWORD@host
+    (("://",), r"(?P<url>\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s/?#@:\"'<>\\]*:)[^\s/?#@\"'<>\\]+(?=@)"),
+    # NAME_TOKEN=value, "api_key": "value", password: value (values that look generated: a digit, 12+)
+    (("key", "secret", "password", "passwd", "token", "credential"),
+     r"(?P<assign>(?i:api_?key|apikey|secret|password|passwd|token|credentials?)[A-Za-z0-9_]{0,20}[\"']?"
+     r"\s*[:=]\s*[\"']?)(?=[A-Za-z0-9_\-+/=~]{0,200}[0-9])(?![0-9]+\b)[A-Za-z0-9_\-+/=~]{12,}"),
 ]
+
+_secrets_lock = threading.Lock()
+_known_secrets = ()  # every spelling of every registered secret, longest first
+_compiled = []  # [(triggers, regex)], compiled on first use (start-up is a feature)
+
+
+def register_secret(value):
+    """Remember a credential this process knows, so redact() removes it wherever it appears."""
+    global _known_secrets
+    if not isinstance(value, str):
+        return
+    value = value.strip()
+    if len(value) < MIN_SECRET_LENGTH:
+        return
+    from urllib.parse import quote
+    spellings = {value, quote(value, safe=""), json.dumps(value)[1:-1]}  # as typed, in a URL, in JSON
+    with _secrets_lock:
+        if not spellings <= set(_known_secrets):
+            _known_secrets = tuple(sorted(spellings | set(_known_secrets), key=len, reverse=True))
+
+
+def _replace(match):
+    keep = match.lastgroup
+    return match.group(keep) + REDACTED if keep else REDACTED
+
+
+def _compile():
+    if not _compiled:
+        with _secrets_lock:
+            if not _compiled:
+                _compiled.extend((triggers, re.compile(shape)) for triggers, shape in TOKEN_SHAPES)
+
+
+def redact(text, shapes=True):
+    """`text` with known secrets and (unless shapes=False) credential shapes replaced by [REDACTED]."""
+    if not text or not isinstance(text, str):
+        return text
+    for secret in _known_secrets:  # longest first: no half-redacted secrets
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    if not shapes:
+        return text
+    _compile()
+    lowered = text.lower()
+    for triggers, pattern in _compiled:
+        for trigger in triggers:
+            if trigger in lowered:
+                text = pattern.sub(_replace, text)
+                break
+    return text
+
+
+def redaction_spans(text):
+    """(start, end) of what redact() would replace in `text` (for streams that must not cut a secret)."""
+    spans = []
+    for secret in _known_secrets:
+        start = text.find(secret)
+        while start != -1:
+            spans.append((start, start + len(secret)))
+            start = text.find(secret, start + 1)
+    _compile()
+    lowered = text.lower()
+    for triggers, pattern in _compiled:
+        if any(trigger in lowered for trigger in triggers):
+            spans.extend(m.span() for m in pattern.finditer(text))
+    return spans
+
+
+def redact_data(obj):
+    """A copy of JSON-like data with every string redacted (keys too)."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {redact_data(k): redact_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_data(v) for v in obj]
+    return obj
 
 
 class Redactor:
-    """Replaces known secrets and common token shapes with [REDACTED]."""
+    """redact() as an object, registering the secrets it is given (kept for callers that hold one)."""
 
     def __init__(self, secrets=()):
-        self.secrets = sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+        for secret in secrets or ():
+            register_secret(secret)
 
     def __call__(self, text):
-        if not text:
-            return text
-        for secret in self.secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        for pattern, replacement in TOKEN_PATTERNS:
-            text = pattern.sub(replacement, text)
-        return text
+        return redact(text)
 
 
 # ---- Schema and migrations ----

@@ -72,6 +72,139 @@ class ToolError(Exception):
     """Raised inside a tool for a failure the model should see as `Error: …`."""
 
 
+# ---- Untrusted text for terminals ----
+# What a model, a file, a command or a server says reaches people only through render_untrusted: control
+# characters, escape sequences and invisible formatting are shown as visible escapes (`\x1b`, `\u202e`),
+# never emitted. Issue 12: `rm -r src #ESC[2K\r  $ ls -la` was displayed as `$ ls -la` and approved.
+# Decided by the Unicode category, not by a list, so a character nobody thought of fails closed.
+
+_RISKY_RUN = re.compile(r"[^\t\n\x20-\x7e]+")  # printable ASCII, tab and newline pass untouched (fast path)
+_HIDDEN_IN_TEXT = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format (bidi, zero-width), unassigned
+_JOINERS = ("\u200c", "\u200d")  # ZWNJ/ZWJ: Persian, Indic scripts and emoji sequences need them in prose
+_visible_memo = {}
+
+
+def _escape_char(ch):
+    cp = ord(ch)
+    if ch == "\r":
+        return "\\r"
+    return "\\x%02x" % cp if cp < 0x100 else "\\u%04x" % cp if cp < 0x10000 else "\\U%08x" % cp
+
+
+def _visible_char(ch, exact):
+    """`ch` as a terminal may show it: itself, or a visible escape."""
+    key = (ch, exact)
+    shown = _visible_memo.get(key)
+    if shown is None:
+        import unicodedata
+        category = unicodedata.category(ch)
+        hidden = category in _HIDDEN_IN_TEXT and not (category == "Co" and not exact)
+        if hidden and not exact and ch in _JOINERS:
+            hidden = False
+        if exact and not hidden:  # a command or path: anything that could pass for something else is shown
+            hidden = category in ("Zs", "Mn", "Me") or ch in _JOINERS
+        shown = _escape_char(ch) if hidden else ch
+        if len(_visible_memo) < 8192:
+            _visible_memo[key] = shown
+    return shown
+
+
+def render_untrusted(text, exact=False):
+    """Text from a model, file, command or server, safe to write to a terminal.
+
+    Newline and tab stay; CRLF becomes a newline; everything else that is not printable ASCII is kept only
+    when it is a visible character: C0/C1 controls (ESC, so every escape sequence, a lone CR, backspace),
+    DEL, bidirectional overrides and isolates, zero-width and other format characters, line/paragraph
+    separators, surrogates and unassigned code points are shown as `\\x1b`, `\\u202e`, `\\U000e0041`.
+    exact=True (a command to approve, a path) also shows non-ASCII spaces, combining marks, joiners and
+    private-use characters, so what is shown is exactly what will run.
+    """
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = str(text)
+    if "\r\n" in text:
+        text = text.replace("\r\n", "\n")
+    if _RISKY_RUN.search(text) is None:
+        return text
+    return _RISKY_RUN.sub(lambda m: "".join(_visible_char(ch, exact) for ch in m.group()), text)
+
+
+def render_json(obj, **dumps_args):
+    """JSON for stdout: secrets redacted in every string, and the characters render_untrusted would show
+    written as \\u escapes (the same data for a parser, nothing a terminal acts on)."""
+    from xzatoma_store import redact_data
+    text = json.dumps(redact_data(obj), ensure_ascii=False, **dumps_args)
+
+    def escape(match):
+        out = []
+        for ch in match.group():
+            if _visible_char(ch, False) == ch:
+                out.append(ch)
+            else:
+                units = ch.encode("utf-16-be", "surrogatepass")
+                out.extend("\\u%02x%02x" % (units[i], units[i + 1]) for i in range(0, len(units), 2))
+        return "".join(out)
+    return _RISKY_RUN.sub(escape, text)
+
+
+class UntrustedStream:
+    """Renders streamed text (the chat's answer) delta by delta, redacted and neutralised.
+
+    A secret or a CRLF can be split across deltas: the last few words (and an open PEM block) wait for
+    the next delta or for finish(), so redaction sees them whole.
+    """
+
+    HOLD_WORDS = 3  # 'Authorization: Bearer <token>' is three words
+    MAX_HOLD = 8192
+
+    def __init__(self):
+        self.pending = ""
+
+    def feed(self, text):
+        from xzatoma_store import redaction_spans
+        text = self.pending + (text or "")
+        cut = self._cut(text)
+        for start, end in redaction_spans(text):  # never emit half of a secret: hold it whole
+            if start < cut < end:
+                cut = start
+        self.pending = text[cut:]
+        return self._render(text[:cut])
+
+    def finish(self):
+        text, self.pending = self.pending, ""
+        return self._render(text)
+
+    def _cut(self, text):
+        """Where the held tail starts: before the last few words, an open PEM block or a CR."""
+        if len(text) > self.MAX_HOLD:
+            return len(text) - self.MAX_HOLD // 2
+        begin = text.rfind("-----BEGIN")
+        if begin != -1 and text.find("-----END", begin) == -1:
+            return begin
+        cut = len(text)
+        while cut > 0 and text[cut - 1].isspace():
+            cut -= 1
+        for _ in range(self.HOLD_WORDS):
+            while cut > 0 and not text[cut - 1].isspace():
+                cut -= 1
+            if cut == 0:
+                return 0
+            if _ < self.HOLD_WORDS - 1:
+                while cut > 0 and text[cut - 1].isspace():
+                    cut -= 1
+        while cut > 0 and text[cut - 1] == "\r":  # half of a CRLF waits for its LF
+            cut -= 1
+        return cut
+
+    @staticmethod
+    def _render(text):
+        if not text:
+            return ""
+        from xzatoma_store import redact
+        return render_untrusted(redact(text))
+
+
 # ---- Tool and registry ----
 
 READ, WRITE, EXECUTE = "read", "write", "execute"  # a tool's permission; planning mode offers only READ
@@ -373,6 +506,8 @@ class Registry:
         except Exception as exc:  # a bug in a tool must not end the run
             result = ToolResult.fail("%s failed unexpectedly: %s: %s" % (name, type(exc).__name__, exc))
         result.metadata.setdefault("duration_seconds", round(time.monotonic() - started, 3))
+        from xzatoma_store import redact  # the process's own credentials never reach the model (`env`, a 401 body)
+        result.output, result.error = redact(result.output, shapes=False), redact(result.error, shapes=False)
         return result.truncate(self.ctx.limit("max_output_size", 1048576))
 
 
@@ -2498,10 +2633,11 @@ class AuditLog:
         self.redact = redact
 
     def record(self, cwd, command, outcome, duration, verdict):
-        text = command.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-        if self.redact is not None:
-            text = self.redact(text)
-        line = "%s | %s | %s | %s | %.3fs | %s\n" % (_rfc3339(time.time()), cwd, text, outcome, duration, verdict)
+        from xzatoma_store import redact
+        text = redact(command)  # secrets out first, then one line of visible text
+        text = render_untrusted(text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r"), exact=True)
+        line = "%s | %s | %s | %s | %.3fs | %s\n" % (_rfc3339(time.time()), render_untrusted(cwd, exact=True), text,
+                                                   outcome, duration, verdict)
         data = line.encode("utf-8", "replace")
         with self._lock:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)

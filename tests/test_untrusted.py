@@ -1,0 +1,218 @@
+"""Hostile bytes: what a model, a file, a command or a server says never reaches a terminal raw.
+
+Attacker's view with harmless payloads: escape sequences that clear the screen, move the cursor, set the
+title or reverse the text, in tool-call arguments, file contents, command output and answers.
+"""
+
+import json
+import random
+
+import pytest
+
+from conftest import tool_call
+from ptyrun import PtyProcess
+from xzatoma_tools import UntrustedStream, render_json, render_untrusted
+
+ESC = "\x1b"
+RLO = "\u202e"
+# Everything that must never be written raw to a terminal (our own colours are off: NO_COLOR=1)
+HOSTILE = [ESC, RLO, "\x9b", "\x07", "\x08", "\x7f", "\u2066", "\u200b", "\ufeff", "\U000e0041"]
+
+
+def assert_clean(text, where):
+    for ch in HOSTILE:
+        assert ch not in text, "%r reached %s raw: %r" % (ch, where, text[-500:])
+    assert "\r" not in text.replace("\r\n", "\n"), "a lone CR reached %s: %r" % (where, text[-500:])
+
+
+@pytest.mark.parametrize("raw,shown", [
+    ("plain text, tabs\tand\nnewlines", "plain text, tabs\tand\nnewlines"),
+    ("café 日本語 😀 ✓ ▶", "café 日本語 😀 ✓ ▶"),  # visible non-ASCII text stays
+    ("\x1b[2J\x1b]0;title\x07", "\\x1b[2J\\x1b]0;title\\x07"),  # CSI, OSC, BEL
+    ("\x9b2J", "\\x9b2J"),  # C1 CSI
+    ("rm -r src #\x1b[2K\r  $ ls -la", "rm -r src #\\x1b[2K\\r  $ ls -la"),  # the spoof from issue 12
+    ("crlf\r\nline", "crlf\nline"),  # CRLF is a line end, not an overwrite
+    ("back\x08\x7fspace\x00", "back\\x08\\x7fspace\\x00"),
+    ("abc\u202edcb\u202c", "abc\\u202edcb\\u202c"),  # bidi override
+    ("\u2066x\u2069 \u200e\u200f\u061c", "\\u2066x\\u2069 \\u200e\\u200f\\u061c"),  # isolates and marks
+    ("zero\u200bwidth\ufeff", "zero\\u200bwidth\\ufeff"),
+    ("tag\U000e0041\U000e007f", "tag\\U000e0041\\U000e007f"),  # invisible tag characters (hidden prompts)
+    ("nel\x85ls\u2028ps\u2029", "nel\\x85ls\\u2028ps\\u2029"),
+    ("\ud800lone", "\\ud800lone"),  # a lone surrogate cannot even be encoded
+])
+def test_render_untrusted_shows_every_hidden_character(raw, shown):
+    assert render_untrusted(raw) == shown
+    assert_clean(render_untrusted(raw), "render_untrusted")
+
+
+def test_exact_mode_shows_what_could_pass_for_something_else():
+    # a command to approve: a no-break space, a joiner or a combining mark must not look like ASCII
+    assert render_untrusted("rm\u00a0-rf x\u200dy e\u0301", exact=True) == "rm\\xa0-rf x\\u200dy e\\u0301"
+    assert render_untrusted("family \U0001f468\u200d\U0001f469") == "family \U0001f468\u200d\U0001f469"
+
+
+def test_unknown_format_characters_fail_closed():
+    # unassigned and private-use code points: shown in exact mode, unassigned also in text
+    assert render_untrusted("\U000e0080") == "\\U000e0080"
+    assert render_untrusted("\ue000", exact=True) == "\\ue000"
+
+
+def test_stream_renders_the_same_whatever_the_split():
+    text = ("answer \x1b[2J with a\r\nCRLF, a lone\rCR, \u202ereversed\u202c and a key sk-proj-"
+            "abcdefghijklmnop1234567 and Authorization: token abcdefgh1 end")
+    whole = UntrustedStream()
+    expected = whole.feed(text) + whole.finish()
+    assert "sk-proj" not in expected and "abcdefgh1" not in expected
+    assert_clean(expected, "stream")
+    rng = random.Random(7)
+    for _ in range(200):
+        stream, out, i = UntrustedStream(), "", 0
+        while i < len(text):
+            n = rng.randint(1, 6)
+            out += stream.feed(text[i:i + n])
+            i += n
+        assert out + stream.finish() == expected
+
+
+def test_json_stays_valid_and_equal_but_inert():
+    data = {"answer": "\x1b[2J \u202e \x9b done", "k\u2066": [1, None]}
+    text = render_json(data)
+    assert_clean(text, "json")
+    assert json.loads(text) == data
+
+
+# -- end to end: run --
+
+
+def hostile_run(cli, fake, *flags):
+    (cli.workdir / "evil.txt").write_text("line one\x1b[2J\x1b]0;pwned\x07\n\u202eevil\rsecond\n")
+    cli.use(fake, terminal={"default_mode": "restricted_autonomous"})
+    fake.add({"tool_calls": [tool_call("read_file", path="evil\x1b[31m\u202e.txt")]},
+             {"tool_calls": [tool_call("read_file", path="evil.txt")]},
+             {"tool_calls": [tool_call("terminal", command="cat evil.txt # \x1b[2K\r$ ls")]},
+             {"content": "done\x1b[2J\x1b]0;title\x07 \u202ereversed\rover", "thinking": "think \x1b[5m"})
+    return cli.run("--verbose", "run", *flags, "--prompt", "look at evil.txt")
+
+
+def test_hostile_bytes_never_reach_stderr_or_the_audit_log(cli, fake):
+    r = hostile_run(cli, fake)
+    assert r.returncode == 0, r.stderr
+    assert_clean(r.stderr, "stderr")
+    assert "evil\\x1b[31m\\u202e.txt" in r.stderr  # shown, not obeyed
+    audit = (cli.xz_home / "audit.log").read_bytes().decode("utf-8")
+    assert "cat evil.txt # \\x1b[2K\\r$ ls" in audit
+    assert_clean(audit, "audit.log")
+    # stdout is data when piped: the answer as it was (byte for byte: see the `| cat` test)
+    assert r.stdout.startswith("done\x1b[2J\x1b]0;title\x07 \u202ereversed")
+
+
+def test_run_piped_through_cat_keeps_the_answer_byte_exact(cli, fake):
+    import subprocess
+    cli.use(fake)
+    answer = "tab\there \x1b[1mbold\x1b[0m \u202eRTL\r\nCRLF \x00nul"
+    fake.add({"content": answer})
+    cmd = " ".join(map(repr, cli.command("run", "--prompt", "x"))) + " | cat"
+    r = subprocess.run(cmd, shell=True, capture_output=True, env=cli.env, cwd=str(cli.workdir))
+    assert r.returncode == 0
+    assert r.stdout == (answer + "\n").encode()
+
+
+def test_run_on_a_terminal_neutralises_the_answer(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "hello \x1b]0;title\x07\x1b[2J \u202edlrow"})
+    p = PtyProcess(cli.command("run", "--prompt", "x"), cli.env, str(cli.workdir))
+    try:
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert "hello \\x1b]0;title\\x07\\x1b[2J \\u202edlrow" in p.seen
+    assert_clean(p.seen, "the terminal")
+
+
+def test_json_output_is_inert_and_parses_to_the_answer(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "a\x1b[2J\u202eb\x9bc"})
+    r = cli.run("run", "--json", "--prompt", "x")
+    assert r.returncode == 0
+    assert_clean(r.stdout, "--json")
+    assert json.loads(r.stdout)["answer"] == "a\x1b[2J\u202eb\x9bc"
+
+
+def test_provider_error_text_is_shown_not_obeyed(cli, fake):
+    cli.use(fake)
+    fake.add({"status": 400, "body": json.dumps({"error": "bad \x1b[2J\x1b]0;x\x07 request \u202e"})})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 1
+    assert "bad \\x1b[2J" in r.stderr
+    assert_clean(r.stderr, "stderr")
+
+
+def test_replay_history_show_and_search_are_inert(cli, fake):
+    r = hostile_run(cli, fake)
+    assert r.returncode == 0
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    for args in (("replay", cid), ("history", "show", cid), ("history", "show", "--full", cid),
+                 ("history", "search", "evil"), ("history", "list"), ("history", "show", "--json", cid),
+                 ("replay", "--tree", cid)):
+        out = cli.run(*args)
+        assert out.returncode == 0, (args, out.stderr)
+        assert_clean(out.stdout, " ".join(args))
+        assert_clean(out.stderr, " ".join(args))
+    assert "\\x1b[2J" in cli.run("history", "show", "--full", cid).stdout
+
+
+# -- end to end: chat under a pseudo-terminal --
+
+
+@pytest.fixture
+def chat(cli, fake):
+    cli.use(fake)
+    procs = []
+
+    def start(*args):
+        p = PtyProcess(cli.command("chat", *args), dict(cli.env, TERM="xterm"), str(cli.workdir))
+        procs.append(p)
+        return p
+    yield start
+    for p in procs:
+        p.close()
+
+
+PROMPT = r"\[WRITE\]\[SAFE\] >> "
+
+
+def test_a_spoofed_confirmation_shows_the_real_command(chat, fake, cli):
+    (cli.workdir / "src").mkdir()
+    (cli.workdir / "src" / "keep.py").write_text("x = 1\n")
+    spoof = "rm -r src #\x1b[2K\r  $ ls -la"
+    fake.add({"tool_calls": [tool_call("terminal", command=spoof)]}, {"content": "declined"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT)
+    p.line("tidy up")
+    p.expect(r"Run this command\?")
+    p.expect(r"\$ rm -r src #\\x1b\[2K\\r  \$ ls -la")
+    p.expect(r"\[e\]dit > ")
+    p.line("n")
+    p.expect("declined")
+    assert (cli.workdir / "src" / "keep.py").exists()
+    assert "\x1b[2K" not in p.seen and "\u202e" not in p.seen
+
+
+def test_the_diff_for_approval_shows_the_hidden_line(chat, fake, cli):
+    (cli.workdir / "notes.txt").write_text("alpha\n")
+    content = "alpha\nEVIL LINE\x1b[1A\x1b[2K\r\n\u202eenil\n"
+    fake.add({"tool_calls": [tool_call("write_file", path="notes.txt", content=content)]},
+             {"content": "answer with \x1b]0;title\x07 and \x1b[2J inside"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT)
+    p.line("edit notes")
+    p.expect(r"Allow write_file\?")
+    p.expect(r"\+EVIL LINE\\x1b\[1A\\x1b\[2K")
+    p.expect(r"\+\\u202eenil")
+    p.expect(r"ne\[v\]er this session > ")
+    p.line("n")
+    p.expect(r"answer with \\x1b\]0;title\\x07 and \\x1b\[2J inside")
+    p.expect(PROMPT)
+    assert (cli.workdir / "notes.txt").read_text() == "alpha\n"
+    for raw in ("\x1b[1A", "\x1b[2K", "\x1b]0;", "\x1b[2J", "\u202e", "\x07"):
+        assert raw not in p.seen
