@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Build dist/xzatoma.pyz: XZatoma in one file for servers that have a bare Python 3.9+ and nothing else.
+
+    python3 scripts/build_pyz.py [-o dist/xzatoma.pyz] [--python PATH ...] [--wheels DIR]
+
+The archive is a zipapp (`#!/usr/bin/env python3`) holding the project's modules and the pure-Python
+parts of its runtime dependencies at the versions pinned below, fetched by pip from the package registry
+at build time into a temporary directory (never committed), each checked against its pinned sha256.
+`keyring` is left out (credentials use the 0600 file), so are the optional extras (metrics, kafka).
+
+Start-up: zipimport never writes bytecode, and it only uses a `.pyc` that sits beside its `.py` and
+carries the running interpreter's magic number. So the archive holds one tree per interpreter version,
+and a few-line `__main__.py` puts the tree that matches the running interpreter on sys.path. The
+oldest version's tree is the archive's root and holds the sources beside its bytecode (for tracebacks,
+and for interpreters without a tree of their own); the others, `cpython-3N/`, hold bytecode and data
+files only, which keeps the archive's directory (parsed at every start) and its size small. The oldest
+is the root because Python 3.9's zipimport cannot read a data file (certifi's cacert.pem) below a
+subdirectory of the archive; later versions can. Bytecode is compiled by
+every supported interpreter found at build time (python3.9 … on PATH and under pyenv), or by the ones
+named with --python; an interpreter without a tree of its own still runs the archive, compiling the
+sources in memory at each start (slower).
+"""
+
+# ---- Pins ----
+
+import argparse
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OLDEST = (3, 9)  #: pyproject's requires-python: the oldest interpreter the archive must run on
+
+#: (distribution, version, wheel file name, sha256, top-level packages taken from it). The newest
+#: releases that still support Python 3.9; pure-Python wheels, except PyYAML, which publishes none:
+#: its .py files are taken from a CPython 3.9 wheel and its C extension (`_yaml`) is left out, so
+#: yaml falls back to its pure-Python loader (`yaml.__with_libyaml__` is False).
+PINS = [
+    ("requests", "2.32.5", "requests-2.32.5-py3-none-any.whl",
+     "2462f94637a34fd532264295e186976db0f5d453d1cdd31473c85a6a161affb6", ["requests"]),
+    ("urllib3", "2.6.3", "urllib3-2.6.3-py3-none-any.whl",
+     "bf272323e553dfb2e87d9bfd225ca7b0f467b919d7bbd355436d3fd37cb0acd4", ["urllib3"]),
+    ("idna", "3.20", "idna-3.20-py3-none-any.whl",
+     "ab7ae7122974553370f0bdb919e1a960b2cd1bc1ef0276416d896db81c14582c", ["idna"]),
+    # the py3-none-any wheel is the pure build: no mypyc-compiled md/cd modules
+    ("charset_normalizer", "3.5.2", "charset_normalizer-3.5.2-py3-none-any.whl",
+     "b6b751274acb69d77b3323d6b7dbaa3c7fdfc1eb829b7eb61d262f32e1af9685", ["charset_normalizer"]),
+    ("certifi", "2026.10.18", "certifi-2026.10.18-py3-none-any.whl",
+     "73191c47aaa79da394e8fee2dbc2ec827432cab56311122c9e47abf79e390f62", ["certifi"]),
+    ("pyyaml", "6.0.3", "pyyaml-6.0.3-cp39-cp39-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+     "0150219816b6a1fa26fb4699fb7daa9caf09eb1999f3b70fb6e786805e80375a", ["yaml"]),
+]
+#: how pip is asked for each kind of wheel: the pure ones, and PyYAML's CPython 3.9 one
+PURE_WHEEL = ["--implementation", "py", "--abi", "none", "--platform", "any"]
+PYYAML_WHEEL = ["--implementation", "cp", "--abi", "cp39", "--platform", "manylinux2014_x86_64"]
+
+#: never bundled: compiled code, type stubs, tests, and modules no code path of XZatoma reaches
+#: (urllib3's Pyodide backend, the charset-normalizer and certifi command lines)
+SKIP_SUFFIXES = (".so", ".pyd", ".dylib", ".pyi", ".js", "py.typed")
+SKIP_PREFIXES = ("certifi/tests/", "certifi/__main__.py", "urllib3/contrib/emscripten/",
+                 "charset_normalizer/cli/", "charset_normalizer/__main__.py")
+
+#: the archive's entry point. Python 2 and 3.0–3.8 must still be able to read it, to say why they
+#: cannot run XZatoma: no f-strings. `{tags}` is filled in by the build.
+MAIN = '''\
+# XZatoma in one file, built by scripts/build_pyz.py: put the bytecode tree for this interpreter on sys.path.
+import os
+import sys
+
+if sys.version_info < {oldest}:
+    sys.stderr.write("xzatoma: error: needs Python {oldest_text} or newer; this is Python %d.%d: "
+                     "run it with a newer python3\\n" % sys.version_info[:2])
+    sys.exit(2)
+TAGS = {tags}  # trees with bytecode; the first is the archive's root, which also serves any other interpreter
+tag = getattr(sys.implementation, "cache_tag", None)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), tag) if tag in TAGS[1:] else os.path.dirname(__file__))
+import xzatoma  # noqa: E402
+
+sys.exit(xzatoma.main())
+'''
+
+# ---- Fetching the pinned wheels ----
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 16), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_wheels(dest, wheels_dir=None):
+    """The pinned wheels in `dest`, from `wheels_dir` when given (offline builds) else through pip."""
+    if wheels_dir is None:
+        groups = [([p for p in PINS if p[0] != "pyyaml"], PURE_WHEEL), ([p for p in PINS if p[0] == "pyyaml"], PYYAML_WHEEL)]
+        for pins, platform in groups:
+            requirements = os.path.join(dest, "requirements.txt")
+            with open(requirements, "w") as fh:
+                fh.writelines("%s==%s --hash=sha256:%s\n" % (name, version, digest) for name, version, _, digest, _ in pins)
+            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+                   "--only-binary=:all:", "--require-hashes", "--python-version", "%d.%d" % OLDEST, "--dest", dest,
+                   "-r", requirements] + platform
+            if subprocess.call(cmd) != 0:
+                raise SystemExit("build_pyz: pip could not download the pinned wheels (is the package registry "
+                                 "reachable? or pass --wheels DIR holding: %s)" % ", ".join(p[2] for p in pins))
+        wheels_dir = dest
+    paths = []
+    for name, version, filename, digest, _ in PINS:
+        path = os.path.join(wheels_dir, filename)
+        if not os.path.isfile(path):
+            raise SystemExit("build_pyz: %s is missing from %s" % (filename, wheels_dir))
+        if sha256(path) != digest:
+            raise SystemExit("build_pyz: %s does not match its pinned sha256; refusing to bundle it" % path)
+        paths.append(path)
+    return paths
+
+
+# ---- Staging the sources ----
+
+
+def bundled(member, packages):
+    """Whether a wheel member is part of what the archive carries."""
+    top = member.split("/", 1)[0]
+    return (top in packages and not member.endswith("/") and not member.endswith(SKIP_SUFFIXES)
+            and not member.startswith(SKIP_PREFIXES))
+
+
+def stage(wheels, src, licenses):
+    """Unpack the bundled parts of each wheel and the project's modules into `src`; licences aside."""
+    for (name, version, _, _, packages), path in zip(PINS, wheels):
+        with zipfile.ZipFile(path) as whl:
+            for member in whl.namelist():
+                if bundled(member, packages):
+                    whl.extract(member, src)
+                elif ".dist-info/" in member and os.path.basename(member).upper().startswith(("LICENSE", "COPYING", "NOTICE")):
+                    with open(os.path.join(licenses, "%s-%s.%s" % (name, version, os.path.basename(member))), "wb") as out:
+                        out.write(whl.read(member))
+    modules = sorted(glob.glob(os.path.join(ROOT, "xzatoma*.py")))
+    for module in modules:
+        shutil.copy(module, src)
+    return [os.path.basename(m) for m in modules]
+
+
+# ---- Compiling bytecode for each interpreter ----
+
+#: run by each target interpreter: compile every staged .py into a .pyc beside it in that
+#: interpreter's tree. Unchecked hash-based pycs: zipimport then neither stats nor rehashes the source.
+COMPILE = r'''
+import os, py_compile, shutil, sys
+src, trees = sys.argv[1], sys.argv[2]
+tag = sys.implementation.cache_tag
+out = os.path.join(trees, tag)
+shutil.copytree(src, out)
+for dirpath, _, files in os.walk(out):
+    for name in sorted(files):
+        if name.endswith(".py"):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, out).replace(os.sep, "/")
+            py_compile.compile(path, cfile=path + "c", dfile="xzatoma.pyz/" + rel, doraise=True,
+                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+print(tag)
+'''
+
+PROBE = "import sys; print(sys.implementation.cache_tag, *sys.version_info[:2])"
+
+
+def find_interpreters():
+    """Every interpreter here that XZatoma supports, one per version (cache tag)."""
+    candidates = [sys.executable]
+    for minor in range(OLDEST[1], 30):
+        name = "python3.%d" % minor
+        candidates.append(shutil.which(name) or "")
+        for base in (os.environ.get("PYENV_ROOT"), os.path.expanduser("~/.pyenv")):
+            if base:
+                candidates.extend(sorted(glob.glob(os.path.join(base, "versions", "3.%d.*" % minor, "bin", name))))
+    found = {}
+    for exe in candidates:
+        tag = probe(exe)
+        if tag and tag[1] >= OLDEST and tag[0] not in found:
+            found[tag[0]] = exe
+    return found
+
+
+def probe(exe):
+    """(cache tag, (major, minor)) of an interpreter, or None when it does not run."""
+    if not exe or not os.access(exe, os.X_OK):
+        return None
+    try:
+        out = subprocess.run([exe, "-I", "-c", PROBE], capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if len(out) != 3 or out[0] == "None":
+        return None
+    return out[0], (int(out[1]), int(out[2]))
+
+
+def compile_trees(src, trees, interpreters):
+    """One tree per interpreter, compiled in parallel; returns the tags built, oldest first."""
+    procs = [(exe, subprocess.Popen([exe, "-I", "-W", "ignore", "-c", COMPILE, src, trees],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+             for exe in interpreters]
+    tags = []
+    for exe, proc in procs:
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit("build_pyz: %s could not compile the sources:\n%s" % (exe, err.strip()))
+        tags.append(out.strip())
+    return sorted(tags, key=lambda t: int(t.rpartition("-")[2]))
+
+
+# ---- Writing the archive ----
+
+EPOCH = (2020, 1, 1, 0, 0, 0)  #: every entry's timestamp: the same inputs give the same archive
+
+
+def write_archive(output, trees, tags, licenses):
+    main = MAIN.format(oldest=OLDEST, oldest_text="%d.%d" % OLDEST, tags=repr(tuple(tags)))
+    entries = [("__main__.py", main.encode())]
+    for tag in tags:
+        base, prefix = os.path.join(trees, tag), ("" if tag == tags[0] else tag + "/")
+        for dirpath, dirs, files in os.walk(base):
+            dirs.sort()
+            for name in sorted(files):
+                if prefix and name.endswith(".py"):
+                    continue
+                path = os.path.join(dirpath, name)
+                with open(path, "rb") as fh:
+                    entries.append((prefix + os.path.relpath(path, base).replace(os.sep, "/"), fh.read()))
+    for name in sorted(os.listdir(licenses)):
+        with open(os.path.join(licenses, name), "rb") as fh:
+            entries.append(("licenses/" + name, fh.read()))
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    tmp = output + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(b"#!/usr/bin/env python3\n")
+        with zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+            for name, data in entries:
+                info = zipfile.ZipInfo(name, EPOCH)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o644 << 16
+                zf.writestr(info, data)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, output)
+
+
+# ---- Command line ----
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-o", "--output", default=os.path.join(ROOT, "dist", "xzatoma.pyz"))
+    parser.add_argument("--python", action="append", default=[], metavar="PATH",
+                        help="compile bytecode with this interpreter (repeatable; default: every python3.9+ found)")
+    parser.add_argument("--wheels", metavar="DIR", help="take the pinned wheels from DIR instead of downloading them")
+    args = parser.parse_args(argv)
+    if args.python:
+        interpreters = {}
+        for exe in args.python:
+            tag = probe(shutil.which(exe) or exe)
+            if not tag or tag[1] < OLDEST:
+                raise SystemExit("build_pyz: %s is not a Python %d.%d+ interpreter that runs here" % ((exe,) + OLDEST))
+            interpreters.setdefault(tag[0], shutil.which(exe) or exe)
+    else:
+        interpreters = find_interpreters()
+    if not interpreters:
+        raise SystemExit("build_pyz: no Python %d.%d+ interpreter found to compile with" % OLDEST)
+    with tempfile.TemporaryDirectory(prefix="xzatoma-pyz-") as work:
+        src, trees, licenses, downloads = (os.path.join(work, d) for d in ("src", "trees", "licenses", "wheels"))
+        for d in (src, trees, licenses, downloads):
+            os.mkdir(d)
+        wheels = fetch_wheels(downloads, args.wheels)
+        modules = stage(wheels, src, licenses)
+        tags = compile_trees(src, trees, list(interpreters.values()))
+        write_archive(args.output, trees, tags, licenses)
+    size = os.path.getsize(args.output)
+    print("built %s (%.1f MB): %s; %s; bytecode for %s" % (
+        os.path.relpath(args.output), size / 1e6, ", ".join(m[:-3] for m in modules),
+        ", ".join("%s %s" % (p[0], p[1]) for p in PINS), ", ".join(tags)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
