@@ -870,21 +870,31 @@ class CredentialStore:
         self.file = os.path.join(home, "credentials.json")
         self.console = console
         self._keyring = None
+        self.no_keyring = None  #: why the system keyring is not used (after keyring()), for `auth status`
 
     def keyring(self):
         """The keyring module when a real backend works here, else False."""
         if self._keyring is None:
             self._keyring = False
+            self.no_keyring = "no system keyring backend works here"
             try:
                 import keyring
                 from keyring.backends import fail
                 backend = keyring.get_keyring()
                 if not isinstance(backend, fail.Keyring) and getattr(backend, "priority", 1) > 0:
                     keyring.get_password(KEYRING_SERVICE, "__probe__")
-                    self._keyring = keyring
-            except Exception:  # no package, no backend, locked or broken backend: use the file
+                    self._keyring, self.no_keyring = keyring, None
+            except ImportError:  # the one-file build (xzatoma.pyz) leaves keyring out
+                self.no_keyring = "the Python package 'keyring' is not installed"
+            except Exception:  # no backend, locked or broken backend: use the file
                 self._keyring = False
         return self._keyring
+
+    def where_stored(self):
+        """One line for people: where `auth login` puts credentials, and why not in the keyring."""
+        if self.keyring():
+            return "stored credentials go to the system keyring (service '%s')" % KEYRING_SERVICE
+        return "stored credentials go to %s (mode 0600): %s" % (self.file, self.no_keyring)
 
     def _read_file(self):
         try:
@@ -2887,6 +2897,7 @@ def cmd_auth(args, console):
         line, ok = auth_status_line(cfg, console, name)
         failed |= not ok
         CleanWriter(sys.stdout).write(line + "\n")
+    CleanWriter(sys.stdout).write(creds.where_stored() + "\n")
     return EXIT_OK if not failed or args.provider is None else EXIT_FAILED
 
 

@@ -34,6 +34,7 @@ import tempfile
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXIT_NO_WHEELS = 3  #: pip could not fetch the pinned wheels (the test suite skips rather than fails on it)
 OLDEST = (3, 9)  #: pyproject's requires-python: the oldest interpreter the archive must run on
 
 #: (distribution, version, wheel file name, sha256, top-level packages taken from it). The newest
@@ -107,8 +108,9 @@ def fetch_wheels(dest, wheels_dir=None):
                    "--only-binary=:all:", "--require-hashes", "--python-version", "%d.%d" % OLDEST, "--dest", dest,
                    "-r", requirements] + platform
             if subprocess.call(cmd) != 0:
-                raise SystemExit("build_pyz: pip could not download the pinned wheels (is the package registry "
-                                 "reachable? or pass --wheels DIR holding: %s)" % ", ".join(p[2] for p in pins))
+                sys.stderr.write("build_pyz: pip could not download the pinned wheels (is the package registry "
+                                 "reachable? or pass --wheels DIR holding: %s)\n" % ", ".join(p[2] for p in pins))
+                raise SystemExit(EXIT_NO_WHEELS)
         wheels_dir = dest
     paths = []
     for name, version, filename, digest, _ in PINS:
@@ -167,7 +169,7 @@ for dirpath, _, files in os.walk(out):
 print(tag)
 '''
 
-PROBE = "import sys; print(sys.implementation.cache_tag, *sys.version_info[:2])"
+PROBE = "import sys; print(sys.implementation.cache_tag, sys.version_info[0], sys.version_info[1], sys.executable)"
 
 
 def find_interpreters():
@@ -183,21 +185,22 @@ def find_interpreters():
     for exe in candidates:
         tag = probe(exe)
         if tag and tag[1] >= OLDEST and tag[0] not in found:
-            found[tag[0]] = exe
+            found[tag[0]] = tag[2]
     return found
 
 
 def probe(exe):
-    """(cache tag, (major, minor)) of an interpreter, or None when it does not run."""
+    """(cache tag, (major, minor), real executable) of an interpreter (not a pyenv shim), or None
+    when it does not run."""
     if not exe or not os.access(exe, os.X_OK):
         return None
     try:
-        out = subprocess.run([exe, "-I", "-c", PROBE], capture_output=True, text=True, timeout=30).stdout.split()
+        out = subprocess.run([exe, "-I", "-c", PROBE], capture_output=True, text=True, timeout=30).stdout.split(None, 3)
     except (OSError, subprocess.SubprocessError):
         return None
-    if len(out) != 3 or out[0] == "None":
+    if len(out) != 4 or out[0] == "None":
         return None
-    return out[0], (int(out[1]), int(out[2]))
+    return out[0], (int(out[1]), int(out[2])), out[3].strip() or exe
 
 
 def compile_trees(src, trees, interpreters):
@@ -265,7 +268,7 @@ def main(argv=None):
             tag = probe(shutil.which(exe) or exe)
             if not tag or tag[1] < OLDEST:
                 raise SystemExit("build_pyz: %s is not a Python %d.%d+ interpreter that runs here" % ((exe,) + OLDEST))
-            interpreters.setdefault(tag[0], shutil.which(exe) or exe)
+            interpreters.setdefault(tag[0], tag[2])
     else:
         interpreters = find_interpreters()
     if not interpreters:

@@ -47,6 +47,7 @@ def test_device_flow_pending_then_success_stores_in_the_keyring(cli, fake):
     status = cli.run("auth", "status", "--provider", "copilot")
     assert status.returncode == 0 and status.stdout.startswith("copilot  keyring")
     assert "works: 5 models · Copilot token expires" in status.stdout
+    assert status.stdout.splitlines()[-1] == "stored credentials go to the system keyring (service 'xzatoma')"
 
 
 def test_slow_down_expiry_and_denial(cli, fake):
@@ -169,6 +170,8 @@ def test_openai_key_login_status_logout(cli, fake):
     assert "openai   file" in lines["openai"] and "works: 5 models" in lines["openai"]
     assert lines["ollama"].startswith("ollama   none")
     assert "no Copilot credentials" in lines["copilot"]
+    assert status.stdout.splitlines()[-1] == ("stored credentials go to %s (mode 0600): no system keyring backend "
+                                              "works here" % (cli.xz_home / "credentials.json"))
     assert "sk-stored" not in status.stdout + status.stderr
     r = cli.run("auth", "status", env={"OPENAI_API_KEY": "sk-env-key-abcdefghijklmnopq"})
     assert "env OPENAI_API_KEY" in r.stdout
