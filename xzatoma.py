@@ -3817,7 +3817,7 @@ def read_instruction(args, console, default=None):
         except PlanError as exc:
             raise UsageError("invalid plan: %s" % exc)
         for key in getattr(plan, "unknown_keys", ()):
-            console.warn("plan key '%s' is not used (known: goal, context, instructions)" % key)
+            console.warn("plan key '%s' is not used (known: goal, context, instructions; or name, description, version, action, steps)" % key)
         return plan.to_prompt(), "plan", plan.goal, source
     if args.prompt == "-" or (args.prompt is None and not _isatty(sys.stdin)):
         text = sys.stdin.read()

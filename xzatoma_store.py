@@ -246,6 +246,12 @@ MIGRATIONS = [
     CREATE TABLE processed_events (event_id TEXT PRIMARY KEY, processed_at TEXT NOT NULL,
         conversation_id TEXT, status TEXT);
     """,
+    # 3 (watcher): a processed event keeps its result until the result is published, and where it came from
+    """
+    ALTER TABLE processed_events ADD COLUMN result TEXT;
+    ALTER TABLE processed_events ADD COLUMN published_at TEXT;
+    ALTER TABLE processed_events ADD COLUMN metadata TEXT;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -592,9 +598,19 @@ class Store:
         return self.conn().execute("SELECT 1 FROM processed_events WHERE event_id = ?", (event_id,)).fetchone() \
             is not None
 
-    def record_event(self, event_id, conversation_id, status):
-        self.conn().execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status) "
-                            "VALUES (?, ?, ?, ?)", (event_id, rfc3339(), conversation_id, status))
+    def event_record(self, event_id):
+        """The watcher's record of an event id (status, conversation_id, result, published_at), or None."""
+        row = self.conn().execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
+        return dict(row) if row is not None else None
+
+    def record_event(self, event_id, conversation_id, status, result=None, metadata=None):
+        """An event finished: recorded before its result is published, so a crash in between republishes it."""
+        self.conn().execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status, "
+                            "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
+                            (event_id, rfc3339(), conversation_id, status, self.redact(result), metadata))
+
+    def event_published(self, event_id):
+        self.conn().execute("UPDATE processed_events SET published_at = ? WHERE event_id = ?", (rfc3339(), event_id))
 
 
 def _shorten(text, width):

@@ -3152,11 +3152,13 @@ class PlanError(ValueError):
 
 
 class Plan:
-    def __init__(self, goal, context=None, instructions=(), name=None):
+    def __init__(self, goal, context=None, instructions=(), name=None, version=None, action=None):
         self.goal = goal
         self.context = context
         self.instructions = list(instructions)
         self.name = name
+        self.version = version  #: text, from the name/description/version/action/steps format
+        self.action = action  #: text, ditto; the watcher filters on name, action and version
 
     def context_lines(self):
         ctx = self.context
@@ -3183,7 +3185,9 @@ class Plan:
     def describe(self):
         lines = []
         if self.name:
-            lines.append("NAME: %s" % self.name)
+            lines.append("NAME: %s" % self.name + (" %s" % self.version if self.version else ""))
+        if self.action:
+            lines.append("ACTION: %s" % self.action)
         lines.append("GOAL: %s" % self.goal)
         ctx = self.context_lines()
         if ctx:
@@ -3251,17 +3255,77 @@ def _key_line(text, key):
     return text.count("\n", 0, m.start()) + 1 if m else None
 
 
+def plan_from_data(data, source="<plan>"):
+    """A Plan from already-parsed data (an event's payload): same rules as a plan file."""
+    try:
+        text = json.dumps(data, indent=1, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = ""
+    return _plan_from_mapping(data, source, text)
+
+
+def looks_like_plan(data):
+    """True for a mapping in either plan format (used to find a plan inside an event)."""
+    if not isinstance(data, dict):
+        return False
+    if "goal" in data:
+        return True
+    return any(k in data for k in ("steps", "tasks", "instructions")) and \
+        any(isinstance(data.get(k), str) for k in ("name", "description", "action"))
+
+
+def _text_field(data, key, source, text):
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise PlanError(source, "'%s' must be text, got %s" % (key, _json_type(value)), _key_line(text, key))
+    return str(value).strip() or None
+
+
+def _step_text(step):
+    """One instruction from a step: text, or {name, action, context} (steps format), or another mapping."""
+    if not isinstance(step, dict):
+        return step
+    head = None
+    if isinstance(step.get("action"), str) and isinstance(step.get("name"), str):
+        head = "%s: %s" % (step["name"].strip(), step["action"].strip())
+    else:
+        for field in ("instruction", "description", "task", "action", "name", "step"):
+            if isinstance(step.get(field), str):
+                head = step[field]
+                break
+    if head is None:
+        return ", ".join("%s: %s" % (k, _scalar(v)) for k, v in step.items())
+    ctx = step.get("context")
+    if ctx not in (None, "", {}, []):
+        if isinstance(ctx, dict):
+            ctx = ", ".join("%s: %s" % (k, _scalar(v)) for k, v in ctx.items())
+        head = "%s (context: %s)" % (head, _scalar(ctx))
+    return head
+
+
 def _plan_from_mapping(data, source, text):
     if not isinstance(data, dict):
         raise PlanError(source, "a plan must be a mapping with 'goal' and 'instructions', got %s"
                         % _json_type(data))
-    known = {"goal", "context", "instructions", "steps", "name", "title", "description"}
+    known = {"goal", "context", "instructions", "steps", "tasks", "name", "title", "description", "version",
+             "action"}
+    name = _text_field(data, "name", source, text) or _text_field(data, "title", source, text)
+    version = _text_field(data, "version", source, text)
+    action = _text_field(data, "action", source, text)
     goal = data.get("goal")
+    if goal is None and any(k in data for k in ("steps", "tasks")):
+        # the name/description/version/action/steps format: the description (else the action, else the
+        # name) is the goal
+        goal = _text_field(data, "description", source, text) or action or name
+        if goal is None:
+            raise PlanError(source, "missing 'description' (or 'goal'): what the agent should achieve")
     if goal is None or (isinstance(goal, str) and not goal.strip()):
         raise PlanError(source, "missing required key 'goal' (what the agent should achieve)")
     if not isinstance(goal, str):
         raise PlanError(source, "'goal' must be text, got %s" % _json_type(goal), _key_line(text, "goal"))
-    key = "instructions" if "instructions" in data else "steps"
+    key = next((k for k in ("instructions", "steps", "tasks") if k in data), "instructions")
     steps = data.get(key)
     if steps is None:
         raise PlanError(source, "missing required key 'instructions' (a list of steps)")
@@ -3271,21 +3335,15 @@ def _plan_from_mapping(data, source, text):
         raise PlanError(source, "'%s' must be a non-empty list of steps" % key, _key_line(text, key))
     instructions = []
     for i, step in enumerate(steps, 1):
-        if isinstance(step, dict):
-            for field in ("instruction", "description", "task", "action", "name", "step"):
-                if isinstance(step.get(field), str):
-                    step = step[field]
-                    break
-            else:
-                step = ", ".join("%s: %s" % (k, _scalar(v)) for k, v in step.items())
-        if not isinstance(step, (str, int, float)) or not str(step).strip():
+        step = _step_text(step)
+        if isinstance(step, bool) or not isinstance(step, (str, int, float)) or not str(step).strip():
             raise PlanError(source, "step %d of '%s' is empty or not text" % (i, key), _key_line(text, key))
         instructions.append(str(step).strip())
     context = data.get("context")
     if context is not None and not isinstance(context, (dict, list, str, int, float)):
         raise PlanError(source, "'context' must be a mapping, list or text", _key_line(text, "context"))
     unknown = sorted(set(data) - known)
-    plan = Plan(goal.strip(), context, instructions, data.get("name") or data.get("title"))
+    plan = Plan(goal.strip(), context, instructions, name, version, action)
     plan.unknown_keys = unknown
     return plan
 

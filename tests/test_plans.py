@@ -89,3 +89,48 @@ def test_plan_without_context_has_no_context_block():
 
 def test_unknown_keys_are_reported():
     assert parse_plan("goal: G\ninstructions: [a]\nowner: me\n").unknown_keys == ["owner"]
+
+
+STEPS_YAML = """name: release-notes
+description: Write the release notes for the new tag
+version: 1.4.2
+action: docs.release-notes
+steps:
+  - name: collect
+    action: list the merged pull requests since the last tag
+    context: {since: v1.4.1}
+  - name: write
+    action: write RELEASE_NOTES.md
+"""
+
+
+def test_steps_format_in_yaml_and_json():
+    import json
+    import yaml
+    for text in (STEPS_YAML, json.dumps(yaml.safe_load(STEPS_YAML))):
+        plan = parse_plan(text)
+        assert plan.goal == "Write the release notes for the new tag"
+        assert (plan.name, plan.version, plan.action) == ("release-notes", "1.4.2", "docs.release-notes")
+        assert plan.instructions == ["collect: list the merged pull requests since the last tag (context: since: v1.4.1)",
+                                     "write: write RELEASE_NOTES.md"]
+        assert plan.unknown_keys == []
+        assert "GOAL: Write the release notes" in plan.to_prompt()
+
+
+def test_steps_format_accepts_tasks_and_falls_back_to_action_then_name():
+    plan = parse_plan("name: n\naction: do.it\ntasks: [one]\n")
+    assert plan.goal == "do.it" and plan.instructions == ["one"]
+    assert parse_plan("name: only-name\nsteps: [one]\n").goal == "only-name"
+    with pytest.raises(PlanError, match="missing 'description'"):
+        parse_plan("version: 1.0.0\nsteps: [one]\n")
+    with pytest.raises(PlanError, match="'version' must be text"):
+        parse_plan("name: n\nversion: [1]\nsteps: [one]\n")
+
+
+def test_plan_from_data_and_looks_like_plan():
+    from xzatoma_tools import looks_like_plan, plan_from_data
+    assert plan_from_data({"goal": "G", "instructions": ["a"]}, "event").goal == "G"
+    with pytest.raises(PlanError, match="^event: missing required key 'instructions'"):
+        plan_from_data({"goal": "G"}, "event")
+    assert looks_like_plan({"name": "n", "steps": []}) and looks_like_plan({"goal": 1})
+    assert not looks_like_plan({"cluster": "prod"}) and not looks_like_plan("goal: x")
