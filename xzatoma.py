@@ -311,12 +311,26 @@ DEFAULTS = {
     "watcher": {
         "enabled": False,
         "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
-                  "group_id": "xzatoma-watcher", "security_protocol": "PLAINTEXT"},
-        "filter": {"event_types": [], "sources": [], "platforms": []},
+                  "group_id": "xzatoma-watcher", "output_topic": None, "dead_letter_topic": None,
+                  "security_protocol": "PLAINTEXT", "sasl_mechanism": None, "username": None, "password": None,
+                  "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
+                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000},
+        "filter": {"event_types": [], "sources": [], "platforms": [], "packages": [], "api_versions": [],
+                   "include_failed": False, "actions": [], "names": [], "match_version": None},
+        "format": "auto",
+        "working_dir": None,
+        "mode": "write",
+        "max_concurrent": 1,
+        "timeout_seconds": 300,
+        "allow_dangerous": False,
+        "shutdown_grace_seconds": 30,
+        "answer_max_bytes": 65536,
+        "log_file": None,
     },
     "xzepr": {
         "enabled": False,
         "api_url": None,
+        "api_key": None,
         "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
                   "group_id": "xzatoma-consumer", "security_protocol": "PLAINTEXT",
                   "sasl_mechanism": None},
@@ -332,6 +346,9 @@ CHOICES = {
     "agent.terminal.default_mode": ("interactive", "restricted_autonomous", "full_autonomous"),
     "watcher.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
     "xzepr.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+    "watcher.kafka.sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+    "watcher.format": ("auto", "xzepr", "cloudevents", "plan"),
+    "watcher.mode": ("write", "planning"),
     "logging.level": ("debug", "info", "warn", "error"),
     "logging.format": ("json", "text"),
 }
@@ -350,11 +367,19 @@ RANGES = {  # inclusive bounds; None = open
     "agent.terminal.timeout_seconds": (1, None),
     "agent.subagent.max_depth": (0, 10),
     "agent.subagent.default_max_turns": (1, None),
+    "watcher.max_concurrent": (1, 256),
+    "watcher.timeout_seconds": (1, None),
+    "watcher.shutdown_grace_seconds": (0, None),
+    "watcher.answer_max_bytes": (256, None),
 }
 
 NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
     "agent.subagent.provider": str, "agent.subagent.model": str,
     "agent.persistence.db_path": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
+    "xzepr.api_key": str, "watcher.kafka.output_topic": str, "watcher.kafka.dead_letter_topic": str,
+    "watcher.kafka.sasl_mechanism": str, "watcher.kafka.username": str, "watcher.kafka.password": str,
+    "watcher.kafka.ssl_cafile": str, "watcher.kafka.ssl_certfile": str, "watcher.kafka.ssl_keyfile": str,
+    "watcher.filter.match_version": str, "watcher.working_dir": str, "watcher.log_file": str,
 }
 
 DOCS = {
@@ -380,6 +405,15 @@ DOCS = {
     "agent.terminal.audit_max_bytes": "rotate $XZATOMA_HOME/audit.log at this size (the previous file is kept)",
     "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
     "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
+    "watcher": "xzatoma watch: Kafka topics to plans (flags override these; ${VAR} is read from the environment)",
+    "watcher.kafka.output_topic": "results go here (default: <topic>.results)",
+    "watcher.kafka.password": "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)",
+    "watcher.filter.sources": "regular expressions (search) the event source must match",
+    "watcher.filter.match_version": "semver constraint for plan versions: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2",
+    "watcher.timeout_seconds": "wall-clock limit of one event's run",
+    "watcher.allow_dangerous": "full terminal autonomy for event runs (default: restricted)",
+    "watcher.shutdown_grace_seconds": "on SIGTERM/SIGINT, running plans may finish for this long",
+    "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
 }
 
 ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to the active provider)
@@ -389,6 +423,9 @@ ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to 
     ("OLLAMA_MODEL", "provider.ollama.model"),
     ("OPENAI_BASE_URL", "provider.openai.base_url"),
     ("XZATOMA_MAX_TURNS", "agent.max_turns"),
+    ("KAFKA_USERNAME", "watcher.kafka.username"),
+    ("KAFKA_PASSWORD", "watcher.kafka.password"),
+    ("XZEPR_API_KEY", "xzepr.api_key"),
 )
 
 SECRET_SUFFIXES = ("api_key", "token", "password", "secret")
@@ -586,6 +623,8 @@ def load_config(flags=None, env=None, config_path=None):
                 warnings.append("unknown config key '%s' in %s (ignored)%s"
                                 % (dotted, path, _closest(dotted, DEFAULT_LEAVES)))
                 continue
+            if isinstance(value, str) and dotted.startswith(("watcher.", "xzepr.")):
+                value = _expand_env(value, env, dotted, warnings)
             _set(values, dotted, _coerce(dotted, value, path))
             sources[dotted] = "file"
 
@@ -613,7 +652,8 @@ def load_config(flags=None, env=None, config_path=None):
 
     values["provider"]["ollama"]["host"] = normalize_ollama_host(values["provider"]["ollama"]["host"])
     key_env = values["provider"]["openai"]["api_key_env"]
-    secrets = {"openai": env.get(key_env) or None,
+    secrets = {"kafka": values["watcher"]["kafka"]["password"] or None, "xzepr": values["xzepr"]["api_key"] or None,
+               "openai": env.get(key_env) or None,
                "copilot": env.get("COPILOT_API_TOKEN") or None,
                "github": env.get("GITHUB_TOKEN") or None,
                "ollama": env.get("OLLAMA_API_KEY") or None}
@@ -653,6 +693,17 @@ def url_password(url):
     except ValueError:
         return None
     return unquote(password) if password else None
+
+
+def _expand_env(value, env, dotted, warnings):
+    """${VAR} in the watcher's and XZepr's config values comes from the environment (secrets stay out of files)."""
+    import re
+
+    def sub(m):
+        if m.group(1) not in env:
+            warnings.append("config %s refers to ${%s}, which is not set" % (dotted, m.group(1)))
+        return env.get(m.group(1), "")
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", sub, value)
 
 
 def is_secret_key(dotted):
@@ -3726,6 +3777,251 @@ def _build_version(sub, common, fmt):
     version.set_defaults(func=lambda args, console: (print("xzatoma " + __version__), EXIT_OK)[1])
 
 
+def _build_watch(sub, common, fmt):
+    watch = sub.add_parser(
+        "watch", parents=[common], formatter_class=fmt, help=COMMAND_HELP["watch"],
+        description="Consume a Kafka topic and run the plan each event carries (XZepr events, CloudEvents 1.0 in "
+                    "structured or binary mode, or bare plans), headless, one stored conversation of kind 'watch' per "
+                    "event. Each result is published as a CloudEvent on the output topic; offsets are committed only "
+                    "after the result is recorded and published. Flags override the environment and the watcher.* "
+                    "config keys.",
+        epilog="examples:\n"
+               "  xzatoma watch --brokers localhost:9092 --topic builds --event-types build.succeeded\n"
+               "  xzatoma watch --topic plans --dry-run --idle-exit 10      # what would run, nothing run\n"
+               "  xzatoma publish --plan task.yaml --brokers localhost:9092 --topic plans\n\n"
+               "needs kafka-python: pip install 'xzatoma[kafka]'. SIGTERM/SIGINT stop taking events and let running\n"
+               "plans finish for watcher.shutdown_grace_seconds (exit 0). " + "exit codes: 0 stopped, 2 bad usage or "
+               "configuration.")
+    c = watch.add_argument_group("connection")
+    c.add_argument("--brokers", metavar="HOST:PORT[,...]", help="bootstrap servers (watcher.kafka.bootstrap_servers)")
+    c.add_argument("--topic", metavar="T", help="input topic (watcher.kafka.topic)")
+    c.add_argument("--group-id", metavar="G", help="consumer group (default xzatoma-watcher); processes with one "
+                                                   "group share the partitions")
+    c.add_argument("--output-topic", metavar="T", help="results topic (default <topic>.results)")
+    c.add_argument("--dead-letter-topic", metavar="T", help="copies of messages that cannot run")
+    c.add_argument("--create-topics", action="store_true", help="create missing topics first")
+    r = watch.add_argument_group("runs")
+    r.add_argument("--working-dir", "-C", metavar="DIR", help="the jail of every plan (default: current directory)")
+    r.add_argument("--mode", choices=("write", "planning"), help="tools offered to plans (default write)")
+    r.add_argument("--max-concurrent", type=int, metavar="N", help="plans running at once (default 1)")
+    r.add_argument("--max-events", type=int, metavar="N", help="stop after N messages are settled and committed")
+    r.add_argument("--idle-exit", type=float, metavar="SECONDS", help="stop when nothing arrives for that long")
+    r.add_argument("--max-turns", type=int, metavar="N", help="model calls per event (agent.max_turns)")
+    r.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit per event (default 300)")
+    r.add_argument("--dry-run", action="store_true", help="print one JSON line per event that would run; run, "
+                                                          "publish and commit nothing")
+    r.add_argument("--format", choices=("auto", "xzepr", "cloudevents", "plan"), help="message format (default auto)")
+    r.add_argument("--log-format", choices=("text", "json"), help="decision log lines (logging.format)")
+    r.add_argument("--log-file", metavar="PATH", help="decision log here instead of stderr")
+    r.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics while watching")
+    f = watch.add_argument_group("filters (all given must hold)")
+    f.add_argument("--event-types", metavar="A,B", help="event types, exact")
+    f.add_argument("--source", metavar="REGEX", help="event source (search)")
+    f.add_argument("--platform", metavar="ID", help="XZepr platform_id")
+    f.add_argument("--package", metavar="NAME", help="XZepr package")
+    f.add_argument("--api-version", metavar="V", help="XZepr api_version")
+    f.add_argument("--include-failed", action="store_true", default=None,
+                   help="also run XZepr events with success: false")
+    f.add_argument("--action", metavar="REGEX", help="plan action (case-insensitive search)")
+    f.add_argument("--name", metavar="REGEX", help="plan name (case-insensitive search)")
+    f.add_argument("--match-version", metavar="CONSTRAINT", help="plan version: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2")
+    watch.set_defaults(func=cmd_watch)
+
+
+def _watch_module(command):
+    import xzatoma_watch
+    try:
+        xzatoma_watch.require_kafka(command)
+    except xzatoma_watch.WatchError as exc:
+        raise UsageError(str(exc))
+    return xzatoma_watch
+
+
+def watch_settings(args, cfg):
+    """The watcher's settings: flags > environment > config (watcher.*) > defaults."""
+    import xzatoma_watch
+    w = cfg.get("watcher")
+    k = w["kafka"]
+
+    def pick(flag, value):
+        return value if flag is None else flag
+    topic = pick(args.topic, k["topic"])
+    working_dir = os.path.abspath(os.path.expanduser(pick(args.working_dir, w["working_dir"]) or os.getcwd()))
+    if not os.path.isdir(working_dir):
+        raise UsageError("working directory does not exist: %s" % working_dir)
+    for flag, value in (("--max-concurrent", args.max_concurrent), ("--max-events", args.max_events)):
+        if value is not None and value < 1:
+            raise UsageError("%s must be at least 1" % flag)
+    if args.idle_exit is not None and args.idle_exit <= 0:
+        raise UsageError("--idle-exit must be a positive number of seconds")
+    security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password", "ssl_cafile",
+                                        "ssl_certfile", "ssl_keyfile")}
+    return xzatoma_watch.Settings(
+        brokers=pick(args.brokers, k["bootstrap_servers"]), topic=topic, group_id=pick(args.group_id, k["group_id"]),
+        output_topic=pick(args.output_topic, k["output_topic"]),
+        dead_letter_topic=pick(args.dead_letter_topic, k["dead_letter_topic"]), create_topics=args.create_topics,
+        security=security, working_dir=working_dir, max_concurrent=pick(args.max_concurrent, w["max_concurrent"]),
+        max_events=args.max_events, idle_exit=args.idle_exit, dry_run=args.dry_run,
+        format=pick(args.format, w["format"]), shutdown_grace=float(w["shutdown_grace_seconds"]),
+        answer_limit=w["answer_max_bytes"],
+        consumer_options={"session_timeout_ms": k["session_timeout_ms"],
+                          "max_poll_interval_ms": k["max_poll_interval_ms"],
+                          "heartbeat_interval_ms": max(100, min(3000, k["session_timeout_ms"] // 3))})
+
+
+def watch_filters(args, cfg):
+    import xzatoma_watch
+    f = cfg.get("watcher.filter")
+
+    def pick(flag, value):
+        return value if flag is None else flag
+    try:
+        return xzatoma_watch.Filters(
+            event_types=pick(args.event_types, f["event_types"]), sources=pick(args.source and [args.source],
+                                                                                f["sources"]),
+            platforms=pick(args.platform, f["platforms"]), packages=pick(args.package, f["packages"]),
+            api_versions=pick(args.api_version, f["api_versions"]),
+            include_failed=pick(args.include_failed, f["include_failed"]),
+            actions=pick(args.action and [args.action], f["actions"]), names=pick(args.name and [args.name],
+                                                                                   f["names"]),
+            match_version=pick(args.match_version, f["match_version"]))
+    except xzatoma_watch.WatchError as exc:
+        raise UsageError(str(exc))
+
+
+def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
+    """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
+    'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
+    from xzatoma_store import new_ulid
+    from xzatoma_tools import build_registry
+    base_provider = make_provider(cfg, console)  # credentials are checked once, at start
+    quiet = Console(quiet=True, color=False)
+    terminal_mode = "full_autonomous" if allow_dangerous else "restricted_autonomous"
+    conv_cfg = cfg.get("agent.conversation")
+
+    def run_plan(job):
+        provider = base_provider.clone()
+        conversation_id = new_ulid()
+        ctx = tool_context(cfg, settings.working_dir, store, conversation_id, cancel=job.cancel,
+                           terminal_mode=terminal_mode)
+        session = SubagentSession(cfg, quiet, provider, mode, ctx, QuotaTracker(cfg.get("agent.quota")), store,
+                                  cancel=job.cancel)
+        registry = build_registry(mode, ctx, extra=session.tools())
+        session.registry = registry
+        conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
+                                    conv_cfg["prune_threshold"])
+        agent = Agent(provider, registry, conversation, Events(quiet), cfg.get("agent.max_turns"),
+                      cfg.get("watcher.timeout_seconds"), conversation_id=conversation_id)
+        recorder = Recorder(store, quiet, conversation_id)
+        session.parent_id = conversation_id
+        agent.quota, agent.cancel = session.quota, job.cancel
+        recorder.start(kind="watch", title=job.title, provider=provider.name, model=provider.model, mode=mode,
+                       working_dir=ctx.root, source=json.dumps(job.metadata, sort_keys=True))
+        recorder.attach(conversation)
+        conversation.add_system(system_prompt(mode, ctx.root, registry.names()))
+        conversation.add_user(job.prompt)
+        agent.recorder = recorder
+        return agent.run().to_json()
+    return run_plan
+
+
+def cmd_watch(args, console):
+    watch = _watch_module("watch")
+    extra = {}
+    if args.max_turns is not None:
+        extra["agent.max_turns"] = args.max_turns
+    if args.timeout is not None:
+        extra["watcher.timeout_seconds"] = args.timeout
+    cfg = config_from_args(args, console, extra)
+    settings = watch_settings(args, cfg)
+    filters = watch_filters(args, cfg)
+    from xzatoma_store import Redactor
+    log_file = args.log_file or cfg.get("watcher.log_file")
+    stream = sys.stderr
+    if log_file:
+        try:
+            stream = open(os.path.expanduser(log_file), "a", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError("cannot open the log file %s: %s" % (log_file, exc.strerror or exc))
+    log = watch.WatchLog(stream, args.log_format or cfg.get("logging.format"), cfg.get("logging.level"),
+                         redact=Redactor(cfg.secret_values()))
+    store = open_store(cfg, console) if not settings.dry_run else None
+    mode = args.mode or cfg.get("watcher.mode")
+    run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, mode,
+                                                          cfg.get("watcher.allow_dangerous"))
+    xzepr = None
+    if cfg.get("xzepr.api_url") and not settings.dry_run:
+        xzepr = watch.XzeprClient(cfg.get("xzepr.api_url"), cfg.get("xzepr.api_key"))
+    metrics = load_metrics(args.metrics_port) if args.metrics_port else None
+    watcher = watch.Watcher(settings, filters, run_plan, store=store, log=log, xzepr=xzepr, metrics=metrics)
+
+    import signal
+    previous = {}
+
+    def stop(signum, frame):
+        watcher.request_stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, stop)
+    try:
+        return watcher.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if store is not None:
+            store.close()
+        if metrics is not None:
+            metrics.close()
+        if stream is not sys.stderr:
+            stream.close()
+
+
+def _build_publish(sub, common, fmt):
+    publish = sub.add_parser(
+        "publish", parents=[common], formatter_class=fmt, help=COMMAND_HELP["publish"],
+        description="Wrap a plan in a CloudEvent (or, with --xzepr, an XZepr event), publish it, and print the "
+                    "event id on stdout: test a watch pipeline end to end with one tool.",
+        epilog="example:\n  id=$(xzatoma publish --plan task.yaml --brokers localhost:9092 --topic plans)\n\n"
+               "exit codes: 0 published, 1 the broker did not take it, 2 bad usage or plan.")
+    publish.add_argument("--plan", metavar="FILE", required=True, help="the plan (YAML, JSON, Markdown; - reads stdin)")
+    publish.add_argument("--brokers", metavar="HOST:PORT[,...]", help="bootstrap servers "
+                                                                     "(watcher.kafka.bootstrap_servers)")
+    publish.add_argument("--topic", metavar="T", help="topic (watcher.kafka.topic)")
+    publish.add_argument("--type", metavar="TYPE", help="event type (default xzatoma.plan.requested)")
+    publish.add_argument("--source", metavar="SRC", help="event source (default xzatoma://<host>/publish)")
+    publish.add_argument("--xzepr", action="store_true", help="an XZepr event (plan in data.events[0].payload.plan)")
+    publish.add_argument("--key", metavar="K", help="message key (default: the event id)")
+    publish.set_defaults(func=cmd_publish)
+
+
+def cmd_publish(args, console):
+    watch = _watch_module("publish")
+    cfg = config_from_args(args, console)
+    if args.plan == "-":
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            with open(args.plan, encoding="utf-8") as fh:
+                text, source = fh.read(), args.plan
+        except FileNotFoundError:
+            raise UsageError("plan file not found: %s" % args.plan)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
+    k = cfg.get("watcher.kafka")
+    try:
+        data, plan = watch.plan_payload(text, source)
+        event = watch.build_event(data, plan, args.type, args.source, args.xzepr)
+        security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password",
+                                            "ssl_cafile", "ssl_certfile", "ssl_keyfile")}
+        event_id = watch.publish(args.brokers or k["bootstrap_servers"], args.topic or k["topic"], event, args.key,
+                                 security)
+    except watch.WatchError as exc:
+        raise UsageError(str(exc))
+    except watch.PublishError as exc:
+        raise XzError(str(exc), EXIT_FAILED)
+    sys.stdout.write(event_id + "\n")
+    return EXIT_OK
+
+
 COMMAND_HELP = {
     "chat": "an interactive session (Planning/Write, Safe/YOLO, @mentions)",
     "run": "run one task to completion (prompt, stdin or plan)",
@@ -3736,6 +4032,8 @@ COMMAND_HELP = {
     "auth": "log in to Copilot, store API keys, check credentials",
     "models": "list the provider's models",
     "config": "show or create the configuration",
+    "watch": "run the plans that arrive on a Kafka topic (XZepr, CloudEvents, bare plans)",
+    "publish": "publish a plan to a Kafka topic as a CloudEvent",
     "version": "print the version",
 }
 _VALUE_FLAGS = ("--config", "--provider", "--model")
@@ -4109,7 +4407,8 @@ def cmd_config_init(args, console):
 # Every command's builder sits beside its cmd_ function above; build_parser builds only the selected one.
 COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
                     "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
-                    "config": _build_config, "version": _build_version}
+                    "config": _build_config, "watch": _build_watch, "publish": _build_publish,
+                    "version": _build_version}
 
 
 def _exit_now_if_threads_linger(code):

@@ -229,7 +229,10 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto")
         _attributes(ev, attrs, "cloudevents")
         ev.data = data
         return _extract_plan(ev)
-    doc = _load_document(text)
+    try:
+        doc = _load_document(text)
+    except BadMessage as exc:
+        raise BadMessage(exc.reason, key_text)
     if isinstance(doc, dict) and "specversion" in doc and fmt != "plan":
         kind = "xzepr" if fmt == "xzepr" or (fmt == "auto" and _is_xzepr(doc)) else "cloudevents"
         _attributes(ev, doc, kind)
@@ -1191,7 +1194,9 @@ def _listener(kafka, watcher):
 
 
 def _offsets(kafka, points):
-    return {tp: kafka.OffsetAndMetadata(offset, "", -1) for tp, offset in points.items()}
+    make = kafka.OffsetAndMetadata
+    extra = ("", -1) if len(make._fields) >= 3 else ("",)  # kafka-python 2.0 has no leader_epoch
+    return {tp: make(offset, *extra) for tp, offset in points.items()}
 
 
 def _tps(tps):

@@ -123,3 +123,18 @@ def tool_call(name, **arguments):
 
 def last_json(text):
     return json.loads(text.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A real Kafka-compatible broker (Tansu) on 127.0.0.1 for the whole session; skipped when unavailable."""
+    pytest.importorskip("kafka", reason="kafka-python is not installed")
+    import kafka_broker as kb
+    base = tmp_path_factory.mktemp("broker")
+    try:
+        binary = kb.broker_binary(base)
+    except kb.Unavailable as exc:
+        pytest.skip(str(exc))
+    broker = kb.Broker(binary, str(base / "broker.log")).start()
+    yield broker
+    broker.stop()

@@ -1,0 +1,389 @@
+"""The watcher: formats, plan locations, filters and semver (in-process), then the consumer loop against a real
+broker with an injected run-one-plan function (the CLI end to end is in test_watch_cli.py)."""
+
+import io
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+import xzatoma_watch as w
+from conftest import wait_for
+
+# ---- messages: each format and plan location ----
+
+PLAN = {"goal": "Count the files", "instructions": ["list the directory", "count"]}
+STEPS_PLAN = {"name": "release-notes", "description": "Write release notes", "version": "1.4.2",
+              "action": "docs.release", "tasks": [{"name": "collect", "action": "list merged PRs"}]}
+
+
+def xzepr_event(event_id="01HXZ", payload=None, data_plan=None, success=True, **attrs):
+    doc = {"success": success, "id": event_id, "specversion": "1.0.1", "type": "deployment.success",
+           "source": "xzepr.event.receiver.01H", "api_version": "v1", "name": "deployment.success",
+           "version": "2.1.0", "release": "2.1.0-rc.1", "platform_id": "kubernetes", "package": "myapp",
+           "data": {"events": [{"id": event_id, "name": "deployment.success", "payload": payload or {}}],
+                    "event_receivers": [], "event_receiver_groups": []}}
+    if data_plan is not None:
+        doc["data"]["plan"] = data_plan
+    doc.update(attrs)
+    return json.dumps(doc).encode()
+
+
+def cloudevent(event_id="ce-1", data=None, **attrs):
+    doc = {"specversion": "1.0", "id": event_id, "source": "ci/builds", "type": "build.succeeded",
+           "datacontenttype": "application/json", "data": data}
+    doc.update(attrs)
+    return json.dumps(doc).encode()
+
+
+BINARY_HEADERS = [("ce_specversion", b"1.0"), ("ce_id", b"bin-1"), ("ce_source", b"ci"), ("ce_type", b"build.done")]
+
+FORMAT_CASES = [
+    # (name, key, value, headers, format, id, plan location, goal)
+    ("xzepr payload.plan", None, xzepr_event(payload={"plan": PLAN}), [], "xzepr", "01HXZ",
+     "data.events[0].payload.plan", "Count the files"),
+    ("xzepr payload.plan as YAML text", None, xzepr_event(payload={"plan": "goal: From YAML\ninstructions: [a]\n"}),
+     [], "xzepr", "01HXZ", "data.events[0].payload.plan", "From YAML"),
+    ("xzepr payload.plan as Markdown", None,
+     xzepr_event(payload={"plan": "# Task: From Markdown\n\n## Steps\n- a\n"}), [], "xzepr", "01HXZ",
+     "data.events[0].payload.plan", "From Markdown"),
+    ("xzepr data.plan", None, xzepr_event(payload={"cluster": "prod"}, data_plan=PLAN), [], "xzepr", "01HXZ",
+     "data.plan", "Count the files"),
+    ("xzepr payload is the plan", None, xzepr_event(payload=STEPS_PLAN), [], "xzepr", "01HXZ",
+     "data.events[0].payload", "Write release notes"),
+    ("cloudevents data.plan", None, cloudevent(data={"plan": PLAN}), [], "cloudevents", "ce-1", "data.plan",
+     "Count the files"),
+    ("cloudevents data is the plan", None, cloudevent(data=PLAN), [], "cloudevents", "ce-1", "data",
+     "Count the files"),
+    ("cloudevents data.plan as JSON text", None, cloudevent(data={"plan": json.dumps(PLAN)}), [], "cloudevents",
+     "ce-1", "data.plan", "Count the files"),
+    ("binary cloudevent, YAML data", None, b"goal: Binary YAML\ninstructions: [a]\n",
+     BINARY_HEADERS + [("content-type", b"application/yaml")], "cloudevents", "bin-1", "data", "Binary YAML"),
+    ("binary cloudevent, JSON data.plan", None, json.dumps({"plan": PLAN}).encode(),
+     BINARY_HEADERS + [("content-type", b"application/json")], "cloudevents", "bin-1", "data.plan",
+     "Count the files"),
+    ("bare YAML plan with a key", b"job-7", b"goal: Bare\ninstructions:\n  - a\n", [], "plan", "job-7", "value",
+     "Bare"),
+    ("bare JSON steps plan, no key", None, json.dumps(STEPS_PLAN).encode(), [], "plan", "t:0:9", "value",
+     "Write release notes"),
+]
+
+
+@pytest.mark.parametrize("name,key,value,headers,fmt,event_id,where,goal", FORMAT_CASES,
+                         ids=[c[0] for c in FORMAT_CASES])
+def test_formats_and_plan_locations(name, key, value, headers, fmt, event_id, where, goal):
+    ev = w.decode_message("t", 0, 9, key, value, headers)
+    assert (ev.format, ev.id, ev.plan_location) == (fmt, event_id, where)
+    assert ev.plan is not None and ev.plan.goal == goal and ev.plan_error is None
+    assert ev.plan.to_prompt().startswith("You are assisting with the following task:")
+
+
+def test_xzepr_attributes_and_forced_formats():
+    ev = w.decode_message("t", 0, 1, None, xzepr_event(payload={"plan": PLAN}, success=False))
+    assert (ev.platform_id, ev.package, ev.api_version, ev.success, ev.version) == \
+        ("kubernetes", "myapp", "v1", False, "2.1.0")
+    # --format cloudevents reads an XZepr event as a plain CloudEvent: data.plan only
+    ev = w.decode_message("t", 0, 1, None, xzepr_event(payload={"plan": PLAN}), fmt="cloudevents")
+    assert ev.format == "cloudevents" and ev.plan is None and "data.plan" in ev.plan_error
+    # --format plan takes the whole value as the plan, even when it looks like an event
+    ev = w.decode_message("t", 0, 1, b"k", cloudevent(data={"plan": PLAN}), fmt="plan")
+    assert ev.format == "plan" and ev.plan is None and "missing required key 'goal'" in ev.plan_error
+    with pytest.raises(w.BadMessage, match="no 'specversion'"):
+        w.decode_message("t", 0, 1, None, json.dumps(PLAN).encode(), fmt="xzepr")
+
+
+@pytest.mark.parametrize("value,headers,reason,event_id", [
+    (b"\xff\xfe garbage", [], "not UTF-8", None),
+    (b"", [], "empty message", None),
+    (b"{{{: [", [], "neither JSON nor YAML", None),
+    (cloudevent(source=""), [], "missing required CloudEvents attribute 'source'", "ce-1"),
+    (json.dumps({"specversion": "1.0", "source": "s", "type": "t"}).encode(), [], "attribute 'id'", None),
+    (cloudevent(specversion="0.3"), [], "unsupported CloudEvents specversion", "ce-1"),
+    (b"{}", [("ce_specversion", b"1.0"), ("ce_id", b"x")], "attribute 'source'", "x"),
+])
+def test_malformed_messages(value, headers, reason, event_id):
+    with pytest.raises(w.BadMessage) as exc:
+        w.decode_message("t", 0, 1, None, value, headers)
+    assert reason in exc.value.reason and exc.value.event_id == event_id
+
+
+def test_invalid_plans_are_reported_not_raised():
+    ev = w.decode_message("t", 0, 1, None, xzepr_event(payload={"plan": {"goal": "G"}}))
+    assert ev.plan is None and "missing required key 'instructions'" in ev.plan_error
+    ev = w.decode_message("t", 0, 1, None, xzepr_event(payload={"cluster": "prod"}))
+    assert ev.plan is None and ev.plan_error.startswith("no plan in the event")
+    ev = w.decode_message("t", 0, 1, None, cloudevent(data={"plan": 42}))
+    assert ev.plan is None and "must be an object or text" in ev.plan_error
+    ev = w.decode_message("t", 0, 1, None, b"just words")
+    assert ev.format == "plan" and ev.plan is None and "must be a mapping" in ev.plan_error
+
+
+def test_results_are_recognised_and_context_must_stay_in_the_jail(tmp_path):
+    ev = w.decode_message("t", 0, 1, None, cloudevent(type="xzatoma.plan.completed", data={"status": "completed"}))
+    assert ev.is_result
+    plan = w.decode_message("t", 0, 1, None, b"goal: G\ncontext: {directory: ../..}\ninstructions: [a]").plan
+    assert "outside the working directory" in w.context_outside(plan, str(tmp_path))
+    (tmp_path / "src").mkdir()
+    for ok in ("src", ".", str(tmp_path / "src"), "https://github.com/x/y", "git@github.com:x/y.git"):
+        plan.context = {"repository": ok}
+        assert w.context_outside(plan, str(tmp_path)) is None, ok
+    (tmp_path / "escape").symlink_to("/etc")
+    plan.context = {"dir": "escape"}
+    assert w.context_outside(plan, str(tmp_path))
+
+
+# ---- filters ----
+
+def _ev(value=None, **kw):
+    return w.decode_message("t", 0, 1, kw.pop("key", b"k"), value or xzepr_event(payload={"plan": PLAN}, **kw))
+
+
+STEPS_BARE = json.dumps(STEPS_PLAN).encode()
+
+
+@pytest.mark.parametrize("filters,value,runs", [
+    ({}, None, True),
+    ({"event_types": "deployment.success,other"}, None, True),
+    ({"event_types": "deployment"}, None, False),  # exact, not a prefix
+    ({"sources": r"receiver\.01H$"}, None, True),
+    ({"sources": r"^github"}, None, False),
+    ({"platforms": "kubernetes"}, None, True),
+    ({"platforms": "nomad"}, None, False),
+    ({"packages": "myapp"}, None, True),
+    ({"packages": "other"}, None, False),
+    ({"api_versions": "v1"}, None, True),
+    ({"api_versions": "v2"}, None, False),
+    ({}, xzepr_event(payload={"plan": PLAN}, success=False), False),
+    ({"include_failed": True}, xzepr_event(payload={"plan": PLAN}, success=False), True),
+    ({"actions": "^DOCS\\."}, STEPS_BARE, True),  # case-insensitive search
+    ({"actions": "deploy"}, STEPS_BARE, False),
+    ({"names": "release"}, STEPS_BARE, True),
+    ({"names": "^notes"}, STEPS_BARE, False),
+    ({"match_version": "^1.4"}, STEPS_BARE, True),
+    ({"match_version": "~1.4.3"}, STEPS_BARE, False),
+    ({"match_version": ">=1.0,<2"}, STEPS_BARE, True),
+    ({"match_version": "1.4.2"}, STEPS_BARE, True),
+    ({"match_version": "^1.4", "names": "nope"}, STEPS_BARE, False),  # all given must hold
+    ({"match_version": ">=1.0"}, json.dumps(dict(STEPS_PLAN, version="v1.5")).encode(), False),  # not semver
+    ({"match_version": ">=1.0"}, b"goal: G\ninstructions: [a]\n", False),  # no version at all
+    ({"event_types": "deployment.success"}, STEPS_BARE, False),  # a bare plan has no type
+])
+def test_filter_matrix(filters, value, runs):
+    assert (w.Filters(**filters).check(_ev(value)) is None) == runs
+
+
+@pytest.mark.parametrize("version,constraint,ok", [
+    ("1.2.3", "1.2.3", True), ("1.2.4", "1.2.3", False), ("1.2.9", "1.2", True), ("1.3.0", "1.2", False),
+    ("1.9.0", "^1.2", True), ("2.0.0", "^1.2", False), ("0.2.5", "^0.2", True), ("0.3.0", "^0.2", False),
+    ("0.0.3", "^0.0.3", True), ("0.0.4", "^0.0.3", False), ("1.2.9", "~1.2.3", True), ("1.3.0", "~1.2.3", False),
+    ("1.5.0", ">=1.0,<2", True), ("2.0.0", ">=1.0,<2", False), ("2.0.0-rc.1", ">=1.0, <2", False),
+    ("1.0.0-rc.1", ">=1.0.0", False), ("1.0.0-rc.2", ">1.0.0-rc.1", True), ("1.0.0-alpha", "<1.0.0-beta", True),
+    ("1.2.3+build.5", "1.2.3", True), ("01.2.3", ">=1", False), ("1.2", ">=1", False), ("", "^1", False),
+])
+def test_semver_constraints(version, constraint, ok):
+    assert w.VersionConstraint(constraint).matches(version) is ok
+
+
+@pytest.mark.parametrize("kwargs,flag", [({"sources": "("}, "--source"), ({"names": "[a"}, "--name"),
+                                         ({"actions": "*x"}, "--action"), ({"match_version": "^one"},
+                                                                           "--match-version"),
+                                         ({"match_version": ">=1.0,<<2"}, "--match-version")])
+def test_invalid_filters_name_the_flag(kwargs, flag):
+    with pytest.raises(w.WatchError, match="^" + flag):
+        w.Filters(**kwargs)
+
+
+# ---- result events ----
+
+def test_result_event_shape_and_bounded_answer():
+    ev = _ev()
+    out = w.result_event(ev, {"status": "max_turns", "answer": "é" * 10, "conversation_id": "C1", "turns": 3,
+                              "usage": {"prompt_tokens": 5}}, "xzatoma://host/g", answer_limit=7)
+    assert out["specversion"] == "1.0" and out["type"] == "xzatoma.plan.failed" and out["subject"] == ev.id
+    assert out["source"] == "xzatoma://host/g" and out["datacontenttype"] == "application/json"
+    uuid.UUID(out["id"])
+    assert out["time"].endswith("Z")
+    data = out["data"]
+    assert data["answer"] == "ééé" and data["answer_truncated"] is True  # 7 bytes, never half a character
+    assert (data["status"], data["trigger_event_id"], data["conversation_id"], data["turns"], data["goal"]) == \
+        ("failed", ev.id, "C1", 3, "Count the files")
+
+
+def test_decision_log_escapes_control_characters_and_redacts():
+    buf = io.StringIO()
+    log = w.WatchLog(buf, "text", redact=lambda s: s.replace("hunter2secret", "[REDACTED]"))
+    log("received", event_id="a\x1b[2Jb", type="x y", note="hunter2secret")
+    line = buf.getvalue()
+    assert "\x1b" not in line and "\\u001b[2J" in line and 'type="x y"' in line and "[REDACTED]" in line
+    buf = io.StringIO()
+    w.WatchLog(buf, "json")("committed", partition=1, offset=5)
+    assert json.loads(buf.getvalue())["event"] == "committed"
+
+
+def test_offsets_commit_up_to_the_lowest_unfinished():
+    po = w.PartitionOffsets()
+    for o in (10, 11, 12, 13):
+        po.received(o)
+    po.settled(11)
+    po.settled(13)
+    assert po.commit_point() == 10
+    po.settled(10)
+    assert po.commit_point() == 12
+    po.committed = 12
+    assert po.commit_point() is None
+    po.settled(12)
+    assert po.commit_point() == 14
+
+
+def test_missing_kafka_hint():
+    assert w.install_hint("/home/u/.local/pipx/venvs/xzatoma") == "pipx inject xzatoma kafka-python"
+    assert w.install_hint("/usr") == "pip install 'xzatoma[kafka]'"
+
+
+# ---- the consumer loop against a real broker (in-process, run-one-plan injected) ----
+
+FAST_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000, "max_poll_interval_ms": 8000}
+
+
+class Lines(io.TextIOBase):
+    """A thread-safe text sink that keeps lines (the watcher's log or its dry-run output)."""
+
+    def __init__(self):
+        self.lines, self.lock = [], threading.Lock()
+
+    def write(self, text):
+        with self.lock:
+            self.lines.extend(l for l in text.splitlines() if l)
+        return len(text)
+
+    def json(self):
+        with self.lock:
+            return [json.loads(l) for l in self.lines]
+
+    def events(self, name):
+        return [r for r in self.json() if r.get("event") == name]
+
+
+def new_topic(broker, partitions=1):
+    import kafka_broker as kb
+    name = "t-" + uuid.uuid4().hex[:10]
+    kb.create_topic(broker.address, name, partitions)
+    return name
+
+
+def start_watcher(broker, topic, run_plan, store=None, filters=None, **settings):
+    settings.setdefault("group_id", "g-" + uuid.uuid4().hex[:8])
+    settings.setdefault("consumer_options", FAST_GROUP)
+    settings.setdefault("shutdown_grace", 5)
+    s = w.Settings(brokers=broker.address, topic=topic, **settings)
+    log, out = Lines(), Lines()
+    watcher = w.Watcher(s, filters or w.Filters(), run_plan, store=store, log=w.WatchLog(log, "json"), out=out)
+    watcher.log_lines, watcher.out_lines = log, out
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    watcher.thread = thread
+    return watcher
+
+
+def fake_runner(delay=0.0, answers=None):
+    calls = []
+
+    def run_plan(job):
+        calls.append(job)
+        if delay:
+            job.cancel.wait(delay)
+            if job.cancel.is_set():
+                return {"status": "interrupted", "conversation_id": "conv-" + job.event.id, "error": "interrupted"}
+        return {"status": "completed", "answer": (answers or {}).get(job.event.id, "done: " + job.plan.goal),
+                "conversation_id": "conv-" + job.event.id, "turns": 1, "tool_calls": 0,
+                "usage": {"prompt_tokens": 10, "completion_tokens": 2}}
+    run_plan.calls = calls
+    return run_plan
+
+
+@pytest.fixture
+def store(tmp_path):
+    from xzatoma_store import Store
+    s = Store(str(tmp_path / "conversations.db")).open()
+    yield s
+    s.close()
+
+
+def test_watcher_runs_each_format_once_and_rejects_bad_input(kafka_broker, store):
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    messages = [(None, c[2], c[3]) if c[1] is None else (c[1], c[2], c[3]) for c in FORMAT_CASES]
+    # distinct ids: FORMAT_CASES reuse some ids on purpose elsewhere
+    unique = []
+    for i, (key, value, headers) in enumerate(messages):
+        if value.startswith(b"{") and b'"specversion"' in value:
+            doc = json.loads(value)
+            doc["id"] = "evt-%d" % i
+            value = json.dumps(doc).encode()
+        headers = [(k, b"bin-%d" % i) if k == "ce_id" else (k, v) for k, v in headers]
+        unique.append((key if key else None, value, headers))
+    runnable = len(unique)
+    bad = [
+        (None, b"\xff\xfe not utf-8", []),                                           # no id: no result
+        (b"bad-yaml", b"{{{: [", []),                                                 # keyed: rejected result
+        (None, cloudevent(event_id="no-source", source="", data={"plan": PLAN}), []),  # rejected result
+        (None, xzepr_event(event_id="bad-plan", payload={"plan": {"goal": "G"}}), []),  # rejected result
+        (None, cloudevent(event_id="res-1", type="xzatoma.plan.completed", data={}), []),  # a result: skipped
+        (None, xzepr_event(event_id="failed-evt", payload={"plan": PLAN}, success=False), []),  # filtered
+        (None, cloudevent(event_id="evt-0", data={"plan": PLAN}), []),               # duplicate id of message 0
+    ]
+    kb.produce(kafka_broker.address, topic, unique + bad)
+    total = len(unique) + len(bad)
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, dead_letter_topic=topic + ".dlq",
+                            max_events=total)
+    watcher.thread.join(90)
+    assert not watcher.thread.is_alive()
+    log = watcher.log_lines
+
+    ran = sorted(j.event.id for j in run_plan.calls)
+    assert len(ran) == runnable and len(set(ran)) == runnable  # every format ran, and exactly once
+    assert "evt-0" in ran and ran.count("evt-0") == 1
+    assert [r["event_id"] for r in log.events("duplicate")] == ["evt-0"]
+    rejected = {r.get("event_id"): r["reason"] for r in log.events("rejected")}
+    assert rejected[None].startswith("not UTF-8") and "neither JSON nor YAML" in rejected["bad-yaml"]
+    assert "attribute 'source'" in rejected["no-source"] and "'instructions'" in rejected["bad-plan"]
+    filtered = {r["event_id"]: r["reason"] for r in log.events("filtered")}
+    assert "result published by xzatoma" in filtered["res-1"] and "failed event" in filtered["failed-evt"]
+    for r in log.events("rejected"):
+        assert {"topic", "partition", "offset"} <= set(r)
+
+    # results: CloudEvents 1.0 on <topic>.results, keyed by the input id, one per event that passed the filters
+    records = kb.read_all(kafka_broker.address, topic + ".results", runnable + 3)
+    results = [json.loads(r.value) for r in records]
+    by_subject = {}
+    for r, rec in zip(results, records):
+        assert dict(rec.headers)["content-type"].startswith(b"application/cloudevents+json")
+        assert rec.key.decode() == r["subject"]
+        assert r["specversion"] == "1.0" and r["source"].startswith("xzatoma://")
+        by_subject.setdefault(r["subject"], []).append(r)
+    assert all(len(v) == 1 for v in by_subject.values()), by_subject
+    completed = {s for s, v in by_subject.items() if v[0]["type"] == "xzatoma.plan.completed"}
+    assert completed == set(ran)
+    assert {s for s, v in by_subject.items() if v[0]["type"] == "xzatoma.plan.rejected"} == \
+        {"bad-yaml", "no-source", "bad-plan"}
+    sample = by_subject["evt-0"][0]["data"]
+    assert sample["answer"] == "done: Count the files" and sample["conversation_id"] == "conv-evt-0"
+    assert sample["trigger_event_id"] == "evt-0" and sample["usage"] == {"prompt_tokens": 10, "completion_tokens": 2}
+
+    # dead letters: bad input copied with the reason
+    dead = kb.read_all(kafka_broker.address, topic + ".dlq", 4)
+    reasons = sorted(dict(d.headers)["xzatoma_reason"].decode()[:20] for d in dead)
+    assert len(dead) == 4 and any(r.startswith("not UTF-8") for r in reasons)
+
+    # committed past every message: a restart re-reads nothing; each run recorded in the store
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [total]
+    record = store.event_record("evt-0")
+    assert record["status"] == "completed" and record["published_at"] and record["conversation_id"] == "conv-evt-0"
+    assert json.loads(record["metadata"])["topic"] == topic
+    # the job handed to the runner carries the conversation metadata
+    job = next(j for j in run_plan.calls if j.event.id == "evt-0")
+    assert job.metadata == {"event_id": "evt-0", "type": "deployment.success", "source": "xzepr.event.receiver.01H",
+                            "topic": topic, "partition": 0, "offset": 0, "format": "xzepr"}

@@ -1,0 +1,95 @@
+"""`xzatoma watch` and `xzatoma publish` as a person runs them: subprocesses, a real broker, the fake model."""
+
+import json
+import os
+import sys
+import uuid
+
+import pytest
+
+from conftest import SCRIPT
+
+FAST = {"session_timeout_ms": 6000, "max_poll_interval_ms": 8000}
+
+
+def test_without_kafka_python_watch_and_publish_name_the_install(cli, tmp_path):
+    plan = tmp_path / "p.yaml"
+    plan.write_text("goal: G\ninstructions: [a]\n")
+    for args in (["watch", "--topic", "t"], ["publish", "--plan", str(plan), "--topic", "t"]):
+        # kafka hidden: the import fails as it does where the package is not installed
+        code = ("import os, runpy, sys; sys.modules['kafka'] = None; sys.argv = [%r] + %r; "
+                "sys.path.insert(0, os.path.dirname(%r)); runpy.run_path(%r, run_name='__main__')"
+                % (SCRIPT, args, SCRIPT, SCRIPT))
+        import subprocess
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli.env,
+                           cwd=str(cli.workdir), timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert r.stdout == ""
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "kafka-python" in lines[0] and "pip install 'xzatoma[kafka]'" in lines[0]
+
+
+def test_bad_filters_and_plans_are_usage_errors(cli, tmp_path):
+    pytest.importorskip("kafka")
+    r = cli.run("watch", "--topic", "t", "--source", "(", "--brokers", "127.0.0.1:1")
+    assert r.returncode == 2 and r.stderr.strip().endswith("missing ), unterminated subpattern at position 0") \
+        and "--source" in r.stderr
+    r = cli.run("watch", "--topic", "t", "--match-version", "^x")
+    assert r.returncode == 2 and "--match-version" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("goal: G\n")
+    r = cli.run("publish", "--plan", str(bad), "--topic", "t", "--brokers", "127.0.0.1:1")
+    assert r.returncode == 2 and "invalid plan" in r.stderr and "'instructions'" in r.stderr and r.stdout == ""
+
+
+def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
+    import kafka_broker as kb
+    topic = "cli-" + uuid.uuid4().hex[:8]
+    kb.create_topic(kafka_broker.address, topic)
+    cli.use(fake)
+    cfg = __import__("yaml").safe_load(cli.config_path.read_text())
+    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address)}
+    cli.write_config(cfg)
+    (cli.workdir / "notes.txt").write_text("hello\n")
+    plan = tmp_path / "task.yaml"
+    plan.write_text("goal: Count the lines of notes.txt\ninstructions: [read notes.txt, count]\n")
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps({"name": "lines", "description": "Count lines", "version": "1.2.0",
+                                 "steps": [{"name": "read", "action": "read notes.txt"}]}))
+
+    ids = []
+    for args in (["--plan", str(plan)], ["--plan", str(steps), "--xzepr", "--type", "build.done"],
+                 ["--plan", "-", "--key", "stdin-key"]):
+        r = cli.run("publish", "--topic", topic, *args, input=plan.read_text() if "-" in args else None)
+        assert r.returncode == 0, r.stderr
+        ids.append(r.stdout.strip())
+    uuid.UUID(ids[0])
+    fake.add({"content": "1 line"}, {"content": "1 line"}, {"content": "1 line"})
+
+    r = cli.run("watch", "--topic", topic, "--max-events", "3", "--log-format", "json", "--group-id",
+                "g-" + topic, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    log = [json.loads(l) for l in r.stderr.splitlines() if l.startswith("{")]
+    finished = [l for l in log if l["event"] == "finished"]
+    assert sorted(l["event_id"] for l in finished) == sorted(ids)
+    assert all(l["status"] == "completed" for l in finished)
+    assert any(l["event"] == "committed" and l["offset"] == 3 for l in log)
+
+    results = [json.loads(m.value) for m in kb.read_all(kafka_broker.address, topic + ".results", 3)]
+    assert sorted(r["subject"] for r in results) == sorted(ids)
+    assert {r["data"]["answer"] for r in results} == {"1 line"}
+
+    h = cli.run("history", "list", "--kind", "watch", "--json")
+    convs = json.loads(h.stdout)
+    assert len(convs) == 3 and all(c["kind"] == "watch" and c["status"] == "completed" for c in convs)
+    meta = sorted((json.loads(c["source"]) for c in convs), key=lambda m: m["offset"])
+    assert [m["offset"] for m in meta] == [0, 1, 2] and meta[1]["type"] == "build.done"
+    assert [m["event_id"] for m in meta] == ids  # a CloudEvent's id, whatever the message key
+    assert all(m["topic"] == topic and m["partition"] == 0 for m in meta)
+    # a re-read (a new group from the beginning, same store) runs nothing twice
+    r = cli.run("watch", "--topic", topic, "--max-events", "3", "--log-format", "json", "--group-id",
+                "g2-" + topic, timeout=120)
+    assert r.returncode == 0, r.stderr
+    dup = [l for l in map(json.loads, r.stderr.splitlines()) if l["event"] == "duplicate"]
+    assert len(dup) == 3 and len(fake.model_requests()) == 3
