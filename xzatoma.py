@@ -465,6 +465,14 @@ def default_config_path(env):
     return os.path.join(base, "xzatoma", "config.yaml")
 
 
+def private_home(path):
+    """XZATOMA_HOME is 0700: created so, and tightened when looser (never the home directory itself)."""
+    from xzatoma_store import private_dir
+    if os.path.realpath(path) != os.path.realpath(os.path.expanduser("~")):
+        private_dir(path)
+    return path
+
+
 def xzatoma_home(env):
     return env.get("XZATOMA_HOME") or os.path.join(os.path.expanduser("~"), ".xzatoma")
 
@@ -963,9 +971,13 @@ class CredentialStore:
         return data if isinstance(data, dict) else {}
 
     def _write_file(self, data):
-        os.makedirs(self.home, exist_ok=True)
+        private_home(self.home)
         tmp = self.file + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.unlink(tmp)  # a leftover (or a planted link) is never written through
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh)
         os.chmod(tmp, 0o600)
@@ -2545,6 +2557,7 @@ def open_store(cfg, console, required=False):
         return None
     from xzatoma_store import Store
     try:
+        private_home(cfg.home)
         store = Store(cfg.db_path(), secrets=cfg.secret_values()).open()
         store.reap()
         return store
@@ -3681,9 +3694,11 @@ class ChatSession:
             import readline
         except ImportError:
             return None
+        from xzatoma_store import private_file
         self.history_file = os.path.join(self.cfg.home, "chat_history")
         try:
-            os.makedirs(self.cfg.home, exist_ok=True)
+            private_home(self.cfg.home)
+            private_file(self.history_file)  # what people typed: 0600 before readline writes it
             readline.read_history_file(self.history_file)
         except OSError:
             pass

@@ -210,6 +210,41 @@ class Redactor:
         return redact(text)
 
 
+# ---- Private files: XZATOMA_HOME 0700, the files in it 0600 ----
+# The database, the audit log, the chat history and credentials hold what people typed, what files said and
+# what commands printed: nobody else on the machine reads them (issue 12 found conversations.db 0644 in a
+# 0755 directory).
+
+
+def private_dir(path):
+    """Create `path` (and missing parents) 0700, or take group/other access away from it."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    _tighten(path, 0o700)
+    return path
+
+
+def private_file(path):
+    """Create `path` empty 0600 unless it exists (never following a symlink), or tighten it to 0600."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        os.close(fd)
+    except FileExistsError:
+        _tighten(path, 0o600)
+    return path
+
+
+def _tighten(path, mode):
+    try:
+        st = os.lstat(path)
+        import stat
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+            return  # not ours to change (a link, or someone else's file)
+        if st.st_mode & 0o077:
+            os.chmod(path, st.st_mode & mode & 0o7777)
+    except (OSError, AttributeError):  # gone, or no getuid (not POSIX)
+        pass
+
+
 # ---- Schema and migrations ----
 
 MIGRATIONS = [
@@ -290,9 +325,13 @@ class Store:
         import sqlite3
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            # sqlite gives the -wal and -shm files the database's mode: create it 0600 first
+            for path in (self.path, self.path + "-wal", self.path + "-shm"):
+                if path == self.path or os.path.exists(path):
+                    private_file(path)
         except OSError as exc:
-            raise StoreError("cannot create %s: %s" % (directory, exc.strerror or exc))
+            raise StoreError("cannot create %s: %s" % (self.path, exc.strerror or exc))
         try:
             conn = self.conn()
             self._migrate(conn)
@@ -364,8 +403,8 @@ class Store:
             "INSERT INTO conversations (id, parent_id, depth, label, title, kind, provider, model, mode, "
             "working_dir, status, started_at, updated_at, source, pid, host) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
-            (id, parent_id, depth, label, self.redact(_shorten(title, 120)), kind, provider, model, mode,
-             working_dir, now, now, source, os.getpid(), _hostname()))
+            (id, parent_id, depth, self.redact(label), self.redact(_shorten(title, 120)), kind, provider, model, mode,
+             working_dir, now, now, self.redact(source), os.getpid(), _hostname()))
         with self._seq_lock:
             self._seq[id] = 0
         return id
@@ -403,8 +442,9 @@ class Store:
 
     def update_conversation(self, id, **fields):
         fields["updated_at"] = rfc3339()
-        if "error" in fields and fields["error"]:
-            fields["error"] = self.redact(fields["error"])
+        for key in ("error", "title", "label", "source"):  # text that may quote a secret
+            if fields.get(key):
+                fields[key] = self.redact(fields[key])
         cols = ", ".join("%s = ?" % k for k in fields if k in CONVERSATION_FIELDS)
         values = [v for k, v in fields.items() if k in CONVERSATION_FIELDS]
         self.conn().execute("UPDATE conversations SET %s WHERE id = ?" % cols, values + [id])

@@ -2640,9 +2640,12 @@ class AuditLog:
                                                    outcome, duration, verdict)
         data = line.encode("utf-8", "replace")
         with self._lock:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            from xzatoma_store import private_dir
+            private_dir(os.path.dirname(os.path.abspath(self.path)))  # XZATOMA_HOME: 0700
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
+                if os.fstat(fd).st_mode & 0o077:  # a log made by an older version: only its owner reads it
+                    os.fchmod(fd, 0o600)
                 _flock(fd)
                 if self.max_bytes and os.fstat(fd).st_size + len(data) > self.max_bytes and \
                         os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:

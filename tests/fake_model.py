@@ -19,6 +19,7 @@ A reply is a dict:
   usage          {"prompt_tokens": n, "completion_tokens": n}
   expect         callable(request_body) -> error text or None (checks the history)
   plain_json     answer with one JSON body even when streaming was asked for
+  echo_auth      with `status`: the error body quotes the request's Authorization header (as some servers do)
 
 Run standalone (used by the benchmarks, so the server is another process):
   python tests/fake_model.py --loop-tool read_file --loop-args '{"path": "x"}' --turns 500
@@ -271,6 +272,8 @@ def _make_handler(fake):
 
         def _send_error(self, reply):
             body = reply.get("body")
+            if reply.get("echo_auth"):
+                body = json.dumps({"error": {"message": "invalid credentials: %s" % self.headers.get("Authorization")}})
             if body is None:
                 body = json.dumps({"error": {"message": "injected HTTP %d" % reply["status"]}})
             data = body.encode()

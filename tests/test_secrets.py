@@ -1,0 +1,235 @@
+"""Secrets and file modes: credentials never reach the store, a terminal or a log; XZATOMA_HOME is private.
+
+Tokens here are fake but have the real shapes; the store is checked as FILE BYTES (the database and its
+write-ahead log), so an index or a journal cannot keep what the tables do not.
+"""
+
+import json
+import os
+import stat
+
+import pytest
+
+from conftest import tool_call, wait_for
+from xzatoma_store import REDACTED, redact, register_secret
+
+# one token per family: (family, value)
+TOKENS = [
+    ("aws-id", "AKIAIOSFODNN7EXAMPLQ"),
+    ("aws-secret", "aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEQ"),
+    ("stripe", "sk_live_4eC39HqLyjWDarjtT1zdp7dQ"),
+    ("stripe-restricted", "rk_live_51H8abcdefghijklmnopqrsT"),
+    ("slack", "xoxb-2048-4096-abcdefghijklmnopqrsT"),
+    ("gitlab", "glpat-xYz12345678901234567890"),
+    ("github", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("github-fine", "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz"),
+    ("huggingface", "hf_abcdefghijklmnopqrstuvwxyzABCD"),
+    ("npm", "npm_abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("google", "AIzaSyDdI0hCZtE6vySjMm-WEfRq3CPzqKqqsHI"),
+    ("openai", "sk-proj-abcdefghijklmnopqrstuvwx1234"),
+    ("anthropic", "sk-ant-api03-abcdefghijklmnopqrstuvwxyz-0123456789"),
+    ("jwt", "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6y"),
+    ("bearer", "Authorization: Bearer 0a1b2c3d4e5f6a7b8c9d"),
+    ("basic", "Authorization: Basic dXNlcjpodW50ZXIyaHVudGVyMg=="),
+    ("url", "postgres://admin:Tr0ub4dor3xyz@db.internal:5432/app"),
+]
+PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c2VjcmV0a2V5bWF0ZXJpYWwxMjM0NTY3ODkw\n"
+       "c2Vjb25kbGluZW9mdGhla2V5bWF0ZXJpYWwxMjM0NTY3ODkwYWJj\n-----END RSA PRIVATE KEY-----")
+
+
+def secret_part(value):
+    """What must disappear: the whole token, or what follows its label."""
+    for label in ("aws_secret_access_key=", "Authorization: Bearer ", "Authorization: Basic "):
+        if value.startswith(label):
+            return value[len(label):]
+    if value.startswith("postgres://"):
+        return "Tr0ub4dor3xyz"
+    return value
+
+
+@pytest.mark.parametrize("family,value", TOKENS + [("pem", PEM)])
+def test_each_token_family_is_redacted(family, value):
+    text = "before %s after" % value
+    out = redact(text)
+    assert secret_part(value) not in out, family
+    assert out.startswith("before ") and out.endswith(" after") and REDACTED in out
+    # also inside JSON text (tool-call arguments are stored as JSON)
+    assert secret_part(value).split("\n")[1 if family == "pem" else 0] not in redact(json.dumps({"v": text}))
+
+
+def test_ordinary_text_is_left_alone():
+    for text in ("token = get_token()", "password = request.form['password']", "the tokens: 12345678901234",
+                 "see https://example.com/a:b@c?", "sk-learn is a library", "eyJ is how JWTs start",
+                 "def api_key(self): return self._key"):
+        assert redact(text) == text
+
+
+def test_known_secrets_of_eight_characters_or_more_are_redacted():
+    register_secret("short7!")  # too short: would redact ordinary words
+    register_secret("a-known-value-42")
+    assert redact("short7! and a-known-value-42") == "short7! and [REDACTED]"
+    assert redact("url a-known-value-42 in json \"a-known-value-42\"") == "url [REDACTED] in json \"[REDACTED]\""
+
+
+def db_bytes(cli):
+    data = b""
+    for name in ("conversations.db", "conversations.db-wal"):
+        path = cli.xz_home / name
+        if path.exists():
+            data += path.read_bytes()
+    assert data
+    return data
+
+
+def test_token_shapes_never_reach_the_database_or_history(cli, fake):
+    cli.use(fake, terminal={"default_mode": "restricted_autonomous"})
+    everything = "\n".join(v for _, v in TOKENS) + "\n" + PEM
+    (cli.workdir / "creds.txt").write_text(everything + "\n")
+    fake.add({"tool_calls": [tool_call("read_file", path="creds.txt")]},
+             {"tool_calls": [tool_call("terminal", command="echo %s" % TOKENS[0][1])]},
+             {"content": "here they are:\n" + everything})
+    r = cli.run("run", "--json", "--prompt", "my keys: " + " ".join(v for _, v in TOKENS))
+    assert r.returncode == 0, r.stderr
+    cid = json.loads(r.stdout)["conversation_id"]
+    shown = cli.run("history", "show", "--full", cid).stdout + cli.run("history", "show", "--json", cid).stdout \
+        + cli.run("replay", cid).stdout
+    data = db_bytes(cli)
+    audit = (cli.xz_home / "audit.log").read_text()
+    for family, value in TOKENS + [("pem", PEM)]:
+        part = secret_part(value)
+        needle = part.split("\n")[1] if family == "pem" else part
+        assert needle.encode() not in data, family
+        assert needle not in shown, family
+        assert needle not in r.stdout and needle not in r.stderr, family  # the answer too, and --json
+        assert needle not in audit, family
+
+
+def write_credentials(cli, data):
+    path = cli.xz_home / "credentials.json"
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+
+
+def test_a_stored_key_echoed_in_a_401_reaches_no_output(cli, fake):
+    key = "plain-stored-value-0042-no-known-shape"
+    cli.use(fake, provider="openai")
+    write_credentials(cli, {"openai_api_key": key})
+    fake.add({"status": 401, "echo_auth": True})
+    r = cli.run("run", "--prompt", "hello")
+    assert r.returncode == 2
+    assert fake.model_requests()[0]["headers"]["authorization"] == "Bearer " + key  # it was really echoed
+    assert "invalid credentials: Bearer [REDACTED]" in r.stderr
+    assert key not in r.stderr and key not in r.stdout
+    assert key.encode() not in db_bytes(cli)
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    for args in (("history", "show", "--full", cid), ("history", "show", "--json", cid), ("replay", cid)):
+        out = cli.run(*args)
+        assert key not in out.stdout + out.stderr
+
+
+def test_the_answer_never_prints_a_known_key(cli, fake):
+    key = "env-key-value-that-is-long-9"
+    cli.use(fake, provider="openai")
+    fake.add({"content": "your key is %s, keep it safe" % key})
+    r = cli.run("run", "--prompt", "what is my key?", env={"OPENAI_API_KEY": key})
+    assert r.returncode == 0
+    assert r.stdout == "your key is [REDACTED], keep it safe\n"
+    assert key.encode() not in db_bytes(cli)
+
+
+def test_a_base_url_password_reaches_no_output(cli, fake):
+    password = "Url-Pa55word-xyz"
+    cli.use(fake, provider="openai")
+    cfg = {"provider": {"type": "openai", "max_retries": 0, "openai": {
+        "base_url": fake.url.replace("http://", "http://bob:%s@" % password) + "/v1", "model": "gpt-test"}}}
+    cli.write_config(cfg)
+    fake.add({"status": 500, "body": '{"error": "broken"}'}, {"status": 500, "body": '{"error": "broken"}'})
+    outputs = []
+    for args in (("config", "show"), ("config", "show", "--json"), ("run", "--prompt", "x"),
+                 ("run", "--json", "--prompt", "x"), ("auth", "status"), ("auth", "status", "--provider", "openai"),
+                 ("history", "list", "--json")):
+        r = cli.run(*args)
+        outputs.append((args, r.stdout + r.stderr))
+    for args, text in outputs:
+        assert password not in text, args
+    assert "bob:[REDACTED]@127.0.0.1" in dict(outputs)[("config", "show")]
+    assert password.encode() not in db_bytes(cli)
+    # requests sends the userinfo as Basic credentials: it was really used
+    assert any(r["headers"].get("authorization", "").startswith("Basic ") for r in fake.requests)
+
+
+# -- file modes --
+
+
+def mode(path):
+    return stat.S_IMODE(os.stat(str(path)).st_mode)
+
+
+def test_xzatoma_home_and_its_files_are_private_during_and_after_a_run(cli, fake):
+    home = cli.tmp / "fresh-home"  # created by xzatoma
+    cli.env["XZATOMA_HOME"] = str(home)
+    cli.use(fake, terminal={"default_mode": "restricted_autonomous"})
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"content": "ok", "delay": 3})
+    proc = cli.popen("run", "--prompt", "x")
+    try:  # while the run waits for its second reply, the database has its write-ahead log open
+        assert wait_for(lambda: len(fake.model_requests()) == 2 and (home / "conversations.db-wal").exists())
+        live = [home / n for n in ("conversations.db", "conversations.db-wal", "conversations.db-shm", "audit.log")]
+        modes = {p.name: mode(p) for p in live if p.exists()}
+        assert mode(home) == 0o700
+    finally:
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert len(modes) == 4 and set(modes.values()) == {0o600}, modes
+    for path in home.iterdir():
+        assert mode(path) == 0o600, path
+
+
+def test_a_loose_home_and_old_files_are_tightened(cli, fake):
+    home = cli.xz_home
+    os.chmod(str(home), 0o755)
+    for name in ("conversations.db", "audit.log"):
+        (home / name).write_bytes(b"")
+        os.chmod(str(home / name), 0o644)
+    cli.use(fake, terminal={"default_mode": "restricted_autonomous"})
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"content": "ok"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    assert mode(home) == 0o700
+    for name in ("conversations.db", "audit.log", "conversations.db-wal", "conversations.db-shm"):
+        if (home / name).exists():
+            assert mode(home / name) == 0o600, name
+
+
+def test_rotated_audit_log_stays_private(cli, fake):
+    cli.use(fake, terminal={"default_mode": "restricted_autonomous", "audit_max_bytes": 200})
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"tool_calls": [tool_call("terminal", command="ls")]},
+             {"tool_calls": [tool_call("terminal", command="ls")]}, {"content": "ok"})
+    assert cli.run("run", "--prompt", "x").returncode == 0
+    assert (cli.xz_home / "audit.log.1").exists()
+    assert mode(cli.xz_home / "audit.log.1") == 0o600 and mode(cli.xz_home / "audit.log") == 0o600
+
+
+def test_credentials_file_is_private(cli):
+    r = cli.run("auth", "login", "--provider", "openai", input="sk-typed-in-key-1234567890\n")
+    assert r.returncode == 0, r.stderr
+    assert mode(cli.xz_home / "credentials.json") == 0o600 and mode(cli.xz_home) == 0o700
+    assert "sk-typed-in-key-1234567890" not in r.stdout + r.stderr
+
+
+def test_chat_history_file_is_private(cli, fake):
+    from ptyrun import PtyProcess
+    cli.use(fake)
+    fake.add({"content": "hi"})
+    p = PtyProcess(cli.command("chat"), dict(cli.env, TERM="xterm"), str(cli.workdir))
+    try:
+        p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+        p.line("hello there")
+        p.expect("hi")
+        p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+        p.eof()
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert mode(cli.xz_home / "chat_history") == 0o600
+    assert mode(cli.xz_home / "conversations.db") == 0o600 and mode(cli.xz_home) == 0o700
