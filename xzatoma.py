@@ -275,6 +275,7 @@ DEFAULTS = {
             "max_output_size": 1048576,
             "max_file_read_size": 10485760,
             "undo_max_bytes": 52428800,
+            "protected_paths": [],
             "fetch": {
                 "timeout_seconds": 60,
                 "max_response_size": 1048576,
@@ -399,6 +400,8 @@ DOCS = {
     "agent.conversation.prune_threshold": "prune when the conversation reaches this share of max_tokens",
     "agent.tools.max_output_size": "bytes of one tool result sent to the model",
     "agent.tools.undo_max_bytes": "largest file or directory whose previous content is kept for 'xzatoma undo'",
+    "agent.tools.protected_paths": "more paths (relative to the working directory) that need a person's yes "
+                                   "to change, beside .git, shell start-up files and key directories",
     "agent.terminal.default_mode": "interactive | restricted_autonomous | full_autonomous",
     "agent.terminal.allowlist": "read-only programs that run without confirmation",
     "agent.terminal.custom_denylist": "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or 're:REGEX'",
@@ -3361,9 +3364,7 @@ class ChatSession:
         self.safety = args.safety or cfg.get("agent.safety_mode")
         self.provider = make_provider(cfg, console)
         self.store = open_store(cfg, console)
-        self.working_dir = os.path.abspath(args.working_dir or os.getcwd())
-        if not os.path.isdir(self.working_dir):
-            raise UsageError("working directory does not exist: %s" % self.working_dir)
+        self.working_dir = check_working_dir(args.working_dir)
         self.asker = Asker(console)
         self.confirmations = Confirmations(self.asker, console)
         self.events = ChatEvents(console, self.out)
@@ -4192,9 +4193,7 @@ def cmd_run(args, console):
     resuming = bool(args.resume or args.last)
     instruction, kind, title, source = read_instruction(
         args, console, default="Continue the task from where it stopped." if resuming else None)
-    working_dir = os.path.abspath(args.working_dir or os.getcwd())
-    if not os.path.isdir(working_dir):
-        raise UsageError("working directory does not exist: %s" % working_dir)
+    working_dir = check_working_dir(args.working_dir)
     provider = make_provider(cfg, console)
     store = open_store(cfg, console)
     conversation_id = None
@@ -4279,6 +4278,28 @@ def cmd_run(args, console):
     return result.exit_code
 
 
+def check_working_dir(given):
+    """The jail for run and chat: --working-dir DIR, or the current directory unless that is the home
+    directory or / (cron starts jobs in $HOME: a tool there could rewrite ~/.bashrc or ~/.ssh)."""
+    working_dir = os.path.abspath(given or os.getcwd())
+    if not os.path.isdir(working_dir):
+        raise UsageError("working directory does not exist: %s" % working_dir)
+    if given:
+        return working_dir  # named deliberately; the protected paths still hold inside it
+    real = os.path.realpath(working_dir)
+    homes = {os.path.realpath(os.path.expanduser("~"))}
+    try:
+        import pwd
+        homes.add(os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir))
+    except (ImportError, KeyError):
+        pass
+    if real == "/" or real in homes:
+        raise UsageError("refusing to use %s as the working directory: it is %s, where the tools could change "
+                         "start-up files and keys; cd to a project, or name it deliberately with --working-dir DIR"
+                         % (working_dir, "the filesystem root" if real == "/" else "your home directory"))
+    return working_dir
+
+
 def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
     """The tools' view of a session: jail, limits, terminal policy, audit log and undo store."""
     from xzatoma_store import Redactor
@@ -4287,7 +4308,8 @@ def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
     audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
                      redact=Redactor(secrets))
     return ToolContext(working_dir, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
-                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit, **fields)
+                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit,
+                       xzatoma_home=cfg.home, **fields)
 
 
 def _build_policy(sub, common, fmt):

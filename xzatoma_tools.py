@@ -222,9 +222,11 @@ class ToolContext:
 
     def __init__(self, working_dir, tools_config=None, confirm=None, store=None, conversation_id=None,
                  interactive=False, ask=None, confirm_command=None, terminal=None, terminal_mode=None,
-                 audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None):
+                 audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None, xzatoma_home=None):
         #: the jail: every path a tool touches resolves inside this real directory
         self.root = os.path.realpath(working_dir)
+        #: the same root as an object that resolves and opens paths beneath it, descriptor-relative
+        self.jail = Jail(self.root)
         #: the agent.tools configuration slice (limits such as max_output_size, fetch, undo_max_bytes)
         self.config = tools_config or {}
         #: confirm(tool_name, args, detail) -> bool before a call whose tool asks for it; chat in Safe mode only
@@ -259,6 +261,10 @@ class ToolContext:
         self.call_id = None
         #: the person accepted this call's change without an undo record (over the cap); reset for each call
         self.undo_waived = False
+        #: XZATOMA_HOME (history, credentials, audit log): protected where it lies inside the jail
+        self.xzatoma_home = xzatoma_home
+        #: protected_paths() of this jail: changes there need a person's yes (agent.tools.protected_paths adds)
+        self.protected = protected_paths(self.root, xzatoma_home, self.config.get("protected_paths") or ())
         #: the CommandPolicy, built on the first terminal call and shared with children
         self._policy = None
         #: the environment commands run with, built on the first terminal call and shared with children
@@ -286,6 +292,11 @@ class ToolContext:
         """The same context for one run that must end by `deadline` (time.monotonic(), or None)."""
         return self if deadline == self.deadline else self._derived(deadline=deadline)
 
+    def check_deadline(self, what):
+        """Raise a tool error once the run's deadline has passed (long walks call this in their loops)."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise ToolError("%s stopped: the run's time limit was reached" % what)
+
     def limit(self, key, default):
         value = self.config.get(key)
         return default if value is None else value
@@ -295,21 +306,28 @@ class ToolContext:
     def undo_cap(self):
         return self.limit("undo_max_bytes", 52428800)
 
-    def before_change(self, tool, real):
-        """Save what is at `real` before a tool changes it. Returns a token for after_change."""
+    def _at(self, where):
+        """A Target for `where` (a Target already, or an absolute path resolved again, links not followed)."""
+        if isinstance(where, Target):
+            return _Borrowed(where)
+        return self.jail.resolve(where, follow=False)
+
+    def before_change(self, tool, where):
+        """Save what is at `where` (a Target or a path) before a tool changes it. Returns a token for after_change."""
         if self.store is None or self.undo_waived:
             return None
-        kind, blob, mode = snapshot(real, self.undo_cap)
+        with self._at(where) as target:
+            kind, blob, mode = snapshot_at(target, self.undo_cap)
+            real = target.real
         record = self.store.record_undo(self.conversation_id, self.call_id, tool, real, kind, blob, mode)
         return record, real
 
-    def before_create(self, tool, real):
-        """Like before_change, but when parent directories are missing the record covers the highest
-        new one, so undo removes everything the change created."""
-        top = real
-        while not os.path.lexists(os.path.dirname(top)):
-            top = os.path.dirname(top)
-        return self.before_change(tool, top)
+    def before_create(self, tool, target):
+        """Like before_change for a Target, but when parent directories are missing the record covers
+        the highest new one, so undo removes everything the change created."""
+        if target.missing:
+            return self.before_change(tool, os.path.join(self.root, *(target.names + target.missing[:1])))
+        return self.before_change(tool, target)
 
     def record_move(self, source, destination):
         if self.store is None or self.undo_waived:
@@ -322,23 +340,52 @@ class ToolContext:
         """Fingerprint the path after the change (or the state `expected` when undo reaches this record)."""
         if token is not None:
             record, real = token
-            self.store.set_undo_after(record, expected or state_hash(real))
+            if expected is None:
+                with self.jail.resolve(real, follow=False) as target:
+                    expected = state_hash_at(target)
+            self.store.set_undo_after(record, expected)
 
-    def check_undo_cap(self, tool, real, args):
+    def check_undo_cap(self, tool, target, args):
         """A change that could not be undone (over the size cap) asks in chat and is refused otherwise."""
         if self.store is None or self.undo_waived:
             return
         cap = self.undo_cap
-        size = tree_size(real)
+        size = tree_size_at(target)
         if size <= cap:
             return
         detail = "%s is %s, over the undo cap of %s (agent.tools.undo_max_bytes): this cannot be undone" % (
-            display_path(real, self.root), _fmt_size(size), _fmt_size(cap))
+            display_path(target.real, self.root), _fmt_size(size), _fmt_size(cap))
         if self.ask is not None and self.ask(tool, args, detail):
             self.undo_waived = True  # the person accepted this change without an undo record
             return
         raise ToolError(detail + ("; the user declined" if self.ask is not None else
                                   "; refused without a person to confirm it"))
+
+    # -- protected paths --
+    def guard(self, tool, args, target):
+        """A change at a protected path (or a directory holding one) needs a person's yes, in every mode."""
+        what = protected_reason(target, self.protected, self.root)
+        if what is None:
+            return
+        detail = "%s %s changes %s, a protected path (agent.tools.protected_paths)" % (
+            tool, display_path(target.real, self.root), what)
+        if not self.interactive or self.ask is None:
+            raise ToolError("%s; it needs a person's approval; not available in this run" % detail)
+        if not self.ask(tool, args, detail):
+            raise ToolError("the user declined: %s" % detail)
+
+
+class _Borrowed:
+    """A Target lent to a with-block without closing it at the end."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __enter__(self):
+        return self.target
+
+    def __exit__(self, *exc):
+        return False
 
 
 class Tool:
@@ -520,40 +567,500 @@ def _describe_os_error(exc, ctx):
 
 
 # ---- The working-directory jail ----
+#
+# Checking a path and then opening it by name is a race: between the two a directory can be swapped
+# for a symlink to somewhere else. So every file tool resolves its path *relative to an open
+# descriptor of the working directory*, one component at a time, opening each directory with
+# O_NOFOLLOW|O_DIRECTORY and following in-tree symlinks itself (a bounded number of them), and then
+# operates on the descriptor it checked (os.open/os.stat/os.unlink/os.rename with dir_fd). Where the
+# kernel has openat2 (Linux 5.6+), RESOLVE_BENEATH resolves the directory part in one call and the
+# kernel itself refuses to leave the tree; everything it cannot do (absolute in-tree links, errors
+# worth a clear message) goes through the portable walk, which is the authority.
+
+NAME_MAX = 255  #: bytes in one path component (Linux, macOS, the BSDs)
+PATH_MAX = 4096  #: bytes in a whole path
+MAX_SYMLINKS = 40  #: symlinks followed in one resolution, as Linux's own limit (ELOOP beyond)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+#: how the walk opens a directory it passes through: never a symlink, never without O_DIRECTORY
+_WALK_DIR = (getattr(os, "O_PATH", 0) or os.O_RDONLY) | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
+#: how a directory is opened to be listed or walked
+_LIST_DIR = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
+
 
 class JailError(ToolError):
-    pass
+    """A path that lands outside the working directory."""
 
 
-def resolve_path(path, root, must_exist=False):
+class PathError(ToolError):
+    """A path that cannot be resolved at all: a symlink loop, an over-long name."""
+
+
+def _kind_of(mode):
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "special file"
+
+
+_OPENAT2 = None  #: None: not tried yet; False: the kernel (or a seccomp filter) says no; else the function
+RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08
+
+
+def _openat2_beneath(dir_fd, rel, flags):
+    """openat2(dir_fd, rel, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS) -> fd, or None where unavailable.
+
+    Raises OSError for what the kernel refused (EXDEV: it would leave the tree or meets an absolute
+    symlink; ELOOP; ENOENT; ENOTDIR); callers fall back to the component walk for those.
+    """
+    global _OPENAT2
+    if _OPENAT2 is False:
+        return None
+    if _OPENAT2 is None:
+        _OPENAT2 = _load_openat2()
+        if _OPENAT2 is False:
+            return None
+    return _OPENAT2(dir_fd, rel, flags)
+
+
+def _load_openat2():
+    import platform
+    import sys
+    if not sys.platform.startswith("linux"):
+        return False
+    # openat2 is 437 in the unified table of every architecture added since 5.6 (not alpha/ia64/mips)
+    if platform.machine() not in ("x86_64", "aarch64", "arm64", "armv7l", "armv6l", "i686", "i386", "riscv64",
+                                  "ppc64le", "ppc64", "s390x", "loongarch64"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall = libc.syscall
+    except (OSError, AttributeError):
+        return False
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+    def openat2(dir_fd, rel, flags):
+        how = OpenHow(flags, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+        fd = syscall(437, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), rel)
+        return fd
+
+    import errno
+    try:  # probe once: "." beneath an open root always works where openat2 exists
+        probe = os.open("/", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        try:
+            os.close(openat2(probe, ".", _WALK_DIR & ~_O_NOFOLLOW))
+        finally:
+            os.close(probe)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG, errno.EACCES):
+            return False
+    return openat2
+
+
+def use_openat2(enabled):
+    """Turn the openat2 fast path off (False) or back to auto-detection (True): tests run both ways."""
+    global _OPENAT2
+    _OPENAT2 = None if enabled else False
+
+
+class Target:
+    """A checked place in the jail: an open descriptor of its parent directory and its name there.
+
+    `dir_fd` was reached from the working directory without following any symlink the walk did not
+    check; `name` is one component ('.' for the working directory itself). `missing` lists parent
+    directories that do not exist yet (`make_parents()` creates them, each checked again). Always
+    close() it (or use it as a context manager).
+    """
+
+    __slots__ = ("root", "_fds", "names", "missing", "name", "followed")
+
+    def __init__(self, root, fds, names, missing, name, followed):
+        self.root = root
+        self._fds = fds  # descriptors from the root down to the parent (None: not open, reopen on need)
+        self.names = names  # components from the root to the parent, symlinks resolved
+        self.missing = missing
+        self.name = name
+        self.followed = followed  # symlinks followed on the way
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        for fd in self._fds:
+            if fd is not None:
+                os.close(fd)
+        self._fds = []
+
+    @property
+    def dir_fd(self):
+        return self._fds[-1]
+
+    @property
+    def is_root(self):
+        return self.name == "." and not self.names and not self.missing
+
+    @property
+    def real(self):
+        parts = self.names + self.missing + ([] if self.name == "." else [self.name])
+        return os.path.join(self.root, *parts) if parts else self.root
+
+    def lstat(self):
+        """The entry itself (a symlink is not followed), or None when it does not exist."""
+        if self.missing:
+            return None
+        try:
+            return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def open_file(self, flags, mode=0o666):
+        """Open the entry itself: never following a symlink, never blocking on a FIFO or device."""
+        return os.open(self.name, flags | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, mode, dir_fd=self.dir_fd)
+
+    def open_regular(self, what):
+        """An fd of the regular file here, for reading; anything else is an error saying what it is."""
+        st = self.lstat()
+        if st is None:
+            raise ToolError("no such file or directory: %s" % display_path(self.real, self.root))
+        if not stat.S_ISREG(st.st_mode):
+            raise special_error(self, st.st_mode, what)
+        fd = self.open_file(os.O_RDONLY)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between the lstat and the open
+            os.close(fd)
+            raise special_error(self, st.st_mode, what)
+        return fd
+
+    def open_dir(self):
+        """An fd of the directory here (listable), never through a symlink."""
+        if self.is_root:
+            return os.open(".", _LIST_DIR, dir_fd=self.dir_fd)
+        return os.open(self.name, _LIST_DIR, dir_fd=self.dir_fd)
+
+    def make_parents(self):
+        """Create the missing parent directories, each opened again with O_NOFOLLOW after mkdir."""
+        while self.missing:
+            name = self.missing[0]
+            if len(self.names) + 1 > 255:
+                raise PathError("too many nested directories")
+            try:
+                os.mkdir(name, 0o777, dir_fd=self.dir_fd)
+            except FileExistsError:
+                pass
+            fd = os.open(name, _WALK_DIR, dir_fd=self.dir_fd)  # a symlink planted meanwhile fails here
+            self._fds.append(fd)
+            self.names.append(name)
+            self.missing.pop(0)
+
+
+def special_error(target, mode, what):
+    return ToolError("%s is a %s, not a regular file; %s" % (display_path(target.real, target.root),
+                                                             _kind_of(mode), what))
+
+
+class Jail:
+    """The working directory, and every path a tool names resolved beneath it."""
+
+    def __init__(self, root):
+        self.root = os.path.realpath(root)
+
+    def __eq__(self, other):
+        return isinstance(other, Jail) and other.root == self.root
+
+    def __hash__(self):
+        return hash(self.root)
+
+    def open_root(self):
+        return os.open(self.root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+
+    def relative(self, path):
+        """Check a path's spelling and make it relative to the root (JailError / PathError)."""
+        if not isinstance(path, str):
+            raise JailError("path must be a string")
+        if "\x00" in path:
+            raise JailError("path contains a NUL byte: %r" % path)
+        if path.strip() == "":
+            path = "."
+        if path.startswith("~"):
+            raise JailError("path outside working directory: %s (home paths are not allowed)" % path)
+        encoded = os.fsencode(path)
+        if len(encoded) >= PATH_MAX:
+            raise PathError("path too long: %d bytes (the limit is %d)" % (len(encoded), PATH_MAX - 1))
+        for part in path.split("/"):
+            if len(os.fsencode(part)) > NAME_MAX:
+                raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
+                    len(os.fsencode(part)), part[:40], NAME_MAX))
+        if not os.path.isabs(path):
+            return path
+        return self._absolute(path, path)
+
+    def _absolute(self, path, shown):
+        """An absolute path (or absolute symlink target) as a path relative to the root."""
+        root = self.root
+        if path == root or path.startswith(root.rstrip("/") + "/"):
+            return path[len(root):].lstrip("/") or "."
+        # spelled through another name for the root (/tmp -> /private/tmp): the resolved spelling
+        # only picks the components; the walk below checks every one of them again from the root fd
+        real = os.path.realpath(path)
+        if _inside(real, root):
+            return real[len(root):].lstrip("/") or "."
+        raise JailError("path outside working directory: %s" % shown)
+
+    def resolve(self, path, follow=True, must_exist=False):
+        """A Target for `path`: its parent directory open, checked beneath the root.
+
+        follow=True resolves a symlink in the last component too (reading and writing a file through
+        an in-tree link); follow=False leaves it (delete, move, metadata of the link itself).
+        """
+        rel = self.relative(path)
+        root_fd = self.open_root()
+        try:
+            target = self._resolve(root_fd, rel, path, follow)
+        except BaseException:
+            os.close(root_fd)
+            raise
+        if must_exist and target.lstat() is None:
+            target.close()
+            raise ToolError("no such file or directory: %s%s" % (path, self.suggest(path)))
+        return target
+
+    def _resolve(self, root_fd, rel, shown, follow):
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        if len(parts) > 1 and ".." not in parts:
+            fds = self._fast_parent(root_fd, parts[:-1])
+            if fds is not None:
+                names = fds.pop()
+                return self._walk(fds, names, [parts[-1]], shown, follow)
+        return self._walk([root_fd], [], parts, shown, follow)
+
+    def _fast_parent(self, root_fd, parent_parts):
+        """The parent directory through openat2 (RESOLVE_BENEATH): [root_fd, None…, fd, names] or None."""
+        try:
+            fd = _openat2_beneath(root_fd, "/".join(parent_parts), _WALK_DIR & ~_O_NOFOLLOW)
+        except OSError:
+            return None  # the walk gives the precise error (or handles the absolute in-tree link)
+        if fd is None:
+            return None
+        try:
+            where = os.readlink("/proc/self/fd/%d" % fd)
+        except OSError:
+            where = ""
+        if not (where == self.root or where.startswith(self.root.rstrip("/") + "/")):
+            os.close(fd)
+            return None
+        names = [n for n in where[len(self.root):].split("/") if n]
+        if not names:  # a link back to the root itself: nothing to shortcut
+            os.close(fd)
+            return None
+        return [root_fd] + [None] * (len(names) - 1) + [fd] + [names]
+
+    def _walk(self, fds, names, parts, shown, follow):
+        """Resolve `parts` from the directory fds[-1] (reached through `names`), one component at a time."""
+        todo = list(reversed(parts))
+        links = retries = 0
+        missing = []  # components below a missing one: taken lexically, as realpath does
+        while True:
+            while todo and todo[-1] in ("", "."):
+                todo.pop()
+            if missing and not todo:
+                return Target(self.root, fds, names, missing[:-1], missing[-1], links)
+            if missing:
+                comp = todo.pop()
+                if comp == "..":
+                    missing.pop()
+                elif len(os.fsencode(comp)) > NAME_MAX:
+                    raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
+                        len(os.fsencode(comp)), comp[:40], NAME_MAX))
+                else:
+                    missing.append(comp)
+                continue
+            if not todo:  # the path names a directory we are in: step back up to name it in its parent
+                if not names:
+                    return Target(self.root, fds, names, [], ".", links)
+                name = names.pop()
+                fd = fds.pop()
+                if fd is not None:
+                    os.close(fd)
+                self._reopen(fds, names)
+                return Target(self.root, fds, names, [], name, links)
+            comp = todo.pop()
+            if comp == "..":
+                if not names:
+                    raise JailError("path outside working directory: %s" % shown)
+                names.pop()
+                fd = fds.pop()
+                if fd is not None:
+                    os.close(fd)
+                continue
+            if len(os.fsencode(comp)) > NAME_MAX:
+                raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
+                    len(os.fsencode(comp)), comp[:40], NAME_MAX))
+            last = all(p in ("", ".") for p in todo)
+            dir_fd = self._reopen(fds, names)
+            try:
+                st = os.stat(comp, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                missing.append(comp)
+                continue
+            if stat.S_ISLNK(st.st_mode) and (follow or not last):
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise PathError("too many levels of symbolic links: %s" % shown)
+                target = os.readlink(comp, dir_fd=dir_fd)
+                if target.startswith("/"):
+                    inner = self._absolute(target, shown)
+                    while len(fds) > 1:
+                        fd = fds.pop()
+                        if fd is not None:
+                            os.close(fd)
+                    del names[:]
+                    todo.extend(reversed(inner.split("/")))
+                else:
+                    todo.extend(reversed(target.split("/")))
+                continue
+            if last:
+                return Target(self.root, fds, names, [], comp, links)
+            if not stat.S_ISDIR(st.st_mode):
+                raise ToolError("not a directory: %s (in %s)" % ("/".join(names + [comp]), shown))
+            try:
+                fd = os.open(comp, _WALK_DIR, dir_fd=dir_fd)
+            except OSError:
+                # swapped (for a symlink, a file, nothing) since the stat: look again, a bounded number of times
+                retries += 1
+                if retries > 8:
+                    raise PathError("%s keeps changing while it is resolved: %s" % (comp, shown))
+                todo.append(comp)
+                continue
+            fds.append(fd)
+            names.append(comp)
+
+    def _reopen(self, fds, names):
+        """The fd of the current directory, reopening ancestors left unopened by the openat2 shortcut."""
+        if fds[-1] is not None:
+            return fds[-1]
+        base = max(i for i, fd in enumerate(fds) if fd is not None)
+        for i in range(base + 1, len(fds)):
+            fds[i] = os.open(names[i - 1], _WALK_DIR, dir_fd=fds[i - 1])
+        return fds[-1]
+
+    def suggest(self, path):
+        """A near miss for a missing path: ' (did you mean src/app.py?)'."""
+        parent = os.path.dirname(path) or "."
+        try:
+            with self.resolve(parent) as target:
+                fd = target.open_dir()
+                try:
+                    names = os.listdir(fd)
+                finally:
+                    os.close(fd)
+        except (OSError, ToolError):
+            return ""
+        close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
+        if close:
+            return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
+        return ""
+
+
+#: Paths beneath the working directory that run code or hold credentials the next time a person, git
+#: or a shell uses them: a tool may change them only with a person's yes, in every mode (YOLO too),
+#: and never in a headless run. Matched after resolution and case-insensitively (macOS and Windows
+#: filesystems fold case: `.GIT/config` is `.git/config` there).
+PROTECTED_NAMES = (
+    # version control: hooks, config (core.fsmonitor, core.hooksPath), a worktree's `.git` pointer file
+    ".git", ".hg", ".gitconfig", ".config/git", ".git-credentials",
+    # shells and their start-up files
+    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zprofile", ".zshenv",
+    ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login", ".kshrc", ".inputrc", ".config/fish",
+    ".xprofile", ".xinitrc", ".xsession", ".pam_environment", ".config/autostart", ".config/systemd",
+    # keys and credentials
+    ".ssh", ".gnupg", ".aws", ".kube", ".docker/config.json", ".netrc", ".npmrc", ".pypirc", ".pgpass",
+    ".config/gh", ".config/xzatoma",
+)
+#: directory names protected wherever they appear: nested repositories' metadata
+PROTECTED_ANYWHERE = (".git", ".hg")
+
+
+def protected_paths(root, xzatoma_home=None, extra=()):
+    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME and config extras.
+
+    `extra` (agent.tools.protected_paths) holds paths relative to the working directory or absolute
+    ones; those outside `root` are left out (the jail keeps tools out of them anyway). Directories
+    named .git or .hg anywhere below are protected too (see protected_reason).
+    """
+    root = os.path.realpath(root)
+    out = [os.path.join(root, name) for name in PROTECTED_NAMES]
+    for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
+        path = os.path.expanduser(path)
+        real = os.path.realpath(os.path.join(root, path))
+        if _inside(real, root) and real != root and real not in out:
+            out.append(real)
+    return out
+
+
+def protected_reason(target, protected, root):
+    """What protected path a change at `target` (a Target) touches, or None.
+
+    The target itself, anything inside a protected directory, and a directory that holds a
+    protected path (deleting or replacing `src/` deletes `src/.git`) all count.
+    """
+    real = target.real.lower()
+    for path in protected:
+        p = path.lower()
+        if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
+            return display_path(path, root)
+    rel = display_path(target.real, root)
+    for part in rel.lower().split("/"):
+        if part in PROTECTED_ANYWHERE:
+            return rel
+    st = target.lstat()
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        for sub, _, name, _ in _subtree(target.dir_fd, target.name):
+            if name.lower() in PROTECTED_ANYWHERE and sub:
+                return os.path.join(rel, sub) if rel != "." else sub
+    return None
+
+
+def resolve_path(path, root, must_exist=False, follow=True):
     """Resolve `path` against the jail `root`; refuse anything that lands outside.
 
-    Symlinks are resolved (also dangling and chained ones); names are taken
-    literally. Returns the absolute real path.
+    Symlinks are resolved (also dangling and chained ones, a bounded number: loops are errors);
+    names are taken literally. Returns the absolute real path. Tools use `Jail.resolve`, which
+    keeps the checked directory open; this is for showing and judging paths.
     """
-    if not isinstance(path, str):
-        raise JailError("path must be a string")
-    if "\x00" in path:
-        raise JailError("path contains a NUL byte: %r" % path)
-    if path.strip() == "":
-        path = "."
-    if path.startswith("~"):
-        raise JailError("path outside working directory: %s (home paths are not allowed)" % path)
-    joined = os.path.join(root, path)
-    real = os.path.realpath(joined)
-    if not _inside(real, root):
-        raise JailError("path outside working directory: %s" % path)
-    if must_exist and not os.path.lexists(real):
-        raise ToolError("no such file or directory: %s%s" % (path, _suggest(path, root)))
-    return real
+    with Jail(root).resolve(path, follow=follow, must_exist=must_exist) as target:
+        return target.real
 
 
 def path_verdict(path, root):
-    """('inside'|'outside', reason) for `xzatoma policy path` and mentions."""
+    """('inside'|'outside'|'error', reason) for `xzatoma policy path` and mentions."""
     try:
         real = resolve_path(path, root)
-    except ToolError as exc:
+    except JailError as exc:
         return "outside", str(exc)
+    except (ToolError, OSError) as exc:
+        return "error", str(exc) if isinstance(exc, ToolError) else "%s: %s" % (exc.strerror or exc, path)
     return "inside", "resolves to %s" % (display_path(real, root))
 
 
@@ -569,29 +1076,82 @@ def display_path(real, root):
     return rel if not rel.startswith("..") else real
 
 
-def _suggest(path, root):
-    """A near miss for a missing path: ' (did you mean src/app.py?)'."""
-    parent = os.path.dirname(path) or "."
-    try:
-        parent_real = resolve_path(parent, root)
-        names = os.listdir(parent_real)
-    except (OSError, ToolError):
-        return ""
-    close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
-    if close:
-        return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
-    return ""
-
-
 # ---- Shared file helpers ----
 
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
 
-def is_binary_file(path, sample=8192):
-    with open(path, "rb") as fh:
-        head = fh.read(sample)
+def read_fd(fd, limit=None):
+    """Everything from fd (at most `limit` bytes); reads until EOF, so a file that grows is not cut short."""
+    chunks, total = [], 0
+    while limit is None or total < limit:
+        chunk = os.read(fd, (1 << 20) if limit is None else min(1 << 20, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def read_text(target, what, errors="replace"):
+    """The text of the regular file at a Target (never following a link, never blocking on a FIFO)."""
+    fd = target.open_regular(what)
+    try:
+        return read_fd(fd).decode("utf-8", errors)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def is_binary_fd(fd, sample=8192):
+    head = os.pread(fd, sample, 0) if hasattr(os, "pread") else os.read(fd, sample)
     return b"\x00" in head
+
+
+def write_atomic_at(dir_fd, name, data, mode=None):
+    """Replace `name` in the directory `dir_fd` in one step, keeping its permissions.
+
+    The temporary file has an unpredictable name and is created with O_CREAT|O_EXCL|O_NOFOLLOW in
+    the checked directory, so a planted file or symlink of any name is never written through; the
+    rename replaces the directory entry itself (a symlink swapped in is replaced, not followed).
+    """
+    import secrets
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if mode is None and st is not None and stat.S_ISREG(st.st_mode):
+        mode = stat.S_IMODE(st.st_mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+    for _ in range(16):
+        tmp = ".xzatoma-%s.tmp" % secrets.token_hex(8)
+        try:
+            # an existing file's content is never visible wider than it was: 0600 until the chmod
+            fd = os.open(tmp, flags, 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise ToolError("could not create a temporary file in %s" % name)
+    try:
+        try:
+            write_all(fd, data)
+            if mode is not None:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
 
 
 def _brace_expand(pattern):
@@ -657,18 +1217,21 @@ def glob_match(pattern, relpath):
 class GitIgnore:
     """The common subset of .gitignore: globs, '/'-anchored, dir-only '/', and '!' negation."""
 
-    def __init__(self, root):
+    def __init__(self, root_fd):
         self.rules = []  # (base_rel, regex, negate, dir_only)
-        self.root = root
-        self._load("")
+        self._load("", root_fd)
 
-    def _load(self, rel_dir):
-        path = os.path.join(self.root, rel_dir, ".gitignore")
+    def _load(self, rel_dir, dir_fd):
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                lines = fh.read().splitlines()
+            fd = os.open(".gitignore", os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
         except OSError:
             return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            lines = read_fd(fd, 1 << 20).decode("utf-8", "replace").splitlines()
+        finally:
+            os.close(fd)
         for line in lines:
             line = line.rstrip()
             if not line or line.startswith("#"):
@@ -683,10 +1246,10 @@ class GitIgnore:
             pattern = line if anchored else "**/" + line
             self.rules.append((rel_dir, glob_regex(pattern), negate, dir_only))
 
-    def enter(self, rel_dir):
+    def enter(self, rel_dir, dir_fd):
         """Read the .gitignore of a directory as the walk reaches it."""
         if rel_dir:
-            self._load(rel_dir)
+            self._load(rel_dir, dir_fd)
 
     def ignored(self, rel, is_dir):
         verdict = False
@@ -703,49 +1266,97 @@ class GitIgnore:
         return verdict
 
 
-def walk_files(root, start, gitignore=True, include_dirs=False):
-    """Yield (relpath, path, is_dir) under start in name order, skipping VCS dirs and ignored paths.
-
-    Symlinks are not followed into directories, and a symlink whose target
-    lies outside the jail is skipped. Relative paths are built by joining
-    names (no per-entry path arithmetic: this walk is the hot loop of grep
-    and find_path).
-    """
-    ignore = GitIgnore(root) if gitignore else None
-    first = os.path.relpath(start, root).replace(os.sep, "/")
-    stack = [(start, "" if first == "." else first + "/")]
-    while stack:
-        current, prefix = stack.pop()
-        try:
-            entries = sorted(os.scandir(current), key=lambda e: e.name)
-        except OSError:
-            continue
-        subdirs = []
-        for entry in entries:
-            rel = prefix + entry.name
-            is_dir = _is_dir(entry)
-            if is_dir and entry.name in SKIP_DIRS:
-                continue
-            if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
-                continue
-            if entry.is_symlink() and not _inside(os.path.realpath(entry.path), root):
-                continue
-            if is_dir:
-                if ignore is not None:
-                    ignore.enter(rel)
-                subdirs.append((entry.path, rel + "/"))
-                if include_dirs:
-                    yield rel, entry.path, True
-            else:
-                yield rel, entry.path, False
-        stack.extend(reversed(subdirs))
-
-
-def _is_dir(entry):
-    """DirEntry.is_dir without following symlinks (loops and dangling links are not errors)."""
+def _entry_kind(entry):
+    """'dir', 'file', 'link' or 'special' for a DirEntry, never following a symlink."""
     try:
-        return entry.is_dir(follow_symlinks=False)
+        if entry.is_symlink():
+            return "link"
+        if entry.is_dir(follow_symlinks=False):
+            return "dir"
+        if entry.is_file(follow_symlinks=False):
+            return "file"
     except OSError:
+        pass
+    return "special"
+
+
+def list_fd(fd):
+    """The entries of an open directory, sorted by name, as (name, kind)."""
+    with os.scandir(fd) as it:
+        return sorted((e.name, _entry_kind(e)) for e in it)
+
+
+def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
+    """Yield (relpath, dir_fd, name, kind) under the directory Target `start`, in name order.
+
+    The walk goes by descriptors (each directory opened with O_NOFOLLOW relative to its parent), so
+    a directory swapped for a symlink mid-walk is never entered. It skips VCS directories and
+    ignored paths; kind is 'dir', 'file', 'link' (never followed here: callers resolve it through
+    the jail, and a link out of the tree is skipped) or 'special' (FIFO, socket, device). `dir_fd`
+    is valid until the next item is asked for. `check()` runs once per directory (the deadline).
+    """
+    ignore = None
+    if gitignore:
+        root_fd = jail.open_root()
+        try:
+            ignore = GitIgnore(root_fd)
+        finally:
+            os.close(root_fd)
+    first = display_path(start.real, jail.root)
+    frames = []
+    try:
+        fd = start.open_dir()
+        frames.append([fd, "" if first == "." else first + "/", None])
+        while frames:
+            frame = frames[-1]
+            fd, prefix, pending = frame
+            if pending is None:  # list this directory, yield its entries, then descend
+                try:
+                    entries = list_fd(fd)
+                except OSError:
+                    entries = []
+                subdirs = []
+                for name, kind in entries:
+                    rel = prefix + name
+                    is_dir = kind == "dir"
+                    if is_dir and name in SKIP_DIRS:
+                        continue
+                    if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
+                        continue
+                    if kind == "link" and not _link_inside(jail, rel):
+                        continue
+                    if is_dir:
+                        subdirs.append(name)
+                        if include_dirs:
+                            yield rel, fd, name, kind
+                    else:
+                        yield rel, fd, name, kind
+                frame[2] = iter(subdirs)
+                continue
+            name = next(pending, None)
+            if name is None:
+                frames.pop()
+                os.close(fd)
+                continue
+            if check is not None:
+                check()
+            try:
+                sub = os.open(name, _LIST_DIR, dir_fd=fd)
+            except OSError:
+                continue  # swapped for a symlink or removed since the listing: not entered
+            if ignore is not None:
+                ignore.enter(prefix + name, sub)
+            frames.append([sub, prefix + name + "/", None])
+    finally:
+        for frame in frames:
+            os.close(frame[0])
+
+
+def _link_inside(jail, rel):
+    try:
+        with jail.resolve(rel):
+            return True
+    except (ToolError, OSError):
         return False
 
 
@@ -782,41 +1393,57 @@ class ListDirectory(Tool):
     }}
     MAX_ENTRIES = 1000
 
+    LABELS = {"file": "file", "link": "link", "special": "other"}
+
     def run(self, args, ctx):
         path = args.get("path") or "."
-        real = resolve_path(path, ctx.root, must_exist=True)
-        if not os.path.isdir(real):
-            raise ToolError("not a directory: %s" % path)
+        with ctx.jail.resolve(path, must_exist=True) as target:
+            st = target.lstat()
+            if not stat.S_ISDIR(st.st_mode):
+                raise ToolError("not a directory: %s" % path)
+            return self._list(args, ctx, target)
+
+    def _list(self, args, ctx, target):
         pattern = args.get("pattern")
         lines, total = [], 0
+        base = display_path(target.real, ctx.root)
         if args.get("recursive") or (pattern and ("/" in pattern or "**" in pattern)):
-            entries = walk_files(ctx.root, real, include_dirs=True)
+            entries = walk_files(ctx.jail, target, include_dirs=True,
+                                 check=lambda: ctx.check_deadline("list_directory"))
         else:
-            entries = ((os.path.relpath(e.path, ctx.root).replace(os.sep, "/"), e.path, _is_dir(e))
-                       for e in sorted(os.scandir(real), key=lambda e: e.name))
-        base = display_path(real, ctx.root)
-        for rel, full, is_dir in entries:
+            entries = _flat_entries(target, "" if base == "." else base + "/")
+        for rel, dir_fd, name, kind in entries:
             sub = rel if base == "." else rel[len(base) + 1:] if rel.startswith(base + "/") else rel
             if pattern and not glob_match(pattern, sub):
                 continue
             total += 1
             if len(lines) >= self.MAX_ENTRIES:
                 continue
-            if is_dir:
+            if kind == "dir":
                 lines.append("dir   %10s  %s/" % ("-", rel))
             else:
                 try:
-                    size = os.lstat(full).st_size
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    size, label = st.st_size, self.LABELS[kind] if kind != "special" else _kind_of(st.st_mode)
                 except OSError:
-                    size = 0
-                kind = "link" if os.path.islink(full) else "file"
-                lines.append("%-5s %10s  %s" % (kind, _fmt_size(size), rel))
+                    size, label = 0, self.LABELS[kind]
+                lines.append("%-5s %10s  %s" % (label, _fmt_size(size), rel))
         if not lines:
             return ToolResult.ok("(no entries%s in %s)" % (" matching %s" % pattern if pattern else "", base),
                                  count=0)
         if total > len(lines):
             lines.append("... %d more entries not shown (narrow with pattern or a subdirectory)" % (total - len(lines)))
         return ToolResult.ok("\n".join(lines), count=total)
+
+
+def _flat_entries(target, prefix):
+    """(rel, dir_fd, name, kind) for the entries of one directory Target, in name order."""
+    fd = target.open_dir()
+    try:
+        for name, kind in list_fd(fd):
+            yield prefix + name, fd, name, kind
+    finally:
+        os.close(fd)
 
 
 class ReadFile(Tool):
@@ -832,19 +1459,21 @@ class ReadFile(Tool):
 
     def run(self, args, ctx):
         path = args["path"]
-        real = resolve_path(path, ctx.root, must_exist=True)
-        if os.path.isdir(real):
-            raise ToolError("%s is a directory; use list_directory" % path)
-        if is_binary_file(real):
-            raise ToolError("%s is a binary file (%s); read_file only reads text" % (
-                path, _fmt_size(os.path.getsize(real))))
         start = args.get("start_line") or 1
         end = args.get("end_line")
         if end is not None and end < start:
             raise ToolError("end_line (%d) is before start_line (%d)" % (end, start))
-        max_bytes = ctx.limit("max_file_read_size", 10485760)
-        budget = self.LINE_BUDGET if end is None else max(end - start + 1, 1)
-        out, total, cut = self._scan(real, start, end, budget, max_bytes)
+        with ctx.jail.resolve(path, must_exist=True) as target:
+            if stat.S_ISDIR(target.lstat().st_mode):
+                raise ToolError("%s is a directory; use list_directory" % path)
+            fd = target.open_regular("read_file only reads regular files")
+        with open(fd, "rb") as fh:
+            if is_binary_fd(fd):
+                raise ToolError("%s is a binary file (%s); read_file only reads text" % (
+                    path, _fmt_size(os.fstat(fd).st_size)))
+            max_bytes = ctx.limit("max_file_read_size", 10485760)
+            budget = self.LINE_BUDGET if end is None else max(end - start + 1, 1)
+            out, total, cut = self._scan(fh, start, end, budget, max_bytes, ctx)
         if start > max(total, 1) and total:
             raise ToolError("start_line %d is past the end of %s (%d lines)" % (start, path, total))
         text = "".join(out)
@@ -856,38 +1485,38 @@ class ReadFile(Tool):
 
     LONG_LINE = 65536
 
-    def _scan(self, real, start, end, budget, max_bytes):
+    def _scan(self, fh, start, end, budget, max_bytes, ctx):
         """Stream the file in chunks: keep the wanted lines, count the rest; memory stays bounded."""
         out, used, number, cut = [], 0, 0, False
         carry, overlong = b"", False
-        with open(real, "rb") as fh:
-            while True:
-                chunk = fh.read(1 << 20)
-                if not chunk:
-                    break
-                done = cut or (end is not None and number >= end)
-                if done and not carry and not overlong:
-                    number += chunk.count(b"\n")  # past the range: just count lines
+        while True:
+            chunk = fh.read(1 << 20)
+            if not chunk:
+                break
+            ctx.check_deadline("read_file")
+            done = cut or (end is not None and number >= end)
+            if done and not carry and not overlong:
+                number += chunk.count(b"\n")  # past the range: just count lines
+                continue
+            if overlong:
+                nl = chunk.find(b"\n")
+                if nl == -1:
                     continue
-                if overlong:
-                    nl = chunk.find(b"\n")
-                    if nl == -1:
-                        continue
-                    chunk, overlong = chunk[nl:], False  # the newline ends the overlong line
-                lines = (carry + chunk).split(b"\n")
-                carry = lines.pop()
-                if len(carry) > self.LONG_LINE:
-                    carry, overlong = carry[: self.LONG_LINE] + b" ... [line truncated]", True
-                for line in lines:
-                    number += 1
-                    if number < start or cut or (end is not None and number > end):
-                        continue
-                    text = line.decode("utf-8", "replace") + "\n"
-                    if len(out) >= budget or used + len(text) > max_bytes:
-                        cut = True
-                        continue
-                    out.append(text)
-                    used += len(text)
+                chunk, overlong = chunk[nl:], False  # the newline ends the overlong line
+            lines = (carry + chunk).split(b"\n")
+            carry = lines.pop()
+            if len(carry) > self.LONG_LINE:
+                carry, overlong = carry[: self.LONG_LINE] + b" ... [line truncated]", True
+            for line in lines:
+                number += 1
+                if number < start or cut or (end is not None and number > end):
+                    continue
+                text = line.decode("utf-8", "replace") + "\n"
+                if len(out) >= budget or used + len(text) > max_bytes:
+                    cut = True
+                    continue
+                out.append(text)
+                used += len(text)
         if carry:
             number += 1
             if number >= start and not cut and (end is None or number <= end):
@@ -907,27 +1536,32 @@ class WriteFile(Tool):
     permission = WRITE
 
     def confirmation(self, args, ctx):
-        real = resolve_path(args["path"], ctx.root)
-        if not os.path.isfile(real):
-            return None
-        return "overwrite %s:\n%s" % (args["path"], text_diff(_read_text(real), args["content"],
-                                                              display_path(real, ctx.root)) or "(same content)")
+        with ctx.jail.resolve(args["path"]) as target:
+            st = target.lstat()
+            if st is None or not stat.S_ISREG(st.st_mode):
+                return None
+            old = read_text(target, "")
+            return "overwrite %s:\n%s" % (args["path"], text_diff(old, args["content"],
+                                                                  display_path(target.real, ctx.root)) or "(same content)")
 
     def run(self, args, ctx):
         path = args["path"]
-        real = resolve_path(path, ctx.root)
-        if os.path.isdir(real):
-            raise ToolError("%s is a directory" % path)
-        existed = os.path.exists(real)
         data = args["content"].encode("utf-8")
-        ctx.check_undo_cap(self.name, real, args)
-        token = ctx.before_create(self.name, real)
-        os.makedirs(os.path.dirname(real), exist_ok=True)
-        write_atomic(real, data)
-        ctx.after_change(token)
-        return ToolResult.ok("%s %s (%d bytes)" % ("Overwrote" if existed else "Created",
-                                                   display_path(real, ctx.root), len(data)),
-                             bytes=len(data), created=not existed)
+        with ctx.jail.resolve(path) as target:
+            st = target.lstat()
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise ToolError("%s is a directory" % path)
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise special_error(target, st.st_mode, "write_file only replaces regular files")
+            ctx.guard(self.name, args, target)
+            ctx.check_undo_cap(self.name, target, args)
+            token = ctx.before_create(self.name, target)
+            target.make_parents()
+            write_atomic_at(target.dir_fd, target.name, data)
+            ctx.after_change(token)
+            return ToolResult.ok("%s %s (%d bytes)" % ("Overwrote" if st is not None else "Created",
+                                                       display_path(target.real, ctx.root), len(data)),
+                                 bytes=len(data), created=st is None)
 
 
 class EditFile(Tool):
@@ -942,20 +1576,22 @@ class EditFile(Tool):
 
     def confirmation(self, args, ctx):
         try:
-            _, text, updated = self._apply(args, ctx)
+            with ctx.jail.resolve(args["path"], must_exist=True) as target:
+                text, updated = self._apply(args, target)
         except ToolError:
             return None  # the call will fail with its own message; nothing to confirm
         return "edit %s:\n%s" % (args["path"], text_diff(text, updated, args["path"]))
 
-    def _apply(self, args, ctx):
+    def _apply(self, args, target):
         path, old, new = args["path"], args["old_text"], args["new_text"]
-        real = resolve_path(path, ctx.root, must_exist=True)
         if not old:
             raise ToolError("old_text must not be empty")
-        if os.path.isdir(real):
+        if stat.S_ISDIR(target.lstat().st_mode):
             raise ToolError("%s is a directory" % path)
-        with open(real, encoding="utf-8", newline="") as fh:
-            text = fh.read()
+        try:
+            text = read_text(target, "edit_file only edits regular files", errors="strict")
+        except UnicodeDecodeError:
+            raise ToolError("%s is not valid UTF-8 text; edit_file only edits text" % path)
         count = text.count(old)
         if count == 0:
             raise ToolError("old_text not found in %s; read the file and copy the text exactly" % path)
@@ -966,14 +1602,16 @@ class EditFile(Tool):
                 pos = text.find(old, pos + 1)
             raise ToolError("old_text occurs %d times in %s (lines %s); include more context or set replace_all"
                             % (count, path, ", ".join(lines)))
-        return real, text, text.replace(old, new)
+        return text, text.replace(old, new)
 
     def run(self, args, ctx):
-        real, text, updated = self._apply(args, ctx)
-        token = ctx.before_change(self.name, real)
-        write_atomic(real, updated.encode("utf-8"))
-        ctx.after_change(token)
-        diff = text_diff(text, updated, display_path(real, ctx.root))
+        with ctx.jail.resolve(args["path"], must_exist=True) as target:
+            text, updated = self._apply(args, target)
+            ctx.guard(self.name, args, target)
+            token = ctx.before_change(self.name, target)
+            write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
+            ctx.after_change(token)
+            diff = text_diff(text, updated, display_path(target.real, ctx.root))
         return ToolResult.ok(diff or "(no change)", replacements=text.count(args["old_text"]))
 
 
@@ -986,14 +1624,17 @@ class FindPath(Tool):
         "offset": {"type": "integer", "minimum": 0, "default": 0}}, "required": ["glob"]}
 
     def run(self, args, ctx):
-        real = resolve_path(args.get("path") or ".", ctx.root, must_exist=True)
         pattern = args["glob"]
-        base = display_path(real, ctx.root)
         found = []
-        for rel, _, _ in walk_files(ctx.root, real, include_dirs=True):
-            sub = rel if base == "." else rel[len(base) + 1:]
-            if glob_match(pattern, sub):
-                found.append(rel)
+        with ctx.jail.resolve(args.get("path") or ".", must_exist=True) as target:
+            if not stat.S_ISDIR(target.lstat().st_mode):
+                raise ToolError("not a directory: %s" % (args.get("path") or "."))
+            base = display_path(target.real, ctx.root)
+            for rel, _, _, _ in walk_files(ctx.jail, target, include_dirs=True,
+                                           check=lambda: ctx.check_deadline("find_path")):
+                sub = rel if base == "." else rel[len(base) + 1:]
+                if glob_match(pattern, sub):
+                    found.append(rel)
         found.sort()
         limit, offset = args.get("limit") or 50, args.get("offset") or 0
         page = found[offset: offset + limit]
@@ -1017,7 +1658,10 @@ class Grep(Tool):
         "fixed_string": {"type": "boolean", "default": False}}, "required": ["pattern"]}
 
     def run(self, args, ctx):
-        real = resolve_path(args.get("path") or ".", ctx.root, must_exist=True)
+        with ctx.jail.resolve(args.get("path") or ".", must_exist=True) as target:
+            return self._search(args, ctx, target)
+
+    def _search(self, args, ctx, target):
         flags = 0 if args.get("case_sensitive", True) else re.IGNORECASE
         source = re.escape(args["pattern"]) if args.get("fixed_string") else args["pattern"]
         try:
@@ -1028,19 +1672,23 @@ class Grep(Tool):
         include, exclude = args.get("include"), args.get("exclude")
         ctx_lines = args.get("context_lines") or 0
         max_results = args.get("max_results") or 100
-        files = [(display_path(real, ctx.root), real, False)] if os.path.isfile(real) else \
-            walk_files(ctx.root, real)
+        if stat.S_ISDIR(target.lstat().st_mode):
+            files = walk_files(ctx.jail, target, check=lambda: ctx.check_deadline("grep"))
+        else:
+            files = [(display_path(target.real, ctx.root), target.dir_fd, target.name, "file")]
         quick = _byte_prefilter(args["pattern"], args.get("fixed_string"), flags)
-        out, hits, extra = [], 0, 0
-        for rel, full, _ in files:
+        out, hits, extra, special = [], 0, 0, []
+        for rel, dir_fd, name, kind in files:
             if include and not glob_match(include, rel):
                 continue
             if exclude and glob_match(exclude, rel):
                 continue
-            try:
-                with open(full, "rb") as fh:
-                    data = fh.read()
-            except OSError:
+            if kind == "special":
+                special.append(rel)
+                continue
+            data = _grep_read(ctx, rel, dir_fd, name, kind)
+            if data is None:
+                special.append(rel)
                 continue
             if b"\x00" in data[:8192] or (quick is not None and not quick(data)):
                 continue  # binary, or cannot contain a match
@@ -1067,12 +1715,39 @@ class Grep(Tool):
                 for j in range(i + 1, min(len(lines), i + 1 + ctx_lines)):
                     block.append("%s-%d- %s" % (rel, j + 1, lines[j]))
                 out.append(((rel, i), block))
+        note = ("[skipped %d special file%s (FIFO, socket or device), not read: %s]" % (
+            len(special), "" if len(special) == 1 else "s", ", ".join(special[:10]) + (" …" if len(special) > 10 else ""))
+            if special else "")
         if not out:
-            return ToolResult.ok("no matches for %s" % args["pattern"], matches=0)
+            return ToolResult.ok("no matches for %s" % args["pattern"] + ("\n" + note if note else ""), matches=0)
         text_out = [line for _, block in out for line in block]
         if extra:
             text_out.append("... stopped at %d results; %d more matches not shown" % (max_results, extra))
+        if note:
+            text_out.append(note)
         return ToolResult.ok("\n".join(text_out), matches=hits)
+
+
+def _grep_read(ctx, rel, dir_fd, name, kind):
+    """The bytes of one file for grep; b'' for what cannot be read, None for a special file."""
+    ctx.check_deadline("grep")
+    try:
+        if kind == "link":  # followed through the jail: in-tree targets only (the walk skipped the others)
+            with ctx.jail.resolve(rel) as target:
+                st = target.lstat()
+                if st is None or stat.S_ISDIR(st.st_mode):
+                    return b""
+                fd = target.open_file(os.O_RDONLY)
+        else:
+            fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
+    except (OSError, ToolError):
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return read_fd(fd)
+    finally:
+        os.close(fd)
 
 
 _REGEX_SPECIAL = set("\\.^$*+?{}[]|()")
@@ -1151,11 +1826,11 @@ class PlanTool(Tool):
     parameters = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 
     def run(self, args, ctx):
-        real = resolve_path(args["path"], ctx.root, must_exist=True)
-        with open(real, encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
+        with ctx.jail.resolve(args["path"], must_exist=True) as target:
+            text = read_text(target, "plan reads plan files only")
+            source = display_path(target.real, ctx.root)
         try:
-            plan = parse_plan(text, source=display_path(real, ctx.root))
+            plan = parse_plan(text, source=source)
         except PlanError as exc:
             raise ToolError(str(exc))
         return ToolResult.ok(plan.describe(), instructions=len(plan.instructions))
@@ -1169,103 +1844,153 @@ class CopyPath(Tool):
         "overwrite": {"type": "boolean", "default": False}}, "required": ["source_path", "destination_path"]}
     permission = WRITE
     verb = "copied"
+    follow_source = True  # cp copies what a link names; mv renames the link itself
 
     def confirmation(self, args, ctx):
-        dst = resolve_path(args["destination_path"], ctx.root)
-        if args.get("overwrite") and os.path.lexists(dst):
+        with ctx.jail.resolve(args["destination_path"]) as dst:
+            exists = dst.lstat() is not None
+        if args.get("overwrite") and exists:
             return "%s %s over the existing %s" % (self.name.split("_")[0], args["source_path"],
                                                   args["destination_path"])
         return None
 
-    def _paths(self, args, ctx):
-        src = resolve_path(args["source_path"], ctx.root, must_exist=True)
-        dst = resolve_path(args["destination_path"], ctx.root)
-        if os.path.isdir(dst) and not os.path.isdir(src):
-            dst = os.path.join(dst, os.path.basename(src))  # like cp file dir/
-        if src == dst:
+    def _targets(self, args, ctx):
+        """(source, destination) Targets, both open; the destination checked against the source."""
+        src = ctx.jail.resolve(args["source_path"], follow=self.follow_source, must_exist=True)
+        try:
+            dst = ctx.jail.resolve(args["destination_path"])
+            src_st, dst_st = src.lstat(), dst.lstat()
+            if dst_st is not None and stat.S_ISDIR(dst_st.st_mode) and not stat.S_ISDIR(src_st.st_mode):
+                inner = ctx.jail.resolve(os.path.join(dst.real, src.name if not src.is_root else "."),
+                                         follow=False)
+                dst.close()
+                dst = inner  # like cp file dir/
+            self._check_destination(args, ctx, src, dst)
+            return src, dst
+        except BaseException:
+            src.close()
+            if "dst" in locals():
+                dst.close()
+            raise
+
+    def _check_destination(self, args, ctx, src, dst):
+        src_real, dst_real = src.real, dst.real
+        if src.is_root:
+            raise ToolError("refusing to %s the working directory itself" % self.name.split("_")[0])
+        if dst_real == ctx.root:
+            raise ToolError("refusing to %s onto the working directory itself (%s)" % (
+                self.name.split("_")[0], args["destination_path"]))
+        if src_real == dst_real:
             raise ToolError("source and destination are the same: %s" % args["source_path"])
-        if os.path.isdir(src) and _inside(dst, src):
+        if _inside(src_real, dst_real):
+            raise ToolError("the destination %s contains the source %s; replacing it would destroy the source"
+                            % (display_path(dst_real, ctx.root), args["source_path"]))
+        if stat.S_ISDIR(src.lstat().st_mode) and _inside(dst_real, src_real):
             raise ToolError("cannot put %s inside itself" % args["source_path"])
-        if os.path.lexists(dst) and not args.get("overwrite"):
-            raise ToolError("%s already exists; set overwrite=true to replace it" % display_path(dst, ctx.root))
-        return src, dst
+        if dst.lstat() is not None and not args.get("overwrite"):
+            raise ToolError("%s already exists; set overwrite=true to replace it" % display_path(dst_real, ctx.root))
 
     def run(self, args, ctx):
-        src, dst = self._paths(args, ctx)
-        if os.path.lexists(dst):
-            ctx.check_undo_cap(self.name, dst, args)
-            token = ctx.before_change(self.name, dst)
-            remove_path(dst)
-        else:
-            token = ctx.before_create(self.name, dst)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        count = self._transfer(src, dst, ctx)
-        ctx.after_change(token)
-        return ToolResult.ok("%s %s to %s (%d item%s)" % (self.verb.capitalize(), display_path(src, ctx.root),
-                                                         display_path(dst, ctx.root), count,
-                                                         "" if count == 1 else "s"), items=count)
+        src, dst = self._targets(args, ctx)
+        try:
+            return self._run(args, ctx, src, dst)
+        finally:
+            src.close()
+            dst.close()
 
-    def _transfer(self, src, dst, ctx):
-        import shutil
-        if os.path.isdir(src):
-            shutil.copytree(src, dst, symlinks=True)
-            return sum(len(files) + len(dirs) for _, dirs, files in os.walk(dst)) + 1
-        shutil.copy2(src, dst, follow_symlinks=False)
-        return 1
+    def _replace_destination(self, args, ctx, dst):
+        """Clear an existing destination (overwrite=true), recorded for undo; returns the undo token."""
+        ctx.guard(self.name, args, dst)
+        if dst.lstat() is None:
+            return None
+        ctx.check_undo_cap(self.name, dst, args)
+        token = ctx.before_change(self.name, dst)
+        remove_at(dst.dir_fd, dst.name, lambda: ctx.check_deadline(self.name))
+        return token
+
+    def _run(self, args, ctx, src, dst):
+        st = src.lstat()
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise special_error(src, st.st_mode, "copy_path copies files, directories and links")
+        token = self._replace_destination(args, ctx, dst)
+        if token is None:
+            token = ctx.before_create(self.name, dst)
+        dst.make_parents()
+        skipped = []
+        count = copy_at(src.dir_fd, src.name, dst.dir_fd, dst.name, lambda: ctx.check_deadline(self.name), skipped)
+        ctx.after_change(token)
+        return ToolResult.ok("%s %s to %s (%d item%s)%s" % (
+            self.verb.capitalize(), display_path(src.real, ctx.root), display_path(dst.real, ctx.root), count,
+            "" if count == 1 else "s", _skipped_note(skipped)), items=count)
+
+
+def _skipped_note(skipped):
+    if not skipped:
+        return ""
+    return "; skipped %d special file%s (FIFO, socket or device): %s" % (
+        len(skipped), "" if len(skipped) == 1 else "s", ", ".join(skipped[:10]))
 
 
 class MovePath(CopyPath):
     name = "move_path"
     description = "Move or rename a file or directory. overwrite=true replaces an existing destination."
     verb = "moved"
+    follow_source = False
 
-    def run(self, args, ctx):
-        import shutil
-        src, dst = self._paths(args, ctx)
-        if os.path.lexists(dst):
-            ctx.check_undo_cap(self.name, dst, args)
-            token = ctx.before_change(self.name, dst)
-            remove_path(dst)
+    def _run(self, args, ctx, src, dst):
+        ctx.guard(self.name, args, src)
+        token = self._replace_destination(args, ctx, dst)
+        if token is not None:
             ctx.after_change(token, expected="absent")  # undone after the move back, when dst is gone again
-        count = tree_count(src)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        token = ctx.record_move(src, dst)
-        shutil.move(src, dst)
+        count = tree_count_at(src)
+        dst.make_parents()
+        token = ctx.record_move(src.real, dst.real)
+        try:
+            os.rename(src.name, dst.name, src_dir_fd=src.dir_fd, dst_dir_fd=dst.dir_fd)
+        except OSError as exc:
+            import errno
+            if exc.errno != errno.EXDEV:
+                raise
+            copy_at(src.dir_fd, src.name, dst.dir_fd, dst.name, lambda: ctx.check_deadline(self.name), [])
+            remove_at(src.dir_fd, src.name)
         ctx.after_change(token)
-        return ToolResult.ok("Moved %s to %s (%d item%s)" % (display_path(src, ctx.root),
-                                                            display_path(dst, ctx.root), count,
+        return ToolResult.ok("Moved %s to %s (%d item%s)" % (display_path(src.real, ctx.root),
+                                                            display_path(dst.real, ctx.root), count,
                                                             "" if count == 1 else "s"), items=count)
 
 
 class DeletePath(Tool):
     name = "delete_path"
-    description = "Delete a file or directory. A non-empty directory needs recursive=true."
+    description = ("Delete a file or directory. A non-empty directory needs recursive=true. A symlink is "
+                   "removed itself, never what it points to.")
     parameters = {"type": "object", "properties": {
         "path": {"type": "string"}, "recursive": {"type": "boolean", "default": False}}, "required": ["path"]}
     permission = WRITE
 
     def confirmation(self, args, ctx):
-        real = resolve_path(args["path"], ctx.root)
-        if not os.path.lexists(real):
-            return None
-        count = tree_count(real)
+        with ctx.jail.resolve(args["path"], follow=False) as target:
+            if target.lstat() is None:
+                return None
+            count = tree_count_at(target)
         return "delete %s (%d item%s)" % (args["path"], count, "" if count == 1 else "s")
 
     def run(self, args, ctx):
         path = args["path"]
-        real = resolve_path(path, ctx.root, must_exist=True)
-        if real == ctx.root:
-            raise ToolError("refusing to delete the working directory itself")
-        if os.path.isdir(real) and not os.path.islink(real) and os.listdir(real) and not args.get("recursive"):
-            raise ToolError("%s is a non-empty directory (%d items); set recursive=true to delete it"
-                            % (path, tree_count(real) - 1))
-        count = tree_count(real)
-        ctx.check_undo_cap(self.name, real, args)
-        token = ctx.before_change(self.name, real)
-        remove_path(real)
-        ctx.after_change(token)
-        return ToolResult.ok("Deleted %s (%d item%s)" % (display_path(real, ctx.root), count,
-                                                        "" if count == 1 else "s"), items=count)
+        with ctx.jail.resolve(path, follow=False, must_exist=True) as target:
+            if target.is_root:
+                raise ToolError("refusing to delete the working directory itself")
+            st = target.lstat()
+            count = tree_count_at(target)
+            if stat.S_ISDIR(st.st_mode) and count > 1 and not args.get("recursive"):
+                raise ToolError("%s is a non-empty directory (%d items); set recursive=true to delete it"
+                                % (path, count - 1))
+            ctx.guard(self.name, args, target)
+            ctx.check_undo_cap(self.name, target, args)
+            token = ctx.before_change(self.name, target)
+            remove_at(target.dir_fd, target.name, lambda: ctx.check_deadline(self.name))
+            ctx.after_change(token)
+            return ToolResult.ok("Deleted %s (%d item%s)" % (display_path(target.real, ctx.root), count,
+                                                            "" if count == 1 else "s"), items=count)
 
 
 class CreateDirectory(Tool):
@@ -1275,15 +2000,18 @@ class CreateDirectory(Tool):
     permission = WRITE
 
     def run(self, args, ctx):
-        real = resolve_path(args["path"], ctx.root)
-        if os.path.isdir(real):
-            return ToolResult.ok("%s already exists" % display_path(real, ctx.root), created=False)
-        if os.path.lexists(real):
-            raise ToolError("%s exists and is not a directory" % args["path"])
-        token = ctx.before_create(self.name, real)
-        os.makedirs(real)
-        ctx.after_change(token)
-        return ToolResult.ok("Created directory %s" % display_path(real, ctx.root), created=True)
+        with ctx.jail.resolve(args["path"]) as target:
+            st = target.lstat()
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                return ToolResult.ok("%s already exists" % display_path(target.real, ctx.root), created=False)
+            if st is not None:
+                raise ToolError("%s exists and is not a directory" % args["path"])
+            ctx.guard(self.name, args, target)
+            token = ctx.before_create(self.name, target)
+            target.make_parents()
+            os.mkdir(target.name, 0o777, dir_fd=target.dir_fd)
+            ctx.after_change(token)
+            return ToolResult.ok("Created directory %s" % display_path(target.real, ctx.root), created=True)
 
 
 class FileMetadata(Tool):
@@ -1293,23 +2021,35 @@ class FileMetadata(Tool):
 
     def run(self, args, ctx):
         path = args["path"]
-        real = resolve_path(path, ctx.root, must_exist=True)
-        link = os.path.join(ctx.root, path)
-        st = os.lstat(link) if os.path.islink(link) else os.stat(real)
-        kind = "symlink" if stat.S_ISLNK(st.st_mode) else "directory" if stat.S_ISDIR(st.st_mode) else \
-            "file" if stat.S_ISREG(st.st_mode) else "other"
-        lines = ["path: %s" % display_path(real, ctx.root), "type: %s" % kind,
-                 "size: %d bytes (%s)" % (st.st_size, _fmt_size(st.st_size)),
-                 "mode: %s (%s)" % (oct(stat.S_IMODE(st.st_mode)), stat.filemode(st.st_mode)),
-                 "owner: %s" % _owner(st), "modified: %s" % _rfc3339(st.st_mtime),
-                 "changed: %s" % _rfc3339(st.st_ctime)]
-        if kind == "symlink":
-            lines.append("target: %s" % display_path(real, ctx.root))
-        if os.path.isfile(real) and not is_binary_file(real):
-            with open(real, "rb") as fh:
-                lines.append("lines: %d" % sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b"")))
-        elif os.path.isdir(real):
-            lines.append("entries: %d" % len(os.listdir(real)))
+        with ctx.jail.resolve(path, must_exist=True) as resolved, ctx.jail.resolve(path, follow=False) as entry:
+            st = entry.lstat() or resolved.lstat()
+            kind = _kind_of(st.st_mode)
+            kind = kind if kind in ("file", "directory", "symlink") else "other (%s)" % kind
+            lines = ["path: %s" % display_path(resolved.real, ctx.root), "type: %s" % kind,
+                     "size: %d bytes (%s)" % (st.st_size, _fmt_size(st.st_size)),
+                     "mode: %s (%s)" % (oct(stat.S_IMODE(st.st_mode)), stat.filemode(st.st_mode)),
+                     "owner: %s" % _owner(st), "modified: %s" % _rfc3339(st.st_mtime),
+                     "changed: %s" % _rfc3339(st.st_ctime)]
+            if kind == "symlink":
+                lines.append("target: %s" % display_path(resolved.real, ctx.root))
+            real_st = resolved.lstat()
+            if stat.S_ISREG(real_st.st_mode):
+                fd = resolved.open_regular("")
+                try:
+                    if not is_binary_fd(fd):
+                        count = 0
+                        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+                            count += chunk.count(b"\n")
+                            ctx.check_deadline(self.name)
+                        lines.append("lines: %d" % count)
+                finally:
+                    os.close(fd)
+            elif stat.S_ISDIR(real_st.st_mode):
+                fd = resolved.open_dir()
+                try:
+                    lines.append("entries: %d" % len(os.listdir(fd)))
+                finally:
+                    os.close(fd)
         return ToolResult.ok("\n".join(lines), type=kind, size=st.st_size)
 
 
@@ -1323,10 +2063,17 @@ class DiffFiles(Tool):
     def run(self, args, ctx):
         texts = []
         for key in ("path1", "path2"):
-            real = resolve_path(args[key], ctx.root, must_exist=True)
-            if os.path.isdir(real) or is_binary_file(real):
-                raise ToolError("%s is not a text file" % args[key])
-            texts.append(_read_text(real))
+            with ctx.jail.resolve(args[key], must_exist=True) as target:
+                st = target.lstat()
+                if not stat.S_ISREG(st.st_mode):
+                    raise ToolError("%s is not a text file" % args[key])
+                fd = target.open_regular("diff_files compares regular files")
+            try:
+                if is_binary_fd(fd):
+                    raise ToolError("%s is not a text file" % args[key])
+                texts.append(read_fd(fd).decode("utf-8", "replace"))
+            finally:
+                os.close(fd)
         n = args.get("context_lines")
         diff = "".join(difflib.unified_diff(texts[0].splitlines(True), texts[1].splitlines(True),
                                             args["path1"], args["path2"], n=3 if n is None else n))
@@ -1334,153 +2081,344 @@ class DiffFiles(Tool):
 
 
 # ---- Undo: nothing lost ----
-
-
-def write_atomic(real, data):
-    """Replace a file's content in one step, keeping its permissions."""
-    tmp = "%s.xzatoma-%d.tmp" % (real, os.getpid())
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    if os.path.exists(real):
-        os.chmod(tmp, stat.S_IMODE(os.stat(real).st_mode))
-    os.replace(tmp, real)
-
-
-def _read_text(real):
-    with open(real, encoding="utf-8", errors="replace", newline="") as fh:
-        return fh.read()
+#
+# Every helper here works on a directory descriptor and a name, never following a symlink: the
+# same descriptor-relative discipline as the tools, so a snapshot never reads outside the tree and
+# a restore never writes there.
 
 
 def text_diff(old, new, name):
     return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a/" + name, "b/" + name))
 
 
-def remove_path(real):
-    import shutil
-    if os.path.isdir(real) and not os.path.islink(real):
-        shutil.rmtree(real)
-    else:
-        os.unlink(real)
+def _subtree(dir_fd, name, check=None):
+    """Yield (rel, parent_fd, name, lstat) for `name` and everything under it (parents first, sorted),
+    never following a symlink; parent_fd is valid until the next item."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    yield "", dir_fd, name, st
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    frames = []
+    try:
+        fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
+        frames.append((fd, "", iter(sorted(os.listdir(fd)))))
+        while frames:
+            fd, prefix, names = frames[-1]
+            child = next(names, None)
+            if child is None:
+                frames.pop()
+                os.close(fd)
+                continue
+            if check is not None:
+                check()
+            try:
+                cst = os.stat(child, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            rel = prefix + child
+            yield rel, fd, child, cst
+            if stat.S_ISDIR(cst.st_mode):
+                sub = os.open(child, _LIST_DIR, dir_fd=fd)
+                frames.append((sub, rel + "/", iter(sorted(os.listdir(sub)))))
+    finally:
+        for frame in frames:
+            os.close(frame[0])
 
 
-def tree_count(real):
-    if os.path.isdir(real) and not os.path.islink(real):
-        return 1 + sum(len(files) + len(dirs) for _, dirs, files in os.walk(real))
+def remove_at(dir_fd, name, check=None):
+    """Delete `name` in dir_fd: a file, a link (never its target) or a whole tree (never entering links)."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
+    try:
+        for child in os.listdir(fd):
+            if check is not None:
+                check()
+            remove_at(fd, child, check)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def copy_at(src_dir_fd, src_name, dst_dir_fd, dst_name, check=None, skipped=None, rel=""):
+    """Copy `src_name` to `dst_name` (which must not exist): files with their mode and times, links as
+    links, directories recursively; FIFOs, sockets and devices are skipped (listed in `skipped`).
+    Returns the number of items copied."""
+    if check is not None:
+        check()
+    st = os.stat(src_name, dir_fd=src_dir_fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(src_name, dir_fd=src_dir_fd), dst_name, dir_fd=dst_dir_fd)
+        return 1
+    if stat.S_ISDIR(st.st_mode):
+        os.mkdir(dst_name, 0o700, dir_fd=dst_dir_fd)
+        sfd = os.open(src_name, _LIST_DIR, dir_fd=src_dir_fd)
+        try:
+            dfd = os.open(dst_name, _LIST_DIR, dir_fd=dst_dir_fd)
+            try:
+                count = 1
+                for child in sorted(os.listdir(sfd)):
+                    count += copy_at(sfd, child, dfd, child, check, skipped, rel + child + "/")
+                os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+        return count
+    if not stat.S_ISREG(st.st_mode):
+        if skipped is not None:
+            skipped.append(rel.rstrip("/") or src_name)
+        return 0
+    sfd = os.open(src_name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=src_dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(sfd).st_mode):
+            if skipped is not None:
+                skipped.append(rel.rstrip("/") or src_name)
+            return 0
+        dfd = os.open(dst_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600,
+                      dir_fd=dst_dir_fd)
+        try:
+            while True:
+                chunk = os.read(sfd, 1 << 20)
+                if not chunk:
+                    break
+                write_all(dfd, chunk)
+            os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+            os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
     return 1
 
 
-def tree_size(real):
-    if not os.path.lexists(real):
+def tree_count_at(target):
+    if target.lstat() is None:
         return 0
-    if os.path.isdir(real) and not os.path.islink(real):
-        total = 0
-        for base, _, files in os.walk(real):
-            for name in files:
-                try:
-                    total += os.lstat(os.path.join(base, name)).st_size
-                except OSError:
-                    pass
-        return total
-    return os.lstat(real).st_size
+    return sum(1 for _ in _subtree(target.dir_fd, target.name))
 
 
-def state_hash(real):
-    """A fingerprint of what is at a path now: absent, a file's bytes, a link, or a whole tree."""
-    import hashlib
-    if not os.path.lexists(real):
-        return "absent"
-    if os.path.islink(real):
-        return "link:" + os.readlink(real)
-    h = hashlib.sha256()
-    if os.path.isdir(real):
-        for base, dirs, files in os.walk(real):
-            dirs.sort()
-            rel = os.path.relpath(base, real)
-            h.update(("d:%s\n" % rel).encode("utf-8", "surrogateescape"))
-            for name in sorted(files):
-                full = os.path.join(base, name)
-                h.update(("f:%s/%s:%s\n" % (rel, name, state_hash(full))).encode("utf-8", "surrogateescape"))
-        return "dir:" + h.hexdigest()
-    with open(real, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
+def tree_size_at(target):
+    if target.lstat() is None:
+        return 0
+    return sum(st.st_size for _, _, _, st in _subtree(target.dir_fd, target.name) if not stat.S_ISDIR(st.st_mode))
+
+
+def _file_hash(dir_fd, name, h):
+    fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            h.update(b"special")
+            return
+        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
             h.update(chunk)
-    return "file:" + h.hexdigest()
+    finally:
+        os.close(fd)
 
 
-def snapshot(real, cap):
-    """(kind, content, mode) of what is at a path, for an undo record."""
-    if not os.path.lexists(real):
+def state_hash_at(target):
+    """A fingerprint of what is at a Target now: absent, a file's bytes, a link, or a whole tree."""
+    import hashlib
+    st = target.lstat()
+    if st is None:
+        return "absent"
+    if stat.S_ISLNK(st.st_mode):
+        return "link:" + os.readlink(target.name, dir_fd=target.dir_fd)
+    if stat.S_ISREG(st.st_mode):
+        h = hashlib.sha256()
+        _file_hash(target.dir_fd, target.name, h)
+        return "file:" + h.hexdigest()
+    if not stat.S_ISDIR(st.st_mode):
+        return "special:" + _kind_of(st.st_mode)
+    h = hashlib.sha256()
+    for rel, fd, name, est in _subtree(target.dir_fd, target.name):
+        kind = _kind_of(est.st_mode)
+        h.update(("%s:%s:" % (kind, rel)).encode("utf-8", "surrogateescape"))
+        if stat.S_ISLNK(est.st_mode):
+            h.update(os.readlink(name, dir_fd=fd).encode("utf-8", "surrogateescape"))
+        elif stat.S_ISREG(est.st_mode):
+            _file_hash(fd, name, h)
+        h.update(b"\n")
+    return "dir:" + h.hexdigest()
+
+
+def snapshot_at(target, cap):
+    """(kind, content, mode) of what is at a Target, for an undo record."""
+    st = target.lstat()
+    if st is None:
         return "absent", None, None
-    mode = stat.S_IMODE(os.lstat(real).st_mode)
-    if os.path.islink(real):
-        return "link", os.readlink(real).encode("utf-8", "surrogateescape"), mode
-    if os.path.isdir(real):
-        import io
-        import tarfile
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            tar.add(real, arcname=".")
-        return "dir", buf.getvalue(), mode
-    with open(real, "rb") as fh:
-        return "file", fh.read(cap + 1), mode
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return "link", os.readlink(target.name, dir_fd=target.dir_fd).encode("utf-8", "surrogateescape"), mode
+    if stat.S_ISREG(st.st_mode):
+        fd = target.open_regular("")
+        try:
+            return "file", read_fd(fd, cap + 1), mode
+        finally:
+            os.close(fd)
+    if stat.S_ISFIFO(st.st_mode):
+        return "fifo", None, mode
+    if not stat.S_ISDIR(st.st_mode):
+        return "special", None, mode
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel, fd, name, est in _subtree(target.dir_fd, target.name):
+            info = tarfile.TarInfo("./" + rel if rel else ".")
+            info.mode, info.mtime = stat.S_IMODE(est.st_mode), int(est.st_mtime)
+            if stat.S_ISDIR(est.st_mode):
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif stat.S_ISLNK(est.st_mode):
+                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=fd)
+                tar.addfile(info)
+            elif stat.S_ISREG(est.st_mode):
+                efd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=fd)
+                try:
+                    data = read_fd(efd, cap + 1) if stat.S_ISREG(os.fstat(efd).st_mode) else b""
+                finally:
+                    os.close(efd)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return "dir", buf.getvalue(), mode
 
 
 class UndoError(Exception):
     pass
 
 
-def undo_change(store, record, force=False):
-    """Put back what a tool changed; refuse when the path changed since unless force. Returns a sentence."""
+def undo_root(store, record):
+    """The jail an undo record is restored in: its conversation's working directory."""
+    paths = [record["path"]]
+    if record["kind"] == "moved":
+        paths.append(record["content"].decode("utf-8", "surrogateescape"))
+    try:
+        conversation = store.conversation(record["conversation_id"]) if record["conversation_id"] else None
+    except Exception:  # the store's NotFound: records of a conversation never stored (tests, a crashed run)
+        conversation = None
+    root = os.path.realpath(conversation["working_dir"]) if conversation and conversation.get("working_dir") else None
+    if root and all(_inside(p, root) for p in paths):
+        return root
+    return os.path.dirname(os.path.commonpath(paths)) if len(paths) > 1 else os.path.dirname(paths[0])
+
+
+def undo_change(store, record, force=False, root=None):
+    """Put back what a tool changed; refuse when the path changed since unless force. Returns a sentence.
+
+    Everything happens through the jail of the record's working directory, descriptor-relative."""
+    try:
+        return _undo(store, record, force, Jail(root or undo_root(store, record)))
+    except ToolError as exc:
+        raise UndoError("%s: not restored (%s)" % (record["path"], exc))
+
+
+def _undo(store, record, force, jail):
     path, kind = record["path"], record["kind"]
-    target = record["content"].decode("utf-8", "surrogateescape") if kind == "moved" else path
-    current = state_hash(target)
+    where = record["content"].decode("utf-8", "surrogateescape") if kind == "moved" else path
+    with jail.resolve(where, follow=False) as target:
+        current = state_hash_at(target)
     if record["after_hash"] and current != record["after_hash"] and not force:
         raise UndoError("%s changed since the agent touched it; not restored (use --force to restore anyway)"
-                        % target)
-    if kind == "moved":
-        if os.path.lexists(path) and not force:
-            raise UndoError("%s exists again; not moving %s back over it (use --force)" % (path, target))
-        if os.path.lexists(path):
-            remove_path(path)
-        import shutil
-        shutil.move(target, path)
-        message = "moved %s back to %s" % (target, path)
-    elif kind == "absent":
-        if os.path.lexists(path):
-            remove_path(path)
-        message = "removed %s (created by the agent)" % path
-    else:
-        if os.path.lexists(path):
-            remove_path(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if kind == "file":
-            write_atomic(path, record["content"])
-            message = "restored %s (%s)" % (path, _fmt_size(len(record["content"])))
-        elif kind == "link":
-            os.symlink(record["content"].decode("utf-8", "surrogateescape"), path)
-            message = "restored link %s" % path
+                        % where)
+    with jail.resolve(path, follow=False) as target:
+        if kind == "moved":
+            if target.lstat() is not None and not force:
+                raise UndoError("%s exists again; not moving %s back over it (use --force)" % (path, where))
+            with jail.resolve(where, follow=False) as moved:
+                if target.lstat() is not None:
+                    remove_at(target.dir_fd, target.name)
+                target.make_parents()
+                os.rename(moved.name, target.name, src_dir_fd=moved.dir_fd, dst_dir_fd=target.dir_fd)
+            message = "moved %s back to %s" % (where, path)
+        elif kind == "absent":
+            if target.lstat() is not None:
+                remove_at(target.dir_fd, target.name)
+            message = "removed %s (created by the agent)" % path
         else:
-            _extract_tree(record["content"], path)
-            message = "restored directory %s (%d items)" % (path, tree_count(path))
-        if record.get("mode") is not None and kind != "link":
-            os.chmod(path, record["mode"])
+            if target.lstat() is not None:
+                remove_at(target.dir_fd, target.name)
+            target.make_parents()
+            mode = record.get("mode")
+            if kind == "file":
+                write_atomic_at(target.dir_fd, target.name, record["content"], mode=mode)
+                message = "restored %s (%s)" % (path, _fmt_size(len(record["content"])))
+            elif kind == "link":
+                os.symlink(record["content"].decode("utf-8", "surrogateescape"), target.name, dir_fd=target.dir_fd)
+                message = "restored link %s" % path
+            elif kind == "fifo":
+                os.mkfifo(target.name, mode if mode is not None else 0o600, dir_fd=target.dir_fd)
+                message = "restored FIFO %s" % path
+            elif kind == "dir":
+                _extract_at(record["content"], target.dir_fd, target.name, mode)
+                message = "restored directory %s (%d items)" % (path, tree_count_at(target))
+            else:
+                raise UndoError("%s was a %s; it cannot be restored" % (path, kind))
     store.mark_restored(record["id"])
     return message
 
 
-def _extract_tree(blob, path):
+def _extract_at(blob, dir_fd, name, mode):
+    """Unpack an undo snapshot into a new directory `name`: only directories, files and links, each
+    created beneath it with O_EXCL/O_NOFOLLOW (an entry naming '..' or an absolute path is refused)."""
     import io
     import tarfile
-    os.makedirs(path, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
-        for member in tar.getmembers():
-            dest = os.path.realpath(os.path.join(path, member.name))
-            if not _inside(dest, os.path.realpath(path)) or member.isdev():
-                raise UndoError("refusing to restore %s: the archive entry %s escapes it" % (path, member.name))
-        try:
-            tar.extractall(path, filter="tar")
-        except TypeError:  # Python without extraction filters; members were checked above
-            tar.extractall(path)
+    os.mkdir(name, 0o700, dir_fd=dir_fd)
+    top = os.open(name, _LIST_DIR, dir_fd=dir_fd)
+    dir_modes = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+            for member in tar:
+                parts = [p for p in member.name.split("/") if p not in ("", ".")]
+                if member.name.startswith("/") or ".." in parts or not (member.isdir() or member.isfile()
+                                                                       or member.issym()):
+                    raise UndoError("refusing to restore %s: the archive entry %s escapes it or is special"
+                                    % (name, member.name))
+                if not parts:
+                    continue
+                parent = _open_beneath(top, parts[:-1])
+                try:
+                    leaf = parts[-1]
+                    if member.isdir():
+                        os.mkdir(leaf, 0o700, dir_fd=parent)
+                        dir_modes.append((parts, member.mode))
+                    elif member.issym():
+                        os.symlink(member.linkname, leaf, dir_fd=parent)
+                    else:
+                        data = tar.extractfile(member).read()
+                        fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC,
+                                     0o600, dir_fd=parent)
+                        try:
+                            write_all(fd, data)
+                            os.fchmod(fd, member.mode & 0o7777)
+                        finally:
+                            os.close(fd)
+                finally:
+                    if parent != top:
+                        os.close(parent)
+        for parts, dmode in reversed(dir_modes):
+            fd = _open_beneath(top, parts)
+            try:
+                os.fchmod(fd, dmode & 0o7777)
+            finally:
+                os.close(fd)
+        if mode is not None:
+            os.fchmod(top, mode)
+    finally:
+        os.close(top)
+
+
+def _open_beneath(top, parts):
+    """An fd of the directory top/parts…, each step opened with O_NOFOLLOW (top itself when parts is empty)."""
+    fd = top
+    for part in parts:
+        nxt = os.open(part, _LIST_DIR, dir_fd=fd)
+        if fd != top:
+            os.close(fd)
+        fd = nxt
+    return fd
 
 
 # ---- Terminal: parsing shell syntax ----
