@@ -1,0 +1,46 @@
+"""Python 3.9 compatibility and import hygiene (start-up is a feature).
+
+The suite itself also runs on 3.9 in CI, and scripts/build_pyz.py compiles every module with every
+interpreter it finds; this is the cheap check that catches newer syntax on any interpreter.
+"""
+
+import ast
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PROJECT_FILES = sorted(set(glob.glob(os.path.join(ROOT, "*.py")) + glob.glob(os.path.join(ROOT, "*", "*.py"))))
+
+#: what `import xzatoma` must never load: each is imported inside the function that needs it
+HEAVY = ("sqlite3", "concurrent.futures", "http.client", "ssl", "requests", "urllib3", "yaml", "keyring",
+         "prometheus_client", "kafka")
+
+
+@pytest.mark.parametrize("path", PROJECT_FILES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_file_parses_as_python_3_9(path):
+    with open(path, encoding="utf-8") as fh:
+        ast.parse(fh.read(), path, feature_version=(3, 9))
+
+
+def test_importing_xzatoma_loads_nothing_heavy_and_no_third_party_module():
+    """In a clean interpreter: what `import xzatoma` adds to what the interpreter loaded by itself."""
+    code = ("import sys, json\nbefore = set(sys.modules)\nsys.path.insert(0, %r)\nimport xzatoma\n"
+            "print(json.dumps({m: getattr(sys.modules[m], '__file__', None) for m in set(sys.modules) - before}))"
+            % ROOT)
+    r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    added = json.loads(r.stdout)
+    assert "xzatoma" in added
+    heavy = [m for m in added if m in HEAVY or m.startswith(tuple(h + "." for h in HEAVY))]
+    assert not heavy, "import xzatoma loaded %s: import them inside the functions that need them" % heavy
+    import sysconfig
+    stdlib = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
+    third_party = [m for m, f in added.items()
+                   if f and m != "xzatoma" and not os.path.realpath(f).startswith(stdlib)]
+    assert not third_party, third_party
