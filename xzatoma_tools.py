@@ -3703,10 +3703,6 @@ class UrlBlocked(ToolError):
     pass
 
 
-_CGNAT = None
-_NAT64 = None
-
-
 def parse_ipv4_loose(host):
     """inet_aton's spellings: 127.0.0.1, 2130706433, 0x7f000001, 0177.0.0.1, 127.1 -> IPv4Address or None."""
     import ipaddress
@@ -3734,43 +3730,76 @@ def parse_ipv4_loose(host):
     return ipaddress.IPv4Address(number)
 
 
+# IANA's special-purpose address registries (iana-ipv4-special-registry, iana-ipv6-special-registry): every
+# range that is not globally reachable, plus multicast. Checked as a table, because ipaddress's own flags
+# differ between Python versions; then anything ipaddress does not call global is refused too, so a range
+# this table misses fails closed.
+SPECIAL_RANGES = (
+    ("0.0.0.0/8", "a 'this network' address"), ("10.0.0.0/8", "a private address"),
+    ("100.64.0.0/10", "a carrier-grade NAT address"), ("127.0.0.0/8", "a loopback address"),
+    ("169.254.0.0/16", "a link-local address (cloud metadata lives here)"), ("172.16.0.0/12", "a private address"),
+    ("192.0.0.0/24", "an IETF protocol assignment address"), ("192.0.2.0/24", "a documentation address"),
+    ("192.88.99.0/24", "a deprecated 6to4 relay address"), ("192.168.0.0/16", "a private address"),
+    ("198.18.0.0/15", "a benchmarking address"), ("198.51.100.0/24", "a documentation address"),
+    ("203.0.113.0/24", "a documentation address"), ("224.0.0.0/4", "a multicast address"),
+    ("255.255.255.255/32", "the broadcast address"), ("240.0.0.0/4", "a reserved address"),
+    ("::/128", "the unspecified address"), ("::1/128", "a loopback address"),
+    ("::/96", "a deprecated IPv4-compatible address"), ("64:ff9b:1::/48", "a local-use NAT64 address"),
+    ("100::/64", "a discard-only address"), ("100:0:0:1::/64", "a dummy address"),
+    ("2001::/23", "an IETF protocol assignment address"), ("2001:db8::/32", "a documentation address"),
+    ("3fff::/20", "a documentation address"), ("5f00::/16", "a segment-routing address"),
+    ("fc00::/7", "a unique-local (private) address"), ("fe80::/10", "a link-local address"),
+    ("fec0::/10", "a site-local address"), ("ff00::/8", "a multicast address"),
+)
+_special = []
+
+
+def _special_ranges():
+    if not _special:
+        import ipaddress
+        _special.extend((ipaddress.ip_network(net), reason) for net, reason in SPECIAL_RANGES)
+    return _special
+
+
+def _embedded_ipv4(ip):
+    """(form, IPv4 address) for IPv6 forms that reach an IPv4 address, or None."""
+    import ipaddress
+    if ip.ipv4_mapped:
+        return "IPv4-mapped", ip.ipv4_mapped
+    packed = ip.packed
+    if packed[:12] == b"\x00\x64\xff\x9b" + b"\x00" * 8:  # 64:ff9b::/96
+        return "NAT64", ipaddress.IPv4Address(packed[-4:])
+    if ip.sixtofour:
+        return "6to4", ip.sixtofour
+    if packed[:12] == b"\x00" * 12 and packed[12:] not in (b"\x00\x00\x00\x00", b"\x00\x00\x00\x01"):
+        return "IPv4-compatible", ipaddress.IPv4Address(packed[-4:])
+    return None
+
+
 def address_block_reason(ip):
     """Why an address must not be fetched, or None for a public one. Embedded IPv4 forms are unwrapped."""
     import ipaddress
-    global _CGNAT, _NAT64
-    if _CGNAT is None:
-        _CGNAT = ipaddress.ip_network("100.64.0.0/10")
-        _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
     if isinstance(ip, str):
         ip = ipaddress.ip_address(ip.split("%")[0])
     if ip.version == 6:
-        embedded = []
-        if ip.ipv4_mapped:
-            embedded.append(("IPv4-mapped", ip.ipv4_mapped))
-        if ip.sixtofour:
-            embedded.append(("6to4", ip.sixtofour))
-        if ip.teredo:
-            embedded += [("Teredo server", ip.teredo[0]), ("Teredo client", ip.teredo[1])]
-        packed = ip.packed
-        if ip in _NAT64[0] or ip in _NAT64[1]:
-            embedded.append(("NAT64", ipaddress.IPv4Address(packed[-4:])))
-        if packed[:12] == b"\x00" * 12 and packed[12:] not in (b"\x00\x00\x00\x00", b"\x00\x00\x00\x01"):
-            embedded.append(("IPv4-compatible", ipaddress.IPv4Address(packed[-4:])))
-        for form, v4 in embedded:
+        embedded = _embedded_ipv4(ip)
+        if embedded:
+            form, v4 = embedded
             inner = address_block_reason(v4)
             if inner:
                 return "%s address embedding %s (%s)" % (form, v4, inner)
-        if embedded and embedded[0][0] in ("IPv4-mapped", "NAT64", "IPv4-compatible"):
-            return None  # these reach exactly the embedded address, which is public
-    checks = (("is_loopback", "a loopback address"), ("is_unspecified", "the unspecified address"),
-              ("is_link_local", "a link-local address (cloud metadata lives here)"),
-              ("is_multicast", "a multicast address"), ("is_private", "a private address"),
-              ("is_reserved", "a reserved address"))
-    for attr, reason in checks:
-        if getattr(ip, attr):
+            if form != "IPv4-compatible":
+                return None  # reaches exactly the embedded address, which is public
+        if ip.teredo:
+            for v4 in ip.teredo:
+                inner = address_block_reason(v4)
+                if inner:
+                    return "Teredo address embedding %s (%s)" % (v4, inner)
+    for network, reason in _special_ranges():
+        if ip.version == network.version and ip in network:
             return reason
-    if ip.version == 4 and ip in _CGNAT:
-        return "a carrier-grade NAT address"
+    if ip.version == 6 and ip not in ipaddress.ip_network("2000::/3"):
+        return "not a global unicast address"
     if not ip.is_global:
         return "not a public address"
     return None
@@ -3918,14 +3947,17 @@ class Fetch(Tool):
         max_bytes = min(args.get("max_bytes") or cap, cap)
         ttl = cfg.get("cache_ttl_seconds", 86400)
         store = ctx.store
+        allowed = cfg.get("allowed_hosts") or ()
         if store is not None and ttl:
             try:
                 hit = store.cache_get(url, ttl)
             except Exception:
                 hit = None
-            if hit is not None:
+            if hit is not None:  # today's verdict, not the one from the day it was cached (issue 12)
+                check_url(url, allowed)
+                if hit.get("final_url") and hit["final_url"] != url:
+                    check_url(hit["final_url"], allowed)
                 return ToolResult.ok(hit["body"], cached=True, status=hit["status"])
-        allowed = cfg.get("allowed_hosts") or ()
         timeout = cfg.get("timeout_seconds") or 60
         current = url
         for hop in range(6):
