@@ -295,6 +295,13 @@ DEFAULTS = {
                           "basename", "dirname", "realpath", "date"],
             "custom_denylist": [],
             "audit_max_bytes": 10485760,
+            "max_timeout_seconds": 300,
+            "sandbox": "workspace-write",
+            "network": False,
+            "require_sandbox": False,
+            "env_passthrough": [],
+            "keep_home": False,
+            "sandbox_assume_missing": [],
         },
         "subagent": {
             "max_depth": 3,
@@ -345,6 +352,7 @@ CHOICES = {
     "agent.chat_mode": ("planning", "write"),
     "agent.safety_mode": ("safe", "yolo"),
     "agent.terminal.default_mode": ("interactive", "restricted_autonomous", "full_autonomous"),
+    "agent.terminal.sandbox": ("workspace-write", "read-only", "off"),
     "watcher.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
     "xzepr.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
     "watcher.kafka.sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
@@ -366,6 +374,7 @@ RANGES = {  # inclusive bounds; None = open
     "agent.tools.max_output_size": (1024, None),
     "agent.tools.max_file_read_size": (1024, None),
     "agent.terminal.timeout_seconds": (1, None),
+    "agent.terminal.max_timeout_seconds": (1, None),
     "agent.subagent.max_depth": (0, 10),
     "agent.subagent.default_max_turns": (1, None),
     "watcher.max_concurrent": (1, 256),
@@ -406,6 +415,14 @@ DOCS = {
     "agent.terminal.allowlist": "read-only programs that run without confirmation",
     "agent.terminal.custom_denylist": "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or 're:REGEX'",
     "agent.terminal.audit_max_bytes": "rotate $XZATOMA_HOME/audit.log at this size (the previous file is kept)",
+    "agent.terminal.max_timeout_seconds": "cap on the timeout_seconds a model asks for one command",
+    "agent.terminal.sandbox": "workspace-write | read-only | off: what commands can touch (OS-enforced)",
+    "agent.terminal.network": "let sandboxed commands use the network (shown in the run header)",
+    "agent.terminal.require_sandbox": "refuse to start (exit 2) where the sandbox is not fully enforced",
+    "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
+    "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
+    "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
+                                             "landlock-net, scopes, pidns)",
     "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
     "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
     "watcher": "xzatoma watch: Kafka topics to plans (flags override these; ${VAR} is read from the environment)",
@@ -2073,6 +2090,11 @@ class Agent:
         self.start_turns = self.result.turns
         if self.timeout_seconds:
             self.deadline = started + self.timeout_seconds
+        ctx = self.registry.ctx  # tools and commands honour the deadline too; a subagent inherits its parent's
+        inherited = ctx.deadline
+        if inherited is not None and (self.deadline is None or inherited < self.deadline):
+            self.deadline = inherited
+        ctx.deadline = self.deadline
         result = self.result
         try:
             while True:
@@ -2087,7 +2109,8 @@ class Agent:
                     break
         except DeadlineExceeded:
             result.status, result.exit_code = "timeout", EXIT_FAILED
-            result.error = "timed out after %ss (agent.timeout_seconds); raise it with --timeout" % self.timeout_seconds
+            result.error = ("timed out after %ss (agent.timeout_seconds); raise it with --timeout" % self.timeout_seconds
+                            if self.timeout_seconds else "the parent run's time limit was reached (agent.timeout_seconds)")
         except AgentStop as stop:
             result.status, result.exit_code, result.error = stop.status, stop.exit_code, str(stop)
         except ProviderError as exc:
@@ -2097,6 +2120,7 @@ class Agent:
         except Terminated:
             result.status, result.exit_code, result.error = "interrupted", EXIT_TERMINATED, "terminated (SIGTERM)"
         finally:
+            ctx.deadline = inherited
             self.conversation.close_dangling(cancel_text if result.status == "interrupted"
                                              else "Error: not run (the task ended)")
             result.duration = time.monotonic() - started
@@ -2157,6 +2181,8 @@ class Agent:
         invalid, last_error = 0, None
         for call in calls:
             self._check_cancel()
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise DeadlineExceeded()
             self.events.tool_start(call["name"], self._preview(call))
             tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             result.tool_calls += 1
@@ -3374,6 +3400,8 @@ class ChatSession:
         self.mentions = Mentions(self._mention_registry, console, cfg)
         self.metrics = load_metrics(args.metrics_port) if args.metrics_port else NULL_METRICS
         self.quota = QuotaTracker(cfg.get("agent.quota"))
+        self.sandbox = terminal_sandbox(cfg, self.working_dir)  # one per session, whatever the mode switches
+        self.sandbox_note = check_sandbox(cfg, self.sandbox, console)
         self.new_conversation()
         if args.resume or args.last:
             self.resume(args.resume)
@@ -3397,7 +3425,7 @@ class ChatSession:
         self.ctx = tool_context(self.cfg, self.working_dir, self.store, self.id, interactive=True,
                                 confirm=self.confirmations.confirm_tool if self.safety == "safe" else None,
                                 confirm_command=self.confirmations.confirm_command,
-                                ask=self.confirmations.ask_irreversible, cancel=threading.Event(),
+                                ask=self.confirmations.ask_irreversible, cancel=threading.Event(), sandbox=self.sandbox,
                                 terminal_mode=self._modes[0] if self.safety == "safe" else self._modes[1])
         self.subagents = SubagentSession(self.cfg, self.console, self.provider, self.mode, self.ctx, self.quota,
                                          self.store, parent_id=self.id, cancel=self.ctx.cancel, metrics=self.metrics)
@@ -3457,7 +3485,8 @@ class ChatSession:
     def banner(self):
         self.console._write("\n".join([box("XZatoma Interactive Chat Mode - Welcome!"), "",
                                        "Mode:   %s" % MODE_TEXT[self.mode], "Safety: %s" % SAFETY_TEXT[self.safety],
-                                       "Model:  %s/%s" % (self.provider.name, self.provider.model), "",
+                                       "Model:  %s/%s" % (self.provider.name, self.provider.model),
+                                       "Terminal: %s" % self.sandbox_note, "",
                                        "Type '/help' for available commands, 'exit' to quit", ""]))
 
     def window(self):
@@ -3523,6 +3552,7 @@ class ChatSession:
 
     def finish(self):
         self.metrics.close()
+        self.sandbox.close()
         if self.finish_record_only():
             self.console.info("Resume this conversation with: xzatoma chat --resume %s" % self.id)
         if self.store is not None:
@@ -3754,6 +3784,7 @@ def _build_chat(sub, common, fmt):
     chat.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
     chat.add_argument("--max-turns", type=int, metavar="N", help="model calls per message (agent.max_turns)")
     chat.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics during the session")
+    _sandbox_flags(chat)
     resume = chat.add_mutually_exclusive_group()
     resume.add_argument("--resume", metavar="ID", help="continue a stored conversation")
     resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
@@ -3764,7 +3795,7 @@ def cmd_chat(args, console):
     extra = {}
     if args.max_turns is not None:
         extra["agent.max_turns"] = args.max_turns
-    cfg = config_from_args(args, console, extra)
+    cfg = config_from_args(args, console, _sandbox_config(args, extra))
     session = ChatSession(args, cfg, console)
     return session.run()
 
@@ -4169,7 +4200,9 @@ def _build_run(sub, common, fmt):
     run.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls (agent.max_turns)")
     run.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit (agent.timeout_seconds)")
     run.add_argument("--allow-dangerous", action="store_true",
-                     help="full autonomy: run terminal commands that would otherwise need confirmation")
+                     help="full autonomy: run terminal commands that would otherwise need confirmation "
+                          "(still inside the sandbox)")
+    _sandbox_flags(run)
     run.add_argument("--working-dir", "-C", metavar="DIR",
                      help="directory the tools work in and cannot leave (default: current directory)")
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of the answer")
@@ -4189,7 +4222,7 @@ def cmd_run(args, console):
         extra["agent.max_turns"] = args.max_turns
     if args.timeout is not None:
         extra["agent.timeout_seconds"] = args.timeout
-    cfg = config_from_args(args, console, extra)
+    cfg = config_from_args(args, console, _sandbox_config(args, extra))
     resuming = bool(args.resume or args.last)
     instruction, kind, title, source = read_instruction(
         args, console, default="Continue the task from where it stopped." if resuming else None)
@@ -4221,6 +4254,7 @@ def cmd_run(args, console):
                               store, metrics=metrics, cancel=cancel)
     registry = build_registry(args.mode, ctx, extra=session.tools())
     session.registry = registry
+    sandbox_note = check_sandbox(cfg, ctx.sandbox, console) if "terminal" in registry else None
     conv_cfg = cfg.get("agent.conversation")
     conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
     agent = Agent(provider, registry, conversation, Events(console), cfg.get("agent.max_turns"),
@@ -4244,15 +4278,16 @@ def cmd_run(args, console):
         conversation.add_system(prompt)
     conversation.add_user(instruction)
     agent.recorder = recorder
-    console.info("xzatoma %s · %s · %s · conversation %s%s" % (
-        kind, provider.name, provider.model, agent.result.conversation_id, " (resumed)" if resuming else ""),
-        "dim")
+    console.info("xzatoma %s · %s · %s · conversation %s%s%s" % (
+        kind, provider.name, provider.model, agent.result.conversation_id, " (resumed)" if resuming else "",
+        " · " + sandbox_note if sandbox_note else ""), "dim")
 
     previous = _install_sigterm()
     try:
         result = agent.run()
     finally:
         session.cancel.set()  # children still running (Ctrl-C, SIGTERM) stop now
+        ctx.sandbox.close()  # every command still running, and the private TMPDIR, go with the run
         _restore_sigterm(previous)
         if store is not None:
             store.close()
@@ -4307,9 +4342,51 @@ def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
     secrets = cfg.secret_values()
     audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
                      redact=Redactor(secrets))
+    if "sandbox" not in fields:
+        fields["sandbox"] = terminal_sandbox(cfg, working_dir, secrets)
     return ToolContext(working_dir, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
                        terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit,
                        xzatoma_home=cfg.home, **fields)
+
+
+def terminal_sandbox(cfg, working_dir, secrets=None):
+    """The run's OS sandbox for terminal commands (started on first use; closed at exit)."""
+    from xzatoma_tools import Sandbox, protected_paths
+    term = cfg.get("agent.terminal")
+    return Sandbox(working_dir, term["sandbox"], network=term["network"], environ=os.environ,
+                   env_passthrough=term["env_passthrough"], keep_home=term["keep_home"], xzatoma_home=cfg.home,
+                   protected=protected_paths(working_dir, cfg.home, cfg.get("agent.tools.protected_paths")), secrets=cfg.secret_values()
+                   if secrets is None else secrets, assume_missing=term["sandbox_assume_missing"])
+
+
+def check_sandbox(cfg, sandbox, console):
+    """Before a run or chat that has the terminal: one warning line naming what the sandbox does not enforce
+    here (never silently weaker), or exit 2 with --require-sandbox. Returns the run header's note."""
+    missing = sandbox.not_enforced()
+    if missing:
+        text = "sandbox %s: not enforced here: %s" % (sandbox.mode, "; ".join(missing))
+        if cfg.get("agent.terminal.require_sandbox"):
+            raise UsageError(text + " (agent.terminal.require_sandbox / --require-sandbox: refusing to run)")
+        console.warn(text + " (--require-sandbox makes this an error)")
+    if sandbox.mode == "off":
+        return "sandbox OFF: commands are not confined"
+    return "sandbox %s%s" % (sandbox.mode, ", network on" if sandbox.network else "")
+
+
+def _sandbox_flags(parser):
+    parser.add_argument("--sandbox", choices=("workspace-write", "read-only", "off"),
+                        help="what terminal commands can touch, enforced by the OS (agent.terminal.sandbox; "
+                             "default workspace-write); 'off' only when named")
+    parser.add_argument("--require-sandbox", action="store_true",
+                        help="exit 2 instead of warning where this machine cannot enforce the sandbox")
+
+
+def _sandbox_config(args, extra):
+    if getattr(args, "sandbox", None):
+        extra["agent.terminal.sandbox"] = args.sandbox
+    if getattr(args, "require_sandbox", False):
+        extra["agent.terminal.require_sandbox"] = True
+    return extra
 
 
 def _build_policy(sub, common, fmt):
@@ -4332,7 +4409,39 @@ def _build_policy(sub, common, fmt):
             p.add_argument("--mode", choices=("restricted", "full", "interactive"), default="restricted",
                            help="restricted (run's default), full (--allow-dangerous) or interactive (chat Safe)")
         p.set_defaults(func=cmd_policy)
+    p = psub.add_parser("sandbox", parents=[common], help="what the OS sandbox enforces on this machine")
+    p.add_argument("--working-dir", "-C", metavar="DIR", help="the working directory (default: current directory)")
+    _sandbox_flags(p)
+    p.set_defaults(func=cmd_policy_sandbox)
     policy.set_defaults(func=lambda args, console: (policy.print_help(sys.stderr), EXIT_USAGE)[1])
+
+
+#: what the sandbox does not cover, however complete it is here (README: Safety)
+SANDBOX_NOT_COVERED = (
+    "reading what the system directories, the working directory and PATH programs' directories hold",
+    "other processes' command lines in /proc (environ and memory are protected)",
+    "connecting to unix sockets by path (Landlock does not mediate them): keep such sockets out of reach",
+    "chmod/chown/utime of readable files (Landlock does not mediate metadata)",
+    "CPU, memory and disk use (no cgroup limits): only the timeout bounds a command",
+    "what the file tools write (they are jailed and protected separately, not sandboxed)")
+
+
+def cmd_policy_sandbox(args, console):
+    cfg = config_from_args(args, console, _sandbox_config(args, {}))
+    root = os.path.realpath(args.working_dir or os.getcwd())
+    sandbox = terminal_sandbox(cfg, root)
+    try:
+        lines = sandbox.describe()
+        missing = sandbox.not_enforced()
+    finally:
+        sandbox.close()
+    lines.append("not enforced here: %s" % ("; ".join(missing) if missing else "nothing this mode needs"))
+    lines += ["not covered: " + item for item in SANDBOX_NOT_COVERED]
+    sys.stdout.write("\n".join(lines) + "\n")
+    if missing and cfg.get("agent.terminal.require_sandbox"):
+        console.error("sandbox %s is not fully enforced here (--require-sandbox)" % sandbox.mode)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 def cmd_policy(args, console):

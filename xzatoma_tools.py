@@ -222,7 +222,8 @@ class ToolContext:
 
     def __init__(self, working_dir, tools_config=None, confirm=None, store=None, conversation_id=None,
                  interactive=False, ask=None, confirm_command=None, terminal=None, terminal_mode=None,
-                 audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None, xzatoma_home=None):
+                 audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None, xzatoma_home=None,
+                 sandbox=None):
         #: the jail: every path a tool touches resolves inside this real directory
         self.root = os.path.realpath(working_dir)
         #: the same root as an object that resolves and opens paths beneath it, descriptor-relative
@@ -253,6 +254,9 @@ class ToolContext:
         self.cancel = cancel
         #: time.monotonic() by which the run must end (--timeout), or None; tools and commands honour it
         self.deadline = deadline
+        #: the run's Sandbox (mode, commands' environment, private TMPDIR, the helper that confines them);
+        #: None: built from `terminal` on the first command and shared with children from then on
+        self.sandbox = sandbox
         #: 0 for the top-level agent, n for a subagent n levels down
         self.depth = depth
         #: the subagent's label, named in every question it asks; None at the top
@@ -267,12 +271,10 @@ class ToolContext:
         self.protected = protected_paths(self.root, xzatoma_home, self.config.get("protected_paths") or ())
         #: the CommandPolicy, built on the first terminal call and shared with children
         self._policy = None
-        #: the environment commands run with, built on the first terminal call and shared with children
-        self._env = None
 
     def _derived(self, **changes):
         import copy
-        ctx = copy.copy(self)  # caches (_policy, _env) and every field not named are shared
+        ctx = copy.copy(self)  # caches (_policy) and every field not named are shared
         ctx.__dict__.update(changes, call_id=None, undo_waived=False)
         return ctx
 
@@ -3439,14 +3441,26 @@ def _matches_custom(rule, program, texts):
 
 # ---- Terminal: running commands ----
 
-SECRET_ENV_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+#: what a command's environment may hold (plus LC_*, HOME, TMPDIR and agent.terminal.env_passthrough); an
+#: allowlist, because a denylist of secret-looking names misses DATABASE_URL, MYSQL_PWD, proxy credentials…
+CHILD_ENV_NAMES = frozenset(("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL", "COLORTERM",
+                             "NO_COLOR"))
 
 
-def sanitized_env(extra_secrets=()):
-    """Our environment without anything that looks like a credential."""
-    env = {k: v for k, v in os.environ.items() if not SECRET_ENV_NAME.search(k)}
-    if extra_secrets:
-        env = {k: v for k, v in env.items() if v not in extra_secrets}
+def child_env(environ, passthrough=(), home=None, tmpdir=None, secrets=()):
+    """The environment a command gets: allow-listed names only; no value that is one of our credentials."""
+    patterns = [p for p in passthrough if p]
+    secrets = set(s for s in secrets if s)
+    env = {}
+    for name, value in environ.items():
+        if name in CHILD_ENV_NAMES or name.startswith("LC_") or any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            if value not in secrets:
+                env[name] = value
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if home:
+        env["HOME"] = home
+    if tmpdir:
+        env["TMPDIR"] = tmpdir
     return env
 
 
@@ -3455,26 +3469,28 @@ class CommandResult:
                  "cancelled")
 
 
-def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=None, cancel=None, argv=None):
-    """Run a validated command in its own process group; bounded memory, whole-group kill on timeout.
+def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=None, cancel=None, argv=None,
+                sandbox=None):
+    """Run a validated command; bounded memory; the command and everything it started killed at the end.
 
-    stdout and stderr are drained concurrently (one selector loop, no threads) and kept up to their caps;
-    the rest is counted and dropped, so memory stays bounded however much a command prints. On Linux the
-    process exit is watched through a pidfd in the same loop, so there is no polling delay.
+    With a confining `sandbox` the command is started by the run's sandbox helper (see "Terminal: the OS
+    sandbox") and watched through its own socket; otherwise it runs in its own process group here. stdout and
+    stderr are drained concurrently (one selector loop, no threads) and kept up to their caps; the rest is
+    counted and dropped, so memory stays bounded however much a command prints. The exit is watched in the same
+    loop (a pidfd or the helper's socket), so there is no polling delay.
     """
     import selectors
-    import subprocess
     if argv is None:
         if shell is None:
             shell = needs_shell(command)
         argv = ["/bin/sh", "-c", command] if shell else simple_argv(command)
     started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env if env is not None else sanitized_env(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    if env is None:
+        env = child_env(os.environ)
+    job = sandbox.spawn(argv, env) if sandbox is not None and sandbox.confined else _LocalJob(argv, cwd, env)
     res = CommandResult()
     res.timed_out = res.cancelled = False
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    out_fd, err_fd = job.stdout, job.stderr
     bufs = {out_fd: bytearray(), err_fd: bytearray()}
     caps = {out_fd: max_stdout, err_fd: max_stderr}
     totals = dict.fromkeys(bufs, 0)
@@ -3482,17 +3498,14 @@ def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=N
     sel = selectors.DefaultSelector()
     sel.register(out_fd, selectors.EVENT_READ)
     sel.register(err_fd, selectors.EVENT_READ)
-    pidfd = None
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-        sel.register(pidfd, selectors.EVENT_READ)
-    except (AttributeError, OSError):
-        pidfd = None
-    streams, exited, finished = 2, False, False
+    exit_fd = job.exit_fd
+    if exit_fd is not None:
+        sel.register(exit_fd, selectors.EVENT_READ)
+    streams, exited = 2, False
     try:
         while streams or not exited:
-            if not exited and pidfd is None and not streams:
-                exited = proc.poll() is not None
+            if not exited and exit_fd is None and not streams:
+                exited = job.poll()
                 if exited:
                     break
             remaining = deadline - time.monotonic()
@@ -3502,12 +3515,12 @@ def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=N
             if cancel is not None and cancel.is_set():
                 res.cancelled = True
                 break
-            wait = min(remaining, 0.25) if (streams or pidfd is not None) else min(remaining, 0.01)
+            wait = min(remaining, 0.25) if (streams or exit_fd is not None) else min(remaining, 0.01)
             for key, _ in sel.select(wait):
                 fd = key.fd
-                if fd == pidfd:
+                if fd == exit_fd:
                     sel.unregister(fd)
-                    exited = True
+                    exited = job.exited()
                     continue
                 data = os.read(fd, 65536)
                 if not data:
@@ -3518,21 +3531,43 @@ def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=N
                 buf, cap = bufs[fd], caps[fd]
                 if len(buf) < cap:
                     buf += data[: cap - len(buf)]
-        finished = True
     finally:
-        _kill_group(proc)  # also reaps anything the command left running in the background
         sel.close()
-        if pidfd is not None:
-            os.close(pidfd)
-        proc.stdout.close()
-        proc.stderr.close()
-        if not finished:
-            proc.wait()
-    res.exit_code = proc.returncode
+        res.exit_code = job.finish()  # kills whatever is left of the command, then reaps it
     res.duration = time.monotonic() - started
     res.stdout, res.stderr = bufs[out_fd], bufs[err_fd]
     res.stdout_total, res.stderr_total = totals[out_fd], totals[err_fd]
     return res
+
+
+class _LocalJob:
+    """A command run here, unconfined (--sandbox off, or no way to confine it): its own session and
+    process group, killed as a group. A descendant that calls setsid() leaves the group: only the sandbox
+    (a PID namespace per command) catches those, which is why `off` says so in the run header."""
+
+    def __init__(self, argv, cwd, env):
+        import subprocess
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.stdout, self.stderr = self.proc.stdout.fileno(), self.proc.stderr.fileno()
+        try:
+            self.exit_fd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):
+            self.exit_fd = None
+
+    def poll(self):
+        return self.proc.poll() is not None
+
+    def exited(self):
+        return True
+
+    def finish(self):
+        _kill_group(self.proc)  # also kills anything the command left running in its group
+        if self.exit_fd is not None:
+            os.close(self.exit_fd)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return self.proc.returncode
 
 
 def _kill_group(proc):
@@ -3552,6 +3587,763 @@ def _kill_group(proc):
         proc.wait(timeout=5)
     except Exception:
         pass
+
+
+# ---- Terminal: the OS sandbox ----
+#
+# The policy decides whether to ask; the sandbox decides what a command can touch, so that whatever the
+# policy misses, the kernel still stops. Modes (agent.terminal.sandbox, --sandbox):
+#   workspace-write  write only in the working directory and a private TMPDIR (removed after the run); .git
+#                    and the protected paths read-only; read the system, the working directory and where the
+#                    programs on PATH live; no network unless agent.terminal.network
+#   read-only        the same with no writes at all (the private TMPDIR too, as codex does)
+#   off              no confinement; only when asked for by name (the denylist still applies)
+#
+# How (Linux): once per run a helper process is started (`python -I -S`, ~30 ms). It enters new user, mount
+# and (without network) network namespaces, bind-mounts .git and the protected paths read-only, sets
+# no_new_privs, makes itself undumpable and applies a Landlock ruleset (filesystem, TCP and scope rules, as
+# far as the kernel's ABI goes). Then it waits for commands on a socket and starts each with posix_spawn
+# (vfork: no copy of a large Python process) as PID 1 of a fresh PID namespace, so every process the command
+# starts — setsid and double forks included — dies with it: when the command ends, at its timeout, or when
+# the run ends (the helper's socket closes and it kills what is left). Starting commands from a small helper
+# that is already confined is what keeps `true` within 2x of subprocess.run: a fork of the agent per command
+# (preexec_fn) alone costs that, and it is unsafe with the subagents' threads.
+#
+# Landlock also keeps commands from ptrace-ing or reading /proc/<pid>/environ|mem of any process outside the
+# sandbox (the agent's API keys), and from mounting anything, which is what keeps the read-only bind mounts in
+# place. The helper is in the commands' Landlock domain but not in their PID namespaces, and undumpable, so
+# they can neither signal nor trace it.
+
+WORKSPACE_WRITE, READ_ONLY, SANDBOX_OFF = "workspace-write", "read-only", "off"
+SANDBOX_MODES = (WORKSPACE_WRITE, READ_ONLY, SANDBOX_OFF)
+
+# Landlock (include/uapi/linux/landlock.h). The syscall numbers are those of the generic table, shared by
+# x86_64 and aarch64 (and every architecture added since 5.13).
+_LL_CREATE_RULESET, _LL_ADD_RULE, _LL_RESTRICT_SELF = 444, 445, 446
+_LL_VERSION = 1  # LANDLOCK_CREATE_RULESET_VERSION
+_LL_RULE_PATH_BENEATH, _LL_RULE_NET_PORT = 1, 2
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_REMOVE_DIR, _FS_REMOVE_FILE, _FS_MAKE_CHAR, _FS_MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+_FS_MAKE_REG, _FS_MAKE_SOCK, _FS_MAKE_FIFO, _FS_MAKE_BLOCK, _FS_MAKE_SYM = 1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12
+_FS_REFER, _FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15  # ABI 2, 3, 5
+_NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
+#: the filesystem rights each ABI knows (ABI 4 added only network rules, 6 scopes, 7 audit-log flags);
+#: a newer kernel gets the rights of the newest ABI this code was written for
+_LL_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1, 5: (1 << 16) - 1,
+                 6: (1 << 16) - 1, 7: (1 << 16) - 1}
+_LL_KNOWN_ABI = 7
+_READ = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+_WRITE = (_FS_WRITE_FILE | _FS_REMOVE_DIR | _FS_REMOVE_FILE | _FS_MAKE_DIR | _FS_MAKE_REG | _FS_MAKE_SOCK |
+          _FS_MAKE_FIFO | _FS_MAKE_SYM | _FS_REFER | _FS_TRUNCATE)  # never device nodes
+_FILE_ONLY = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+_ACCESS = {"r": _READ, "rw": _READ | _WRITE, "dev-r": _FS_READ_FILE | _FS_IOCTL_DEV,
+           "dev-rw": _FS_READ_FILE | _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV}
+
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
+_PR_SET_DUMPABLE, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = 4, 28, 38
+_SECBIT_NOROOT_AND_LOCKED = 0x3
+
+#: read-only system locations (those that exist); /proc is safe to read because Landlock refuses access to
+#: other processes' environ and mem (ptrace rules), /sys only where runtimes look for CPUs and cgroup limits
+SANDBOX_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/nix",
+                       "/snap", "/run/systemd/resolve", "/proc", "/sys/devices/system/cpu", "/sys/fs/cgroup")
+SANDBOX_DEVICES = (("/dev/null", "dev-rw"), ("/dev/full", "dev-rw"), ("/dev/zero", "dev-r"),
+                   ("/dev/random", "dev-r"), ("/dev/urandom", "dev-r"))
+#: what each confining mode needs from the kernel, named as the warning names it
+_NEEDS = (("filesystem", "Landlock filesystem rules"), ("network", "network isolation"),
+          ("protected", "read-only .git and protected paths"), ("descendants", "killing setsid/double-forked "
+                                                                                "descendants (PID namespaces)"))
+
+
+def landlock_abi():
+    """The kernel's Landlock ABI version, or 0 where there is none (not Linux, disabled, or no ctypes)."""
+    import sys
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        abi = libc.syscall(ctypes.c_long(_LL_CREATE_RULESET), None, ctypes.c_long(0), ctypes.c_long(_LL_VERSION))
+    except (OSError, AttributeError, ImportError):
+        return 0
+    return max(0, int(abi))
+
+
+def program_dirs(path_value, home=None, xzatoma_home=None):
+    """Where the programs on PATH live, for read and execute: each PATH directory, its installation prefix
+    (…/bin -> …), and the prefixes of programs that are symlinks elsewhere (a venv's python -> its
+    interpreter). Never the home directory itself or /, nothing inside XZATOMA_HOME; under the home directory
+    only a prefix's bin, lib, libexec and share (not ~/.cargo/credentials.toml, ~/.local/share/keyrings)."""
+    home = os.path.realpath(home) if home else None
+    xz = os.path.realpath(xzatoma_home) if xzatoma_home else None
+    out = []
+
+    def inside(path, top):
+        return top is not None and (path == top or path.startswith(top.rstrip("/") + "/"))
+
+    def allowed(path):
+        if path == "/" or inside(path, xz):
+            return False
+        return not any(top is not None and inside(top, path) for top in (home, xz))  # no ancestor of them
+
+    def add(path):
+        if path not in out and allowed(path) and os.path.isdir(path):
+            out.append(path)
+
+    def add_prefix(prefix):
+        if not allowed(prefix):
+            return
+        if inside(prefix, home):
+            for sub in ("bin", "sbin", "lib", "lib64", "libexec", "share"):
+                add(os.path.join(prefix, sub))
+            cfg = os.path.join(prefix, "pyvenv.cfg")
+            if os.path.isfile(cfg) and cfg not in out:
+                out.append(cfg)
+        else:
+            add(prefix)
+
+    def add_dir(real):
+        add(real)
+        if os.path.basename(real) in ("bin", "sbin"):
+            add_prefix(os.path.dirname(real))
+
+    system = tuple(d for d in SANDBOX_SYSTEM_DIRS if d != "/proc")
+    for entry in (path_value or "").split(os.pathsep):
+        if not entry or not os.path.isabs(entry):
+            continue  # "" and "." mean the current directory: never a grant of their own
+        real = os.path.realpath(entry)
+        if not os.path.isdir(real):
+            continue
+        add_dir(real)
+        if any(inside(real, s) for s in system):
+            continue  # system programs' links stay in the system
+        try:
+            links = [e.path for e in os.scandir(real) if e.is_symlink()]
+        except OSError:
+            continue
+        for link in links[:2000]:
+            target = os.path.realpath(link)
+            if os.path.isfile(target) and not any(inside(target, s) for s in system):
+                add_dir(os.path.dirname(target))
+    return out
+
+
+def git_dirs(root):
+    """Repository metadata outside the working directory that git needs to read: the enclosing repository
+    of a subdirectory, and the real git directory of a worktree or submodule (a `.git` file)."""
+    out = []
+    path = os.path.realpath(root)
+    while True:
+        dot = os.path.join(path, ".git")
+        if os.path.lexists(dot):
+            if path != os.path.realpath(root):
+                out.append(dot)
+            if os.path.isfile(dot):
+                try:
+                    with open(dot, encoding="utf-8", errors="replace") as fh:
+                        line = fh.readline().strip()
+                except OSError:
+                    line = ""
+                if line.startswith("gitdir:"):
+                    gitdir = os.path.realpath(os.path.join(path, line[7:].strip()))
+                    out.append(gitdir)
+                    try:
+                        with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as fh:
+                            out.append(os.path.realpath(os.path.join(gitdir, fh.read().strip())))
+                    except OSError:
+                        pass
+            break
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return [p for p in out if os.path.exists(p)]
+
+
+def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
+    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only."""
+    rules = [(d, "r") for d in SANDBOX_SYSTEM_DIRS if os.path.exists(d)]
+    rules += [(d, access) for d, access in SANDBOX_DEVICES if os.path.exists(d)]
+    rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home)]
+    rules += [(d, "r") for d in git_dirs(root)]
+    writable = "rw" if mode == WORKSPACE_WRITE else "r"
+    rules += [(os.path.realpath(root), writable), (os.path.realpath(tmpdir), writable)]
+    return rules
+
+
+class Sandbox:
+    """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
+    starts confined commands. Shared by the run's subagents (thread-safe); `close()` (or interpreter exit)
+    ends every command still running and removes the TMPDIR.
+
+    `assume_missing` names kernel features to treat as absent ("landlock", "userns", "landlock-net",
+    "scopes", "pidns"): agent.terminal.sandbox_assume_missing, for testing the warnings and
+    --require-sandbox on a machine that has them all.
+    """
+
+    def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
+                 keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=()):
+        import sys
+        if mode not in SANDBOX_MODES:
+            raise ValueError("unknown sandbox mode %r (choose %s)" % (mode, ", ".join(SANDBOX_MODES)))
+        self.root = os.path.realpath(root)
+        self.mode = mode
+        self.network = bool(network)
+        self.environ = dict(os.environ if environ is None else environ)
+        self.env_passthrough = tuple(env_passthrough or ())
+        self.keep_home = keep_home
+        self.xzatoma_home = xzatoma_home
+        self.protected = tuple(protected)
+        self.secrets = tuple(secrets)
+        self.assume_missing = frozenset(assume_missing or ())
+        self.linux = sys.platform.startswith("linux")
+        #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
+        self.confined = mode != SANDBOX_OFF and self.linux
+        self._lock = threading.Lock()
+        self._state = {"tmpdir": None, "proc": None, "ctl": None}
+        self._report = None
+        self._env = None
+        import weakref
+        self._finalizer = weakref.finalize(self, _sandbox_cleanup, self._state)
+
+    # -- what commands get --
+    @property
+    def tmpdir(self):
+        with self._lock:
+            if self._state["tmpdir"] is None:
+                import tempfile
+                self._state["tmpdir"] = os.path.realpath(tempfile.mkdtemp(prefix="xzatoma-run-"))
+            return self._state["tmpdir"]
+
+    @property
+    def env(self):
+        if self._env is None:
+            tmp = self.tmpdir
+            self._env = child_env(self.environ, self.env_passthrough, None if self.keep_home else tmp, tmp,
+                                  self.secrets)
+        return self._env
+
+    # -- the helper --
+    def _spec(self):
+        home = self.environ.get("HOME")
+        return {"mode": self.mode, "network": self.network, "root": self.root,
+                "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
+                                       self.xzatoma_home),
+                "protected": [p for p in self.protected if os.path.lexists(p) and not os.path.islink(p)],
+                "assume_missing": sorted(self.assume_missing)}
+
+    def start(self):
+        """Start the helper (once); returns at once, report() waits for it."""
+        import socket
+        import subprocess
+        import sys
+        with self._lock:
+            if not self.confined or self._state["proc"] is not None:
+                return
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._state["ctl"] = mine
+        spec = self._spec()
+        spec["fd"] = theirs.fileno()
+        here = os.path.dirname(os.path.abspath(__file__))
+        boot = "import sys; sys.path.insert(0, %r); import xzatoma_tools; xzatoma_tools._sandbox_helper(sys.argv[1])"
+        try:
+            proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", boot % here, json.dumps(spec)],
+                                    cwd=self.root, env=self.env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                                    start_new_session=True)
+        except OSError as exc:
+            self._report = {"ok": False, "error": "the sandbox helper could not start: %s" % exc}
+            proc = None
+        finally:
+            theirs.close()
+        with self._lock:
+            self._state["proc"] = proc or False
+
+    def report(self, timeout=20.0):
+        """What is enforced here (the helper's own account, once it has confined itself)."""
+        if self._report is None:
+            if not self.confined:
+                self._report = {"ok": False, "error": "off" if self.mode == SANDBOX_OFF else
+                                "not enforced on this system (Linux Landlock and namespaces only)"}
+            else:
+                self.start()
+                ctl = self._state["ctl"]
+                if self._report is None:
+                    ctl.settimeout(timeout)
+                    try:
+                        data = ctl.recv(65536)
+                        self._report = json.loads(data.decode()) if data else {
+                            "ok": False, "error": "the sandbox helper exited during set-up"}
+                    except (OSError, ValueError) as exc:
+                        self._report = {"ok": False, "error": "the sandbox helper did not answer: %s" % exc}
+                    ctl.settimeout(None)
+        return self._report
+
+    def not_enforced(self):
+        """What this mode needs that this machine does not enforce, as short phrases ([] when all is)."""
+        if self.mode == SANDBOX_OFF:
+            return []
+        report = self.report()
+        if not report.get("ok"):
+            return ["everything (%s)" % report.get("error", "no sandbox")]
+        missing = []
+        for key, label in _NEEDS:
+            if key == "network" and self.network:
+                continue
+            if key == "protected" and not report.get("protected_needed"):
+                continue
+            if not report.get(key):
+                missing.append(label)
+        if not report.get("scopes"):
+            missing.append("signal/abstract-socket scoping (Landlock ABI 6)")
+        return missing
+
+    def describe(self):
+        """Lines for `xzatoma policy sandbox` and the run header: what is enforced, first things first."""
+        report = self.report() if self.mode != SANDBOX_OFF else {}
+        lines = ["sandbox: %s%s" % (self.mode, "" if self.confined or self.mode == SANDBOX_OFF else
+                                    " (requested; NOT enforced on this system)")]
+        if self.mode == SANDBOX_OFF:
+            lines.append("confinement: none (--sandbox off): commands can read and write whatever this user "
+                         "can; only the policy's denylist applies")
+            lines.append("descendants: process group only (a setsid child can outlive the run)")
+            lines.append("environment: allowlist (PATH, HOME, LANG, LC_*, TERM, TZ, USER, SHELL, TMPDIR…)")
+            return lines
+        if not report.get("ok"):
+            lines.append("confinement: NOT enforced: %s" % report.get("error"))
+            if not self.linux:
+                lines.append("macOS sandbox-exec profiles are not implemented (untested here); "
+                             "--require-sandbox refuses to run")
+            return lines
+        abi = report.get("landlock", 0)
+        lines.append("landlock: ABI %d%s" % (abi, (" (this code knows up to %d)" % _LL_KNOWN_ABI)
+                                              if abi > _LL_KNOWN_ABI else "") if abi else
+                     "landlock: not available — filesystem NOT confined")
+        if report.get("filesystem"):
+            lines.append("filesystem: writes only in %s%s; reads: system dirs, the working dir, PATH programs' "
+                         "dirs%s" % (
+                             "the working dir and a private TMPDIR" if self.mode == WORKSPACE_WRITE else
+                             "nothing (read-only)", "" if report.get("truncate") else
+                             " (truncate not mediated: ABI < 3)", ""))
+        else:
+            lines.append("filesystem: NOT confined (%s)" % report.get("filesystem_error", "no Landlock"))
+        if self.network:
+            lines.append("network: allowed (agent.terminal.network: true)")
+        else:
+            how = []
+            if report.get("netns"):
+                how.append("a new network namespace (no interfaces)")
+            if report.get("landlock_net"):
+                how.append("Landlock TCP bind/connect denied")
+            lines.append("network: %s" % (" + ".join(how) if how else "NOT isolated"))
+        prot = report.get("protected_paths") or []
+        lines.append("protected paths: %s" % (
+            ("read-only bind mounts in a private mount namespace: " + ", ".join(
+                display_path(p, self.root) for p in prot)) if report.get("protected") and prot else
+            "none present" if report.get("protected") else "NOT read-only (%s)" % report.get(
+                "protected_error", "no mount namespace")))
+        lines.append("descendants: %s" % ("a PID namespace per command: everything it starts dies with it"
+                                          if report.get("descendants") else
+                                          "process group only (%s)" % report.get("pidns_error", "no PID namespace")))
+        lines.append("scopes: %s" % ("signals and abstract unix sockets stay inside the sandbox"
+                                     if report.get("scopes") else "not scoped (Landlock ABI < 6)"))
+        lines.append("other processes: /proc/<pid>/environ and mem unreadable, no ptrace (Landlock)"
+                     if report.get("filesystem") else "other processes: NOT protected")
+        lines.append("environment: allowlist (PATH, HOME=%s, LANG, LC_*, TERM, TZ, USER, SHELL, TMPDIR%s)" % (
+            "kept" if self.keep_home else "private TMPDIR",
+            ", " + ", ".join(self.env_passthrough) if self.env_passthrough else ""))
+        lines.append("user namespace: %s" % ("yes" if report.get("userns") else
+                                             "no (%s)" % report.get("userns_error", "unavailable")))
+        for err in report.get("errors") or ():
+            lines.append("note: %s" % err)
+        return lines
+
+    def spawn(self, argv, env):
+        """Start a confined command; returns a job for run_command."""
+        import socket
+        report = self.report()
+        ctl = self._state["ctl"]
+        if not report.get("ok") or ctl is None:
+            raise ToolError("the sandbox is unavailable (%s); the command was not run" % report.get("error"))
+        request = json.dumps({"argv": list(argv), "env": env}).encode("utf-8", "surrogateescape")
+        if len(request) > _SPAWN_MAX:
+            raise ToolError("command too long for the sandbox (%d bytes; at most %d)" % (len(request), _SPAWN_MAX))
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with self._lock:
+                socket.send_fds(ctl, [request], [out_w, err_w, theirs.fileno()])
+        except OSError as exc:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            mine.close()
+            raise ToolError("the sandbox helper is gone (%s); no command can run in this run" % exc)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+            theirs.close()
+        job = _SandboxJob(mine, out_r, err_r)
+        reply = job.read()
+        if "error" in reply:
+            job.close()
+            raise OSError(reply.get("errno") or 0, reply["error"], argv[0])
+        job.pid = reply.get("pid")
+        return job
+
+    def close(self):
+        self._finalizer()
+
+
+_SPAWN_MAX = 200000  # bytes of one request; the helper reads requests into a buffer of this size
+
+
+def _sandbox_cleanup(state):
+    import shutil
+    ctl, proc = state.get("ctl"), state.get("proc")
+    if ctl is not None:
+        ctl.close()  # the helper kills every command still running and exits
+    if proc:
+        try:
+            proc.wait(timeout=5)
+        except Exception:
+            proc.kill()
+            proc.wait()
+    if state.get("tmpdir"):
+        shutil.rmtree(state["tmpdir"], ignore_errors=True)
+
+
+class _SandboxJob:
+    """A command the helper started: its stdout/stderr pipes and its socket (exit status; closing kills)."""
+
+    def __init__(self, sock, out_fd, err_fd):
+        self.sock, self.stdout, self.stderr = sock, out_fd, err_fd
+        self.exit_fd = sock.fileno()
+        self.pid = None
+        self.code = None
+
+    def read(self, timeout=None):
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(4096)
+        except OSError:
+            data = b""
+        return json.loads(data.decode()) if data else {}
+
+    def poll(self):
+        return self.code is not None
+
+    def exited(self):
+        reply = self.read()
+        self.code = reply.get("exit", -9)  # no answer: the helper died, and with it the command
+        return True
+
+    def finish(self):
+        if self.code is None:
+            try:
+                self.sock.send(b"kill")  # PID 1 of its namespace: SIGKILL takes every descendant along
+            except OSError:
+                pass
+            reply = self.read(timeout=10)
+            self.code = reply.get("exit", -9)
+        self.close()
+        return self.code
+
+    def close(self):
+        self.sock.close()
+        for fd in (self.stdout, self.stderr):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _sandbox_helper(spec_text):
+    """The helper process: confine itself once, then start commands on request (see the section header).
+
+    Runs as `python -I -S -c …` with the commands' environment; everything below happens in this small,
+    single-threaded process, never in the agent.
+    """
+    import ctypes
+    import selectors
+    import signal
+    import socket
+    spec = json.loads(spec_text)
+    ctl = socket.socket(fileno=spec["fd"])
+    missing = set(spec.get("assume_missing") or ())
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    report = {"ok": True, "errors": [], "mode": spec["mode"], "protected_needed": bool(spec["protected"])}
+
+    def check(result, what):
+        if result == -1:
+            err = ctypes.get_errno()
+            raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+    def prctl(option, value):
+        return libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                          ctypes.c_ulong(0))
+
+    def write_file(path, text):
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    uid, gid = os.getuid(), os.getgid()
+    # 1. namespaces: user (to be allowed the rest), mount (read-only binds), network (none), PID (ours, and
+    #    one per command inside it)
+    flags = _CLONE_NEWNS | (0 if spec["network"] else _CLONE_NEWNET) | (0 if "pidns" in missing else _CLONE_NEWPID)
+    try:
+        if "userns" in missing:
+            raise OSError(0, "assumed missing (agent.terminal.sandbox_assume_missing)")
+        check(libc.unshare(ctypes.c_int(_CLONE_NEWUSER | flags)), "unshare")
+        write_file("/proc/self/setgroups", "deny")
+        write_file("/proc/self/uid_map", "%d %d 1" % (uid, uid))
+        write_file("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        report["userns"] = True
+    except OSError as exc:
+        report["userns"], report["userns_error"] = False, exc.strerror or str(exc)
+        if "userns" not in missing and libc.unshare(ctypes.c_int(flags)) == 0:  # privileged: no user ns needed
+            report["errors"].append("no user namespace (%s); namespaces made with our own privileges"
+                                    % report["userns_error"])
+        else:
+            flags = 0
+    report["netns"] = bool(flags & _CLONE_NEWNET)
+    protected = []
+    if flags & _CLONE_NEWNS:
+        try:  # nothing mounted here may propagate back to the system's mount namespace
+            check(libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None), "make / private")
+            for path in spec["protected"]:
+                p = path.encode("utf-8", "surrogateescape")
+                check(libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None), "bind %s" % path)
+                vfs = os.statvfs(path)
+                locked = 0
+                for st_flag, ms_flag in ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV),
+                                         (os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NOATIME, _MS_NOATIME),
+                                         (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME)):
+                    if vfs.f_flag & st_flag:
+                        locked |= ms_flag  # a remount must keep the flags the mount was locked with
+                check(libc.mount(None, p, None, ctypes.c_ulong(_MS_BIND | _MS_REMOUNT | _MS_RDONLY | locked),
+                                 None), "read-only %s" % path)
+                protected.append(path)
+            report["protected"] = True
+        except OSError as exc:
+            report["protected"], report["protected_error"] = False, exc.strerror or str(exc)
+    else:
+        report["protected"], report["protected_error"] = False, "no mount namespace"
+    report["protected_paths"] = protected
+    own_pidns = None
+    if flags & _CLONE_NEWPID:
+        child = os.fork()  # the child is PID 1 of the run's PID namespace: when it dies, every command dies
+        if child:
+            ctl.close()
+            while True:
+                try:
+                    _, status = os.waitpid(child, 0)
+                    break
+                except InterruptedError:
+                    continue
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the process the agent started goes, this one goes
+        try:
+            own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            check(libc.unshare(ctypes.c_int(_CLONE_NEWPID)), "unshare(pid)")  # probe, then put back
+            check(libc.setns(ctypes.c_int(own_pidns), ctypes.c_int(_CLONE_NEWPID)), "setns(pid)")
+            report["descendants"] = True
+        except OSError as exc:
+            report["descendants"], report["pidns_error"] = False, exc.strerror or str(exc)
+    else:
+        report["descendants"] = False
+        report["pidns_error"] = "assumed missing" if "pidns" in missing else "no PID namespace"
+    # 2. no new privileges, no tracing of this process, no root privileges gained by exec in the namespace
+    prctl(_PR_SET_DUMPABLE, 0)
+    if os.getuid() == 0:
+        prctl(_PR_SET_SECUREBITS, _SECBIT_NOROOT_AND_LOCKED)
+    check(prctl(_PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
+    # 3. Landlock
+    abi = 0 if "landlock" in missing else landlock_abi()
+    report["landlock"] = abi
+    report.update(filesystem=False, landlock_net=False, scopes=False, truncate=abi >= 3)
+    if abi:
+        try:
+            _landlock_restrict(libc, abi, spec, missing, report)
+        except OSError as exc:
+            report["filesystem_error"] = exc.strerror or str(exc)
+            report["filesystem"] = report["landlock_net"] = report["scopes"] = False
+    else:
+        report["filesystem_error"] = "no Landlock in this kernel" if "landlock" not in missing else \
+            "Landlock assumed missing (agent.terminal.sandbox_assume_missing)"
+    report["network"] = report["netns"] or report["landlock_net"]
+    ctl.send(json.dumps(report).encode())
+    _helper_loop(libc, ctl, own_pidns, check)
+
+
+def _helper_loop(libc, ctl, own_pidns, check):
+    """Start commands (each PID 1 of a new PID namespace when there is one), report exits, kill on request
+    or when the command's socket closes; on EOF from the agent kill everything and leave."""
+    import ctypes
+    import selectors
+    import signal
+    import socket
+    devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    sel = selectors.DefaultSelector()
+    sel.register(ctl, selectors.EVENT_READ, "ctl")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    jobs = {}  # pid -> its socket, or None once the agent closed it
+
+    def kill(pid):
+        for send in (os.kill, os.killpg):  # PID 1 of its namespace takes every descendant along
+            try:
+                send(pid, signal.SIGKILL)  # the pid is ours until we reap it: never someone else's
+            except OSError:
+                pass
+
+    running = True
+    while running or jobs:
+        for key, _ in sel.select():
+            what = key.data
+            if what == "ctl":
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(ctl, _SPAWN_MAX, 3, socket.MSG_CMSG_CLOEXEC)
+                except OSError:
+                    msg, fds = b"", []
+                if not msg or len(fds) != 3:
+                    for fd in fds:
+                        os.close(fd)
+                    if not msg:
+                        running = False
+                        sel.unregister(ctl)
+                        for pid in jobs:
+                            kill(pid)
+                    continue
+                out_fd, err_fd, sock_fd = fds
+                sock = socket.socket(fileno=sock_fd)
+                try:
+                    req = json.loads(msg.decode("utf-8", "surrogateescape"))
+                    if own_pidns is not None:  # the next child is PID 1 of a namespace of its own
+                        check(libc.setns(ctypes.c_int(own_pidns), ctypes.c_int(_CLONE_NEWPID)), "setns(pid)")
+                        check(libc.unshare(ctypes.c_int(_CLONE_NEWPID)), "unshare(pid)")
+                    pid = os.posix_spawnp(req["argv"][0], req["argv"], req["env"], setsid=True,
+                                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD),
+                                          file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0),
+                                                        (os.POSIX_SPAWN_DUP2, out_fd, 1),
+                                                        (os.POSIX_SPAWN_DUP2, err_fd, 2)])
+                except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+                    try:
+                        sock.send(json.dumps({"error": getattr(exc, "strerror", None) or str(exc),
+                                              "errno": getattr(exc, "errno", 0) or 0}).encode())
+                    except OSError:
+                        pass
+                    sock.close()
+                    continue
+                finally:
+                    os.close(out_fd)
+                    os.close(err_fd)
+                jobs[pid] = sock
+                sel.register(sock, selectors.EVENT_READ, pid)
+                try:
+                    sock.send(json.dumps({"pid": pid}).encode())
+                except OSError:
+                    kill(pid)
+            elif what == "child":
+                try:
+                    os.read(wake_r, 512)
+                except OSError:
+                    pass
+                while True:  # reap every child that ended: commands, and orphans handed to us
+                    try:
+                        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                    except ChildProcessError:
+                        break
+                    if info is None or not info.si_pid:
+                        break
+                    pid = info.si_pid
+                    if pid in jobs:
+                        kill(pid)  # not reaped yet: without a PID namespace, what is left in its group
+                    _, status = os.waitpid(pid, 0)
+                    if pid not in jobs:
+                        continue
+                    sock = jobs.pop(pid)
+                    if sock is not None:
+                        sel.unregister(sock)
+                        try:
+                            sock.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
+                        except OSError:
+                            pass
+                        sock.close()
+            else:  # a command's socket: "kill", or closed by the agent
+                pid = what
+                try:
+                    data = key.fileobj.recv(64)
+                except OSError:
+                    data = b""
+                kill(pid)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+                    if pid in jobs:
+                        jobs[pid] = None
+    os._exit(0)
+
+
+def _landlock_restrict(libc, abi, spec, missing, report):
+    import ctypes
+
+    class RulesetAttr(ctypes.Structure):
+        _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                    ("scoped", ctypes.c_uint64)]
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    def syscall(*args):
+        result = libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+        if result == -1:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return result
+
+    handled_fs = _LL_FS_BY_ABI[min(abi, _LL_KNOWN_ABI)]
+    attr = RulesetAttr(handled_fs, 0, 0)
+    size = 8
+    if abi >= 4 and not spec["network"] and "landlock-net" not in missing:
+        attr.handled_access_net = _NET_BIND_TCP | _NET_CONNECT_TCP  # and no rule allows a port
+        size = 16
+    if abi >= 6 and "scopes" not in missing:
+        attr.scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
+        size = 24
+    ruleset = syscall(_LL_CREATE_RULESET, ctypes.byref(attr), size, 0)
+    try:
+        for path, access in spec["rules"]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone since the rules were made: nothing to grant
+            try:
+                allowed = _ACCESS[access] & handled_fs
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    allowed &= _FILE_ONLY
+                rule = PathBeneath(allowed, fd)
+                syscall(_LL_ADD_RULE, ruleset, _LL_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+            finally:
+                os.close(fd)
+        syscall(_LL_RESTRICT_SELF, ruleset, 0)
+    finally:
+        os.close(ruleset)
+    report["filesystem"] = True
+    report["landlock_net"] = bool(attr.handled_access_net)
+    report["scopes"] = bool(attr.scoped)
 
 
 # ---- Audit log ----
@@ -3645,18 +4437,30 @@ class Terminal(Tool):
             if answer != command:  # the person's edit is their approval, but it is validated again
                 command = answer
                 verdict = judge(command)
-        timeout = args.get("timeout_seconds") or term.get("timeout_seconds") or 30
-        env = ctx._env
-        if env is None:
-            env = ctx._env = sanitized_env(ctx.secrets)
+        timeout = min(args.get("timeout_seconds") or term.get("timeout_seconds") or 30,
+                      term.get("max_timeout_seconds") or 300)
+        by_run = False
+        if ctx.deadline is not None:  # --timeout holds while a command runs, not only between turns
+            remaining = ctx.deadline - time.monotonic()
+            if remaining <= 0:
+                raise ToolError("the run's time limit (agent.timeout_seconds) is reached; command not run: %s"
+                                % command)
+            if remaining < timeout:
+                timeout, by_run = remaining, True
+        sandbox = ctx_sandbox(ctx)
         res = run_command(command, ctx.root, timeout, term.get("max_stdout_bytes") or 10485760,
                           term.get("max_stderr_bytes") or 1048576, cancel=ctx.cancel,
-                          env=env, argv=command_argv(command, verdict))
+                          env=sandbox.env, argv=command_argv(command, verdict), sandbox=sandbox)
         outcome = "timeout" if res.timed_out else "cancelled" if res.cancelled else "exit:%s" % res.exit_code
         _audit(audit, ctx, command, outcome, res.duration, verdict.level)
         body = _format_streams(res, ctx.limit("max_output_size", 1048576))
         if res.timed_out:
-            raise ToolError("command timed out after %ss; its process group was killed%s" % (timeout, body))
+            killed = "it and every process it started were killed" if sandbox.confined else \
+                "its process group was killed"
+            if by_run:
+                raise ToolError("the run's time limit (agent.timeout_seconds) was reached while the command ran; "
+                                "%s%s" % (killed, body))
+            raise ToolError("command timed out after %ss; %s%s" % (timeout, killed, body))
         if res.cancelled:
             raise ToolError("cancelled by user" + body)
         duration = round(res.duration, 3)  # one figure: the text and the metadata never disagree
@@ -3685,6 +4489,17 @@ def _audit(audit, ctx, command, outcome, duration, verdict):
             audit.record(ctx.root, command, outcome, duration, verdict)
         except OSError:
             pass  # an unwritable audit log must not stop the work
+
+
+def ctx_sandbox(ctx):
+    """The context's Sandbox; a context built without one (tests, embedding) gets one from its terminal
+    configuration, confining by default."""
+    if ctx.sandbox is None:
+        term = ctx.terminal
+        ctx.sandbox = Sandbox(ctx.root, term.get("sandbox") or WORKSPACE_WRITE, network=term.get("network"),
+                              env_passthrough=term.get("env_passthrough") or (), secrets=ctx.secrets,
+                              xzatoma_home=ctx.xzatoma_home, protected=ctx.protected)
+    return ctx.sandbox
 
 
 def ctx_policy(ctx):

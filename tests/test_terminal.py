@@ -87,7 +87,7 @@ def test_interactive_confirmation_approve_edit_decline(tmp_path):
 
 
 def test_timeout_kills_the_whole_group_and_leaves_no_orphan(tmp_path):
-    reg, _ = terminal(tmp_path, FULL)
+    reg, ctx = terminal(tmp_path, FULL, sandbox="off")  # unconfined: its own process group, killed whole
     started = time.monotonic()
     r = reg.execute("terminal", {"command": "echo $$ > pgid; sleep 60 & sleep 60; echo never", "timeout_seconds": 1})
     assert time.monotonic() - started < 10
@@ -98,7 +98,7 @@ def test_timeout_kills_the_whole_group_and_leaves_no_orphan(tmp_path):
 
 
 def test_background_leftovers_are_reaped_after_a_normal_exit(tmp_path):
-    reg, _ = terminal(tmp_path, FULL)
+    reg, _ = terminal(tmp_path, FULL, sandbox="off")
     r = reg.execute("terminal", {"command": "echo $$ > pgid; sleep 60 >/dev/null 2>&1 & echo started"})
     assert r.success and "started" in r.output
     pgid = int((tmp_path / "pgid").read_text())
@@ -114,16 +114,19 @@ def test_output_is_capped_while_streaming(tmp_path):
     assert "--- stderr ---\n" + "e" * 50 + "\n[stderr truncated: showing 50 of 80 bytes]" in r.output
 
 
-def test_environment_is_sanitised_and_stdin_is_empty(tmp_path, monkeypatch):
+def test_environment_is_an_allowlist_and_stdin_is_empty(tmp_path, monkeypatch):
     monkeypatch.setenv("XZ_TEST_API_TOKEN", "tok-123")
     monkeypatch.setenv("MY_SECRET", "s3")
     monkeypatch.setenv("PLAIN_SETTING", "visible")
-    reg, _ = terminal(tmp_path, FULL)
-    out = reg.execute("terminal", {"command": "env"}).output
-    assert "PLAIN_SETTING=visible" in out and "tok-123" not in out and "MY_SECRET" not in out
-    started = time.monotonic()
-    r = reg.execute("terminal", {"command": "cat"})
-    assert r.output == "exit code: 0 · %.2fs" % r.metadata["duration_seconds"] and time.monotonic() - started < 5
+    monkeypatch.setenv("PASSED_SETTING", "passed")
+    for sandbox in ("workspace-write", "off"):
+        reg, _ = terminal(tmp_path, FULL, sandbox=sandbox, env_passthrough=["PASSED_*"])
+        out = reg.execute("terminal", {"command": "env"}).output
+        assert "PASSED_SETTING=passed" in out and "PATH=" in out
+        assert "tok-123" not in out and "MY_SECRET" not in out and "PLAIN_SETTING" not in out
+        started = time.monotonic()
+        r = reg.execute("terminal", {"command": "cat"})
+        assert r.output == "exit code: 0 · %.2fs" % r.metadata["duration_seconds"] and time.monotonic() - started < 5
 
 
 def test_no_shell_for_plain_commands(tmp_path):

@@ -1,0 +1,276 @@
+"""The OS sandbox, attacked as a prompt-injected model would: a script it wrote, run with --allow-dangerous so
+the policy lets it through and only the kernel stands in the way. Harmless payloads: touch markers, a loopback
+listener, unique `sleep` arguments looked for in /proc afterwards."""
+
+import json
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+from conftest import last_json, tool_call, wait_for
+from xzatoma_tools import (FULL, READ_ONLY, SANDBOX_OFF, WORKSPACE_WRITE, AuditLog, Sandbox, ToolContext,
+                           build_registry, child_env, landlock_abi, program_dirs, protected_paths, sandbox_rules)
+
+LANDLOCK = landlock_abi()
+needs_landlock = pytest.mark.skipif(
+    not LANDLOCK, reason="the kernel has no Landlock (Linux >= 5.13 with landlock in the LSM list): nothing to test")
+
+
+def tool_results(fake, request=-1):
+    return [m["content"] for m in fake.model_requests()[request]["body"]["messages"] if m["role"] == "tool"]
+
+
+def attack(cli, fake, script, *flags, env=None, name="attack.sh", timeout=60):
+    """The model writes a script with the file tool, then runs it with the terminal; returns (proc, output)."""
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path=name, content=script)]},
+             {"tool_calls": [tool_call("terminal", command="sh " + name)]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x", *flags, env=env, timeout=timeout)
+    return r, tool_results(fake)[-1]
+
+
+def running_with(token):
+    """Host processes (not zombies) whose command line holds token."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as fh:
+                cmdline = fh.read()
+            with open("/proc/%s/stat" % entry) as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token.encode() in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+@needs_landlock
+def test_a_script_cannot_write_outside_or_into_git_but_can_inside(cli, fake):
+    (cli.workdir / ".git" / "hooks").mkdir(parents=True)
+    (cli.workdir / ".git" / "config").write_text("[core]\n")
+    outside = cli.tmp / "outside-marker"
+    home_marker = cli.home / "home-marker"
+    script = ("touch %s; touch %s; touch $TMPDIR/tmp-ok && echo TMP-OK\n"
+              "echo hook > .git/hooks/pre-commit; echo '[x]' >> .git/config; mv .git moved-git; rm -rf .git\n"
+              "mkdir -p src && echo inside > src/made.txt && mv src/made.txt src/renamed.txt && echo INSIDE-OK\n"
+              % (outside, home_marker))
+    r, out = attack(cli, fake, script)
+    assert r.returncode == 0, r.stderr
+    assert not outside.exists() and not home_marker.exists()
+    assert "Permission denied" in out
+    assert not (cli.workdir / ".git" / "hooks" / "pre-commit").exists()
+    assert (cli.workdir / ".git" / "config").read_text() == "[core]\n" and not (cli.workdir / "moved-git").exists()
+    assert (cli.workdir / "src" / "renamed.txt").read_text() == "inside\n"
+    assert "INSIDE-OK" in out and "TMP-OK" in out
+
+
+@needs_landlock
+def test_a_script_cannot_read_the_home_directory_or_xzatoma_home(cli, fake):
+    (cli.home / ".netrc").write_text("machine example.com password home-secret-4711\n")
+    (cli.xz_home / "credentials.json").write_text('{"openai": "xz-secret-4712"}')
+    script = "cat %s/.netrc; cat %s/credentials.json; ls -a %s; echo listed\n" % (cli.home, cli.xz_home, cli.home)
+    r, out = attack(cli, fake, script)
+    assert r.returncode == 0, r.stderr
+    assert "home-secret-4711" not in out and "xz-secret-4712" not in out and ".netrc" not in out.split("listed")[0]
+    assert out.count("Permission denied") >= 3
+
+
+@needs_landlock
+def test_a_script_cannot_read_the_agents_environment_through_proc(cli, fake):
+    script = ("for p in /proc/[0-9]*; do\n"
+              "  if grep -q xzatoma.py $p/cmdline 2>/dev/null; then echo \"agent $p\"; cat $p/environ; "
+              "grep -a TOKEN $p/environ; tr '\\0' '\\n' < $p/environ; head -c 64 $p/mem; fi\n"
+              "done\n"
+              "grep -a -c PATH /proc/self/environ\n")
+    r, out = attack(cli, fake, script, env={"FOO_TOKEN": "proc-secret-4713"})
+    assert r.returncode == 0, r.stderr
+    assert "agent /proc/" in out  # it found the agent…
+    assert "proc-secret-4713" not in out  # …and could not read it
+    assert "Permission denied" in out
+
+
+@needs_landlock
+def test_a_script_cannot_connect_to_a_loopback_listener(cli, fake):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    port = listener.getsockname()[1]
+    try:
+        script = ("bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d && echo CONNECTED-TCP'\n"
+                  "%s -c 'import socket; socket.create_connection((\"127.0.0.1\", %d), 3); print(\"CONNECTED-PY\")'\n"
+                  "%s -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                  "s.sendto(b\"x\", (\"127.0.0.1\", %d)); print(\"SENT-UDP\")'\n" % (
+                      port, "/usr/bin/python3", port, "/usr/bin/python3", port))
+        r, out = attack(cli, fake, script)
+        listener.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+    assert r.returncode == 0, r.stderr
+    assert "CONNECTED" not in out and "SENT-UDP" not in out
+
+
+@needs_landlock
+def test_the_environment_is_an_allowlist(cli, fake):
+    leaks = {"DATABASE_URL": "postgres://u:db-pw-4714@h/d", "FOO_TOKEN": "tok-4715", "MYSQL_PWD": "my-4716",
+             "HTTPS_PROXY": "http://u:proxy-4717@proxy:3128", "SSH_AUTH_SOCK": "/tmp/agent-4718.sock",
+             "AWS_SECRET_ACCESS_KEY": "aws-4719", "PLAIN_SETTING": "plain-4720", "OPENAI_API_KEY": "sk-4721"}
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="env")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x", env=leaks)
+    assert r.returncode == 0, r.stderr
+    out = tool_results(fake)[-1]
+    assert not [v for v in leaks.values() if v in out]
+    names = [line.split("=", 1)[0] for line in out.split("--- stdout ---\n")[1].splitlines() if "=" in line]
+    assert "PATH" in names and "HOME" in names and "TMPDIR" in names
+    assert set(names) <= {"PATH", "HOME", "TMPDIR", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "LOGNAME", "SHELL",
+                          "COLORTERM", "NO_COLOR", "PWD", "OLDPWD", "SHLVL", "_"} | {n for n in names
+                                                                                  if n.startswith("LC_")}
+    home = [line for line in out.splitlines() if line.startswith("HOME=")][0][5:]
+    assert home != str(cli.home) and not os.path.exists(home)  # the private temp dir, removed with the run
+
+
+def test_child_env_passthrough_and_secret_values():
+    env = child_env({"PATH": "/bin", "CARGO_HOME": "/c", "CARGO_X": "1", "DB": "secret", "LC_ALL": "C",
+                     "TOKEN_LIKE": "v"}, passthrough=("CARGO_*", "DB"), home="/h", tmpdir="/t", secrets=("secret",))
+    assert env == {"PATH": "/bin", "CARGO_HOME": "/c", "CARGO_X": "1", "LC_ALL": "C", "HOME": "/h", "TMPDIR": "/t"}
+
+
+@needs_landlock
+def test_nothing_a_command_started_outlives_it(cli, fake):
+    token = "61%d.%d" % (os.getpid() % 1000, int(time.time()) % 1000)
+    script = ("setsid sleep %s1 >/dev/null 2>&1 &\n"
+              "(sh -c 'sleep %s2 >/dev/null 2>&1 &' &)\n"
+              "nohup setsid sh -c 'sleep %s3' >/dev/null 2>&1 &\n"
+              "echo started\n" % (token, token, token))
+    r, out = attack(cli, fake, script)
+    assert r.returncode == 0 and "started" in out
+    assert wait_for(lambda: not running_with("sleep " + token), 10), running_with("sleep " + token)
+
+
+@needs_landlock
+def test_timeout_kills_what_a_command_started(tmp_path):
+    token = "62%d.%d" % (os.getpid() % 1000, int(time.time()) % 1000)
+    ctx = ToolContext(str(tmp_path), {}, terminal={"timeout_seconds": 30}, terminal_mode=FULL)
+    reg = build_registry("write", ctx)
+    try:
+        started = time.monotonic()
+        r = reg.execute("terminal", {"command": "setsid sleep %s1 & sleep %s2" % (token, token), "timeout_seconds": 1})
+        assert time.monotonic() - started < 10
+        assert r.error.startswith("command timed out after 1s; it and every process it started were killed")
+        assert wait_for(lambda: not running_with("sleep " + token), 10)
+    finally:
+        ctx.sandbox.close()
+
+
+def test_run_timeout_holds_while_a_command_runs(cli, fake):
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="sleep 60", timeout_seconds=120)]}, {"content": "never"})
+    started = time.monotonic()
+    r = cli.run("run", "--allow-dangerous", "--timeout", "5", "--json", "--prompt", "x")
+    elapsed = time.monotonic() - started
+    assert elapsed < 20, elapsed
+    assert r.returncode == 1
+    result = last_json(r.stdout)
+    assert result["status"] == "timeout"
+    assert len(fake.model_requests()) == 1  # the run ended; the model was not asked again
+
+
+def test_the_models_timeout_is_capped(tmp_path):
+    ctx = ToolContext(str(tmp_path), {}, terminal={"timeout_seconds": 30, "max_timeout_seconds": 1},
+                      terminal_mode=FULL)
+    reg = build_registry("write", ctx)
+    try:
+        r = reg.execute("terminal", {"command": "sleep 30", "timeout_seconds": 1000})
+        assert r.error.startswith("command timed out after 1s")
+    finally:
+        ctx.sandbox.close()
+
+
+@needs_landlock
+def test_policy_sandbox_says_what_is_enforced(cli):
+    r = cli.run("policy", "sandbox")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "sandbox: workspace-write"
+    assert lines[1] == "landlock: ABI %d" % LANDLOCK
+    assert lines[2].startswith("filesystem: writes only in the working dir and a private TMPDIR")
+    assert lines[3].startswith("network: a new network namespace") or lines[3].startswith("network: Landlock")
+    assert "not enforced here: nothing this mode needs" in lines
+    r = cli.run("policy", "sandbox", "--sandbox", "off")
+    assert r.stdout.startswith("sandbox: off\nconfinement: none")
+
+
+@needs_landlock
+def test_a_missing_kernel_feature_warns_once_or_refuses_with_require_sandbox(cli, fake):
+    cli.use(fake, terminal={"sandbox_assume_missing": ["landlock"]})
+    fake.add({"content": "ok"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0
+    warnings = [l for l in r.stderr.splitlines() if "not enforced here" in l]
+    assert len(warnings) == 1 and "Landlock filesystem rules" in warnings[0]
+    r = cli.run("run", "--require-sandbox", "--prompt", "x")
+    assert r.returncode == 2
+    assert "not enforced here: Landlock filesystem rules" in r.stderr and "Traceback" not in r.stderr
+    assert len(fake.model_requests()) == 1  # refused before asking the model
+    r = cli.run("policy", "sandbox", "--require-sandbox")
+    assert r.returncode == 2 and "landlock: not available" in r.stdout
+
+
+def test_sandbox_off_is_said_in_the_header_and_runs_unconfined(cli, fake):
+    outside = cli.tmp / "off-marker"
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="touch %s" % outside)]}, {"content": "ok"})
+    r = cli.run("run", "--allow-dangerous", "--sandbox", "off", "--prompt", "x")
+    assert r.returncode == 0 and outside.exists()
+    assert "sandbox OFF" in r.stderr
+
+
+@needs_landlock
+def test_read_only_mode_writes_nothing(tmp_path):
+    ctx = ToolContext(str(tmp_path), {}, terminal={"sandbox": READ_ONLY}, terminal_mode=FULL)
+    reg = build_registry("write", ctx)
+    (tmp_path / "f.txt").write_text("data\n")
+    try:
+        r = reg.execute("terminal", {"command": "cat f.txt; touch new.txt; touch $TMPDIR/t; echo x > /dev/null && "
+                                                "echo NULL-OK"})
+        assert "data" in r.output and "NULL-OK" in r.output and r.output.count("Permission denied") == 2
+        assert not (tmp_path / "new.txt").exists()
+    finally:
+        ctx.sandbox.close()
+
+
+def test_rules_never_grant_home_or_xzatoma_home(tmp_path):
+    home = tmp_path / "home"
+    for d in ("home/.cargo/bin", "home/.local/bin", "home/bin", "home/.xzatoma/bin", "opt/tool/bin"):
+        (tmp_path / d).mkdir(parents=True)
+    (home / ".cargo" / "credentials.toml").write_text("token")
+    path = os.pathsep.join(str(tmp_path / d) for d in ("home/.cargo/bin", "home/.local/bin", "home/bin",
+                                                       "home/.xzatoma/bin", "opt/tool/bin")) + ":relative:"
+    dirs = program_dirs(path, str(home), str(home / ".xzatoma"))
+    assert str(home / ".cargo" / "bin") in dirs and str(home / "bin") in dirs
+    assert str(tmp_path / "opt" / "tool") in dirs  # a prefix outside home: whole
+    assert str(home) not in dirs and str(home / ".cargo") not in dirs and str(home / ".local") not in dirs
+    assert not [d for d in dirs if d.startswith(str(home / ".xzatoma"))]
+    rules = dict(sandbox_rules(str(tmp_path / "opt"), WORKSPACE_WRITE, str(tmp_path), path, str(home)))
+    assert rules[str(tmp_path / "opt")] == "rw" and rules.get("/dev/null") == "dev-rw"
+    assert dict(sandbox_rules(str(tmp_path / "opt"), READ_ONLY, str(tmp_path), path))[str(tmp_path / "opt")] == "r"
+
+
+def test_protected_paths_are_under_the_root(tmp_path):
+    paths = protected_paths(str(tmp_path), xzatoma_home=str(tmp_path / "xz"), extra=("secrets", "/elsewhere"))
+    assert str(tmp_path / ".git") in paths and str(tmp_path / ".ssh") in paths and str(tmp_path / "xz") in paths
+    assert str(tmp_path / "secrets") in paths and "/elsewhere" not in paths
+
+
+def test_sandbox_modes_are_checked():
+    with pytest.raises(ValueError):
+        Sandbox("/", "workspace")
+    assert Sandbox("/", SANDBOX_OFF).confined is False
