@@ -538,6 +538,12 @@ class PartitionOffsets:
     def settled(self, offset):
         self.pending.discard(offset)
 
+    def resume_point(self):
+        """Where reading must resume for nothing to be skipped: the lowest unfinished offset, else the next one."""
+        if self.highest is None:
+            return None
+        return min(self.pending) if self.pending else self.highest + 1
+
     def commit_point(self):
         """The offset to commit (the next message to read after a restart), or None when nothing is new."""
         if self.highest is None:
@@ -567,6 +573,11 @@ class OffsetTracker:
         with self.lock:
             for tp in tps:
                 self.partitions.pop(tp, None)
+
+    def resume_points(self, tps):
+        with self.lock:
+            return {tp: po.resume_point() for tp, po in self.partitions.items()
+                    if tp in tps and po.resume_point() is not None}
 
     def commit_points(self, tps=None):
         with self.lock:
@@ -722,6 +733,7 @@ class Watcher:
         self.counts = collections.Counter()
         self.consumer = self.producer = self.executor = None
         self.assigned_at = None
+        self.resume_at = {}  # partition -> offset to seek to if the partition is assigned to us again
         self.kafka = None
 
     # -- control --
@@ -1089,6 +1101,9 @@ class Watcher:
             while mine() and time.monotonic() < end:
                 self.cond.wait(0.2)
             points = {} if self.s.dry_run else self.tracker.commit_points(revoked)
+            # events fetched but not started are dropped: whoever owns the partition next reads them again (we
+            # seek there ourselves if it comes back to us, since the consumer keeps its position)
+            self.resume_at.update(self.tracker.resume_points(revoked))
             self.backlog = collections.deque(j for j in self.backlog if j.tp not in revoked)
         if revoked:
             self.log("revoked", partitions=_tps(revoked), interrupted=len(stragglers) or None)
@@ -1104,6 +1119,15 @@ class Watcher:
         self.tracker.forget(revoked)
 
     def _assigned(self, assigned):
+        for tp in assigned:
+            offset = self.resume_at.pop(tp, None)
+            if offset is not None:
+                try:
+                    self.consumer.seek(tp, offset)
+                except Exception as exc:
+                    self.log("seek_failed", level="warn", partition=tp.partition, offset=offset,
+                             error=_one_line(exc))
+        self.resume_at.clear()  # a point for a partition that went elsewhere is stale
         self.tracker.assign(assigned)
         self.assigned_at = time.monotonic()
         self.log("assigned", partitions=_tps(assigned))
@@ -1114,6 +1138,7 @@ class Watcher:
             for (tp, _), job in self.in_flight.items():
                 if tp in lost:
                     job.cancel.set()
+            self.resume_at.update(self.tracker.resume_points(lost))
             self.backlog = collections.deque(j for j in self.backlog if j.tp not in lost)
         self.tracker.forget(lost)
         self.log("lost", level="warn", partitions=_tps(lost))

@@ -387,3 +387,218 @@ def test_watcher_runs_each_format_once_and_rejects_bad_input(kafka_broker, store
     job = next(j for j in run_plan.calls if j.event.id == "evt-0")
     assert job.metadata == {"event_id": "evt-0", "type": "deployment.success", "source": "xzepr.event.receiver.01H",
                             "topic": topic, "partition": 0, "offset": 0, "format": "xzepr"}
+
+
+def test_dry_run_prints_what_would_run_and_commits_nothing(kafka_broker):
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [
+        (None, cloudevent(event_id="d1", data={"plan": PLAN})),
+        (None, cloudevent(event_id="d2", type="other", data={"plan": PLAN})),  # filtered out
+        (b"d3", json.dumps(STEPS_PLAN).encode()),
+        (None, b"\xff"),                                                       # rejected
+    ])
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, dry_run=True, max_events=4,
+                            filters=w.Filters(names="release"))
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive()
+    lines = watcher.out_lines.json()
+    assert [l["event_id"] for l in lines] == ["d3"]  # d1 and d2 have no plan name: --name filters them out
+    assert lines[0]["goal"] == "Write release notes" and lines[0]["version"] == "1.4.2" and lines[0]["offset"] == 2
+    assert run_plan.calls == []
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [None]
+    assert kb.read_all(kafka_broker.address, topic + ".results", 1, timeout=2) == []
+
+
+class FakeXzepr:
+    """A local XZepr API: receivers and events, with scripted failures."""
+
+    def __init__(self, event_failures=0):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.requests, self.receivers, self.event_failures = [], [], event_failures
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _reply(self, status, body):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                fake.requests.append(("GET", self.path, self.headers.get("Authorization"), None))
+                self._reply(200, {"data": fake.receivers})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append(("POST", self.path, self.headers.get("Authorization"), body))
+                if self.path == "/api/v1/receivers":
+                    fake.receivers.append(dict(body, id="R1"))
+                    return self._reply(201, {"id": "R1"})
+                if fake.event_failures:
+                    fake.event_failures -= 1
+                    return self._reply(503, {"error": "busy"})
+                self._reply(201, {"id": "E%d" % len(fake.requests)})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def events(self):
+        return [r[3] for r in self.requests if r[0] == "POST" and r[1] == "/api/v1/events"]
+
+
+def test_xzepr_api_gets_started_and_completed_with_retries_on_5xx(kafka_broker, store):
+    import kafka_broker as kb
+    api = FakeXzepr(event_failures=2)
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, xzepr_event(event_id="x1", payload={"plan": STEPS_PLAN})),
+                                             (None, xzepr_event(event_id="x2", payload={"plan": PLAN}))])
+    client = w.XzeprClient(api.url, "xzepr-key-123456", attempts=3, backoff=0.01)
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, max_events=2)
+    watcher.xzepr = client
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive()
+    events = api.events()
+    names = [e["name"] for e in events]
+    # x1: started failed twice (503) then went through; each name posted once successfully after retries
+    assert names.count("release-notes.started") == 3 and names.count("release-notes.completed") == 1
+    assert names.count("deployment.success.started") == 1 and names.count("deployment.success.completed") == 1
+    assert client.retries == 2
+    assert [r for r in api.requests if r[1].startswith("/api/v1/receivers")][0][0] == "GET"
+    assert sum(1 for r in api.requests if r[:2] == ("POST", "/api/v1/receivers")) == 1  # created once, then reused
+    assert all(r[2] == "Bearer xzepr-key-123456" for r in api.requests)
+    done = [e for e in events if e["name"] == "release-notes.completed"][0]
+    assert done["event_receiver_id"] == "R1" and done["success"] is True and done["version"] == "1.4.2"
+    assert done["payload"]["trigger_event_id"] == "x1" and done["payload"]["status"] == "completed"
+    assert done["platform_id"] == "kubernetes" and done["package"] == "myapp"
+
+
+def test_xzepr_down_is_logged_and_counted_never_blocking(kafka_broker, store):
+    import kafka_broker as kb
+    api = FakeXzepr(event_failures=1000)
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, xzepr_event(event_id="y1", payload={"plan": PLAN}))])
+    watcher = start_watcher(kafka_broker, topic, fake_runner(), store, max_events=1)
+    watcher.xzepr = w.XzeprClient(api.url, None, attempts=2, backoff=0.01)
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive()
+    failed = watcher.log_lines.events("xzepr_failed")
+    assert len(failed) == 2 and "HTTP 503" in failed[0]["error"] and "after 2 attempts" in failed[0]["error"]
+    assert watcher.counts["xzepr_failed"] == 2 and watcher.counts["completed"] == 1
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [1]
+
+
+def test_a_result_recorded_but_never_published_is_published_not_rerun(kafka_broker, store):
+    """A crash between recording and publishing: the redelivered event publishes the stored result again."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    ev = w.decode_message(topic, 0, 0, None, cloudevent(event_id="crash-1", data={"plan": PLAN}))
+    stored = w.result_event(ev, {"status": "completed", "answer": "from before", "conversation_id": "C0"},
+                            "xzatoma://h/g")
+    store.record_event("crash-1", "C0", "completed", result=json.dumps(stored))
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent(event_id="crash-1", data={"plan": PLAN}))])
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, max_events=1)
+    watcher.thread.join(60)
+    assert run_plan.calls == []
+    results = [json.loads(r.value) for r in kb.read_all(kafka_broker.address, topic + ".results", 1)]
+    assert [r["id"] for r in results] == [stored["id"]] and results[0]["data"]["answer"] == "from before"
+    assert store.event_record("crash-1")["published_at"]
+
+
+def test_max_concurrent_runs_in_parallel_and_commits_only_up_to_the_lowest_unfinished(kafka_broker, store):
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent(event_id="c%d" % i, data={"plan": PLAN}))
+                                             for i in range(6)])
+    gate = threading.Event()
+    running = []
+
+    def run_plan(job):
+        running.append(job.event.id)
+        if job.event.id == "c0":
+            gate.wait(30)  # the first event is slow: nothing at or after it may be committed
+        return {"status": "completed", "answer": job.event.id, "conversation_id": "conv"}
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, max_concurrent=4, max_events=6)
+    assert wait_for(lambda: len(watcher.log_lines.events("finished")) >= 5, 60)
+    assert len(running) == 6 and wait_for(lambda: len(watcher.log_lines.events("finished")) == 5, 2)
+    time.sleep(0.5)  # several commit rounds pass while c0 is unfinished…
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic)[0] in (None, 0)  # …none past it
+    gate.set()
+    watcher.thread.join(60)
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [6]
+
+
+def test_stop_lets_running_plans_finish_then_interrupts_and_redelivers(kafka_broker, store):
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    group = "g-" + uuid.uuid4().hex[:8]
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent(event_id="quick", data={"plan": PLAN})),
+                                             (None, cloudevent(event_id="slow", data={"plan": PLAN}))])
+    started = threading.Event()
+
+    def run_plan(job):
+        if job.event.id == "quick":
+            started.set()
+            time.sleep(1.0)  # finishes inside the grace period
+            return {"status": "completed", "answer": "q", "conversation_id": "cq"}
+        job.cancel.wait(60)  # never finishes by itself: interrupted when the grace period ends
+        return {"status": "interrupted", "error": "cancelled", "conversation_id": "cs"}
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, group_id=group, max_concurrent=2, shutdown_grace=3)
+    assert started.wait(60)
+    assert wait_for(lambda: len(watcher.in_flight) == 2, 10)
+    t0 = time.monotonic()
+    watcher.request_stop("SIGTERM")
+    watcher.thread.join(30)
+    assert not watcher.thread.is_alive() and 2.5 < time.monotonic() - t0 < 15
+    log = watcher.log_lines
+    assert [r["event_id"] for r in log.events("finished")] == ["quick"]
+    assert [r["event_id"] for r in log.events("interrupted")] == ["slow"]
+    assert kb.committed(kafka_broker.address, group, topic) == [1]  # quick committed, slow redelivered
+    assert store.event_record("slow") is None
+    # a watcher of the same group later gets "slow" again and completes it, once
+    again = start_watcher(kafka_broker, topic, fake_runner(), store, group_id=group, max_events=1)
+    again.thread.join(60)
+    assert [r["event_id"] for r in again.log_lines.events("finished")] == ["slow"]
+    assert kb.committed(kafka_broker.address, group, topic) == [2]
+    types = sorted((json.loads(r.value)["subject"], json.loads(r.value)["type"])
+                   for r in kb.read_all(kafka_broker.address, topic + ".results", 3))
+    assert types == [("quick", "xzatoma.plan.completed"), ("slow", "xzatoma.plan.completed"),
+                     ("slow", "xzatoma.plan.interrupted")]
+
+
+def test_two_watchers_in_one_group_run_every_event_exactly_once(kafka_broker, tmp_path):
+    """Scale-out: a second process joins mid-stream; the rebalance finishes and commits before handing over, so
+    nothing runs twice even with separate stores (no dedupe to hide a double run)."""
+    import kafka_broker as kb
+    from xzatoma_store import Store
+    topic = new_topic(kafka_broker, partitions=4)
+    group = "g-" + uuid.uuid4().hex[:8]
+    ids = ["e%02d" % i for i in range(40)]
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent(event_id=i, data={"plan": PLAN}), [], n % 4)
+                                             for n, i in enumerate(ids)])
+    runners = [fake_runner(delay=0.3), fake_runner(delay=0.3)]
+    stores = [Store(str(tmp_path / ("s%d.db" % n))).open() for n in range(2)]
+    first = start_watcher(kafka_broker, topic, runners[0], stores[0], group_id=group, max_concurrent=2, idle_exit=4)
+    assert wait_for(lambda: len(runners[0].calls) >= 4, 60)
+    second = start_watcher(kafka_broker, topic, runners[1], stores[1], group_id=group, max_concurrent=2,
+                           idle_exit=4)
+    first.thread.join(120)
+    second.thread.join(120)
+    ran = [j.event.id for r in runners for j in r.calls]
+    assert sorted(ran) == ids  # every event exactly once in total
+    assert runners[1].calls, "the second watcher got partitions and ran some events"
+    assert first.log_lines.events("revoked"), "the first watcher gave partitions up in a rebalance"
+    assert kb.committed(kafka_broker.address, group, topic, 4) == [10, 10, 10, 10]
+    subjects = [json.loads(r.value)["subject"] for r in kb.read_all(kafka_broker.address, topic + ".results", 40)]
+    assert sorted(subjects) == ids
+    for s in stores:
+        s.close()
