@@ -3982,7 +3982,6 @@ def cmd_watch(args, console):
     cfg = config_from_args(args, console, extra)
     settings = watch_settings(args, cfg)
     filters = watch_filters(args, cfg)
-    from xzatoma_store import Redactor
     log_file = args.log_file or cfg.get("watcher.log_file")
     stream = sys.stderr
     if log_file:
@@ -3991,7 +3990,7 @@ def cmd_watch(args, console):
         except OSError as exc:
             raise UsageError("cannot open the log file %s: %s" % (log_file, exc.strerror or exc))
     log = watch.WatchLog(stream, args.log_format or cfg.get("logging.format"), cfg.get("logging.level"),
-                         redact=Redactor(cfg.secret_values()))
+                         redact=Console.clean)  # redacted, and what a topic said is shown, never obeyed
     store = open_store(cfg, console) if not settings.dry_run else None
     mode = args.mode or cfg.get("watcher.mode")
     run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, mode,
@@ -4605,8 +4604,8 @@ def main(argv=None):
         return EXIT_FAILED
     except Exception as exc:  # a bug: one line unless --verbose
         if args.verbose:
-            import traceback
-            traceback.print_exc()
+            import traceback  # frames quote model and server text: cleaned like every other line
+            console._write(console.clean(traceback.format_exc().rstrip("\n")))
         else:
             console.error("internal error: %s: %s (run again with --verbose for the traceback)"
                           % (type(exc).__name__, one_line(exc, 200)))

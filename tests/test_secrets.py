@@ -233,3 +233,15 @@ def test_chat_history_file_is_private(cli, fake):
         p.close()
     assert mode(cli.xz_home / "chat_history") == 0o600
     assert mode(cli.xz_home / "conversations.db") == 0o600 and mode(cli.xz_home) == 0o700
+
+
+def test_the_process_credentials_never_reach_the_model_in_a_tool_result(cli, fake):
+    key = "stored-api-key-for-the-model-77"
+    cli.use(fake, provider="openai")
+    write_credentials(cli, {"openai_api_key": key})
+    (cli.workdir / "notes.txt").write_text("the key is %s\n" % key)
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]}, {"content": "ok"})
+    r = cli.run("run", "--prompt", "read notes")
+    assert r.returncode == 0, r.stderr
+    results = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"]
+    assert results and key not in results[0] and "the key is [REDACTED]" in results[0]
