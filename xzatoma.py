@@ -292,7 +292,7 @@ DEFAULTS = {
             "max_stderr_bytes": 1048576,
             "allowlist": ["ls", "cat", "head", "tail", "grep", "find", "echo", "pwd", "which", "type",
                           "wc", "sort", "uniq", "diff", "file", "stat", "du", "df", "tree",
-                          "basename", "dirname", "realpath", "date"],
+                          "basename", "dirname", "realpath", "date", "git"],
             "custom_denylist": [],
             "audit_max_bytes": 10485760,
             "max_timeout_seconds": 300,
@@ -412,7 +412,8 @@ DOCS = {
     "agent.tools.protected_paths": "more paths (relative to the working directory) that need a person's yes "
                                    "to change, beside .git, shell start-up files and key directories",
     "agent.terminal.default_mode": "interactive | restricted_autonomous | full_autonomous",
-    "agent.terminal.allowlist": "read-only programs that run without confirmation",
+    "agent.terminal.allowlist": "read-only programs (options and paths checked) or command prefixes such as "
+                                "'make test' that run without confirmation, inside the sandbox",
     "agent.terminal.custom_denylist": "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or 're:REGEX'",
     "agent.terminal.audit_max_bytes": "rotate $XZATOMA_HOME/audit.log at this size (the previous file is kept)",
     "agent.terminal.max_timeout_seconds": "cap on the timeout_seconds a model asks for one command",
@@ -4455,6 +4456,7 @@ def cmd_policy(args, console):
     term = cfg.get("agent.terminal")
     policy = CommandPolicy(root, term["allowlist"], term["custom_denylist"])
     allowed_hosts = cfg.get("agent.tools.fetch.allowed_hosts")
+    denied = False
     for item in items:
         if args.policy_kind == "command":
             verdict = policy.judge(item)
@@ -4470,7 +4472,8 @@ def cmd_policy(args, console):
         else:
             word, reason = path_verdict(item, root)
         CleanWriter(sys.stdout, exact=True).write("%s: %s\n" % (word, reason))
-    return EXIT_OK
+        denied = denied or word == "deny"
+    return EXIT_FAILED if denied else EXIT_OK  # scripts can test a command: exit 1 means it is never run
 
 
 def _install_sigterm():

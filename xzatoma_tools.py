@@ -2427,9 +2427,12 @@ def _open_beneath(top, parts):
 #
 # A small recursive-descent parser for the POSIX shell language (plus the bash
 # forms agents write): lists, pipelines, subshells, brace groups, function
-# definitions, quoting, $(…) and `…` substitutions, <(…) process substitution,
-# parameter expansion, redirections and here-documents. It never runs anything:
+# definitions, case, coproc, quoting (ANSI-C $'…' included), $(…) and `…`
+# substitutions, <(…) and >(…) process substitution, ${…} and $((…)) with
+# whatever they nest, redirections and here-documents (an unquoted delimiter makes
+# the body's substitutions live, so they are parsed too). It never runs anything:
 # it turns a command line into simple commands that the policy judges one by one.
+# What it cannot parse is a ShellSyntaxError, and the policy fails closed on it.
 
 
 class ShellSyntaxError(ValueError):
@@ -2439,7 +2442,7 @@ class ShellSyntaxError(ValueError):
 class Word:
     """One shell word after quote removal; expansions are kept as their source text."""
 
-    __slots__ = ("text", "dynamic", "subs", "glob", "tilde", "quoted", "variables")
+    __slots__ = ("text", "dynamic", "subs", "glob", "tilde", "quoted", "variables", "parts")
 
     def __init__(self):
         self.text = ""
@@ -2449,9 +2452,21 @@ class Word:
         self.tilde = False  # unquoted leading ~
         self.quoted = False
         self.variables = []
+        self.parts = []  # (text, kind): "lit" unquoted character, "q" quoted text, "x"/"qx" an expansion's
+        # source unquoted/inside double quotes: what brace expansion, field splitting and globbing act on
 
     def __repr__(self):
         return "Word(%r)" % self.text
+
+
+def make_word(text, like=None):
+    """A static word (the result of an expansion the policy worked out)."""
+    w = Word()
+    w.text = text
+    w.parts = [(text, "q")]
+    if like is not None:
+        w.quoted = like.quoted
+    return w
 
 
 class Simple:
@@ -2460,14 +2475,15 @@ class Simple:
     def __init__(self):
         self.assigns = []
         self.words = []
-        self.redirects = []  # (operator, target Word or None, here-document text or None)
+        self.redirects = []  # [operator, target Word or None, here-document text or None, live body Word or None]
         self.background = False
 
 
 class Group:
     def __init__(self, kind, script):
-        self.kind = kind  # "subshell" | "brace"
+        self.kind = kind  # "subshell" | "brace" | "case"
         self.script = script
+        self.words = []  # words the group itself expands (a case subject and its patterns)
         self.redirects = []
         self.background = False
 
@@ -2488,11 +2504,49 @@ class Pipeline:
 class Script:
     def __init__(self):
         self.pipelines = []
+        self.stdin_data = False  # a >(…) process substitution: its standard input is data from the command
 
 
 _OPERATOR_START = set(";&|()<>\n")
 _RESERVED_PREFIX = {"if", "then", "elif", "else", "do", "while", "until", "!", "time"}
 _RESERVED_ALONE = {"fi", "done", "esac", "}", "{"}
+_ANSI_C = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
+           "\\": "\\", "'": "'", '"': '"', "?": "?"}
+
+
+def ansi_c_decode(body):
+    """The text of a bash $'…' string."""
+    out, i = [], 0
+    while i < len(body):
+        c = body[i]
+        if c != "\\" or i + 1 >= len(body):
+            out.append(c)
+            i += 1
+            continue
+        n = body[i + 1]
+        if n in _ANSI_C:
+            out.append(_ANSI_C[n])
+            i += 2
+        elif n in "01234567":
+            m = re.match(r"[0-7]{1,3}", body[i + 1:])
+            out.append(chr(int(m.group(0), 8) & 0xFF))
+            i += 1 + len(m.group(0))
+        elif n in "xuU":
+            m = re.match(r"[0-9A-Fa-f]{1,%d}" % {"x": 2, "u": 4, "U": 8}[n], body[i + 2:])
+            if m:
+                code = int(m.group(0), 16)
+                out.append(chr(code) if code < 0x110000 else "\ufffd")
+                i += 2 + len(m.group(0))
+            else:
+                out.append("\\" + n)
+                i += 2
+        elif n == "c" and i + 2 < len(body):
+            out.append(chr(ord(body[i + 2]) & 0x1F))
+            i += 3
+        else:
+            out.append("\\" + n)
+            i += 2
+    return "".join(out)
 
 
 class ShellParser:
@@ -2525,32 +2579,46 @@ class ShellParser:
             else:
                 break
 
+    def skip_newlines(self):
+        while True:
+            self.skip_blanks()
+            if self.peek() != "\n":
+                return
+            self.read_heredocs()
+            self.i += 1
+
     # -- grammar --
     def parse(self):
         script = self.parse_script(None)
         if self.i < len(self.s):
             raise ShellSyntaxError("unexpected %r at position %d" % (self.s[self.i], self.i))
+        if self.pending_heredocs:
+            raise ShellSyntaxError("a here-document has no body")
         return script
 
+    def at_closer(self, closer):
+        if closer == ")":
+            return self.peek() == ")"
+        if closer == "}":
+            return self.at_word("}")
+        if closer == "esac":
+            return self.startswith(";;") or self.startswith(";&") or self.at_word("esac")
+        return False
+
     def parse_script(self, closer):
-        """Pipelines separated by ; & && || and newlines, up to `closer` (')' or '}') or the end."""
+        """Pipelines separated by ; & && || and newlines, up to `closer` (')', '}', 'esac') or the end."""
         script = Script()
         while True:
             self.skip_blanks()
-            while self.peek() in (";", "\n") and not self.startswith(";;"):
+            while self.peek() in (";", "\n") and not (self.startswith(";;") or self.startswith(";&")):
                 if self.peek() == "\n":
                     self.read_heredocs()
                 self.i += 1
                 self.skip_blanks()
-            if self.i >= len(self.s):
+            if self.i >= len(self.s) or self.at_closer(closer):
                 break
-            if closer == ")" and self.peek() == ")":
-                break
-            if closer == "}" and self.at_word("}"):
-                break
-            if self.startswith(";;"):  # case arm terminator
-                self.i += 2
-                continue
+            if self.startswith(";;") or self.startswith(";&"):
+                raise ShellSyntaxError("unexpected %s at position %d" % (self.s[self.i:self.i + 2], self.i))
             pipeline = self.parse_pipeline(closer)
             if pipeline.commands:
                 script.pipelines.append(pipeline)
@@ -2563,18 +2631,16 @@ class ShellParser:
                 if pipeline.commands:
                     pipeline.commands[-1].background = True
                 continue
-            if self.peek() in (";", "\n"):
+            if self.peek() in (";", "\n") and not (self.startswith(";;") or self.startswith(";&")):
                 continue
-            if self.i >= len(self.s) or (closer == ")" and self.peek() == ")") or \
-                    (closer == "}" and self.at_word("}")):
+            if self.i >= len(self.s) or self.at_closer(closer):
                 break
-            if not pipeline.commands:
-                raise ShellSyntaxError("unexpected %r at position %d" % (self.peek(), self.i))
+            raise ShellSyntaxError("unexpected %r at position %d" % (self.peek(), self.i))
         return script
 
     def at_word(self, word):
         end = self.i + len(word)
-        return self.s.startswith(word, self.i) and (end >= len(self.s) or self.s[end] in " \t\n;&|()")
+        return self.s.startswith(word, self.i) and (end >= len(self.s) or self.s[end] in " \t\n;&|()<>")
 
     def parse_pipeline(self, closer):
         pipeline = Pipeline()
@@ -2591,23 +2657,52 @@ class ShellParser:
                 break
             if self.startswith("|&") or self.peek() == "|":
                 self.i += 2 if self.startswith("|&") else 1
-                while self.peek() in (" ", "\t", "\n"):
-                    self.i += 1
+                self.skip_newlines()
                 continue
             break
         return pipeline
 
+    def arithmetic(self, start):
+        """From just inside '((' to past the closing '))'; the expression as a dynamic word with its subs."""
+        word = Word()
+        depth = 0
+        while True:
+            if self.i >= len(self.s):
+                raise ShellSyntaxError("unterminated (( ))")
+            c = self.s[self.i]
+            if c == "(":
+                depth += 1
+                self.i += 1
+            elif c == ")":
+                if depth == 0:
+                    if self.peek(1) != ")":
+                        raise ShellSyntaxError("unterminated (( ))")
+                    self.i += 2
+                    break
+                depth -= 1
+                self.i += 1
+            elif c == "$":
+                self.read_dollar(word, [])
+            elif c == "`":
+                self.read_backtick(word, [])
+            elif c == "\\":
+                self.i += 2
+            else:
+                self.i += 1
+        word.text = self.s[start:self.i]
+        word.parts = [(word.text, "x")]
+        word.dynamic = True
+        word.variables.append("((arithmetic))")
+        return word
+
     def parse_command(self, closer):
         self.skip_blanks()
         if self.startswith("(("):  # arithmetic command
-            end = self.s.find("))", self.i)
-            if end == -1:
-                raise ShellSyntaxError("unterminated (( ))")
+            start = self.i
+            self.i += 2
             simple = Simple()
-            w = Word()
-            w.text, w.dynamic = self.s[self.i:end + 2], True
-            simple.words.append(w)
-            self.i = end + 2
+            simple.words.append(self.arithmetic(start))
+            self.parse_redirects(simple)
             return simple
         if self.peek() == "(":
             self.i += 1
@@ -2626,6 +2721,31 @@ class ShellParser:
             self.i += 1
             self.parse_redirects(group)
             return group
+        if self.at_word("case"):
+            self.i += 4
+            group = self.parse_case()
+            self.parse_redirects(group)
+            return group
+        if self.at_word("function"):  # function NAME [()] BODY
+            self.i += 8
+            self.skip_blanks()
+            name = self.read_word()
+            self.skip_blanks()
+            m = re.match(r"\(\s*\)", self.s[self.i:])
+            if m:
+                self.i += m.end()
+            self.skip_newlines()
+            return FunctionDef(name.text, self.parse_command(closer))
+        if self.at_word("coproc"):  # coproc [NAME] COMMAND: the command runs in the background
+            self.i += 6
+            self.skip_blanks()
+            m = re.match(r"[A-Za-z_][A-Za-z0-9_]*[ \t]+(?=[{(])", self.s[self.i:])
+            if m:
+                self.i += m.end()
+            command = self.parse_command(closer)
+            if command is not None:
+                command.background = True
+            return command
         simple = Simple()
         while True:
             self.skip_blanks()
@@ -2640,12 +2760,9 @@ class ShellParser:
             if self.try_redirect(simple):
                 continue
             if c == "(":
-                if len(simple.words) == 1 and self.s[self.i:].replace(" ", "").startswith("()"):
-                    self.i = self.s.index(")", self.i) + 1  # name () body: a function definition
-                    self.skip_blanks()
-                    while self.peek() == "\n":
-                        self.i += 1
-                        self.skip_blanks()
+                if len(simple.words) == 1 and re.match(r"\(\s*\)", self.s[self.i:]):
+                    self.i += re.match(r"\(\s*\)", self.s[self.i:]).end()  # name () body: a function
+                    self.skip_newlines()
                     body = self.parse_command(closer)
                     return FunctionDef(simple.words[0].text, body)
                 raise ShellSyntaxError("unexpected ( at position %d" % self.i)
@@ -2653,25 +2770,52 @@ class ShellParser:
             if not simple.words and not word.quoted and word.text in _RESERVED_PREFIX:
                 continue
             if not simple.words and not word.quoted and "=" in word.text and \
-                    re.match(r"^[A-Za-z_][A-Za-z0-9_]*\+?=", word.text):
+                    re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=", word.text):
                 simple.assigns.append(word)
                 continue
             simple.words.append(word)
-            if len(simple.words) == 1 and word.text == "case" and not word.quoted:
-                self.skip_case_header()
-        if len(simple.words) == 1 and simple.words[0].text in _RESERVED_ALONE and not simple.redirects:
+        if len(simple.words) == 1 and simple.words[0].text in _RESERVED_ALONE and not simple.words[0].quoted \
+                and not simple.redirects:
             simple.words = []
         if not simple.words and not simple.assigns and not simple.redirects:
             return None
         return simple
 
-    def skip_case_header(self):
-        """`case w in p) …`: the header words are data, not a command. (`for x in a b; do …` needs nothing:
-        its words stay data of the 'for' command, and 'do' starts the body.)"""
-        end = self.s.find(" in", self.i)
-        if end == -1:
+    def parse_case(self):
+        """`case WORD in PATTERN) LIST ;; … esac`: the arms' lists are judged like any other commands."""
+        group = Group("case", Script())
+        self.skip_blanks()
+        group.words.append(self.read_word())
+        self.skip_newlines()
+        if not self.at_word("in"):
             raise ShellSyntaxError("case without in")
-        self.i = end + 3
+        self.i += 2
+        while True:
+            self.skip_newlines()
+            if self.at_word("esac"):
+                self.i += 4
+                return group
+            if self.i >= len(self.s):
+                raise ShellSyntaxError("case without esac")
+            if self.peek() == "(":
+                self.i += 1
+            while True:
+                self.skip_blanks()
+                group.words.append(self.read_word())
+                self.skip_blanks()
+                if self.peek() == "|":
+                    self.i += 1
+                    continue
+                if self.peek() == ")":
+                    self.i += 1
+                    break
+                raise ShellSyntaxError("bad case pattern at position %d" % self.i)
+            body = self.parse_script("esac")
+            group.script.pipelines.extend(body.pipelines)
+            for token in (";;&", ";;", ";&"):
+                if self.startswith(token):
+                    self.i += len(token)
+                    break
 
     def parse_redirects(self, node):
         while True:
@@ -2681,101 +2825,172 @@ class ShellParser:
                 break
             node.redirects.extend(holder.redirects)
 
-    _REDIRECT = re.compile(r"(\d*)(&>>|&>|>>|>\||>&|<<<|<<-|<<|<&|<>|>|<)")
+    _REDIRECT = re.compile(r"(\d*|\{[A-Za-z_][A-Za-z0-9_]*\})(&>>|&>|>>|>\||>&|<<<|<<-|<<|<&|<>|>|<)")
 
     def try_redirect(self, simple):
         if self.peek() in "<>" and self.peek(1) == "(":
             return False  # process substitution: a word
         m = self._REDIRECT.match(self.s, self.i)
-        if not m or (m.group(1) and not m.group(2)):
+        if not m:
             return False
         op = m.group(2)
         self.i = m.end()
         self.skip_blanks()
         if op in ("<<", "<<-"):
             delim = self.read_word()
-            entry = [op, delim, None]
+            entry = [op, delim, None, None]
             simple.redirects.append(entry)
-            self.pending_heredocs.append((entry, delim.text, op == "<<-"))
+            self.pending_heredocs.append((entry, delim, op == "<<-"))
             return True
         if self.i >= len(self.s) or self.peek() in ";&|\n)":
             raise ShellSyntaxError("redirection %s has no target" % op)
         target = self.read_word()
-        simple.redirects.append([op, target, None])
+        simple.redirects.append([op, target, None, None])
         return True
 
     def read_heredocs(self):
-        """At a newline: consume the bodies of pending here-documents."""
-        for entry, delim, strip in self.pending_heredocs:
+        """At a newline: consume the bodies of pending here-documents. With an unquoted delimiter the
+        body is expanded like a double-quoted string, so its substitutions run: parse them."""
+        pending, self.pending_heredocs = self.pending_heredocs, []
+        for entry, delim_word, strip in pending:
+            delim = delim_word.text
             start = self.i + 1
-            lines, pos = [], start
+            lines, pos, found = [], start, False
             while pos <= len(self.s):
                 end = self.s.find("\n", pos)
                 line = self.s[pos:end if end != -1 else len(self.s)]
                 if (line.lstrip("\t") if strip else line) == delim:
                     self.i = (end if end != -1 else len(self.s)) - 1
+                    found = True
                     break
                 lines.append(line)
                 if end == -1:
-                    self.i = len(self.s) - 1
                     break
                 pos = end + 1
-            entry[2] = "\n".join(lines)
+            if not found:
+                self.i = len(self.s) - 1  # bash reads to the end of input (and warns): so do we
+            body = "\n".join(lines)
+            entry[2] = body
+            if not delim_word.quoted and not delim_word.dynamic:
+                entry[3] = ShellParser(body, self.depth + 1).expansion_text()
+            elif delim_word.dynamic:
+                raise ShellSyntaxError("a here-document delimiter with an expansion")
             self.i += 1
-        self.pending_heredocs = []
+
+    def expansion_text(self):
+        """The whole text as a here-document body (or other double-quote-like context): a Word whose
+        subs are the substitutions that run."""
+        word = Word()
+        while self.i < len(self.s):
+            c = self.s[self.i]
+            if c == "\\":
+                self.i += 2
+            elif c == "$":
+                self.read_dollar(word, [])
+            elif c == "`":
+                self.read_backtick(word, [])
+            else:
+                self.i += 1
+        word.text = self.s
+        word.parts = [(self.s, "q")]
+        return word
 
     def read_word(self):
         word = Word()
-        buf = []
+        buf, mask = [], []
         start = self.i
+
+        def add(text, kind="q"):
+            buf.append(text)
+            mask.append(kind)
         while self.i < len(self.s):
             c = self.s[self.i]
-            if c in " \t\n;&|)" or (c in "<>" and self.peek(1) != "(") or (c == "(" and buf):
+            if c in " \t\n;&|)" or (c in "<>" and self.peek(1) != "("):
                 break
-            if c == "(" and not buf:
+            if c == "(":
+                if buf and re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=$", "".join(buf)):
+                    self.read_array(word, add)  # name=(a b c)
+                    continue
+                if buf:
+                    break
                 raise ShellSyntaxError("unexpected ( at position %d" % self.i)
             if c == "\\":
                 if self.peek(1) == "\n":
                     self.i += 2
                     continue
-                buf.append(self.peek(1))
+                add(self.peek(1))
                 word.quoted = True
                 self.i += 2
             elif c == "'":
                 end = self.s.find("'", self.i + 1)
                 if end == -1:
                     raise ShellSyntaxError("unterminated single quote")
-                buf.append(self.s[self.i + 1:end])
+                add(self.s[self.i + 1:end])
                 word.quoted = True
                 self.i = end + 1
             elif c == '"':
                 self.i += 1
                 word.quoted = True
-                self.read_double_quoted(word, buf)
+                self.read_double_quoted(word, buf, mask)
+            elif c == "$" and self.peek(1) == "'":  # ANSI-C quoting: $'\x72m' is rm
+                j = self.i + 2
+                while j < len(self.s) and self.s[j] != "'":
+                    j += 2 if self.s[j] == "\\" else 1
+                if j >= len(self.s):
+                    raise ShellSyntaxError("unterminated $' quote")
+                add(ansi_c_decode(self.s[self.i + 2:j]))
+                word.quoted = True
+                self.i = j + 1
+            elif c == "$" and self.peek(1) == '"':  # $"…" (locale translation) is a double-quoted string
+                self.i += 2
+                word.quoted = True
+                self.read_double_quoted(word, buf, mask)
             elif c == "$":
-                self.read_dollar(word, buf)
+                self.read_dollar(word, buf, mask)
             elif c == "`":
-                self.read_backtick(word, buf)
+                self.read_backtick(word, buf, mask)
             elif c in "<>" and self.peek(1) == "(":
                 self.i += 2
                 sub = self.parse_script(")")
                 if self.peek() != ")":
                     raise ShellSyntaxError("missing ) for a process substitution")
                 self.i += 1
+                sub.stdin_data = c == ">"
                 word.subs.append(sub)
                 word.dynamic = True
-                buf.append("%s(…)" % c)
+                add("%s(…)" % c, "x")
             else:
                 if c in "*?[":
                     word.glob = True
                 if c == "~" and self.i == start:
                     word.tilde = True
-                buf.append(c)
+                add(c, "lit")
                 self.i += 1
         word.text = "".join(buf)
+        word.parts = list(zip(buf, mask))
         return word
 
-    def read_double_quoted(self, word, buf):
+    def read_array(self, word, add):
+        self.i += 1
+        add("(")
+        while True:
+            self.skip_newlines()
+            if self.i >= len(self.s):
+                raise ShellSyntaxError("unterminated array")
+            if self.peek() == ")":
+                self.i += 1
+                add(")")
+                return
+            inner = self.read_word()
+            if not inner.text and self.peek() not in ")":
+                raise ShellSyntaxError("unexpected %r in an array" % self.peek())
+            word.subs.extend(inner.subs)
+            word.variables.extend(inner.variables)
+            word.dynamic = word.dynamic or inner.dynamic
+            add(inner.text + " ")
+
+    def read_double_quoted(self, word, buf, mask=None):
+        mask = mask if mask is not None else []
         while True:
             if self.i >= len(self.s):
                 raise ShellSyntaxError("unterminated double quote")
@@ -2786,33 +3001,26 @@ class ShellParser:
             if c == "\\" and self.peek(1) in '$`"\\\n':
                 if self.peek(1) != "\n":
                     buf.append(self.peek(1))
+                    mask.append("q")
                 self.i += 2
             elif c == "$":
-                self.read_dollar(word, buf)
+                self.read_dollar(word, buf, mask, "qx")
             elif c == "`":
-                self.read_backtick(word, buf)
+                self.read_backtick(word, buf, mask, "qx")
             else:
                 buf.append(c)
+                mask.append("q")
                 self.i += 1
 
-    def closing(self, at, opener, closer, what):
-        """Index of the `closer` that matches the `opener` at index `at` (nesting counted)."""
-        depth = 0
-        for j in range(at, len(self.s)):
-            if self.s[j] == opener:
-                depth += 1
-            elif self.s[j] == closer:
-                depth -= 1
-                if depth == 0:
-                    return j
-        raise ShellSyntaxError("unterminated %s" % what)
-
-    def read_dollar(self, word, buf):
+    def read_dollar(self, word, buf, mask=None, kind="x"):
+        mask = mask if mask is not None else []
         start = self.i
         if self.startswith("$(("):
-            self.i = self.closing(self.i + 1, "(", ")", "$((") + 1
+            self.i += 3
+            inner = self.arithmetic(start)
+            word.subs.extend(inner.subs)
+            word.variables.append("((arithmetic))")
             word.dynamic = True
-            buf.append(self.s[start:self.i])
         elif self.startswith("$("):
             self.i += 2
             sub = ShellParser(self.s, self.depth + 1)
@@ -2823,33 +3031,63 @@ class ShellParser:
             self.i = sub.i + 1
             word.subs.append(script)
             word.dynamic = True
-            buf.append(self.s[start:self.i])
         elif self.startswith("${"):
-            j = self.closing(self.i + 1, "{", "}", "${")
-            self.i = j + 1
-            name = re.match(r"[#!]?([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?$!-])", self.s[start + 2:j])
-            word.variables.append(name.group(1) if name else "?")
+            self.i += 2
+            inner_start = self.i
+            self.braced(word)
+            inner = self.s[inner_start:self.i]
+            self.i += 1
+            name = re.match(r"[#!]?([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?$!-])", inner)
+            simple = re.match(r"^([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?$!-])$", inner)
+            word.variables.append(name.group(1) if simple else ("${%s}" % inner if name else "?"))
             word.dynamic = True
-            buf.append(self.s[start:self.i])
-            inner = self.s[start + 2:j]
-            for m in re.finditer(r"\$\(", inner):  # ${x:-$(cmd)}
-                word.subs.append(ShellParser(inner[m.start() + 2:], self.depth + 1).parse_script(")"))
         else:
             m = re.match(r"\$([A-Za-z_][A-Za-z0-9_]*|\d|[@*#?$!-])", self.s[self.i:])
-            if m:
-                word.variables.append(m.group(1))
-                word.dynamic = True
-                buf.append(m.group(0))
-                self.i += len(m.group(0))
-            else:
+            if not m:
                 buf.append("$")
+                mask.append("q" if kind == "qx" else "lit")
+                self.i += 1
+                return
+            word.variables.append(m.group(1))
+            word.dynamic = True
+            self.i += len(m.group(0))
+        buf.append(self.s[start:self.i])
+        mask.append(kind)
+
+    def braced(self, word):
+        """Inside ${…}: up to the matching }, collecting the substitutions the operand holds (backticks
+        and $(…) in ${x:-…} run). Single quotes count as plain characters here (inside double quotes
+        they are), so whatever they hold is judged as live: the safe side."""
+        while True:
+            if self.i >= len(self.s):
+                raise ShellSyntaxError("unterminated ${")
+            c = self.s[self.i]
+            if c == "}":
+                return
+            if c == "\\":
+                self.i += 2
+            elif c == '"':
+                self.i += 1
+                self.read_double_quoted(word, [])
+            elif c == "$":
+                self.read_dollar(word, [])
+            elif c == "`":
+                self.read_backtick(word, [])
+            elif c == "{":
+                self.i += 1
+                self.braced(word)
+                self.i += 1
+            else:
                 self.i += 1
 
-    def read_backtick(self, word, buf):
+    def read_backtick(self, word, buf, mask=None, kind="x"):
+        mask = mask if mask is not None else []
         end = self.i + 1
         body = []
         while end < len(self.s) and self.s[end] != "`":
             if self.s[end] == "\\" and end + 1 < len(self.s):
+                if self.s[end + 1] not in "$`\\\n\"":
+                    body.append("\\")
                 body.append(self.s[end + 1])
                 end += 2
                 continue
@@ -2860,11 +3098,71 @@ class ShellParser:
         word.subs.append(ShellParser("".join(body), self.depth + 1).parse())
         word.dynamic = True
         buf.append(self.s[self.i:end + 1])
+        mask.append(kind)
         self.i = end + 1
 
 
 def parse_shell(text):
     return ShellParser(text).parse()
+
+
+def brace_expand(word, limit=256):
+    """The token lists bash makes of `word` by brace expansion ({a,b}, {1..3}): each a list of (text, kind)
+    with unquoted characters one token each; a single list when there is no brace expansion."""
+    tokens = []
+    for text, kind in (word.parts or [(word.text, "q")]):
+        tokens.extend([(ch, kind) for ch in text] if kind == "lit" else [(text, kind)])
+    if not any(c == "{" and k == "lit" for c, k in tokens):
+        return [tokens]
+    return _brace(tokens, limit)[:limit]
+
+
+def _brace(chars, limit):
+    for start, (c, kind) in enumerate(chars):
+        if c != "{" or kind != "lit":
+            continue
+        depth, commas, end = 0, [], None
+        for j in range(start, len(chars)):
+            cj, kj = chars[j]
+            if kj != "lit":
+                continue
+            if cj == "{":
+                depth += 1
+            elif cj == "}":
+                depth -= 1
+                if depth == 0:
+                    end = j
+                    break
+            elif cj == "," and depth == 1:
+                commas.append(j)
+        if end is None:
+            continue
+        if commas:
+            bounds = [start] + commas + [end]
+            alts = [chars[bounds[k] + 1:bounds[k + 1]] for k in range(len(bounds) - 1)]
+        else:
+            body = "".join(ch for ch, _ in chars[start + 1:end])
+            m = re.match(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$", body)
+            if not m:
+                continue
+            a, b = m.group(1), m.group(2)
+            step = abs(int(m.group(3) or 1)) or 1
+            if a.lstrip("-").isdigit() and b.lstrip("-").isdigit():
+                lo, hi = int(a), int(b)
+                seq = [str(n) for n in (range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step))]
+            elif not a.lstrip("-").isdigit() and not b.lstrip("-").isdigit():
+                lo, hi = ord(a), ord(b)
+                seq = [chr(n) for n in (range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step))]
+            else:
+                continue
+            alts = [[(ch, "lit") for ch in item] for item in seq[:limit]]
+        out = []
+        for alt in alts:
+            out.extend(_brace(chars[:start] + alt + chars[end + 1:], limit))
+            if len(out) >= limit:
+                break
+        return out
+    return [chars]
 
 
 def needs_shell(text, script=None):
@@ -2895,36 +3193,94 @@ def command_argv(command, verdict=None):
 
 
 # ---- Terminal: the policy (allow / confirm / deny) ----
+#
+# Two passes over the parsed command and every command nested in it (substitutions, here-document
+# bodies, process substitutions, function bodies, case arms, the code of sh -c / eval / trap / alias /
+# watch / su -c, and the command any wrapper runs):
+#  1. The denylist, on a normalised view: NFKC (full-width look-alikes), brace expansion, ANSI-C quoting,
+#     $IFS and variables set earlier in the script, wrappers stripped recursively — every suffix of a
+#     wrapper's arguments is tried, so a misread option cannot hide the command. A catastrophe found
+#     anywhere is `deny`, in every mode (--allow-dangerous included).
+#  2. Classification: `allow` only when every part is proven read-only and inside the working
+#     directory — static words, a program resolved from PATH outside the tree, options on the
+#     program's list of safe options (parsed as getopt_long does), path operands inside the jail after
+#     symlinks and globs. Whatever is not understood is `confirm`: a person decides, or, headless, the
+#     command is refused. The OS sandbox (issue 17) is the wall behind both.
 
 ALLOW, CONFIRM, DENY = "allow", "confirm", "deny"
 _SEVERITY = {ALLOW: 0, CONFIRM: 1, DENY: 2}
 
 DEFAULT_ALLOWLIST = ("ls", "cat", "head", "tail", "grep", "find", "echo", "pwd", "which", "type", "wc", "sort",
-                     "uniq", "diff", "file", "stat", "du", "df", "tree", "basename", "dirname", "realpath", "date")
-SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "busybox"}
-INTERPRETERS = SHELLS | {"python", "python2", "python3", "perl", "ruby", "node", "nodejs", "php", "lua", "Rscript",
-                         "pwsh", "deno", "bun"}
-DOWNLOADERS = {"curl", "wget", "fetch", "aria2c", "http", "https", "lwp-request", "lwp-download", "GET", "xh"}
-PRIVILEGE = {"sudo", "su", "doas", "pkexec", "runuser", "sudoedit"}
-DISK_TOOLS = {"mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs", "fdisk", "sfdisk", "parted", "sgdisk"}
-WRAPPERS = {"env", "command", "builtin", "nice", "nohup", "time", "timeout", "stdbuf", "ionice", "setsid", "exec",
-            "xargs", "chronic", "unbuffer", "caffeinate"}
-SYSTEM_ROOTS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root",
-                "/sbin", "/srv", "/sys", "/usr", "/var", "/home", "/Users", "/System", "/Library")
+                     "uniq", "diff", "file", "stat", "du", "df", "tree", "basename", "dirname", "realpath", "date",
+                     "git")
+SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "yash", "posh", "rbash",
+          "ksh93", "pdksh", "oksh", "loksh", "elvish", "nu", "xonsh", "ion", "rc", "es", "scsh"}
+_INTERPRETER = re.compile(r"^(python|pypy|perl|ruby|php|lua|luajit|tclsh|wish|jython|node|nodejs|deno|bun|"
+                          r"Rscript|R|pwsh|powershell|osascript|irb|julia|guile|racket|sbcl|ghci|runghc|groovy|"
+                          r"jshell|scala|expect|ipython|bpython|erl|escript|elixir|iex|swift|"
+                          r"sqlite3|psql|mysql|mariadb|gdb|lldb|ed|ex|at|batch|crontab)[0-9.]*$")
+#: programs that read commands (not data) from standard input even when given a file argument
+_STDIN_COMMANDS = {"sqlite3", "psql", "mysql", "mariadb", "gdb", "lldb", "ed", "ex", "at", "batch"}
+DOWNLOADERS = {"curl", "wget", "fetch", "aria2c", "http", "https", "lwp-request", "lwp-download", "GET", "xh",
+               "lynx", "links", "w3m", "httpie", "axel", "tftp", "ftp", "scp", "sftp", "rsync", "nc", "ncat"}
+PRIVILEGE = {"sudo", "su", "doas", "pkexec", "runuser", "sudoedit", "calife", "super", "ksu", "machinectl"}
+DISK_TOOLS = {"mke2fs", "mkswap", "wipefs", "mkdosfs", "mkntfs", "fdisk", "sfdisk", "cfdisk", "parted", "sgdisk",
+              "gdisk", "blkdiscard", "hdparm", "dmsetup", "cryptsetup", "zpool", "lvremove", "vgremove",
+              "pvremove", "mdadm", "badblocks", "e2fsck", "fsck", "tune2fs", "debugfs", "mount", "umount",
+              "swapon", "swapoff", "losetup", "insmod", "rmmod", "modprobe", "kexec", "sysctl", "iptables",
+              "nft", "ip6tables"}
+POWER = {"shutdown", "reboot", "poweroff", "halt", "telinit", "init", "killall5"}
+#: programs that run another command given as their arguments (or a string of shell code)
+WRAPPERS = {"env", "exec", "command", "builtin", "nice", "nohup", "time", "timeout", "strace", "ltrace", "taskset",
+            "chrt", "ionice", "watch", "flock", "setsid", "stdbuf", "unbuffer", "systemd-run", "busybox", "toybox",
+            "xargs", "parallel", "chroot", "unshare", "nsenter", "firejail", "bwrap", "setpriv", "prlimit",
+            "numactl", "valgrind", "faketime", "proxychains", "proxychains4", "torsocks", "tsocks", "chronic",
+            "caffeinate", "script", "sg", "catchsegv", "cgexec", "runcon", "daemonize", "start-stop-daemon",
+            "xvfb-run", "dbus-launch", "dbus-run-session", "ssh-agent", "fakeroot", "eatmydata", "nocache",
+            "trickle", "perf", "sudo", "doas", "su", "pkexec", "runuser", "ssh", "tmux", "screen", "nq", "tsp",
+            "with-lock-ex", "lckdo", "setarch", "linux32", "linux64", "schedtool", "cpulimit", "rlwrap", "expect",
+            "sshpass", "retry", "until", "while", "if", "then", "do", "else", "elif", "!", "coproc", "exec-path",
+            "pv", "ts", "dotenv", "direnv", "npx", "pnpx", "uvx", "pipx", "ifne", "vipe", "sem", "tini",
+            "dumb-init", "gosu", "su-exec", "chpst", "softlimit", "setuidgid", "envdir", "sandbox-exec",
+            "flatpak-spawn", "distrobox-host-exec", "host-spawn", "stdbuf", "systemd-inhibit", "ulimit"}
+#: wrappers whose arguments may be shell code run by a shell
+CODE_WRAPPERS = {"watch", "script", "su", "flock", "sg", "runuser", "ssh", "parallel", "tmux", "screen", "sem",
+                 "expect", "systemd-run", "sshpass", "nq", "tsp", "xvfb-run", "lckdo", "with-lock-ex", "retry"}
+SYSTEM_ROOTS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/proc",
+                "/root", "/sbin", "/srv", "/sys", "/usr", "/var", "/home", "/Users", "/System", "/Library", "/snap",
+                "/run", "/mnt", "/media")
 SAFE_SINKS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero")
-WRITERS_LAST = {"cp", "mv", "install", "ln", "rsync", "scp"}
-WRITERS_ALL = {"tee", "touch", "truncate", "shred", "rm", "rmdir", "unlink", "chmod", "chown", "chgrp"}
-NO_PATH_ARGS = {"echo", "printf", "pwd", "date", "which", "type", "basename", "dirname", "true", "false"}
-_DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d)")
+#: files in the home directory whose change runs code later (shell start-up files) or holds keys
+HOME_PROTECTED = (".ssh", ".gnupg", ".aws", ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile",
+                  ".zshrc", ".zprofile", ".zshenv", ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".kshrc",
+                  ".mkshrc", ".inputrc", ".pam_environment", ".xprofile", ".xinitrc", ".xsession", ".gitconfig",
+                  ".config/git", ".config/fish", ".config/autostart", ".config/systemd", ".netrc", ".pgpass",
+                  ".docker", ".kube", ".npmrc", ".pypirc", ".local/share/systemd", ".config/environment.d")
+#: inside the working directory: the repository's hooks and configuration run code on git commands
+TREE_PROTECTED = (".git/hooks", ".git/config", ".git/info/attributes")
+SYSTEM_PROTECTED = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys",
+                    "/root", "/var/spool/cron", "/var/lib", "/dev/mem", "/dev/kmem", "/dev/port",
+                    "/proc/sysrq-trigger", "/proc/sys")
+_DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d|nbd|rbd|zd|mtd)")
+#: another process's secrets and escape routes out of every check: environment, memory, root, cwd, fds
+_PROC_SECRET = re.compile(r"/proc/+[^/\s]*/+(task/+[^/\s]*/+)?(environ|mem|root|cwd|fd|fdinfo|map_files|"
+                          r"pagemap|syscall|auxv|exe/)|/proc/+(kcore|kmem|self/+mem)|/dev/+(k?mem|port)\b")
+_PROC_SENSITIVE = ("environ", "mem", "root", "cwd", "fd", "fdinfo", "map_files", "pagemap", "auxv", "syscall",
+                   "kcore", "kmem", "exe")
+#: C0/C1 controls (but tab and newline), DEL, bidirectional overrides, zero-width characters
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[", ":"}
 
 # Defence in depth: shapes that are denied even when the command cannot be parsed.
 RAW_DENY = [
     (re.compile(r"(\S+)\s*\(\s*\)\s*\{[^}]*\1\s*\|\s*\1[^}]*&[^}]*\}"), "a fork bomb"),
     (re.compile(r"\b(curl|wget)\b[^|;&]*\|\s*(sudo\s+)?(ba|z|da|k)?sh\b"), "download-and-execute (pipes a download into a shell)"),
-    (re.compile(r"(^|[\s;&|(`])(sudo|doas|pkexec)\s"), "privilege escalation"),
-    (re.compile(r"(^|[\s;&|(`])mkfs(\.\w+)?\s"), "formatting a filesystem (mkfs)"),
-    (re.compile(r"\brm\s+(-\w+\s+)*-\w*[rR]\w*\s+(-\w+\s+)*(/|/\*|~|\$HOME)(\s|$)"), "recursive rm of / or home"),
+    (re.compile(r"(^|[\s;&|(`'\"])(sudo|doas|pkexec)\s"), "privilege escalation"),
+    (re.compile(r"(^|[\s;&|(`'\"])mkfs(\.\w+)?\s"), "formatting a filesystem (mkfs)"),
+    (re.compile(r"\brm\s+(-\w+\s+)*-\w*[rR]\w*\s+(-\w+\s+)*(/|/\*|~|~/|\$HOME|\$\{HOME\})([\s'\";)]|$)"),
+     "recursive rm of / or home"),
     (re.compile(r"--no-preserve-root"), "rm --no-preserve-root"),
+    (re.compile(r"/proc/+[^/\s'\"]*/+(environ|mem)\b"), "reads another process's environment or memory"),
 ]
 
 
@@ -2940,41 +3296,255 @@ class Verdict:
         return "Verdict(%s, %r)" % (self.level, self.reason)
 
     def worse(self, other):
+        if other is None:
+            return self
         return other if _SEVERITY[other.level] > _SEVERITY[self.level] else self
 
 
-class CommandPolicy:
-    """Judges a command line: deny (never runs), allow (read-only, inside the jail), or confirm."""
+def _nfkc(text):
+    import unicodedata
+    return unicodedata.normalize("NFKC", text) if not text.isascii() else text
 
-    def __init__(self, root, allowlist=DEFAULT_ALLOWLIST, custom_denylist=(), home=None):
+
+def _prog_name(text):
+    """The program a word names, as the denylist compares it: NFKC, no directory, no leading backslash."""
+    return os.path.basename(_nfkc(text).lstrip("\\").rstrip("/")) if text else ""
+
+
+def is_interpreter(name):
+    return name in SHELLS or bool(_INTERPRETER.match(name))
+
+
+# -- the safe options of the read-only programs --
+
+class OptionSpec:
+    """The options of one program that are safe, parsed the way getopt_long does: clustered short flags
+    (-la), attached or separate values (-n5, -n 5, -o/x), --long, --long=value, `--` ending the options.
+    Long options must be spelled out: an abbreviation is accepted only as a prefix of a listed *unsafe*
+    option, so that --compress-prog is caught and nothing unlisted is ever taken as safe."""
+
+    def __init__(self, flags="", args="", pargs="", longs="", bad=None, operands="paths", digits=False, walk=""):
+        self.flags = set(flags.replace(" ", ""))  #: short options without a value
+        self.args = set(args)  #: short options with a value that is not a file
+        self.pargs = set(pargs)  #: short options whose value is a file to read (checked like an operand)
+        self.longs = {}  #: name -> None (flag) | "=" (value) | "[=]" (optional value) | "=@" (file value)
+        for item in longs.split():
+            m = re.match(r"^([\w-]+)(=@|\[=\]|=)?$", item)
+            self.longs[m.group(1)] = m.group(2)
+        self.bad = bad or {}  #: option -> why it is not read-only (runs code, writes, follows the clock…)
+        self.operands = operands  #: "paths" | "none" | "grep" | "date" | "uniq"
+        self.digits = digits  #: -5 means -n 5 (head, tail)
+        self.walk = set(walk.split())  #: options that follow symbolic links while recursing
+
+
+_COMMON = "help version"
+SAFE_OPTIONS = {
+    "ls": OptionSpec("aAbBcCdDfFgGhHiklLmnNopqQrRsStuUvxXZ1", "ITw", "",
+                     "all almost-all author escape block-size= ignore-backups color[=] colour[=] directory dired "
+                     "classify[=] file-type format= full-time group-directories-first no-group human-readable si "
+                     "dereference dereference-command-line dereference-command-line-symlink-to-dir hide= "
+                     "hyperlink[=] indicator-style= inode ignore= kibibytes literal numeric-uid-gid "
+                     "hide-control-chars show-control-chars quote-name quoting-style= reverse recursive size sort= "
+                     "time= time-style= tabsize= width= context zero " + _COMMON, walk="L dereference"),
+    "cat": OptionSpec("AbeEnstTuv", "", "", "show-all number-nonblank show-ends number squeeze-blank show-tabs "
+                      "show-nonprinting " + _COMMON),
+    "head": OptionSpec("qvz", "nc", "", "bytes= lines= quiet silent verbose zero-terminated " + _COMMON,
+                       digits=True),
+    "tail": OptionSpec("qvz", "ncs", "", "bytes= lines= quiet silent verbose zero-terminated retry pid= "
+                       "sleep-interval= max-unchanged-stats= " + _COMMON, digits=True,
+                       bad={"f": "tail -f follows the file and never ends", "F": "tail -F never ends",
+                            "follow": "tail --follow never ends"}),
+    "grep": OptionSpec("abcEFGhHiIlLnoqrRsTuUvVwxyzZP", "ABCmdDe", "f",
+                       "extended-regexp fixed-strings basic-regexp perl-regexp regexp= file=@ ignore-case "
+                       "no-ignore-case word-regexp line-regexp null-data no-messages invert-match max-count= "
+                       "byte-offset line-number line-buffered with-filename no-filename label= only-matching quiet "
+                       "silent binary-files= text directories= devices= recursive dereference-recursive include= "
+                       "exclude= exclude-from=@ exclude-dir= files-without-match files-with-matches count "
+                       "initial-tab null before-context= after-context= context= color[=] colour[=] binary "
+                       + _COMMON, operands="grep", walk="R dereference-recursive"),
+    "echo": None, "printf": None, "true": None, "false": None,  # no files: any arguments are fine
+    "pwd": OptionSpec("LP", "", "", "logical physical " + _COMMON, operands="none"),
+    "which": OptionSpec("as", "", "", "all skip-alias skip-functions " + _COMMON, operands="none"),
+    "type": OptionSpec("aftpP", "", "", "", operands="none"),
+    "wc": OptionSpec("clmwL", "", "", "bytes chars lines words max-line-length total= files0-from=@ " + _COMMON),
+    "sort": OptionSpec("bdfgiMhnRrVcCsuzm", "ktS", "",
+                       "ignore-leading-blanks dictionary-order ignore-case general-numeric-sort ignore-nonprinting "
+                       "month-sort human-numeric-sort numeric-sort random-sort random-source=@ reverse sort= "
+                       "version-sort key= field-separator= buffer-size= check[=] merge stable unique "
+                       "zero-terminated parallel= debug files0-from=@ batch-size= " + _COMMON,
+                       bad={"o": "sort -o writes a file", "output": "sort --output writes a file",
+                            "compress-program": "sort --compress-program runs a program",
+                            "T": "sort -T writes temporary files into a directory",
+                            "temporary-directory": "sort --temporary-directory writes files there"}),
+    "uniq": OptionSpec("cdDiuz", "fsw", "", "count repeated all-repeated[=] skip-fields= skip-chars= check-chars= "
+                       "ignore-case unique zero-terminated group[=] " + _COMMON, operands="uniq"),
+    "diff": OptionSpec("abBdeEiNnpqrsStTuwyZ", "CUWxIDFLS", "X",
+                       "normal brief report-identical-files context[=] unified[=] ed rcs side-by-side left-column "
+                       "suppress-common-lines show-c-function show-function-line= label= expand-tabs initial-tab "
+                       "tabsize= suppress-blank-empty new-file unidirectional-new-file ignore-case "
+                       "ignore-file-name-case no-ignore-file-name-case ignore-tab-expansion ignore-trailing-space "
+                       "ignore-space-change ignore-all-space ignore-blank-lines ignore-matching-lines= text "
+                       "strip-trailing-cr recursive no-dereference exclude= exclude-from=@ starting-file= "
+                       "from-file=@ to-file=@ minimal horizon-lines= speed-large-files color[=] palette= width= "
+                       "line-format= old-line-format= new-line-format= unchanged-line-format= old-group-format= "
+                       "new-group-format= changed-group-format= unchanged-group-format= " + _COMMON,
+                       bad={"l": "diff -l runs pr", "paginate": "diff --paginate runs pr"}, walk="r recursive"),
+    "file": OptionSpec("bcdEhiklLNnprsS0", "eFP", "f",
+                       "brief checking-printout exclude= exclude-quiet= extension files-from=@ separator= mime "
+                       "mime-type mime-encoding keep-going list dereference no-dereference no-pad preserve-date raw "
+                       "special-files print0 parameter= apple " + _COMMON,
+                       bad={"m": "file -m loads a magic file", "magic-file": "file --magic-file loads a magic file",
+                            "C": "file -C compiles and writes a magic file", "compile": "file --compile writes",
+                            "z": "file -z runs decompressors", "Z": "file -Z runs decompressors",
+                            "uncompress": "file --uncompress runs decompressors",
+                            "uncompress-noreport": "runs decompressors", "no-sandbox": "turns off file's sandbox"}),
+    "stat": OptionSpec("LftZ", "c", "", "dereference file-system format= printf= terse cached= " + _COMMON),
+    "du": OptionSpec("0abcDhHklmLsSxP", "dBt", "X",
+                     "null all apparent-size block-size= bytes total dereference-args max-depth= human-readable "
+                     "inodes si summarize threshold= time[=] time-style= exclude= exclude-from=@ one-file-system "
+                     "count-links separate-dirs dereference no-dereference files0-from=@ " + _COMMON,
+                     walk="L dereference"),
+    "df": OptionSpec("ahHiklPTv", "tBx", "", "all block-size= human-readable si inodes local no-sync sync output[=] "
+                     "portability print-type type= exclude-type= total " + _COMMON),
+    "tree": OptionSpec("adfilpsugDFqNQrtvUcSnCJXhA", "LPIT", "",
+                       "noreport charset= filelimit= dirsfirst filesfirst prune matchdirs ignore-case du timefmt= "
+                       "sort= gitignore inodes device metafirst " + _COMMON,
+                       bad={"o": "tree -o writes a file", "R": "tree -R writes files", "H": "tree -H writes HTML",
+                            "fromfile": "tree --fromfile reads a listing", "fromtabfile": "reads a listing"},
+                       walk="l"),
+    "basename": OptionSpec("az", "s", "", "multiple suffix= zero " + _COMMON, operands="none"),
+    "dirname": OptionSpec("z", "", "", "zero " + _COMMON, operands="none"),
+    "realpath": OptionSpec("eLmPqsz", "", "", "canonicalize-existing canonicalize-missing logical physical quiet "
+                           "relative-to=@ relative-base=@ strip no-symlinks zero " + _COMMON),
+    "date": OptionSpec("uR", "dI", "r", "date= iso-8601[=] rfc-email rfc-3339= universal utc reference=@ debug "
+                       "resolution " + _COMMON, operands="date",
+                       bad={"s": "date -s sets the clock", "set": "date --set sets the clock",
+                            "f": "date -f reads dates from a file", "file": "date --file reads dates from a file"}),
+}
+for _name in ("wc", "cat", "head", "tail", "sort", "uniq"):
+    SAFE_OPTIONS[_name].longs.setdefault("help", None)
+
+#: find: the tests and actions that only read and print
+FIND_SAFE = {"-name": 1, "-iname": 1, "-path": 1, "-ipath": 1, "-wholename": 1, "-iwholename": 1, "-lname": 1,
+             "-ilname": 1, "-regex": 1, "-iregex": 1, "-regextype": 1, "-type": 1, "-xtype": 1, "-maxdepth": 1,
+             "-mindepth": 1, "-mtime": 1, "-mmin": 1, "-atime": 1, "-amin": 1, "-ctime": 1, "-cmin": 1, "-size": 1,
+             "-empty": 0, "-print": 0, "-print0": 0, "-printf": 1, "-prune": 0, "-not": 0, "!": 0, "(": 0, ")": 0,
+             "-o": 0, "-a": 0, "-or": 0, "-and": 0, ",": 0, "-user": 1, "-group": 1, "-uid": 1, "-gid": 1,
+             "-nouser": 0, "-nogroup": 0, "-perm": 1, "-links": 1, "-inum": 1, "-xdev": 0, "-mount": 0,
+             "-depth": 0, "-d": 0, "-readable": 0, "-writable": 0, "-executable": 0, "-true": 0, "-false": 0,
+             "-quit": 0, "-ls": 0, "-newer": "path", "-anewer": "path", "-cnewer": "path", "-samefile": "path",
+             "-used": 1, "-fstype": 1, "-noleaf": 0, "-daystart": 0, "-ignore_readdir_race": 0,
+             "-noignore_readdir_race": 0, "-warn": 0, "-nowarn": 0, "-sparse": 0, "-context": 1}
+FIND_BAD = {"-exec": "find -exec runs commands", "-execdir": "find -execdir runs commands",
+            "-ok": "find -ok runs commands", "-okdir": "find -okdir runs commands", "-delete": "find -delete deletes",
+            "-fprint": "find -fprint writes a file", "-fprint0": "find -fprint0 writes a file",
+            "-fprintf": "find -fprintf writes a file", "-fls": "find -fls writes a file",
+            "-follow": "find -follow follows symbolic links", "-files0-from": "find -files0-from reads a list"}
+
+#: git: the read-only subcommands (as codex allows them) and their safe options
+_GIT_DIFF = ("p u s patch no-patch unified= U stat[=] numstat shortstat dirstat[=] summary name-only name-status "
+             "raw patch-with-stat patch-with-raw color[=] no-color word-diff[=] word-diff-regex= color-words[=] "
+             "color-moved[=] no-color-moved no-renames find-renames[=] M find-copies[=] find-copies-harder full-index "
+             "binary abbrev[=] B D l R a text ignore-space-change ignore-all-space ignore-blank-lines "
+             "ignore-space-at-eol ignore-cr-at-eol w b W function-context minimal patience histogram diff-algorithm= "
+             "anchored= relative[=] no-relative z no-ext-diff no-textconv ignore-submodules[=] src-prefix= "
+             "dst-prefix= no-prefix default-prefix line-prefix= stat-width= stat-count= compact-summary G S "
+             "pickaxe-all pickaxe-regex exit-code quiet cached staged merge-base indent-heuristic "
+             "no-indent-heuristic submodule[=] check ws-error-highlight= inter-hunk-context= irreversible-delete "
+             "rename-empty no-rename-empty")
+_GIT_LOG = (_GIT_DIFF + " oneline n max-count= skip= since= after= until= before= author= committer= grep= "
+            "all-match invert-grep i regexp-ignore-case E F P basic-regexp extended-regexp fixed-strings "
+            "perl-regexp graph decorate[=] no-decorate decorate-refs= decorate-refs-exclude= all branches[=] "
+            "tags[=] remotes[=] glob= exclude= reverse first-parent merges no-merges min-parents= max-parents= "
+            "no-min-parents no-max-parents follow date= pretty[=] format= abbrev-commit no-abbrev-commit "
+            "relative-date parents children left-right cherry-pick cherry-mark cherry topo-order date-order "
+            "author-date-order full-history simplify-merges simplify-by-decoration ancestry-path[=] mailmap "
+            "use-mailmap no-mailmap encoding= notes[=] no-notes show-notes[=] expand-tabs[=] no-expand-tabs source "
+            "log-size walk-reflogs g boundary cc c m diff-merges= dd remerge-diff no-walk[=] do-walk count "
+            "show-linear-break[=] dense sparse single-worktree reflog no-standard-notes")
+GIT_READ_ONLY = {
+    "status": "s b short branch porcelain[=] long v verbose u untracked-files[=] ignored[=] z column[=] no-column "
+              "ahead-behind no-ahead-behind renames no-renames find-renames[=] show-stash ignore-submodules[=]",
+    "diff": _GIT_DIFF,
+    "log": _GIT_LOG,
+    "show": _GIT_LOG,
+    "branch": "a all r remotes v vv verbose list l show-current merged[=] no-merged[=] contains[=] "
+              "no-contains[=] points-at= sort= format= color[=] no-color column[=] no-column i ignore-case "
+              "abbrev= no-abbrev omit-empty",
+}
+GIT_BAD = {"ext-diff": "git --ext-diff runs an external diff program", "textconv": "git --textconv runs filters",
+           "output": "git --output writes a file", "show-signature": "git --show-signature runs gpg",
+           "no-index": "git diff --no-index compares files anywhere", "O": "reads an order file",
+           "open-files-in-pager": "runs a pager", "exec": "runs a command", "upload-pack": "runs a program",
+           "receive-pack": "runs a program", "config": "sets configuration", "template": "copies hooks"}
+#: git configuration that runs programs: never set it from a command line
+_GIT_DANGEROUS_KEY = re.compile(
+    r"^(alias\.|core\.(sshcommand|fsmonitor|hookspath|pager|editor|gitproxy|askpass|attributesfile|worktree|"
+    r"alternaterefscommand|excludesfile)|diff\.|difftool\.|merge\.|mergetool\.|filter\.|pager\.|protocol\.|"
+    r"uploadpack\.|receivepack\.|credential\.|sequence\.editor|gpg\.|http\.|https\.|remote\.|include\.|includeif\.|"
+    r"init\.templatedir|url\.|submodule\.|ssh\.|uploadarchive\.|safe\.|transfer\.|fetch\.|gc\.|interactive\.|"
+    r"sendemail\.|instaweb\.|web\.|browser\.|man\.|help\.|pack\.|status\.|log\.)", re.IGNORECASE)
+_GIT_RUNS_COMMANDS = re.compile(r"^\s*(fsmonitor|external|textconv|pager|sshcommand|hookspath|command|clean|smudge|"
+                                r"process|askpass|editor)\s*=|^\s*\[\s*(filter|alias|pager)\b", re.IGNORECASE | re.M)
+
+
+def _git_spec(items):
+    flags = "".join(t for t in items.split() if len(t) == 1 and t not in "UnGS")
+    args = "".join(t for t in items.split() if t in ("U", "n", "G", "S"))
+    return OptionSpec(flags, args, "", " ".join(t for t in items.split() if len(t) > 1), bad=GIT_BAD,
+                      operands="none", digits=True)
+
+
+GIT_SPECS = {name: _git_spec(items) for name, items in GIT_READ_ONLY.items()}
+
+
+class CommandPolicy:
+    """Judges a command line: deny (never runs), allow (proven read-only, inside the jail), or confirm."""
+
+    def __init__(self, root, allowlist=DEFAULT_ALLOWLIST, custom_denylist=(), home=None, path=None):
         self.root = os.path.realpath(root)
-        self.allowlist = set(allowlist)
+        entries = [e.split() for e in allowlist if e and e.strip()]
+        #: read-only programs whose every option and operand is checked
+        known = set(SAFE_OPTIONS) | {"git", "find"}
+        self.allowlist = {e[0] for e in entries if len(e) == 1 and e[0] in known}
+        #: configured command prefixes (`make test`, `pytest`): run unasked, confined by the sandbox
+        self.prefixes = [e for e in entries if not (len(e) == 1 and e[0] in known)]
         self.custom = [_custom_rule(entry) for entry in custom_denylist if entry and entry.strip()]
-        self.home = home or os.path.expanduser("~")
+        self.home = os.path.realpath(home or os.path.expanduser("~"))
+        #: the PATH commands are looked up in (the child's: the sandbox keeps PATH)
+        self.path = path if path is not None else os.environ.get("PATH", os.defpath)
 
     def judge(self, command):
         if not command or not command.strip():
             return Verdict(CONFIRM, "the command is empty")
         if "\x00" in command:
             return Verdict(DENY, "the command contains a NUL byte")
-        raw = self._raw_deny(command)
+        m = _CONTROL.search(command)
+        if m:
+            return Verdict(DENY, "the command contains a control or invisible character (U+%04X)" % ord(m.group(0)))
+        flat = " ".join(command.replace("\\\n", " ").split())
         try:
             script = parse_shell(command)
         except ShellSyntaxError as exc:
-            return raw or Verdict(CONFIRM, "cannot check the command (%s); it needs confirmation" % exc)
-        verdict = self._script(script, 0)
-        if verdict.level != DENY:  # shapes that stay denied whatever the parse made of them
-            always = self._raw_deny(command, always_only=True)
-            if always is not None:
-                verdict = always
-        verdict = Verdict(verdict.level, verdict.reason, script)
-        if verdict.level == ALLOW and not script.pipelines:
-            verdict = Verdict(CONFIRM, "nothing to run")
-        return verdict
+            raw = self._raw_deny(flat)
+            return raw or Verdict(DENY, "cannot check the command (%s); it is not run: write it in plainer shell "
+                                        "syntax" % exc)
+        verdict = self._deny_script(script, 0, {})
+        if verdict is None and not command.isascii():  # full-width and other look-alikes, as NFKC sees them
+            try:
+                verdict = self._deny_script(parse_shell(_nfkc(command)), 0, {})
+            except ShellSyntaxError:
+                pass
+        if verdict is None:
+            verdict = self._raw_deny(flat, always_only=True)
+        if verdict is None:
+            verdict = self._script(script, 0)
+            if verdict.level == ALLOW and not script.pipelines:
+                verdict = Verdict(CONFIRM, "nothing to run")
+        return Verdict(verdict.level, verdict.reason, script)
 
-    def _raw_deny(self, command, always_only=False):
-        flat = " ".join(command.replace("\\\n", " ").split())
-        for pattern, reason in RAW_DENY[:1] if always_only else RAW_DENY:
+    def _raw_deny(self, flat, always_only=False):
+        for pattern, reason in (RAW_DENY[:1] + RAW_DENY[-1:]) if always_only else RAW_DENY:
             if pattern.search(flat):
                 return Verdict(DENY, reason)
         for rule in self.custom:
@@ -2982,404 +3552,1144 @@ class CommandPolicy:
                 return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
         return None
 
-    # -- structure --
+    # ---- pass 1: the denylist, through wrappers and obfuscation ----
+
+    def _deny_script(self, script, depth, env, first_piped=False):
+        if depth > 16:
+            return Verdict(DENY, "commands are nested too deeply to check")
+        for pipeline in script.pipelines:
+            for position, command in enumerate(pipeline.commands):
+                verdict = self._deny_node(command, depth, env, position > 0 or first_piped)
+                if verdict is not None:
+                    return verdict
+        return None
+
+    def _deny_node(self, node, depth, env, piped):
+        if isinstance(node, FunctionDef):
+            if _calls_itself(node):
+                return Verdict(DENY, "a fork bomb (function %s calls itself in the background)" % node.name)
+            return self._deny_node(node.body, depth + 1, env, piped) if node.body is not None else None
+        verdict = self._deny_redirects(node.redirects, depth, env)
+        if verdict is not None:
+            return verdict
+        if isinstance(node, Group):
+            for word in node.words:
+                for sub in word.subs:
+                    verdict = verdict or self._deny_script(sub, depth + 1, env)
+            return verdict or self._deny_script(node.script, depth + 1, env, piped and node.kind != "case")
+        for word in node.assigns + node.words:
+            for sub in word.subs:
+                verdict = self._deny_script(sub, depth + 1, env, sub.stdin_data)
+                if verdict is not None:
+                    return verdict
+        for word in node.assigns:
+            name, _, value = word.text.partition("=")
+            name = name.rstrip("+")
+            values = [" ".join(f) for f in self._argvs([_value_word(word)], env, ("empty",))] or [""]
+            env[name] = values[:8]
+            if "$(" in value or "`" in value or name in ("PROMPT_COMMAND", "BASH_ENV", "ENV", "PS1", "PS4"):
+                verdict = self._deny_code(value, depth + 1)
+                if verdict is not None:
+                    return verdict
+        if not node.words:
+            return None
+        stdin_code = None
+        for op, target, body, live in node.redirects:
+            if op in ("<<", "<<-"):
+                stdin_code = body or ""
+            elif op == "<<<" and target is not None:
+                stdin_code = target.text
+        argvs = self._argvs(node.words, env)
+        fetched = [s for w in node.words[1:] for s in w.subs] + \
+            [s for r in node.redirects if r[1] is not None for s in r[1].subs]
+        if any(_script_downloads(s) for s in fetched):
+            for argv in argvs:
+                runner = [a for a in argv[:8] if is_interpreter(_prog_name(a)) or
+                          _prog_name(a) in ("eval", ".", "source")]
+                if runner:
+                    return Verdict(DENY, "download-and-execute: %s runs fetched code" % _prog_name(runner[0]))
+        for argv in argvs:
+            verdict = self._deny_argv(argv, depth, piped, stdin_code)
+            if verdict is not None:
+                return verdict
+        first = argvs[0] if argvs else []
+        if len(first) >= 3 and first[0] in ("for", "select") and first[2] == "in":
+            env[first[1]] = (first[3:] or [""])[:8]
+        return None
+
+    def _deny_redirects(self, redirects, depth, env):
+        for op, target, body, live in redirects:
+            for word in (target, live):
+                if word is None:
+                    continue
+                for sub in word.subs:
+                    verdict = self._deny_script(sub, depth + 1, env)
+                    if verdict is not None:
+                        return verdict
+            if target is None or op in ("<<", "<<-"):
+                continue
+            for argv in self._argvs([target], env):
+                for text in argv:
+                    if self._proc_secret(text):
+                        return Verdict(DENY, "reads or writes another process's secrets or escapes through "
+                                             "/proc (%s)" % text)
+                    if op in ("<", "<<<", "<&") or (op == ">&" and (text.isdigit() or text == "-")):
+                        continue
+                    reason = self._protected(text)
+                    if reason:
+                        return Verdict(DENY, "redirects output into %s (%s)" % (reason, text))
+        return None
+
+    def _proc_secret(self, text):
+        """Does an argument name another process's environment, memory, root, cwd or descriptors?"""
+        for t in (text, text.split("=", 1)[-1]):
+            for path in (t, self._abs(t)):
+                if not path:
+                    continue
+                if _PROC_SECRET.search(path):
+                    return True
+                parts = path.split("/")
+                if len(parts) > 2 and parts[0] == "" and parts[1] == "proc":
+                    rest = parts[2:]
+                    if any(fnmatch.fnmatchcase(name, part) for part in rest for name in _PROC_SENSITIVE):
+                        return True
+        return False
+
+    def _deny_code(self, code, depth):
+        """Shell code run by sh -c, eval, trap, alias, watch …: parsed and judged like the command itself."""
+        if not code or not code.strip():
+            return None
+        try:
+            script = ShellParser(_nfkc(code), min(depth, 20)).parse()
+        except ShellSyntaxError as exc:
+            raw = self._raw_deny(" ".join(code.split()))
+            return raw or Verdict(DENY, "runs shell code that cannot be checked (%s)" % exc)
+        return self._deny_script(script, depth + 1, {})
+
+    def _deny_argv(self, argv, depth, piped=False, stdin_code=None):
+        """The denylist on one normalised argument list, then on whatever it runs."""
+        if depth > 16:
+            return Verdict(DENY, "commands are nested too deeply to check")
+        argv = [a for a in argv]
+        if not argv:
+            return None
+        prog = _prog_name(argv[0])
+        args = argv[1:]
+        for rule in self.custom:
+            if rule[0] == "words" and _matches_custom(rule, prog, args):
+                return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
+        if prog in PRIVILEGE:
+            return Verdict(DENY, "privilege escalation (%s) is never run" % prog)
+        if prog.startswith("mkfs") or prog in DISK_TOOLS:
+            return Verdict(DENY, "%s changes disks, filesystems or the kernel" % prog)
+        if prog in POWER or (prog == "systemctl" and set(args) & {"poweroff", "reboot", "halt", "kexec",
+                                                                   "suspend", "hibernate", "rescue", "emergency"}):
+            return Verdict(DENY, "%s stops or restarts the machine" % prog)
+        if prog in ("kill", "pkill", "killall") and any(a in ("-1", "--", "1") for a in args[-1:]) and \
+                prog == "kill":
+            return Verdict(DENY, "kill -1 signals every process")
+        for text in argv:
+            if self._proc_secret(text):
+                return Verdict(DENY, "reads or writes another process's secrets or escapes through /proc (%s)" % text)
+        if prog in ("cd", "pushd", "chdir") and any(self._abs(a).startswith("/proc") for a in args):
+            return Verdict(DENY, "changes into /proc, where another process's secrets are")
+        if is_interpreter(prog) or prog in ("source", ".", "eval"):
+            verdict = self._deny_interpreter(prog, args, depth, piped, stdin_code)
+            if verdict is not None:
+                return verdict
+        verdict = self._deny_program(prog, args, depth)
+        if verdict is not None:
+            return verdict
+        if prog in WRAPPERS or prog in ("trap", "alias"):
+            return self._deny_wrapped(prog, args, depth, piped, stdin_code)
+        return None
+
+    def _deny_interpreter(self, prog, args, depth, piped, stdin_code):
+        if prog == "eval":
+            if any("$" in a or "`" in a or "<(" in a for a in args):
+                return Verdict(DENY, "eval of substituted input is never run")
+            return self._deny_code(" ".join(args), depth)
+        if prog in ("source", "."):
+            if piped and (not args or args[0] in ("/dev/stdin", "-", "/proc/self/fd/0", "/dev/fd/0")):
+                return Verdict(DENY, "data piped into %s runs as code" % prog)
+            return None
+        code = _code_argument(prog, args)
+        if code is not None:
+            if prog in SHELLS:
+                return self._deny_code(code, depth)
+            return self._deny_embedded(code, depth)
+        ops = _operands(args, takes_value={"-o", "+o", "-O", "+O", "--rcfile", "--init-file", "-W", "-X"})
+        if ops and ops[0].startswith(("<(", "/dev/fd/", "/proc/self/fd/")) and ops[0] != "/dev/fd/0":
+            return Verdict(DENY, "%s runs another command's output as code (%s)" % (prog, ops[0]))
+        reads_code = _reads_stdin(prog, args)
+        if piped and reads_code:
+            return Verdict(DENY, "data piped into %s runs as code (a shell or interpreter reading its "
+                                 "standard input)" % prog)
+        if reads_code and stdin_code is not None:
+            return self._deny_code(stdin_code, depth) if prog in SHELLS else self._deny_embedded(stdin_code, depth)
+        return None
+
+    def _deny_embedded(self, code, depth):
+        """Code for another interpreter (python -c, perl -e): the shell commands in its string literals."""
+        raw = self._raw_deny(" ".join(code.split()))
+        if raw is not None:
+            return raw
+        for m in re.finditer(r"'([^'\n]{2,})'|\"([^\"\n]{2,})\"|`([^`\n]{2,})`", code):
+            literal = m.group(1) or m.group(2) or m.group(3)
+            try:
+                script = ShellParser(_nfkc(literal), min(depth + 1, 20)).parse()
+            except ShellSyntaxError:
+                continue
+            verdict = self._deny_script(script, depth + 1, {})
+            if verdict is not None:
+                return verdict
+        return None
+
+    def _deny_wrapped(self, prog, args, depth, piped, stdin_code):
+        """A wrapper's command: every suffix of its arguments is tried as the command it runs (so no
+        misread option count can hide it), and code strings (-c, -S, watch's words) are parsed."""
+        if prog == "xargs" or prog == "parallel":
+            piped = False  # their standard input becomes arguments, not the command's input
+        strings = []
+        for i, a in enumerate(args):
+            if a in ("-c", "--command", "-S", "--split-string", "-e") and i + 1 < len(args):
+                strings.append(args[i + 1])
+            elif a.startswith(("--command=", "--split-string=", "-S")) and len(a) > 2:
+                strings.append(a.split("=", 1)[1] if "=" in a else a[2:])
+            elif prog in ("trap", "alias"):
+                strings.append(a.split("=", 1)[1] if prog == "alias" and "=" in a else a)
+        if prog in CODE_WRAPPERS:
+            strings.extend(args)
+            strings.extend(" ".join(args[i:]) for i in range(1, min(len(args), 24)))
+        if prog == "parallel" and ":::" in args:  # parallel 'cmd {}' ::: values
+            at = args.index(":::")
+            for value in args[at + 1:at + 9]:
+                strings.extend(" ".join(args[:at]).replace("{}", value) for _ in (0,))
+        for code in strings:
+            verdict = self._deny_code(code, depth + 1)
+            if verdict is not None:
+                return verdict
+        if prog in ("trap", "alias"):
+            return None
+        for start in range(len(args)):
+            if start > 40:
+                break
+            head = args[start]
+            if not head or head.startswith("-") or head in (":::", "::::"):
+                continue
+            inner = args[start:]
+            if prog == "xargs" and any(a in ("-I", "-i") or a.startswith(("-I", "--replace")) for a in args[:start]):
+                inner = [a for a in inner]
+            verdict = self._deny_argv(inner, depth + 1, piped, stdin_code)
+            if verdict is not None:
+                return verdict
+        return None
+
+    def _deny_program(self, prog, args, depth):
+        """The catastrophes of one program."""
+        if prog in ("rm", "unlink", "rmdir", "shred", "srm", "trash", "trash-put", "gio"):
+            verdict = self._deny_rm(prog, args)
+            if verdict is not None:
+                return verdict
+        if prog == "find":
+            verdict = self._deny_find(args, depth)
+            if verdict is not None:
+                return verdict
+        if prog == "git":
+            verdict = self._deny_git(args, depth)
+            if verdict is not None:
+                return verdict
+        if prog == "rsync":
+            verdict = self._deny_rsync(args, depth)
+            if verdict is not None:
+                return verdict
+        if prog == "dd":
+            for a in args:
+                if a.startswith("of="):
+                    target = self._abs(a[3:])
+                    if target and target.startswith("/dev/") and target not in SAFE_SINKS:
+                        return Verdict(DENY, "dd onto a device (%s)" % a[3:])
+                    reason = self._protected(a[3:])
+                    if reason:
+                        return Verdict(DENY, "dd writes to %s (%s)" % (reason, a[3:]))
+        if prog in ("chmod", "chown", "chgrp", "setfacl", "chattr", "chcon", "setfattr"):
+            operands = _operands(args)
+            for target in operands[1:] if prog not in ("setfacl",) else operands:
+                if self._is_system_path(self._abs(target)):
+                    return Verdict(DENY, "%s on a system path (%s)" % (prog, target))
+        for target in _write_targets(prog, args):
+            reason = self._protected(target)
+            if reason:
+                return Verdict(DENY, "%s writes to %s (%s)" % (prog, reason, target))
+        return None
+
+    def _deny_rm(self, prog, args):
+        flags, targets, end = set(), [], False
+        for t in args:
+            if not end and t == "--":
+                end = True
+            elif not end and t.startswith("--"):
+                flags.add(t.split("=", 1)[0])
+            elif not end and t.startswith("-") and len(t) > 1:
+                flags.update(t[1:])
+            else:
+                targets.append(t)
+        if any("--no-preserve-root".startswith(f) and len(f) > 5 for f in flags):
+            return Verdict(DENY, "rm --no-preserve-root")
+        recursive = bool(flags & {"r", "R"}) or any("--recursive".startswith(f) and len(f) > 4 for f in flags) or \
+            prog in ("rmdir", "trash", "trash-put", "gio")
+        for target in targets:
+            reason = self._catastrophic(target, recursive)
+            if reason:
+                return Verdict(DENY, "%s of %s (%s)" % ("recursive rm" if recursive else prog, reason, target))
+            protected = self._protected(target)
+            if protected:
+                return Verdict(DENY, "%s removes %s (%s)" % (prog, protected, target))
+        return None
+
+    def _catastrophic(self, text, recursive, tree_ok=False):
+        """Why removing `text` would be a catastrophe: the root, the home directory, a system directory,
+        the working directory or a directory above it; None when it is not one of those."""
+        if not text or "$" in text:
+            return None
+        base = text
+        while True:  # `dir/*`, `dir/.*`, `dir/{a,b}*`: the contents of dir are as bad as dir
+            head, tail = os.path.split(base.rstrip("/") or "/")
+            if tail and re.match(r"^[.]?[*?\[]", tail) and re.fullmatch(r"[.*?\[\]!^a-zA-Z0-9_-]*", tail):
+                base = head or "."
+                continue
+            break
+        whole = base != text
+        path = self._abs(base)
+        if not path:
+            return None
+        real = os.path.realpath(path)
+        home = self.home.rstrip("/")
+        for p in (path.rstrip("/") or "/", real):
+            if p == "/":
+                return "the root directory"
+            if p == home:
+                return "the home directory"
+            if p in SYSTEM_ROOTS or os.path.dirname(p) == "/":
+                if recursive or whole:
+                    return "a system directory"
+            if (p == self.root and not tree_ok) or self.root.startswith(p.rstrip("/") + "/"):
+                if recursive or (whole and p != self.root):
+                    return "the working directory or a directory above it"
+        return None
+
+    def _deny_find(self, args, depth):
+        starts, i = [], 0
+        while i < len(args) and args[i] in ("-H", "-L", "-P") or (i < len(args) and args[i].startswith(("-D", "-O"))):
+            i += 2 if args[i] == "-D" else 1
+        while i < len(args) and not (args[i].startswith("-") and len(args[i]) > 1) and args[i] not in ("(", "!", ","):
+            starts.append(args[i])
+            i += 1
+        starts = starts or ["."]
+        expression = args[i:]
+        destructive = any(a in ("-delete",) for a in expression)
+        for j, a in enumerate(expression):
+            if a in ("-fprint", "-fprint0", "-fprintf", "-fls") and j + 1 < len(expression):
+                reason = self._protected(expression[j + 1])
+                if reason:
+                    return Verdict(DENY, "find %s writes to %s" % (a, reason))
+            if a in ("-exec", "-execdir", "-ok", "-okdir"):
+                inner = []
+                for w in expression[j + 1:]:
+                    if w in (";", "+"):
+                        break
+                    inner.append(w)
+                for start in starts:
+                    outside = bool(self._catastrophic(start, True, tree_ok=True))
+                    fill = start if outside else "./{}"
+                    verdict = self._deny_argv([w.replace("{}", fill) for w in inner], depth + 1)
+                    if verdict is not None:
+                        return verdict
+                    if _prog_name(inner[0] if inner else "") in ("rm", "shred", "unlink") and outside:
+                        destructive = True
+        if destructive:
+            for start in starts:
+                reason = self._catastrophic(start, True, tree_ok=True)
+                if reason:
+                    return Verdict(DENY, "find deletes everything under %s (%s)" % (reason, start))
+                reason = self._protected(start)
+                if reason:
+                    return Verdict(DENY, "find deletes %s (%s)" % (reason, start))
+        return None
+
+    def _deny_rsync(self, args, depth):
+        operands = _operands(args, takes_value={"-e", "--rsh", "-f", "--filter", "--exclude", "--include",
+                                                "--rsync-path", "-T", "--temp-dir", "--backup-dir"})
+        for i, a in enumerate(args):
+            if a in ("-e", "--rsh", "--rsync-path") and i + 1 < len(args):
+                verdict = self._deny_code(args[i + 1], depth + 1)
+                if verdict is not None:
+                    return verdict
+            elif a.startswith(("--rsh=", "--rsync-path=")):
+                verdict = self._deny_code(a.split("=", 1)[1], depth + 1)
+                if verdict is not None:
+                    return verdict
+        deleting = any(a.startswith("--del") or a in ("--remove-source-files", "--remove-sent-files") for a in args)
+        if deleting and len(operands) >= 2:
+            reason = self._catastrophic(operands[-1], True)
+            if reason:
+                return Verdict(DENY, "rsync --delete onto %s (%s)" % (reason, operands[-1]))
+        return None
+
+    def _deny_git(self, args, depth):
+        values = []
+        for i, a in enumerate(args):
+            if a in ("-c", "--config", "--config-env") and i + 1 < len(args):
+                values.append(args[i + 1])
+            elif a.startswith(("--config=", "--config-env=")):
+                values.append(a.split("=", 1)[1])
+            elif a.startswith("-c") and len(a) > 2 and not a.startswith("--"):
+                values.append(a[2:])
+        for value in values:
+            key = value.split("=", 1)[0].strip()
+            if _GIT_DANGEROUS_KEY.match(key):
+                if not key.lower().startswith("alias.") or "!" in value:
+                    return Verdict(DENY, "git -c %s can run a program" % key)
+        words = [a for a in args if not a.startswith("-")]
+        for a in args:
+            name = a.split("=", 1)[0]
+            if a.startswith("--") and len(name) >= 6 and any(
+                    option.startswith(name) for option in ("--upload-pack", "--receive-pack", "--exec",
+                                                           "--exec-path", "--extcmd", "--template", "--tool")):
+                return Verdict(DENY, "git %s runs a program chosen on the command line" % name)
+            if "ext::" in a or a.startswith("fd::") or "::" in a and re.match(r"^[a-z]+::", a):
+                return Verdict(DENY, "git with a remote helper that runs a command (%s)" % a)
+        if "submodule" in words and "foreach" in words:
+            return Verdict(DENY, "git submodule foreach runs a command in every submodule")
+        if words[:1] and words[0] in ("config",) or "config" in words[:2]:
+            setting = [w for w in args[args.index("config") + 1:] if not w.startswith("-")] if "config" in args else []
+            if setting[:1] and setting[0] in ("set", "add"):
+                setting = setting[1:]
+            if len(setting) >= 2 and _GIT_DANGEROUS_KEY.match(setting[0]):
+                return Verdict(DENY, "git config %s can make git run a program" % setting[0])
+        if "-u" in args and any(w in ("clone", "ls-remote") for w in words):
+            return Verdict(DENY, "git -u (--upload-pack) runs a program chosen on the command line")
+        for i, a in enumerate(args):
+            if a in ("-x", "--exec") and i + 1 < len(args) and "rebase" in words:
+                verdict = self._deny_code(args[i + 1], depth + 1)
+                if verdict is not None:
+                    return verdict
+        if "bisect" in words and "run" in words:
+            return self._deny_argv(args[args.index("run") + 1:], depth + 1)
+        return None
+
+    # -- the normalised view: what the shell will make of the words --
+
+    def _argvs(self, words, env, modes=("empty", "keep")):
+        """The argument lists the words may become: brace expansion, field splitting ($IFS), ANSI-C
+        quoting, NFKC, and variables — those set earlier in the script, HOME and PWD, and unknown ones
+        both empty ("empty") and left as written ("keep")."""
+        names = {v for w in words for v in w.variables}
+        count = min(max([len(env[n]) for n in names if n in env] + [1]), 8)
+        out = []
+        for mode in modes:
+            for k in range(count):
+                argv = []
+                for word in words[:256]:
+                    for tokens in brace_expand(word, 64):
+                        argv.extend(self._fields(tokens, word, env, mode, k))
+                argv = [_nfkc(a) for a in argv]
+                if argv not in out:
+                    out.append(argv)
+        return out
+
+    def _fields(self, tokens, word, env, mode, k):
+        fields, cur, started = [], "", False
+        for text, kind in tokens:
+            if kind in ("lit", "q"):
+                cur, started = cur + text, True
+            elif kind == "qx":
+                cur, started = cur + self._value(text, env, mode, k), True
+            else:
+                pieces = re.split(r"[ \t\n]+", self._value(text, env, mode, k))
+                cur += pieces[0]
+                started = started or bool(pieces[0])
+                for piece in pieces[1:]:
+                    if started:
+                        fields.append(cur)
+                    cur, started = piece, bool(piece)
+        if started:
+            fields.append(cur)
+        if word.tilde and fields and (fields[0] == "~" or fields[0].startswith("~/")):
+            fields[0] = self.home + fields[0][1:]
+        return fields
+
+    def _value(self, src, env, mode, k):
+        unknown = "" if mode == "empty" else src
+        if src.startswith("$((") or src.startswith("<(") or src.startswith(">("):
+            return unknown
+        if src.startswith("$(") or src.startswith("`"):
+            out = _trivial_output(src)
+            return unknown if out is None else out
+        inner = src[2:-1] if src.startswith("${") else src[1:]
+        m = re.match(r"([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?$!-])", inner)
+        if not m:
+            return unknown
+        name, rest = m.group(1), inner[m.end():]
+        if name == "IFS":
+            return " "
+        if name == "HOME":
+            value = self.home
+        elif name == "PWD":
+            value = self.root
+        elif name in env:
+            value = env[name][k % len(env[name])]
+        elif name.isdigit() or name in ("@", "*"):
+            value = ""
+        else:
+            value = None
+        if not rest:
+            return unknown if value is None else value
+        op = re.match(r"^(:?[-=?+])(.*)$", rest, re.S)
+        if op:
+            word = op.group(2).strip("'\"")
+            if op.group(1).endswith("+"):
+                return word if value else ("" if value is not None else unknown)
+            return value if value else word
+        return unknown
+
+    def _abs(self, text):
+        """An argument as an absolute, lexically normalised path ('' when it cannot be known)."""
+        if not text or "$" in text or "`" in text or "\x00" in text:
+            return ""
+        if text == "~" or text.startswith("~/"):
+            text = self.home + text[1:]
+        elif text.startswith("~"):
+            return ""
+        path = text if text.startswith("/") else os.path.join(self.root, text)
+        norm = os.path.normpath(path)
+        return "/" + norm.lstrip("/") if norm.startswith("//") else norm
+
+    def _protected(self, text):
+        """Why writing `text` is denied (a system directory, a key or start-up file in the home directory,
+        the repository's hooks/config), looking through symbolic links and globs; None when it is not."""
+        import glob
+        import itertools
+        path = self._abs(text)
+        if not path:
+            return None
+        candidates = [path, os.path.realpath(path),
+                      os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))]
+        if any(c in text for c in "*?["):
+            for match in itertools.islice(glob.iglob(path), 64):
+                candidates.extend((match, os.path.realpath(match)))
+        for p in candidates:
+            reason = self._protected_path(p)
+            if reason:
+                return reason
+        return None
+
+    def _protected_path(self, p):
+        if _inside(p, self.root):
+            for name in TREE_PROTECTED:
+                q = os.path.join(self.root, name)
+                if p == q or p.startswith(q + "/"):
+                    return name
+            return None
+        for name in SYSTEM_PROTECTED:
+            if p == name or p.startswith(name + "/"):
+                return name
+        if _DEVICE.match(p):
+            return "a disk device"
+        for name in HOME_PROTECTED:
+            q = os.path.join(self.home, name)
+            if p == q or p.startswith(q + "/"):
+                return "~/" + name
+        return None
+
+    def _is_system_path(self, path):
+        if not path:
+            return False
+        base = path.rstrip("/") or "/"
+        if _inside(os.path.realpath(base), self.root):
+            return False
+        if base in SYSTEM_ROOTS or base == self.home.rstrip("/") or self._protected_path(base):
+            return True
+        return any(base.startswith(root + "/") for root in SYSTEM_ROOTS
+                   if root not in ("/", "/home", "/Users", "/opt", "/srv", "/mnt", "/media", "/run"))
+
+    # ---- pass 2: classification (allow only what is proven read-only) ----
+
     def _script(self, script, depth):
         verdict = Verdict(ALLOW, "read-only commands inside the working directory")
         if depth > 10:
             return Verdict(CONFIRM, "commands are nested too deeply to check")
         for pipeline in script.pipelines:
-            verdict = verdict.worse(self._pipeline(pipeline, depth))
-            if verdict.level == DENY:
-                break
+            for command in pipeline.commands:
+                verdict = verdict.worse(self._classify(command, depth))
+                if getattr(command, "background", False):
+                    verdict = verdict.worse(Verdict(CONFIRM, "runs a command in the background"))
         return verdict
 
-    def _pipeline(self, pipeline, depth):
-        verdict = Verdict(ALLOW, "")
-        downloader_seen = False
-        for position, command in enumerate(pipeline.commands):
-            if isinstance(command, Simple):
-                program, args = self._program(command)
-                if program in INTERPRETERS and downloader_seen and _reads_stdin(program, args):
-                    return Verdict(DENY, "download-and-execute: output of a download is piped into %s" % program)
-                if program in DOWNLOADERS:
-                    downloader_seen = True
-                verdict = verdict.worse(self._simple(command, depth, piped=position > 0))
-            elif isinstance(command, Group):
-                verdict = verdict.worse(self._script(command.script, depth + 1))
-                verdict = verdict.worse(self._redirects(command.redirects, depth))
-            elif isinstance(command, FunctionDef):
-                if _calls_itself(command):
-                    return Verdict(DENY, "a fork bomb (function %s calls itself in the background)" % command.name)
-                verdict = verdict.worse(Verdict(CONFIRM, "defines a shell function"))
-                body = command.body
-                if isinstance(body, Group):
-                    verdict = verdict.worse(self._script(body.script, depth + 1))
-            if getattr(command, "background", False):
-                verdict = verdict.worse(Verdict(CONFIRM, "runs a command in the background"))
-            if verdict.level == DENY:
-                return verdict
-        return verdict
+    def _classify(self, node, depth):
+        if isinstance(node, FunctionDef):
+            return Verdict(CONFIRM, "defines a shell function")
+        if isinstance(node, Group):
+            if node.kind == "case":
+                return Verdict(CONFIRM, "a case statement")
+            return self._script(node.script, depth + 1).worse(self._redirect_verdict(node.redirects, depth))
+        return self._simple(node, depth)
 
-    def _program(self, simple):
-        if not simple.words:
-            return "", []
-        name = simple.words[0].text
-        return os.path.basename(name.lstrip("\\")), simple.words[1:]
-
-    # -- one simple command --
-    def _simple(self, simple, depth, piped=False):
+    def _simple(self, simple, depth):
         verdict = Verdict(ALLOW, "")
         for word in simple.assigns + simple.words:
             for sub in word.subs:
                 verdict = verdict.worse(self._script(sub, depth + 1))
-        if verdict.level == DENY:
-            return verdict
-        verdict = verdict.worse(self._redirects(simple.redirects, depth))
-        if verdict.level == DENY:
-            return verdict
-        if simple.assigns and simple.words:
-            verdict = verdict.worse(Verdict(CONFIRM, "sets environment variables for the command"))
+        verdict = verdict.worse(self._redirect_verdict(simple.redirects, depth))
+        if simple.assigns:
+            verdict = verdict.worse(Verdict(CONFIRM, "sets environment variables for the command" if simple.words
+                                            else "sets shell variables"))
         if not simple.words:
             return verdict
+        for word in simple.words:
+            if word.dynamic:
+                return verdict.worse(Verdict(CONFIRM, "uses a shell expansion (%s): only a static command is "
+                                                      "judged read-only" % word.text))
         first = simple.words[0]
-        if first.dynamic:
-            return verdict.worse(Verdict(CONFIRM, "the program name comes from an expansion (%s)" % first.text))
-        program, args = self._program(simple)
-        return verdict.worse(self._program_verdict(program, args, simple, depth))
+        if not first.text.isascii():
+            return verdict.worse(Verdict(CONFIRM, "the program name has non-ASCII characters (%s)" % first.text))
+        if first.glob or first.tilde or not first.text:
+            return verdict.worse(Verdict(CONFIRM, "the program name is a pattern (%s)" % first.text))
+        texts = [w.text for w in simple.words]
+        for entry in self.prefixes:
+            if texts[:len(entry)] == entry and ("/" in entry[0] or self._resolve(entry[0]) is None):
+                return verdict.worse(Verdict(ALLOW, "%s is on the configured allowlist" % " ".join(entry)))
+        return verdict.worse(self._argv_verdict(simple.words, depth))
 
-    def _program_verdict(self, program, args, simple, depth):
-        texts = [a.text for a in args]
-        for rule in self.custom:
-            if rule[0] == "words" and _matches_custom(rule, program, texts):
-                return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
-        if program in PRIVILEGE:
-            return Verdict(DENY, "privilege escalation (%s) is never run" % program)
-        if program.startswith("mkfs") or program in DISK_TOOLS:
-            return Verdict(DENY, "%s formats or repartitions disks" % program)
-        if program in WRAPPERS:
-            return self._wrapper(program, args, simple, depth)
-        if program in SHELLS or program in ("eval", "source", "."):
-            inner = self._shell_code(program, args, depth, simple)
-            if inner is not None:
-                return inner
-        if program in INTERPRETERS:
-            for code in _code_args(args):
-                if _runs_download(code):
-                    return Verdict(DENY, "download-and-execute: %s runs code fetched by a substitution" % program)
-            if any(a.subs and any(_script_downloads(s) for s in a.subs) for a in args):
-                return Verdict(DENY, "download-and-execute: %s runs a downloaded script" % program)
-        if program == "rm":
-            verdict = self._rm(args)
-            if verdict is not None:
-                return verdict
-        if program == "dd":
-            for a in texts:
-                if a.startswith("of="):
-                    target = self._abs(a[3:])
-                    if target.startswith("/dev/") and target not in SAFE_SINKS:
-                        return Verdict(DENY, "dd onto a device (%s)" % a[3:])
-        if program in ("chmod", "chown", "chgrp", "setfacl", "chattr"):
-            for target in _positional(args)[1:] if program != "setfacl" else _positional(args):
-                path = self._abs(target.text, target)
-                if self._is_system_path(path):
-                    return Verdict(DENY, "%s on a system path (%s)" % (program, target.text))
-        verdict = self._protected_writes(program, args)
-        if verdict is not None:
-            return verdict
-        if program == "find":
-            for i, a in enumerate(texts):
-                if a in ("-exec", "-execdir", "-ok", "-okdir"):
-                    inner = Simple()
-                    for w in args[i + 1:]:
-                        if w.text in (";", "+"):
-                            break
-                        inner.words.append(w)
-                    nested = self._simple(inner, depth + 1) if inner.words else Verdict(CONFIRM, "empty -exec")
-                    if nested.level == DENY:
-                        return nested
-                    return nested.worse(Verdict(CONFIRM, "find %s runs commands" % a))
-        if program not in self.allowlist:
-            return Verdict(CONFIRM, "%s is not on the read-only allowlist" % program)
-        return self._read_only(program, args, simple)
-
-    def _wrapper(self, program, args, simple, depth):
-        """env, nice, timeout, nohup, xargs, command, exec …: judge the command they run."""
-        rest = list(args)
-        if program == "xargs":
-            while rest and rest[0].text.startswith("-"):
-                opt = rest.pop(0).text
-                if opt in ("-I", "-n", "-P", "-L", "-d", "-s", "-E", "-a") and rest:
-                    rest.pop(0)
-            if not rest:
-                return Verdict(CONFIRM, "xargs runs commands built from its input")
-        elif program == "timeout":
-            while rest and rest[0].text.startswith("-"):
-                opt = rest.pop(0).text
-                if opt in ("-s", "-k", "--signal", "--kill-after") and rest:
-                    rest.pop(0)
-            if rest:
-                rest.pop(0)  # the duration
-        elif program == "env":
-            while rest and (rest[0].text.startswith("-") or "=" in rest[0].text):
-                opt = rest.pop(0).text
-                if opt in ("-u", "--unset", "-C", "--chdir", "-S") and rest:
-                    rest.pop(0)
-        elif program in ("nice", "ionice", "stdbuf"):
-            while rest and rest[0].text.startswith("-"):
-                opt = rest.pop(0).text
-                if opt in ("-n", "-c", "-p", "-i", "-o", "-e") and rest:
-                    rest.pop(0)
-        else:
-            while rest and rest[0].text.startswith("-"):
-                rest.pop(0)
-        if not rest:
-            return Verdict(CONFIRM, "%s without a command" % program)
-        inner = Simple()
-        inner.words = rest
-        verdict = self._simple(inner, depth + 1)
-        if program == "xargs" and verdict.level == ALLOW:
-            verdict = Verdict(CONFIRM, "xargs runs %s with arguments from its input" % rest[0].text)
+    def _argv_verdict(self, words, depth):
+        name = words[0].text
+        prog = os.path.basename(name)
+        if prog in ("timeout", "nice", "nohup", "command", "time", "stdbuf", "env"):
+            inner = _unwrap(prog, words[1:])
+            if inner is None:
+                return Verdict(CONFIRM, "%s with options that are not on its read-only list" % prog)
+            reason = self._resolve(name)
+            if reason:
+                return Verdict(CONFIRM, reason)
+            if inner == "prints":
+                return Verdict(ALLOW, "%s only prints" % prog)
+            if not inner:
+                return Verdict(CONFIRM, "%s without a command" % prog)
+            return self._argv_verdict(inner, depth + 1)
+        if prog not in self.allowlist:
+            return Verdict(CONFIRM, "%s is not on the read-only allowlist" % prog)
+        reason = self._resolve(name)
+        if reason:
+            return Verdict(CONFIRM, reason)
+        if prog == "git":
+            return self._git_verdict(words[1:])
+        if prog == "find":
+            return self._find_verdict(words[1:])
+        spec = SAFE_OPTIONS[prog]
+        if spec is None:
+            return Verdict(ALLOW, "%s only prints its arguments" % prog)
+        verdict, _, _ = self._options_verdict(prog, spec, words[1:])
         return verdict
 
-    def _shell_code(self, program, args, depth, simple=None):
-        """sh -c BODY, eval BODY, source <(…): judge the code they run, or None to judge the program."""
-        if program == "eval":
-            if any(a.dynamic for a in args):
-                if any(_script_downloads(s) for a in args for s in a.subs):
-                    return Verdict(DENY, "download-and-execute: eval of fetched input")
-                return Verdict(DENY, "eval of substituted input is never run")
-            return self._nested(" ".join(a.text for a in args), depth)
-        if program in ("source", "."):
-            for a in args:
-                if any(_script_downloads(s) for s in a.subs):
-                    return Verdict(DENY, "download-and-execute: sourcing a download")
-            return Verdict(CONFIRM, "%s runs a script in the shell" % program)
-        texts = [a.text for a in args]
-        if program == "busybox" and texts and texts[0] in SHELLS:
-            args, texts = args[1:], texts[1:]
-        for i, a in enumerate(texts):
-            if a == "-c" or (a.startswith("-") and not a.startswith("--") and "c" in a[1:]):
-                if i + 1 >= len(args):
-                    return Verdict(CONFIRM, "%s -c without a command" % program)
-                body = args[i + 1]
-                if body.dynamic:
-                    if any(_script_downloads(s) for s in body.subs):
-                        return Verdict(DENY, "download-and-execute: %s -c runs fetched code" % program)
-                    return Verdict(CONFIRM, "%s -c runs code built from an expansion" % program)
-                return self._nested(body.text, depth)
-        for a in args:
-            if any(_script_downloads(s) for s in a.subs):
-                return Verdict(DENY, "download-and-execute: %s runs a downloaded script" % program)
-        if simple is not None and _reads_stdin(program, args):  # bash <<EOF … EOF, sh <<< '…'
-            for op, target, heredoc in simple.redirects:
-                code = heredoc if op in ("<<", "<<-") else target.text if op == "<<<" and target else None
-                if code:
-                    verdict = self._nested(code, depth)
-                    return verdict if verdict.level == DENY else Verdict(CONFIRM, "%s runs a script from its "
-                                                                                 "input" % program)
-        return None
-
-    def _nested(self, code, depth):
-        try:
-            script = ShellParser(code, depth + 1).parse()
-        except ShellSyntaxError as exc:
-            raw = self._raw_deny(code)
-            return raw or Verdict(CONFIRM, "cannot check the nested command (%s)" % exc)
-        verdict = self._script(script, depth + 1)
-        return verdict if verdict.level != ALLOW else Verdict(CONFIRM, "runs a nested shell")
-
-    def _rm(self, args):
-        flags, targets, end = set(), [], False
-        for a in args:
-            t = a.text
-            if not end and t == "--":
-                end = True
-            elif not end and t.startswith("--"):
-                flags.add(t)
-            elif not end and t.startswith("-") and len(t) > 1:
-                flags.update(t[1:])
-            else:
-                targets.append(a)
-        if "--no-preserve-root" in flags:
-            return Verdict(DENY, "rm --no-preserve-root")
-        recursive = bool(flags & {"r", "R", "--recursive"})
-        for target in targets:
-            path = self._abs(target.text, target)
-            if path is None:
-                continue
-            stripped = path.rstrip("*").rstrip("/") or "/"
-            if stripped == "/" or path in ("/*", "/.*"):
-                return Verdict(DENY, "rm of the root directory (%s)" % target.text)
-            if stripped == self.home.rstrip("/"):
-                return Verdict(DENY, "rm of the home directory (%s)" % target.text)
-            if recursive and (stripped in SYSTEM_ROOTS or os.path.dirname(stripped) == "/"):
-                return Verdict(DENY, "recursive rm of a system directory (%s)" % target.text)
-        return None
-
-    def _protected_writes(self, program, args):
-        positional = _positional(args)
-        if program in WRITERS_LAST and positional:
-            targets = positional[-1:]
-        elif program in WRITERS_ALL:
-            targets = positional
-        elif program == "sed" and any(a.text.startswith("-i") or a.text == "--in-place" for a in args):
-            targets = positional[1:]
-        else:
-            targets = []
-        for target in targets:
-            reason = self._protected(self._abs(target.text, target))
-            if reason:
-                return Verdict(DENY, "%s writes to %s (%s)" % (program, reason, target.text))
-        return None
-
-    def _protected(self, path):
-        if not path:
+    def _resolve(self, name):
+        """None when `name` runs a program from a system or PATH directory outside the working tree; else
+        why not (a file in the tree, `./ls`, a relative or in-tree PATH entry, not found)."""
+        if "/" in name:
+            if not name.startswith("/"):
+                return "%s runs a file from the working directory, not a system program" % name
+            real = os.path.realpath(name)
+            directory = os.path.dirname(os.path.normpath(name))
+            trusted = {os.path.normpath(e) for e in self.path.split(os.pathsep) if e.startswith("/")}
+            trusted.update(("/bin", "/usr/bin", "/sbin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin"))
+            if _inside(real, self.root) or directory not in trusted or not os.path.isfile(real):
+                return "%s is not a program in a system or PATH directory" % name
             return None
-        if path == "/etc" or path.startswith("/etc/"):
-            return "/etc"
-        ssh = os.path.join(self.home, ".ssh")
-        if path == ssh or path.startswith(ssh + "/"):
-            return "~/.ssh"
-        if _DEVICE.match(path):
-            return "a disk device"
-        return None
+        for entry in self.path.split(os.pathsep):
+            if not entry.startswith("/"):
+                return "PATH has a relative entry (%r): %s could be a file in the working directory" % (entry, name)
+            if _inside(os.path.realpath(entry), self.root):
+                return "PATH has an entry inside the working directory (%s): %s could be a file there" % (entry, name)
+            candidate = os.path.join(entry, name)
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                if _inside(os.path.realpath(candidate), self.root):
+                    return "%s resolves to a file in the working directory" % name
+                return None
+        if name in SHELL_BUILTINS:
+            return None
+        return "%s is not found on PATH" % name
 
-    def _redirects(self, redirects, depth):
-        verdict = Verdict(ALLOW, "")
-        for op, target, heredoc in redirects:
-            if target is not None:
-                for sub in target.subs:
-                    verdict = verdict.worse(self._script(sub, depth + 1))
-            if op in ("<<", "<<-", "<<<", ">&", "<&") or target is None:
-                if op in (">&",) and target is not None and not target.text.isdigit() and target.text != "-":
-                    verdict = verdict.worse(Verdict(CONFIRM, "redirects output to a file (%s)" % target.text))
+    def _options_verdict(self, prog, spec, args):
+        """(verdict, operand words, option names seen): options parsed as getopt_long does."""
+        operands, values, seen, i, end = [], [], set(), 0, False
+        while i < len(args):
+            w = args[i]
+            t = w.text
+            i += 1
+            if end or t == "-" or not t.startswith("-") or (spec.operands == "date" and t.startswith("+")):
+                operands.append(w)
                 continue
-            path = self._abs(target.text, target)
-            if op in ("<",):
-                if path and not self._inside(path):
-                    verdict = verdict.worse(Verdict(CONFIRM, "reads %s, outside the working directory" % target.text))
+            if t == "--":
+                end = True
                 continue
-            if path in SAFE_SINKS or (path or "").startswith("/dev/fd/"):
+            if w.glob or w.tilde:
+                return Verdict(CONFIRM, "%s: an option with a pattern (%s)" % (prog, t)), [], seen
+            if t.startswith("--"):
+                name, eq, value = t[2:].partition("=")
+                if name in spec.longs:
+                    kind = spec.longs[name]
+                    if kind is None and eq:
+                        return Verdict(CONFIRM, "%s --%s takes no value" % (prog, name)), [], seen
+                    value_word = make_word(value) if eq else None
+                    if kind in ("=", "=@") and not eq:
+                        if i >= len(args):
+                            return Verdict(CONFIRM, "%s --%s needs a value" % (prog, name)), [], seen
+                        value_word, i = args[i], i + 1
+                    if kind == "=@" and value_word is not None:
+                        values.append(value_word)
+                    seen.add(name)
+                    continue
+                for bad, reason in spec.bad.items():
+                    if len(bad) > 1 and name and bad.startswith(name):
+                        return Verdict(CONFIRM, reason + ("" if bad == name else " (--%s abbreviates --%s)"
+                                                          % (name, bad))), [], seen
+                return Verdict(CONFIRM, "%s option --%s is not on its list of read-only options" % (prog, name)), \
+                    [], seen
+            if spec.digits and t[1:].isdigit():
+                seen.add("n")
                 continue
-            reason = self._protected(path)
+            j = 1
+            while j < len(t):
+                c = t[j]
+                if c in spec.bad:
+                    return Verdict(CONFIRM, spec.bad[c]), [], seen
+                if c in spec.flags:
+                    seen.add(c)
+                    j += 1
+                    continue
+                if c in spec.args or c in spec.pargs:
+                    if j + 1 < len(t):
+                        value_word = make_word(t[j + 1:])
+                    elif i < len(args):
+                        value_word, i = args[i], i + 1
+                    else:
+                        return Verdict(CONFIRM, "%s -%s needs a value" % (prog, c)), [], seen
+                    if c in spec.pargs:
+                        values.append(value_word)
+                    seen.add(c)
+                    break
+                return Verdict(CONFIRM, "%s option -%s is not on its list of read-only options" % (prog, c)), \
+                    [], seen
+        if spec.operands == "grep" and not seen & {"e", "f", "regexp", "file"} and operands:
+            operands = operands[1:]  # the pattern
+        elif spec.operands == "date":
+            for w in operands:
+                if not w.text.startswith("+"):
+                    return Verdict(CONFIRM, "date %s sets the clock" % w.text), [], seen
+            operands = []
+        elif spec.operands == "uniq" and len(operands) > 1:
+            return Verdict(CONFIRM, "uniq with two file operands writes the second"), [], seen
+        elif spec.operands == "none":
+            operands = []
+        for w in operands + values:
+            reason = self._operand_reason(w)
             if reason:
-                return Verdict(DENY, "redirects output into %s (%s)" % (reason, target.text))
-            verdict = verdict.worse(Verdict(CONFIRM, "writes to a file (%s %s)" % (op, target.text)))
-        return verdict
+                return Verdict(CONFIRM, "%s reads %s" % (prog, reason)), [], seen
+        if seen & spec.walk:
+            for w in (operands or [make_word(".")]):
+                if self._escapes(w.text):
+                    return Verdict(CONFIRM, "%s follows symbolic links out of the working directory (under %s)"
+                                   % (prog, w.text)), [], seen
+        return Verdict(ALLOW, "%s is read-only and stays in the working directory" % prog), operands, seen
 
-    def _read_only(self, program, args, simple):
-        texts = [a.text for a in args]
-        if program == "find":
-            for a in texts:
-                if a in ("-delete", "-fprint", "-fprint0", "-fprintf", "-fls"):
-                    return Verdict(CONFIRM, "find %s changes files" % a)
-        if program == "sed" and any(t.startswith("-i") or t == "--in-place" for t in texts):
-            return Verdict(CONFIRM, "sed -i edits files")
-        if program in ("sort", "tree") and any(t in ("-o", "--output") or t.startswith("--output=") or
-                                               (program == "sort" and t.startswith("-o")) for t in texts):
-            return Verdict(CONFIRM, "%s -o writes a file" % program)
-        if program == "date" and any(t in ("-s", "--set") or t.startswith("--set=") for t in texts):
-            return Verdict(CONFIRM, "date --set changes the clock")
-        if program == "uniq" and len(_positional(args)) > 1:
-            return Verdict(CONFIRM, "uniq with two file arguments writes the second")
-        for a in args:
-            if a.dynamic:
-                return Verdict(CONFIRM, "%s uses a shell expansion (%s)" % (program, a.text))
-        if program in NO_PATH_ARGS:
-            return Verdict(ALLOW, "%s is read-only" % program)
-        skip_pattern = program == "grep" and not any(t in ("-e", "-f") or t.startswith(("--regexp", "--file"))
-                                                     for t in texts)
-        for a in _positional(args):
-            if skip_pattern:
-                skip_pattern = False
-                continue
-            path = self._abs(a.text, a)
-            if path and not self._inside(path):
-                return Verdict(CONFIRM, "%s reads %s, outside the working directory" % (program, a.text))
-        for a in args:  # --file=/etc/x style options
-            if a.text.startswith("--") and "=" in a.text:
-                value = a.text.split("=", 1)[1]
-                if "/" in value:
-                    path = self._abs(value)
-                    if path and not self._inside(path):
-                        return Verdict(CONFIRM, "%s reads %s, outside the working directory" % (program, value))
-        return Verdict(ALLOW, "%s is read-only and stays in the working directory" % program)
-
-    # -- paths --
-    def _abs(self, text, word=None):
-        """An argument as an absolute, normalised path ('' when it cannot be known)."""
-        if text is None:
-            return ""
-        if word is not None and word.dynamic:
-            if re.match(r"^(\$HOME|\$\{HOME\})(/|$)", text):
-                text = self.home + text[text.index("}") + 1 if text.startswith("${") else 5:]
-            else:
-                return ""
-        if text.startswith("~") and (word is None or word.tilde or not word.quoted):
+    def _operand_reason(self, word):
+        """None when the path operand resolves inside the working directory (after symbolic links and
+        glob expansion); else what is wrong with it."""
+        import glob
+        import itertools
+        text = word.text
+        if word.dynamic:
+            return "%s, a path that cannot be known before it runs" % text
+        if word.tilde and text.startswith("~"):
             if text == "~" or text.startswith("~/"):
                 text = self.home + text[1:]
             else:
-                return ""  # ~user
-        glob_free = re.split(r"[*?\[]", text, 1)[0] if (word is None or word.glob) else text
-        if not glob_free and text and (word is None or word.glob):
-            glob_free = "."
-        if glob_free != text and not glob_free.endswith("/"):
-            glob_free = os.path.dirname(glob_free) or "."
-        path = glob_free if glob_free.startswith("/") else os.path.join(self.root, glob_free)
-        norm = os.path.normpath(path)
-        if norm.startswith("//"):
-            norm = "/" + norm.lstrip("/")
-        if glob_free != text:
-            return norm.rstrip("/") + "/*" if norm != "/" else "/*"
-        return norm
+                return "%s (~user cannot be resolved)" % text
+        if word.glob:
+            if re.search(r"(^|/)\.[*?\[]", text):
+                return "%s, a pattern that matches .. (outside the working directory)" % text
+            pattern = text if text.startswith("/") else os.path.join(glob.escape(self.root), text)
+            matches = list(itertools.islice(glob.iglob(pattern), 2001))
+            if len(matches) > 2000:
+                return "%s, a pattern matching too many files to check" % text
+            paths = matches or [text]
+        else:
+            paths = [text]
+        for p in paths:
+            real = os.path.realpath(p if p.startswith("/") else os.path.join(self.root, p))
+            if not _inside(real, self.root):
+                return "%s, outside the working directory" % (text if p == text else "%s (%s)" % (text, p))
+        return None
 
-    def _inside(self, path):
-        base = path[:-2] if path.endswith("/*") else path
-        real = os.path.realpath(base)
-        return _inside(real, self.root)
-
-    def _is_system_path(self, path):
-        if not path:
-            return False
-        base = path[:-2] if path.endswith("/*") else path
-        base = base.rstrip("/") or "/"
-        if self._inside(base):
-            return False
-        if base in SYSTEM_ROOTS or base == self.home.rstrip("/"):
+    def _escapes(self, text):
+        """Does a recursion that follows symbolic links from `text` leave the working directory?"""
+        start = os.path.realpath(os.path.join(self.root, text))
+        if not _inside(start, self.root):
             return True
-        return any(base.startswith(root + "/") for root in SYSTEM_ROOTS
-                   if root not in ("/", "/home", "/Users", "/opt", "/srv"))
+        count = 0
+        for dirpath, dirnames, filenames in os.walk(start):
+            for name in dirnames + filenames:
+                count += 1
+                if count > 20000:
+                    return True  # too large to check: fail closed
+                path = os.path.join(dirpath, name)
+                if os.path.islink(path) and not _inside(os.path.realpath(path), self.root):
+                    return True
+        return False
+
+    def _find_verdict(self, args):
+        i, walk = 0, False
+        while i < len(args) and args[i].text in ("-H", "-L", "-P"):
+            walk = walk or args[i].text == "-L"
+            i += 1
+        starts = []
+        while i < len(args) and not (args[i].text.startswith("-") and len(args[i].text) > 1) and \
+                args[i].text not in ("(", "!", ","):
+            starts.append(args[i])
+            i += 1
+        while i < len(args):
+            t = args[i].text
+            if t == "-follow":
+                walk = True
+                i += 1
+                continue
+            if t in FIND_BAD:
+                return Verdict(CONFIRM, FIND_BAD[t])
+            kind = FIND_SAFE.get(t, 1 if re.match(r"^-newer[amcBt]{2}$", t) else None)
+            if kind is None:
+                return Verdict(CONFIRM, "find %s is not on its list of read-only tests" % t)
+            if kind == "path":
+                if i + 1 >= len(args):
+                    return Verdict(CONFIRM, "find %s needs a file" % t)
+                reason = self._operand_reason(args[i + 1])
+                if reason:
+                    return Verdict(CONFIRM, "find reads %s" % reason)
+            i += 1 + (1 if kind else 0)
+        for w in starts:
+            reason = self._operand_reason(w)
+            if reason:
+                return Verdict(CONFIRM, "find searches %s" % reason)
+        if walk and any(self._escapes(w.text) for w in (starts or [make_word(".")])):
+            return Verdict(CONFIRM, "find -L follows symbolic links out of the working directory")
+        return Verdict(ALLOW, "find only lists files inside the working directory")
+
+    def _git_verdict(self, args):
+        i, dirs = 0, [self.root]
+        while i < len(args) and args[i].text.startswith("-"):
+            t = args[i].text
+            if t == "-C" and i + 1 < len(args):
+                reason = self._operand_reason(args[i + 1])
+                if reason:
+                    return Verdict(CONFIRM, "git -C %s" % reason)
+                dirs.append(os.path.realpath(os.path.join(self.root, args[i + 1].text)))
+                i += 2
+                continue
+            if t in ("--no-pager", "-P", "--no-optional-locks", "--literal-pathspecs", "--no-replace-objects",
+                     "--glob-pathspecs", "--noglob-pathspecs", "--icase-pathspecs", "--no-advice"):
+                i += 1
+                continue
+            return Verdict(CONFIRM, "git %s is not a read-only git option" % t)
+        if i >= len(args):
+            return Verdict(CONFIRM, "git without a subcommand")
+        sub = args[i].text
+        spec = GIT_SPECS.get(sub)
+        if spec is None:
+            return Verdict(CONFIRM, "git %s is not one of the read-only git commands (status, diff, log, show, "
+                                    "branch)" % sub)
+        rest = args[i + 1:]
+        if sub == "branch":
+            verdict, _, seen = self._options_verdict("git branch", spec, rest)
+            names = [w for w in rest if not w.text.startswith("-")]
+            if verdict.level == ALLOW and names and not seen & {"list", "l"}:
+                return Verdict(CONFIRM, "git branch NAME creates a branch")
+        else:
+            verdict, _, _ = self._options_verdict("git " + sub, spec, rest)
+        if verdict.level != ALLOW:
+            return verdict
+        reason = _git_config_runs(dirs)
+        if reason:
+            return Verdict(CONFIRM, "the repository's git configuration runs commands (%s)" % reason)
+        return Verdict(ALLOW, "git %s only reads the repository" % sub)
+
+    def _redirect_verdict(self, redirects, depth):
+        verdict = Verdict(ALLOW, "")
+        for op, target, body, live in redirects:
+            for word in (target, live):
+                if word is not None:
+                    for sub in word.subs:
+                        verdict = verdict.worse(self._script(sub, depth + 1))
+            if op in ("<<", "<<-") or target is None:
+                continue
+            if target.dynamic:
+                verdict = verdict.worse(Verdict(CONFIRM, "the redirection target comes from an expansion (%s)"
+                                                % target.text))
+                continue
+            if op == "<<<":
+                continue
+            if op in (">&", "<&") and re.fullmatch(r"\d*-?", target.text):
+                continue
+            if op == "<":
+                reason = self._operand_reason(target)
+                if reason:
+                    verdict = verdict.worse(Verdict(CONFIRM, "reads %s" % reason))
+                continue
+            if self._abs(target.text) in SAFE_SINKS and op not in ("<>",):
+                continue
+            verdict = verdict.worse(Verdict(CONFIRM, "writes to a file (%s %s)" % (op, target.text)))
+        return verdict
 
 
-def _positional(args):
-    out, end = [], False
+def _value_word(word):
+    """The value of an assignment word (NAME=VALUE) as a word of its own."""
+    value, seen = Word(), False
+    for text, kind in word.parts:
+        if seen:
+            value.parts.append((text, kind))
+        elif kind == "lit" and text == "=":
+            seen = True
+    value.text = "".join(t for t, _ in value.parts)
+    value.variables = word.variables
+    return value
+
+
+def _trivial_output(src):
+    """What `$(echo rm)`, `$(printf '\\x72m')` or `$(echo cm0= | base64 -d)` print; None for anything else."""
+    body = src[2:-1] if src.startswith("$(") else src[1:-1]
+    try:
+        script = parse_shell(body)
+    except ShellSyntaxError:
+        return None
+    if len(script.pipelines) != 1 or not 1 <= len(script.pipelines[0].commands) <= 2:
+        return None
+    commands = script.pipelines[0].commands
+    if not all(isinstance(c, Simple) and c.words and not c.redirects and not c.assigns and
+               not any(w.dynamic for w in c.words) for c in commands):
+        return None
+    texts = [w.text for w in commands[0].words]
+    if texts[0] == "echo":
+        args = texts[1:]
+        while args and args[0] in ("-n", "-e", "-E", "-ne", "-en"):
+            args = args[1:]
+        out = " ".join(args)
+    elif texts[0] == "printf" and len(texts) > 1:
+        out = ansi_c_decode(texts[1])
+        for arg in texts[2:]:
+            out = out.replace("%s", arg, 1)
+    else:
+        return None
+    if len(commands) == 2:
+        decoder = [w.text for w in commands[1].words]
+        if decoder[0] in ("base64", "basenc") and any(a in ("-d", "--decode", "-D") for a in decoder[1:]):
+            import base64
+            import binascii
+            try:
+                out = base64.b64decode(out.strip() + "==="[:(4 - len(out.strip()) % 4) % 4]).decode("utf-8", "replace")
+            except (binascii.Error, ValueError):
+                return None
+        elif decoder[0] == "rev":
+            out = "\n".join(line[::-1] for line in out.split("\n"))
+        else:
+            return None
+    return out.rstrip("\n")
+
+
+def _unwrap(prog, words):
+    """The command a plain wrapper (timeout, nice, nohup, command, time, stdbuf, env) runs, when its options
+    are all understood; "prints" for `command -v`; None for anything else."""
+    i = 0
+    if prog == "timeout":
+        while i < len(words) and words[i].text.startswith("-"):
+            t = words[i].text
+            if t in ("-s", "-k", "--signal", "--kill-after"):
+                i += 2
+            elif t.startswith(("--signal=", "--kill-after=")) or t in ("--preserve-status", "--foreground", "-v",
+                                                                       "--verbose") or re.match(r"^-[sk].", t):
+                i += 1
+            else:
+                return None
+        if i >= len(words) or not re.match(r"^\d+(\.\d+)?[smhd]?$", words[i].text):
+            return None
+        return words[i + 1:]
+    if prog == "nice":
+        while i < len(words) and words[i].text.startswith("-"):
+            t = words[i].text
+            if t == "-n":
+                i += 2
+            elif re.match(r"^(-n)?-?\d+$", t) or re.match(r"^--adjustment=-?\d+$", t):
+                i += 1
+            else:
+                return None
+        return words[i:]
+    if prog == "command":
+        texts = [w.text for w in words]
+        if texts[:1] in (["-v"], ["-V"]):
+            return "prints"
+        if texts[:1] == ["-p"]:
+            return words[1:]
+        return None if texts[:1] and texts[0].startswith("-") else words
+    if prog == "time":
+        return words[1:] if words[:1] and words[0].text == "-p" else (
+            None if words[:1] and words[0].text.startswith("-") else words)
+    if prog == "stdbuf":
+        while i < len(words) and words[i].text.startswith("-"):
+            t = words[i].text
+            if t in ("-i", "-o", "-e"):
+                i += 2
+            elif re.match(r"^(-[ioe].|--(input|output|error)=.)", t):
+                i += 1
+            else:
+                return None
+        return words[i:]
+    if prog == "nohup" or prog == "env":
+        return None if not words or words[0].text.startswith("-") or "=" in words[0].text else words
+    return None
+
+
+def _operands(args, takes_value=()):
+    """The operands of a string argument list: options (and the values of `takes_value` options) skipped."""
+    out, end, skip = [], False, False
     for a in args:
-        if not end and a.text == "--":
+        if skip:
+            skip = False
+        elif not end and a == "--":
             end = True
-        elif not end and a.text.startswith("-") and len(a.text) > 1 and not a.dynamic:
-            continue
+        elif not end and a.startswith("-") and len(a) > 1:
+            skip = a in takes_value
         else:
             out.append(a)
     return out
 
 
-def _reads_stdin(program, args):
-    """An interpreter that takes its program from standard input."""
-    texts = [a.text for a in args]
-    if any(t in ("-c", "-e", "-E", "-m") for t in texts):
-        return False
-    positional = [t for t in texts if not t.startswith("-")]
-    return not positional or positional[0] == "-" or "-s" in texts
+def _write_targets(prog, args):
+    """The files a writing program changes (or, for mv, moves away; for ln, links to)."""
+    targets = []
+    if prog in ("cp", "mv", "install", "ln", "rsync", "scp", "rcp", "gcp", "gmv", "ginstall", "link"):
+        ops = _operands(args, takes_value={"-t", "--target-directory", "-S", "--suffix", "-m", "--mode", "-o",
+                                           "--owner", "-g", "--group", "-e", "--rsh", "-f", "--filter", "-i", "-P",
+                                           "-F", "-l", "-c", "--exclude", "--include", "--backup-dir"})
+        directory = None
+        for i, a in enumerate(args):
+            if a in ("-t", "--target-directory") and i + 1 < len(args):
+                directory = args[i + 1]
+            elif a.startswith("--target-directory="):
+                directory = a.split("=", 1)[1]
+            elif prog in ("cp", "mv", "install", "ln", "gcp", "gmv") and re.match(r"^-[a-zA-Z]*t.", a) and \
+                    not a.startswith("--"):
+                directory = a[a.index("t", 1) + 1:]
+        if directory is not None:
+            targets.append(directory)
+            if prog in ("mv", "gmv", "ln"):
+                targets.extend(ops)
+        elif ops:
+            targets.append(ops[-1])
+            if prog in ("mv", "gmv", "ln", "link") or (prog == "rsync" and "--remove-source-files" in args):
+                targets.extend(ops[:-1])
+    elif prog in ("tee", "touch", "truncate", "shred", "rmdir", "unlink", "mkdir", "mkfifo", "mknod", "chmod",
+                  "chown", "chgrp", "chattr", "setfacl", "fallocate", "sponge", "split", "csplit", "mktemp"):
+        targets = _operands(args, takes_value={"-s", "--size", "-r", "--reference", "-m", "--mode", "-o", "-l",
+                                               "--length", "-d", "-b", "-n", "-f", "-p", "--prefix"})
+    elif prog in ("sed", "gsed", "perl"):
+        in_place = any(a == "--in-place" or a.startswith("--in-place=") or
+                       (re.match(r"^-[a-zA-Z]*i", a) and not a.startswith("--")) for a in args)
+        if in_place:
+            ops = _operands(args, takes_value={"-e", "--expression", "-f", "--file", "-l", "-E", "-M", "-m", "-I"})
+            scripted = any(a in ("-e", "--expression", "-f", "--file", "-E") or a.startswith(("--expression=",
+                                                                                              "--file="))
+                           or (re.match(r"^-[a-zA-Z]*[eE]", a) and not a.startswith("--")) for a in args)
+            targets = ops if scripted else ops[1:]
+    elif prog in ("curl", "wget", "aria2c", "tar", "unzip", "bsdtar", "7z", "cpio", "patch", "git", "ssh-keygen",
+                  "openssl", "gpg", "sqlite3", "xxd", "base64", "sort", "uniq", "tree", "find", "gzip", "gunzip"):
+        for i, a in enumerate(args):
+            if a in ("-o", "--output", "-O", "--output-document", "-P", "--directory-prefix", "-C", "--directory",
+                     "-d", "--dir", "-f", "--file", "--output-dir", "-out", "--out") and i + 1 < len(args):
+                targets.append(args[i + 1])
+            elif re.match(r"^--(output|output-document|directory-prefix|directory|dir|output-dir|file)=", a):
+                targets.append(a.split("=", 1)[1])
+            elif re.match(r"^-[oOPCd]./?", a) and not a.startswith("--"):
+                targets.append(a[2:])
+        if prog == "git" and "clone" in args:
+            targets.extend(_operands(args)[-1:])
+        if prog == "uniq":
+            targets.extend(_operands(args)[1:2])
+    if prog in ("dd",):
+        targets.extend(a[3:] for a in args if a.startswith("of="))
+    return targets
 
 
-def _code_args(args):
+def _code_argument(prog, args):
+    """The code an interpreter is given on its command line (sh -c CODE, python -c, perl -e …), or None."""
+    if prog in SHELLS:
+        options, ops = [], []
+        skip = False
+        for a in args:
+            if skip:
+                skip = False
+                continue
+            if not ops and a[:1] in "-+" and len(a) > 1 and a != "--":
+                options.append(a)
+                skip = a in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file")
+                continue
+            ops.append(a)
+        if any("c" in o[1:] and not o.startswith("--") for o in options):
+            return ops[0] if ops else ""
+        return None
+    flags = {"python": ("-c",), "pypy": ("-c",), "perl": ("-e", "-E"), "ruby": ("-e",), "node": ("-e", "-p",
+             "--eval", "--print"), "nodejs": ("-e", "-p", "--eval", "--print"), "deno": ("eval",), "bun": ("-e",
+             "--eval"), "php": ("-r",), "lua": ("-e",), "luajit": ("-e",), "Rscript": ("-e",), "R": ("-e",),
+             "pwsh": ("-c", "-Command", "-command"), "powershell": ("-c", "-Command"), "osascript": ("-e",),
+             "julia": ("-e", "-E"), "tclsh": (), "expect": ("-c",), "psql": ("-c", "--command"),
+             "mysql": ("-e", "--execute"), "mariadb": ("-e", "--execute"), "gdb": ("-ex", "--eval-command"),
+             "irb": ("-e",), "elixir": ("-e",), "erl": ("-eval",), "groovy": ("-e",), "guile": ("-c",),
+             "sqlite3": ()}
+    base = re.sub(r"[0-9.]+$", "", prog)
+    codes = []
     for i, a in enumerate(args):
-        if a.text in ("-c", "-e", "-E") and i + 1 < len(args):
-            yield args[i + 1]
+        for flag in flags.get(base, ("-c", "-e")):
+            if a == flag and i + 1 < len(args):
+                codes.append(args[i + 1])
+            elif flag.startswith("--") and a.startswith(flag + "="):
+                codes.append(a.split("=", 1)[1])
+            elif len(flag) == 2 and a.startswith(flag) and len(a) > 2 and not a.startswith("--"):
+                codes.append(a[2:])
+            elif len(flag) == 2 and re.match(r"^-[a-zA-Z]*%s$" % flag[1], a) and i + 1 < len(args):
+                codes.append(args[i + 1])  # perl -pe CODE, python -Bc CODE
+    if base == "sqlite3":
+        codes.extend(_operands(args)[1:])
+    return "\n".join(codes) if codes else None
 
 
-def _runs_download(word):
-    return any(_script_downloads(s) for s in word.subs)
+def _reads_stdin(prog, args):
+    """Does a shell or interpreter take its program from standard input?"""
+    base = re.sub(r"[0-9.]+$", "", prog)
+    if base == "crontab":
+        ops = _operands(args, takes_value={"-u"})
+        return not any(a in ("-l", "-r", "-e") for a in args) and (not ops or ops == ["-"])
+    if base in _STDIN_COMMANDS:
+        if base == "sqlite3":
+            return len(_operands(args)) <= 1
+        if base == "at" or base == "batch":
+            return "-f" not in args
+        return not any(a in ("-c", "--command", "-f", "--file", "-e", "--execute", "-batch") for a in args)
+    if _code_argument(prog, args) is not None:
+        return False
+    if prog in SHELLS:
+        if any(a == "-s" or (re.match(r"^-[a-zA-Z]*s", a) and not a.startswith("--")) for a in args):
+            return True
+        ops = _operands(args, takes_value={"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
+    else:
+        if any(a in ("-m", "-r", "--require", "-M") for a in args):
+            return False
+        ops = _operands(args, takes_value={"-W", "-X", "-I", "-r", "--require", "-M"})
+    return not ops or ops[0] in ("-", "/dev/stdin", "/proc/self/fd/0", "/dev/fd/0")
 
 
 def _script_downloads(script):
@@ -3387,7 +4697,7 @@ def _script_downloads(script):
     for pipeline in script.pipelines:
         for command in pipeline.commands:
             if isinstance(command, Simple) and command.words:
-                if os.path.basename(command.words[0].text.lstrip("\\")) in DOWNLOADERS:
+                if any(_prog_name(w.text) in DOWNLOADERS for w in command.words[:4]):
                     return True
                 if any(_script_downloads(s) for w in command.words for s in w.subs):
                     return True
@@ -3406,6 +4716,40 @@ def _calls_itself(func):
                     getattr(c, "background", False) for c in pipeline.commands)):
                 return True
     return False
+
+
+def _git_config_runs(dirs):
+    """The first setting in the repositories' own .git/config that makes a read-only git command run a
+    program (fsmonitor, external diff, textconv, filters, pager …), or None."""
+    for start in dirs:
+        d = start
+        while True:
+            git = os.path.join(d, ".git")
+            config = None
+            if os.path.isdir(git):
+                config = os.path.join(git, "config")
+            elif os.path.isfile(git):
+                try:
+                    with open(git, encoding="utf-8", errors="replace") as fh:
+                        m = re.match(r"gitdir:\s*(.+)", fh.read(4096))
+                    if m:
+                        config = os.path.join(os.path.join(d, m.group(1).strip()), "config")
+                except OSError:
+                    return "an unreadable .git file"
+            if config is not None:
+                try:
+                    with open(config, encoding="utf-8", errors="replace") as fh:
+                        m = _GIT_RUNS_COMMANDS.search(fh.read(1 << 20))
+                except OSError:
+                    m = None
+                if m:
+                    return m.group(0).strip()
+                break
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+    return None
 
 
 def _custom_rule(entry):
@@ -4399,6 +5743,13 @@ def _flock(fd):
 # ---- Terminal tool ----
 
 
+#: what the model reads when a command needs a yes nobody can give (run, the watcher): what to do instead
+HEADLESS_REFUSAL = ("command needs a person's approval; not available in this run: %s (%s). Not run. Use the "
+                    "read-only commands (ls, cat, grep, find, head, wc, git status/diff/log …) with plain arguments "
+                    "inside the working directory, or the file tools to change files; a person can run it in chat "
+                    "or with --allow-dangerous.")
+
+
 class Terminal(Tool):
     name = "terminal"
     description = ("Run a shell command in the working directory and return its exit code, stdout and stderr. "
@@ -4428,8 +5779,7 @@ class Terminal(Tool):
         if verdict.level == CONFIRM and mode != FULL:
             if mode != INTERACTIVE or ctx.confirm_command is None:
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
-                raise ToolError("command requires confirmation; not run in restricted mode: %s (%s)"
-                                % (command, verdict.reason))
+                raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
             answer = ctx.confirm_command(command, verdict.reason)
             if answer is None:
                 _audit(audit, ctx, command, "declined", 0, CONFIRM)

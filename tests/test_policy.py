@@ -1,8 +1,11 @@
 """`xzatoma policy`: large tables of commands, URLs and paths judged by exactly the code the tools use."""
 
+import json
 import os
 
 import pytest
+
+from conftest import tool_call
 
 DENY, CONFIRM, ALLOW = "deny", "confirm", "allow"
 
@@ -41,13 +44,13 @@ COMMANDS = [
     ("find . -name '*.py'", ALLOW), ("find src -type f", ALLOW), ("echo hello", ALLOW), ("pwd", ALLOW),
     ("which python3", ALLOW), ("type ls", ALLOW), ("wc -l *.py", ALLOW), ("cat a.txt | sort | uniq -c", ALLOW),
     ("ls | wc -l", ALLOW), ("diff a.txt b.txt", ALLOW), ("file README.md", ALLOW), ("stat README.md", ALLOW),
-    ("du -sh .", ALLOW), ("df -h", ALLOW), ("tree", ALLOW), ("basename /a/b/c", ALLOW), ("dirname /a/b/c", ALLOW),
+    ("du -sh .", ALLOW), ("df -h", ALLOW), ("basename /a/b/c", ALLOW), ("dirname /a/b/c", ALLOW),
     ("realpath src", ALLOW), ("date", ALLOW), ("ls > /dev/null 2>&1", ALLOW), ("grep foo notes.txt 2>/dev/null", ALLOW),
     ("echo 'rm -rf /'", ALLOW), ("grep sudo notes.txt", ALLOW), ("{ ls; pwd; }", ALLOW), ("(ls src)", ALLOW),
     ("timeout 5 ls", ALLOW), ("cat <<EOF\nhello\nEOF", ALLOW), ("ls src && cat README.md", ALLOW),
     # everything else needs confirmation
-    ("rm notes.txt", CONFIRM), ("rm -rf build", CONFIRM), ("rm -rf ./*", CONFIRM), ("rm -rf *", CONFIRM),
-    ("mkdir x", CONFIRM), ("touch x", CONFIRM), ("mv a b", CONFIRM), ("cp a b", CONFIRM), ("git status", CONFIRM),
+    ("rm notes.txt", CONFIRM), ("rm -rf build", CONFIRM), ("rm -rf ./*", DENY), ("rm -rf *", DENY),
+    ("mkdir x", CONFIRM), ("touch x", CONFIRM), ("mv a b", CONFIRM), ("cp a b", CONFIRM), ("git status", ALLOW),
     ("git push --force", CONFIRM), ("make", CONFIRM), ("npm install", CONFIRM), ("pip install requests", CONFIRM),
     ("python3 script.py", CONFIRM), ("python3 -c 'print(1)'", CONFIRM), ("bash -c 'ls'", CONFIRM),
     ("curl -O https://x/file.tar.gz", CONFIRM), ("wget https://x", CONFIRM), ("chmod +x run.sh", CONFIRM),
@@ -58,17 +61,17 @@ COMMANDS = [
     ("date -s 2020-01-01", CONFIRM), ("uniq in.txt out.txt", CONFIRM), ("ls &", CONFIRM), ("FOO=1 ls", CONFIRM),
     ("ls $(pwd)", CONFIRM), ("echo $HOME", CONFIRM), ("$CMD", CONFIRM), ("xargs rm", CONFIRM), ("cp /etc/hosts .", CONFIRM),
     ("if [ -f x ]; then cat x; fi", CONFIRM), ("for f in *.txt; do wc -l \"$f\"; done", CONFIRM),
-    ("cat 'unterminated", CONFIRM), ("dd if=/dev/zero of=disk.img bs=1M count=1", CONFIRM),
+    ("cat 'unterminated", DENY), ("dd if=/dev/zero of=disk.img bs=1M count=1", CONFIRM),
     ("docker run --rm alpine", CONFIRM), ("kill -9 1234", CONFIRM), ("ssh host", CONFIRM), ("ls /etc/*", CONFIRM),
-    ("echo $((1 + 2", CONFIRM), ("ls ${HOME", CONFIRM),
+    ("echo $((1 + 2", DENY), ("ls ${HOME", DENY),
 ]
 
 
 def run_table(cli, kind, items, *extra, cwd=None):
     r = cli.run("policy", kind, "-", "--null", *extra, input="\0".join(items), cwd=cwd)
-    assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == len(items), r.stdout
+    assert len(lines) == len(items), r.stdout + r.stderr
+    assert r.returncode == (1 if any(line.startswith("deny: ") for line in lines) else 0), r.stderr
     return [tuple(line.split(": ", 1)) for line in lines]
 
 
@@ -82,6 +85,14 @@ def test_command_table(cli):
     assert not wrong, "\n".join("%r: want %s, got %s (%s)" % (c, w, g[0], g[1]) for c, w, g in wrong)
 
 
+def test_policy_command_exits_1_only_for_deny(cli):
+    assert cli.run("policy", "command", "rm -rf ~").returncode == 1
+    assert cli.run("policy", "command", "touch x").returncode == 0
+    assert cli.run("policy", "command", "ls").returncode == 0
+    r = cli.run("policy", "command", "-", input="ls\nsudo ls\n")
+    assert r.returncode == 1 and r.stdout.splitlines()[1].startswith("deny: ")
+
+
 def test_modes_change_what_confirm_means(cli):
     r = cli.run("policy", "command", "make test", "--mode", "full")
     assert r.stdout.startswith("allow: make is not on the read-only allowlist; full autonomous mode runs it")
@@ -93,7 +104,7 @@ def test_modes_change_what_confirm_means(cli):
 
 def test_custom_denylist_and_allowlist_from_config(cli):
     cli.write_config({"agent": {"terminal": {"custom_denylist": ["shutdown", "git push --force", "re:DROP\\s+TABLE"],
-                                             "allowlist": ["ls", "git"]}}})
+                                             "allowlist": ["ls", "git", "git push"]}}})
     items = ["shutdown -h now", "git push --force origin", "git push -f origin", "psql -c 'DROP  TABLE x'",
              "git status", "cat README.md"]
     verdicts = [v for v, _ in run_table(cli, "command", items)]
@@ -187,3 +198,63 @@ def test_path_table(cli, jail):
     r = cli.run("policy", "path", "x\x01y")
     assert r.stdout.startswith("inside: ")
     assert cli.run("policy", "path", "loop_a").returncode == 0
+
+
+# ---- end to end: what a plain `run` does with hidden commands (issue 17's critical findings) ----
+
+HIDDEN = [
+    "cat <<EOF\n$(touch heredoc_marker)\nEOF",
+    "cat <<EOF\nline `touch heredoc_tick_marker`\nEOF",
+    "echo ${x:-`touch brace_tick_marker`}",
+    "echo ${x:-$(touch brace_sub_marker)}",
+    "ls > $(touch redirect_marker; echo out.txt)",
+    "cat < $(touch input_marker; echo notes.txt)",
+    "echo $(( $(touch arith_marker) + 1 ))",
+    "diff <(touch procsub_marker) notes.txt",
+    "wc -l notes.txt > >(touch outsub_marker)",
+]
+
+
+def tool_results(fake, index):
+    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"] if m["role"] == "tool"]
+
+
+def test_hidden_substitutions_never_run_unasked(cli, fake):
+    (cli.workdir / "notes.txt").write_text("a\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command=c) for c in HIDDEN]}, {"content": "done"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    results = tool_results(fake, 1)
+    assert len(results) == len(HIDDEN)
+    for command, result in zip(HIDDEN, results):
+        assert result.startswith("Error: command needs a person's approval; not available in this run"), (command,
+                                                                                                           result)
+        assert "Use the read-only commands" in result
+    assert sorted(p.name for p in cli.workdir.iterdir()) == ["notes.txt"]  # no marker, no out.txt
+
+
+KEYS = {"OPENAI_API_KEY": "sk-agent-key-0123456789abcdef", "GITHUB_TOKEN": "ghp_agenttoken0123456789abcdefXYZ",
+        "COPILOT_API_TOKEN": "tid=agent-copilot-token-0123", "XZ_OTHER_SECRET": "other-secret-value-42"}
+ENVIRON_READS = ["grep -a KEY < /proc/$PPID/environ", "cat /proc/$PPID/environ", "tr '\\0' '\\n' < /proc/$PPID/environ",
+                 "grep -a TOKEN /proc/*/environ", "cat /proc/self/../$PPID/environ", "strings /proc/$PPID/environ",
+                 "P=/proc/$PPID; cat $P/environ", "cd /proc/$PPID && cat environ", "xxd /proc/$PPID/mem",
+                 "cat /proc/$PPID/task/$PPID/environ", "head -c 4096 /proc/${PPID}/environ",
+                 "cat /pro''c/$PPID/envi\\ron", "ls -la /proc/$PPID/cwd/", "cat /proc/$PPID/root/etc/hostname"]
+
+
+@pytest.mark.parametrize("mode", [[], ["--allow-dangerous"]])
+def test_the_agents_keys_never_reach_the_model(cli, fake, mode):
+    cli.use(fake, provider="openai")
+    fake.add({"tool_calls": [tool_call("terminal", command=c) for c in ENVIRON_READS]}, {"content": "done"})
+    r = cli.run("run", *mode, "--prompt", "x", env=KEYS)
+    assert r.returncode == 0, r.stderr
+    results = tool_results(fake, 1)
+    assert len(results) == len(ENVIRON_READS)
+    for command, result in zip(ENVIRON_READS, results):
+        assert result.startswith("Error: command denied") or (
+            not mode and result.startswith("Error: command needs a person's approval")), (command, result)
+    bodies = json.dumps([req["body"] for req in fake.requests])
+    for value in KEYS.values():
+        assert value not in bodies
+        assert value not in r.stdout and value not in r.stderr

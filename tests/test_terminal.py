@@ -54,8 +54,8 @@ def test_modes(tmp_path):
     r = reg.execute("terminal", {"command": "wc -l f.txt"})
     assert r.success and r.output.startswith("exit code: 0") and "2 f.txt" in r.output
     r = reg.execute("terminal", {"command": "touch new.txt"})
-    assert r.to_message() == ("Error: command requires confirmation; not run in restricted mode: touch new.txt "
-                              "(touch is not on the read-only allowlist)")
+    assert r.to_message().startswith("Error: command needs a person's approval; not available in this run: "
+                                     "touch new.txt (touch is not on the read-only allowlist). Not run. Use the")
     assert not (tmp_path / "new.txt").exists()
     r = reg.execute("terminal", {"command": "sudo touch x"})
     assert r.to_message().startswith("Error: command denied (privilege escalation (sudo) is never run)")
@@ -177,8 +177,8 @@ def test_run_uses_the_terminal_with_the_documented_modes(cli, fake):
     assert r.returncode == 0 and r.stdout == "restricted done\n"
     results = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"]
     assert results[0].startswith("exit code: 0") and "3 notes.txt" in results[0]
-    assert results[1].startswith("Error: command requires confirmation; not run in restricted mode: touch made.txt")
-    assert results[2].startswith("Error: command denied (download-and-execute")
+    assert results[1].startswith("Error: command needs a person's approval; not available in this run: touch made.txt")
+    assert results[2].startswith("Error: command denied (data piped into sh")
     assert not (cli.workdir / "made.txt").exists()
     r = cli.run("run", "--allow-dangerous", "--prompt", "x", env=env)
     assert r.returncode == 0 and (cli.workdir / "made.txt").exists()

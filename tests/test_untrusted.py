@@ -189,13 +189,12 @@ def test_a_spoofed_confirmation_shows_the_real_command(chat, fake, cli):
     p = chat("--mode", "write")
     p.expect(PROMPT)
     p.line("tidy up")
-    p.expect(r"Run this command\?")
-    p.expect(r"\$ rm -r src #\\x1b\[2K\\r  \$ ls -la")
-    p.expect(r"\[e\]dit > ")
-    p.line("n")
-    p.expect("declined")
+    p.expect("declined")  # a command carrying escape sequences is denied outright: nobody is asked (issue 17)
+    assert "Run this command?" not in p.seen
     assert (cli.workdir / "src" / "keep.py").exists()
     assert "\x1b[2K" not in p.seen and "\u202e" not in p.seen
+    result = [m for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"][0]["content"]
+    assert result.startswith("Error: command denied (the command contains a control or invisible character")
 
 
 def test_the_diff_for_approval_shows_the_hidden_line(chat, fake, cli):
