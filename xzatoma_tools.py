@@ -1021,6 +1021,34 @@ def protected_paths(root, xzatoma_home=None, extra=()):
     return out
 
 
+def _resolved_protected(root, protected):
+    """The protected paths plus where they really are: `.git` may be a symlink to `repo-meta/`, or a
+    worktree's `.git` file naming its gitdir; changing those is changing .git."""
+    jail, out = Jail(root), list(protected)
+    for path in protected:
+        try:
+            with jail.resolve(path) as target:
+                real, st = target.real, target.lstat()
+                pointer = b""
+                if st is not None and stat.S_ISREG(st.st_mode) and os.path.basename(path) == ".git":
+                    fd = target.open_regular("")
+                    try:
+                        pointer = read_fd(fd, 4096)
+                    finally:
+                        os.close(fd)
+        except (ToolError, OSError):
+            continue
+        if real != path:
+            out.append(real)
+        if pointer.startswith(b"gitdir:"):
+            gitdir = os.fsdecode(pointer[7:].strip().splitlines()[0]) if pointer[7:].strip() else ""
+            try:
+                out.append(resolve_path(os.path.join(os.path.dirname(real), gitdir), root))
+            except (ToolError, OSError):
+                pass  # a gitdir outside the tree: the jail keeps tools out of it anyway
+    return out
+
+
 def protected_reason(target, protected, root):
     """What protected path a change at `target` (a Target) touches, or None.
 
@@ -1028,7 +1056,7 @@ def protected_reason(target, protected, root):
     protected path (deleting or replacing `src/` deletes `src/.git`) all count.
     """
     real = target.real.lower()
-    for path in protected:
+    for path in _resolved_protected(root, protected):
         p = path.lower()
         if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
             return display_path(path, root)
@@ -2304,7 +2332,12 @@ def undo_root(store, record):
     root = os.path.realpath(conversation["working_dir"]) if conversation and conversation.get("working_dir") else None
     if root and all(_inside(p, root) for p in paths):
         return root
-    return os.path.dirname(os.path.commonpath(paths)) if len(paths) > 1 else os.path.dirname(paths[0])
+    # no stored working directory: the record's own parent directory, which must still be the real
+    # directory it was (records hold resolved paths) and not a symlink planted since
+    parent = os.path.dirname(os.path.commonpath(paths)) if len(paths) > 1 else os.path.dirname(paths[0])
+    if os.path.realpath(parent) != parent:
+        raise UndoError("%s: not restored (a symlink now stands in its path)" % record["path"])
+    return parent
 
 
 def undo_change(store, record, force=False, root=None):

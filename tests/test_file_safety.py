@@ -157,6 +157,24 @@ def test_protected_paths_are_refused_headless(cli, fake, call, path):
     assert snapshot(work) == before  # nothing changed, anywhere
 
 
+@pytest.mark.parametrize("layout", ["symlink", "gitdir-file"])
+def test_where_git_really_lives_is_protected(cli, fake, layout):
+    """.git may be a link to the repository's metadata, or a file naming its gitdir (worktrees, submodules)."""
+    work = cli.workdir
+    (work / "meta" / "hooks").mkdir(parents=True)
+    if layout == "symlink":
+        os.symlink("meta", str(work / ".git"))
+    else:
+        (work / ".git").write_text("gitdir: meta\n")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="meta/hooks/pre-commit", content="x"),
+                                       tool_call("write_file", path="META/config", content="x"),
+                                       tool_call("write_file", path="elsewhere.txt", content="ok")])
+    assert results[0].endswith(HEADLESS) and results[1].endswith(HEADLESS), results
+    assert results[2] == "Created elsewhere.txt (2 bytes)"
+    assert sorted(os.listdir(str(work / "meta"))) == ["hooks"] and os.listdir(str(work / "meta" / "hooks")) == []
+
+
 def snapshot(root):
     out = {}
     for base, dirs, files in os.walk(str(root)):

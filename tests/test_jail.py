@@ -177,3 +177,42 @@ def test_protected_paths_contract(tmp_path):
                  "deploy/keys"):
         assert os.path.join(root, name) in paths
     assert all(p.startswith(root + "/") for p in paths)  # only what lies under the root
+
+
+def test_tools_stop_at_the_runs_deadline(tmp_path):
+    import time
+    root = tmp_path / "root"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "f.txt").write_text("needle\n")
+    reg = build_registry("write", ToolContext(str(root), {}, deadline=time.monotonic() - 1))
+    for name, args in (("grep", {"pattern": "needle"}), ("find_path", {"glob": "**/*.txt"}),
+                       ("list_directory", {"recursive": True}), ("copy_path", {"source_path": "a", "destination_path": "c"}),
+                       ("delete_path", {"path": "a", "recursive": True}), ("read_file", {"path": "a/b/f.txt"})):
+        r = reg.execute(name, args)
+        assert r.error == "%s stopped: the run's time limit was reached" % name, (name, r.to_message())
+    assert (root / "a" / "b" / "f.txt").exists()
+    live = build_registry("write", ToolContext(str(root), {}, deadline=time.monotonic() + 60))
+    assert live.execute("grep", {"pattern": "needle"}).output == "a/b/f.txt:1: needle"
+
+
+def test_undo_restores_through_the_jail(tmp_path):
+    """A directory swapped for a link to outside after the change: undo never writes through it."""
+    from xzatoma_store import Store
+    from xzatoma_tools import UndoError, undo_change
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (root / "sub" / "f.txt").write_text("original\n")
+    store = Store(str(tmp_path / "u.db")).open()
+    reg = build_registry("write", ToolContext(str(root), {}, store=store, conversation_id="C"))
+    assert reg.execute("write_file", {"path": "sub/f.txt", "content": "changed\n"}).success
+    os.rename(str(root / "sub"), str(root / "aside"))
+    os.symlink(str(outside), str(root / "sub"))
+    record = store.undo_records()[0]
+    with pytest.raises(UndoError) as err:
+        undo_change(store, record, force=True, root=str(root))
+    assert "outside" in str(err.value)
+    with pytest.raises(UndoError) as err:  # without a stored working directory: the record's own parent
+        undo_change(store, record, force=True)
+    assert "a symlink now stands in its path" in str(err.value)
+    assert os.listdir(str(outside)) == []
