@@ -5364,13 +5364,7 @@ class Sandbox:
             os.close(out_w)
             os.close(err_w)
             theirs.close()
-        job = _SandboxJob(mine, out_r, err_r)
-        reply = job.read()
-        if "error" in reply:
-            job.close()
-            raise OSError(reply.get("errno") or 0, reply["error"], argv[0])
-        job.pid = reply.get("pid")
-        return job
+        return _SandboxJob(mine, out_r, err_r, argv[0])  # no round trip: the exit (or error) comes on `mine`
 
     def close(self):
         self._finalizer()
@@ -5397,11 +5391,12 @@ def _sandbox_cleanup(state):
 class _SandboxJob:
     """A command the helper started: its stdout/stderr pipes and its socket (exit status; closing kills)."""
 
-    def __init__(self, sock, out_fd, err_fd):
+    def __init__(self, sock, out_fd, err_fd, program):
         self.sock, self.stdout, self.stderr = sock, out_fd, err_fd
         self.exit_fd = sock.fileno()
-        self.pid = None
+        self.program = program
         self.code = None
+        self.error = None
 
     def read(self, timeout=None):
         self.sock.settimeout(timeout)
@@ -5415,9 +5410,13 @@ class _SandboxJob:
         return self.code is not None
 
     def exited(self):
-        reply = self.read()
-        self.code = reply.get("exit", -9)  # no answer: the helper died, and with it the command
+        self._take(self.read())
         return True
+
+    def _take(self, reply):
+        if "error" in reply:  # it never started (not found, not executable): as Popen would say it
+            self.error = OSError(reply.get("errno") or 0, reply["error"], self.program)
+        self.code = reply.get("exit", -9)  # no answer: the helper died, and with it the command
 
     def finish(self):
         if self.code is None:
@@ -5425,9 +5424,10 @@ class _SandboxJob:
                 self.sock.send(b"kill")  # PID 1 of its namespace: SIGKILL takes every descendant along
             except OSError:
                 pass
-            reply = self.read(timeout=10)
-            self.code = reply.get("exit", -9)
+            self._take(self.read(timeout=10))
         self.close()
+        if self.error is not None:
+            raise self.error
         return self.code
 
     def close(self):
@@ -5628,10 +5628,6 @@ def _helper_loop(libc, ctl, own_pidns, check):
                     os.close(err_fd)
                 jobs[pid] = sock
                 sel.register(sock, selectors.EVENT_READ, pid)
-                try:
-                    sock.send(json.dumps({"pid": pid}).encode())
-                except OSError:
-                    kill(pid)
             elif what == "child":
                 try:
                     os.read(wake_r, 512)
@@ -5660,6 +5656,8 @@ def _helper_loop(libc, ctl, own_pidns, check):
                         sock.close()
             else:  # a command's socket: "kill", or closed by the agent
                 pid = what
+                if jobs.get(pid) is not key.fileobj:
+                    continue  # reaped earlier in this batch: its pid is no longer ours to signal
                 try:
                     data = key.fileobj.recv(64)
                 except OSError:
@@ -5668,8 +5666,7 @@ def _helper_loop(libc, ctl, own_pidns, check):
                 if not data:
                     sel.unregister(key.fileobj)
                     key.fileobj.close()
-                    if pid in jobs:
-                        jobs[pid] = None
+                    jobs[pid] = None
     os._exit(0)
 
 

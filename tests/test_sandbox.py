@@ -152,7 +152,7 @@ def test_nothing_a_command_started_outlives_it(cli, fake):
               "echo started\n" % (token, token, token))
     r, out = attack(cli, fake, script)
     assert r.returncode == 0 and "started" in out
-    assert wait_for(lambda: not running_with("sleep " + token), 10), running_with("sleep " + token)
+    assert wait_for(lambda: not running_with(token), 10), running_with(token)
 
 
 @needs_landlock
@@ -165,7 +165,7 @@ def test_timeout_kills_what_a_command_started(tmp_path):
         r = reg.execute("terminal", {"command": "setsid sleep %s1 & sleep %s2" % (token, token), "timeout_seconds": 1})
         assert time.monotonic() - started < 10
         assert r.error.startswith("command timed out after 1s; it and every process it started were killed")
-        assert wait_for(lambda: not running_with("sleep " + token), 10)
+        assert wait_for(lambda: not running_with(token), 10)
     finally:
         ctx.sandbox.close()
 
@@ -274,3 +274,17 @@ def test_sandbox_modes_are_checked():
     with pytest.raises(ValueError):
         Sandbox("/", "workspace")
     assert Sandbox("/", SANDBOX_OFF).confined is False
+
+
+@needs_landlock
+def test_a_program_that_is_not_there_is_an_error_the_model_can_read(tmp_path):
+    ctx = ToolContext(str(tmp_path), {}, terminal={}, terminal_mode=FULL)
+    reg = build_registry("write", ctx)
+    try:
+        assert reg.execute("terminal", {"command": "no-such-program-4722 --x"}).error == \
+            "no such file or directory: no-such-program-4722"
+        assert "not found" in reg.execute("terminal", {"command": "no-such-program-4722 | cat"}).output
+        for _ in range(3):  # the helper keeps serving after a failed start and many quick commands
+            assert reg.execute("terminal", {"command": "echo ok"}).output.endswith("ok")
+    finally:
+        ctx.sandbox.close()
