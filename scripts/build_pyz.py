@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Build dist/xzatoma.pyz: XZatoma in one file for servers that have a bare Python 3.9+ and nothing else.
 
-    python3 scripts/build_pyz.py [-o dist/xzatoma.pyz] [--python PATH ...] [--wheels DIR]
+    python3 scripts/build_pyz.py [-o dist/xzatoma.pyz] [--python PATH ...] [--wheels dist/wheels]
 
 The archive is a zipapp (`#!/usr/bin/env python3`) holding the project's modules and the pure-Python
 parts of its runtime dependencies at the versions pinned below, fetched by pip from the package registry
-at build time into a temporary directory (never committed), each checked against its pinned sha256.
+at build time into dist/wheels/ (ignored by git, never committed; reused by later builds, which then need
+no network), each checked against its pinned sha256 at every build.
 `keyring` is left out (credentials use the 0600 file), so are the optional extras (metrics, kafka).
 
 Start-up: zipimport never writes bytecode, and it only uses a `.pyc` that sits beside its `.py` and
@@ -96,34 +97,41 @@ def sha256(path):
     return h.hexdigest()
 
 
-def fetch_wheels(dest, wheels_dir=None):
-    """The pinned wheels in `dest`, from `wheels_dir` when given (offline builds) else through pip."""
-    if wheels_dir is None:
+def fetch_wheels(cache):
+    """The pinned wheels, each checked against its sha256: those already in `cache` are used as they
+    are, the others are downloaded into it by pip (so only a machine's first build needs the registry)."""
+    os.makedirs(cache, exist_ok=True)
+    for _, _, filename, digest, _ in PINS:
+        path = os.path.join(cache, filename)
+        if os.path.isfile(path) and sha256(path) != digest:
+            os.remove(path)  # a damaged or foreign file: fetch it again
+    missing = [p for p in PINS if not os.path.isfile(os.path.join(cache, p[2]))]
+    if missing:
         import importlib.util
         if importlib.util.find_spec("pip") is None:
             sys.stderr.write("build_pyz: %s has no pip to fetch the pinned wheels: run this script with a python "
-                             "that has pip, or pass --wheels DIR\n" % sys.executable)
+                             "that has pip, or put these files in %s: %s\n"
+                             % (sys.executable, cache, ", ".join(p[2] for p in missing)))
             raise SystemExit(EXIT_NO_WHEELS)
-        groups = [([p for p in PINS if p[0] != "pyyaml"], PURE_WHEEL), ([p for p in PINS if p[0] == "pyyaml"], PYYAML_WHEEL)]
-        for pins, platform in groups:
-            requirements = os.path.join(dest, "requirements.txt")
-            with open(requirements, "w") as fh:
-                fh.writelines("%s==%s --hash=sha256:%s\n" % (name, version, digest) for name, version, _, digest, _ in pins)
-            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-                   "--only-binary=:all:", "--require-hashes", "--python-version", "%d.%d" % OLDEST, "--dest", dest,
-                   "-r", requirements] + platform
-            if subprocess.call(cmd) != 0:
-                sys.stderr.write("build_pyz: pip could not download the pinned wheels (is the package registry "
-                                 "reachable? or pass --wheels DIR holding: %s)\n" % ", ".join(p[2] for p in pins))
-                raise SystemExit(EXIT_NO_WHEELS)
-        wheels_dir = dest
+        for platform in (PURE_WHEEL, PYYAML_WHEEL):
+            pins = [p for p in missing if (p[0] == "pyyaml") == (platform is PYYAML_WHEEL)]
+            if not pins:
+                continue
+            with tempfile.NamedTemporaryFile("w", suffix=".txt") as requirements:
+                requirements.writelines("%s==%s --hash=sha256:%s\n" % (n, v, digest) for n, v, _, digest, _ in pins)
+                requirements.flush()
+                cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+                       "--only-binary=:all:", "--require-hashes", "--python-version", "%d.%d" % OLDEST, "--dest", cache,
+                       "-r", requirements.name] + platform
+                if subprocess.call(cmd) != 0:
+                    sys.stderr.write("build_pyz: pip could not download the pinned wheels (is the package registry "
+                                     "reachable? or put these files in %s: %s)\n" % (cache, ", ".join(p[2] for p in pins)))
+                    raise SystemExit(EXIT_NO_WHEELS)
     paths = []
     for name, version, filename, digest, _ in PINS:
-        path = os.path.join(wheels_dir, filename)
-        if not os.path.isfile(path):
-            raise SystemExit("build_pyz: %s is missing from %s" % (filename, wheels_dir))
-        if sha256(path) != digest:
-            raise SystemExit("build_pyz: %s does not match its pinned sha256; refusing to bundle it" % path)
+        path = os.path.join(cache, filename)
+        if not os.path.isfile(path) or sha256(path) != digest:
+            raise SystemExit("build_pyz: %s is missing or does not match its pinned sha256; refusing to bundle it" % path)
         paths.append(path)
     return paths
 
@@ -272,7 +280,8 @@ def main(argv=None):
     parser.add_argument("-o", "--output", default=os.path.join(ROOT, "dist", "xzatoma.pyz"))
     parser.add_argument("--python", action="append", default=[], metavar="PATH",
                         help="compile bytecode with this interpreter (repeatable; default: every python3.9+ found)")
-    parser.add_argument("--wheels", metavar="DIR", help="take the pinned wheels from DIR instead of downloading them")
+    parser.add_argument("--wheels", metavar="DIR", default=os.path.join(ROOT, "dist", "wheels"),
+                        help="where the pinned wheels are kept (default: dist/wheels; missing ones are downloaded)")
     args = parser.parse_args(argv)
     if args.python:
         interpreters = {}
@@ -286,16 +295,16 @@ def main(argv=None):
     if not interpreters:
         raise SystemExit("build_pyz: no Python %d.%d+ interpreter found to compile with" % OLDEST)
     with tempfile.TemporaryDirectory(prefix="xzatoma-pyz-") as work:
-        src, trees, licenses, downloads = (os.path.join(work, d) for d in ("src", "trees", "licenses", "wheels"))
-        for d in (src, trees, licenses, downloads):
+        src, trees, licenses = (os.path.join(work, d) for d in ("src", "trees", "licenses"))
+        for d in (src, trees, licenses):
             os.mkdir(d)
-        wheels = fetch_wheels(downloads, args.wheels)
+        wheels = fetch_wheels(args.wheels)
         modules = stage(wheels, src, licenses)
         tags = compile_trees(src, trees, list(interpreters.values()))
         write_archive(args.output, trees, tags, licenses)
     size = os.path.getsize(args.output)
     print("built %s (%.1f MB): %s; %s; bytecode for %s" % (
-        os.path.relpath(args.output), size / 1e6, ", ".join(m[:-3] for m in modules),
+        args.output, size / 1e6, ", ".join(m[:-3] for m in modules),
         ", ".join("%s %s" % (p[0], p[1]) for p in PINS), ", ".join(tags)))
     return 0
 
