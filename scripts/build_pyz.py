@@ -80,7 +80,8 @@ if sys.version_info < {oldest}:
     sys.exit(2)
 TAGS = {tags}  # trees with bytecode; the first is the archive's root, which also serves any other interpreter
 tag = getattr(sys.implementation, "cache_tag", None)
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), tag) if tag in TAGS[1:] else os.path.dirname(__file__))
+here = os.path.abspath(os.path.dirname(__file__))  # absolute: imports done later still find the archive
+sys.path.insert(0, os.path.join(here, tag) if tag in TAGS[1:] else here)
 import xzatoma  # noqa: E402
 
 sys.exit(xzatoma.main())
@@ -120,7 +121,7 @@ def fetch_wheels(cache):
             with tempfile.NamedTemporaryFile("w", suffix=".txt") as requirements:
                 requirements.writelines("%s==%s --hash=sha256:%s\n" % (n, v, digest) for n, v, _, digest, _ in pins)
                 requirements.flush()
-                cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+                cmd = [sys.executable, "-m", "pip", "download", "-qq", "--disable-pip-version-check", "--no-deps",
                        "--only-binary=:all:", "--require-hashes", "--python-version", "%d.%d" % OLDEST, "--dest", cache,
                        "-r", requirements.name] + platform
                 if subprocess.call(cmd) != 0:
