@@ -2780,6 +2780,7 @@ class ShellParser:
                 command.background = True
             return command
         simple = Simple()
+        reserved = None
         while True:
             self.skip_blanks()
             c = self.peek()
@@ -2801,9 +2802,13 @@ class ShellParser:
                 raise ShellSyntaxError("unexpected ( at position %d" % self.i)
             word = self.read_word()
             if not simple.words and not word.quoted and word.text in _RESERVED_PREFIX:
+                reserved = word.text
                 continue
-            if not simple.words and not word.quoted and "=" in word.text and \
-                    re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=", word.text):
+            if not simple.words and reserved == "time" and word.text == "-p":  # time -p COMMAND
+                reserved = None
+                continue
+            reserved = None
+            if not simple.words and _is_assignment(word):
                 simple.assigns.append(word)
                 continue
             simple.words.append(word)
@@ -3139,6 +3144,16 @@ def parse_shell(text):
     return ShellParser(text).parse()
 
 
+def _is_assignment(word):
+    """NAME=…, NAME+=…, NAME[i]=…: the name and the = unquoted (the value may be quoted: x='a b')."""
+    prefix = []
+    for text, kind in word.parts:
+        if kind != "lit":
+            break
+        prefix.append(text)
+    return bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=", "".join(prefix)))
+
+
 def brace_expand(word, limit=256):
     """The token lists bash makes of `word` by brace expansion ({a,b}, {1..3}): each a list of (text, kind)
     with unquoted characters one token each; a single list when there is no brace expansion."""
@@ -3209,6 +3224,8 @@ def needs_shell(text, script=None):
     cmd = script.pipelines[0].commands[0]
     if not isinstance(cmd, Simple) or cmd.redirects or cmd.assigns or cmd.background:
         return True
+    if cmd.words and cmd.words[0].text in _SHELL_ONLY:
+        return True
     return any(w.dynamic or w.glob or w.tilde for w in cmd.words) or bool(re.search(r"[;&|<>\n]", text))
 
 
@@ -3243,9 +3260,9 @@ def command_argv(command, verdict=None):
 ALLOW, CONFIRM, DENY = "allow", "confirm", "deny"
 _SEVERITY = {ALLOW: 0, CONFIRM: 1, DENY: 2}
 
-DEFAULT_ALLOWLIST = ("ls", "cat", "head", "tail", "grep", "find", "echo", "pwd", "which", "type", "wc", "sort",
-                     "uniq", "diff", "file", "stat", "du", "df", "tree", "basename", "dirname", "realpath", "date",
-                     "git")
+DEFAULT_ALLOWLIST = ("ls", "cat", "head", "tail", "grep", "find", "echo", "printf", "pwd", "which", "type", "wc",
+                     "sort", "uniq", "diff", "file", "stat", "du", "df", "tree", "basename", "dirname", "realpath",
+                     "date", "true", "false", "git")
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "yash", "posh", "rbash",
           "ksh93", "pdksh", "oksh", "loksh", "elvish", "nu", "xonsh", "ion", "rc", "es", "scsh"}
 _INTERPRETER = re.compile(r"^(python|pypy|perl|ruby|php|lua|luajit|tclsh|wish|jython|node|nodejs|deno|bun|"
@@ -3302,7 +3319,10 @@ _PROC_SENSITIVE = ("environ", "mem", "root", "cwd", "fd", "fdinfo", "map_files",
                    "kcore", "kmem", "exe")
 #: C0/C1 controls (but tab and newline), DEL, bidirectional overrides, zero-width characters
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
-SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[", ":"}
+SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[", ":", "command", "time"}
+#: builtins with no program of their own on most systems: such a command runs through /bin/sh
+_SHELL_ONLY = {"command", "type", "cd", "exec", "builtin", "trap", "alias", "eval", "source", ".", "export", "set",
+               "unset", "read", "ulimit", "umask", "wait", "jobs", "time", "local", "declare", "typeset", "shopt"}
 
 # Defence in depth: shapes that are denied even when the command cannot be parsed.
 RAW_DENY = [
@@ -3356,7 +3376,9 @@ class OptionSpec:
     Long options must be spelled out: an abbreviation is accepted only as a prefix of a listed *unsafe*
     option, so that --compress-prog is caught and nothing unlisted is ever taken as safe."""
 
-    def __init__(self, flags="", args="", pargs="", longs="", bad=None, operands="paths", digits=False, walk=""):
+    def __init__(self, flags="", args="", pargs="", longs="", bad=None, operands="paths", digits=False, walk="",
+                 oargs=""):
+        self.oargs = set(oargs)  #: short options whose value is optional and attached (date -Iseconds)
         self.flags = set(flags.replace(" ", ""))  #: short options without a value
         self.args = set(args)  #: short options with a value that is not a file
         self.pargs = set(pargs)  #: short options whose value is a file to read (checked like an operand)
@@ -3449,10 +3471,11 @@ SAFE_OPTIONS = {
     "dirname": OptionSpec("z", "", "", "zero " + _COMMON, operands="none"),
     "realpath": OptionSpec("eLmPqsz", "", "", "canonicalize-existing canonicalize-missing logical physical quiet "
                            "relative-to=@ relative-base=@ strip no-symlinks zero " + _COMMON),
-    "date": OptionSpec("uR", "dI", "r", "date= iso-8601[=] rfc-email rfc-3339= universal utc reference=@ debug "
+    "date": OptionSpec("uR", "d", "r", "date= iso-8601[=] rfc-email rfc-3339= universal utc reference=@ debug "
                        "resolution " + _COMMON, operands="date",
                        bad={"s": "date -s sets the clock", "set": "date --set sets the clock",
-                            "f": "date -f reads dates from a file", "file": "date --file reads dates from a file"}),
+                            "f": "date -f reads dates from a file", "file": "date --file reads dates from a file"},
+                       oargs="I"),
 }
 for _name in ("wc", "cat", "head", "tail", "sort", "uniq"):
     SAFE_OPTIONS[_name].longs.setdefault("help", None)
@@ -3548,6 +3571,13 @@ class CommandPolicy:
         self.path = path if path is not None else os.environ.get("PATH", os.defpath)
 
     def judge(self, command):
+        try:
+            return self._judge(command)
+        except (RecursionError, ValueError, IndexError, KeyError, TypeError, OSError) as exc:  # fail closed
+            return Verdict(DENY, "the command could not be checked (%s: %s); it is not run"
+                           % (type(exc).__name__, exc))
+
+    def _judge(self, command):
         if not command or not command.strip():
             return Verdict(CONFIRM, "the command is empty")
         if "\x00" in command:
@@ -3591,13 +3621,15 @@ class CommandPolicy:
         if depth > 16:
             return Verdict(DENY, "commands are nested too deeply to check")
         for pipeline in script.pipelines:
+            upstream = None
             for position, command in enumerate(pipeline.commands):
-                verdict = self._deny_node(command, depth, env, position > 0 or first_piped)
+                verdict = self._deny_node(command, depth, env, position > 0 or first_piped, upstream)
                 if verdict is not None:
                     return verdict
+                upstream = _printed(command)
         return None
 
-    def _deny_node(self, node, depth, env, piped):
+    def _deny_node(self, node, depth, env, piped, upstream=None):
         if isinstance(node, FunctionDef):
             if _calls_itself(node):
                 return Verdict(DENY, "a fork bomb (function %s calls itself in the background)" % node.name)
@@ -3626,7 +3658,7 @@ class CommandPolicy:
                     return verdict
         if not node.words:
             return None
-        stdin_code = None
+        stdin_code = upstream
         for op, target, body, live in node.redirects:
             if op in ("<<", "<<-"):
                 stdin_code = body or ""
@@ -3641,10 +3673,24 @@ class CommandPolicy:
                           _prog_name(a) in ("eval", ".", "source")]
                 if runner:
                     return Verdict(DENY, "download-and-execute: %s runs fetched code" % _prog_name(runner[0]))
+        downloads = env.setdefault("\0downloads", [])
         for argv in argvs:
+            if not argv:
+                continue
             verdict = self._deny_argv(argv, depth, piped, stdin_code)
             if verdict is not None:
                 return verdict
+            runs = [self._abs(a) for a in argv[:3] if a and not a.startswith("-")]
+            if downloads and any(path in downloads for path in runs) and (
+                    "/" in argv[0] or is_interpreter(_prog_name(argv[0])) or _prog_name(argv[0]) in (".", "source")):
+                return Verdict(DENY, "download-and-execute: runs a file downloaded earlier in the command")
+            if _prog_name(argv[0]) in DOWNLOADERS:
+                outputs = _write_targets("curl", argv[1:]) + [t.text for op, t, b, l in node.redirects
+                                                               if t is not None and op in (">", ">>", ">|", "&>")]
+                outputs += [a.rsplit("/", 1)[-1] for a in argv[1:] if "://" in a and
+                            any(o in argv for o in ("-O", "--remote-name")) or ("://" in a and
+                                                                                _prog_name(argv[0]) == "wget")]
+                downloads.extend(self._abs(o) for o in outputs if self._abs(o))
         first = argvs[0] if argvs else []
         if len(first) >= 3 and first[0] in ("for", "select") and first[2] == "in":
             env[first[1]] = (first[3:] or [""])[:8]
@@ -3748,6 +3794,8 @@ class CommandPolicy:
             return None
         code = _code_argument(prog, args)
         if code is not None:
+            if prog in SHELLS and "{}" in code:
+                return Verdict(DENY, "%s -c runs input data as shell code ({} inside the code)" % prog)
             if prog in SHELLS:
                 return self._deny_code(code, depth)
             return self._deny_embedded(code, depth)
@@ -3783,6 +3831,22 @@ class CommandPolicy:
         misread option count can hide it), and code strings (-c, -S, watch's words) are parsed."""
         if prog == "xargs" or prog == "parallel":
             piped = False  # their standard input becomes arguments, not the command's input
+            if stdin_code:  # known input (echo / | xargs rm -rf, xargs rm -rf <<< ~): as the arguments
+                items = stdin_code.split()[:16]
+                replace = [a for a in args if a in ("-I", "-i", "{}") or a.startswith(("-I", "--replace"))]
+                for start in range(len(args)):
+                    if args[start].startswith("-") or (start and args[start - 1] in ("-I", "-n", "-P", "-L", "-d",
+                                                                                      "-s", "-E", "-a")):
+                        continue
+                    inner = args[start:]
+                    tries = [[w.replace("{}", item) for w in inner] for item in items] if replace else \
+                        [inner + items]
+                    for argv in tries:
+                        verdict = self._deny_argv(argv, depth + 1)
+                        if verdict is not None:
+                            return verdict
+                    break
+            stdin_code = None
         strings = []
         for i, a in enumerate(args):
             if a in ("-c", "--command", "-S", "--split-string", "-e") and i + 1 < len(args):
@@ -4039,7 +4103,9 @@ class CommandPolicy:
             elif kind == "qx":
                 cur, started = cur + self._value(text, env, mode, k), True
             else:
-                pieces = re.split(r"[ \t\n]+", self._value(text, env, mode, k))
+                ifs = env["IFS"][0] if env.get("IFS") else " \t\n"
+                value = self._value(text, env, mode, k)
+                pieces = re.split("[%s]+" % re.escape(ifs), value) if ifs else [value]
                 cur += pieces[0]
                 started = started or bool(pieces[0])
                 for piece in pieces[1:]:
@@ -4065,7 +4131,7 @@ class CommandPolicy:
             return unknown
         name, rest = m.group(1), inner[m.end():]
         if name == "IFS":
-            return " "
+            return env["IFS"][0] if env.get("IFS") else " "
         if name == "HOME":
             value = self.home
         elif name == "PWD":
@@ -4299,6 +4365,9 @@ class CommandPolicy:
                     seen.add(c)
                     j += 1
                     continue
+                if c in spec.oargs:
+                    seen.add(c)
+                    break
                 if c in spec.args or c in spec.pargs:
                     if j + 1 < len(t):
                         value_word = make_word(t[j + 1:])
@@ -4479,6 +4548,18 @@ class CommandPolicy:
                 continue
             verdict = verdict.worse(Verdict(CONFIRM, "writes to a file (%s %s)" % (op, target.text)))
         return verdict
+
+
+def _printed(node):
+    """What a static `echo …` / `printf …` prints (a pipeline's known data), or None."""
+    if isinstance(node, Simple) and node.words and not node.redirects and not any(w.dynamic for w in node.words):
+        source = " ".join(shlex_quote(w.text) for w in node.words)
+        return _trivial_output("$(%s)" % source)
+    return None
+
+
+def shlex_quote(text):
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _value_word(word):
@@ -4683,7 +4764,7 @@ def _code_argument(prog, args):
              "mysql": ("-e", "--execute"), "mariadb": ("-e", "--execute"), "gdb": ("-ex", "--eval-command"),
              "irb": ("-e",), "elixir": ("-e",), "erl": ("-eval",), "groovy": ("-e",), "guile": ("-c",),
              "sqlite3": ()}
-    base = re.sub(r"[0-9.]+$", "", prog)
+    base = prog if prog in flags else re.sub(r"[0-9.]+$", "", prog)
     codes = []
     for i, a in enumerate(args):
         for flag in flags.get(base, ("-c", "-e")):
@@ -4702,7 +4783,7 @@ def _code_argument(prog, args):
 
 def _reads_stdin(prog, args):
     """Does a shell or interpreter take its program from standard input?"""
-    base = re.sub(r"[0-9.]+$", "", prog)
+    base = prog if prog in _STDIN_COMMANDS else re.sub(r"[0-9.]+$", "", prog)
     if base == "crontab":
         ops = _operands(args, takes_value={"-u"})
         return not any(a in ("-l", "-r", "-e") for a in args) and (not ops or ops == ["-"])
