@@ -3946,6 +3946,12 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     quiet = Console(quiet=True, color=False)
     terminal_mode = "full_autonomous" if allow_dangerous else "restricted_autonomous"
     conv_cfg = cfg.get("agent.conversation")
+    if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
+        probe = terminal_sandbox(cfg, settings.working_dir)
+        try:
+            check_sandbox(cfg, probe, console)
+        finally:
+            probe.close()
 
     def run_plan(job):
         provider = base_provider.clone()
@@ -3969,7 +3975,10 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
         conversation.add_system(system_prompt(mode, ctx.root, registry.names()))
         conversation.add_user(job.prompt)
         agent.recorder = recorder
-        return agent.run().to_json()
+        try:
+            return agent.run().to_json()
+        finally:
+            ctx.sandbox.close()  # each event's commands, and its private TMPDIR, end with it
     return run_plan
 
 

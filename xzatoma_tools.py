@@ -5222,6 +5222,34 @@ def git_dirs(root):
     return [p for p in out if os.path.exists(p)]
 
 
+def nested_repositories(root, max_dirs=2000):
+    """Repository metadata below the top of the working directory (submodules, vendored clones):
+    (paths, complete). Breadth-first, never following links, at most max_dirs directories looked at, so a
+    huge tree costs a bounded start-up; complete is False when the bound cut the search short."""
+    root = os.path.realpath(root)
+    found, queue, seen = [], [(root, 0)], 0
+    while queue:
+        path, depth = queue.pop(0)
+        seen += 1
+        if seen > max_dirs:
+            return found, False
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.lower() in PROTECTED_ANYWHERE:
+                if depth and not entry.is_symlink():
+                    found.append(entry.path)
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    queue.append((entry.path, depth + 1))
+            except OSError:
+                pass
+    return found, True
+
+
 def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
     """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only."""
     rules = [(d, "r") for d in SANDBOX_SYSTEM_DIRS if os.path.exists(d)]
@@ -5262,6 +5290,7 @@ class Sandbox:
         #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
         self.confined = mode != SANDBOX_OFF and self.linux
         self._lock = threading.Lock()
+        self._ready = threading.Lock()  # one thread reads the helper's report; the others wait for it
         self._state = {"tmpdir": None, "proc": None, "ctl": None}
         self._report = None
         self._env = None
@@ -5288,11 +5317,13 @@ class Sandbox:
     # -- the helper --
     def _spec(self):
         home = self.environ.get("HOME")
+        protected = [p for p in self.protected if os.path.lexists(p) and not os.path.islink(p)]
+        nested, complete = nested_repositories(self.root) if self.mode == WORKSPACE_WRITE else ([], True)
         return {"mode": self.mode, "network": self.network, "root": self.root,
                 "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
                                        self.xzatoma_home),
-                "protected": [p for p in self.protected if os.path.lexists(p) and not os.path.islink(p)],
-                "assume_missing": sorted(self.assume_missing)}
+                "protected": protected + [p for p in nested if p not in protected],
+                "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
 
     def start(self):
         """Start the helper (once); returns at once, report() waits for it."""
@@ -5323,6 +5354,10 @@ class Sandbox:
 
     def report(self, timeout=20.0):
         """What is enforced here (the helper's own account, once it has confined itself)."""
+        with self._ready:
+            return self._read_report(timeout)
+
+    def _read_report(self, timeout):
         if self._report is None:
             if not self.confined:
                 self._report = {"ok": False, "error": "off" if self.mode == SANDBOX_OFF else
@@ -5536,6 +5571,9 @@ def _sandbox_helper(spec_text):
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     report = {"ok": True, "errors": [], "mode": spec["mode"], "protected_needed": bool(spec["protected"])}
+    if not spec.get("nested_complete", True):
+        report["errors"].append("the working directory is too large to look for every nested .git/.hg: "
+                                "those past the first 2000 directories are not read-only")
 
     def check(result, what):
         if result == -1:

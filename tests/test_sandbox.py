@@ -54,10 +54,12 @@ def running_with(token):
 def test_a_script_cannot_write_outside_or_into_git_but_can_inside(cli, fake):
     (cli.workdir / ".git" / "hooks").mkdir(parents=True)
     (cli.workdir / ".git" / "config").write_text("[core]\n")
+    (cli.workdir / "vendor" / "lib" / ".git" / "hooks").mkdir(parents=True)
     outside = cli.tmp / "outside-marker"
     home_marker = cli.home / "home-marker"
     script = ("touch %s; touch %s; touch $TMPDIR/tmp-ok && echo TMP-OK\n"
               "echo hook > .git/hooks/pre-commit; echo '[x]' >> .git/config; mv .git moved-git; rm -rf .git\n"
+              "echo hook > vendor/lib/.git/hooks/post-checkout; rm -rf vendor\n"
               "mkdir -p src && echo inside > src/made.txt && mv src/made.txt src/renamed.txt && echo INSIDE-OK\n"
               % (outside, home_marker))
     r, out = attack(cli, fake, script)
@@ -66,6 +68,8 @@ def test_a_script_cannot_write_outside_or_into_git_but_can_inside(cli, fake):
     assert "Permission denied" in out
     assert not (cli.workdir / ".git" / "hooks" / "pre-commit").exists()
     assert (cli.workdir / ".git" / "config").read_text() == "[core]\n" and not (cli.workdir / "moved-git").exists()
+    assert (cli.workdir / "vendor" / "lib" / ".git" / "hooks").is_dir()
+    assert not (cli.workdir / "vendor" / "lib" / ".git" / "hooks" / "post-checkout").exists()
     assert (cli.workdir / "src" / "renamed.txt").read_text() == "inside\n"
     assert "INSIDE-OK" in out and "TMP-OK" in out
 
@@ -204,6 +208,10 @@ def test_policy_sandbox_says_what_is_enforced(cli):
     assert lines[2].startswith("filesystem: writes only in the working dir and a private TMPDIR")
     assert lines[3].startswith("network: a new network namespace") or lines[3].startswith("network: Landlock")
     assert "not enforced here: nothing this mode needs" in lines
+    (cli.workdir / ".git").mkdir()
+    (cli.workdir / "sub" / ".hg").mkdir(parents=True)
+    r = cli.run("policy", "sandbox")
+    assert "protected paths: read-only bind mounts in a private mount namespace: .git, sub/.hg" in r.stdout
     r = cli.run("policy", "sandbox", "--sandbox", "off")
     assert r.stdout.startswith("sandbox: off\nconfinement: none")
 
