@@ -181,11 +181,20 @@ def has_keyring(python):
 
 
 def test_extras_give_the_install_hint(pcli, fake):
-    if subprocess.run([pcli.python, "-I", "-c", "import prometheus_client"], capture_output=True).returncode == 0:
-        pytest.skip("prometheus_client is installed for %s" % pcli.python)
     pcli.use(fake, provider="ollama")
-    r = pcli.run("run", "--metrics-textfile", pcli.tmp / "x.prom", "--prompt", "x")
-    assert r.returncode == 2 and "pip install 'xzatoma[metrics]'" in r.stderr
+    cases = [("prometheus_client", ["run", "--metrics-textfile", pcli.tmp / "x.prom", "--prompt", "x"],
+              "pip install 'xzatoma[metrics]'"),
+             ("kafka", ["watch", "--topic", "t"], "needs the Python package kafka-python: pip install 'xzatoma[kafka]'")]
+    checked = 0
+    for module, args, hint in cases:
+        if subprocess.run([pcli.python, "-I", "-c", "import " + module], capture_output=True).returncode == 0:
+            continue  # installed for this interpreter, outside the archive
+        r = pcli.run(*args)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert len(r.stderr.splitlines()) == 1 and hint in r.stderr
+        checked += 1
+    if not checked:
+        pytest.skip("the extras are installed for %s" % pcli.python)
     assert fake.model_requests() == []
 
 
