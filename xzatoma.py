@@ -3876,12 +3876,13 @@ def _build_watch(sub, common, fmt):
     watch.set_defaults(func=cmd_watch)
 
 
-def _watch_module(command):
+def _watch_module(command, verbose=False):
     import xzatoma_watch
     try:
         xzatoma_watch.require_kafka(command)
     except xzatoma_watch.WatchError as exc:
         raise UsageError(str(exc))
+    xzatoma_watch.quiet_client_logs(verbose)
     return xzatoma_watch
 
 
@@ -3983,7 +3984,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
 
 
 def cmd_watch(args, console):
-    watch = _watch_module("watch")
+    watch = _watch_module("watch", args.verbose)
     extra = {}
     if args.max_turns is not None:
         extra["agent.max_turns"] = args.max_turns
@@ -4019,16 +4020,32 @@ def cmd_watch(args, console):
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.signal(sig, stop)
     try:
-        return watcher.run()
+        code = watcher.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if store is not None:
-            store.close()
         if metrics is not None:
             metrics.close()
         if stream is not sys.stderr:
             stream.close()
+    _exit_if_runs_linger(code)
+    if store is not None:
+        store.close()
+    return code
+
+
+def _exit_if_runs_linger(code):
+    """A run interrupted after the grace period may still be waiting on a model reply: its event is redelivered
+    anyway, so the watcher exits now instead of waiting for it (its conversation is reaped as interrupted)."""
+    import threading
+    workers = [t for t in threading.enumerate() if t.name.startswith("xzatoma-watch") and t.is_alive()]
+    deadline = time.monotonic() + 2.0
+    for t in workers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in workers):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _build_publish(sub, common, fmt):
@@ -4050,7 +4067,7 @@ def _build_publish(sub, common, fmt):
 
 
 def cmd_publish(args, console):
-    watch = _watch_module("publish")
+    watch = _watch_module("publish", args.verbose)
     cfg = config_from_args(args, console)
     if args.plan == "-":
         text, source = sys.stdin.read(), "<stdin>"

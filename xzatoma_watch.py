@@ -43,6 +43,21 @@ def require_kafka(command="watch"):
     return kafka
 
 
+def quiet_client_logs(verbose=False):
+    """kafka-python logs every failed connection; the watcher logs its own decisions (retries included), so the
+    client's lines reach stderr only with --verbose."""
+    import logging
+    logger = logging.getLogger("kafka")
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("kafka: %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.WARNING)
+    else:
+        logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+
+
 # ---- Semantic versions: plan versions and --match-version constraints ----
 
 _IDENT = r"(?:0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)"
@@ -732,8 +747,10 @@ class Watcher:
         self.received = self.settled = 0
         self.counts = collections.Counter()
         self.consumer = self.producer = self.executor = None
+        self.producer_lock = threading.Lock()
+        self.producer_opts = {}
         self.assigned_at = None
-        self.resume_at = {}  # partition -> offset to seek to if the partition is assigned to us again
+        self.needs_position = set()  # partitions just assigned: read on from the committed offset first
         self.kafka = None
 
     # -- control --
@@ -773,6 +790,8 @@ class Watcher:
         kafka = self.kafka
         attempt = 0
         opts = client_options(self.s)
+        if "bootstrap_timeout_ms" in getattr(kafka.KafkaConsumer, "DEFAULT_CONFIG", {}):
+            opts["bootstrap_timeout_ms"] = 5000  # fail fast and retry here, logging each attempt
         while not self.stopping.is_set():
             try:
                 if self.s.create_topics and not self.s.dry_run:
@@ -783,8 +802,9 @@ class Watcher:
                 consumer_opts.update(self.s.consumer_options or {})
                 consumer = kafka.KafkaConsumer(**consumer_opts)
                 producer = None
+                self.producer_opts = dict(opts, acks="all", linger_ms=0, retries=3)
                 if not self.s.dry_run:
-                    producer = kafka.KafkaProducer(acks="all", linger_ms=0, retries=3, **opts)
+                    producer = kafka.KafkaProducer(**self.producer_opts)
                 consumer.subscribe([self.s.topic], listener=_listener(kafka, self))
                 self.consumer, self.producer = consumer, producer
                 self.log("connected", brokers=",".join(self.s.bootstrap), topic=self.s.topic,
@@ -808,6 +828,7 @@ class Watcher:
                     (self.s.dry_run or self.tracker.settled_all()):
                 self.log("max_events", settled=self.settled)
                 break
+            self._position_assigned()
             self._start_runs()
             self._flow_control()
             try:
@@ -838,6 +859,24 @@ class Watcher:
             if now - last_lag >= self.s.lag_interval:
                 last_lag = now
                 self._report_lag()
+
+    def _position_assigned(self):
+        with self.cond:
+            todo = [tp for tp in self.needs_position if tp in self.consumer.assignment()]
+            self.needs_position &= set(self.consumer.assignment())
+        for tp in todo:
+            try:
+                offset = self.consumer.committed(tp)
+                if offset is None:
+                    self.consumer.seek_to_beginning(tp)  # a new group (or a broker that lost it): the oldest
+                else:
+                    self.consumer.seek(tp, offset)
+            except Exception as exc:  # the broker away, or the partition gone again: next round
+                self.log("position_failed", level="warn", partition=tp.partition, error=_one_line(exc))
+                continue
+            with self.cond:
+                self.needs_position.discard(tp)
+            self.log("positioned", topic=tp.topic, partition=tp.partition, offset=offset or 0)
 
     def _report_lag(self):
         try:
@@ -960,8 +999,10 @@ class Watcher:
                 todo = [tp for tp in assigned if tp not in paused]
                 if todo:
                     self.consumer.pause(*todo)
-            elif paused:
-                self.consumer.resume(*paused)
+            else:
+                ready = [tp for tp in paused if tp not in self.needs_position]
+                if ready:
+                    self.consumer.resume(*ready)
         except Exception as exc:  # an assignment changing under us: next round
             self.log("flow_control", level="debug", error=_one_line(exc))
 
@@ -1054,11 +1095,14 @@ class Watcher:
         `give_up_after` attempts. Returns whether it was published."""
         attempt = 0
         while True:
+            producer = self.producer
             try:
-                self.producer.send(topic, key=key, value=value, headers=headers).get(timeout=self.s.publish_timeout)
+                producer.send(topic, key=key, value=value, headers=headers).get(timeout=self.s.publish_timeout)
                 return True
             except Exception as exc:  # KafkaError, or a timeout while the broker is away
                 attempt += 1
+                if attempt % 3 == 0:
+                    self._renew_producer(producer)
                 if self.hard_stop.is_set() or (give_up_after and attempt >= give_up_after):
                     self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
                              error=_one_line(exc))
@@ -1067,6 +1111,23 @@ class Watcher:
                 self.log("publish_retry", level="warn", what=what, topic=topic, attempt=attempt, retry_in=delay,
                          error=_one_line(exc))
                 self.hard_stop.wait(delay)
+
+    def _renew_producer(self, failed):
+        """A producer can be left in a state it does not leave (a broker that forgot its producer id after a
+        restart): after repeated failures, publish through a new one."""
+        with self.producer_lock:
+            if self.producer is not failed:
+                return  # another worker renewed it already
+            try:
+                self.producer = self.kafka.KafkaProducer(**self.producer_opts)
+            except Exception as exc:
+                self.log("producer_failed", level="warn", error=_one_line(exc))
+                return
+        try:
+            failed.close(timeout=1)
+        except Exception:
+            pass
+        self.log("producer_renewed", level="warn")
 
     # -- committing --
     def _commit(self, tps=None):
@@ -1101,9 +1162,8 @@ class Watcher:
             while mine() and time.monotonic() < end:
                 self.cond.wait(0.2)
             points = {} if self.s.dry_run else self.tracker.commit_points(revoked)
-            # events fetched but not started are dropped: whoever owns the partition next reads them again (we
-            # seek there ourselves if it comes back to us, since the consumer keeps its position)
-            self.resume_at.update(self.tracker.resume_points(revoked))
+            # events fetched but not started are dropped: whoever owns the partition next (perhaps us again) reads
+            # on from the committed offset
             self.backlog = collections.deque(j for j in self.backlog if j.tp not in revoked)
         if revoked:
             self.log("revoked", partitions=_tps(revoked), interrupted=len(stragglers) or None)
@@ -1119,15 +1179,15 @@ class Watcher:
         self.tracker.forget(revoked)
 
     def _assigned(self, assigned):
-        for tp in assigned:
-            offset = self.resume_at.pop(tp, None)
-            if offset is not None:
-                try:
-                    self.consumer.seek(tp, offset)
-                except Exception as exc:
-                    self.log("seek_failed", level="warn", partition=tp.partition, offset=offset,
-                             error=_one_line(exc))
-        self.resume_at.clear()  # a point for a partition that went elsewhere is stale
+        # The consumer keeps its fetch position for a partition it gets back, past events we dropped unstarted (or
+        # past the end of a log a broker lost). Hold them until the loop has moved them to the committed offset.
+        with self.cond:
+            self.needs_position |= set(assigned)
+        if assigned:
+            try:
+                self.consumer.pause(*assigned)
+            except Exception:
+                pass
         self.tracker.assign(assigned)
         self.assigned_at = time.monotonic()
         self.log("assigned", partitions=_tps(assigned))
@@ -1138,7 +1198,6 @@ class Watcher:
             for (tp, _), job in self.in_flight.items():
                 if tp in lost:
                     job.cancel.set()
-            self.resume_at.update(self.tracker.resume_points(lost))
             self.backlog = collections.deque(j for j in self.backlog if j.tp not in lost)
         self.tracker.forget(lost)
         self.log("lost", level="warn", partitions=_tps(lost))
@@ -1295,6 +1354,8 @@ def publish(brokers, topic, event, key=None, security=None, timeout=30.0):
     """Send one event (structured mode) and wait for the broker's ack; returns the event id."""
     kafka = require_kafka("publish")
     opts = client_options(brokers, security)
+    if "bootstrap_timeout_ms" in getattr(kafka.KafkaProducer, "DEFAULT_CONFIG", {}):
+        opts["bootstrap_timeout_ms"] = 10000
     try:
         producer = kafka.KafkaProducer(acks="all", **opts)
     except kafka.errors.KafkaError as exc:

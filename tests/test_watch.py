@@ -602,3 +602,41 @@ def test_two_watchers_in_one_group_run_every_event_exactly_once(kafka_broker, tm
     assert sorted(subjects) == ids
     for s in stores:
         s.close()
+
+
+def test_broker_down_at_start_and_restarted_mid_stream(tmp_path, kafka_broker, store):
+    """Unreachable at start: retried with backoff, each attempt logged. Lost mid-stream (this broker keeps
+    everything in memory, so it comes back empty): the watcher rejoins and runs what arrives, nothing twice."""
+    import kafka_broker as kb
+    broker = kb.Broker(kafka_broker.binary, str(tmp_path / "broker.log"))
+    topic = "restart-" + uuid.uuid4().hex[:8]
+    run_plan = fake_runner()
+    watcher = start_watcher(broker, topic, run_plan, store, backoff_initial=0.2, backoff_max=1.0,
+                            publish_timeout=3.0)
+    try:
+        assert wait_for(lambda: len(watcher.log_lines.events("broker_unavailable")) >= 2, 30)
+        attempts = [r["attempt"] for r in watcher.log_lines.events("broker_unavailable")]
+        assert attempts[:2] == [1, 2]
+        broker.start()
+        kb.create_topic(broker.address, topic)
+        kb.produce(broker.address, topic, [(None, cloudevent(event_id="a%d" % i, data={"plan": PLAN}))
+                                           for i in range(3)])
+        assert wait_for(lambda: len(watcher.log_lines.events("finished")) == 3, 60)
+        broker.stop()
+        time.sleep(1.0)  # the broker stays away for a while (nothing to wait for: it is simply gone)
+        broker.start()
+        kb.create_topic(broker.address, topic)
+        kb.create_topic(broker.address, topic + ".results")  # a real broker keeps its topics; this one forgot
+        kb.produce(broker.address, topic, [(None, cloudevent(event_id="b%d" % i, data={"plan": PLAN}))
+                                           for i in range(3)])
+        assert wait_for(lambda: len(watcher.log_lines.events("finished")) == 6, 60), "\n".join(str(x) for x in [
+            (r["time"][14:], r["event"], r.get("error")) for r in watcher.log_lines.json()])
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+        ran = sorted(j.event.id for j in run_plan.calls)
+        assert ran == ["a0", "a1", "a2", "b0", "b1", "b2"]
+        subjects = sorted(json.loads(r.value)["subject"] for r in kb.read_all(broker.address, topic + ".results", 3))
+        assert subjects == ["b0", "b1", "b2"]
+    finally:
+        watcher.request_stop("test")
+        broker.stop()

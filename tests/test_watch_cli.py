@@ -93,3 +93,103 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
     assert r.returncode == 0, r.stderr
     dup = [l for l in map(json.loads, r.stderr.splitlines()) if l["event"] == "duplicate"]
     assert len(dup) == 3 and len(fake.model_requests()) == 3
+
+
+def _watch_setup(cli, fake, kafka_broker, **watcher):
+    import kafka_broker as kb
+    import yaml
+    topic = "cli-" + uuid.uuid4().hex[:8]
+    kb.create_topic(kafka_broker.address, topic)
+    cli.use(fake)
+    cfg = yaml.safe_load(cli.config_path.read_text())
+    cfg["watcher"] = dict(watcher, kafka=dict(FAST, bootstrap_servers=kafka_broker.address, topic=topic,
+                                              group_id="g-" + topic))
+    cli.write_config(cfg)
+    return topic
+
+
+def _log(path):
+    try:
+        return [json.loads(l) for l in path.read_text().splitlines() if l.startswith("{")]
+    except FileNotFoundError:
+        return []
+
+
+def test_sigterm_lets_the_running_plan_finish_then_exits_0(cli, fake, kafka_broker, tmp_path):
+    import signal
+    import kafka_broker as kb
+    from conftest import wait_for
+    topic = _watch_setup(cli, fake, kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(b"term-1", b"goal: G\ninstructions: [a]\n")])
+    fake.add({"content": "finished in time", "delay": 2})
+    log = tmp_path / "watch.log"
+    proc = cli.popen("watch", "--log-format", "json", "--log-file", log)
+    try:
+        assert wait_for(lambda: any(l["event"] == "started" for l in _log(log)), 60)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out == "" and err == ""
+    events = [l["event"] for l in _log(log)]
+    assert events.index("stopping") < events.index("finished") < events.index("stopped")
+    assert [l["status"] for l in _log(log) if l["event"] == "finished"] == ["completed"]
+    assert kb.committed(kafka_broker.address, "g-" + topic, topic) == [1]
+
+
+def test_kill_9_mid_run_then_restart_completes_the_event_once(cli, fake, kafka_broker, tmp_path):
+    import signal
+    import kafka_broker as kb
+    from conftest import wait_for
+    topic = _watch_setup(cli, fake, kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(b"kill-1", b"goal: G\ninstructions: [a]\n")])
+    fake.add({"content": "never delivered", "delay": 30}, {"content": "done after restart"})
+    log = tmp_path / "watch.log"
+    proc = cli.popen("watch", "--log-format", "json", "--log-file", log)
+    try:
+        assert wait_for(lambda: any(l["event"] == "started" for l in _log(log)), 60)
+        assert wait_for(lambda: len(fake.model_requests()) == 1, 20)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    r = cli.run("watch", "--max-events", "1", "--log-format", "json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    finished = [json.loads(l) for l in r.stderr.splitlines() if '"finished"' in l]
+    assert [(f["event_id"], f["status"]) for f in finished] == [("kill-1", "completed")]
+    results = [json.loads(m.value) for m in kb.read_all(kafka_broker.address, topic + ".results", 1)]
+    assert [(x["subject"], x["type"], x["data"]["answer"]) for x in results] == \
+        [("kill-1", "xzatoma.plan.completed", "done after restart")]
+    convs = json.loads(cli.run("history", "list", "--kind", "watch", "--json").stdout)
+    assert sorted(c["status"] for c in convs) == ["completed", "interrupted"]  # the killed run is reaped
+
+
+def test_unreachable_broker_is_retried_with_one_line_per_attempt(cli, tmp_path):
+    pytest.importorskip("kafka")
+    import socket
+    import signal
+    from conftest import wait_for
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here
+    log = tmp_path / "w.log"
+    proc = cli.popen("watch", "--brokers", "127.0.0.1:%d" % port, "--topic", "t", "--dry-run", "--log-file", log)
+    try:
+        assert wait_for(lambda: log.exists() and log.read_text().count("broker_unavailable") >= 2, 40)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out == "" and err == ""  # kafka-python's own noise stays off stderr
+    lines = [l for l in log.read_text().splitlines() if "broker_unavailable" in l]
+    assert "attempt=1 " in lines[0] and "attempt=2 " in lines[1] and "retry_in=" in lines[0]
+
+
+def test_publish_to_an_unreachable_broker_fails_with_exit_1(cli, tmp_path):
+    pytest.importorskip("kafka")
+    plan = tmp_path / "p.yaml"
+    plan.write_text("goal: G\ninstructions: [a]\n")
+    r = cli.run("publish", "--plan", plan, "--brokers", "127.0.0.1:1", "--topic", "t", timeout=90)
+    assert r.returncode == 1 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "cannot reach the Kafka brokers 127.0.0.1:1" in r.stderr
