@@ -2780,7 +2780,6 @@ class ShellParser:
                 command.background = True
             return command
         simple = Simple()
-        reserved = None
         while True:
             self.skip_blanks()
             c = self.peek()
@@ -2801,13 +2800,22 @@ class ShellParser:
                     return FunctionDef(simple.words[0].text, body)
                 raise ShellSyntaxError("unexpected ( at position %d" % self.i)
             word = self.read_word()
-            if not simple.words and not word.quoted and word.text in _RESERVED_PREFIX:
-                reserved = word.text
+            if not simple.words and not simple.assigns and not simple.redirects and not word.quoted and \
+                    word.text in _RESERVED_PREFIX:
+                self.skip_blanks()
+                if word.text == "time" and self.at_word("-p"):  # time -p COMMAND
+                    self.i += 2
+                return self.parse_command(closer)  # if (…), while { …; }, time (…), ! cmd: whatever follows
+            if not simple.words and not simple.assigns and not word.quoted and word.text == "for" and \
+                    (self.skip_blanks() or self.startswith("((")):  # for ((i=0; i<3; i++))
+                start = self.i
+                self.i += 2
+                simple.words.extend([word, self.arithmetic(start)])
                 continue
-            if not simple.words and reserved == "time" and word.text == "-p":  # time -p COMMAND
-                reserved = None
+            if not simple.words and not simple.assigns and not word.quoted and word.text == "[[":
+                simple.words.append(word)
+                self.read_test(simple)
                 continue
-            reserved = None
             if not simple.words and _is_assignment(word):
                 simple.assigns.append(word)
                 continue
@@ -2818,6 +2826,46 @@ class ShellParser:
         if not simple.words and not simple.assigns and not simple.redirects:
             return None
         return simple
+
+    def read_test(self, simple):
+        """The words of [[ … ]] up to ]]: && || ( ) < > ! are its operators here, and the operand of =~ is
+        a regular expression read as one word."""
+        while True:
+            self.skip_blanks()
+            if self.i >= len(self.s):
+                raise ShellSyntaxError("[[ without ]]")
+            if self.at_word("]]"):
+                self.i += 2
+                simple.words.append(make_word("]]"))
+                return
+            if self.peek() == "\n":
+                self.i += 1
+                continue
+            for op in ("&&", "||", "(", ")", "<", ">", "!"):
+                if self.startswith(op):
+                    self.i += len(op)
+                    simple.words.append(make_word(op))
+                    break
+            else:
+                word = self.read_word()
+                simple.words.append(word)
+                if word.text == "=~" and not word.quoted:
+                    self.skip_blanks()
+                    start, depth = self.i, 0
+                    while self.i < len(self.s) and (depth or self.s[self.i] not in " \t\n"):
+                        c = self.s[self.i]
+                        if c == "\\":
+                            self.i += 1
+                        elif c == "(":
+                            depth += 1
+                        elif c == ")":
+                            depth -= 1
+                        elif c == "`" or (c == "$" and re.match(r"[({A-Za-z0-9_@*#?!$-]", self.peek(1) or " ")):
+                            raise ShellSyntaxError("an expansion inside a [[ =~ ]] pattern")
+                        self.i += 1
+                    simple.words.append(make_word(self.s[start:self.i]))
+                elif not word.text and not word.quoted:
+                    raise ShellSyntaxError("unexpected %r inside [[ ]]" % self.peek())
 
     def parse_case(self):
         """`case WORD in PATTERN) LIST ;; … esac`: the arms' lists are judged like any other commands."""
@@ -3307,7 +3355,7 @@ HOME_PROTECTED = (".ssh", ".gnupg", ".aws", ".bashrc", ".bash_profile", ".bash_l
                   ".config/git", ".config/fish", ".config/autostart", ".config/systemd", ".netrc", ".pgpass",
                   ".docker", ".kube", ".npmrc", ".pypirc", ".local/share/systemd", ".config/environment.d")
 #: inside the working directory: the repository's hooks and configuration run code on git commands
-TREE_PROTECTED = (".git/hooks", ".git/config", ".git/info/attributes")
+TREE_PROTECTED = (".git",)
 SYSTEM_PROTECTED = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys",
                     "/root", "/var/spool/cron", "/var/lib", "/dev/mem", "/dev/kmem", "/dev/port",
                     "/proc/sysrq-trigger", "/proc/sys")
@@ -3315,14 +3363,31 @@ _DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|
 #: another process's secrets and escape routes out of every check: environment, memory, root, cwd, fds
 _PROC_SECRET = re.compile(r"/proc/+[^/\s]*/+(task/+[^/\s]*/+)?(environ|mem|root|cwd|fd|fdinfo|map_files|"
                           r"pagemap|syscall|auxv|exe/)|/proc/+(kcore|kmem|self/+mem)|/dev/+(k?mem|port)\b")
+#: options whose value is a command line some program runs
+_COMMAND_OPTION = re.compile(r"(?i)^(proxycommand|localcommand|remotecommand|to-command|checkpoint-action|"
+                             r"use-compress-program|compress-program|rsh|rsync-path|unzip-command|info-script|"
+                             r"new-volume-script|rmt-command|rsh-command|exec|execute|command|shell-command|editor|"
+                             r"pager|askpass|ssh|ssh-command|run|pre-exec|post-exec|onsuccess|onfailure|hook|"
+                             r"filter-program|sendmail|lesspipe|lessopen)$")
+#: environment variables that make ordinary programs load or run code chosen by whoever sets them: denied
+_LOADS_CODE_ENV = re.compile(r"^(LD_PRELOAD|LD_AUDIT|DYLD_INSERT_LIBRARIES|GIT_SSH|GIT_SSH_COMMAND|GIT_EXTERNAL_DIFF|"
+                             r"GIT_ASKPASS|SSH_ASKPASS|SUDO_ASKPASS|GIT_PROXY_COMMAND|GIT_EXEC_PATH|GIT_TEMPLATE_DIR|"
+                             r"GIT_CONFIG_PARAMETERS|GIT_CONFIG_COUNT|GIT_CONFIG_KEY_\d+|BASH_ENV|PERL5OPT|PERL5DB|"
+                             r"NODE_OPTIONS|RUBYOPT)$")
+#: environment variables holding a command line (PAGER=cat is fine): their value is judged as code
+_COMMAND_ENV = re.compile(r"^(PAGER|GIT_PAGER|MANPAGER|EDITOR|VISUAL|GIT_EDITOR|LESSOPEN|LESSCLOSE|PS1|PS4|ENV|"
+                          r"PROMPT_COMMAND|GIT_SEQUENCE_EDITOR|SYSTEMD_PAGER|BROWSER)$")
 _PROC_SENSITIVE = ("environ", "mem", "root", "cwd", "fd", "fdinfo", "map_files", "pagemap", "auxv", "syscall",
                    "kcore", "kmem", "exe")
 #: C0/C1 controls (but tab and newline), DEL, bidirectional overrides, zero-width characters
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
-SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[", ":", "command", "time"}
+SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[", ":", "command", "time", "[[", "exit"}
+#: shell builtins that only test or end the shell: read-only with any static arguments, allowlist or not
+_ALWAYS_READ_ONLY = {"true", "false", ":", "test", "[", "[[", "exit"}
 #: builtins with no program of their own on most systems: such a command runs through /bin/sh
 _SHELL_ONLY = {"command", "type", "cd", "exec", "builtin", "trap", "alias", "eval", "source", ".", "export", "set",
-               "unset", "read", "ulimit", "umask", "wait", "jobs", "time", "local", "declare", "typeset", "shopt"}
+               "unset", "read", "ulimit", "umask", "wait", "jobs", "time", "local", "declare", "typeset", "shopt",
+               "[[", "exit", ":"}
 
 # Defence in depth: shapes that are denied even when the command cannot be parsed.
 RAW_DENY = [
@@ -3330,9 +3395,11 @@ RAW_DENY = [
     (re.compile(r"\b(curl|wget)\b[^|;&]*\|\s*(sudo\s+)?(ba|z|da|k)?sh\b"), "download-and-execute (pipes a download into a shell)"),
     (re.compile(r"(^|[\s;&|(`'\"])(sudo|doas|pkexec)\s"), "privilege escalation"),
     (re.compile(r"(^|[\s;&|(`'\"])mkfs(\.\w+)?\s"), "formatting a filesystem (mkfs)"),
-    (re.compile(r"\brm\s+(-\w+\s+)*-\w*[rR]\w*\s+(-\w+\s+)*(/|/\*|~|~/|\$HOME|\$\{HOME\})([\s'\";)]|$)"),
+    (re.compile(r"\brm\s+(-\w+\s+)*-\w*[rR]\w*\s+(-\w+\s+)*(/|/\*|~|~/|\$HOME|\$\{HOME\})([\s'\";)}`|&\]]|$)"),
      "recursive rm of / or home"),
     (re.compile(r"--no-preserve-root"), "rm --no-preserve-root"),
+    (re.compile(r"\bfork\s+while\s+fork\b|while\s*\(?\s*(1|True|true)\s*\)?\s*[:{]?\s*(os\.)?fork\s*\("),
+     "a fork bomb"),
     (re.compile(r"/proc/+[^/\s'\"]*/+(environ|mem)\b"), "reads another process's environment or memory"),
 ]
 
@@ -3569,6 +3636,8 @@ class CommandPolicy:
         self.home = os.path.realpath(home or os.path.expanduser("~"))
         #: the PATH commands are looked up in (the child's: the sandbox keeps PATH)
         self.path = path if path is not None else os.environ.get("PATH", os.defpath)
+        #: while the denylist walks a script: the directory `cd` moved to (None once it cannot be known)
+        self._cwd = self.root
 
     def judge(self, command):
         try:
@@ -3592,7 +3661,9 @@ class CommandPolicy:
             raw = self._raw_deny(flat)
             return raw or Verdict(DENY, "cannot check the command (%s); it is not run: write it in plainer shell "
                                         "syntax" % exc)
+        self._cwd = self.root
         verdict = self._deny_script(script, 0, {})
+        self._cwd = self.root
         if verdict is None and not command.isascii():  # full-width and other look-alikes, as NFKC sees them
             try:
                 verdict = self._deny_script(parse_shell(_nfkc(command)), 0, {})
@@ -3652,10 +3723,9 @@ class CommandPolicy:
             name = name.rstrip("+")
             values = [" ".join(f) for f in self._argvs([_value_word(word)], env, ("empty",))] or [""]
             env[name] = values[:8]
-            if "$(" in value or "`" in value or name in ("PROMPT_COMMAND", "BASH_ENV", "ENV", "PS1", "PS4"):
-                verdict = self._deny_code(value, depth + 1)
-                if verdict is not None:
-                    return verdict
+            verdict = self._deny_setting(name, value, depth)
+            if verdict is not None:
+                return verdict
         if not node.words:
             return None
         stdin_code = upstream
@@ -3692,6 +3762,10 @@ class CommandPolicy:
                                                                                 _prog_name(argv[0]) == "wget")]
                 downloads.extend(self._abs(o) for o in outputs if self._abs(o))
         first = argvs[0] if argvs else []
+        if first and first[0] in ("cd", "pushd", "popd", "chdir"):  # later relative paths are relative to it
+            target = (_operands(first[1:]) or ["~"])[0] if first[0] != "popd" else "-"
+            path = self._abs(target) if target != "-" else ""
+            self._cwd = os.path.realpath(path) if path else None
         if len(first) >= 3 and first[0] in ("for", "select") and first[2] == "in":
             env[first[1]] = (first[3:] or [""])[:8]
         return None
@@ -3772,6 +3846,9 @@ class CommandPolicy:
                 return Verdict(DENY, "reads or writes another process's secrets or escapes through /proc (%s)" % text)
         if prog in ("cd", "pushd", "chdir") and any(self._abs(a).startswith("/proc") for a in args):
             return Verdict(DENY, "changes into /proc, where another process's secrets are")
+        verdict = self._deny_hidden_programs(prog, args, depth)
+        if verdict is not None:
+            return verdict
         if is_interpreter(prog) or prog in ("source", ".", "eval"):
             verdict = self._deny_interpreter(prog, args, depth, piped, stdin_code)
             if verdict is not None:
@@ -3781,6 +3858,81 @@ class CommandPolicy:
             return verdict
         if prog in WRAPPERS or prog in ("trap", "alias"):
             return self._deny_wrapped(prog, args, depth, piped, stdin_code)
+        return None
+
+    def _deny_setting(self, name, value, depth):
+        """A variable set for a command or exported: the ones that load code are denied; command lines
+        (PAGER, EDITOR, PS4 …) and values with substitutions are judged as code."""
+        if _LOADS_CODE_ENV.match(name):
+            return Verdict(DENY, "sets %s, which makes other programs load or run code" % name)
+        if _COMMAND_ENV.match(name) or "$(" in value or "`" in value:
+            return self._deny_code(value, depth + 1)
+        return None
+
+    def _deny_hidden_programs(self, prog, args, depth):
+        """Programs run through an option (--to-command=, ProxyCommand=, --rsh …), an environment variable
+        (GIT_SSH_COMMAND, LD_PRELOAD …), an editor command (vim -c '!…'), awk's system(), sed's e;
+        attaching to another process (gdb -p, strace -p); containers that mount the host."""
+        for i, a in enumerate(args):
+            key, eq, value = a.lstrip("-").partition("=")
+            if eq and _COMMAND_OPTION.search(key):
+                verdict = self._deny_code(value[5:] if value.startswith("exec=") else value, depth + 1)
+                if verdict is not None:
+                    return verdict
+            elif not eq and a.startswith("-") and _COMMAND_OPTION.search(key) and i + 1 < len(args):
+                verdict = self._deny_code(args[i + 1], depth + 1)
+                if verdict is not None:
+                    return verdict
+            if eq and prog in ("env", "export", "declare", "typeset", "local", "readonly", "setenv"):
+                verdict = self._deny_setting(a.split("=", 1)[0].lstrip("-"), value, depth)
+                if verdict is not None:
+                    return verdict
+        if prog in ("gdb", "lldb", "strace", "ltrace", "gcore", "perf", "bpftrace", "pstack", "eu-stack") and any(
+                a in ("-p", "--pid", "--attach", "attach") or a.startswith("--pid=") or
+                (a.startswith("-p") and a[2:].isdigit()) for a in args) or prog in ("gcore", "pstack", "eu-stack"):
+            return Verdict(DENY, "%s attaches to another process and reads its memory" % prog)
+        if prog == "ps" and any(not a.startswith("-") and "e" in a and re.fullmatch(r"[a-zA-Z]+", a) for a in args):
+            return Verdict(DENY, "ps e shows other processes' environment")
+        if prog in ("docker", "podman", "nerdctl") and any(
+                a == "--privileged" or re.match(r"^(-v|--volume|--mount)[= ]?(type=bind,)?(source=|src=)?/(:|,|$)", a)
+                or a in ("--pid=host", "--userns=host") for a in args) or (
+                prog in ("docker", "podman") and any(a in ("-v", "--volume") and i + 1 < len(args) and
+                                                     re.match(r"^/(:|$)", args[i + 1]) for i, a in enumerate(args))):
+            return Verdict(DENY, "%s gives a container the whole host" % prog)
+        if prog in ("awk", "gawk", "mawk", "nawk", "busybox-awk"):
+            program = _operands(args, takes_value={"-F", "-v", "-f", "--field-separator", "--assign", "--file"})
+            if program and "-f" not in args:
+                for m in re.finditer(r"\|\s*\"([^\"]+)\"", program[0]):
+                    sink = m.group(1).split()
+                    if sink and (is_interpreter(_prog_name(sink[0])) and len(sink) == 1 or
+                                 _prog_name(sink[0]) in SHELLS and "-s" in sink):
+                        return Verdict(DENY, "awk pipes its data into %s, which runs it as code" % sink[0])
+                return self._deny_embedded(program[0], depth)
+        if prog in ("sed", "gsed"):
+            for script in _operands(args, takes_value={"-e", "-f", "-l", "--expression", "--file"})[:1] + \
+                    [args[i + 1] for i, a in enumerate(args) if a in ("-e", "--expression") and i + 1 < len(args)]:
+                for m in re.finditer(r"(?:^|[;\n{}])\s*(?:[0-9,$!~+]+|/[^/]*/[IM]*)*\s*e\s+([^;\n}]+)", script):
+                    verdict = self._deny_code(m.group(1), depth + 1)
+                    if verdict is not None:
+                        return verdict
+                for m in re.finditer(r"(?:^|[;\n{}]|/[a-z]*)\s*[wW]\s+(\S+)", script):
+                    reason = self._protected(m.group(1))
+                    if reason:
+                        return Verdict(DENY, "sed writes to %s (%s)" % (reason, m.group(1)))
+                for m in re.finditer(r"s([^\w\s\\])((?:\\.|(?!\1).)*)\1((?:\\.|(?!\1).)*)\1([a-zA-Z0-9]*)", script):
+                    if "e" in m.group(4) or "w" in m.group(4):
+                        replacement = re.sub(r"\\(.)", r"\1", m.group(3))
+                        verdict = self._deny_code(replacement, depth + 1)
+                        if verdict is not None:
+                            return verdict
+        if prog in ("vi", "vim", "nvim", "ex", "view", "gvim", "emacs", "less", "more", "man"):
+            for i, a in enumerate(args):
+                text = args[i + 1] if a in ("-c", "--cmd", "--eval", "-e") and i + 1 < len(args) else \
+                    a[1:] if a.startswith("+") else None
+                if text and "!" in text:
+                    verdict = self._deny_code(text.split("!", 1)[1], depth + 1)
+                    if verdict is not None:
+                        return verdict
         return None
 
     def _deny_interpreter(self, prog, args, depth, piped, stdin_code):
@@ -3797,6 +3949,15 @@ class CommandPolicy:
             if prog in SHELLS and "{}" in code:
                 return Verdict(DENY, "%s -c runs input data as shell code ({} inside the code)" % prog)
             if prog in SHELLS:
+                positional = args[args.index(code) + 1:] if code in args else []
+                if positional and re.search(r"\$\{?[0-9@*]", code):  # sh -c '$0 -rf /' rm: the arguments
+                    filled = code
+                    for n, value in enumerate(positional[:10]):
+                        filled = re.sub(r"\$\{?%d\}?" % n, lambda m, v=value: v, filled)
+                    filled = re.sub(r"\"?\$\{?[@*]\}?\"?", lambda m: " ".join(positional[1:]), filled)
+                    verdict = self._deny_code(filled, depth)
+                    if verdict is not None:
+                        return verdict
                 return self._deny_code(code, depth)
             return self._deny_embedded(code, depth)
         ops = _operands(args, takes_value={"-o", "+o", "-O", "+O", "--rcfile", "--init-file", "-W", "-X"})
@@ -3815,6 +3976,8 @@ class CommandPolicy:
         raw = self._raw_deny(" ".join(code.split()))
         if raw is not None:
             return raw
+        if "/proc" in code and re.search(r"environ|\bmem\b|/root\b|/cwd\b", code):
+            return Verdict(DENY, "code that reads another process's environment or memory through /proc")
         for m in re.finditer(r"'([^'\n]{2,})'|\"([^\"\n]{2,})\"|`([^`\n]{2,})`", code):
             literal = m.group(1) or m.group(2) or m.group(3)
             try:
@@ -3914,6 +4077,11 @@ class CommandPolicy:
             for target in operands[1:] if prog not in ("setfacl",) else operands:
                 if self._is_system_path(self._abs(target)):
                     return Verdict(DENY, "%s on a system path (%s)" % (prog, target))
+        if prog in ("mv", "gmv"):
+            for source in _operands(args, takes_value={"-t", "--target-directory", "-S", "--suffix"})[:-1]:
+                reason = self._catastrophic(source, True, tree_ok=True)
+                if reason:
+                    return Verdict(DENY, "mv moves %s away (%s)" % (reason, source))
         for target in _write_targets(prog, args):
             reason = self._protected(target)
             if reason:
@@ -3949,6 +4117,9 @@ class CommandPolicy:
         the working directory or a directory above it; None when it is not one of those."""
         if not text or "$" in text:
             return None
+        if getattr(self, "_cwd", self.root) is None and (recursive or tree_ok) and \
+                re.fullmatch(r"(\.\.?/?)*\*?|\.\*|\*/?", text):
+            return "everything in a directory that cannot be known (after cd)"
         base = text
         while True:  # `dir/*`, `dir/.*`, `dir/{a,b}*`: the contents of dir are as bad as dir
             head, tail = os.path.split(base.rstrip("/") or "/")
@@ -4059,7 +4230,8 @@ class CommandPolicy:
         if "submodule" in words and "foreach" in words:
             return Verdict(DENY, "git submodule foreach runs a command in every submodule")
         if words[:1] and words[0] in ("config",) or "config" in words[:2]:
-            setting = [w for w in args[args.index("config") + 1:] if not w.startswith("-")] if "config" in args else []
+            setting = _operands(args[args.index("config") + 1:], takes_value={
+                "-f", "--file", "--blob", "--type", "--default", "--comment", "--value"}) if "config" in args else []
             if setting[:1] and setting[0] in ("set", "add"):
                 setting = setting[1:]
             if len(setting) >= 2 and _GIT_DANGEROUS_KEY.match(setting[0]):
@@ -4122,6 +4294,8 @@ class CommandPolicy:
         unknown = "" if mode == "empty" else src
         if src.startswith("$((") or src.startswith("<(") or src.startswith(">("):
             return unknown
+        if re.fullmatch(r"\$\(\s*pwd\s*\)|`\s*pwd\s*`", src):
+            return getattr(self, "_cwd", None) or self.root
         if src.startswith("$(") or src.startswith("`"):
             out = _trivial_output(src)
             return unknown if out is None else out
@@ -4160,7 +4334,10 @@ class CommandPolicy:
             text = self.home + text[1:]
         elif text.startswith("~"):
             return ""
-        path = text if text.startswith("/") else os.path.join(self.root, text)
+        cwd = getattr(self, "_cwd", self.root)
+        if cwd is None and not text.startswith("/"):
+            return ""  # after `cd $X`: relative paths are unknown
+        path = text if text.startswith("/") else os.path.join(cwd, text)
         norm = os.path.normpath(path)
         return "/" + norm.lstrip("/") if norm.startswith("//") else norm
 
@@ -4252,7 +4429,7 @@ class CommandPolicy:
         first = simple.words[0]
         if not first.text.isascii():
             return verdict.worse(Verdict(CONFIRM, "the program name has non-ASCII characters (%s)" % first.text))
-        if first.glob or first.tilde or not first.text:
+        if (first.glob and first.text not in ("[", "[[")) or first.tilde or not first.text:
             return verdict.worse(Verdict(CONFIRM, "the program name is a pattern (%s)" % first.text))
         texts = [w.text for w in simple.words]
         for entry in self.prefixes:
@@ -4275,6 +4452,8 @@ class CommandPolicy:
             if not inner:
                 return Verdict(CONFIRM, "%s without a command" % prog)
             return self._argv_verdict(inner, depth + 1)
+        if name in _ALWAYS_READ_ONLY and self._resolve(name) is None:
+            return Verdict(ALLOW, "%s only tests" % name)
         if prog not in self.allowlist:
             return Verdict(CONFIRM, "%s is not on the read-only allowlist" % prog)
         reason = self._resolve(name)
@@ -4330,8 +4509,8 @@ class CommandPolicy:
             if t == "--":
                 end = True
                 continue
-            if w.glob or w.tilde:
-                return Verdict(CONFIRM, "%s: an option with a pattern (%s)" % (prog, t)), [], seen
+            if w.tilde or (w.glob and self._glob_matches(t)):
+                return Verdict(CONFIRM, "%s: an option with a pattern that matches files (%s)" % (prog, t)), [], seen
             if t.startswith("--"):
                 name, eq, value = t[2:].partition("=")
                 if name in spec.longs:
@@ -4402,6 +4581,10 @@ class CommandPolicy:
                     return Verdict(CONFIRM, "%s follows symbolic links out of the working directory (under %s)"
                                    % (prog, w.text)), [], seen
         return Verdict(ALLOW, "%s is read-only and stays in the working directory" % prog), operands, seen
+
+    def _glob_matches(self, text):
+        import glob
+        return bool(glob.glob(os.path.join(glob.escape(self.root), text)))
 
     def _operand_reason(self, word):
         """None when the path operand resolves inside the working directory (after symbolic links and

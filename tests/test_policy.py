@@ -60,7 +60,7 @@ COMMANDS = [
     ("find . -name '*.pyc' -exec rm -f {} +", CONFIRM), ("sed -i s/a/b/ f.txt", CONFIRM), ("sort -o out in", CONFIRM),
     ("date -s 2020-01-01", CONFIRM), ("uniq in.txt out.txt", CONFIRM), ("ls &", CONFIRM), ("FOO=1 ls", CONFIRM),
     ("ls $(pwd)", CONFIRM), ("echo $HOME", CONFIRM), ("$CMD", CONFIRM), ("xargs rm", CONFIRM), ("cp /etc/hosts .", CONFIRM),
-    ("if [ -f x ]; then cat x; fi", CONFIRM), ("for f in *.txt; do wc -l \"$f\"; done", CONFIRM),
+    ("if [ -f x ]; then cat x; fi", ALLOW), ("for f in *.txt; do wc -l \"$f\"; done", CONFIRM),
     ("cat 'unterminated", DENY), ("dd if=/dev/zero of=disk.img bs=1M count=1", CONFIRM),
     ("docker run --rm alpine", CONFIRM), ("kill -9 1234", CONFIRM), ("ssh host", CONFIRM), ("ls /etc/*", CONFIRM),
     ("echo $((1 + 2", DENY), ("ls ${HOME", DENY),
@@ -494,6 +494,40 @@ ALLOW_SAFE = [(c, ALLOW) for c in [
     "git --no-pager diff --no-ext-diff", "git diff --no-textconv", "git log --no-color",
 ]]
 
+DENY_HIDDEN_PROGRAMS = [(c, DENY) for c in [
+    "ps eww -p $PPID", "ps auxe", "ps e", "gdb -p $PPID", "gdb --pid=1", "strace -p 1", "ltrace -p $PPID",
+    "gcore 1", "docker run --privileged alpine", "docker run -v /:/host alpine id", "podman run --volume=/:/h x",
+    "docker run --pid=host x", "GIT_SSH_COMMAND='touch m' git fetch", "env GIT_SSH_COMMAND='touch m' git fetch",
+    "export GIT_CONFIG_PARAMETERS=\"'core.pager=id'\"", "GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.pager git log",
+    "LD_PRELOAD=./evil.so ls", "export LD_PRELOAD=/tmp/x.so", "BASH_ENV=./x.sh bash -c ls", "NODE_OPTIONS='--require ./x' node",
+    "GIT_EXTERNAL_DIFF=./x git diff", "PAGER='rm -rf /' git log", "EDITOR='rm -rf ~' git commit", "PS4='$(rm -rf /)' bash -x",
+    "git config -f .git/config core.fsmonitor 'touch m'", "rm -rf .git", "mv .git /tmp/x", "mv .git/hooks x",
+    "mv ~ /tmp/x", "mv / /tmp/x", "mv /etc /tmp/x", "awk 'BEGIN{system(\"rm -rf /\")}'", "awk '{print | \"sh\"}' x",
+    "awk '{print | \"bash -s\"}' x", "gawk 'BEGIN { \"rm -rf ~\" | getline }'", "sed 'e rm -rf /' x",
+    "sed -n '1e rm -rf ~' x", "sed 's/x/rm -rf \\//e' x", "sed 's|x|rm -rf ~|e' x", "sed 'w ~/.bashrc' x",
+    "sed -n 's/a/b/w /etc/x' x", "vim -c '!rm -rf /' x", "vim +'!rm -rf ~' x", "sh -c '$0 -rf /' rm",
+    "bash -c '\"$@\"' x rm -rf /", "bash -c 'rm -rf \"$1\"' x /", "tar xf x.tar --to-command='rm -rf /'",
+    "tar cf x.tar . --checkpoint=1 --checkpoint-action=exec='rm -rf /'", "ssh -o ProxyCommand='rm -rf ~' host",
+    "zip x.zip f -T --unzip-command 'rm -rf /'", "perl -e 'qx{rm -rf /}'", "perl -e 'fork while fork'",
+    "python3 -c 'import os\nwhile True: os.fork()'", "rm -rf \"$(pwd)\"", "rm -rf `pwd`/", "cd /; rm -rf tmp",
+    "cd .. && rm -rf *", "cd src && rm -rf ../..", "cd $X && rm -rf *", "cd /etc && echo x > passwd",
+    "cd ~/.ssh; echo k >> authorized_keys", "cd / && rm -rf .", "pushd / && rm -rf *", "cd ~ && rm -rf .",
+    "python3 -c \"import os; print(open('/proc/'+str(os.getppid())+'/environ').read())\"",
+    "rsync -e 'rm -rf ~' x y:", "git -c core.sshCommand='rm -rf ~' fetch", "xargs -a list -I{} sh -c 'rm {}'",
+]]
+CONFIRM_MORE = [(c, CONFIRM) for c in [
+    "PAGER=cat git log", "GIT_PAGER=cat git log", "ps -ef", "docker ps", "awk '{print | \"sort\"}' x", "sed -i s/a/b/ x",
+    "cd ~ && rm -rf Documents", "cd src && rm -rf build", "ls; cd src; ls", "mv a.txt b.txt", "gdb ./a.out",
+    "strace ls", "env", "export FOO=1", "[[ $x == y ]]", "for ((i=0;i<3;i++)); do echo $i; done",
+]]
+ALLOW_MORE = [(c, ALLOW) for c in [
+    "[[ -f x && -d y ]]", "[ -f README.md ] && cat README.md", "test -d src || echo no", "echo done; exit 0",
+    "grep -rn 'def ' --include=*.py . | wc -l", "grep --include=*.md x .", "time (ls)", "time -p ls", "! ls",
+    "if (ls); then { ls; }; fi", "[[ -n x ]] && ls", "true; false; :", "ls -la # comment",
+    "echo 'it'\"'\"'s'", "echo $'a\tb'", "echo {1..10}", "ls 2>&1 >/dev/null", "echo \"#notcomment\"",
+    "command -v python3 >/dev/null 2>&1 || echo missing", "date -Iseconds", "date -I",
+]]
+
 
 @pytest.fixture
 def attack_jail(cli, tmp_path):
@@ -526,7 +560,8 @@ def attack_jail(cli, tmp_path):
 TABLES = {"wrappers": DENY_WRAPPERS, "code strings": DENY_CODE_STRINGS, "constructs": DENY_CONSTRUCTS,
           "obfuscation": DENY_OBFUSCATION, "piped into interpreters": DENY_PIPED, "/proc": DENY_PROC,
           "git": DENY_GIT, "protected writes": DENY_WRITES, "hidden substitutions": CONFIRM_HIDDEN,
-          "options": CONFIRM_OPTIONS, "programs": CONFIRM_PROGRAMS, "paths": CONFIRM_PATHS, "safe": ALLOW_SAFE}
+          "options": CONFIRM_OPTIONS, "programs": CONFIRM_PROGRAMS, "paths": CONFIRM_PATHS, "safe": ALLOW_SAFE,
+          "hidden programs": DENY_HIDDEN_PROGRAMS, "more confirm": CONFIRM_MORE, "more safe": ALLOW_MORE}
 
 
 def test_attacker_tables_row_count():
@@ -542,7 +577,8 @@ def test_attacker_table(cli, attack_jail, table):
         "%r: want %s, got %s (%s)" % (c, w, g[0], g[1]) for c, w, g in wrong)
 
 
-@pytest.mark.parametrize("table", ["wrappers", "obfuscation", "piped into interpreters", "/proc", "git"])
+@pytest.mark.parametrize("table", ["wrappers", "obfuscation", "piped into interpreters", "/proc", "git",
+                                   "hidden programs", "protected writes", "constructs", "code strings"])
 def test_the_denylist_holds_in_full_mode(cli, attack_jail, table):
     verdicts = run_table(cli, "command", [c for c, _ in TABLES[table]], "--mode", "full")
     assert all(v == DENY for v, _ in verdicts)
