@@ -245,3 +245,33 @@ def test_the_process_credentials_never_reach_the_model_in_a_tool_result(cli, fak
     assert r.returncode == 0, r.stderr
     results = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"]
     assert results and key not in results[0] and "the key is [REDACTED]" in results[0]
+
+
+def test_a_keyring_key_echoed_in_a_401_reaches_no_output(cli, fake):
+    key = "keyring-held-value-31337-plain"
+    cli.use(fake, provider="openai").use_test_keyring()
+    cli.keyring_file.write_text(json.dumps({"xzatoma/openai_api_key": key}))
+    fake.add({"status": 401, "echo_auth": True})
+    r = cli.run("run", "--json", "--prompt", "hello")
+    assert r.returncode == 2
+    assert fake.model_requests()[0]["headers"]["authorization"] == "Bearer " + key
+    assert key not in r.stdout + r.stderr and "Bearer [REDACTED]" in json.loads(r.stdout)["error"]
+    assert key.encode() not in db_bytes(cli)
+
+
+def test_environment_and_config_credentials_are_redacted_everywhere(cli, fake):
+    env_secret, config_secret = "env-only-service-token-4711", "xzepr-config-api-key-0815"
+    cli.use(fake)
+    cfg = json.loads(json.dumps(__import__("yaml").safe_load(cli.config_path.read_text())))
+    cfg["xzepr"] = {"api_key": config_secret}
+    cli.write_config(cfg)
+    fake.add({"tool_calls": [tool_call("list_directory")]},
+             {"content": "env %s and config %s" % (env_secret, config_secret)})
+    r = cli.run("--verbose", "run", "--prompt", "say %s" % env_secret, env={"DEPLOY_SERVICE_TOKEN": env_secret})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "env [REDACTED] and config [REDACTED]\n"
+    data = db_bytes(cli)
+    for secret in (env_secret, config_secret):
+        assert secret not in r.stderr and secret.encode() not in data
+    shown = cli.run("config", "show").stdout + cli.run("config", "show", "--json").stdout
+    assert config_secret not in shown
