@@ -3121,15 +3121,23 @@ class Mentions:
             hint = message.split("(did you mean ", 1)
             suggestion = ("use %s" % hint[1].rstrip(")?")) if len(hint) > 1 else "check the path (relative to %s)" % root
             return self._failed(label, hint[0].strip(), suggestion)
-        if os.path.isdir(real):
+        import stat
+        try:
+            with registry.ctx.jail.resolve(path) as target:  # what the tools will see, never a link swapped in
+                st = target.lstat()
+        except (ToolError, OSError) as exc:
+            return self._failed(label, str(exc), None)
+        if st is None:
+            return self._failed(label, "no such file or directory: %s" % path, None)
+        if stat.S_ISDIR(st.st_mode):
             return self._tool(registry, label, "list_directory", {"path": path})
-        size = os.path.getsize(real)
+        size = st.st_size
         if size > self.cfg.get("agent.mentions.max_file_size"):
             return self._failed(label, "the file is %d bytes, over agent.mentions.max_file_size" % size, None)
         start = int(rng.group(1)) if rng else None
         end = int(rng.group(2) or rng.group(1)) if rng else None
         key = (real, start, end)
-        mtime = os.path.getmtime(real)
+        mtime = st.st_mtime
         cached = self.files.get(key)
         if cached and cached[0] == mtime:
             self._report(label, "cached")
@@ -4348,17 +4356,36 @@ def check_working_dir(given):
     if given:
         return working_dir  # named deliberately; the protected paths still hold inside it
     real = os.path.realpath(working_dir)
+    for home in user_homes():
+        if real == "/" or real == home or home.startswith(real.rstrip("/") + "/"):
+            raise UsageError("refusing to use %s as the working directory: it is %s, where the tools could change "
+                             "start-up files and keys; cd to a project, or name it deliberately with --working-dir DIR"
+                             % (working_dir, "the filesystem root" if real == "/" else "your home directory"
+                                if real == home else "a directory above your home directory"))
+    return working_dir
+
+
+def user_homes():
+    """The person's home directories: $HOME and the password database's entry (cron may set neither alike)."""
     homes = {os.path.realpath(os.path.expanduser("~"))}
     try:
         import pwd
         homes.add(os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir))
     except (ImportError, KeyError):
         pass
-    if real == "/" or real in homes:
-        raise UsageError("refusing to use %s as the working directory: it is %s, where the tools could change "
-                         "start-up files and keys; cd to a project, or name it deliberately with --working-dir DIR"
-                         % (working_dir, "the filesystem root" if real == "/" else "your home directory"))
-    return working_dir
+    return sorted(homes)
+
+
+def protected_extras(cfg, working_dir):
+    """agent.tools.protected_paths plus, for a home directory inside the jail (--working-dir / or /home
+    named deliberately), that home's start-up files and keys."""
+    from xzatoma_tools import PROTECTED_NAMES
+    extra = list(cfg.get("agent.tools.protected_paths") or [])
+    root = os.path.realpath(working_dir)
+    for home in user_homes():
+        if home != root and home.startswith(root.rstrip("/") + "/"):
+            extra += [os.path.join(home, name) for name in PROTECTED_NAMES]
+    return extra
 
 
 def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
@@ -4370,7 +4397,9 @@ def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
                      redact=Redactor(secrets))
     if "sandbox" not in fields:
         fields["sandbox"] = terminal_sandbox(cfg, working_dir, secrets)
-    return ToolContext(working_dir, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
+    tools = cfg.section("agent.tools")
+    tools["protected_paths"] = protected_extras(cfg, working_dir)
+    return ToolContext(working_dir, tools, store=store, conversation_id=conversation_id,
                        terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit,
                        xzatoma_home=cfg.home, **fields)
 
@@ -4381,7 +4410,7 @@ def terminal_sandbox(cfg, working_dir, secrets=None):
     term = cfg.get("agent.terminal")
     return Sandbox(working_dir, term["sandbox"], network=term["network"], environ=os.environ,
                    env_passthrough=term["env_passthrough"], keep_home=term["keep_home"], xzatoma_home=cfg.home,
-                   protected=protected_paths(working_dir, cfg.home, cfg.get("agent.tools.protected_paths")), secrets=cfg.secret_values()
+                   protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)), secrets=cfg.secret_values()
                    if secrets is None else secrets, assume_missing=term["sandbox_assume_missing"])
 
 

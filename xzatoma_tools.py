@@ -1015,10 +1015,18 @@ def protected_paths(root, xzatoma_home=None, extra=()):
     out = [os.path.join(root, name) for name in PROTECTED_NAMES]
     for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
         path = os.path.expanduser(path)
+        if _is_glob(path):  # '*.pem', 'secrets/**': matched against paths relative to the root
+            if not os.path.isabs(path) and os.path.join(root, path) not in out:
+                out.append(os.path.join(root, path))
+            continue
         real = os.path.realpath(os.path.join(root, path))
         if _inside(real, root) and real != root and real not in out:
             out.append(real)
     return out
+
+
+def _is_glob(path):
+    return any(c in path for c in "*?[")
 
 
 def _resolved_protected(root, protected):
@@ -1026,6 +1034,8 @@ def _resolved_protected(root, protected):
     worktree's `.git` file naming its gitdir; changing those is changing .git."""
     jail, out = Jail(root), list(protected)
     for path in protected:
+        if _is_glob(path):
+            continue
         try:
             with jail.resolve(path) as target:
                 real, st = target.real, target.lstat()
@@ -1056,19 +1066,37 @@ def protected_reason(target, protected, root):
     protected path (deleting or replacing `src/` deletes `src/.git`) all count.
     """
     real = target.real.lower()
+    globs = [display_path(p, root).lower() for p in protected if _is_glob(p)]
     for path in _resolved_protected(root, protected):
         p = path.lower()
         if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
             return display_path(path, root)
     rel = display_path(target.real, root)
-    for part in rel.lower().split("/"):
-        if part in PROTECTED_ANYWHERE:
-            return rel
+    hit = _protected_rel(rel, globs)
+    if hit:
+        return hit
     st = target.lstat()
     if st is not None and stat.S_ISDIR(st.st_mode):
         for sub, _, name, _ in _subtree(target.dir_fd, target.name):
-            if name.lower() in PROTECTED_ANYWHERE and sub:
-                return os.path.join(rel, sub) if rel != "." else sub
+            if sub:
+                hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs)
+                if hit:
+                    return hit
+    return None
+
+
+def _protected_rel(rel, globs):
+    """rel (or the part of it up to a protected name) when a .git/.hg component or a glob from the
+    configuration matches it, case-insensitively; else None."""
+    parts = rel.split("/")
+    for i, part in enumerate(parts):
+        if part.lower() in PROTECTED_ANYWHERE:
+            return "/".join(parts[: i + 1])
+    lowered = rel.lower()
+    for pattern in globs:
+        for i in range(len(parts)):  # the path or a directory above it
+            if glob_match(pattern, "/".join(lowered.split("/")[: i + 1])):
+                return "/".join(parts[: i + 1])
     return None
 
 

@@ -240,6 +240,34 @@ def test_home_named_deliberately_keeps_its_protected_paths(cli, fake):
     assert (home / ".bashrc").read_text() == "# mine\n" and not (home / ".ssh").exists()
 
 
+def test_a_directory_above_home_is_refused_and_given_deliberately_protects_home(cli, fake):
+    cli.use(fake)
+    r = cli.run("run", "--prompt", "go", cwd=cli.tmp)  # cli.tmp holds the test's HOME
+    assert r.returncode == 2 and "a directory above your home directory" in r.stderr and "--working-dir" in r.stderr
+    (cli.home / ".ssh").mkdir()
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="home/.ssh/authorized_keys", content="k\n"),
+                                       tool_call("write_file", path="home/.zshenv", content="touch pwned\n"),
+                                       tool_call("write_file", path="home/notes.txt", content="ok\n")],
+                           "--working-dir", str(cli.tmp))
+    assert r.returncode == 0, r.stderr
+    assert results[0].endswith(HEADLESS) and results[1].endswith(HEADLESS) and results[2].startswith("Created")
+    assert os.listdir(str(cli.home / ".ssh")) == [] and not (cli.home / ".zshenv").exists()
+
+
+def test_configured_protected_globs(cli, fake):
+    cli.use(fake, tools={"protected_paths": ["*.pem", "secrets/**", "deploy/prod.env"]})
+    (cli.workdir / "secrets").mkdir()
+    r, results = run_calls(cli, fake, [
+        tool_call("write_file", path="certs/server.PEM", content="x"),
+        tool_call("write_file", path="secrets/a/b.txt", content="x"),
+        tool_call("write_file", path="deploy/prod.env", content="x"),
+        tool_call("delete_path", path="secrets", recursive=True),
+        tool_call("write_file", path="deploy/dev.env", content="x")])
+    assert [x.endswith(HEADLESS) for x in results] == [True, True, True, True, False], results
+    assert sorted(os.listdir(str(cli.workdir))) == ["deploy", "secrets"]
+    assert os.listdir(str(cli.workdir / "deploy")) == ["dev.env"]
+
+
 def test_chat_refuses_home_as_an_implicit_working_directory(cli, fake):
     cli.use(fake)
     r = subprocess.run(cli.command("chat"), input="", capture_output=True, text=True, env=cli.env,
