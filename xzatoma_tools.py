@@ -3516,13 +3516,14 @@ SAFE_OPTIONS = {
     "pwd": OptionSpec("LP", "", "", "logical physical " + _COMMON, operands="none"),
     "which": OptionSpec("as", "", "", "all skip-alias skip-functions " + _COMMON, operands="none"),
     "type": OptionSpec("aftpP", "", "", "", operands="none"),
-    "wc": OptionSpec("clmwL", "", "", "bytes chars lines words max-line-length total= files0-from=@ " + _COMMON),
+    "wc": OptionSpec("clmwL", "", "", "bytes chars lines words max-line-length total= " + _COMMON,
+                     bad={"files0-from": "wc --files0-from reads the names of files to read from a file"}),
     "sort": OptionSpec("bdfgiMhnRrVcCsuzm", "ktS", "",
                        "ignore-leading-blanks dictionary-order ignore-case general-numeric-sort ignore-nonprinting "
                        "month-sort human-numeric-sort numeric-sort random-sort random-source=@ reverse sort= "
                        "version-sort key= field-separator= buffer-size= check[=] merge stable unique "
-                       "zero-terminated parallel= debug files0-from=@ batch-size= " + _COMMON,
-                       bad={"o": "sort -o writes a file", "output": "sort --output writes a file",
+                       "zero-terminated parallel= debug batch-size= " + _COMMON,
+                       bad={"files0-from": "sort --files0-from reads the names of files to read from a file","o": "sort -o writes a file", "output": "sort --output writes a file",
                             "compress-program": "sort --compress-program runs a program",
                             "T": "sort -T writes temporary files into a directory",
                             "temporary-directory": "sort --temporary-directory writes files there"}),
@@ -3539,21 +3540,24 @@ SAFE_OPTIONS = {
                        "line-format= old-line-format= new-line-format= unchanged-line-format= old-group-format= "
                        "new-group-format= changed-group-format= unchanged-group-format= " + _COMMON,
                        bad={"l": "diff -l runs pr", "paginate": "diff --paginate runs pr"}, walk="r recursive"),
-    "file": OptionSpec("bcdEhiklLNnprsS0", "eFP", "f",
-                       "brief checking-printout exclude= exclude-quiet= extension files-from=@ separator= mime "
+    "file": OptionSpec("bcdEhiklLNnprsS0", "eFP", "",
+                       "brief checking-printout exclude= exclude-quiet= extension separator= mime "
                        "mime-type mime-encoding keep-going list dereference no-dereference no-pad preserve-date raw "
                        "special-files print0 parameter= apple " + _COMMON,
                        bad={"m": "file -m loads a magic file", "magic-file": "file --magic-file loads a magic file",
                             "C": "file -C compiles and writes a magic file", "compile": "file --compile writes",
                             "z": "file -z runs decompressors", "Z": "file -Z runs decompressors",
                             "uncompress": "file --uncompress runs decompressors",
-                            "uncompress-noreport": "runs decompressors", "no-sandbox": "turns off file's sandbox"}),
+                            "uncompress-noreport": "runs decompressors", "no-sandbox": "turns off file's sandbox",
+                            "f": "file -f reads the names of files to read from a file",
+                            "files-from": "file --files-from reads the names of files to read from a file"}),
     "stat": OptionSpec("LftZ", "c", "", "dereference file-system format= printf= terse cached= " + _COMMON),
     "du": OptionSpec("0abcDhHklmLsSxP", "dBt", "X",
                      "null all apparent-size block-size= bytes total dereference-args max-depth= human-readable "
                      "inodes si summarize threshold= time[=] time-style= exclude= exclude-from=@ one-file-system "
-                     "count-links separate-dirs dereference no-dereference files0-from=@ " + _COMMON,
-                     walk="L dereference"),
+                     "count-links separate-dirs dereference no-dereference " + _COMMON,
+                     walk="L dereference",
+                     bad={"files0-from": "du --files0-from reads the names of files to read from a file"}),
     "df": OptionSpec("ahHiklPTv", "tBx", "", "all block-size= human-readable si inodes local no-sync sync output[=] "
                      "portability print-type type= exclude-type= total " + _COMMON),
     "tree": OptionSpec("adfilpsugDFqNQrtvUcSnCJXhA", "LPIT", "",
@@ -3636,7 +3640,8 @@ _GIT_DANGEROUS_KEY = re.compile(
     r"init\.templatedir|url\.|submodule\.|ssh\.|uploadarchive\.|safe\.|transfer\.|fetch\.|gc\.|interactive\.|"
     r"sendemail\.|instaweb\.|web\.|browser\.|man\.|help\.|pack\.|status\.|log\.)", re.IGNORECASE)
 _GIT_RUNS_COMMANDS = re.compile(r"^\s*(fsmonitor|external|textconv|pager|sshcommand|hookspath|command|clean|smudge|"
-                                r"process|askpass|editor)\s*=|^\s*\[\s*(filter|alias|pager)\b", re.IGNORECASE | re.M)
+                                r"process|askpass|editor)\s*=|^\s*\[\s*(filter|alias|pager|include|includeif)\b",
+                                re.IGNORECASE | re.M)
 
 
 def _git_spec(items):
@@ -4454,6 +4459,11 @@ class CommandPolicy:
             if word.dynamic:
                 return verdict.worse(Verdict(CONFIRM, "uses a shell expansion (%s): only a static command is "
                                                       "judged read-only" % word.text))
+        words = _brace_words(simple.words)  # cat {README.md,/etc/passwd} is two operands
+        if words is None:
+            return verdict.worse(Verdict(CONFIRM, "brace expansion makes too many words to check"))
+        simple = Simple()
+        simple.words = words
         first = simple.words[0]
         if not first.text.isascii():
             return verdict.worse(Verdict(CONFIRM, "the program name has non-ASCII characters (%s)" % first.text))
@@ -4771,6 +4781,28 @@ def _printed(node):
 
 def shlex_quote(text):
     return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _brace_words(words, limit=1024):
+    """The words after brace expansion, as the shell makes them (each result a word of its own, with its
+    own glob and tilde), or None when there would be more than `limit`."""
+    out = []
+    for word in words:
+        variants = brace_expand(word, limit + 1)
+        if len(variants) == 1 and not any(t == "{" and k == "lit" for t, k in variants[0]):
+            out.append(word)
+            continue
+        for tokens in variants:
+            w = Word()
+            w.parts = list(tokens)
+            w.text = "".join(t for t, _ in tokens)
+            w.quoted, w.dynamic, w.subs, w.variables = word.quoted, word.dynamic, word.subs, word.variables
+            w.glob = any(k == "lit" and t in "*?[" for t, k in tokens)
+            w.tilde = bool(tokens) and tokens[0] == ("~", "lit")
+            out.append(w)
+        if len(out) > limit:
+            return None
+    return out
 
 
 def _value_word(word):

@@ -423,7 +423,8 @@ CONFIRM_OPTIONS = [(c, CONFIRM) for c in [
     "find . -exec cat {} \\;", "find . -execdir ls \\;", "find . -ok cat {} \\;", "find . -newerxy x",
     "find . -files0-from x", "find . -unknown", "ls --unknown", "ls -y", "cat --foo README.md", "cat -z README.md",
     "head --bytes", "grep --unknown x .", "grep -X x .", "grep --pre=x x .",
-    "wc --files0-from=/etc/passwd", "grep -f /etc/passwd README.md", "grep --file=/etc/passwd README.md",
+    "wc --files0-from=/etc/passwd", "wc --files0-from=list", "file -f list", "file --files-from=list",
+    "du --files0-from=list", "sort --files0-from=list", "grep -f /etc/passwd README.md", "grep --file=/etc/passwd README.md",
     "grep -e x -f ../x README.md", "diff -l a.txt b.txt", "diff --paginate a.txt b.txt", "uniq a.txt b.txt",
     "uniq -c a.txt out.txt", "du --files0-from=/etc/x", "du -X /etc/x .", "realpath --relative-to=/etc README.md",
     "stat --unknown x", "which -x ls", "basename --unknown x", "git status --unknown", "git log --output=x",
@@ -456,6 +457,8 @@ CONFIRM_PATHS = [(c, CONFIRM) for c in [
     "find dir_out", "find . -newer link_out", "diff -r . ../outside", "diff -r src .", "ls -L", "ls -RL", "cat .*",
     "ls .?*", "grep x .*", "head -n1 ~/x", "tail /var/log/syslog", "wc -l /etc/*", "sort /etc/passwd",
     "file /bin/ls", "stat /", "realpath /etc", "du -sh /", "diff a.txt /etc/hosts", "cat < /etc/passwd",
+    "cat {README.md,/etc/passwd}", "ls {src,/}", "cat {~,x}/.bashrc", "cat {a.txt,'/etc/passwd'}",
+    "wc -l {src,..}/*", "head {README.md,../x}", "grep -r x {.,/etc}", "cat {link_out,a.txt}", "ls {src,dir_out}/",
     "cat < ../x", "grep x < link_out", "wc < dir_out/secret.txt", "git -C dir_out status", "git -C dir_out/.. status",
 ]]
 
@@ -525,7 +528,8 @@ ALLOW_MORE = [(c, ALLOW) for c in [
     "grep -rn 'def ' --include=*.py . | wc -l", "grep --include=*.md x .", "time (ls)", "time -p ls", "! ls",
     "if (ls); then { ls; }; fi", "[[ -n x ]] && ls", "true; false; :", "ls -la # comment",
     "echo 'it'\"'\"'s'", "echo $'a\tb'", "echo {1..10}", "ls 2>&1 >/dev/null", "echo \"#notcomment\"",
-    "command -v python3 >/dev/null 2>&1 || echo missing", "date -Iseconds", "date -I",
+    "command -v python3 >/dev/null 2>&1 || echo missing", "date -Iseconds", "date -I", "cat {a,b}.txt",
+    "ls {src,link_in}", "wc -l {a,b}.txt README.md", "grep -n x {README,notes}.*",
 ]]
 
 
