@@ -68,11 +68,12 @@ class CredentialsError(UsageError):
 class ProviderError(XzError):
     """A provider failed: `retryable` ones are retried by the HTTP helper first."""
 
-    def __init__(self, message, status=None, retryable=False, retry_after=None, exit_code=None):
+    def __init__(self, message, status=None, retryable=False, retry_after=None, exit_code=None, unreachable=False):
         super().__init__(message, exit_code)
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+        self.unreachable = unreachable  #: nothing is listening: every other request to this server fails too
 
 
 class Terminated(BaseException):
@@ -1302,14 +1303,19 @@ class Provider:
     def headers(self):
         return {}
 
-    def call(self, method, url, handle, body=None, stream=False, deadline=None, what="request"):
-        """Send a request and hand the response to `handle`, retrying transient failures."""
+    def call(self, method, url, handle, body=None, stream=False, deadline=None, what="request", retries=None,
+             timeout=None):
+        """Send a request and hand the response to `handle`, retrying transient failures.
+
+        Connection refused on a loopback or private address is not retried: nothing is listening there,
+        and waiting will not start it (a person wants one line now, not the same line four times).
+        """
         requests = require("requests")
-        attempts = self.max_retries + 1
+        attempts = (self.max_retries if retries is None else retries) + 1
         last, attempt, refreshed = None, -1, False
         while True:
             attempt += 1
-            read_timeout = self.timeout
+            read_timeout = timeout or self.timeout
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -1322,7 +1328,10 @@ class Provider:
                     if resp.status_code >= 400:
                         text = resp.text
                         raise self.http_error(resp.status_code, text, _retry_after(resp.headers))
-                    return handle(resp)
+                    try:
+                        return handle(resp)
+                    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+                        raise self.bad_body(resp, exc, what)
                 finally:
                     resp.close()
             except ProviderError as exc:
@@ -1337,6 +1346,9 @@ class Provider:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded()
                 last = self.connection_error(exc)
+                if _connection_reason(exc) == "connection refused" and _is_local_url(url):
+                    last.retryable, last.unreachable = False, True
+                    raise last
             except requests.exceptions.Timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded()
@@ -1362,8 +1374,9 @@ class Provider:
         raise ProviderError("%s (gave up after %d attempt%s)" % (last, attempts, "s" if attempts > 1 else ""),
                             status=last.status)
 
-    def get_json(self, url, what="request"):
-        return self.call("GET", url, lambda r: r.json(), what=what)
+    def get_json(self, url, what="request", retries=None):
+        return self.call("GET", url, lambda r: r.json(), what=what, retries=retries,
+                         timeout=PROBE_TIMEOUT if retries == 0 else None)
 
     def clone(self):
         """The same provider for another thread: own HTTP session, shared credentials and caches."""
@@ -1381,6 +1394,25 @@ class Provider:
 
     def connection_error(self, exc):
         return ProviderError("cannot connect to %s: %s" % (self.label(), _connection_reason(exc)), retryable=True)
+
+    def expect_stream(self, resp):
+        """A web page (a proxy's, a login portal's) where a stream of events should be."""
+        if "html" in resp.headers.get("Content-Type", ""):
+            raise ValueError("an HTML page")
+
+    def bad_body(self, resp, exc, what):
+        """A body that is not the JSON this wire format has: one line naming the server and what it sent."""
+        self.console.debug("%s: %s: %s" % (what, type(exc).__name__, exc))
+        sample = getattr(exc, "doc", None)
+        if not isinstance(sample, str):
+            try:
+                sample = resp.text
+            except Exception:  # a consumed stream has no text left
+                sample = ""
+        kind = "is not JSON" if isinstance(exc, ValueError) else "is JSON of a shape xzatoma does not understand"
+        shown = json.dumps(one_line(sample, 80), ensure_ascii=True) if sample.strip() else "an empty body"
+        return ProviderError("%s sent a reply that %s (%s; HTTP %d, %s): %s; is the address right?" % (
+            self.label(), kind, what, resp.status_code, resp.headers.get("Content-Type") or "no content type", shown))
 
     def http_error(self, status, body, retry_after=None):
         message = error_text(body)
@@ -1408,29 +1440,57 @@ class Provider:
     def complete(self, messages, tools, on_delta=None, deadline=None):  # pragma: no cover - interface
         raise NotImplementedError
 
-    def models(self):  # pragma: no cover - interface
+    def models(self, retries=None):  # pragma: no cover - interface
         raise NotImplementedError
 
     def context_window(self, model=None):
+        """The model's window, probed once with one attempt (a probe must not multiply the retries of the
+        request it serves); an unreachable server is reported at once, since the request would fail too."""
         model = model or self.model
         if model not in self._windows:
             try:
                 self._windows[model] = self._context_window(model)
+            except ProviderError as exc:
+                if exc.unreachable:
+                    raise
+                self.console.debug("context window of %s unknown: %s" % (model, exc))
+                self._windows[model] = None
             except (XzError, ValueError, KeyError, TypeError) as exc:
                 self.console.debug("context window of %s unknown: %s" % (model, exc))
                 self._windows[model] = None
         return self._windows[model]
 
     def _context_window(self, model):
-        for m in self.models():
+        for m in self.models(retries=0):
             if m["id"] == model:
                 return m.get("context_window")
         return None
 
 
+PROBE_TIMEOUT = 30  # seconds for one-attempt probes (context window): a hung server fails the probe fast
+
+
 def _jitter():
     import random
     return random.random()
+
+
+def _is_local_url(url):
+    """True when the URL's host is loopback, private or link-local (where 'refused' means 'not running')."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        addresses = [ipaddress.ip_address(host)]
+    except ValueError:
+        try:
+            addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in socket.getaddrinfo(host, None)]
+        except (OSError, ValueError):
+            return False
+    return bool(addresses) and all(a.is_loopback or a.is_private or a.is_link_local for a in addresses)
 
 
 def _connection_reason(exc):
@@ -1492,13 +1552,13 @@ class OllamaProvider(Provider):
         return "model '%s' not found on %s%s (pull it with 'ollama pull %s')" % (
             self.model, self.label(), available, self.model)
 
-    def models(self):
-        data = self.get_json(self.host + "/api/tags", "listing models")
+    def models(self, retries=None):
+        data = self.get_json(self.host + "/api/tags", "listing models", retries=retries)
         return [{"id": m.get("name") or m.get("model"), "size": m.get("size")} for m in data.get("models", [])]
 
     def _context_window(self, model):
         data = self.call("POST", self.host + "/api/show", lambda r: r.json(), body={"model": model},
-                         what="model details")
+                         what="model details", retries=0, timeout=PROBE_TIMEOUT)
         for key, value in (data.get("model_info") or {}).items():
             if key.endswith(".context_length"):
                 return int(value)
@@ -1535,6 +1595,7 @@ class OllamaProvider(Provider):
         position = len(messages)
 
         def handle(resp):
+            self.expect_stream(resp)
             content, thinking, calls, final = [], [], [], {}
             for raw in resp.iter_lines():
                 if not raw:
@@ -1603,17 +1664,17 @@ class OpenAIProvider(Provider):
         return ProviderError("cannot connect to %s (%s); check provider.openai.base_url / OPENAI_BASE_URL"
                              % (self.base_url, _connection_reason(exc)), retryable=True)
 
-    def raw_models(self):
+    def raw_models(self, retries=None):
         if self._model_list is None:
-            data = self.get_json(self.base_url + "/models", "listing models")
+            data = self.get_json(self.base_url + "/models", "listing models", retries=retries)
             self._model_list = data.get("data") if isinstance(data, dict) else data
             self._model_list = self._model_list or []
         return self._model_list
 
-    def models(self):
+    def models(self, retries=None):
         """[{id, context_window, tools, endpoints}] from /models, in the dialects servers use."""
         out = []
-        for m in self.raw_models():
+        for m in self.raw_models(retries):
             caps = m.get("capabilities") or {}
             limits = caps.get("limits") or {}
             supports = caps.get("supports") or {}
@@ -1659,8 +1720,11 @@ class OpenAIProvider(Provider):
         def handle(resp):
             if "json" in resp.headers.get("Content-Type", ""):
                 return self._chat_reply_from_json(resp.json())
+            self.expect_stream(resp)
             content, thinking, calls, usage, finish = [], [], {}, {}, None
+            events = 0
             for _, data in iter_sse(resp):
+                events += 1
                 if data.strip() == "[DONE]":
                     break
                 try:
@@ -1696,6 +1760,9 @@ class OpenAIProvider(Provider):
                         finish = choice["finish_reason"]
                 if deadline is not None and time.monotonic() > deadline:
                     raise DeadlineExceeded()
+            if not events:
+                raise ProviderError("%s ended the chat stream without sending anything" % self.label(),
+                                    retryable=True)
             tool_calls = []
             for i, idx in enumerate(sorted(calls)):
                 c = calls[idx]
@@ -1750,6 +1817,7 @@ class OpenAIProvider(Provider):
         def handle(resp):
             if "json" in resp.headers.get("Content-Type", ""):
                 return self._responses_reply(resp.json(), [], {})
+            self.expect_stream(resp)
             text, items_done, args_by_item, final = [], {}, {}, None
             for event, data in iter_sse(resp):
                 try:
@@ -1870,6 +1938,8 @@ class CopilotProvider(OpenAIProvider):
         try:
             listed = {m["id"]: m for m in self.models()}
         except XzError as exc:
+            if getattr(exc, "unreachable", False):
+                raise
             self.console.debug("cannot list Copilot models: %s" % exc)
             listed = {}
         info = listed.get(self.model)
@@ -3499,7 +3569,10 @@ class ChatSession:
                                        "Type '/help' for available commands, 'exit' to quit", ""]))
 
     def window(self):
-        return self.provider.context_window() or self.conversation.max_tokens
+        try:
+            return self.provider.context_window() or self.conversation.max_tokens
+        except XzError:  # an unreachable server: the turn has said so already
+            return self.conversation.max_tokens
 
     def status(self):
         window = self.window()
@@ -4343,7 +4416,8 @@ def cmd_run(args, console):
         console.info("partial answer:\n" + result.answer, "dim")
     if result.status != "completed":
         console.error(result.error)
-    console.info(summary, "dim")
+    if result.turns or result.status == "completed":  # a run that never reached the model: the error says all
+        console.info(summary, "dim")
     return result.exit_code
 
 

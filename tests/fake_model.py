@@ -44,6 +44,7 @@ class FakeModel:
             "gpt-4.1": {"context_length": 128000, "endpoints": ["/chat/completions"]},
         }
         self.strict_models = False
+        self.raw_routes = {}  # path -> (status, content type, body): what a wrong server (a web page) answers
         self.lock = threading.Lock()
         self.server = None
         self.generator = None  # callable(request_body) -> reply, used when the script is empty
@@ -186,9 +187,23 @@ def _make_handler(fake):
             self._send_json(401, {"error": {"message": "unauthorized: token expired", "code": "unauthorized"}})
             return True
 
+        def _raw_route(self, path):
+            if path not in fake.raw_routes:
+                return False
+            status, content_type, text = fake.raw_routes[path]
+            data = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return True
+
         def do_GET(self):
             self._record(None)
             path = self.path.split("?")[0]
+            if self._raw_route(path):
+                return
             if path == "/copilot_internal/v2/token":
                 if self.headers.get("Authorization") != "token " + fake.github_token:
                     return self._send_json(401, {"message": "Bad credentials"})
@@ -220,6 +235,8 @@ def _make_handler(fake):
             body = self._body()
             self._record(body)
             path = self.path.split("?")[0]
+            if self._raw_route(path):
+                return
             if path == "/login/device/code":
                 return self._send_json(200, {"device_code": "dev-code-1", "user_code": "WDJB-MJHT",
                                              "verification_uri": fake.url + "/login/device", "expires_in": 900,

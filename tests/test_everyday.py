@@ -1,0 +1,93 @@
+"""Everyday use (issue 16): failing fast, honest usage, auth status, metrics warnings, per-project history,
+project instructions. End to end through the CLI against the fake model server."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import last_json, tool_call
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+# ---- Failing fast and honestly ----
+
+
+@pytest.mark.parametrize("provider", ["ollama", "openai"])
+def test_connection_refused_is_one_line_within_seconds(cli, provider):
+    port = free_port()
+    # the default retry policy (3 retries, 1 s backoff): a retried refusal would take several seconds
+    cli.write_config({"provider": {"type": provider, "ollama": {"host": "127.0.0.1:%d" % port},
+                                   "openai": {"base_url": "http://localhost:%d/v1" % port}}})
+    (cli.workdir / "big.txt").write_text("x" * 40000)  # a long conversation makes the loop probe the window too
+    started = time.monotonic()
+    r = cli.run("run", "--prompt", "summarise @big.txt " + "context " * 3000)
+    elapsed = time.monotonic() - started
+    assert r.returncode == 1 and r.stdout == ""
+    assert elapsed < 5, elapsed
+    assert "retrying" not in r.stderr and "gave up" not in r.stderr
+    assert len(error_lines(r.stderr)) == 1 and "(connection refused)" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # the run's header line and the error
+
+
+def test_timeouts_are_still_retried(cli, fake):
+    cli.use(fake, provider="openai")
+    cfg = cli.config_path.read_text().replace("request_timeout_seconds: 20", "request_timeout_seconds: 1")
+    cli.config_path.write_text(cfg)
+    fake.add({"hang": 3}, {"content": "second try"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stdout == "second try\n", r.stderr
+    assert r.stderr.count("retrying in") == 1 and "timed out" in r.stderr
+
+
+def test_the_window_probe_is_one_attempt(cli, fake):
+    cli.use(fake, provider="ollama")
+    fake.raw_routes["/api/show"] = (503, "application/json", '{"error": "busy"}')
+    fake.add({"content": "fine"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stdout == "fine\n", r.stderr
+    shows = [q for q in fake.requests if q["path"] == "/api/show"]
+    assert len(shows) == 1, "the probe was retried %d times" % (len(shows) - 1)
+    assert "retrying" not in r.stderr
+
+
+@pytest.mark.parametrize("provider,path", [("openai", "/web/v1/chat/completions"), ("ollama", "/api/chat")])
+def test_a_web_page_instead_of_an_api_is_one_line(cli, fake, provider, path):
+    cli.use(fake, provider=provider)
+    page = "<html><head><title>Welcome to nginx!</title>\x1b[31m</head></html>"
+    fake.raw_routes[path] = (200, "text/html", page)
+    fake.raw_routes["/api/show"] = (200, "text/html", page)
+    cfg = cli.config_path.read_text().replace(fake.url + "/v1", fake.url + "/web/v1")
+    cli.config_path.write_text(cfg)
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 1 and r.stdout == ""
+    errors = error_lines(r.stderr)
+    assert len(errors) == 1, r.stderr
+    assert fake.url in errors[0] and "text/html" in errors[0] and "Welcome to nginx" in errors[0]
+    assert ("Ollama" if provider == "ollama" else "OpenAI-compatible") in errors[0]
+    assert "Expecting value" not in r.stderr and "JSONDecodeError" not in r.stderr
+    assert "\x1b" not in r.stderr  # what the server sent is shown, never interpreted by the terminal
+
+
+def test_models_listing_that_is_not_json(cli, fake):
+    cli.use(fake, provider="openai")
+    fake.raw_routes["/v1/models"] = (200, "text/plain", "")
+    r = cli.run("models")
+    assert r.returncode == 1
+    assert error_lines(r.stderr) == [e for e in error_lines(r.stderr) if "an empty body" in e] != []
