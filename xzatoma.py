@@ -774,6 +774,24 @@ def estimate_tokens(message):
     return n // 4
 
 
+def reply_usage(reply, sent_estimate):
+    """(prompt, completion, estimated): the server's counts, or our estimate for what it did not count.
+
+    Some servers send no usage when streaming (llama.cpp without include_usage, Ollama with a cached prompt):
+    without an estimate, quotas on tokens would never count and the totals would read 0.
+    """
+    prompt = reply.usage.get("prompt_tokens") or 0
+    completion = reply.usage.get("completion_tokens") or 0
+    estimated = False
+    if not prompt:
+        prompt, estimated = sent_estimate, True
+    if not completion and (reply.content or reply.tool_calls or reply.thinking):
+        completion = estimate_tokens({"content": (reply.content or "") + (reply.thinking or ""),
+                                      "tool_calls": reply.tool_calls})
+        estimated = True
+    return prompt, completion, estimated
+
+
 class Conversation:
     """The message list with a running token estimate (O(1) per message) and pruning.
 
@@ -794,6 +812,11 @@ class Conversation:
         self.prune_threshold = prune_threshold
         self.pruned = {"messages": 0, "turns": 0, "tools": {}, "count": 0}
         self.on_append = None  # callback(message) for persistence
+        self.calibrated = False  #: the count includes the provider's (tool definitions and all)
+
+    def sent_estimate(self, tools=()):
+        """Tokens a request with these tool definitions carries, for servers that do not say."""
+        return self.tokens + (0 if self.calibrated else len(json.dumps(list(tools))) // 4)
 
     # adding
     def add(self, message):
@@ -845,6 +868,7 @@ class Conversation:
         """
         if prompt_tokens and self._estimated / 4 <= prompt_tokens <= self._estimated * 4 + 2000:
             self._offset = prompt_tokens - self._estimated
+            self.calibrated = True
 
     def dangling_calls(self):
         """Tool calls of the last assistant message that have no result yet."""
@@ -2078,6 +2102,7 @@ class RunResult:
         self.tool_calls = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.estimated = False  #: some token counts are our estimate: the server sent no usage
         self.duration = 0.0
 
     def counts(self):
@@ -2092,7 +2117,7 @@ class RunResult:
         return {"conversation_id": self.conversation_id, "status": self.status, "answer": self.answer,
                 "turns": self.turns, "tool_calls": self.tool_calls,
                 "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                          "total_tokens": self.prompt_tokens + self.completion_tokens},
+                          "total_tokens": self.prompt_tokens + self.completion_tokens, "estimated": self.estimated},
                 "duration_seconds": round(self.duration, 3), "error": self.error}
 
 
@@ -2212,8 +2237,10 @@ class Agent:
         if pruned:
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
         self.events.waiting()
+        tools = self.registry.definitions()
+        sent = conv.sent_estimate(tools)
         try:
-            reply = self.provider.complete(conv.messages, self.registry.definitions(), on_delta=self.events.delta,
+            reply = self.provider.complete(conv.messages, tools, on_delta=self.events.delta,
                                            deadline=self.deadline, estimated_tokens=conv.tokens)
         except ProviderError:
             self.metrics.model_request(self.provider.name, "error")
@@ -2222,7 +2249,8 @@ class Agent:
             self.events.replied()
         self._check_cancel()
         result.turns += 1
-        prompt, completion = reply.usage.get("prompt_tokens", 0), reply.usage.get("completion_tokens", 0)
+        prompt, completion, estimated = reply_usage(reply, sent)
+        result.estimated |= estimated
         result.prompt_tokens += prompt
         result.completion_tokens += completion
         self.metrics.model_request(self.provider.name, "ok")
@@ -2467,13 +2495,16 @@ def run_subagent(parent, spec):
     if result.status in ("completed", "max_turns") and not child_cancel.is_set():
         try:
             conversation.add_user(spec.get("summary_prompt") or DEFAULT_SUMMARY_PROMPT)
+            sent = conversation.sent_estimate()
             reply = provider.complete(conversation.messages, [], deadline=None, estimated_tokens=conversation.tokens)
+            prompt, completion, estimated = reply_usage(reply, sent)
             result.turns += 1
-            result.prompt_tokens += reply.usage.get("prompt_tokens", 0)
-            result.completion_tokens += reply.usage.get("completion_tokens", 0)
-            parent.quota.add_tokens(sum(reply.usage.values()))
+            result.estimated |= estimated
+            result.prompt_tokens += prompt
+            result.completion_tokens += completion
+            parent.quota.add_tokens(prompt + completion)
             parent.metrics.model_request(provider.name, "ok")
-            parent.metrics.tokens(reply.usage.get("prompt_tokens", 0), reply.usage.get("completion_tokens", 0))
+            parent.metrics.tokens(prompt, completion)
             summary = strip_think(reply.content)[0] or summary
             conversation.add_assistant(summary)
         except ProviderError as exc:
@@ -2725,6 +2756,9 @@ def load_history(store, conversation_id):
 
 def _plural(n, word):
     return "%d %s%s" % (n, word, "" if n == 1 else "s")
+
+
+ESTIMATED_NOTE = " (estimated: the server sent no usage)"
 
 
 def _fmt_tokens(n):
@@ -3790,8 +3824,9 @@ class ChatSession:
         window = self.window()
         conv = self.conversation
         share = 100 * conv.tokens // max(window, 1)
-        self.console.info("tokens: %s this turn · %s this session · context ~%s (%d%% of %s)" % (
-            _fmt_tokens(used - before), _fmt_tokens(used), _fmt_tokens(conv.tokens), share, _fmt_tokens(window)), "dim")
+        self.console.info("tokens: %s this turn · %s this session%s · context ~%s (%d%% of %s)" % (
+            _fmt_tokens(used - before), _fmt_tokens(used), ESTIMATED_NOTE if self.result.estimated else "",
+            _fmt_tokens(conv.tokens), share, _fmt_tokens(window)), "dim")
         limit = conv.limit(window)
         if conv.tokens > limit * conv.prune_threshold * 0.85:
             self.console.warn("the conversation is near its budget (%s of %s tokens): older turns will be pruned soon"
@@ -4399,11 +4434,11 @@ def cmd_run(args, console):
         if store is not None:
             store.close()
         metrics.close()
-    summary = "%s: %s · %s · %s tokens (%s in / %s out) · %.1fs · conversation %s" % (
+    summary = "%s: %s · %s · %s tokens (%s in / %s out)%s · %.1fs · conversation %s" % (
         result.status, _plural(result.turns, "turn"), _plural(result.tool_calls, "tool call"),
         _fmt_tokens(result.prompt_tokens + result.completion_tokens),
-        _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens), result.duration,
-        result.conversation_id)
+        _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens),
+        ESTIMATED_NOTE if result.estimated else "", result.duration, result.conversation_id)
     if args.json:
         json_out(result.to_json())
         sys.stdout.flush()

@@ -16,7 +16,8 @@ A reply is a dict:
   malformed      send a broken stream line
   hang           keep the connection open without answering for this long
   repeat         serve this reply N times
-  usage          {"prompt_tokens": n, "completion_tokens": n}
+  usage          {"prompt_tokens": n, "completion_tokens": n}; None sends no usage at all (llama.cpp streaming
+                 without include_usage, Ollama with a cached prompt)
   expect         callable(request_body) -> error text or None (checks the history)
   plain_json     answer with one JSON body even when streaming was asked for
   echo_auth      with `status`: the error body quotes the request's Authorization header (as some servers do)
@@ -311,8 +312,9 @@ def _make_handler(fake):
             usage = reply["usage"]
             final = {"model": body.get("model"), "created_at": "2025-01-01T00:00:00Z",
                      "message": {"role": "assistant", "content": ""}, "done": True,
-                     "done_reason": reply.get("finish", "stop"), "total_duration": 1000,
-                     "prompt_eval_count": usage["prompt_tokens"], "eval_count": usage["completion_tokens"]}
+                     "done_reason": reply.get("finish", "stop"), "total_duration": 1000}
+            if usage is not None:
+                final.update(prompt_eval_count=usage["prompt_tokens"], eval_count=usage["completion_tokens"])
             if not stream:
                 final["message"] = {"role": "assistant", "content": content}
                 if calls:
@@ -347,9 +349,11 @@ def _make_handler(fake):
                     msg["tool_calls"] = [{"id": "call_%d" % i, "type": "function",
                                           "function": {"name": c["name"], "arguments": _args_text(c["arguments"])}}
                                          for i, c in enumerate(calls)]
-                return self._send_json(200, {"id": "chatcmpl-1", "object": "chat.completion", "choices": [
-                    {"index": 0, "message": msg, "finish_reason": finish}], "usage": dict(
-                    usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])})
+                data = {"id": "chatcmpl-1", "object": "chat.completion", "choices": [
+                    {"index": 0, "message": msg, "finish_reason": finish}]}
+                if usage is not None:
+                    data["usage"] = dict(usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])
+                return self._send_json(200, data)
             self._start_stream("text/event-stream")
             delay = reply.get("chunk_delay", 0)
 
@@ -373,7 +377,7 @@ def _make_handler(fake):
                 for piece in _pieces(args, 5):  # arguments split mid-token, as real servers do
                     event({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
             event({}, finish)
-            if body.get("stream_options", {}).get("include_usage"):
+            if body.get("stream_options", {}).get("include_usage") and usage is not None:
                 self._chunk("data: %s\n\n" % json.dumps({"id": "chatcmpl-1", "choices": [], "usage": dict(
                     usage, total_tokens=usage["prompt_tokens"] + usage["completion_tokens"])}))
             self._chunk("data: [DONE]\n\n")
@@ -427,9 +431,10 @@ def _make_handler(fake):
                 output.append(done)
                 index += 1
             status = "incomplete" if reply.get("finish") == "length" else "completed"
-            final = dict(base, status=status, output=output, usage={
-                "input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-                "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]})
+            final = dict(base, status=status, output=output)
+            if usage is not None:
+                final["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                                  "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
             if status == "incomplete":
                 final["incomplete_details"] = {"reason": "max_output_tokens"}
             event("response.%s" % status, response=final)
