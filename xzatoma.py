@@ -1185,7 +1185,7 @@ class CopilotAuth:
             self.github, where = self.creds.get("github_token")
             self.github_source = where
         self.current = None
-        if not self.ready:
+        if not self.ready and self.github_source != "env GITHUB_TOKEN":  # the cached token is the stored login's
             cached, _ = self.creds.get("copilot_token")
             if cached:
                 try:
@@ -1217,7 +1217,13 @@ class CopilotAuth:
         if not self.github:
             return False
         with self.lock:
-            self.current = exchange_copilot_token(self.cfg, self.github)
+            try:
+                self.current = exchange_copilot_token(self.cfg, self.github)
+            except CredentialsError as exc:
+                if self.github_source == "env GITHUB_TOKEN":
+                    raise CredentialsError(str(exc).replace("the GitHub token", "GITHUB_TOKEN (from the environment)")
+                                           .replace("run 'xzatoma auth login'", "fix or unset it"))
+                raise
             if self.github_source != "env GITHUB_TOKEN":
                 try:
                     self.creds.set("copilot_token", json.dumps(self.current))
@@ -3120,7 +3126,7 @@ def auth_status_line(cfg, console, name):
         count = len(provider.models())
         return "%-8s %-24s works: %d models" % (name, source or "none", count), True
     except CredentialsError as exc:
-        return "%-8s %-24s %s" % (name, "none", one_line(exc, 160)), False
+        return "%-8s %-24s %s" % (name, locals().get("source") or "none", one_line(exc, 160)), False
     except XzError as exc:
         return "%-8s %-24s fails: %s" % (name, locals().get("source") or "none", one_line(exc, 160)), False
 

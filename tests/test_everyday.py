@@ -138,3 +138,24 @@ def test_chat_footer_says_estimated(cli, fake):
     r = cli.run("chat", input="hi\n")
     assert r.returncode == 0 and "hello there" in r.stdout
     assert "this session (estimated: the server sent no usage)" in r.stderr
+
+
+# ---- auth status checks what the environment gives ----
+
+
+def test_auth_status_checks_the_environment_token_not_the_stored_one(cli, fake):
+    cli.use(fake, provider="copilot", github=True, model="gpt-4.1")
+    fake.copilot_valid = set()
+    assert cli.run("auth", "login", "--provider", "copilot").returncode == 0  # stores a GitHub and a Copilot token
+    good = cli.run("auth", "status", "--provider", "copilot")
+    assert good.returncode == 0 and "works" in good.stdout
+    bad = cli.run("auth", "status", "--provider", "copilot", env={"GITHUB_TOKEN": "ghp_revokedTOKENrevokedTOKEN0123"})
+    assert bad.returncode == 1, bad.stdout
+    assert "env GITHUB_TOKEN" in bad.stdout and "works" not in bad.stdout
+    r = cli.run("auth", "status", "--provider", "copilot", env={"COPILOT_API_TOKEN": "tid=not-a-valid-one"})
+    assert r.returncode == 1 and "env COPILOT_API_TOKEN" in r.stdout and "works" not in r.stdout
+    # and a run with the environment's token uses it, not the stored login's
+    fake.add({"content": "never"})
+    run = cli.run("run", "--prompt", "x", env={"GITHUB_TOKEN": "ghp_revokedTOKENrevokedTOKEN0123"})
+    assert run.returncode == 2 and "GitHub refused the Copilot token exchange" in run.stderr
+    assert "GITHUB_TOKEN (from the environment)" in run.stderr
