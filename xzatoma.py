@@ -80,6 +80,16 @@ class Terminated(BaseException):
     """Raised in the main thread by the SIGTERM handler; unwinds like Ctrl-C."""
 
 
+def install_hint(package, extra=None):
+    """How to add a package to this installation: pipx keeps xzatoma in a venv of its own, where a plain
+    `pip install` cannot reach (pipx writes pipx_metadata.json at the venv's root)."""
+    if os.path.isfile(os.path.join(sys.prefix, "pipx_metadata.json")):
+        return "pipx inject xzatoma %s" % package
+    if extra:
+        return "pip install 'xzatoma[%s]' (or pip install %s)" % (extra, package)
+    return "pip install %s (or reinstall xzatoma)" % package
+
+
 def require(module, package=None):
     """Import a third-party module or fail with an install hint."""
     import importlib
@@ -87,8 +97,8 @@ def require(module, package=None):
         return importlib.import_module(module)
     except ImportError:
         pkg = package or module
-        raise UsageError("this command needs the Python package '%s', which is not installed: "
-                         "pip install %s (or reinstall xzatoma)" % (pkg, pkg))
+        raise UsageError("this command needs the Python package '%s', which is not installed: %s"
+                         % (pkg, install_hint(pkg)))
 
 
 # ---- Output: stdout is data, stderr is for people ----
@@ -2397,14 +2407,22 @@ class NullMetrics:
 NULL_METRICS = NullMetrics()
 
 
-def load_metrics(port=None, textfile=None):
-    """The Prometheus metrics module, or a UsageError naming what to install."""
+def load_metrics(port=None, textfile=None, warn=None):
+    """The Prometheus metrics module, or a UsageError naming what to install.
+
+    `warn(text)` hears about a textfile that cannot be written: metrics are a side product, so the answer
+    and the exit code stay the task's.
+    """
     try:
         import xzatoma_metrics
-        return xzatoma_metrics.PrometheusMetrics(port=port, textfile=textfile)
     except ImportError:
-        raise UsageError("metrics need the Python package 'prometheus_client': pip install 'xzatoma[metrics]' "
-                         "(or pip install prometheus_client)")
+        raise UsageError("metrics need the Python package 'prometheus_client': %s"
+                         % install_hint("prometheus_client", extra="metrics"))
+    try:
+        return xzatoma_metrics.PrometheusMetrics(port=port, textfile=textfile, warn=warn)
+    except OSError as exc:
+        raise UsageError("cannot serve metrics on 127.0.0.1:%s: %s (choose another --metrics-port)"
+                         % (port, exc.strerror or exc))
 
 
 DEFAULT_SUMMARY_PROMPT = ("Summarise your findings concisely for the agent that gave you this task: what you did, "
@@ -3517,7 +3535,7 @@ class ChatSession:
         self.warned_write = False
         self._modes = (INTERACTIVE, FULL)
         self.mentions = Mentions(self._mention_registry, console, cfg)
-        self.metrics = load_metrics(args.metrics_port) if args.metrics_port else NULL_METRICS
+        self.metrics = load_metrics(args.metrics_port, warn=console.warn) if args.metrics_port else NULL_METRICS
         self.quota = QuotaTracker(cfg.get("agent.quota"))
         self.sandbox = terminal_sandbox(cfg, self.working_dir)  # one per session, whatever the mode switches
         self.sandbox_note = check_sandbox(cfg, self.sandbox, console)
@@ -4396,7 +4414,7 @@ def cmd_run(args, console):
     ctx = tool_context(cfg, working_dir, store, conversation_id, cancel=cancel, terminal_mode="full_autonomous"
                        if args.allow_dangerous or default_mode == "full_autonomous"
                        else "restricted_autonomous")  # nobody can be asked in run: interactive behaves as restricted
-    metrics = load_metrics(args.metrics_port, args.metrics_textfile) \
+    metrics = load_metrics(args.metrics_port, args.metrics_textfile, console.warn) \
         if (args.metrics_port or args.metrics_textfile) else NULL_METRICS
     session = SubagentSession(cfg, console, provider, args.mode, ctx, QuotaTracker(cfg.get("agent.quota")),
                               store, metrics=metrics, cancel=cancel)

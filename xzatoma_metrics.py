@@ -12,9 +12,10 @@ import prometheus_client as prom
 class PrometheusMetrics:
     """Counters and histograms for runs, turns, tools, model requests, tokens and subagents."""
 
-    def __init__(self, port=None, textfile=None):
+    def __init__(self, port=None, textfile=None, warn=None):
         self.registry = prom.CollectorRegistry()
         self.textfile = textfile
+        self.warn = warn  #: callable(text) for problems that must not fail the task (an unwritable textfile)
         self.lock = threading.Lock()
         r = self.registry
         self.runs = prom.Counter("xzatoma_runs_total", "Finished runs by status", ["status"], registry=r)
@@ -74,7 +75,12 @@ class PrometheusMetrics:
     def close(self):
         """Write the textfile (atomically: node_exporter never sees half a file) and stop serving."""
         if self.textfile:
-            prom.write_to_textfile(self.textfile, self.registry)
+            try:
+                prom.write_to_textfile(self.textfile, self.registry)
+            except OSError as exc:  # a missing folder, a read-only disk: the task's answer and exit code stand
+                if self.warn is None:
+                    raise
+                self.warn("cannot write the metrics textfile %s: %s" % (self.textfile, exc.strerror or exc))
         if self.server is not None:
             server = self.server[0] if isinstance(self.server, tuple) else self.server
             try:
