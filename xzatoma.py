@@ -2505,7 +2505,8 @@ def run_subagent(parent, spec):
     recorder = Recorder(parent.store, parent.console, child_id)
     if cfg.get("agent.subagent.persistence_enabled"):
         recorder.start(kind="subagent", title=spec["task_prompt"], provider=provider.name, model=provider.model,
-                       mode=parent.mode, working_dir=ctx.root, parent_id=parent.parent_id, depth=depth, label=label)
+                       mode=parent.mode, working_dir=ctx.root, parent_id=parent.parent_id, depth=depth, label=label,
+                       safety=safety_of(ctx))
         recorder.attach(conversation)
         agent.recorder = recorder
     conversation.add_system(system_prompt(parent.mode, ctx.root, registry.names()) +
@@ -2723,6 +2724,11 @@ def open_store(cfg, console, required=False):
         return None
 
 
+def safety_of(ctx):
+    """The safety a conversation runs with, in chat's words (run without --allow-dangerous: 'restricted')."""
+    return {"interactive": "safe", "full_autonomous": "yolo"}.get(getattr(ctx, "terminal_mode", None), "restricted")
+
+
 class Recorder:
     """Writes a conversation to the store as it happens; a failing store is dropped with one warning."""
 
@@ -2789,12 +2795,39 @@ def _fmt_tokens(n):
     return "{:,}".format(n or 0)
 
 
+def local_time(stamp):
+    """A stored UTC time (RFC 3339) as local 'YYYY-MM-DD HH:MM' (the header names the zone)."""
+    import calendar
+    try:
+        seconds = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+    except (TypeError, ValueError):
+        return (stamp or "").replace("T", " ")[:16]
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+
+def short_dir(path, width=28):
+    """A working directory for a column: ~ for the home directory, the end kept when it is long."""
+    if not path:
+        return "-"
+    home = os.path.expanduser("~")
+    if path == home or path.startswith(home.rstrip(os.sep) + os.sep):
+        path = "~" + path[len(home):]
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+_LINE = "%-12s  %-16s  %-8s %-11s %8s %9s  %-28s  %s"
+
+
+def conversation_header():
+    return _LINE % ("ID", "STARTED (%s)" % (time.strftime("%Z") or "local"), "KIND", "STATUS", "TURNS", "TOKENS",
+                    "DIRECTORY", "TITLE")
+
+
 def conversation_line(c):
-    started = (c.get("started_at") or "").replace("T", " ")[:16]
     tokens = (c.get("prompt_tokens") or 0) + (c.get("completion_tokens") or 0)
-    return "%s  %s  %-8s %-11s %3d turns %9s tok  %s" % (
-        c["id"][:12], started, c["kind"], c["status"], c.get("turns") or 0, _fmt_tokens(tokens),
-        one_line(c.get("title") or "", 60))
+    return _LINE % (c["id"][:12], local_time(c.get("started_at")), c["kind"], c["status"],
+                    _plural(c.get("turns") or 0, "turn"), _fmt_tokens(tokens), short_dir(c.get("working_dir")),
+                    one_line(c.get("title") or "", 60))
 
 
 class history_store:
@@ -2820,8 +2853,10 @@ def _build_history(sub, common, fmt):
                              description="Every run and chat is stored in $XZATOMA_HOME/conversations.db as it "
                                          "happens. Ids match by unique prefix.")
     hsub = history.add_subparsers(dest="history_command", metavar="ACTION")
-    h = hsub.add_parser("list", parents=[common], help="newest first: id, started, kind, status, turns, tokens, title")
+    h = hsub.add_parser("list", parents=[common], help="newest first: id, started (local time), kind, status, turns, "
+                                                       "tokens, directory, title")
     h.add_argument("--limit", type=int, default=20, metavar="N")
+    h.add_argument("--here", action="store_true", help="only conversations that ran in the current directory")
     h.add_argument("--kind", choices=("chat", "run", "plan", "subagent", "watch"))
     h.add_argument("--json", action="store_true", help="print a JSON array of conversation objects")
     h = hsub.add_parser("show", parents=[common], help="the transcript of one conversation")
@@ -2835,8 +2870,13 @@ def _build_history(sub, common, fmt):
     h = hsub.add_parser("delete", parents=[common], help="remove a conversation, its subagents and undo records")
     h.add_argument("id")
     h = hsub.add_parser("prune", parents=[common], help="remove conversations older than an age")
-    h.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 2w")
+    h.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 2w (under an hour asks first)")
+    h.add_argument("--yes", "-y", action="store_true", help="do not ask (needed without a terminal for ages under "
+                                                           "an hour, such as 0d)")
     history.set_defaults(func=cmd_history)
+
+
+PRUNE_ASK_BELOW_SECONDS = 3600  # '0d', '30' (seconds, meant as days): an age this short deletes nearly all
 
 
 def cmd_history(args, console):
@@ -2847,12 +2887,15 @@ def cmd_history(args, console):
     out = CleanWriter(sys.stdout)
     with history_store(args, console) as store:
         if action == "list":
-            rows = store.list_conversations(args.limit, args.kind)
+            here = os.path.realpath(os.getcwd()) if args.here else None
+            rows = store.list_conversations(args.limit, args.kind, working_dir=here)
             if args.json:
                 json_out(rows)
             else:
                 if not rows:
-                    console.info("no conversations yet")
+                    console.info("no conversations in %s yet" % here if here else "no conversations yet")
+                else:
+                    out.write(conversation_header() + "\n")
                 for row in rows:
                     out.write(conversation_line(row) + "\n")
         elif action == "show":
@@ -2873,6 +2916,8 @@ def cmd_history(args, console):
             else:
                 if not rows:
                     console.info("no conversation contains %r" % args.text)
+                else:
+                    out.write(conversation_header() + "\n")
                 for row in rows:
                     out.write(conversation_line(row) + "\n    … %s\n" % one_line(row["snippet"], 100))
         elif action == "delete":
@@ -2884,6 +2929,18 @@ def cmd_history(args, console):
                 seconds = parse_age(args.older_than)
             except ValueError as exc:
                 raise UsageError("--older-than: %s" % exc)
+            doomed = store.older_than(seconds)
+            if doomed and seconds < PRUNE_ASK_BELOW_SECONDS and not args.yes:
+                question = "delete %s (everything last used more than %s ago)? [y/N] " % (
+                    _plural(len(doomed), "conversation"), args.older_than)
+                if not (_isatty(sys.stdin) and _isatty(sys.stderr)):
+                    raise UsageError("--older-than %s would delete %s, nearly everything: add --yes to confirm"
+                                     % (args.older_than, _plural(len(doomed), "conversation")))
+                sys.stderr.write(question)
+                sys.stderr.flush()
+                if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                    console.info("nothing deleted")
+                    return EXIT_OK
             n = store.prune_older_than(seconds)
             console.info("deleted %d conversation%s older than %s" % (n, "" if n == 1 else "s", args.older_than))
         return EXIT_OK
@@ -2899,9 +2956,9 @@ def _short(text, full, width=200):
 def render_transcript(conv, messages, full=False):
     from xzatoma_tools import preview_arguments
     lines = ["conversation %s  %s  %s" % (conv["id"], conv["kind"], conv["status"]),
-             "started %s · %s/%s · mode %s · %s" % (conv["started_at"], conv.get("provider") or "?",
-                                                  conv.get("model") or "?", conv.get("mode") or "?",
-                                                  conv.get("working_dir") or "?"),
+             "started %s · %s/%s · mode %s · safety %s · %s" % (
+                 conv["started_at"], conv.get("provider") or "?", conv.get("model") or "?", conv.get("mode") or "?",
+                 conv.get("safety") or "?", conv.get("working_dir") or "?"),
              "%s · %s · %s tokens%s" % (
                  _plural(conv.get("turns") or 0, "turn"), _plural(conv.get("tool_calls") or 0, "tool call"),
                  _fmt_tokens((conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)),
@@ -3583,10 +3640,12 @@ class ChatSession:
             return
         self.started_record = True
         if self.recorder.resume_id:
-            self.recorder.resume(mode=self.mode, model=self.provider.model)
+            self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
+                                 safety=self.safety)
         else:
             self.recorder.start(kind="chat", title=first_message, provider=self.provider.name,
-                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root)
+                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
+                                safety=self.safety)
             for message in self.conversation.messages:
                 self.recorder.append(message)
         self.recorder.attach(self.conversation)
@@ -3795,7 +3854,10 @@ class ChatSession:
     def history(self):
         if self.store is None:
             raise UsageError("conversation history is unavailable")
-        for row in self.store.list_conversations(10, top_level=True):
+        rows = self.store.list_conversations(10, top_level=True)
+        if rows:
+            self.console._write(conversation_header())
+        for row in rows:
             self.console._write(self.console.clean(conversation_line(row)))
 
     def resume_cmd(self, arg):
@@ -4434,12 +4496,12 @@ def cmd_run(args, console):
         conversation.add_system(prompt)
         for message in load_history(store, conversation_id):
             conversation.add(message)
-        recorder.resume(mode=args.mode, model=provider.model)
+        recorder.resume(mode=args.mode, model=provider.model, provider=provider.name, safety=safety_of(ctx))
         recorder.attach(conversation)
         conversation.close_dangling("Error: interrupted")
     else:
         recorder.start(kind=kind, title=title, provider=provider.name, model=provider.model, mode=args.mode,
-                       working_dir=ctx.root, source=source)
+                       working_dir=ctx.root, source=source, safety=safety_of(ctx))
         recorder.attach(conversation)
         conversation.add_system(prompt)
     conversation.add_user(instruction)

@@ -287,13 +287,19 @@ MIGRATIONS = [
     ALTER TABLE processed_events ADD COLUMN published_at TEXT;
     ALTER TABLE processed_events ADD COLUMN metadata TEXT;
     """,
+    # 4: sessions belong to a project: the safety a conversation ran with, and finding a directory's fast
+    """
+    ALTER TABLE conversations ADD COLUMN safety TEXT;
+    CREATE INDEX conversations_working_dir ON conversations(working_dir);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
 
 CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
                        "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
-                       "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host")
+                       "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host",
+                       "safety")
 
 
 class StoreError(Exception):
@@ -397,24 +403,25 @@ class Store:
 
     # -- conversations --
     def start_conversation(self, id, kind, title="", provider=None, model=None, mode=None, working_dir=None,
-                           parent_id=None, depth=0, label=None, source=None):
+                           parent_id=None, depth=0, label=None, source=None, safety=None):
         now = rfc3339()
         self.conn().execute(
             "INSERT INTO conversations (id, parent_id, depth, label, title, kind, provider, model, mode, "
-            "working_dir, status, started_at, updated_at, source, pid, host) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+            "working_dir, status, started_at, updated_at, source, pid, host, safety) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
             (id, parent_id, depth, self.redact(label), self.redact(_shorten(title, 120)), kind, provider, model, mode,
-             working_dir, now, now, self.redact(source), os.getpid(), _hostname()))
+             working_dir, now, now, self.redact(source), os.getpid(), _hostname(), safety))
         with self._seq_lock:
             self._seq[id] = 0
         return id
 
-    def resume_conversation(self, id, mode=None, model=None):
-        """Mark a stored conversation as running again in this process."""
+    def resume_conversation(self, id, mode=None, model=None, provider=None, safety=None):
+        """Mark a stored conversation as running again in this process (with what it runs with now)."""
         self.conn().execute(
             "UPDATE conversations SET status = 'running', completed_at = NULL, error = NULL, updated_at = ?, "
-            "pid = ?, host = ?, mode = coalesce(?, mode), model = coalesce(?, model) WHERE id = ?",
-            (rfc3339(), os.getpid(), _hostname(), mode, model, id))
+            "pid = ?, host = ?, mode = coalesce(?, mode), model = coalesce(?, model), "
+            "provider = coalesce(?, provider), safety = coalesce(?, safety) WHERE id = ?",
+            (rfc3339(), os.getpid(), _hostname(), mode, model, provider, safety, id))
 
     def append_message(self, conversation_id, message, tokens=None):
         """Append one message as it happens (never rewrites earlier rows)."""
@@ -479,15 +486,20 @@ class Store:
                            % (prefix, ", ".join(r["id"][:12] for r in rows[:5])))
         return rows[0]["id"]
 
-    def latest(self, kinds=None):
+    def latest(self, kinds=None, working_dir=None):
+        """The newest top-level conversation (of these kinds, in this working directory)."""
         sql = "SELECT id FROM conversations WHERE parent_id IS NULL"
         args = []
         if kinds:
             sql += " AND kind IN (%s)" % ",".join("?" * len(kinds))
             args = list(kinds)
+        if working_dir:
+            sql += " AND working_dir = ?"
+            args.append(working_dir)
         row = self.conn().execute(sql + " ORDER BY id DESC LIMIT 1", args).fetchone()
         if row is None:
-            raise NotFound("there is no stored conversation to resume yet")
+            raise NotFound("there is no stored conversation to resume %s" % (
+                "in %s yet (--all-projects looks everywhere)" % working_dir if working_dir else "yet"))
         return row["id"]
 
     def conversation(self, id):
@@ -510,9 +522,10 @@ class Store:
             sql += " LIMIT %d" % int(limit)
         return [dict(r) for r in self.conn().execute(sql, args)]
 
-    def list_conversations(self, limit=20, kind=None, parent_id=None, top_level=False):
+    def list_conversations(self, limit=20, kind=None, parent_id=None, top_level=False, working_dir=None):
         return self._select("conversations", {"kind = ?": kind or None, "parent_id = ?": parent_id or None,
-                                              "parent_id IS NULL": Ellipsis if top_level else None},
+                                              "parent_id IS NULL": Ellipsis if top_level else None,
+                                              "working_dir = ?": working_dir or None},
                             "id DESC", limit)
 
     def messages(self, conversation_id):
@@ -586,11 +599,15 @@ class Store:
                 conn.execute("DELETE FROM conversations WHERE id = ?", (cid,))
         return len(ids)
 
-    def prune_older_than(self, seconds):
+    def older_than(self, seconds):
+        """Ids of finished top-level conversations last updated more than `seconds` ago."""
         cutoff = rfc3339(time.time() - seconds)
-        rows = self.conn().execute("SELECT id FROM conversations WHERE parent_id IS NULL AND updated_at < ? "
+        rows = self.conn().execute("SELECT id FROM conversations WHERE parent_id IS NULL AND updated_at <= ? "
                                    "AND status != 'running'", (cutoff,)).fetchall()
-        return sum(self.delete_conversation(r["id"]) for r in rows)
+        return [r["id"] for r in rows]
+
+    def prune_older_than(self, seconds):
+        return sum(self.delete_conversation(cid) for cid in self.older_than(seconds))
 
     # -- undo records (issue: file tools) --
     def record_undo(self, conversation_id, tool_call_id, tool, path, kind, content=None, mode=None,

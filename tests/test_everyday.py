@@ -3,6 +3,7 @@ project instructions. End to end through the CLI against the fake model server."
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -211,3 +212,96 @@ def test_metrics_install_hint_under_pipx(cli, fake, tmp_path):
     assert r.returncode == 2, r.stderr
     assert "pipx inject xzatoma prometheus_client" in r.stderr and "pip install" not in r.stderr
     assert not fake.model_requests()
+
+
+# ---- Sessions belong to a project: the store and history ----
+
+
+def test_every_conversation_records_where_and_how_it_ran(cli, fake):
+    cli.use(fake)
+    other = cli.tmp / "other-project"
+    other.mkdir()
+    fake.add({"content": "a"}, {"content": "b"}, {"content": "c"})
+    assert cli.run("run", "--prompt", "in work").returncode == 0
+    assert cli.run("run", "--allow-dangerous", "--mode", "planning", "--prompt", "in other", cwd=other).returncode == 0
+    assert cli.run("chat", "--safety", "yolo", "--mode", "write", input="hello\n").returncode == 0
+    rows = {r["title"]: r for r in json.loads(cli.run("history", "list", "--json").stdout)}
+    work, elsewhere, chat = rows["in work"], rows["in other"], rows["hello"]
+    assert work["working_dir"] == os.path.realpath(str(cli.workdir)) and elsewhere["working_dir"] == str(other)
+    assert (work["provider"], work["model"], work["mode"], work["safety"]) == ("ollama", "llama3.2:3b", "write",
+                                                                                "restricted")
+    assert (elsewhere["mode"], elsewhere["safety"]) == ("planning", "yolo")
+    assert (chat["kind"], chat["mode"], chat["safety"]) == ("chat", "write", "yolo")
+    show = cli.run("history", "show", work["id"]).stdout
+    assert "mode write · safety restricted · " + work["working_dir"] in show
+
+
+def test_history_list_shows_directories_local_times_and_filters_here(cli, fake):
+    cli.use(fake)
+    other = cli.tmp / "other-project"
+    other.mkdir()
+    fake.add({"content": "a"}, {"tool_calls": [tool_call("list_directory", path=".")]}, {"content": "b"})
+    cli.run("run", "--prompt", "first")
+    cli.run("run", "--prompt", "second", cwd=other)
+    lines = cli.run("history", "list", env={"TZ": "UTC"}).stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "STARTED", "(UTC)"] and "DIRECTORY" in lines[0]
+    assert " 1 turn " in lines[2] and " 2 turns " in lines[1]
+    assert re.search(r"/other-project +second$", lines[1]) and re.search(r"/work +first$", lines[2]), lines
+    here = cli.run("history", "list", "--here", cwd=other).stdout.splitlines()
+    assert len(here) == 2 and here[1].rstrip().endswith("second")
+    assert json.loads(cli.run("history", "list", "--here", "--json").stdout)[0]["title"] == "first"
+    stored = json.loads(cli.run("history", "list", "--json").stdout)[0]["started_at"]  # '…T13:40:00Z' in UTC
+    tokyo = cli.run("history", "list", env={"TZ": "Asia/Tokyo"}).stdout.splitlines()
+    assert "STARTED (JST)" in tokyo[0]
+    utc_hour = int(stored[11:13])
+    assert tokyo[1].split()[2].startswith("%02d:" % ((utc_hour + 9) % 24))
+
+
+def test_prune_everything_asks_or_needs_yes(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "a"})
+    cli.run("run", "--prompt", "keep me")
+    r = cli.run("history", "prune", "--older-than", "0d")
+    assert r.returncode == 2 and "add --yes" in r.stderr and "1 conversation" in r.stderr
+    assert len(json.loads(cli.run("history", "list", "--json").stdout)) == 1
+    assert cli.run("history", "prune", "--older-than", "30d").returncode == 0  # a real age needs no answer
+    from ptyrun import PtyProcess
+    p = PtyProcess(cli.command("history", "prune", "--older-than", "0d"), cli.env, str(cli.workdir))
+    try:
+        p.expect(r"delete 1 conversation \(everything last used more than 0d ago\)\? \[y/N\] ")
+        p.line("n")
+        p.expect("nothing deleted")
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert len(json.loads(cli.run("history", "list", "--json").stdout)) == 1
+    p = PtyProcess(cli.command("history", "prune", "--older-than", "0d"), cli.env, str(cli.workdir))
+    try:
+        p.expect(r"\[y/N\] ")
+        p.line("y")
+        p.expect("deleted 1 conversation older than 0d")
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert json.loads(cli.run("history", "list", "--json").stdout) == []
+
+
+def test_migration_adds_safety_to_an_old_database(tmp_path):
+    import sqlite3
+    from xzatoma_store import MIGRATIONS, SCHEMA_VERSION, Store
+    path = str(tmp_path / "v2.db")
+    conn = sqlite3.connect(path)
+    for script in MIGRATIONS[:2]:
+        conn.executescript(script)
+    conn.execute("PRAGMA user_version = 2")
+    conn.execute("INSERT INTO conversations (id, kind, status, started_at, updated_at, working_dir) VALUES "
+                 "('01OLD0000000000000000000000', 'run', 'completed', '2025-01-01T00:00:00Z', "
+                 "'2025-01-01T00:00:00Z', '/src/app')")
+    conn.commit()
+    conn.close()
+    s = Store(path).open()
+    assert s.conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert s.conversation("01OLD0000000000000000000000")["safety"] is None
+    assert s.latest(working_dir="/src/app") == "01OLD0000000000000000000000"
+    s.resume_conversation("01OLD0000000000000000000000", provider="openai", safety="safe")
+    assert s.conversation("01OLD0000000000000000000000")["safety"] == "safe"

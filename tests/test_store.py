@@ -274,17 +274,18 @@ def test_history_commands(cli, fake):
     assert len(json.loads(cli.run("history", "list", "--json", "--kind", "run").stdout)) == 1
     assert len(json.loads(cli.run("history", "list", "--json", "--limit", "1").stdout)) == 1
     out = cli.run("history", "list").stdout.splitlines()
-    assert out[0].startswith(rows[0]["id"][:12]) and "plan" in out[0] and "completed" in out[0]
+    assert out[0].split()[:2] == ["ID", "STARTED"]
+    assert out[1].startswith(rows[0]["id"][:12]) and "plan" in out[1] and "completed" in out[1]
     found = cli.run("history", "search", "zebras")
     assert found.returncode == 0 and rows[0]["id"][:12] in found.stdout and rows[1]["id"][:12] not in found.stdout
-    assert cli.run("history", "search", "ze").stdout.count("\n") == 2  # short text falls back to LIKE
+    assert cli.run("history", "search", "ze").stdout.count("\n") == 3  # short text falls back to LIKE (+ header)
     show = cli.run("history", "show", rows[1]["id"][-14:] and rows[1]["id"][:20])
     assert "[user] task one" in show.stdout and "[assistant] first answer" in show.stdout
     r = cli.run("history", "delete", rows[1]["id"])
     assert r.returncode == 0 and "deleted conversation" in r.stderr
     assert len(json.loads(cli.run("history", "list", "--json").stdout)) == 1
     assert cli.run("history", "prune", "--older-than", "bogus").returncode == 2
-    r = cli.run("history", "prune", "--older-than", "0s")
+    r = cli.run("history", "prune", "--older-than", "0s", "--yes")
     assert r.returncode == 0 and "deleted 1 conversation" in r.stderr
     assert json.loads(cli.run("history", "list", "--json").stdout) == []
 
