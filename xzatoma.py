@@ -4646,7 +4646,9 @@ def _build_policy(sub, common, fmt):
                     "anything: commands are allow/confirm/deny, URLs allow/block, paths inside/outside.",
         epilog="examples:\n  xzatoma policy command 'rm -rf ~'\n  xzatoma policy command 'make test' --mode full\n"
                "  xzatoma policy url http://169.254.169.254/latest/meta-data\n  xzatoma policy path ../secrets\n"
-               "  printf 'ls\\nsudo ls\\n' | xzatoma policy command -     (one verdict per line)")
+               "  printf 'ls\\nsudo ls\\n' | xzatoma policy command -     (one verdict per line)\n\n"
+               "exit status: 0 when every verdict lets it through (allow, confirm, inside), 1 when any is refused\n"
+               "(deny, block, outside), 2 for bad usage; so scripts can write: xzatoma policy command \"$c\" && …")
     psub = policy.add_subparsers(dest="policy_kind", metavar="KIND")
     for kind, help_text in (("command", "judge a terminal command"), ("url", "judge a URL for fetch"),
                             ("path", "judge a path against the working-directory jail")):
@@ -4694,6 +4696,9 @@ def cmd_policy_sandbox(args, console):
     return EXIT_OK
 
 
+REFUSED_VERDICTS = ("deny", "block", "outside")  # exit 1: scripts can test a verdict without parsing it
+
+
 def cmd_policy(args, console):
     from xzatoma_tools import CommandPolicy, path_verdict, url_verdict
     cfg = config_from_args(args, console)
@@ -4706,7 +4711,7 @@ def cmd_policy(args, console):
     term = cfg.get("agent.terminal")
     policy = CommandPolicy(root, term["allowlist"], term["custom_denylist"])
     allowed_hosts = cfg.get("agent.tools.fetch.allowed_hosts")
-    denied = False
+    refused = False
     for item in items:
         if args.policy_kind == "command":
             verdict = policy.judge(item)
@@ -4721,9 +4726,9 @@ def cmd_policy(args, console):
             word, reason = url_verdict(item, allowed_hosts)
         else:
             word, reason = path_verdict(item, root)
+        refused |= word in REFUSED_VERDICTS
         CleanWriter(sys.stdout, exact=True).write("%s: %s\n" % (word, reason))
-        denied = denied or word == "deny"
-    return EXIT_FAILED if denied else EXIT_OK  # scripts can test a command: exit 1 means it is never run
+    return EXIT_FAILED if refused else EXIT_OK
 
 
 def _install_sigterm():

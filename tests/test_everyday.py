@@ -305,3 +305,19 @@ def test_migration_adds_safety_to_an_old_database(tmp_path):
     assert s.latest(working_dir="/src/app") == "01OLD0000000000000000000000"
     s.resume_conversation("01OLD0000000000000000000000", provider="openai", safety="safe")
     assert s.conversation("01OLD0000000000000000000000")["safety"] == "safe"
+
+
+# ---- policy verdicts as exit status ----
+
+
+def test_policy_exit_status_is_for_scripts(cli):
+    assert cli.run("policy", "command", "ls").returncode == 0
+    deny = cli.run("policy", "command", "rm -rf ~")
+    assert deny.returncode == 1 and deny.stdout.startswith("deny: ") and deny.stderr == ""
+    assert cli.run("policy", "command", "make test").returncode == 0  # confirm is not a refusal
+    assert cli.run("policy", "url", "http://169.254.169.254/latest/meta-data").returncode == 1
+    assert cli.run("policy", "path", "../secrets").returncode == 1
+    assert cli.run("policy", "path", "notes.txt").returncode == 0
+    mixed = cli.run("policy", "command", "-", input="ls\nsudo ls\n")
+    assert mixed.returncode == 1 and len(mixed.stdout.splitlines()) == 2
+    assert "exit status: 0 when every verdict" in cli.run("policy", "--help").stdout
