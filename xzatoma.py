@@ -4327,6 +4327,49 @@ def _selected_command(argv):
     return None
 
 
+def _parser_class():
+    """argparse, with mistakes answered by the subcommand that was used and a did-you-mean."""
+    import argparse
+    import difflib
+    import re
+
+    class Parser(argparse.ArgumentParser):
+        def parse_args(self, args=None, namespace=None):
+            namespace, extras = self.parse_known_args(args, namespace)
+            if extras:  # argparse blames the top-level parser: show the usage of the command actually used
+                parser = self._innermost(namespace)
+                options = [o for a in parser._actions for o in a.option_strings]
+                words, hinted = [], False
+                for token in extras:
+                    close = difflib.get_close_matches(token.split("=", 1)[0], options, n=1, cutoff=0.6) \
+                        if token.startswith("-") else []
+                    words.append("%s (did you mean %s?)" % (token, close[0]) if close else token)
+                    hinted |= bool(close)
+                parser.error("unrecognized argument%s: %s%s" % ("s" if len(extras) > 1 else "", ", ".join(words),
+                                                                "" if hinted else " (see %s --help)" % parser.prog))
+            return namespace
+
+        def _innermost(self, namespace):
+            parser = self
+            while True:
+                action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+                name = getattr(namespace, action.dest, None) if action is not None else None
+                if name not in getattr(action, "choices", {}):
+                    return parser
+                parser = action.choices[name]
+
+        def error(self, message):
+            m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+            if m:
+                choices = [c.strip(" '\"") for c in m.group(2).split(",")]
+                close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
+                if close:
+                    message += "; did you mean '%s'?" % close[0]
+            super().error(message)
+
+    return Parser
+
+
 def build_parser(argv=None):
     """The argument parser; only the selected subcommand's own options are built (start-up is a feature)."""
     import argparse
@@ -4334,7 +4377,7 @@ def build_parser(argv=None):
     common = argparse.ArgumentParser(add_help=False)
     _add_global_flags(common, suppress=True)
 
-    parser = argparse.ArgumentParser(
+    parser = _parser_class()(
         prog="xzatoma", formatter_class=fmt,
         description="XZatoma: an autonomous AI agent for the terminal. Give it a goal; it works through "
                     "a model (GitHub Copilot, Ollama or any OpenAI-compatible server) using file, search "

@@ -321,3 +321,22 @@ def test_policy_exit_status_is_for_scripts(cli):
     mixed = cli.run("policy", "command", "-", input="ls\nsudo ls\n")
     assert mixed.returncode == 1 and len(mixed.stdout.splitlines()) == 2
     assert "exit status: 0 when every verdict" in cli.run("policy", "--help").stdout
+
+
+# ---- Mistakes on the command line ----
+
+
+@pytest.mark.parametrize("argv,prog,hint", [
+    (["run", "--jsno", "-p", "x"], "xzatoma run", "unrecognized argument: --jsno (did you mean --json?)"),
+    (["history", "list", "--hre"], "xzatoma history list", "--hre (did you mean --here?)"),
+    (["chat", "--json"], "xzatoma chat", "unrecognized argument: --json (see xzatoma chat --help)"),
+    (["rnu"], "xzatoma", "invalid choice: 'rnu'"),
+    (["history", "lsit"], "xzatoma history", "did you mean 'list'?"),
+])
+def test_unknown_flags_show_the_subcommand_usage_and_a_guess(cli, argv, prog, hint):
+    r = cli.run(*argv)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("usage: %s " % prog), r.stderr
+    assert hint in r.stderr.splitlines()[-1]
+    if argv == ["rnu"]:
+        assert "did you mean 'run'?" in r.stderr
