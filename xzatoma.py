@@ -325,6 +325,8 @@ DEFAULTS = {
         },
         "quota": {"max_executions": 100, "max_total_tokens": 1000000, "max_total_time_seconds": 3600},
         "mentions": {"max_file_size": 10485760, "url_cache_ttl_seconds": 86400, "max_urls_per_request": 10},
+        "instructions_files": ["AGENTS.md"],
+        "instructions_max_bytes": 32768,
         "persistence": {"enabled": True, "db_path": None},
     },
     "watcher": {
@@ -392,6 +394,7 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.timeout_seconds": (1, None),
     "watcher.shutdown_grace_seconds": (0, None),
     "watcher.answer_max_bytes": (256, None),
+    "agent.instructions_max_bytes": (0, None),
 }
 
 NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
@@ -436,6 +439,10 @@ DOCS = {
     "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
                                              "landlock-net, scopes, pidns)",
     "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
+    "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
+                                "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
+                                ".github/copilot-instructions.md",
+    "agent.instructions_max_bytes": "cap on the project instructions read (all files together; 0 turns them off)",
     "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
     "watcher": "xzatoma watch: Kafka topics to plans (flags override these; ${VAR} is read from the environment)",
     "watcher.kafka.output_topic": "results go here (default: <topic>.results)",
@@ -2509,7 +2516,8 @@ def run_subagent(parent, spec):
                        safety=safety_of(ctx))
         recorder.attach(conversation)
         agent.recorder = recorder
-    conversation.add_system(system_prompt(parent.mode, ctx.root, registry.names()) +
+    conversation.add_system(system_prompt(parent.mode, ctx.root, registry.names(),
+                                          project_instructions(cfg, ctx.root)) +
                             "\n\nYou are a subagent (label %r, depth %d) working for another agent. Do the task, "
                             "then answer with your findings." % (label, depth))
     conversation.add_user(spec["task_prompt"])
@@ -2678,8 +2686,115 @@ WRITE_PROMPT = """You are in WRITE mode and can modify files and execute command
 Work in small, verifiable steps: inspect before you change, make the change, then check it (run the tests when there are any)."""
 
 
-def system_prompt(mode, working_dir, tool_names):
+class ProjectInstructions:
+    """What AGENTS.md-style files tell the model about a project, and where it came from."""
+
+    def __init__(self, files=(), text="", notes=()):
+        self.files = list(files)  #: display paths (relative to the working directory), farthest first
+        self.text = text  #: the block for the system prompt ("" when there is none)
+        self.notes = list(notes)  #: files skipped or cut, and why (for --verbose and /status)
+
+    def describe(self):
+        return ", ".join(self.files) or "none"
+
+
+def instruction_dirs(working_dir, home=None):
+    """The working directory and its parents up to the git root or the home directory, farthest first.
+
+    With neither above it (a checkout in /tmp), only the working directory: a parent such as /tmp is
+    shared with other people, and what it holds must not instruct the model.
+    """
+    wd = os.path.realpath(working_dir)
+    home = os.path.realpath(home) if home else None
+    chain, here = [wd], wd
+    while not (os.path.lexists(os.path.join(here, ".git")) or here == home):
+        parent = os.path.dirname(here)
+        if parent == here:
+            return [wd]
+        chain.append(parent)
+        here = parent
+    return chain[::-1]
+
+
+def load_instructions(working_dir, names=("AGENTS.md",), max_bytes=32768, home=None):
+    """Read project instructions through the jail of each directory: a name that resolves outside its
+    directory (a symlink to ~/.ssh/id_rsa) is refused, special files and binary files are skipped, files
+    in parent directories count only when the person (or root) owns them and nobody else may write them,
+    and all of it together is capped at `max_bytes`."""
+    import stat
+    from xzatoma_tools import JailError, ToolError, resolve_path
+    wd = os.path.realpath(working_dir)
+    files, blocks, notes, seen, left = [], [], [], set(), max_bytes
+    if max_bytes <= 0:
+        return ProjectInstructions()
+    for directory in instruction_dirs(wd, home):
+        for name in names:
+            shown = os.path.relpath(os.path.join(directory, name), wd)
+            try:
+                real = resolve_path(name, directory, must_exist=True)
+            except JailError:
+                notes.append("%s skipped: it leads outside %s" % (shown, directory))
+                continue
+            except ToolError:
+                continue
+            if real in seen:  # CLAUDE.md as a link to AGENTS.md: once is enough
+                continue
+            seen.add(real)
+            try:
+                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            except OSError as exc:
+                notes.append("%s skipped: %s" % (shown, exc.strerror or exc))
+                continue
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    why = "not a regular file"
+                elif st.st_mode & 0o002 or (directory != wd and st.st_uid not in (os.getuid(), 0)):
+                    why = "others can write it" if st.st_mode & 0o002 else "another user owns it"
+                elif left <= 0:
+                    why = "over agent.instructions_max_bytes"
+                else:
+                    why, data = None, fh.read(left + 1)
+            if why:
+                notes.append("%s skipped: %s" % (shown, why))
+                continue
+            if b"\0" in data[:8192]:
+                notes.append("%s skipped: a binary file" % shown)
+                continue
+            cut = len(data) > left
+            text = data[:left].decode("utf-8", "replace").strip()
+            left -= min(len(data), left)
+            if cut:
+                notes.append("%s cut at agent.instructions_max_bytes (%d bytes in all)" % (shown, max_bytes))
+                text += "\n[… cut: agent.instructions_max_bytes]"
+            if text:
+                files.append(shown)
+                blocks.append("--- %s ---\n%s" % (shown, text))
+    if not blocks:
+        return ProjectInstructions(notes=notes)
+    text = ("Project instructions (%s; the nearest comes last and wins where they differ). Follow them unless "
+            "they conflict with the rules above or with what the person asks:\n\n%s"
+            % (", ".join(files), "\n\n".join(blocks)))
+    return ProjectInstructions(files, text, notes)
+
+
+def project_instructions(cfg, working_dir):
+    """The configured project instructions for a working directory."""
+    return load_instructions(working_dir, cfg.get("agent.instructions_files"),
+                             cfg.get("agent.instructions_max_bytes"), home=os.path.expanduser("~"))
+
+
+def show_instructions(console, instructions):
+    """--verbose: which project instructions the model gets, and what was skipped."""
+    console.debug("project instructions: %s" % instructions.describe())
+    for note in instructions.notes:
+        console.debug("  " + note)
+
+
+def system_prompt(mode, working_dir, tool_names, instructions=None):
+    """The system prompt; `instructions` (ProjectInstructions) are appended after the rules."""
     mode_text = PLANNING_PROMPT if mode == "planning" else WRITE_PROMPT
+    extra = ["", instructions.text] if instructions is not None and instructions.text else []
     return "\n".join([
         "You are XZatoma, an autonomous agent that accomplishes tasks with tools.",
         "",
@@ -2695,7 +2810,7 @@ def system_prompt(mode, working_dir, tool_names):
         "- Call tools through the tool-calling interface, not by writing JSON in your answer.",
         "- When a tool returns 'Error: …', read the message and adapt; do not repeat the same failing call.",
         "- When the task is done, reply without a tool call: report concisely what you did and what you found.",
-    ])
+    ] + extra)
 
 
 # ---- Persistence glue: recording, history, replay ----
@@ -3585,6 +3700,8 @@ class ChatSession:
         self.provider = make_provider(cfg, console)
         self.store = open_store(cfg, console)
         self.working_dir = check_working_dir(args.working_dir)
+        self.instructions = project_instructions(cfg, self.working_dir)
+        show_instructions(console, self.instructions)
         self.asker = Asker(console)
         self.confirmations = Confirmations(self.asker, console)
         self.events = ChatEvents(console, self.out)
@@ -3629,7 +3746,7 @@ class ChatSession:
             self.conversation.set_system_prompt(self.prompt_text())
 
     def prompt_text(self):
-        return system_prompt(self.mode, self.ctx.root, self.registry.names())
+        return system_prompt(self.mode, self.ctx.root, self.registry.names(), self.instructions)
 
     def _mention_registry(self):
         from xzatoma_tools import build_registry
@@ -3705,6 +3822,7 @@ class ChatSession:
                  "Session Usage:     %s, %s, %s tokens" % (
                      _plural(self.result.turns, "turn"), _plural(self.result.tool_calls, "tool call"),
                      _fmt_tokens(self.result.prompt_tokens + self.result.completion_tokens)),
+                 "Instructions:      %s" % self.instructions.describe(),
                  "Conversation ID:   %s" % self.id,
                  "Quota:             %s" % ", ".join(self.quota.usage()),
                  "Prompt Format:     [%s][%s] >>" % (self.mode.upper(), self.safety.upper())]
@@ -4533,7 +4651,9 @@ def cmd_run(args, console):
     recorder = Recorder(store, console, agent.result.conversation_id)
     session.parent_id = agent.result.conversation_id
     agent.quota, agent.cancel, agent.metrics = session.quota, session.cancel, metrics
-    prompt = system_prompt(args.mode, ctx.root, registry.names())
+    instructions = project_instructions(cfg, ctx.root)
+    show_instructions(console, instructions)
+    prompt = system_prompt(args.mode, ctx.root, registry.names(), instructions)
     if resuming:  # totals carry on; the turn limit counts this run's turns
         agent.result.carry_on(stored)
         conversation.add_system(prompt)
