@@ -149,12 +149,12 @@ def test_auth_status_checks_the_environment_token_not_the_stored_one(cli, fake):
     fake.copilot_valid = set()
     assert cli.run("auth", "login", "--provider", "copilot").returncode == 0  # stores a GitHub and a Copilot token
     good = cli.run("auth", "status", "--provider", "copilot")
-    assert good.returncode == 0 and "works" in good.stdout
+    assert good.returncode == 0 and "works:" in good.stdout
     bad = cli.run("auth", "status", "--provider", "copilot", env={"GITHUB_TOKEN": "ghp_revokedTOKENrevokedTOKEN0123"})
     assert bad.returncode == 1, bad.stdout
-    assert "env GITHUB_TOKEN" in bad.stdout and "works" not in bad.stdout
+    assert "env GITHUB_TOKEN" in bad.stdout and "works:" not in bad.stdout
     r = cli.run("auth", "status", "--provider", "copilot", env={"COPILOT_API_TOKEN": "tid=not-a-valid-one"})
-    assert r.returncode == 1 and "env COPILOT_API_TOKEN" in r.stdout and "works" not in r.stdout
+    assert r.returncode == 1 and "env COPILOT_API_TOKEN" in r.stdout and "works:" not in r.stdout
     # and a run with the environment's token uses it, not the stored login's
     fake.add({"content": "never"})
     run = cli.run("run", "--prompt", "x", env={"GITHUB_TOKEN": "ghp_revokedTOKENrevokedTOKEN0123"})
