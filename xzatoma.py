@@ -4291,9 +4291,9 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
         session.parent_id = conversation_id
         agent.quota, agent.cancel = session.quota, job.cancel
         recorder.start(kind="watch", title=job.title, provider=provider.name, model=provider.model, mode=mode,
-                       working_dir=ctx.root, source=json.dumps(job.metadata, sort_keys=True))
+                       working_dir=ctx.root, source=json.dumps(job.metadata, sort_keys=True), safety=safety_of(ctx))
         recorder.attach(conversation)
-        conversation.add_system(system_prompt(mode, ctx.root, registry.names()))
+        conversation.add_system(system_prompt(mode, ctx.root, registry.names(), project_instructions(cfg, ctx.root)))
         conversation.add_user(job.prompt)
         agent.recorder = recorder
         try:

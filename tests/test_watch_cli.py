@@ -51,6 +51,7 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
     cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address)}
     cli.write_config(cfg)
     (cli.workdir / "notes.txt").write_text("hello\n")
+    (cli.workdir / "AGENTS.md").write_text("Answer tersely. WATCH-RULE\n")  # event runs get project instructions
     plan = tmp_path / "task.yaml"
     plan.write_text("goal: Count the lines of notes.txt\ninstructions: [read notes.txt, count]\n")
     steps = tmp_path / "steps.json"
@@ -87,6 +88,8 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
     assert [m["offset"] for m in meta] == [0, 1, 2] and meta[1]["type"] == "build.done"
     assert [m["event_id"] for m in meta] == ids  # a CloudEvent's id, whatever the message key
     assert all(m["topic"] == topic and m["partition"] == 0 for m in meta)
+    assert all("WATCH-RULE" in q["body"]["messages"][0]["content"] for q in fake.model_requests())
+    assert {c["safety"] for c in convs} == {"restricted"}
     # a re-read (a new group from the beginning, same store) runs nothing twice
     r = cli.run("watch", "--topic", topic, "--max-events", "3", "--log-format", "json", "--group-id",
                 "g2-" + topic, timeout=120)
