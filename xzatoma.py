@@ -2717,39 +2717,40 @@ def instruction_dirs(working_dir, home=None):
 
 
 def load_instructions(working_dir, names=("AGENTS.md",), max_bytes=32768, home=None):
-    """Read project instructions through the jail of each directory: a name that resolves outside its
-    directory (a symlink to ~/.ssh/id_rsa) is refused, special files and binary files are skipped, files
+    """Read project instructions through the jail of each directory (descriptor-relative, as the file tools
+    read): a name that resolves outside its directory (a symlink to ~/.ssh/id_rsa) is refused, special files and binary files are skipped, files
     in parent directories count only when the person (or root) owns them and nobody else may write them,
     and all of it together is capped at `max_bytes`."""
-    import stat
-    from xzatoma_tools import JailError, ToolError, resolve_path
+    from xzatoma_tools import Jail, JailError, ToolError
     wd = os.path.realpath(working_dir)
     files, blocks, notes, seen, left = [], [], [], set(), max_bytes
     if max_bytes <= 0:
         return ProjectInstructions()
     for directory in instruction_dirs(wd, home):
+        jail = Jail(directory)
         for name in names:
             shown = os.path.relpath(os.path.join(directory, name), wd)
+            if not os.path.lexists(os.path.join(directory, name)):
+                continue
             try:
-                real = resolve_path(name, directory, must_exist=True)
+                with jail.resolve(name, must_exist=True) as target:  # descriptor-relative, race-free
+                    if target.real in seen:  # CLAUDE.md as a link to AGENTS.md: once is enough
+                        continue
+                    seen.add(target.real)
+                    fd = target.open_regular("not read as project instructions")
             except JailError:
                 notes.append("%s skipped: it leads outside %s" % (shown, directory))
                 continue
-            except ToolError:
+            except ToolError as exc:
+                notes.append("%s skipped: %s" % (shown, "not a regular file" if "not a regular file" in str(exc)
+                                                  else one_line(exc, 120)))
                 continue
-            if real in seen:  # CLAUDE.md as a link to AGENTS.md: once is enough
-                continue
-            seen.add(real)
-            try:
-                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
             except OSError as exc:
                 notes.append("%s skipped: %s" % (shown, exc.strerror or exc))
                 continue
             with os.fdopen(fd, "rb") as fh:
                 st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    why = "not a regular file"
-                elif st.st_mode & 0o002 or (directory != wd and st.st_uid not in (os.getuid(), 0)):
+                if st.st_mode & 0o002 or (directory != wd and st.st_uid not in (os.getuid(), 0)):
                     why = "others can write it" if st.st_mode & 0o002 else "another user owns it"
                 elif left <= 0:
                     why = "over agent.instructions_max_bytes"
