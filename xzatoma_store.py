@@ -360,7 +360,12 @@ class Store:
         return conn
 
     def close(self):
-        for conn in self._connections:
+        """Close this thread's connection and forget the others: each closes when its thread lets go of it.
+
+        Closing a connection another thread is writing through crashes the interpreter (SIGSEGV): Ctrl-C
+        ends a run while parallel subagents still record their last messages."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
             try:
                 conn.close()
             except Exception:
