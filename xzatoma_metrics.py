@@ -72,6 +72,38 @@ class PrometheusMetrics:
     def subagent_error(self, error_type):
         self.sub_errors.labels(error_type).inc()
 
+    # hooks called by the watcher (xzatoma watch --metrics-port); created on first use
+    def _watch_metrics(self):
+        if not hasattr(self, "watch_events"):
+            r = self.registry
+            self.watch_events = prom.Counter("xzatoma_watch_events_total", "Watched events by outcome", ["outcome"],
+                                             registry=r)
+            self.watch_duration = prom.Histogram("xzatoma_watch_run_duration_seconds", "Wall time of one event's run",
+                                                 registry=r, buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800))
+            self.watch_running = prom.Gauge("xzatoma_watch_runs_in_flight", "Event runs in flight", registry=r)
+            self.watch_lag_gauge = prom.Gauge("xzatoma_watch_consumer_lag", "Messages behind the partition's end",
+                                              ["topic", "partition"], registry=r)
+
+    def watch_event(self, outcome):
+        with self.lock:
+            self._watch_metrics()
+        self.watch_events.labels(outcome).inc()
+
+    def watch_run(self, seconds):
+        with self.lock:
+            self._watch_metrics()
+        self.watch_duration.observe(seconds)
+
+    def watch_in_flight(self, n):
+        with self.lock:
+            self._watch_metrics()
+        self.watch_running.set(n)
+
+    def watch_lag(self, topic, partition, lag):
+        with self.lock:
+            self._watch_metrics()
+        self.watch_lag_gauge.labels(topic, str(partition)).set(lag)
+
     def close(self):
         """Write the textfile (atomically: node_exporter never sees half a file) and stop serving."""
         if self.textfile:

@@ -750,6 +750,7 @@ class Watcher:
         self.producer_lock = threading.Lock()
         self.producer_opts = {}
         self.assigned_at = None
+        self.rebalancing = False
         self.needs_position = set()  # partitions just assigned: read on from the committed offset first
         self.kafka = None
 
@@ -850,7 +851,7 @@ class Watcher:
             self._start_runs()
             self._commit()
             now = time.monotonic()
-            if got or self.in_flight or self.backlog or self.assigned_at is None:
+            if got or self.in_flight or self.backlog or self.assigned_at is None or self.rebalancing:
                 last_activity = max(now if (got or self.in_flight or self.backlog) else last_activity,
                                     self.assigned_at or 0)
             elif self.s.idle_exit and now - max(last_activity, self.assigned_at) >= self.s.idle_exit:
@@ -1043,6 +1044,7 @@ class Watcher:
                     self.settled += 1
                 self.metrics.watch_in_flight(len(self.in_flight))
                 self.cond.notify_all()
+            self._start_runs()  # the next waiting event starts now, not when the loop's poll returns
 
     def _execute(self, job):
         """Run the plan; (result event, status), or (None, None) when interrupted by us (redelivered later)."""
@@ -1150,7 +1152,12 @@ class Watcher:
         """Finish (within the grace period) runs of partitions being given up; their offsets to commit."""
         revoked = set(revoked)
         deadline = time.monotonic() + self.s.shutdown_grace
+        self.rebalancing = True  # never idle while the group is still deciding (the clock restarts at assignment)
         with self.cond:
+            # events fetched but not started are dropped (their offsets stay unsettled, so the commit stops before
+            # them): whoever owns the partition next, perhaps us again, reads on from the committed offset
+            self.backlog = collections.deque(j for j in self.backlog if j.tp not in revoked)
+
             def mine():
                 return [j for (tp, _), j in self.in_flight.items() if tp in revoked]
             while mine() and time.monotonic() < deadline and not self.hard_stop.is_set():
@@ -1162,9 +1169,6 @@ class Watcher:
             while mine() and time.monotonic() < end:
                 self.cond.wait(0.2)
             points = {} if self.s.dry_run else self.tracker.commit_points(revoked)
-            # events fetched but not started are dropped: whoever owns the partition next (perhaps us again) reads
-            # on from the committed offset
-            self.backlog = collections.deque(j for j in self.backlog if j.tp not in revoked)
         if revoked:
             self.log("revoked", partitions=_tps(revoked), interrupted=len(stragglers) or None)
         return points
@@ -1190,6 +1194,7 @@ class Watcher:
                 pass
         self.tracker.assign(assigned)
         self.assigned_at = time.monotonic()
+        self.rebalancing = False
         self.log("assigned", partitions=_tps(assigned))
 
     def _lost(self, lost):

@@ -585,7 +585,7 @@ def test_two_watchers_in_one_group_run_every_event_exactly_once(kafka_broker, tm
     ids = ["e%02d" % i for i in range(40)]
     kb.produce(kafka_broker.address, topic, [(None, cloudevent(event_id=i, data={"plan": PLAN}), [], n % 4)
                                              for n, i in enumerate(ids)])
-    runners = [fake_runner(delay=0.3), fake_runner(delay=0.3)]
+    runners = [fake_runner(delay=0.4), fake_runner(delay=0.4)]
     stores = [Store(str(tmp_path / ("s%d.db" % n))).open() for n in range(2)]
     first = start_watcher(kafka_broker, topic, runners[0], stores[0], group_id=group, max_concurrent=2, idle_exit=4)
     assert wait_for(lambda: len(runners[0].calls) >= 4, 60)
@@ -595,7 +595,7 @@ def test_two_watchers_in_one_group_run_every_event_exactly_once(kafka_broker, tm
     second.thread.join(120)
     ran = [j.event.id for r in runners for j in r.calls]
     assert sorted(ran) == ids  # every event exactly once in total
-    assert runners[1].calls, "the second watcher got partitions and ran some events"
+    assert runners[1].calls, "\n".join(str((n, r["time"][14:], r["event"], r.get("partitions"), r.get("event_id"))) for n, x in enumerate((first, second)) for r in x.log_lines.json() if r["event"] not in ("received", "started", "finished"))
     assert first.log_lines.events("revoked"), "the first watcher gave partitions up in a rebalance"
     assert kb.committed(kafka_broker.address, group, topic, 4) == [10, 10, 10, 10]
     subjects = [json.loads(r.value)["subject"] for r in kb.read_all(kafka_broker.address, topic + ".results", 40)]
@@ -640,3 +640,23 @@ def test_broker_down_at_start_and_restarted_mid_stream(tmp_path, kafka_broker, s
     finally:
         watcher.request_stop("test")
         broker.stop()
+
+
+def test_metrics_hooks_count_outcomes_runs_and_lag(kafka_broker, store):
+    prom = pytest.importorskip("prometheus_client")
+    import kafka_broker as kb
+    import xzatoma_metrics
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent(event_id="m1", data={"plan": PLAN})),
+                                             (None, cloudevent(event_id="m2", type="x", data={"plan": PLAN})),
+                                             (None, b"\xff")])
+    metrics = xzatoma_metrics.PrometheusMetrics()
+    watcher = start_watcher(kafka_broker, topic, fake_runner(), store, max_events=3,
+                            filters=w.Filters(event_types="build.succeeded"), lag_interval=0.0)
+    watcher.metrics = metrics
+    watcher.thread.join(60)
+    text = prom.generate_latest(metrics.registry).decode()
+    for line in ('xzatoma_watch_events_total{outcome="completed"} 1.0', 'xzatoma_watch_events_total{outcome="filtered"} 1.0',
+                 'xzatoma_watch_events_total{outcome="rejected"} 1.0', "xzatoma_watch_run_duration_seconds_count 1.0",
+                 "xzatoma_watch_runs_in_flight 0.0", 'xzatoma_watch_consumer_lag{partition="0",topic="%s"}' % topic):
+        assert line in text, line
