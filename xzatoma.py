@@ -437,7 +437,7 @@ DOCS = {
     "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
     "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
     "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
-                                             "landlock-net, scopes, pidns)",
+                                             "landlock-net, scopes, pidns, abi:N)",
     "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
     "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
                                 "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "

@@ -5510,8 +5510,8 @@ class Sandbox:
     ends every command still running and removes the TMPDIR.
 
     `assume_missing` names kernel features to treat as absent ("landlock", "userns", "landlock-net",
-    "scopes", "pidns"): agent.terminal.sandbox_assume_missing, for testing the warnings and
-    --require-sandbox on a machine that has them all.
+    "scopes", "pidns", or "abi:N" for a Landlock ABI of at most N): agent.terminal.sandbox_assume_missing,
+    for testing the warnings, --require-sandbox and every ABI's rules on a machine that has them all.
     """
 
     def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
@@ -5809,6 +5809,7 @@ def _sandbox_helper(spec_text):
     import signal
     import socket
     spec = json.loads(spec_text)
+    os.set_inheritable(spec["fd"], False)  # commands never get the agent's end of the conversation
     ctl = socket.socket(fileno=spec["fd"])
     missing = set(spec.get("assume_missing") or ())
     libc = ctypes.CDLL(None, use_errno=True)
@@ -5907,6 +5908,9 @@ def _sandbox_helper(spec_text):
     check(prctl(_PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
     # 3. Landlock
     abi = 0 if "landlock" in missing else landlock_abi()
+    for item in missing:  # "abi:N": behave as a kernel with Landlock ABI N at most (tests every ABI's masks)
+        if item.startswith("abi:") and item[4:].isdigit():
+            abi = min(abi, int(item[4:]))
     report["landlock"] = abi
     report.update(filesystem=False, landlock_net=False, scopes=False, truncate=abi >= 3)
     if abi:
@@ -5930,6 +5934,7 @@ def _helper_loop(libc, ctl, own_pidns, check):
     import selectors
     import signal
     import socket
+    import struct
     devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -5952,8 +5957,10 @@ def _helper_loop(libc, ctl, own_pidns, check):
         for key, _ in sel.select():
             what = key.data
             if what == "ctl":
-                try:
-                    msg, fds, _flags, _addr = socket.recv_fds(ctl, _SPAWN_MAX, 3, socket.MSG_CMSG_CLOEXEC)
+                try:  # MSG_CMSG_CLOEXEC: a command must not inherit another's pipes or its own socket
+                    msg, anc, _flags, _addr = ctl.recvmsg(_SPAWN_MAX, socket.CMSG_LEN(3 * 4), socket.MSG_CMSG_CLOEXEC)
+                    fds = [fd for level, kind, data in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                           for fd in struct.unpack("%di" % (len(data) // 4), data[:len(data) // 4 * 4])]
                 except OSError:
                     msg, fds = b"", []
                 if not msg or len(fds) != 3:

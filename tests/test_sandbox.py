@@ -296,3 +296,34 @@ def test_a_program_that_is_not_there_is_an_error_the_model_can_read(tmp_path):
             assert reg.execute("terminal", {"command": "echo ok"}).output.endswith("ok")
     finally:
         ctx.sandbox.close()
+
+
+@needs_landlock
+@pytest.mark.parametrize("abi", range(1, min(LANDLOCK, 7) + 1))
+def test_every_landlock_abi_confines_with_its_own_rights(tmp_path, abi):
+    """As a kernel with only ABI N would: the ruleset must be valid for N and still confine."""
+    work = tmp_path / "work"
+    work.mkdir()
+    sandbox = Sandbox(str(work), assume_missing=("abi:%d" % abi,))
+    ctx = ToolContext(str(work), {}, terminal={}, terminal_mode=FULL, sandbox=sandbox)
+    reg = build_registry("write", ctx)
+    try:
+        report = sandbox.report()
+        assert report["landlock"] == abi and report["filesystem"]
+        assert report["truncate"] == (abi >= 3) and report["landlock_net"] == (abi >= 4)
+        assert report["scopes"] == (abi >= 6)
+        r = reg.execute("terminal", {"command": "mkdir -p a b && echo x > a/f && mv a/f b/f && cat b/f && "
+                                                "echo y > b/f && touch %s/outside" % tmp_path})
+        assert "Permission denied" in r.output and "x" in r.output
+        assert (work / "b" / "f").read_text() == "y\n" and not (tmp_path / "outside").exists()
+        missing = sandbox.not_enforced()
+        assert ("signal/abstract-socket scoping (Landlock ABI 6)" in missing) == (abi < 6)
+    finally:
+        sandbox.close()
+
+
+@needs_landlock
+def test_a_command_inherits_no_descriptor_but_its_own_three(cli, fake):
+    r, out = attack(cli, fake, "ls /proc/self/fd\n")
+    fds = set(out.split("--- stdout ---\n")[1].split())
+    assert fds <= {"0", "1", "2", "3"}, fds  # 3: the directory ls itself is reading
