@@ -6153,10 +6153,14 @@ class Terminal(Tool):
     name = "terminal"
     description = ("Run a shell command in the working directory and return its exit code, stdout and stderr. "
                    "Read-only commands (ls, cat, grep, find, wc, …) run directly; others may need confirmation "
-                   "or be refused, and destructive ones (rm -rf /, sudo, curl | sh, …) are never run.")
+                   "or be refused, and destructive ones (rm -rf /, sudo, curl | sh, …) are never run. Commands "
+                   "run in an OS sandbox: by default they can write only in the working directory (not .git) "
+                   "and $TMPDIR, cannot read the home directory, and have no network; every process a command "
+                   "starts ends with it.")
     parameters = {"type": "object", "properties": {
         "command": {"type": "string", "description": "The command line (POSIX shell syntax)"},
-        "timeout_seconds": {"type": "integer", "minimum": 1, "description": "Kill it after this many seconds"}},
+        "timeout_seconds": {"type": "integer", "minimum": 1,
+                            "description": "Kill it after this many seconds (capped by the configuration)"}},
         "required": ["command"]}
     permission = EXECUTE
 

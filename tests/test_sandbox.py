@@ -327,3 +327,42 @@ def test_a_command_inherits_no_descriptor_but_its_own_three(cli, fake):
     r, out = attack(cli, fake, "ls /proc/self/fd\n")
     fds = set(out.split("--- stdout ---\n")[1].split())
     assert fds <= {"0", "1", "2", "3"}, fds  # 3: the directory ls itself is reading
+
+
+@needs_landlock
+def test_network_is_an_explicit_opt_in_shown_in_the_header(cli, fake):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    port = listener.getsockname()[1]
+    try:
+        cli.use(fake, terminal={"network": True})
+        fake.add({"tool_calls": [tool_call("write_file", path="c.sh", content=(
+            "bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d && echo CONNECTED-TCP'\n" % port))]},
+            {"tool_calls": [tool_call("terminal", command="sh c.sh")]}, {"content": "done"})
+        r = cli.run("run", "--allow-dangerous", "--prompt", "x")
+        listener.settimeout(5)
+        listener.accept()[0].close()
+    finally:
+        listener.close()
+    assert r.returncode == 0 and "CONNECTED-TCP" in tool_results(fake)[-1]
+    assert "sandbox workspace-write, network on" in r.stderr
+
+
+@needs_landlock
+def test_commands_die_with_the_agent_even_when_it_is_killed(cli, fake):
+    import signal
+    token = "63%d.%d" % (os.getpid() % 1000, int(time.time()) % 1000)
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="sleep %s" % token, timeout_seconds=200)]},
+             {"content": "never"})
+    proc = cli.popen("run", "--allow-dangerous", "--prompt", "x")
+    try:
+        assert wait_for(lambda: running_with(token), 30)
+        os.kill(proc.pid, signal.SIGKILL)  # no clean-up code runs in the agent
+        proc.wait(10)
+        assert wait_for(lambda: not running_with(token), 10), running_with(token)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
