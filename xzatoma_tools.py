@@ -5401,16 +5401,21 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
         if inside(prefix, home):
             for sub in ("bin", "sbin", "lib", "lib64", "libexec", "share"):
                 add(os.path.join(prefix, sub))
-            cfg = os.path.join(prefix, "pyvenv.cfg")
-            if os.path.isfile(cfg) and cfg not in out:
-                out.append(cfg)
+            add_file(os.path.join(prefix, "pyvenv.cfg"))
         else:
             add(prefix)
+
+    def add_file(path):
+        if path not in out and allowed(path) and os.path.isfile(path):
+            out.append(path)
 
     def add_dir(real):
         add(real)
         if os.path.basename(real) in ("bin", "sbin"):
             add_prefix(os.path.dirname(real))
+        elif os.path.basename(real) == "shims":  # pyenv, rbenv, nodenv: the versions and the chosen one
+            add(os.path.join(os.path.dirname(real), "versions"))
+            add_file(os.path.join(os.path.dirname(real), "version"))
 
     system = tuple(d for d in SANDBOX_SYSTEM_DIRS if d != "/proc")
     for entry in (path_value or "").split(os.pathsep):

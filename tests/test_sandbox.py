@@ -257,12 +257,16 @@ def test_read_only_mode_writes_nothing(tmp_path):
 
 def test_rules_never_grant_home_or_xzatoma_home(tmp_path):
     home = tmp_path / "home"
-    for d in ("home/.cargo/bin", "home/.local/bin", "home/bin", "home/.xzatoma/bin", "opt/tool/bin"):
+    for d in ("home/.cargo/bin", "home/.local/bin", "home/bin", "home/.xzatoma/bin", "opt/tool/bin",
+              "home/.pyenv/shims", "home/.pyenv/versions"):
         (tmp_path / d).mkdir(parents=True)
     (home / ".cargo" / "credentials.toml").write_text("token")
+    (home / ".pyenv" / "version").write_text("3.12")
     path = os.pathsep.join(str(tmp_path / d) for d in ("home/.cargo/bin", "home/.local/bin", "home/bin",
-                                                       "home/.xzatoma/bin", "opt/tool/bin")) + ":relative:"
-    dirs = program_dirs(path, str(home), str(home / ".xzatoma"))
+                                                       "home/.xzatoma/bin", "opt/tool/bin", "home/.pyenv/shims"))
+    dirs = program_dirs(path + ":relative:", str(home), str(home / ".xzatoma"))
+    assert str(home / ".pyenv" / "versions") in dirs and str(home / ".pyenv" / "version") in dirs
+    assert str(home / ".pyenv") not in dirs
     assert str(home / ".cargo" / "bin") in dirs and str(home / "bin") in dirs
     assert str(tmp_path / "opt" / "tool") in dirs  # a prefix outside home: whole
     assert str(home) not in dirs and str(home / ".cargo") not in dirs and str(home / ".local") not in dirs
