@@ -4681,6 +4681,7 @@ def cmd_run(args, console):
         session.cancel.set()  # children still running (Ctrl-C, SIGTERM) stop now
         ctx.sandbox.close()  # every command still running, and the private TMPDIR, go with the run
         _restore_sigterm(previous)
+        _join_workers(3.0)  # subagents record their end in the store: it must outlive them
         if store is not None:
             store.close()
         metrics.close()
@@ -4978,16 +4979,24 @@ COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_hi
                     "version": _build_version}
 
 
+def _join_workers(timeout):
+    """Wait (bounded) for subagent threads; True when none is left. Children that run commands stop them
+    within a fraction of a second once cancelled."""
+    if "threading" not in sys.modules:
+        return True
+    import threading
+    workers = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    deadline = time.monotonic() + timeout
+    for t in workers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in workers)
+
+
 def _exit_now_if_threads_linger(code):
     """After Ctrl-C or SIGTERM, subagent threads blocked in a model request must not hold the exit."""
     if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED) or "threading" not in sys.modules:
         return
-    import threading
-    workers = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
-    deadline = time.monotonic() + 3.0  # children that run commands stop theirs within a fraction of a second
-    for t in workers:
-        t.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in workers):  # the rest wait on a model: do not wait for them
+    if not _join_workers(3.0):  # the rest wait on a model: do not wait for them
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

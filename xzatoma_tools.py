@@ -5632,6 +5632,8 @@ class Sandbox:
         if not report.get("ok"):
             return ["everything (%s)" % report.get("error", "no sandbox")]
         missing = []
+        if not self.network and report.get("landlock_net") and not report.get("netns"):
+            missing.append("UDP/DNS isolation (no network namespace; Landlock stops TCP only)")
         for key, label in _NEEDS:
             if key == "network" and self.network:
                 continue

@@ -370,3 +370,19 @@ def test_commands_die_with_the_agent_even_when_it_is_killed(cli, fake):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+@needs_landlock
+def test_without_user_namespaces_the_warning_names_what_is_lost(tmp_path):
+    sandbox = Sandbox(str(tmp_path), assume_missing=("userns",))
+    try:
+        missing = sandbox.not_enforced()
+        report = sandbox.report()
+        if not report.get("netns"):  # unprivileged: no namespaces at all
+            assert "UDP/DNS isolation (no network namespace; Landlock stops TCP only)" in missing
+            assert any(m.startswith("killing setsid/double-forked descendants") for m in missing)
+        else:  # root makes its namespaces without a user namespace, and says so
+            assert any("no user namespace" in e for e in report["errors"])
+        assert "Landlock filesystem rules" not in missing
+    finally:
+        sandbox.close()
