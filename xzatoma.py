@@ -4076,20 +4076,20 @@ class ChatSession:
         if line.lower().startswith("/mode "):
             return [m for m in ("planning", "write") if m.startswith(text.lower())]
         if text.startswith("@"):
-            from xzatoma_tools import JailError, resolve_path
+            from xzatoma_tools import ToolError, list_fd
             partial = text[1:]
             base, prefix = os.path.split(partial)
-            try:
-                directory = resolve_path(base or ".", self.ctx.root)
-                names = sorted(os.listdir(directory))
-            except (OSError, JailError):
+            try:  # listed through the jail's descriptors, like the tools
+                with self.ctx.jail.resolve(base or ".") as target:
+                    fd = target.open_dir()
+                    try:
+                        entries = list_fd(fd)
+                    finally:
+                        os.close(fd)
+            except (OSError, ToolError):
                 return []
-            out = []
-            for name in names:
-                if name.startswith(prefix) and not name.startswith(".git"):
-                    full = os.path.join(base, name)
-                    out.append("@" + full + ("/" if os.path.isdir(os.path.join(directory, name)) else ""))
-            return out
+            return ["@" + os.path.join(base, name) + ("/" if kind == "dir" else "")
+                    for name, kind in entries if name.startswith(prefix) and not name.startswith(".git")]
         return []
 
 

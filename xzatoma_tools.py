@@ -1139,11 +1139,17 @@ def display_path(real, root):
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", ".tox", ".mypy_cache", ".pytest_cache"}
 
 
-def read_fd(fd, limit=None):
-    """Everything from fd (at most `limit` bytes); reads until EOF, so a file that grows is not cut short."""
+def read_fd(fd, limit=None, size=None):
+    """Everything from fd (at most `limit` bytes); reads until EOF, so a file that grows is not cut short.
+
+    `size` (from fstat) sizes the first read: a 10 KB file costs one read of 10 KB, not a 1 MB buffer.
+    """
     chunks, total = [], 0
+    first = None if size is None else size + 1
     while limit is None or total < limit:
-        chunk = os.read(fd, (1 << 20) if limit is None else min(1 << 20, limit - total))
+        want = first or (1 << 20)
+        first = None
+        chunk = os.read(fd, want if limit is None else min(want, limit - total))
         if not chunk:
             break
         chunks.append(chunk)
@@ -1801,9 +1807,10 @@ def _grep_read(ctx, rel, dir_fd, name, kind):
     except (OSError, ToolError):
         return b""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return None
-        return read_fd(fd)
+        return read_fd(fd, size=st.st_size)
     finally:
         os.close(fd)
 
