@@ -437,7 +437,7 @@ DOCS = {
     "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
     "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
     "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
-                                             "landlock-net, scopes, pidns, abi:N)",
+                                             "landlock-net, scopes, pidns, proc, abi:N)",
     "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
     "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
                                 "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
@@ -4836,7 +4836,8 @@ def _build_policy(sub, common, fmt):
 #: what the sandbox does not cover, however complete it is here (README: Safety)
 SANDBOX_NOT_COVERED = (
     "reading what the system directories, the working directory and PATH programs' directories hold",
-    "other processes' command lines in /proc (environ and memory are protected)",
+    "other processes' command lines in /proc where the kernel refuses the sandbox its own /proc "
+    "(environ and memory stay protected)",
     "connecting to unix sockets by path (Landlock does not mediate them): keep such sockets out of reach",
     "chmod/chown/utime of readable files (Landlock does not mediate metadata)",
     "CPU, memory and disk use (no cgroup limits): only the timeout bounds a command",

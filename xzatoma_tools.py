@@ -5522,7 +5522,7 @@ class Sandbox:
     ends every command still running and removes the TMPDIR.
 
     `assume_missing` names kernel features to treat as absent ("landlock", "userns", "landlock-net",
-    "scopes", "pidns", or "abi:N" for a Landlock ABI of at most N): agent.terminal.sandbox_assume_missing,
+    "scopes", "pidns", "proc", or "abi:N" for a Landlock ABI of at most N): agent.terminal.sandbox_assume_missing,
     for testing the warnings, --require-sandbox and every ABI's rules on a machine that has them all.
     """
 
@@ -5701,8 +5701,10 @@ class Sandbox:
                                           "process group only (%s)" % report.get("pidns_error", "no PID namespace")))
         lines.append("scopes: %s" % ("signals and abstract unix sockets stay inside the sandbox"
                                      if report.get("scopes") else "not scoped (Landlock ABI < 6)"))
-        lines.append("other processes: /proc/<pid>/environ and mem unreadable, no ptrace (Landlock)"
-                     if report.get("filesystem") else "other processes: NOT protected")
+        lines.append("other processes: %s%s" % (
+            "not visible (a /proc of the sandbox's own); " if report.get("private_proc") else "",
+            "environ and mem unreadable, no ptrace (Landlock)" if report.get("filesystem") else
+            "NOT protected by Landlock"))
         lines.append("environment: allowlist (PATH, HOME=%s, LANG, LC_*, TERM, TZ, USER, SHELL, TMPDIR%s)" % (
             "kept" if self.keep_home else "private TMPDIR",
             ", " + ", ".join(self.env_passthrough) if self.env_passthrough else ""))
@@ -5912,6 +5914,14 @@ def _sandbox_helper(spec_text):
             report["descendants"] = True
         except OSError as exc:
             report["descendants"], report["pidns_error"] = False, exc.strerror or str(exc)
+        # a /proc of this PID namespace: the agent and every other process of the system are not even listed
+        # (their command lines included); where the kernel refuses (a container's masked /proc), the system's
+        # /proc stays, and Landlock still keeps other processes' environ and memory unreadable
+        report["private_proc"] = bool(flags & _CLONE_NEWNS) and "proc" not in missing and libc.mount(
+            b"proc", b"/proc", b"proc", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC), None) == 0
+        if own_pidns is not None:
+            os.close(own_pidns)  # opened through the system's /proc: take it again through ours
+            own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     else:
         report["descendants"] = False
         report["pidns_error"] = "assumed missing" if "pidns" in missing else "no PID namespace"

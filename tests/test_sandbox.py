@@ -94,9 +94,29 @@ def test_a_script_cannot_read_the_agents_environment_through_proc(cli, fake):
               "grep -a -c PATH /proc/self/environ\n")
     r, out = attack(cli, fake, script, env={"FOO_TOKEN": "proc-secret-4713"})
     assert r.returncode == 0, r.stderr
-    assert "agent /proc/" in out  # it found the agent…
-    assert "proc-secret-4713" not in out  # …and could not read it
-    assert "Permission denied" in out
+    assert "proc-secret-4713" not in out
+    # the sandbox's own /proc does not even list the agent; where the kernel refuses one, Landlock denies
+    assert "agent /proc/" not in out or "Permission denied" in out
+    report = Sandbox(str(cli.workdir)).report()
+    assert report["private_proc"] == ("agent /proc/" not in out)
+
+
+@needs_landlock
+def test_landlock_alone_keeps_other_processes_environment_unreadable(tmp_path):
+    """Without the private /proc (a container may refuse one): the system's /proc lists the agent, and
+    Landlock's ptrace rules still refuse its environ and memory."""
+    ctx = ToolContext(str(tmp_path), {}, terminal={}, terminal_mode=FULL,
+                      sandbox=Sandbox(str(tmp_path), assume_missing=("proc",)))
+    reg = build_registry("write", ctx)
+    (tmp_path / "p.sh").write_text("cat /proc/%d/environ | head -c 100; head -c 16 /proc/%d/mem; "
+                                   "cat /proc/%d/cmdline | head -c 30\n" % ((os.getpid(),) * 3))
+    try:
+        r = reg.execute("terminal", {"command": "sh p.sh"})
+        assert not ctx.sandbox.report()["private_proc"]
+        assert r.output.count("Permission denied") == 2 and "python" in r.output  # listed, but not readable
+        assert "PATH=" not in r.output
+    finally:
+        ctx.sandbox.close()
 
 
 @needs_landlock
