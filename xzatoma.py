@@ -2100,16 +2100,45 @@ def parse_text_tool_calls(content, tool_names):
     return calls or None
 
 
-# ---- Agent loop ----
+# ---- Agent loop: how a run ends (the stop family) ----
+# A run ends with an answer ("completed") or with one of these. They are raised anywhere below
+# Agent.run (the limits check, the model call, the quota, a cancel event) and caught there once;
+# KeyboardInterrupt and SIGTERM (Terminated) become Interrupted at that same edge. Failures that the
+# model can act on are not here: a tool's failure is an `Error: …` result, never an exception.
 
 
-class AgentStop(Exception):
-    """Ends a run with a status other than completed."""
+class RunStop(Exception):
+    """Ends a run with `status` (stored, and in --json) and `exit_code`; the message is one line."""
 
-    def __init__(self, status, message, exit_code=EXIT_FAILED):
+    status, exit_code = "failed", EXIT_FAILED
+
+    def __init__(self, message, exit_code=None):
         super().__init__(message)
-        self.status = status
-        self.exit_code = exit_code
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class MaxTurns(RunStop):
+    status = "max_turns"
+
+
+class Timeout(RunStop):
+    status = "timeout"
+
+
+class QuotaExceeded(RunStop):
+    status = "quota_exceeded"
+
+    def __init__(self, message):
+        super().__init__("quota exceeded: " + message)
+
+
+class Interrupted(RunStop):
+    status, exit_code = "interrupted", EXIT_INTERRUPTED
+
+
+class ProviderFailed(RunStop):
+    """The provider failed after its retries, or the model's reply cannot be used."""
 
 
 class RunResult:
@@ -2174,72 +2203,63 @@ class Events:
         self.console.info(text, "dim")
 
 
+# ---- Agent loop ----
+
 MAX_MALFORMED_STREAK = 3
 
 
 class Agent:
-    """The loop: send the conversation with tool definitions, run the calls, stop on an answer."""
+    """The loop: send the conversation with tool definitions, run the calls, stop on an answer.
 
-    def __init__(self, provider, registry, conversation, events, max_turns=100, timeout_seconds=None,
-                 conversation_id=None):
-        from xzatoma_store import new_ulid
+    Built by Session.agent(); everything it uses comes through here. `result` may be shared by
+    several agents in turn (a chat's turns), `deadline` is a time.monotonic() value or None.
+    """
+
+    def __init__(self, provider, registry, conversation, events, result, max_turns=100, deadline=None,
+                 timeout_seconds=None, recorder=None, quota=None, cancel=None, metrics=None, on_step=None,
+                 nested=False):
         self.provider = provider
         self.registry = registry
         self.conversation = conversation
         self.events = events
+        self.result = result
         self.max_turns = max_turns
-        self.timeout_seconds = timeout_seconds
-        self.result = RunResult(conversation_id or new_ulid())
-        self.start_turns = 0
+        self.deadline = deadline
+        self.timeout_seconds = timeout_seconds  #: only for the message when the deadline passes
+        self.recorder = recorder  #: Recorder or None: the conversation's counts are saved after every step
+        self.quota = quota  #: QuotaTracker shared by a whole tree of agents, or None
+        self.cancel = cancel  #: threading.Event: set, this agent stops (parallel subagents, Ctrl-C)
+        self.metrics = metrics or NULL_METRICS
+        self.on_step = on_step  #: callback(agent) after each step (benchmarks)
+        self.nested = nested  #: a subagent: Ctrl-C / SIGTERM are re-raised to the top-level run's edge
         self.malformed_streak = 0
-        self.deadline = None
-        self.on_step = None  # callback(agent) after each step (benchmarks)
-        self.recorder = None  # Recorder: the conversation is saved after every step
-        self.quota = None  # QuotaTracker shared by a whole tree of agents
-        self.cancel = None  # threading.Event: set to stop this agent (parallel subagents, Ctrl-C)
-        self.metrics = NULL_METRICS
 
     def run(self, final=True, cancel_text="Error: interrupted"):
-        """Repeat step() until an answer or a terminating condition; always leaves the history consistent.
+        """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
 
-        final=False (chat) records progress instead of finishing the stored conversation; a cancelled
-        tool call gets `cancel_text` as its result.
+        final=False (chat, subagents) records progress instead of finishing the stored conversation;
+        a cancelled tool call gets `cancel_text` as its result.
         """
         started = time.monotonic()
-        self.start_turns = self.result.turns
-        if self.timeout_seconds:
-            self.deadline = started + self.timeout_seconds
-        ctx = self.registry.ctx  # tools and commands honour the deadline too; a subagent inherits its parent's
-        inherited = ctx.deadline
-        if inherited is not None and (self.deadline is None or inherited < self.deadline):
-            self.deadline = inherited
-        ctx.deadline = self.deadline
         result = self.result
+        result_turns = result.turns  # the turn limit counts this run's turns; the totals carry on
+        caught = None
         try:
-            while True:
-                if result.turns - self.start_turns >= self.max_turns:
-                    raise AgentStop("max_turns", "stopped after %d turns without a final answer (agent.max_turns); "
-                                                 "raise it with --max-turns or simplify the task" % self.max_turns)
-                if self.deadline is not None and time.monotonic() >= self.deadline:
-                    raise DeadlineExceeded()
-                self._check_cancel()
-                if self.step():
-                    result.status = "completed"
-                    break
-        except DeadlineExceeded:
-            result.status, result.exit_code = "timeout", EXIT_FAILED
-            result.error = ("timed out after %ss (agent.timeout_seconds); raise it with --timeout" % self.timeout_seconds
-                            if self.timeout_seconds else "the parent run's time limit was reached (agent.timeout_seconds)")
-        except AgentStop as stop:
+            try:
+                while True:
+                    self.check_limits(result.turns - result_turns)
+                    if self.step():
+                        break
+            except KeyboardInterrupt as exc:  # the edge where signals join the stop family (see Interrupts)
+                caught = exc
+                raise Interrupted("interrupted (Ctrl-C)")
+            except Terminated as exc:
+                caught = exc
+                raise Interrupted("terminated (SIGTERM)", EXIT_TERMINATED)
+            result.status = "completed"
+        except RunStop as stop:
             result.status, result.exit_code, result.error = stop.status, stop.exit_code, str(stop)
-        except ProviderError as exc:
-            result.status, result.exit_code, result.error = "failed", exc.exit_code, str(exc)
-        except KeyboardInterrupt:
-            result.status, result.exit_code, result.error = "interrupted", EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
-        except Terminated:
-            result.status, result.exit_code, result.error = "interrupted", EXIT_TERMINATED, "terminated (SIGTERM)"
         finally:
-            ctx.deadline = inherited
             self.conversation.close_dangling(cancel_text if result.status == "interrupted"
                                              else "Error: not run (the task ended)")
             result.duration = time.monotonic() - started
@@ -2250,36 +2270,52 @@ class Agent:
                     self.recorder.progress(result)
             if final:
                 self.metrics.run_finished(result)
+        if caught is not None and self.nested:
+            raise caught
         return result
 
+    def check_limits(self, turns):
+        if turns >= self.max_turns:
+            raise MaxTurns("stopped after %d turns without a final answer (agent.max_turns); "
+                           "raise it with --max-turns or simplify the task" % self.max_turns)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise self.timed_out()
+        self.check_cancel()
+
+    def check_cancel(self):
+        if self.cancel is not None and self.cancel.is_set():
+            raise Interrupted("cancelled")
+
+    def timed_out(self):
+        if self.timeout_seconds:
+            return Timeout("timed out after %ss (agent.timeout_seconds); raise it with --timeout"
+                           % self.timeout_seconds)
+        return Timeout("the parent run's time limit was reached (agent.timeout_seconds)")
+
     def step(self):
-        """One model call and the tool calls it asks for. Returns True when the task is answered."""
-        conv, result = self.conversation, self.result
+        """One turn: ask the model, then run the tool calls it asked for. True when the task is answered."""
+        try:
+            content, calls = self.ask_model()
+            if not calls:
+                return True
+            self.run_tools(calls)
+            return False
+        finally:
+            self.save()
+
+    # -- the first half: ask the model --
+    def ask_model(self):
+        """Send the conversation; returns (content, tool calls). An answer without calls is recorded here."""
+        conv = self.conversation
         window = self.provider.context_window() if conv.tokens > 4096 else None
-        pruned = conv.prune(window)
-        if pruned:
+        if conv.prune(window):
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
-        self.events.waiting()
         tools = self.registry.definitions()
         sent = conv.sent_estimate(tools)
-        try:
-            reply = self.provider.complete(conv.messages, tools, on_delta=self.events.delta,
-                                           deadline=self.deadline, estimated_tokens=conv.tokens)
-        except ProviderError:
-            self.metrics.model_request(self.provider.name, "error")
-            raise
-        finally:
-            self.events.replied()
-        self._check_cancel()
-        result.turns += 1
-        prompt, completion, estimated = reply_usage(reply, sent)
-        result.estimated |= estimated
-        result.prompt_tokens += prompt
-        result.completion_tokens += completion
-        self.metrics.model_request(self.provider.name, "ok")
-        self.metrics.tokens(prompt, completion)
+        reply = self.complete(tools)
+        self.check_cancel()
+        self.account(reply, sent)
         if self.quota is not None:
-            self.quota.add_tokens(prompt + completion)
             self.quota.check()  # after each model call: the whole tree's tokens and time
         conv.calibrate(reply.usage.get("prompt_tokens"))
         content, thinking = strip_think(reply.content)
@@ -2291,20 +2327,53 @@ class Agent:
                 calls = [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
                          for i, c in enumerate(printed)]
                 content = ""
-        if not calls:
-            conv.add_assistant(content)
-            result.answer = content
-            if reply.finish_reason == "length":
-                raise AgentStop("failed", "the model's answer was cut off (finish reason 'length': the output or "
-                                          "context limit was reached); the partial answer is not a success")
-            self._stepped()
-            return True
-        conv.add_assistant(content, calls)
+        if calls:
+            conv.add_assistant(content, calls)
+            return content, calls
+        conv.add_assistant(content)
+        self.result.answer = content
+        if reply.finish_reason == "length":
+            raise ProviderFailed("the model's answer was cut off (finish reason 'length': the output or context "
+                                 "limit was reached); the partial answer is not a success")
+        return content, None
+
+    def complete(self, tools):
+        """One model call; provider failures and the deadline become the stop family."""
+        conv = self.conversation
+        self.events.waiting()
+        try:
+            return self.provider.complete(conv.messages, tools, on_delta=self.events.delta, deadline=self.deadline,
+                                          estimated_tokens=conv.tokens)
+        except DeadlineExceeded:
+            raise self.timed_out()
+        except ProviderError as exc:
+            self.metrics.model_request(self.provider.name, "error")
+            raise ProviderFailed(str(exc), exc.exit_code)
+        finally:
+            self.events.replied()
+
+    def account(self, reply, sent):
+        """A reply's tokens (our estimate where the server sent none; `sent`: the request's estimate) into the
+        run's totals, the metrics and the shared quota. The one place tokens are counted."""
+        prompt, completion, estimated = reply_usage(reply, sent)
+        result = self.result
+        result.turns += 1
+        result.estimated |= estimated
+        result.prompt_tokens += prompt
+        result.completion_tokens += completion
+        self.metrics.model_request(self.provider.name, "ok")
+        self.metrics.tokens(prompt, completion)
+        if self.quota is not None:
+            self.quota.add_tokens(prompt + completion)
+
+    # -- the second half: run the tools --
+    def run_tools(self, calls):
+        conv, result = self.conversation, self.result
         invalid, last_error = 0, None
         for call in calls:
-            self._check_cancel()
+            self.check_cancel()
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                raise DeadlineExceeded()
+                raise self.timed_out()  # a tool call's own limits are capped by the run's, but none starts late
             self.events.tool_start(call["name"], self._preview(call))
             tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             result.tool_calls += 1
@@ -2316,17 +2385,22 @@ class Agent:
                 last_error = tool_result.error
         self.malformed_streak = self.malformed_streak + 1 if invalid == len(calls) else 0
         if self.malformed_streak >= MAX_MALFORMED_STREAK:
-            raise AgentStop("failed", "the model made %d malformed or invalid tool calls in a row; stopping "
-                                      "(last: %s). A larger model may follow the tool format better"
-                            % (self.malformed_streak, last_error))
-        self._stepped()
-        return False
+            raise ProviderFailed("the model made %d malformed or invalid tool calls in a row; stopping (last: %s). "
+                                 "A larger model may follow the tool format better" % (self.malformed_streak,
+                                                                                      last_error))
 
-    def _check_cancel(self):
-        if self.cancel is not None and self.cancel.is_set():
-            raise AgentStop("interrupted", "cancelled", EXIT_INTERRUPTED)
+    def summarise(self, prompt):
+        """One more model call, without tools: a subagent's report. Counted like every other call."""
+        self.conversation.add_user(prompt)
+        sent = self.conversation.sent_estimate()
+        reply = self.complete([])
+        self.account(reply, sent)
+        text = strip_think(reply.content)[0]
+        if text:
+            self.conversation.add_assistant(text)
+        return text
 
-    def _stepped(self):
+    def save(self):
         if self.recorder is not None:
             self.recorder.progress(self.result)
         if self.on_step:
@@ -2343,12 +2417,328 @@ class Agent:
         return call["arguments"] or ""
 
 
+# ---- Session: what a run, a chat, a subagent and a watcher event share ----
+# The one place that builds a run's parts: config slice, provider, tool context, registry, store,
+# Conversation + Recorder, quota, metrics, cancel event, confirmation callbacks and output sink.
+#   session = Session.open(cfg, console, mode, working_dir, terminal_mode)   # provider, store, quota
+#   session.start("run" | "plan" | "chat" | "subagent" | "watch", resume=…)  # conversation, tools
+#   result = session.agent(max_turns=…, timeout_seconds=…).run()            # the loop
+#   session.close()                                                          # stop children, close store
+# chat calls session.rebuild(…) for /mode, /safe, /yolo, /model; a subagent is session.child(…).
+
+SESSION_KINDS = ("run", "plan", "chat", "subagent", "watch")
+
+
+def check_working_dir(given):
+    """The jail for run and chat: --working-dir DIR, or the current directory unless that is the home
+    directory or / (cron starts jobs in $HOME: a tool there could rewrite ~/.bashrc or ~/.ssh)."""
+    working_dir = os.path.abspath(given or os.getcwd())
+    if not os.path.isdir(working_dir):
+        raise UsageError("working directory does not exist: %s" % working_dir)
+    if given:
+        return working_dir  # named deliberately; the protected paths still hold inside it
+    real = os.path.realpath(working_dir)
+    for home in user_homes():
+        if real == "/" or real == home or home.startswith(real.rstrip("/") + "/"):
+            raise UsageError("refusing to use %s as the working directory: it is %s, where the tools could change "
+                             "start-up files and keys; cd to a project, or name it deliberately with --working-dir DIR"
+                             % (working_dir, "the filesystem root" if real == "/" else "your home directory"
+                                if real == home else "a directory above your home directory"))
+    return working_dir
+
+
+def user_homes():
+    """The person's home directories: $HOME and the password database's entry (cron may set neither alike)."""
+    homes = {os.path.realpath(os.path.expanduser("~"))}
+    try:
+        import pwd
+        homes.add(os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir))
+    except (ImportError, KeyError):
+        pass
+    return sorted(homes)
+
+
+def protected_extras(cfg, working_dir):
+    """agent.tools.protected_paths plus, for a home directory inside the jail (--working-dir / or /home
+    named deliberately), that home's start-up files and keys."""
+    from xzatoma_tools import PROTECTED_NAMES
+    extra = list(cfg.get("agent.tools.protected_paths") or [])
+    root = os.path.realpath(working_dir)
+    for home in user_homes():
+        if home != root and home.startswith(root.rstrip("/") + "/"):
+            extra += [os.path.join(home, name) for name in PROTECTED_NAMES]
+    return extra
+
+
+def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
+    """The tools' view of a session: jail, limits, terminal policy, audit log and undo store."""
+    from xzatoma_store import Redactor
+    from xzatoma_tools import AuditLog, ToolContext
+    secrets = cfg.secret_values()
+    audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
+                     redact=Redactor(secrets))
+    if "sandbox" not in fields:
+        fields["sandbox"] = terminal_sandbox(cfg, working_dir, secrets)
+    tools = cfg.section("agent.tools")
+    tools["protected_paths"] = protected_extras(cfg, working_dir)
+    return ToolContext(working_dir, tools, store=store, conversation_id=conversation_id,
+                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit,
+                       xzatoma_home=cfg.home, **fields)
+
+
+def terminal_sandbox(cfg, working_dir, secrets=None):
+    """The run's OS sandbox for terminal commands (started on first use; closed at exit)."""
+    from xzatoma_tools import Sandbox, protected_paths
+    term = cfg.get("agent.terminal")
+    return Sandbox(working_dir, term["sandbox"], network=term["network"], environ=os.environ,
+                   env_passthrough=term["env_passthrough"], keep_home=term["keep_home"], xzatoma_home=cfg.home,
+                   protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)), secrets=cfg.secret_values()
+                   if secrets is None else secrets, assume_missing=term["sandbox_assume_missing"])
+
+
+def check_sandbox(cfg, sandbox, console):
+    """Before a run or chat that has the terminal: one warning line naming what the sandbox does not enforce
+    here (never silently weaker), or exit 2 with --require-sandbox. Returns the run header's note."""
+    missing = sandbox.not_enforced()
+    if missing:
+        text = "sandbox %s: not enforced here: %s" % (sandbox.mode, "; ".join(missing))
+        if cfg.get("agent.terminal.require_sandbox"):
+            raise UsageError(text + " (agent.terminal.require_sandbox / --require-sandbox: refusing to run)")
+        console.warn(text + " (--require-sandbox makes this an error)")
+    if sandbox.mode == "off":
+        return "sandbox OFF: commands are not confined"
+    return "sandbox %s%s" % (sandbox.mode, ", network on" if sandbox.network else "")
+
+
+class Session:
+    """Everything one conversation's agents share. Built by `open` (a top-level run) or `child`."""
+
+    def __init__(self, cfg, console, provider, store, mode, working_dir, terminal_mode, events=None,
+                 confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
+                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=()):
+        import threading
+        self.cfg = cfg
+        self.console = console
+        self.provider = provider  #: the Provider every agent of this session asks
+        self.store = store  #: the Store, or None (history off or unusable)
+        self.mode = mode  #: planning (read tools) or write (all tools)
+        self.root = working_dir  #: the jail
+        self.terminal_mode = terminal_mode  #: restricted_autonomous, full_autonomous or interactive (chat Safe)
+        self.events = events or Events(console)  #: the output sink: progress lines, streamed text
+        self.confirmations = confirmations  #: chat's Confirmations (a person to ask), None when headless
+        self.quota = quota or QuotaTracker(cfg.get("agent.quota"))  #: shared by the whole tree of agents
+        self.metrics = metrics or NULL_METRICS
+        self.cancel = cancel or threading.Event()  #: set: this session's agents, commands and children stop
+        self.depth = depth  #: 0 at the top, n for a subagent n levels down
+        self.parent_id = parent_id  #: the parent's conversation id (subagents)
+        self.label = label  #: a subagent's label
+        self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
+        self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
+        self.sandbox = sandbox  #: the OS sandbox terminal commands run in: one per top-level session
+        self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
+        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox" (what open() made)
+        self.kind = None
+        self.id = None  #: the conversation id, from start()
+        self.conversation = self.recorder = self.result = self.ctx = self.registry = None
+        self.resumed = False  #: start() continued a stored conversation
+        self.recorded = False  #: the conversation is being written to the store
+
+    @classmethod
+    def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None):
+        """A top-level session in `working_dir` (default: the current directory). What is not given is made
+        here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
+        metrics (with a port or a textfile), the cancel event and the terminal's sandbox."""
+        working_dir = check_working_dir(working_dir)
+        provider = provider or make_provider(cfg, console)
+        owns = {"cancel"} if cancel is None else set()
+        if store is None:
+            store = open_store(cfg, console)
+            owns.add("store")
+        if metrics is None and (metrics_port or metrics_textfile):
+            metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
+            owns.add("metrics")
+        sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
+        owns.add("sandbox")
+        instructions = project_instructions(cfg, working_dir)
+        show_instructions(console, instructions)
+        return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
+                   confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
+                   instructions=instructions, owns=owns)
+
+    # -- a conversation --
+    def start(self, kind, resume=None, title=None, source=None, record=None):
+        """Start a conversation of `kind`, or continue a stored one (resume: an id prefix, or True for the
+        latest). record=None records now, except a new chat (on its first message) and subagents with
+        agent.subagent.persistence_enabled off."""
+        from xzatoma_store import NotFound, new_ulid
+        assert kind in SESSION_KINDS, kind
+        stored = None
+        if resume:
+            if self.store is None:
+                raise UsageError("cannot resume: conversation history is unavailable")
+            try:
+                conversation_id = self.store.latest() if resume is True else self.store.resolve(resume)
+                stored = self.store.conversation(conversation_id)
+            except NotFound as exc:
+                raise UsageError(str(exc))
+        else:
+            conversation_id = new_ulid()
+        self.kind, self.id, self.resumed, self.recorded = kind, conversation_id, stored is not None, False
+        conv_cfg = self.cfg.get("agent.conversation")
+        self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
+                                         conv_cfg["prune_threshold"])
+        self.recorder = Recorder(self.store, self.console, conversation_id)
+        self.result = RunResult(conversation_id)
+        self._build()
+        self.conversation.add_system(self.system_prompt())
+        if stored is not None:  # totals carry on; the turn limit counts each run's own turns
+            self.result.carry_on(stored)
+            for message in load_history(self.store, conversation_id):
+                self.conversation.add(message)
+        if record is None:
+            record = self.resumed or (kind != "chat" and (
+                kind != "subagent" or self.cfg.get("agent.subagent.persistence_enabled")))
+        if record:
+            self.record(title, source)
+        if stored is not None:
+            self.conversation.close_dangling("Error: interrupted")
+        return stored
+
+    def record(self, title=None, source=None):
+        """Write the conversation to the store from now on (what it holds already included)."""
+        if self.recorded:
+            return
+        self.recorded = True
+        if self.resumed:
+            self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
+                                 safety=safety_of(self.ctx))
+        else:
+            self.recorder.start(kind=self.kind, title=title or "", provider=self.provider.name,
+                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
+                                source=source, parent_id=self.parent_id, depth=self.depth, label=self.label,
+                                safety=safety_of(self.ctx))
+            for message in self.conversation.messages:
+                self.recorder.append(message)
+        self.recorder.attach(self.conversation)
+
+    def finish(self, status="completed"):
+        """Close the stored conversation with `status`; False when nothing was recorded."""
+        if self.recorded:
+            self.result.status = status
+            self.recorder.finish(self.result)
+        return self.recorded
+
+    def system_prompt(self):
+        prompt = system_prompt(self.mode, self.ctx.root, self.registry.names(), self.instructions)
+        if self.depth:
+            prompt += ("\n\nYou are a subagent (label %r, depth %d) working for another agent. Do the task, then "
+                       "answer with your findings." % (self.label, self.depth))
+        return prompt
+
+    # -- tools --
+    def _build(self):
+        from xzatoma_tools import INTERACTIVE, build_registry
+        if self.parent_ctx is not None:
+            ctx = self.parent_ctx.child(self.label, self.id)
+        else:
+            asks = self.confirmations
+            ctx = tool_context(self.cfg, self.root, self.store, self.id, interactive=asks is not None,
+                               confirm=asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE else None,
+                               confirm_command=asks and asks.confirm_command, ask=asks and asks.ask_irreversible,
+                               terminal_mode=self.terminal_mode, cancel=self.cancel, sandbox=self.sandbox)
+        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self)))
+        if self.allowed_tools:
+            registry = registry.narrowed(set(self.allowed_tools), ctx)
+        self.ctx, self.registry = ctx, registry
+
+    def rebuild(self, mode=None, terminal_mode=None, provider=None):
+        """New tools for chat's /mode, /safe, /yolo, /model (and after a cancelled turn); the conversation stays."""
+        import threading
+        self.mode = mode or self.mode
+        self.terminal_mode = terminal_mode or self.terminal_mode
+        self.provider = provider or self.provider
+        self.cancel = threading.Event()  # a cancelled turn's subagents stay cancelled; the next starts afresh
+        self._build()
+        self.conversation.set_system_prompt(self.system_prompt())
+
+    # -- agents --
+    def agent(self, max_turns=None, timeout_seconds=None, on_step=None):
+        """The Agent for the next run of this conversation. Limits default to the configuration (a subagent:
+        agent.subagent.default_max_turns, and its parent's deadline)."""
+        cfg = self.cfg
+        if self.depth:
+            max_turns = max_turns or cfg.get("agent.subagent.default_max_turns")
+        else:
+            max_turns = max_turns or cfg.get("agent.max_turns")
+            timeout_seconds = timeout_seconds or cfg.get("agent.timeout_seconds")
+        deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
+        ctx = self.ctx.with_deadline(deadline)
+        return Agent(self.provider, self.registry.bound(ctx), self.conversation, self.events, self.result,
+                     max_turns=max_turns, deadline=deadline, timeout_seconds=timeout_seconds,
+                     recorder=self.recorder if self.recorded else None, quota=self.quota, cancel=self.cancel,
+                     metrics=self.metrics, on_step=on_step, nested=self.depth > 0)
+
+    def child(self, label, allowed_tools=None, ctx=None):
+        """A subagent's session: depth + 1, the tools narrowed to `allowed_tools`, the same quota, store,
+        metrics and cancel; `ctx` is the calling run's tool context (its deadline), default this session's."""
+        cfg = self.cfg
+        sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
+        provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
+            else self.provider.clone()
+        return Session(cfg, self.console, provider, self.store, self.mode, self.root, self.terminal_mode,
+                       events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
+                       metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
+                       label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools, sandbox=self.sandbox,
+                       instructions=self.instructions)
+
+    def close(self, wait_for_workers=None):
+        """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
+        wait_for_workers (seconds; the main thread of a run only): let subagent threads record their end
+        in the store before it closes."""
+        if "cancel" in self.owns:
+            self.cancel.set()
+        if "sandbox" in self.owns:
+            self.sandbox.close()  # every command still running, and the private TMPDIR, go with the run
+        if wait_for_workers:
+            _join_workers(wait_for_workers)
+        if "store" in self.owns and self.store is not None:
+            self.store.close()
+        if "metrics" in self.owns:
+            self.metrics.close()
+
+
+def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
+                     timeout_seconds=None, title=None, source=None, store=None, metrics=None, cancel=None,
+                     events=None):
+    """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
+
+    cfg, console: the loaded Config and the Console for progress lines (stderr).
+    instruction: the task text (a parsed plan's `to_prompt()`).
+    working_dir: the directory the tools are jailed to (must exist; a UsageError otherwise).
+    mode: "write" (all tools) or "planning" (read tools only).
+    terminal_mode: "restricted_autonomous" (default: nobody can be asked, so confirm-level commands are
+        refused) or "full_autonomous".
+    max_turns, timeout_seconds: limits for this run (default agent.max_turns, agent.timeout_seconds).
+    title, source: stored with the conversation (e.g. the plan's goal; the event id or topic/offset).
+    store: an open Store to record in (kept open; the caller closes it); None opens and closes one.
+    metrics: the metrics sink (default none); cancel: a threading.Event that stops the run when set.
+    events: the output sink for progress lines (default: Events(console)).
+    Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
+    UsageError/CredentialsError for a bad working directory or provider configuration.
+    """
+    from xzatoma_tools import RESTRICTED
+    session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
+                           metrics=metrics, store=store, cancel=cancel)
+    try:
+        session.start("watch", title=title, source=source)
+        session.conversation.add_user(instruction)
+        return session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
+    finally:
+        session.close()
+
+
 # ---- Subagents, quotas and metrics ----
-
-
-class QuotaExceeded(AgentStop):
-    def __init__(self, message):
-        super().__init__("quota_exceeded", "quota exceeded: " + message)
 
 
 class QuotaTracker:
@@ -2436,23 +2826,6 @@ DEFAULT_SUMMARY_PROMPT = ("Summarise your findings concisely for the agent that 
                           "what you found, and anything it must know. Do not call tools.")
 
 
-class SubagentSession:
-    """What a subagent inherits from its parent: config, provider, tools, jail, confirmation, store, quota."""
-
-    def __init__(self, cfg, console, provider, mode, ctx, quota, store=None, depth=0, parent_id=None, cancel=None,
-                 metrics=NULL_METRICS, label=None):
-        import threading
-        self.cfg, self.console, self.provider, self.mode, self.ctx = cfg, console, provider, mode, ctx
-        self.quota, self.store, self.depth, self.parent_id = quota, store, depth, parent_id
-        self.cancel = cancel or threading.Event()
-        self.metrics = metrics
-        self.label = label
-        self.registry = None  # the parent's registry, set once it is built
-
-    def tools(self):
-        return [SubagentTool(self), ParallelSubagentTool(self)]
-
-
 class _ChildEvents(Events):
     """A subagent's progress: indented, labelled lines on stderr; its text is not streamed."""
 
@@ -2470,10 +2843,11 @@ class _ChildEvents(Events):
         self.console.info(self.prefix + text.strip(), "dim")
 
 
-def run_subagent(parent, spec):
-    """Run one subagent task to its end and ask it for a summary. Returns a ToolResult; never raises."""
-    from xzatoma_store import new_ulid
-    from xzatoma_tools import ToolResult, build_registry
+def run_subagent(parent, spec, ctx=None):
+    """Run one subagent task to its end and ask it for a summary. Returns a ToolResult; never raises.
+
+    `parent` is the calling Session, `ctx` the calling run's tool context (its deadline)."""
+    from xzatoma_tools import ToolResult
     cfg = parent.cfg
     label = str(spec.get("label") or "subagent")
     depth = parent.depth + 1
@@ -2493,66 +2867,34 @@ def run_subagent(parent, spec):
         parent.metrics.subagent_error("quota")
         return ToolResult.fail(str(exc), status="quota_exceeded")
     started = time.monotonic()
-    child_id = new_ulid()
-    child_cancel = parent.cancel
-    ctx = parent.ctx.child(label, child_id)
-    sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
-    provider = make_provider(cfg, parent.console, sub_name, sub_model) if (sub_name or sub_model) \
-        else parent.provider.clone()
-    child = SubagentSession(cfg, parent.console, provider, parent.mode, ctx, parent.quota, parent.store, depth,
-                            child_id, child_cancel, parent.metrics, label)
-    registry = build_registry(parent.mode, ctx, extra=child.tools()).narrowed(set(allowed or parent_names), ctx)
-    child.registry = registry
-    conv_cfg = cfg.get("agent.conversation")
-    conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
-    max_turns = spec.get("max_turns") or cfg.get("agent.subagent.default_max_turns")
-    events = _ChildEvents(parent.console, label, depth)
-    agent = Agent(provider, registry, conversation, events, max_turns, None, conversation_id=child_id)
-    agent.quota, agent.cancel, agent.metrics = parent.quota, child_cancel, parent.metrics
-    recorder = Recorder(parent.store, parent.console, child_id)
-    if cfg.get("agent.subagent.persistence_enabled"):
-        recorder.start(kind="subagent", title=spec["task_prompt"], provider=provider.name, model=provider.model,
-                       mode=parent.mode, working_dir=ctx.root, parent_id=parent.parent_id, depth=depth, label=label,
-                       safety=safety_of(ctx))
-        recorder.attach(conversation)
-        agent.recorder = recorder
-    conversation.add_system(system_prompt(parent.mode, ctx.root, registry.names(),
-                                          project_instructions(cfg, ctx.root)) +
-                            "\n\nYou are a subagent (label %r, depth %d) working for another agent. Do the task, "
-                            "then answer with your findings." % (label, depth))
-    conversation.add_user(spec["task_prompt"])
+    child = parent.child(label, allowed or parent_names, ctx)
+    child.start("subagent", title=spec["task_prompt"])
+    child.conversation.add_user(spec["task_prompt"])
+    agent = child.agent(max_turns=spec.get("max_turns"))
     parent.metrics.subagent_started(depth)
-    events.note("started (depth %d, up to %d turns)" % (depth, max_turns))
-    result = agent.run(final=False)
-    summary, error = result.answer, result.error
-    if result.status in ("completed", "max_turns") and not child_cancel.is_set():
-        try:
-            conversation.add_user(spec.get("summary_prompt") or DEFAULT_SUMMARY_PROMPT)
-            sent = conversation.sent_estimate()
-            reply = provider.complete(conversation.messages, [], deadline=None, estimated_tokens=conversation.tokens)
-            prompt, completion, estimated = reply_usage(reply, sent)
-            result.turns += 1
-            result.estimated |= estimated
-            result.prompt_tokens += prompt
-            result.completion_tokens += completion
-            parent.quota.add_tokens(prompt + completion)
-            parent.metrics.model_request(provider.name, "ok")
-            parent.metrics.tokens(prompt, completion)
-            summary = strip_think(reply.content)[0] or summary
-            conversation.add_assistant(summary)
-        except ProviderError as exc:
-            error = "the summary request failed: %s" % exc
-    if child_cancel.is_set():
+    child.events.note("started (depth %d, up to %d turns)" % (depth, agent.max_turns))
+    try:
+        result = agent.run(final=False)
+        summary, error = result.answer, result.error
+        if result.status in ("completed", "max_turns") and not child.cancel.is_set():
+            try:
+                summary = agent.summarise(spec.get("summary_prompt") or DEFAULT_SUMMARY_PROMPT) or summary
+            except RunStop as exc:
+                error = "the summary request failed: %s" % exc
+    except BaseException:  # Ctrl-C or SIGTERM in the main thread: on to the top-level run's edge
+        child.finish("interrupted")
+        raise
+    if child.cancel.is_set():
         result.status, error = "interrupted", "interrupted"
     result.duration = time.monotonic() - started
-    recorder.finish(result)
+    child.finish(result.status)
     tokens = result.prompt_tokens + result.completion_tokens
     parent.metrics.subagent_finished(depth, result.status, result.duration, result.turns, tokens)
     meta = {"label": label, "depth": depth, "turns_used": result.turns, "tokens_used": tokens,
-            "status": result.status, "conversation_id": child_id, "duration_seconds": round(result.duration, 3),
+            "status": result.status, "conversation_id": child.id, "duration_seconds": round(result.duration, 3),
             "max_turns_exceeded": result.status == "max_turns"}
-    events.note("%s: %s, %s tokens, %.1fs" % (result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens),
-                                               result.duration))
+    child.events.note("%s: %s, %s tokens, %.1fs" % (result.status, _plural(result.turns, "turn"),
+                                                     _fmt_tokens(tokens), result.duration))
     if result.status not in ("completed", "max_turns") or not summary:
         parent.metrics.subagent_error(result.status)
         return ToolResult.fail("subagent %s %s: %s" % (label, result.status, error or "no answer"), **meta)
@@ -2561,7 +2903,7 @@ def run_subagent(parent, spec):
     if len(data) > cap:
         summary = data[:cap].decode("utf-8", "ignore") + "\n[summary truncated at %d bytes]" % cap
     head = "[subagent %s · depth %d · %s · %s · %s tokens · conversation %s]" % (
-        label, depth, result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens), child_id)
+        label, depth, result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens), child.id)
     return ToolResult.ok(head + "\n" + summary, **meta)
 
 
@@ -2594,7 +2936,7 @@ class SubagentTool:
         return "%s: %s" % (args.get("label"), one_line(args.get("task_prompt", ""), 60))
 
     def run(self, args, ctx):
-        return run_subagent(self.session, args)
+        return run_subagent(self.session, args, ctx)
 
 
 class ParallelSubagentTool(SubagentTool):
@@ -2621,10 +2963,10 @@ class ParallelSubagentTool(SubagentTool):
             if err:
                 raise ToolError("task %d: %s" % (i, err))
             checked.append(spec)
-        return run_parallel(self.session, checked, args.get("max_concurrent") or 5, bool(args.get("fail_fast")))
+        return run_parallel(self.session, checked, args.get("max_concurrent") or 5, bool(args.get("fail_fast")), ctx)
 
 
-def run_parallel(session, tasks, max_concurrent, fail_fast):
+def run_parallel(session, tasks, max_concurrent, fail_fast, ctx=None):
     import threading
     from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
     from xzatoma_tools import ToolResult
@@ -2636,7 +2978,7 @@ def run_parallel(session, tasks, max_concurrent, fail_fast):
         if stop.is_set() or session.cancel.is_set():
             return ToolResult.fail("not started (%s)" % ("fail_fast after a failure" if stop.is_set() else "cancelled"),
                                    label=spec["label"], status="cancelled")
-        return run_subagent(session, spec)
+        return run_subagent(session, spec, ctx)
 
     pool = ThreadPoolExecutor(max_workers=min(max_concurrent, len(tasks)), thread_name_prefix="subagent")
     futures = {pool.submit(one, i, spec): i for i, spec in enumerate(tasks)}
@@ -2842,7 +3184,7 @@ def open_store(cfg, console, required=False):
 
 def safety_of(ctx):
     """The safety a conversation runs with, in chat's words (run without --allow-dangerous: 'restricted')."""
-    return {"interactive": "safe", "full_autonomous": "yolo"}.get(getattr(ctx, "terminal_mode", None), "restricted")
+    return {"interactive": "safe", "full_autonomous": "yolo"}.get(ctx.terminal_mode, "restricted")
 
 
 class Recorder:
@@ -3669,17 +4011,23 @@ class ChatEvents(Events):
 MODE_TEXT = {"planning": "PLANNING (Read-only mode for creating plans)",
              "write": "WRITE (Read/write mode for executing tasks)"}
 SAFETY_TEXT = {"safe": "SAFE (Confirm dangerous operations)", "yolo": "YOLO (Execute without confirmation)"}
-SLASH_COMMANDS = {
-    "/mode": "/mode planning|write — switch what the agent may do (the conversation is kept)",
-    "/planning": "/planning — read-only tools", "/write": "/write — all tools",
-    "/safe": "/safe — confirm dangerous operations (resets always/never answers)",
-    "/yolo": "/yolo — run without confirmations (denied commands stay denied)",
-    "/status": "/status — mode, model, tools, conversation size", "/help": "/help — this list",
-    "/models": "/models — the provider's models", "/model": "/model NAME — switch model, keep the conversation",
-    "/context": "/context — tokens used, the window, what pruning would drop",
-    "/clear": "/clear — start a new conversation", "/history": "/history — recent conversations",
-    "/resume": "/resume ID — continue a stored conversation", "/undo": "/undo — put back the last file change",
-    "/exit": "/exit, /quit, exit, quit, Ctrl-D — leave",
+ARG = object()  # in SLASH_COMMANDS: the handler gets the text after the command
+SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG, a fixed value, or None)
+    "/mode": ("/mode planning|write — switch what the agent may do (the conversation is kept)", "switch_mode", ARG),
+    "/planning": ("/planning — read-only tools", "switch_mode", "planning"),
+    "/write": ("/write — all tools", "switch_mode", "write"),
+    "/safe": ("/safe — confirm dangerous operations (resets always/never answers)", "switch_safety", "safe"),
+    "/yolo": ("/yolo — run without confirmations (denied commands stay denied)", "switch_safety", "yolo"),
+    "/status": ("/status — mode, model, tools, conversation size", "status", None),
+    "/help": ("/help — this list", "help", None),
+    "/models": ("/models — the provider's models", "list_models", None),
+    "/model": ("/model NAME — switch model, keep the conversation", "switch_model", ARG),
+    "/context": ("/context — tokens used, the window, what pruning would drop", "context", None),
+    "/clear": ("/clear — start a new conversation", "clear", None),
+    "/history": ("/history — recent conversations", "history", None),
+    "/resume": ("/resume ID — continue a stored conversation", "resume_cmd", ARG),
+    "/undo": ("/undo — put back the last file change", "undo", None),
+    "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
            "/plan": "/planning", "/new": "/clear"}
@@ -3691,106 +4039,77 @@ def box(title):
 
 
 class ChatSession:
+    """The REPL over a Session: reading input, slash commands (one table), rendering. The Session holds
+    the conversation, tools and provider; this class only talks to the person."""
+
     def __init__(self, args, cfg, console):
-        from xzatoma_tools import INTERACTIVE, FULL
         self.args, self.cfg, self.console = args, cfg, console
         self.out = sys.stdout
         self.interactive = _isatty(sys.stdin)
-        self.mode = args.mode or cfg.get("agent.chat_mode")
         self.safety = args.safety or cfg.get("agent.safety_mode")
-        self.provider = make_provider(cfg, console)
-        self.store = open_store(cfg, console)
-        self.working_dir = check_working_dir(args.working_dir)
-        self.instructions = project_instructions(cfg, self.working_dir)
-        show_instructions(console, self.instructions)
-        self.asker = Asker(console)
-        self.confirmations = Confirmations(self.asker, console)
+        self.confirmations = Confirmations(Asker(console), console)
         self.events = ChatEvents(console, self.out)
-        self.result = RunResult(None)
         self.warned_write = False
-        self._modes = (INTERACTIVE, FULL)
+        self.session = Session.open(cfg, console, args.mode or cfg.get("agent.chat_mode"), args.working_dir,
+                                    self.terminal_mode(), events=self.events, confirmations=self.confirmations,
+                                    metrics_port=args.metrics_port)
         self.mentions = Mentions(self._mention_registry, console, cfg)
-        self.metrics = load_metrics(args.metrics_port, warn=console.warn) if args.metrics_port else NULL_METRICS
-        self.quota = QuotaTracker(cfg.get("agent.quota"))
-        self.sandbox = terminal_sandbox(cfg, self.working_dir)  # one per session, whatever the mode switches
-        self.sandbox_note = check_sandbox(cfg, self.sandbox, console)
-        self.new_conversation()
-        if args.resume or args.last:
-            self.resume(args.resume)
+        try:
+            self.sandbox_note = check_sandbox(cfg, self.session.sandbox, console)
+            if args.resume or args.last:
+                self.resume(args.resume or True)
+            else:
+                self.session.start("chat")
+        except BaseException:
+            self.session.close()
+            raise
 
-    # -- conversation and tools --
-    def new_conversation(self, conversation_id=None):
-        from xzatoma_store import new_ulid
-        conv_cfg = self.cfg.get("agent.conversation")
-        self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
-                                         conv_cfg["prune_threshold"])
-        self.id = conversation_id or new_ulid()
-        self.result = RunResult(self.id)
-        self.recorder = Recorder(self.store, self.console, self.id)
-        self.started_record = False
-        self.rebuild()
-        self.conversation.add_system(self.prompt_text())
+    def terminal_mode(self):
+        from xzatoma_tools import FULL, INTERACTIVE
+        return INTERACTIVE if self.safety == "safe" else FULL
 
-    def rebuild(self):
-        import threading
-        from xzatoma_tools import build_registry
-        self.ctx = tool_context(self.cfg, self.working_dir, self.store, self.id, interactive=True,
-                                confirm=self.confirmations.confirm_tool if self.safety == "safe" else None,
-                                confirm_command=self.confirmations.confirm_command,
-                                ask=self.confirmations.ask_irreversible, cancel=threading.Event(), sandbox=self.sandbox,
-                                terminal_mode=self._modes[0] if self.safety == "safe" else self._modes[1])
-        self.subagents = SubagentSession(self.cfg, self.console, self.provider, self.mode, self.ctx, self.quota,
-                                         self.store, parent_id=self.id, cancel=self.ctx.cancel, metrics=self.metrics)
-        self.registry = build_registry(self.mode, self.ctx, extra=self.subagents.tools())
-        self.subagents.registry = self.registry
-        if self.conversation.messages:
-            self.conversation.set_system_prompt(self.prompt_text())
+    # -- what the Session holds, as the REPL shows it --
+    @property
+    def mode(self):
+        return self.session.mode
 
-    def prompt_text(self):
-        return system_prompt(self.mode, self.ctx.root, self.registry.names(), self.instructions)
+    @property
+    def provider(self):
+        return self.session.provider
+
+    @property
+    def conversation(self):
+        return self.session.conversation
+
+    @property
+    def result(self):
+        return self.session.result
+
+    @property
+    def registry(self):
+        return self.session.registry
+
+    @property
+    def store(self):
+        return self.session.store
+
+    @property
+    def id(self):
+        return self.session.id
 
     def _mention_registry(self):
-        from xzatoma_tools import build_registry
-        return build_registry("planning", self.ctx)
-
-    def ensure_recorded(self, first_message):
-        if self.started_record:
-            return
-        self.started_record = True
-        if self.recorder.resume_id:
-            self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
-                                 safety=self.safety)
-        else:
-            self.recorder.start(kind="chat", title=first_message, provider=self.provider.name,
-                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
-                                safety=self.safety)
-            for message in self.conversation.messages:
-                self.recorder.append(message)
-        self.recorder.attach(self.conversation)
+        from xzatoma_tools import PLANNING, build_registry
+        return build_registry(PLANNING, self.session.ctx)  # read tools over the same jail, whatever the mode
 
     def resume(self, prefix):
-        from xzatoma_store import NotFound
-        if self.store is None:
-            raise UsageError("cannot resume: conversation history is unavailable")
-        try:
-            cid = self.store.resolve(prefix) if prefix else self.store.latest()
-            stored = self.store.conversation(cid)
-        except NotFound as exc:
-            raise UsageError(str(exc))
-        self.new_conversation(cid)
-        for message in load_history(self.store, cid):
-            self.conversation.add(message)
-        self.result.carry_on(stored)
-        self.recorder.resume_id = cid
-        self.ensure_recorded(None)
-        self.conversation.close_dangling("Error: interrupted")
-        self.console.info("resumed conversation %s (%d messages, %s)" % (cid, len(self.conversation.messages) - 1,
-                                                                        stored["status"]))
+        stored = self.session.start("chat", resume=prefix)
+        self.console.info("resumed conversation %s (%d messages, %s)" % (
+            self.id, len(self.conversation.messages) - 1, stored["status"]))
 
     # -- display --
     def prompt(self):
         text = "[%s][%s] >> " % (self.mode.upper(), self.safety.upper())
-        if not (_isatty(sys.stdout) and not os.environ.get("NO_COLOR")):
+        if not (self.console.color and _isatty(sys.stdout)):  # one colour decision: --no-color, NO_COLOR, TTY
             return text
         colour = "36" if self.mode == "planning" else "33"
         return "\001\033[1;%sm\002[%s]\001\033[0m\002\001\033[1;%sm\002[%s]\001\033[0m\002 >> " % (
@@ -3823,9 +4142,9 @@ class ChatSession:
                  "Session Usage:     %s, %s, %s tokens" % (
                      _plural(self.result.turns, "turn"), _plural(self.result.tool_calls, "tool call"),
                      _fmt_tokens(self.result.prompt_tokens + self.result.completion_tokens)),
-                 "Instructions:      %s" % self.instructions.describe(),
+                 "Instructions:      %s" % self.session.instructions.describe(),
                  "Conversation ID:   %s" % self.id,
-                 "Quota:             %s" % ", ".join(self.quota.usage()),
+                 "Quota:             %s" % ", ".join(self.session.quota.usage()),
                  "Prompt Format:     [%s][%s] >>" % (self.mode.upper(), self.safety.upper())]
         if self.confirmations.always or self.confirmations.never:
             lines.append("Session answers:   always: %s; never: %s" % (
@@ -3869,12 +4188,9 @@ class ChatSession:
         return EXIT_OK
 
     def finish(self):
-        self.metrics.close()
-        self.sandbox.close()
-        if self.finish_record_only():
+        if self.session.finish():
             self.console.info("Resume this conversation with: xzatoma chat --resume %s" % self.id)
-        if self.store is not None:
-            self.store.close()
+        self.session.close()
 
     def command(self, text):
         word = text.split()[0].lower()
@@ -3884,37 +4200,33 @@ class ChatSession:
         if not is_command:
             self.turn(text)
             return None
-        arg = text.split(None, 1)[1].strip() if len(text.split(None, 1)) > 1 else ""
         if word == "/exit":
             return "exit"
-        handler = {"/mode": lambda: self.switch_mode(arg.lower()), "/planning": lambda: self.switch_mode("planning"),
-                   "/write": lambda: self.switch_mode("write"), "/safe": lambda: self.switch_safety("safe"),
-                   "/yolo": lambda: self.switch_safety("yolo"), "/status": self.status, "/help": self.help,
-                   "/models": self.list_models, "/model": lambda: self.switch_model(arg), "/context": self.context,
-                   "/clear": self.clear, "/history": self.history, "/resume": lambda: self.resume_cmd(arg),
-                   "/undo": self.undo}.get(word)
-        if handler is None:
+        if word not in SLASH_COMMANDS:
             import difflib
             close = difflib.get_close_matches(word, list(SLASH_COMMANDS) + list(ALIASES), n=1, cutoff=0.5)
             self.console.error("unknown command %s%s (see /help)" % (
                 word, "; did you mean %s?" % ALIASES.get(close[0], close[0]) if close else ""))
             return None
+        _, method, arg = SLASH_COMMANDS[word]
+        if arg is ARG:
+            arg = text.split(None, 1)[1].strip() if len(text.split(None, 1)) > 1 else ""
         try:
-            handler()
+            getattr(self, method)(*(() if arg is None else (arg,)))
         except XzError as exc:
             self.console.error(str(exc))
         return None
 
     def help(self):
-        self.console._write("Commands (case-insensitive):\n" + "\n".join("  " + v for v in SLASH_COMMANDS.values()) +
+        self.console._write("Commands (case-insensitive):\n" + "\n".join("  " + v[0] for v in SLASH_COMMANDS.values()) +
                             "\nMentions: @path, @path#L10-20, @dir/, @search:\"text\", @grep:\"regex\", @url:https://…"
                             " (\\@ for a literal @)")
 
     def switch_mode(self, mode):
+        mode = mode.lower()
         if mode not in ("planning", "write"):
             raise UsageError("usage: /mode planning|write")
-        self.mode = mode
-        self.rebuild()
+        self.session.rebuild(mode=mode)
         if mode == "write":
             self.console.info("Switched to WRITE mode. All tools now available.")
             if not self.warned_write:
@@ -3929,15 +4241,14 @@ class ChatSession:
         self.safety = safety
         if safety == "safe":
             self.confirmations.reset()
-        self.rebuild()
+        self.session.rebuild(terminal_mode=self.terminal_mode())
         self.console.info("Switched to SAFE mode. Dangerous operations will ask for confirmation." if safety == "safe"
                           else "Switched to YOLO safety mode. Operations will execute without confirmation.")
 
     def switch_model(self, name):
         if not name:
             raise UsageError("usage: /model NAME (see /models)")
-        self.provider = make_provider(self.cfg, self.console, model=name)
-        self.rebuild()
+        self.session.rebuild(provider=make_provider(self.cfg, self.console, model=name))
         self.console.info("Switched to model %s (the conversation is kept)" % name)
 
     def list_models(self):
@@ -3959,16 +4270,9 @@ class ChatSession:
                                          len(conv.messages), droppable, units, conv.min_retain_turns))
 
     def clear(self):
-        self.finish_record_only()
-        self.new_conversation()
+        self.session.finish()
+        self.session.start("chat")
         self.console.info("Started a new conversation (%s)" % self.id)
-
-    def finish_record_only(self):
-        """Close the stored conversation; False when nothing was recorded."""
-        if self.started_record:
-            self.result.status = "completed"
-            self.recorder.finish(self.result)
-        return self.started_record
 
     def history(self):
         if self.store is None:
@@ -3982,7 +4286,7 @@ class ChatSession:
     def resume_cmd(self, arg):
         if not arg:
             raise UsageError("usage: /resume ID (see /history)")
-        self.finish_record_only()
+        self.session.finish()
         self.resume(arg)
 
     def undo(self):
@@ -3999,23 +4303,17 @@ class ChatSession:
             raise XzError(str(exc))
 
     def turn(self, text):
+        session = self.session
         expanded, _ = self.mentions.expand(text)
-        self.ensure_recorded(text)
+        session.record(title=text)
         before = self.result.prompt_tokens + self.result.completion_tokens
-        self.conversation.add_user(expanded)
+        if session.cancel.is_set():  # a cancelled turn's subagents stay cancelled; the next turn starts afresh
+            session.rebuild()
+        session.conversation.add_user(expanded)
         self.events.turn_tool_results = []
-        agent = Agent(self.provider, self.registry, self.conversation, self.events, self.cfg.get("agent.max_turns"),
-                      self.cfg.get("agent.timeout_seconds"), conversation_id=self.id)
-        agent.result = self.result
-        agent.recorder = self.recorder
-        agent.quota, agent.metrics = self.quota, self.metrics
-        if self.ctx.cancel.is_set():  # a cancelled turn's subagents stay cancelled; the next turn starts afresh
-            self.rebuild()
-        try:
-            result = agent.run(final=False, cancel_text="Error: cancelled by user")
-        finally:
-            if agent.result.status == "interrupted":
-                self.ctx.cancel.set()
+        result = session.agent().run(final=False, cancel_text="Error: cancelled by user")
+        if result.status == "interrupted":
+            session.cancel.set()  # subagents still running in other threads stop too
         if result.status == "interrupted":
             self.console._write("")
             self.console.info("turn cancelled; the conversation is intact")
@@ -4080,7 +4378,7 @@ class ChatSession:
             partial = text[1:]
             base, prefix = os.path.split(partial)
             try:  # listed through the jail's descriptors, like the tools
-                with self.ctx.jail.resolve(base or ".") as target:
+                with self.session.ctx.jail.resolve(base or ".") as target:
                     fd = target.open_dir()
                     try:
                         entries = list_fd(fd)
@@ -4606,85 +4904,31 @@ def _build_run(sub, common, fmt):
 
 
 def cmd_run(args, console):
-    from xzatoma_tools import ToolContext, build_registry
+    from xzatoma_tools import FULL, RESTRICTED
     extra = {}
     if args.max_turns is not None:
         extra["agent.max_turns"] = args.max_turns
     if args.timeout is not None:
         extra["agent.timeout_seconds"] = args.timeout
     cfg = config_from_args(args, console, _sandbox_config(args, extra))
-    resuming = bool(args.resume or args.last)
+    resume = args.resume or args.last or None
     instruction, kind, title, source = read_instruction(
-        args, console, default="Continue the task from where it stopped." if resuming else None)
-    working_dir = check_working_dir(args.working_dir)
-    provider = make_provider(cfg, console)
-    store = open_store(cfg, console)
-    conversation_id = None
-    if resuming:
-        from xzatoma_store import NotFound
-        if store is None:
-            raise UsageError("cannot resume: conversation history is unavailable")
-        try:
-            conversation_id = store.resolve(args.resume) if args.resume else store.latest()
-            stored = store.conversation(conversation_id)
-        except NotFound as exc:
-            raise UsageError(str(exc))
-
-    import threading
-    from xzatoma_store import new_ulid
-    conversation_id = conversation_id or new_ulid()
-    default_mode = cfg.get("agent.terminal.default_mode")
-    cancel = threading.Event()
-    ctx = tool_context(cfg, working_dir, store, conversation_id, cancel=cancel, terminal_mode="full_autonomous"
-                       if args.allow_dangerous or default_mode == "full_autonomous"
-                       else "restricted_autonomous")  # nobody can be asked in run: interactive behaves as restricted
-    metrics = load_metrics(args.metrics_port, args.metrics_textfile, console.warn) \
-        if (args.metrics_port or args.metrics_textfile) else NULL_METRICS
-    session = SubagentSession(cfg, console, provider, args.mode, ctx, QuotaTracker(cfg.get("agent.quota")),
-                              store, metrics=metrics, cancel=cancel)
-    registry = build_registry(args.mode, ctx, extra=session.tools())
-    session.registry = registry
-    sandbox_note = check_sandbox(cfg, ctx.sandbox, console) if "terminal" in registry else None
-    conv_cfg = cfg.get("agent.conversation")
-    conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"], conv_cfg["prune_threshold"])
-    agent = Agent(provider, registry, conversation, Events(console), cfg.get("agent.max_turns"),
-                  cfg.get("agent.timeout_seconds"), conversation_id=conversation_id)
-    recorder = Recorder(store, console, agent.result.conversation_id)
-    session.parent_id = agent.result.conversation_id
-    agent.quota, agent.cancel, agent.metrics = session.quota, session.cancel, metrics
-    instructions = project_instructions(cfg, ctx.root)
-    show_instructions(console, instructions)
-    prompt = system_prompt(args.mode, ctx.root, registry.names(), instructions)
-    if resuming:  # totals carry on; the turn limit counts this run's turns
-        agent.result.carry_on(stored)
-        conversation.add_system(prompt)
-        for message in load_history(store, conversation_id):
-            conversation.add(message)
-        recorder.resume(mode=args.mode, model=provider.model, provider=provider.name, safety=safety_of(ctx))
-        recorder.attach(conversation)
-        conversation.close_dangling("Error: interrupted")
-    else:
-        recorder.start(kind=kind, title=title, provider=provider.name, model=provider.model, mode=args.mode,
-                       working_dir=ctx.root, source=source, safety=safety_of(ctx))
-        recorder.attach(conversation)
-        conversation.add_system(prompt)
-    conversation.add_user(instruction)
-    agent.recorder = recorder
-    console.info("xzatoma %s · %s · %s · conversation %s%s%s" % (
-        kind, provider.name, provider.model, agent.result.conversation_id, " (resumed)" if resuming else "",
-        " · " + sandbox_note if sandbox_note else ""), "dim")
-
-    previous = _install_sigterm()
+        args, console, default="Continue the task from where it stopped." if resume else None)
+    # nobody can be asked in run: confirm-level commands are refused unless --allow-dangerous
+    full = args.allow_dangerous or cfg.get("agent.terminal.default_mode") == FULL
+    session = Session.open(cfg, console, args.mode, args.working_dir, FULL if full else RESTRICTED,
+                           metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile)
     try:
-        result = agent.run()
+        session.start(kind, resume=resume, title=title, source=source)
+        sandbox_note = check_sandbox(cfg, session.sandbox, console) if "terminal" in session.registry else None
+        session.conversation.add_user(instruction)
+        console.info("xzatoma %s · %s · %s · conversation %s%s%s" % (
+            kind, session.provider.name, session.provider.model, session.id, " (resumed)" if resume else "",
+            " · " + sandbox_note if sandbox_note else ""), "dim")
+        with sigterm_raises():
+            result = session.agent().run()
     finally:
-        session.cancel.set()  # children still running (Ctrl-C, SIGTERM) stop now
-        ctx.sandbox.close()  # every command still running, and the private TMPDIR, go with the run
-        _restore_sigterm(previous)
-        _join_workers(3.0)  # subagents record their end in the store: it must outlive them
-        if store is not None:
-            store.close()
-        metrics.close()
+        session.close(wait_for_workers=3.0)  # children still running (Ctrl-C, SIGTERM) stop now
     summary = "%s: %s · %s · %s tokens (%s in / %s out)%s · %.1fs · conversation %s" % (
         result.status, _plural(result.turns, "turn"), _plural(result.tool_calls, "tool call"),
         _fmt_tokens(result.prompt_tokens + result.completion_tokens),
@@ -4705,87 +4949,6 @@ def cmd_run(args, console):
     if result.turns or result.status == "completed":  # a run that never reached the model: the error says all
         console.info(summary, "dim")
     return result.exit_code
-
-
-def check_working_dir(given):
-    """The jail for run and chat: --working-dir DIR, or the current directory unless that is the home
-    directory or / (cron starts jobs in $HOME: a tool there could rewrite ~/.bashrc or ~/.ssh)."""
-    working_dir = os.path.abspath(given or os.getcwd())
-    if not os.path.isdir(working_dir):
-        raise UsageError("working directory does not exist: %s" % working_dir)
-    if given:
-        return working_dir  # named deliberately; the protected paths still hold inside it
-    real = os.path.realpath(working_dir)
-    for home in user_homes():
-        if real == "/" or real == home or home.startswith(real.rstrip("/") + "/"):
-            raise UsageError("refusing to use %s as the working directory: it is %s, where the tools could change "
-                             "start-up files and keys; cd to a project, or name it deliberately with --working-dir DIR"
-                             % (working_dir, "the filesystem root" if real == "/" else "your home directory"
-                                if real == home else "a directory above your home directory"))
-    return working_dir
-
-
-def user_homes():
-    """The person's home directories: $HOME and the password database's entry (cron may set neither alike)."""
-    homes = {os.path.realpath(os.path.expanduser("~"))}
-    try:
-        import pwd
-        homes.add(os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir))
-    except (ImportError, KeyError):
-        pass
-    return sorted(homes)
-
-
-def protected_extras(cfg, working_dir):
-    """agent.tools.protected_paths plus, for a home directory inside the jail (--working-dir / or /home
-    named deliberately), that home's start-up files and keys."""
-    from xzatoma_tools import PROTECTED_NAMES
-    extra = list(cfg.get("agent.tools.protected_paths") or [])
-    root = os.path.realpath(working_dir)
-    for home in user_homes():
-        if home != root and home.startswith(root.rstrip("/") + "/"):
-            extra += [os.path.join(home, name) for name in PROTECTED_NAMES]
-    return extra
-
-
-def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
-    """The tools' view of a session: jail, limits, terminal policy, audit log and undo store."""
-    from xzatoma_store import Redactor
-    from xzatoma_tools import AuditLog, ToolContext
-    secrets = cfg.secret_values()
-    audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
-                     redact=Redactor(secrets))
-    if "sandbox" not in fields:
-        fields["sandbox"] = terminal_sandbox(cfg, working_dir, secrets)
-    tools = cfg.section("agent.tools")
-    tools["protected_paths"] = protected_extras(cfg, working_dir)
-    return ToolContext(working_dir, tools, store=store, conversation_id=conversation_id,
-                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit,
-                       xzatoma_home=cfg.home, **fields)
-
-
-def terminal_sandbox(cfg, working_dir, secrets=None):
-    """The run's OS sandbox for terminal commands (started on first use; closed at exit)."""
-    from xzatoma_tools import Sandbox, protected_paths
-    term = cfg.get("agent.terminal")
-    return Sandbox(working_dir, term["sandbox"], network=term["network"], environ=os.environ,
-                   env_passthrough=term["env_passthrough"], keep_home=term["keep_home"], xzatoma_home=cfg.home,
-                   protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)), secrets=cfg.secret_values()
-                   if secrets is None else secrets, assume_missing=term["sandbox_assume_missing"])
-
-
-def check_sandbox(cfg, sandbox, console):
-    """Before a run or chat that has the terminal: one warning line naming what the sandbox does not enforce
-    here (never silently weaker), or exit 2 with --require-sandbox. Returns the run header's note."""
-    missing = sandbox.not_enforced()
-    if missing:
-        text = "sandbox %s: not enforced here: %s" % (sandbox.mode, "; ".join(missing))
-        if cfg.get("agent.terminal.require_sandbox"):
-            raise UsageError(text + " (agent.terminal.require_sandbox / --require-sandbox: refusing to run)")
-        console.warn(text + " (--require-sandbox makes this an error)")
-    if sandbox.mode == "off":
-        return "sandbox OFF: commands are not confined"
-    return "sandbox %s%s" % (sandbox.mode, ", network on" if sandbox.network else "")
 
 
 def _sandbox_flags(parser):
@@ -4897,23 +5060,6 @@ def cmd_policy(args, console):
     return EXIT_FAILED if refused else EXIT_OK
 
 
-def _install_sigterm():
-    import signal
-
-    def handler(signum, frame):
-        raise Terminated()
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except (ValueError, OSError):  # not the main thread
-        return None
-
-
-def _restore_sigterm(previous):
-    if previous is not None:
-        import signal
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _build_config(sub, common, fmt):
     config = sub.add_parser("config", parents=[common], formatter_class=fmt, help=COMMAND_HELP["config"],
                             description="Inspect the effective configuration or create a config file.")
@@ -4980,6 +5126,52 @@ COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_hi
                     "version": _build_version}
 
 
+# ---- Interrupts: how Ctrl-C and SIGTERM travel ----
+# Ctrl-C   The terminal sends SIGINT to its foreground process group: xzatoma alone, because every
+#          command runs in a new session (run_command: start_new_session=True) and never sees it.
+#          Python raises KeyboardInterrupt in the main thread, wherever that is:
+#          - in a model request: it leaves Provider.call / complete;
+#          - in a terminal command (run_command's select loop): its `finally` kills the command's
+#            process group (_kill_group: SIGTERM, SIGKILL after 1 s), then it travels on;
+#          - in parallel_subagent's wait (run_parallel): it sets the Session's cancel event, then
+#            travels on; the worker threads' agents see the event between steps (Agent.check_cancel)
+#            and their commands within 0.25 s (run_command's `cancel`), which kills their groups;
+#          - in a subagent running in the main thread: its Agent.run records "interrupted" and
+#            re-raises (run_subagent closes the child's record), so the whole tree stops;
+#          - the top-level Agent.run is the edge: it becomes Interrupted (status "interrupted", exit
+#            130); its `finally` closes dangling tool calls and saves the conversation.
+#          run: cmd_run closes the Session (cancel set: whatever still runs stops; subagent threads get
+#          3 s to record their end before the store closes), main returns 130, and
+#          _exit_now_if_threads_linger stops waiting after 3 s for threads blocked on a model.
+#          chat: the turn ends "turn cancelled" and the Session's cancel event is renewed for the next;
+#          between turns the REPL counts Ctrl-C (twice within a second leaves).
+#          Before or after the loop (start-up, reading a plan), main() prints "interrupted", exit 130.
+# SIGTERM  sigterm_raises(), around a run's agent, makes SIGTERM raise Terminated in the main thread:
+#          a BaseException that takes exactly the path of KeyboardInterrupt and ends with exit 143.
+#          Elsewhere (start-up, chat) SIGTERM keeps its default action.
+
+
+class sigterm_raises:
+    """`with sigterm_raises():` SIGTERM raises Terminated in the main thread (a no-op in other threads)."""
+
+    def __enter__(self):
+        import signal
+
+        def handler(signum, frame):
+            raise Terminated()
+        try:
+            self.previous = signal.signal(signal.SIGTERM, handler)
+        except (ValueError, OSError):  # not the main thread
+            self.previous = None
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if self.previous is not None:
+            import signal
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
 def _join_workers(timeout):
     """Wait (bounded) for subagent threads; True when none is left. Children that run commands stop them
     within a fraction of a second once cancelled."""
@@ -5001,6 +5193,9 @@ def _exit_now_if_threads_linger(code):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+# ---- Main ----
 
 
 def main(argv=None):

@@ -24,7 +24,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import xzatoma  # noqa: E402
-from xzatoma_tools import ToolContext, build_registry  # noqa: E402
 
 
 def start_server(turns, provider_path):
@@ -44,15 +43,15 @@ def loop_benchmark(turns, provider, max_tokens):
         env = {"HOME": work, "XDG_CONFIG_HOME": work, "XZATOMA_HOME": work}
         cfg = xzatoma.load_config({"provider.type": provider, "agent.max_turns": turns + 10,
                                    "provider.ollama.host": url, "provider.openai.base_url": url + "/v1",
-                                   "agent.conversation.max_tokens": max_tokens}, env=env)
+                                   "agent.conversation.max_tokens": max_tokens,
+                                   "agent.conversation.min_retain_turns": 5, "agent.conversation.prune_threshold": 0.8,
+                                   "agent.persistence.enabled": False, "agent.quota.max_total_tokens": 10 ** 12},
+                                  env=env)
         console = xzatoma.Console(quiet=True)
-        prov = xzatoma.make_provider(cfg, console)
-        ctx = ToolContext(work, cfg.section("agent.tools"))
-        registry = build_registry("write", ctx)
-        conv = xzatoma.Conversation(max_tokens, 5, 0.8)
-        conv.add_system(xzatoma.system_prompt("write", work, registry.names()))
+        session = xzatoma.Session.open(cfg, console, "write", work, "restricted_autonomous")
+        session.start("run")
+        conv = session.conversation
         conv.add_user("Read blob.txt again and again.")
-        agent = xzatoma.Agent(prov, registry, conv, xzatoma.Events(console), turns + 10, None)
         cpu, wall, sizes = [], [], []
         last = [time.process_time(), time.perf_counter()]
 
@@ -62,8 +61,8 @@ def loop_benchmark(turns, provider, max_tokens):
             wall.append(now_wall - last[1])
             sizes.append(len(a.conversation.messages))
             last[0], last[1] = now_cpu, now_wall
-        agent.on_step = on_step
-        result = agent.run()
+        result = session.agent(on_step=on_step).run()
+        session.close()
         assert result.status == "completed", (result.status, result.error)
     finally:
         server.terminate()

@@ -56,13 +56,9 @@ def main():
         cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": "127.0.0.1:%d" % port,
                                    "agent.persistence.enabled": False}, env=env)
         console = xzatoma.Console(quiet=True)
-        provider = xzatoma.make_provider(cfg, console)
-        ctx = xzatoma.tool_context(cfg, work, None)
-        session = xzatoma.SubagentSession(cfg, console, provider, "planning", ctx,
-                                          xzatoma.QuotaTracker({"max_executions": None}))
-        from xzatoma_tools import build_registry
-        registry = build_registry("planning", ctx, extra=session.tools())
-        session.registry = registry
+        session = xzatoma.Session.open(cfg, console, "planning", work, "restricted_autonomous")
+        session.start("run")
+        registry = session.registry
         tasks = [{"label": "t%d" % i, "task_prompt": "task %d" % i} for i in range(args.tasks)]
 
         t = time.perf_counter()

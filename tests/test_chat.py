@@ -282,3 +282,21 @@ def test_tab_completion(cli, fake):
     assert session.completions("/mode p", "p") == ["planning"]
     assert session.completions("read @no", "@no") == ["@notebook/", "@notes.txt"]
     assert session.completions("read @../", "@../") == []
+
+
+@pytest.mark.parametrize("flags,coloured", [((), True), (("--no-color",), False)])
+def test_no_color_leaves_the_prompt_plain(cli, fake, flags, coloured):
+    import re
+    cli.use(fake)
+    env = {k: v for k, v in cli.env.items() if k != "NO_COLOR"}
+    p = PtyProcess(cli.command("chat", *flags), dict(env, TERM="xterm"), str(cli.workdir))
+    try:
+        p.expect(r" >> ")
+        colours = re.findall(r"\x1b\[[\d;]*m", p.seen)
+        assert bool(colours) == coloured, colours
+        if not coloured:
+            assert re.search(PROMPT % ("PLANNING", "SAFE"), p.seen)
+        p.eof()
+        assert p.wait() == 0
+    finally:
+        p.close()
