@@ -2709,8 +2709,8 @@ class Session:
 
 
 def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
-                     timeout_seconds=None, title=None, source=None, store=None, metrics=None, cancel=None,
-                     events=None):
+                     timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
+                     cancel=None, events=None, provider=None):
     """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
 
     cfg, console: the loaded Config and the Console for progress lines (stderr).
@@ -2720,16 +2720,22 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     terminal_mode: "restricted_autonomous" (default: nobody can be asked, so confirm-level commands are
         refused) or "full_autonomous".
     max_turns, timeout_seconds: limits for this run (default agent.max_turns, agent.timeout_seconds).
-    title, source: stored with the conversation (e.g. the plan's goal; the event id or topic/offset).
+    title: stored as the conversation's title (e.g. the plan's goal).
+    source, metadata: stored as the conversation's source: the text `source`, or `metadata` (a dict: the
+        event's id, type, source, topic, partition, offset) as sorted JSON.
     store: an open Store to record in (kept open; the caller closes it); None opens and closes one.
-    metrics: the metrics sink (default none); cancel: a threading.Event that stops the run when set.
+    metrics: the metrics sink (default none); cancel: a threading.Event that stops the run when set
+        (the caller's: never set by this function).
     events: the output sink for progress lines (default: Events(console)).
+    provider: the Provider to ask (e.g. a clone of one checked at start-up); default: built from cfg.
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
     from xzatoma_tools import RESTRICTED
     session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
-                           metrics=metrics, store=store, cancel=cancel)
+                           metrics=metrics, store=store, cancel=cancel, provider=provider)
+    if metadata is not None:
+        source = json.dumps(metadata, sort_keys=True)
     try:
         session.start("watch", title=title, source=source)
         session.conversation.add_user(instruction)
@@ -4560,12 +4566,9 @@ def watch_filters(args, cfg):
 def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
-    from xzatoma_store import new_ulid
-    from xzatoma_tools import build_registry
+    from xzatoma_tools import FULL, RESTRICTED
     base_provider = make_provider(cfg, console)  # credentials are checked once, at start
     quiet = Console(quiet=True, color=False)
-    terminal_mode = "full_autonomous" if allow_dangerous else "restricted_autonomous"
-    conv_cfg = cfg.get("agent.conversation")
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         probe = terminal_sandbox(cfg, settings.working_dir)
         try:
@@ -4574,31 +4577,11 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
             probe.close()
 
     def run_plan(job):
-        provider = base_provider.clone()
-        conversation_id = new_ulid()
-        ctx = tool_context(cfg, settings.working_dir, store, conversation_id, cancel=job.cancel,
-                           terminal_mode=terminal_mode)
-        session = SubagentSession(cfg, quiet, provider, mode, ctx, QuotaTracker(cfg.get("agent.quota")), store,
-                                  cancel=job.cancel)
-        registry = build_registry(mode, ctx, extra=session.tools())
-        session.registry = registry
-        conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
-                                    conv_cfg["prune_threshold"])
-        agent = Agent(provider, registry, conversation, Events(quiet), cfg.get("agent.max_turns"),
-                      cfg.get("watcher.timeout_seconds"), conversation_id=conversation_id)
-        recorder = Recorder(store, quiet, conversation_id)
-        session.parent_id = conversation_id
-        agent.quota, agent.cancel = session.quota, job.cancel
-        recorder.start(kind="watch", title=job.title, provider=provider.name, model=provider.model, mode=mode,
-                       working_dir=ctx.root, source=json.dumps(job.metadata, sort_keys=True), safety=safety_of(ctx))
-        recorder.attach(conversation)
-        conversation.add_system(system_prompt(mode, ctx.root, registry.names(), project_instructions(cfg, ctx.root)))
-        conversation.add_user(job.prompt)
-        agent.recorder = recorder
-        try:
-            return agent.run().to_json()
-        finally:
-            ctx.sandbox.close()  # each event's commands, and its private TMPDIR, end with it
+        return run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
+                                terminal_mode=FULL if allow_dangerous else RESTRICTED,
+                                timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
+                                metadata=job.metadata, store=store, cancel=job.cancel,
+                                provider=base_provider.clone()).to_json()  # its sandbox closes with it
     return run_plan
 
 
@@ -5149,6 +5132,8 @@ COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_hi
 # SIGTERM  sigterm_raises(), around a run's agent, makes SIGTERM raise Terminated in the main thread:
 #          a BaseException that takes exactly the path of KeyboardInterrupt and ends with exit 143.
 #          Elsewhere (start-up, chat) SIGTERM keeps its default action.
+# watch    cmd_watch handles SIGINT and SIGTERM itself: the watcher stops taking events and sets each
+#          running job's cancel event (the Session's `cancel`), which stops its agent and commands.
 
 
 class sigterm_raises:
