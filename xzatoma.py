@@ -3,7 +3,9 @@
 
 One file, read top to bottom in sections (each opened by a `# ---- … ----`
 header): errors and output, configuration, conversation, providers, the agent
-loop, prompts, and the command line. Third-party packages (`requests`, `yaml`)
+loop and how a run ends (the stop family), the Session (what a run, a chat, a
+subagent and a watcher event share), subagents, prompts, chat, the command line
+(each builder beside its cmd_ function) and the interrupt map. Third-party packages (`requests`, `yaml`)
 are imported inside the functions that need them, so `--help` and `--version`
 work with the standard library alone and start fast.
 """
