@@ -220,13 +220,14 @@ def test_progress_is_saved_after_every_step(open_session):
 
 def test_a_subagent_summary_is_counted_once(open_session):
     task = {"label": "t", "task_prompt": "look"}
-    s = open_session(Reply("", [call("subagent", task)]),
+    one = {"prompt_tokens": 1, "completion_tokens": 1}
+    s = open_session(Reply("", [call("subagent", task)], one),
                      Reply("found it", usage={"prompt_tokens": 7, "completion_tokens": 3}),  # the child's answer
                      Reply("summary", usage={"prompt_tokens": 11, "completion_tokens": 2,  # its report
                                              "total_tokens": 13}),
-                     Reply("all done"))
+                     Reply("all done", usage=one))
     r = run(s)
-    assert r.status == "completed" and s.quota.tokens == 23 and s.quota.executions == 1
+    assert r.status == "completed" and s.quota.tokens == 2 + 23 + 2 and s.quota.executions == 1
     result = [m for m in s.conversation.messages if m["role"] == "tool"][0]["content"]
     assert "summary" in result and "2 turns" in result and "23 tokens" in result
 
