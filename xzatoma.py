@@ -5112,21 +5112,24 @@ COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_hi
 
 
 # ---- Interrupts: how Ctrl-C and SIGTERM travel ----
-# Ctrl-C   The terminal sends SIGINT to its foreground process group: xzatoma alone, because every
-#          command runs in a new session (run_command: start_new_session=True) and never sees it.
+# Ctrl-C   The terminal sends SIGINT to its foreground process group: xzatoma alone. Commands never see
+#          it: the sandbox helper that starts them runs in a session of its own and starts each as PID 1
+#          of its own PID namespace; with --sandbox off, each runs in a new session (start_new_session).
 #          Python raises KeyboardInterrupt in the main thread, wherever that is:
 #          - in a model request: it leaves Provider.call / complete;
-#          - in a terminal command (run_command's select loop): its `finally` kills the command's
-#            process group (_kill_group: SIGTERM, SIGKILL after 1 s), then it travels on;
+#          - in a terminal command (run_command's select loop): its `finally` kills the command and all
+#            it started (the helper SIGKILLs the namespace's PID 1; off: _kill_group, SIGTERM then
+#            SIGKILL to the process group), then it travels on;
 #          - in parallel_subagent's wait (run_parallel): it sets the Session's cancel event, then
 #            travels on; the worker threads' agents see the event between steps (Agent.check_cancel)
-#            and their commands within 0.25 s (run_command's `cancel`), which kills their groups;
+#            and their commands within 0.25 s (run_command's `cancel`), which kills them;
 #          - in a subagent running in the main thread: its Agent.run records "interrupted" and
 #            re-raises (run_subagent closes the child's record), so the whole tree stops;
 #          - the top-level Agent.run is the edge: it becomes Interrupted (status "interrupted", exit
 #            130); its `finally` closes dangling tool calls and saves the conversation.
-#          run: cmd_run closes the Session (cancel set: whatever still runs stops; subagent threads get
-#          3 s to record their end before the store closes), main returns 130, and
+#          run: cmd_run closes the Session (cancel set: whatever still runs stops; the sandbox closes: its
+#          helper kills what is left; subagent threads get 3 s to record their end before the store
+#          closes), main returns 130, and
 #          _exit_now_if_threads_linger stops waiting after 3 s for threads blocked on a model.
 #          chat: the turn ends "turn cancelled" and the Session's cancel event is renewed for the next;
 #          between turns the REPL counts Ctrl-C (twice within a second leaves).
