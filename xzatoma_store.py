@@ -247,6 +247,31 @@ def _tighten(path, mode):
 
 # ---- Schema and migrations ----
 
+def _redact_stored(conn):
+    """Secrets stored before the redactor knew their shapes are redacted in place (issue 12 found AWS,
+    Stripe, Slack, … tokens and PEM keys stored verbatim). secure_delete zeroes the bytes they leave."""
+    changed = False
+    for row in conn.execute("SELECT rowid, content, tool_calls FROM messages").fetchall():
+        content, calls = redact(row[1]), redact(row[2])
+        if content != row[1] or calls != row[2]:
+            conn.execute("UPDATE messages SET content = ?, tool_calls = ? WHERE rowid = ?", (content, calls, row[0]))
+            changed = True
+    for row in conn.execute("SELECT id, title, error, label, source FROM conversations").fetchall():
+        clean = [redact(v) for v in row[1:]]
+        if clean != list(row[1:]):
+            conn.execute("UPDATE conversations SET title = ?, error = ?, label = ?, source = ? WHERE id = ?",
+                         clean + [row[0]])
+    for row in conn.execute("SELECT event_id, result, metadata FROM processed_events").fetchall():
+        clean = [redact(v) for v in row[1:]]
+        if clean != list(row[1:]):
+            conn.execute("UPDATE processed_events SET result = ?, metadata = ? WHERE event_id = ?", clean + [row[0]])
+    conn.execute("DELETE FROM fetch_cache")  # a cache: fetched again when needed, redacted this time
+    if changed and conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (FTS_TABLE,)).fetchone():
+        conn.execute("DELETE FROM %s" % FTS_TABLE)  # the index kept its own copy of the text
+        conn.execute("INSERT INTO %s (conversation_id, content) SELECT conversation_id, coalesce(content, '') || "
+                     "' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
+
+
 MIGRATIONS = [
     # 1: conversations and their messages
     """
@@ -292,6 +317,8 @@ MIGRATIONS = [
     ALTER TABLE conversations ADD COLUMN safety TEXT;
     CREATE INDEX conversations_working_dir ON conversations(working_dir);
     """,
+    # 5: what earlier versions stored unredacted is redacted (a function, not SQL)
+    _redact_stored,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -355,6 +382,7 @@ class Store:
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA busy_timeout = 30000")
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA secure_delete = ON")  # deleted or redacted text is zeroed, not left in free pages
             self._local.conn = conn
             self._connections.append(conn)
         return conn
@@ -386,6 +414,9 @@ class Store:
         with conn:  # commits, or rolls back on any exception
             version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
             for number in range(version, SCHEMA_VERSION):
+                if callable(MIGRATIONS[number]):
+                    MIGRATIONS[number](conn)
+                    continue
                 for statement in MIGRATIONS[number].split(";"):
                     if statement.strip():
                         conn.execute(statement)
@@ -669,7 +700,7 @@ class Store:
         """An event finished: recorded before its result is published, so a crash in between republishes it."""
         self.conn().execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status, "
                             "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
-                            (event_id, rfc3339(), conversation_id, status, self.redact(result), metadata))
+                            (event_id, rfc3339(), conversation_id, status, self.redact(result), self.redact(metadata)))
 
     def event_published(self, event_id):
         self.conn().execute("UPDATE processed_events SET published_at = ? WHERE event_id = ?", (rfc3339(), event_id))

@@ -275,3 +275,32 @@ def test_environment_and_config_credentials_are_redacted_everywhere(cli, fake):
         assert secret not in r.stderr and secret.encode() not in data
     shown = cli.run("config", "show").stdout + cli.run("config", "show", "--json").stdout
     assert config_secret not in shown
+
+
+def test_an_old_database_is_redacted_on_upgrade_and_deleted_text_is_gone(tmp_path):
+    import sqlite3
+    from xzatoma_store import SCHEMA_VERSION, Store
+    path = str(tmp_path / "old.db")
+    store = Store(path).open()
+    store.start_conversation("01OLD", "run", title="t")
+    store.close()
+    token, doomed = "sk_live_" + "Z9" * 12, "delete-me-marker-" + "q" * 20
+    conn = sqlite3.connect(path)  # what an earlier version wrote: no redaction of this shape
+    conn.execute("INSERT INTO messages (conversation_id, seq, role, content, created_at) VALUES "
+                 "('01OLD', 0, 'user', ?, 'x')", ("stripe key %s here" % token,))
+    conn.execute("UPDATE conversations SET error = ? WHERE id = '01OLD'", ("failed with " + token,))
+    conn.execute("PRAGMA user_version = %d" % (SCHEMA_VERSION - 1))
+    conn.commit()
+    conn.close()
+    assert token.encode() in open(path, "rb").read()
+    store = Store(path).open()
+    assert store.messages("01OLD")[0]["content"] == "stripe key [REDACTED] here"
+    assert store.conversation("01OLD")["error"] == "failed with [REDACTED]"
+    assert store.search(token) == []
+    store.start_conversation("01DOOMED", "run", title="doomed")
+    store.append_message("01DOOMED", {"role": "user", "content": doomed})
+    store.delete_conversation("01DOOMED")
+    store.close()
+    data = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
+    assert token.encode() not in data and b"Z9Z9Z9Z9" not in data
+    assert doomed.encode() not in data  # history delete removes the text from the file, not just the row
