@@ -3646,9 +3646,6 @@ _GIT_DANGEROUS_KEY = re.compile(
     r"uploadpack\.|receivepack\.|credential\.|sequence\.editor|gpg\.|http\.|https\.|remote\.|include\.|includeif\.|"
     r"init\.templatedir|url\.|submodule\.|ssh\.|uploadarchive\.|safe\.|transfer\.|fetch\.|gc\.|interactive\.|"
     r"sendemail\.|instaweb\.|web\.|browser\.|man\.|help\.|pack\.|status\.|log\.)", re.IGNORECASE)
-_GIT_RUNS_COMMANDS = re.compile(r"^\s*(fsmonitor|external|textconv|pager|sshcommand|hookspath|command|clean|smudge|"
-                                r"process|askpass|editor)\s*=|^\s*\[\s*(filter|alias|pager|include|includeif)\b",
-                                re.IGNORECASE | re.M)
 
 
 def _git_spec(items):
@@ -4747,7 +4744,7 @@ class CommandPolicy:
             return verdict
         reason = _git_config_runs(dirs)
         if reason:
-            return Verdict(CONFIRM, "the repository's git configuration runs commands (%s)" % reason)
+            return Verdict(CONFIRM, "the repository's git configuration may run commands (%s)" % reason)
         return Verdict(ALLOW, "git %s only reads the repository" % sub)
 
     def _redirect_verdict(self, redirects, depth):
@@ -5082,32 +5079,104 @@ def _calls_itself(func):
     return False
 
 
+#: repository configuration a read-only git command may meet: keys that only hold data (section -> keys; "*"
+#: any key of the section). Anything else a repository's own config says (include.path, core.fsmonitor,
+#: gpg.program with log.showSignature, a diff driver, a key we never heard of) makes git status/diff/log/show
+#: a `confirm`: a hostile repository ships its .git/config, and only what is known to be inert is allowed.
+_GIT_INERT_CONFIG = {
+    "core": {"repositoryformatversion", "filemode", "bare", "logallrefupdates", "ignorecase", "precomposeunicode",
+             "symlinks", "autocrlf", "eol", "safecrlf", "quotepath", "abbrev", "compression", "loosecompression",
+             "sharedrepository", "untrackedcache", "splitindex", "checkstat", "trustctime", "preloadindex",
+             "commentchar", "commentstring", "whitespace", "multipackindex", "commitgraph", "longpaths", "fscache",
+             "warnambiguousrefs", "deltabasecachelimit", "bigfilethreshold", "packedgitlimit",
+             "packedgitwindowsize", "checkroundtripencoding", "notesref", "filesreflocktimeout",
+             "packedrefstimeout", "fsyncmethod", "fsync"},
+    "remote": {"url", "pushurl", "fetch", "push", "tagopt", "prune", "prunetags", "mirror", "skipdefaultupdate",
+               "skipfetchall", "promisor", "partialclonefilter"},
+    "branch": {"remote", "merge", "rebase", "pushremote", "description"},
+    "submodule": {"url", "active", "branch", "path"},
+    "user": {"*"}, "author": {"*"}, "committer": {"*"}, "init": {"defaultbranch"}, "pull": {"rebase", "ff"},
+    "push": {"default", "autosetupremote", "followtags"}, "fetch": {"prune", "prunetags", "writecommitgraph"},
+    "color": {"*"}, "advice": {"*"}, "column": {"*"}, "i18n": {"*"}, "lfs": {"*"}, "rerere": {"enabled"},
+    "gc": {"auto", "autodetach", "writecommitgraph"}, "index": {"version", "threads", "skiphash"},
+    "feature": {"*"}, "maintenance": {"auto", "strategy"}, "extensions": {"objectformat", "refstorage",
+                                                                           "partialclone", "preciousobjects"},
+}
+_GIT_CONFIG_HEADER = re.compile(r'\s*\[\s*([A-Za-z0-9.-]+)\s*(?:"((?:[^"\\\n]|\\.)*)")?\s*\](.*)$')
+_GIT_CONFIG_KEY = re.compile(r"\s*([A-Za-z][A-Za-z0-9-]*)\s*(=|$|[;#])")
+
+
+def _git_config_reason(path, depth=0):
+    """Why the git config file at path is not inert (the first key not known to hold only data, or a line we
+    cannot read), or None. A missing file is inert."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(1 << 20).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "an unreadable %s" % os.path.basename(path)
+    section = None
+    for line in text.splitlines():
+        m = _GIT_CONFIG_HEADER.match(line)
+        if m:
+            section = m.group(1).lower().split(".")[0]
+            line = m.group(3)
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#;":
+            continue
+        k = _GIT_CONFIG_KEY.match(line)
+        if section is None or not k:
+            return "a line git may read differently: %s" % stripped[:60]
+        key = k.group(1).lower()
+        allowed = _GIT_INERT_CONFIG.get(section, ())
+        if key not in allowed and "*" not in allowed:
+            return "%s.%s" % (section, key)
+    return None
+
+
+def _is_git_dir(d):
+    """Does d look like a repository directory git would use as it is (bare, or a linked worktree's)?"""
+    return os.path.isfile(os.path.join(d, "HEAD")) and (
+        os.path.isdir(os.path.join(d, "objects")) or os.path.isfile(os.path.join(d, "commondir")))
+
+
 def _git_config_runs(dirs):
-    """The first setting in the repositories' own .git/config that makes a read-only git command run a
-    program (fsmonitor, external diff, textconv, filters, pager …), or None."""
+    """The first setting in the repositories' own configuration (config, config.worktree, a linked worktree's
+    common config) that is not known to be inert, or None. Git finds a repository the way this walks: `.git`
+    (directory or `gitdir:` file) or the directory itself being a repository (a bare one shipped in the tree)."""
     for start in dirs:
         d = start
         while True:
             git = os.path.join(d, ".git")
-            config = None
+            gitdir = None
             if os.path.isdir(git):
-                config = os.path.join(git, "config")
-            elif os.path.isfile(git):
+                gitdir = git
+            elif os.path.lexists(git):
                 try:
                     with open(git, encoding="utf-8", errors="replace") as fh:
                         m = re.match(r"gitdir:\s*(.+)", fh.read(4096))
-                    if m:
-                        config = os.path.join(os.path.join(d, m.group(1).strip()), "config")
                 except OSError:
                     return "an unreadable .git file"
-            if config is not None:
+                if not m:
+                    return "a .git file git may read differently"
+                gitdir = os.path.join(d, m.group(1).strip())
+            elif _is_git_dir(d):
+                gitdir = d
+            if gitdir is not None:
+                configs = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
                 try:
-                    with open(config, encoding="utf-8", errors="replace") as fh:
-                        m = _GIT_RUNS_COMMANDS.search(fh.read(1 << 20))
+                    with open(os.path.join(gitdir, "commondir"), encoding="utf-8", errors="replace") as fh:
+                        common = os.path.join(gitdir, fh.read(4096).strip())
+                    configs.append(os.path.join(common, "config"))
+                except FileNotFoundError:
+                    pass
                 except OSError:
-                    m = None
-                if m:
-                    return m.group(0).strip()
+                    return "an unreadable commondir"
+                for config in configs:
+                    reason = _git_config_reason(config)
+                    if reason:
+                        return reason
                 break
             parent = os.path.dirname(d)
             if parent == d:

@@ -1,0 +1,105 @@
+"""Red-team attacks on the terminal tool: what a prompt-injected model or a hostile repository tries beyond
+the issue's own lists. Harmless payloads only (touch markers in the tmp working dir)."""
+
+import subprocess
+
+import pytest
+
+from conftest import tool_call
+
+DENY, CONFIRM, ALLOW = "deny", "confirm", "allow"
+
+
+def run_table(cli, items, *extra, cwd=None, env=None):
+    r = cli.run("policy", "command", "-", "--null", *extra, input="\0".join(items), cwd=cwd, env=env)
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(items), r.stdout + r.stderr
+    return [tuple(line.split(": ", 1)) for line in lines]
+
+
+def tool_results(fake, request=-1):
+    return [m["content"] for m in fake.model_requests()[request]["body"]["messages"] if m["role"] == "tool"]
+
+
+def git_repo(root):
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / "f.txt").write_text("a\n")
+    subprocess.run(["git", "-C", str(root), "add", "f.txt"], check=True)
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "i"],
+                   check=True)
+    (root / "f.txt").write_text("b\n")
+    return root / ".git"
+
+
+# ---- a hostile repository's own git configuration ----
+# git status/diff/log/show are `allow` in restricted mode; a repository decides what they run through its
+# .git/config. A list of bad keys misses spellings git accepts: an include, a key on the section line, a
+# linked worktree's common config, a config.worktree, a bare repository shipped inside the tree.
+
+HOSTILE_CONFIGS = {
+    "include": ({"config": "[include]\n\tpath = evil.cfg\n",
+                 "evil.cfg": "[core]\n\tfsmonitor = touch {marker}; false\n"}),
+    "includeIf": ({"config": '[includeIf "gitdir:/"]\n\tpath = evil.cfg\n',
+                   "evil.cfg": "[core]\n\tfsmonitor = touch {marker}; false\n"}),
+    "key on the section line": ({"config": "[core]\n\trepositoryformatversion = 0\n"
+                                           '[core] fsmonitor = "touch {marker}; false"\n'}),
+    "config.worktree": ({"config": "[core]\n\trepositoryformatversion = 1\n[extensions]\n\tworktreeConfig = true\n",
+                         "config.worktree": "[core]\n\tfsmonitor = touch {marker}; false\n"}),
+    "gpg program for log": ({"config": "[log]\n\tshowSignature = true\n[gpg]\n\tprogram = {marker}\n"}),
+    "unknown section": ({"config": "[core]\n\trepositoryformatversion = 0\n[somethingnew]\n\trun = x\n"}),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_CONFIGS))
+def test_read_only_git_in_a_hostile_repository_is_not_allowed(cli, name):
+    git = git_repo(cli.workdir)
+    config = (git / "config").read_text()
+    assert run_table(cli, ["git status", "git diff", "git log -p", "git show"])[0][0] == ALLOW
+    for fname, text in HOSTILE_CONFIGS[name].items():
+        text = text.replace("{marker}", str(cli.workdir / "pwned"))
+        (git / fname).write_text(config + text if fname == "config" else text)
+    verdicts = run_table(cli, ["git status", "git diff", "git log -p", "git show", "git -C . status"])
+    assert [v for v, _ in verdicts] == [CONFIRM] * 5, verdicts
+
+
+def test_a_bare_repository_shipped_in_the_tree_is_looked_at(cli):
+    sub = cli.workdir / "sub"
+    subprocess.run(["git", "init", "-q", "--bare", str(sub)], check=True)
+    (sub / "config").write_text("[core]\n\tbare = false\n\tworktree = ..\n\tfsmonitor = touch pwned; false\n")
+    verdicts = run_table(cli, ["git -C sub status", "git -C sub log"])
+    assert [v for v, _ in verdicts] == [CONFIRM] * 2, verdicts
+
+
+def test_a_linked_worktree_reads_its_common_config(cli):
+    main = cli.tmp / "mainrepo"
+    main.mkdir()
+    git = git_repo(main)
+    subprocess.run(["git", "-C", str(main), "worktree", "add", "-q", str(cli.workdir / "wt")], check=True)
+    assert run_table(cli, ["git -C wt status"])[0][0] == ALLOW
+    with open(git / "config", "a") as fh:
+        fh.write("[include]\n\tpath = evil.cfg\n")
+    (git / "evil.cfg").write_text("[core]\n\tfsmonitor = touch pwned; false\n")
+    assert run_table(cli, ["git -C wt status"])[0][0] == CONFIRM
+
+
+def test_an_ordinary_clone_still_allows_read_only_git(cli):
+    origin = cli.tmp / "origin"
+    origin.mkdir()
+    git_repo(origin)
+    subprocess.run(["git", "clone", "-q", str(origin), str(cli.workdir / "clone")], check=True)
+    verdicts = run_table(cli, ["git status", "git diff", "git log --oneline", "git branch -a"], cwd=cli.workdir / "clone")
+    assert [v for v, _ in verdicts] == [ALLOW] * 4, verdicts
+
+
+def test_git_status_in_a_hostile_repository_never_runs_its_fsmonitor(cli, fake):
+    git = git_repo(cli.workdir)
+    marker = cli.workdir / "pwned"
+    with open(git / "config", "a") as fh:
+        fh.write("[include]\n\tpath = evil.cfg\n")
+    (git / "evil.cfg").write_text("[core]\n\tfsmonitor = touch %s; false\n" % marker)
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="git status")]}, {"content": "done"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    assert tool_results(fake)[-1].startswith("Error: command needs a person's approval")
+    assert not marker.exists()
