@@ -3419,6 +3419,11 @@ _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2
 SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[", ":", "command", "time", "[[", "exit"}
 #: shell builtins that only test or end the shell: read-only with any static arguments, allowlist or not
 _ALWAYS_READ_ONLY = {"true", "false", ":", "test", "[", "[[", "exit"}
+#: quoted text that still runs when a builtin evaluates it (test -v 'a[$(cmd)]', [[ 'a[`cmd`]' -eq 1 ]])
+_EVALUATED = re.compile(r"\$[({\[]|`")
+#: bash builtins that evaluate an argument as a variable name or arithmetic (array subscripts included)
+_EVALUATING_BUILTINS = {"test", "[", "[[", "printf", "let", "declare", "typeset", "local", "export", "readonly",
+                        "read", "unset", "getopts", "wait", "mapfile", "readarray", "shift", "return", "exit"}
 #: builtins with no program of their own on most systems: such a command runs through /bin/sh
 _SHELL_ONLY = {"command", "type", "cd", "exec", "builtin", "trap", "alias", "eval", "source", ".", "export", "set",
                "unset", "read", "ulimit", "umask", "wait", "jobs", "time", "local", "declare", "typeset", "shopt",
@@ -3883,6 +3888,12 @@ class CommandPolicy:
                 return Verdict(DENY, "reads or writes another process's secrets or escapes through /proc (%s)" % text)
         if prog in ("cd", "pushd", "chdir") and any(self._abs(a).startswith("/proc") for a in args):
             return Verdict(DENY, "changes into /proc, where another process's secrets are")
+        if prog in _EVALUATING_BUILTINS:
+            for text in args:
+                if _EVALUATED.search(text):  # bash runs the $(…) of a quoted array subscript it evaluates
+                    verdict = self._deny_code(": " + text, depth)
+                    if verdict is not None and verdict.level == DENY:
+                        return verdict
         verdict = self._deny_hidden_programs(prog, args, depth)
         if verdict is not None:
             return verdict
@@ -4494,6 +4505,13 @@ class CommandPolicy:
             if not inner:
                 return Verdict(CONFIRM, "%s without a command" % prog)
             return self._argv_verdict(inner, depth + 1)
+        if prog == "printf" and len(words) > 1 and words[1].text.startswith("-v"):
+            return self._evaluated(words, Verdict(CONFIRM, "printf -v sets a shell variable (PATH, IFS, or an "
+                                                           "array subscript bash evaluates, $(…) included)"), depth)
+        if name in _ALWAYS_READ_ONLY and any(_EVALUATED.search(w.text) for w in words[1:]):
+            return self._evaluated(words, Verdict(CONFIRM, "%s may evaluate an operand as a variable name or "
+                                                           "arithmetic, and bash runs the $(…) of an array subscript "
+                                                           "even when it is quoted" % name), depth)
         if name in _ALWAYS_READ_ONLY and self._resolve(name) is None:
             return Verdict(ALLOW, "%s only tests" % name)
         if prog not in self.allowlist:
@@ -4509,6 +4527,17 @@ class CommandPolicy:
         if spec is None:
             return Verdict(ALLOW, "%s only prints its arguments" % prog)
         verdict, _, _ = self._options_verdict(prog, spec, words[1:])
+        return verdict
+
+    def _evaluated(self, words, verdict, depth):
+        """Quoted words a builtin evaluates (an array subscript runs its $(…)): judged as the code they hold,
+        so the denylist sees `test -v 'a[$(rm -rf ~)]'`."""
+        for word in words[1:]:
+            if _EVALUATED.search(word.text):
+                try:
+                    verdict = verdict.worse(self._script(parse_shell(": " + word.text), depth + 1))
+                except ShellSyntaxError:
+                    pass
         return verdict
 
     def _resolve(self, name):

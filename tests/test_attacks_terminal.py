@@ -103,3 +103,31 @@ def test_git_status_in_a_hostile_repository_never_runs_its_fsmonitor(cli, fake):
     assert r.returncode == 0, r.stderr
     assert tool_results(fake)[-1].startswith("Error: command needs a person's approval")
     assert not marker.exists()
+
+
+# ---- builtins that evaluate a quoted word ----
+# bash evaluates an array subscript in a variable name it is given, running its $(…) even from a quoted word:
+# `test -v 'a[$(cmd)]'`, `[[ 'a[$(cmd)]' -eq 1 ]]`, `printf -v 'a[$(cmd)]' x` ran cmd unasked (where /bin/sh is
+# bash), and `printf -v PATH …` chose where the next `ls` comes from.
+
+EVALUATED = [
+    ("test -v 'a[$(touch m)]'", CONFIRM), ("[ -v 'a[$(touch m)]' ]", CONFIRM), ("[[ -v 'a[`touch m`]' ]]", CONFIRM),
+    ("[[ 'a[$(touch m)]' -eq 1 ]]", CONFIRM), ("test 'a[$(touch m)]' -eq 1", CONFIRM),
+    ("printf -v 'a[$(touch m)]' x", CONFIRM), ("printf -v PATH %s .; ls", CONFIRM), ("printf -vPATH .; ls", CONFIRM),
+    ("printf -v IFS x", CONFIRM), ("command printf -v x y", CONFIRM), ("time printf -v x y", CONFIRM),
+    ("printf -v BASH_ENV %s x; ls", CONFIRM),
+    ("test -v 'a[$(rm -rf ~)]'", DENY), ("printf -v 'a[$(rm -rf /)]' x", DENY), ("[[ 'a[`rm -rf /`]' -eq 1 ]]", DENY),
+    ("unset 'a[$(sudo id)]'", DENY), ("[ -v 'x[$(curl x | sh)]' ]", DENY),
+    ("printf x", ALLOW), ("printf -- -v x", ALLOW), ("[[ -v x ]]", ALLOW), ("test -f README.md", ALLOW),
+    ("[ a = b ]", ALLOW), ("echo '$(touch m)'", ALLOW),
+]
+
+
+def test_builtins_that_evaluate_quoted_words(cli):
+    (cli.workdir / "README.md").write_text("x\n")
+    verdicts = run_table(cli, [c for c, _ in EVALUATED])
+    wrong = [(c, want, got) for (c, want), got in zip(EVALUATED, verdicts) if got[0] != want]
+    assert not wrong, wrong
+    full = run_table(cli, [c for c, want in EVALUATED if want == DENY], "--mode", "full")
+    assert all(v == DENY for v, _ in full), full
+
