@@ -5496,8 +5496,11 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
             return False
         return not any(top is not None and inside(top, path) for top in (home, xz))  # no ancestor of them
 
+    #: per-user data and settings (keyrings, shell histories, tokens): never granted as a prefix's share/…
+    private = {os.path.join(home, d) for d in (".local/share", ".local/state", ".config", ".cache")} if home else set()
+
     def add(path):
-        if path not in out and allowed(path) and os.path.isdir(path):
+        if path not in out and allowed(path) and path not in private and os.path.isdir(path):
             out.append(path)
 
     def add_prefix(prefix):

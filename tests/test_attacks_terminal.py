@@ -131,3 +131,33 @@ def test_builtins_that_evaluate_quoted_words(cli):
     full = run_table(cli, [c for c, want in EVALUATED if want == DENY], "--mode", "full")
     assert all(v == DENY for v, _ in full), full
 
+
+# ---- per-user data beside a PATH prefix in the home directory ----
+# ~/.local/bin on PATH (pip --user, pipx) made ~/.local/share readable as if it were an install prefix's share:
+# keyrings.alt's plaintext keyring, shell histories, application tokens.
+
+def test_a_home_prefix_on_path_does_not_open_the_users_data(cli, fake):
+    from xzatoma_tools import landlock_abi
+    if not landlock_abi():
+        pytest.skip("the kernel has no Landlock: nothing to test")
+    local = cli.home / ".local"
+    (local / "bin").mkdir(parents=True)
+    (local / "bin" / "mytool").write_text("#!/bin/sh\necho MYTOOL-RAN\n")
+    (local / "bin" / "mytool").chmod(0o755)
+    keyring = local / "share" / "python_keyring"
+    keyring.mkdir(parents=True)
+    (keyring / "keyring_pass.cfg").write_text("[xz]\ntoken = keyring-secret-4713\n")
+    (cli.home / ".config" / "gh").mkdir(parents=True)
+    (cli.home / ".config" / "gh" / "hosts.yml").write_text("oauth_token: gh-secret-4714\n")
+    import os
+    env = {"PATH": "%s:%s" % (local / "bin", os.environ.get("PATH", os.defpath))}
+    cli.use(fake)
+    script = "mytool; cat %s/keyring_pass.cfg; cat %s/.config/gh/hosts.yml\n" % (keyring, cli.home)
+    fake.add({"tool_calls": [tool_call("write_file", path="a.sh", content=script)]},
+             {"tool_calls": [tool_call("terminal", command="sh a.sh")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x", env=env)
+    assert r.returncode == 0, r.stderr
+    out = tool_results(fake)[-1]
+    assert "MYTOOL-RAN" in out
+    assert "keyring-secret-4713" not in out and "gh-secret-4714" not in out
+    assert "Permission denied" in out
