@@ -5679,7 +5679,18 @@ class Sandbox:
                 "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
                                        self.xzatoma_home),
                 "protected": protected + [p for p in nested if p not in protected],
+                "hidden": self._hidden(),
                 "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
+
+    def _hidden(self):
+        """XZATOMA_HOME (credentials, conversations) when a readable directory holds it (the working dir, a
+        PATH prefix): Landlock cannot take back a subdirectory it grants, so an empty read-only tmpfs covers it."""
+        xz = os.path.realpath(self.xzatoma_home) if self.xzatoma_home else None
+        if not xz or not os.path.isdir(xz):
+            return []
+        granted = [self.root, self.tmpdir] + [d for d, _ in sandbox_rules(
+            self.root, self.mode, self.tmpdir, self.env.get("PATH"), self.environ.get("HOME"), xz)]
+        return [xz] if any(xz == d or xz.startswith(d.rstrip("/") + "/") for d in granted) else []
 
     def start(self):
         """Start the helper (once); returns at once, report() waits for it."""
@@ -5931,7 +5942,7 @@ def _sandbox_helper(spec_text):
     missing = set(spec.get("assume_missing") or ())
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    report = {"ok": True, "errors": [], "mode": spec["mode"], "protected_needed": bool(spec["protected"])}
+    report = {"ok": True, "errors": [], "mode": spec["mode"], "protected_needed": bool(spec["protected"] or spec.get("hidden"))}
     if not spec.get("nested_complete", True):
         report["errors"].append("the working directory is too large to look for every nested .git/.hg: "
                                 "those past the first 2000 directories are not read-only")
@@ -5988,6 +5999,12 @@ def _sandbox_helper(spec_text):
                         locked |= ms_flag  # a remount must keep the flags the mount was locked with
                 check(libc.mount(None, p, None, ctypes.c_ulong(_MS_BIND | _MS_REMOUNT | _MS_RDONLY | locked),
                                  None), "read-only %s" % path)
+                protected.append(path)
+            for path in spec.get("hidden") or ():  # an empty, read-only tmpfs over it: nothing to read
+                p = path.encode("utf-8", "surrogateescape")
+                check(libc.mount(b"tmpfs", p, b"tmpfs", ctypes.c_ulong(_MS_RDONLY | _MS_NOSUID | _MS_NODEV |
+                                                                       _MS_NOEXEC), b"size=4k,mode=000"),
+                      "hide %s" % path)
                 protected.append(path)
             report["protected"] = True
         except OSError as exc:

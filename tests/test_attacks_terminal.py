@@ -161,3 +161,28 @@ def test_a_home_prefix_on_path_does_not_open_the_users_data(cli, fake):
     assert "MYTOOL-RAN" in out
     assert "keyring-secret-4713" not in out and "gh-secret-4714" not in out
     assert "Permission denied" in out
+
+
+# ---- XZATOMA_HOME inside a readable directory ----
+# With XZATOMA_HOME inside the working directory (a project-local setup), Landlock's grant of the working dir
+# covered it: commands read credentials.json and conversations.db. It is hidden under an empty tmpfs.
+
+def test_xzatoma_home_inside_the_working_dir_is_unreadable(cli, fake):
+    from xzatoma_tools import landlock_abi
+    if not landlock_abi():
+        pytest.skip("the kernel has no Landlock: nothing to test")
+    xz = cli.workdir / ".xz"
+    xz.mkdir(mode=0o700)
+    (xz / "credentials.json").write_text('{"openai": "xz-secret-4715"}')
+    (xz / "credentials.json").chmod(0o600)
+    cli.use(fake)
+    script = "cat .xz/credentials.json; ls -a .xz; echo x > .xz/planted; echo inside > ok.txt\n"
+    fake.add({"tool_calls": [tool_call("write_file", path="a.sh", content=script)]},
+             {"tool_calls": [tool_call("terminal", command="sh a.sh")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x", env={"XZATOMA_HOME": str(xz)})
+    assert r.returncode == 0, r.stderr
+    out = tool_results(fake)[-1]
+    assert "xz-secret-4715" not in out and "conversations.db" not in out, out
+    assert not (xz / "planted").exists()
+    assert (cli.workdir / "ok.txt").read_text() == "inside\n"
+    assert (xz / "conversations.db").exists()  # the agent itself still keeps its store there
