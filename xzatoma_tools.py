@@ -5135,7 +5135,7 @@ _GIT_CONFIG_HEADER = re.compile(r'\s*\[\s*([A-Za-z0-9.-]+)\s*(?:"((?:[^"\\\n]|\\
 _GIT_CONFIG_KEY = re.compile(r"\s*([A-Za-z][A-Za-z0-9-]*)\s*(=|$|[;#])")
 
 
-def _git_config_reason(path, depth=0):
+def _git_config_reason(path, submodule=False):
     """Why the git config file at path is not inert (the first key not known to hold only data, or a line we
     cannot read), or None. A missing file is inert."""
     try:
@@ -5159,6 +5159,8 @@ def _git_config_reason(path, depth=0):
             return "a line git may read differently: %s" % stripped[:60]
         key = k.group(1).lower()
         allowed = _GIT_INERT_CONFIG.get(section, ())
+        if submodule and (section, key) == ("core", "worktree"):
+            continue  # every submodule's repository names its working tree
         if key not in allowed and "*" not in allowed:
             return "%s.%s" % (section, key)
     return None
@@ -5172,45 +5174,60 @@ def _is_git_dir(d):
 
 def _git_config_runs(dirs):
     """The first setting in the repositories' own configuration (config, config.worktree, a linked worktree's
-    common config) that is not known to be inert, or None. Git finds a repository the way this walks: `.git`
-    (directory or `gitdir:` file) or the directory itself being a repository (a bare one shipped in the tree)."""
+    common config, every submodule's under modules/ and nested in the tree) that is not known to be inert, or
+    None. Git finds a repository the way this walks: `.git` (directory or `gitdir:` file) or the directory
+    itself being a repository (a bare one shipped in the tree); `git status` recurses into submodules."""
     for start in dirs:
         d = start
         while True:
             git = os.path.join(d, ".git")
-            gitdir = None
-            if os.path.isdir(git):
-                gitdir = git
-            elif os.path.lexists(git):
-                try:
-                    with open(git, encoding="utf-8", errors="replace") as fh:
-                        m = re.match(r"gitdir:\s*(.+)", fh.read(4096))
-                except OSError:
-                    return "an unreadable .git file"
-                if not m:
-                    return "a .git file git may read differently"
-                gitdir = os.path.join(d, m.group(1).strip())
-            elif _is_git_dir(d):
-                gitdir = d
-            if gitdir is not None:
-                configs = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-                try:
-                    with open(os.path.join(gitdir, "commondir"), encoding="utf-8", errors="replace") as fh:
-                        common = os.path.join(gitdir, fh.read(4096).strip())
-                    configs.append(os.path.join(common, "config"))
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    return "an unreadable commondir"
-                for config in configs:
-                    reason = _git_config_reason(config)
-                    if reason:
-                        return reason
+            if os.path.lexists(git) or _is_git_dir(d):
+                reason = _git_repo_reason(git if os.path.lexists(git) else d)
+                if reason:
+                    return reason
                 break
             parent = os.path.dirname(d)
             if parent == d:
                 break
             d = parent
+        for nested in nested_repositories(start, 500)[0]:
+            if os.path.basename(nested).lower() == ".git":
+                reason = _git_repo_reason(nested, submodule=True)
+                if reason:
+                    return reason
+    return None
+
+
+def _git_repo_reason(git, submodule=False):
+    """_git_config_reason over a repository: `git` is a .git directory, a `gitdir:` file, or a bare one."""
+    gitdir = git
+    if os.path.lexists(git) and not os.path.isdir(git):
+        try:
+            with open(git, encoding="utf-8", errors="replace") as fh:
+                m = re.match(r"gitdir:\s*(.+)", fh.read(4096))
+        except OSError:
+            return "an unreadable .git file"
+        if not m:
+            return "a .git file git may read differently"
+        gitdir = os.path.join(os.path.dirname(git), m.group(1).strip())
+    configs = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
+    try:
+        with open(os.path.join(gitdir, "commondir"), encoding="utf-8", errors="replace") as fh:
+            configs.append(os.path.join(gitdir, fh.read(4096).strip(), "config"))
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return "an unreadable commondir"
+    seen, modules = 0, []
+    for top, subdirs, files in os.walk(os.path.join(gitdir, "modules")):  # submodules' own repositories
+        seen += 1
+        if seen > 500:
+            return "too many submodule repositories to check"
+        modules += [os.path.join(top, f) for f in ("config", "config.worktree") if f in files]
+    for config in configs + modules:
+        reason = _git_config_reason(config, submodule=submodule or config in modules)
+        if reason:
+            return reason
     return None
 
 

@@ -82,6 +82,31 @@ def test_a_linked_worktree_reads_its_common_config(cli):
     assert run_table(cli, ["git -C wt status"])[0][0] == CONFIRM
 
 
+def test_a_submodules_own_config_is_checked_too(cli):
+    """git status recurses into submodules and reads their config (in .git/modules/…, or an embedded .git)."""
+    src = cli.tmp / "subsrc"
+    src.mkdir()
+    git_repo(src)
+    git = git_repo(cli.workdir)
+    subprocess.run(["git", "-C", str(cli.workdir), "-c", "protocol.file.allow=always", "submodule", "add", "-q",
+                    str(src), "sub"], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(cli.workdir), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam",
+                    "s"], check=True)
+    assert run_table(cli, ["git status", "git diff"])[0][0] == ALLOW  # core.worktree of a submodule is fine
+    subprocess.run(["git", "config", "--file", str(git / "modules" / "sub" / "config"), "core.fsmonitor",
+                    "touch %s; false" % (cli.workdir / "pwned")], check=True)
+    verdicts = run_table(cli, ["git status", "git diff"])
+    assert [v for v, _ in verdicts] == [CONFIRM] * 2, verdicts
+    # the same repository embedded as sub2/.git (a vendored clone, an old-style submodule)
+    subprocess.run(["git", "clone", "-q", str(src), str(cli.workdir / "vendor" / "sub2")], check=True)
+    subprocess.run(["git", "config", "--file", str(git / "modules" / "sub" / "config"), "--unset", "core.fsmonitor"],
+                   check=True)
+    assert run_table(cli, ["git status"])[0][0] == ALLOW
+    subprocess.run(["git", "-C", str(cli.workdir / "vendor" / "sub2"), "config", "core.fsmonitor", "touch pwned"],
+                   check=True)
+    assert run_table(cli, ["git status"])[0][0] == CONFIRM
+
+
 def test_an_ordinary_clone_still_allows_read_only_git(cli):
     origin = cli.tmp / "origin"
     origin.mkdir()
