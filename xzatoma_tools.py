@@ -3556,7 +3556,9 @@ SAFE_OPTIONS = {
                        "brief checking-printout exclude= exclude-quiet= extension separator= mime "
                        "mime-type mime-encoding keep-going list dereference no-dereference no-pad preserve-date raw "
                        "special-files print0 parameter= apple " + _COMMON,
-                       bad={"m": "file -m loads a magic file", "magic-file": "file --magic-file loads a magic file",
+                       bad={"f": "file -f reads the names of the files to read from a file",
+                            "files-from": "file --files-from reads the names of the files to read from a file",
+                            "m": "file -m loads a magic file", "magic-file": "file --magic-file loads a magic file",
                             "C": "file -C compiles and writes a magic file", "compile": "file --compile writes",
                             "z": "file -z runs decompressors", "Z": "file -Z runs decompressors",
                             "uncompress": "file --uncompress runs decompressors",

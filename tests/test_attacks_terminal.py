@@ -211,3 +211,18 @@ def test_xzatoma_home_inside_the_working_dir_is_unreadable(cli, fake):
     assert not (xz / "planted").exists()
     assert (cli.workdir / "ok.txt").read_text() == "inside\n"
     assert (xz / "conversations.db").exists()  # the agent itself still keeps its store there
+
+
+# ---- options that read a list of file names ----
+# `sort --files0-from=list` (a list the model wrote, or stdin) read whatever the list names: the policy saw only
+# `list`, inside the tree, and allowed reading /etc or, with --sandbox off, the home directory.
+
+NAME_LISTS = ["sort --files0-from=list", "sort --files0-from list", "sort --files0=list", "wc --files0-from=list",
+              "du --files0-from=list", "wc --files0-from=-", "printf '/etc/passwd\\0' | sort --files0-from=-",
+              "file -f list", "file -bf list", "file --files-from list", "file --files=list", "file -f -"]
+
+
+def test_options_that_read_a_list_of_file_names_are_not_read_only(cli):
+    (cli.workdir / "list").write_text("/etc/passwd\0")
+    verdicts = run_table(cli, NAME_LISTS + ["wc -l list", "sort list", "file list", "du -sh ."])
+    assert [v for v, _ in verdicts] == [CONFIRM] * len(NAME_LISTS) + [ALLOW] * 4, list(zip(NAME_LISTS, verdicts))
