@@ -226,3 +226,19 @@ def test_options_that_read_a_list_of_file_names_are_not_read_only(cli):
     (cli.workdir / "list").write_text("/etc/passwd\0")
     verdicts = run_table(cli, NAME_LISTS + ["wc -l list", "sort list", "file list", "du -sh ."])
     assert [v for v, _ in verdicts] == [CONFIRM] * len(NAME_LISTS) + [ALLOW] * 4, list(zip(NAME_LISTS, verdicts))
+
+
+# ---- brace expansion in path operands ----
+# `cat {x,/etc/passwd}` was judged as one operand named "{x,/etc/passwd}" inside the tree; bash (where /bin/sh
+# is bash) makes it two, the second outside.
+
+BRACES = [("cat {x,/etc/passwd}", CONFIRM), ("head {/etc/passwd,x}", CONFIRM), ("cat {~/.ssh/id_rsa,x}", CONFIRM),
+          ("cat {..,.}/x", CONFIRM), ("ls {.,/}", CONFIRM), ("grep -r a {.,/etc}", CONFIRM), ("wc -l {x,*}", ALLOW),
+          ("cat {x,x}", ALLOW), ("cat x{,}", ALLOW), ("cat '{x,/etc/passwd}'", ALLOW), ("cat \\{x,/etc\\}", ALLOW)]
+
+
+def test_brace_expansion_in_path_operands(cli):
+    (cli.workdir / "x").write_text("x\n")
+    verdicts = run_table(cli, [c for c, _ in BRACES])
+    wrong = [(c, want, got) for (c, want), got in zip(BRACES, verdicts) if got[0] != want]
+    assert not wrong, wrong
