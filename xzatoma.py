@@ -4014,7 +4014,7 @@ class ChatEvents(Events):
         self.turn_tool_results.append(len(result.to_message()))
 
 
-# ---- Chat: the session and the REPL ----
+# ---- Chat: the REPL (reading input, slash commands, rendering; the Session does the rest) ----
 
 MODE_TEXT = {"planning": "PLANNING (Read-only mode for creating plans)",
              "write": "WRITE (Read/write mode for executing tasks)"}
