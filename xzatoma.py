@@ -5026,6 +5026,7 @@ def cmd_policy(args, console):
     policy = CommandPolicy(root, term["allowlist"], term["custom_denylist"])
     allowed_hosts = cfg.get("agent.tools.fetch.allowed_hosts")
     refused = False
+    protected = None
     for item in items:
         if args.policy_kind == "command":
             verdict = policy.judge(item)
@@ -5039,7 +5040,10 @@ def cmd_policy(args, console):
         elif args.policy_kind == "url":
             word, reason = url_verdict(item, allowed_hosts)
         else:
-            word, reason = path_verdict(item, root)
+            if protected is None:
+                from xzatoma_tools import protected_paths
+                protected = protected_paths(root, cfg.home, protected_extras(cfg, root))
+            word, reason = path_verdict(item, root, protected)
         refused |= word in REFUSED_VERDICTS
         CleanWriter(sys.stdout, exact=True).write("%s: %s\n" % (word, reason))
     return EXIT_FAILED if refused else EXIT_OK

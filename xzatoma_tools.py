@@ -1111,15 +1111,19 @@ def resolve_path(path, root, must_exist=False, follow=True):
         return target.real
 
 
-def path_verdict(path, root):
-    """('inside'|'outside'|'error', reason) for `xzatoma policy path` and mentions."""
+def path_verdict(path, root, protected=()):
+    """('inside'|'outside'|'error', reason) for `xzatoma policy path` and mentions; the reason names a
+    protected path the change would touch (given `protected`, as from protected_paths)."""
     try:
-        real = resolve_path(path, root)
+        with Jail(root).resolve(path) as target:
+            real = target.real
+            what = protected_reason(target, protected, target.root) if protected else None
     except JailError as exc:
         return "outside", str(exc)
     except (ToolError, OSError) as exc:
         return "error", str(exc) if isinstance(exc, ToolError) else "%s: %s" % (exc.strerror or exc, path)
-    return "inside", "resolves to %s" % (display_path(real, root))
+    note = "; protected (%s): changes need a person's yes" % what if what else ""
+    return "inside", "resolves to %s%s" % (display_path(real, root), note)
 
 
 def _inside(real, root):

@@ -339,6 +339,8 @@ def test_policy_path_reports_loops_and_long_names_as_errors(cli):
     os.symlink("loop1", str(cli.workdir / "loop2"))
     for path, words in (("loop1", "error: too many levels of symbolic links: loop1"),
                         ("x" * 256, "error: file name too long: 256 bytes"),
-                        ("ok/" + "y" * 255, "inside")):
+                        ("ok/" + "y" * 255, "inside: resolves to ok/" + "y" * 255 + "\n"),
+                        (".git/hooks/pre-commit", "inside: resolves to .git/hooks/pre-commit; protected (.git): "
+                                                  "changes need a person's yes")):
         r = cli.run("policy", "path", path)
         assert r.returncode == 0 and r.stdout.startswith(words), (path, r.stdout, r.stderr)
