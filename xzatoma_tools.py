@@ -3442,6 +3442,9 @@ RAW_DENY = [
     (re.compile(r"\brm\s+(-\w+\s+)*-\w*[rR]\w*\s+(-\w+\s+)*(/|/\*|~|~/|\$HOME|\$\{HOME\})([\s'\";)}`|&\]]|$)"),
      "recursive rm of / or home"),
     (re.compile(r"--no-preserve-root"), "rm --no-preserve-root"),
+    (re.compile(r"dup2\(.{0,80}(/bin/)?(ba)?sh\b|pty\.spawn\(\s*['\"](/bin/)?(ba)?sh"), "a reverse shell"),
+    (re.compile(r"rmtree\(\s*(os\.path\.expanduser\(\s*)?['\"](/|~|~/|/\*)['\"]|(Path\.home|expanduser)\(.{0,40}rmtree"),
+     "removes the root or home directory tree"),
     (re.compile(r"\bfork\s+while\s+fork\b|while\s*\(?\s*(1|True|true)\s*\)?\s*[:{]?\s*(os\.)?fork\s*\("),
      "a fork bomb"),
     (re.compile(r"/proc/+[^/\s'\"]*/+(environ|mem)\b"), "reads another process's environment or memory"),
@@ -3462,7 +3465,9 @@ class Verdict:
     def worse(self, other):
         if other is None:
             return self
-        return other if _SEVERITY[other.level] > _SEVERITY[self.level] else self
+        if _SEVERITY[other.level] > _SEVERITY[self.level] or (other.level == self.level and not self.reason):
+            return other
+        return self
 
 
 def _nfkc(text):
@@ -3740,6 +3745,9 @@ class CommandPolicy:
         if depth > 16:
             return Verdict(DENY, "commands are nested too deeply to check")
         for pipeline in script.pipelines:
+            verdict = self._deny_exfiltration(pipeline, env)
+            if verdict is not None:
+                return verdict
             upstream = None
             for position, command in enumerate(pipeline.commands):
                 verdict = self._deny_node(command, depth, env, position > 0 or first_piped, upstream)
@@ -3747,6 +3755,58 @@ class CommandPolicy:
                     return verdict
                 upstream = _printed(command)
         return None
+
+    def _deny_exfiltration(self, pipeline, env):
+        """A secret file or the environment read and sent over the network in one pipeline, or a shell
+        whose input and output are a network connection (a reverse shell)."""
+        secret_seen = False
+        for command in pipeline.commands:
+            if not isinstance(command, Simple) or not command.words:
+                continue
+            for argv in self._argvs(command.words, env, ("empty",))[:2]:
+                if not argv:
+                    continue
+                prog = _prog_name(argv[0])
+                secrets = [a for a in argv[1:] if self._secret_file(a)] + [
+                    s for w in command.words for s in w.subs if self._reads_secret(s, env)]  # -d "$(cat ~/.ssh/x)"
+                if prog in DOWNLOADERS or prog in ("nc", "ncat", "netcat", "socat", "telnet", "ssh", "openssl"):
+                    if secret_seen or secrets:
+                        return Verdict(DENY, "sends a secret file or the environment over the network (%s)" % prog)
+                    if prog in ("nc", "ncat", "netcat") and any(a in ("-e", "-c", "--exec", "--sh-exec", "--lua-exec")
+                                                                for a in argv[1:]):
+                        return Verdict(DENY, "%s -e gives a shell to whoever is at the other end" % prog)
+                    if prog == "socat" and any(re.match(r"(?i)^(exec|system):", a) for a in argv[1:]):
+                        return Verdict(DENY, "socat exec: gives a shell to whoever is at the other end")
+                if secrets or prog in ("env", "printenv", "set", "export", "declare") and len(argv) == 1:
+                    secret_seen = True
+                targets = [r[1].text for r in command.redirects if r[1] is not None]
+                if any(re.match(r"^/dev/(tcp|udp)/", t) for t in targets) and (
+                        is_interpreter(prog) or prog in ("exec",) or secret_seen or secrets):
+                    return Verdict(DENY, "connects a shell or a secret to the network through /dev/tcp")
+        return None
+
+    def _reads_secret(self, script, env):
+        for pipeline in script.pipelines:
+            for command in pipeline.commands:
+                if isinstance(command, Simple) and command.words:
+                    argvs = self._argvs(command.words, env, ("empty",))[:2]
+                    if any(self._secret_file(a) for argv in argvs for a in argv[1:]) or any(
+                            r[1] is not None and self._secret_file(r[1].text) for r in command.redirects):
+                        return True
+        return False
+
+    def _secret_file(self, text):
+        """Does an argument (curl's @file and name=@file too) name a key or credential file?"""
+        for candidate in (text, text.lstrip("@<"), text.split("=", 1)[-1].lstrip("@<")):
+            path = self._abs(candidate)
+            if not path:
+                continue
+            for name in (".ssh", ".gnupg", ".aws", ".netrc", ".pgpass", ".docker", ".kube", ".npmrc", ".pypirc",
+                         ".config/gh", ".config/gcloud", ".azure", ".git-credentials"):
+                q = os.path.join(self.home, name)
+                if path == q or path.startswith(q + "/") or os.path.realpath(path).startswith(q + "/"):
+                    return True
+        return False
 
     def _deny_node(self, node, depth, env, piped, upstream=None):
         if isinstance(node, FunctionDef):
@@ -4000,6 +4060,8 @@ class CommandPolicy:
             return None
         code = _code_argument(prog, args)
         if code is not None:
+            if not code.strip():
+                return Verdict(DENY, "%s without its code (under xargs or parallel the input becomes the code)" % prog)
             if prog in SHELLS and "{}" in code:
                 return Verdict(DENY, "%s -c runs input data as shell code ({} inside the code)" % prog)
             if prog in SHELLS:
@@ -4192,7 +4254,8 @@ class CommandPolicy:
                 return "the root directory"
             if p == home:
                 return "the home directory"
-            if p in SYSTEM_ROOTS or os.path.dirname(p) == "/":
+            if p in SYSTEM_ROOTS or os.path.dirname(p) == "/" or (
+                    recursive and self._is_system_path(p) and not p.startswith(("/tmp/", "/var/tmp/"))):
                 if recursive or whole:
                     return "a system directory"
             if (p == self.root and not tree_ok) or self.root.startswith(p.rstrip("/") + "/"):
@@ -4387,7 +4450,12 @@ class CommandPolicy:
         if text == "~" or text.startswith("~/"):
             text = self.home + text[1:]
         elif text.startswith("~"):
-            return ""
+            user, _, rest = text[1:].partition("/")
+            try:
+                import pwd
+                text = os.path.join(pwd.getpwnam(user).pw_dir, rest)
+            except (ImportError, KeyError, ValueError):
+                return ""
         cwd = getattr(self, "_cwd", self.root)
         if cwd is None and not text.startswith("/"):
             return ""  # after `cd $X`: relative paths are unknown
@@ -4449,11 +4517,14 @@ class CommandPolicy:
         verdict = Verdict(ALLOW, "read-only commands inside the working directory")
         if depth > 10:
             return Verdict(CONFIRM, "commands are nested too deeply to check")
-        for pipeline in script.pipelines:
-            for command in pipeline.commands:
-                verdict = verdict.worse(self._classify(command, depth))
-                if getattr(command, "background", False):
-                    verdict = verdict.worse(Verdict(CONFIRM, "runs a command in the background"))
+        commands = [c for pipeline in script.pipelines for c in pipeline.commands]
+        for command in commands:
+            one = self._classify(command, depth)
+            if len(commands) == 1 and one.level == ALLOW and one.reason:
+                verdict = one  # a single command: say why it is read-only
+            verdict = verdict.worse(one)
+            if getattr(command, "background", False):
+                verdict = verdict.worse(Verdict(CONFIRM, "runs a command in the background"))
         return verdict
 
     def _classify(self, node, depth):
@@ -6345,7 +6416,7 @@ class Terminal(Tool):
 
         verdict = judge(command)
         if verdict.level == CONFIRM and mode != FULL:
-            if mode != INTERACTIVE or ctx.confirm_command is None:
+            if mode != INTERACTIVE or ctx.confirm_command is None or not ctx.interactive:  # headless: nobody to ask
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
                 raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
             answer = ctx.confirm_command(command, verdict.reason)

@@ -18,7 +18,7 @@ AUDIT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \| (.+) \| (.*) \| (e
 
 def terminal(tmp_path, mode=RESTRICTED, confirm_command=None, **term):
     ctx = ToolContext(str(tmp_path), {}, terminal_mode=mode, audit=AuditLog(str(tmp_path / "audit.log")),
-                      confirm_command=confirm_command, terminal=dict(
+                      confirm_command=confirm_command, interactive=confirm_command is not None, terminal=dict(
                           {"timeout_seconds": 30, "max_stdout_bytes": 10485760, "max_stderr_bytes": 1048576}, **term))
     return build_registry("write", ctx), ctx
 
