@@ -3831,6 +3831,12 @@ class CommandPolicy:
             name = name.rstrip("+")
             values = [" ".join(f) for f in self._argvs([_value_word(word)], env, ("empty",))] or [""]
             env[name] = values[:8]
+            if values[0].startswith("(") and values[0].rstrip().endswith(")"):  # a=(/ x): an array
+                items = values[0].strip()[1:-1].split()
+                env[name] = items[:1] or [""]
+                for n, item in enumerate(items[:32]):
+                    env["%s[%d]" % (name, n)] = [item]
+                env[name + "[@]"] = env[name + "[*]"] = [" ".join(items)]
             verdict = self._deny_setting(name, value, depth)
             if verdict is not None:
                 return verdict
@@ -3870,6 +3876,7 @@ class CommandPolicy:
                                                                                 _prog_name(argv[0]) == "wget")]
                 downloads.extend(self._abs(o) for o in outputs if self._abs(o))
         first = argvs[0] if argvs else []
+        self._remember_variables(first, env, stdin_code)
         if first and first[0] in ("cd", "pushd", "popd", "chdir"):  # later relative paths are relative to it
             target = (_operands(first[1:]) or ["~"])[0] if first[0] != "popd" else "-"
             path = self._abs(target) if target != "-" else ""
@@ -3877,6 +3884,31 @@ class CommandPolicy:
         if len(first) >= 3 and first[0] in ("for", "select") and first[2] == "in":
             env[first[1]] = (first[3:] or [""])[:8]
         return None
+
+    def _remember_variables(self, argv, env, stdin_code):
+        """Variables a builtin sets (export X=/, declare, readonly, local, printf -v, read <<< /, set -- /),
+        so that a later $X is seen as what it holds."""
+        if not argv:
+            return
+        prog, args = argv[0], argv[1:]
+        if prog in ("export", "declare", "typeset", "local", "readonly"):
+            for a in args:
+                m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", a, re.S)
+                if m:
+                    env[m.group(1)] = [m.group(2)]
+        elif prog == "printf" and len(args) >= 3 and args[0] == "-v":
+            out = _trivial_output("$(printf %s)" % " ".join(shlex_quote(a) for a in args[2:]))
+            env[args[1]] = [out if out is not None else ""]
+        elif prog == "read" and stdin_code is not None:
+            names = [a for a in args if re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", a)]
+            values = stdin_code.split()
+            for n, name in enumerate(names):
+                env[name] = [(" ".join(values[n:]) if n == len(names) - 1 else values[n]) if n < len(values) else ""]
+        elif prog == "set" and "--" in args:
+            values = args[args.index("--") + 1:]
+            for n, value in enumerate(values[:9]):
+                env[str(n + 1)] = [value]
+            env["@"] = env["*"] = [" ".join(values)]
 
     def _deny_redirects(self, redirects, depth, env):
         for op, target, body, live in redirects:
@@ -4421,6 +4453,9 @@ class CommandPolicy:
         if not m:
             return unknown
         name, rest = m.group(1), inner[m.end():]
+        index = re.match(r"^\[([0-9@*]+)\]", rest)
+        if index and name + index.group(0) in env:  # ${a[0]}, ${a[@]}
+            name, rest = name + index.group(0), rest[index.end():]
         if name == "IFS":
             return env["IFS"][0] if env.get("IFS") else " "
         if name == "HOME":
