@@ -1371,8 +1371,11 @@ class Provider:
                     raise DeadlineExceeded()
                 read_timeout = max(0.1, min(read_timeout, remaining))
             try:
+                sent = time.monotonic()
                 resp = self.session.request(method, url, json=body, headers=self.headers(), stream=stream,
                                             timeout=(min(10.0, read_timeout), read_timeout))
+                self.console.debug("%s %s: HTTP %d after %.2fs (attempt %d of %d)" % (
+                    method, url.split("?")[0], resp.status_code, time.monotonic() - sent, attempt + 1, attempts))
                 try:
                     if resp.status_code >= 400:
                         text = resp.text
@@ -2204,6 +2207,71 @@ class Events:
     def note(self, text):
         self.console.info(text, "dim")
 
+    # what a machine reading --output-format stream-json wants besides the lines above
+    def usage(self, prompt, completion, estimated):
+        """One model call's token counts (estimated: the server sent none)."""
+
+    def message(self, content, tool_calls):
+        """An assistant message: its text and the tool calls it asks for."""
+
+    def tool_call(self, call):
+        """A tool call is about to run: {id, name, arguments (JSON text)}."""
+
+    def tool_result(self, call, result):
+        """A tool call's ToolResult."""
+
+
+class RunEvents(Events):
+    """`run` on a terminal: a spinner with the elapsed time while the model or a tool works (stderr only)."""
+
+    def __init__(self, console):
+        super().__init__(console)
+        self.spinner = Spinner(console)
+
+    def waiting(self):
+        self.spinner.start("waiting for the model")
+
+    def replied(self):
+        self.spinner.stop()
+
+    def tool_start(self, name, preview):
+        super().tool_start(name, preview)
+        self.spinner.start(name)
+
+    def tool_end(self, name, result):
+        self.spinner.stop()
+        super().tool_end(name, result)
+
+
+class StreamJsonEvents(RunEvents):
+    """--output-format stream-json: one JSON object per line on stdout as things happen (README: the schema).
+    Progress lines stay on stderr as with the other formats."""
+
+    def __init__(self, console):
+        super().__init__(console)
+        import threading
+        self.lock = threading.Lock()  # parallel subagents never share a line
+
+    def emit(self, _type, **fields):
+        with self.lock:
+            json_out(dict({"type": _type}, **fields))
+            sys.stdout.flush()
+
+    def usage(self, prompt, completion, estimated):
+        self.emit("usage", prompt_tokens=prompt, completion_tokens=completion,
+                  total_tokens=prompt + completion, estimated=estimated)
+
+    def message(self, content, tool_calls):
+        self.emit("message", role="assistant", content=content,
+                  tool_calls=[{"id": c["id"], "name": c["name"]} for c in tool_calls or ()])
+
+    def tool_call(self, call):
+        self.emit("tool_call", id=call["id"], name=call["name"], arguments=_args_object(call.get("arguments")))
+
+    def tool_result(self, call, result):
+        self.emit("tool_result", id=call["id"], name=call["name"], success=bool(result.success),
+                  preview=result.preview(200), error=result.error if not result.success else None)
+
 
 # ---- Agent loop ----
 
@@ -2329,6 +2397,7 @@ class Agent:
                 calls = [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
                          for i, c in enumerate(printed)]
                 content = ""
+        self.events.message(content, calls)
         if calls:
             conv.add_assistant(content, calls)
             return content, calls
@@ -2365,6 +2434,7 @@ class Agent:
         result.completion_tokens += completion
         self.metrics.model_request(self.provider.name, "ok")
         self.metrics.tokens(prompt, completion)
+        self.events.usage(prompt, completion, estimated)
         if self.quota is not None:
             self.quota.add_tokens(prompt + completion)
 
@@ -2376,12 +2446,14 @@ class Agent:
             self.check_cancel()
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 raise self.timed_out()  # a tool call's own limits are capped by the run's, but none starts late
+            self.events.tool_call(call)
             self.events.tool_start(call["name"], self._preview(call))
             tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             result.tool_calls += 1
             self.metrics.tool_call(call["name"], "ok" if tool_result.success else "error")
             conv.add_tool_result(call["id"], call["name"], tool_result.to_message())
             self.events.tool_end(call["name"], tool_result)
+            self.events.tool_result(call, tool_result)
             if tool_result.metadata.get("invalid"):
                 invalid += 1
                 last_error = tool_result.error
@@ -3501,6 +3573,8 @@ def _build_undo(sub, common, fmt):
     undo.add_argument("--conversation", metavar="ID", help="only changes made in this conversation")
     undo.add_argument("--list", action="store_true", help="show what can be undone")
     undo.add_argument("--force", action="store_true", help="restore even over later changes")
+    undo.add_argument("--all-projects", "--global", action="store_true",
+                      help="changes made in any directory (default: conversations run in the current one)")
     undo.set_defaults(func=cmd_undo)
 
 
@@ -3508,7 +3582,8 @@ def cmd_undo(args, console):
     from xzatoma_tools import UndoError, undo_change
     with history_store(args, console) as store:
         conversation = store.resolve(args.conversation) if args.conversation else None
-        records = store.undo_records(conversation_id=conversation)
+        here = None if conversation or args.all_projects else os.path.realpath(os.getcwd())
+        records = store.undo_records(conversation_id=conversation, working_dir=here)
         if args.list:
             if not records:
                 console.info("nothing to undo")
@@ -3520,7 +3595,7 @@ def cmd_undo(args, console):
                     r["path"], what))
             return EXIT_OK
         if not records:
-            console.info("nothing to undo")
+            console.info("nothing to undo%s" % (" in %s (--all-projects looks everywhere)" % here if here else ""))
             return EXIT_OK
         if args.all:
             conversation = conversation or records[0]["conversation_id"]
@@ -3813,13 +3888,25 @@ class Asker:
     def __init__(self, console):
         self.console = console
 
-    def ask(self, question):
+    def ask(self, question, prefill=None):
+        """The person's answer, or None. `prefill` starts the line with that text, editable (readline's
+        pre-input hook), so [e]dit begins from the proposed command rather than an empty line."""
         with self.console.hold():
             if _isatty(sys.stdin):
+                readline = None
+                if prefill:
+                    try:
+                        import readline
+                        readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
+                    except (ImportError, AttributeError):
+                        readline = None
                 try:
                     return input(question)
                 except EOFError:
                     return None
+                finally:
+                    if readline is not None:
+                        readline.set_pre_input_hook()
             try:
                 with open("/dev/tty", "r+") as tty:
                     tty.write(question)
@@ -3830,8 +3917,40 @@ class Asker:
                 return None
 
 
+#: programs whose first word after the options names what they do: approving `git status` is not `git push`
+SUBCOMMAND_PROGRAMS = {"git", "npm", "npx", "pnpm", "yarn", "cargo", "make", "go", "docker", "podman", "kubectl",
+                       "helm", "pip", "pip3", "uv", "poetry", "dotnet", "mvn", "gradle", "terraform", "apt",
+                       "apt-get", "brew", "systemctl", "gh", "bundle", "rake", "composer", "conda", "tox", "nox"}
+#: programs that run other programs: an [a]lways for them would approve anything, so it covers the exact command
+WRAPPER_PROGRAMS = {"sh", "bash", "zsh", "dash", "ksh", "fish", "env", "timeout", "nice", "nohup", "xargs", "sudo",
+                    "doas", "su", "time", "watch", "strace", "ltrace", "busybox", "exec", "eval", "command",
+                    "builtin", "ssh", "script", "stdbuf", "setsid", "chroot", "unshare", "flock", "parallel",
+                    "find", "awk", "perl", "python", "python3", "node", "ruby", "php", "lua", "tclsh", "expect"}
+
+
+def approval_key(command):
+    """What chat's [a]lways / ne[v]er remember for a command: its program (and subcommand for git, npm, cargo,
+    make, …), or the exact command when it uses shell syntax or runs through a wrapper or interpreter."""
+    from xzatoma_tools import ShellSyntaxError, needs_shell, parse_shell, simple_argv
+    try:
+        script = parse_shell(command)
+    except ShellSyntaxError:
+        return command.strip()
+    if needs_shell(command, script):
+        return command.strip()
+    argv = simple_argv(command, script)
+    if not argv or argv[0] in WRAPPER_PROGRAMS or os.path.basename(argv[0]) in WRAPPER_PROGRAMS:
+        return command.strip()
+    if argv[0] in SUBCOMMAND_PROGRAMS:
+        if len(argv) > 1 and argv[1].startswith("-"):  # `git -C dir push`, `git -c alias.x=…`: only this command
+            return command.strip()
+        return " ".join(argv[:2])
+    return argv[0]
+
+
 class Confirmations:
-    """Safe mode: the session's always/never answers and the prompts for tools and commands."""
+    """Safe mode: the session's always/never answers and the prompts for tools and commands. Tools are
+    remembered by name; commands by approval_key (program and subcommand), never `terminal` as a whole."""
 
     def __init__(self, asker, console):
         self.asker = asker
@@ -3842,15 +3961,23 @@ class Confirmations:
         self.always.clear()
         self.never.clear()
 
+    def describe(self):
+        """/approvals: what this session approves or refuses without asking."""
+        def shown(names):
+            return ", ".join(sorted(names)) or "-"
+        return ["always: %s" % shown(self.always), "never:  %s" % shown(self.never)]
+
     def _choice(self, header, detail, edit):
         with self.console.hold():
             return self._ask_choice(header, detail, edit)
 
-    def _ask_choice(self, header, detail, edit):
+    def _ask_choice(self, header, detail, edit, scope=None):
         self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
         if detail:  # a diff or a command: shown with its hidden characters made visible
             self.console._write(self.console.clean(detail.rstrip("\n")))
-        options = "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session" + (" / [e]dit" if edit else "")
+        options = ("[y]es / [n]o / [a]lways '%s' this session / ne[v]er '%s'" % (scope, scope) if scope else
+                   "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session") + \
+            (" / [e]dit" if edit else "")
         while True:
             answer = self.asker.ask(options + " > ")
             if answer is None:
@@ -3873,20 +4000,22 @@ class Confirmations:
         return answer in ("y", "a")
 
     def confirm_command(self, command, reason):
-        if "terminal" in self.never:
+        key = approval_key(command)
+        if key in self.never:
             return None
-        if "terminal" in self.always:
+        if key in self.always:
             return command
         with self.console.hold():
             shown = self.console.clean(command, exact=True).replace("\n", "\n    ")  # exactly what will run
-            answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + shown, edit=True)
+            answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + shown, edit=True,
+                                      scope=self.console.clean(key, exact=True))
             if answer == "e":
-                edited = self.asker.ask("edit the command > ")
+                edited = self.asker.ask("edit the command > ", prefill=command if "\n" not in command else None)
                 return edited.strip() if edited and edited.strip() else None
         if answer == "a":
-            self.always.add("terminal")
+            self.always.add(key)
         if answer == "v":
-            self.never.add("terminal")
+            self.never.add(key)
         return command if answer in ("y", "a") else None
 
     def ask_irreversible(self, name, args, detail):
@@ -4035,6 +4164,7 @@ SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG
     "/history": ("/history — recent conversations", "history", None),
     "/resume": ("/resume ID — continue a stored conversation", "resume_cmd", ARG),
     "/undo": ("/undo — put back the last file change", "undo", None),
+    "/approvals": ("/approvals [clear] — the programs answered [a]lways / ne[v]er this session", "approvals", ARG),
     "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
@@ -4058,14 +4188,21 @@ class ChatSession:
         self.confirmations = Confirmations(Asker(console), console)
         self.events = ChatEvents(console, self.out)
         self.warned_write = False
+        self.failed_turns = 0  #: turns that ended in an error (piped chat exits 1 when there were any)
+        target = None
+        if args.resume or args.last:  # its provider, model and mode, unless given again
+            target = find_resume_target(cfg, console, args)
+            self.cfg = cfg = restored_config(args, console, cfg, target[1])
+            args.mode = args.mode or (target[1].get("mode") if target[1].get("mode") in ("write", "planning")
+                                      else None)
         self.session = Session.open(cfg, console, args.mode or cfg.get("agent.chat_mode"), args.working_dir,
                                     self.terminal_mode(), events=self.events, confirmations=self.confirmations,
                                     metrics_port=args.metrics_port)
         self.mentions = Mentions(self._mention_registry, console, cfg)
         try:
             self.sandbox_note = check_sandbox(cfg, self.session.sandbox, console)
-            if args.resume or args.last:
-                self.resume(args.resume or True)
+            if target is not None:
+                self.resume(target[0])
             else:
                 self.session.start("chat")
         except BaseException:
@@ -4110,6 +4247,17 @@ class ChatSession:
         return build_registry(PLANNING, self.session.ctx)  # read tools over the same jail, whatever the mode
 
     def resume(self, prefix):
+        from xzatoma_store import NotFound
+        if self.store is not None:  # another directory's conversation would run on a different tree
+            try:
+                stored = self.store.conversation(self.store.resolve(prefix))
+            except NotFound as exc:
+                raise UsageError(str(exc))
+            where = stored.get("working_dir")
+            if where and os.path.realpath(where) != os.path.realpath(self.session.root):
+                raise UsageError("conversation %s ran in %s, not in this chat's %s: continue it there with "
+                                 "'xzatoma chat --resume %s --working-dir %s'" % (
+                                     stored["id"][:12], where, self.session.root, stored["id"][:12], where))
         stored = self.session.start("chat", resume=prefix)
         self.console.info("resumed conversation %s (%d messages, %s)" % (
             self.id, len(self.conversation.messages) - 1, stored["status"]))
@@ -4155,7 +4303,7 @@ class ChatSession:
                  "Quota:             %s" % ", ".join(self.session.quota.usage()),
                  "Prompt Format:     [%s][%s] >>" % (self.mode.upper(), self.safety.upper())]
         if self.confirmations.always or self.confirmations.never:
-            lines.append("Session answers:   always: %s; never: %s" % (
+            lines.append("Session answers:   always: %s; never: %s (/approvals clear forgets them)" % (
                 ", ".join(sorted(self.confirmations.always)) or "-", ", ".join(sorted(self.confirmations.never)) or "-"))
         self.console._write("\n".join(lines))
 
@@ -4174,6 +4322,7 @@ class ChatSession:
                     line = input(self.prompt()) if self.interactive else sys.stdin.readline()
                     if not self.interactive and line == "":
                         break
+                    line = self.continued(line)
                     text = line.strip()
                     if text and self.command(text) == "exit":
                         break
@@ -4193,11 +4342,27 @@ class ChatSession:
                 except OSError:
                     pass
             self.finish()
+        if self.failed_turns and not self.interactive:  # a script piping turns in learns that one failed
+            return EXIT_FAILED
         return EXIT_OK
+
+    def continued(self, line):
+        """A line ending in a backslash continues on the next one: several lines, one message. (A paste
+        arrives whole anyway where the terminal supports bracketed paste, which readline turns on.)"""
+        lines = [line.rstrip("\n")]
+        while lines[-1].endswith("\\") and not lines[-1].endswith("\\\\"):
+            lines[-1] = lines[-1][:-1]
+            more = input("... ") if self.interactive else sys.stdin.readline()
+            if not self.interactive and more == "":
+                break
+            lines.append(more.rstrip("\n"))
+        return "\n".join(lines)
 
     def finish(self):
         if self.session.finish():
-            self.console.info("Resume this conversation with: xzatoma chat --resume %s" % self.id)
+            import shlex
+            self.console.info("Resume this conversation with: xzatoma chat --resume %s -C %s" % (
+                self.id, shlex.quote(self.session.root)))
         self.session.close()
 
     def command(self, text):
@@ -4224,6 +4389,16 @@ class ChatSession:
         except XzError as exc:
             self.console.error(str(exc))
         return None
+
+    def approvals(self, arg):
+        arg = arg.lower()
+        if arg not in ("", "clear"):
+            raise UsageError("usage: /approvals [clear]")
+        if arg == "clear":
+            self.confirmations.reset()
+            self.console.info("cleared: every tool and command asks again")
+            return
+        self.console._write("\n".join(self.console.clean(line) for line in self.confirmations.describe()))
 
     def help(self):
         self.console._write("Commands (case-insensitive):\n" + "\n".join("  " + v[0] for v in SLASH_COMMANDS.values()) +
@@ -4256,6 +4431,14 @@ class ChatSession:
     def switch_model(self, name):
         if not name:
             raise UsageError("usage: /model NAME (see /models)")
+        try:
+            names = [m["id"] for m in self.provider.models()]
+        except XzError as exc:  # the provider cannot list: switch, and say it is unchecked
+            names = None
+            self.console.warn("cannot check the name against the provider's models (%s)" % one_line(exc, 120))
+        if names is not None and name not in names:
+            raise UsageError("%s has no model '%s'%s (see /models)" % (
+                self.provider.name, name, _closest(name, names).replace(" (", "; ").rstrip(")")))
         self.session.rebuild(provider=make_provider(self.cfg, self.console, model=name))
         self.console.info("Switched to model %s (the conversation is kept)" % name)
 
@@ -4326,6 +4509,7 @@ class ChatSession:
             self.console._write("")
             self.console.info("turn cancelled; the conversation is intact")
         elif result.status != "completed":
+            self.failed_turns += 1
             self.console.error(result.error)
         result.status = "running"
         self.footer(before)
@@ -4365,6 +4549,7 @@ class ChatSession:
         readline.set_completer_delims(" \t\n")
         readline.set_completer(self.complete)
         readline.parse_and_bind("tab: complete")
+        readline.parse_and_bind("set enable-bracketed-paste on")  # a pasted block is one message
         return readline
 
     def complete(self, text, state):
@@ -4413,9 +4598,7 @@ def _build_chat(sub, common, fmt):
     chat.add_argument("--max-turns", type=int, metavar="N", help="model calls per message (agent.max_turns)")
     chat.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics during the session")
     _sandbox_flags(chat)
-    resume = chat.add_mutually_exclusive_group()
-    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation")
-    resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
+    _resume_flags(chat)
     chat.set_defaults(func=cmd_chat)
 
 
@@ -4815,6 +4998,90 @@ def config_from_args(args, console, extra=None):
     return cfg
 
 
+def run_prompt(args):
+    """The task given on the command line: `run "…"` or `--prompt "…"` (one of them), else None."""
+    task = " ".join(getattr(args, "task", None) or ()) or None  # `xzatoma run list the files` needs no quotes
+    if task is not None and (args.prompt is not None or args.plan):
+        raise UsageError("give the task once: as an argument, with --prompt, or with --plan")
+    return args.prompt if args.prompt is not None else task
+
+
+def _stdin_is_data():
+    """Standard input is a pipe or a file (not a terminal, /dev/null or a socket): something was piped."""
+    import stat
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
+def read_piped_context(args, cap):
+    """`cat build.log | xzatoma run "Why did this fail?"`: what was piped, as a context block to put after the
+    task (None when the task itself comes from stdin or nothing was piped). Capped at `cap` bytes, with a
+    note when cut. Never searched for @mentions: it is data, not the person's words."""
+    prompt = run_prompt(args)
+    if args.plan == "-" or prompt in (None, "-") or not _stdin_is_data():
+        return None
+    data = sys.stdin.buffer.read(cap + 1)
+    if not data:
+        return None
+    text = data[:cap].decode("utf-8", "replace")
+    note = "\n[standard input cut at %d bytes (agent.mentions.max_file_size); the rest was not read]" % cap \
+        if len(data) > cap else ""
+    return "[Content of standard input]\n%s%s\n[End of standard input]" % (text.rstrip("\n"), note)
+
+
+def find_resume_target(cfg, console, args):
+    """resume_target with a store of its own (closed again): before a Session is opened with what it finds."""
+    store = open_store(cfg, console)
+    try:
+        return resume_target(store, args, check_working_dir(args.working_dir))
+    finally:
+        if store is not None:
+            store.close()
+
+
+def resume_target(store, args, working_dir):
+    """(id, stored row) for --resume ID / --last. --last means this working directory's latest
+    (--all-projects: anyone's); a conversation from another directory is refused unless --working-dir
+    names where to continue it (the tools would otherwise work on a different tree than it did)."""
+    from xzatoma_store import NotFound
+    if store is None:
+        raise UsageError("cannot resume: conversation history is unavailable")
+    here = os.path.realpath(working_dir)
+    try:
+        cid = store.resolve(args.resume) if args.resume else store.latest(
+            working_dir=None if getattr(args, "all_projects", False) else here)
+        stored = store.conversation(cid)
+    except NotFound as exc:
+        raise UsageError(str(exc))
+    where = stored.get("working_dir")
+    if where and os.path.realpath(where) != here and not args.working_dir:
+        import shlex
+        raise UsageError("conversation %s ran in %s, not here: continue it there with --working-dir %s"
+                         % (cid[:12], where, shlex.quote(where)))
+    return cid, stored
+
+
+def restored_config(args, console, cfg, stored, extra=None):
+    """The configuration a resumed conversation continues with: its stored provider and model unless
+    --provider/--model are given again (its mode is restored by the caller)."""
+    flags = {}
+    if not getattr(args, "provider", None) and stored.get("provider") in PROVIDERS:
+        flags["provider.type"] = stored["provider"]
+        if not getattr(args, "model", None) and stored.get("model"):
+            flags["model"] = stored["model"]
+    elif getattr(args, "provider", None):
+        flags["provider.type"] = args.provider
+    if getattr(args, "model", None):
+        flags["model"] = args.model
+    if not flags or (flags.get("provider.type") == cfg.provider_type and flags.get("model", cfg.model) == cfg.model):
+        return cfg
+    flags.update(extra or {})
+    return load_config(flags, config_path=getattr(args, "config", None))  # warnings were shown the first time
+
+
 def read_instruction(args, console, default=None):
     """The task: (text, kind 'run'|'plan', title, source) or a UsageError."""
     from xzatoma_tools import PlanError, parse_plan
@@ -4837,39 +5104,92 @@ def read_instruction(args, console, default=None):
         for key in getattr(plan, "unknown_keys", ()):
             console.warn("plan key '%s' is not used (known: goal, context, instructions; or name, description, version, action, steps)" % key)
         return plan.to_prompt(), "plan", plan.goal, source
-    if args.prompt == "-" or (args.prompt is None and not _isatty(sys.stdin)):
+    prompt = run_prompt(args)
+    if prompt == "-" or (prompt is None and not _isatty(sys.stdin)):
         text = sys.stdin.read()
         if not text.strip() and default:
             text = default
-    elif args.prompt is None:
+    elif prompt is None:
         if default:
             return default, "run", default, None
-        raise UsageError("nothing to do: give --prompt TEXT, --plan FILE, or pipe the instruction on stdin "
+        raise UsageError("nothing to do: give the task (xzatoma run \"…\"), --plan FILE, or pipe it on stdin "
                          "(see 'xzatoma run --help')")
     else:
-        text = args.prompt
+        text = prompt
     if not text.strip():
         raise UsageError("the instruction is empty")
     return text.strip(), "run", text.strip(), None
+
+
+def output_format(args):
+    """text, json or stream-json: --output-format, with --json as the alias of json."""
+    fmt = getattr(args, "output_format", None)
+    if getattr(args, "json", False):
+        if fmt not in (None, "json"):
+            raise UsageError("--json means --output-format json; give one of them")
+        fmt = "json"
+    return fmt or "text"
+
+
+def run_events(console, fmt):
+    return StreamJsonEvents(console) if fmt == "stream-json" else RunEvents(console)
+
+
+def prepare_task(cfg, console, ctx, instruction, piped=None):
+    """The first user message of a run or plan: @mentions expanded through the read tools over the run's
+    jail (as chat does), then what was piped on stdin as a context block."""
+    from xzatoma_tools import build_registry
+    text, _ = Mentions(lambda: build_registry("planning", ctx), console, cfg).expand(instruction)
+    return text + ("\n\n" + piped if piped else "")
+
+
+def emit_result(args, fmt, events, result):
+    """The end of a run on stdout, in the chosen format."""
+    if fmt == "json":
+        json_out(result.to_json())
+        sys.stdout.flush()
+    elif fmt == "stream-json":
+        events.emit("result", **result.to_json())
+    elif result.status == "completed":  # data when piped: byte-exact but for secrets; neutralised on a TTY
+        from xzatoma_store import redact
+        answer = redact(result.answer.rstrip("\n"))
+        sys.stdout.write((Console.clean(answer) if _isatty(sys.stdout) else answer) + "\n")
+        sys.stdout.flush()
+
+
+def _resume_flags(parser):
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation (unique id prefix) with its "
+                                                      "provider, model and mode unless given again")
+    resume.add_argument("--last", action="store_true", help="continue this directory's most recent conversation")
+    parser.add_argument("--all-projects", "--global", action="store_true",
+                        help="--last looks at every directory's conversations, not only this one's")
 
 
 def _build_run(sub, common, fmt):
     run = sub.add_parser(
         "run", parents=[common], formatter_class=fmt, help=COMMAND_HELP["run"],
         description="Run one task autonomously and print the final answer on stdout (progress goes to "
-                    "stderr). The instruction comes from --prompt, --plan, or standard input.",
+                    "stderr). The task comes as an argument, --prompt, --plan, or standard input; @mentions "
+                    "(@file#L10-20, @dir/, @search:\"…\", @grep:\"…\", @url:…) work as in chat.",
         epilog="plans are YAML, JSON or Markdown files with a goal, optional context and instructions:\n"
                "  goal: Generate API documentation\n"
                "  context: {directory: src/api/}\n"
                "  instructions: [List all API endpoint files, Create an OpenAPI spec]\n\n"
                "terminal commands: without --allow-dangerous only read-only commands run; others are "
                "refused\nso the model can adapt. --json prints one object: conversation_id, status, answer, "
-               "turns,\ntool_calls, usage, duration_seconds, error.\n\n" + EXIT_CODES_HELP)
+               "turns,\ntool_calls, usage, duration_seconds, error. --output-format stream-json prints JSON lines:\n"
+               "start, tool_call, tool_result, message, usage, then result (the --json object).\n\n"
+               "examples:\n  xzatoma run \"List the Python files\"\n"
+               "  cat build.log | xzatoma run \"Why did this fail?\"\n"
+               "  xzatoma run \"Explain @src/app.py#L10-40\"\n\n" + EXIT_CODES_HELP)
+    run.add_argument("task", nargs="*", metavar="TASK", help="what to do (or --prompt, --plan, or stdin); with a task, "
+                                                            "piped stdin is added as context")
     src = run.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", metavar="TEXT", help="the instruction ('-' reads it from stdin)")
     src.add_argument("--plan", metavar="FILE", help="a plan file (.yaml, .yml, .json, .md; '-' reads stdin)")
-    run.add_argument("--mode", choices=("write", "planning"), default="write",
-                     help="write: all tools (default); planning: read-only tools")
+    run.add_argument("--mode", choices=("write", "planning"),
+                     help="write: all tools (default; a resumed conversation keeps its own); planning: read-only tools")
     run.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls (agent.max_turns)")
     run.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit (agent.timeout_seconds)")
     run.add_argument("--allow-dangerous", action="store_true",
@@ -4878,10 +5198,11 @@ def _build_run(sub, common, fmt):
     _sandbox_flags(run)
     run.add_argument("--working-dir", "-C", metavar="DIR",
                      help="directory the tools work in and cannot leave (default: current directory)")
-    run.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of the answer")
-    resume = run.add_mutually_exclusive_group()
-    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation (unique id prefix)")
-    resume.add_argument("--last", action="store_true", help="continue the most recent conversation")
+    run.add_argument("--output-format", choices=("text", "json", "stream-json"),
+                     help="text: the answer (default); json: one object at the end; stream-json: one JSON object "
+                          "per line as things happen (README: the schema)")
+    run.add_argument("--json", action="store_true", help="the same as --output-format json")
+    _resume_flags(run)
     run.add_argument("--metrics-textfile", metavar="PATH", help="write Prometheus metrics here at the end "
                                                                "(node_exporter textfile collector)")
     run.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics while running")
@@ -4896,20 +5217,32 @@ def cmd_run(args, console):
     if args.timeout is not None:
         extra["agent.timeout_seconds"] = args.timeout
     cfg = config_from_args(args, console, _sandbox_config(args, extra))
+    fmt = output_format(args)
     resume = args.resume or args.last or None
     instruction, kind, title, source = read_instruction(
         args, console, default="Continue the task from where it stopped." if resume else None)
+    piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"))
+    if resume:  # this directory's conversation, with its provider, model and mode unless given again
+        resume, stored = find_resume_target(cfg, console, args)
+        cfg = restored_config(args, console, cfg, stored, _sandbox_config(args, extra))
+        args.mode = args.mode or (stored.get("mode") if stored.get("mode") in ("write", "planning") else None)
+    args.mode = args.mode or "write"
     # nobody can be asked in run: confirm-level commands are refused unless --allow-dangerous
     full = args.allow_dangerous or cfg.get("agent.terminal.default_mode") == FULL
-    session = Session.open(cfg, console, args.mode, args.working_dir, FULL if full else RESTRICTED,
+    events = run_events(console, fmt)
+    session = Session.open(cfg, console, args.mode, args.working_dir, FULL if full else RESTRICTED, events=events,
                            metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile)
     try:
         session.start(kind, resume=resume, title=title, source=source)
         sandbox_note = check_sandbox(cfg, session.sandbox, console) if "terminal" in session.registry else None
-        session.conversation.add_user(instruction)
         console.info("xzatoma %s · %s · %s · conversation %s%s%s" % (
             kind, session.provider.name, session.provider.model, session.id, " (resumed)" if resume else "",
             " · " + sandbox_note if sandbox_note else ""), "dim")
+        session.conversation.add_user(prepare_task(cfg, console, session.ctx, instruction, piped))
+        if fmt == "stream-json":
+            events.emit("start", conversation_id=session.id, kind=kind, provider=session.provider.name,
+                        model=session.provider.model, mode=args.mode, working_dir=session.ctx.root,
+                        resumed=bool(resume))
         with sigterm_raises():
             result = session.agent().run()
     finally:
@@ -4919,15 +5252,8 @@ def cmd_run(args, console):
         _fmt_tokens(result.prompt_tokens + result.completion_tokens),
         _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens),
         ESTIMATED_NOTE if result.estimated else "", result.duration, result.conversation_id)
-    if args.json:
-        json_out(result.to_json())
-        sys.stdout.flush()
-    elif result.status == "completed":  # data when piped: byte-exact but for secrets; neutralised on a TTY
-        from xzatoma_store import redact
-        answer = redact(result.answer.rstrip("\n"))
-        sys.stdout.write((Console.clean(answer) if _isatty(sys.stdout) else answer) + "\n")
-        sys.stdout.flush()
-    elif result.answer and not console.quiet:
+    emit_result(args, fmt, events, result)
+    if result.status != "completed" and fmt == "text" and result.answer and not console.quiet:
         console.info("partial answer:\n" + result.answer, "dim")
     if result.status != "completed":
         console.error(result.error)

@@ -657,9 +657,12 @@ class Store:
     def set_undo_after(self, undo_id, after_hash):
         self.conn().execute("UPDATE undo SET after_hash = ? WHERE id = ?", (after_hash, undo_id))
 
-    def undo_records(self, conversation_id=None, pending=True, limit=None):
+    def undo_records(self, conversation_id=None, pending=True, limit=None, working_dir=None):
+        """Undo records, newest first: of one conversation, or of the conversations run in `working_dir`."""
         return self._select("undo", {"conversation_id = ?": conversation_id or None,
-                                     "restored_at IS NULL": Ellipsis if pending else None}, "id DESC", limit)
+                                     "restored_at IS NULL": Ellipsis if pending else None,
+                                     "conversation_id IN (SELECT id FROM conversations WHERE working_dir = ?)":
+                                         working_dir or None}, "id DESC", limit)
 
     def mark_restored(self, undo_id):
         self.conn().execute("UPDATE undo SET restored_at = ? WHERE id = ?", (rfc3339(), undo_id))

@@ -135,7 +135,8 @@ def test_confirmations_no_always_and_edit(chat, fake, cli):
     p.expect(r"/ \[e\]dit > ")
     p.line("e")
     p.expect("edit the command > ")
-    p.line("touch edited.txt")
+    p.expect("touch wanted.txt")  # the line starts from the proposed command
+    p.line("\x15touch edited.txt")  # Ctrl-U clears it
     p.expect("ran edited")
     assert (cli.workdir / "edited.txt").exists() and not (cli.workdir / "wanted.txt").exists()
     p.line("/safe")
