@@ -660,3 +660,31 @@ def test_metrics_hooks_count_outcomes_runs_and_lag(kafka_broker, store):
                  'xzatoma_watch_events_total{outcome="rejected"} 1.0', "xzatoma_watch_run_duration_seconds_count 1.0",
                  "xzatoma_watch_runs_in_flight 0.0", 'xzatoma_watch_consumer_lag{partition="0",topic="%s"}' % topic):
         assert line in text, line
+
+
+def test_results_on_the_input_topic_are_never_run(kafka_broker, store):
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent(event_id="loop-%d" % i, data={"plan": PLAN}))
+                                             for i in range(2)])
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, output_topic=topic, max_events=4)
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive()
+    assert sorted(j.event.id for j in run_plan.calls) == ["loop-0", "loop-1"]
+    filtered = watcher.log_lines.events("filtered")
+    assert len(filtered) == 2 and all("result published by xzatoma" in f["reason"] for f in filtered)
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [4]
+
+
+def test_create_topics_makes_the_missing_ones(kafka_broker):
+    from kafka import KafkaAdminClient
+    name = "made-" + uuid.uuid4().hex[:8]
+    opts = w.client_options(kafka_broker.address)
+    w.create_topics(opts, [name, name + ".results", name])
+    w.create_topics(opts, [name, name + ".dlq"])  # existing ones are left alone
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.address)
+    try:
+        assert {name, name + ".results", name + ".dlq"} <= set(admin.list_topics())
+    finally:
+        admin.close()

@@ -196,3 +196,34 @@ def test_publish_to_an_unreachable_broker_fails_with_exit_1(cli, tmp_path):
     r = cli.run("publish", "--plan", plan, "--brokers", "127.0.0.1:1", "--topic", "t", timeout=90)
     assert r.returncode == 1 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "cannot reach the Kafka brokers 127.0.0.1:1" in r.stderr
+
+
+def test_kafka_secrets_come_from_the_environment_and_are_never_shown(cli, tmp_path):
+    pytest.importorskip("kafka")
+    import signal
+    import socket
+    import yaml
+    from conftest import wait_for
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = "kafka-pass-Zq81xWv3"
+    cli.write_config({"watcher": {"kafka": {"bootstrap_servers": "127.0.0.1:%d" % port, "topic": "t",
+                                            "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                                            "username": "${KAFKA_USER}", "password": "${KAFKA_PASS}"}},
+                      "xzepr": {"api_key": "${XZEPR_KEY_FOR_TEST}"}})
+    env = {"KAFKA_USER": "svc", "KAFKA_PASS": secret, "XZEPR_KEY_FOR_TEST": "xzepr-key-Lk29sd8f"}
+    shown = cli.run("config", "show", env=env)
+    assert shown.returncode == 0 and secret not in shown.stdout and "xzepr-key" not in shown.stdout
+    assert "watcher.kafka.password" in shown.stdout and "watcher.kafka.username" in shown.stdout
+    log = tmp_path / "w.log"
+    proc = cli.popen("watch", "--dry-run", "--log-file", log, "-v", env=env)
+    try:
+        assert wait_for(lambda: log.exists() and "broker_unavailable" in log.read_text(), 40)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    for text in (log.read_text(), out, err):
+        assert secret not in text and "xzepr-key-Lk29sd8f" not in text
