@@ -106,6 +106,22 @@ def cli(tmp_path):
     return Cli(tmp_path)
 
 
+@pytest.fixture
+def chat(cli, fake):
+    """Starts `xzatoma chat …` under a pseudo-terminal against the fake model; closes them all after."""
+    from ptyrun import PtyProcess
+    cli.use(fake)
+    procs = []
+
+    def start(*args):
+        p = PtyProcess(cli.command("chat", *args), dict(cli.env, TERM="xterm"), str(cli.workdir))
+        procs.append(p)
+        return p
+    yield start
+    for p in procs:
+        p.close()
+
+
 def wait_for(predicate, timeout=20):
     """Wait for an event (bounded), polling; returns whether it happened."""
     import time

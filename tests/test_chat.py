@@ -12,18 +12,10 @@ PROMPT = r"\[%s\]\[%s\] >> "
 
 
 @pytest.fixture
-def chat(cli, fake):
+def chat(chat, cli):
+    """conftest's chat, in a working directory with a notes.txt to mention and read."""
     (cli.workdir / "notes.txt").write_text("alpha\nbeta\ngamma\n")
-    cli.use(fake)
-    procs = []
-
-    def start(*args):
-        p = PtyProcess(cli.command("chat", *args), dict(cli.env, TERM="xterm"), str(cli.workdir))
-        procs.append(p)
-        return p
-    yield start
-    for p in procs:
-        p.close()
+    return chat
 
 
 def user_messages(fake, index=-1):

@@ -132,21 +132,6 @@ def test_run_spinner_on_a_terminal_and_request_timing_with_verbose(cli, fake):
 PROMPT = r"\[%s\]\[%s\] >> "
 
 
-@pytest.fixture
-def chat(cli, fake):
-    from ptyrun import PtyProcess
-    cli.use(fake)
-    procs = []
-
-    def start(*args):
-        p = PtyProcess(cli.command("chat", *args), dict(cli.env, TERM="xterm"), str(cli.workdir))
-        procs.append(p)
-        return p
-    yield start
-    for p in procs:
-        p.close()
-
-
 def test_always_approves_the_program_and_subcommand_not_every_command(chat, fake, cli):
     fake.add({"tool_calls": [tool_call("terminal", command="touch a.txt")]}, {"content": "one"},
              {"tool_calls": [tool_call("terminal", command="touch b.txt")]}, {"content": "two"},

@@ -164,20 +164,6 @@ def test_replay_history_show_and_search_are_inert(cli, fake):
 # -- end to end: chat under a pseudo-terminal --
 
 
-@pytest.fixture
-def chat(cli, fake):
-    cli.use(fake)
-    procs = []
-
-    def start(*args):
-        p = PtyProcess(cli.command("chat", *args), dict(cli.env, TERM="xterm"), str(cli.workdir))
-        procs.append(p)
-        return p
-    yield start
-    for p in procs:
-        p.close()
-
-
 PROMPT = r"\[WRITE\]\[SAFE\] >> "
 
 
