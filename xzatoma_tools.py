@@ -1050,12 +1050,67 @@ def _resolved_protected(root, protected):
             continue
         if real != path:
             out.append(real)
+        gitdirs = [real] if os.path.basename(path) == ".git" and st is not None and stat.S_ISDIR(st.st_mode) else []
         if pointer.startswith(b"gitdir:"):
             gitdir = os.fsdecode(pointer[7:].strip().splitlines()[0]) if pointer[7:].strip() else ""
             try:
-                out.append(resolve_path(os.path.join(os.path.dirname(real), gitdir), root))
+                gitdirs.append(resolve_path(os.path.join(os.path.dirname(real), gitdir), root))
+                out.append(gitdirs[-1])
             except (ToolError, OSError):
                 pass  # a gitdir outside the tree: the jail keeps tools out of it anyway
+        for gitdir in gitdirs:
+            out.extend(_git_config_paths(jail, root, os.path.dirname(real), gitdir))
+    return out
+
+
+#: config keys whose value is a path even without a slash: the hooks directory, an included config file
+_GIT_PATH_KEYS = ("hookspath", "path")
+
+
+def _git_config_paths(jail, root, top, gitdir):
+    """In-tree paths a repository's own config makes git run or read as config: core.hooksPath,
+    programs named with a slash (fsmonitor, pager, textconv, filters, aliases, helpers …), include
+    paths. Writing them runs code at the user's next git command, like writing .git/hooks does."""
+    out, seen = [], set()
+    todo = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
+    while todo and len(seen) < 16:
+        config = todo.pop(0)
+        if config in seen:
+            continue
+        seen.add(config)
+        try:
+            with jail.resolve(config) as target:
+                fd = target.open_regular("")
+                try:
+                    text = read_fd(fd, 1 << 20).decode("utf-8", "replace")
+                finally:
+                    os.close(fd)
+        except (ToolError, OSError):
+            continue
+        for line in text.splitlines():
+            line = re.sub(r'^\s*\[[^\]]*\]', "", line).strip()
+            if "=" not in line or line[:1] in "#;":
+                continue
+            key, value = line.split("=", 1)
+            key = key.strip().lower()
+            for token in re.split(r"[\s;|&()<>`]+", value.replace('"', " ").replace("'", " ")):
+                token = token.lstrip("!")
+                if not token or token.startswith("-") or token[:1] in "#;":
+                    continue
+                if key in _GIT_PATH_KEYS:
+                    base = os.path.dirname(config) if key == "path" else top
+                elif "/" in token or token.startswith("~"):
+                    base = top
+                else:
+                    continue
+                try:
+                    found = resolve_path(os.path.join(base, os.path.expanduser(token)), root)
+                except (ToolError, OSError):
+                    continue
+                if found != root and found not in out:
+                    out.append(found)
+                    if key == "path":
+                        todo.append(found)
     return out
 
 

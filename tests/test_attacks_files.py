@@ -1,0 +1,49 @@
+"""Attacks on the file tools beyond issue 12's list: tool calls from the fake model, harmless payloads."""
+
+import os
+
+import pytest
+
+from conftest import tool_call
+from test_file_safety import HEADLESS, run_calls, snapshot
+
+
+@pytest.fixture
+def outside(cli):
+    d = cli.tmp / "outside"
+    d.mkdir()
+    (d / "victim.txt").write_text("untouched\n")
+    return d
+
+
+@pytest.mark.parametrize("config,path", [
+    ("[core]\n\thooksPath = tools/hooks\n", "tools/hooks/pre-commit"),
+    ('[core]\n\thooksPath = "./tools/hooks/"\n', "tools/hooks/post-checkout"),
+    ("[core]\n\tfsmonitor = tools/fsmon.sh\n", "tools/fsmon.sh"),
+    ("[core]\n\tpager = ./bin/pager\n", "bin/pager"),
+    ("[diff \"x\"]\n\ttextconv = bin/conv\n", "bin/conv"),
+    ("[filter \"lfs\"]\n\tclean = scripts/clean.sh %f\n", "scripts/clean.sh"),
+    ("[CORE]\n\tHooksPath=tools/hooks\n", "tools/hooks/pre-push"),
+])
+def test_programs_git_config_names_inside_the_tree_are_protected(cli, fake, config, path):
+    """git runs what its config names: an in-tree hooks directory or program is as dangerous as .git/hooks."""
+    work = cli.workdir
+    (work / ".git").mkdir()
+    (work / ".git" / "config").write_text(config)
+    cli.use(fake)
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path=path, content="#!/bin/sh\ntouch pwned\n")])
+    assert r.returncode == 0, r.stderr
+    assert results[0].startswith("Error: ") and results[0].endswith(HEADLESS), results[0]
+    assert snapshot(work) == before
+
+
+def test_hard_link_to_outside_is_never_written_through(cli, fake, outside):
+    work = cli.workdir
+    os.link(str(outside / "victim.txt"), str(work / "hl.txt"))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="hl.txt", content="x\n"),
+                                       tool_call("edit_file", path="hl.txt", old_text="x", new_text="y")])
+    assert r.returncode == 0, r.stderr
+    assert (outside / "victim.txt").read_text() == "untouched\n"
+    assert (work / "hl.txt").read_text() == "y\n"
