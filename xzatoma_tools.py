@@ -1060,7 +1060,40 @@ def _resolved_protected(root, protected):
                 pass  # a gitdir outside the tree: the jail keeps tools out of it anyway
         for gitdir in gitdirs:
             out.extend(_git_config_paths(jail, root, os.path.dirname(real), gitdir))
+    # nested repositories (vendored clones, submodules): their .git may be a file naming a gitdir
+    # elsewhere in the tree, and their config names hooks and programs relative to their own top; the
+    # repository enclosing the working directory may name programs inside it too
+    nested, _ = nested_repositories(root)
+    for dot in nested + git_dirs(root):
+        if os.path.basename(dot).lower() != ".git":
+            continue
+        top = os.path.dirname(dot)
+        gitdir = _gitdir_of(dot)
+        if gitdir is None:
+            continue
+        if _inside(gitdir, root) and gitdir not in out:
+            out.append(gitdir)
+        out.extend(_git_config_paths(jail, root, top, gitdir))
     return out
+
+
+def _gitdir_of(dot):
+    """The real git directory a `.git` entry stands for (itself, or the `gitdir:` its file names)."""
+    if os.path.isdir(dot) and not os.path.islink(dot):
+        return os.path.realpath(dot)
+    try:
+        fd = os.open(dot, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        line = read_fd(fd, 4096).decode("utf-8", "replace").strip().splitlines()
+    finally:
+        os.close(fd)
+    if not line or not line[0].startswith("gitdir:"):
+        return None
+    return os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
 
 
 #: config keys whose value is a path even without a slash: the hooks directory, an included config file
@@ -1073,18 +1106,32 @@ def _git_config_paths(jail, root, top, gitdir):
     paths. Writing them runs code at the user's next git command, like writing .git/hooks does."""
     out, seen = [], set()
     todo = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
+    try:  # a worktree's gitdir names the main repository's, whose config and hooks it uses
+        with open(os.path.join(gitdir, "commondir"), "rb") as fh:
+            common = os.path.realpath(os.path.join(gitdir, os.fsdecode(fh.read(4096).strip())))
+        todo.insert(0, os.path.join(common, "config"))
+        if _inside(common, root):
+            out.append(common)
+    except (OSError, ValueError):
+        pass
     while todo and len(seen) < 16:
         config = todo.pop(0)
         if config in seen:
             continue
         seen.add(config)
         try:
-            with jail.resolve(config) as target:
-                fd = target.open_regular("")
-                try:
-                    text = read_fd(fd, 1 << 20).decode("utf-8", "replace")
-                finally:
+            if _inside(config, root):
+                with jail.resolve(config) as target:
+                    fd = target.open_regular("")
+            else:  # the enclosing repository's config: read for this judgement only, never shown
+                fd = os.open(config, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
                     os.close(fd)
+                    continue
+            try:
+                text = read_fd(fd, 1 << 20).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
         except (ToolError, OSError):
             continue
         for line in text.splitlines():

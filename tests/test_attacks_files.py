@@ -38,6 +38,38 @@ def test_programs_git_config_names_inside_the_tree_are_protected(cli, fake, conf
     assert snapshot(work) == before
 
 
+@pytest.mark.parametrize("layout", ["gitdir-file", "nested-config", "worktree-commondir", "enclosing"])
+def test_nested_and_enclosing_repositories_keep_their_hooks(cli, fake, layout):
+    """A vendored clone's `.git` file naming meta2/, its own core.hooksPath, a worktree's common gitdir,
+    and the repository around the working directory naming hooks inside it."""
+    work = cli.workdir
+    path = "meta2/hooks/pre-commit"
+    if layout == "gitdir-file":
+        (work / "meta2" / "hooks").mkdir(parents=True)
+        (work / "sub").mkdir()
+        (work / "sub" / ".git").write_text("gitdir: ../meta2\n")
+    elif layout == "nested-config":
+        (work / "vendor" / "lib" / ".git").mkdir(parents=True)
+        (work / "vendor" / "lib" / ".git" / "config").write_text("[core]\n\thooksPath = ../../meta2/hooks\n")
+    elif layout == "worktree-commondir":
+        (work / "meta2" / "worktrees" / "wt").mkdir(parents=True)
+        (work / "meta2" / "worktrees" / "wt" / "commondir").write_text("../..\n")
+        (work / "meta2" / "hooks").mkdir()
+        (work / "wt").mkdir()
+        (work / "wt" / ".git").write_text("gitdir: ../meta2/worktrees/wt\n")
+    else:
+        top = work.parent
+        (top / ".git").mkdir()
+        (top / ".git" / "config").write_text("[core]\n\thooksPath = %s/meta2/hooks\n" % work.name)
+    cli.use(fake)
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path=path, content="x"),
+                                       tool_call("write_file", path="elsewhere.txt", content="ok")])
+    assert results[0].startswith("Error: ") and results[0].endswith(HEADLESS), results[0]
+    assert results[1] == "Created elsewhere.txt (2 bytes)"
+    assert not os.path.exists(str(work / path))
+
+
 def test_hard_link_to_outside_is_never_written_through(cli, fake, outside):
     work = cli.workdir
     os.link(str(outside / "victim.txt"), str(work / "hl.txt"))
