@@ -1263,11 +1263,26 @@ def read_fd(fd, limit=None, size=None):
     return b"".join(chunks)
 
 
+#: the largest file a tool reads whole into memory (edit_file, diffs, plans, grep): a multi-gigabyte or
+#: sparse file in the tree must cost an error, not the machine's memory
+MAX_WHOLE_FILE = 64 << 20
+
+
+def read_whole(fd, name, what="read whole"):
+    """Every byte of the open regular file fd, or a ToolError when it is over MAX_WHOLE_FILE."""
+    size = os.fstat(fd).st_size
+    data = read_fd(fd, MAX_WHOLE_FILE + 1, size=min(size, MAX_WHOLE_FILE))
+    if size > MAX_WHOLE_FILE or len(data) > MAX_WHOLE_FILE:
+        raise ToolError("%s is %s, over the %s a tool can %s" % (
+            name, _fmt_size(max(size, len(data))), _fmt_size(MAX_WHOLE_FILE), what))
+    return data
+
+
 def read_text(target, what, errors="replace"):
     """The text of the regular file at a Target (never following a link, never blocking on a FIFO)."""
     fd = target.open_regular(what)
     try:
-        return read_fd(fd).decode("utf-8", errors)
+        return read_whole(fd, display_path(target.real, target.root)).decode("utf-8", errors)
     finally:
         os.close(fd)
 
@@ -1916,7 +1931,7 @@ def _grep_read(ctx, rel, dir_fd, name, kind):
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None
-        return read_fd(fd, size=st.st_size)
+        return read_fd(fd, MAX_WHOLE_FILE, size=min(st.st_size, MAX_WHOLE_FILE))  # a huge file: its head
     finally:
         os.close(fd)
 
@@ -2242,7 +2257,7 @@ class DiffFiles(Tool):
             try:
                 if is_binary_fd(fd):
                     raise ToolError("%s is not a text file" % args[key])
-                texts.append(read_fd(fd).decode("utf-8", "replace"))
+                texts.append(read_whole(fd, args[key], "compare").decode("utf-8", "replace"))
             finally:
                 os.close(fd)
         n = args.get("context_lines")

@@ -79,3 +79,23 @@ def test_hard_link_to_outside_is_never_written_through(cli, fake, outside):
     assert r.returncode == 0, r.stderr
     assert (outside / "victim.txt").read_text() == "untouched\n"
     assert (work / "hl.txt").read_text() == "y\n"
+
+
+def test_a_huge_sparse_file_costs_an_error_not_the_memory(cli, fake):
+    """edit_file and diff_files read files whole: a 100 MB (sparse: free to make) file is refused by size."""
+    work = cli.workdir
+    with open(str(work / "big.txt"), "wb") as fh:
+        fh.write(b"hello needle\n" * 1000)
+        fh.truncate(100 << 20)
+    (work / "small.txt").write_text("a\n")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [
+        tool_call("edit_file", path="big.txt", old_text="hello", new_text="x", replace_all=True),
+        tool_call("diff_files", path1="small.txt", path2="big.txt"),
+        tool_call("grep", pattern="needle", path="big.txt")])
+    assert r.returncode == 0, r.stderr
+    edit, diff, grep = results
+    assert edit.startswith("Error: big.txt is 100.0 MB, over the 64.0 MB"), edit
+    assert diff.startswith("Error: big.txt is 100.0 MB, over the 64.0 MB"), diff
+    assert "big.txt:1: hello needle" in grep
+    assert os.path.getsize(str(work / "big.txt")) == 100 << 20
