@@ -1298,6 +1298,9 @@ def is_binary_fd(fd, sample=8192):
     return b"\x00" in head
 
 
+_SETID = stat.S_ISUID | stat.S_ISGID
+
+
 def write_atomic_at(dir_fd, name, data, mode=None):
     """Replace `name` in the directory `dir_fd` in one step, keeping its permissions.
 
@@ -1311,7 +1314,7 @@ def write_atomic_at(dir_fd, name, data, mode=None):
     except FileNotFoundError:
         st = None
     if mode is None and st is not None and stat.S_ISREG(st.st_mode):
-        mode = stat.S_IMODE(st.st_mode)
+        mode = stat.S_IMODE(st.st_mode) & ~_SETID  # new content never inherits set-user/group-ID (as write(2))
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
     for _ in range(16):
         tmp = ".xzatoma-%s.tmp" % secrets.token_hex(8)
@@ -2371,7 +2374,7 @@ def copy_at(src_dir_fd, src_name, dst_dir_fd, dst_name, check=None, skipped=None
                 if not chunk:
                     break
                 write_all(dfd, chunk)
-            os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+            os.fchmod(dfd, stat.S_IMODE(st.st_mode) & ~_SETID)  # a copy is not set-ID, as cp without -p
             os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(dfd)

@@ -99,3 +99,20 @@ def test_a_huge_sparse_file_costs_an_error_not_the_memory(cli, fake):
     assert diff.startswith("Error: big.txt is 100.0 MB, over the 64.0 MB"), diff
     assert "big.txt:1: hello needle" in grep
     assert os.path.getsize(str(work / "big.txt")) == 100 << 20
+
+
+def test_rewritten_and_copied_files_drop_set_id_bits(cli, fake):
+    """Replacing a set-user-ID program's content (or copying it) must not hand the new bytes its privilege."""
+    work = cli.workdir
+    prog = work / "tool.sh"
+    prog.write_text("#!/bin/sh\necho ok\n")
+    os.chmod(str(prog), 0o6755)
+    if os.stat(str(prog)).st_mode & 0o6000 != 0o6000:
+        pytest.skip("this filesystem does not keep set-ID bits")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("copy_path", source_path="tool.sh", destination_path="copy.sh"),
+                                       tool_call("edit_file", path="tool.sh", old_text="ok", new_text="pwned")])
+    assert r.returncode == 0, r.stderr
+    assert results[1].startswith("---"), results
+    assert os.stat(str(prog)).st_mode & 0o7777 == 0o755
+    assert os.stat(str(work / "copy.sh")).st_mode & 0o7777 == 0o755
