@@ -135,10 +135,28 @@ def register_secret(value):
     if len(value) < MIN_SECRET_LENGTH:
         return
     from urllib.parse import quote
-    spellings = {value, quote(value, safe=""), json.dumps(value)[1:-1]}  # as typed, in a URL, in JSON
+    spellings = {value, quote(value, safe=""), json.dumps(value)[1:-1],  # as typed, in a URL, in JSON
+                 json.dumps(value)[1:-1].replace("/", "\\/")}  # JSON as PHP and Java write it
+    spellings.update(_base64_cores(value))
     with _secrets_lock:
         if not spellings <= set(_known_secrets):
             _known_secrets = tuple(sorted(spellings | set(_known_secrets), key=len, reverse=True))
+
+
+def _base64_cores(value):
+    """The part of base64 that depends only on `value`, at each of the three alignments it can have
+    inside a longer encoded text (`Basic base64(user:key)`, `base64("Bearer " + key)`, an echoed header),
+    in the standard and the URL-safe alphabet: a server that echoes the credential encoded leaks it too."""
+    import base64
+    raw, out = value.encode("utf-8", "surrogateescape"), set()
+    for k in range(3):
+        enc = base64.b64encode(b"\0" * k + raw).decode("ascii").rstrip("=")
+        start = 4 if k else 0  # the first group mixes the prefix's bytes with the value's
+        end = len(enc) - (0 if (k + len(raw)) % 3 == 0 else 4)  # so may the last, with what follows
+        core = enc[start:end]
+        if len(core) >= MIN_SECRET_LENGTH + 4:  # long enough never to match ordinary text
+            out.update((core, core.replace("+", "-").replace("/", "_")))
+    return out
 
 
 def _replace(match):

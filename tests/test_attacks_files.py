@@ -116,3 +116,23 @@ def test_rewritten_and_copied_files_drop_set_id_bits(cli, fake):
     assert results[1].startswith("---"), results
     assert os.stat(str(prog)).st_mode & 0o7777 == 0o755
     assert os.stat(str(work / "copy.sh")).st_mode & 0o7777 == 0o755
+
+
+def test_a_stored_key_echoed_encoded_in_a_provider_error_reaches_no_output(cli, fake):
+    """A server that echoes the credential base64-encoded (as in Basic auth), URL-encoded or JSON-escaped
+    the PHP/Java way (`\\/`) leaks it as surely as one echoing it plain."""
+    import base64
+    import json
+    import urllib.parse
+    from test_secrets import db_bytes, write_credentials
+    key = "sec/ret+value=0042-no/known+shape"
+    cli.use(fake, provider="openai")
+    write_credentials(cli, {"openai_api_key": key})
+    spellings = [base64.b64encode(key.encode()).decode(), base64.b64encode(("Bearer " + key).encode()).decode()[12:-4],
+                 base64.urlsafe_b64encode(("user:" + key).encode()).decode()[8:-4],
+                 urllib.parse.quote(key, safe=""), key.replace("/", "\\/")]
+    fake.add({"status": 500, "body": json.dumps({"error": "bad " + " | ".join(spellings)})})
+    r = cli.run("run", "--prompt", "hello")
+    assert r.returncode == 1 and "bad [REDACTED]" in r.stderr, r.stderr
+    for spelling in spellings:
+        assert spelling not in r.stderr and spelling.encode() not in db_bytes(cli), spelling
