@@ -5922,7 +5922,12 @@ class Sandbox:
     # -- the helper --
     def _spec(self):
         home = self.environ.get("HOME")
-        protected = [p for p in self.protected if os.path.lexists(p) and not os.path.islink(p)]
+        # where .git really lives (a link's target, a gitdir file's directory) and the hooks directory and
+        # programs the repositories' config names are as protected as .git itself (see _resolved_protected)
+        protected = []
+        for p in _resolved_protected(self.root, self.protected):
+            if os.path.lexists(p) and not os.path.islink(p) and p not in protected:
+                protected.append(p)
         nested, complete = nested_repositories(self.root) if self.mode == WORKSPACE_WRITE else ([], True)
         return {"mode": self.mode, "network": self.network, "root": self.root,
                 "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,

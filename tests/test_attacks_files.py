@@ -136,3 +136,29 @@ def test_a_stored_key_echoed_encoded_in_a_provider_error_reaches_no_output(cli, 
     assert r.returncode == 1 and "bad [REDACTED]" in r.stderr, r.stderr
     for spelling in spellings:
         assert spelling not in r.stderr and spelling.encode() not in db_bytes(cli), spelling
+
+
+@pytest.mark.skipif(not __import__("xzatoma_tools").landlock_abi(), reason="the kernel has no Landlock")
+def test_the_sandbox_keeps_where_git_really_lives_and_what_its_config_runs_read_only(cli, fake):
+    """`.git` a link to meta/, a nested clone's `.git` file naming meta2/, core.hooksPath naming tools/hooks:
+    a script run through the terminal must not plant hooks there either."""
+    work = cli.workdir
+    (work / "meta" / "hooks").mkdir(parents=True)
+    (work / "meta" / "config").write_text("[core]\n\thooksPath = tools/hooks\n")
+    os.symlink("meta", str(work / ".git"))
+    (work / "tools" / "hooks").mkdir(parents=True)
+    (work / "meta2" / "hooks").mkdir(parents=True)
+    (work / "sub").mkdir()
+    (work / "sub" / ".git").write_text("gitdir: ../meta2\n")
+    script = ("echo x > meta/hooks/pre-commit; echo x > tools/hooks/pre-commit; echo x > meta2/hooks/pre-commit;"
+              " echo '[x]' >> meta/config; echo inside > ok.txt && echo INSIDE-OK\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path="attack.sh", content=script)]},
+             {"tool_calls": [tool_call("terminal", command="sh attack.sh")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    out = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"][-1]
+    assert "INSIDE-OK" in out, out
+    for hook in ("meta/hooks/pre-commit", "tools/hooks/pre-commit", "meta2/hooks/pre-commit"):
+        assert not (work / hook).exists(), hook
+    assert (work / "meta" / "config").read_text() == "[core]\n\thooksPath = tools/hooks\n"
