@@ -1077,6 +1077,20 @@ def _resolved_protected(root, protected):
     return out
 
 
+def _read_small(path, limit=4096):
+    """The first bytes of a regular file, or None: never blocking on a FIFO a repository planted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return read_fd(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _gitdir_of(dot):
     """The real git directory a `.git` entry stands for (itself, or the `gitdir:` its file names)."""
     if os.path.isdir(dot) and not os.path.islink(dot):
@@ -1106,14 +1120,12 @@ def _git_config_paths(jail, root, top, gitdir):
     paths. Writing them runs code at the user's next git command, like writing .git/hooks does."""
     out, seen = [], set()
     todo = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-    try:  # a worktree's gitdir names the main repository's, whose config and hooks it uses
-        with open(os.path.join(gitdir, "commondir"), "rb") as fh:
-            common = os.path.realpath(os.path.join(gitdir, os.fsdecode(fh.read(4096).strip())))
+    pointer = _read_small(os.path.join(gitdir, "commondir"))
+    if pointer and pointer.strip():  # a worktree's gitdir names the main repository's (its config, its hooks)
+        common = os.path.realpath(os.path.join(gitdir, os.fsdecode(pointer.strip().splitlines()[0])))
         todo.insert(0, os.path.join(common, "config"))
         if _inside(common, root):
             out.append(common)
-    except (OSError, ValueError):
-        pass
     while todo and len(seen) < 16:
         config = todo.pop(0)
         if config in seen:
@@ -5370,13 +5382,12 @@ _GIT_CONFIG_KEY = re.compile(r"\s*([A-Za-z][A-Za-z0-9-]*)\s*(=|$|[;#])")
 def _git_config_reason(path, submodule=False):
     """Why the git config file at path is not inert (the first key not known to hold only data, or a line we
     cannot read), or None. A missing file is inert."""
-    try:
-        with open(path, "rb") as fh:
-            text = fh.read(1 << 20).decode("utf-8", "replace")
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError:
+    data = _read_small(path, 1 << 20)  # never blocking on a FIFO planted as the config
+    if data is None:
         return "an unreadable %s" % os.path.basename(path)
+    text = data.decode("utf-8", "replace")
     section = None
     for line in text.splitlines():
         m = _GIT_CONFIG_HEADER.match(line)
@@ -5434,22 +5445,19 @@ def _git_repo_reason(git, submodule=False):
     """_git_config_reason over a repository: `git` is a .git directory, a `gitdir:` file, or a bare one."""
     gitdir = git
     if os.path.lexists(git) and not os.path.isdir(git):
-        try:
-            with open(git, encoding="utf-8", errors="replace") as fh:
-                m = re.match(r"gitdir:\s*(.+)", fh.read(4096))
-        except OSError:
+        data = _read_small(git)  # a FIFO must not hang the policy
+        if data is None:
             return "an unreadable .git file"
+        m = re.match(r"gitdir:\s*(.+)", data.decode("utf-8", "replace"))
         if not m:
             return "a .git file git may read differently"
         gitdir = os.path.join(os.path.dirname(git), m.group(1).strip())
     configs = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-    try:
-        with open(os.path.join(gitdir, "commondir"), encoding="utf-8", errors="replace") as fh:
-            configs.append(os.path.join(gitdir, fh.read(4096).strip(), "config"))
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return "an unreadable commondir"
+    if os.path.lexists(os.path.join(gitdir, "commondir")):
+        data = _read_small(os.path.join(gitdir, "commondir"))
+        if data is None:
+            return "an unreadable commondir"
+        configs.append(os.path.join(gitdir, os.fsdecode(data.strip()), "config"))
     seen, modules = 0, []
     for top, subdirs, files in os.walk(os.path.join(gitdir, "modules")):  # submodules' own repositories
         seen += 1
@@ -5814,11 +5822,9 @@ def git_dirs(root):
                 if line.startswith("gitdir:"):
                     gitdir = os.path.realpath(os.path.join(path, line[7:].strip()))
                     out.append(gitdir)
-                    try:
-                        with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as fh:
-                            out.append(os.path.realpath(os.path.join(gitdir, fh.read().strip())))
-                    except OSError:
-                        pass
+                    common = _read_small(os.path.join(gitdir, "commondir"))  # a FIFO must not hang the start
+                    if common and common.strip():
+                        out.append(os.path.realpath(os.path.join(gitdir, os.fsdecode(common.strip()))))
             break
         parent = os.path.dirname(path)
         if parent == path:

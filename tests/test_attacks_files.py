@@ -162,3 +162,23 @@ def test_the_sandbox_keeps_where_git_really_lives_and_what_its_config_runs_read_
     for hook in ("meta/hooks/pre-commit", "tools/hooks/pre-commit", "meta2/hooks/pre-commit"):
         assert not (work / hook).exists(), hook
     assert (work / "meta" / "config").read_text() == "[core]\n\thooksPath = tools/hooks\n"
+
+
+def test_a_fifo_planted_as_git_metadata_hangs_nothing(cli, fake):
+    """A worktree's `commondir` and a repository's `config` as FIFOs: protected-path checks, the sandbox's
+    start and the policy's look at git config must not block reading them."""
+    work = cli.workdir
+    (work / "meta").mkdir()
+    os.mkfifo(str(work / "meta" / "commondir"))
+    (work / "wt").mkdir()
+    (work / "wt" / ".git").write_text("gitdir: ../meta\n")
+    (work / ".git").mkdir()
+    os.mkfifo(str(work / ".git" / "config"))
+    os.mkfifo(str(work / ".git" / "commondir"))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="notes.txt", content="ok\n"),
+                                       tool_call("terminal", command="git status"),
+                                       tool_call("terminal", command="echo hi")], timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert results[0] == "Created notes.txt (3 bytes)", results
+    assert results[1].startswith("Error: ") or "needs a person" in results[1], results
