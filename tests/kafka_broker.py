@@ -81,11 +81,16 @@ class Broker:
 
 
 def create_topic(address, name, partitions=1):
+    """Make sure the topic exists: a client that asked for its metadata first (a watcher publishing a
+    result after the broker came back) may have had it auto-created already."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
     admin = KafkaAdminClient(bootstrap_servers=address)
     try:
         admin.create_topics([NewTopic(name, partitions, 1)])
+    except TopicAlreadyExistsError:
+        pass
     finally:
         admin.close()
 
