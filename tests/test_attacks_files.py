@@ -5,15 +5,7 @@ import os
 import pytest
 
 from conftest import tool_call
-from test_file_safety import HEADLESS, run_calls, snapshot
-
-
-@pytest.fixture
-def outside(cli):
-    d = cli.tmp / "outside"
-    d.mkdir()
-    (d / "victim.txt").write_text("untouched\n")
-    return d
+from test_file_safety import HEADLESS, outside, run_calls, snapshot  # noqa: F401 (outside is a fixture)
 
 
 @pytest.mark.parametrize("config,path", [
