@@ -287,6 +287,7 @@ DEFAULTS = {
         "tools": {
             "max_output_size": 1048576,
             "max_file_read_size": 10485760,
+            "grep_regex_seconds": 60,
             "undo_max_bytes": 52428800,
             "protected_paths": [],
             "fetch": {
@@ -388,6 +389,7 @@ RANGES = {  # inclusive bounds; None = open
     "agent.conversation.prune_threshold": (0.1, 1.0),
     "agent.tools.max_output_size": (1024, None),
     "agent.tools.max_file_read_size": (1024, None),
+    "agent.tools.grep_regex_seconds": (1, None),
     "agent.terminal.timeout_seconds": (1, None),
     "agent.terminal.max_timeout_seconds": (1, None),
     "agent.subagent.max_depth": (0, 10),
@@ -424,6 +426,8 @@ DOCS = {
     "agent.conversation.min_retain_turns": "most recent turns always kept when pruning",
     "agent.conversation.prune_threshold": "prune when the conversation reaches this share of max_tokens",
     "agent.tools.max_output_size": "bytes of one tool result sent to the model",
+    "agent.tools.grep_regex_seconds": "longest one grep call may spend matching a regular expression "
+                                      "(a catastrophic pattern is stopped; the run's --timeout also holds)",
     "agent.tools.undo_max_bytes": "largest file or directory whose previous content is kept for 'xzatoma undo'",
     "agent.tools.protected_paths": "more paths (relative to the working directory) that need a person's yes "
                                    "to change, beside .git, shell start-up files and key directories",

@@ -1862,13 +1862,20 @@ class Grep(Tool):
             return self._search(args, ctx, target)
 
     def _search(self, args, ctx, target):
-        flags = 0 if args.get("case_sensitive", True) else re.IGNORECASE
-        source = re.escape(args["pattern"]) if args.get("fixed_string") else args["pattern"]
+        # ^ and $ anchor at each line, as in grep (re alone anchors them at the file's ends)
+        flags = re.MULTILINE | (0 if args.get("case_sensitive", True) else re.IGNORECASE)
+        pattern = args["pattern"]
+        literal = args.get("fixed_string") or not (set(pattern) & _REGEX_SPECIAL)
+        if literal:  # searching for a literal is linear: it stays in this process
+            matcher = _LiteralMatcher(re.compile(re.escape(pattern), flags))
+        else:
+            matcher = _RegexWorker(pattern, flags, ctx.deadline, ctx.limit("grep_regex_seconds", GREP_REGEX_SECONDS))
         try:
-            regex = re.compile(source, flags)
-        except re.error as exc:
-            raise ToolError("invalid regular expression %r: %s (set fixed_string=true for a literal)"
-                            % (args["pattern"], exc))
+            return self._walk(args, ctx, target, flags, matcher)
+        finally:
+            matcher.close()
+
+    def _walk(self, args, ctx, target, flags, matcher):
         include, exclude = args.get("include"), args.get("exclude")
         ctx_lines = args.get("context_lines") or 0
         max_results = args.get("max_results") or 100
@@ -1877,7 +1884,21 @@ class Grep(Tool):
         else:
             files = [(display_path(target.real, ctx.root), target.dir_fd, target.name, "file")]
         quick = _byte_prefilter(args["pattern"], args.get("fixed_string"), flags)
-        out, hits, extra, special = [], 0, 0, []
+        out, hits, special, batch, size = [], 0, [], [], 0
+
+        def show(done):  # the results of one batch: (rel, data) pairs and (count, [line, ...]) for each
+            nonlocal hits
+            for (rel, data), (count, found) in done:
+                hits += count
+                found = found[:max(0, max_results - len(out))]
+                if not found:
+                    continue
+                lines = data.decode("utf-8", "replace").split("\n")
+                for i in found:
+                    first, last = max(0, i - ctx_lines), min(len(lines), i + 1 + ctx_lines)
+                    out.append(["%s%s%d%s %s" % (rel, ":" if j == i else "-", j + 1, ":" if j == i else "-",
+                                                  lines[j].rstrip("\r")) for j in range(first, last)])
+
         for rel, dir_fd, name, kind in files:
             if include and not glob_match(include, rel):
                 continue
@@ -1892,40 +1913,231 @@ class Grep(Tool):
                 continue
             if b"\x00" in data[:8192] or (quick is not None and not quick(data)):
                 continue  # binary, or cannot contain a match
-            text = data.decode("utf-8", "replace")
-            if not regex.search(text):
-                continue
-            lines = None
-            for m in regex.finditer(text):
-                hits += 1
-                if hits > max_results:
-                    extra += 1
-                    continue
-                if lines is None:
-                    lines = text.splitlines()
-                    starts = _line_starts(text)
-                i = _line_of(starts, m.start())
-                if out and out[-1][0] == (rel, i):
-                    hits -= 1  # several matches on one line count once
-                    continue
-                block = []
-                for j in range(max(0, i - ctx_lines), i):
-                    block.append("%s-%d- %s" % (rel, j + 1, lines[j]))
-                block.append("%s:%d: %s" % (rel, i + 1, lines[i] if i < len(lines) else ""))
-                for j in range(i + 1, min(len(lines), i + 1 + ctx_lines)):
-                    block.append("%s-%d- %s" % (rel, j + 1, lines[j]))
-                out.append(((rel, i), block))
+            batch.append((rel, data))
+            size += len(data)
+            if matcher.full(len(batch), size):
+                show(matcher.feed(batch, max(0, max_results - len(out))))
+                batch, size = [], 0
+        show(matcher.feed(batch, max(0, max_results - len(out))) if batch else [])
+        show(matcher.finish())
         note = ("[skipped %d special file%s (FIFO, socket or device), not read: %s]" % (
             len(special), "" if len(special) == 1 else "s", ", ".join(special[:10]) + (" …" if len(special) > 10 else ""))
             if special else "")
         if not out:
             return ToolResult.ok("no matches for %s" % args["pattern"] + ("\n" + note if note else ""), matches=0)
-        text_out = [line for _, block in out for line in block]
-        if extra:
-            text_out.append("... stopped at %d results; %d more matches not shown" % (max_results, extra))
+        text_out = [line for block in out for line in block]
+        if hits > len(out):
+            text_out.append("... stopped at %d results; %d more matches not shown" % (len(out), hits - len(out)))
         if note:
             text_out.append(note)
         return ToolResult.ok("\n".join(text_out), matches=hits)
+
+
+def grep_match_lines(regex, text, need):
+    """(lines that match, the first `need` of their 0-based numbers), lines split at '\\n' only."""
+    count, found, last, starts = 0, [], -1, None
+    for m in regex.finditer(text):
+        if starts is None:
+            starts = _line_starts(text)
+        i = _line_of(starts, m.start())
+        if i == last:
+            continue  # several matches on one line count once
+        last, count = i, count + 1
+        if len(found) < need:
+            found.append(i)
+    return count, found
+
+
+class _LiteralMatcher:
+    """Literal patterns: matched here, one file at a time (searching for a literal is linear)."""
+
+    def __init__(self, regex):
+        self.regex = regex
+
+    def full(self, files, size):
+        return True
+
+    def feed(self, batch, need):
+        return [(item, grep_match_lines(self.regex, item[1].decode("utf-8", "replace"), need)) for item in batch]
+
+    def finish(self):
+        return []
+
+    def close(self):
+        pass
+
+
+#: How long one grep call may spend matching a regular expression when the run has no deadline of its own.
+GREP_REGEX_SECONDS = 60
+
+
+class _RegexWorker:
+    """A model's regular expression is matched in a small worker process (`python -I -S`, ~20 ms), so that
+    a catastrophic pattern (`(a+)+$` on a line of a's) is stopped at the run's deadline or after
+    `grep_regex_seconds`. INFO: nothing in this process could stop it: `re` holds the GIL while it
+    backtracks and runs no signal handler until it returns.
+
+    Batches of file bytes go through two shared-memory slots (memfd), so the worker matches one batch while
+    this process reads the next; the pipes carry only small JSON lines, so a write here never waits on a
+    stuck worker and every wait is a select() bounded by the deadline."""
+
+    BATCH_BYTES, BATCH_FILES = 4 << 20, 512
+
+    def __init__(self, pattern, flags, deadline, seconds=GREP_REGEX_SECONDS):
+        import subprocess
+        import sys
+        self.seconds = seconds
+        own = time.monotonic() + seconds
+        self.deadline = own if deadline is None else min(deadline, own)
+        self.own_limit = deadline is None or own < deadline
+        self.slots = [_shared_memory(), _shared_memory()]
+        self.free = [0, 1]
+        self.pending = []  # (slot, batch) sent, in order, whose answers have not been read
+        self._buf = b""
+        here = os.path.dirname(os.path.abspath(__file__))
+        boot = "import sys; sys.path.insert(0, %r); import xzatoma_tools; xzatoma_tools._grep_worker()" % here
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", boot], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={}, bufsize=0,
+                                         pass_fds=self.slots)
+        except OSError as exc:
+            self._close_slots()
+            raise ToolError("grep could not start its regular-expression worker: %s" % exc)
+        self._send({"pattern": pattern, "flags": flags, "slots": self.slots})
+        reply = self._reply()
+        if "error" in reply:
+            self.close()
+            raise ToolError("invalid regular expression %r: %s (set fixed_string=true for a literal)"
+                            % (pattern, reply["error"]))
+
+    def full(self, files, size):
+        return files >= self.BATCH_FILES or size >= self.BATCH_BYTES
+
+    def feed(self, batch, need):
+        """Send a batch; returns the answers of batches that had to be waited for to free a slot."""
+        done = []
+        if not self.free:
+            done += self._collect()
+        slot = self.free.pop(0)
+        fd, blobs = self.slots[slot], [d for _, d in batch]
+        total = sum(len(b) for b in blobs)
+        os.ftruncate(fd, total)
+        written = os.pwritev(fd, blobs, 0) if blobs else 0  # BATCH_FILES stays below IOV_MAX (1024)
+        if written < total:  # a short write (rare): the rest in one piece
+            rest = memoryview(b"".join(blobs))
+            while written < total:
+                written += os.pwrite(fd, rest[written:], written)
+        self._send({"slot": slot, "need": need, "sizes": [len(b) for b in blobs]})
+        self.pending.append((slot, batch))
+        return done
+
+    def finish(self):
+        return [answer for _ in list(self.pending) for answer in self._collect()]
+
+    def _collect(self):
+        slot, batch = self.pending.pop(0)
+        answers = self._reply()
+        self.free.append(slot)
+        return list(zip(batch, [tuple(a) for a in answers]))
+
+    def _send(self, message):
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")  # small: the pipe never fills
+        except OSError:
+            self._fail()
+
+    def _reply(self):
+        import select
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                self.close()
+                if self.own_limit:
+                    raise ToolError("grep stopped: matching the regular expression took longer than %g s (it may "
+                                    "backtrack catastrophically); simplify it, or set fixed_string=true for a literal"
+                                    % self.seconds)
+                raise ToolError("grep stopped: the run's time limit was reached while matching the regular "
+                                "expression (it may backtrack catastrophically); simplify it")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self._fail()
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _fail(self):
+        code = self.proc.poll()
+        self.close()
+        raise ToolError("grep's regular-expression worker ended unexpectedly%s; simplify the pattern"
+                        % ("" if code is None else " (exit status %d, perhaps out of memory)" % code))
+
+    def _close_slots(self):
+        for fd in self.slots:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.slots = []
+
+    def close(self):
+        proc = getattr(self, "proc", None)
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            proc.wait()
+        self._close_slots()
+
+
+def _shared_memory():
+    """An anonymous file both processes can map (memfd on Linux, an unlinked temporary file elsewhere)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("xzatoma-grep", os.MFD_CLOEXEC)
+    import tempfile
+    with tempfile.TemporaryFile() as fh:
+        return os.dup(fh.fileno())
+
+
+def _grep_worker():
+    """The worker's side: a JSON header line {pattern, flags, slots}; then per batch a JSON line
+    {slot, need, sizes} naming bytes in a shared-memory slot; it answers each with [[count, [line, ...]], ...]."""
+    import mmap
+    import sys
+    try:
+        import resource  # a pattern or text that would eat the machine's memory ends this process instead
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    except (ImportError, ValueError, OSError):
+        pass
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    head = json.loads(inp.readline())
+    try:
+        regex = re.compile(head["pattern"], head["flags"])
+    except (re.error, OverflowError, RecursionError, ValueError) as exc:
+        out.write(json.dumps({"error": str(exc)}).encode() + b"\n")
+        out.flush()
+        return
+    out.write(b"{}\n")
+    out.flush()
+    for line in iter(inp.readline, b""):
+        req = json.loads(line)
+        need, replies, offset, total = req["need"], [], 0, sum(req["sizes"])
+        view = mmap.mmap(head["slots"][req["slot"]], total, access=mmap.ACCESS_READ) if total else b""
+        try:
+            for n in req["sizes"]:
+                count, found = grep_match_lines(regex, view[offset:offset + n].decode("utf-8", "replace"), need)
+                offset += n
+                need -= len(found)
+                replies.append([count, found])
+        finally:
+            if total:
+                view.close()
+        out.write(json.dumps(replies).encode() + b"\n")
+        out.flush()
 
 
 def _grep_read(ctx, rel, dir_fd, name, kind):
@@ -1967,11 +2179,11 @@ def _byte_prefilter(pattern, fixed, flags):
 
 def _required_literal(pattern):
     """The longest run of characters every match of a simple regex must contain ('' if unsure)."""
-    if "|" in pattern or "(" in pattern:
-        return ""
     runs, run, i = [], "", 0
     while i < len(pattern):
         c = pattern[i]
+        if c in "(|)":  # a group, an inline flag such as (?i) or (?x), or an alternative: unsure
+            return ""
         if c == "\\" and i + 1 < len(pattern):
             nxt = pattern[i + 1]
             if nxt in _REGEX_SPECIAL or nxt in "/-'\" #":
@@ -1980,8 +2192,8 @@ def _required_literal(pattern):
                 runs.append(run)
                 run, i = "", i + 2
                 continue
-        elif c == "[":
-            close = pattern.find("]", i + 2)
+        elif c == "[":  # a class; a ']' first (after an optional '^') is a member, not its end
+            close = pattern.find("]", i + (3 if pattern[i + 1:i + 2] == "^" else 2))
             runs.append(run)
             run, i = "", (close + 1 if close != -1 else len(pattern))
             continue
