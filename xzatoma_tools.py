@@ -2733,19 +2733,30 @@ def undo_change(store, record, force=False, root=None):
         raise UndoError("%s: not restored (%s)" % (record["path"], exc))
 
 
+def _undo_resolve(jail, path):
+    """The Target of a recorded path, which must still be reached without a symlink: records hold resolved
+    paths, so a link standing in one now (a `git pull`, a command) would redirect the restore elsewhere in the
+    tree: into .git/hooks, onto a start-up file. Refused, --force included."""
+    target = jail.resolve(path, follow=False)
+    if target.followed or target.real != path:
+        target.close()
+        raise UndoError("%s: not restored (a symlink now stands in its path)" % path)
+    return target
+
+
 def _undo(store, record, force, jail):
     path, kind = record["path"], record["kind"]
     where = record["content"].decode("utf-8", "surrogateescape") if kind == "moved" else path
-    with jail.resolve(where, follow=False) as target:
+    with _undo_resolve(jail, where) as target:
         current = state_hash_at(target)
     if record["after_hash"] and current != record["after_hash"] and not force:
         raise UndoError("%s changed since the agent touched it; not restored (use --force to restore anyway)"
                         % where)
-    with jail.resolve(path, follow=False) as target:
+    with _undo_resolve(jail, path) as target:
         if kind == "moved":
             if target.lstat() is not None and not force:
                 raise UndoError("%s exists again; not moving %s back over it (use --force)" % (path, where))
-            with jail.resolve(where, follow=False) as moved:
+            with _undo_resolve(jail, where) as moved:
                 if target.lstat() is not None:
                     remove_at(target.dir_fd, target.name)
                 target.make_parents()
