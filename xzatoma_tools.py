@@ -1002,6 +1002,31 @@ PROTECTED_NAMES = (
 )
 #: directory names protected wherever they appear: nested repositories' metadata
 PROTECTED_ANYWHERE = (".git", ".hg")
+_fold_memo = {}
+
+
+def fold_name(name):
+    """A path component as filesystems that fold names may see it, for matching protected names: case
+    folded (macOS, Windows, ext4 casefold), compatibility forms and combining marks reduced (a fullwidth
+    `.git`), invisible characters dropped (HFS+ ignores a U+200C inside `.git`), trailing dots and spaces dropped
+    and the 8.3 short name `GIT~1` read as `.git` (NTFS): git refuses these spellings for the same reason.
+    Over-matching only asks a person more often; under-matching would let a hook through."""
+    folded = _fold_memo.get(name)
+    if folded is None:
+        import unicodedata
+        folded = unicodedata.normalize("NFKD", name)
+        folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
+        folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
+        short = re.match(r"(git|hg)~\d+\Z", folded)
+        if short:
+            folded = "." + short.group(1)
+        if len(_fold_memo) < 65536:
+            _fold_memo[name] = folded
+    return folded
+
+
+def fold_path(path):
+    return "/".join(fold_name(part) for part in path.split("/"))
 
 
 def protected_paths(root, xzatoma_home=None, extra=()):
@@ -1013,6 +1038,7 @@ def protected_paths(root, xzatoma_home=None, extra=()):
     """
     root = os.path.realpath(root)
     out = [os.path.join(root, name) for name in PROTECTED_NAMES]
+    out.extend(p for p in _protected_around(root) if p not in out)
     for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
         path = os.path.expanduser(path)
         if _is_glob(path):  # '*.pem', 'secrets/**': matched against paths relative to the root
@@ -1020,9 +1046,35 @@ def protected_paths(root, xzatoma_home=None, extra=()):
                 out.append(os.path.join(root, path))
             continue
         real = os.path.realpath(os.path.join(root, path))
-        if _inside(real, root) and real != root and real not in out:
+        # below the root, or the root itself lies in it (`cd ~/.ssh`, XZATOMA_HOME): then all of the root is
+        if ((_inside(real, root) and real != root) or _inside(root, real)) and real not in out:
             out.append(real)
     return out
+
+
+def _protected_around(root):
+    """The root itself or the directory above it that holds it, when that is repository metadata: a `.git`
+    or `.hg` directory (`cd .git/hooks`), or a git directory by its shape (a bare clone, a worktree's
+    gitdir: HEAD with objects/ and refs/, or a commondir). Names like `hooks` or `config` are then git's."""
+    out, path = [], root
+    while True:
+        if fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or _is_git_directory(path):
+            out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            return out
+        path = parent
+
+
+def _is_git_directory(path):
+    """git's own test for a directory it uses as a repository (setup.c: is_git_directory), lstat only."""
+    def is_a(name, test):
+        try:
+            return test(os.lstat(os.path.join(path, name)).st_mode)
+        except OSError:
+            return False
+    return is_a("HEAD", stat.S_ISREG) and (is_a("commondir", stat.S_ISREG) or (
+        is_a("objects", stat.S_ISDIR) and is_a("refs", stat.S_ISDIR)))
 
 
 def _is_glob(path):
@@ -1179,10 +1231,10 @@ def protected_reason(target, protected, root):
     The target itself, anything inside a protected directory, and a directory that holds a
     protected path (deleting or replacing `src/` deletes `src/.git`) all count.
     """
-    real = target.real.lower()
+    real = fold_path(target.real)
     globs = [display_path(p, root).lower() for p in protected if _is_glob(p)]
     for path in _resolved_protected(root, protected):
-        p = path.lower()
+        p = fold_path(path)
         if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
             return display_path(path, root)
     rel = display_path(target.real, root)
@@ -1204,13 +1256,13 @@ def _protected_rel(rel, globs):
     configuration matches it, case-insensitively; else None."""
     parts = rel.split("/")
     for i, part in enumerate(parts):
-        if part.lower() in PROTECTED_ANYWHERE:
+        if fold_name(part) in PROTECTED_ANYWHERE:
             return "/".join(parts[: i + 1])
-    lowered = rel.lower()
-    for pattern in globs:
-        for i in range(len(parts)):  # the path or a directory above it
-            if glob_match(pattern, "/".join(lowered.split("/")[: i + 1])):
-                return "/".join(parts[: i + 1])
+    for lowered in {rel.lower(), fold_path(rel)}:
+        for pattern in globs:
+            for i in range(len(parts)):  # the path or a directory above it
+                if glob_match(pattern, "/".join(lowered.split("/")[: i + 1])):
+                    return "/".join(parts[: i + 1])
     return None
 
 
@@ -6489,6 +6541,10 @@ def _sandbox_helper(spec_text):
                                                                        _MS_NOEXEC), b"size=4k,mode=000"),
                       "hide %s" % path)
                 protected.append(path)
+            # the working directory again, through the new mounts: the cwd this process started with still
+            # reaches the directory *under* a read-only bind of the jail itself or of a directory holding it
+            # (a jail inside .git or ~/.ssh), and every command inherits it
+            os.chdir(spec["root"])
             report["protected"] = True
         except OSError as exc:
             report["protected"], report["protected_error"] = False, exc.strerror or str(exc)

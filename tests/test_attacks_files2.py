@@ -30,3 +30,95 @@ def test_undo_never_restores_through_a_link_planted_since(cli, fake):
         assert u.returncode == 1, (u.stdout, u.stderr)
         assert "not restored" in u.stderr and len(u.stderr.strip().splitlines()) == 1, u.stderr
     assert os.listdir(str(work / ".git" / "hooks")) == []
+
+
+# -- a working directory that lies inside a protected place: everything in it is protected --
+
+
+@pytest.mark.parametrize("layout", ["home-ssh", "xzatoma-home", "git-hooks", "bare-repository", "hg", "config-file"])
+def test_a_working_directory_inside_a_protected_place_protects_all_of_it(cli, fake, layout):
+    """`cd ~/.ssh` (or XZATOMA_HOME, a repository's .git/hooks, a bare clone) and run: the protected names are
+    relative to the jail, so authorized_keys, the audit log, a hook or the bare repository's config were
+    written without a question. The config file the run was started with (--config inside the tree) set
+    the sandbox and the provider's URL of the next run."""
+    flags = []
+    if layout == "home-ssh":
+        where, name = cli.home / ".ssh", "authorized_keys"
+    elif layout == "xzatoma-home":
+        where, name = cli.xz_home, "credentials.json"
+    elif layout == "git-hooks":
+        where, name = cli.workdir / ".git" / "hooks", "pre-commit"
+    elif layout == "bare-repository":
+        where, name = cli.workdir / "clone.git", "hooks/post-update"
+        for sub in ("objects", "refs", "hooks"):
+            (where / sub).mkdir(parents=True)
+        (where / "HEAD").write_text("ref: refs/heads/main\n")
+    elif layout == "hg":
+        where, name = cli.workdir / ".hg" / "store", "hgrc"
+    else:
+        where, name = cli.workdir, "xz.yaml"
+        flags = ["--config", str(where / name)]
+    where.mkdir(parents=True, exist_ok=True)
+    cli.use(fake)
+    if layout == "config-file":
+        os.rename(str(cli.config_path), str(where / name))
+    before = snapshot(where)
+    fake.add({"tool_calls": [tool_call("write_file", path=name, content="#!/bin/sh\ntouch pwned\n"),
+                             tool_call("create_directory", path="newdir")]}, {"content": "done"})
+    r = cli.run(*flags, "run", "--working-dir", str(where), "--prompt", "go")
+    assert r.returncode == 0, r.stderr
+    results = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"]
+    assert results[0].startswith("Error: ") and results[0].endswith(HEADLESS), results
+    if layout == "config-file":
+        assert results[1] == "Created directory newdir", results  # only the config file itself
+        os.rmdir(str(where / "newdir"))
+    else:
+        assert results[1].startswith("Error: ") and results[1].endswith(HEADLESS), results
+    after = snapshot(where)
+    for key in ("conversations.db", "conversations.db-wal", "conversations.db-shm", "audit.log"):
+        before.pop(key, None), after.pop(key, None)  # the run's own history
+    assert after == before
+
+
+def test_spellings_of_protected_names_that_a_filesystem_may_fold_are_protected(cli, fake):
+    """Case was folded already; NTFS drops trailing dots and spaces and knows `.git` as GIT~1, HFS+ ignores
+    zero-width characters, and compatibility forms (fullwidth) and combining marks are as good as
+    the plain name to a person reading the question. git itself refuses these spellings."""
+    work = cli.workdir
+    (work / ".git" / "hooks").mkdir(parents=True)
+    spellings = [".git./hooks/pre-commit", ".git /hooks/pre-commit", "GIT~1/hooks/pre-commit",
+                 ".g\u200cit/hooks/pre-commit", "\uff0e\uff47\uff49\uff54/hooks/pre-commit", ".gi\u0307t/config",
+                 ".bashrc.", ".SSH /authorized_keys", "sub/.Hg\u200d/hgrc", ".Bash\u00adrc"]
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path=p, content="touch pwned\n") for p in spellings]
+                           + [tool_call("write_file", path=".github/ok.yml", content="fine\n")])
+    assert r.returncode == 0, r.stderr
+    for path, result in zip(spellings, results):
+        assert result.startswith("Error: ") and result.endswith(HEADLESS), (path, result)
+    assert results[-1] == "Created .github/ok.yml (5 bytes)"
+    assert sorted(os.listdir(str(work))) == [".git", ".github"] and os.listdir(str(work / ".git" / "hooks")) == []
+
+
+@pytest.mark.skipif(not __import__("xzatoma_tools").landlock_abi(), reason="the kernel has no Landlock")
+@pytest.mark.parametrize("layout", ["home-ssh", "gitdir"])
+def test_the_sandbox_keeps_a_working_directory_in_a_protected_place_read_only(cli, fake, layout):
+    """The jail is ~/.ssh, or a repository's .git: the sandbox bound it read-only, but commands started in
+    the directory as it was before the mount, so a relative `>> authorized_keys` still wrote through."""
+    if layout == "home-ssh":
+        where, name = cli.home / ".ssh", "authorized_keys"
+    else:
+        where, name = cli.workdir / ".git", "hooks/pre-commit"
+        (where / "hooks").mkdir(parents=True)
+        (where / "HEAD").write_text("ref: refs/heads/main\n")
+    where.mkdir(exist_ok=True)
+    before = snapshot(where)
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="echo k >> %s; echo rc=$?" % name)]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--working-dir", str(where), "--prompt", "go")
+    assert r.returncode == 0, r.stderr
+    out = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"][0]
+    assert "rc=0" not in out and "Read-only file system" in out, out
+    after = snapshot(where)
+    for key in ("conversations.db", "conversations.db-wal", "conversations.db-shm", "audit.log"):
+        before.pop(key, None), after.pop(key, None)
+    assert after == before
