@@ -6147,6 +6147,134 @@ def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
     return rules
 
 
+class ProtectedWatch:
+    """What terminal commands create among the protected paths. INFO: the sandbox makes the protected paths
+    that exist when it starts read-only, but a mount needs a place to exist: a `.git` a command creates
+    (`mkdir -p sub/.git/hooks`, or `.git` where there was none), a new `.bashrc` or `.ssh/` would be
+    writable, and the person's next `git status` there would run its hooks outside any sandbox. So the
+    terminal tool asks this before and after each command what appeared, and what appeared is a
+    person's to keep (chat) or is removed (headless), as a file tool's change there would be.
+
+    Repositories a command creates that git would not run code from (`git init`, `git clone`: sample
+    hooks, a config of data keys only) are kept, and checked again after every later command.
+    Cheap per command: one lstat per known directory; only directories whose mtime/ctime changed (or
+    changed too recently to tell) are listed again. At most `max_dirs` directories are followed."""
+
+    #: a directory changed this close before we looked is listed again next time (coarse file timestamps)
+    HOT_NS = 200 * 1000 * 1000
+
+    #: directories followed at most (a huge tree costs a bounded look; `policy sandbox` says when it is cut)
+    MAX_DIRS = 20000
+
+    def __init__(self, root, protected=(), max_dirs=MAX_DIRS):
+        self.root = os.path.realpath(root)
+        #: fixed protected names (repositories are found by name anywhere, below)
+        self.static = [p for p in protected if not _is_glob(p) and p != self.root
+                       and os.path.basename(p).lower() not in PROTECTED_ANYWHERE]
+        self.max_dirs = max_dirs
+        self.dirs = {}  #: directory -> (mtime_ns, ctime_ns, inode) when last listed
+        self.repos = set()  #: .git/.hg entries present
+        self.present = set()  #: static protected paths present
+        self.created = set()  #: repositories that appeared during the run and were kept (checked again)
+        self.accepted = set()  #: paths a person chose to keep: never asked about again
+        self.complete = True
+        self._lock = threading.Lock()
+        started = time.time_ns()
+        self._list([self.root], None)
+        self._seen_at = started
+        self.present = {p for p in self.static if os.path.lexists(p)}
+
+    def refresh(self):
+        """What appeared since the last call: [absolute path, ...] (new repositories and protected names)."""
+        with self._lock:
+            new, changed = [], []
+            now = time.time_ns()
+            for d, sig in list(self.dirs.items()):
+                try:
+                    st = os.lstat(d)
+                except OSError:
+                    del self.dirs[d]
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    del self.dirs[d]
+                elif (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != sig or st.st_mtime_ns >= self._seen_at - self.HOT_NS \
+                        or st.st_ctime_ns >= self._seen_at - self.HOT_NS:
+                    changed.append(d)
+            self._seen_at = now
+            self._list(changed, new)
+            self.repos = {r for r in self.repos if os.path.lexists(r)}
+            present = {p for p in self.static if os.path.lexists(p)}
+            new += sorted(present - self.present)
+            self.present = present
+            self.created &= self.repos
+            return [p for p in new if p not in self.accepted]
+
+    def _list(self, dirs, new):
+        queue = list(dirs)
+        while queue:
+            d = queue.pop()
+            try:
+                st = os.lstat(d)
+                entries = list(os.scandir(d))
+            except OSError:
+                self.dirs.pop(d, None)
+                continue
+            self.dirs[d] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            for entry in entries:
+                if entry.name.lower() in PROTECTED_ANYWHERE:
+                    if entry.path not in self.repos:
+                        self.repos.add(entry.path)
+                        if new is not None:  # not the first look: it appeared
+                            new.append(entry.path)
+                    continue  # never listed: git's own files are judged by armed()
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                if is_dir and entry.path not in self.dirs:
+                    if len(self.dirs) >= self.max_dirs:
+                        self.complete = False
+                        continue
+                    self.dirs[entry.path] = (0, 0, 0)  # listed below (or next time, if the bound cut in)
+                    queue.append(entry.path)
+
+    def armed(self):
+        """Repositories kept earlier (created during the run) that would now run code: [path, ...]."""
+        with self._lock:
+            candidates = [r for r in self.created if r not in self.accepted]
+        return [r for r in candidates if repository_runs_code(r, self.root)]
+
+
+def repository_runs_code(dot, root):
+    """Would git or hg run something from this `.git`/`.hg` (a directory, a `gitdir:` file or a link) below
+    root? A reason, or None for a repository as `git init`/`git clone` make it. Anything unsure is a reason."""
+    if os.path.islink(dot):
+        return "a link"
+    if os.path.basename(dot).lower() == ".hg":
+        return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
+    gitdir = dot
+    if not os.path.isdir(dot):
+        data = _read_small(dot) or b""
+        m = re.match(rb"gitdir:\s*(.+)", data)
+        if not m:
+            return "a .git file git may read differently"
+        gitdir = os.path.realpath(os.path.join(os.path.dirname(dot), os.fsdecode(m.group(1).strip())))
+        if not _inside(gitdir, root):
+            return "a gitdir outside the working directory"
+    reason = _git_repo_reason(dot)
+    if reason:
+        return "git config: %s" % reason
+    hooks = os.path.join(gitdir, "hooks")
+    try:
+        names = os.listdir(hooks) if os.path.lexists(hooks) else []
+    except OSError:
+        return "unreadable hooks"
+    if os.path.islink(hooks):
+        return "a hooks link"
+    live = [n for n in names if not n.endswith(".sample")]
+    return "hooks/%s" % live[0] if live else None
+
+
 class Sandbox:
     """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
     starts confined commands. Shared by the run's subagents (thread-safe); `close()` (or interpreter exit)
@@ -6180,6 +6308,7 @@ class Sandbox:
         self._state = {"tmpdir": None, "proc": None, "ctl": None}
         self._report = None
         self._env = None
+        self._watch = None
         import weakref
         self._finalizer = weakref.finalize(self, _sandbox_cleanup, self._state)
 
@@ -6209,7 +6338,10 @@ class Sandbox:
         for p in _resolved_protected(self.root, self.protected):
             if os.path.lexists(p) and not os.path.islink(p) and p not in protected:
                 protected.append(p)
-        nested, complete = nested_repositories(self.root) if self.mode == WORKSPACE_WRITE else ([], True)
+        watch = self.watch() if self.mode == WORKSPACE_WRITE else None  # its first look finds the nested ones
+        nested = sorted(r for r in watch.repos if os.path.dirname(r) != self.root and not os.path.islink(r)) \
+            if watch else []
+        complete = watch.complete if watch else True
         return {"mode": self.mode, "network": self.network, "root": self.root,
                 "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
                                        self.xzatoma_home),
@@ -6388,6 +6520,16 @@ class Sandbox:
             theirs.close()
         return _SandboxJob(mine, out_r, err_r, argv[0])  # no round trip: the exit (or error) comes on `mine`
 
+    def watch(self):
+        """The run's ProtectedWatch (made at the first command), or None where commands cannot write."""
+        with self._lock:
+            if self._watch is None:
+                xz = os.path.realpath(self.xzatoma_home) if self.xzatoma_home else None
+                own = [p for p in self.protected if not (xz and (p == xz or p.startswith(xz.rstrip("/") + "/")))]
+                self._watch = False if self.confined and self.mode == READ_ONLY else \
+                    ProtectedWatch(self.root, own)  # XZATOMA_HOME is ours: the audit log may create it
+            return self._watch or None
+
     def close(self):
         self._finalizer()
 
@@ -6480,7 +6622,8 @@ def _sandbox_helper(spec_text):
     report = {"ok": True, "errors": [], "mode": spec["mode"], "protected_needed": bool(spec["protected"] or spec.get("hidden"))}
     if not spec.get("nested_complete", True):
         report["errors"].append("the working directory is too large to look for every nested .git/.hg: "
-                                "those past the first 2000 directories are not read-only")
+                                "those past the first %d directories are not read-only, and a new one there "
+                                "is not noticed" % ProtectedWatch.MAX_DIRS)
 
     def check(result, what):
         if result == -1:
@@ -6882,12 +7025,17 @@ class Terminal(Tool):
             if remaining < timeout:
                 timeout, by_run = remaining, True
         sandbox = ctx_sandbox(ctx)
+        watch = sandbox.watch()
+        if watch is not None:
+            watch.refresh()  # what changed since the last command (a file tool a person approved) is not its doing
         res = run_command(command, ctx.root, timeout, term.get("max_stdout_bytes") or 10485760,
                           term.get("max_stderr_bytes") or 1048576, cancel=ctx.cancel,
                           env=sandbox.env, argv=command_argv(command, verdict), sandbox=sandbox)
         outcome = "timeout" if res.timed_out else "cancelled" if res.cancelled else "exit:%s" % res.exit_code
         _audit(audit, ctx, command, outcome, res.duration, verdict.level)
         body = _format_streams(res, ctx.limit("max_output_size", 1048576))
+        if watch is not None:
+            _settle_protected(ctx, watch, command, body)
         if res.timed_out:
             killed = "it and every process it started were killed" if sandbox.confined else \
                 "its process group was killed"
@@ -6900,6 +7048,48 @@ class Terminal(Tool):
         duration = round(res.duration, 3)  # one figure: the text and the metadata never disagree
         head = "exit code: %s · %.2fs" % (res.exit_code, duration)
         return ToolResult(True, head + body, metadata={"exit_code": res.exit_code, "duration_seconds": duration})
+
+
+def _settle_protected(ctx, watch, command, body):
+    """After a command: protected paths it created, and repositories made during the run that it armed,
+    are a person's to keep (chat, every mode) or are removed (headless); the model is told either way."""
+    found = []
+    for path in watch.refresh():
+        if os.path.basename(path).lower() in PROTECTED_ANYWHERE:
+            reason = repository_runs_code(path, ctx.root)
+            if reason is None:
+                with watch._lock:
+                    watch.created.add(path)  # inert (git init, git clone): kept, and checked after later commands
+                continue
+            found.append((path, reason))
+        else:
+            found.append((path, "a protected path"))
+    found += [(path, repository_runs_code(path, ctx.root) or "changed") for path in watch.armed()
+              if path not in [f for f, _ in found]]
+    if not found:
+        return
+    detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
+        ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
+    if ctx.interactive and ctx.ask is not None and ctx.ask("terminal", {"command": command},
+                                                                   detail + ". Keep it (no removes it)?"):
+        with watch._lock:
+            watch.accepted.update(p for p, _ in found)
+        return
+    removed, failed = [], []
+    for path, _ in found:
+        try:
+            with ctx.jail.resolve(os.path.relpath(path, ctx.root), follow=False) as target:
+                if target.lstat() is not None:
+                    remove_at(target.dir_fd, target.name)
+            removed.append(display_path(path, ctx.root))
+        except (OSError, ToolError) as exc:
+            failed.append("%s (%s)" % (display_path(path, ctx.root), getattr(exc, "strerror", None) or exc))
+    watch.refresh()
+    why = "the user declined" if ctx.interactive and ctx.ask is not None else \
+        "it needs a person's approval; not available in this run"
+    raise ToolError("%s; %s. Removed: %s%s%s" % (
+        detail, why, ", ".join(removed) or "nothing",
+        "; COULD NOT REMOVE: %s" % ", ".join(failed) if failed else "", body))
 
 
 def _format_streams(res, limit):
