@@ -225,7 +225,18 @@ class Redactor:
             register_secret(secret)
 
     def __call__(self, text):
-        return redact(text)
+        return storable(redact(text))
+
+
+def storable(text):
+    """Text that UTF-8 files and sqlite accept: a lone surrogate (a byte of a file name that is not UTF-8,
+    as os.listdir decodes it) is kept as its visible escape `\\udcff` instead of failing the whole write."""
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 # ---- Private files: XZATOMA_HOME 0700, the files in it 0600 ----
@@ -693,6 +704,8 @@ class Store:
         return dict(row)
 
     def cache_put(self, url, status, content_type, final_url, body):
+        if any(u and self.redact(u) != u for u in (url, final_url)):
+            return  # the URL is the key and must be kept as is: one carrying a credential is not cached at all
         self.conn().execute("INSERT OR REPLACE INTO fetch_cache (url, fetched_at, status, content_type, final_url, "
                             "body) VALUES (?, ?, ?, ?, ?, ?)",
                             (url, time.time(), status, content_type, final_url, self.redact(body)))

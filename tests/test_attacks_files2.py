@@ -122,3 +122,76 @@ def test_the_sandbox_keeps_a_working_directory_in_a_protected_place_read_only(cl
     for key in ("conversations.db", "conversations.db-wal", "conversations.db-shm", "audit.log"):
         before.pop(key, None), after.pop(key, None)
     assert after == before
+
+
+# -- secrets --
+
+
+@pytest.fixture
+def web():
+    """A loopback page server; /redirect sends the client to a URL carrying a token."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/redirect"):
+                self.send_response(302)
+                self.send_header("Location", "/landing?api_key=sk_live_" + "R" * 24)
+                self.end_headers()
+                return
+            body = b"a page\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield "127.0.0.1:%d" % httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_credential_in_a_fetched_url_never_reaches_the_database(cli, fake, web):
+    """The fetch cache kept its key, the URL, verbatim: a password in the userinfo, a token in the query,
+    a token in the URL a redirect landed on, all in conversations.db's bytes."""
+    from test_secrets import db_bytes
+    secrets = ["Passw0rdInUrl", "ghp_" + "Q" * 36, "sk_live_" + "R" * 24]
+    cli.use(fake, tools={"fetch": {"allowed_hosts": ["127.0.0.1"]}})
+    r, results = run_calls(cli, fake, [
+        tool_call("fetch", url="http://deploy:%s@%s/a" % (secrets[0], web)),
+        tool_call("fetch", url="http://%s/b?access_token=%s" % (web, secrets[1])),
+        tool_call("fetch", url="http://%s/redirect" % web)])
+    assert r.returncode == 0, r.stderr
+    assert all(x.endswith("a page\n") for x in results), results
+    data = db_bytes(cli)
+    for secret in secrets:
+        assert secret.encode() not in data, secret
+        assert secret not in r.stderr and secret not in r.stdout
+
+
+# -- hostile bytes --
+
+
+def test_a_file_name_that_is_not_utf8_does_not_switch_the_history_off(cli, fake):
+    """A repository ships a name with a byte that is not UTF-8: listing it made every later message of the
+    run unstorable ("continuing without it"), so `history show` no longer showed what the agent did next."""
+    import json
+    work = os.fsencode(str(cli.workdir))
+    with open(os.path.join(work, b"bad\xff\x1b[2J.txt"), "w") as fh:
+        fh.write("needle\n")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("list_directory"), tool_call("grep", pattern="needle"),
+                                       tool_call("write_file", path="after.txt", content="later\n")])
+    assert r.returncode == 0, r.stderr
+    assert "history" not in r.stderr, r.stderr
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    shown = cli.run("history", "show", "--full", cid)
+    assert shown.returncode == 0, shown.stderr
+    assert "bad\\udcff\\x1b[2J.txt" in shown.stdout and "Created after.txt" in shown.stdout, shown.stdout
+    assert "\x1b" not in shown.stdout
