@@ -2548,6 +2548,9 @@ def protected_extras(cfg, working_dir):
             extra += [os.path.join(home, name) for name in PROTECTED_NAMES]
     if cfg.path:
         extra.append(os.path.abspath(os.path.expanduser(cfg.path)))
+    if cfg.get("agent.persistence.db_path"):  # its undo records say what `xzatoma undo` writes, and where
+        db = os.path.abspath(cfg.db_path())
+        extra += [db] + [db + suffix for suffix in ("-wal", "-shm", "-journal")]
     return extra
 
 

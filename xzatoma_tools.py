@@ -364,9 +364,13 @@ class ToolContext:
                                   "; refused without a person to confirm it"))
 
     # -- protected paths --
-    def guard(self, tool, args, target):
-        """A change at a protected path (or a directory holding one) needs a person's yes, in every mode."""
+    def guard(self, tool, args, target, source=None):
+        """A change at a protected path (or a directory holding one) needs a person's yes, in every mode;
+        so does a copy of `source` (a Target) that creates one below `target`."""
         what = protected_reason(target, self.protected, self.root)
+        if what is None and source is not None:
+            what = protected_copied(source, target.real, self.protected, self.root,
+                                    lambda: self.check_deadline(tool))
         if what is None:
             return
         detail = "%s %s changes %s, a protected path (agent.tools.protected_paths)" % (
@@ -1248,6 +1252,22 @@ def protected_reason(target, protected, root):
                 hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs)
                 if hit:
                     return hit
+    return None
+
+
+def protected_copied(source, destination, protected, root, check=None):
+    """What protected path copying the tree at `source` (a Target) to `destination` (a real path) creates
+    below it, or None: a copied `.git` (a repository, hooks and all) or a name a configured glob protects."""
+    st = source.lstat()
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return None
+    globs = [display_path(p, root).lower() for p in protected if _is_glob(p)]
+    rel = display_path(destination, root)
+    for sub, _, _, _ in _subtree(source.dir_fd, source.name, check):
+        if sub:
+            hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs)
+            if hit:
+                return hit
     return None
 
 
@@ -2363,9 +2383,10 @@ class CopyPath(Tool):
             src.close()
             dst.close()
 
-    def _replace_destination(self, args, ctx, dst):
-        """Clear an existing destination (overwrite=true), recorded for undo; returns the undo token."""
-        ctx.guard(self.name, args, dst)
+    def _replace_destination(self, args, ctx, dst, src=None):
+        """Clear an existing destination (overwrite=true), recorded for undo; returns the undo token.
+        `src` (a copy's source) is checked for protected paths it would create below the destination."""
+        ctx.guard(self.name, args, dst, src)
         if dst.lstat() is None:
             return None
         ctx.check_undo_cap(self.name, dst, args)
@@ -2377,7 +2398,7 @@ class CopyPath(Tool):
         st = src.lstat()
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             raise special_error(src, st.st_mode, "copy_path copies files, directories and links")
-        token = self._replace_destination(args, ctx, dst)
+        token = self._replace_destination(args, ctx, dst, src)
         if token is None:
             token = ctx.before_create(self.name, dst)
         dst.make_parents()

@@ -195,3 +195,44 @@ def test_a_file_name_that_is_not_utf8_does_not_switch_the_history_off(cli, fake)
     assert shown.returncode == 0, shown.stderr
     assert "bad\\udcff\\x1b[2J.txt" in shown.stdout and "Created after.txt" in shown.stdout, shown.stdout
     assert "\x1b" not in shown.stdout
+
+
+def test_a_copy_that_creates_protected_paths_below_its_destination_is_asked(cli, fake):
+    """copy_path checked only the destination's own name: copying a directory that holds `key.pem` (a
+    configured `*.pem`) or a `.git` (a repository with hooks) created those protected paths unasked."""
+    work = cli.workdir
+    (work / "incoming" / "certs").mkdir(parents=True)
+    (work / "incoming" / "certs" / "key.pem").write_text("-----\n")
+    (work / "vendor" / "lib" / ".git" / "hooks").mkdir(parents=True)
+    (work / "vendor" / "lib" / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\ntouch pwned\n")
+    (work / "plain").mkdir()
+    (work / "plain" / "a.txt").write_text("a\n")
+    cli.use(fake, tools={"protected_paths": ["*.pem"]})
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, [
+        tool_call("copy_path", source_path="incoming", destination_path="deploy"),
+        tool_call("copy_path", source_path="vendor/lib", destination_path="vendor/lib2"),
+        tool_call("copy_path", source_path="vendor", destination_path="third_party"),
+        tool_call("copy_path", source_path="plain", destination_path="plain2")])
+    assert r.returncode == 0, r.stderr
+    for result in results[:3]:
+        assert result.startswith("Error: ") and result.endswith(HEADLESS), results
+    assert results[3] == "Copied plain to plain2 (2 items)"
+    after = snapshot(work)
+    del after["plain2"], after["plain2/a.txt"]
+    assert after == before
+
+
+def test_a_history_database_configured_inside_the_tree_is_protected(cli, fake):
+    """agent.persistence.db_path inside the working directory: the agent could replace the database (and
+    its -wal) whose undo records say where `xzatoma undo` writes and in which working directory."""
+    cli.use(fake, persistence={"db_path": str(cli.workdir / "state" / "hist.db")})
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="state/hist.db", content="x"),
+                                       tool_call("write_file", path="state/hist.db-wal", content="x"),
+                                       tool_call("delete_path", path="state", recursive=True),
+                                       tool_call("write_file", path="state/notes.txt", content="ok\n")])
+    assert r.returncode == 0, r.stderr
+    for result in results[:3]:
+        assert result.startswith("Error: ") and result.endswith(HEADLESS), results
+    assert results[3] == "Created state/notes.txt (3 bytes)"
+    assert (cli.workdir / "state" / "hist.db").stat().st_size > 100
