@@ -4772,11 +4772,15 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
             probe.close()
 
     def run_plan(job):
-        return run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
-                                terminal_mode=FULL if allow_dangerous else RESTRICTED,
-                                timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
-                                metadata=job.metadata, store=store, cancel=job.cancel,
-                                provider=base_provider.clone()).to_json()  # its sandbox closes with it
+        from xzatoma_store import redact
+        outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
+                                   terminal_mode=FULL if allow_dangerous else RESTRICTED,
+                                   timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
+                                   metadata=job.metadata, store=store, cancel=job.cancel,
+                                   provider=base_provider.clone()).to_json()  # its sandbox closes with it
+        for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
+            outcome[key] = redact(outcome.get(key))
+        return outcome
     return run_plan
 
 

@@ -236,3 +236,31 @@ def test_a_history_database_configured_inside_the_tree_is_protected(cli, fake):
         assert result.startswith("Error: ") and result.endswith(HEADLESS), results
     assert results[3] == "Created state/notes.txt (3 bytes)"
     assert (cli.workdir / "state" / "hist.db").stat().st_size > 100
+
+
+def test_the_watcher_never_publishes_a_credential_in_a_result(cli, fake, kafka_broker, tmp_path):
+    """`run` redacts its answer; the watcher published the same answer (and the run's error) to the results
+    topic as the model wrote it: a token read from a file, echoed in the answer, left for every consumer."""
+    import json
+    import uuid
+
+    import kafka_broker as kb
+    import yaml
+    from test_watch_cli import FAST
+    token = "ghp_" + "W" * 36
+    topic = "rt-" + uuid.uuid4().hex[:8]
+    kb.create_topic(kafka_broker.address, topic)
+    cli.use(fake)
+    cfg = yaml.safe_load(cli.config_path.read_text())
+    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address)}
+    cli.write_config(cfg)
+    plan = tmp_path / "task.yaml"
+    plan.write_text("goal: Say the token\ninstructions: [say it]\n")
+    assert cli.run("publish", "--topic", topic, "--plan", str(plan)).returncode == 0
+    fake.add({"content": "the token is %s" % token})
+    r = cli.run("watch", "--topic", topic, "--max-events", "1", "--log-format", "json", "--group-id", "g-" + topic,
+                timeout=120)
+    assert r.returncode == 0, r.stderr
+    results = [json.loads(m.value) for m in kb.read_all(kafka_broker.address, topic + ".results", 1)]
+    assert results and results[0]["data"]["answer"] == "the token is [REDACTED]", results
+    assert token not in r.stderr
