@@ -4348,8 +4348,13 @@ class ChatSession:
         finally:
             if readline is not None:
                 try:
+                    from xzatoma_store import redact
+                    for i in range(readline.get_current_history_length()):  # a key typed or pasted stays off disk
+                        item = readline.get_history_item(i + 1)
+                        if item and redact(item) != item:
+                            readline.replace_history_item(i, redact(item))
                     readline.write_history_file(self.history_file)
-                except OSError:
+                except (OSError, ValueError):
                     pass
             self.finish()
         if self.failed_turns and not self.interactive:  # a script piping turns in learns that one failed

@@ -217,14 +217,14 @@ def test_credentials_file_is_private(cli):
     assert "sk-typed-in-key-1234567890" not in r.stdout + r.stderr
 
 
-def test_chat_history_file_is_private(cli, fake):
+def test_chat_history_file_is_private_and_redacted(cli, fake):
     from ptyrun import PtyProcess
     cli.use(fake)
     fake.add({"content": "hi"})
     p = PtyProcess(cli.command("chat"), dict(cli.env, TERM="xterm"), str(cli.workdir))
     try:
         p.expect(r"\[PLANNING\]\[SAFE\] >> ")
-        p.line("hello there")
+        p.line("hello there, my key is sk_live_4eC39HqLyjWDarjtT1zdp7dcXYZ and ghp_16C7e42F292c6912E7710c838347Ae178B4a")
         p.expect("hi")
         p.expect(r"\[PLANNING\]\[SAFE\] >> ")
         p.eof()
@@ -233,6 +233,9 @@ def test_chat_history_file_is_private(cli, fake):
         p.close()
     assert mode(cli.xz_home / "chat_history") == 0o600
     assert mode(cli.xz_home / "conversations.db") == 0o600 and mode(cli.xz_home) == 0o700
+    history = (cli.xz_home / "chat_history").read_text()  # what was typed stays, the keys do not
+    assert "hello there, my key is" in history
+    assert "sk_live_4eC39" not in history and "ghp_16C7e42F" not in history
 
 
 def test_the_process_credentials_never_reach_the_model_in_a_tool_result(cli, fake):
