@@ -1426,55 +1426,208 @@ def write_atomic_at(dir_fd, name, data, mode=None):
         raise
 
 
-def _brace_expand(pattern):
-    """'src/**/*.{rs,toml}' -> ['src/**/*.rs', 'src/**/*.toml']."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if not m:
-        return [pattern]
-    out = []
-    for alt in m.group(1).split(","):
-        out.extend(_brace_expand(pattern[: m.start()] + alt + pattern[m.end():]))
+#: a glob's limits (a model or a repository's .gitignore writes it): longer patterns and more {a,b}
+#: alternatives are refused, so matching stays bounded whatever the pattern
+MAX_GLOB_LENGTH = 4096
+MAX_GLOB_ALTERNATIVES = 256
+
+
+def _brace_expand(pattern, limit=MAX_GLOB_ALTERNATIVES):
+    """'src/**/*.{rs,toml}' -> ['src/**/*.rs', 'src/**/*.toml']; a ToolError past `limit` alternatives
+    ({a,b} thirty times is 2**30 patterns: refused, never generated)."""
+    out, todo = [], [pattern]
+    while todo:
+        item = todo.pop()
+        m = re.search(r"\{([^{}]*)\}", item)
+        if not m:
+            out.append(item)
+        else:
+            todo.extend(item[: m.start()] + alt + item[m.end():] for alt in reversed(m.group(1).split(",")))
+        if len(out) + len(todo) > limit:
+            raise ToolError("the glob %s has more than %d {…} alternatives; narrow it" % (pattern[:80], limit))
     return out
 
 
 _GLOB_CACHE = {}
 
 
+def _glob_tokens(alt):
+    """A glob's tokens: ('**/',) any text ending in / or nothing; ('**',) any text; ('*',) and ('?',) within
+    one path segment; (regex, ) one character of a [class]; a literal character."""
+    i, tokens = 0, []
+    while i < len(alt):
+        c = alt[i]
+        if alt.startswith("**/", i):
+            tokens.append("**/")
+            i += 3
+        elif alt.startswith("**", i):
+            tokens.append("**")
+            i += 2
+        elif c in "*?":
+            tokens.append(c)
+            i += 1
+        elif c == "[" and _glob_class(alt, i) is not None:
+            j = alt.find("]", i + 1)
+            tokens.append(_glob_class(alt, i))
+            i = j + 1
+        else:
+            tokens.append(("lit", c))
+            i += 1
+    return tokens
+
+
+def _glob_class(alt, i):
+    """The [class] at alt[i] as a one-character regex, or None ('[' is then a literal character)."""
+    j = alt.find("]", i + 1)
+    if j == -1:
+        return None
+    try:
+        return re.compile("[" + alt[i + 1: j].replace("!", "^", 1) + "]")
+    except re.error:
+        return None
+
+
+def _glob_regex_text(tokens):
+    out = []
+    for t in tokens:
+        if t == "**/":
+            out.append("(?:.*/)?")
+        elif t == "**":
+            out.append(".*")
+        elif t == "*":
+            out.append("[^/]*")
+        elif t == "?":
+            out.append("[^/]")
+        elif isinstance(t, tuple):
+            out.append(re.escape(t[1]))
+        else:
+            out.append(t.pattern)
+    return "".join(out)
+
+
+def _glob_backtracks(tokens):
+    """True unless a backtracking regex matches this glob in linear time. Safe: at most one '**' (as '**/'
+    when a floating '*' comes after it), no floating '*' before it, and at most one floating '*' per
+    segment ('*' followed by '/' or the end is pinned: it has one way to match). Anything else, such as
+    `*a*a*a*b` against a long name of a's or `**/a/**/a/**/b`, is polynomial of degree the number of
+    stars in a backtracking engine."""
+    free, floating_seen, floating_here = None, False, False
+    for k, t in enumerate(tokens):
+        if t in ("**/", "**"):
+            if free is not None or floating_seen:
+                return True
+            free = t
+        elif t == "*":
+            if k + 1 < len(tokens) and tokens[k + 1] != ("lit", "/"):  # floating
+                if free == "**" or floating_here:
+                    return True
+                floating_seen = floating_here = True
+        elif t == ("lit", "/"):
+            floating_here = False
+    return False
+
+
+class _GlobAutomaton:
+    """Matches a glob without backtracking: the states of its automaton are advanced together, one
+    character at a time (Thompson's construction), so the time is linear in the path for any pattern.
+    Sets of states are memoised as they are met (a lazy DFA), up to a bound."""
+
+    MAX_MEMO = 20000
+
+    def __init__(self, alternatives):
+        self.tokens = []  # the alternatives laid out one after another; each ends in an accepting state
+        self.starts, self.accept = [], set()
+        for tokens in alternatives:
+            self.starts.append(len(self.tokens))
+            self.tokens.extend(tokens)
+            self.accept.add(len(self.tokens))
+            self.tokens.append(None)
+        self.start = self._closure(self.starts)
+        self.memo = {}
+
+    def _closure(self, states):
+        out, todo = set(), list(states)
+        while todo:
+            s = todo.pop()
+            if s in out:
+                continue
+            out.add(s)
+            t = self.tokens[s] if s >= 0 else None
+            if t in ("**/", "**", "*"):  # may match nothing
+                todo.append(s + 1)
+        return frozenset(out)
+
+    def _step(self, states, ch):
+        nxt = []
+        for s in states:
+            if s < 0:  # inside '**/' after at least one character: -(index + 1)
+                if ch != "\n":
+                    nxt.append(s)
+                if ch == "/":
+                    nxt.append(-s)
+                continue
+            t = self.tokens[s]
+            if t is None:
+                continue
+            if t == "**/":
+                if ch != "\n":
+                    nxt.append(-s - 1)
+                if ch == "/":
+                    nxt.append(s + 1)
+            elif t == "**":
+                if ch != "\n":  # as the regex's '.'
+                    nxt.append(s)
+            elif t == "*":
+                if ch != "/":
+                    nxt.append(s)
+            elif t == "?":
+                if ch != "/":
+                    nxt.append(s + 1)
+            elif isinstance(t, tuple):
+                if ch == t[1]:
+                    nxt.append(s + 1)
+            elif t.match(ch):
+                nxt.append(s + 1)
+        return self._closure(nxt)
+
+    def match(self, text):
+        states, memo = self.start, self.memo
+        for ch in text:
+            key = (states, ch)
+            new = memo.get(key)
+            if new is None:
+                new = self._step(states, ch)
+                if len(memo) < self.MAX_MEMO:
+                    memo[key] = new
+            states = new
+            if not states:
+                return False
+        return not self.accept.isdisjoint(states)
+
+
 def glob_regex(pattern):
-    """Compile a glob with ** (any depth), * and ? (one segment) and {a,b} braces."""
+    """Compile a glob with ** (any depth), * and ? (one segment) and {a,b} braces into an object whose
+    .match(path) is true when the glob matches the whole path.
+
+    Globs come from models and from .gitignore files in the tree, so matching must stay linear: a glob a
+    backtracking regex handles in linear time is one (the fast, common case: '*.py', '**/*.md',
+    'src/**/*.rs'); any other runs through _GlobAutomaton. Too long or too many alternatives: ToolError.
+    """
     cached = _GLOB_CACHE.get(pattern)
     if cached is not None:
         return cached
-    parts = []
-    for alt in _brace_expand(pattern):
-        i, out = 0, ""
-        while i < len(alt):
-            c = alt[i]
-            if alt.startswith("**/", i):
-                out += "(?:.*/)?"
-                i += 3
-            elif alt.startswith("**", i):
-                out += ".*"
-                i += 2
-            elif c == "*":
-                out += "[^/]*"
-                i += 1
-            elif c == "?":
-                out += "[^/]"
-                i += 1
-            elif c == "[":
-                j = alt.find("]", i + 1)
-                if j == -1:
-                    out += re.escape(c)
-                    i += 1
-                else:
-                    out += "[" + alt[i + 1: j].replace("!", "^", 1) + "]"
-                    i = j + 1
-            else:
-                out += re.escape(c)
-                i += 1
-        parts.append(out)
-    compiled = re.compile("(?:%s)\\Z" % "|".join(parts))
+    if len(pattern) > MAX_GLOB_LENGTH:
+        raise ToolError("the glob is %d characters long, over the %d a glob may have" % (len(pattern), MAX_GLOB_LENGTH))
+    expanded = _brace_expand(pattern)
+    if sum(map(len, expanded)) > 4 * MAX_GLOB_LENGTH:
+        raise ToolError("the glob %s expands to more than %d characters; narrow it" % (pattern[:80], 4 * MAX_GLOB_LENGTH))
+    alternatives = [_glob_tokens(alt) for alt in expanded]
+    if any(_glob_backtracks(tokens) for tokens in alternatives):
+        compiled = _GlobAutomaton(alternatives)
+    else:
+        compiled = re.compile("(?:%s)\\Z" % "|".join(_glob_regex_text(tokens) for tokens in alternatives))
+    if len(_GLOB_CACHE) > 1024:
+        _GLOB_CACHE.clear()
     _GLOB_CACHE[pattern] = compiled
     return compiled
 
@@ -1487,10 +1640,18 @@ def glob_match(pattern, relpath):
 
 
 class GitIgnore:
-    """The common subset of .gitignore: globs, '/'-anchored, dir-only '/', and '!' negation."""
+    """The common subset of .gitignore: globs, '/'-anchored, dir-only '/', and '!' negation.
+
+    A .gitignore comes with the repository, so it is bounded like any untrusted input: its globs match in
+    linear time (glob_regex), a rule whose glob is refused is skipped, a file's rules past MAX_RULES are
+    ignored, and a path is tested only against the rules of the directories above it, consecutive rules
+    of one kind merged into one regex (a file of 100,000 lines cost 100,000 matches per path).
+    """
+
+    MAX_RULES = 1000  # per .gitignore (large real ones, such as Visual Studio's, have about 400)
 
     def __init__(self, root_fd):
-        self.rules = []  # (base_rel, regex, negate, dir_only)
+        self.rules = {}  # base_rel -> [[matcher, negate, dir_only, [regex sources] or None]]
         self._load("", root_fd)
 
     def _load(self, rel_dir, dir_fd):
@@ -1504,6 +1665,7 @@ class GitIgnore:
             lines = read_fd(fd, 1 << 20).decode("utf-8", "replace").splitlines()
         finally:
             os.close(fd)
+        groups, count = [], 0
         for line in lines:
             line = line.rstrip()
             if not line or line.startswith("#"):
@@ -1516,7 +1678,25 @@ class GitIgnore:
             anchored = "/" in line.lstrip("/") or line.startswith("/")
             line = line.lstrip("/")
             pattern = line if anchored else "**/" + line
-            self.rules.append((rel_dir, glob_regex(pattern), negate, dir_only))
+            try:
+                matcher = glob_regex(pattern)
+            except ToolError:
+                continue  # a glob too large to match safely: the rule is skipped
+            count += 1
+            if count > self.MAX_RULES:
+                break
+            source = matcher.pattern if isinstance(matcher, re.Pattern) else None
+            last = groups[-1] if groups else None
+            if last is not None and last[1:3] == [negate, dir_only] and last[3] is not None and source is not None:
+                if source not in last[3]:
+                    last[3].append(source)
+            else:
+                groups.append([matcher, negate, dir_only, [source] if source is not None else None])
+        for group in groups:
+            if group[3] is not None and len(group[3]) > 1:
+                group[0] = re.compile("|".join("(?:%s)" % s for s in group[3]))
+        if groups:
+            self.rules[rel_dir] = groups
 
     def enter(self, rel_dir, dir_fd):
         """Read the .gitignore of a directory as the walk reaches it."""
@@ -1524,18 +1704,23 @@ class GitIgnore:
             self._load(rel_dir, dir_fd)
 
     def ignored(self, rel, is_dir):
+        """The last matching rule decides; rules apply below their own directory, which the walk entered
+        (and loaded) before anything in it, parents before children."""
         verdict = False
-        for base, regex, negate, dir_only in self.rules:
-            if dir_only and not is_dir:
-                continue
-            sub = rel
-            if base:
-                if not rel.startswith(base + "/"):
-                    continue
-                sub = rel[len(base) + 1:]
-            if regex.match(sub):
-                verdict = not negate
-        return verdict
+        base, end = "", -1
+        while True:
+            groups = self.rules.get(base)
+            if groups:
+                sub = rel[end + 1:]
+                for matcher, negate, dir_only, _ in groups:
+                    if dir_only and not is_dir:
+                        continue
+                    if matcher.match(sub):
+                        verdict = not negate
+            end = rel.find("/", end + 1)
+            if end == -1:
+                return verdict
+            base = rel[:end]
 
 
 def _entry_kind(entry):

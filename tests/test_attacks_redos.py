@@ -1,0 +1,99 @@
+"""Untrusted text against regular expressions and super-linear algorithms: globs and .gitignore lines,
+token shapes in the redactor, shell commands judged by the policy, previews of huge edits.
+
+Each attack would stall a run far past --timeout (or burn minutes of CPU) on a backtracking or
+exponential path; the fix makes the work linear or caps it failing closed. End-to-end cases run the CLI
+with --timeout and a generous ceiling on the process; in-process cases assert the bounded result (a
+refusal, a summary) rather than a time.
+"""
+
+import os
+
+import pytest
+
+from conftest import tool_call
+from test_file_safety import run_calls
+
+import xzatoma_tools
+from xzatoma_tools import GitIgnore, ToolError, glob_match, glob_regex
+
+#: a glob with many stars against a long name of a's: a backtracking regex tries every split
+STARS = "*a" * 12 + "*b"
+LONG_NAME = "a" * 200
+TARGET = "a" * 12 + "b"  # the one name the glob matches
+
+
+def long_named_tree(work, n=20):
+    (work / "d").mkdir()
+    for i in range(n):
+        (work / "d" / (LONG_NAME + str(i))).write_text("x\n")
+    (work / "d" / TARGET).write_text("needle\n")
+
+
+# ---- globs: find_path, grep include/exclude, list_directory, .gitignore ----
+
+def test_find_path_with_a_catastrophic_glob_finishes(cli, fake):
+    long_named_tree(cli.workdir)
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("find_path", glob=STARS),
+                                       tool_call("find_path", glob="**/a/**/a/**/a/**/a/**/b")],
+                           "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    assert results[0] == "showing 1-1 of 1\nd/" + TARGET
+    assert results[1] == "no paths match **/a/**/a/**/a/**/a/**/b"
+
+
+def test_grep_include_and_exclude_globs_finish(cli, fake):
+    long_named_tree(cli.workdir)
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("grep", pattern="needle|x", include=STARS),
+                                       tool_call("grep", pattern="needle", exclude=STARS)],
+                           "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    assert results[0] == "d/%s:1: needle" % TARGET
+    assert results[1] == "no matches for needle"
+
+
+def test_a_hostile_gitignore_line_does_not_stall_the_walk(cli, fake):
+    """The repository writes the glob: every name in the tree is matched against it."""
+    long_named_tree(cli.workdir)
+    (cli.workdir / ".gitignore").write_text("%s\n" % STARS)
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("find_path", glob="d/*")], "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    assert results[0].startswith("showing 1-20 of 20\nd/" + LONG_NAME)
+    assert TARGET not in results[0]  # the line ignores it
+
+
+def test_brace_alternatives_are_capped_not_generated():
+    """{a,b} thirty times is 2**30 patterns: refused at once, in every caller."""
+    with pytest.raises(ToolError, match="alternatives"):
+        glob_regex("{a,b}" * 30)
+    with pytest.raises(ToolError, match="characters long"):
+        glob_regex("a" * 5000)
+    assert glob_match("src/**/*.{rs,toml}", "src/a/b/c.toml")
+
+
+@pytest.mark.parametrize("pattern,path,match", [
+    (STARS, LONG_NAME + "b", True), (STARS, LONG_NAME, False), ("*a*a*b", "xaab", True),
+    ("**/a/**/b", "x/a/y/z/b", True), ("**/a/**/b", "x/a/y/z/c", False), ("*a*/**/*b*", "xa/q/r/sbt", True),
+    ("x/a**b", "x/a/y/b", True), ("[!a]*x*y", "bqxqy", True), ("*[ab]*[ab]*c", "zzabzc", True),
+])
+def test_globs_matched_without_backtracking_keep_their_meaning(pattern, path, match):
+    assert glob_match(pattern, path) is match
+
+
+def test_gitignore_rules_are_bounded(tmp_path):
+    """A .gitignore of 100,000 lines (and one of 100,000 copies of a line) is matched against every path of
+    the walk: only its first MAX_RULES count, and runs of rules of one kind are one regex."""
+    lines = ["x%d" % i for i in range(100000)] + ["!x1", "y*"]
+    (tmp_path / ".gitignore").write_text("\n".join(lines) + "\n")
+    fd = os.open(str(tmp_path), os.O_RDONLY)
+    try:
+        ignore = GitIgnore(fd)
+    finally:
+        os.close(fd)
+    groups = ignore.rules[""]
+    assert len(groups) == 1  # the first MAX_RULES lines, one merged regex
+    assert ignore.ignored("x5", False) and ignore.ignored("sub/x999", False)
+    assert not ignore.ignored("x5000", False)  # past the cap: not a rule
