@@ -4029,7 +4029,8 @@ class Confirmations:
         return command if answer in ("y", "a") else None
 
     def ask_irreversible(self, name, args, detail):
-        return self._choice("Allow %s? %s" % (name, detail), None, edit=False) in ("y", "a")
+        question, _, change = detail.partition("\n")  # below the question: the diff of what it writes
+        return self._choice("Allow %s? %s" % (name, question), change or None, edit=False) in ("y", "a")
 
 
 class Spinner:

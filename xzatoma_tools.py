@@ -364,9 +364,10 @@ class ToolContext:
                                   "; refused without a person to confirm it"))
 
     # -- protected paths --
-    def guard(self, tool, args, target, source=None):
+    def guard(self, tool, args, target, source=None, shows=None):
         """A change at a protected path (or a directory holding one) needs a person's yes, in every mode;
-        so does a copy of `source` (a Target) that creates one below `target`."""
+        so does a copy of `source` (a Target) that creates one below `target`. `shows()` gives what the
+        change writes (a diff): the person sees the code a hook or start-up file would run before saying yes."""
         what = protected_reason(target, self.protected, self.root)
         if what is None and source is not None:
             what = protected_copied(source, target.real, self.protected, self.root,
@@ -377,7 +378,8 @@ class ToolContext:
             tool, display_path(target.real, self.root), what)
         if not self.interactive or self.ask is None:
             raise ToolError("%s; it needs a person's approval; not available in this run" % detail)
-        if not self.ask(tool, args, detail):
+        change = shows() if shows is not None else None
+        if not self.ask(tool, args, detail + ("\n" + change if change else "")):
             raise ToolError("the user declined: %s" % detail)
 
 
@@ -2010,7 +2012,8 @@ class WriteFile(Tool):
                 raise ToolError("%s is a directory" % path)
             if st is not None and not stat.S_ISREG(st.st_mode):
                 raise special_error(target, st.st_mode, "write_file only replaces regular files")
-            ctx.guard(self.name, args, target)
+            ctx.guard(self.name, args, target, shows=lambda: _change_shown(
+                read_text(target, "") if st is not None else "", args["content"], target))
             ctx.check_undo_cap(self.name, target, args)
             token = ctx.before_create(self.name, target)
             target.make_parents()
@@ -2064,7 +2067,7 @@ class EditFile(Tool):
     def run(self, args, ctx):
         with ctx.jail.resolve(args["path"], must_exist=True) as target:
             text, updated = self._apply(args, target)
-            ctx.guard(self.name, args, target)
+            ctx.guard(self.name, args, target, shows=lambda: _change_shown(text, updated, target))
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
             ctx.after_change(token)
@@ -2571,7 +2574,7 @@ class CopyPath(Tool):
     def _replace_destination(self, args, ctx, dst, src=None):
         """Clear an existing destination (overwrite=true), recorded for undo; returns the undo token.
         `src` (a copy's source) is checked for protected paths it would create below the destination."""
-        ctx.guard(self.name, args, dst, src)
+        ctx.guard(self.name, args, dst, src, shows=lambda: _copy_shown(src, dst))
         if dst.lstat() is None:
             return None
         ctx.check_undo_cap(self.name, dst, args)
@@ -2593,6 +2596,28 @@ class CopyPath(Tool):
         return ToolResult.ok("%s %s to %s (%d item%s)%s" % (
             self.verb.capitalize(), display_path(src.real, ctx.root), display_path(dst.real, ctx.root), count,
             "" if count == 1 else "s", _skipped_note(skipped)), items=count)
+
+
+def _change_shown(old, new, target):
+    """The diff a protected change is asked with ('(same content)' when there is none)."""
+    return text_diff(old, new, display_path(target.real, target.root)) or "(same content)"
+
+
+def _copy_shown(src, dst):
+    """What copying or moving `src` over `dst` writes there: a text file's diff, else what it is."""
+    st, dst_st = src.lstat(), dst.lstat()
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return "(%s %s, %d item%s)" % (_kind_of(st.st_mode) if st else "nothing at", display_path(
+            src.real, src.root), tree_count_at(src), "" if tree_count_at(src) == 1 else "s")
+    fd = src.open_regular("")
+    try:
+        if is_binary_fd(fd):
+            return "(binary file %s, %s)" % (display_path(src.real, src.root), _fmt_size(os.fstat(fd).st_size))
+        new = read_whole(fd, display_path(src.real, src.root)).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    old = read_text(dst, "") if dst_st is not None and stat.S_ISREG(dst_st.st_mode) else ""
+    return _change_shown(old, new, dst)
 
 
 def _skipped_note(skipped):
