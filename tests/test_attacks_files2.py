@@ -312,3 +312,32 @@ def test_the_question_for_a_protected_write_shows_what_will_be_written(cli, fake
     assert os.listdir(str(work / ".git" / "hooks")) == []
     assert (work / ".bashrc").read_text() == "alias ll='ls -l'\n"
     assert "\x1b[8m" not in p.seen
+
+
+# -- special and huge files --
+
+
+def test_copying_a_sparse_file_does_not_fill_the_disk(cli, fake):
+    """A 4 KB sparse file of 8 GB apparent size (`truncate -s`, a tar --sparse) copied with copy_path was
+    written out as 8 GB of real zeros, a minute of I/O and the disk's free space."""
+    work = cli.workdir
+    with open(str(work / "sparse.bin"), "wb") as fh:
+        fh.write(b"head\n")
+        fh.seek(4 << 30)
+        fh.write(b"middle\n")
+        fh.truncate(8 << 30)
+    if os.stat(str(work / "sparse.bin")).st_blocks * 512 > 1 << 20:
+        pytest.skip("this filesystem does not keep holes")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("copy_path", source_path="sparse.bin", destination_path="copy.bin")],
+                           timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert results == ["Copied sparse.bin to copy.bin (1 item)"]
+    copy = str(work / "copy.bin")
+    assert os.path.getsize(copy) == 8 << 30 and os.stat(copy).st_blocks * 512 < 16 << 20
+    with open(copy, "rb") as fh:
+        assert fh.read(5) == b"head\n"
+        fh.seek(4 << 30)
+        assert fh.read(7) == b"middle\n"
+        fh.seek((4 << 30) - 4096)
+        assert fh.read(4096) == b"\0" * 4096
