@@ -80,8 +80,16 @@ _V = r"[A-Za-z0-9_\-]"  # the body of most token shapes
 TOKEN_SHAPES = [
     # PEM private key blocks, whole (also JSON-escaped, and cut off before the END line)
     (("private key",), r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
-                       r"(?s:.{0,16384}?-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|(?:[A-Za-z0-9+/=\s:,.-]|\\[nr])*)"),
-    (("eyj",), r"\beyJ%s{8,}\.eyJ%s{8,}\.%s*" % (_V, _V, _V)),  # JWT
+                       # up to the END line, but never past the next key's header (each header's scan ran
+                       # 16 KB: a page of headers took seconds)
+                       r"(?s:(?:(?!-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY).){0,16384}?"
+                       r"-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+                       r"|(?:[A-Za-z0-9+/=\s:,.-]|\\[nr])*)"),
+    # JWT. A start is tried only where a run of token characters begins (the prefix up to its first 'eyJ'
+    # is kept): '-eyJ' repeated is one long run with a start after every '-', and trying each of them ran
+    # the rest of the run again (a megabyte took minutes). The first start of a run is the only one that
+    # can match, since any later one has a shorter first part and the same rest.
+    (("eyj",), r"(?<!%s)(?P<jwt>(?:(?!\beyJ)%s)*)\beyJ%s{8,}\.eyJ%s{8,}\.%s*" % (_V, _V, _V, _V, _V)),
     (("akia", "asia", "abia", "acca", "a3t"), r"\b(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}\b"),  # AWS key id
     (("secret",), r"(?P<aws>(?i:aws_?secret_?(?:access_?)?key|secret_?access_?key)[\"']?\s*[:=]\s*[\"']?)"
                   r"[A-Za-z0-9/+=]{40}(?![A-Za-z0-9/+=])"),  # AWS secret access key assignments

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import tool_call
 from test_file_safety import run_calls
+from test_secrets import db_bytes
 
 import xzatoma_tools
 from xzatoma_tools import GitIgnore, ToolError, glob_match, glob_regex
@@ -97,3 +98,22 @@ def test_gitignore_rules_are_bounded(tmp_path):
     assert len(groups) == 1  # the first MAX_RULES lines, one merged regex
     assert ignore.ignored("x5", False) and ignore.ignored("sub/x999", False)
     assert not ignore.ignored("x5000", False)  # past the cap: not a rule
+
+
+# ---- the redactor: it runs over every message, tool result and output ----
+
+def test_token_shaped_runs_in_a_file_do_not_stall_the_redactor(cli, fake):
+    """A megabyte of '-eyJ' is one run with a JWT start after every '-': each start re-ran the whole run
+    (minutes per redaction, and a tool result is redacted several times). PEM headers each scanned 16 KB."""
+    (cli.workdir / "jwt.txt").write_text("-eyJ" * 200000 + "\n")
+    (cli.workdir / "pem.txt").write_text("-----BEGIN PRIVATE KEY-----!" * 20000 + "\n")
+    token = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlc2lnbmF0dXJl"
+    (cli.workdir / "real.txt").write_text("auth-%s done\n" % token)
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("read_file", path="jwt.txt"), tool_call("read_file", path="pem.txt"),
+                                       tool_call("read_file", path="real.txt")], "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    assert results[0] == "-eyJ" * 200000 + "\n" and results[1].startswith("-----BEGIN PRIVATE KEY-----!")
+    stored = db_bytes(cli)  # the store keeps the results redacted
+    assert b"-eyJ-eyJ-eyJ" in stored and b"auth-[REDACTED] done" in stored
+    assert token.encode() not in stored  # the shape still holds
