@@ -7594,8 +7594,12 @@ def _rate_check(host, per_minute):
         _rate_log[host] = recent
 
 
-def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent):
-    """GET from the checked address (no second DNS lookup). Returns (status, headers, body, truncated)."""
+def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent, deadline=None):
+    """GET from the checked address (no second DNS lookup). Returns (status, headers, body, truncated).
+
+    `timeout` bounds each socket operation; `deadline` (time.monotonic()) the whole request. INFO: a socket
+    timeout alone does not bound it: a server that drips a byte a second never lets one read time out, so
+    a timer shuts the socket down at the deadline and the blocked read returns."""
     import http.client
     import socket
     import ssl
@@ -7609,17 +7613,34 @@ def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent)
             sock = socket.create_connection((address, self.port), self.timeout)
             self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
 
+    if deadline is not None:
+        timeout = max(0.001, min(timeout, deadline - time.monotonic()))
     if scheme == "https":
         conn = PinnedTLS(host, port, timeout=timeout, context=ssl.create_default_context())
     else:
         conn = Pinned(host, port, timeout=timeout)
+    expired = threading.Event()
+
+    def cut():
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut) if deadline is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     try:
         conn.request("GET", path, headers={"User-Agent": user_agent, "Accept-Encoding": "identity",
                                            "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"})
         resp = conn.getresponse()
         chunks, size, truncated = [], 0, False
-        while True:
-            chunk = resp.read(min(65536, max_bytes + 1 - size))
+        while not expired.is_set():
+            chunk = resp.read1(min(65536, max_bytes + 1 - size))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -7627,9 +7648,19 @@ def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent)
             if size > max_bytes:
                 truncated = True
                 break
+        if expired.is_set():
+            raise socket.timeout("the whole request took longer than its time limit")
         body = b"".join(chunks)[:max_bytes]
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body, truncated
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set():
+            raise socket.timeout("the whole request took longer than its time limit")
+        if isinstance(exc, OSError):
+            raise
+        raise OSError("the server's answer is not valid HTTP (%s)" % type(exc).__name__)
     finally:
+        if timer is not None:
+            timer.cancel()
         conn.close()
 
 
@@ -7667,14 +7698,20 @@ class Fetch(Tool):
                     check_url(hit["final_url"], allowed)
                 return ToolResult.ok(hit["body"], cached=True, status=hit["status"])
         timeout = cfg.get("timeout_seconds") or 60
+        deadline = time.monotonic() + timeout  # for the whole fetch, redirects included
+        if ctx.deadline is not None:
+            deadline = min(deadline, ctx.deadline)
         current = url
         for hop in range(6):
             scheme, host, port, path, address = check_url(current, allowed)
             _rate_check(host, cfg.get("rate_limit_per_minute", 30))
+            ctx.check_deadline("fetch")
             try:
                 status, headers, body, truncated = _http_get(scheme, host, port, path, address, timeout, max_bytes,
-                                                             cfg.get("user_agent") or "xzatoma")
+                                                             cfg.get("user_agent") or "xzatoma", deadline)
             except OSError as exc:
+                if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
+                    raise ToolError("fetch stopped: the run's time limit was reached while fetching %s" % current)
                 raise ToolError("cannot fetch %s: %s" % (current, getattr(exc, "strerror", None) or exc))
             if status in (301, 302, 303, 307, 308) and headers.get("location"):
                 if hop == 5:

@@ -183,3 +183,55 @@ def test_fetch_from_a_run_uses_the_config(cli, fake, tmp_path, server):
     assert cli.run("run", "--mode", "planning", "--prompt", "x").returncode == 0
     results = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"]
     assert results[0].endswith("just text\n") and results[1].startswith("Error: 169.254.169.254 is a link-local")
+
+
+@pytest.fixture
+def dripper():
+    """A server that answers a byte every 0.05 s for 100 s: no single read ever waits long enough to time out."""
+    import socket
+    import time
+    stop = threading.Event()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(65536)
+                    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2000\r\n"
+                    for byte in [head[i:i + 1] for i in range(len(head))] + [b"\r\n"] + [b"x"] * 2000:
+                        if stop.wait(0.05):
+                            return
+                        conn.sendall(byte)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield "http://127.0.0.1:%d/drip" % listener.getsockname()[1]
+    stop.set()
+    listener.close()
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_dripping_server_cannot_hold_a_fetch_past_its_time_limit(tmp_path, dripper, where):
+    import time
+    started = time.monotonic()
+    r = fetcher(tmp_path, timeout_seconds=1 if where == "headers" else 6).execute("fetch", {"url": dripper})
+    if where == "body":  # reaching the body takes ~4 s of headers: the limit falls in the body
+        assert time.monotonic() - started >= 4
+    assert r.error and "took longer than its time limit" in r.error, r.error
+    assert time.monotonic() - started < 30  # before: every byte arrived, 100 s later, and the fetch succeeded
+
+
+def test_the_runs_deadline_bounds_a_fetch(tmp_path, dripper):
+    import time
+    ctx = ToolContext(str(tmp_path), {"fetch": {"allowed_hosts": ["127.0.0.1"], "timeout_seconds": 600}})
+    reg = build_registry("planning", ctx.with_deadline(time.monotonic() + 1))
+    r = reg.execute("fetch", {"url": dripper})
+    assert r.error.startswith("fetch stopped: the run's time limit was reached"), r.error
