@@ -683,8 +683,62 @@ class Store:
         return sum(self.delete_conversation(cid) for cid in self.older_than(seconds))
 
     # -- undo records (issue: file tools) --
+    # What a file held before the agent changed it must be kept as it was (undo restores it byte for byte),
+    # so it cannot be redacted: a `.env` the agent edited would leave its keys in the database's bytes. The
+    # content is sealed instead, with a key kept beside the database (undo.key, 0600): a stream from SHAKE-256
+    # of the key and a per-record nonce, and an HMAC-SHA-256 tag so a missing or changed key is an error,
+    # never garbage restored. Records written before this are read as they were stored.
+    SEAL = b"XZU1"
+
+    def _undo_key(self, create):
+        key = getattr(self, "_key", None)
+        if key is not None:
+            return key
+        path = os.path.join(os.path.dirname(os.path.abspath(self.path)), "undo.key")
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            if not create:
+                return None
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                os.write(fd, os.urandom(32))
+            finally:
+                os.close(fd)
+            return self._undo_key(False)
+        try:
+            key = os.read(fd, 64)
+        finally:
+            os.close(fd)
+        if len(key) != 32:
+            return None
+        self._key = key
+        return key
+
+    def _seal(self, content):
+        import hashlib
+        import hmac
+        key = self._undo_key(True)
+        nonce = os.urandom(16)
+        sealed = _xor(content, hashlib.shake_256(b"xzatoma-undo\0" + key + nonce).digest(len(content)))
+        return self.SEAL + nonce + hmac.new(key, nonce + sealed, "sha256").digest()[:16] + sealed
+
+    def _unseal(self, content):
+        """The content as recorded, or None when it cannot be read back (the key is gone or another)."""
+        import hashlib
+        import hmac
+        if not isinstance(content, bytes) or not content.startswith(self.SEAL):
+            return content
+        key = self._undo_key(False)
+        nonce, tag, sealed = content[4:20], content[20:36], content[36:]
+        if key is None or not hmac.compare_digest(tag, hmac.new(key, nonce + sealed, "sha256").digest()[:16]):
+            return None
+        return _xor(sealed, hashlib.shake_256(b"xzatoma-undo\0" + key + nonce).digest(len(sealed)))
+
     def record_undo(self, conversation_id, tool_call_id, tool, path, kind, content=None, mode=None,
                     after_hash=None):
+        if content is not None and kind != "moved":  # moved: the destination path, shown by `undo --list`
+            content = self._seal(bytes(content))
         cur = self.conn().execute(
             "INSERT INTO undo (conversation_id, tool_call_id, tool, path, kind, content, mode, after_hash, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -695,11 +749,17 @@ class Store:
         self.conn().execute("UPDATE undo SET after_hash = ? WHERE id = ?", (after_hash, undo_id))
 
     def undo_records(self, conversation_id=None, pending=True, limit=None, working_dir=None):
-        """Undo records, newest first: of one conversation, or of the conversations run in `working_dir`."""
-        return self._select("undo", {"conversation_id = ?": conversation_id or None,
+        """Undo records, newest first: of one conversation, or of the conversations run in `working_dir`.
+        A record whose sealed content cannot be read back has content None and `unreadable` True."""
+        rows = self._select("undo", {"conversation_id = ?": conversation_id or None,
                                      "restored_at IS NULL": Ellipsis if pending else None,
                                      "conversation_id IN (SELECT id FROM conversations WHERE working_dir = ?)":
                                          working_dir or None}, "id DESC", limit)
+        for row in rows:
+            if row["kind"] != "moved" and row["content"] is not None:
+                row["content"] = self._unseal(bytes(row["content"]))
+                row["unreadable"] = row["content"] is None
+        return rows
 
     def mark_restored(self, undo_id):
         self.conn().execute("UPDATE undo SET restored_at = ? WHERE id = ?", (rfc3339(), undo_id))
@@ -746,6 +806,10 @@ class Store:
 
     def event_published(self, event_id):
         self.conn().execute("UPDATE processed_events SET published_at = ? WHERE event_id = ?", (rfc3339(), event_id))
+
+
+def _xor(data, stream):
+    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(data), "big")
 
 
 def _shorten(text, width):

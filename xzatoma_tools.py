@@ -3067,6 +3067,9 @@ def _undo_resolve(jail, path):
 
 def _undo(store, record, force, jail):
     path, kind = record["path"], record["kind"]
+    if record.get("unreadable"):
+        raise UndoError("%s: not restored (its saved content cannot be read: undo.key beside the history "
+                        "database is missing or another)" % path)
     where = record["content"].decode("utf-8", "surrogateescape") if kind == "moved" else path
     with _undo_resolve(jail, where) as target:
         current = state_hash_at(target)

@@ -341,3 +341,33 @@ def test_copying_a_sparse_file_does_not_fill_the_disk(cli, fake):
         assert fh.read(7) == b"middle\n"
         fh.seek((4 << 30) - 4096)
         assert fh.read(4096) == b"\0" * 4096
+
+
+def test_a_credential_in_a_file_the_agent_changed_never_reaches_the_database(cli, fake):
+    """Editing .env kept its previous content, token and all, verbatim in conversations.db for undo. The
+    content is now sealed with a key kept beside the database (0600): undo still restores it byte for byte,
+    and without the key it refuses instead of writing garbage."""
+    from test_secrets import db_bytes
+    token = "AKIA" + "Z" * 16
+    env = "AWS_ACCESS_KEY_ID=%s\nDEBUG=1\n" % token
+    (cli.workdir / ".env").write_text(env)
+    (cli.workdir / "cfg").mkdir()
+    (cli.workdir / "cfg" / "a.ini").write_text("token = ghp_%s\n" % ("T" * 36))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("edit_file", path=".env", old_text="DEBUG=1", new_text="DEBUG=0"),
+                                       tool_call("delete_path", path="cfg", recursive=True)])
+    assert r.returncode == 0 and results[1] == "Deleted cfg (2 items)", (r.stderr, results)
+    data = db_bytes(cli)
+    assert token.encode() not in data and b"ghp_" + b"T" * 36 not in data
+    assert oct(os.stat(str(cli.xz_home / "undo.key")).st_mode & 0o777) == "0o600"
+    u = cli.run("undo", "--all")
+    assert u.returncode == 0, u.stderr
+    assert (cli.workdir / ".env").read_text() == env
+    assert (cli.workdir / "cfg" / "a.ini").read_text() == "token = ghp_%s\n" % ("T" * 36)
+    # a lost key: nothing is written from content that cannot be checked
+    fake.add({"tool_calls": [tool_call("write_file", path=".env", content="replaced\n")]}, {"content": "done"})
+    assert cli.run("run", "--prompt", "again").returncode == 0
+    os.unlink(str(cli.xz_home / "undo.key"))
+    u = cli.run("undo")
+    assert u.returncode == 1 and "not restored" in u.stderr and len(u.stderr.strip().splitlines()) == 1, u.stderr
+    assert (cli.workdir / ".env").read_text() == "replaced\n"
