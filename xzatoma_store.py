@@ -115,6 +115,20 @@ TOKEN_SHAPES = [
     (("age-secret-key-1",), r"\bAGE-SECRET-KEY-1[0-9A-Z]{50,}"),
     (("glc_",), r"\bglc_[A-Za-z0-9+/=]{30,}"),  # Grafana
     ((":aa",), r"\b[0-9]{8,10}:AA[A-Za-z0-9_\-]{30,}"),  # Telegram bots
+    (("dckr_pat_", "dckr_oat_"), r"\bdckr_[po]at_%s{20,}" % _V),  # Docker Hub
+    (("lin_api_",), r"\blin_api_[A-Za-z0-9]{32,}"),  # Linear
+    (("ntn_", "secret_"), r"\bntn_[A-Za-z0-9]{40,}|\bsecret_[A-Za-z0-9]{43}\b"),  # Notion
+    (("pmak-",), r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}"),  # Postman
+    (("sq0atp-", "sq0csp-", "eaaa"), r"\bsq0(?:atp|csp)-%s{22,}|\bEAAA[A-Za-z0-9_\-]{60}" % _V),  # Square
+    (("gsk_", "xai-", "pplx-", "r8_", "pul-", "fw_"),  # Groq, xAI, Perplexity, Replicate, Pulumi, Fireworks
+     r"\b(?:gsk_|xai-|pplx-|r8_|fw_)[A-Za-z0-9]{20,}|\bpul-[a-f0-9]{40}"),
+    (("dp.pt.", "dp.st.", "dp.sa.", "dp.ct."), r"\bdp\.(?:pt|st|sa|ct)\.[A-Za-z0-9_.\-]{20,}"),  # Doppler
+    (("atlasv1",), r"\b[A-Za-z0-9]{14}\.atlasv1\.[A-Za-z0-9_\-=]{40,}"),  # Terraform Cloud
+    (("key-",), r"\bkey-[0-9a-f]{32}\b"),  # Mailgun
+    (("sk",), r"\bSK[0-9a-f]{32}\b"),  # Twilio API keys
+    (("accountkey=", "sharedaccesskey="),  # Azure connection strings
+     r"(?P<azure>(?i:AccountKey|SharedAccessKey)=)[A-Za-z0-9+/]{20,}={0,2}"),
+    (("mfa.", ".g"), r"\bmfa\.[A-Za-z0-9_\-]{60,}|\b[MNO][A-Za-z0-9_\-]{23,25}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,38}\b"),  # Discord
     (("tid=",), r"\btid=[A-Za-z0-9;=:._\-]{16,}"),  # Copilot tokens
     # Authorization headers, in HTTP, curl -H, JSON or YAML spellings
     (("authorization",),

@@ -32,6 +32,19 @@ TOKENS = [
     ("bearer", "Authorization: Bearer 0a1b2c3d4e5f6a7b8c9d"),
     ("basic", "Authorization: Basic dXNlcjpodW50ZXIyaHVudGVyMg=="),
     ("url", "postgres://admin:Tr0ub4dor3xyz@db.internal:5432/app"),
+    ("docker", "dckr_pat_2b3e36beeb386dfdaacb9b46004ccb7c"),
+    ("linear", "lin_api_abcdefghijklmnopqrstuvwxyz0123456789ABCD"),
+    ("notion", "ntn_123456789012abcdefghijklmnopqrstuvwxyzABCDEFGH"),
+    ("postman", "PMAK-5f8a1b2c3d4e5f6a7b8c9d0e-0123456789abcdef0123456789abcdef01"),
+    ("square", "sq0atp-abcdefghijklmnopqrstuv"),
+    ("groq", "gsk_abcdefghijklmnopqrstuvwxyz0123456789ABCD"),
+    ("xai", "xai-abcdefghijklmnopqrstuvwxyz0123456789ABCD"),
+    ("replicate", "r8_abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("doppler", "dp.st.dev.abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("mailgun", "key-0123456789abcdef0123456789abcdef"),
+    ("twilio", "SK0123456789abcdef0123456789abcdef"),
+    ("azure", "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="),
+    ("discord", "MTA4NzY1NDMyMTA5ODc2NTQzMg.GhIjKl.abcdefghijklmnopqrstuvwxyz0123456"),
 ]
 PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c2VjcmV0a2V5bWF0ZXJpYWwxMjM0NTY3ODkw\n"
        "c2Vjb25kbGluZW9mdGhla2V5bWF0ZXJpYWwxMjM0NTY3ODkwYWJj\n-----END RSA PRIVATE KEY-----")
@@ -39,7 +52,7 @@ PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c2VjcmV0a2V5bWF0ZXJpYW
 
 def secret_part(value):
     """What must disappear: the whole token, or what follows its label."""
-    for label in ("aws_secret_access_key=", "Authorization: Bearer ", "Authorization: Basic "):
+    for label in ("aws_secret_access_key=", "Authorization: Bearer ", "Authorization: Basic ", "AccountKey="):
         if value.startswith(label):
             return value[len(label):]
     if value.startswith("postgres://"):
