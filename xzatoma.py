@@ -4721,9 +4721,9 @@ def watch_settings(args, cfg):
     def pick(flag, value):
         return value if flag is None else flag
     topic = pick(args.topic, k["topic"])
-    working_dir = os.path.abspath(os.path.expanduser(pick(args.working_dir, w["working_dir"]) or os.getcwd()))
-    if not os.path.isdir(working_dir):
-        raise UsageError("working directory does not exist: %s" % working_dir)
+    given = pick(args.working_dir, w["working_dir"])
+    # as run and chat: an implicit $HOME (a user service's and cron's directory), / or above home is refused
+    working_dir = check_working_dir(os.path.expanduser(given) if given else None)
     for flag, value in (("--max-concurrent", args.max_concurrent), ("--max-events", args.max_events)):
         if value is not None and value < 1:
             raise UsageError("%s must be at least 1" % flag)

@@ -371,3 +371,14 @@ def test_a_credential_in_a_file_the_agent_changed_never_reaches_the_database(cli
     u = cli.run("undo")
     assert u.returncode == 1 and "not restored" in u.stderr and len(u.stderr.strip().splitlines()) == 1, u.stderr
     assert (cli.workdir / ".env").read_text() == "replaced\n"
+
+
+def test_the_watcher_refuses_home_as_an_implicit_working_directory(cli):
+    """`run` and `chat` refuse $HOME (cron's and a user service's default directory); the watcher ran every
+    plan a topic sent it right there: `read_file .ssh/id_ed25519` in planning mode, published as the answer."""
+    pytest.importorskip("kafka")
+    for where in (cli.home, cli.tmp):
+        r = cli.run("watch", "--topic", "t", "--brokers", "127.0.0.1:1", "--max-events", "1", cwd=where, timeout=30)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "refusing" in lines[0] and "--working-dir DIR" in lines[0], r.stderr
