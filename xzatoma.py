@@ -1278,6 +1278,37 @@ class DeadlineExceeded(Exception):
     """The task's wall-clock budget ran out while waiting for the model."""
 
 
+def _watchdog(resp, deadline):
+    """A timer that shuts a streaming response's socket down at the deadline, or None. INFO: the read
+    timeout bounds one wait, not a stream: a server sending `: keep-alive` comments (or a byte at a time)
+    would hold a run past --timeout forever; shutdown() wakes the blocked read, close() would not."""
+    if deadline is None:
+        return None
+    import socket
+    import threading
+    raw, sock = getattr(resp, "raw", None), None
+    for path in (("_connection", "sock"), ("_fp", "fp", "raw", "_sock")):  # urllib3 2.x, then 1.x
+        obj = raw
+        for attr in path:
+            obj = getattr(obj, attr, None)
+        if obj is not None and hasattr(obj, "shutdown"):
+            sock = obj
+            break
+    if sock is None:
+        return None
+
+    def cut():
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def _retry_after(headers):
     value = (headers or {}).get("Retry-After")
     if not value:
@@ -1374,10 +1405,12 @@ class Provider:
                 if remaining <= 0:
                     raise DeadlineExceeded()
                 read_timeout = max(0.1, min(read_timeout, remaining))
+            watchdog = None
             try:
                 sent = time.monotonic()
                 resp = self.session.request(method, url, json=body, headers=self.headers(), stream=stream,
                                             timeout=(min(10.0, read_timeout), read_timeout))
+                watchdog = _watchdog(resp, deadline)
                 self.console.debug("%s %s: HTTP %d after %.2fs (attempt %d of %d)" % (
                     method, url.split("?")[0], resp.status_code, time.monotonic() - sent, attempt + 1, attempts))
                 try:
@@ -1389,8 +1422,12 @@ class Provider:
                     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
                         raise self.bad_body(resp, exc, what)
                 finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
                     resp.close()
             except ProviderError as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded()  # the watchdog cut the stream: whatever it broke is the deadline's
                 if exc.status == 401 and not refreshed and self.refresh_credentials():
                     refreshed = True  # a fresh token, then the request once more
                     attempt -= 1
@@ -1411,6 +1448,8 @@ class Provider:
                 last = ProviderError("%s timed out after %ss waiting for %s" % (what, read_timeout, self.label()),
                                      retryable=True)
             except requests.exceptions.RequestException as exc:  # chunked encoding, invalid URL, …
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded()
                 if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
                                     requests.exceptions.InvalidSchema)):
                     raise ProviderError("invalid URL for %s: %s" % (self.label(), url), exit_code=EXIT_USAGE)

@@ -15,6 +15,7 @@ A reply is a dict:
   finish         finish reason to report ("length" for a truncated answer)
   malformed      send a broken stream line
   hang           keep the connection open without answering for this long
+  keepalive      (count, seconds): SSE comment lines sent that far apart before the answer (chat API)
   repeat         serve this reply N times
   usage          {"prompt_tokens": n, "completion_tokens": n}; None sends no usage at all (llama.cpp streaming
                  without include_usage, Ollama with a cached prompt)
@@ -356,6 +357,9 @@ def _make_handler(fake):
                 return self._send_json(200, data)
             self._start_stream("text/event-stream")
             delay = reply.get("chunk_delay", 0)
+            count, interval = reply.get("keepalive") or (0, 0)
+            for _ in range(count):  # SSE comments, as proxies and slow servers send while a model thinks
+                self._chunk(": keep-alive\n\n", interval)
 
             def event(delta, finish_reason=None):
                 chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,

@@ -275,6 +275,18 @@ def test_timeout_exits_1(cli, fake):
     assert json.loads(r.stdout)["status"] == "timeout"
 
 
+@pytest.mark.parametrize("provider", ["openai", "ollama"])
+def test_timeout_holds_while_a_server_streams_keep_alives(cli, fake, provider):
+    """A proxy's `: keep-alive` comments (or Ollama's slow pieces) every 0.2 s: no single read times out."""
+    cli.use(fake, provider=provider)
+    fake.add({"keepalive": (300, 0.2), "content": "late " * 200, "chunk_delay": 0.2})
+    started = time.monotonic()
+    r = cli.run("run", "--timeout", "3", "--json", "--prompt", "x", timeout=120)
+    assert time.monotonic() - started < 30  # before: the stream ran its 60+ s and the answer came late
+    assert r.returncode == 1, r.stderr
+    assert json.loads(r.stdout)["status"] == "timeout"
+
+
 def test_retries_then_success(cli, fake):
     cli.use(fake)
     fake.add({"status": 500}, {"status": 429, "headers": {"Retry-After": "0"}}, {"content": "third time"})
