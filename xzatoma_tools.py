@@ -3928,32 +3928,49 @@ def brace_expand(word, limit=256):
         tokens.extend([(ch, kind) for ch in text] if kind == "lit" else [(text, kind)])
     if not any(c == "{" and k == "lit" for c, k in tokens):
         return [tokens]
-    return _brace(tokens, limit)[:limit]
+    if len(_brace_pairs(tokens)) > MAX_BRACE_PAIRS:  # each expansion re-reads the word: fail closed
+        raise ShellSyntaxError("more than %d {…} groups in one word" % MAX_BRACE_PAIRS)
+    return _brace(tokens, limit, [BRACE_BUDGET])[:limit]
 
 
-def _brace(chars, limit):
-    for start, (c, kind) in enumerate(chars):
-        if c != "{" or kind != "lit":
+#: brace groups one word may have, and the characters expanding one word may read in all: `{a,b}` 2,000
+#: times is 2**2000 words, and each step towards the first 1,024 of them re-reads the whole word (64 groups
+#: in a 30 KB word took 10 seconds). Past either the command is refused (the policy fails closed).
+MAX_BRACE_PAIRS = 64
+BRACE_BUDGET = 1 << 20
+
+
+def _brace_pairs(chars):
+    """[(start, end, commas, nested)] for each unquoted '{' with its matching '}', in order of start; nested:
+    another '{' inside. One pass with a stack (scanning ahead from every '{' made `{` repeated 10,000 times
+    cost 14 seconds to judge)."""
+    stack, pairs = [], []
+    for j, (c, kind) in enumerate(chars):
+        if kind != "lit":
             continue
-        depth, commas, end = 0, [], None
-        for j in range(start, len(chars)):
-            cj, kj = chars[j]
-            if kj != "lit":
-                continue
-            if cj == "{":
-                depth += 1
-            elif cj == "}":
-                depth -= 1
-                if depth == 0:
-                    end = j
-                    break
-            elif cj == "," and depth == 1:
-                commas.append(j)
-        if end is None:
-            continue
+        if c == "{":
+            if stack:
+                stack[-1][2] = True
+            stack.append([j, [], False])
+        elif c == "}" and stack:
+            start, commas, nested = stack.pop()
+            pairs.append((start, j, commas, nested))
+        elif c == "," and stack:
+            stack[-1][1].append(j)
+    pairs.sort()
+    return pairs
+
+
+def _brace(chars, limit, budget):
+    budget[0] -= len(chars)
+    if budget[0] < 0:
+        raise ShellSyntaxError("brace expansion too large to check")
+    for start, end, commas, nested in _brace_pairs(chars):
         if commas:
             bounds = [start] + commas + [end]
             alts = [chars[bounds[k] + 1:bounds[k + 1]] for k in range(len(bounds) - 1)]
+        elif nested:  # {{…}} is no range: skipped without joining its body (bodies of outer pairs overlap)
+            continue
         else:
             body = "".join(ch for ch, _ in chars[start + 1:end])
             m = re.match(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$", body)
@@ -3961,18 +3978,19 @@ def _brace(chars, limit):
                 continue
             a, b = m.group(1), m.group(2)
             step = abs(int(m.group(3) or 1)) or 1
+            # a range object, sliced before a list is made: {1..99999999999} is a few words to check
             if a.lstrip("-").isdigit() and b.lstrip("-").isdigit():
                 lo, hi = int(a), int(b)
-                seq = [str(n) for n in (range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step))]
+                seq = [str(n) for n in (range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step))[:limit]]
             elif not a.lstrip("-").isdigit() and not b.lstrip("-").isdigit():
                 lo, hi = ord(a), ord(b)
-                seq = [chr(n) for n in (range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step))]
+                seq = [chr(n) for n in (range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step))[:limit]]
             else:
                 continue
-            alts = [[(ch, "lit") for ch in item] for item in seq[:limit]]
+            alts = [[(ch, "lit") for ch in item] for item in seq]
         out = []
         for alt in alts:
-            out.extend(_brace(chars[:start] + alt + chars[end + 1:], limit))
+            out.extend(_brace(chars[:start] + alt + chars[end + 1:], limit, budget))
             if len(out) >= limit:
                 break
         return out
@@ -4079,7 +4097,7 @@ SYSTEM_PROTECTED = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", 
                     "/proc/sysrq-trigger", "/proc/sys")
 _DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d|nbd|rbd|zd|mtd)")
 #: another process's secrets and escape routes out of every check: environment, memory, root, cwd, fds
-_PROC_SECRET = re.compile(r"/proc/+[^/\s]*/+(task/+[^/\s]*/+)?(environ|mem|root|cwd|fd|fdinfo|map_files|"
+_PROC_SECRET = re.compile(r"/proc/+(?:[^/\s]+/+)?(task/+(?:[^/\s]+/+)?)?(environ|mem|root|cwd|fd|fdinfo|map_files|"
                           r"pagemap|syscall|auxv|exe/)|/proc/+(kcore|kmem|self/+mem)|/dev/+(k?mem|port)\b")
 #: options whose value is a command line some program runs
 _COMMAND_OPTION = re.compile(r"(?i)^(proxycommand|localcommand|remotecommand|to-command|checkpoint-action|"
@@ -4112,21 +4130,27 @@ _SHELL_ONLY = {"command", "type", "cd", "exec", "builtin", "trap", "alias", "eva
                "unset", "read", "ulimit", "umask", "wait", "jobs", "time", "local", "declare", "typeset", "shopt",
                "[[", "exit", ":"}
 
-# Defence in depth: shapes that are denied even when the command cannot be parsed.
+# Defence in depth: shapes that are denied even when the command cannot be parsed. They run over the whole
+# command a model wrote, so each is linear: a start is tried only where a word or segment begins, and what a
+# failed start scanned is never scanned again from a later start in it (`(\S+)\s*\(` tried every suffix of a
+# long word, `/proc/+X*/+` every split of a run of slashes: 40 KB took seconds each).
 RAW_DENY = [
-    (re.compile(r"(\S+)\s*\(\s*\)\s*\{[^}]*\1\s*\|\s*\1[^}]*&[^}]*\}"), "a fork bomb"),
-    (re.compile(r"\b(curl|wget)\b[^|;&]*\|\s*(sudo\s+)?(ba|z|da|k)?sh\b"), "download-and-execute (pipes a download into a shell)"),
+    (re.compile(r"(?<![^\s;&|(){}])([^\s;&|(){}]{1,64})\s*\(\s*\)\s*\{(?=[^}(]*\})(?=[^}(]*?\1\s*\|\s*\1)(?=[^}(]*&)"),
+     "a fork bomb"),
+    (re.compile(r"(?:^|[|;&])(?=([^|;&]*?\b(?:curl|wget)\b))\1[^|;&]*\|\s*(sudo\s+)?(ba|z|da|k)?sh\b"),
+     "download-and-execute (pipes a download into a shell)"),
     (re.compile(r"(^|[\s;&|(`'\"])(sudo|doas|pkexec)\s"), "privilege escalation"),
     (re.compile(r"(^|[\s;&|(`'\"])mkfs(\.\w+)?\s"), "formatting a filesystem (mkfs)"),
-    (re.compile(r"\brm\s+(-\w+\s+)*-\w*[rR]\w*\s+(-\w+\s+)*(/|/\*|~|~/|\$HOME|\$\{HOME\})([\s'\";)}`|&\]]|$)"),
+    (re.compile(r"(?<![\w-])rm\s+(?=(?:-\w+\s+)*?-\w*[rR])(?=((?:-\w+\s+)+))\1(/|/\*|~|~/|\$HOME|\$\{HOME\})"
+                r"([\s'\";)}`|&\]]|$)"),
      "recursive rm of / or home"),
     (re.compile(r"--no-preserve-root"), "rm --no-preserve-root"),
     (re.compile(r"dup2\(.{0,80}(/bin/)?(ba)?sh\b|pty\.spawn\(\s*['\"](/bin/)?(ba)?sh"), "a reverse shell"),
     (re.compile(r"rmtree\(\s*(os\.path\.expanduser\(\s*)?['\"](/|~|~/|/\*)['\"]|(Path\.home|expanduser)\(.{0,40}rmtree"),
      "removes the root or home directory tree"),
-    (re.compile(r"\bfork\s+while\s+fork\b|while\s*\(?\s*(1|True|true)\s*\)?\s*[:{]?\s*(os\.)?fork\s*\("),
+    (re.compile(r"\bfork\s+while\s+fork\b|while\s*(?:\(\s*)?(1|True|true)\s*(?:\)\s*)?(?:[:{]\s*)?(os\.)?fork\s*\("),
      "a fork bomb"),
-    (re.compile(r"/proc/+[^/\s'\"]*/+(environ|mem)\b"), "reads another process's environment or memory"),
+    (re.compile(r"/proc/+(?:[^/\s'\"]+/+)?(environ|mem)\b"), "reads another process's environment or memory"),
 ]
 
 
@@ -4353,6 +4377,51 @@ def _git_spec(items):
 GIT_SPECS = {name: _git_spec(items) for name, items in GIT_READ_ONLY.items()}
 
 
+def bounded_glob(pattern, max_matches, max_entries=100000):
+    """(the first max_matches matches, exhausted) for an absolute glob.glob pattern (same rules: '*' skips
+    dot files, no '**'), reading at most `max_entries` directory entries. glob follows symbolic links: ten
+    links to '.' make `*/*/*/*/*/*/*/*/x` a hundred million paths (glob.glob ran for hours); here the walk
+    stops, and `exhausted` (the answer is not known) is the caller's cue to fail closed."""
+    import fnmatch
+    import glob
+    parts = pattern.split("/")
+    frontier, budget = ["/" if pattern.startswith("/") else ""], max_entries
+    for k, part in enumerate(parts[1:] if pattern.startswith("/") else parts):
+        last = k == len(parts) - (2 if pattern.startswith("/") else 1)
+        nxt = []
+        for base in frontier:
+            if not part:  # a trailing or doubled '/': directories only
+                if os.path.isdir(base or "."):
+                    nxt.append(base if base.endswith("/") else base + "/")
+                continue
+            if not glob.has_magic(part):
+                path = os.path.join(base, part)
+                if os.path.lexists(path) if last else os.path.isdir(path):
+                    nxt.append(path)
+                continue
+            try:
+                with os.scandir(base or ".") as it:
+                    for entry in it:
+                        budget -= 1
+                        if budget < 0:
+                            return [], True
+                        if entry.name.startswith(".") and not part.startswith("."):
+                            continue
+                        if fnmatch.fnmatch(entry.name, part):
+                            nxt.append(os.path.join(base, entry.name))
+                            if last and len(nxt) >= max_matches:
+                                return nxt, False
+            except OSError:
+                continue
+        frontier = nxt
+    return frontier[:max_matches], False
+
+
+#: the longest command the policy judges: judging is linear, but a model can write megabytes, and a verdict
+#: must come in well under a second whatever it writes (longer commands are denied)
+MAX_COMMAND_LENGTH = 32768
+
+
 class CommandPolicy:
     """Judges a command line: deny (never runs), allow (proven read-only, inside the jail), or confirm."""
 
@@ -4370,6 +4439,8 @@ class CommandPolicy:
         self.path = path if path is not None else os.environ.get("PATH", os.defpath)
         #: while the denylist walks a script: the directory `cd` moved to (None once it cannot be known)
         self._cwd = self.root
+        #: programs looked up on PATH during one judgement (_resolve)
+        self._resolved = {}
 
     def judge(self, command):
         try:
@@ -4381,6 +4452,9 @@ class CommandPolicy:
     def _judge(self, command):
         if not command or not command.strip():
             return Verdict(CONFIRM, "the command is empty")
+        if len(command) > MAX_COMMAND_LENGTH:
+            return Verdict(DENY, "the command is %d characters long, over the %d the policy checks; write long "
+                                 "content with write_file" % (len(command), MAX_COMMAND_LENGTH))
         if "\x00" in command:
             return Verdict(DENY, "the command contains a NUL byte")
         m = _CONTROL.search(command)
@@ -4394,6 +4468,7 @@ class CommandPolicy:
             return raw or Verdict(DENY, "cannot check the command (%s); it is not run: write it in plainer shell "
                                         "syntax" % exc)
         self._cwd = self.root
+        self._resolved = {}
         verdict = self._deny_script(script, 0, {})
         self._cwd = self.root
         if verdict is None and not command.isascii():  # full-width and other look-alikes, as NFKC sees them
@@ -4734,9 +4809,11 @@ class CommandPolicy:
                         return Verdict(DENY, "awk pipes its data into %s, which runs it as code" % sink[0])
                 return self._deny_embedded(program[0], depth)
         if prog in ("sed", "gsed"):
+            # one way to read each character: `(?:[0-9,]+)*` and a backslash matched both as `\\.` and as `.`
+            # made these exponential in a run of digits or backslashes (thirty took minutes)
             for script in _operands(args, takes_value={"-e", "-f", "-l", "--expression", "--file"})[:1] + \
                     [args[i + 1] for i, a in enumerate(args) if a in ("-e", "--expression") and i + 1 < len(args)]:
-                for m in re.finditer(r"(?:^|[;\n{}])\s*(?:[0-9,$!~+]+|/[^/]*/[IM]*)*\s*e\s+([^;\n}]+)", script):
+                for m in re.finditer(r"(?:^|[;\n{}])\s*(?:[0-9,$!~+]|/[^/]*/[IM]*)*\s*e\s+([^;\n}]+)", script):
                     verdict = self._deny_code(m.group(1), depth + 1)
                     if verdict is not None:
                         return verdict
@@ -4744,7 +4821,7 @@ class CommandPolicy:
                     reason = self._protected(m.group(1))
                     if reason:
                         return Verdict(DENY, "sed writes to %s (%s)" % (reason, m.group(1)))
-                for m in re.finditer(r"s([^\w\s\\])((?:\\.|(?!\1).)*)\1((?:\\.|(?!\1).)*)\1([a-zA-Z0-9]*)", script):
+                for m in re.finditer(r"s([^\w\s\\])((?:\\.|(?!\1)[^\\\n])*)\1((?:\\.|(?!\1)[^\\\n])*)\1([a-zA-Z0-9]*)", script):
                     if "e" in m.group(4) or "w" in m.group(4):
                         replacement = re.sub(r"\\(.)", r"\1", m.group(3))
                         verdict = self._deny_code(replacement, depth + 1)
@@ -5180,15 +5257,16 @@ class CommandPolicy:
     def _protected(self, text):
         """Why writing `text` is denied (a system directory, a key or start-up file in the home directory,
         the repository's hooks/config), looking through symbolic links and globs; None when it is not."""
-        import glob
-        import itertools
         path = self._abs(text)
         if not path:
             return None
         candidates = [path, os.path.realpath(path),
                       os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))]
         if any(c in text for c in "*?["):
-            for match in itertools.islice(glob.iglob(path), 64):
+            matches, exhausted = bounded_glob(path, 64)
+            if exhausted:
+                return "%s, a pattern matching too many paths to check" % text
+            for match in matches:
                 candidates.extend((match, os.path.realpath(match)))
         for p in candidates:
             reason = self._protected_path(p)
@@ -5332,6 +5410,15 @@ class CommandPolicy:
         return verdict
 
     def _resolve(self, name):
+        """_resolve_program, remembered for one judgement: `true;` 20,000 times looked PATH up 20,000 times."""
+        memo = self._resolved
+        if name not in memo:
+            if len(memo) > 4096:
+                memo.clear()
+            memo[name] = self._resolve_program(name)
+        return memo[name]
+
+    def _resolve_program(self, name):
         """None when `name` runs a program from a system or PATH directory outside the working tree; else
         why not (a file in the tree, `./ls`, a relative or in-tree PATH entry, not found)."""
         if "/" in name:
@@ -5446,13 +5533,13 @@ class CommandPolicy:
 
     def _glob_matches(self, text):
         import glob
-        return bool(glob.glob(os.path.join(glob.escape(self.root), text)))
+        matches, exhausted = bounded_glob(os.path.join(glob.escape(self.root), text), 1)
+        return bool(matches) or exhausted  # not known: as if it matched
 
     def _operand_reason(self, word):
         """None when the path operand resolves inside the working directory (after symbolic links and
         glob expansion); else what is wrong with it."""
         import glob
-        import itertools
         text = word.text
         if word.dynamic:
             return "%s, a path that cannot be known before it runs" % text
@@ -5465,8 +5552,8 @@ class CommandPolicy:
             if re.search(r"(^|/)\.[*?\[]", text):
                 return "%s, a pattern that matches .. (outside the working directory)" % text
             pattern = text if text.startswith("/") else os.path.join(glob.escape(self.root), text)
-            matches = list(itertools.islice(glob.iglob(pattern), 2001))
-            if len(matches) > 2000:
+            matches, exhausted = bounded_glob(pattern, 2001)
+            if exhausted or len(matches) > 2000:
                 return "%s, a pattern matching too many files to check" % text
             paths = matches or [text]
         else:

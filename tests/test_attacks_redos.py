@@ -117,3 +117,57 @@ def test_token_shaped_runs_in_a_file_do_not_stall_the_redactor(cli, fake):
     stored = db_bytes(cli)  # the store keeps the results redacted
     assert b"-eyJ-eyJ-eyJ" in stored and b"auth-[REDACTED] done" in stored
     assert token.encode() not in stored  # the shape still holds
+
+
+# ---- the terminal policy: it judges whatever command a model writes, in-process, before any deadline ----
+
+DENY, CONFIRM, ALLOW = "deny", "confirm", "allow"
+
+
+def judge_table(cli, items, *extra):
+    """`xzatoma policy command` on each command; the ceiling on the process is cli.run's timeout."""
+    r = cli.run("policy", "command", "-", "--null", *extra, input="\0".join(items))
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(items), r.stdout + r.stderr
+    return [tuple(line.split(": ", 1)) for line in lines]
+
+
+def test_commands_built_to_backtrack_are_judged_promptly(cli):
+    """Each stalled the policy for minutes or more: sed addresses and backslashes (exponential), `{`
+    repeated (quadratic), a brace range of 10**11 words (built whole), long /proc and rm shapes."""
+    verdicts = judge_table(cli, [
+        "sed '%sx' f" % ("1" * 40),
+        "sed 's/%s' f" % ("\\\\" * 40),
+        "echo " + "{" * 30000,
+        "echo {1..99999999999}",
+        "cat /proc/" + "/" * 30000,
+        "rm " + "-r " * 10000 + "x",
+    ])
+    assert verdicts[0][0] == CONFIRM and verdicts[1][0] == CONFIRM
+    assert verdicts[2] == (ALLOW, "echo only prints its arguments")
+    assert verdicts[3][0] == CONFIRM and verdicts[3][1].startswith("brace expansion makes too many words to check")
+    assert verdicts[4][0] in (CONFIRM, DENY) and verdicts[5][0] == CONFIRM
+
+
+def test_a_command_too_long_or_too_braced_to_check_is_denied():
+    """Caps fail closed: past them the command is refused, not allowed."""
+    policy = xzatoma_tools.CommandPolicy("/tmp")
+    v = policy.judge("echo " + "a " * 20000)
+    assert v.level == DENY and "over the 32768" in v.reason
+    for command in ("echo " + "x" * 30000 + "{a,b}" * 40, "echo " + "{a," * 64 + "b" + "}" * 64 + "x" * 30000,
+                    "echo " + "{a,b}" * 65):
+        v = policy.judge(command)
+        assert v.level == DENY and "could not be checked" in v.reason, v
+
+
+def test_globs_through_symlink_loops_are_bounded(cli):
+    """Ten links to '.' make `*/*/*/*/*/*/*/*/*/x` 10**9 paths for glob.glob: the policy stops reading and
+    fails closed (a read asks, a removal is denied)."""
+    for i in range(10):
+        os.symlink(".", str(cli.workdir / ("l%d" % i)))
+    pattern = "*/" * 9 + "x"
+    verdicts = judge_table(cli, ["ls " + pattern, "rm " + pattern, "ls -la l1/l2"])
+    assert verdicts[0][0] == CONFIRM
+    assert verdicts[0][1].startswith("ls reads %s, a pattern matching too many files to check" % pattern)
+    assert verdicts[1][0] == DENY and "too many paths to check" in verdicts[1][1]
+    assert verdicts[2][0] == ALLOW
