@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import last_json, tool_call, wait_for
+from conftest import last_json, processes, tool_call, wait_for
 from test_file_safety import tool_results
 from xzatoma_tools import ToolContext, build_registry
 
@@ -18,21 +18,8 @@ LINE = "a" * 40 + "!\n"
 
 
 def workers_of(pid):
-    """Live grep workers whose parent is `pid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as fh:
-                cmdline = fh.read()
-            with open("/proc/%s/stat" % entry) as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if b"_grep_worker" in cmdline and ppid == pid:
-            found.append(int(entry))
-    return found
+    """grep workers whose parent is `pid`, zombies included (a worker killed but never waited for)."""
+    return [child for child, parent, _, _, cmdline in processes() if b"_grep_worker" in cmdline and parent == pid]
 
 
 def test_the_runs_timeout_stops_a_catastrophic_regex(cli, fake):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import last_json, tool_call, wait_for
+from conftest import last_json, processes, tool_call, wait_for
 from xzatoma_tools import (FULL, READ_ONLY, SANDBOX_OFF, WORKSPACE_WRITE, AuditLog, Sandbox, ToolContext,
                            build_registry, child_env, landlock_abi, program_dirs, protected_paths, sandbox_rules)
 
@@ -34,20 +34,7 @@ def attack(cli, fake, script, *flags, env=None, name="attack.sh", timeout=60):
 
 def running_with(token):
     """Host processes (not zombies) whose command line holds token."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as fh:
-                cmdline = fh.read()
-            with open("/proc/%s/stat" % entry) as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if token.encode() in cmdline and state != "Z":
-            found.append(int(entry))
-    return found
+    return [pid for pid, _, _, state, cmdline in processes() if token.encode() in cmdline and state != "Z"]
 
 
 @needs_landlock

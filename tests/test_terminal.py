@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import tool_call, wait_for
+from conftest import processes, tool_call, wait_for
 from xzatoma_tools import (FULL, INTERACTIVE, RESTRICTED, AuditLog, ToolContext, build_registry, needs_shell,
                            run_command)
 
@@ -25,18 +25,7 @@ def terminal(tmp_path, mode=RESTRICTED, confirm_command=None, **term):
 
 def live_members(pgid):
     """Processes of a group that are still running (zombies waiting for a reaper do not count)."""
-    alive = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(entry))
-    return alive
+    return [pid for pid, _, group, state, _ in processes() if group == pgid and state != "Z"]
 
 
 def group_gone(pgid, timeout=5.0):
