@@ -382,3 +382,39 @@ def test_the_watcher_refuses_home_as_an_implicit_working_directory(cli):
         assert r.returncode == 2 and r.stdout == "", r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "refusing" in lines[0] and "--working-dir DIR" in lines[0], r.stderr
+
+
+def test_home_is_recognised_however_it_is_spelled(cli, fake):
+    """HOME with a trailing slash, HOME through a symlink, and the working directory reached through a
+    symlink to home: each is still the home directory (held: a confirming test for spellings not covered)."""
+    cli.use(fake)
+    link = cli.tmp / "homelink"
+    os.symlink(str(cli.home), str(link))
+    for home, cwd in ((str(cli.home) + "/", cli.home), (str(link) + "//", cli.home), (str(cli.home), link)):
+        r = cli.run("run", "--prompt", "go", env={"HOME": home}, cwd=cwd)
+        assert r.returncode == 2 and "your home directory" in r.stderr and "--working-dir DIR" in r.stderr, (home, r.stderr)
+    assert fake.model_requests() == []
+
+
+def test_a_name_that_resolves_differently_the_second_time_is_never_looked_up_twice(tmp_path, monkeypatch):
+    """DNS rebinding: the first answer is public (it passes the check), every later one is 127.0.0.1. The
+    connection must go to the address that was checked (held: a confirming test with a fake resolver)."""
+    import socket
+
+    import xzatoma_tools
+    lookups, connects = [], []
+
+    def resolver(host, port, *a, **k):
+        lookups.append(host)
+        address = "93.184.216.34" if len(lookups) == 1 else "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    def connect(address, *a, **k):
+        connects.append(address[0])
+        raise OSError(111, "Connection refused")
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    monkeypatch.setattr(socket, "create_connection", connect)
+    ctx = xzatoma_tools.ToolContext(str(tmp_path), {"fetch": {"rate_limit_per_minute": 0}})
+    result = xzatoma_tools.build_registry("planning", ctx).execute("fetch", {"url": "http://rebind.example/x"})
+    assert not result.success and "cannot fetch" in result.error, result.to_message()
+    assert lookups == ["rebind.example"] and connects == ["93.184.216.34"]
