@@ -2579,12 +2579,12 @@ def protected_extras(cfg, working_dir):
     """agent.tools.protected_paths plus, for a home directory inside the jail (--working-dir / or /home
     named deliberately) or a jail inside one of them (`cd ~/.ssh`), that home's start-up files and keys,
     and the configuration file of this run (it sets the sandbox, the hosts and the provider's URL)."""
-    from xzatoma_tools import PROTECTED_NAMES
+    from xzatoma_tools import HOME_PROTECTED_NAMES, PROTECTED_NAMES
     extra = list(cfg.get("agent.tools.protected_paths") or [])
     root = os.path.realpath(working_dir)
-    for home in user_homes():
-        if home != root:  # protected_paths keeps those below the root and those the root lies in
-            extra += [os.path.join(home, name) for name in PROTECTED_NAMES]
+    for home in user_homes():  # protected_paths keeps those below the root and those the root lies in
+        names = HOME_PROTECTED_NAMES + (PROTECTED_NAMES if home != root else ())
+        extra += [os.path.join(home, name) for name in names]
     if cfg.path:
         extra.append(os.path.abspath(os.path.expanduser(cfg.path)))
     if cfg.get("agent.persistence.db_path"):  # its undo records say what `xzatoma undo` writes, and where

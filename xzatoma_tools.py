@@ -1002,9 +1002,17 @@ PROTECTED_NAMES = (
     ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zprofile", ".zshenv",
     ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login", ".kshrc", ".inputrc", ".config/fish",
     ".xprofile", ".xinitrc", ".xsession", ".pam_environment", ".config/autostart", ".config/systemd",
-    # keys and credentials
+    ".bash_aliases", ".xsessionrc", ".config/environment.d",
+    # keys and credentials, and what picks the code Python and pip load (a keyring backend, an index)
     ".ssh", ".gnupg", ".aws", ".kube", ".docker/config.json", ".netrc", ".npmrc", ".pypirc", ".pgpass",
-    ".config/gh", ".config/xzatoma",
+    ".config/gh", ".config/xzatoma", ".config/python_keyring", ".config/pip", ".pip", ".pydistutils.cfg",
+)
+#: Protected in a home directory only (the jail is it, holds it or lies in it): what runs code at the next
+#: login, shell, Python start or tool use there, under names a project uses for its own files (`bin/`)
+HOME_PROTECTED_NAMES = (
+    ".local/bin", "bin", ".local/lib", ".local/share/applications", ".config/nvim", ".vimrc", ".vim",
+    ".emacs", ".emacs.d", ".gdbinit", ".pdbrc", ".pythonrc", ".ipython", ".tmux.conf", ".screenrc",
+    ".psqlrc", ".sqliterc", ".curlrc", ".wgetrc", ".cargo", ".m2", ".gradle",
 )
 #: directory names protected wherever they appear: nested repositories' metadata
 PROTECTED_ANYWHERE = (".git", ".hg")

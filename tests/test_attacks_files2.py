@@ -418,3 +418,22 @@ def test_a_name_that_resolves_differently_the_second_time_is_never_looked_up_twi
     result = xzatoma_tools.build_registry("planning", ctx).execute("fetch", {"url": "http://rebind.example/x"})
     assert not result.success and "cannot fetch" in result.error, result.to_message()
     assert lookups == ["rebind.example"] and connects == ["93.184.216.34"]
+
+
+def test_a_home_directory_named_deliberately_keeps_what_runs_code_at_the_next_login(cli, fake):
+    """--working-dir ~: the start-up files were protected, but not what runs just as surely: .bash_aliases
+    (sourced by Debian's .bashrc), ~/.local/bin and ~/bin (ahead of /usr/bin: a `git` there runs at the next
+    git), a .pth in the user site-packages (runs at every Python start, xzatoma's own included), a keyring
+    backend named by keyringrc.cfg, pip's index. A project's own bin/ stays writable."""
+    home = cli.home
+    cli.use(fake)
+    paths = [".bash_aliases", ".local/bin/git", "bin/ls", ".local/lib/python3.11/site-packages/evil.pth",
+             ".config/python_keyring/keyringrc.cfg", ".config/pip/pip.conf", ".vimrc", ".config/environment.d/x.conf"]
+    r, results = run_calls(cli, fake, [tool_call("write_file", path=p, content="import os\n") for p in paths],
+                           "--working-dir", str(home))
+    assert r.returncode == 0, r.stderr
+    for path, result in zip(paths, results):
+        assert result.startswith("Error: ") and result.endswith(HEADLESS), (path, result)
+    assert sorted(os.listdir(str(home))) == []
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="bin/tool", content="echo\n")])
+    assert results == ["Created bin/tool (5 bytes)"]
