@@ -370,6 +370,12 @@ MIGRATIONS = [
     """,
     # 5: what earlier versions stored unredacted is redacted (a function, not SQL)
     _redact_stored,
+    # 6: the caches were keyed by URLs as given: a base URL's password (the model list) and a fetched URL's
+    # token sat in the keys; both are caches, filled again (keys with a credential now only as a digest)
+    """
+    DELETE FROM model_cache;
+    DELETE FROM fetch_cache;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -792,16 +798,23 @@ class Store:
                             "body) VALUES (?, ?, ?, ?, ?, ?)",
                             (url, time.time(), status, content_type, final_url, self.redact(body)))
 
+    def _cache_key(self, key):
+        """A cache key as stored: one holding a credential (a base URL's password) only as its digest."""
+        if isinstance(key, str) and self.redact(key) != key:
+            import hashlib
+            return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+        return key
+
     def model_cache_get(self, provider, key, ttl):
         row = self.conn().execute("SELECT * FROM model_cache WHERE provider = ? AND key = ?",
-                                  (provider, key)).fetchone()
+                                  (provider, self._cache_key(key))).fetchone()
         if row is None or time.time() - row["fetched_at"] > ttl:
             return None
         return json.loads(row["data"])
 
     def model_cache_put(self, provider, key, data):
         self.conn().execute("INSERT OR REPLACE INTO model_cache (provider, key, fetched_at, data) VALUES (?, ?, ?, ?)",
-                            (provider, key, time.time(), json.dumps(data)))
+                            (provider, self._cache_key(key), time.time(), self.redact(json.dumps(data))))
 
     def event_seen(self, event_id):
         return self.conn().execute("SELECT 1 FROM processed_events WHERE event_id = ?", (event_id,)).fetchone() \

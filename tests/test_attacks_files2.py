@@ -437,3 +437,20 @@ def test_a_home_directory_named_deliberately_keeps_what_runs_code_at_the_next_lo
     assert sorted(os.listdir(str(home))) == []
     r, results = run_calls(cli, fake, [tool_call("write_file", path="bin/tool", content="echo\n")])
     assert results == ["Created bin/tool (5 bytes)"]
+
+
+def test_a_base_url_password_never_reaches_the_model_cache(cli, fake):
+    """`xzatoma models` cached the list under a key holding the base URL, userinfo and all: the password was
+    in conversations.db's bytes although every printed output redacted it."""
+    import yaml
+    from test_secrets import db_bytes
+    password = "Hunter2Passw0rdXYZ"
+    cli.use(fake, provider="openai")
+    cfg = yaml.safe_load(cli.config_path.read_text())
+    cfg["provider"]["openai"]["base_url"] = fake.url.replace("http://", "http://bob:%s@" % password) + "/v1"
+    cli.write_config(cfg)
+    for _ in range(2):  # the second is served from the cache: the key is found again
+        r = cli.run("models")
+        assert r.returncode == 0 and "gpt-test" in r.stdout and password not in r.stdout + r.stderr, r.stderr
+    assert len([q for q in fake.requests if q["path"].endswith("/models")]) == 1
+    assert password.encode() not in db_bytes(cli)

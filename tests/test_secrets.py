@@ -295,7 +295,7 @@ def test_environment_and_config_credentials_are_redacted_everywhere(cli, fake):
 
 def test_an_old_database_is_redacted_on_upgrade_and_deleted_text_is_gone(tmp_path):
     import sqlite3
-    from xzatoma_store import SCHEMA_VERSION, Store
+    from xzatoma_store import MIGRATIONS, Store, _redact_stored
     path = str(tmp_path / "old.db")
     store = Store(path).open()
     store.start_conversation("01OLD", "run", title="t")
@@ -305,7 +305,7 @@ def test_an_old_database_is_redacted_on_upgrade_and_deleted_text_is_gone(tmp_pat
     conn.execute("INSERT INTO messages (conversation_id, seq, role, content, created_at) VALUES "
                  "('01OLD', 0, 'user', ?, 'x')", ("stripe key %s here" % token,))
     conn.execute("UPDATE conversations SET error = ? WHERE id = '01OLD'", ("failed with " + token,))
-    conn.execute("PRAGMA user_version = %d" % (SCHEMA_VERSION - 1))
+    conn.execute("PRAGMA user_version = %d" % MIGRATIONS.index(_redact_stored))
     conn.commit()
     conn.close()
     assert token.encode() in open(path, "rb").read()
