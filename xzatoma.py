@@ -2587,10 +2587,27 @@ def protected_extras(cfg, working_dir):
         extra += [os.path.join(home, name) for name in names]
     if cfg.path:
         extra.append(os.path.abspath(os.path.expanduser(cfg.path)))
+    extra += own_code()  # run from a checkout or a venv in the tree: the jail's own code is in reach
     if cfg.get("agent.persistence.db_path"):  # its undo records say what `xzatoma undo` writes, and where
         db = os.path.abspath(cfg.db_path())
         extra += [db] + [db + suffix for suffix in ("-wal", "-shm", "-journal")]
     return extra
+
+
+OWN_MODULES = ("xzatoma", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics")
+
+
+def own_code():
+    """The files XZatoma runs from: its modules and their compiled copies (__pycache__), a .pyz as a whole,
+    and the script it was started as: rewritten, the next run would run the agent's code unconfined."""
+    paths = []
+    for name, module in list(sys.modules.items()):
+        if name in OWN_MODULES + ("__main__",) and getattr(module, "__file__", None):
+            where = os.path.dirname(os.path.realpath(module.__file__))
+            paths += [os.path.join(where, m + ".py") for m in OWN_MODULES] + [os.path.join(where, "__pycache__")]
+    if sys.argv and sys.argv[0] and os.path.isfile(sys.argv[0]):
+        paths.append(os.path.realpath(sys.argv[0]))
+    return sorted(set(paths))
 
 
 def tool_context(cfg, working_dir, store, conversation_id=None, **fields):

@@ -454,3 +454,30 @@ def test_a_base_url_password_never_reaches_the_model_cache(cli, fake):
         assert r.returncode == 0 and "gpt-test" in r.stdout and password not in r.stdout + r.stderr, r.stderr
     assert len([q for q in fake.requests if q["path"].endswith("/models")]) == 1
     assert password.encode() not in db_bytes(cli)
+
+
+def test_xzatoma_s_own_code_inside_the_tree_is_protected(cli, fake):
+    """Run from a checkout (or a venv) inside the working directory: the agent could rewrite the jail's own
+    code, xzatoma_tools.py, and the next run would run that instead."""
+    import shutil
+    import subprocess
+    import sys
+    from conftest import ROOT
+    tool = cli.workdir / "tool"
+    tool.mkdir()
+    for name in os.listdir(ROOT):
+        if name.startswith("xzatoma") and name.endswith(".py"):
+            shutil.copy(os.path.join(ROOT, name), str(tool / name))
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path="tool/xzatoma_tools.py", content="pass\n"),
+                             tool_call("edit_file", path="tool/xzatoma.py", replace_all=True, old_text="import", new_text="#"),
+                             tool_call("write_file", path="tool/xzatoma_watch.py", content="pass\n"),
+                             tool_call("write_file", path="tool/__pycache__/xzatoma_store.cpython-311.pyc", content="x"),
+                             tool_call("write_file", path="tool/notes.txt", content="ok\n")]}, {"content": "done"})
+    r = subprocess.run([sys.executable, str(tool / "xzatoma.py"), "run", "--prompt", "go"], capture_output=True,
+                       text=True, env=cli.env, cwd=str(cli.workdir), timeout=60)
+    assert r.returncode == 0, r.stderr
+    results = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"]
+    assert all(x.endswith(HEADLESS) for x in results[:4]), results
+    assert results[4] == "Created tool/notes.txt (3 bytes)"
+    assert (tool / "xzatoma_tools.py").read_bytes() == open(os.path.join(ROOT, "xzatoma_tools.py"), "rb").read()
