@@ -5405,7 +5405,7 @@ def cmd_policy_sandbox(args, console):
         sandbox.close()
     lines.append("not enforced here: %s" % ("; ".join(missing) if missing else "nothing this mode needs"))
     lines += ["not covered: " + item for item in SANDBOX_NOT_COVERED]
-    sys.stdout.write("\n".join(lines) + "\n")
+    CleanWriter(sys.stdout, exact=True).write("\n".join(lines) + "\n")  # paths come from the tree: a name can hold ESC
     if missing and cfg.get("agent.terminal.require_sandbox"):
         console.error("sandbox %s is not fully enforced here (--require-sandbox)" % sandbox.mode)
         return EXIT_USAGE

@@ -223,6 +223,10 @@ def test_policy_sandbox_says_what_is_enforced(cli):
     assert "protected paths: read-only bind mounts in a private mount namespace: .git, sub/.hg" in r.stdout
     r = cli.run("policy", "sandbox", "--sandbox", "off")
     assert r.stdout.startswith("sandbox: off\nconfinement: none")
+    (cli.workdir / "x\x1b]0;pwned\x07\x1b[2J" / ".git").mkdir(parents=True)  # a vendored repo's hostile name
+    r = cli.run("policy", "sandbox")
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert "x\\x1b]0;pwned\\x07\\x1b[2J/.git" in r.stdout, r.stdout
 
 
 @needs_landlock
