@@ -2101,7 +2101,10 @@ def strip_think(text):
     def keep(m):
         thinking.append(m.group(1).strip())
         return ""
-    answer = re.sub(r"<think>(.*?)</think>", keep, text, flags=re.S)
+    # only up to the last closing tag: past it every '<think>' would scan to the end for one in vain, so
+    # '<think>' repeated was quadratic (100 KB of them took seconds, a megabyte minutes)
+    end = text.rfind("</think>") + len("</think>")
+    answer = re.sub(r"<think>(.*?)</think>", keep, text[:end], flags=re.S) + text[end:] if end > 7 else text
     if "</think>" in answer:  # opening tag was in the chat template
         before, _, answer = answer.partition("</think>")
         thinking.insert(0, before.strip())
@@ -2117,9 +2120,11 @@ def parse_text_tool_calls(content, tool_names):
     text = (content or "").strip()
     if not text:
         return None
-    blocks = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, flags=re.S)
+    end = text.rfind("</tool_call>") + len("</tool_call>")  # as in strip_think: never past the last one
+    blocks = [b.strip() for b in re.findall(r"<tool_call>(.*?)</tool_call>", text[:end], flags=re.S)] \
+        if end >= len("</tool_call>") else []
     if blocks:
-        if re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S).strip():
+        if (re.sub(r"<tool_call>.*?</tool_call>", "", text[:end], flags=re.S) + text[end:]).strip():
             return None
     else:
         fenced = re.fullmatch(r"```(?:json|tool_call)?\s*(.*?)\s*```", text, flags=re.S)

@@ -2779,8 +2779,8 @@ class DiffFiles(Tool):
             finally:
                 os.close(fd)
         n = args.get("context_lines")
-        diff = "".join(difflib.unified_diff(texts[0].splitlines(True), texts[1].splitlines(True),
-                                            args["path1"], args["path2"], n=3 if n is None else n))
+        diff = bounded_diff(texts[0].splitlines(True), texts[1].splitlines(True), args["path1"], args["path2"],
+                            n=3 if n is None else n)
         return ToolResult.ok(diff or "the files are identical", identical=not diff)
 
 
@@ -2792,7 +2792,43 @@ class DiffFiles(Tool):
 
 
 def text_diff(old, new, name):
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a/" + name, "b/" + name))
+    return bounded_diff(old.splitlines(True), new.splitlines(True), "a/" + name, "b/" + name)
+
+
+#: the most line pairs a diff compares (the lines that differ, after the common start and end are set
+#: aside): difflib is quadratic on some inputs (lines repeated two and three times: 20,000 took 9 s), and
+#: files and rewrites come from models and repositories; past it a diff is a summary of the change
+MAX_DIFF_CELLS = 10_000_000
+_HUNK = re.compile(r"@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
+
+
+def bounded_diff(a, b, fromfile, tofile, n=3):
+    """difflib.unified_diff of the line lists a and b as one string, computed on what lies between their
+    common first and last lines (an edit in a long file compares a few lines, not all of them), or a
+    one-line summary when that middle is too large to compare."""
+    head = 0
+    limit = min(len(a), len(b))
+    while head < limit and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    if head == len(a) == len(b):
+        return ""
+    start, keep_tail = max(0, head - n), max(0, tail - n)
+    mid_a, mid_b = a[start:len(a) - keep_tail], b[start:len(b) - keep_tail]
+    changed_a, changed_b = len(a) - head - tail, len(b) - head - tail
+    if changed_a * changed_b > MAX_DIFF_CELLS:
+        return "--- %s\n+++ %s\n@@ lines %d-%d (%d lines) become %d lines: too many to compare line by line @@\n" % (
+            fromfile, tofile, head + 1, head + changed_a, changed_a, changed_b)
+    out = []
+    for line in difflib.unified_diff(mid_a, mid_b, fromfile, tofile, n=n):
+        if start and line.startswith("@@"):
+            m = _HUNK.match(line)
+            line = "@@ -%d%s +%d%s @@%s" % (int(m.group(1)) + start, m.group(2) or "", int(m.group(3)) + start,
+                                            m.group(4) or "", line[m.end():])
+        out.append(line)
+    return "".join(out)
 
 
 def _subtree(dir_fd, name, check=None):

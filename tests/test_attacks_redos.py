@@ -171,3 +171,41 @@ def test_globs_through_symlink_loops_are_bounded(cli):
     assert verdicts[0][1].startswith("ls reads %s, a pattern matching too many files to check" % pattern)
     assert verdicts[1][0] == DENY and "too many paths to check" in verdicts[1][1]
     assert verdicts[2][0] == ALLOW
+
+
+# ---- model output repair: <think> blocks and tool calls printed as text ----
+
+@pytest.mark.parametrize("content", ["<think>" * 100000 + "answer", "<tool_call>" * 70000 + "answer"])
+def test_a_reply_of_unclosed_tags_is_repaired_promptly(cli, fake, content):
+    """Every unclosed tag scanned the rest of the reply for its closing tag (minutes for these 700 KB)."""
+    cli.use(fake)
+    fake.add({"content": content})
+    r = cli.run("run", "--prompt", "go", "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    if content.startswith("<think>"):
+        assert r.stdout.strip() == ""  # all of it was reasoning, cut off: no answer
+    else:
+        assert r.stdout.strip() == content
+
+
+# ---- diffs for previews, edit results and diff_files ----
+
+def test_a_diff_difflib_would_take_minutes_over_is_a_summary(cli, fake):
+    """Lines repeated twice against lines repeated three times: difflib's matching is quadratic on them
+    (60,000 lines took minutes). The lines between the common start and end are compared only up to a
+    bound; past it the result says what changed, in lines. An edit in such a file is still diffed as
+    difflib does it, around the change, with its real line numbers."""
+    import difflib
+    n = 60000
+    a = ["%d\n" % (i // 2) for i in range(n)]
+    (cli.workdir / "a.txt").write_text("".join(a))
+    (cli.workdir / "b.txt").write_text("".join("%d\n" % (i // 3) for i in range(n)))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("diff_files", path1="a.txt", path2="b.txt"),
+                                       tool_call("edit_file", path="a.txt", old_text="15000\n15000\n",
+                                                 new_text="changed\n")], "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    assert results[0] == ("--- a.txt\n+++ b.txt\n@@ lines 3-60000 (59998 lines) become 59998 lines: too many to "
+                          "compare line by line @@\n")
+    edited = a[:30000] + ["changed\n"] + a[30002:]
+    assert results[1] == "".join(difflib.unified_diff(a, edited, "a/a.txt", "b/a.txt"))
