@@ -721,8 +721,8 @@ class Store:
             if not create:
                 return None
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                os.write(fd, os.urandom(32))
+            try:  # a NUL first: the file tools take it for binary and never show it as text
+                os.write(fd, b"\0" + os.urandom(32))
             finally:
                 os.close(fd)
             return self._undo_key(False)
@@ -730,10 +730,10 @@ class Store:
             key = os.read(fd, 64)
         finally:
             os.close(fd)
-        if len(key) != 32:
+        if len(key) != 33 or key[:1] != b"\0":
             return None
-        self._key = key
-        return key
+        self._key = key[1:]
+        return self._key
 
     def _seal(self, content):
         import hashlib
