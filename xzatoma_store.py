@@ -228,6 +228,20 @@ def redaction_spans(text):
     return spans
 
 
+def partial_secret(text):
+    """Where the longest tail of `text` that is the beginning of a known secret starts, or None: a stream
+    holds that tail until the rest arrives (a passphrase of many words must not go out word by word)."""
+    best = None
+    for secret in _known_secrets:
+        if not any(ch.isspace() for ch in secret):
+            continue  # a secret of one word is within the words a stream holds anyway
+        for k in range(min(len(secret) - 1, len(text)), 0, -1):
+            if text.endswith(secret[:k]):
+                best = len(text) - k if best is None else min(best, len(text) - k)
+                break
+    return best
+
+
 def redact_data(obj):
     """A copy of JSON-like data with every string redacted (keys too)."""
     if isinstance(obj, str):

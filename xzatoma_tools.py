@@ -162,12 +162,15 @@ class UntrustedStream:
         self.pending = ""
 
     def feed(self, text):
-        from xzatoma_store import redaction_spans
+        from xzatoma_store import partial_secret, redaction_spans
         text = self.pending + (text or "")
         cut = self._cut(text)
         for start, end in redaction_spans(text):  # never emit half of a secret: hold it whole
             if start < cut < end:
                 cut = start
+        partial = partial_secret(text)  # the beginning of a known secret of more words than are held
+        if partial is not None and partial < cut and len(text) - partial < self.MAX_HOLD:
+            cut = partial
         self.pending = text[cut:]
         return self._render(text[:cut])
 

@@ -481,3 +481,18 @@ def test_xzatoma_s_own_code_inside_the_tree_is_protected(cli, fake):
     assert all(x.endswith(HEADLESS) for x in results[:4]), results
     assert results[4] == "Created tool/notes.txt (3 bytes)"
     assert (tool / "xzatoma_tools.py").read_bytes() == open(os.path.join(ROOT, "xzatoma_tools.py"), "rb").read()
+
+
+def test_a_known_secret_of_many_words_is_never_streamed_in_part():
+    """The chat's stream held the last three words back so a secret split across deltas is redacted whole;
+    a known credential of more words (a passphrase) went out word by word before it was complete."""
+    from xzatoma_store import register_secret
+    from xzatoma_tools import UntrustedStream
+    secret = "correct horse battery staple under the moon"
+    register_secret(secret)
+    stream, shown = UntrustedStream(), ""
+    for word in ("the passphrase is " + secret + " and more text follows here").split(" "):
+        shown += stream.feed(word + " ")
+        assert "correct horse" not in shown and "battery staple under" not in shown, shown
+    shown += stream.finish()
+    assert "the passphrase is [REDACTED] and more text follows here" in shown, shown
