@@ -378,7 +378,7 @@ class ToolContext:
         if what is None:
             return
         detail = "%s %s changes %s, a protected path (agent.tools.protected_paths)" % (
-            tool, display_path(target.real, self.root), what)
+            tool, one_line_path(display_path(target.real, self.root)), one_line_path(what))
         if not self.interactive or self.ask is None:
             raise ToolError("%s; it needs a person's approval; not available in this run" % detail)
         change = shows() if shows is not None else None
@@ -432,8 +432,16 @@ def preview_arguments(args):
         return json.dumps(args, ensure_ascii=False)[:80]
     for key in ("path", "glob", "pattern", "command", "url", "source_path", "label"):
         if isinstance(args.get(key), str):
-            return args[key]
+            return args[key] if key == "command" else one_line_path(args[key])
     return json.dumps(args, ensure_ascii=False)[:80]
+
+
+def one_line_path(path):
+    """A path for a line shown to people: a newline, tab or CR in a name is shown as `\\n`, never obeyed, so a
+    name cannot forge a second line of progress or push a question's end out of sight."""
+    if any(ch in path for ch in "\n\r\t"):
+        path = path.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return path
 
 
 def _schema_error(name, prop, schema, value):

@@ -496,3 +496,18 @@ def test_a_known_secret_of_many_words_is_never_streamed_in_part():
         assert "correct horse" not in shown and "battery staple under" not in shown, shown
     shown += stream.finish()
     assert "the passphrase is [REDACTED] and more text follows here" in shown, shown
+
+
+def test_a_newline_in_a_path_cannot_forge_a_line_of_progress_or_a_question(cli, fake):
+    """Newlines pass render_untrusted (text has lines), so a path holding one printed a second, forged line:
+    '  ✓ Deleted nothing' under the real call, or a question's 'changes .git' pushed out of sight."""
+    (cli.workdir / ".git" / "hooks").mkdir(parents=True)
+    cli.use(fake)
+    forged = "x\n  \u2713 nothing was written\n\u25b6 read_file README.md"
+    r, results = run_calls(cli, fake, [tool_call("write_file", path=forged, content="x"),
+                                       tool_call("write_file", path=".git/hooks/a\nall is fine", content="x")])
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert not any(l.startswith("  \u2713 nothing") or l.startswith("\u25b6 read_file") for l in lines), r.stderr
+    assert not any(l.startswith("all is fine") for l in lines), r.stderr
+    assert "nothing was written\\n\u25b6 read_file README.md" in r.stderr and "a\\nall is fine" in r.stderr
