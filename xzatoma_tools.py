@@ -230,7 +230,7 @@ class ToolContext:
         #: the jail: every path a tool touches resolves inside this real directory
         self.root = os.path.realpath(working_dir)
         #: the same root as an object that resolves and opens paths beneath it, descriptor-relative
-        self.jail = Jail(self.root)
+        self.jail = Jail(self.root, hidden=[xzatoma_home] if xzatoma_home else ())
         #: the agent.tools configuration slice (limits such as max_output_size, fetch, undo_max_bytes)
         self.config = tools_config or {}
         #: confirm(tool_name, args, detail) -> bool before a call whose tool asks for it; chat in Safe mode only
@@ -800,10 +800,23 @@ def special_error(target, mode, what):
 
 
 class Jail:
-    """The working directory, and every path a tool names resolved beneath it."""
+    """The working directory, and every path a tool names resolved beneath it.
 
-    def __init__(self, root):
+    `hidden` names directories inside it that no tool may read, list, copy or change: XZATOMA_HOME when it
+    lies in the tree (its credentials, every project's conversations, the undo data and its key), as the
+    sandbox hides it from commands behind an empty tmpfs."""
+
+    def __init__(self, root, hidden=()):
         self.root = os.path.realpath(root)
+        #: real paths beneath the root that resolve() refuses and walks skip
+        self.hidden = tuple(h for h in (os.path.realpath(p) for p in hidden if p)
+                            if h != self.root and _inside(h, self.root))
+        #: the same, relative to the root (walk_files compares its relative paths)
+        self.hidden_rel = frozenset(os.path.relpath(h, self.root) for h in self.hidden)
+
+    def hides(self, real):
+        """Is this real path (or what it holds) hidden? (True for a directory that contains a hidden one.)"""
+        return any(_inside(real, h) or _inside(h, real) for h in self.hidden)
 
     def __eq__(self, other):
         return isinstance(other, Jail) and other.root == self.root
@@ -860,6 +873,10 @@ class Jail:
         except BaseException:
             os.close(root_fd)
             raise
+        if self.hidden and any(_inside(target.real, h) for h in self.hidden):
+            target.close()
+            raise ToolError("%s is inside XZATOMA_HOME (xzatoma's credentials, conversations and undo data): "
+                            "no tool reads or changes it" % path)
         if must_exist and target.lstat() is None:
             target.close()
             raise ToolError("no such file or directory: %s%s" % (path, self.suggest(path)))
@@ -1799,6 +1816,8 @@ def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
                     is_dir = kind == "dir"
                     if is_dir and name in SKIP_DIRS:
                         continue
+                    if jail.hidden_rel and is_dir and rel in jail.hidden_rel:
+                        continue  # XZATOMA_HOME in the tree: never listed, searched or copied
                     if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
                         continue
                     if kind == "link" and not _link_inside(jail, rel):
@@ -2579,6 +2598,9 @@ class CopyPath(Tool):
                             % (display_path(dst_real, ctx.root), args["source_path"]))
         if stat.S_ISDIR(src.lstat().st_mode) and _inside(dst_real, src_real):
             raise ToolError("cannot put %s inside itself" % args["source_path"])
+        if stat.S_ISDIR(src.lstat().st_mode) and ctx.jail.hides(src_real):
+            raise ToolError("%s holds XZATOMA_HOME (xzatoma's credentials and conversations): no tool copies or "
+                            "moves it" % args["source_path"])
         if dst.lstat() is not None and not args.get("overwrite"):
             raise ToolError("%s already exists; set overwrite=true to replace it" % display_path(dst_real, ctx.root))
 
