@@ -1280,7 +1280,7 @@ def protected_reason(target, protected, root):
         if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
             return display_path(path, root)
     rel = display_path(target.real, root)
-    hit = _protected_rel(rel, globs)
+    hit = _protected_rel(rel, globs) or _git_dir_around(target.real, root)
     if hit:
         return hit
     st = target.lstat()
@@ -1290,6 +1290,25 @@ def protected_reason(target, protected, root):
                 hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs)
                 if hit:
                     return hit
+    return None
+
+
+def _git_dir_around(real, root):
+    """The repository directory a change at `real` lies in, or would make, by git's own test (a HEAD file
+    beside objects/ or commondir), below the root: a bare clone `mirror.git/` in the tree runs its hooks
+    and config for the next git command there like any .git. None otherwise."""
+    parent, name = os.path.dirname(real), os.path.basename(real)
+    if _inside(parent, root) and parent != root and name in ("HEAD", "objects", "commondir"):
+        head = name == "HEAD" or os.path.isfile(os.path.join(parent, "HEAD"))
+        store = name in ("objects", "commondir") or os.path.isdir(os.path.join(parent, "objects")) or \
+            os.path.isfile(os.path.join(parent, "commondir"))
+        if head and store:
+            return display_path(parent, root) + " (a git directory)"
+    d = parent
+    while d != root and _inside(d, root):
+        if _is_git_dir(d):
+            return display_path(d, root) + " (a git directory)"
+        d = os.path.dirname(d)
     return None
 
 
@@ -6656,6 +6675,13 @@ class ProtectedWatch:
                 self.dirs.pop(d, None)
                 continue
             self.dirs[d] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            names = {e.name for e in entries}
+            if d != self.root and "HEAD" in names and ("objects" in names or "commondir" in names):
+                if d not in self.repos:  # a bare repository (git init --bare, a mirror clone): git's own test
+                    self.repos.add(d)
+                    if new is not None:
+                        new.append(d)
+                continue  # its hooks and config are judged by repository_runs_code, as a .git's are
             for entry in entries:
                 if entry.name.lower() in PROTECTED_ANYWHERE:
                     if entry.path not in self.repos:
@@ -6775,8 +6801,8 @@ class Sandbox:
             if os.path.lexists(p) and not os.path.islink(p) and p not in protected:
                 protected.append(p)
         watch = self.watch() if self.mode == WORKSPACE_WRITE else None  # its first look finds the nested ones
-        nested = sorted(r for r in watch.repos if os.path.dirname(r) != self.root and not os.path.islink(r)) \
-            if watch else []
+        nested = sorted(r for r in watch.repos if not os.path.islink(r) and not (  # the top's own are protected
+            os.path.dirname(r) == self.root and os.path.basename(r).lower() in PROTECTED_ANYWHERE)) if watch else []
         complete = watch.complete if watch else True
         return {"mode": self.mode, "network": self.network, "root": self.root,
                 "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
@@ -7491,7 +7517,7 @@ def _settle_protected(ctx, watch, command, body):
     are a person's to keep (chat, every mode) or are removed (headless); the model is told either way."""
     found = []
     for path in watch.refresh():
-        if os.path.basename(path).lower() in PROTECTED_ANYWHERE:
+        if path in watch.repos:
             reason = repository_runs_code(path, ctx.root)
             if reason is None:
                 with watch._lock:

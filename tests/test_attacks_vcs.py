@@ -125,3 +125,35 @@ def test_a_person_who_says_no_gets_it_removed(tmp_path):
         assert not (tmp_path / ".bashrc").exists()
     finally:
         ctx.sandbox.close()
+
+
+def test_a_bare_repository_made_by_a_command_is_judged_like_a_dot_git(cli, fake):
+    results = run_script(cli, fake, "git init -q --bare mirror.git && echo made",
+                         "printf '#!/bin/sh\\ntouch ../PWNED\\n' > mirror.git/hooks/post-receive")
+    assert results[0].startswith("exit code: 0") and "made" in results[0], results[0]  # inert: kept
+    assert results[1].startswith("Error: the command made mirror.git (hooks/post-receive)"), results[1]
+    assert not os.path.lexists(str(cli.workdir / "mirror.git"))
+
+
+def test_an_existing_bare_repository_is_read_only_for_commands_and_protected_for_the_file_tools(cli, fake):
+    subprocess.run(["git", "init", "-q", "--bare", str(cli.workdir / "vendor" / "x.git")], check=True)
+    (cli.workdir / "s0.sh").write_text("echo '#!/bin/sh' > vendor/x.git/hooks/post-checkout; echo rc=$?")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="sh s0.sh"),
+                             tool_call("write_file", path="vendor/x.git/hooks/post-checkout", content="#!/bin/sh\n"),
+                             tool_call("edit_file", path="vendor/x.git/config", old_text="bare = true",
+                                       new_text="bare = true\n\tfsmonitor = touch PWNED"),
+                             tool_call("write_file", path="newbare/hooks/pre-push", content="#!/bin/sh\n"),
+                             tool_call("write_file", path="newbare/objects/x", content="x"),
+                             tool_call("write_file", path="newbare/HEAD", content="ref: refs/heads/main\n")]},
+             {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x", timeout=90)
+    assert r.returncode == 0, r.stderr
+    term, hook, config, pre, objects, head = tool_results(fake)
+    assert "rc=1" in term or "rc=2" in term, term  # a read-only bind mount
+    for result in (hook, config, head):  # the last HEAD would make newbare/ a repository with a hook
+        assert result.startswith("Error: ") and result.endswith(HEADLESS), result
+    assert not pre.startswith("Error") and not objects.startswith("Error"), (pre, objects)  # not a repository yet
+    assert not (cli.workdir / "vendor" / "x.git" / "hooks" / "post-checkout").exists()
+    assert "fsmonitor" not in (cli.workdir / "vendor" / "x.git" / "config").read_text()
+    assert not (cli.workdir / "newbare" / "HEAD").exists()
