@@ -209,3 +209,33 @@ def test_a_diff_difflib_would_take_minutes_over_is_a_summary(cli, fake):
                           "compare line by line @@\n")
     edited = a[:30000] + ["changed\n"] + a[30002:]
     assert results[1] == "".join(difflib.unified_diff(a, edited, "a/a.txt", "b/a.txt"))
+
+
+# ---- plan files ----
+
+def test_a_hostile_markdown_plan_is_parsed_promptly(cli, fake):
+    """A list marker followed by 300,000 spaces: the item regex tried every split of them (minutes)."""
+    (cli.workdir / "plan.md").write_text("# Task: tidy\n\n## Steps\n\n- first step\n-" + " " * 300000 + "\n- second\n")
+    cli.use(fake)
+    fake.add({"content": "done"})
+    r = cli.run("run", "--plan", "plan.md", "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    prompt = fake.model_requests()[0]["body"]["messages"][-1]["content"]
+    assert "1. first step\n2. second" in prompt
+
+
+# ---- the chat's streamed answer ----
+
+def test_a_streamed_secret_that_never_ends_is_held_without_rescanning(monkeypatch):
+    """A key block's base64 streamed on and on stays held (never shown in part); looking at all of it
+    again for every delta was quadratic. Counted: the looks grow with the log of the held text."""
+    import xzatoma_store
+    looks = []
+    real = xzatoma_store.redaction_spans
+    monkeypatch.setattr(xzatoma_store, "redaction_spans", lambda text: looks.append(len(text)) or real(text))
+    stream = xzatoma_tools.UntrustedStream()
+    text = "key: -----BEGIN PRIVATE KEY-----\n" + "QUJD" * 10000
+    shown = [stream.feed(text[i:i + 10]) for i in range(0, len(text), 10)]
+    shown.append(stream.finish())
+    assert "".join(shown) == "key: [REDACTED]"
+    assert len(looks) < 250 and sum(looks) < 4 * len(text) + 1024 * 120, (len(looks), sum(looks))
