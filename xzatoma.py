@@ -4058,11 +4058,34 @@ class Confirmations:
                 return {"yes": "y", "no": "n", "": "n", "always": "a", "never": "v", "edit": "e"}.get(answer, answer)
             self.console._write("please answer y, n, a, v%s" % (" or e" if edit else ""))
 
+    def _unshowable(self, what, text, changes_only=False):
+        """Why `text` cannot be asked about, or None. What a person sees is redacted, and a [REDACTED] covers
+        whatever is shaped like a credential: `curl http://u:$(touch x)@host` was shown as
+        `curl http://u:[REDACTED]@host` and approved. Nobody says yes to what they did not see, so such a
+        question is not asked (declined). changes_only: a diff, where only its context lines may be redacted
+        (what is already in the file and stays)."""
+        from xzatoma_store import redaction_spans
+        if not text:
+            return None
+        for start, end in redaction_spans(text):
+            if changes_only:
+                first = text.rfind("\n", 0, start) + 1
+                lines = text[first:end].split("\n")
+                if all(line.startswith((" ", "@@")) for line in lines):
+                    continue
+            self.console.warn("declined without asking: part of this %s looks like a credential and would be shown "
+                              "as [REDACTED], so what you approve would not be what runs; do it yourself if you "
+                              "mean it" % what)
+            return True
+        return None
+
     def confirm_tool(self, name, args, detail, always=False):
         if name in self.never:
             return False
         if name in self.always:
             return True
+        if self._unshowable("change", detail, changes_only=True):
+            return False
         answer = self._choice("Allow %s?" % name, detail, edit=False)
         if answer == "a":
             self.always.add(name)
@@ -4076,12 +4099,16 @@ class Confirmations:
             return None
         if key in self.always:
             return command
+        if self._unshowable("command", command):
+            return None
         with self.console.hold():
             shown = self.console.clean(command, exact=True).replace("\n", "\n    ")  # exactly what will run
             answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + shown, edit=True,
                                       scope=self.console.clean(key, exact=True))
-            if answer == "e":
-                edited = self.asker.ask("edit the command > ", prefill=command if "\n" not in command else None)
+            if answer == "e":  # the line starts from the command only when it is shown as it is (readline
+                # would write its hidden characters raw, and the person would edit what they cannot see)
+                plain = "\n" not in command and shown == command
+                edited = self.asker.ask("edit the command > ", prefill=command if plain else None)
                 return edited.strip() if edited and edited.strip() else None
         if answer == "a":
             self.always.add(key)
@@ -4090,6 +4117,8 @@ class Confirmations:
         return command if answer in ("y", "a") else None
 
     def ask_irreversible(self, name, args, detail):
+        if self._unshowable("change", detail, changes_only=True):
+            return False
         question, _, change = detail.partition("\n")  # below the question: the diff of what it writes
         return self._choice("Allow %s? %s" % (name, question), change or None, edit=False) in ("y", "a")
 

@@ -2068,7 +2068,7 @@ class WriteFile(Tool):
                 return None
             old = read_text(target, "")
             return "overwrite %s:\n%s" % (args["path"], text_diff(old, args["content"],
-                                                                  display_path(target.real, ctx.root)) or "(same content)")
+                                                                  display_path(target.real, ctx.root), whole=True) or "(same content)")
 
     def run(self, args, ctx):
         path = args["path"]
@@ -2107,7 +2107,7 @@ class EditFile(Tool):
                 text, updated = self._apply(args, target)
         except ToolError:
             return None  # the call will fail with its own message; nothing to confirm
-        return "edit %s:\n%s" % (args["path"], text_diff(text, updated, args["path"]))
+        return "edit %s:\n%s" % (args["path"], text_diff(text, updated, args["path"], whole=True))
 
     def _apply(self, args, target):
         path, old, new = args["path"], args["old_text"], args["new_text"]
@@ -2670,7 +2670,7 @@ class CopyPath(Tool):
 
 def _change_shown(old, new, target):
     """The diff a protected change is asked with ('(same content)' when there is none)."""
-    return text_diff(old, new, display_path(target.real, target.root)) or "(same content)"
+    return text_diff(old, new, display_path(target.real, target.root), whole=True) or "(same content)"
 
 
 def _copy_shown(src, dst):
@@ -2853,8 +2853,9 @@ class DiffFiles(Tool):
 # a restore never writes there.
 
 
-def text_diff(old, new, name):
-    return bounded_diff(old.splitlines(True), new.splitlines(True), "a/" + name, "b/" + name)
+def text_diff(old, new, name, whole=False):
+    """whole=True: a diff shown for a person's approval, never a summary (see bounded_diff)."""
+    return bounded_diff(old.splitlines(True), new.splitlines(True), "a/" + name, "b/" + name, whole=whole)
 
 
 #: the most line pairs a diff compares (the lines that differ, after the common start and end are set
@@ -2864,10 +2865,13 @@ MAX_DIFF_CELLS = 10_000_000
 _HUNK = re.compile(r"@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
 
 
-def bounded_diff(a, b, fromfile, tofile, n=3):
+def bounded_diff(a, b, fromfile, tofile, n=3, whole=False):
     """difflib.unified_diff of the line lists a and b as one string, computed on what lies between their
     common first and last lines (an edit in a long file compares a few lines, not all of them), or a
-    one-line summary when that middle is too large to compare."""
+    one-line summary when that middle is too large to compare. whole=True (a change a person approves:
+    nothing is elided from what they say yes to) gives that middle as one hunk, every old line removed and
+    every new line added, instead of the summary. Every line of the result ends with a newline: a last
+    line without one would join the next (`-old` then `+new` read as one removed line)."""
     head = 0
     limit = min(len(a), len(b))
     while head < limit and a[head] == b[head]:
@@ -2880,17 +2884,31 @@ def bounded_diff(a, b, fromfile, tofile, n=3):
     start, keep_tail = max(0, head - n), max(0, tail - n)
     mid_a, mid_b = a[start:len(a) - keep_tail], b[start:len(b) - keep_tail]
     changed_a, changed_b = len(a) - head - tail, len(b) - head - tail
-    if changed_a * changed_b > MAX_DIFF_CELLS:
+    if changed_a * changed_b > MAX_DIFF_CELLS and not whole:
         return "--- %s\n+++ %s\n@@ lines %d-%d (%d lines) become %d lines: too many to compare line by line @@\n" % (
             fromfile, tofile, head + 1, head + changed_a, changed_a, changed_b)
+    replaced = changed_a * changed_b > MAX_DIFF_CELLS
+    if replaced:  # linear: the whole middle replaced, shown line by line with its real line numbers
+        lines = ["--- %s\n" % fromfile, "+++ %s\n" % tofile, "@@ -%d,%d +%d,%d @@\n" % (
+            start + 1, len(mid_a), start + 1, len(mid_b))]
+        lines += [" " + x for x in a[start:head]] + ["-" + x for x in a[head:len(a) - tail]] + \
+            ["+" + x for x in b[head:len(b) - tail]] + [" " + x for x in a[len(a) - tail:len(a) - keep_tail]]
+    else:
+        lines = difflib.unified_diff(mid_a, mid_b, fromfile, tofile, n=n)
     out = []
-    for line in difflib.unified_diff(mid_a, mid_b, fromfile, tofile, n=n):
-        if start and line.startswith("@@"):
+    for line in lines:
+        if start and not replaced and line.startswith("@@"):
             m = _HUNK.match(line)
             line = "@@ -%d%s +%d%s @@%s" % (int(m.group(1)) + start, m.group(2) or "", int(m.group(3)) + start,
                                             m.group(4) or "", line[m.end():])
+        if not line.endswith("\n"):
+            line += "\n" if line[-1:] in _LINE_ENDS else "\n\\ No newline at end of file\n"
         out.append(line)
     return "".join(out)
+
+
+#: what str.splitlines() also ends a line at: such a line is followed by a newline, without the note
+_LINE_ENDS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 
 
 def _subtree(dir_fd, name, check=None):
