@@ -4101,8 +4101,14 @@ class Confirmations:
             return command
         if self._unshowable("command", command):
             return None
+        shown = self.console.clean(command, exact=True).replace("\n", "\n    ")  # exactly what will run
+        rows, needed = self._screen_rows(), self._rows_for("  $ " + shown) + 3  # the header and the options
+        if needed > rows:  # its beginning would scroll out of sight: `touch x #` + 20,000 spaces + `ls -la`
+            self.console.warn("declined without asking: the command takes %d lines, more than the %d the terminal "
+                              "shows at once, so you could not see all of it where you answer; ask for a shorter "
+                              "command (a script written with write_file)" % (needed, rows))
+            return None
         with self.console.hold():
-            shown = self.console.clean(command, exact=True).replace("\n", "\n    ")  # exactly what will run
             answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + shown, edit=True,
                                       scope=self.console.clean(key, exact=True))
             if answer == "e":  # the line starts from the command only when it is shown as it is (readline
@@ -4115,6 +4121,28 @@ class Confirmations:
         if answer == "v":
             self.never.add(key)
         return command if answer in ("y", "a") else None
+
+    def _screen_rows(self):
+        try:
+            return os.get_terminal_size(self.console.err.fileno()).lines or 24
+        except (AttributeError, ValueError, OSError):
+            return 24  # no size to ask (the question goes to /dev/tty): a small terminal's
+
+    def _rows_for(self, text):
+        """How many terminal rows `text` takes (wrapped at the terminal's width, a tab as 8 columns and a wide
+        character as 2: never fewer than a terminal shows)."""
+        try:
+            cols = os.get_terminal_size(self.console.err.fileno()).columns or 80
+        except (AttributeError, ValueError, OSError):
+            cols = 80
+        rows = 0
+        for line in text.split("\n"):
+            width = len(line) + 7 * line.count("\t")
+            if not line.isascii():
+                import unicodedata
+                width += sum(1 for ch in line if unicodedata.east_asian_width(ch) in ("W", "F"))
+            rows += max(1, -(-width // cols))
+        return rows
 
     def ask_irreversible(self, name, args, detail):
         if self._unshowable("change", detail, changes_only=True):

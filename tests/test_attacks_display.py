@@ -106,3 +106,14 @@ def test_edit_starts_empty_when_the_command_has_characters_shown_escaped(chat, f
     p.expect("finished")
     assert "\u2028" not in p.seen
     assert (cli.workdir / "edited").exists() and not (cli.workdir / "safe\u2028ok").exists()
+
+
+def test_a_command_taller_than_the_screen_is_not_asked_about(chat, fake, cli):
+    # the command's start scrolled out of sight: the person saw blank rows, `ls -la` and the question
+    command = "touch pwned #" + " " * 20000 + "ls -la"
+    fake.add({"tool_calls": [tool_call("terminal", command=command)]}, {"content": "finished"})
+    p = start(chat)
+    p.line("list")
+    p.expect("declined without asking: the command takes")
+    p.expect("finished")
+    assert "Run this command?" not in p.seen and not (cli.workdir / "pwned").exists()
