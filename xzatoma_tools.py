@@ -5145,8 +5145,9 @@ class CommandPolicy:
         the working directory or a directory above it; None when it is not one of those."""
         if not text or "$" in text:
             return None
+        # `(?:\.+/)*\.*`: one way to read a run of dots (`(\.\.?/?)*` had exponentially many: fifty took minutes)
         if getattr(self, "_cwd", self.root) is None and (recursive or tree_ok) and \
-                re.fullmatch(r"(\.\.?/?)*\*?|\.\*|\*/?", text):
+                re.fullmatch(r"(?:\.+/)*\.*\*?|\.\*|\*/?", text):
             return "everything in a directory that cannot be known (after cd)"
         base = text
         while True:  # `dir/*`, `dir/.*`, `dir/{a,b}*`: the contents of dir are as bad as dir
@@ -8067,6 +8068,11 @@ def html_to_text(html, base_url=""):
                     text = text.lstrip()
                 self.out.append(text)
 
+    # A '<' with no '>' after it can start no tag, and html.parser scans to the end of the page from each
+    # one (before Python 3.11.13/3.12.11): '<a ' repeated made 200 KB take minutes. They become text.
+    last = html.rfind(">")
+    if "<" in html[last + 1:]:
+        html = html[:last + 1] + html[last + 1:].replace("&", "&amp;").replace("<", "&lt;")
     conv = Converter()
     conv.feed(html)
     conv.close()

@@ -134,7 +134,8 @@ def judge_table(cli, items, *extra):
 
 def test_commands_built_to_backtrack_are_judged_promptly(cli):
     """Each stalled the policy for minutes or more: sed addresses and backslashes (exponential), `{`
-    repeated (quadratic), a brace range of 10**11 words (built whole), long /proc and rm shapes."""
+    repeated (quadratic), a brace range of 10**11 words (built whole), long /proc and rm shapes, a run of
+    dots removed after an unknown cd (exponential)."""
     verdicts = judge_table(cli, [
         "sed '%sx' f" % ("1" * 40),
         "sed 's/%s' f" % ("\\\\" * 40),
@@ -142,8 +143,9 @@ def test_commands_built_to_backtrack_are_judged_promptly(cli):
         "echo {1..99999999999}",
         "cat /proc/" + "/" * 30000,
         "rm " + "-r " * 10000 + "x",
+        'cd "$X"; rm -r ' + "." * 60 + "x",
     ])
-    assert verdicts[0][0] == CONFIRM and verdicts[1][0] == CONFIRM
+    assert verdicts[0][0] == CONFIRM and verdicts[1][0] == CONFIRM and verdicts[6][0] == CONFIRM
     assert verdicts[2] == (ALLOW, "echo only prints its arguments")
     assert verdicts[3][0] == CONFIRM and verdicts[3][1].startswith("brace expansion makes too many words to check")
     assert verdicts[4][0] in (CONFIRM, DENY) and verdicts[5][0] == CONFIRM
@@ -239,3 +241,40 @@ def test_a_streamed_secret_that_never_ends_is_held_without_rescanning(monkeypatc
     shown.append(stream.finish())
     assert "".join(shown) == "key: [REDACTED]"
     assert len(looks) < 250 and sum(looks) < 4 * len(text) + 1024 * 120, (len(looks), sum(looks))
+
+
+# ---- fetch: HTML from a hostile page ----
+
+@pytest.fixture
+def hostile_page():
+    """A loopback server whose page opens 100,000 tags it never closes."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    body = ("<html><body><p>hello page</p>" + "<a " * 100000).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield "http://127.0.0.1:%d/page.html" % httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_page_of_unclosed_tags_is_converted_promptly(cli, fake, hostile_page):
+    """html.parser scanned to the end of the page from each '<' with no '>' after it (minutes for 300 KB
+    before Python 3.11.13/3.12.11): such a tail is text."""
+    cli.use(fake, tools={"fetch": {"allowed_hosts": ["127.0.0.1"]}})
+    fake.add({"tool_calls": [tool_call("fetch", url=hostile_page)]}, {"content": "ok"})
+    r = cli.run("run", "--mode", "planning", "--prompt", "x", "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    result = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"][0]
+    assert "hello page" in result and "<a <a <a" in result
