@@ -251,8 +251,17 @@ def _isatty(stream):
         return False
 
 
+#: what str.split() takes for a space but a terminal would not show as one (form feed, vertical tab, the
+#: separators U+001C-U+001F, NEL, U+2028/U+2029): shown as an escape, never collapsed into a blank
+_SPLIT_CONTROLS = "\x0b\x0c\x1c\x1d\x1e\x1f\x85\u2028\u2029"
+
+
 def one_line(text, width=100):
-    text = " ".join(str(text).split())
+    text = str(text)
+    if any(ch in text for ch in _SPLIT_CONTROLS):  # `a\x0cb.txt` was shown as `a b.txt`
+        text = "".join(("\\x%02x" % ord(ch) if ord(ch) < 0x100 else "\\u%04x" % ord(ch))
+                       if ch in _SPLIT_CONTROLS else ch for ch in text)
+    text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

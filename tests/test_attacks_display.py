@@ -117,3 +117,15 @@ def test_a_command_taller_than_the_screen_is_not_asked_about(chat, fake, cli):
     p.expect("declined without asking: the command takes")
     p.expect("finished")
     assert "Run this command?" not in p.seen and not (cli.workdir / "pwned").exists()
+
+
+def test_progress_lines_show_form_feeds_and_line_separators_not_blanks(cli, fake):
+    # one_line() collapsed what str.split() calls whitespace: `a\x0cb.txt` was shown as `a b.txt`, another name
+    (cli.workdir / "a\x0cb.txt").write_text("x\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("read_file", path="a\x0cb.txt")]},
+             {"tool_calls": [tool_call("find_path", pattern="q\u2028r")]}, {"content": "done"})
+    r = cli.run("run", "--prompt", "read it")
+    assert r.returncode == 0, r.stderr
+    assert "a\\x0cb.txt" in r.stderr and "q\\u2028r" in r.stderr, r.stderr
+    assert "a b.txt" not in r.stderr and "q r" not in r.stderr
