@@ -177,7 +177,8 @@ def test_globs_through_symlink_loops_are_bounded(cli):
 
 # ---- model output repair: <think> blocks and tool calls printed as text ----
 
-@pytest.mark.parametrize("content", ["<think>" * 100000 + "answer", "<tool_call>" * 70000 + "answer"])
+@pytest.mark.parametrize("content", ["<think>" * 100000 + "answer", "<tool_call>" * 70000 + "answer"],
+                         ids=["think", "tool_call"])  # short ids: the test id travels in the environment
 def test_a_reply_of_unclosed_tags_is_repaired_promptly(cli, fake, content):
     """Every unclosed tag scanned the rest of the reply for its closing tag (minutes for these 700 KB)."""
     cli.use(fake)
