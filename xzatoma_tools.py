@@ -1023,6 +1023,8 @@ class Jail:
                     os.close(fd)
         except (OSError, ToolError):
             return ""
+        if len(names) > 5000:  # get_close_matches is ~50 µs a name: a hint is not worth seconds
+            return ""
         close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
         if close:
             return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
