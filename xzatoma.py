@@ -1288,34 +1288,19 @@ class DeadlineExceeded(Exception):
 
 
 def _watchdog(resp, deadline):
-    """A timer that shuts a streaming response's socket down at the deadline, or None. INFO: the read
-    timeout bounds one wait, not a stream: a server sending `: keep-alive` comments (or a byte at a time)
-    would hold a run past --timeout forever; shutdown() wakes the blocked read, close() would not."""
+    """A timer that shuts a streaming response's socket down at the deadline (--timeout holds while a server
+    streams keep-alives), or None where there is no deadline or no socket to reach."""
     if deadline is None:
         return None
-    import socket
-    import threading
-    raw, sock = getattr(resp, "raw", None), None
+    raw = getattr(resp, "raw", None)
     for path in (("_connection", "sock"), ("_fp", "fp", "raw", "_sock")):  # urllib3 2.x, then 1.x
         obj = raw
         for attr in path:
             obj = getattr(obj, attr, None)
         if obj is not None and hasattr(obj, "shutdown"):
-            sock = obj
-            break
-    if sock is None:
-        return None
-
-    def cut():
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
-    timer.daemon = True
-    timer.start()
-    return timer
+            from xzatoma_tools import shutdown_at
+            return shutdown_at(deadline, lambda: obj)
+    return None
 
 
 def _retry_after(headers):

@@ -1295,14 +1295,7 @@ def protected_reason(target, protected, root):
     hit = _protected_rel(rel, globs) or _git_dir_around(target.real, root)
     if hit:
         return hit
-    st = target.lstat()
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        for sub, _, name, _ in _subtree(target.dir_fd, target.name):
-            if sub:
-                hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs)
-                if hit:
-                    return hit
-    return None
+    return _protected_below(target, rel, globs)
 
 
 def _git_dir_around(real, root):
@@ -1327,12 +1320,16 @@ def _git_dir_around(real, root):
 def protected_copied(source, destination, protected, root, check=None):
     """What protected path copying the tree at `source` (a Target) to `destination` (a real path) creates
     below it, or None: a copied `.git` (a repository, hooks and all) or a name a configured glob protects."""
-    st = source.lstat()
+    globs = [display_path(p, root).lower() for p in protected if _is_glob(p)]
+    return _protected_below(source, display_path(destination, root), globs, check)
+
+
+def _protected_below(target, rel, globs, check=None):
+    """The first protected path below the directory Target `target` when its tree stands at `rel`, or None."""
+    st = target.lstat()
     if st is None or not stat.S_ISDIR(st.st_mode):
         return None
-    globs = [display_path(p, root).lower() for p in protected if _is_glob(p)]
-    rel = display_path(destination, root)
-    for sub, _, _, _ in _subtree(source.dir_fd, source.name, check):
+    for sub, _, _, _ in _subtree(target.dir_fd, target.name, check):
         if sub:
             hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs)
             if hit:
@@ -6731,6 +6728,12 @@ class ProtectedWatch:
                     self.dirs[entry.path] = (0, 0, 0)  # listed below (or next time, if the bound cut in)
                     queue.append(entry.path)
 
+    def keep(self, path, accepted=False):
+        """A repository that appeared and is kept: checked again after later commands, or never again
+        when a person accepted it."""
+        with self._lock:
+            (self.accepted if accepted else self.created).add(path)
+
     def armed(self):
         """Repositories kept earlier (created during the run) that would now run code: [path, ...]."""
         with self._lock:
@@ -6745,15 +6748,11 @@ def repository_runs_code(dot, root):
         return "a link"
     if os.path.basename(dot).lower() == ".hg":
         return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
-    gitdir = dot
-    if not os.path.isdir(dot):
-        data = _read_small(dot) or b""
-        m = re.match(rb"gitdir:\s*(.+)", data)
-        if not m:
-            return "a .git file git may read differently"
-        gitdir = os.path.realpath(os.path.join(os.path.dirname(dot), os.fsdecode(m.group(1).strip())))
-        if not _inside(gitdir, root):
-            return "a gitdir outside the working directory"
+    gitdir = _gitdir_of(dot)
+    if gitdir is None:
+        return "a .git file git may read differently"
+    if not _inside(gitdir, root):
+        return "a gitdir outside the working directory"
     reason = _git_repo_reason(dot)
     if reason:
         return "git config: %s" % reason
@@ -7551,8 +7550,7 @@ def _settle_protected(ctx, watch, command, body):
         if path in watch.repos:
             reason = repository_runs_code(path, ctx.root)
             if reason is None:
-                with watch._lock:
-                    watch.created.add(path)  # inert (git init, git clone): kept, and checked after later commands
+                watch.keep(path)  # inert (git init, git clone): kept, and checked after later commands
                 continue
             found.append((path, reason))
         else:
@@ -7565,8 +7563,8 @@ def _settle_protected(ctx, watch, command, body):
         ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
     if ctx.interactive and ctx.ask is not None and ctx.ask("terminal", {"command": command},
                                                                    detail + ". Keep it (no removes it)?"):
-        with watch._lock:
-            watch.accepted.update(p for p, _ in found)
+        for path, _ in found:
+            watch.keep(path, accepted=True)
         return
     removed, failed = [], []
     for path, _ in found:
@@ -7821,9 +7819,7 @@ def _rate_check(host, per_minute):
 def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent, deadline=None):
     """GET from the checked address (no second DNS lookup). Returns (status, headers, body, truncated).
 
-    `timeout` bounds each socket operation; `deadline` (time.monotonic()) the whole request. INFO: a socket
-    timeout alone does not bound it: a server that drips a byte a second never lets one read time out, so
-    a timer shuts the socket down at the deadline and the blocked read returns."""
+    `timeout` bounds each socket operation; `deadline` (time.monotonic()) the whole request (shutdown_at)."""
     import http.client
     import socket
     import ssl
@@ -7843,27 +7839,17 @@ def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent,
         conn = PinnedTLS(host, port, timeout=timeout, context=ssl.create_default_context())
     else:
         conn = Pinned(host, port, timeout=timeout)
-    expired = threading.Event()
+    timer = shutdown_at(deadline, lambda: conn.sock)
 
-    def cut():
-        expired.set()
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def expired():
+        return deadline is not None and time.monotonic() >= deadline
 
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut) if deadline is not None else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
     try:
         conn.request("GET", path, headers={"User-Agent": user_agent, "Accept-Encoding": "identity",
                                            "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"})
         resp = conn.getresponse()
         chunks, size, truncated = [], 0, False
-        while not expired.is_set():
+        while not expired():
             chunk = resp.read1(min(65536, max_bytes + 1 - size))
             if not chunk:
                 break
@@ -7872,12 +7858,12 @@ def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent,
             if size > max_bytes:
                 truncated = True
                 break
-        if expired.is_set():
+        if expired():
             raise socket.timeout("the whole request took longer than its time limit")
         body = b"".join(chunks)[:max_bytes]
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body, truncated
     except (OSError, http.client.HTTPException) as exc:
-        if expired.is_set():
+        if expired():
             raise socket.timeout("the whole request took longer than its time limit")
         if isinstance(exc, OSError):
             raise
@@ -7886,6 +7872,29 @@ def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent,
         if timer is not None:
             timer.cancel()
         conn.close()
+
+
+def shutdown_at(deadline, sock):
+    """A started timer that shuts the socket `sock()` returns down at `deadline` (time.monotonic()), or None
+    without a deadline; cancel() it when done. INFO: a socket timeout bounds one wait, not a request: a
+    server dripping a byte (or an SSE keep-alive) at a time never lets a read time out. shutdown() wakes
+    a read blocked in another thread; close() would not."""
+    if deadline is None:
+        return None
+    import socket
+
+    def cut():
+        target = sock()
+        if target is not None:
+            try:
+                target.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
