@@ -6,6 +6,7 @@ title or reverse the text, in tool-call arguments, file contents, command output
 
 import json
 import random
+import re
 
 import pytest
 
@@ -119,14 +120,18 @@ def test_run_piped_through_cat_keeps_the_answer_byte_exact(cli, fake):
 
 def test_run_on_a_terminal_neutralises_the_answer(cli, fake):
     cli.use(fake)
-    fake.add({"content": "hello \x1b]0;title\x07\x1b[2J \u202edlrow"})
+    # a slow model brings the spinner, as a loaded machine did: our own chrome is drawn beside the answer
+    fake.add({"content": "hello \x1b]0;title\x07\x1b[2J \u202edlrow", "delay": 0.4})
     p = PtyProcess(cli.command("run", "--prompt", "x"), cli.env, str(cli.workdir))
     try:
         assert p.wait() == 0
     finally:
         p.close()
     assert "hello \\x1b]0;title\\x07\\x1b[2J \\u202edlrow" in p.seen
-    assert_clean(p.seen, "the terminal")
+    assert "waiting for the model" in p.seen
+    # INFO: the spinner is '\r<status>ESC[K', drawn and wiped in place. Its text goes through the same
+    # cleaning, so no ESC or CR can be inside it; whatever else is left must be inert.
+    assert_clean(re.sub(r"\r[^\r\n\x1b]*\x1b\[K", "", p.seen), "the terminal")
 
 
 def test_json_output_is_inert_and_parses_to_the_answer(cli, fake):
