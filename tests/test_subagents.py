@@ -172,7 +172,9 @@ def test_concurrent_confirmations_are_asked_one_after_the_other(cli, fake):
         p.expect(r"\[WRITE\]\[SAFE\] >> ")
     finally:
         p.close()
-    assert (cli.workdir / "a.txt").read_text() == "new a\n" and (cli.workdir / "b.txt").read_text() == "new b\n"
+    written = ((cli.workdir / "a.txt").read_text(), (cli.workdir / "b.txt").read_text())
+    results = [m["content"] for q in child_requests(fake) for m in q["body"]["messages"] if m["role"] == "tool"]
+    assert written == ("new a\n", "new b\n"), (results, p.seen[-4000:])
 
 
 def test_ctrl_c_stops_the_pool(cli, fake):
