@@ -5468,7 +5468,9 @@ def cmd_policy_sandbox(args, console):
     return EXIT_OK
 
 
-REFUSED_VERDICTS = ("deny", "block", "outside")  # exit 1: scripts can test a verdict without parsing it
+#: exit 1: scripts can test a verdict without parsing it ("error": a symlink loop or an over-long name is no
+#: answer a script may take for "inside")
+REFUSED_VERDICTS = ("deny", "block", "outside", "error")
 
 
 def cmd_policy(args, console):

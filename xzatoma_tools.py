@@ -809,6 +809,23 @@ def special_error(target, mode, what):
                                                              _kind_of(mode), what))
 
 
+def open_if_regular(name, dir_fd=None, follow=False):
+    """A read-only fd of `name` (relative to dir_fd) when it is a regular file, else None (also when it is
+    missing or unreadable). INFO: it is looked at before it is opened, and never opened otherwise: opening a
+    FIFO releases the writer waiting on it (and takes its data), opening a device talks to its driver (a tape
+    rewinds, a watchdog arms). Checked again on the descriptor, for a swap in between."""
+    try:
+        if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=follow).st_mode):
+            return None
+        fd = os.open(name, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | (0 if follow else _O_NOFOLLOW), dir_fd=dir_fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
 class Jail:
     """The working directory, and every path a tool names resolved beneath it.
 
@@ -847,6 +864,11 @@ class Jail:
             path = "."
         if path.startswith("~"):
             raise JailError("path outside working directory: %s (home paths are not allowed)" % path)
+        shown = path
+        if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
+            # resolved from the root's descriptor: what must fit is the part below it (tools hand back the
+            # absolute paths they resolved; a deep file's was refused after the edit was made)
+            path = path[len(self.root):].lstrip("/") or "."
         encoded = os.fsencode(path)
         if len(encoded) >= PATH_MAX:
             raise PathError("path too long: %d bytes (the limit is %d)" % (len(encoded), PATH_MAX - 1))
@@ -856,7 +878,7 @@ class Jail:
                     len(os.fsencode(part)), part[:40], NAME_MAX))
         if not os.path.isabs(path):
             return path
-        return self._absolute(path, path)
+        return self._absolute(path, shown)
 
     def _absolute(self, path, shown):
         """An absolute path (or absolute symlink target) as a path relative to the root."""
@@ -1184,13 +1206,12 @@ def _resolved_protected(root, protected):
 
 
 def _read_small(path, limit=4096):
-    """The first bytes of a regular file, or None: never blocking on a FIFO a repository planted."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC)
-    except OSError:
+    """The first bytes of a regular file, or None: never opening a FIFO or device a repository planted."""
+    fd = open_if_regular(path, follow=True)
+    if fd is None:
         return None
     try:
-        return read_fd(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        return read_fd(fd, limit)
     except OSError:
         return None
     finally:
@@ -1201,13 +1222,10 @@ def _gitdir_of(dot):
     """The real git directory a `.git` entry stands for (itself, or the `gitdir:` its file names)."""
     if os.path.isdir(dot) and not os.path.islink(dot):
         return os.path.realpath(dot)
-    try:
-        fd = os.open(dot, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC)
-    except OSError:
+    fd = open_if_regular(dot)
+    if fd is None:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
         line = read_fd(fd, 4096).decode("utf-8", "replace").strip().splitlines()
     finally:
         os.close(fd)
@@ -1242,9 +1260,8 @@ def _git_config_paths(jail, root, top, gitdir):
                 with jail.resolve(config) as target:
                     fd = target.open_regular("")
             else:  # the enclosing repository's config: read for this judgement only, never shown
-                fd = os.open(config, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC)
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    os.close(fd)
+                fd = open_if_regular(config, follow=True)
+                if fd is None:
                     continue
             try:
                 text = read_fd(fd, 1 << 20).decode("utf-8", "replace")
@@ -1387,7 +1404,7 @@ def display_path(real, root):
     if real == root:
         return "."
     rel = os.path.relpath(real, root)
-    return rel if not rel.startswith("..") else real
+    return real if rel == ".." or rel.startswith("../") else rel  # `..name` is a name inside
 
 
 # ---- Shared file helpers ----
@@ -1721,13 +1738,10 @@ class GitIgnore:
         self._load("", root_fd)
 
     def _load(self, rel_dir, dir_fd):
-        try:
-            fd = os.open(".gitignore", os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
-        except OSError:
+        fd = open_if_regular(".gitignore", dir_fd)
+        if fd is None:
             return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return
             lines = read_fd(fd, 1 << 20).decode("utf-8", "replace").splitlines()
         finally:
             os.close(fd)
@@ -2207,8 +2221,9 @@ class Grep(Tool):
         max_results = args.get("max_results") or 100
         if stat.S_ISDIR(target.lstat().st_mode):
             files = walk_files(ctx.jail, target, check=lambda: ctx.check_deadline("grep"))
-        else:
-            files = [(display_path(target.real, ctx.root), target.dir_fd, target.name, "file")]
+        else:  # one file named: what it is decides, before anything opens it
+            kind = "file" if stat.S_ISREG(target.lstat().st_mode) else "special"
+            files = [(display_path(target.real, ctx.root), target.dir_fd, target.name, kind)]
         quick = _byte_prefilter(args["pattern"], args.get("fixed_string"), flags)
         out, hits, special, batch, size = [], 0, [], [], 0
 
@@ -2475,6 +2490,8 @@ def _grep_read(ctx, rel, dir_fd, name, kind):
                 st = target.lstat()
                 if st is None or stat.S_ISDIR(st.st_mode):
                     return b""
+                if not stat.S_ISREG(st.st_mode):
+                    return None  # never opened (open_if_regular)
                 fd = target.open_file(os.O_RDONLY)
         else:
             fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
