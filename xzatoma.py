@@ -647,6 +647,8 @@ def _read_config_file(path):
             data = yaml.safe_load(fh)
     except OSError as exc:
         raise ConfigError("cannot read config file %s: %s" % (path, exc.strerror or exc))
+    except UnicodeDecodeError as exc:  # a config error (exit 2), not an internal one
+        raise ConfigError("%s: not UTF-8 text (byte 0x%02x at offset %d)" % (path, exc.object[exc.start], exc.start))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = "%s:%d" % (path, mark.line + 1) if mark else path
@@ -725,19 +727,34 @@ def load_config(flags=None, env=None, config_path=None):
     return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings)
 
 
-SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH")
+SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH", "PWD",
+                       "PASSPHRASE", "DSN", "CREDENTIAL")
+#: a name holding one of these anywhere is a credential's: PGPASSWORD, SECRET_KEY_BASE, API_KEY_PROD, CLIENTSECRET
+SECRET_ENV_PARTS = ("PASSWORD", "PASSWD", "SECRET", "TOKEN", "PASSPHRASE", "APIKEY", "API_KEY", "PRIVATE_KEY",
+                    "ACCESS_KEY", "CREDENTIAL")
+#: names that match the rules above but hold no credential (a path or a socket): never registered
+NOT_SECRET_ENV = ("PWD", "OLDPWD", "SSH_AUTH_SOCK", "XAUTHORITY")
+
+
+def is_secret_env(name):
+    name = name.upper().replace("-", "_")
+    if name in NOT_SECRET_ENV:
+        return False
+    words = name.split("_")
+    return words[-1] in SECRET_ENV_SUFFIXES or name.endswith("APIKEY") or any(part in name for part in SECRET_ENV_PARTS)
 
 
 def register_credentials(env, values, known):
     """Tell the redactor every credential configuration knows: the providers' keys, credential-named
-    environment variables (OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, …), secret config keys and URL passwords."""
+    environment variables (OPENAI_API_KEY, PGPASSWORD, …), secret config keys, and the credentials in the
+    userinfo of any URL in the configuration or the environment (DATABASE_URL, a proxy, a Sentry DSN)."""
     from xzatoma_store import register_secret
     for value in known:
         register_secret(value)
     for name, value in env.items():
-        words = name.upper().replace("-", "_").split("_")
-        if words[-1] in SECRET_ENV_SUFFIXES or name.upper().endswith("APIKEY"):
+        if is_secret_env(name):
             register_secret(value)
+        register_secret(url_password(value))
     for dotted, value in flatten(values).items():
         if isinstance(value, str):
             if is_secret_key(dotted):
@@ -746,15 +763,21 @@ def register_credentials(env, values, known):
 
 
 def url_password(url):
-    """The password of a URL's userinfo (scheme://user:password@host), or None."""
+    """The credential in a URL's userinfo, or None: its password (scheme://user:password@host), or a user
+    name that is one generated word (https://TOKEN@github.com, a Sentry DSN's key; never 'git' or 'postgres')."""
     if not isinstance(url, str) or "@" not in url or "://" not in url:
         return None
     from urllib.parse import unquote, urlsplit
     try:
-        password = urlsplit(url.strip()).password
+        parts = urlsplit(url.strip())
+        password, user = parts.password, parts.username
     except ValueError:
         return None
-    return unquote(password) if password else None
+    if password:
+        return unquote(password)
+    if user and len(user) >= 16 and any(ch.isdigit() for ch in user) and any(ch.isalpha() for ch in user):
+        return unquote(user)
+    return None
 
 
 def _expand_env(value, env, dotted, warnings):
@@ -4707,8 +4730,12 @@ class ChatSession:
                         os.close(fd)
             except (OSError, ToolError):
                 return []
+            # readline lists the matches as they are: a name holding a bidi override or a zero-width character
+            # would reach the terminal raw (and be typed into the line unseen), so it is never offered
+            from xzatoma_tools import render_untrusted
             return ["@" + os.path.join(base, name) + ("/" if kind == "dir" else "")
-                    for name, kind in entries if name.startswith(prefix) and not name.startswith(".git")]
+                    for name, kind in entries if name.startswith(prefix) and not name.startswith(".git")
+                    and render_untrusted(name, exact=True) == name]
         return []
 
 
@@ -5082,7 +5109,8 @@ def _parser_class():
                 close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
                 if close:
                     message += "; did you mean '%s'?" % close[0]
-            super().error(message)
+            # argparse quotes unrecognized arguments as they are: a file name from a script's glob can hold ESC
+            super().error(Console.clean(message))
 
     return Parser
 
@@ -5550,8 +5578,13 @@ def cmd_config_show(args, console):
 def cmd_config_path(args, console):
     env = os.environ
     explicit = getattr(args, "config", None) or env.get("XZATOMA_CONFIG")
-    sys.stdout.write((os.path.expanduser(explicit) if explicit else default_config_path(env)) + "\n")
+    _write_path(os.path.expanduser(explicit) if explicit else default_config_path(env))
     return EXIT_OK
+
+
+def _write_path(path):
+    """A path on stdout: data when piped; on a terminal shown like every other name (XZATOMA_CONFIG can hold ESC)."""
+    sys.stdout.write((Console.clean(path, exact=True) if _isatty(sys.stdout) else path) + "\n")
 
 
 def cmd_config_init(args, console):
@@ -5564,7 +5597,7 @@ def cmd_config_init(args, console):
     with open(path, "x", encoding="utf-8") as fh:
         fh.write(render_config_template())
     console.info("wrote %s" % path)
-    sys.stdout.write(path + "\n")
+    _write_path(path)
     return EXIT_OK
 
 

@@ -135,12 +135,37 @@ TOKEN_SHAPES = [
      r"(?P<auth>(?i:(?:proxy-)?authorization)[\"']?\s*[:=]\s*[\"']?)(?:(?i:bearer|basic|token|digest|negotiate)\s+)?"
      r"(?!\[REDACTED)[A-Za-z0-9._~+/=\-]{8,}"),
     (("bearer", "basic", "token"), r"(?P<bearer>\b(?i:bearer|basic|token)\s+)(?!\[REDACTED)[A-Za-z0-9._~+/=\-]{16,}"),
-    # the password of URL userinfo: scheme://user:PASSWORD@host
-    (("://",), r"(?P<url>\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s/?#@:\"'<>\\]*:)[^\s/?#@\"'<>\\]+(?=@)"),
-    # NAME_TOKEN=value, "api_key": "value", password: value (values that look generated: a digit, 12+)
-    (("key", "secret", "password", "passwd", "token", "credential"),
-     r"(?P<assign>(?i:api_?key|apikey|secret|password|passwd|token|credentials?)[A-Za-z0-9_]{0,20}[\"']?"
-     r"\s*[:=]\s*[\"']?)(?=[A-Za-z0-9_\-+/=~]{0,200}[0-9])(?![0-9]+\b)[A-Za-z0-9_\-+/=~]{12,}"),
+    # the password of URL userinfo: scheme://user:PASSWORD@host. A password may hold an unencoded '@' (urllib
+    # and requests split the userinfo at the last one): everything up to the '@' before the host goes.
+    (("://",), r"(?P<url>\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://[^\s/?#@:\"'<>\\]*:)[^\s/?#\"'<>\\]{1,512}"
+               r"(?=@[^\s/?#@\"'<>\\]{0,255}(?:[\s/?#\"'<>\\]|$))"),
+    # userinfo that is one generated word (a token as the user name: https://TOKEN@github.com, a Sentry DSN)
+    (("://",), r"(?P<urluser>\b[A-Za-z][A-Za-z0-9+.\-]{0,30}://)(?=[^\s/?#@:\"'<>\\]{0,256}[0-9])"
+               r"[A-Za-z0-9_.~%+\-]{16,256}(?=@)"),
+    # NAME_TOKEN=value, "api_key": "value", X-Api-Key: value, password: value, sig=… in a signed URL
+    # (values that look generated: a digit, 12+)
+    (("key", "secret", "password", "passwd", "passphrase", "token", "credential", "auth=", "auth:", "auth\"",
+      "auth'", "auth =", "auth :", "sig=", "sig:", "signature"),
+     r"(?P<assign>(?i:api[_-]?key|apikey|access[_-]?key|private[_-]?key|secret|password|passwd|passphrase|token"
+     r"|credentials?|auth\b|sig(?:nature)?\b)[A-Za-z0-9_]{0,20}[\"']?"
+     r"\s*[:=]\s*[\"']?)(?=[A-Za-z0-9_\-+/=~%]{0,200}[0-9])(?![0-9]+\b)[A-Za-z0-9_\-+/=~%]{12,}"),
+    # session cookies by their well-known names (Cookie: sessionid=…, connect.sid, PHPSESSID, csrftoken)
+    (("sessionid=", "sessid=", "session=", "sid=", "_session=", "csrftoken=", "xsrf-token=", "_csrf="),
+     r"(?P<cookie>\b(?i:(?:php|j|asp\.net_)?sess(?:ion)?id|sessid|session|sid|connect\.sid|[A-Za-z0-9_]{0,30}_session"
+     r"|csrftoken|xsrf-token|_csrf)=)(?=[A-Za-z0-9%_.+/=\-]{0,200}[0-9])[A-Za-z0-9%_.+/=\-]{16,}"),
+    # passwords on command lines: curl -u user:PASS, --password PASS, sshpass -p PASS, mysql -pPASS
+    (("curl",), r"(?P<curlu>\bcurl\b[^\n|;&]{0,200}?\s(?:-u|--user)(?:\s+|=)['\"]?[^\s:'\"@]{1,64}:)[^\s'\"]{4,}"),
+    (("--pass", "--token", "--api-key", "--secret", "--auth"),
+     r"(?P<flagpw>--(?:password|passwd|pass|token|api-key|secret|client-secret|auth-token)[ \t]+['\"]?)"
+     r"(?=[^\s'\"]{0,200}[0-9])[^\s'\"\-][^\s'\"]{7,}"),
+    (("sshpass",), r"(?P<sshpass>\bsshpass\s+-p\s*['\"]?)[^\s'\"]+"),
+    (("mysql", "mariadb"), r"(?P<mysqlp>\b(?:mysql|mysqldump|mysqladmin|mariadb)\b[^\n|;&]{0,200}?\s-p)[^\s'\"-][^\s'\"]*"),
+    # more token families: Grafana service accounts, Sentry, Meta, Alibaba Cloud, Discord webhooks
+    (("glsa_",), r"\bglsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}"),
+    (("sntrys_", "sntryu_"), r"\bsntry[su]_[A-Za-z0-9_=+/\-]{30,}"),
+    (("eaa",), r"\bEAA[A-Za-z0-9]{30,}"),
+    (("ltai",), r"\bLTAI[A-Za-z0-9]{12,20}\b"),
+    (("/api/webhooks/",), r"discord(?:app)?\.com/api/webhooks/[0-9]{17,20}/[A-Za-z0-9_\-]{30,}"),
 ]
 
 _secrets_lock = threading.Lock()

@@ -1,0 +1,216 @@
+"""Acceptance-style attacks on issue 12's surfaces the earlier passes did not reach (helper accept12b).
+
+Hostile bytes through argv, paths on stdout, readline's completion list and files that are not UTF-8;
+credentials named the way real services name them, URL userinfo without a password, token shapes of
+command lines and cookies. Harmless payloads only; every test here failed on the code before its fix.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import tool_call
+from ptyrun import PtyProcess
+from xzatoma_store import REDACTED, redact
+
+ESC_TITLE = "\x1b]0;pwned\x07\x1b[2J\u202e"
+HOSTILE = ["\x1b", "\u202e", "\x9b", "\x07", "\x08", "\x7f", "\u2066", "\u200b", "\ufeff", "\U000e0041", "\x00"]
+
+
+def assert_clean(text, where):
+    for ch in HOSTILE:
+        assert ch not in text, "%r reached %s raw: %r" % (ch, where, text[-500:])
+    assert "\r" not in text.replace("\r\n", "\n"), "a lone CR reached %s: %r" % (where, text[-500:])
+
+
+def db_bytes(cli):
+    data = b""
+    for name in ("conversations.db", "conversations.db-wal"):
+        path = cli.xz_home / name
+        if path.exists():
+            data += path.read_bytes()
+    assert data
+    return data
+
+
+def pty_run(cli, *args, env=None):
+    p = PtyProcess(cli.command(*args), dict(cli.env, TERM="xterm", **(env or {})), str(cli.workdir))
+    try:
+        code = p.wait()
+    finally:
+        p.close()
+    return code, p.seen
+
+
+# ---- hostile bytes ----
+
+
+def test_an_unrecognized_argument_is_shown_not_obeyed(cli):
+    # argparse quoted it raw: a file name a script passes on (`xzatoma run $f`) could clear the screen
+    r = cli.run("run", "--bogus" + ESC_TITLE, "--prompt", "x")
+    assert r.returncode == 2
+    assert "unrecognized argument: --bogus\\x1b]0;pwned\\x07" in r.stderr
+    assert_clean(r.stderr, "stderr")
+
+
+def test_config_path_is_data_when_piped_and_inert_on_a_terminal(cli):
+    path = str(cli.tmp / ("conf" + ESC_TITLE + ".yaml"))
+    r = cli.run("config", "path", env={"XZATOMA_CONFIG": path})
+    assert r.returncode == 0 and r.stdout == path + "\n"  # a script reading it gets the name as it is
+    code, seen = pty_run(cli, "config", "path", env={"XZATOMA_CONFIG": path})
+    assert code == 0
+    assert "conf\\x1b]0;pwned\\x07\\x1b[2J\\u202e.yaml" in seen
+    assert_clean(seen, "the terminal")
+
+
+def test_config_init_on_a_terminal_shows_the_path_inert(cli):
+    path = str(cli.tmp / ("new" + ESC_TITLE + ".yaml"))
+    code, seen = pty_run(cli, "config", "init", env={"XZATOMA_CONFIG": path})
+    assert code == 0 and os.path.exists(path)
+    assert_clean(seen, "the terminal")
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(cli):
+    cli.config_path.parent.mkdir(parents=True, exist_ok=True)
+    cli.config_path.write_bytes(b"provider:\n  type: ollama # \x9b2J \xff\n")
+    r = cli.run("config", "show")
+    assert r.returncode == 2, r.stderr  # a configuration mistake (was: internal error, exit 1)
+    assert "not UTF-8" in r.stderr and "internal error" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert_clean(r.stderr, "stderr")
+
+
+def test_chat_completion_never_offers_a_name_with_hidden_characters(chat, fake, cli):
+    # readline listed the matches raw: a bidi override in a file name reordered the list on screen, and a
+    # zero-width character was typed into the line unseen
+    (cli.workdir / "abc-plain.txt").write_text("x")
+    (cli.workdir / "ab\u202etxt.exe").write_text("x")
+    (cli.workdir / "ab\u200bc-plain.txt").write_text("x")
+    p = chat()
+    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+    p.send("@ab\t\t")
+    p.expect("abc-plain.txt")
+    p.send("\x15")  # clear the line
+    p.line("/status")
+    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+    assert "\u202e" not in p.seen and "\u200b" not in p.seen
+
+
+# ---- secrets ----
+
+# environment variables real tools read credentials from, named the way they are named
+ENV_CREDENTIALS = {
+    "PGPASSWORD": "pg-pass-value-7a7a",
+    "MYSQL_PWD": "mysql-pwd-value-8b8b",
+    "SECRET_KEY_BASE": "rails-key-base-0c0c0c0c",
+    "GPG_PASSPHRASE": "gpg-pass-phrase-9d9d",
+    "API_KEY_PROD": "api-key-prod-1e1e-value",
+    "CLIENTSECRET": "client-secret-5f5f-value",
+    "GITHUB_TOKEN_RO": "read-only-token-4a4a-value",
+    "SENTRY_DSN": "https://0a1b2c3d4e5f60718293a4b5c6d7e8f9@o1.ingest.sentry.io/1",
+    "UPSTREAM_URL": "https://deploy:upstream-pw-3c3c@git.example.com/repo.git",
+}
+ENV_NEEDLES = ["pg-pass-value-7a7a", "mysql-pwd-value-8b8b", "rails-key-base-0c0c0c0c", "gpg-pass-phrase-9d9d",
+               "api-key-prod-1e1e-value", "client-secret-5f5f-value", "read-only-token-4a4a-value",
+               "0a1b2c3d4e5f60718293a4b5c6d7e8f9", "upstream-pw-3c3c"]
+
+
+def test_credentials_in_the_environment_under_their_real_names_reach_no_output(cli, fake):
+    cli.use(fake)
+    (cli.workdir / "notes.txt").write_text("\n".join(ENV_NEEDLES) + "\n")
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]},
+             {"content": "found: " + " ".join(ENV_NEEDLES)})
+    r = cli.run("--verbose", "run", "--json", "--prompt", "say " + ENV_NEEDLES[0], env=ENV_CREDENTIALS)
+    assert r.returncode == 0, r.stderr
+    cid = json.loads(r.stdout)["conversation_id"]
+    shown = cli.run("history", "show", "--full", cid).stdout + cli.run("replay", cid).stdout
+    tool_result = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"][0]
+    data = db_bytes(cli)
+    for needle in ENV_NEEDLES:
+        assert needle not in r.stdout and needle not in r.stderr, needle
+        assert needle not in shown and needle not in tool_result, needle
+        assert needle.encode() not in data, needle
+    assert json.loads(r.stdout)["answer"].startswith("found: " + REDACTED)
+
+
+def test_a_token_as_the_user_name_of_a_base_url_reaches_no_output(cli, fake):
+    token = "tok3nAsUserName0123456789"
+    cli.use(fake, provider="openai")
+    cli.write_config({"provider": {"type": "openai", "max_retries": 0, "openai": {
+        "base_url": fake.url.replace("http://", "http://%s@" % token) + "/v1", "model": "gpt-test"}}})
+    fake.add({"status": 500, "body": '{"error": "broken"}'}, {"status": 500, "body": '{"error": "broken"}'})
+    outputs = []
+    for args in (("config", "show"), ("config", "show", "--json"), ("run", "--prompt", "x"),
+                 ("run", "--json", "--prompt", "x"), ("auth", "status"), ("history", "list", "--json")):
+        r = cli.run(*args)
+        outputs.append((args, r.stdout + r.stderr))
+    for args, text in outputs:
+        assert token not in text, args
+    assert token.encode() not in db_bytes(cli)
+    assert fake.model_requests()  # the runs reached the server through that URL
+
+
+def test_a_url_password_holding_an_at_sign_is_redacted_whole():
+    # urllib and requests split userinfo at the last '@': the part after the first one leaked
+    assert redact("see https://bob:p@ss-w0rd-99@host.example/x now") == "see https://bob:[REDACTED]@host.example/x now"
+    assert redact("clone https://x-token-0123456789abcdefXYZ@github.com/o/r") == \
+        "clone https://[REDACTED]@github.com/o/r"
+    for ordinary in ("ssh://git@github.com/o/r", "postgres://postgres@localhost/db", "mailto://me@example.com",
+                     "see https://example.com/a:b@c?"):
+        assert redact(ordinary) == ordinary
+
+
+# real-world shapes a command line, a config file or an HTTP exchange carries: (text, what must go)
+SHAPES = [
+    ("X-Api-Key: 0a1b2c3d4e5f60718293", "0a1b2c3d4e5f60718293"),
+    ("api-key: 9f8e7d6c5b4a39281706abcd", "9f8e7d6c5b4a39281706abcd"),  # Azure OpenAI's header
+    ("curl -s -u admin:Sup3rS3cretPw https://h/", "Sup3rS3cretPw"),
+    ("curl --user deploy:Hunter2Hunter2 https://h/", "Hunter2Hunter2"),
+    ("tool --password S3cretPassw0rd2 --verbose", "S3cretPassw0rd2"),
+    ("sshpass -p 'S3cretPassw0rd3' ssh host", "S3cretPassw0rd3"),
+    ("mysql -u root -pS3cretPassw0rd1 app", "S3cretPassw0rd1"),
+    ('{"auths": {"r.io": {"auth": "YWRtaW46czNjcmV0cGFzc3dvcmQ1"}}}', "YWRtaW46czNjcmV0cGFzc3dvcmQ1"),
+    ("_auth=YWRtaW46czNjcmV0cGFzc3dvcmQ2", "YWRtaW46czNjcmV0cGFzc3dvcmQ2"),  # .npmrc
+    ("Cookie: sessionid=q1w2e3r4t5y6u7i8o9p0", "q1w2e3r4t5y6u7i8o9p0"),
+    ("Set-Cookie: connect.sid=s%3A0a1b2c3d4e5f6071; Path=/", "s%3A0a1b2c3d4e5f6071"),
+    ("https://acct.blob.core.windows.net/c?sv=2020-08-04&sig=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5%2B", "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5"),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Signature=0a1b2c3d4e5f60718293a4b5c6d7e8f9", "0a1b2c3d4e5f60718293a4b5c6d7e8f9"),
+    ("GPG_PASSPHRASE=correct7horse8battery", "correct7horse8battery"),
+    ("access_key = AbCdEf0123456789GhIj", "AbCdEf0123456789GhIj"),
+    ("glsa_" + "Ab1" * 10 + "Ab_0a1b2c3d", "glsa_"),
+    ("sntrys_eyJpYXQiOjE2ODQwMDAwMDAsInVybCI6Imh0dHBzOi8vc2VudHJ5LmlvIn0_abcdef", "sntrys_"),
+    ("EAACEdEose0cBA" + "Zx9" * 10, "EAACEdEose0cBA"),  # Meta
+    ("LTAI5tAbCdEfGh1234567", "LTAI5tAbCdEfGh1234567"),  # Alibaba Cloud
+    ("https://discord.com/api/webhooks/123456789012345678/" + "aB3-" * 17, "aB3-aB3-"),
+]
+
+
+@pytest.mark.parametrize("text,secret", SHAPES, ids=[s[0][:24] for s in SHAPES])
+def test_more_real_world_token_shapes_are_redacted(text, secret):
+    out = redact("before %s after" % text)
+    assert secret not in out and REDACTED in out, out
+    assert out.startswith("before ") and out.endswith(" after")
+
+
+def test_ordinary_command_lines_and_code_are_left_alone():
+    for text in ("docker run -u 1000:1000 img", "git push -u origin main", "sort -u a:bcdef",
+                 "session_factory = make_session(config)", "mysql -p app", "the --password flag asks for it",
+                 "author: Jane Doe", "signature = sign(body)", "sid = 42"):
+        assert redact(text) == text
+
+
+def test_new_shapes_never_reach_the_database_or_history(cli, fake):
+    cli.use(fake)
+    everything = "\n".join(text for text, _ in SHAPES)
+    (cli.workdir / "shapes.txt").write_text(everything + "\n")
+    fake.add({"tool_calls": [tool_call("read_file", path="shapes.txt")]}, {"content": "echo:\n" + everything})
+    r = cli.run("run", "--json", "--prompt", "keys:\n" + everything)
+    assert r.returncode == 0, r.stderr
+    cid = json.loads(r.stdout)["conversation_id"]
+    shown = cli.run("history", "show", "--full", cid).stdout
+    data = db_bytes(cli)
+    for text, secret in SHAPES:
+        assert secret.encode() not in data, text
+        assert secret not in shown and secret not in r.stdout, text
