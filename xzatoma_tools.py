@@ -351,6 +351,11 @@ class ToolContext:
                                         destination.encode("utf-8", "surrogateescape"), None)
         return record, destination
 
+    def forget_change(self, token):
+        """A change recorded with before_change/record_move that was taken back: undo has nothing to do."""
+        if token is not None:
+            self.store.mark_restored(token[0])
+
     def after_change(self, token, expected=None):
         """Fingerprint the path after the change (or the state `expected` when undo reaches this record)."""
         if token is not None:
@@ -2677,11 +2682,17 @@ class CopyPath(Tool):
             token = ctx.before_create(self.name, dst)
         dst.make_parents()
         skipped = []
-        count = copy_at(src.dir_fd, src.name, dst.dir_fd, dst.name, lambda: ctx.check_deadline(self.name), skipped)
+        check = lambda: ctx.check_deadline(self.name)  # noqa: E731
+        count = copy_at(src.dir_fd, src.name, dst.dir_fd, dst.name, check, skipped)
+        escaping = escaping_links(ctx.jail, dst.real, check)
+        for path in escaping:  # a link that would lead out of the tree from its new place is not kept
+            with ctx.jail.resolve(path, follow=False) as link:
+                os.unlink(link.name, dir_fd=link.dir_fd)
+        count -= len(escaping)
         ctx.after_change(token)
-        return ToolResult.ok("%s %s to %s (%d item%s)%s" % (
+        return ToolResult.ok("%s %s to %s (%d item%s)%s%s" % (
             self.verb.capitalize(), display_path(src.real, ctx.root), display_path(dst.real, ctx.root), count,
-            "" if count == 1 else "s", _skipped_note(skipped)), items=count)
+            "" if count == 1 else "s", _skipped_note(skipped), _escaping_note(escaping)), items=count)
 
 
 def _change_shown(old, new, target):
@@ -2706,6 +2717,13 @@ def _copy_shown(src, dst):
     return _change_shown(old, new, dst)
 
 
+def _escaping_note(links):
+    if not links:
+        return ""
+    return "; left out %d link%s that would lead outside the working directory from there: %s" % (
+        len(links), "" if len(links) == 1 else "s", ", ".join(links[:10]))
+
+
 def _skipped_note(skipped):
     if not skipped:
         return ""
@@ -2719,26 +2737,57 @@ class MovePath(CopyPath):
     verb = "moved"
     follow_source = False
 
+    def _refuse_escaping(self, links, args):
+        raise ToolError("moving %s to %s would make the link%s %s lead outside the working directory; not moved" % (
+            args["source_path"], args["destination_path"], "" if len(links) == 1 else "s", ", ".join(links[:10])))
+
     def _run(self, args, ctx, src, dst):
         ctx.guard(self.name, args, src)
         token = self._replace_destination(args, ctx, dst)
         if token is not None:
             ctx.after_change(token, expected="absent")  # undone after the move back, when dst is gone again
         count = tree_count_at(src)
+        check = lambda: ctx.check_deadline(self.name)  # noqa: E731
+        st = src.lstat()
+        if stat.S_ISLNK(st.st_mode):  # the plain case first, before anything changes
+            link = os.readlink(src.name, dir_fd=src.dir_fd)
+            if not link.startswith("/") and _leads_out(ctx.jail, os.path.join(os.path.dirname(dst.real), link)):
+                self._refuse_escaping([args["source_path"]], args)
         dst.make_parents()
         token = ctx.record_move(src.real, dst.real)
+        copied = False
         try:
             os.rename(src.name, dst.name, src_dir_fd=src.dir_fd, dst_dir_fd=dst.dir_fd)
         except OSError as exc:
             import errno
             if exc.errno != errno.EXDEV:
                 raise
-            copy_at(src.dir_fd, src.name, dst.dir_fd, dst.name, lambda: ctx.check_deadline(self.name), [])
+            copy_at(src.dir_fd, src.name, dst.dir_fd, dst.name, check, [])
+            copied = True
+        escaping = escaping_links(ctx.jail, dst.real, check) if not stat.S_ISREG(st.st_mode) else []
+        if escaping:  # links inside the tree that lead out from its new place: put it back
+            if copied:
+                remove_at(dst.dir_fd, dst.name)
+            else:
+                os.rename(dst.name, src.name, src_dir_fd=dst.dir_fd, dst_dir_fd=src.dir_fd)
+            ctx.forget_change(token)
+            self._refuse_escaping(escaping, args)
+        if copied:
             remove_at(src.dir_fd, src.name)
         ctx.after_change(token)
         return ToolResult.ok("Moved %s to %s (%d item%s)" % (display_path(src.real, ctx.root),
                                                             display_path(dst.real, ctx.root), count,
                                                             "" if count == 1 else "s"), items=count)
+
+
+def _leads_out(jail, path):
+    try:
+        jail.resolve(path).close()
+    except JailError:
+        return True
+    except (ToolError, OSError):
+        pass
+    return False
 
 
 class DeletePath(Tool):
@@ -3060,6 +3109,23 @@ def copy_data(sfd, dfd, check=None):
                     write_all(dfd, block)
             pos += len(chunk)
     os.ftruncate(dfd, size)
+
+
+def escaping_links(jail, real, check=None):
+    """The relative symlinks at or below the real path `real` that, from where they stand now, lead out of the
+    jail (display paths). A relative link's meaning depends on its place: `../..` copied or moved two levels
+    up points above the working directory, and a person, git or a build tool following it later leaves the
+    tree. (An absolute link means the same wherever it stands: `venv/bin/python` -> /usr/bin/python3.)"""
+    out = []
+    with jail.resolve(real, follow=False) as target:
+        if target.lstat() is None:
+            return out
+        for rel, fd, name, st in _subtree(target.dir_fd, target.name, check):
+            if stat.S_ISLNK(st.st_mode) and not os.readlink(name, dir_fd=fd).startswith("/"):
+                path = os.path.join(real, rel) if rel else real
+                if _leads_out(jail, path):
+                    out.append(display_path(path, jail.root))
+    return out
 
 
 def tree_count_at(target):

@@ -287,3 +287,52 @@ def test_names_that_begin_with_two_dots_are_inside_and_shown_relative(cli, fake)
                                        tool_call("copy_path", source_path="..name", destination_path="..copy")])
     assert results == ["Created ..name (2 bytes)", "Created sub/... (2 bytes)", "Copied ..name to ..copy (1 item)"]
     assert str(cli.tmp) not in r.stdout + r.stderr
+
+
+# -- copy/move destinations: a link keeps its words, not its meaning --
+
+
+def test_a_link_moved_or_copied_never_comes_to_point_out_of_the_tree(cli, fake, outside):
+    """`a/b/up2 -> ../..` is the working directory; moved (or copied inside a tree) two levels up, the same words
+    name the directory above it: the next `cat up2/outside/secret.txt` a person, git or a build tool runs leaves
+    the tree. The tools themselves never follow it out, but they must not make such a door either."""
+    work = cli.workdir
+    (outside / "secret.txt").write_text(SECRET + "\n")
+    (work / "a" / "b" / "c").mkdir(parents=True)
+    os.symlink("../..", str(work / "a" / "b" / "up2"))
+    os.symlink("../../../outside/secret.txt", str(work / "a" / "b" / "c" / "o3"))
+    os.symlink("c", str(work / "a" / "b" / "inner"))
+    (work / "venv" / "bin").mkdir(parents=True)
+    os.symlink("/usr/bin/python3", str(work / "venv" / "bin" / "python"))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [
+        tool_call("move_path", source_path="a/b/up2", destination_path="up2"),
+        tool_call("move_path", source_path="a/b/up2", destination_path="a"),
+        tool_call("move_path", source_path="a/b", destination_path="b2"),
+        tool_call("copy_path", source_path="a/b", destination_path="b3"),
+        tool_call("copy_path", source_path="a", destination_path="x/a"),
+        tool_call("move_path", source_path="a/b", destination_path="a/deeper/still/b"),
+        tool_call("copy_path", source_path="venv", destination_path="venv2"),
+        tool_call("read_file", path="b3/inner/../../up2/outside/secret.txt")])
+    assert r.returncode == 0, r.stderr
+    move_link, move_into, move_tree, copy_tree, copy_deeper, move_deeper, copy_venv, read = results
+    assert move_link == "Error: moving a/b/up2 to up2 would make the link a/b/up2 lead outside the working " \
+                       "directory; not moved"
+    assert move_into.startswith("Error: moving a/b/up2 to a would make the link")
+    assert move_tree.startswith("Error: moving a/b to b2 would make the links b2/c/o3, b2/up2 lead outside")
+    assert copy_tree.startswith("Copied a/b to b3 (3 items); left out 2 links") and "b3/up2" in copy_tree, copy_tree
+    assert copy_deeper.startswith("Copied a to x/a (6 items)"), copy_deeper  # one level down: still inside
+    assert move_deeper.startswith("Moved a/b to a/deeper/still/b")
+    assert copy_venv.startswith("Copied venv to venv2 (3 items)")  # an absolute link means the same anywhere
+    assert read.startswith("Error: ") and SECRET not in read
+    for top in ("up2", "b2"):
+        assert not os.path.lexists(str(work / top))
+    assert sorted(os.listdir(str(work / "b3"))) == ["c", "inner"] and os.listdir(str(work / "b3" / "c")) == []
+    for base, dirs, files in os.walk(str(work)):
+        for name in dirs + files:
+            path = os.path.join(base, name)
+            if os.path.islink(path) and not os.readlink(path).startswith("/"):
+                real = os.path.realpath(path)
+                assert real == str(work) or real.startswith(str(work) + "/"), (path, os.readlink(path))
+    u = cli.run("undo")  # the refused moves left nothing to undo; the last real change was the venv copy
+    assert u.returncode == 0 and not (work / "venv2").exists(), (u.stdout, u.stderr)
