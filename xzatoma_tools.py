@@ -6352,13 +6352,21 @@ CHILD_ENV_NAMES = frozenset(("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "USER", "
 
 
 def child_env(environ, passthrough=(), home=None, tmpdir=None, secrets=()):
-    """The environment a command gets: allow-listed names only; no value that is one of our credentials."""
+    """The environment a command gets: allow-listed names only; no value that holds one of our credentials,
+    whole or inside (`https://me:KEY@host`, `Bearer KEY`), in any spelling the redactor knows (URL-encoded,
+    base64): a passed-through name must not become a way to hand the agent's keys to a command."""
+    from urllib.parse import unquote
+    from xzatoma_store import MIN_SECRET_LENGTH, redact
     patterns = [p for p in passthrough if p]
-    secrets = set(s for s in secrets if s)
+    secrets = set(s for s in secrets if isinstance(s, str) and s)
+    long_secrets = [s.strip() for s in secrets if len(s.strip()) >= MIN_SECRET_LENGTH]  # "x" is inside PATH
     env = {}
     for name, value in environ.items():
         if name in CHILD_ENV_NAMES or name.startswith("LC_") or any(fnmatch.fnmatchcase(name, p) for p in patterns):
-            if value not in secrets:
+            plain = unquote(value) if "%" in value else value  # `me:%73k-…@host` is the key too
+            if value not in secrets and not any(s in value or s in plain for s in long_secrets) \
+                    and redact(plain, shapes=False) == plain \
+                    and redact(value, shapes=False) == value:
                 env[name] = value
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     if home:
