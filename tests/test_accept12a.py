@@ -336,3 +336,280 @@ def test_a_link_moved_or_copied_never_comes_to_point_out_of_the_tree(cli, fake, 
                 assert real == str(work) or real.startswith(str(work) + "/"), (path, os.readlink(path))
     u = cli.run("undo")  # the refused moves left nothing to undo; the last real change was the venv copy
     assert u.returncode == 0 and not (work / "venv2").exists(), (u.stdout, u.stderr)
+
+
+# -- protected paths: every mutating tool, every way of naming them, headless and in chat --
+
+
+def _repository(work):
+    git = work / ".git"
+    for sub in ("hooks", "objects", "refs", "worktrees/wt", "modules/sm/hooks", "info"):
+        (git / sub).mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "config").write_text("[core]\n\tbare = false\n")
+    (work / "wt").mkdir()
+    (work / "wt" / ".git").write_text("gitdir: %s/.git/worktrees/wt\r\n" % work)  # absolute, CRLF
+    (work / "sm").mkdir()
+    (work / "sm" / ".git").write_text("gitdir: ../.git/modules/sm\n")
+    (work / "meta2" / "hooks").mkdir(parents=True)
+    (work / "sub2").mkdir()
+    (work / "sub2" / ".git").write_text("gitdir:../meta2/\n")  # no space, a trailing slash
+    (work / "src" / "deep" / "repo" / ".git").mkdir(parents=True)
+    (work / "notes.txt").write_text("notes\n")
+    (work / ".bashrc").write_text("# rc\n")
+    (work / ".ssh").mkdir()
+    (work / ".config" / "git").mkdir(parents=True)
+    (work / "keys").mkdir()
+    (work / "keys" / "k").write_text("k\n")
+    os.symlink(".git", str(work / "g"))
+    os.symlink(".git/hooks/pre-commit", str(work / "hookfile"))
+    os.symlink(".", str(work / "here"))
+
+
+PROTECTED_CALLS = [
+    tool_call("write_file", path=".git/hooks/../config", content="PWN\n"),
+    tool_call("write_file", path="notes/../.git/config", content="PWN\n"),
+    tool_call("write_file", path=".git//hooks///post-merge", content="PWN\n"),
+    tool_call("write_file", path="{work}/.git/hooks/pre-push", content="PWN\n"),
+    tool_call("write_file", path="g/hooks/post-checkout", content="PWN\n"),
+    tool_call("write_file", path="hookfile", content="PWN\n"),
+    tool_call("write_file", path="here/here/.git/info/exclude", content="PWN\n"),
+    tool_call("write_file", path="here/.BASHRC", content="PWN\n"),
+    tool_call("write_file", path="wt/.git", content="gitdir: elsewhere\n"),
+    tool_call("write_file", path="sm/.git", content="gitdir: elsewhere\n"),
+    tool_call("write_file", path="meta2/hooks/pre-commit", content="PWN\n"),
+    tool_call("write_file", path=".git/worktrees/wt/hooks/pre-commit", content="PWN\n"),
+    tool_call("write_file", path=".git/modules/sm/hooks/pre-commit", content="PWN\n"),
+    tool_call("write_file", path="src/deep/repo/.git/config", content="PWN\n"),
+    tool_call("write_file", path="src/deep/repo/.GIT./hooks/pre-commit", content="PWN\n"),
+    tool_call("write_file", path=".Bash_Profile", content="PWN\n"),
+    tool_call("write_file", path=".zlogin", content="PWN\n"),
+    tool_call("write_file", path=".ssh/authorized_keys", content="ssh-ed25519 AAAA attacker\n"),
+    tool_call("write_file", path=".gnupg/gpg-agent.conf", content="PWN\n"),
+    tool_call("write_file", path=".aws/config", content="PWN\n"),
+    tool_call("write_file", path=".config/git/config", content="PWN\n"),
+    tool_call("write_file", path="keys/new", content="PWN\n"),
+    tool_call("write_file", path="Keys/../keys/k", content="PWN\n"),
+    tool_call("edit_file", path="g/config", old_text="bare", new_text="fsmonitor = touch pwned #"),
+    tool_call("edit_file", path=".bashrc", old_text="# rc", new_text="touch pwned"),
+    tool_call("move_path", source_path=".git", destination_path="gitbak"),
+    tool_call("move_path", source_path="src", destination_path="src2"),
+    tool_call("move_path", source_path="src/deep", destination_path="deep"),
+    tool_call("move_path", source_path="notes.txt", destination_path=".git/hooks/pre-push"),
+    tool_call("move_path", source_path="notes.txt", destination_path="here/.bashrc", overwrite=True),
+    tool_call("move_path", source_path=".bashrc", destination_path="bashrc.old"),
+    tool_call("move_path", source_path="notes.txt", destination_path="g/hooks"),
+    tool_call("move_path", source_path="wt", destination_path="wt2"),
+    tool_call("move_path", source_path="keys/k", destination_path="k2"),
+    tool_call("move_path", source_path="keys", destination_path="keys2"),
+    tool_call("copy_path", source_path="notes.txt", destination_path="g/hooks/"),
+    tool_call("copy_path", source_path="notes.txt", destination_path=".ssh"),
+    tool_call("copy_path", source_path="notes.txt", destination_path=".profile"),
+    tool_call("copy_path", source_path="notes.txt", destination_path=".bashrc", overwrite=True),
+    tool_call("copy_path", source_path="src", destination_path="src3"),
+    tool_call("delete_path", path="src/deep", recursive=True),
+    tool_call("delete_path", path="src", recursive=True),
+    tool_call("delete_path", path="sm", recursive=True),
+    tool_call("delete_path", path="wt", recursive=True),
+    tool_call("delete_path", path="sub2/.git"),
+    tool_call("delete_path", path=".ssh"),
+    tool_call("delete_path", path=".config", recursive=True),
+    tool_call("delete_path", path="g/hooks", recursive=True),
+    tool_call("delete_path", path="hookfile/.."),
+    tool_call("create_directory", path=".git/hooks/x"),
+    tool_call("create_directory", path="g/info/sub"),
+    tool_call("create_directory", path="new/.git"),
+    tool_call("create_directory", path="new/.Hg"),
+    tool_call("create_directory", path=".ssh/sub"),
+]
+
+
+def test_every_change_to_a_protected_path_is_refused_headless_however_it_is_named(cli, fake):
+    work = cli.workdir
+    _repository(work)
+    calls = [dict(c, arguments={k: v.format(work=work) if isinstance(v, str) else v
+                                for k, v in c["arguments"].items()}) for c in PROTECTED_CALLS]
+    before = snapshot(work)
+    cli.use(fake, tools={"protected_paths": ["./keys/"]})
+    for extra in ((), ("--allow-dangerous",)):
+        r, results = run_calls(cli, fake, calls, *extra, timeout=120)
+        assert r.returncode == 0, r.stderr
+        for call, result in zip(calls, results):
+            assert result.startswith("Error: ") and result.endswith(HEADLESS), (call, result)
+        assert snapshot(work) == before
+
+
+def test_protected_questions_come_after_an_always_in_safe_mode_and_name_the_subagent(cli, fake):
+    """[a]lways for write_file covers ordinary writes only: a protected path is asked every time, in Safe mode,
+    in YOLO, and from a subagent (its label in the question)."""
+    from ptyrun import PtyProcess
+    from test_subagents import subagent_brain
+    work = cli.workdir
+    _repository(work)
+    (work / "plain.txt").write_text("before\n")  # an overwrite: Safe mode asks
+    writes = {"hook it": [tool_call("write_file", path="g/hooks/post-merge", content="#!/bin/sh\ntouch pwned\n")]}
+    state = {"turn": 0}
+    brain = subagent_brain(tool_call("subagent", label="helper", task_prompt="hook it"),
+                           child_tools=lambda task: writes[task])
+
+    def script(body):
+        msgs = body["messages"]
+        if "You are a subagent" in msgs[0]["content"]:
+            return brain(body)
+        users = [m for m in msgs if m["role"] == "user"]
+        last = users[-1]["content"]
+        if msgs[-1]["role"] == "user":
+            state["turn"] += 1
+            if "ordinary" in last:
+                return {"tool_calls": [tool_call("write_file", path="plain.txt", content="ok\n")]}
+            if "hook" in last:
+                return {"tool_calls": [tool_call("write_file", path=".git/hooks/pre-commit", content="touch pwned\n")]}
+            if "rc" in last:
+                return {"tool_calls": [tool_call("edit_file", path="here/.bashrc", old_text="# rc", new_text="touch pwned")]}
+            if "delegate" in last:
+                return {"tool_calls": [tool_call("subagent", label="helper", task_prompt="hook it")]}
+        return {"content": "turn done"}
+    fake.generator = script
+    cli.use(fake)
+    p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(work))
+    try:
+        p.expect(r"\[WRITE\]\[SAFE\] >> ")
+        p.line("an ordinary write")
+        p.expect(r"Allow write_file\?")
+        p.expect(r"ne\[v\]er this session > ")
+        p.line("a")
+        p.expect("turn done")
+        p.expect(r"\[WRITE\]\[SAFE\] >> ")
+        p.line("a hook")
+        p.expect(r"Allow write_file\? write_file \.git/hooks/pre-commit changes \.git, a protected path")
+        p.expect(r"\+touch pwned")
+        p.expect(r"\[y\]es / \[n\]o")
+        p.line("n")
+        p.expect("turn done")
+        p.expect(r"\[WRITE\]\[SAFE\] >> ")
+        p.line("/yolo")
+        p.expect(r"\[WRITE\]\[YOLO\] >> ")
+        p.line("the rc file")
+        p.expect(r"Allow edit_file\? edit_file \.bashrc changes \.bashrc, a protected path")
+        p.line("n")
+        p.expect("turn done")
+        p.expect(r"\[WRITE\]\[YOLO\] >> ")
+        p.line("delegate")
+        p.expect(r"Allow write_file\? \[subagent helper\] write_file \.git/hooks/post-merge changes \.git")
+        p.line("n")
+        p.expect(r"\[WRITE\]\[YOLO\] >> ")
+        p.eof()
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert (work / "plain.txt").read_text() == "ok\n"
+    assert os.listdir(str(work / ".git" / "hooks")) == [] and (work / ".bashrc").read_text() == "# rc\n"
+
+
+# -- where the jail is home or /: refused unless named, and protected when named --
+
+
+def _refused(r):
+    lines = r.stderr.strip().splitlines()
+    return r.returncode == 2 and r.stdout == "" and len(lines) == 1 and "--working-dir" in lines[0] \
+        and "refusing" in lines[0]
+
+
+def test_home_and_root_are_refused_however_home_is_spelled(cli, fake):
+    cli.use(fake)
+    link = cli.tmp / "homelink"
+    os.symlink(str(cli.home), str(link))
+    for env in ({}, {"HOME": str(cli.home) + "/"}, {"HOME": str(link)}, {"HOME": str(cli.home) + "/./"}):
+        for where in (cli.home, link, "/"):
+            r = cli.run("run", "--prompt", "go", env=env, cwd=where)
+            assert _refused(r), (env, where, r.returncode, r.stderr)
+            r = cli.run("chat", env=env, cwd=where, input="")
+            assert _refused(r), (env, where, r.returncode, r.stderr)
+    r = cli.run("run", "--prompt", "go", "--working-dir", "", cwd=cli.home)  # an empty name is no name
+    assert _refused(r), r.stderr
+    assert fake.model_requests() == []
+
+
+def test_root_named_deliberately_still_protects_home(cli, fake):
+    """`--working-dir /` on purpose: the whole filesystem is the jail, and the person's start-up files, keys and
+    XZATOMA_HOME in it are protected like any other (headless: refused)."""
+    home = cli.home
+    (home / ".ssh").mkdir()
+    (home / ".bashrc").write_text("# mine\n")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [
+        tool_call("write_file", path=str(home / ".ssh" / "authorized_keys"), content="k\n"),
+        tool_call("edit_file", path=str(home / ".bashrc")[1:], old_text="# mine", new_text="touch pwned"),
+        tool_call("write_file", path=str(cli.xz_home / "config.yaml"), content="x: 1\n"),
+        tool_call("delete_path", path=str(home), recursive=True),
+        tool_call("move_path", source_path=str(home / ".ssh"), destination_path=str(cli.tmp / "ssh-moved")),
+        tool_call("write_file", path=str(cli.tmp / "scratch.txt"), content="ok\n")],
+        "--working-dir", "/")
+    assert r.returncode == 0, r.stderr
+    for result in results[:2] + results[3:4]:
+        assert result.endswith(HEADLESS), results
+    assert "is inside XZATOMA_HOME" in results[2], results  # hidden from every tool, not only protected
+    assert results[4].startswith("Error: ") and results[5].startswith("Created "), results
+    assert (home / ".bashrc").read_text() == "# mine\n" and os.listdir(str(home / ".ssh")) == []
+
+
+# -- copy and move onto the working directory, a parent of the source, or into the source --
+
+
+def test_copy_and_move_never_replace_the_tree_or_swallow_their_source(cli, fake):
+    work = cli.workdir
+    (work / "a" / "b" / "c").mkdir(parents=True)
+    (work / "a" / "b" / "c" / "f.txt").write_text("f\n")
+    (work / "d" / "e").mkdir(parents=True)
+    (work / "keep.txt").write_text("keep\n")
+    os.symlink(".", str(work / "here"))
+    os.symlink("../..", str(work / "d" / "e" / "up2"))
+    os.symlink(str(work), str(work / "absroot"))
+    os.symlink("a", str(work / "la"))
+    os.symlink("a/b", str(work / "lb"))
+    onto_root = ["", " ", ".", "./", "here", "here/", "here/here/.", "d/..", "d/e/up2", "d/e/up2/",
+                 "absroot", "la/..", "lb/../..", str(work), str(work) + "/", "/proc/self/cwd"]
+    calls = []
+    for dest in onto_root:
+        for tool in ("copy_path", "move_path"):
+            calls.append(tool_call(tool, source_path="a", destination_path=dest, overwrite=True))
+            calls.append(tool_call(tool, source_path=dest or ".", destination_path="zz", overwrite=True)
+                         if tool == "copy_path" else tool_call(tool, source_path=".", destination_path="zz"))
+    swallow = [("move_path", "a/b/c", "a"), ("move_path", "a/b/c", "la"), ("move_path", "a/b/c", "lb/.."),
+               ("copy_path", "a/b", "a/b/c/.."), ("copy_path", "a/b", "la"),
+               ("move_path", "a", "a/b/c/new"), ("move_path", "a", "lb/new"), ("copy_path", "a", "la/b/c/new"),
+               ("copy_path", "la", "a/inner"), ("move_path", "a/b", "lb/x/y")]
+    for tool, src, dst in swallow:
+        calls.append(tool_call(tool, source_path=src, destination_path=dst, overwrite=True))
+    cli.use(fake)
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, calls, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for call, result in zip(calls, results):
+        assert result.startswith("Error: "), (call, result)
+        assert any(w in result for w in ("working directory itself", "contains the source", "inside itself",
+                                         "are the same")), (call, result)
+    assert snapshot(work) == before
+
+
+def test_deleting_a_link_to_a_directory_removes_only_the_link_however_it_is_named(cli, fake, outside):
+    work = cli.workdir
+    (work / "data" / "sub").mkdir(parents=True)
+    (work / "data" / "sub" / "keep.txt").write_text("keep\n")
+    (work / ".git" / "hooks").mkdir(parents=True)
+    for name, target in (("l1", "data"), ("l2", "data/sub"), ("l3", str(work / "data")), ("l4", str(outside)),
+                         ("l5", ".git"), ("l6", "../outside"), ("l7", "l1")):
+        os.symlink(target, str(work / name))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [
+        tool_call("delete_path", path="l1/", recursive=True), tool_call("delete_path", path="l2/."),
+        tool_call("delete_path", path="./l3", recursive=True), tool_call("delete_path", path=str(work / "l4") + "/",
+                                                                         recursive=True),
+        tool_call("delete_path", path="l5", recursive=True), tool_call("delete_path", path="l6/", recursive=True),
+        tool_call("delete_path", path="l7", recursive=True)])
+    assert r.returncode == 0, r.stderr
+    for name, result in zip(("l1", "l2", "l3", "l4", "l5", "l6", "l7"), results):
+        assert result == "Deleted %s (1 item)" % name, results
+    assert (work / "data" / "sub" / "keep.txt").read_text() == "keep\n"
+    assert sorted(os.listdir(str(outside))) == ["victim.txt"] and (work / ".git" / "hooks").is_dir()
+    assert sorted(os.listdir(str(work))) == [".git", "data"]
