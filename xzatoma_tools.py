@@ -840,15 +840,18 @@ class Jail:
 
     def __init__(self, root, hidden=()):
         self.root = os.path.realpath(root)
+        reals = [os.path.realpath(p) for p in hidden if p]
+        #: the root itself lies in a hidden directory (`--working-dir $XZATOMA_HOME`): every path is refused, as
+        #: commands find an empty tmpfs there (credentials.json and undo.key were read_file's to return)
+        self.hidden_root = next((h for h in reals if _inside(self.root, h)), None)
         #: real paths beneath the root that resolve() refuses and walks skip
-        self.hidden = tuple(h for h in (os.path.realpath(p) for p in hidden if p)
-                            if h != self.root and _inside(h, self.root))
+        self.hidden = tuple(h for h in reals if h != self.root and _inside(h, self.root))
         #: the same, relative to the root (walk_files compares its relative paths)
         self.hidden_rel = frozenset(os.path.relpath(h, self.root) for h in self.hidden)
 
     def hides(self, real):
         """Is this real path (or what it holds) hidden? (True for a directory that contains a hidden one.)"""
-        return any(_inside(real, h) or _inside(h, real) for h in self.hidden)
+        return bool(self.hidden_root) or any(_inside(real, h) or _inside(h, real) for h in self.hidden)
 
     def __eq__(self, other):
         return isinstance(other, Jail) and other.root == self.root
@@ -910,7 +913,7 @@ class Jail:
         except BaseException:
             os.close(root_fd)
             raise
-        if self.hidden and any(_inside(target.real, h) for h in self.hidden):
+        if self.hidden_root or self.hidden and any(_inside(target.real, h) for h in self.hidden):
             target.close()
             raise ToolError("%s is inside XZATOMA_HOME (xzatoma's credentials, conversations and undo data): "
                             "no tool reads or changes it" % path)

@@ -613,3 +613,27 @@ def test_deleting_a_link_to_a_directory_removes_only_the_link_however_it_is_name
     assert (work / "data" / "sub" / "keep.txt").read_text() == "keep\n"
     assert sorted(os.listdir(str(outside))) == ["victim.txt"] and (work / ".git" / "hooks").is_dir()
     assert sorted(os.listdir(str(work))) == [".git", "data"]
+
+
+def test_a_working_directory_inside_xzatoma_home_is_hidden_whole(cli, fake):
+    """`--working-dir $XZATOMA_HOME` (or a directory in it): the tools refused changes there, but read_file gave the
+    model credentials.json and undo.key (commands find an empty tmpfs there). Every tool now refuses every path."""
+    key = "sk-proj-" + "k3y" * 12
+    cli.use(fake)
+    fake.add({"content": "first"})
+    assert cli.run("run", "--prompt", "remember 4242-ALPHA").returncode == 0  # makes the history and undo key
+    (cli.xz_home / "credentials.json").write_text('{"openai": "%s"}' % key)
+    os.chmod(str(cli.xz_home / "credentials.json"), 0o600)
+    (cli.xz_home / "cache").mkdir(exist_ok=True)
+    calls = [tool_call("read_file", path="credentials.json"), tool_call("list_directory", path=".", recursive=True),
+             tool_call("grep", pattern="sk-proj", fixed_string=True), tool_call("find_path", glob="**"),
+             tool_call("file_metadata", path="undo.key"), tool_call("copy_path", source_path="credentials.json",
+                                                                    destination_path="c.json"),
+             tool_call("read_file", path="../xzhome/credentials.json"), tool_call("write_file", path="x.txt", content="x")]
+    for where in (cli.xz_home, cli.xz_home / "cache"):
+        r, results = run_calls(cli, fake, calls, "--working-dir", str(where))
+        assert r.returncode == 0, r.stderr
+        for call, result in zip(calls, results):
+            assert result.startswith("Error: ") and ("XZATOMA_HOME" in result or "outside" in result), (call, result)
+            assert key not in result and "4242" not in result
+    assert not (cli.xz_home / "c.json").exists() and not (cli.xz_home / "x.txt").exists()
