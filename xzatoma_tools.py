@@ -3014,47 +3014,98 @@ def _subtree(dir_fd, name, check=None):
 
 
 def remove_at(dir_fd, name, check=None):
-    """Delete `name` in dir_fd: a file, a link (never its target) or a whole tree (never entering links)."""
+    """Delete `name` in dir_fd: a file, a link (never its target) or a whole tree (never entering links).
+    Depth-first with a stack of its own: a tree deeper than Python's recursion limit is deleted too (it
+    stopped with RecursionError at ~990 levels)."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=dir_fd)
         return
-    fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
+    stack = [(dir_fd, name, os.open(name, _LIST_DIR, dir_fd=dir_fd), None)]
     try:
-        for child in os.listdir(fd):
+        while stack:
+            parent, dname, fd, children = stack[-1]
+            if children is None:
+                children = iter(os.listdir(fd))
+                stack[-1] = (parent, dname, fd, children)
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(dname, dir_fd=parent)
+                continue
             if check is not None:
                 check()
-            remove_at(fd, child, check)
+            if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                stack.append((fd, child, os.open(child, _LIST_DIR, dir_fd=fd), None))
+            else:
+                os.unlink(child, dir_fd=fd)
     finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
+        for _, _, fd, _ in stack:
+            os.close(fd)
 
 
 def copy_at(src_dir_fd, src_name, dst_dir_fd, dst_name, check=None, skipped=None, rel=""):
     """Copy `src_name` to `dst_name` (which must not exist): files with their mode and times, links as
-    links, directories recursively; FIFOs, sockets and devices are skipped (listed in `skipped`).
-    Returns the number of items copied."""
+    links, directories recursively (with a stack of its own, as remove_at); FIFOs, sockets and devices are
+    skipped (listed in `skipped`). Returns the number of items copied."""
     if check is not None:
         check()
     st = os.stat(src_name, dir_fd=src_dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        return _copy_leaf(src_dir_fd, src_name, dst_dir_fd, dst_name, st, check, skipped, rel)
+    frames = [_copy_dir_frame(src_dir_fd, src_name, dst_dir_fd, dst_name, st, rel)]
+    count = 1
+    try:
+        while frames:
+            sfd, dfd, names, frel, mode = frames[-1]
+            child = next(names, None)
+            if child is None:
+                frames.pop()
+                try:
+                    os.fchmod(dfd, mode)
+                finally:
+                    os.close(sfd)
+                    os.close(dfd)
+                continue
+            if check is not None:
+                check()
+            cst = os.stat(child, dir_fd=sfd, follow_symlinks=False)
+            if stat.S_ISDIR(cst.st_mode):
+                frames.append(_copy_dir_frame(sfd, child, dfd, child, cst, frel + child + "/"))
+                count += 1
+            else:
+                count += _copy_leaf(sfd, child, dfd, child, cst, check, skipped, frel + child + "/")
+    finally:
+        for sfd, dfd, _, _, _ in frames:
+            os.close(sfd)
+            os.close(dfd)
+    return count
+
+
+def _copy_dir_frame(src_dir_fd, src_name, dst_dir_fd, dst_name, st, rel):
+    """Make the copy of a directory (0700 until its entries are in) and open both: (src fd, dst fd, the
+    names to copy, rel, the mode it gets at the end)."""
+    os.mkdir(dst_name, 0o700, dir_fd=dst_dir_fd)
+    sfd = os.open(src_name, _LIST_DIR, dir_fd=src_dir_fd)
+    try:
+        dfd = os.open(dst_name, _LIST_DIR, dir_fd=dst_dir_fd)
+        try:
+            names = iter(sorted(os.listdir(sfd)))
+        except BaseException:
+            os.close(dfd)
+            raise
+    except BaseException:
+        os.close(sfd)
+        raise
+    return sfd, dfd, names, rel, stat.S_IMODE(st.st_mode)
+
+
+def _copy_leaf(src_dir_fd, src_name, dst_dir_fd, dst_name, st, check, skipped, rel):
+    """Copy one entry that is not a directory: a link as a link, a regular file; anything else is skipped."""
     if stat.S_ISLNK(st.st_mode):
         os.symlink(os.readlink(src_name, dir_fd=src_dir_fd), dst_name, dir_fd=dst_dir_fd)
         return 1
-    if stat.S_ISDIR(st.st_mode):
-        os.mkdir(dst_name, 0o700, dir_fd=dst_dir_fd)
-        sfd = os.open(src_name, _LIST_DIR, dir_fd=src_dir_fd)
-        try:
-            dfd = os.open(dst_name, _LIST_DIR, dir_fd=dst_dir_fd)
-            try:
-                count = 1
-                for child in sorted(os.listdir(sfd)):
-                    count += copy_at(sfd, child, dfd, child, check, skipped, rel + child + "/")
-                os.fchmod(dfd, stat.S_IMODE(st.st_mode))
-            finally:
-                os.close(dfd)
-        finally:
-            os.close(sfd)
-        return count
     if not stat.S_ISREG(st.st_mode):
         if skipped is not None:
             skipped.append(rel.rstrip("/") or src_name)

@@ -637,3 +637,56 @@ def test_a_working_directory_inside_xzatoma_home_is_hidden_whole(cli, fake):
             assert result.startswith("Error: ") and ("XZATOMA_HOME" in result or "outside" in result), (call, result)
             assert key not in result and "4242" not in result
     assert not (cli.xz_home / "c.json").exists() and not (cli.xz_home / "x.txt").exists()
+
+
+def _deep_tree(top, depth):
+    """top/d/d/…/d/f.txt, `depth` levels: made descriptor by descriptor (the path is far over PATH_MAX)."""
+    fd = os.open(str(top), os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        with os.fdopen(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
+            fh.write("needle\n")
+    finally:
+        os.close(fd)
+
+
+def _deep_file(top, depth):
+    fd = os.open(str(top), os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        with os.fdopen(os.open("f.txt", os.O_RDONLY, dir_fd=fd)) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_copied_moved_deleted_and_restored_whole(cli, fake):
+    """copy_path and delete_path recursed once per level: at ~990 levels they stopped with RecursionError,
+    the copy left half made and the delete refused."""
+    import subprocess
+    work = cli.workdir
+    (work / "deep").mkdir()
+    try:
+        _deep_tree(work / "deep", 1200)
+        cli.use(fake)
+        r, results = run_calls(cli, fake, [
+            tool_call("copy_path", source_path="deep", destination_path="copy"),
+            tool_call("move_path", source_path="copy", destination_path="moved"),
+            tool_call("delete_path", path="moved", recursive=True),
+            tool_call("delete_path", path="deep", recursive=True)], timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert results == ["Copied deep to copy (1202 items)", "Moved copy to moved (1202 items)",
+                           "Deleted moved (1202 items)", "Deleted deep (1202 items)"], results
+        assert os.listdir(str(work)) == []
+        u = cli.run("undo", timeout=120)
+        assert u.returncode == 0, u.stderr
+        assert _deep_file(work / "deep", 1200) == "needle\n"
+    finally:  # pytest's own clean-up of old tmp dirs (shutil.rmtree) recurses per level too
+        subprocess.run(["rm", "-rf", str(work)], check=False)
