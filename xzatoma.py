@@ -4847,7 +4847,7 @@ def _watch_module(command, verbose=False):
         xzatoma_watch.require_kafka(command)
     except xzatoma_watch.WatchError as exc:
         raise UsageError(str(exc))
-    xzatoma_watch.quiet_client_logs(verbose)
+    xzatoma_watch.quiet_client_logs(verbose, Console.clean)
     return xzatoma_watch
 
 
@@ -4942,8 +4942,9 @@ def cmd_watch(args, console):
     log_file = args.log_file or cfg.get("watcher.log_file")
     stream = sys.stderr
     if log_file:
-        try:
-            stream = open(os.path.expanduser(log_file), "a", encoding="utf-8")
+        try:  # created private, like every file that holds what events said (issue 12)
+            fd = os.open(os.path.expanduser(log_file), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            stream = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as exc:
             raise UsageError("cannot open the log file %s: %s" % (log_file, exc.strerror or exc))
     log = watch.WatchLog(stream, args.log_format or cfg.get("logging.format"), cfg.get("logging.level"),

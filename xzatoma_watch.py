@@ -43,14 +43,19 @@ def require_kafka(command="watch"):
     return kafka
 
 
-def quiet_client_logs(verbose=False):
+def quiet_client_logs(verbose=False, clean=None):
     """kafka-python logs every failed connection; the watcher logs its own decisions (retries included), so the
-    client's lines reach stderr only with --verbose."""
+    client's lines reach stderr only with --verbose, through `clean` (what a broker said: its advertised host
+    names, its error texts, is shown, never obeyed; a SASL password in a URL is redacted)."""
     import logging
     logger = logging.getLogger("kafka")
     if verbose:
+        class Clean(logging.Formatter):
+            def format(self, record):
+                line = super().format(record)
+                return clean(line) if clean is not None else _clean(line)
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("kafka: %(levelname)s %(message)s"))
+        handler.setFormatter(Clean("kafka: %(levelname)s %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.WARNING)
     else:
@@ -450,6 +455,8 @@ def result_event(ev, outcome, source, answer_limit=65536):
             "duration_seconds": outcome.get("duration_seconds", 0.0)}
     if cut:
         data["answer_truncated"] = True
+    from xzatoma_store import redact_data  # every consumer of the results topic reads it: the goal and an error
+    data = redact_data(data)  # quote the event, and a credential in it went out again (issue 12)
     return {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
             "subject": ev.id, "time": now_rfc3339(), "datacontenttype": "application/json", "data": data}
 
@@ -917,7 +924,8 @@ class Watcher:
                     "topic": ev.topic, "partition": ev.partition, "offset": ev.offset,
                     "plan_location": ev.plan_location, "name": ev.plan_name(), "version": ev.plan_version(),
                     "goal": ev.plan.goal, "instructions": len(ev.plan.instructions)}
-            self.out.write(json.dumps(line, ensure_ascii=True) + "\n")
+            from xzatoma_store import redact_data  # the goal is the event's text: a credential in it is not shown
+            self.out.write(json.dumps(redact_data(line), ensure_ascii=True) + "\n")
             self.out.flush()
             self.counts["would_run"] += 1
             self.metrics.watch_event("dry_run")

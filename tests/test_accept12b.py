@@ -214,3 +214,64 @@ def test_new_shapes_never_reach_the_database_or_history(cli, fake):
     for text, secret in SHAPES:
         assert secret.encode() not in data, text
         assert secret not in shown and secret not in r.stdout, text
+
+
+# ---- the watcher: what a topic says ----
+
+
+def test_a_credential_in_an_event_is_not_echoed_by_dry_run_or_the_result(cli, fake, kafka_broker):
+    # --dry-run printed the goal as it came (only escaped), and the result event repeated it to every
+    # consumer of the results topic; the answer was redacted, the goal beside it was not
+    import uuid
+
+    import kafka_broker as kb
+    from test_watch_cli import FAST
+    secret = "sk_live_4eC39HqLyjWDarjtT1zdp7dQ"
+    topic = "a12b-" + uuid.uuid4().hex[:8]
+    kb.create_topic(kafka_broker.address, topic)
+    cli.use(fake)
+    cfg = __import__("yaml").safe_load(cli.config_path.read_text())
+    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address)}
+    cli.write_config(cfg)
+    event = {"specversion": "1.0", "id": "ev-" + uuid.uuid4().hex[:6], "source": "ci\x1b[2J", "type": "build\u202e",
+             "data": {"goal": "deploy with %s \x1b]0;pwned\x07" % secret, "instructions": ["step \x9b2J"]}}
+    kb.produce(kafka_broker.address, topic, [(b"k", json.dumps(event).encode())])
+    log = cli.tmp / "watch.log"
+    r = cli.run("watch", "--topic", topic, "--max-events", "1", "--dry-run", "--group-id", "g-" + topic,
+                "--log-file", log, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert oct(os.stat(str(log)).st_mode & 0o777) == oct(0o600)  # the decision log quotes events: private
+    assert secret not in log.read_text() and "received" in log.read_text()
+    assert json.loads(r.stdout)["event_id"] == event["id"]
+    assert secret not in r.stdout + r.stderr and REDACTED in json.loads(r.stdout)["goal"]
+    assert_clean(r.stdout + r.stderr, "watch --dry-run")
+    fake.add({"content": "deployed"})
+    r = cli.run("watch", "--topic", topic, "--max-events", "1", "--group-id", "g2-" + topic, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert secret not in r.stderr
+    assert_clean(r.stderr, "watch")
+    result = json.loads(kb.read_all(kafka_broker.address, topic + ".results", 1)[0].value)
+    assert result["data"]["status"] == "completed" and result["data"]["answer"] == "deployed"
+    assert secret not in json.dumps(result) and result["data"]["goal"].startswith("deploy with " + REDACTED)
+
+
+def test_kafka_client_lines_with_verbose_are_cleaned(capsys):
+    import logging
+
+    import xzatoma
+    import xzatoma_watch
+    logger = logging.getLogger("kafka")
+    before = list(logger.handlers)
+    try:
+        xzatoma_watch.quiet_client_logs(True, xzatoma.Console.clean)
+        # what kafka-python logs quotes the broker: its advertised host names and error texts
+        logging.getLogger("kafka.conn").warning("connect to %s failed: %s", "evil\x1b]0;pwned\x07host",
+                                                "sasl://svc:Kafka-Pa55word-x@b:9092 \u202ereversed")
+    finally:
+        for handler in list(logger.handlers):
+            if handler not in before:
+                logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "kafka: WARNING connect to evil\\x1b]0;pwned\\x07host failed" in err
+    assert "Kafka-Pa55word-x" not in err
+    assert_clean(err, "stderr")
