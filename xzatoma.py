@@ -5111,7 +5111,11 @@ def _parser_class():
                 if close:
                     message += "; did you mean '%s'?" % close[0]
             # argparse quotes unrecognized arguments as they are: a file name from a script's glob can hold ESC
-            super().error(Console.clean(message))
+            try:
+                message = Console.clean(message)
+            except ImportError:  # `python -I xzatoma.py`: no sibling modules on the path; still nothing raw
+                message = ascii(message)[1:-1]
+            super().error(message)
 
     return Parser
 
