@@ -181,9 +181,16 @@ def register_secret(value):
     value = value.strip()
     if len(value) < MIN_SECRET_LENGTH:
         return
-    from urllib.parse import quote
-    spellings = {value, quote(value, safe=""), json.dumps(value)[1:-1],  # as typed, in a URL, in JSON
-                 json.dumps(value)[1:-1].replace("/", "\\/")}  # JSON as PHP and Java write it
+    import html
+    from urllib.parse import quote, quote_plus
+    in_json = json.dumps(value)[1:-1]
+    encoded = {quote(value, safe=""), quote(value), quote_plus(value, safe="")}  # a path, a query, a form
+    spellings = {value, in_json, in_json.replace("/", "\\/"),  # as typed, in JSON, in JSON as PHP and Java write it
+                 in_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"),  # as Go writes it
+                 html.escape(value), html.escape(value, quote=False),  # quoted in an HTML error page
+                 value.encode("utf-8", "surrogateescape").hex(), value.encode("utf-8", "surrogateescape").hex().upper()}
+    spellings.update(encoded)
+    spellings.update(re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), e) for e in encoded)  # %2f as well as %2F
     spellings.update(_base64_cores(value))
     with _secrets_lock:
         if not spellings <= set(_known_secrets):

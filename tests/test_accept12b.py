@@ -7,6 +7,7 @@ command lines and cookies. Harmless payloads only; every test here failed on the
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -275,3 +276,31 @@ def test_kafka_client_lines_with_verbose_are_cleaned(capsys):
     assert "kafka: WARNING connect to evil\\x1b]0;pwned\\x07host failed" in err
     assert "Kafka-Pa55word-x" not in err
     assert_clean(err, "stderr")
+
+
+def test_a_key_echoed_encoded_by_a_provider_reaches_no_output(cli, fake):
+    # a server quoting the key form-encoded, %-encoded with lower-case hex, HTML-escaped, JSON as Go writes it
+    # (Ollama is Go: '&' becomes \u0026) or in hex: each spelling went out as the server wrote it
+    import html
+    from urllib.parse import quote, quote_plus
+    key = "kr/Key+with space&<x>=0042"
+    spellings = {"plus": quote_plus(key, safe=""), "path": quote(key),
+                 "lowerhex": re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quote(key, safe="")),
+                 "html": html.escape(key), "go": json.dumps(key)[1:-1].replace("&", "\\u0026").replace("<", "\\u003c"),
+                 "hex": key.encode().hex()}
+    cli.use(fake, provider="openai").use_test_keyring()
+    cli.keyring_file.write_text(json.dumps({"xzatoma/openai_api_key": key}))
+    body = json.dumps({"error": {"message": "bad key: " + " | ".join("%s=%s" % kv for kv in spellings.items())}})
+    fake.add({"status": 401, "body": body})
+    r = cli.run("run", "--json", "--prompt", "hello")
+    assert r.returncode == 2
+    assert fake.model_requests()[0]["headers"]["authorization"] == "Bearer " + key
+    error = json.loads(r.stdout)["error"]
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    shown = cli.run("history", "show", "--full", cid)
+    data = db_bytes(cli)
+    assert error.count(REDACTED) >= 3, error  # the line is cut to its width: the first few are in it
+    for name, spelling in spellings.items():
+        for text in (r.stdout, r.stderr, shown.stdout, shown.stderr):
+            assert spelling not in text, name
+        assert spelling.encode() not in data, name
