@@ -1126,8 +1126,13 @@ def protected_paths(root, xzatoma_home=None, extra=()):
     for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
         path = os.path.expanduser(path)
         if _is_glob(path):  # '*.pem', 'secrets/**': matched against paths relative to the root
-            if not os.path.isabs(path) and os.path.join(root, path) not in out:
-                out.append(os.path.join(root, path))
+            full = os.path.join(root, path)  # an absolute glob as it is ('~/proj/*.key', '/**/*.crt')
+            fixed = os.path.dirname(full[:min(full.find(c) for c in "*?[" if c in full)]) or "/"
+            real = os.path.realpath(fixed)  # the part before the first wildcard, where it really is
+            full = real.rstrip("/") + full[len(fixed):] if real != fixed else full
+            # it can match below the root: it starts inside it, or above it (an absolute glob was left out)
+            if (_inside(real, root) or _inside(root, real)) and full not in out:
+                out.append(full)
             continue
         real = os.path.realpath(os.path.join(root, path))
         # below the root, or the root itself lies in it (`cd ~/.ssh`, XZATOMA_HOME): then all of the root is
@@ -1317,7 +1322,7 @@ def protected_reason(target, protected, root):
         if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
             return display_path(path, root)
     rel = display_path(target.real, root)
-    hit = _protected_rel(rel, globs) or _git_dir_around(target.real, root)
+    hit = _protected_rel(rel, globs, root) or _git_dir_around(target.real, root)
     if hit:
         return hit
     return _protected_below(target, rel, globs)
@@ -1356,15 +1361,16 @@ def _protected_below(target, rel, globs, check=None):
         return None
     for sub, _, _, _ in _subtree(target.dir_fd, target.name, check):
         if sub:
-            hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs)
+            hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs, target.root)
             if hit:
                 return hit
     return None
 
 
-def _protected_rel(rel, globs):
+def _protected_rel(rel, globs, root):
     """rel (or the part of it up to a protected name) when a .git/.hg component or a glob from the
-    configuration matches it, case-insensitively; else None."""
+    configuration matches it, case-insensitively; else None. A glob that begins above the root (absolute, as
+    display_path left it) is matched against the absolute path."""
     parts = rel.split("/")
     for i, part in enumerate(parts):
         if fold_name(part) in PROTECTED_ANYWHERE:
@@ -1372,7 +1378,8 @@ def _protected_rel(rel, globs):
     for lowered in {rel.lower(), fold_path(rel)}:
         for pattern in globs:
             for i in range(len(parts)):  # the path or a directory above it
-                if glob_match(pattern, "/".join(lowered.split("/")[: i + 1])):
+                sub = "/".join(lowered.split("/")[: i + 1])
+                if glob_match(pattern, os.path.join(root.lower(), sub) if pattern.startswith("/") else sub):
                     return "/".join(parts[: i + 1])
     return None
 

@@ -696,3 +696,30 @@ def test_a_tree_deeper_than_the_recursion_limit_is_copied_moved_deleted_and_rest
         assert _deep_file(work / "deep", 1200) == "needle\n"
     finally:  # pytest's own clean-up of old tmp dirs (shutil.rmtree) recurses per level too
         subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def test_configured_protected_paths_hold_however_they_are_written(cli, fake):
+    """agent.tools.protected_paths as people write them: relative with ./ or a trailing slash, absolute, from
+    ~, and globs, absolute ones included (those were dropped without a word: `/abs/project/*.key` protected
+    nothing)."""
+    work = cli.workdir
+    (work / "conf").mkdir()
+    (work / "conf" / "prod.yaml").write_text("a: 1\n")
+    cli.use(fake, tools={"protected_paths": [
+        "./secrets/", str(work / "conf" / "prod.yaml"), str(work) + "/*.key", "/**/*.crt",
+        "~/../work/deploy/**", str(work / "ops") + "/*/token", "*.PEM"]})
+    r, results = run_calls(cli, fake, [
+        tool_call("write_file", path="secrets/a.txt", content="x"),
+        tool_call("edit_file", path="conf/prod.yaml", old_text="1", new_text="2"),
+        tool_call("write_file", path="id.key", content="x"),
+        tool_call("write_file", path="certs/site.crt", content="x"),
+        tool_call("write_file", path="deploy/prod/env", content="x"),
+        tool_call("write_file", path="ops/eu/token", content="x"),
+        tool_call("write_file", path="tls/server.pem", content="x"),
+        tool_call("move_path", source_path="conf", destination_path="conf2"),
+        tool_call("write_file", path="ops/eu/readme", content="fine\n")])
+    assert r.returncode == 0, r.stderr
+    for result in results[:-1]:
+        assert result.endswith(HEADLESS), results
+    assert results[-1] == "Created ops/eu/readme (5 bytes)"
+    assert sorted(os.listdir(str(work))) == ["conf", "ops"] and (work / "conf" / "prod.yaml").read_text() == "a: 1\n"
