@@ -520,10 +520,12 @@ def default_config_path(env):
 
 
 def private_home(path):
-    """XZATOMA_HOME is 0700: created so, and tightened when looser (never the home directory itself)."""
-    from xzatoma_store import private_dir
+    """XZATOMA_HOME is 0700 and the files in it 0600: created so, and tightened when looser (never the home
+    directory itself)."""
+    from xzatoma_store import private_dir, private_files_in
     if os.path.realpath(path) != os.path.realpath(os.path.expanduser("~")):
         private_dir(path)
+        private_files_in(path)
     return path
 
 

@@ -320,6 +320,26 @@ def private_dir(path):
     return path
 
 
+def private_files_in(path):
+    """Take group/other access away from every file directly in `path` (XZATOMA_HOME): what an older version
+    or another tool left loose (a 0644 undo.key, chat_history, credentials.json, audit.log.1) is tightened at
+    the next start, not only the files this run happens to create. Not credentials.json: a loose one is
+    refused with the reason (the key may have been read already; a person must know), never quietly fixed."""
+    import stat
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        full = os.path.join(path, name)
+        try:
+            st = os.lstat(full)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077 and name != "credentials.json":
+            _tighten(full, 0o600)
+
+
 def private_file(path):
     """Create `path` empty 0600 unless it exists (never following a symlink), or tighten it to 0600."""
     try:

@@ -304,3 +304,29 @@ def test_a_key_echoed_encoded_by_a_provider_reaches_no_output(cli, fake):
         for text in (r.stdout, r.stderr, shown.stdout, shown.stderr):
             assert spelling not in text, name
         assert spelling.encode() not in data, name
+
+
+# ---- file modes ----
+
+
+def test_files_an_older_version_left_loose_are_tightened_at_the_next_run(cli, fake):
+    # the database and audit.log were tightened, but undo.key (it seals undo's saved contents), a rotated
+    # audit.log.1 and chat_history stayed 0644 in a home tightened back to 0700
+    cli.use(fake, terminal={"default_mode": "restricted_autonomous"})
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"content": "ok"})
+    (cli.workdir / "f.txt").write_text("old\n")
+    fake.add({"tool_calls": [tool_call("write_file", path="f.txt", content="new\n")]}, {"content": "ok"})
+    assert cli.run("run", "--prompt", "x").returncode == 0
+    assert cli.run("run", "--mode", "write", "--prompt", "y").returncode == 0
+    assert (cli.xz_home / "undo.key").exists()
+    for name in ("audit.log.1", "chat_history"):
+        (cli.xz_home / name).write_text("older lines\n")
+    os.chmod(str(cli.xz_home), 0o755)
+    loose = sorted(os.listdir(str(cli.xz_home)))
+    for name in loose:
+        os.chmod(str(cli.xz_home / name), 0o644)
+    fake.add({"content": "ok"})
+    assert cli.run("run", "--prompt", "z").returncode == 0
+    assert os.stat(str(cli.xz_home)).st_mode & 0o777 == 0o700
+    modes = {name: oct(os.stat(str(cli.xz_home / name)).st_mode & 0o777) for name in loose}
+    assert set(modes.values()) == {oct(0o600)}, modes
