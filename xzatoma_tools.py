@@ -1170,6 +1170,12 @@ def _is_glob(path):
     return any(c in path for c in "*?[")
 
 
+def protected_globs(protected, root):
+    """The configured globs among the protected paths (`*.pem`, `secrets/**`), relative to the root and
+    lowered, as _protected_rel matches them."""
+    return [display_path(p, root).lower() for p in protected if _is_glob(p)]
+
+
 def _resolved_protected(root, protected):
     """The protected paths plus where they really are: `.git` may be a symlink to `repo-meta/`, or a
     worktree's `.git` file naming its gitdir; changing those is changing .git."""
@@ -1316,7 +1322,7 @@ def protected_reason(target, protected, root):
     protected path (deleting or replacing `src/` deletes `src/.git`) all count.
     """
     real = fold_path(target.real)
-    globs = [display_path(p, root).lower() for p in protected if _is_glob(p)]
+    globs = protected_globs(protected, root)
     for path in _resolved_protected(root, protected):
         p = fold_path(path)
         if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
@@ -1350,7 +1356,7 @@ def _git_dir_around(real, root):
 def protected_copied(source, destination, protected, root, check=None):
     """What protected path copying the tree at `source` (a Target) to `destination` (a real path) creates
     below it, or None: a copied `.git` (a repository, hooks and all) or a name a configured glob protects."""
-    globs = [display_path(p, root).lower() for p in protected if _is_glob(p)]
+    globs = protected_globs(protected, root)
     return _protected_below(source, display_path(destination, root), globs, check)
 
 
@@ -3022,34 +3028,49 @@ def _subtree(dir_fd, name, check=None):
 
 def remove_at(dir_fd, name, check=None):
     """Delete `name` in dir_fd: a file, a link (never its target) or a whole tree (never entering links).
-    Depth-first with a stack of its own: a tree deeper than Python's recursion limit is deleted too (it
-    stopped with RecursionError at ~990 levels)."""
+
+    Iterative, with one directory open at a time: a tree thousands of directories deep (past Python's
+    recursion limit, or the open-file limit a stack of open directories would reach, which a command can
+    build in a second) is removed whole, not left half-removed with what it hides (a `.git` whose hooks sort
+    after the deep branch). The way back up is `..`, taken only when it is still the directory we came from
+    (same device and inode)."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=dir_fd)
         return
-    stack = [(dir_fd, name, os.open(name, _LIST_DIR, dir_fd=dir_fd), None)]
+    fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
     try:
-        while stack:
-            parent, dname, fd, children = stack[-1]
-            if children is None:
-                children = iter(os.listdir(fd))
-                stack[-1] = (parent, dname, fd, children)
-            child = next(children, None)
-            if child is None:
-                stack.pop()
-                os.close(fd)
-                os.rmdir(dname, dir_fd=parent)
+        here = os.fstat(fd)
+        levels = [(name, os.listdir(fd), (here.st_dev, here.st_ino))]  # per level: name, names left, identity
+        while True:
+            level_name, left, _ = levels[-1]
+            if left:
+                if check is not None:
+                    check()
+                child = left.pop()
+                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                    sub = os.open(child, _LIST_DIR, dir_fd=fd)  # O_NOFOLLOW: swapped for a link, it fails
+                    os.close(fd)
+                    fd = sub
+                    here = os.fstat(fd)
+                    levels.append((child, os.listdir(fd), (here.st_dev, here.st_ino)))
+                else:
+                    os.unlink(child, dir_fd=fd)
                 continue
-            if check is not None:
-                check()
-            if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
-                stack.append((fd, child, os.open(child, _LIST_DIR, dir_fd=fd), None))
-            else:
-                os.unlink(child, dir_fd=fd)
-    finally:
-        for _, _, fd, _ in stack:
+            levels.pop()
+            if not levels:
+                break
+            up = os.open("..", _LIST_DIR, dir_fd=fd)
             os.close(fd)
+            fd = up
+            here = os.fstat(fd)
+            if (here.st_dev, here.st_ino) != levels[-1][2]:
+                import errno
+                raise OSError(errno.ESTALE, "moved while it was being removed", name)
+            os.rmdir(level_name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 def copy_at(src_dir_fd, src_name, dst_dir_fd, dst_name, check=None, skipped=None, rel=""):
@@ -6793,7 +6814,11 @@ class ProtectedWatch:
     Repositories a command creates that git would not run code from (`git init`, `git clone`: sample
     hooks, a config of data keys only) are kept, and checked again after every later command.
     Cheap per command: one lstat per known directory; only directories whose mtime/ctime changed (or
-    changed too recently to tell) are listed again. At most `max_dirs` directories are followed."""
+    changed too recently to tell) are listed again. At most `max_dirs` directories are followed; directories
+    that appear during the run past that bound are searched whole after every command instead (a command
+    that makes 20,000 directories must not blind the watch), and a directory a command made that cannot be
+    looked into (deeper than a path can name, unreadable) counts as protected itself: what it holds is
+    unknown. Names a configured glob protects (`*.pem`) are matched as directories are listed."""
 
     #: a directory changed this close before we looked is listed again next time (coarse file timestamps)
     HOT_NS = 200 * 1000 * 1000
@@ -6806,10 +6831,16 @@ class ProtectedWatch:
         #: fixed protected names (repositories are found by name anywhere, below)
         self.static = [p for p in protected if not _is_glob(p) and p != self.root
                        and os.path.basename(p).lower() not in PROTECTED_ANYWHERE]
+        #: configured globs, matched against every name listed
+        self.globs = protected_globs(protected, self.root)
         self.max_dirs = max_dirs
         self.dirs = {}  #: directory -> (mtime_ns, ctime_ns, inode) when last listed
         self.repos = set()  #: .git/.hg entries present
         self.present = set()  #: static protected paths present
+        self.matched = set()  #: paths a configured glob protects, present
+        self.unfollowed = set()  #: directories that appeared past max_dirs: searched whole after each command
+        self.unwatchable = {}  #: directory a command made that could not be looked into -> why
+        self.blind = set()  #: directories unreadable at the first look (not a command's doing)
         self.created = set()  #: repositories that appeared during the run and were kept (checked again)
         self.accepted = set()  #: paths a person chose to keep: never asked about again
         self.complete = True
@@ -6837,24 +6868,40 @@ class ProtectedWatch:
                     changed.append(d)
             self._seen_at = now
             self._list(changed, new)
+            self.unfollowed = {d for d in self.unfollowed if os.path.isdir(d) and not os.path.islink(d)}
+            if self.unfollowed:
+                self._list(sorted(self.unfollowed), new, follow=False)
             self.repos = {r for r in self.repos if os.path.lexists(r)}
+            self.matched = {m for m in self.matched if os.path.lexists(m)}
             present = {p for p in self.static if os.path.lexists(p)}
             new += sorted(present - self.present)
             self.present = present
             self.created &= self.repos
             return [p for p in new if p not in self.accepted]
 
-    def _list(self, dirs, new):
+    def _list(self, dirs, new, follow=True):
+        """List `dirs` and the directories new below them; follow=False searches whole subtrees and keeps
+        none of their directories (past max_dirs)."""
+        import errno
         queue = list(dirs)
         while queue:
             d = queue.pop()
             try:
                 st = os.lstat(d)
                 entries = list(os.scandir(d))
-            except OSError:
+            except OSError as exc:
                 self.dirs.pop(d, None)
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR) or d == self.root or d in self.blind:
+                    continue
+                if new is None:  # the first look: the person's own tree
+                    self.blind.add(d)
+                    self.complete = False
+                else:  # made during the run (ENAMETOOLONG: a path too long to name; EACCES: chmod 000)
+                    self.unwatchable[d] = exc.strerror or str(exc)
+                    new.append(d)
                 continue
-            self.dirs[d] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            if follow:
+                self.dirs[d] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
             names = {e.name for e in entries}
             if d != self.root and "HEAD" in names and ("objects" in names or "commondir" in names):
                 if d not in self.repos:  # a bare repository (git init --bare, a mirror clone): git's own test
@@ -6869,13 +6916,25 @@ class ProtectedWatch:
                         if new is not None:  # not the first look: it appeared
                             new.append(entry.path)
                     continue  # never listed: git's own files are judged by armed()
+                if self.globs and entry.path not in self.matched:
+                    rel = entry.path[len(self.root) + 1:]
+                    if _protected_rel(rel, self.globs) == rel:
+                        self.matched.add(entry.path)
+                        if new is not None:
+                            new.append(entry.path)
                 try:
                     is_dir = entry.is_dir(follow_symlinks=False)
                 except OSError:
                     continue
-                if is_dir and entry.path not in self.dirs:
+                if not is_dir:
+                    continue
+                if not follow:
+                    queue.append(entry.path)
+                elif entry.path not in self.dirs and entry.path not in self.unfollowed:
                     if len(self.dirs) >= self.max_dirs:
                         self.complete = False
+                        if new is not None:  # appeared during the run: searched whole after every command
+                            self.unfollowed.add(entry.path)
                         continue
                     self.dirs[entry.path] = (0, 0, 0)  # listed below (or next time, if the bound cut in)
                     queue.append(entry.path)
@@ -6986,10 +7045,11 @@ class Sandbox:
         nested = sorted(r for r in watch.repos if not os.path.islink(r) and not (  # the top's own are protected
             os.path.dirname(r) == self.root and os.path.basename(r).lower() in PROTECTED_ANYWHERE)) if watch else []
         complete = watch.complete if watch else True
+        globbed = sorted(p for p in watch.matched if not os.path.islink(p)) if watch else []  # `*.pem` that exist
         return {"mode": self.mode, "network": self.network, "root": self.root,
                 "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
                                        self.xzatoma_home),
-                "protected": protected + [p for p in nested if p not in protected],
+                "protected": protected + [p for p in nested + globbed if p not in protected],
                 "hidden": self._hidden(),
                 "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
 
@@ -7705,6 +7765,8 @@ def _settle_protected(ctx, watch, command, body):
                 watch.keep(path)  # inert (git init, git clone): kept, and checked after later commands
                 continue
             found.append((path, reason))
+        elif path in watch.unwatchable:
+            found.append((path, "a directory that cannot be looked into: %s" % watch.unwatchable[path]))
         else:
             found.append((path, "a protected path"))
     found += [(path, repository_runs_code(path, ctx.root) or "changed") for path in watch.armed()
@@ -7720,10 +7782,17 @@ def _settle_protected(ctx, watch, command, body):
         return
     removed, failed = [], []
     for path, _ in found:
-        try:
-            with ctx.jail.resolve(os.path.relpath(path, ctx.root), follow=False) as target:
-                if target.lstat() is not None:
-                    remove_at(target.dir_fd, target.name)
+        rel = os.path.relpath(path, ctx.root)
+        try:  # through its parent: a directory deeper than a path can name is removed too
+            with ctx.jail.resolve(os.path.dirname(rel) or ".") as parent:
+                fd = parent.open_dir()
+                try:
+                    os.stat(os.path.basename(rel), dir_fd=fd, follow_symlinks=False)
+                    remove_at(fd, os.path.basename(rel))
+                except FileNotFoundError:
+                    pass  # gone already
+                finally:
+                    os.close(fd)
             removed.append(display_path(path, ctx.root))
         except (OSError, ToolError) as exc:
             failed.append("%s (%s)" % (display_path(path, ctx.root), getattr(exc, "strerror", None) or exc))

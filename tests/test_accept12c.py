@@ -76,3 +76,85 @@ def test_no_credential_reaches_a_command_even_when_every_name_is_passed_through(
     for secret in (key, key.replace("-", "%2D"), cfg_key):
         assert secret.encode() not in dumped, secret
         assert secret not in out and secret not in r.stdout + r.stderr, secret
+
+
+# ---- protected paths a command creates: the ProtectedWatch ----
+
+HOOK = "#!/bin/sh\ntouch \"$(git rev-parse --show-toplevel)/../PWNED\"\n"
+
+
+def planted(cli):
+    """Every .git below the working directory (GNU find walks trees deeper than a path can name)."""
+    out = subprocess.run(["find", ".", "-name", ".git", "-print0"], cwd=str(cli.workdir), capture_output=True)
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def remove_deep(path):
+    """pytest cannot remove a tree deeper than a path can name: remove it while the test still can."""
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+
+
+def test_globbed_protected_paths_are_read_only_and_new_matches_are_removed(cli, fake):
+    configure(cli, fake, tools={"protected_paths": ["*.pem", "secrets/**", "deploy/*.key"]})
+    for rel in ("keys/site.pem", "top.pem", "secrets/db/password.txt", "deploy/prod.key"):
+        (cli.workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cli.workdir / rel).write_text("original\n")
+    cmd = script(cli, "s.sh", "for f in keys/site.pem top.pem secrets/db/password.txt deploy/prod.key; do\n"
+                              "  echo pwned > $f; echo \"w=$?\"; truncate -s0 $f; rm -f $f; mv $f x 2>/dev/null\n"
+                              "  chmod 777 $f; echo \"c=$?\"\n"
+                              "done\n"
+                              "echo new > made.pem; echo new > tmp && mv tmp renamed.pem; mkdir -p a/b && "
+                              "echo n > a/b/deep.pem; echo n > secrets/new.txt; echo n > deploy/new.key; ln top.pem hl.pem\n"
+                              "echo done\n")
+    r, [out] = run_commands(cli, fake, cmd)
+    assert "done" in out and "w=0" not in out and "c=0" not in out, out
+    for rel in ("keys/site.pem", "top.pem", "secrets/db/password.txt", "deploy/prod.key"):
+        assert (cli.workdir / rel).read_text() == "original\n", rel
+    assert out.startswith("Error: the command made "), out
+    assert HEADLESS in out
+    for rel in ("made.pem", "renamed.pem", "a/b/deep.pem", "secrets/new.txt", "deploy/new.key", "hl.pem"):
+        assert rel in out, rel
+        assert not os.path.lexists(str(cli.workdir / rel)), rel
+    assert (cli.workdir / "a" / "b").is_dir()  # only what the globs name
+
+
+def test_a_command_that_makes_more_directories_than_the_watch_follows_does_not_blind_it(cli, fake):
+    configure(cli, fake)
+    many = script(cli, "many.sh", "mkdir many && cd many && seq 1 20100 | xargs mkdir && echo made\n")
+    plant = script(cli, "plant.sh", "".join(
+        "mkdir -p %s/.git/hooks && printf '%%s' '%s' > %s/.git/hooks/post-checkout\n" % (d, HOOK.replace("\n", "\\n"), d)
+        for d in ("zzz", "many/20100", "many/1", "many/777/x")) + "echo planted\n")
+    r, (first, second) = run_commands(cli, fake, many, plant)
+    assert first.startswith("exit code: 0") and "made" in first, first
+    assert second.startswith("Error: the command made") and "planted" in second, second
+    assert planted(cli) == [], planted(cli)
+
+
+def test_a_repository_deeper_than_a_path_can_name_is_removed(cli, fake, request):
+    request.addfinalizer(lambda: remove_deep(cli.workdir))
+    configure(cli, fake)
+    cmd = script(cli, "deep.py", "import os\nfor i in range(45):\n    os.mkdir('d' * 100)\n    os.chdir('d' * 100)\n"
+                                 "os.makedirs('.git/hooks')\nopen('.git/hooks/post-checkout', 'w').write(%r)\n"
+                                 "print('planted')\n" % HOOK)
+    r, [out] = run_commands(cli, fake, "python3 " + cmd.split()[1])
+    assert "planted" in out, out
+    assert out.startswith("Error: the command made ") and "cannot be looked into" in out, out[:300]
+    assert planted(cli) == []
+
+
+def test_a_repository_with_a_tree_too_deep_to_recurse_into_is_removed_whole(cli, fake, request):
+    request.addfinalizer(lambda: remove_deep(cli.workdir))
+    configure(cli, fake)
+    cmd = script(cli, "deep.py", "import os\nos.makedirs('.git/hooks')\n"
+                                 "open('.git/hooks/post-checkout', 'w').write(%r)\n"
+                                 "top = os.open('.git', os.O_RDONLY)\n"
+                                 "for name in 'abcdefghijklmnopqrstuvwxyz':\n"
+                                 "    os.fchdir(top)\n"
+                                 "    for i in range(1100):\n"
+                                 "        os.mkdir(name)\n"
+                                 "        os.chdir(name)\n"
+                                 "print('planted')\n" % HOOK)
+    r, [out] = run_commands(cli, fake, "python3 " + cmd.split()[1])
+    assert "planted" in out, out
+    assert out.startswith("Error: the command made .git (hooks/post-checkout)") and "Removed: .git" in out, out[:300]
+    assert not os.path.lexists(str(cli.workdir / ".git"))
