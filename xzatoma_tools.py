@@ -6792,6 +6792,21 @@ def nested_repositories(root, max_dirs=2000):
     return found, True
 
 
+def _pinned_parents(paths, root):
+    """The directories between the root and each protected path, shallowest first: the sandbox makes mount
+    points of them (bound onto themselves, still writable) so that a command can neither rename nor remove
+    them (EBUSY) and so carry a protected path away: `mv sub $TMPDIR/` would take sub/.git out of the tree
+    and into the TMPDIR removed at the end of the run; `mv deploy d2` would let the file tools edit
+    d2/keys under a name nobody protects."""
+    out = set()
+    for path in paths:
+        parent = os.path.dirname(path)
+        while parent != root and _inside(parent, root):
+            out.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(out - set(paths), key=lambda p: (p.count("/"), p))
+
+
 def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
     """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only."""
     rules = [(d, "r") for d in SANDBOX_SYSTEM_DIRS if os.path.exists(d)]
@@ -6844,40 +6859,61 @@ class ProtectedWatch:
         self.created = set()  #: repositories that appeared during the run and were kept (checked again)
         self.accepted = set()  #: paths a person chose to keep: never asked about again
         self.complete = True
+        self.running = 0  #: commands running now (subagents run them in parallel)
+        self.pending = []  #: what a look before a command found while others ran: theirs to answer for
         self._lock = threading.Lock()
         started = time.time_ns()
         self._list([self.root], None)
         self._seen_at = started
         self.present = {p for p in self.static if os.path.lexists(p)}
 
+    def begin(self):
+        """Before a command: what appeared since the last look is not its doing (a file tool a person
+        approved), unless another command is running: then it may be that one's, and the next refresh()
+        reports it (a parallel subagent's look must not swallow what another's command is planting)."""
+        with self._lock:
+            new = self._refresh()
+            if self.running:
+                self.pending += [p for p in new if p not in self.pending]
+            self.running += 1
+
+    def end(self):
+        with self._lock:
+            self.running -= 1
+
     def refresh(self):
         """What appeared since the last call: [absolute path, ...] (new repositories and protected names)."""
         with self._lock:
-            new, changed = [], []
-            now = time.time_ns()
-            for d, sig in list(self.dirs.items()):
-                try:
-                    st = os.lstat(d)
-                except OSError:
-                    del self.dirs[d]
-                    continue
-                if not stat.S_ISDIR(st.st_mode):
-                    del self.dirs[d]
-                elif (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != sig or st.st_mtime_ns >= self._seen_at - self.HOT_NS \
-                        or st.st_ctime_ns >= self._seen_at - self.HOT_NS:
-                    changed.append(d)
-            self._seen_at = now
-            self._list(changed, new)
-            self.unfollowed = {d for d in self.unfollowed if os.path.isdir(d) and not os.path.islink(d)}
-            if self.unfollowed:
-                self._list(sorted(self.unfollowed), new, follow=False)
-            self.repos = {r for r in self.repos if os.path.lexists(r)}
-            self.matched = {m for m in self.matched if os.path.lexists(m)}
-            present = {p for p in self.static if os.path.lexists(p)}
-            new += sorted(present - self.present)
-            self.present = present
-            self.created &= self.repos
+            new, self.pending = [p for p in self.pending if not _gone(p)], []  # removed by another since
+            new += [p for p in self._refresh() if p not in new]
             return [p for p in new if p not in self.accepted]
+
+    def _refresh(self):
+        new, changed = [], []
+        now = time.time_ns()
+        for d, sig in list(self.dirs.items()):
+            try:
+                st = os.lstat(d)
+            except OSError:
+                del self.dirs[d]
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                del self.dirs[d]
+            elif (st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != sig or st.st_mtime_ns >= self._seen_at - self.HOT_NS \
+                    or st.st_ctime_ns >= self._seen_at - self.HOT_NS:
+                changed.append(d)
+        self._seen_at = now
+        self._list(changed, new)
+        self.unfollowed = {d for d in self.unfollowed if os.path.isdir(d) and not os.path.islink(d)}
+        if self.unfollowed:
+            self._list(sorted(self.unfollowed), new, follow=False)
+        self.repos = {r for r in self.repos if os.path.lexists(r)}
+        self.matched = {m for m in self.matched if os.path.lexists(m)}
+        present = {p for p in self.static if os.path.lexists(p)}
+        new += sorted(present - self.present)
+        self.present = present
+        self.created &= self.repos
+        return new
 
     def _list(self, dirs, new, follow=True):
         """List `dirs` and the directories new below them; follow=False searches whole subtrees and keeps
@@ -6950,6 +6986,17 @@ class ProtectedWatch:
         with self._lock:
             candidates = [r for r in self.created if r not in self.accepted]
         return [r for r in candidates if repository_runs_code(r, self.root)]
+
+
+def _gone(path):
+    """Does nothing stand at `path` (a path too long to look at still stands)?"""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        pass
+    return False
 
 
 def repository_runs_code(dot, root):
@@ -7046,11 +7093,13 @@ class Sandbox:
             os.path.dirname(r) == self.root and os.path.basename(r).lower() in PROTECTED_ANYWHERE)) if watch else []
         complete = watch.complete if watch else True
         globbed = sorted(p for p in watch.matched if not os.path.islink(p)) if watch else []  # `*.pem` that exist
+        protected += [p for p in nested + globbed if p not in protected]
+        hidden = self._hidden()
         return {"mode": self.mode, "network": self.network, "root": self.root,
                 "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
                                        self.xzatoma_home),
-                "protected": protected + [p for p in nested + globbed if p not in protected],
-                "hidden": self._hidden(),
+                "protected": protected, "hidden": hidden,
+                "pinned": _pinned_parents(protected + hidden, self.root) if self.mode == WORKSPACE_WRITE else [],
                 "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
 
     def _hidden(self):
@@ -7369,6 +7418,9 @@ def _sandbox_helper(spec_text):
     if flags & _CLONE_NEWNS:
         try:  # nothing mounted here may propagate back to the system's mount namespace
             check(libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None), "make / private")
+            for path in spec.get("pinned") or ():  # first: a bind made after would hide the read-only ones
+                p = path.encode("utf-8", "surrogateescape")
+                check(libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None), "pin %s" % path)
             for path in spec["protected"]:
                 p = path.encode("utf-8", "surrogateescape")
                 check(libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None), "bind %s" % path)
@@ -7731,15 +7783,22 @@ class Terminal(Tool):
         sandbox = ctx_sandbox(ctx)
         watch = sandbox.watch()
         if watch is not None:
-            watch.refresh()  # what changed since the last command (a file tool a person approved) is not its doing
-        res = run_command(command, ctx.root, timeout, term.get("max_stdout_bytes") or 10485760,
-                          term.get("max_stderr_bytes") or 1048576, cancel=ctx.cancel,
-                          env=sandbox.env, argv=command_argv(command, verdict), sandbox=sandbox)
-        outcome = "timeout" if res.timed_out else "cancelled" if res.cancelled else "exit:%s" % res.exit_code
-        _audit(audit, ctx, command, outcome, res.duration, verdict.level)
-        body = _format_streams(res, ctx.limit("max_output_size", 1048576))
-        if watch is not None:
-            _settle_protected(ctx, watch, command, body)
+            watch.begin()  # what changed since the last command (a file tool a person approved) is not its doing
+        try:
+            try:
+                res = self._run(ctx, command, verdict, timeout, sandbox)
+            except Exception:
+                raise
+            except BaseException:  # Ctrl-C, SIGTERM: what the command planted goes, unasked, before it travels on
+                if watch is not None:
+                    _remove_protected(ctx, watch, _protected_found(ctx, watch))
+                raise
+            body = _format_streams(res, ctx.limit("max_output_size", 1048576))
+            if watch is not None:
+                _settle_protected(ctx, watch, command, body)
+        finally:
+            if watch is not None:
+                watch.end()
         if res.timed_out:
             killed = "it and every process it started were killed" if sandbox.confined else \
                 "its process group was killed"
@@ -7753,10 +7812,45 @@ class Terminal(Tool):
         head = "exit code: %s · %.2fs" % (res.exit_code, duration)
         return ToolResult(True, head + body, metadata={"exit_code": res.exit_code, "duration_seconds": duration})
 
+    def _run(self, ctx, command, verdict, timeout, sandbox):
+        term = ctx.terminal
+        res = run_command(command, ctx.root, timeout, term.get("max_stdout_bytes") or 10485760,
+                          term.get("max_stderr_bytes") or 1048576, cancel=ctx.cancel,
+                          env=sandbox.env, argv=command_argv(command, verdict), sandbox=sandbox)
+        outcome = "timeout" if res.timed_out else "cancelled" if res.cancelled else "exit:%s" % res.exit_code
+        _audit(ctx.audit, ctx, command, outcome, res.duration, verdict.level)
+        return res
+
 
 def _settle_protected(ctx, watch, command, body):
     """After a command: protected paths it created, and repositories made during the run that it armed,
     are a person's to keep (chat, every mode) or are removed (headless); the model is told either way."""
+    found = _protected_found(ctx, watch)
+    if not found:
+        return
+    detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
+        ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
+    if ctx.interactive and ctx.ask is not None:
+        try:
+            keep = ctx.ask("terminal", {"command": command}, detail + ". Keep it (no removes it)?")
+        except BaseException:  # Ctrl-C at the question is not a yes
+            _remove_protected(ctx, watch, found)
+            raise
+        if keep:
+            for path, _ in found:
+                watch.keep(path, accepted=True)
+            return
+    removed, failed = _remove_protected(ctx, watch, found)
+    why = "the user declined" if ctx.interactive and ctx.ask is not None else \
+        "it needs a person's approval; not available in this run"
+    raise ToolError("%s; %s. Removed: %s%s%s" % (
+        detail, why, ", ".join(removed) or "nothing",
+        "; COULD NOT REMOVE: %s" % ", ".join(failed) if failed else "", body))
+
+
+def _protected_found(ctx, watch):
+    """[(path, reason)]: what appeared among the protected paths since the last look, and kept repositories
+    that would now run code; inert new repositories (git init, git clone) are kept and watched."""
     found = []
     for path in watch.refresh():
         if path in watch.repos:
@@ -7771,15 +7865,11 @@ def _settle_protected(ctx, watch, command, body):
             found.append((path, "a protected path"))
     found += [(path, repository_runs_code(path, ctx.root) or "changed") for path in watch.armed()
               if path not in [f for f, _ in found]]
-    if not found:
-        return
-    detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
-        ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
-    if ctx.interactive and ctx.ask is not None and ctx.ask("terminal", {"command": command},
-                                                                   detail + ". Keep it (no removes it)?"):
-        for path, _ in found:
-            watch.keep(path, accepted=True)
-        return
+    return found
+
+
+def _remove_protected(ctx, watch, found):
+    """Remove what _protected_found found: ([removed, ...], [failed with why, ...]), both shown relative."""
     removed, failed = [], []
     for path, _ in found:
         rel = os.path.relpath(path, ctx.root)
@@ -7797,11 +7887,7 @@ def _settle_protected(ctx, watch, command, body):
         except (OSError, ToolError) as exc:
             failed.append("%s (%s)" % (display_path(path, ctx.root), getattr(exc, "strerror", None) or exc))
     watch.refresh()
-    why = "the user declined" if ctx.interactive and ctx.ask is not None else \
-        "it needs a person's approval; not available in this run"
-    raise ToolError("%s; %s. Removed: %s%s%s" % (
-        detail, why, ", ".join(removed) or "nothing",
-        "; COULD NOT REMOVE: %s" % ", ".join(failed) if failed else "", body))
+    return removed, failed
 
 
 def _format_streams(res, limit):

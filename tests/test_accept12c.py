@@ -6,11 +6,13 @@ harmless payloads: marker files in tmp dirs."""
 
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 
-from conftest import tool_call
+from conftest import last_json, tool_call, wait_for
 from test_file_safety import HEADLESS, tool_results
 from xzatoma_tools import landlock_abi
 
@@ -158,3 +160,88 @@ def test_a_repository_with_a_tree_too_deep_to_recurse_into_is_removed_whole(cli,
     assert "planted" in out, out
     assert out.startswith("Error: the command made .git (hooks/post-checkout)") and "Removed: .git" in out, out[:300]
     assert not os.path.lexists(str(cli.workdir / ".git"))
+
+
+def test_what_a_command_planted_goes_when_the_run_is_terminated_during_it(cli, fake):
+    configure(cli, fake)
+    cmd = script(cli, "s.sh", "mkdir -p sub/.git/hooks && printf '%s' > sub/.git/hooks/post-checkout && echo x > .bashrc"
+                              " && touch ready && sleep 60\n" % HOOK.replace("\n", "\\n"))
+    fake.add({"tool_calls": [tool_call("terminal", command=cmd)]}, {"content": "never"})
+    p = cli.popen("run", "--allow-dangerous", "--prompt", "x")
+    try:
+        assert wait_for(lambda: (cli.workdir / "ready").exists())
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 143, err
+    assert planted(cli) == [] and not (cli.workdir / ".bashrc").exists()
+
+
+def test_what_a_command_planted_goes_when_chat_interrupts_it(cli, chat, fake):
+    cmd = script(cli, "s.sh", "mkdir -p sub/.git/hooks && printf '%s' > sub/.git/hooks/post-checkout && touch ready"
+                              " && sleep 60\n" % HOOK.replace("\n", "\\n"))
+    fake.add({"tool_calls": [tool_call("terminal", command=cmd)]}, {"content": "next turn fine"})
+    p = chat("--mode", "write", "--safety", "yolo")
+    p.expect(r"\[WRITE\]\[YOLO\] >> ")
+    p.line("go")
+    assert wait_for(lambda: (cli.workdir / "ready").exists())
+    p.interrupt()
+    p.expect(r"turn cancelled")
+    p.expect(r"\[WRITE\]\[YOLO\] >> ")
+    assert planted(cli) == []
+
+
+def test_a_parallel_commands_look_does_not_swallow_what_another_is_planting(tmp_path):
+    import threading
+    from conftest import wait_for as wait
+    from xzatoma_tools import FULL, ToolContext, build_registry
+    ctx = ToolContext(str(tmp_path), {}, terminal_mode=FULL, interactive=False)
+    reg = build_registry("write", ctx)
+    (tmp_path / "a.sh").write_text("mkdir -p sub/.git/hooks && echo x > sub/.git/hooks/post-checkout && touch planted\n"
+                                   "i=0; while [ ! -e b-done ] && [ $i -lt 3000 ]; do i=$((i+1)); sleep 0.01; done\n")
+    results = {}
+    try:
+        assert reg.execute("terminal", {"command": "true"}).success  # the sandbox and its watch are up
+        a = threading.Thread(target=lambda: results.setdefault("a", reg.execute("terminal", {"command": "sh a.sh"})))
+        a.start()
+        assert wait(lambda: (tmp_path / "planted").exists())
+        results["b"] = reg.execute("terminal", {"command": "touch b-done"})  # its look comes while a runs
+        a.join(60)
+    finally:
+        ctx.sandbox.close()
+    told = [r.error for r in results.values() if not r.success]
+    assert len(told) == 1 and told[0].startswith("the command made sub/.git (hooks/post-checkout)"), told
+    assert not (tmp_path / "sub" / ".git").exists()
+
+
+def test_a_parent_of_a_protected_path_cannot_be_renamed_or_carried_away(cli, fake):
+    configure(cli, fake, tools={"protected_paths": ["deploy/keys"]})
+    subprocess.run(["git", "init", "-q", str(cli.workdir / "vendor" / "lib")], check=True)
+    for rel in ("deploy/keys", ".config/git/config"):
+        (cli.workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cli.workdir / rel).write_text("original\n")
+    xz = cli.workdir / "state" / "xz"
+    cmd = script(cli, "s.sh", "for d in vendor vendor/lib deploy .config state state/xz; do\n"
+                              "  mv $d $TMPDIR/gone; echo \"$d t=$?\"; mv $d moved; echo \"$d m=$?\"\n"
+                              "done\n"
+                              "python3 -c 'import os; os.rename(\"vendor\", \"v2\")'; echo \"py=$?\"\n")
+    r, [out] = run_commands(cli, fake, cmd, env={"XZATOMA_HOME": str(xz)})
+    assert "=0" not in out and "py=1" in out, out
+    for rel in ("deploy/keys", ".config/git/config"):
+        assert (cli.workdir / rel).read_text() == "original\n", rel
+    assert (cli.workdir / "vendor" / "lib" / ".git" / "HEAD").exists() and (xz / "conversations.db").exists()
+
+
+def test_a_command_stuck_on_a_fifo_ends_with_the_run_on_time(cli, fake):
+    configure(cli, fake)
+    os.mkfifo(str(cli.workdir / "pipe"))
+    cmd = script(cli, "s.sh", "trap '' TERM INT HUP; (sleep 120 &); cat pipe; exec 3<>pipe; cat <&3\n")
+    fake.add({"tool_calls": [tool_call("terminal", command=cmd, timeout_seconds=300)]}, {"content": "never"})
+    started = time.monotonic()
+    r = cli.run("run", "--allow-dangerous", "--timeout", "3", "--json", "--prompt", "x")
+    assert time.monotonic() - started < 20
+    assert r.returncode == 1, r.stderr
+    assert last_json(r.stdout)["status"] == "timeout"
+    listed = json.loads(cli.run("history", "list", "--json").stdout)
+    assert listed and listed[0]["id"] == last_json(r.stdout)["conversation_id"]
