@@ -2609,13 +2609,20 @@ def protected_extras(cfg, working_dir):
     for home in user_homes():  # protected_paths keeps those below the root and those the root lies in
         names = HOME_PROTECTED_NAMES + (PROTECTED_NAMES if home != root else ())
         extra += [os.path.join(home, name) for name in names]
-    if cfg.path:
-        extra.append(os.path.abspath(os.path.expanduser(cfg.path)))
     extra += own_code()  # run from a checkout or a venv in the tree: the jail's own code is in reach
-    if cfg.get("agent.persistence.db_path"):  # its undo records say what `xzatoma undo` writes, and where
+    return extra + private_files(cfg)
+
+
+def private_files(cfg):
+    """Files outside XZATOMA_HOME that hold this run's credentials or every conversation: the configuration
+    file, and a history database named by agent.persistence.db_path (its undo records say what `xzatoma
+    undo` writes, and where) with its journals and undo key. Protected, and empty for commands."""
+    out = [os.path.abspath(os.path.expanduser(cfg.path))] if cfg.path else []
+    if cfg.get("agent.persistence.db_path"):
         db = os.path.abspath(cfg.db_path())
-        extra += [db] + [db + suffix for suffix in ("-wal", "-shm", "-journal")]
-    return extra
+        out += [db + suffix for suffix in ("", "-wal", "-shm", "-journal")]
+        out.append(os.path.join(os.path.dirname(db), "undo.key"))
+    return out
 
 
 OWN_MODULES = ("xzatoma", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics")
@@ -2641,6 +2648,8 @@ def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
     secrets = cfg.secret_values()
     audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
                      redact=Redactor(secrets))
+    if store is not None and cfg.get("agent.persistence.db_path"):
+        store.make_undo_key()  # before the sandbox starts: it can hide only a key that exists
     if "sandbox" not in fields:
         fields["sandbox"] = terminal_sandbox(cfg, working_dir, secrets)
     tools = cfg.section("agent.tools")
@@ -2657,7 +2666,8 @@ def terminal_sandbox(cfg, working_dir, secrets=None):
     return Sandbox(working_dir, term["sandbox"], network=term["network"], environ=os.environ,
                    env_passthrough=term["env_passthrough"], keep_home=term["keep_home"], xzatoma_home=cfg.home,
                    protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)), secrets=cfg.secret_values()
-                   if secrets is None else secrets, assume_missing=term["sandbox_assume_missing"])
+                   if secrets is None else secrets, assume_missing=term["sandbox_assume_missing"],
+                   private_files=private_files(cfg))
 
 
 def check_sandbox(cfg, sandbox, console):

@@ -776,6 +776,14 @@ class Store:
     # never garbage restored. Records written before this are read as they were stored.
     SEAL = b"XZU1"
 
+    def make_undo_key(self):
+        """Create the undo key now rather than at the first undo record (a sandbox started before then could
+        not hide it from commands). True when there is a usable key."""
+        try:
+            return self._undo_key(True) is not None
+        except OSError:  # a read-only place: undo records will say so when they are made
+            return False
+
     def _undo_key(self, create):
         key = getattr(self, "_key", None)
         if key is not None:

@@ -6851,8 +6851,9 @@ class ProtectedWatch:
         self.max_dirs = max_dirs
         self.dirs = {}  #: directory -> (mtime_ns, ctime_ns, inode) when last listed
         self.repos = set()  #: .git/.hg entries present
-        self.present = set()  #: static protected paths present
+        self.present = {}  #: static protected paths present -> _ident
         self.matched = set()  #: paths a configured glob protects, present
+        self.ids = {}  #: repository or glob match -> _ident: a `.git` link swapped for a directory is new
         self.unfollowed = set()  #: directories that appeared past max_dirs: searched whole after each command
         self.unwatchable = {}  #: directory a command made that could not be looked into -> why
         self.blind = set()  #: directories unreadable at the first look (not a command's doing)
@@ -6865,7 +6866,7 @@ class ProtectedWatch:
         started = time.time_ns()
         self._list([self.root], None)
         self._seen_at = started
-        self.present = {p for p in self.static if os.path.lexists(p)}
+        self.present = self._static_present()
 
     def begin(self):
         """Before a command: what appeared since the last look is not its doing (a file tool a person
@@ -6909,11 +6910,34 @@ class ProtectedWatch:
             self._list(sorted(self.unfollowed), new, follow=False)
         self.repos = {r for r in self.repos if os.path.lexists(r)}
         self.matched = {m for m in self.matched if os.path.lexists(m)}
-        present = {p for p in self.static if os.path.lexists(p)}
-        new += sorted(present - self.present)
+        self.ids = {p: i for p, i in self.ids.items() if p in self.repos or p in self.matched}
+        present = self._static_present()
+        new += sorted(p for p, ident in present.items() if self.present.get(p) != ident)  # appeared or replaced
         self.present = present
         self.created &= self.repos
         return new
+
+    def _static_present(self):
+        present = {}
+        for path in self.static:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            present[path] = _ident(path, st.st_mode)
+        return present
+
+    def _seen(self, path, ident, new):
+        """Record what stands at a protected `path`; one that appeared, or was replaced since (a `.git` or
+        `.bashrc` link swapped for a directory or file of the command's own), is new, even if accepted."""
+        if self.ids.get(path, ident) != ident:
+            self.accepted.discard(path)
+            self.created.discard(path)
+        elif path in self.repos or path in self.matched:
+            return
+        self.ids[path] = ident
+        if new is not None:
+            new.append(path)
 
     def _list(self, dirs, new, follow=True):
         """List `dirs` and the directories new below them; follow=False searches whole subtrees and keeps
@@ -6940,24 +6964,19 @@ class ProtectedWatch:
                 self.dirs[d] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
             names = {e.name for e in entries}
             if d != self.root and "HEAD" in names and ("objects" in names or "commondir" in names):
-                if d not in self.repos:  # a bare repository (git init --bare, a mirror clone): git's own test
-                    self.repos.add(d)
-                    if new is not None:
-                        new.append(d)
+                self._seen(d, (stat.S_IFDIR, None), new)  # a bare repository (git init --bare, a mirror
+                self.repos.add(d)  # clone): git's own test
                 continue  # its hooks and config are judged by repository_runs_code, as a .git's are
             for entry in entries:
                 if entry.name.lower() in PROTECTED_ANYWHERE:
-                    if entry.path not in self.repos:
-                        self.repos.add(entry.path)
-                        if new is not None:  # not the first look: it appeared
-                            new.append(entry.path)
+                    self._seen(entry.path, _entry_ident(entry), new)
+                    self.repos.add(entry.path)
                     continue  # never listed: git's own files are judged by armed()
-                if self.globs and entry.path not in self.matched:
+                if self.globs:
                     rel = entry.path[len(self.root) + 1:]
-                    if _protected_rel(rel, self.globs) == rel:
+                    if entry.path in self.matched or _protected_rel(rel, self.globs) == rel:
+                        self._seen(entry.path, _entry_ident(entry), new)
                         self.matched.add(entry.path)
-                        if new is not None:
-                            new.append(entry.path)
                 try:
                     is_dir = entry.is_dir(follow_symlinks=False)
                 except OSError:
@@ -6986,6 +7005,28 @@ class ProtectedWatch:
         with self._lock:
             candidates = [r for r in self.created if r not in self.accepted]
         return [r for r in candidates if repository_runs_code(r, self.root)]
+
+
+def _ident(path, mode):
+    """What stands at a protected path, for noticing it was replaced: its file type, and a link's target.
+    Not its inode: a person's editor saving `.bashrc` by rename is not a command's replacement (and what
+    exists at the start is read-only for commands), but a link swapped for a directory or another link is."""
+    if stat.S_ISLNK(mode):
+        try:
+            return mode & 0o170000, os.readlink(path)
+        except OSError:
+            return mode & 0o170000, None
+    return stat.S_IFMT(mode), None
+
+
+def _entry_ident(entry):
+    """_ident of a scandir entry (its type from the directory listing: no stat for directories)."""
+    try:
+        mode = stat.S_IFLNK if entry.is_symlink() else stat.S_IFDIR if entry.is_dir(follow_symlinks=False) else \
+            entry.stat(follow_symlinks=False).st_mode
+    except OSError:
+        return 0, None
+    return _ident(entry.path, mode)
 
 
 def _gone(path):
@@ -7036,7 +7077,7 @@ class Sandbox:
     """
 
     def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
-                 keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=()):
+                 keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=(), private_files=()):
         import sys
         if mode not in SANDBOX_MODES:
             raise ValueError("unknown sandbox mode %r (choose %s)" % (mode, ", ".join(SANDBOX_MODES)))
@@ -7049,6 +7090,9 @@ class Sandbox:
         self.xzatoma_home = xzatoma_home
         self.protected = tuple(protected)
         self.secrets = tuple(secrets)
+        #: files outside XZATOMA_HOME that hold credentials or every conversation (an in-tree configuration,
+        #: a history database and its undo key): empty for commands where they can read them
+        self.private_files = tuple(private_files or ())
         self.assume_missing = frozenset(assume_missing or ())
         self.linux = sys.platform.startswith("linux")
         #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
@@ -7103,14 +7147,21 @@ class Sandbox:
                 "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
 
     def _hidden(self):
-        """XZATOMA_HOME (credentials, conversations) when a readable directory holds it (the working dir, a
-        PATH prefix): Landlock cannot take back a subdirectory it grants, so an empty read-only tmpfs covers it."""
+        """XZATOMA_HOME (credentials, conversations) and the private files, where a readable directory holds
+        them (the working dir, a PATH prefix): Landlock cannot take back what it grants beneath a directory, so
+        an empty read-only tmpfs covers XZATOMA_HOME and /dev/null each file. A command's output goes to the
+        model: what it can read, it can hand over in any encoding the redactor does not know (`rev`, `od`)."""
         xz = os.path.realpath(self.xzatoma_home) if self.xzatoma_home else None
-        if not xz or not os.path.isdir(xz):
+        wanted = [xz] if xz and os.path.isdir(xz) else []
+        for path in self.private_files:
+            real = os.path.realpath(path)
+            if os.path.isfile(real) and not (xz and _inside(real, xz)) and real not in wanted:
+                wanted.append(real)
+        if not wanted:
             return []
         granted = [self.root, self.tmpdir] + [d for d, _ in sandbox_rules(
             self.root, self.mode, self.tmpdir, self.env.get("PATH"), self.environ.get("HOME"), xz)]
-        return [xz] if any(xz == d or xz.startswith(d.rstrip("/") + "/") for d in granted) else []
+        return [p for p in wanted if any(_inside(p, d) for d in granted)]
 
     def start(self):
         """Start the helper (once); returns at once, report() waits for it."""
@@ -7387,6 +7438,20 @@ def _sandbox_helper(spec_text):
         return libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
                           ctypes.c_ulong(0))
 
+    def bind_read_only(source, path):
+        """`source` bound over `path`, read-only (the remount keeps the flags the mount was locked with)."""
+        s, p = source.encode("utf-8", "surrogateescape"), path.encode("utf-8", "surrogateescape")
+        check(libc.mount(s, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None), "bind %s" % path)
+        vfs = os.statvfs(path)
+        locked = 0
+        for st_flag, ms_flag in ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV), (os.ST_NOEXEC, _MS_NOEXEC),
+                                 (os.ST_NOATIME, _MS_NOATIME), (os.ST_NODIRATIME, _MS_NODIRATIME),
+                                 (os.ST_RELATIME, _MS_RELATIME)):
+            if vfs.f_flag & st_flag:
+                locked |= ms_flag
+        check(libc.mount(None, p, None, ctypes.c_ulong(_MS_BIND | _MS_REMOUNT | _MS_RDONLY | locked), None),
+              "read-only %s" % path)
+
     def write_file(path, text):
         fd = os.open(path, os.O_WRONLY)
         try:
@@ -7422,23 +7487,16 @@ def _sandbox_helper(spec_text):
                 p = path.encode("utf-8", "surrogateescape")
                 check(libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None), "pin %s" % path)
             for path in spec["protected"]:
-                p = path.encode("utf-8", "surrogateescape")
-                check(libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None), "bind %s" % path)
-                vfs = os.statvfs(path)
-                locked = 0
-                for st_flag, ms_flag in ((os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV),
-                                         (os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NOATIME, _MS_NOATIME),
-                                         (os.ST_NODIRATIME, _MS_NODIRATIME), (os.ST_RELATIME, _MS_RELATIME)):
-                    if vfs.f_flag & st_flag:
-                        locked |= ms_flag  # a remount must keep the flags the mount was locked with
-                check(libc.mount(None, p, None, ctypes.c_ulong(_MS_BIND | _MS_REMOUNT | _MS_RDONLY | locked),
-                                 None), "read-only %s" % path)
+                bind_read_only(path, path)
                 protected.append(path)
-            for path in spec.get("hidden") or ():  # an empty, read-only tmpfs over it: nothing to read
+            for path in spec.get("hidden") or ():  # nothing to read: an empty read-only tmpfs, or /dev/null
                 p = path.encode("utf-8", "surrogateescape")
-                check(libc.mount(b"tmpfs", p, b"tmpfs", ctypes.c_ulong(_MS_RDONLY | _MS_NOSUID | _MS_NODEV |
-                                                                       _MS_NOEXEC), b"size=4k,mode=000"),
-                      "hide %s" % path)
+                if os.path.isdir(path):
+                    check(libc.mount(b"tmpfs", p, b"tmpfs", ctypes.c_ulong(_MS_RDONLY | _MS_NOSUID | _MS_NODEV |
+                                                                           _MS_NOEXEC), b"size=4k,mode=000"),
+                          "hide %s" % path)
+                else:
+                    bind_read_only("/dev/null", path)
                 protected.append(path)
             # the working directory again, through the new mounts: the cwd this process started with still
             # reaches the directory *under* a read-only bind of the jail itself or of a directory holding it

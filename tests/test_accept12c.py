@@ -245,3 +245,53 @@ def test_a_command_stuck_on_a_fifo_ends_with_the_run_on_time(cli, fake):
     assert last_json(r.stdout)["status"] == "timeout"
     listed = json.loads(cli.run("history", "list", "--json").stdout)
     assert listed and listed[0]["id"] == last_json(r.stdout)["conversation_id"]
+
+
+def test_a_protected_link_swapped_for_a_directory_file_or_other_link_is_caught(cli, fake):
+    configure(cli, fake)
+    work = cli.workdir
+    subprocess.run(["git", "init", "-q", "--separate-git-dir", str(work / "meta"), str(work)], check=True)
+    (work / ".git").unlink()
+    os.symlink("meta", str(work / ".git"))  # a `.git` that is a link: the sandbox can make only its target read-only
+    (work / "dotfiles").mkdir()
+    (work / "dotfiles" / "bashrc").write_text("mine\n")
+    os.symlink("dotfiles/bashrc", str(work / ".bashrc"))
+    (work / "sub").mkdir()
+    os.symlink("../meta", str(work / "sub" / ".git"))
+    cmd = script(cli, "s.sh", "rm .git && mkdir -p .git/hooks && cp -r meta/HEAD meta/objects meta/refs meta/config .git/"
+                              " && printf '%s' > .git/hooks/post-checkout && echo swapped-git\n"
+                              "rm .bashrc && echo 'touch PWNED' > .bashrc && echo swapped-rc\n"
+                              "mkdir -p evil/hooks && cp -r meta/HEAD meta/objects meta/refs evil/ && "
+                              "ln -sfn ../evil sub/.git && echo relinked\n" % HOOK.replace("\n", "\\n"))
+    r, [out] = run_commands(cli, fake, cmd)
+    assert "swapped-git" in out and "swapped-rc" in out and "relinked" in out, out
+    assert out.startswith("Error: the command made ") and HEADLESS in out, out
+    for rel in (".git", ".bashrc", "sub/.git"):
+        assert rel in out.split(" (")[0], (rel, out)
+    assert not (work / ".git" / "hooks" / "post-checkout").exists()
+    assert not (os.path.isfile(str(work / ".bashrc")) and not os.path.islink(str(work / ".bashrc")))
+    assert not os.path.lexists(str(work / "sub" / ".git")) or os.readlink(str(work / "sub" / ".git")) == "../meta"
+    assert (work / "dotfiles" / "bashrc").read_text() == "mine\n" and (work / "meta" / "HEAD").exists()
+
+
+def test_a_configuration_and_history_kept_in_the_tree_are_unreadable_to_commands(cli, fake):
+    key = "config-file-key-0099-plainvalue"
+    cli.use(fake)
+    import yaml
+    cfg = yaml.safe_load(cli.config_path.read_text())
+    cfg["xzepr"] = {"api_key": key}
+    cfg["agent"] = {"persistence": {"db_path": str(cli.workdir / "state" / "history.db")}}
+    in_tree = cli.workdir / "xzatoma.yaml"
+    in_tree.write_text(yaml.safe_dump(cfg))
+    fake.add({"tool_calls": [tool_call("write_file", path="notes.txt", content="first\n")]})  # an undo record
+    cmd = script(cli, "s.sh", "rev xzatoma.yaml > leak.txt; od -An -tx1 state/undo.key >> leak.txt; "
+                              "od -c state/history.db | head -c 200 >> leak.txt; cat leak.txt; echo done\n")
+    r, results = run_commands(cli, fake, cmd, env={"XZATOMA_CONFIG": str(in_tree)})
+    out = results[-1]
+    assert "done" in out, out
+    leaked = (cli.workdir / "leak.txt").read_text()
+    assert key[::-1] not in leaked and key[::-1] not in out
+    undo_key = (cli.workdir / "state" / "undo.key").read_bytes()
+    assert " ".join("%02x" % b for b in undo_key[:8]) not in leaked
+    assert "S   Q   L   i   t   e" not in leaked
+    assert in_tree.read_text() == yaml.safe_dump(cfg)  # untouched, and still the run's configuration
