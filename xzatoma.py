@@ -5489,7 +5489,6 @@ SANDBOX_NOT_COVERED = (
     "reading what the system directories, the working directory and PATH programs' directories hold",
     "other processes' command lines in /proc where the kernel refuses the sandbox its own /proc "
     "(environ and memory stay protected)",
-    "connecting to unix sockets by path (Landlock does not mediate them): keep such sockets out of reach",
     "chmod/chown/utime of readable files (Landlock does not mediate metadata)",
     "CPU, memory and disk use (no cgroup limits): only the timeout bounds a command",
     "what the file tools write (they are jailed and protected separately, not sandboxed)")

@@ -6649,7 +6649,8 @@ SANDBOX_DEVICES = (("/dev/null", "dev-rw"), ("/dev/full", "dev-rw"), ("/dev/zero
 #: what each confining mode needs from the kernel, named as the warning names it
 _NEEDS = (("filesystem", "Landlock filesystem rules"), ("network", "network isolation"),
           ("protected", "read-only .git and protected paths"), ("descendants", "killing setsid/double-forked "
-                                                                                "descendants (PID namespaces)"))
+                                                                                "descendants (PID namespaces)"),
+          ("unix_sockets", "keeping unix sockets on the system out of reach (seccomp)"))
 
 
 def landlock_abi():
@@ -6974,7 +6975,7 @@ class ProtectedWatch:
                     continue  # never listed: git's own files are judged by armed()
                 if self.globs:
                     rel = entry.path[len(self.root) + 1:]
-                    if entry.path in self.matched or _protected_rel(rel, self.globs) == rel:
+                    if entry.path in self.matched or _protected_rel(rel, self.globs, self.root) == rel:
                         self._seen(entry.path, _entry_ident(entry), new)
                         self.matched.add(entry.path)
                 try:
@@ -7055,15 +7056,24 @@ def repository_runs_code(dot, root):
     reason = _git_repo_reason(dot)
     if reason:
         return "git config: %s" % reason
-    hooks = os.path.join(gitdir, "hooks")
-    try:
-        names = os.listdir(hooks) if os.path.lexists(hooks) else []
-    except OSError:
-        return "unreadable hooks"
-    if os.path.islink(hooks):
-        return "a hooks link"
-    live = [n for n in names if not n.endswith(".sample")]
-    return "hooks/%s" % live[0] if live else None
+    hook_dirs = [os.path.join(gitdir, "hooks")]
+    for top, subdirs, _ in os.walk(os.path.join(gitdir, "modules")):  # submodules' repositories: their hooks
+        subdirs[:] = [d for d in subdirs if d not in ("objects", "hooks", "refs", "logs")]  # run at `git submodule
+        if os.path.lexists(os.path.join(top, "hooks")):                                     # update` there
+            hook_dirs.append(os.path.join(top, "hooks"))
+        if len(hook_dirs) > 500:
+            return "too many submodule repositories to check"
+    for hooks in hook_dirs:
+        try:
+            names = os.listdir(hooks) if os.path.lexists(hooks) else []
+        except OSError:
+            return "unreadable hooks"
+        if os.path.islink(hooks):
+            return "a hooks link"
+        live = [n for n in names if not n.endswith(".sample")]
+        if live:
+            return "%s/%s" % (os.path.relpath(hooks, gitdir), live[0])
+    return None
 
 
 class Sandbox:
@@ -7072,7 +7082,7 @@ class Sandbox:
     ends every command still running and removes the TMPDIR.
 
     `assume_missing` names kernel features to treat as absent ("landlock", "userns", "landlock-net",
-    "scopes", "pidns", "proc", or "abi:N" for a Landlock ABI of at most N): agent.terminal.sandbox_assume_missing,
+    "scopes", "pidns", "proc", "seccomp", or "abi:N" for a Landlock ABI of at most N): agent.terminal.sandbox_assume_missing,
     for testing the warnings, --require-sandbox and every ABI's rules on a machine that has them all.
     """
 
@@ -7282,6 +7292,9 @@ class Sandbox:
         lines.append("descendants: %s" % ("a PID namespace per command: everything it starts dies with it"
                                           if report.get("descendants") else
                                           "process group only (%s)" % report.get("pidns_error", "no PID namespace")))
+        lines.append("unix sockets: %s" % ("none can be opened (seccomp): docker, the session bus, agents' "
+                                            "sockets are out of reach; socketpair() works" if report.get("unix_sockets")
+                                            else "reachable by path (%s)" % report.get("unix_sockets_error", "no seccomp")))
         lines.append("scopes: %s" % ("signals and abstract unix sockets stay inside the sandbox"
                                      if report.get("scopes") else "not scoped (Landlock ABI < 6)"))
         lines.append("other processes: %s%s" % (
@@ -7544,7 +7557,17 @@ def _sandbox_helper(spec_text):
     if os.getuid() == 0:
         prctl(_PR_SET_SECUREBITS, _SECBIT_NOROOT_AND_LOCKED)
     check(prctl(_PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
-    # 3. Landlock
+    # 3. no unix sockets by path (seccomp): Landlock does not mediate connect(), and a socket anywhere on the
+    #    system is reachable by its name: the session bus or systemd's (systemd-run --user starts a process
+    #    outside the sandbox that outlives the run), docker.sock (root), gpg-agent, ssh-agent
+    try:
+        if "seccomp" in missing:
+            raise OSError(0, "assumed missing (agent.terminal.sandbox_assume_missing)")
+        _deny_unix_sockets(libc)
+        report["unix_sockets"] = True
+    except OSError as exc:
+        report["unix_sockets"], report["unix_sockets_error"] = False, exc.strerror or str(exc)
+    # 4. Landlock
     abi = 0 if "landlock" in missing else landlock_abi()
     for item in missing:  # "abi:N": behave as a kernel with Landlock ABI N at most (tests every ABI's masks)
         if item.startswith("abi:") and item[4:].isdigit():
@@ -7675,6 +7698,55 @@ def _helper_loop(libc, ctl, own_pidns, check):
                     key.fileobj.close()
                     jobs[pid] = None
     os._exit(0)
+
+
+#: seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h) for _deny_unix_sockets: the native architecture and
+#: its syscall numbers of socket() and io_uring_setup() (io_uring can make a socket without socket())
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_AF_UNIX, _EACCES = 1, 13
+
+
+def _deny_unix_sockets(libc):
+    """A seccomp filter for this process and every command: socket(AF_UNIX, …) fails with EACCES (socketpair()
+    still works: it reaches nothing by name), io_uring cannot be set up, and a foreign architecture's
+    syscalls (i386 through int 0x80, x32) fail, since their numbers differ. OSError where it cannot."""
+    import ctypes
+    import platform
+    machine = platform.machine()
+    if machine not in _SECCOMP_ARCH:
+        raise OSError(0, "no seccomp filter for %s" % machine)
+    arch, nr_socket, nr_io_uring = _SECCOMP_ARCH[machine]
+    deny = _SECCOMP_RET_ERRNO | _EACCES
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
+
+    program = [
+        (_BPF_LD_W_ABS, 0, 0, 4),                # seccomp_data.arch
+        (_BPF_JEQ_K, 1, 0, arch),
+        (_BPF_RET_K, 0, 0, deny),                # another architecture's numbering
+        (_BPF_LD_W_ABS, 0, 0, 0),                # seccomp_data.nr
+        (_BPF_JGE_K, 5, 0, 0x40000000),          # x32 (x86_64 with __X32_SYSCALL_BIT)
+        (_BPF_JEQ_K, 4, 0, nr_io_uring),
+        (_BPF_JEQ_K, 0, 2, nr_socket),
+        (_BPF_LD_W_ABS, 0, 0, 16),               # seccomp_data.args[0], low half (little-endian)
+        (_BPF_JEQ_K, 1, 0, _AF_UNIX),
+        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
+        (_BPF_RET_K, 0, 0, deny),
+    ]
+    filters = (Filter * len(program))(*[Filter(*ins) for ins in program])
+    prog = Prog(len(program), filters)
+    libc.prctl.argtypes = None
+    if libc.prctl(ctypes.c_int(_PR_SET_SECCOMP), ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(prog),
+                  ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "seccomp: %s" % os.strerror(err))
 
 
 def _landlock_restrict(libc, abi, spec, missing, report):

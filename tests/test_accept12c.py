@@ -295,3 +295,164 @@ def test_a_configuration_and_history_kept_in_the_tree_are_unreadable_to_commands
     assert " ".join("%02x" % b for b in undo_key[:8]) not in leaked
     assert "S   Q   L   i   t   e" not in leaked
     assert in_tree.read_text() == yaml.safe_dump(cfg)  # untouched, and still the run's configuration
+
+
+# ---- commands reach nothing outside through unix sockets ----
+
+def test_no_unix_socket_on_the_system_is_reachable_from_a_command(cli, fake):
+    """Landlock does not mediate connect(): a socket reached by its name (the session bus, whose systemd
+    starts a process outside the sandbox that outlives the run; docker.sock; an agent's socket) would be."""
+    import socket
+    import threading
+    configure(cli, fake)
+    run_dir = cli.tmp / "run-user"
+    run_dir.mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(run_dir / "bus"))
+    listener.listen(4)
+    accepted, stop = [], threading.Event()
+    listener.settimeout(0.05)
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            accepted.append(True)
+            conn.sendall(b"OUTSIDE-REACHED\n")
+            conn.close()
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    probe = script(cli, "probe.py", "import socket\n"
+                                    "a, b = socket.socketpair()\na.send(b'pair-ok')\nprint(b.recv(16).decode())\n"
+                                    "for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET):\n"
+                                    "    try:\n"
+                                    "        s = socket.socket(socket.AF_UNIX, kind)\n"
+                                    "        s.connect(%r)\n"
+                                    "        print(s.recv(64).decode())\n"
+                                    "    except OSError as exc:\n"
+                                    "        print('refused', exc.errno)\n" % str(run_dir / "bus"))
+    try:
+        r, [out] = run_commands(cli, fake, "python3 " + probe.split()[1])
+    finally:
+        stop.set()
+        server.join(5)
+        listener.close()
+    assert "pair-ok" in out and out.count("refused") == 3, out
+    assert "OUTSIDE-REACHED" not in out and not accepted
+    policy = cli.run("policy", "sandbox")
+    assert "unix sockets: none can be opened (seccomp)" in policy.stdout, policy.stdout
+
+
+def test_chat_asks_about_what_a_command_planted_even_in_yolo_and_a_no_removes_it(cli, chat, fake):
+    bad = "ev\x1b[2Jil"
+    cmd = script(cli, "s.sh", "mkdir -p \"$(printf 'ev\\033[2Jil')/.git/hooks\" && printf '%s' > "
+                              "\"$(printf 'ev\\033[2Jil')/.git/hooks/post-checkout\" && echo x > .bashrc && echo planted\n"
+                 % HOOK.replace("\n", "\\n"))
+    fake.add({"tool_calls": [tool_call("terminal", command=cmd)]}, {"content": "removed, fine"},
+             {"tool_calls": [tool_call("terminal", command="mkdir -p .ssh && echo key > .ssh/authorized_keys")]},
+             {"content": "kept, fine"})
+    p = chat("--mode", "write", "--safety", "yolo")
+    p.expect(r"\[WRITE\]\[YOLO\] >> ")
+    p.line("go")
+    p.expect(r"Keep it \(no removes it\)\?")
+    assert "\x1b[2J" not in p.seen and "ev\\x1b[2Jil/.git" in p.seen.replace("^[", "\\x1b"), p.seen[-600:]
+    p.line("n")
+    p.expect("removed, fine")
+    assert planted(cli) == [] and not (cli.workdir / ".bashrc").exists()
+    assert tool_results(fake)[0].startswith("Error: the command made ") and "the user declined" in tool_results(fake)[0]
+    assert os.path.isdir(str(cli.workdir / bad))  # only what is protected goes
+    p.line("again")
+    p.expect(r"the command made \.ssh \(a protected path\)")
+    p.expect(r"Keep it \(no removes it\)\?")
+    p.line("y")
+    p.expect("kept, fine")
+    assert (cli.workdir / ".ssh" / "authorized_keys").read_text() == "key\n"
+
+
+def test_git_directories_behind_gitdir_files_worktrees_submodules_and_bare_clones_are_read_only(cli, fake):
+    configure(cli, fake)
+    work = cli.workdir
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-c", "protocol.file.allow=always"]
+    (work / "meta").mkdir()
+    subprocess.run(git + ["init", "-q", "--separate-git-dir", str(work / "meta" / "main"), str(work)], check=True)
+    (work / "f.txt").write_text("x\n")
+    subprocess.run(git + ["-C", str(work), "add", "f.txt"], check=True)
+    subprocess.run(git + ["-C", str(work), "commit", "-qm", "one"], check=True)
+    subprocess.run(git + ["-C", str(work), "worktree", "add", "-q", str(work / "wt")], check=True)
+    subprocess.run(git + ["init", "-q", "--bare", str(work / "mirror.git")], check=True)
+    subprocess.run(git + ["init", "-q", str(cli.tmp / "upstream")], check=True)
+    subprocess.run(git + ["-C", str(cli.tmp / "upstream"), "commit", "-q", "--allow-empty", "-m", "u"], check=True)
+    subprocess.run(git + ["-C", str(work), "submodule", "add", "-q", str(cli.tmp / "upstream"), "lib/sub"], check=True)
+    targets = ["meta/main/hooks/post-checkout", "meta/main/config", "meta/main/worktrees/wt/config.worktree",
+               "meta/main/modules/lib/sub/hooks/post-checkout", "meta/main/modules/lib/sub/config",
+               "mirror.git/hooks/post-receive", "mirror.git/config", ".git", "wt/.git", "lib/sub/.git"]
+    before = {t: (work / t).read_bytes() if (work / t).is_file() else None for t in targets}
+    body = "".join("echo '[core] fsmonitor = touch PWNED' >> %s; echo \"%s=$?\"\n" % (t, t) for t in targets)
+    body += ("cd wt && echo x > .git && echo wt-git=$?; cd ..\n"
+             "cd lib/sub && git config core.fsmonitor 'touch PWNED'; echo sub-config=$?; cd ../..\n"
+             "mv meta/main meta/m2; echo mv-meta=$?; mv mirror.git m2.git; echo mv-mirror=$?\n"
+             "ln -s ../../PWNED meta/main/hooks/pre-commit; echo ln=$?\n")
+    r, [out] = run_commands(cli, fake, script(cli, "s.sh", body))
+    assert "=0\n" not in out.replace("exit code: 0", ""), out
+    for t in targets:
+        now = (work / t).read_bytes() if (work / t).is_file() else None
+        assert now == before[t], t
+    assert not os.path.lexists(str(work / "meta" / "main" / "hooks" / "pre-commit"))
+    assert not (work / "PWNED").exists() and not (cli.tmp / "PWNED").exists()
+
+
+def test_a_home_given_deliberately_keeps_xzatoma_home_keys_and_start_up_files_from_commands(cli, fake):
+    configure(cli, fake)
+    home, xz = cli.home, cli.home / ".xzatoma"  # the default XZATOMA_HOME, inside the jail
+    xz.mkdir()
+    fd = os.open(str(xz / "credentials.json"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b'{"openai_api_key": "home-held-key-0007-plainvalue"}')
+    os.close(fd)
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "authorized_keys").write_text("mine\n")
+    (home / ".profile").write_text("mine\n")
+    body = ("rev .xzatoma/credentials.json; ls .xzatoma; echo k > .xzatoma/x; echo \"xz=$?\"\n"
+            "echo evil >> .ssh/authorized_keys; echo \"ssh=$?\"; echo evil >> .profile; echo \"profile=$?\"\n"
+            "mv .xzatoma moved; echo \"mv=$?\"; mkdir -p .local/bin && echo 'touch PWNED' > .local/bin/ls; echo made\n")
+    (home / "s.sh").write_text(body)
+    fake.add({"tool_calls": [tool_call("terminal", command="sh s.sh")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--working-dir", str(home), "--prompt", "x", env={"XZATOMA_HOME": str(xz)},
+                cwd=home)
+    assert r.returncode == 0, r.stderr
+    [out] = tool_results(fake)
+    assert "eulavnialp" not in out and "credentials" not in out.split("--- stderr ---")[0], out
+    for name in ("xz", "ssh", "profile", "mv"):
+        assert "%s=0" % name not in out, (name, out)
+    assert (home / ".ssh" / "authorized_keys").read_text() == "mine\n" and (home / ".profile").read_text() == "mine\n"
+    assert (xz / "credentials.json").exists() and not (home / "moved").exists()
+    assert "made" in out and out.startswith("Error: the command made .local/bin") and not (home / ".local" / "bin").exists()
+
+
+def test_a_repository_built_elsewhere_and_moved_in_under_a_strange_name_is_caught(cli, fake):
+    configure(cli, fake)
+    (cli.workdir / "known" / "deep").mkdir(parents=True)
+    body = ("d=\"$TMPDIR/$(printf 'a\\nb\\033]0;x\\a')\"\n"
+            "mkdir -p \"$d/.git/hooks\" && printf '%s' > \"$d/.git/hooks/post-checkout\" && mv \"$d\" known/deep/ && "
+            "echo moved-in\n"
+            "git init -q --bare \"$TMPDIR/m.git\" && echo '#!/bin/sh' > \"$TMPDIR/m.git/hooks/pre-push\" && "
+            "mv \"$TMPDIR/m.git\" \"known/$(printf 'line\\nbreak')\" && echo bare-in\n" % HOOK.replace("\n", "\\n"))
+    r, [out] = run_commands(cli, fake, script(cli, "s.sh", body))
+    assert "moved-in" in out and "bare-in" in out, out
+    assert out.startswith("Error: the command made ") and HEADLESS in out, out
+    assert planted(cli) == [] and os.listdir(str(cli.workdir / "known")) == ["deep"]  # the bare clone went whole
+    [moved] = os.listdir(str(cli.workdir / "known" / "deep"))
+    assert os.listdir(str(cli.workdir / "known" / "deep" / moved)) == []  # its .git went
+
+
+def test_a_kept_repository_armed_through_a_submodules_hooks_is_caught(cli, fake):
+    configure(cli, fake)
+    arm = script(cli, "arm.sh", "mkdir -p sub/.git/modules/lib/hooks && printf '%s' > sub/.git/modules/lib/hooks/post-checkout"
+                                " && echo armed\n" % HOOK.replace("\n", "\\n"))
+    r, (made, armed) = run_commands(cli, fake, "git init -q sub", arm)
+    assert made.startswith("exit code: 0"), made  # inert: kept, and looked at again after every command
+    assert armed.startswith("Error: the command made sub/.git (modules/lib/hooks/post-checkout)"), armed
+    assert planted(cli) == []
