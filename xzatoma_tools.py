@@ -2027,13 +2027,14 @@ class ReadFile(Tool):
             if stat.S_ISDIR(target.lstat().st_mode):
                 raise ToolError("%s is a directory; use list_directory" % path)
             fd = target.open_regular("read_file only reads regular files")
-        with open(fd, "rb") as fh:
+        with open(fd, "rb"):  # closes fd
             if is_binary_fd(fd):
                 raise ToolError("%s is a binary file (%s); read_file only reads text" % (
                     path, _fmt_size(os.fstat(fd).st_size)))
             max_bytes = ctx.limit("max_file_read_size", 10485760)
             budget = self.LINE_BUDGET if end is None else max(end - start + 1, 1)
-            out, total, cut = self._scan(fh, start, end, budget, max_bytes, ctx)
+            chunks = file_chunks(fd, lambda: ctx.check_deadline("read_file"), hole_as=self.LONG_LINE + 1)
+            out, total, cut = self._scan(chunks, start, end, budget, max_bytes)
         if start > max(total, 1) and total:
             raise ToolError("start_line %d is past the end of %s (%d lines)" % (start, path, total))
         text = "".join(out)
@@ -2045,15 +2046,11 @@ class ReadFile(Tool):
 
     LONG_LINE = 65536
 
-    def _scan(self, fh, start, end, budget, max_bytes, ctx):
+    def _scan(self, chunks, start, end, budget, max_bytes):
         """Stream the file in chunks: keep the wanted lines, count the rest; memory stays bounded."""
         out, used, number, cut = [], 0, 0, False
         carry, overlong = b"", False
-        while True:
-            chunk = fh.read(1 << 20)
-            if not chunk:
-                break
-            ctx.check_deadline("read_file")
+        for chunk in chunks:
             done = cut or (end is not None and number >= end)
             if done and not carry and not overlong:
                 number += chunk.count(b"\n")  # past the range: just count lines
@@ -2885,9 +2882,8 @@ class FileMetadata(Tool):
                 try:
                     if not is_binary_fd(fd):
                         count = 0
-                        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+                        for chunk in file_chunks(fd, lambda: ctx.check_deadline(self.name)):
                             count += chunk.count(b"\n")
-                            ctx.check_deadline(self.name)
                         lines.append("lines: %d" % count)
                 finally:
                     os.close(fd)
@@ -3157,32 +3153,73 @@ def _copy_leaf(src_dir_fd, src_name, dst_dir_fd, dst_name, st, check, skipped, r
     return 1
 
 
+def data_extents(fd, pos=0):
+    """(start, end) of the ranges of the regular file fd that hold data, from `pos` to its size: a sparse
+    file's holes (`truncate -s 1T`) are left out where the system can say (SEEK_DATA/SEEK_HOLE), else one
+    range of everything."""
+    import errno
+    size = os.fstat(fd).st_size
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    while pos < size:
+        if seek_data is None:
+            yield pos, size
+            return
+        try:
+            start = os.lseek(fd, pos, seek_data)
+            end = min(os.lseek(fd, start, seek_hole), size)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole from here to the end
+                return
+            seek_data = None  # the filesystem cannot say: everything is data
+            continue
+        if start >= size:
+            return
+        yield start, end
+        pos = end
+
+
+def file_chunks(fd, check=None, hole_as=1 << 20):
+    """The bytes of the regular file fd from its start to its end, in chunks of at most 1 MB (read with
+    pread: the offset is left alone). A hole longer than `hole_as` comes as `hole_as` zero bytes: a hole
+    is zeros, with no newline in it, so counting lines, or cutting a line that runs on, gives the same
+    answer without reading a terabyte of zeros. `check()` runs before each read (the deadline)."""
+    pos = 0
+    size = os.fstat(fd).st_size
+    for start, end in list(data_extents(fd)) + [(size, size)]:
+        if start > pos:  # a hole
+            yield bytes(min(start - pos, hole_as))
+            pos = start
+        while pos < end:
+            if check is not None:
+                check()
+            chunk = os.pread(fd, min(1 << 20, end - pos), pos)
+            if not chunk:
+                return  # shrank while read
+            yield chunk
+            pos += len(chunk)
+    while True:  # grown while read
+        if check is not None:
+            check()
+        chunk = os.pread(fd, 1 << 20, pos)
+        if not chunk:
+            return
+        yield chunk
+        pos += len(chunk)
+
+
 def copy_data(sfd, dfd, check=None):
     """Copy a regular file's bytes, keeping its holes: a sparse file of a terabyte (`truncate -s 1T`) costs
-    what it holds, not a terabyte of zeros written to the disk. Holes are found with SEEK_DATA/SEEK_HOLE
-    where the system has them, and zero blocks read are skipped in the copy as well (as cp --sparse=auto)."""
-    import errno
+    what it holds, not a terabyte of zeros written to the disk. Holes are found with data_extents, and zero
+    blocks read are skipped in the copy as well (as cp --sparse=auto)."""
     size = os.fstat(sfd).st_size
-    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
     zero = bytes(1 << 16)
-    pos = 0
-    while pos < size:
-        end = size
-        if seek_data is not None:
-            try:
-                pos = os.lseek(sfd, pos, seek_data)
-                end = os.lseek(sfd, pos, seek_hole)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:  # only a hole from here to the end
-                    break
-                seek_data = None  # the filesystem cannot say: read everything
-                os.lseek(sfd, pos, os.SEEK_SET)
+    for pos, end in data_extents(sfd):
         while pos < end:
             if check is not None:
                 check()
             chunk = os.pread(sfd, min(1 << 20, end - pos), pos)
             if not chunk:
-                end = size = pos  # shrank while copied
+                size = pos  # shrank while copied
                 break
             for i in range(0, len(chunk), len(zero)):
                 block = chunk[i:i + len(zero)]
@@ -3190,6 +3227,9 @@ def copy_data(sfd, dfd, check=None):
                     os.lseek(dfd, pos + i, os.SEEK_SET)
                     write_all(dfd, block)
             pos += len(chunk)
+        else:
+            continue
+        break
     os.ftruncate(dfd, size)
 
 

@@ -723,3 +723,34 @@ def test_configured_protected_paths_hold_however_they_are_written(cli, fake):
         assert result.endswith(HEADLESS), results
     assert results[-1] == "Created ops/eu/readme (5 bytes)"
     assert sorted(os.listdir(str(work))) == ["conf", "ops"] and (work / "conf" / "prod.yaml").read_text() == "a: 1\n"
+
+
+# -- every tool and the run's deadline --
+
+
+def test_a_terabyte_sparse_text_file_is_read_counted_and_copied_at_once(cli, fake):
+    """A text head, then a terabyte hole (`truncate -s 1T`, free to make): read_file and file_metadata read every
+    zero to count lines (minutes; only --timeout stopped them). Holes hold no newline: they are skipped."""
+    work = cli.workdir
+    with open(str(work / "huge.txt"), "wb") as fh:
+        fh.write(b"hello\n" * 2000)
+        fh.seek((1 << 40) - 6)
+        fh.write(b"\ntail\n")
+    cli.use(fake)
+    started = time.monotonic()
+    r, results = run_calls(cli, fake, [
+        tool_call("read_file", path="huge.txt", start_line=1999, end_line=2000),
+        tool_call("read_file", path="huge.txt", start_line=2002),
+        tool_call("read_file", path="huge.txt", start_line=2001, end_line=2001),
+        tool_call("file_metadata", path="huge.txt"),
+        tool_call("copy_path", source_path="huge.txt", destination_path="copy.txt"),
+        tool_call("grep", pattern="tail", path="huge.txt")], "--timeout", "30", timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - started < 25
+    head, tail, hole, meta, copy, grep = results
+    assert head.startswith("hello\nhello\n") and "of 2002" not in head, head
+    assert tail == "tail\n", tail[:200]
+    assert hole.rstrip("\n").endswith("... [line truncated]") and len(hole) < 70000, hole[-100:]
+    assert "lines: 2002" in meta and copy == "Copied huge.txt to copy.txt (1 item)", (meta, copy)
+    assert grep.startswith("no matches"), grep  # grep reads the first 64 MB of a file, by design
+    assert os.stat(str(work / "copy.txt")).st_blocks < 1024
