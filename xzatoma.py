@@ -609,6 +609,9 @@ class Config:
 def _coerce(dotted, value, origin):
     """Check a value against the key's type, choices and range. Returns the value or raises."""
     default = DEFAULT_LEAVES[dotted]
+    # a secret key's value is never quoted back: a numeric password (YAML reads it as a number, so it is
+    # neither registered nor shaped like a credential) was printed whole by "must be text, got 98765432109"
+    shown = "a %s (not shown: a credential)" % type(value).__name__ if is_secret_key(dotted) else repr(value)
     expected = NULLABLE_TYPES.get(dotted) or type(default)
     if value is None and (dotted in NULLABLE_TYPES or dotted.startswith("agent.quota.")):
         return None
@@ -621,22 +624,22 @@ def _coerce(dotted, value, origin):
         try:
             value = int(value) if expected is int else float(value)
         except ValueError:
-            raise ConfigError("%s: %s must be a number, got %r" % (origin, dotted, value))
+            raise ConfigError("%s: %s must be a number, got %s" % (origin, dotted, shown))
     if expected is bool and isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
         value = value.lower() in ("true", "yes", "1")
     ok = isinstance(value, expected) and not (isinstance(value, bool) and expected in (int, float, (int, float)))
     if not ok:
         names = {int: "an integer", float: "a number", bool: "true or false", str: "text",
                  list: "a list", (int, float): "a number"}
-        raise ConfigError("%s: %s must be %s, got %r" % (origin, dotted, names.get(expected, expected), value))
+        raise ConfigError("%s: %s must be %s, got %s" % (origin, dotted, names.get(expected, expected), shown))
     if dotted in CHOICES and value not in CHOICES[dotted]:
-        raise ConfigError("%s: %s must be one of %s, got %r" % (
-            origin, dotted, ", ".join(CHOICES[dotted]), value))
+        raise ConfigError("%s: %s must be one of %s, got %s" % (
+            origin, dotted, ", ".join(CHOICES[dotted]), shown))
     if dotted in RANGES:
         low, high = RANGES[dotted]
         if (low is not None and value < low) or (high is not None and value > high):
             bound = ("between %s and %s" % (low, high)) if high is not None else ("at least %s" % low)
-            raise ConfigError("%s: %s must be %s, got %r" % (origin, dotted, bound, value))
+            raise ConfigError("%s: %s must be %s, got %s" % (origin, dotted, bound, shown))
     if isinstance(default, list) and any(not isinstance(v, str) for v in value):
         raise ConfigError("%s: %s must be a list of text values" % (origin, dotted))
     return value

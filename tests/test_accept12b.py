@@ -330,3 +330,14 @@ def test_files_an_older_version_left_loose_are_tightened_at_the_next_run(cli, fa
     assert os.stat(str(cli.xz_home)).st_mode & 0o777 == 0o700
     modes = {name: oct(os.stat(str(cli.xz_home / name)).st_mode & 0o777) for name in loose}
     assert set(modes.values()) == {oct(0o600)}, modes
+
+
+def test_a_config_error_never_quotes_a_credential(cli):
+    # YAML reads an all-digit password as a number: neither registered nor credential-shaped, and the type
+    # error quoted it whole on stderr
+    for value in (98765432109876, ["list-held-Pa55word-77"], 3.14159265358979):
+        cli.write_config({"watcher": {"kafka": {"password": value}}, "xzepr": {"api_key": value}})
+        r = cli.run("config", "show")
+        assert r.returncode == 2 and "watcher.kafka.password must be text" in r.stderr, r.stderr
+        for secret in ("98765432109876", "Pa55word", "3.14159265"):
+            assert secret not in r.stdout + r.stderr
