@@ -843,15 +843,18 @@ class Jail:
         reals = [os.path.realpath(p) for p in hidden if p]
         #: the root itself lies in a hidden directory (`--working-dir $XZATOMA_HOME`): every path is refused, as
         #: commands find an empty tmpfs there (credentials.json and undo.key were read_file's to return)
-        self.hidden_root = next((h for h in reals if _inside(self.root, h)), None)
+        self.hidden_root = next((h for h in reals if _inside(fold_path(self.root), fold_path(h))), None)
         #: real paths beneath the root that resolve() refuses and walks skip
         self.hidden = tuple(h for h in reals if h != self.root and _inside(h, self.root))
+        #: the same as a filesystem that folds names sees them (`.XZ` is `.xz` on macOS): compared folded
+        self._hidden_folded = tuple(fold_path(h) for h in self.hidden)
         #: the same, relative to the root (walk_files compares its relative paths)
-        self.hidden_rel = frozenset(os.path.relpath(h, self.root) for h in self.hidden)
+        self.hidden_rel = frozenset(fold_path(os.path.relpath(h, self.root)) for h in self.hidden)
 
     def hides(self, real):
         """Is this real path (or what it holds) hidden? (True for a directory that contains a hidden one.)"""
-        return bool(self.hidden_root) or any(_inside(real, h) or _inside(h, real) for h in self.hidden)
+        real = fold_path(real)
+        return bool(self.hidden_root) or any(_inside(real, h) or _inside(h, real) for h in self._hidden_folded)
 
     def __eq__(self, other):
         return isinstance(other, Jail) and other.root == self.root
@@ -913,7 +916,7 @@ class Jail:
         except BaseException:
             os.close(root_fd)
             raise
-        if self.hidden_root or self.hidden and any(_inside(target.real, h) for h in self.hidden):
+        if self.hidden_root or self.hidden and any(_inside(fold_path(target.real), h) for h in self._hidden_folded):
             target.close()
             raise ToolError("%s is inside XZATOMA_HOME (xzatoma's credentials, conversations and undo data): "
                             "no tool reads or changes it" % path)
@@ -1879,7 +1882,7 @@ def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
                     is_dir = kind == "dir"
                     if is_dir and name in SKIP_DIRS:
                         continue
-                    if jail.hidden_rel and is_dir and rel in jail.hidden_rel:
+                    if jail.hidden_rel and is_dir and fold_path(rel) in jail.hidden_rel:
                         continue  # XZATOMA_HOME in the tree: never listed, searched or copied
                     if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
                         continue

@@ -754,3 +754,64 @@ def test_a_terabyte_sparse_text_file_is_read_counted_and_copied_at_once(cli, fak
     assert "lines: 2002" in meta and copy == "Copied huge.txt to copy.txt (1 item)", (meta, copy)
     assert grep.startswith("no matches"), grep  # grep reads the first 64 MB of a file, by design
     assert os.stat(str(work / "copy.txt")).st_blocks < 1024
+
+
+# -- races: a directory swapped for a link to outside while tools create, move, copy and delete under it --
+
+
+def test_a_swap_race_never_lets_a_copy_move_or_delete_touch_outside(cli, fake, outside):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        pytest.skip("no renameat2 in this libc")
+    work = cli.workdir
+    (work / "d" / "tree" / "in").mkdir(parents=True)
+    (work / "d" / "tree" / "in" / "f.txt").write_text("inside\n")
+    (work / "d" / "f.txt").write_text("inside\n")
+    for name in ("tree", "made", "moved", "copied"):
+        (outside / name).mkdir()
+        (outside / name / "keep.txt").write_text("OUTSIDE\n")
+    (outside / "f.txt").write_text("OUTSIDE\n")
+    os.symlink(str(outside), str(work / "lnk"))
+    before = snapshot(outside)
+    turn = [tool_call("create_directory", path="d/made/x"),
+            tool_call("copy_path", source_path="d/tree", destination_path="d/copied", overwrite=True),
+            tool_call("move_path", source_path="d/copied", destination_path="d/moved", overwrite=True),
+            tool_call("delete_path", path="d/moved", recursive=True),
+            tool_call("delete_path", path="d/made", recursive=True),
+            tool_call("write_file", path="d/f.txt", content="inside\n"),
+            tool_call("copy_path", source_path="d/f.txt", destination_path="d/tree/in/f.txt", overwrite=True)]
+    fake.add(*[{"tool_calls": turn} for _ in range(30)])
+    fake.add({"content": "done"})
+    cli.use(fake, max_turns=100)
+    proc = cli.popen("run", "--prompt", "go")
+    d, lnk = str(work / "d").encode(), str(work / "lnk").encode()
+    swaps = 0
+    while proc.poll() is None and swaps < 500000:  # bounded by iterations and by the run's end
+        libc.renameat2(-100, d, -100, lnk, 2)
+        libc.renameat2(-100, d, -100, lnk, 2)
+        swaps += 1
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert swaps > 50
+    assert snapshot(outside) == before
+
+
+def test_xzatoma_home_in_the_tree_is_hidden_in_every_spelling_a_filesystem_may_fold(tmp_path):
+    """On a filesystem that folds names (macOS, Windows, ext4 casefold) `.XZ/credentials.json` opens the home's
+    credentials; the protected paths were compared folded, the hidden home was not."""
+    from xzatoma_tools import Jail, ToolError
+    root = tmp_path / "work"
+    for spelling in (".xz", ".XZ", ".Xz.", "\uff0exz"):  # on this filesystem: distinct directories
+        (root / spelling).mkdir(parents=True)
+        (root / spelling / "credentials.json").write_text("{}")
+    jail = Jail(str(root), hidden=[str(root / ".xz")])
+    for spelling in (".xz", ".XZ", ".Xz.", "\uff0exz"):
+        with pytest.raises(ToolError) as err:
+            jail.resolve(spelling + "/credentials.json")
+        assert "XZATOMA_HOME" in str(err.value)
+        assert jail.hides(str(root / spelling))
+    assert not jail.hides(str(root / "xz"))
+    inside = Jail(str(root / ".XZ"), hidden=[str(root / ".xz")])  # a jail inside it, spelled otherwise
+    with pytest.raises(ToolError):
+        inside.resolve("credentials.json")
