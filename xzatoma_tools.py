@@ -7749,11 +7749,11 @@ _SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 4
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
-_AF_UNIX, _EACCES = 1, 13
+_AF_UNIX, _AF_VSOCK, _EACCES = 1, 40, 13
 
 
 def _deny_unix_sockets(libc):
-    """A seccomp filter for this process and every command: socket(AF_UNIX, …) fails with EACCES (socketpair()
+    """A seccomp filter for this process and every command: socket(AF_UNIX or AF_VSOCK, …) fails with EACCES (socketpair()
     still works: it reaches nothing by name), io_uring cannot be set up, and a foreign architecture's
     syscalls (i386 through int 0x80, x32) fail, since their numbers differ. OSError where it cannot."""
     import ctypes
@@ -7775,11 +7775,12 @@ def _deny_unix_sockets(libc):
         (_BPF_JEQ_K, 1, 0, arch),
         (_BPF_RET_K, 0, 0, deny),                # another architecture's numbering
         (_BPF_LD_W_ABS, 0, 0, 0),                # seccomp_data.nr
-        (_BPF_JGE_K, 5, 0, 0x40000000),          # x32 (x86_64 with __X32_SYSCALL_BIT)
-        (_BPF_JEQ_K, 4, 0, nr_io_uring),
-        (_BPF_JEQ_K, 0, 2, nr_socket),
+        (_BPF_JGE_K, 6, 0, 0x40000000),          # x32 (x86_64 with __X32_SYSCALL_BIT)
+        (_BPF_JEQ_K, 5, 0, nr_io_uring),
+        (_BPF_JEQ_K, 0, 3, nr_socket),
         (_BPF_LD_W_ABS, 0, 0, 16),               # seccomp_data.args[0], low half (little-endian)
-        (_BPF_JEQ_K, 1, 0, _AF_UNIX),
+        (_BPF_JEQ_K, 2, 0, _AF_UNIX),
+        (_BPF_JEQ_K, 1, 0, _AF_VSOCK),           # the host of a VM: no network namespace stands in the way
         (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
         (_BPF_RET_K, 0, 0, deny),
     ]

@@ -334,14 +334,16 @@ def test_no_unix_socket_on_the_system_is_reachable_from_a_command(cli, fake):
                                     "        s.connect(%r)\n"
                                     "        print(s.recv(64).decode())\n"
                                     "    except OSError as exc:\n"
-                                    "        print('refused', exc.errno)\n" % str(run_dir / "bus"))
+                                    "        print('refused', exc.errno)\n"
+                                    "try:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n"
+                                    "except OSError as exc:\n    print('vsock refused', exc.errno)\n" % str(run_dir / "bus"))
     try:
         r, [out] = run_commands(cli, fake, "python3 " + probe.split()[1])
     finally:
         stop.set()
         server.join(5)
         listener.close()
-    assert "pair-ok" in out and out.count("refused") == 3, out
+    assert "pair-ok" in out and out.count("refused 13") == 4 and "vsock refused 13" in out, out
     assert "OUTSIDE-REACHED" not in out and not accepted
     policy = cli.run("policy", "sandbox")
     assert "unix sockets: none can be opened (seccomp)" in policy.stdout, policy.stdout
@@ -456,3 +458,31 @@ def test_a_kept_repository_armed_through_a_submodules_hooks_is_caught(cli, fake)
     assert made.startswith("exit code: 0"), made  # inert: kept, and looked at again after every command
     assert armed.startswith("Error: the command made sub/.git (modules/lib/hooks/post-checkout)"), armed
     assert planted(cli) == []
+
+
+EXISTING = (".git/hooks/pre-commit.sample", ".git/config", ".ssh/authorized_keys", ".gnupg/gpg.conf", ".aws/credentials",
+            ".config/git/config", ".bashrc", ".zshenv", ".profile", "deploy/keys", "ops/x.pem")
+
+
+def test_every_way_of_changing_an_existing_protected_path_fails_in_the_sandbox(cli, fake):
+    configure(cli, fake, tools={"protected_paths": ["deploy/keys", "ops/*.pem"]})
+    subprocess.run(["git", "init", "-q", str(cli.workdir)], check=True)
+    for rel in EXISTING[2:]:
+        (cli.workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cli.workdir / rel).write_text("original\n")
+    before = {rel: ((cli.workdir / rel).read_bytes(), os.stat(str(cli.workdir / rel)).st_mode) for rel in EXISTING}
+    ops = ("echo x > {p}", "echo x >> {p}", "truncate -s0 {p}", "chmod 777 {p}", "touch -d 2001-01-01 {p}",
+           "rm -f {p}", "mv {p} {p}.moved", "ln -f {p} hard-$$", "cp /dev/null {p}", "ln -sf /tmp {p}",
+           "python3 -c 'import os,sys; os.rename(sys.argv[1] + \".new\", sys.argv[1])' {p}",
+           "mv $(dirname {p}) moved-dir-$$")
+    lines = []
+    for rel in EXISTING:
+        lines.append("echo x > %s.new 2>/dev/null" % rel)
+        for i, op in enumerate(ops):
+            lines.append("%s 2>/dev/null && echo 'CHANGED %s %d'" % (op.format(p=rel), rel, i))
+        lines.append("ln -s %s link-$$ && echo y > link-$$ 2>/dev/null && echo 'CHANGED %s link'; rm -f link-$$"
+                     % (rel, rel))
+    r, [out] = run_commands(cli, fake, script(cli, "s.sh", "\n".join(lines) + "\necho finished\n"))
+    assert "finished" in out and "CHANGED" not in out, out
+    for rel in EXISTING:
+        assert ((cli.workdir / rel).read_bytes(), os.stat(str(cli.workdir / rel)).st_mode) == before[rel], rel
