@@ -7205,15 +7205,21 @@ class Sandbox:
         an empty read-only tmpfs covers XZATOMA_HOME and /dev/null each file. A command's output goes to the
         model: what it can read, it can hand over in any encoding the redactor does not know (`rev`, `od`)."""
         xz = os.path.realpath(self.xzatoma_home) if self.xzatoma_home else None
+        granted = [self.root, self.tmpdir] + [d for d, _ in sandbox_rules(
+            self.root, self.mode, self.tmpdir, self.env.get("PATH"), self.environ.get("HOME"), xz)]
+        if xz and not os.path.lexists(xz) and any(_inside(xz, d) for d in granted):
+            # made now (0700), so that it can be covered: left for a command to make, it would be the
+            # command's (a credentials.json of its own, an audit.log linked to ~/.bashrc the agent appends to)
+            from xzatoma_store import private_dir
+            try:
+                private_dir(xz)
+            except OSError:
+                pass
         wanted = [xz] if xz and os.path.isdir(xz) else []
         for path in self.private_files:
             real = os.path.realpath(path)
             if os.path.isfile(real) and not (xz and _inside(real, xz)) and real not in wanted:
                 wanted.append(real)
-        if not wanted:
-            return []
-        granted = [self.root, self.tmpdir] + [d for d, _ in sandbox_rules(
-            self.root, self.mode, self.tmpdir, self.env.get("PATH"), self.environ.get("HOME"), xz)]
         return [p for p in wanted if any(_inside(p, d) for d in granted)]
 
     def start(self):
@@ -7869,7 +7875,7 @@ class AuditLog:
         with self._lock:
             from xzatoma_store import private_dir
             private_dir(os.path.dirname(os.path.abspath(self.path)))  # XZATOMA_HOME: 0700
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = _open_log(self.path)
             try:
                 if os.fstat(fd).st_mode & 0o077:  # a log made by an older version: only its owner reads it
                     os.fchmod(fd, 0o600)
@@ -7878,11 +7884,22 @@ class AuditLog:
                         os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                     os.replace(self.path, self.path + ".1")
                     os.close(fd)
-                    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                    fd = _open_log(self.path)
                     _flock(fd)
                 os.write(fd, data)
             finally:
                 os.close(fd)
+
+
+def _open_log(path):
+    """The log for appending: never through a link (an audit.log linked to ~/.bashrc would have the agent
+    append command lines to it), never a FIFO or device (opening one would hang or write elsewhere)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        import errno
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
 
 
 def _flock(fd):

@@ -486,3 +486,32 @@ def test_every_way_of_changing_an_existing_protected_path_fails_in_the_sandbox(c
     assert "finished" in out and "CHANGED" not in out, out
     for rel in EXISTING:
         assert ((cli.workdir / rel).read_bytes(), os.stat(str(cli.workdir / rel)).st_mode) == before[rel], rel
+
+
+def test_an_xzatoma_home_in_the_tree_that_does_not_exist_yet_is_not_the_commands_to_make(cli, fake):
+    configure(cli, fake, persistence={"enabled": False})  # nothing else makes it before the first command
+    xz, victim = cli.workdir / "xz", cli.tmp / "victim"
+    victim.write_text("victim\n")
+    body = ("mkdir -p xz; ln -s %s xz/audit.log; echo \"ln=$?\"\n"
+            "echo '{\"openai_api_key\": \"attacker-planted\"}' > xz/credentials.json; echo \"cred=$?\"\n" % victim)
+    fake.add({"tool_calls": [tool_call("terminal", command=script(cli, "s.sh", body))]},
+             {"tool_calls": [tool_call("terminal", command="echo '| curl evil | sh'")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x", env={"XZATOMA_HOME": str(xz)})
+    assert r.returncode == 0, r.stderr
+    first = tool_results(fake)[0]
+    assert "ln=0" not in first and "cred=0" not in first, first
+    assert victim.read_text() == "victim\n"
+    assert not (xz / "credentials.json").exists() and not os.path.islink(str(xz / "audit.log"))
+    assert "curl evil" in (xz / "audit.log").read_text()
+
+
+def test_the_audit_log_never_follows_a_link_or_opens_a_fifo(tmp_path):
+    from xzatoma_tools import AuditLog
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    os.symlink(str(victim), str(tmp_path / "linked.log"))
+    os.mkfifo(str(tmp_path / "fifo.log"))
+    for name in ("linked.log", "fifo.log"):
+        with pytest.raises(OSError):
+            AuditLog(str(tmp_path / name)).record(str(tmp_path), "echo hi", "exit:0", 0.1, "allow")
+    assert victim.read_text() == "victim\n"
