@@ -794,11 +794,21 @@ class Store:
         except FileNotFoundError:
             if not create:
                 return None
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:  # a NUL first: the file tools take it for binary and never show it as text
-                os.write(fd, b"\0" + os.urandom(32))
+            # written whole under a name of its own, then linked into place: a parallel subagent's first undo
+            # record made it at the same moment, and O_EXCL on the key itself failed one write ("file exists")
+            # or let it read a key not written yet
+            tmp = "%s.%s.tmp" % (path, os.urandom(8).hex())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                try:  # a NUL first: the file tools take it for binary and never show it as text
+                    os.write(fd, b"\0" + os.urandom(32))
+                finally:
+                    os.close(fd)
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # theirs is the key
             finally:
-                os.close(fd)
+                os.unlink(tmp)
             return self._undo_key(False)
         try:
             key = os.read(fd, 64)

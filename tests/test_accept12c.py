@@ -515,3 +515,30 @@ def test_the_audit_log_never_follows_a_link_or_opens_a_fifo(tmp_path):
         with pytest.raises(OSError):
             AuditLog(str(tmp_path / name)).record(str(tmp_path), "echo hi", "exit:0", 0.1, "allow")
     assert victim.read_text() == "victim\n"
+
+
+def test_parallel_first_undo_records_share_one_key(tmp_path):
+    """Parallel subagents' first writes each made the undo key at once: O_EXCL failed one of them ("file
+    exists": the write was lost; test_subagents' concurrent-confirmations flake) or let it read an empty key."""
+    import threading
+    from xzatoma_store import Store
+    for i in range(40):
+        db = str(tmp_path / ("c%d.db" % i))
+        stores, keys = [Store(db) for _ in range(4)], []
+        barrier = threading.Barrier(4)
+
+        def first_record(store):
+            barrier.wait()
+            try:
+                keys.append(store._undo_key(True))
+            except Exception as exc:  # noqa: BLE001 - what a write would have reported
+                keys.append(exc)
+        threads = [threading.Thread(target=first_record, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(keys) == 4 and all(isinstance(k, bytes) and len(k) == 32 for k in keys), keys
+        assert len(set(keys)) == 1 and not [n for n in os.listdir(str(tmp_path)) if n.endswith(".tmp")]
+        for s in stores:
+            s.close()
