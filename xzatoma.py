@@ -257,7 +257,8 @@ _SPLIT_CONTROLS = "\x0b\x0c\x1c\x1d\x1e\x1f\x85\u2028\u2029"
 
 
 def one_line(text, width=100):
-    text = str(text)
+    from xzatoma_store import redact  # before the cut: a secret cut in two is no longer one redact() knows
+    text = redact(str(text))
     if any(ch in text for ch in _SPLIT_CONTROLS):  # `a\x0cb.txt` was shown as `a b.txt`
         text = "".join(("\\x%02x" % ord(ch) if ord(ch) < 0x100 else "\\u%04x" % ord(ch))
                        if ch in _SPLIT_CONTROLS else ch for ch in text)

@@ -568,7 +568,7 @@ class Store:
             "INSERT INTO conversations (id, parent_id, depth, label, title, kind, provider, model, mode, "
             "working_dir, status, started_at, updated_at, source, pid, host, safety) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
-            (id, parent_id, depth, self.redact(label), self.redact(_shorten(title, 120)), kind, provider, model, mode,
+            (id, parent_id, depth, self.redact(label), _shorten(self.redact(title), 120), kind, provider, model, mode,
              working_dir, now, now, self.redact(source), os.getpid(), _hostname(), safety))
         with self._seq_lock:
             self._seq[id] = 0

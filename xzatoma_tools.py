@@ -60,7 +60,8 @@ class ToolResult:
         return self.output
 
     def preview(self, width=100):
-        text = self.to_message().strip()
+        from xzatoma_store import redact  # before the cut: half a secret is no longer a secret redact() knows
+        text = redact(self.to_message()).strip()
         first = text.splitlines()[0] if text else "(no output)"
         lines = text.count("\n") + 1 if text else 0
         if lines > 1:
@@ -437,18 +438,21 @@ class Tool:
 
 
 def preview_arguments(args):
-    """A short argument summary for progress lines: the path, pattern, command or URL when there is one."""
+    """A short argument summary for progress lines: the path, pattern, command or URL when there is one.
+    Redacted here, before any cut: the model's arguments can hold a credential, and the line is cut to its
+    width further on (a key cut in two was shown as its first half)."""
+    from xzatoma_store import redact
     if isinstance(args, str):
         try:
             args = json.loads(args or "{}")
         except ValueError:
-            return args[:80]
+            return redact(args)[:80]
     if not isinstance(args, dict):
-        return json.dumps(args, ensure_ascii=False)[:80]
+        return redact(json.dumps(args, ensure_ascii=False))[:80]
     for key in ("path", "glob", "pattern", "command", "url", "source_path", "label"):
         if isinstance(args.get(key), str):
-            return args[key] if key == "command" else one_line_path(args[key])
-    return json.dumps(args, ensure_ascii=False)[:80]
+            return redact(args[key]) if key == "command" else one_line_path(redact(args[key]))
+    return redact(json.dumps(args, ensure_ascii=False))[:80]
 
 
 def one_line_path(path):

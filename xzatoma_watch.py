@@ -1057,7 +1057,8 @@ class Watcher:
     def _execute(self, job):
         """Run the plan; (result event, status), or (None, None) when interrupted by us (redelivered later)."""
         ev = job.event
-        self.log("started", goal=ev.plan.goal[:200], **ev.log_fields())
+        from xzatoma_store import redact
+        self.log("started", goal=redact(ev.plan.goal)[:200], **ev.log_fields())  # redacted before the cut
         if self.xzepr is not None:
             self._xzepr(ev, "started", None)
         start = time.monotonic()
@@ -1305,7 +1306,8 @@ def _encode(doc):
 
 
 def _one_line(exc, width=300):
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    from xzatoma_store import redact  # before the cut (the log redacts whole lines, but half a key is not one)
+    text = " ".join(redact(str(exc)).split()) or type(exc).__name__
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

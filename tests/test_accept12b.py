@@ -341,3 +341,26 @@ def test_a_config_error_never_quotes_a_credential(cli):
         assert r.returncode == 2 and "watcher.kafka.password must be text" in r.stderr, r.stderr
         for secret in ("98765432109876", "Pa55word", "3.14159265"):
             assert secret not in r.stdout + r.stderr
+
+
+def test_a_secret_cut_by_a_line_width_is_redacted_before_the_cut(cli, fake):
+    # progress lines, result previews and the stored title were cut to their width first and redacted after:
+    # the half of a key before the cut was no longer a secret redact() knew, and went out as it was
+    key = "plainKnownValue0042xyzwABCDefgh"
+    cli.use(fake, provider="openai")
+    fake.add({"tool_calls": [tool_call("read_file", path="q" * 66 + key)]},
+             {"tool_calls": [tool_call("terminal", command="echo " + "r" * 64 + key)]},
+             {"tool_calls": [tool_call("list_directory", path="s" * 90 + key)]},
+             {"content": "ok"})
+    r = cli.run("run", "--output-format", "stream-json", "--prompt", "p" * 108 + " " + key,
+                env={"OPENAI_API_KEY": key})
+    assert r.returncode == 0, r.stderr
+    assert "q" * 66 + REDACTED in r.stderr and "r" * 64 + REDACTED in r.stderr
+    cid = json.loads(r.stdout.splitlines()[-1])["conversation_id"]
+    listed = cli.run("history", "list").stdout + cli.run("history", "list", "--json").stdout
+    data = db_bytes(cli)
+    half = key[:10]
+    for where, text in (("stderr", r.stderr), ("stream-json", r.stdout), ("history list", listed)):
+        assert half not in text, where
+    assert half.encode() not in data
+    assert cid
