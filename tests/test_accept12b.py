@@ -286,7 +286,7 @@ def test_a_key_echoed_encoded_by_a_provider_reaches_no_output(cli, fake):
     key = "kr/Key+with space&<x>=0042"
     spellings = {"plus": quote_plus(key, safe=""), "path": quote(key),
                  "lowerhex": re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quote(key, safe="")),
-                 "html": html.escape(key), "go": json.dumps(key)[1:-1].replace("&", "\\u0026").replace("<", "\\u003c"),
+                 "html": html.escape(key), "go": json.dumps(key)[1:-1].replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e"),
                  "hex": key.encode().hex()}
     cli.use(fake, provider="openai").use_test_keyring()
     cli.keyring_file.write_text(json.dumps({"xzatoma/openai_api_key": key}))
