@@ -333,7 +333,7 @@ class ToolContext:
         if self.store is None or self.undo_waived:
             return None
         with self._at(where) as target:
-            kind, blob, mode = snapshot_at(target, self.undo_cap)
+            kind, blob, mode = snapshot_at(target, self.undo_cap, lambda: self.check_deadline(tool))
             real = target.real
         record = self.store.record_undo(self.conversation_id, self.call_id, tool, real, kind, blob, mode)
         return record, real
@@ -371,7 +371,7 @@ class ToolContext:
         if self.store is None or self.undo_waived:
             return
         cap = self.undo_cap
-        size = tree_size_at(target)
+        size = tree_size_at(target, lambda: self.check_deadline(tool))
         if size <= cap:
             return
         detail = "%s is %s, over the undo cap of %s (agent.tools.undo_max_bytes): this cannot be undone" % (
@@ -387,7 +387,7 @@ class ToolContext:
         """A change at a protected path (or a directory holding one) needs a person's yes, in every mode;
         so does a copy of `source` (a Target) that creates one below `target`. `shows()` gives what the
         change writes (a diff): the person sees the code a hook or start-up file would run before saying yes."""
-        what = protected_reason(target, self.protected, self.root)
+        what = protected_reason(target, self.protected, self.root, lambda: self.check_deadline(tool))
         if what is None and source is not None:
             what = protected_copied(source, target.real, self.protected, self.root,
                                     lambda: self.check_deadline(tool))
@@ -1322,7 +1322,7 @@ def _git_config_paths(jail, root, top, gitdir):
     return out
 
 
-def protected_reason(target, protected, root):
+def protected_reason(target, protected, root, check=None):
     """What protected path a change at `target` (a Target) touches, or None.
 
     The target itself, anything inside a protected directory, and a directory that holds a
@@ -1338,7 +1338,7 @@ def protected_reason(target, protected, root):
     hit = _protected_rel(rel, globs, root) or _git_dir_around(target.real, root)
     if hit:
         return hit
-    return _protected_below(target, rel, globs)
+    return _protected_below(target, rel, globs, check)
 
 
 def _git_dir_around(real, root):
@@ -2766,8 +2766,8 @@ class MovePath(CopyPath):
         token = self._replace_destination(args, ctx, dst)
         if token is not None:
             ctx.after_change(token, expected="absent")  # undone after the move back, when dst is gone again
-        count = tree_count_at(src)
         check = lambda: ctx.check_deadline(self.name)  # noqa: E731
+        count = tree_count_at(src, check)
         st = src.lstat()
         if stat.S_ISLNK(st.st_mode):  # the plain case first, before anything changes
             link = os.readlink(src.name, dir_fd=src.dir_fd)
@@ -2831,7 +2831,7 @@ class DeletePath(Tool):
             if target.is_root:
                 raise ToolError("refusing to delete the working directory itself")
             st = target.lstat()
-            count = tree_count_at(target)
+            count = tree_count_at(target, lambda: ctx.check_deadline(self.name))
             if stat.S_ISDIR(st.st_mode) and count > 1 and not args.get("recursive"):
                 raise ToolError("%s is a non-empty directory (%d items); set recursive=true to delete it"
                                 % (path, count - 1))
@@ -3257,16 +3257,17 @@ def escaping_links(jail, real, check=None):
     return out
 
 
-def tree_count_at(target):
+def tree_count_at(target, check=None):
     if target.lstat() is None:
         return 0
-    return sum(1 for _ in _subtree(target.dir_fd, target.name))
+    return sum(1 for _ in _subtree(target.dir_fd, target.name, check))
 
 
-def tree_size_at(target):
+def tree_size_at(target, check=None):
     if target.lstat() is None:
         return 0
-    return sum(st.st_size for _, _, _, st in _subtree(target.dir_fd, target.name) if not stat.S_ISDIR(st.st_mode))
+    return sum(st.st_size for _, _, _, st in _subtree(target.dir_fd, target.name, check)
+               if not stat.S_ISDIR(st.st_mode))
 
 
 def _file_hash(dir_fd, name, h):
@@ -3313,8 +3314,9 @@ def state_hash_at(target):
     return "dir:" + h.hexdigest()
 
 
-def snapshot_at(target, cap):
-    """(kind, content, mode) of what is at a Target, for an undo record."""
+def snapshot_at(target, cap, check=None):
+    """(kind, content, mode) of what is at a Target, for an undo record; `check()` runs for each entry of a
+    tree (the run's deadline: a tool stopped by it leaves no record behind)."""
     st = target.lstat()
     if st is None:
         return "absent", None, None
@@ -3335,7 +3337,7 @@ def snapshot_at(target, cap):
     import tarfile
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for rel, fd, name, est in _subtree(target.dir_fd, target.name):
+        for rel, fd, name, est in _subtree(target.dir_fd, target.name, check):
             info = tarfile.TarInfo("./" + rel if rel else ".")
             info.mode, info.mtime = stat.S_IMODE(est.st_mode), int(est.st_mtime)
             if stat.S_ISDIR(est.st_mode):

@@ -815,3 +815,26 @@ def test_xzatoma_home_in_the_tree_is_hidden_in_every_spelling_a_filesystem_may_f
     inside = Jail(str(root / ".XZ"), hidden=[str(root / ".xz")])  # a jail inside it, spelled otherwise
     with pytest.raises(ToolError):
         inside.resolve("credentials.json")
+
+
+def test_a_tool_stopped_by_the_deadline_has_changed_nothing_and_recorded_nothing(tmp_path):
+    """Past the run's deadline, delete_path still walked the tree to count it, checked the undo cap, scanned for
+    protected paths and saved a whole snapshot before its first check; move_path renamed without any."""
+    from xzatoma_store import Store
+    from xzatoma_tools import ToolContext, build_registry
+    root = tmp_path / "work"
+    for i in range(20):
+        (root / "tree" / ("d%02d" % i)).mkdir(parents=True)
+        for j in range(20):
+            (root / "tree" / ("d%02d" % i) / ("f%02d.txt" % j)).write_text("x\n")
+    before = snapshot(root)
+    store = Store(str(tmp_path / "u.db")).open()
+    ctx = ToolContext(str(root), {}, store=store, conversation_id=None, deadline=time.monotonic() - 1)
+    reg = build_registry("write", ctx)
+    for name, args in (("delete_path", {"path": "tree", "recursive": True}),
+                       ("move_path", {"source_path": "tree", "destination_path": "moved"}),
+                       ("copy_path", {"source_path": "tree", "destination_path": "copy"})):
+        result = reg.execute(name, args)
+        assert result.error == "%s stopped: the run's time limit was reached" % name, (name, result.to_message())
+    assert snapshot(root) == before
+    assert store.undo_records() == []
