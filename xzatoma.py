@@ -730,6 +730,7 @@ def load_config(flags=None, env=None, config_path=None):
     secret_sources = {"openai": key_env, "copilot": "COPILOT_API_TOKEN",
                       "github": "GITHUB_TOKEN", "ollama": "OLLAMA_API_KEY"}
     register_credentials(env, values, secrets.values())
+    register_stored_credentials(xzatoma_home(env))
     return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings)
 
 
@@ -1138,6 +1139,25 @@ class CredentialStore:
             self._write_file(data)
             removed.append("file")
         return removed
+
+
+def register_stored_credentials(home):
+    """Every value in credentials.json is a credential this process knows, whichever provider this run uses:
+    registered at start, so a stored OpenAI key read from a file (or echoed by a server) during a run on Ollama
+    is redacted like the key in use. Only reads: a file others can read is refused where it is used (get())."""
+    import stat
+    path = os.path.join(home, "credentials.json")
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1048576:  # never a FIFO that would block the start
+            return
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return
+    if isinstance(data, dict):
+        for value in data.values():
+            _registered(value)
 
 
 def _registered(value):

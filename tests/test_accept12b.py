@@ -364,3 +364,22 @@ def test_a_secret_cut_by_a_line_width_is_redacted_before_the_cut(cli, fake):
         assert half not in text, where
     assert half.encode() not in data
     assert cid
+
+
+def test_a_stored_key_of_another_provider_is_redacted_too(cli, fake):
+    # credentials.json's values were registered only when read for the provider in use: a run on Ollama
+    # returned the stored OpenAI key from a file to the model, the store and the answer as it was
+    key = "stored-openai-value-0077-plain"
+    cli.use(fake)  # ollama: needs no key, so credentials.json was never read
+    path = cli.xz_home / "credentials.json"
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"openai_api_key": key}, fh)
+    (cli.workdir / "notes.txt").write_text("deploy key: %s\n" % key)
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]}, {"content": "the key is " + key})
+    r = cli.run("run", "--prompt", "read notes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "the key is %s\n" % REDACTED
+    result = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"][0]
+    assert key not in result and "deploy key: " + REDACTED in result
+    assert key.encode() not in db_bytes(cli)
