@@ -838,3 +838,18 @@ def test_a_tool_stopped_by_the_deadline_has_changed_nothing_and_recorded_nothing
         assert result.error == "%s stopped: the run's time limit was reached" % name, (name, result.to_message())
     assert snapshot(root) == before
     assert store.undo_records() == []
+
+
+def test_no_spelling_of_the_working_directory_can_be_deleted(cli, fake):
+    work = cli.workdir
+    (work / "d" / "e").mkdir(parents=True)
+    (work / "keep.txt").write_text("keep\n")
+    os.symlink("../..", str(work / "d" / "e" / "up2"))
+    spellings = ["", " ", ".", "./", "d/..", "d/e/../..", str(work), str(work) + "/", str(work) + "/.",
+                 "/proc/self/cwd", "/proc/self/cwd/", "d/e/up2/d/.."]
+    cli.use(fake)
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, [tool_call("delete_path", path=p, recursive=True) for p in spellings])
+    assert r.returncode == 0, r.stderr
+    assert results == ["Error: refusing to delete the working directory itself"] * len(spellings), results
+    assert snapshot(work) == before
