@@ -5571,7 +5571,7 @@ def cmd_policy(args, console):
             if protected is None:
                 from xzatoma_tools import protected_paths
                 protected = protected_paths(root, cfg.home, protected_extras(cfg, root))
-            word, reason = path_verdict(item, root, protected)
+            word, reason = path_verdict(item, root, protected, hidden=[cfg.home])
         refused |= word in REFUSED_VERDICTS
         CleanWriter(sys.stdout, exact=True).write("%s: %s\n" % (word, reason))
     return EXIT_FAILED if refused else EXIT_OK

@@ -1408,11 +1408,12 @@ def resolve_path(path, root, must_exist=False, follow=True):
         return target.real
 
 
-def path_verdict(path, root, protected=()):
-    """('inside'|'outside'|'error', reason) for `xzatoma policy path` and mentions; the reason names a
-    protected path the change would touch (given `protected`, as from protected_paths)."""
+def path_verdict(path, root, protected=(), hidden=()):
+    """('inside'|'outside'|'error', reason) for `xzatoma policy path`; the reason names a protected path the
+    change would touch (given `protected`, as from protected_paths). `hidden` (XZATOMA_HOME) is refused as
+    the tools refuse it: an error."""
     try:
-        with Jail(root).resolve(path) as target:
+        with Jail(root, hidden=hidden).resolve(path) as target:
             real = target.real
             what = protected_reason(target, protected, target.root) if protected else None
     except JailError as exc:

@@ -853,3 +853,13 @@ def test_no_spelling_of_the_working_directory_can_be_deleted(cli, fake):
     assert r.returncode == 0, r.stderr
     assert results == ["Error: refusing to delete the working directory itself"] * len(spellings), results
     assert snapshot(work) == before
+
+
+def test_policy_path_gives_the_tools_verdict_on_xzatoma_home_in_the_tree(cli):
+    """`policy path` said 'inside … protected' for credentials the tools refuse to touch at all."""
+    cli.env["XZATOMA_HOME"] = str(cli.workdir / ".xz")
+    (cli.workdir / ".xz").mkdir()
+    r = cli.run("policy", "path", ".XZ/credentials.json")
+    assert r.returncode == 1 and r.stdout.startswith("error: ") and "XZATOMA_HOME" in r.stdout, (r.stdout, r.stderr)
+    r = cli.run("policy", "path", "src/main.py")
+    assert r.returncode == 0 and r.stdout.startswith("inside: "), r.stdout
