@@ -760,10 +760,8 @@ def test_a_terabyte_sparse_text_file_is_read_counted_and_copied_at_once(cli, fak
 
 
 def test_a_swap_race_never_lets_a_copy_move_or_delete_touch_outside(cli, fake, outside):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if not hasattr(libc, "renameat2"):
-        pytest.skip("no renameat2 in this libc")
+    from test_file_safety import renameat2_libc, swap_while_running
+    libc = renameat2_libc()
     work = cli.workdir
     (work / "d" / "tree" / "in").mkdir(parents=True)
     (work / "d" / "tree" / "in" / "f.txt").write_text("inside\n")
@@ -785,15 +783,8 @@ def test_a_swap_race_never_lets_a_copy_move_or_delete_touch_outside(cli, fake, o
     fake.add({"content": "done"})
     cli.use(fake, max_turns=100)
     proc = cli.popen("run", "--prompt", "go")
-    d, lnk = str(work / "d").encode(), str(work / "lnk").encode()
-    swaps = 0
-    while proc.poll() is None and swaps < 500000:  # bounded by iterations and by the run's end
-        libc.renameat2(-100, d, -100, lnk, 2)
-        libc.renameat2(-100, d, -100, lnk, 2)
-        swaps += 1
-    out, err = proc.communicate(timeout=60)
+    out, err = swap_while_running(libc, proc, work / "d", work / "lnk")
     assert proc.returncode == 0, err
-    assert swaps > 50
     assert snapshot(outside) == before
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import tool_call
 from ptyrun import PtyProcess
+from test_secrets import db_bytes
 from xzatoma_store import REDACTED, redact
 
 ESC_TITLE = "\x1b]0;pwned\x07\x1b[2J\u202e"
@@ -24,16 +25,6 @@ def assert_clean(text, where):
     for ch in HOSTILE:
         assert ch not in text, "%r reached %s raw: %r" % (ch, where, text[-500:])
     assert "\r" not in text.replace("\r\n", "\n"), "a lone CR reached %s: %r" % (where, text[-500:])
-
-
-def db_bytes(cli):
-    data = b""
-    for name in ("conversations.db", "conversations.db-wal"):
-        path = cli.xz_home / name
-        if path.exists():
-            data += path.read_bytes()
-    assert data
-    return data
 
 
 def pty_run(cli, *args, env=None):

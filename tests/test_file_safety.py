@@ -52,12 +52,32 @@ def test_planted_temp_name_symlinks_are_never_written_through(cli, fake, outside
     assert not [n for n in os.listdir(str(work)) if n.endswith(".tmp") and not os.path.islink(str(work / n))]
 
 
-def test_symlink_swap_race_through_tool_calls(cli, fake, outside):
-    """While the run reads and writes under d/, a thread keeps exchanging d with a link to outside."""
+def renameat2_libc():
+    """libc with renameat2 (exchanges two names atomically), or the test is skipped."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     if not hasattr(libc, "renameat2"):
         pytest.skip("no renameat2 in this libc")
+    return libc
+
+
+def swap_while_running(libc, proc, a, b):
+    """Exchange `a` and `b` (RENAME_EXCHANGE) over and over while `proc` runs; returns its (stdout, stderr).
+    Each round exchanges twice, so between rounds the tree is as it was."""
+    a, b = str(a).encode(), str(b).encode()
+    swaps = 0
+    while proc.poll() is None and swaps < 500000:  # bounded by iterations and by the run's end
+        libc.renameat2(-100, a, -100, b, 2)
+        libc.renameat2(-100, a, -100, b, 2)
+        swaps += 1
+    out, err = proc.communicate(timeout=60)
+    assert swaps > 50, "the run ended before the race got going"
+    return out, err
+
+
+def test_symlink_swap_race_through_tool_calls(cli, fake, outside):
+    """While the run reads and writes under d/, a thread keeps exchanging d with a link to outside."""
+    libc = renameat2_libc()
     work = cli.workdir
     (work / "d").mkdir()
     (work / "d" / "f.txt").write_text("inside\n")
@@ -72,15 +92,8 @@ def test_symlink_swap_race_through_tool_calls(cli, fake, outside):
     fake.add({"content": "done"})
     cli.use(fake, max_turns=100)
     proc = cli.popen("run", "--prompt", "go")
-    d, lnk = str(work / "d").encode(), str(work / "lnk").encode()
-    swaps = 0
-    while proc.poll() is None and swaps < 500000:  # bounded by iterations and by the run's end
-        libc.renameat2(-100, d, -100, lnk, 2)
-        libc.renameat2(-100, d, -100, lnk, 2)
-        swaps += 1
-    out, err = proc.communicate(timeout=60)
+    out, err = swap_while_running(libc, proc, work / "d", work / "lnk")
     assert proc.returncode == 0, err
-    assert swaps > 50
     assert sorted(os.listdir(str(outside))) == ["f.txt", "victim.txt"]
     assert (outside / "f.txt").read_text() == "OUTSIDE-SECRET\n"
     for request in fake.model_requests():
