@@ -320,3 +320,16 @@ def test_an_old_database_is_redacted_on_upgrade_and_deleted_text_is_gone(tmp_pat
     data = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
     assert token.encode() not in data and b"Z9Z9Z9Z9" not in data
     assert doomed.encode() not in data  # history delete removes the text from the file, not just the row
+
+
+def test_one_line_of_a_huge_text_never_shows_a_known_key_cut_by_its_bound():
+    """one_line reads the first 64 KB of a long text (redacting a whole stored tool result per line of
+    `history show` cost 0.3 s a MB); the word its bound cuts in two is left out, not shown half redacted."""
+    from xzatoma import _ONE_LINE_SCAN, one_line
+    key = "kq-7f3b2c9d8e1a4f6b0c5d2e9a"
+    register_secret(key)
+    for offset in range(1, len(key)):  # the key starts `offset` characters before the bound
+        text = " " * (_ONE_LINE_SCAN - offset) + key + " more words after it" * 10
+        shown = one_line(text, 200)
+        assert key[:offset] not in shown, (offset, shown)
+    assert one_line("x " * 40000 + key, 40).startswith("x x x")
