@@ -531,19 +531,22 @@ def validate_arguments(tool, raw):
 class Registry:
     """The tools offered to the model in one mode. `execute` never raises."""
 
-    def __init__(self, tools, ctx, mode=WRITE_MODE, all_names=()):
+    def __init__(self, tools, ctx, mode=WRITE_MODE, all_names=(), schemas=None):
         self.tools = {t.name: t for t in tools}
         self.ctx = ctx
         self.mode = mode
         self.all_names = set(all_names) | set(self.tools)
+        self.schemas = schemas or {}  #: name -> the definition offered instead of the tool's own (a profile's)
 
     def narrowed(self, names, ctx):
         """The same tools, only those named, over another context (a subagent's)."""
-        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.mode, self.all_names)
+        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.mode, self.all_names,
+                        self.schemas)
 
     def bound(self, ctx):
         """The same tools over another context (one run's deadline)."""
-        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names)
+        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names,
+                                                     self.schemas)
 
     def __contains__(self, name):
         return name in self.tools
@@ -555,7 +558,7 @@ class Registry:
         return list(self.tools)
 
     def definitions(self):
-        return [t.definition() for t in self.tools.values()]
+        return [self.schemas.get(n) or t.definition() for n, t in self.tools.items()]
 
     def get(self, name):
         return self.tools.get(name)
@@ -568,7 +571,17 @@ class Registry:
                 return None, None, "tool %s is not available in %s mode" % (name, self.mode)
             return None, None, "unknown tool %r; available tools: %s" % (name, ", ".join(sorted(self.tools)))
         args, err = validate_arguments(tool, raw_args)
+        if err:
+            err += "; expected %s" % self.signature(name)
         return tool, args, err
+
+    def signature(self, name):
+        """A call's expected shape for error messages: write_file(path: string, content: string, mode?: …)."""
+        schema = (self.schemas.get(name) or self.tools[name].definition())["parameters"]
+        required = schema.get("required") or ()
+        params = ["%s%s: %s" % (p, "" if p in required else "?", s.get("type", "any"))
+                  for p, s in schema.get("properties", {}).items()]
+        return "%s(%s)" % (name, ", ".join(params))
 
     def execute(self, name, raw_args, call_id=None):
         """Run one tool call; every failure becomes an error result."""
@@ -8874,13 +8887,52 @@ def _parse_markdown_plan(text, source):
 ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
              FileMetadata, FindPath, Grep, DiffFiles, PlanTool, Terminal, Fetch)
 
+FULL_TOOLS, COMPACT_TOOLS = "full", "compact"  # tool profiles (agent.tools.profile)
 
-def build_registry(mode, ctx, extra=()):
-    """The registry for a mode: planning offers the tools whose permission is read, write offers all.
+#: The compact profile, for small models and small context windows: six tools whose definitions say only what a
+#: first call needs (~25% of the full set's tokens; the schema of each is the full one's subset, so validation
+#: and the tools themselves are unchanged). name -> (description, {parameter: (type, description)}, required)
+COMPACT = {
+    "list_directory": ("List the files in a directory.",
+                       {"path": ("string", "directory, default '.'"),
+                        "recursive": ("boolean", "include subdirectories")}, []),
+    "read_file": ("Read a text file.", {"path": ("string", ""), "start_line": ("integer", "optional"),
+                                        "end_line": ("integer", "optional")}, ["path"]),
+    "grep": ("Search files for a regular expression. Returns path:line: text.",
+             {"pattern": ("string", ""), "path": ("string", "file or directory, default '.'")}, ["pattern"]),
+    "write_file": ("Create or overwrite a file.", {"path": ("string", ""), "content": ("string", "")},
+                   ["path", "content"]),
+    "edit_file": ("Replace old_text with new_text in a file (old_text must appear exactly once).",
+                  {"path": ("string", ""), "old_text": ("string", ""), "new_text": ("string", "")},
+                  ["path", "old_text", "new_text"]),
+    "terminal": ("Run a shell command in the working directory. Returns the exit code and output.",
+                 {"command": ("string", "")}, ["command"]),
+}
+
+
+def compact_definition(name):
+    """The short definition of a tool in the compact profile."""
+    description, params, required = COMPACT[name]
+    props = {}
+    for prop, (kind, doc) in params.items():
+        props[prop] = {"type": kind, "description": doc} if doc else {"type": kind}
+    schema = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = list(required)
+    return {"name": name, "description": description, "parameters": schema}
+
+
+def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS):
+    """The registry for a mode: planning offers the tools whose permission is read, write offers all;
+    the compact profile offers only the COMPACT tools, with their short definitions.
 
     `ctx` is only referenced, never changed: a chat's @mentions use a planning registry over the
     same context as its Write-mode agent.
     """
     tools = [cls() for cls in ALL_TOOLS] + list(extra)
     offered = [t for t in tools if mode == WRITE_MODE or t.permission == READ]
-    return Registry(offered, ctx, mode, all_names=[t.name for t in tools])
+    schemas = None
+    if profile == COMPACT_TOOLS:
+        offered = [t for t in offered if t.name in COMPACT]
+        schemas = {t.name: compact_definition(t.name) for t in offered}
+    return Registry(offered, ctx, mode, all_names=[t.name for t in tools], schemas=schemas)
