@@ -18,8 +18,8 @@ def subagent_brain(parent_reply, delay=0.0, child_tools=None):
     """A fake model for trees: subagents answer their task (after `delay`), then summarise it."""
     def brain(body):
         msgs = body["messages"]
-        if "You are a subagent" in msgs[0]["content"]:
-            task = msgs[1]["content"]
+        if "You are a subagent" in msgs[1]["content"]:
+            task = msgs[2]["content"]
             if msgs[-1]["role"] == "user" and msgs[-1]["content"].startswith("Summarise"):
                 return {"content": "summary of %s" % task, "delay": delay}
             if child_tools and not any(m["role"] == "tool" for m in msgs):
