@@ -1,10 +1,29 @@
-"""XZatoma tools: what the model can do, and the rules that keep it safe.
+"""XZatoma tools: what the model can do, and below them the safety kernel that decides what it may touch.
 
-Read top to bottom: results, the registry, the working-directory jail, the
-file and search tools, and plan parsing (shared by the `plan` tool and
-`xzatoma run --plan`). Only the standard library is imported at module level;
-`yaml` is imported where a YAML plan is parsed.
+Two halves, read top to bottom (each section opens with a `# ---- Name ----` line):
+
+The tools: ToolResult, Tool, ToolContext and the Registry; shared file helpers; the file and search tools;
+undo; the terminal tool; fetch; plans (shared by the `plan` tool and `xzatoma run --plan`); build_registry.
+
+The safety kernel, below the `# ==== The safety kernel ====` line, imports nothing from the tools. Its API:
+  errors          ToolError (a failure the model sees as `Error: …`), JailError, PathError, UrlBlocked
+  protected set   PROTECTED_NAMES, HOME_PROTECTED_NAMES, protected_paths(root, xzatoma_home, extra),
+                  protected_reason(target, protected, root), protected_copied(...), fold_name, fold_path
+  untrusted text  render_untrusted(text, exact), render_json(obj), UntrustedStream
+  jail            Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path,
+                  open_if_regular, read_fd, special_error, use_openat2
+  globs           glob_regex(pattern), glob_match(pattern, relpath)
+  shell parser    parse_shell, needs_shell, simple_argv, command_argv, ShellSyntaxError
+  command policy  CommandPolicy(root, allowlist, custom_denylist).judge(command) -> Verdict (ALLOW, CONFIRM,
+                  DENY), DEFAULT_ALLOWLIST
+  running         run_command(...), child_env(environ, ...)
+  OS sandbox      Sandbox(root, mode, ...), SANDBOX_MODES, landlock_abi(), ProtectedWatch, repository_runs_code
+  SSRF guard      check_url(url, allowed_hosts), url_verdict, address_block_reason
+  audit log       AuditLog(path).record(...)
+
+Only the standard library is imported at module level; `yaml` is imported where a YAML plan is parsed.
 """
+
 
 import difflib
 import fnmatch
@@ -14,6 +33,7 @@ import re
 import stat
 import threading
 import time
+
 
 # ---- Tool results ----
 
@@ -67,156 +87,6 @@ class ToolResult:
         if lines > 1:
             first += "  (+%d lines)" % (lines - 1)
         return first if len(first) <= width else first[: width - 1] + "…"
-
-
-class ToolError(Exception):
-    """Raised inside a tool for a failure the model should see as `Error: …`."""
-
-
-# ---- Untrusted text for terminals ----
-# What a model, a file, a command or a server says reaches people only through render_untrusted: control
-# characters, escape sequences and invisible formatting are shown as visible escapes (`\x1b`, `\u202e`),
-# never emitted. Issue 12: `rm -r src #ESC[2K\r  $ ls -la` was displayed as `$ ls -la` and approved.
-# Decided by the Unicode category, not by a list, so a character nobody thought of fails closed.
-
-_RISKY_RUN = re.compile(r"[^\t\n\x20-\x7e]+")  # printable ASCII, tab and newline pass untouched (fast path)
-_HIDDEN_IN_TEXT = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format (bidi, zero-width), unassigned
-_JOINERS = ("\u200c", "\u200d")  # ZWNJ/ZWJ: Persian, Indic scripts and emoji sequences need them in prose
-_visible_memo = {}
-
-
-def _escape_char(ch):
-    cp = ord(ch)
-    if ch == "\r":
-        return "\\r"
-    return "\\x%02x" % cp if cp < 0x100 else "\\u%04x" % cp if cp < 0x10000 else "\\U%08x" % cp
-
-
-def _visible_char(ch, exact):
-    """`ch` as a terminal may show it: itself, or a visible escape."""
-    key = (ch, exact)
-    shown = _visible_memo.get(key)
-    if shown is None:
-        import unicodedata
-        category = unicodedata.category(ch)
-        hidden = category in _HIDDEN_IN_TEXT and not (category == "Co" and not exact)
-        if hidden and not exact and ch in _JOINERS:
-            hidden = False
-        if exact and not hidden:  # a command or path: anything that could pass for something else is shown
-            hidden = category in ("Zs", "Mn", "Me") or ch in _JOINERS
-        shown = _escape_char(ch) if hidden else ch
-        if len(_visible_memo) < 8192:
-            _visible_memo[key] = shown
-    return shown
-
-
-def render_untrusted(text, exact=False):
-    """Text from a model, file, command or server, safe to write to a terminal.
-
-    Newline and tab stay; CRLF becomes a newline; everything else that is not printable ASCII is kept only
-    when it is a visible character: C0/C1 controls (ESC, so every escape sequence, a lone CR, backspace),
-    DEL, bidirectional overrides and isolates, zero-width and other format characters, line/paragraph
-    separators, surrogates and unassigned code points are shown as `\\x1b`, `\\u202e`, `\\U000e0041`.
-    exact=True (a command to approve, a path) also shows non-ASCII spaces, combining marks, joiners and
-    private-use characters, so what is shown is exactly what will run.
-    """
-    if text is None:
-        return ""
-    if not isinstance(text, str):
-        text = str(text)
-    if "\r\n" in text:
-        text = text.replace("\r\n", "\n")
-    if _RISKY_RUN.search(text) is None:
-        return text
-    return _RISKY_RUN.sub(lambda m: "".join(_visible_char(ch, exact) for ch in m.group()), text)
-
-
-def render_json(obj, **dumps_args):
-    """JSON for stdout: secrets redacted in every string, and the characters render_untrusted would show
-    written as \\u escapes (the same data for a parser, nothing a terminal acts on)."""
-    from xzatoma_store import redact_data
-    text = json.dumps(redact_data(obj), ensure_ascii=False, **dumps_args)
-
-    def escape(match):
-        out = []
-        for ch in match.group():
-            if _visible_char(ch, False) == ch:
-                out.append(ch)
-            else:
-                units = ch.encode("utf-16-be", "surrogatepass")
-                out.extend("\\u%02x%02x" % (units[i], units[i + 1]) for i in range(0, len(units), 2))
-        return "".join(out)
-    return _RISKY_RUN.sub(escape, text)
-
-
-class UntrustedStream:
-    """Renders streamed text (the chat's answer) delta by delta, redacted and neutralised.
-
-    A secret or a CRLF can be split across deltas: the last few words (and an open PEM block) wait for
-    the next delta or for finish(), so redaction sees them whole.
-    """
-
-    HOLD_WORDS = 3  # 'Authorization: Bearer <token>' is three words
-    MAX_HOLD = 8192
-    #: held text longer than this is looked at again only when it has grown by half: a secret's shape that
-    #: never ends (a key block's base64 streamed on and on) is held whole, and rescanning all of it for each
-    #: delta was quadratic (80 KB took 30 seconds, a megabyte more than an hour)
-    RESCAN_FROM = 1024
-
-    def __init__(self):
-        self.pending = ""
-        self._next_scan = 0  # the held length at which to look again
-
-    def feed(self, text):
-        from xzatoma_store import partial_secret, redaction_spans
-        text = self.pending + (text or "")
-        if len(text) < self._next_scan:
-            self.pending = text
-            return ""
-        cut = self._cut(text)
-        for start, end in redaction_spans(text):  # never emit half of a secret: hold it whole
-            if start < cut < end:
-                cut = start
-        partial = partial_secret(text)  # the beginning of a known secret of more words than are held
-        if partial is not None and partial < cut and len(text) - partial < self.MAX_HOLD:
-            cut = partial
-        self.pending = text[cut:]
-        held = len(self.pending)
-        self._next_scan = held + held // 2 if held > self.RESCAN_FROM else 0
-        return self._render(text[:cut])
-
-    def finish(self):
-        text, self.pending, self._next_scan = self.pending, "", 0
-        return self._render(text)
-
-    def _cut(self, text):
-        """Where the held tail starts: before the last few words, an open PEM block or a CR."""
-        if len(text) > self.MAX_HOLD:
-            return len(text) - self.MAX_HOLD // 2
-        begin = text.rfind("-----BEGIN")
-        if begin != -1 and text.find("-----END", begin) == -1:
-            return begin
-        cut = len(text)
-        while cut > 0 and text[cut - 1].isspace():
-            cut -= 1
-        for _ in range(self.HOLD_WORDS):
-            while cut > 0 and not text[cut - 1].isspace():
-                cut -= 1
-            if cut == 0:
-                return 0
-            if _ < self.HOLD_WORDS - 1:
-                while cut > 0 and text[cut - 1].isspace():
-                    cut -= 1
-        while cut > 0 and text[cut - 1] == "\r":  # half of a CRLF waits for its LF
-            cut -= 1
-        return cut
-
-    @staticmethod
-    def _render(text):
-        if not text:
-            return ""
-        from xzatoma_store import redact
-        return render_untrusted(redact(text))
 
 
 # ---- Tool and registry ----
@@ -617,859 +487,9 @@ def _describe_os_error(exc, ctx):
     return str(exc)
 
 
-# ---- The working-directory jail ----
-#
-# Checking a path and then opening it by name is a race: between the two a directory can be swapped
-# for a symlink to somewhere else. So every file tool resolves its path *relative to an open
-# descriptor of the working directory*, one component at a time, opening each directory with
-# O_NOFOLLOW|O_DIRECTORY and following in-tree symlinks itself (a bounded number of them), and then
-# operates on the descriptor it checked (os.open/os.stat/os.unlink/os.rename with dir_fd). Where the
-# kernel has openat2 (Linux 5.6+), RESOLVE_BENEATH resolves the directory part in one call and the
-# kernel itself refuses to leave the tree; everything it cannot do (absolute in-tree links, errors
-# worth a clear message) goes through the portable walk, which is the authority.
-
-NAME_MAX = 255  #: bytes in one path component (Linux, macOS, the BSDs)
-PATH_MAX = 4096  #: bytes in a whole path
-MAX_SYMLINKS = 40  #: symlinks followed in one resolution, as Linux's own limit (ELOOP beyond)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-#: how the walk opens a directory it passes through: never a symlink, never without O_DIRECTORY
-_WALK_DIR = (getattr(os, "O_PATH", 0) or os.O_RDONLY) | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
-#: how a directory is opened to be listed or walked
-_LIST_DIR = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
-
-
-class JailError(ToolError):
-    """A path that lands outside the working directory."""
-
-
-class PathError(ToolError):
-    """A path that cannot be resolved at all: a symlink loop, an over-long name."""
-
-
-def _kind_of(mode):
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "FIFO"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device"
-    return "special file"
-
-
-_OPENAT2 = None  #: None: not tried yet; False: the kernel (or a seccomp filter) says no; else the function
-RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08
-
-
-def _openat2_beneath(dir_fd, rel, flags):
-    """openat2(dir_fd, rel, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS) -> fd, or None where unavailable.
-
-    Raises OSError for what the kernel refused (EXDEV: it would leave the tree or meets an absolute
-    symlink; ELOOP; ENOENT; ENOTDIR); callers fall back to the component walk for those.
-    """
-    global _OPENAT2
-    if _OPENAT2 is False:
-        return None
-    if _OPENAT2 is None:
-        _OPENAT2 = _load_openat2()
-        if _OPENAT2 is False:
-            return None
-    return _OPENAT2(dir_fd, rel, flags)
-
-
-def _load_openat2():
-    import platform
-    import sys
-    if not sys.platform.startswith("linux"):
-        return False
-    # openat2 is 437 in the unified table of every architecture added since 5.6 (not alpha/ia64/mips)
-    if platform.machine() not in ("x86_64", "aarch64", "arm64", "armv7l", "armv6l", "i686", "i386", "riscv64",
-                                  "ppc64le", "ppc64", "s390x", "loongarch64"):
-        return False
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        syscall = libc.syscall
-    except (OSError, AttributeError):
-        return False
-    syscall.restype = ctypes.c_long
-    syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
-
-    class OpenHow(ctypes.Structure):
-        _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
-
-    def openat2(dir_fd, rel, flags):
-        how = OpenHow(flags, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
-        fd = syscall(437, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), rel)
-        return fd
-
-    import errno
-    try:  # probe once: "." beneath an open root always works where openat2 exists
-        probe = os.open("/", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-        try:
-            os.close(openat2(probe, ".", _WALK_DIR & ~_O_NOFOLLOW))
-        finally:
-            os.close(probe)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG, errno.EACCES):
-            return False
-    return openat2
-
-
-def use_openat2(enabled):
-    """Turn the openat2 fast path off (False) or back to auto-detection (True): tests run both ways."""
-    global _OPENAT2
-    _OPENAT2 = None if enabled else False
-
-
-class Target:
-    """A checked place in the jail: an open descriptor of its parent directory and its name there.
-
-    `dir_fd` was reached from the working directory without following any symlink the walk did not
-    check; `name` is one component ('.' for the working directory itself). `missing` lists parent
-    directories that do not exist yet (`make_parents()` creates them, each checked again). Always
-    close() it (or use it as a context manager).
-    """
-
-    __slots__ = ("root", "_fds", "names", "missing", "name", "followed")
-
-    def __init__(self, root, fds, names, missing, name, followed):
-        self.root = root
-        self._fds = fds  # descriptors from the root down to the parent (None: not open, reopen on need)
-        self.names = names  # components from the root to the parent, symlinks resolved
-        self.missing = missing
-        self.name = name
-        self.followed = followed  # symlinks followed on the way
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self):
-        for fd in self._fds:
-            if fd is not None:
-                os.close(fd)
-        self._fds = []
-
-    @property
-    def dir_fd(self):
-        return self._fds[-1]
-
-    @property
-    def is_root(self):
-        return self.name == "." and not self.names and not self.missing
-
-    @property
-    def real(self):
-        parts = self.names + self.missing + ([] if self.name == "." else [self.name])
-        return os.path.join(self.root, *parts) if parts else self.root
-
-    def lstat(self):
-        """The entry itself (a symlink is not followed), or None when it does not exist."""
-        if self.missing:
-            return None
-        try:
-            return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-
-    def open_file(self, flags, mode=0o666):
-        """Open the entry itself: never following a symlink, never blocking on a FIFO or device."""
-        return os.open(self.name, flags | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, mode, dir_fd=self.dir_fd)
-
-    def open_regular(self, what):
-        """An fd of the regular file here, for reading; anything else is an error saying what it is."""
-        st = self.lstat()
-        if st is None:
-            raise ToolError("no such file or directory: %s" % display_path(self.real, self.root))
-        if not stat.S_ISREG(st.st_mode):
-            raise special_error(self, st.st_mode, what)
-        fd = self.open_file(os.O_RDONLY)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # swapped between the lstat and the open
-            os.close(fd)
-            raise special_error(self, st.st_mode, what)
-        return fd
-
-    def open_dir(self):
-        """An fd of the directory here (listable), never through a symlink."""
-        if self.is_root:
-            return os.open(".", _LIST_DIR, dir_fd=self.dir_fd)
-        return os.open(self.name, _LIST_DIR, dir_fd=self.dir_fd)
-
-    def make_parents(self):
-        """Create the missing parent directories, each opened again with O_NOFOLLOW after mkdir."""
-        while self.missing:
-            name = self.missing[0]
-            if len(self.names) + 1 > 255:
-                raise PathError("too many nested directories")
-            try:
-                os.mkdir(name, 0o777, dir_fd=self.dir_fd)
-            except FileExistsError:
-                pass
-            fd = os.open(name, _WALK_DIR, dir_fd=self.dir_fd)  # a symlink planted meanwhile fails here
-            self._fds.append(fd)
-            self.names.append(name)
-            self.missing.pop(0)
-
-
-def special_error(target, mode, what):
-    return ToolError("%s is a %s, not a regular file; %s" % (display_path(target.real, target.root),
-                                                             _kind_of(mode), what))
-
-
-def open_if_regular(name, dir_fd=None, follow=False):
-    """A read-only fd of `name` (relative to dir_fd) when it is a regular file, else None (also when it is
-    missing or unreadable). INFO: it is looked at before it is opened, and never opened otherwise: opening a
-    FIFO releases the writer waiting on it (and takes its data), opening a device talks to its driver (a tape
-    rewinds, a watchdog arms). Checked again on the descriptor, for a swap in between."""
-    try:
-        if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=follow).st_mode):
-            return None
-        fd = os.open(name, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | (0 if follow else _O_NOFOLLOW), dir_fd=dir_fd)
-    except OSError:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
-
-
-class Jail:
-    """The working directory, and every path a tool names resolved beneath it.
-
-    `hidden` names directories inside it that no tool may read, list, copy or change: XZATOMA_HOME when it
-    lies in the tree (its credentials, every project's conversations, the undo data and its key), as the
-    sandbox hides it from commands behind an empty tmpfs."""
-
-    def __init__(self, root, hidden=()):
-        self.root = os.path.realpath(root)
-        reals = [os.path.realpath(p) for p in hidden if p]
-        #: the root itself lies in a hidden directory (`--working-dir $XZATOMA_HOME`): every path is refused, as
-        #: commands find an empty tmpfs there (credentials.json and undo.key were read_file's to return)
-        self.hidden_root = next((h for h in reals if _inside(fold_path(self.root), fold_path(h))), None)
-        #: real paths beneath the root that resolve() refuses and walks skip
-        self.hidden = tuple(h for h in reals if h != self.root and _inside(h, self.root))
-        #: the same as a filesystem that folds names sees them (`.XZ` is `.xz` on macOS): compared folded
-        self._hidden_folded = tuple(fold_path(h) for h in self.hidden)
-        #: the same, relative to the root (walk_files compares its relative paths)
-        self.hidden_rel = frozenset(fold_path(os.path.relpath(h, self.root)) for h in self.hidden)
-
-    def hides(self, real):
-        """Is this real path (or what it holds) hidden? (True for a directory that contains a hidden one.)"""
-        real = fold_path(real)
-        return bool(self.hidden_root) or any(_inside(real, h) or _inside(h, real) for h in self._hidden_folded)
-
-    def __eq__(self, other):
-        return isinstance(other, Jail) and other.root == self.root
-
-    def __hash__(self):
-        return hash(self.root)
-
-    def open_root(self):
-        return os.open(self.root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-
-    def relative(self, path):
-        """Check a path's spelling and make it relative to the root (JailError / PathError)."""
-        if not isinstance(path, str):
-            raise JailError("path must be a string")
-        if "\x00" in path:
-            raise JailError("path contains a NUL byte: %r" % path)
-        if path.strip() == "":
-            path = "."
-        if path.startswith("~"):
-            raise JailError("path outside working directory: %s (home paths are not allowed)" % path)
-        shown = path
-        if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
-            # resolved from the root's descriptor: what must fit is the part below it (tools hand back the
-            # absolute paths they resolved; a deep file's was refused after the edit was made)
-            path = path[len(self.root):].lstrip("/") or "."
-        encoded = os.fsencode(path)
-        if len(encoded) >= PATH_MAX:
-            raise PathError("path too long: %d bytes (the limit is %d)" % (len(encoded), PATH_MAX - 1))
-        for part in path.split("/"):
-            if len(os.fsencode(part)) > NAME_MAX:
-                raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
-                    len(os.fsencode(part)), part[:40], NAME_MAX))
-        if not os.path.isabs(path):
-            return path
-        return self._absolute(path, shown)
-
-    def _absolute(self, path, shown):
-        """An absolute path (or absolute symlink target) as a path relative to the root."""
-        root = self.root
-        if path == root or path.startswith(root.rstrip("/") + "/"):
-            return path[len(root):].lstrip("/") or "."
-        # spelled through another name for the root (/tmp -> /private/tmp): the resolved spelling
-        # only picks the components; the walk below checks every one of them again from the root fd
-        real = os.path.realpath(path)
-        if _inside(real, root):
-            return real[len(root):].lstrip("/") or "."
-        raise JailError("path outside working directory: %s" % shown)
-
-    def resolve(self, path, follow=True, must_exist=False):
-        """A Target for `path`: its parent directory open, checked beneath the root.
-
-        follow=True resolves a symlink in the last component too (reading and writing a file through
-        an in-tree link); follow=False leaves it (delete, move, metadata of the link itself).
-        """
-        rel = self.relative(path)
-        root_fd = self.open_root()
-        try:
-            target = self._resolve(root_fd, rel, path, follow)
-        except BaseException:
-            os.close(root_fd)
-            raise
-        if self.hidden_root or self.hidden and any(_inside(fold_path(target.real), h) for h in self._hidden_folded):
-            target.close()
-            raise ToolError("%s is inside XZATOMA_HOME (xzatoma's credentials, conversations and undo data): "
-                            "no tool reads or changes it" % path)
-        if must_exist and target.lstat() is None:
-            target.close()
-            raise ToolError("no such file or directory: %s%s" % (path, self.suggest(path)))
-        return target
-
-    def _resolve(self, root_fd, rel, shown, follow):
-        parts = [p for p in rel.split("/") if p not in ("", ".")]
-        if len(parts) > 1 and ".." not in parts:
-            fds = self._fast_parent(root_fd, parts[:-1])
-            if fds is not None:
-                names = fds.pop()
-                return self._walk(fds, names, [parts[-1]], shown, follow)
-        return self._walk([root_fd], [], parts, shown, follow)
-
-    def _fast_parent(self, root_fd, parent_parts):
-        """The parent directory through openat2 (RESOLVE_BENEATH): [root_fd, None…, fd, names] or None."""
-        try:
-            fd = _openat2_beneath(root_fd, "/".join(parent_parts), _WALK_DIR & ~_O_NOFOLLOW)
-        except OSError:
-            return None  # the walk gives the precise error (or handles the absolute in-tree link)
-        if fd is None:
-            return None
-        try:
-            where = os.readlink("/proc/self/fd/%d" % fd)
-        except OSError:
-            where = ""
-        if not (where == self.root or where.startswith(self.root.rstrip("/") + "/")):
-            os.close(fd)
-            return None
-        names = [n for n in where[len(self.root):].split("/") if n]
-        if not names:  # a link back to the root itself: nothing to shortcut
-            os.close(fd)
-            return None
-        return [root_fd] + [None] * (len(names) - 1) + [fd] + [names]
-
-    def _walk(self, fds, names, parts, shown, follow):
-        """Resolve `parts` from the directory fds[-1] (reached through `names`), one component at a time."""
-        todo = list(reversed(parts))
-        links = retries = 0
-        missing = []  # components below a missing one: taken lexically, as realpath does
-        while True:
-            while todo and todo[-1] in ("", "."):
-                todo.pop()
-            if missing and not todo:
-                return Target(self.root, fds, names, missing[:-1], missing[-1], links)
-            if missing:
-                comp = todo.pop()
-                if comp == "..":
-                    missing.pop()
-                elif len(os.fsencode(comp)) > NAME_MAX:
-                    raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
-                        len(os.fsencode(comp)), comp[:40], NAME_MAX))
-                else:
-                    missing.append(comp)
-                continue
-            if not todo:  # the path names a directory we are in: step back up to name it in its parent
-                if not names:
-                    return Target(self.root, fds, names, [], ".", links)
-                name = names.pop()
-                fd = fds.pop()
-                if fd is not None:
-                    os.close(fd)
-                self._reopen(fds, names)
-                return Target(self.root, fds, names, [], name, links)
-            comp = todo.pop()
-            if comp == "..":
-                if not names:
-                    raise JailError("path outside working directory: %s" % shown)
-                names.pop()
-                fd = fds.pop()
-                if fd is not None:
-                    os.close(fd)
-                continue
-            if len(os.fsencode(comp)) > NAME_MAX:
-                raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
-                    len(os.fsencode(comp)), comp[:40], NAME_MAX))
-            last = all(p in ("", ".") for p in todo)
-            dir_fd = self._reopen(fds, names)
-            try:
-                st = os.stat(comp, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                missing.append(comp)
-                continue
-            if stat.S_ISLNK(st.st_mode) and (follow or not last):
-                links += 1
-                if links > MAX_SYMLINKS:
-                    raise PathError("too many levels of symbolic links: %s" % shown)
-                target = os.readlink(comp, dir_fd=dir_fd)
-                if target.startswith("/"):
-                    inner = self._absolute(target, shown)
-                    while len(fds) > 1:
-                        fd = fds.pop()
-                        if fd is not None:
-                            os.close(fd)
-                    del names[:]
-                    todo.extend(reversed(inner.split("/")))
-                else:
-                    todo.extend(reversed(target.split("/")))
-                continue
-            if last:
-                return Target(self.root, fds, names, [], comp, links)
-            if not stat.S_ISDIR(st.st_mode):
-                raise ToolError("not a directory: %s (in %s)" % ("/".join(names + [comp]), shown))
-            try:
-                fd = os.open(comp, _WALK_DIR, dir_fd=dir_fd)
-            except OSError:
-                # swapped (for a symlink, a file, nothing) since the stat: look again, a bounded number of times
-                retries += 1
-                if retries > 8:
-                    raise PathError("%s keeps changing while it is resolved: %s" % (comp, shown))
-                todo.append(comp)
-                continue
-            fds.append(fd)
-            names.append(comp)
-
-    def _reopen(self, fds, names):
-        """The fd of the current directory, reopening ancestors left unopened by the openat2 shortcut."""
-        if fds[-1] is not None:
-            return fds[-1]
-        base = max(i for i, fd in enumerate(fds) if fd is not None)
-        for i in range(base + 1, len(fds)):
-            fds[i] = os.open(names[i - 1], _WALK_DIR, dir_fd=fds[i - 1])
-        return fds[-1]
-
-    def suggest(self, path):
-        """A near miss for a missing path: ' (did you mean src/app.py?)'."""
-        parent = os.path.dirname(path) or "."
-        try:
-            with self.resolve(parent) as target:
-                fd = target.open_dir()
-                try:
-                    names = os.listdir(fd)
-                finally:
-                    os.close(fd)
-        except (OSError, ToolError):
-            return ""
-        if len(names) > 5000:  # get_close_matches is ~50 µs a name: a hint is not worth seconds
-            return ""
-        close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
-        if close:
-            return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
-        return ""
-
-
-#: Paths beneath the working directory that run code or hold credentials the next time a person, git
-#: or a shell uses them: a tool may change them only with a person's yes, in every mode (YOLO too),
-#: and never in a headless run. Matched after resolution and case-insensitively (macOS and Windows
-#: filesystems fold case: `.GIT/config` is `.git/config` there).
-PROTECTED_NAMES = (
-    # version control: hooks, config (core.fsmonitor, core.hooksPath), a worktree's `.git` pointer file
-    ".git", ".hg", ".gitconfig", ".config/git", ".git-credentials",
-    # shells and their start-up files
-    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zprofile", ".zshenv",
-    ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login", ".kshrc", ".inputrc", ".config/fish",
-    ".xprofile", ".xinitrc", ".xsession", ".pam_environment", ".config/autostart", ".config/systemd",
-    ".bash_aliases", ".xsessionrc", ".config/environment.d",
-    # keys and credentials, and what picks the code Python and pip load (a keyring backend, an index)
-    ".ssh", ".gnupg", ".aws", ".kube", ".docker/config.json", ".netrc", ".npmrc", ".pypirc", ".pgpass",
-    ".config/gh", ".config/xzatoma", ".config/python_keyring", ".config/pip", ".pip", ".pydistutils.cfg",
-)
-#: Protected in a home directory only (the jail is it, holds it or lies in it): what runs code at the next
-#: login, shell, Python start or tool use there, under names a project uses for its own files (`bin/`)
-HOME_PROTECTED_NAMES = (
-    ".local/bin", "bin", ".local/lib", ".local/share/applications", ".config/nvim", ".vimrc", ".vim",
-    ".emacs", ".emacs.d", ".gdbinit", ".pdbrc", ".pythonrc", ".ipython", ".tmux.conf", ".screenrc",
-    ".psqlrc", ".sqliterc", ".curlrc", ".wgetrc", ".cargo", ".m2", ".gradle",
-)
-#: directory names protected wherever they appear: nested repositories' metadata
-PROTECTED_ANYWHERE = (".git", ".hg")
-_fold_memo = {}
-
-
-def fold_name(name):
-    """A path component as filesystems that fold names may see it, for matching protected names: case
-    folded (macOS, Windows, ext4 casefold), compatibility forms and combining marks reduced (a fullwidth
-    `.git`), invisible characters dropped (HFS+ ignores a U+200C inside `.git`), trailing dots and spaces dropped
-    and the 8.3 short name `GIT~1` read as `.git` (NTFS): git refuses these spellings for the same reason.
-    Over-matching only asks a person more often; under-matching would let a hook through."""
-    folded = _fold_memo.get(name)
-    if folded is None:
-        import unicodedata
-        folded = unicodedata.normalize("NFKD", name)
-        folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
-        folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
-        short = re.match(r"(git|hg)~\d+\Z", folded)
-        if short:
-            folded = "." + short.group(1)
-        if len(_fold_memo) < 65536:
-            _fold_memo[name] = folded
-    return folded
-
-
-def fold_path(path):
-    return "/".join(fold_name(part) for part in path.split("/"))
-
-
-def protected_paths(root, xzatoma_home=None, extra=()):
-    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME and config extras.
-
-    `extra` (agent.tools.protected_paths) holds paths relative to the working directory or absolute
-    ones; those outside `root` are left out (the jail keeps tools out of them anyway). Directories
-    named .git or .hg anywhere below are protected too (see protected_reason).
-    """
-    root = os.path.realpath(root)
-    out = [os.path.join(root, name) for name in PROTECTED_NAMES]
-    out.extend(p for p in _protected_around(root) if p not in out)
-    for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
-        path = os.path.expanduser(path)
-        if _is_glob(path):  # '*.pem', 'secrets/**': matched against paths relative to the root
-            full = os.path.join(root, path)  # an absolute glob as it is ('~/proj/*.key', '/**/*.crt')
-            fixed = os.path.dirname(full[:min(full.find(c) for c in "*?[" if c in full)]) or "/"
-            real = os.path.realpath(fixed)  # the part before the first wildcard, where it really is
-            full = real.rstrip("/") + full[len(fixed):] if real != fixed else full
-            # it can match below the root: it starts inside it, or above it (an absolute glob was left out)
-            if (_inside(real, root) or _inside(root, real)) and full not in out:
-                out.append(full)
-            continue
-        real = os.path.realpath(os.path.join(root, path))
-        # below the root, or the root itself lies in it (`cd ~/.ssh`, XZATOMA_HOME): then all of the root is
-        if ((_inside(real, root) and real != root) or _inside(root, real)) and real not in out:
-            out.append(real)
-    return out
-
-
-def _protected_around(root):
-    """The root itself or the directory above it that holds it, when that is repository metadata: a `.git`
-    or `.hg` directory (`cd .git/hooks`), or a git directory by its shape (a bare clone, a worktree's
-    gitdir: HEAD with objects/ and refs/, or a commondir). Names like `hooks` or `config` are then git's."""
-    out, path = [], root
-    while True:
-        if fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or _is_git_directory(path):
-            out.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            return out
-        path = parent
-
-
-def _is_git_directory(path):
-    """git's own test for a directory it uses as a repository (setup.c: is_git_directory), lstat only."""
-    def is_a(name, test):
-        try:
-            return test(os.lstat(os.path.join(path, name)).st_mode)
-        except OSError:
-            return False
-    return is_a("HEAD", stat.S_ISREG) and (is_a("commondir", stat.S_ISREG) or (
-        is_a("objects", stat.S_ISDIR) and is_a("refs", stat.S_ISDIR)))
-
-
-def _is_glob(path):
-    return any(c in path for c in "*?[")
-
-
-def protected_globs(protected, root):
-    """The configured globs among the protected paths (`*.pem`, `secrets/**`), relative to the root and
-    lowered, as _protected_rel matches them."""
-    return [display_path(p, root).lower() for p in protected if _is_glob(p)]
-
-
-def _resolved_protected(root, protected):
-    """The protected paths plus where they really are: `.git` may be a symlink to `repo-meta/`, or a
-    worktree's `.git` file naming its gitdir; changing those is changing .git."""
-    jail, out = Jail(root), list(protected)
-    for path in protected:
-        if _is_glob(path):
-            continue
-        try:
-            with jail.resolve(path) as target:
-                real, st = target.real, target.lstat()
-                pointer = b""
-                if st is not None and stat.S_ISREG(st.st_mode) and os.path.basename(path) == ".git":
-                    fd = target.open_regular("")
-                    try:
-                        pointer = read_fd(fd, 4096)
-                    finally:
-                        os.close(fd)
-        except (ToolError, OSError):
-            continue
-        if real != path:
-            out.append(real)
-        gitdirs = [real] if os.path.basename(path) == ".git" and st is not None and stat.S_ISDIR(st.st_mode) else []
-        if pointer.startswith(b"gitdir:"):
-            gitdir = os.fsdecode(pointer[7:].strip().splitlines()[0]) if pointer[7:].strip() else ""
-            try:
-                gitdirs.append(resolve_path(os.path.join(os.path.dirname(real), gitdir), root))
-                out.append(gitdirs[-1])
-            except (ToolError, OSError):
-                pass  # a gitdir outside the tree: the jail keeps tools out of it anyway
-        for gitdir in gitdirs:
-            out.extend(_git_config_paths(jail, root, os.path.dirname(real), gitdir))
-    # nested repositories (vendored clones, submodules): their .git may be a file naming a gitdir
-    # elsewhere in the tree, and their config names hooks and programs relative to their own top; the
-    # repository enclosing the working directory may name programs inside it too
-    nested, _ = nested_repositories(root)
-    for dot in nested + git_dirs(root):
-        if os.path.basename(dot).lower() != ".git":
-            continue
-        top = os.path.dirname(dot)
-        gitdir = _gitdir_of(dot)
-        if gitdir is None:
-            continue
-        if _inside(gitdir, root) and gitdir not in out:
-            out.append(gitdir)
-        out.extend(_git_config_paths(jail, root, top, gitdir))
-    return out
-
-
-def _read_small(path, limit=4096):
-    """The first bytes of a regular file, or None: never opening a FIFO or device a repository planted."""
-    fd = open_if_regular(path, follow=True)
-    if fd is None:
-        return None
-    try:
-        return read_fd(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _gitdir_of(dot):
-    """The real git directory a `.git` entry stands for (itself, or the `gitdir:` its file names)."""
-    if os.path.isdir(dot) and not os.path.islink(dot):
-        return os.path.realpath(dot)
-    fd = open_if_regular(dot)
-    if fd is None:
-        return None
-    try:
-        line = read_fd(fd, 4096).decode("utf-8", "replace").strip().splitlines()
-    finally:
-        os.close(fd)
-    if not line or not line[0].startswith("gitdir:"):
-        return None
-    return os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
-
-
-#: config keys whose value is a path even without a slash: the hooks directory, an included config file
-_GIT_PATH_KEYS = ("hookspath", "path")
-
-
-def _git_config_paths(jail, root, top, gitdir):
-    """In-tree paths a repository's own config makes git run or read as config: core.hooksPath,
-    programs named with a slash (fsmonitor, pager, textconv, filters, aliases, helpers …), include
-    paths. Writing them runs code at the user's next git command, like writing .git/hooks does."""
-    out, seen = [], set()
-    todo = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-    pointer = _read_small(os.path.join(gitdir, "commondir"))
-    if pointer and pointer.strip():  # a worktree's gitdir names the main repository's (its config, its hooks)
-        common = os.path.realpath(os.path.join(gitdir, os.fsdecode(pointer.strip().splitlines()[0])))
-        todo.insert(0, os.path.join(common, "config"))
-        if _inside(common, root):
-            out.append(common)
-    while todo and len(seen) < 16:
-        config = todo.pop(0)
-        if config in seen:
-            continue
-        seen.add(config)
-        try:
-            if _inside(config, root):
-                with jail.resolve(config) as target:
-                    fd = target.open_regular("")
-            else:  # the enclosing repository's config: read for this judgement only, never shown
-                fd = open_if_regular(config, follow=True)
-                if fd is None:
-                    continue
-            try:
-                text = read_fd(fd, 1 << 20).decode("utf-8", "replace")
-            finally:
-                os.close(fd)
-        except (ToolError, OSError):
-            continue
-        for line in text.splitlines():
-            line = re.sub(r'^\s*\[[^\]]*\]', "", line).strip()
-            if "=" not in line or line[:1] in "#;":
-                continue
-            key, value = line.split("=", 1)
-            key = key.strip().lower()
-            for token in re.split(r"[\s;|&()<>`]+", value.replace('"', " ").replace("'", " ")):
-                token = token.lstrip("!")
-                if not token or token.startswith("-") or token[:1] in "#;":
-                    continue
-                if key in _GIT_PATH_KEYS:
-                    base = os.path.dirname(config) if key == "path" else top
-                elif "/" in token or token.startswith("~"):
-                    base = top
-                else:
-                    continue
-                try:
-                    found = resolve_path(os.path.join(base, os.path.expanduser(token)), root)
-                except (ToolError, OSError):
-                    continue
-                if found != root and found not in out:
-                    out.append(found)
-                    if key == "path":
-                        todo.append(found)
-    return out
-
-
-def protected_reason(target, protected, root, check=None):
-    """What protected path a change at `target` (a Target) touches, or None.
-
-    The target itself, anything inside a protected directory, and a directory that holds a
-    protected path (deleting or replacing `src/` deletes `src/.git`) all count.
-    """
-    real = fold_path(target.real)
-    globs = protected_globs(protected, root)
-    for path in _resolved_protected(root, protected):
-        p = fold_path(path)
-        if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
-            return display_path(path, root)
-    rel = display_path(target.real, root)
-    hit = _protected_rel(rel, globs, root) or _git_dir_around(target.real, root)
-    if hit:
-        return hit
-    return _protected_below(target, rel, globs, check)
-
-
-def _git_dir_around(real, root):
-    """The repository directory a change at `real` lies in, or would make, by git's own test (a HEAD file
-    beside objects/ or commondir), below the root: a bare clone `mirror.git/` in the tree runs its hooks
-    and config for the next git command there like any .git. None otherwise."""
-    parent, name = os.path.dirname(real), os.path.basename(real)
-    if _inside(parent, root) and parent != root and name in ("HEAD", "objects", "commondir"):
-        head = name == "HEAD" or os.path.isfile(os.path.join(parent, "HEAD"))
-        store = name in ("objects", "commondir") or os.path.isdir(os.path.join(parent, "objects")) or \
-            os.path.isfile(os.path.join(parent, "commondir"))
-        if head and store:
-            return display_path(parent, root) + " (a git directory)"
-    d = parent
-    while d != root and _inside(d, root):
-        if _is_git_dir(d):
-            return display_path(d, root) + " (a git directory)"
-        d = os.path.dirname(d)
-    return None
-
-
-def protected_copied(source, destination, protected, root, check=None):
-    """What protected path copying the tree at `source` (a Target) to `destination` (a real path) creates
-    below it, or None: a copied `.git` (a repository, hooks and all) or a name a configured glob protects."""
-    globs = protected_globs(protected, root)
-    return _protected_below(source, display_path(destination, root), globs, check)
-
-
-def _protected_below(target, rel, globs, check=None):
-    """The first protected path below the directory Target `target` when its tree stands at `rel`, or None."""
-    st = target.lstat()
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return None
-    for sub, _, _, _ in _subtree(target.dir_fd, target.name, check):
-        if sub:
-            hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs, target.root)
-            if hit:
-                return hit
-    return None
-
-
-def _protected_rel(rel, globs, root):
-    """rel (or the part of it up to a protected name) when a .git/.hg component or a glob from the
-    configuration matches it, case-insensitively; else None. A glob that begins above the root (absolute, as
-    display_path left it) is matched against the absolute path."""
-    parts = rel.split("/")
-    for i, part in enumerate(parts):
-        if fold_name(part) in PROTECTED_ANYWHERE:
-            return "/".join(parts[: i + 1])
-    for lowered in {rel.lower(), fold_path(rel)}:
-        for pattern in globs:
-            for i in range(len(parts)):  # the path or a directory above it
-                sub = "/".join(lowered.split("/")[: i + 1])
-                if glob_match(pattern, os.path.join(root.lower(), sub) if pattern.startswith("/") else sub):
-                    return "/".join(parts[: i + 1])
-    return None
-
-
-def resolve_path(path, root, must_exist=False, follow=True):
-    """Resolve `path` against the jail `root`; refuse anything that lands outside.
-
-    Symlinks are resolved (also dangling and chained ones, a bounded number: loops are errors);
-    names are taken literally. Returns the absolute real path. Tools use `Jail.resolve`, which
-    keeps the checked directory open; this is for showing and judging paths.
-    """
-    with Jail(root).resolve(path, follow=follow, must_exist=must_exist) as target:
-        return target.real
-
-
-def path_verdict(path, root, protected=(), hidden=()):
-    """('inside'|'outside'|'error', reason) for `xzatoma policy path`; the reason names a protected path the
-    change would touch (given `protected`, as from protected_paths). `hidden` (XZATOMA_HOME) is refused as
-    the tools refuse it: an error."""
-    try:
-        with Jail(root, hidden=hidden).resolve(path) as target:
-            real = target.real
-            what = protected_reason(target, protected, target.root) if protected else None
-    except JailError as exc:
-        return "outside", str(exc)
-    except (ToolError, OSError) as exc:
-        return "error", str(exc) if isinstance(exc, ToolError) else "%s: %s" % (exc.strerror or exc, path)
-    note = "; protected (%s): changes need a person's yes" % what if what else ""
-    return "inside", "resolves to %s%s" % (display_path(real, root), note)
-
-
-def _inside(real, root):
-    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def display_path(real, root):
-    """Paths shown to people and the model are relative to the working directory."""
-    if real == root:
-        return "."
-    rel = os.path.relpath(real, root)
-    return real if rel == ".." or rel.startswith("../") else rel  # `..name` is a name inside
-
-
 # ---- Shared file helpers ----
 
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", ".tox", ".mypy_cache", ".pytest_cache"}
-
-
-def read_fd(fd, limit=None, size=None):
-    """Everything from fd (at most `limit` bytes); reads until EOF, so a file that grows is not cut short.
-
-    `size` (from fstat) sizes the first read: a 10 KB file costs one read of 10 KB, not a 1 MB buffer.
-    """
-    chunks, total = [], 0
-    first = None if size is None else size + 1
-    while limit is None or total < limit:
-        want = first or (1 << 20)
-        first = None
-        chunk = os.read(fd, want if limit is None else min(want, limit - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
 
 
 #: the largest file a tool reads whole into memory (edit_file, diffs, plans, grep): a multi-gigabyte or
@@ -1549,219 +569,6 @@ def write_atomic_at(dir_fd, name, data, mode=None):
         except OSError:
             pass
         raise
-
-
-#: a glob's limits (a model or a repository's .gitignore writes it): longer patterns and more {a,b}
-#: alternatives are refused, so matching stays bounded whatever the pattern
-MAX_GLOB_LENGTH = 4096
-MAX_GLOB_ALTERNATIVES = 256
-
-
-def _brace_expand(pattern, limit=MAX_GLOB_ALTERNATIVES):
-    """'src/**/*.{rs,toml}' -> ['src/**/*.rs', 'src/**/*.toml']; a ToolError past `limit` alternatives
-    ({a,b} thirty times is 2**30 patterns: refused, never generated)."""
-    out, todo = [], [pattern]
-    while todo:
-        item = todo.pop()
-        m = re.search(r"\{([^{}]*)\}", item)
-        if not m:
-            out.append(item)
-        else:
-            todo.extend(item[: m.start()] + alt + item[m.end():] for alt in reversed(m.group(1).split(",")))
-        if len(out) + len(todo) > limit:
-            raise ToolError("the glob %s has more than %d {…} alternatives; narrow it" % (pattern[:80], limit))
-    return out
-
-
-_GLOB_CACHE = {}
-
-
-def _glob_tokens(alt):
-    """A glob's tokens: ('**/',) any text ending in / or nothing; ('**',) any text; ('*',) and ('?',) within
-    one path segment; (regex, ) one character of a [class]; a literal character."""
-    i, tokens = 0, []
-    while i < len(alt):
-        c = alt[i]
-        if alt.startswith("**/", i):
-            tokens.append("**/")
-            i += 3
-        elif alt.startswith("**", i):
-            tokens.append("**")
-            i += 2
-        elif c in "*?":
-            tokens.append(c)
-            i += 1
-        elif c == "[" and _glob_class(alt, i) is not None:
-            j = alt.find("]", i + 1)
-            tokens.append(_glob_class(alt, i))
-            i = j + 1
-        else:
-            tokens.append(("lit", c))
-            i += 1
-    return tokens
-
-
-def _glob_class(alt, i):
-    """The [class] at alt[i] as a one-character regex, or None ('[' is then a literal character)."""
-    j = alt.find("]", i + 1)
-    if j == -1:
-        return None
-    try:
-        return re.compile("[" + alt[i + 1: j].replace("!", "^", 1) + "]")
-    except re.error:
-        return None
-
-
-def _glob_regex_text(tokens):
-    out = []
-    for t in tokens:
-        if t == "**/":
-            out.append("(?:.*/)?")
-        elif t == "**":
-            out.append(".*")
-        elif t == "*":
-            out.append("[^/]*")
-        elif t == "?":
-            out.append("[^/]")
-        elif isinstance(t, tuple):
-            out.append(re.escape(t[1]))
-        else:
-            out.append(t.pattern)
-    return "".join(out)
-
-
-def _glob_backtracks(tokens):
-    """True unless a backtracking regex matches this glob in linear time. Safe: at most one '**' (as '**/'
-    when a floating '*' comes after it), no floating '*' before it, and at most one floating '*' per
-    segment ('*' followed by '/' or the end is pinned: it has one way to match). Anything else, such as
-    `*a*a*a*b` against a long name of a's or `**/a/**/a/**/b`, is polynomial of degree the number of
-    stars in a backtracking engine."""
-    free, floating_seen, floating_here = None, False, False
-    for k, t in enumerate(tokens):
-        if t in ("**/", "**"):
-            if free is not None or floating_seen:
-                return True
-            free = t
-        elif t == "*":
-            if k + 1 < len(tokens) and tokens[k + 1] != ("lit", "/"):  # floating
-                if free == "**" or floating_here:
-                    return True
-                floating_seen = floating_here = True
-        elif t == ("lit", "/"):
-            floating_here = False
-    return False
-
-
-class _GlobAutomaton:
-    """Matches a glob without backtracking: the states of its automaton are advanced together, one
-    character at a time (Thompson's construction), so the time is linear in the path for any pattern.
-    Sets of states are memoised as they are met (a lazy DFA), up to a bound."""
-
-    MAX_MEMO = 20000
-
-    def __init__(self, alternatives):
-        self.tokens = []  # the alternatives laid out one after another; each ends in an accepting state
-        self.starts, self.accept = [], set()
-        for tokens in alternatives:
-            self.starts.append(len(self.tokens))
-            self.tokens.extend(tokens)
-            self.accept.add(len(self.tokens))
-            self.tokens.append(None)
-        self.start = self._closure(self.starts)
-        self.memo = {}
-
-    def _closure(self, states):
-        out, todo = set(), list(states)
-        while todo:
-            s = todo.pop()
-            if s in out:
-                continue
-            out.add(s)
-            t = self.tokens[s] if s >= 0 else None
-            if t in ("**/", "**", "*"):  # may match nothing
-                todo.append(s + 1)
-        return frozenset(out)
-
-    def _step(self, states, ch):
-        nxt = []
-        for s in states:
-            if s < 0:  # inside '**/' after at least one character: -(index + 1)
-                if ch != "\n":
-                    nxt.append(s)
-                if ch == "/":
-                    nxt.append(-s)
-                continue
-            t = self.tokens[s]
-            if t is None:
-                continue
-            if t == "**/":
-                if ch != "\n":
-                    nxt.append(-s - 1)
-                if ch == "/":
-                    nxt.append(s + 1)
-            elif t == "**":
-                if ch != "\n":  # as the regex's '.'
-                    nxt.append(s)
-            elif t == "*":
-                if ch != "/":
-                    nxt.append(s)
-            elif t == "?":
-                if ch != "/":
-                    nxt.append(s + 1)
-            elif isinstance(t, tuple):
-                if ch == t[1]:
-                    nxt.append(s + 1)
-            elif t.match(ch):
-                nxt.append(s + 1)
-        return self._closure(nxt)
-
-    def match(self, text):
-        states, memo = self.start, self.memo
-        for ch in text:
-            key = (states, ch)
-            new = memo.get(key)
-            if new is None:
-                new = self._step(states, ch)
-                if len(memo) < self.MAX_MEMO:
-                    memo[key] = new
-            states = new
-            if not states:
-                return False
-        return not self.accept.isdisjoint(states)
-
-
-def glob_regex(pattern):
-    """Compile a glob with ** (any depth), * and ? (one segment) and {a,b} braces into an object whose
-    .match(path) is true when the glob matches the whole path.
-
-    Globs come from models and from .gitignore files in the tree, so matching must stay linear: a glob a
-    backtracking regex handles in linear time is one (the fast, common case: '*.py', '**/*.md',
-    'src/**/*.rs'); any other runs through _GlobAutomaton. Too long or too many alternatives: ToolError.
-    """
-    cached = _GLOB_CACHE.get(pattern)
-    if cached is not None:
-        return cached
-    if len(pattern) > MAX_GLOB_LENGTH:
-        raise ToolError("the glob is %d characters long, over the %d a glob may have" % (len(pattern), MAX_GLOB_LENGTH))
-    expanded = _brace_expand(pattern)
-    if sum(map(len, expanded)) > 4 * MAX_GLOB_LENGTH:
-        raise ToolError("the glob %s expands to more than %d characters; narrow it" % (pattern[:80], 4 * MAX_GLOB_LENGTH))
-    alternatives = [_glob_tokens(alt) for alt in expanded]
-    if any(_glob_backtracks(tokens) for tokens in alternatives):
-        compiled = _GlobAutomaton(alternatives)
-    else:
-        compiled = re.compile("(?:%s)\\Z" % "|".join(_glob_regex_text(tokens) for tokens in alternatives))
-    if len(_GLOB_CACHE) > 1024:
-        _GLOB_CACHE.clear()
-    _GLOB_CACHE[pattern] = compiled
-    return compiled
-
-
-def glob_match(pattern, relpath):
-    """Match a relative path; a pattern without '/' matches the basename anywhere."""
-    if "/" not in pattern:
-        return bool(glob_regex(pattern).match(relpath.rsplit("/", 1)[-1]))
-    return bool(glob_regex(pattern).match(relpath))
 
 
 class GitIgnore:
@@ -1947,10 +754,6 @@ def _owner(st):
         return pwd.getpwuid(st.st_uid).pw_name
     except (ImportError, KeyError):
         return str(st.st_uid)
-
-
-def _rfc3339(ts):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _fmt_size(n):
@@ -2950,7 +1753,6 @@ class DiffFiles(Tool):
 # same descriptor-relative discipline as the tools, so a snapshot never reads outside the tree and
 # a restore never writes there.
 
-
 def text_diff(old, new, name, whole=False):
     """whole=True: a diff shown for a person's approval, never a summary (see bounded_diff)."""
     return bounded_diff(old.splitlines(True), new.splitlines(True), "a/" + name, "b/" + name, whole=whole)
@@ -3007,40 +1809,6 @@ def bounded_diff(a, b, fromfile, tofile, n=3, whole=False):
 
 #: what str.splitlines() also ends a line at: such a line is followed by a newline, without the note
 _LINE_ENDS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-
-
-def _subtree(dir_fd, name, check=None):
-    """Yield (rel, parent_fd, name, lstat) for `name` and everything under it (parents first, sorted),
-    never following a symlink; parent_fd is valid until the next item."""
-    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    yield "", dir_fd, name, st
-    if not stat.S_ISDIR(st.st_mode):
-        return
-    frames = []
-    try:
-        fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
-        frames.append((fd, "", iter(sorted(os.listdir(fd)))))
-        while frames:
-            fd, prefix, names = frames[-1]
-            child = next(names, None)
-            if child is None:
-                frames.pop()
-                os.close(fd)
-                continue
-            if check is not None:
-                check()
-            try:
-                cst = os.stat(child, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            rel = prefix + child
-            yield rel, fd, child, cst
-            if stat.S_ISDIR(cst.st_mode):
-                sub = os.open(child, _LIST_DIR, dir_fd=fd)
-                frames.append((sub, rel + "/", iter(sorted(os.listdir(sub)))))
-    finally:
-        for frame in frames:
-            os.close(frame[0])
 
 
 def remove_at(dir_fd, name, check=None):
@@ -3525,6 +2293,2091 @@ def _open_beneath(top, parts):
     return fd
 
 
+# ---- Terminal tool ----
+
+#: what the model reads when a command needs a yes nobody can give (run, the watcher): what to do instead
+HEADLESS_REFUSAL = ("command needs a person's approval; not available in this run: %s (%s). Not run. Use the "
+                    "read-only commands (ls, cat, grep, find, head, wc, git status/diff/log …) with plain arguments "
+                    "inside the working directory, or the file tools to change files; a person can run it in chat "
+                    "or with --allow-dangerous.")
+
+
+class Terminal(Tool):
+    name = "terminal"
+    description = ("Run a shell command in the working directory and return its exit code, stdout and stderr. "
+                   "Read-only commands (ls, cat, grep, find, wc, …) run directly; others may need confirmation "
+                   "or be refused, and destructive ones (rm -rf /, sudo, curl | sh, …) are never run. Commands "
+                   "run in an OS sandbox: by default they can write only in the working directory (not .git) "
+                   "and $TMPDIR, cannot read the home directory, and have no network; every process a command "
+                   "starts ends with it.")
+    parameters = {"type": "object", "properties": {
+        "command": {"type": "string", "description": "The command line (POSIX shell syntax)"},
+        "timeout_seconds": {"type": "integer", "minimum": 1,
+                            "description": "Kill it after this many seconds (capped by the configuration)"}},
+        "required": ["command"]}
+    permission = EXECUTE
+
+    def run(self, args, ctx):
+        term = ctx.terminal
+        policy = ctx_policy(ctx)
+        command = args["command"]
+        mode = ctx.terminal_mode
+        audit = ctx.audit
+
+        def judge(command):  # deny is refused in every mode, also after a person's edit
+            verdict = policy.judge(command)
+            if verdict.level == DENY:
+                _audit(audit, ctx, command, "denied", 0, DENY)
+                raise ToolError("command denied (%s); it is never run: %s" % (verdict.reason, command))
+            return verdict
+
+        verdict = judge(command)
+        if verdict.level == CONFIRM and mode != FULL:
+            if mode != INTERACTIVE or ctx.confirm_command is None or not ctx.interactive:  # headless: nobody to ask
+                _audit(audit, ctx, command, "refused", 0, CONFIRM)
+                raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
+            answer = ctx.confirm_command(command, verdict.reason)
+            if answer is None:
+                _audit(audit, ctx, command, "declined", 0, CONFIRM)
+                raise ToolError("the user declined the command: %s" % command)
+            if answer != command:  # the person's edit is their approval, but it is validated again
+                command = answer
+                verdict = judge(command)
+        timeout = min(args.get("timeout_seconds") or term.get("timeout_seconds") or 30,
+                      term.get("max_timeout_seconds") or 300)
+        by_run = False
+        if ctx.deadline is not None:  # --timeout holds while a command runs, not only between turns
+            remaining = ctx.deadline - time.monotonic()
+            if remaining <= 0:
+                raise ToolError("the run's time limit (agent.timeout_seconds) is reached; command not run: %s"
+                                % command)
+            if remaining < timeout:
+                timeout, by_run = remaining, True
+        sandbox = ctx_sandbox(ctx)
+        watch = sandbox.watch()
+        if watch is not None:
+            watch.begin()  # what changed since the last command (a file tool a person approved) is not its doing
+        try:
+            try:
+                res = self._run(ctx, command, verdict, timeout, sandbox)
+            except Exception:
+                raise
+            except BaseException:  # Ctrl-C, SIGTERM: what the command planted goes, unasked, before it travels on
+                if watch is not None:
+                    _remove_protected(ctx, watch, _protected_found(ctx, watch))
+                raise
+            body = _format_streams(res, ctx.limit("max_output_size", 1048576))
+            if watch is not None:
+                _settle_protected(ctx, watch, command, body)
+        finally:
+            if watch is not None:
+                watch.end()
+        if res.timed_out:
+            killed = "it and every process it started were killed" if sandbox.confined else \
+                "its process group was killed"
+            if by_run:
+                raise ToolError("the run's time limit (agent.timeout_seconds) was reached while the command ran; "
+                                "%s%s" % (killed, body))
+            raise ToolError("command timed out after %ss; %s%s" % (timeout, killed, body))
+        if res.cancelled:
+            raise ToolError("cancelled by user" + body)
+        duration = round(res.duration, 3)  # one figure: the text and the metadata never disagree
+        head = "exit code: %s · %.2fs" % (res.exit_code, duration)
+        return ToolResult(True, head + body, metadata={"exit_code": res.exit_code, "duration_seconds": duration})
+
+    def _run(self, ctx, command, verdict, timeout, sandbox):
+        term = ctx.terminal
+        res = run_command(command, ctx.root, timeout, term.get("max_stdout_bytes") or 10485760,
+                          term.get("max_stderr_bytes") or 1048576, cancel=ctx.cancel,
+                          env=sandbox.env, argv=command_argv(command, verdict), sandbox=sandbox)
+        outcome = "timeout" if res.timed_out else "cancelled" if res.cancelled else "exit:%s" % res.exit_code
+        _audit(ctx.audit, ctx, command, outcome, res.duration, verdict.level)
+        return res
+
+
+def _settle_protected(ctx, watch, command, body):
+    """After a command: protected paths it created, and repositories made during the run that it armed,
+    are a person's to keep (chat, every mode) or are removed (headless); the model is told either way."""
+    found = _protected_found(ctx, watch)
+    if not found:
+        return
+    detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
+        ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
+    if ctx.interactive and ctx.ask is not None:
+        try:
+            keep = ctx.ask("terminal", {"command": command}, detail + ". Keep it (no removes it)?")
+        except BaseException:  # Ctrl-C at the question is not a yes
+            _remove_protected(ctx, watch, found)
+            raise
+        if keep:
+            for path, _ in found:
+                watch.keep(path, accepted=True)
+            return
+    removed, failed = _remove_protected(ctx, watch, found)
+    why = "the user declined" if ctx.interactive and ctx.ask is not None else \
+        "it needs a person's approval; not available in this run"
+    raise ToolError("%s; %s. Removed: %s%s%s" % (
+        detail, why, ", ".join(removed) or "nothing",
+        "; COULD NOT REMOVE: %s" % ", ".join(failed) if failed else "", body))
+
+
+def _protected_found(ctx, watch):
+    """[(path, reason)]: what appeared among the protected paths since the last look, and kept repositories
+    that would now run code; inert new repositories (git init, git clone) are kept and watched."""
+    found = []
+    for path in watch.refresh():
+        if path in watch.repos:
+            reason = repository_runs_code(path, ctx.root)
+            if reason is None:
+                watch.keep(path)  # inert (git init, git clone): kept, and checked after later commands
+                continue
+            found.append((path, reason))
+        elif path in watch.unwatchable:
+            found.append((path, "a directory that cannot be looked into: %s" % watch.unwatchable[path]))
+        else:
+            found.append((path, "a protected path"))
+    found += [(path, repository_runs_code(path, ctx.root) or "changed") for path in watch.armed()
+              if path not in [f for f, _ in found]]
+    return found
+
+
+def _remove_protected(ctx, watch, found):
+    """Remove what _protected_found found: ([removed, ...], [failed with why, ...]), both shown relative."""
+    removed, failed = [], []
+    for path, _ in found:
+        rel = os.path.relpath(path, ctx.root)
+        try:  # through its parent: a directory deeper than a path can name is removed too
+            with ctx.jail.resolve(os.path.dirname(rel) or ".") as parent:
+                fd = parent.open_dir()
+                try:
+                    os.stat(os.path.basename(rel), dir_fd=fd, follow_symlinks=False)
+                    remove_at(fd, os.path.basename(rel))
+                except FileNotFoundError:
+                    pass  # gone already
+                finally:
+                    os.close(fd)
+            removed.append(display_path(path, ctx.root))
+        except (OSError, ToolError) as exc:
+            failed.append("%s (%s)" % (display_path(path, ctx.root), getattr(exc, "strerror", None) or exc))
+    watch.refresh()
+    return removed, failed
+
+
+def _format_streams(res, limit):
+    """The streams as the model sees them: no more than the tool result can carry (no large copies)."""
+    parts = []
+    for name, data, total in (("stdout", res.stdout, res.stdout_total), ("stderr", res.stderr, res.stderr_total)):
+        if not total:
+            continue
+        shown = memoryview(data)[:limit]
+        text = bytes(shown).decode("utf-8", "replace")
+        parts.append("\n--- %s ---\n%s" % (name, text.rstrip("\n")))
+        if total > len(shown):
+            parts.append("\n[%s truncated: showing %d of %d bytes]" % (name, len(shown), total))
+        limit = max(limit - len(shown), 4096)
+    return "".join(parts)
+
+
+def _audit(audit, ctx, command, outcome, duration, verdict):
+    if audit is not None:
+        try:
+            audit.record(ctx.root, command, outcome, duration, verdict)
+        except OSError:
+            pass  # an unwritable audit log must not stop the work
+
+
+def ctx_sandbox(ctx):
+    """The context's Sandbox; a context built without one (tests, embedding) gets one from its terminal
+    configuration, confining by default."""
+    if ctx.sandbox is None:
+        term = ctx.terminal
+        ctx.sandbox = Sandbox(ctx.root, term.get("sandbox") or WORKSPACE_WRITE, network=term.get("network"),
+                              env_passthrough=term.get("env_passthrough") or (), secrets=ctx.secrets,
+                              xzatoma_home=ctx.xzatoma_home, protected=ctx.protected)
+    return ctx.sandbox
+
+
+def ctx_policy(ctx):
+    policy = ctx._policy
+    if policy is None:
+        term = ctx.terminal
+        policy = CommandPolicy(ctx.root, term.get("allowlist") or DEFAULT_ALLOWLIST, term.get("custom_denylist") or ())
+        ctx._policy = policy
+    return policy
+
+
+# ---- Fetch ----
+
+_rate_lock = threading.Lock()
+_rate_log = {}
+
+
+def _rate_check(host, per_minute):
+    now = time.monotonic()
+    with _rate_lock:
+        recent = [t for t in _rate_log.get(host, ()) if now - t < 60]
+        if per_minute and len(recent) >= per_minute:
+            raise ToolError("rate limit: %d fetches from %s in the last minute; try again later"
+                            % (len(recent), host))
+        recent.append(now)
+        _rate_log[host] = recent
+
+
+def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent, deadline=None):
+    """GET from the checked address (no second DNS lookup). Returns (status, headers, body, truncated).
+
+    `timeout` bounds each socket operation; `deadline` (time.monotonic()) the whole request (shutdown_at)."""
+    import http.client
+    import socket
+    import ssl
+
+    class Pinned(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.create_connection((address, self.port), self.timeout)
+
+    class PinnedTLS(http.client.HTTPSConnection):
+        def connect(self):
+            sock = socket.create_connection((address, self.port), self.timeout)
+            self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+
+    if deadline is not None:
+        timeout = max(0.001, min(timeout, deadline - time.monotonic()))
+    if scheme == "https":
+        conn = PinnedTLS(host, port, timeout=timeout, context=ssl.create_default_context())
+    else:
+        conn = Pinned(host, port, timeout=timeout)
+    timer = shutdown_at(deadline, lambda: conn.sock)
+
+    def expired():
+        return deadline is not None and time.monotonic() >= deadline
+
+    try:
+        conn.request("GET", path, headers={"User-Agent": user_agent, "Accept-Encoding": "identity",
+                                           "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"})
+        resp = conn.getresponse()
+        chunks, size, truncated = [], 0, False
+        while not expired():
+            chunk = resp.read1(min(65536, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                truncated = True
+                break
+        if expired():
+            raise socket.timeout("the whole request took longer than its time limit")
+        body = b"".join(chunks)[:max_bytes]
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body, truncated
+    except (OSError, http.client.HTTPException) as exc:
+        if expired():
+            raise socket.timeout("the whole request took longer than its time limit")
+        if isinstance(exc, OSError):
+            raise
+        raise OSError("the server's answer is not valid HTTP (%s)" % type(exc).__name__)
+    finally:
+        if timer is not None:
+            timer.cancel()
+        conn.close()
+
+
+def shutdown_at(deadline, sock):
+    """A started timer that shuts the socket `sock()` returns down at `deadline` (time.monotonic()), or None
+    without a deadline; cancel() it when done. INFO: a socket timeout bounds one wait, not a request: a
+    server dripping a byte (or an SSE keep-alive) at a time never lets a read time out. shutdown() wakes
+    a read blocked in another thread; close() would not."""
+    if deadline is None:
+        return None
+    import socket
+
+    def cut():
+        target = sock()
+        if target is not None:
+            try:
+                target.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
+              "application/yaml", "application/xhtml+xml", "application/x-sh", "application/toml",
+              "application/ld+json", "application/rss+xml", "application/atom+xml")
+
+
+class Fetch(Tool):
+    name = "fetch"
+    description = ("Fetch a web page or text file over http(s) and return it as readable text (HTML is converted). "
+                   "Private, loopback and cloud-metadata addresses are refused.")
+    parameters = {"type": "object", "properties": {
+        "url": {"type": "string"}, "max_bytes": {"type": "integer", "minimum": 1}}, "required": ["url"]}
+
+    def preview_args(self, args):
+        return args.get("url", "")
+
+    def run(self, args, ctx):
+        cfg = ctx.config.get("fetch") or {}
+        url = args["url"].strip()
+        cap = cfg.get("max_response_size") or 1048576
+        max_bytes = min(args.get("max_bytes") or cap, cap)
+        ttl = cfg.get("cache_ttl_seconds", 86400)
+        store = ctx.store
+        allowed = cfg.get("allowed_hosts") or ()
+        if store is not None and ttl:
+            try:
+                hit = store.cache_get(url, ttl)
+            except Exception:
+                hit = None
+            if hit is not None:  # today's verdict, not the one from the day it was cached (issue 12)
+                check_url(url, allowed)
+                if hit.get("final_url") and hit["final_url"] != url:
+                    check_url(hit["final_url"], allowed)
+                return ToolResult.ok(hit["body"], cached=True, status=hit["status"])
+        timeout = cfg.get("timeout_seconds") or 60
+        deadline = time.monotonic() + timeout  # for the whole fetch, redirects included
+        if ctx.deadline is not None:
+            deadline = min(deadline, ctx.deadline)
+        current = url
+        for hop in range(6):
+            scheme, host, port, path, address = check_url(current, allowed)
+            _rate_check(host, cfg.get("rate_limit_per_minute", 30))
+            ctx.check_deadline("fetch")
+            try:
+                status, headers, body, truncated = _http_get(scheme, host, port, path, address, timeout, max_bytes,
+                                                             cfg.get("user_agent") or "xzatoma", deadline)
+            except OSError as exc:
+                if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
+                    raise ToolError("fetch stopped: the run's time limit was reached while fetching %s" % current)
+                raise ToolError("cannot fetch %s: %s" % (current, getattr(exc, "strerror", None) or exc))
+            if status in (301, 302, 303, 307, 308) and headers.get("location"):
+                if hop == 5:
+                    raise ToolError("too many redirects (more than 5) starting at %s" % url)
+                from urllib.parse import urljoin
+                current = urljoin(current, headers["location"])
+                continue
+            break
+        ctype = (headers.get("content-type") or "").split(";")[0].strip().lower()
+        charset = re.search(r"charset=([\w.-]+)", headers.get("content-type") or "", re.I)
+        encoding = charset.group(1) if charset else "utf-8"
+        is_text = ctype.startswith("text/") or ctype in TEXT_TYPES or ctype.endswith(("+json", "+xml"))
+        if not ctype:
+            is_text = b"\x00" not in body[:4096]
+        if not is_text:
+            raise ToolError("%s is binary content (%s, %d bytes); fetch returns only text" % (current, ctype, len(body)))
+        try:
+            text = body.decode(encoding, "replace")
+        except LookupError:
+            text = body.decode("utf-8", "replace")
+        if ctype in ("text/html", "application/xhtml+xml"):
+            text = html_to_text(text, current)
+        head = "URL: %s\nStatus: %d\nContent-Type: %s\n" % (current, status, ctype or "unknown")
+        if truncated:
+            head += "[Truncated at %d bytes]\n" % max_bytes
+        output = head + "\n" + text
+        if store is not None and ttl and 200 <= status < 300:
+            try:
+                store.cache_put(url, status, ctype, current, output)
+            except Exception:
+                pass
+        return ToolResult.ok(output, status=status, truncated_body=truncated)
+
+
+def html_to_text(html, base_url=""):
+    """Readable text from HTML: headings, paragraphs, lists, links as 'text (url)', pre kept; noise dropped."""
+    from html.parser import HTMLParser
+    from urllib.parse import urljoin
+
+    class Converter(HTMLParser):
+        SKIP = {"script", "style", "nav", "noscript", "template", "svg", "head", "iframe", "object", "canvas"}
+        BLOCK = {"p", "div", "section", "article", "main", "header", "footer", "aside", "table", "tr", "ul", "ol",
+                 "dl", "dt", "dd", "blockquote", "figure", "figcaption", "form", "hr", "address", "details",
+                 "summary"}
+
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.out, self.skip, self.pre, self.links, self.lists = [], 0, 0, [], []
+            self.title, self.in_title = "", False
+
+        def newline(self, n=1):
+            tail = "".join(self.out[-3:])
+            need = n - (len(tail) - len(tail.rstrip("\n")))
+            if self.out and need > 0:
+                self.out.append("\n" * need)
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "title":
+                self.in_title = True
+            if tag in self.SKIP:
+                self.skip += 1
+                return
+            if self.skip:
+                return
+            attrs = dict(attrs)
+            if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
+                self.newline(2)
+                self.out.append("#" * int(tag[1]) + " ")
+            elif tag == "br":
+                self.out.append("\n")
+            elif tag == "pre":
+                self.newline(2)
+                self.pre += 1
+            elif tag in ("ul", "ol"):
+                self.lists.append([tag, 0])
+                self.newline()
+            elif tag == "li":
+                self.newline()
+                depth = max(len(self.lists) - 1, 0)
+                if self.lists and self.lists[-1][0] == "ol":
+                    self.lists[-1][1] += 1
+                    self.out.append("  " * depth + "%d. " % self.lists[-1][1])
+                else:
+                    self.out.append("  " * depth + "- ")
+            elif tag == "a":
+                self.links.append((attrs.get("href") or "", len(self.out)))
+            elif tag in ("td", "th"):
+                self.out.append(" | ")
+            elif tag == "img" and attrs.get("alt"):
+                self.out.append("[image: %s]" % attrs["alt"])
+            elif tag in self.BLOCK:
+                self.newline(2 if tag in ("p", "blockquote", "table") else 1)
+
+        def handle_endtag(self, tag):
+            if tag == "title":
+                self.in_title = False
+            if tag in self.SKIP:
+                self.skip = max(0, self.skip - 1)
+                return
+            if self.skip:
+                return
+            if tag == "a" and self.links:
+                href, start = self.links.pop()
+                text = "".join(self.out[start:]).strip()
+                if href and not href.startswith(("#", "javascript:", "mailto:")):
+                    url = urljoin(base_url, href)
+                    del self.out[start:]
+                    self.out.append("%s (%s)" % (text, url) if text and text != url else url)
+            elif tag == "pre":
+                self.pre = max(0, self.pre - 1)
+                self.newline(2)
+            elif tag in ("ul", "ol"):
+                if self.lists:
+                    self.lists.pop()
+                self.newline()
+            elif tag in ("h1", "h2", "h3", "h4", "h5", "h6", "p", "blockquote", "table"):
+                self.newline(2)
+            elif tag in self.BLOCK or tag == "li":
+                self.newline()
+
+        def handle_data(self, data):
+            if self.in_title:
+                self.title += data
+            if self.skip:
+                return
+            if self.pre:
+                self.out.append(data)
+                return
+            text = re.sub(r"\s+", " ", data)
+            if text.strip() or (self.out and not self.out[-1].endswith((" ", "\n"))):
+                if self.out and self.out[-1].endswith(("\n", " ", "- ", ". ")) and text.startswith(" "):
+                    text = text.lstrip()
+                self.out.append(text)
+
+    # A '<' with no '>' after it can start no tag, and html.parser scans to the end of the page from each
+    # one (before Python 3.11.13/3.12.11): '<a ' repeated made 200 KB take minutes. They become text.
+    last = html.rfind(">")
+    if "<" in html[last + 1:]:
+        html = html[:last + 1] + html[last + 1:].replace("&", "&amp;").replace("<", "&lt;")
+    conv = Converter()
+    conv.feed(html)
+    conv.close()
+    text = "".join(conv.out)
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    text = re.sub(r"\n{3,}", "\n\n", text).strip()
+    title = " ".join(conv.title.split())
+    if title and not text.startswith("# "):
+        text = "# %s\n\n%s" % (title, text)
+    return text + "\n"
+
+
+# ---- Plans ----
+
+class PlanError(ValueError):
+    """A plan that cannot be used: says the source, the line where known, and what is wrong."""
+
+    def __init__(self, source, message, line=None):
+        self.source, self.line = source, line
+        where = source + (":%d" % line if line else "")
+        super().__init__("%s: %s" % (where, message))
+
+
+class Plan:
+    def __init__(self, goal, context=None, instructions=(), name=None, version=None, action=None):
+        self.goal = goal
+        self.context = context
+        self.instructions = list(instructions)
+        self.name = name
+        self.version = version  #: text, from the name/description/version/action/steps format
+        self.action = action  #: text, ditto; the watcher filters on name, action and version
+
+    def context_lines(self):
+        ctx = self.context
+        if not ctx:
+            return []
+        if isinstance(ctx, dict):
+            return ["- %s: %s" % (_label(k), _scalar(v)) for k, v in ctx.items()]
+        if isinstance(ctx, list):
+            return ["- %s" % _scalar(v) for v in ctx]
+        return [str(ctx).strip()]
+
+    def to_prompt(self):
+        """The prompt exactly as the seed's 'Plan to Prompt Translation' shows it."""
+        parts = ["You are assisting with the following task:", "", "GOAL: %s" % self.goal, ""]
+        ctx = self.context_lines()
+        if ctx:
+            parts += ["CONTEXT:"] + ctx + [""]
+        parts.append("INSTRUCTIONS (follow as guidance):")
+        parts += ["%d. %s" % (i, step) for i, step in enumerate(self.instructions, 1)]
+        parts += ["", "Use the available tools to accomplish this goal. You may adapt your approach "
+                      "as needed, but try to follow the instructions provided."]
+        return "\n".join(parts)
+
+    def describe(self):
+        lines = []
+        if self.name:
+            lines.append("NAME: %s" % self.name + (" %s" % self.version if self.version else ""))
+        if self.action:
+            lines.append("ACTION: %s" % self.action)
+        lines.append("GOAL: %s" % self.goal)
+        ctx = self.context_lines()
+        if ctx:
+            lines += ["CONTEXT:"] + ctx
+        lines.append("INSTRUCTIONS:")
+        lines += ["%d. %s" % (i, s) for i, s in enumerate(self.instructions, 1)]
+        return "\n".join(lines)
+
+
+def _label(key):
+    text = str(key).replace("_", " ").strip()
+    return text[:1].upper() + text[1:]
+
+
+def _scalar(value):
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def detect_plan_format(text, filename=None):
+    ext = os.path.splitext(filename or "")[1].lower()
+    if ext in (".json",):
+        return "json"
+    if ext in (".yaml", ".yml"):
+        return "yaml"
+    if ext in (".md", ".markdown"):
+        return "markdown"
+    stripped = text.lstrip()
+    if stripped.startswith(("{", "[")):
+        return "json"
+    if stripped.startswith("#") and re.search(r"^#{1,6}\s", stripped, re.M):
+        return "markdown"
+    return "yaml"
+
+
+def parse_plan(text, source="<plan>", fmt=None):
+    """Parse plan text into a Plan, or raise PlanError naming the source and line."""
+    fmt = fmt or detect_plan_format(text, source)
+    if not text.strip():
+        raise PlanError(source, "the plan is empty")
+    if fmt == "markdown":
+        return _parse_markdown_plan(text, source)
+    if fmt == "json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise PlanError(source, "invalid JSON: %s" % exc.msg, getattr(exc, "lineno", None))
+    else:
+        try:
+            import yaml
+        except ImportError:
+            raise PlanError(source, "YAML plans need the Python package 'pyyaml' (pip install pyyaml)")
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise PlanError(source, "invalid YAML: %s" % problem, mark.line + 1 if mark else None)
+    return _plan_from_mapping(data, source, text)
+
+
+def _key_line(text, key):
+    m = re.search(r'^\s*"?%s"?\s*:' % re.escape(key), text, re.M)
+    return text.count("\n", 0, m.start()) + 1 if m else None
+
+
+def plan_from_data(data, source="<plan>"):
+    """A Plan from already-parsed data (an event's payload): same rules as a plan file."""
+    try:
+        text = json.dumps(data, indent=1, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = ""
+    return _plan_from_mapping(data, source, text)
+
+
+def looks_like_plan(data):
+    """True for a mapping in either plan format (used to find a plan inside an event)."""
+    if not isinstance(data, dict):
+        return False
+    if "goal" in data:
+        return True
+    return any(k in data for k in ("steps", "tasks", "instructions")) and \
+        any(isinstance(data.get(k), str) for k in ("name", "description", "action"))
+
+
+def _text_field(data, key, source, text):
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise PlanError(source, "'%s' must be text, got %s" % (key, _json_type(value)), _key_line(text, key))
+    return str(value).strip() or None
+
+
+def _step_text(step):
+    """One instruction from a step: text, or {name, action, context} (steps format), or another mapping."""
+    if not isinstance(step, dict):
+        return step
+    head = None
+    if isinstance(step.get("action"), str) and isinstance(step.get("name"), str):
+        head = "%s: %s" % (step["name"].strip(), step["action"].strip())
+    else:
+        for field in ("instruction", "description", "task", "action", "name", "step"):
+            if isinstance(step.get(field), str):
+                head = step[field]
+                break
+    if head is None:
+        return ", ".join("%s: %s" % (k, _scalar(v)) for k, v in step.items())
+    ctx = step.get("context")
+    if ctx not in (None, "", {}, []):
+        if isinstance(ctx, dict):
+            ctx = ", ".join("%s: %s" % (k, _scalar(v)) for k, v in ctx.items())
+        head = "%s (context: %s)" % (head, _scalar(ctx))
+    return head
+
+
+def _plan_from_mapping(data, source, text):
+    if not isinstance(data, dict):
+        raise PlanError(source, "a plan must be a mapping with 'goal' and 'instructions', got %s"
+                        % _json_type(data))
+    known = {"goal", "context", "instructions", "steps", "tasks", "name", "title", "description", "version",
+             "action"}
+    name = _text_field(data, "name", source, text) or _text_field(data, "title", source, text)
+    version = _text_field(data, "version", source, text)
+    action = _text_field(data, "action", source, text)
+    goal = data.get("goal")
+    if goal is None and any(k in data for k in ("steps", "tasks")):
+        # the name/description/version/action/steps format: the description (else the action, else the
+        # name) is the goal
+        goal = _text_field(data, "description", source, text) or action or name
+        if goal is None:
+            raise PlanError(source, "missing 'description' (or 'goal'): what the agent should achieve")
+    if goal is None or (isinstance(goal, str) and not goal.strip()):
+        raise PlanError(source, "missing required key 'goal' (what the agent should achieve)")
+    if not isinstance(goal, str):
+        raise PlanError(source, "'goal' must be text, got %s" % _json_type(goal), _key_line(text, "goal"))
+    key = next((k for k in ("instructions", "steps", "tasks") if k in data), "instructions")
+    steps = data.get(key)
+    if steps is None:
+        raise PlanError(source, "missing required key 'instructions' (a list of steps)")
+    if isinstance(steps, str):
+        steps = [s for s in (line.strip(" -\t") for line in steps.splitlines()) if s]
+    if not isinstance(steps, list) or not steps:
+        raise PlanError(source, "'%s' must be a non-empty list of steps" % key, _key_line(text, key))
+    instructions = []
+    for i, step in enumerate(steps, 1):
+        step = _step_text(step)
+        if isinstance(step, bool) or not isinstance(step, (str, int, float)) or not str(step).strip():
+            raise PlanError(source, "step %d of '%s' is empty or not text" % (i, key), _key_line(text, key))
+        instructions.append(str(step).strip())
+    context = data.get("context")
+    if context is not None and not isinstance(context, (dict, list, str, int, float)):
+        raise PlanError(source, "'context' must be a mapping, list or text", _key_line(text, "context"))
+    unknown = sorted(set(data) - known)
+    plan = Plan(goal.strip(), context, instructions, name, version, action)
+    plan.unknown_keys = unknown
+    return plan
+
+
+_MD_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_MD_MARKER = re.compile(r"\s*(?:[-*+]|\d+[.)])(?=\s)")
+
+
+def _md_item(line):
+    """The text of a list item ('- x', '1. x', '- [ ] x'), or None: what the regex `\\s+(\\[[ xX]\\]\\s+)?(.*\\S)\\s*$`
+    after the marker meant, without its backtracking (a '-' and 100,000 spaces took 28 seconds)."""
+    m = _MD_MARKER.match(line)
+    if not m:
+        return None
+    rest = line[m.end():].strip()
+    if rest[:1] == "[" and rest[2:3] == "]" and rest[1:2] in " xX" and rest[3:4].isspace():
+        return rest[3:].lstrip()  # a checkbox followed by text (alone, it is the text)
+    return rest or None
+
+
+def _parse_markdown_plan(text, source):
+    title, sections, current = None, {}, None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = _MD_HEADING.match(line)
+        if m:
+            name = m.group(2).strip()
+            if len(m.group(1)) == 1 and title is None:
+                title = re.sub(r"^(task|plan)\s*:\s*", "", name, flags=re.I)
+                current = None
+                continue
+            current = name.lower().rstrip(":")
+            sections[current] = {"line": lineno, "lines": []}
+            continue
+        if current is not None:
+            sections[current]["lines"].append(line)
+
+    def find(*names):
+        for key, value in sections.items():
+            if any(key == n or key.startswith(n + " ") for n in names):
+                return value
+        return None
+
+    goal_sec = find("goal", "objective")
+    goal = " ".join(l.strip() for l in goal_sec["lines"] if l.strip()) if goal_sec else (title or "")
+    if not goal:
+        raise PlanError(source, "no goal found (add a '## Goal' section or a '# Task: …' title)")
+    steps_sec = find("steps", "instructions", "tasks", "plan")
+    if steps_sec is None:
+        raise PlanError(source, "no instructions found (expected a '## Steps' or '## Instructions' "
+                                "section with a list)")
+    steps = [item for item in map(_md_item, steps_sec["lines"]) if item]
+    if not steps:
+        raise PlanError(source, "the instructions section has no list items", steps_sec["line"])
+    ctx_sec = find("context", "background")
+    context = None
+    if ctx_sec:
+        items = [item for item in map(_md_item, ctx_sec["lines"]) if item]
+        prose = " ".join(l.strip() for l in ctx_sec["lines"] if l.strip())
+        context = items if items else (prose or None)
+    plan = Plan(goal, context, steps, title)
+    plan.unknown_keys = []
+    return plan
+
+
+# ---- Registry builder: the tools of a mode ----
+
+ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
+             FileMetadata, FindPath, Grep, DiffFiles, PlanTool, Terminal, Fetch)
+
+FULL_TOOLS, COMPACT_TOOLS = "full", "compact"  # tool profiles (agent.tools.profile)
+
+#: The compact profile, for small models and small context windows: six tools whose definitions say only what a
+#: first call needs (~25% of the full set's tokens; the schema of each is the full one's subset, so validation
+#: and the tools themselves are unchanged). name -> (description, {parameter: (type, description)}, required)
+COMPACT = {
+    "list_directory": ("List the files in a directory.",
+                       {"path": ("string", "directory, default '.'"),
+                        "recursive": ("boolean", "include subdirectories")}, []),
+    "read_file": ("Read a text file.", {"path": ("string", ""), "start_line": ("integer", "optional"),
+                                        "end_line": ("integer", "optional")}, ["path"]),
+    "grep": ("Search files for a regular expression. Returns path:line: text.",
+             {"pattern": ("string", ""), "path": ("string", "file or directory, default '.'")}, ["pattern"]),
+    "write_file": ("Create or overwrite a file.", {"path": ("string", ""), "content": ("string", "")},
+                   ["path", "content"]),
+    "edit_file": ("Replace old_text with new_text in a file (old_text must appear exactly once).",
+                  {"path": ("string", ""), "old_text": ("string", ""), "new_text": ("string", "")},
+                  ["path", "old_text", "new_text"]),
+    "terminal": ("Run a shell command in the working directory. Returns the exit code and output.",
+                 {"command": ("string", "")}, ["command"]),
+}
+
+
+def compact_definition(name):
+    """The short definition of a tool in the compact profile."""
+    description, params, required = COMPACT[name]
+    props = {}
+    for prop, (kind, doc) in params.items():
+        props[prop] = {"type": kind, "description": doc} if doc else {"type": kind}
+    schema = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = list(required)
+    return {"name": name, "description": description, "parameters": schema}
+
+
+def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS):
+    """The registry for a mode: planning offers the tools whose permission is read, write offers all;
+    the compact profile offers only the COMPACT tools, with their short definitions.
+
+    `ctx` is only referenced, never changed: a chat's @mentions use a planning registry over the
+    same context as its Write-mode agent.
+    """
+    tools = [cls() for cls in ALL_TOOLS] + list(extra)
+    offered = [t for t in tools if mode == WRITE_MODE or t.permission == READ]
+    schemas = None
+    if profile == COMPACT_TOOLS:
+        offered = [t for t in offered if t.name in COMPACT]
+        schemas = {t.name: compact_definition(t.name) for t in offered}
+    return Registry(offered, ctx, mode, all_names=[t.name for t in tools], schemas=schemas)
+
+
+# ---- Confinement: the protected set ----
+
+class ToolError(Exception):
+    """Raised inside a tool for a failure the model should see as `Error: …`."""
+
+
+#: Paths beneath the working directory that run code or hold credentials the next time a person, git
+#: or a shell uses them: a tool may change them only with a person's yes, in every mode (YOLO too),
+#: and never in a headless run. Matched after resolution and case-insensitively (macOS and Windows
+#: filesystems fold case: `.GIT/config` is `.git/config` there).
+PROTECTED_NAMES = (
+    # version control: hooks, config (core.fsmonitor, core.hooksPath), a worktree's `.git` pointer file
+    ".git", ".hg", ".gitconfig", ".config/git", ".git-credentials",
+    # shells and their start-up files
+    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zprofile", ".zshenv",
+    ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login", ".kshrc", ".inputrc", ".config/fish",
+    ".xprofile", ".xinitrc", ".xsession", ".pam_environment", ".config/autostart", ".config/systemd",
+    ".bash_aliases", ".xsessionrc", ".config/environment.d",
+    # keys and credentials, and what picks the code Python and pip load (a keyring backend, an index)
+    ".ssh", ".gnupg", ".aws", ".kube", ".docker/config.json", ".netrc", ".npmrc", ".pypirc", ".pgpass",
+    ".config/gh", ".config/xzatoma", ".config/python_keyring", ".config/pip", ".pip", ".pydistutils.cfg",
+)
+#: Protected in a home directory only (the jail is it, holds it or lies in it): what runs code at the next
+#: login, shell, Python start or tool use there, under names a project uses for its own files (`bin/`)
+HOME_PROTECTED_NAMES = (
+    ".local/bin", "bin", ".local/lib", ".local/share/applications", ".config/nvim", ".vimrc", ".vim",
+    ".emacs", ".emacs.d", ".gdbinit", ".pdbrc", ".pythonrc", ".ipython", ".tmux.conf", ".screenrc",
+    ".psqlrc", ".sqliterc", ".curlrc", ".wgetrc", ".cargo", ".m2", ".gradle",
+)
+#: directory names protected wherever they appear: nested repositories' metadata
+PROTECTED_ANYWHERE = (".git", ".hg")
+_fold_memo = {}
+
+
+def fold_name(name):
+    """A path component as filesystems that fold names may see it, for matching protected names: case
+    folded (macOS, Windows, ext4 casefold), compatibility forms and combining marks reduced (a fullwidth
+    `.git`), invisible characters dropped (HFS+ ignores a U+200C inside `.git`), trailing dots and spaces dropped
+    and the 8.3 short name `GIT~1` read as `.git` (NTFS): git refuses these spellings for the same reason.
+    Over-matching only asks a person more often; under-matching would let a hook through."""
+    folded = _fold_memo.get(name)
+    if folded is None:
+        import unicodedata
+        folded = unicodedata.normalize("NFKD", name)
+        folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
+        folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
+        short = re.match(r"(git|hg)~\d+\Z", folded)
+        if short:
+            folded = "." + short.group(1)
+        if len(_fold_memo) < 65536:
+            _fold_memo[name] = folded
+    return folded
+
+
+def fold_path(path):
+    return "/".join(fold_name(part) for part in path.split("/"))
+
+
+def protected_paths(root, xzatoma_home=None, extra=()):
+    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME and config extras.
+
+    `extra` (agent.tools.protected_paths) holds paths relative to the working directory or absolute
+    ones; those outside `root` are left out (the jail keeps tools out of them anyway). Directories
+    named .git or .hg anywhere below are protected too (see protected_reason).
+    """
+    root = os.path.realpath(root)
+    out = [os.path.join(root, name) for name in PROTECTED_NAMES]
+    out.extend(p for p in _protected_around(root) if p not in out)
+    for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
+        path = os.path.expanduser(path)
+        if _is_glob(path):  # '*.pem', 'secrets/**': matched against paths relative to the root
+            full = os.path.join(root, path)  # an absolute glob as it is ('~/proj/*.key', '/**/*.crt')
+            fixed = os.path.dirname(full[:min(full.find(c) for c in "*?[" if c in full)]) or "/"
+            real = os.path.realpath(fixed)  # the part before the first wildcard, where it really is
+            full = real.rstrip("/") + full[len(fixed):] if real != fixed else full
+            # it can match below the root: it starts inside it, or above it (an absolute glob was left out)
+            if (_inside(real, root) or _inside(root, real)) and full not in out:
+                out.append(full)
+            continue
+        real = os.path.realpath(os.path.join(root, path))
+        # below the root, or the root itself lies in it (`cd ~/.ssh`, XZATOMA_HOME): then all of the root is
+        if ((_inside(real, root) and real != root) or _inside(root, real)) and real not in out:
+            out.append(real)
+    return out
+
+
+def _protected_around(root):
+    """The root itself or the directory above it that holds it, when that is repository metadata: a `.git`
+    or `.hg` directory (`cd .git/hooks`), or a git directory by its shape (a bare clone, a worktree's
+    gitdir: HEAD with objects/ and refs/, or a commondir). Names like `hooks` or `config` are then git's."""
+    out, path = [], root
+    while True:
+        if fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or _is_git_directory(path):
+            out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            return out
+        path = parent
+
+
+def _is_git_directory(path):
+    """git's own test for a directory it uses as a repository (setup.c: is_git_directory), lstat only."""
+    def is_a(name, test):
+        try:
+            return test(os.lstat(os.path.join(path, name)).st_mode)
+        except OSError:
+            return False
+    return is_a("HEAD", stat.S_ISREG) and (is_a("commondir", stat.S_ISREG) or (
+        is_a("objects", stat.S_ISDIR) and is_a("refs", stat.S_ISDIR)))
+
+
+def _is_glob(path):
+    return any(c in path for c in "*?[")
+
+
+def protected_globs(protected, root):
+    """The configured globs among the protected paths (`*.pem`, `secrets/**`), relative to the root and
+    lowered, as _protected_rel matches them."""
+    return [display_path(p, root).lower() for p in protected if _is_glob(p)]
+
+
+def _resolved_protected(root, protected):
+    """The protected paths plus where they really are: `.git` may be a symlink to `repo-meta/`, or a
+    worktree's `.git` file naming its gitdir; changing those is changing .git."""
+    jail, out = Jail(root), list(protected)
+    for path in protected:
+        if _is_glob(path):
+            continue
+        try:
+            with jail.resolve(path) as target:
+                real, st = target.real, target.lstat()
+                pointer = b""
+                if st is not None and stat.S_ISREG(st.st_mode) and os.path.basename(path) == ".git":
+                    fd = target.open_regular("")
+                    try:
+                        pointer = read_fd(fd, 4096)
+                    finally:
+                        os.close(fd)
+        except (ToolError, OSError):
+            continue
+        if real != path:
+            out.append(real)
+        gitdirs = [real] if os.path.basename(path) == ".git" and st is not None and stat.S_ISDIR(st.st_mode) else []
+        if pointer.startswith(b"gitdir:"):
+            gitdir = os.fsdecode(pointer[7:].strip().splitlines()[0]) if pointer[7:].strip() else ""
+            try:
+                gitdirs.append(resolve_path(os.path.join(os.path.dirname(real), gitdir), root))
+                out.append(gitdirs[-1])
+            except (ToolError, OSError):
+                pass  # a gitdir outside the tree: the jail keeps tools out of it anyway
+        for gitdir in gitdirs:
+            out.extend(_git_config_paths(jail, root, os.path.dirname(real), gitdir))
+    # nested repositories (vendored clones, submodules): their .git may be a file naming a gitdir
+    # elsewhere in the tree, and their config names hooks and programs relative to their own top; the
+    # repository enclosing the working directory may name programs inside it too
+    nested, _ = nested_repositories(root)
+    for dot in nested + git_dirs(root):
+        if os.path.basename(dot).lower() != ".git":
+            continue
+        top = os.path.dirname(dot)
+        gitdir = _gitdir_of(dot)
+        if gitdir is None:
+            continue
+        if _inside(gitdir, root) and gitdir not in out:
+            out.append(gitdir)
+        out.extend(_git_config_paths(jail, root, top, gitdir))
+    return out
+
+
+def _read_small(path, limit=4096):
+    """The first bytes of a regular file, or None: never opening a FIFO or device a repository planted."""
+    fd = open_if_regular(path, follow=True)
+    if fd is None:
+        return None
+    try:
+        return read_fd(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _gitdir_of(dot):
+    """The real git directory a `.git` entry stands for (itself, or the `gitdir:` its file names)."""
+    if os.path.isdir(dot) and not os.path.islink(dot):
+        return os.path.realpath(dot)
+    fd = open_if_regular(dot)
+    if fd is None:
+        return None
+    try:
+        line = read_fd(fd, 4096).decode("utf-8", "replace").strip().splitlines()
+    finally:
+        os.close(fd)
+    if not line or not line[0].startswith("gitdir:"):
+        return None
+    return os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
+
+
+#: config keys whose value is a path even without a slash: the hooks directory, an included config file
+_GIT_PATH_KEYS = ("hookspath", "path")
+
+
+def _git_config_paths(jail, root, top, gitdir):
+    """In-tree paths a repository's own config makes git run or read as config: core.hooksPath,
+    programs named with a slash (fsmonitor, pager, textconv, filters, aliases, helpers …), include
+    paths. Writing them runs code at the user's next git command, like writing .git/hooks does."""
+    out, seen = [], set()
+    todo = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
+    pointer = _read_small(os.path.join(gitdir, "commondir"))
+    if pointer and pointer.strip():  # a worktree's gitdir names the main repository's (its config, its hooks)
+        common = os.path.realpath(os.path.join(gitdir, os.fsdecode(pointer.strip().splitlines()[0])))
+        todo.insert(0, os.path.join(common, "config"))
+        if _inside(common, root):
+            out.append(common)
+    while todo and len(seen) < 16:
+        config = todo.pop(0)
+        if config in seen:
+            continue
+        seen.add(config)
+        try:
+            if _inside(config, root):
+                with jail.resolve(config) as target:
+                    fd = target.open_regular("")
+            else:  # the enclosing repository's config: read for this judgement only, never shown
+                fd = open_if_regular(config, follow=True)
+                if fd is None:
+                    continue
+            try:
+                text = read_fd(fd, 1 << 20).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+        except (ToolError, OSError):
+            continue
+        for line in text.splitlines():
+            line = re.sub(r'^\s*\[[^\]]*\]', "", line).strip()
+            if "=" not in line or line[:1] in "#;":
+                continue
+            key, value = line.split("=", 1)
+            key = key.strip().lower()
+            for token in re.split(r"[\s;|&()<>`]+", value.replace('"', " ").replace("'", " ")):
+                token = token.lstrip("!")
+                if not token or token.startswith("-") or token[:1] in "#;":
+                    continue
+                if key in _GIT_PATH_KEYS:
+                    base = os.path.dirname(config) if key == "path" else top
+                elif "/" in token or token.startswith("~"):
+                    base = top
+                else:
+                    continue
+                try:
+                    found = resolve_path(os.path.join(base, os.path.expanduser(token)), root)
+                except (ToolError, OSError):
+                    continue
+                if found != root and found not in out:
+                    out.append(found)
+                    if key == "path":
+                        todo.append(found)
+    return out
+
+
+def protected_reason(target, protected, root, check=None):
+    """What protected path a change at `target` (a Target) touches, or None.
+
+    The target itself, anything inside a protected directory, and a directory that holds a
+    protected path (deleting or replacing `src/` deletes `src/.git`) all count.
+    """
+    real = fold_path(target.real)
+    globs = protected_globs(protected, root)
+    for path in _resolved_protected(root, protected):
+        p = fold_path(path)
+        if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
+            return display_path(path, root)
+    rel = display_path(target.real, root)
+    hit = _protected_rel(rel, globs, root) or _git_dir_around(target.real, root)
+    if hit:
+        return hit
+    return _protected_below(target, rel, globs, check)
+
+
+def _git_dir_around(real, root):
+    """The repository directory a change at `real` lies in, or would make, by git's own test (a HEAD file
+    beside objects/ or commondir), below the root: a bare clone `mirror.git/` in the tree runs its hooks
+    and config for the next git command there like any .git. None otherwise."""
+    parent, name = os.path.dirname(real), os.path.basename(real)
+    if _inside(parent, root) and parent != root and name in ("HEAD", "objects", "commondir"):
+        head = name == "HEAD" or os.path.isfile(os.path.join(parent, "HEAD"))
+        store = name in ("objects", "commondir") or os.path.isdir(os.path.join(parent, "objects")) or \
+            os.path.isfile(os.path.join(parent, "commondir"))
+        if head and store:
+            return display_path(parent, root) + " (a git directory)"
+    d = parent
+    while d != root and _inside(d, root):
+        if _is_git_dir(d):
+            return display_path(d, root) + " (a git directory)"
+        d = os.path.dirname(d)
+    return None
+
+
+def protected_copied(source, destination, protected, root, check=None):
+    """What protected path copying the tree at `source` (a Target) to `destination` (a real path) creates
+    below it, or None: a copied `.git` (a repository, hooks and all) or a name a configured glob protects."""
+    globs = protected_globs(protected, root)
+    return _protected_below(source, display_path(destination, root), globs, check)
+
+
+def _protected_below(target, rel, globs, check=None):
+    """The first protected path below the directory Target `target` when its tree stands at `rel`, or None."""
+    st = target.lstat()
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return None
+    for sub, _, _, _ in _subtree(target.dir_fd, target.name, check):
+        if sub:
+            hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs, target.root)
+            if hit:
+                return hit
+    return None
+
+
+def _protected_rel(rel, globs, root):
+    """rel (or the part of it up to a protected name) when a .git/.hg component or a glob from the
+    configuration matches it, case-insensitively; else None. A glob that begins above the root (absolute, as
+    display_path left it) is matched against the absolute path."""
+    parts = rel.split("/")
+    for i, part in enumerate(parts):
+        if fold_name(part) in PROTECTED_ANYWHERE:
+            return "/".join(parts[: i + 1])
+    for lowered in {rel.lower(), fold_path(rel)}:
+        for pattern in globs:
+            for i in range(len(parts)):  # the path or a directory above it
+                sub = "/".join(lowered.split("/")[: i + 1])
+                if glob_match(pattern, os.path.join(root.lower(), sub) if pattern.startswith("/") else sub):
+                    return "/".join(parts[: i + 1])
+    return None
+
+
+# ---- Untrusted text for terminals ----
+# What a model, a file, a command or a server says reaches people only through render_untrusted: control
+# characters, escape sequences and invisible formatting are shown as visible escapes (`\x1b`, `\u202e`),
+# never emitted. Issue 12: `rm -r src #ESC[2K\r  $ ls -la` was displayed as `$ ls -la` and approved.
+# Decided by the Unicode category, not by a list, so a character nobody thought of fails closed.
+
+_RISKY_RUN = re.compile(r"[^\t\n\x20-\x7e]+")  # printable ASCII, tab and newline pass untouched (fast path)
+_HIDDEN_IN_TEXT = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format (bidi, zero-width), unassigned
+_JOINERS = ("\u200c", "\u200d")  # ZWNJ/ZWJ: Persian, Indic scripts and emoji sequences need them in prose
+_visible_memo = {}
+
+
+def _escape_char(ch):
+    cp = ord(ch)
+    if ch == "\r":
+        return "\\r"
+    return "\\x%02x" % cp if cp < 0x100 else "\\u%04x" % cp if cp < 0x10000 else "\\U%08x" % cp
+
+
+def _visible_char(ch, exact):
+    """`ch` as a terminal may show it: itself, or a visible escape."""
+    key = (ch, exact)
+    shown = _visible_memo.get(key)
+    if shown is None:
+        import unicodedata
+        category = unicodedata.category(ch)
+        hidden = category in _HIDDEN_IN_TEXT and not (category == "Co" and not exact)
+        if hidden and not exact and ch in _JOINERS:
+            hidden = False
+        if exact and not hidden:  # a command or path: anything that could pass for something else is shown
+            hidden = category in ("Zs", "Mn", "Me") or ch in _JOINERS
+        shown = _escape_char(ch) if hidden else ch
+        if len(_visible_memo) < 8192:
+            _visible_memo[key] = shown
+    return shown
+
+
+def render_untrusted(text, exact=False):
+    """Text from a model, file, command or server, safe to write to a terminal.
+
+    Newline and tab stay; CRLF becomes a newline; everything else that is not printable ASCII is kept only
+    when it is a visible character: C0/C1 controls (ESC, so every escape sequence, a lone CR, backspace),
+    DEL, bidirectional overrides and isolates, zero-width and other format characters, line/paragraph
+    separators, surrogates and unassigned code points are shown as `\\x1b`, `\\u202e`, `\\U000e0041`.
+    exact=True (a command to approve, a path) also shows non-ASCII spaces, combining marks, joiners and
+    private-use characters, so what is shown is exactly what will run.
+    """
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = str(text)
+    if "\r\n" in text:
+        text = text.replace("\r\n", "\n")
+    if _RISKY_RUN.search(text) is None:
+        return text
+    return _RISKY_RUN.sub(lambda m: "".join(_visible_char(ch, exact) for ch in m.group()), text)
+
+
+def render_json(obj, **dumps_args):
+    """JSON for stdout: secrets redacted in every string, and the characters render_untrusted would show
+    written as \\u escapes (the same data for a parser, nothing a terminal acts on)."""
+    from xzatoma_store import redact_data
+    text = json.dumps(redact_data(obj), ensure_ascii=False, **dumps_args)
+
+    def escape(match):
+        out = []
+        for ch in match.group():
+            if _visible_char(ch, False) == ch:
+                out.append(ch)
+            else:
+                units = ch.encode("utf-16-be", "surrogatepass")
+                out.extend("\\u%02x%02x" % (units[i], units[i + 1]) for i in range(0, len(units), 2))
+        return "".join(out)
+    return _RISKY_RUN.sub(escape, text)
+
+
+class UntrustedStream:
+    """Renders streamed text (the chat's answer) delta by delta, redacted and neutralised.
+
+    A secret or a CRLF can be split across deltas: the last few words (and an open PEM block) wait for
+    the next delta or for finish(), so redaction sees them whole.
+    """
+
+    HOLD_WORDS = 3  # 'Authorization: Bearer <token>' is three words
+    MAX_HOLD = 8192
+    #: held text longer than this is looked at again only when it has grown by half: a secret's shape that
+    #: never ends (a key block's base64 streamed on and on) is held whole, and rescanning all of it for each
+    #: delta was quadratic (80 KB took 30 seconds, a megabyte more than an hour)
+    RESCAN_FROM = 1024
+
+    def __init__(self):
+        self.pending = ""
+        self._next_scan = 0  # the held length at which to look again
+
+    def feed(self, text):
+        from xzatoma_store import partial_secret, redaction_spans
+        text = self.pending + (text or "")
+        if len(text) < self._next_scan:
+            self.pending = text
+            return ""
+        cut = self._cut(text)
+        for start, end in redaction_spans(text):  # never emit half of a secret: hold it whole
+            if start < cut < end:
+                cut = start
+        partial = partial_secret(text)  # the beginning of a known secret of more words than are held
+        if partial is not None and partial < cut and len(text) - partial < self.MAX_HOLD:
+            cut = partial
+        self.pending = text[cut:]
+        held = len(self.pending)
+        self._next_scan = held + held // 2 if held > self.RESCAN_FROM else 0
+        return self._render(text[:cut])
+
+    def finish(self):
+        text, self.pending, self._next_scan = self.pending, "", 0
+        return self._render(text)
+
+    def _cut(self, text):
+        """Where the held tail starts: before the last few words, an open PEM block or a CR."""
+        if len(text) > self.MAX_HOLD:
+            return len(text) - self.MAX_HOLD // 2
+        begin = text.rfind("-----BEGIN")
+        if begin != -1 and text.find("-----END", begin) == -1:
+            return begin
+        cut = len(text)
+        while cut > 0 and text[cut - 1].isspace():
+            cut -= 1
+        for _ in range(self.HOLD_WORDS):
+            while cut > 0 and not text[cut - 1].isspace():
+                cut -= 1
+            if cut == 0:
+                return 0
+            if _ < self.HOLD_WORDS - 1:
+                while cut > 0 and text[cut - 1].isspace():
+                    cut -= 1
+        while cut > 0 and text[cut - 1] == "\r":  # half of a CRLF waits for its LF
+            cut -= 1
+        return cut
+
+    @staticmethod
+    def _render(text):
+        if not text:
+            return ""
+        from xzatoma_store import redact
+        return render_untrusted(redact(text))
+
+
+# ---- The working-directory jail ----
+#
+# Checking a path and then opening it by name is a race: between the two a directory can be swapped
+# for a symlink to somewhere else. So every file tool resolves its path *relative to an open
+# descriptor of the working directory*, one component at a time, opening each directory with
+# O_NOFOLLOW|O_DIRECTORY and following in-tree symlinks itself (a bounded number of them), and then
+# operates on the descriptor it checked (os.open/os.stat/os.unlink/os.rename with dir_fd). Where the
+# kernel has openat2 (Linux 5.6+), RESOLVE_BENEATH resolves the directory part in one call and the
+# kernel itself refuses to leave the tree; everything it cannot do (absolute in-tree links, errors
+# worth a clear message) goes through the portable walk, which is the authority.
+
+NAME_MAX = 255  #: bytes in one path component (Linux, macOS, the BSDs)
+PATH_MAX = 4096  #: bytes in a whole path
+MAX_SYMLINKS = 40  #: symlinks followed in one resolution, as Linux's own limit (ELOOP beyond)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+#: how the walk opens a directory it passes through: never a symlink, never without O_DIRECTORY
+_WALK_DIR = (getattr(os, "O_PATH", 0) or os.O_RDONLY) | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
+#: how a directory is opened to be listed or walked
+_LIST_DIR = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
+
+
+class JailError(ToolError):
+    """A path that lands outside the working directory."""
+
+
+class PathError(ToolError):
+    """A path that cannot be resolved at all: a symlink loop, an over-long name."""
+
+
+def _kind_of(mode):
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "special file"
+
+
+_OPENAT2 = None  #: None: not tried yet; False: the kernel (or a seccomp filter) says no; else the function
+RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08
+
+
+def _openat2_beneath(dir_fd, rel, flags):
+    """openat2(dir_fd, rel, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS) -> fd, or None where unavailable.
+
+    Raises OSError for what the kernel refused (EXDEV: it would leave the tree or meets an absolute
+    symlink; ELOOP; ENOENT; ENOTDIR); callers fall back to the component walk for those.
+    """
+    global _OPENAT2
+    if _OPENAT2 is False:
+        return None
+    if _OPENAT2 is None:
+        _OPENAT2 = _load_openat2()
+        if _OPENAT2 is False:
+            return None
+    return _OPENAT2(dir_fd, rel, flags)
+
+
+def _load_openat2():
+    import platform
+    import sys
+    if not sys.platform.startswith("linux"):
+        return False
+    # openat2 is 437 in the unified table of every architecture added since 5.6 (not alpha/ia64/mips)
+    if platform.machine() not in ("x86_64", "aarch64", "arm64", "armv7l", "armv6l", "i686", "i386", "riscv64",
+                                  "ppc64le", "ppc64", "s390x", "loongarch64"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall = libc.syscall
+    except (OSError, AttributeError):
+        return False
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+    def openat2(dir_fd, rel, flags):
+        how = OpenHow(flags, 0, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+        fd = syscall(437, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), rel)
+        return fd
+
+    import errno
+    try:  # probe once: "." beneath an open root always works where openat2 exists
+        probe = os.open("/", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        try:
+            os.close(openat2(probe, ".", _WALK_DIR & ~_O_NOFOLLOW))
+        finally:
+            os.close(probe)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG, errno.EACCES):
+            return False
+    return openat2
+
+
+def use_openat2(enabled):
+    """Turn the openat2 fast path off (False) or back to auto-detection (True): tests run both ways."""
+    global _OPENAT2
+    _OPENAT2 = None if enabled else False
+
+
+class Target:
+    """A checked place in the jail: an open descriptor of its parent directory and its name there.
+
+    `dir_fd` was reached from the working directory without following any symlink the walk did not
+    check; `name` is one component ('.' for the working directory itself). `missing` lists parent
+    directories that do not exist yet (`make_parents()` creates them, each checked again). Always
+    close() it (or use it as a context manager).
+    """
+
+    __slots__ = ("root", "_fds", "names", "missing", "name", "followed")
+
+    def __init__(self, root, fds, names, missing, name, followed):
+        self.root = root
+        self._fds = fds  # descriptors from the root down to the parent (None: not open, reopen on need)
+        self.names = names  # components from the root to the parent, symlinks resolved
+        self.missing = missing
+        self.name = name
+        self.followed = followed  # symlinks followed on the way
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        for fd in self._fds:
+            if fd is not None:
+                os.close(fd)
+        self._fds = []
+
+    @property
+    def dir_fd(self):
+        return self._fds[-1]
+
+    @property
+    def is_root(self):
+        return self.name == "." and not self.names and not self.missing
+
+    @property
+    def real(self):
+        parts = self.names + self.missing + ([] if self.name == "." else [self.name])
+        return os.path.join(self.root, *parts) if parts else self.root
+
+    def lstat(self):
+        """The entry itself (a symlink is not followed), or None when it does not exist."""
+        if self.missing:
+            return None
+        try:
+            return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def open_file(self, flags, mode=0o666):
+        """Open the entry itself: never following a symlink, never blocking on a FIFO or device."""
+        return os.open(self.name, flags | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, mode, dir_fd=self.dir_fd)
+
+    def open_regular(self, what):
+        """An fd of the regular file here, for reading; anything else is an error saying what it is."""
+        st = self.lstat()
+        if st is None:
+            raise ToolError("no such file or directory: %s" % display_path(self.real, self.root))
+        if not stat.S_ISREG(st.st_mode):
+            raise special_error(self, st.st_mode, what)
+        fd = self.open_file(os.O_RDONLY)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between the lstat and the open
+            os.close(fd)
+            raise special_error(self, st.st_mode, what)
+        return fd
+
+    def open_dir(self):
+        """An fd of the directory here (listable), never through a symlink."""
+        if self.is_root:
+            return os.open(".", _LIST_DIR, dir_fd=self.dir_fd)
+        return os.open(self.name, _LIST_DIR, dir_fd=self.dir_fd)
+
+    def make_parents(self):
+        """Create the missing parent directories, each opened again with O_NOFOLLOW after mkdir."""
+        while self.missing:
+            name = self.missing[0]
+            if len(self.names) + 1 > 255:
+                raise PathError("too many nested directories")
+            try:
+                os.mkdir(name, 0o777, dir_fd=self.dir_fd)
+            except FileExistsError:
+                pass
+            fd = os.open(name, _WALK_DIR, dir_fd=self.dir_fd)  # a symlink planted meanwhile fails here
+            self._fds.append(fd)
+            self.names.append(name)
+            self.missing.pop(0)
+
+
+def special_error(target, mode, what):
+    return ToolError("%s is a %s, not a regular file; %s" % (display_path(target.real, target.root),
+                                                             _kind_of(mode), what))
+
+
+def open_if_regular(name, dir_fd=None, follow=False):
+    """A read-only fd of `name` (relative to dir_fd) when it is a regular file, else None (also when it is
+    missing or unreadable). INFO: it is looked at before it is opened, and never opened otherwise: opening a
+    FIFO releases the writer waiting on it (and takes its data), opening a device talks to its driver (a tape
+    rewinds, a watchdog arms). Checked again on the descriptor, for a swap in between."""
+    try:
+        if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=follow).st_mode):
+            return None
+        fd = os.open(name, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | (0 if follow else _O_NOFOLLOW), dir_fd=dir_fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+class Jail:
+    """The working directory, and every path a tool names resolved beneath it.
+
+    `hidden` names directories inside it that no tool may read, list, copy or change: XZATOMA_HOME when it
+    lies in the tree (its credentials, every project's conversations, the undo data and its key), as the
+    sandbox hides it from commands behind an empty tmpfs."""
+
+    def __init__(self, root, hidden=()):
+        self.root = os.path.realpath(root)
+        reals = [os.path.realpath(p) for p in hidden if p]
+        #: the root itself lies in a hidden directory (`--working-dir $XZATOMA_HOME`): every path is refused, as
+        #: commands find an empty tmpfs there (credentials.json and undo.key were read_file's to return)
+        self.hidden_root = next((h for h in reals if _inside(fold_path(self.root), fold_path(h))), None)
+        #: real paths beneath the root that resolve() refuses and walks skip
+        self.hidden = tuple(h for h in reals if h != self.root and _inside(h, self.root))
+        #: the same as a filesystem that folds names sees them (`.XZ` is `.xz` on macOS): compared folded
+        self._hidden_folded = tuple(fold_path(h) for h in self.hidden)
+        #: the same, relative to the root (walk_files compares its relative paths)
+        self.hidden_rel = frozenset(fold_path(os.path.relpath(h, self.root)) for h in self.hidden)
+
+    def hides(self, real):
+        """Is this real path (or what it holds) hidden? (True for a directory that contains a hidden one.)"""
+        real = fold_path(real)
+        return bool(self.hidden_root) or any(_inside(real, h) or _inside(h, real) for h in self._hidden_folded)
+
+    def __eq__(self, other):
+        return isinstance(other, Jail) and other.root == self.root
+
+    def __hash__(self):
+        return hash(self.root)
+
+    def open_root(self):
+        return os.open(self.root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+
+    def relative(self, path):
+        """Check a path's spelling and make it relative to the root (JailError / PathError)."""
+        if not isinstance(path, str):
+            raise JailError("path must be a string")
+        if "\x00" in path:
+            raise JailError("path contains a NUL byte: %r" % path)
+        if path.strip() == "":
+            path = "."
+        if path.startswith("~"):
+            raise JailError("path outside working directory: %s (home paths are not allowed)" % path)
+        shown = path
+        if path == self.root or path.startswith(self.root.rstrip("/") + "/"):
+            # resolved from the root's descriptor: what must fit is the part below it (tools hand back the
+            # absolute paths they resolved; a deep file's was refused after the edit was made)
+            path = path[len(self.root):].lstrip("/") or "."
+        encoded = os.fsencode(path)
+        if len(encoded) >= PATH_MAX:
+            raise PathError("path too long: %d bytes (the limit is %d)" % (len(encoded), PATH_MAX - 1))
+        for part in path.split("/"):
+            if len(os.fsencode(part)) > NAME_MAX:
+                raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
+                    len(os.fsencode(part)), part[:40], NAME_MAX))
+        if not os.path.isabs(path):
+            return path
+        return self._absolute(path, shown)
+
+    def _absolute(self, path, shown):
+        """An absolute path (or absolute symlink target) as a path relative to the root."""
+        root = self.root
+        if path == root or path.startswith(root.rstrip("/") + "/"):
+            return path[len(root):].lstrip("/") or "."
+        # spelled through another name for the root (/tmp -> /private/tmp): the resolved spelling
+        # only picks the components; the walk below checks every one of them again from the root fd
+        real = os.path.realpath(path)
+        if _inside(real, root):
+            return real[len(root):].lstrip("/") or "."
+        raise JailError("path outside working directory: %s" % shown)
+
+    def resolve(self, path, follow=True, must_exist=False):
+        """A Target for `path`: its parent directory open, checked beneath the root.
+
+        follow=True resolves a symlink in the last component too (reading and writing a file through
+        an in-tree link); follow=False leaves it (delete, move, metadata of the link itself).
+        """
+        rel = self.relative(path)
+        root_fd = self.open_root()
+        try:
+            target = self._resolve(root_fd, rel, path, follow)
+        except BaseException:
+            os.close(root_fd)
+            raise
+        if self.hidden_root or self.hidden and any(_inside(fold_path(target.real), h) for h in self._hidden_folded):
+            target.close()
+            raise ToolError("%s is inside XZATOMA_HOME (xzatoma's credentials, conversations and undo data): "
+                            "no tool reads or changes it" % path)
+        if must_exist and target.lstat() is None:
+            target.close()
+            raise ToolError("no such file or directory: %s%s" % (path, self.suggest(path)))
+        return target
+
+    def _resolve(self, root_fd, rel, shown, follow):
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        if len(parts) > 1 and ".." not in parts:
+            fds = self._fast_parent(root_fd, parts[:-1])
+            if fds is not None:
+                names = fds.pop()
+                return self._walk(fds, names, [parts[-1]], shown, follow)
+        return self._walk([root_fd], [], parts, shown, follow)
+
+    def _fast_parent(self, root_fd, parent_parts):
+        """The parent directory through openat2 (RESOLVE_BENEATH): [root_fd, None…, fd, names] or None."""
+        try:
+            fd = _openat2_beneath(root_fd, "/".join(parent_parts), _WALK_DIR & ~_O_NOFOLLOW)
+        except OSError:
+            return None  # the walk gives the precise error (or handles the absolute in-tree link)
+        if fd is None:
+            return None
+        try:
+            where = os.readlink("/proc/self/fd/%d" % fd)
+        except OSError:
+            where = ""
+        if not (where == self.root or where.startswith(self.root.rstrip("/") + "/")):
+            os.close(fd)
+            return None
+        names = [n for n in where[len(self.root):].split("/") if n]
+        if not names:  # a link back to the root itself: nothing to shortcut
+            os.close(fd)
+            return None
+        return [root_fd] + [None] * (len(names) - 1) + [fd] + [names]
+
+    def _walk(self, fds, names, parts, shown, follow):
+        """Resolve `parts` from the directory fds[-1] (reached through `names`), one component at a time."""
+        todo = list(reversed(parts))
+        links = retries = 0
+        missing = []  # components below a missing one: taken lexically, as realpath does
+        while True:
+            while todo and todo[-1] in ("", "."):
+                todo.pop()
+            if missing and not todo:
+                return Target(self.root, fds, names, missing[:-1], missing[-1], links)
+            if missing:
+                comp = todo.pop()
+                if comp == "..":
+                    missing.pop()
+                elif len(os.fsencode(comp)) > NAME_MAX:
+                    raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
+                        len(os.fsencode(comp)), comp[:40], NAME_MAX))
+                else:
+                    missing.append(comp)
+                continue
+            if not todo:  # the path names a directory we are in: step back up to name it in its parent
+                if not names:
+                    return Target(self.root, fds, names, [], ".", links)
+                name = names.pop()
+                fd = fds.pop()
+                if fd is not None:
+                    os.close(fd)
+                self._reopen(fds, names)
+                return Target(self.root, fds, names, [], name, links)
+            comp = todo.pop()
+            if comp == "..":
+                if not names:
+                    raise JailError("path outside working directory: %s" % shown)
+                names.pop()
+                fd = fds.pop()
+                if fd is not None:
+                    os.close(fd)
+                continue
+            if len(os.fsencode(comp)) > NAME_MAX:
+                raise PathError("file name too long: %d bytes in %s… (the limit is %d per name)" % (
+                    len(os.fsencode(comp)), comp[:40], NAME_MAX))
+            last = all(p in ("", ".") for p in todo)
+            dir_fd = self._reopen(fds, names)
+            try:
+                st = os.stat(comp, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                missing.append(comp)
+                continue
+            if stat.S_ISLNK(st.st_mode) and (follow or not last):
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise PathError("too many levels of symbolic links: %s" % shown)
+                target = os.readlink(comp, dir_fd=dir_fd)
+                if target.startswith("/"):
+                    inner = self._absolute(target, shown)
+                    while len(fds) > 1:
+                        fd = fds.pop()
+                        if fd is not None:
+                            os.close(fd)
+                    del names[:]
+                    todo.extend(reversed(inner.split("/")))
+                else:
+                    todo.extend(reversed(target.split("/")))
+                continue
+            if last:
+                return Target(self.root, fds, names, [], comp, links)
+            if not stat.S_ISDIR(st.st_mode):
+                raise ToolError("not a directory: %s (in %s)" % ("/".join(names + [comp]), shown))
+            try:
+                fd = os.open(comp, _WALK_DIR, dir_fd=dir_fd)
+            except OSError:
+                # swapped (for a symlink, a file, nothing) since the stat: look again, a bounded number of times
+                retries += 1
+                if retries > 8:
+                    raise PathError("%s keeps changing while it is resolved: %s" % (comp, shown))
+                todo.append(comp)
+                continue
+            fds.append(fd)
+            names.append(comp)
+
+    def _reopen(self, fds, names):
+        """The fd of the current directory, reopening ancestors left unopened by the openat2 shortcut."""
+        if fds[-1] is not None:
+            return fds[-1]
+        base = max(i for i, fd in enumerate(fds) if fd is not None)
+        for i in range(base + 1, len(fds)):
+            fds[i] = os.open(names[i - 1], _WALK_DIR, dir_fd=fds[i - 1])
+        return fds[-1]
+
+    def suggest(self, path):
+        """A near miss for a missing path: ' (did you mean src/app.py?)'."""
+        parent = os.path.dirname(path) or "."
+        try:
+            with self.resolve(parent) as target:
+                fd = target.open_dir()
+                try:
+                    names = os.listdir(fd)
+                finally:
+                    os.close(fd)
+        except (OSError, ToolError):
+            return ""
+        if len(names) > 5000:  # get_close_matches is ~50 µs a name: a hint is not worth seconds
+            return ""
+        close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
+        if close:
+            return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
+        return ""
+
+
+def resolve_path(path, root, must_exist=False, follow=True):
+    """Resolve `path` against the jail `root`; refuse anything that lands outside.
+
+    Symlinks are resolved (also dangling and chained ones, a bounded number: loops are errors);
+    names are taken literally. Returns the absolute real path. Tools use `Jail.resolve`, which
+    keeps the checked directory open; this is for showing and judging paths.
+    """
+    with Jail(root).resolve(path, follow=follow, must_exist=must_exist) as target:
+        return target.real
+
+
+def path_verdict(path, root, protected=(), hidden=()):
+    """('inside'|'outside'|'error', reason) for `xzatoma policy path`; the reason names a protected path the
+    change would touch (given `protected`, as from protected_paths). `hidden` (XZATOMA_HOME) is refused as
+    the tools refuse it: an error."""
+    try:
+        with Jail(root, hidden=hidden).resolve(path) as target:
+            real = target.real
+            what = protected_reason(target, protected, target.root) if protected else None
+    except JailError as exc:
+        return "outside", str(exc)
+    except (ToolError, OSError) as exc:
+        return "error", str(exc) if isinstance(exc, ToolError) else "%s: %s" % (exc.strerror or exc, path)
+    note = "; protected (%s): changes need a person's yes" % what if what else ""
+    return "inside", "resolves to %s%s" % (display_path(real, root), note)
+
+
+def _inside(real, root):
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def display_path(real, root):
+    """Paths shown to people and the model are relative to the working directory."""
+    if real == root:
+        return "."
+    rel = os.path.relpath(real, root)
+    return real if rel == ".." or rel.startswith("../") else rel  # `..name` is a name inside
+
+
+def read_fd(fd, limit=None, size=None):
+    """Everything from fd (at most `limit` bytes); reads until EOF, so a file that grows is not cut short.
+
+    `size` (from fstat) sizes the first read: a 10 KB file costs one read of 10 KB, not a 1 MB buffer.
+    """
+    chunks, total = [], 0
+    first = None if size is None else size + 1
+    while limit is None or total < limit:
+        want = first or (1 << 20)
+        first = None
+        chunk = os.read(fd, want if limit is None else min(want, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def _subtree(dir_fd, name, check=None):
+    """Yield (rel, parent_fd, name, lstat) for `name` and everything under it (parents first, sorted),
+    never following a symlink; parent_fd is valid until the next item."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    yield "", dir_fd, name, st
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    frames = []
+    try:
+        fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
+        frames.append((fd, "", iter(sorted(os.listdir(fd)))))
+        while frames:
+            fd, prefix, names = frames[-1]
+            child = next(names, None)
+            if child is None:
+                frames.pop()
+                os.close(fd)
+                continue
+            if check is not None:
+                check()
+            try:
+                cst = os.stat(child, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            rel = prefix + child
+            yield rel, fd, child, cst
+            if stat.S_ISDIR(cst.st_mode):
+                sub = os.open(child, _LIST_DIR, dir_fd=fd)
+                frames.append((sub, rel + "/", iter(sorted(os.listdir(sub)))))
+    finally:
+        for frame in frames:
+            os.close(frame[0])
+
+
+# ---- Globs: matched in linear time ----
+
+#: a glob's limits (a model or a repository's .gitignore writes it): longer patterns and more {a,b}
+#: alternatives are refused, so matching stays bounded whatever the pattern
+MAX_GLOB_LENGTH = 4096
+MAX_GLOB_ALTERNATIVES = 256
+
+
+def _brace_expand(pattern, limit=MAX_GLOB_ALTERNATIVES):
+    """'src/**/*.{rs,toml}' -> ['src/**/*.rs', 'src/**/*.toml']; a ToolError past `limit` alternatives
+    ({a,b} thirty times is 2**30 patterns: refused, never generated)."""
+    out, todo = [], [pattern]
+    while todo:
+        item = todo.pop()
+        m = re.search(r"\{([^{}]*)\}", item)
+        if not m:
+            out.append(item)
+        else:
+            todo.extend(item[: m.start()] + alt + item[m.end():] for alt in reversed(m.group(1).split(",")))
+        if len(out) + len(todo) > limit:
+            raise ToolError("the glob %s has more than %d {…} alternatives; narrow it" % (pattern[:80], limit))
+    return out
+
+
+_GLOB_CACHE = {}
+
+
+def _glob_tokens(alt):
+    """A glob's tokens: ('**/',) any text ending in / or nothing; ('**',) any text; ('*',) and ('?',) within
+    one path segment; (regex, ) one character of a [class]; a literal character."""
+    i, tokens = 0, []
+    while i < len(alt):
+        c = alt[i]
+        if alt.startswith("**/", i):
+            tokens.append("**/")
+            i += 3
+        elif alt.startswith("**", i):
+            tokens.append("**")
+            i += 2
+        elif c in "*?":
+            tokens.append(c)
+            i += 1
+        elif c == "[" and _glob_class(alt, i) is not None:
+            j = alt.find("]", i + 1)
+            tokens.append(_glob_class(alt, i))
+            i = j + 1
+        else:
+            tokens.append(("lit", c))
+            i += 1
+    return tokens
+
+
+def _glob_class(alt, i):
+    """The [class] at alt[i] as a one-character regex, or None ('[' is then a literal character)."""
+    j = alt.find("]", i + 1)
+    if j == -1:
+        return None
+    try:
+        return re.compile("[" + alt[i + 1: j].replace("!", "^", 1) + "]")
+    except re.error:
+        return None
+
+
+def _glob_regex_text(tokens):
+    out = []
+    for t in tokens:
+        if t == "**/":
+            out.append("(?:.*/)?")
+        elif t == "**":
+            out.append(".*")
+        elif t == "*":
+            out.append("[^/]*")
+        elif t == "?":
+            out.append("[^/]")
+        elif isinstance(t, tuple):
+            out.append(re.escape(t[1]))
+        else:
+            out.append(t.pattern)
+    return "".join(out)
+
+
+def _glob_backtracks(tokens):
+    """True unless a backtracking regex matches this glob in linear time. Safe: at most one '**' (as '**/'
+    when a floating '*' comes after it), no floating '*' before it, and at most one floating '*' per
+    segment ('*' followed by '/' or the end is pinned: it has one way to match). Anything else, such as
+    `*a*a*a*b` against a long name of a's or `**/a/**/a/**/b`, is polynomial of degree the number of
+    stars in a backtracking engine."""
+    free, floating_seen, floating_here = None, False, False
+    for k, t in enumerate(tokens):
+        if t in ("**/", "**"):
+            if free is not None or floating_seen:
+                return True
+            free = t
+        elif t == "*":
+            if k + 1 < len(tokens) and tokens[k + 1] != ("lit", "/"):  # floating
+                if free == "**" or floating_here:
+                    return True
+                floating_seen = floating_here = True
+        elif t == ("lit", "/"):
+            floating_here = False
+    return False
+
+
+class _GlobAutomaton:
+    """Matches a glob without backtracking: the states of its automaton are advanced together, one
+    character at a time (Thompson's construction), so the time is linear in the path for any pattern.
+    Sets of states are memoised as they are met (a lazy DFA), up to a bound."""
+
+    MAX_MEMO = 20000
+
+    def __init__(self, alternatives):
+        self.tokens = []  # the alternatives laid out one after another; each ends in an accepting state
+        self.starts, self.accept = [], set()
+        for tokens in alternatives:
+            self.starts.append(len(self.tokens))
+            self.tokens.extend(tokens)
+            self.accept.add(len(self.tokens))
+            self.tokens.append(None)
+        self.start = self._closure(self.starts)
+        self.memo = {}
+
+    def _closure(self, states):
+        out, todo = set(), list(states)
+        while todo:
+            s = todo.pop()
+            if s in out:
+                continue
+            out.add(s)
+            t = self.tokens[s] if s >= 0 else None
+            if t in ("**/", "**", "*"):  # may match nothing
+                todo.append(s + 1)
+        return frozenset(out)
+
+    def _step(self, states, ch):
+        nxt = []
+        for s in states:
+            if s < 0:  # inside '**/' after at least one character: -(index + 1)
+                if ch != "\n":
+                    nxt.append(s)
+                if ch == "/":
+                    nxt.append(-s)
+                continue
+            t = self.tokens[s]
+            if t is None:
+                continue
+            if t == "**/":
+                if ch != "\n":
+                    nxt.append(-s - 1)
+                if ch == "/":
+                    nxt.append(s + 1)
+            elif t == "**":
+                if ch != "\n":  # as the regex's '.'
+                    nxt.append(s)
+            elif t == "*":
+                if ch != "/":
+                    nxt.append(s)
+            elif t == "?":
+                if ch != "/":
+                    nxt.append(s + 1)
+            elif isinstance(t, tuple):
+                if ch == t[1]:
+                    nxt.append(s + 1)
+            elif t.match(ch):
+                nxt.append(s + 1)
+        return self._closure(nxt)
+
+    def match(self, text):
+        states, memo = self.start, self.memo
+        for ch in text:
+            key = (states, ch)
+            new = memo.get(key)
+            if new is None:
+                new = self._step(states, ch)
+                if len(memo) < self.MAX_MEMO:
+                    memo[key] = new
+            states = new
+            if not states:
+                return False
+        return not self.accept.isdisjoint(states)
+
+
+def glob_regex(pattern):
+    """Compile a glob with ** (any depth), * and ? (one segment) and {a,b} braces into an object whose
+    .match(path) is true when the glob matches the whole path.
+
+    Globs come from models and from .gitignore files in the tree, so matching must stay linear: a glob a
+    backtracking regex handles in linear time is one (the fast, common case: '*.py', '**/*.md',
+    'src/**/*.rs'); any other runs through _GlobAutomaton. Too long or too many alternatives: ToolError.
+    """
+    cached = _GLOB_CACHE.get(pattern)
+    if cached is not None:
+        return cached
+    if len(pattern) > MAX_GLOB_LENGTH:
+        raise ToolError("the glob is %d characters long, over the %d a glob may have" % (len(pattern), MAX_GLOB_LENGTH))
+    expanded = _brace_expand(pattern)
+    if sum(map(len, expanded)) > 4 * MAX_GLOB_LENGTH:
+        raise ToolError("the glob %s expands to more than %d characters; narrow it" % (pattern[:80], 4 * MAX_GLOB_LENGTH))
+    alternatives = [_glob_tokens(alt) for alt in expanded]
+    if any(_glob_backtracks(tokens) for tokens in alternatives):
+        compiled = _GlobAutomaton(alternatives)
+    else:
+        compiled = re.compile("(?:%s)\\Z" % "|".join(_glob_regex_text(tokens) for tokens in alternatives))
+    if len(_GLOB_CACHE) > 1024:
+        _GLOB_CACHE.clear()
+    _GLOB_CACHE[pattern] = compiled
+    return compiled
+
+
+def glob_match(pattern, relpath):
+    """Match a relative path; a pattern without '/' matches the basename anywhere."""
+    if "/" not in pattern:
+        return bool(glob_regex(pattern).match(relpath.rsplit("/", 1)[-1]))
+    return bool(glob_regex(pattern).match(relpath))
+
+
 # ---- Terminal: parsing shell syntax ----
 #
 # A small recursive-descent parser for the POSIX shell language (plus the bash
@@ -3535,7 +4388,6 @@ def _open_beneath(top, parts):
 # the body's substitutions live, so they are parsed too). It never runs anything:
 # it turns a command line into simple commands that the policy judges one by one.
 # What it cannot parse is a ShellSyntaxError, and the policy fails closed on it.
-
 
 class ShellSyntaxError(ValueError):
     pass
@@ -7869,283 +8721,7 @@ def _landlock_restrict(libc, abi, spec, missing, report):
     report["scopes"] = bool(attr.scoped)
 
 
-# ---- Audit log ----
-
-
-class AuditLog:
-    """One line per terminal decision; whole lines under a lock, rotated at a size, previous file kept.
-
-    2025-01-15T10:30:45Z | /home/user/project | ls -la | exit:0 | 0.023s | allow
-    """
-
-    _lock = threading.Lock()
-
-    def __init__(self, path, max_bytes=10485760, redact=None):
-        self.path = path
-        self.max_bytes = max_bytes
-        self.redact = redact
-
-    def record(self, cwd, command, outcome, duration, verdict):
-        from xzatoma_store import redact
-        text = redact(command)  # secrets out first, then one line of visible text
-        text = render_untrusted(text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r"), exact=True)
-        line = "%s | %s | %s | %s | %.3fs | %s\n" % (_rfc3339(time.time()), render_untrusted(cwd, exact=True), text,
-                                                   outcome, duration, verdict)
-        data = line.encode("utf-8", "replace")
-        with self._lock:
-            from xzatoma_store import private_dir
-            private_dir(os.path.dirname(os.path.abspath(self.path)))  # XZATOMA_HOME: 0700
-            fd = _open_log(self.path)
-            try:
-                if os.fstat(fd).st_mode & 0o077:  # a log made by an older version: only its owner reads it
-                    os.fchmod(fd, 0o600)
-                _flock(fd)
-                if self.max_bytes and os.fstat(fd).st_size + len(data) > self.max_bytes and \
-                        os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
-                    os.replace(self.path, self.path + ".1")
-                    os.close(fd)
-                    fd = _open_log(self.path)
-                    _flock(fd)
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-
-
-def _open_log(path):
-    """The log for appending: never through a link (an audit.log linked to ~/.bashrc would have the agent
-    append command lines to it), never a FIFO or device (opening one would hang or write elsewhere)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, 0o600)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        import errno
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    return fd
-
-
-def _flock(fd):
-    try:
-        import fcntl
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except (ImportError, OSError):
-        pass
-
-
-# ---- Terminal tool ----
-
-
-#: what the model reads when a command needs a yes nobody can give (run, the watcher): what to do instead
-HEADLESS_REFUSAL = ("command needs a person's approval; not available in this run: %s (%s). Not run. Use the "
-                    "read-only commands (ls, cat, grep, find, head, wc, git status/diff/log …) with plain arguments "
-                    "inside the working directory, or the file tools to change files; a person can run it in chat "
-                    "or with --allow-dangerous.")
-
-
-class Terminal(Tool):
-    name = "terminal"
-    description = ("Run a shell command in the working directory and return its exit code, stdout and stderr. "
-                   "Read-only commands (ls, cat, grep, find, wc, …) run directly; others may need confirmation "
-                   "or be refused, and destructive ones (rm -rf /, sudo, curl | sh, …) are never run. Commands "
-                   "run in an OS sandbox: by default they can write only in the working directory (not .git) "
-                   "and $TMPDIR, cannot read the home directory, and have no network; every process a command "
-                   "starts ends with it.")
-    parameters = {"type": "object", "properties": {
-        "command": {"type": "string", "description": "The command line (POSIX shell syntax)"},
-        "timeout_seconds": {"type": "integer", "minimum": 1,
-                            "description": "Kill it after this many seconds (capped by the configuration)"}},
-        "required": ["command"]}
-    permission = EXECUTE
-
-    def run(self, args, ctx):
-        term = ctx.terminal
-        policy = ctx_policy(ctx)
-        command = args["command"]
-        mode = ctx.terminal_mode
-        audit = ctx.audit
-
-        def judge(command):  # deny is refused in every mode, also after a person's edit
-            verdict = policy.judge(command)
-            if verdict.level == DENY:
-                _audit(audit, ctx, command, "denied", 0, DENY)
-                raise ToolError("command denied (%s); it is never run: %s" % (verdict.reason, command))
-            return verdict
-
-        verdict = judge(command)
-        if verdict.level == CONFIRM and mode != FULL:
-            if mode != INTERACTIVE or ctx.confirm_command is None or not ctx.interactive:  # headless: nobody to ask
-                _audit(audit, ctx, command, "refused", 0, CONFIRM)
-                raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
-            answer = ctx.confirm_command(command, verdict.reason)
-            if answer is None:
-                _audit(audit, ctx, command, "declined", 0, CONFIRM)
-                raise ToolError("the user declined the command: %s" % command)
-            if answer != command:  # the person's edit is their approval, but it is validated again
-                command = answer
-                verdict = judge(command)
-        timeout = min(args.get("timeout_seconds") or term.get("timeout_seconds") or 30,
-                      term.get("max_timeout_seconds") or 300)
-        by_run = False
-        if ctx.deadline is not None:  # --timeout holds while a command runs, not only between turns
-            remaining = ctx.deadline - time.monotonic()
-            if remaining <= 0:
-                raise ToolError("the run's time limit (agent.timeout_seconds) is reached; command not run: %s"
-                                % command)
-            if remaining < timeout:
-                timeout, by_run = remaining, True
-        sandbox = ctx_sandbox(ctx)
-        watch = sandbox.watch()
-        if watch is not None:
-            watch.begin()  # what changed since the last command (a file tool a person approved) is not its doing
-        try:
-            try:
-                res = self._run(ctx, command, verdict, timeout, sandbox)
-            except Exception:
-                raise
-            except BaseException:  # Ctrl-C, SIGTERM: what the command planted goes, unasked, before it travels on
-                if watch is not None:
-                    _remove_protected(ctx, watch, _protected_found(ctx, watch))
-                raise
-            body = _format_streams(res, ctx.limit("max_output_size", 1048576))
-            if watch is not None:
-                _settle_protected(ctx, watch, command, body)
-        finally:
-            if watch is not None:
-                watch.end()
-        if res.timed_out:
-            killed = "it and every process it started were killed" if sandbox.confined else \
-                "its process group was killed"
-            if by_run:
-                raise ToolError("the run's time limit (agent.timeout_seconds) was reached while the command ran; "
-                                "%s%s" % (killed, body))
-            raise ToolError("command timed out after %ss; %s%s" % (timeout, killed, body))
-        if res.cancelled:
-            raise ToolError("cancelled by user" + body)
-        duration = round(res.duration, 3)  # one figure: the text and the metadata never disagree
-        head = "exit code: %s · %.2fs" % (res.exit_code, duration)
-        return ToolResult(True, head + body, metadata={"exit_code": res.exit_code, "duration_seconds": duration})
-
-    def _run(self, ctx, command, verdict, timeout, sandbox):
-        term = ctx.terminal
-        res = run_command(command, ctx.root, timeout, term.get("max_stdout_bytes") or 10485760,
-                          term.get("max_stderr_bytes") or 1048576, cancel=ctx.cancel,
-                          env=sandbox.env, argv=command_argv(command, verdict), sandbox=sandbox)
-        outcome = "timeout" if res.timed_out else "cancelled" if res.cancelled else "exit:%s" % res.exit_code
-        _audit(ctx.audit, ctx, command, outcome, res.duration, verdict.level)
-        return res
-
-
-def _settle_protected(ctx, watch, command, body):
-    """After a command: protected paths it created, and repositories made during the run that it armed,
-    are a person's to keep (chat, every mode) or are removed (headless); the model is told either way."""
-    found = _protected_found(ctx, watch)
-    if not found:
-        return
-    detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
-        ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
-    if ctx.interactive and ctx.ask is not None:
-        try:
-            keep = ctx.ask("terminal", {"command": command}, detail + ". Keep it (no removes it)?")
-        except BaseException:  # Ctrl-C at the question is not a yes
-            _remove_protected(ctx, watch, found)
-            raise
-        if keep:
-            for path, _ in found:
-                watch.keep(path, accepted=True)
-            return
-    removed, failed = _remove_protected(ctx, watch, found)
-    why = "the user declined" if ctx.interactive and ctx.ask is not None else \
-        "it needs a person's approval; not available in this run"
-    raise ToolError("%s; %s. Removed: %s%s%s" % (
-        detail, why, ", ".join(removed) or "nothing",
-        "; COULD NOT REMOVE: %s" % ", ".join(failed) if failed else "", body))
-
-
-def _protected_found(ctx, watch):
-    """[(path, reason)]: what appeared among the protected paths since the last look, and kept repositories
-    that would now run code; inert new repositories (git init, git clone) are kept and watched."""
-    found = []
-    for path in watch.refresh():
-        if path in watch.repos:
-            reason = repository_runs_code(path, ctx.root)
-            if reason is None:
-                watch.keep(path)  # inert (git init, git clone): kept, and checked after later commands
-                continue
-            found.append((path, reason))
-        elif path in watch.unwatchable:
-            found.append((path, "a directory that cannot be looked into: %s" % watch.unwatchable[path]))
-        else:
-            found.append((path, "a protected path"))
-    found += [(path, repository_runs_code(path, ctx.root) or "changed") for path in watch.armed()
-              if path not in [f for f, _ in found]]
-    return found
-
-
-def _remove_protected(ctx, watch, found):
-    """Remove what _protected_found found: ([removed, ...], [failed with why, ...]), both shown relative."""
-    removed, failed = [], []
-    for path, _ in found:
-        rel = os.path.relpath(path, ctx.root)
-        try:  # through its parent: a directory deeper than a path can name is removed too
-            with ctx.jail.resolve(os.path.dirname(rel) or ".") as parent:
-                fd = parent.open_dir()
-                try:
-                    os.stat(os.path.basename(rel), dir_fd=fd, follow_symlinks=False)
-                    remove_at(fd, os.path.basename(rel))
-                except FileNotFoundError:
-                    pass  # gone already
-                finally:
-                    os.close(fd)
-            removed.append(display_path(path, ctx.root))
-        except (OSError, ToolError) as exc:
-            failed.append("%s (%s)" % (display_path(path, ctx.root), getattr(exc, "strerror", None) or exc))
-    watch.refresh()
-    return removed, failed
-
-
-def _format_streams(res, limit):
-    """The streams as the model sees them: no more than the tool result can carry (no large copies)."""
-    parts = []
-    for name, data, total in (("stdout", res.stdout, res.stdout_total), ("stderr", res.stderr, res.stderr_total)):
-        if not total:
-            continue
-        shown = memoryview(data)[:limit]
-        text = bytes(shown).decode("utf-8", "replace")
-        parts.append("\n--- %s ---\n%s" % (name, text.rstrip("\n")))
-        if total > len(shown):
-            parts.append("\n[%s truncated: showing %d of %d bytes]" % (name, len(shown), total))
-        limit = max(limit - len(shown), 4096)
-    return "".join(parts)
-
-
-def _audit(audit, ctx, command, outcome, duration, verdict):
-    if audit is not None:
-        try:
-            audit.record(ctx.root, command, outcome, duration, verdict)
-        except OSError:
-            pass  # an unwritable audit log must not stop the work
-
-
-def ctx_sandbox(ctx):
-    """The context's Sandbox; a context built without one (tests, embedding) gets one from its terminal
-    configuration, confining by default."""
-    if ctx.sandbox is None:
-        term = ctx.terminal
-        ctx.sandbox = Sandbox(ctx.root, term.get("sandbox") or WORKSPACE_WRITE, network=term.get("network"),
-                              env_passthrough=term.get("env_passthrough") or (), secrets=ctx.secrets,
-                              xzatoma_home=ctx.xzatoma_home, protected=ctx.protected)
-    return ctx.sandbox
-
-
-def ctx_policy(ctx):
-    policy = ctx._policy
-    if policy is None:
-        term = ctx.terminal
-        policy = CommandPolicy(ctx.root, term.get("allowlist") or DEFAULT_ALLOWLIST, term.get("custom_denylist") or ())
-        ctx._policy = policy
-    return policy
-
-
-# ---- Fetch: HTTP with SSRF protection ----
-
+# ---- SSRF guard: every URL checked after DNS resolution ----
 
 class UrlBlocked(ToolError):
     pass
@@ -8319,620 +8895,65 @@ def url_verdict(url, allowed_hosts=()):
         "%s is a public address" % address
 
 
-_rate_lock = threading.Lock()
-_rate_log = {}
+# ---- Audit log ----
 
+def _rfc3339(ts):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
-def _rate_check(host, per_minute):
-    now = time.monotonic()
-    with _rate_lock:
-        recent = [t for t in _rate_log.get(host, ()) if now - t < 60]
-        if per_minute and len(recent) >= per_minute:
-            raise ToolError("rate limit: %d fetches from %s in the last minute; try again later"
-                            % (len(recent), host))
-        recent.append(now)
-        _rate_log[host] = recent
 
+class AuditLog:
+    """One line per terminal decision; whole lines under a lock, rotated at a size, previous file kept.
 
-def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent, deadline=None):
-    """GET from the checked address (no second DNS lookup). Returns (status, headers, body, truncated).
-
-    `timeout` bounds each socket operation; `deadline` (time.monotonic()) the whole request (shutdown_at)."""
-    import http.client
-    import socket
-    import ssl
-
-    class Pinned(http.client.HTTPConnection):
-        def connect(self):
-            self.sock = socket.create_connection((address, self.port), self.timeout)
-
-    class PinnedTLS(http.client.HTTPSConnection):
-        def connect(self):
-            sock = socket.create_connection((address, self.port), self.timeout)
-            self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
-
-    if deadline is not None:
-        timeout = max(0.001, min(timeout, deadline - time.monotonic()))
-    if scheme == "https":
-        conn = PinnedTLS(host, port, timeout=timeout, context=ssl.create_default_context())
-    else:
-        conn = Pinned(host, port, timeout=timeout)
-    timer = shutdown_at(deadline, lambda: conn.sock)
-
-    def expired():
-        return deadline is not None and time.monotonic() >= deadline
-
-    try:
-        conn.request("GET", path, headers={"User-Agent": user_agent, "Accept-Encoding": "identity",
-                                           "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"})
-        resp = conn.getresponse()
-        chunks, size, truncated = [], 0, False
-        while not expired():
-            chunk = resp.read1(min(65536, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                truncated = True
-                break
-        if expired():
-            raise socket.timeout("the whole request took longer than its time limit")
-        body = b"".join(chunks)[:max_bytes]
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body, truncated
-    except (OSError, http.client.HTTPException) as exc:
-        if expired():
-            raise socket.timeout("the whole request took longer than its time limit")
-        if isinstance(exc, OSError):
-            raise
-        raise OSError("the server's answer is not valid HTTP (%s)" % type(exc).__name__)
-    finally:
-        if timer is not None:
-            timer.cancel()
-        conn.close()
-
-
-def shutdown_at(deadline, sock):
-    """A started timer that shuts the socket `sock()` returns down at `deadline` (time.monotonic()), or None
-    without a deadline; cancel() it when done. INFO: a socket timeout bounds one wait, not a request: a
-    server dripping a byte (or an SSE keep-alive) at a time never lets a read time out. shutdown() wakes
-    a read blocked in another thread; close() would not."""
-    if deadline is None:
-        return None
-    import socket
-
-    def cut():
-        target = sock()
-        if target is not None:
-            try:
-                target.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
-TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-yaml",
-              "application/yaml", "application/xhtml+xml", "application/x-sh", "application/toml",
-              "application/ld+json", "application/rss+xml", "application/atom+xml")
-
-
-class Fetch(Tool):
-    name = "fetch"
-    description = ("Fetch a web page or text file over http(s) and return it as readable text (HTML is converted). "
-                   "Private, loopback and cloud-metadata addresses are refused.")
-    parameters = {"type": "object", "properties": {
-        "url": {"type": "string"}, "max_bytes": {"type": "integer", "minimum": 1}}, "required": ["url"]}
-
-    def preview_args(self, args):
-        return args.get("url", "")
-
-    def run(self, args, ctx):
-        cfg = ctx.config.get("fetch") or {}
-        url = args["url"].strip()
-        cap = cfg.get("max_response_size") or 1048576
-        max_bytes = min(args.get("max_bytes") or cap, cap)
-        ttl = cfg.get("cache_ttl_seconds", 86400)
-        store = ctx.store
-        allowed = cfg.get("allowed_hosts") or ()
-        if store is not None and ttl:
-            try:
-                hit = store.cache_get(url, ttl)
-            except Exception:
-                hit = None
-            if hit is not None:  # today's verdict, not the one from the day it was cached (issue 12)
-                check_url(url, allowed)
-                if hit.get("final_url") and hit["final_url"] != url:
-                    check_url(hit["final_url"], allowed)
-                return ToolResult.ok(hit["body"], cached=True, status=hit["status"])
-        timeout = cfg.get("timeout_seconds") or 60
-        deadline = time.monotonic() + timeout  # for the whole fetch, redirects included
-        if ctx.deadline is not None:
-            deadline = min(deadline, ctx.deadline)
-        current = url
-        for hop in range(6):
-            scheme, host, port, path, address = check_url(current, allowed)
-            _rate_check(host, cfg.get("rate_limit_per_minute", 30))
-            ctx.check_deadline("fetch")
-            try:
-                status, headers, body, truncated = _http_get(scheme, host, port, path, address, timeout, max_bytes,
-                                                             cfg.get("user_agent") or "xzatoma", deadline)
-            except OSError as exc:
-                if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
-                    raise ToolError("fetch stopped: the run's time limit was reached while fetching %s" % current)
-                raise ToolError("cannot fetch %s: %s" % (current, getattr(exc, "strerror", None) or exc))
-            if status in (301, 302, 303, 307, 308) and headers.get("location"):
-                if hop == 5:
-                    raise ToolError("too many redirects (more than 5) starting at %s" % url)
-                from urllib.parse import urljoin
-                current = urljoin(current, headers["location"])
-                continue
-            break
-        ctype = (headers.get("content-type") or "").split(";")[0].strip().lower()
-        charset = re.search(r"charset=([\w.-]+)", headers.get("content-type") or "", re.I)
-        encoding = charset.group(1) if charset else "utf-8"
-        is_text = ctype.startswith("text/") or ctype in TEXT_TYPES or ctype.endswith(("+json", "+xml"))
-        if not ctype:
-            is_text = b"\x00" not in body[:4096]
-        if not is_text:
-            raise ToolError("%s is binary content (%s, %d bytes); fetch returns only text" % (current, ctype, len(body)))
-        try:
-            text = body.decode(encoding, "replace")
-        except LookupError:
-            text = body.decode("utf-8", "replace")
-        if ctype in ("text/html", "application/xhtml+xml"):
-            text = html_to_text(text, current)
-        head = "URL: %s\nStatus: %d\nContent-Type: %s\n" % (current, status, ctype or "unknown")
-        if truncated:
-            head += "[Truncated at %d bytes]\n" % max_bytes
-        output = head + "\n" + text
-        if store is not None and ttl and 200 <= status < 300:
-            try:
-                store.cache_put(url, status, ctype, current, output)
-            except Exception:
-                pass
-        return ToolResult.ok(output, status=status, truncated_body=truncated)
-
-
-def html_to_text(html, base_url=""):
-    """Readable text from HTML: headings, paragraphs, lists, links as 'text (url)', pre kept; noise dropped."""
-    from html.parser import HTMLParser
-    from urllib.parse import urljoin
-
-    class Converter(HTMLParser):
-        SKIP = {"script", "style", "nav", "noscript", "template", "svg", "head", "iframe", "object", "canvas"}
-        BLOCK = {"p", "div", "section", "article", "main", "header", "footer", "aside", "table", "tr", "ul", "ol",
-                 "dl", "dt", "dd", "blockquote", "figure", "figcaption", "form", "hr", "address", "details",
-                 "summary"}
-
-        def __init__(self):
-            super().__init__(convert_charrefs=True)
-            self.out, self.skip, self.pre, self.links, self.lists = [], 0, 0, [], []
-            self.title, self.in_title = "", False
-
-        def newline(self, n=1):
-            tail = "".join(self.out[-3:])
-            need = n - (len(tail) - len(tail.rstrip("\n")))
-            if self.out and need > 0:
-                self.out.append("\n" * need)
-
-        def handle_starttag(self, tag, attrs):
-            if tag == "title":
-                self.in_title = True
-            if tag in self.SKIP:
-                self.skip += 1
-                return
-            if self.skip:
-                return
-            attrs = dict(attrs)
-            if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
-                self.newline(2)
-                self.out.append("#" * int(tag[1]) + " ")
-            elif tag == "br":
-                self.out.append("\n")
-            elif tag == "pre":
-                self.newline(2)
-                self.pre += 1
-            elif tag in ("ul", "ol"):
-                self.lists.append([tag, 0])
-                self.newline()
-            elif tag == "li":
-                self.newline()
-                depth = max(len(self.lists) - 1, 0)
-                if self.lists and self.lists[-1][0] == "ol":
-                    self.lists[-1][1] += 1
-                    self.out.append("  " * depth + "%d. " % self.lists[-1][1])
-                else:
-                    self.out.append("  " * depth + "- ")
-            elif tag == "a":
-                self.links.append((attrs.get("href") or "", len(self.out)))
-            elif tag in ("td", "th"):
-                self.out.append(" | ")
-            elif tag == "img" and attrs.get("alt"):
-                self.out.append("[image: %s]" % attrs["alt"])
-            elif tag in self.BLOCK:
-                self.newline(2 if tag in ("p", "blockquote", "table") else 1)
-
-        def handle_endtag(self, tag):
-            if tag == "title":
-                self.in_title = False
-            if tag in self.SKIP:
-                self.skip = max(0, self.skip - 1)
-                return
-            if self.skip:
-                return
-            if tag == "a" and self.links:
-                href, start = self.links.pop()
-                text = "".join(self.out[start:]).strip()
-                if href and not href.startswith(("#", "javascript:", "mailto:")):
-                    url = urljoin(base_url, href)
-                    del self.out[start:]
-                    self.out.append("%s (%s)" % (text, url) if text and text != url else url)
-            elif tag == "pre":
-                self.pre = max(0, self.pre - 1)
-                self.newline(2)
-            elif tag in ("ul", "ol"):
-                if self.lists:
-                    self.lists.pop()
-                self.newline()
-            elif tag in ("h1", "h2", "h3", "h4", "h5", "h6", "p", "blockquote", "table"):
-                self.newline(2)
-            elif tag in self.BLOCK or tag == "li":
-                self.newline()
-
-        def handle_data(self, data):
-            if self.in_title:
-                self.title += data
-            if self.skip:
-                return
-            if self.pre:
-                self.out.append(data)
-                return
-            text = re.sub(r"\s+", " ", data)
-            if text.strip() or (self.out and not self.out[-1].endswith((" ", "\n"))):
-                if self.out and self.out[-1].endswith(("\n", " ", "- ", ". ")) and text.startswith(" "):
-                    text = text.lstrip()
-                self.out.append(text)
-
-    # A '<' with no '>' after it can start no tag, and html.parser scans to the end of the page from each
-    # one (before Python 3.11.13/3.12.11): '<a ' repeated made 200 KB take minutes. They become text.
-    last = html.rfind(">")
-    if "<" in html[last + 1:]:
-        html = html[:last + 1] + html[last + 1:].replace("&", "&amp;").replace("<", "&lt;")
-    conv = Converter()
-    conv.feed(html)
-    conv.close()
-    text = "".join(conv.out)
-    text = re.sub(r"[ \t]+\n", "\n", text)
-    text = re.sub(r"\n{3,}", "\n\n", text).strip()
-    title = " ".join(conv.title.split())
-    if title and not text.startswith("# "):
-        text = "# %s\n\n%s" % (title, text)
-    return text + "\n"
-
-
-# ---- Plans ----
-
-class PlanError(ValueError):
-    """A plan that cannot be used: says the source, the line where known, and what is wrong."""
-
-    def __init__(self, source, message, line=None):
-        self.source, self.line = source, line
-        where = source + (":%d" % line if line else "")
-        super().__init__("%s: %s" % (where, message))
-
-
-class Plan:
-    def __init__(self, goal, context=None, instructions=(), name=None, version=None, action=None):
-        self.goal = goal
-        self.context = context
-        self.instructions = list(instructions)
-        self.name = name
-        self.version = version  #: text, from the name/description/version/action/steps format
-        self.action = action  #: text, ditto; the watcher filters on name, action and version
-
-    def context_lines(self):
-        ctx = self.context
-        if not ctx:
-            return []
-        if isinstance(ctx, dict):
-            return ["- %s: %s" % (_label(k), _scalar(v)) for k, v in ctx.items()]
-        if isinstance(ctx, list):
-            return ["- %s" % _scalar(v) for v in ctx]
-        return [str(ctx).strip()]
-
-    def to_prompt(self):
-        """The prompt exactly as the seed's 'Plan to Prompt Translation' shows it."""
-        parts = ["You are assisting with the following task:", "", "GOAL: %s" % self.goal, ""]
-        ctx = self.context_lines()
-        if ctx:
-            parts += ["CONTEXT:"] + ctx + [""]
-        parts.append("INSTRUCTIONS (follow as guidance):")
-        parts += ["%d. %s" % (i, step) for i, step in enumerate(self.instructions, 1)]
-        parts += ["", "Use the available tools to accomplish this goal. You may adapt your approach "
-                      "as needed, but try to follow the instructions provided."]
-        return "\n".join(parts)
-
-    def describe(self):
-        lines = []
-        if self.name:
-            lines.append("NAME: %s" % self.name + (" %s" % self.version if self.version else ""))
-        if self.action:
-            lines.append("ACTION: %s" % self.action)
-        lines.append("GOAL: %s" % self.goal)
-        ctx = self.context_lines()
-        if ctx:
-            lines += ["CONTEXT:"] + ctx
-        lines.append("INSTRUCTIONS:")
-        lines += ["%d. %s" % (i, s) for i, s in enumerate(self.instructions, 1)]
-        return "\n".join(lines)
-
-
-def _label(key):
-    text = str(key).replace("_", " ").strip()
-    return text[:1].upper() + text[1:]
-
-
-def _scalar(value):
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
-
-
-def detect_plan_format(text, filename=None):
-    ext = os.path.splitext(filename or "")[1].lower()
-    if ext in (".json",):
-        return "json"
-    if ext in (".yaml", ".yml"):
-        return "yaml"
-    if ext in (".md", ".markdown"):
-        return "markdown"
-    stripped = text.lstrip()
-    if stripped.startswith(("{", "[")):
-        return "json"
-    if stripped.startswith("#") and re.search(r"^#{1,6}\s", stripped, re.M):
-        return "markdown"
-    return "yaml"
-
-
-def parse_plan(text, source="<plan>", fmt=None):
-    """Parse plan text into a Plan, or raise PlanError naming the source and line."""
-    fmt = fmt or detect_plan_format(text, source)
-    if not text.strip():
-        raise PlanError(source, "the plan is empty")
-    if fmt == "markdown":
-        return _parse_markdown_plan(text, source)
-    if fmt == "json":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise PlanError(source, "invalid JSON: %s" % exc.msg, getattr(exc, "lineno", None))
-    else:
-        try:
-            import yaml
-        except ImportError:
-            raise PlanError(source, "YAML plans need the Python package 'pyyaml' (pip install pyyaml)")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise PlanError(source, "invalid YAML: %s" % problem, mark.line + 1 if mark else None)
-    return _plan_from_mapping(data, source, text)
-
-
-def _key_line(text, key):
-    m = re.search(r'^\s*"?%s"?\s*:' % re.escape(key), text, re.M)
-    return text.count("\n", 0, m.start()) + 1 if m else None
-
-
-def plan_from_data(data, source="<plan>"):
-    """A Plan from already-parsed data (an event's payload): same rules as a plan file."""
-    try:
-        text = json.dumps(data, indent=1, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        text = ""
-    return _plan_from_mapping(data, source, text)
-
-
-def looks_like_plan(data):
-    """True for a mapping in either plan format (used to find a plan inside an event)."""
-    if not isinstance(data, dict):
-        return False
-    if "goal" in data:
-        return True
-    return any(k in data for k in ("steps", "tasks", "instructions")) and \
-        any(isinstance(data.get(k), str) for k in ("name", "description", "action"))
-
-
-def _text_field(data, key, source, text):
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise PlanError(source, "'%s' must be text, got %s" % (key, _json_type(value)), _key_line(text, key))
-    return str(value).strip() or None
-
-
-def _step_text(step):
-    """One instruction from a step: text, or {name, action, context} (steps format), or another mapping."""
-    if not isinstance(step, dict):
-        return step
-    head = None
-    if isinstance(step.get("action"), str) and isinstance(step.get("name"), str):
-        head = "%s: %s" % (step["name"].strip(), step["action"].strip())
-    else:
-        for field in ("instruction", "description", "task", "action", "name", "step"):
-            if isinstance(step.get(field), str):
-                head = step[field]
-                break
-    if head is None:
-        return ", ".join("%s: %s" % (k, _scalar(v)) for k, v in step.items())
-    ctx = step.get("context")
-    if ctx not in (None, "", {}, []):
-        if isinstance(ctx, dict):
-            ctx = ", ".join("%s: %s" % (k, _scalar(v)) for k, v in ctx.items())
-        head = "%s (context: %s)" % (head, _scalar(ctx))
-    return head
-
-
-def _plan_from_mapping(data, source, text):
-    if not isinstance(data, dict):
-        raise PlanError(source, "a plan must be a mapping with 'goal' and 'instructions', got %s"
-                        % _json_type(data))
-    known = {"goal", "context", "instructions", "steps", "tasks", "name", "title", "description", "version",
-             "action"}
-    name = _text_field(data, "name", source, text) or _text_field(data, "title", source, text)
-    version = _text_field(data, "version", source, text)
-    action = _text_field(data, "action", source, text)
-    goal = data.get("goal")
-    if goal is None and any(k in data for k in ("steps", "tasks")):
-        # the name/description/version/action/steps format: the description (else the action, else the
-        # name) is the goal
-        goal = _text_field(data, "description", source, text) or action or name
-        if goal is None:
-            raise PlanError(source, "missing 'description' (or 'goal'): what the agent should achieve")
-    if goal is None or (isinstance(goal, str) and not goal.strip()):
-        raise PlanError(source, "missing required key 'goal' (what the agent should achieve)")
-    if not isinstance(goal, str):
-        raise PlanError(source, "'goal' must be text, got %s" % _json_type(goal), _key_line(text, "goal"))
-    key = next((k for k in ("instructions", "steps", "tasks") if k in data), "instructions")
-    steps = data.get(key)
-    if steps is None:
-        raise PlanError(source, "missing required key 'instructions' (a list of steps)")
-    if isinstance(steps, str):
-        steps = [s for s in (line.strip(" -\t") for line in steps.splitlines()) if s]
-    if not isinstance(steps, list) or not steps:
-        raise PlanError(source, "'%s' must be a non-empty list of steps" % key, _key_line(text, key))
-    instructions = []
-    for i, step in enumerate(steps, 1):
-        step = _step_text(step)
-        if isinstance(step, bool) or not isinstance(step, (str, int, float)) or not str(step).strip():
-            raise PlanError(source, "step %d of '%s' is empty or not text" % (i, key), _key_line(text, key))
-        instructions.append(str(step).strip())
-    context = data.get("context")
-    if context is not None and not isinstance(context, (dict, list, str, int, float)):
-        raise PlanError(source, "'context' must be a mapping, list or text", _key_line(text, "context"))
-    unknown = sorted(set(data) - known)
-    plan = Plan(goal.strip(), context, instructions, name, version, action)
-    plan.unknown_keys = unknown
-    return plan
-
-
-_MD_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_MD_MARKER = re.compile(r"\s*(?:[-*+]|\d+[.)])(?=\s)")
-
-
-def _md_item(line):
-    """The text of a list item ('- x', '1. x', '- [ ] x'), or None: what the regex `\\s+(\\[[ xX]\\]\\s+)?(.*\\S)\\s*$`
-    after the marker meant, without its backtracking (a '-' and 100,000 spaces took 28 seconds)."""
-    m = _MD_MARKER.match(line)
-    if not m:
-        return None
-    rest = line[m.end():].strip()
-    if rest[:1] == "[" and rest[2:3] == "]" and rest[1:2] in " xX" and rest[3:4].isspace():
-        return rest[3:].lstrip()  # a checkbox followed by text (alone, it is the text)
-    return rest or None
-
-
-def _parse_markdown_plan(text, source):
-    title, sections, current = None, {}, None
-    for lineno, line in enumerate(text.splitlines(), 1):
-        m = _MD_HEADING.match(line)
-        if m:
-            name = m.group(2).strip()
-            if len(m.group(1)) == 1 and title is None:
-                title = re.sub(r"^(task|plan)\s*:\s*", "", name, flags=re.I)
-                current = None
-                continue
-            current = name.lower().rstrip(":")
-            sections[current] = {"line": lineno, "lines": []}
-            continue
-        if current is not None:
-            sections[current]["lines"].append(line)
-
-    def find(*names):
-        for key, value in sections.items():
-            if any(key == n or key.startswith(n + " ") for n in names):
-                return value
-        return None
-
-    goal_sec = find("goal", "objective")
-    goal = " ".join(l.strip() for l in goal_sec["lines"] if l.strip()) if goal_sec else (title or "")
-    if not goal:
-        raise PlanError(source, "no goal found (add a '## Goal' section or a '# Task: …' title)")
-    steps_sec = find("steps", "instructions", "tasks", "plan")
-    if steps_sec is None:
-        raise PlanError(source, "no instructions found (expected a '## Steps' or '## Instructions' "
-                                "section with a list)")
-    steps = [item for item in map(_md_item, steps_sec["lines"]) if item]
-    if not steps:
-        raise PlanError(source, "the instructions section has no list items", steps_sec["line"])
-    ctx_sec = find("context", "background")
-    context = None
-    if ctx_sec:
-        items = [item for item in map(_md_item, ctx_sec["lines"]) if item]
-        prose = " ".join(l.strip() for l in ctx_sec["lines"] if l.strip())
-        context = items if items else (prose or None)
-    plan = Plan(goal, context, steps, title)
-    plan.unknown_keys = []
-    return plan
-
-
-# ---- Registry builder: the tools of a mode ----
-
-ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
-             FileMetadata, FindPath, Grep, DiffFiles, PlanTool, Terminal, Fetch)
-
-FULL_TOOLS, COMPACT_TOOLS = "full", "compact"  # tool profiles (agent.tools.profile)
-
-#: The compact profile, for small models and small context windows: six tools whose definitions say only what a
-#: first call needs (~25% of the full set's tokens; the schema of each is the full one's subset, so validation
-#: and the tools themselves are unchanged). name -> (description, {parameter: (type, description)}, required)
-COMPACT = {
-    "list_directory": ("List the files in a directory.",
-                       {"path": ("string", "directory, default '.'"),
-                        "recursive": ("boolean", "include subdirectories")}, []),
-    "read_file": ("Read a text file.", {"path": ("string", ""), "start_line": ("integer", "optional"),
-                                        "end_line": ("integer", "optional")}, ["path"]),
-    "grep": ("Search files for a regular expression. Returns path:line: text.",
-             {"pattern": ("string", ""), "path": ("string", "file or directory, default '.'")}, ["pattern"]),
-    "write_file": ("Create or overwrite a file.", {"path": ("string", ""), "content": ("string", "")},
-                   ["path", "content"]),
-    "edit_file": ("Replace old_text with new_text in a file (old_text must appear exactly once).",
-                  {"path": ("string", ""), "old_text": ("string", ""), "new_text": ("string", "")},
-                  ["path", "old_text", "new_text"]),
-    "terminal": ("Run a shell command in the working directory. Returns the exit code and output.",
-                 {"command": ("string", "")}, ["command"]),
-}
-
-
-def compact_definition(name):
-    """The short definition of a tool in the compact profile."""
-    description, params, required = COMPACT[name]
-    props = {}
-    for prop, (kind, doc) in params.items():
-        props[prop] = {"type": kind, "description": doc} if doc else {"type": kind}
-    schema = {"type": "object", "properties": props}
-    if required:
-        schema["required"] = list(required)
-    return {"name": name, "description": description, "parameters": schema}
-
-
-def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS):
-    """The registry for a mode: planning offers the tools whose permission is read, write offers all;
-    the compact profile offers only the COMPACT tools, with their short definitions.
-
-    `ctx` is only referenced, never changed: a chat's @mentions use a planning registry over the
-    same context as its Write-mode agent.
+    2025-01-15T10:30:45Z | /home/user/project | ls -la | exit:0 | 0.023s | allow
     """
-    tools = [cls() for cls in ALL_TOOLS] + list(extra)
-    offered = [t for t in tools if mode == WRITE_MODE or t.permission == READ]
-    schemas = None
-    if profile == COMPACT_TOOLS:
-        offered = [t for t in offered if t.name in COMPACT]
-        schemas = {t.name: compact_definition(t.name) for t in offered}
-    return Registry(offered, ctx, mode, all_names=[t.name for t in tools], schemas=schemas)
+
+    _lock = threading.Lock()
+
+    def __init__(self, path, max_bytes=10485760, redact=None):
+        self.path = path
+        self.max_bytes = max_bytes
+        self.redact = redact
+
+    def record(self, cwd, command, outcome, duration, verdict):
+        from xzatoma_store import redact
+        text = redact(command)  # secrets out first, then one line of visible text
+        text = render_untrusted(text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r"), exact=True)
+        line = "%s | %s | %s | %s | %.3fs | %s\n" % (_rfc3339(time.time()), render_untrusted(cwd, exact=True), text,
+                                                   outcome, duration, verdict)
+        data = line.encode("utf-8", "replace")
+        with self._lock:
+            from xzatoma_store import private_dir
+            private_dir(os.path.dirname(os.path.abspath(self.path)))  # XZATOMA_HOME: 0700
+            fd = _open_log(self.path)
+            try:
+                if os.fstat(fd).st_mode & 0o077:  # a log made by an older version: only its owner reads it
+                    os.fchmod(fd, 0o600)
+                _flock(fd)
+                if self.max_bytes and os.fstat(fd).st_size + len(data) > self.max_bytes and \
+                        os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    os.replace(self.path, self.path + ".1")
+                    os.close(fd)
+                    fd = _open_log(self.path)
+                    _flock(fd)
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+
+def _open_log(path):
+    """The log for appending: never through a link (an audit.log linked to ~/.bashrc would have the agent
+    append command lines to it), never a FIFO or device (opening one would hang or write elsewhere)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        import errno
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def _flock(fd):
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ImportError, OSError):
+        pass

@@ -59,13 +59,15 @@ def test_absolute_path_inside_is_allowed(tree):
 
 def test_registry_validates_and_never_raises(tree):
     reg = registry(tree)
+    shape = "; expected read_file(path: string, start_line?: integer, end_line?: integer)"
     assert reg.execute("read_file", '{"path": ["a"]}').to_message() == \
-        "Error: parameter 'path' must be a string, got array"
+        "Error: parameter 'path' must be a string, got array" + shape
     r = reg.execute("read_file", '{"path": "src/app.py", "start_line": "2"}')
     assert r.success and r.output.startswith("\ndef main")
-    assert reg.execute("read_file", "[1]").to_message() == "Error: arguments for read_file must be a JSON object, got array"
+    assert reg.execute("read_file", "[1]").to_message() == \
+        "Error: arguments for read_file must be a JSON object, got array" + shape
     assert reg.execute("read_file", '{"path": "src/app.py", "start_line": 0}').to_message() == \
-        "Error: parameter 'start_line' must be at least 1"
+        "Error: parameter 'start_line' must be at least 1" + shape
     assert reg.execute("grep", '{"pattern": "x", "case_sensitive": "maybe"}').error.startswith(
         "parameter 'case_sensitive' must be true or false")
 
