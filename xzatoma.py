@@ -2879,8 +2879,9 @@ class Turn:
 # Honest completion (README): a model that answers without touching a tool cannot have changed a file or
 # read one. These say when an answer deserves a second look; they only ever add one model call.
 NUDGE = ("You answered without doing that with the tools. If the task needs the files or the terminal (to find "
-         "something out or to change something), do it now with the tools, then answer; tool results come from "
-         "the tools, never write them yourself. If it truly needs no tool, give your final answer again.")
+         "something out or to change something), do it now: reply with a tool call, written as "
+         '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
+         "yourself. If the task truly needs no tool, give your final answer again.")
 _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
@@ -3115,9 +3116,8 @@ class Agent:
         if need is None:
             return "completed"
         strength, kind = need
-        done = self.changes_this_run if kind == "change" else self.calls_this_run
-        if done and "<tool_response>" not in answer:
-            return "completed"
+        if self.changes_this_run if kind == "change" else self.calls_this_run:
+            return "completed"  # the work is there (what the model imagines after it does not undo it)
         if not self.nudged:
             self.nudged = True
             self.conversation.add({"role": "user", "name": NOTE, "content": NUDGE})
@@ -3489,7 +3489,8 @@ class Session:
         return self.recorded
 
     def system_prompt(self):
-        return system_prompt(self.mode, self.registry.names())
+        from xzatoma_tools import COMPACT_TOOLS
+        return system_prompt(self.mode, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
 
     # -- tools --
     def _build(self):
@@ -4018,10 +4019,27 @@ def show_instructions(console, instructions):
         console.debug("  " + note)
 
 
-def system_prompt(mode, tool_names):
+def system_prompt(mode, tool_names, compact=False):
     """The system prompt: the same bytes for every directory, day and project, so that a server's prompt cache
     (llama.cpp, vLLM, hosted APIs) keeps the system prompt and the tool definitions after it; what varies
-    goes in environment_message. Its words match how calls may be made: natively or written as text."""
+    goes in environment_message. Its words match how calls may be made: natively or written as text. The
+    compact tool profile (small models) gets fewer words and one example of a call."""
+    if compact:
+        return "\n".join([
+            "You are XZatoma, an agent that does tasks in the working directory by calling tools. You act: you "
+            "never explain to the person how to do the task.",
+            "Mode: %s. %s" % (mode.upper(), "You can read files; you cannot change them." if mode == "planning"
+                              else "You can read and change files and run commands."),
+            "Tools: %s." % (", ".join(tool_names) or "none"),
+            "",
+            "Each reply is either ONE tool call or the final answer.",
+            'A tool call is a JSON object: {"name": "<tool name>", "arguments": {<arguments>}}',
+            'Example: {"name": "read_file", "arguments": {"path": "notes.txt"}}',
+            "After each call you get its result; then make the next call. Never write a tool's result yourself.",
+            "To change a file: read it, then edit_file replaces old_text with new_text; write_file creates a file "
+            "or replaces all of its content.",
+            "When the task is done, give the final answer: one or two sentences with what you did or found.",
+        ])
     mode_text = PLANNING_PROMPT if mode == "planning" else WRITE_PROMPT
     return "\n".join([
         "You are XZatoma, an autonomous agent that completes tasks by calling tools.",

@@ -789,7 +789,7 @@ class ListDirectory(Tool):
 
     def _list(self, args, ctx, target):
         pattern = args.get("pattern")
-        lines, total = [], 0
+        lines, total, kinds = [], 0, {}
         base = display_path(target.real, ctx.root)
         if args.get("recursive") or (pattern and ("/" in pattern or "**" in pattern)):
             entries = walk_files(ctx.jail, target, include_dirs=True,
@@ -801,6 +801,8 @@ class ListDirectory(Tool):
             if pattern and not glob_match(pattern, sub):
                 continue
             total += 1
+            ext = "directories" if kind == "dir" else os.path.splitext(name)[1].lower() or "no extension"
+            kinds[ext] = kinds.get(ext, 0) + 1
             if len(lines) >= self.MAX_ENTRIES:
                 continue
             if kind == "dir":
@@ -817,6 +819,12 @@ class ListDirectory(Tool):
                                  count=0)
         if total > len(lines):
             lines.append("... %d more entries not shown (narrow with pattern or a subdirectory)" % (total - len(lines)))
+        if total > 1:  # counted here, so that "how many .md files" needs no counting by the model
+            lines.append("(%d entries: %s)" % (total, ", ".join(
+                "%d %s" % (n, {"directories": "director" + ("y" if n == 1 else "ies"),
+                               "no extension": ("file" if n == 1 else "files") + " without extension"}.get(
+                                   ext, ext + (" file" if n == 1 else " files")))
+                for ext, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))))
         return ToolResult.ok("\n".join(lines), count=total)
 
 
@@ -941,9 +949,12 @@ class WriteFile(Tool):
             target.make_parents()
             write_atomic_at(target.dir_fd, target.name, data)
             ctx.after_change(token)
-            return ToolResult.ok("%s %s (%d bytes)" % ("Overwrote" if st is not None else "Created",
-                                                       display_path(target.real, ctx.root), len(data)),
-                                 bytes=len(data), created=st is None)
+            shown = display_path(target.real, ctx.root)
+            if st is None:
+                return ToolResult.ok("Created %s (%d bytes)" % (shown, len(data)), bytes=len(data), created=True)
+            # what the old content became, said plainly: a model that meant to add a line learns it replaced the file
+            return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced)" % (
+                shown, len(data), st.st_size), bytes=len(data), created=False)
 
 
 class EditFile(Tool):
@@ -1119,7 +1130,10 @@ class Grep(Tool):
 def grep_match_lines(regex, text, need):
     """(lines that match, the first `need` of their 0-based numbers), lines split at '\\n' only."""
     count, found, last, starts = 0, [], -1, None
+    end = len(text) if text.endswith("\n") or not text else None  # after the last newline there is no line
     for m in regex.finditer(text):
+        if m.start() == end:
+            break  # `.*` matched there: grep counted an empty line 13 in a file of 12
         if starts is None:
             starts = _line_starts(text)
         i = _line_of(starts, m.start())
@@ -3085,8 +3099,7 @@ COMPACT = {
     "list_directory": ("List the files in a directory.",
                        {"path": ("string", "directory, default '.'"),
                         "recursive": ("boolean", "include subdirectories")}, []),
-    "read_file": ("Read a text file.", {"path": ("string", ""), "start_line": ("integer", "optional"),
-                                        "end_line": ("integer", "optional")}, ["path"]),
+    "read_file": ("Read a text file.", {"path": ("string", "")}, ["path"]),
     "grep": ("Search files for a regular expression. Returns path:line: text.",
              {"pattern": ("string", ""), "path": ("string", "file or directory, default '.'")}, ["pattern"]),
     "write_file": ("Create or overwrite a file.", {"path": ("string", ""), "content": ("string", "")},

@@ -153,7 +153,8 @@ def test_plan_becomes_the_prompt(cli, fake):
         "  - List all API endpoint files\n  - Extract function signatures\n  - Create OpenAPI spec\n")
     fake.add({"content": "planned"})
     r = cli.run("run", "--plan", "task.yaml")
-    assert r.returncode == 0 and r.stdout == "planned\n"
+    # a plan to list files and write a spec, answered twice without a tool: printed, but not "completed"
+    assert r.returncode == 3 and r.stdout == "planned\n" and "status unverified" in r.stderr
     prompt = fake.model_requests()[0]["body"]["messages"][2]["content"]
     assert prompt == ("You are assisting with the following task:\n\nGOAL: Generate API documentation\n\n"
                       "CONTEXT:\n- Directory: src/api/\n\nINSTRUCTIONS (follow as guidance):\n"

@@ -214,11 +214,16 @@ def test_reading_is_not_changing(open_session):
 
 
 def test_a_written_tool_response_is_never_a_result(open_session, tmp_path):
-    s = open_session(Reply('{"name": "create_directory", "arguments": {"path": "."}}'),
-                     Reply("<tool_response>\nok, file created\n</tool_response>"),
+    s = open_session(Reply("<tool_response>\nok\n</tool_response>"), Reply("<tool_response>\nok\n</tool_response>"))
+    result = run(s, "say hi")
+    assert result.status == "unverified" and len(s.provider.calls) == 2
+
+
+def test_work_done_stays_done_whatever_the_model_imagines_after_it(open_session, tmp_path):
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "hello.txt", "content": "hi"}}'),
                      Reply("<tool_response>\nok, file created\n</tool_response>"))
     result = run(s, "Create hello.txt containing hi")
-    assert result.status == "unverified"
+    assert result.status == "completed" and len(s.provider.calls) == 2
 
 
 @pytest.mark.parametrize("task", ["hi", "What is a closure in Python?", "Write a haiku about the sea"])
