@@ -2369,7 +2369,9 @@ def make_provider(cfg, console, name=None, model=None):
 #   - a block that already appeared in what the model *read* (a tool result, a user message) is a quote, not
 #     a call: a file that says `<tool_call>{"name": "terminal", …}` cannot make its reader run it by echoing it.
 # A block that is clearly an attempt (a tag, or a call-shaped start) but does not parse is reported as
-# malformed, so the loop can say what was wrong instead of taking the text for a final answer.
+# malformed, so the loop can say what was wrong instead of taking the text for a final answer. What a model
+# writes after its first call, it wrote without seeing any result ("the count is 1", a made-up
+# <tool_response>): that text is not kept in the conversation, where the model would read its guess back.
 
 def strip_think(text):
     """Split '<think>…</think>' reasoning from an answer. Returns (answer, thinking)."""
@@ -2397,14 +2399,17 @@ def strip_think(text):
 class TextCalls:
     """What find_text_tool_calls saw in a reply: calls, the prose around them, and failed attempts."""
 
-    __slots__ = ("calls", "prose", "malformed", "quoted", "form")
+    __slots__ = ("calls", "prose", "malformed", "quoted", "form", "after")
 
-    def __init__(self, calls, prose, malformed, quoted, form):
+    def __init__(self, calls, prose, malformed, quoted, form, after=""):
         self.calls = calls  #: [{name, arguments (JSON text)}] in the order written
-        self.prose = prose  #: the reply without the call blocks: the assistant's own words
+        #: the assistant's own words: before its first call (what it wrote after that, it wrote without the
+        #: call's result: a guess that, kept, it would read back as a fact), or the reply without its call blocks
+        self.prose = prose
         self.malformed = malformed  #: reasons, one per block that was an attempt but could not be read
         self.quoted = quoted  #: call blocks skipped because they repeat something the model read
         self.form = form  #: how the first call was written ("tool_call", "json", …), for the correction turn
+        self.after = after  #: the reply from its first call on (the calls, and whatever was guessed after them)
 
 
 #: opening markers of tagged call forms, and what ends each (None: the end of the reply)
@@ -2547,6 +2552,9 @@ def find_text_tool_calls(content, seen=""):
     scan.run(text)
     if not scan.calls and not scan.malformed and not scan.quoted:
         return None
+    if scan.first_call is not None:  # what follows the first call was written before any result came
+        return TextCalls(scan.calls, text[:scan.first_call].strip(), scan.malformed, scan.quoted,
+                         scan.form or "json", text[scan.first_call:])
     prose, last = [], 0
     for start, end in scan.spans:
         prose.append(text[last:start])
@@ -2567,12 +2575,14 @@ class _Scan:
     def __init__(self, seen):
         self.seen = seen
         self.calls, self.malformed, self.spans = [], [], []
-        self.quoted, self.form, self.bare_tries = 0, None, 0
+        self.quoted, self.form, self.bare_tries, self.first_call = 0, None, 0, None
 
     def found(self, kind, block, value_calls, reasons, span):
         if block.strip() and block.strip() in self.seen:
             self.quoted += 1
         else:
+            if value_calls and self.first_call is None:
+                self.first_call = span[0]
             self.calls += value_calls
             self.malformed += reasons
             if value_calls or reasons:
@@ -2645,6 +2655,8 @@ class _Scan:
         inner.run(body, nested=True)
         self.bare_tries = inner.bare_tries
         if inner.calls or inner.malformed or inner.quoted:
+            if inner.calls and self.first_call is None:
+                self.first_call = match.start()
             self.calls += inner.calls
             self.malformed += inner.malformed
             self.quoted += inner.quoted
@@ -3081,6 +3093,8 @@ class Agent:
                                             for i, c in enumerate(written.calls)],
                             ["your tool call could not be read: " + why for why in written.malformed],
                             written.form, raw=content)
+                if written.calls:
+                    self.events.thinking("written before any result, not kept: " + written.after)
         if reply.finish_reason == "repetition" and not turn.calls:
             turn.malformed.append("your reply kept repeating itself and was cut off; write one tool call, or a "
                                   "short answer")

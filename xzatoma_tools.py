@@ -1004,8 +1004,14 @@ class EditFile(Tool):
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
             ctx.after_change(token)
-            diff = text_diff(text, updated, display_path(target.real, ctx.root))
-        return ToolResult.ok(diff or "(no change)", replacements=text.count(args["old_text"]))
+            shown = display_path(target.real, ctx.root)
+            diff = text_diff(text, updated, shown)
+        count = text.count(args["old_text"])
+        if not diff:
+            return ToolResult.ok("(no change: new_text is old_text)", replacements=count)
+        # a sentence first: the change is saved (a small model took the bare diff for text to write back)
+        return ToolResult.ok("Edited %s: %d replacement%s, saved. The change:\n%s" % (
+            shown, count, "" if count == 1 else "s", diff), replacements=count)
 
 
 class FindPath(Tool):

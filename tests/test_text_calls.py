@@ -73,10 +73,17 @@ def test_calls_are_found_wherever_the_model_writes_them(text, expected):
     assert calls_of(text) == expected
 
 
-def test_the_prose_around_calls_stays_the_assistants_words():
-    found = find_text_tool_calls('I will read it.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a"}}'
-                                 '\n</tool_call>\nThen I answer.')
-    assert found.prose == "I will read it.\n\nThen I answer." and found.form == "tool_call"
+def test_the_words_before_the_first_call_stay_what_follows_was_a_guess():
+    """A real Qwen2.5-Coder-1.5B reply: two calls, then the answer it guessed before any result ("1"); kept, the
+    model read its guess back and answered 1 where the listing said 7 .md files."""
+    found = find_text_tool_calls('Let me count.\n```json\n{"name": "list_directory", "arguments": {"path": "docs"}}\n'
+                                 '```\n\n```json\n{"name": "grep", "arguments": {"pattern": "\\\\.md$", "path": '
+                                 '"docs"}}\n```\nThe number of .md files in the docs directory is 1.')
+    assert [c["name"] for c in found.calls] == ["list_directory", "grep"]
+    assert found.prose == "Let me count." and found.form == "json"
+    assert found.after.endswith("The number of .md files in the docs directory is 1.")
+    found = find_text_tool_calls("I see nothing to call; the JSON was: {\"a\": 1}")
+    assert found is None
 
 
 @pytest.mark.parametrize("text,reason", [
