@@ -2434,16 +2434,28 @@ def _opening_re():
 
 
 def _loads(text):
-    """JSON from a model: as written, or with the doubled braces some GGUF templates teach ({{"name": …}})."""
+    """JSON from a model: as written, several values one after the other (a list of them: a <tools> block of
+    JSON lines), or with the doubled braces some GGUF templates teach ({{"name": …}})."""
     text = text.strip()
     try:
         return json.loads(text)
     except RecursionError:
         raise ValueError("nested too deeply")
     except ValueError as exc:
-        if "{{" not in text:
-            raise
         first = exc
+        if exc.msg == "Extra data":
+            values, pos = [], 0
+            try:
+                while pos < len(text):
+                    value, pos = _raw_decode(text, pos)
+                    values.append(value)
+                    while pos < len(text) and text[pos] in " \t\r\n,":
+                        pos += 1
+                return values
+            except ValueError:
+                pass
+        if "{{" not in text:
+            raise first
     try:
         return json.loads(text.replace("{{", "{").replace("}}", "}"))
     except (ValueError, RecursionError):
