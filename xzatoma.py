@@ -2555,12 +2555,13 @@ def _mistral_calls(body):
 
 def find_text_tool_calls(content, seen=""):
     """The tool calls written in a reply's text (see the section note). `seen`: what the model has read so far
-    (tool results and user messages, joined); a block found in it is a quote. Returns TextCalls, or None when
+    (tool results and user messages, joined; or a function that joins them, called only when needed); a block
+    found in it is a quote. Returns TextCalls, or None when
     the text holds neither a call nor an attempt at one."""
     text = content or ""
     if not text.strip() or ("{" not in text and not any(tag in text for tag in _CALL_TAGS)):
         return None
-    scan = _Scan(seen)
+    scan = _Scan(seen() if callable(seen) else seen)
     scan.run(text)
     if not scan.calls and not scan.malformed and not scan.quoted:
         return None
@@ -3099,7 +3100,7 @@ class Agent:
         self.events.thinking("\n".join(t for t in (reply.thinking, thinking) if t))
         turn = Turn(content, reply.tool_calls)
         if not turn.calls and tools:
-            written = find_text_tool_calls(content, conv.read_so_far())
+            written = find_text_tool_calls(content, conv.read_so_far)
             if written is not None and (written.calls or written.malformed):
                 turn = Turn(written.prose, [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
                                             for i, c in enumerate(written.calls)],
