@@ -191,20 +191,37 @@ def _text(value):
     return value
 
 
+# INFO: one message may cost one message, never a partition (issue 22). What a message can make the watcher
+# hold is bounded before it is parsed: its size, its headers, the length of each attribute a result or a log
+# line repeats, and (xzatoma_tools.load_json/load_yaml) the depth, values and alias expansion of its document.
+MAX_MESSAGE_BYTES = 8 << 20  #: larger messages are rejected unread (watcher.max_message_bytes)
+MAX_HEADERS = 256  #: headers of one message
+ID_MAX_BYTES = 1024  #: an event id (or a bare plan's key): results, logs and the store repeat it
+ATTRIBUTE_MAX_BYTES = 4096  #: any other CloudEvents attribute (type, source, subject, …)
+
+
+def _cut_id(text):
+    """An id over ID_MAX_BYTES, cut (and marked) so that a result can still name it."""
+    cut, was_cut = bounded(text, ID_MAX_BYTES - 3)
+    return cut + "…" if was_cut else text
+
+
 def _load_document(text):
-    """JSON, else YAML; BadMessage when it is neither."""
+    """JSON, else YAML, both bounded; BadMessage when it is neither or over the limits."""
+    from xzatoma_tools import DocumentError, load_json, load_yaml
     stripped = text.lstrip()
     json_error = None
     if stripped.startswith(("{", "[", '"')):
         try:
-            return json.loads(text)
-        except ValueError as exc:
+            return load_json(text)
+        except DocumentError as exc:
+            if exc.over_limit:
+                raise BadMessage("JSON %s" % exc)
             json_error = exc
     try:
-        import yaml
-        return yaml.safe_load(text)
-    except Exception as exc:  # yaml.YAMLError, or a recursion bomb
-        reason = json_error or getattr(exc, "problem", None) or exc
+        return load_yaml(text)
+    except DocumentError as exc:
+        reason = exc if exc.over_limit or json_error is None else json_error
         raise BadMessage("neither JSON nor YAML: %s" % str(reason).splitlines()[0][:200])
 
 
@@ -214,21 +231,39 @@ def _is_xzepr(doc):
         ("platform_id" in doc and "api_version" in doc)
 
 
-def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto"):
+def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto", max_bytes=MAX_MESSAGE_BYTES):
     """An Event from one Kafka record, or BadMessage. The plan is parsed and validated here."""
     position = "%s:%s:%s" % (topic, partition, offset)
     try:
         key_text = _text(key) or None
     except UnicodeDecodeError:
         key_text = None
+    if key_text is not None:
+        key_text = _cut_id(key_text)
+    headers = list(headers or ())
+    if len(headers) > MAX_HEADERS:
+        raise BadMessage("%d headers, over the limit of %d" % (len(headers), MAX_HEADERS), key_text)
     hdrs = {}
-    for name, raw in headers or ():
+    for name, raw in headers:
         try:
-            hdrs[_text(name).lower()] = _text(raw) if raw is not None else ""
+            name = _text(name).lower()
+        except (UnicodeDecodeError, AttributeError):
+            continue  # not a name the watcher reads (ce_*, content-type)
+        if not (name.startswith("ce_") or name == "content-type"):
+            continue  # tracing and the like: never decoded, never a reason to reject
+        raw = raw if raw is not None else b""
+        if len(raw) > ATTRIBUTE_MAX_BYTES and name != "ce_id":
+            raise BadMessage("header %r is %d bytes, over the limit of %d" % (name[:64], len(raw),
+                                                                              ATTRIBUTE_MAX_BYTES), key_text)
+        try:
+            hdrs[name] = _text(raw)
         except UnicodeDecodeError:
-            raise BadMessage("header %r is not UTF-8" % (name,), key_text)
+            raise BadMessage("header %r is not UTF-8" % (name[:64],), key_text)
     if value is None or not value.strip():
         raise BadMessage("empty message", key_text)
+    if len(value) > max_bytes:
+        raise BadMessage("the message is %d bytes, over the limit of %d (watcher.max_message_bytes)"
+                         % (len(value), max_bytes), key_text)
     try:
         text = _text(value)
     except UnicodeDecodeError as exc:
@@ -238,14 +273,17 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto")
     if fmt == "plan":
         return _bare_plan(ev, text, position)
     if "ce_specversion" in hdrs and fmt in ("auto", "cloudevents"):  # binary content mode
+        from xzatoma_tools import DocumentError, load_json
         attrs = {k[3:]: v for k, v in hdrs.items() if k.startswith("ce_")}
         data = text
         content_type = hdrs.get("content-type", "")
         if "json" in content_type or text.lstrip().startswith(("{", "[")):
             try:
-                data = json.loads(text)
-            except ValueError:
-                data = text
+                data = load_json(text)
+            except DocumentError as exc:
+                if exc.over_limit:
+                    raise BadMessage("data: JSON %s" % exc, _cut_id(attrs["id"]) if attrs.get("id") else None)
+                data = text  # not JSON after all: the plan parser says what it is
         _attributes(ev, attrs, "cloudevents")
         ev.data = data
         return _extract_plan(ev)
@@ -260,14 +298,17 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto")
         return _extract_plan(ev)
     if fmt in ("xzepr", "cloudevents"):
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
-                         doc.get("id") if isinstance(doc, dict) and isinstance(doc.get("id"), str) else key_text)
+                         _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else key_text)
     return _bare_plan(ev, text, position)
 
 
 def _attributes(ev, attrs, kind):
     ev.format = kind
     event_id = attrs.get("id")
-    ev.id = event_id if isinstance(event_id, str) and event_id.strip() else None
+    ev.id = _cut_id(event_id) if isinstance(event_id, str) and event_id.strip() else None
+    if ev.id is not None and ev.id != event_id:
+        raise BadMessage("the event id is %d bytes, over the limit of %d" % (len(event_id.encode("utf-8")),
+                                                                             ID_MAX_BYTES), ev.id)
     for name in CE_REQUIRED:
         value = attrs.get(name)
         if not isinstance(value, str) or not value.strip():
@@ -278,7 +319,10 @@ def _attributes(ev, attrs, kind):
                  "platform_id", "package"):
         value = attrs.get(name)
         if value is not None and not isinstance(value, (dict, list)):
-            setattr(ev, name, str(value))
+            value = str(value)
+            if len(value) > ATTRIBUTE_MAX_BYTES // 4 and len(value.encode("utf-8")) > ATTRIBUTE_MAX_BYTES:
+                raise BadMessage("attribute '%s' is over the limit of %d bytes" % (name, ATTRIBUTE_MAX_BYTES), ev.id)
+            setattr(ev, name, value)
     success = attrs.get("success")
     if isinstance(success, str):
         success = success.strip().lower() not in ("false", "0", "no")
@@ -444,21 +488,73 @@ def result_status(status):
     return "interrupted" if status in ("cancelled", "terminated") else "failed"
 
 
-def result_event(ev, outcome, source, answer_limit=65536):
-    """The CloudEvent published for one event that passed the filters."""
-    status = result_status(outcome.get("status"))
-    answer, cut = bounded(outcome.get("answer"), answer_limit)
-    data = {"status": status, "trigger_event_id": ev.id, "trigger_type": ev.type,
-            "conversation_id": outcome.get("conversation_id"), "goal": ev.plan.goal if ev.plan is not None else None,
-            "answer": answer, "error": outcome.get("error"), "usage": outcome.get("usage") or {},
-            "turns": outcome.get("turns", 0), "tool_calls": outcome.get("tool_calls", 0),
-            "duration_seconds": outcome.get("duration_seconds", 0.0)}
-    if cut:
+# Every field of a result is bounded, and the whole event fits under the producer's max_request_size: a 2 MB
+# goal copied whole made a result the producer refused forever, and the partition's commit stopped (issue 22).
+FIELD_MAX_BYTES = {"trigger_event_id": ID_MAX_BYTES, "trigger_type": ATTRIBUTE_MAX_BYTES, "conversation_id": 256,
+                   "goal": 8192, "error": 8192}
+SHRINKABLE = ("answer", "goal", "error")  #: cut further, largest first, when the whole event is over its budget
+RECORD_OVERHEAD = 1024  #: bytes of a Kafka record beyond its value and key (batch header, headers, lengths)
+
+
+def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
+    """The CloudEvent published for one event that passed the filters. Each text field is redacted, then cut to
+    its bound (`data.truncated` maps each field cut to its size in bytes before); with `max_bytes` the encoded
+    event fits in that many bytes, whatever the outcome held."""
+    from xzatoma_store import redact  # every consumer of the results topic reads it: the goal and an error
+    outcome = outcome if isinstance(outcome, dict) else {}  # quote the event, and a credential in it went out
+    status = result_status(outcome.get("status"))          # again (issue 12); redacted before the cut (never
+    limits = dict(FIELD_MAX_BYTES, answer=answer_limit)     # half a key)
+    texts = (("trigger_event_id", ev.id), ("trigger_type", ev.type),
+             ("conversation_id", outcome.get("conversation_id")),
+             ("goal", ev.plan.goal if ev.plan is not None else None), ("answer", outcome.get("answer")),
+             ("error", outcome.get("error")))
+    data, truncated = {"status": status}, {}
+    for name, value in texts:
+        if value is None:
+            data[name] = None
+            continue
+        value = redact(value if isinstance(value, str) else str(value))
+        data[name], cut = bounded(value, limits[name])
+        if cut:
+            truncated[name] = len(value.encode("utf-8"))
+    usage = outcome.get("usage")
+    data["usage"] = {str(k)[:64]: v for k, v in list(usage.items())[:16] if isinstance(v, (int, float))} \
+        if isinstance(usage, dict) else {}
+    for name, kind, default in (("turns", int, 0), ("tool_calls", int, 0), ("duration_seconds", float, 0.0)):
+        value = outcome.get(name, default)
+        data[name] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(default)
+    doc = {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
+           "subject": data["trigger_event_id"] if ev.id is None else ev.id, "time": now_rfc3339(),
+           "datacontenttype": "application/json", "data": data}
+    if max_bytes is not None:
+        fit(doc, data, SHRINKABLE, max_bytes, truncated)
+    if "answer" in truncated:
         data["answer_truncated"] = True
-    from xzatoma_store import redact_data  # every consumer of the results topic reads it: the goal and an error
-    data = redact_data(data)  # quote the event, and a credential in it went out again (issue 12)
-    return {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
-            "subject": ev.id, "time": now_rfc3339(), "datacontenttype": "application/json", "data": data}
+    if truncated:
+        data["truncated"] = truncated
+    if max_bytes is not None and len(_encode(doc)) > max_bytes:  # a budget smaller than the event's frame
+        raise ValueError("a result event cannot fit in %d bytes" % max_bytes)
+    return doc
+
+
+def fit(doc, fields, names, max_bytes, truncated, note_bytes=200):
+    """Cut the text of `fields` (a mapping inside `doc`) among `names`, the largest as encoded first, until `doc`
+    encodes to at most `max_bytes` (less `note_bytes` for the note of what was cut); each field cut is recorded in
+    `truncated` with its size before. Returns whether it fits."""
+    for _ in range(2 * len(names) + 2):
+        over = len(_encode(doc)) + note_bytes + 32 * len(names) - max_bytes
+        if over <= 0:
+            return True
+        encoded = {n: len(_encode(fields[n])) for n in names if isinstance(fields.get(n), str) and fields[n]}
+        if not encoded:
+            return False
+        name = max(encoded, key=encoded.get)
+        raw = len(fields[name].encode("utf-8"))
+        truncated.setdefault(name, raw)
+        # the text's share of what must go (escaped characters take up to 6 bytes each in JSON)
+        keep = raw * max(0, encoded[name] - over) // encoded[name]
+        fields[name] = bounded(fields[name], max(0, min(keep, raw - 1)))[0]
+    return len(_encode(doc)) + note_bytes <= max_bytes
 
 
 def result_source(group, host=None):
@@ -478,8 +574,10 @@ class XzeprClient:
     RECEIVER = {"name": "xzatoma", "type": "xzatoma.plan.result", "version": "1.0.0",
                 "description": "XZatoma plan runs triggered by events", "schema": {}}
 
-    def __init__(self, api_url, api_key=None, timeout=10.0, attempts=4, backoff=0.5, max_backoff=8.0, sleep=None):
+    def __init__(self, api_url, api_key=None, timeout=10.0, attempts=4, backoff=0.5, max_backoff=8.0, sleep=None,
+                 max_body_bytes=65536):
         self.api_url = api_url.rstrip("/")
+        self.max_body_bytes = max_body_bytes  #: an event posted is at most this long (JSON, UTF-8)
         self.api_key = api_key
         self.timeout, self.attempts, self.backoff, self.max_backoff = timeout, attempts, backoff, max_backoff
         self.sleep = sleep or time.sleep
@@ -490,7 +588,7 @@ class XzeprClient:
     def request(self, method, path, body=None):
         import urllib.error
         import urllib.request
-        data = json.dumps(body).encode() if body is not None else None
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8") if body is not None else None
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "xzatoma-watch"}
         if self.api_key:
             headers["Authorization"] = "Bearer " + self.api_key
@@ -535,10 +633,31 @@ class XzeprClient:
             return self._receiver
 
     def post_event(self, name, ev, success, payload):
-        body = {"name": name, "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
+        """POST one lifecycle event. Every text in it is bounded (a plan's name and an event's attributes are
+        someone else's), and the body fits in max_body_bytes, the error cut first (`payload.truncated` says)."""
+        from xzatoma_store import redact
+        phase = name.rsplit(".", 1)[-1]
+        body = {"name": bounded(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
+                "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
                 "platform_id": ev.platform_id or "xzatoma", "package": ev.package or "xzatoma",
-                "description": "xzatoma plan %s for event %s" % (name.rsplit(".", 1)[-1], ev.id),
-                "payload": payload, "success": bool(success), "event_receiver_id": self.receiver_id()}
+                "description": "xzatoma plan %s for event %s" % (phase, ev.id),
+                "payload": dict(payload), "success": bool(success), "event_receiver_id": self.receiver_id()}
+        truncated = {}
+        for key, limit in (("version", 256), ("release", 256), ("platform_id", 256), ("package", 256),
+                           ("description", 2048)):
+            body[key], cut = bounded(str(body[key]), limit)
+            if cut:
+                truncated[key] = True
+        payload = body["payload"]
+        for key, value in payload.items():
+            if isinstance(value, str):
+                value = redact(value)
+                payload[key], cut = bounded(value, FIELD_MAX_BYTES.get(key, ID_MAX_BYTES))
+                if cut:
+                    truncated[key] = len(value.encode("utf-8"))
+        fit(body, payload, [k for k, v in payload.items() if isinstance(v, str)], self.max_body_bytes, truncated)
+        if truncated:
+            payload["truncated"] = truncated
         return self.request("POST", "/api/v1/events", body)
 
 

@@ -211,6 +211,111 @@ def test_result_event_shape_and_bounded_answer():
         ("failed", ev.id, "C1", 3, "Count the files")
 
 
+def _alias_bomb(levels=9):
+    """356 bytes of YAML naming 9**9 strings (issue 22: 47 s, a 684 MB database)."""
+    lines = ["goal: G", "instructions: [a]", "context:", '  l0: &l0 ["x","x","x","x","x","x","x","x","x"]']
+    lines += ["  l%d: &l%d [%s]" % (n, n, ",".join(["*l%d" % (n - 1)] * 9)) for n in range(1, levels)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _binary(event_id, value, content_type=b"application/json", **extra):
+    headers = [("ce_specversion", b"1.0"), ("ce_id", event_id), ("ce_source", b"ci"), ("ce_type", b"build.done"),
+               ("content-type", content_type)]
+    return value, headers + list(extra.items())
+
+
+POISON = [
+    # (name, key, value, headers, event id of the rejection or None, what the reason says)
+    ("deep JSON array", None, b"[" * 1500 + b"]" * 1500, [], None, "nested deeper than 64 levels"),
+    ("deep JSON object", b"k1", b'{"a":' * 1500 + b"1" + b"}" * 1500, [], "k1", "nested deeper than 64 levels"),
+    ("deep JSON in a CloudEvent", None, cloudevent("deep-ce", data={"plan": "x"}).replace(
+        b'"x"', b"[" * 1500 + b"]" * 1500), [], None, "nested deeper than 64 levels"),
+    ("deep JSON, binary mode", None) + _binary(b"deep-bin", b"[" * 1500 + b"]" * 1500) +
+    ("deep-bin", "nested deeper than 64 levels"),
+    ("deep JSON plan text, binary mode", None) + _binary(b"deep-bin2", b'{"plan": "' + b"[" * 1500 + b'"}') +
+    ("deep-bin2", "nested deeper than 64 levels"),
+    ("YAML alias bomb, bare", b"bomb", _alias_bomb(), [], "bomb", "once its aliases are expanded"),
+    ("YAML alias bomb in data.plan", None, cloudevent("bomb-ce", data={"plan": _alias_bomb().decode()}), [],
+     "bomb-ce", "once its aliases are expanded"),
+    ("recursive alias", b"rec", b"goal: G\ninstructions: [a]\nc: &c [1, *c]\n", [], "rec", "contains it"),
+    ("a 5000-digit number", b"num", b"goal: " + b"1" * 5000 + b"\ninstructions: [a]\n", [], "num",
+     "integer string conversion"),
+    ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], "i" * 1021 + "…", "event id is 20000"),
+    ("a type of 20 KB", None, cloudevent("long-type", type="t" * 20000, data={"plan": PLAN}), [], "long-type",
+     "attribute 'type' is over the limit"),
+    ("a ce_source header of 20 KB", None) + _binary(b"long-hdr", b"{}", ce_source=b"s" * 20000) +
+    (None, "header 'ce_source' is 20000 bytes"),
+    ("300 headers", b"many", b"goal: G\ninstructions: [a]\n", [("h%d" % i, b"v") for i in range(300)], "many",
+     "300 headers"),
+    ("over max_message_bytes", b"big", b"goal: " + b"x" * 70000 + b"\ninstructions: [a]\n", [], "big",
+     "over the limit of 65536"),
+]
+
+
+@pytest.mark.parametrize("name,key,value,headers,event_id,reason", POISON, ids=[p[0] for p in POISON])
+def test_poison_messages_are_bad_messages_in_bounded_memory(name, key, value, headers, event_id, reason):
+    """Issue 22: `[` x 1500 raised RecursionError (the watcher exited 1 on every restart); a 356-byte plan took
+    47 s and 684 MB. Each is now one rejection, read in bounded memory."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        try:
+            ev = w.decode_message("t", 0, 1, key, value, headers, max_bytes=65536)
+            rejected = w.BadMessage(ev.plan_error, ev.id) if ev.plan is None else None
+        except w.BadMessage as exc:
+            rejected = exc
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rejected is not None and reason in rejected.reason, rejected and rejected.reason
+    assert rejected.event_id == event_id
+    assert peak < 48 * 1024 * 1024, peak
+
+
+def test_headers_the_watcher_does_not_read_are_never_a_reason_to_reject():
+    ev = w.decode_message("t", 0, 1, b"k", b"goal: G\ninstructions: [a]\n",
+                          [("traceparent", b"\xff\xfe"), (b"\xff", b"x"), ("x-big", b"y" * 100000)])
+    assert ev.plan is not None and ev.id == "k"
+
+
+def test_every_result_field_is_bounded_and_the_whole_event_fits():
+    """Issue 22: a 2 MB goal copied whole made a result over the producer's 1 MB limit, retried forever."""
+    token = "ghp_" + "A" * 36
+    ev = w.decode_message("t", 0, 1, None, cloudevent("fit-1", type="build." + "x" * 3000,
+                                                      data={"plan": {"goal": "g" * 8180 + " " + token + " " + "g" * (2 << 20),
+                                                                     "instructions": ["a"]}}))
+    outcome = {"status": "completed", "answer": "a" * (3 << 20), "error": "\x01" * (1 << 20),
+               "conversation_id": "C" * 5000, "usage": {"prompt_tokens": 1, "junk": "x" * 100000},
+               "turns": "many"}
+    for limit in (1048576 - 1024, 65536, 16000):
+        out = w.result_event(ev, outcome, "xzatoma://h/g", answer_limit=65536, max_bytes=limit)
+        encoded = json.dumps(out, ensure_ascii=False).encode()
+        assert len(encoded) <= limit, (limit, len(encoded))
+        data = out["data"]
+        assert data["truncated"]["goal"] > 2 << 20 and data["truncated"]["answer"] == 3 << 20
+        assert data["truncated"]["conversation_id"] == 5000 and data["answer_truncated"] is True
+        assert "ghp_" not in data["goal"] and (limit < 65536 or data["goal"].startswith("g" * 8180 + " [REDACTED"))
+        assert data["usage"] == {"prompt_tokens": 1} and data["turns"] == 0
+        assert out["subject"] == "fit-1" and data["trigger_event_id"] == "fit-1"
+    small = w.result_event(_ev(), {"status": "completed", "answer": "ok"}, "s", max_bytes=65536)["data"]
+    assert "truncated" not in small and "answer_truncated" not in small and small["answer"] == "ok"
+
+
+def test_xzepr_posts_are_bounded_too():
+    api = FakeXzepr()
+    client = w.XzeprClient(api.url, None, attempts=1, max_body_bytes=16384)
+    plan = dict(STEPS_PLAN, name="n" * 5000, version="9" * 3000)
+    ev = w.decode_message("t", 0, 1, None, xzepr_event(event_id="xz-big", payload={"plan": plan},
+                                                       release="r" * 3000, package="p" * 3000))
+    client.post_event(ev.plan_name() + ".completed", ev, False,
+                      {"trigger_event_id": ev.id, "status": "failed", "error": "e" * (1 << 20)})
+    body = api.events()[0]
+    assert len(json.dumps(body, ensure_ascii=False).encode()) <= 16384
+    assert body["name"].endswith(".completed") and len(body["name"]) <= 256
+    assert len(body["version"]) <= 256 and len(body["release"]) <= 256 and len(body["package"]) <= 256
+    assert body["payload"]["truncated"]["error"] == 1 << 20 and body["payload"]["trigger_event_id"] == "xz-big"
+
+
 def test_decision_log_escapes_control_characters_and_redacts():
     buf = io.StringIO()
     log = w.WatchLog(buf, "text", redact=lambda s: s.replace("hunter2secret", "[REDACTED]"))
