@@ -970,16 +970,19 @@ class Store:
     # -- message attempts: the offsets a consumer is handling, left behind by a crash --
     def begin_attempt(self, consumer, first, last, owner):
         """`owner` is handling offsets first..last of `consumer` (group/topic/partition). Returns (left, attempts):
-        left is (first, last) when another owner left a mark there (it stopped while handling one of them);
-        attempts counts how often the single offset `first` == `last` has been begun in a row."""
+        left is (first, last) of a mark another owner left there (it stopped while handling one of them; a mark
+        overlapping a range of several offsets is kept, not replaced); attempts counts how often the single offset
+        `first` == `last` has been begun in a row."""
         with self._transaction() as conn:
             row = conn.execute("SELECT * FROM message_attempts WHERE consumer = ?", (consumer,)).fetchone()
+            left = (row["first_offset"], row["last_offset"]) if row is not None and row["owner"] != owner else None
+            if left is not None and first != last and left[0] <= last and first <= left[1]:
+                return left, row["attempts"]  # its mark stays: the offsets are now begun one at a time, counted
             same = row is not None and row["first_offset"] == row["last_offset"] == first == last
             attempts = row["attempts"] + 1 if same else 1
             conn.execute("INSERT OR REPLACE INTO message_attempts (consumer, first_offset, last_offset, owner, "
                          "attempts, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
                          (consumer, first, last, owner, attempts, time.time()))
-        left = (row["first_offset"], row["last_offset"]) if row is not None and row["owner"] != owner else None
         return left, attempts
 
     def end_attempt(self, consumer, owner):

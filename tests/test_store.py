@@ -407,9 +407,12 @@ def test_message_attempts_count_a_single_offset_begun_again(store):
     assert store.begin_attempt(key, 20, 29, "B") == (None, 1)
     # B died reading 20..29: C reads them one at a time, each begun again counted
     assert store.begin_attempt(key, 20, 35, "C") == ((20, 29), 1)
-    assert store.begin_attempt(key, 20, 20, "C") == (None, 1)
-    assert store.begin_attempt(key, 20, 20, "D") == ((20, 20), 2)  # C died on 20 as well
-    assert store.begin_attempt(key, 20, 20, "E") == ((20, 20), 3)
+    assert store.begin_attempt(key, 20, 20, "C") == ((20, 29), 1)  # B's mark was kept until now
+    assert store.begin_attempt(key, 21, 35, "C") == (None, 1)  # 20 read: the rest as one range again
+    assert store.begin_attempt(key, 21, 21, "C") == (None, 1)
+    assert store.begin_attempt(key, 21, 35, "D") == ((21, 21), 1)  # C died on 21: D keeps its mark…
+    assert store.begin_attempt(key, 21, 21, "D") == ((21, 21), 2)  # …and counts it begun a second time
+    assert store.begin_attempt(key, 21, 21, "E") == ((21, 21), 3)
     store.end_attempt(key, "someone else")
     assert store.conn().execute("SELECT count(*) FROM message_attempts").fetchone()[0] == 1
     store.end_attempt(key, "E")
