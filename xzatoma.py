@@ -359,7 +359,7 @@ DEFAULTS = {
                   "group_id": "xzatoma-watcher", "output_topic": None, "dead_letter_topic": None,
                   "security_protocol": "PLAINTEXT", "sasl_mechanism": None, "username": None, "password": None,
                   "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
-                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000},
+                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000, "max_request_size": 1048576},
         "filter": {"event_types": [], "sources": [], "platforms": [], "packages": [], "api_versions": [],
                    "include_failed": False, "actions": [], "names": [], "match_version": None},
         "format": "auto",
@@ -370,6 +370,9 @@ DEFAULTS = {
         "allow_dangerous": False,
         "shutdown_grace_seconds": 30,
         "answer_max_bytes": 65536,
+        "max_message_bytes": 8388608,
+        "max_attempts": 2,
+        "claim_lease_seconds": 60,
         "log_file": None,
     },
     "xzepr": {
@@ -419,6 +422,10 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.timeout_seconds": (1, None),
     "watcher.shutdown_grace_seconds": (0, None),
     "watcher.answer_max_bytes": (256, None),
+    "watcher.kafka.max_request_size": (16384, None),
+    "watcher.max_message_bytes": (1024, None),
+    "watcher.max_attempts": (1, 100),
+    "watcher.claim_lease_seconds": (5, None),
     "agent.instructions_max_bytes": (0, None),
 }
 
@@ -479,6 +486,13 @@ DOCS = {
     "watcher.timeout_seconds": "wall-clock limit of one event's run",
     "watcher.allow_dangerous": "full terminal autonomy for event runs (default: restricted)",
     "watcher.shutdown_grace_seconds": "on SIGTERM/SIGINT, running plans may finish for this long",
+    "watcher.kafka.max_request_size": "the producer's largest record: every result and dead-letter copy is made to "
+                                      "fit (keep it at or under the broker's message.max.bytes)",
+    "watcher.max_message_bytes": "larger messages are rejected unread",
+    "watcher.max_attempts": "a message that stopped the watcher (a crash reading or running it) this many times "
+                            "is set aside: a failed or rejected result, a dead-letter copy, and the commit",
+    "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
+                                   "other hosts sharing the store (one of this host takes it over at once)",
     "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
 }
 
@@ -4924,7 +4938,9 @@ def watch_settings(args, cfg):
         security=security, working_dir=working_dir, max_concurrent=pick(args.max_concurrent, w["max_concurrent"]),
         max_events=args.max_events, idle_exit=args.idle_exit, dry_run=args.dry_run,
         format=pick(args.format, w["format"]), shutdown_grace=float(w["shutdown_grace_seconds"]),
-        answer_limit=w["answer_max_bytes"],
+        answer_limit=w["answer_max_bytes"], max_request_size=k["max_request_size"],
+        max_message_bytes=w["max_message_bytes"], max_attempts=w["max_attempts"],
+        claim_lease=float(w["claim_lease_seconds"]),
         consumer_options={"session_timeout_ms": k["session_timeout_ms"],
                           "max_poll_interval_ms": k["max_poll_interval_ms"],
                           "heartbeat_interval_ms": max(100, min(3000, k["session_timeout_ms"] // 3))})

@@ -36,6 +36,10 @@ def test_bad_filters_and_plans_are_usage_errors(cli, tmp_path):
         and "--source" in r.stderr
     r = cli.run("watch", "--topic", "t", "--match-version", "^x")
     assert r.returncode == 2 and "--match-version" in r.stderr
+    cli.write_config({"watcher": {"kafka": {"max_request_size": 1000}, "max_attempts": 0}})
+    r = cli.run("watch", "--topic", "t", "--brokers", "127.0.0.1:1")
+    assert r.returncode == 2 and "watcher.kafka.max_request_size" in r.stderr and r.stdout == ""
+    cli.write_config({})
     bad = tmp_path / "bad.yaml"
     bad.write_text("goal: G\n")
     r = cli.run("publish", "--plan", str(bad), "--topic", "t", "--brokers", "127.0.0.1:1")
@@ -48,7 +52,8 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
     kb.create_topic(kafka_broker.address, topic)
     cli.use(fake)
     cfg = __import__("yaml").safe_load(cli.config_path.read_text())
-    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address)}
+    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address, max_request_size=65536),
+                      "max_attempts": 3, "claim_lease_seconds": 30, "max_message_bytes": 1 << 20}
     cli.write_config(cfg)
     (cli.workdir / "notes.txt").write_text("hello\n")
     (cli.workdir / "AGENTS.md").write_text("Answer tersely. WATCH-RULE\n")  # event runs get project instructions
