@@ -2757,7 +2757,7 @@ class Session:
         self.label = label  #: a subagent's label
         self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
-        self.sandbox = sandbox  #: the OS sandbox terminal commands run in: one per top-level session
+        self.sandbox = sandbox  #: the OS sandbox commands run in: one per top-level session (None: no terminal)
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox" (what open() made)
         self.kind = None
@@ -2768,10 +2768,11 @@ class Session:
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
-             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None):
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, terminal=True):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
-        metrics (with a port or a textfile), the cancel event and the terminal's sandbox."""
+        metrics (with a port or a textfile), the cancel event and, unless `terminal` is False (a run that can
+        never offer the terminal tool: planning mode without chat's mode switches), the terminal's sandbox."""
         working_dir = check_working_dir(working_dir)
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -2781,8 +2782,10 @@ class Session:
         if metrics is None and (metrics_port or metrics_textfile):
             metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
             owns.add("metrics")
-        sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
-        owns.add("sandbox")
+        sandbox = None
+        if terminal:
+            sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
+            owns.add("sandbox")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
@@ -2954,9 +2957,10 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
-    from xzatoma_tools import RESTRICTED
+    from xzatoma_tools import PLANNING, RESTRICTED
     session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
-                           metrics=metrics, store=store, cancel=cancel, provider=provider)
+                           metrics=metrics, store=store, cancel=cancel, provider=provider,
+                           terminal=mode != PLANNING)  # issue 22: a sandbox per event that could never be used
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
@@ -4969,9 +4973,11 @@ def watch_filters(args, cfg):
 def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
+    import threading
     from xzatoma_tools import FULL, RESTRICTED
     base_provider = make_provider(cfg, console)  # credentials are checked once, at start
     quiet = Console(quiet=True, color=False)
+    per_thread = threading.local()  # each worker thread's own provider: its HTTP connection lives on (issue 22)
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         probe = terminal_sandbox(cfg, settings.working_dir)
         try:
@@ -4981,11 +4987,14 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
 
     def run_plan(job):
         from xzatoma_store import redact
+        provider = getattr(per_thread, "provider", None)
+        if provider is None:
+            provider = per_thread.provider = base_provider.clone()
         outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=base_provider.clone()).to_json()  # its sandbox closes with it
+                                   provider=provider).to_json()  # its sandbox closes with it
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))
         return outcome
