@@ -84,6 +84,9 @@ class PrometheusMetrics:
             self.watch_lag_gauge = prom.Gauge("xzatoma_watch_consumer_lag",
                                               "Messages of the partition not yet committed: its end offset minus "
                                               "the group's committed offset", ["topic", "partition"], registry=r)
+            self.watch_stalled = prom.Gauge("xzatoma_watch_commit_stalled_seconds",
+                                            "Seconds the partition's committed offset has not moved while messages "
+                                            "wait (0 when none wait)", ["topic", "partition"], registry=r)
             self.watch_oldest = prom.Gauge("xzatoma_watch_oldest_waiting_seconds",
                                            "How long the oldest message received and not yet committed has waited",
                                            registry=r)
@@ -112,10 +115,16 @@ class PrometheusMetrics:
         """A partition given up: another member reports it now."""
         with self.lock:
             self._watch_metrics()
-        try:
-            self.watch_lag_gauge.remove(topic, str(partition))
-        except KeyError:
-            pass
+        for gauge in (self.watch_lag_gauge, self.watch_stalled):
+            try:
+                gauge.remove(topic, str(partition))
+            except KeyError:
+                pass
+
+    def watch_commit_stalled(self, topic, partition, seconds):
+        with self.lock:
+            self._watch_metrics()
+        self.watch_stalled.labels(topic, str(partition)).set(seconds)
 
     def watch_oldest_waiting(self, seconds):
         with self.lock:

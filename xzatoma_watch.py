@@ -671,6 +671,7 @@ class PartitionOffsets:
         self.pending = {}  #: offset received and not settled -> when it was received (time.monotonic())
         self.highest = None
         self.committed = None  #: the group's committed offset as this watcher knows it (None: nothing yet)
+        self.advanced_at = time.monotonic()  #: when `committed` last moved on (or the partition was assigned)
 
     def received(self, offset):
         self.pending[offset] = time.monotonic()
@@ -730,7 +731,15 @@ class OffsetTracker:
             for tp, point in points.items():
                 po = self.partitions.get(tp)
                 if po is not None:
+                    if po.committed is None or point > po.committed:
+                        po.advanced_at = time.monotonic()
                     po.committed = point
+
+    def stalled(self):
+        """{tp: seconds since the committed offset last moved on} for every assigned partition."""
+        now = time.monotonic()
+        with self.lock:
+            return {tp: round(now - po.advanced_at, 3) for tp, po in self.partitions.items()}
 
     def committed_offsets(self):
         """{tp: the committed offset this watcher knows, or None} for every assigned partition."""
@@ -1072,6 +1081,7 @@ class Watcher:
                 unknown = [tp for tp in assigned if committed.get(tp) is None]
                 starts = _offsets_call(self.consumer.beginning_offsets, unknown) if unknown else {}
                 highest = self.tracker.highest_offsets()
+                stalled = self.tracker.stalled()
                 for tp in assigned:
                     base = committed.get(tp)
                     base = starts.get(tp) if base is None else base
@@ -1083,6 +1093,9 @@ class Watcher:
                     if known and base is not None:
                         lags[tp] = max(0, max(known) - base)
                         self.metrics.watch_lag(tp.topic, tp.partition, lags[tp])
+                        # how long work has waited here without a commit: 0 when nothing waits
+                        self.metrics.watch_commit_stalled(tp.topic, tp.partition,
+                                                          stalled.get(tp, 0.0) if lags[tp] else 0.0)
         except Exception as exc:  # the broker away: the gauges keep their last values, the next round asks again
             self.log("lag_unknown", level="debug", error=_one_line(exc))
         oldest = self.tracker.oldest_waiting()

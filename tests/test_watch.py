@@ -802,7 +802,7 @@ class Gauges:
     """A metrics sink keeping what the watcher last reported (it calls it from its threads)."""
 
     def __init__(self):
-        self.lag, self.in_flight, self.oldest, self.seen = {}, 0, 0.0, []
+        self.lag, self.stalled, self.in_flight, self.oldest, self.seen = {}, {}, 0, 0.0, []
 
     def watch_lag(self, topic, partition, lag):
         self.lag[partition] = lag
@@ -810,6 +810,10 @@ class Gauges:
 
     def watch_lag_clear(self, topic, partition):
         self.lag.pop(partition, None)
+        self.stalled.pop(partition, None)
+
+    def watch_commit_stalled(self, topic, partition, seconds):
+        self.stalled[partition] = seconds
 
     def watch_in_flight(self, n):
         self.in_flight = n
@@ -919,11 +923,11 @@ def test_lag_counts_what_waits_and_a_stuck_publish_shows_then_recovers(kafka_bro
         assert wait_for(lambda: gauges.lag.get(0) == 5 and gauges.in_flight == 1, 60), (gauges.lag, gauges.in_flight)
         gate.set()  # the runs finish; no result can be published
         assert wait_for(lambda: len(runner.calls) == 5, 30)
-        assert wait_for(lambda: gauges.oldest > 1.0, 30)
+        assert wait_for(lambda: gauges.oldest > 1.0 and gauges.stalled[0] > 1.0, 30)  # what the alert watches
         assert gauges.lag[0] == 5 and kb.committed(kafka_broker.address, watcher.s.group_id, topic)[0] in (None, 0)
         watcher.s.output_topic = topic + ".results"  # the topic takes results again
         assert wait_for(lambda: gauges.lag.get(0) == 0, 60), gauges.lag
-        assert gauges.oldest == 0.0
+        assert gauges.oldest == 0.0 and gauges.stalled[0] == 0.0
     finally:
         watcher.request_stop("test")
         watcher.thread.join(30)
