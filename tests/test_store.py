@@ -343,11 +343,13 @@ def test_undo_command_after_a_run(cli, fake):
 
 # ---- the watcher's claims and message attempts (issue 22) ----
 
-def _claimer(path, owner, ids, out):
+def _claimer(path, owner, ids, out, release):
     s = Store(path).open()
     won = [i for i in ids if s.claim_event(i, owner, 60)[0]]
-    with open(out, "w") as fh:
+    with open(out + ".part", "w") as fh:
         json.dump(won, fh)
+    os.replace(out + ".part", out)
+    release.wait(60)  # alive until all have tried: a claim of a process that is gone is taken over, by design
     s.close()
 
 
@@ -356,10 +358,15 @@ def test_processes_sharing_a_store_never_hold_one_event_id_at_once(tmp_path):
     Store(path).open().close()
     ids = ["e%d" % i for i in range(60)]
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_claimer, args=(path, "owner-%d" % n, ids, str(tmp_path / ("won%d" % n))))
+    release = ctx.Event()
+    procs = [ctx.Process(target=_claimer, args=(path, "owner-%d" % n, ids, str(tmp_path / ("won%d" % n)), release))
              for n in range(4)]
     for p in procs:
         p.start()
+    try:
+        assert wait_for(lambda: all((tmp_path / ("won%d" % n)).exists() for n in range(4)), 60)
+    finally:
+        release.set()
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
