@@ -941,7 +941,7 @@ class Store:
         claimed); attempts counts the owners that claimed it without finishing, this one included (a claim
         taken over from a process that died mid-run adds one; that is how a run that kills the watcher is found).
         Another owner's claim holds until its lease ends, or until its process is gone when it ran here."""
-        now, host = time.time(), _hostname()
+        now, host = time.time(), _process_space()
         with self._transaction() as conn:
             row = conn.execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
             record = dict(row) if row is not None else None
@@ -1021,6 +1021,15 @@ def _hostname():
     except AttributeError:  # not POSIX
         import platform
         return platform.node()
+
+
+def _process_space():
+    """Where a pid means one process: this host name and, on Linux, this pid namespace (two containers sharing
+    a host name and a store must not judge each other's pids: each sees only its own)."""
+    try:
+        return "%s %s" % (_hostname(), os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        return _hostname()
 
 
 def _pid_alive(pid):

@@ -389,7 +389,7 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     store.conn().execute("UPDATE event_claims SET owner = 'C', pid = ?, host = ? WHERE event_id = 'a'",
-                         (dead.pid, __import__("xzatoma_store")._hostname()))
+                         (dead.pid, __import__("xzatoma_store")._process_space()))
     assert store.claim_event("a", "B", 60) == (True, 3, None)
     # renewing extends only the owner's claims; releasing ends them
     store.claim_event("b", "B", 1)
