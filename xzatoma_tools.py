@@ -8728,7 +8728,15 @@ def load_json(text, max_depth=MAX_DOCUMENT_DEPTH, max_values=MAX_DOCUMENT_VALUES
         raise DocumentError("invalid JSON: %s" % (getattr(exc, "msg", None) or exc),
                             getattr(exc, "lineno", None))
     _check_values(data, max_depth, max_values)
+    if _SURROGATE_ESCAPE.search(text):  # JSON may name half a character (\ud800), which nothing can store or
+        try:                            # send: each becomes '?'
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            data = json.loads(json.dumps(data, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
     return data
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
 
 
 def _check_values(data, max_depth, max_values):

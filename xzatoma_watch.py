@@ -474,8 +474,9 @@ def now_rfc3339():
 
 
 def bounded(text, limit):
-    """(text cut to at most `limit` UTF-8 bytes, whether it was cut)."""
-    data = (text or "").encode("utf-8")
+    """(text cut to at most `limit` UTF-8 bytes, whether it was cut). Half a character (a lone surrogate, from
+    a model's escaped reply) counts as the '?' it is sent as."""
+    data = (text or "").encode("utf-8", "replace")
     if len(data) <= limit:
         return text or "", False
     return data[:limit].decode("utf-8", "ignore"), True
@@ -1768,7 +1769,8 @@ def _tps(tps):
 
 
 def _encode(doc):
-    return json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    return json.dumps(doc, ensure_ascii=False).encode("utf-8", "replace")  # a lone surrogate goes as '?'
+
 
 
 def _one_line(exc, width=300):

@@ -273,6 +273,18 @@ def test_poison_messages_are_bad_messages_in_bounded_memory(name, key, value, he
     assert peak < 48 * 1024 * 1024, peak
 
 
+def test_half_a_character_is_sent_as_a_question_mark_never_an_encoding_error():
+    """JSON may escape a lone surrogate (\\ud800), and a model's reply may hold one: Python keeps it in a str that
+    cannot be encoded, so the result (and its failed replacement) raised UnicodeEncodeError: no result at all."""
+    value = cloudevent("half", data={"plan": {"goal": "G", "instructions": ["a"]}}).replace(b'"G"', b'"G \\ud800"')
+    ev = w.decode_message("t", 0, 1, None, value)
+    assert ev.plan.goal == "G ?"
+    out = w.result_event(ev, {"status": "completed", "answer": "x\udfff" * 5, "error": "\ud800"}, "s",
+                         max_bytes=20000)
+    data = json.loads(w._encode(out))["data"]
+    assert data["answer"] == "x?" * 5 and data["error"] == "?"
+
+
 def test_headers_the_watcher_does_not_read_are_never_a_reason_to_reject():
     ev = w.decode_message("t", 0, 1, b"k", b"goal: G\ninstructions: [a]\n",
                           [("traceparent", b"\xff\xfe"), (b"\xff", b"x"), ("x-big", b"y" * 100000)])
