@@ -395,6 +395,8 @@ def context_outside(plan, working_dir):
             continue
         if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value) or re.match(r"^[\w.-]+@[\w.-]+:", value):
             continue  # a repository URL, not a directory here
+        if len(value) > 4096:  # longer than any path (PATH_MAX): and realpath's walk of it took seconds per 100 KB
+            return "context %s is %d characters, longer than a path can be" % (key, len(value))
         path = os.path.realpath(os.path.join(root, os.path.expanduser(value.strip())))
         if path != root and not path.startswith(root.rstrip(os.sep) + os.sep):
             return "context %s %r is outside the working directory %s" % (key, value[:200], root)

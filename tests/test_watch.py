@@ -248,6 +248,9 @@ POISON = [
     (None, "header 'ce_source' is 20000 bytes"),
     ("300 headers", b"many", b"goal: G\ninstructions: [a]\n", [("h%d" % i, b"v") for i in range(300)], "many",
      "300 headers"),
+    ("a context path of a million parts", b"deep-path",
+     b'goal: G\ninstructions: [a]\ncontext: {directory: "' + b"a/" * 500000 + b'"}\n', [], "deep-path",
+     "longer than a path can be"),
     ("over max_message_bytes", b"big", b"goal: " + b"x" * 70000 + b"\ninstructions: [a]\n", [], "big",
      "over the limit of 65536"),
 ]
@@ -261,8 +264,10 @@ def test_poison_messages_are_bad_messages_in_bounded_memory(name, key, value, he
     tracemalloc.start()
     try:
         try:
-            ev = w.decode_message("t", 0, 1, key, value, headers, max_bytes=65536)
+            ev = w.decode_message("t", 0, 1, key, value, headers, max_bytes=65536 if "max_message" in name else 8 << 20)
             rejected = w.BadMessage(ev.plan_error, ev.id) if ev.plan is None else None
+            outside = w.context_outside(ev.plan, "/tmp") if rejected is None else None
+            rejected = w.BadMessage(outside, ev.id) if outside else rejected
         except w.BadMessage as exc:
             rejected = exc
         peak = tracemalloc.get_traced_memory()[1]
