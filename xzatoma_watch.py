@@ -484,6 +484,19 @@ def bounded(text, limit):
     return data[:limit].decode("utf-8", "ignore"), True
 
 
+REDACT_MARGIN = 32768  #: redacted beyond a cut: longer than any credential shape (a PEM block is up to 16 KB)
+
+
+def clipped(text, limit):
+    """(text redacted, then cut to `limit` UTF-8 bytes, whether it was cut). Redacting before cutting leaves no
+    half a key; only the head a margin past the limit is redacted (8 MB of text took seconds, per field)."""
+    from xzatoma_store import redact
+    text = text if isinstance(text, str) else str(text)
+    head = text[:limit + REDACT_MARGIN]
+    out, cut = bounded(redact(head), limit)
+    return out, cut or len(head) < len(text)
+
+
 def result_status(status):
     """The agent's run status as one of the result kinds."""
     if status in RESULT_TYPES:
@@ -503,10 +516,10 @@ def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
     """The CloudEvent published for one event that passed the filters. Each text field is redacted, then cut to
     its bound (`data.truncated` maps each field cut to its size in bytes before); with `max_bytes` the encoded
     event fits in that many bytes, whatever the outcome held."""
-    from xzatoma_store import redact  # every consumer of the results topic reads it: the goal and an error
-    outcome = outcome if isinstance(outcome, dict) else {}  # quote the event, and a credential in it went out
-    status = result_status(outcome.get("status"))          # again (issue 12); redacted before the cut (never
-    limits = dict(FIELD_MAX_BYTES, answer=answer_limit)     # half a key)
+    # every consumer of the results topic reads it: the goal and an error quote the event, and a credential in it
+    outcome = outcome if isinstance(outcome, dict) else {}  # went out again (issue 12)
+    status = result_status(outcome.get("status"))
+    limits = dict(FIELD_MAX_BYTES, answer=answer_limit)
     texts = (("trigger_event_id", ev.id), ("trigger_type", ev.type),
              ("conversation_id", outcome.get("conversation_id")),
              ("goal", ev.plan.goal if ev.plan is not None else None), ("answer", outcome.get("answer")),
@@ -516,10 +529,9 @@ def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
         if value is None:
             data[name] = None
             continue
-        value = redact(value if isinstance(value, str) else str(value))
-        data[name], cut = bounded(value, limits[name])
+        data[name], cut = clipped(value, limits[name])
         if cut:
-            truncated[name] = len(value.encode("utf-8"))
+            truncated[name] = len(str(value).encode("utf-8", "replace"))
     usage = outcome.get("usage")
     data["usage"] = {str(k)[:64]: v for k, v in list(usage.items())[:16] if isinstance(v, (int, float))} \
         if isinstance(usage, dict) else {}
@@ -638,7 +650,6 @@ class XzeprClient:
     def post_event(self, name, ev, success, payload):
         """POST one lifecycle event. Every text in it is bounded (a plan's name and an event's attributes are
         someone else's), and the body fits in max_body_bytes, the error cut first (`payload.truncated` says)."""
-        from xzatoma_store import redact
         phase = name.rsplit(".", 1)[-1]
         body = {"name": bounded(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
                 "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
@@ -654,10 +665,9 @@ class XzeprClient:
         payload = body["payload"]
         for key, value in payload.items():
             if isinstance(value, str):
-                value = redact(value)
-                payload[key], cut = bounded(value, FIELD_MAX_BYTES.get(key, ID_MAX_BYTES))
+                payload[key], cut = clipped(value, FIELD_MAX_BYTES.get(key, ID_MAX_BYTES))
                 if cut:
-                    truncated[key] = len(value.encode("utf-8"))
+                    truncated[key] = len(value.encode("utf-8", "replace"))
         fit(body, payload, [k for k, v in payload.items() if isinstance(v, str)], self.max_body_bytes, truncated)
         if truncated:
             payload["truncated"] = truncated
@@ -1195,7 +1205,8 @@ class Watcher:
             line = {"event_id": ev.id, "type": ev.type, "source": ev.source, "format": ev.format,
                     "topic": ev.topic, "partition": ev.partition, "offset": ev.offset,
                     "plan_location": ev.plan_location, "name": ev.plan_name(), "version": ev.plan_version(),
-                    "goal": ev.plan.goal, "instructions": len(ev.plan.instructions)}
+                    "goal": clipped(ev.plan.goal, FIELD_MAX_BYTES["goal"])[0],
+                    "instructions": len(ev.plan.instructions)}
             from xzatoma_store import redact_data  # the goal is the event's text: a credential in it is not shown
             self.out.write(json.dumps(redact_data(line), ensure_ascii=True) + "\n")
             self.out.flush()
@@ -1476,8 +1487,7 @@ class Watcher:
     def _execute(self, job):
         """Run the plan; (result event, status), or (None, None) when interrupted by us (redelivered later)."""
         ev = job.event
-        from xzatoma_store import redact
-        self.log("started", goal=redact(ev.plan.goal)[:200], **ev.log_fields())  # redacted before the cut
+        self.log("started", goal=clipped(ev.plan.goal, 200)[0], **ev.log_fields())  # redacted before the cut
         if self.xzepr is not None:
             self._xzepr(ev, "started", None)
         start = time.monotonic()
@@ -1774,10 +1784,9 @@ def _encode(doc):
     return json.dumps(doc, ensure_ascii=False).encode("utf-8", "replace")  # a lone surrogate goes as '?'
 
 
-
 def _one_line(exc, width=300):
     from xzatoma_store import redact  # before the cut (the log redacts whole lines, but half a key is not one)
-    text = " ".join(redact(str(exc)).split()) or type(exc).__name__
+    text = " ".join(redact(str(exc)[:width + REDACT_MARGIN]).split()) or type(exc).__name__
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
