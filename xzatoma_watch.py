@@ -1,11 +1,12 @@
 """XZatoma watcher: `xzatoma watch` and `xzatoma publish` over Kafka (optional: pip install 'xzatoma[kafka]').
 
 Read top to bottom: the optional dependency, semantic versions, messages (format
-detection and plan extraction), filters, result events, the XZepr API client,
-offsets, the decision log, the watcher loop, and publish. kafka-python is
-imported inside the functions that talk to a broker. This module never imports
-xzatoma: xzatoma hands it its settings, the store, and a function that runs one
-plan (a Session of kind 'watch'); so the loop is testable with any callable.
+detection, bounds and plan extraction), filters, result events (bounded to fit),
+the XZepr API client, offsets, the decision log, settings and jobs, the watcher
+loop, broker plumbing, and publish. kafka-python is imported inside the functions
+that talk to a broker. This module never imports xzatoma: xzatoma hands it its
+settings, the store, and a function that runs one plan (a Session of kind
+'watch'); so the loop is testable with any callable.
 """
 
 import collections
@@ -823,7 +824,7 @@ class _NoMetrics:
         return lambda *args, **kw: None
 
 
-# ---- The watcher: consume → filter → extract → run → record → publish → commit ----
+# ---- Watcher settings, connection options and jobs ----
 
 
 class Settings:
@@ -896,6 +897,9 @@ class Job:
         self.store_failures = 0  #: claims that failed because the store could not be used
         self.delays = 0  #: times its result could not be published at all (the next try waits longer)
         self.claimed = False  #: this watcher holds its id's claim in the store
+
+
+# ---- The watcher: consume → filter → extract → run → record → publish → commit ----
 
 
 class Watcher:
@@ -1693,6 +1697,9 @@ class Watcher:
                 pass
         self.log("stopped", received=self.received, settled=self.settled,
                  **{k: v for k, v in sorted(self.counts.items())})
+
+
+# ---- Broker plumbing: the rebalance listener, offsets, final errors, ids of unread messages ----
 
 
 def _listener(kafka, watcher):
