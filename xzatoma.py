@@ -369,7 +369,7 @@ DEFAULTS = {
                   "group_id": "xzatoma-watcher", "output_topic": None, "dead_letter_topic": None,
                   "security_protocol": "PLAINTEXT", "sasl_mechanism": None, "username": None, "password": None,
                   "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
-                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000},
+                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000, "max_request_size": 1048576},
         "filter": {"event_types": [], "sources": [], "platforms": [], "packages": [], "api_versions": [],
                    "include_failed": False, "actions": [], "names": [], "match_version": None},
         "format": "auto",
@@ -380,6 +380,9 @@ DEFAULTS = {
         "allow_dangerous": False,
         "shutdown_grace_seconds": 30,
         "answer_max_bytes": 65536,
+        "max_message_bytes": 8388608,
+        "max_attempts": 2,
+        "claim_lease_seconds": 60,
         "log_file": None,
     },
     "xzepr": {
@@ -430,6 +433,10 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.timeout_seconds": (1, None),
     "watcher.shutdown_grace_seconds": (0, None),
     "watcher.answer_max_bytes": (256, None),
+    "watcher.kafka.max_request_size": (16384, None),
+    "watcher.max_message_bytes": (1024, None),
+    "watcher.max_attempts": (1, 100),
+    "watcher.claim_lease_seconds": (5, None),
     "agent.instructions_max_bytes": (0, None),
     **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
        for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
@@ -504,6 +511,13 @@ DOCS = {
     "watcher.timeout_seconds": "wall-clock limit of one event's run",
     "watcher.allow_dangerous": "full terminal autonomy for event runs (default: restricted)",
     "watcher.shutdown_grace_seconds": "on SIGTERM/SIGINT, running plans may finish for this long",
+    "watcher.kafka.max_request_size": "the producer's largest record: every result and dead-letter copy is made to "
+                                      "fit (keep it at or under the broker's message.max.bytes)",
+    "watcher.max_message_bytes": "larger messages are rejected unread",
+    "watcher.max_attempts": "a message that stopped the watcher (a crash reading or running it) this many times "
+                            "is set aside: a failed or rejected result, a dead-letter copy, and the commit",
+    "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
+                                   "other hosts sharing the store (one of this host takes it over at once)",
     "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
 }
 
@@ -3416,7 +3430,7 @@ class Session:
         self.label = label  #: a subagent's label
         self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
-        self.sandbox = sandbox  #: the OS sandbox terminal commands run in: one per top-level session
+        self.sandbox = sandbox  #: the OS sandbox commands run in: one per top-level session (None: no terminal)
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
@@ -3429,10 +3443,11 @@ class Session:
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
-             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None):
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, terminal=True):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
-        metrics (with a port or a textfile), the cancel event and the terminal's sandbox."""
+        metrics (with a port or a textfile), the cancel event and, unless `terminal` is False (a run that can
+        never offer the terminal tool: planning mode without chat's mode switches), the terminal's sandbox."""
         working_dir = check_working_dir(working_dir)
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -3442,8 +3457,10 @@ class Session:
         if metrics is None and (metrics_port or metrics_textfile):
             metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
             owns.add("metrics")
-        sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
-        owns.add("sandbox")
+        sandbox = None
+        if terminal:
+            sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
+            owns.add("sandbox")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
@@ -3637,9 +3654,10 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
-    from xzatoma_tools import RESTRICTED
+    from xzatoma_tools import PLANNING, RESTRICTED
     session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
-                           metrics=metrics, store=store, cancel=cancel, provider=provider)
+                           metrics=metrics, store=store, cancel=cancel, provider=provider,
+                           terminal=mode != PLANNING)  # issue 22: a sandbox per event that could never be used
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
@@ -5662,7 +5680,9 @@ def watch_settings(args, cfg):
         security=security, working_dir=working_dir, max_concurrent=pick(args.max_concurrent, w["max_concurrent"]),
         max_events=args.max_events, idle_exit=args.idle_exit, dry_run=args.dry_run,
         format=pick(args.format, w["format"]), shutdown_grace=float(w["shutdown_grace_seconds"]),
-        answer_limit=w["answer_max_bytes"],
+        answer_limit=w["answer_max_bytes"], max_request_size=k["max_request_size"],
+        max_message_bytes=w["max_message_bytes"], max_attempts=w["max_attempts"],
+        claim_lease=float(w["claim_lease_seconds"]),
         consumer_options={"session_timeout_ms": k["session_timeout_ms"],
                           "max_poll_interval_ms": k["max_poll_interval_ms"],
                           "heartbeat_interval_ms": max(100, min(3000, k["session_timeout_ms"] // 3))})
@@ -5691,9 +5711,11 @@ def watch_filters(args, cfg):
 def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
+    import threading
     from xzatoma_tools import FULL, RESTRICTED
     base_provider = make_provider(cfg, console)  # credentials are checked once, at start
     quiet = Console(quiet=True, color=False)
+    per_thread = threading.local()  # each worker thread's own provider: its HTTP connection lives on (issue 22)
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         probe = terminal_sandbox(cfg, settings.working_dir)
         try:
@@ -5703,11 +5725,14 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
 
     def run_plan(job):
         from xzatoma_store import redact
+        provider = getattr(per_thread, "provider", None)
+        if provider is None:
+            provider = per_thread.provider = base_provider.clone()
         outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=base_provider.clone()).to_json()  # its sandbox closes with it
+                                   provider=provider).to_json()  # its sandbox closes with it
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))
         return outcome
