@@ -467,7 +467,9 @@ def _regex(pattern, flag, flags=0):
 # ---- Result events: CloudEvents 1.0, structured mode ----
 
 RESULT_TYPES = {"completed": "xzatoma.plan.completed", "failed": "xzatoma.plan.failed",
-                "rejected": "xzatoma.plan.rejected", "interrupted": "xzatoma.plan.interrupted"}
+                "rejected": "xzatoma.plan.rejected", "interrupted": "xzatoma.plan.interrupted",
+                # an answer without the tool work the plan needed (README: Honest completion)
+                "unverified": "xzatoma.plan.unverified"}
 RESULT_HEADERS = [("content-type", STRUCTURED_CONTENT_TYPE.encode())]
 
 
@@ -533,6 +535,9 @@ def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
         data[name], cut = clipped(value, limits[name])
         if cut:
             truncated[name] = len(str(value).encode("utf-8", "replace"))
+    warnings = outcome.get("warnings")
+    data["warnings"] = [clipped(w, 1024)[0] for w in warnings[:8] if isinstance(w, str)] \
+        if isinstance(warnings, list) else []
     usage = outcome.get("usage")
     data["usage"] = {str(k)[:64]: v for k, v in list(usage.items())[:16] if isinstance(v, (int, float))} \
         if isinstance(usage, dict) else {}

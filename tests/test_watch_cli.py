@@ -70,7 +70,8 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
         assert r.returncode == 0, r.stderr
         ids.append(r.stdout.strip())
     uuid.UUID(ids[0])
-    fake.add({"content": "1 line"}, {"content": "1 line"}, {"content": "1 line"})
+    for _ in ids:  # each event's run reads the file, then answers (an answer without the read is unverified)
+        fake.add({"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}, {"content": "1 line"})
 
     r = cli.run("watch", "--topic", topic, "--max-events", "3", "--log-format", "json", "--group-id",
                 "g-" + topic, timeout=120)
@@ -100,7 +101,7 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
                 "g2-" + topic, timeout=120)
     assert r.returncode == 0, r.stderr
     dup = [l for l in map(json.loads, r.stderr.splitlines()) if l["event"] == "duplicate"]
-    assert len(dup) == 3 and len(fake.model_requests()) == 3
+    assert len(dup) == 3 and len(fake.model_requests()) == 6  # two per event, none again
 
 
 def _watch_setup(cli, fake, kafka_broker, **watcher):
