@@ -2385,7 +2385,8 @@ def make_provider(cfg, console, name=None, model=None):
 # A block that is clearly an attempt (a tag, or a call-shaped start) but does not parse is reported as
 # malformed, so the loop can say what was wrong instead of taking the text for a final answer. What a model
 # writes after its first call, it wrote without seeing any result ("the count is 1", a made-up
-# <tool_response>): that text is not kept in the conversation, where the model would read its guess back.
+# <tool_response>, a grep for a line it imagined): the loop runs that first call only, and the rest is not
+# kept in the conversation, where the model would read its guesses back. It is asked again with the result.
 
 def strip_think(text):
     """Split '<think>…</think>' reasoning from an answer. Returns (answer, thinking)."""
@@ -3116,8 +3117,10 @@ class Agent:
         if not turn.calls and tools:
             written = find_text_tool_calls(content, conv.read_so_far)
             if written is not None and (written.calls or written.malformed):
+                # only the first written call runs: the rest of the reply, later calls included, was written
+                # before any result (a grep for a line the model imagined, a file rewritten from a guess)
                 turn = Turn(written.prose, [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
-                                            for i, c in enumerate(written.calls)],
+                                            for i, c in enumerate(written.calls[:1])],
                             ["your tool call could not be read: " + why for why in written.malformed],
                             written.form, raw=content)
                 if written.calls:
