@@ -394,6 +394,7 @@ DEFAULTS = {
                   "sasl_mechanism": None},
     },
     "logging": {"level": "info", "format": "text"},
+    "mcp": {"timeout_seconds": 30, "project_file": True},  # and mcp.servers: name -> server (see load_config)
 }
 
 CHOICES = {
@@ -438,6 +439,7 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.max_attempts": (1, 100),
     "watcher.claim_lease_seconds": (5, None),
     "agent.instructions_max_bytes": (0, None),
+    "mcp.timeout_seconds": (1, None),
     **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
        for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
                     ("context_window", (512, None)))},
@@ -519,6 +521,10 @@ DOCS = {
     "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
                                    "other hosts sharing the store (one of this host takes it over at once)",
     "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
+    "mcp": "MCP servers: mcp.servers.NAME: {command, args, env} or {url, headers}, with network, sandbox, "
+           "tools, allow, read_only … (README, 'MCP servers'; xzatoma mcp list)",
+    "mcp.timeout_seconds": "default for each server: its start-up and handshake, and each call, end after this long",
+    "mcp.project_file": "use a project's .mcp.json (its servers start once a person trusted its content)",
 }
 
 ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to the active provider)
@@ -734,6 +740,11 @@ def load_config(flags=None, env=None, config_path=None):
                           % (path, how))
     if exists:
         data = _read_config_file(path)
+        mcp = data.get("mcp")
+        if isinstance(mcp, dict) and "servers" in mcp:  # names are the person's own: not config keys
+            data = dict(data, mcp={k: v for k, v in mcp.items() if k != "servers"})
+            values["mcp"]["servers"] = mcp["servers"] or {}
+            sources["mcp.servers"] = "file"
         for dotted, value in flatten(data).items():
             if dotted not in DEFAULT_LEAVES:
                 if dotted in SECTIONS:
@@ -3350,7 +3361,7 @@ def private_files(cfg):
     return out
 
 
-OWN_MODULES = ("xzatoma", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics")
+OWN_MODULES = ("xzatoma", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics", "xzatoma_mcp")
 
 
 def own_code():
@@ -3414,7 +3425,7 @@ class Session:
 
     def __init__(self, cfg, console, provider, store, mode, working_dir, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=()):
+                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), mcp=None):
         import threading
         self.cfg = cfg
         self.console = console
@@ -3435,7 +3446,8 @@ class Session:
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
         self.sandbox = sandbox  #: the OS sandbox commands run in: one per top-level session (None: no terminal)
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
-        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox" (what open() made)
+        self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
+        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox", "mcp" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
         self.kind = None
@@ -3466,9 +3478,12 @@ class Session:
             owns.add("sandbox")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
+        mcp = open_mcp(cfg, console, working_dir, asker=confirmations.asker if confirmations else None)
+        if mcp is not None:
+            owns.add("mcp")  # its servers stop with the session: none outlives the run
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
-                   instructions=instructions, owns=owns)
+                   instructions=instructions, owns=owns, mcp=mcp)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None):
@@ -3554,6 +3569,8 @@ class Session:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
         registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self)),
                                   profile=self.profile)
+        if self.mcp is not None:
+            registry = registry.extended(self.mcp.tools())
         if self.allowed_tools:
             registry = registry.narrowed(set(self.allowed_tools), ctx)
         self.ctx, self.registry = ctx, registry
@@ -3597,7 +3614,7 @@ class Session:
                        events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
                        metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
                        label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools, sandbox=self.sandbox,
-                       instructions=self.instructions)
+                       instructions=self.instructions, mcp=self.mcp)
 
     def close(self, wait_for_workers=None):
         """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
@@ -3607,12 +3624,110 @@ class Session:
             self.cancel.set()
         if "sandbox" in self.owns:
             self.sandbox.close()  # every command still running, and the private TMPDIR, go with the run
+        if "mcp" in self.owns:
+            self.mcp.close()  # every MCP server, and what it started, stops with the run
         if wait_for_workers:
             _join_workers(wait_for_workers)
         if "store" in self.owns and self.store is not None:
             self.store.close()
         if "metrics" in self.owns:
             self.metrics.close()
+
+
+# ---- MCP servers: xzatoma_mcp, imported only when some are configured ----
+# mcp.servers in the configuration and a project's .mcp.json (mcpServers, as other tools write it). The module
+# never imports this one: it gets the servers' configuration, a sandbox per stdio server, the credential store,
+# the console's lines and whether a person can be asked. Its tools join the registry (Session._build).
+
+def mcp_configured(cfg, working_dir):
+    """Whether this run has MCP servers to look at: a look at the config and one lstat, nothing imported."""
+    return bool(cfg.get("mcp").get("servers")) or (
+        cfg.get("mcp.project_file") and os.path.lexists(os.path.join(working_dir, ".mcp.json")))
+
+
+def mcp_configs(cfg, console, working_dir, asker=None, trust_all=False):
+    """([ServerConfig] to start, [(name, why)] of a project's servers that are not trusted). A project's
+    .mcp.json starts programs: its servers are used once a person trusted that content of it (asked here when
+    `asker` can; a headless run skips them and says so)."""
+    import xzatoma_mcp as mcp
+    warnings = []
+    timeout = cfg.get("mcp.timeout_seconds")
+    try:
+        configs = mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, warnings, timeout)
+        untrusted = []
+        text, path = mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
+        if text is not None:
+            names = {c.name for c in configs}  # the person's own configuration wins over the project's
+            entries = {k: v for k, v in mcp.project_servers(text, path).items() if k not in names}
+            project = mcp.parse_servers(entries, path, os.environ, warnings, timeout)
+            trust = mcp.ProjectTrust(cfg.home)
+            if project and (trust.trusted(path, text) or trust_all or (
+                    asker is not None and ask_mcp_trust(console, asker, path, project))):
+                if not trust.trusted(path, text):
+                    trust.trust(path, text)
+                configs += project
+            elif project:
+                why = "%s is not trusted: 'xzatoma mcp trust' (or chat) asks once" % path
+                untrusted = [(c.name, why) for c in project]
+                console.warn("the MCP servers of %s (%s) are not started: the file starts programs and is not "
+                             "trusted yet; review it, then run 'xzatoma mcp trust' (or start a chat, which asks)"
+                             % (path, ", ".join(c.name for c in project)))
+    except mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    for warning in warnings:
+        console.warn(warning)
+    return configs, untrusted
+
+
+def ask_mcp_trust(console, asker, path, configs):
+    """Show what a project's .mcp.json would start, and ask once."""
+    console.info("%s in this project starts these MCP servers:" % path, "yellow")
+    for c in configs:
+        console.info("  %s: %s%s" % (c.name, c.describe(), ", network" if c.network else ""))
+    answer = asker.ask("Trust this file and start them (they run in the sandbox)? [y/N] > ")
+    return (answer or "").strip().lower() in ("y", "yes")
+
+
+def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust_all=False):
+    """The run's MCP servers (xzatoma_mcp.Servers), started, or None where none are configured. `only`: the one
+    server named (`mcp tools NAME`, `mcp login NAME`)."""
+    if not mcp_configured(cfg, working_dir):
+        return None
+    import xzatoma_mcp as mcp
+    configs, untrusted = mcp_configs(cfg, console, working_dir, asker, trust_all)
+    if only is not None:
+        configs = [c for c in configs if c.name == only]
+        untrusted = [u for u in untrusted if u[0] == only]
+    if not configs and not untrusted:
+        return None
+
+    def browser(url):
+        import webbrowser
+        try:
+            webbrowser.open(url)
+        except Exception:  # no browser: the URL is on the screen
+            pass
+    servers = mcp.Servers(configs, working_dir, lambda mode, network, paths: mcp_sandbox(
+        cfg, working_dir, mode, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
+        interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
+        say=console.info, version=__version__, open_browser=browser,
+        require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted)
+    return servers.start() if start else servers
+
+
+def mcp_sandbox(cfg, working_dir, mode, network, read_paths):
+    """An MCP stdio server's own sandbox: the terminal's walls (protected paths, the hidden XZATOMA_HOME and
+    private files, the environment allowlist, a private HOME and TMPDIR), network only when its configuration
+    says so. INFO: Sandbox grants reads to the directories on PATH and their prefixes, and to nothing else
+    outside the tree: the server's installation (its program's directory, read_paths) is put first on the
+    PATH the sandbox is built from."""
+    from xzatoma_tools import Sandbox, protected_paths
+    term = cfg.get("agent.terminal")
+    environ = dict(os.environ, PATH=os.pathsep.join(list(read_paths) + [os.environ.get("PATH", "")]))
+    return Sandbox(working_dir, mode or term["sandbox"], network=network, environ=environ, xzatoma_home=cfg.home,
+                   protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)),
+                   secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"],
+                   private_files=private_files(cfg))
 
 
 COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
@@ -5116,6 +5231,7 @@ SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG
     "/resume": ("/resume ID — continue a stored conversation", "resume_cmd", ARG),
     "/undo": ("/undo — put back the last file change", "undo", None),
     "/approvals": ("/approvals [clear] — the programs answered [a]lways / ne[v]er this session", "approvals", ARG),
+    "/mcp": ("/mcp — the MCP servers: state, protocol, tools and their approval", "mcp_status", None),
     "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
@@ -5345,6 +5461,14 @@ class ChatSession:
         except XzError as exc:
             self.console.error(str(exc))
         return None
+
+    def mcp_status(self):
+        if self.session.mcp is None:
+            self.console.info("no MCP servers: add mcp.servers to the configuration, or a .mcp.json to the project")
+            return
+        import xzatoma_mcp
+        self.console._write("\n".join(self.console.clean(line)
+                                      for line in xzatoma_mcp.status_lines(self.session.mcp.rows())))
 
     def approvals(self, arg):
         arg = arg.lower()
@@ -5647,6 +5771,123 @@ def _build_watch(sub, common, fmt):
     watch.set_defaults(func=cmd_watch)
 
 
+def _build_mcp(sub, common, fmt):
+    mcp = sub.add_parser(
+        "mcp", parents=[common], formatter_class=fmt, help=COMMAND_HELP["mcp"],
+        description="MCP servers give the agent more tools: mcp.servers in the configuration, and a project's "
+                    ".mcp.json once trusted. stdio servers start inside the OS sandbox (no network unless their "
+                    "configuration says network: true); their tools are asked like terminal commands in Safe mode, "
+                    "and a headless run calls only those its configuration allows (allow, read_only).",
+        epilog="examples:\n"
+               "  xzatoma mcp list                       # servers, state, protocol, tools and their approval\n"
+               "  xzatoma mcp tools fs                   # one server's tools\n"
+               "  xzatoma mcp login github               # OAuth in the browser (after the server's 401)\n"
+               "  echo \"$TOKEN\" | xzatoma mcp login api --token\n"
+               "  xzatoma mcp trust                      # start the servers of this project's .mcp.json\n\n"
+               "configuration (xzatoma.yaml):\n"
+               "  mcp:\n"
+               "    servers:\n"
+               "      fs: {command: mcp-server-filesystem, args: [\".\"], allow: [read_text_file]}\n"
+               "      api: {url: https://example.com/mcp, bearer_token_env: API_TOKEN}")
+    msub = mcp.add_subparsers(dest="mcp_command", metavar="ACTION")
+    a = msub.add_parser("list", parents=[common], help="every server: state, protocol, tools and their approval")
+    a.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = msub.add_parser("tools", parents=[common], help="one server's tools, their approval and descriptions")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = msub.add_parser("login", parents=[common], help="log in to a remote server (OAuth in the browser, or "
+                                                         "--token from stdin)")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a.add_argument("--token", action="store_true", help="store a bearer token read from stdin instead")
+    a = msub.add_parser("logout", parents=[common], help="forget a server's stored tokens")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a = msub.add_parser("trust", parents=[common], help="trust this project's .mcp.json (as it is now)")
+    a.add_argument("--yes", action="store_true", help="without asking (after reading it)")
+    mcp.set_defaults(func=cmd_mcp)
+    for a in msub.choices.values():
+        a.add_argument("--working-dir", "-C", metavar="DIR", help="the project (default: the current directory)")
+        a.set_defaults(func=cmd_mcp)
+
+
+def cmd_mcp(args, console):
+    """xzatoma mcp list | tools NAME | login NAME | logout NAME | trust."""
+    action = getattr(args, "mcp_command", None) or "list"
+    cfg = config_from_args(args, console)
+    working_dir = check_working_dir(getattr(args, "working_dir", None))
+    if action == "trust":
+        return _mcp_trust(args, cfg, console, working_dir)
+    name = getattr(args, "name", None)
+    if action == "logout":
+        import xzatoma_mcp as mcp
+        removed = CredentialStore(cfg.home, console).delete(mcp.credential_name(name))
+        console.info("removed the stored tokens of '%s'" % name if removed else "nothing stored for '%s'" % name)
+        return EXIT_OK
+    if action == "login" and args.token:
+        import xzatoma_mcp as mcp
+        token = sys.stdin.readline().strip() if not _isatty(sys.stdin) else __import__("getpass").getpass(
+            "bearer token for '%s': " % name)
+        if not token:
+            raise UsageError("no token given (pipe it on stdin)")
+        where = CredentialStore(cfg.home, console).set(mcp.credential_name(name), json.dumps({"access_token": token}))
+        console.info("stored the token of '%s' (%s)" % (name, "system keyring" if where == "keyring" else where))
+        return EXIT_OK
+    asker = Asker(console) if action == "login" else None
+    servers = open_mcp(cfg, console, working_dir, asker=asker, start=False, only=name)
+    if servers is None or (name and servers.get(name) is None and not servers.untrusted):
+        if name:
+            raise UsageError("no MCP server named '%s' (mcp.servers in %s, or .mcp.json)" % (name, cfg.path))
+        console.info("no MCP servers configured: add mcp.servers to %s, or a .mcp.json to the project" % cfg.path)
+        return EXIT_OK
+    if action == "login" and servers.get(name).config.transport != "http":
+        raise UsageError("'%s' is a stdio server: it needs no login (its env names what it needs)" % name)
+    try:
+        servers.start()
+        rows = servers.rows()
+    finally:
+        servers.close()
+    if action == "login":
+        row = rows[0]
+        if row["state"] != "running":
+            return EXIT_FAILED
+        console.info("'%s' works: %d tools (MCP %s)" % (name, len(row["tools"]), row["protocol"]))
+        return EXIT_OK
+    if getattr(args, "json", False):
+        json_out({"servers": rows}, indent=2)
+    else:
+        import xzatoma_mcp as mcp
+        lines = mcp.status_lines(rows)
+        if action == "tools":
+            lines = []
+            for row in rows:
+                for tool in row["tools"]:
+                    lines.append("%s  (%s)" % (tool["name"], mcp.APPROVAL_TEXT[tool["approval"]]))
+                    lines.append("    " + one_line(tool["description"] or "-", 200))
+        CleanWriter(sys.stdout).write("\n".join(lines) + "\n" if lines else "")
+    return EXIT_OK if all(r["state"] in ("running", "disabled", "untrusted") for r in rows) else EXIT_FAILED
+
+
+def _mcp_trust(args, cfg, console, working_dir):
+    import xzatoma_mcp as mcp
+    text, path = mcp.read_project_file(working_dir)
+    if text is None:
+        raise UsageError("no .mcp.json in %s" % working_dir)
+    warnings = []
+    try:
+        configs = mcp.parse_servers(mcp.project_servers(text, path), path, os.environ, warnings)
+    except mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    trust = mcp.ProjectTrust(cfg.home)
+    if trust.trusted(path, text):
+        console.info("%s is trusted already (as it is now)" % path)
+        return EXIT_OK
+    if args.yes or ask_mcp_trust(console, Asker(console), path, configs):
+        trust.trust(path, text)
+        console.info("trusted %s: its servers start with the next run or chat (a change asks again)" % path)
+        return EXIT_OK
+    console.info("not trusted")
+    return EXIT_FAILED
+
+
 def _watch_module(command, verbose=False):
     import xzatoma_watch
     try:
@@ -5867,6 +6108,7 @@ COMMAND_HELP = {
     "config": "show or create the configuration",
     "watch": "run the plans that arrive on a Kafka topic (XZepr, CloudEvents, bare plans)",
     "publish": "publish a plan to a Kafka topic as a CloudEvent",
+    "mcp": "MCP servers: list them and their tools, log in, trust a project's .mcp.json",
     "version": "print the version",
 }
 _VALUE_FLAGS = ("--config", "--provider", "--model")
@@ -6444,7 +6686,7 @@ def cmd_config_init(args, console):
 # Every command's builder sits beside its cmd_ function above; build_parser builds only the selected one.
 COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
                     "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
-                    "config": _build_config, "watch": _build_watch, "publish": _build_publish,
+                    "config": _build_config, "watch": _build_watch, "publish": _build_publish, "mcp": _build_mcp,
                     "version": _build_version}
 
 

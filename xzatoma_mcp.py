@@ -29,7 +29,7 @@ UNSUPPORTED_VERSION = -32022  #: UnsupportedProtocolVersionError (2026-07-28 sch
 MODERN_ERRORS = (-32020, -32021, UNSUPPORTED_VERSION)  #: HeaderMismatch, MissingRequiredClientCapability, …
 METHOD_NOT_FOUND = -32601
 DEFAULT_TIMEOUT = 30  #: seconds: start-up + handshake of a server, and each call (mcp.timeout_seconds)
-PROBE_SECONDS = 5  #: a stdio server silent this long after `server/discover` speaks the 2025 protocol
+PROBE_SECONDS = 3  #: a stdio server silent this long after `server/discover` speaks the 2025 protocol
 MAX_MESSAGE = 32 << 20  #: bytes of one message from a server; a longer line ends the server
 LOG_MAX = 1 << 20  #: bytes of a server's stderr kept in its log per run
 NAME_MAX = 64  #: characters of a tool name the providers accept ([A-Za-z0-9_-])
@@ -496,17 +496,15 @@ class StdioTransport:
     def start(self, deadline):
         import shutil
         cfg = self.config
-        mode = cfg.sandbox or "workspace-write"
         program = cfg.command
         path_value = os.environ.get("PATH", "")
         found = program if os.sep in program else shutil.which(program, path=path_value)
         if not found:
             raise McpError("cannot start: %s not found on PATH" % program)
         grants = list(cfg.read_paths) + [os.path.dirname(os.path.abspath(found))]
-        sandbox = self.make_sandbox(mode, cfg.network, grants)
+        sandbox = self.make_sandbox(cfg.sandbox, cfg.network, grants)
         self.sandbox = sandbox
-        env = dict(sandbox.env) if sandbox is not None else {}
-        env.update(cfg.env)
+        mode = sandbox.mode if sandbox is not None else "off"
         argv = [found] + cfg.args
         if sandbox is not None and sandbox.confined:
             missing = sandbox.not_enforced()
@@ -515,6 +513,7 @@ class StdioTransport:
                 if self.require_sandbox:
                     raise McpError(text + " (agent.terminal.require_sandbox: not started)")
                 self.warn(text)
+            env = dict(sandbox.env, **cfg.env)  # the allowlist, a private HOME and TMPDIR, and what it names
             self.process = _ConfinedProcess(sandbox, argv, env)
             self.confinement = "sandbox %s%s" % (mode, ", network" if cfg.network else ", no network")
         else:
@@ -522,7 +521,7 @@ class StdioTransport:
                 raise McpError("its sandbox is off or unavailable here (agent.terminal.require_sandbox: not started)")
             self.warn("MCP server '%s' runs unconfined (sandbox %s): it can read and write whatever you can" % (
                 cfg.name, mode if mode == "off" else "not available on this system"))
-            self.process = _LocalProcess(argv, env or _plain_env(cfg.env), self.root)
+            self.process = _LocalProcess(argv, _plain_env(cfg.env), self.root)
         for target in (self._read_stdout, self._read_stderr):
             thread = threading.Thread(target=target, name="mcp-%s" % cfg.name, daemon=True)
             thread.start()
@@ -631,10 +630,10 @@ class StdioTransport:
 
 
 def _plain_env(extra):
-    """An unconfined server's environment: the allowlist a sandboxed command gets (without a sandbox's private
-    HOME), plus what its configuration names."""
+    """An unconfined server's environment: the allowlist a sandboxed command gets, with the real HOME (npx and
+    the like keep their caches there), plus what its configuration names."""
     from xzatoma_tools import child_env
-    env = child_env(os.environ)
+    env = child_env(os.environ, home=os.environ.get("HOME"))
     env.update(extra)
     return env
 
@@ -1258,9 +1257,8 @@ class Client:
             meta["progressToken"] = progress_token
         return meta
 
-    def request(self, method, params=None, deadline=None, cancel=None, progress=None, meta=True):
-        """Send a request and wait for its answer (the result), until `deadline`; cancel (an Event) or Ctrl-C
-        sends notifications/cancelled (stdio and 2025 sessions) or closes its stream (2026 HTTP)."""
+    def _send(self, method, params=None, progress=None, meta=True, deadline=None):
+        """Send a request; returns its _Pending (the answer arrives through dispatch)."""
         if self.dead:
             raise McpError("the server has stopped (%s)" % self.dead)
         request_id = self._id()
@@ -1273,21 +1271,23 @@ class Client:
         if params:
             message["params"] = params
         pending = _Pending(progress)
+        pending.id = request_id
         with self._lock:
             self._pending[request_id] = pending
         try:
             self.transport.send(message, deadline)
-            reason = self._wait(pending, deadline, cancel)
-            if reason is not None:
-                self._cancel(request_id, reason)
-                raise McpError(reason)
-        except BaseException as exc:
-            if not isinstance(exc, McpError):  # Ctrl-C, SIGTERM while waiting: the server is told too
-                self._cancel(request_id, "interrupted")
+        except BaseException:
+            self._forget(pending)
             raise
-        finally:
-            with self._lock:
-                self._pending.pop(request_id, None)
+        return pending
+
+    def _forget(self, pending):
+        with self._lock:
+            self._pending.pop(pending.id, None)
+
+    @staticmethod
+    def _settle(pending):
+        """The result of an answered request, or its error raised."""
         answer = pending.message
         if "error" in answer:
             if isinstance(answer.get("_exception"), McpError) and not isinstance(answer["_exception"], HttpError):
@@ -1297,6 +1297,23 @@ class Client:
             raise error
         result = answer.get("result")
         return result if isinstance(result, dict) else {}
+
+    def request(self, method, params=None, deadline=None, cancel=None, progress=None, meta=True):
+        """Send a request and wait for its answer (the result), until `deadline`; cancel (an Event) or Ctrl-C
+        sends notifications/cancelled (stdio and 2025 sessions) or closes its stream (2026 HTTP)."""
+        pending = self._send(method, params, progress, meta, deadline)
+        try:
+            reason = self._wait(pending, deadline, cancel)
+            if reason is not None:
+                self._cancel(pending.id, reason)
+                raise McpError(reason)
+        except BaseException as exc:
+            if not isinstance(exc, McpError):  # Ctrl-C, SIGTERM while waiting: the server is told too
+                self._cancel(pending.id, "interrupted")
+            raise
+        finally:
+            self._forget(pending)
+        return self._settle(pending)
 
     def _wait(self, pending, deadline, cancel):
         """None once answered, else why not (timed out, cancelled)."""
@@ -1331,11 +1348,17 @@ class Client:
         server that does not know it (probe=False: the handshake at once). Raises McpError naming what the
         server speaks when nothing fits; `probe_killed` says a server died of the probe itself."""
         self.transport.start(deadline)
-        if probe and self._discover(deadline):
-            return
-        if self.dead:
-            self.probe_killed = probe
-            raise McpError("the server stopped during start-up (%s)" % self.dead)
+        try:
+            if probe and self.transport.kind == "stdio":
+                self._probe_stdio(deadline)  # a 2025 session is open when it says False
+                return
+            if probe and self._discover(deadline):
+                return
+            if self.dead:
+                raise McpError("the server stopped during start-up (%s)" % self.dead)
+        except McpError:
+            self.probe_killed = probe and bool(self.dead)
+            raise
         self._initialize(deadline)
 
     def _discover(self, deadline):
@@ -1362,18 +1385,84 @@ class Client:
                 if self.dead or isinstance(exc, AuthNeeded):
                     raise
                 break
-            versions = result.get("supportedVersions") or [self.version]
-            fits = [v for v in MODERN_VERSIONS if v in versions]
-            if not fits:
-                break  # a dual-era server without our modern revision: its handshake then
-            self._modern(fits[0])
-            self.capabilities = result.get("capabilities") or {}
-            self.instructions = result.get("instructions")
-            self.server_info = ((result.get("_meta") or {}).get("io.modelcontextprotocol/serverInfo") or
-                                result.get("serverInfo") or {})
-            return True
+            if self._take_discovery(result):
+                return True
+            break  # a dual-era server without our modern revision: its handshake then
         self._legacy()
         return False
+
+    def _probe_stdio(self, deadline):
+        """stdio (2026-07-28 "Backward compatibility"): `server/discover` first. A server still silent after
+        PROBE_SECONDS is sent the 2025 `initialize` as well, and whichever succeeds decides: a 2026 server that
+        is merely slow to start (a Python SDK server imports for seconds) still answers discover and refuses
+        initialize; a 2025 one that ignores unknown requests answers initialize. True: modern, False: a 2025
+        session is open already; McpError when neither works."""
+        self._modern(MODERN_VERSIONS[0])
+        discover = self._send("server/discover", deadline=deadline)
+        init, probe_end = None, time.monotonic() + PROBE_SECONDS
+        try:
+            while True:
+                if discover is not None and discover.event.is_set():
+                    try:
+                        if self._take_discovery(self._settle(discover)):
+                            return True
+                    except RpcError as exc:
+                        supported = exc.data.get("supported") if isinstance(exc.data, dict) else None
+                        if exc.code == UNSUPPORTED_VERSION and isinstance(supported, list):
+                            fits = [v for v in MODERN_VERSIONS if v in supported]
+                            if fits and fits[0] != self.version:
+                                self._modern(fits[0])
+                                discover = self._send("server/discover", deadline=deadline)
+                                continue
+                            if not any(v in LEGACY_VERSIONS for v in supported):
+                                raise McpError("the server speaks MCP %s; XZatoma speaks %s" % (
+                                    ", ".join(shown(v, 20) for v in supported),
+                                    ", ".join(MODERN_VERSIONS + LEGACY_VERSIONS)))
+                    except McpError:
+                        if self.dead:
+                            raise
+                    self._forget(discover)
+                    discover = None
+                if init is not None and init.event.is_set():
+                    try:
+                        result = self._settle(init)
+                    except RpcError as exc:
+                        if discover is None:
+                            raise McpError("the server refused both the 2026-07-28 discovery and the %s "
+                                           "handshake: %s" % (LEGACY_VERSIONS[0], shown(exc.message)))
+                        self._forget(init)
+                        init = None
+                        probe_end = float("inf")  # its discovery answer is still to come
+                    else:
+                        self._legacy()
+                        self._take_initialize(result)
+                        return False
+                if self.dead:
+                    raise McpError("the server stopped during start-up (%s)" % self.dead)
+                now = time.monotonic()
+                if now >= deadline:
+                    raise McpError("no answer in time")
+                if init is None and (discover is None or now >= probe_end):
+                    init = self._send("initialize", self._initialize_params(), meta=False, deadline=deadline)
+                waiting = discover or init
+                waiting.event.wait(0.05)
+        finally:
+            for pending in (discover, init):
+                if pending is not None:
+                    self._forget(pending)
+
+    def _take_discovery(self, result):
+        """A DiscoverResult: True when it offers a revision we speak (then in use), False otherwise."""
+        versions = result.get("supportedVersions") or [self.version]
+        fits = [v for v in MODERN_VERSIONS if v in versions]
+        if not fits:
+            return False
+        self._modern(fits[0])
+        self.capabilities = result.get("capabilities") or {}
+        self.instructions = result.get("instructions")
+        self.server_info = ((result.get("_meta") or {}).get("io.modelcontextprotocol/serverInfo") or
+                            result.get("serverInfo") or {})
+        return True
 
     def _modern(self, version):
         self.modern, self.version = True, version
@@ -1389,11 +1478,17 @@ class Client:
         if self.dead:
             raise McpError("the server stopped during start-up (%s)" % self.dead)
         try:
-            result = self.request("initialize", {"protocolVersion": LEGACY_VERSIONS[0], "capabilities": {},
-                                                 "clientInfo": self.client_info}, deadline=deadline, meta=False)
+            result = self.request("initialize", self._initialize_params(), deadline=deadline, meta=False)
         except RpcError as exc:
             raise McpError("the server refused both the 2026-07-28 discovery and the %s handshake: %s" % (
                 LEGACY_VERSIONS[0], shown(exc.message)))
+        self._take_initialize(result)
+
+    def _initialize_params(self):
+        return {"protocolVersion": LEGACY_VERSIONS[0], "capabilities": {}, "clientInfo": self.client_info}
+
+    def _take_initialize(self, result):
+        """An InitializeResult: the revision it chose (one we speak, or McpError), then notifications/initialized."""
         version = result.get("protocolVersion")
         if version not in LEGACY_VERSIONS:
             raise McpError("the server speaks MCP %s; XZatoma speaks %s" % (

@@ -292,6 +292,9 @@ class Tool:
     description = ""
     parameters = {"type": "object", "properties": {}}
     permission = READ
+    #: why the tool can no longer run (an MCP server that stopped), or None: a withdrawn tool is neither
+    #: offered nor run, and the model is told why
+    withdrawn = None
 
     def run(self, args, ctx):  # pragma: no cover - interface
         raise NotImplementedError
@@ -418,6 +421,13 @@ class Registry:
         return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names,
                                                      self.schemas)
 
+    def extended(self, tools):
+        """The same registry with more tools (an MCP server's), those the mode offers: planning keeps the
+        read ones. Every profile offers them: the person configured them."""
+        offered = [t for t in tools if self.mode == WRITE_MODE or t.permission == READ]
+        return Registry(list(self.tools.values()) + offered, self.ctx, self.mode,
+                        self.all_names | {t.name for t in tools}, self.schemas)
+
     def __contains__(self, name):
         return name in self.tools
 
@@ -428,7 +438,7 @@ class Registry:
         return list(self.tools)
 
     def definitions(self):
-        return [self.schemas.get(n) or t.definition() for n, t in self.tools.items()]
+        return [self.schemas.get(n) or t.definition() for n, t in self.tools.items() if not t.withdrawn]
 
     def get(self, name):
         return self.tools.get(name)
@@ -440,6 +450,8 @@ class Registry:
             if name in self.all_names:
                 return None, None, "tool %s is not available in %s mode" % (name, self.mode)
             return None, None, "unknown tool %r; available tools: %s" % (name, ", ".join(sorted(self.tools)))
+        if tool.withdrawn:
+            return None, None, "tool %s is no longer available: %s" % (name, tool.withdrawn)
         args, err = validate_arguments(tool, raw_args)
         if err:
             err += "; expected %s" % self.signature(name)
