@@ -1242,7 +1242,7 @@ class Client:
         with self._lock:
             waiting = list(self._pending.values())
         for pending in waiting:
-            pending.message = {"error": {"code": 0, "message": "the server stopped (%s)" % why}}
+            pending.message = {"error": {"code": 0}, "_exception": McpError("the server stopped (%s)" % why)}
             pending.event.set()
         if self.on_death is not None:
             self.on_death(why)

@@ -438,7 +438,8 @@ class Registry:
         return list(self.tools)
 
     def definitions(self):
-        return [self.schemas.get(n) or t.definition() for n, t in self.tools.items() if not t.withdrawn]
+        return [self.schemas.get(n) or t.definition() for n, t in self.tools.items()
+                if not getattr(t, "withdrawn", None)]  # duck-typed tools (subagents) have none
 
     def get(self, name):
         return self.tools.get(name)
@@ -450,8 +451,9 @@ class Registry:
             if name in self.all_names:
                 return None, None, "tool %s is not available in %s mode" % (name, self.mode)
             return None, None, "unknown tool %r; available tools: %s" % (name, ", ".join(sorted(self.tools)))
-        if tool.withdrawn:
-            return None, None, "tool %s is no longer available: %s" % (name, tool.withdrawn)
+        withdrawn = getattr(tool, "withdrawn", None)
+        if withdrawn:
+            return None, None, "tool %s is no longer available: %s" % (name, withdrawn)
         args, err = validate_arguments(tool, raw_args)
         if err:
             err += "; expected %s" % self.signature(name)

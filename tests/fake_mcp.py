@@ -152,7 +152,7 @@ class Core:
         if name == "env":
             return result(mid, {"content": [{"type": "text", "text": repr(os.environ.get(args["name"]))}]})
         if name == "spawn":
-            child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+            child = subprocess.Popen(["sleep", os.environ.get("FAKE_MCP_SLEEP", "300")], start_new_session=True)
             self.children.append(child)
             return result(mid, {"content": [{"type": "text", "text": str(child.pid)}]})
         return error(mid, -32602, "Unknown tool: %s" % name)
@@ -382,6 +382,7 @@ def main():
     parser.add_argument("--era", default="dual", choices=("legacy", "modern", "dual"))
     parser.add_argument("--legacy-version", default=LEGACY)
     parser.add_argument("--probe", default="error", choices=("error", "silent", "crash"))
+    parser.add_argument("--marker", help="ignored: a word tests look for among the processes")
     args = parser.parse_args()
     serve_stdio(Core(era=args.era, legacy_version=args.legacy_version, probe=args.probe))
 
