@@ -827,7 +827,8 @@ class HttpTransport:
             except ValueError:
                 item = None
             if isinstance(item, dict) and ("result" in item or "error" in item):
-                item.setdefault("id", message["id"])
+                if item.get("id") is None:  # an error about the request itself carries no id (or null)
+                    item["id"] = message["id"]
                 item["_http_status"] = status
                 self.on_message(item)
             else:
