@@ -3658,7 +3658,7 @@ def mcp_configs(cfg, console, working_dir, asker=None, trust_all=False):
         text, path = mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
         if text is not None:
             names = {c.name for c in configs}  # the person's own configuration wins over the project's
-            entries = {k: v for k, v in mcp.project_servers(text, path).items() if k not in names}
+            entries = {k: v for k, v in mcp.project_servers(text, path, warnings).items() if k not in names}
             project = mcp.parse_servers(entries, path, os.environ, warnings, timeout)
             trust = mcp.ProjectTrust(cfg.home)
             if project and (trust.trusted(path, text) or trust_all or (
@@ -3683,7 +3683,8 @@ def ask_mcp_trust(console, asker, path, configs):
     """Show what a project's .mcp.json would start, and ask once."""
     console.info("%s in this project starts these MCP servers:" % path, "yellow")
     for c in configs:
-        console.info("  %s: %s%s" % (c.name, c.describe(), ", network" if c.network else ""))
+        console.info("  %s: %s%s%s" % (c.name, c.describe(), ", network" if c.network else "",
+                                       ", env: " + ", ".join(sorted(c.env)) if c.env else ""))
     answer = asker.ask("Trust this file and start them (they run in the sandbox)? [y/N] > ")
     return (answer or "").strip().lower() in ("y", "yes")
 
@@ -5873,7 +5874,7 @@ def _mcp_trust(args, cfg, console, working_dir):
         raise UsageError("no .mcp.json in %s" % working_dir)
     warnings = []
     try:
-        configs = mcp.parse_servers(mcp.project_servers(text, path), path, os.environ, warnings)
+        configs = mcp.parse_servers(mcp.project_servers(text, path, warnings), path, os.environ, warnings)
     except mcp.ConfigError as exc:
         raise ConfigError(str(exc))
     trust = mcp.ProjectTrust(cfg.home)

@@ -248,8 +248,14 @@ def read_project_file(root):
     return data.decode("utf-8", "replace"), path
 
 
-def project_servers(text, path):
-    """The mcpServers mapping of a .mcp.json text (the format Claude Code, Cursor and others write)."""
+#: what only the person's own configuration may say: a project's file cannot approve calls, widen what a server
+#: reads or turn its sandbox off (trusting a file to start programs is not trusting it with the walls)
+OWN_CONFIG_ONLY = ("allow", "read_only", "trust_read_only_hint", "read_paths", "sandbox")
+
+
+def project_servers(text, path, warnings=None):
+    """The mcpServers mapping of a .mcp.json text (the format Claude Code, Cursor and others write), without
+    the keys only the person's own configuration may set (named in `warnings`)."""
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -257,7 +263,18 @@ def project_servers(text, path):
     if not isinstance(data, dict):
         raise ConfigError("%s: expected an object with mcpServers" % path)
     servers = data.get("mcpServers", data.get("servers"))
-    return servers if isinstance(servers, dict) else {}
+    if not isinstance(servers, dict):
+        return {}
+    out = {}
+    for name, entry in servers.items():
+        if isinstance(entry, dict):
+            dropped = sorted(k for k in entry if k in OWN_CONFIG_ONLY)
+            if dropped and warnings is not None:
+                warnings.append("%s: mcp server '%s': %s ignored: only your own configuration (mcp.servers.%s) can "
+                                "set them" % (path, name, ", ".join(dropped), name))
+            entry = {k: v for k, v in entry.items() if k not in OWN_CONFIG_ONLY}
+        out[name] = entry
+    return out
 
 
 class ProjectTrust:
@@ -1769,6 +1786,10 @@ class Server:
                     cfg.name, ", ".join(shown(m, 60) for m in missing), cfg.name))
         self.state = "running"
 
+    def logging_in(self):
+        auth = getattr(self.client.transport, "auth", None) if self.client is not None else None
+        return bool(auth is not None and auth.busy)
+
     def _died(self, why):
         if self.state != "running":
             return  # during start-up: start() says why it failed
@@ -1862,6 +1883,8 @@ class Servers:
             threads.append((server, thread, deadline))
         for server, thread, deadline in threads:
             thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            while thread.is_alive() and server.logging_in():  # a person in the browser: not a server's delay
+                thread.join(0.2)
             if thread.is_alive() or server.state == "starting":
                 server.state, server.error = "failed", "no answer within %gs (start-up and handshake; " \
                     "mcp.servers.%s.timeout_seconds)" % (server.config.timeout, server.config.name)

@@ -154,19 +154,27 @@ def test_planning_mode_offers_only_tools_allowed_as_read_only(cli, fake):
 def test_a_projects_mcp_json_starts_only_once_trusted(cli, fake):
     cli.use(fake)
     project = cli.workdir / ".mcp.json"
-    project.write_text(json.dumps({"mcpServers": {"proj": server(allow=["echo"])}}))
-    fake.add({"content": "a"}, {"content": "b"}, {"content": "c"})
+    (cli.workdir / "srv.py").write_text(open(FAKE_MCP).read())  # a project's own server: readable in the tree
+    entry = {"command": sys.executable, "args": [str(cli.workdir / "srv.py")]}
+    project.write_text(json.dumps({"mcpServers": {"proj": dict(entry, allow=["*"], sandbox="off",
+                                                               read_paths=["/root"])}}))
+    fake.add({"content": "a"})
     r = cli.run("run", "--prompt", "hi")
     assert r.returncode == 0, r.stderr
     assert "the MCP servers of %s (proj) are not started" % project in r.stderr
     assert not any(n.startswith("mcp__") for n in offered(fake, 0))
     t = cli.run("mcp", "trust", "--yes")
     assert t.returncode == 0, t.stderr
+    fake.add({"tool_calls": [tool_call("mcp__proj__echo", text="x")]}, {"content": "done"})
     r = cli.run("run", "--prompt", "hi")
     assert "mcp__proj__echo" in offered(fake, 1), r.stderr
-    project.write_text(json.dumps({"mcpServers": {"proj": server("--era", "legacy", allow=["echo"])}}))
+    assert "mcp server 'proj': allow, read_paths, sandbox ignored: only your own configuration" in r.stderr
+    assert tool_results(fake)[0].startswith("Error: MCP tool mcp__proj__echo (server 'proj', tool 'echo') needs a "
+                                            "person's approval")  # the project cannot approve its own calls
+    project.write_text(json.dumps({"mcpServers": {"proj": dict(entry, args=entry["args"] + ["--era", "legacy"])}}))
+    fake.add({"content": "b"})
     r = cli.run("run", "--prompt", "hi")  # changed (the model can write files): asked again, skipped headless
-    assert "not started" in r.stderr and not any(n.startswith("mcp__") for n in offered(fake, 2))
+    assert "not started" in r.stderr and not any(n.startswith("mcp__") for n in offered(fake, -1))
 
 
 def test_mcp_list_names_state_protocol_and_approval(cli, fake):
