@@ -1697,7 +1697,10 @@ class McpTool(Tool):
         def progress(done, total, message):
             server.progress(self.remote, done, total, message)
         try:
-            result = server.client.call_tool(self.remote, args, deadline, cancel=ctx.cancel, progress=progress)
+            try:
+                result = server.client.call_tool(self.remote, args, deadline, cancel=ctx.cancel, progress=progress)
+            finally:
+                self._settle(ctx)
         except RpcError as exc:
             raise ToolError("%s refused the call: %s%s" % (self.label(), exc.message,
                                                            " (code %s)" % exc.code if exc.code else ""))
@@ -1713,6 +1716,17 @@ class McpTool(Tool):
                 why = "cancelled by user; the server was told to cancel it"
             raise ToolError("%s: %s" % (self.label(), why))
         return render_result(result, self.label())
+
+    def _settle(self, ctx):
+        """After a call, as after a terminal command: protected paths the server created in the tree (a `.git`
+        whose hooks the person's next git command would run) are the person's to keep in chat, and removed in
+        a headless run; the model is told either way (xzatoma_tools' after-command watch). INFO: a server runs
+        between calls too: what it made then is found after its next call (or never, after its last)."""
+        sandbox = getattr(self.server.client.transport, "sandbox", None)
+        watch = sandbox.watch() if sandbox is not None and sandbox.confined else None
+        if watch is not None:
+            from xzatoma_tools import _settle_protected
+            _settle_protected(ctx, watch, "MCP tool %s" % self.name, "")
 
 
 # ---- The servers of one run: started together, a death reported once, all stopped at the end ----

@@ -225,3 +225,16 @@ def test_safe_mode_asks_showing_server_tool_and_arguments_neutralised(chat, cli,
     p.expect(r"declined")
     results = tool_results(fake)
     assert results[0].startswith("Error: the user declined mcp__fake__echo")
+
+
+def test_what_a_server_plants_among_the_protected_paths_is_removed_headless(cli, fake):
+    use(cli, fake, {"fake": server(allow=["write_file"])})
+    (cli.workdir / "sub").mkdir()
+    planted = cli.workdir / "sub" / ".git"
+    fake.add({"tool_calls": [tool_call("mcp__fake__write_file", path=str(planted), text="gitdir: /tmp/elsewhere")]},
+             {"content": "planted"})
+    r = cli.run("run", "--prompt", "plant")
+    assert r.returncode == 0, r.stderr
+    result = tool_results(fake)[0]
+    assert result.startswith("Error: the command made sub/.git (") and result.endswith("Removed: sub/.git")
+    assert not planted.exists()
