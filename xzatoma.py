@@ -744,7 +744,8 @@ def load_config(flags=None, env=None, config_path=None):
         if isinstance(mcp, dict) and "servers" in mcp:  # names are the person's own: not config keys
             data = dict(data, mcp={k: v for k, v in mcp.items() if k != "servers"})
             values["mcp"]["servers"] = mcp["servers"] or {}
-            sources["mcp.servers"] = "file"
+            if isinstance(mcp["servers"], dict):  # anything else is named by mcp_configs, where it is used
+                sources.update(dict.fromkeys(flatten({"mcp": {"servers": mcp["servers"]}}), "file"))
         for dotted, value in flatten(data).items():
             if dotted not in DEFAULT_LEAVES:
                 if dotted in SECTIONS:
