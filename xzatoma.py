@@ -5861,6 +5861,8 @@ def cmd_mcp(args, console):
         if action == "tools":
             lines = []
             for row in rows:
+                if row["state"] != "running":
+                    console.warn("MCP server '%s' is %s: %s" % (row["name"], row["state"], row.get("error") or "-"))
                 for tool in row["tools"]:
                     lines.append("%s  (%s)" % (tool["name"], mcp.APPROVAL_TEXT[tool["approval"]]))
                     lines.append("    " + one_line(tool["description"] or "-", 200))

@@ -1886,6 +1886,13 @@ class Servers:
     def start(self):
         """Start every enabled server at once; one line for each that failed (it is left out). Returns self."""
         self.started = True
+        try:
+            return self._start_all()
+        except BaseException:  # Ctrl-C or SIGTERM during start-up: what started stops
+            self.close()
+            raise
+
+    def _start_all(self):
         threads = []
         for server in self.servers:
             if server.state != "starting":
