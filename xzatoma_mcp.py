@@ -1715,6 +1715,9 @@ class McpTool(Tool):
             elif why == "cancelled":
                 why = "cancelled by user; the server was told to cancel it"
             raise ToolError("%s: %s" % (self.label(), why))
+        if result.get("resultType") == "input_required":  # 2026-07-28 multi round-trip: we declared no such capability
+            raise ToolError("%s asks for input XZatoma does not give servers (sampling, elicitation, roots); the call "
+                            "cannot complete here" % self.label())
         return render_result(result, self.label())
 
     def _settle(self, ctx):
