@@ -341,6 +341,7 @@ class _Pending:
         self.event = threading.Event()
         self.message = None
         self.progress = progress
+        self.id = None  #: the request's id (set when it is sent)
 
 
 def shown(text, width=200):
@@ -568,24 +569,9 @@ class StdioTransport:
                     raise McpError("the server stopped reading its input (%s)" % (exc.strerror or exc))
 
     def _read_stdout(self):
-        process, buf = self.process, b""
         try:
-            while True:
-                try:
-                    data = os.read(process.stdout, 65536)
-                except OSError:
-                    data = b""
-                if not data:
-                    break
-                buf += data
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    self._take(line)
-                if len(buf) > MAX_MESSAGE:
-                    self.log.write("xzatoma: a message over %d bytes; the server is stopped" % MAX_MESSAGE)
-                    break
-            if buf.strip():
-                self._take(buf)
+            for line in _lines(self.process.stdout, MAX_MESSAGE):
+                self._take(line)
         finally:
             if self.on_closed is not None:
                 self.on_closed(None if self.closing else self._exit_text())
@@ -596,7 +582,7 @@ class StdioTransport:
             return
         try:
             message = json.loads(line.decode("utf-8", "replace"))
-        except ValueError:
+        except ValueError:  # junk, or a message over MAX_MESSAGE given in pieces: logged, never kept
             self.log.write("stdout (not JSON-RPC): " + line[:2000].decode("utf-8", "replace"))
             return
         if isinstance(message, list):  # a batch (2025-03-26 allowed them)
@@ -607,24 +593,8 @@ class StdioTransport:
             self.on_message(message)
 
     def _read_stderr(self):
-        buf = b""
-        fd = self.process.stderr
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                self.log.write(line.decode("utf-8", "replace"))
-            if len(buf) > 65536:
-                self.log.write(buf.decode("utf-8", "replace"))
-                buf = b""
-        if buf:
-            self.log.write(buf.decode("utf-8", "replace"))
+        for line in _lines(self.process.stderr, 65536):
+            self.log.write(line.decode("utf-8", "replace"))
 
     def _exit_text(self):
         code = self.process.exit_code() if self.process is not None else None
@@ -644,6 +614,28 @@ class StdioTransport:
             thread.join(timeout=2)
         if self.sandbox is not None:
             self.sandbox.close()
+
+
+def _lines(fd, limit):
+    """The lines of a stream until it ends (the last one unterminated too); a line longer than `limit` comes in
+    pieces of that size, so memory stays bounded whatever a server writes."""
+    buf = b""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line
+        if len(buf) > limit:
+            yield buf
+            buf = b""
+    if buf:
+        yield buf
 
 
 def _plain_env(extra):
