@@ -30,7 +30,7 @@ MODERN_ERRORS = (-32020, -32021, UNSUPPORTED_VERSION)  #: HeaderMismatch, Missin
 METHOD_NOT_FOUND = -32601
 DEFAULT_TIMEOUT = 30  #: seconds: start-up + handshake of a server, and each call (mcp.timeout_seconds)
 PROBE_SECONDS = 3  #: a stdio server silent this long after `server/discover` speaks the 2025 protocol
-MAX_MESSAGE = 32 << 20  #: bytes of one message from a server; a longer line ends the server
+MAX_MESSAGE = 32 << 20  #: bytes of one message from a server; a longer line is logged in pieces and dropped
 LOG_MAX = 1 << 20  #: bytes of a server's stderr kept in its log per run
 NAME_MAX = 64  #: characters of a tool name the providers accept ([A-Za-z0-9_-])
 
