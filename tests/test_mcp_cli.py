@@ -225,6 +225,10 @@ def test_safe_mode_asks_showing_server_tool_and_arguments_neutralised(chat, cli,
     assert wait_for(lambda: len(fake.model_requests()) == 2)
     results = tool_results(fake)
     assert results[0].startswith("Error: the user declined mcp__fake__echo")
+    p.expect(r">> ")
+    p.line("/mcp")
+    p.expect(r"fake  running  stdio: .*fake_mcp\.py  \(MCP 2026-07-28, sandbox workspace-write, no network\)")
+    p.expect(r"mcp__fake__echo +asks in Safe mode; refused headless")
 
 
 def test_what_a_server_plants_among_the_protected_paths_is_removed_headless(cli, fake):
