@@ -242,3 +242,43 @@ def test_what_a_server_plants_among_the_protected_paths_is_removed_headless(cli,
     result = tool_results(fake)[0]
     assert result.startswith("Error: the command made sub/.git (") and result.endswith("Removed: sub/.git")
     assert not planted.exists()
+
+
+def test_a_chat_asks_once_to_trust_a_projects_mcp_json(chat, cli, fake):
+    (cli.workdir / "srv.py").write_text(open(FAKE_MCP).read())
+    (cli.workdir / ".mcp.json").write_text(json.dumps({"mcpServers": {"proj": {
+        "command": sys.executable, "args": [str(cli.workdir / "srv.py")], "env": {"MODE": "x"}}}}))
+    p = chat()
+    p.expect(r"\.mcp\.json in this project starts these MCP servers:")
+    p.expect(r"proj: stdio: .*srv\.py, env: MODE")
+    p.expect(r"Trust this file and start them \(they run in the sandbox\)\? \[y/N\] > ")
+    p.line("y")
+    p.expect(r">> ")
+    p.line("/mcp")
+    p.expect(r"proj  running")
+    p.line("/exit")
+    p.wait()
+    second = chat()  # trusted as it is: not asked again
+    second.expect(r">> ")
+    assert "Trust this file" not in second.seen
+
+
+def test_a_stored_bearer_token_reaches_a_remote_server(cli, fake):
+    from fake_mcp import FakeHttpMcp
+    remote = FakeHttpMcp(oauth=True).start()
+    try:
+        remote.tokens.add("stored-token-5c1e8a7f")
+        use(cli, fake, {"api": {"url": remote.url}})
+        r = cli.run("mcp", "list", "--json")
+        assert r.returncode == 1
+        row = json.loads(r.stdout)["servers"][0]
+        assert row["error"] == "the server needs a login (HTTP 401): run 'xzatoma mcp login api' in a terminal"
+        login = cli.run("mcp", "login", "api", "--token", input="stored-token-5c1e8a7f\n")
+        assert login.returncode == 0, login.stderr
+        assert "stored-token-5c1e8a7f" not in login.stdout + login.stderr
+        r = cli.run("mcp", "list", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["servers"][0]["state"] == "running"
+        assert remote.requests[-1][0]["Authorization"] == "Bearer stored-token-5c1e8a7f"
+    finally:
+        remote.stop()
