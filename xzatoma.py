@@ -2934,6 +2934,7 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
          "something out or to change something), do it now: reply with a tool call, written as "
          '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
          "yourself. If the task truly needs no tool, give your final answer again.")
+EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
 _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
@@ -2990,6 +2991,15 @@ def needs_tools(task, answer, root=None):
     return None
 
 
+def _call_key(call):
+    """What makes two calls the same: the tool and its arguments as parsed (key order and spacing aside)."""
+    try:
+        args = json.dumps(json.loads(call.get("arguments") or "{}"), sort_keys=True)
+    except (ValueError, RecursionError):
+        args = call.get("arguments")
+    return call["name"], args
+
+
 def _names_an_entry(task, root):
     """True when a word of the task names an entry of the working directory (Makefile, src/app.py)."""
     if not root or not task:
@@ -3031,6 +3041,8 @@ class Agent:
         self.calls_this_run = 0  #: tool calls this run made that succeeded (the totals in `result` carry on)
         self.changes_this_run = 0  #: of them, calls of tools that change or execute (write, terminal …)
         self.nudged = False  #: asked once already to check an answer given without tools
+        self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
+        self.asked_empty = False  #: asked once already for an answer after an empty one
         #: what this run was asked: the last person's message when it starts (for conclude)
         self.task = conversation.last_user_text()
 
@@ -3168,6 +3180,15 @@ class Agent:
         may be answering from memory, and it is asked once to check (README, "Honest completion"). Still
         without them, a task that named files or an answer that claims work ends "unverified"."""
         self.result.answer = answer
+        if not answer.strip():  # nothing said (only thinking, or a model lost after failed calls)
+            if not self.asked_empty:
+                self.asked_empty = True
+                self.conversation.add({"role": "user", "name": NOTE, "content": EMPTY_ANSWER})
+                self.events.note("  the model's reply was empty; asking it once for an answer")
+                return None
+            if not self.changes_this_run:
+                raise ProviderFailed("the model gave no answer (an empty reply, twice)")
+            return "completed"
         need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
         if need is None:
             return "completed"
@@ -3235,7 +3256,14 @@ class Agent:
                 raise self.timed_out()  # a tool call's own limits are capped by the run's, but none starts late
             self.events.tool_call(call)
             self.events.tool_start(call["name"], self._preview(call))
-            tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            same = _call_key(call)
+            if same == self.last_call:  # a loop (the same failing grep three times): the result is above
+                from xzatoma_tools import ToolResult
+                tool_result = ToolResult.fail("this is the same call as your last one, and its result is above; "
+                                              "use that result, or do something different", invalid=True)
+            else:
+                tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            self.last_call = same
             if len(tool_result.output) > MIN_RESULT_CAP:
                 tool_result.truncate(self.result_cap())
             result.tool_calls += 1
