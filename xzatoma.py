@@ -3002,14 +3002,23 @@ def _call_key(call):
 
 def _names_an_entry(task, root):
     """True when a word of the task names an entry of the working directory (Makefile, src/app.py)."""
+    return bool(_named_entries(task, root, first=True))
+
+
+def _named_entries(task, root, first=False):
+    """The words of a task that name entries of the working directory, in order (only the first: `first`)."""
+    found = []
     if not root or not task:
-        return False
+        return found
     import re
-    for word in re.findall(r"[\w][\w./-]*", task)[:400]:
+    for word in re.findall(r"[\w][\w./-]*", task[:20000])[:400]:
         word = word.rstrip(".")
-        if len(word) > 2 and ".." not in word.split("/") and os.path.lexists(os.path.join(root, word)):
-            return True
-    return False
+        if len(word) > 2 and ".." not in word.split("/") and word not in found \
+                and os.path.lexists(os.path.join(root, word)):
+            found.append(word)
+            if first:
+                break
+    return found
 
 
 class Agent:
@@ -3043,6 +3052,8 @@ class Agent:
         self.nudged = False  #: asked once already to check an answer given without tools
         self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
         self.asked_empty = False  #: asked once already for an answer after an empty one
+        self.checked_ends = False  #: pointed out once already what an answer after real work left undone
+        self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
         self.task = conversation.last_user_text()
 
@@ -3194,6 +3205,14 @@ class Agent:
             return "completed"
         strength, kind = need
         if self.changes_this_run if kind == "change" else self.calls_this_run:
+            loose = None if self.checked_ends else self.loose_ends(kind, answer)
+            if loose:  # work was done, but the answer claims more, or a file the task names was never touched
+                self.checked_ends = True
+                self.conversation.add({"role": "user", "name": NOTE, "content": loose})
+                self.events.note("  the answer may leave work undone (%s); asking the model once to check"
+                                 % ("a tool result it wrote itself" if "<tool_response>" in answer else
+                                    "a file the task names was not touched"))
+                return None
             return "completed"  # the work is there (what the model imagines after it does not undo it)
         if not self.nudged:
             self.nudged = True
@@ -3207,6 +3226,21 @@ class Agent:
                 "(status unverified)" % ("making any change" if kind == "change" else "looking anything up"))
             return "unverified"
         return "completed"
+
+    def loose_ends(self, kind, answer):
+        """What an answer after real work may still have left undone, as a note to the model (or None): a tool
+        result it wrote itself ("<tool_response> Updated main.py" where no tool touched main.py), or, for a
+        change, a file the task names that no tool of this run read or changed."""
+        if "<tool_response>" in answer:
+            return ("You wrote a tool result yourself; results come only from the tools. If the task is not "
+                    "finished, continue with a tool call; if it is, give your final answer without it.")
+        if kind == "change":
+            touched = "\n".join(self.touched)
+            missed = [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
+            if missed:
+                return ("The task names %s, which no tool has read or changed in this run. If the task needs "
+                        "it, continue with a tool call; if not, give your final answer again." % ", ".join(missed[:5]))
+        return None
 
     def complete(self, tools):
         """One model call; provider failures and the deadline become the stop family. A server that refuses
@@ -3276,6 +3310,7 @@ class Agent:
                 last_error = tool_result.error
             elif tool_result.success:
                 self.calls_this_run += 1
+                self.touched.append(call.get("arguments") or "")
                 tool = self.registry.get(call["name"])
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
         self.count_malformed(invalid == len(calls), last_error)

@@ -834,11 +834,11 @@ class ListDirectory(Tool):
         if total > len(lines):
             lines.append("... %d more entries not shown (narrow with pattern or a subdirectory)" % (total - len(lines)))
         if total > 1:  # counted here, so that "how many .md files" needs no counting by the model
-            lines.append("(%d entries: %s)" % (total, ", ".join(
+            lines.append("(%s; %d entries in all)" % (", ".join(
                 "%d %s" % (n, {"directories": "director" + ("y" if n == 1 else "ies"),
                                "no extension": ("file" if n == 1 else "files") + " without extension"}.get(
                                    ext, ext + (" file" if n == 1 else " files")))
-                for ext, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))))
+                for ext, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))), total))
         return ToolResult.ok("\n".join(lines), count=total)
 
 
@@ -1137,8 +1137,9 @@ class Grep(Tool):
         note = ("[skipped %d special file%s (FIFO, socket or device), not read: %s]" % (
             len(special), "" if len(special) == 1 else "s", ", ".join(special[:10]) + (" …" if len(special) > 10 else ""))
             if special else "")
-        if not out:
-            return ToolResult.ok("no matches for %s" % args["pattern"] + ("\n" + note if note else ""), matches=0)
+        if not out:  # what grep searches, said where a small model looked for file names with it
+            return ToolResult.ok("no matches for %s in the files' contents (list_directory lists names)"
+                                 % args["pattern"] + ("\n" + note if note else ""), matches=0)
         text_out = [line for block in out for line in block]
         if hits > len(out):
             text_out.append("... stopped at %d results; %d more matches not shown" % (len(out), hits - len(out)))
