@@ -1137,9 +1137,12 @@ class Grep(Tool):
         note = ("[skipped %d special file%s (FIFO, socket or device), not read: %s]" % (
             len(special), "" if len(special) == 1 else "s", ", ".join(special[:10]) + (" …" if len(special) > 10 else ""))
             if special else "")
-        if not out:  # what grep searches, said where a small model looked for file names with it
-            return ToolResult.ok("no matches for %s in the files' contents (list_directory lists names)"
-                                 % args["pattern"] + ("\n" + note if note else ""), matches=0)
+        if not out:  # what to do next, said: small models looked for file names with grep, or for a concept
+            one = isinstance(files, list)  # one file named (a directory is walked)
+            hint = ("in %s (read_file shows all of it)" % files[0][0] if one else
+                    "in the files' contents (list_directory lists names)")
+            return ToolResult.ok("no matches for %s %s" % (args["pattern"], hint) + ("\n" + note if note else ""),
+                                 matches=0)
         text_out = [line for block in out for line in block]
         if hits > len(out):
             text_out.append("... stopped at %d results; %d more matches not shown" % (len(out), hits - len(out)))

@@ -287,7 +287,7 @@ def test_the_same_call_twice_in_a_row_is_refused_as_a_loop(open_session):
                      read(), Reply("It says hello."))
     result = run(s, "what does a.txt say?")
     results = [m["content"] for m in s.conversation.messages if m["role"] == "tool"]
-    assert results[0] == "no matches for server_port in the files' contents (list_directory lists names)"
+    assert results[0] == "no matches for server_port in a.txt (read_file shows all of it)"
     assert results[1].startswith("Error: this is the same call as your last one")
     assert results[2] == "hello\n" and result.status == "completed"
 
