@@ -1391,7 +1391,7 @@ class CopilotAuth:
         return True
 
 
-# ---- Providers: one HTTP helper, three wire formats ----
+# ---- Providers: one HTTP helper, errors, and what servers say about themselves ----
 
 
 class Reply:
@@ -1821,6 +1821,11 @@ def _connection_reason(exc):
         if needle in text:
             return reason
     return one_line(text, 160)
+
+
+# ---- Providers: the wire formats (Ollama, OpenAI chat completions and Responses, Copilot) ----
+# Each provider turns the conversation into its server's messages and its stream back into one Reply. The wire
+# is kept exact (llama-cpp-python rejects a null content; Ollama wants arguments as an object, OpenAI as text).
 
 
 def tool_call_id(position, index, name, arguments):
