@@ -2732,8 +2732,9 @@ ANSWERED = ("completed", "unverified")  #: statuses whose answer is printed as t
 class RunResult:
     COUNTS = ("turns", "tool_calls", "prompt_tokens", "completion_tokens")  # what the store keeps per conversation
 
-    def __init__(self, conversation_id):
+    def __init__(self, conversation_id, progress=None):
         self.conversation_id = conversation_id
+        self.progress = progress  #: the task's Progress (plan instructions or the model's steps), or None
         self.status = "running"
         self.answer = ""
         self.error = None
@@ -2759,11 +2760,15 @@ class RunResult:
                 "turns": self.turns, "tool_calls": self.tool_calls,
                 "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                           "total_tokens": self.prompt_tokens + self.completion_tokens, "estimated": self.estimated},
-                "duration_seconds": round(self.duration, 3), "error": self.error, "warnings": list(self.warnings)}
+                "duration_seconds": round(self.duration, 3), "error": self.error, "warnings": list(self.warnings),
+                "steps": self.progress.to_json() if self.progress is not None else []}
 
 
 class Events:
     """What the loop reports while it works; the CLI prints these on stderr."""
+
+    #: tools whose successful calls are drawn another way (update_progress: the list, by progress())
+    QUIET_TOOLS = ("update_progress",)
 
     def __init__(self, console):
         self.console = console
@@ -2782,14 +2787,23 @@ class Events:
             self.console.debug("thinking: " + one_line(text, 400))
 
     def tool_start(self, name, preview):
-        self.console.info("▶ %s %s" % (name, one_line(preview, 80)), "cyan")
+        if name not in self.QUIET_TOOLS:
+            self.console.info("▶ %s %s" % (name, one_line(preview, 80)), "cyan")
 
     def tool_end(self, name, result):
+        if name in self.QUIET_TOOLS and result.success:
+            return
         mark = "✓" if result.success else "✗"
         self.console.info("  %s %s" % (mark, result.preview(100)), "dim" if result.success else "yellow")
 
     def note(self, text):
         self.console.info(text, "dim")
+
+    def progress(self, progress, step):
+        """The task's steps changed (`step`: the one that did, {step, text, status, added}; None: the list as it
+        starts). Drawn as seed 001 draws it: "Completed 1/2 instructions:", then ✓ done, ⧗ in progress, ○ pending."""
+        for line in progress.lines():
+            self.console.info(line, "dim")
 
     # what a machine reading --output-format stream-json wants besides the lines above
     def usage(self, prompt, completion, estimated):
@@ -2855,6 +2869,13 @@ class StreamJsonEvents(RunEvents):
     def tool_result(self, call, result):
         self.emit("tool_result", id=call["id"], name=call["name"], success=bool(result.success),
                   preview=result.preview(200), error=result.error if not result.success else None)
+
+    def progress(self, progress, step):
+        super().progress(progress, step)
+        if step is not None:
+            done, total = progress.counts()
+            self.emit("step", step=step["step"], text=step["text"], status=step["status"], added=step["added"],
+                      completed=done, total=total)
 
 
 # ---- Agent loop ----
@@ -3190,7 +3211,7 @@ class Agent:
             if tool_result.metadata.get("invalid"):
                 invalid += 1
                 last_error = tool_result.error
-            elif tool_result.success:
+            elif tool_result.success and not tool_result.metadata.get("bookkeeping"):  # progress, skills: no work
                 self.calls_this_run += 1
                 tool = self.registry.get(call["name"])
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
@@ -3397,6 +3418,7 @@ class Session:
         self.kind = None
         self.id = None  #: the conversation id, from start()
         self.conversation = self.recorder = self.result = self.ctx = self.registry = None
+        self.progress = None  #: from start(): the conversation's Progress (its steps)
         self.resumed = False  #: start() continued a stored conversation
         self.recorded = False  #: the conversation is being written to the store
 
@@ -3424,11 +3446,13 @@ class Session:
                    instructions=instructions, owns=owns)
 
     # -- a conversation --
-    def start(self, kind, resume=None, title=None, source=None, record=None):
+    def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
         """Start a conversation of `kind`, or continue a stored one (resume: an id prefix, or True for the
         latest). record=None records now, except a new chat (on its first message) and subagents with
-        agent.subagent.persistence_enabled off."""
+        agent.subagent.persistence_enabled off. `steps`: a plan's instructions, the progress list the model
+        marks (a stored conversation continues with its own list)."""
         from xzatoma_store import NotFound, new_ulid
+        from xzatoma_tools import Progress
         assert kind in SESSION_KINDS, kind
         stored = None
         if resume:
@@ -3446,7 +3470,11 @@ class Session:
         self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
                                          conv_cfg["prune_threshold"])
         self.recorder = Recorder(self.store, self.console, conversation_id)
-        self.result = RunResult(conversation_id)
+        if stored is not None and stored.get("progress"):
+            self.progress = Progress.restore(stored["progress"], self._progress_changed)
+        else:
+            self.progress = Progress(steps or (), fixed=steps is not None, on_change=self._progress_changed)
+        self.result = RunResult(conversation_id, progress=self.progress)
         self._build()
         self.conversation.add_system(self.system_prompt())
         if stored is None:  # after the system prompt, so that stays byte-identical across directories and days
@@ -3479,6 +3507,8 @@ class Session:
                                 safety=safety_of(self.ctx))
             for message in self.conversation.messages:
                 self.recorder.append(message)
+        if len(self.progress):
+            self.recorder.save_progress(self.progress.snapshot())
         self.recorder.attach(self.conversation)
 
     def finish(self, status="completed"):
@@ -3492,9 +3522,32 @@ class Session:
         from xzatoma_tools import COMPACT_TOOLS
         return system_prompt(self.mode, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
 
+    # -- progress --
+    def _progress_changed(self, progress, step):
+        self.events.progress(progress, step)
+        if self.recorded:
+            self.recorder.save_progress(progress.snapshot())
+
+    def settle_progress(self):
+        """At the end of a run: steps not done are said in the result's warnings (and so in --json, the summary
+        and the watcher's log), with why when the model had no tool to mark them (the compact profile)."""
+        progress = self.progress
+        left = progress.unfinished() if progress is not None else []
+        if not left:
+            return
+        if "update_progress" not in self.registry:
+            self.result.warnings.append(
+                "the %d %s were not tracked: the %s tool profile has no update_progress tool to mark them (--tools "
+                "full offers it)" % (len(progress), progress.noun(), self.profile))
+            return
+        shown = "; ".join("%d. %s (%s)" % (s["step"], one_line(s["text"], 60), s["status"].replace("_", " "))
+                          for s in left[:5])
+        self.result.warnings.append("%s of %d %s not marked done: %s%s" % (
+            len(left), len(progress), progress.noun(), shown, " …" if len(left) > 5 else ""))
+
     # -- tools --
     def _build(self):
-        from xzatoma_tools import INTERACTIVE, build_registry
+        from xzatoma_tools import INTERACTIVE, UpdateProgress, build_registry
         if self.parent_ctx is not None:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
@@ -3505,8 +3558,8 @@ class Session:
                                terminal_mode=self.terminal_mode, cancel=self.cancel, sandbox=self.sandbox)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
-        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self)),
-                                  profile=self.profile)
+        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
+                                                         UpdateProgress(self.progress)), profile=self.profile)
         if self.allowed_tools:
             registry = registry.narrowed(set(self.allowed_tools), ctx)
         self.ctx, self.registry = ctx, registry
@@ -3589,7 +3642,7 @@ def tool_profile(cfg, provider, console):
 
 def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
                      timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
-                     cancel=None, events=None, provider=None):
+                     cancel=None, events=None, provider=None, steps=None):
     """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
 
     cfg, console: the loaded Config and the Console for progress lines (stderr).
@@ -3607,6 +3660,7 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
         (the caller's: never set by this function).
     events: the output sink for progress lines (default: Events(console)).
     provider: the Provider to ask (e.g. a clone of one checked at start-up); default: built from cfg.
+    steps: the plan's instructions, the progress list the model marks (in the RunResult's `steps`).
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
@@ -3616,9 +3670,11 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
-        session.start("watch", title=title, source=source)
+        session.start("watch", title=title, source=source, steps=steps)
         session.conversation.add_user(instruction)
-        return session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
+        result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
+        session.settle_progress()
+        return result
     finally:
         session.close()
 
@@ -3719,10 +3775,16 @@ class _ChildEvents(Events):
         self.prefix = "  " * depth + "[%s] " % label
 
     def tool_start(self, name, preview):
-        self.console.info("%s▶ %s %s" % (self.prefix, name, one_line(preview, 70)), "cyan")
+        if name not in self.QUIET_TOOLS:
+            self.console.info("%s▶ %s %s" % (self.prefix, name, one_line(preview, 70)), "cyan")
 
     def tool_end(self, name, result):
-        self.console.info("%s  %s %s" % (self.prefix, "✓" if result.success else "✗", result.preview(90)), "dim")
+        if name not in self.QUIET_TOOLS or not result.success:
+            self.console.info("%s  %s %s" % (self.prefix, "✓" if result.success else "✗", result.preview(90)), "dim")
+
+    def progress(self, progress, step):
+        for line in progress.lines():
+            self.console.info(self.prefix + line, "dim")
 
     def note(self, text):
         self.console.info(self.prefix + text.strip(), "dim")
@@ -4056,6 +4118,8 @@ def system_prompt(mode, tool_names, compact=False):
         "- Work one step at a time: call a tool, read its result, then decide the next step.",
         "- Paths are relative to the working directory; paths outside it are refused.",
         "- When a tool returns 'Error: …', read the message and adapt; do not repeat the same failing call.",
+        "- When the task has steps (a plan's instructions, or several of your own), track them with "
+        "update_progress: a step in_progress when you start it, done when it is finished.",
         "- When the task is done, reply without a tool call: say briefly what you did and what you found.",
     ])
 
@@ -4145,6 +4209,11 @@ class Recorder:
     def progress(self, result):
         if self.store is not None:
             self._guard(self.store.update_conversation, self.id, **result.counts())
+
+    def save_progress(self, snapshot):
+        """The conversation's steps as they are now (Progress.snapshot())."""
+        if self.store is not None:
+            self._guard(self.store.update_conversation, self.id, progress=json.dumps(snapshot, ensure_ascii=False))
 
     def finish(self, result):
         if self.store is not None:
@@ -4370,7 +4439,7 @@ def _build_replay(sub, common, fmt):
 
 
 def cmd_replay(args, console):
-    from xzatoma_tools import preview_arguments
+    from xzatoma_tools import Progress, preview_arguments
     with history_store(args, console) as store:
         cid = store.resolve(args.id)
         conv = store.conversation(cid)
@@ -4398,13 +4467,23 @@ def cmd_replay(args, console):
             elif msg["role"] == "tool":
                 ok = not (msg["content"] or "").startswith("Error: ")
                 text = (msg["content"] or "").strip()
+                if ok and msg.get("name") == "update_progress":  # the list, as the run showed it
+                    out.write("".join("  %s\n" % one_line(line, 120) for line in text.splitlines()[:MAX_SHOWN_STEPS]))
+                    continue
                 first = text.splitlines()[0] if text else "(no output)"
                 more = text.count("\n")
                 out.write("  %s %s%s\n" % ("✓" if ok else "✗", one_line(first, 100),
                                            "  (+%d lines)" % more if more else ""))
+        if conv.get("progress"):  # where the steps stood at the end (also when the model never marked them)
+            lines = Progress.restore(conv["progress"]).lines()
+            if len(lines) > 1:
+                out.write("\n" + "".join("%s\n" % one_line(line, 120) for line in lines[:MAX_SHOWN_STEPS]))
         if conv.get("error"):
             out.write("\n(%s: %s)\n" % (conv["status"], conv["error"]))
         return EXIT_OK
+
+
+MAX_SHOWN_STEPS = 101  #: lines of a progress list replay shows (its heading and the steps a list may hold)
 
 
 def _build_undo(sub, common, fmt):
@@ -5068,10 +5147,11 @@ SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG
     "/resume": ("/resume ID — continue a stored conversation", "resume_cmd", ARG),
     "/undo": ("/undo — put back the last file change", "undo", None),
     "/approvals": ("/approvals [clear] — the programs answered [a]lways / ne[v]er this session", "approvals", ARG),
+    "/plan": ("/plan — the task's steps and how far each is (update_progress)", "show_plan", None),
     "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
-           "/plan": "/planning", "/new": "/clear"}
+           "/new": "/clear"}
 
 
 def box(title):
@@ -5297,6 +5377,14 @@ class ChatSession:
         except XzError as exc:
             self.console.error(str(exc))
         return None
+
+    def show_plan(self):
+        progress = self.session.progress
+        if progress is None or not len(progress):
+            self.console.info("no steps yet: the model adds them with update_progress as it works on a task of "
+                              "several steps")
+            return
+        self.console._write("\n".join(self.console.clean(line) for line in progress.lines(numbered=True)))
 
     def approvals(self, arg):
         arg = arg.lower()
@@ -5680,7 +5768,8 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=base_provider.clone()).to_json()  # its sandbox closes with it
+                                   provider=base_provider.clone(),  # its sandbox closes with it
+                                   steps=job.plan.instructions if job.plan is not None else None).to_json()
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))
         return outcome
@@ -6011,7 +6100,8 @@ def restored_config(args, console, cfg, stored, extra=None):
 
 
 def read_instruction(args, console, default=None):
-    """The task: (text, kind 'run'|'plan', title, source) or a UsageError."""
+    """The task: (text, kind 'run'|'plan', title, source, steps) or a UsageError; steps: a plan's instructions
+    (None for a prompt)."""
     from xzatoma_tools import PlanError, parse_plan
     if args.plan:
         if args.plan == "-":
@@ -6031,7 +6121,7 @@ def read_instruction(args, console, default=None):
             raise UsageError("invalid plan: %s" % exc)
         for key in getattr(plan, "unknown_keys", ()):
             console.warn("plan key '%s' is not used (known: goal, context, instructions; or name, description, version, action, steps)" % key)
-        return plan.to_prompt(), "plan", plan.goal, source
+        return plan.to_prompt(), "plan", plan.goal, source, plan.instructions
     prompt = run_prompt(args)
     if prompt == "-" or (prompt is None and not _isatty(sys.stdin)):
         text = sys.stdin.read()
@@ -6039,14 +6129,14 @@ def read_instruction(args, console, default=None):
             text = default
     elif prompt is None:
         if default:
-            return default, "run", default, None
+            return default, "run", default, None, None
         raise UsageError("nothing to do: give the task (xzatoma run \"…\"), --plan FILE, or pipe it on stdin "
                          "(see 'xzatoma run --help')")
     else:
         text = prompt
     if not text.strip():
         raise UsageError("the instruction is empty")
-    return text.strip(), "run", text.strip(), None
+    return text.strip(), "run", text.strip(), None, None
 
 
 def output_format(args):
@@ -6148,7 +6238,7 @@ def cmd_run(args, console):
     cfg = config_from_args(args, console, _sandbox_config(args, extra))
     fmt = output_format(args)
     resume = args.resume or args.last or None
-    instruction, kind, title, source = read_instruction(
+    instruction, kind, title, source, steps = read_instruction(
         args, console, default="Continue the task from where it stopped." if resume else None)
     piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"))
     if resume:  # this directory's conversation, with its provider, model and mode unless given again
@@ -6162,7 +6252,7 @@ def cmd_run(args, console):
     session = Session.open(cfg, console, args.mode, args.working_dir, FULL if full else RESTRICTED, events=events,
                            metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile)
     try:
-        session.start(kind, resume=resume, title=title, source=source)
+        session.start(kind, resume=resume, title=title, source=source, steps=steps)
         sandbox_note = check_sandbox(cfg, session.sandbox, console) if "terminal" in session.registry else None
         console.info("xzatoma %s · %s · %s · conversation %s%s%s" % (
             kind, session.provider.name, session.provider.model, session.id, " (resumed)" if resume else "",
@@ -6171,16 +6261,21 @@ def cmd_run(args, console):
         if fmt == "stream-json":
             events.emit("start", conversation_id=session.id, kind=kind, provider=session.provider.name,
                         model=session.provider.model, mode=args.mode, working_dir=session.ctx.root,
-                        resumed=bool(resume))
+                        resumed=bool(resume), steps=session.progress.to_json())
+        if len(session.progress):
+            events.progress(session.progress, None)
         with sigterm_raises():
             result = session.agent().run()
+        session.settle_progress()
     finally:
         session.close(wait_for_workers=3.0)  # children still running (Ctrl-C, SIGTERM) stop now
-    summary = "%s: %s · %s · %s tokens (%s in / %s out)%s · %.1fs · conversation %s" % (
+    summary = "%s: %s · %s · %s tokens (%s in / %s out)%s%s · %.1fs · conversation %s" % (
         result.status, _plural(result.turns, "turn"), _plural(result.tool_calls, "tool call"),
         _fmt_tokens(result.prompt_tokens + result.completion_tokens),
         _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens),
-        ESTIMATED_NOTE if result.estimated else "", result.duration, result.conversation_id)
+        ESTIMATED_NOTE if result.estimated else "",
+        " · " + result.progress.brief() if result.progress is not None and len(result.progress) else "",
+        result.duration, result.conversation_id)
     emit_result(args, fmt, events, result)
     if result.status not in ANSWERED and fmt == "text" and result.answer and not console.quiet:
         console.info("partial answer:\n" + result.answer, "dim")

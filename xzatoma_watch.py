@@ -452,13 +452,25 @@ def result_event(ev, outcome, source, answer_limit=65536):
             "conversation_id": outcome.get("conversation_id"), "goal": ev.plan.goal if ev.plan is not None else None,
             "answer": answer, "error": outcome.get("error"), "usage": outcome.get("usage") or {},
             "turns": outcome.get("turns", 0), "tool_calls": outcome.get("tool_calls", 0),
-            "duration_seconds": outcome.get("duration_seconds", 0.0)}
+            "duration_seconds": outcome.get("duration_seconds", 0.0), "steps": result_steps(outcome.get("steps"))}
     if cut:
         data["answer_truncated"] = True
     from xzatoma_store import redact_data  # every consumer of the results topic reads it: the goal and an error
     data = redact_data(data)  # quote the event, and a credential in it went out again (issue 12)
     return {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
             "subject": ev.id, "time": now_rfc3339(), "datacontenttype": "application/json", "data": data}
+
+
+def result_steps(steps, limit=100, width=500):
+    """The plan's progress for a result: [{step, text, status}] as the run left it (bounded: `limit` steps of at
+    most `width` characters; anything else in the outcome is left out)."""
+    out = []
+    for item in steps if isinstance(steps, list) else ():
+        if isinstance(item, dict) and isinstance(item.get("text"), str) and isinstance(item.get("status"), str):
+            out.append({"step": len(out) + 1, "text": item["text"][:width], "status": item["status"][:16]})
+            if len(out) >= limit:
+                break
+    return out
 
 
 def result_source(group, host=None):
