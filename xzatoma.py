@@ -361,6 +361,7 @@ DEFAULTS = {
         "mentions": {"max_file_size": 10485760, "url_cache_ttl_seconds": 86400, "max_urls_per_request": 10},
         "instructions_files": ["AGENTS.md"],
         "instructions_max_bytes": 32768,
+        "skills": {"enabled": True, "user_dir": None, "catalog_share": 0.02},
         "persistence": {"enabled": True, "db_path": None},
     },
     "watcher": {
@@ -431,6 +432,7 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.shutdown_grace_seconds": (0, None),
     "watcher.answer_max_bytes": (256, None),
     "agent.instructions_max_bytes": (0, None),
+    "agent.skills.catalog_share": (0.0, 0.2),
     **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
        for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
                     ("context_window", (512, None)))},
@@ -438,7 +440,7 @@ RANGES = {  # inclusive bounds; None = open
 
 NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
     "agent.subagent.provider": str, "agent.subagent.model": str,
-    "agent.persistence.db_path": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
+    "agent.persistence.db_path": str, "agent.skills.user_dir": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
     "xzepr.api_key": str, "watcher.kafka.output_topic": str, "watcher.kafka.dead_letter_topic": str,
     "watcher.kafka.sasl_mechanism": str, "watcher.kafka.username": str, "watcher.kafka.password": str,
     "watcher.kafka.ssl_cafile": str, "watcher.kafka.ssl_certfile": str, "watcher.kafka.ssl_keyfile": str,
@@ -496,6 +498,11 @@ DOCS = {
                                 ".github/copilot-instructions.md",
     "agent.instructions_max_bytes": "cap on the project instructions read (all files together; 0 turns them off)",
     "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
+    "agent.skills": "skills: folders holding a SKILL.md, in the project's .xzatoma/skills and .agents/skills and in "
+                    "user_dir (xzatoma skills --help)",
+    "agent.skills.user_dir": "your own skills, used in every project (default: skills/ beside the default "
+                             "config file, ~/.config/xzatoma/skills)",
+    "agent.skills.catalog_share": "share of the context window the skills' names and descriptions may take",
     "watcher": "xzatoma watch: Kafka topics to plans (flags override these; ${VAR} is read from the environment)",
     "watcher.kafka.output_topic": "results go here (default: <topic>.results)",
     "watcher.kafka.password": "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)",
@@ -757,6 +764,8 @@ def load_config(flags=None, env=None, config_path=None):
         sources[dotted] = "flag"
 
     values["provider"]["ollama"]["host"] = normalize_ollama_host(values["provider"]["ollama"]["host"])
+    if not values["agent"]["skills"]["user_dir"]:  # the user's config directory: where config.yaml is by default
+        values["agent"]["skills"]["user_dir"] = os.path.join(os.path.dirname(default_config_path(env)), "skills")
     key_env = values["provider"]["openai"]["api_key_env"]
     secrets = {"kafka": values["watcher"]["kafka"]["password"] or None, "xzepr": values["xzepr"]["api_key"] or None,
                "openai": env.get(key_env) or None,
@@ -3391,7 +3400,7 @@ class Session:
 
     def __init__(self, cfg, console, provider, store, mode, working_dir, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=()):
+                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), skills=()):
         import threading
         self.cfg = cfg
         self.console = console
@@ -3412,22 +3421,25 @@ class Session:
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
         self.sandbox = sandbox  #: the OS sandbox terminal commands run in: one per top-level session
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
+        self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
         self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
         self.kind = None
         self.id = None  #: the conversation id, from start()
         self.conversation = self.recorder = self.result = self.ctx = self.registry = None
-        self.progress = None  #: from start(): the conversation's Progress (its steps)
+        #: from start(): the conversation's SkillState (which skills are active) and Progress (its steps)
+        self.skill_state = self.progress = None
         self.resumed = False  #: start() continued a stored conversation
         self.recorded = False  #: the conversation is being written to the store
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
-             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None):
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, ask_trust=None):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
-        metrics (with a port or a textfile), the cancel event and the terminal's sandbox."""
+        metrics (with a port or a textfile), the cancel event and the terminal's sandbox. `ask_trust`: how to
+        ask a person about project skills not trusted yet (chat); without it they are skipped."""
         working_dir = check_working_dir(working_dir)
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -3441,9 +3453,10 @@ class Session:
         owns.add("sandbox")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
+        skills = session_skills(cfg, console, working_dir, store, ask_trust)
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
-                   instructions=instructions, owns=owns)
+                   instructions=instructions, owns=owns, skills=skills)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
@@ -3452,7 +3465,7 @@ class Session:
         agent.subagent.persistence_enabled off. `steps`: a plan's instructions, the progress list the model
         marks (a stored conversation continues with its own list)."""
         from xzatoma_store import NotFound, new_ulid
-        from xzatoma_tools import Progress
+        from xzatoma_tools import Progress, SkillState
         assert kind in SESSION_KINDS, kind
         stored = None
         if resume:
@@ -3474,11 +3487,13 @@ class Session:
             self.progress = Progress.restore(stored["progress"], self._progress_changed)
         else:
             self.progress = Progress(steps or (), fixed=steps is not None, on_change=self._progress_changed)
+        self.skill_state = SkillState(self.skills)
         self.result = RunResult(conversation_id, progress=self.progress)
         self._build()
         self.conversation.add_system(self.system_prompt())
         if stored is None:  # after the system prompt, so that stays byte-identical across directories and days
-            self.conversation.add(environment_message(self.ctx.root, self.instructions, self.depth, self.label))
+            self.conversation.add(environment_message(self.ctx.root, self.instructions, self.depth, self.label,
+                                                      catalog=self.skill_catalog()))
         if stored is not None:  # totals carry on; the turn limit counts each run's own turns
             self.result.carry_on(stored)
             for message in load_history(self.store, conversation_id):
@@ -3522,7 +3537,38 @@ class Session:
         from xzatoma_tools import COMPACT_TOOLS
         return system_prompt(self.mode, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
 
-    # -- progress --
+    # -- skills and progress --
+    def skill_catalog(self):
+        """The skills' names and descriptions for the environment message, within agent.skills.catalog_share of
+        the context window; "" without skills or without activate_skill to load them (the compact profile)."""
+        from xzatoma_tools import skill_catalog
+        if not self.skill_state or "activate_skill" not in self.registry:
+            return ""
+        try:
+            window = self.provider.context_window() or self.conversation.max_tokens
+        except XzError:  # an unreachable server: the first request says so
+            window = self.conversation.max_tokens
+        return skill_catalog(self.skill_state.skills.values(), window * self.cfg.get("agent.skills.catalog_share"))
+
+    def match_skills(self, text):
+        """Skills whose triggers match a request (the person's words, a plan's prompt) are activated before the
+        model is asked: their instructions follow the request, and their allowed-tools hold from now on."""
+        from xzatoma_tools import match_triggers
+        if not self.skill_state:
+            return []
+        matched, problems = match_triggers(self.skill_state.skills.values(), text)
+        for problem in problems:
+            self.console.warn(problem)
+        activated = []
+        for skill, trigger in matched:
+            skill, newly = self.skill_state.activate(skill.name)
+            if newly:
+                self.conversation.add({"role": "user", "name": NOTE, "content": skill.instructions(
+                    "because the request matches its trigger %s" % json.dumps(trigger, ensure_ascii=False))})
+                self.events.note("  skill %s activated (trigger %s)" % (skill.name, one_line(trigger, 60)))
+                activated.append(skill.name)
+        return activated
+
     def _progress_changed(self, progress, step):
         self.events.progress(progress, step)
         if self.recorded:
@@ -3547,7 +3593,7 @@ class Session:
 
     # -- tools --
     def _build(self):
-        from xzatoma_tools import INTERACTIVE, UpdateProgress, build_registry
+        from xzatoma_tools import INTERACTIVE, ActivateSkill, UpdateProgress, build_registry
         if self.parent_ctx is not None:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
@@ -3559,8 +3605,9 @@ class Session:
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
         registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
-                                                         UpdateProgress(self.progress)), profile=self.profile)
-        if self.allowed_tools:
+                                                         ActivateSkill(self.skill_state), UpdateProgress(self.progress)),
+                                  profile=self.profile, skills=self.skill_state)
+        if self.allowed_tools is not None:  # [] is no tool at all (an active skill allowed none of those asked)
             registry = registry.narrowed(set(self.allowed_tools), ctx)
         self.ctx, self.registry = ctx, registry
 
@@ -3596,6 +3643,9 @@ class Session:
         """A subagent's session: depth + 1, the tools narrowed to `allowed_tools`, the same quota, store,
         metrics and cancel; `ctx` is the calling run's tool context (its deadline), default this session's."""
         cfg = self.cfg
+        narrowed = self.skill_state.allowed() if self.skill_state is not None else None
+        if narrowed is not None:  # an active skill's allowed-tools hold for the subagents it may start too
+            allowed_tools = [t for t in (allowed_tools or self.registry.names()) if t in narrowed]
         sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
         provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
             else self.provider.clone()
@@ -3672,6 +3722,7 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     try:
         session.start("watch", title=title, source=source, steps=steps)
         session.conversation.add_user(instruction)
+        session.match_skills(instruction)
         result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
         session.settle_progress()
         return result
@@ -4120,6 +4171,7 @@ def system_prompt(mode, tool_names, compact=False):
         "- When a tool returns 'Error: …', read the message and adapt; do not repeat the same failing call.",
         "- When the task has steps (a plan's instructions, or several of your own), track them with "
         "update_progress: a step in_progress when you start it, done when it is finished.",
+        "- When a skill listed in the environment message fits the task, load it with activate_skill first.",
         "- When the task is done, reply without a tool call: say briefly what you did and what you found.",
     ])
 
@@ -4128,9 +4180,10 @@ ENVIRONMENT = "environment"  #: the name of the user message that carries what v
 NOTE = "xzatoma"  #: the name of user messages xzatoma itself adds (a correction, a nudge), not a person's
 
 
-def environment_message(working_dir, instructions=None, depth=0, label=None, today=None):
+def environment_message(working_dir, instructions=None, depth=0, label=None, today=None, catalog=""):
     """What varies between runs, as a user message after the system prompt (codex's environment context):
-    the working directory, the date, a subagent's place, and the project instructions (AGENTS.md …)."""
+    the working directory, the date, a subagent's place, the project instructions (AGENTS.md …) and the
+    skills' catalog."""
     lines = ["<environment_context>", "  <cwd>%s</cwd>" % working_dir,
              "  <date>%s</date>" % (today or time.strftime("%Y-%m-%d")), "</environment_context>"]
     if depth:
@@ -4138,6 +4191,8 @@ def environment_message(working_dir, instructions=None, depth=0, label=None, tod
                      "with your findings." % (label, depth))
     if instructions is not None and instructions.text:
         lines += ["", instructions.text]
+    if catalog:
+        lines += ["", catalog]
     return {"role": "user", "name": ENVIRONMENT, "content": "\n".join(lines)}
 
 
@@ -5148,6 +5203,7 @@ SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG
     "/undo": ("/undo — put back the last file change", "undo", None),
     "/approvals": ("/approvals [clear] — the programs answered [a]lways / ne[v]er this session", "approvals", ARG),
     "/plan": ("/plan — the task's steps and how far each is (update_progress)", "show_plan", None),
+    "/skills": ("/skills — the skills here: usable, active, skipped", "list_skills", None),
     "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
@@ -5180,7 +5236,8 @@ class ChatSession:
                                       else None)
         self.session = Session.open(cfg, console, args.mode or cfg.get("agent.chat_mode"), args.working_dir,
                                     self.terminal_mode(), events=self.events, confirmations=self.confirmations,
-                                    metrics_port=args.metrics_port)
+                                    metrics_port=args.metrics_port,
+                                    ask_trust=self.ask_trust if self.interactive else None)
         self.mentions = Mentions(self._mention_registry, console, cfg)
         try:
             self.sandbox_note = check_sandbox(cfg, self.session.sandbox, console)
@@ -5378,6 +5435,23 @@ class ChatSession:
             self.console.error(str(exc))
         return None
 
+    def ask_trust(self, skills, states):
+        """Once, as the chat starts: may the project's skills that are not trusted yet guide the model?"""
+        with self.console.hold():
+            self.console._write(self.console.style("This project has %s not trusted yet; trusted, %s instructions "
+                                                   "guide the model:" % (_plural(len(skills), "skill"), "its" if
+                                                   len(skills) == 1 else "their"), "yellow", "bold"))
+            for skill, state in zip(skills, states):
+                self.console._write(self.console.clean("  %s — %s (%s%s)" % (
+                    skill.name, one_line(skill.description, 100), skill.shown,
+                    ", changed since you trusted it" if state == "changed" else "")))
+            answer = Asker(self.console).ask("Trust %s? (xzatoma skills show NAME shows one) [y/N] > " % (
+                "it" if len(skills) == 1 else "them"))
+        if (answer or "").strip().lower() in ("y", "yes"):
+            return True
+        self.console.info("not trusted: %s skipped this session" % ", ".join(s.name for s in skills))
+        return False
+
     def show_plan(self):
         progress = self.session.progress
         if progress is None or not len(progress):
@@ -5385,6 +5459,21 @@ class ChatSession:
                               "several steps")
             return
         self.console._write("\n".join(self.console.clean(line) for line in progress.lines(numbered=True)))
+
+    def list_skills(self):
+        state = self.session.skill_state
+        usable = set(state.skills) if state else set()
+        skills, problems = find_skills(self.cfg, self.session.root)
+        if not skills and not problems:
+            self.console.info("no skills here (%s)" % ", ".join(p[3] for p in skill_places(self.cfg, self.session.root)))
+        for skill in skills:
+            status = ("active" if skill.name in state.active else "usable") if skill.name in usable else \
+                "skipped: " + skill_trust(self.store, skill)
+            self.console._write(self.console.clean("  %-20s %-8s %-18s %s" % (skill.name, skill.scope, status,
+                                                                             one_line(skill.description, 70))))
+        for p in problems:
+            self.console._write(self.console.clean("  %s %s: %s" % ("invalid" if p.level == "error" else "note",
+                                                                     p.path, p.reason)))
 
     def approvals(self, arg):
         arg = arg.lower()
@@ -5497,6 +5586,8 @@ class ChatSession:
         if session.cancel.is_set():  # a cancelled turn's subagents stay cancelled; the next turn starts afresh
             session.rebuild()
         session.conversation.add_user(expanded)
+        session.skill_state.reset()  # skills are active for one turn: their allowed-tools end with it
+        session.match_skills(text)  # the person's words, not what @mentions brought in
         self.events.turn_tool_results = []
         result = session.agent().run(final=False, cancel_text="Error: cancelled by user")
         if result.status == "interrupted":
@@ -5610,6 +5701,238 @@ def cmd_chat(args, console):
     cfg = config_from_args(args, console, _sandbox_config(args, extra))
     session = ChatSession(args, cfg, console)
     return session.run()
+
+
+# ---- Skills: where they are found, trust, and `xzatoma skills` ----
+# Discovery, parsing and activation are in xzatoma_tools (Skills). Here: the places of a working directory,
+# which skills a session may use (project skills only once trusted), and the command that lists, shows,
+# validates and trusts them. Trust is a generic record of the store (trusted_files: real path, kind, digest),
+# so another kind of project file (an .mcp.json) can share it.
+
+SKILL_TRUST = "skill"  #: a skill's kind among the store's trusted project files
+
+
+def skill_places(cfg, working_dir):
+    """Where skills are looked for, first wins: the project's .xzatoma/skills and .agents/skills (in the working
+    directory), then agent.skills.user_dir."""
+    from xzatoma_tools import PROJECT_SKILL_DIRS
+    places = [("project", working_dir, rel, rel) for rel in PROJECT_SKILL_DIRS]
+    user = cfg.get("agent.skills.user_dir")
+    if user:
+        user = os.path.abspath(os.path.expanduser(user))
+        places.append(("user", user, ".", short_dir(user, 4096)))
+    return places
+
+
+def find_skills(cfg, working_dir):
+    """(skills, problems) of a working directory, whether or not agent.skills.enabled is on."""
+    from xzatoma_tools import discover_skills
+    return discover_skills(skill_places(cfg, os.path.realpath(working_dir)), hidden=[cfg.home])
+
+
+def skill_trust(store, skill):
+    """'trusted', 'changed' (since it was trusted) or 'untrusted' for a project skill; 'user' for the person's
+    own. Without a store nothing can have been trusted."""
+    if skill.scope != "project":
+        return "user"
+    if store is None:
+        return "untrusted"
+    try:
+        return store.trust_state(skill.directory, SKILL_TRUST, skill.digest)
+    except Exception:  # a store that fails now: as if nothing were trusted
+        return "untrusted"
+
+
+def session_skills(cfg, console, working_dir, store, ask=None):
+    """The skills a session may use. Each invalid one is reported (its file and why), never skipped in silence.
+    Project skills not trusted yet (or changed since) are put to `ask(skills, states) -> bool` once (chat): yes
+    trusts them, for good when the store can keep it; without `ask` (headless runs) they are skipped, and a
+    warning names them and how to trust them."""
+    if not cfg.get("agent.skills.enabled"):
+        return []
+    skills, problems = find_skills(cfg, working_dir)
+    for problem in problems:
+        if problem.level == "error":
+            console.warn("skill %s is not used: %s (see xzatoma skills validate)" % (problem.path, problem.reason))
+    states = [skill_trust(store, s) for s in skills]
+    pending = [(s, state) for s, state in zip(skills, states) if state in ("untrusted", "changed")]
+    if pending and ask is not None and ask([s for s, _ in pending], [state for _, state in pending]):
+        if store is None:
+            console.warn("conversation history is unavailable, so the trust holds for this session only")
+        for skill, _ in pending:
+            if store is not None:
+                try:
+                    store.trust_file(skill.directory, SKILL_TRUST, skill.digest)
+                except Exception as exc:
+                    console.warn("cannot record the trust (%s): it holds for this session only" % one_line(exc, 120),
+                                 once_key="skill-trust")
+        return skills
+    if pending:
+        console.warn("skipped %s not trusted%s: %s; read %s, then trust %s with 'xzatoma skills trust %s'" % (
+            _plural(len(pending), "project skill"), " (or changed since)" if any(st == "changed" for _, st in pending)
+            else " yet", ", ".join("%s (%s)" % (s.name, s.shown) for s, _ in pending[:10]),
+            "it" if len(pending) == 1 else "them", "it" if len(pending) == 1 else "them",
+            " ".join(s.name for s, _ in pending[:10])))
+    return [s for s, state in zip(skills, states) if state not in ("untrusted", "changed")]
+
+
+def _build_skills(sub, common, fmt):
+    skills = sub.add_parser(
+        "skills", parents=[common], formatter_class=fmt, help=COMMAND_HELP["skills"],
+        description="A skill is a folder holding SKILL.md: YAML front matter (name, as the folder; description: what "
+                    "it does and when to use it; optional triggers: keywords or /regexes/ that load it when a "
+                    "request matches; optional allowed-tools: the only tools the agent may use while it is active), "
+                    "then the instructions, and any files beside it. They are found in the project's "
+                    ".xzatoma/skills/ and .agents/skills/ and in agent.skills.user_dir (~/.config/xzatoma/skills). "
+                    "The model sees each skill's name and description and loads one with activate_skill when the "
+                    "task fits. Project skills come with the repository: they are used only once trusted (chat asks "
+                    "once; run and watch skip them), and again after any change only when trusted again.",
+        epilog="examples:\n  xzatoma skills list\n  xzatoma skills show code-review\n"
+               "  xzatoma skills validate                  # every skill here; exit 1 when one is invalid\n"
+               "  xzatoma skills validate path/to/my-skill  # one folder (or its SKILL.md)\n"
+               "  xzatoma skills trust code-review          # after reading it\n\n"
+               "a SKILL.md:\n  ---\n  name: code-review\n  description: Review a change for bugs and style. Use "
+               "when asked to review code.\n  triggers: [review, \"/check (this|my) (pr|diff)/\"]\n"
+               "  allowed-tools: read_file grep find_path\n  ---\n  # Code review\n  1. …")
+    ssub = skills.add_subparsers(dest="skills_command", metavar="ACTION")
+    a = ssub.add_parser("list", parents=[common], help="the skills found here: scope, trust, triggers, description")
+    a.add_argument("--json", action="store_true", help="print {skills: [...], problems: [...]}")
+    a = ssub.add_parser("show", parents=[common], help="one skill: its fields, files and instructions")
+    a.add_argument("name")
+    a = ssub.add_parser("validate", parents=[common], help="check skills; exit 1 when one is invalid")
+    a.add_argument("paths", nargs="*", metavar="PATH", help="skill folders (or their SKILL.md, or a directory of "
+                                                            "skills); default: every skill found here")
+    a = ssub.add_parser("trust", parents=[common], help="trust project skills (their digest is recorded: a "
+                                                        "change needs trust again)")
+    a.add_argument("names", nargs="*", metavar="NAME")
+    a.add_argument("--all", action="store_true", help="every valid project skill here")
+    a = ssub.add_parser("untrust", parents=[common], help="forget the trust of project skills")
+    a.add_argument("names", nargs="+", metavar="NAME")
+    for a in ssub.choices.values():
+        a.add_argument("--working-dir", "-C", metavar="DIR", help="the project (default: current directory)")
+        a.set_defaults(func=cmd_skills)
+    skills.set_defaults(func=cmd_skills)
+
+
+def cmd_skills(args, console):
+    action = args.skills_command
+    if action is None:
+        raise UsageError("say what to do: xzatoma skills list|show|validate|trust|untrust (see --help)")
+    cfg = config_from_args(args, console)
+    root = os.path.realpath(args.working_dir or os.getcwd())
+    if not os.path.isdir(root):
+        raise UsageError("working directory does not exist: %s" % root)
+    if action == "validate" and args.paths:
+        return _validate_paths(args.paths, console)
+    skills, problems = find_skills(cfg, root)
+    if not cfg.get("agent.skills.enabled"):
+        console.warn("skills are turned off (agent.skills.enabled: false): runs and chats use none")
+    out = CleanWriter(sys.stdout)  # names, descriptions and instructions come from the files
+    if action == "validate":
+        return _report_validation(out, skills, problems)
+    store = open_store(cfg, console, required=action in ("trust", "untrust"))
+    try:
+        if action == "list":
+            rows = [{"name": s.name, "description": s.description, "scope": s.scope, "trust": skill_trust(store, s),
+                     "path": s.shown, "triggers": s.triggers, "allowed_tools": sorted(s.allowed_tools)
+                     if s.allowed_tools is not None else None, "files": s.resources} for s in skills]
+            if args.json:
+                json_out({"skills": rows, "problems": [{"path": p.path, "reason": p.reason, "level": p.level}
+                                                       for p in problems]})
+                return EXIT_OK
+            if rows:
+                width = max([len(r["name"]) for r in rows] + [4])
+                out.write("%-*s  %-7s  %-9s  %-8s  %s\n" % (width, "NAME", "SCOPE", "TRUST", "TRIGGERS", "DESCRIPTION"))
+                for r in rows:
+                    out.write("%-*s  %-7s  %-9s  %-8d  %s\n" % (width, r["name"], r["scope"], r["trust"].replace(
+                        "user", "-"), len(r["triggers"]), one_line(r["description"], 80)))
+            elif not problems:
+                console.info("no skills here (looked in %s)" % ", ".join(p[3] for p in skill_places(cfg, root)))
+            for p in problems:
+                console.warn("%s %s: %s" % ("invalid skill" if p.level == "error" else "skill", p.path, p.reason))
+            return EXIT_OK
+        if action in ("show", "trust", "untrust"):
+            names = [args.name] if action == "show" else args.names
+            if action == "trust" and args.all:
+                names = [s.name for s in skills if s.scope == "project"]
+                if not names:
+                    console.info("no valid project skills here to trust")
+                    return EXIT_OK
+            elif not names:
+                raise UsageError("name the skills to trust, or --all")
+            by_name = {s.name: s for s in skills}
+            missing = [n for n in names if n not in by_name]
+            if missing:
+                bad = [p for p in problems if any("/%s/" % n in p.path + "/" for n in missing)]
+                raise UsageError("no valid skill named %s here%s" % (", ".join(missing), (
+                    ": " + "; ".join("%s: %s" % (p.path, p.reason) for p in bad[:3])) if bad else
+                    " (see xzatoma skills list)"))
+            if action == "show":
+                return _show_skill(out, by_name[args.name], skill_trust(store, by_name[args.name]))
+            for name in names:
+                skill = by_name[name]
+                if skill.scope != "project":
+                    console.info("%s is your own skill (%s): it needs no trust" % (name, skill.shown))
+                elif action == "trust":
+                    store.trust_file(skill.directory, SKILL_TRUST, skill.digest)
+                    console.info("trusted skill %s (%s); a change to its folder needs trust again" % (name, skill.shown))
+                elif store.untrust_file(skill.directory, SKILL_TRUST):
+                    console.info("skill %s is no longer trusted" % name)
+                else:
+                    console.info("skill %s was not trusted" % name)
+        return EXIT_OK
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _show_skill(out, skill, trust):
+    rows = [("name", skill.name), ("description", skill.description),
+            ("scope", skill.scope + ("" if trust == "user" else " (%s)" % trust)), ("path", skill.shown),
+            ("triggers", ", ".join(skill.triggers) or "-"),
+            ("allowed-tools", "-" if skill.allowed_tools is None else ", ".join(sorted(skill.allowed_tools)) or
+             "(none)"), ("files", ", ".join(skill.resources) or "-")]
+    rows += [("warning", w) for w in skill.warnings]
+    out.write("".join("%-14s %s\n" % (k + ":", v) for k, v in rows) + "\n" + (skill.body or "(no instructions)")
+              + "\n")
+    return EXIT_OK
+
+
+def _report_validation(out, skills, problems):
+    for skill in skills:
+        out.write("ok       %s (%s)\n" % (skill.shown, skill.name))
+        for warning in skill.warnings:
+            out.write("warning  %s: %s\n" % (skill.shown, warning))
+    for p in problems:
+        out.write("%-8s %s: %s\n" % (p.level, p.path, p.reason))
+    errors = sum(1 for p in problems if p.level == "error")
+    out.write("%s valid, %s\n" % (_plural(len(skills), "skill"), _plural(errors, "error")))
+    return EXIT_FAILED if errors else EXIT_OK
+
+
+def _validate_paths(paths, console):
+    """`skills validate PATH…`: a skill folder, its SKILL.md, or a directory of skill folders."""
+    from xzatoma_tools import SKILL_FILE, Jail, SkillProblem, discover_skills, load_skill
+    skills, problems = [], []
+    for path in paths:
+        real = os.path.realpath(path)
+        if os.path.basename(real) == SKILL_FILE or os.path.isfile(os.path.join(real, SKILL_FILE)):
+            folder = os.path.dirname(real) if os.path.basename(real) == SKILL_FILE else real
+            shown = os.path.dirname(path.rstrip("/")) if os.path.basename(real) == SKILL_FILE else path.rstrip("/")
+            try:
+                skills.append(load_skill(Jail(os.path.dirname(folder)), os.path.basename(folder), "user",
+                                         shown or "."))
+            except SkillProblem as exc:
+                problems.append(exc)
+        elif os.path.isdir(real):
+            found, bad = discover_skills([("user", real, ".", path.rstrip("/") or ".")])
+            if not found and not bad:
+                bad = [SkillProblem(path, "no skill folders (a folder holding %s) in it" % SKILL_FILE)]
+            skills += found
+            problems += bad
+        else:
+            problems.append(SkillProblem(path, "no such skill folder or %s" % SKILL_FILE))
+    return _report_validation(CleanWriter(sys.stdout), skills, problems)
 
 
 # ---- Command line ----
@@ -5754,6 +6077,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
     from xzatoma_tools import FULL, RESTRICTED
     base_provider = make_provider(cfg, console)  # credentials are checked once, at start
+    session_skills(cfg, console, settings.working_dir, store)  # invalid and untrusted skills: said once, here
     quiet = Console(quiet=True, color=False)
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         probe = terminal_sandbox(cfg, settings.working_dir)
@@ -5901,6 +6225,7 @@ COMMAND_HELP = {
     "config": "show or create the configuration",
     "watch": "run the plans that arrive on a Kafka topic (XZepr, CloudEvents, bare plans)",
     "publish": "publish a plan to a Kafka topic as a CloudEvent",
+    "skills": "list, show, validate and trust skills (SKILL.md folders)",
     "version": "print the version",
 }
 _VALUE_FLAGS = ("--config", "--provider", "--model")
@@ -6264,6 +6589,7 @@ def cmd_run(args, console):
                         resumed=bool(resume), steps=session.progress.to_json())
         if len(session.progress):
             events.progress(session.progress, None)
+        session.match_skills(instruction)  # the task's words, never what was piped or mentioned
         with sigterm_raises():
             result = session.agent().run()
         session.settle_progress()
@@ -6485,7 +6811,7 @@ def cmd_config_init(args, console):
 COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
                     "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
                     "config": _build_config, "watch": _build_watch, "publish": _build_publish,
-                    "version": _build_version}
+                    "skills": _build_skills, "version": _build_version}
 
 
 # ---- Interrupts: how Ctrl-C and SIGTERM travel ----
