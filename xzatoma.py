@@ -5779,14 +5779,14 @@ def session_skills(cfg, console, working_dir, store, ask=None):
 def _build_skills(sub, common, fmt):
     skills = sub.add_parser(
         "skills", parents=[common], formatter_class=fmt, help=COMMAND_HELP["skills"],
-        description="A skill is a folder holding SKILL.md: YAML front matter (name, as the folder; description: what "
-                    "it does and when to use it; optional triggers: keywords or /regexes/ that load it when a "
-                    "request matches; optional allowed-tools: the only tools the agent may use while it is active), "
-                    "then the instructions, and any files beside it. They are found in the project's "
-                    ".xzatoma/skills/ and .agents/skills/ and in agent.skills.user_dir (~/.config/xzatoma/skills). "
-                    "The model sees each skill's name and description and loads one with activate_skill when the "
-                    "task fits. Project skills come with the repository: they are used only once trusted (chat asks "
-                    "once; run and watch skip them), and again after any change only when trusted again.",
+        description="A skill is a folder holding SKILL.md: YAML front matter (name, as the folder; description: what it\n"
+                    "does and when to use it; optional triggers: keywords or /regexes/ that load it when a request\n"
+                    "matches; optional allowed-tools: the only tools the agent may use while it is active), then the\n"
+                    "instructions, and any files beside it. They are found in the project's .xzatoma/skills/ and\n"
+                    ".agents/skills/ and in agent.skills.user_dir (~/.config/xzatoma/skills). The model sees each\n"
+                    "skill's name and description and loads one with activate_skill when the task fits. Project\n"
+                    "skills come with the repository: they are used only once trusted (chat asks once; run and watch\n"
+                    "skip them), and after any change only when trusted again.",
         epilog="examples:\n  xzatoma skills list\n  xzatoma skills show code-review\n"
                "  xzatoma skills validate                  # every skill here; exit 1 when one is invalid\n"
                "  xzatoma skills validate path/to/my-skill  # one folder (or its SKILL.md)\n"
@@ -6521,8 +6521,9 @@ def _build_run(sub, common, fmt):
                "  instructions: [List all API endpoint files, Create an OpenAPI spec]\n\n"
                "terminal commands: without --allow-dangerous only read-only commands run; others are "
                "refused\nso the model can adapt. --json prints one object: conversation_id, status, answer, "
-               "turns,\ntool_calls, usage, duration_seconds, error. --output-format stream-json prints JSON lines:\n"
-               "start, tool_call, tool_result, message, usage, then result (the --json object).\n\n"
+               "turns,\ntool_calls, usage, duration_seconds, error, warnings, steps (a plan's progress). "
+               "--output-format\nstream-json prints JSON lines: start, tool_call, tool_result, message, usage, step, "
+               "then result\n(the --json object).\n\n"
                "examples:\n  xzatoma run \"List the Python files\"\n"
                "  cat build.log | xzatoma run \"Why did this fail?\"\n"
                "  xzatoma run \"Explain @src/app.py#L10-40\"\n\n" + EXIT_CODES_HELP)
