@@ -3556,7 +3556,7 @@ class Session:
         from xzatoma_tools import match_triggers
         if not self.skill_state:
             return []
-        matched, problems = match_triggers(self.skill_state.skills.values(), text)
+        matched, problems = match_triggers(self.skill_state.skills.values(), text, given_up=self.skill_state.slow)
         for problem in problems:
             self.console.warn(problem)
         activated = []

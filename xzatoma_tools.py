@@ -3251,6 +3251,8 @@ MAX_FRONT_MATTER = 16 << 10
 MAX_SKILLS_PER_DIR = 200
 MAX_SKILL_FILES = 1000  #: files of one skill folder that its digest covers
 MAX_SKILL_FOLDER_BYTES = 32 << 20
+#: what one discovery reads of all the skill folders together: a repository cannot make every start hash gigabytes
+MAX_SKILLS_FILES, MAX_SKILLS_BYTES = 5000, 64 << 20
 MAX_TRIGGERS, MAX_TRIGGER_LENGTH = 20, 200
 TRIGGER_SECONDS = 2.0  #: how long one skill's regex triggers may take to match a request
 SKILL_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
@@ -3458,9 +3460,23 @@ def _allowed_tools(value, shown, warnings):
     return frozenset(out)
 
 
-def _skill_folder(jail, folder_rel, skill_bytes, want_digest):
+class _Budget:
+    """Files and bytes left to read, shared by the folders of one discovery."""
+
+    def __init__(self):
+        self.files, self.size = MAX_SKILLS_FILES, MAX_SKILLS_BYTES
+
+    def spend(self, files=0, size=0):
+        self.files -= files
+        self.size -= size
+        if self.files < 0 or self.size < 0:
+            raise SkillProblem("", "the skill folders here hold more than %d files or %s in all; this one was not "
+                                   "read" % (MAX_SKILLS_FILES, _fmt_size(MAX_SKILLS_BYTES)))
+
+
+def _skill_folder(jail, folder_rel, skill_bytes, want_digest, budget):
     """(digest or None, resources) of a skill folder, walked through the jail (links are not followed out of it)
-    and bounded in files and bytes."""
+    and bounded in files and bytes, its own and the discovery's `budget`."""
     import hashlib
     digest = hashlib.sha256(b"xzatoma-skill\0" + skill_bytes) if want_digest else None
     resources, count, total = [], 0, 0
@@ -3469,6 +3485,7 @@ def _skill_folder(jail, folder_rel, skill_bytes, want_digest):
         prefix = "" if prefix == "." else prefix + "/"
         for rel, dir_fd, name, kind in walk_files(jail, start, gitignore=False, include_dirs=True):
             count += 1
+            budget.spend(files=1)
             if count > MAX_SKILL_FILES:
                 raise SkillProblem(folder_rel, "the folder holds more than %d files" % MAX_SKILL_FILES)
             inner = rel[len(prefix):] if rel.startswith(prefix) else rel
@@ -3489,17 +3506,18 @@ def _skill_folder(jail, folder_rel, skill_bytes, want_digest):
                 if fd is None:
                     continue
                 try:
-                    data = read_fd(fd, MAX_SKILL_FOLDER_BYTES - total + 1)
+                    data = read_fd(fd, max(0, min(MAX_SKILL_FOLDER_BYTES - total, budget.size)) + 1)
                 finally:
                     os.close(fd)
                 total += len(data)
+                budget.spend(size=len(data))
                 if total > MAX_SKILL_FOLDER_BYTES:
                     raise SkillProblem(folder_rel, "the folder holds more than %s" % _fmt_size(MAX_SKILL_FOLDER_BYTES))
                 digest.update(hashlib.sha256(data).digest())
     return (digest.hexdigest() if digest is not None else None), sorted(resources)
 
 
-def load_skill(jail, folder_rel, scope, shown_dir, want_digest=True):
+def load_skill(jail, folder_rel, scope, shown_dir, want_digest=True, budget=None):
     """The Skill in `folder_rel` (relative to the jail), or SkillProblem. Read through the jail: a folder or
     SKILL.md that leads outside it is refused, and a FIFO or device is never opened."""
     folder = os.path.basename(folder_rel.rstrip("/"))
@@ -3522,9 +3540,14 @@ def load_skill(jail, folder_rel, scope, shown_dir, want_digest=True):
         raise SkillProblem(shown, message)
     except OSError as exc:
         raise SkillProblem(shown, exc.strerror or str(exc))
+    budget = budget or _Budget()
+    try:
+        budget.spend(size=len(data))
+    except SkillProblem as exc:
+        raise SkillProblem(shown, exc.reason)
     fields, warnings = parse_skill(data, folder, shown)
     try:
-        digest, resources = _skill_folder(jail, folder_rel, data, want_digest and scope == "project")
+        digest, resources = _skill_folder(jail, folder_rel, data, want_digest and scope == "project", budget)
     except SkillProblem as exc:
         raise SkillProblem(shown, exc.reason)
     except (ToolError, OSError) as exc:
@@ -3539,7 +3562,7 @@ def discover_skills(places, hidden=()):
     (the working directory, or the user's skills directory), `rel` the skills directory in it, `shown` how
     people see that directory. Problems are SkillProblem: every folder that is not a usable skill is named,
     never silently skipped."""
-    skills, problems, seen = [], [], {}
+    skills, problems, seen, budget = [], [], {}, _Budget()
     for scope, base, rel, shown_base in places:
         if not os.path.isdir(base):
             continue
@@ -3579,7 +3602,7 @@ def discover_skills(places, hidden=()):
                     problems.append(SkillProblem(shown_dir, why))
                     continue
             try:
-                skill = load_skill(jail, os.path.join(rel, name), scope, shown_dir)
+                skill = load_skill(jail, os.path.join(rel, name), scope, shown_dir, budget=budget)
             except SkillProblem as exc:
                 problems.append(exc)
                 continue
@@ -3606,10 +3629,11 @@ def _not_a_folder(jail, rel):
     return None if stat.S_ISDIR(st.st_mode) else "a link to a file, not a folder holding %s" % SKILL_FILE
 
 
-def match_triggers(skills, text, seconds=TRIGGER_SECONDS):
+def match_triggers(skills, text, seconds=TRIGGER_SECONDS, given_up=None):
     """([(skill, trigger)], [problem text]): the skills a request triggers. A keyword matches as a whole word,
     case-insensitively (a literal: linear); a skill's /regexes/ are tried together in grep's worker process,
-    case-insensitively, and one that takes longer than `seconds` is given up on and reported."""
+    case-insensitively, and when they take longer than `seconds` they are given up on and reported. `given_up`:
+    a set of skill names whose regexes are not tried (those given up on are added: a session pays once)."""
     matched, problems = [], []
     text = text or ""
     for skill in skills:
@@ -3619,15 +3643,18 @@ def match_triggers(skills, text, seconds=TRIGGER_SECONDS):
                 hit = keyword
                 break
         patterns = skill.patterns()
-        if hit is None and patterns and text:
+        if hit is None and patterns and text and skill.name not in (given_up or ()):
             try:
                 if _bounded_search("|".join("(?:%s)" % p for p in patterns), text, re.IGNORECASE | re.MULTILINE,
                                    seconds):
                     hit = "/%s/" % patterns[0] if len(patterns) == 1 else "one of its regular expressions"
             except ToolError as exc:
-                problems.append("skill %s: %s; its regular expressions were given up on for this request" % (
+                if given_up is not None:
+                    given_up.add(skill.name)
+                problems.append("skill %s: %s; its regular expressions are given up on%s" % (
                     skill.name, "a trigger took longer than %g s to match (it may backtrack catastrophically)"
-                    % seconds if "longer than" in str(exc) else str(exc).split(";")[0]))
+                    % seconds if "longer than" in str(exc) else str(exc).split(";")[0],
+                    "" if given_up is None else " for the rest of this session"))
         if hit is not None:
             matched.append((skill, hit))
     return matched, problems
@@ -3689,6 +3716,7 @@ class SkillState:
         self.lock = threading.Lock()
         self.skills = {s.name: s for s in skills}  #: name -> Skill: the usable ones
         self.active = []  #: names, in the order they were activated
+        self.slow = set()  #: skills whose regex triggers took too long once: not tried again (match_triggers)
 
     def __bool__(self):
         return bool(self.skills)

@@ -105,11 +105,23 @@ def test_triggers_match_whole_words_and_a_catastrophic_regex_cannot_stall(tmp_pa
     assert [s.name for s, _ in match_triggers([x], "Please REVIEW this")[0]] == ["x"]
     assert match_triggers([x], "a preview of it")[0] == []  # a keyword is a word, not any substring
     assert match_triggers([x], "How Many Lines are there?")[0][0][1] == "/how many (words|lines)/"
-    started = time.monotonic()
-    matched, problems = match_triggers([slow, x], "a" * 40 + "!" + " review", seconds=0.5)
+    started, given_up = time.monotonic(), set()
+    matched, problems = match_triggers([slow, x], "a" * 40 + "!" + " review", seconds=0.5, given_up=given_up)
     assert time.monotonic() - started < 5
     assert [s.name for s, _ in matched] == ["x"]
     assert len(problems) == 1 and "skill slow" in problems[0] and "backtrack" in problems[0]
+    assert given_up == {"slow"} and match_triggers([slow], "a" * 40 + "!", given_up=given_up) == ([], [])
+
+
+def test_one_discovery_reads_a_bounded_amount_of_all_the_skills(tmp_path, monkeypatch):
+    import xzatoma_tools
+    monkeypatch.setattr(xzatoma_tools, "MAX_SKILLS_BYTES", 100 << 10)
+    for name in ("a", "b"):
+        d = skill_dir(tmp_path, name, GOOD.replace("name: x", "name: " + name))
+        (d / "blob.bin").write_bytes(b"\1" * (80 << 10))
+    skills, problems = discover_skills(project(tmp_path))
+    assert [s.name for s in skills] == ["a"]
+    assert problems[0].path == ".agents/skills/b/SKILL.md" and "in all; this one was not read" in problems[0].reason
 
 
 def test_the_catalog_is_capped_and_says_what_it_left_out(tmp_path):
