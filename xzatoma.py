@@ -3722,7 +3722,7 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     try:
         session.start("watch", title=title, source=source, steps=steps)
         session.conversation.add_user(instruction)
-        session.match_skills(instruction)
+        session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
         result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
         session.settle_progress()
         return result
@@ -6590,7 +6590,8 @@ def cmd_run(args, console):
                         resumed=bool(resume), steps=session.progress.to_json())
         if len(session.progress):
             events.progress(session.progress, None)
-        session.match_skills(instruction)  # the task's words, never what was piped or mentioned
+        # the task's words (a plan's goal and instructions, not the frame around them), never what was piped in
+        session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
         with sigterm_raises():
             result = session.agent().run()
         session.settle_progress()

@@ -263,6 +263,12 @@ def test_a_project_skill_runs_only_trusted_and_its_tools_hold(cli, fake):
     assert "SKILL-BODY-MARK" in results[0]
     assert "not allowed while skill x is active" in results[1] and not (cli.workdir / "count.txt").exists()
 
+    plan = cli.tmp / "plan.yaml"  # a plan's goal and instructions are its request (not the frame around them)
+    plan.write_text("goal: A wordcount of notes.txt\ninstructions: [read it, count]\n")
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]}, {"content": "3"})
+    r = cli.run("run", "--plan", plan)
+    assert r.returncode == 0 and "skill x activated (trigger wordcount)" in r.stderr, r.stderr
+
     (d / "SKILL.md").write_text(GOOD.replace("SKILL-BODY-MARK", "CHANGED-BODY"))  # trust was for other content
     fake.add({"content": "3"})
     r = cli.run("run", task)
