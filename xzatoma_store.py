@@ -389,6 +389,16 @@ def _redact_stored(conn):
                      "' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
 
 
+def _trust_and_progress(conn):
+    """Files of a project a person has trusted (skills, .mcp.json …) by real path, kind and content digest, so a
+    change asks again; and the progress list of a conversation (plan instructions or the model's own steps), as
+    JSON. Idempotent, whatever the version number says: after issue 22's claims (also 7) it only moves down."""
+    conn.execute("CREATE TABLE IF NOT EXISTS trusted_files (path TEXT NOT NULL, kind TEXT NOT NULL, digest TEXT NOT "
+                 "NULL, trusted_at TEXT NOT NULL, PRIMARY KEY (path, kind))")
+    if "progress" not in [row[1] for row in conn.execute("PRAGMA table_info(conversations)")]:
+        conn.execute("ALTER TABLE conversations ADD COLUMN progress TEXT")
+
+
 MIGRATIONS = [
     # 1: conversations and their messages
     """
@@ -442,14 +452,8 @@ MIGRATIONS = [
     DELETE FROM model_cache;
     DELETE FROM fetch_cache;
     """,
-    # 7 (issue 26; after issue 22's claims on merge: the statements stand alone, so the entry only moves): files of
-    # a project a person has trusted (skills, .mcp.json …) by real path, kind and content digest, so a change asks
-    # again; and the progress list of a conversation (plan instructions or the model's own steps), as JSON
-    """
-    CREATE TABLE IF NOT EXISTS trusted_files (path TEXT NOT NULL, kind TEXT NOT NULL, digest TEXT NOT NULL,
-        trusted_at TEXT NOT NULL, PRIMARY KEY (path, kind));
-    ALTER TABLE conversations ADD COLUMN progress TEXT;
-    """,
+    # 7 (issue 26): trusted project files and conversations' progress (_trust_and_progress)
+    _trust_and_progress,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
