@@ -370,7 +370,7 @@ DEFAULTS = {
                   "group_id": "xzatoma-watcher", "output_topic": None, "dead_letter_topic": None,
                   "security_protocol": "PLAINTEXT", "sasl_mechanism": None, "username": None, "password": None,
                   "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
-                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000},
+                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000, "max_request_size": 1048576},
         "filter": {"event_types": [], "sources": [], "platforms": [], "packages": [], "api_versions": [],
                    "include_failed": False, "actions": [], "names": [], "match_version": None},
         "format": "auto",
@@ -381,6 +381,9 @@ DEFAULTS = {
         "allow_dangerous": False,
         "shutdown_grace_seconds": 30,
         "answer_max_bytes": 65536,
+        "max_message_bytes": 8388608,
+        "max_attempts": 2,
+        "claim_lease_seconds": 60,
         "log_file": None,
     },
     "xzepr": {
@@ -392,6 +395,7 @@ DEFAULTS = {
                   "sasl_mechanism": None},
     },
     "logging": {"level": "info", "format": "text"},
+    "mcp": {"timeout_seconds": 30, "project_file": True},  # and mcp.servers: name -> server (see load_config)
 }
 
 CHOICES = {
@@ -431,8 +435,13 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.timeout_seconds": (1, None),
     "watcher.shutdown_grace_seconds": (0, None),
     "watcher.answer_max_bytes": (256, None),
+    "watcher.kafka.max_request_size": (16384, None),
+    "watcher.max_message_bytes": (1024, None),
+    "watcher.max_attempts": (1, 100),
+    "watcher.claim_lease_seconds": (5, None),
     "agent.instructions_max_bytes": (0, None),
     "agent.skills.catalog_share": (0.0, 0.2),
+    "mcp.timeout_seconds": (1, None),
     **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
        for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
                     ("context_window", (512, None)))},
@@ -511,7 +520,18 @@ DOCS = {
     "watcher.timeout_seconds": "wall-clock limit of one event's run",
     "watcher.allow_dangerous": "full terminal autonomy for event runs (default: restricted)",
     "watcher.shutdown_grace_seconds": "on SIGTERM/SIGINT, running plans may finish for this long",
+    "watcher.kafka.max_request_size": "the producer's largest record: every result and dead-letter copy is made to "
+                                      "fit (keep it at or under the broker's message.max.bytes)",
+    "watcher.max_message_bytes": "larger messages are rejected unread",
+    "watcher.max_attempts": "a message that stopped the watcher (a crash reading or running it) this many times "
+                            "is set aside: a failed or rejected result, a dead-letter copy, and the commit",
+    "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
+                                   "other hosts sharing the store (one of this host takes it over at once)",
     "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
+    "mcp": "MCP servers: mcp.servers.NAME: {command, args, env} or {url, headers}, with network, sandbox, "
+           "tools, allow, read_only … (README, 'MCP servers'; xzatoma mcp list)",
+    "mcp.timeout_seconds": "default for each server: its start-up and handshake, and each call, end after this long",
+    "mcp.project_file": "use a project's .mcp.json (its servers start once a person trusted its content)",
 }
 
 ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to the active provider)
@@ -727,6 +747,12 @@ def load_config(flags=None, env=None, config_path=None):
                           % (path, how))
     if exists:
         data = _read_config_file(path)
+        mcp = data.get("mcp")
+        if isinstance(mcp, dict) and "servers" in mcp:  # names are the person's own: not config keys
+            data = dict(data, mcp={k: v for k, v in mcp.items() if k != "servers"})
+            values["mcp"]["servers"] = mcp["servers"] or {}
+            if isinstance(mcp["servers"], dict):  # anything else is named by mcp_configs, where it is used
+                sources.update(dict.fromkeys(flatten({"mcp": {"servers": mcp["servers"]}}), "file"))
         for dotted, value in flatten(data).items():
             if dotted not in DEFAULT_LEAVES:
                 if dotted in SECTIONS:
@@ -2378,7 +2404,10 @@ def make_provider(cfg, console, name=None, model=None):
 #   - a block that already appeared in what the model *read* (a tool result, a user message) is a quote, not
 #     a call: a file that says `<tool_call>{"name": "terminal", …}` cannot make its reader run it by echoing it.
 # A block that is clearly an attempt (a tag, or a call-shaped start) but does not parse is reported as
-# malformed, so the loop can say what was wrong instead of taking the text for a final answer.
+# malformed, so the loop can say what was wrong instead of taking the text for a final answer. What a model
+# writes after its first call, it wrote without seeing any result ("the count is 1", a made-up
+# <tool_response>, a grep for a line it imagined): the loop runs that first call only, and the rest is not
+# kept in the conversation, where the model would read its guesses back. It is asked again with the result.
 
 def strip_think(text):
     """Split '<think>…</think>' reasoning from an answer. Returns (answer, thinking)."""
@@ -2406,14 +2435,17 @@ def strip_think(text):
 class TextCalls:
     """What find_text_tool_calls saw in a reply: calls, the prose around them, and failed attempts."""
 
-    __slots__ = ("calls", "prose", "malformed", "quoted", "form")
+    __slots__ = ("calls", "prose", "malformed", "quoted", "form", "after")
 
-    def __init__(self, calls, prose, malformed, quoted, form):
+    def __init__(self, calls, prose, malformed, quoted, form, after=""):
         self.calls = calls  #: [{name, arguments (JSON text)}] in the order written
-        self.prose = prose  #: the reply without the call blocks: the assistant's own words
+        #: the assistant's own words: before its first call (what it wrote after that, it wrote without the
+        #: call's result: a guess that, kept, it would read back as a fact), or the reply without its call blocks
+        self.prose = prose
         self.malformed = malformed  #: reasons, one per block that was an attempt but could not be read
         self.quoted = quoted  #: call blocks skipped because they repeat something the model read
         self.form = form  #: how the first call was written ("tool_call", "json", …), for the correction turn
+        self.after = after  #: the reply from its first call on (the calls, and whatever was guessed after them)
 
 
 #: opening markers of tagged call forms, and what ends each (None: the end of the reply)
@@ -2438,16 +2470,28 @@ def _opening_re():
 
 
 def _loads(text):
-    """JSON from a model: as written, or with the doubled braces some GGUF templates teach ({{"name": …}})."""
+    """JSON from a model: as written, several values one after the other (a list of them: a <tools> block of
+    JSON lines), or with the doubled braces some GGUF templates teach ({{"name": …}})."""
     text = text.strip()
     try:
         return json.loads(text)
     except RecursionError:
         raise ValueError("nested too deeply")
     except ValueError as exc:
-        if "{{" not in text:
-            raise
         first = exc
+        if exc.msg == "Extra data":
+            values, pos = [], 0
+            try:
+                while pos < len(text):
+                    value, pos = _raw_decode(text, pos)
+                    values.append(value)
+                    while pos < len(text) and text[pos] in " \t\r\n,":
+                        pos += 1
+                return values
+            except ValueError:
+                pass
+        if "{{" not in text:
+            raise first
     try:
         return json.loads(text.replace("{{", "{").replace("}}", "}"))
     except (ValueError, RecursionError):
@@ -2547,15 +2591,19 @@ def _mistral_calls(body):
 
 def find_text_tool_calls(content, seen=""):
     """The tool calls written in a reply's text (see the section note). `seen`: what the model has read so far
-    (tool results and user messages, joined); a block found in it is a quote. Returns TextCalls, or None when
+    (tool results and user messages, joined; or a function that joins them, called only when needed); a block
+    found in it is a quote. Returns TextCalls, or None when
     the text holds neither a call nor an attempt at one."""
     text = content or ""
     if not text.strip() or ("{" not in text and not any(tag in text for tag in _CALL_TAGS)):
         return None
-    scan = _Scan(seen)
+    scan = _Scan(seen() if callable(seen) else seen)
     scan.run(text)
     if not scan.calls and not scan.malformed and not scan.quoted:
         return None
+    if scan.first_call is not None:  # what follows the first call was written before any result came
+        return TextCalls(scan.calls, text[:scan.first_call].strip(), scan.malformed, scan.quoted,
+                         scan.form or "json", text[scan.first_call:])
     prose, last = [], 0
     for start, end in scan.spans:
         prose.append(text[last:start])
@@ -2576,12 +2624,14 @@ class _Scan:
     def __init__(self, seen):
         self.seen = seen
         self.calls, self.malformed, self.spans = [], [], []
-        self.quoted, self.form, self.bare_tries = 0, None, 0
+        self.quoted, self.form, self.bare_tries, self.first_call = 0, None, 0, None
 
     def found(self, kind, block, value_calls, reasons, span):
         if block.strip() and block.strip() in self.seen:
             self.quoted += 1
         else:
+            if value_calls and self.first_call is None:
+                self.first_call = span[0]
             self.calls += value_calls
             self.malformed += reasons
             if value_calls or reasons:
@@ -2654,6 +2704,8 @@ class _Scan:
         inner.run(body, nested=True)
         self.bare_tries = inner.bare_tries
         if inner.calls or inner.malformed or inner.quoted:
+            if inner.calls and self.first_call is None:
+                self.first_call = match.start()
             self.calls += inner.calls
             self.malformed += inner.malformed
             self.quoted += inner.quoted
@@ -2912,6 +2964,7 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
          "something out or to change something), do it now: reply with a tool call, written as "
          '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
          "yourself. If the task truly needs no tool, give your final answer again.")
+EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
 _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
@@ -2968,6 +3021,15 @@ def needs_tools(task, answer, root=None):
     return None
 
 
+def _call_key(call):
+    """What makes two calls the same: the tool and its arguments as parsed (key order and spacing aside)."""
+    try:
+        args = json.dumps(json.loads(call.get("arguments") or "{}"), sort_keys=True)
+    except (ValueError, RecursionError):
+        args = call.get("arguments")
+    return call["name"], args
+
+
 def _names_an_entry(task, root):
     """True when a word of the task names an entry of the working directory (Makefile, src/app.py)."""
     if not root or not task:
@@ -3009,6 +3071,8 @@ class Agent:
         self.calls_this_run = 0  #: tool calls this run made that succeeded (the totals in `result` carry on)
         self.changes_this_run = 0  #: of them, calls of tools that change or execute (write, terminal …)
         self.nudged = False  #: asked once already to check an answer given without tools
+        self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
+        self.asked_empty = False  #: asked once already for an answer after an empty one
         #: what this run was asked: the last person's message when it starts (for conclude)
         self.task = conversation.last_user_text()
 
@@ -3105,12 +3169,16 @@ class Agent:
         self.events.thinking("\n".join(t for t in (reply.thinking, thinking) if t))
         turn = Turn(content, reply.tool_calls)
         if not turn.calls and tools:
-            written = find_text_tool_calls(content, conv.read_so_far())
+            written = find_text_tool_calls(content, conv.read_so_far)
             if written is not None and (written.calls or written.malformed):
+                # only the first written call runs: the rest of the reply, later calls included, was written
+                # before any result (a grep for a line the model imagined, a file rewritten from a guess)
                 turn = Turn(written.prose, [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
-                                            for i, c in enumerate(written.calls)],
+                                            for i, c in enumerate(written.calls[:1])],
                             ["your tool call could not be read: " + why for why in written.malformed],
                             written.form, raw=content)
+                if written.calls:
+                    self.events.thinking("written before any result, not kept: " + written.after)
         if reply.finish_reason == "repetition" and not turn.calls:
             turn.malformed.append("your reply kept repeating itself and was cut off; write one tool call, or a "
                                   "short answer")
@@ -3142,6 +3210,15 @@ class Agent:
         may be answering from memory, and it is asked once to check (README, "Honest completion"). Still
         without them, a task that named files or an answer that claims work ends "unverified"."""
         self.result.answer = answer
+        if not answer.strip():  # nothing said (only thinking, or a model lost after failed calls)
+            if not self.asked_empty:
+                self.asked_empty = True
+                self.conversation.add({"role": "user", "name": NOTE, "content": EMPTY_ANSWER})
+                self.events.note("  the model's reply was empty; asking it once for an answer")
+                return None
+            if not self.changes_this_run:
+                raise ProviderFailed("the model gave no answer (an empty reply, twice)")
+            return "completed"
         need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
         if need is None:
             return "completed"
@@ -3209,7 +3286,14 @@ class Agent:
                 raise self.timed_out()  # a tool call's own limits are capped by the run's, but none starts late
             self.events.tool_call(call)
             self.events.tool_start(call["name"], self._preview(call))
-            tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            same = _call_key(call)
+            if same == self.last_call:  # a loop (the same failing grep three times): the result is above
+                from xzatoma_tools import ToolResult
+                tool_result = ToolResult.fail("this is the same call as your last one, and its result is above; "
+                                              "use that result, or do something different", invalid=True)
+            else:
+                tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            self.last_call = same
             if len(tool_result.output) > MIN_RESULT_CAP:
                 tool_result.truncate(self.result_cap())
             result.tool_calls += 1
@@ -3336,7 +3420,7 @@ def private_files(cfg):
     return out
 
 
-OWN_MODULES = ("xzatoma", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics")
+OWN_MODULES = ("xzatoma", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics", "xzatoma_mcp")
 
 
 def own_code():
@@ -3400,7 +3484,7 @@ class Session:
 
     def __init__(self, cfg, console, provider, store, mode, working_dir, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), skills=()):
+                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), mcp=None, skills=()):
         import threading
         self.cfg = cfg
         self.console = console
@@ -3419,10 +3503,11 @@ class Session:
         self.label = label  #: a subagent's label
         self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
-        self.sandbox = sandbox  #: the OS sandbox terminal commands run in: one per top-level session
+        self.sandbox = sandbox  #: the OS sandbox commands run in: one per top-level session (None: no terminal)
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
-        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox" (what open() made)
+        self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
+        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox", "mcp" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
         self.kind = None
@@ -3435,11 +3520,13 @@ class Session:
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
-             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, ask_trust=None):
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, terminal=True):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
-        metrics (with a port or a textfile), the cancel event and the terminal's sandbox. `ask_trust`: how to
-        ask a person about project skills not trusted yet (chat); without it they are skipped."""
+        metrics (with a port or a textfile), the cancel event and, unless `terminal` is False (a run that can
+        never offer the terminal tool: planning mode without chat's mode switches), the terminal's sandbox.
+        Project skills and a project's .mcp.json not trusted yet are asked about where `confirmations` can ask
+        (chat), and skipped otherwise."""
         working_dir = check_working_dir(working_dir)
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -3449,14 +3536,20 @@ class Session:
         if metrics is None and (metrics_port or metrics_textfile):
             metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
             owns.add("metrics")
-        sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
-        owns.add("sandbox")
+        sandbox = None
+        if terminal:
+            sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
+            owns.add("sandbox")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
-        skills = session_skills(cfg, console, working_dir, store, ask_trust)
+        asker = confirmations.asker if confirmations else None
+        skills = session_skills(cfg, console, working_dir, store, asker)
+        mcp = open_mcp(cfg, console, working_dir, asker=asker)
+        if mcp is not None:
+            owns.add("mcp")  # its servers stop with the session: none outlives the run
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
-                   instructions=instructions, owns=owns, skills=skills)
+                   instructions=instructions, owns=owns, mcp=mcp, skills=skills)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
@@ -3607,6 +3700,8 @@ class Session:
         registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
                                                          ActivateSkill(self.skill_state), UpdateProgress(self.progress)),
                                   profile=self.profile, skills=self.skill_state)
+        if self.mcp is not None:
+            registry = registry.extended(self.mcp.tools())
         if self.allowed_tools is not None:  # [] is no tool at all (an active skill allowed none of those asked)
             registry = registry.narrowed(set(self.allowed_tools), ctx)
         self.ctx, self.registry = ctx, registry
@@ -3653,7 +3748,7 @@ class Session:
                        events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
                        metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
                        label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools, sandbox=self.sandbox,
-                       instructions=self.instructions)
+                       instructions=self.instructions, mcp=self.mcp)
 
     def close(self, wait_for_workers=None):
         """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
@@ -3663,12 +3758,111 @@ class Session:
             self.cancel.set()
         if "sandbox" in self.owns:
             self.sandbox.close()  # every command still running, and the private TMPDIR, go with the run
+        if "mcp" in self.owns:
+            self.mcp.close()  # every MCP server, and what it started, stops with the run
         if wait_for_workers:
             _join_workers(wait_for_workers)
         if "store" in self.owns and self.store is not None:
             self.store.close()
         if "metrics" in self.owns:
             self.metrics.close()
+
+
+# ---- MCP servers: xzatoma_mcp, imported only when some are configured ----
+# mcp.servers in the configuration and a project's .mcp.json (mcpServers, as other tools write it). The module
+# never imports this one: it gets the servers' configuration, a sandbox per stdio server, the credential store,
+# the console's lines and whether a person can be asked. Its tools join the registry (Session._build).
+
+def mcp_configured(cfg, working_dir):
+    """Whether this run has MCP servers to look at: a look at the config and one lstat, nothing imported."""
+    return bool(cfg.get("mcp").get("servers")) or (
+        cfg.get("mcp.project_file") and os.path.lexists(os.path.join(working_dir, ".mcp.json")))
+
+
+def mcp_configs(cfg, console, working_dir, asker=None, trust_all=False):
+    """([ServerConfig] to start, [(name, why)] of a project's servers that are not trusted). A project's
+    .mcp.json starts programs: its servers are used once a person trusted that content of it (asked here when
+    `asker` can; a headless run skips them and says so)."""
+    import xzatoma_mcp as mcp
+    warnings = []
+    timeout = cfg.get("mcp.timeout_seconds")
+    try:
+        configs = mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, warnings, timeout)
+        untrusted = []
+        text, path = mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
+        if text is not None:
+            names = {c.name for c in configs}  # the person's own configuration wins over the project's
+            entries = {k: v for k, v in mcp.project_servers(text, path, warnings).items() if k not in names}
+            project = mcp.parse_servers(entries, path, os.environ, warnings, timeout)
+            trust = mcp.ProjectTrust(cfg.home)
+            if project and (trust.trusted(path, text) or trust_all or (
+                    asker is not None and ask_mcp_trust(console, asker, path, project))):
+                if not trust.trusted(path, text):
+                    trust.trust(path, text)
+                configs += project
+            elif project:
+                why = "%s is not trusted: 'xzatoma mcp trust' (or chat) asks once" % path
+                untrusted = [(c.name, why) for c in project]
+                console.warn("the MCP servers of %s (%s) are not started: the file starts programs and is not "
+                             "trusted yet; review it, then run 'xzatoma mcp trust' (or start a chat, which asks)"
+                             % (path, ", ".join(c.name for c in project)))
+    except mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    for warning in warnings:
+        console.warn(warning)
+    return configs, untrusted
+
+
+def ask_mcp_trust(console, asker, path, configs):
+    """Show what a project's .mcp.json would start, and ask once."""
+    console.info("%s in this project starts these MCP servers:" % path, "yellow")
+    for c in configs:
+        console.info("  %s: %s%s%s" % (c.name, c.describe(), ", network" if c.network else "",
+                                       ", env: " + ", ".join(sorted(c.env)) if c.env else ""))
+    answer = asker.ask("Trust this file and start them (they run in the sandbox)? [y/N] > ")
+    return (answer or "").strip().lower() in ("y", "yes")
+
+
+def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust_all=False):
+    """The run's MCP servers (xzatoma_mcp.Servers), started, or None where none are configured. `only`: the one
+    server named (`mcp tools NAME`, `mcp login NAME`)."""
+    if not mcp_configured(cfg, working_dir):
+        return None
+    import xzatoma_mcp as mcp
+    configs, untrusted = mcp_configs(cfg, console, working_dir, asker, trust_all)
+    if only is not None:
+        configs = [c for c in configs if c.name == only]
+        untrusted = [u for u in untrusted if u[0] == only]
+    if not configs and not untrusted:
+        return None
+
+    def browser(url):
+        import webbrowser
+        try:
+            webbrowser.open(url)
+        except Exception:  # no browser: the URL is on the screen
+            pass
+    servers = mcp.Servers(configs, working_dir, lambda mode, network, paths: mcp_sandbox(
+        cfg, working_dir, mode, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
+        interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
+        say=console.info, version=__version__, open_browser=browser,
+        require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted)
+    return servers.start() if start else servers
+
+
+def mcp_sandbox(cfg, working_dir, mode, network, read_paths):
+    """An MCP stdio server's own sandbox: the terminal's walls (protected paths, the hidden XZATOMA_HOME and
+    private files, the environment allowlist, a private HOME and TMPDIR), network only when its configuration
+    says so. INFO: Sandbox grants reads to the directories on PATH and their prefixes, and to nothing else
+    outside the tree: the server's installation (its program's directory, read_paths) is put first on the
+    PATH the sandbox is built from."""
+    from xzatoma_tools import Sandbox, protected_paths
+    term = cfg.get("agent.terminal")
+    environ = dict(os.environ, PATH=os.pathsep.join(list(read_paths) + [os.environ.get("PATH", "")]))
+    return Sandbox(working_dir, mode or term["sandbox"], network=network, environ=environ, xzatoma_home=cfg.home,
+                   protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)),
+                   secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"],
+                   private_files=private_files(cfg))
 
 
 COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
@@ -3714,9 +3908,10 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
-    from xzatoma_tools import RESTRICTED
+    from xzatoma_tools import PLANNING, RESTRICTED
     session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
-                           metrics=metrics, store=store, cancel=cancel, provider=provider)
+                           metrics=metrics, store=store, cancel=cancel, provider=provider,
+                           terminal=mode != PLANNING)  # issue 22: a sandbox per event that could never be used
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
@@ -5204,6 +5399,7 @@ SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG
     "/approvals": ("/approvals [clear] — the programs answered [a]lways / ne[v]er this session", "approvals", ARG),
     "/plan": ("/plan — the task's steps and how far each is (update_progress)", "show_plan", None),
     "/skills": ("/skills — the skills here: usable, active, skipped", "list_skills", None),
+    "/mcp": ("/mcp — the MCP servers: state, protocol, tools and their approval", "mcp_status", None),
     "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
@@ -5236,8 +5432,7 @@ class ChatSession:
                                       else None)
         self.session = Session.open(cfg, console, args.mode or cfg.get("agent.chat_mode"), args.working_dir,
                                     self.terminal_mode(), events=self.events, confirmations=self.confirmations,
-                                    metrics_port=args.metrics_port,
-                                    ask_trust=self.ask_trust if self.interactive else None)
+                                    metrics_port=args.metrics_port)
         self.mentions = Mentions(self._mention_registry, console, cfg)
         try:
             self.sandbox_note = check_sandbox(cfg, self.session.sandbox, console)
@@ -5435,23 +5630,6 @@ class ChatSession:
             self.console.error(str(exc))
         return None
 
-    def ask_trust(self, skills, states):
-        """Once, as the chat starts: may the project's skills that are not trusted yet guide the model?"""
-        with self.console.hold():
-            self.console._write(self.console.style("This project has %s not trusted yet; trusted, %s instructions "
-                                                   "guide the model:" % (_plural(len(skills), "skill"), "its" if
-                                                   len(skills) == 1 else "their"), "yellow", "bold"))
-            for skill, state in zip(skills, states):
-                self.console._write(self.console.clean("  %s — %s (%s%s)" % (
-                    skill.name, one_line(skill.description, 100), skill.shown,
-                    ", changed since you trusted it" if state == "changed" else "")))
-            answer = Asker(self.console).ask("Trust %s? (xzatoma skills show NAME shows one) [y/N] > " % (
-                "it" if len(skills) == 1 else "them"))
-        if (answer or "").strip().lower() in ("y", "yes"):
-            return True
-        self.console.info("not trusted: %s skipped this session" % ", ".join(s.name for s in skills))
-        return False
-
     def show_plan(self):
         progress = self.session.progress
         if progress is None or not len(progress):
@@ -5474,6 +5652,14 @@ class ChatSession:
         for p in problems:
             self.console._write(self.console.clean("  %s %s: %s" % ("invalid" if p.level == "error" else "note",
                                                                      p.path, p.reason)))
+
+    def mcp_status(self):
+        if self.session.mcp is None:
+            self.console.info("no MCP servers: add mcp.servers to the configuration, or a .mcp.json to the project")
+            return
+        import xzatoma_mcp
+        self.console._write("\n".join(self.console.clean(line)
+                                      for line in xzatoma_mcp.status_lines(self.session.mcp.rows())))
 
     def approvals(self, arg):
         arg = arg.lower()
@@ -5743,10 +5929,10 @@ def skill_trust(store, skill):
         return "untrusted"
 
 
-def session_skills(cfg, console, working_dir, store, ask=None):
+def session_skills(cfg, console, working_dir, store, asker=None):
     """The skills a session may use. Each invalid one is reported (its file and why), never skipped in silence.
-    Project skills not trusted yet (or changed since) are put to `ask(skills, states) -> bool` once (chat): yes
-    trusts them, for good when the store can keep it; without `ask` (headless runs) they are skipped, and a
+    Project skills not trusted yet (or changed since) are put to a person once through `asker` (chat): yes
+    trusts them, for good when the store can keep it; without one (headless runs) they are skipped, and a
     warning names them and how to trust them."""
     if not cfg.get("agent.skills.enabled"):
         return []
@@ -5756,7 +5942,7 @@ def session_skills(cfg, console, working_dir, store, ask=None):
             console.warn("skill %s is not used: %s (see xzatoma skills validate)" % (problem.path, problem.reason))
     states = [skill_trust(store, s) for s in skills]
     pending = [(s, state) for s, state in zip(skills, states) if state in ("untrusted", "changed")]
-    if pending and ask is not None and ask([s for s, _ in pending], [state for _, state in pending]):
+    if pending and asker is not None and ask_skill_trust(console, asker, pending):
         if store is None:
             console.warn("conversation history is unavailable, so the trust holds for this session only")
         for skill, _ in pending:
@@ -5774,6 +5960,21 @@ def session_skills(cfg, console, working_dir, store, ask=None):
             "it" if len(pending) == 1 else "them", "it" if len(pending) == 1 else "them",
             " ".join(s.name for s, _ in pending[:10])))
     return [s for s, state in zip(skills, states) if state not in ("untrusted", "changed")]
+
+
+def ask_skill_trust(console, asker, pending):
+    """Show the project's skills not trusted yet ([(skill, state)]), and ask once."""
+    console.info("This project has %s not trusted yet; trusted, %s instructions guide the model:" % (
+        _plural(len(pending), "skill"), "its" if len(pending) == 1 else "their"), "yellow")
+    for skill, state in pending:
+        console.info("  %s — %s (%s%s)" % (skill.name, one_line(skill.description, 100), skill.shown,
+                                           ", changed since you trusted it" if state == "changed" else ""))
+    answer = asker.ask("Trust %s? (xzatoma skills show NAME shows one) [y/N] > " % (
+        "it" if len(pending) == 1 else "them"))
+    if (answer or "").strip().lower() in ("y", "yes"):
+        return True
+    console.info("not trusted: %s skipped this session" % ", ".join(s.name for s, _ in pending))
+    return False
 
 
 def _build_skills(sub, common, fmt):
@@ -6010,6 +6211,125 @@ def _build_watch(sub, common, fmt):
     watch.set_defaults(func=cmd_watch)
 
 
+def _build_mcp(sub, common, fmt):
+    mcp = sub.add_parser(
+        "mcp", parents=[common], formatter_class=fmt, help=COMMAND_HELP["mcp"],
+        description="MCP servers give the agent more tools: mcp.servers in the configuration, and a project's "
+                    ".mcp.json once trusted. stdio servers start inside the OS sandbox (no network unless their "
+                    "configuration says network: true); their tools are asked like terminal commands in Safe mode, "
+                    "and a headless run calls only those its configuration allows (allow, read_only).",
+        epilog="examples:\n"
+               "  xzatoma mcp list                       # servers, state, protocol, tools and their approval\n"
+               "  xzatoma mcp tools fs                   # one server's tools\n"
+               "  xzatoma mcp login github               # OAuth in the browser (after the server's 401)\n"
+               "  echo \"$TOKEN\" | xzatoma mcp login api --token\n"
+               "  xzatoma mcp trust                      # start the servers of this project's .mcp.json\n\n"
+               "configuration (xzatoma.yaml):\n"
+               "  mcp:\n"
+               "    servers:\n"
+               "      fs: {command: mcp-server-filesystem, args: [\".\"], allow: [read_text_file]}\n"
+               "      api: {url: https://example.com/mcp, bearer_token_env: API_TOKEN}")
+    msub = mcp.add_subparsers(dest="mcp_command", metavar="ACTION")
+    a = msub.add_parser("list", parents=[common], help="every server: state, protocol, tools and their approval")
+    a.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = msub.add_parser("tools", parents=[common], help="one server's tools, their approval and descriptions")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = msub.add_parser("login", parents=[common], help="log in to a remote server (OAuth in the browser, or "
+                                                         "--token from stdin)")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a.add_argument("--token", action="store_true", help="store a bearer token read from stdin instead")
+    a = msub.add_parser("logout", parents=[common], help="forget a server's stored tokens")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a = msub.add_parser("trust", parents=[common], help="trust this project's .mcp.json (as it is now)")
+    a.add_argument("--yes", action="store_true", help="without asking (after reading it)")
+    mcp.set_defaults(func=cmd_mcp)
+    for a in msub.choices.values():
+        a.add_argument("--working-dir", "-C", metavar="DIR", help="the project (default: the current directory)")
+        a.set_defaults(func=cmd_mcp)
+
+
+def cmd_mcp(args, console):
+    """xzatoma mcp list | tools NAME | login NAME | logout NAME | trust."""
+    action = getattr(args, "mcp_command", None) or "list"
+    cfg = config_from_args(args, console)
+    working_dir = check_working_dir(getattr(args, "working_dir", None))
+    if action == "trust":
+        return _mcp_trust(args, cfg, console, working_dir)
+    name = getattr(args, "name", None)
+    if action == "logout":
+        import xzatoma_mcp as mcp
+        removed = CredentialStore(cfg.home, console).delete(mcp.credential_name(name))
+        console.info("removed the stored tokens of '%s'" % name if removed else "nothing stored for '%s'" % name)
+        return EXIT_OK
+    if action == "login" and args.token:
+        import xzatoma_mcp as mcp
+        token = sys.stdin.readline().strip() if not _isatty(sys.stdin) else __import__("getpass").getpass(
+            "bearer token for '%s': " % name)
+        if not token:
+            raise UsageError("no token given (pipe it on stdin)")
+        where = CredentialStore(cfg.home, console).set(mcp.credential_name(name), json.dumps({"access_token": token}))
+        console.info("stored the token of '%s' (%s)" % (name, "system keyring" if where == "keyring" else where))
+        return EXIT_OK
+    asker = Asker(console) if action == "login" else None
+    servers = open_mcp(cfg, console, working_dir, asker=asker, start=False, only=name)
+    if servers is None or (name and servers.get(name) is None and not servers.untrusted):
+        if name:
+            raise UsageError("no MCP server named '%s' (mcp.servers in %s, or .mcp.json)" % (name, cfg.path))
+        console.info("no MCP servers configured: add mcp.servers to %s, or a .mcp.json to the project" % cfg.path)
+        return EXIT_OK
+    if action == "login" and servers.get(name).config.transport != "http":
+        raise UsageError("'%s' is a stdio server: it needs no login (its env names what it needs)" % name)
+    try:
+        servers.start()
+        rows = servers.rows()
+    finally:
+        servers.close()
+    if action == "login":
+        row = rows[0]
+        if row["state"] != "running":
+            return EXIT_FAILED
+        console.info("'%s' works: %d tools (MCP %s)" % (name, len(row["tools"]), row["protocol"]))
+        return EXIT_OK
+    if getattr(args, "json", False):
+        json_out({"servers": rows}, indent=2)
+    else:
+        import xzatoma_mcp as mcp
+        lines = mcp.status_lines(rows)
+        if action == "tools":
+            lines = []
+            for row in rows:
+                if row["state"] != "running":
+                    console.warn("MCP server '%s' is %s: %s" % (row["name"], row["state"], row.get("error") or "-"))
+                for tool in row["tools"]:
+                    lines.append("%s  (%s)" % (tool["name"], mcp.APPROVAL_TEXT[tool["approval"]]))
+                    lines.append("    " + one_line(tool["description"] or "-", 200))
+        CleanWriter(sys.stdout).write("\n".join(lines) + "\n" if lines else "")
+    return EXIT_OK if all(r["state"] in ("running", "disabled", "untrusted") for r in rows) else EXIT_FAILED
+
+
+def _mcp_trust(args, cfg, console, working_dir):
+    import xzatoma_mcp as mcp
+    text, path = mcp.read_project_file(working_dir)
+    if text is None:
+        raise UsageError("no .mcp.json in %s" % working_dir)
+    warnings = []
+    try:
+        configs = mcp.parse_servers(mcp.project_servers(text, path, warnings), path, os.environ, warnings)
+    except mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    trust = mcp.ProjectTrust(cfg.home)
+    if trust.trusted(path, text):
+        console.info("%s is trusted already (as it is now)" % path)
+        return EXIT_OK
+    if args.yes or ask_mcp_trust(console, Asker(console), path, configs):
+        trust.trust(path, text)
+        console.info("trusted %s: its servers start with the next run or chat (a change asks again)" % path)
+        return EXIT_OK
+    console.info("not trusted")
+    return EXIT_FAILED
+
+
 def _watch_module(command, verbose=False):
     import xzatoma_watch
     try:
@@ -6046,7 +6366,9 @@ def watch_settings(args, cfg):
         security=security, working_dir=working_dir, max_concurrent=pick(args.max_concurrent, w["max_concurrent"]),
         max_events=args.max_events, idle_exit=args.idle_exit, dry_run=args.dry_run,
         format=pick(args.format, w["format"]), shutdown_grace=float(w["shutdown_grace_seconds"]),
-        answer_limit=w["answer_max_bytes"],
+        answer_limit=w["answer_max_bytes"], max_request_size=k["max_request_size"],
+        max_message_bytes=w["max_message_bytes"], max_attempts=w["max_attempts"],
+        claim_lease=float(w["claim_lease_seconds"]),
         consumer_options={"session_timeout_ms": k["session_timeout_ms"],
                           "max_poll_interval_ms": k["max_poll_interval_ms"],
                           "heartbeat_interval_ms": max(100, min(3000, k["session_timeout_ms"] // 3))})
@@ -6075,10 +6397,12 @@ def watch_filters(args, cfg):
 def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
+    import threading
     from xzatoma_tools import FULL, RESTRICTED
     base_provider = make_provider(cfg, console)  # credentials are checked once, at start
     session_skills(cfg, console, settings.working_dir, store)  # invalid and untrusted skills: said once, here
     quiet = Console(quiet=True, color=False)
+    per_thread = threading.local()  # each worker thread's own provider: its HTTP connection lives on (issue 22)
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         probe = terminal_sandbox(cfg, settings.working_dir)
         try:
@@ -6088,11 +6412,14 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
 
     def run_plan(job):
         from xzatoma_store import redact
+        provider = getattr(per_thread, "provider", None)
+        if provider is None:
+            provider = per_thread.provider = base_provider.clone()
         outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=base_provider.clone(),  # its sandbox closes with it
+                                   provider=provider,  # its sandbox closes with it
                                    steps=job.plan.instructions if job.plan is not None else None).to_json()
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))
@@ -6225,6 +6552,7 @@ COMMAND_HELP = {
     "config": "show or create the configuration",
     "watch": "run the plans that arrive on a Kafka topic (XZepr, CloudEvents, bare plans)",
     "publish": "publish a plan to a Kafka topic as a CloudEvent",
+    "mcp": "MCP servers: list them and their tools, log in, trust a project's .mcp.json",
     "skills": "list, show, validate and trust skills (SKILL.md folders)",
     "version": "print the version",
 }
@@ -6812,7 +7140,7 @@ def cmd_config_init(args, console):
 # Every command's builder sits beside its cmd_ function above; build_parser builds only the selected one.
 COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
                     "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
-                    "config": _build_config, "watch": _build_watch, "publish": _build_publish,
+                    "config": _build_config, "watch": _build_watch, "publish": _build_publish, "mcp": _build_mcp,
                     "skills": _build_skills, "version": _build_version}
 
 
