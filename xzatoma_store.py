@@ -456,10 +456,10 @@ MIGRATIONS = [
     # outlives its owner only until its lease ends, or at once when the owner was a process of this host that is
     # gone); and the offsets a consumer was reading, so a message that crashes the watcher is found and set aside
     """
-    CREATE TABLE event_claims (event_id TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, pid INTEGER,
+    CREATE TABLE IF NOT EXISTS event_claims (event_id TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, pid INTEGER,
         claimed_at REAL NOT NULL, expires_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 1);
-    CREATE INDEX event_claims_owner ON event_claims(owner);
-    CREATE TABLE message_attempts (consumer TEXT PRIMARY KEY, first_offset INTEGER NOT NULL,
+    CREATE INDEX IF NOT EXISTS event_claims_owner ON event_claims(owner);
+    CREATE TABLE IF NOT EXISTS message_attempts (consumer TEXT PRIMARY KEY, first_offset INTEGER NOT NULL,
         last_offset INTEGER NOT NULL, owner TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1,
         updated_at REAL NOT NULL);
     """,
