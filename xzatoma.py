@@ -2997,6 +2997,20 @@ def _patterns():
     return _claims, _task_re
 
 
+PLAN_FRAME = "You are assisting with the following task:"  #: how Plan.to_prompt begins (xzatoma_tools)
+
+
+def intent_of(task):
+    """The part of a task that says what is wanted: a plan's goal and instructions; otherwise the first three
+    lines, without what @mentions and stdin pasted into it (a pasted HTTP dump said "Set-Cookie: … connect.sid",
+    and was taken for a request to change a file)."""
+    import re
+    text = re.sub(r"\[Content of ([^\]\n]*)\]\n.*?\n\[End of \1\]", "", task or "", flags=re.S)
+    if text.lstrip().startswith(PLAN_FRAME):
+        return text[:8000]
+    return "\n".join([line for line in text.splitlines() if line.strip()][:3])[:600]
+
+
 def claims_work(answer):
     """True when an answer says something was done (created, updated, ran …) or writes a tool's result itself."""
     return bool(answer) and _patterns()[0].search(answer[:20000]) is not None
@@ -3090,7 +3104,9 @@ class Agent:
         self.checked_ends = False  #: pointed out once already what an answer after real work left undone
         self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
-        self.task = conversation.last_user_text()
+        asked = conversation.last_user_text()
+        self.task = intent_of(asked)
+        self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
@@ -3239,7 +3255,7 @@ class Agent:
         if need is None:
             return "completed"
         strength, kind = need
-        provided = kind == "facts" and "\n[End of " in self.task  # @file mentions or piped input: facts given
+        provided = kind == "facts" and self.given  # @file mentions or piped input: the facts were given
         if provided or (self.changes_this_run if kind == "change" else self.calls_this_run):
             loose = None if self.checked_ends else self.loose_ends(kind, answer)
             if loose:  # work was done, but the answer claims more, or a file the task names was never touched

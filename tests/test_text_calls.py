@@ -320,3 +320,14 @@ def test_a_tool_result_the_model_writes_itself_is_pointed_out_once(open_session,
     result = run(s, "Write x to a.txt")
     assert result.status == "completed" and len(s.provider.calls) == 3
     assert s.provider.calls[2]["messages"][-1]["content"].startswith("You wrote a tool result yourself")
+
+
+@pytest.mark.parametrize("task,expected", [
+    ("keys:\nX-Api-Key: 0a1b\napi-key: 9f8e\nSet-Cookie: connect.sid=abc", None),  # pasted data, not a request
+    ("Why did this fail?\nline 1\nline 2\nSet-Cookie: x.y", None),
+    ("[Content of @notes.txt]\nrename everything\n[End of @notes.txt]\n\nSummarise @notes.txt", None),
+    (xzatoma.PLAN_FRAME + "\n\nGOAL: docs\n\nINSTRUCTIONS (follow as guidance):\n1. a\n2. b\n3. Create spec.yaml",
+     ("strong", "change")),  # a plan: all of its instructions count
+])
+def test_what_a_task_asks_is_read_from_its_first_lines_or_a_plans_steps(task, expected):
+    assert needs_tools(xzatoma.intent_of(task), "ok") == expected
