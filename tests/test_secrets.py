@@ -216,8 +216,8 @@ def test_a_loose_home_and_old_files_are_tightened(cli, fake):
 
 def test_rotated_audit_log_stays_private(cli, fake):
     cli.use(fake, terminal={"default_mode": "restricted_autonomous", "audit_max_bytes": 200})
-    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"tool_calls": [tool_call("terminal", command="ls")]},
-             {"tool_calls": [tool_call("terminal", command="ls")]}, {"content": "ok"})
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"tool_calls": [tool_call("terminal", command="ls -a")]},
+             {"tool_calls": [tool_call("terminal", command="ls -l")]}, {"content": "ok"})
     assert cli.run("run", "--prompt", "x").returncode == 0
     assert (cli.xz_home / "audit.log.1").exists()
     assert mode(cli.xz_home / "audit.log.1") == 0o600 and mode(cli.xz_home / "audit.log") == 0o600
