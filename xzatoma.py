@@ -3011,6 +3011,14 @@ def intent_of(task):
     return "\n".join([line for line in text.splitlines() if line.strip()][:3])[:600]
 
 
+def is_question(task):
+    """True for a task that only asks (what, which, how many …) and names no change to make."""
+    found = set(m.lastgroup for m in _patterns()[1].finditer(task or ""))
+    return "change" not in found and bool(found & {"ask", "count"}) and (task or "").lstrip().lower().startswith(
+        ("what", "which", "where", "how", "who", "when", "why", "is ", "are ", "does ", "do ", "count", "list",
+         "show", "find", "tell"))
+
+
 def claims_work(answer):
     """True when an answer says something was done (created, updated, ran …) or writes a tool's result itself."""
     return bool(answer) and _patterns()[0].search(answer[:20000]) is not None
@@ -3107,6 +3115,8 @@ class Agent:
         asked = conversation.last_user_text()
         self.task = intent_of(asked)
         self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
+        #: a headless run asked only a question (how many lines …): tools that change files are refused
+        self.question = honest and is_question(self.task)
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
@@ -3343,10 +3353,15 @@ class Agent:
             self.events.tool_call(call)
             self.events.tool_start(call["name"], self._preview(call))
             same = _call_key(call)
+            tool = self.registry.get(call["name"])
             if same == self.last_call:  # a loop (the same failing grep three times): the result is above
                 from xzatoma_tools import ToolResult
                 tool_result = ToolResult.fail("this is the same call as your last one, and its result is above; "
                                               "use that result, or do something different", invalid=True)
+            elif self.question and getattr(tool, "permission", "read") == "write":
+                from xzatoma_tools import ToolResult  # a small model asked a line count rewrote the file
+                tool_result = ToolResult.fail("the task asks a question and does not ask to change any file: "
+                                              "answer it from what you read (read_file, grep, list_directory)")
             else:
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             self.last_call = same
@@ -3363,7 +3378,6 @@ class Agent:
             elif tool_result.success and not tool_result.metadata.get("bookkeeping"):  # progress, skills: no work
                 self.calls_this_run += 1
                 self.touched.append(call.get("arguments") or "")
-                tool = self.registry.get(call["name"])
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
         self.count_malformed(invalid == len(calls), last_error)
 

@@ -940,6 +940,9 @@ class ReadFile(Tool):
         return out, number, cut
 
 
+LOST_SHOWN = 4096  #: bytes: an overwritten file this small is shown in write_file's result when its content was lost
+
+
 class WriteFile(Tool):
     name = "write_file"
     description = "Create or overwrite a text file with the given content; parent directories are created."
@@ -968,6 +971,7 @@ class WriteFile(Tool):
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(
                 read_text(target, "") if st is not None else "", args["content"], target))
             ctx.check_undo_cap(self.name, target, args)
+            old = read_text(target, "") if st is not None and st.st_size <= LOST_SHOWN else None
             token = ctx.before_create(self.name, target)
             target.make_parents()
             write_atomic_at(target.dir_fd, target.name, data)
@@ -975,9 +979,12 @@ class WriteFile(Tool):
             shown = display_path(target.real, ctx.root)
             if st is None:
                 return ToolResult.ok("Created %s (%d bytes)" % (shown, len(data)), bytes=len(data), created=True)
-            # what the old content became, said plainly: a model that meant to add a line learns it replaced the file
-            return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced)" % (
-                shown, len(data), st.st_size), bytes=len(data), created=False)
+            # what the old content became, said plainly, and shown when the new one lost it: a small model that
+            # meant to add a line replaced a whole to-do list with it, and could not know what was gone
+            lost = "" if not old or old.strip() in args["content"] else \
+                " Its content before was:\n%s" % old.rstrip("\n")
+            return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced).%s" % (
+                shown, len(data), st.st_size, lost), bytes=len(data), created=False)
 
 
 class EditFile(Tool):

@@ -331,3 +331,23 @@ def test_a_tool_result_the_model_writes_itself_is_pointed_out_once(open_session,
 ])
 def test_what_a_task_asks_is_read_from_its_first_lines_or_a_plans_steps(task, expected):
     assert needs_tools(xzatoma.intent_of(task), "ok") == expected
+
+
+def test_a_question_cannot_change_files(open_session, tmp_path):
+    """A real transcript: asked how many lines data.csv has, a 1.5B model overwrote it with its guess."""
+    (tmp_path / "data.csv").write_text("a\nb\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "data.csv", "content": "lines: 0"}}'),
+                     Reply('{"name": "read_file", "arguments": {"path": "data.csv"}}'), Reply("2 lines"))
+    result = run(s, "How many lines does data.csv have?")
+    assert result.status == "completed" and (tmp_path / "data.csv").read_text() == "a\nb\n"
+    refused = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
+    assert refused.startswith("Error: the task asks a question and does not ask to change any file")
+
+
+def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_path):
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "todo.txt", "content": "buy milk\\n"}}'),
+                     Reply("Added it."))
+    run(s, "Add a line 'buy milk' at the end of todo.txt")
+    result = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
+    assert result.endswith("its whole content was replaced). Its content before was:\nwrite report\ncall Sam")
