@@ -442,6 +442,8 @@ MIGRATIONS = [
     DELETE FROM model_cache;
     DELETE FROM fetch_cache;
     """,
+    # 7: the files that run later by design (Makefile, CI, conftest.py …) a run changed, one per line
+    "ALTER TABLE conversations ADD COLUMN review TEXT;",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -449,7 +451,7 @@ FTS_TABLE = "messages_fts"
 CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
                        "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
                        "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host",
-                       "safety")
+                       "safety", "review")
 
 
 class StoreError(Exception):

@@ -97,23 +97,27 @@ RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "int
 
 
 class ToolContext:
-    """What a tool run may touch: the jail, limits, the people who can be asked, the undo log.
+    """What a tool run may touch (the Confinement), limits, the people who can be asked, the undo log.
 
     Every field is given to the constructor (the Session builds it; tests pass what they need) and
     documented here; tools read them directly, never probing with getattr. `child()` derives a
-    subagent's context, `with_deadline()` one run's.
+    subagent's context, `with_deadline()` one run's. `confinement` may be a working directory: a Confinement
+    of it is made from the other arguments (tests, embedding).
     """
 
-    def __init__(self, working_dir, tools_config=None, confirm=None, store=None, conversation_id=None,
+    def __init__(self, confinement, tools_config=None, confirm=None, store=None, conversation_id=None,
                  interactive=False, ask=None, confirm_command=None, terminal=None, terminal_mode=None,
                  audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None, xzatoma_home=None,
                  sandbox=None):
-        #: the jail: every path a tool touches resolves inside this real directory
-        self.root = os.path.realpath(working_dir)
-        #: the same root as an object that resolves and opens paths beneath it, descriptor-relative
-        self.jail = Jail(self.root, hidden=[xzatoma_home] if xzatoma_home else ())
         #: the agent.tools configuration slice (limits such as max_output_size, fetch, undo_max_bytes)
         self.config = tools_config or {}
+        #: the agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist)
+        self.terminal = terminal or {}
+        if not isinstance(confinement, Confinement):
+            confinement = Confinement(confinement, xzatoma_home, self.config.get("protected_paths") or (),
+                                      terminal=self.terminal, secrets=secrets, sandbox=sandbox)
+        #: the session's Confinement: the root, the jail, the protected set, the policy and the sandbox
+        self.confinement = confinement
         #: confirm(tool_name, args, detail) -> bool before a call whose tool asks for it; chat in Safe mode only
         self.confirm = confirm
         #: the Store for undo records and the fetch cache, or None (no history this run)
@@ -126,8 +130,6 @@ class ToolContext:
         self.ask = ask
         #: confirm_command(command, reason) -> the command to run (maybe edited) or None; chat only
         self.confirm_command = confirm_command
-        #: the agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist)
-        self.terminal = terminal or {}
         #: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or interactive (Safe)
         self.terminal_mode = terminal_mode or RESTRICTED
         #: the AuditLog every terminal command is written to, or None
@@ -138,9 +140,6 @@ class ToolContext:
         self.cancel = cancel
         #: time.monotonic() by which the run must end (--timeout), or None; tools and commands honour it
         self.deadline = deadline
-        #: the run's Sandbox (mode, commands' environment, private TMPDIR, the helper that confines them);
-        #: None: built from `terminal` on the first command and shared with children from then on
-        self.sandbox = sandbox
         #: 0 for the top-level agent, n for a subagent n levels down
         self.depth = depth
         #: the subagent's label, named in every question it asks; None at the top
@@ -149,16 +148,23 @@ class ToolContext:
         self.call_id = None
         #: the person accepted this call's change without an undo record (over the cap); reset for each call
         self.undo_waived = False
-        #: XZATOMA_HOME (history, credentials, audit log): protected where it lies inside the jail
-        self.xzatoma_home = xzatoma_home
-        #: protected_paths() of this jail: changes there need a person's yes (agent.tools.protected_paths adds)
-        self.protected = protected_paths(self.root, xzatoma_home, self.config.get("protected_paths") or ())
-        #: the CommandPolicy, built on the first terminal call and shared with children
-        self._policy = None
+
+    @property
+    def root(self):
+        """The working directory (the Confinement's, canonical)."""
+        return self.confinement.root
+
+    @property
+    def jail(self):
+        return self.confinement.jail
+
+    @property
+    def sandbox(self):
+        return self.confinement.sandbox
 
     def _derived(self, **changes):
         import copy
-        ctx = copy.copy(self)  # caches (_policy) and every field not named are shared
+        ctx = copy.copy(self)  # the Confinement and every field not named are shared
         ctx.__dict__.update(changes, call_id=None, undo_waived=False)
         return ctx
 
@@ -229,6 +235,7 @@ class ToolContext:
 
     def after_change(self, token, expected=None):
         """Fingerprint the path after the change (or the state `expected` when undo reaches this record)."""
+        self.confinement.changed()
         if token is not None:
             record, real = token
             if expected is None:
@@ -257,10 +264,11 @@ class ToolContext:
         """A change at a protected path (or a directory holding one) needs a person's yes, in every mode;
         so does a copy of `source` (a Target) that creates one below `target`. `shows()` gives what the
         change writes (a diff): the person sees the code a hook or start-up file would run before saying yes."""
-        what = protected_reason(target, self.protected, self.root, lambda: self.check_deadline(tool))
+        conf, check = self.confinement, lambda: self.check_deadline(tool)
+        conf.before_change()
+        what = conf.target_reason(target, check)
         if what is None and source is not None:
-            what = protected_copied(source, target.real, self.protected, self.root,
-                                    lambda: self.check_deadline(tool))
+            what = conf.copied_reason(source, target.real, check)
         if what is None:
             return
         detail = "%s %s changes %s, a protected path (agent.tools.protected_paths)" % (
@@ -270,6 +278,7 @@ class ToolContext:
         change = shows() if shows is not None else None
         if not self.ask(tool, args, detail + ("\n" + change if change else "")):
             raise ToolError("the user declined: %s" % detail)
+        conf.accept(target.real)
 
 
 class _Borrowed:
@@ -2305,8 +2314,8 @@ class Terminal(Tool):
     permission = EXECUTE
 
     def run(self, args, ctx):
-        term = ctx.terminal
-        policy = ctx_policy(ctx)
+        term, conf = ctx.terminal, ctx.confinement
+        policy = conf.policy
         command = args["command"]
         mode = ctx.terminal_mode
         audit = ctx.audit
@@ -2340,7 +2349,8 @@ class Terminal(Tool):
                                 % command)
             if remaining < timeout:
                 timeout, by_run = remaining, True
-        sandbox = ctx_sandbox(ctx)
+        sandbox = conf.sandbox
+        conf.before_change()
         watch = sandbox.watch()
         if watch is not None:
             watch.begin()  # what changed since the last command (a file tool a person approved) is not its doing
@@ -2351,9 +2361,10 @@ class Terminal(Tool):
                 raise
             except BaseException:  # Ctrl-C, SIGTERM: what the command planted goes, unasked, before it travels on
                 if watch is not None:
-                    _remove_protected(ctx, watch, _protected_found(ctx, watch))
+                    _remove_protected(ctx, watch, watch.found())
                 raise
             body = _format_streams(res, ctx.limit("max_output_size", 1048576))
+            conf.changed()
             if watch is not None:
                 _settle_protected(ctx, watch, command, body)
         finally:
@@ -2385,7 +2396,7 @@ class Terminal(Tool):
 def _settle_protected(ctx, watch, command, body):
     """After a command: protected paths it created, and repositories made during the run that it armed,
     are a person's to keep (chat, every mode) or are removed (headless); the model is told either way."""
-    found = _protected_found(ctx, watch)
+    found = watch.found()
     if not found:
         return
     detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
@@ -2408,41 +2419,25 @@ def _settle_protected(ctx, watch, command, body):
         "; COULD NOT REMOVE: %s" % ", ".join(failed) if failed else "", body))
 
 
-def _protected_found(ctx, watch):
-    """[(path, reason)]: what appeared among the protected paths since the last look, and kept repositories
-    that would now run code; inert new repositories (git init, git clone) are kept and watched."""
-    found = []
-    for path in watch.refresh():
-        if path in watch.repos:
-            reason = repository_runs_code(path, ctx.root)
-            if reason is None:
-                watch.keep(path)  # inert (git init, git clone): kept, and checked after later commands
-                continue
-            found.append((path, reason))
-        elif path in watch.unwatchable:
-            found.append((path, "a directory that cannot be looked into: %s" % watch.unwatchable[path]))
-        else:
-            found.append((path, "a protected path"))
-    found += [(path, repository_runs_code(path, ctx.root) or "changed") for path in watch.armed()
-              if path not in [f for f, _ in found]]
-    return found
-
-
 def _remove_protected(ctx, watch, found):
     """Remove what _protected_found found: ([removed, ...], [failed with why, ...]), both shown relative."""
     removed, failed = [], []
     for path, _ in found:
-        rel = os.path.relpath(path, ctx.root)
+        # a directory of the person's (the working directory itself) that a command made a repository by adding
+        # the parts git looks for loses only what makes it one
+        targets = [os.path.join(path, n) for n in ("HEAD", "commondir")] if path in watch.defuse else [path]
         try:  # through its parent: a directory deeper than a path can name is removed too
-            with ctx.jail.resolve(os.path.dirname(rel) or ".") as parent:
-                fd = parent.open_dir()
-                try:
-                    os.stat(os.path.basename(rel), dir_fd=fd, follow_symlinks=False)
-                    remove_at(fd, os.path.basename(rel))
-                except FileNotFoundError:
-                    pass  # gone already
-                finally:
-                    os.close(fd)
+            for target in targets:
+                rel = os.path.relpath(target, ctx.root)
+                with ctx.jail.resolve(os.path.dirname(rel) or ".") as parent:
+                    fd = parent.open_dir()
+                    try:
+                        os.stat(os.path.basename(rel), dir_fd=fd, follow_symlinks=False)
+                        remove_at(fd, os.path.basename(rel))
+                    except FileNotFoundError:
+                        pass  # gone already
+                    finally:
+                        os.close(fd)
             removed.append(display_path(path, ctx.root))
         except (OSError, ToolError) as exc:
             failed.append("%s (%s)" % (display_path(path, ctx.root), getattr(exc, "strerror", None) or exc))
@@ -2471,26 +2466,6 @@ def _audit(audit, ctx, command, outcome, duration, verdict):
             audit.record(ctx.root, command, outcome, duration, verdict)
         except OSError:
             pass  # an unwritable audit log must not stop the work
-
-
-def ctx_sandbox(ctx):
-    """The context's Sandbox; a context built without one (tests, embedding) gets one from its terminal
-    configuration, confining by default."""
-    if ctx.sandbox is None:
-        term = ctx.terminal
-        ctx.sandbox = Sandbox(ctx.root, term.get("sandbox") or WORKSPACE_WRITE, network=term.get("network"),
-                              env_passthrough=term.get("env_passthrough") or (), secrets=ctx.secrets,
-                              xzatoma_home=ctx.xzatoma_home, protected=ctx.protected)
-    return ctx.sandbox
-
-
-def ctx_policy(ctx):
-    policy = ctx._policy
-    if policy is None:
-        term = ctx.terminal
-        policy = CommandPolicy(ctx.root, term.get("allowlist") or DEFAULT_ALLOWLIST, term.get("custom_denylist") or ())
-        ctx._policy = policy
-    return policy
 
 
 # ---- Fetch ----
@@ -3081,37 +3056,49 @@ def build_registry(mode, ctx, extra=()):
 # tools above (they ask it); its API is listed in the module docstring.
 
 
-# ---- Confinement: the protected set ----
+# ---- Confinement: what the agent may touch ----
+# One object per session (one per watcher process) answers "is this protected?" for every wall: the file tools
+# ask it before a change, the command policy before a write, the sandbox for its read-only binds, and the
+# after-command watch for what a command made. Nothing else keeps a list of protected names or its own root.
 
 class ToolError(Exception):
-    """Raised inside a tool for a failure the model should see as `Error: …`."""
+    """Raised inside a tool (or by a wall of the kernel) for a failure the model should see as `Error: …`."""
 
 
-#: Paths beneath the working directory that run code or hold credentials the next time a person, git
-#: or a shell uses them: a tool may change them only with a person's yes, in every mode (YOLO too),
-#: and never in a headless run. Matched after resolution and case-insensitively (macOS and Windows
-#: filesystems fold case: `.GIT/config` is `.git/config` there).
+#: THE list of protected names, beneath the working directory and every home directory: what runs code or hands
+#: over credentials the next time a person, git or a shell uses it. A file tool changes them only with a
+#: person's yes (never headless), the policy denies commands that write them, the sandbox binds them read-only
+#: and the watch removes new ones. Matched after resolution and folded (`.GIT/config` is `.git/config` on macOS).
 PROTECTED_NAMES = (
     # version control: hooks, config (core.fsmonitor, core.hooksPath), a worktree's `.git` pointer file
     ".git", ".hg", ".gitconfig", ".config/git", ".git-credentials",
     # shells and their start-up files
     ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zprofile", ".zshenv",
-    ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login", ".kshrc", ".inputrc", ".config/fish",
+    ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login", ".kshrc", ".mkshrc", ".inputrc", ".config/fish",
     ".xprofile", ".xinitrc", ".xsession", ".pam_environment", ".config/autostart", ".config/systemd",
     ".bash_aliases", ".xsessionrc", ".config/environment.d",
     # keys and credentials, and what picks the code Python and pip load (a keyring backend, an index)
     ".ssh", ".gnupg", ".aws", ".kube", ".docker/config.json", ".netrc", ".npmrc", ".pypirc", ".pgpass",
     ".config/gh", ".config/xzatoma", ".config/python_keyring", ".config/pip", ".pip", ".pydistutils.cfg",
 )
-#: Protected in a home directory only (the jail is it, holds it or lies in it): what runs code at the next
-#: login, shell, Python start or tool use there, under names a project uses for its own files (`bin/`)
+#: protected in a home directory only (outside the tree, or a home the tree is, holds or lies in): what runs code
+#: at the next login, shell, Python start or tool use there, under names a project uses for its own files (`bin/`)
 HOME_PROTECTED_NAMES = (
-    ".local/bin", "bin", ".local/lib", ".local/share/applications", ".config/nvim", ".vimrc", ".vim",
-    ".emacs", ".emacs.d", ".gdbinit", ".pdbrc", ".pythonrc", ".ipython", ".tmux.conf", ".screenrc",
-    ".psqlrc", ".sqliterc", ".curlrc", ".wgetrc", ".cargo", ".m2", ".gradle",
+    ".local/bin", "bin", ".local/lib", ".local/share/applications", ".local/share/systemd", ".config/nvim",
+    ".vimrc", ".vim", ".emacs", ".emacs.d", ".gdbinit", ".pdbrc", ".pythonrc", ".ipython", ".tmux.conf",
+    ".screenrc", ".psqlrc", ".sqliterc", ".curlrc", ".wgetrc", ".cargo", ".m2", ".gradle", ".docker",
+    ".config/gcloud", ".azure",
 )
+#: what a command must not read and send over the network (the policy's exfiltration check)
+CREDENTIAL_NAMES = (".ssh", ".gnupg", ".aws", ".netrc", ".pgpass", ".docker", ".kube", ".npmrc", ".pypirc",
+                    ".config/gh", ".config/gcloud", ".azure", ".git-credentials")
 #: directory names protected wherever they appear: nested repositories' metadata
 PROTECTED_ANYWHERE = (".git", ".hg")
+#: outside the tree, whatever the home directories: a change there is the system's, not the project's
+SYSTEM_PROTECTED = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys",
+                    "/root", "/var/spool/cron", "/var/lib", "/dev/mem", "/dev/kmem", "/dev/port",
+                    "/proc/sysrq-trigger", "/proc/sys")
+_DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d|nbd|rbd|zd|mtd)")
 _fold_memo = {}
 
 
@@ -3139,16 +3126,22 @@ def fold_path(path):
     return "/".join(fold_name(part) for part in path.split("/"))
 
 
-def protected_paths(root, xzatoma_home=None, extra=()):
-    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME and config extras.
+def protected_paths(root, xzatoma_home=None, extra=(), homes=()):
+    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME, `extra` and the names of
+    the `homes` that lie in it (or that it lies in: `cd ~/.ssh` protects all of the root).
 
     `extra` (agent.tools.protected_paths) holds paths relative to the working directory or absolute
-    ones; those outside `root` are left out (the jail keeps tools out of them anyway). Directories
-    named .git or .hg anywhere below are protected too (see protected_reason).
+    ones; those outside `root` are left out (the jail keeps tools out of them anyway). Repositories
+    anywhere below are protected too, found by git's own rules (Confinement.reason).
     """
     root = os.path.realpath(root)
     out = [os.path.join(root, name) for name in PROTECTED_NAMES]
     out.extend(p for p in _protected_around(root) if p not in out)
+    for home in homes:  # joined to the real home: only what would lie in or above the root is looked up
+        for name in PROTECTED_NAMES + HOME_PROTECTED_NAMES:
+            path = os.path.join(home, name)
+            if _inside(path, root) or _inside(root, path):
+                extra = list(extra) + [path]
     for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
         path = os.path.expanduser(path)
         if _is_glob(path):  # '*.pem', 'secrets/**': matched against paths relative to the root
@@ -3169,27 +3162,16 @@ def protected_paths(root, xzatoma_home=None, extra=()):
 
 def _protected_around(root):
     """The root itself or the directory above it that holds it, when that is repository metadata: a `.git`
-    or `.hg` directory (`cd .git/hooks`), or a git directory by its shape (a bare clone, a worktree's
-    gitdir: HEAD with objects/ and refs/, or a commondir). Names like `hooks` or `config` are then git's."""
+    or `.hg` directory (`cd .git/hooks`), or a git directory by git's own rules (a bare clone, a worktree's
+    gitdir). Names like `hooks` or `config` are then git's."""
     out, path = [], root
     while True:
-        if fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or _is_git_directory(path):
+        if fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or is_git_dir(path):
             out.append(path)
         parent = os.path.dirname(path)
         if parent == path:
             return out
         path = parent
-
-
-def _is_git_directory(path):
-    """git's own test for a directory it uses as a repository (setup.c: is_git_directory), lstat only."""
-    def is_a(name, test):
-        try:
-            return test(os.lstat(os.path.join(path, name)).st_mode)
-        except OSError:
-            return False
-    return is_a("HEAD", stat.S_ISREG) and (is_a("commondir", stat.S_ISREG) or (
-        is_a("objects", stat.S_ISDIR) and is_a("refs", stat.S_ISDIR)))
 
 
 def _is_glob(path):
@@ -3202,52 +3184,244 @@ def protected_globs(protected, root):
     return [display_path(p, root).lower() for p in protected if _is_glob(p)]
 
 
-def _resolved_protected(root, protected):
-    """The protected paths plus where they really are: `.git` may be a symlink to `repo-meta/`, or a
-    worktree's `.git` file naming its gitdir; changing those is changing .git."""
-    jail, out = Jail(root), list(protected)
-    for path in protected:
-        if _is_glob(path):
-            continue
-        try:
-            with jail.resolve(path) as target:
-                real, st = target.real, target.lstat()
-                pointer = b""
-                if st is not None and stat.S_ISREG(st.st_mode) and os.path.basename(path) == ".git":
-                    fd = target.open_regular("")
-                    try:
-                        pointer = read_fd(fd, 4096)
-                    finally:
-                        os.close(fd)
-        except (ToolError, OSError):
-            continue
-        if real != path:
-            out.append(real)
-        gitdirs = [real] if os.path.basename(path) == ".git" and st is not None and stat.S_ISDIR(st.st_mode) else []
-        if pointer.startswith(b"gitdir:"):
-            gitdir = os.fsdecode(pointer[7:].strip().splitlines()[0]) if pointer[7:].strip() else ""
-            try:
-                gitdirs.append(resolve_path(os.path.join(os.path.dirname(real), gitdir), root))
-                out.append(gitdirs[-1])
-            except (ToolError, OSError):
-                pass  # a gitdir outside the tree: the jail keeps tools out of it anyway
-        for gitdir in gitdirs:
-            out.extend(_git_config_paths(jail, root, os.path.dirname(real), gitdir))
-    # nested repositories (vendored clones, submodules): their .git may be a file naming a gitdir
-    # elsewhere in the tree, and their config names hooks and programs relative to their own top; the
-    # repository enclosing the working directory may name programs inside it too
-    nested, _ = nested_repositories(root)
-    for dot in nested + git_dirs(root):
-        if os.path.basename(dot).lower() != ".git":
-            continue
-        top = os.path.dirname(dot)
-        gitdir = _gitdir_of(dot)
-        if gitdir is None:
-            continue
-        if _inside(gitdir, root) and gitdir not in out:
-            out.append(gitdir)
-        out.extend(_git_config_paths(jail, root, top, gitdir))
-    return out
+class Confinement:
+    """What the agent may touch: the canonical root, the one protected set, the jail, the command policy and
+    the OS sandbox, built once per session (once per watcher process) from the working directory and the
+    configuration. `reason(path)` is the one answer to "is this protected?" that every wall asks.
+
+    `extra` is agent.tools.protected_paths (and the agent's own code); `home` is what `~` means to commands;
+    `homes` are every home directory whose keys and start-up files are protected; `terminal` is the
+    agent.terminal configuration (sandbox mode, network, allowlist …); `private_files` hold credentials or every
+    conversation outside XZATOMA_HOME (protected, and empty for commands)."""
+
+    def __init__(self, root, xzatoma_home=None, extra=(), home=None, homes=(), terminal=None, environ=None,
+                 secrets=(), private_files=(), sandbox=None):
+        #: the working directory, canonical: every wall compares with this one
+        self.root = os.path.realpath(root)
+        #: what `~` means to the policy
+        self.home = os.path.realpath(home or os.path.expanduser("~"))
+        self.homes = tuple(dict.fromkeys((self.home,) + tuple(os.path.realpath(h) for h in homes or ())))
+        self.xzatoma_home = xzatoma_home
+        self.terminal = dict(terminal or {})
+        self.environ = environ
+        self.secrets = tuple(secrets)
+        self.private_files = tuple(private_files or ())
+        #: every path a tool names resolves beneath the root; XZATOMA_HOME in the tree is hidden
+        self.jail = Jail(self.root, hidden=[xzatoma_home] if xzatoma_home else ())
+        #: the static protected set beneath the root (absolute paths and globs), built once
+        self.protected = protected_paths(self.root, xzatoma_home, list(extra or ()) + list(self.private_files),
+                                         self.homes)
+        self.globs = protected_globs(self.protected, self.root)
+        #: outside the root: (folded path, as shown) for the homes' names, XZATOMA_HOME and the private files
+        self._outside = [(fold_path(os.path.join(h, n)), ("~/" if h == self.home else h + "/") + n)
+                         for h in self.homes for n in PROTECTED_NAMES + HOME_PROTECTED_NAMES]
+        self._outside += [(fold_path(os.path.abspath(p)), p) for p in ([xzatoma_home] if xzatoma_home else []) +
+                          list(self.private_files)]
+        self._sandbox, self._policy = sandbox, None
+        self._lock = threading.RLock()
+        self._resolved = None  #: [(path, folded)] of _resolved_protected, until the next change
+        self._deferred = None  #: {rel: identity} of the deferred-execution files, taken before the first change
+        self._git = {}  #: PATH -> the git program outside the tree (or None)
+
+    def __eq__(self, other):
+        return isinstance(other, Confinement) and (other.root, other.protected) == (self.root, self.protected)
+
+    def __hash__(self):
+        return hash(self.root)
+
+    @property
+    def policy(self):
+        """The CommandPolicy (agent.terminal.allowlist, custom_denylist), built on first use."""
+        with self._lock:
+            if self._policy is None:
+                self._policy = CommandPolicy(self, self.terminal.get("allowlist") or DEFAULT_ALLOWLIST,
+                                             self.terminal.get("custom_denylist") or ())
+            return self._policy
+
+    @property
+    def sandbox(self):
+        """The Sandbox terminal commands run in (agent.terminal.sandbox …), built on first use, started on the
+        first command."""
+        with self._lock:
+            if self._sandbox is None:
+                t = self.terminal
+                self._sandbox = Sandbox(self, t.get("sandbox") or WORKSPACE_WRITE, network=t.get("network"),
+                                        environ=self.environ, env_passthrough=t.get("env_passthrough") or (),
+                                        keep_home=t.get("keep_home"), secrets=self.secrets,
+                                        assume_missing=t.get("sandbox_assume_missing") or ())
+            return self._sandbox
+
+    def close(self):
+        """Ends every command still running and removes the sandbox's TMPDIR."""
+        if self._sandbox is not None:
+            self._sandbox.close()
+
+    def changed(self):
+        """Something in the tree changed (a command ran, a file tool wrote): what is derived from it is looked
+        at again."""
+        self._resolved = None
+
+    def _resolved_set(self):
+        with self._lock:
+            if self._resolved is None:
+                self._resolved = [(p, fold_path(p)) for p in _resolved_protected(self, self.protected)]
+            return self._resolved
+
+    # -- the one answer --
+    def reason(self, path, holding=True):
+        """What protected path a change at the absolute `path` touches (as shown to people), or None: the path
+        itself, anything inside a protected path and, holding=True, a directory that holds one (deleting or
+        replacing `src/` deletes `src/.git`). Inside the tree: the protected set, configured globs,
+        repositories and virtualenvs' start-up code by their own rules (also one this change would make);
+        outside: the home directories' names, XZATOMA_HOME, the private files, system directories, disks."""
+        folded = fold_path(path)
+        if _inside(path, self.root):
+            for p, q in self._resolved_set():
+                if folded == q or folded.startswith(q + "/") or (holding and q.startswith(folded.rstrip("/") + "/")):
+                    return display_path(p, self.root)
+            return _protected_rel(display_path(path, self.root), self.globs, self.root) or \
+                self._code_around(path, holding)
+        for q, shown in self._outside:
+            if folded == q or folded.startswith(q + "/") or (holding and q.startswith(folded.rstrip("/") + "/")):
+                return shown
+        for name in SYSTEM_PROTECTED:
+            if path == name or path.startswith(name + "/"):
+                return name
+        return "a disk device" if _DEVICE.match(path) else None
+
+    def runs_later(self, path):
+        """For a path in the tree: the repository or virtualenv start-up code that a change there is in or would
+        make (a .git/.hg anywhere, a directory git takes for a repository, where a .git really is and the hooks
+        its config names, a .pth file …), or None. The policy denies writing these; the tree's other protected
+        names are the sandbox's and the watch's to keep (a person may say yes to them)."""
+        folded, static = fold_path(path), set(self.protected)
+        for p, q in self._resolved_set():
+            if p not in static and (folded == q or folded.startswith(q + "/")):
+                return display_path(p, self.root)
+        return _protected_rel(display_path(path, self.root), (), self.root) or self._code_around(path, False)
+
+    def _code_around(self, real, holding):
+        """A repository or virtualenv start-up file that a change at `real` is (holding=True), is in, or would
+        make: each directory from `real` up to the root is judged as git judges one, with the entry this change
+        adds to it, and as Python finds a virtualenv's start-up code."""
+        if holding and is_git_dir(real):
+            return display_path(real, self.root) + " (a git directory)"
+        if holding and os.path.lexists(os.path.join(real, "pyvenv.cfg")):
+            return display_path(real, self.root) + " (a virtualenv)"
+        d, child = os.path.dirname(real), os.path.basename(real)
+        while _inside(d, self.root):
+            if is_git_dir(d, adding=child):
+                return display_path(d, self.root) + " (a git directory)"
+            if os.path.lexists(os.path.join(d, "pyvenv.cfg")) or (d, fold_name(child)) == (
+                    os.path.dirname(real), "pyvenv.cfg"):  # a virtualenv, or one this change makes
+                hit = venv_code(os.path.relpath(real, d))
+                if hit:
+                    return "%s (%s)" % (display_path(real, self.root), hit)
+            if d == self.root:
+                return None
+            d, child = os.path.dirname(d), os.path.basename(d)
+        return None
+
+    def target_reason(self, target, check=None):
+        """reason() for a file tool's Target, and for a directory anything protected below it."""
+        return self.reason(target.real) or self._below(target, target.real, check)
+
+    def copied_reason(self, source, destination, check=None):
+        """What protected path copying the tree at `source` (a Target) to `destination` creates below it."""
+        return self._below(source, destination, check)
+
+    def _below(self, target, where, check=None):
+        """The first protected path below the directory Target `target` were its tree at `where`: a `.git`, a
+        glob's match, a git directory by git's rules, a virtualenv's start-up code; else None."""
+        st = target.lstat()
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            return None
+        names, venvs = {}, _venvs_above(where, self.root)
+        for sub, _, name, _ in _subtree(target.dir_fd, target.name, check):
+            path = os.path.join(where, sub)
+            hit = sub and _protected_rel(display_path(path, self.root), self.globs, self.root)
+            if hit:
+                return hit
+            if sub:
+                names.setdefault(os.path.dirname(path), []).append(name)
+                venvs += [os.path.dirname(path)] if fold_name(name) == "pyvenv.cfg" else []
+        for d, entries in names.items():
+            if is_git_dir(d, names=entries):
+                return display_path(d, self.root) + " (a git directory)"
+            for v in (v for v in venvs if _inside(d, v)):
+                hit = next(filter(None, (venv_code(os.path.relpath(os.path.join(d, n), v)) for n in entries)), None)
+                if hit:
+                    return "%s (%s)" % (display_path(d, self.root), hit)
+        return None
+
+    def binds(self):
+        """What the sandbox makes read-only for commands: the protected set as it really is (a `.git` link's
+        target, a gitdir, the hooks and programs a repository's config names), existing, links left out."""
+        out = []
+        for p, _ in self._resolved_set():
+            if not _is_glob(p) and os.path.lexists(p) and not os.path.islink(p) and p not in out:
+                out.append(p)
+        return out
+
+    def accept(self, path):
+        """A person said yes to a change at `path`: the after-command watch does not ask about it again."""
+        watch = getattr(self._sandbox, "_watch", None)
+        if watch:
+            watch.keep(path, accepted=True)
+
+    def git(self, path=None):
+        """The git program a command would run (the first on `path`, default the environment's PATH), when it
+        lies outside the tree, or None: the one asked what a repository's configuration says."""
+        path = path if path is not None else (self.environ or os.environ).get("PATH", os.defpath)
+        with self._lock:
+            if path not in self._git:
+                self._git[path] = None
+                for entry in path.split(os.pathsep):
+                    candidate = os.path.join(entry, "git")
+                    if entry.startswith("/") and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                        real = os.path.realpath(candidate)
+                        self._git[path] = None if _inside(real, self.root) else real
+                        break
+            return self._git[path]
+
+    def before_change(self):
+        """A tool is about to change the tree: the files that run later by design are noted first (once per
+        run), so that the run's end can list those it changed."""
+        with self._lock:
+            if self._deferred is None:
+                self._deferred = deferred_files(self.root)
+
+    def deferred_changed(self, reset=True):
+        """The files that run later by design (deferred_files) this run created or changed, relative and
+        sorted: [] when no tool changed anything. reset: the next run starts a list of its own."""
+        with self._lock:
+            before, self._deferred = self._deferred, None if reset else self._deferred
+        if before is None:
+            return []
+        return sorted(p for p, ident in deferred_files(self.root).items() if before.get(p) != ident)
+
+
+# ---- Repositories and virtualenvs, judged by their own rules ----
+# What runs code later without anyone running it: a repository's hooks and configuration (the person's next
+# `git status`), a virtualenv's .pth files, sitecustomize and interpreter (the next Python start). Found the way
+# git and Python find them, wherever they are and in whatever order their parts were made; a repository's
+# configuration is read by git itself, never by a parser of ours that could split a line where git does not.
+
+def is_git_dir(path, adding=None, names=None):
+    """Would git use `path` as a repository directory, or is it one part from it? setup.c's is_git_directory
+    wants HEAD, and objects and refs (or a commondir saying where they are), of any kind (git asks access(),
+    not the type); HEAD with any one of them counts here, so that the last part is never the one unnoticed.
+    `adding` is an entry a change is about to make there; `names`, its entries when they are known."""
+    added = fold_name(adding) if adding else None
+    if names is not None:
+        have = {fold_name(n) for n in names}
+    elif added != "head" and not os.path.lexists(os.path.join(path, "HEAD")):
+        return False
+    else:
+        have = {n for n in ("head", "objects", "refs", "commondir")
+                if os.path.lexists(os.path.join(path, "HEAD" if n == "head" else n))}
+    have.add(added)
+    return "head" in have and bool(have & {"objects", "refs", "commondir"})
 
 
 def _read_small(path, limit=4096):
@@ -3264,139 +3438,85 @@ def _read_small(path, limit=4096):
 
 
 def _gitdir_of(dot):
-    """The real git directory a `.git` entry stands for (itself, or the `gitdir:` its file names)."""
+    """The real git directory a `.git` entry (or a bare repository) stands for: itself, or the `gitdir:` its
+    file names."""
     if os.path.isdir(dot) and not os.path.islink(dot):
         return os.path.realpath(dot)
-    fd = open_if_regular(dot)
-    if fd is None:
-        return None
-    try:
-        line = read_fd(fd, 4096).decode("utf-8", "replace").strip().splitlines()
-    finally:
-        os.close(fd)
+    line = (_read_small(dot) or b"").decode("utf-8", "replace").strip().splitlines()
     if not line or not line[0].startswith("gitdir:"):
         return None
     return os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
 
 
-#: config keys whose value is a path even without a slash: the hooks directory, an included config file
-_GIT_PATH_KEYS = ("hookspath", "path")
-
-
-def _git_config_paths(jail, root, top, gitdir):
-    """In-tree paths a repository's own config makes git run or read as config: core.hooksPath,
-    programs named with a slash (fsmonitor, pager, textconv, filters, aliases, helpers …), include
-    paths. Writing them runs code at the user's next git command, like writing .git/hooks does."""
-    out, seen = [], set()
-    todo = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-    pointer = _read_small(os.path.join(gitdir, "commondir"))
-    if pointer and pointer.strip():  # a worktree's gitdir names the main repository's (its config, its hooks)
-        common = os.path.realpath(os.path.join(gitdir, os.fsdecode(pointer.strip().splitlines()[0])))
-        todo.insert(0, os.path.join(common, "config"))
-        if _inside(common, root):
-            out.append(common)
-    while todo and len(seen) < 16:
-        config = todo.pop(0)
-        if config in seen:
+def _resolved_protected(conf, protected):
+    """The protected paths plus where they really are: `.git` may be a symlink to `repo-meta/`, or a
+    worktree's `.git` file naming its gitdir; the hooks and programs a repository's config names, also of the
+    repositories nested in the tree and of the one enclosing it. Changing those is changing .git."""
+    root, out = conf.root, list(protected)
+    for path in protected:
+        if _is_glob(path):
             continue
-        seen.add(config)
         try:
-            if _inside(config, root):
-                with jail.resolve(config) as target:
-                    fd = target.open_regular("")
-            else:  # the enclosing repository's config: read for this judgement only, never shown
-                fd = open_if_regular(config, follow=True)
-                if fd is None:
-                    continue
-            try:
-                text = read_fd(fd, 1 << 20).decode("utf-8", "replace")
-            finally:
-                os.close(fd)
+            with conf.jail.resolve(path) as target:
+                real, st = target.real, target.lstat()
         except (ToolError, OSError):
             continue
-        for line in text.splitlines():
-            line = re.sub(r'^\s*\[[^\]]*\]', "", line).strip()
-            if "=" not in line or line[:1] in "#;":
-                continue
-            key, value = line.split("=", 1)
-            key = key.strip().lower()
-            for token in re.split(r"[\s;|&()<>`]+", value.replace('"', " ").replace("'", " ")):
-                token = token.lstrip("!")
-                if not token or token.startswith("-") or token[:1] in "#;":
-                    continue
-                if key in _GIT_PATH_KEYS:
-                    base = os.path.dirname(config) if key == "path" else top
-                elif "/" in token or token.startswith("~"):
-                    base = top
-                else:
-                    continue
-                try:
-                    found = resolve_path(os.path.join(base, os.path.expanduser(token)), root)
-                except (ToolError, OSError):
-                    continue
-                if found != root and found not in out:
-                    out.append(found)
-                    if key == "path":
-                        todo.append(found)
+        if real != path:
+            out.append(real)
+        if fold_name(os.path.basename(path)) == ".git" and st is not None:
+            _add_gitdir(conf, out, real)
+    nested, _ = nested_repositories(root)
+    for dot in nested + git_dirs(root):
+        if fold_name(os.path.basename(dot)) == ".git":
+            _add_gitdir(conf, out, dot)
     return out
 
 
-def protected_reason(target, protected, root, check=None):
-    """What protected path a change at `target` (a Target) touches, or None.
-
-    The target itself, anything inside a protected directory, and a directory that holds a
-    protected path (deleting or replacing `src/` deletes `src/.git`) all count.
-    """
-    real = fold_path(target.real)
-    globs = protected_globs(protected, root)
-    for path in _resolved_protected(root, protected):
-        p = fold_path(path)
-        if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
-            return display_path(path, root)
-    rel = display_path(target.real, root)
-    hit = _protected_rel(rel, globs, root) or _git_dir_around(target.real, root)
-    if hit:
-        return hit
-    return _protected_below(target, rel, globs, check)
+def _add_gitdir(conf, out, dot):
+    """Adds to `out` the git directory of the `.git` entry `dot`, a linked worktree's common one, and the
+    in-tree paths their config names."""
+    gitdir = _gitdir_of(dot)
+    common = _read_small(os.path.join(gitdir, "commondir")) if gitdir else None
+    for d in [gitdir] + ([os.path.realpath(os.path.join(gitdir, os.fsdecode(common.strip())))] if common and
+                         common.strip() else []) if gitdir else []:
+        if _inside(d, conf.root) and d not in out:
+            out.append(d)
+    if gitdir is not None:
+        out.extend(_git_config_paths(conf, os.path.dirname(dot), gitdir))
 
 
-def _git_dir_around(real, root):
-    """The repository directory a change at `real` lies in, or would make, by git's own test (a HEAD file
-    beside objects/ or commondir), below the root: a bare clone `mirror.git/` in the tree runs its hooks
-    and config for the next git command there like any .git. None otherwise."""
-    parent, name = os.path.dirname(real), os.path.basename(real)
-    if _inside(parent, root) and parent != root and name in ("HEAD", "objects", "commondir"):
-        head = name == "HEAD" or os.path.isfile(os.path.join(parent, "HEAD"))
-        store = name in ("objects", "commondir") or os.path.isdir(os.path.join(parent, "objects")) or \
-            os.path.isfile(os.path.join(parent, "commondir"))
-        if head and store:
-            return display_path(parent, root) + " (a git directory)"
-    d = parent
-    while d != root and _inside(d, root):
-        if _is_git_dir(d):
-            return display_path(d, root) + " (a git directory)"
-        d = os.path.dirname(d)
-    return None
-
-
-def protected_copied(source, destination, protected, root, check=None):
-    """What protected path copying the tree at `source` (a Target) to `destination` (a real path) creates
-    below it, or None: a copied `.git` (a repository, hooks and all) or a name a configured glob protects."""
-    globs = protected_globs(protected, root)
-    return _protected_below(source, display_path(destination, root), globs, check)
-
-
-def _protected_below(target, rel, globs, check=None):
-    """The first protected path below the directory Target `target` when its tree stands at `rel`, or None."""
-    st = target.lstat()
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return None
-    for sub, _, _, _ in _subtree(target.dir_fd, target.name, check):
-        if sub:
-            hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs, target.root)
-            if hit:
-                return hit
-    return None
+def _git_config_paths(conf, top, gitdir):
+    """In-tree paths a repository's own config makes git run or read as config: core.hooksPath, programs
+    named with a slash (fsmonitor, pager, textconv, filters, aliases, helpers …), include paths. Writing them
+    runs code at the person's next git command, like writing .git/hooks does."""
+    out, entries = [], git_config(gitdir, conf.git())
+    if entries is None:  # git cannot say: each `key = value` line of its own files, as written
+        entries = []
+        for config in (os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")):
+            for line in (_read_small(config, 1 << 20) or b"").decode("utf-8", "replace").split("\n"):
+                key, eq, value = re.sub(r'^\s*\[[^\]]*\]', "", line).partition("=")
+                if eq:
+                    entries.append((key.strip().lower(), value, config))
+    for key, value, origin in entries:
+        name = key.rsplit(".", 1)[-1].lower()
+        for token in re.split(r"[\s;|&()<>`]+", value.replace('"', " ").replace("'", " ")):
+            token = token.lstrip("!")
+            if not token or token.startswith("-") or token[:1] in "#;":
+                continue
+            if name in ("hookspath", "path"):
+                base = os.path.dirname(origin) if name == "path" else top
+            elif "/" in token or token.startswith("~"):
+                base = top
+            else:
+                continue
+            try:
+                with conf.jail.resolve(os.path.join(base, os.path.expanduser(token))) as target:
+                    found = target.real
+            except (ToolError, OSError):
+                continue
+            if found != conf.root and found not in out:
+                out.append(found)
+    return out
 
 
 def _protected_rel(rel, globs, root):
@@ -3414,6 +3534,302 @@ def _protected_rel(rel, globs, root):
                 if glob_match(pattern, os.path.join(root.lower(), sub) if pattern.startswith("/") else sub):
                     return "/".join(parts[: i + 1])
     return None
+
+
+def nested_repositories(root, max_dirs=2000):
+    """Repository metadata below the top of the working directory (submodules, vendored clones):
+    (paths, complete). Breadth-first, never following links, at most max_dirs directories looked at, so a
+    huge tree costs a bounded start-up; complete is False when the bound cut the search short."""
+    root = os.path.realpath(root)
+    found, queue, seen = [], [(root, 0)], 0
+    while queue:
+        path, depth = queue.pop(0)
+        seen += 1
+        if seen > max_dirs:
+            return found, False
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        for entry in entries:
+            if fold_name(entry.name) in PROTECTED_ANYWHERE:
+                if depth and not entry.is_symlink():
+                    found.append(entry.path)
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    queue.append((entry.path, depth + 1))
+            except OSError:
+                pass
+    return found, True
+
+
+#: repository configuration that only holds data, as git names its keys (`remote.*.url`: any remote's url).
+#: Everything else a repository's own configuration sets (core.fsmonitor, include.path, a diff driver,
+#: lfs.customtransfer.*.path, a key nobody here has heard of) makes git status/diff/log/show a `confirm`: a
+#: hostile repository ships its config, and only what is known to be data is allowed. No wildcard stands for a
+#: key, but for color.* and advice.*, whose every key is a colour or a boolean.
+GIT_DATA_KEYS = frozenset("""
+core.repositoryformatversion core.filemode core.bare core.logallrefupdates core.ignorecase core.precomposeunicode
+core.symlinks core.autocrlf core.eol core.safecrlf core.quotepath core.abbrev core.compression
+core.loosecompression core.sharedrepository core.untrackedcache core.splitindex core.checkstat core.trustctime
+core.preloadindex core.commentchar core.commentstring core.whitespace core.multipackindex core.commitgraph
+core.longpaths core.fscache core.warnambiguousrefs core.deltabasecachelimit core.bigfilethreshold
+core.packedgitlimit core.packedgitwindowsize core.checkroundtripencoding core.notesref core.filesreflocktimeout
+core.packedrefstimeout core.fsyncmethod core.fsync core.sparsecheckout core.sparsecheckoutcone
+remote.*.url remote.*.pushurl remote.*.fetch remote.*.push remote.*.tagopt remote.*.prune remote.*.prunetags
+remote.*.mirror remote.*.skipdefaultupdate remote.*.skipfetchall remote.*.promisor remote.*.partialclonefilter
+branch.*.remote branch.*.merge branch.*.rebase branch.*.pushremote branch.*.description
+submodule.*.url submodule.*.active submodule.*.branch submodule.*.path
+user.name user.email user.useconfigonly author.name author.email committer.name committer.email
+init.defaultbranch pull.rebase pull.ff push.default push.autosetupremote push.followtags fetch.prune
+fetch.prunetags fetch.writecommitgraph column.ui column.branch column.status column.tag i18n.commitencoding
+i18n.logoutputencoding rerere.enabled gc.auto gc.autodetach gc.writecommitgraph index.version index.threads
+index.skiphash feature.manyfiles maintenance.auto maintenance.strategy extensions.objectformat
+extensions.refstorage extensions.partialclone extensions.preciousobjects extensions.worktreeconfig
+lfs.repositoryformatversion lfs.url worktree.guessremote status.showuntrackedfiles
+""".split())
+_git_config_cache = {}
+
+
+def git_config(gitdir, git):
+    """The configuration of the repository at `gitdir` as git itself reads it (its config, a worktree's, a
+    linked worktree's common one, and what they include, whether or not git takes the directory for a
+    repository yet), without the system's, the person's or a command line's: [(key, value, origin file)],
+    keys as git writes them (`x.Sub.key`), or None when git (the program `git`, outside the tree) cannot be
+    asked or refuses. Asked once per state of the files it named."""
+    if not git or "\n" in gitdir:
+        return None
+    files = [os.path.join(gitdir, n) for n in ("config", "config.worktree", "commondir")]
+    common = _read_small(files[-1])
+    files += [os.path.join(gitdir, os.fsdecode(common.strip()), "config")] if common and common.strip() else []
+    if any(os.path.lexists(f) and not stat.S_ISREG(os.lstat(f).st_mode) for f in files):
+        return None  # a FIFO or device as the config: git would hang on it
+
+    def state(paths):
+        out = []
+        for p in paths:
+            try:
+                st = os.stat(p)
+                out.append((p, st.st_ino, st.st_ctime_ns, st.st_size))
+            except OSError:
+                out.append((p, None))
+        return tuple(out)
+    cached = _git_config_cache.get((gitdir, git))
+    if cached is not None and state(cached[0]) == cached[1]:
+        return cached[2]
+    import subprocess
+    env = {"PATH": os.path.dirname(git), "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent", "LC_ALL": "C",
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CEILING_DIRECTORIES": "/"}
+    quoted = ('"%s"' % f.replace("\\", "\\\\").replace('"', '\\"') for f in files if f.endswith("config")
+              or f.endswith("config.worktree"))
+    blob = "[include]\n" + "".join("\tpath = %s\n" % f for f in quoted)
+    try:  # git config only reads files (it runs nothing); no terminal to open, a time limit for a FIFO include
+        done = subprocess.run([git, "config", "--file", "-", "--list", "-z", "--includes", "--show-origin"],
+                              env=env, cwd="/", input=blob.encode("utf-8", "surrogateescape"), capture_output=True,
+                              timeout=3, start_new_session=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    items = done.stdout.decode("utf-8", "surrogateescape").split("\0")
+    entries = []
+    for origin, entry in zip(items[0::2], items[1::2]):
+        key, _, value = entry.partition("\n")
+        if origin.startswith("file:"):  # not the include lines of the blob above
+            entries.append((key, value, origin[5:]))
+    if len(_git_config_cache) > 256:
+        _git_config_cache.clear()
+    watched = files + [o for _, _, o in entries if o]
+    _git_config_cache[(gitdir, git)] = (watched, state(watched), entries)
+    return entries
+
+
+def git_config_reason(gitdir, git, submodule=False):
+    """The first key of a repository's own configuration that is not known to hold only data (as git names
+    it), or None; a reason too when git cannot be asked."""
+    entries = git_config(gitdir, git)
+    if entries is None:
+        return "a configuration git could not be asked about" if git else "no git outside the tree to ask"
+    for key, _, _ in entries:
+        section, _, rest = key.partition(".")
+        name = section.lower() + (".*." if "." in rest else ".") + rest.rsplit(".", 1)[-1].lower()
+        if section.lower() not in ("color", "advice") and name not in GIT_DATA_KEYS and not (
+                submodule and name == "core.worktree"):  # every submodule's repository names its working tree
+            return key
+    return None
+
+
+def _git_repo_reason(git_entry, git, submodule=False):
+    """git_config_reason over a repository (a .git directory or file, or a bare one) and the repositories of
+    its submodules (modules/)."""
+    gitdir = _gitdir_of(git_entry)
+    if gitdir is None:
+        return "a .git file git may read differently"
+    gitdirs = [gitdir]
+    for top, subdirs, files in os.walk(os.path.join(gitdir, "modules")):
+        subdirs[:] = [d for d in subdirs if d not in ("objects", "refs", "logs", "hooks")]
+        if is_git_dir(top, names=subdirs + files):
+            gitdirs.append(top)
+        if len(gitdirs) > 64:
+            return "too many submodule repositories to check"
+    for i, d in enumerate(gitdirs):
+        reason = git_config_reason(d, git, submodule or i > 0)
+        if reason:
+            return reason
+    return None
+
+
+def _git_config_runs(dirs, git):
+    """The first key in the configuration of the repositories a git command in `dirs` meets (found as git
+    finds them: a `.git` or the directory itself, from each dir upwards; and those nested in the tree, as `git
+    status` recurses into submodules) that is not known to be inert, or None."""
+    for start in dirs:
+        d = start
+        while True:
+            dot = os.path.join(d, ".git")
+            if os.path.lexists(dot) or is_git_dir(d):
+                reason = _git_repo_reason(dot if os.path.lexists(dot) else d, git)
+                if reason:
+                    return reason
+                break
+            if os.path.dirname(d) == d:
+                break
+            d = os.path.dirname(d)
+        for nested in nested_repositories(start, 500)[0]:
+            if fold_name(os.path.basename(nested)) == ".git":
+                reason = _git_repo_reason(nested, git, submodule=True)
+                if reason:
+                    return reason
+    return None
+
+
+def repository_runs_code(dot, root, git):
+    """Would git or hg run something from this `.git`/`.hg` (a directory, a `gitdir:` file or a link) or bare
+    repository below root? A reason, or None for a repository as `git init`/`git clone` make it. Anything
+    unsure is a reason."""
+    if os.path.islink(dot):
+        return "a link"
+    if fold_name(os.path.basename(dot)) == ".hg":
+        return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
+    gitdir = _gitdir_of(dot)
+    if gitdir is None:
+        return "a .git file git may read differently"
+    if not _inside(gitdir, root):
+        return "a gitdir outside the working directory"
+    reason = _git_repo_reason(dot, git)
+    if reason:
+        return "git config: %s" % reason
+    hook_dirs = [os.path.join(gitdir, "hooks")]
+    for top, subdirs, _ in os.walk(os.path.join(gitdir, "modules")):  # submodules' repositories: their hooks
+        subdirs[:] = [d for d in subdirs if d not in ("objects", "hooks", "refs", "logs")]  # run at `git submodule
+        if os.path.lexists(os.path.join(top, "hooks")):                                     # update` there
+            hook_dirs.append(os.path.join(top, "hooks"))
+        if len(hook_dirs) > 500:
+            return "too many submodule repositories to check"
+    for hooks in hook_dirs:
+        try:
+            names = os.listdir(hooks) if os.path.lexists(hooks) else []
+        except OSError:
+            return "unreadable hooks"
+        if os.path.islink(hooks):
+            return "a hooks link"
+        live = [n for n in names if not n.endswith(".sample")]
+        if live:
+            return "%s/%s" % (os.path.relpath(hooks, gitdir), live[0])
+    return None
+
+
+def venv_code(rel):
+    """What Python runs implicitly from `rel`, a path in a virtualenv relative to its top (where pyvenv.cfg
+    is), at every start there: its configuration (`home` picks the standard library), its interpreter links, a
+    site directory's .pth files (an `import` line runs), sitecustomize/usercustomize (a module, a compiled or
+    native one, a package). None for anything else (packages run only when imported)."""
+    parts = [fold_name(p) for p in rel.split("/")]
+    if parts == ["pyvenv.cfg"]:
+        return "a virtualenv's configuration"
+    if len(parts) == 2 and parts[0] in ("bin", "scripts") and parts[1].startswith(("python", "pypy")):
+        return "a virtualenv's interpreter"
+    if any(p.split(".")[0] in ("sitecustomize", "usercustomize") for p in parts):
+        return "code every Python start in a virtualenv runs"
+    if len(parts) > 1 and parts[-1].endswith(".pth") and parts[-2] in ("site-packages", "dist-packages"):
+        return "a .pth file every Python start in a virtualenv reads"
+    return None
+
+
+def _venvs_above(path, root):
+    """The virtualenvs (their tops) that `path` lies in, from the root down."""
+    out, d = [], path
+    while _inside(d, root):
+        if os.path.lexists(os.path.join(d, "pyvenv.cfg")):
+            out.insert(0, d)
+        if d == root:
+            break
+        d = os.path.dirname(d)
+    return out
+
+
+def startup_runs_code(path, root):
+    """Would Python run something from this virtualenv start-up file a command made? A reason, or None for
+    what `python -m venv` makes: pyvenv.cfg with its `home` outside the tree, interpreter links to a program
+    outside it, .pth files that only add directories outside it."""
+    name = fold_name(os.path.basename(path))
+    if name == "pyvenv.cfg":
+        for line in (_read_small(path) or b"home = \0").decode("utf-8", "replace").split("\n"):
+            key, _, value = line.partition("=")
+            if key.strip().lower() == "home" and (not value.strip() or "\0" in value or
+                                                   _inside(os.path.realpath(value.strip()), root)):
+                return "a virtualenv configuration whose home is %s" % (value.strip() or "unreadable")
+        return None
+    if name.startswith(("python", "pypy")) and not name.endswith(".pth"):
+        real = os.path.realpath(path)
+        return None if os.path.islink(path) and not _inside(real, root) and os.path.isfile(real) else \
+            "an interpreter that is not a link to one outside the working directory"
+    if name.endswith(".pth") and os.path.isfile(path) and not os.path.islink(path):
+        for line in (_read_small(path, 1 << 20) or b"import").decode("utf-8", "replace").split("\n"):
+            if line.startswith(("import ", "import\t")) or line.strip() and not line.startswith("#") and \
+                    _inside(os.path.realpath(os.path.join(os.path.dirname(path), line.strip())), root):
+                return "a .pth file that runs code or adds %s" % line.strip()[:60]
+        return None
+    return "code every Python start there runs"
+
+
+#: project files that are code by design and run later, when a person runs the build, the tests, the CI or
+#: opens the editor: a run changing them is not blocked, but they are listed at its end for review
+DEFERRED_NAMES = ("makefile", "gnumakefile", "*.mk", "conftest.py", "package.json", ".envrc", "justfile",
+                  "taskfile.yml", "noxfile.py", "tox.ini", "setup.py", "pyproject.toml", ".pre-commit-config.yaml",
+                  "dockerfile", ".gitlab-ci.yml", ".travis.yml", "jenkinsfile", "azure-pipelines.yml",
+                  "bitbucket-pipelines.yml", ".gitattributes", ".gitmodules")
+DEFERRED_DIRS = (".github/workflows", ".github/actions", ".circleci", ".vscode", ".devcontainer", ".husky",
+                 ".idea/runconfigurations")
+
+
+def deferred_files(root, max_dirs=20000):
+    """{relative path: identity} of the files in the tree that run later by design (DEFERRED_NAMES anywhere,
+    what DEFERRED_DIRS hold, a virtualenv's bin/); the identity (inode, ctime, size) changes with any write,
+    and a ctime cannot be set back."""
+    out, queue = {}, [("", False)]
+    while queue and max_dirs > 0:
+        rel, whole = queue.pop()
+        max_dirs -= 1
+        try:
+            entries = list(os.scandir(os.path.join(root, rel)))
+        except OSError:
+            continue
+        venv = any(e.name == "pyvenv.cfg" for e in entries)
+        for e in entries:
+            sub, name = os.path.join(rel, e.name), fold_name(e.name)
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if venv and name in ("bin", "scripts") or not venv and name not in (
+                            ".git", ".hg", "node_modules", "__pycache__"):
+                        queue.append((sub, whole or venv or fold_path(sub) in DEFERRED_DIRS))
+                elif whole or any(fnmatch.fnmatchcase(name, n) for n in DEFERRED_NAMES):
+                    st = e.stat(follow_symlinks=False)
+                    out[sub] = (st.st_ino, st.st_ctime_ns, st.st_size)
+            except OSError:
+                continue
+    return out
 
 
 # ---- Untrusted text for terminals ----
@@ -4037,14 +4453,16 @@ def resolve_path(path, root, must_exist=False, follow=True):
         return target.real
 
 
-def path_verdict(path, root, protected=(), hidden=()):
-    """('inside'|'outside'|'error', reason) for `xzatoma policy path`; the reason names a protected path the
-    change would touch (given `protected`, as from protected_paths). `hidden` (XZATOMA_HOME) is refused as
-    the tools refuse it: an error."""
+def path_verdict(path, conf):
+    """('inside'|'outside'|'error', reason) for `xzatoma policy path`, as the file tools would decide: the
+    reason names a protected path a change would touch (Confinement.target_reason); XZATOMA_HOME is refused as
+    the tools refuse it: an error. `conf` may be a working directory (a Confinement of it is made)."""
+    conf = conf if isinstance(conf, Confinement) else Confinement(conf)
+    root = conf.root
     try:
-        with Jail(root, hidden=hidden).resolve(path) as target:
+        with conf.jail.resolve(path) as target:
             real = target.real
-            what = protected_reason(target, protected, target.root) if protected else None
+            what = conf.target_reason(target)
     except JailError as exc:
         return "outside", str(exc)
     except (ToolError, OSError) as exc:
@@ -5241,18 +5659,6 @@ SYSTEM_ROOTS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64"
                 "/root", "/sbin", "/srv", "/sys", "/usr", "/var", "/home", "/Users", "/System", "/Library", "/snap",
                 "/run", "/mnt", "/media")
 SAFE_SINKS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero")
-#: files in the home directory whose change runs code later (shell start-up files) or holds keys
-HOME_PROTECTED = (".ssh", ".gnupg", ".aws", ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile",
-                  ".zshrc", ".zprofile", ".zshenv", ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".kshrc",
-                  ".mkshrc", ".inputrc", ".pam_environment", ".xprofile", ".xinitrc", ".xsession", ".gitconfig",
-                  ".config/git", ".config/fish", ".config/autostart", ".config/systemd", ".netrc", ".pgpass",
-                  ".docker", ".kube", ".npmrc", ".pypirc", ".local/share/systemd", ".config/environment.d")
-#: inside the working directory: the repository's hooks and configuration run code on git commands
-TREE_PROTECTED = (".git",)
-SYSTEM_PROTECTED = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys",
-                    "/root", "/var/spool/cron", "/var/lib", "/dev/mem", "/dev/kmem", "/dev/port",
-                    "/proc/sysrq-trigger", "/proc/sys")
-_DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d|nbd|rbd|zd|mtd)")
 #: another process's secrets and escape routes out of every check: environment, memory, root, cwd, fds
 _PROC_SECRET = re.compile(r"/proc/+(?:[^/\s]+/+)?(task/+(?:[^/\s]+/+)?)?(environ|mem|root|cwd|fd|fdinfo|map_files|"
                           r"pagemap|syscall|auxv|exe/)|/proc/+(kcore|kmem|self/+mem)|/dev/+(k?mem|port)\b")
@@ -5583,7 +5989,9 @@ class CommandPolicy:
     """Judges a command line: deny (never runs), allow (proven read-only, inside the jail), or confirm."""
 
     def __init__(self, root, allowlist=DEFAULT_ALLOWLIST, custom_denylist=(), home=None, path=None):
-        self.root = os.path.realpath(root)
+        #: what is protected (Confinement.reason); `root` may be a working directory to make one of
+        self.confinement = root if isinstance(root, Confinement) else Confinement(root, home=home)
+        self.root = self.confinement.root
         entries = [e.split() for e in allowlist if e and e.strip()]
         #: read-only programs whose every option and operand is checked
         known = set(SAFE_OPTIONS) | {"git", "find"}
@@ -5591,7 +5999,7 @@ class CommandPolicy:
         #: configured command prefixes (`make test`, `pytest`): run unasked, confined by the sandbox
         self.prefixes = [e for e in entries if not (len(e) == 1 and e[0] in known)]
         self.custom = [_custom_rule(entry) for entry in custom_denylist if entry and entry.strip()]
-        self.home = os.path.realpath(home or os.path.expanduser("~"))
+        self.home = self.confinement.home
         #: the PATH commands are looked up in (the child's: the sandbox keeps PATH)
         self.path = path if path is not None else os.environ.get("PATH", os.defpath)
         #: while the denylist walks a script: the directory `cd` moved to (None once it cannot be known)
@@ -5712,8 +6120,7 @@ class CommandPolicy:
             path = self._abs(candidate)
             if not path:
                 continue
-            for name in (".ssh", ".gnupg", ".aws", ".netrc", ".pgpass", ".docker", ".kube", ".npmrc", ".pypirc",
-                         ".config/gh", ".config/gcloud", ".azure", ".git-credentials"):
+            for name in CREDENTIAL_NAMES:
                 q = os.path.join(self.home, name)
                 if path == q or path.startswith(q + "/") or os.path.realpath(path).startswith(q + "/"):
                     return True
@@ -6433,22 +6840,8 @@ class CommandPolicy:
         return None
 
     def _protected_path(self, p):
-        if _inside(p, self.root):
-            for name in TREE_PROTECTED:
-                q = os.path.join(self.root, name)
-                if p == q or p.startswith(q + "/"):
-                    return name
-            return None
-        for name in SYSTEM_PROTECTED:
-            if p == name or p.startswith(name + "/"):
-                return name
-        if _DEVICE.match(p):
-            return "a disk device"
-        for name in HOME_PROTECTED:
-            q = os.path.join(self.home, name)
-            if p == q or p.startswith(q + "/"):
-                return "~/" + name
-        return None
+        conf = self.confinement
+        return conf.runs_later(p) if _inside(p, self.root) else conf.reason(p, holding=False)
 
     def _is_system_path(self, path):
         if not path:
@@ -6807,7 +7200,7 @@ class CommandPolicy:
             verdict, _, _ = self._options_verdict("git " + sub, spec, rest)
         if verdict.level != ALLOW:
             return verdict
-        reason = _git_config_runs(dirs)
+        reason = _git_config_runs(dirs, self.confinement.git(self.path))
         if reason:
             return Verdict(CONFIRM, "the repository's git configuration may run commands (%s)" % reason)
         return Verdict(ALLOW, "git %s only reads the repository" % sub)
@@ -7142,125 +7535,6 @@ def _calls_itself(func):
                     getattr(c, "background", False) for c in pipeline.commands)):
                 return True
     return False
-
-
-#: repository configuration a read-only git command may meet: keys that only hold data (section -> keys; "*"
-#: any key of the section). Anything else a repository's own config says (include.path, core.fsmonitor,
-#: gpg.program with log.showSignature, a diff driver, a key we never heard of) makes git status/diff/log/show
-#: a `confirm`: a hostile repository ships its .git/config, and only what is known to be inert is allowed.
-_GIT_INERT_CONFIG = {
-    "core": {"repositoryformatversion", "filemode", "bare", "logallrefupdates", "ignorecase", "precomposeunicode",
-             "symlinks", "autocrlf", "eol", "safecrlf", "quotepath", "abbrev", "compression", "loosecompression",
-             "sharedrepository", "untrackedcache", "splitindex", "checkstat", "trustctime", "preloadindex",
-             "commentchar", "commentstring", "whitespace", "multipackindex", "commitgraph", "longpaths", "fscache",
-             "warnambiguousrefs", "deltabasecachelimit", "bigfilethreshold", "packedgitlimit",
-             "packedgitwindowsize", "checkroundtripencoding", "notesref", "filesreflocktimeout",
-             "packedrefstimeout", "fsyncmethod", "fsync"},
-    "remote": {"url", "pushurl", "fetch", "push", "tagopt", "prune", "prunetags", "mirror", "skipdefaultupdate",
-               "skipfetchall", "promisor", "partialclonefilter"},
-    "branch": {"remote", "merge", "rebase", "pushremote", "description"},
-    "submodule": {"url", "active", "branch", "path"},
-    "user": {"*"}, "author": {"*"}, "committer": {"*"}, "init": {"defaultbranch"}, "pull": {"rebase", "ff"},
-    "push": {"default", "autosetupremote", "followtags"}, "fetch": {"prune", "prunetags", "writecommitgraph"},
-    "color": {"*"}, "advice": {"*"}, "column": {"*"}, "i18n": {"*"}, "lfs": {"*"}, "rerere": {"enabled"},
-    "gc": {"auto", "autodetach", "writecommitgraph"}, "index": {"version", "threads", "skiphash"},
-    "feature": {"*"}, "maintenance": {"auto", "strategy"}, "extensions": {"objectformat", "refstorage",
-                                                                           "partialclone", "preciousobjects"},
-}
-_GIT_CONFIG_HEADER = re.compile(r'\s*\[\s*([A-Za-z0-9.-]+)\s*(?:"((?:[^"\\\n]|\\.)*)")?\s*\](.*)$')
-_GIT_CONFIG_KEY = re.compile(r"\s*([A-Za-z][A-Za-z0-9-]*)\s*(=|$|[;#])")
-
-
-def _git_config_reason(path, submodule=False):
-    """Why the git config file at path is not inert (the first key not known to hold only data, or a line we
-    cannot read), or None. A missing file is inert."""
-    if not os.path.lexists(path):
-        return None
-    data = _read_small(path, 1 << 20)  # never blocking on a FIFO planted as the config
-    if data is None:
-        return "an unreadable %s" % os.path.basename(path)
-    text = data.decode("utf-8", "replace")
-    section = None
-    for line in text.splitlines():
-        m = _GIT_CONFIG_HEADER.match(line)
-        if m:
-            section = m.group(1).lower().split(".")[0]
-            line = m.group(3)
-        stripped = line.strip()
-        if not stripped or stripped[0] in "#;":
-            continue
-        k = _GIT_CONFIG_KEY.match(line)
-        if section is None or not k:
-            return "a line git may read differently: %s" % stripped[:60]
-        key = k.group(1).lower()
-        allowed = _GIT_INERT_CONFIG.get(section, ())
-        if submodule and (section, key) == ("core", "worktree"):
-            continue  # every submodule's repository names its working tree
-        if key not in allowed and "*" not in allowed:
-            return "%s.%s" % (section, key)
-    return None
-
-
-def _is_git_dir(d):
-    """Does d look like a repository directory git would use as it is (bare, or a linked worktree's)?"""
-    return os.path.isfile(os.path.join(d, "HEAD")) and (
-        os.path.isdir(os.path.join(d, "objects")) or os.path.isfile(os.path.join(d, "commondir")))
-
-
-def _git_config_runs(dirs):
-    """The first setting in the repositories' own configuration (config, config.worktree, a linked worktree's
-    common config, every submodule's under modules/ and nested in the tree) that is not known to be inert, or
-    None. Git finds a repository the way this walks: `.git` (directory or `gitdir:` file) or the directory
-    itself being a repository (a bare one shipped in the tree); `git status` recurses into submodules."""
-    for start in dirs:
-        d = start
-        while True:
-            git = os.path.join(d, ".git")
-            if os.path.lexists(git) or _is_git_dir(d):
-                reason = _git_repo_reason(git if os.path.lexists(git) else d)
-                if reason:
-                    return reason
-                break
-            parent = os.path.dirname(d)
-            if parent == d:
-                break
-            d = parent
-        for nested in nested_repositories(start, 500)[0]:
-            if os.path.basename(nested).lower() == ".git":
-                reason = _git_repo_reason(nested, submodule=True)
-                if reason:
-                    return reason
-    return None
-
-
-def _git_repo_reason(git, submodule=False):
-    """_git_config_reason over a repository: `git` is a .git directory, a `gitdir:` file, or a bare one."""
-    gitdir = git
-    if os.path.lexists(git) and not os.path.isdir(git):
-        data = _read_small(git)  # a FIFO must not hang the policy
-        if data is None:
-            return "an unreadable .git file"
-        m = re.match(r"gitdir:\s*(.+)", data.decode("utf-8", "replace"))
-        if not m:
-            return "a .git file git may read differently"
-        gitdir = os.path.join(os.path.dirname(git), m.group(1).strip())
-    configs = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-    if os.path.lexists(os.path.join(gitdir, "commondir")):
-        data = _read_small(os.path.join(gitdir, "commondir"))
-        if data is None:
-            return "an unreadable commondir"
-        configs.append(os.path.join(gitdir, os.fsdecode(data.strip()), "config"))
-    seen, modules = 0, []
-    for top, subdirs, files in os.walk(os.path.join(gitdir, "modules")):  # submodules' own repositories
-        seen += 1
-        if seen > 500:
-            return "too many submodule repositories to check"
-        modules += [os.path.join(top, f) for f in ("config", "config.worktree") if f in files]
-    for config in configs + modules:
-        reason = _git_config_reason(config, submodule=submodule or config in modules)
-        if reason:
-            return reason
-    return None
 
 
 def _custom_rule(entry):
@@ -7634,34 +7908,6 @@ def git_dirs(root):
     return [p for p in out if os.path.exists(p)]
 
 
-def nested_repositories(root, max_dirs=2000):
-    """Repository metadata below the top of the working directory (submodules, vendored clones):
-    (paths, complete). Breadth-first, never following links, at most max_dirs directories looked at, so a
-    huge tree costs a bounded start-up; complete is False when the bound cut the search short."""
-    root = os.path.realpath(root)
-    found, queue, seen = [], [(root, 0)], 0
-    while queue:
-        path, depth = queue.pop(0)
-        seen += 1
-        if seen > max_dirs:
-            return found, False
-        try:
-            entries = list(os.scandir(path))
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.name.lower() in PROTECTED_ANYWHERE:
-                if depth and not entry.is_symlink():
-                    found.append(entry.path)
-                continue
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    queue.append((entry.path, depth + 1))
-            except OSError:
-                pass
-    return found, True
-
-
 def _pinned_parents(paths, root):
     """The directories between the root and each protected path, shallowest first: the sandbox makes mount
     points of them (bound onto themselves, still writable) so that a command can neither rename nor remove
@@ -7696,8 +7942,9 @@ class ProtectedWatch:
     terminal tool asks this before and after each command what appeared, and what appeared is a
     person's to keep (chat) or is removed (headless), as a file tool's change there would be.
 
-    Repositories a command creates that git would not run code from (`git init`, `git clone`: sample
-    hooks, a config of data keys only) are kept, and checked again after every later command.
+    Repositories (a `.git`, or any directory by git's own rules, the working directory included) and
+    virtualenv start-up files a command creates that would run nothing (`git init`, `git clone`, `python -m
+    venv`) are kept, and checked again after every later command.
     Cheap per command: one lstat per known directory; only directories whose mtime/ctime changed (or
     changed too recently to tell) are listed again. At most `max_dirs` directories are followed; directories
     that appear during the run past that bound are searched whole after every command instead (a command
@@ -7711,23 +7958,28 @@ class ProtectedWatch:
     #: directories followed at most (a huge tree costs a bounded look; `policy sandbox` says when it is cut)
     MAX_DIRS = 20000
 
-    def __init__(self, root, protected=(), max_dirs=MAX_DIRS):
-        self.root = os.path.realpath(root)
-        #: fixed protected names (repositories are found by name anywhere, below)
-        self.static = [p for p in protected if not _is_glob(p) and p != self.root
-                       and os.path.basename(p).lower() not in PROTECTED_ANYWHERE]
+    def __init__(self, conf, max_dirs=MAX_DIRS):
+        self.conf = conf
+        self.root = conf.root
+        xz = os.path.realpath(conf.xzatoma_home) if conf.xzatoma_home else None
+        #: fixed protected names (repositories are found anywhere, below); XZATOMA_HOME is ours to create
+        self.static = [p for p in conf.protected if not _is_glob(p) and p != self.root and not (xz and _inside(p, xz))
+                       and fold_name(os.path.basename(p)) not in PROTECTED_ANYWHERE]
         #: configured globs, matched against every name listed
-        self.globs = protected_globs(protected, self.root)
+        self.globs = conf.globs
         self.max_dirs = max_dirs
         self.dirs = {}  #: directory -> (mtime_ns, ctime_ns, inode) when last listed
-        self.repos = set()  #: .git/.hg entries present
+        self.repos = set()  #: .git/.hg entries and directories git takes for a repository, present
+        self.defuse = set()  #: directories that were there before and became a repository: only its parts go
+        self.venvs = set()  #: virtualenvs (where pyvenv.cfg is)
+        self.code = set()  #: their start-up files (venv_code), present
         self.present = {}  #: static protected paths present -> _ident
         self.matched = set()  #: paths a configured glob protects, present
         self.ids = {}  #: repository or glob match -> _ident: a `.git` link swapped for a directory is new
         self.unfollowed = set()  #: directories that appeared past max_dirs: searched whole after each command
         self.unwatchable = {}  #: directory a command made that could not be looked into -> why
         self.blind = set()  #: directories unreadable at the first look (not a command's doing)
-        self.created = set()  #: repositories that appeared during the run and were kept (checked again)
+        self.created = set()  #: repositories and start-up files that appeared and were kept (checked again)
         self.accepted = set()  #: paths a person chose to keep: never asked about again
         self.complete = True
         self.running = 0  #: commands running now (subagents run them in parallel)
@@ -7746,6 +7998,8 @@ class ProtectedWatch:
             new = self._refresh()
             if self.running:
                 self.pending += [p for p in new if p not in self.pending]
+            else:  # not a person's yes (they are accepted): checked again after this command, like a command's
+                self.created |= {p for p in new if (p in self.repos or p in self.code) and p not in self.accepted}
             self.running += 1
 
     def end(self):
@@ -7778,13 +8032,16 @@ class ProtectedWatch:
         self.unfollowed = {d for d in self.unfollowed if os.path.isdir(d) and not os.path.islink(d)}
         if self.unfollowed:
             self._list(sorted(self.unfollowed), new, follow=False)
-        self.repos = {r for r in self.repos if os.path.lexists(r)}
+        self.repos = {r for r in self.repos if os.path.lexists(r) and (
+            fold_name(os.path.basename(r)) in PROTECTED_ANYWHERE or is_git_dir(r))}
+        self.venvs = {v for v in self.venvs if os.path.lexists(os.path.join(v, "pyvenv.cfg"))}
         self.matched = {m for m in self.matched if os.path.lexists(m)}
-        self.ids = {p: i for p, i in self.ids.items() if p in self.repos or p in self.matched}
+        self.code = {c for c in self.code if os.path.lexists(c) and any(_inside(c, v) for v in self.venvs)}
+        self.ids = {p: i for p, i in self.ids.items() if p in self.repos or p in self.matched or p in self.code}
         present = self._static_present()
         new += sorted(p for p, ident in present.items() if self.present.get(p) != ident)  # appeared or replaced
         self.present = present
-        self.created &= self.repos
+        self.created &= self.repos | self.code
         return new
 
     def _static_present(self):
@@ -7803,7 +8060,7 @@ class ProtectedWatch:
         if self.ids.get(path, ident) != ident:
             self.accepted.discard(path)
             self.created.discard(path)
-        elif path in self.repos or path in self.matched:
+        elif path in self.repos or path in self.matched or path in self.code:
             return
         self.ids[path] = ident
         if new is not None:
@@ -7830,13 +8087,20 @@ class ProtectedWatch:
                     self.unwatchable[d] = exc.strerror or str(exc)
                     new.append(d)
                 continue
+            known = self.dirs.get(d, (0, 0, 0)) != (0, 0, 0) or d == self.root
             if follow:
                 self.dirs[d] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-            names = {e.name for e in entries}
-            if d != self.root and "HEAD" in names and ("objects" in names or "commondir" in names):
-                self._seen(d, (stat.S_IFDIR, None), new)  # a bare repository (git init --bare, a mirror
-                self.repos.add(d)  # clone): git's own test
-                continue  # its hooks and config are judged by repository_runs_code, as a .git's are
+            names = [e.name for e in entries]
+            if is_git_dir(d, names=names):  # a bare clone, a mirror, HEAD/objects/refs made one by one: git's rules
+                if d not in self.repos and new is not None and known:
+                    self.defuse.add(d)
+                self._seen(d, (stat.S_IFDIR, None), new)
+                self.repos.add(d)
+                if d != self.root:
+                    continue  # its hooks and config are judged by repository_runs_code, as a .git's are
+            if "pyvenv.cfg" in names:
+                self.venvs.add(d)
+            venvs = [v for v in self.venvs if _inside(d, v)]
             for entry in entries:
                 if entry.name.lower() in PROTECTED_ANYWHERE:
                     self._seen(entry.path, _entry_ident(entry), new)
@@ -7847,6 +8111,9 @@ class ProtectedWatch:
                     if entry.path in self.matched or _protected_rel(rel, self.globs, self.root) == rel:
                         self._seen(entry.path, _entry_ident(entry), new)
                         self.matched.add(entry.path)
+                if any(venv_code(os.path.relpath(entry.path, v)) for v in venvs):
+                    self._seen(entry.path, _entry_ident(entry), new)
+                    self.code.add(entry.path)
                 try:
                     is_dir = entry.is_dir(follow_symlinks=False)
                 except OSError:
@@ -7871,10 +8138,30 @@ class ProtectedWatch:
             (self.accepted if accepted else self.created).add(path)
 
     def armed(self):
-        """Repositories kept earlier (created during the run) that would now run code: [path, ...]."""
+        """Repositories and start-up files kept earlier (created during the run) that would now run code."""
         with self._lock:
             candidates = [r for r in self.created if r not in self.accepted]
-        return [r for r in candidates if repository_runs_code(r, self.root)]
+        return [r for r in candidates if self.runs_code(r)]
+
+    def runs_code(self, path):
+        """Why a repository or virtualenv start-up file at `path` would run code (None: it would not)."""
+        if path in self.repos:
+            return repository_runs_code(path, self.root, self.conf.git())
+        return startup_runs_code(path, self.root) if path in self.code else "a protected path"
+
+    def found(self):
+        """[(path, reason)]: what appeared among the protected paths since the last look, and what was kept
+        earlier that would now run code; repositories and start-up files that would run nothing are kept."""
+        found = []
+        for path in self.refresh():
+            reason = ("a directory that cannot be looked into: %s" % self.unwatchable[path]) if \
+                path in self.unwatchable else self.runs_code(path)
+            if reason is None:
+                self.keep(path)  # inert (git init, git clone, python -m venv): kept, checked after later commands
+            else:
+                found.append((path, reason))
+        return found + [(path, self.runs_code(path) or "changed") for path in self.armed()
+                        if path not in [f for f, _ in found]]
 
 
 def _ident(path, mode):
@@ -7910,41 +8197,6 @@ def _gone(path):
     return False
 
 
-def repository_runs_code(dot, root):
-    """Would git or hg run something from this `.git`/`.hg` (a directory, a `gitdir:` file or a link) below
-    root? A reason, or None for a repository as `git init`/`git clone` make it. Anything unsure is a reason."""
-    if os.path.islink(dot):
-        return "a link"
-    if os.path.basename(dot).lower() == ".hg":
-        return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
-    gitdir = _gitdir_of(dot)
-    if gitdir is None:
-        return "a .git file git may read differently"
-    if not _inside(gitdir, root):
-        return "a gitdir outside the working directory"
-    reason = _git_repo_reason(dot)
-    if reason:
-        return "git config: %s" % reason
-    hook_dirs = [os.path.join(gitdir, "hooks")]
-    for top, subdirs, _ in os.walk(os.path.join(gitdir, "modules")):  # submodules' repositories: their hooks
-        subdirs[:] = [d for d in subdirs if d not in ("objects", "hooks", "refs", "logs")]  # run at `git submodule
-        if os.path.lexists(os.path.join(top, "hooks")):                                     # update` there
-            hook_dirs.append(os.path.join(top, "hooks"))
-        if len(hook_dirs) > 500:
-            return "too many submodule repositories to check"
-    for hooks in hook_dirs:
-        try:
-            names = os.listdir(hooks) if os.path.lexists(hooks) else []
-        except OSError:
-            return "unreadable hooks"
-        if os.path.islink(hooks):
-            return "a hooks link"
-        live = [n for n in names if not n.endswith(".sample")]
-        if live:
-            return "%s/%s" % (os.path.relpath(hooks, gitdir), live[0])
-    return None
-
-
 class Sandbox:
     """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
     starts confined commands. Shared by the run's subagents (thread-safe); `close()` (or interpreter exit)
@@ -7953,6 +8205,9 @@ class Sandbox:
     `assume_missing` names kernel features to treat as absent ("landlock", "userns", "landlock-net",
     "scopes", "pidns", "proc", "seccomp", or "abi:N" for a Landlock ABI of at most N): agent.terminal.sandbox_assume_missing,
     for testing the warnings, --require-sandbox and every ABI's rules on a machine that has them all.
+
+    What is protected (bound read-only, hidden, watched) it asks its Confinement; `root` may be a working
+    directory instead, with `xzatoma_home`, `protected` and `private_files` to make one of (tests, embedding).
     """
 
     def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
@@ -7960,18 +8215,22 @@ class Sandbox:
         import sys
         if mode not in SANDBOX_MODES:
             raise ValueError("unknown sandbox mode %r (choose %s)" % (mode, ", ".join(SANDBOX_MODES)))
-        self.root = os.path.realpath(root)
+        if not isinstance(root, Confinement):
+            root = Confinement(root, xzatoma_home, protected, environ=environ, secrets=secrets,
+                               private_files=private_files, sandbox=self)
+        #: what is protected: the read-only binds, the hidden files, what the watch looks for
+        self.confinement = root
+        self.root = root.root
         self.mode = mode
         self.network = bool(network)
         self.environ = dict(os.environ if environ is None else environ)
         self.env_passthrough = tuple(env_passthrough or ())
         self.keep_home = keep_home
-        self.xzatoma_home = xzatoma_home
-        self.protected = tuple(protected)
+        self.xzatoma_home = root.xzatoma_home
         self.secrets = tuple(secrets)
         #: files outside XZATOMA_HOME that hold credentials or every conversation (an in-tree configuration,
         #: a history database and its undo key): empty for commands where they can read them
-        self.private_files = tuple(private_files or ())
+        self.private_files = root.private_files
         self.assume_missing = frozenset(assume_missing or ())
         self.linux = sys.platform.startswith("linux")
         #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
@@ -8006,16 +8265,14 @@ class Sandbox:
     def _spec(self):
         home = self.environ.get("HOME")
         # where .git really lives (a link's target, a gitdir file's directory) and the hooks directory and
-        # programs the repositories' config names are as protected as .git itself (see _resolved_protected)
-        protected = []
-        for p in _resolved_protected(self.root, self.protected):
-            if os.path.lexists(p) and not os.path.islink(p) and p not in protected:
-                protected.append(p)
+        # programs the repositories' config names are as protected as .git itself (Confinement.binds)
+        protected = self.confinement.binds()
         watch = self.watch() if self.mode == WORKSPACE_WRITE else None  # its first look finds the nested ones
         nested = sorted(r for r in watch.repos if not os.path.islink(r) and not (  # the top's own are protected
-            os.path.dirname(r) == self.root and os.path.basename(r).lower() in PROTECTED_ANYWHERE)) if watch else []
+            os.path.dirname(r) == self.root and fold_name(os.path.basename(r)) in PROTECTED_ANYWHERE)) if watch else []
         complete = watch.complete if watch else True
-        globbed = sorted(p for p in watch.matched if not os.path.islink(p)) if watch else []  # `*.pem` that exist
+        # `*.pem` that exist, a virtualenv's .pth files and sitecustomize (links are watched, not bound)
+        globbed = sorted(p for p in watch.matched | watch.code if not os.path.islink(p)) if watch else []
         protected += [p for p in nested + globbed if p not in protected]
         hidden = self._hidden()
         return {"mode": self.mode, "network": self.network, "root": self.root,
@@ -8216,10 +8473,7 @@ class Sandbox:
         """The run's ProtectedWatch (made at the first command), or None where commands cannot write."""
         with self._lock:
             if self._watch is None:
-                xz = os.path.realpath(self.xzatoma_home) if self.xzatoma_home else None
-                own = [p for p in self.protected if not (xz and (p == xz or p.startswith(xz.rstrip("/") + "/")))]
-                self._watch = False if self.confined and self.mode == READ_ONLY else \
-                    ProtectedWatch(self.root, own)  # XZATOMA_HOME is ours: the audit log may create it
+                self._watch = False if self.confined and self.mode == READ_ONLY else ProtectedWatch(self.confinement)
             return self._watch or None
 
     def close(self):
