@@ -1413,6 +1413,8 @@ def _line_of(starts, offset):
     return bisect.bisect_right(starts, offset) - 1
 
 
+# ---- File tools: plans, copies, moves, deletions, metadata ----
+
 class PlanTool(Tool):
     name = "plan"
     description = ("Parse a plan file (JSON, YAML or Markdown) and return its goal, context and "
@@ -3067,8 +3069,9 @@ class ToolError(Exception):
 
 #: THE list of protected names, beneath the working directory and every home directory: what runs code or hands
 #: over credentials the next time a person, git or a shell uses it. A file tool changes them only with a
-#: person's yes (never headless), the policy denies commands that write them, the sandbox binds them read-only
-#: and the watch removes new ones. Matched after resolution and folded (`.GIT/config` is `.git/config` on macOS).
+#: person's yes (never headless), the sandbox binds them read-only and the watch removes new ones; outside the
+#: tree (and a repository's metadata inside it) the policy denies commands that write them. Matched after
+#: resolution and folded as filesystems fold names (`.GIT/config` is `.git/config` on macOS).
 PROTECTED_NAMES = (
     # version control: hooks, config (core.fsmonitor, core.hooksPath), a worktree's `.git` pointer file
     ".git", ".hg", ".gitconfig", ".config/git", ".git-credentials",
@@ -3089,7 +3092,7 @@ HOME_PROTECTED_NAMES = (
     ".screenrc", ".psqlrc", ".sqliterc", ".curlrc", ".wgetrc", ".cargo", ".m2", ".gradle", ".docker",
     ".config/gcloud", ".azure",
 )
-#: what a command must not read and send over the network (the policy's exfiltration check)
+#: in a home directory, what a command must not read and send over the network (the policy's exfiltration check)
 CREDENTIAL_NAMES = (".ssh", ".gnupg", ".aws", ".netrc", ".pgpass", ".docker", ".kube", ".npmrc", ".pypirc",
                     ".config/gh", ".config/gcloud", ".azure", ".git-credentials")
 #: directory names protected wherever they appear: nested repositories' metadata
@@ -3127,22 +3130,22 @@ def fold_path(path):
 
 
 def protected_paths(root, xzatoma_home=None, extra=(), homes=()):
-    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME, `extra` and the names of
-    the `homes` that lie in it (or that it lies in: `cd ~/.ssh` protects all of the root).
-
-    `extra` (agent.tools.protected_paths) holds paths relative to the working directory or absolute
-    ones; those outside `root` are left out (the jail keeps tools out of them anyway). Repositories
-    anywhere below are protected too, found by git's own rules (Confinement.reason).
-    """
+    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME, `extra` (relative to the root
+    or absolute, globs too: agent.tools.protected_paths) and the names of the `homes` that lie in it; those
+    outside are left out (the jail keeps tools out of them), one the root lies in stands for all of it (`cd
+    ~/.ssh`), as does repository metadata around it (`cd .git/hooks`, a bare clone)."""
     root = os.path.realpath(root)
     out = [os.path.join(root, name) for name in PROTECTED_NAMES]
-    out.extend(p for p in _protected_around(root) if p not in out)
-    for home in homes:  # joined to the real home: only what would lie in or above the root is looked up
-        for name in PROTECTED_NAMES + HOME_PROTECTED_NAMES:
-            path = os.path.join(home, name)
-            if _inside(path, root) or _inside(root, path):
-                extra = list(extra) + [path]
-    for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
+    path = root
+    while True:  # the root or a directory above it is a repository's metadata: names like `hooks` are git's
+        if (fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or is_git_dir(path)) and path not in out:
+            out.append(path)
+        if os.path.dirname(path) == path:
+            break
+        path = os.path.dirname(path)
+    extra = list(extra or ()) + [os.path.join(h, n) for h in homes for n in PROTECTED_NAMES + HOME_PROTECTED_NAMES
+                                 if _inside(os.path.join(h, n), root) or _inside(root, os.path.join(h, n))]
+    for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in extra if isinstance(p, str) and p]:
         path = os.path.expanduser(path)
         if _is_glob(path):  # '*.pem', 'secrets/**': matched against paths relative to the root
             full = os.path.join(root, path)  # an absolute glob as it is ('~/proj/*.key', '/**/*.crt')
@@ -3160,28 +3163,8 @@ def protected_paths(root, xzatoma_home=None, extra=(), homes=()):
     return out
 
 
-def _protected_around(root):
-    """The root itself or the directory above it that holds it, when that is repository metadata: a `.git`
-    or `.hg` directory (`cd .git/hooks`), or a git directory by git's own rules (a bare clone, a worktree's
-    gitdir). Names like `hooks` or `config` are then git's."""
-    out, path = [], root
-    while True:
-        if fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or is_git_dir(path):
-            out.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            return out
-        path = parent
-
-
 def _is_glob(path):
     return any(c in path for c in "*?[")
-
-
-def protected_globs(protected, root):
-    """The configured globs among the protected paths (`*.pem`, `secrets/**`), relative to the root and
-    lowered, as _protected_rel matches them."""
-    return [display_path(p, root).lower() for p in protected if _is_glob(p)]
 
 
 class Confinement:
@@ -3189,38 +3172,32 @@ class Confinement:
     the OS sandbox, built once per session (once per watcher process) from the working directory and the
     configuration. `reason(path)` is the one answer to "is this protected?" that every wall asks.
 
-    `extra` is agent.tools.protected_paths (and the agent's own code); `home` is what `~` means to commands;
-    `homes` are every home directory whose keys and start-up files are protected; `terminal` is the
-    agent.terminal configuration (sandbox mode, network, allowlist …); `private_files` hold credentials or every
-    conversation outside XZATOMA_HOME (protected, and empty for commands)."""
+    `extra`: agent.tools.protected_paths (and the agent's own code); `home`: what `~` means to commands;
+    `homes`: every home whose keys and start-up files are protected; `terminal`: agent.terminal (sandbox,
+    network, allowlist …); `private_files`: credentials or every conversation outside XZATOMA_HOME (protected,
+    and empty for commands); `sandbox`: one made already (tests)."""
 
     def __init__(self, root, xzatoma_home=None, extra=(), home=None, homes=(), terminal=None, environ=None,
                  secrets=(), private_files=(), sandbox=None):
-        #: the working directory, canonical: every wall compares with this one
-        self.root = os.path.realpath(root)
-        #: what `~` means to the policy
-        self.home = os.path.realpath(home or os.path.expanduser("~"))
+        self.root = os.path.realpath(root)  #: the working directory, canonical: every wall compares with this one
+        self.home = os.path.realpath(home or os.path.expanduser("~"))  #: what `~` means to the policy
         self.homes = tuple(dict.fromkeys((self.home,) + tuple(os.path.realpath(h) for h in homes or ())))
         self.xzatoma_home = xzatoma_home
-        self.terminal = dict(terminal or {})
-        self.environ = environ
-        self.secrets = tuple(secrets)
+        self.terminal, self.environ, self.secrets = dict(terminal or {}), environ, tuple(secrets)
         self.private_files = tuple(private_files or ())
         #: every path a tool names resolves beneath the root; XZATOMA_HOME in the tree is hidden
         self.jail = Jail(self.root, hidden=[xzatoma_home] if xzatoma_home else ())
-        #: the static protected set beneath the root (absolute paths and globs), built once
+        #: the protected set beneath the root (absolute paths and globs), built once; globs relative, lowered
         self.protected = protected_paths(self.root, xzatoma_home, list(extra or ()) + list(self.private_files),
                                          self.homes)
-        self.globs = protected_globs(self.protected, self.root)
+        self.globs = [display_path(p, self.root).lower() for p in self.protected if _is_glob(p)]
         #: outside the root: (folded path, as shown) for the homes' names, XZATOMA_HOME and the private files
         self._outside = [(fold_path(os.path.join(h, n)), ("~/" if h == self.home else h + "/") + n)
                          for h in self.homes for n in PROTECTED_NAMES + HOME_PROTECTED_NAMES]
-        self._outside += [(fold_path(os.path.abspath(p)), p) for p in ([xzatoma_home] if xzatoma_home else []) +
-                          list(self.private_files)]
-        self._sandbox, self._policy = sandbox, None
-        self._lock = threading.RLock()
+        self._outside += [(fold_path(os.path.abspath(p)), p) for p in [xzatoma_home] + list(self.private_files) if p]
+        self._sandbox, self._policy, self._lock = sandbox, None, threading.RLock()
         self._resolved = None  #: [(path, folded)] of _resolved_protected, until the next change
-        self._deferred = None  #: {rel: identity} of the deferred-execution files, taken before the first change
+        self._deferred = None  #: deferred_files() before this run's first change
         self._git = {}  #: PATH -> the git program outside the tree (or None)
 
     def __eq__(self, other):
@@ -3240,8 +3217,7 @@ class Confinement:
 
     @property
     def sandbox(self):
-        """The Sandbox terminal commands run in (agent.terminal.sandbox …), built on first use, started on the
-        first command."""
+        """The Sandbox terminal commands run in, built on first use, started on the first command."""
         with self._lock:
             if self._sandbox is None:
                 t = self.terminal
@@ -3257,17 +3233,15 @@ class Confinement:
             self._sandbox.close()
 
     def changed(self):
-        """Something in the tree changed (a command ran, a file tool wrote): what is derived from it is looked
-        at again."""
+        """A command ran or a file tool wrote: what is derived from the tree is looked at again."""
         self._resolved = None
 
     def _resolved_set(self):
         with self._lock:
             if self._resolved is None:
-                self._resolved = [(p, fold_path(p)) for p in _resolved_protected(self, self.protected)]
+                self._resolved = [(p, fold_path(p)) for p in _resolved_protected(self)]
             return self._resolved
 
-    # -- the one answer --
     def reason(self, path, holding=True):
         """What protected path a change at the absolute `path` touches (as shown to people), or None: the path
         itself, anything inside a protected path and, holding=True, a directory that holds one (deleting or
@@ -3275,39 +3249,34 @@ class Confinement:
         repositories and virtualenvs' start-up code by their own rules (also one this change would make);
         outside: the home directories' names, XZATOMA_HOME, the private files, system directories, disks."""
         folded = fold_path(path)
+
+        def hits(q):
+            return folded == q or folded.startswith(q + "/") or (holding and q.startswith(folded.rstrip("/") + "/"))
         if _inside(path, self.root):
-            for p, q in self._resolved_set():
-                if folded == q or folded.startswith(q + "/") or (holding and q.startswith(folded.rstrip("/") + "/")):
-                    return display_path(p, self.root)
-            return _protected_rel(display_path(path, self.root), self.globs, self.root) or \
-                self._code_around(path, holding)
-        for q, shown in self._outside:
-            if folded == q or folded.startswith(q + "/") or (holding and q.startswith(folded.rstrip("/") + "/")):
-                return shown
-        for name in SYSTEM_PROTECTED:
-            if path == name or path.startswith(name + "/"):
-                return name
-        return "a disk device" if _DEVICE.match(path) else None
+            hit = next((p for p, q in self._resolved_set() if hits(q)), None)
+            return display_path(hit, self.root) if hit else _protected_rel(
+                display_path(path, self.root), self.globs, self.root) or self._code_around(path, holding)
+        hit = next((shown for q, shown in self._outside if hits(q)), None)
+        hit = hit or next((name for name in SYSTEM_PROTECTED if path == name or path.startswith(name + "/")), None)
+        return hit or ("a disk device" if _DEVICE.match(path) else None)
 
     def runs_later(self, path):
-        """For a path in the tree: the repository or virtualenv start-up code that a change there is in or would
-        make (a .git/.hg anywhere, a directory git takes for a repository, where a .git really is and the hooks
-        its config names, a .pth file …), or None. The policy denies writing these; the tree's other protected
+        """For a path in the tree: the repository or virtualenv start-up code a change there is in or would make
+        (a .git/.hg anywhere, a directory git takes for a repository, where a .git really is and the hooks its
+        config names, a .pth file …), or None. The policy denies writing these; the tree's other protected
         names are the sandbox's and the watch's to keep (a person may say yes to them)."""
         folded, static = fold_path(path), set(self.protected)
-        for p, q in self._resolved_set():
-            if p not in static and (folded == q or folded.startswith(q + "/")):
-                return display_path(p, self.root)
-        return _protected_rel(display_path(path, self.root), (), self.root) or self._code_around(path, False)
+        hit = next((p for p, q in self._resolved_set() if p not in static and (
+            folded == q or folded.startswith(q + "/"))), None)
+        return display_path(hit, self.root) if hit else _protected_rel(
+            display_path(path, self.root), (), self.root) or self._code_around(path, False)
 
     def _code_around(self, real, holding):
         """A repository or virtualenv start-up file that a change at `real` is (holding=True), is in, or would
         make: each directory from `real` up to the root is judged as git judges one, with the entry this change
         adds to it, and as Python finds a virtualenv's start-up code."""
-        if holding and is_git_dir(real):
-            return display_path(real, self.root) + " (a git directory)"
-        if holding and os.path.lexists(os.path.join(real, "pyvenv.cfg")):
-            return display_path(real, self.root) + " (a virtualenv)"
+        if holding and (is_git_dir(real) or os.path.lexists(os.path.join(real, "pyvenv.cfg"))):
+            return display_path(real, self.root) + (" (a git directory)" if is_git_dir(real) else " (a virtualenv)")
         d, child = os.path.dirname(real), os.path.basename(real)
         while _inside(d, self.root):
             if is_git_dir(d, adding=child):
@@ -3324,20 +3293,16 @@ class Confinement:
 
     def target_reason(self, target, check=None):
         """reason() for a file tool's Target, and for a directory anything protected below it."""
-        return self.reason(target.real) or self._below(target, target.real, check)
+        return self.reason(target.real) or self.copied_reason(target, target.real, check)
 
-    def copied_reason(self, source, destination, check=None):
-        """What protected path copying the tree at `source` (a Target) to `destination` creates below it."""
-        return self._below(source, destination, check)
-
-    def _below(self, target, where, check=None):
-        """The first protected path below the directory Target `target` were its tree at `where`: a `.git`, a
+    def copied_reason(self, source, where, check=None):
+        """The first protected path below the directory Target `source` were its tree at `where`: a `.git`, a
         glob's match, a git directory by git's rules, a virtualenv's start-up code; else None."""
-        st = target.lstat()
+        st = source.lstat()
         if st is None or not stat.S_ISDIR(st.st_mode):
             return None
-        names, venvs = {}, _venvs_above(where, self.root)
-        for sub, _, name, _ in _subtree(target.dir_fd, target.name, check):
+        names, venvs = {}, [d for d in _venvs_above(where, self.root)]
+        for sub, _, name, _ in _subtree(source.dir_fd, source.name, check):
             path = os.path.join(where, sub)
             hit = sub and _protected_rel(display_path(path, self.root), self.globs, self.root)
             if hit:
@@ -3346,22 +3311,18 @@ class Confinement:
                 names.setdefault(os.path.dirname(path), []).append(name)
                 venvs += [os.path.dirname(path)] if fold_name(name) == "pyvenv.cfg" else []
         for d, entries in names.items():
-            if is_git_dir(d, names=entries):
-                return display_path(d, self.root) + " (a git directory)"
-            for v in (v for v in venvs if _inside(d, v)):
-                hit = next(filter(None, (venv_code(os.path.relpath(os.path.join(d, n), v)) for n in entries)), None)
-                if hit:
-                    return "%s (%s)" % (display_path(d, self.root), hit)
+            hit = is_git_dir(d, names=entries) and "a git directory" or next(filter(None, (
+                venv_code(os.path.relpath(os.path.join(d, n), v)) for v in venvs if _inside(d, v) for n in entries)),
+                None)
+            if hit:
+                return "%s (%s)" % (display_path(d, self.root), hit)
         return None
 
     def binds(self):
         """What the sandbox makes read-only for commands: the protected set as it really is (a `.git` link's
         target, a gitdir, the hooks and programs a repository's config names), existing, links left out."""
-        out = []
-        for p, _ in self._resolved_set():
-            if not _is_glob(p) and os.path.lexists(p) and not os.path.islink(p) and p not in out:
-                out.append(p)
-        return out
+        return list(dict.fromkeys(p for p, _ in self._resolved_set() if not _is_glob(p) and os.path.lexists(p)
+                                  and not os.path.islink(p)))
 
     def accept(self, path):
         """A person said yes to a change at `path`: the after-command watch does not ask about it again."""
@@ -3375,13 +3336,10 @@ class Confinement:
         path = path if path is not None else (self.environ or os.environ).get("PATH", os.defpath)
         with self._lock:
             if path not in self._git:
-                self._git[path] = None
-                for entry in path.split(os.pathsep):
-                    candidate = os.path.join(entry, "git")
-                    if entry.startswith("/") and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                        real = os.path.realpath(candidate)
-                        self._git[path] = None if _inside(real, self.root) else real
-                        break
+                found = [os.path.join(e, "git") for e in path.split(os.pathsep) if e.startswith("/") and
+                         os.path.isfile(os.path.join(e, "git")) and os.access(os.path.join(e, "git"), os.X_OK)]
+                real = os.path.realpath(found[0]) if found else None
+                self._git[path] = None if real is None or _inside(real, self.root) else real
             return self._git[path]
 
     def before_change(self):
@@ -3391,14 +3349,13 @@ class Confinement:
             if self._deferred is None:
                 self._deferred = deferred_files(self.root)
 
-    def deferred_changed(self, reset=True):
-        """The files that run later by design (deferred_files) this run created or changed, relative and
-        sorted: [] when no tool changed anything. reset: the next run starts a list of its own."""
+    def deferred_changed(self):
+        """The files that run later by design (deferred_files) created or changed since this run's first change,
+        relative and sorted ([] without one); the next run starts a list of its own."""
         with self._lock:
-            before, self._deferred = self._deferred, None if reset else self._deferred
-        if before is None:
-            return []
-        return sorted(p for p, ident in deferred_files(self.root).items() if before.get(p) != ident)
+            before, self._deferred = self._deferred, None
+        return [] if before is None else sorted(
+            p for p, ident in deferred_files(self.root).items() if before.get(p) != ident)
 
 
 # ---- Repositories and virtualenvs, judged by their own rules ----
@@ -3437,52 +3394,39 @@ def _read_small(path, limit=4096):
         os.close(fd)
 
 
-def _gitdir_of(dot):
-    """The real git directory a `.git` entry (or a bare repository) stands for: itself, or the `gitdir:` its
-    file names."""
+def _gitdirs(dot):
+    """The real git directories a `.git` entry (or a bare repository) stands for: itself or the `gitdir:` its
+    file names, and a linked worktree's common one; [] when the file says nothing git would read."""
     if os.path.isdir(dot) and not os.path.islink(dot):
-        return os.path.realpath(dot)
-    line = (_read_small(dot) or b"").decode("utf-8", "replace").strip().splitlines()
-    if not line or not line[0].startswith("gitdir:"):
-        return None
-    return os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
+        gitdir = os.path.realpath(dot)
+    else:
+        line = (_read_small(dot) or b"").decode("utf-8", "replace").strip().splitlines()
+        if not line or not line[0].startswith("gitdir:"):
+            return []
+        gitdir = os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
+    common = (_read_small(os.path.join(gitdir, "commondir")) or b"").strip()
+    return [gitdir] + ([os.path.realpath(os.path.join(gitdir, os.fsdecode(common)))] if common else [])
 
 
-def _resolved_protected(conf, protected):
-    """The protected paths plus where they really are: `.git` may be a symlink to `repo-meta/`, or a
-    worktree's `.git` file naming its gitdir; the hooks and programs a repository's config names, also of the
+def _resolved_protected(conf):
+    """The protected set plus where it really is: `.git` may be a symlink to `repo-meta/`, or a worktree's
+    `.git` file naming its gitdir; the hooks and programs a repository's config names, also of the
     repositories nested in the tree and of the one enclosing it. Changing those is changing .git."""
-    root, out = conf.root, list(protected)
-    for path in protected:
-        if _is_glob(path):
-            continue
+    out, dots = list(conf.protected), [(d, os.path.dirname(d)) for d in nested_repositories(conf.root)[0] +
+                                       git_dirs(conf.root) if fold_name(os.path.basename(d)) == ".git"]
+    for path in conf.protected:
         try:
             with conf.jail.resolve(path) as target:
                 real, st = target.real, target.lstat()
         except (ToolError, OSError):
             continue
-        if real != path:
-            out.append(real)
-        if fold_name(os.path.basename(path)) == ".git" and st is not None:
-            _add_gitdir(conf, out, real)
-    nested, _ = nested_repositories(root)
-    for dot in nested + git_dirs(root):
-        if fold_name(os.path.basename(dot)) == ".git":
-            _add_gitdir(conf, out, dot)
+        out += [real] if real != path else []
+        dots += [(real, os.path.dirname(path))] if st is not None and fold_name(os.path.basename(path)) == ".git" else []
+    for dot, top in dots:  # a `.git` (or what it links to) and the top of its working tree
+        gitdirs = _gitdirs(dot)
+        out += [d for d in gitdirs if _inside(d, conf.root) and d not in out]
+        out += _git_config_paths(conf, top, gitdirs[0]) if gitdirs else []
     return out
-
-
-def _add_gitdir(conf, out, dot):
-    """Adds to `out` the git directory of the `.git` entry `dot`, a linked worktree's common one, and the
-    in-tree paths their config names."""
-    gitdir = _gitdir_of(dot)
-    common = _read_small(os.path.join(gitdir, "commondir")) if gitdir else None
-    for d in [gitdir] + ([os.path.realpath(os.path.join(gitdir, os.fsdecode(common.strip())))] if common and
-                         common.strip() else []) if gitdir else []:
-        if _inside(d, conf.root) and d not in out:
-            out.append(d)
-    if gitdir is not None:
-        out.extend(_git_config_paths(conf, os.path.dirname(dot), gitdir))
 
 
 def _git_config_paths(conf, top, gitdir):
@@ -3491,24 +3435,17 @@ def _git_config_paths(conf, top, gitdir):
     runs code at the person's next git command, like writing .git/hooks does."""
     out, entries = [], git_config(gitdir, conf.git())
     if entries is None:  # git cannot say: each `key = value` line of its own files, as written
-        entries = []
-        for config in (os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")):
-            for line in (_read_small(config, 1 << 20) or b"").decode("utf-8", "replace").split("\n"):
-                key, eq, value = re.sub(r'^\s*\[[^\]]*\]', "", line).partition("=")
-                if eq:
-                    entries.append((key.strip().lower(), value, config))
+        entries = [(k.strip().lower(), v, f) for f in (os.path.join(gitdir, n) for n in ("config", "config.worktree"))
+                   for k, eq, v in (re.sub(r'^\s*\[[^\]]*\]', "", line).partition("=") for line in
+                                    (_read_small(f, 1 << 20) or b"").decode("utf-8", "replace").split("\n")) if eq]
     for key, value, origin in entries:
         name = key.rsplit(".", 1)[-1].lower()
         for token in re.split(r"[\s;|&()<>`]+", value.replace('"', " ").replace("'", " ")):
             token = token.lstrip("!")
-            if not token or token.startswith("-") or token[:1] in "#;":
+            if not token or token.startswith("-") or token[:1] in "#;" or not (
+                    name in ("hookspath", "path") or "/" in token or token.startswith("~")):
                 continue
-            if name in ("hookspath", "path"):
-                base = os.path.dirname(origin) if name == "path" else top
-            elif "/" in token or token.startswith("~"):
-                base = top
-            else:
-                continue
+            base = os.path.dirname(origin) if name == "path" else top
             try:
                 with conf.jail.resolve(os.path.join(base, os.path.expanduser(token))) as target:
                     found = target.real
@@ -3536,31 +3473,33 @@ def _protected_rel(rel, globs, root):
     return None
 
 
-def nested_repositories(root, max_dirs=2000):
-    """Repository metadata below the top of the working directory (submodules, vendored clones):
-    (paths, complete). Breadth-first, never following links, at most max_dirs directories looked at, so a
-    huge tree costs a bounded start-up; complete is False when the bound cut the search short."""
-    root = os.path.realpath(root)
-    found, queue, seen = [], [(root, 0)], 0
+def _tree(root, max_dirs, enter):
+    """Breadth-first over the directories below `root`, never following links: yields (directory, its entries)
+    for at most `max_dirs` directories (then (None, None): the bound cut it short); `enter(entry)` says
+    whether to look into a subdirectory."""
+    queue = [root]
     while queue:
-        path, depth = queue.pop(0)
-        seen += 1
-        if seen > max_dirs:
-            return found, False
+        if max_dirs <= 0:
+            yield None, None
+            return
+        path, max_dirs = queue.pop(0), max_dirs - 1
         try:
             entries = list(os.scandir(path))
         except OSError:
             continue
-        for entry in entries:
-            if fold_name(entry.name) in PROTECTED_ANYWHERE:
-                if depth and not entry.is_symlink():
-                    found.append(entry.path)
-                continue
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    queue.append((entry.path, depth + 1))
-            except OSError:
-                pass
+        yield path, entries
+        queue += [e.path for e in entries if not e.is_symlink() and e.is_dir(follow_symlinks=False) and enter(e)]
+
+
+def nested_repositories(root, max_dirs=2000):
+    """Repository metadata below the top of the working directory (submodules, vendored clones): (paths,
+    complete), at most max_dirs directories looked at, so a huge tree costs a bounded start-up."""
+    root, found = os.path.realpath(root), []
+    for path, entries in _tree(root, max_dirs, lambda e: fold_name(e.name) not in PROTECTED_ANYWHERE):
+        if path is None:
+            return found, False
+        found += [e.path for e in entries if path != root and fold_name(e.name) in PROTECTED_ANYWHERE and
+                  not e.is_symlink()]
     return found, True
 
 
@@ -3592,38 +3531,30 @@ lfs.repositoryformatversion lfs.url worktree.guessremote status.showuntrackedfil
 _git_config_cache = {}
 
 
+def _state(paths):
+    """What stands at each path, as far as a change to it goes (a ctime cannot be set back)."""
+    return tuple((p,) + ((st.st_ino, st.st_ctime_ns, st.st_size) if st else ()) for p, st in (
+        (p, os.stat(p) if os.path.exists(p) else None) for p in paths))
+
+
 def git_config(gitdir, git):
     """The configuration of the repository at `gitdir` as git itself reads it (its config, a worktree's, a
     linked worktree's common one, and what they include, whether or not git takes the directory for a
     repository yet), without the system's, the person's or a command line's: [(key, value, origin file)],
     keys as git writes them (`x.Sub.key`), or None when git (the program `git`, outside the tree) cannot be
     asked or refuses. Asked once per state of the files it named."""
-    if not git or "\n" in gitdir:
-        return None
-    files = [os.path.join(gitdir, n) for n in ("config", "config.worktree", "commondir")]
-    common = _read_small(files[-1])
-    files += [os.path.join(gitdir, os.fsdecode(common.strip()), "config")] if common and common.strip() else []
-    if any(os.path.lexists(f) and not stat.S_ISREG(os.lstat(f).st_mode) for f in files):
-        return None  # a FIFO or device as the config: git would hang on it
-
-    def state(paths):
-        out = []
-        for p in paths:
-            try:
-                st = os.stat(p)
-                out.append((p, st.st_ino, st.st_ctime_ns, st.st_size))
-            except OSError:
-                out.append((p, None))
-        return tuple(out)
+    common = (_read_small(os.path.join(gitdir, "commondir")) or b"").strip()
+    files = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")] + (
+        [os.path.join(gitdir, os.fsdecode(common), "config")] if common else [])
+    if not git or "\n" in gitdir or any(os.path.lexists(f) and not stat.S_ISREG(os.lstat(f).st_mode) for f in files):
+        return None  # no git to ask, a name git's syntax cannot quote, a FIFO as the config (git would hang)
     cached = _git_config_cache.get((gitdir, git))
-    if cached is not None and state(cached[0]) == cached[1]:
+    if cached is not None and _state(cached[0]) == cached[1]:
         return cached[2]
     import subprocess
     env = {"PATH": os.path.dirname(git), "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent", "LC_ALL": "C",
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CEILING_DIRECTORIES": "/"}
-    quoted = ('"%s"' % f.replace("\\", "\\\\").replace('"', '\\"') for f in files if f.endswith("config")
-              or f.endswith("config.worktree"))
-    blob = "[include]\n" + "".join("\tpath = %s\n" % f for f in quoted)
+    blob = "[include]\n" + "".join('\tpath = "%s"\n' % f.replace("\\", "\\\\").replace('"', '\\"') for f in files)
     try:  # git config only reads files (it runs nothing); no terminal to open, a time limit for a FIFO include
         done = subprocess.run([git, "config", "--file", "-", "--list", "-z", "--includes", "--show-origin"],
                               env=env, cwd="/", input=blob.encode("utf-8", "surrogateescape"), capture_output=True,
@@ -3633,50 +3564,37 @@ def git_config(gitdir, git):
     if done.returncode != 0:
         return None
     items = done.stdout.decode("utf-8", "surrogateescape").split("\0")
-    entries = []
-    for origin, entry in zip(items[0::2], items[1::2]):
-        key, _, value = entry.partition("\n")
-        if origin.startswith("file:"):  # not the include lines of the blob above
-            entries.append((key, value, origin[5:]))
+    entries = [entry.partition("\n")[::2] + (origin[5:],) for origin, entry in zip(items[0::2], items[1::2])
+               if origin.startswith("file:")]  # not the include lines of the blob above
     if len(_git_config_cache) > 256:
         _git_config_cache.clear()
-    watched = files + [o for _, _, o in entries if o]
-    _git_config_cache[(gitdir, git)] = (watched, state(watched), entries)
+    watched = files + [o for _, _, o in entries]
+    _git_config_cache[(gitdir, git)] = (watched, _state(watched), entries)
     return entries
 
 
-def git_config_reason(gitdir, git, submodule=False):
-    """The first key of a repository's own configuration that is not known to hold only data (as git names
-    it), or None; a reason too when git cannot be asked."""
-    entries = git_config(gitdir, git)
-    if entries is None:
-        return "a configuration git could not be asked about" if git else "no git outside the tree to ask"
-    for key, _, _ in entries:
-        section, _, rest = key.partition(".")
-        name = section.lower() + (".*." if "." in rest else ".") + rest.rsplit(".", 1)[-1].lower()
-        if section.lower() not in ("color", "advice") and name not in GIT_DATA_KEYS and not (
-                submodule and name == "core.worktree"):  # every submodule's repository names its working tree
-            return key
-    return None
-
-
-def _git_repo_reason(git_entry, git, submodule=False):
-    """git_config_reason over a repository (a .git directory or file, or a bare one) and the repositories of
-    its submodules (modules/)."""
-    gitdir = _gitdir_of(git_entry)
-    if gitdir is None:
+def _git_repo_reason(dot, git, submodule=False):
+    """The first key of the configuration of a repository (a .git directory or file, or a bare one) and of its
+    submodules' (modules/) that is not known to hold only data (as git names it), or None; a reason too when
+    git cannot be asked."""
+    gitdirs = _gitdirs(dot)[:1]
+    if not gitdirs:
         return "a .git file git may read differently"
-    gitdirs = [gitdir]
-    for top, subdirs, files in os.walk(os.path.join(gitdir, "modules")):
+    for top, subdirs, files in os.walk(os.path.join(gitdirs[0], "modules")):
         subdirs[:] = [d for d in subdirs if d not in ("objects", "refs", "logs", "hooks")]
-        if is_git_dir(top, names=subdirs + files):
-            gitdirs.append(top)
+        gitdirs += [top] if is_git_dir(top, names=subdirs + files) else []
         if len(gitdirs) > 64:
             return "too many submodule repositories to check"
-    for i, d in enumerate(gitdirs):
-        reason = git_config_reason(d, git, submodule or i > 0)
-        if reason:
-            return reason
+    for i, gitdir in enumerate(gitdirs):
+        entries = git_config(gitdir, git)
+        if entries is None:
+            return "a configuration git could not be asked about" if git else "no git outside the tree to ask"
+        for key, _, _ in entries:
+            section, _, rest = key.partition(".")
+            name = section.lower() + (".*." if "." in rest else ".") + rest.rsplit(".", 1)[-1].lower()
+            if section.lower() not in ("color", "advice") and name not in GIT_DATA_KEYS and not (
+                    (submodule or i) and name == "core.worktree"):  # a submodule's repository names its working tree
+                return key
     return None
 
 
@@ -3689,18 +3607,16 @@ def _git_config_runs(dirs, git):
         while True:
             dot = os.path.join(d, ".git")
             if os.path.lexists(dot) or is_git_dir(d):
-                reason = _git_repo_reason(dot if os.path.lexists(dot) else d, git)
-                if reason:
+                if reason := _git_repo_reason(dot if os.path.lexists(dot) else d, git):
                     return reason
                 break
             if os.path.dirname(d) == d:
                 break
             d = os.path.dirname(d)
         for nested in nested_repositories(start, 500)[0]:
-            if fold_name(os.path.basename(nested)) == ".git":
-                reason = _git_repo_reason(nested, git, submodule=True)
-                if reason:
-                    return reason
+            reason = fold_name(os.path.basename(nested)) == ".git" and _git_repo_reason(nested, git, submodule=True)
+            if reason:
+                return reason
     return None
 
 
@@ -3712,19 +3628,17 @@ def repository_runs_code(dot, root, git):
         return "a link"
     if fold_name(os.path.basename(dot)) == ".hg":
         return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
-    gitdir = _gitdir_of(dot)
-    if gitdir is None:
+    gitdirs = _gitdirs(dot)
+    if not gitdirs:
         return "a .git file git may read differently"
-    if not _inside(gitdir, root):
+    if not _inside(gitdirs[0], root):
         return "a gitdir outside the working directory"
-    reason = _git_repo_reason(dot, git)
-    if reason:
+    if reason := _git_repo_reason(dot, git):
         return "git config: %s" % reason
-    hook_dirs = [os.path.join(gitdir, "hooks")]
-    for top, subdirs, _ in os.walk(os.path.join(gitdir, "modules")):  # submodules' repositories: their hooks
-        subdirs[:] = [d for d in subdirs if d not in ("objects", "hooks", "refs", "logs")]  # run at `git submodule
-        if os.path.lexists(os.path.join(top, "hooks")):                                     # update` there
-            hook_dirs.append(os.path.join(top, "hooks"))
+    hook_dirs = [os.path.join(gitdirs[0], "hooks")]
+    for top, subdirs, _ in os.walk(os.path.join(gitdirs[0], "modules")):  # submodules' repositories' hooks run
+        subdirs[:] = [d for d in subdirs if d not in ("objects", "hooks", "refs", "logs")]  # at `git submodule
+        hook_dirs += [os.path.join(top, "hooks")] if os.path.lexists(os.path.join(top, "hooks")) else []  # update`
         if len(hook_dirs) > 500:
             return "too many submodule repositories to check"
     for hooks in hook_dirs:
@@ -3736,7 +3650,7 @@ def repository_runs_code(dot, root, git):
             return "a hooks link"
         live = [n for n in names if not n.endswith(".sample")]
         if live:
-            return "%s/%s" % (os.path.relpath(hooks, gitdir), live[0])
+            return "%s/%s" % (os.path.relpath(hooks, gitdirs[0]), live[0])
     return None
 
 
@@ -3758,40 +3672,31 @@ def venv_code(rel):
 
 
 def _venvs_above(path, root):
-    """The virtualenvs (their tops) that `path` lies in, from the root down."""
-    out, d = [], path
-    while _inside(d, root):
-        if os.path.lexists(os.path.join(d, "pyvenv.cfg")):
-            out.insert(0, d)
-        if d == root:
+    """The virtualenvs (their tops) that `path` lies in or is."""
+    out = []
+    while _inside(path, root):
+        out += [path] if os.path.lexists(os.path.join(path, "pyvenv.cfg")) else []
+        if path == root:
             break
-        d = os.path.dirname(d)
+        path = os.path.dirname(path)
     return out
 
 
 def startup_runs_code(path, root):
-    """Would Python run something from this virtualenv start-up file a command made? A reason, or None for
-    what `python -m venv` makes: pyvenv.cfg with its `home` outside the tree, interpreter links to a program
-    outside it, .pth files that only add directories outside it."""
+    """Would Python run something from this virtualenv start-up file a command made? A reason, or None for what
+    `python -m venv` makes: pyvenv.cfg with its `home` outside the tree, interpreter links to a program
+    outside it."""
     name = fold_name(os.path.basename(path))
     if name == "pyvenv.cfg":
-        for line in (_read_small(path) or b"home = \0").decode("utf-8", "replace").split("\n"):
-            key, _, value = line.partition("=")
-            if key.strip().lower() == "home" and (not value.strip() or "\0" in value or
-                                                   _inside(os.path.realpath(value.strip()), root)):
-                return "a virtualenv configuration whose home is %s" % (value.strip() or "unreadable")
+        home = [v.strip() for k, _, v in (line.partition("=") for line in (_read_small(path) or b"").decode(
+            "utf-8", "replace").split("\n")) if k.strip().lower() == "home"]
+        return None if home and home[0] and not _inside(os.path.realpath(home[0]), root) else \
+            "a virtualenv configuration whose home is %s" % (home[0] if home else "missing")
+    if name.startswith(("python", "pypy")) and os.path.islink(path) and os.path.isfile(path) and not _inside(
+            os.path.realpath(path), root):
         return None
-    if name.startswith(("python", "pypy")) and not name.endswith(".pth"):
-        real = os.path.realpath(path)
-        return None if os.path.islink(path) and not _inside(real, root) and os.path.isfile(real) else \
-            "an interpreter that is not a link to one outside the working directory"
-    if name.endswith(".pth") and os.path.isfile(path) and not os.path.islink(path):
-        for line in (_read_small(path, 1 << 20) or b"import").decode("utf-8", "replace").split("\n"):
-            if line.startswith(("import ", "import\t")) or line.strip() and not line.startswith("#") and \
-                    _inside(os.path.realpath(os.path.join(os.path.dirname(path), line.strip())), root):
-                return "a .pth file that runs code or adds %s" % line.strip()[:60]
-        return None
-    return "code every Python start there runs"
+    return "code every Python start there runs" if not name.startswith(("python", "pypy")) else \
+        "an interpreter that is not a link to one outside the working directory"
 
 
 #: project files that are code by design and run later, when a person runs the build, the tests, the CI or
@@ -3805,28 +3710,28 @@ DEFERRED_DIRS = (".github/workflows", ".github/actions", ".circleci", ".vscode",
 
 
 def deferred_files(root, max_dirs=20000):
-    """{relative path: identity} of the files in the tree that run later by design (DEFERRED_NAMES anywhere,
-    what DEFERRED_DIRS hold, a virtualenv's bin/); the identity (inode, ctime, size) changes with any write,
-    and a ctime cannot be set back."""
-    out, queue = {}, [("", False)]
-    while queue and max_dirs > 0:
-        rel, whole = queue.pop()
-        max_dirs -= 1
-        try:
-            entries = list(os.scandir(os.path.join(root, rel)))
-        except OSError:
-            continue
-        venv = any(e.name == "pyvenv.cfg" for e in entries)
+    """{relative path: (inode, ctime, size)} of the files in the tree that run later by design: DEFERRED_NAMES
+    anywhere, what DEFERRED_DIRS and a virtualenv's bin/ hold (not its libraries, not node_modules/)."""
+    out, whole, venvs = {}, set(), set()
+
+    def enter(entry):
+        rel, name = os.path.relpath(entry.path, root), fold_name(entry.name)
+        if os.path.dirname(entry.path) in venvs:  # a virtualenv: its scripts only
+            whole.add(entry.path)
+            return name in ("bin", "scripts")
+        if fold_path(rel) in DEFERRED_DIRS or os.path.dirname(entry.path) in whole:
+            whole.add(entry.path)
+        return name not in (".git", ".hg", "node_modules", "__pycache__")
+    for path, entries in _tree(root, max_dirs, enter):
+        if path is None:
+            break
+        venvs |= {path} if any(e.name == "pyvenv.cfg" for e in entries) else set()
         for e in entries:
-            sub, name = os.path.join(rel, e.name), fold_name(e.name)
             try:
-                if e.is_dir(follow_symlinks=False):
-                    if venv and name in ("bin", "scripts") or not venv and name not in (
-                            ".git", ".hg", "node_modules", "__pycache__"):
-                        queue.append((sub, whole or venv or fold_path(sub) in DEFERRED_DIRS))
-                elif whole or any(fnmatch.fnmatchcase(name, n) for n in DEFERRED_NAMES):
+                if not e.is_dir(follow_symlinks=False) and (path in whole or any(
+                        fnmatch.fnmatchcase(fold_name(e.name), n) for n in DEFERRED_NAMES)):
                     st = e.stat(follow_symlinks=False)
-                    out[sub] = (st.st_ino, st.st_ctime_ns, st.st_size)
+                    out[os.path.relpath(e.path, root)] = (st.st_ino, st.st_ctime_ns, st.st_size)
             except OSError:
                 continue
     return out
@@ -5980,97 +5885,21 @@ def bounded_glob(pattern, max_matches, max_entries=100000):
     return frontier[:max_matches], False
 
 
-#: the longest command the policy judges: judging is linear, but a model can write megabytes, and a verdict
-#: must come in well under a second whatever it writes (longer commands are denied)
-MAX_COMMAND_LENGTH = 32768
+# ---- Terminal: the policy, pass 1: the denylist ----
 
-
-class CommandPolicy:
-    """Judges a command line: deny (never runs), allow (proven read-only, inside the jail), or confirm."""
-
-    def __init__(self, root, allowlist=DEFAULT_ALLOWLIST, custom_denylist=(), home=None, path=None):
-        #: what is protected (Confinement.reason); `root` may be a working directory to make one of
-        self.confinement = root if isinstance(root, Confinement) else Confinement(root, home=home)
-        self.root = self.confinement.root
-        entries = [e.split() for e in allowlist if e and e.strip()]
-        #: read-only programs whose every option and operand is checked
-        known = set(SAFE_OPTIONS) | {"git", "find"}
-        self.allowlist = {e[0] for e in entries if len(e) == 1 and e[0] in known}
-        #: configured command prefixes (`make test`, `pytest`): run unasked, confined by the sandbox
-        self.prefixes = [e for e in entries if not (len(e) == 1 and e[0] in known)]
-        self.custom = [_custom_rule(entry) for entry in custom_denylist if entry and entry.strip()]
-        self.home = self.confinement.home
-        #: the PATH commands are looked up in (the child's: the sandbox keeps PATH)
-        self.path = path if path is not None else os.environ.get("PATH", os.defpath)
-        #: while the denylist walks a script: the directory `cd` moved to (None once it cannot be known)
-        self._cwd = self.root
-        #: programs looked up on PATH during one judgement (_resolve)
-        self._resolved = {}
-
-    def judge(self, command):
-        try:
-            return self._judge(command)
-        except (RecursionError, ValueError, IndexError, KeyError, TypeError, OSError) as exc:  # fail closed
-            return Verdict(DENY, "the command could not be checked (%s: %s); it is not run"
-                           % (type(exc).__name__, exc))
-
-    def _judge(self, command):
-        if not command or not command.strip():
-            return Verdict(CONFIRM, "the command is empty")
-        if len(command) > MAX_COMMAND_LENGTH:
-            return Verdict(DENY, "the command is %d characters long, over the %d the policy checks; write long "
-                                 "content with write_file" % (len(command), MAX_COMMAND_LENGTH))
-        if "\x00" in command:
-            return Verdict(DENY, "the command contains a NUL byte")
-        m = _CONTROL.search(command)
-        if m:
-            return Verdict(DENY, "the command contains a control or invisible character (U+%04X)" % ord(m.group(0)))
-        flat = " ".join(command.replace("\\\n", " ").split())
-        try:
-            script = parse_shell(command)
-        except ShellSyntaxError as exc:
-            raw = self._raw_deny(flat)
-            return raw or Verdict(DENY, "cannot check the command (%s); it is not run: write it in plainer shell "
-                                        "syntax" % exc)
-        self._cwd = self.root
-        self._resolved = {}
-        verdict = self._deny_script(script, 0, {})
-        self._cwd = self.root
-        if verdict is None and not command.isascii():  # full-width and other look-alikes, as NFKC sees them
-            try:
-                verdict = self._deny_script(parse_shell(_nfkc(command)), 0, {})
-            except ShellSyntaxError:
-                pass
-        if verdict is None:
-            verdict = self._raw_deny(flat, always_only=True)
-        if verdict is None:
-            verdict = self._script(script, 0)
-            if verdict.level == ALLOW and not script.pipelines:
-                verdict = Verdict(CONFIRM, "nothing to run")
-        return Verdict(verdict.level, verdict.reason, script)
-
-    def _raw_deny(self, flat, always_only=False):
-        for pattern, reason in (RAW_DENY[:1] + RAW_DENY[-1:]) if always_only else RAW_DENY:
-            if pattern.search(flat):
-                return Verdict(DENY, reason)
-        for rule in self.custom:
-            if rule[0] == "regex" and rule[1].search(flat):
-                return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
-        return None
-
-    # ---- pass 1: the denylist, through wrappers and obfuscation ----
+class Denylist:
+    """The first pass of CommandPolicy (its base): the catastrophes, found anywhere in a command however it
+    is wrapped or spelled, on the normalised view of its words (what the shell will make of them)."""
 
     def _deny_script(self, script, depth, env, first_piped=False):
         if depth > 16:
             return Verdict(DENY, "commands are nested too deeply to check")
         for pipeline in script.pipelines:
-            verdict = self._deny_exfiltration(pipeline, env)
-            if verdict is not None:
+            if (verdict := self._deny_exfiltration(pipeline, env)) is not None:
                 return verdict
             upstream = None
             for position, command in enumerate(pipeline.commands):
-                verdict = self._deny_node(command, depth, env, position > 0 or first_piped, upstream)
-                if verdict is not None:
+                if (verdict := self._deny_node(command, depth, env, position > 0 or first_piped, upstream)) is not None:
                     return verdict
                 upstream = _printed(command)
         return None
@@ -6131,8 +5960,7 @@ class CommandPolicy:
             if _calls_itself(node):
                 return Verdict(DENY, "a fork bomb (function %s calls itself in the background)" % node.name)
             return self._deny_node(node.body, depth + 1, env, piped) if node.body is not None else None
-        verdict = self._deny_redirects(node.redirects, depth, env)
-        if verdict is not None:
+        if (verdict := self._deny_redirects(node.redirects, depth, env)) is not None:
             return verdict
         if isinstance(node, Group):
             for word in node.words:
@@ -6141,8 +5969,7 @@ class CommandPolicy:
             return verdict or self._deny_script(node.script, depth + 1, env, piped and node.kind != "case")
         for word in node.assigns + node.words:
             for sub in word.subs:
-                verdict = self._deny_script(sub, depth + 1, env, sub.stdin_data)
-                if verdict is not None:
+                if (verdict := self._deny_script(sub, depth + 1, env, sub.stdin_data)) is not None:
                     return verdict
         for word in node.assigns:
             name, _, value = word.text.partition("=")
@@ -6155,8 +5982,7 @@ class CommandPolicy:
                 for n, item in enumerate(items[:32]):
                     env["%s[%d]" % (name, n)] = [item]
                 env[name + "[@]"] = env[name + "[*]"] = [" ".join(items)]
-            verdict = self._deny_setting(name, value, depth)
-            if verdict is not None:
+            if (verdict := self._deny_setting(name, value, depth)) is not None:
                 return verdict
         if not node.words:
             return None
@@ -6179,8 +6005,7 @@ class CommandPolicy:
         for argv in argvs:
             if not argv:
                 continue
-            verdict = self._deny_argv(argv, depth, piped, stdin_code)
-            if verdict is not None:
+            if (verdict := self._deny_argv(argv, depth, piped, stdin_code)) is not None:
                 return verdict
             runs = [self._abs(a) for a in argv[:3] if a and not a.startswith("-")]
             if downloads and any(path in downloads for path in runs) and (
@@ -6234,8 +6059,7 @@ class CommandPolicy:
                 if word is None:
                     continue
                 for sub in word.subs:
-                    verdict = self._deny_script(sub, depth + 1, env)
-                    if verdict is not None:
+                    if (verdict := self._deny_script(sub, depth + 1, env)) is not None:
                         return verdict
             if target is None or op in ("<<", "<<-"):
                 continue
@@ -6246,8 +6070,7 @@ class CommandPolicy:
                                              "/proc (%s)" % text)
                     if op in ("<", "<<<", "<&") or (op == ">&" and (text.isdigit() or text == "-")):
                         continue
-                    reason = self._protected(text)
-                    if reason:
+                    if reason := self._protected(text):
                         return Verdict(DENY, "redirects output into %s (%s)" % (reason, text))
         return None
 
@@ -6310,15 +6133,12 @@ class CommandPolicy:
                     verdict = self._deny_code(": " + text, depth)
                     if verdict is not None and verdict.level == DENY:
                         return verdict
-        verdict = self._deny_hidden_programs(prog, args, depth)
-        if verdict is not None:
+        if (verdict := self._deny_hidden_programs(prog, args, depth)) is not None:
             return verdict
         if is_interpreter(prog) or prog in ("source", ".", "eval"):
-            verdict = self._deny_interpreter(prog, args, depth, piped, stdin_code)
-            if verdict is not None:
+            if (verdict := self._deny_interpreter(prog, args, depth, piped, stdin_code)) is not None:
                 return verdict
-        verdict = self._deny_program(prog, args, depth)
-        if verdict is not None:
+        if (verdict := self._deny_program(prog, args, depth)) is not None:
             return verdict
         if prog in WRAPPERS or prog in ("trap", "alias"):
             return self._deny_wrapped(prog, args, depth, piped, stdin_code)
@@ -6344,12 +6164,10 @@ class CommandPolicy:
                 if verdict is not None:
                     return verdict
             elif not eq and a.startswith("-") and _COMMAND_OPTION.search(key) and i + 1 < len(args):
-                verdict = self._deny_code(args[i + 1], depth + 1)
-                if verdict is not None:
+                if (verdict := self._deny_code(args[i + 1], depth + 1)) is not None:
                     return verdict
             if eq and prog in ("env", "export", "declare", "typeset", "local", "readonly", "setenv"):
-                verdict = self._deny_setting(a.split("=", 1)[0].lstrip("-"), value, depth)
-                if verdict is not None:
+                if (verdict := self._deny_setting(a.split("=", 1)[0].lstrip("-"), value, depth)) is not None:
                     return verdict
         if prog in ("gdb", "lldb", "strace", "ltrace", "gcore", "perf", "bpftrace", "pstack", "eu-stack") and any(
                 a in ("-p", "--pid", "--attach", "attach") or a.startswith("--pid=") or
@@ -6378,26 +6196,22 @@ class CommandPolicy:
             for script in _operands(args, takes_value={"-e", "-f", "-l", "--expression", "--file"})[:1] + \
                     [args[i + 1] for i, a in enumerate(args) if a in ("-e", "--expression") and i + 1 < len(args)]:
                 for m in re.finditer(r"(?:^|[;\n{}])\s*(?:[0-9,$!~+]|/[^/]*/[IM]*)*\s*e\s+([^;\n}]+)", script):
-                    verdict = self._deny_code(m.group(1), depth + 1)
-                    if verdict is not None:
+                    if (verdict := self._deny_code(m.group(1), depth + 1)) is not None:
                         return verdict
                 for m in re.finditer(r"(?:^|[;\n{}]|/[a-z]*)\s*[wW]\s+(\S+)", script):
-                    reason = self._protected(m.group(1))
-                    if reason:
+                    if reason := self._protected(m.group(1)):
                         return Verdict(DENY, "sed writes to %s (%s)" % (reason, m.group(1)))
                 for m in re.finditer(r"s([^\w\s\\])((?:\\.|(?!\1)[^\\\n])*)\1((?:\\.|(?!\1)[^\\\n])*)\1([a-zA-Z0-9]*)", script):
                     if "e" in m.group(4) or "w" in m.group(4):
                         replacement = re.sub(r"\\(.)", r"\1", m.group(3))
-                        verdict = self._deny_code(replacement, depth + 1)
-                        if verdict is not None:
+                        if (verdict := self._deny_code(replacement, depth + 1)) is not None:
                             return verdict
         if prog in ("vi", "vim", "nvim", "ex", "view", "gvim", "emacs", "less", "more", "man"):
             for i, a in enumerate(args):
                 text = args[i + 1] if a in ("-c", "--cmd", "--eval", "-e") and i + 1 < len(args) else \
                     a[1:] if a.startswith("+") else None
                 if text and "!" in text:
-                    verdict = self._deny_code(text.split("!", 1)[1], depth + 1)
-                    if verdict is not None:
+                    if (verdict := self._deny_code(text.split("!", 1)[1], depth + 1)) is not None:
                         return verdict
         return None
 
@@ -6423,8 +6237,7 @@ class CommandPolicy:
                     for n, value in enumerate(positional[:10]):
                         filled = re.sub(r"\$\{?%d\}?" % n, lambda m, v=value: v, filled)
                     filled = re.sub(r"\"?\$\{?[@*]\}?\"?", lambda m: " ".join(positional[1:]), filled)
-                    verdict = self._deny_code(filled, depth)
-                    if verdict is not None:
+                    if (verdict := self._deny_code(filled, depth)) is not None:
                         return verdict
                 return self._deny_code(code, depth)
             return self._deny_embedded(code, depth)
@@ -6452,8 +6265,7 @@ class CommandPolicy:
                 script = ShellParser(_nfkc(literal), min(depth + 1, 20)).parse()
             except ShellSyntaxError:
                 continue
-            verdict = self._deny_script(script, depth + 1, {})
-            if verdict is not None:
+            if (verdict := self._deny_script(script, depth + 1, {})) is not None:
                 return verdict
         return None
 
@@ -6473,8 +6285,7 @@ class CommandPolicy:
                     tries = [[w.replace("{}", item) for w in inner] for item in items] if replace else \
                         [inner + items]
                     for argv in tries:
-                        verdict = self._deny_argv(argv, depth + 1)
-                        if verdict is not None:
+                        if (verdict := self._deny_argv(argv, depth + 1)) is not None:
                             return verdict
                     break
             stdin_code = None
@@ -6494,8 +6305,7 @@ class CommandPolicy:
             for value in args[at + 1:at + 9]:
                 strings.extend(" ".join(args[:at]).replace("{}", value) for _ in (0,))
         for code in strings:
-            verdict = self._deny_code(code, depth + 1)
-            if verdict is not None:
+            if (verdict := self._deny_code(code, depth + 1)) is not None:
                 return verdict
         if prog in ("trap", "alias"):
             return None
@@ -6508,28 +6318,23 @@ class CommandPolicy:
             inner = args[start:]
             if prog == "xargs" and any(a in ("-I", "-i") or a.startswith(("-I", "--replace")) for a in args[:start]):
                 inner = [a for a in inner]
-            verdict = self._deny_argv(inner, depth + 1, piped, stdin_code)
-            if verdict is not None:
+            if (verdict := self._deny_argv(inner, depth + 1, piped, stdin_code)) is not None:
                 return verdict
         return None
 
     def _deny_program(self, prog, args, depth):
         """The catastrophes of one program."""
         if prog in ("rm", "unlink", "rmdir", "shred", "srm", "trash", "trash-put", "gio"):
-            verdict = self._deny_rm(prog, args)
-            if verdict is not None:
+            if (verdict := self._deny_rm(prog, args)) is not None:
                 return verdict
         if prog == "find":
-            verdict = self._deny_find(args, depth)
-            if verdict is not None:
+            if (verdict := self._deny_find(args, depth)) is not None:
                 return verdict
         if prog == "git":
-            verdict = self._deny_git(args, depth)
-            if verdict is not None:
+            if (verdict := self._deny_git(args, depth)) is not None:
                 return verdict
         if prog == "rsync":
-            verdict = self._deny_rsync(args, depth)
-            if verdict is not None:
+            if (verdict := self._deny_rsync(args, depth)) is not None:
                 return verdict
         if prog == "dd":
             for a in args:
@@ -6537,8 +6342,7 @@ class CommandPolicy:
                     target = self._abs(a[3:])
                     if target and target.startswith("/dev/") and target not in SAFE_SINKS:
                         return Verdict(DENY, "dd onto a device (%s)" % a[3:])
-                    reason = self._protected(a[3:])
-                    if reason:
+                    if reason := self._protected(a[3:]):
                         return Verdict(DENY, "dd writes to %s (%s)" % (reason, a[3:]))
         if prog in ("chmod", "chown", "chgrp", "setfacl", "chattr", "chcon", "setfattr"):
             operands = _operands(args)
@@ -6547,12 +6351,10 @@ class CommandPolicy:
                     return Verdict(DENY, "%s on a system path (%s)" % (prog, target))
         if prog in ("mv", "gmv"):
             for source in _operands(args, takes_value={"-t", "--target-directory", "-S", "--suffix"})[:-1]:
-                reason = self._catastrophic(source, True, tree_ok=True)
-                if reason:
+                if reason := self._catastrophic(source, True, tree_ok=True):
                     return Verdict(DENY, "mv moves %s away (%s)" % (reason, source))
         for target in _write_targets(prog, args):
-            reason = self._protected(target)
-            if reason:
+            if reason := self._protected(target):
                 return Verdict(DENY, "%s writes to %s (%s)" % (prog, reason, target))
         return None
 
@@ -6572,8 +6374,7 @@ class CommandPolicy:
         recursive = bool(flags & {"r", "R"}) or any("--recursive".startswith(f) and len(f) > 4 for f in flags) or \
             prog in ("rmdir", "trash", "trash-put", "gio")
         for target in targets:
-            reason = self._catastrophic(target, recursive)
-            if reason:
+            if reason := self._catastrophic(target, recursive):
                 return Verdict(DENY, "%s of %s (%s)" % ("recursive rm" if recursive else prog, reason, target))
             protected = self._protected(target)
             if protected:
@@ -6628,8 +6429,7 @@ class CommandPolicy:
         destructive = any(a in ("-delete",) for a in expression)
         for j, a in enumerate(expression):
             if a in ("-fprint", "-fprint0", "-fprintf", "-fls") and j + 1 < len(expression):
-                reason = self._protected(expression[j + 1])
-                if reason:
+                if reason := self._protected(expression[j + 1]):
                     return Verdict(DENY, "find %s writes to %s" % (a, reason))
             if a in ("-exec", "-execdir", "-ok", "-okdir"):
                 inner = []
@@ -6640,18 +6440,15 @@ class CommandPolicy:
                 for start in starts:
                     outside = bool(self._catastrophic(start, True, tree_ok=True))
                     fill = start if outside else "./{}"
-                    verdict = self._deny_argv([w.replace("{}", fill) for w in inner], depth + 1)
-                    if verdict is not None:
+                    if (verdict := self._deny_argv([w.replace("{}", fill) for w in inner], depth + 1)) is not None:
                         return verdict
                     if _prog_name(inner[0] if inner else "") in ("rm", "shred", "unlink") and outside:
                         destructive = True
         if destructive:
             for start in starts:
-                reason = self._catastrophic(start, True, tree_ok=True)
-                if reason:
+                if reason := self._catastrophic(start, True, tree_ok=True):
                     return Verdict(DENY, "find deletes everything under %s (%s)" % (reason, start))
-                reason = self._protected(start)
-                if reason:
+                if reason := self._protected(start):
                     return Verdict(DENY, "find deletes %s (%s)" % (reason, start))
         return None
 
@@ -6660,17 +6457,14 @@ class CommandPolicy:
                                                 "--rsync-path", "-T", "--temp-dir", "--backup-dir"})
         for i, a in enumerate(args):
             if a in ("-e", "--rsh", "--rsync-path") and i + 1 < len(args):
-                verdict = self._deny_code(args[i + 1], depth + 1)
-                if verdict is not None:
+                if (verdict := self._deny_code(args[i + 1], depth + 1)) is not None:
                     return verdict
             elif a.startswith(("--rsh=", "--rsync-path=")):
-                verdict = self._deny_code(a.split("=", 1)[1], depth + 1)
-                if verdict is not None:
+                if (verdict := self._deny_code(a.split("=", 1)[1], depth + 1)) is not None:
                     return verdict
         deleting = any(a.startswith("--del") or a in ("--remove-source-files", "--remove-sent-files") for a in args)
         if deleting and len(operands) >= 2:
-            reason = self._catastrophic(operands[-1], True)
-            if reason:
+            if reason := self._catastrophic(operands[-1], True):
                 return Verdict(DENY, "rsync --delete onto %s (%s)" % (reason, operands[-1]))
         return None
 
@@ -6710,8 +6504,7 @@ class CommandPolicy:
             return Verdict(DENY, "git -u (--upload-pack) runs a program chosen on the command line")
         for i, a in enumerate(args):
             if a in ("-x", "--exec") and i + 1 < len(args) and "rebase" in words:
-                verdict = self._deny_code(args[i + 1], depth + 1)
-                if verdict is not None:
+                if (verdict := self._deny_code(args[i + 1], depth + 1)) is not None:
                     return verdict
         if "bisect" in words and "run" in words:
             return self._deny_argv(args[args.index("run") + 1:], depth + 1)
@@ -6834,8 +6627,7 @@ class CommandPolicy:
             for match in matches:
                 candidates.extend((match, os.path.realpath(match)))
         for p in candidates:
-            reason = self._protected_path(p)
-            if reason:
+            if reason := self._protected_path(p):
                 return reason
         return None
 
@@ -6854,7 +6646,88 @@ class CommandPolicy:
         return any(base.startswith(root + "/") for root in SYSTEM_ROOTS
                    if root not in ("/", "/home", "/Users", "/opt", "/srv", "/mnt", "/media", "/run"))
 
-    # ---- pass 2: classification (allow only what is proven read-only) ----
+
+# ---- Terminal: the policy, pass 2: only what is proven read-only ----
+
+#: the longest command the policy judges: judging is linear, but a model can write megabytes, and a verdict
+#: must come in well under a second whatever it writes (longer commands are denied)
+MAX_COMMAND_LENGTH = 32768
+
+
+class CommandPolicy(Denylist):
+    """Judges a command line: deny (never runs), allow (proven read-only, inside the jail), or confirm."""
+
+    def __init__(self, root, allowlist=DEFAULT_ALLOWLIST, custom_denylist=(), home=None, path=None):
+        #: what is protected (Confinement.reason); `root` may be a working directory to make one of
+        self.confinement = root if isinstance(root, Confinement) else Confinement(root, home=home)
+        self.root = self.confinement.root
+        entries = [e.split() for e in allowlist if e and e.strip()]
+        #: read-only programs whose every option and operand is checked
+        known = set(SAFE_OPTIONS) | {"git", "find"}
+        self.allowlist = {e[0] for e in entries if len(e) == 1 and e[0] in known}
+        #: configured command prefixes (`make test`, `pytest`): run unasked, confined by the sandbox
+        self.prefixes = [e for e in entries if not (len(e) == 1 and e[0] in known)]
+        self.custom = [_custom_rule(entry) for entry in custom_denylist if entry and entry.strip()]
+        self.home = self.confinement.home
+        #: the PATH commands are looked up in (the child's: the sandbox keeps PATH)
+        self.path = path if path is not None else os.environ.get("PATH", os.defpath)
+        #: while the denylist walks a script: the directory `cd` moved to (None once it cannot be known)
+        self._cwd = self.root
+        #: programs looked up on PATH during one judgement (_resolve)
+        self._resolved = {}
+
+    def judge(self, command):
+        try:
+            return self._judge(command)
+        except (RecursionError, ValueError, IndexError, KeyError, TypeError, OSError) as exc:  # fail closed
+            return Verdict(DENY, "the command could not be checked (%s: %s); it is not run"
+                           % (type(exc).__name__, exc))
+
+    def _judge(self, command):
+        if not command or not command.strip():
+            return Verdict(CONFIRM, "the command is empty")
+        if len(command) > MAX_COMMAND_LENGTH:
+            return Verdict(DENY, "the command is %d characters long, over the %d the policy checks; write long "
+                                 "content with write_file" % (len(command), MAX_COMMAND_LENGTH))
+        if "\x00" in command:
+            return Verdict(DENY, "the command contains a NUL byte")
+        m = _CONTROL.search(command)
+        if m:
+            return Verdict(DENY, "the command contains a control or invisible character (U+%04X)" % ord(m.group(0)))
+        flat = " ".join(command.replace("\\\n", " ").split())
+        try:
+            script = parse_shell(command)
+        except ShellSyntaxError as exc:
+            raw = self._raw_deny(flat)
+            return raw or Verdict(DENY, "cannot check the command (%s); it is not run: write it in plainer shell "
+                                        "syntax" % exc)
+        self._cwd = self.root
+        self._resolved = {}
+        verdict = self._deny_script(script, 0, {})
+        self._cwd = self.root
+        if verdict is None and not command.isascii():  # full-width and other look-alikes, as NFKC sees them
+            try:
+                verdict = self._deny_script(parse_shell(_nfkc(command)), 0, {})
+            except ShellSyntaxError:
+                pass
+        if verdict is None:
+            verdict = self._raw_deny(flat, always_only=True)
+        if verdict is None:
+            verdict = self._script(script, 0)
+            if verdict.level == ALLOW and not script.pipelines:
+                verdict = Verdict(CONFIRM, "nothing to run")
+        return Verdict(verdict.level, verdict.reason, script)
+
+    def _raw_deny(self, flat, always_only=False):
+        for pattern, reason in (RAW_DENY[:1] + RAW_DENY[-1:]) if always_only else RAW_DENY:
+            if pattern.search(flat):
+                return Verdict(DENY, reason)
+        for rule in self.custom:
+            if rule[0] == "regex" and rule[1].search(flat):
+                return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
+        return None
+
+    # -- pass 2: classification (allow only what is proven read-only) --
 
     def _script(self, script, depth):
         verdict = Verdict(ALLOW, "read-only commands inside the working directory")
@@ -6917,8 +6790,7 @@ class CommandPolicy:
             inner = _unwrap(prog, words[1:])
             if inner is None:
                 return Verdict(CONFIRM, "%s with options that are not on its read-only list" % prog)
-            reason = self._resolve(name)
-            if reason:
+            if reason := self._resolve(name):
                 return Verdict(CONFIRM, reason)
             if inner == "prints":
                 return Verdict(ALLOW, "%s only prints" % prog)
@@ -6936,8 +6808,7 @@ class CommandPolicy:
             return Verdict(ALLOW, "%s only tests" % name)
         if prog not in self.allowlist:
             return Verdict(CONFIRM, "%s is not on the read-only allowlist" % prog)
-        reason = self._resolve(name)
-        if reason:
+        if reason := self._resolve(name):
             return Verdict(CONFIRM, reason)
         if prog == "git":
             return self._git_verdict(words[1:])
@@ -7072,8 +6943,7 @@ class CommandPolicy:
         elif spec.operands == "none":
             operands = []
         for w in operands + values:
-            reason = self._operand_reason(w)
-            if reason:
+            if reason := self._operand_reason(w):
                 return Verdict(CONFIRM, "%s reads %s" % (prog, reason)), [], seen
         if seen & spec.walk:
             for w in (operands or [make_word(".")]):
@@ -7155,13 +7025,11 @@ class CommandPolicy:
             if kind == "path":
                 if i + 1 >= len(args):
                     return Verdict(CONFIRM, "find %s needs a file" % t)
-                reason = self._operand_reason(args[i + 1])
-                if reason:
+                if reason := self._operand_reason(args[i + 1]):
                     return Verdict(CONFIRM, "find reads %s" % reason)
             i += 1 + (1 if kind else 0)
         for w in starts:
-            reason = self._operand_reason(w)
-            if reason:
+            if reason := self._operand_reason(w):
                 return Verdict(CONFIRM, "find searches %s" % reason)
         if walk and any(self._escapes(w.text) for w in (starts or [make_word(".")])):
             return Verdict(CONFIRM, "find -L follows symbolic links out of the working directory")
@@ -7172,8 +7040,7 @@ class CommandPolicy:
         while i < len(args) and args[i].text.startswith("-"):
             t = args[i].text
             if t == "-C" and i + 1 < len(args):
-                reason = self._operand_reason(args[i + 1])
-                if reason:
+                if reason := self._operand_reason(args[i + 1]):
                     return Verdict(CONFIRM, "git -C %s" % reason)
                 dirs.append(os.path.realpath(os.path.join(self.root, args[i + 1].text)))
                 i += 2
@@ -7200,8 +7067,7 @@ class CommandPolicy:
             verdict, _, _ = self._options_verdict("git " + sub, spec, rest)
         if verdict.level != ALLOW:
             return verdict
-        reason = _git_config_runs(dirs, self.confinement.git(self.path))
-        if reason:
+        if reason := _git_config_runs(dirs, self.confinement.git(self.path)):
             return Verdict(CONFIRM, "the repository's git configuration may run commands (%s)" % reason)
         return Verdict(ALLOW, "git %s only reads the repository" % sub)
 
@@ -7223,8 +7089,7 @@ class CommandPolicy:
             if op in (">&", "<&") and re.fullmatch(r"\d*-?", target.text):
                 continue
             if op == "<":
-                reason = self._operand_reason(target)
-                if reason:
+                if reason := self._operand_reason(target):
                     verdict = verdict.worse(Verdict(CONFIRM, "reads %s" % reason))
                 continue
             if self._abs(target.text) in SAFE_SINKS and op not in ("<>",):
@@ -7934,6 +7799,8 @@ def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
     return rules
 
 
+# ---- Terminal: the after-command watch ----
+
 class ProtectedWatch:
     """What terminal commands create among the protected paths. INFO: the sandbox makes the protected paths
     that exist when it starts read-only, but a mount needs a place to exist: a `.git` a command creates
@@ -8196,6 +8063,8 @@ def _gone(path):
         pass
     return False
 
+
+# ---- Terminal: the sandbox and its helper process ----
 
 class Sandbox:
     """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
@@ -9063,8 +8932,7 @@ def check_url(url, allowed_hosts=()):
     except ValueError:
         literal = parse_ipv4_loose(host)
     if literal is not None:
-        reason = None if allowed else address_block_reason(literal)
-        if reason:
+        if reason := None if allowed else address_block_reason(literal):
             raise UrlBlocked("%s is %s" % (literal, reason))
         return parts.scheme, host, port, path, str(literal)
     try:
@@ -9085,8 +8953,7 @@ def check_url(url, allowed_hosts=()):
             addresses.append(addr)
     if not allowed:
         for addr in addresses:
-            reason = address_block_reason(addr)
-            if reason:
+            if reason := address_block_reason(addr):
                 raise UrlBlocked("%s resolves to %s, %s" % (host, addr, reason))
     return parts.scheme, host, port, path, addresses[0]
 
