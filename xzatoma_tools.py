@@ -1,25 +1,20 @@
 """XZatoma tools: what the model can do, and below them the safety kernel that decides what it may touch.
 
-Two halves, read top to bottom (each section opens with a `# ---- Name ----` line):
+Read top to bottom, in sections opened by `# ---- Name ----`. The tools: ToolResult, Tool, ToolContext, Registry;
+file and search tools; undo; the terminal tool; fetch; plans (the `plan` tool's and `run --plan`'s); build_registry.
 
-The tools: ToolResult, Tool, ToolContext and the Registry; shared file helpers; the file and search tools;
-undo; the terminal tool; fetch; plans (shared by the `plan` tool and `xzatoma run --plan`); build_registry.
-
-The safety kernel, below the `# ==== The safety kernel ====` line, imports nothing from the tools. Its API:
-  errors          ToolError (a failure the model sees as `Error: …`), JailError, PathError, UrlBlocked
-  protected set   PROTECTED_NAMES, HOME_PROTECTED_NAMES, protected_paths(root, xzatoma_home, extra),
-                  protected_reason(target, protected, root), protected_copied(...), fold_name, fold_path
+The safety kernel (below `# ==== The safety kernel ====`) imports nothing from the tools. Its API:
+  Confinement(root, xzatoma_home, extra, home, homes, terminal, …): .root, .jail, .policy, .sandbox,
+      .reason(path) (the one protected set), .target_reason/.copied_reason (a file tool's change), .binds(),
+      .runs_later(path), .deferred_changed(); PROTECTED_NAMES, HOME_PROTECTED_NAMES, protected_paths, fold_name
+  repositories    is_git_dir (git's rule), git_config (git itself), repository_runs_code, venv_code
   untrusted text  render_untrusted(text, exact), render_json(obj), UntrustedStream
-  jail            Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path,
-                  open_if_regular, read_fd, special_error, use_openat2
-  globs           glob_regex(pattern), glob_match(pattern, relpath)
-  shell parser    parse_shell, needs_shell, simple_argv, command_argv, ShellSyntaxError
-  command policy  CommandPolicy(root, allowlist, custom_denylist).judge(command) -> Verdict (ALLOW, CONFIRM,
-                  DENY), DEFAULT_ALLOWLIST
-  running         run_command(...), child_env(environ, ...)
-  OS sandbox      Sandbox(root, mode, ...), SANDBOX_MODES, landlock_abi(), ProtectedWatch, repository_runs_code
-  SSRF guard      check_url(url, allowed_hosts), url_verdict, address_block_reason
-  audit log       AuditLog(path).record(...)
+  jail            Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict(path, confinement),
+                  display_path, open_if_regular, read_fd, use_openat2; globs: glob_regex, glob_match
+  shell, policy   parse_shell, needs_shell, command_argv; CommandPolicy(confinement).judge(command) -> Verdict
+  sandbox         Sandbox(confinement, mode, …), ProtectedWatch, run_command, child_env, landlock_abi
+  SSRF guard      check_url(url, allowed_hosts), url_verdict, address_block_reason; AuditLog(path).record(…)
+  errors          ToolError (what the model sees as `Error: …`), JailError, PathError, UrlBlocked
 
 Only the standard library is imported at module level; `yaml` is imported where a YAML plan is parsed.
 """
@@ -201,7 +196,8 @@ class ToolContext:
     def _at(self, where):
         """A Target for `where` (a Target already, or an absolute path resolved again, links not followed)."""
         if isinstance(where, Target):
-            return _Borrowed(where)
+            import contextlib
+            return contextlib.nullcontext(where)  # lent to the with-block, not closed at its end
         return self.jail.resolve(where, follow=False)
 
     def before_change(self, tool, where):
@@ -279,19 +275,6 @@ class ToolContext:
         if not self.ask(tool, args, detail + ("\n" + change if change else "")):
             raise ToolError("the user declined: %s" % detail)
         conf.accept(target.real)
-
-
-class _Borrowed:
-    """A Target lent to a with-block without closing it at the end."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def __enter__(self):
-        return self.target
-
-    def __exit__(self, *exc):
-        return False
 
 
 class Tool:
@@ -583,8 +566,7 @@ class GitIgnore:
         self._load("", root_fd)
 
     def _load(self, rel_dir, dir_fd):
-        fd = open_if_regular(".gitignore", dir_fd)
-        if fd is None:
+        if (fd := open_if_regular(".gitignore", dir_fd)) is None:
             return
         try:
             lines = read_fd(fd, 1 << 20).decode("utf-8", "replace").splitlines()
@@ -595,8 +577,7 @@ class GitIgnore:
             line = line.rstrip()
             if not line or line.startswith("#"):
                 continue
-            negate = line.startswith("!")
-            if negate:
+            if negate := line.startswith("!"):
                 line = line[1:]
             dir_only = line.endswith("/")
             line = line.strip("/") if dir_only else line
@@ -634,8 +615,7 @@ class GitIgnore:
         verdict = False
         base, end = "", -1
         while True:
-            groups = self.rules.get(base)
-            if groups:
+            if groups := self.rules.get(base):
                 sub = rel[end + 1:]
                 for matcher, negate, dir_only, _ in groups:
                     if dir_only and not is_dir:
@@ -717,8 +697,7 @@ def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
                         yield rel, fd, name, kind
                 frame[2] = iter(subdirs)
                 continue
-            name = next(pending, None)
-            if name is None:
+            if (name := next(pending, None)) is None:
                 frames.pop()
                 os.close(fd)
                 continue
@@ -1015,8 +994,7 @@ class FindPath(Tool):
                     found.append(rel)
         found.sort()
         limit, offset = args.get("limit") or 50, args.get("offset") or 0
-        page = found[offset: offset + limit]
-        if not page:
+        if not (page := found[offset: offset + limit]):
             return ToolResult.ok("no paths match %s" % pattern if not found else
                                  "offset %d is past the %d matches" % (offset, len(found)), count=len(found))
         head = "showing %d-%d of %d" % (offset + 1, offset + len(page), len(found))
@@ -1069,8 +1047,7 @@ class Grep(Tool):
             nonlocal hits
             for (rel, data), (count, found) in done:
                 hits += count
-                found = found[:max(0, max_results - len(out))]
-                if not found:
+                if not (found := found[:max(0, max_results - len(out))]):
                     continue
                 lines = data.decode("utf-8", "replace").split("\n")
                 for i in found:
@@ -1086,8 +1063,7 @@ class Grep(Tool):
             if kind == "special":
                 special.append(rel)
                 continue
-            data = _grep_read(ctx, rel, dir_fd, name, kind)
-            if data is None:
+            if (data := _grep_read(ctx, rel, dir_fd, name, kind)) is None:
                 special.append(rel)
                 continue
             if b"\x00" in data[:8192] or (quick is not None and not quick(data)):
@@ -1238,8 +1214,7 @@ class _RegexWorker:
                                     % self.seconds)
                 raise ToolError("grep stopped: the run's time limit was reached while matching the regular "
                                 "expression (it may backtrack catastrophically); simplify it")
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
+            if not (chunk := os.read(fd, 1 << 16)):
                 self._fail()
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
@@ -1260,8 +1235,7 @@ class _RegexWorker:
         self.slots = []
 
     def close(self):
-        proc = getattr(self, "proc", None)
-        if proc is not None:
+        if (proc := getattr(self, "proc", None)) is not None:
             if proc.poll() is None:
                 proc.kill()
             for stream in (proc.stdin, proc.stdout):
@@ -1512,8 +1486,7 @@ class CopyPath(Tool):
         st = src.lstat()
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             raise special_error(src, st.st_mode, "copy_path copies files, directories and links")
-        token = self._replace_destination(args, ctx, dst, src)
-        if token is None:
+        if (token := self._replace_destination(args, ctx, dst, src)) is None:
             token = ctx.before_create(self.name, dst)
         dst.make_parents()
         skipped = []
@@ -1578,8 +1551,7 @@ class MovePath(CopyPath):
 
     def _run(self, args, ctx, src, dst):
         ctx.guard(self.name, args, src)
-        token = self._replace_destination(args, ctx, dst)
-        if token is not None:
+        if (token := self._replace_destination(args, ctx, dst)) is not None:
             ctx.after_change(token, expected="absent")  # undone after the move back, when dst is gone again
         check = lambda: ctx.check_deadline(self.name)  # noqa: E731
         count = tree_count_at(src, check)
@@ -1870,8 +1842,7 @@ def copy_at(src_dir_fd, src_name, dst_dir_fd, dst_name, check=None, skipped=None
     try:
         while frames:
             sfd, dfd, names, frel, mode = frames[-1]
-            child = next(names, None)
-            if child is None:
+            if (child := next(names, None)) is None:
                 frames.pop()
                 try:
                     os.fchmod(dfd, mode)
@@ -1979,16 +1950,14 @@ def file_chunks(fd, check=None, hole_as=1 << 20):
         while pos < end:
             if check is not None:
                 check()
-            chunk = os.pread(fd, min(1 << 20, end - pos), pos)
-            if not chunk:
+            if not (chunk := os.pread(fd, min(1 << 20, end - pos), pos)):
                 return  # shrank while read
             yield chunk
             pos += len(chunk)
     while True:  # grown while read
         if check is not None:
             check()
-        chunk = os.pread(fd, 1 << 20, pos)
-        if not chunk:
+        if not (chunk := os.pread(fd, 1 << 20, pos)):
             return
         yield chunk
         pos += len(chunk)
@@ -2004,8 +1973,7 @@ def copy_data(sfd, dfd, check=None):
         while pos < end:
             if check is not None:
                 check()
-            chunk = os.pread(sfd, min(1 << 20, end - pos), pos)
-            if not chunk:
+            if not (chunk := os.pread(sfd, min(1 << 20, end - pos), pos)):
                 size = pos  # shrank while copied
                 break
             for i in range(0, len(chunk), len(zero)):
@@ -2071,8 +2039,7 @@ def _file_hash(dir_fd, name, h):
 def state_hash_at(target):
     """A fingerprint of what is at a Target now: absent, a file's bytes, a link, or a whole tree."""
     import hashlib
-    st = target.lstat()
-    if st is None:
+    if (st := target.lstat()) is None:
         return "absent"
     if stat.S_ISLNK(st.st_mode):
         return "link:" + os.readlink(target.name, dir_fd=target.dir_fd)
@@ -2097,8 +2064,7 @@ def state_hash_at(target):
 def snapshot_at(target, cap, check=None):
     """(kind, content, mode) of what is at a Target, for an undo record; `check()` runs for each entry of a
     tree (the run's deadline: a tool stopped by it leaves no record behind)."""
-    st = target.lstat()
-    if st is None:
+    if (st := target.lstat()) is None:
         return "absent", None, None
     mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
@@ -2334,8 +2300,7 @@ class Terminal(Tool):
             if mode != INTERACTIVE or ctx.confirm_command is None or not ctx.interactive:  # headless: nobody to ask
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
                 raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
-            answer = ctx.confirm_command(command, verdict.reason)
-            if answer is None:
+            if (answer := ctx.confirm_command(command, verdict.reason)) is None:
                 _audit(audit, ctx, command, "declined", 0, CONFIRM)
                 raise ToolError("the user declined the command: %s" % command)
             if answer != command:  # the person's edit is their approval, but it is validated again
@@ -2353,8 +2318,7 @@ class Terminal(Tool):
                 timeout, by_run = remaining, True
         sandbox = conf.sandbox
         conf.before_change()
-        watch = sandbox.watch()
-        if watch is not None:
+        if (watch := sandbox.watch()) is not None:
             watch.begin()  # what changed since the last command (a file tool a person approved) is not its doing
         try:
             try:
@@ -2398,8 +2362,7 @@ class Terminal(Tool):
 def _settle_protected(ctx, watch, command, body):
     """After a command: protected paths it created, and repositories made during the run that it armed,
     are a person's to keep (chat, every mode) or are removed (headless); the model is told either way."""
-    found = watch.found()
-    if not found:
+    if not (found := watch.found()):
         return
     detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
         ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
@@ -2422,14 +2385,13 @@ def _settle_protected(ctx, watch, command, body):
 
 
 def _remove_protected(ctx, watch, found):
-    """Remove what _protected_found found: ([removed, ...], [failed with why, ...]), both shown relative."""
+    """Remove what watch.found() found: ([removed, ...], [failed with why, ...]), both shown relative. A
+    directory of the person's (the working directory) that a command made a repository of loses only what made
+    it one."""
     removed, failed = [], []
     for path, _ in found:
-        # a directory of the person's (the working directory itself) that a command made a repository by adding
-        # the parts git looks for loses only what makes it one
-        targets = [os.path.join(path, n) for n in ("HEAD", "commondir")] if path in watch.defuse else [path]
         try:  # through its parent: a directory deeper than a path can name is removed too
-            for target in targets:
+            for target in [os.path.join(path, n) for n in ("HEAD", "commondir")] if path in watch.defuse else [path]:
                 rel = os.path.relpath(target, ctx.root)
                 with ctx.jail.resolve(os.path.dirname(rel) or ".") as parent:
                     fd = parent.open_dir()
@@ -2521,8 +2483,7 @@ def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent,
         resp = conn.getresponse()
         chunks, size, truncated = [], 0, False
         while not expired():
-            chunk = resp.read1(min(65536, max_bytes + 1 - size))
-            if not chunk:
+            if not (chunk := resp.read1(min(65536, max_bytes + 1 - size))):
                 break
             chunks.append(chunk)
             size += len(chunk)
@@ -2555,8 +2516,7 @@ def shutdown_at(deadline, sock):
     import socket
 
     def cut():
-        target = sock()
-        if target is not None:
+        if (target := sock()) is not None:
             try:
                 target.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -2788,8 +2748,7 @@ class Plan:
         self.action = action  #: text, ditto; the watcher filters on name, action and version
 
     def context_lines(self):
-        ctx = self.context
-        if not ctx:
+        if not (ctx := self.context):
             return []
         if isinstance(ctx, dict):
             return ["- %s: %s" % (_label(k), _scalar(v)) for k, v in ctx.items()]
@@ -2800,8 +2759,7 @@ class Plan:
     def to_prompt(self):
         """The prompt exactly as the seed's 'Plan to Prompt Translation' shows it."""
         parts = ["You are assisting with the following task:", "", "GOAL: %s" % self.goal, ""]
-        ctx = self.context_lines()
-        if ctx:
+        if ctx := self.context_lines():
             parts += ["CONTEXT:"] + ctx + [""]
         parts.append("INSTRUCTIONS (follow as guidance):")
         parts += ["%d. %s" % (i, step) for i, step in enumerate(self.instructions, 1)]
@@ -2816,8 +2774,7 @@ class Plan:
         if self.action:
             lines.append("ACTION: %s" % self.action)
         lines.append("GOAL: %s" % self.goal)
-        ctx = self.context_lines()
-        if ctx:
+        if ctx := self.context_lines():
             lines += ["CONTEXT:"] + ctx
         lines.append("INSTRUCTIONS:")
         lines += ["%d. %s" % (i, s) for i, s in enumerate(self.instructions, 1)]
@@ -2902,8 +2859,7 @@ def looks_like_plan(data):
 
 
 def _text_field(data, key, source, text):
-    value = data.get(key)
-    if value is None:
+    if (value := data.get(key)) is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise PlanError(source, "'%s' must be text, got %s" % (key, _json_type(value)), _key_line(text, key))
@@ -2945,16 +2901,14 @@ def _plan_from_mapping(data, source, text):
     if goal is None and any(k in data for k in ("steps", "tasks")):
         # the name/description/version/action/steps format: the description (else the action, else the
         # name) is the goal
-        goal = _text_field(data, "description", source, text) or action or name
-        if goal is None:
+        if (goal := _text_field(data, "description", source, text) or action or name) is None:
             raise PlanError(source, "missing 'description' (or 'goal'): what the agent should achieve")
     if goal is None or (isinstance(goal, str) and not goal.strip()):
         raise PlanError(source, "missing required key 'goal' (what the agent should achieve)")
     if not isinstance(goal, str):
         raise PlanError(source, "'goal' must be text, got %s" % _json_type(goal), _key_line(text, "goal"))
     key = next((k for k in ("instructions", "steps", "tasks") if k in data), "instructions")
-    steps = data.get(key)
-    if steps is None:
+    if (steps := data.get(key)) is None:
         raise PlanError(source, "missing required key 'instructions' (a list of steps)")
     if isinstance(steps, str):
         steps = [s for s in (line.strip(" -\t") for line in steps.splitlines()) if s]
@@ -2982,8 +2936,7 @@ _MD_MARKER = re.compile(r"\s*(?:[-*+]|\d+[.)])(?=\s)")
 def _md_item(line):
     """The text of a list item ('- x', '1. x', '- [ ] x'), or None: what the regex `\\s+(\\[[ xX]\\]\\s+)?(.*\\S)\\s*$`
     after the marker meant, without its backtracking (a '-' and 100,000 spaces took 28 seconds)."""
-    m = _MD_MARKER.match(line)
-    if not m:
+    if not (m := _MD_MARKER.match(line)):
         return None
     rest = line[m.end():].strip()
     if rest[:1] == "[" and rest[2:3] == "]" and rest[1:2] in " xX" and rest[3:4].isspace():
@@ -2994,8 +2947,7 @@ def _md_item(line):
 def _parse_markdown_plan(text, source):
     title, sections, current = None, {}, None
     for lineno, line in enumerate(text.splitlines(), 1):
-        m = _MD_HEADING.match(line)
-        if m:
+        if m := _MD_HEADING.match(line):
             name = m.group(2).strip()
             if len(m.group(1)) == 1 and title is None:
                 title = re.sub(r"^(task|plan)\s*:\s*", "", name, flags=re.I)
@@ -3017,8 +2969,7 @@ def _parse_markdown_plan(text, source):
     goal = " ".join(l.strip() for l in goal_sec["lines"] if l.strip()) if goal_sec else (title or "")
     if not goal:
         raise PlanError(source, "no goal found (add a '## Goal' section or a '# Task: …' title)")
-    steps_sec = find("steps", "instructions", "tasks", "plan")
-    if steps_sec is None:
+    if (steps_sec := find("steps", "instructions", "tasks", "plan")) is None:
         raise PlanError(source, "no instructions found (expected a '## Steps' or '## Instructions' "
                                 "section with a list)")
     steps = [item for item in map(_md_item, steps_sec["lines"]) if item]
@@ -3053,15 +3004,13 @@ def build_registry(mode, ctx, extra=()):
 
 
 # ==== The safety kernel ====
-# Everything below decides what the agent may touch: the protected set, untrusted text, the jail, the shell
-# parser, the command policy, the OS sandbox, the SSRF guard and the audit log. It imports nothing from the
-# tools above (they ask it); its API is listed in the module docstring.
+# Everything below decides what the agent may touch; it imports nothing from the tools above (they ask it). Its
+# API is listed in the module docstring.
 
 
 # ---- Confinement: what the agent may touch ----
-# One object per session (one per watcher process) answers "is this protected?" for every wall: the file tools
-# ask it before a change, the command policy before a write, the sandbox for its read-only binds, and the
-# after-command watch for what a command made. Nothing else keeps a list of protected names or its own root.
+# One object per session (per watcher process) answers "is this protected?" for every wall: the file tools before
+# a change, the policy before a write, the sandbox for its read-only binds, the watch after a command.
 
 class ToolError(Exception):
     """Raised inside a tool (or by a wall of the kernel) for a failure the model should see as `Error: …`."""
@@ -3111,14 +3060,12 @@ def fold_name(name):
     `.git`), invisible characters dropped (HFS+ ignores a U+200C inside `.git`), trailing dots and spaces dropped
     and the 8.3 short name `GIT~1` read as `.git` (NTFS): git refuses these spellings for the same reason.
     Over-matching only asks a person more often; under-matching would let a hook through."""
-    folded = _fold_memo.get(name)
-    if folded is None:
+    if (folded := _fold_memo.get(name)) is None:
         import unicodedata
         folded = unicodedata.normalize("NFKD", name)
         folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
         folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
-        short = re.match(r"(git|hg)~\d+\Z", folded)
-        if short:
+        if short := re.match(r"(git|hg)~\d+\Z", folded):
             folded = "." + short.group(1)
         if len(_fold_memo) < 65536:
             _fold_memo[name] = folded
@@ -3227,13 +3174,11 @@ class Confinement:
                                         assume_missing=t.get("sandbox_assume_missing") or ())
             return self._sandbox
 
-    def close(self):
-        """Ends every command still running and removes the sandbox's TMPDIR."""
+    def close(self):  # every command still running ends, the sandbox's TMPDIR goes
         if self._sandbox is not None:
             self._sandbox.close()
 
-    def changed(self):
-        """A command ran or a file tool wrote: what is derived from the tree is looked at again."""
+    def changed(self):  # a command ran, a file tool wrote: what is derived from the tree is looked at again
         self._resolved = None
 
     def _resolved_set(self):
@@ -3283,8 +3228,7 @@ class Confinement:
                 return display_path(d, self.root) + " (a git directory)"
             if os.path.lexists(os.path.join(d, "pyvenv.cfg")) or (d, fold_name(child)) == (
                     os.path.dirname(real), "pyvenv.cfg"):  # a virtualenv, or one this change makes
-                hit = venv_code(os.path.relpath(real, d))
-                if hit:
+                if hit := venv_code(os.path.relpath(real, d)):
                     return "%s (%s)" % (display_path(real, self.root), hit)
             if d == self.root:
                 return None
@@ -3304,8 +3248,7 @@ class Confinement:
         names, venvs = {}, [d for d in _venvs_above(where, self.root)]
         for sub, _, name, _ in _subtree(source.dir_fd, source.name, check):
             path = os.path.join(where, sub)
-            hit = sub and _protected_rel(display_path(path, self.root), self.globs, self.root)
-            if hit:
+            if hit := sub and _protected_rel(display_path(path, self.root), self.globs, self.root):
                 return hit
             if sub:
                 names.setdefault(os.path.dirname(path), []).append(name)
@@ -3326,8 +3269,7 @@ class Confinement:
 
     def accept(self, path):
         """A person said yes to a change at `path`: the after-command watch does not ask about it again."""
-        watch = getattr(self._sandbox, "_watch", None)
-        if watch:
+        if watch := getattr(self._sandbox, "_watch", None):
             watch.keep(path, accepted=True)
 
     def git(self, path=None):
@@ -3359,10 +3301,9 @@ class Confinement:
 
 
 # ---- Repositories and virtualenvs, judged by their own rules ----
-# What runs code later without anyone running it: a repository's hooks and configuration (the person's next
-# `git status`), a virtualenv's .pth files, sitecustomize and interpreter (the next Python start). Found the way
-# git and Python find them, wherever they are and in whatever order their parts were made; a repository's
-# configuration is read by git itself, never by a parser of ours that could split a line where git does not.
+# What runs code later without anyone running it: a repository's hooks and configuration (the next `git status`),
+# a virtualenv's .pth files, sitecustomize and interpreter (the next Python start). Found the way git and Python
+# find them, whatever order their parts were made in; a configuration is read by git itself, never by our parser.
 
 def is_git_dir(path, adding=None, names=None):
     """Would git use `path` as a repository directory, or is it one part from it? setup.c's is_git_directory
@@ -3370,21 +3311,17 @@ def is_git_dir(path, adding=None, names=None):
     not the type); HEAD with any one of them counts here, so that the last part is never the one unnoticed.
     `adding` is an entry a change is about to make there; `names`, its entries when they are known."""
     added = fold_name(adding) if adding else None
-    if names is not None:
-        have = {fold_name(n) for n in names}
-    elif added != "head" and not os.path.lexists(os.path.join(path, "HEAD")):
+    if names is None and added != "head" and not os.path.lexists(os.path.join(path, "HEAD")):
         return False
-    else:
-        have = {n for n in ("head", "objects", "refs", "commondir")
-                if os.path.lexists(os.path.join(path, "HEAD" if n == "head" else n))}
+    have = {fold_name(n) for n in names} if names is not None else {"head"} | {
+        n for n in ("objects", "refs", "commondir") if os.path.lexists(os.path.join(path, n))}
     have.add(added)
     return "head" in have and bool(have & {"objects", "refs", "commondir"})
 
 
 def _read_small(path, limit=4096):
     """The first bytes of a regular file, or None: never opening a FIFO or device a repository planted."""
-    fd = open_if_regular(path, follow=True)
-    if fd is None:
+    if (fd := open_if_regular(path, follow=True)) is None:
         return None
     try:
         return read_fd(fd, limit)
@@ -3477,18 +3414,19 @@ def _tree(root, max_dirs, enter):
     """Breadth-first over the directories below `root`, never following links: yields (directory, its entries)
     for at most `max_dirs` directories (then (None, None): the bound cut it short); `enter(entry)` says
     whether to look into a subdirectory."""
-    queue = [root]
+    import collections
+    queue = collections.deque([root])
     while queue:
         if max_dirs <= 0:
             yield None, None
             return
-        path, max_dirs = queue.pop(0), max_dirs - 1
+        path, max_dirs = queue.popleft(), max_dirs - 1
         try:
             entries = list(os.scandir(path))
         except OSError:
             continue
         yield path, entries
-        queue += [e.path for e in entries if not e.is_symlink() and e.is_dir(follow_symlinks=False) and enter(e)]
+        queue.extend(e.path for e in entries if e.is_dir(follow_symlinks=False) and enter(e))
 
 
 def nested_repositories(root, max_dirs=2000):
@@ -3573,21 +3511,26 @@ def git_config(gitdir, git):
     return entries
 
 
+def _submodules(gitdir):
+    """The repositories of a repository's submodules (modules/…, nested ones too, and what holds a config or
+    hooks there, a repository or not yet); past 64, 65 of them."""
+    out = []
+    for top, subdirs, files in os.walk(os.path.join(gitdir, "modules")):
+        out += [top] if is_git_dir(top, names=subdirs + files) or {"config", "hooks"} & set(subdirs + files) else []
+        subdirs[:] = [d for d in subdirs if d not in ("objects", "refs", "logs", "hooks")][:max(0, 65 - len(out))]
+    return out
+
+
 def _git_repo_reason(dot, git, submodule=False):
     """The first key of the configuration of a repository (a .git directory or file, or a bare one) and of its
     submodules' (modules/) that is not known to hold only data (as git names it), or None; a reason too when
     git cannot be asked."""
-    gitdirs = _gitdirs(dot)[:1]
-    if not gitdirs:
+    if not (gitdirs := _gitdirs(dot)[:1]):
         return "a .git file git may read differently"
-    for top, subdirs, files in os.walk(os.path.join(gitdirs[0], "modules")):
-        subdirs[:] = [d for d in subdirs if d not in ("objects", "refs", "logs", "hooks")]
-        gitdirs += [top] if is_git_dir(top, names=subdirs + files) else []
-        if len(gitdirs) > 64:
-            return "too many submodule repositories to check"
-    for i, gitdir in enumerate(gitdirs):
-        entries = git_config(gitdir, git)
-        if entries is None:
+    if len(gitdirs + _submodules(gitdirs[0])) > 64:
+        return "too many submodule repositories to check"
+    for i, gitdir in enumerate(gitdirs + _submodules(gitdirs[0])):
+        if (entries := git_config(gitdir, git)) is None:
             return "a configuration git could not be asked about" if git else "no git outside the tree to ask"
         for key, _, _ in entries:
             section, _, rest = key.partition(".")
@@ -3604,15 +3547,11 @@ def _git_config_runs(dirs, git):
     status` recurses into submodules) that is not known to be inert, or None."""
     for start in dirs:
         d = start
-        while True:
-            dot = os.path.join(d, ".git")
-            if os.path.lexists(dot) or is_git_dir(d):
-                if reason := _git_repo_reason(dot if os.path.lexists(dot) else d, git):
-                    return reason
-                break
-            if os.path.dirname(d) == d:
-                break
+        while not (os.path.lexists(os.path.join(d, ".git")) or is_git_dir(d)) and os.path.dirname(d) != d:
             d = os.path.dirname(d)
+        dot = os.path.join(d, ".git") if os.path.lexists(os.path.join(d, ".git")) else d if is_git_dir(d) else None
+        if dot and (reason := _git_repo_reason(dot, git)):
+            return reason
         for nested in nested_repositories(start, 500)[0]:
             reason = fold_name(os.path.basename(nested)) == ".git" and _git_repo_reason(nested, git, submodule=True)
             if reason:
@@ -3628,20 +3567,14 @@ def repository_runs_code(dot, root, git):
         return "a link"
     if fold_name(os.path.basename(dot)) == ".hg":
         return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
-    gitdirs = _gitdirs(dot)
-    if not gitdirs:
+    if not (gitdirs := _gitdirs(dot)):
         return "a .git file git may read differently"
     if not _inside(gitdirs[0], root):
         return "a gitdir outside the working directory"
     if reason := _git_repo_reason(dot, git):
         return "git config: %s" % reason
-    hook_dirs = [os.path.join(gitdirs[0], "hooks")]
-    for top, subdirs, _ in os.walk(os.path.join(gitdirs[0], "modules")):  # submodules' repositories' hooks run
-        subdirs[:] = [d for d in subdirs if d not in ("objects", "hooks", "refs", "logs")]  # at `git submodule
-        hook_dirs += [os.path.join(top, "hooks")] if os.path.lexists(os.path.join(top, "hooks")) else []  # update`
-        if len(hook_dirs) > 500:
-            return "too many submodule repositories to check"
-    for hooks in hook_dirs:
+    # the hooks of its submodules' repositories run at `git submodule update` there
+    for hooks in [os.path.join(d, "hooks") for d in gitdirs[:1] + _submodules(gitdirs[0])]:
         try:
             names = os.listdir(hooks) if os.path.lexists(hooks) else []
         except OSError:
@@ -3692,10 +3625,9 @@ def startup_runs_code(path, root):
             "utf-8", "replace").split("\n")) if k.strip().lower() == "home"]
         return None if home and home[0] and not _inside(os.path.realpath(home[0]), root) else \
             "a virtualenv configuration whose home is %s" % (home[0] if home else "missing")
-    if name.startswith(("python", "pypy")) and os.path.islink(path) and os.path.isfile(path) and not _inside(
-            os.path.realpath(path), root):
-        return None
-    return "code every Python start there runs" if not name.startswith(("python", "pypy")) else \
+    if not name.startswith(("python", "pypy")):
+        return "code every Python start there runs"
+    return None if os.path.islink(path) and os.path.isfile(path) and not _inside(os.path.realpath(path), root) else \
         "an interpreter that is not a link to one outside the working directory"
 
 
@@ -3712,26 +3644,23 @@ DEFERRED_DIRS = (".github/workflows", ".github/actions", ".circleci", ".vscode",
 def deferred_files(root, max_dirs=20000):
     """{relative path: (inode, ctime, size)} of the files in the tree that run later by design: DEFERRED_NAMES
     anywhere, what DEFERRED_DIRS and a virtualenv's bin/ hold (not its libraries, not node_modules/)."""
-    out, whole, venvs = {}, set(), set()
+    out, whole, venvs, cut = {}, set(), set(), len(root.rstrip("/")) + 1
+    names = re.compile("|".join(fnmatch.translate(n) for n in DEFERRED_NAMES))
 
     def enter(entry):
-        rel, name = os.path.relpath(entry.path, root), fold_name(entry.name)
-        if os.path.dirname(entry.path) in venvs:  # a virtualenv: its scripts only
+        name, up = entry.name.lower(), os.path.dirname(entry.path)
+        if up in venvs or up in whole or entry.path[cut:].lower() in DEFERRED_DIRS:
             whole.add(entry.path)
-            return name in ("bin", "scripts")
-        if fold_path(rel) in DEFERRED_DIRS or os.path.dirname(entry.path) in whole:
-            whole.add(entry.path)
-        return name not in (".git", ".hg", "node_modules", "__pycache__")
+        return name in ("bin", "scripts") if up in venvs else name not in (".git", ".hg", "node_modules", "__pycache__")
     for path, entries in _tree(root, max_dirs, enter):
         if path is None:
             break
         venvs |= {path} if any(e.name == "pyvenv.cfg" for e in entries) else set()
         for e in entries:
             try:
-                if not e.is_dir(follow_symlinks=False) and (path in whole or any(
-                        fnmatch.fnmatchcase(fold_name(e.name), n) for n in DEFERRED_NAMES)):
+                if (path in whole or names.match(e.name.lower())) and not e.is_dir(follow_symlinks=False):
                     st = e.stat(follow_symlinks=False)
-                    out[os.path.relpath(e.path, root)] = (st.st_ino, st.st_ctime_ns, st.st_size)
+                    out[e.path[cut:]] = (st.st_ino, st.st_ctime_ns, st.st_size)
             except OSError:
                 continue
     return out
@@ -3759,8 +3688,7 @@ def _escape_char(ch):
 def _visible_char(ch, exact):
     """`ch` as a terminal may show it: itself, or a visible escape."""
     key = (ch, exact)
-    shown = _visible_memo.get(key)
-    if shown is None:
+    if (shown := _visible_memo.get(key)) is None:
         import unicodedata
         category = unicodedata.category(ch)
         hidden = category in _HIDDEN_IN_TEXT and not (category == "Co" and not exact)
@@ -3916,19 +3844,9 @@ class PathError(ToolError):
 
 
 def _kind_of(mode):
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "FIFO"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device"
-    return "special file"
+    return {stat.S_IFREG: "file", stat.S_IFDIR: "directory", stat.S_IFLNK: "symlink", stat.S_IFIFO: "FIFO",
+            stat.S_IFSOCK: "socket", stat.S_IFCHR: "device", stat.S_IFBLK: "device"}.get(stat.S_IFMT(mode),
+                                                                                          "special file")
 
 
 _OPENAT2 = None  #: None: not tried yet; False: the kernel (or a seccomp filter) says no; else the function
@@ -4058,8 +3976,7 @@ class Target:
 
     def open_regular(self, what):
         """An fd of the regular file here, for reading; anything else is an error saying what it is."""
-        st = self.lstat()
-        if st is None:
+        if (st := self.lstat()) is None:
             raise ToolError("no such file or directory: %s" % display_path(self.real, self.root))
         if not stat.S_ISREG(st.st_mode):
             raise special_error(self, st.st_mode, what)
@@ -4211,8 +4128,7 @@ class Jail:
     def _resolve(self, root_fd, rel, shown, follow):
         parts = [p for p in rel.split("/") if p not in ("", ".")]
         if len(parts) > 1 and ".." not in parts:
-            fds = self._fast_parent(root_fd, parts[:-1])
-            if fds is not None:
+            if (fds := self._fast_parent(root_fd, parts[:-1])) is not None:
                 names = fds.pop()
                 return self._walk(fds, names, [parts[-1]], shown, follow)
         return self._walk([root_fd], [], parts, shown, follow)
@@ -4262,8 +4178,7 @@ class Jail:
                 if not names:
                     return Target(self.root, fds, names, [], ".", links)
                 name = names.pop()
-                fd = fds.pop()
-                if fd is not None:
+                if (fd := fds.pop()) is not None:
                     os.close(fd)
                 self._reopen(fds, names)
                 return Target(self.root, fds, names, [], name, links)
@@ -4272,8 +4187,7 @@ class Jail:
                 if not names:
                     raise JailError("path outside working directory: %s" % shown)
                 names.pop()
-                fd = fds.pop()
-                if fd is not None:
+                if (fd := fds.pop()) is not None:
                     os.close(fd)
                 continue
             if len(os.fsencode(comp)) > NAME_MAX:
@@ -4294,8 +4208,7 @@ class Jail:
                 if target.startswith("/"):
                     inner = self._absolute(target, shown)
                     while len(fds) > 1:
-                        fd = fds.pop()
-                        if fd is not None:
+                        if (fd := fds.pop()) is not None:
                             os.close(fd)
                     del names[:]
                     todo.extend(reversed(inner.split("/")))
@@ -4341,8 +4254,7 @@ class Jail:
             return ""
         if len(names) > 5000:  # get_close_matches is ~50 µs a name: a hint is not worth seconds
             return ""
-        close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
-        if close:
+        if close := difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6):
             return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
         return ""
 
@@ -4419,8 +4331,7 @@ def _subtree(dir_fd, name, check=None):
         frames.append((fd, "", iter(sorted(os.listdir(fd)))))
         while frames:
             fd, prefix, names = frames[-1]
-            child = next(names, None)
-            if child is None:
+            if (child := next(names, None)) is None:
                 frames.pop()
                 os.close(fd)
                 continue
@@ -4454,8 +4365,7 @@ def _brace_expand(pattern, limit=MAX_GLOB_ALTERNATIVES):
     out, todo = [], [pattern]
     while todo:
         item = todo.pop()
-        m = re.search(r"\{([^{}]*)\}", item)
-        if not m:
+        if not (m := re.search(r"\{([^{}]*)\}", item)):
             out.append(item)
         else:
             todo.extend(item[: m.start()] + alt + item[m.end():] for alt in reversed(m.group(1).split(",")))
@@ -4582,8 +4492,7 @@ class _GlobAutomaton:
                 if ch == "/":
                     nxt.append(-s)
                 continue
-            t = self.tokens[s]
-            if t is None:
+            if (t := self.tokens[s]) is None:
                 continue
             if t == "**/":
                 if ch != "\n":
@@ -4610,13 +4519,11 @@ class _GlobAutomaton:
         states, memo = self.start, self.memo
         for ch in text:
             key = (states, ch)
-            new = memo.get(key)
-            if new is None:
+            if (new := memo.get(key)) is None:
                 new = self._step(states, ch)
                 if len(memo) < self.MAX_MEMO:
                     memo[key] = new
-            states = new
-            if not states:
+            if not (states := new):
                 return False
         return not self.accept.isdisjoint(states)
 
@@ -4629,8 +4536,7 @@ def glob_regex(pattern):
     backtracking regex handles in linear time is one (the fast, common case: '*.py', '**/*.md',
     'src/**/*.rs'); any other runs through _GlobAutomaton. Too long or too many alternatives: ToolError.
     """
-    cached = _GLOB_CACHE.get(pattern)
-    if cached is not None:
+    if (cached := _GLOB_CACHE.get(pattern)) is not None:
         return cached
     if len(pattern) > MAX_GLOB_LENGTH:
         raise ToolError("the glob is %d characters long, over the %d a glob may have" % (len(pattern), MAX_GLOB_LENGTH))
@@ -4738,7 +4644,6 @@ class Script:
         self.stdin_data = False  # a >(…) process substitution: its standard input is data from the command
 
 
-_OPERATOR_START = set(";&|()<>\n")
 _RESERVED_PREFIX = {"if", "then", "elif", "else", "do", "while", "until", "!", "time"}
 _RESERVED_ALONE = {"fi", "done", "esac", "}", "{"}
 _ANSI_C = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
@@ -4763,8 +4668,7 @@ def ansi_c_decode(body):
             out.append(chr(int(m.group(0), 8) & 0xFF))
             i += 1 + len(m.group(0))
         elif n in "xuU":
-            m = re.match(r"[0-9A-Fa-f]{1,%d}" % {"x": 2, "u": 4, "U": 8}[n], body[i + 2:])
-            if m:
+            if m := re.match(r"[0-9A-Fa-f]{1,%d}" % {"x": 2, "u": 4, "U": 8}[n], body[i + 2:]):
                 code = int(m.group(0), 16)
                 out.append(chr(code) if code < 0x110000 else "\ufffd")
                 i += 2 + len(m.group(0))
@@ -4880,8 +4784,7 @@ class ShellParser:
             if self.peek() == "!" and self.peek(1) in " \t":
                 self.i += 1
                 continue
-            command = self.parse_command(closer)
-            if command is not None:
+            if (command := self.parse_command(closer)) is not None:
                 pipeline.commands.append(command)
             self.skip_blanks()
             if self.startswith("||"):
@@ -4962,8 +4865,7 @@ class ShellParser:
             self.skip_blanks()
             name = self.read_word()
             self.skip_blanks()
-            m = re.match(r"\(\s*\)", self.s[self.i:])
-            if m:
+            if m := re.match(r"\(\s*\)", self.s[self.i:]):
                 self.i += m.end()
             self.skip_newlines()
             return FunctionDef(name.text, self.parse_command(closer))
@@ -4973,8 +4875,7 @@ class ShellParser:
             m = re.match(r"[A-Za-z_][A-Za-z0-9_]*[ \t]+(?=[{(])", self.s[self.i:])
             if m:
                 self.i += m.end()
-            command = self.parse_command(closer)
-            if command is not None:
+            if (command := self.parse_command(closer)) is not None:
                 command.background = True
             return command
         simple = Simple()
@@ -5114,8 +5015,7 @@ class ShellParser:
     def try_redirect(self, simple):
         if self.peek() in "<>" and self.peek(1) == "(":
             return False  # process substitution: a word
-        m = self._REDIRECT.match(self.s, self.i)
-        if not m:
+        if not (m := self._REDIRECT.match(self.s, self.i)):
             return False
         op = m.group(2)
         self.i = m.end()
@@ -5453,8 +5353,7 @@ def _brace(chars, limit, budget):
             continue
         else:
             body = "".join(ch for ch, _ in chars[start + 1:end])
-            m = re.match(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$", body)
-            if not m:
+            if not (m := re.match(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$", body)):
                 continue
             a, b = m.group(1), m.group(2)
             step = abs(int(m.group(3) or 1)) or 1
@@ -5736,9 +5635,7 @@ SAFE_OPTIONS = {
                        "brief checking-printout exclude= exclude-quiet= extension separator= mime "
                        "mime-type mime-encoding keep-going list dereference no-dereference no-pad preserve-date raw "
                        "special-files print0 parameter= apple " + _COMMON,
-                       bad={"f": "file -f reads the names of the files to read from a file",
-                            "files-from": "file --files-from reads the names of the files to read from a file",
-                            "m": "file -m loads a magic file", "magic-file": "file --magic-file loads a magic file",
+                       bad={"m": "file -m loads a magic file", "magic-file": "file --magic-file loads a magic file",
                             "C": "file -C compiles and writes a magic file", "compile": "file --compile writes",
                             "z": "file -z runs decompressors", "Z": "file -Z runs decompressors",
                             "uncompress": "file --uncompress runs decompressors",
@@ -5945,14 +5842,10 @@ class Denylist:
 
     def _secret_file(self, text):
         """Does an argument (curl's @file and name=@file too) name a key or credential file?"""
-        for candidate in (text, text.lstrip("@<"), text.split("=", 1)[-1].lstrip("@<")):
-            path = self._abs(candidate)
-            if not path:
-                continue
-            for name in CREDENTIAL_NAMES:
-                q = os.path.join(self.home, name)
-                if path == q or path.startswith(q + "/") or os.path.realpath(path).startswith(q + "/"):
-                    return True
+        for path in filter(None, map(self._abs, (text, text.lstrip("@<"), text.split("=", 1)[-1].lstrip("@<")))):
+            if any(p == q or p.startswith(q + "/") for p in (path, os.path.realpath(path))
+                   for q in (os.path.join(self.home, name) for name in CREDENTIAL_NAMES)):
+                return True
         return False
 
     def _deny_node(self, node, depth, env, piped, upstream=None):
@@ -6036,8 +5929,7 @@ class Denylist:
         prog, args = argv[0], argv[1:]
         if prog in ("export", "declare", "typeset", "local", "readonly"):
             for a in args:
-                m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", a, re.S)
-                if m:
+                if m := re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", a, re.S):
                     env[m.group(1)] = [m.group(2)]
         elif prog == "printf" and len(args) >= 3 and args[0] == "-v":
             out = _trivial_output("$(printf %s)" % " ".join(shlex_quote(a) for a in args[2:]))
@@ -6076,17 +5968,11 @@ class Denylist:
 
     def _proc_secret(self, text):
         """Does an argument name another process's environment, memory, root, cwd or descriptors?"""
-        for t in (text, text.split("=", 1)[-1]):
-            for path in (t, self._abs(t)):
-                if not path:
-                    continue
-                if _PROC_SECRET.search(path):
-                    return True
-                parts = path.split("/")
-                if len(parts) > 2 and parts[0] == "" and parts[1] == "proc":
-                    rest = parts[2:]
-                    if any(fnmatch.fnmatchcase(name, part) for part in rest for name in _PROC_SENSITIVE):
-                        return True
+        for path in (p for t in (text, text.split("=", 1)[-1]) for p in (t, self._abs(t)) if p):
+            parts = path.split("/")
+            if _PROC_SECRET.search(path) or len(parts) > 2 and parts[:2] == ["", "proc"] and any(
+                    fnmatch.fnmatchcase(name, part) for part in parts[2:] for name in _PROC_SENSITIVE):
+                return True
         return False
 
     def _deny_code(self, code, depth):
@@ -6104,8 +5990,7 @@ class Denylist:
         """The denylist on one normalised argument list, then on whatever it runs."""
         if depth > 16:
             return Verdict(DENY, "commands are nested too deeply to check")
-        argv = [a for a in argv]
-        if not argv:
+        if not (argv := [a for a in argv]):
             return None
         prog = _prog_name(argv[0])
         args = argv[1:]
@@ -6224,8 +6109,7 @@ class Denylist:
             if piped and (not args or args[0] in ("/dev/stdin", "-", "/proc/self/fd/0", "/dev/fd/0")):
                 return Verdict(DENY, "data piped into %s runs as code" % prog)
             return None
-        code = _code_argument(prog, args)
-        if code is not None:
+        if (code := _code_argument(prog, args)) is not None:
             if not code.strip():
                 return Verdict(DENY, "%s without its code (under xargs or parallel the input becomes the code)" % prog)
             if prog in SHELLS and "{}" in code:
@@ -6254,8 +6138,7 @@ class Denylist:
 
     def _deny_embedded(self, code, depth):
         """Code for another interpreter (python -c, perl -e): the shell commands in its string literals."""
-        raw = self._raw_deny(" ".join(code.split()))
-        if raw is not None:
+        if (raw := self._raw_deny(" ".join(code.split()))) is not None:
             return raw
         if "/proc" in code and re.search(r"environ|\bmem\b|/root\b|/cwd\b", code):
             return Verdict(DENY, "code that reads another process's environment or memory through /proc")
@@ -6376,8 +6259,7 @@ class Denylist:
         for target in targets:
             if reason := self._catastrophic(target, recursive):
                 return Verdict(DENY, "%s of %s (%s)" % ("recursive rm" if recursive else prog, reason, target))
-            protected = self._protected(target)
-            if protected:
+            if protected := self._protected(target):
                 return Verdict(DENY, "%s removes %s (%s)" % (prog, protected, target))
         return None
 
@@ -6398,8 +6280,7 @@ class Denylist:
                 continue
             break
         whole = base != text
-        path = self._abs(base)
-        if not path:
+        if not (path := self._abs(base)):
             return None
         real = os.path.realpath(path)
         home = self.home.rstrip("/")
@@ -6584,8 +6465,7 @@ class Denylist:
             value = None
         if not rest:
             return unknown if value is None else value
-        op = re.match(r"^(:?[-=?+])(.*)$", rest, re.S)
-        if op:
+        if op := re.match(r"^(:?[-=?+])(.*)$", rest, re.S):
             word = op.group(2).strip("'\"")
             if op.group(1).endswith("+"):
                 return word if value else ("" if value is not None else unknown)
@@ -6615,8 +6495,7 @@ class Denylist:
     def _protected(self, text):
         """Why writing `text` is denied (a system directory, a key or start-up file in the home directory,
         the repository's hooks/config), looking through symbolic links and globs; None when it is not."""
-        path = self._abs(text)
-        if not path:
+        if not (path := self._abs(text)):
             return None
         candidates = [path, os.path.realpath(path),
                       os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))]
@@ -6691,8 +6570,7 @@ class CommandPolicy(Denylist):
                                  "content with write_file" % (len(command), MAX_COMMAND_LENGTH))
         if "\x00" in command:
             return Verdict(DENY, "the command contains a NUL byte")
-        m = _CONTROL.search(command)
-        if m:
+        if m := _CONTROL.search(command):
             return Verdict(DENY, "the command contains a control or invisible character (U+%04X)" % ord(m.group(0)))
         flat = " ".join(command.replace("\\\n", " ").split())
         try:
@@ -6787,8 +6665,7 @@ class CommandPolicy(Denylist):
         name = words[0].text
         prog = os.path.basename(name)
         if prog in ("timeout", "nice", "nohup", "command", "time", "stdbuf", "env"):
-            inner = _unwrap(prog, words[1:])
-            if inner is None:
+            if (inner := _unwrap(prog, words[1:])) is None:
                 return Verdict(CONFIRM, "%s with options that are not on its read-only list" % prog)
             if reason := self._resolve(name):
                 return Verdict(CONFIRM, reason)
@@ -6814,8 +6691,7 @@ class CommandPolicy(Denylist):
             return self._git_verdict(words[1:])
         if prog == "find":
             return self._find_verdict(words[1:])
-        spec = SAFE_OPTIONS[prog]
-        if spec is None:
+        if (spec := SAFE_OPTIONS[prog]) is None:
             return Verdict(ALLOW, "%s only prints its arguments" % prog)
         verdict, _, _ = self._options_verdict(prog, spec, words[1:])
         return verdict
@@ -7053,8 +6929,7 @@ class CommandPolicy(Denylist):
         if i >= len(args):
             return Verdict(CONFIRM, "git without a subcommand")
         sub = args[i].text
-        spec = GIT_SPECS.get(sub)
-        if spec is None:
+        if (spec := GIT_SPECS.get(sub)) is None:
             return Verdict(CONFIRM, "git %s is not one of the read-only git commands (status, diff, log, show, "
                                     "branch)" % sub)
         rest = args[i + 1:]
@@ -7500,15 +7375,13 @@ def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=N
     sel = selectors.DefaultSelector()
     sel.register(out_fd, selectors.EVENT_READ)
     sel.register(err_fd, selectors.EVENT_READ)
-    exit_fd = job.exit_fd
-    if exit_fd is not None:
+    if (exit_fd := job.exit_fd) is not None:
         sel.register(exit_fd, selectors.EVENT_READ)
     streams, exited = 2, False
     try:
         while streams or not exited:
             if not exited and exit_fd is None and not streams:
-                exited = job.poll()
-                if exited:
+                if exited := job.poll():
                     break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -7524,8 +7397,7 @@ def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=N
                     sel.unregister(fd)
                     exited = job.exited()
                     continue
-                data = os.read(fd, 65536)
-                if not data:
+                if not (data := os.read(fd, 65536)):
                     sel.unregister(fd)
                     streams -= 1
                     continue
@@ -7746,30 +7618,13 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
 def git_dirs(root):
     """Repository metadata outside the working directory that git needs to read: the enclosing repository
     of a subdirectory, and the real git directory of a worktree or submodule (a `.git` file)."""
-    out = []
-    path = os.path.realpath(root)
-    while True:
-        dot = os.path.join(path, ".git")
-        if os.path.lexists(dot):
-            if path != os.path.realpath(root):
-                out.append(dot)
-            if os.path.isfile(dot):
-                try:
-                    with open(dot, encoding="utf-8", errors="replace") as fh:
-                        line = fh.readline().strip()
-                except OSError:
-                    line = ""
-                if line.startswith("gitdir:"):
-                    gitdir = os.path.realpath(os.path.join(path, line[7:].strip()))
-                    out.append(gitdir)
-                    common = _read_small(os.path.join(gitdir, "commondir"))  # a FIFO must not hang the start
-                    if common and common.strip():
-                        out.append(os.path.realpath(os.path.join(gitdir, os.fsdecode(common.strip()))))
-            break
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
+    path = root = os.path.realpath(root)
+    while not os.path.lexists(os.path.join(path, ".git")):
+        if os.path.dirname(path) == path:
+            return []
+        path = os.path.dirname(path)
+    dot = os.path.join(path, ".git")
+    out = ([dot] if path != root else []) + ([] if os.path.isdir(dot) else _gitdirs(dot))
     return [p for p in out if os.path.exists(p)]
 
 
@@ -7807,11 +7662,9 @@ class ProtectedWatch:
     (`mkdir -p sub/.git/hooks`, or `.git` where there was none), a new `.bashrc` or `.ssh/` would be
     writable, and the person's next `git status` there would run its hooks outside any sandbox. So the
     terminal tool asks this before and after each command what appeared, and what appeared is a
-    person's to keep (chat) or is removed (headless), as a file tool's change there would be.
-
-    Repositories (a `.git`, or any directory by git's own rules, the working directory included) and
-    virtualenv start-up files a command creates that would run nothing (`git init`, `git clone`, `python -m
-    venv`) are kept, and checked again after every later command.
+    person's to keep (chat) or is removed (headless), as a file tool's change there would be. Repositories
+    (a `.git`, any directory by git's own rules, the working directory too) and virtualenv start-up files that
+    would run nothing (`git init`, `git clone`, `python -m venv`) are kept, and checked after later commands.
     Cheap per command: one lstat per known directory; only directories whose mtime/ctime changed (or
     changed too recently to tell) are listed again. At most `max_dirs` directories are followed; directories
     that appear during the run past that bound are searched whole after every command instead (a command
@@ -7915,10 +7768,9 @@ class ProtectedWatch:
         present = {}
         for path in self.static:
             try:
-                st = os.lstat(path)
+                present[path] = _ident(path, os.lstat(path).st_mode)
             except OSError:
                 continue
-            present[path] = _ident(path, st.st_mode)
         return present
 
     def _seen(self, path, ident, new):
@@ -7969,7 +7821,7 @@ class ProtectedWatch:
                 self.venvs.add(d)
             venvs = [v for v in self.venvs if _inside(d, v)]
             for entry in entries:
-                if entry.name.lower() in PROTECTED_ANYWHERE:
+                if fold_name(entry.name) in PROTECTED_ANYWHERE:
                     self._seen(entry.path, _entry_ident(entry), new)
                     self.repos.add(entry.path)
                     continue  # never listed: git's own files are judged by armed()
@@ -8095,11 +7947,8 @@ class Sandbox:
         self.environ = dict(os.environ if environ is None else environ)
         self.env_passthrough = tuple(env_passthrough or ())
         self.keep_home = keep_home
-        self.xzatoma_home = root.xzatoma_home
+        self.xzatoma_home, self.private_files = root.xzatoma_home, root.private_files  #: hidden from commands
         self.secrets = tuple(secrets)
-        #: files outside XZATOMA_HOME that hold credentials or every conversation (an in-tree configuration,
-        #: a history database and its undo key): empty for commands where they can read them
-        self.private_files = root.private_files
         self.assume_missing = frozenset(assume_missing or ())
         self.linux = sys.platform.startswith("linux")
         #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
@@ -8674,8 +8523,7 @@ def _helper_loop(libc, ctl, own_pidns, check):
                     _, status = os.waitpid(pid, 0)
                     if pid not in jobs:
                         continue
-                    sock = jobs.pop(pid)
-                    if sock is not None:
+                    if (sock := jobs.pop(pid)) is not None:
                         sel.unregister(sock)
                         try:
                             sock.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
@@ -8883,18 +8731,15 @@ def address_block_reason(ip):
     if isinstance(ip, str):
         ip = ipaddress.ip_address(ip.split("%")[0])
     if ip.version == 6:
-        embedded = _embedded_ipv4(ip)
-        if embedded:
+        if embedded := _embedded_ipv4(ip):
             form, v4 = embedded
-            inner = address_block_reason(v4)
-            if inner:
+            if inner := address_block_reason(v4):
                 return "%s address embedding %s (%s)" % (form, v4, inner)
             if form != "IPv4-compatible":
                 return None  # reaches exactly the embedded address, which is public
         if ip.teredo:
             for v4 in ip.teredo:
-                inner = address_block_reason(v4)
-                if inner:
+                if inner := address_block_reason(v4):
                     return "Teredo address embedding %s (%s)" % (v4, inner)
     for network, reason in _special_ranges():
         if ip.version == network.version and ip in network:
@@ -8918,8 +8763,7 @@ def check_url(url, allowed_hosts=()):
         raise UrlBlocked("invalid URL %r: %s" % (url, exc))
     if parts.scheme not in ("http", "https"):
         raise UrlBlocked("only http and https URLs can be fetched, not %r" % (parts.scheme or url))
-    host = (parts.hostname or "").rstrip(".")
-    if not host:
+    if not (host := (parts.hostname or "").rstrip(".")):
         raise UrlBlocked("the URL has no host: %s" % url)
     port = port or (443 if parts.scheme == "https" else 80)
     path = parts.path or "/"
@@ -8932,7 +8776,7 @@ def check_url(url, allowed_hosts=()):
     except ValueError:
         literal = parse_ipv4_loose(host)
     if literal is not None:
-        if reason := None if allowed else address_block_reason(literal):
+        if not allowed and (reason := address_block_reason(literal)):
             raise UrlBlocked("%s is %s" % (literal, reason))
         return parts.scheme, host, port, path, str(literal)
     try:
