@@ -33,11 +33,13 @@ json = _LazyModule("json")
 __version__ = "0.1.0"
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+EXIT_UNVERIFIED = 3
 
 EXIT_CODES_HELP = """exit codes:
   0    completed
   1    the task failed (provider error after retries, max turns, timeout)
   2    bad usage, configuration, plan, or missing credentials
+  3    unverified: the model answered without using any tool on a task that needed one
   130  interrupted (Ctrl-C)
   143  terminated (SIGTERM)"""
 
@@ -70,12 +72,14 @@ class CredentialsError(UsageError):
 class ProviderError(XzError):
     """A provider failed: `retryable` ones are retried by the HTTP helper first."""
 
-    def __init__(self, message, status=None, retryable=False, retry_after=None, exit_code=None, unreachable=False):
+    def __init__(self, message, status=None, retryable=False, retry_after=None, exit_code=None, unreachable=False,
+                 window=None):
         super().__init__(message, exit_code)
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
         self.unreachable = unreachable  #: nothing is listening: every other request to this server fails too
+        self.window = window  #: the context window the server said the request exceeded (tokens), or None
 
 
 class Terminated(BaseException):
@@ -279,6 +283,9 @@ def one_line(text, width=100):
 
 # ---- Configuration: defaults < file < environment < flags ----
 
+#: what each provider may send with a request (None: the server's default); provider.<type>.<key>
+SAMPLING = {"temperature": None, "top_p": None, "max_tokens": None, "seed": None, "context_window": None}
+
 DEFAULTS = {
     "provider": {
         "type": "copilot",
@@ -290,13 +297,15 @@ DEFAULTS = {
             "api_url": "https://api.githubcopilot.com",
             "github_url": "https://github.com",
             "github_api_url": "https://api.github.com",
+            **SAMPLING,
         },
-        "ollama": {"host": "localhost:11434", "model": "llama3.2:3b"},
+        "ollama": {"host": "localhost:11434", "model": "llama3.2:3b", **SAMPLING},
         "openai": {
             "base_url": "https://api.openai.com/v1",
             "model": "gpt-4o-mini",
             "api_key_env": "OPENAI_API_KEY",
             "api": "chat",
+            **SAMPLING,
         },
     },
     "agent": {
@@ -306,6 +315,7 @@ DEFAULTS = {
         "safety_mode": "safe",
         "conversation": {"max_tokens": 100000, "min_retain_turns": 5, "prune_threshold": 0.8},
         "tools": {
+            "profile": "auto",
             "max_output_size": 1048576,
             "max_file_read_size": 10485760,
             "grep_regex_seconds": 60,
@@ -386,6 +396,7 @@ DEFAULTS = {
 CHOICES = {
     "provider.type": ("copilot", "ollama", "openai"),
     "provider.openai.api": ("chat", "responses"),
+    "agent.tools.profile": ("auto", "full", "compact"),
     "agent.chat_mode": ("planning", "write"),
     "agent.safety_mode": ("safe", "yolo"),
     "agent.terminal.default_mode": ("interactive", "restricted_autonomous", "full_autonomous"),
@@ -420,6 +431,9 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.shutdown_grace_seconds": (0, None),
     "watcher.answer_max_bytes": (256, None),
     "agent.instructions_max_bytes": (0, None),
+    **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
+       for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
+                    ("context_window", (512, None)))},
 }
 
 NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
@@ -429,6 +443,9 @@ NULLABLE_TYPES = {  # keys whose default is None, and the type they take when se
     "watcher.kafka.sasl_mechanism": str, "watcher.kafka.username": str, "watcher.kafka.password": str,
     "watcher.kafka.ssl_cafile": str, "watcher.kafka.ssl_certfile": str, "watcher.kafka.ssl_keyfile": str,
     "watcher.filter.match_version": str, "watcher.working_dir": str, "watcher.log_file": str,
+    **{"provider.%s.%s" % (p, k): t for p in ("copilot", "ollama", "openai")
+       for k, t in (("temperature", float), ("top_p", float), ("max_tokens", int), ("seed", int),
+                    ("context_window", int))},
 }
 
 DOCS = {
@@ -441,6 +458,14 @@ DOCS = {
     "provider.openai.base_url": "OpenAI-compatible API base (vLLM, llama.cpp, LM Studio, OpenRouter…)",
     "provider.openai.api_key_env": "environment variable that holds the API key",
     "provider.openai.api": "chat (/chat/completions) | responses (/responses)",
+    "provider.openai.temperature": "sampling temperature sent with each request (unset: the server's default); "
+                                   "also top_p, max_tokens (reply length cap) and seed, for each provider type "
+                                   "(Ollama: options temperature, top_p, num_predict, seed)",
+    "provider.openai.context_window": "the model's context window in tokens, when the server does not say or says "
+                                      "wrongly (read from llama.cpp /props, LM Studio, vLLM and Ollama otherwise)",
+    "agent.tools.profile": "auto | full | compact: compact offers six tools with short definitions (a quarter "
+                           "of the tokens) for small models; auto picks it for windows of 16k tokens or less "
+                           "and models of 8B parameters or fewer",
     "agent.max_turns": "model calls per task before stopping (env XZATOMA_MAX_TURNS)",
     "agent.timeout_seconds": "wall-clock limit for one task",
     "agent.conversation.max_tokens": "token budget of the conversation (bounded by the model's window)",
@@ -726,8 +751,8 @@ def load_config(flags=None, env=None, config_path=None):
     for dotted, value in flags.items():
         if dotted == "provider.type" or value is None:
             continue
-        if dotted == "model":
-            dotted = model_key
+        if dotted == "model" or dotted in SAMPLING:  # the active provider's: --model, --temperature …
+            dotted = "provider.%s.%s" % (active, "model" if dotted == "model" else dotted)
         _set(values, dotted, _coerce(dotted, value, "command line"))
         sources[dotted] = "flag"
 
@@ -969,9 +994,10 @@ class Conversation:
         return self.tokens > self.limit(context_window) * self.prune_threshold
 
     def _head_end(self):
-        """Index after the kept head: leading system messages and the original instruction."""
+        """Index after the kept head: leading system messages, the environment, and the original instruction."""
         i = 0
-        while i < len(self.messages) and self.messages[i]["role"] == "system":
+        while i < len(self.messages) and (self.messages[i]["role"] == "system"
+                                          or self.messages[i].get("name") == "environment"):
             i += 1
         if i < len(self.messages) and self.messages[i]["role"] == "user":
             i += 1
@@ -979,9 +1005,12 @@ class Conversation:
             i += 1
         return i
 
-    def prune(self, context_window=None):
-        """Drop the oldest whole turns until well under the threshold. Returns a summary or None."""
+    def prune(self, context_window=None, force=False):
+        """Drop the oldest whole turns until well under the threshold. Returns a summary or None.
+        force: the server refused the conversation as too long, whatever our count says."""
         limit = self.limit(context_window)
+        if force:
+            self._offset = max(self._offset, int(limit) + 1 - self._estimated)
         if self.tokens <= limit * self.prune_threshold:
             return None
         target = limit * self.prune_threshold * 0.7  # hysteresis: pruning is rare, not every turn
@@ -990,7 +1019,7 @@ class Conversation:
         for i in range(head, len(self.messages)):
             if self.messages[i]["role"] != "tool":
                 units.append(i)
-        removable = len(units) - self.min_retain_turns
+        removable = len(units) - (1 if force else self.min_retain_turns)  # refused as too long: keep only the last
         if removable <= 0:
             return None
         tokens = self.tokens
@@ -1029,6 +1058,18 @@ class Conversation:
 
     def turn_count(self):
         return sum(1 for m in self.messages if m["role"] == "assistant")
+
+    def last_user_text(self):
+        """The latest person's message (what the next run is asked), "" when there is none."""
+        for msg in reversed(self.messages):
+            if msg["role"] == "user" and not msg.get("name"):
+                return msg.get("content") or ""
+        return ""
+
+    def read_so_far(self):
+        """Everything the model has read (tool results and user messages), for telling a quoted call from one
+        it makes."""
+        return "\n".join(m.get("content") or "" for m in self.messages if m["role"] in ("tool", "user"))
 
 
 # ---- Credentials: environment, system keyring, or a 0600 file ----
@@ -1392,6 +1433,25 @@ def error_text(body):
     return one_line(body, 200)
 
 
+def rejection(body):
+    """What a server rejected, in one line: a pydantic/FastAPI validation error is reduced to the field and
+    the complaint (messages[2].content: Input should be a valid string), other errors to their message."""
+    import re
+    text = error_text(body)
+    found = re.findall(r"'loc': \(([^)]*)\), 'msg': (['\"])(.*?)\2", body or "")
+    if not found:
+        return text
+    ranked = sorted(found, key=lambda f: ("literal_error" in f[0] or "'role'" in f[0] or "Field required" in f[2],))
+    loc, _, msg = ranked[0]
+    parts = [p.strip().strip("'\"") for p in loc.split(",") if p.strip()]
+    shown = ""
+    for part in parts:
+        if part == "body" or part.startswith("ChatCompletion") or part.endswith("Message"):
+            continue
+        shown += "[%s]" % part if part.isdigit() else ("." if shown else "") + part
+    return one_line("%s: %s" % (shown or "the request", msg), 200)
+
+
 def iter_sse(response):
     """Yield (event, data) pairs from a text/event-stream response."""
     event, data = None, []
@@ -1414,6 +1474,28 @@ def iter_sse(response):
         yield event, "\n".join(data)
 
 
+class RepetitionGuard:
+    """Notices a reply stuck repeating itself (small models at low temperature fall into loops that run until the
+    window is full: minutes of the same lines). True once the last SPAN characters equal the SPAN characters a
+    period before them, for a period up to MAX_PERIOD; checked every STEP characters, so it costs little."""
+
+    SPAN, MAX_PERIOD, STEP = 2000, 1000, 1024
+
+    def __init__(self):
+        self.parts, self.size, self.checked = [], 0, 0
+
+    def feed(self, text):
+        self.parts.append(text)
+        self.size += len(text)
+        if self.size - self.checked < self.STEP or self.size < 2 * self.SPAN:
+            return False
+        self.checked = self.size
+        tail = "".join(self.parts)[-(self.SPAN + self.MAX_PERIOD):]
+        self.parts = [tail]
+        last = tail[-self.SPAN:]
+        return any(tail[-self.SPAN - p:-p] == last for p in range(1, min(self.MAX_PERIOD, len(tail) - self.SPAN) + 1))
+
+
 class Provider:
     """complete(messages, tools) -> Reply; models(); context_window(model)."""
 
@@ -1426,6 +1508,8 @@ class Provider:
         self.max_retries = cfg.get("provider.max_retries")
         self.backoff = cfg.get("provider.retry_backoff_seconds")
         self.timeout = cfg.get("provider.request_timeout_seconds")
+        #: provider.<type>.{temperature, top_p, max_tokens, seed, context_window} (None: not set)
+        self.settings = {k: cfg.get("provider.%s.%s" % (self.name, k)) for k in SAMPLING}
         self._session = None
         self._windows = {}
 
@@ -1571,6 +1655,10 @@ class Provider:
                                  status=status, exit_code=EXIT_USAGE)
         if status == 404 and "model" in message.lower():
             return ProviderError(self.model_not_found(message), status=status, exit_code=EXIT_USAGE)
+        window = window_in(body)
+        if window or rejected_request(body):
+            return ProviderError("%s rejected the request (HTTP %d): %s" % (self.label(), status, rejection(body)),
+                                 status=status, window=window)
         return ProviderError("%s returned HTTP %d: %s" % (self.label(), status, message or "(no details)"),
                              status=status, retryable=status in RETRY_STATUSES, retry_after=retry_after)
 
@@ -1593,9 +1681,12 @@ class Provider:
         raise NotImplementedError
 
     def context_window(self, model=None):
-        """The model's window, probed once with one attempt (a probe must not multiply the retries of the
-        request it serves); an unreachable server is reported at once, since the request would fail too."""
+        """The model's window: provider.<type>.context_window, else probed once with one attempt (a probe must
+        not multiply the retries of the request it serves); an unreachable server is reported at once, since
+        the request would fail too."""
         model = model or self.model
+        if self.settings.get("context_window"):
+            return self.settings["context_window"]
         if model not in self._windows:
             try:
                 self._windows[model] = self._context_window(model)
@@ -1614,6 +1705,58 @@ class Provider:
             if m["id"] == model:
                 return m.get("context_window")
         return None
+
+    def learn_window(self, window):
+        """The server said how large its window is (refusing a request over it): believe it from now on."""
+        self._windows[self.model] = window
+
+    def is_local(self):
+        """A server on this machine or the local network (a small model, often; probing it costs little)."""
+        return False
+
+    def parameter_billions(self):
+        """The model's size in billions of parameters, when the server or the model's name says; else None."""
+        return model_size(self.model)
+
+    def sampling(self):
+        """The sampling settings configured for this provider: {temperature, top_p, max_tokens, seed} set ones."""
+        return {k: v for k, v in self.settings.items() if k != "context_window" and v is not None}
+
+
+def model_size(name):
+    """Billions of parameters from a model name (qwen2.5-coder-1.5b, Llama-3.2-3B-Instruct, phi3:3.8b), or None."""
+    import re
+    sizes = [float(m.group(1)) for m in re.finditer(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![\w])", name or "")]
+    return sizes[-1] if sizes else None
+
+
+def window_in(body):
+    """The context window a server names when it refuses a request over it: OpenAI, vLLM and llama-cpp-python
+    say "maximum context length is N tokens", llama.cpp's server sends n_ctx; None when the body says nothing."""
+    import re
+    try:
+        data = json.loads(body)
+        err = data.get("error") if isinstance(data, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("n_ctx"), int):
+            return err["n_ctx"]
+    except (ValueError, TypeError, RecursionError):
+        pass
+    m = re.search(r"(?:maximum context length is|context (?:window|length|size) (?:of|is)) (\d{3,8})", body or "")
+    return int(m.group(1)) if m else None
+
+
+#: what servers say when the request itself is at fault: retrying the same request cannot help
+_REJECTED = ("validation error", "invalid_request", "input should be", "field required", "extra inputs are not",
+             "literal_error", "jinja", "template", "roles must alternate", "context_length_exceeded",
+             "maximum context length", "exceed context", "exceeds the available context", "is not supported",
+             "unsupported", "unrecognized", "unknown field", "cannot be null", "must be a string")
+
+
+def rejected_request(body):
+    """True when an error body says the request itself was invalid (llama-cpp-python answers HTTP 500 with a
+    pydantic validation error for a null content): such a request is not retried as transient."""
+    text = (body or "")[:20000].lower()
+    return any(needle in text for needle in _REJECTED)
 
 
 PROBE_TIMEOUT = 30  # seconds for one-attempt probes (context window): a hung server fails the probe fast
@@ -1677,6 +1820,7 @@ class OllamaProvider(Provider):
         super().__init__(cfg, console, model)
         self.host = cfg.get("provider.ollama.host")
         self.api_key = stored_key(cfg, console, "ollama")[0]
+        self._shown = {}  #: model -> its /api/show (details, model_info), asked once
 
     def label(self):
         return "Ollama at %s" % self.host
@@ -1706,15 +1850,37 @@ class OllamaProvider(Provider):
         return [{"id": m.get("name") or m.get("model"), "size": m.get("size")} for m in data.get("models", [])]
 
     def _context_window(self, model):
-        data = self.call("POST", self.host + "/api/show", lambda r: r.json(), body={"model": model},
-                         what="model details", retries=0, timeout=PROBE_TIMEOUT)
+        data = self._show(model)
         for key, value in (data.get("model_info") or {}).items():
             if key.endswith(".context_length"):
                 return int(value)
         return None
 
+    def is_local(self):
+        return _is_local_url(self.host)
+
+    def parameter_billions(self):
+        """/api/show's details.parameter_size ("1.5B", "494.03M"), else the model's name."""
+        try:
+            data = self._show(self.model)
+            size = str((data.get("details") or {}).get("parameter_size") or "").upper()
+            if size[:-1].replace(".", "", 1).isdigit() and size[-1:] in ("B", "M"):
+                return float(size[:-1]) / (1000.0 if size.endswith("M") else 1.0)
+        except (XzError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        return model_size(self.model)
+
+    def _show(self, model):
+        if model not in self._shown:
+            self._shown[model] = self.call("POST", self.host + "/api/show", lambda r: r.json(), body={"model": model},
+                                           what="model details", retries=0, timeout=PROBE_TIMEOUT)
+        return self._shown[model]
+
     def num_ctx(self, estimated_tokens):
-        """Ollama truncates silently beyond num_ctx: size it to the conversation, in powers of two."""
+        """Ollama truncates silently beyond num_ctx: size it to the conversation, in powers of two (or the
+        configured provider.ollama.context_window, exactly)."""
+        if self.settings.get("context_window"):
+            return self.settings["context_window"]
         needed = estimated_tokens + 4096
         size = 8192
         while size < needed:
@@ -1737,15 +1903,17 @@ class OllamaProvider(Provider):
         return out
 
     def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
-        body = {"model": self.model, "messages": self.to_wire(messages), "stream": True,
-                "options": {"num_ctx": self.num_ctx(estimated_tokens)}}
+        options = {"num_ctx": self.num_ctx(estimated_tokens)}
+        for key, value in self.sampling().items():  # Ollama's names: num_predict caps the reply
+            options["num_predict" if key == "max_tokens" else key] = value
+        body = {"model": self.model, "messages": self.to_wire(messages), "stream": True, "options": options}
         if tools:
             body["tools"] = [{"type": "function", "function": t} for t in tools]
         position = len(messages)
 
         def handle(resp):
             self.expect_stream(resp)
-            content, thinking, calls, final = [], [], [], {}
+            content, thinking, calls, final, guard = [], [], [], {}, RepetitionGuard()
             for raw in resp.iter_lines():
                 if not raw:
                     continue
@@ -1760,6 +1928,9 @@ class OllamaProvider(Provider):
                     content.append(msg["content"])
                     if on_delta:
                         on_delta(msg["content"])
+                    if guard.feed(msg["content"]):
+                        final = {"done_reason": "repetition"}
+                        break
                 if msg.get("thinking"):
                     thinking.append(msg["thinking"])
                 for call in msg.get("tool_calls") or ():
@@ -1838,6 +2009,25 @@ class OpenAIProvider(Provider):
     def uses_responses(self):
         return self.api == "responses"
 
+    def is_local(self):
+        return _is_local_url(self.base_url)
+
+    def _context_window(self, model):
+        """A local server first says what it runs with (llama.cpp's /props n_ctx, LM Studio's loaded context):
+        its /models may give only what the model was trained for; then /models (vLLM's max_model_len …)."""
+        if self.is_local():
+            root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+            for path, find in (("/props", _props_window), ("/api/v0/models", _lmstudio_window(model))):
+                try:
+                    window = find(self.get_json(root + path, "server properties", retries=0))
+                except ProviderError as exc:
+                    if exc.unreachable:
+                        raise
+                    window = None
+                if window:
+                    return int(window)
+        return super()._context_window(model)
+
     def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
         if self.uses_responses():
             return self._responses(messages, tools, on_delta, deadline)
@@ -1850,7 +2040,8 @@ class OpenAIProvider(Provider):
         for m in messages:
             role = m["role"]
             if role == "assistant" and m.get("tool_calls"):
-                out.append({"role": "assistant", "content": m.get("content") or None,
+                # "" and never null: llama-cpp-python's server rejects null content (HTTP 500, a pydantic error)
+                out.append({"role": "assistant", "content": m.get("content") or "",
                             "tool_calls": [{"id": c["id"], "type": "function",
                                             "function": {"name": c["name"], "arguments": c["arguments"] or "{}"}}
                                            for c in m["tool_calls"]]})
@@ -1863,6 +2054,7 @@ class OpenAIProvider(Provider):
     def _chat(self, messages, tools, on_delta, deadline):
         body = {"model": self.model, "messages": self.chat_wire(messages), "stream": True,
                 "stream_options": {"include_usage": True}}
+        body.update(self.sampling())
         if tools:
             body["tools"] = [{"type": "function", "function": t} for t in tools]
 
@@ -1871,7 +2063,7 @@ class OpenAIProvider(Provider):
                 return self._chat_reply_from_json(resp.json())
             self.expect_stream(resp)
             content, thinking, calls, usage, finish = [], [], {}, {}, None
-            events = 0
+            events, guard = 0, RepetitionGuard()
             for _, data in iter_sse(resp):
                 events += 1
                 if data.strip() == "[DONE]":
@@ -1892,6 +2084,8 @@ class OpenAIProvider(Provider):
                         content.append(delta["content"])
                         if on_delta:
                             on_delta(delta["content"])
+                        if guard.feed(delta["content"]):
+                            finish = "repetition"
                     for key in ("reasoning_content", "reasoning"):
                         if isinstance(delta.get(key), str):
                             thinking.append(delta[key])
@@ -1909,6 +2103,8 @@ class OpenAIProvider(Provider):
                         finish = choice["finish_reason"]
                 if deadline is not None and time.monotonic() > deadline:
                     raise DeadlineExceeded()
+                if finish == "repetition":
+                    break  # closing the stream stops the server generating (llama.cpp, vLLM, Ollama notice)
             if not events:
                 raise ProviderError("%s ended the chat stream without sending anything" % self.label(),
                                     retryable=True)
@@ -1958,6 +2154,9 @@ class OpenAIProvider(Provider):
     def _responses(self, messages, tools, on_delta, deadline):
         instructions, items = self.responses_wire(messages)
         body = {"model": self.model, "input": items, "stream": True, "store": False}
+        for key, value in self.sampling().items():  # the Responses API has no seed; it calls the cap max_output_tokens
+            if key != "seed":
+                body["max_output_tokens" if key == "max_tokens" else key] = value
         if instructions:
             body["instructions"] = instructions
         if tools:
@@ -2037,6 +2236,22 @@ class OpenAIProvider(Provider):
                      reason, "".join(thinking))
 
 
+def _props_window(data):
+    """llama.cpp's server: /props default_generation_settings.n_ctx (older builds: n_ctx at the top)."""
+    settings = data.get("default_generation_settings") if isinstance(data, dict) else None
+    return (settings or {}).get("n_ctx") or (data.get("n_ctx") if isinstance(data, dict) else None)
+
+
+def _lmstudio_window(model):
+    """LM Studio's /api/v0/models: the loaded context length of `model` (or its maximum)."""
+    def find(data):
+        for m in (data.get("data") or []) if isinstance(data, dict) else ():
+            if m.get("id") == model:
+                return m.get("loaded_context_length") or m.get("max_context_length")
+        return None
+    return find
+
+
 def _usage(usage):
     return {"prompt_tokens": usage.get("prompt_tokens") or 0,
             "completion_tokens": usage.get("completion_tokens") or 0}
@@ -2098,8 +2313,8 @@ class CopilotProvider(OpenAIProvider):
         return "codex" in self.model.lower()
 
     def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
-        last = messages[-1]["role"] if messages else "user"
-        self._initiator = "user" if last == "user" else "agent"
+        last = messages[-1] if messages else {"role": "user"}
+        self._initiator = "user" if last["role"] == "user" and not last.get("name") else "agent"
         return super().complete(messages, tools, on_delta, deadline)
 
 
@@ -2142,8 +2357,21 @@ def make_provider(cfg, console, name=None, model=None):
     return PROVIDERS[name or cfg.provider_type](cfg, console, model)
 
 
-# ---- Model output repair: <think> blocks and tool calls printed as text ----
-
+# ---- Model output repair: <think> blocks and tool calls written as text ----
+# Small local models often write their tool calls into the answer the way their chat template taught them
+# (Qwen/Hermes `<tool_call>{…}</tool_call>`, Llama 3 `<|python_tag|>` or a bare `{"name", "parameters"}`,
+# Mistral `[TOOL_CALLS]`, `<function=name>{…}</function>`, fenced ```json blocks), often with a sentence
+# around them, and the server passes that through as text. Such calls are found wherever they stand and
+# checked against the tool schemas like native ones (the Registry validates; the approvals, policy and
+# sandbox are the same). Two rules keep text from acting by accident:
+#   - only a call *shape* counts: a block in one of the forms above holding {"name", "arguments"} (or
+#     "parameters"); JSON inside a sentence, an inline `code span` or a ```python block is prose;
+#   - a block that already appeared in what the model *read* (a tool result, a user message) is a quote, not
+#     a call: a file that says `<tool_call>{"name": "terminal", …}` cannot make its reader run it by echoing it.
+# A block that is clearly an attempt (a tag, or a call-shaped start) but does not parse is reported as
+# malformed, so the loop can say what was wrong instead of taking the text for a final answer. What a model
+# writes after its first call, it wrote without seeing any result ("the count is 1", a made-up
+# <tool_response>): that text is not kept in the conversation, where the model would read its guess back.
 
 def strip_think(text):
     """Split '<think>…</think>' reasoning from an answer. Returns (answer, thinking)."""
@@ -2168,43 +2396,317 @@ def strip_think(text):
     return answer.strip(), "\n".join(t for t in thinking if t)
 
 
-def parse_text_tool_calls(content, tool_names):
-    """Tool calls a small model printed as text instead of calling; None if it is prose."""
-    import re
-    text = (content or "").strip()
-    if not text:
-        return None
-    end = text.rfind("</tool_call>") + len("</tool_call>")  # as in strip_think: never past the last one
-    blocks = [b.strip() for b in re.findall(r"<tool_call>(.*?)</tool_call>", text[:end], flags=re.S)] \
-        if end >= len("</tool_call>") else []
-    if blocks:
-        if (re.sub(r"<tool_call>.*?</tool_call>", "", text[:end], flags=re.S) + text[end:]).strip():
-            return None
-    else:
-        fenced = re.fullmatch(r"```(?:json|tool_call)?\s*(.*?)\s*```", text, flags=re.S)
-        blocks = [fenced.group(1) if fenced else text]
-    calls = []
-    for block in blocks:
-        try:
-            data = json.loads(block)
-        except ValueError:
-            return None
-        for obj in (data if isinstance(data, list) else [data]):
-            if not isinstance(obj, dict):
-                return None
-            if isinstance(obj.get("function"), dict):
-                obj = obj["function"]
-            name = obj.get("name") or obj.get("tool")
-            args = obj.get("arguments", obj.get("parameters", obj.get("args", {})))
-            if isinstance(args, str):
+class TextCalls:
+    """What find_text_tool_calls saw in a reply: calls, the prose around them, and failed attempts."""
+
+    __slots__ = ("calls", "prose", "malformed", "quoted", "form", "after")
+
+    def __init__(self, calls, prose, malformed, quoted, form, after=""):
+        self.calls = calls  #: [{name, arguments (JSON text)}] in the order written
+        #: the assistant's own words: before its first call (what it wrote after that, it wrote without the
+        #: call's result: a guess that, kept, it would read back as a fact), or the reply without its call blocks
+        self.prose = prose
+        self.malformed = malformed  #: reasons, one per block that was an attempt but could not be read
+        self.quoted = quoted  #: call blocks skipped because they repeat something the model read
+        self.form = form  #: how the first call was written ("tool_call", "json", …), for the correction turn
+        self.after = after  #: the reply from its first call on (the calls, and whatever was guessed after them)
+
+
+#: opening markers of tagged call forms, and what ends each (None: the end of the reply)
+_CALL_TAGS = {"<tool_call>": "</tool_call>", "<|python_tag|>": "<|eom_id|>", "[TOOL_CALLS]": None,
+              "<function=": "</function>", "<tools>": "</tools>", "<|tool_call|>": "<|/tool_call|>",
+              "<function_call>": "</function_call>"}
+_NAME_KEYS = ("name", "tool", "tool_name", "function")
+_ARG_KEYS = ("arguments", "parameters", "args", "input")
+_FENCE_LANGS = ("", "json", "json5", "jsonc", "tool_call", "tool_code", "tool", "function")
+_MAX_BARE = 16  # bare JSON lines tried per reply: each try may scan to the end (a code listing of `{` lines)
+_opening = None
+
+
+def _opening_re():
+    global _opening
+    if _opening is None:
+        import re
+        tags = "|".join(re.escape(t) for t in _CALL_TAGS)
+        # a fence or a JSON start must begin its line; `[ \t]*` before a one-character look-ahead stays linear
+        _opening = re.compile(r"(%s)|^[ \t]*```[ \t]*([\w.-]*)[ \t]*$|^[ \t]*(?=[\[{])" % tags, re.M)
+    return _opening
+
+
+def _loads(text):
+    """JSON from a model: as written, several values one after the other (a list of them: a <tools> block of
+    JSON lines), or with the doubled braces some GGUF templates teach ({{"name": …}})."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply")
+    except ValueError as exc:
+        first = exc
+        if exc.msg == "Extra data":
+            values, pos = [], 0
+            try:
+                while pos < len(text):
+                    value, pos = _raw_decode(text, pos)
+                    values.append(value)
+                    while pos < len(text) and text[pos] in " \t\r\n,":
+                        pos += 1
+                return values
+            except ValueError:
+                pass
+        if "{{" not in text:
+            raise first
+    try:
+        return json.loads(text.replace("{{", "{").replace("}}", "}"))
+    except (ValueError, RecursionError):
+        raise first
+
+
+def _raw_decode(text, start):
+    """(value, end) for the JSON value at text[start:], doubled braces accepted; ValueError otherwise."""
+    decoder = json.JSONDecoder()
+    try:
+        return decoder.raw_decode(text, start)
+    except RecursionError:
+        raise ValueError("nested too deeply")
+    except ValueError:
+        if not text.startswith("{{", start):
+            raise
+    # a doubled object ends where its braces balance ({{ … }}): undouble that span only
+    depth, i, n = 0, start, len(text)
+    while i < n:
+        pair = text[i:i + 2]
+        if pair == "{{":
+            depth, i = depth + 1, i + 2
+        elif pair == "}}" and depth:
+            depth, i = depth - 1, i + 2
+            if depth == 0:
                 try:
-                    args = json.loads(args)
-                except ValueError:
-                    return None
-            if name not in tool_names or not isinstance(args, dict):
-                return None
-            calls.append({"name": name, "arguments": json.dumps(args)})
-    return calls or None
+                    return _loads(text[start:i]), i
+                except (ValueError, RecursionError):
+                    break
+        else:
+            i += 1
+    raise ValueError("not JSON")
+
+
+def _call_of(obj, name=None):
+    """{name, arguments} from one call-shaped object, None when it is not call-shaped, or a reason (str)."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):  # OpenAI's own shape: {"type": "function", "function": {…}}
+        obj = obj["function"]
+    if name is None:
+        name = next((obj[k] for k in _NAME_KEYS if isinstance(obj.get(k), str)), None)
+        key = next((k for k in _ARG_KEYS if k in obj), None)
+        if name is None or (key is None and set(obj) - {"name", "type", "id"}):
+            return None
+        args = obj.get(key, {}) if key else {}
+    else:
+        args = obj  # <function=name>{…}: the object is the arguments
+    if isinstance(args, str):
+        try:
+            args = _loads(args) if args.strip() else {}
+        except ValueError as exc:
+            return "the arguments of %s are not JSON (%s)" % (name, exc)
+    if not isinstance(args, dict):
+        return "the arguments of %s must be a JSON object" % name
+    return {"name": name.strip(), "arguments": json.dumps(args, ensure_ascii=False)}
+
+
+def _calls_in(value, name=None):
+    """Calls in a parsed block (an object or a list of them); (calls, reasons)."""
+    calls, reasons = [], []
+    for obj in (value if isinstance(value, list) else [value]):
+        call = _call_of(obj, name)
+        if isinstance(call, dict):
+            calls.append(call)
+        elif isinstance(call, str):
+            reasons.append(call)
+        elif isinstance(value, list) or name is not None:
+            reasons.append("expected {\"name\": …, \"arguments\": {…}}, got %s" % one_line(json.dumps(obj), 60))
+    return calls, reasons
+
+
+def _call_shaped(value):
+    """A JSON value that can only be calls: {"name", "arguments"} objects (or OpenAI's {"function": {…}}), alone
+    or in a list of nothing else; package.json's {"name", "version"} is data."""
+    values = value if isinstance(value, list) else [value]
+    return bool(values) and all(isinstance(v, dict) and (isinstance(v.get("function"), dict) or (
+        any(isinstance(v.get(k), str) for k in _NAME_KEYS) and any(k in v for k in _ARG_KEYS))) for v in values)
+
+
+def _mistral_calls(body):
+    """[TOOL_CALLS] followed by a JSON list, or by name[ARGS]{…} (or name{…}) repeated (newer templates)."""
+    body = body.strip()
+    if body.startswith("[") or body.startswith("{"):
+        return _calls_in(_loads(body))
+    calls, reasons = [], []
+    for part in body.split("[TOOL_CALLS]"):
+        name, sep, args = part.partition("[ARGS]")
+        if not sep:
+            brace = part.find("{")
+            name, args = (part[:brace], part[brace:]) if brace > 0 else (part, "")
+        found, why = _calls_in(_loads(args) if args.strip() else {}, name.strip())
+        calls += found
+        reasons += why
+    return calls, reasons
+
+
+def find_text_tool_calls(content, seen=""):
+    """The tool calls written in a reply's text (see the section note). `seen`: what the model has read so far
+    (tool results and user messages, joined); a block found in it is a quote. Returns TextCalls, or None when
+    the text holds neither a call nor an attempt at one."""
+    text = content or ""
+    if not text.strip() or ("{" not in text and not any(tag in text for tag in _CALL_TAGS)):
+        return None
+    scan = _Scan(seen)
+    scan.run(text)
+    if not scan.calls and not scan.malformed and not scan.quoted:
+        return None
+    if scan.first_call is not None:  # what follows the first call was written before any result came
+        return TextCalls(scan.calls, text[:scan.first_call].strip(), scan.malformed, scan.quoted,
+                         scan.form or "json", text[scan.first_call:])
+    prose, last = [], 0
+    for start, end in scan.spans:
+        prose.append(text[last:start])
+        last = max(last, end)
+    prose.append(text[last:])
+    return TextCalls(scan.calls, "".join(prose).strip(), scan.malformed, scan.quoted, scan.form or "json")
+
+
+def _looks_like_call(head):
+    """A block that starts like a call ({"name": … after optional brackets) is an attempt even when broken."""
+    return head.replace(" ", "").replace("\n", "").lstrip("[{\n\t").startswith(
+        tuple('"%s"' % k for k in _NAME_KEYS))
+
+
+class _Scan:
+    """One pass over a reply: each opening found is consumed whole, so the pass is linear in the reply."""
+
+    def __init__(self, seen):
+        self.seen = seen
+        self.calls, self.malformed, self.spans = [], [], []
+        self.quoted, self.form, self.bare_tries, self.first_call = 0, None, 0, None
+
+    def found(self, kind, block, value_calls, reasons, span):
+        if block.strip() and block.strip() in self.seen:
+            self.quoted += 1
+        else:
+            if value_calls and self.first_call is None:
+                self.first_call = span[0]
+            self.calls += value_calls
+            self.malformed += reasons
+            if value_calls or reasons:
+                self.form = self.form or kind
+        self.spans.append(span)
+
+    def run(self, text, nested=False):
+        opening, pos = _opening_re(), 0
+        while True:
+            match = opening.search(text, pos)
+            if match is None:
+                return
+            tag, lang, start = match.group(1), match.group(2), match.start()
+            if tag:
+                pos = self.tagged(text, tag, match)
+            elif lang is not None:
+                pos = self.fenced(text, lang, match, nested)
+            else:
+                pos = self.bare(text, match)
+                if pos is None:
+                    return
+
+    def tagged(self, text, tag, match):
+        """<tool_call>…</tool_call> and the other tags: the block runs to its closing tag or the reply's end."""
+        body_start, name = match.end(), None
+        if tag == "<function=":
+            close_name = text.find(">", body_start, body_start + 200)
+            if close_name < 0:
+                return body_start
+            name, body_start = text[body_start:close_name].strip(), close_name + 1
+        closing = _CALL_TAGS[tag]
+        close = text.find(closing, body_start) if closing else -1
+        end = close + len(closing) if close >= 0 else len(text)
+        block = text[body_start:close if close >= 0 else len(text)]
+        if tag == "<|python_tag|>":
+            block = block.split("<|eot_id|>")[0]
+        kind = {"[TOOL_CALLS]": "mistral", "<function=": "function"}.get(tag, "tool_call")
+        try:
+            if kind == "mistral":
+                calls, reasons = _mistral_calls(block)
+            elif block.strip():
+                calls, reasons = _calls_in(_loads(block), name)
+            else:
+                calls, reasons = [], ["the %s block is empty" % tag]
+        except ValueError as exc:
+            calls, reasons = [], ["the call is not valid JSON (%s)" % one_line(exc, 80)]
+        self.found(kind, block, calls, reasons, (match.start(), end))
+        return max(end, match.end())
+
+    def fenced(self, text, lang, match, nested):
+        """```json … ```: the inside is read like a reply of its own; other languages are prose."""
+        body_start = match.end()
+        close = text.find("```", body_start)
+        end = len(text) if close < 0 else close + 3
+        body = text[body_start:close if close >= 0 else len(text)]
+        if nested:
+            return end
+        if lang.lower() not in _FENCE_LANGS and not any(t in body for t in _CALL_TAGS):
+            # ```sh around a call: only a body that is wholly call-shaped JSON counts (code is never a call)
+            try:
+                value = _loads(body)
+            except ValueError:
+                return end
+            calls, reasons = _calls_in(value) if _call_shaped(value) else ([], [])
+            if calls and not reasons:
+                self.found("json", body, calls, [], (match.start(), end))
+            return end
+        inner = _Scan(self.seen)
+        inner.bare_tries = self.bare_tries
+        inner.run(body, nested=True)
+        self.bare_tries = inner.bare_tries
+        if inner.calls or inner.malformed or inner.quoted:
+            if inner.calls and self.first_call is None:
+                self.first_call = match.start()
+            self.calls += inner.calls
+            self.malformed += inner.malformed
+            self.quoted += inner.quoted
+            self.form = self.form or inner.form
+            self.spans.append((match.start(), end))
+        return end
+
+    def bare(self, text, match):
+        """A line that starts with JSON: a call when it is call-shaped ({"name", "arguments"}); None: stop."""
+        self.bare_tries += 1
+        if self.bare_tries > _MAX_BARE:
+            return None
+        body_start = match.end()
+        try:
+            value, end = _raw_decode(text, body_start)
+        except ValueError as exc:
+            if not _looks_like_call(text[body_start:body_start + 60]):
+                return body_start + 1
+            self.found("json", text[body_start:], [], ["the call is not valid JSON (%s)" % one_line(exc, 80)],
+                       (match.start(), len(text)))
+            return None  # the rest of the reply is the broken call
+        if not _call_shaped(value):
+            return end  # JSON data in an answer, not a call
+        calls, reasons = _calls_in(value)
+        self.found("json", text[body_start:end], calls, reasons, (match.start(), end))
+        return end
+
+
+def call_format_hint(form):
+    """How to write a call, in the form the model tried (so the correction speaks its template's language)."""
+    example = '{"name": "<tool name>", "arguments": {<arguments as JSON>}}'
+    if form == "tool_call":
+        return "<tool_call>\n%s\n</tool_call>" % example
+    if form == "mistral":
+        return "[TOOL_CALLS][%s]" % example
+    if form == "function":
+        return "<function=<tool name>>{<arguments as JSON>}</function>"
+    return example
 
 
 # ---- Agent loop: how a run ends (the stop family) ----
@@ -2248,6 +2750,9 @@ class ProviderFailed(RunStop):
     """The provider failed after its retries, or the model's reply cannot be used."""
 
 
+ANSWERED = ("completed", "unverified")  #: statuses whose answer is printed as the run's output
+
+
 class RunResult:
     COUNTS = ("turns", "tool_calls", "prompt_tokens", "completion_tokens")  # what the store keeps per conversation
 
@@ -2266,6 +2771,7 @@ class RunResult:
         #: the project files that run later by design (Makefile, conftest.py, CI …) this run created or changed:
         #: not blocked, but a person reviews them before running anything (Confinement.deferred_changed)
         self.review = []
+        self.warnings = []  #: what a person should know about how the run ended (an unverified answer)
 
     def counts(self):
         return {key: getattr(self, key) for key in self.COUNTS}
@@ -2280,7 +2786,8 @@ class RunResult:
                 "turns": self.turns, "tool_calls": self.tool_calls,
                 "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                           "total_tokens": self.prompt_tokens + self.completion_tokens, "estimated": self.estimated},
-                "duration_seconds": round(self.duration, 3), "error": self.error, "review": self.review}
+                "duration_seconds": round(self.duration, 3), "error": self.error, "warnings": list(self.warnings),
+                "review": self.review}
 
 
 class Events:
@@ -2381,6 +2888,94 @@ class StreamJsonEvents(RunEvents):
 # ---- Agent loop ----
 
 MAX_MALFORMED_STREAK = 3
+MIN_RESULT_CAP = 2048  #: bytes: a tool result is never cut below this to fit a small window
+
+
+class Turn:
+    """What one model reply asks for: its words, the calls to run, and calls it tried to write but could not."""
+
+    __slots__ = ("content", "calls", "malformed", "form", "raw")
+
+    def __init__(self, content, calls=(), malformed=(), form=None, raw=None):
+        self.content = content  #: the assistant's words (text calls taken out)
+        self.calls = list(calls)  #: [{id, name, arguments}], native or recovered from the text
+        self.malformed = list(malformed)  #: why each attempted call could not be read
+        self.form = form  #: how the model writes calls ("tool_call", "json", …): the correction uses it
+        self.raw = content if raw is None else raw  #: the reply as written (kept when nothing could run)
+
+
+# Honest completion (README): a model that answers without touching a tool cannot have changed a file or
+# read one. These say when an answer deserves a second look; they only ever add one model call.
+NUDGE = ("You answered without doing that with the tools. If the task needs the files or the terminal (to find "
+         "something out or to change something), do it now: reply with a tool call, written as "
+         '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
+         "yourself. If the task truly needs no tool, give your final answer again.")
+_CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
+            r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
+_LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
+_claims = _task_re = None
+
+
+def _patterns():
+    global _claims, _task_re
+    if _claims is None:
+        import re
+        done = (r"(created|written|wrote|added|appended|inserted|renamed|replaced|changed|edited|modified|updated|"
+                r"fixed|bumped|deleted|removed|moved|copied|ran|run|executed|installed|saved|implemented|"
+                r"generated|formatted)")
+        _claims = re.compile(r"<tool_response>|\b(I\s*(have|'ve)\s+(now\s+|also\s+|successfully\s+)?%s|"
+                             r"I\s+(now\s+)?%s|(has|have|was|were)\s+(now\s+)?(been\s+)?(successfully\s+)?%s|"
+                             r"successfully\s+%s|(file|files|changes?)\s+%s)\b" % (done, done, done, done, done),
+                             re.I)
+        _task_re = re.compile(
+            r"(?P<file>(^|[\s`'\"(])[\w.-]*\w\.[A-Za-z]\w{0,7}\b)|"
+            r"(?P<count>\b(how many|how much|count|number of|list( all| every| the)?)\b)|"
+            r"(?P<ask>\b(which|where|what('s| is| are| does)?)\b)|"
+            r"(?P<change>\b(%s)\w*)|(?P<look>\b(%s)\w*)|"
+            r"(?P<place>\b(files?|director(y|ies)|folders?|repo(sitory)?|project|codebase|here|tests?|scripts?|"
+            r"config(uration)?|functions?|class(es)?|modules?)\b)" % (_CHANGES, _LOOKS), re.I | re.M)
+    return _claims, _task_re
+
+
+def claims_work(answer):
+    """True when an answer says something was done (created, updated, ran …) or writes a tool's result itself."""
+    return bool(answer) and _patterns()[0].search(answer[:20000]) is not None
+
+
+def needs_tools(task, answer, root=None):
+    """Whether an answer needs tool work behind it: None, or (strength, kind). kind is "change" when the task
+    asks to change something (or the answer says it did) and "facts" when it asks about the workspace. strength
+    is "strong" when the answer claims work, or the task names an entry of the working directory (`root`),
+    asks to change something written like a file name (create notes.txt) or to count what is there (how many
+    files); "weak" when it asks to act on, or about, the workspace in general (fix the failing test, what is in
+    app.cfg when there is none). A question the model can answer from what it knows needs none."""
+    task = (task or "")[:20000]
+    found = dict.fromkeys(("file", "count", "ask", "change", "look", "place"), False)
+    for m in _patterns()[1].finditer(task):
+        found[m.lastgroup] = True
+    asks = task.lstrip().lower().startswith(("what", "which", "where", "how", "who", "when", "why", "is ", "are ",
+                                             "does ", "do "))
+    kind = "change" if found["change"] and not asks else "facts"
+    if claims_work(answer):
+        return "strong", "change" if kind == "change" or not (found["ask"] or found["count"]) else kind
+    acts = found["change"] or found["look"] or found["ask"] or found["count"]
+    if _names_an_entry(task, root) or (found["file"] and found["change"]) or (found["place"] and found["count"]):
+        return "strong", kind
+    if (found["place"] or found["file"]) and acts:
+        return "weak", kind
+    return None
+
+
+def _names_an_entry(task, root):
+    """True when a word of the task names an entry of the working directory (Makefile, src/app.py)."""
+    if not root or not task:
+        return False
+    import re
+    for word in re.findall(r"[\w][\w./-]*", task)[:400]:
+        word = word.rstrip(".")
+        if len(word) > 2 and ".." not in word.split("/") and os.path.lexists(os.path.join(root, word)):
+            return True
+    return False
 
 
 class Agent:
@@ -2392,7 +2987,7 @@ class Agent:
 
     def __init__(self, provider, registry, conversation, events, result, max_turns=100, deadline=None,
                  timeout_seconds=None, recorder=None, quota=None, cancel=None, metrics=None, on_step=None,
-                 nested=False, review=None):
+                 nested=False, honest=True, review=None):
         self.provider = provider
         self.registry = registry
         self.conversation = conversation
@@ -2408,7 +3003,13 @@ class Agent:
         self.on_step = on_step  #: callback(agent) after each step (benchmarks)
         self.review = review  #: () -> the files that run later by design the run changed (top level), or None
         self.nested = nested  #: a subagent: Ctrl-C / SIGTERM are re-raised to the top-level run's edge
-        self.malformed_streak = 0
+        self.honest = honest  #: check an answer given without any tool call (conclude)
+        self.malformed_streak = 0  #: turns in a row whose calls were all malformed or invalid
+        self.calls_this_run = 0  #: tool calls this run made that succeeded (the totals in `result` carry on)
+        self.changes_this_run = 0  #: of them, calls of tools that change or execute (write, terminal …)
+        self.nudged = False  #: asked once already to check an answer given without tools
+        #: what this run was asked: the last person's message when it starts (for conclude)
+        self.task = conversation.last_user_text()
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
@@ -2422,17 +3023,18 @@ class Agent:
         caught = None
         try:
             try:
-                while True:
+                outcome = None
+                while outcome is None:
                     self.check_limits(result.turns - result_turns)
-                    if self.step():
-                        break
+                    outcome = self.step()
             except KeyboardInterrupt as exc:  # the edge where signals join the stop family (see Interrupts)
                 caught = exc
                 raise Interrupted("interrupted (Ctrl-C)")
             except Terminated as exc:
                 caught = exc
                 raise Interrupted("terminated (SIGTERM)", EXIT_TERMINATED)
-            result.status = "completed"
+            result.status = outcome
+            result.exit_code = EXIT_UNVERIFIED if outcome == "unverified" else EXIT_OK
         except RunStop as stop:
             result.status, result.exit_code, result.error = stop.status, stop.exit_code, str(stop)
         finally:
@@ -2471,19 +3073,23 @@ class Agent:
         return Timeout("the parent run's time limit was reached (agent.timeout_seconds)")
 
     def step(self):
-        """One turn: ask the model, then run the tool calls it asked for. True when the task is answered."""
+        """One turn: ask the model, then act on what it said. Returns how the run ends once the task is
+        answered ("completed", or "unverified": see conclude), None to go on."""
         try:
-            content, calls = self.ask_model()
-            if not calls:
-                return True
-            self.run_tools(calls)
-            return False
+            turn = self.ask_model()
+            if turn.calls:
+                self.run_tools(turn.calls)
+                return None
+            if turn.malformed:
+                self.correct(turn)
+                return None
+            return self.conclude(turn.content)
         finally:
             self.save()
 
     # -- the first half: ask the model --
     def ask_model(self):
-        """Send the conversation; returns (content, tool calls). An answer without calls is recorded here."""
+        """Send the conversation; returns the Turn it answered. Its message is recorded here."""
         conv = self.conversation
         window = self.provider.context_window() if conv.tokens > 4096 else None
         if conv.prune(window):
@@ -2498,38 +3104,88 @@ class Agent:
         conv.calibrate(reply.usage.get("prompt_tokens"))
         content, thinking = strip_think(reply.content)
         self.events.thinking("\n".join(t for t in (reply.thinking, thinking) if t))
-        calls = reply.tool_calls
-        if not calls:
-            printed = parse_text_tool_calls(content, set(self.registry.names()))
-            if printed:
-                calls = [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
-                         for i, c in enumerate(printed)]
-                content = ""
-        self.events.message(content, calls)
-        if calls:
-            conv.add_assistant(content, calls)
-            return content, calls
-        conv.add_assistant(content)
-        self.result.answer = content
-        if reply.finish_reason == "length":
-            raise ProviderFailed("the model's answer was cut off (finish reason 'length': the output or context "
-                                 "limit was reached); the partial answer is not a success")
-        return content, None
+        turn = Turn(content, reply.tool_calls)
+        if not turn.calls and tools:
+            written = find_text_tool_calls(content, conv.read_so_far())
+            if written is not None and (written.calls or written.malformed):
+                turn = Turn(written.prose, [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
+                                            for i, c in enumerate(written.calls)],
+                            ["your tool call could not be read: " + why for why in written.malformed],
+                            written.form, raw=content)
+                if written.calls:
+                    self.events.thinking("written before any result, not kept: " + written.after)
+        if reply.finish_reason == "repetition" and not turn.calls:
+            turn.malformed.append("your reply kept repeating itself and was cut off; write one tool call, or a "
+                                  "short answer")
+        self.events.message(turn.content, turn.calls)
+        if turn.calls:
+            conv.add_assistant(turn.content, turn.calls)
+        else:
+            conv.add_assistant(turn.raw)
+            if not turn.malformed and reply.finish_reason == "length":
+                self.result.answer = turn.content
+                raise ProviderFailed("the model's answer was cut off (finish reason 'length': the output or "
+                                     "context limit was reached); the partial answer is not a success")
+        return turn
+
+    # -- when the reply holds no call that can run --
+    def correct(self, turn):
+        """A call the model tried to write but that cannot be read: tell it what was wrong and how to write
+        one; the malformed streak stops a model that never gets it right."""
+        tools = ", ".join(sorted(self.registry.names()))
+        self.conversation.add({"role": "user", "name": NOTE, "content":
+                               "Error: %s. To call a tool, write exactly:\n%s\nAvailable tools: %s." % (
+                                   "; ".join(turn.malformed[:3]), call_format_hint(turn.form), tools)})
+        self.events.note("  %s; told the model how to write a call" % one_line(turn.malformed[0], 100))
+        self.count_malformed(True, turn.malformed[0])
+
+    def conclude(self, answer):
+        """An answer without a call. A task that asks for a change needs a change made with a tool (write,
+        execute) in this run, a question about the workspace a tool call of any kind: without them the model
+        may be answering from memory, and it is asked once to check (README, "Honest completion"). Still
+        without them, a task that named files or an answer that claims work ends "unverified"."""
+        self.result.answer = answer
+        need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
+        if need is None:
+            return "completed"
+        strength, kind = need
+        if self.changes_this_run if kind == "change" else self.calls_this_run:
+            return "completed"  # the work is there (what the model imagines after it does not undo it)
+        if not self.nudged:
+            self.nudged = True
+            self.conversation.add({"role": "user", "name": NOTE, "content": NUDGE})
+            self.events.note("  the answer claims or needs tool work this run did not do; asking the model once "
+                             "to check")
+            return None
+        if strength == "strong":
+            self.result.warnings.append(
+                "the model answered without %s with a tool, so what it says it did or found was not checked "
+                "(status unverified)" % ("making any change" if kind == "change" else "looking anything up"))
+            return "unverified"
+        return "completed"
 
     def complete(self, tools):
-        """One model call; provider failures and the deadline become the stop family."""
+        """One model call; provider failures and the deadline become the stop family. A server that refuses
+        the request as over its context window names the window: it is believed, the conversation pruned to
+        it, and the request sent once more."""
         conv = self.conversation
-        self.events.waiting()
-        try:
-            return self.provider.complete(conv.messages, tools, on_delta=self.events.delta, deadline=self.deadline,
-                                          estimated_tokens=conv.tokens)
-        except DeadlineExceeded:
-            raise self.timed_out()
-        except ProviderError as exc:
-            self.metrics.model_request(self.provider.name, "error")
-            raise ProviderFailed(str(exc), exc.exit_code)
-        finally:
-            self.events.replied()
+        for attempt in (1, 2):
+            self.events.waiting()
+            try:
+                return self.provider.complete(conv.messages, tools, on_delta=self.events.delta,
+                                              deadline=self.deadline, estimated_tokens=conv.tokens)
+            except DeadlineExceeded:
+                raise self.timed_out()
+            except ProviderError as exc:
+                self.metrics.model_request(self.provider.name, "error")
+                if exc.window and attempt == 1 and conv.prune(exc.window, force=True):
+                    self.provider.learn_window(exc.window)
+                    self.events.note("  the server's context window is %d tokens: context pruned to fit (%d tokens "
+                                     "now)" % (exc.window, conv.tokens))
+                    continue
+                raise ProviderFailed(str(exc), exc.exit_code)
+            finally:
+                self.events.replied()
 
     def account(self, reply, sent):
         """A reply's tokens (our estimate where the server sent none; `sent`: the request's estimate) into the
@@ -2557,6 +3213,8 @@ class Agent:
             self.events.tool_call(call)
             self.events.tool_start(call["name"], self._preview(call))
             tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            if len(tool_result.output) > MIN_RESULT_CAP:
+                tool_result.truncate(self.result_cap())
             result.tool_calls += 1
             self.metrics.tool_call(call["name"], "ok" if tool_result.success else "error")
             conv.add_tool_result(call["id"], call["name"], tool_result.to_message())
@@ -2565,11 +3223,26 @@ class Agent:
             if tool_result.metadata.get("invalid"):
                 invalid += 1
                 last_error = tool_result.error
-        self.malformed_streak = self.malformed_streak + 1 if invalid == len(calls) else 0
+            elif tool_result.success:
+                self.calls_this_run += 1
+                tool = self.registry.get(call["name"])
+                self.changes_this_run += getattr(tool, "permission", "read") != "read"
+        self.count_malformed(invalid == len(calls), last_error)
+
+    def count_malformed(self, malformed, last_error):
+        """A turn whose calls were all malformed or invalid extends the streak; one good call ends it."""
+        self.malformed_streak = self.malformed_streak + 1 if malformed else 0
         if self.malformed_streak >= MAX_MALFORMED_STREAK:
             raise ProviderFailed("the model made %d malformed or invalid tool calls in a row; stopping (last: %s). "
                                  "A larger model may follow the tool format better" % (self.malformed_streak,
                                                                                       last_error))
+
+    def result_cap(self):
+        """Bytes of one tool result the model gets: a quarter of its window where the window is known (a 100 KB
+        file read into an 8k window left room for nothing else), else only the tools' own cap. At about four
+        bytes a token, a quarter of a window of N tokens is N bytes."""
+        window = self.provider.context_window()
+        return max(MIN_RESULT_CAP, int(window)) if window else None
 
     def summarise(self, prompt):
         """One more model call, without tools: a subagent's report. Counted like every other call."""
@@ -2733,6 +3406,8 @@ class Session:
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "confinement" (what open() made)
+        #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
+        self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
         self.kind = None
         self.id = None  #: the conversation id, from start()
         self.conversation = self.recorder = self.result = self.ctx = self.registry = None
@@ -2789,6 +3464,8 @@ class Session:
         self.result = RunResult(conversation_id)
         self._build()
         self.conversation.add_system(self.system_prompt())
+        if stored is None:  # after the system prompt, so that stays byte-identical across directories and days
+            self.conversation.add(environment_message(self.ctx.root, self.instructions, self.depth, self.label))
         if stored is not None:  # totals carry on; the turn limit counts each run's own turns
             self.result.carry_on(stored)
             for message in load_history(self.store, conversation_id):
@@ -2829,11 +3506,8 @@ class Session:
         return self.recorded
 
     def system_prompt(self):
-        prompt = system_prompt(self.mode, self.ctx.root, self.registry.names(), self.instructions)
-        if self.depth:
-            prompt += ("\n\nYou are a subagent (label %r, depth %d) working for another agent. Do the task, then "
-                       "answer with your findings." % (self.label, self.depth))
-        return prompt
+        from xzatoma_tools import COMPACT_TOOLS
+        return system_prompt(self.mode, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
 
     # -- tools --
     def _build(self):
@@ -2846,7 +3520,10 @@ class Session:
                                confirm=asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE else None,
                                confirm_command=asks and asks.confirm_command, ask=asks and asks.ask_irreversible,
                                terminal_mode=self.terminal_mode, cancel=self.cancel)
-        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self)))
+        if self.profile is None:
+            self.profile = tool_profile(self.cfg, self.provider, self.console)
+        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self)),
+                                  profile=self.profile)
         if self.allowed_tools:
             registry = registry.narrowed(set(self.allowed_tools), ctx)
         self.ctx, self.registry = ctx, registry
@@ -2877,6 +3554,7 @@ class Session:
                      max_turns=max_turns, deadline=deadline, timeout_seconds=timeout_seconds,
                      recorder=self.recorder if self.recorded else None, quota=self.quota, cancel=self.cancel,
                      metrics=self.metrics, on_step=on_step, nested=self.depth > 0,
+                     honest=self.kind in ("run", "plan", "watch"),
                      review=None if self.depth else self.confinement.deferred_changed)
 
     def child(self, label, allowed_tools=None, ctx=None):
@@ -2906,6 +3584,25 @@ class Session:
             self.store.close()
         if "metrics" in self.owns:
             self.metrics.close()
+
+
+COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
+
+
+def tool_profile(cfg, provider, console):
+    """agent.tools.profile, with auto resolved: compact for a local server whose model has a small window or
+    few parameters (what it says, or the model's name), full otherwise (hosted models: nothing is probed)."""
+    from xzatoma_tools import COMPACT_TOOLS, FULL_TOOLS
+    chosen = cfg.get("agent.tools.profile")
+    if chosen != "auto":
+        return chosen
+    if not provider.is_local():
+        return FULL_TOOLS
+    window, size = provider.context_window(), provider.parameter_billions()
+    small = (window and window <= COMPACT_WINDOW) or (size and size <= COMPACT_BILLIONS)
+    console.debug("tool profile: %s (window %s, %s billion parameters)" % (
+        "compact" if small else "full", window or "unknown", size or "unknown"))
+    return COMPACT_TOOLS if small else FULL_TOOLS
 
 
 def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
@@ -3232,8 +3929,8 @@ def run_parallel(session, tasks, max_concurrent, fail_fast, ctx=None):
 PLANNING_PROMPT = """You are in PLANNING mode and can only read files and create plans. Never attempt to modify files or execute commands.
 Focus on analysis and understanding: explore with the read-only tools, then produce a clear plan (YAML or Markdown) with concrete steps, risks and a safe way to execute them."""
 
-WRITE_PROMPT = """You are in WRITE mode and can modify files and execute commands. Follow the Safety Mode guidelines for confirmations.
-Work in small, verifiable steps: inspect before you change, make the change, then check it (run the tests when there are any)."""
+WRITE_PROMPT = """You are in WRITE mode and can modify files and execute commands.
+Work in small, verifiable steps: inspect before you change, make the change with a tool, then check it (run the tests when there are any)."""
 
 
 class ProjectInstructions:
@@ -3342,26 +4039,62 @@ def show_instructions(console, instructions):
         console.debug("  " + note)
 
 
-def system_prompt(mode, working_dir, tool_names, instructions=None):
-    """The system prompt; `instructions` (ProjectInstructions) are appended after the rules."""
+def system_prompt(mode, tool_names, compact=False):
+    """The system prompt: the same bytes for every directory, day and project, so that a server's prompt cache
+    (llama.cpp, vLLM, hosted APIs) keeps the system prompt and the tool definitions after it; what varies
+    goes in environment_message. Its words match how calls may be made: natively or written as text. The
+    compact tool profile (small models) gets fewer words and one example of a call."""
+    if compact:
+        return "\n".join([
+            "You are XZatoma, an agent that does tasks in the working directory by calling tools. You act: you "
+            "never explain to the person how to do the task.",
+            "Mode: %s. %s" % (mode.upper(), "You can read files; you cannot change them." if mode == "planning"
+                              else "You can read and change files and run commands."),
+            "Tools: %s." % (", ".join(tool_names) or "none"),
+            "",
+            "Each reply is either ONE tool call or the final answer.",
+            'A tool call is a JSON object: {"name": "<tool name>", "arguments": {<arguments>}}',
+            'Example: {"name": "read_file", "arguments": {"path": "notes.txt"}}',
+            "After each call you get its result; then make the next call. Never write a tool's result yourself.",
+            "To change a file: read it, then edit_file replaces old_text with new_text; write_file creates a file "
+            "or replaces all of its content.",
+            "When the task is done, give the final answer: one or two sentences with what you did or found.",
+        ])
     mode_text = PLANNING_PROMPT if mode == "planning" else WRITE_PROMPT
-    extra = ["", instructions.text] if instructions is not None and instructions.text else []
     return "\n".join([
-        "You are XZatoma, an autonomous agent that accomplishes tasks with tools.",
+        "You are XZatoma, an autonomous agent that completes tasks by calling tools.",
         "",
-        "Working directory: %s" % working_dir,
         "Mode: %s" % mode.upper(),
         mode_text,
         "",
         "Available tools: %s." % (", ".join(tool_names) or "none"),
         "",
         "Rules:",
-        "- Stay inside the working directory; use paths relative to it. Paths outside it are refused.",
-        "- Use the tools to find facts instead of guessing file contents or command output.",
-        "- Call tools through the tool-calling interface, not by writing JSON in your answer.",
+        "- Do the task yourself by calling tools: never tell the person which commands to run or what to edit.",
+        "- Use the tools to find facts and to make changes; never guess file contents or command output, and "
+        "never say you changed something you did not change with a tool.",
+        "- Work one step at a time: call a tool, read its result, then decide the next step.",
+        "- Paths are relative to the working directory; paths outside it are refused.",
         "- When a tool returns 'Error: …', read the message and adapt; do not repeat the same failing call.",
-        "- When the task is done, reply without a tool call: report concisely what you did and what you found.",
-    ] + extra)
+        "- When the task is done, reply without a tool call: say briefly what you did and what you found.",
+    ])
+
+
+ENVIRONMENT = "environment"  #: the name of the user message that carries what varies (working directory, date …)
+NOTE = "xzatoma"  #: the name of user messages xzatoma itself adds (a correction, a nudge), not a person's
+
+
+def environment_message(working_dir, instructions=None, depth=0, label=None, today=None):
+    """What varies between runs, as a user message after the system prompt (codex's environment context):
+    the working directory, the date, a subagent's place, and the project instructions (AGENTS.md …)."""
+    lines = ["<environment_context>", "  <cwd>%s</cwd>" % working_dir,
+             "  <date>%s</date>" % (today or time.strftime("%Y-%m-%d")), "</environment_context>"]
+    if depth:
+        lines.append("You are a subagent (label %r, depth %d) working for another agent. Do the task, then answer "
+                     "with your findings." % (label, depth))
+    if instructions is not None and instructions.text:
+        lines += ["", instructions.text]
+    return {"role": "user", "name": ENVIRONMENT, "content": "\n".join(lines)}
 
 
 # ---- Persistence glue: recording, history, replay ----
@@ -3638,7 +4371,7 @@ def render_transcript(conv, messages, full=False):
         if role == "system":
             lines.append("[system] " + _short(msg["content"], full, 120))
         elif role == "user":
-            lines.append("[user] " + _short(msg["content"], full, 2000))
+            lines.append("[%s] " % (msg.get("name") or "user") + _short(msg["content"], full, 2000))
         elif role == "assistant":
             if msg.get("content"):
                 lines.append("[assistant] " + _short(msg["content"], full, 4000))
@@ -3673,7 +4406,11 @@ def cmd_replay(args, console):
             return EXIT_OK
         out.write("replay of %s (%s, %s)\n" % (cid, conv["kind"], conv["status"]))
         for msg in store.messages(cid):
-            if msg["role"] == "user":
+            if msg["role"] == "user" and msg.get("name") == ENVIRONMENT:
+                continue  # the working directory and AGENTS.md: `history show` has them
+            if msg["role"] == "user" and msg.get("name"):
+                out.write("  (%s: %s)\n" % (msg["name"], one_line(msg["content"], 100)))
+            elif msg["role"] == "user":
                 out.write("\n» %s\n" % msg["content"])
             elif msg["role"] == "assistant":
                 for call in msg.get("tool_calls") or ():
@@ -4797,6 +5534,7 @@ def _build_chat(sub, common, fmt):
     chat.add_argument("--safety", choices=("safe", "yolo"), help="start safety (default: agent.safety_mode)")
     chat.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
     chat.add_argument("--max-turns", type=int, metavar="N", help="model calls per message (agent.max_turns)")
+    _model_flags(chat)
     chat.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics during the session")
     _sandbox_flags(chat)
     _resume_flags(chat)
@@ -5201,6 +5939,11 @@ def config_from_args(args, console, extra=None):
         flags["provider.type"] = args.provider
     if getattr(args, "model", None):
         flags["model"] = args.model
+    for key in SAMPLING:
+        if getattr(args, key, None) is not None:
+            flags[key] = getattr(args, key)
+    if getattr(args, "tool_profile", None):
+        flags["agent.tools.profile"] = args.tool_profile
     flags.update(extra or {})
     cfg = load_config(flags, config_path=getattr(args, "config", None))
     for warning in cfg.warnings:
@@ -5360,7 +6103,7 @@ def emit_result(args, fmt, events, result):
         sys.stdout.flush()
     elif fmt == "stream-json":
         events.emit("result", **result.to_json())
-    elif result.status == "completed":  # data when piped: byte-exact but for secrets; neutralised on a TTY
+    elif result.status in ANSWERED:  # data when piped: byte-exact but for secrets; neutralised on a TTY
         from xzatoma_store import redact
         answer = redact(result.answer.rstrip("\n"))
         sys.stdout.write((Console.clean(answer) if _isatty(sys.stdout) else answer) + "\n")
@@ -5406,6 +6149,7 @@ def _build_run(sub, common, fmt):
                      help="full autonomy: run terminal commands that would otherwise need confirmation "
                           "(still inside the sandbox)")
     _sandbox_flags(run)
+    _model_flags(run)
     run.add_argument("--working-dir", "-C", metavar="DIR",
                      help="directory the tools work in and cannot leave (default: current directory)")
     run.add_argument("--output-format", choices=("text", "json", "stream-json"),
@@ -5463,11 +6207,13 @@ def cmd_run(args, console):
         _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens),
         ESTIMATED_NOTE if result.estimated else "", result.duration, result.conversation_id)
     emit_result(args, fmt, events, result)
-    if result.status != "completed" and fmt == "text" and result.answer and not console.quiet:
+    if result.status not in ANSWERED and fmt == "text" and result.answer and not console.quiet:
         console.info("partial answer:\n" + result.answer, "dim")
-    if result.status != "completed":
+    for warning in result.warnings:
+        console.warn(warning)
+    if result.status not in ANSWERED:
         console.error(result.error)
-    if result.turns or result.status == "completed":  # a run that never reached the model: the error says all
+    if result.turns or result.status in ANSWERED:  # a run that never reached the model: the error says all
         console.info(summary, "dim")
     show_review(console, result.review)
     return result.exit_code
@@ -5478,6 +6224,21 @@ def show_review(console, review):
     if review:
         console.warn("changed files that run code later (a build, the tests, CI, the editor, a virtualenv): "
                      "review them before running anything: " + ", ".join(Console.clean(p, exact=True) for p in review))
+
+
+def _model_flags(parser):
+    """How the model is asked: sampling and window (the active provider's provider.<type>.* keys)."""
+    group = parser.add_argument_group("model settings (provider.<type>.* in the configuration)")
+    group.add_argument("--temperature", type=float, metavar="T", help="sampling temperature, e.g. 0.2")
+    group.add_argument("--top-p", type=float, metavar="P", dest="top_p", help="nucleus sampling, e.g. 0.9")
+    group.add_argument("--max-tokens", type=int, metavar="N", dest="max_tokens", help="cap on each reply's length")
+    group.add_argument("--seed", type=int, metavar="N", help="sampling seed, for repeatable runs where the server "
+                                                             "supports it")
+    group.add_argument("--context-window", type=int, metavar="N", dest="context_window",
+                       help="the model's context window in tokens, when the server does not say")
+    group.add_argument("--tools", choices=("auto", "full", "compact"), dest="tool_profile",
+                       help="tool profile: compact offers six short tool definitions for small models "
+                            "(agent.tools.profile; auto picks by window and model size)")
 
 
 def _sandbox_flags(parser):

@@ -393,19 +393,22 @@ def validate_arguments(tool, raw):
 class Registry:
     """The tools offered to the model in one mode. `execute` never raises."""
 
-    def __init__(self, tools, ctx, mode=WRITE_MODE, all_names=()):
+    def __init__(self, tools, ctx, mode=WRITE_MODE, all_names=(), schemas=None):
         self.tools = {t.name: t for t in tools}
         self.ctx = ctx
         self.mode = mode
         self.all_names = set(all_names) | set(self.tools)
+        self.schemas = schemas or {}  #: name -> the definition offered instead of the tool's own (a profile's)
 
     def narrowed(self, names, ctx):
         """The same tools, only those named, over another context (a subagent's)."""
-        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.mode, self.all_names)
+        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.mode, self.all_names,
+                        self.schemas)
 
     def bound(self, ctx):
         """The same tools over another context (one run's deadline)."""
-        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names)
+        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names,
+                                                     self.schemas)
 
     def __contains__(self, name):
         return name in self.tools
@@ -417,7 +420,7 @@ class Registry:
         return list(self.tools)
 
     def definitions(self):
-        return [t.definition() for t in self.tools.values()]
+        return [self.schemas.get(n) or t.definition() for n, t in self.tools.items()]
 
     def get(self, name):
         return self.tools.get(name)
@@ -430,7 +433,17 @@ class Registry:
                 return None, None, "tool %s is not available in %s mode" % (name, self.mode)
             return None, None, "unknown tool %r; available tools: %s" % (name, ", ".join(sorted(self.tools)))
         args, err = validate_arguments(tool, raw_args)
+        if err:
+            err += "; expected %s" % self.signature(name)
         return tool, args, err
+
+    def signature(self, name):
+        """A call's expected shape for error messages: write_file(path: string, content: string, mode?: …)."""
+        schema = (self.schemas.get(name) or self.tools[name].definition())["parameters"]
+        required = schema.get("required") or ()
+        params = ["%s%s: %s" % (p, "" if p in required else "?", s.get("type", "any"))
+                  for p, s in schema.get("properties", {}).items()]
+        return "%s(%s)" % (name, ", ".join(params))
 
     def execute(self, name, raw_args, call_id=None):
         """Run one tool call; every failure becomes an error result."""
@@ -764,7 +777,7 @@ class ListDirectory(Tool):
 
     def _list(self, args, ctx, target):
         pattern = args.get("pattern")
-        lines, total = [], 0
+        lines, total, kinds = [], 0, {}
         base = display_path(target.real, ctx.root)
         if args.get("recursive") or (pattern and ("/" in pattern or "**" in pattern)):
             entries = walk_files(ctx.jail, target, include_dirs=True,
@@ -776,6 +789,8 @@ class ListDirectory(Tool):
             if pattern and not glob_match(pattern, sub):
                 continue
             total += 1
+            ext = "directories" if kind == "dir" else os.path.splitext(name)[1].lower() or "no extension"
+            kinds[ext] = kinds.get(ext, 0) + 1
             if len(lines) >= self.MAX_ENTRIES:
                 continue
             if kind == "dir":
@@ -792,6 +807,12 @@ class ListDirectory(Tool):
                                  count=0)
         if total > len(lines):
             lines.append("... %d more entries not shown (narrow with pattern or a subdirectory)" % (total - len(lines)))
+        if total > 1:  # counted here, so that "how many .md files" needs no counting by the model
+            lines.append("(%d entries: %s)" % (total, ", ".join(
+                "%d %s" % (n, {"directories": "director" + ("y" if n == 1 else "ies"),
+                               "no extension": ("file" if n == 1 else "files") + " without extension"}.get(
+                                   ext, ext + (" file" if n == 1 else " files")))
+                for ext, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))))
         return ToolResult.ok("\n".join(lines), count=total)
 
 
@@ -916,9 +937,12 @@ class WriteFile(Tool):
             target.make_parents()
             write_atomic_at(target.dir_fd, target.name, data)
             ctx.after_change(token)
-            return ToolResult.ok("%s %s (%d bytes)" % ("Overwrote" if st is not None else "Created",
-                                                       display_path(target.real, ctx.root), len(data)),
-                                 bytes=len(data), created=st is None)
+            shown = display_path(target.real, ctx.root)
+            if st is None:
+                return ToolResult.ok("Created %s (%d bytes)" % (shown, len(data)), bytes=len(data), created=True)
+            # what the old content became, said plainly: a model that meant to add a line learns it replaced the file
+            return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced)" % (
+                shown, len(data), st.st_size), bytes=len(data), created=False)
 
 
 class EditFile(Tool):
@@ -968,8 +992,14 @@ class EditFile(Tool):
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
             ctx.after_change(token)
-            diff = text_diff(text, updated, display_path(target.real, ctx.root))
-        return ToolResult.ok(diff or "(no change)", replacements=text.count(args["old_text"]))
+            shown = display_path(target.real, ctx.root)
+            diff = text_diff(text, updated, shown)
+        count = text.count(args["old_text"])
+        if not diff:
+            return ToolResult.ok("(no change: new_text is old_text)", replacements=count)
+        # a sentence first: the change is saved (a small model took the bare diff for text to write back)
+        return ToolResult.ok("Edited %s: %d replacement%s, saved. The change:\n%s" % (
+            shown, count, "" if count == 1 else "s", diff), replacements=count)
 
 
 class FindPath(Tool):
@@ -1091,7 +1121,10 @@ class Grep(Tool):
 def grep_match_lines(regex, text, need):
     """(lines that match, the first `need` of their 0-based numbers), lines split at '\\n' only."""
     count, found, last, starts = 0, [], -1, None
+    end = len(text) if text.endswith("\n") or not text else None  # after the last newline there is no line
     for m in regex.finditer(text):
+        if m.start() == end:
+            break  # `.*` matched there: grep counted an empty line 13 in a file of 12
         if starts is None:
             starts = _line_starts(text)
         i = _line_of(starts, m.start())
@@ -2991,16 +3024,54 @@ def _parse_markdown_plan(text, source):
 ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
              FileMetadata, FindPath, Grep, DiffFiles, PlanTool, Terminal, Fetch)
 
+FULL_TOOLS, COMPACT_TOOLS = "full", "compact"  # tool profiles (agent.tools.profile)
 
-def build_registry(mode, ctx, extra=()):
-    """The registry for a mode: planning offers the tools whose permission is read, write offers all.
+#: The compact profile, for small models and small context windows: six tools whose definitions say only what a
+#: first call needs (~25% of the full set's tokens; the schema of each is the full one's subset, so validation
+#: and the tools themselves are unchanged). name -> (description, {parameter: (type, description)}, required)
+COMPACT = {
+    "list_directory": ("List the files in a directory.",
+                       {"path": ("string", "directory, default '.'"),
+                        "recursive": ("boolean", "include subdirectories")}, []),
+    "read_file": ("Read a text file.", {"path": ("string", "")}, ["path"]),
+    "grep": ("Search files for a regular expression. Returns path:line: text.",
+             {"pattern": ("string", ""), "path": ("string", "file or directory, default '.'")}, ["pattern"]),
+    "write_file": ("Create or overwrite a file.", {"path": ("string", ""), "content": ("string", "")},
+                   ["path", "content"]),
+    "edit_file": ("Replace old_text with new_text in a file (old_text must appear exactly once).",
+                  {"path": ("string", ""), "old_text": ("string", ""), "new_text": ("string", "")},
+                  ["path", "old_text", "new_text"]),
+    "terminal": ("Run a shell command in the working directory. Returns the exit code and output.",
+                 {"command": ("string", "")}, ["command"]),
+}
+
+
+def compact_definition(name):
+    """The short definition of a tool in the compact profile."""
+    description, params, required = COMPACT[name]
+    props = {}
+    for prop, (kind, doc) in params.items():
+        props[prop] = {"type": kind, "description": doc} if doc else {"type": kind}
+    schema = {"type": "object", "properties": props}
+    if required:
+        schema["required"] = list(required)
+    return {"name": name, "description": description, "parameters": schema}
+
+
+def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS):
+    """The registry for a mode: planning offers the tools whose permission is read, write offers all;
+    the compact profile offers only the COMPACT tools, with their short definitions.
 
     `ctx` is only referenced, never changed: a chat's @mentions use a planning registry over the
     same context as its Write-mode agent.
     """
     tools = [cls() for cls in ALL_TOOLS] + list(extra)
     offered = [t for t in tools if mode == WRITE_MODE or t.permission == READ]
-    return Registry(offered, ctx, mode, all_names=[t.name for t in tools])
+    schemas = None
+    if profile == COMPACT_TOOLS:
+        offered = [t for t in offered if t.name in COMPACT]
+        schemas = {t.name: compact_definition(t.name) for t in offered}
+    return Registry(offered, ctx, mode, all_names=[t.name for t in tools], schemas=schemas)
 
 
 # ==== The safety kernel ====

@@ -79,8 +79,11 @@ class Cli:
                             "openai": {"base_url": fake.url + "/v1", "model": model or "gpt-test", "api": api},
                             "copilot": {"api_url": fake.url, "model": model or "gpt-5.3-codex",
                                         "github_url": fake.url, "github_api_url": fake.url}}}
-        if agent:
-            cfg["agent"] = agent
+        # the full tool set unless a test says otherwise: the fake is local and its default model small, which
+        # would pick the compact profile (tests of that profile choose it)
+        agent = dict(agent)
+        agent["tools"] = dict({"profile": "full"}, **agent.get("tools", {}))
+        cfg["agent"] = agent
         self.write_config(cfg)
         if provider == "copilot" and "COPILOT_API_TOKEN" not in self.env and not github:
             self.env["COPILOT_API_TOKEN"] = "tid=fake-copilot-token"

@@ -46,6 +46,7 @@ class FakeModel:
             "gpt-4.1": {"context_length": 128000, "endpoints": ["/chat/completions"]},
         }
         self.strict_models = False
+        self.rejects_null_content = False  # answer an assistant message with "content": null as llama-cpp-python does
         self.raw_routes = {}  # path -> (status, content type, body): what a wrong server (a web page) answers
         self.lock = threading.Lock()
         self.server = None
@@ -94,7 +95,47 @@ class FakeModel:
                 return self.script.pop(0)
         if self.generator:
             return self.generator(body)
+        stands = _stands_by(body)
+        if stands is not None:
+            return stands
         return {"status": 500, "body": json.dumps({"error": "fake model: script exhausted"})}
+
+
+def _stands_by(body):
+    """Asked to check an answer it gave without tools (xzatoma's nudge), a model with no script left stands by it:
+    the same answer again. Scripts that test the nudge say what the model does instead."""
+    msgs = body.get("messages") or body.get("input") or []
+    if len(msgs) >= 2 and str(msgs[-1].get("content", "")).startswith("You answered without"):
+        answer = msgs[-2].get("content")
+        if msgs[-2].get("role") == "assistant" and isinstance(answer, str):
+            return {"content": answer}
+    return None
+
+
+#: what llama-cpp-python's server (0.3.x) answers a chat request whose assistant message has "content": null
+LLAMA_CPP_NULL_CONTENT = json.dumps({"error": {"message": (
+    "7 validation errors:\n"
+    "  {'type': 'literal_error', 'loc': ('body', 'messages', 2, 'ChatCompletionRequestSystemMessage', 'role'), "
+    "'msg': \"Input should be 'system'\", 'input': 'assistant', 'ctx': {'expected': \"'system'\"}}\n"
+    "  {'type': 'literal_error', 'loc': ('body', 'messages', 2, 'ChatCompletionRequestUserMessage', 'role'), "
+    "'msg': \"Input should be 'user'\", 'input': 'assistant', 'ctx': {'expected': \"'user'\"}}\n"
+    "  {'type': 'string_type', 'loc': ('body', 'messages', 2, 'ChatCompletionRequestAssistantMessage', 'content'), "
+    "'msg': 'Input should be a valid string', 'input': None}\n"
+    "  {'type': 'literal_error', 'loc': ('body', 'messages', 2, 'ChatCompletionRequestToolMessage', 'role'), "
+    "'msg': \"Input should be 'tool'\", 'input': 'assistant', 'ctx': {'expected': \"'tool'\"}}\n"
+    "  {'type': 'missing', 'loc': ('body', 'messages', 2, 'ChatCompletionRequestToolMessage', 'tool_call_id'), "
+    "'msg': 'Field required', 'input': {'role': 'assistant', 'content': None}}\n"
+    "  {'type': 'literal_error', 'loc': ('body', 'messages', 2, 'ChatCompletionRequestFunctionMessage', 'role'), "
+    "'msg': \"Input should be 'function'\", 'input': 'assistant', 'ctx': {'expected': \"'function'\"}}\n"
+    "  {'type': 'missing', 'loc': ('body', 'messages', 2, 'ChatCompletionRequestFunctionMessage', 'name'), "
+    "'msg': 'Field required', 'input': {'role': 'assistant', 'content': None}}\n\n"
+    "  File \"/llama_cpp/server/app.py\", line 376, in create_chat_completion\n    POST /v1/chat/completions"),
+    "type": "internal_server_error", "param": None, "code": None}})
+
+
+def _null_content(body):
+    return any(m.get("role") == "assistant" and "content" in m and m["content"] is None
+               for m in body.get("messages") or ())
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -274,8 +315,12 @@ def _make_handler(fake):
                 problem = reply["expect"](body)
                 if problem:
                     return self._send_json(400, {"error": {"message": "fake model: " + problem}})
+            if fake.rejects_null_content and _null_content(body):
+                return self._send_error({"status": 500, "body": LLAMA_CPP_NULL_CONTENT})
             if reply.get("status"):
                 return self._send_error(reply)
+            if reply.get("raw"):
+                return self._send_raw(reply["raw"])
             if reply.get("hang"):
                 time.sleep(reply["hang"])
                 return
@@ -288,6 +333,15 @@ def _make_handler(fake):
                     self._responses(body, reply)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+        def _send_raw(self, raw):
+            """A recorded real server's reply, byte for byte (tests/replies)."""
+            data = raw["body"].encode("utf-8")
+            self.send_response(raw.get("status", 200))
+            self.send_header("Content-Type", raw.get("content_type") or "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _send_error(self, reply):
             body = reply.get("body")

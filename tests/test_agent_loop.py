@@ -39,6 +39,9 @@ class Scripted:
     def context_window(self, model=None):
         return None
 
+    def is_local(self):
+        return False
+
     def clone(self):
         return self
 
@@ -250,7 +253,7 @@ def test_a_child_session_is_narrowed_and_shares_what_the_tree_shares(open_sessio
     assert sorted(child.registry.names()) == ["grep", "read_file"]
     assert child.quota is s.quota and child.cancel is s.cancel and child.store is s.store
     assert (child.depth, child.parent_id, child.ctx.depth, child.ctx.label) == (1, s.id, 1, "t")
-    assert "You are a subagent (label 't', depth 1)" in child.conversation.messages[0]["content"]
+    assert "You are a subagent (label 't', depth 1)" in child.conversation.messages[1]["content"]
 
 
 def test_rebuild_keeps_the_conversation_and_renews_the_tools(open_session):
@@ -261,4 +264,4 @@ def test_rebuild_keeps_the_conversation_and_renews_the_tools(open_session):
     s.rebuild(mode="planning")
     assert "write_file" not in s.registry and s.cancel is not cancel
     assert s.conversation.messages[0]["content"].count("Mode: PLANNING") == 1
-    assert s.conversation.messages[1]["content"] == "hi"
+    assert s.conversation.messages[2]["content"] == "hi"

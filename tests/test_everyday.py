@@ -345,7 +345,8 @@ def test_unknown_flags_show_the_subcommand_usage_and_a_guess(cli, argv, prog, hi
 
 
 def system_text(fake, index=0):
-    return fake.model_requests()[index]["body"]["messages"][0]["content"]
+    """The system prompt and the environment message after it (where AGENTS.md goes)."""
+    return "\n".join(m["content"] for m in fake.model_requests()[index]["body"]["messages"][:2])
 
 
 def test_agents_md_from_the_git_root_down_nearest_last(cli, fake):

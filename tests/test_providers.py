@@ -7,7 +7,7 @@ import pytest
 
 import xzatoma
 from xzatoma import (Console, CopilotProvider, OllamaProvider, OpenAIProvider, ProviderError, load_config,
-                     parse_text_tool_calls, strip_think)
+                     strip_think)
 
 TOOLS = [{"name": "read_file", "description": "read", "parameters": {"type": "object", "properties": {
     "path": {"type": "string"}}, "required": ["path"]}}]
@@ -83,7 +83,8 @@ def test_openai_wire_format_of_history(fake):
     assert req["headers"]["authorization"] == "Bearer sk-x"
     body = req["body"]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert body["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
+    # "" and never null: llama-cpp-python's server answers a null content with HTTP 500
+    assert body["messages"][2] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a"}'}}]}
     assert body["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "A"}
     assert body["tools"][0] == {"type": "function", "function": TOOLS[0]}
@@ -162,31 +163,6 @@ def test_strip_think(text, answer, thinking):
     assert strip_think(text) == (answer, thinking)
 
 
-NAMES = {"read_file", "list_directory"}
-
-
-@pytest.mark.parametrize("text,expected", [
-    ('{"name": "read_file", "arguments": {"path": "a"}}', [("read_file", {"path": "a"})]),
-    ('```json\n{"name": "read_file", "parameters": {"path": "a"}}\n```', [("read_file", {"path": "a"})]),
-    ('<tool_call>\n{"name": "list_directory", "arguments": {}}\n</tool_call>', [("list_directory", {})]),
-    ('{"function": {"name": "read_file", "arguments": "{\\"path\\": \\"b\\"}"}}', [("read_file", {"path": "b"})]),
-    ('[{"name": "read_file", "arguments": {"path": "a"}}, {"name": "list_directory", "arguments": {}}]',
-     [("read_file", {"path": "a"}), ("list_directory", {})]),
-    ('{"name": "rm_rf", "arguments": {}}', None),
-    ('{"name": "read_file", "arguments": "not json"}', None),
-    ('Here is the config: {"name": "read_file", "arguments": {}}', None),
-    ('<tool_call>{"name": "read_file", "arguments": {}}</tool_call> and then prose', None),
-    ('{"answer": 42}', None),
-    ("", None),
-])
-def test_text_tool_calls(text, expected):
-    calls = parse_text_tool_calls(text, NAMES)
-    if expected is None:
-        assert calls is None
-    else:
-        assert [(c["name"], json.loads(c["arguments"])) for c in calls] == expected
-
-
 def test_server_that_ignores_stream_is_understood(fake):
     fake.add({"content": "whole", "tool_calls": [{"name": "read_file", "arguments": {"path": "a"}}],
               "plain_json": True, "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
@@ -194,3 +170,99 @@ def test_server_that_ignores_stream_is_understood(fake):
     assert reply.content == "whole" and reply.tool_calls[0]["name"] == "read_file"
     assert json.loads(reply.tool_calls[0]["arguments"]) == {"path": "a"}
     assert reply.usage == {"prompt_tokens": 5, "completion_tokens": 2}
+
+
+# ---- what small local servers need: exact wire, sampling settings, the real window ----
+
+def test_a_request_the_server_rejects_is_not_retried_and_says_what_was_rejected(fake):
+    from fake_model import LLAMA_CPP_NULL_CONTENT
+    fake.add({"status": 500, "body": LLAMA_CPP_NULL_CONTENT})
+    with pytest.raises(ProviderError) as err:
+        provider("openai", fake, retries=3).complete(MSGS, TOOLS)
+    assert len(fake.model_requests()) == 1  # a validation error is no transient failure
+    assert str(err.value) == ("the OpenAI-compatible server at %s/v1 rejected the request (HTTP 500): "
+                              "messages[2].content: Input should be a valid string" % fake.url)
+
+
+def test_a_server_that_rejects_null_content_gets_past_the_first_tool_call(cli, fake):
+    """llama-cpp-python answers an assistant message with "content": null with HTTP 500: no run could get past
+    its first tool call there."""
+    (cli.workdir / "a.txt").write_text("A\n")
+    fake.rejects_null_content = True
+    cli.use(fake, provider="openai")
+    fake.add({"tool_calls": [{"name": "read_file", "arguments": {"path": "a.txt"}}]}, {"content": "it says A"})
+    r = cli.run("run", "--prompt", "what does a.txt say?")
+    assert r.returncode == 0 and r.stdout == "it says A\n", r.stderr
+    assert fake.model_requests()[-1]["body"]["messages"][3]["content"] == ""
+
+
+@pytest.mark.parametrize("kind,api", [("ollama", "chat"), ("openai", "chat"), ("openai", "responses")])
+def test_sampling_settings_go_in_each_wire_format(fake, kind, api):
+    p = provider(kind, fake, api=api)
+    p.settings.update(temperature=0.2, top_p=0.9, max_tokens=256, seed=7)
+    fake.add({"content": "ok"})
+    p.complete(MSGS, TOOLS)
+    body = fake.model_requests()[0]["body"]
+    if kind == "ollama":
+        assert body["options"] == dict(body["options"], temperature=0.2, top_p=0.9, num_predict=256, seed=7)
+    elif api == "chat":
+        assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (0.2, 0.9, 256, 7)
+    else:
+        assert (body["temperature"], body["top_p"], body["max_output_tokens"]) == (0.2, 0.9, 256)
+        assert "seed" not in body  # the Responses API has none
+
+
+def test_no_sampling_settings_are_sent_unless_configured(fake):
+    fake.add({"content": "ok"})
+    provider("openai", fake).complete(MSGS, TOOLS)
+    body = fake.model_requests()[0]["body"]
+    assert not {"temperature", "top_p", "max_tokens", "seed"} & set(body)
+
+
+def test_sampling_flags_set_the_active_providers_keys(cli, fake):
+    cli.use(fake, provider="openai")
+    fake.add({"content": "ok"})
+    r = cli.run("run", "--temperature", "0.3", "--max-tokens", "512", "--seed", "1", "--", "hi")
+    assert r.returncode == 0, r.stderr
+    body = fake.model_requests()[0]["body"]
+    assert (body["temperature"], body["max_tokens"], body["seed"]) == (0.3, 512, 1)
+
+
+@pytest.mark.parametrize("route,body,window", [
+    ("/props", {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1}, 4096),  # llama.cpp's server
+    ("/api/v0/models", {"data": [{"id": "gpt-test", "loaded_context_length": 6144,
+                                  "max_context_length": 32768}]}, 6144),  # LM Studio
+])
+def test_a_local_servers_real_window_is_read(fake, route, body, window):
+    fake.raw_routes[route] = (200, "application/json", json.dumps(body))
+    assert provider("openai", fake).context_window() == window
+
+
+def test_the_configured_window_wins(fake):
+    p = provider("openai", fake)
+    p.settings["context_window"] = 2048
+    assert p.context_window() == 2048 and fake.requests == []
+
+
+def test_a_refusal_over_the_window_teaches_the_window_and_the_run_goes_on(cli, fake):
+    """llama-cpp-python (and vLLM, OpenAI) name their window when a request exceeds it: the conversation is pruned
+    to it and the request sent once more."""
+    (cli.workdir / "big.txt").write_text("word " * 3000)
+    cli.use(fake, provider="openai")
+    refusal = json.dumps({"error": {"message": "This model's maximum context length is 2048 tokens. However, you "
+                                               "requested 9035 tokens (9030 in the messages, 5 in the completion).",
+                                    "type": "invalid_request_error", "param": "messages",
+                                    "code": "context_length_exceeded"}})
+    fake.add(*[{"tool_calls": [{"name": "read_file", "arguments": {"path": "big.txt"}}]}] * 6,
+             {"status": 400, "body": refusal}, {"content": "done"})
+    r = cli.run("run", "--prompt", "read big.txt many times")
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    assert "the server's context window is 2048 tokens: context pruned to fit" in r.stderr
+    sent = fake.model_requests()
+    assert len(json.dumps(sent[-1]["body"]["messages"])) < len(json.dumps(sent[-2]["body"]["messages"])) / 2
+
+
+@pytest.mark.parametrize("name,billions", [("qwen2.5-coder-1.5b", 1.5), ("Llama-3.2-3B-Instruct", 3.0),
+                                           ("phi3:3.8b", 3.8), ("gpt-4o-mini", None), ("qwen3:0.6b", 0.6)])
+def test_model_size_from_its_name(name, billions):
+    assert xzatoma.model_size(name) == billions

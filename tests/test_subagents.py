@@ -18,8 +18,8 @@ def subagent_brain(parent_reply, delay=0.0, child_tools=None):
     """A fake model for trees: subagents answer their task (after `delay`), then summarise it."""
     def brain(body):
         msgs = body["messages"]
-        if "You are a subagent" in msgs[0]["content"]:
-            task = msgs[1]["content"]
+        if "You are a subagent" in msgs[1]["content"]:
+            task = msgs[2]["content"]
             if msgs[-1]["role"] == "user" and msgs[-1]["content"].startswith("Summarise"):
                 return {"content": "summary of %s" % task, "delay": delay}
             if child_tools and not any(m["role"] == "tool" for m in msgs):
@@ -33,7 +33,7 @@ def subagent_brain(parent_reply, delay=0.0, child_tools=None):
 
 
 def child_requests(fake):
-    return [q for q in fake.model_requests() if "You are a subagent" in q["body"]["messages"][0]["content"]]
+    return [q for q in fake.model_requests() if "You are a subagent" in q["body"]["messages"][1]["content"]]
 
 
 def test_subagent_runs_and_reports_with_metadata(cli, fake):
@@ -142,11 +142,11 @@ def test_quota_exhausted_inside_a_child_reaches_the_parent_model(cli, fake):
     inner = subagent_brain(tool_call("subagent", label="hungry", task_prompt="eat tokens"))
 
     def brain(body):
-        child = "You are a subagent" in body["messages"][0]["content"]
+        child = "You are a subagent" in body["messages"][1]["content"]
         return dict(inner(body), usage={"prompt_tokens": 900 if child else 50, "completion_tokens": 200 if child else 10})
     fake.generator = brain
     r = cli.run("run", "--json", "--prompt", "x")
-    parent_requests = [q for q in fake.model_requests() if "You are a subagent" not in q["body"]["messages"][0]["content"]]
+    parent_requests = [q for q in fake.model_requests() if "You are a subagent" not in q["body"]["messages"][1]["content"]]
     child_error = [m["content"] for m in parent_requests[-1]["body"]["messages"] if m["role"] == "tool"]
     assert child_error == ["Error: subagent hungry quota_exceeded: quota exceeded: 1,160 tokens used, over "
                            "agent.quota.max_total_tokens (1,000)"]

@@ -59,13 +59,15 @@ def test_absolute_path_inside_is_allowed(tree):
 
 def test_registry_validates_and_never_raises(tree):
     reg = registry(tree)
+    shape = "; expected read_file(path: string, start_line?: integer, end_line?: integer)"
     assert reg.execute("read_file", '{"path": ["a"]}').to_message() == \
-        "Error: parameter 'path' must be a string, got array"
+        "Error: parameter 'path' must be a string, got array" + shape
     r = reg.execute("read_file", '{"path": "src/app.py", "start_line": "2"}')
     assert r.success and r.output.startswith("\ndef main")
-    assert reg.execute("read_file", "[1]").to_message() == "Error: arguments for read_file must be a JSON object, got array"
+    assert reg.execute("read_file", "[1]").to_message() == \
+        "Error: arguments for read_file must be a JSON object, got array" + shape
     assert reg.execute("read_file", '{"path": "src/app.py", "start_line": 0}').to_message() == \
-        "Error: parameter 'start_line' must be at least 1"
+        "Error: parameter 'start_line' must be at least 1" + shape
     assert reg.execute("grep", '{"pattern": "x", "case_sensitive": "maybe"}').error.startswith(
         "parameter 'case_sensitive' must be true or false")
 
@@ -125,7 +127,8 @@ def test_list_directory_and_gitignore(tree):
     assert "src/pkg/util.py" in deep and "build/out.py" not in deep and "debug.log" not in deep
     assert "secret" not in deep
     py = reg.execute("list_directory", {"pattern": "**/*.py"}).output.splitlines()
-    assert [l.split()[-1] for l in py] == ["src/app.py", "src/pkg/util.py"]
+    assert [l.split()[-1] for l in py[:-1]] == ["src/app.py", "src/pkg/util.py"]
+    assert py[-1] == "(2 entries: 2 .py files)"  # counted, so a small model need not count
 
 
 def test_find_path_pages(tree):
@@ -350,3 +353,13 @@ def test_registry_offers_tools_by_permission_and_never_changes_the_context(tmp_p
     assert "not available in planning mode" in planning.execute("write_file", {"path": "a", "content": "x"}).error
     assert write.execute("write_file", {"path": "a", "content": "x"}).success
     assert vars(ctx) == vars(ToolContext(str(tmp_path), {}))
+
+
+def test_grep_finds_no_line_after_the_last_newline(tmp_path):
+    """`.*` matched the empty string after a file's final newline: grep showed 13 lines of a 12-line file
+    (a small model, asked how many lines, answered 13)."""
+    (tmp_path / "data.csv").write_text("".join("row%d\n" % i for i in range(12)))
+    reg = registry(tmp_path)
+    for pattern in (".*", "^", "$"):
+        lines = reg.execute("grep", {"pattern": pattern, "path": "data.csv"}).output.splitlines()
+        assert len(lines) == 12 and lines[-1] == "data.csv:12: row11"

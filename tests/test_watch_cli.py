@@ -88,7 +88,7 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
     assert [m["offset"] for m in meta] == [0, 1, 2] and meta[1]["type"] == "build.done"
     assert [m["event_id"] for m in meta] == ids  # a CloudEvent's id, whatever the message key
     assert all(m["topic"] == topic and m["partition"] == 0 for m in meta)
-    assert all("WATCH-RULE" in q["body"]["messages"][0]["content"] for q in fake.model_requests())
+    assert all("WATCH-RULE" in q["body"]["messages"][1]["content"] for q in fake.model_requests())
     assert {c["safety"] for c in convs} == {"restricted"}
     # a re-read (a new group from the beginning, same store) runs nothing twice
     r = cli.run("watch", "--topic", topic, "--max-events", "3", "--log-format", "json", "--group-id",
