@@ -4,17 +4,13 @@ Read top to bottom, in sections opened by `# ---- Name ----`. The tools: ToolRes
 file and search tools; undo; the terminal tool; fetch; plans (the `plan` tool's and `run --plan`'s); build_registry.
 
 The safety kernel (below `# ==== The safety kernel ====`) imports nothing from the tools. Its API:
-  Confinement(root, xzatoma_home, extra, home, homes, terminal, …): .root, .jail, .policy, .sandbox,
-      .reason(path) (the one protected set), .target_reason/.copied_reason (a file tool's change), .binds(),
-      .runs_later(path), .deferred_changed(); PROTECTED_NAMES, HOME_PROTECTED_NAMES, protected_paths, fold_name
-  repositories    is_git_dir (git's rule), git_config (git itself), repository_runs_code, venv_code
-  untrusted text  render_untrusted(text, exact), render_json(obj), UntrustedStream
-  jail            Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict(path, confinement),
-                  display_path, open_if_regular, read_fd, use_openat2; globs: glob_regex, glob_match
-  shell, policy   parse_shell, needs_shell, command_argv; CommandPolicy(confinement).judge(command) -> Verdict
-  sandbox         Sandbox(confinement, mode, …), ProtectedWatch, run_command, child_env, landlock_abi
-  SSRF guard      check_url(url, allowed_hosts), url_verdict, address_block_reason; AuditLog(path).record(…)
-  errors          ToolError (what the model sees as `Error: …`), JailError, PathError, UrlBlocked
+  Confinement(root, xzatoma_home, extra, home, homes, terminal, …): .root .jail .policy .sandbox, .reason(path)
+      (the one protected set), .target_reason/.copied_reason (a file tool's change), .binds(), .deferred_changed()
+  is_git_dir (git's rule), git_config (git itself), repository_runs_code, venv_code; PROTECTED_NAMES, fold_name
+  render_untrusted(text, exact), render_json(obj), UntrustedStream; ToolError, JailError, PathError, UrlBlocked
+  Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path, read_fd, glob_match
+  parse_shell, needs_shell, command_argv; CommandPolicy(confinement).judge(command) -> Verdict (allow/confirm/deny)
+  Sandbox(confinement, mode, …), ProtectedWatch, run_command, child_env; check_url, url_verdict; AuditLog
 
 Only the standard library is imported at module level; `yaml` is imported where a YAML plan is parsed.
 """
@@ -3212,7 +3208,8 @@ class Confinement:
         #: outside the root: (folded path, as shown) for the homes' names, XZATOMA_HOME and the private files
         self._outside = [(fold_path(os.path.join(h, n)), ("~/" if h == self.home else h + "/") + n)
                          for h in self.homes for n in PROTECTED_NAMES + HOME_PROTECTED_NAMES]
-        self._outside += [(fold_path(os.path.abspath(p)), p) for p in [xzatoma_home] + list(self.private_files) if p]
+        self._outside += [(fold_path(os.path.abspath(p)), p) for p in [xzatoma_home] + list(self.private_files) + [
+            e for e in extra or () if isinstance(e, str) and os.path.isabs(e) and not _is_glob(e)] if p]
         self._sandbox, self._policy, self._lock = sandbox, None, threading.RLock()
         self._resolved = None  #: [(path, folded)] of _resolved_protected, until the next change
         self._deferred = None  #: deferred_files() before this run's first change
@@ -6281,15 +6278,9 @@ class Denylist:
         if prog in ("rm", "unlink", "rmdir", "shred", "srm", "trash", "trash-put", "gio"):
             if (verdict := self._deny_rm(prog, args)) is not None:
                 return verdict
-        if prog == "find":
-            if (verdict := self._deny_find(args, depth)) is not None:
-                return verdict
-        if prog == "git":
-            if (verdict := self._deny_git(args, depth)) is not None:
-                return verdict
-        if prog == "rsync":
-            if (verdict := self._deny_rsync(args, depth)) is not None:
-                return verdict
+        check = {"find": self._deny_find, "git": self._deny_git, "rsync": self._deny_rsync}.get(prog)
+        if check is not None and (verdict := check(args, depth)) is not None:
+            return verdict
         if prog == "dd":
             for a in args:
                 if a.startswith("of="):
@@ -6937,15 +6928,9 @@ class CommandPolicy(Denylist):
         start = os.path.realpath(os.path.join(self.root, text))
         if not _inside(start, self.root):
             return True
-        count = 0
-        for dirpath, dirnames, filenames in os.walk(start):
-            for name in dirnames + filenames:
-                count += 1
-                if count > 20000:
-                    return True  # too large to check: fail closed
-                path = os.path.join(dirpath, name)
-                if os.path.islink(path) and not _inside(os.path.realpath(path), self.root):
-                    return True
+        for path, entries in _tree(start, 20000, lambda entry: True):  # too large to check (None): fail closed
+            if path is None or any(e.is_symlink() and not _inside(os.path.realpath(e.path), self.root) for e in entries):
+                return True
         return False
 
     def _find_verdict(self, args):
