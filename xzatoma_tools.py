@@ -17,11 +17,14 @@ Only the standard library is imported at module level; `yaml` is imported where 
 
 
 import difflib
+import errno
 import fnmatch
 import json
 import os
 import re
+import signal
 import stat
+import sys
 import threading
 import time
 
@@ -1169,7 +1172,6 @@ class _RegexWorker:
 
     def __init__(self, pattern, flags, deadline, seconds=GREP_REGEX_SECONDS):
         import subprocess
-        import sys
         self.seconds = seconds
         own = time.monotonic() + seconds
         self.deadline = own if deadline is None else min(deadline, own)
@@ -1289,7 +1291,6 @@ def _grep_worker():
     """The worker's side: a JSON header line {pattern, flags, slots}; then per batch a JSON line
     {slot, need, sizes} naming bytes in a shared-memory slot; it answers each with [[count, [line, ...]], ...]."""
     import mmap
-    import sys
     try:
         import resource  # a pattern or text that would eat the machine's memory ends this process instead
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
@@ -1595,7 +1596,6 @@ class MovePath(CopyPath):
         try:
             os.rename(src.name, dst.name, src_dir_fd=src.dir_fd, dst_dir_fd=dst.dir_fd)
         except OSError as exc:
-            import errno
             if exc.errno != errno.EXDEV:
                 raise
             copy_at(src.dir_fd, src.name, dst.dir_fd, dst.name, check, [])
@@ -1849,7 +1849,6 @@ def remove_at(dir_fd, name, check=None):
             fd = up
             here = os.fstat(fd)
             if (here.st_dev, here.st_ino) != levels[-1][2]:
-                import errno
                 raise OSError(errno.ESTALE, "moved while it was being removed", name)
             os.rmdir(level_name, dir_fd=fd)
     finally:
@@ -1944,7 +1943,6 @@ def data_extents(fd, pos=0):
     """(start, end) of the ranges of the regular file fd that hold data, from `pos` to its size: a sparse
     file's holes (`truncate -s 1T`) are left out where the system can say (SEEK_DATA/SEEK_HOLE), else one
     range of everything."""
-    import errno
     size = os.fstat(fd).st_size
     seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
     while pos < size:
@@ -3290,6 +3288,8 @@ class Confinement:
         adds to it, and as Python finds a virtualenv's start-up code."""
         if holding and (is_git_dir(real) or os.path.lexists(os.path.join(real, "pyvenv.cfg"))):
             return display_path(real, self.root) + (" (a git directory)" if is_git_dir(real) else " (a virtualenv)")
+        if hit := venv_code(display_path(real, self.root), venv=False):
+            return "%s (%s)" % (display_path(real, self.root), hit)
         d, child = os.path.dirname(real), os.path.basename(real)
         while _inside(d, self.root):
             if is_git_dir(d, adding=child):
@@ -3322,9 +3322,9 @@ class Confinement:
                 names.setdefault(os.path.dirname(path), []).append(name)
                 venvs += [os.path.dirname(path)] if fold_name(name) == "pyvenv.cfg" else []
         for d, entries in names.items():
-            hit = is_git_dir(d, names=entries) and "a git directory" or next(filter(None, (
-                venv_code(os.path.relpath(os.path.join(d, n), v)) for v in venvs if _inside(d, v) for n in entries)),
-                None)
+            hit = is_git_dir(d, names=entries) and "a git directory" or next(filter(None, [venv_code(
+                display_path(os.path.join(d, n), self.root), venv=False) for n in entries] + [venv_code(os.path.relpath(
+                    os.path.join(d, n), v)) for v in venvs if _inside(d, v) for n in entries]), None)
             if hit:
                 return "%s (%s)" % (display_path(d, self.root), hit)
         return None
@@ -3589,15 +3589,15 @@ def _submodules(gitdir):
     return out
 
 
-def _git_repo_reason(dot, git, submodule=False):
+def _git_repo_reason(dot, git, submodule=False, hooks=False):
     """The first key of the configuration of a repository (a .git directory or file, or a bare one) and of its
     submodules' (modules/) that is not known to hold only data (as git names it), or None; a reason too when
-    git cannot be asked."""
+    git cannot be asked. hooks=True: then the first hook they hold (a submodule's run at `git submodule update`)."""
     if not (gitdirs := _gitdirs(dot)[:1]):
         return "a .git file git may read differently"
-    if len(gitdirs + _submodules(gitdirs[0])) > 64:
+    if len(gitdirs := gitdirs + _submodules(gitdirs[0])) > 64:
         return "too many submodule repositories to check"
-    for i, gitdir in enumerate(gitdirs + _submodules(gitdirs[0])):
+    for i, gitdir in enumerate(gitdirs):
         if (entries := git_config(gitdir, git)) is None:
             return "a configuration git could not be asked about" if git else "no git outside the tree to ask"
         for key, _, _ in entries:
@@ -3605,7 +3605,14 @@ def _git_repo_reason(dot, git, submodule=False):
             name = section.lower() + (".*." if "." in rest else ".") + rest.rsplit(".", 1)[-1].lower()
             if section.lower() not in ("color", "advice") and name not in GIT_DATA_KEYS and not (
                     (submodule or i) and name == "core.worktree"):  # a submodule's repository names its working tree
-                return key
+                return ("git config: " if hooks else "") + key
+    for path in [os.path.join(d, "hooks") for d in gitdirs] if hooks else []:
+        try:
+            live = [n for n in (os.listdir(path) if os.path.lexists(path) else []) if not n.endswith(".sample")]
+        except OSError:
+            return "unreadable hooks"
+        if os.path.islink(path) or live:
+            return "a hooks link" if os.path.islink(path) else "%s/%s" % (os.path.relpath(path, gitdirs[0]), live[0])
     return None
 
 
@@ -3635,40 +3642,26 @@ def repository_runs_code(dot, root, git):
         return "a link"
     if fold_name(os.path.basename(dot)) == ".hg":
         return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
-    if not (gitdirs := _gitdirs(dot)):
-        return "a .git file git may read differently"
-    if not _inside(gitdirs[0], root):
+    gitdirs = _gitdirs(dot)
+    if gitdirs and not _inside(gitdirs[0], root):
         return "a gitdir outside the working directory"
-    if reason := _git_repo_reason(dot, git):
-        return "git config: %s" % reason
-    # the hooks of its submodules' repositories run at `git submodule update` there
-    for hooks in [os.path.join(d, "hooks") for d in gitdirs[:1] + _submodules(gitdirs[0])]:
-        try:
-            names = os.listdir(hooks) if os.path.lexists(hooks) else []
-        except OSError:
-            return "unreadable hooks"
-        if os.path.islink(hooks):
-            return "a hooks link"
-        live = [n for n in names if not n.endswith(".sample")]
-        if live:
-            return "%s/%s" % (os.path.relpath(hooks, gitdirs[0]), live[0])
-    return None
+    return _git_repo_reason(dot, git, hooks=True)
 
 
-def venv_code(rel):
-    """What Python runs implicitly from `rel`, a path in a virtualenv relative to its top (where pyvenv.cfg
-    is), at every start there: its configuration (`home` picks the standard library), its interpreter links, a
-    site directory's .pth files (an `import` line runs), sitecustomize/usercustomize (a module, a compiled or
-    native one, a package). None for anything else (packages run only when imported)."""
+def venv_code(rel, venv=True):
+    """What Python runs at every start without anyone running it, from `rel`: anywhere, sitecustomize and
+    usercustomize (a module, a compiled or native one, a package: imported from wherever the path finds it) and a
+    site directory's .pth files (an `import` line runs); with venv=True (`rel` relative to a virtualenv's top,
+    where pyvenv.cfg is) its configuration (`home` picks the standard library) and interpreter links. Or None."""
     parts = [fold_name(p) for p in rel.split("/")]
-    if parts == ["pyvenv.cfg"]:
-        return "a virtualenv's configuration"
-    if len(parts) == 2 and parts[0] in ("bin", "scripts") and parts[1].startswith(("python", "pypy")):
-        return "a virtualenv's interpreter"
     if any(p.split(".")[0] in ("sitecustomize", "usercustomize") for p in parts):
-        return "code every Python start in a virtualenv runs"
+        return "code every Python start runs"
     if len(parts) > 1 and parts[-1].endswith(".pth") and parts[-2] in ("site-packages", "dist-packages"):
-        return "a .pth file every Python start in a virtualenv reads"
+        return "a .pth file every Python start reads"
+    if venv and parts == ["pyvenv.cfg"]:
+        return "a virtualenv's configuration"
+    if venv and len(parts) == 2 and parts[0] in ("bin", "scripts") and parts[1].startswith(("python", "pypy")):
+        return "a virtualenv's interpreter"
     return None
 
 
@@ -3939,7 +3932,6 @@ def _openat2_beneath(dir_fd, rel, flags):
 
 def _load_openat2():
     import platform
-    import sys
     if not sys.platform.startswith("linux"):
         return False
     # openat2 is 437 in the unified table of every architecture added since 5.6 (not alpha/ia64/mips)
@@ -3966,7 +3958,6 @@ def _load_openat2():
             raise OSError(err, os.strerror(err), rel)
         return fd
 
-    import errno
     try:  # probe once: "." beneath an open root always works where openat2 exists
         probe = os.open("/", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
         try:
@@ -5815,7 +5806,6 @@ def bounded_glob(pattern, max_matches, max_entries=100000):
     dot files, no '**'), reading at most `max_entries` directory entries. glob follows symbolic links: ten
     links to '.' make `*/*/*/*/*/*/*/*/x` a hundred million paths (glob.glob ran for hours); here the walk
     stops, and `exhausted` (the answer is not known) is the caller's cue to fail closed."""
-    import fnmatch
     import glob
     parts = pattern.split("/")
     frontier, budget = ["/" if pattern.startswith("/") else ""], max_entries
@@ -7501,7 +7491,6 @@ class _LocalJob:
 
 
 def _kill_group(proc):
-    import signal
     try:
         pgid = proc.pid  # start_new_session: the group id is the leader's pid
         if proc.poll() is None and proc.returncode is None:
@@ -7591,7 +7580,6 @@ _NEEDS = (("filesystem", "Landlock filesystem rules"), ("network", "network isol
 
 def landlock_abi():
     """The kernel's Landlock ABI version, or 0 where there is none (not Linux, disabled, or no ctypes)."""
-    import sys
     if not sys.platform.startswith("linux"):
         return 0
     try:
@@ -7748,7 +7736,7 @@ class ProtectedWatch:
         self.repos = set()  #: .git/.hg entries and directories git takes for a repository, present
         self.defuse = set()  #: directories that were there before and became a repository: only its parts go
         self.venvs = set()  #: virtualenvs (where pyvenv.cfg is)
-        self.code = set()  #: their start-up files (venv_code), present
+        self.code = set()  #: start-up files (venv_code: a virtualenv's, sitecustomize and .pth anywhere), present
         self.present = {}  #: static protected paths present -> _ident
         self.matched = set()  #: paths a configured glob protects, present
         self.ids = {}  #: repository or glob match -> _ident: a `.git` link swapped for a directory is new
@@ -7844,7 +7832,6 @@ class ProtectedWatch:
     def _list(self, dirs, new, follow=True):
         """List `dirs` and the directories new below them; follow=False searches whole subtrees and keeps
         none of their directories (past max_dirs)."""
-        import errno
         queue = list(dirs)
         while queue:
             d = queue.pop()
@@ -7886,7 +7873,8 @@ class ProtectedWatch:
                     if entry.path in self.matched or _protected_rel(rel, self.globs, self.root) == rel:
                         self._seen(entry.path, _entry_ident(entry), new)
                         self.matched.add(entry.path)
-                if any(venv_code(os.path.relpath(entry.path, v)) for v in venvs):
+                if venv_code(entry.path[len(self.root) + 1:], venv=False) or any(
+                        venv_code(os.path.relpath(entry.path, v)) for v in venvs):
                     self._seen(entry.path, _entry_ident(entry), new)
                     self.code.add(entry.path)
                 try:
@@ -7989,7 +7977,6 @@ class Sandbox:
 
     def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
                  keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=(), private_files=()):
-        import sys
         if mode not in SANDBOX_MODES:
             raise ValueError("unknown sandbox mode %r (choose %s)" % (mode, ", ".join(SANDBOX_MODES)))
         if not isinstance(root, Confinement):
@@ -8083,7 +8070,6 @@ class Sandbox:
         """Start the helper (once); returns at once, report() waits for it."""
         import socket
         import subprocess
-        import sys
         with self._lock:
             if not self.confined or self._state["proc"] is not None:
                 return
@@ -8331,7 +8317,6 @@ def _sandbox_helper(spec_text):
     """
     import ctypes
     import selectors
-    import signal
     import socket
     spec = json.loads(spec_text)
     os.set_inheritable(spec["fd"], False)  # commands never get the agent's end of the conversation
@@ -8496,7 +8481,6 @@ def _helper_loop(libc, ctl, own_pidns, check):
     or when the command's socket closes; on EOF from the agent kill everything and leave."""
     import ctypes
     import selectors
-    import signal
     import socket
     import struct
     devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -8921,7 +8905,6 @@ def _open_log(path):
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, 0o600)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        import errno
         raise OSError(errno.EINVAL, "not a regular file", path)
     return fd
 
