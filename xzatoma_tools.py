@@ -3213,11 +3213,8 @@ class Confinement:
         self._deferred = None  #: deferred_files() before this run's first change
         self._git = {}  #: PATH -> the git program outside the tree (or None)
 
-    def __eq__(self, other):
+    def __eq__(self, other):  # (unhashable then: a Confinement is never a key)
         return isinstance(other, Confinement) and (other.root, other.protected) == (self.root, self.protected)
-
-    def __hash__(self):
-        return hash(self.root)
 
     @property
     def policy(self):
@@ -3346,9 +3343,8 @@ class Confinement:
         path = path if path is not None else (self.environ or os.environ).get("PATH", os.defpath)
         with self._lock:
             if path not in self._git:
-                found = [os.path.join(e, "git") for e in path.split(os.pathsep) if e.startswith("/") and
-                         os.path.isfile(os.path.join(e, "git")) and os.access(os.path.join(e, "git"), os.X_OK)]
-                real = os.path.realpath(found[0]) if found else None
+                real = next((os.path.realpath(os.path.join(e, "git")) for e in path.split(os.pathsep) if e.startswith(
+                    "/") and os.path.isfile(os.path.join(e, "git")) and os.access(os.path.join(e, "git"), os.X_OK)), None)
                 self._git[path] = None if real is None or _inside(real, self.root) else real
             return self._git[path]
 
@@ -8698,19 +8694,13 @@ def parse_ipv4_loose(host):
     parts = host.split(".")
     if not 1 <= len(parts) <= 4 or any(p == "" for p in parts):
         return None
-    values = []
-    for p in parts:
-        try:
-            if p.lower().startswith("0x"):
-                values.append(int(p[2:] or "0", 16))
-            elif len(p) > 1 and p.startswith("0"):
-                values.append(int(p, 8))
-            else:
-                values.append(int(p, 10))
-        except ValueError:
-            return None
+    try:  # 0x…: hexadecimal, 0…: octal, else decimal
+        values = [int(p[2:] or "0", 16) if p.lower().startswith("0x") else int(p, 8 if len(p) > 1 and p[0] == "0" else 10)
+                  for p in parts]
+    except ValueError:
+        return None
     last_bits = 32 - 8 * (len(values) - 1)
-    if any(v > 255 for v in values[:-1]) or values[-1] >= (1 << last_bits):
+    if any(v > 255 for v in values[:-1]) or values[-1] >= (1 << last_bits) or min(values) < 0:  # int() takes "-1"
         return None
     number = 0
     for v in values[:-1]:
