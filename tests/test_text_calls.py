@@ -258,3 +258,44 @@ def read(path="a.txt"):
 ])
 def test_a_fence_of_another_language_holds_a_call_only_when_all_of_it_is_one(text, expected):
     assert calls_of(text) == expected
+
+
+def test_only_the_first_written_call_runs(open_session, tmp_path):
+    """A reply planned two calls, the second from a result it imagined: the first runs, the model is asked again
+    with its result, and the rest of the reply is not kept."""
+    s = open_session(Reply('<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>\n'
+                           '<tool_call>{"name": "write_file", "arguments": {"path": "b.txt", "content": "x"}}'
+                           '</tool_call>\nBoth done.'), Reply("a.txt says hello"))
+    result = run(s, "what does a.txt say?")
+    assert result.status == "completed" and result.tool_calls == 1 and not (tmp_path / "b.txt").exists()
+    sent = s.provider.calls[1]["messages"]
+    assert [c["name"] for m in sent for c in m.get("tool_calls") or ()] == ["read_file"]
+    assert "Both done" not in json.dumps(sent)
+
+
+def test_native_calls_all_run(open_session, tmp_path):
+    s = open_session(Reply("", [{"id": "c1", "name": "read_file", "arguments": '{"path": "a.txt"}'},
+                                {"id": "c2", "name": "write_file", "arguments": '{"path": "b.txt", "content": "x"}'}]),
+                     Reply("done"))
+    assert run(s, "read a.txt").tool_calls == 2 and (tmp_path / "b.txt").exists()
+
+
+def test_the_same_call_twice_in_a_row_is_refused_as_a_loop(open_session):
+    """A real transcript: grep for server_port, no matches, the same grep twice more, then an empty answer."""
+    grep = '{"name": "grep", "arguments": {"pattern": "server_port", "path": "a.txt"}}'
+    s = open_session(Reply(grep), Reply('{"name": "grep", "arguments": {"path": "a.txt", "pattern": "server_port"}}'),
+                     read(), Reply("It says hello."))
+    result = run(s, "what does a.txt say?")
+    results = [m["content"] for m in s.conversation.messages if m["role"] == "tool"]
+    assert results[0] == "no matches for server_port"
+    assert results[1].startswith("Error: this is the same call as your last one")
+    assert results[2] == "hello\n" and result.status == "completed"
+
+
+def test_an_empty_answer_is_asked_for_once_then_fails(open_session):
+    s = open_session(Reply(""), Reply("  "))
+    result = run(s, "what is a closure?")
+    assert result.status == "failed" and "empty reply" in result.error
+    assert s.provider.calls[1]["messages"][-1]["content"] == xzatoma.EMPTY_ANSWER
+    s = open_session(Reply(""), Reply("A function with its scope."))
+    assert run(s, "what is a closure?").answer == "A function with its scope."
