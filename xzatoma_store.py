@@ -399,6 +399,12 @@ def _trust_and_progress(conn):
         conn.execute("ALTER TABLE conversations ADD COLUMN progress TEXT")
 
 
+def _add_review(conn):
+    """conversations.review, unless it is there (a database rewound to re-run the migrations after it)."""
+    if "review" not in [row[1] for row in conn.execute("PRAGMA table_info(conversations)")]:
+        conn.execute("ALTER TABLE conversations ADD COLUMN review TEXT")
+
+
 MIGRATIONS = [
     # 1: conversations and their messages
     """
@@ -465,6 +471,8 @@ MIGRATIONS = [
     """,
     # 8 (issue 26): trusted project files and conversations' progress (_trust_and_progress)
     _trust_and_progress,
+    # 9: the files that run later by design (Makefile, CI, conftest.py …) a run changed, one per line
+    _add_review,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -472,7 +480,7 @@ FTS_TABLE = "messages_fts"
 CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
                        "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
                        "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host",
-                       "safety", "progress")
+                       "safety", "progress", "review")
 
 
 class StoreError(Exception):
