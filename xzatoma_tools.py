@@ -7583,11 +7583,40 @@ def landlock_abi():
     return max(0, int(abi))
 
 
-def program_dirs(path_value, home=None, xzatoma_home=None):
+def trusted_realpath(path, untrusted=()):
+    """realpath(path), or None when a link on the way lies in one of the `untrusted` real directories (the
+    working directory and the TMPDIR: a command may have planted it there to point anywhere)."""
+    parts, real, hops = [p for p in os.path.join(os.getcwd(), path).split("/") if p], "/", 0
+    while parts:
+        name = parts.pop(0)
+        if name in (".", ".."):
+            real = os.path.dirname(real) if name == ".." else real
+            continue
+        step = os.path.join(real, name)
+        if not os.path.islink(step):
+            real = step
+            continue
+        hops += 1
+        if hops > 40 or any(_inside(step, top) for top in untrusted):
+            return None
+        try:
+            target = os.readlink(step)
+        except OSError:
+            return None
+        parts[:0] = [p for p in target.split("/") if p]
+        real = "/" if target.startswith("/") else real
+    return real
+
+
+def program_dirs(path_value, home=None, xzatoma_home=None, untrusted=()):
     """Where the programs on PATH live, for read and execute: each PATH directory, its installation prefix
     (…/bin -> …), and the prefixes of programs that are symlinks elsewhere (a venv's python -> its
     interpreter). Never the home directory itself or /, nothing inside XZATOMA_HOME; under the home directory
-    only a prefix's bin, lib, libexec and share (not ~/.cargo/credentials.toml, ~/.local/share/keyrings)."""
+    only a prefix's bin, lib, libexec and share (not ~/.cargo/credentials.toml, ~/.local/share/keyrings).
+    Never derived from what commands can write (`untrusted`: the working directory, the TMPDIR): a PATH
+    entry there (an activated .venv/bin) is readable anyway, and a link there may have been planted by
+    an earlier run to make this one's grants reach ~/.ssh."""
+    untrusted = [os.path.realpath(u) for u in untrusted if u]
     home = os.path.realpath(home) if home else None
     xz = os.path.realpath(xzatoma_home) if xzatoma_home else None
     out = []
@@ -7633,8 +7662,8 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
     for entry in (path_value or "").split(os.pathsep):
         if not entry or not os.path.isabs(entry):
             continue  # "" and "." mean the current directory: never a grant of their own
-        real = os.path.realpath(entry)
-        if not os.path.isdir(real):
+        real = trusted_realpath(entry, untrusted)
+        if real is None or any(inside(real, u) for u in untrusted) or not os.path.isdir(real):
             continue
         add_dir(real)
         if any(inside(real, s) for s in system):
@@ -7644,30 +7673,39 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
         except OSError:
             continue
         for link in links[:2000]:
-            target = os.path.realpath(link)
-            if os.path.isfile(target) and not any(inside(target, s) for s in system):
+            target = trusted_realpath(link, untrusted)
+            if target and os.path.isfile(target) and not any(inside(target, s) for s in system + tuple(untrusted)):
                 add_dir(os.path.dirname(target))
     return out
 
 
-def git_dirs(root):
+def git_dirs(root, untrusted=None):
     """Repository metadata outside the working directory that git needs to read: the enclosing repository
-    of a subdirectory, and the real git directory of a worktree or submodule (a `.git` file)."""
+    of a subdirectory, and the real git directory of a worktree or submodule (a `.git` file).
+
+    With `untrusted` (the directories commands write: read grants are made of these), a `.git` file in
+    the working directory, which a command may have written, counts only where git's own link comes back:
+    a worktree's directory whose `gitdir` names this `.git`, or a submodule's inside a repository that holds
+    the tree (`…/.git/modules/…`); never through a link a command could have planted."""
     out = []
-    path = os.path.realpath(root)
+    top = path = os.path.realpath(root)
     while True:
         dot = os.path.join(path, ".git")
         if os.path.lexists(dot):
-            if path != os.path.realpath(root):
+            if path != top:
                 out.append(dot)
-            if os.path.isfile(dot):
+            own = untrusted is not None and path == top
+            if os.path.isfile(dot) and not (own and os.path.islink(dot)):
                 try:
                     with open(dot, encoding="utf-8", errors="replace") as fh:
                         line = fh.readline().strip()
                 except OSError:
                     line = ""
-                if line.startswith("gitdir:"):
-                    gitdir = os.path.realpath(os.path.join(path, line[7:].strip()))
+                gitdir = line.startswith("gitdir:") and trusted_realpath(os.path.join(path, line[7:].strip()),
+                                                                         untrusted or ())
+                if gitdir and own and not _links_back(gitdir, dot):
+                    gitdir = None
+                if gitdir:
                     out.append(gitdir)
                     common = _read_small(os.path.join(gitdir, "commondir"))  # a FIFO must not hang the start
                     if common and common.strip():
@@ -7677,7 +7715,17 @@ def git_dirs(root):
         if parent == path:
             break
         path = parent
-    return [p for p in out if os.path.exists(p)]
+    return [p for p in out if os.path.exists(p) and not any(_inside(p, u) for u in untrusted or ())]
+
+
+def _links_back(gitdir, dot):
+    """Did git make `gitdir` for the `.git` file `dot`: a worktree's (its `gitdir` file names dot) or a
+    submodule's (under `.git/modules/` of a directory holding dot)?"""
+    back = _read_small(os.path.join(gitdir, "gitdir"))
+    if back and os.path.realpath(os.path.join(gitdir, os.fsdecode(back.strip()))) == dot:
+        return True
+    holder = gitdir.split("/.git/modules/")[0]
+    return holder != gitdir and _inside(os.path.dirname(dot), holder)
 
 
 def nested_repositories(root, max_dirs=2000):
@@ -7724,11 +7772,13 @@ def _pinned_parents(paths, root):
 
 
 def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
-    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only."""
+    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only. Nothing
+    granted is derived from the working directory or the TMPDIR, where commands write."""
+    untrusted = (os.path.realpath(root), os.path.realpath(tmpdir))
     rules = [(d, "r") for d in SANDBOX_SYSTEM_DIRS if os.path.exists(d)]
     rules += [(d, access) for d, access in SANDBOX_DEVICES if os.path.exists(d)]
-    rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home)]
-    rules += [(d, "r") for d in git_dirs(root)]
+    rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home, untrusted)]
+    rules += [(d, "r") for d in git_dirs(root, untrusted)]
     writable = "rw" if mode == WORKSPACE_WRITE else "r"
     rules += [(os.path.realpath(root), writable), (os.path.realpath(tmpdir), writable)]
     return rules
