@@ -347,6 +347,7 @@ DEFAULTS = {
             "env_passthrough": [],
             "keep_home": False,
             "sandbox_assume_missing": [],
+            "limits": {"processes": 4096, "memory_mb": 8192, "file_size_mb": 8192},
         },
         "subagent": {
             "max_depth": 3,
@@ -424,6 +425,7 @@ RANGES = {  # inclusive bounds; None = open
     "agent.tools.grep_regex_seconds": (1, None),
     "agent.terminal.timeout_seconds": (1, None),
     "agent.terminal.max_timeout_seconds": (1, None),
+    **{"agent.terminal.limits." + k: (0, None) for k in ("processes", "memory_mb", "file_size_mb")},
     "agent.subagent.max_depth": (0, 10),
     "agent.subagent.default_max_turns": (1, None),
     "watcher.max_concurrent": (1, 256),
@@ -489,7 +491,11 @@ DOCS = {
     "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
     "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
     "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
-                                             "landlock-net, scopes, pidns, proc, abi:N)",
+                                             "landlock-net, scopes, pidns, proc, seccomp, idmap, readonly-view, "
+                                             "abi:N)",
+    "agent.terminal.limits.processes": "most processes and threads a run's commands may have at once (0: no limit)",
+    "agent.terminal.limits.memory_mb": "most memory (heap and private mappings) one command process may use (0: none)",
+    "agent.terminal.limits.file_size_mb": "largest file a command may write (0: no limit)",
     "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
     "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
                                 "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
@@ -3348,7 +3354,7 @@ def terminal_sandbox(cfg, working_dir, secrets=None):
                    env_passthrough=term["env_passthrough"], keep_home=term["keep_home"], xzatoma_home=cfg.home,
                    protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)), secrets=cfg.secret_values()
                    if secrets is None else secrets, assume_missing=term["sandbox_assume_missing"],
-                   private_files=private_files(cfg))
+                   private_files=private_files(cfg), limits=term["limits"])
 
 
 def check_sandbox(cfg, sandbox, console):
@@ -6240,8 +6246,8 @@ SANDBOX_NOT_COVERED = (
     "reading what the system directories, the working directory and PATH programs' directories hold",
     "other processes' command lines in /proc where the kernel refuses the sandbox its own /proc "
     "(environ and memory stay protected)",
-    "chmod/chown/utime of readable files (Landlock does not mediate metadata)",
-    "CPU, memory and disk use (no cgroup limits): only the timeout bounds a command",
+    "CPU time (only the timeout bounds a command), memory as a whole and disk use beyond one file's size "
+    "(rlimits, no cgroup: agent.terminal.limits)",
     "what the file tools write (they are jailed and protected separately, not sandboxed)")
 
 
