@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from conftest import tool_call, wait_for
-from xzatoma_store import REDACTED, redact, register_secret
+from xzatoma_store import REDACTED, redact, redaction_spans, register_secret
 
 # one token per family: (family, value)
 TOKENS = [
@@ -333,3 +333,52 @@ def test_one_line_of_a_huge_text_never_shows_a_known_key_cut_by_its_bound():
         shown = one_line(text, 200)
         assert key[:offset] not in shown, (offset, shown)
     assert one_line("x " * 40000 + key, 40).startswith("x x x")
+
+
+# ---- issue 23: credential names by family, and a known secret however it was re-encoded ----
+
+def reencodings(key):
+    """The common re-encodings of `key`: the way servers, shells and serializers write it back."""
+    import base64
+    import subprocess
+    import textwrap
+    from urllib.parse import quote
+    b64 = base64.b64encode(key.encode()).decode()
+    bearer = base64.b64encode(("Bearer " + key).encode()).decode()
+    quoted = subprocess.run(["bash", "-c", 'printf %q "$K"'], env={"K": key}, capture_output=True,
+                            text=True).stdout if os.path.exists("/bin/bash") else None
+    out = {"double-url": quote(quote(key, safe=""), safe=""), "triple-url": quote(quote(quote(key, safe="")), safe=""),
+           "every-char-u": "".join("\\u%04x" % ord(c) for c in key),
+           "every-char-U": "".join("\\u%04X" % ord(c) for c in key),
+           "json-twice": json.dumps(json.dumps({"key": key})),
+           "html-refs": "".join("&#%d;" % ord(c) for c in key),
+           "mixed": "".join(("%%%02X" % ord(c)) if i % 3 == 0 else ("\\x%02x" % ord(c)) if i % 3 == 1 else c
+                            for i, c in enumerate(key))}
+    for width in (4, 7, 12, 60, 64, 76):
+        out["base64-%d" % width] = "\n".join(textwrap.wrap(b64, width))
+        out["bearer-base64-%d-crlf" % width] = "\r\n".join(textwrap.wrap(bearer, width))
+    out["base64-in-json"] = json.dumps("\n".join(textwrap.wrap(b64, 20)))
+    if quoted:
+        out["printf-q"] = quoted
+    return out
+
+
+def middle(text):
+    """What must not survive of an encoding: all but its first and last few characters (base64's edge groups
+    mix in the bytes around the key), whitespace ignored."""
+    flat = "".join(text.split())
+    return flat[8:-8]
+
+
+KEY23 = "Zq9+/Xk$w'3!~aB7=%p&<x>-Lm"
+
+
+def test_a_known_secret_is_found_in_every_common_reencoding():
+    register_secret(KEY23)
+    for name, encoded in reencodings(KEY23).items():
+        out = redact("before %s after" % encoded)
+        assert REDACTED in out and out.startswith("before ") and out.endswith(" after"), (name, out)
+        assert middle(encoded) not in "".join(out.split()), (name, out)
+        assert redaction_spans("x " + encoded), name  # streams and questions see it too
+    for text in ("a %20 b \\n c &amp; d \\u0041", "C:\\\\new\\\\table", "100%% sure &#9731;"):
+        assert redact(text) == text
