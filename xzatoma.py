@@ -776,32 +776,16 @@ def load_config(flags=None, env=None, config_path=None):
     return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings)
 
 
-SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH", "PWD",
-                       "PASSPHRASE", "DSN", "CREDENTIAL")
-#: a name holding one of these anywhere is a credential's: PGPASSWORD, SECRET_KEY_BASE, API_KEY_PROD, CLIENTSECRET
-SECRET_ENV_PARTS = ("PASSWORD", "PASSWD", "SECRET", "TOKEN", "PASSPHRASE", "APIKEY", "API_KEY", "PRIVATE_KEY",
-                    "ACCESS_KEY", "CREDENTIAL")
-#: names that match the rules above but hold no credential (a path or a socket): never registered
-NOT_SECRET_ENV = ("PWD", "OLDPWD", "SSH_AUTH_SOCK", "XAUTHORITY")
-
-
-def is_secret_env(name):
-    name = name.upper().replace("-", "_")
-    if name in NOT_SECRET_ENV:
-        return False
-    words = name.split("_")
-    return words[-1] in SECRET_ENV_SUFFIXES or name.endswith("APIKEY") or any(part in name for part in SECRET_ENV_PARTS)
-
-
 def register_credentials(env, values, known):
     """Tell the redactor every credential configuration knows: the providers' keys, credential-named
-    environment variables (OPENAI_API_KEY, PGPASSWORD, …), secret config keys, and the credentials in the
-    userinfo of any URL in the configuration or the environment (DATABASE_URL, a proxy, a Sentry DSN)."""
-    from xzatoma_store import register_secret
+    environment variables (OPENAI_API_KEY, PGPASSWORD, BW_SESSION, …: see is_credential_env), secret config
+    keys, and the credentials in the userinfo of any URL in the configuration or the environment
+    (DATABASE_URL, a proxy, a Sentry DSN)."""
+    from xzatoma_store import is_credential_env, register_secret
     for value in known:
         register_secret(value)
     for name, value in env.items():
-        if is_secret_env(name):
+        if is_credential_env(name, value):
             register_secret(value)
         register_secret(url_password(value))
     for dotted, value in flatten(values).items():

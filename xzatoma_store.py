@@ -66,12 +66,13 @@ def parse_age(text):
 # One implementation for the whole program: the store, the console (stderr), errors, the audit log, `config
 # show`, `auth status`, --json and the final answer all call redact(). It removes common credential shapes
 # whatever their source, and every credential this process knows: configuration and credential loading register
-# them (register_secret) as they are read. A known secret is found as written, in the spellings registered with
-# it, and in a decoded view of the text: every escape undone once (URL at any depth, the backslash escapes of C,
-# JSON, JavaScript, Python and the shell, HTML character references) and whitespace ignored, so that a key
-# echoed double-URL-encoded, shell-quoted, as \uXXXX escapes of any character or base64 wrapped at any width is
-# found without a list of such spellings: the grammar of escapes is the list. One combined regex, rebuilt only
-# when a secret is added, keeps an append to the store well under a millisecond.
+# them (register_secret) as they are read, environment variables by the families of their names
+# (is_credential_env). A known secret is found as written, in the spellings registered with it, and in a decoded
+# view of the text: every escape undone once (URL at any depth, the backslash escapes of C, JSON, JavaScript,
+# Python and the shell, HTML character references) and whitespace ignored, so that a key echoed
+# double-URL-encoded, shell-quoted, as \uXXXX escapes of any character or base64 wrapped at any width is found
+# without a list of such spellings: the grammar of escapes is the list. One combined regex, rebuilt only when a
+# secret is added, keeps an append to the store well under a millisecond.
 
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 8  # shorter known values are not registered: they would redact ordinary words
@@ -171,6 +172,33 @@ TOKEN_SHAPES = [
     (("ltai",), r"\bLTAI[A-Za-z0-9]{12,20}\b"),
     (("/api/webhooks/",), r"discord(?:app)?\.com/api/webhooks/[0-9]{17,20}/[A-Za-z0-9_\-]{30,}"),
 ]
+
+#: environment names that hold a credential: by their last word, by a part anywhere, and not these
+SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH", "PWD",
+                       "PASSPHRASE", "DSN", "CREDENTIAL")
+#: a name holding one of these anywhere is a credential's: PGPASSWORD, SECRET_KEY_BASE, API_KEY_PROD, CLIENTSECRET,
+#: a cookie, a JWT or a bearer token by any name
+SECRET_ENV_PARTS = ("PASSWORD", "PASSWD", "SECRET", "TOKEN", "PASSPHRASE", "APIKEY", "API_KEY", "PRIVATE_KEY",
+                    "ACCESS_KEY", "CREDENTIAL", "COOKIE", "JWT", "BEARER")
+#: names that match the rules above but hold no credential (a path or a socket): never registered
+NOT_SECRET_ENV = ("PWD", "OLDPWD", "SSH_AUTH_SOCK", "XAUTHORITY")
+
+
+def is_credential_env(name, value=""):
+    """Does the environment variable `name` (holding `value`) hold a credential? By the families of names:
+    *_KEY, *_TOKEN, PGPASSWORD… and the session tokens of password-manager CLIs, named for what they open,
+    not for being secret (BW_SESSION, OP_SESSION_<account>, any *_SESSION): those when the value looks
+    generated, so that DESKTOP_SESSION=gnome and XDG_SESSION_PATH=/org/… stay ordinary words."""
+    name = name.upper().replace("-", "_")
+    if name in NOT_SECRET_ENV:
+        return False
+    words = name.split("_")
+    if words[-1] in SECRET_ENV_SUFFIXES or name.endswith("APIKEY") or any(part in name for part in SECRET_ENV_PARTS):
+        return True
+    return "SESSION" in words and isinstance(value, str) and len(value) >= 16 and not value.startswith("/") \
+        and re.fullmatch(r"[A-Za-z0-9+/=_.~-]+", value) is not None and re.search(r"[0-9]", value) is not None \
+        and re.search(r"[A-Za-z]", value) is not None
+
 
 _secrets_lock = threading.Lock()
 _known_secrets = ()  # every spelling of every registered secret, longest first

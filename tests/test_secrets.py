@@ -382,3 +382,43 @@ def test_a_known_secret_is_found_in_every_common_reencoding():
         assert redaction_spans("x " + encoded), name  # streams and questions see it too
     for text in ("a %20 b \\n c &amp; d \\u0041", "C:\\\\new\\\\table", "100%% sure &#9731;"):
         assert redact(text) == text
+
+
+def test_credential_names_by_family():
+    from xzatoma_store import is_credential_env
+    token = "b9Y2x0ZW5kc2VjcmV0c2Vzc2lvbnRva2VuMTIzNDU2Nzg5MA=="
+    for name in ("BW_SESSION", "OP_SESSION_myteam", "OP_SESSION_my_team", "VAULT_SESSION", "JIRA_COOKIE", "NPM_JWT"):
+        assert is_credential_env(name, token), name
+    for name, value in (("DESKTOP_SESSION", "gnome-xorg"), ("XDG_SESSION_PATH", "/org/freedesktop/Session0"),
+                        ("XDG_SESSION_ID", "c2"), ("SESSION_MANAGER", "local/h:@/tmp/.ICE-unix/12,unix/h:/tmp/x"),
+                        ("GITHUB_SHA", "0123456789abcdef0123456789abcdef01234567"), ("PATH", "/usr/bin")):
+        assert not is_credential_env(name, value), name
+
+
+def test_session_tokens_and_reencoded_keys_reach_no_model_output_store_or_command(cli, fake):
+    bw = "b9Y2x0ZW5kc2VjcmV0c2Vzc2lvbnRva2VuMTIzNDU2Nzg5MA=="
+    op = "x8Kd93Hh1Bq0ZzL2p4Y7vR6tW9uN3mS5cA0eF2gH4iJ"
+    encodings = reencodings(KEY23)
+    lines = ["%s: %s" % kv for kv in sorted(encodings.items())] + ["bw: " + bw, "op: " + op]
+    (cli.workdir / "leak.txt").write_text("\n".join(lines) + "\n")
+    cli.use(fake, provider="openai", terminal={"env_passthrough": ["BW_*", "OP_*"]})
+    fake.add({"tool_calls": [tool_call("read_file", path="leak.txt")]},
+             {"tool_calls": [tool_call("terminal", command="cat leak.txt; env > env.txt")]},
+             {"content": "here:\n" + "\n".join(lines)})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "read leak.txt",
+                env={"OPENAI_API_KEY": KEY23, "BW_SESSION": bw, "OP_SESSION_myteam": op})
+    assert r.returncode == 0, r.stderr
+    assert fake.model_requests()[0]["headers"]["authorization"] == "Bearer " + KEY23  # the key was in use
+    seen = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"]
+    assert len(seen) == 2 and all("[REDACTED]" in text for text in seen), seen
+    cid = [json.loads(line) for line in cli.run("history", "list", "--json").stdout.splitlines()][0]
+    shown = cli.run("history", "show", "--full", (cid[0] if isinstance(cid, list) else cid)["id"]).stdout
+    flat_db = b"".join(db_bytes(cli).split())
+    for name, encoded in list(encodings.items()) + [("bw", bw), ("op", op)]:
+        part = middle(encoded) if name not in ("bw", "op") else encoded
+        for where, text in [("tool result", t) for t in seen] + [("stdout", r.stdout), ("stderr", r.stderr),
+                                                                 ("history", shown)]:
+            assert part not in "".join(text.split()), (name, where)
+        assert part.encode() not in flat_db and json.dumps(part)[1:-1].encode() not in flat_db, name
+    env_file = (cli.workdir / "env.txt").read_text()
+    assert "PATH=" in env_file and bw not in env_file and op not in env_file  # passed through by name, not value
