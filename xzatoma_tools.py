@@ -7508,10 +7508,12 @@ def _kill_group(proc):
 #   read-only        the same with no writes at all (the private TMPDIR too, as codex does)
 #   off              no confinement; only when asked for by name (the denylist still applies)
 #
-# How (Linux): once per run a helper process is started (`python -I -S`, ~30 ms). It enters new user, mount
-# and (without network) network namespaces, bind-mounts .git and the protected paths read-only, sets
-# no_new_privs, makes itself undumpable and applies a Landlock ruleset (filesystem, TCP and scope rules, as
-# far as the kernel's ABI goes). Then it waits for commands on a socket and starts each with posix_spawn
+# How (Linux): once per run a helper process is started (`python -I -S`, ~30 ms). It enters new user, mount,
+# IPC and (without network) network namespaces (as root: a uid that is nobody to the kernel), makes its view
+# of the system read-only but for the working directory and TMPDIR, bind-mounts .git and the protected paths
+# read-only, sets no_new_privs, makes itself undumpable, applies a seccomp filter (no unix socket that can be
+# pointed at a name, no keyring) and a Landlock ruleset (filesystem, TCP and scope rules, as far as the
+# kernel's ABI goes) and the resource limits. Read grants never come from what commands write. Then it waits for commands on a socket and starts each with posix_spawn
 # (vfork: no copy of a large Python process) as PID 1 of a fresh PID namespace, so every process the command
 # starts — setsid and double forks included — dies with it: when the command ends, at its timeout, or when
 # the run ends (the helper's socket closes and it kills what is left). Starting commands from a small helper
@@ -7825,6 +7827,8 @@ def _root_mounts(root, tmpdir, rules, writable):
     return {"covers": covers, "entries": sorted(entries, key=lambda e: e[0].count("/"))}
 
 
+# ---- Terminal: what commands create among the protected paths ----
+
 class ProtectedWatch:
     """What terminal commands create among the protected paths. INFO: the sandbox makes the protected paths
     that exist when it starts read-only, but a mount needs a place to exist: a `.git` a command creates
@@ -8081,6 +8085,8 @@ def repository_runs_code(dot, root):
             return "%s/%s" % (os.path.relpath(hooks, gitdir), live[0])
     return None
 
+
+# ---- Terminal: the run's sandbox (the agent's side) ----
 
 class Sandbox:
     """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
@@ -8459,6 +8465,8 @@ class _SandboxJob:
             except OSError:
                 pass
 
+
+# ---- Terminal: the sandbox helper (inside its namespaces) ----
 
 def _sandbox_helper(spec_text):
     """The helper process: confine itself once, then start commands on request (see the section header).
