@@ -8925,13 +8925,18 @@ _OPEN_TREE_CLONE, _MOVE_MOUNT_F_EMPTY_PATH, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_IDMA
 #: the numbers of the syscalls it judges
 _SECCOMP_ARCH = {
     "x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "io_uring_setup": 425, "add_key": 248,
-                            "request_key": 249, "keyctl": 250}),
+                            "request_key": 249, "keyctl": 250, "openat2": 437,
+                            "mode1": (90, 91, 85, 133), "mode2": (268, 452, 2, 259), "mode3": (257,)}),
     "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "io_uring_setup": 425, "add_key": 217,
-                             "request_key": 218, "keyctl": 219})}
+                             "request_key": 218, "keyctl": 219, "openat2": 437,
+                             "mode1": (52,), "mode2": (53, 452, 33), "mode3": (56,)})}
+#: where a file's mode is the Nth argument: chmod, fchmod, creat, mknod (1); fchmodat, fchmodat2, open,
+#: mknodat (2); openat (3)
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 _BPF = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "and": 0x54, "ret": 0x06}  # ld = BPF_LD|BPF_W|BPF_ABS
 _AF_UNIX, _AF_VSOCK, _EACCES, _SOCK_STREAM, _SOCK_SEQPACKET = 1, 40, 13, 1, 5
+_EPERM, _ENOSYS, _S_ISUID_ISGID = 1, 38, 0o6000
 
 
 def _seccomp_filter(libc):
@@ -8946,7 +8951,10 @@ def _seccomp_filter(libc):
     the name: docker.sock, the session bus, an agent's socket. AF_VSOCK is refused too (a VM's host is not
     behind the network namespace), and io_uring cannot be set up (it makes sockets without socket()).
     The kernel keyring, which no namespace separates: add_key, request_key and keyctl fail (as in Docker's
-    default profile). A foreign architecture's syscalls (i386 through int 0x80, x32) fail, since their
+    default profile). No setuid or setgid file is made, in the tree either (EPERM for a mode with those bits
+    to chmod, open, mknod and their kin, as Flatpak does; openat2, whose mode seccomp cannot see, is ENOSYS
+    and callers fall back to openat): written as a uid the host knows, such a file would give whoever runs
+    it that uid. A foreign architecture's syscalls (i386 through int 0x80, x32) fail, since their
     numbers differ. OSError where it cannot be applied."""
     import ctypes
     machine = os.uname().machine
@@ -8956,11 +8964,16 @@ def _seccomp_filter(libc):
     code = [("ld", 4), ("jeq", arch, None, "deny"),      # seccomp_data.arch
             ("ld", 0), ("jge", 0x40000000, "deny"),      # seccomp_data.nr; x32 (x86_64 with __X32_SYSCALL_BIT)
             *[("jeq", nr[name], "deny") for name in ("io_uring_setup", "add_key", "request_key", "keyctl")],
-            ("jeq", nr["socket"], "socket"), ("jeq", nr["socketpair"], "pair"), ("ret", _SECCOMP_RET_ALLOW),
+            ("jeq", nr["socket"], "socket"), ("jeq", nr["socketpair"], "pair"), ("jeq", nr["openat2"], "nosys"),
+            *[("jeq", number, label) for label in ("mode1", "mode2", "mode3") for number in nr[label]],
+            ("ret", _SECCOMP_RET_ALLOW),
             "socket", ("ld", 16), ("jeq", _AF_UNIX, "deny"), ("jeq", _AF_VSOCK, "deny"),  # args[0], low half
             ("ret", _SECCOMP_RET_ALLOW),
             "pair", ("ld", 16), ("jeq", _AF_UNIX, None, "deny"), ("ld", 24), ("and", 0xF),  # args[1]: the type
-            ("jeq", _SOCK_STREAM, "allow"), ("jeq", _SOCK_SEQPACKET, "allow"),
+            ("jeq", _SOCK_STREAM, "allow"), ("jeq", _SOCK_SEQPACKET, "allow"), ("ret", _SECCOMP_RET_ERRNO | _EACCES),
+            *[item for n in (1, 2, 3) for item in ("mode%d" % n, ("ld", 16 + 8 * n), ("and", _S_ISUID_ISGID),
+                                                   ("jeq", 0, "allow", "setuid"))],
+            "setuid", ("ret", _SECCOMP_RET_ERRNO | _EPERM), "nosys", ("ret", _SECCOMP_RET_ERRNO | _ENOSYS),
             "deny", ("ret", _SECCOMP_RET_ERRNO | _EACCES), "allow", ("ret", _SECCOMP_RET_ALLOW)]
     labels, at = {}, 0
     for item in code:

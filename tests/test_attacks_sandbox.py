@@ -159,7 +159,8 @@ def test_chmod_setuid_utime_and_xattrs_fail_on_every_file_outside_the_writable_r
     before = {t: (os.stat(t).st_mode, os.stat(t).st_mtime_ns, os.listxattr(t)) for t in targets}
     body = ("import os\n"
             "for i, p in enumerate(%r + ['own.sh']):\n"
-            "    for label, fn in (('chmod', lambda: os.chmod(p, 0o6777)), ('utime', lambda: os.utime(p, (0, 0))),\n"
+            "    for label, fn in (('chmod', lambda: os.chmod(p, 0o777)), ('utime', lambda: os.utime(p, (0, 0))),\n"
+            "                      ('setuid', lambda: os.chmod(p, 0o4755)),\n"
             "                      ('xattr', lambda: os.setxattr(p, 'user.pwn', b'1')),\n"
             "                      ('chown', lambda: os.chown(p, os.getuid(), os.getgid())),\n"
             "                      ('link', lambda: os.link(p, 'linked%%d' %% i)),\n"
@@ -167,19 +168,29 @@ def test_chmod_setuid_utime_and_xattrs_fail_on_every_file_outside_the_writable_r
             "        try:\n"
             "            fn(); print('%%s%%d=done' %% (label, i))\n"
             "        except OSError as exc:\n"
-            "            print('%%s%%d=%%d' %% (label, i, exc.errno))\n" % targets)
+            "            print('%%s%%d=%%d' %% (label, i, exc.errno))\n"
+            "for label, fn in (('suid-chmod', lambda: os.chmod('own.sh.moved', 0o4755)),\n"  # in the tree either:
+            "                  ('sgid-open', lambda: os.close(os.open('made', os.O_CREAT | os.O_WRONLY, 0o2755))),\n"
+            "                  ('suid-mknod', lambda: os.mknod('node', 0o104755))):\n"  # the host knows the uid
+            "    try:\n"
+            "        fn(); print(label + '=done')\n"
+            "    except OSError as exc:\n"
+            "        print('%%s=%%d' %% (label, exc.errno))\n" % targets)
     configure(cli, fake)
     env = {"PATH": "%s:%s" % (tools, os.environ["PATH"])}
     r, [out] = run_commands(cli, fake, "python3 " + script(cli, "meta.py", body).split()[1], env=env)
-    got = report_lines(out, ("chmod", "utime", "xattr", "chown", "link", "rename"))
+    got = report_lines(out, ("chmod", "utime", "xattr", "chown", "link", "rename", "setuid"))
     for i in range(len(targets)):
-        assert all(got[op + str(i)] != "done" for op in ("chmod", "utime", "xattr", "chown", "rename")), out
+        assert all(got[op + str(i)] != "done" for op in ("chmod", "utime", "xattr", "chown", "rename", "setuid")), out
         assert not os.path.lexists(str(cli.workdir / ("linked%d" % i)))
     for t in targets:
         assert (os.stat(t).st_mode, os.stat(t).st_mtime_ns, os.listxattr(t)) == before[t], t
-    # inside the tree the same calls are everyday work
+    # inside the tree the same calls are everyday work, but for setuid and setgid bits
     assert got["chmod3"] == got["utime3"] == "done" and os.stat(str(cli.workdir / "own.sh.moved")).st_mode & 0o777 \
         == 0o777, out
+    suid = report_lines(out, ("suid-", "sgid-"))
+    assert suid and set(suid.values()) == {str(errno.EPERM)}, out
+    assert not [f for f in os.listdir(str(cli.workdir)) if os.stat(str(cli.workdir / f)).st_mode & 0o6000]
 
 
 # ---- read grants come from nothing a command can write ----
