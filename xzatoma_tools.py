@@ -8609,6 +8609,11 @@ def _sandbox_helper(spec_text):
     else:
         report["descendants"] = False
         report["pidns_error"] = "assumed missing" if "pidns" in missing else "no PID namespace"
+    for listing in ("/proc/keys", "/proc/key-users") if flags & _CLONE_NEWNS else ():
+        try:  # every key this uid may view, the agent's included: described by name, in any namespace
+            bind_read_only("/dev/null", listing)
+        except OSError:
+            report["keyring"] = False
     # 2. no new privileges, no tracing of this process, no root privileges gained by exec in the namespace
     prctl(_PR_SET_DUMPABLE, 0)
     if os.getuid() == 0:

@@ -55,6 +55,7 @@ def test_host_ipc_objects_and_kernel_keys_are_out_of_reach_and_nothing_planted_o
             "print('read-key=' + call(%d, %d, int(sys.argv[1]), buf, 64), buf.value)\n"
             "print('search-key=' + call(%d, %d, -3, b'user', b'xz-host-key-%d', 0))\n"
             "print('session=' + call(%d, 0, -3, 0))\n"
+            "print('keys-listed=%%d' %% open('/proc/keys').read().count('xz-host-key'))\n"
             "for ring in (-3, -4, -5):\n"
             "    print('plant%%d=' %% ring + call(%d, b'user', b'xz-planted-%d', b'P', 1, ring))\n"
             % (key, keyctl, KEYCTL_READ, keyctl, KEYCTL_SEARCH, os.getpid(), keyctl, add_key, os.getpid()))
@@ -69,6 +70,7 @@ def test_host_ipc_objects_and_kernel_keys_are_out_of_reach_and_nothing_planted_o
         assert got["own-shm"] == got["own-msg"] == "True", out  # IPC itself works, in a namespace of its own
         assert got["read-key"].startswith("-1/") and "HOST-KEY" not in out, out
         assert got["search-key"].startswith("-1/") and got["session"].startswith("-1/"), out
+        assert report_lines(out, ("keys-listed",)) == {"keys-listed": "0"}, out  # not even by name
         assert [got["plant%d" % ring] for ring in (-3, -4, -5)] == ["-1/%d" % errno.EACCES] * 3, out
         # what the run made is gone with it; what the host had is untouched
         assert LIBC.shmget(key + 1, 0, 0) == -1 and LIBC.msgget(key + 2, 0) == -1
