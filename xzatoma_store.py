@@ -278,6 +278,19 @@ _PLAIN_ESCAPES = (("\\n", "  "), ("\\r", "  "), ("\\t", "  "), ('\\"', '"\x1f'),
 def _unescape(match):
     """An escape as the character it stands for, padded to the escape's length with \\x1f (whitespace to
     str.split): the view keeps the text's indices, and the padding vanishes where whitespace is ignored."""
+    escape = match.group()
+    decoded = _unescaped.get(escape)
+    if decoded is None:
+        decoded = _decode(match)
+        if len(_unescaped) < 4096:
+            _unescaped[escape] = decoded
+    return decoded
+
+
+_unescaped = {}  # escape -> its padded character: texts repeat a few escapes many times (%20, \u0026)
+
+
+def _decode(match):
     url, u4, u8, x2, octal, space, char, hexref, decref, named = match.groups()
     if char is not None or named is not None:
         decoded = char if char is not None else _ENTITIES[named]
