@@ -17,7 +17,8 @@ The safety kernel, below the `# ==== The safety kernel ====` line, imports nothi
   command policy  CommandPolicy(root, allowlist, custom_denylist).judge(command) -> Verdict (ALLOW, CONFIRM,
                   DENY), DEFAULT_ALLOWLIST
   running         run_command(...), child_env(environ, ...)
-  OS sandbox      Sandbox(root, mode, ...), SANDBOX_MODES, landlock_abi(), ProtectedWatch, repository_runs_code
+  OS sandbox      Sandbox(root, mode, ..., limits), SANDBOX_MODES, SANDBOX_LIMITS, landlock_abi(), ProtectedWatch,
+                  repository_runs_code, sandbox_rules, trusted_realpath (grants never through what commands write)
   SSRF guard      check_url(url, allowed_hosts), url_verdict, address_block_reason
   audit log       AuditLog(path).record(...)
 
