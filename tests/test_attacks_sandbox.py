@@ -332,15 +332,16 @@ EVERYDAY = [
     "python3 -c 'import subprocess; print(subprocess.run([\"echo\", \"hi\"], capture_output=True).stdout)'",
     "python3 -c 'import asyncio; asyncio.run(asyncio.sleep(0)); print(\"loop\")'",
     "python3 -m venv --without-pip venv2 && venv2/bin/python -c 'import sys; print(sys.prefix)'",
-    "python -m pip --version", "python -m pip install -q --no-index --no-build-isolation --no-deps "
-                               "--target $TMPDIR/site ./pkg && ls $TMPDIR/site",
+    "python -m pip --version", "python -m venv --without-pip --system-site-packages v3 && v3/bin/python -m pip "
+                               "install -q --no-index --no-deps ./demo-1.0-py3-none-any.whl && v3/bin/python -c "
+                               "'import demo; print(demo.X)'",
     "make", "make -j2 clean all", "npm test", "node -e 'console.log(1 + 1)'",
     "printf 'int main(void){return 0;}' > a.c && cc a.c -o a.out && ./a.out && echo built",
     "tar czf $TMPDIR/src.tgz src && tar tzf $TMPDIR/src.tgz", "zip -qr $TMPDIR/a.zip src && unzip -l $TMPDIR/a.zip",
     "sort README.md | uniq -c | awk '{print $1}' | head -2", "echo a b c | xargs -n1 echo",
     "chmod +x run.sh && ./run.sh", "ln -sf src link && ls link/", "mkdir -p a/b && mv a/b c && rm -rf a c",
     "cp -r src src2 && diff -ru src src2 && rm -rf src2", "diff -u README.md README.md && echo same",
-    "echo '{\"a\": 1}' | jq .a", "touch $HOME/.x && ls -a $HOME", "env | sort | head -3", "date +%Y",
+    "echo '{\"a\": 1}' | jq .a", "touch $TMPDIR/.x && ls -a $TMPDIR", "env | sort | head -3", "date +%Y",
     "which python3", "file src/app.py", "xxd README.md | head -1", "sh -c 'sleep 0.1 & wait' && echo waited",
     "perl -e 'print 42'", "java -version",
 ]
@@ -358,9 +359,15 @@ def everyday_tree(root):
     (root / "package.json").write_text('{"name": "demo", "version": "1.0.0", "scripts": {"test": "node t.js"}}')
     (root / "t.js").write_text("console.log('npm-ok')\n")
     (root / "run.sh").write_text("#!/bin/sh\necho ran\n")
-    (root / "pkg").mkdir()
-    (root / "pkg" / "setup.py").write_text("from setuptools import setup\nsetup(name='demo', py_modules=['demo'])\n")
-    (root / "pkg" / "demo.py").write_text("X = 1\n")
+    import zipfile
+    with zipfile.ZipFile(str(root / "demo-1.0-py3-none-any.whl"), "w") as whl:  # a wheel: nothing to build
+        for name, text in (("demo.py", "X = 1\n"), ("demo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo\n"
+                                                                                 "Version: 1.0\n"),
+                           ("demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                        "Tag: py3-none-any\n"),
+                           ("demo-1.0.dist-info/RECORD", "demo.py,,\ndemo-1.0.dist-info/METADATA,,\n"
+                                                         "demo-1.0.dist-info/WHEEL,,\ndemo-1.0.dist-info/RECORD,,\n")):
+            whl.writestr(name, text)
     git = ["git", "-C", str(root), "-c", "user.email=a@b", "-c", "user.name=n"]
     subprocess.run(git + ["init", "-q"], check=True)
     subprocess.run(git + ["add", "."], check=True)
