@@ -347,6 +347,7 @@ DEFAULTS = {
             "env_passthrough": [],
             "keep_home": False,
             "sandbox_assume_missing": [],
+            "limits": {"processes": 4096, "memory_mb": 8192, "file_size_mb": 8192},
         },
         "subagent": {
             "max_depth": 3,
@@ -429,6 +430,7 @@ RANGES = {  # inclusive bounds; None = open
     "agent.tools.grep_regex_seconds": (1, None),
     "agent.terminal.timeout_seconds": (1, None),
     "agent.terminal.max_timeout_seconds": (1, None),
+    **{"agent.terminal.limits." + k: (0, None) for k in ("processes", "memory_mb", "file_size_mb")},
     "agent.subagent.max_depth": (0, 10),
     "agent.subagent.default_max_turns": (1, None),
     "watcher.max_concurrent": (1, 256),
@@ -500,7 +502,11 @@ DOCS = {
     "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
     "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
     "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
-                                             "landlock-net, scopes, pidns, proc, abi:N)",
+                                             "landlock-net, scopes, pidns, proc, seccomp, idmap, readonly-view, "
+                                             "abi:N)",
+    "agent.terminal.limits.processes": "most processes and threads a run's commands may have at once (0: no limit)",
+    "agent.terminal.limits.memory_mb": "most memory (heap and private mappings) one command process may use (0: none)",
+    "agent.terminal.limits.file_size_mb": "largest file a command may write (0: no limit)",
     "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
     "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
                                 "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
@@ -805,32 +811,16 @@ def load_config(flags=None, env=None, config_path=None):
     return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings)
 
 
-SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH", "PWD",
-                       "PASSPHRASE", "DSN", "CREDENTIAL")
-#: a name holding one of these anywhere is a credential's: PGPASSWORD, SECRET_KEY_BASE, API_KEY_PROD, CLIENTSECRET
-SECRET_ENV_PARTS = ("PASSWORD", "PASSWD", "SECRET", "TOKEN", "PASSPHRASE", "APIKEY", "API_KEY", "PRIVATE_KEY",
-                    "ACCESS_KEY", "CREDENTIAL")
-#: names that match the rules above but hold no credential (a path or a socket): never registered
-NOT_SECRET_ENV = ("PWD", "OLDPWD", "SSH_AUTH_SOCK", "XAUTHORITY")
-
-
-def is_secret_env(name):
-    name = name.upper().replace("-", "_")
-    if name in NOT_SECRET_ENV:
-        return False
-    words = name.split("_")
-    return words[-1] in SECRET_ENV_SUFFIXES or name.endswith("APIKEY") or any(part in name for part in SECRET_ENV_PARTS)
-
-
 def register_credentials(env, values, known):
     """Tell the redactor every credential configuration knows: the providers' keys, credential-named
-    environment variables (OPENAI_API_KEY, PGPASSWORD, …), secret config keys, and the credentials in the
-    userinfo of any URL in the configuration or the environment (DATABASE_URL, a proxy, a Sentry DSN)."""
-    from xzatoma_store import register_secret
+    environment variables (OPENAI_API_KEY, PGPASSWORD, BW_SESSION, …: see is_credential_env), secret config
+    keys, and the credentials in the userinfo of any URL in the configuration or the environment
+    (DATABASE_URL, a proxy, a Sentry DSN)."""
+    from xzatoma_store import is_credential_env, register_secret
     for value in known:
         register_secret(value)
     for name, value in env.items():
-        if is_secret_env(name):
+        if is_credential_env(name, value):
             register_secret(value)
         register_secret(url_password(value))
     for dotted, value in flatten(values).items():
@@ -7081,8 +7071,8 @@ SANDBOX_NOT_COVERED = (
     "reading what the system directories, the working directory and PATH programs' directories hold",
     "other processes' command lines in /proc where the kernel refuses the sandbox its own /proc "
     "(environ and memory stay protected)",
-    "chmod/chown/utime of readable files (Landlock does not mediate metadata)",
-    "CPU, memory and disk use (no cgroup limits): only the timeout bounds a command",
+    "CPU time (only the timeout bounds a command), memory as a whole and disk use beyond one file's size "
+    "(rlimits, no cgroup: agent.terminal.limits)",
     "what the file tools write (they are jailed and protected separately, not sandboxed)")
 
 

@@ -13,7 +13,8 @@ The safety kernel (below `# ==== The safety kernel ====`) imports nothing from t
   render_untrusted(text, exact), render_json(obj), UntrustedStream; ToolError, JailError, PathError, UrlBlocked
   Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path, read_fd, glob_match
   parse_shell, needs_shell, command_argv; CommandPolicy(confinement).judge(command) -> Verdict (allow/confirm/deny)
-  Sandbox(confinement, mode, …), ProtectedWatch, run_command, child_env; check_url, url_verdict; AuditLog
+  Sandbox(confinement, mode, …, limits), SANDBOX_LIMITS, ProtectedWatch, run_command, child_env, trusted_realpath
+      (read grants never through what commands write); check_url, url_verdict; AuditLog
 
 Only the standard library is imported at module level; `yaml` is imported where a YAML plan is parsed.
 """
@@ -4132,7 +4133,8 @@ class Confinement:
                 self._sandbox = Sandbox(self, t.get("sandbox") or WORKSPACE_WRITE, network=t.get("network"),
                                         environ=self.environ, env_passthrough=t.get("env_passthrough") or (),
                                         keep_home=t.get("keep_home"), secrets=self.secrets,
-                                        assume_missing=t.get("sandbox_assume_missing") or ())
+                                        assume_missing=t.get("sandbox_assume_missing") or (),
+                                        limits=t.get("limits"))
             return self._sandbox
 
     def close(self):  # every command still running ends, the sandbox's TMPDIR goes
@@ -8412,10 +8414,12 @@ def _kill_group(proc):
 #   read-only        the same with no writes at all (the private TMPDIR too, as codex does)
 #   off              no confinement; only when asked for by name (the denylist still applies)
 #
-# How (Linux): once per run a helper process is started (`python -I -S`, ~30 ms). It enters new user, mount
-# and (without network) network namespaces, bind-mounts .git and the protected paths read-only, sets
-# no_new_privs, makes itself undumpable and applies a Landlock ruleset (filesystem, TCP and scope rules, as
-# far as the kernel's ABI goes). Then it waits for commands on a socket and starts each with posix_spawn
+# How (Linux): once per run a helper process is started (`python -I -S`, ~30 ms). It enters new user, mount,
+# IPC and (without network) network namespaces (as root: a uid that is nobody to the kernel), makes its view
+# of the system read-only but for the working directory and TMPDIR, bind-mounts .git and the protected paths
+# read-only, sets no_new_privs, makes itself undumpable, applies a seccomp filter (no unix socket that can be
+# pointed at a name, no keyring) and a Landlock ruleset (filesystem, TCP and scope rules, as far as the
+# kernel's ABI goes) and the resource limits. Read grants never come from what commands write. Then it waits for commands on a socket and starts each with posix_spawn
 # (vfork: no copy of a large Python process) as PID 1 of a fresh PID namespace, so every process the command
 # starts — setsid and double forks included — dies with it: when the command ends, at its timeout, or when
 # the run ends (the helper's socket closes and it kills what is left). Starting commands from a small helper
@@ -8453,7 +8457,8 @@ _FILE_ONLY = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_I
 _ACCESS = {"r": _READ, "rw": _READ | _WRITE, "dev-r": _FS_READ_FILE | _FS_IOCTL_DEV,
            "dev-rw": _FS_READ_FILE | _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV}
 
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
+    0x20000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 _PR_SET_DUMPABLE, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = 4, 28, 38
@@ -8469,7 +8474,14 @@ SANDBOX_DEVICES = (("/dev/null", "dev-rw"), ("/dev/full", "dev-rw"), ("/dev/zero
 _NEEDS = (("filesystem", "Landlock filesystem rules"), ("network", "network isolation"),
           ("protected", "read-only .git and protected paths"), ("descendants", "killing setsid/double-forked "
                                                                                 "descendants (PID namespaces)"),
-          ("unix_sockets", "keeping unix sockets on the system out of reach (seccomp)"))
+          ("unix_sockets", "keeping unix sockets on the system out of reach (seccomp)"),
+          ("ipc", "a System V IPC namespace"), ("keyring", "keeping the kernel keyring out of reach (seccomp)"),
+          ("metadata", "read-only metadata outside the writable roots (a read-only mount view)"),
+          ("root_files", "keeping files only root may read from commands (running as root: idmapped mounts)"))
+#: resource limits of every command (agent.terminal.limits; 0 = none): tasks (processes and threads, counted
+#: in the sandbox's user namespace), memory per process (RLIMIT_DATA: heap and private writable mappings, so
+#: the address space a JVM, Go or V8 reserves is not counted) and the size of one file written
+SANDBOX_LIMITS = {"processes": 4096, "memory_mb": 8192, "file_size_mb": 8192}
 
 
 def landlock_abi():
@@ -8486,11 +8498,40 @@ def landlock_abi():
     return max(0, int(abi))
 
 
-def program_dirs(path_value, home=None, xzatoma_home=None):
+def trusted_realpath(path, untrusted=()):
+    """realpath(path), or None when a link on the way lies in one of the `untrusted` real directories (the
+    working directory and the TMPDIR: a command may have planted it there to point anywhere)."""
+    parts, real, hops = [p for p in os.path.join(os.getcwd(), path).split("/") if p], "/", 0
+    while parts:
+        name = parts.pop(0)
+        if name in (".", ".."):
+            real = os.path.dirname(real) if name == ".." else real
+            continue
+        step = os.path.join(real, name)
+        if not os.path.islink(step):
+            real = step
+            continue
+        hops += 1
+        if hops > 40 or any(_inside(step, top) for top in untrusted):
+            return None
+        try:
+            target = os.readlink(step)
+        except OSError:
+            return None
+        parts[:0] = [p for p in target.split("/") if p]
+        real = "/" if target.startswith("/") else real
+    return real
+
+
+def program_dirs(path_value, home=None, xzatoma_home=None, untrusted=()):
     """Where the programs on PATH live, for read and execute: each PATH directory, its installation prefix
     (…/bin -> …), and the prefixes of programs that are symlinks elsewhere (a venv's python -> its
     interpreter). Never the home directory itself or /, nothing inside XZATOMA_HOME; under the home directory
-    only a prefix's bin, lib, libexec and share (not ~/.cargo/credentials.toml, ~/.local/share/keyrings)."""
+    only a prefix's bin, lib, libexec and share (not ~/.cargo/credentials.toml, ~/.local/share/keyrings).
+    Never derived from what commands can write (`untrusted`: the working directory, the TMPDIR): a PATH
+    entry there (an activated .venv/bin) is readable anyway, and a link there may have been planted by
+    an earlier run to make this one's grants reach ~/.ssh."""
+    untrusted = [os.path.realpath(u) for u in untrusted if u]
     home = os.path.realpath(home) if home else None
     xz = os.path.realpath(xzatoma_home) if xzatoma_home else None
     out = []
@@ -8536,8 +8577,8 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
     for entry in (path_value or "").split(os.pathsep):
         if not entry or not os.path.isabs(entry):
             continue  # "" and "." mean the current directory: never a grant of their own
-        real = os.path.realpath(entry)
-        if not os.path.isdir(real):
+        real = trusted_realpath(entry, untrusted)
+        if real is None or any(inside(real, u) for u in untrusted) or not os.path.isdir(real):
             continue
         add_dir(real)
         if any(inside(real, s) for s in system):
@@ -8547,23 +8588,42 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
         except OSError:
             continue
         for link in links[:2000]:
-            target = os.path.realpath(link)
-            if os.path.isfile(target) and not any(inside(target, s) for s in system):
+            target = trusted_realpath(link, untrusted)
+            if target and os.path.isfile(target) and not any(inside(target, s) for s in system + tuple(untrusted)):
                 add_dir(os.path.dirname(target))
     return out
 
 
-def git_dirs(root):
+def git_dirs(root, untrusted=None):
     """Repository metadata outside the working directory that git needs to read: the enclosing repository
-    of a subdirectory, and the real git directory of a worktree or submodule (a `.git` file)."""
+    of a subdirectory, and the real git directory of a worktree or submodule (a `.git` file).
+
+    With `untrusted` (the directories commands write: read grants are made of these), a `.git` file in
+    the working directory, which a command may have written, counts only where git's own link comes back:
+    a worktree's directory whose `gitdir` names this `.git`, or a submodule's inside a repository that holds
+    the tree (`…/.git/modules/…`); never through a link a command could have planted."""
     path = root = os.path.realpath(root)
     while not os.path.lexists(os.path.join(path, ".git")):
         if os.path.dirname(path) == path:
             return []
         path = os.path.dirname(path)
     dot = os.path.join(path, ".git")
-    out = ([dot] if path != root else []) + ([] if os.path.isdir(dot) else _gitdirs(dot))
-    return [p for p in out if os.path.exists(p)]
+    own = untrusted is not None and path == root
+    gitdirs = [] if os.path.isdir(dot) or (own and os.path.islink(dot)) else _gitdirs(dot)
+    if own and gitdirs and not _links_back(gitdirs[0], dot):
+        gitdirs = []
+    out = ([dot] if path != root else []) + gitdirs
+    return [p for p in out if os.path.exists(p) and not any(_inside(p, u) for u in untrusted or ())]
+
+
+def _links_back(gitdir, dot):
+    """Did git make `gitdir` for the `.git` file `dot`: a worktree's (its `gitdir` file names dot) or a
+    submodule's (under `.git/modules/` of a directory holding dot)?"""
+    back = _read_small(os.path.join(gitdir, "gitdir"))
+    if back and os.path.realpath(os.path.join(gitdir, os.fsdecode(back.strip()))) == dot:
+        return True
+    holder = gitdir.split("/.git/modules/")[0]
+    return holder != gitdir and _inside(os.path.dirname(dot), holder)
 
 
 def _pinned_parents(paths, root):
@@ -8582,14 +8642,49 @@ def _pinned_parents(paths, root):
 
 
 def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
-    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only."""
+    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only. Nothing
+    granted is derived from the working directory or the TMPDIR, where commands write."""
+    untrusted = (os.path.realpath(root), os.path.realpath(tmpdir))
     rules = [(d, "r") for d in SANDBOX_SYSTEM_DIRS if os.path.exists(d)]
     rules += [(d, access) for d, access in SANDBOX_DEVICES if os.path.exists(d)]
-    rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home)]
-    rules += [(d, "r") for d in git_dirs(root)]
+    rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home, untrusted)]
+    rules += [(d, "r") for d in git_dirs(root, untrusted)]
     writable = "rw" if mode == WORKSPACE_WRITE else "r"
     rules += [(os.path.realpath(root), writable), (os.path.realpath(tmpdir), writable)]
     return rules
+
+
+def _root_mounts(root, tmpdir, rules, writable):
+    """Running as root, the mounts that give commands (nobody to the kernel: see _enter_as_nobody) what they
+    need and nothing of root's more: {"covers": [...], "entries": [[path, writable, idmapped, is_dir], ...]}.
+    Idmapped, root's files shown as the commands' own: the working directory and TMPDIR (writable where the
+    mode writes) and, read-only, the repositories outside that git checks the owner of. A directory others
+    may not enter (/root, 0700) above something granted is covered by an empty tmpfs holding only what is
+    granted beneath it, bound as it is: root-only files there stay root's."""
+    root, tmpdir = os.path.realpath(root), os.path.realpath(tmpdir)
+    git = git_dirs(root, (root, tmpdir))
+    owned = [root, tmpdir] + sorted(set(git) | {os.path.dirname(g) for g in git if os.path.basename(g) == ".git"})
+    owned = [p for i, p in enumerate(owned) if i < 2 or not any(_inside(p, q) for q in owned[:i] + owned[i + 1:])]
+    granted = [p for p, _ in rules if not any(_inside(p, q) for q in owned)]
+    covers = set()
+    for path in granted + owned:
+        cur = ""
+        for part in path.strip("/").split("/"):
+            cur += "/" + part
+            try:
+                mode = os.stat(cur).st_mode
+            except OSError:
+                break
+            if stat.S_ISDIR(mode) and not mode & 0o001:
+                if cur != path:
+                    covers.add(cur)
+                break
+    covers = sorted(c for c in covers if not any(_inside(c, q) for q in covers - {c} | set(owned)))
+    reach = [p for p in granted if any(_inside(p, c) for c in covers)]
+    reach = [p for p in reach if not any(_inside(p, q) and p != q for q in reach)]
+    entries = [[p, writable if p in (root, tmpdir) else False, True, True] for p in owned]
+    entries += [[p, False, False, os.path.isdir(p)] for p in reach]
+    return {"covers": covers, "entries": sorted(entries, key=lambda e: e[0].count("/"))}
 
 
 # ---- Terminal: the after-command watch ----
@@ -8856,21 +8951,26 @@ def _gone(path):
 
 # ---- Terminal: the sandbox and its helper process ----
 
+# ---- Terminal: the run's sandbox (the agent's side) ----
+
 class Sandbox:
     """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
     starts confined commands. Shared by the run's subagents (thread-safe); `close()` (or interpreter exit)
     ends every command still running and removes the TMPDIR.
 
     `assume_missing` names kernel features to treat as absent ("landlock", "userns", "landlock-net",
-    "scopes", "pidns", "proc", "seccomp", or "abi:N" for a Landlock ABI of at most N): agent.terminal.sandbox_assume_missing,
-    for testing the warnings, --require-sandbox and every ABI's rules on a machine that has them all.
+    "scopes", "pidns", "proc", "seccomp", "idmap", "readonly-view", or "abi:N" for a Landlock ABI of at
+    most N): agent.terminal.sandbox_assume_missing, for testing the warnings, --require-sandbox and every
+    ABI's rules on a machine that has them all.
 
     What is protected (bound read-only, hidden, watched) it asks its Confinement; `root` may be a working
     directory instead, with `xzatoma_home`, `protected` and `private_files` to make one of (tests, embedding).
     """
 
     def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
-                 keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=(), private_files=()):
+                 keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=(), private_files=(),
+                 limits=None):
+        import sys
         if mode not in SANDBOX_MODES:
             raise ValueError("unknown sandbox mode %r (choose %s)" % (mode, ", ".join(SANDBOX_MODES)))
         if not isinstance(root, Confinement):
@@ -8887,6 +8987,8 @@ class Sandbox:
         self.xzatoma_home, self.private_files = root.xzatoma_home, root.private_files  #: hidden from commands
         self.secrets = tuple(secrets)
         self.assume_missing = frozenset(assume_missing or ())
+        #: rlimits of every command (SANDBOX_LIMITS, agent.terminal.limits)
+        self.limits = dict(SANDBOX_LIMITS, **(limits or {}))
         self.linux = sys.platform.startswith("linux")
         #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
         self.confined = mode != SANDBOX_OFF and self.linux
@@ -8930,9 +9032,11 @@ class Sandbox:
         globbed = sorted(p for p in watch.matched | watch.code if not os.path.islink(p)) if watch else []
         protected += [p for p in nested + globbed if p not in protected]
         hidden = self._hidden()
-        return {"mode": self.mode, "network": self.network, "root": self.root,
-                "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
-                                       self.xzatoma_home),
+        rules = sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home, self.xzatoma_home)
+        mounts = _root_mounts(self.root, self.tmpdir, rules, self.mode == WORKSPACE_WRITE) \
+            if os.getuid() == 0 and "idmap" not in self.assume_missing else None
+        return {"mode": self.mode, "network": self.network, "root": self.root, "rules": rules, "mounts": mounts,
+                "writable": [self.root, self.tmpdir] if self.mode == WORKSPACE_WRITE else [], "limits": self.limits,
                 "protected": protected, "hidden": hidden,
                 "pinned": _pinned_parents(protected + hidden, self.root) if self.mode == WORKSPACE_WRITE else [],
                 "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
@@ -9078,9 +9182,31 @@ class Sandbox:
         lines.append("descendants: %s" % ("a PID namespace per command: everything it starts dies with it"
                                           if report.get("descendants") else
                                           "process group only (%s)" % report.get("pidns_error", "no PID namespace")))
-        lines.append("unix sockets: %s" % ("none can be opened (seccomp): docker, the session bus, agents' "
-                                            "sockets are out of reach; socketpair() works" if report.get("unix_sockets")
+        lines.append("unix sockets: %s" % ("none reachable by name (seccomp: no socket(AF_UNIX), socketpair() "
+                                            "makes connected stream/seqpacket pairs only): docker, the session bus, "
+                                            "/dev/log, agents' sockets are out of reach" if report.get("unix_sockets")
                                             else "reachable by path (%s)" % report.get("unix_sockets_error", "no seccomp")))
+        lines.append("ipc: %s" % ("a namespace of its own: System V objects and POSIX queues of this run only%s" % (
+            ", and a private /dev/shm" if report.get("shm") else "") if report.get("ipc") else
+            "the system's System V objects are reachable (no IPC namespace)"))
+        lines.append("keyring: %s" % ("a fresh session keyring; add_key, keyctl and request_key refused (seccomp)"
+                                      if report.get("keyring") else "the kernel keyring is reachable (%s)" % (
+                                          "no seccomp" if report.get("unix_sockets") is False else "no fresh keyring")))
+        lines.append("metadata: %s" % ("read-only outside the writable roots (a read-only mount view): chmod, "
+                                       "setuid bits, chown, utime and xattrs fail there" if report.get("metadata")
+                                       else "chmod/utime/xattrs of files outside follow file ownership only (%s)"
+                                       % report.get("metadata_error", "no mount namespace")))
+        lines.append("root-only files: %s" % (
+            "closed by the system's permissions (not running as root)" if os.getuid() != 0 else
+            "closed: commands are root inside, nobody to the kernel (idmapped mounts give them the working dir "
+            "and TMPDIR)" if report.get("root_files") else
+            "READABLE: commands run as root (%s)" % report.get("root_files_error", "no user namespace")))
+        limits = report.get("limits") or {}
+        lines.append("limits: %s (agent.terminal.limits)" % (", ".join(text % limits[key] for key, text in (
+            ("processes", "%d processes"), ("memory_mb", "%d MB of memory per process"),
+            ("file_size_mb", "files up to %d MB")) if key in limits) or "none"))
+        lines.append("read grants: never derived from the working dir or TMPDIR (PATH entries, links and .git "
+                     "files there, which commands can plant)")
         lines.append("scopes: %s" % ("signals and abstract unix sockets stay inside the sandbox"
                                      if report.get("scopes") else "not scoped (Landlock ABI < 6)"))
         lines.append("other processes: %s%s" % (
@@ -9203,15 +9329,21 @@ class _SandboxJob:
                 pass
 
 
+# ---- Terminal: the sandbox helper (inside its namespaces) ----
+
 def _sandbox_helper(spec_text):
     """The helper process: confine itself once, then start commands on request (see the section header).
 
     Runs as `python -I -S -c …` with the commands' environment; everything below happens in this small,
     single-threaded process, never in the agent.
     """
-    import ctypes
-    import selectors
+    import array  # noqa: F401 (socket.recv_fds) — all imported now: as nobody (see _enter_as_nobody) this
+    import ctypes  # process may not reach the interpreter's own directory once its mounts are made
+    import resource  # noqa: F401
+    import selectors  # noqa: F401
+    import signal
     import socket
+    import struct  # noqa: F401
     spec = json.loads(spec_text)
     os.set_inheritable(spec["fd"], False)  # commands never get the agent's end of the conversation
     ctl = socket.socket(fileno=spec["fd"])
@@ -9247,24 +9379,27 @@ def _sandbox_helper(spec_text):
         check(libc.mount(None, p, None, ctypes.c_ulong(_MS_BIND | _MS_REMOUNT | _MS_RDONLY | locked), None),
               "read-only %s" % path)
 
-    def write_file(path, text):
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-
     uid, gid = os.getuid(), os.getgid()
-    # 1. namespaces: user (to be allowed the rest), mount (read-only binds), network (none), PID (ours, and
-    #    one per command inside it)
-    flags = _CLONE_NEWNS | (0 if spec["network"] else _CLONE_NEWNET) | (0 if "pidns" in missing else _CLONE_NEWPID)
+    # 1. namespaces: user (to be allowed the rest; as root, nobody to the kernel), mount (read-only views),
+    #    IPC (System V objects and POSIX queues of the run's own), network (none), PID (ours, and one per
+    #    command inside it)
+    flags = _CLONE_NEWNS | _CLONE_NEWIPC | (0 if spec["network"] else _CLONE_NEWNET) | (
+        0 if "pidns" in missing else _CLONE_NEWPID)
+    idmapped = []
     try:
         if "userns" in missing:
             raise OSError(0, "assumed missing (agent.terminal.sandbox_assume_missing)")
-        check(libc.unshare(ctypes.c_int(_CLONE_NEWUSER | flags)), "unshare")
-        write_file("/proc/self/setgroups", "deny")
-        write_file("/proc/self/uid_map", "%d %d 1" % (uid, uid))
-        write_file("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        if uid == 0 and spec.get("mounts"):
+            try:
+                idmapped = _enter_as_nobody(libc, spec, ctl)  # only the child comes back
+            except OSError as exc:
+                report["root_files_error"] = "idmapped mounts refused: %s" % (exc.strerror or exc)
+        if not idmapped:
+            check(libc.unshare(ctypes.c_int(_CLONE_NEWUSER)), "unshare(user)")
+            _write_once("/proc/self/setgroups", "deny")
+            _write_once("/proc/self/uid_map", "%d %d 1" % (uid, uid))
+            _write_once("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        check(libc.unshare(ctypes.c_int(flags)), "unshare")
         report["userns"] = True
     except OSError as exc:
         report["userns"], report["userns_error"] = False, exc.strerror or str(exc)
@@ -9273,11 +9408,21 @@ def _sandbox_helper(spec_text):
                                     % report["userns_error"])
         else:
             flags = 0
-    report["netns"] = bool(flags & _CLONE_NEWNET)
+    report["netns"], report["ipc"] = bool(flags & _CLONE_NEWNET), bool(flags & _CLONE_NEWIPC)
+    report["root_files"] = uid != 0 or bool(idmapped and flags & _CLONE_NEWNS)
+    if uid == 0 and not spec.get("mounts"):
+        report["root_files_error"] = "assumed missing (agent.terminal.sandbox_assume_missing)"
+    # a session keyring of its own: the agent's is not this process's to search (seccomp, below, also
+    # refuses commands the keyring calls, since no namespace separates the kernel's keys)
+    calls = _SECCOMP_ARCH.get(os.uname().machine, (0, {}))[1]
+    report["keyring"] = "keyctl" in calls and libc.syscall(  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+        ctypes.c_long(calls["keyctl"]), ctypes.c_long(1), None) >= 0
     protected = []
+    report.update(metadata=False, shm=False)
     if flags & _CLONE_NEWNS:
         try:  # nothing mounted here may propagate back to the system's mount namespace
             check(libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None), "make / private")
+            _read_only_view(libc, spec, idmapped, report)
             for path in spec.get("pinned") or ():  # first: a bind made after would hide the read-only ones
                 p = path.encode("utf-8", "surrogateescape")
                 check(libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None), "pin %s" % path)
@@ -9307,14 +9452,7 @@ def _sandbox_helper(spec_text):
     if flags & _CLONE_NEWPID:
         child = os.fork()  # the child is PID 1 of the run's PID namespace: when it dies, every command dies
         if child:
-            ctl.close()
-            while True:
-                try:
-                    _, status = os.waitpid(child, 0)
-                    break
-                except InterruptedError:
-                    continue
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            _stay_behind(child, ctl)
         prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the process the agent started goes, this one goes
         try:
             own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -9334,6 +9472,11 @@ def _sandbox_helper(spec_text):
     else:
         report["descendants"] = False
         report["pidns_error"] = "assumed missing" if "pidns" in missing else "no PID namespace"
+    for listing in ("/proc/keys", "/proc/key-users") if flags & _CLONE_NEWNS else ():
+        try:  # every key this uid may view, the agent's included: described by name, in any namespace
+            bind_read_only("/dev/null", listing)
+        except OSError:
+            report["keyring"] = False
     # 2. no new privileges, no tracing of this process, no root privileges gained by exec in the namespace
     prctl(_PR_SET_DUMPABLE, 0)
     if os.getuid() == 0:
@@ -9345,10 +9488,11 @@ def _sandbox_helper(spec_text):
     try:
         if "seccomp" in missing:
             raise OSError(0, "assumed missing (agent.terminal.sandbox_assume_missing)")
-        _deny_unix_sockets(libc)
+        _seccomp_filter(libc)
         report["unix_sockets"] = True
     except OSError as exc:
         report["unix_sockets"], report["unix_sockets_error"] = False, exc.strerror or str(exc)
+    report["keyring"] = report["keyring"] and report["unix_sockets"]
     # 4. Landlock
     abi = 0 if "landlock" in missing else landlock_abi()
     for item in missing:  # "abi:N": behave as a kernel with Landlock ABI N at most (tests every ABI's masks)
@@ -9366,6 +9510,7 @@ def _sandbox_helper(spec_text):
         report["filesystem_error"] = "no Landlock in this kernel" if "landlock" not in missing else \
             "Landlock assumed missing (agent.terminal.sandbox_assume_missing)"
     report["network"] = report["netns"] or report["landlock_net"]
+    report["limits"] = _set_limits(spec.get("limits") or {})
     ctl.send(json.dumps(report).encode())
     _helper_loop(libc, ctl, own_pidns, check)
 
@@ -9480,26 +9625,234 @@ def _helper_loop(libc, ctl, own_pidns, check):
     os._exit(0)
 
 
-#: seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h) for _deny_unix_sockets: the native architecture and
-#: its syscall numbers of socket() and io_uring_setup() (io_uring can make a socket without socket())
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
+def _stay_behind(child, ctl):
+    """The parent's part once its child carries on (into a PID namespace, or as nobody): wait, then exit with
+    the child's status, holding nothing of the conversation with the agent."""
+    ctl.close()
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _enter_as_nobody(libc, spec, ctl):
+    """Running as root (CI containers do): a child enters a user namespace where it is uid 0 but, to the
+    kernel, nobody (65534), so files only root may read (/etc/shadow, keys under /etc/ssl/private) are closed
+    to every command by the system's own permissions; capabilities would not help, root owns those files.
+    What commands must own is mounted idmapped, root's files shown as theirs, and what they must reach under
+    a directory others cannot enter is bound as it is (spec["mounts"], see _root_mounts). Only root in the
+    system's namespace may write such a uid map, idmap a mount or reach into /root, so this process does
+    it all, hands the mounts over and stays behind as the child's waiter.
+    Returns the mount descriptors in the child; OSError (the child gone, nothing changed) where refused."""
+    import ctypes
+    import socket
+    here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    os.setgroups([])  # root's supplementary groups would be the child's
+    child = os.fork()
+    if child == 0:
+        here.close()
+        there.send(b"ready" if libc.unshare(ctypes.c_int(_CLONE_NEWUSER)) == 0 else b"refused")
+        msg, fds, _, _ = socket.recv_fds(there, 16, len(spec["mounts"]["entries"]), socket.MSG_CMSG_CLOEXEC)
+        if msg != b"go":
+            os._exit(0)
+        there.close()
+        os.setresgid(0, 0, 0)  # root inside, 65534 outside; the namespace's capabilities stay for the set-up
+        os.setresuid(0, 0, 0)
+        libc.prctl(ctypes.c_int(1), ctypes.c_ulong(9), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        return fds  # PR_SET_PDEATHSIG SIGKILL: its waiter gone, it goes
+    there.close()
+    libc.prctl(ctypes.c_int(_PR_SET_DUMPABLE), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+               ctypes.c_ulong(0))
+    fds, userns = [], None
+    try:
+        if here.recv(16) != b"ready":
+            raise OSError(0, "no user namespace")
+        if len(spec["mounts"]["entries"]) > 250:  # SCM_MAX_FD
+            raise OSError(0, "too many directories to mount")
+        for name, text in (("setgroups", "deny"), ("uid_map", "0 65534 1"), ("gid_map", "0 65534 1")):
+            _write_once("/proc/%d/%s" % (child, name), text)
+        userns = os.open("/proc/%d/ns/user" % child, os.O_RDONLY | os.O_CLOEXEC)
+        for path, writable, idmapped, _ in spec["mounts"]["entries"]:
+            fds.append(_syscall(libc, _OPEN_TREE, _AT_FDCWD, path.encode("utf-8", "surrogateescape"),
+                                _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC))
+            _mount_setattr(libc, fds[-1], b"", _AT_EMPTY_PATH | _AT_RECURSIVE, (_MOUNT_ATTR_IDMAP if idmapped
+                           else 0) | (0 if writable else _MOUNT_ATTR_RDONLY), userns=userns if idmapped else 0)
+        socket.send_fds(here, [b"go"], fds)
+    except OSError:
+        try:
+            here.send(b"no")
+        except OSError:
+            pass
+        os.waitpid(child, 0)
+        raise
+    finally:
+        for fd in fds + ([userns] if userns is not None else []):
+            os.close(fd)
+        here.close()
+    os.setresgid(65534, 65534, 65534)  # a waiter needs no privilege
+    os.setresuid(65534, 65534, 65534)
+    _stay_behind(child, ctl)
+
+
+def _read_only_view(libc, spec, idmapped, report):
+    """The mount namespace's view: everything read-only, so that what Landlock does not mediate (chmod and
+    the setuid bit, chown, utime, xattrs) fails outside the writable roots too; then the writable roots
+    writable again (the mounts made for a root run, or the working directory and TMPDIR bound onto
+    themselves), and a /dev/shm of the run's own (POSIX semaphores and shared memory: multiprocessing)."""
+    import ctypes
+    try:
+        if "readonly-view" in spec["assume_missing"]:
+            raise OSError(0, "assumed missing (agent.terminal.sandbox_assume_missing)")
+        _mount_setattr(libc, _AT_FDCWD, b"/", _AT_RECURSIVE, _MOUNT_ATTR_RDONLY)
+        report["metadata"] = True
+    except OSError as exc:
+        report["metadata_error"] = exc.strerror or str(exc)
+    covers = spec["mounts"]["covers"] if idmapped else []
+    for path in covers:  # what lies under /root stays out of sight, but for what is mounted below
+        if libc.mount(b"tmpfs", path.encode("utf-8", "surrogateescape"), b"tmpfs",
+                      ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC), b"mode=755,size=64k") != 0:
+            raise OSError(ctypes.get_errno(), "cover %s" % path)
+    for (path, _, _, is_dir), fd in zip(spec["mounts"]["entries"] if idmapped else (), idmapped):
+        if not os.path.lexists(path):  # a mount point in a cover
+            os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
+            if not is_dir:
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        _syscall(libc, _MOVE_MOUNT, fd, b"", _AT_FDCWD, path.encode("utf-8", "surrogateescape"),
+                 _MOVE_MOUNT_F_EMPTY_PATH)
+        os.close(fd)
+    for path in covers:
+        _mount_setattr(libc, _AT_FDCWD, path.encode("utf-8", "surrogateescape"), 0, _MOUNT_ATTR_RDONLY)
+    for path in spec["writable"] if report["metadata"] and not idmapped else ():
+        p = path.encode("utf-8", "surrogateescape")
+        if libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None) != 0:
+            raise OSError(ctypes.get_errno(), "bind %s" % path)
+        try:
+            _mount_setattr(libc, _AT_FDCWD, p, _AT_RECURSIVE, 0, _MOUNT_ATTR_RDONLY)
+        except OSError:  # a mount inside it that the system made read-only stays so
+            _mount_setattr(libc, _AT_FDCWD, p, 0, 0, _MOUNT_ATTR_RDONLY)
+    memory = int((spec.get("limits") or {}).get("memory_mb") or 0)
+    if spec["writable"] and os.path.isdir("/dev/shm") and libc.mount(
+            b"tmpfs", b"/dev/shm", b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC),
+            b"mode=1777" + (b",size=%dm" % memory if memory else b"")) == 0:
+        spec["rules"].append(("/dev/shm", "rw"))
+        report["shm"] = True
+
+
+def _set_limits(limits):
+    """agent.terminal.limits as rlimits of this process and so of every command (soft = hard: a command
+    cannot raise them). Tasks are counted per user namespace, so only the sandbox's own count."""
+    import resource
+    applied = {}
+    for name, which, scale in (("processes", resource.RLIMIT_NPROC, 1), ("memory_mb", resource.RLIMIT_DATA, 1 << 20),
+                               ("file_size_mb", resource.RLIMIT_FSIZE, 1 << 20)):
+        value = int(limits.get(name) or 0) * scale
+        hard = resource.getrlimit(which)[1]
+        if value and (hard == resource.RLIM_INFINITY or value < hard):
+            try:
+                resource.setrlimit(which, (value, value))
+                applied[name] = limits[name]
+            except (OSError, ValueError):
+                pass
+    return applied
+
+
+def _write_once(path, text):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _syscall(libc, *args):
+    import ctypes
+    result = libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def _mount_setattr(libc, dirfd, path, flags, attr_set, attr_clr=0, userns=0):
+    import ctypes
+    attr = (ctypes.c_uint64 * 4)(attr_set, attr_clr, 0, userns)  # struct mount_attr
+    _syscall(libc, _MOUNT_SETATTR, dirfd, path, flags, ctypes.byref(attr), ctypes.sizeof(attr))
+
+
+# the new mount API (linux/mount.h, 5.12+); syscall numbers of the generic table, as Landlock's
+_OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442
+_AT_FDCWD, _AT_EMPTY_PATH, _AT_RECURSIVE = -100, 0x1000, 0x8000
+_OPEN_TREE_CLONE, _MOVE_MOUNT_F_EMPTY_PATH, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_IDMAP = 1, 4, 1, 0x100000
+
+#: seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h) for _seccomp_filter: the native architecture and
+#: the numbers of the syscalls it judges
+_SECCOMP_ARCH = {
+    "x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "io_uring_setup": 425, "add_key": 248,
+                            "request_key": 249, "keyctl": 250, "openat2": 437,
+                            "mode1": (90, 91, 85, 133), "mode2": (268, 452, 2, 259), "mode3": (257,)}),
+    "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "io_uring_setup": 425, "add_key": 217,
+                             "request_key": 218, "keyctl": 219, "openat2": 437,
+                             "mode1": (52,), "mode2": (53, 452, 33), "mode3": (56,)})}
+#: where a file's mode is the Nth argument: chmod, fchmod, creat, mknod (1); fchmodat, fchmodat2, open,
+#: mknodat (2); openat (3)
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
-_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
-_AF_UNIX, _AF_VSOCK, _EACCES = 1, 40, 13
+_BPF = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "and": 0x54, "ret": 0x06}  # ld = BPF_LD|BPF_W|BPF_ABS
+_AF_UNIX, _AF_VSOCK, _EACCES, _SOCK_STREAM, _SOCK_SEQPACKET = 1, 40, 13, 1, 5
+_EPERM, _ENOSYS, _S_ISUID_ISGID = 1, 38, 0o6000
 
 
-def _deny_unix_sockets(libc):
-    """A seccomp filter for this process and every command: socket(AF_UNIX or AF_VSOCK, …) fails with EACCES (socketpair()
-    still works: it reaches nothing by name), io_uring cannot be set up, and a foreign architecture's
-    syscalls (i386 through int 0x80, x32) fail, since their numbers differ. OSError where it cannot."""
+def _seccomp_filter(libc):
+    """A seccomp filter for this process and every command; what it refuses fails with EACCES.
+
+    Unix sockets: a command can hold none but connected pairs of its own. socket(AF_UNIX) fails, and
+    socketpair() makes stream and seqpacket pairs only: a datagram pair can be pointed at any named socket
+    by sendto() or connect() (/dev/log, journald, sockets under /tmp), and seccomp cannot read the address
+    those calls are given (it is behind a pointer; checking it from outside races with the command's other
+    threads). Nor can a mount view help: connect() looks the name up whatever Landlock grants, and a socket
+    may lie inside the working directory. So nothing the command holds can be pointed anywhere, whatever
+    the name: docker.sock, the session bus, an agent's socket. AF_VSOCK is refused too (a VM's host is not
+    behind the network namespace), and io_uring cannot be set up (it makes sockets without socket()).
+    The kernel keyring, which no namespace separates: add_key, request_key and keyctl fail (as in Docker's
+    default profile). No setuid or setgid file is made, in the tree either (EPERM for a mode with those bits
+    to chmod, open, mknod and their kin, as Flatpak does; openat2, whose mode seccomp cannot see, is ENOSYS
+    and callers fall back to openat): written as a uid the host knows, such a file would give whoever runs
+    it that uid. A foreign architecture's syscalls (i386 through int 0x80, x32) fail, since their
+    numbers differ. OSError where it cannot be applied."""
     import ctypes
-    import platform
-    machine = platform.machine()
+    machine = os.uname().machine
     if machine not in _SECCOMP_ARCH:
         raise OSError(0, "no seccomp filter for %s" % machine)
-    arch, nr_socket, nr_io_uring = _SECCOMP_ARCH[machine]
-    deny = _SECCOMP_RET_ERRNO | _EACCES
+    arch, nr = _SECCOMP_ARCH[machine]
+    code = [("ld", 4), ("jeq", arch, None, "deny"),      # seccomp_data.arch
+            ("ld", 0), ("jge", 0x40000000, "deny"),      # seccomp_data.nr; x32 (x86_64 with __X32_SYSCALL_BIT)
+            *[("jeq", nr[name], "deny") for name in ("io_uring_setup", "add_key", "request_key", "keyctl")],
+            ("jeq", nr["socket"], "socket"), ("jeq", nr["socketpair"], "pair"), ("jeq", nr["openat2"], "nosys"),
+            *[("jeq", number, label) for label in ("mode1", "mode2", "mode3") for number in nr[label]],
+            ("ret", _SECCOMP_RET_ALLOW),
+            "socket", ("ld", 16), ("jeq", _AF_UNIX, "deny"), ("jeq", _AF_VSOCK, "deny"),  # args[0], low half
+            ("ret", _SECCOMP_RET_ALLOW),
+            "pair", ("ld", 16), ("jeq", _AF_UNIX, None, "deny"), ("ld", 24), ("and", 0xF),  # args[1]: the type
+            ("jeq", _SOCK_STREAM, "allow"), ("jeq", _SOCK_SEQPACKET, "allow"), ("ret", _SECCOMP_RET_ERRNO | _EACCES),
+            *[item for n in (1, 2, 3) for item in ("mode%d" % n, ("ld", 16 + 8 * n), ("and", _S_ISUID_ISGID),
+                                                   ("jeq", 0, "allow", "setuid"))],
+            "setuid", ("ret", _SECCOMP_RET_ERRNO | _EPERM), "nosys", ("ret", _SECCOMP_RET_ERRNO | _ENOSYS),
+            "deny", ("ret", _SECCOMP_RET_ERRNO | _EACCES), "allow", ("ret", _SECCOMP_RET_ALLOW)]
+    labels, at = {}, 0
+    for item in code:
+        if isinstance(item, str):
+            labels[item] = at
+        else:
+            at += 1
+    program = []
+    for item in code:
+        if not isinstance(item, str):
+            op, k, jt, jf = (item + (None, None))[:4]
+            hop = [labels[j] - len(program) - 1 if j else 0 for j in (jt, jf)]
+            program.append((_BPF[op], hop[0], hop[1], k))
 
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
@@ -9507,20 +9860,6 @@ def _deny_unix_sockets(libc):
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
 
-    program = [
-        (_BPF_LD_W_ABS, 0, 0, 4),                # seccomp_data.arch
-        (_BPF_JEQ_K, 1, 0, arch),
-        (_BPF_RET_K, 0, 0, deny),                # another architecture's numbering
-        (_BPF_LD_W_ABS, 0, 0, 0),                # seccomp_data.nr
-        (_BPF_JGE_K, 6, 0, 0x40000000),          # x32 (x86_64 with __X32_SYSCALL_BIT)
-        (_BPF_JEQ_K, 5, 0, nr_io_uring),
-        (_BPF_JEQ_K, 0, 3, nr_socket),
-        (_BPF_LD_W_ABS, 0, 0, 16),               # seccomp_data.args[0], low half (little-endian)
-        (_BPF_JEQ_K, 2, 0, _AF_UNIX),
-        (_BPF_JEQ_K, 1, 0, _AF_VSOCK),           # the host of a VM: no network namespace stands in the way
-        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
-        (_BPF_RET_K, 0, 0, deny),
-    ]
     filters = (Filter * len(program))(*[Filter(*ins) for ins in program])
     prog = Prog(len(program), filters)
     libc.prctl.argtypes = None
@@ -9541,13 +9880,6 @@ def _landlock_restrict(libc, abi, spec, missing, report):
         _pack_ = 1
         _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
-    def syscall(*args):
-        result = libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
-        if result == -1:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        return result
-
     handled_fs = _LL_FS_BY_ABI[min(abi, _LL_KNOWN_ABI)]
     attr = RulesetAttr(handled_fs, 0, 0)
     size = 8
@@ -9557,7 +9889,7 @@ def _landlock_restrict(libc, abi, spec, missing, report):
     if abi >= 6 and "scopes" not in missing:
         attr.scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
         size = 24
-    ruleset = syscall(_LL_CREATE_RULESET, ctypes.byref(attr), size, 0)
+    ruleset = _syscall(libc, _LL_CREATE_RULESET, ctypes.byref(attr), size, 0)
     try:
         for path, access in spec["rules"]:
             try:
@@ -9569,10 +9901,10 @@ def _landlock_restrict(libc, abi, spec, missing, report):
                 if not stat.S_ISDIR(os.fstat(fd).st_mode):
                     allowed &= _FILE_ONLY
                 rule = PathBeneath(allowed, fd)
-                syscall(_LL_ADD_RULE, ruleset, _LL_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+                _syscall(libc, _LL_ADD_RULE, ruleset, _LL_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
             finally:
                 os.close(fd)
-        syscall(_LL_RESTRICT_SELF, ruleset, 0)
+        _syscall(libc, _LL_RESTRICT_SELF, ruleset, 0)
     finally:
         os.close(ruleset)
     report["filesystem"] = True
