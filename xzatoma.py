@@ -2464,9 +2464,29 @@ def _opening_re():
     return _opening
 
 
+_LENIENT = None
+
+
+def _lenient():
+    """A JSON decoder that takes what models write and JSON does not: raw newlines and tabs inside strings."""
+    global _LENIENT
+    if _LENIENT is None:
+        _LENIENT = json.JSONDecoder(strict=False)
+    return _LENIENT
+
+
+def _mend_escapes(text):
+    """`\\d` in a regular expression written into JSON (`"pattern": "\\d+"`) is no JSON escape: taken as the
+    backslash it meant, escapes JSON knows kept as they are."""
+    import re
+    return re.sub(r"\\(.)", lambda m: m.group(0) if m.group(1) in '"\\/bfnrtu' else "\\\\" + m.group(1), text,
+                  flags=re.S)
+
+
 def _loads(text):
-    """JSON from a model: as written, several values one after the other (a list of them: a <tools> block of
-    JSON lines), or with the doubled braces some GGUF templates teach ({{"name": …}})."""
+    """JSON from a model: as written (raw newlines in strings and unknown backslash escapes forgiven), several
+    values one after the other (a list of them: a <tools> block of JSON lines), or with the doubled braces some
+    GGUF templates teach ({{"name": …}})."""
     text = text.strip()
     try:
         return json.loads(text)
@@ -2474,6 +2494,13 @@ def _loads(text):
         raise ValueError("nested too deeply")
     except ValueError as exc:
         first = exc
+        for attempt in (text, _mend_escapes(text)):
+            try:
+                value, end = _lenient().raw_decode(attempt)
+                if not attempt[end:].strip():
+                    return value
+            except (ValueError, RecursionError):
+                pass
         if exc.msg == "Extra data":
             values, pos = [], 0
             try:
@@ -2500,9 +2527,19 @@ def _raw_decode(text, start):
         return decoder.raw_decode(text, start)
     except RecursionError:
         raise ValueError("nested too deeply")
-    except ValueError:
+    except ValueError as exc:
+        first = exc
+    try:  # raw newlines in strings, then unknown escapes (`\\d`): where the value ends is the same or found again
+        return _lenient().raw_decode(text, start)
+    except (ValueError, RecursionError):
+        pass
+    mended = _mend_escapes(text[start:])
+    try:
+        value, end = _lenient().raw_decode(mended)
+        return value, start + end - (mended[:end].count("\\") - text[start:start + end].count("\\"))
+    except (ValueError, RecursionError):
         if not text.startswith("{{", start):
-            raise
+            raise first
     # a doubled object ends where its braces balance ({{ … }}): undouble that span only
     depth, i, n = 0, start, len(text)
     while i < n:

@@ -351,3 +351,17 @@ def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_
     run(s, "Add a line 'buy milk' at the end of todo.txt")
     result = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
     assert result.endswith("its whole content was replaced). Its content before was:\nwrite report\ncall Sam")
+
+
+@pytest.mark.parametrize("text,expected", [
+    # a regular expression's \d written into JSON, in a string of arguments and in an object (real transcripts)
+    ('{"name": "grep", "arguments": "{\\"pattern\\": \\"^port\\\\s*=\\\\s*\\\\d+\\", \\"path\\": \\"s.ini\\"}"}',
+     [("grep", {"pattern": "^port\\s*=\\s*\\d+", "path": "s.ini"})]),
+    ('{"name": "grep", "arguments": {"pattern": "\\d+", "path": "a"}}\nthen more', [("grep", {"pattern": "\\d+",
+                                                                                            "path": "a"})]),
+    # a raw newline inside a string
+    ('<tool_call>{"name": "write_file", "arguments": {"path": "a", "content": "x\ny"}}</tool_call>',
+     [("write_file", {"path": "a", "content": "x\ny"})]),
+])
+def test_what_json_forbids_and_models_write_is_forgiven(text, expected):
+    assert calls_of(text) == expected
