@@ -97,7 +97,7 @@ def test_stream_json_one_object_per_line(cli, fake):
     assert result["status"] == "completed" and result["answer"] == "It says alpha."
     assert result["conversation_id"] == start["conversation_id"]
     assert set(result) == {"type", "conversation_id", "status", "answer", "turns", "tool_calls", "usage",
-                           "duration_seconds", "error", "warnings", "steps"}  # the --json object's fields
+                           "duration_seconds", "error", "warnings", "steps", "review"}  # the --json object's fields
     assert result["usage"]["estimated"] is True and result["tool_calls"] == 1
     assert "▶ read_file notes.txt" in r.stderr  # progress for people stays on stderr
 
