@@ -5,7 +5,7 @@ One file, read top to bottom in sections (each opened by a `# ---- … ----`
 header): errors and output, configuration, conversation, providers, the agent
 loop and how a run ends (the stop family), the Session (what a run, a chat, a
 subagent and a watcher event share), subagents, prompts, chat, the command line
-(each builder beside its cmd_ function) and the interrupt map. Third-party packages (`requests`, `yaml`)
+(each builder beside its cmd_ function) and the interrupt map. Third-party packages (`yaml`, `keyring`)
 are imported inside the functions that need them, so `--help` and `--version`
 work with the standard library alone and start fast.
 """
@@ -596,7 +596,7 @@ def normalize_ollama_host(value):
 class Config:
     """A read-only view of the effective configuration and where each value came from."""
 
-    def __init__(self, values, sources, path, path_exists, home, secrets, secret_sources, warnings):
+    def __init__(self, values, sources, path, path_exists, home, secrets, secret_sources, warnings, network=None):
         self._values = values
         self.sources = sources
         self.path = path
@@ -605,6 +605,9 @@ class Config:
         self._secrets = secrets
         self._secret_sources = secret_sources
         self.warnings = warnings
+        #: how servers are reached, as the environment says once at start: proxies (http, https, all, no_proxy)
+        #: and a CA bundle (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE); see network_settings
+        self.network = network or {}
 
     def get(self, dotted):
         node = self._values
@@ -767,7 +770,19 @@ def load_config(flags=None, env=None, config_path=None):
                       "github": "GITHUB_TOKEN", "ollama": "OLLAMA_API_KEY"}
     register_credentials(env, values, secrets.values())
     register_stored_credentials(xzatoma_home(env))
-    return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings)
+    return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings,
+                  network_settings(env))
+
+
+def network_settings(env):
+    """Proxies and a CA bundle from the environment, read once (requests read them again for every request):
+    {"proxies": {"http": …, "https": …, "all": …}, "no_proxy": "…", "ca_bundle": path or None}. The lower-case
+    names win, as curl's do; SSL_CERT_FILE needs nothing here (OpenSSL reads it itself)."""
+    def pick(name):
+        return env.get(name.lower()) or env.get(name.upper()) or None
+    proxies = {scheme: pick(scheme + "_proxy") for scheme in ("http", "https", "all")}
+    return {"proxies": {k: v for k, v in proxies.items() if v}, "no_proxy": pick("no_proxy") or "",
+            "ca_bundle": env.get("REQUESTS_CA_BUNDLE") or env.get("CURL_CA_BUNDLE") or None}
 
 
 SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH", "PWD",
@@ -1234,16 +1249,16 @@ def next_poll_interval(current, response):
 
 def copilot_device_login(cfg, console, creds):
     """GitHub's OAuth device flow for the Copilot client id; returns the GitHub token."""
-    requests = require("requests")
     github = cfg.get("provider.copilot.github_url").rstrip("/")
-    session = requests.Session()
-    headers = {"Accept": "application/json", "User-Agent": "xzatoma/" + __version__}
+    session = HttpSession(cfg.network)
+    headers = {"Accept": "application/json"}
     try:
-        resp = session.post(github + "/login/device/code", data={"client_id": COPILOT_CLIENT_ID, "scope": "read:user"},
-                            headers=headers, timeout=30)
-        resp.raise_for_status()
+        resp = session.request("POST", github + "/login/device/code", headers=headers, timeout=(30, 30),
+                               data={"client_id": COPILOT_CLIENT_ID, "scope": "read:user"})
+        if resp.status_code >= 400:
+            raise ValueError("HTTP %d: %s" % (resp.status_code, error_text(resp.text)))
         device = resp.json()
-    except (requests.RequestException, ValueError) as exc:
+    except (HttpFailure, ValueError) as exc:
         raise XzError("cannot start the GitHub login at %s: %s" % (github, one_line(exc, 160)))
     console._write("To sign in to GitHub Copilot, open %s and enter the code %s"
                    % (console.clean(device["verification_uri"], exact=True),
@@ -1260,11 +1275,11 @@ def copilot_device_login(cfg, console, creds):
         if time.monotonic() > deadline:
             raise expired
         try:
-            resp = session.post(github + "/login/oauth/access_token", headers=headers, timeout=30,
-                                data={"client_id": COPILOT_CLIENT_ID, "device_code": device["device_code"],
-                                      "grant_type": "urn:ietf:params:oauth:grant-type:device_code"})
+            resp = session.request("POST", github + "/login/oauth/access_token", headers=headers, timeout=(30, 30),
+                                   data={"client_id": COPILOT_CLIENT_ID, "device_code": device["device_code"],
+                                         "grant_type": "urn:ietf:params:oauth:grant-type:device_code"})
             data = resp.json()
-        except (requests.RequestException, ValueError) as exc:
+        except (HttpFailure, ValueError) as exc:
             raise XzError("GitHub login failed: %s" % one_line(exc, 160))
         if data.get("access_token"):
             return _registered(data["access_token"])
@@ -1283,13 +1298,12 @@ def copilot_device_login(cfg, console, creds):
 
 def exchange_copilot_token(cfg, github_token, session=None):
     """Trade a GitHub token for a short-lived Copilot token: {token, expires_at, api}."""
-    requests = require("requests")
     url = cfg.get("provider.copilot.github_api_url").rstrip("/") + "/copilot_internal/v2/token"
     headers = dict(CopilotProvider.EDITOR_HEADERS, Authorization="token " + github_token, Accept="application/json")
     try:
-        resp = (session or requests).get(url, headers=headers, timeout=30)
-    except requests.RequestException as exc:
-        raise ProviderError("cannot reach GitHub to get a Copilot token: %s" % _connection_reason(exc), retryable=True)
+        resp = (session or HttpSession(cfg.network)).request("GET", url, headers=headers, timeout=(30, 30))
+    except HttpFailure as exc:
+        raise ProviderError("cannot reach GitHub to get a Copilot token: %s" % exc, retryable=exc.kind != "dns")
     if resp.status_code in (401, 403, 404):
         raise CredentialsError("GitHub refused the Copilot token exchange (HTTP %d): the GitHub token is invalid, "
                                "expired or has no Copilot access; run 'xzatoma auth login'" % resp.status_code)
@@ -1365,6 +1379,315 @@ class CopilotAuth:
         return True
 
 
+# ---- HTTP: one kept-alive connection per server, standard library only ----
+# INFO: the providers used `requests`. Importing it cost more than a whole bare POST to a local server (the
+# floor a one-shot run is measured against), it read the proxy settings again for every request, and a
+# stream not read to its very end closed its connection, so every model turn paid a new TCP (and TLS)
+# handshake. What the providers need is small: keep-alive, streamed lines, timeouts, proxies and TLS.
+
+
+class HttpFailure(Exception):
+    """A request that got no HTTP answer. `kind`: refused, dns, timeout, tls, proxy, url, network or broken."""
+
+    def __init__(self, message, kind):
+        super().__init__(message)
+        self.kind = kind
+
+
+#: how much of a stream the caller stopped reading early is still read to keep its connection; beyond it (a
+#: server still generating after a reply was cut off) the connection is closed, which stops the server
+DRAIN_BYTES, DRAIN_SECONDS = 65536, 0.5
+
+
+def _http_failure(exc, connecting=False):
+    """An OSError / http.client error as an HttpFailure with a reason a person can act on."""
+    import http.client
+    import socket
+    import ssl
+    if isinstance(exc, HttpFailure):
+        return exc
+    if isinstance(exc, socket.gaierror):
+        return HttpFailure("host not found (%s)" % (exc.strerror or exc), "dns")
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return HttpFailure("the server's TLS certificate is not trusted here (%s); point REQUESTS_CA_BUNDLE or "
+                           "SSL_CERT_FILE at your CA bundle" % (exc.verify_message or exc.reason), "tls")
+    if isinstance(exc, ssl.SSLError):
+        return HttpFailure("TLS failed: %s" % (exc.reason or exc), "tls")
+    if isinstance(exc, socket.timeout) or getattr(exc, "errno", None) == 110:
+        return HttpFailure("connection timed out" if connecting else "read timed out", "timeout")
+    if isinstance(exc, ConnectionRefusedError):
+        return HttpFailure("connection refused", "refused")
+    if getattr(exc, "errno", None) in (101, 113):  # ENETUNREACH, EHOSTUNREACH
+        return HttpFailure("network unreachable", "network")
+    if isinstance(exc, http.client.HTTPException) and not isinstance(exc, ConnectionError):
+        return HttpFailure("the server broke the HTTP exchange (%s)" % (type(exc).__name__), "broken")
+    return HttpFailure(one_line(exc, 160) or type(exc).__name__, "broken")
+
+
+class HttpResponse:
+    """What the providers read: status_code, headers (case-insensitive .get), json(), text, iter_lines().
+    close() reads what is left of a stream (DRAIN_BYTES at most) so the connection serves the next request."""
+
+    def __init__(self, raw, conn, release):
+        self._raw, self._conn, self._release = raw, conn, release
+        self.status_code = raw.status
+        self.headers = raw.headers
+        self.sock = conn.sock  #: for the deadline's watchdog, which shuts it down
+        self._content = None
+
+    @property
+    def content(self):
+        if self._content is None:
+            try:
+                self._content = self._raw.read()
+            except (OSError, ValueError) as exc:
+                raise _http_failure(exc)
+            except Exception as exc:  # http.client.IncompleteRead and its kin
+                raise _http_failure(exc)
+        return self._content
+
+    @property
+    def text(self):
+        charset = self.headers.get_content_charset() or "utf-8"
+        try:
+            return self.content.decode(charset, "replace")
+        except LookupError:
+            return self.content.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.content)
+
+    def iter_lines(self):
+        """The body's lines without their endings (LF, CRLF or CR), as they arrive."""
+        pending = b""
+        while True:
+            chunk = self._read_some()
+            if not chunk:
+                break
+            pending += chunk
+            lines = pending.split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                line = line[:-1] if line.endswith(b"\r") else line
+                if b"\r" in line:
+                    for part in line.split(b"\r"):
+                        yield part
+                else:
+                    yield line
+        if pending:
+            yield pending
+
+    def _read_some(self):
+        raw = self._raw
+        if raw.isclosed() or (not raw.chunked and raw.length == 0):
+            return b""
+        try:
+            return raw.read1(65536)
+        except Exception as exc:  # OSError, http.client.IncompleteRead …
+            raise _http_failure(exc)
+
+    def close(self):
+        """Give the connection back when the body was read to its end (draining a little), else close it."""
+        raw, conn = self._raw, self._conn
+        if conn is None:
+            return
+        self._conn = None
+        reusable = not raw.will_close
+        if reusable and not raw.isclosed():
+            try:
+                conn.sock.settimeout(DRAIN_SECONDS)
+                left = DRAIN_BYTES
+                while left > 0 and self._read_some():
+                    left -= 65536
+                reusable = raw.isclosed() or (not raw.chunked and raw.length == 0)
+            except (HttpFailure, OSError, ValueError):
+                reusable = False
+        if reusable:
+            raw.close()
+            self._release(conn)
+        else:
+            raw.close()
+            conn.close()
+
+
+class HttpSession:
+    """Requests over one kept-alive connection per server (per thread: Provider.clone makes another)."""
+
+    def __init__(self, network=None, user_agent="xzatoma/" + __version__):
+        network = network or {}
+        self.proxies = network.get("proxies") or {}
+        self.no_proxy = network.get("no_proxy") or ""
+        self.ca_bundle = network.get("ca_bundle")
+        self.user_agent = user_agent
+        self._idle = {}  # (scheme, host, port, proxy) -> an idle connection, checked before it is used again
+        self._tls = None
+
+    def request(self, method, url, json_body=None, data=None, headers=None, stream=False, timeout=(10.0, 300.0)):
+        """An HttpResponse, or HttpFailure when no answer came. Redirects are not followed (a provider's
+        API does not move; the caller names where it points). A stream is the caller's to close()."""
+        import base64
+        import http.client
+        from urllib.parse import unquote, urlencode, urlsplit
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise HttpFailure("invalid URL: %s" % exc, "url")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise HttpFailure("invalid URL (it needs http:// or https:// and a host)", "url")
+        host = parts.hostname
+        port = port or (443 if parts.scheme == "https" else 80)
+        path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        sent = {"User-Agent": self.user_agent, "Accept": "*/*", "Accept-Encoding": "identity"}
+        sent.update(headers or {})
+        if parts.username is not None:  # credentials in the URL are Basic auth, as curl and requests send them
+            pair = "%s:%s" % (unquote(parts.username), unquote(parts.password or ""))
+            sent["Authorization"] = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+        body = None
+        if json_body is not None:
+            body = json.dumps(json_body).encode("utf-8")
+            sent["Content-Type"] = "application/json"
+        elif data is not None:
+            body = urlencode(data).encode("ascii")
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+        proxy = self.proxy_for(parts.scheme, host, port)
+        if proxy is not None and parts.scheme == "http":  # a plain proxy is asked for the absolute URL
+            path = "http://%s%s" % (_host_port(host, port, 80), path)
+            if proxy[2]:
+                sent["Proxy-Authorization"] = proxy[2]
+        key = (parts.scheme, host, port, proxy)
+        for attempt in (1, 2):
+            conn, reused = self._connection(key, timeout[0])
+            try:
+                conn.sock.settimeout(timeout[1])
+                conn.request(method, path, body=body, headers=sent)
+                raw = conn.getresponse()
+            except Exception as exc:
+                conn.close()
+                # a kept-alive connection the server closed meanwhile: once more on a fresh one
+                if reused and attempt == 1 and isinstance(exc, (ConnectionError, http.client.BadStatusLine)):
+                    continue
+                raise _http_failure(exc)
+            break
+        response = HttpResponse(raw, conn, lambda c: self._idle.__setitem__(key, c))
+        if not stream:
+            try:
+                response.content
+            finally:
+                response.close()
+        return response
+
+    def _connection(self, key, connect_timeout):
+        """(connection, reused): the idle one for `key` when the server has not closed it, else a new one."""
+        import select
+        conn = self._idle.pop(key, None)
+        if conn is not None and conn.sock is not None:
+            readable, _, _ = select.select([conn.sock], [], [], 0)
+            if not readable:  # nothing to read on an idle connection: still open (EOF would be readable)
+                return conn, True
+        if conn is not None:
+            conn.close()
+        return self._connect(key, connect_timeout), False
+
+    def _connect(self, key, timeout):
+        import http.client
+        scheme, host, port, proxy = key
+        try:
+            if proxy is None:
+                conn = (http.client.HTTPSConnection(host, port, timeout=timeout, context=self._context())
+                        if scheme == "https" else http.client.HTTPConnection(host, port, timeout=timeout))
+            elif scheme == "https":  # CONNECT through the proxy, then TLS with the server itself
+                conn = http.client.HTTPSConnection(proxy[0], proxy[1], timeout=timeout, context=self._context())
+                conn.set_tunnel(host, port, headers={"Proxy-Authorization": proxy[2]} if proxy[2] else None)
+            else:
+                conn = http.client.HTTPConnection(proxy[0], proxy[1], timeout=timeout)
+            conn.connect()
+        except Exception as exc:
+            failure = _http_failure(exc, connecting=True)
+            if proxy is not None:
+                failure = HttpFailure("through the proxy %s: %s" % (_host_port(proxy[0], proxy[1], None), failure),
+                                      "proxy" if failure.kind != "timeout" else "timeout")
+            raise failure
+        return conn
+
+    def _context(self):
+        """The TLS context, made once: the system's CA certificates (or REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE),
+        else certifi's where the system has none and certifi is installed."""
+        if self._tls is None:
+            import ssl
+            if self.ca_bundle:
+                self._tls = ssl.create_default_context(cafile=os.path.expanduser(self.ca_bundle))
+            else:
+                self._tls = ssl.create_default_context()
+                paths = ssl.get_default_verify_paths()
+                if not any(p and os.path.exists(p) for p in (paths.cafile, paths.capath)) \
+                        and not self._tls.cert_store_stats().get("x509_ca"):
+                    try:
+                        import certifi
+                        self._tls.load_verify_locations(certifi.where())
+                    except ImportError:
+                        pass
+        return self._tls
+
+    def proxy_for(self, scheme, host, port):
+        """(host, port, Proxy-Authorization or None) of the proxy for this server, or None. Loopback is never
+        proxied (a local model behind a corporate proxy setting), and no_proxy is matched as curl does."""
+        from urllib.parse import unquote, urlsplit
+        url = self.proxies.get(scheme) or self.proxies.get("all")
+        if not url or _bypass_proxy(host, port, self.no_proxy):
+            return None
+        if "://" not in url:
+            url = "http://" + url
+        parts = urlsplit(url)
+        auth = None
+        if parts.username is not None:
+            import base64
+            pair = "%s:%s" % (unquote(parts.username), unquote(parts.password or ""))
+            auth = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+        return parts.hostname, parts.port or 8080, auth
+
+    def close(self):
+        for conn in self._idle.values():
+            conn.close()
+        self._idle.clear()
+
+
+def _host_port(host, port, default):
+    shown = "[%s]" % host if ":" in host else host
+    return shown if port == default else "%s:%s" % (shown, port)
+
+
+def _bypass_proxy(host, port, no_proxy):
+    """True for loopback and for hosts no_proxy names (`*`, a domain and its subdomains, an address, a CIDR
+    block, optionally with :port)."""
+    import ipaddress
+    host = host.lower().rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if host == "localhost" or host.endswith(".localhost") or (address is not None and address.is_loopback):
+        return True
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, entry_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if entry_port and entry_port != str(port):
+            continue
+        name = name.strip("[]").lstrip("*").lstrip(".").rstrip(".")
+        if address is not None and "/" in name:
+            try:
+                if address in ipaddress.ip_network(name, strict=False):
+                    return True
+            except ValueError:
+                pass
+        elif host == name or host.endswith("." + name):
+            return True
+    return False
+
+
 # ---- Providers: one HTTP helper, three wire formats ----
 
 
@@ -1390,18 +1713,12 @@ class DeadlineExceeded(Exception):
 
 def _watchdog(resp, deadline):
     """A timer that shuts a streaming response's socket down at the deadline (--timeout holds while a server
-    streams keep-alives), or None where there is no deadline or no socket to reach."""
-    if deadline is None:
+    streams keep-alives), or None where there is no deadline."""
+    if deadline is None or resp.sock is None:
         return None
-    raw = getattr(resp, "raw", None)
-    for path in (("_connection", "sock"), ("_fp", "fp", "raw", "_sock")):  # urllib3 2.x, then 1.x
-        obj = raw
-        for attr in path:
-            obj = getattr(obj, attr, None)
-        if obj is not None and hasattr(obj, "shutdown"):
-            from xzatoma_tools import shutdown_at
-            return shutdown_at(deadline, lambda: obj)
-    return None
+    from xzatoma_tools import shutdown_at
+    sock = resp.sock
+    return shutdown_at(deadline, lambda: sock)
 
 
 def _retry_after(headers):
@@ -1516,10 +1833,9 @@ class Provider:
     # -- HTTP with retries --
     @property
     def session(self):
+        """The HttpSession: one kept-alive connection to the server for the whole run (per thread)."""
         if self._session is None:
-            requests = require("requests")
-            self._session = requests.Session()
-            self._session.headers["User-Agent"] = "xzatoma/" + __version__
+            self._session = HttpSession(self.cfg.network)
         return self._session
 
     def headers(self):
@@ -1529,10 +1845,10 @@ class Provider:
              timeout=None):
         """Send a request and hand the response to `handle`, retrying transient failures.
 
-        Connection refused on a loopback or private address is not retried: nothing is listening there,
-        and waiting will not start it (a person wants one line now, not the same line four times).
+        Not retried, because waiting cannot help and a person wants one line now, not the same line four
+        times: a refused connection to a loopback or private address (nothing is listening there) and a host
+        name that does not resolve.
         """
-        requests = require("requests")
         attempts = (self.max_retries if retries is None else retries) + 1
         last, attempt, refreshed = None, -1, False
         while True:
@@ -1546,7 +1862,7 @@ class Provider:
             watchdog = None
             try:
                 sent = time.monotonic()
-                resp = self.session.request(method, url, json=body, headers=self.headers(), stream=stream,
+                resp = self.session.request(method, url, json_body=body, headers=self.headers(), stream=stream,
                                             timeout=(min(10.0, read_timeout), read_timeout))
                 watchdog = _watchdog(resp, deadline)
                 self.console.debug("%s %s: HTTP %d after %.2fs (attempt %d of %d)" % (
@@ -1555,6 +1871,11 @@ class Provider:
                     if resp.status_code >= 400:
                         text = resp.text
                         raise self.http_error(resp.status_code, text, _retry_after(resp.headers))
+                    if 300 <= resp.status_code < 400:
+                        raise ProviderError("%s answered with a redirect (HTTP %d) to %s; use that address in the "
+                                            "configuration" % (self.label(), resp.status_code,
+                                                               resp.headers.get("Location") or "nowhere"),
+                                            status=resp.status_code, exit_code=EXIT_USAGE)
                     try:
                         return handle(resp)
                     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
@@ -1562,7 +1883,7 @@ class Provider:
                 finally:
                     if watchdog is not None:
                         watchdog.cancel()
-                    resp.close()
+                    resp.close()  # read to its end: the connection serves the next request
             except ProviderError as exc:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded()  # the watchdog cut the stream: whatever it broke is the deadline's
@@ -1573,26 +1894,26 @@ class Provider:
                 if not exc.retryable:
                     raise
                 last = exc
-            except requests.exceptions.ConnectionError as exc:
+            except HttpFailure as exc:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded()
-                last = self.connection_error(exc)
-                if _connection_reason(exc) == "connection refused" and _is_local_url(url):
+                if exc.kind == "url":
+                    raise ProviderError("invalid URL for %s: %s (%s)" % (self.label(), url.split("?")[0], exc),
+                                        exit_code=EXIT_USAGE)
+                if exc.kind == "timeout" and "read" in str(exc):
+                    last = ProviderError("%s timed out after %ss waiting for %s" % (what, read_timeout, self.label()),
+                                         retryable=True)
+                else:
+                    last = self.connection_error(exc)
+                if exc.kind == "dns":  # resolving again in a second finds the same nothing
+                    last.retryable = False
+                    raise last
+                if exc.kind == "tls":
+                    last.retryable = False
+                    raise last
+                if exc.kind == "refused" and _is_local_url(url):
                     last.retryable, last.unreachable = False, True
                     raise last
-            except requests.exceptions.Timeout:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise DeadlineExceeded()
-                last = ProviderError("%s timed out after %ss waiting for %s" % (what, read_timeout, self.label()),
-                                     retryable=True)
-            except requests.exceptions.RequestException as exc:  # chunked encoding, invalid URL, …
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise DeadlineExceeded()
-                if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                                    requests.exceptions.InvalidSchema)):
-                    raise ProviderError("invalid URL for %s: %s" % (self.label(), url), exit_code=EXIT_USAGE)
-                last = ProviderError("%s to %s failed: %s" % (what, self.label(), one_line(exc, 160)),
-                                     retryable=True)
             if attempt + 1 >= attempts:
                 break
             delay = self.backoff * (2 ** attempt) * (0.5 + _jitter())
@@ -1786,15 +2107,10 @@ def _is_local_url(url):
 
 
 def _connection_reason(exc):
-    text = str(exc)
-    for needle, reason in (("Connection refused", "connection refused"),
-                           ("Name or service not known", "host not found"),
-                           ("nodename nor servname", "host not found"),
-                           ("timed out", "connection timed out"),
-                           ("Network is unreachable", "network unreachable")):
-        if needle in text:
-            return reason
-    return one_line(text, 160)
+    """What went wrong reaching a server, in a few words (an HttpFailure says it itself)."""
+    if isinstance(exc, HttpFailure):
+        return str(exc)
+    return one_line(exc, 160)
 
 
 def tool_call_id(position, index, name, arguments):
@@ -1829,6 +2145,9 @@ class OllamaProvider(Provider):
         return {"Authorization": "Bearer " + self.api_key} if self.api_key else {}
 
     def connection_error(self, exc):
+        if getattr(exc, "kind", None) == "dns":  # nothing to start: the name is wrong, or the network is
+            return ProviderError("cannot connect to Ollama at %s (%s); check OLLAMA_HOST / provider.ollama.host "
+                                 "and this machine's network" % (self.host, _connection_reason(exc)))
         return ProviderError("cannot connect to Ollama at %s (%s); start it with 'ollama serve' or point "
                              "OLLAMA_HOST / provider.ollama.host at it" % (self.host, _connection_reason(exc)),
                              retryable=True)
