@@ -1102,6 +1102,9 @@ class CredentialStore:
     def __init__(self, home, console):
         self.home = home
         self.file = os.path.join(home, "credentials.json")
+        #: the names xzatoma keeps in the keyring (never values): importing keyring and asking its backend costs
+        #: more than a whole one-shot run's model call, so a name not listed here is not looked for
+        self.index = os.path.join(home, "keyring-names.json")
         self.console = console
         self._keyring = None
         self.no_keyring = None  #: why the system keyring is not used (after keyring()), for `auth status`
@@ -1111,11 +1114,13 @@ class CredentialStore:
         if self._keyring is None:
             self._keyring = False
             self.no_keyring = "no system keyring backend works here"
+            self._absent = True  #: no keyring here at all (not a locked or failing one): it holds nothing
             try:
                 import keyring
                 from keyring.backends import fail
                 backend = keyring.get_keyring()
                 if not isinstance(backend, fail.Keyring) and getattr(backend, "priority", 1) > 0:
+                    self._absent = False
                     keyring.get_password(KEYRING_SERVICE, "__probe__")
                     self._keyring, self.no_keyring = keyring, None
             except ImportError:  # the one-file build (xzatoma.pyz) leaves keyring out
@@ -1163,16 +1168,64 @@ class CredentialStore:
 
     def get(self, name):
         """(value, 'keyring'|'file') or (None, None). Every value read is registered with the redactor."""
-        kr = self.keyring()
-        if kr:
-            try:
-                value = kr.get_password(KEYRING_SERVICE, name)
-            except Exception:
-                value = None
-            if value:
-                return _registered(value), "keyring"
+        names = self.keyring_names()
+        if names is None or name in names:
+            kr = self.keyring()
+            if kr:
+                try:
+                    value = kr.get_password(KEYRING_SERVICE, name)
+                except Exception:
+                    value = None
+                if value:
+                    return _registered(value), "keyring"
         value = self._read_file().get(name)
         return (_registered(value), "file") if value else (None, None)
+
+    def keyring_names(self):
+        """The names xzatoma stored in the keyring, or None when that is not known yet (no index: the keyring
+        is asked, and the index written from its answers)."""
+        try:
+            with open(self.index, encoding="utf-8") as fh:
+                names = json.load(fh)
+            if isinstance(names, list):
+                return set(names)
+        except (OSError, ValueError):
+            pass
+        return self.reindex()
+
+    def reindex(self):
+        """Ask the keyring for each name xzatoma uses and write down which it holds (`auth status` does this
+        too, so an entry made with another tool is found). None when no keyring works here."""
+        kr = self.keyring()
+        if not kr:
+            if self._absent:  # nothing can be there: later runs need not import keyring to learn it again
+                self._write_index(())
+                return set()
+            return None
+        held = set()
+        for name in sorted({n for names in CREDENTIAL_KEYS.values() for n in names}):
+            try:
+                if kr.get_password(KEYRING_SERVICE, name):
+                    held.add(name)
+            except Exception:
+                return None  # a locked keyring answers nothing now: ask it again next time
+        self._write_index(held)
+        return held
+
+    def _write_index(self, names):
+        try:
+            private_home(self.home)
+            tmp = self.index + ".tmp"
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(sorted(names), fh)
+            os.replace(tmp, self.index)
+        except OSError as exc:  # no index: the keyring is asked each time, as before
+            self.console.debug("cannot write %s: %s" % (self.index, exc))
 
     def set(self, name, value):
         _registered(value)
@@ -1180,6 +1233,7 @@ class CredentialStore:
         if kr:
             try:
                 kr.set_password(KEYRING_SERVICE, name, value)
+                self._write_index((self.keyring_names() or set()) | {name})
                 return "keyring"
             except Exception as exc:
                 self.console.debug("keyring refused the credential: %s" % type(exc).__name__)
@@ -1200,6 +1254,7 @@ class CredentialStore:
                     removed.append("keyring")
             except Exception:
                 pass
+            self._write_index((self.keyring_names() or set()) - {name})
         data = self._read_file()
         if name in data:
             del data[name]
@@ -4877,17 +4932,40 @@ def cmd_auth(args, console):
                          if removed else "no stored %s credentials" % name)
         return EXIT_OK
     failed = False
+    creds.reindex()  # the keyring itself is asked here: an entry made with another tool is found from now on
     for name in names:
-        line, ok = auth_status_line(cfg, console, name)
+        line, ok = auth_status_line(cfg, console, name, asked=bool(args.provider))
         failed |= not ok
         CleanWriter(sys.stdout).write(line + "\n")
     CleanWriter(sys.stdout).write(creds.where_stored() + "\n")
     return EXIT_OK if not failed or args.provider is None else EXIT_FAILED
 
 
-def auth_status_line(cfg, console, name):
-    """'provider  source  verdict' with one cheap request; never shows a secret."""
+#: what sets up a provider nobody configured (auth status asks no server for those)
+UNCONFIGURED_HINTS = {
+    "copilot": "no Copilot credentials (xzatoma auth login, or COPILOT_API_TOKEN / GITHUB_TOKEN)",
+    "openai": "no API key or address (OPENAI_API_KEY, OPENAI_BASE_URL, or xzatoma auth login --provider openai)",
+    "ollama": "no address or key (OLLAMA_HOST or provider.ollama.host)"}
+
+
+def provider_configured(cfg, console, name):
+    """Whether a person set this provider up: it is the active one, or it has credentials, or its address
+    was given in the configuration or the environment. Nothing is asked of any server."""
+    if name == cfg.provider_type:
+        return True
+    if name == "copilot":
+        return bool(cfg.secret("copilot") or cfg.secret("github")
+                    or CredentialStore(cfg.home, console).get("github_token")[0])
+    address = "provider.ollama.host" if name == "ollama" else "provider.openai.base_url"
+    return cfg.sources.get(address, "default") != "default" or bool(stored_key(cfg, console, name)[0])
+
+
+def auth_status_line(cfg, console, name, asked=False):
+    """'provider  source  verdict' with one cheap request, for a provider that is configured (or `asked`
+    for by name); never shows a secret."""
     quiet = Console(quiet=True, verbose=False, color=False)
+    if not asked and not provider_configured(cfg, quiet, name):
+        return "%-8s %-24s not configured: %s; nothing asked" % (name, "none", UNCONFIGURED_HINTS[name]), True
     try:
         if name == "copilot":
             auth = CopilotAuth(cfg, quiet)

@@ -59,3 +59,73 @@ def test_an_unresolvable_host_fails_at_once_with_one_line(monkeypatch, tmp_path)
     message = str(caught.value)
     assert "\n" not in message and "host not found" in message and "OPENAI_BASE_URL" in message
     assert "gave up" not in message and not caught.value.retryable
+
+
+# ---- auth status asks only the providers someone configured ----
+
+
+def test_auth_status_asks_no_server_nobody_configured(cli, fake):
+    from fake_model import FakeModel
+    cli.write_config({"provider": {"type": "ollama", "ollama": {"host": fake.url}}})
+    proxy = FakeModel().start()  # any request to a public host would go here (and nowhere else)
+    try:
+        r = cli.run("auth", "status", env={"https_proxy": proxy.url, "http_proxy": proxy.url})
+    finally:
+        proxy.stop()
+    assert r.returncode == 0, r.stderr
+    lines = dict((line.split()[0], line) for line in r.stdout.splitlines())
+    assert "works: 5 models" in lines["ollama"]
+    for name in ("copilot", "openai"):
+        assert "not configured" in lines[name] and "nothing asked" in lines[name]
+    assert proxy.connections == 0 and [q["path"] for q in fake.requests] == ["/api/tags"]
+    asked = cli.run("auth", "status", "--provider", "openai", env={"https_proxy": "http://127.0.0.1:9"})
+    assert asked.returncode == 1 and asked.stdout.startswith("openai   none                     fails: ")  # named: asked
+
+
+def test_proxies_from_the_environment(cli, fake):
+    """A plain-HTTP proxy gets the absolute URL; loopback and no_proxy hosts are reached directly."""
+    import xzatoma
+    assert xzatoma._bypass_proxy("127.0.0.1", 80, "") and xzatoma._bypass_proxy("localhost", 80, "")
+    assert xzatoma._bypass_proxy("api.example.com", 443, "example.com")
+    assert xzatoma._bypass_proxy("api.example.com", 443, ".example.com,other")
+    assert not xzatoma._bypass_proxy("example.org", 443, "example.com")
+    assert xzatoma._bypass_proxy("10.1.2.3", 443, "10.0.0.0/8") and not xzatoma._bypass_proxy("11.1.2.3", 443, "10.0.0.0/8")
+    assert xzatoma._bypass_proxy("gpu", 8080, "gpu:8080") and not xzatoma._bypass_proxy("gpu", 11434, "gpu:8080")
+    assert xzatoma._bypass_proxy("anything", 1, "*")
+    session = xzatoma.HttpSession({"proxies": {"http": "http://u:p%%40ss@127.0.0.1:%d" % fake.port}})
+    resp = session.request("GET", "http://models.internal:11434/api/tags")
+    assert resp.status_code == 404  # the fake, as a proxy, was asked for the whole URL
+    seen = fake.requests[-1]
+    assert seen["path"] == "http://models.internal:11434/api/tags"
+    assert seen["headers"]["proxy-authorization"] == "Basic dTpwQHNz"  # u:p@ss
+
+
+# ---- start-up: what a run does not load ----
+
+
+def imported(stderr):
+    """The modules a run imported, from PYTHONPROFILEIMPORTTIME's report."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_a_run_imports_keyring_only_where_it_holds_something(cli, fake):
+    cli.use(fake, provider="openai").use_test_keyring()
+    fake.add({"content": "one"}, {"content": "two"}, {"content": "three"}, {"content": "four"})
+    first = cli.run("run", "x")  # no index yet: the keyring is asked once, and what it holds written down
+    assert first.returncode == 0, first.stderr
+    assert json.loads((cli.xz_home / "keyring-names.json").read_text()) == []
+    second = cli.run("run", "x", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert second.returncode == 0 and "keyring" not in imported(second.stderr)
+    assert "authorization" not in fake.model_requests()[-1]["headers"]
+    # a key stored by `auth login` is listed, so runs look for it
+    assert cli.run("auth", "login", "--provider", "openai", input="sk-in-the-keyring-0123456789\n").returncode == 0
+    assert json.loads((cli.xz_home / "keyring-names.json").read_text()) == ["openai_api_key"]
+    third = cli.run("run", "x")
+    assert third.returncode == 0
+    assert fake.model_requests()[-1]["headers"]["authorization"] == "Bearer sk-in-the-keyring-0123456789"
+    # one put there by another tool is found once `auth status` has looked in the keyring itself
+    cli.run("auth", "logout", "--provider", "openai")
+    cli.keyring_file.write_text(json.dumps({"xzatoma/openai_api_key": "sk-set-elsewhere-0123456789"}))
+    assert cli.run("auth", "status").returncode == 0
+    assert cli.run("run", "x").returncode == 0
+    assert fake.model_requests()[-1]["headers"]["authorization"] == "Bearer sk-set-elsewhere-0123456789"
