@@ -3726,17 +3726,62 @@ def terminal_sandbox(cfg, working_dir, secrets=None):
 
 
 def check_sandbox(cfg, sandbox, console):
-    """Before a run or chat that has the terminal: one warning line naming what the sandbox does not enforce
-    here (never silently weaker), or exit 2 with --require-sandbox. Returns the run header's note."""
+    """Before a command can run: one warning line naming what the sandbox does not enforce here (never
+    silently weaker), or exit 2 with --require-sandbox. Returns the run header's note."""
     missing = sandbox.not_enforced()
     if missing:
         text = "sandbox %s: not enforced here: %s" % (sandbox.mode, "; ".join(missing))
         if cfg.get("agent.terminal.require_sandbox"):
             raise UsageError(text + " (agent.terminal.require_sandbox / --require-sandbox: refusing to run)")
         console.warn(text + " (--require-sandbox makes this an error)")
+    return sandbox_note(sandbox)
+
+
+def sandbox_note(sandbox):
+    """The run header's and the chat banner's words for the sandbox (what was asked for; nothing started)."""
     if sandbox.mode == "off":
         return "sandbox OFF: commands are not confined"
     return "sandbox %s%s" % (sandbox.mode, ", network on" if sandbox.network else "")
+
+
+class SandboxCheck:
+    """check_sandbox, once for a session's whole tree, when its first terminal command is about to run: not
+    at start, where waiting for the helper was a third of a one-shot run that may never run a command. With
+    --require-sandbox it is done at start instead (the run must refuse before it does anything)."""
+
+    def __init__(self, cfg, sandbox, console):
+        import threading
+        self.cfg, self.sandbox, self.console = cfg, sandbox, console
+        self._lock = threading.Lock()
+        self.done = False
+
+    def __call__(self):
+        with self._lock:
+            if not self.done:
+                check_sandbox(self.cfg, self.sandbox, self.console)  # done only once it returned: a refusal repeats
+                self.done = True
+
+
+def sandbox_note_for_start(cfg, session):
+    """The header's sandbox words; with --require-sandbox the check itself, now, before anything runs."""
+    if cfg.get("agent.terminal.require_sandbox"):
+        session.sandbox_check()
+    return sandbox_note(session.sandbox)
+
+
+class _SandboxFirst:
+    """An agent's events, with the session's SandboxCheck run before the first terminal call of its tree."""
+
+    def __init__(self, events, check):
+        self._events, self._check = events, check
+
+    def __getattr__(self, name):
+        return getattr(self._events, name)
+
+    def tool_call(self, call):
+        if call.get("name") == "terminal" and not self._check.done:
+            self._check()
+        self._events.tool_call(call)
 
 
 class Session:
@@ -3744,7 +3789,7 @@ class Session:
 
     def __init__(self, cfg, console, provider, store, mode, working_dir, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=()):
+                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), sandbox_check=None):
         import threading
         self.cfg = cfg
         self.console = console
@@ -3764,6 +3809,8 @@ class Session:
         self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
         self.sandbox = sandbox  #: the OS sandbox terminal commands run in: one per top-level session
+        #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
+        self.sandbox_check = sandbox_check
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
@@ -3795,7 +3842,7 @@ class Session:
         show_instructions(console, instructions)
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
-                   instructions=instructions, owns=owns)
+                   instructions=instructions, owns=owns, sandbox_check=SandboxCheck(cfg, sandbox, console))
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None):
@@ -3907,7 +3954,8 @@ class Session:
             timeout_seconds = timeout_seconds or cfg.get("agent.timeout_seconds")
         deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
         ctx = self.ctx.with_deadline(deadline)
-        return Agent(self.provider, self.registry.bound(ctx), self.conversation, self.events, self.result,
+        events = self.events if self.sandbox_check is None else _SandboxFirst(self.events, self.sandbox_check)
+        return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result,
                      max_turns=max_turns, deadline=deadline, timeout_seconds=timeout_seconds,
                      recorder=self.recorder if self.recorded else None, quota=self.quota, cancel=self.cancel,
                      metrics=self.metrics, on_step=on_step, nested=self.depth > 0,
@@ -3924,7 +3972,7 @@ class Session:
                        events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
                        metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
                        label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools, sandbox=self.sandbox,
-                       instructions=self.instructions)
+                       instructions=self.instructions, sandbox_check=self.sandbox_check)
 
     def close(self, wait_for_workers=None):
         """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
@@ -5500,7 +5548,7 @@ class ChatSession:
                                     metrics_port=args.metrics_port)
         self.mentions = Mentions(self._mention_registry, console, cfg)
         try:
-            self.sandbox_note = check_sandbox(cfg, self.session.sandbox, console)
+            self.sandbox_note = sandbox_note_for_start(cfg, self.session)
             if target is not None:
                 self.resume(target[0])
             else:
@@ -6560,7 +6608,9 @@ def cmd_run(args, console):
                            metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile)
     try:
         session.start(kind, resume=resume, title=title, source=source)
-        sandbox_note = check_sandbox(cfg, session.sandbox, console) if "terminal" in session.registry else None
+        sandbox_note = None
+        if "terminal" in session.registry:  # prepared before its first command (SandboxCheck), not now
+            sandbox_note = sandbox_note_for_start(cfg, session)
         console.info("xzatoma %s · %s · %s · conversation %s%s%s" % (
             kind, session.provider.name, session.provider.model, session.id, " (resumed)" if resume else "",
             " · " + sandbox_note if sandbox_note else ""), "dim")

@@ -10,8 +10,13 @@ import pytest
 from conftest import tool_call
 
 
+
+def person(message):
+    """A person's message as the model got it (not the environment context sent before the first one)."""
+    return message["role"] == "user" and not str(message.get("content")).startswith("<environment_context>")
+
 def user_text(fake, index=0):
-    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"] if m["role"] == "user"][0]
+    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"] if person(m)][0]
 
 
 # ---- run takes input the usual ways ----
@@ -208,7 +213,7 @@ def test_multi_line_paste_and_backslash_continuation_are_one_message(chat, fake)
     p.expect(PROMPT % ("PLANNING", "SAFE"))
     p.eof()
     assert p.wait() == 0
-    users = [m["content"] for q in fake.model_requests() for m in q["body"]["messages"] if m["role"] == "user"]
+    users = [m["content"] for q in fake.model_requests() for m in q["body"]["messages"] if person(m)]
     assert "first pasted line\nsecond pasted line" in users and "one \ntwo" in users
     assert len(fake.model_requests()) == 2
 
@@ -252,7 +257,7 @@ def test_the_exit_hint_works_as_printed(cli, fake, tmp_path):
     assert argv[:2] == ["xzatoma", "chat"]
     again = cli.run(*argv[1:], input="and now?\n", cwd=cli.home)  # from another directory, as printed
     assert again.returncode == 0, again.stderr
-    users = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "user"]
+    users = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if person(m)]
     assert users == ["remember the walrus", "and now?"]
 
 
@@ -268,7 +273,7 @@ def test_last_is_this_directorys_and_resume_refuses_another(cli, fake):
     cli.run("run", "task in other", cwd=other)
     r = cli.run("run", "--last", "continue")  # the latest overall is other's; --last means this directory's
     assert r.returncode == 0, r.stderr
-    users = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "user"]
+    users = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if person(m)]
     assert users == ["task in work", "continue"]
     rows = json.loads(cli.run("history", "list", "--json").stdout)
     other_id = [x["id"] for x in rows if x["title"] == "task in other"][0]
@@ -304,7 +309,7 @@ def test_resume_restores_provider_model_and_mode(cli, fake):
     assert r.returncode == 0, r.stderr
     q = fake.model_requests()[-1]
     assert q["path"] == "/v1/chat/completions" and q["body"]["model"] == "gpt-test"
-    assert [m["content"] for m in q["body"]["messages"] if m["role"] == "user"][-1] == "and in chat?"
+    assert [m["content"] for m in q["body"]["messages"] if person(m)][-1] == "and in chat?"
 
 
 def test_undo_defaults_to_this_directorys_changes(cli, fake):
