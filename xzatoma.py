@@ -134,12 +134,12 @@ class Console:
         self._holder = None  # the thread asking a question; other threads' lines wait until it is answered
         self._held = []
         self._status_shown = False  # a spinner line is on screen
+        self.lines = 0  #: lines written so far: text streamed to the same terminal is rewritten only when none came between
 
     @staticmethod
     def clean(text, exact=False):
         """Untrusted text as it may reach a person: secrets redacted, control characters shown visibly."""
-        from xzatoma_store import redact
-        from xzatoma_tools import render_untrusted
+        from xzatoma_store import redact, render_untrusted
         return render_untrusted(redact(text), exact)
 
     def style(self, text, *names):
@@ -162,6 +162,7 @@ class Console:
                 self._status_shown = False
             self.err.write(text + "\n")
             self.err.flush()
+            self.lines += 1
         except (OSError, ValueError):
             pass
 
@@ -244,7 +245,7 @@ class CleanWriter:
 
 def json_out(obj, **dumps_args):
     """One JSON document on stdout: secrets redacted, nothing a terminal would act on (see render_json)."""
-    from xzatoma_tools import render_json
+    from xzatoma_store import render_json
     sys.stdout.write(render_json(obj, **dumps_args) + "\n")
 
 
@@ -3151,6 +3152,9 @@ class Events:
     def replied(self):
         """The model's reply is complete (or failed)."""
 
+    def stop(self):
+        """The turn or run ended, however (Ctrl-C included): nothing of it stays animated on the screen."""
+
     def thinking(self, text):
         if text:
             self.console.debug("thinking: " + one_line(text, 400))
@@ -3159,8 +3163,11 @@ class Events:
         self.console.info("▶ %s %s" % (name, one_line(preview, 80)), "cyan")
 
     def tool_end(self, name, result):
-        mark = "✓" if result.success else "✗"
-        self.console.info("  %s %s" % (mark, result.preview(100)), "dim" if result.success else "yellow")
+        ok, line = result_summary(result, 100)
+        self.console.info("  %s %s" % ("✓" if ok else "✗", line), "dim" if ok else "yellow")
+        if self.console.verbose:
+            for text in result_detail(result):
+                self.console.info("    │ " + text, "dim")
 
     def note(self, text):
         self.console.info(text, "dim")
@@ -3179,18 +3186,223 @@ class Events:
         """A tool call's ToolResult."""
 
 
+def command_streams(output):
+    """[(stream name, text)] of a terminal result's output (the terminal tool's `--- stdout ---` sections)."""
+    import re
+    parts = re.split(r"\n--- (stdout|stderr) ---\n", "\n" + (output or ""))
+    return [(parts[i], re.sub(r"\n\[(stdout|stderr) truncated: [^\]]*\]$", "", parts[i + 1]))
+            for i in range(1, len(parts) - 1, 2)]
+
+
+def _diff_counts(text):
+    """(path, lines added, lines removed) of a unified diff, or None when `text` is not one."""
+    if not text.startswith("--- "):
+        return None
+    lines = text.split("\n")
+    if len(lines) < 2 or not lines[1].startswith("+++ "):
+        return None
+    added = sum(1 for line in lines[2:] if line.startswith("+"))
+    removed = sum(1 for line in lines[2:] if line.startswith("-"))
+    path = lines[1][4:].strip()
+    return (path[2:] if path.startswith("b/") else path), added, removed
+
+
+def result_summary(result, width=100):
+    """(ok, one line) for a tool result as progress shows it: a command that exited non-zero is not ok and
+    shows its exit code and last error line; an edit shows what it changed, counted."""
+    meta = result.metadata
+    if result.success and "exit_code" in meta:
+        code = meta["exit_code"]
+        text = "exit %s · %.2fs" % (code, meta.get("duration_seconds") or 0.0)
+        if meta.get("edited"):
+            text = "ran as you edited it: %s · %s" % (one_line(meta.get("command") or "", 60), text)
+        streams = command_streams(result.output)
+        lines = [line for _, body in streams for line in body.split("\n") if line.strip()]
+        errors = [line for name, body in streams if name == "stderr" for line in body.split("\n") if line.strip()]
+        if code != 0 and (errors or lines):
+            text += ": " + (errors or lines)[-1].strip()
+        elif lines:
+            text += " · %s of output" % _plural(len(lines), "line")
+        return code == 0, one_line(text, width)
+    if result.success:
+        counted = _diff_counts(result.output)
+        if counted is not None:
+            path, added, removed = counted
+            return True, one_line("%s: +%d −%d %s" % (path, added, removed, "line" if added + removed == 1 else
+                                                        "lines"), width)
+    return result.success, result.preview(width)
+
+
+DETAIL_LINES = 8  #: lines of a command's output (its end) or of a diff (its start) that --verbose shows
+
+
+def result_detail(result):
+    """The lines --verbose shows under a result: a command's last lines of output, an edit's diff (cleaned
+    when printed, like every line)."""
+    if not result.success:
+        return []
+    if "exit_code" in result.metadata:
+        lines = [line for _, body in command_streams(result.output) for line in body.split("\n")]
+        while lines and not lines[-1].strip():
+            lines.pop()
+        shown = lines[-DETAIL_LINES:]
+        return (["… %s above" % _plural(len(lines) - len(shown), "line")] if len(lines) > len(shown) else []) + shown
+    if _diff_counts(result.output) is not None:
+        lines = result.output.split("\n")[2:]
+        more = len(lines) - DETAIL_LINES
+        return lines[:DETAIL_LINES] + (["… %s more" % _plural(more, "line")] if more > 0 else [])
+    return []
+
+
+class StreamedText(Events):
+    """The model's words streamed to a terminal (`out`) as they arrive, redacted and neutralised; tool lines,
+    spinner and notes on stderr. A reply that turns out to ask for tools was interim: its words are dimmed in
+    place (erased with --quiet) where that can be done exactly, else left as they are. What a cut-off reply
+    had streamed stays on the screen and in `partial()`, for the conversation."""
+
+    def __init__(self, console, out, waiting_label="thinking"):
+        super().__init__(console)
+        from xzatoma_store import UntrustedStream
+        self.out = out
+        self.spinner = Spinner(console)
+        self.waiting_label = waiting_label
+        self.filter, self.render = ThinkFilter(), UntrustedStream()
+        self.streamed = False  #: the current line of `out` holds streamed text (a newline ends it)
+        self.shown = []  #: what the current reply put on the screen
+        self.raw = []  #: the current reply's text as it came, until the loop has it whole (message())
+        self.answered = False  #: the last reply was streamed and asked for no tool: the answer is on the screen
+        self._lines_at_start = 0
+
+    def waiting(self):
+        from xzatoma_store import UntrustedStream
+        self.filter, self.render = ThinkFilter(), UntrustedStream()
+        self.shown, self.raw, self.answered = [], [], False
+        self.spinner.start(self.waiting_label)
+
+    def delta(self, text):
+        self.raw.append(text)
+        self._show(self.render.feed(self.filter.feed(text)))
+
+    def _show(self, visible):
+        if visible:
+            self.spinner.stop()
+            if not self.shown:
+                visible = visible.lstrip("\n")
+                if not visible:
+                    return
+                self._lines_at_start = self.console.lines
+            self.out.write(visible)
+            self.out.flush()
+            self.shown.append(visible)
+            self.streamed = True
+
+    def replied(self):
+        self.spinner.stop()
+        self._show(self.render.finish())
+        self._end_line()
+
+    def _end_line(self):
+        if self.streamed:
+            self.out.write("\n")
+            self.out.flush()
+            self.streamed = False
+
+    def stop(self):
+        self.spinner.stop()
+        self._end_line()
+
+    def message(self, content, tool_calls):
+        self.raw = []  # whole now: the conversation holds it
+        if not tool_calls:
+            self.answered = bool(self.shown)
+            return
+        if self.shown:
+            self._interim(content)
+        elif content.strip() and not self.console.quiet:
+            self.console.info(content.strip(), "dim")
+
+    def _interim(self, content):
+        """Dim (or, quiet, erase) the reply just streamed: the cursor goes back up over exactly its rows."""
+        shown = "".join(self.shown)
+        self.shown = []
+        quiet = self.console.quiet
+        if not (quiet or self.console.color) or self.console.lines != self._lines_at_start:
+            return  # no dim to show it in, or a line came in between: the rows are not known
+        size = _terminal_size(self.out)
+        rows = _display_rows(shown, size[0]) if size else None
+        if rows is None or rows >= size[1]:
+            return  # taller than the screen, or of a width not known exactly: left as it is
+        self.out.write("\033[%dA\r\033[J" % rows)
+        if content.strip() and not quiet:
+            self.out.write(self.console.style(self.console.clean(content.strip()), "dim") + "\n")
+        self.out.flush()
+
+    def partial(self):
+        """What a reply cut short (Ctrl-C) had said, without its thinking, or "" when no reply was cut."""
+        return strip_think("".join(self.raw))[0].strip() if self.raw else ""
+
+    def tool_start(self, name, preview):
+        self.spinner.stop()
+        super().tool_start(name, preview)
+        self.spinner.start(name)
+
+    def tool_end(self, name, result):
+        self.spinner.stop()
+        super().tool_end(name, result)
+
+
+def _terminal_size(stream):
+    """(columns, rows) of the terminal `stream` writes to, or None."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+        return (size.columns, size.lines) if size.columns > 0 and size.lines > 0 else None
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _display_rows(text, columns):
+    """How many rows `text` takes on a terminal `columns` wide, or None when that cannot be known exactly
+    (a tab, or a character whose width terminals disagree on)."""
+    import unicodedata
+    rows = 0
+    for line in text.split("\n"):
+        if "\t" in line:
+            return None
+        width = len(line)
+        if not line.isascii():
+            width = 0
+            for ch in line:
+                if unicodedata.combining(ch):
+                    continue
+                kind = unicodedata.east_asian_width(ch)
+                if kind == "A":
+                    return None
+                width += 2 if kind in ("W", "F") else 1
+        rows += max(1, -(-width // columns))
+    return rows
+
+
 class RunEvents(Events):
-    """`run` on a terminal: a spinner with the elapsed time while the model or a tool works (stderr only)."""
+    """`run`'s progress on stderr (a spinner with the elapsed time on a terminal); the model's interim words
+    (a reply that asks for tools) dimmed. The answer itself is printed at the end (emit_result)."""
 
     def __init__(self, console):
         super().__init__(console)
         self.spinner = Spinner(console)
+        self.answered = False  #: the answer was streamed to the terminal already (StreamedRunEvents)
 
     def waiting(self):
         self.spinner.start("waiting for the model")
 
     def replied(self):
         self.spinner.stop()
+
+    def stop(self):
+        self.spinner.stop()
+
+    def message(self, content, tool_calls):
+        if tool_calls and content.strip() and not self.console.quiet:
+            self.console.info(content.strip(), "dim")
 
     def tool_start(self, name, preview):
         super().tool_start(name, preview)
@@ -3199,6 +3411,14 @@ class RunEvents(Events):
     def tool_end(self, name, result):
         self.spinner.stop()
         super().tool_end(name, result)
+
+
+class StreamedRunEvents(StreamedText):
+    """`run` with its answer on a terminal: the words stream as they come (stdout piped: RunEvents, and the
+    answer byte-exact at the end)."""
+
+    def __init__(self, console, out):
+        super().__init__(console, out, "waiting for the model")
 
 
 class StreamJsonEvents(RunEvents):
@@ -4144,7 +4364,8 @@ class _ChildEvents(Events):
         self.console.info("%s▶ %s %s" % (self.prefix, name, one_line(preview, 70)), "cyan")
 
     def tool_end(self, name, result):
-        self.console.info("%s  %s %s" % (self.prefix, "✓" if result.success else "✗", result.preview(90)), "dim")
+        ok, line = result_summary(result, 90)
+        self.console.info("%s  %s %s" % (self.prefix, "✓" if ok else "✗", line), "dim" if ok else "yellow")
 
     def note(self, text):
         self.console.info(self.prefix + text.strip(), "dim")
@@ -4755,7 +4976,7 @@ def _short(text, full, width=200):
 
 
 def render_transcript(conv, messages, full=False):
-    from xzatoma_tools import preview_arguments
+    from xzatoma_store import preview_arguments
     lines = ["conversation %s  %s  %s" % (conv["id"], conv["kind"], conv["status"]),
              "started %s · %s/%s · mode %s · safety %s · %s" % (
                  conv["started_at"], conv.get("provider") or "?", conv.get("model") or "?", conv.get("mode") or "?",
@@ -4792,7 +5013,7 @@ def _build_replay(sub, common, fmt):
 
 
 def cmd_replay(args, console):
-    from xzatoma_tools import preview_arguments
+    from xzatoma_store import preview_arguments
     with history_store(args, console) as store:
         cid = store.resolve(args.id)
         conv = store.conversation(cid)
@@ -5441,52 +5662,14 @@ class ThinkFilter:
         return "".join(out)
 
 
-class ChatEvents(Events):
-    """Streams the answer to stdout as it arrives; tool lines, spinner and notes on stderr."""
+class ChatEvents(StreamedText):
+    """Chat: the answer streamed to stdout; tool lines, spinner and notes on stderr."""
 
     def __init__(self, console, out):
-        super().__init__(console)
-        self.out = out
-        self.spinner = Spinner(console)
-        self.filter = ThinkFilter()
-        from xzatoma_tools import UntrustedStream
-        self.render = UntrustedStream()
-        self.streamed = False
+        super().__init__(console, out, "thinking")
         self.turn_tool_results = []
 
-    def waiting(self):
-        from xzatoma_tools import UntrustedStream
-        self.filter = ThinkFilter()
-        self.render = UntrustedStream()  # the answer is the model's text: redacted and neutralised as it streams
-        self.spinner.start("thinking")
-
-    def delta(self, text):
-        self._show(self.render.feed(self.filter.feed(text)))
-
-    def _show(self, visible):
-        if visible:
-            self.spinner.stop()
-            if not self.streamed:
-                visible = visible.lstrip("\n")
-            self.out.write(visible)
-            self.out.flush()
-            self.streamed = True
-
-    def replied(self):
-        self.spinner.stop()
-        self._show(self.render.finish())
-        if self.streamed:
-            self.out.write("\n")
-            self.out.flush()
-            self.streamed = False
-
-    def tool_start(self, name, preview):
-        self.spinner.stop()
-        super().tool_start(name, preview)
-        self.spinner.start(name)
-
     def tool_end(self, name, result):
-        self.spinner.stop()
         super().tool_end(name, result)
         self.turn_tool_results.append(len(result.to_message()))
 
@@ -5802,16 +5985,23 @@ class ChatSession:
                                                  _fmt_tokens(row["context_window"]) if row["context_window"] else "?"))
 
     def context(self):
-        conv = self.conversation
+        """The same two figures as run's summary: the context now (what the next request sends) and what the
+        session's model calls sent and received in all (each sends the context again, so it grows faster)."""
+        conv, result = self.conversation, self.result
         window = self.window()
         limit = conv.limit(window)
         units = sum(1 for m in conv.messages[conv._head_end():] if m["role"] != "tool")
         droppable = max(0, units - conv.min_retain_turns)
-        self.console._write("~%s tokens used of a %s budget (window %s; pruning starts at %d%%: %s tokens)\n"
-                            "%d messages; pruning would drop up to %d of %d turns, keeping the instruction and the "
-                            "last %d" % (_fmt_tokens(conv.tokens), _fmt_tokens(limit), _fmt_tokens(window),
-                                         conv.prune_threshold * 100, _fmt_tokens(int(limit * conv.prune_threshold)),
-                                         len(conv.messages), droppable, units, conv.min_retain_turns))
+        self.console._write(
+            "context now: ~%s tokens (what the next request sends: %d messages and the tool definitions), of a %s "
+            "budget (window %s; pruning starts at %d%%: %s tokens)\n"
+            "this session: %s tokens (%s in / %s out)%s over %s; each call sends the context again\n"
+            "pruning would drop up to %d of %d turns, keeping the instruction and the last %d" % (
+                _fmt_tokens(context_tokens(self.session)), len(conv.messages), _fmt_tokens(limit),
+                _fmt_tokens(window), conv.prune_threshold * 100, _fmt_tokens(int(limit * conv.prune_threshold)),
+                _fmt_tokens(result.prompt_tokens + result.completion_tokens), _fmt_tokens(result.prompt_tokens),
+                _fmt_tokens(result.completion_tokens), ESTIMATED_NOTE if result.estimated else "",
+                _plural(result.turns, "model call"), droppable, units, conv.min_retain_turns))
 
     def clear(self):
         self.session.finish()
@@ -5855,10 +6045,13 @@ class ChatSession:
             session.rebuild()
         session.conversation.add_user(expanded)
         self.events.turn_tool_results = []
-        result = session.agent().run(final=False, cancel_text="Error: cancelled by user")
+        try:
+            result = session.agent().run(final=False, cancel_text="Error: cancelled by user")
+        finally:
+            self.events.stop()  # no spinner left ticking over the prompt, whatever ended the turn
         if result.status == "interrupted":
             session.cancel.set()  # subagents still running in other threads stop too
-        if result.status == "interrupted":
+            keep_partial(session, self.events)
             self.console._write("")
             self.console.info("turn cancelled; the conversation is intact")
         elif result.status != "completed":
@@ -5871,10 +6064,11 @@ class ChatSession:
         used = self.result.prompt_tokens + self.result.completion_tokens
         window = self.window()
         conv = self.conversation
-        share = 100 * conv.tokens // max(window, 1)
+        now = context_tokens(self.session)
+        share = 100 * now // max(window, 1)
         self.console.info("tokens: %s this turn · %s this session%s · context ~%s (%d%% of %s)" % (
             _fmt_tokens(used - before), _fmt_tokens(used), ESTIMATED_NOTE if self.result.estimated else "",
-            _fmt_tokens(conv.tokens), share, _fmt_tokens(window)), "dim")
+            _fmt_tokens(now), share, _fmt_tokens(window)), "dim")
         limit = conv.limit(window)
         if conv.tokens > limit * conv.prune_threshold * 0.85:
             self.console.warn("the conversation is near its budget (%s of %s tokens): older turns will be pruned soon"
@@ -5934,7 +6128,7 @@ class ChatSession:
                 return []
             # readline lists the matches as they are: a name holding a bidi override or a zero-width character
             # would reach the terminal raw (and be typed into the line unseen), so it is never offered
-            from xzatoma_tools import render_untrusted
+            from xzatoma_store import render_untrusted
             return ["@" + os.path.join(base, name) + ("/" if kind == "dir" else "")
                     for name, kind in entries if name.startswith(prefix) and not name.startswith(".git")
                     and render_untrusted(name, exact=True) == name]
@@ -6505,7 +6699,12 @@ def output_format(args):
 
 
 def run_events(console, fmt):
-    return StreamJsonEvents(console) if fmt == "stream-json" else RunEvents(console)
+    """stream-json: JSON lines on stdout; text on a terminal: the answer streams; else progress only."""
+    if fmt == "stream-json":
+        return StreamJsonEvents(console)
+    if fmt == "text" and _isatty(sys.stdout):
+        return StreamedRunEvents(console, sys.stdout)
+    return RunEvents(console)
 
 
 def prepare_task(cfg, console, ctx, instruction, piped=None):
@@ -6516,6 +6715,23 @@ def prepare_task(cfg, console, ctx, instruction, piped=None):
     return text + ("\n\n" + piped if piped else "")
 
 
+def context_tokens(session):
+    """The context now, in tokens: what the next request sends. The server's count of the last request plus
+    estimates of what was added since; before any reply, the estimate with the tool definitions."""
+    return session.conversation.sent_estimate(session.registry.definitions())
+
+
+def keep_partial(session, events):
+    """A reply Ctrl-C cut short: what it had streamed stays on the screen, so it joins the conversation too
+    (the model's next turn and `history show` see what the person saw), marked as cut."""
+    partial = events.partial() if isinstance(events, StreamedText) else ""
+    if partial and session.result.status == "interrupted":
+        session.conversation.add_assistant(partial + "\n\n" + CUT_SHORT)
+
+
+CUT_SHORT = "[cut short: the user pressed Ctrl-C while this reply was arriving]"
+
+
 def emit_result(args, fmt, events, result):
     """The end of a run on stdout, in the chosen format."""
     if fmt == "json":
@@ -6523,7 +6739,8 @@ def emit_result(args, fmt, events, result):
         sys.stdout.flush()
     elif fmt == "stream-json":
         events.emit("result", **result.to_json())
-    elif result.status in ANSWERED:  # data when piped: byte-exact but for secrets; neutralised on a TTY
+    elif result.status in ANSWERED and not events.answered:  # streamed to the terminal already, or:
+        # data when piped: byte-exact but for secrets; neutralised on a TTY
         from xzatoma_store import redact
         answer = redact(result.answer.rstrip("\n"))
         sys.stdout.write((Console.clean(answer) if _isatty(sys.stdout) else answer) + "\n")
@@ -6620,16 +6837,22 @@ def cmd_run(args, console):
                         model=session.provider.model, mode=args.mode, working_dir=session.ctx.root,
                         resumed=bool(resume))
         with sigterm_raises():
-            result = session.agent().run()
+            try:
+                result = session.agent().run()
+            finally:
+                events.stop()  # the spinner, whatever ended the run
+        keep_partial(session, events)
     finally:
         session.close(wait_for_workers=3.0)  # children still running (Ctrl-C, SIGTERM) stop now
-    summary = "%s: %s · %s · %s tokens (%s in / %s out)%s · %.1fs · conversation %s" % (
+    summary = "%s: %s · %s · %s tokens (%s in / %s out)%s · context ~%s · %.1fs · conversation %s" % (
         result.status, _plural(result.turns, "turn"), _plural(result.tool_calls, "tool call"),
         _fmt_tokens(result.prompt_tokens + result.completion_tokens),
         _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens),
-        ESTIMATED_NOTE if result.estimated else "", result.duration, result.conversation_id)
+        ESTIMATED_NOTE if result.estimated else "", _fmt_tokens(context_tokens(session)), result.duration,
+        result.conversation_id)
     emit_result(args, fmt, events, result)
-    if result.status not in ANSWERED and fmt == "text" and result.answer and not console.quiet:
+    if result.status not in ANSWERED and fmt == "text" and result.answer and not console.quiet \
+            and not events.answered:  # streamed: on the screen already
         console.info("partial answer:\n" + result.answer, "dim")
     for warning in result.warnings:
         console.warn(warning)

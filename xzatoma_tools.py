@@ -2374,7 +2374,11 @@ class Terminal(Tool):
             raise ToolError("cancelled by user" + body)
         duration = round(res.duration, 3)  # one figure: the text and the metadata never disagree
         head = "exit code: %s · %.2fs" % (res.exit_code, duration)
-        return ToolResult(True, head + body, metadata={"exit_code": res.exit_code, "duration_seconds": duration})
+        edited = command != args["command"]
+        if edited:  # chat's [e]dit: the model (and the stored conversation) learn what really ran
+            head = "The user edited the command before it ran; it ran as: %s\n%s" % (command, head)
+        return ToolResult(True, head + body, metadata={"exit_code": res.exit_code, "duration_seconds": duration,
+                                                       "command": command, "edited": edited})
 
     def _run(self, ctx, command, verdict, timeout, sandbox):
         term = ctx.terminal

@@ -2,6 +2,7 @@
 fake model server; what needs a terminal under a pseudo-terminal (tests/ptyrun.py)."""
 
 import json
+import re
 import socket
 import time
 
@@ -129,3 +130,69 @@ def test_a_run_imports_keyring_only_where_it_holds_something(cli, fake):
     assert cli.run("auth", "status").returncode == 0
     assert cli.run("run", "x").returncode == 0
     assert fake.model_requests()[-1]["headers"]["authorization"] == "Bearer sk-set-elsewhere-0123456789"
+
+
+# ---- what a person sees: the answer streams, interim words dimmed, failures marked ----
+
+
+def pty(cli, *args, rows=40, cols=120, color=False):
+    from ptyrun import PtyProcess
+    env = dict(cli.env, TERM="xterm")
+    if color:
+        env.pop("NO_COLOR")
+    return PtyProcess(cli.command(*args), env, str(cli.workdir), rows=rows, cols=cols)
+
+
+def test_run_streams_its_answer_on_a_terminal_and_prints_it_whole_when_piped(cli, fake):
+    cli.use(fake)
+    answer = "The first half arrives now, and the second half arrives a while later."
+    fake.add({"content": answer, "chunk_delay": 0.15})
+    p = pty(cli, "run", "tell me")
+    try:
+        p.expect("The first half")
+        assert p.proc.poll() is None and "a while later" not in p.seen  # shown before the reply is complete
+        p.expect("a while later")
+        assert p.wait() == 0
+        assert p.seen.count("The first half") == 1  # streamed, not printed again at the end
+    finally:
+        p.close()
+    fake.add({"content": "Let me look.", "tool_calls": [tool_call("list_directory")]}, {"content": answer})
+    r = cli.run("run", "tell me")  # piped: the answer alone, byte for byte; the interim words are progress
+    assert r.returncode == 0 and r.stdout == answer + "\n"
+    assert "Let me look." in r.stderr and "\x1b" not in r.stderr + r.stdout
+
+
+def test_interim_words_are_dimmed_and_failing_commands_marked(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "Let me list the files first.", "tool_calls": [tool_call("terminal", command="ls nothere")]},
+             {"content": "There is nothing called nothere."})
+    p = pty(cli, "run", "-v", "is nothere here?", color=True)
+    try:
+        assert p.wait() == 0
+    finally:
+        p.close()
+    seen = p.seen
+    # streamed as it came, then (the reply asked for a tool) rewritten in place, dimmed
+    assert "Let me list the files first.\r\n\x1b[1A\r\x1b[J\x1b[2mLet me list the files first.\x1b[0m" in seen
+    assert re.search(r"\x1b\[33m  ✗ exit 2 · [\d.]+s: ls: cannot access 'nothere': No such file or directory", seen)
+    assert "│ ls: cannot access 'nothere'" in seen  # --verbose: the last lines of its output
+    assert "There is nothing called nothere.\r\n" in seen
+
+
+def test_quiet_erases_interim_words_and_edits_are_counted(cli, fake):
+    (cli.workdir / "notes.txt").write_text("one\ntwo\n")
+    cli.use(fake)
+    fake.add({"content": "Editing.", "tool_calls": [tool_call("edit_file", path="notes.txt", old_text="two\n",
+                                                              new_text="2\n3\n4\n")]},
+             {"content": "Done."})
+    p = pty(cli, "run", "--quiet", "edit notes.txt", color=True)
+    try:
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert "Editing.\r\n\x1b[1A\r\x1b[JDone.\r\n" in p.seen
+    assert cli.run("undo").returncode == 0  # the same edit once more, without --quiet
+    fake.add({"tool_calls": [tool_call("edit_file", path="notes.txt", old_text="two\n", new_text="2\n3\n4\n")]},
+             {"content": "Done."})
+    r = cli.run("run", "edit notes.txt")
+    assert "✓ notes.txt: +3 −1 lines" in r.stderr, r.stderr
