@@ -5459,6 +5459,42 @@ def approval_key(command):
     return argv[0]
 
 
+def fold_blanks(text):
+    """A command as a person approves it, with long runs of blanks counted instead of drawn (8 spaces or more:
+    `⟨20000 spaces⟩`; 2 tabs or more): 20,000 spaces pushed the end of `touch x #…ls -la` out of sight. A ⟨ or ⟩
+    in the command itself is shown escaped, so nothing typed can pass for a fold."""
+    import re
+    text = text.replace("\u27e8", "\\u27e8").replace("\u27e9", "\\u27e9")
+    return re.sub(r" {8,}|\t{2,}", lambda m: "\u27e8%d %s\u27e9" % (
+        len(m.group()), "spaces" if m.group()[0] == " " else "tabs"), text)
+
+
+def wrap_rows(text, columns):
+    """`text` cut into the rows a terminal `columns` wide shows it in (a wide character takes two columns, a
+    combining one none, a tab reaches the next multiple of 8)."""
+    import unicodedata
+    rows = []
+    for line in text.split("\n"):
+        row, width = [], 0
+        for ch in line:
+            if ch == "\t":
+                ch = " " * (8 - width % 8)
+                w = len(ch)
+            elif ch.isascii():
+                w = 1
+            else:
+                w = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+            if width + w > columns and row:
+                rows.append("".join(row))
+                row, width = [], 0
+                if ch.startswith(" ") and len(ch) > 1:
+                    ch, w = ch[:min(len(ch), 8)], min(len(ch), 8)
+            row.append(ch)
+            width += w
+        rows.append("".join(row))
+    return rows
+
+
 class Confirmations:
     """Safe mode: the session's always/never answers and the prompts for tools and commands. Tools are
     remembered by name; commands by approval_key (program and subcommand), never `terminal` as a whole."""
@@ -5483,7 +5519,8 @@ class Confirmations:
             return self._ask_choice(header, detail, edit)
 
     def _ask_choice(self, header, detail, edit, scope=None):
-        self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
+        if header:
+            self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
         if detail:  # a diff or a command: shown with its hidden characters made visible
             self.console._write(self.console.clean(detail.rstrip("\n")))
         options = ("[y]es / [n]o / [a]lways '%s' this session / ne[v]er '%s'" % (scope, scope) if scope else
@@ -5541,16 +5578,19 @@ class Confirmations:
             return command
         if self._unshowable("command", command):
             return None
-        shown = self.console.clean(command, exact=True).replace("\n", "\n    ")  # exactly what will run
-        rows, needed = self._screen_rows(), self._rows_for("  $ " + shown) + 3  # the header and the options
-        if needed > rows:  # its beginning would scroll out of sight: `touch x #` + 20,000 spaces + `ls -la`
-            self.console.warn("declined without asking: the command takes %d lines, more than the %d the terminal "
-                              "shows at once, so you could not see all of it where you answer; ask for a shorter "
-                              "command (a script written with write_file)" % (needed, rows))
-            return None
+        shown = fold_blanks(self.console.clean(command, exact=True))  # exactly what will run, long blanks counted
+        block = "  $ " + shown.replace("\n", "\n    ")
+        rows = self._screen_rows()
         with self.console.hold():
-            answer = self._ask_choice("Run this command? (%s)" % reason, "  $ " + shown, edit=True,
-                                      scope=self.console.clean(key, exact=True))
+            header = "Run this command? (%s)" % reason
+            if self._rows_for(block) + 3 <= rows:
+                answer = self._ask_choice(header, block, edit=True, scope=self.console.clean(key, exact=True))
+            else:  # taller than the screen: its beginning would scroll out of sight where you answer, so it is
+                # shown a screenful at a time and the question comes after its last line
+                self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
+                if not self._page(block, rows):
+                    return None
+                answer = self._ask_choice(None, None, edit=True, scope=self.console.clean(key, exact=True))
             if answer == "e":  # the line starts from the command only when it is shown as it is (readline
                 # would write its hidden characters raw, and the person would edit what they cannot see)
                 plain = "\n" not in command and shown == command
@@ -5561,6 +5601,25 @@ class Confirmations:
         if answer == "v":
             self.never.add(key)
         return command if answer in ("y", "a") else None
+
+    def _page(self, text, rows):
+        """`text` a screenful at a time, each after Enter; False when the person leaves (Ctrl-D)."""
+        lines = wrap_rows(text, self._screen_cols())
+        size = max(3, rows - 2)
+        for start in range(0, len(lines), size):
+            self.console._write("\n".join(lines[start:start + size]))
+            if start + size < len(lines):
+                more = self.asker.ask(self.console.style("-- rows %d-%d of %d of this command; Enter shows more --"
+                                                         % (start + 1, start + size, len(lines)), "dim"))
+                if more is None:
+                    return False
+        return True
+
+    def _screen_cols(self):
+        try:
+            return os.get_terminal_size(self.console.err.fileno()).columns or 80
+        except (AttributeError, ValueError, OSError):
+            return 80
 
     def _screen_rows(self):
         try:
@@ -5844,17 +5903,27 @@ class ChatSession:
         if self.interactive:
             self.banner()
         last_interrupt, notice = 0.0, False
+        first = " ".join(getattr(self.args, "message", None) or ()).strip() or None  # `xzatoma chat "…"`
         try:
             while True:
                 try:  # everything between turns is guarded: a Ctrl-C may land anywhere here
                     if notice:
                         notice = False
                         self.console._write("\n(Ctrl-C again within a second, Ctrl-D or 'exit' leaves)")
-                    line = input(self.prompt()) if self.interactive else sys.stdin.readline()
-                    if not self.interactive and line == "":
-                        break
-                    line = self.continued(line)
+                    if first is not None:  # shown as if typed at the prompt, then answered like any message
+                        line, first = first, None
+                        if self.interactive:
+                            sys.stdout.write(self.prompt().replace("\001", "").replace("\002", "") +
+                                             self.console.clean(line) + "\n")
+                            sys.stdout.flush()
+                    else:
+                        line = input(self.prompt()) if self.interactive else sys.stdin.readline()
+                        if not self.interactive and line == "":
+                            break
+                        line = self.continued(line)
                     text = line.strip()
+                    if readline is not None and text:  # the whole message, once (answers to questions never)
+                        remember_message(readline, line)
                     if text and self.command(text) == "exit":
                         break
                 except EOFError:
@@ -5868,15 +5937,7 @@ class ChatSession:
                     last_interrupt, notice = now, True
         finally:
             if readline is not None:
-                try:
-                    from xzatoma_store import redact
-                    for i in range(readline.get_current_history_length()):  # a key typed or pasted stays off disk
-                        item = readline.get_history_item(i + 1)
-                        if item and redact(item) != item:
-                            readline.replace_history_item(i, redact(item))
-                    readline.write_history_file(self.history_file)
-                except (OSError, ValueError):
-                    pass
+                save_chat_history(readline, self.history_file)
             self.finish()
         if self.failed_turns and not self.interactive:  # a script piping turns in learns that one failed
             return EXIT_FAILED
@@ -6088,11 +6149,11 @@ class ChatSession:
         self.history_file = os.path.join(self.cfg.home, "chat_history")
         try:
             private_home(self.cfg.home)
-            private_file(self.history_file)  # what people typed: 0600 before readline writes it
-            readline.read_history_file(self.history_file)
+            private_file(self.history_file)  # what people typed: 0600 before it is written
+            load_chat_history(readline, self.history_file)
         except OSError:
             pass
-        readline.set_history_length(1000)
+        readline.set_auto_history(False)  # the REPL adds each message whole; answers to questions stay out
         readline.set_completer_delims(" \t\n")
         readline.set_completer(self.complete)
         readline.parse_and_bind("tab: complete")
@@ -6135,6 +6196,57 @@ class ChatSession:
         return []
 
 
+#: the first line of chat_history since messages of several lines are kept whole (older files: one per line)
+HISTORY_HEADER = "#xzatoma chat history 2: one message per line, \\n a newline, \\\\ a backslash"
+HISTORY_LENGTH = 1000  #: messages kept
+
+
+def remember_message(readline, message):
+    """A message (of any number of lines) as one history entry, unless it repeats the last one."""
+    message = message.rstrip("\n")
+    count = readline.get_current_history_length()
+    if count and readline.get_history_item(count) == message:
+        return
+    readline.add_history(message)
+
+
+def load_chat_history(readline, path):
+    """chat_history into readline: whole messages (a pasted block comes back as it was typed)."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().split("\n")
+    escaped = bool(lines) and lines[0] == HISTORY_HEADER
+    for line in lines[1:] if escaped else lines:
+        if line:
+            readline.add_history(_unescape_history(line) if escaped else line)
+
+
+def save_chat_history(readline, path):
+    """The last HISTORY_LENGTH messages, one per line, redacted (a key typed or pasted stays off disk)."""
+    from xzatoma_store import redact
+    count = readline.get_current_history_length()
+    items = [readline.get_history_item(i) for i in range(max(1, count - HISTORY_LENGTH + 1), count + 1)]
+    text = HISTORY_HEADER + "\n" + "".join(
+        redact(item).replace("\\", "\\\\").replace("\n", "\\n") + "\n" for item in items if item)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError:
+        pass
+
+
+def _unescape_history(line):
+    out, i = [], 0
+    while i < len(line):
+        if line[i] == "\\" and i + 1 < len(line):
+            out.append("\n" if line[i + 1] == "n" else line[i + 1])
+            i += 2
+        else:
+            out.append(line[i])
+            i += 1
+    return "".join(out)
+
+
 def _build_chat(sub, common, fmt):
     chat = sub.add_parser(
         "chat", parents=[common], formatter_class=fmt, help=COMMAND_HELP["chat"],
@@ -6143,6 +6255,9 @@ def _build_chat(sub, common, fmt):
                     "status go to stderr. With stdin piped, each line is a turn (no prompts).",
         epilog="in the chat: /help lists commands; @path, @path#L10-20, @dir/, @search:\"text\", @grep:\"regex\"\n"
                "and @url:https://… inject content; Ctrl-C cancels the running turn; Ctrl-D or 'exit' leaves.")
+    chat.add_argument("message", nargs="*", metavar="MESSAGE",
+                      help="a first message, answered before the prompt (every word from the first that is not an "
+                           "option, as for run)")
     chat.add_argument("--mode", choices=("planning", "write"), help="start mode (default: agent.chat_mode)")
     chat.add_argument("--safety", choices=("safe", "yolo"), help="start safety (default: agent.safety_mode)")
     chat.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
@@ -6458,15 +6573,85 @@ _VALUE_FLAGS = ("--config", "--provider", "--model")
 
 def _selected_command(argv):
     """The subcommand named in argv (skipping global option values), or None."""
+    index = _command_index(argv)
+    return argv[index] if index is not None else None
+
+
+def _command_index(argv):
+    """Where the first word that is not a global option (or its value) stands in argv, or None."""
     skip = False
-    for token in argv:
+    for i, token in enumerate(argv):
         if skip:
             skip = False
+        elif token == "--":
+            return i + 1 if i + 1 < len(argv) else None
         elif token in _VALUE_FLAGS:
             skip = True
-        elif not token.startswith("-"):
-            return token
+        elif not token.startswith("-") or token == "-":
+            return i
     return None
+
+
+#: subcommands whose words after the options are free text: the task (run) or the first message (chat)
+TEXT_COMMANDS = {"run": "task", "chat": "message"}
+
+
+def route(argv, stdin_is_terminal):
+    """argv as the parser reads it. Bare `xzatoma` on a terminal is `xzatoma chat`; `xzatoma "text"` (a first
+    word that is no command) is `xzatoma chat "text"` on a terminal, `xzatoma run "text"` otherwise (a
+    pipe, cron). A single word close to a command's name stays a mistake to correct, not a prompt."""
+    import difflib
+    index = _command_index(argv)
+    if index is None:
+        if any(t in ("-h", "--help", "-V", "--version") for t in argv):
+            return argv
+        if stdin_is_terminal:
+            return argv + ["chat"]
+        return argv + ["run"] if _stdin_is_data() else argv
+    word = argv[index]
+    if word in COMMAND_BUILDERS:
+        return argv
+    words = argv[index:]
+    if words == ["help"]:
+        return argv[:index] + ["--help"]
+    if len(words) == 1 and " " not in word and difflib.get_close_matches(word, list(COMMAND_BUILDERS), n=1,
+                                                                          cutoff=0.6):
+        return argv  # argparse says: invalid choice 'chta'; did you mean 'chat'?
+    head = [t for t in argv[:index] if t != "--"]
+    return head + ["chat" if stdin_is_terminal else "run", "--"] + words
+
+
+def split_text(parser, argv):
+    """(options part, free text) for run and chat: everything from the command's first word that is not an
+    option, or from `--`, is the text, options and all (`xzatoma run explain what ls -v does`); the options
+    are those before it."""
+    import argparse
+    index = _command_index(argv)
+    if index is None or argv[index] not in TEXT_COMMANDS:
+        return argv, None
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = action.choices[argv[index]]._option_string_actions
+    longs = [o for o in options if o.startswith("--")]
+    i = index + 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i], argv[i + 1:]
+        if not token.startswith("-") or token == "-":
+            return argv[:i], argv[i:]
+        if token.startswith("--"):
+            name = token.split("=", 1)[0]
+            found = options.get(name) or (lambda m: options[m[0]] if len(m) == 1 else None)(
+                [o for o in longs if o.startswith(name)])
+            i += 2 if found is not None and found.nargs != 0 and "=" not in token else 1
+            continue
+        i += 1  # a cluster of short options (-vq), or one with its value (-Cdir, -C dir)
+        for k, ch in enumerate(token[1:]):
+            found = options.get("-" + ch)
+            if found is not None and found.nargs != 0:
+                i += 1 if k == len(token) - 2 else 0  # its value is the next word, or the rest of this one
+                break
+    return argv, []
 
 
 def _parser_class():
@@ -6528,8 +6713,13 @@ def build_parser(argv=None):
         prog="xzatoma", formatter_class=fmt,
         description="XZatoma: an autonomous AI agent for the terminal. Give it a goal; it works through "
                     "a model (GitHub Copilot, Ollama or any OpenAI-compatible server) using file, search "
-                    "and terminal tools inside the working directory.",
+                    "and terminal tools inside the working directory. Without a command, 'xzatoma' opens a "
+                    "chat on a terminal and 'xzatoma TEXT…' starts one with TEXT (with no terminal, as from a "
+                    "pipe or cron, it runs TEXT as 'xzatoma run' does).",
         epilog="examples:\n"
+               "  xzatoma                                  # a chat\n"
+               "  xzatoma \"why does the build fail?\"      # a chat that starts with this question\n"
+               "  xzatoma run explain what ls -v does      # one task: the words after the options\n"
                "  xzatoma run --prompt \"List the Python files and count their lines\"\n"
                "  xzatoma run --plan task.yaml --json > result.json\n"
                "  echo \"Summarise README.md\" | xzatoma run --provider ollama --model qwen3\n"
@@ -6760,8 +6950,11 @@ def _build_run(sub, common, fmt):
     run = sub.add_parser(
         "run", parents=[common], formatter_class=fmt, help=COMMAND_HELP["run"],
         description="Run one task autonomously and print the final answer on stdout (progress goes to "
-                    "stderr). The task comes as an argument, --prompt, --plan, or standard input; @mentions "
-                    "(@file#L10-20, @dir/, @search:\"…\", @grep:\"…\", @url:…) work as in chat.",
+                    "stderr; on a terminal the answer streams as it arrives). The task comes as words, --prompt, "
+                    "--plan, or standard input; @mentions (@file#L10-20, @dir/, @search:\"…\", @grep:\"…\", "
+                    "@url:…) work as in chat. Options go before the task: every word from the first that is not "
+                    "an option is the task, as typed, options and all ('xzatoma run explain what ls -v does'); "
+                    "'--' also ends the options ('xzatoma run -- -v means what?').",
         epilog="plans are YAML, JSON or Markdown files with a goal, optional context and instructions:\n"
                "  goal: Generate API documentation\n"
                "  context: {directory: src/api/}\n"
@@ -6773,8 +6966,8 @@ def _build_run(sub, common, fmt):
                "examples:\n  xzatoma run \"List the Python files\"\n"
                "  cat build.log | xzatoma run \"Why did this fail?\"\n"
                "  xzatoma run \"Explain @src/app.py#L10-40\"\n\n" + EXIT_CODES_HELP)
-    run.add_argument("task", nargs="*", metavar="TASK", help="what to do (or --prompt, --plan, or stdin); with a task, "
-                                                            "piped stdin is added as context")
+    run.add_argument("task", nargs="*", metavar="TASK", help="what to do: every word from here on (or --prompt, --plan, "
+                                                            "or stdin); with a task, piped stdin is added as context")
     src = run.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", metavar="TEXT", help="the instruction ('-' reads it from stdin)")
     src.add_argument("--plan", metavar="FILE", help="a plan file (.yaml, .yml, .json, .md; '-' reads stdin)")
@@ -7145,8 +7338,12 @@ def main(argv=None):
     if argv in (["--version"], ["-V"], ["version"]):  # fast path: no argparse, no imports
         sys.stdout.write("xzatoma %s\n" % __version__)
         return EXIT_OK
+    argv = route(argv, _isatty(sys.stdin))
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    options, text = split_text(parser, argv)
+    args = parser.parse_args(options)
+    if text is not None:
+        setattr(args, TEXT_COMMANDS[args.command], text)
     console = Console(quiet=args.quiet, verbose=args.verbose, color=False if args.no_color else None)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

@@ -196,3 +196,221 @@ def test_quiet_erases_interim_words_and_edits_are_counted(cli, fake):
              {"content": "Done."})
     r = cli.run("run", "edit notes.txt")
     assert "✓ notes.txt: +3 −1 lines" in r.stderr, r.stderr
+
+
+# ---- Ctrl-C: a clean prompt, and what was streamed is kept ----
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+PROMPT = r"\[%s\]\[%s\] >> "
+
+
+def quiet_after(p, seconds=0.6):
+    """What the program writes in the next `seconds` (the spinner redraws every 0.1 s: it would show)."""
+    start = len(p.seen)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        p._read(deadline - time.monotonic())
+    return p.seen[start:]
+
+
+def person_messages(request):
+    return [m for m in request["body"]["messages"] if not str(m.get("content")).startswith("<environment_context>")]
+
+
+def test_ctrl_c_in_a_streamed_answer_keeps_it_and_leaves_a_clean_prompt(chat, fake):
+    fake.add({"content": "Alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu.", "chunk_delay": 0.3},
+             {"content": "fine"})
+    p = chat()
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.line("recite")
+    p.expect("Alpha beta")
+    p.interrupt()
+    p.expect("turn cancelled; the conversation is intact")
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    assert not set(quiet_after(p)) & set(SPINNER)
+    p.line("go on")
+    p.expect("fine")
+    messages = person_messages(fake.model_requests()[-1])
+    kept = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert len(kept) == 1 and kept[0].startswith("Alpha beta") and kept[0].endswith(
+        "[cut short: the user pressed Ctrl-C while this reply was arriving]")
+    assert "lambda mu." not in kept[0]  # what had arrived, not the rest
+
+
+def test_ctrl_c_at_a_confirmation_leaves_no_spinner(chat, fake, cli):
+    fake.add({"tool_calls": [tool_call("terminal", command="touch never.txt")]}, {"content": "after"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.line("make a file")
+    p.expect(r"/ \[e\]dit > ")
+    p.interrupt()
+    p.expect("turn cancelled")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    assert not set(quiet_after(p)) & set(SPINNER)
+    assert not (cli.workdir / "never.txt").exists()
+
+
+def test_ctrl_c_in_run_keeps_what_was_streamed(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "One two three four five six seven eight nine ten eleven twelve.", "chunk_delay": 0.3})
+    p = pty(cli, "run", "count")
+    try:
+        p.expect("One two")
+        p.interrupt()
+        assert p.wait() == 130
+    finally:
+        p.close()
+    assert "interrupted" in p.seen and not set(p.seen[p.seen.index("One two"):]) & set(SPINNER)
+    conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
+    shown = json.loads(cli.run("history", "show", conv["id"], "--json").stdout)
+    last = shown["messages"][-1]
+    assert last["role"] == "assistant" and last["content"].startswith("One two") and "cut short" in last["content"]
+
+
+# ---- [e]dit: what ran is what the model and the store are told ----
+
+
+def test_an_edited_command_is_what_the_model_and_the_store_see(chat, fake, cli):
+    fake.add({"tool_calls": [tool_call("terminal", command="touch wanted.txt")]}, {"content": "ran edited"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.line("make a file")
+    p.expect(r"/ \[e\]dit > ")
+    p.line("e")
+    p.expect("edit the command > ")
+    p.line("\x15touch edited.txt")
+    p.expect("ran as you edited it: touch edited.txt")
+    p.expect("ran edited")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.eof()
+    assert p.wait() == 0
+    result = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"][0]
+    assert result.startswith("The user edited the command before it ran; it ran as: touch edited.txt\nexit code: 0")
+    conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
+    assert "it ran as: touch edited.txt" in cli.run("history", "show", conv["id"]).stdout
+    assert "it ran as: touch edited.txt" in cli.run("replay", conv["id"]).stdout
+
+
+# ---- readline history: messages whole, answers never ----
+
+
+def test_history_keeps_whole_messages_and_no_answers(chat, fake, cli):
+    fake.add({"tool_calls": [tool_call("terminal", command="touch a.txt")]}, {"content": "one"},
+             {"content": "two"}, {"content": "three"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.line("make a file")
+    p.expect(r"/ \[e\]dit > ")
+    p.line("y")
+    p.expect("one")
+    p.send("\x1b[200~first pasted line\nsecond pasted line\x1b[201~\r")
+    p.expect("two")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.eof()
+    assert p.wait() == 0
+    kept = (cli.xz_home / "chat_history").read_text().split("\n")
+    assert kept[1:] == ["make a file", "first pasted line\\nsecond pasted line", ""]  # no 'y'
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.send("\x1b[A")  # the pasted message comes back whole
+    p.expect("second pasted line")
+    p.send("\r")
+    p.expect("three")
+    assert person_messages(fake.model_requests()[-1])[-1]["content"] == "first pasted line\nsecond pasted line"
+
+
+# ---- a long command on a short terminal is shown, never declined unasked ----
+
+
+def test_a_long_command_on_a_short_terminal_is_folded_or_paged(cli, fake):
+    from ptyrun import PtyProcess
+    spaced = "touch folded.txt #" + " " * 20000 + "ls -la"
+    script = "\n".join("echo line %d >> paged.txt" % i for i in range(30))
+    fake.add({"tool_calls": [tool_call("terminal", command=spaced)]}, {"content": "folded ran"},
+             {"tool_calls": [tool_call("terminal", command=script)]}, {"content": "paged ran"})
+    cli.use(fake)
+    p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir), rows=14,
+                   cols=60)
+    try:
+        p.expect(PROMPT % ("WRITE", "SAFE"))
+        p.line("fold it")
+        p.expect("touch folded.txt #⟨20000 spaces⟩ls -la")  # all of it on one line, the blanks counted
+        p.expect(r"\[e\]dit > ")
+        p.line("y")
+        p.expect("folded ran")
+        p.line("page it")
+        p.expect(r"-- rows 1-12 of 30 of this command; Enter shows more --")
+        p.line("")
+        p.expect(r"-- rows 13-24 of 30")
+        p.line("")
+        p.expect("echo line 29 >> paged.txt")
+        p.expect(r"\[e\]dit > ")
+        p.line("y")
+        p.expect("paged ran")
+    finally:
+        p.close()
+    assert (cli.workdir / "folded.txt").exists() and (cli.workdir / "paged.txt").read_text().count("line") == 30
+    assert "declined" not in p.seen
+
+
+# ---- the command line: the words after the options are the prompt ----
+
+
+def test_run_takes_every_word_after_its_options_as_the_task(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "a"}, {"content": "b"}, {"content": "c"})
+    r = cli.run("run", "explain", "what", "ls", "-v", "does")
+    assert r.returncode == 0 and "debug:" not in r.stderr, r.stderr  # -v is the task's, not --verbose
+    assert person_messages(fake.model_requests()[0])[-1]["content"] == "explain what ls -v does"
+    r = cli.run("run", "-v", "--", "-q", "means", "quiet?")
+    assert r.returncode == 0 and "debug:" in r.stderr
+    assert person_messages(fake.model_requests()[1])[-1]["content"] == "-q means quiet?"
+    r = cli.run("--provider", "ollama", "what", "is", "--json")  # no terminal: xzatoma TEXT runs it
+    assert r.returncode == 0 and r.stdout == "c\n"
+    assert person_messages(fake.model_requests()[2])[-1]["content"] == "what is --json"
+    r = cli.run("chta")
+    assert r.returncode == 2 and "did you mean 'chat'?" in r.stderr and len(fake.model_requests()) == 3
+
+
+def test_bare_xzatoma_opens_a_chat_and_text_starts_one(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "four"})
+    p = pty(cli)
+    try:
+        p.expect("XZatoma Interactive Chat Mode - Welcome!")
+        p.expect(PROMPT % ("PLANNING", "SAFE"))
+        p.eof()
+        assert p.wait() == 0
+    finally:
+        p.close()
+    p = pty(cli, "what", "is", "2+2?")
+    try:
+        p.expect(PROMPT % ("PLANNING", "SAFE") + r"what is 2\+2\?")
+        p.expect("four")
+        p.expect(PROMPT % ("PLANNING", "SAFE"))  # and the chat goes on
+        p.eof()
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert person_messages(fake.model_requests()[0])[-1]["content"] == "what is 2+2?"
+
+
+# ---- /context and run's summary count the same ----
+
+
+def test_chat_context_agrees_with_the_runs_own_count(cli, fake):
+    import subprocess
+    (cli.workdir / "notes.txt").write_text("alpha\n" * 300)
+    cli.use(fake)
+    script = [{"tool_calls": [tool_call("read_file", path="notes.txt")]}, {"content": "ok"}]
+    fake.add(*script)
+    r = cli.run("run", "read notes.txt")
+    run = re.search(r"([\d,]+) tokens \(([\d,]+) in / ([\d,]+) out\) · context ~([\d,]+)", r.stderr).groups()
+    fake.add(*script)
+    c = subprocess.run(cli.command("chat", "--mode", "write"), input="read notes.txt\n/context\n", text=True,
+                       capture_output=True, env=cli.env, cwd=str(cli.workdir), timeout=60)
+    session = re.search(r"this session: ([\d,]+) tokens \(([\d,]+) in / ([\d,]+) out\) over 2 model calls", c.stderr)
+    now = re.search(r"context now: ~([\d,]+) tokens", c.stderr)
+    assert session and now, c.stderr
+    assert session.groups() + now.groups() == run
+    assert "context ~%s" % run[3] in c.stderr  # the footer says the same
