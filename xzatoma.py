@@ -6600,7 +6600,6 @@ def route(argv, stdin_is_terminal):
     """argv as the parser reads it. Bare `xzatoma` on a terminal is `xzatoma chat`; `xzatoma "text"` (a first
     word that is no command) is `xzatoma chat "text"` on a terminal, `xzatoma run "text"` otherwise (a
     pipe, cron). A single word close to a command's name stays a mistake to correct, not a prompt."""
-    import difflib
     index = _command_index(argv)
     if index is None:
         if any(t in ("-h", "--help", "-V", "--version") for t in argv):
@@ -6614,6 +6613,7 @@ def route(argv, stdin_is_terminal):
     words = argv[index:]
     if words == ["help"]:
         return argv[:index] + ["--help"]
+    import difflib
     if len(words) == 1 and " " not in word and difflib.get_close_matches(word, list(COMMAND_BUILDERS), n=1,
                                                                           cutoff=0.6):
         return argv  # argparse says: invalid choice 'chta'; did you mean 'chat'?
@@ -6655,15 +6655,15 @@ def split_text(parser, argv):
 
 
 def _parser_class():
-    """argparse, with mistakes answered by the subcommand that was used and a did-you-mean."""
+    """argparse, with mistakes answered by the subcommand that was used and a did-you-mean (difflib and re
+    are imported for a mistake only: --help shows no guess)."""
     import argparse
-    import difflib
-    import re
 
     class Parser(argparse.ArgumentParser):
         def parse_args(self, args=None, namespace=None):
             namespace, extras = self.parse_known_args(args, namespace)
             if extras:  # argparse blames the top-level parser: show the usage of the command actually used
+                import difflib
                 parser = self._innermost(namespace)
                 options = [o for a in parser._actions for o in a.option_strings]
                 words, hinted = [], False
@@ -6686,6 +6686,8 @@ def _parser_class():
                 parser = action.choices[name]
 
         def error(self, message):
+            import difflib
+            import re
             m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
             if m:
                 choices = [c.strip(" '\"") for c in m.group(2).split(",")]

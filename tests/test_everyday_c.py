@@ -414,3 +414,19 @@ def test_chat_context_agrees_with_the_runs_own_count(cli, fake):
     assert session and now, c.stderr
     assert session.groups() + now.groups() == run
     assert "context ~%s" % run[3] in c.stderr  # the footer says the same
+
+
+def test_help_and_history_import_only_what_they_show(cli, fake):
+    for args in (["--help"], ["run", "--help"], ["chat", "--help"]):
+        r = cli.run(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert r.returncode == 0 and "usage:" in r.stdout
+        loaded = imported(r.stderr)
+        assert not loaded & {"xzatoma_tools", "xzatoma_store", "json", "sqlite3", "difflib", "http.client"}, args
+    fake.add({"content": "stored"})
+    assert cli.run("run", "--provider", "ollama", "x", env={"OLLAMA_HOST": fake.url}).returncode == 0
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    for args in (["history", "list"], ["history", "show", cid], ["replay", cid]):
+        r = cli.run(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert r.returncode == 0 and cid[:12] in r.stdout, r.stderr[-300:]
+        loaded = imported(r.stderr)
+        assert "sqlite3" in loaded and not loaded & {"xzatoma_tools", "http.client", "ssl", "keyring", "yaml"}, args
