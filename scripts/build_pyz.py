@@ -70,9 +70,9 @@ TAGS = {tags}  # trees with bytecode; the first is the archive's root, which als
 tag = getattr(sys.implementation, "cache_tag", None)
 here = os.path.abspath(os.path.dirname(__file__))  # absolute: imports done later still find the archive
 sys.path.insert(0, os.path.join(here, tag) if tag in TAGS[1:] else here)
-import xzatoma  # noqa: E402
+import xzatoma_core  # noqa: E402
 
-sys.exit(xzatoma.main())
+sys.exit(xzatoma_core.main())
 '''
 
 # ---- Fetching the pinned wheels ----
@@ -228,7 +228,7 @@ def compile_trees(src, trees, interpreters):
 EPOCH = (2020, 1, 1, 0, 0, 0)  #: every entry's timestamp: the same inputs give the same archive
 #: what every start reads, stored uncompressed: `--version` and `--help` then neither inflate ~160 KB
 #: nor import zlib (about 1 ms, 3-5% of a bare interpreter's start)
-EVERY_START = ("__main__.py", "xzatoma.pyc")
+EVERY_START = ("__main__.py", "xzatoma_core.pyc")
 
 
 def write_archive(output, trees, tags, licenses):
