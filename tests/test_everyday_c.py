@@ -430,3 +430,26 @@ def test_help_and_history_import_only_what_they_show(cli, fake):
         assert r.returncode == 0 and cid[:12] in r.stdout, r.stderr[-300:]
         loaded = imported(r.stderr)
         assert "sqlite3" in loaded and not loaded & {"xzatoma_tools", "http.client", "ssl", "keyring", "yaml"}, args
+
+
+def test_the_plain_file_start_compiles_nothing_it_can_cache(cli, tmp_path):
+    """python3 xzatoma.py: the script Python is given is compiled at every start; it is a launcher of a few
+    lines, and the program comes from cached bytecode from the second start on."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from conftest import ROOT
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in os.listdir(ROOT):
+        if name.startswith("xzatoma") and name.endswith(".py"):
+            shutil.copy(os.path.join(ROOT, name), str(plain / name))
+    assert len((plain / "xzatoma.py").read_text().splitlines()) < 30
+    env = {k: v for k, v in cli.env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    first = subprocess.run([sys.executable, str(plain / "xzatoma.py"), "--version"], capture_output=True, text=True,
+                           env=env, cwd=str(cli.workdir))
+    second = subprocess.run([sys.executable, "-v", str(plain / "xzatoma.py"), "--version"], capture_output=True,
+                            text=True, env=env, cwd=str(cli.workdir))
+    assert first.stdout == second.stdout and first.stdout.startswith("xzatoma ")
+    assert re.search(r"code object from '[^']*__pycache__/xzatoma_core\.[^']*\.pyc'", second.stderr)
