@@ -5729,6 +5729,13 @@ class ChatEvents(StreamedText):
         super().__init__(console, out, "thinking")
         self.turn_tool_results = []
 
+    def message(self, content, tool_calls):
+        streamed = bool(self.shown)
+        super().message(content, tool_calls)
+        if not tool_calls and not streamed and content.strip():  # a server that answered in one piece
+            self.out.write(self.console.clean(content.strip()) + "\n")
+            self.out.flush()
+
     def tool_end(self, name, result):
         super().tool_end(name, result)
         self.turn_tool_results.append(len(result.to_message()))

@@ -453,3 +453,17 @@ def test_the_plain_file_start_compiles_nothing_it_can_cache(cli, tmp_path):
                             text=True, env=env, cwd=str(cli.workdir))
     assert first.stdout == second.stdout and first.stdout.startswith("xzatoma ")
     assert re.search(r"code object from '[^']*__pycache__/xzatoma_core\.[^']*\.pyc'", second.stderr)
+
+
+def test_an_answer_that_did_not_stream_is_shown_in_chat_and_run(cli, fake):
+    import subprocess
+    cli.use(fake, provider="openai")
+    fake.add({"content": "in one piece", "plain_json": True}, {"content": "in one piece", "plain_json": True})
+    c = subprocess.run(cli.command("chat"), input="hello\n", capture_output=True, text=True, env=cli.env,
+                       cwd=str(cli.workdir), timeout=60)
+    assert c.returncode == 0 and c.stdout == "in one piece\n", c.stderr
+    p = pty(cli, "run", "hello")
+    try:
+        assert p.wait() == 0 and p.seen.count("in one piece") == 1
+    finally:
+        p.close()
