@@ -467,3 +467,17 @@ def test_an_answer_that_did_not_stream_is_shown_in_chat_and_run(cli, fake):
         assert p.wait() == 0 and p.seen.count("in one piece") == 1
     finally:
         p.close()
+
+
+def test_the_readme_starts_with_an_install_and_a_test_command_that_go_together():
+    """Its first two commands: pipx's isolated virtualenv has no pytest, so the test command must run the
+    interpreter the install command gave the test extra to."""
+    import os
+    from conftest import ROOT
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        install, test = [line.split("#")[0].strip() for line in fh.read().split("\n")[2:4]]
+    assert install == 'python3 -m venv .venv && .venv/bin/pip install ".[test]"'
+    assert test == ".venv/bin/python -m pytest"
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as fh:
+        extra = re.search(r"^test = \[(.*)\]$", fh.read(), re.M).group(1)
+    assert '"pytest' in extra
