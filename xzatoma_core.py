@@ -371,7 +371,7 @@ DEFAULTS = {
                   "group_id": "xzatoma-watcher", "output_topic": None, "dead_letter_topic": None,
                   "security_protocol": "PLAINTEXT", "sasl_mechanism": None, "username": None, "password": None,
                   "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
-                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000},
+                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000, "max_request_size": 1048576},
         "filter": {"event_types": [], "sources": [], "platforms": [], "packages": [], "api_versions": [],
                    "include_failed": False, "actions": [], "names": [], "match_version": None},
         "format": "auto",
@@ -382,6 +382,9 @@ DEFAULTS = {
         "allow_dangerous": False,
         "shutdown_grace_seconds": 30,
         "answer_max_bytes": 65536,
+        "max_message_bytes": 8388608,
+        "max_attempts": 2,
+        "claim_lease_seconds": 60,
         "log_file": None,
     },
     "xzepr": {
@@ -432,6 +435,10 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.timeout_seconds": (1, None),
     "watcher.shutdown_grace_seconds": (0, None),
     "watcher.answer_max_bytes": (256, None),
+    "watcher.kafka.max_request_size": (16384, None),
+    "watcher.max_message_bytes": (1024, None),
+    "watcher.max_attempts": (1, 100),
+    "watcher.claim_lease_seconds": (5, None),
     "agent.instructions_max_bytes": (0, None),
     **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
        for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
@@ -506,6 +513,13 @@ DOCS = {
     "watcher.timeout_seconds": "wall-clock limit of one event's run",
     "watcher.allow_dangerous": "full terminal autonomy for event runs (default: restricted)",
     "watcher.shutdown_grace_seconds": "on SIGTERM/SIGINT, running plans may finish for this long",
+    "watcher.kafka.max_request_size": "the producer's largest record: every result and dead-letter copy is made to "
+                                      "fit (keep it at or under the broker's message.max.bytes)",
+    "watcher.max_message_bytes": "larger messages are rejected unread",
+    "watcher.max_attempts": "a message that stopped the watcher (a crash reading or running it) this many times "
+                            "is set aside: a failed or rejected result, a dead-letter copy, and the commit",
+    "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
+                                   "other hosts sharing the store (one of this host takes it over at once)",
     "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
 }
 
@@ -2745,7 +2759,10 @@ def make_provider(cfg, console, name=None, model=None):
 #   - a block that already appeared in what the model *read* (a tool result, a user message) is a quote, not
 #     a call: a file that says `<tool_call>{"name": "terminal", …}` cannot make its reader run it by echoing it.
 # A block that is clearly an attempt (a tag, or a call-shaped start) but does not parse is reported as
-# malformed, so the loop can say what was wrong instead of taking the text for a final answer.
+# malformed, so the loop can say what was wrong instead of taking the text for a final answer. What a model
+# writes after its first call, it wrote without seeing any result ("the count is 1", a made-up
+# <tool_response>, a grep for a line it imagined): the loop runs that first call only, and the rest is not
+# kept in the conversation, where the model would read its guesses back. It is asked again with the result.
 
 def strip_think(text):
     """Split '<think>…</think>' reasoning from an answer. Returns (answer, thinking)."""
@@ -2773,14 +2790,17 @@ def strip_think(text):
 class TextCalls:
     """What find_text_tool_calls saw in a reply: calls, the prose around them, and failed attempts."""
 
-    __slots__ = ("calls", "prose", "malformed", "quoted", "form")
+    __slots__ = ("calls", "prose", "malformed", "quoted", "form", "after")
 
-    def __init__(self, calls, prose, malformed, quoted, form):
+    def __init__(self, calls, prose, malformed, quoted, form, after=""):
         self.calls = calls  #: [{name, arguments (JSON text)}] in the order written
-        self.prose = prose  #: the reply without the call blocks: the assistant's own words
+        #: the assistant's own words: before its first call (what it wrote after that, it wrote without the
+        #: call's result: a guess that, kept, it would read back as a fact), or the reply without its call blocks
+        self.prose = prose
         self.malformed = malformed  #: reasons, one per block that was an attempt but could not be read
         self.quoted = quoted  #: call blocks skipped because they repeat something the model read
         self.form = form  #: how the first call was written ("tool_call", "json", …), for the correction turn
+        self.after = after  #: the reply from its first call on (the calls, and whatever was guessed after them)
 
 
 #: opening markers of tagged call forms, and what ends each (None: the end of the reply)
@@ -2805,16 +2825,28 @@ def _opening_re():
 
 
 def _loads(text):
-    """JSON from a model: as written, or with the doubled braces some GGUF templates teach ({{"name": …}})."""
+    """JSON from a model: as written, several values one after the other (a list of them: a <tools> block of
+    JSON lines), or with the doubled braces some GGUF templates teach ({{"name": …}})."""
     text = text.strip()
     try:
         return json.loads(text)
     except RecursionError:
         raise ValueError("nested too deeply")
     except ValueError as exc:
-        if "{{" not in text:
-            raise
         first = exc
+        if exc.msg == "Extra data":
+            values, pos = [], 0
+            try:
+                while pos < len(text):
+                    value, pos = _raw_decode(text, pos)
+                    values.append(value)
+                    while pos < len(text) and text[pos] in " \t\r\n,":
+                        pos += 1
+                return values
+            except ValueError:
+                pass
+        if "{{" not in text:
+            raise first
     try:
         return json.loads(text.replace("{{", "{").replace("}}", "}"))
     except (ValueError, RecursionError):
@@ -2914,15 +2946,19 @@ def _mistral_calls(body):
 
 def find_text_tool_calls(content, seen=""):
     """The tool calls written in a reply's text (see the section note). `seen`: what the model has read so far
-    (tool results and user messages, joined); a block found in it is a quote. Returns TextCalls, or None when
+    (tool results and user messages, joined; or a function that joins them, called only when needed); a block
+    found in it is a quote. Returns TextCalls, or None when
     the text holds neither a call nor an attempt at one."""
     text = content or ""
     if not text.strip() or ("{" not in text and not any(tag in text for tag in _CALL_TAGS)):
         return None
-    scan = _Scan(seen)
+    scan = _Scan(seen() if callable(seen) else seen)
     scan.run(text)
     if not scan.calls and not scan.malformed and not scan.quoted:
         return None
+    if scan.first_call is not None:  # what follows the first call was written before any result came
+        return TextCalls(scan.calls, text[:scan.first_call].strip(), scan.malformed, scan.quoted,
+                         scan.form or "json", text[scan.first_call:])
     prose, last = [], 0
     for start, end in scan.spans:
         prose.append(text[last:start])
@@ -2943,12 +2979,14 @@ class _Scan:
     def __init__(self, seen):
         self.seen = seen
         self.calls, self.malformed, self.spans = [], [], []
-        self.quoted, self.form, self.bare_tries = 0, None, 0
+        self.quoted, self.form, self.bare_tries, self.first_call = 0, None, 0, None
 
     def found(self, kind, block, value_calls, reasons, span):
         if block.strip() and block.strip() in self.seen:
             self.quoted += 1
         else:
+            if value_calls and self.first_call is None:
+                self.first_call = span[0]
             self.calls += value_calls
             self.malformed += reasons
             if value_calls or reasons:
@@ -3021,6 +3059,8 @@ class _Scan:
         inner.run(body, nested=True)
         self.bare_tries = inner.bare_tries
         if inner.calls or inner.malformed or inner.quoted:
+            if inner.calls and self.first_call is None:
+                self.first_call = match.start()
             self.calls += inner.calls
             self.malformed += inner.malformed
             self.quoted += inner.quoted
@@ -3196,16 +3236,17 @@ def command_streams(output):
 
 
 def _diff_counts(text):
-    """(path, lines added, lines removed) of a unified diff, or None when `text` is not one."""
-    if not text.startswith("--- "):
-        return None
-    lines = text.split("\n")
-    if len(lines) < 2 or not lines[1].startswith("+++ "):
-        return None
-    added = sum(1 for line in lines[2:] if line.startswith("+"))
-    removed = sum(1 for line in lines[2:] if line.startswith("-"))
-    path = lines[1][4:].strip()
-    return (path[2:] if path.startswith("b/") else path), added, removed
+    """(path, lines added, lines removed, the diff's lines after its header) of the unified diff in a tool's
+    output (edit_file says a sentence before it), or None when there is none."""
+    lines = (text or "").split("\n")
+    for i in range(min(len(lines) - 1, 5)):
+        if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ "):
+            body = lines[i + 2:]
+            added = sum(1 for line in body if line.startswith("+"))
+            removed = sum(1 for line in body if line.startswith("-"))
+            path = lines[i + 1][4:].strip()
+            return (path[2:] if path.startswith("b/") else path), added, removed, body
+    return None
 
 
 def result_summary(result, width=100):
@@ -3228,7 +3269,7 @@ def result_summary(result, width=100):
     if result.success:
         counted = _diff_counts(result.output)
         if counted is not None:
-            path, added, removed = counted
+            path, added, removed, _ = counted
             return True, one_line("%s: +%d −%d %s" % (path, added, removed, "line" if added + removed == 1 else
                                                         "lines"), width)
     return result.success, result.preview(width)
@@ -3248,8 +3289,9 @@ def result_detail(result):
             lines.pop()
         shown = lines[-DETAIL_LINES:]
         return (["… %s above" % _plural(len(lines) - len(shown), "line")] if len(lines) > len(shown) else []) + shown
-    if _diff_counts(result.output) is not None:
-        lines = result.output.split("\n")[2:]
+    counted = _diff_counts(result.output)
+    if counted is not None:
+        lines = counted[3]
         more = len(lines) - DETAIL_LINES
         return lines[:DETAIL_LINES] + (["… %s more" % _plural(more, "line")] if more > 0 else [])
     return []
@@ -3670,12 +3712,16 @@ class Agent:
         self.events.thinking("\n".join(t for t in (reply.thinking, thinking) if t))
         turn = Turn(content, reply.tool_calls)
         if not turn.calls and tools:
-            written = find_text_tool_calls(content, conv.read_so_far())
+            written = find_text_tool_calls(content, conv.read_so_far)
             if written is not None and (written.calls or written.malformed):
+                # only the first written call runs: the rest of the reply, later calls included, was written
+                # before any result (a grep for a line the model imagined, a file rewritten from a guess)
                 turn = Turn(written.prose, [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
-                                            for i, c in enumerate(written.calls)],
+                                            for i, c in enumerate(written.calls[:1])],
                             ["your tool call could not be read: " + why for why in written.malformed],
                             written.form, raw=content)
+                if written.calls:
+                    self.events.thinking("written before any result, not kept: " + written.after)
         if reply.finish_reason == "repetition" and not turn.calls:
             turn.malformed.append("your reply kept repeating itself and was cut off; write one tool call, or a "
                                   "short answer")
@@ -4029,7 +4075,7 @@ class Session:
         self.label = label  #: a subagent's label
         self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
-        self.sandbox = sandbox  #: the OS sandbox terminal commands run in: one per top-level session
+        self.sandbox = sandbox  #: the OS sandbox commands run in: one per top-level session (None: no terminal)
         #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
         self.sandbox_check = sandbox_check
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
@@ -4044,10 +4090,11 @@ class Session:
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
-             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None):
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, terminal=True):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
-        metrics (with a port or a textfile), the cancel event and the terminal's sandbox."""
+        metrics (with a port or a textfile), the cancel event and, unless `terminal` is False (a run that can
+        never offer the terminal tool: planning mode without chat's mode switches), the terminal's sandbox."""
         working_dir = check_working_dir(working_dir)
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -4057,13 +4104,16 @@ class Session:
         if metrics is None and (metrics_port or metrics_textfile):
             metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
             owns.add("metrics")
-        sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
-        owns.add("sandbox")
+        sandbox = None
+        if terminal:
+            sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
+            owns.add("sandbox")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
-                   instructions=instructions, owns=owns, sandbox_check=SandboxCheck(cfg, sandbox, console))
+                   instructions=instructions, owns=owns,
+                   sandbox_check=SandboxCheck(cfg, sandbox, console) if sandbox is not None else None)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None):
@@ -4253,9 +4303,10 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
-    from xzatoma_tools import RESTRICTED
+    from xzatoma_tools import PLANNING, RESTRICTED
     session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
-                           metrics=metrics, store=store, cancel=cancel, provider=provider)
+                           metrics=metrics, store=store, cancel=cancel, provider=provider,
+                           terminal=mode != PLANNING)  # issue 22: a sandbox per event that could never be used
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
@@ -6397,7 +6448,9 @@ def watch_settings(args, cfg):
         security=security, working_dir=working_dir, max_concurrent=pick(args.max_concurrent, w["max_concurrent"]),
         max_events=args.max_events, idle_exit=args.idle_exit, dry_run=args.dry_run,
         format=pick(args.format, w["format"]), shutdown_grace=float(w["shutdown_grace_seconds"]),
-        answer_limit=w["answer_max_bytes"],
+        answer_limit=w["answer_max_bytes"], max_request_size=k["max_request_size"],
+        max_message_bytes=w["max_message_bytes"], max_attempts=w["max_attempts"],
+        claim_lease=float(w["claim_lease_seconds"]),
         consumer_options={"session_timeout_ms": k["session_timeout_ms"],
                           "max_poll_interval_ms": k["max_poll_interval_ms"],
                           "heartbeat_interval_ms": max(100, min(3000, k["session_timeout_ms"] // 3))})
@@ -6426,9 +6479,11 @@ def watch_filters(args, cfg):
 def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
+    import threading
     from xzatoma_tools import FULL, RESTRICTED
     base_provider = make_provider(cfg, console)  # credentials are checked once, at start
     quiet = Console(quiet=True, color=False)
+    per_thread = threading.local()  # each worker thread's own provider: its HTTP connection lives on (issue 22)
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         probe = terminal_sandbox(cfg, settings.working_dir)
         try:
@@ -6438,11 +6493,14 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
 
     def run_plan(job):
         from xzatoma_store import redact
+        provider = getattr(per_thread, "provider", None)
+        if provider is None:
+            provider = per_thread.provider = base_provider.clone()
         outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=base_provider.clone()).to_json()  # its sandbox closes with it
+                                   provider=provider).to_json()  # its sandbox closes with it
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))
         return outcome

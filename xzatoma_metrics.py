@@ -81,8 +81,15 @@ class PrometheusMetrics:
             self.watch_duration = prom.Histogram("xzatoma_watch_run_duration_seconds", "Wall time of one event's run",
                                                  registry=r, buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800))
             self.watch_running = prom.Gauge("xzatoma_watch_runs_in_flight", "Event runs in flight", registry=r)
-            self.watch_lag_gauge = prom.Gauge("xzatoma_watch_consumer_lag", "Messages behind the partition's end",
-                                              ["topic", "partition"], registry=r)
+            self.watch_lag_gauge = prom.Gauge("xzatoma_watch_consumer_lag",
+                                              "Messages of the partition not yet committed: its end offset minus "
+                                              "the group's committed offset", ["topic", "partition"], registry=r)
+            self.watch_stalled = prom.Gauge("xzatoma_watch_commit_stalled_seconds",
+                                            "Seconds the partition's committed offset has not moved while messages "
+                                            "wait (0 when none wait)", ["topic", "partition"], registry=r)
+            self.watch_oldest = prom.Gauge("xzatoma_watch_oldest_waiting_seconds",
+                                           "How long the oldest message received and not yet committed has waited",
+                                           registry=r)
 
     def watch_event(self, outcome):
         with self.lock:
@@ -103,6 +110,26 @@ class PrometheusMetrics:
         with self.lock:
             self._watch_metrics()
         self.watch_lag_gauge.labels(topic, str(partition)).set(lag)
+
+    def watch_lag_clear(self, topic, partition):
+        """A partition given up: another member reports it now."""
+        with self.lock:
+            self._watch_metrics()
+        for gauge in (self.watch_lag_gauge, self.watch_stalled):
+            try:
+                gauge.remove(topic, str(partition))
+            except KeyError:
+                pass
+
+    def watch_commit_stalled(self, topic, partition, seconds):
+        with self.lock:
+            self._watch_metrics()
+        self.watch_stalled.labels(topic, str(partition)).set(seconds)
+
+    def watch_oldest_waiting(self, seconds):
+        with self.lock:
+            self._watch_metrics()
+        self.watch_oldest.set(seconds)
 
     def close(self):
         """Write the textfile (atomically: node_exporter never sees half a file) and stop serving."""

@@ -611,6 +611,17 @@ MIGRATIONS = [
     DELETE FROM model_cache;
     DELETE FROM fetch_cache;
     """,
+    # 7 (watcher, issue 22): events being run, so processes sharing a store never run one id at once (a claim
+    # outlives its owner only until its lease ends, or at once when the owner was a process of this host that is
+    # gone); and the offsets a consumer was reading, so a message that crashes the watcher is found and set aside
+    """
+    CREATE TABLE event_claims (event_id TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, pid INTEGER,
+        claimed_at REAL NOT NULL, expires_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 1);
+    CREATE INDEX event_claims_owner ON event_claims(owner);
+    CREATE TABLE message_attempts (consumer TEXT PRIMARY KEY, first_offset INTEGER NOT NULL,
+        last_offset INTEGER NOT NULL, owner TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1,
+        updated_at REAL NOT NULL);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -1084,8 +1095,84 @@ class Store:
                             "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
                             (event_id, rfc3339(), conversation_id, status, self.redact(result), self.redact(metadata)))
 
-    def event_published(self, event_id):
-        self.conn().execute("UPDATE processed_events SET published_at = ? WHERE event_id = ?", (rfc3339(), event_id))
+    def event_published(self, event_id, owner=None):
+        """The event's result is out; `owner`'s claim on it ends in the same transaction."""
+        with self._transaction() as conn:
+            conn.execute("UPDATE processed_events SET published_at = ? WHERE event_id = ?", (rfc3339(), event_id))
+            if owner is not None:
+                conn.execute("DELETE FROM event_claims WHERE event_id = ? AND owner = ?", (event_id, owner))
+
+    # -- claims: an event id being run, by one owner (a watcher process) at a time --
+    def claim_event(self, event_id, owner, lease):
+        """Claim `event_id` for `owner` for `lease` seconds, unless it is finished or another owner holds it.
+
+        Returns (claimed, attempts, record): record is the processed_events row (a finished event is never
+        claimed); attempts counts the owners that claimed it without finishing, this one included (a claim
+        taken over from a process that died mid-run adds one; that is how a run that kills the watcher is found).
+        Another owner's claim holds until its lease ends, or until its process is gone when it ran here."""
+        now, host = time.time(), _process_space()
+        with self._transaction() as conn:
+            row = conn.execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
+            record = dict(row) if row is not None else None
+            if record is not None and record.get("published_at"):
+                return False, 0, record
+            claim = conn.execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
+            if claim is not None and claim["owner"] != owner:
+                gone = claim["host"] == host and claim["pid"] and not _pid_alive(claim["pid"])
+                if claim["expires_at"] > now and not gone:
+                    return False, claim["attempts"], record
+                attempts = claim["attempts"] + 1
+            else:
+                attempts = claim["attempts"] if claim is not None else 1
+            conn.execute("INSERT OR REPLACE INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, "
+                         "attempts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (event_id, owner, host, os.getpid(), now, now + lease, attempts))
+            return True, attempts, record
+
+    def release_claim(self, event_id, owner):
+        self.conn().execute("DELETE FROM event_claims WHERE event_id = ? AND owner = ?", (event_id, owner))
+
+    def renew_claims(self, owner, lease):
+        """Extend every claim `owner` holds by `lease` seconds from now (the watcher's heartbeat)."""
+        self.conn().execute("UPDATE event_claims SET expires_at = ? WHERE owner = ?", (time.time() + lease, owner))
+
+    # -- message attempts: the offsets a consumer is handling, left behind by a crash --
+    def begin_attempt(self, consumer, first, last, owner):
+        """`owner` is handling offsets first..last of `consumer` (group/topic/partition). Returns (left, attempts):
+        left is (first, last) of a mark another owner left there (it stopped while handling one of them; a mark
+        overlapping a range of several offsets is kept, not replaced); attempts counts how often the single offset
+        `first` == `last` has been begun in a row."""
+        with self._transaction() as conn:
+            row = conn.execute("SELECT * FROM message_attempts WHERE consumer = ?", (consumer,)).fetchone()
+            left = (row["first_offset"], row["last_offset"]) if row is not None and row["owner"] != owner else None
+            if left is not None and first != last and left[0] <= last and first <= left[1]:
+                return left, row["attempts"]  # its mark stays: the offsets are now begun one at a time, counted
+            same = row is not None and row["first_offset"] == row["last_offset"] == first == last
+            attempts = row["attempts"] + 1 if same else 1
+            conn.execute("INSERT OR REPLACE INTO message_attempts (consumer, first_offset, last_offset, owner, "
+                         "attempts, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                         (consumer, first, last, owner, attempts, time.time()))
+        return left, attempts
+
+    def end_attempt(self, consumer, owner):
+        self.conn().execute("DELETE FROM message_attempts WHERE consumer = ? AND owner = ?", (consumer, owner))
+
+    def _transaction(self):
+        """BEGIN IMMEDIATE … COMMIT (ROLLBACK on an exception): a read and the write it decides, at once."""
+        return _Immediate(self.conn())
+
+
+class _Immediate:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def __enter__(self):
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, kind, exc, tb):
+        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
+        return False
 
 
 def _xor(data, stream):
@@ -1103,6 +1190,15 @@ def _hostname():
     except AttributeError:  # not POSIX
         import platform
         return platform.node()
+
+
+def _process_space():
+    """Where a pid means one process: this host name and, on Linux, this pid namespace (two containers sharing
+    a host name and a store must not judge each other's pids: each sees only its own)."""
+    try:
+        return "%s %s" % (_hostname(), os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        return _hostname()
 
 
 def _pid_alive(pid):

@@ -981,8 +981,14 @@ class EditFile(Tool):
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
             ctx.after_change(token)
-            diff = text_diff(text, updated, display_path(target.real, ctx.root))
-        return ToolResult.ok(diff or "(no change)", replacements=text.count(args["old_text"]))
+            shown = display_path(target.real, ctx.root)
+            diff = text_diff(text, updated, shown)
+        count = text.count(args["old_text"])
+        if not diff:
+            return ToolResult.ok("(no change: new_text is old_text)", replacements=count)
+        # a sentence first: the change is saved (a small model took the bare diff for text to write back)
+        return ToolResult.ok("Edited %s: %d replacement%s, saved. The change:\n%s" % (
+            shown, count, "" if count == 1 else "s", diff), replacements=count)
 
 
 class FindPath(Tool):
@@ -2889,23 +2895,168 @@ def parse_plan(text, source="<plan>", fmt=None):
         raise PlanError(source, "the plan is empty")
     if fmt == "markdown":
         return _parse_markdown_plan(text, source)
-    if fmt == "json":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise PlanError(source, "invalid JSON: %s" % exc.msg, getattr(exc, "lineno", None))
-    else:
-        try:
-            import yaml
-        except ImportError:
-            raise PlanError(source, "YAML plans need the Python package 'pyyaml' (pip install pyyaml)")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise PlanError(source, "invalid YAML: %s" % problem, mark.line + 1 if mark else None)
+    try:
+        data = load_json(text) if fmt == "json" else load_yaml(text)
+    except DocumentError as exc:
+        raise PlanError(source, str(exc), exc.line)
     return _plan_from_mapping(data, source, text)
+
+
+# Plans and the events that carry them come from other people (a Kafka topic, a repository): parsing one is
+# bounded in depth, in values and, for YAML, in what its aliases expand to. A 300-byte YAML of nested aliases
+# is a billion strings once written out (issue 22: 47 s and a 684 MB database), and `[` x 1500 raised
+# RecursionError, which nothing expected. Limits are checked on the parsed shape, so any document that
+# passes is one the rest of the program can walk, dump and store.
+MAX_DOCUMENT_DEPTH = 64  #: nesting of lists and mappings (events and plans use under 15)
+MAX_DOCUMENT_VALUES = 100000  #: values in a document, every alias counted as what it expands to
+ALIAS_ALLOWANCE = 1 << 20  #: bytes of text aliases may add beyond the document's own length
+
+
+class DocumentError(ValueError):
+    """A document that is not valid, or over the limits: the message says which; `line` when known;
+    `over_limit` when it is valid but too deep or too big (another parser would not do better)."""
+
+    def __init__(self, message, line=None, over_limit=False):
+        super().__init__(message)
+        self.line, self.over_limit = line, over_limit
+
+
+def load_json(text, max_depth=MAX_DOCUMENT_DEPTH, max_values=MAX_DOCUMENT_VALUES):
+    """json.loads, bounded: DocumentError for invalid JSON, too deep, too many values (never another error)."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise DocumentError("invalid JSON: nested deeper than %d levels" % max_depth, over_limit=True)
+    except ValueError as exc:  # JSONDecodeError, or an integer of more digits than Python converts
+        raise DocumentError("invalid JSON: %s" % (getattr(exc, "msg", None) or exc),
+                            getattr(exc, "lineno", None))
+    _check_values(data, max_depth, max_values)
+    if _SURROGATE_ESCAPE.search(text):  # JSON may name half a character (\ud800), which nothing can store or
+        try:                            # send: each becomes '?'
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            data = json.loads(json.dumps(data, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
+    return data
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
+
+
+def _check_values(data, max_depth, max_values):
+    """Depth and value count of parsed JSON, without recursion (a JSON document is a tree)."""
+    count, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        count += 1
+        if count > max_values:
+            raise DocumentError("more than %d values" % max_values, over_limit=True)
+        if isinstance(value, (dict, list)):
+            if depth > max_depth:
+                raise DocumentError("nested deeper than %d levels" % max_depth, over_limit=True)
+            stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
+
+
+def load_yaml(text, max_depth=MAX_DOCUMENT_DEPTH, max_values=MAX_DOCUMENT_VALUES, allowance=ALIAS_ALLOWANCE):
+    """yaml.safe_load, bounded: the node graph is measured before anything is built from it, counting each
+    alias as the whole of what it names. DocumentError for invalid YAML or a document over the limits."""
+    try:
+        import yaml
+    except ImportError:
+        raise DocumentError("YAML needs the Python package 'pyyaml' (pip install pyyaml)")
+    loader = _bounded_loader(yaml)(text)
+    try:
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_nodes(yaml, node, max_depth, max_values, len(text) + allowance)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except DocumentError:
+        raise
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise DocumentError("invalid YAML: %s" % problem, mark.line + 1 if mark else None)
+    except RecursionError:
+        raise DocumentError("invalid YAML: nested deeper than %d levels" % max_depth, over_limit=True)
+    except Exception as exc:  # a constructor's ValueError (an integer of 5000 digits), or what was not foreseen
+        raise DocumentError("invalid YAML: %s" % (str(exc).splitlines() or [type(exc).__name__])[0][:200])
+
+
+_LOADERS = {}
+
+
+def _bounded_loader(yaml):
+    """libyaml's safe loader (it stops at 1000 levels itself), else the Python one with a depth guard: its
+    composer recurses, and a deep document would only stop at the interpreter's recursion limit."""
+    if "loader" not in _LOADERS:
+        loader = getattr(yaml, "CSafeLoader", None)
+        if loader is None:
+            class BoundedSafeLoader(yaml.SafeLoader):
+                depth = 0
+
+                def compose_node(self, parent, index):
+                    self.depth += 1
+                    try:
+                        if self.depth > MAX_DOCUMENT_DEPTH:
+                            raise DocumentError("nested deeper than %d levels" % MAX_DOCUMENT_DEPTH,
+                                                over_limit=True)
+                        return super().compose_node(parent, index)
+                    finally:
+                        self.depth -= 1
+            loader = BoundedSafeLoader
+        _LOADERS["loader"] = loader
+    return _LOADERS["loader"]
+
+
+def _check_nodes(yaml, root, max_depth, max_values, max_bytes):
+    """Depth, values and scalar bytes of a composed YAML graph as if its aliases were written out; a node
+    an alias reaches twice is measured once (memo), a node that contains itself is refused."""
+    sizes = {}  # id(node) -> (values, bytes, depth) once measured
+    on_path = set()
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            values, size, depth = 1, 0, 1
+            for child in _children(yaml, node):
+                v, b, d = sizes[id(child)]
+                values, size, depth = values + v, size + b, max(depth, d + 1)
+            if values > max_values:
+                raise DocumentError("more than %d values once its aliases are expanded" % max_values,
+                                    over_limit=True)
+            if size > max_bytes:
+                raise DocumentError("its aliases expand to more than %d bytes" % max_bytes, over_limit=True)
+            if depth > max_depth:
+                raise DocumentError("nested deeper than %d levels" % max_depth, over_limit=True)
+            sizes[key] = (values, size, depth)
+            continue
+        if key in sizes:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[key] = (1, len(node.value), 0)
+            continue
+        if key in on_path:
+            raise DocumentError("an alias refers to a node that contains it", over_limit=True)
+        on_path.add(key)
+        stack.append((node, True))
+        for child in _children(yaml, node):
+            if id(child) in on_path:
+                raise DocumentError("an alias refers to a node that contains it", over_limit=True)
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
+def _children(yaml, node):
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    return ()
 
 
 def _key_line(text, key):

@@ -1,11 +1,12 @@
 """XZatoma watcher: `xzatoma watch` and `xzatoma publish` over Kafka (optional: pip install 'xzatoma[kafka]').
 
 Read top to bottom: the optional dependency, semantic versions, messages (format
-detection and plan extraction), filters, result events, the XZepr API client,
-offsets, the decision log, the watcher loop, and publish. kafka-python is
-imported inside the functions that talk to a broker. This module never imports
-xzatoma: xzatoma hands it its settings, the store, and a function that runs one
-plan (a Session of kind 'watch'); so the loop is testable with any callable.
+detection, bounds and plan extraction), filters, result events (bounded to fit),
+the XZepr API client, offsets, the decision log, settings and jobs, the watcher
+loop, broker plumbing, and publish. kafka-python is imported inside the functions
+that talk to a broker. This module never imports xzatoma: xzatoma hands it its
+settings, the store, and a function that runs one plan (a Session of kind
+'watch'); so the loop is testable with any callable.
 """
 
 import collections
@@ -191,20 +192,37 @@ def _text(value):
     return value
 
 
+# INFO: one message may cost one message, never a partition (issue 22). What a message can make the watcher
+# hold is bounded before it is parsed: its size, its headers, the length of each attribute a result or a log
+# line repeats, and (xzatoma_tools.load_json/load_yaml) the depth, values and alias expansion of its document.
+MAX_MESSAGE_BYTES = 8 << 20  #: larger messages are rejected unread (watcher.max_message_bytes)
+MAX_HEADERS = 256  #: headers of one message
+ID_MAX_BYTES = 1024  #: an event id (or a bare plan's key): results, logs and the store repeat it
+ATTRIBUTE_MAX_BYTES = 4096  #: any other CloudEvents attribute (type, source, subject, …)
+
+
+def _cut_id(text):
+    """An id over ID_MAX_BYTES, cut (and marked) so that a result can still name it."""
+    cut, was_cut = bounded(text, ID_MAX_BYTES - 3)
+    return cut + "…" if was_cut else text
+
+
 def _load_document(text):
-    """JSON, else YAML; BadMessage when it is neither."""
+    """JSON, else YAML, both bounded; BadMessage when it is neither or over the limits."""
+    from xzatoma_tools import DocumentError, load_json, load_yaml
     stripped = text.lstrip()
     json_error = None
     if stripped.startswith(("{", "[", '"')):
         try:
-            return json.loads(text)
-        except ValueError as exc:
+            return load_json(text)
+        except DocumentError as exc:
+            if exc.over_limit:
+                raise BadMessage("JSON %s" % exc)
             json_error = exc
     try:
-        import yaml
-        return yaml.safe_load(text)
-    except Exception as exc:  # yaml.YAMLError, or a recursion bomb
-        reason = json_error or getattr(exc, "problem", None) or exc
+        return load_yaml(text)
+    except DocumentError as exc:
+        reason = exc if exc.over_limit or json_error is None else json_error
         raise BadMessage("neither JSON nor YAML: %s" % str(reason).splitlines()[0][:200])
 
 
@@ -214,21 +232,39 @@ def _is_xzepr(doc):
         ("platform_id" in doc and "api_version" in doc)
 
 
-def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto"):
+def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto", max_bytes=MAX_MESSAGE_BYTES):
     """An Event from one Kafka record, or BadMessage. The plan is parsed and validated here."""
     position = "%s:%s:%s" % (topic, partition, offset)
     try:
         key_text = _text(key) or None
     except UnicodeDecodeError:
         key_text = None
+    if key_text is not None:
+        key_text = _cut_id(key_text)
+    headers = list(headers or ())
+    if len(headers) > MAX_HEADERS:
+        raise BadMessage("%d headers, over the limit of %d" % (len(headers), MAX_HEADERS), key_text)
     hdrs = {}
-    for name, raw in headers or ():
+    for name, raw in headers:
         try:
-            hdrs[_text(name).lower()] = _text(raw) if raw is not None else ""
+            name = _text(name).lower()
+        except (UnicodeDecodeError, AttributeError):
+            continue  # not a name the watcher reads (ce_*, content-type)
+        if not (name.startswith("ce_") or name == "content-type"):
+            continue  # tracing and the like: never decoded, never a reason to reject
+        raw = raw if raw is not None else b""
+        if len(raw) > ATTRIBUTE_MAX_BYTES and name != "ce_id":
+            raise BadMessage("header %r is %d bytes, over the limit of %d" % (name[:64], len(raw),
+                                                                              ATTRIBUTE_MAX_BYTES), key_text)
+        try:
+            hdrs[name] = _text(raw)
         except UnicodeDecodeError:
-            raise BadMessage("header %r is not UTF-8" % (name,), key_text)
+            raise BadMessage("header %r is not UTF-8" % (name[:64],), key_text)
     if value is None or not value.strip():
         raise BadMessage("empty message", key_text)
+    if len(value) > max_bytes:
+        raise BadMessage("the message is %d bytes, over the limit of %d (watcher.max_message_bytes)"
+                         % (len(value), max_bytes), key_text)
     try:
         text = _text(value)
     except UnicodeDecodeError as exc:
@@ -238,14 +274,17 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto")
     if fmt == "plan":
         return _bare_plan(ev, text, position)
     if "ce_specversion" in hdrs and fmt in ("auto", "cloudevents"):  # binary content mode
+        from xzatoma_tools import DocumentError, load_json
         attrs = {k[3:]: v for k, v in hdrs.items() if k.startswith("ce_")}
         data = text
         content_type = hdrs.get("content-type", "")
         if "json" in content_type or text.lstrip().startswith(("{", "[")):
             try:
-                data = json.loads(text)
-            except ValueError:
-                data = text
+                data = load_json(text)
+            except DocumentError as exc:
+                if exc.over_limit:
+                    raise BadMessage("data: JSON %s" % exc, _cut_id(attrs["id"]) if attrs.get("id") else None)
+                data = text  # not JSON after all: the plan parser says what it is
         _attributes(ev, attrs, "cloudevents")
         ev.data = data
         return _extract_plan(ev)
@@ -260,14 +299,17 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto")
         return _extract_plan(ev)
     if fmt in ("xzepr", "cloudevents"):
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
-                         doc.get("id") if isinstance(doc, dict) and isinstance(doc.get("id"), str) else key_text)
+                         _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else key_text)
     return _bare_plan(ev, text, position)
 
 
 def _attributes(ev, attrs, kind):
     ev.format = kind
     event_id = attrs.get("id")
-    ev.id = event_id if isinstance(event_id, str) and event_id.strip() else None
+    ev.id = _cut_id(event_id) if isinstance(event_id, str) and event_id.strip() else None
+    if ev.id is not None and ev.id != event_id:
+        raise BadMessage("the event id is %d bytes, over the limit of %d" % (len(event_id.encode("utf-8")),
+                                                                             ID_MAX_BYTES), ev.id)
     for name in CE_REQUIRED:
         value = attrs.get(name)
         if not isinstance(value, str) or not value.strip():
@@ -278,7 +320,10 @@ def _attributes(ev, attrs, kind):
                  "platform_id", "package"):
         value = attrs.get(name)
         if value is not None and not isinstance(value, (dict, list)):
-            setattr(ev, name, str(value))
+            value = str(value)
+            if len(value) > ATTRIBUTE_MAX_BYTES // 4 and len(value.encode("utf-8")) > ATTRIBUTE_MAX_BYTES:
+                raise BadMessage("attribute '%s' is over the limit of %d bytes" % (name, ATTRIBUTE_MAX_BYTES), ev.id)
+            setattr(ev, name, value)
     success = attrs.get("success")
     if isinstance(success, str):
         success = success.strip().lower() not in ("false", "0", "no")
@@ -351,6 +396,8 @@ def context_outside(plan, working_dir):
             continue
         if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value) or re.match(r"^[\w.-]+@[\w.-]+:", value):
             continue  # a repository URL, not a directory here
+        if len(value) > 4096:  # longer than any path (PATH_MAX): and realpath's walk of it took seconds per 100 KB
+            return "context %s is %d characters, longer than a path can be" % (key, len(value))
         path = os.path.realpath(os.path.join(root, os.path.expanduser(value.strip())))
         if path != root and not path.startswith(root.rstrip(os.sep) + os.sep):
             return "context %s %r is outside the working directory %s" % (key, value[:200], root)
@@ -420,7 +467,9 @@ def _regex(pattern, flag, flags=0):
 # ---- Result events: CloudEvents 1.0, structured mode ----
 
 RESULT_TYPES = {"completed": "xzatoma.plan.completed", "failed": "xzatoma.plan.failed",
-                "rejected": "xzatoma.plan.rejected", "interrupted": "xzatoma.plan.interrupted"}
+                "rejected": "xzatoma.plan.rejected", "interrupted": "xzatoma.plan.interrupted",
+                # an answer without the tool work the plan needed (README: Honest completion)
+                "unverified": "xzatoma.plan.unverified"}
 RESULT_HEADERS = [("content-type", STRUCTURED_CONTENT_TYPE.encode())]
 
 
@@ -430,11 +479,25 @@ def now_rfc3339():
 
 
 def bounded(text, limit):
-    """(text cut to at most `limit` UTF-8 bytes, whether it was cut)."""
-    data = (text or "").encode("utf-8")
+    """(text cut to at most `limit` UTF-8 bytes, whether it was cut). Half a character (a lone surrogate, from
+    a model's escaped reply) counts as the '?' it is sent as."""
+    data = (text or "").encode("utf-8", "replace")
     if len(data) <= limit:
         return text or "", False
     return data[:limit].decode("utf-8", "ignore"), True
+
+
+REDACT_MARGIN = 32768  #: redacted beyond a cut: longer than any credential shape (a PEM block is up to 16 KB)
+
+
+def clipped(text, limit):
+    """(text redacted, then cut to `limit` UTF-8 bytes, whether it was cut). Redacting before cutting leaves no
+    half a key; only the head a margin past the limit is redacted (8 MB of text took seconds, per field)."""
+    from xzatoma_store import redact
+    text = text if isinstance(text, str) else str(text)
+    head = text[:limit + REDACT_MARGIN]
+    out, cut = bounded(redact(head), limit)
+    return out, cut or len(head) < len(text)
 
 
 def result_status(status):
@@ -444,21 +507,75 @@ def result_status(status):
     return "interrupted" if status in ("cancelled", "terminated") else "failed"
 
 
-def result_event(ev, outcome, source, answer_limit=65536):
-    """The CloudEvent published for one event that passed the filters."""
+# Every field of a result is bounded, and the whole event fits under the producer's max_request_size: a 2 MB
+# goal copied whole made a result the producer refused forever, and the partition's commit stopped (issue 22).
+FIELD_MAX_BYTES = {"trigger_event_id": ID_MAX_BYTES, "trigger_type": ATTRIBUTE_MAX_BYTES, "conversation_id": 256,
+                   "goal": 8192, "error": 8192}
+SHRINKABLE = ("answer", "goal", "error")  #: cut further, largest first, when the whole event is over its budget
+RECORD_OVERHEAD = 1024  #: bytes of a Kafka record beyond its value and key (batch header, headers, lengths)
+
+
+def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
+    """The CloudEvent published for one event that passed the filters. Each text field is redacted, then cut to
+    its bound (`data.truncated` maps each field cut to its size in bytes before); with `max_bytes` the encoded
+    event fits in that many bytes, whatever the outcome held."""
+    # every consumer of the results topic reads it: the goal and an error quote the event, and a credential in it
+    outcome = outcome if isinstance(outcome, dict) else {}  # went out again (issue 12)
     status = result_status(outcome.get("status"))
-    answer, cut = bounded(outcome.get("answer"), answer_limit)
-    data = {"status": status, "trigger_event_id": ev.id, "trigger_type": ev.type,
-            "conversation_id": outcome.get("conversation_id"), "goal": ev.plan.goal if ev.plan is not None else None,
-            "answer": answer, "error": outcome.get("error"), "usage": outcome.get("usage") or {},
-            "turns": outcome.get("turns", 0), "tool_calls": outcome.get("tool_calls", 0),
-            "duration_seconds": outcome.get("duration_seconds", 0.0)}
-    if cut:
+    limits = dict(FIELD_MAX_BYTES, answer=answer_limit)
+    texts = (("trigger_event_id", ev.id), ("trigger_type", ev.type),
+             ("conversation_id", outcome.get("conversation_id")),
+             ("goal", ev.plan.goal if ev.plan is not None else None), ("answer", outcome.get("answer")),
+             ("error", outcome.get("error")))
+    data, truncated = {"status": status}, {}
+    for name, value in texts:
+        if value is None:
+            data[name] = None
+            continue
+        data[name], cut = clipped(value, limits[name])
+        if cut:
+            truncated[name] = len(str(value).encode("utf-8", "replace"))
+    warnings = outcome.get("warnings")
+    data["warnings"] = [clipped(w, 1024)[0] for w in warnings[:8] if isinstance(w, str)] \
+        if isinstance(warnings, list) else []
+    usage = outcome.get("usage")
+    data["usage"] = {str(k)[:64]: v for k, v in list(usage.items())[:16] if isinstance(v, (int, float))} \
+        if isinstance(usage, dict) else {}
+    for name, kind, default in (("turns", int, 0), ("tool_calls", int, 0), ("duration_seconds", float, 0.0)):
+        value = outcome.get(name, default)
+        data[name] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(default)
+    doc = {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
+           "subject": data["trigger_event_id"] if ev.id is None else ev.id, "time": now_rfc3339(),
+           "datacontenttype": "application/json", "data": data}
+    if max_bytes is not None:
+        fit(doc, data, SHRINKABLE, max_bytes, truncated)
+    if "answer" in truncated:
         data["answer_truncated"] = True
-    from xzatoma_store import redact_data  # every consumer of the results topic reads it: the goal and an error
-    data = redact_data(data)  # quote the event, and a credential in it went out again (issue 12)
-    return {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
-            "subject": ev.id, "time": now_rfc3339(), "datacontenttype": "application/json", "data": data}
+    if truncated:
+        data["truncated"] = truncated
+    if max_bytes is not None and len(_encode(doc)) > max_bytes:  # a budget smaller than the event's frame
+        raise ValueError("a result event cannot fit in %d bytes" % max_bytes)
+    return doc
+
+
+def fit(doc, fields, names, max_bytes, truncated, note_bytes=200):
+    """Cut the text of `fields` (a mapping inside `doc`) among `names`, the largest as encoded first, until `doc`
+    encodes to at most `max_bytes` (less `note_bytes` for the note of what was cut); each field cut is recorded in
+    `truncated` with its size before. Returns whether it fits."""
+    for _ in range(2 * len(names) + 2):
+        over = len(_encode(doc)) + note_bytes + 32 * len(names) - max_bytes
+        if over <= 0:
+            return True
+        encoded = {n: len(_encode(fields[n])) for n in names if isinstance(fields.get(n), str) and fields[n]}
+        if not encoded:
+            return False
+        name = max(encoded, key=encoded.get)
+        raw = len(fields[name].encode("utf-8"))
+        truncated.setdefault(name, raw)
+        # the text's share of what must go (escaped characters take up to 6 bytes each in JSON)
+        keep = raw * max(0, encoded[name] - over) // encoded[name]
+        fields[name] = bounded(fields[name], max(0, min(keep, raw - 1)))[0]
+    return len(_encode(doc)) + note_bytes <= max_bytes
 
 
 def result_source(group, host=None):
@@ -478,8 +595,10 @@ class XzeprClient:
     RECEIVER = {"name": "xzatoma", "type": "xzatoma.plan.result", "version": "1.0.0",
                 "description": "XZatoma plan runs triggered by events", "schema": {}}
 
-    def __init__(self, api_url, api_key=None, timeout=10.0, attempts=4, backoff=0.5, max_backoff=8.0, sleep=None):
+    def __init__(self, api_url, api_key=None, timeout=10.0, attempts=4, backoff=0.5, max_backoff=8.0, sleep=None,
+                 max_body_bytes=65536):
         self.api_url = api_url.rstrip("/")
+        self.max_body_bytes = max_body_bytes  #: an event posted is at most this long (JSON, UTF-8)
         self.api_key = api_key
         self.timeout, self.attempts, self.backoff, self.max_backoff = timeout, attempts, backoff, max_backoff
         self.sleep = sleep or time.sleep
@@ -490,7 +609,7 @@ class XzeprClient:
     def request(self, method, path, body=None):
         import urllib.error
         import urllib.request
-        data = json.dumps(body).encode() if body is not None else None
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8") if body is not None else None
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "xzatoma-watch"}
         if self.api_key:
             headers["Authorization"] = "Bearer " + self.api_key
@@ -535,10 +654,29 @@ class XzeprClient:
             return self._receiver
 
     def post_event(self, name, ev, success, payload):
-        body = {"name": name, "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
+        """POST one lifecycle event. Every text in it is bounded (a plan's name and an event's attributes are
+        someone else's), and the body fits in max_body_bytes, the error cut first (`payload.truncated` says)."""
+        phase = name.rsplit(".", 1)[-1]
+        body = {"name": bounded(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
+                "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
                 "platform_id": ev.platform_id or "xzatoma", "package": ev.package or "xzatoma",
-                "description": "xzatoma plan %s for event %s" % (name.rsplit(".", 1)[-1], ev.id),
-                "payload": payload, "success": bool(success), "event_receiver_id": self.receiver_id()}
+                "description": "xzatoma plan %s for event %s" % (phase, ev.id),
+                "payload": dict(payload), "success": bool(success), "event_receiver_id": self.receiver_id()}
+        truncated = {}
+        for key, limit in (("version", 256), ("release", 256), ("platform_id", 256), ("package", 256),
+                           ("description", 2048)):
+            body[key], cut = bounded(str(body[key]), limit)
+            if cut:
+                truncated[key] = True
+        payload = body["payload"]
+        for key, value in payload.items():
+            if isinstance(value, str):
+                payload[key], cut = clipped(value, FIELD_MAX_BYTES.get(key, ID_MAX_BYTES))
+                if cut:
+                    truncated[key] = len(value.encode("utf-8", "replace"))
+        fit(body, payload, [k for k, v in payload.items() if isinstance(v, str)], self.max_body_bytes, truncated)
+        if truncated:
+            payload["truncated"] = truncated
         return self.request("POST", "/api/v1/events", body)
 
 
@@ -549,16 +687,17 @@ class PartitionOffsets:
     """One assigned partition: offsets received but not settled, and what may be committed."""
 
     def __init__(self):
-        self.pending = set()
+        self.pending = {}  #: offset received and not settled -> when it was received (time.monotonic())
         self.highest = None
-        self.committed = None
+        self.committed = None  #: the group's committed offset as this watcher knows it (None: nothing yet)
+        self.advanced_at = time.monotonic()  #: when `committed` last moved on (or the partition was assigned)
 
     def received(self, offset):
-        self.pending.add(offset)
+        self.pending[offset] = time.monotonic()
         self.highest = offset if self.highest is None else max(self.highest, offset)
 
     def settled(self, offset):
-        self.pending.discard(offset)
+        self.pending.pop(offset, None)
 
     def resume_point(self):
         """Where reading must resume for nothing to be skipped: the lowest unfinished offset, else the next one."""
@@ -611,7 +750,31 @@ class OffsetTracker:
             for tp, point in points.items():
                 po = self.partitions.get(tp)
                 if po is not None:
+                    if po.committed is None or point > po.committed:
+                        po.advanced_at = time.monotonic()
                     po.committed = point
+
+    def stalled(self):
+        """{tp: seconds since the committed offset last moved on} for every assigned partition."""
+        now = time.monotonic()
+        with self.lock:
+            return {tp: round(now - po.advanced_at, 3) for tp, po in self.partitions.items()}
+
+    def committed_offsets(self):
+        """{tp: the committed offset this watcher knows, or None} for every assigned partition."""
+        with self.lock:
+            return {tp: po.committed for tp, po in self.partitions.items()}
+
+    def highest_offsets(self):
+        """{tp: the offset after the highest received} for the assigned partitions that received any."""
+        with self.lock:
+            return {tp: po.highest + 1 for tp, po in self.partitions.items() if po.highest is not None}
+
+    def oldest_waiting(self):
+        """Seconds the oldest message received and not yet settled has waited (0 when none waits)."""
+        with self.lock:
+            times = [min(list(po.pending.values())) for po in self.partitions.values() if po.pending]
+        return round(time.monotonic() - min(times), 3) if times else 0.0
 
     def settled_all(self):
         with self.lock:
@@ -666,7 +829,7 @@ class _NoMetrics:
         return lambda *args, **kw: None
 
 
-# ---- The watcher: consume → filter → extract → run → record → publish → commit ----
+# ---- Watcher settings, connection options and jobs ----
 
 
 class Settings:
@@ -677,7 +840,13 @@ class Settings:
         dead_letter_topic=None, create_topics=False, security={}, working_dir=".", max_concurrent=1,
         max_events=None, idle_exit=None, dry_run=False, format="auto", shutdown_grace=30.0, answer_limit=65536,
         poll_ms=200, backoff_initial=0.5, backoff_max=30.0, publish_timeout=10.0, consumer_options=None,
-        host=None, lag_interval=5.0)
+        host=None, lag_interval=5.0, max_message_bytes=MAX_MESSAGE_BYTES, max_request_size=1048576,
+        max_attempts=2, claim_lease=60.0, publish_attempts=20)
+    # max_message_bytes: larger messages are rejected unread. max_request_size: the producer's limit, which every
+    # result (and dead-letter copy) is made to fit. max_attempts: a message that stopped the watcher (a crash while
+    # reading or running it) that many times is set aside. claim_lease: seconds a claim on an event id outlives a
+    # watcher that stopped renewing it. publish_attempts: tries of a result the broker refuses (retriable errors)
+    # before a small failed result takes its place.
 
     def __init__(self, **values):
         unknown = set(values) - set(self.DEFAULTS)
@@ -718,7 +887,7 @@ def client_options(settings_or_brokers, security=None):
 class Job:
     """One event being run: handed to the run-one-plan function."""
 
-    def __init__(self, event, partition_offsets, stored=None):
+    def __init__(self, event, partition_offsets, stored=None, message=None):
         self.event = event
         self.plan = event.plan
         self.prompt = event.plan.to_prompt() if event.plan is not None and stored is None else None
@@ -728,6 +897,14 @@ class Job:
         self.po = partition_offsets
         self.stored = stored  #: a result recorded earlier but never published: publish it, run nothing
         self.tp = None
+        self.message = message  #: the Kafka record it came from (its dead-letter copy)
+        self.not_before = 0.0  #: time.monotonic() before which it is not tried again (claimed by another process)
+        self.store_failures = 0  #: claims that failed because the store could not be used
+        self.delays = 0  #: times its result could not be published at all (the next try waits longer)
+        self.claimed = False  #: this watcher holds its id's claim in the store
+
+
+# ---- The watcher: consume → filter → extract → run → record → publish → commit ----
 
 
 class Watcher:
@@ -759,7 +936,11 @@ class Watcher:
         self.assigned_at = None
         self.rebalancing = False
         self.needs_position = set()  # partitions just assigned: read on from the committed offset first
+        self.revoking = set()  # partitions being given up: a job of theirs is never queued again
         self.kafka = None
+        #: who claims event ids in the store: this process, this watcher (two watchers of one process differ)
+        self.owner = "%s:%d:%s" % (socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
+        self.finished = threading.Event()  #: set when the watcher has stopped (ends the claims' heartbeat)
 
     # -- control --
     def request_stop(self, reason="signal"):
@@ -784,11 +965,24 @@ class Watcher:
         if self.consumer is None:
             self.executor.shutdown(wait=False)
             return 0
+        if self.store is not None and not self.s.dry_run:
+            threading.Thread(target=self._keep_claims, name="xzatoma-lease", daemon=True).start()
         try:
             self._loop()
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                self.finished.set()
         return 0
+
+    def _keep_claims(self):
+        """The claims' heartbeat: while this watcher lives, every event id it claimed stays claimed."""
+        while not self.finished.wait(max(0.2, self.s.claim_lease / 4)):
+            try:
+                self.store.renew_claims(self.owner, self.s.claim_lease)
+            except Exception as exc:  # a locked or failing database: the next beat tries again
+                self.log("claims_not_renewed", level="warn", error=_one_line(exc))
 
     # -- connecting, with capped exponential backoff --
     def _backoff(self, attempt):
@@ -810,7 +1004,8 @@ class Watcher:
                 consumer_opts.update(self.s.consumer_options or {})
                 consumer = kafka.KafkaConsumer(**consumer_opts)
                 producer = None
-                self.producer_opts = dict(opts, acks="all", linger_ms=0, retries=3)
+                self.producer_opts = dict(opts, acks="all", linger_ms=0, retries=3,
+                                          max_request_size=self.s.max_request_size)
                 if not self.s.dry_run:
                     producer = kafka.KafkaProducer(**self.producer_opts)
                 consumer.subscribe([self.s.topic], listener=_listener(kafka, self))
@@ -849,12 +1044,12 @@ class Watcher:
                 continue
             got = False
             for tp, messages in records.items():
-                for msg in messages:
-                    if self.s.max_events and self.received >= self.s.max_events:
-                        break
+                if self.s.max_events:
+                    messages = messages[:max(0, self.s.max_events - self.received)]
+                if messages:
                     got = True
-                    self.received += 1
-                    self._handle(tp, msg)
+                    self.received += len(messages)
+                    self._handle_batch(tp, messages)
             self._start_runs()
             self._commit()
             now = time.monotonic()
@@ -864,7 +1059,7 @@ class Watcher:
             elif self.s.idle_exit and now - max(last_activity, self.assigned_at) >= self.s.idle_exit:
                 self.log("idle_exit", idle_seconds=self.s.idle_exit)
                 break
-            if now - last_lag >= self.s.lag_interval:
+            if now - last_lag >= self.s.lag_interval and self._lag_wanted():
                 last_lag = now
                 self._report_lag()
 
@@ -884,24 +1079,120 @@ class Watcher:
                 continue
             with self.cond:
                 self.needs_position.discard(tp)
+            if offset is not None:
+                self.tracker.committed({tp: offset})  # the lag counts from here until this watcher commits
             self.log("positioned", topic=tp.topic, partition=tp.partition, offset=offset or 0)
 
+    # -- lag: what waits, from what is committed --
+    def _lag_wanted(self):
+        """Only when someone reads it (metrics, or the debug log): it asks the broker for end offsets."""
+        debug = getattr(self.log, "level", LEVELS["debug"]) <= LEVELS["debug"]
+        return debug or not isinstance(self.metrics, _NoMetrics)
+
     def _report_lag(self):
+        """Per partition, the end offset (asked of the broker: a paused partition is not fetched, so what the
+        consumer last saw of it is stale) minus the group's committed offset: every message not yet settled and
+        committed, whether fetched, running, publishing or not read yet (issue 22: the old gauge, from what was
+        fetched, read 0 while 32 of 40 events waited). With it: runs in flight and the oldest waiting age."""
+        lags = {}
         try:
-            for tp in self.consumer.assignment():
-                high = self.consumer.highwater(tp)
-                if high is not None:
-                    self.metrics.watch_lag(tp.topic, tp.partition, max(0, high - self.consumer.position(tp)))
-        except Exception:
-            pass
+            assigned = [tp for tp in self.consumer.assignment() if tp not in self.needs_position]
+            if assigned:
+                ends = _offsets_call(self.consumer.end_offsets, assigned)
+                committed = self.tracker.committed_offsets()
+                unknown = [tp for tp in assigned if committed.get(tp) is None]
+                starts = _offsets_call(self.consumer.beginning_offsets, unknown) if unknown else {}
+                highest = self.tracker.highest_offsets()
+                stalled = self.tracker.stalled()
+                for tp in assigned:
+                    base = committed.get(tp)
+                    base = starts.get(tp) if base is None else base
+                    # INFO: each of these only ever falls short of the true end: the broker's answer (Tansu 0.6
+                    # answers with the last batch's first offset + 1), the last fetch's high watermark (stale while
+                    # paused), the next offset after the highest received
+                    known = [x for x in (ends.get(tp), self.consumer.highwater(tp), highest.get(tp))
+                             if x is not None]
+                    if known and base is not None:
+                        lags[tp] = max(0, max(known) - base)
+                        self.metrics.watch_lag(tp.topic, tp.partition, lags[tp])
+                        # how long work has waited here without a commit: 0 when nothing waits
+                        self.metrics.watch_commit_stalled(tp.topic, tp.partition,
+                                                          stalled.get(tp, 0.0) if lags[tp] else 0.0)
+        except Exception as exc:  # the broker away: the gauges keep their last values, the next round asks again
+            self.log("lag_unknown", level="debug", error=_one_line(exc))
+        oldest = self.tracker.oldest_waiting()
+        self.metrics.watch_in_flight(len(self.in_flight))
+        self.metrics.watch_oldest_waiting(oldest)
+        self.log("lag", level="debug", lag=",".join("%d=%d" % (tp.partition, n) for tp, n in sorted(
+            lags.items(), key=lambda kv: kv[0].partition)) or None, in_flight=len(self.in_flight),
+            backlog=len(self.backlog), oldest_waiting=oldest)
+
+    # -- reading: one partition's batch, each message, and crash-loops --
+    def _handle_batch(self, tp, messages):
+        """Read one partition's fetched messages in order. Before, the store is told which offsets are being
+        read; a mark that another process left there means it died reading one of them. Those are then read one
+        at a time, each marked first, and one begun more than watcher.max_attempts times is set aside unread:
+        a message that crashes the watcher costs that message, not the partition (nor a restart loop)."""
+        marks = self.store is not None and not self.s.dry_run
+        consumer = "%s/%s/%d" % (self.s.group_id, tp.topic, tp.partition)
+        left = self._mark(consumer, messages[0].offset, messages[-1].offset)[0] if marks else None
+        for i, msg in enumerate(messages):
+            if left is not None and left[0] <= msg.offset <= left[1]:
+                attempts = self._mark(consumer, msg.offset, msg.offset)[1]
+                if attempts > self.s.max_attempts:
+                    self._set_aside(tp, msg, attempts - 1)
+                    self._commit([tp])  # now: a crash before the next commit would read it again
+                else:
+                    self._handle(tp, msg)
+                if i + 1 < len(messages):
+                    self._mark(consumer, messages[i + 1].offset, messages[-1].offset)
+                continue
+            self._handle(tp, msg)
+        if marks:
+            try:
+                self.store.end_attempt(consumer, self.owner)
+            except Exception as exc:
+                self.log("store_failed", level="warn", error=_one_line(exc))
+
+    def _mark(self, consumer, first, last):
+        try:
+            return self.store.begin_attempt(consumer, first, last, self.owner)
+        except Exception as exc:  # an unusable store costs the crash-loop guard, never a message
+            self.log("store_failed", level="warn", error=_one_line(exc))
+            return None, 1
+
+    def _set_aside(self, tp, msg, crashes):
+        po = self.tracker.get(tp)
+        po.received(msg.offset)
+        reason = ("set aside unread: the watcher stopped %d times while reading it (watcher.max_attempts %d)"
+                  % (crashes, self.s.max_attempts))
+        event_id = _guess_id(msg)
+        self.log("set_aside", level="error", event_id=event_id, reason=reason, topic=msg.topic,
+                 partition=msg.partition, offset=msg.offset)
+        self.counts["set_aside"] += 1
+        self._reject(tp, po, msg, event_id, reason, None, counted=True)
 
     def _handle(self, tp, msg):
         po = self.tracker.get(tp)
         po.received(msg.offset)
+        try:
+            self._read(tp, po, msg)
+        except Exception as exc:  # a bug, or what nobody foresaw: this message is rejected, the partition goes on
+            if msg.offset not in po.pending or any(j.tp == tp and j.event.offset == msg.offset
+                                                   for j in list(self.backlog)):
+                self.log("error", level="error", error="%s: %s" % (type(exc).__name__, _one_line(exc)),
+                         topic=msg.topic, partition=msg.partition, offset=msg.offset)
+                return  # settled or queued already: the failure came after, and costs nothing more
+            reason = "the watcher could not read this message: %s: %s" % (type(exc).__name__, _one_line(exc))
+            self.log("rejected", level="error", reason=reason, topic=msg.topic, partition=msg.partition,
+                     offset=msg.offset)
+            self._reject(tp, po, msg, _guess_id(msg), reason, None)
+
+    def _read(self, tp, po, msg):
         where = dict(topic=msg.topic, partition=msg.partition, offset=msg.offset)
         try:
             ev = decode_message(msg.topic, msg.partition, msg.offset, msg.key, msg.value, msg.headers,
-                                self.s.format)
+                                self.s.format, self.s.max_message_bytes)
         except BadMessage as exc:
             self.log("rejected", level="warn", event_id=exc.event_id, reason=exc.reason, **where)
             self._reject(tp, po, msg, exc.event_id, exc.reason, None)
@@ -923,14 +1214,15 @@ class Watcher:
             line = {"event_id": ev.id, "type": ev.type, "source": ev.source, "format": ev.format,
                     "topic": ev.topic, "partition": ev.partition, "offset": ev.offset,
                     "plan_location": ev.plan_location, "name": ev.plan_name(), "version": ev.plan_version(),
-                    "goal": ev.plan.goal, "instructions": len(ev.plan.instructions)}
+                    "goal": clipped(ev.plan.goal, FIELD_MAX_BYTES["goal"])[0],
+                    "instructions": len(ev.plan.instructions)}
             from xzatoma_store import redact_data  # the goal is the event's text: a credential in it is not shown
             self.out.write(json.dumps(redact_data(line), ensure_ascii=True) + "\n")
             self.out.flush()
             self.counts["would_run"] += 1
             self.metrics.watch_event("dry_run")
             return self._settle(po, ev.offset)
-        job = Job(ev, po)
+        job = Job(ev, po, message=msg)
         job.tp = tp
         with self.cond:
             self.backlog.append(job)
@@ -947,23 +1239,51 @@ class Watcher:
             self.settled += 1
             self.cond.notify_all()
 
-    def _reject(self, tp, po, msg, event_id, reason, ev):
-        """Bad input never blocks a partition: log, a rejected result when the id is known, dead-letter, commit."""
-        self.counts["rejected"] += 1
-        self.metrics.watch_event("rejected")
-        if not self.s.dry_run:
-            if event_id:
-                if ev is None:
-                    ev = Event(id=event_id, topic=msg.topic, partition=msg.partition, offset=msg.offset)
-                result = result_event(ev, {"status": "rejected", "error": reason}, self.source, self.s.answer_limit)
-                self._publish(self.s.output_topic, event_id.encode("utf-8"), _encode(result), RESULT_HEADERS,
-                              "result", give_up_after=3)
-            if self.s.dead_letter_topic:
-                headers = list(msg.headers or []) + [("xzatoma_reason", reason.encode("utf-8", "replace")[:1000]),
-                                                     ("xzatoma_origin", ("%s:%s:%s" % (msg.topic, msg.partition,
-                                                                                     msg.offset)).encode())]
-                self._publish(self.s.dead_letter_topic, msg.key, msg.value, headers, "dead_letter", give_up_after=3)
-        self._settle(po, msg.offset)
+    def _reject(self, tp, po, msg, event_id, reason, ev, counted=False):
+        """Bad input never blocks a partition: a rejected result when the id is known, a dead-letter copy, and
+        the offset settled whatever happens on the way."""
+        try:
+            if not counted:
+                self.counts["rejected"] += 1
+            self.metrics.watch_event("rejected")
+            if not self.s.dry_run:
+                if event_id:
+                    if ev is None:
+                        ev = Event(id=event_id, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+                    result = result_event(ev, {"status": "rejected", "error": reason}, self.source,
+                                          self.s.answer_limit, self._budget(event_id))
+                    self._publish(self.s.output_topic, event_id.encode("utf-8"), _encode(result), RESULT_HEADERS,
+                                  "result", give_up_after=3)
+                self._dead_letter(msg, reason)
+        finally:
+            self._settle(po, msg.offset)
+
+    def _dead_letter(self, msg, reason):
+        """A copy of the message, with why and where from, on --dead-letter-topic (when given). A copy that would
+        not fit under max_request_size with the added headers is sent cut, and says so."""
+        if not self.s.dead_letter_topic or self.s.dry_run or msg is None:
+            return
+        ours = [("xzatoma_reason", bounded(reason, 1000)[0].encode("utf-8")),
+                ("xzatoma_origin", ("%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
+        headers = [(k, v) for k, v in (msg.headers or []) if isinstance(k, str) and isinstance(v, (bytes, type(None)))]
+        value, key = msg.value, msg.key
+        room = self.s.max_request_size - RECORD_OVERHEAD - len(key or b"") - sum(len(k) + len(v) for k, v in ours)
+        if sum(len(k) + len(v or b"") + 8 for k, v in headers) > room // 4:
+            ours.append(("xzatoma_headers_dropped", str(len(headers)).encode()))
+            headers = []
+        room -= sum(len(k) + len(v or b"") + 8 for k, v in headers)
+        if value is not None and len(value) > room:
+            ours.append(("xzatoma_truncated", str(len(value)).encode()))
+            value = value[:max(0, room - 64)]
+        if key is not None and len(key) > ID_MAX_BYTES * 4:
+            key = key[:ID_MAX_BYTES * 4]
+        error = self._publish(self.s.dead_letter_topic, key, value, headers + ours, "dead_letter", give_up_after=3)
+        if error is None:
+            self.counts["dead_lettered"] += 1
+
+    def _budget(self, event_id):
+        """Bytes a result keyed by `event_id` may take: the producer's max_request_size less the record's frame."""
+        return self.s.max_request_size - RECORD_OVERHEAD - len((event_id or "").encode("utf-8"))
 
     # -- running --
     def _start_runs(self):
@@ -971,26 +1291,16 @@ class Watcher:
             return
         with self.cond:
             rotated = 0
+            now = time.monotonic()
             while self.backlog and len(self.in_flight) < self.s.max_concurrent and not self.stopping.is_set() \
                     and rotated < len(self.backlog):
                 job = self.backlog.popleft()
                 ev = job.event
-                if ev.id in self.running_ids:  # the same id is running: decide after it finishes
+                if ev.id in self.running_ids or job.not_before > now:  # the same id runs, or it waits its turn
                     self.backlog.append(job)
                     rotated += 1
                     continue
                 rotated = 0
-                record = self.store.event_record(ev.id) if self.store is not None else None
-                if record is not None and record.get("status") in RESULT_TYPES:
-                    if record.get("published_at") or not record.get("result"):
-                        self.log("duplicate", status=record.get("status"),
-                                 conversation_id=record.get("conversation_id"), **ev.log_fields())
-                        self.counts["duplicate"] += 1
-                        self.metrics.watch_event("duplicate")
-                        job.po.settled(ev.offset)
-                        self.settled += 1
-                        continue
-                    job.stored = json.loads(record["result"])
                 self.in_flight[(job.tp, ev.offset)] = job
                 self.running_ids.add(ev.id)
                 self.metrics.watch_in_flight(len(self.in_flight))
@@ -1016,37 +1326,59 @@ class Watcher:
             self.log("flow_control", level="debug", error=_one_line(exc))
 
     def _work(self, job):
+        """One event, start to end: claim its id, run it (or publish what a crashed run left, or set it aside),
+        deliver the result, release the claim. Whatever goes wrong ends in a result and the offset settled."""
         ev = job.event
-        settle = True
+        settle, again, step = True, False, None
         try:
-            if job.stored is not None:  # finished before a crash, never published: publish that result again
+            step = self._claim(job)
+            if step == "held":
+                settle = again = True
+                return
+            if step == "duplicate":
+                self.counts["duplicate"] += 1
+                self.metrics.watch_event("duplicate")
+                return
+            if step == "republish":  # finished before a crash, never published: publish that result again
                 result, status = job.stored, job.stored.get("data", {}).get("status", "completed")
                 self.log("republish", status=status, **ev.log_fields())
+            elif step == "set_aside":
+                result, status = self._set_aside_run(job)
             else:
                 result, status = self._execute(job)
                 if result is None:
-                    settle = False
+                    settle = False  # interrupted by us: not committed, redelivered and run to completion later
                     return
-            published = self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS,
-                                       "result")
-            if not published:
-                settle = False  # not committed: redelivered, and the stored result is published then
+            if not self._deliver(job, result, status):
+                # nothing could be published (the output topic refuses everything, or the grace period ended):
+                # kept, and tried again later (the stored result is published then, nothing is run again)
+                settle, again = False, not self.hard_stop.is_set()
+                job.stored, job.delays = result, job.delays + 1
                 return
-            if self.store is not None:
-                self.store.event_published(ev.id)
-            if self.xzepr is not None and job.stored is None:
+            if self.xzepr is not None and (step != "republish" or job.delays):  # ran here: its end is posted
                 self._xzepr(ev, status, result)
             self.log("finished", status=status, conversation_id=result["data"].get("conversation_id"),
                      duration=result["data"].get("duration_seconds"), result_id=result["id"], **ev.log_fields())
             self.counts[status] += 1
             self.metrics.watch_event(status)
-        except Exception as exc:  # a bug must not stop the watcher nor block the partition
-            self.log("error", level="error", error="%s: %s" % (type(exc).__name__, _one_line(exc)),
-                     **ev.log_fields())
+        except Exception as exc:  # a bug must cost this event, never the watcher nor the partition
+            settle = self._fail(job, exc)
+            again = not settle and not self.hard_stop.is_set()
         finally:
+            if job.claimed:  # not ended with its published result (interrupted, failed, or nothing published)
+                try:
+                    self.store.release_claim(ev.id, self.owner)
+                    job.claimed = False
+                except Exception as exc:  # its lease ends it
+                    self.log("store_failed", level="warn", error=_one_line(exc))
             with self.cond:
                 self.in_flight.pop((job.tp, ev.offset), None)
                 self.running_ids.discard(ev.id)
+                if again:
+                    settle = False
+                    if job.tp not in self.revoking and job.tp in self.tracker.partitions:
+                        job.not_before = time.monotonic() + (self._backoff(job.delays) if job.delays else 0.5)
+                        self.backlog.append(job)
                 if settle:
                     job.po.settled(ev.offset)
                     self.settled += 1
@@ -1054,23 +1386,133 @@ class Watcher:
                 self.cond.notify_all()
             self._start_runs()  # the next waiting event starts now, not when the loop's poll returns
 
+    def _claim(self, job):
+        """What to do with this event id, decided in one transaction of the shared store: 'run', 'duplicate'
+        (finished and published), 'republish' (finished, never published), 'held' (another watcher process
+        runs it now: try again shortly), or 'set_aside' (claimed by watchers that died running it too often)."""
+        ev = job.event
+        if self.store is None:
+            return "run" if job.stored is None else "republish"
+        try:
+            claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease)
+        except Exception as exc:  # a locked or failing database: tried again shortly, a few times, then failed
+            job.store_failures += 1
+            if job.store_failures >= 5:
+                raise
+            self.log("store_failed", level="warn", error=_one_line(exc), **ev.log_fields())
+            return "held"
+        job.claimed = claimed
+        if record is not None and (record.get("published_at") or not record.get("result")):
+            self.log("duplicate", status=record.get("status"), conversation_id=record.get("conversation_id"),
+                     **ev.log_fields())
+            return "duplicate"
+        if not claimed:
+            if job.not_before == 0.0:
+                self.log("claimed_elsewhere", **ev.log_fields())
+            return "held"
+        if record is not None and record.get("status") in RESULT_TYPES:
+            job.stored = json.loads(record["result"])
+            return "republish"
+        if job.stored is not None:  # a result this watcher could not publish (and could not record) before
+            return "republish"
+        if attempts > self.s.max_attempts:
+            job.attempts = attempts
+            return "set_aside"
+        return "run"
+
+    def _set_aside_run(self, job):
+        ev = job.event
+        reason = ("set aside: the watcher stopped %d times while running it (watcher.max_attempts %d)"
+                  % (job.attempts - 1, self.s.max_attempts))
+        self.log("set_aside", level="error", reason=reason, **ev.log_fields())
+        self.counts["set_aside"] += 1
+        result = result_event(ev, {"status": "failed", "error": reason}, self.source, self.s.answer_limit,
+                              self._budget(ev.id))
+        self._record(ev, None, "failed", result)
+        self._dead_letter(job.message, reason)
+        return result, "failed"
+
+    def _record(self, ev, conversation_id, status, result):
+        if self.store is not None:
+            self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
+                                    metadata=json.dumps(ev.metadata()))
+
+    def _deliver(self, job, result, status):
+        """Publish the result, then mark it published (ending the claim). A result the broker will not take (it
+        says it never will, or it refused it watcher.publish_attempts times) is replaced by a small failed result,
+        and the input is copied to the dead-letter topic: one result always goes out. False when not even that
+        could be published (the output topic refuses everything, or the grace period ended): the stored result
+        stays, to be published on the next try."""
+        ev = job.event
+        key = ev.id.encode("utf-8")
+        error = self._publish(self.s.output_topic, key, _encode(result), RESULT_HEADERS, "result",
+                              give_up_after=self.s.publish_attempts)
+        if error is not None and not self.hard_stop.is_set():
+            data = result.get("data") if isinstance(result.get("data"), dict) else {}
+            reason = "the %s result could not be published: %s" % (status, error)
+            replacement = result_event(ev, {"status": "failed", "error": reason,
+                                            "conversation_id": data.get("conversation_id")},
+                                       self.source, self.s.answer_limit, self._budget(ev.id))
+            error = self._publish(self.s.output_topic, key, _encode(replacement), RESULT_HEADERS, "result")
+            if error is None:
+                self.log("result_replaced", level="error", status=status, reason=reason, **ev.log_fields())
+                self.counts["result_replaced"] += 1
+                self.metrics.watch_event("result_replaced")
+                self._record(ev, data.get("conversation_id"), "failed", replacement)
+                self._dead_letter(job.message, reason)
+        if error is not None:
+            return False
+        if self.store is not None:
+            try:
+                self.store.event_published(ev.id, self.owner)  # the claim ends with it
+                job.claimed = False
+            except Exception as exc:  # the result is out; a restart would publish the stored one once more
+                self.log("store_failed", level="warn", error=_one_line(exc), **ev.log_fields())
+        return True
+
+    def _fail(self, job, exc):
+        """An error nobody foresaw while handling one event: a failed result and a dead-letter copy, then the
+        offset settled. Returns whether to settle (False only when the grace period ended first)."""
+        ev = job.event
+        reason = "the watcher failed while handling this event: %s: %s" % (type(exc).__name__, _one_line(exc))
+        self.log("error", level="error", error=reason, **ev.log_fields())
+        self.counts["error"] += 1
+        self.metrics.watch_event("error")
+        try:
+            result = result_event(ev, {"status": "failed", "error": reason}, self.source, self.s.answer_limit,
+                                  self._budget(ev.id))
+            try:
+                self._record(ev, None, "failed", result)
+            except Exception:
+                pass  # the store may be what failed: the result still goes out
+            self._dead_letter(job.message, reason)
+            job.stored, job.delays = result, job.delays + 1  # what is tried again when nothing can be published
+            return self._deliver(job, result, "failed")
+        except Exception as again:  # the last resort: this event goes without a result, the partition goes on
+            self.log("error", level="error", error="no result for this event either: %s: %s"
+                     % (type(again).__name__, _one_line(again)), **ev.log_fields())
+            return True
+
     def _execute(self, job):
         """Run the plan; (result event, status), or (None, None) when interrupted by us (redelivered later)."""
         ev = job.event
-        from xzatoma_store import redact
-        self.log("started", goal=redact(ev.plan.goal)[:200], **ev.log_fields())  # redacted before the cut
+        self.log("started", goal=clipped(ev.plan.goal, 200)[0], **ev.log_fields())  # redacted before the cut
         if self.xzepr is not None:
             self._xzepr(ev, "started", None)
         start = time.monotonic()
         try:
-            outcome = self.run_plan(job) or {}
+            outcome = self.run_plan(job)
         except Exception as exc:
             outcome = {"status": "failed", "error": "%s: %s" % (type(exc).__name__, _one_line(exc))}
+        if outcome is None:
+            outcome = {}
+        if not isinstance(outcome, dict):
+            outcome = {"status": "failed", "error": "the run returned %s, not an outcome" % type(outcome).__name__}
         duration = round(time.monotonic() - start, 3)
         outcome.setdefault("duration_seconds", duration)
         self.metrics.watch_run(duration)
         status = result_status(outcome.get("status"))
-        result = result_event(ev, outcome, self.source, self.s.answer_limit)
+        result = result_event(ev, outcome, self.source, self.s.answer_limit, self._budget(ev.id))
         if status == "interrupted" and job.cancel.is_set():
             # stopped by shutdown or a lost partition: recorded as interrupted in the conversation, offset not
             # committed, so the event is redelivered and runs to completion later
@@ -1081,9 +1523,7 @@ class Watcher:
             self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS, "result",
                           give_up_after=1)  # informational: the completed result follows on redelivery
             return None, None
-        if self.store is not None:
-            self.store.record_event(ev.id, outcome.get("conversation_id"), status, result=json.dumps(result),
-                                    metadata=json.dumps(ev.metadata()))
+        self._record(ev, outcome.get("conversation_id"), status, result)
         return result, status
 
     def _xzepr(self, ev, phase, result):
@@ -1102,22 +1542,24 @@ class Watcher:
             self.log("xzepr_failed", level="error", name=name, error=str(exc), **ev.log_fields())
 
     def _publish(self, topic, key, value, headers, what, give_up_after=None):
-        """Send and wait for the broker's ack; retry with backoff until it works, the grace period ends, or
-        `give_up_after` attempts. Returns whether it was published."""
+        """Send and wait for the broker's ack; retry with backoff until it works, the grace period ends,
+        `give_up_after` attempts are made, or the error says the record can never be taken (too large, invalid,
+        not allowed: KafkaError.retriable is False). Returns None when published, else why not (one line)."""
         attempt = 0
         while True:
             producer = self.producer
             try:
                 producer.send(topic, key=key, value=value, headers=headers).get(timeout=self.s.publish_timeout)
-                return True
+                return None
             except Exception as exc:  # KafkaError, or a timeout while the broker is away
                 attempt += 1
+                permanent = _refused_for_good(self.kafka, exc)
                 if attempt % 3 == 0:
                     self._renew_producer(producer)
-                if self.hard_stop.is_set() or (give_up_after and attempt >= give_up_after):
+                if permanent or self.hard_stop.is_set() or (give_up_after and attempt >= give_up_after):
                     self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
                              error=_one_line(exc))
-                    return False
+                    return _one_line(exc)
                 delay = self._backoff(attempt)
                 self.log("publish_retry", level="warn", what=what, topic=topic, attempt=attempt, retry_in=delay,
                          error=_one_line(exc))
@@ -1165,6 +1607,7 @@ class Watcher:
         with self.cond:
             # events fetched but not started are dropped (their offsets stay unsettled, so the commit stops before
             # them): whoever owns the partition next, perhaps us again, reads on from the committed offset
+            self.revoking |= revoked
             self.backlog = collections.deque(j for j in self.backlog if j.tp not in revoked)
 
             def mine():
@@ -1190,12 +1633,15 @@ class Watcher:
             for tp, offset in sorted(points.items(), key=lambda kv: kv[0].partition):
                 self.log("committed", topic=tp.topic, partition=tp.partition, offset=offset)
         self.tracker.forget(revoked)
+        for tp in revoked:  # another member reports them now
+            self.metrics.watch_lag_clear(tp.topic, tp.partition)
 
     def _assigned(self, assigned):
         # The consumer keeps its fetch position for a partition it gets back, past events we dropped unstarted (or
         # past the end of a log a broker lost). Hold them until the loop has moved them to the committed offset.
         with self.cond:
             self.needs_position |= set(assigned)
+            self.revoking -= set(assigned)
         if assigned:
             try:
                 self.consumer.pause(*assigned)
@@ -1212,8 +1658,11 @@ class Watcher:
             for (tp, _), job in self.in_flight.items():
                 if tp in lost:
                     job.cancel.set()
+            self.revoking |= lost
             self.backlog = collections.deque(j for j in self.backlog if j.tp not in lost)
         self.tracker.forget(lost)
+        for tp in lost:
+            self.metrics.watch_lag_clear(tp.topic, tp.partition)
         self.log("lost", level="warn", partitions=_tps(lost))
 
     # -- stopping --
@@ -1238,6 +1687,8 @@ class Watcher:
                 self.cond.wait(0.2)
         self.hard_stop.set()
         self._commit()
+        if self._lag_wanted():
+            self._report_lag()  # the last word on what is left waiting
         self.executor.shutdown(wait=False)
         try:
             self.consumer.close(autocommit=False)
@@ -1251,6 +1702,9 @@ class Watcher:
                 pass
         self.log("stopped", received=self.received, settled=self.settled,
                  **{k: v for k, v in sorted(self.counts.items())})
+
+
+# ---- Broker plumbing: the rebalance listener, offsets, final errors, ids of unread messages ----
 
 
 def _listener(kafka, watcher):
@@ -1297,17 +1751,54 @@ def _offsets(kafka, points):
     return {tp: make(offset, *extra) for tp, offset in points.items()}
 
 
+# The errors that say this record will never be taken, however often it is sent: the broker or the producer
+# refuses it for its size, its form or its topic. Anything else (a broker away, a leader moving, a producer id
+# forgotten after a restart) is retried, up to the caller's bound.
+RECORD_REFUSED = ("MessageSizeTooLargeError", "RecordListTooLargeError", "RecordTooLargeError", "InvalidRecordError",
+                  "CorruptRecordError", "CorruptRecordException", "InvalidTopicError", "TopicAuthorizationFailedError",
+                  "UnsupportedForMessageFormatError", "InvalidRequiredAcksError")
+
+
+def _refused_for_good(kafka, exc):
+    errors = getattr(kafka, "errors", None)
+    if errors is None or not isinstance(exc, errors.KafkaError):
+        return not isinstance(exc, (OSError, TimeoutError))  # a bug (a wrong type sent): trying again is no cure
+    return type(exc).__name__ in RECORD_REFUSED
+
+
+def _offsets_call(method, tps):
+    """consumer.end_offsets / beginning_offsets, waiting at most 2 s (kafka-python 2 has no timeout_ms)."""
+    try:
+        return method(tps, timeout_ms=2000)
+    except TypeError:
+        return method(tps)
+
+
+def _guess_id(msg):
+    """The id of a message that was not (or could not be) read: its ce_id header, else its key, else None."""
+    for name, value in msg.headers or ():
+        if name == "ce_id" and value:
+            try:
+                return _cut_id(_text(value))
+            except (UnicodeDecodeError, AttributeError):
+                break
+    try:
+        return _cut_id(_text(msg.key)) if msg.key else None
+    except (UnicodeDecodeError, AttributeError):
+        return None
+
+
 def _tps(tps):
     return ",".join("%s:%d" % (tp.topic, tp.partition) for tp in sorted(tps, key=lambda t: (t.topic, t.partition)))
 
 
 def _encode(doc):
-    return json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    return json.dumps(doc, ensure_ascii=False).encode("utf-8", "replace")  # a lone surrogate goes as '?'
 
 
 def _one_line(exc, width=300):
     from xzatoma_store import redact  # before the cut (the log redacts whole lines, but half a key is not one)
-    text = " ".join(redact(str(exc)).split()) or type(exc).__name__
+    text = " ".join(redact(str(exc)[:width + REDACT_MARGIN]).split()) or type(exc).__name__
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

@@ -181,22 +181,34 @@ def start_recorder(upstream, out_path):
             body = self.rfile.read(length) if length else b""
             conn = http.client.HTTPConnection(target.hostname, target.port or 80, timeout=3600)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-            conn.request(self.command, target.path.rstrip("/") + self.path[len(prefix):] if
-                         self.path.startswith(prefix) else self.path, body=body or None, headers=headers)
+            path = target.path.rstrip("/") + self.path[len(prefix):] if self.path.startswith(prefix) else self.path
+            conn.request(self.command, path, body=body or None, headers=headers)
             resp = conn.getresponse()
-            data = resp.read()
             self.send_response(resp.status)
             for k, v in resp.getheaders():
                 if k.lower() not in ("transfer-encoding", "content-length", "connection"):
                     self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")  # the body streams through as it comes, ended by the close
             self.end_headers()
-            self.wfile.write(data)
+            data = []
+            try:
+                while True:
+                    chunk = resp.read1(65536)
+                    if not chunk:
+                        break
+                    data.append(chunk)
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+            except (OSError, http.client.HTTPException):
+                pass  # the client went away (xzatoma cut a looping reply, or timed out): so does the server
+            finally:
+                conn.close()
+                self.close_connection = True
             with lock, open(out_path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"method": self.command, "path": self.path,
                                      "request": json.loads(body) if body else None, "status": resp.status,
                                      "content_type": resp.getheader("Content-Type"),
-                                     "response": data.decode("utf-8", "replace")}) + "\n")
+                                     "response": b"".join(data).decode("utf-8", "replace")}) + "\n")
 
         do_GET = do_POST = _forward
 

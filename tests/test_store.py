@@ -339,3 +339,88 @@ def test_undo_command_after_a_run(cli, fake):
     assert r.returncode == 0 and "removed %s (created by the agent)" % (cli.workdir / "new.txt") in r.stdout
     assert not (cli.workdir / "new.txt").exists()
     assert cli.run("undo").stderr.strip().startswith("nothing to undo in ")
+
+
+# ---- the watcher's claims and message attempts (issue 22) ----
+
+def _claimer(path, owner, ids, out, release):
+    s = Store(path).open()
+    won = [i for i in ids if s.claim_event(i, owner, 60)[0]]
+    with open(out + ".part", "w") as fh:
+        json.dump(won, fh)
+    os.replace(out + ".part", out)
+    release.wait(60)  # alive until all have tried: a claim of a process that is gone is taken over, by design
+    s.close()
+
+
+def test_processes_sharing_a_store_never_hold_one_event_id_at_once(tmp_path):
+    path = str(tmp_path / "claims.db")
+    Store(path).open().close()
+    ids = ["e%d" % i for i in range(60)]
+    ctx = multiprocessing.get_context("spawn")
+    release = ctx.Event()
+    procs = [ctx.Process(target=_claimer, args=(path, "owner-%d" % n, ids, str(tmp_path / ("won%d" % n)), release))
+             for n in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        assert wait_for(lambda: all((tmp_path / ("won%d" % n)).exists() for n in range(4)), 60)
+    finally:
+        release.set()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    won = [i for n in range(4) for i in json.loads((tmp_path / ("won%d" % n)).read_text())]
+    assert sorted(won) == sorted(ids)  # every id claimed, each by exactly one process
+
+
+def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store, tmp_path):
+    import subprocess
+    import sys
+    assert store.claim_event("a", "A", 60) == (True, 1, None)
+    assert store.claim_event("a", "A", 60)[0]  # its owner again: still its claim, not a new attempt
+    assert store.claim_event("a", "B", 60) == (False, 1, None)  # held: A lives and its lease runs
+    # A of another host stopped renewing: held until the lease ends, then taken over (one more attempt)
+    store.conn().execute("UPDATE event_claims SET host = 'elsewhere' WHERE event_id = 'a'")
+    assert not store.claim_event("a", "B", 60)[0]
+    store.conn().execute("UPDATE event_claims SET expires_at = ? WHERE event_id = 'a'", (time.time() - 1,))
+    assert store.claim_event("a", "B", 60) == (True, 2, None)
+    # a process of this host that is gone (kill -9) holds nothing, lease or not
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.conn().execute("UPDATE event_claims SET owner = 'C', pid = ?, host = ? WHERE event_id = 'a'",
+                         (dead.pid, __import__("xzatoma_store")._process_space()))
+    assert store.claim_event("a", "B", 60) == (True, 3, None)
+    # renewing extends only the owner's claims; releasing ends them
+    store.claim_event("b", "B", 1)
+    store.renew_claims("B", 600)
+    assert store.conn().execute("SELECT min(expires_at) FROM event_claims").fetchone()[0] > time.time() + 500
+    store.release_claim("a", "someone else")
+    assert not store.claim_event("a", "D", 60)[0]
+    store.release_claim("a", "B")
+    assert store.claim_event("a", "D", 60) == (True, 1, None)
+    # a finished and published event is never claimed; a published record ends the claim with it
+    store.record_event("a", "C1", "completed", result="{}")
+    store.event_published("a", "D")
+    assert store.conn().execute("SELECT count(*) FROM event_claims WHERE event_id = 'a'").fetchone()[0] == 0
+    claimed, _, record = store.claim_event("a", "E", 60)
+    assert not claimed and record["status"] == "completed" and record["published_at"]
+
+
+def test_message_attempts_count_a_single_offset_begun_again(store):
+    key = "g/t/0"
+    assert store.begin_attempt(key, 10, 19, "A") == (None, 1)
+    store.end_attempt(key, "A")  # read through: nothing left behind
+    assert store.begin_attempt(key, 20, 29, "B") == (None, 1)
+    # B died reading 20..29: C reads them one at a time, each begun again counted
+    assert store.begin_attempt(key, 20, 35, "C") == ((20, 29), 1)
+    assert store.begin_attempt(key, 20, 20, "C") == ((20, 29), 1)  # B's mark was kept until now
+    assert store.begin_attempt(key, 21, 35, "C") == (None, 1)  # 20 read: the rest as one range again
+    assert store.begin_attempt(key, 21, 21, "C") == (None, 1)
+    assert store.begin_attempt(key, 21, 35, "D") == ((21, 21), 1)  # C died on 21: D keeps its mark…
+    assert store.begin_attempt(key, 21, 21, "D") == ((21, 21), 2)  # …and counts it begun a second time
+    assert store.begin_attempt(key, 21, 21, "E") == ((21, 21), 3)
+    store.end_attempt(key, "someone else")
+    assert store.conn().execute("SELECT count(*) FROM message_attempts").fetchone()[0] == 1
+    store.end_attempt(key, "E")
+    assert store.conn().execute("SELECT count(*) FROM message_attempts").fetchone()[0] == 0

@@ -73,10 +73,17 @@ def test_calls_are_found_wherever_the_model_writes_them(text, expected):
     assert calls_of(text) == expected
 
 
-def test_the_prose_around_calls_stays_the_assistants_words():
-    found = find_text_tool_calls('I will read it.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a"}}'
-                                 '\n</tool_call>\nThen I answer.')
-    assert found.prose == "I will read it.\n\nThen I answer." and found.form == "tool_call"
+def test_the_words_before_the_first_call_stay_what_follows_was_a_guess():
+    """A real Qwen2.5-Coder-1.5B reply: two calls, then the answer it guessed before any result ("1"); kept, the
+    model read its guess back and answered 1 where the listing said 7 .md files."""
+    found = find_text_tool_calls('Let me count.\n```json\n{"name": "list_directory", "arguments": {"path": "docs"}}\n'
+                                 '```\n\n```json\n{"name": "grep", "arguments": {"pattern": "\\\\.md$", "path": '
+                                 '"docs"}}\n```\nThe number of .md files in the docs directory is 1.')
+    assert [c["name"] for c in found.calls] == ["list_directory", "grep"]
+    assert found.prose == "Let me count." and found.form == "json"
+    assert found.after.endswith("The number of .md files in the docs directory is 1.")
+    found = find_text_tool_calls("I see nothing to call; the JSON was: {\"a\": 1}")
+    assert found is None
 
 
 @pytest.mark.parametrize("text,reason", [
@@ -251,3 +258,23 @@ def read(path="a.txt"):
 ])
 def test_a_fence_of_another_language_holds_a_call_only_when_all_of_it_is_one(text, expected):
     assert calls_of(text) == expected
+
+
+def test_only_the_first_written_call_runs(open_session, tmp_path):
+    """A reply planned two calls, the second from a result it imagined: the first runs, the model is asked again
+    with its result, and the rest of the reply is not kept."""
+    s = open_session(Reply('<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>\n'
+                           '<tool_call>{"name": "write_file", "arguments": {"path": "b.txt", "content": "x"}}'
+                           '</tool_call>\nBoth done.'), Reply("a.txt says hello"))
+    result = run(s, "what does a.txt say?")
+    assert result.status == "completed" and result.tool_calls == 1 and not (tmp_path / "b.txt").exists()
+    sent = s.provider.calls[1]["messages"]
+    assert [c["name"] for m in sent for c in m.get("tool_calls") or ()] == ["read_file"]
+    assert "Both done" not in json.dumps(sent)
+
+
+def test_native_calls_all_run(open_session, tmp_path):
+    s = open_session(Reply("", [{"id": "c1", "name": "read_file", "arguments": '{"path": "a.txt"}'},
+                                {"id": "c2", "name": "write_file", "arguments": '{"path": "b.txt", "content": "x"}'}]),
+                     Reply("done"))
+    assert run(s, "read a.txt").tool_calls == 2 and (tmp_path / "b.txt").exists()

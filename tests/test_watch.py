@@ -3,6 +3,7 @@ broker with an injected run-one-plan function (the CLI end to end is in test_wat
 
 import io
 import json
+import os
 import threading
 import time
 import uuid
@@ -209,6 +210,128 @@ def test_result_event_shape_and_bounded_answer():
     assert data["answer"] == "ééé" and data["answer_truncated"] is True  # 7 bytes, never half a character
     assert (data["status"], data["trigger_event_id"], data["conversation_id"], data["turns"], data["goal"]) == \
         ("failed", ev.id, "C1", 3, "Count the files")
+
+
+def _alias_bomb(levels=9):
+    """356 bytes of YAML naming 9**9 strings (issue 22: 47 s, a 684 MB database)."""
+    lines = ["goal: G", "instructions: [a]", "context:", '  l0: &l0 ["x","x","x","x","x","x","x","x","x"]']
+    lines += ["  l%d: &l%d [%s]" % (n, n, ",".join(["*l%d" % (n - 1)] * 9)) for n in range(1, levels)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _binary(event_id, value, content_type=b"application/json", **extra):
+    headers = [("ce_specversion", b"1.0"), ("ce_id", event_id), ("ce_source", b"ci"), ("ce_type", b"build.done"),
+               ("content-type", content_type)]
+    return value, headers + list(extra.items())
+
+
+POISON = [
+    # (name, key, value, headers, event id of the rejection or None, what the reason says)
+    ("deep JSON array", None, b"[" * 1500 + b"]" * 1500, [], None, "nested deeper than 64 levels"),
+    ("deep JSON object", b"k1", b'{"a":' * 1500 + b"1" + b"}" * 1500, [], "k1", "nested deeper than 64 levels"),
+    ("deep JSON in a CloudEvent", None, cloudevent("deep-ce", data={"plan": "x"}).replace(
+        b'"x"', b"[" * 1500 + b"]" * 1500), [], None, "nested deeper than 64 levels"),
+    ("deep JSON, binary mode", None) + _binary(b"deep-bin", b"[" * 1500 + b"]" * 1500) +
+    ("deep-bin", "nested deeper than 64 levels"),
+    ("deep JSON plan text, binary mode", None) + _binary(b"deep-bin2", b'{"plan": "' + b"[" * 1500 + b'"}') +
+    ("deep-bin2", "nested deeper than 64 levels"),
+    ("YAML alias bomb, bare", b"bomb", _alias_bomb(), [], "bomb", "once its aliases are expanded"),
+    ("YAML alias bomb in data.plan", None, cloudevent("bomb-ce", data={"plan": _alias_bomb().decode()}), [],
+     "bomb-ce", "once its aliases are expanded"),
+    ("recursive alias", b"rec", b"goal: G\ninstructions: [a]\nc: &c [1, *c]\n", [], "rec", "contains it"),
+    ("a 5000-digit number", b"num", b"goal: " + b"1" * 5000 + b"\ninstructions: [a]\n", [], "num",
+     "integer string conversion"),
+    ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], "i" * 1021 + "…", "event id is 20000"),
+    ("a type of 20 KB", None, cloudevent("long-type", type="t" * 20000, data={"plan": PLAN}), [], "long-type",
+     "attribute 'type' is over the limit"),
+    ("a ce_source header of 20 KB", None) + _binary(b"long-hdr", b"{}", ce_source=b"s" * 20000) +
+    (None, "header 'ce_source' is 20000 bytes"),
+    ("300 headers", b"many", b"goal: G\ninstructions: [a]\n", [("h%d" % i, b"v") for i in range(300)], "many",
+     "300 headers"),
+    ("a context path of a million parts", b"deep-path",
+     b'goal: G\ninstructions: [a]\ncontext: {directory: "' + b"a/" * 500000 + b'"}\n', [], "deep-path",
+     "longer than a path can be"),
+    ("over max_message_bytes", b"big", b"goal: " + b"x" * 70000 + b"\ninstructions: [a]\n", [], "big",
+     "over the limit of 65536"),
+]
+
+
+@pytest.mark.parametrize("name,key,value,headers,event_id,reason", POISON, ids=[p[0] for p in POISON])
+def test_poison_messages_are_bad_messages_in_bounded_memory(name, key, value, headers, event_id, reason):
+    """Issue 22: `[` x 1500 raised RecursionError (the watcher exited 1 on every restart); a 356-byte plan took
+    47 s and 684 MB. Each is now one rejection, read in bounded memory."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        try:
+            ev = w.decode_message("t", 0, 1, key, value, headers, max_bytes=65536 if "max_message" in name else 8 << 20)
+            rejected = w.BadMessage(ev.plan_error, ev.id) if ev.plan is None else None
+            outside = w.context_outside(ev.plan, "/tmp") if rejected is None else None
+            rejected = w.BadMessage(outside, ev.id) if outside else rejected
+        except w.BadMessage as exc:
+            rejected = exc
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rejected is not None and reason in rejected.reason, rejected and rejected.reason
+    assert rejected.event_id == event_id
+    assert peak < 48 * 1024 * 1024, peak
+
+
+def test_half_a_character_is_sent_as_a_question_mark_never_an_encoding_error():
+    """JSON may escape a lone surrogate (\\ud800), and a model's reply may hold one: Python keeps it in a str that
+    cannot be encoded, so the result (and its failed replacement) raised UnicodeEncodeError: no result at all."""
+    value = cloudevent("half", data={"plan": {"goal": "G", "instructions": ["a"]}}).replace(b'"G"', b'"G \\ud800"')
+    ev = w.decode_message("t", 0, 1, None, value)
+    assert ev.plan.goal == "G ?"
+    out = w.result_event(ev, {"status": "completed", "answer": "x\udfff" * 5, "error": "\ud800"}, "s",
+                         max_bytes=20000)
+    data = json.loads(w._encode(out))["data"]
+    assert data["answer"] == "x?" * 5 and data["error"] == "?"
+
+
+def test_headers_the_watcher_does_not_read_are_never_a_reason_to_reject():
+    ev = w.decode_message("t", 0, 1, b"k", b"goal: G\ninstructions: [a]\n",
+                          [("traceparent", b"\xff\xfe"), (b"\xff", b"x"), ("x-big", b"y" * 100000)])
+    assert ev.plan is not None and ev.id == "k"
+
+
+def test_every_result_field_is_bounded_and_the_whole_event_fits():
+    """Issue 22: a 2 MB goal copied whole made a result over the producer's 1 MB limit, retried forever."""
+    token = "ghp_" + "A" * 36
+    goal = "g" * 8180 + " " + token + " " + "g" * (2 << 20)  # the token across the goal's bound
+    ev = w.decode_message("t", 0, 1, None, cloudevent("fit-1", type="build." + "x" * 3000,
+                                                      data={"plan": {"goal": goal, "instructions": ["a"]}}))
+    outcome = {"status": "completed", "answer": "a" * (3 << 20), "error": "\x01" * (1 << 20),
+               "conversation_id": "C" * 5000, "usage": {"prompt_tokens": 1, "junk": "x" * 100000},
+               "turns": "many"}
+    for limit in (1048576 - 1024, 65536, 16000):
+        out = w.result_event(ev, outcome, "xzatoma://h/g", answer_limit=65536, max_bytes=limit)
+        encoded = json.dumps(out, ensure_ascii=False).encode()
+        assert len(encoded) <= limit, (limit, len(encoded))
+        data = out["data"]
+        assert data["truncated"]["goal"] > 2 << 20 and data["truncated"]["answer"] == 3 << 20
+        assert data["truncated"]["conversation_id"] == 5000 and data["answer_truncated"] is True
+        assert "ghp_" not in data["goal"] and (limit < 65536 or data["goal"].startswith("g" * 8180 + " [REDACTED"))
+        assert data["usage"] == {"prompt_tokens": 1} and data["turns"] == 0
+        assert out["subject"] == "fit-1" and data["trigger_event_id"] == "fit-1"
+    small = w.result_event(_ev(), {"status": "completed", "answer": "ok"}, "s", max_bytes=65536)["data"]
+    assert "truncated" not in small and "answer_truncated" not in small and small["answer"] == "ok"
+
+
+def test_xzepr_posts_are_bounded_too():
+    api = FakeXzepr()
+    client = w.XzeprClient(api.url, None, attempts=1, max_body_bytes=16384)
+    plan = dict(STEPS_PLAN, name="n" * 5000, version="9" * 3000)
+    ev = w.decode_message("t", 0, 1, None, xzepr_event(event_id="xz-big", payload={"plan": plan},
+                                                       release="r" * 3000, package="p" * 3000))
+    client.post_event(ev.plan_name() + ".completed", ev, False,
+                      {"trigger_event_id": ev.id, "status": "failed", "error": "e" * (1 << 20)})
+    body = api.events()[0]
+    assert len(json.dumps(body, ensure_ascii=False).encode()) <= 16384
+    assert body["name"].endswith(".completed") and len(body["name"]) <= 256
+    assert len(body["version"]) <= 256 and len(body["release"]) <= 256 and len(body["package"]) <= 256
+    assert body["payload"]["truncated"]["error"] == 1 << 20 and body["payload"]["trigger_event_id"] == "xz-big"
 
 
 def test_decision_log_escapes_control_characters_and_redacts():
@@ -642,7 +765,7 @@ def test_broker_down_at_start_and_restarted_mid_stream(tmp_path, kafka_broker, s
         broker.stop()
 
 
-def test_metrics_hooks_count_outcomes_runs_and_lag(kafka_broker, store):
+def test_metrics_hooks_count_outcomes_and_runs(kafka_broker, store):
     prom = pytest.importorskip("prometheus_client")
     import kafka_broker as kb
     import xzatoma_metrics
@@ -658,7 +781,7 @@ def test_metrics_hooks_count_outcomes_runs_and_lag(kafka_broker, store):
     text = prom.generate_latest(metrics.registry).decode()
     for line in ('xzatoma_watch_events_total{outcome="completed"} 1.0', 'xzatoma_watch_events_total{outcome="filtered"} 1.0',
                  'xzatoma_watch_events_total{outcome="rejected"} 1.0', "xzatoma_watch_run_duration_seconds_count 1.0",
-                 "xzatoma_watch_runs_in_flight 0.0", 'xzatoma_watch_consumer_lag{partition="0",topic="%s"}' % topic):
+                 "xzatoma_watch_runs_in_flight 0.0", "xzatoma_watch_oldest_waiting_seconds 0.0"):
         assert line in text, line
 
 
@@ -688,3 +811,246 @@ def test_create_topics_makes_the_missing_ones(kafka_broker):
         assert {name, name + ".results", name + ".dlq"} <= set(admin.list_topics())
     finally:
         admin.close()
+
+
+# ---- issue 22: no message stops a partition, results fit, lag tells the truth, claims, crash loops ----
+
+class Gauges:
+    """A metrics sink keeping what the watcher last reported (it calls it from its threads)."""
+
+    def __init__(self):
+        self.lag, self.stalled, self.in_flight, self.oldest, self.seen = {}, {}, 0, 0.0, []
+
+    def watch_lag(self, topic, partition, lag):
+        self.lag[partition] = lag
+        self.seen.append((partition, lag))
+
+    def watch_lag_clear(self, topic, partition):
+        self.lag.pop(partition, None)
+        self.stalled.pop(partition, None)
+
+    def watch_commit_stalled(self, topic, partition, seconds):
+        self.stalled[partition] = seconds
+
+    def watch_in_flight(self, n):
+        self.in_flight = n
+
+    def watch_oldest_waiting(self, seconds):
+        self.oldest = seconds
+
+    def watch_event(self, outcome):
+        pass
+
+    def watch_run(self, seconds):
+        pass
+
+
+def test_poison_and_faults_cost_one_message_each_never_a_partition(kafka_broker, store):
+    """Held-out style: hostile messages and failures of every stage among good events on two partitions. Each good
+    event completes once, each event with an id gets exactly one result, every result fits under the producer's
+    max_request_size, bad input is dead-lettered, and both partitions are committed to their end."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker, partitions=2)
+    good = ["g%d" % i for i in range(6)]
+    ev = w.decode_message(topic, 1, 3, None, cloudevent("old-big", data={"plan": PLAN}))
+    too_big = w.result_event(ev, {"status": "completed", "answer": "a" * 200000, "conversation_id": "C0"},
+                             "xzatoma://h/g", answer_limit=1 << 20)  # stored whole by an older version
+    store.record_event("old-big", "C0", "completed", result=json.dumps(too_big))
+    store.record_event("bad-stored", "C1", "completed", result="{not json")  # a record nobody can read
+    big_goal = {"goal": "Summarise " + "w" * 300000, "instructions": ["a"]}
+    p0 = [(None, cloudevent("g0", data={"plan": PLAN})),
+          (None, b"[" * 1500 + b"]" * 1500),                                   # no id: dead letter only
+          (None,) + _binary(b"deep-bin", b"[" * 1500 + b"]" * 1500),
+          (None, cloudevent("g1", data={"plan": PLAN})),
+          (b"bomb", _alias_bomb()),
+          (None, cloudevent("boom", data={"plan": PLAN})),                     # its run raises
+          (None, cloudevent("g2", data={"plan": PLAN}))]
+    p1 = [(None, cloudevent("g3", data={"plan": PLAN})),
+          (None, cloudevent("big-goal", data={"plan": big_goal})),             # a result that must be cut to fit
+          (None, cloudevent("garbage", data={"plan": PLAN})),                  # its run returns no outcome
+          (None, cloudevent("old-big", data={"plan": PLAN})),                  # a stored result too big to publish
+          (None, cloudevent("g4", data={"plan": PLAN})),
+          (None, cloudevent("i" * 20000, data={"plan": PLAN})),                # an id over the limit
+          (None, cloudevent("bad-stored", data={"plan": PLAN})),               # reading its record fails
+          (None, cloudevent("g5", data={"plan": PLAN}))]
+    kb.produce(kafka_broker.address, topic, [m[:2] + (m[2] if len(m) > 2 else [], 0) for m in p0] +
+               [m[:2] + ([], 1) for m in p1])
+    calls = []
+
+    def run_plan(job):
+        calls.append(job.event.id)
+        if job.event.id == "boom":
+            raise RuntimeError("the model's reply broke a parser")
+        if job.event.id == "garbage":
+            return "not an outcome"
+        return {"status": "completed", "answer": "done " + job.event.id, "conversation_id": "conv-" + job.event.id}
+    total = len(p0) + len(p1)
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, dead_letter_topic=topic + ".dlq",
+                            max_events=total, max_request_size=65536, backoff_initial=0.05)
+    watcher.thread.join(90)
+    assert not watcher.thread.is_alive()
+
+    assert sorted(calls) == sorted(good + ["boom", "big-goal", "garbage"])  # each ran once, nothing else ran
+    records = kb.read_all(kafka_broker.address, topic + ".results", 14)
+    assert all(len(r.value) <= 65536 for r in records)
+    results = {}
+    for r in records:
+        doc = json.loads(r.value)
+        results.setdefault(doc["subject"], []).append(doc)
+    assert all(len(v) == 1 for v in results.values()), {k: len(v) for k, v in results.items()}
+    status = {k: v[0]["data"]["status"] for k, v in results.items()}
+    long_id = "i" * 1021 + "…"
+    assert status == dict({g: "completed" for g in good}, **{
+        "deep-bin": "rejected", "bomb": "rejected", "boom": "failed", "big-goal": "completed", "garbage": "failed",
+        "old-big": "failed", "bad-stored": "failed", long_id: "rejected"})
+    assert results["big-goal"][0]["data"]["truncated"]["goal"] == 300010
+    assert "could not be published" in results["old-big"][0]["data"]["error"]
+    assert "MessageSizeTooLarge" in results["old-big"][0]["data"]["error"]
+    assert "the watcher failed while handling this event" in results["bad-stored"][0]["data"]["error"]
+    assert "not an outcome" in results["garbage"][0]["data"]["error"]
+    dead = kb.read_all(kafka_broker.address, topic + ".dlq", 6)
+    origins = sorted(dict(d.headers)["xzatoma_origin"].decode() for d in dead)
+    assert origins == sorted("%s:%d:%d" % (topic, p, o) for p, o in [(0, 1), (0, 2), (0, 4), (1, 3), (1, 5),
+                                                                      (1, 6)])
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic, 2) == [len(p0), len(p1)]
+    assert store.event_record("old-big")["status"] == "failed" and store.event_record("old-big")["published_at"]
+    assert store.conn().execute("SELECT count(*) FROM event_claims").fetchone()[0] == 0  # none left behind
+
+
+def test_lag_counts_what_waits_and_a_stuck_publish_shows_then_recovers(kafka_broker, store):
+    """Issue 22: the lag gauge read 0 while 32 of 40 events waited, and a result that could never be published
+    stopped the partition with no alert. Lag is now end offset minus committed offset; while the output topic
+    refuses every result, lag stays and the oldest waiting age grows (the README's alert); when it takes them
+    again, the stored results are published, nothing is run twice, and lag drains to 0."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("lag-%d" % i, data={"plan": PLAN}))
+                                             for i in range(5)])
+    gate = threading.Event()
+    runner = fake_runner()
+
+    def run_plan(job):
+        gate.wait(30)
+        return runner(job)
+    gauges = Gauges()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, lag_interval=0.05, backoff_initial=0.05,
+                            backoff_max=0.3, output_topic="no such topic!")
+    watcher.metrics = gauges
+    try:
+        assert wait_for(lambda: gauges.lag.get(0) == 5 and gauges.in_flight == 1, 60), (gauges.lag, gauges.in_flight)
+        gate.set()  # the runs finish; no result can be published
+        assert wait_for(lambda: len(runner.calls) == 5, 30)
+        assert wait_for(lambda: gauges.oldest > 1.0 and gauges.stalled[0] > 1.0, 30)  # what the alert watches
+        assert gauges.lag[0] == 5 and kb.committed(kafka_broker.address, watcher.s.group_id, topic)[0] in (None, 0)
+        watcher.s.output_topic = topic + ".results"  # the topic takes results again
+        assert wait_for(lambda: gauges.lag.get(0) == 0, 60), gauges.lag
+        assert gauges.oldest == 0.0 and gauges.stalled[0] == 0.0
+    finally:
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+    assert sorted(j.event.id for j in runner.calls) == ["lag-%d" % i for i in range(5)]  # none ran twice
+    subjects = [json.loads(r.value)["subject"] for r in kb.read_all(kafka_broker.address, topic + ".results", 5)]
+    assert sorted(subjects) == ["lag-%d" % i for i in range(5)]
+    assert all(json.loads(r.value)["type"] == "xzatoma.plan.completed"
+               for r in kb.read_all(kafka_broker.address, topic + ".results", 5))
+
+
+def test_two_watchers_sharing_a_store_never_run_one_id_at_once(kafka_broker, store):
+    """Issue 22: two processes on one store ran an id twice when it arrived twice at once. Two watchers (two
+    consumer groups: both get every message) share one store: the id runs once, the other watcher waits for the
+    claim and then finds it done."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("same", data={"plan": PLAN}))])
+    watchers, calls, running = [], [], []
+
+    def run_plan(job):
+        running.append(job.event.id)
+        calls.append(job.event.id)
+        # hold the claim until the other watcher has found it held (no fixed wait: the event itself)
+        wait_for(lambda: any(x.log_lines.events("claimed_elsewhere") for x in watchers), 30)
+        running.remove(job.event.id)
+        return {"status": "completed", "answer": "once", "conversation_id": "c-once"}
+    for _ in range(2):
+        watchers.append(start_watcher(kafka_broker, topic, run_plan, store, max_events=1))
+    for x in watchers:
+        x.thread.join(60)
+        assert not x.thread.is_alive()
+    assert calls == ["same"]
+    assert sorted(len(x.log_lines.events("duplicate")) for x in watchers) == [0, 1]
+    assert sum(len(x.log_lines.events("claimed_elsewhere")) for x in watchers) == 1
+    assert [json.loads(r.value)["subject"] for r in kb.read_all(kafka_broker.address, topic + ".results", 1)] == \
+        ["same"]
+    for x in watchers:
+        assert kb.committed(kafka_broker.address, x.s.group_id, topic) == [1]
+
+
+CRASHER = r"""
+import json, os, sys
+sys.path[:0] = %(paths)r
+import xzatoma_watch as w
+from xzatoma_store import Store
+settings = json.loads(sys.argv[1])
+real = w.decode_message
+
+
+def decode(topic, partition, offset, key, value, *args, **kw):
+    if b"CRASH-READ" in value:
+        os._exit(7)  # as a segfault or the OOM killer would: nothing runs after
+    return real(topic, partition, offset, key, value, *args, **kw)
+w.decode_message = decode
+
+
+def run_plan(job):
+    if job.event.id == "crash-run":
+        os._exit(7)
+    return {"status": "completed", "answer": "ok", "conversation_id": "c-" + job.event.id}
+store = Store(sys.argv[2]).open()
+log = open(sys.argv[3], "a")
+watcher = w.Watcher(w.Settings(**settings), w.Filters(), run_plan, store=store, log=w.WatchLog(log, "json"))
+sys.exit(watcher.run())
+"""
+
+
+def test_a_message_that_crashes_the_watcher_is_set_aside_after_max_attempts(kafka_broker, tmp_path):
+    """Issue 22: a message that killed the watcher killed it on every restart, and the partition waited forever.
+    A watcher process that dies reading (or running) one message leaves a mark in the store; the message is then
+    read alone, and set aside (a result, a dead-letter copy, the commit) once it has stopped the watcher
+    watcher.max_attempts times. The restarts here are real processes ended by os._exit."""
+    import subprocess
+    import sys
+    import kafka_broker as kb
+    from conftest import ROOT
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [
+        (b"crash-read", b"goal: CRASH-READ\ninstructions: [a]\n"),
+        (None, cloudevent("good-1", data={"plan": PLAN})),
+        (None, cloudevent("crash-run", data={"plan": PLAN})),
+        (None, cloudevent("good-2", data={"plan": PLAN}))])
+    quick = {"session_timeout_ms": 1500, "heartbeat_interval_ms": 300, "max_poll_interval_ms": 8000}  # a dead
+    # member's partitions move after its session timeout: each restart here waits for it
+    settings = dict(brokers=kafka_broker.address, topic=topic, group_id="g-" + topic, consumer_options=quick,
+                    dead_letter_topic=topic + ".dlq", max_attempts=1, idle_exit=1.0, shutdown_grace=2)
+    script = CRASHER % {"paths": [ROOT, os.path.join(ROOT, "tests")]}
+    log = tmp_path / "watch.log"
+    codes = []
+    for _ in range(6):
+        r = subprocess.run([sys.executable, "-c", script, json.dumps(settings), str(tmp_path / "s.db"), str(log)],
+                           capture_output=True, text=True, timeout=120)
+        codes.append(r.returncode)
+        if r.returncode == 0:
+            break
+        assert r.returncode == 7, r.stderr
+    # read: died in the batch, died again read alone, set aside; run: died once, then set aside
+    assert codes == [7, 7, 7, 0], codes
+    lines = [json.loads(l) for l in log.read_text().splitlines()]
+    aside = [l for l in lines if l["event"] == "set_aside"]
+    assert [(l.get("event_id"), l["offset"]) for l in aside] == [("crash-read", 0), ("crash-run", 2)]
+    results = {json.loads(r.value)["subject"]: json.loads(r.value)["data"]
+               for r in kb.read_all(kafka_broker.address, topic + ".results", 4)}
+    assert {k: v["status"] for k, v in results.items()} == {"crash-read": "rejected", "good-1": "completed",
+                                                            "crash-run": "failed", "good-2": "completed"}
+    assert "stopped 1 times while reading it" in results["crash-read"]["error"]
+    assert "stopped 1 times while running it" in results["crash-run"]["error"]
+    assert len(kb.read_all(kafka_broker.address, topic + ".dlq", 2)) == 2
+    assert kb.committed(kafka_broker.address, "g-" + topic, topic) == [4]

@@ -36,6 +36,10 @@ def test_bad_filters_and_plans_are_usage_errors(cli, tmp_path):
         and "--source" in r.stderr
     r = cli.run("watch", "--topic", "t", "--match-version", "^x")
     assert r.returncode == 2 and "--match-version" in r.stderr
+    cli.write_config({"watcher": {"kafka": {"max_request_size": 1000}, "max_attempts": 0}})
+    r = cli.run("watch", "--topic", "t", "--brokers", "127.0.0.1:1")
+    assert r.returncode == 2 and "watcher.kafka.max_request_size" in r.stderr and r.stdout == ""
+    cli.write_config({})
     bad = tmp_path / "bad.yaml"
     bad.write_text("goal: G\n")
     r = cli.run("publish", "--plan", str(bad), "--topic", "t", "--brokers", "127.0.0.1:1")
@@ -48,7 +52,8 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
     kb.create_topic(kafka_broker.address, topic)
     cli.use(fake)
     cfg = __import__("yaml").safe_load(cli.config_path.read_text())
-    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address)}
+    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address, max_request_size=65536),
+                      "max_attempts": 3, "claim_lease_seconds": 30, "max_message_bytes": 1 << 20}
     cli.write_config(cfg)
     (cli.workdir / "notes.txt").write_text("hello\n")
     (cli.workdir / "AGENTS.md").write_text("Answer tersely. WATCH-RULE\n")  # event runs get project instructions
@@ -65,7 +70,8 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
         assert r.returncode == 0, r.stderr
         ids.append(r.stdout.strip())
     uuid.UUID(ids[0])
-    fake.add({"content": "1 line"}, {"content": "1 line"}, {"content": "1 line"})
+    for _ in ids:  # each event's run reads the file, then answers (an answer without the read is unverified)
+        fake.add({"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}, {"content": "1 line"})
 
     r = cli.run("watch", "--topic", topic, "--max-events", "3", "--log-format", "json", "--group-id",
                 "g-" + topic, timeout=120)
@@ -95,7 +101,7 @@ def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
                 "g2-" + topic, timeout=120)
     assert r.returncode == 0, r.stderr
     dup = [l for l in map(json.loads, r.stderr.splitlines()) if l["event"] == "duplicate"]
-    assert len(dup) == 3 and len(fake.model_requests()) == 3
+    assert len(dup) == 3 and len(fake.model_requests()) == 6  # two per event, none again
 
 
 def _watch_setup(cli, fake, kafka_broker, **watcher):
@@ -227,3 +233,36 @@ def test_kafka_secrets_come_from_the_environment_and_are_never_shown(cli, tmp_pa
     assert proc.returncode == 0
     for text in (log.read_text(), out, err):
         assert secret not in text and "xzepr-key-Lk29sd8f" not in text
+
+
+def test_planning_mode_event_runs_prepare_no_terminal_sandbox(fake, tmp_path, monkeypatch):
+    """Issue 22: every event built a terminal sandbox (and its protected set) for a planning-mode run that has no
+    terminal tool. In planning mode none is made; the runs still complete and are stored as kind 'watch'."""
+    import xzatoma
+    import xzatoma_watch as w
+    from xzatoma_store import Store
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "XZATOMA_HOME": str(tmp_path / "xz")}
+    cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": fake.url,
+                               "provider.max_retries": 0}, env=env)
+    made = []
+    real = xzatoma.terminal_sandbox
+    monkeypatch.setattr(xzatoma, "terminal_sandbox", lambda *a, **kw: made.append(a) or real(*a, **kw))
+    store = Store(str(tmp_path / "c.db")).open()
+    try:
+        run_plan = xzatoma.watch_runner(cfg, xzatoma.Console(quiet=True), store, w.Settings(working_dir=str(work)),
+                                        "planning", False)
+        fake.add({"content": "one"}, {"content": "two"})
+        outcomes = []
+        for n in range(2):
+            ev = w.decode_message("t", 0, n, ("p-%d" % n).encode(), b"goal: G\ninstructions: [look]\n")
+            outcomes.append(run_plan(w.Job(ev, None)))
+        assert [o["status"] for o in outcomes] == ["completed", "completed"]
+        assert [o["answer"] for o in outcomes] == ["one", "two"]
+        assert made == []
+        assert [c["kind"] for c in store.list_conversations()] == ["watch", "watch"]
+        tools = {t["function"]["name"] for t in fake.model_requests()[0]["body"]["tools"]}
+        assert "terminal" not in tools and "read_file" in tools
+    finally:
+        store.close()
