@@ -396,6 +396,7 @@ DEFAULTS = {
                   "sasl_mechanism": None},
     },
     "logging": {"level": "info", "format": "text"},
+    "mcp": {"timeout_seconds": 30, "project_file": True},  # and mcp.servers: name -> server (see load_config)
 }
 
 CHOICES = {
@@ -440,6 +441,7 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.max_attempts": (1, 100),
     "watcher.claim_lease_seconds": (5, None),
     "agent.instructions_max_bytes": (0, None),
+    "mcp.timeout_seconds": (1, None),
     **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
        for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
                     ("context_window", (512, None)))},
@@ -521,6 +523,10 @@ DOCS = {
     "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
                                    "other hosts sharing the store (one of this host takes it over at once)",
     "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
+    "mcp": "MCP servers: mcp.servers.NAME: {command, args, env} or {url, headers}, with network, sandbox, "
+           "tools, allow, read_only … (README, 'MCP servers'; xzatoma mcp list)",
+    "mcp.timeout_seconds": "default for each server: its start-up and handshake, and each call, end after this long",
+    "mcp.project_file": "use a project's .mcp.json (its servers start once a person trusted its content)",
 }
 
 ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to the active provider)
@@ -739,6 +745,12 @@ def load_config(flags=None, env=None, config_path=None):
                           % (path, how))
     if exists:
         data = _read_config_file(path)
+        mcp = data.get("mcp")
+        if isinstance(mcp, dict) and "servers" in mcp:  # names are the person's own: not config keys
+            data = dict(data, mcp={k: v for k, v in mcp.items() if k != "servers"})
+            values["mcp"]["servers"] = mcp["servers"] or {}
+            if isinstance(mcp["servers"], dict):  # anything else is named by mcp_configs, where it is used
+                sources.update(dict.fromkeys(flatten({"mcp": {"servers": mcp["servers"]}}), "file"))
         for dotted, value in flatten(data).items():
             if dotted not in DEFAULT_LEAVES:
                 if dotted in SECTIONS:
@@ -3519,6 +3531,7 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
          "something out or to change something), do it now: reply with a tool call, written as "
          '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
          "yourself. If the task truly needs no tool, give your final answer again.")
+EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
 _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
@@ -3575,16 +3588,34 @@ def needs_tools(task, answer, root=None):
     return None
 
 
+def _call_key(call):
+    """What makes two calls the same: the tool and its arguments as parsed (key order and spacing aside)."""
+    try:
+        args = json.dumps(json.loads(call.get("arguments") or "{}"), sort_keys=True)
+    except (ValueError, RecursionError):
+        args = call.get("arguments")
+    return call["name"], args
+
+
 def _names_an_entry(task, root):
     """True when a word of the task names an entry of the working directory (Makefile, src/app.py)."""
+    return bool(_named_entries(task, root, first=True))
+
+
+def _named_entries(task, root, first=False):
+    """The words of a task that name entries of the working directory, in order (only the first: `first`)."""
+    found = []
     if not root or not task:
-        return False
+        return found
     import re
-    for word in re.findall(r"[\w][\w./-]*", task)[:400]:
+    for word in re.findall(r"[\w][\w./-]*", task[:20000])[:400]:
         word = word.rstrip(".")
-        if len(word) > 2 and ".." not in word.split("/") and os.path.lexists(os.path.join(root, word)):
-            return True
-    return False
+        if len(word) > 2 and ".." not in word.split("/") and word not in found \
+                and os.path.lexists(os.path.join(root, word)):
+            found.append(word)
+            if first:
+                break
+    return found
 
 
 class Agent:
@@ -3616,6 +3647,10 @@ class Agent:
         self.calls_this_run = 0  #: tool calls this run made that succeeded (the totals in `result` carry on)
         self.changes_this_run = 0  #: of them, calls of tools that change or execute (write, terminal …)
         self.nudged = False  #: asked once already to check an answer given without tools
+        self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
+        self.asked_empty = False  #: asked once already for an answer after an empty one
+        self.checked_ends = False  #: pointed out once already what an answer after real work left undone
+        self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
         self.task = conversation.last_user_text()
 
@@ -3753,11 +3788,28 @@ class Agent:
         may be answering from memory, and it is asked once to check (README, "Honest completion"). Still
         without them, a task that named files or an answer that claims work ends "unverified"."""
         self.result.answer = answer
+        if not answer.strip():  # nothing said (only thinking, or a model lost after failed calls)
+            if not self.asked_empty:
+                self.asked_empty = True
+                self.conversation.add({"role": "user", "name": NOTE, "content": EMPTY_ANSWER})
+                self.events.note("  the model's reply was empty; asking it once for an answer")
+                return None
+            if not self.changes_this_run:
+                raise ProviderFailed("the model gave no answer (an empty reply, twice)")
+            return "completed"
         need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
         if need is None:
             return "completed"
         strength, kind = need
         if self.changes_this_run if kind == "change" else self.calls_this_run:
+            loose = None if self.checked_ends else self.loose_ends(kind, answer)
+            if loose:  # work was done, but the answer claims more, or a file the task names was never touched
+                self.checked_ends = True
+                self.conversation.add({"role": "user", "name": NOTE, "content": loose})
+                self.events.note("  the answer may leave work undone (%s); asking the model once to check"
+                                 % ("a tool result it wrote itself" if "<tool_response>" in answer else
+                                    "a file the task names was not touched"))
+                return None
             return "completed"  # the work is there (what the model imagines after it does not undo it)
         if not self.nudged:
             self.nudged = True
@@ -3771,6 +3823,21 @@ class Agent:
                 "(status unverified)" % ("making any change" if kind == "change" else "looking anything up"))
             return "unverified"
         return "completed"
+
+    def loose_ends(self, kind, answer):
+        """What an answer after real work may still have left undone, as a note to the model (or None): a tool
+        result it wrote itself ("<tool_response> Updated main.py" where no tool touched main.py), or, for a
+        change, a file the task names that no tool of this run read or changed."""
+        if "<tool_response>" in answer:
+            return ("You wrote a tool result yourself; results come only from the tools. If the task is not "
+                    "finished, continue with a tool call; if it is, give your final answer without it.")
+        if kind == "change":
+            touched = "\n".join(self.touched)
+            missed = [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
+            if missed:
+                return ("The task names %s, which no tool has read or changed in this run. If the task needs "
+                        "it, continue with a tool call; if not, give your final answer again." % ", ".join(missed[:5]))
+        return None
 
     def complete(self, tools):
         """One model call; provider failures and the deadline become the stop family. A server that refuses
@@ -3820,7 +3887,14 @@ class Agent:
                 raise self.timed_out()  # a tool call's own limits are capped by the run's, but none starts late
             self.events.tool_call(call)
             self.events.tool_start(call["name"], self._preview(call))
-            tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            same = _call_key(call)
+            if same == self.last_call:  # a loop (the same failing grep three times): the result is above
+                from xzatoma_tools import ToolResult
+                tool_result = ToolResult.fail("this is the same call as your last one, and its result is above; "
+                                              "use that result, or do something different", invalid=True)
+            else:
+                tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            self.last_call = same
             if len(tool_result.output) > MIN_RESULT_CAP:
                 tool_result.truncate(self.result_cap())
             result.tool_calls += 1
@@ -3833,6 +3907,7 @@ class Agent:
                 last_error = tool_result.error
             elif tool_result.success:
                 self.calls_this_run += 1
+                self.touched.append(call.get("arguments") or "")
                 tool = self.registry.get(call["name"])
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
         self.count_malformed(invalid == len(calls), last_error)
@@ -3947,7 +4022,8 @@ def private_files(cfg):
     return out
 
 
-OWN_MODULES = ("xzatoma", "xzatoma_core", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics")
+OWN_MODULES = ("xzatoma", "xzatoma_core", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics",
+               "xzatoma_mcp")
 
 
 def own_code():
@@ -4056,7 +4132,8 @@ class Session:
 
     def __init__(self, cfg, console, provider, store, mode, working_dir, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), sandbox_check=None):
+                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), mcp=None,
+                 sandbox_check=None):
         import threading
         self.cfg = cfg
         self.console = console
@@ -4079,7 +4156,8 @@ class Session:
         #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
         self.sandbox_check = sandbox_check
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
-        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox" (what open() made)
+        self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
+        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox", "mcp" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
         self.kind = None
@@ -4110,9 +4188,12 @@ class Session:
             owns.add("sandbox")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
+        mcp = open_mcp(cfg, console, working_dir, asker=confirmations.asker if confirmations else None)
+        if mcp is not None:
+            owns.add("mcp")  # its servers stop with the session: none outlives the run
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
-                   instructions=instructions, owns=owns,
+                   instructions=instructions, owns=owns, mcp=mcp,
                    sandbox_check=SandboxCheck(cfg, sandbox, console) if sandbox is not None else None)
 
     # -- a conversation --
@@ -4199,6 +4280,8 @@ class Session:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
         registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self)),
                                   profile=self.profile)
+        if self.mcp is not None:
+            registry = registry.extended(self.mcp.tools())
         if self.allowed_tools:
             registry = registry.narrowed(set(self.allowed_tools), ctx)
         self.ctx, self.registry = ctx, registry
@@ -4243,7 +4326,7 @@ class Session:
                        events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
                        metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
                        label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools, sandbox=self.sandbox,
-                       instructions=self.instructions, sandbox_check=self.sandbox_check)
+                       instructions=self.instructions, mcp=self.mcp, sandbox_check=self.sandbox_check)
 
     def close(self, wait_for_workers=None):
         """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
@@ -4253,12 +4336,111 @@ class Session:
             self.cancel.set()
         if "sandbox" in self.owns:
             self.sandbox.close()  # every command still running, and the private TMPDIR, go with the run
+        if "mcp" in self.owns:
+            self.mcp.close()  # every MCP server, and what it started, stops with the run
         if wait_for_workers:
             _join_workers(wait_for_workers)
         if "store" in self.owns and self.store is not None:
             self.store.close()
         if "metrics" in self.owns:
             self.metrics.close()
+
+
+# ---- MCP servers: xzatoma_mcp, imported only when some are configured ----
+# mcp.servers in the configuration and a project's .mcp.json (mcpServers, as other tools write it). The module
+# never imports this one: it gets the servers' configuration, a sandbox per stdio server, the credential store,
+# the console's lines and whether a person can be asked. Its tools join the registry (Session._build).
+
+def mcp_configured(cfg, working_dir):
+    """Whether this run has MCP servers to look at: a look at the config and one lstat, nothing imported."""
+    return bool(cfg.get("mcp").get("servers")) or (
+        cfg.get("mcp.project_file") and os.path.lexists(os.path.join(working_dir, ".mcp.json")))
+
+
+def mcp_configs(cfg, console, working_dir, asker=None, trust_all=False):
+    """([ServerConfig] to start, [(name, why)] of a project's servers that are not trusted). A project's
+    .mcp.json starts programs: its servers are used once a person trusted that content of it (asked here when
+    `asker` can; a headless run skips them and says so)."""
+    import xzatoma_mcp as mcp
+    warnings = []
+    timeout = cfg.get("mcp.timeout_seconds")
+    try:
+        configs = mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, warnings, timeout)
+        untrusted = []
+        text, path = mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
+        if text is not None:
+            names = {c.name for c in configs}  # the person's own configuration wins over the project's
+            entries = {k: v for k, v in mcp.project_servers(text, path, warnings).items() if k not in names}
+            project = mcp.parse_servers(entries, path, os.environ, warnings, timeout)
+            trust = mcp.ProjectTrust(cfg.home)
+            if project and (trust.trusted(path, text) or trust_all or (
+                    asker is not None and ask_mcp_trust(console, asker, path, project))):
+                if not trust.trusted(path, text):
+                    trust.trust(path, text)
+                configs += project
+            elif project:
+                why = "%s is not trusted: 'xzatoma mcp trust' (or chat) asks once" % path
+                untrusted = [(c.name, why) for c in project]
+                console.warn("the MCP servers of %s (%s) are not started: the file starts programs and is not "
+                             "trusted yet; review it, then run 'xzatoma mcp trust' (or start a chat, which asks)"
+                             % (path, ", ".join(c.name for c in project)))
+    except mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    for warning in warnings:
+        console.warn(warning)
+    return configs, untrusted
+
+
+def ask_mcp_trust(console, asker, path, configs):
+    """Show what a project's .mcp.json would start, and ask once."""
+    console.info("%s in this project starts these MCP servers:" % path, "yellow")
+    for c in configs:
+        console.info("  %s: %s%s%s" % (c.name, c.describe(), ", network" if c.network else "",
+                                       ", env: " + ", ".join(sorted(c.env)) if c.env else ""))
+    answer = asker.ask("Trust this file and start them (they run in the sandbox)? [y/N] > ")
+    return (answer or "").strip().lower() in ("y", "yes")
+
+
+def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust_all=False):
+    """The run's MCP servers (xzatoma_mcp.Servers), started, or None where none are configured. `only`: the one
+    server named (`mcp tools NAME`, `mcp login NAME`)."""
+    if not mcp_configured(cfg, working_dir):
+        return None
+    import xzatoma_mcp as mcp
+    configs, untrusted = mcp_configs(cfg, console, working_dir, asker, trust_all)
+    if only is not None:
+        configs = [c for c in configs if c.name == only]
+        untrusted = [u for u in untrusted if u[0] == only]
+    if not configs and not untrusted:
+        return None
+
+    def browser(url):
+        import webbrowser
+        try:
+            webbrowser.open(url)
+        except Exception:  # no browser: the URL is on the screen
+            pass
+    servers = mcp.Servers(configs, working_dir, lambda mode, network, paths: mcp_sandbox(
+        cfg, working_dir, mode, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
+        interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
+        say=console.info, version=__version__, open_browser=browser,
+        require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted)
+    return servers.start() if start else servers
+
+
+def mcp_sandbox(cfg, working_dir, mode, network, read_paths):
+    """An MCP stdio server's own sandbox: the terminal's walls (protected paths, the hidden XZATOMA_HOME and
+    private files, the environment allowlist, a private HOME and TMPDIR), network only when its configuration
+    says so. INFO: Sandbox grants reads to the directories on PATH and their prefixes, and to nothing else
+    outside the tree: the server's installation (its program's directory, read_paths) is put first on the
+    PATH the sandbox is built from."""
+    from xzatoma_tools import Sandbox, protected_paths
+    term = cfg.get("agent.terminal")
+    environ = dict(os.environ, PATH=os.pathsep.join(list(read_paths) + [os.environ.get("PATH", "")]))
+    return Sandbox(working_dir, mode or term["sandbox"], network=network, environ=environ, xzatoma_home=cfg.home,
+                   protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)),
+                   secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"],
+                   private_files=private_files(cfg))
 
 
 COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
@@ -5814,6 +5996,7 @@ SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG
     "/resume": ("/resume ID — continue a stored conversation", "resume_cmd", ARG),
     "/undo": ("/undo — put back the last file change", "undo", None),
     "/approvals": ("/approvals [clear] — the programs answered [a]lways / ne[v]er this session", "approvals", ARG),
+    "/mcp": ("/mcp — the MCP servers: state, protocol, tools and their approval", "mcp_status", None),
     "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
@@ -6045,6 +6228,14 @@ class ChatSession:
         except XzError as exc:
             self.console.error(str(exc))
         return None
+
+    def mcp_status(self):
+        if self.session.mcp is None:
+            self.console.info("no MCP servers: add mcp.servers to the configuration, or a .mcp.json to the project")
+            return
+        import xzatoma_mcp
+        self.console._write("\n".join(self.console.clean(line)
+                                      for line in xzatoma_mcp.status_lines(self.session.mcp.rows())))
 
     def approvals(self, arg):
         arg = arg.lower()
@@ -6412,6 +6603,125 @@ def _build_watch(sub, common, fmt):
     watch.set_defaults(func=cmd_watch)
 
 
+def _build_mcp(sub, common, fmt):
+    mcp = sub.add_parser(
+        "mcp", parents=[common], formatter_class=fmt, help=COMMAND_HELP["mcp"],
+        description="MCP servers give the agent more tools: mcp.servers in the configuration, and a project's "
+                    ".mcp.json once trusted. stdio servers start inside the OS sandbox (no network unless their "
+                    "configuration says network: true); their tools are asked like terminal commands in Safe mode, "
+                    "and a headless run calls only those its configuration allows (allow, read_only).",
+        epilog="examples:\n"
+               "  xzatoma mcp list                       # servers, state, protocol, tools and their approval\n"
+               "  xzatoma mcp tools fs                   # one server's tools\n"
+               "  xzatoma mcp login github               # OAuth in the browser (after the server's 401)\n"
+               "  echo \"$TOKEN\" | xzatoma mcp login api --token\n"
+               "  xzatoma mcp trust                      # start the servers of this project's .mcp.json\n\n"
+               "configuration (xzatoma.yaml):\n"
+               "  mcp:\n"
+               "    servers:\n"
+               "      fs: {command: mcp-server-filesystem, args: [\".\"], allow: [read_text_file]}\n"
+               "      api: {url: https://example.com/mcp, bearer_token_env: API_TOKEN}")
+    msub = mcp.add_subparsers(dest="mcp_command", metavar="ACTION")
+    a = msub.add_parser("list", parents=[common], help="every server: state, protocol, tools and their approval")
+    a.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = msub.add_parser("tools", parents=[common], help="one server's tools, their approval and descriptions")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = msub.add_parser("login", parents=[common], help="log in to a remote server (OAuth in the browser, or "
+                                                         "--token from stdin)")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a.add_argument("--token", action="store_true", help="store a bearer token read from stdin instead")
+    a = msub.add_parser("logout", parents=[common], help="forget a server's stored tokens")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a = msub.add_parser("trust", parents=[common], help="trust this project's .mcp.json (as it is now)")
+    a.add_argument("--yes", action="store_true", help="without asking (after reading it)")
+    mcp.set_defaults(func=cmd_mcp)
+    for a in msub.choices.values():
+        a.add_argument("--working-dir", "-C", metavar="DIR", help="the project (default: the current directory)")
+        a.set_defaults(func=cmd_mcp)
+
+
+def cmd_mcp(args, console):
+    """xzatoma mcp list | tools NAME | login NAME | logout NAME | trust."""
+    action = getattr(args, "mcp_command", None) or "list"
+    cfg = config_from_args(args, console)
+    working_dir = check_working_dir(getattr(args, "working_dir", None))
+    if action == "trust":
+        return _mcp_trust(args, cfg, console, working_dir)
+    name = getattr(args, "name", None)
+    if action == "logout":
+        import xzatoma_mcp as mcp
+        removed = CredentialStore(cfg.home, console).delete(mcp.credential_name(name))
+        console.info("removed the stored tokens of '%s'" % name if removed else "nothing stored for '%s'" % name)
+        return EXIT_OK
+    if action == "login" and args.token:
+        import xzatoma_mcp as mcp
+        token = sys.stdin.readline().strip() if not _isatty(sys.stdin) else __import__("getpass").getpass(
+            "bearer token for '%s': " % name)
+        if not token:
+            raise UsageError("no token given (pipe it on stdin)")
+        where = CredentialStore(cfg.home, console).set(mcp.credential_name(name), json.dumps({"access_token": token}))
+        console.info("stored the token of '%s' (%s)" % (name, "system keyring" if where == "keyring" else where))
+        return EXIT_OK
+    asker = Asker(console) if action == "login" else None
+    servers = open_mcp(cfg, console, working_dir, asker=asker, start=False, only=name)
+    if servers is None or (name and servers.get(name) is None and not servers.untrusted):
+        if name:
+            raise UsageError("no MCP server named '%s' (mcp.servers in %s, or .mcp.json)" % (name, cfg.path))
+        console.info("no MCP servers configured: add mcp.servers to %s, or a .mcp.json to the project" % cfg.path)
+        return EXIT_OK
+    if action == "login" and servers.get(name).config.transport != "http":
+        raise UsageError("'%s' is a stdio server: it needs no login (its env names what it needs)" % name)
+    try:
+        servers.start()
+        rows = servers.rows()
+    finally:
+        servers.close()
+    if action == "login":
+        row = rows[0]
+        if row["state"] != "running":
+            return EXIT_FAILED
+        console.info("'%s' works: %d tools (MCP %s)" % (name, len(row["tools"]), row["protocol"]))
+        return EXIT_OK
+    if getattr(args, "json", False):
+        json_out({"servers": rows}, indent=2)
+    else:
+        import xzatoma_mcp as mcp
+        lines = mcp.status_lines(rows)
+        if action == "tools":
+            lines = []
+            for row in rows:
+                if row["state"] != "running":
+                    console.warn("MCP server '%s' is %s: %s" % (row["name"], row["state"], row.get("error") or "-"))
+                for tool in row["tools"]:
+                    lines.append("%s  (%s)" % (tool["name"], mcp.APPROVAL_TEXT[tool["approval"]]))
+                    lines.append("    " + one_line(tool["description"] or "-", 200))
+        CleanWriter(sys.stdout).write("\n".join(lines) + "\n" if lines else "")
+    return EXIT_OK if all(r["state"] in ("running", "disabled", "untrusted") for r in rows) else EXIT_FAILED
+
+
+def _mcp_trust(args, cfg, console, working_dir):
+    import xzatoma_mcp as mcp
+    text, path = mcp.read_project_file(working_dir)
+    if text is None:
+        raise UsageError("no .mcp.json in %s" % working_dir)
+    warnings = []
+    try:
+        configs = mcp.parse_servers(mcp.project_servers(text, path, warnings), path, os.environ, warnings)
+    except mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    trust = mcp.ProjectTrust(cfg.home)
+    if trust.trusted(path, text):
+        console.info("%s is trusted already (as it is now)" % path)
+        return EXIT_OK
+    if args.yes or ask_mcp_trust(console, Asker(console), path, configs):
+        trust.trust(path, text)
+        console.info("trusted %s: its servers start with the next run or chat (a change asks again)" % path)
+        return EXIT_OK
+    console.info("not trusted")
+    return EXIT_FAILED
+
+
 def _watch_module(command, verbose=False):
     import xzatoma_watch
     try:
@@ -6632,6 +6942,7 @@ COMMAND_HELP = {
     "config": "show or create the configuration",
     "watch": "run the plans that arrive on a Kafka topic (XZepr, CloudEvents, bare plans)",
     "publish": "publish a plan to a Kafka topic as a CloudEvent",
+    "mcp": "MCP servers: list them and their tools, log in, trust a project's .mcp.json",
     "version": "print the version",
 }
 _VALUE_FLAGS = ("--config", "--provider", "--model")
@@ -7320,7 +7631,7 @@ def cmd_config_init(args, console):
 # Every command's builder sits beside its cmd_ function above; build_parser builds only the selected one.
 COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
                     "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
-                    "config": _build_config, "watch": _build_watch, "publish": _build_publish,
+                    "config": _build_config, "watch": _build_watch, "publish": _build_publish, "mcp": _build_mcp,
                     "version": _build_version}
 
 

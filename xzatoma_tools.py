@@ -295,6 +295,9 @@ class Tool:
     description = ""
     parameters = {"type": "object", "properties": {}}
     permission = READ
+    #: why the tool can no longer run (an MCP server that stopped), or None: a withdrawn tool is neither
+    #: offered nor run, and the model is told why
+    withdrawn = None
 
     def run(self, args, ctx):  # pragma: no cover - interface
         raise NotImplementedError
@@ -395,6 +398,13 @@ class Registry:
         return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names,
                                                      self.schemas)
 
+    def extended(self, tools):
+        """The same registry with more tools (an MCP server's), those the mode offers: planning keeps the
+        read ones. Every profile offers them: the person configured them."""
+        offered = [t for t in tools if self.mode == WRITE_MODE or t.permission == READ]
+        return Registry(list(self.tools.values()) + offered, self.ctx, self.mode,
+                        self.all_names | {t.name for t in tools}, self.schemas)
+
     def __contains__(self, name):
         return name in self.tools
 
@@ -405,7 +415,8 @@ class Registry:
         return list(self.tools)
 
     def definitions(self):
-        return [self.schemas.get(n) or t.definition() for n, t in self.tools.items()]
+        return [self.schemas.get(n) or t.definition() for n, t in self.tools.items()
+                if not getattr(t, "withdrawn", None)]  # duck-typed tools (subagents) have none
 
     def get(self, name):
         return self.tools.get(name)
@@ -417,6 +428,9 @@ class Registry:
             if name in self.all_names:
                 return None, None, "tool %s is not available in %s mode" % (name, self.mode)
             return None, None, "unknown tool %r; available tools: %s" % (name, ", ".join(sorted(self.tools)))
+        withdrawn = getattr(tool, "withdrawn", None)
+        if withdrawn:
+            return None, None, "tool %s is no longer available: %s" % (name, withdrawn)
         args, err = validate_arguments(tool, raw_args)
         if err:
             err += "; expected %s" % self.signature(name)
@@ -797,11 +811,11 @@ class ListDirectory(Tool):
         if total > len(lines):
             lines.append("... %d more entries not shown (narrow with pattern or a subdirectory)" % (total - len(lines)))
         if total > 1:  # counted here, so that "how many .md files" needs no counting by the model
-            lines.append("(%d entries: %s)" % (total, ", ".join(
+            lines.append("(%s; %d entries in all)" % (", ".join(
                 "%d %s" % (n, {"directories": "director" + ("y" if n == 1 else "ies"),
                                "no extension": ("file" if n == 1 else "files") + " without extension"}.get(
                                    ext, ext + (" file" if n == 1 else " files")))
-                for ext, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))))
+                for ext, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))), total))
         return ToolResult.ok("\n".join(lines), count=total)
 
 
@@ -1100,8 +1114,12 @@ class Grep(Tool):
         note = ("[skipped %d special file%s (FIFO, socket or device), not read: %s]" % (
             len(special), "" if len(special) == 1 else "s", ", ".join(special[:10]) + (" …" if len(special) > 10 else ""))
             if special else "")
-        if not out:
-            return ToolResult.ok("no matches for %s" % args["pattern"] + ("\n" + note if note else ""), matches=0)
+        if not out:  # what to do next, said: small models looked for file names with grep, or for a concept
+            one = isinstance(files, list)  # one file named (a directory is walked)
+            hint = ("in %s (read_file shows all of it)" % files[0][0] if one else
+                    "in the files' contents (list_directory lists names)")
+            return ToolResult.ok("no matches for %s %s" % (args["pattern"], hint) + ("\n" + note if note else ""),
+                                 matches=0)
         text_out = [line for block in out for line in block]
         if hits > len(out):
             text_out.append("... stopped at %d results; %d more matches not shown" % (len(out), hits - len(out)))

@@ -113,7 +113,8 @@ def _stands_by(body):
     """Asked to check an answer it gave without tools (xzatoma's nudge), a model with no script left stands by it:
     the same answer again. Scripts that test the nudge say what the model does instead."""
     msgs = body.get("messages") or body.get("input") or []
-    if len(msgs) >= 2 and str(msgs[-1].get("content", "")).startswith("You answered without"):
+    if len(msgs) >= 2 and str(msgs[-1].get("content", "")).startswith(("You answered without",
+                                                                       "Error: your reply was empty")):
         answer = msgs[-2].get("content")
         if msgs[-2].get("role") == "assistant" and isinstance(answer, str):
             return {"content": answer}

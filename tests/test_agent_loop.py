@@ -160,8 +160,8 @@ def test_signals_become_interrupted_at_the_runs_edge(open_session, signal, statu
 
 
 def test_a_signal_during_a_tool_closes_the_dangling_calls(open_session, monkeypatch):
-    s = open_session(Reply("", [call("read_file", {"path": "a.txt"}, "c1"), call("read_file", {"path": "a.txt"},
-                                                                             "c2")]), persist=True)
+    s = open_session(Reply("", [call("read_file", {"path": "a.txt"}, "c1"),
+                                call("read_file", {"path": "a.txt", "start_line": 1}, "c2")]), persist=True)
     s.start("run")
     real = s.registry.execute
 

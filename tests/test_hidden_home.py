@@ -42,7 +42,7 @@ def test_no_file_tool_reads_lists_copies_or_changes_the_home_inside_the_tree(cli
     (read_db, read_creds, grep_all, grep_home, listing, found, copy, meta, write, delete) = tool_results(fake)
     for result in (read_db, read_creds, grep_home, copy, meta, write, delete):
         assert result.startswith("Error: ") and HIDDEN in result, result
-    assert grep_all == "no matches for 4242-ALPHA"
+    assert grep_all == "no matches for 4242-ALPHA in the files' contents (list_directory lists names)"
     assert ".xz" not in listing and "via" not in listing and "notes.txt" in listing, listing
     assert found == "no paths match **/conversations.db"
     assert not (cli.workdir / "data" / "copy").exists()

@@ -266,3 +266,19 @@ def test_a_refusal_over_the_window_teaches_the_window_and_the_run_goes_on(cli, f
                                            ("phi3:3.8b", 3.8), ("gpt-4o-mini", None), ("qwen3:0.6b", 0.6)])
 def test_model_size_from_its_name(name, billions):
     assert xzatoma.model_size(name) == billions
+
+
+@pytest.mark.parametrize("kind", ["ollama", "openai"])
+def test_a_reply_stuck_repeating_itself_is_cut(fake, kind):
+    """A small model at low temperature fell into a loop that ran until its window was full (minutes)."""
+    fake.add({"content": "Let me check.\n" + "- verify the file exists\n" * 2000})
+    reply = provider(kind, fake).complete(MSGS, TOOLS)
+    assert reply.finish_reason == "repetition" and len(reply.content) < 8000
+
+
+def test_long_text_that_does_not_repeat_is_not_cut():
+    guard = xzatoma.RepetitionGuard()
+    text = "".join("line %d says %s\n" % (i, i * i) for i in range(5000))
+    assert not any(guard.feed(text[i:i + 7]) for i in range(0, len(text), 7))
+    guard = xzatoma.RepetitionGuard()
+    assert any(guard.feed(piece) for piece in ["x = [0, 0, 0, 0]\n"] * 400)

@@ -104,7 +104,7 @@ def test_only_the_first_written_call_runs_and_the_guess_after_it_is_dropped(cli,
     """The reply held a listing, a grep for `\\.md$` and the count it guessed before any result ("1")."""
     r, data, sent = replay(cli, fake, recorded_dirs, GGUF, "count_files_guess_after_calls", "count_files")
     assert [n for n, _ in calls_made(sent[1])] == ["list_directory"]
-    assert "(9 entries: 7 .md files, 1 .png file, 1 .txt file)" in json.dumps(sent[1]["messages"])
+    assert "(7 .md files, 1 .png file, 1 .txt file; 9 entries in all)" in json.dumps(sent[1]["messages"])
     assert "directory is 1" not in json.dumps(sent[1]["messages"])  # "The number of .md files … is 1"
     assert data["status"] == "completed"  # the recorded model still answered 1: a fact nothing can check
 
@@ -113,7 +113,9 @@ def test_work_done_stays_done_whatever_the_model_imagines_after_it(cli, fake, re
     r, data, sent = replay(cli, fake, recorded_dirs, GGUF, "create_file", "create_file")
     assert r.returncode == 0 and data["status"] == "completed", r.stderr
     assert (cli.workdir / "greeting.txt").read_text() == "Hello, world"
-    assert len(sent) == 3  # the third reply (made-up <tool_response>s) ends it: the file was written by a tool
+    # the third reply made up <tool_response>s: pointed out once; the fourth (more of them) ends it: the file
+    # was written by a tool, whatever the model imagines after that
+    assert len(sent) == 4 and sent[3]["messages"][-1]["content"].startswith("You wrote a tool result yourself")
     results = [m["content"] for m in sent[2]["messages"] if m["role"] == "tool"]
     assert results[0] == "Created greeting.txt (12 bytes)"
     assert results[1] == "file        12 B  greeting.txt" and len(results) == 2  # of <tools> list + read: the first

@@ -278,3 +278,45 @@ def test_native_calls_all_run(open_session, tmp_path):
                                 {"id": "c2", "name": "write_file", "arguments": '{"path": "b.txt", "content": "x"}'}]),
                      Reply("done"))
     assert run(s, "read a.txt").tool_calls == 2 and (tmp_path / "b.txt").exists()
+
+
+def test_the_same_call_twice_in_a_row_is_refused_as_a_loop(open_session):
+    """A real transcript: grep for server_port, no matches, the same grep twice more, then an empty answer."""
+    grep = '{"name": "grep", "arguments": {"pattern": "server_port", "path": "a.txt"}}'
+    s = open_session(Reply(grep), Reply('{"name": "grep", "arguments": {"path": "a.txt", "pattern": "server_port"}}'),
+                     read(), Reply("It says hello."))
+    result = run(s, "what does a.txt say?")
+    results = [m["content"] for m in s.conversation.messages if m["role"] == "tool"]
+    assert results[0] == "no matches for server_port in a.txt (read_file shows all of it)"
+    assert results[1].startswith("Error: this is the same call as your last one")
+    assert results[2] == "hello\n" and result.status == "completed"
+
+
+def test_an_empty_answer_is_asked_for_once_then_fails(open_session):
+    s = open_session(Reply(""), Reply("  "))
+    result = run(s, "what is a closure?")
+    assert result.status == "failed" and "empty reply" in result.error
+    assert s.provider.calls[1]["messages"][-1]["content"] == xzatoma.EMPTY_ANSWER
+    s = open_session(Reply(""), Reply("A function with its scope."))
+    assert run(s, "what is a closure?").answer == "A function with its scope."
+
+
+def test_a_file_the_task_names_that_no_tool_touched_is_pointed_out_once(open_session, tmp_path):
+    """A real transcript: utils.py edited, then "<tool_response> Updated main.py" written by the model itself."""
+    (tmp_path / "utils.py").write_text("def calc_total(p):\n    return sum(p)\n")
+    (tmp_path / "main.py").write_text("from utils import calc_total\n")
+    edit = '{"name": "edit_file", "arguments": {"path": "%s", "old_text": "calc_total", "new_text": "compute_total"}}'
+    s = open_session(Reply(edit % "utils.py"), Reply("Renamed it in utils.py and updated main.py."),
+                     Reply(edit % "main.py"), Reply("Both files now use compute_total."))
+    result = run(s, "Rename calc_total to compute_total in utils.py and main.py")
+    assert result.status == "completed" and "compute_total" in (tmp_path / "main.py").read_text()
+    note = s.provider.calls[2]["messages"][-1]
+    assert note["name"] == "xzatoma" and note["content"].startswith("The task names main.py, which no tool has")
+
+
+def test_a_tool_result_the_model_writes_itself_is_pointed_out_once(open_session, tmp_path):
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}'),
+                     Reply("Done.\n<tool_response>\nUpdated b.txt\n</tool_response>"), Reply("Done."))
+    result = run(s, "Write x to a.txt")
+    assert result.status == "completed" and len(s.provider.calls) == 3
+    assert s.provider.calls[2]["messages"][-1]["content"].startswith("You wrote a tool result yourself")

@@ -1,0 +1,287 @@
+"""The MCP client in-process: configuration, names and approvals, results, Streamable HTTP against the fake
+server (both generations, JSON and SSE answers), OAuth 2.1 against its stub, and cancellation on stdio."""
+
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+import xzatoma_mcp as mcp
+from fake_mcp import FakeHttpMcp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Ctx:
+    """What McpTool.run reads of a ToolContext."""
+
+    def __init__(self, interactive=False, deadline=None, cancel=None):
+        self.interactive, self.deadline, self.cancel = interactive, deadline, cancel
+
+
+class Store:
+    """A credential store in memory (get -> (value, where), set)."""
+
+    def __init__(self):
+        self.values = {}
+
+    def get(self, name):
+        value = self.values.get(name)
+        return (value, "file") if value else (None, None)
+
+    def set(self, name, value):
+        self.values[name] = value
+        return "file"
+
+
+def servers(entries, tmp_path, **kw):
+    warnings = []
+    configs = mcp.parse_servers(entries, "test", os.environ, warnings)
+    kw.setdefault("warn", warnings.append)
+    s = mcp.Servers(configs, str(tmp_path), lambda mode, network, paths: None, home=str(tmp_path / "xz"), **kw)
+    s.warnings = warnings
+    return s
+
+
+@pytest.fixture
+def http():
+    made = []
+
+    def start(**kw):
+        fake = FakeHttpMcp(**kw).start()
+        made.append(fake)
+        return fake
+    yield start
+    for fake in made:
+        fake.stop()
+
+
+# ---- configuration ----
+
+def test_configuration_expands_variables_and_refuses_what_cannot_work():
+    env = {"TOKEN": "t0ken-value-123456", "EMPTY": ""}
+    warnings = []
+    s, = mcp.parse_servers({"a": {"url": "https://h/mcp", "headers": {"X-Key": "${TOKEN}"}, "bearer_token": "${NOPE}",
+                                  "color": "blue"}}, "cfg.yaml", env, warnings)
+    assert s.transport == "http" and s.headers == {"X-Key": "t0ken-value-123456"} and s.bearer_token is None
+    assert any("${NOPE}" in w for w in warnings) and any("unknown key 'color'" in w for w in warnings)
+    s, = mcp.parse_servers({"b": {"command": "srv", "args": ["${EMPTY:-dflt}", "x"], "env": {"N": 3}}}, "f", env, [])
+    assert s.transport == "stdio" and s.args == ["dflt", "x"] and s.env == {"N": "3"} and not s.network
+    for entry, error in (({"type": "sse", "url": "http://h/sse"}, "HTTP+SSE transport of 2024-11-05"),
+                         ({"args": ["x"]}, "needs a command"), ({"url": "ftp://h"}, "needs url"),
+                         ({"command": "x", "timeout_seconds": 0}, "positive number"),
+                         ({"command": "x", "allow": "*", "network": "yes"}, "network must be true or false")):
+        with pytest.raises(mcp.ConfigError, match=error.replace("(", r"\(").replace("+", r"\+")):
+            mcp.parse_servers({"s": entry}, "f", env, [])
+    with pytest.raises(mcp.ConfigError, match="a server's name"):
+        mcp.parse_servers({"bad name": {"command": "x"}}, "f", env, [])
+
+
+def test_tool_names_fit_every_provider_and_stay_unique():
+    assert mcp.tool_name("fs", "read_file", set()) == "mcp__fs__read_file"
+    assert mcp.tool_name("fs", "get.thing/x y", set()) == "mcp__fs__get_thing_x_y"
+    long = mcp.tool_name("server", "t" * 100, set())
+    assert len(long) == 64 and long.startswith("mcp__server__ttt")
+    a = mcp.tool_name("s", "a.b", set())
+    b = mcp.tool_name("s", "a_b", {a})
+    assert a != b and len(b) <= 64
+
+
+def test_approval_rules():
+    def cfg(**kw):
+        return mcp.parse_servers({"s": dict({"command": "x"}, **kw)}, "f", {}, [])[0]
+    hinted = {"name": "look", "annotations": {"readOnlyHint": True}}
+    plain = {"name": "write"}
+    assert mcp.approval(cfg(), hinted) == "ask"  # a hint alone is the server's word
+    assert mcp.approval(cfg(trust_read_only_hint=True), hinted) == "read-only"
+    assert mcp.approval(cfg(read_only=["write"]), plain) == "read-only"
+    assert mcp.approval(cfg(allow=["write"]), plain) == "allowed"
+    assert mcp.approval(cfg(allow=["*"]), plain) == "allowed"
+
+
+def test_results_are_rendered_and_nothing_is_dropped_silently():
+    r = mcp.render_result({"content": [{"type": "image", "data": "AAAA", "mimeType": "image/png"},
+                                       {"type": "resource_link", "uri": "file:///x", "name": "x"},
+                                       {"type": "resource", "resource": {"uri": "b://1", "blob": "AAAAAAAA"}},
+                                       {"type": "video"}]}, "T")
+    assert r.success and r.output.splitlines() == [
+        "[image from the tool: image/png, about 3 bytes; not shown to the model]", "[resource link] x <file:///x>",
+        "[resource b://1: unknown type, about 6 bytes of binary data; not shown to the model]",
+        "[content of type 'video'; not shown to the model]"]
+    assert mcp.render_result({"structuredContent": {"a": 1}}, "T").output == 'structured content:\n{\n  "a": 1\n}'
+    failed = mcp.render_result({"isError": True, "content": [{"type": "text", "text": "boom"}]}, "T")
+    assert not failed.success and failed.to_message() == "Error: T reported an error: boom"
+    assert mcp.render_result({}, "T").output == "(the tool returned no content)"
+
+
+def test_header_values_and_x_mcp_header():
+    assert mcp.header_value("us-west1") == "us-west1"
+    assert mcp.header_value("Hello, 世界") == "=?base64?SGVsbG8sIOS4lueVjA==?="
+    assert mcp.header_value(" padded ") == "=?base64?IHBhZGRlZCA=?="
+    assert mcp.header_value("=?base64?literal?=") == "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="
+    assert mcp.header_value(True) == "true"
+    schema = {"properties": {"region": {"type": "string", "x-mcp-header": "Region"},
+                             "o": {"type": "object", "properties": {"n": {"type": "integer", "x-mcp-header": "N"}}}}}
+    assert mcp.mcp_headers(schema) == [("Region", ["region"]), ("N", ["o", "n"])]
+    for bad in ({"type": "number", "x-mcp-header": "F"}, {"type": "string", "x-mcp-header": "a b"}):
+        with pytest.raises(ValueError):
+            mcp.mcp_headers({"properties": {"p": bad}})
+
+
+def test_project_file_is_read_without_following_a_link(tmp_path):
+    (tmp_path / "real.json").write_text('{"mcpServers": {}}')
+    os.symlink(tmp_path / "real.json", tmp_path / ".mcp.json")
+    assert mcp.read_project_file(str(tmp_path))[0] is None
+    trust = mcp.ProjectTrust(str(tmp_path / "home"))
+    assert not trust.trusted(str(tmp_path / "p"), "a")
+    trust.trust(str(tmp_path / "p"), "a")
+    assert trust.trusted(str(tmp_path / "p"), "a") and not trust.trusted(str(tmp_path / "p"), "b")
+    assert os.stat(trust.path).st_mode & 0o077 == 0
+
+
+# ---- Streamable HTTP ----
+
+@pytest.mark.parametrize("era,version", [("dual", "2026-07-28"), ("modern", "2026-07-28"), ("legacy", "2025-11-25")])
+def test_http_servers_of_each_generation(http, tmp_path, era, version):
+    fake = http(era=era)
+    s = servers({"h": {"url": fake.url, "allow": ["*"]}}, tmp_path).start()
+    try:
+        server = s.get("h")
+        assert server.state == "running", server.error
+        assert server.client.version == version
+        add = next(t for t in s.tools() if t.remote == "add")
+        assert add.run({"a": 20, "b": 22}, Ctx()).output == '{"sum": 42}'
+        headers, body = fake.requests[-1]
+        if era == "legacy":
+            assert headers.get("Mcp-Session-Id") == "s1" and headers.get("MCP-Protocol-Version") == "2025-11-25"
+            assert body["params"]["_meta"] == {"progressToken": body["id"]}  # no 2026 keys in a 2025 session
+        else:
+            assert headers["MCP-Protocol-Version"] == "2026-07-28" and headers["Mcp-Method"] == "tools/call"
+            assert headers["Mcp-Name"] == "add" and "Mcp-Session-Id" not in headers
+            assert body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+    finally:
+        s.close()
+    if era == "legacy":
+        assert fake.sessions == {}  # DELETE ended the session
+
+
+def test_http_sse_answers_carry_progress_and_a_cancel_closes_the_stream(http, tmp_path):
+    fake = http(era="legacy", sse=True)
+    notes = []
+    s = servers({"h": {"url": fake.url, "allow": ["*"]}}, tmp_path, note=notes.append).start()
+    try:
+        slow = next(t for t in s.tools() if t.remote == "slow")
+        assert slow.run({"seconds": 0.3}, Ctx()).output == "slept 0.3s"
+        assert "  mcp h/slow: 50% step 5" in notes
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()
+        started = time.monotonic()
+        with pytest.raises(mcp.ToolError, match="cancelled by user; the server was told to cancel it"):
+            slow.run({"seconds": 20}, Ctx(cancel=cancel))
+        assert time.monotonic() - started < 5
+        assert any(b.get("method") == "notifications/cancelled" for _, b in fake.requests)
+    finally:
+        s.close()
+
+
+def test_a_legacy_http_server_refusing_discovery_is_spoken_to_with_the_handshake(http, tmp_path):
+    fake = http(era="legacy")
+    s = servers({"h": {"url": fake.url}}, tmp_path).start()
+    try:
+        first = fake.requests[0][1]
+        assert first["method"] == "server/discover"  # answered 400 "Server not initialized": not a modern error
+        assert [b["method"] for _, b in fake.requests[1:3]] == ["initialize", "notifications/initialized"]
+    finally:
+        s.close()
+
+
+def test_a_bearer_token_from_the_environment_is_sent_and_redacted(http, tmp_path):
+    from xzatoma_store import redact
+    fake = http()
+    env = {"API_TOKEN": "sekrit-token-7f3a9c2e"}
+    configs = mcp.parse_servers({"h": {"url": fake.url, "bearer_token_env": "API_TOKEN"}}, "f", env, [])
+    s = mcp.Servers(configs, str(tmp_path), None, home=str(tmp_path / "xz")).start()
+    try:
+        assert fake.requests[0][0]["Authorization"] == "Bearer sekrit-token-7f3a9c2e"
+        assert "sekrit-token-7f3a9c2e" not in redact("the token is sekrit-token-7f3a9c2e")
+    finally:
+        s.close()
+
+
+# ---- OAuth 2.1 ----
+
+def browser(url):
+    """The person's browser: follows the authorization server's redirect back to the loopback listener."""
+    threading.Thread(target=lambda: urllib.request.urlopen(url, timeout=10).read(), daemon=True).start()
+
+
+def test_oauth_headless_fails_with_one_line_saying_how_to_log_in(http, tmp_path):
+    fake = http(oauth=True)
+    s = servers({"h": {"url": fake.url}}, tmp_path, credentials=Store(), interactive=False).start()
+    server = s.get("h")
+    assert server.state == "failed"
+    assert server.error == "the server needs a login (HTTP 401): run 'xzatoma mcp login h' in a terminal"
+    assert fake.registered == [] and fake.codes == {}  # nothing started, no browser
+    s.close()
+
+
+def test_oauth_login_with_pkce_registration_and_refresh(http, tmp_path):
+    fake = http(oauth=True, token_ttl=1)
+    store = Store()
+    said = []
+    s = servers({"h": {"url": fake.url, "allow": ["*"]}}, tmp_path, credentials=store, interactive=True,
+                open_browser=browser, say=said.append).start()
+    try:
+        assert s.get("h").state == "running", s.get("h").error
+        assert fake.registered[0]["redirect_uris"][0].startswith("http://127.0.0.1:")
+        assert fake.registered[0]["token_endpoint_auth_method"] == "none"
+        assert "log in with your browser" in said[0] and "code_challenge_method=S256" in said[0]
+        assert "resource=http%3A%2F%2F127.0.0.1" in said[0]
+        stored = json.loads(store.values["mcp.h"])
+        assert stored["access_token"] in fake.tokens and stored["issuer"] == fake.base + "/as"
+        time.sleep(1.1)  # the token expires: refreshed before the next call
+        echo = next(t for t in s.tools() if t.remote == "echo")
+        assert echo.run({"text": "hi"}, Ctx()).output == "hi"
+        assert json.loads(store.values["mcp.h"])["access_token"] != stored["access_token"]
+    finally:
+        s.close()
+
+
+def test_oauth_refuses_metadata_naming_another_issuer(http, tmp_path):
+    fake = http(oauth=True, bad_issuer=True)
+    s = servers({"h": {"url": fake.url}}, tmp_path, credentials=Store(), interactive=True, open_browser=browser,
+                say=lambda text: None).start()
+    assert s.get("h").state == "failed"
+    assert "names issuer %s/evil, not %s/as: refused (RFC 8414 §3.3)" % (fake.base, fake.base) in s.get("h").error
+    assert fake.registered == []
+    s.close()
+
+
+# ---- stdio ----
+
+def test_stdio_cancel_sends_notifications_cancelled(tmp_path):
+    s = servers({"f": {"command": sys.executable, "args": [os.path.join(HERE, "fake_mcp.py"), "--era", "legacy"],
+                       "allow": ["*"]}}, tmp_path).start()
+    try:
+        slow = next(t for t in s.tools() if t.remote == "slow")
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()
+        with pytest.raises(mcp.ToolError, match="cancelled by user"):
+            slow.run({"seconds": 20}, Ctx(cancel=cancel))
+        log = tmp_path / "xz" / "mcp" / "f.log"
+        assert mcp_wait(lambda: "cancelled: " in log.read_text()), log.read_text()
+    finally:
+        s.close()
+
+
+def mcp_wait(predicate, timeout=5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()

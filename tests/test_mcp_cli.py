@@ -1,0 +1,284 @@
+"""MCP servers through the real CLI: `xzatoma run` scripted by the fake model, the fake MCP server (stdio) started
+inside the sandbox, `xzatoma mcp`, and a chat's question in Safe mode."""
+
+import json
+import os
+import socket
+import sys
+import uuid
+
+import pytest
+
+from conftest import processes, tool_call, wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_MCP = os.path.join(HERE, "fake_mcp.py")
+
+
+def server(*args, **fields):
+    """A stdio server entry for the fake MCP server (its directory readable in the sandbox)."""
+    entry = {"command": sys.executable, "args": [FAKE_MCP] + list(args), "read_paths": [HERE]}
+    entry.update(fields)
+    return entry
+
+
+def use(cli, fake, servers, **agent):
+    cli.use(fake, **agent)
+    import yaml
+    data = yaml.safe_load(cli.config_path.read_text())
+    data["mcp"] = {"servers": servers}
+    cli.write_config(data)
+
+
+def tool_results(fake, index=-1):
+    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"] if m["role"] == "tool"]
+
+
+def offered(fake, index=-1):
+    return {t["function"]["name"] for t in fake.model_requests()[index]["body"]["tools"]}
+
+
+def test_a_models_call_to_an_mcp_tool_returns_its_result_through_run(cli, fake):
+    use(cli, fake, {"fake": server(allow=["add"])})
+    fake.add({"tool_calls": [tool_call("mcp__fake__add", a=2, b=3)]}, {"content": "The sum is 5."})
+    r = cli.run("run", "--prompt", "Add 2 and 3 with the MCP tool")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "The sum is 5.\n"
+    assert "mcp__fake__add" in offered(fake, 0) and "mcp__fake__write_file" in offered(fake, 0)
+    assert tool_results(fake) == ['{"sum": 5}']
+    assert "▶ mcp__fake__add" in r.stderr
+
+
+def test_headless_runs_allow_only_by_rule(cli, fake):
+    use(cli, fake, {"fake": server(trust_read_only_hint=True, allow=["env"])})
+    target = cli.workdir / "made.txt"
+    fake.add({"tool_calls": [tool_call("mcp__fake__write_file", path=str(target), text="x")]},
+             {"tool_calls": [tool_call("mcp__fake__echo", text="hint trusted")]},
+             {"tool_calls": [{"name": "mcp__fake__env", "arguments": {"name": "HOME"}}]},
+             {"content": "done"})
+    r = cli.run("run", "--prompt", "try the tools")
+    assert r.returncode == 0, r.stderr
+    refused, echoed, env = tool_results(fake)
+    assert refused.startswith("Error: MCP tool mcp__fake__write_file (server 'fake', tool 'write_file') needs a "
+                              "person's approval; not available in this run")
+    assert "mcp.servers.fake.allow" in refused
+    assert not target.exists()
+    assert echoed == "hint trusted"  # readOnlyHint, trusted for this server
+    assert "xzatoma-run-" in env  # HOME is the sandbox's private directory, not the person's
+
+
+def test_a_stdio_server_cannot_write_outside_the_tree_or_reach_the_network_unless_configured(cli, fake, tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    outside = tmp_path / "outside.txt"
+    inside = cli.workdir / "inside.txt"
+    try:
+        for network in (False, True):
+            use(cli, fake, {"fake": server(allow=["*"], network=network)})
+            fake.add({"tool_calls": [tool_call("mcp__fake__write_file", path=str(outside), text="escaped")]},
+                     {"tool_calls": [tool_call("mcp__fake__write_file", path=str(inside), text="fine")]},
+                     {"tool_calls": [tool_call("mcp__fake__connect", port=port)]},
+                     {"content": "done"})
+            r = cli.run("run", "--prompt", "write and connect")
+            assert r.returncode == 0, r.stderr
+            wrote_outside, wrote_inside, connected = tool_results(fake)
+            assert wrote_outside.startswith("Error: MCP tool 'write_file' of server 'fake' reported an error: "
+                                            "cannot write") and not outside.exists()
+            assert wrote_inside == "wrote %s" % inside and inside.read_text() == "fine"
+            if network:
+                assert connected == "connected"
+                conn, _ = listener.accept()
+                assert conn.recv(5) == b"hello"
+                conn.close()
+            else:
+                assert connected.startswith("Error:") and "cannot connect" in connected
+                with pytest.raises(socket.timeout):
+                    listener.accept()
+    finally:
+        listener.close()
+
+
+def test_no_server_or_what_it_started_outlives_a_run(cli, fake):
+    marker = "mark%s" % uuid.uuid4().hex[:10]
+    sleep = "301.%d" % (uuid.uuid4().int % 100000)
+    use(cli, fake, {"fake": server("--marker", marker, allow=["spawn"], env={"FAKE_MCP_SLEEP": sleep})})
+    fake.add({"tool_calls": [tool_call("mcp__fake__spawn")]}, {"content": "started one"})
+    r = cli.run("run", "--prompt", "start a child")
+    assert r.returncode == 0, r.stderr
+    assert tool_results(fake)[0].isdigit()
+
+    def lingering():
+        return [p for p in processes() if marker.encode() in p[4] or sleep.encode() in p[4]]
+    assert wait_for(lambda: not lingering(), timeout=5), lingering()
+
+
+def test_a_server_that_dies_is_reported_once_and_its_tools_removed(cli, fake):
+    use(cli, fake, {"fake": server(allow=["*"])})
+    fake.add({"tool_calls": [tool_call("mcp__fake__crash")]},
+             {"tool_calls": [tool_call("mcp__fake__echo", text="still there?")]},
+             {"content": "it crashed"})
+    r = cli.run("run", "--prompt", "crash it")
+    assert r.returncode == 0, r.stderr
+    crashed, after = tool_results(fake)
+    assert crashed == "Error: MCP tool 'crash' of server 'fake': the server stopped (exit code 3)"
+    assert after.startswith("Error: tool mcp__fake__echo is no longer available: its MCP server 'fake' stopped")
+    assert not any(name.startswith("mcp__") for name in offered(fake, 1))
+    assert r.stderr.count("warning: MCP server 'fake' stopped (exit code 3); its 10 tools are removed") == 1, r.stderr
+
+
+def test_a_call_past_its_deadline_is_cancelled_on_the_server(cli, fake):
+    use(cli, fake, {"fake": server(allow=["slow"], timeout_seconds=1.5)})
+    fake.add({"tool_calls": [tool_call("mcp__fake__slow", seconds=30)]}, {"content": "too slow"})
+    r = cli.run("run", "--prompt", "be slow")
+    assert r.returncode == 0, r.stderr
+    result = tool_results(fake)[0]
+    assert result.startswith("Error: MCP tool 'slow' of server 'fake': no answer within 1.5s "
+                             "(mcp.servers.fake.timeout_seconds); the server was told to cancel it")
+    assert "mcp fake/slow: 0% step 0" in r.stderr  # progress notifications, on stderr
+    log = (cli.xz_home / "mcp" / "fake.log").read_text()
+    cancelled = [json.loads(line[6:]) for line in log.splitlines() if '"notifications/cancelled"' in line]
+    assert cancelled and cancelled[0]["params"]["requestId"] >= 1
+
+
+def test_planning_mode_offers_only_tools_allowed_as_read_only(cli, fake):
+    use(cli, fake, {"fake": server(read_only=["echo"], allow=["add"])})
+    fake.add({"content": "looked"})
+    r = cli.run("run", "--mode", "planning", "--prompt", "look")
+    assert r.returncode == 0, r.stderr
+    assert {n for n in offered(fake, 0) if n.startswith("mcp__")} == {"mcp__fake__echo"}
+
+
+def test_a_projects_mcp_json_starts_only_once_trusted(cli, fake):
+    cli.use(fake)
+    project = cli.workdir / ".mcp.json"
+    (cli.workdir / "srv.py").write_text(open(FAKE_MCP).read())  # a project's own server: readable in the tree
+    entry = {"command": sys.executable, "args": [str(cli.workdir / "srv.py")]}
+    project.write_text(json.dumps({"mcpServers": {"proj": dict(entry, allow=["*"], sandbox="off",
+                                                               read_paths=["/root"])}}))
+    fake.add({"content": "a"})
+    r = cli.run("run", "--prompt", "hi")
+    assert r.returncode == 0, r.stderr
+    assert "the MCP servers of %s (proj) are not started" % project in r.stderr
+    assert not any(n.startswith("mcp__") for n in offered(fake, 0))
+    t = cli.run("mcp", "trust", "--yes")
+    assert t.returncode == 0, t.stderr
+    fake.add({"tool_calls": [tool_call("mcp__proj__echo", text="x")]}, {"content": "done"})
+    r = cli.run("run", "--prompt", "hi")
+    assert "mcp__proj__echo" in offered(fake, 1), r.stderr
+    assert "mcp server 'proj': allow, read_paths, sandbox ignored: only your own configuration" in r.stderr
+    assert tool_results(fake)[0].startswith("Error: MCP tool mcp__proj__echo (server 'proj', tool 'echo') needs a "
+                                            "person's approval")  # the project cannot approve its own calls
+    project.write_text(json.dumps({"mcpServers": {"proj": dict(entry, args=entry["args"] + ["--era", "legacy"])}}))
+    fake.add({"content": "b"})
+    r = cli.run("run", "--prompt", "hi")  # changed (the model can write files): asked again, skipped headless
+    assert "not started" in r.stderr and not any(n.startswith("mcp__") for n in offered(fake, -1))
+
+
+def test_mcp_list_names_state_protocol_and_approval(cli, fake):
+    use(cli, fake, {"modern": server("--era", "modern", read_only=["echo"], allow=["add"]),
+                    "old": server("--era", "legacy", "--legacy-version", "2025-03-26", tools=["echo"]),
+                    "gone": {"command": "no-such-program-here"},
+                    "off": server(enabled=False)})
+    r = cli.run("mcp", "list", "--json")
+    assert r.returncode == 1, r.stderr  # one failed
+    rows = {row["name"]: row for row in json.loads(r.stdout)["servers"]}
+    assert rows["modern"]["state"] == "running" and rows["modern"]["protocol"] == "2026-07-28"
+    assert rows["modern"]["confinement"] == "sandbox workspace-write, no network"
+    approvals = {t["tool"]: t["approval"] for t in rows["modern"]["tools"]}
+    assert approvals["echo"] == "read-only" and approvals["add"] == "allowed" and approvals["slow"] == "ask"
+    assert rows["old"]["protocol"] == "2025-03-26" and [t["tool"] for t in rows["old"]["tools"]] == ["echo"]
+    assert rows["gone"]["state"] == "failed" and "no-such-program-here not found" in rows["gone"]["error"]
+    assert rows["off"]["state"] == "disabled"
+    t = cli.run("mcp", "tools", "modern")
+    assert t.returncode == 0, t.stderr
+    assert "mcp__modern__echo  (read-only (runs; offered in planning mode))" in t.stdout
+    assert "    Echo the text back.\n" in t.stdout
+    u = cli.run("mcp", "tools", "nope")
+    assert u.returncode == 2 and "no MCP server named 'nope'" in u.stderr
+
+
+def test_start_up_without_mcp_imports_nothing_of_it(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "ok"})
+    r = cli.run("run", "--prompt", "hi", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "| xzatoma_store" in r.stderr  # the import log is there
+    assert "xzatoma_mcp" not in r.stderr
+
+
+def test_safe_mode_asks_showing_server_tool_and_arguments_neutralised(chat, cli, fake):
+    use(cli, fake, {"fake": server()})
+    fake.add({"tool_calls": [tool_call("mcp__fake__echo", text="hi\x1b[2J\x1b[31mred")]}, {"content": "declined"})
+    p = chat("--mode", "write")
+    p.expect(r">> ")
+    p.line("echo something")
+    p.expect(r"Allow mcp__fake__echo\?")
+    p.expect(r"MCP server 'fake' \(stdio: .*fake_mcp\.py\), tool 'echo' \(the server says: readOnlyHint=true\), "
+             r"with arguments:")
+    p.expect(r'"text": "hi\\u001b\[2J\\u001b\[31mred"')
+    assert "\x1b[2J" not in p.seen
+    p.expect(r"\[y\]es / \[n\]o")
+    p.line("n")
+    assert wait_for(lambda: len(fake.model_requests()) == 2)
+    results = tool_results(fake)
+    assert results[0].startswith("Error: the user declined mcp__fake__echo")
+    p.expect(r">> ")
+    p.line("/mcp")
+    p.expect(r"fake  running  stdio: .*fake_mcp\.py  \(MCP 2026-07-28, sandbox workspace-write, no network\)")
+    p.expect(r"mcp__fake__echo +asks in Safe mode; refused headless")
+
+
+def test_what_a_server_plants_among_the_protected_paths_is_removed_headless(cli, fake):
+    use(cli, fake, {"fake": server(allow=["write_file"])})
+    (cli.workdir / "sub").mkdir()
+    planted = cli.workdir / "sub" / ".git"
+    fake.add({"tool_calls": [tool_call("mcp__fake__write_file", path=str(planted), text="gitdir: /tmp/elsewhere")]},
+             {"content": "planted"})
+    r = cli.run("run", "--prompt", "plant")
+    assert r.returncode == 0, r.stderr
+    result = tool_results(fake)[0]
+    assert result.startswith("Error: the command made sub/.git (") and result.endswith("Removed: sub/.git")
+    assert not planted.exists()
+
+
+def test_a_chat_asks_once_to_trust_a_projects_mcp_json(chat, cli, fake):
+    (cli.workdir / "srv.py").write_text(open(FAKE_MCP).read())
+    (cli.workdir / ".mcp.json").write_text(json.dumps({"mcpServers": {"proj": {
+        "command": sys.executable, "args": [str(cli.workdir / "srv.py")], "env": {"MODE": "x"}}}}))
+    p = chat()
+    p.expect(r"\.mcp\.json in this project starts these MCP servers:")
+    p.expect(r"proj: stdio: .*srv\.py, env: MODE")
+    p.expect(r"Trust this file and start them \(they run in the sandbox\)\? \[y/N\] > ")
+    p.line("y")
+    p.expect(r">> ")
+    p.line("/mcp")
+    p.expect(r"proj  running")
+    p.line("/exit")
+    p.wait()
+    second = chat()  # trusted as it is: not asked again
+    second.expect(r">> ")
+    assert "Trust this file" not in second.seen
+
+
+def test_a_stored_bearer_token_reaches_a_remote_server(cli, fake):
+    from fake_mcp import FakeHttpMcp
+    remote = FakeHttpMcp(oauth=True).start()
+    try:
+        remote.tokens.add("stored-token-5c1e8a7f")
+        use(cli, fake, {"api": {"url": remote.url}})
+        r = cli.run("mcp", "list", "--json")
+        assert r.returncode == 1
+        row = json.loads(r.stdout)["servers"][0]
+        assert row["error"] == "the server needs a login (HTTP 401): run 'xzatoma mcp login api' in a terminal"
+        login = cli.run("mcp", "login", "api", "--token", input="stored-token-5c1e8a7f\n")
+        assert login.returncode == 0, login.stderr
+        assert "stored-token-5c1e8a7f" not in login.stdout + login.stderr
+        r = cli.run("mcp", "list", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["servers"][0]["state"] == "running"
+        assert remote.requests[-1][0]["Authorization"] == "Bearer stored-token-5c1e8a7f"
+    finally:
+        remote.stop()

@@ -1,0 +1,1968 @@
+"""XZatoma MCP client: tools from Model Context Protocol servers, confined and approved like XZatoma's own.
+
+Read top to bottom: configuration (xzatoma.yaml's `mcp.servers` and a project's `.mcp.json`, with the trust it
+needs), JSON-RPC, the stdio transport (the server starts inside XZatoma's OS sandbox), the Streamable HTTP
+transport (JSON or SSE answers), OAuth 2.1 (tried only after a 401), the client (which protocol generation a
+server speaks: the 2026-07-28 `server/discover` probe, else the 2025 `initialize` handshake; tools/list;
+tools/call with progress and cancellation), MCP tools as XZatoma tools (approval rules, results), and the
+Servers of one run (started under one deadline, a death reported once, all stopped at the end).
+
+Only the standard library and XZatoma's own tools/store modules are imported; this module never imports
+xzatoma: xzatoma hands it the configuration, a factory of sandboxes (xzatoma_tools.Sandbox), a credential
+store, the functions that talk to people and whether anyone can be asked. xzatoma imports it only when servers
+are configured, so a run without MCP pays nothing for it.
+"""
+
+import json
+import os
+import re
+import threading
+import time
+
+from xzatoma_tools import EXECUTE, READ, Tool, ToolError, ToolResult, render_json, render_untrusted
+
+#: the protocol revisions this client speaks: the stateless one (per-request _meta, `server/discover`), and the
+#: handshake ones, newest first (the first is what `initialize` asks for; the others are accepted as answers)
+MODERN_VERSIONS = ("2026-07-28",)
+LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+UNSUPPORTED_VERSION = -32022  #: UnsupportedProtocolVersionError (2026-07-28 schema)
+MODERN_ERRORS = (-32020, -32021, UNSUPPORTED_VERSION)  #: HeaderMismatch, MissingRequiredClientCapability, …
+METHOD_NOT_FOUND = -32601
+DEFAULT_TIMEOUT = 30  #: seconds: start-up + handshake of a server, and each call (mcp.timeout_seconds)
+PROBE_SECONDS = 3  #: a stdio server silent this long after `server/discover` speaks the 2025 protocol
+MAX_MESSAGE = 32 << 20  #: bytes of one message from a server; a longer line is logged in pieces and dropped
+LOG_MAX = 1 << 20  #: bytes of a server's stderr kept in its log per run
+NAME_MAX = 64  #: characters of a tool name the providers accept ([A-Za-z0-9_-])
+
+
+class McpError(Exception):
+    """Something about a server, as one line for a person or the model."""
+
+
+class ConfigError(McpError):
+    """A mistake in the servers' configuration (exit 2)."""
+
+
+class AuthNeeded(McpError):
+    """The server wants a login that cannot happen here (a headless run): the message says how."""
+
+
+# ---- Configuration: mcp.servers in xzatoma.yaml, mcpServers in a project's .mcp.json ----
+
+PROJECT_FILE = ".mcp.json"
+SANDBOX_CHOICES = ("workspace-write", "read-only", "off")
+SERVER_KEYS = {
+    "command": "the program of a stdio server (searched on PATH)",
+    "args": "its arguments",
+    "env": "environment variables it gets beside the allowlist (values may use ${VAR})",
+    "url": "the Streamable HTTP endpoint of a remote server",
+    "type": "stdio | http (streamable-http); default: http with url, stdio with command",
+    "transport": "the same as type",
+    "headers": "HTTP headers sent to a remote server (values may use ${VAR})",
+    "bearer_token": "a token sent as 'Authorization: Bearer …' (use ${VAR}, never the token itself)",
+    "bearer_token_env": "the environment variable holding that token",
+    "oauth": "client_id, client_secret, scopes, callback_port for a server's OAuth 2.1 login",
+    "network": "the stdio server may use the network (default false: no network in its sandbox)",
+    "sandbox": "workspace-write | read-only | off (default: agent.terminal.sandbox)",
+    "read_paths": "more directories the stdio server may read (its installation, outside PATH)",
+    "timeout_seconds": "its start-up and handshake, and each call, end after this long",
+    "tools": "the only tools offered to the model (default: all the server lists)",
+    "enabled_tools": "the same as tools",
+    "disabled_tools": "tools never offered",
+    "allow": "tools that run without asking, in every mode (\"*\": all of this server's)",
+    "read_only": "tools you declare read-only: offered in planning mode, run without asking",
+    "trust_read_only_hint": "believe this server's readOnlyHint annotations (they then count as read_only)",
+    "enabled": "false: not started",
+}
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand(value, env, where, warnings):
+    """${VAR} and ${VAR:-default} from the environment (credentials stay out of files)."""
+    def sub(m):
+        name, default = m.group(1), m.group(2)
+        if name in env and (env[name] or default is None):
+            return env[name]
+        if default is not None:
+            return default
+        warnings.append("%s refers to ${%s}, which is not set" % (where, name))
+        return ""
+    return _VAR.sub(sub, value) if isinstance(value, str) else value
+
+
+class ServerConfig:
+    """One server as configured: how to reach it, what it may touch, and which calls need nobody's yes."""
+
+    def __init__(self, name, origin, transport, command=None, args=(), env=None, url=None, headers=None,
+                 bearer_token=None, oauth=None, network=False, sandbox=None, read_paths=(), timeout=DEFAULT_TIMEOUT,
+                 tools=None, disabled_tools=(), allow=(), read_only=(), trust_read_only_hint=False, enabled=True):
+        self.name = name  #: the key in mcp.servers / mcpServers
+        self.origin = origin  #: where it was configured (a file's path), for messages
+        self.transport = transport  #: "stdio" or "http"
+        self.command, self.args = command, list(args)  #: stdio: the program and its arguments
+        self.env = dict(env or {})  #: stdio: environment beside the allowlist
+        self.url, self.headers = url, dict(headers or {})  #: http: the MCP endpoint and extra headers
+        self.bearer_token = bearer_token  #: http: a configured token (from ${VAR} or bearer_token_env)
+        self.oauth = dict(oauth or {})  #: http: client_id, client_secret, scopes, callback_port
+        self.network = network  #: stdio: the sandbox lets it use the network
+        self.sandbox = sandbox  #: stdio: workspace-write, read-only or off (None: agent.terminal.sandbox)
+        self.read_paths = list(read_paths)  #: stdio: more directories it may read
+        self.timeout = timeout  #: seconds for start-up + handshake, and for each call
+        self.tools = None if tools is None else set(tools)  #: the tools offered (None: all)
+        self.disabled_tools = set(disabled_tools)
+        self.allow = set(allow)  #: tools that run without asking ("*": all)
+        self.read_only = set(read_only)  #: tools declared read-only by the person
+        self.trust_read_only_hint = trust_read_only_hint
+        self.enabled = enabled
+
+    def describe(self):
+        """How it is reached, for `mcp list` and questions: `stdio: node server.js`, `http: https://…`."""
+        if self.transport == "stdio":
+            return "stdio: " + " ".join([self.command] + self.args)
+        return "http: " + self.url
+
+
+def _strings(value, where):
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError("%s must be a list of text values" % where)
+    return value
+
+
+def _mapping(value, where):
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError("%s must be a mapping of names to text values" % where)
+    return {k: "" if v is None else str(v) if isinstance(v, (int, float, bool)) else v for k, v in value.items()}
+
+
+def parse_server(name, raw, origin, env, warnings, default_timeout=DEFAULT_TIMEOUT):
+    """A ServerConfig from one entry of mcp.servers or mcpServers; ConfigError names the key that is wrong."""
+    where = "%s: mcp server '%s'" % (origin, name)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}", name or ""):
+        raise ConfigError("%s: a server's name is 1-32 letters, digits, '.', '_' or '-' (it is part of its tools' "
+                          "names)" % where)
+    if not isinstance(raw, dict):
+        raise ConfigError("%s must be a mapping (command/args or url)" % where)
+    for key in raw:
+        if key not in SERVER_KEYS:
+            warnings.append("%s: unknown key '%s' (ignored); known: %s" % (where, key, ", ".join(sorted(SERVER_KEYS))))
+    kind = raw.get("type") or raw.get("transport") or ("http" if raw.get("url") else "stdio")
+    kind = {"streamable-http": "http", "streamable_http": "http", "streamableHttp": "http"}.get(kind, kind)
+    if kind == "sse":
+        raise ConfigError("%s: the HTTP+SSE transport of 2024-11-05 is deprecated and not supported; use the "
+                          "server's Streamable HTTP endpoint (type: http)" % where)
+    if kind not in ("stdio", "http"):
+        raise ConfigError("%s: type must be stdio or http, got %r" % (where, kind))
+
+    def text(key):
+        value = raw.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError("%s: %s must be text" % (where, key))
+        return expand(value, env, "%s %s" % (where, key), warnings)
+
+    def flag(key, default):
+        value = raw.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError("%s: %s must be true or false" % (where, key))
+        return value
+
+    fields = {}
+    if kind == "stdio":
+        command = text("command")
+        if not command:
+            raise ConfigError("%s: a stdio server needs a command (or give url for a remote one)" % where)
+        fields["command"] = command
+        fields["args"] = [expand(a, env, where + " args", warnings) for a in _strings(raw.get("args") or [], where + ": args")]
+        fields["env"] = {k: expand(v, env, "%s env.%s" % (where, k), warnings)
+                         for k, v in _mapping(raw.get("env"), where + ": env").items()}
+        fields["read_paths"] = [os.path.abspath(os.path.expanduser(expand(p, env, where, warnings)))
+                                for p in _strings(raw.get("read_paths") or [], where + ": read_paths")]
+        fields["network"] = flag("network", False)
+        sandbox = raw.get("sandbox")
+        if sandbox is not None and sandbox not in SANDBOX_CHOICES:
+            raise ConfigError("%s: sandbox must be one of %s" % (where, ", ".join(SANDBOX_CHOICES)))
+        fields["sandbox"] = sandbox
+    else:
+        url = text("url")
+        if not url or not re.match(r"(?i)https?://[^/\s]", url):
+            raise ConfigError("%s: an http server needs url: http(s)://host/path" % where)
+        fields["url"] = url
+        fields["headers"] = {k: expand(v, env, "%s headers.%s" % (where, k), warnings)
+                             for k, v in _mapping(raw.get("headers"), where + ": headers").items()}
+        token = text("bearer_token")
+        if raw.get("bearer_token_env"):
+            token = env.get(raw["bearer_token_env"]) or token
+            if not token:
+                warnings.append("%s: bearer_token_env names %s, which is not set" % (where, raw["bearer_token_env"]))
+        fields["bearer_token"] = token or None
+        oauth = raw.get("oauth") or {}
+        if not isinstance(oauth, dict):
+            raise ConfigError("%s: oauth must be a mapping (client_id, client_secret, scopes, callback_port)" % where)
+        fields["oauth"] = {k: expand(v, env, where + " oauth", warnings) for k, v in oauth.items()}
+    timeout = raw.get("timeout_seconds", default_timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError("%s: timeout_seconds must be a positive number" % where)
+    tools = raw.get("tools", raw.get("enabled_tools"))
+    allow = _strings(raw.get("allow") or [], where + ": allow")
+    return ServerConfig(name, origin, kind, timeout=timeout,
+                        tools=None if tools is None else _strings(tools, where + ": tools"),
+                        disabled_tools=_strings(raw.get("disabled_tools") or [], where + ": disabled_tools"),
+                        allow=allow, read_only=_strings(raw.get("read_only") or [], where + ": read_only"),
+                        trust_read_only_hint=flag("trust_read_only_hint", False), enabled=flag("enabled", True),
+                        **fields)
+
+
+def parse_servers(entries, origin, env, warnings, default_timeout=DEFAULT_TIMEOUT):
+    """[ServerConfig] of a mapping name -> entry (mcp.servers, or a .mcp.json's mcpServers)."""
+    if entries is None:
+        return []
+    if not isinstance(entries, dict):
+        raise ConfigError("%s: the MCP servers must be a mapping of names to servers" % origin)
+    return [parse_server(str(name), raw, origin, env, warnings, default_timeout) for name, raw in entries.items()]
+
+
+def read_project_file(root):
+    """(the text of the project's .mcp.json, its path) or (None, path) where there is none. Opened without
+    following a link or blocking on a FIFO: it is the project's, and the project may be hostile."""
+    path = os.path.join(root, PROJECT_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None, path
+    try:
+        import stat
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            return None, path
+        data = b""
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace"), path
+
+
+#: what only the person's own configuration may say: a project's file cannot approve calls, widen what a server
+#: reads or turn its sandbox off (trusting a file to start programs is not trusting it with the walls)
+OWN_CONFIG_ONLY = ("allow", "read_only", "trust_read_only_hint", "read_paths", "sandbox")
+
+
+def project_servers(text, path, warnings=None):
+    """The mcpServers mapping of a .mcp.json text (the format Claude Code, Cursor and others write), without
+    the keys only the person's own configuration may set (named in `warnings`)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError("%s: not valid JSON: %s" % (path, exc))
+    if not isinstance(data, dict):
+        raise ConfigError("%s: expected an object with mcpServers" % path)
+    servers = data.get("mcpServers", data.get("servers"))
+    if not isinstance(servers, dict):
+        return {}
+    out = {}
+    for name, entry in servers.items():
+        if isinstance(entry, dict):
+            dropped = sorted(k for k in entry if k in OWN_CONFIG_ONLY)
+            if dropped and warnings is not None:
+                warnings.append("%s: mcp server '%s': %s ignored: only your own configuration (mcp.servers.%s) can "
+                                "set them" % (path, name, ", ".join(dropped), name))
+            entry = {k: v for k, v in entry.items() if k not in OWN_CONFIG_ONLY}
+        out[name] = entry
+    return out
+
+
+class ProjectTrust:
+    """Which projects' .mcp.json files a person accepted, by content: a file that changes (the model can write
+    files in the tree) is a new question. Kept in XZATOMA_HOME/mcp-trust.json (0600)."""
+
+    def __init__(self, home):
+        self.path = os.path.join(home, "mcp-trust.json")
+
+    @staticmethod
+    def digest(text):
+        import hashlib
+        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+    def _load(self):
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def trusted(self, path, text):
+        return self._load().get(os.path.realpath(path)) == self.digest(text)
+
+    def trust(self, path, text):
+        from xzatoma_store import private_dir
+        data = self._load()
+        data[os.path.realpath(path)] = self.digest(text)
+        private_dir(os.path.dirname(self.path))
+        tmp = self.path + ".tmp"
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+# ---- JSON-RPC ----
+
+class RpcError(McpError):
+    """An error answer from a server: code, message, data."""
+
+    def __init__(self, code, message, data=None):
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+
+def _error_of(message):
+    err = message.get("error") or {}
+    if not isinstance(err, dict):
+        err = {"message": str(err)}
+    code = err.get("code")
+    return RpcError(code if isinstance(code, int) else 0, str(err.get("message") or "error"), err.get("data"))
+
+
+class _Pending:
+    """One request waiting for its answer: the answer, progress callback, and how it was settled."""
+
+    def __init__(self, progress=None):
+        self.event = threading.Event()
+        self.message = None
+        self.progress = progress
+        self.id = None  #: the request's id (set when it is sent)
+
+
+def shown(text, width=200):
+    """A server's text for a line a person reads: control characters visible, cut to `width`."""
+    text = render_untrusted(str(text)).replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# ---- Transport: stdio, inside the OS sandbox ----
+#
+# INFO: the sandbox helper starts a command with stdin on /dev/null and hands back pipes for stdout and stderr
+# only (xzatoma_tools "Terminal: the OS sandbox"). A stdio server needs its stdin, so it is started as
+# `sh -c 'exec "$@" <FIFO'`: a named pipe in the sandbox's private TMPDIR (0700, removed with the sandbox) that
+# this process holds open read-write, so neither side blocks on open. Writes are non-blocking with a deadline:
+# holding the read end too, we would never see EPIPE from a server that died.
+
+class _ConfinedProcess:
+    """A server started by the sandbox helper (PID 1 of its own PID namespace: it and everything it started
+    die together)."""
+
+    def __init__(self, sandbox, argv, env):
+        fifo = os.path.join(sandbox.tmpdir, "mcp-stdin")
+        os.mkfifo(fifo, 0o600)
+        self.stdin = os.open(fifo, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            self.job = sandbox.spawn(["/bin/sh", "-c", 'exec "$@" <"$0"', fifo] + list(argv), env)
+        except BaseException:
+            os.close(self.stdin)
+            raise
+        self.stdout, self.stderr = self.job.stdout, self.job.stderr
+        self._lock = threading.Lock()
+        self.code = None
+
+    def exit_code(self):
+        """After stdout closed: how it ended (the helper's word), None while unknown."""
+        with self._lock:
+            if self.code is None and self.job is not None:
+                try:
+                    reply = self.job.read(timeout=2)
+                except (OSError, ValueError):
+                    reply = {}
+                self.code = reply.get("exit", reply.get("error"))
+            return self.code
+
+    def kill(self):
+        with self._lock:
+            job, self.job = self.job, None
+        if job is not None:
+            try:
+                job.finish()  # kills the namespace's PID 1 (and so every descendant), reaps, closes the pipes
+            except OSError:
+                pass
+        _close(self.stdin)
+
+
+class _LocalProcess:
+    """A server run unconfined (sandbox off, or nowhere to confine it): its own session, killed as a group."""
+
+    def __init__(self, argv, env, cwd):
+        import subprocess
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.stdin = self.proc.stdin.fileno()
+        os.set_blocking(self.stdin, False)
+        self.stdout, self.stderr = self.proc.stdout.fileno(), self.proc.stderr.fileno()
+
+    def exit_code(self):
+        try:
+            return self.proc.wait(timeout=2)
+        except Exception:
+            return None
+
+    def kill(self):
+        import signal
+        try:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=1)
+                except Exception:
+                    pass
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except Exception:
+            pass
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
+
+
+def _close(fd):
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+class ServerLog:
+    """A server's stderr and notifications/message, redacted, in XZATOMA_HOME/mcp/<name>.log (one run's, capped)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.size = 0
+        self._lock = threading.Lock()
+        self._fh = None
+        if path:
+            from xzatoma_store import private_dir
+            try:
+                private_dir(os.path.dirname(path))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) |
+                             os.O_CLOEXEC, 0o600)
+                self._fh = os.fdopen(fd, "w", encoding="utf-8", errors="replace")
+            except OSError:
+                self._fh = None
+
+    def write(self, text):
+        from xzatoma_store import redact
+        with self._lock:
+            if self._fh is None or self.size > LOG_MAX:
+                return
+            text = redact(text)
+            if not text.endswith("\n"):
+                text += "\n"
+            self.size += len(text)
+            if self.size > LOG_MAX:
+                text = "[log cut at %d bytes]\n" % LOG_MAX
+            try:
+                self._fh.write(text)
+                self._fh.flush()
+            except (OSError, ValueError):
+                pass
+
+    def close(self):
+        with self._lock:
+            if self._fh is not None:
+                try:
+                    self._fh.close()
+                except OSError:
+                    pass
+                self._fh = None
+
+
+class StdioTransport:
+    """Newline-delimited JSON-RPC over a server's stdin/stdout; its stderr goes to its log."""
+
+    kind = "stdio"
+
+    def __init__(self, config, root, make_sandbox, log, warn, require_sandbox=False):
+        self.config = config
+        self.root = root
+        self.make_sandbox = make_sandbox  #: make_sandbox(mode, network, read_paths) -> xzatoma_tools.Sandbox
+        self.log = log
+        self.warn = warn
+        self.require_sandbox = require_sandbox
+        self.process = None
+        self.sandbox = None
+        self.on_message = None  #: set by the Client: every message the server sends
+        self.on_closed = None  #: set by the Client: the server's output ended (it exited, or was stopped)
+        self.closing = False
+        self.confinement = "unconfined"  #: what `mcp list` says about its sandbox
+        self._write_lock = threading.Lock()
+        self._threads = []
+
+    # -- start --
+    def start(self, deadline):
+        import shutil
+        cfg = self.config
+        program = cfg.command
+        path_value = os.environ.get("PATH", "")
+        found = program if os.sep in program else shutil.which(program, path=path_value)
+        if not found:
+            raise McpError("cannot start: %s not found on PATH" % program)
+        grants = list(cfg.read_paths) + [os.path.dirname(os.path.abspath(found))]
+        sandbox = self.make_sandbox(cfg.sandbox, cfg.network, grants)
+        self.sandbox = sandbox
+        mode = sandbox.mode if sandbox is not None else "off"
+        argv = [found] + cfg.args
+        if sandbox is not None and sandbox.confined:
+            missing = sandbox.not_enforced()
+            if missing:
+                text = "MCP server '%s': its sandbox is not enforced here: %s" % (cfg.name, "; ".join(missing))
+                if self.require_sandbox:
+                    raise McpError(text + " (agent.terminal.require_sandbox: not started)")
+                self.warn(text)
+            env = dict(sandbox.env, **cfg.env)  # the allowlist, a private HOME and TMPDIR, and what it names
+            self.process = _ConfinedProcess(sandbox, argv, env)
+            self.confinement = "sandbox %s%s" % (mode, ", network" if cfg.network else ", no network")
+        else:
+            if self.require_sandbox:
+                raise McpError("its sandbox is off or unavailable here (agent.terminal.require_sandbox: not started)")
+            self.warn("MCP server '%s' runs unconfined (sandbox %s): it can read and write whatever you can" % (
+                cfg.name, mode if mode == "off" else "not available on this system"))
+            self.process = _LocalProcess(argv, _plain_env(cfg.env), self.root)
+        for target in (self._read_stdout, self._read_stderr):
+            thread = threading.Thread(target=target, name="mcp-%s" % cfg.name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    # -- traffic --
+    def send(self, message, deadline=None):
+        data = (json.dumps(message, ensure_ascii=False) + "\n").encode("utf-8", "surrogateescape")
+        process = self.process
+        if process is None or self.closing:
+            raise McpError("the server is not running")
+        import select
+        with self._write_lock:
+            view = memoryview(data)
+            while view:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise McpError("the server does not read its input (timed out writing to it)")
+                try:
+                    written = os.write(process.stdin, view)
+                    view = view[written:]
+                except BlockingIOError:
+                    select.select([], [process.stdin], [], min(remaining or 1.0, 1.0))
+                    if self.closing:
+                        raise McpError("the server stopped")
+                except OSError as exc:
+                    raise McpError("the server stopped reading its input (%s)" % (exc.strerror or exc))
+
+    def _read_stdout(self):
+        try:
+            for line in _lines(self.process.stdout, MAX_MESSAGE):
+                self._take(line)
+        finally:
+            if self.on_closed is not None:
+                self.on_closed(None if self.closing else self._exit_text())
+
+    def _take(self, line):
+        line = line.strip()
+        if not line:
+            return
+        try:
+            message = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:  # junk, or a message over MAX_MESSAGE given in pieces: logged, never kept
+            self.log.write("stdout (not JSON-RPC): " + line[:2000].decode("utf-8", "replace"))
+            return
+        if isinstance(message, list):  # a batch (2025-03-26 allowed them)
+            for item in message:
+                if isinstance(item, dict) and self.on_message is not None:
+                    self.on_message(item)
+        elif isinstance(message, dict) and self.on_message is not None:
+            self.on_message(message)
+
+    def _read_stderr(self):
+        for line in _lines(self.process.stderr, 65536):
+            self.log.write(line.decode("utf-8", "replace"))
+
+    def _exit_text(self):
+        code = self.process.exit_code() if self.process is not None else None
+        if isinstance(code, int):
+            return "exit code %d" % code if code >= 0 else "killed by signal %d" % -code
+        return str(code) if code else "its output closed"
+
+    def abort(self, request_id):
+        """Nothing to close on stdio: notifications/cancelled says it."""
+
+    def close(self):
+        self.closing = True
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+
+def _lines(fd, limit):
+    """The lines of a stream until it ends (the last one unterminated too); a line longer than `limit` comes in
+    pieces of that size, so memory stays bounded whatever a server writes."""
+    buf = b""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line
+        if len(buf) > limit:
+            yield buf
+            buf = b""
+    if buf:
+        yield buf
+
+
+def _plain_env(extra):
+    """An unconfined server's environment: the allowlist a sandboxed command gets, with the real HOME (npx and
+    the like keep their caches there), plus what its configuration names."""
+    from xzatoma_tools import child_env
+    env = child_env(os.environ, home=os.environ.get("HOME"))
+    env.update(extra)
+    return env
+
+
+# ---- Transport: Streamable HTTP (a JSON answer or an SSE stream per request) ----
+
+_HEADER_SAFE = re.compile(r"[\x20-\x7e]*")
+
+
+def header_value(value):
+    """A value for an Mcp-Name / Mcp-Param header: as it is when plain ASCII, else the =?base64?…?= sentinel
+    form (2026-07-28 Streamable HTTP, "Value Encoding")."""
+    import base64
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    value = str(value)
+    plain = _HEADER_SAFE.fullmatch(value) and value == value.strip() and not (
+        value.startswith("=?base64?") and value.endswith("?="))
+    return value if plain else "=?base64?%s?=" % base64.b64encode(value.encode("utf-8")).decode("ascii")
+
+
+def parse_sse(readline):
+    """The events of a text/event-stream, as (event, data) pairs (data lines joined by newlines)."""
+    event, data = None, []
+    while True:
+        raw = readline()
+        if not raw:
+            if data:
+                yield event, "\n".join(data)
+            return
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+        elif line.startswith(":"):
+            continue  # a comment (keep-alive)
+        else:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "data":
+                data.append(value)
+            elif field == "event":
+                event = value
+
+
+class HttpError(McpError):
+    def __init__(self, status, body, headers):
+        super().__init__("HTTP %d" % status)
+        self.status, self.body, self.headers = status, body, headers
+
+
+class HttpTransport:
+    """One POST per JSON-RPC message. A request's answer is read on a thread of its own (so a cancel closes its
+    connection at once); what arrives, notifications and the answer, goes to on_message."""
+
+    kind = "http"
+
+    def __init__(self, config, auth, log, user_agent):
+        from urllib.parse import urlsplit
+        self.config = config
+        self.url = config.url
+        self.parts = urlsplit(config.url)
+        self.auth = auth  #: OAuth (or None): tokens, and what to do after a 401
+        self.log = log
+        self.user_agent = user_agent
+        self.session_id = None  #: Mcp-Session-Id (2025 revisions)
+        self.version = None  #: the MCP-Protocol-Version header (once known)
+        self.modern = False  #: 2026-07-28: Mcp-Method/Mcp-Name headers, no session
+        self.on_message = None
+        self.on_closed = None
+        self.confinement = "remote"
+        self._open = {}  #: request id -> its connection, to abort
+        self._lock = threading.Lock()
+        self.tool_headers = {}  #: tool name -> [(header name, property path)] from x-mcp-header
+
+    def start(self, deadline):
+        pass
+
+    def _connection(self, timeout):
+        import http.client
+        host, port = self.parts.hostname, self.parts.port
+        if self.parts.scheme.lower() == "https":
+            import ssl
+            return http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def headers(self, message):
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                   "User-Agent": self.user_agent}
+        headers.update(self.config.headers)
+        token = self.config.bearer_token or (self.auth.token() if self.auth is not None else None)
+        if token:
+            headers["Authorization"] = "Bearer " + token
+        if self.version:
+            headers["MCP-Protocol-Version"] = self.version
+        if self.session_id and not self.modern:
+            headers["Mcp-Session-Id"] = self.session_id
+        method = message.get("method")
+        if self.modern and method:
+            headers["Mcp-Method"] = method
+            params = message.get("params") or {}
+            name = params.get("name", params.get("uri")) if method in ("tools/call", "resources/read",
+                                                                          "prompts/get") else None
+            if name is not None:
+                headers["Mcp-Name"] = header_value(name)
+            if method == "tools/call":
+                for header, path in self.tool_headers.get(params.get("name"), ()):
+                    value = params.get("arguments") or {}
+                    for key in path:
+                        value = value.get(key) if isinstance(value, dict) else None
+                    if value is not None and not isinstance(value, (dict, list, float)):
+                        headers["Mcp-Param-" + header] = header_value(value)
+        return headers
+
+    def post(self, message, deadline, stream=None):
+        """POST one message; returns (status, headers, body bytes) for a plain answer, or hands an SSE stream
+        to `stream(response)`. A 401 is answered by the auth (once), then raised as HttpError."""
+        body = json.dumps(message, ensure_ascii=False).encode("utf-8")
+        for attempt in (1, 2):
+            timeout = max(0.5, deadline - time.monotonic()) if deadline else DEFAULT_TIMEOUT
+            conn = self._connection(timeout)
+            if "id" in message:
+                with self._lock:
+                    self._open[message["id"]] = conn
+            try:
+                path = self.parts.path or "/"
+                if self.parts.query:
+                    path += "?" + self.parts.query
+                conn.request("POST", path, body=body, headers=self.headers(message))
+                resp = conn.getresponse()
+                kind = (resp.getheader("Content-Type") or "").split(";")[0].strip().lower()
+                if resp.getheader("Mcp-Session-Id") and not self.modern:
+                    self.session_id = resp.getheader("Mcp-Session-Id")
+                if resp.status == 401 and attempt == 1 and self.auth is not None and not self.config.bearer_token:
+                    resp.read()
+                    self.auth.unauthorized(resp.getheader("WWW-Authenticate") or "")
+                    continue  # with the new token
+                if resp.status == 200 and kind == "text/event-stream" and stream is not None:
+                    stream(resp)
+                    return 200, {}, b""
+                data = resp.read(MAX_MESSAGE + 1)
+                if resp.status == 401:
+                    raise AuthNeeded(self._auth_hint(resp))
+                if resp.status >= 300 and resp.status != 400 and not (resp.status == 404 and data[:1] == b"{"):
+                    raise HttpError(resp.status, data, dict(resp.getheaders()))
+                return resp.status, dict(resp.getheaders()), data
+            except OSError as exc:
+                raise McpError("cannot reach %s: %s" % (self.url, getattr(exc, "strerror", None) or exc))
+            finally:
+                if "id" in message:
+                    with self._lock:
+                        self._open.pop(message["id"], None)
+                conn.close()
+        raise McpError("the server refused the new token")
+
+    def _auth_hint(self, resp):
+        if self.config.bearer_token:
+            return "the server refused the configured bearer token (HTTP 401)"
+        return "the server needs a login (HTTP 401): run 'xzatoma mcp login %s' in a terminal" % self.config.name
+
+    def send(self, message, deadline=None):
+        """Send without waiting: a request's answer (JSON, or SSE events) reaches on_message from a thread."""
+        if "id" not in message:  # a notification: 202 Accepted, nothing to read
+            try:
+                self.post(message, deadline or time.monotonic() + 10)
+            except McpError as exc:
+                self.log.write("notification %s not accepted: %s" % (message.get("method"), exc))
+            return
+        thread = threading.Thread(target=self._exchange, args=(message, deadline), daemon=True,
+                                  name="mcp-http-%s" % self.config.name)
+        thread.start()
+
+    def _exchange(self, message, deadline):
+        def stream(resp):
+            for _, data in parse_sse(resp.readline):
+                try:
+                    item = json.loads(data)
+                except ValueError:
+                    continue
+                if isinstance(item, dict):
+                    self.on_message(item)
+                    if item.get("id") == message["id"] and "method" not in item:
+                        return  # the answer ends this request's stream
+        try:
+            status, _, data = self.post(message, deadline, stream)
+            if status == 200 and not data:
+                return
+            try:
+                item = json.loads(data.decode("utf-8", "replace")) if data else None
+            except ValueError:
+                item = None
+            if isinstance(item, dict) and ("result" in item or "error" in item):
+                if item.get("id") is None:  # an error about the request itself carries no id (or null)
+                    item["id"] = message["id"]
+                item["_http_status"] = status
+                self.on_message(item)
+            else:
+                self.on_message({"id": message["id"], "_http_status": status, "error": {
+                    "code": 0, "message": "HTTP %d: %s" % (status, shown(data[:300].decode("utf-8", "replace")))}})
+        except McpError as exc:
+            status = getattr(exc, "status", None)
+            self.on_message({"id": message["id"], "_http_status": status, "_exception": exc,
+                             "error": {"code": 0, "message": str(exc)}})
+
+    def abort(self, request_id):
+        """Close a request's connection: on 2026-07-28 servers that is the cancellation itself."""
+        with self._lock:
+            conn = self._open.pop(request_id, None)
+        if conn is not None:
+            try:
+                if conn.sock is not None:
+                    import socket
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        if self.session_id and not self.modern:  # 2025: end the session (a server may answer 405)
+            try:
+                conn = self._connection(3)
+                headers = self.headers({})
+                conn.request("DELETE", self.parts.path or "/", headers=headers)
+                conn.getresponse().read()
+                conn.close()
+            except (OSError, McpError):
+                pass
+        with self._lock:
+            ids = list(self._open)
+        for request_id in ids:
+            self.abort(request_id)
+
+
+# ---- OAuth 2.1: protected-resource metadata, authorization-server metadata, registration, PKCE ----
+#
+# Tried only after a 401 (MCP authorization, 2025-11-25 and 2026-07-28): the WWW-Authenticate header names the
+# protected-resource metadata (RFC 9728), else it is looked for at the well-known places; its authorization
+# server's metadata (RFC 8414, or OpenID discovery) must name the issuer we asked (§3.3) and offer PKCE S256;
+# a client is the configured one or registered dynamically (RFC 7591) where the server offers it; the browser
+# returns to a loopback listener, `iss` is checked (RFC 9207) before the code is redeemed, and `resource`
+# (RFC 8707) names the MCP server in both requests. Tokens are stored like other credentials, refreshed when
+# they expire. A headless run never opens a browser: it fails with the one line that says how to log in.
+
+def credential_name(server_name):
+    return "mcp." + server_name
+
+
+def _www_authenticate(header):
+    """The parameters of a Bearer challenge: {'resource_metadata': …, 'scope': …, 'error': …}."""
+    out = {}
+    for key, quoted, bare in re.findall(r'([A-Za-z_]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]+))', header or ""):
+        out[key.lower()] = quoted if quoted or not bare else bare
+    return out
+
+
+def _well_known(url, name, insert=True):
+    """RFC 8414 / 9728 well-known URLs for `url`: the suffix inserted before the path, then at the root."""
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    base = "%s://%s" % (parts.scheme, parts.netloc)
+    path = parts.path.rstrip("/")
+    urls = []
+    if path and insert:
+        urls.append("%s/.well-known/%s%s" % (base, name, path))
+    urls.append("%s/.well-known/%s" % (base, name))
+    return urls
+
+
+class OAuth:
+    """One remote server's tokens: stored ones (refreshed), and the login that gets them."""
+
+    def __init__(self, config, credentials, interactive, say, open_browser=None, user_agent="xzatoma"):
+        self.config = config
+        self.credentials = credentials  #: get(name) -> (value, where); set(name, value)
+        self.interactive = interactive  #: a person is at a terminal (never a browser otherwise)
+        self.say = say  #: one line for the person (stderr)
+        self.open_browser = open_browser
+        self.user_agent = user_agent
+        self.busy = False  #: a login is under way (the request that met the 401 waits for it)
+        self._lock = threading.Lock()
+        self._stored = None
+
+    # -- stored tokens --
+    def _load(self):
+        if self._stored is None:
+            value, _ = self.credentials.get(credential_name(self.config.name))
+            try:
+                self._stored = json.loads(value) if value else {}
+            except ValueError:
+                self._stored = {"access_token": value}  # a bare token stored with `mcp login --token`
+            from xzatoma_store import register_secret
+            for key in ("access_token", "refresh_token", "client_secret"):
+                register_secret(self._stored.get(key))
+        return self._stored
+
+    def _save(self, data):
+        from xzatoma_store import register_secret
+        for key in ("access_token", "refresh_token", "client_secret"):
+            register_secret(data.get(key))
+        self._stored = data
+        self.credentials.set(credential_name(self.config.name), json.dumps(data, sort_keys=True))
+
+    def token(self):
+        """The access token to send, refreshed first when it has expired and can be; None without one."""
+        with self._lock:
+            data = self._load()
+            if data.get("access_token") and data.get("expires_at") and time.time() > data["expires_at"] - 30 \
+                    and data.get("refresh_token"):
+                try:
+                    self._refresh(data)
+                except McpError:
+                    pass
+            return data.get("access_token")
+
+    def unauthorized(self, challenge):
+        """After a 401: a refresh, else a login where a person can do it; AuthNeeded otherwise."""
+        with self._lock:
+            data = self._load()
+            if data.get("refresh_token"):
+                try:
+                    self._refresh(data)
+                    return
+                except McpError:
+                    pass
+        if not self.interactive or self.open_browser is None:
+            raise AuthNeeded("the server needs a login (HTTP 401): run 'xzatoma mcp login %s' in a terminal"
+                             % self.config.name)
+        self.login(challenge)
+
+    # -- HTTP (the standard library: one small request at a time) --
+    def _http(self, url, form=None, body=None, accept="application/json"):
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+        headers = {"Accept": accept, "User-Agent": self.user_agent}
+        data = None
+        if form is not None:
+            data = urllib.parse.urlencode(form).encode()
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        elif body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                raw = resp.read(1 << 20)
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            raw, status = exc.read(1 << 16), exc.code
+        except (OSError, ValueError) as exc:
+            raise McpError("cannot reach %s: %s" % (url, getattr(exc, "reason", None) or exc))
+        try:
+            parsed = json.loads(raw.decode("utf-8", "replace")) if raw else {}
+        except ValueError:
+            parsed = None
+        return status, parsed
+
+    def _json(self, url, what):
+        status, data = self._http(url)
+        if status != 200 or not isinstance(data, dict):
+            return None
+        return data
+
+    # -- discovery --
+    def resource_metadata(self, challenge):
+        params = _www_authenticate(challenge)
+        urls = [params["resource_metadata"]] if params.get("resource_metadata") else \
+            _well_known(self.config.url, "oauth-protected-resource")
+        for url in urls:
+            meta = self._json(url, "protected-resource metadata")
+            if meta and meta.get("authorization_servers"):
+                resource = str(meta.get("resource") or "").rstrip("/")
+                if resource and not self.config.url.rstrip("/").startswith(resource):
+                    raise McpError("the protected-resource metadata is for %s, not %s: not used (RFC 9728 §3.3)"
+                                   % (shown(resource), self.config.url))
+                return meta, params
+        raise McpError("the server answered 401 but publishes no OAuth protected-resource metadata; configure "
+                       "bearer_token or headers for it instead")
+
+    def server_metadata(self, issuer):
+        urls = _well_known(issuer, "oauth-authorization-server") + _well_known(issuer, "openid-configuration")
+        from urllib.parse import urlsplit
+        if urlsplit(issuer).path.strip("/"):
+            urls.append(issuer.rstrip("/") + "/.well-known/openid-configuration")
+        for url in urls:
+            meta = self._json(url, "authorization-server metadata")
+            if meta is None:
+                continue
+            if meta.get("issuer") != issuer:  # RFC 8414 §3.3: the metadata is the issuer's own, or not used
+                raise McpError("the authorization server's metadata names issuer %s, not %s: refused (RFC 8414 "
+                               "§3.3)" % (shown(str(meta.get("issuer"))), issuer))
+            if "S256" not in (meta.get("code_challenge_methods_supported") or ()):
+                raise McpError("the authorization server %s does not offer PKCE S256: no login" % issuer)
+            return meta
+        raise McpError("no authorization-server metadata found for %s" % issuer)
+
+    # -- the login --
+    def login(self, challenge=None, deadline_seconds=300):
+        """The whole authorization-code flow with PKCE, through the person's browser. Returns the token data."""
+        import base64
+        import hashlib
+        import secrets as pyrandom
+        from urllib.parse import urlencode
+        self.busy = True
+        try:
+            meta, params = self.resource_metadata(challenge or "")
+            issuer = meta["authorization_servers"][0]
+            server = self.server_metadata(issuer)
+            listener = _Callback(int(self.config.oauth.get("callback_port") or 0))
+            try:
+                redirect = "http://127.0.0.1:%d/callback" % listener.port
+                client_id, client_secret = self._client(server, issuer, redirect)
+                verifier = pyrandom.token_urlsafe(64)
+                challenge_value = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=")
+                state = pyrandom.token_urlsafe(24)
+                scopes = params.get("scope") or " ".join(self.config.oauth.get("scopes") or
+                                                        meta.get("scopes_supported") or [])
+                query = {"response_type": "code", "client_id": client_id, "redirect_uri": redirect,
+                         "code_challenge": challenge_value.decode(), "code_challenge_method": "S256",
+                         "state": state, "resource": self.resource(meta)}
+                if scopes:
+                    query["scope"] = scopes
+                url = server["authorization_endpoint"] + ("&" if "?" in server["authorization_endpoint"] else "?") \
+                    + urlencode(query)
+                self.say("MCP server '%s': log in with your browser (opening it now); if it does not open, visit:\n  %s"
+                         % (self.config.name, url))
+                self.open_browser(url)
+                answer = listener.wait(deadline_seconds)
+            finally:
+                listener.close()
+            if answer.get("state") != state:
+                raise McpError("the login answer's state does not match: refused")
+            iss = answer.get("iss")
+            if (iss is not None and iss != issuer) or (iss is None and server.get(
+                    "authorization_response_iss_parameter_supported")):  # RFC 9207 §2.4
+                raise McpError("the login answer comes from issuer %s, not %s: refused (RFC 9207)"
+                               % (shown(str(iss)), issuer))
+            if answer.get("error"):
+                raise McpError("the login was refused: %s %s" % (shown(answer["error"]),
+                                                                shown(answer.get("error_description") or "")))
+            form = {"grant_type": "authorization_code", "code": answer.get("code") or "", "redirect_uri": redirect,
+                    "client_id": client_id, "code_verifier": verifier, "resource": self.resource(meta)}
+            if client_secret:
+                form["client_secret"] = client_secret
+            status, tokens = self._http(server["token_endpoint"], form=form)
+            if status != 200 or not isinstance(tokens, dict) or not tokens.get("access_token"):
+                raise McpError("the token endpoint refused the code (HTTP %s)" % status)
+            data = {"access_token": tokens["access_token"], "refresh_token": tokens.get("refresh_token"),
+                    "expires_at": time.time() + float(tokens["expires_in"]) if tokens.get("expires_in") else None,
+                    "token_endpoint": server["token_endpoint"], "client_id": client_id,
+                    "client_secret": client_secret, "issuer": issuer, "resource": self.resource(meta)}
+            with self._lock:
+                self._save(data)
+            return data
+        finally:
+            self.busy = False
+
+    def resource(self, meta):
+        return str(meta.get("resource") or self.config.url).rstrip("/")
+
+    def _client(self, server, issuer, redirect):
+        """(client_id, client_secret): configured, else dynamic registration where the server offers it."""
+        if self.config.oauth.get("client_id"):
+            return self.config.oauth["client_id"], self.config.oauth.get("client_secret")
+        endpoint = server.get("registration_endpoint")
+        if not endpoint:
+            raise McpError("the authorization server offers no dynamic client registration: set "
+                           "mcp.servers.%s.oauth.client_id" % self.config.name)
+        status, reg = self._http(endpoint, body={
+            "client_name": "XZatoma", "redirect_uris": [redirect], "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"], "token_endpoint_auth_method": "none", "application_type": "native"})
+        if status not in (200, 201) or not isinstance(reg, dict) or not reg.get("client_id"):
+            raise McpError("dynamic client registration at %s failed (HTTP %s)" % (endpoint, status))
+        return reg["client_id"], reg.get("client_secret")
+
+    def _refresh(self, data):
+        form = {"grant_type": "refresh_token", "refresh_token": data["refresh_token"],
+                "client_id": data.get("client_id") or "", "resource": data.get("resource") or self.config.url}
+        if data.get("client_secret"):
+            form["client_secret"] = data["client_secret"]
+        status, tokens = self._http(data.get("token_endpoint") or "", form=form)
+        if status != 200 or not isinstance(tokens, dict) or not tokens.get("access_token"):
+            raise McpError("the refresh token was refused (HTTP %s)" % status)
+        data = dict(data, access_token=tokens["access_token"],
+                    refresh_token=tokens.get("refresh_token") or data.get("refresh_token"),
+                    expires_at=time.time() + float(tokens["expires_in"]) if tokens.get("expires_in") else None)
+        self._save(data)
+
+
+class _Callback:
+    """The loopback listener the browser returns to with the authorization code (one answer, then closed)."""
+
+    def __init__(self, port=0):
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+        from urllib.parse import parse_qs, urlsplit
+        self.answer = None
+        self.done = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                parts = urlsplit(self.path)
+                if parts.path != "/callback":
+                    self.send_error(404)
+                    return
+                outer.answer = {k: v[0] for k, v in parse_qs(parts.query).items()}
+                body = b"XZatoma: you can close this window and return to the terminal.\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                outer.done.set()
+
+        self.server = HTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        self.thread.start()
+
+    def wait(self, seconds):
+        if not self.done.wait(seconds):
+            raise McpError("no answer from the browser within %d seconds" % seconds)
+        return self.answer
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# ---- The client: which protocol, the tools, calls ----
+
+class Client:
+    """One server's conversation: era detection and handshake, tools/list, tools/call. Thread-safe: parallel
+    subagents may call at once."""
+
+    def __init__(self, config, transport, log, client_version="0", on_progress=None, on_death=None):
+        self.config = config
+        self.transport = transport
+        self.log = log
+        self.client_info = {"name": "xzatoma", "version": client_version}
+        self.on_progress = on_progress  #: on_progress(server, tool, progress, total, message) for people
+        self.on_death = on_death  #: on_death(why): the server stopped on its own
+        self.modern = False  #: 2026-07-28 (per-request _meta) or a 2025 handshake session
+        self.version = None  #: the protocol revision in use
+        self.server_info = {}
+        self.capabilities = {}
+        self.instructions = None
+        self.tools = []  #: the server's tool definitions (dicts), as listed
+        self.dead = None  #: why it stopped, once it has
+        self.probe_killed = False  #: it died of the `server/discover` probe (a strict 2025 server)
+        self._next = 0
+        self._pending = {}
+        self._lock = threading.Lock()
+        transport.on_message = self.dispatch
+        transport.on_closed = self._closed
+
+    # -- messages --
+    def _id(self):
+        with self._lock:
+            self._next += 1
+            return self._next
+
+    def dispatch(self, message):
+        if "method" in message:
+            if "id" in message:
+                self._answer_server(message)
+            else:
+                self._notification(message)
+            return
+        with self._lock:
+            pending = self._pending.get(message.get("id"))
+        if pending is not None:
+            pending.message = message
+            pending.event.set()
+
+    def _answer_server(self, message):
+        """Requests from the server: ping is answered; we offer no sampling, roots or elicitation."""
+        if message["method"] == "ping":
+            reply = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
+        else:
+            reply = {"jsonrpc": "2.0", "id": message["id"],
+                     "error": {"code": METHOD_NOT_FOUND, "message": "XZatoma offers no %s" % message["method"]}}
+        try:
+            self.transport.send(reply, time.monotonic() + 5)
+        except McpError:
+            pass
+
+    def _notification(self, message):
+        method, params = message.get("method"), message.get("params") or {}
+        if method == "notifications/progress":
+            with self._lock:
+                pending = self._pending.get(params.get("progressToken"))
+            if pending is not None and pending.progress is not None:
+                pending.progress(params.get("progress"), params.get("total"), params.get("message"))
+        elif method == "notifications/message":
+            self.log.write("log %s: %s" % (params.get("level"), json.dumps(params.get("data"), ensure_ascii=False)))
+        elif method == "notifications/tools/list_changed":
+            self.log.write("the server's tool list changed (the tools offered stay those of the start)")
+
+    def _closed(self, why):
+        if why is None:
+            return  # we stopped it
+        self.dead = why
+        with self._lock:
+            waiting = list(self._pending.values())
+        for pending in waiting:
+            pending.message = {"error": {"code": 0}, "_exception": McpError("the server stopped (%s)" % why)}
+            pending.event.set()
+        if self.on_death is not None:
+            self.on_death(why)
+
+    def meta(self, progress_token=None):
+        meta = {}
+        if self.modern:
+            meta = {"io.modelcontextprotocol/protocolVersion": self.version,
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                    "io.modelcontextprotocol/clientInfo": self.client_info}
+        if progress_token is not None:
+            meta["progressToken"] = progress_token
+        return meta
+
+    def _send(self, method, params=None, progress=None, meta=True, deadline=None):
+        """Send a request; returns its _Pending (the answer arrives through dispatch)."""
+        if self.dead:
+            raise McpError("the server has stopped (%s)" % self.dead)
+        request_id = self._id()
+        params = dict(params or {})
+        if meta:
+            extra = self.meta(request_id if progress is not None else None)
+            if extra:
+                params["_meta"] = dict(params.get("_meta") or {}, **extra)
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params:
+            message["params"] = params
+        pending = _Pending(progress)
+        pending.id = request_id
+        with self._lock:
+            self._pending[request_id] = pending
+        try:
+            self.transport.send(message, deadline)
+        except BaseException:
+            self._forget(pending)
+            raise
+        return pending
+
+    def _forget(self, pending):
+        with self._lock:
+            self._pending.pop(pending.id, None)
+
+    @staticmethod
+    def _settle(pending):
+        """The result of an answered request, or its error raised."""
+        answer = pending.message
+        if "error" in answer:
+            if isinstance(answer.get("_exception"), McpError) and not isinstance(answer["_exception"], HttpError):
+                raise answer["_exception"]
+            error = _error_of(answer)
+            error.http_status = answer.get("_http_status")
+            raise error
+        result = answer.get("result")
+        return result if isinstance(result, dict) else {}
+
+    def request(self, method, params=None, deadline=None, cancel=None, progress=None, meta=True):
+        """Send a request and wait for its answer (the result), until `deadline`; cancel (an Event) or Ctrl-C
+        sends notifications/cancelled (stdio and 2025 sessions) or closes its stream (2026 HTTP)."""
+        pending = self._send(method, params, progress, meta, deadline)
+        try:
+            reason = self._wait(pending, deadline, cancel)
+            if reason is not None:
+                self._cancel(pending.id, reason)
+                raise McpError(reason)
+        except BaseException as exc:
+            if not isinstance(exc, McpError):  # Ctrl-C, SIGTERM while waiting: the server is told too
+                self._cancel(pending.id, "interrupted")
+            raise
+        finally:
+            self._forget(pending)
+        return self._settle(pending)
+
+    def _wait(self, pending, deadline, cancel):
+        """None once answered, else why not (timed out, cancelled)."""
+        auth = getattr(self.transport, "auth", None)
+        while not pending.event.is_set():
+            if cancel is not None and cancel.is_set():
+                return "cancelled"
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and not (auth is not None and auth.busy):
+                return "no answer in time"
+            pending.event.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - now)) or 0.01)
+        return None
+
+    def _cancel(self, request_id, reason):
+        self.transport.abort(request_id)
+        if self.modern and self.transport.kind == "http":
+            return  # closing the stream is the cancellation (2026-07-28)
+        try:
+            self.notify("notifications/cancelled", {"requestId": request_id, "reason": reason})
+        except McpError:
+            pass
+
+    def notify(self, method, params=None):
+        message = {"jsonrpc": "2.0", "method": method}
+        if params:
+            message["params"] = params
+        self.transport.send(message, time.monotonic() + 5)
+
+    # -- the start: which protocol --
+    def connect(self, deadline, probe=True):
+        """Start the transport and agree on a protocol: the 2026-07-28 discovery first, the 2025 handshake for a
+        server that does not know it (probe=False: the handshake at once). Raises McpError naming what the
+        server speaks when nothing fits; `probe_killed` says a server died of the probe itself."""
+        self.transport.start(deadline)
+        try:
+            if probe and self.transport.kind == "stdio":
+                self._probe_stdio(deadline)  # a 2025 session is open when it says False
+                return
+            if probe and self._discover(deadline):
+                return
+            if self.dead:
+                raise McpError("the server stopped during start-up (%s)" % self.dead)
+        except McpError:
+            self.probe_killed = probe and bool(self.dead)
+            raise
+        self._initialize(deadline)
+
+    def _discover(self, deadline):
+        """True when the server answered `server/discover` (2026-07-28); False for a 2025 server: one that
+        answers with any error but a modern one, or (stdio) stays silent for PROBE_SECONDS."""
+        self._modern(MODERN_VERSIONS[0])
+        probe = min(deadline, time.monotonic() + PROBE_SECONDS) if self.transport.kind == "stdio" else deadline
+        for _ in range(2):
+            try:
+                result = self.request("server/discover", deadline=probe)
+            except RpcError as exc:
+                supported = exc.data.get("supported") if isinstance(exc.data, dict) else None
+                if exc.code != UNSUPPORTED_VERSION or not isinstance(supported, list):
+                    break
+                fits = [v for v in MODERN_VERSIONS if v in supported]
+                if fits and fits[0] != self.version:
+                    self._modern(fits[0])
+                    continue  # once more, in a version it named
+                if not any(v in LEGACY_VERSIONS for v in supported):
+                    raise McpError("the server speaks MCP %s; XZatoma speaks %s" % (
+                        ", ".join(shown(v, 20) for v in supported), ", ".join(MODERN_VERSIONS + LEGACY_VERSIONS)))
+                break
+            except McpError as exc:
+                if self.dead or isinstance(exc, AuthNeeded):
+                    raise
+                break
+            if self._take_discovery(result):
+                return True
+            break  # a dual-era server without our modern revision: its handshake then
+        self._legacy()
+        return False
+
+    def _probe_stdio(self, deadline):
+        """stdio (2026-07-28 "Backward compatibility"): `server/discover` first. A server still silent after
+        PROBE_SECONDS is sent the 2025 `initialize` as well, and whichever succeeds decides: a 2026 server that
+        is merely slow to start (a Python SDK server imports for seconds) still answers discover and refuses
+        initialize; a 2025 one that ignores unknown requests answers initialize. True: modern, False: a 2025
+        session is open already; McpError when neither works."""
+        self._modern(MODERN_VERSIONS[0])
+        discover = self._send("server/discover", deadline=deadline)
+        init, probe_end = None, time.monotonic() + PROBE_SECONDS
+        try:
+            while True:
+                if discover is not None and discover.event.is_set():
+                    try:
+                        if self._take_discovery(self._settle(discover)):
+                            return True
+                    except RpcError as exc:
+                        supported = exc.data.get("supported") if isinstance(exc.data, dict) else None
+                        if exc.code == UNSUPPORTED_VERSION and isinstance(supported, list):
+                            fits = [v for v in MODERN_VERSIONS if v in supported]
+                            if fits and fits[0] != self.version:
+                                self._modern(fits[0])
+                                discover = self._send("server/discover", deadline=deadline)
+                                continue
+                            if not any(v in LEGACY_VERSIONS for v in supported):
+                                raise McpError("the server speaks MCP %s; XZatoma speaks %s" % (
+                                    ", ".join(shown(v, 20) for v in supported),
+                                    ", ".join(MODERN_VERSIONS + LEGACY_VERSIONS)))
+                    except McpError:
+                        if self.dead:
+                            raise
+                    self._forget(discover)
+                    discover = None
+                if init is not None and init.event.is_set():
+                    try:
+                        result = self._settle(init)
+                    except RpcError as exc:
+                        if discover is None:
+                            raise McpError("the server refused both the 2026-07-28 discovery and the %s "
+                                           "handshake: %s" % (LEGACY_VERSIONS[0], shown(exc.message)))
+                        self._forget(init)
+                        init = None
+                        probe_end = float("inf")  # its discovery answer is still to come
+                    else:
+                        self._legacy()
+                        self._take_initialize(result)
+                        return False
+                if self.dead:
+                    raise McpError("the server stopped during start-up (%s)" % self.dead)
+                now = time.monotonic()
+                if now >= deadline:
+                    raise McpError("no answer in time")
+                if init is None and (discover is None or now >= probe_end):
+                    init = self._send("initialize", self._initialize_params(), meta=False, deadline=deadline)
+                waiting = discover or init
+                waiting.event.wait(0.05)
+        finally:
+            for pending in (discover, init):
+                if pending is not None:
+                    self._forget(pending)
+
+    def _take_discovery(self, result):
+        """A DiscoverResult: True when it offers a revision we speak (then in use), False otherwise."""
+        versions = result.get("supportedVersions") or [self.version]
+        fits = [v for v in MODERN_VERSIONS if v in versions]
+        if not fits:
+            return False
+        self._modern(fits[0])
+        self.capabilities = result.get("capabilities") or {}
+        self.instructions = result.get("instructions")
+        self.server_info = ((result.get("_meta") or {}).get("io.modelcontextprotocol/serverInfo") or
+                            result.get("serverInfo") or {})
+        return True
+
+    def _modern(self, version):
+        self.modern, self.version = True, version
+        if self.transport.kind == "http":
+            self.transport.modern, self.transport.version = True, version
+
+    def _legacy(self):
+        self.modern, self.version = False, None
+        if self.transport.kind == "http":
+            self.transport.modern, self.transport.version = False, None
+
+    def _initialize(self, deadline):
+        if self.dead:
+            raise McpError("the server stopped during start-up (%s)" % self.dead)
+        try:
+            result = self.request("initialize", self._initialize_params(), deadline=deadline, meta=False)
+        except RpcError as exc:
+            raise McpError("the server refused both the 2026-07-28 discovery and the %s handshake: %s" % (
+                LEGACY_VERSIONS[0], shown(exc.message)))
+        self._take_initialize(result)
+
+    def _initialize_params(self):
+        return {"protocolVersion": LEGACY_VERSIONS[0], "capabilities": {}, "clientInfo": self.client_info}
+
+    def _take_initialize(self, result):
+        """An InitializeResult: the revision it chose (one we speak, or McpError), then notifications/initialized."""
+        version = result.get("protocolVersion")
+        if version not in LEGACY_VERSIONS:
+            raise McpError("the server speaks MCP %s; XZatoma speaks %s" % (
+                shown(str(version)), ", ".join(MODERN_VERSIONS + LEGACY_VERSIONS)))
+        self.version = version
+        if self.transport.kind == "http":
+            self.transport.version = version
+        self.capabilities = result.get("capabilities") or {}
+        self.server_info = result.get("serverInfo") or {}
+        self.instructions = result.get("instructions")
+        self.notify("notifications/initialized")
+
+    # -- tools --
+    def list_tools(self, deadline):
+        tools, cursor = [], None
+        for _ in range(100):  # pages; a server that never stops paging is cut off
+            result = self.request("tools/list", {"cursor": cursor} if cursor else None, deadline=deadline)
+            tools += [t for t in result.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+            cursor = result.get("nextCursor")
+            if not cursor:
+                break
+        self.tools = tools
+        return tools
+
+    def call_tool(self, name, arguments, deadline, cancel=None, progress=None):
+        return self.request("tools/call", {"name": name, "arguments": arguments}, deadline=deadline, cancel=cancel,
+                            progress=progress)
+
+    def close(self):
+        self.transport.close()
+
+
+# ---- MCP tools as XZatoma tools: names, approvals, results ----
+
+#: what the model reads when an MCP call needs a yes nobody can give (run, the watcher)
+HEADLESS_REFUSAL = ("MCP tool %s (server '%s', tool '%s') needs a person's approval; not available in this run. Not "
+                    "run. A headless run calls an MCP tool only when the configuration allows it "
+                    "(mcp.servers.%s.allow, or read_only for a tool that changes nothing). Use the other tools, "
+                    "or say in your answer what the person should allow or run.")
+APPROVAL_TEXT = {"read-only": "read-only (runs; offered in planning mode)", "allowed": "allowed (runs without asking)",
+                 "ask": "asks in Safe mode; refused headless"}
+
+
+def tool_name(server, remote, taken):
+    """mcp__SERVER__TOOL in the characters every provider accepts, at most 64, unique in `taken`."""
+    base = "mcp__%s__%s" % (re.sub(r"[^A-Za-z0-9_-]", "_", server), re.sub(r"[^A-Za-z0-9_-]", "_", remote))
+    name = base[:NAME_MAX]
+    if name != base or name in taken:
+        import hashlib
+        suffix = hashlib.sha256(("%s\0%s" % (server, remote)).encode()).hexdigest()[:8]
+        name = base[: NAME_MAX - 9] + "_" + suffix
+    return name
+
+
+def approval(config, spec):
+    """read-only (a rule or a trusted hint: planning mode offers it, headless runs call it), allowed (a rule:
+    it runs without asking) or ask."""
+    name = spec["name"]
+    hint = (spec.get("annotations") or {}).get("readOnlyHint") is True
+    if name in config.read_only or (config.trust_read_only_hint and hint):
+        return "read-only"
+    if "*" in config.allow or name in config.allow:
+        return "allowed"
+    return "ask"
+
+
+def mcp_headers(schema):
+    """[(header name, property path)] of the x-mcp-header annotations in a tool's inputSchema (2026-07-28);
+    ValueError for an annotation a client must reject (the tool is then not offered)."""
+    out, seen = [], set()
+
+    def walk(node, path):
+        for prop, sub in ((node or {}).get("properties") or {}).items():
+            if not isinstance(sub, dict):
+                continue
+            header = sub.get("x-mcp-header")
+            if header is not None:
+                if not isinstance(header, str) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", header):
+                    raise ValueError("x-mcp-header %r is not a header name" % (header,))
+                if header.lower() in seen:
+                    raise ValueError("x-mcp-header %r is used twice" % header)
+                if sub.get("type") not in ("string", "integer", "boolean"):
+                    raise ValueError("x-mcp-header on %s, which is not a string, integer or boolean" % prop)
+                seen.add(header.lower())
+                out.append((header, path + [prop]))
+            walk(sub, path + [prop])
+    walk(schema, [])
+    return out
+
+
+def render_result(result, label):
+    """A tools/call result as XZatoma's tools answer: the text the model reads (its size cap, redaction and
+    the terminal's neutralisation are the Registry's and the display's, as for every tool). Images and audio
+    are noted, never dropped silently; structured content is shown where no text block says it (servers
+    SHOULD repeat it as text: the filesystem server's read_text_file would otherwise cost its file twice)."""
+    parts, texts = [], []
+    for block in result.get("content") or []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(str(block.get("text") or ""))
+            texts.append(parts[-1])
+        elif kind in ("image", "audio"):
+            size = len(block.get("data") or "") * 3 // 4
+            parts.append("[%s from the tool: %s, about %d bytes; not shown to the model]" % (
+                kind, block.get("mimeType") or "unknown type", size))
+        elif kind == "resource_link":
+            parts.append("[resource link] %s <%s>%s%s" % (
+                block.get("name") or block.get("title") or "", block.get("uri") or "",
+                " (%s)" % block["mimeType"] if block.get("mimeType") else "",
+                ": %s" % block["description"] if block.get("description") else ""))
+        elif kind == "resource":
+            res = block.get("resource") or {}
+            if isinstance(res.get("text"), str):
+                parts.append("[resource %s]\n%s" % (res.get("uri") or "", res["text"]))
+            else:
+                parts.append("[resource %s: %s, about %d bytes of binary data; not shown to the model]" % (
+                    res.get("uri") or "", res.get("mimeType") or "unknown type", len(res.get("blob") or "") * 3 // 4))
+        else:
+            parts.append("[content of type %r; not shown to the model]" % (kind,))
+    structured = result.get("structuredContent")
+    if structured is not None and not texts:  # a text block, by the spec's advice, already carries it
+        parts.append("structured content:\n" + json.dumps(structured, indent=2, ensure_ascii=False))
+    text = "\n".join(parts)
+    if result.get("isError"):
+        return ToolResult.fail("%s reported an error: %s" % (label, text or "(no details)"))
+    return ToolResult.ok(text or "(the tool returned no content)")
+
+
+class McpTool(Tool):
+    """One tool of one server, in XZatoma's registry: its name mcp__SERVER__TOOL, its schema, a permission from
+    the approval rules (read for read-only, else execute), and the questions and refusals terminal commands get."""
+
+    def __init__(self, server, spec, name):
+        self.server = server  #: the Server it belongs to (its client, configuration, state)
+        self.spec = spec  #: the server's definition (name, description, inputSchema, annotations)
+        self.remote = spec["name"]
+        self.name = name
+        self.approval = approval(server.config, spec)
+        self.permission = READ if self.approval == "read-only" else EXECUTE
+        title = spec.get("title") or (spec.get("annotations") or {}).get("title")
+        description = str(spec.get("description") or title or "")
+        if len(description) > 2048:
+            description = description[:2047] + "…"
+        self.description = "%s (MCP server '%s')" % (description.strip() or "Tool " + self.remote, server.config.name)
+        schema = spec.get("inputSchema") if isinstance(spec.get("inputSchema"), dict) else {}
+        schema = dict(schema)
+        schema.setdefault("type", "object")
+        schema.setdefault("properties", {})
+        self.parameters = schema
+
+    @property
+    def withdrawn(self):
+        """Why the tool can no longer run (its server stopped), or None."""
+        return self.server.gone
+
+    def label(self):
+        return "MCP tool '%s' of server '%s'" % (shown(self.remote, 80), self.server.config.name)
+
+    def confirmation(self, args, ctx):
+        """Safe mode asks for every call no rule allows: the server, the tool and the arguments, as they are
+        (the question shows their hidden characters)."""
+        if self.approval != "ask":
+            return None
+        hints = self.spec.get("annotations") or {}
+        said = [k for k in ("readOnlyHint", "destructiveHint", "openWorldHint") if k in hints]
+        return "MCP server '%s' (%s), tool '%s'%s, with arguments:\n%s" % (
+            self.server.config.name, self.server.config.describe(), self.remote,
+            " (the server says: %s)" % ", ".join("%s=%s" % (k, json.dumps(hints[k])) for k in said) if said else "",
+            render_json(args, indent=2))
+
+    def preview_args(self, args):
+        from xzatoma_tools import preview_arguments
+        return preview_arguments(args)
+
+    def run(self, args, ctx):
+        if self.withdrawn:
+            raise ToolError("%s is no longer available: %s" % (self.label(), self.withdrawn))
+        if self.approval == "ask" and not ctx.interactive:
+            raise ToolError(HEADLESS_REFUSAL % (self.name, self.server.config.name, self.remote,
+                                                self.server.config.name))
+        deadline = time.monotonic() + self.server.config.timeout
+        if ctx.deadline is not None:
+            deadline = min(deadline, ctx.deadline)
+        server = self.server
+
+        def progress(done, total, message):
+            server.progress(self.remote, done, total, message)
+        try:
+            try:
+                result = server.client.call_tool(self.remote, args, deadline, cancel=ctx.cancel, progress=progress)
+            finally:
+                self._settle(ctx)
+        except RpcError as exc:
+            raise ToolError("%s refused the call: %s%s" % (self.label(), exc.message,
+                                                           " (code %s)" % exc.code if exc.code else ""))
+        except McpError as exc:
+            why = str(exc)
+            if why == "no answer in time":
+                timed = ctx.deadline is not None and ctx.deadline <= deadline
+                why = ("the run's time limit (agent.timeout_seconds) was reached" if timed else
+                       "no answer within %gs (mcp.servers.%s.timeout_seconds)" % (server.config.timeout,
+                                                                                   server.config.name))
+                why += "; the server was told to cancel it"
+            elif why == "cancelled":
+                why = "cancelled by user; the server was told to cancel it"
+            raise ToolError("%s: %s" % (self.label(), why))
+        if result.get("resultType") == "input_required":  # 2026-07-28 multi round-trip: we declared no such capability
+            raise ToolError("%s asks for input XZatoma does not give servers (sampling, elicitation, roots); the call "
+                            "cannot complete here" % self.label())
+        return render_result(result, self.label())
+
+    def _settle(self, ctx):
+        """After a call, as after a terminal command: protected paths the server created in the tree (a `.git`
+        whose hooks the person's next git command would run) are the person's to keep in chat, and removed in
+        a headless run; the model is told either way (xzatoma_tools' after-command watch). INFO: a server runs
+        between calls too: what it made then is found after its next call (or never, after its last)."""
+        sandbox = getattr(self.server.client.transport, "sandbox", None)
+        watch = sandbox.watch() if sandbox is not None and sandbox.confined else None
+        if watch is not None:
+            from xzatoma_tools import _settle_protected
+            _settle_protected(ctx, watch, "MCP tool %s" % self.name, "")
+
+
+# ---- The servers of one run: started together, a death reported once, all stopped at the end ----
+
+class Server:
+    """One configured server in a run: its client and state ('starting', 'running', 'failed', 'stopped',
+    'disabled', 'untrusted'), its tools, and its log."""
+
+    def __init__(self, config, servers):
+        self.config = config
+        self.servers = servers
+        self.state = "disabled" if not config.enabled else "starting"
+        self.error = None  #: why it failed or stopped
+        self.client = None
+        self.tools = []  #: McpTool
+        self.skipped = []  #: (tool name, why) of tools not offered
+        self.log = None
+        self.gone = None  #: why its tools are withdrawn
+        self._reported = False
+
+    def start(self, deadline):
+        s = self.servers
+        cfg = self.config
+        self.log = ServerLog(os.path.join(s.home, "mcp", cfg.name + ".log") if s.home else None)
+        if cfg.transport == "stdio":
+            transport = StdioTransport(cfg, s.root, s.make_sandbox, self.log, s.warn, s.require_sandbox)
+        else:
+            from xzatoma_store import register_secret
+            register_secret(cfg.bearer_token)
+            for name, value in cfg.headers.items():
+                if name.lower() in ("authorization", "proxy-authorization", "cookie") or \
+                        re.search(r"(?i)key|token|secret|auth", name):
+                    register_secret(value.split(" ", 1)[-1] if name.lower() == "authorization" else value)
+            auth = OAuth(cfg, s.credentials, s.interactive, s.say, s.open_browser, s.user_agent) \
+                if s.credentials is not None else None
+            transport = HttpTransport(cfg, auth, self.log, s.user_agent)
+        self.client = Client(cfg, transport, self.log, s.version, on_death=self._died)
+        try:
+            self.client.connect(deadline)
+        except McpError:
+            if not self.client.probe_killed:
+                raise
+            # a 2025 server that exits on a request it does not know: once more, with the handshake at once
+            transport.close()
+            transport = StdioTransport(cfg, s.root, s.make_sandbox, self.log, s.warn, s.require_sandbox)
+            self.client = Client(cfg, transport, self.log, s.version, on_death=self._died)
+            self.client.connect(deadline, probe=False)
+        listed = self.client.list_tools(deadline)
+        taken = set(s.names)
+        for spec in listed:
+            remote = spec["name"]
+            if (cfg.tools is not None and remote not in cfg.tools) or remote in cfg.disabled_tools:
+                self.skipped.append((remote, "not enabled in the configuration"))
+                continue
+            if transport.kind == "http":
+                try:
+                    transport.tool_headers[remote] = mcp_headers(spec.get("inputSchema"))
+                except ValueError as exc:
+                    self.skipped.append((remote, str(exc)))
+                    s.warn("MCP server '%s': tool '%s' not offered: %s" % (cfg.name, shown(remote, 80), exc))
+                    continue
+            name = tool_name(cfg.name, remote, taken)
+            taken.add(name)
+            self.tools.append(McpTool(self, spec, name))
+        with s.lock:
+            s.names.update(t.name for t in self.tools)
+        if cfg.tools is not None:
+            missing = sorted(set(cfg.tools) - {t["name"] for t in listed})
+            if missing:
+                s.warn("MCP server '%s' has no tool named %s (mcp.servers.%s.tools)" % (
+                    cfg.name, ", ".join(shown(m, 60) for m in missing), cfg.name))
+        self.state = "running"
+
+    def logging_in(self):
+        auth = getattr(self.client.transport, "auth", None) if self.client is not None else None
+        return bool(auth is not None and auth.busy)
+
+    def _died(self, why):
+        if self.state != "running":
+            return  # during start-up: start() says why it failed
+        self.gone = "its MCP server '%s' stopped (%s)" % (self.config.name, why)
+        self.error = why
+        if not self._reported and not self.servers.closing:
+            self._reported = True
+            self.state = "stopped"
+            self.servers.warn("MCP server '%s' stopped (%s); its %d tool%s removed%s" % (
+                self.config.name, why, len(self.tools), " is" if len(self.tools) == 1 else "s are",
+                " (its log: %s)" % self.log.path if self.log is not None and self.log.path else ""))
+        self.state = "stopped"
+
+    def progress(self, tool, done, total, message):
+        if done is None:
+            return
+        amount = ("%d%%" % (100.0 * done / total) if total else "%g" % done) if isinstance(done, (int, float)) \
+            and (not total or isinstance(total, (int, float))) else "?"
+        self.servers.note("  mcp %s/%s: %s%s" % (self.config.name, shown(tool, 60), amount,
+                                                  " " + shown(message, 120) if message else ""))
+
+    def describe(self):
+        """One row for `mcp list` and /mcp."""
+        protocol = "-"
+        if self.client is not None and self.client.version:
+            protocol = self.client.version
+        how = self.client.transport.confinement if self.client is not None else "-"
+        return {"name": self.config.name, "state": self.state, "transport": self.config.transport,
+                "protocol": protocol, "confinement": how, "error": self.error, "origin": self.config.origin,
+                "server": self.config.describe(),
+                "tools": [{"name": t.name, "tool": t.remote, "approval": t.approval,
+                           "description": t.spec.get("description") or ""} for t in self.tools],
+                "skipped": [{"tool": n, "why": w} for n, w in self.skipped],
+                "log": self.log.path if self.log is not None else None}
+
+    def close(self):
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # nothing a server does keeps the others running
+                pass
+        if self.log is not None:
+            self.log.close()
+        if self.state in ("starting", "running"):
+            self.state = "stopped"
+
+
+class Servers:
+    """The MCP servers of one run (or chat): started in parallel at its start, each under its own deadline
+    (timeout_seconds: start-up and handshake); their tools for the registry; all stopped by close().
+
+    configs: [ServerConfig]; untrusted: [(name, why)] of servers not started (a project file not trusted);
+    root: the working directory; make_sandbox(mode, network, read_paths) -> xzatoma_tools.Sandbox (or None
+    where nothing confines); home: XZATOMA_HOME (logs); credentials: get/set of stored credentials;
+    interactive: a person can be asked (logins may open a browser); warn/note/say: lines for people;
+    version: XZatoma's, for clientInfo; require_sandbox: a stdio server that cannot be confined is not started.
+    """
+
+    def __init__(self, configs, root, make_sandbox, home=None, credentials=None, interactive=False, warn=None,
+                 note=None, say=None, version="0", open_browser=None, require_sandbox=False, untrusted=()):
+        self.root = root
+        self.make_sandbox = make_sandbox
+        self.home = home
+        self.credentials = credentials
+        self.interactive = interactive
+        self.warn = warn or (lambda text: None)
+        self.note = note or (lambda text: None)
+        self.say = say or self.warn
+        self.version = version
+        self.user_agent = "xzatoma/%s" % version
+        self.open_browser = open_browser
+        self.require_sandbox = require_sandbox
+        self.servers = [Server(c, self) for c in configs]
+        self.untrusted = list(untrusted)
+        self.names = set()
+        self.lock = threading.Lock()
+        self.closing = False
+        self.started = False
+
+    def start(self):
+        """Start every enabled server at once; one line for each that failed (it is left out). Returns self."""
+        self.started = True
+        try:
+            return self._start_all()
+        except BaseException:  # Ctrl-C or SIGTERM during start-up: what started stops
+            self.close()
+            raise
+
+    def _start_all(self):
+        threads = []
+        for server in self.servers:
+            if server.state != "starting":
+                continue
+            deadline = time.monotonic() + server.config.timeout
+            thread = threading.Thread(target=self._start_one, args=(server, deadline), daemon=True,
+                                      name="mcp-start-%s" % server.config.name)
+            thread.start()
+            threads.append((server, thread, deadline))
+        for server, thread, deadline in threads:
+            thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            while thread.is_alive() and server.logging_in():  # a person in the browser: not a server's delay
+                thread.join(0.2)
+            if thread.is_alive() or server.state == "starting":
+                server.state, server.error = "failed", "no answer within %gs (start-up and handshake; " \
+                    "mcp.servers.%s.timeout_seconds)" % (server.config.timeout, server.config.name)
+                server.close()
+                server.state = "failed"
+            if server.state == "failed":
+                self.warn("MCP server '%s' not used: %s%s" % (
+                    server.config.name, server.error,
+                    " (its log: %s)" % server.log.path if server.log is not None and server.log.path and
+                    server.config.transport == "stdio" else ""))
+        return self
+
+    def _start_one(self, server, deadline):
+        try:
+            server.start(deadline)
+        except McpError as exc:
+            server.state, server.error = "failed", str(exc)
+            server.close()
+            server.state = "failed"
+        except Exception as exc:  # a bug or an odd server: that server is left out, the run goes on
+            server.state, server.error = "failed", "%s: %s" % (type(exc).__name__, exc)
+            server.close()
+            server.state = "failed"
+
+    def tools(self):
+        """The tools of the servers that run, for the registry (planning mode keeps the read-only ones)."""
+        return [t for s in self.servers if s.state == "running" for t in s.tools]
+
+    def get(self, name):
+        return next((s for s in self.servers if s.config.name == name), None)
+
+    def rows(self):
+        rows = [s.describe() for s in self.servers]
+        rows += [{"name": name, "state": "untrusted", "error": why, "transport": "-", "protocol": "-",
+                  "confinement": "-", "tools": [], "skipped": [], "origin": PROJECT_FILE, "server": "-", "log": None}
+                 for name, why in self.untrusted]
+        return rows
+
+    def close(self):
+        """Stop every server (none outlives the run)."""
+        self.closing = True
+        threads = [threading.Thread(target=s.close, daemon=True) for s in self.servers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+
+
+def status_lines(rows, tools=True):
+    """`mcp list` / `/mcp` as lines: a server, its state and protocol, then its tools with their approval."""
+    lines = []
+    for row in rows:
+        state = row["state"]
+        head = "%s  %s  %s" % (row["name"], state, row["server"])
+        if row["protocol"] != "-":
+            head += "  (MCP %s, %s)" % (row["protocol"], row["confinement"])
+        lines.append(head)
+        if row.get("error"):
+            lines.append("    " + str(row["error"]))
+        if tools:
+            for tool in row["tools"]:
+                lines.append("    %-40s %s" % (tool["name"], APPROVAL_TEXT[tool["approval"]]))
+            for skipped in row["skipped"]:
+                lines.append("    %-40s not offered: %s" % (skipped["tool"], skipped["why"]))
+    return lines
