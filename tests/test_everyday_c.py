@@ -18,11 +18,13 @@ PROVIDERS = [("ollama", "chat"), ("openai", "chat"), ("openai", "responses")]
 
 @pytest.mark.parametrize("provider,api", PROVIDERS)
 def test_a_ten_turn_run_uses_one_connection(cli, fake, provider, api):
-    (cli.workdir / "notes.txt").write_text("alpha\n")
+    for i in range(9):
+        (cli.workdir / ("notes%d.txt" % i)).write_text("alpha %d\n" % i)
     cli.use(fake, provider=provider, api=api)
-    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")], "repeat": 9}, {"content": "read it nine times"})
-    r = cli.run("run", "read notes.txt nine times")
-    assert r.returncode == 0 and r.stdout == "read it nine times\n", r.stderr
+    fake.add(*[{"tool_calls": [tool_call("read_file", path="notes%d.txt" % i)]} for i in range(9)],
+             {"content": "read all nine"})
+    r = cli.run("run", "read the nine notes files")
+    assert r.returncode == 0 and r.stdout == "read all nine\n", r.stderr
     assert len(fake.model_requests()) == 10
     assert fake.connections == 1  # every stream read to its end, so the connection served all ten turns
 
