@@ -78,8 +78,8 @@ def test_a_working_directory_inside_a_protected_place_protects_all_of_it(cli, fa
     elif layout != "xzatoma-home":
         assert results[1].startswith("Error: ") and results[1].endswith(HEADLESS), results
     after = snapshot(where)
-    for key in ("conversations.db", "conversations.db-wal", "conversations.db-shm", "audit.log"):
-        before.pop(key, None), after.pop(key, None)  # the run's own history
+    for key in ("conversations.db", "conversations.db-wal", "conversations.db-shm", "audit.log", "keyring-names.json"):
+        before.pop(key, None), after.pop(key, None)  # the run's own history (and which names the keyring holds)
     assert after == before
 
 
