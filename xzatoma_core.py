@@ -363,6 +363,7 @@ DEFAULTS = {
         "mentions": {"max_file_size": 10485760, "url_cache_ttl_seconds": 86400, "max_urls_per_request": 10},
         "instructions_files": ["AGENTS.md"],
         "instructions_max_bytes": 32768,
+        "skills": {"enabled": True, "user_dir": None, "catalog_share": 0.02},
         "persistence": {"enabled": True, "db_path": None},
     },
     "watcher": {
@@ -441,6 +442,7 @@ RANGES = {  # inclusive bounds; None = open
     "watcher.max_attempts": (1, 100),
     "watcher.claim_lease_seconds": (5, None),
     "agent.instructions_max_bytes": (0, None),
+    "agent.skills.catalog_share": (0.0, 0.2),
     "mcp.timeout_seconds": (1, None),
     **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
        for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
@@ -449,7 +451,7 @@ RANGES = {  # inclusive bounds; None = open
 
 NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
     "agent.subagent.provider": str, "agent.subagent.model": str,
-    "agent.persistence.db_path": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
+    "agent.persistence.db_path": str, "agent.skills.user_dir": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
     "xzepr.api_key": str, "watcher.kafka.output_topic": str, "watcher.kafka.dead_letter_topic": str,
     "watcher.kafka.sasl_mechanism": str, "watcher.kafka.username": str, "watcher.kafka.password": str,
     "watcher.kafka.ssl_cafile": str, "watcher.kafka.ssl_certfile": str, "watcher.kafka.ssl_keyfile": str,
@@ -507,6 +509,11 @@ DOCS = {
                                 ".github/copilot-instructions.md",
     "agent.instructions_max_bytes": "cap on the project instructions read (all files together; 0 turns them off)",
     "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
+    "agent.skills": "skills: folders holding a SKILL.md, in the project's .xzatoma/skills and .agents/skills and in "
+                    "user_dir (xzatoma skills --help)",
+    "agent.skills.user_dir": "your own skills, used in every project (default: skills/ beside the default "
+                             "config file, ~/.config/xzatoma/skills)",
+    "agent.skills.catalog_share": "share of the context window the skills' names and descriptions may take",
     "watcher": "xzatoma watch: Kafka topics to plans (flags override these; ${VAR} is read from the environment)",
     "watcher.kafka.output_topic": "results go here (default: <topic>.results)",
     "watcher.kafka.password": "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)",
@@ -788,6 +795,8 @@ def load_config(flags=None, env=None, config_path=None):
         sources[dotted] = "flag"
 
     values["provider"]["ollama"]["host"] = normalize_ollama_host(values["provider"]["ollama"]["host"])
+    if not values["agent"]["skills"]["user_dir"]:  # the user's config directory: where config.yaml is by default
+        values["agent"]["skills"]["user_dir"] = os.path.join(os.path.dirname(default_config_path(env)), "skills")
     key_env = values["provider"]["openai"]["api_key_env"]
     secrets = {"kafka": values["watcher"]["kafka"]["password"] or None, "xzepr": values["xzepr"]["api_key"] or None,
                "openai": env.get(key_env) or None,
@@ -1771,7 +1780,7 @@ def _bypass_proxy(host, port, no_proxy):
     return False
 
 
-# ---- Providers: one HTTP helper, three wire formats ----
+# ---- Providers: one HTTP helper, errors, and what servers say about themselves ----
 
 
 class Reply:
@@ -2194,6 +2203,11 @@ def _connection_reason(exc):
     if isinstance(exc, HttpFailure):
         return str(exc)
     return one_line(exc, 160)
+
+
+# ---- Providers: the wire formats (Ollama, OpenAI chat completions and Responses, Copilot) ----
+# Each provider turns the conversation into its server's messages and its stream back into one Reply. The wire
+# is kept exact (llama-cpp-python rejects a null content; Ollama wants arguments as an object, OpenAI as text).
 
 
 def tool_call_id(position, index, name, arguments):
@@ -3160,8 +3174,9 @@ ANSWERED = ("completed", "unverified")  #: statuses whose answer is printed as t
 class RunResult:
     COUNTS = ("turns", "tool_calls", "prompt_tokens", "completion_tokens")  # what the store keeps per conversation
 
-    def __init__(self, conversation_id):
+    def __init__(self, conversation_id, progress=None):
         self.conversation_id = conversation_id
+        self.progress = progress  #: the task's Progress (plan instructions or the model's steps), or None
         self.status = "running"
         self.answer = ""
         self.error = None
@@ -3187,11 +3202,15 @@ class RunResult:
                 "turns": self.turns, "tool_calls": self.tool_calls,
                 "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                           "total_tokens": self.prompt_tokens + self.completion_tokens, "estimated": self.estimated},
-                "duration_seconds": round(self.duration, 3), "error": self.error, "warnings": list(self.warnings)}
+                "duration_seconds": round(self.duration, 3), "error": self.error, "warnings": list(self.warnings),
+                "steps": self.progress.to_json() if self.progress is not None else []}
 
 
 class Events:
     """What the loop reports while it works; the CLI prints these on stderr."""
+
+    #: tools whose successful calls are drawn another way (update_progress: the list, by progress())
+    QUIET_TOOLS = ("update_progress",)
 
     def __init__(self, console):
         self.console = console
@@ -3213,9 +3232,12 @@ class Events:
             self.console.debug("thinking: " + one_line(text, 400))
 
     def tool_start(self, name, preview):
-        self.console.info("▶ %s %s" % (name, one_line(preview, 80)), "cyan")
+        if name not in self.QUIET_TOOLS:
+            self.console.info("▶ %s %s" % (name, one_line(preview, 80)), "cyan")
 
     def tool_end(self, name, result):
+        if name in self.QUIET_TOOLS and result.success:
+            return
         ok, line = result_summary(result, 100)
         self.console.info("  %s %s" % ("✓" if ok else "✗", line), "dim" if ok else "yellow")
         if self.console.verbose:
@@ -3224,6 +3246,12 @@ class Events:
 
     def note(self, text):
         self.console.info(text, "dim")
+
+    def progress(self, progress, step):
+        """The task's steps changed (`step`: the one that did, {step, text, status, added}; None: the list as it
+        starts). Drawn as seed 001 draws it: "Completed 1/2 instructions:", then ✓ done, ⧗ in progress, ○ pending."""
+        for line in progress.lines():
+            self.console.info(line, "dim")
 
     # what a machine reading --output-format stream-json wants besides the lines above
     def usage(self, prompt, completion, estimated):
@@ -3504,6 +3532,13 @@ class StreamJsonEvents(RunEvents):
     def tool_result(self, call, result):
         self.emit("tool_result", id=call["id"], name=call["name"], success=bool(result.success),
                   preview=result.preview(200), error=result.error if not result.success else None)
+
+    def progress(self, progress, step):
+        super().progress(progress, step)
+        if step is not None:
+            done, total = progress.counts()
+            self.emit("step", step=step["step"], text=step["text"], status=step["status"], added=step["added"],
+                      completed=done, total=total)
 
 
 # ---- Agent loop ----
@@ -3905,7 +3940,7 @@ class Agent:
             if tool_result.metadata.get("invalid"):
                 invalid += 1
                 last_error = tool_result.error
-            elif tool_result.success:
+            elif tool_result.success and not tool_result.metadata.get("bookkeeping"):  # progress, skills: no work
                 self.calls_this_run += 1
                 self.touched.append(call.get("arguments") or "")
                 tool = self.registry.get(call["name"])
@@ -4132,7 +4167,7 @@ class Session:
 
     def __init__(self, cfg, console, provider, store, mode, working_dir, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), mcp=None,
+                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), mcp=None, skills=(),
                  sandbox_check=None):
         import threading
         self.cfg = cfg
@@ -4156,6 +4191,7 @@ class Session:
         #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
         self.sandbox_check = sandbox_check
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
+        self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
         self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
         self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox", "mcp" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
@@ -4163,6 +4199,8 @@ class Session:
         self.kind = None
         self.id = None  #: the conversation id, from start()
         self.conversation = self.recorder = self.result = self.ctx = self.registry = None
+        #: from start(): the conversation's SkillState (which skills are active) and Progress (its steps)
+        self.skill_state = self.progress = None
         self.resumed = False  #: start() continued a stored conversation
         self.recorded = False  #: the conversation is being written to the store
 
@@ -4172,7 +4210,9 @@ class Session:
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
         metrics (with a port or a textfile), the cancel event and, unless `terminal` is False (a run that can
-        never offer the terminal tool: planning mode without chat's mode switches), the terminal's sandbox."""
+        never offer the terminal tool: planning mode without chat's mode switches), the terminal's sandbox.
+        Project skills and a project's .mcp.json not trusted yet are asked about where `confirmations` can ask
+        (chat), and skipped otherwise."""
         working_dir = check_working_dir(working_dir)
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -4188,20 +4228,24 @@ class Session:
             owns.add("sandbox")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
-        mcp = open_mcp(cfg, console, working_dir, asker=confirmations.asker if confirmations else None)
+        asker = confirmations.asker if confirmations else None
+        skills = session_skills(cfg, console, working_dir, store, asker)
+        mcp = open_mcp(cfg, console, working_dir, asker=asker)
         if mcp is not None:
             owns.add("mcp")  # its servers stop with the session: none outlives the run
         return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
-                   instructions=instructions, owns=owns, mcp=mcp,
+                   instructions=instructions, owns=owns, mcp=mcp, skills=skills,
                    sandbox_check=SandboxCheck(cfg, sandbox, console) if sandbox is not None else None)
 
     # -- a conversation --
-    def start(self, kind, resume=None, title=None, source=None, record=None):
+    def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
         """Start a conversation of `kind`, or continue a stored one (resume: an id prefix, or True for the
         latest). record=None records now, except a new chat (on its first message) and subagents with
-        agent.subagent.persistence_enabled off."""
+        agent.subagent.persistence_enabled off. `steps`: a plan's instructions, the progress list the model
+        marks (a stored conversation continues with its own list)."""
         from xzatoma_store import NotFound, new_ulid
+        from xzatoma_tools import Progress, SkillState
         assert kind in SESSION_KINDS, kind
         stored = None
         if resume:
@@ -4219,11 +4263,17 @@ class Session:
         self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
                                          conv_cfg["prune_threshold"])
         self.recorder = Recorder(self.store, self.console, conversation_id)
-        self.result = RunResult(conversation_id)
+        if stored is not None and stored.get("progress"):
+            self.progress = Progress.restore(stored["progress"], self._progress_changed)
+        else:
+            self.progress = Progress(steps or (), fixed=steps is not None, on_change=self._progress_changed)
+        self.skill_state = SkillState(self.skills)
+        self.result = RunResult(conversation_id, progress=self.progress)
         self._build()
         self.conversation.add_system(self.system_prompt())
         if stored is None:  # after the system prompt, so that stays byte-identical across directories and days
-            self.conversation.add(environment_message(self.ctx.root, self.instructions, self.depth, self.label))
+            self.conversation.add(environment_message(self.ctx.root, self.instructions, self.depth, self.label,
+                                                      catalog=self.skill_catalog()))
         if stored is not None:  # totals carry on; the turn limit counts each run's own turns
             self.result.carry_on(stored)
             for message in load_history(self.store, conversation_id):
@@ -4252,6 +4302,8 @@ class Session:
                                 safety=safety_of(self.ctx))
             for message in self.conversation.messages:
                 self.recorder.append(message)
+        if len(self.progress):
+            self.recorder.save_progress(self.progress.snapshot())
         self.recorder.attach(self.conversation)
 
     def finish(self, status="completed"):
@@ -4265,9 +4317,63 @@ class Session:
         from xzatoma_tools import COMPACT_TOOLS
         return system_prompt(self.mode, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
 
+    # -- skills and progress --
+    def skill_catalog(self):
+        """The skills' names and descriptions for the environment message, within agent.skills.catalog_share of
+        the context window; "" without skills or without activate_skill to load them (the compact profile)."""
+        from xzatoma_tools import skill_catalog
+        if not self.skill_state or "activate_skill" not in self.registry:
+            return ""
+        try:
+            window = self.provider.context_window() or self.conversation.max_tokens
+        except XzError:  # an unreachable server: the first request says so
+            window = self.conversation.max_tokens
+        return skill_catalog(self.skill_state.skills.values(), window * self.cfg.get("agent.skills.catalog_share"))
+
+    def match_skills(self, text):
+        """Skills whose triggers match a request (the person's words, a plan's prompt) are activated before the
+        model is asked: their instructions follow the request, and their allowed-tools hold from now on."""
+        from xzatoma_tools import match_triggers
+        if not self.skill_state:
+            return []
+        matched, problems = match_triggers(self.skill_state.skills.values(), text, given_up=self.skill_state.slow)
+        for problem in problems:
+            self.console.warn(problem)
+        activated = []
+        for skill, trigger in matched:
+            skill, newly = self.skill_state.activate(skill.name)
+            if newly:
+                self.conversation.add({"role": "user", "name": NOTE, "content": skill.instructions(
+                    "because the request matches its trigger %s" % json.dumps(trigger, ensure_ascii=False))})
+                self.events.note("  skill %s activated (trigger %s)" % (skill.name, one_line(trigger, 60)))
+                activated.append(skill.name)
+        return activated
+
+    def _progress_changed(self, progress, step):
+        self.events.progress(progress, step)
+        if self.recorded:
+            self.recorder.save_progress(progress.snapshot())
+
+    def settle_progress(self):
+        """At the end of a run: steps not done are said in the result's warnings (and so in --json, the summary
+        and the watcher's log), with why when the model had no tool to mark them (the compact profile)."""
+        progress = self.progress
+        left = progress.unfinished() if progress is not None else []
+        if not left:
+            return
+        if "update_progress" not in self.registry:
+            self.result.warnings.append(
+                "the %d %s were not tracked: the %s tool profile has no update_progress tool to mark them (--tools "
+                "full offers it)" % (len(progress), progress.noun(), self.profile))
+            return
+        shown = "; ".join("%d. %s (%s)" % (s["step"], one_line(s["text"], 60), s["status"].replace("_", " "))
+                          for s in left[:5])
+        self.result.warnings.append("%s of %d %s not marked done: %s%s" % (
+            len(left), len(progress), progress.noun(), shown, " …" if len(left) > 5 else ""))
+
     # -- tools --
     def _build(self):
-        from xzatoma_tools import INTERACTIVE, build_registry
+        from xzatoma_tools import INTERACTIVE, ActivateSkill, UpdateProgress, build_registry
         if self.parent_ctx is not None:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
@@ -4278,11 +4384,12 @@ class Session:
                                terminal_mode=self.terminal_mode, cancel=self.cancel, sandbox=self.sandbox)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
-        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self)),
-                                  profile=self.profile)
+        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
+                                                         ActivateSkill(self.skill_state), UpdateProgress(self.progress)),
+                                  profile=self.profile, skills=self.skill_state)
         if self.mcp is not None:
             registry = registry.extended(self.mcp.tools())
-        if self.allowed_tools:
+        if self.allowed_tools is not None:  # [] is no tool at all (an active skill allowed none of those asked)
             registry = registry.narrowed(set(self.allowed_tools), ctx)
         self.ctx, self.registry = ctx, registry
 
@@ -4319,6 +4426,9 @@ class Session:
         """A subagent's session: depth + 1, the tools narrowed to `allowed_tools`, the same quota, store,
         metrics and cancel; `ctx` is the calling run's tool context (its deadline), default this session's."""
         cfg = self.cfg
+        narrowed = self.skill_state.allowed() if self.skill_state is not None else None
+        if narrowed is not None:  # an active skill's allowed-tools hold for the subagents it may start too
+            allowed_tools = [t for t in (allowed_tools or self.registry.names()) if t in narrowed]
         sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
         provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
             else self.provider.clone()
@@ -4464,7 +4574,7 @@ def tool_profile(cfg, provider, console):
 
 def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
                      timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
-                     cancel=None, events=None, provider=None):
+                     cancel=None, events=None, provider=None, steps=None):
     """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
 
     cfg, console: the loaded Config and the Console for progress lines (stderr).
@@ -4482,6 +4592,7 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
         (the caller's: never set by this function).
     events: the output sink for progress lines (default: Events(console)).
     provider: the Provider to ask (e.g. a clone of one checked at start-up); default: built from cfg.
+    steps: the plan's instructions, the progress list the model marks (in the RunResult's `steps`).
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
@@ -4492,9 +4603,12 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
-        session.start("watch", title=title, source=source)
+        session.start("watch", title=title, source=source, steps=steps)
         session.conversation.add_user(instruction)
-        return session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
+        session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
+        result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
+        session.settle_progress()
+        return result
     finally:
         session.close()
 
@@ -4595,11 +4709,18 @@ class _ChildEvents(Events):
         self.prefix = "  " * depth + "[%s] " % label
 
     def tool_start(self, name, preview):
-        self.console.info("%s▶ %s %s" % (self.prefix, name, one_line(preview, 70)), "cyan")
+        if name not in self.QUIET_TOOLS:
+            self.console.info("%s▶ %s %s" % (self.prefix, name, one_line(preview, 70)), "cyan")
 
     def tool_end(self, name, result):
+        if name in self.QUIET_TOOLS and result.success:
+            return
         ok, line = result_summary(result, 90)
         self.console.info("%s  %s %s" % (self.prefix, "✓" if ok else "✗", line), "dim" if ok else "yellow")
+
+    def progress(self, progress, step):
+        for line in progress.lines():
+            self.console.info(self.prefix + line, "dim")
 
     def note(self, text):
         self.console.info(self.prefix + text.strip(), "dim")
@@ -4933,6 +5054,9 @@ def system_prompt(mode, tool_names, compact=False):
         "- Work one step at a time: call a tool, read its result, then decide the next step.",
         "- Paths are relative to the working directory; paths outside it are refused.",
         "- When a tool returns 'Error: …', read the message and adapt; do not repeat the same failing call.",
+        "- When the task has steps (a plan's instructions, or several of your own), track them with "
+        "update_progress: a step in_progress when you start it, done when it is finished.",
+        "- When a skill listed in the environment message fits the task, load it with activate_skill first.",
         "- When the task is done, reply without a tool call: say briefly what you did and what you found.",
     ])
 
@@ -4941,9 +5065,10 @@ ENVIRONMENT = "environment"  #: the name of the user message that carries what v
 NOTE = "xzatoma"  #: the name of user messages xzatoma itself adds (a correction, a nudge), not a person's
 
 
-def environment_message(working_dir, instructions=None, depth=0, label=None, today=None):
+def environment_message(working_dir, instructions=None, depth=0, label=None, today=None, catalog=""):
     """What varies between runs, as a user message after the system prompt (codex's environment context):
-    the working directory, the date, a subagent's place, and the project instructions (AGENTS.md …)."""
+    the working directory, the date, a subagent's place, the project instructions (AGENTS.md …) and the
+    skills' catalog."""
     lines = ["<environment_context>", "  <cwd>%s</cwd>" % working_dir,
              "  <date>%s</date>" % (today or time.strftime("%Y-%m-%d")), "</environment_context>"]
     if depth:
@@ -4951,6 +5076,8 @@ def environment_message(working_dir, instructions=None, depth=0, label=None, tod
                      "with your findings." % (label, depth))
     if instructions is not None and instructions.text:
         lines += ["", instructions.text]
+    if catalog:
+        lines += ["", catalog]
     return {"role": "user", "name": ENVIRONMENT, "content": "\n".join(lines)}
 
 
@@ -5022,6 +5149,11 @@ class Recorder:
     def progress(self, result):
         if self.store is not None:
             self._guard(self.store.update_conversation, self.id, **result.counts())
+
+    def save_progress(self, snapshot):
+        """The conversation's steps as they are now (Progress.snapshot())."""
+        if self.store is not None:
+            self._guard(self.store.update_conversation, self.id, progress=json.dumps(snapshot, ensure_ascii=False))
 
     def finish(self, result):
         if self.store is not None:
@@ -5275,13 +5407,24 @@ def cmd_replay(args, console):
             elif msg["role"] == "tool":
                 ok = not (msg["content"] or "").startswith("Error: ")
                 text = (msg["content"] or "").strip()
+                if ok and msg.get("name") == "update_progress":  # the list, as the run showed it
+                    out.write("".join("  %s\n" % one_line(line, 120) for line in text.splitlines()[:MAX_SHOWN_STEPS]))
+                    continue
                 first = text.splitlines()[0] if text else "(no output)"
                 more = text.count("\n")
                 out.write("  %s %s%s\n" % ("✓" if ok else "✗", one_line(first, 100),
                                            "  (+%d lines)" % more if more else ""))
+        if conv.get("progress"):  # where the steps stood at the end (also when the model never marked them)
+            from xzatoma_tools import Progress
+            lines = Progress.restore(conv["progress"]).lines()
+            if len(lines) > 1:
+                out.write("\n" + "".join("%s\n" % one_line(line, 120) for line in lines[:MAX_SHOWN_STEPS]))
         if conv.get("error"):
             out.write("\n(%s: %s)\n" % (conv["status"], conv["error"]))
         return EXIT_OK
+
+
+MAX_SHOWN_STEPS = 101  #: lines of a progress list replay shows (its heading and the steps a list may hold)
 
 
 def _build_undo(sub, common, fmt):
@@ -5996,11 +6139,13 @@ SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG
     "/resume": ("/resume ID — continue a stored conversation", "resume_cmd", ARG),
     "/undo": ("/undo — put back the last file change", "undo", None),
     "/approvals": ("/approvals [clear] — the programs answered [a]lways / ne[v]er this session", "approvals", ARG),
+    "/plan": ("/plan — the task's steps and how far each is (update_progress)", "show_plan", None),
+    "/skills": ("/skills — the skills here: usable, active, skipped", "list_skills", None),
     "/mcp": ("/mcp — the MCP servers: state, protocol, tools and their approval", "mcp_status", None),
     "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
-           "/plan": "/planning", "/new": "/clear"}
+           "/new": "/clear"}
 
 
 def box(title):
@@ -6229,6 +6374,29 @@ class ChatSession:
             self.console.error(str(exc))
         return None
 
+    def show_plan(self):
+        progress = self.session.progress
+        if progress is None or not len(progress):
+            self.console.info("no steps yet: the model adds them with update_progress as it works on a task of "
+                              "several steps")
+            return
+        self.console._write("\n".join(self.console.clean(line) for line in progress.lines(numbered=True)))
+
+    def list_skills(self):
+        state = self.session.skill_state
+        usable = set(state.skills) if state else set()
+        skills, problems = find_skills(self.cfg, self.session.root)
+        if not skills and not problems:
+            self.console.info("no skills here (%s)" % ", ".join(p[3] for p in skill_places(self.cfg, self.session.root)))
+        for skill in skills:
+            status = ("active" if skill.name in state.active else "usable") if skill.name in usable else \
+                "skipped: " + skill_trust(self.store, skill)
+            self.console._write(self.console.clean("  %-20s %-8s %-18s %s" % (skill.name, skill.scope, status,
+                                                                             one_line(skill.description, 70))))
+        for p in problems:
+            self.console._write(self.console.clean("  %s %s: %s" % ("invalid" if p.level == "error" else "note",
+                                                                     p.path, p.reason)))
+
     def mcp_status(self):
         if self.session.mcp is None:
             self.console.info("no MCP servers: add mcp.servers to the configuration, or a .mcp.json to the project")
@@ -6355,6 +6523,8 @@ class ChatSession:
         if session.cancel.is_set():  # a cancelled turn's subagents stay cancelled; the next turn starts afresh
             session.rebuild()
         session.conversation.add_user(expanded)
+        session.skill_state.reset()  # skills are active for one turn: their allowed-tools end with it
+        session.match_skills(text)  # the person's words, not what @mentions brought in
         self.events.turn_tool_results = []
         try:
             result = session.agent().run(final=False, cancel_text="Error: cancelled by user")
@@ -6526,6 +6696,253 @@ def cmd_chat(args, console):
     cfg = config_from_args(args, console, _sandbox_config(args, extra))
     session = ChatSession(args, cfg, console)
     return session.run()
+
+
+# ---- Skills: where they are found, trust, and `xzatoma skills` ----
+# Discovery, parsing and activation are in xzatoma_tools (Skills). Here: the places of a working directory,
+# which skills a session may use (project skills only once trusted), and the command that lists, shows,
+# validates and trusts them. Trust is a generic record of the store (trusted_files: real path, kind, digest),
+# so another kind of project file (an .mcp.json) can share it.
+
+SKILL_TRUST = "skill"  #: a skill's kind among the store's trusted project files
+
+
+def skill_places(cfg, working_dir):
+    """Where skills are looked for, first wins: the project's .xzatoma/skills and .agents/skills (in the working
+    directory), then agent.skills.user_dir."""
+    from xzatoma_tools import PROJECT_SKILL_DIRS
+    places = [("project", working_dir, rel, rel) for rel in PROJECT_SKILL_DIRS]
+    user = cfg.get("agent.skills.user_dir")
+    if user:
+        user = os.path.abspath(os.path.expanduser(user))
+        places.append(("user", user, ".", short_dir(user, 4096)))
+    return places
+
+
+def find_skills(cfg, working_dir):
+    """(skills, problems) of a working directory, whether or not agent.skills.enabled is on."""
+    from xzatoma_tools import discover_skills
+    return discover_skills(skill_places(cfg, os.path.realpath(working_dir)), hidden=[cfg.home])
+
+
+def skill_trust(store, skill):
+    """'trusted', 'changed' (since it was trusted) or 'untrusted' for a project skill; 'user' for the person's
+    own. Without a store nothing can have been trusted."""
+    if skill.scope != "project":
+        return "user"
+    if store is None:
+        return "untrusted"
+    try:
+        return store.trust_state(skill.directory, SKILL_TRUST, skill.digest)
+    except Exception:  # a store that fails now: as if nothing were trusted
+        return "untrusted"
+
+
+def session_skills(cfg, console, working_dir, store, asker=None):
+    """The skills a session may use. Each invalid one is reported (its file and why), never skipped in silence.
+    Project skills not trusted yet (or changed since) are put to a person once through `asker` (chat): yes
+    trusts them, for good when the store can keep it; without one (headless runs) they are skipped, and a
+    warning names them and how to trust them."""
+    if not cfg.get("agent.skills.enabled"):
+        return []
+    skills, problems = find_skills(cfg, working_dir)
+    for problem in problems:
+        if problem.level == "error":
+            console.warn("skill %s is not used: %s (see xzatoma skills validate)" % (problem.path, problem.reason))
+    states = [skill_trust(store, s) for s in skills]
+    pending = [(s, state) for s, state in zip(skills, states) if state in ("untrusted", "changed")]
+    if pending and asker is not None and ask_skill_trust(console, asker, pending):
+        if store is None:
+            console.warn("conversation history is unavailable, so the trust holds for this session only")
+        for skill, _ in pending:
+            if store is not None:
+                try:
+                    store.trust_file(skill.directory, SKILL_TRUST, skill.digest)
+                except Exception as exc:
+                    console.warn("cannot record the trust (%s): it holds for this session only" % one_line(exc, 120),
+                                 once_key="skill-trust")
+        return skills
+    if pending:
+        console.warn("skipped %s not trusted%s: %s; read %s, then trust %s with 'xzatoma skills trust %s'" % (
+            _plural(len(pending), "project skill"), " (or changed since)" if any(st == "changed" for _, st in pending)
+            else " yet", ", ".join("%s (%s)" % (s.name, s.shown) for s, _ in pending[:10]),
+            "it" if len(pending) == 1 else "them", "it" if len(pending) == 1 else "them",
+            " ".join(s.name for s, _ in pending[:10])))
+    return [s for s, state in zip(skills, states) if state not in ("untrusted", "changed")]
+
+
+def ask_skill_trust(console, asker, pending):
+    """Show the project's skills not trusted yet ([(skill, state)]), and ask once."""
+    console.info("This project has %s not trusted yet; trusted, %s instructions guide the model:" % (
+        _plural(len(pending), "skill"), "its" if len(pending) == 1 else "their"), "yellow")
+    for skill, state in pending:
+        console.info("  %s — %s (%s%s)" % (skill.name, one_line(skill.description, 100), skill.shown,
+                                           ", changed since you trusted it" if state == "changed" else ""))
+    answer = asker.ask("Trust %s? (xzatoma skills show NAME shows one) [y/N] > " % (
+        "it" if len(pending) == 1 else "them"))
+    if (answer or "").strip().lower() in ("y", "yes"):
+        return True
+    console.info("not trusted: %s skipped this session" % ", ".join(s.name for s, _ in pending))
+    return False
+
+
+def _build_skills(sub, common, fmt):
+    skills = sub.add_parser(
+        "skills", parents=[common], formatter_class=fmt, help=COMMAND_HELP["skills"],
+        description="A skill is a folder holding SKILL.md: YAML front matter (name, as the folder; description: what it\n"
+                    "does and when to use it; optional triggers: keywords or /regexes/ that load it when a request\n"
+                    "matches; optional allowed-tools: the only tools the agent may use while it is active), then the\n"
+                    "instructions, and any files beside it. They are found in the project's .xzatoma/skills/ and\n"
+                    ".agents/skills/ and in agent.skills.user_dir (~/.config/xzatoma/skills). The model sees each\n"
+                    "skill's name and description and loads one with activate_skill when the task fits. Project\n"
+                    "skills come with the repository: they are used only once trusted (chat asks once; run and watch\n"
+                    "skip them), and after any change only when trusted again.",
+        epilog="examples:\n  xzatoma skills list\n  xzatoma skills show code-review\n"
+               "  xzatoma skills validate                  # every skill here; exit 1 when one is invalid\n"
+               "  xzatoma skills validate path/to/my-skill  # one folder (or its SKILL.md)\n"
+               "  xzatoma skills trust code-review          # after reading it\n\n"
+               "a SKILL.md:\n  ---\n  name: code-review\n  description: Review a change for bugs and style. Use "
+               "when asked to review code.\n  triggers: [review, \"/check (this|my) (pr|diff)/\"]\n"
+               "  allowed-tools: read_file grep find_path\n  ---\n  # Code review\n  1. …")
+    ssub = skills.add_subparsers(dest="skills_command", metavar="ACTION")
+    a = ssub.add_parser("list", parents=[common], help="the skills found here: scope, trust, triggers, description")
+    a.add_argument("--json", action="store_true", help="print {skills: [...], problems: [...]}")
+    a = ssub.add_parser("show", parents=[common], help="one skill: its fields, files and instructions")
+    a.add_argument("name")
+    a = ssub.add_parser("validate", parents=[common], help="check skills; exit 1 when one is invalid")
+    a.add_argument("paths", nargs="*", metavar="PATH", help="skill folders (or their SKILL.md, or a directory of "
+                                                            "skills); default: every skill found here")
+    a = ssub.add_parser("trust", parents=[common], help="trust project skills (their digest is recorded: a "
+                                                        "change needs trust again)")
+    a.add_argument("names", nargs="*", metavar="NAME")
+    a.add_argument("--all", action="store_true", help="every valid project skill here")
+    a = ssub.add_parser("untrust", parents=[common], help="forget the trust of project skills")
+    a.add_argument("names", nargs="+", metavar="NAME")
+    for a in ssub.choices.values():
+        a.add_argument("--working-dir", "-C", metavar="DIR", help="the project (default: current directory)")
+        a.set_defaults(func=cmd_skills)
+    skills.set_defaults(func=cmd_skills)
+
+
+def cmd_skills(args, console):
+    action = args.skills_command
+    if action is None:
+        raise UsageError("say what to do: xzatoma skills list|show|validate|trust|untrust (see --help)")
+    cfg = config_from_args(args, console)
+    root = os.path.realpath(args.working_dir or os.getcwd())
+    if not os.path.isdir(root):
+        raise UsageError("working directory does not exist: %s" % root)
+    if action == "validate" and args.paths:
+        return _validate_paths(args.paths, console)
+    skills, problems = find_skills(cfg, root)
+    if not cfg.get("agent.skills.enabled"):
+        console.warn("skills are turned off (agent.skills.enabled: false): runs and chats use none")
+    out = CleanWriter(sys.stdout)  # names, descriptions and instructions come from the files
+    if action == "validate":
+        return _report_validation(out, skills, problems)
+    store = open_store(cfg, console, required=action in ("trust", "untrust"))
+    try:
+        if action == "list":
+            rows = [{"name": s.name, "description": s.description, "scope": s.scope, "trust": skill_trust(store, s),
+                     "path": s.shown, "triggers": s.triggers, "allowed_tools": sorted(s.allowed_tools)
+                     if s.allowed_tools is not None else None, "files": s.resources} for s in skills]
+            if args.json:
+                json_out({"skills": rows, "problems": [{"path": p.path, "reason": p.reason, "level": p.level}
+                                                       for p in problems]})
+                return EXIT_OK
+            if rows:
+                width = max([len(r["name"]) for r in rows] + [4])
+                out.write("%-*s  %-7s  %-9s  %-8s  %s\n" % (width, "NAME", "SCOPE", "TRUST", "TRIGGERS", "DESCRIPTION"))
+                for r in rows:
+                    out.write("%-*s  %-7s  %-9s  %-8d  %s\n" % (width, r["name"], r["scope"], r["trust"].replace(
+                        "user", "-"), len(r["triggers"]), one_line(r["description"], 80)))
+            elif not problems:
+                console.info("no skills here (looked in %s)" % ", ".join(p[3] for p in skill_places(cfg, root)))
+            for p in problems:
+                console.warn("%s %s: %s" % ("invalid skill" if p.level == "error" else "skill", p.path, p.reason))
+            return EXIT_OK
+        if action in ("show", "trust", "untrust"):
+            names = [args.name] if action == "show" else args.names
+            if action == "trust" and args.all:
+                names = [s.name for s in skills if s.scope == "project"]
+                if not names:
+                    console.info("no valid project skills here to trust")
+                    return EXIT_OK
+            elif not names:
+                raise UsageError("name the skills to trust, or --all")
+            by_name = {s.name: s for s in skills}
+            missing = [n for n in names if n not in by_name]
+            if missing:
+                bad = [p for p in problems if any("/%s/" % n in p.path + "/" for n in missing)]
+                raise UsageError("no valid skill named %s here%s" % (", ".join(missing), (
+                    ": " + "; ".join("%s: %s" % (p.path, p.reason) for p in bad[:3])) if bad else
+                    " (see xzatoma skills list)"))
+            if action == "show":
+                return _show_skill(out, by_name[args.name], skill_trust(store, by_name[args.name]))
+            for name in names:
+                skill = by_name[name]
+                if skill.scope != "project":
+                    console.info("%s is your own skill (%s): it needs no trust" % (name, skill.shown))
+                elif action == "trust":
+                    store.trust_file(skill.directory, SKILL_TRUST, skill.digest)
+                    console.info("trusted skill %s (%s); a change to its folder needs trust again" % (name, skill.shown))
+                elif store.untrust_file(skill.directory, SKILL_TRUST):
+                    console.info("skill %s is no longer trusted" % name)
+                else:
+                    console.info("skill %s was not trusted" % name)
+        return EXIT_OK
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _show_skill(out, skill, trust):
+    rows = [("name", skill.name), ("description", skill.description),
+            ("scope", skill.scope + ("" if trust == "user" else " (%s)" % trust)), ("path", skill.shown),
+            ("triggers", ", ".join(skill.triggers) or "-"),
+            ("allowed-tools", "-" if skill.allowed_tools is None else ", ".join(sorted(skill.allowed_tools)) or
+             "(none)"), ("files", ", ".join(skill.resources) or "-")]
+    rows += [("warning", w) for w in skill.warnings]
+    out.write("".join("%-14s %s\n" % (k + ":", v) for k, v in rows) + "\n" + (skill.body or "(no instructions)")
+              + "\n")
+    return EXIT_OK
+
+
+def _report_validation(out, skills, problems):
+    for skill in skills:
+        out.write("ok       %s (%s)\n" % (skill.shown, skill.name))
+        for warning in skill.warnings:
+            out.write("warning  %s: %s\n" % (skill.shown, warning))
+    for p in problems:
+        out.write("%-8s %s: %s\n" % (p.level, p.path, p.reason))
+    errors = sum(1 for p in problems if p.level == "error")
+    out.write("%s valid, %s\n" % (_plural(len(skills), "skill"), _plural(errors, "error")))
+    return EXIT_FAILED if errors else EXIT_OK
+
+
+def _validate_paths(paths, console):
+    """`skills validate PATH…`: a skill folder, its SKILL.md, or a directory of skill folders."""
+    from xzatoma_tools import SKILL_FILE, Jail, SkillProblem, discover_skills, load_skill
+    skills, problems = [], []
+    for path in paths:
+        real = os.path.realpath(path)
+        if os.path.basename(real) == SKILL_FILE or os.path.isfile(os.path.join(real, SKILL_FILE)):
+            folder = os.path.dirname(real) if os.path.basename(real) == SKILL_FILE else real
+            shown = os.path.dirname(path.rstrip("/")) if os.path.basename(real) == SKILL_FILE else path.rstrip("/")
+            try:
+                skills.append(load_skill(Jail(os.path.dirname(folder)), os.path.basename(folder), "user",
+                                         shown or "."))
+            except SkillProblem as exc:
+                problems.append(exc)
+        elif os.path.isdir(real):
+            found, bad = discover_skills([("user", real, ".", path.rstrip("/") or ".")])
+            if not found and not bad:
+                bad = [SkillProblem(path, "no skill folders (a folder holding %s) in it" % SKILL_FILE)]
+            skills += found
+            problems += bad
+        else:
+            problems.append(SkillProblem(path, "no such skill folder or %s" % SKILL_FILE))
+    return _report_validation(CleanWriter(sys.stdout), skills, problems)
 
 
 # ---- Command line ----
@@ -6792,6 +7209,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     import threading
     from xzatoma_tools import FULL, RESTRICTED
     base_provider = make_provider(cfg, console)  # credentials are checked once, at start
+    session_skills(cfg, console, settings.working_dir, store)  # invalid and untrusted skills: said once, here
     quiet = Console(quiet=True, color=False)
     per_thread = threading.local()  # each worker thread's own provider: its HTTP connection lives on (issue 22)
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
@@ -6810,7 +7228,8 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=provider).to_json()  # its sandbox closes with it
+                                   provider=provider,  # its sandbox closes with it
+                                   steps=job.plan.instructions if job.plan is not None else None).to_json()
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))
         return outcome
@@ -6943,6 +7362,7 @@ COMMAND_HELP = {
     "watch": "run the plans that arrive on a Kafka topic (XZepr, CloudEvents, bare plans)",
     "publish": "publish a plan to a Kafka topic as a CloudEvent",
     "mcp": "MCP servers: list them and their tools, log in, trust a project's .mcp.json",
+    "skills": "list, show, validate and trust skills (SKILL.md folders)",
     "version": "print the version",
 }
 _VALUE_FLAGS = ("--config", "--provider", "--model")
@@ -7219,7 +7639,8 @@ def restored_config(args, console, cfg, stored, extra=None):
 
 
 def read_instruction(args, console, default=None):
-    """The task: (text, kind 'run'|'plan', title, source) or a UsageError."""
+    """The task: (text, kind 'run'|'plan', title, source, steps) or a UsageError; steps: a plan's instructions
+    (None for a prompt)."""
     from xzatoma_tools import PlanError, parse_plan
     if args.plan:
         if args.plan == "-":
@@ -7239,7 +7660,7 @@ def read_instruction(args, console, default=None):
             raise UsageError("invalid plan: %s" % exc)
         for key in getattr(plan, "unknown_keys", ()):
             console.warn("plan key '%s' is not used (known: goal, context, instructions; or name, description, version, action, steps)" % key)
-        return plan.to_prompt(), "plan", plan.goal, source
+        return plan.to_prompt(), "plan", plan.goal, source, plan.instructions
     prompt = run_prompt(args)
     if prompt == "-" or (prompt is None and not _isatty(sys.stdin)):
         text = sys.stdin.read()
@@ -7247,14 +7668,14 @@ def read_instruction(args, console, default=None):
             text = default
     elif prompt is None:
         if default:
-            return default, "run", default, None
+            return default, "run", default, None, None
         raise UsageError("nothing to do: give the task (xzatoma run \"…\"), --plan FILE, or pipe it on stdin "
                          "(see 'xzatoma run --help')")
     else:
         text = prompt
     if not text.strip():
         raise UsageError("the instruction is empty")
-    return text.strip(), "run", text.strip(), None
+    return text.strip(), "run", text.strip(), None, None
 
 
 def output_format(args):
@@ -7340,8 +7761,9 @@ def _build_run(sub, common, fmt):
                "  instructions: [List all API endpoint files, Create an OpenAPI spec]\n\n"
                "terminal commands: without --allow-dangerous only read-only commands run; others are "
                "refused\nso the model can adapt. --json prints one object: conversation_id, status, answer, "
-               "turns,\ntool_calls, usage, duration_seconds, error. --output-format stream-json prints JSON lines:\n"
-               "start, tool_call, tool_result, message, usage, then result (the --json object).\n\n"
+               "turns,\ntool_calls, usage, duration_seconds, error, warnings, steps (a plan's progress). "
+               "--output-format\nstream-json prints JSON lines: start, tool_call, tool_result, message, usage, step, "
+               "then result\n(the --json object).\n\n"
                "examples:\n  xzatoma run \"List the Python files\"\n"
                "  cat build.log | xzatoma run \"Why did this fail?\"\n"
                "  xzatoma run \"Explain @src/app.py#L10-40\"\n\n" + EXIT_CODES_HELP)
@@ -7382,7 +7804,7 @@ def cmd_run(args, console):
     cfg = config_from_args(args, console, _sandbox_config(args, extra))
     fmt = output_format(args)
     resume = args.resume or args.last or None
-    instruction, kind, title, source = read_instruction(
+    instruction, kind, title, source, steps = read_instruction(
         args, console, default="Continue the task from where it stopped." if resume else None)
     piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"))
     if resume:  # this directory's conversation, with its provider, model and mode unless given again
@@ -7396,7 +7818,7 @@ def cmd_run(args, console):
     session = Session.open(cfg, console, args.mode, args.working_dir, FULL if full else RESTRICTED, events=events,
                            metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile)
     try:
-        session.start(kind, resume=resume, title=title, source=source)
+        session.start(kind, resume=resume, title=title, source=source, steps=steps)
         sandbox_note = None
         if "terminal" in session.registry:  # prepared before its first command (SandboxCheck), not now
             sandbox_note = sandbox_note_for_start(cfg, session)
@@ -7407,21 +7829,27 @@ def cmd_run(args, console):
         if fmt == "stream-json":
             events.emit("start", conversation_id=session.id, kind=kind, provider=session.provider.name,
                         model=session.provider.model, mode=args.mode, working_dir=session.ctx.root,
-                        resumed=bool(resume))
+                        resumed=bool(resume), steps=session.progress.to_json())
+        if len(session.progress):
+            events.progress(session.progress, None)
+        # the task's words (a plan's goal and instructions, not the frame around them), never what was piped in
+        session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
         with sigterm_raises():
             try:
                 result = session.agent().run()
             finally:
                 events.stop()  # the spinner, whatever ended the run
         keep_partial(session, events)
+        session.settle_progress()
     finally:
         session.close(wait_for_workers=3.0)  # children still running (Ctrl-C, SIGTERM) stop now
-    summary = "%s: %s · %s · %s tokens (%s in / %s out)%s · context ~%s · %.1fs · conversation %s" % (
+    summary = "%s: %s · %s · %s tokens (%s in / %s out)%s · context ~%s%s · %.1fs · conversation %s" % (
         result.status, _plural(result.turns, "turn"), _plural(result.tool_calls, "tool call"),
         _fmt_tokens(result.prompt_tokens + result.completion_tokens),
         _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens),
-        ESTIMATED_NOTE if result.estimated else "", _fmt_tokens(context_tokens(session)), result.duration,
-        result.conversation_id)
+        ESTIMATED_NOTE if result.estimated else "", _fmt_tokens(context_tokens(session)),
+        " · " + result.progress.brief() if result.progress is not None and len(result.progress) else "",
+        result.duration, result.conversation_id)
     emit_result(args, fmt, events, result)
     if result.status not in ANSWERED and fmt == "text" and result.answer and not console.quiet \
             and not events.answered:  # streamed: on the screen already
@@ -7632,7 +8060,7 @@ def cmd_config_init(args, console):
 COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
                     "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
                     "config": _build_config, "watch": _build_watch, "publish": _build_publish, "mcp": _build_mcp,
-                    "version": _build_version}
+                    "skills": _build_skills, "version": _build_version}
 
 
 # ---- Interrupts: how Ctrl-C and SIGTERM travel ----

@@ -558,6 +558,16 @@ def _redact_stored(conn):
                      "' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
 
 
+def _trust_and_progress(conn):
+    """Files of a project a person has trusted (skills, .mcp.json …) by real path, kind and content digest, so a
+    change asks again; and the progress list of a conversation (plan instructions or the model's own steps), as
+    JSON. Idempotent, whatever the version number says (it was 7 on its branch, beside issue 22's claims)."""
+    conn.execute("CREATE TABLE IF NOT EXISTS trusted_files (path TEXT NOT NULL, kind TEXT NOT NULL, digest TEXT NOT "
+                 "NULL, trusted_at TEXT NOT NULL, PRIMARY KEY (path, kind))")
+    if "progress" not in [row[1] for row in conn.execute("PRAGMA table_info(conversations)")]:
+        conn.execute("ALTER TABLE conversations ADD COLUMN progress TEXT")
+
+
 MIGRATIONS = [
     # 1: conversations and their messages
     """
@@ -615,13 +625,15 @@ MIGRATIONS = [
     # outlives its owner only until its lease ends, or at once when the owner was a process of this host that is
     # gone); and the offsets a consumer was reading, so a message that crashes the watcher is found and set aside
     """
-    CREATE TABLE event_claims (event_id TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, pid INTEGER,
+    CREATE TABLE IF NOT EXISTS event_claims (event_id TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT, pid INTEGER,
         claimed_at REAL NOT NULL, expires_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 1);
-    CREATE INDEX event_claims_owner ON event_claims(owner);
-    CREATE TABLE message_attempts (consumer TEXT PRIMARY KEY, first_offset INTEGER NOT NULL,
+    CREATE INDEX IF NOT EXISTS event_claims_owner ON event_claims(owner);
+    CREATE TABLE IF NOT EXISTS message_attempts (consumer TEXT PRIMARY KEY, first_offset INTEGER NOT NULL,
         last_offset INTEGER NOT NULL, owner TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1,
         updated_at REAL NOT NULL);
     """,
+    # 8 (issue 26): trusted project files and conversations' progress (_trust_and_progress)
+    _trust_and_progress,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -629,7 +641,7 @@ FTS_TABLE = "messages_fts"
 CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
                        "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
                        "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host",
-                       "safety")
+                       "safety", "progress")
 
 
 class StoreError(Exception):
@@ -788,7 +800,7 @@ class Store:
 
     def update_conversation(self, id, **fields):
         fields["updated_at"] = rfc3339()
-        for key in ("error", "title", "label", "source"):  # text that may quote a secret
+        for key in ("error", "title", "label", "source", "progress"):  # text that may quote a secret
             if fields.get(key):
                 fields[key] = self.redact(fields[key])
         cols = ", ".join("%s = ?" % k for k in fields if k in CONVERSATION_FIELDS)
@@ -845,7 +857,7 @@ class Store:
         row = self.conn().execute("SELECT * FROM conversations WHERE id = ?", (id,)).fetchone()
         if row is None:
             raise NotFound("no conversation %s" % id)
-        return dict(row)
+        return _conversation_row(row)
 
     def _select(self, table, conditions, order, limit=None):
         """Rows as dicts; `conditions` maps SQL fragments to a value (None: leave out, ...: no parameter)."""
@@ -862,10 +874,11 @@ class Store:
         return [dict(r) for r in self.conn().execute(sql, args)]
 
     def list_conversations(self, limit=20, kind=None, parent_id=None, top_level=False, working_dir=None):
-        return self._select("conversations", {"kind = ?": kind or None, "parent_id = ?": parent_id or None,
+        rows = self._select("conversations", {"kind = ?": kind or None, "parent_id = ?": parent_id or None,
                                               "parent_id IS NULL": Ellipsis if top_level else None,
                                               "working_dir = ?": working_dir or None},
                             "id DESC", limit)
+        return [_conversation_row(row) for row in rows]
 
     def messages(self, conversation_id):
         out = []
@@ -1080,6 +1093,31 @@ class Store:
         self.conn().execute("INSERT OR REPLACE INTO model_cache (provider, key, fetched_at, data) VALUES (?, ?, ?, ?)",
                             (provider, self._cache_key(key), time.time(), self.redact(json.dumps(data))))
 
+    # -- trusted project files --
+    # A file that comes with a project and would instruct the model or start programs (a skill, an .mcp.json) is
+    # used only once a person has trusted it. The record is generic: the file's (or folder's) real path, a kind
+    # naming who asks ("skill", "mcp"), and the digest of its content when trusted; any change, a digest that no
+    # longer matches, needs a person's yes again.
+    def trust_file(self, path, kind, digest):
+        self.conn().execute("INSERT OR REPLACE INTO trusted_files (path, kind, digest, trusted_at) VALUES (?, ?, ?, ?)",
+                            (path, kind, digest, rfc3339()))
+
+    def untrust_file(self, path, kind):
+        """Forget a trust; True when there was one."""
+        return self.conn().execute("DELETE FROM trusted_files WHERE path = ? AND kind = ?", (path, kind)).rowcount > 0
+
+    def trust_state(self, path, kind, digest):
+        """'trusted' (this very content), 'changed' (trusted once, different now) or 'untrusted'."""
+        row = self.conn().execute("SELECT digest FROM trusted_files WHERE path = ? AND kind = ?",
+                                  (path, kind)).fetchone()
+        if row is None:
+            return "untrusted"
+        import hmac
+        return "trusted" if hmac.compare_digest(row[0], digest) else "changed"
+
+    def trusted_files(self, kind=None):
+        return self._select("trusted_files", {"kind = ?": kind or None}, "path")
+
     def event_seen(self, event_id):
         return self.conn().execute("SELECT 1 FROM processed_events WHERE event_id = ?", (event_id,)).fetchone() \
             is not None
@@ -1173,6 +1211,17 @@ class _Immediate:
     def __exit__(self, kind, exc, tb):
         self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
         return False
+
+
+def _conversation_row(row):
+    """A conversation as callers want it: its progress list decoded (stored as JSON text)."""
+    out = dict(row)
+    if out.get("progress"):
+        try:
+            out["progress"] = json.loads(out["progress"])
+        except ValueError:
+            out["progress"] = None
+    return out
 
 
 def _xor(data, stream):

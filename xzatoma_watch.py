@@ -544,6 +544,7 @@ def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
     for name, kind, default in (("turns", int, 0), ("tool_calls", int, 0), ("duration_seconds", float, 0.0)):
         value = outcome.get(name, default)
         data[name] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(default)
+    data["steps"] = result_steps(outcome.get("steps"))
     doc = {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
            "subject": data["trigger_event_id"] if ev.id is None else ev.id, "time": now_rfc3339(),
            "datacontenttype": "application/json", "data": data}
@@ -576,6 +577,18 @@ def fit(doc, fields, names, max_bytes, truncated, note_bytes=200):
         keep = raw * max(0, encoded[name] - over) // encoded[name]
         fields[name] = bounded(fields[name], max(0, min(keep, raw - 1)))[0]
     return len(_encode(doc)) + note_bytes <= max_bytes
+
+
+def result_steps(steps, limit=100, width=256):
+    """The plan's progress for a result: [{step, text, status}] as the run left it, bounded (`limit` steps, each
+    text redacted and cut to `width` bytes: at most ~30 KB in all); anything else in the outcome is left out."""
+    out = []
+    for item in steps if isinstance(steps, list) else ():
+        if isinstance(item, dict) and isinstance(item.get("text"), str) and isinstance(item.get("status"), str):
+            out.append({"step": len(out) + 1, "text": clipped(item["text"], width)[0], "status": item["status"][:16]})
+            if len(out) >= limit:
+                break
+    return out
 
 
 def result_source(group, host=None):

@@ -45,7 +45,7 @@ def test_banner_turn_status_unknown_command_and_ctrl_d(chat, fake):
     p.expect(r"tokens: [\d,]+ this turn · [\d,]+ this session · context ~[\d,]+ \(\d+% of 131,072\)")
     p.line("/STATUS")
     p.expect(r"XZatoma Session Status")
-    p.expect(r"Available Tools:   10 \(list_directory")
+    p.expect(r"Available Tools:   12 \(list_directory")  # with activate_skill and update_progress
     p.expect(r"Conversation ID:   (\w{26})")
     p.line("/stauts")
     p.expect(r"unknown command /stauts; did you mean /status\?")

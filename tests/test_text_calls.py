@@ -230,7 +230,7 @@ def test_work_done_stays_done_whatever_the_model_imagines_after_it(open_session,
     s = open_session(Reply('{"name": "write_file", "arguments": {"path": "hello.txt", "content": "hi"}}'),
                      Reply("<tool_response>\nok, file created\n</tool_response>"))
     result = run(s, "Create hello.txt containing hi")
-    assert result.status == "completed" and len(s.provider.calls) == 2
+    assert result.status == "completed" and len(s.provider.calls) == 3  # the made-up result pointed out once
 
 
 @pytest.mark.parametrize("task", ["hi", "What is a closure in Python?", "Write a haiku about the sea"])
