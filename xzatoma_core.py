@@ -3836,7 +3836,8 @@ class Agent:
         if need is None:
             return "completed"
         strength, kind = need
-        if self.changes_this_run if kind == "change" else self.calls_this_run:
+        provided = kind == "facts" and "\n[End of " in self.task  # @file mentions or piped input: facts given
+        if provided or (self.changes_this_run if kind == "change" else self.calls_this_run):
             loose = None if self.checked_ends else self.loose_ends(kind, answer)
             if loose:  # work was done, but the answer claims more, or a file the task names was never touched
                 self.checked_ends = True

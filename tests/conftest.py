@@ -153,6 +153,13 @@ def processes():
     return out
 
 
+def said(messages):
+    """The user messages of a request that a person wrote: not the environment message xzatoma puts after the
+    system prompt (working directory, date, AGENTS.md)."""
+    return [m["content"] for m in messages
+            if m["role"] == "user" and not (m.get("content") or "").startswith("<environment_context>")]
+
+
 def tool_call(name, **arguments):
     return {"name": name, "arguments": arguments}
 

@@ -454,7 +454,7 @@ def test_protected_questions_come_after_an_always_in_safe_mode_and_name_the_suba
 
     def script(body):
         msgs = body["messages"]
-        if "You are a subagent" in msgs[0]["content"]:
+        if "You are a subagent" in msgs[1]["content"]:
             return brain(body)
         users = [m for m in msgs if m["role"] == "user"]
         last = users[-1]["content"]

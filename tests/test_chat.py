@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import tool_call, wait_for
+from conftest import said, tool_call, wait_for
 from ptyrun import PtyProcess
 
 PROMPT = r"\[%s\]\[%s\] >> "
@@ -18,13 +18,10 @@ def chat(chat, cli):
     return chat
 
 
-
-def person(message):
-    """A person's message as the model got it (not the environment context sent before the first one)."""
-    return message["role"] == "user" and not str(message.get("content")).startswith("<environment_context>")
-
 def user_messages(fake, index=-1):
-    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"] if person(m)]
+    """What the person said (the environment message after the system prompt is xzatoma's)."""
+    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"]
+            if m["role"] == "user" and not m["content"].startswith("<environment_context>")]
 
 
 def tool_results(fake, index=-1):
@@ -177,7 +174,7 @@ def test_ctrl_c_cancels_a_slow_tool_and_the_next_turn_works(chat, fake, cli):
     p.expect("next turn fine")
     messages = fake.model_requests()[-1]["body"]["messages"]
     assert [m["content"] for m in messages if m["role"] == "tool"] == ["Error: cancelled by user"]
-    assert [m["content"] for m in messages if person(m)] == ["run something slow", "and now?"]
+    assert said(messages) == ["run something slow", "and now?"]
 
 
 def test_ctrl_c_at_the_prompt_reminds_then_double_exits(chat, fake):

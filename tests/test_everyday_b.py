@@ -7,16 +7,11 @@ import subprocess
 
 import pytest
 
-from conftest import tool_call
+from conftest import said, tool_call
 
-
-
-def person(message):
-    """A person's message as the model got it (not the environment context sent before the first one)."""
-    return message["role"] == "user" and not str(message.get("content")).startswith("<environment_context>")
 
 def user_text(fake, index=0):
-    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"] if person(m)][0]
+    return said(fake.model_requests()[index]["body"]["messages"])[0]
 
 
 # ---- run takes input the usual ways ----
@@ -24,12 +19,13 @@ def user_text(fake, index=0):
 
 def test_positional_prompt(cli, fake):
     cli.use(fake)
-    fake.add({"content": "two"}, {"content": "three"})
+    fake.add({"tool_calls": [tool_call("list_directory", pattern="*.py")]}, {"content": "two"},
+             {"tool_calls": [tool_call("list_directory")]}, {"content": "three"})
     r = cli.run("run", "List the Python files")
     assert r.returncode == 0 and r.stdout == "two\n", r.stderr
     assert user_text(fake) == "List the Python files"
     r = cli.run("run", "count", "the", "files")  # several words, no quotes needed
-    assert r.returncode == 0 and user_text(fake, 1) == "count the files"
+    assert r.returncode == 0 and user_text(fake, 2) == "count the files"
     both = cli.run("run", "--prompt", "other", "task")  # options go before the task (words after it are the task)
     assert both.returncode == 2 and "give the task once" in both.stderr
 
@@ -101,7 +97,7 @@ def test_stream_json_one_object_per_line(cli, fake):
     assert result["status"] == "completed" and result["answer"] == "It says alpha."
     assert result["conversation_id"] == start["conversation_id"]
     assert set(result) == {"type", "conversation_id", "status", "answer", "turns", "tool_calls", "usage",
-                           "duration_seconds", "error"}  # the --json object's fields
+                           "duration_seconds", "error", "warnings", "steps"}  # the --json object's fields
     assert result["usage"]["estimated"] is True and result["tool_calls"] == 1
     assert "▶ read_file notes.txt" in r.stderr  # progress for people stays on stderr
 
@@ -213,7 +209,7 @@ def test_multi_line_paste_and_backslash_continuation_are_one_message(chat, fake)
     p.expect(PROMPT % ("PLANNING", "SAFE"))
     p.eof()
     assert p.wait() == 0
-    users = [m["content"] for q in fake.model_requests() for m in q["body"]["messages"] if person(m)]
+    users = [text for q in fake.model_requests() for text in said(q["body"]["messages"])]
     assert "first pasted line\nsecond pasted line" in users and "one \ntwo" in users
     assert len(fake.model_requests()) == 2
 
@@ -257,7 +253,7 @@ def test_the_exit_hint_works_as_printed(cli, fake, tmp_path):
     assert argv[:2] == ["xzatoma", "chat"]
     again = cli.run(*argv[1:], input="and now?\n", cwd=cli.home)  # from another directory, as printed
     assert again.returncode == 0, again.stderr
-    users = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if person(m)]
+    users = said(fake.model_requests()[-1]["body"]["messages"])
     assert users == ["remember the walrus", "and now?"]
 
 
@@ -273,7 +269,7 @@ def test_last_is_this_directorys_and_resume_refuses_another(cli, fake):
     cli.run("run", "task in other", cwd=other)
     r = cli.run("run", "--last", "continue")  # the latest overall is other's; --last means this directory's
     assert r.returncode == 0, r.stderr
-    users = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if person(m)]
+    users = said(fake.model_requests()[-1]["body"]["messages"])
     assert users == ["task in work", "continue"]
     rows = json.loads(cli.run("history", "list", "--json").stdout)
     other_id = [x["id"] for x in rows if x["title"] == "task in other"][0]
@@ -309,7 +305,7 @@ def test_resume_restores_provider_model_and_mode(cli, fake):
     assert r.returncode == 0, r.stderr
     q = fake.model_requests()[-1]
     assert q["path"] == "/v1/chat/completions" and q["body"]["model"] == "gpt-test"
-    assert [m["content"] for m in q["body"]["messages"] if person(m)][-1] == "and in chat?"
+    assert said(q["body"]["messages"])[-1] == "and in chat?"
 
 
 def test_undo_defaults_to_this_directorys_changes(cli, fake):

@@ -212,8 +212,9 @@ def test_kill_9_keeps_completed_turns(cli, fake):
     assert conv["status"] == "interrupted" and conv["turns"] == 2 and conv["title"] == "crash test"
     r = cli.run("history", "show", conv["id"][:10], "--json")
     data = json.loads(r.stdout)
-    assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "tool", "assistant", "tool"]
-    assert data["messages"][3]["content"] == "A\n" and data["status"] == "interrupted"
+    assert [m["role"] for m in data["messages"]] == ["system", "user", "user", "assistant", "tool", "assistant",
+                                                      "tool"]  # the environment message, then the task
+    assert data["messages"][4]["content"] == "A\n" and data["status"] == "interrupted"
 
 
 def test_resume_sends_the_whole_history_with_pairs_intact(cli, fake):
@@ -232,7 +233,7 @@ def test_resume_sends_the_whole_history_with_pairs_intact(cli, fake):
 
     def check(body):
         msgs = body["messages"]
-        if msgs[0]["role"] != "system" or "Working directory" not in msgs[0]["content"]:
+        if msgs[0]["role"] != "system" or "You are XZatoma" not in msgs[0]["content"]:
             return "the current system prompt is missing"
         if [m["role"] for m in msgs[1:]] != ["user", "assistant", "tool", "tool", "user"]:
             return "unexpected history %s" % [m["role"] for m in msgs]

@@ -88,7 +88,7 @@ def test_parallel_runs_concurrently_and_keeps_task_order(cli, fake):
 
     def concurrent_brain(body):
         msgs = body["messages"]
-        if "You are a subagent" in msgs[0]["content"] and len(msgs) == 2:
+        if "You are a subagent" in msgs[1]["content"] and len(msgs) == 3:
             try:
                 together.wait()
             except threading.BrokenBarrierError:
