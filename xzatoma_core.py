@@ -349,6 +349,7 @@ DEFAULTS = {
             "env_passthrough": [],
             "keep_home": False,
             "sandbox_assume_missing": [],
+            "limits": {"processes": 4096, "memory_mb": 8192, "file_size_mb": 8192},
         },
         "subagent": {
             "max_depth": 3,
@@ -431,6 +432,7 @@ RANGES = {  # inclusive bounds; None = open
     "agent.tools.grep_regex_seconds": (1, None),
     "agent.terminal.timeout_seconds": (1, None),
     "agent.terminal.max_timeout_seconds": (1, None),
+    **{"agent.terminal.limits." + k: (0, None) for k in ("processes", "memory_mb", "file_size_mb")},
     "agent.subagent.max_depth": (0, 10),
     "agent.subagent.default_max_turns": (1, None),
     "watcher.max_concurrent": (1, 256),
@@ -502,7 +504,11 @@ DOCS = {
     "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
     "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
     "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
-                                             "landlock-net, scopes, pidns, proc, abi:N)",
+                                             "landlock-net, scopes, pidns, proc, seccomp, idmap, readonly-view, "
+                                             "abi:N)",
+    "agent.terminal.limits.processes": "most processes and threads a run's commands may have at once (0: no limit)",
+    "agent.terminal.limits.memory_mb": "most memory (heap and private mappings) one command process may use (0: none)",
+    "agent.terminal.limits.file_size_mb": "largest file a command may write (0: no limit)",
     "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
     "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
                                 "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
@@ -822,32 +828,16 @@ def network_settings(env):
             "ca_bundle": env.get("REQUESTS_CA_BUNDLE") or env.get("CURL_CA_BUNDLE") or None}
 
 
-SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH", "PWD",
-                       "PASSPHRASE", "DSN", "CREDENTIAL")
-#: a name holding one of these anywhere is a credential's: PGPASSWORD, SECRET_KEY_BASE, API_KEY_PROD, CLIENTSECRET
-SECRET_ENV_PARTS = ("PASSWORD", "PASSWD", "SECRET", "TOKEN", "PASSPHRASE", "APIKEY", "API_KEY", "PRIVATE_KEY",
-                    "ACCESS_KEY", "CREDENTIAL")
-#: names that match the rules above but hold no credential (a path or a socket): never registered
-NOT_SECRET_ENV = ("PWD", "OLDPWD", "SSH_AUTH_SOCK", "XAUTHORITY")
-
-
-def is_secret_env(name):
-    name = name.upper().replace("-", "_")
-    if name in NOT_SECRET_ENV:
-        return False
-    words = name.split("_")
-    return words[-1] in SECRET_ENV_SUFFIXES or name.endswith("APIKEY") or any(part in name for part in SECRET_ENV_PARTS)
-
-
 def register_credentials(env, values, known):
     """Tell the redactor every credential configuration knows: the providers' keys, credential-named
-    environment variables (OPENAI_API_KEY, PGPASSWORD, …), secret config keys, and the credentials in the
-    userinfo of any URL in the configuration or the environment (DATABASE_URL, a proxy, a Sentry DSN)."""
-    from xzatoma_store import register_secret
+    environment variables (OPENAI_API_KEY, PGPASSWORD, BW_SESSION, …: see is_credential_env), secret config
+    keys, and the credentials in the userinfo of any URL in the configuration or the environment
+    (DATABASE_URL, a proxy, a Sentry DSN)."""
+    from xzatoma_store import is_credential_env, register_secret
     for value in known:
         register_secret(value)
     for name, value in env.items():
-        if is_secret_env(name):
+        if is_credential_env(name, value):
             register_secret(value)
         register_secret(url_password(value))
     for dotted, value in flatten(values).items():
@@ -2850,9 +2840,29 @@ def _opening_re():
     return _opening
 
 
+_LENIENT = None
+
+
+def _lenient():
+    """A JSON decoder that takes what models write and JSON does not: raw newlines and tabs inside strings."""
+    global _LENIENT
+    if _LENIENT is None:
+        _LENIENT = json.JSONDecoder(strict=False)
+    return _LENIENT
+
+
+def _mend_escapes(text):
+    """`\\d` in a regular expression written into JSON (`"pattern": "\\d+"`) is no JSON escape: taken as the
+    backslash it meant, escapes JSON knows kept as they are."""
+    import re
+    return re.sub(r"\\(.)", lambda m: m.group(0) if m.group(1) in '"\\/bfnrtu' else "\\\\" + m.group(1), text,
+                  flags=re.S)
+
+
 def _loads(text):
-    """JSON from a model: as written, several values one after the other (a list of them: a <tools> block of
-    JSON lines), or with the doubled braces some GGUF templates teach ({{"name": …}})."""
+    """JSON from a model: as written (raw newlines in strings and unknown backslash escapes forgiven), several
+    values one after the other (a list of them: a <tools> block of JSON lines), or with the doubled braces some
+    GGUF templates teach ({{"name": …}})."""
     text = text.strip()
     try:
         return json.loads(text)
@@ -2860,6 +2870,13 @@ def _loads(text):
         raise ValueError("nested too deeply")
     except ValueError as exc:
         first = exc
+        for attempt in (text, _mend_escapes(text)):
+            try:
+                value, end = _lenient().raw_decode(attempt)
+                if not attempt[end:].strip():
+                    return value
+            except (ValueError, RecursionError):
+                pass
         if exc.msg == "Extra data":
             values, pos = [], 0
             try:
@@ -2886,9 +2903,19 @@ def _raw_decode(text, start):
         return decoder.raw_decode(text, start)
     except RecursionError:
         raise ValueError("nested too deeply")
-    except ValueError:
+    except ValueError as exc:
+        first = exc
+    try:  # raw newlines in strings, then unknown escapes (`\\d`): where the value ends is the same or found again
+        return _lenient().raw_decode(text, start)
+    except (ValueError, RecursionError):
+        pass
+    mended = _mend_escapes(text[start:])
+    try:
+        value, end = _lenient().raw_decode(mended)
+        return value, start + end - (mended[:end].count("\\") - text[start:start + end].count("\\"))
+    except (ValueError, RecursionError):
         if not text.startswith("{{", start):
-            raise
+            raise first
     # a doubled object ends where its braces balance ({{ … }}): undouble that span only
     depth, i, n = 0, start, len(text)
     while i < n:
@@ -3187,6 +3214,9 @@ class RunResult:
         self.completion_tokens = 0
         self.estimated = False  #: some token counts are our estimate: the server sent no usage
         self.duration = 0.0
+        #: the project files that run later by design (Makefile, conftest.py, CI …) this run created or changed:
+        #: not blocked, but a person reviews them before running anything (Confinement.deferred_changed)
+        self.review = []
         self.warnings = []  #: what a person should know about how the run ended (an unverified answer)
 
     def counts(self):
@@ -3203,7 +3233,7 @@ class RunResult:
                 "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                           "total_tokens": self.prompt_tokens + self.completion_tokens, "estimated": self.estimated},
                 "duration_seconds": round(self.duration, 3), "error": self.error, "warnings": list(self.warnings),
-                "steps": self.progress.to_json() if self.progress is not None else []}
+                "steps": self.progress.to_json() if self.progress is not None else [], "review": self.review}
 
 
 class Events:
@@ -3594,6 +3624,28 @@ def _patterns():
     return _claims, _task_re
 
 
+PLAN_FRAME = "You are assisting with the following task:"  #: how Plan.to_prompt begins (xzatoma_tools)
+
+
+def intent_of(task):
+    """The part of a task that says what is wanted: a plan's goal and instructions; otherwise the first three
+    lines, without what @mentions and stdin pasted into it (a pasted HTTP dump said "Set-Cookie: … connect.sid",
+    and was taken for a request to change a file)."""
+    import re
+    text = re.sub(r"\[Content of ([^\]\n]*)\]\n.*?\n\[End of \1\]", "", task or "", flags=re.S)
+    if text.lstrip().startswith(PLAN_FRAME):
+        return text[:8000]
+    return "\n".join([line for line in text.splitlines() if line.strip()][:3])[:600]
+
+
+def is_question(task):
+    """True for a task that only asks (what, which, how many …) and names no change to make."""
+    found = set(m.lastgroup for m in _patterns()[1].finditer(task or ""))
+    return "change" not in found and bool(found & {"ask", "count"}) and (task or "").lstrip().lower().startswith(
+        ("what", "which", "where", "how", "who", "when", "why", "is ", "are ", "does ", "do ", "count", "list",
+         "show", "find", "tell"))
+
+
 def claims_work(answer):
     """True when an answer says something was done (created, updated, ran …) or writes a tool's result itself."""
     return bool(answer) and _patterns()[0].search(answer[:20000]) is not None
@@ -3662,7 +3714,7 @@ class Agent:
 
     def __init__(self, provider, registry, conversation, events, result, max_turns=100, deadline=None,
                  timeout_seconds=None, recorder=None, quota=None, cancel=None, metrics=None, on_step=None,
-                 nested=False, honest=True):
+                 nested=False, honest=True, review=None):
         self.provider = provider
         self.registry = registry
         self.conversation = conversation
@@ -3676,6 +3728,7 @@ class Agent:
         self.cancel = cancel  #: threading.Event: set, this agent stops (parallel subagents, Ctrl-C)
         self.metrics = metrics or NULL_METRICS
         self.on_step = on_step  #: callback(agent) after each step (benchmarks)
+        self.review = review  #: () -> the files that run later by design the run changed (top level), or None
         self.nested = nested  #: a subagent: Ctrl-C / SIGTERM are re-raised to the top-level run's edge
         self.honest = honest  #: check an answer given without any tool call (conclude)
         self.malformed_streak = 0  #: turns in a row whose calls were all malformed or invalid
@@ -3687,7 +3740,11 @@ class Agent:
         self.checked_ends = False  #: pointed out once already what an answer after real work left undone
         self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
-        self.task = conversation.last_user_text()
+        asked = conversation.last_user_text()
+        self.task = intent_of(asked)
+        self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
+        #: a headless run asked only a question (how many lines …): tools that change files are refused
+        self.question = honest and is_question(self.task)
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
@@ -3719,6 +3776,8 @@ class Agent:
             self.conversation.close_dangling(cancel_text if result.status == "interrupted"
                                              else "Error: not run (the task ended)")
             result.duration = time.monotonic() - started
+            if final and self.review is not None:
+                result.review = self.review()
             if self.recorder is not None:
                 if final:
                     self.recorder.finish(result)
@@ -3836,7 +3895,7 @@ class Agent:
         if need is None:
             return "completed"
         strength, kind = need
-        provided = kind == "facts" and "\n[End of " in self.task  # @file mentions or piped input: facts given
+        provided = kind == "facts" and self.given  # @file mentions or piped input: the facts were given
         if provided or (self.changes_this_run if kind == "change" else self.calls_this_run):
             loose = None if self.checked_ends else self.loose_ends(kind, answer)
             if loose:  # work was done, but the answer claims more, or a file the task names was never touched
@@ -3924,10 +3983,15 @@ class Agent:
             self.events.tool_call(call)
             self.events.tool_start(call["name"], self._preview(call))
             same = _call_key(call)
+            tool = self.registry.get(call["name"])
             if same == self.last_call:  # a loop (the same failing grep three times): the result is above
                 from xzatoma_tools import ToolResult
                 tool_result = ToolResult.fail("this is the same call as your last one, and its result is above; "
                                               "use that result, or do something different", invalid=True)
+            elif self.question and getattr(tool, "permission", "read") == "write":
+                from xzatoma_tools import ToolResult  # a small model asked a line count rewrote the file
+                tool_result = ToolResult.fail("the task asks a question and does not ask to change any file: "
+                                              "answer it from what you read (read_file, grep, list_directory)")
             else:
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             self.last_call = same
@@ -3944,7 +4008,6 @@ class Agent:
             elif tool_result.success and not tool_result.metadata.get("bookkeeping"):  # progress, skills: no work
                 self.calls_this_run += 1
                 self.touched.append(call.get("arguments") or "")
-                tool = self.registry.get(call["name"])
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
         self.count_malformed(invalid == len(calls), last_error)
 
@@ -4032,20 +4095,6 @@ def user_homes():
     return sorted(homes)
 
 
-def protected_extras(cfg, working_dir):
-    """agent.tools.protected_paths plus, for a home directory inside the jail (--working-dir / or /home
-    named deliberately) or a jail inside one of them (`cd ~/.ssh`), that home's start-up files and keys,
-    and the configuration file of this run (it sets the sandbox, the hosts and the provider's URL)."""
-    from xzatoma_tools import HOME_PROTECTED_NAMES, PROTECTED_NAMES
-    extra = list(cfg.get("agent.tools.protected_paths") or [])
-    root = os.path.realpath(working_dir)
-    for home in user_homes():  # protected_paths keeps those below the root and those the root lies in
-        names = HOME_PROTECTED_NAMES + (PROTECTED_NAMES if home != root else ())
-        extra += [os.path.join(home, name) for name in names]
-    extra += own_code()  # run from a checkout or a venv in the tree: the jail's own code is in reach
-    return extra + private_files(cfg)
-
-
 def private_files(cfg):
     """Files outside XZATOMA_HOME that hold this run's credentials or every conversation: the configuration
     file, and a history database named by agent.persistence.db_path (its undo records say what `xzatoma
@@ -4075,33 +4124,28 @@ def own_code():
     return sorted(set(paths))
 
 
-def tool_context(cfg, working_dir, store, conversation_id=None, **fields):
-    """The tools' view of a session: jail, limits, terminal policy, audit log and undo store."""
+def tool_context(cfg, confinement, store, conversation_id=None, **fields):
+    """The tools' view of a session: its Confinement, limits, audit log and undo store."""
     from xzatoma_store import Redactor
     from xzatoma_tools import AuditLog, ToolContext
     secrets = cfg.secret_values()
     audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
                      redact=Redactor(secrets))
+    return ToolContext(confinement, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
+                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit, **fields)
+
+
+def build_confinement(cfg, working_dir, store=None):
+    """What a session (or a watcher process) may touch: the canonical root, the one protected set
+    (agent.tools.protected_paths, every home's keys and start-up files, XZatoma's own code, this run's
+    configuration and history files), the jail, the command policy and the OS sandbox (started on a first
+    command; closed with the Confinement)."""
+    from xzatoma_tools import Confinement
     if store is not None and cfg.get("agent.persistence.db_path"):
         store.make_undo_key()  # before the sandbox starts: it can hide only a key that exists
-    if "sandbox" not in fields:
-        fields["sandbox"] = terminal_sandbox(cfg, working_dir, secrets)
-    tools = cfg.section("agent.tools")
-    tools["protected_paths"] = protected_extras(cfg, working_dir)
-    return ToolContext(working_dir, tools, store=store, conversation_id=conversation_id,
-                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit,
-                       xzatoma_home=cfg.home, **fields)
-
-
-def terminal_sandbox(cfg, working_dir, secrets=None):
-    """The run's OS sandbox for terminal commands (started on first use; closed at exit)."""
-    from xzatoma_tools import Sandbox, protected_paths
-    term = cfg.get("agent.terminal")
-    return Sandbox(working_dir, term["sandbox"], network=term["network"], environ=os.environ,
-                   env_passthrough=term["env_passthrough"], keep_home=term["keep_home"], xzatoma_home=cfg.home,
-                   protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)), secrets=cfg.secret_values()
-                   if secrets is None else secrets, assume_missing=term["sandbox_assume_missing"],
-                   private_files=private_files(cfg))
+    return Confinement(working_dir, cfg.home, list(cfg.get("agent.tools.protected_paths") or []) + own_code(),
+                       home=os.path.expanduser("~"), homes=user_homes(), terminal=cfg.get("agent.terminal"),
+                       environ=os.environ, secrets=cfg.secret_values(), private_files=private_files(cfg))
 
 
 def check_sandbox(cfg, sandbox, console):
@@ -4113,14 +4157,14 @@ def check_sandbox(cfg, sandbox, console):
         if cfg.get("agent.terminal.require_sandbox"):
             raise UsageError(text + " (agent.terminal.require_sandbox / --require-sandbox: refusing to run)")
         console.warn(text + " (--require-sandbox makes this an error)")
-    return sandbox_note(sandbox)
+    return sandbox_note(sandbox.mode, sandbox.network)
 
 
-def sandbox_note(sandbox):
+def sandbox_note(mode, network):
     """The run header's and the chat banner's words for the sandbox (what was asked for; nothing started)."""
-    if sandbox.mode == "off":
+    if mode == "off":
         return "sandbox OFF: commands are not confined"
-    return "sandbox %s%s" % (sandbox.mode, ", network on" if sandbox.network else "")
+    return "sandbox %s%s" % (mode, ", network on" if network else "")
 
 
 class SandboxCheck:
@@ -4128,16 +4172,16 @@ class SandboxCheck:
     at start, where waiting for the helper was a third of a one-shot run that may never run a command. With
     --require-sandbox it is done at start instead (the run must refuse before it does anything)."""
 
-    def __init__(self, cfg, sandbox, console):
+    def __init__(self, cfg, confinement, console):
         import threading
-        self.cfg, self.sandbox, self.console = cfg, sandbox, console
+        self.cfg, self.confinement, self.console = cfg, confinement, console
         self._lock = threading.Lock()
         self.done = False
 
     def __call__(self):
         with self._lock:
-            if not self.done:
-                check_sandbox(self.cfg, self.sandbox, self.console)  # done only once it returned: a refusal repeats
+            if not self.done:  # the Confinement makes its sandbox on first use: now, not at start
+                check_sandbox(self.cfg, self.confinement.sandbox, self.console)  # a refusal repeats
                 self.done = True
 
 
@@ -4145,7 +4189,7 @@ def sandbox_note_for_start(cfg, session):
     """The header's sandbox words; with --require-sandbox the check itself, now, before anything runs."""
     if cfg.get("agent.terminal.require_sandbox"):
         session.sandbox_check()
-    return sandbox_note(session.sandbox)
+    return sandbox_note(cfg.get("agent.terminal.sandbox"), cfg.get("agent.terminal.network"))
 
 
 class _SandboxFirst:
@@ -4166,9 +4210,9 @@ class _SandboxFirst:
 class Session:
     """Everything one conversation's agents share. Built by `open` (a top-level run) or `child`."""
 
-    def __init__(self, cfg, console, provider, store, mode, working_dir, terminal_mode, events=None,
+    def __init__(self, cfg, console, provider, store, mode, confinement, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, sandbox=None, instructions=None, owns=(), mcp=None, skills=(),
+                 parent_ctx=None, allowed_tools=None, instructions=None, owns=(), mcp=None, skills=(),
                  sandbox_check=None):
         import threading
         self.cfg = cfg
@@ -4176,7 +4220,8 @@ class Session:
         self.provider = provider  #: the Provider every agent of this session asks
         self.store = store  #: the Store, or None (history off or unusable)
         self.mode = mode  #: planning (read tools) or write (all tools)
-        self.root = working_dir  #: the jail
+        self.confinement = confinement  #: what the tools may touch: root, protected set, policy, sandbox
+        self.root = confinement.root  #: the jail
         self.terminal_mode = terminal_mode  #: restricted_autonomous, full_autonomous or interactive (chat Safe)
         self.events = events or Events(console)  #: the output sink: progress lines, streamed text
         self.confirmations = confirmations  #: chat's Confirmations (a person to ask), None when headless
@@ -4188,13 +4233,12 @@ class Session:
         self.label = label  #: a subagent's label
         self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
         self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
-        self.sandbox = sandbox  #: the OS sandbox commands run in: one per top-level session (None: no terminal)
         #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
         self.sandbox_check = sandbox_check
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
         self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
-        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "sandbox", "mcp" (what open() made)
+        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "confinement", "mcp" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
         self.kind = None
@@ -4207,14 +4251,13 @@ class Session:
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
-             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, terminal=True):
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
-        metrics (with a port or a textfile), the cancel event and, unless `terminal` is False (a run that can
-        never offer the terminal tool: planning mode without chat's mode switches), the terminal's sandbox.
-        Project skills and a project's .mcp.json not trusted yet are asked about where `confirmations` can ask
-        (chat), and skipped otherwise."""
-        working_dir = check_working_dir(working_dir)
+        metrics (with a port or a textfile), the cancel event, the Confinement (its sandbox starts with a first
+        command, if any; a watcher gives its process's own) and the MCP servers. Project skills and a project's
+        .mcp.json not trusted yet are asked about where `confirmations` can ask (chat), and skipped otherwise."""
+        working_dir = check_working_dir(working_dir) if confinement is None else confinement.root
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
         if store is None:
@@ -4223,21 +4266,19 @@ class Session:
         if metrics is None and (metrics_port or metrics_textfile):
             metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
             owns.add("metrics")
-        sandbox = None
-        if terminal:
-            sandbox = terminal_sandbox(cfg, working_dir)  # started on a first command, whatever the mode switches
-            owns.add("sandbox")
+        if confinement is None:  # built once: a mode switch, a subagent or a resumed turn share it
+            confinement = build_confinement(cfg, working_dir, store)
+            owns.add("confinement")
         instructions = project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
         asker = confirmations.asker if confirmations else None
         skills = session_skills(cfg, console, working_dir, store, asker)
-        mcp = open_mcp(cfg, console, working_dir, asker=asker)
+        mcp = open_mcp(cfg, console, working_dir, asker=asker, confinement=confinement)
         if mcp is not None:
             owns.add("mcp")  # its servers stop with the session: none outlives the run
-        return cls(cfg, console, provider, store, mode, working_dir, terminal_mode, events=events,
-                   confirmations=confirmations, metrics=metrics, cancel=cancel, sandbox=sandbox,
-                   instructions=instructions, owns=owns, mcp=mcp, skills=skills,
-                   sandbox_check=SandboxCheck(cfg, sandbox, console) if sandbox is not None else None)
+        return cls(cfg, console, provider, store, mode, confinement, terminal_mode, events=events,
+                   confirmations=confirmations, metrics=metrics, cancel=cancel, instructions=instructions, owns=owns,
+                   mcp=mcp, skills=skills, sandbox_check=SandboxCheck(cfg, confinement, console))
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
@@ -4309,6 +4350,8 @@ class Session:
 
     def finish(self, status="completed"):
         """Close the stored conversation with `status`; False when nothing was recorded."""
+        if not self.depth and self.result is not None:
+            self.result.review = self.confinement.deferred_changed()
         if self.recorded:
             self.result.status = status
             self.recorder.finish(self.result)
@@ -4379,10 +4422,10 @@ class Session:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
             asks = self.confirmations
-            ctx = tool_context(self.cfg, self.root, self.store, self.id, interactive=asks is not None,
+            ctx = tool_context(self.cfg, self.confinement, self.store, self.id, interactive=asks is not None,
                                confirm=asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE else None,
                                confirm_command=asks and asks.confirm_command, ask=asks and asks.ask_irreversible,
-                               terminal_mode=self.terminal_mode, cancel=self.cancel, sandbox=self.sandbox)
+                               terminal_mode=self.terminal_mode, cancel=self.cancel)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
         registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
@@ -4421,7 +4464,8 @@ class Session:
                      max_turns=max_turns, deadline=deadline, timeout_seconds=timeout_seconds,
                      recorder=self.recorder if self.recorded else None, quota=self.quota, cancel=self.cancel,
                      metrics=self.metrics, on_step=on_step, nested=self.depth > 0,
-                     honest=self.kind in ("run", "plan", "watch"))
+                     honest=self.kind in ("run", "plan", "watch"),
+                     review=None if self.depth else self.confinement.deferred_changed)
 
     def child(self, label, allowed_tools=None, ctx=None):
         """A subagent's session: depth + 1, the tools narrowed to `allowed_tools`, the same quota, store,
@@ -4433,10 +4477,10 @@ class Session:
         sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
         provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
             else self.provider.clone()
-        return Session(cfg, self.console, provider, self.store, self.mode, self.root, self.terminal_mode,
+        return Session(cfg, self.console, provider, self.store, self.mode, self.confinement, self.terminal_mode,
                        events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
                        metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
-                       label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools, sandbox=self.sandbox,
+                       label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools,
                        instructions=self.instructions, mcp=self.mcp, sandbox_check=self.sandbox_check)
 
     def close(self, wait_for_workers=None):
@@ -4445,8 +4489,8 @@ class Session:
         in the store before it closes."""
         if "cancel" in self.owns:
             self.cancel.set()
-        if "sandbox" in self.owns:
-            self.sandbox.close()  # every command still running, and the private TMPDIR, go with the run
+        if "confinement" in self.owns:
+            self.confinement.close()  # every command still running, and the private TMPDIR, go with the run
         if "mcp" in self.owns:
             self.mcp.close()  # every MCP server, and what it started, stops with the run
         if wait_for_workers:
@@ -4512,9 +4556,9 @@ def ask_mcp_trust(console, asker, path, configs):
     return (answer or "").strip().lower() in ("y", "yes")
 
 
-def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust_all=False):
+def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust_all=False, confinement=None):
     """The run's MCP servers (xzatoma_mcp.Servers), started, or None where none are configured. `only`: the one
-    server named (`mcp tools NAME`, `mcp login NAME`)."""
+    server named (`mcp tools NAME`, `mcp login NAME`); `confinement`: the session's (else one is made)."""
     if not mcp_configured(cfg, working_dir):
         return None
     import xzatoma_mcp as mcp
@@ -4531,27 +4575,26 @@ def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust
             webbrowser.open(url)
         except Exception:  # no browser: the URL is on the screen
             pass
+    confinement = confinement or build_confinement(cfg, working_dir)
     servers = mcp.Servers(configs, working_dir, lambda mode, network, paths: mcp_sandbox(
-        cfg, working_dir, mode, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
+        cfg, confinement, mode, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
         interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
         say=console.info, version=__version__, open_browser=browser,
         require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted)
     return servers.start() if start else servers
 
 
-def mcp_sandbox(cfg, working_dir, mode, network, read_paths):
-    """An MCP stdio server's own sandbox: the terminal's walls (protected paths, the hidden XZATOMA_HOME and
-    private files, the environment allowlist, a private HOME and TMPDIR), network only when its configuration
-    says so. INFO: Sandbox grants reads to the directories on PATH and their prefixes, and to nothing else
-    outside the tree: the server's installation (its program's directory, read_paths) is put first on the
-    PATH the sandbox is built from."""
-    from xzatoma_tools import Sandbox, protected_paths
+def mcp_sandbox(cfg, confinement, mode, network, read_paths):
+    """An MCP stdio server's own sandbox: the terminal's walls from the session's Confinement (protected paths,
+    the hidden XZATOMA_HOME and private files) with the environment allowlist, a private HOME and TMPDIR, and
+    network only when its configuration says so. INFO: Sandbox grants reads to the directories on PATH and their
+    prefixes, and to nothing else outside the tree: the server's installation (its program's directory,
+    read_paths) is put first on the PATH the sandbox is built from."""
+    from xzatoma_tools import Sandbox
     term = cfg.get("agent.terminal")
     environ = dict(os.environ, PATH=os.pathsep.join(list(read_paths) + [os.environ.get("PATH", "")]))
-    return Sandbox(working_dir, mode or term["sandbox"], network=network, environ=environ, xzatoma_home=cfg.home,
-                   protected=protected_paths(working_dir, cfg.home, protected_extras(cfg, working_dir)),
-                   secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"],
-                   private_files=private_files(cfg))
+    return Sandbox(confinement, mode or term["sandbox"], network=network, environ=environ,
+                   secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"])
 
 
 COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
@@ -4575,7 +4618,7 @@ def tool_profile(cfg, provider, console):
 
 def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
                      timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
-                     cancel=None, events=None, provider=None, steps=None):
+                     cancel=None, events=None, provider=None, steps=None, confinement=None):
     """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
 
     cfg, console: the loaded Config and the Console for progress lines (stderr).
@@ -4594,13 +4637,14 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     events: the output sink for progress lines (default: Events(console)).
     provider: the Provider to ask (e.g. a clone of one checked at start-up); default: built from cfg.
     steps: the plan's instructions, the progress list the model marks (in the RunResult's `steps`).
+    confinement: the Confinement of `working_dir` shared by every run of a process (a watcher's, kept open;
+        its sandbox's helper serves them all); default: one made for this run and closed with it.
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
     from xzatoma_tools import PLANNING, RESTRICTED
     session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
-                           metrics=metrics, store=store, cancel=cancel, provider=provider,
-                           terminal=mode != PLANNING)  # issue 22: a sandbox per event that could never be used
+                           metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement)
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
@@ -5159,7 +5203,7 @@ class Recorder:
     def finish(self, result):
         if self.store is not None:
             self._guard(self.store.finish_conversation, self.id, result.status, error=result.error,
-                        **result.counts())
+                        review="\n".join(result.review) or None, **result.counts())
 
 
 def load_history(store, conversation_id):
@@ -5351,7 +5395,11 @@ def render_transcript(conv, messages, full=False):
              "%s · %s · %s tokens%s" % (
                  _plural(conv.get("turns") or 0, "turn"), _plural(conv.get("tool_calls") or 0, "tool call"),
                  _fmt_tokens((conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)),
-                 (" · error: " + conv["error"]) if conv.get("error") else ""), ""]
+                 (" · error: " + conv["error"]) if conv.get("error") else "")]
+    if conv.get("review"):  # the files that run later by design the run changed
+        lines.append("review before running anything (changed, they run code later): " +
+                     ", ".join(conv["review"].split("\n")))
+    lines.append("")
     for msg in messages:
         role = msg["role"]
         if role == "system":
@@ -6344,7 +6392,9 @@ class ChatSession:
         return "\n".join(lines)
 
     def finish(self):
-        if self.session.finish():
+        recorded = self.session.finish()
+        show_review(self.console, self.session.result.review)
+        if recorded:
             import shlex
             self.console.info("Resume this conversation with: xzatoma chat --resume %s -C %s" % (
                 self.id, shlex.quote(self.session.root)))
@@ -7213,12 +7263,11 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     session_skills(cfg, console, settings.working_dir, store)  # invalid and untrusted skills: said once, here
     quiet = Console(quiet=True, color=False)
     per_thread = threading.local()  # each worker thread's own provider: its HTTP connection lives on (issue 22)
+    # one Confinement for the process (its protected set, policy and sandbox), not one per event; it goes with
+    # the process (the sandbox's helper and TMPDIR at exit), and its sandbox starts only if a command runs
+    confinement = build_confinement(cfg, check_working_dir(settings.working_dir), store)
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
-        probe = terminal_sandbox(cfg, settings.working_dir)
-        try:
-            check_sandbox(cfg, probe, console)
-        finally:
-            probe.close()
+        check_sandbox(cfg, confinement.sandbox, console)
 
     def run_plan(job):
         from xzatoma_store import redact
@@ -7229,7 +7278,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=provider,  # its sandbox closes with it
+                                   provider=provider, confinement=confinement,
                                    steps=job.plan.instructions if job.plan is not None else None).to_json()
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))
@@ -7861,7 +7910,15 @@ def cmd_run(args, console):
         console.error(result.error)
     if result.turns or result.status in ANSWERED:  # a run that never reached the model: the error says all
         console.info(summary, "dim")
+    show_review(console, result.review)
     return result.exit_code
+
+
+def show_review(console, review):
+    """The files that run later by design this run changed, on stderr: a person looks before running them."""
+    if review:
+        console.warn("changed files that run code later (a build, the tests, CI, the editor, a virtualenv): "
+                     "review them before running anything: " + ", ".join(Console.clean(p, exact=True) for p in review))
 
 
 def _model_flags(parser):
@@ -7929,20 +7986,20 @@ SANDBOX_NOT_COVERED = (
     "reading what the system directories, the working directory and PATH programs' directories hold",
     "other processes' command lines in /proc where the kernel refuses the sandbox its own /proc "
     "(environ and memory stay protected)",
-    "chmod/chown/utime of readable files (Landlock does not mediate metadata)",
-    "CPU, memory and disk use (no cgroup limits): only the timeout bounds a command",
+    "CPU time (only the timeout bounds a command), memory as a whole and disk use beyond one file's size "
+    "(rlimits, no cgroup: agent.terminal.limits)",
     "what the file tools write (they are jailed and protected separately, not sandboxed)")
 
 
 def cmd_policy_sandbox(args, console):
     cfg = config_from_args(args, console, _sandbox_config(args, {}))
-    root = os.path.realpath(args.working_dir or os.getcwd())
-    sandbox = terminal_sandbox(cfg, root)
+    confinement = build_confinement(cfg, args.working_dir or os.getcwd())
+    sandbox = confinement.sandbox
     try:
         lines = sandbox.describe()
         missing = sandbox.not_enforced()
     finally:
-        sandbox.close()
+        confinement.close()
     lines.append("not enforced here: %s" % ("; ".join(missing) if missing else "nothing this mode needs"))
     lines += ["not covered: " + item for item in SANDBOX_NOT_COVERED]
     CleanWriter(sys.stdout, exact=True).write("\n".join(lines) + "\n")  # paths come from the tree: a name can hold ESC
@@ -7958,19 +8015,17 @@ REFUSED_VERDICTS = ("deny", "block", "outside", "error")
 
 
 def cmd_policy(args, console):
-    from xzatoma_tools import CommandPolicy, path_verdict, url_verdict
+    from xzatoma_tools import path_verdict, url_verdict
     cfg = config_from_args(args, console)
-    root = os.path.realpath(getattr(args, "working_dir", None) or os.getcwd())
+    confinement = build_confinement(cfg, getattr(args, "working_dir", None) or os.getcwd())
     if args.value == "-":
         data = sys.stdin.read()
         items = [i for i in (data.split("\0") if args.null else data.splitlines()) if i.strip()]
     else:
         items = [args.value]
-    term = cfg.get("agent.terminal")
-    policy = CommandPolicy(root, term["allowlist"], term["custom_denylist"])
+    policy = confinement.policy  # the one the terminal tool asks, with the same protected set
     allowed_hosts = cfg.get("agent.tools.fetch.allowed_hosts")
     refused = False
-    protected = None
     for item in items:
         if args.policy_kind == "command":
             verdict = policy.judge(item)
@@ -7984,10 +8039,7 @@ def cmd_policy(args, console):
         elif args.policy_kind == "url":
             word, reason = url_verdict(item, allowed_hosts)
         else:
-            if protected is None:
-                from xzatoma_tools import protected_paths
-                protected = protected_paths(root, cfg.home, protected_extras(cfg, root))
-            word, reason = path_verdict(item, root, protected, hidden=[cfg.home])
+            word, reason = path_verdict(item, confinement)
         refused |= word in REFUSED_VERDICTS
         CleanWriter(sys.stdout, exact=True).write("%s: %s\n" % (word, reason))
     return EXIT_FAILED if refused else EXIT_OK

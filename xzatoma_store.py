@@ -65,9 +65,14 @@ def parse_age(text):
 # ---- Redaction: secrets never reach the store, a terminal or a log ----
 # One implementation for the whole program: the store, the console (stderr), errors, the audit log, `config
 # show`, `auth status`, --json and the final answer all call redact(). It removes common credential shapes
-# whatever their source, and every credential this process knows: configuration and credential loading
-# register them (register_secret) as they are read. One combined regex, rebuilt only when a secret is added,
-# keeps an append to the store well under a millisecond.
+# whatever their source, and every credential this process knows: configuration and credential loading register
+# them (register_secret) as they are read, environment variables by the families of their names
+# (is_credential_env). A known secret is found as written, in the spellings registered with it, and in a decoded
+# view of the text: every escape undone once (URL at any depth, the backslash escapes of C, JSON, JavaScript,
+# Python and the shell, HTML character references) and whitespace ignored, so that a key echoed
+# double-URL-encoded, shell-quoted, as \uXXXX escapes of any character or base64 wrapped at any width is found
+# without a list of such spellings: the grammar of escapes is the list. One combined regex, rebuilt only when a
+# secret is added, keeps an append to the store well under a millisecond.
 
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 8  # shorter known values are not registered: they would redact ordinary words
@@ -168,14 +173,42 @@ TOKEN_SHAPES = [
     (("/api/webhooks/",), r"discord(?:app)?\.com/api/webhooks/[0-9]{17,20}/[A-Za-z0-9_\-]{30,}"),
 ]
 
+#: environment names that hold a credential: by their last word, by a part anywhere, and not these
+SECRET_ENV_SUFFIXES = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PAT", "CREDENTIALS", "AUTH", "PWD",
+                       "PASSPHRASE", "DSN", "CREDENTIAL")
+#: a name holding one of these anywhere is a credential's: PGPASSWORD, SECRET_KEY_BASE, API_KEY_PROD, CLIENTSECRET,
+#: a cookie, a JWT or a bearer token by any name
+SECRET_ENV_PARTS = ("PASSWORD", "PASSWD", "SECRET", "TOKEN", "PASSPHRASE", "APIKEY", "API_KEY", "PRIVATE_KEY",
+                    "ACCESS_KEY", "CREDENTIAL", "COOKIE", "JWT", "BEARER")
+#: names that match the rules above but hold no credential (a path or a socket): never registered
+NOT_SECRET_ENV = ("PWD", "OLDPWD", "SSH_AUTH_SOCK", "XAUTHORITY")
+
+
+def is_credential_env(name, value=""):
+    """Does the environment variable `name` (holding `value`) hold a credential? By the families of names:
+    *_KEY, *_TOKEN, PGPASSWORD… and the session tokens of password-manager CLIs, named for what they open,
+    not for being secret (BW_SESSION, OP_SESSION_<account>, any *_SESSION): those when the value looks
+    generated, so that DESKTOP_SESSION=gnome and XDG_SESSION_PATH=/org/… stay ordinary words."""
+    name = name.upper().replace("-", "_")
+    if name in NOT_SECRET_ENV:
+        return False
+    words = name.split("_")
+    if words[-1] in SECRET_ENV_SUFFIXES or name.endswith("APIKEY") or any(part in name for part in SECRET_ENV_PARTS):
+        return True
+    return "SESSION" in words and isinstance(value, str) and len(value) >= 16 and not value.startswith("/") \
+        and re.fullmatch(r"[A-Za-z0-9+/=_.~-]+", value) is not None and re.search(r"[0-9]", value) is not None \
+        and re.search(r"[A-Za-z]", value) is not None
+
+
 _secrets_lock = threading.Lock()
 _known_secrets = ()  # every spelling of every registered secret, longest first
+_view_needles = ()  # each secret and its base64 cores, without whitespace, looked for in the decoded view
 _compiled = []  # [(triggers, regex)], compiled on first use (start-up is a feature)
 
 
 def register_secret(value):
     """Remember a credential this process knows, so redact() removes it wherever it appears."""
-    global _known_secrets
+    global _known_secrets, _view_needles
     if not isinstance(value, str):
         return
     value = value.strip()
@@ -192,9 +225,12 @@ def register_secret(value):
     spellings.update(encoded)
     spellings.update(re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), e) for e in encoded)  # %2f as well as %2F
     spellings.update(_base64_cores(value))
+    needles = {"".join(n.split()) for n in {value} | _base64_cores(value)}  # looked for where whitespace is not
     with _secrets_lock:
         if not spellings <= set(_known_secrets):
             _known_secrets = tuple(sorted(spellings | set(_known_secrets), key=len, reverse=True))
+        if not needles <= set(_view_needles):
+            _view_needles = tuple(sorted(needles | set(_view_needles), key=len, reverse=True))
 
 
 def _base64_cores(value):
@@ -225,6 +261,87 @@ def _compile():
                 _compiled.extend((triggers, re.compile(shape)) for triggers, shape in TOKEN_SHAPES)
 
 
+#: one escape, and the one character it stands for: URL (%41, and %2541 of encoding twice, at any depth),
+#: backslash escapes (\u0041 of any character as JSON, JavaScript and Java write them, \\u0041 escaped again,
+#: \U0001F600, \x41, \101, and a backslash before any character as printf %q and JSON's \/ write it; \n \r
+#: \t \f \v stand for spaces), HTML character references (&#65; &#x41; &amp; … and &amp;amp; twice)
+_ESCAPE = re.compile(r"%(?:25)*([0-9A-Fa-f]{2})|\\+(?:u\{?([0-9A-Fa-f]{4})\}?|U([0-9A-Fa-f]{8})|x([0-9A-Fa-f]{2})"
+                     r"|([0-7]{3})|([nrtfv])|(.))|&(?:amp;)*(?:#[xX]([0-9A-Fa-f]{1,6});|#([0-9]{1,7});"
+                     r"|(amp|lt|gt|quot|apos);)", re.S)
+_ENTITIES = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
+
+
+#: the commonest escapes, undone at C speed before the rest: JSON's and C's newlines, tabs, quotes and slashes
+_PLAIN_ESCAPES = (("\\n", "  "), ("\\r", "  "), ("\\t", "  "), ('\\"', '"\x1f'), ("\\/", "/\x1f"))
+
+
+def _unescape(match):
+    """An escape as the character it stands for, padded to the escape's length with \\x1f (whitespace to
+    str.split): the view keeps the text's indices, and the padding vanishes where whitespace is ignored."""
+    escape = match.group()
+    decoded = _unescaped.get(escape)
+    if decoded is None:
+        decoded = _decode(match)
+        if len(_unescaped) < 4096:
+            _unescaped[escape] = decoded
+    return decoded
+
+
+_unescaped = {}  # escape -> its padded character: texts repeat a few escapes many times (%20, \u0026)
+
+
+def _decode(match):
+    url, u4, u8, x2, octal, space, char, hexref, decref, named = match.groups()
+    if char is not None or named is not None:
+        decoded = char if char is not None else _ENTITIES[named]
+    elif space is not None:
+        decoded = " "
+    else:
+        number = url or u4 or u8 or x2 or hexref
+        code = int(number, 16) if number else int(octal, 8) if octal else int(decref)
+        decoded = chr(code) if code <= 0x10FFFF else "\ufffd"
+    return (" " if decoded.isspace() else decoded).ljust(match.end() - match.start(), "\x1f")
+
+
+def _decoded_spans(text):
+    """Where in `text` a known secret stands in the decoded view (see the section header): [(start, end)]."""
+    import bisect
+    if not _view_needles:
+        return []
+    view = text
+    if "\\" in view:
+        for escape, padded in _PLAIN_ESCAPES:
+            view = view.replace(escape, padded)
+    if "%" in view or "\\" in view or "&" in view:
+        view = _ESCAPE.sub(_unescape, view)
+    flat = "".join(view.split())
+    found = []
+    for needle in _view_needles:
+        at = flat.find(needle)
+        while at != -1:
+            found.append((at, at + len(needle)))
+            at = flat.find(needle, at + 1)
+    if not found:
+        return []
+    gap_at, gap_removed, removed = [], [], 0  # the whitespace runs flat lacks
+    for m in re.finditer(r"\s+", view):
+        removed += m.end() - m.start()
+        gap_at.append(m.end() - removed)
+        gap_removed.append(removed)
+
+    def unflat(k):  # flat's character k in the view (and so in text)
+        i = bisect.bisect_right(gap_at, k)
+        return k + (gap_removed[i - 1] if i else 0)
+
+    spans = []
+    for a, b in found:
+        start, end = unflat(a), unflat(b - 1) + 1
+        while end < len(text) and view[end] == "\x1f" != text[end]:
+            end += 1  # the rest of the escape the last character came from
+        spans.append((start, end))
+    return spans
+
+
 def redact(text, shapes=True):
     """`text` with known secrets and (unless shapes=False) credential shapes replaced by [REDACTED]."""
     if not text or not isinstance(text, str):
@@ -232,6 +349,16 @@ def redact(text, shapes=True):
     for secret in _known_secrets:  # longest first: no half-redacted secrets
         if secret in text:
             text = text.replace(secret, REDACTED)
+    spans = sorted(_decoded_spans(text))
+    if spans:
+        merged = [list(spans[0])]
+        for start, end in spans[1:]:
+            if start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        for start, end in reversed(merged):
+            text = text[:start] + REDACTED + text[end:]
     if not shapes:
         return text
     _compile()
@@ -246,7 +373,7 @@ def redact(text, shapes=True):
 
 def redaction_spans(text):
     """(start, end) of what redact() would replace in `text` (for streams that must not cut a secret)."""
-    spans = []
+    spans = _decoded_spans(text)
     for secret in _known_secrets:
         start = text.find(secret)
         while start != -1:
@@ -568,6 +695,12 @@ def _trust_and_progress(conn):
         conn.execute("ALTER TABLE conversations ADD COLUMN progress TEXT")
 
 
+def _add_review(conn):
+    """conversations.review, unless it is there (a database rewound to re-run the migrations after it)."""
+    if "review" not in [row[1] for row in conn.execute("PRAGMA table_info(conversations)")]:
+        conn.execute("ALTER TABLE conversations ADD COLUMN review TEXT")
+
+
 MIGRATIONS = [
     # 1: conversations and their messages
     """
@@ -634,6 +767,8 @@ MIGRATIONS = [
     """,
     # 8 (issue 26): trusted project files and conversations' progress (_trust_and_progress)
     _trust_and_progress,
+    # 9: the files that run later by design (Makefile, CI, conftest.py …) a run changed, one per line
+    _add_review,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -641,7 +776,7 @@ FTS_TABLE = "messages_fts"
 CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
                        "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
                        "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host",
-                       "safety", "progress")
+                       "safety", "progress", "review")
 
 
 class StoreError(Exception):

@@ -1,37 +1,35 @@
 """XZatoma tools: what the model can do, and below them the safety kernel that decides what it may touch.
 
-Two halves, read top to bottom (each section opens with a `# ---- Name ----` line):
+Read top to bottom, in sections opened by `# ---- Name ----`. The tools: ToolResult, Tool, ToolContext, Registry;
+file and search tools; undo; the terminal tool; fetch; plans (the `plan` tool's and `run --plan`'s); build_registry.
 
-The tools: ToolResult, Tool, ToolContext and the Registry; shared file helpers; the file and search tools;
-undo; the terminal tool; fetch; plans (shared by the `plan` tool and `xzatoma run --plan`); plan progress
-(update_progress); skills (SKILL.md folders, triggers, the catalog, activate_skill); build_registry.
+The tools also hold plan progress (update_progress) and skills (SKILL.md folders, triggers, the catalog,
+activate_skill).
 
-The safety kernel, below the `# ==== The safety kernel ====` line, imports nothing from the tools. Its API:
-  errors          ToolError (a failure the model sees as `Error: …`), JailError, PathError, UrlBlocked
-  protected set   PROTECTED_NAMES, HOME_PROTECTED_NAMES, protected_paths(root, xzatoma_home, extra),
-                  protected_reason(target, protected, root), protected_copied(...), fold_name, fold_path
-  untrusted text  render_untrusted(text, exact), render_json(obj), UntrustedStream (from xzatoma_store)
-  jail            Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path,
-                  open_if_regular, read_fd, special_error, use_openat2
-  globs           glob_regex(pattern), glob_match(pattern, relpath)
-  shell parser    parse_shell, needs_shell, simple_argv, command_argv, ShellSyntaxError
-  command policy  CommandPolicy(root, allowlist, custom_denylist).judge(command) -> Verdict (ALLOW, CONFIRM,
-                  DENY), DEFAULT_ALLOWLIST
-  running         run_command(...), child_env(environ, ...)
-  OS sandbox      Sandbox(root, mode, ...), SANDBOX_MODES, landlock_abi(), ProtectedWatch, repository_runs_code
-  SSRF guard      check_url(url, allowed_hosts), url_verdict, address_block_reason
-  audit log       AuditLog(path).record(...)
+The safety kernel (below `# ==== The safety kernel ====`) imports nothing from the tools. Its API:
+  Confinement(root, xzatoma_home, extra, home, homes, terminal, …): .root .jail .policy .sandbox, .reason(path)
+      (the one protected set), .target_reason/.copied_reason (a file tool's change), .binds(), .deferred_changed()
+  is_git_dir (git's rule), git_config (git itself), repository_runs_code, venv_code; PROTECTED_NAMES, fold_name
+  render_untrusted(text, exact), render_json(obj), UntrustedStream (xzatoma_store's, imported here);
+  ToolError, JailError, PathError, UrlBlocked
+  Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path, read_fd, glob_match
+  parse_shell, needs_shell, command_argv; CommandPolicy(confinement).judge(command) -> Verdict (allow/confirm/deny)
+  Sandbox(confinement, mode, …, limits), SANDBOX_LIMITS, ProtectedWatch, run_command, child_env, trusted_realpath
+      (read grants never through what commands write); check_url, url_verdict; AuditLog
 
 Only the standard library is imported at module level; `yaml` is imported where a YAML plan is parsed.
 """
 
 
 import difflib
+import errno
 import fnmatch
 import json
 import os
 import re
+import signal
 import stat
+import sys
 import threading
 import time
 
@@ -101,23 +99,27 @@ RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "int
 
 
 class ToolContext:
-    """What a tool run may touch: the jail, limits, the people who can be asked, the undo log.
+    """What a tool run may touch (the Confinement), limits, the people who can be asked, the undo log.
 
     Every field is given to the constructor (the Session builds it; tests pass what they need) and
     documented here; tools read them directly, never probing with getattr. `child()` derives a
-    subagent's context, `with_deadline()` one run's.
+    subagent's context, `with_deadline()` one run's. `confinement` may be a working directory: a Confinement
+    of it is made from the other arguments (tests, embedding).
     """
 
-    def __init__(self, working_dir, tools_config=None, confirm=None, store=None, conversation_id=None,
+    def __init__(self, confinement, tools_config=None, confirm=None, store=None, conversation_id=None,
                  interactive=False, ask=None, confirm_command=None, terminal=None, terminal_mode=None,
                  audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None, xzatoma_home=None,
                  sandbox=None):
-        #: the jail: every path a tool touches resolves inside this real directory
-        self.root = os.path.realpath(working_dir)
-        #: the same root as an object that resolves and opens paths beneath it, descriptor-relative
-        self.jail = Jail(self.root, hidden=[xzatoma_home] if xzatoma_home else ())
         #: the agent.tools configuration slice (limits such as max_output_size, fetch, undo_max_bytes)
         self.config = tools_config or {}
+        #: the agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist)
+        self.terminal = terminal or {}
+        if not isinstance(confinement, Confinement):
+            confinement = Confinement(confinement, xzatoma_home, self.config.get("protected_paths") or (),
+                                      terminal=self.terminal, secrets=secrets, sandbox=sandbox)
+        #: the session's Confinement: the root, the jail, the protected set, the policy and the sandbox
+        self.confinement = confinement
         #: confirm(tool_name, args, detail) -> bool before a call whose tool asks for it; chat in Safe mode only
         self.confirm = confirm
         #: the Store for undo records and the fetch cache, or None (no history this run)
@@ -130,8 +132,6 @@ class ToolContext:
         self.ask = ask
         #: confirm_command(command, reason) -> the command to run (maybe edited) or None; chat only
         self.confirm_command = confirm_command
-        #: the agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist)
-        self.terminal = terminal or {}
         #: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or interactive (Safe)
         self.terminal_mode = terminal_mode or RESTRICTED
         #: the AuditLog every terminal command is written to, or None
@@ -142,9 +142,6 @@ class ToolContext:
         self.cancel = cancel
         #: time.monotonic() by which the run must end (--timeout), or None; tools and commands honour it
         self.deadline = deadline
-        #: the run's Sandbox (mode, commands' environment, private TMPDIR, the helper that confines them);
-        #: None: built from `terminal` on the first command and shared with children from then on
-        self.sandbox = sandbox
         #: 0 for the top-level agent, n for a subagent n levels down
         self.depth = depth
         #: the subagent's label, named in every question it asks; None at the top
@@ -153,16 +150,27 @@ class ToolContext:
         self.call_id = None
         #: the person accepted this call's change without an undo record (over the cap); reset for each call
         self.undo_waived = False
-        #: XZATOMA_HOME (history, credentials, audit log): protected where it lies inside the jail
-        self.xzatoma_home = xzatoma_home
-        #: protected_paths() of this jail: changes there need a person's yes (agent.tools.protected_paths adds)
-        self.protected = protected_paths(self.root, xzatoma_home, self.config.get("protected_paths") or ())
-        #: the CommandPolicy, built on the first terminal call and shared with children
-        self._policy = None
+
+    @property
+    def root(self):
+        """The working directory (the Confinement's, canonical)."""
+        return self.confinement.root
+
+    @property
+    def jail(self):
+        return self.confinement.jail
+
+    @property
+    def sandbox(self):
+        return self.confinement.sandbox
+
+    @property
+    def xzatoma_home(self):
+        return self.confinement.xzatoma_home
 
     def _derived(self, **changes):
         import copy
-        ctx = copy.copy(self)  # caches (_policy) and every field not named are shared
+        ctx = copy.copy(self)  # the Confinement and every field not named are shared
         ctx.__dict__.update(changes, call_id=None, undo_waived=False)
         return ctx
 
@@ -199,7 +207,8 @@ class ToolContext:
     def _at(self, where):
         """A Target for `where` (a Target already, or an absolute path resolved again, links not followed)."""
         if isinstance(where, Target):
-            return _Borrowed(where)
+            import contextlib
+            return contextlib.nullcontext(where)  # lent to the with-block, not closed at its end
         return self.jail.resolve(where, follow=False)
 
     def before_change(self, tool, where):
@@ -233,6 +242,7 @@ class ToolContext:
 
     def after_change(self, token, expected=None):
         """Fingerprint the path after the change (or the state `expected` when undo reaches this record)."""
+        self.confinement.changed()
         if token is not None:
             record, real = token
             if expected is None:
@@ -261,10 +271,11 @@ class ToolContext:
         """A change at a protected path (or a directory holding one) needs a person's yes, in every mode;
         so does a copy of `source` (a Target) that creates one below `target`. `shows()` gives what the
         change writes (a diff): the person sees the code a hook or start-up file would run before saying yes."""
-        what = protected_reason(target, self.protected, self.root, lambda: self.check_deadline(tool))
+        conf, check = self.confinement, lambda: self.check_deadline(tool)
+        conf.before_change()
+        what = conf.target_reason(target, check)
         if what is None and source is not None:
-            what = protected_copied(source, target.real, self.protected, self.root,
-                                    lambda: self.check_deadline(tool))
+            what = conf.copied_reason(source, target.real, check)
         if what is None:
             return
         detail = "%s %s changes %s, a protected path (agent.tools.protected_paths)" % (
@@ -274,19 +285,7 @@ class ToolContext:
         change = shows() if shows is not None else None
         if not self.ask(tool, args, detail + ("\n" + change if change else "")):
             raise ToolError("the user declined: %s" % detail)
-
-
-class _Borrowed:
-    """A Target lent to a with-block without closing it at the end."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def __enter__(self):
-        return self.target
-
-    def __exit__(self, *exc):
-        return False
+        conf.accept(target.real)
 
 
 class Tool:
@@ -587,8 +586,7 @@ class GitIgnore:
         self._load("", root_fd)
 
     def _load(self, rel_dir, dir_fd):
-        fd = open_if_regular(".gitignore", dir_fd)
-        if fd is None:
+        if (fd := open_if_regular(".gitignore", dir_fd)) is None:
             return
         try:
             lines = read_fd(fd, 1 << 20).decode("utf-8", "replace").splitlines()
@@ -599,8 +597,7 @@ class GitIgnore:
             line = line.rstrip()
             if not line or line.startswith("#"):
                 continue
-            negate = line.startswith("!")
-            if negate:
+            if negate := line.startswith("!"):
                 line = line[1:]
             dir_only = line.endswith("/")
             line = line.strip("/") if dir_only else line
@@ -638,8 +635,7 @@ class GitIgnore:
         verdict = False
         base, end = "", -1
         while True:
-            groups = self.rules.get(base)
-            if groups:
+            if groups := self.rules.get(base):
                 sub = rel[end + 1:]
                 for matcher, negate, dir_only, _ in groups:
                     if dir_only and not is_dir:
@@ -721,8 +717,7 @@ def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
                         yield rel, fd, name, kind
                 frame[2] = iter(subdirs)
                 continue
-            name = next(pending, None)
-            if name is None:
+            if (name := next(pending, None)) is None:
                 frames.pop()
                 os.close(fd)
                 continue
@@ -917,6 +912,9 @@ class ReadFile(Tool):
         return out, number, cut
 
 
+LOST_SHOWN = 4096  #: bytes: an overwritten file this small is shown in write_file's result when its content was lost
+
+
 class WriteFile(Tool):
     name = "write_file"
     description = "Create or overwrite a text file with the given content; parent directories are created."
@@ -945,6 +943,7 @@ class WriteFile(Tool):
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(
                 read_text(target, "") if st is not None else "", args["content"], target))
             ctx.check_undo_cap(self.name, target, args)
+            old = read_text(target, "") if st is not None and st.st_size <= LOST_SHOWN else None
             token = ctx.before_create(self.name, target)
             target.make_parents()
             write_atomic_at(target.dir_fd, target.name, data)
@@ -952,9 +951,12 @@ class WriteFile(Tool):
             shown = display_path(target.real, ctx.root)
             if st is None:
                 return ToolResult.ok("Created %s (%d bytes)" % (shown, len(data)), bytes=len(data), created=True)
-            # what the old content became, said plainly: a model that meant to add a line learns it replaced the file
-            return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced)" % (
-                shown, len(data), st.st_size), bytes=len(data), created=False)
+            # what the old content became, said plainly, and shown when the new one lost it: a small model that
+            # meant to add a line replaced a whole to-do list with it, and could not know what was gone
+            lost = "" if not old or old.strip() in args["content"] else \
+                " Its content before was:\n%s" % old.rstrip("\n")
+            return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced).%s" % (
+                shown, len(data), st.st_size, lost), bytes=len(data), created=False)
 
 
 class EditFile(Tool):
@@ -1036,8 +1038,7 @@ class FindPath(Tool):
                     found.append(rel)
         found.sort()
         limit, offset = args.get("limit") or 50, args.get("offset") or 0
-        page = found[offset: offset + limit]
-        if not page:
+        if not (page := found[offset: offset + limit]):
             return ToolResult.ok("no paths match %s" % pattern if not found else
                                  "offset %d is past the %d matches" % (offset, len(found)), count=len(found))
         head = "showing %d-%d of %d" % (offset + 1, offset + len(page), len(found))
@@ -1090,8 +1091,7 @@ class Grep(Tool):
             nonlocal hits
             for (rel, data), (count, found) in done:
                 hits += count
-                found = found[:max(0, max_results - len(out))]
-                if not found:
+                if not (found := found[:max(0, max_results - len(out))]):
                     continue
                 lines = data.decode("utf-8", "replace").split("\n")
                 for i in found:
@@ -1107,8 +1107,7 @@ class Grep(Tool):
             if kind == "special":
                 special.append(rel)
                 continue
-            data = _grep_read(ctx, rel, dir_fd, name, kind)
-            if data is None:
+            if (data := _grep_read(ctx, rel, dir_fd, name, kind)) is None:
                 special.append(rel)
                 continue
             if b"\x00" in data[:8192] or (quick is not None and not quick(data)):
@@ -1192,7 +1191,6 @@ class _RegexWorker:
 
     def __init__(self, pattern, flags, deadline, seconds=GREP_REGEX_SECONDS):
         import subprocess
-        import sys
         self.seconds = seconds
         own = time.monotonic() + seconds
         self.deadline = own if deadline is None else min(deadline, own)
@@ -1266,8 +1264,7 @@ class _RegexWorker:
                                     % self.seconds)
                 raise ToolError("grep stopped: the run's time limit was reached while matching the regular "
                                 "expression (it may backtrack catastrophically); simplify it")
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
+            if not (chunk := os.read(fd, 1 << 16)):
                 self._fail()
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
@@ -1288,8 +1285,7 @@ class _RegexWorker:
         self.slots = []
 
     def close(self):
-        proc = getattr(self, "proc", None)
-        if proc is not None:
+        if (proc := getattr(self, "proc", None)) is not None:
             if proc.poll() is None:
                 proc.kill()
             for stream in (proc.stdin, proc.stdout):
@@ -1314,7 +1310,6 @@ def _grep_worker():
     """The worker's side: a JSON header line {pattern, flags, slots}; then per batch a JSON line
     {slot, need, sizes} naming bytes in a shared-memory slot; it answers each with [[count, [line, ...]], ...]."""
     import mmap
-    import sys
     try:
         import resource  # a pattern or text that would eat the machine's memory ends this process instead
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
@@ -1441,6 +1436,8 @@ def _line_of(starts, offset):
     return bisect.bisect_right(starts, offset) - 1
 
 
+# ---- File tools: plans, copies, moves, deletions, metadata ----
+
 class PlanTool(Tool):
     name = "plan"
     description = ("Parse a plan file (JSON, YAML or Markdown) and return its goal, context and "
@@ -1538,8 +1535,7 @@ class CopyPath(Tool):
         st = src.lstat()
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             raise special_error(src, st.st_mode, "copy_path copies files, directories and links")
-        token = self._replace_destination(args, ctx, dst, src)
-        if token is None:
+        if (token := self._replace_destination(args, ctx, dst, src)) is None:
             token = ctx.before_create(self.name, dst)
         dst.make_parents()
         skipped = []
@@ -1604,8 +1600,7 @@ class MovePath(CopyPath):
 
     def _run(self, args, ctx, src, dst):
         ctx.guard(self.name, args, src)
-        token = self._replace_destination(args, ctx, dst)
-        if token is not None:
+        if (token := self._replace_destination(args, ctx, dst)) is not None:
             ctx.after_change(token, expected="absent")  # undone after the move back, when dst is gone again
         check = lambda: ctx.check_deadline(self.name)  # noqa: E731
         count = tree_count_at(src, check)
@@ -1620,7 +1615,6 @@ class MovePath(CopyPath):
         try:
             os.rename(src.name, dst.name, src_dir_fd=src.dir_fd, dst_dir_fd=dst.dir_fd)
         except OSError as exc:
-            import errno
             if exc.errno != errno.EXDEV:
                 raise
             copy_at(src.dir_fd, src.name, dst.dir_fd, dst.name, check, [])
@@ -1874,7 +1868,6 @@ def remove_at(dir_fd, name, check=None):
             fd = up
             here = os.fstat(fd)
             if (here.st_dev, here.st_ino) != levels[-1][2]:
-                import errno
                 raise OSError(errno.ESTALE, "moved while it was being removed", name)
             os.rmdir(level_name, dir_fd=fd)
     finally:
@@ -1896,8 +1889,7 @@ def copy_at(src_dir_fd, src_name, dst_dir_fd, dst_name, check=None, skipped=None
     try:
         while frames:
             sfd, dfd, names, frel, mode = frames[-1]
-            child = next(names, None)
-            if child is None:
+            if (child := next(names, None)) is None:
                 frames.pop()
                 try:
                     os.fchmod(dfd, mode)
@@ -1970,7 +1962,6 @@ def data_extents(fd, pos=0):
     """(start, end) of the ranges of the regular file fd that hold data, from `pos` to its size: a sparse
     file's holes (`truncate -s 1T`) are left out where the system can say (SEEK_DATA/SEEK_HOLE), else one
     range of everything."""
-    import errno
     size = os.fstat(fd).st_size
     seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
     while pos < size:
@@ -2005,16 +1996,14 @@ def file_chunks(fd, check=None, hole_as=1 << 20):
         while pos < end:
             if check is not None:
                 check()
-            chunk = os.pread(fd, min(1 << 20, end - pos), pos)
-            if not chunk:
+            if not (chunk := os.pread(fd, min(1 << 20, end - pos), pos)):
                 return  # shrank while read
             yield chunk
             pos += len(chunk)
     while True:  # grown while read
         if check is not None:
             check()
-        chunk = os.pread(fd, 1 << 20, pos)
-        if not chunk:
+        if not (chunk := os.pread(fd, 1 << 20, pos)):
             return
         yield chunk
         pos += len(chunk)
@@ -2030,8 +2019,7 @@ def copy_data(sfd, dfd, check=None):
         while pos < end:
             if check is not None:
                 check()
-            chunk = os.pread(sfd, min(1 << 20, end - pos), pos)
-            if not chunk:
+            if not (chunk := os.pread(sfd, min(1 << 20, end - pos), pos)):
                 size = pos  # shrank while copied
                 break
             for i in range(0, len(chunk), len(zero)):
@@ -2097,8 +2085,7 @@ def _file_hash(dir_fd, name, h):
 def state_hash_at(target):
     """A fingerprint of what is at a Target now: absent, a file's bytes, a link, or a whole tree."""
     import hashlib
-    st = target.lstat()
-    if st is None:
+    if (st := target.lstat()) is None:
         return "absent"
     if stat.S_ISLNK(st.st_mode):
         return "link:" + os.readlink(target.name, dir_fd=target.dir_fd)
@@ -2123,8 +2110,7 @@ def state_hash_at(target):
 def snapshot_at(target, cap, check=None):
     """(kind, content, mode) of what is at a Target, for an undo record; `check()` runs for each entry of a
     tree (the run's deadline: a tool stopped by it leaves no record behind)."""
-    st = target.lstat()
-    if st is None:
+    if (st := target.lstat()) is None:
         return "absent", None, None
     mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
@@ -2342,8 +2328,8 @@ class Terminal(Tool):
     permission = EXECUTE
 
     def run(self, args, ctx):
-        term = ctx.terminal
-        policy = ctx_policy(ctx)
+        term, conf = ctx.terminal, ctx.confinement
+        policy = conf.policy
         command = args["command"]
         mode = ctx.terminal_mode
         audit = ctx.audit
@@ -2360,8 +2346,7 @@ class Terminal(Tool):
             if mode != INTERACTIVE or ctx.confirm_command is None or not ctx.interactive:  # headless: nobody to ask
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
                 raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
-            answer = ctx.confirm_command(command, verdict.reason)
-            if answer is None:
+            if (answer := ctx.confirm_command(command, verdict.reason)) is None:
                 _audit(audit, ctx, command, "declined", 0, CONFIRM)
                 raise ToolError("the user declined the command: %s" % command)
             if answer != command:  # the person's edit is their approval, but it is validated again
@@ -2377,9 +2362,9 @@ class Terminal(Tool):
                                 % command)
             if remaining < timeout:
                 timeout, by_run = remaining, True
-        sandbox = ctx_sandbox(ctx)
-        watch = sandbox.watch()
-        if watch is not None:
+        sandbox = conf.sandbox
+        conf.before_change()
+        if (watch := sandbox.watch()) is not None:
             watch.begin()  # what changed since the last command (a file tool a person approved) is not its doing
         try:
             try:
@@ -2388,9 +2373,10 @@ class Terminal(Tool):
                 raise
             except BaseException:  # Ctrl-C, SIGTERM: what the command planted goes, unasked, before it travels on
                 if watch is not None:
-                    _remove_protected(ctx, watch, _protected_found(ctx, watch))
+                    _remove_protected(ctx, watch, watch.found())
                 raise
             body = _format_streams(res, ctx.limit("max_output_size", 1048576))
+            conf.changed()
             if watch is not None:
                 _settle_protected(ctx, watch, command, body)
         finally:
@@ -2426,8 +2412,7 @@ class Terminal(Tool):
 def _settle_protected(ctx, watch, command, body):
     """After a command: protected paths it created, and repositories made during the run that it armed,
     are a person's to keep (chat, every mode) or are removed (headless); the model is told either way."""
-    found = _protected_found(ctx, watch)
-    if not found:
+    if not (found := watch.found()):
         return
     detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
         ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
@@ -2449,41 +2434,24 @@ def _settle_protected(ctx, watch, command, body):
         "; COULD NOT REMOVE: %s" % ", ".join(failed) if failed else "", body))
 
 
-def _protected_found(ctx, watch):
-    """[(path, reason)]: what appeared among the protected paths since the last look, and kept repositories
-    that would now run code; inert new repositories (git init, git clone) are kept and watched."""
-    found = []
-    for path in watch.refresh():
-        if path in watch.repos:
-            reason = repository_runs_code(path, ctx.root)
-            if reason is None:
-                watch.keep(path)  # inert (git init, git clone): kept, and checked after later commands
-                continue
-            found.append((path, reason))
-        elif path in watch.unwatchable:
-            found.append((path, "a directory that cannot be looked into: %s" % watch.unwatchable[path]))
-        else:
-            found.append((path, "a protected path"))
-    found += [(path, repository_runs_code(path, ctx.root) or "changed") for path in watch.armed()
-              if path not in [f for f, _ in found]]
-    return found
-
-
 def _remove_protected(ctx, watch, found):
-    """Remove what _protected_found found: ([removed, ...], [failed with why, ...]), both shown relative."""
+    """Remove what watch.found() found: ([removed, ...], [failed with why, ...]), both shown relative. A
+    directory of the person's (the working directory) that a command made a repository of loses only what made
+    it one."""
     removed, failed = [], []
     for path, _ in found:
-        rel = os.path.relpath(path, ctx.root)
         try:  # through its parent: a directory deeper than a path can name is removed too
-            with ctx.jail.resolve(os.path.dirname(rel) or ".") as parent:
-                fd = parent.open_dir()
-                try:
-                    os.stat(os.path.basename(rel), dir_fd=fd, follow_symlinks=False)
-                    remove_at(fd, os.path.basename(rel))
-                except FileNotFoundError:
-                    pass  # gone already
-                finally:
-                    os.close(fd)
+            for target in [os.path.join(path, n) for n in ("HEAD", "commondir")] if path in watch.defuse else [path]:
+                rel = os.path.relpath(target, ctx.root)
+                with ctx.jail.resolve(os.path.dirname(rel) or ".") as parent:
+                    fd = parent.open_dir()
+                    try:
+                        os.stat(os.path.basename(rel), dir_fd=fd, follow_symlinks=False)
+                        remove_at(fd, os.path.basename(rel))
+                    except FileNotFoundError:
+                        pass  # gone already
+                    finally:
+                        os.close(fd)
             removed.append(display_path(path, ctx.root))
         except (OSError, ToolError) as exc:
             failed.append("%s (%s)" % (display_path(path, ctx.root), getattr(exc, "strerror", None) or exc))
@@ -2512,26 +2480,6 @@ def _audit(audit, ctx, command, outcome, duration, verdict):
             audit.record(ctx.root, command, outcome, duration, verdict)
         except OSError:
             pass  # an unwritable audit log must not stop the work
-
-
-def ctx_sandbox(ctx):
-    """The context's Sandbox; a context built without one (tests, embedding) gets one from its terminal
-    configuration, confining by default."""
-    if ctx.sandbox is None:
-        term = ctx.terminal
-        ctx.sandbox = Sandbox(ctx.root, term.get("sandbox") or WORKSPACE_WRITE, network=term.get("network"),
-                              env_passthrough=term.get("env_passthrough") or (), secrets=ctx.secrets,
-                              xzatoma_home=ctx.xzatoma_home, protected=ctx.protected)
-    return ctx.sandbox
-
-
-def ctx_policy(ctx):
-    policy = ctx._policy
-    if policy is None:
-        term = ctx.terminal
-        policy = CommandPolicy(ctx.root, term.get("allowlist") or DEFAULT_ALLOWLIST, term.get("custom_denylist") or ())
-        ctx._policy = policy
-    return policy
 
 
 # ---- Fetch ----
@@ -2585,8 +2533,7 @@ def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent,
         resp = conn.getresponse()
         chunks, size, truncated = [], 0, False
         while not expired():
-            chunk = resp.read1(min(65536, max_bytes + 1 - size))
-            if not chunk:
+            if not (chunk := resp.read1(min(65536, max_bytes + 1 - size))):
                 break
             chunks.append(chunk)
             size += len(chunk)
@@ -2619,8 +2566,7 @@ def shutdown_at(deadline, sock):
     import socket
 
     def cut():
-        target = sock()
-        if target is not None:
+        if (target := sock()) is not None:
             try:
                 target.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -2852,8 +2798,7 @@ class Plan:
         self.action = action  #: text, ditto; the watcher filters on name, action and version
 
     def context_lines(self):
-        ctx = self.context
-        if not ctx:
+        if not (ctx := self.context):
             return []
         if isinstance(ctx, dict):
             return ["- %s: %s" % (_label(k), _scalar(v)) for k, v in ctx.items()]
@@ -2864,8 +2809,7 @@ class Plan:
     def to_prompt(self):
         """The prompt exactly as the seed's 'Plan to Prompt Translation' shows it."""
         parts = ["You are assisting with the following task:", "", "GOAL: %s" % self.goal, ""]
-        ctx = self.context_lines()
-        if ctx:
+        if ctx := self.context_lines():
             parts += ["CONTEXT:"] + ctx + [""]
         parts.append("INSTRUCTIONS (follow as guidance):")
         parts += ["%d. %s" % (i, step) for i, step in enumerate(self.instructions, 1)]
@@ -2880,8 +2824,7 @@ class Plan:
         if self.action:
             lines.append("ACTION: %s" % self.action)
         lines.append("GOAL: %s" % self.goal)
-        ctx = self.context_lines()
-        if ctx:
+        if ctx := self.context_lines():
             lines += ["CONTEXT:"] + ctx
         lines.append("INSTRUCTIONS:")
         lines += ["%d. %s" % (i, s) for i, s in enumerate(self.instructions, 1)]
@@ -3111,8 +3054,7 @@ def looks_like_plan(data):
 
 
 def _text_field(data, key, source, text):
-    value = data.get(key)
-    if value is None:
+    if (value := data.get(key)) is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise PlanError(source, "'%s' must be text, got %s" % (key, _json_type(value)), _key_line(text, key))
@@ -3154,16 +3096,14 @@ def _plan_from_mapping(data, source, text):
     if goal is None and any(k in data for k in ("steps", "tasks")):
         # the name/description/version/action/steps format: the description (else the action, else the
         # name) is the goal
-        goal = _text_field(data, "description", source, text) or action or name
-        if goal is None:
+        if (goal := _text_field(data, "description", source, text) or action or name) is None:
             raise PlanError(source, "missing 'description' (or 'goal'): what the agent should achieve")
     if goal is None or (isinstance(goal, str) and not goal.strip()):
         raise PlanError(source, "missing required key 'goal' (what the agent should achieve)")
     if not isinstance(goal, str):
         raise PlanError(source, "'goal' must be text, got %s" % _json_type(goal), _key_line(text, "goal"))
     key = next((k for k in ("instructions", "steps", "tasks") if k in data), "instructions")
-    steps = data.get(key)
-    if steps is None:
+    if (steps := data.get(key)) is None:
         raise PlanError(source, "missing required key 'instructions' (a list of steps)")
     if isinstance(steps, str):
         steps = [s for s in (line.strip(" -\t") for line in steps.splitlines()) if s]
@@ -3191,8 +3131,7 @@ _MD_MARKER = re.compile(r"\s*(?:[-*+]|\d+[.)])(?=\s)")
 def _md_item(line):
     """The text of a list item ('- x', '1. x', '- [ ] x'), or None: what the regex `\\s+(\\[[ xX]\\]\\s+)?(.*\\S)\\s*$`
     after the marker meant, without its backtracking (a '-' and 100,000 spaces took 28 seconds)."""
-    m = _MD_MARKER.match(line)
-    if not m:
+    if not (m := _MD_MARKER.match(line)):
         return None
     rest = line[m.end():].strip()
     if rest[:1] == "[" and rest[2:3] == "]" and rest[1:2] in " xX" and rest[3:4].isspace():
@@ -3203,8 +3142,7 @@ def _md_item(line):
 def _parse_markdown_plan(text, source):
     title, sections, current = None, {}, None
     for lineno, line in enumerate(text.splitlines(), 1):
-        m = _MD_HEADING.match(line)
-        if m:
+        if m := _MD_HEADING.match(line):
             name = m.group(2).strip()
             if len(m.group(1)) == 1 and title is None:
                 title = re.sub(r"^(task|plan)\s*:\s*", "", name, flags=re.I)
@@ -3226,8 +3164,7 @@ def _parse_markdown_plan(text, source):
     goal = " ".join(l.strip() for l in goal_sec["lines"] if l.strip()) if goal_sec else (title or "")
     if not goal:
         raise PlanError(source, "no goal found (add a '## Goal' section or a '# Task: …' title)")
-    steps_sec = find("steps", "instructions", "tasks", "plan")
-    if steps_sec is None:
+    if (steps_sec := find("steps", "instructions", "tasks", "plan")) is None:
         raise PlanError(source, "no instructions found (expected a '## Steps' or '## Instructions' "
                                 "section with a list)")
     steps = [item for item in map(_md_item, steps_sec["lines"]) if item]
@@ -4012,37 +3949,54 @@ def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS, skills=None):
     return Registry(offered, ctx, mode, all_names=[t.name for t in tools], schemas=schemas, skills=skills)
 
 
-# ---- Confinement: the protected set ----
+# ==== The safety kernel ====
+# Everything below decides what the agent may touch; it imports nothing from the tools above (they ask it). Its
+# API is listed in the module docstring.
+
+
+# ---- Confinement: what the agent may touch ----
+# One object per session (per watcher process) answers "is this protected?" for every wall: the file tools before
+# a change, the policy before a write, the sandbox for its read-only binds, the watch after a command.
 
 class ToolError(Exception):
-    """Raised inside a tool for a failure the model should see as `Error: …`."""
+    """Raised inside a tool (or by a wall of the kernel) for a failure the model should see as `Error: …`."""
 
 
-#: Paths beneath the working directory that run code or hold credentials the next time a person, git
-#: or a shell uses them: a tool may change them only with a person's yes, in every mode (YOLO too),
-#: and never in a headless run. Matched after resolution and case-insensitively (macOS and Windows
-#: filesystems fold case: `.GIT/config` is `.git/config` there).
+#: THE list of protected names, beneath the working directory and every home directory: what runs code or hands
+#: over credentials the next time a person, git or a shell uses it. A file tool changes them only with a
+#: person's yes (never headless), the sandbox binds them read-only and the watch removes new ones; outside the
+#: tree (and a repository's metadata inside it) the policy denies commands that write them. Matched after
+#: resolution and folded as filesystems fold names (`.GIT/config` is `.git/config` on macOS).
 PROTECTED_NAMES = (
     # version control: hooks, config (core.fsmonitor, core.hooksPath), a worktree's `.git` pointer file
     ".git", ".hg", ".gitconfig", ".config/git", ".git-credentials",
     # shells and their start-up files
     ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc", ".zprofile", ".zshenv",
-    ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login", ".kshrc", ".inputrc", ".config/fish",
+    ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login", ".kshrc", ".mkshrc", ".inputrc", ".config/fish",
     ".xprofile", ".xinitrc", ".xsession", ".pam_environment", ".config/autostart", ".config/systemd",
     ".bash_aliases", ".xsessionrc", ".config/environment.d",
     # keys and credentials, and what picks the code Python and pip load (a keyring backend, an index)
     ".ssh", ".gnupg", ".aws", ".kube", ".docker/config.json", ".netrc", ".npmrc", ".pypirc", ".pgpass",
     ".config/gh", ".config/xzatoma", ".config/python_keyring", ".config/pip", ".pip", ".pydistutils.cfg",
 )
-#: Protected in a home directory only (the jail is it, holds it or lies in it): what runs code at the next
-#: login, shell, Python start or tool use there, under names a project uses for its own files (`bin/`)
+#: protected in a home directory only (outside the tree, or a home the tree is, holds or lies in): what runs code
+#: at the next login, shell, Python start or tool use there, under names a project uses for its own files (`bin/`)
 HOME_PROTECTED_NAMES = (
-    ".local/bin", "bin", ".local/lib", ".local/share/applications", ".config/nvim", ".vimrc", ".vim",
-    ".emacs", ".emacs.d", ".gdbinit", ".pdbrc", ".pythonrc", ".ipython", ".tmux.conf", ".screenrc",
-    ".psqlrc", ".sqliterc", ".curlrc", ".wgetrc", ".cargo", ".m2", ".gradle",
+    ".local/bin", "bin", ".local/lib", ".local/share/applications", ".local/share/systemd", ".config/nvim",
+    ".vimrc", ".vim", ".emacs", ".emacs.d", ".gdbinit", ".pdbrc", ".pythonrc", ".ipython", ".tmux.conf",
+    ".screenrc", ".psqlrc", ".sqliterc", ".curlrc", ".wgetrc", ".cargo", ".m2", ".gradle", ".docker",
+    ".config/gcloud", ".azure",
 )
+#: in a home directory, what a command must not read and send over the network (the policy's exfiltration check)
+CREDENTIAL_NAMES = (".ssh", ".gnupg", ".aws", ".netrc", ".pgpass", ".docker", ".kube", ".npmrc", ".pypirc",
+                    ".config/gh", ".config/gcloud", ".azure", ".git-credentials")
 #: directory names protected wherever they appear: nested repositories' metadata
 PROTECTED_ANYWHERE = (".git", ".hg")
+#: outside the tree, whatever the home directories: a change there is the system's, not the project's
+SYSTEM_PROTECTED = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys",
+                    "/root", "/var/spool/cron", "/var/lib", "/dev/mem", "/dev/kmem", "/dev/port",
+                    "/proc/sysrq-trigger", "/proc/sys")
+_DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d|nbd|rbd|zd|mtd)")
 _fold_memo = {}
 
 
@@ -4052,14 +4006,12 @@ def fold_name(name):
     `.git`), invisible characters dropped (HFS+ ignores a U+200C inside `.git`), trailing dots and spaces dropped
     and the 8.3 short name `GIT~1` read as `.git` (NTFS): git refuses these spellings for the same reason.
     Over-matching only asks a person more often; under-matching would let a hook through."""
-    folded = _fold_memo.get(name)
-    if folded is None:
+    if (folded := _fold_memo.get(name)) is None:
         import unicodedata
         folded = unicodedata.normalize("NFKD", name)
         folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
         folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
-        short = re.match(r"(git|hg)~\d+\Z", folded)
-        if short:
+        if short := re.match(r"(git|hg)~\d+\Z", folded):
             folded = "." + short.group(1)
         if len(_fold_memo) < 65536:
             _fold_memo[name] = folded
@@ -4070,17 +4022,23 @@ def fold_path(path):
     return "/".join(fold_name(part) for part in path.split("/"))
 
 
-def protected_paths(root, xzatoma_home=None, extra=()):
-    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME and config extras.
-
-    `extra` (agent.tools.protected_paths) holds paths relative to the working directory or absolute
-    ones; those outside `root` are left out (the jail keeps tools out of them anyway). Directories
-    named .git or .hg anywhere below are protected too (see protected_reason).
-    """
+def protected_paths(root, xzatoma_home=None, extra=(), homes=()):
+    """The absolute protected paths under `root`: PROTECTED_NAMES, XZATOMA_HOME, `extra` (relative to the root
+    or absolute, globs too: agent.tools.protected_paths) and the names of the `homes` that lie in it; those
+    outside are left out (the jail keeps tools out of them), one the root lies in stands for all of it (`cd
+    ~/.ssh`), as does repository metadata around it (`cd .git/hooks`, a bare clone)."""
     root = os.path.realpath(root)
     out = [os.path.join(root, name) for name in PROTECTED_NAMES]
-    out.extend(p for p in _protected_around(root) if p not in out)
-    for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in (extra or ()) if isinstance(p, str) and p]:
+    path = root
+    while True:  # the root or a directory above it is a repository's metadata: names like `hooks` are git's
+        if (fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or is_git_dir(path)) and path not in out:
+            out.append(path)
+        if os.path.dirname(path) == path:
+            break
+        path = os.path.dirname(path)
+    extra = list(extra or ()) + [os.path.join(h, n) for h in homes for n in PROTECTED_NAMES + HOME_PROTECTED_NAMES
+                                 if _inside(os.path.join(h, n), root) or _inside(root, os.path.join(h, n))]
+    for path in ([xzatoma_home] if xzatoma_home else []) + [p for p in extra if isinstance(p, str) and p]:
         path = os.path.expanduser(path)
         if _is_glob(path):  # '*.pem', 'secrets/**': matched against paths relative to the root
             full = os.path.join(root, path)  # an absolute glob as it is ('~/proj/*.key', '/**/*.crt')
@@ -4098,93 +4056,218 @@ def protected_paths(root, xzatoma_home=None, extra=()):
     return out
 
 
-def _protected_around(root):
-    """The root itself or the directory above it that holds it, when that is repository metadata: a `.git`
-    or `.hg` directory (`cd .git/hooks`), or a git directory by its shape (a bare clone, a worktree's
-    gitdir: HEAD with objects/ and refs/, or a commondir). Names like `hooks` or `config` are then git's."""
-    out, path = [], root
-    while True:
-        if fold_name(os.path.basename(path)) in PROTECTED_ANYWHERE or _is_git_directory(path):
-            out.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            return out
-        path = parent
-
-
-def _is_git_directory(path):
-    """git's own test for a directory it uses as a repository (setup.c: is_git_directory), lstat only."""
-    def is_a(name, test):
-        try:
-            return test(os.lstat(os.path.join(path, name)).st_mode)
-        except OSError:
-            return False
-    return is_a("HEAD", stat.S_ISREG) and (is_a("commondir", stat.S_ISREG) or (
-        is_a("objects", stat.S_ISDIR) and is_a("refs", stat.S_ISDIR)))
-
-
 def _is_glob(path):
     return any(c in path for c in "*?[")
 
 
-def protected_globs(protected, root):
-    """The configured globs among the protected paths (`*.pem`, `secrets/**`), relative to the root and
-    lowered, as _protected_rel matches them."""
-    return [display_path(p, root).lower() for p in protected if _is_glob(p)]
+class Confinement:
+    """What the agent may touch: the canonical root, the one protected set, the jail, the command policy and
+    the OS sandbox, built once per session (once per watcher process) from the working directory and the
+    configuration. `reason(path)` is the one answer to "is this protected?" that every wall asks.
+
+    `extra`: agent.tools.protected_paths (and the agent's own code); `home`: what `~` means to commands;
+    `homes`: every home whose keys and start-up files are protected; `terminal`: agent.terminal (sandbox,
+    network, allowlist …); `private_files`: credentials or every conversation outside XZATOMA_HOME (protected,
+    and empty for commands); `sandbox`: one made already (tests)."""
+
+    def __init__(self, root, xzatoma_home=None, extra=(), home=None, homes=(), terminal=None, environ=None,
+                 secrets=(), private_files=(), sandbox=None):
+        self.root = os.path.realpath(root)  #: the working directory, canonical: every wall compares with this one
+        self.home = os.path.realpath(home or os.path.expanduser("~"))  #: what `~` means to the policy
+        self.homes = tuple(dict.fromkeys((self.home,) + tuple(os.path.realpath(h) for h in homes or ())))
+        self.xzatoma_home = xzatoma_home
+        self.terminal, self.environ, self.secrets = dict(terminal or {}), environ, tuple(secrets)
+        self.private_files = tuple(private_files or ())
+        #: every path a tool names resolves beneath the root; XZATOMA_HOME in the tree is hidden
+        self.jail = Jail(self.root, hidden=[xzatoma_home] if xzatoma_home else ())
+        #: the protected set beneath the root (absolute paths and globs), built once; globs relative, lowered
+        self.protected = protected_paths(self.root, xzatoma_home, list(extra or ()) + list(self.private_files),
+                                         self.homes)
+        self.globs = [display_path(p, self.root).lower() for p in self.protected if _is_glob(p)]
+        #: outside the root: (folded path, as shown) for the homes' names, XZATOMA_HOME and the private files
+        self._outside = [(fold_path(os.path.join(h, n)), ("~/" if h == self.home else h + "/") + n)
+                         for h in self.homes for n in PROTECTED_NAMES + HOME_PROTECTED_NAMES]
+        self._outside += [(fold_path(os.path.abspath(p)), p) for p in [xzatoma_home] + list(self.private_files) + [
+            e for e in extra or () if isinstance(e, str) and os.path.isabs(e) and not _is_glob(e)] if p]
+        self._sandbox, self._policy, self._lock = sandbox, None, threading.RLock()
+        self._resolved = None  #: [(path, folded)] of _resolved_protected, until the next change
+        self._deferred = None  #: deferred_files() before this run's first change
+        self._git = {}  #: PATH -> the git program outside the tree (or None)
+
+    def __eq__(self, other):  # (unhashable then: a Confinement is never a key)
+        return isinstance(other, Confinement) and (other.root, other.protected) == (self.root, self.protected)
+
+    @property
+    def policy(self):
+        """The CommandPolicy (agent.terminal.allowlist, custom_denylist), built on first use."""
+        with self._lock:
+            if self._policy is None:
+                self._policy = CommandPolicy(self, self.terminal.get("allowlist") or DEFAULT_ALLOWLIST,
+                                             self.terminal.get("custom_denylist") or ())
+            return self._policy
+
+    @property
+    def sandbox(self):
+        """The Sandbox terminal commands run in, built on first use, started on the first command."""
+        with self._lock:
+            if self._sandbox is None:
+                t = self.terminal
+                self._sandbox = Sandbox(self, t.get("sandbox") or WORKSPACE_WRITE, network=t.get("network"),
+                                        environ=self.environ, env_passthrough=t.get("env_passthrough") or (),
+                                        keep_home=t.get("keep_home"), secrets=self.secrets,
+                                        assume_missing=t.get("sandbox_assume_missing") or (),
+                                        limits=t.get("limits"))
+            return self._sandbox
+
+    def close(self):  # every command still running ends, the sandbox's TMPDIR goes
+        if self._sandbox is not None:
+            self._sandbox.close()
+
+    def changed(self):  # a command ran, a file tool wrote: what is derived from the tree is looked at again
+        self._resolved = None
+
+    def _resolved_set(self):
+        with self._lock:
+            if self._resolved is None:
+                self._resolved = [(p, fold_path(p)) for p in _resolved_protected(self)]
+            return self._resolved
+
+    def reason(self, path, holding=True):
+        """What protected path a change at the absolute `path` touches (as shown to people), or None: the path
+        itself, anything inside a protected path and, holding=True, a directory that holds one (deleting or
+        replacing `src/` deletes `src/.git`). Inside the tree: the protected set, configured globs,
+        repositories and virtualenvs' start-up code by their own rules (also one this change would make);
+        outside: the home directories' names, XZATOMA_HOME, the private files, system directories, disks."""
+        folded = fold_path(path)
+
+        def hits(q):
+            return folded == q or folded.startswith(q + "/") or (holding and q.startswith(folded.rstrip("/") + "/"))
+        if _inside(path, self.root):
+            hit = next((p for p, q in self._resolved_set() if hits(q)), None)
+            return display_path(hit, self.root) if hit else _protected_rel(
+                display_path(path, self.root), self.globs, self.root) or self._code_around(path, holding)
+        hit = next((shown for q, shown in self._outside if hits(q)), None)
+        hit = hit or next((name for name in SYSTEM_PROTECTED if path == name or path.startswith(name + "/")), None)
+        return hit or ("a disk device" if _DEVICE.match(path) else None)
+
+    def runs_later(self, path):
+        """For a path in the tree: the repository or virtualenv start-up code a change there is in or would make
+        (a .git/.hg anywhere, a directory git takes for a repository, where a .git really is and the hooks its
+        config names, a .pth file …), or None. The policy denies writing these; the tree's other protected
+        names are the sandbox's and the watch's to keep (a person may say yes to them)."""
+        folded, static = fold_path(path), set(self.protected)
+        hit = next((p for p, q in self._resolved_set() if p not in static and (
+            folded == q or folded.startswith(q + "/"))), None)
+        return display_path(hit, self.root) if hit else _protected_rel(
+            display_path(path, self.root), (), self.root) or self._code_around(path, False)
+
+    def _code_around(self, real, holding):
+        """A repository or virtualenv start-up file that a change at `real` is (holding=True), is in, or would
+        make: each directory from `real` up to the root is judged as git judges one, with the entry this change
+        adds to it, and as Python finds a virtualenv's start-up code."""
+        if holding and (is_git_dir(real) or os.path.lexists(os.path.join(real, "pyvenv.cfg"))):
+            return display_path(real, self.root) + (" (a git directory)" if is_git_dir(real) else " (a virtualenv)")
+        if hit := venv_code(display_path(real, self.root), venv=False):
+            return "%s (%s)" % (display_path(real, self.root), hit)
+        d, child = os.path.dirname(real), os.path.basename(real)
+        while _inside(d, self.root):
+            if is_git_dir(d, adding=child):
+                return display_path(d, self.root) + " (a git directory)"
+            if os.path.lexists(os.path.join(d, "pyvenv.cfg")) or (d, fold_name(child)) == (
+                    os.path.dirname(real), "pyvenv.cfg"):  # a virtualenv, or one this change makes
+                if hit := venv_code(os.path.relpath(real, d)):
+                    return "%s (%s)" % (display_path(real, self.root), hit)
+            if d == self.root:
+                return None
+            d, child = os.path.dirname(d), os.path.basename(d)
+        return None
+
+    def target_reason(self, target, check=None):
+        """reason() for a file tool's Target, and for a directory anything protected below it."""
+        return self.reason(target.real) or self.copied_reason(target, target.real, check)
+
+    def copied_reason(self, source, where, check=None):
+        """The first protected path below the directory Target `source` were its tree at `where`: a `.git`, a
+        glob's match, a git directory by git's rules, a virtualenv's start-up code; else None."""
+        st = source.lstat()
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            return None
+        names, venvs = {}, [d for d in _venvs_above(where, self.root)]
+        for sub, _, name, _ in _subtree(source.dir_fd, source.name, check):
+            path = os.path.join(where, sub)
+            if hit := sub and _protected_rel(display_path(path, self.root), self.globs, self.root):
+                return hit
+            if sub:
+                names.setdefault(os.path.dirname(path), []).append(name)
+                venvs += [os.path.dirname(path)] if fold_name(name) == "pyvenv.cfg" else []
+        for d, entries in names.items():
+            hit = is_git_dir(d, names=entries) and "a git directory" or next(filter(None, [venv_code(
+                display_path(os.path.join(d, n), self.root), venv=False) for n in entries] + [venv_code(os.path.relpath(
+                    os.path.join(d, n), v)) for v in venvs if _inside(d, v) for n in entries]), None)
+            if hit:
+                return "%s (%s)" % (display_path(d, self.root), hit)
+        return None
+
+    def binds(self):
+        """What the sandbox makes read-only for commands: the protected set as it really is (a `.git` link's
+        target, a gitdir, the hooks and programs a repository's config names), existing, links left out."""
+        return list(dict.fromkeys(p for p, _ in self._resolved_set() if not _is_glob(p) and os.path.lexists(p)
+                                  and not os.path.islink(p)))
+
+    def accept(self, path):
+        """A person said yes to a change at `path`: the after-command watch does not ask about it again."""
+        if watch := getattr(self._sandbox, "_watch", None):
+            watch.keep(path, accepted=True)
+
+    def git(self, path=None):
+        """The git program a command would run (the first on `path`, default the environment's PATH), when it
+        lies outside the tree, or None: the one asked what a repository's configuration says."""
+        path = path if path is not None else (self.environ or os.environ).get("PATH", os.defpath)
+        with self._lock:
+            if path not in self._git:
+                real = next((os.path.realpath(os.path.join(e, "git")) for e in path.split(os.pathsep) if e.startswith(
+                    "/") and os.path.isfile(os.path.join(e, "git")) and os.access(os.path.join(e, "git"), os.X_OK)), None)
+                self._git[path] = None if real is None or _inside(real, self.root) else real
+            return self._git[path]
+
+    def before_change(self):
+        """A tool is about to change the tree: the files that run later by design are noted first (once per
+        run), so that the run's end can list those it changed."""
+        with self._lock:
+            if self._deferred is None:
+                self._deferred = deferred_files(self.root)
+
+    def deferred_changed(self):
+        """The files that run later by design (deferred_files) created or changed since this run's first change,
+        relative and sorted ([] without one); the next run starts a list of its own."""
+        with self._lock:
+            before, self._deferred = self._deferred, None
+        return [] if before is None else sorted(
+            p for p, ident in deferred_files(self.root).items() if before.get(p) != ident)
 
 
-def _resolved_protected(root, protected):
-    """The protected paths plus where they really are: `.git` may be a symlink to `repo-meta/`, or a
-    worktree's `.git` file naming its gitdir; changing those is changing .git."""
-    jail, out = Jail(root), list(protected)
-    for path in protected:
-        if _is_glob(path):
-            continue
-        try:
-            with jail.resolve(path) as target:
-                real, st = target.real, target.lstat()
-                pointer = b""
-                if st is not None and stat.S_ISREG(st.st_mode) and os.path.basename(path) == ".git":
-                    fd = target.open_regular("")
-                    try:
-                        pointer = read_fd(fd, 4096)
-                    finally:
-                        os.close(fd)
-        except (ToolError, OSError):
-            continue
-        if real != path:
-            out.append(real)
-        gitdirs = [real] if os.path.basename(path) == ".git" and st is not None and stat.S_ISDIR(st.st_mode) else []
-        if pointer.startswith(b"gitdir:"):
-            gitdir = os.fsdecode(pointer[7:].strip().splitlines()[0]) if pointer[7:].strip() else ""
-            try:
-                gitdirs.append(resolve_path(os.path.join(os.path.dirname(real), gitdir), root))
-                out.append(gitdirs[-1])
-            except (ToolError, OSError):
-                pass  # a gitdir outside the tree: the jail keeps tools out of it anyway
-        for gitdir in gitdirs:
-            out.extend(_git_config_paths(jail, root, os.path.dirname(real), gitdir))
-    # nested repositories (vendored clones, submodules): their .git may be a file naming a gitdir
-    # elsewhere in the tree, and their config names hooks and programs relative to their own top; the
-    # repository enclosing the working directory may name programs inside it too
-    nested, _ = nested_repositories(root)
-    for dot in nested + git_dirs(root):
-        if os.path.basename(dot).lower() != ".git":
-            continue
-        top = os.path.dirname(dot)
-        gitdir = _gitdir_of(dot)
-        if gitdir is None:
-            continue
-        if _inside(gitdir, root) and gitdir not in out:
-            out.append(gitdir)
-        out.extend(_git_config_paths(jail, root, top, gitdir))
-    return out
+# ---- Repositories and virtualenvs, judged by their own rules ----
+# What runs code later without anyone running it: a repository's hooks and configuration (the next `git status`),
+# a virtualenv's .pth files, sitecustomize and interpreter (the next Python start). Found the way git and Python
+# find them, whatever order their parts were made in; a configuration is read by git itself, never by our parser.
+
+def is_git_dir(path, adding=None, names=None):
+    """Would git use `path` as a repository directory, or is it one part from it? setup.c's is_git_directory
+    wants HEAD, and objects and refs (or a commondir saying where they are), of any kind (git asks access(),
+    not the type); HEAD with any one of them counts here, so that the last part is never the one unnoticed.
+    `adding` is an entry a change is about to make there; `names`, its entries when they are known."""
+    added = fold_name(adding) if adding else None
+    if names is None and added != "head" and not os.path.lexists(os.path.join(path, "HEAD")):
+        return False
+    have = {fold_name(n) for n in names} if names is not None else {"head"} | {
+        n for n in ("objects", "refs", "commondir") if os.path.lexists(os.path.join(path, n))}
+    have.add(added)
+    return "head" in have and bool(have & {"objects", "refs", "commondir"})
 
 
 def _read_small(path, limit=4096):
     """The first bytes of a regular file, or None: never opening a FIFO or device a repository planted."""
-    fd = open_if_regular(path, follow=True)
-    if fd is None:
+    if (fd := open_if_regular(path, follow=True)) is None:
         return None
     try:
         return read_fd(fd, limit)
@@ -4194,140 +4277,66 @@ def _read_small(path, limit=4096):
         os.close(fd)
 
 
-def _gitdir_of(dot):
-    """The real git directory a `.git` entry stands for (itself, or the `gitdir:` its file names)."""
+def _gitdirs(dot):
+    """The real git directories a `.git` entry (or a bare repository) stands for: itself or the `gitdir:` its
+    file names, and a linked worktree's common one; [] when the file says nothing git would read."""
     if os.path.isdir(dot) and not os.path.islink(dot):
-        return os.path.realpath(dot)
-    fd = open_if_regular(dot)
-    if fd is None:
-        return None
-    try:
-        line = read_fd(fd, 4096).decode("utf-8", "replace").strip().splitlines()
-    finally:
-        os.close(fd)
-    if not line or not line[0].startswith("gitdir:"):
-        return None
-    return os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
+        gitdir = os.path.realpath(dot)
+    else:
+        line = (_read_small(dot) or b"").decode("utf-8", "replace").strip().splitlines()
+        if not line or not line[0].startswith("gitdir:"):
+            return []
+        gitdir = os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
+    common = (_read_small(os.path.join(gitdir, "commondir")) or b"").strip()
+    return [gitdir] + ([os.path.realpath(os.path.join(gitdir, os.fsdecode(common)))] if common else [])
 
 
-#: config keys whose value is a path even without a slash: the hooks directory, an included config file
-_GIT_PATH_KEYS = ("hookspath", "path")
-
-
-def _git_config_paths(jail, root, top, gitdir):
-    """In-tree paths a repository's own config makes git run or read as config: core.hooksPath,
-    programs named with a slash (fsmonitor, pager, textconv, filters, aliases, helpers …), include
-    paths. Writing them runs code at the user's next git command, like writing .git/hooks does."""
-    out, seen = [], set()
-    todo = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-    pointer = _read_small(os.path.join(gitdir, "commondir"))
-    if pointer and pointer.strip():  # a worktree's gitdir names the main repository's (its config, its hooks)
-        common = os.path.realpath(os.path.join(gitdir, os.fsdecode(pointer.strip().splitlines()[0])))
-        todo.insert(0, os.path.join(common, "config"))
-        if _inside(common, root):
-            out.append(common)
-    while todo and len(seen) < 16:
-        config = todo.pop(0)
-        if config in seen:
-            continue
-        seen.add(config)
+def _resolved_protected(conf):
+    """The protected set plus where it really is: `.git` may be a symlink to `repo-meta/`, or a worktree's
+    `.git` file naming its gitdir; the hooks and programs a repository's config names, also of the
+    repositories nested in the tree and of the one enclosing it. Changing those is changing .git."""
+    out, dots = list(conf.protected), [(d, os.path.dirname(d)) for d in nested_repositories(conf.root)[0] +
+                                       git_dirs(conf.root) if fold_name(os.path.basename(d)) == ".git"]
+    for path in conf.protected:
         try:
-            if _inside(config, root):
-                with jail.resolve(config) as target:
-                    fd = target.open_regular("")
-            else:  # the enclosing repository's config: read for this judgement only, never shown
-                fd = open_if_regular(config, follow=True)
-                if fd is None:
-                    continue
-            try:
-                text = read_fd(fd, 1 << 20).decode("utf-8", "replace")
-            finally:
-                os.close(fd)
+            with conf.jail.resolve(path) as target:
+                real, st = target.real, target.lstat()
         except (ToolError, OSError):
             continue
-        for line in text.splitlines():
-            line = re.sub(r'^\s*\[[^\]]*\]', "", line).strip()
-            if "=" not in line or line[:1] in "#;":
-                continue
-            key, value = line.split("=", 1)
-            key = key.strip().lower()
-            for token in re.split(r"[\s;|&()<>`]+", value.replace('"', " ").replace("'", " ")):
-                token = token.lstrip("!")
-                if not token or token.startswith("-") or token[:1] in "#;":
-                    continue
-                if key in _GIT_PATH_KEYS:
-                    base = os.path.dirname(config) if key == "path" else top
-                elif "/" in token or token.startswith("~"):
-                    base = top
-                else:
-                    continue
-                try:
-                    found = resolve_path(os.path.join(base, os.path.expanduser(token)), root)
-                except (ToolError, OSError):
-                    continue
-                if found != root and found not in out:
-                    out.append(found)
-                    if key == "path":
-                        todo.append(found)
+        out += [real] if real != path else []
+        dots += [(real, os.path.dirname(path))] if st is not None and fold_name(os.path.basename(path)) == ".git" else []
+    for dot, top in dots:  # a `.git` (or what it links to) and the top of its working tree
+        gitdirs = _gitdirs(dot)
+        out += [d for d in gitdirs if _inside(d, conf.root) and d not in out]
+        out += _git_config_paths(conf, top, gitdirs[0]) if gitdirs else []
     return out
 
 
-def protected_reason(target, protected, root, check=None):
-    """What protected path a change at `target` (a Target) touches, or None.
-
-    The target itself, anything inside a protected directory, and a directory that holds a
-    protected path (deleting or replacing `src/` deletes `src/.git`) all count.
-    """
-    real = fold_path(target.real)
-    globs = protected_globs(protected, root)
-    for path in _resolved_protected(root, protected):
-        p = fold_path(path)
-        if real == p or real.startswith(p + "/") or p.startswith(real.rstrip("/") + "/"):
-            return display_path(path, root)
-    rel = display_path(target.real, root)
-    hit = _protected_rel(rel, globs, root) or _git_dir_around(target.real, root)
-    if hit:
-        return hit
-    return _protected_below(target, rel, globs, check)
-
-
-def _git_dir_around(real, root):
-    """The repository directory a change at `real` lies in, or would make, by git's own test (a HEAD file
-    beside objects/ or commondir), below the root: a bare clone `mirror.git/` in the tree runs its hooks
-    and config for the next git command there like any .git. None otherwise."""
-    parent, name = os.path.dirname(real), os.path.basename(real)
-    if _inside(parent, root) and parent != root and name in ("HEAD", "objects", "commondir"):
-        head = name == "HEAD" or os.path.isfile(os.path.join(parent, "HEAD"))
-        store = name in ("objects", "commondir") or os.path.isdir(os.path.join(parent, "objects")) or \
-            os.path.isfile(os.path.join(parent, "commondir"))
-        if head and store:
-            return display_path(parent, root) + " (a git directory)"
-    d = parent
-    while d != root and _inside(d, root):
-        if _is_git_dir(d):
-            return display_path(d, root) + " (a git directory)"
-        d = os.path.dirname(d)
-    return None
-
-
-def protected_copied(source, destination, protected, root, check=None):
-    """What protected path copying the tree at `source` (a Target) to `destination` (a real path) creates
-    below it, or None: a copied `.git` (a repository, hooks and all) or a name a configured glob protects."""
-    globs = protected_globs(protected, root)
-    return _protected_below(source, display_path(destination, root), globs, check)
-
-
-def _protected_below(target, rel, globs, check=None):
-    """The first protected path below the directory Target `target` when its tree stands at `rel`, or None."""
-    st = target.lstat()
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        return None
-    for sub, _, _, _ in _subtree(target.dir_fd, target.name, check):
-        if sub:
-            hit = _protected_rel(os.path.join(rel, sub) if rel != "." else sub, globs, target.root)
-            if hit:
-                return hit
-    return None
+def _git_config_paths(conf, top, gitdir):
+    """In-tree paths a repository's own config makes git run or read as config: core.hooksPath, programs
+    named with a slash (fsmonitor, pager, textconv, filters, aliases, helpers …), include paths. Writing them
+    runs code at the person's next git command, like writing .git/hooks does."""
+    out, entries = [], git_config(gitdir, conf.git())
+    if entries is None:  # git cannot say: each `key = value` line of its own files, as written
+        entries = [(k.strip().lower(), v, f) for f in (os.path.join(gitdir, n) for n in ("config", "config.worktree"))
+                   for k, eq, v in (re.sub(r'^\s*\[[^\]]*\]', "", line).partition("=") for line in
+                                    (_read_small(f, 1 << 20) or b"").decode("utf-8", "replace").split("\n")) if eq]
+    for key, value, origin in entries:
+        name = key.rsplit(".", 1)[-1].lower()
+        for token in re.split(r"[\s;|&()<>`]+", value.replace('"', " ").replace("'", " ")):
+            token = token.lstrip("!")
+            if not token or token.startswith("-") or token[:1] in "#;" or not (
+                    name in ("hookspath", "path") or "/" in token or token.startswith("~")):
+                continue
+            base = os.path.dirname(origin) if name == "path" else top
+            try:
+                with conf.jail.resolve(os.path.join(base, os.path.expanduser(token))) as target:
+                    found = target.real
+            except (ToolError, OSError):
+                continue
+            if found != conf.root and found not in out:
+                out.append(found)
+    return out
 
 
 def _protected_rel(rel, globs, root):
@@ -4345,6 +4354,255 @@ def _protected_rel(rel, globs, root):
                 if glob_match(pattern, os.path.join(root.lower(), sub) if pattern.startswith("/") else sub):
                     return "/".join(parts[: i + 1])
     return None
+
+
+def _tree(root, max_dirs, enter):
+    """Breadth-first over the directories below `root`, never following links: yields (directory, its entries)
+    for at most `max_dirs` directories (then (None, None): the bound cut it short); `enter(entry)` says
+    whether to look into a subdirectory."""
+    import collections
+    queue = collections.deque([root])
+    while queue:
+        if max_dirs <= 0:
+            yield None, None
+            return
+        path, max_dirs = queue.popleft(), max_dirs - 1
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        yield path, entries
+        queue.extend(e.path for e in entries if e.is_dir(follow_symlinks=False) and enter(e))
+
+
+def nested_repositories(root, max_dirs=2000):
+    """Repository metadata below the top of the working directory (submodules, vendored clones): (paths,
+    complete), at most max_dirs directories looked at, so a huge tree costs a bounded start-up."""
+    root, found = os.path.realpath(root), []
+    for path, entries in _tree(root, max_dirs, lambda e: fold_name(e.name) not in PROTECTED_ANYWHERE):
+        if path is None:
+            return found, False
+        found += [e.path for e in entries if path != root and fold_name(e.name) in PROTECTED_ANYWHERE and
+                  not e.is_symlink()]
+    return found, True
+
+
+#: repository configuration that only holds data, as git names its keys (`remote.*.url`: any remote's url).
+#: Everything else a repository's own configuration sets (core.fsmonitor, include.path, a diff driver,
+#: lfs.customtransfer.*.path, a key nobody here has heard of) makes git status/diff/log/show a `confirm`: a
+#: hostile repository ships its config, and only what is known to be data is allowed. No wildcard stands for a
+#: key, but for color.* and advice.*, whose every key is a colour or a boolean.
+GIT_DATA_KEYS = frozenset("""
+core.repositoryformatversion core.filemode core.bare core.logallrefupdates core.ignorecase core.precomposeunicode
+core.symlinks core.autocrlf core.eol core.safecrlf core.quotepath core.abbrev core.compression
+core.loosecompression core.sharedrepository core.untrackedcache core.splitindex core.checkstat core.trustctime
+core.preloadindex core.commentchar core.commentstring core.whitespace core.multipackindex core.commitgraph
+core.longpaths core.fscache core.warnambiguousrefs core.deltabasecachelimit core.bigfilethreshold
+core.packedgitlimit core.packedgitwindowsize core.checkroundtripencoding core.notesref core.filesreflocktimeout
+core.packedrefstimeout core.fsyncmethod core.fsync core.sparsecheckout core.sparsecheckoutcone
+remote.*.url remote.*.pushurl remote.*.fetch remote.*.push remote.*.tagopt remote.*.prune remote.*.prunetags
+remote.*.mirror remote.*.skipdefaultupdate remote.*.skipfetchall remote.*.promisor remote.*.partialclonefilter
+branch.*.remote branch.*.merge branch.*.rebase branch.*.pushremote branch.*.description
+submodule.*.url submodule.*.active submodule.*.branch submodule.*.path
+user.name user.email user.useconfigonly author.name author.email committer.name committer.email
+init.defaultbranch pull.rebase pull.ff push.default push.autosetupremote push.followtags fetch.prune
+fetch.prunetags fetch.writecommitgraph column.ui column.branch column.status column.tag i18n.commitencoding
+i18n.logoutputencoding rerere.enabled gc.auto gc.autodetach gc.writecommitgraph index.version index.threads
+index.skiphash feature.manyfiles maintenance.auto maintenance.strategy extensions.objectformat
+extensions.refstorage extensions.partialclone extensions.preciousobjects extensions.worktreeconfig
+lfs.repositoryformatversion lfs.url worktree.guessremote status.showuntrackedfiles
+""".split())
+_git_config_cache = {}
+
+
+def _state(paths):
+    """What stands at each path, as far as a change to it goes (a ctime cannot be set back)."""
+    return tuple((p,) + ((st.st_ino, st.st_ctime_ns, st.st_size) if st else ()) for p, st in (
+        (p, os.stat(p) if os.path.exists(p) else None) for p in paths))
+
+
+def git_config(gitdir, git):
+    """The configuration of the repository at `gitdir` as git itself reads it (its config, a worktree's, a
+    linked worktree's common one, and what they include, whether or not git takes the directory for a
+    repository yet), without the system's, the person's or a command line's: [(key, value, origin file)],
+    keys as git writes them (`x.Sub.key`), or None when git (the program `git`, outside the tree) cannot be
+    asked or refuses. Asked once per state of the files it named."""
+    common = (_read_small(os.path.join(gitdir, "commondir")) or b"").strip()
+    files = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")] + (
+        [os.path.join(gitdir, os.fsdecode(common), "config")] if common else [])
+    if not git or "\n" in gitdir or any(os.path.lexists(f) and not stat.S_ISREG(os.lstat(f).st_mode) for f in files):
+        return None  # no git to ask, a name git's syntax cannot quote, a FIFO as the config (git would hang)
+    cached = _git_config_cache.get((gitdir, git))
+    if cached is not None and _state(cached[0]) == cached[1]:
+        return cached[2]
+    import subprocess
+    env = {"PATH": os.path.dirname(git), "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent", "LC_ALL": "C",
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CEILING_DIRECTORIES": "/"}
+    blob = "[include]\n" + "".join('\tpath = "%s"\n' % f.replace("\\", "\\\\").replace('"', '\\"') for f in files)
+    try:  # git config only reads files (it runs nothing); no terminal to open, a time limit for a FIFO include
+        done = subprocess.run([git, "config", "--file", "-", "--list", "-z", "--includes", "--show-origin"],
+                              env=env, cwd="/", input=blob.encode("utf-8", "surrogateescape"), capture_output=True,
+                              timeout=3, start_new_session=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    items = done.stdout.decode("utf-8", "surrogateescape").split("\0")
+    entries = [entry.partition("\n")[::2] + (origin[5:],) for origin, entry in zip(items[0::2], items[1::2])
+               if origin.startswith("file:")]  # not the include lines of the blob above
+    if len(_git_config_cache) > 256:
+        _git_config_cache.clear()
+    watched = files + [o for _, _, o in entries]
+    _git_config_cache[(gitdir, git)] = (watched, _state(watched), entries)
+    return entries
+
+
+def _submodules(gitdir):
+    """The repositories of a repository's submodules (modules/…, nested ones too, and what holds a config or
+    hooks there, a repository or not yet); past 64, 65 of them."""
+    out = []
+    for top, subdirs, files in os.walk(os.path.join(gitdir, "modules")):
+        out += [top] if is_git_dir(top, names=subdirs + files) or {"config", "hooks"} & set(subdirs + files) else []
+        subdirs[:] = [d for d in subdirs if d not in ("objects", "refs", "logs", "hooks")][:max(0, 65 - len(out))]
+    return out
+
+
+def _git_repo_reason(dot, git, submodule=False, hooks=False):
+    """The first key of the configuration of a repository (a .git directory or file, or a bare one) and of its
+    submodules' (modules/) that is not known to hold only data (as git names it), or None; a reason too when
+    git cannot be asked. hooks=True: then the first hook they hold (a submodule's run at `git submodule update`)."""
+    if not (gitdirs := _gitdirs(dot)[:1]):
+        return "a .git file git may read differently"
+    if len(gitdirs := gitdirs + _submodules(gitdirs[0])) > 64:
+        return "too many submodule repositories to check"
+    for i, gitdir in enumerate(gitdirs):
+        if (entries := git_config(gitdir, git)) is None:
+            return "a configuration git could not be asked about" if git else "no git outside the tree to ask"
+        for key, _, _ in entries:
+            section, _, rest = key.partition(".")
+            name = section.lower() + (".*." if "." in rest else ".") + rest.rsplit(".", 1)[-1].lower()
+            if section.lower() not in ("color", "advice") and name not in GIT_DATA_KEYS and not (
+                    (submodule or i) and name == "core.worktree"):  # a submodule's repository names its working tree
+                return ("git config: " if hooks else "") + key
+    for path in [os.path.join(d, "hooks") for d in gitdirs] if hooks else []:
+        try:
+            live = [n for n in (os.listdir(path) if os.path.lexists(path) else []) if not n.endswith(".sample")]
+        except OSError:
+            return "unreadable hooks"
+        if os.path.islink(path) or live:
+            return "a hooks link" if os.path.islink(path) else "%s/%s" % (os.path.relpath(path, gitdirs[0]), live[0])
+    return None
+
+
+def _git_config_runs(dirs, git):
+    """The first key in the configuration of the repositories a git command in `dirs` meets (found as git
+    finds them: a `.git` or the directory itself, from each dir upwards; and those nested in the tree, as `git
+    status` recurses into submodules) that is not known to be inert, or None."""
+    for start in dirs:
+        d = start
+        while not (os.path.lexists(os.path.join(d, ".git")) or is_git_dir(d)) and os.path.dirname(d) != d:
+            d = os.path.dirname(d)
+        dot = os.path.join(d, ".git") if os.path.lexists(os.path.join(d, ".git")) else d if is_git_dir(d) else None
+        if dot and (reason := _git_repo_reason(dot, git)):
+            return reason
+        for nested in nested_repositories(start, 500)[0]:
+            reason = fold_name(os.path.basename(nested)) == ".git" and _git_repo_reason(nested, git, submodule=True)
+            if reason:
+                return reason
+    return None
+
+
+def repository_runs_code(dot, root, git):
+    """Would git or hg run something from this `.git`/`.hg` (a directory, a `gitdir:` file or a link) or bare
+    repository below root? A reason, or None for a repository as `git init`/`git clone` make it. Anything
+    unsure is a reason."""
+    if os.path.islink(dot):
+        return "a link"
+    if fold_name(os.path.basename(dot)) == ".hg":
+        return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
+    gitdirs = _gitdirs(dot)
+    if gitdirs and not _inside(gitdirs[0], root):
+        return "a gitdir outside the working directory"
+    return _git_repo_reason(dot, git, hooks=True)
+
+
+def venv_code(rel, venv=True):
+    """What Python runs at every start without anyone running it, from `rel`: anywhere, sitecustomize and
+    usercustomize (a module, a compiled or native one, a package: imported from wherever the path finds it) and a
+    site directory's .pth files (an `import` line runs); with venv=True (`rel` relative to a virtualenv's top,
+    where pyvenv.cfg is) its configuration (`home` picks the standard library) and interpreter links. Or None."""
+    parts = [fold_name(p) for p in rel.split("/")]
+    if any(p.split(".")[0] in ("sitecustomize", "usercustomize") for p in parts):
+        return "code every Python start runs"
+    if len(parts) > 1 and parts[-1].endswith(".pth") and parts[-2] in ("site-packages", "dist-packages"):
+        return "a .pth file every Python start reads"
+    if venv and parts == ["pyvenv.cfg"]:
+        return "a virtualenv's configuration"
+    if venv and len(parts) == 2 and parts[0] in ("bin", "scripts") and parts[1].startswith(("python", "pypy")):
+        return "a virtualenv's interpreter"
+    return None
+
+
+def _venvs_above(path, root):
+    """The virtualenvs (their tops) that `path` lies in or is."""
+    out = []
+    while _inside(path, root):
+        out += [path] if os.path.lexists(os.path.join(path, "pyvenv.cfg")) else []
+        if path == root:
+            break
+        path = os.path.dirname(path)
+    return out
+
+
+def startup_runs_code(path, root):
+    """Would Python run something from this virtualenv start-up file a command made? A reason, or None for what
+    `python -m venv` makes: pyvenv.cfg with its `home` outside the tree, interpreter links to a program
+    outside it."""
+    name = fold_name(os.path.basename(path))
+    if name == "pyvenv.cfg":
+        home = [v.strip() for k, _, v in (line.partition("=") for line in (_read_small(path) or b"").decode(
+            "utf-8", "replace").split("\n")) if k.strip().lower() == "home"]
+        return None if home and home[0] and not _inside(os.path.realpath(home[0]), root) else \
+            "a virtualenv configuration whose home is %s" % (home[0] if home else "missing")
+    if not name.startswith(("python", "pypy")):
+        return "code every Python start there runs"
+    return None if os.path.islink(path) and os.path.isfile(path) and not _inside(os.path.realpath(path), root) else \
+        "an interpreter that is not a link to one outside the working directory"
+
+
+#: project files that are code by design and run later, when a person runs the build, the tests, the CI or
+#: opens the editor: a run changing them is not blocked, but they are listed at its end for review
+DEFERRED_NAMES = ("makefile", "gnumakefile", "*.mk", "conftest.py", "package.json", ".envrc", "justfile",
+                  "taskfile.yml", "noxfile.py", "tox.ini", "setup.py", "pyproject.toml", ".pre-commit-config.yaml",
+                  "dockerfile", ".gitlab-ci.yml", ".travis.yml", "jenkinsfile", "azure-pipelines.yml",
+                  "bitbucket-pipelines.yml", ".gitattributes", ".gitmodules")
+DEFERRED_DIRS = (".github/workflows", ".github/actions", ".circleci", ".vscode", ".devcontainer", ".husky",
+                 ".idea/runconfigurations")
+
+
+def deferred_files(root, max_dirs=20000):
+    """{relative path: (inode, ctime, size)} of the files in the tree that run later by design: DEFERRED_NAMES
+    anywhere, what DEFERRED_DIRS and a virtualenv's bin/ hold (not its libraries, not node_modules/)."""
+    out, whole, venvs, cut = {}, set(), set(), len(root.rstrip("/")) + 1
+    names = re.compile("|".join(fnmatch.translate(n) for n in DEFERRED_NAMES))
+
+    def enter(entry):
+        name, up = entry.name.lower(), os.path.dirname(entry.path)
+        if up in venvs or up in whole or entry.path[cut:].lower() in DEFERRED_DIRS:
+            whole.add(entry.path)
+        return name in ("bin", "scripts") if up in venvs else name not in (".git", ".hg", "node_modules", "__pycache__")
+    for path, entries in _tree(root, max_dirs, enter):
+        if path is None:
+            break
+        venvs |= {path} if any(e.name == "pyvenv.cfg" for e in entries) else set()
+        for e in entries:
+            try:
+                if (path in whole or names.match(e.name.lower())) and not e.is_dir(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    out[e.path[cut:]] = (st.st_ino, st.st_ctime_ns, st.st_size)
+            except OSError:
+                continue
+    return out
 
 
 # ---- Untrusted text for terminals ----
@@ -4386,19 +4644,9 @@ class PathError(ToolError):
 
 
 def _kind_of(mode):
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "FIFO"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device"
-    return "special file"
+    return {stat.S_IFREG: "file", stat.S_IFDIR: "directory", stat.S_IFLNK: "symlink", stat.S_IFIFO: "FIFO",
+            stat.S_IFSOCK: "socket", stat.S_IFCHR: "device", stat.S_IFBLK: "device"}.get(stat.S_IFMT(mode),
+                                                                                          "special file")
 
 
 _OPENAT2 = None  #: None: not tried yet; False: the kernel (or a seccomp filter) says no; else the function
@@ -4423,7 +4671,6 @@ def _openat2_beneath(dir_fd, rel, flags):
 
 def _load_openat2():
     import platform
-    import sys
     if not sys.platform.startswith("linux"):
         return False
     # openat2 is 437 in the unified table of every architecture added since 5.6 (not alpha/ia64/mips)
@@ -4450,7 +4697,6 @@ def _load_openat2():
             raise OSError(err, os.strerror(err), rel)
         return fd
 
-    import errno
     try:  # probe once: "." beneath an open root always works where openat2 exists
         probe = os.open("/", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
         try:
@@ -4528,8 +4774,7 @@ class Target:
 
     def open_regular(self, what):
         """An fd of the regular file here, for reading; anything else is an error saying what it is."""
-        st = self.lstat()
-        if st is None:
+        if (st := self.lstat()) is None:
             raise ToolError("no such file or directory: %s" % display_path(self.real, self.root))
         if not stat.S_ISREG(st.st_mode):
             raise special_error(self, st.st_mode, what)
@@ -4681,8 +4926,7 @@ class Jail:
     def _resolve(self, root_fd, rel, shown, follow):
         parts = [p for p in rel.split("/") if p not in ("", ".")]
         if len(parts) > 1 and ".." not in parts:
-            fds = self._fast_parent(root_fd, parts[:-1])
-            if fds is not None:
+            if (fds := self._fast_parent(root_fd, parts[:-1])) is not None:
                 names = fds.pop()
                 return self._walk(fds, names, [parts[-1]], shown, follow)
         return self._walk([root_fd], [], parts, shown, follow)
@@ -4732,8 +4976,7 @@ class Jail:
                 if not names:
                     return Target(self.root, fds, names, [], ".", links)
                 name = names.pop()
-                fd = fds.pop()
-                if fd is not None:
+                if (fd := fds.pop()) is not None:
                     os.close(fd)
                 self._reopen(fds, names)
                 return Target(self.root, fds, names, [], name, links)
@@ -4742,8 +4985,7 @@ class Jail:
                 if not names:
                     raise JailError("path outside working directory: %s" % shown)
                 names.pop()
-                fd = fds.pop()
-                if fd is not None:
+                if (fd := fds.pop()) is not None:
                     os.close(fd)
                 continue
             if len(os.fsencode(comp)) > NAME_MAX:
@@ -4764,8 +5006,7 @@ class Jail:
                 if target.startswith("/"):
                     inner = self._absolute(target, shown)
                     while len(fds) > 1:
-                        fd = fds.pop()
-                        if fd is not None:
+                        if (fd := fds.pop()) is not None:
                             os.close(fd)
                     del names[:]
                     todo.extend(reversed(inner.split("/")))
@@ -4811,8 +5052,7 @@ class Jail:
             return ""
         if len(names) > 5000:  # get_close_matches is ~50 µs a name: a hint is not worth seconds
             return ""
-        close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6)
-        if close:
+        if close := difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6):
             return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
         return ""
 
@@ -4828,14 +5068,16 @@ def resolve_path(path, root, must_exist=False, follow=True):
         return target.real
 
 
-def path_verdict(path, root, protected=(), hidden=()):
-    """('inside'|'outside'|'error', reason) for `xzatoma policy path`; the reason names a protected path the
-    change would touch (given `protected`, as from protected_paths). `hidden` (XZATOMA_HOME) is refused as
-    the tools refuse it: an error."""
+def path_verdict(path, conf):
+    """('inside'|'outside'|'error', reason) for `xzatoma policy path`, as the file tools would decide: the
+    reason names a protected path a change would touch (Confinement.target_reason); XZATOMA_HOME is refused as
+    the tools refuse it: an error. `conf` may be a working directory (a Confinement of it is made)."""
+    conf = conf if isinstance(conf, Confinement) else Confinement(conf)
+    root = conf.root
     try:
-        with Jail(root, hidden=hidden).resolve(path) as target:
+        with conf.jail.resolve(path) as target:
             real = target.real
-            what = protected_reason(target, protected, target.root) if protected else None
+            what = conf.target_reason(target)
     except JailError as exc:
         return "outside", str(exc)
     except (ToolError, OSError) as exc:
@@ -4887,8 +5129,7 @@ def _subtree(dir_fd, name, check=None):
         frames.append((fd, "", iter(sorted(os.listdir(fd)))))
         while frames:
             fd, prefix, names = frames[-1]
-            child = next(names, None)
-            if child is None:
+            if (child := next(names, None)) is None:
                 frames.pop()
                 os.close(fd)
                 continue
@@ -4922,8 +5163,7 @@ def _brace_expand(pattern, limit=MAX_GLOB_ALTERNATIVES):
     out, todo = [], [pattern]
     while todo:
         item = todo.pop()
-        m = re.search(r"\{([^{}]*)\}", item)
-        if not m:
+        if not (m := re.search(r"\{([^{}]*)\}", item)):
             out.append(item)
         else:
             todo.extend(item[: m.start()] + alt + item[m.end():] for alt in reversed(m.group(1).split(",")))
@@ -5050,8 +5290,7 @@ class _GlobAutomaton:
                 if ch == "/":
                     nxt.append(-s)
                 continue
-            t = self.tokens[s]
-            if t is None:
+            if (t := self.tokens[s]) is None:
                 continue
             if t == "**/":
                 if ch != "\n":
@@ -5078,13 +5317,11 @@ class _GlobAutomaton:
         states, memo = self.start, self.memo
         for ch in text:
             key = (states, ch)
-            new = memo.get(key)
-            if new is None:
+            if (new := memo.get(key)) is None:
                 new = self._step(states, ch)
                 if len(memo) < self.MAX_MEMO:
                     memo[key] = new
-            states = new
-            if not states:
+            if not (states := new):
                 return False
         return not self.accept.isdisjoint(states)
 
@@ -5097,8 +5334,7 @@ def glob_regex(pattern):
     backtracking regex handles in linear time is one (the fast, common case: '*.py', '**/*.md',
     'src/**/*.rs'); any other runs through _GlobAutomaton. Too long or too many alternatives: ToolError.
     """
-    cached = _GLOB_CACHE.get(pattern)
-    if cached is not None:
+    if (cached := _GLOB_CACHE.get(pattern)) is not None:
         return cached
     if len(pattern) > MAX_GLOB_LENGTH:
         raise ToolError("the glob is %d characters long, over the %d a glob may have" % (len(pattern), MAX_GLOB_LENGTH))
@@ -5206,7 +5442,6 @@ class Script:
         self.stdin_data = False  # a >(…) process substitution: its standard input is data from the command
 
 
-_OPERATOR_START = set(";&|()<>\n")
 _RESERVED_PREFIX = {"if", "then", "elif", "else", "do", "while", "until", "!", "time"}
 _RESERVED_ALONE = {"fi", "done", "esac", "}", "{"}
 _ANSI_C = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
@@ -5231,8 +5466,7 @@ def ansi_c_decode(body):
             out.append(chr(int(m.group(0), 8) & 0xFF))
             i += 1 + len(m.group(0))
         elif n in "xuU":
-            m = re.match(r"[0-9A-Fa-f]{1,%d}" % {"x": 2, "u": 4, "U": 8}[n], body[i + 2:])
-            if m:
+            if m := re.match(r"[0-9A-Fa-f]{1,%d}" % {"x": 2, "u": 4, "U": 8}[n], body[i + 2:]):
                 code = int(m.group(0), 16)
                 out.append(chr(code) if code < 0x110000 else "\ufffd")
                 i += 2 + len(m.group(0))
@@ -5348,8 +5582,7 @@ class ShellParser:
             if self.peek() == "!" and self.peek(1) in " \t":
                 self.i += 1
                 continue
-            command = self.parse_command(closer)
-            if command is not None:
+            if (command := self.parse_command(closer)) is not None:
                 pipeline.commands.append(command)
             self.skip_blanks()
             if self.startswith("||"):
@@ -5430,8 +5663,7 @@ class ShellParser:
             self.skip_blanks()
             name = self.read_word()
             self.skip_blanks()
-            m = re.match(r"\(\s*\)", self.s[self.i:])
-            if m:
+            if m := re.match(r"\(\s*\)", self.s[self.i:]):
                 self.i += m.end()
             self.skip_newlines()
             return FunctionDef(name.text, self.parse_command(closer))
@@ -5441,8 +5673,7 @@ class ShellParser:
             m = re.match(r"[A-Za-z_][A-Za-z0-9_]*[ \t]+(?=[{(])", self.s[self.i:])
             if m:
                 self.i += m.end()
-            command = self.parse_command(closer)
-            if command is not None:
+            if (command := self.parse_command(closer)) is not None:
                 command.background = True
             return command
         simple = Simple()
@@ -5582,8 +5813,7 @@ class ShellParser:
     def try_redirect(self, simple):
         if self.peek() in "<>" and self.peek(1) == "(":
             return False  # process substitution: a word
-        m = self._REDIRECT.match(self.s, self.i)
-        if not m:
+        if not (m := self._REDIRECT.match(self.s, self.i)):
             return False
         op = m.group(2)
         self.i = m.end()
@@ -5921,8 +6151,7 @@ def _brace(chars, limit, budget):
             continue
         else:
             body = "".join(ch for ch, _ in chars[start + 1:end])
-            m = re.match(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$", body)
-            if not m:
+            if not (m := re.match(r"^(-?\d+|[A-Za-z])\.\.(-?\d+|[A-Za-z])(?:\.\.(-?\d+))?$", body)):
                 continue
             a, b = m.group(1), m.group(2)
             step = abs(int(m.group(3) or 1)) or 1
@@ -6032,18 +6261,6 @@ SYSTEM_ROOTS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64"
                 "/root", "/sbin", "/srv", "/sys", "/usr", "/var", "/home", "/Users", "/System", "/Library", "/snap",
                 "/run", "/mnt", "/media")
 SAFE_SINKS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero")
-#: files in the home directory whose change runs code later (shell start-up files) or holds keys
-HOME_PROTECTED = (".ssh", ".gnupg", ".aws", ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile",
-                  ".zshrc", ".zprofile", ".zshenv", ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".kshrc",
-                  ".mkshrc", ".inputrc", ".pam_environment", ".xprofile", ".xinitrc", ".xsession", ".gitconfig",
-                  ".config/git", ".config/fish", ".config/autostart", ".config/systemd", ".netrc", ".pgpass",
-                  ".docker", ".kube", ".npmrc", ".pypirc", ".local/share/systemd", ".config/environment.d")
-#: inside the working directory: the repository's hooks and configuration run code on git commands
-TREE_PROTECTED = (".git",)
-SYSTEM_PROTECTED = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys",
-                    "/root", "/var/spool/cron", "/var/lib", "/dev/mem", "/dev/kmem", "/dev/port",
-                    "/proc/sysrq-trigger", "/proc/sys")
-_DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d|nbd|rbd|zd|mtd)")
 #: another process's secrets and escape routes out of every check: environment, memory, root, cwd, fds
 _PROC_SECRET = re.compile(r"/proc/+(?:[^/\s]+/+)?(task/+(?:[^/\s]+/+)?)?(environ|mem|root|cwd|fd|fdinfo|map_files|"
                           r"pagemap|syscall|auxv|exe/)|/proc/+(kcore|kmem|self/+mem)|/dev/+(k?mem|port)\b")
@@ -6216,9 +6433,7 @@ SAFE_OPTIONS = {
                        "brief checking-printout exclude= exclude-quiet= extension separator= mime "
                        "mime-type mime-encoding keep-going list dereference no-dereference no-pad preserve-date raw "
                        "special-files print0 parameter= apple " + _COMMON,
-                       bad={"f": "file -f reads the names of the files to read from a file",
-                            "files-from": "file --files-from reads the names of the files to read from a file",
-                            "m": "file -m loads a magic file", "magic-file": "file --magic-file loads a magic file",
+                       bad={"m": "file -m loads a magic file", "magic-file": "file --magic-file loads a magic file",
                             "C": "file -C compiles and writes a magic file", "compile": "file --compile writes",
                             "z": "file -z runs decompressors", "Z": "file -Z runs decompressors",
                             "uncompress": "file --uncompress runs decompressors",
@@ -6330,7 +6545,6 @@ def bounded_glob(pattern, max_matches, max_entries=100000):
     dot files, no '**'), reading at most `max_entries` directory entries. glob follows symbolic links: ten
     links to '.' make `*/*/*/*/*/*/*/*/x` a hundred million paths (glob.glob ran for hours); here the walk
     stops, and `exhausted` (the answer is not known) is the caller's cue to fail closed."""
-    import fnmatch
     import glob
     parts = pattern.split("/")
     frontier, budget = ["/" if pattern.startswith("/") else ""], max_entries
@@ -6365,95 +6579,21 @@ def bounded_glob(pattern, max_matches, max_entries=100000):
     return frontier[:max_matches], False
 
 
-#: the longest command the policy judges: judging is linear, but a model can write megabytes, and a verdict
-#: must come in well under a second whatever it writes (longer commands are denied)
-MAX_COMMAND_LENGTH = 32768
+# ---- Terminal: the policy, pass 1: the denylist ----
 
-
-class CommandPolicy:
-    """Judges a command line: deny (never runs), allow (proven read-only, inside the jail), or confirm."""
-
-    def __init__(self, root, allowlist=DEFAULT_ALLOWLIST, custom_denylist=(), home=None, path=None):
-        self.root = os.path.realpath(root)
-        entries = [e.split() for e in allowlist if e and e.strip()]
-        #: read-only programs whose every option and operand is checked
-        known = set(SAFE_OPTIONS) | {"git", "find"}
-        self.allowlist = {e[0] for e in entries if len(e) == 1 and e[0] in known}
-        #: configured command prefixes (`make test`, `pytest`): run unasked, confined by the sandbox
-        self.prefixes = [e for e in entries if not (len(e) == 1 and e[0] in known)]
-        self.custom = [_custom_rule(entry) for entry in custom_denylist if entry and entry.strip()]
-        self.home = os.path.realpath(home or os.path.expanduser("~"))
-        #: the PATH commands are looked up in (the child's: the sandbox keeps PATH)
-        self.path = path if path is not None else os.environ.get("PATH", os.defpath)
-        #: while the denylist walks a script: the directory `cd` moved to (None once it cannot be known)
-        self._cwd = self.root
-        #: programs looked up on PATH during one judgement (_resolve)
-        self._resolved = {}
-
-    def judge(self, command):
-        try:
-            return self._judge(command)
-        except (RecursionError, ValueError, IndexError, KeyError, TypeError, OSError) as exc:  # fail closed
-            return Verdict(DENY, "the command could not be checked (%s: %s); it is not run"
-                           % (type(exc).__name__, exc))
-
-    def _judge(self, command):
-        if not command or not command.strip():
-            return Verdict(CONFIRM, "the command is empty")
-        if len(command) > MAX_COMMAND_LENGTH:
-            return Verdict(DENY, "the command is %d characters long, over the %d the policy checks; write long "
-                                 "content with write_file" % (len(command), MAX_COMMAND_LENGTH))
-        if "\x00" in command:
-            return Verdict(DENY, "the command contains a NUL byte")
-        m = _CONTROL.search(command)
-        if m:
-            return Verdict(DENY, "the command contains a control or invisible character (U+%04X)" % ord(m.group(0)))
-        flat = " ".join(command.replace("\\\n", " ").split())
-        try:
-            script = parse_shell(command)
-        except ShellSyntaxError as exc:
-            raw = self._raw_deny(flat)
-            return raw or Verdict(DENY, "cannot check the command (%s); it is not run: write it in plainer shell "
-                                        "syntax" % exc)
-        self._cwd = self.root
-        self._resolved = {}
-        verdict = self._deny_script(script, 0, {})
-        self._cwd = self.root
-        if verdict is None and not command.isascii():  # full-width and other look-alikes, as NFKC sees them
-            try:
-                verdict = self._deny_script(parse_shell(_nfkc(command)), 0, {})
-            except ShellSyntaxError:
-                pass
-        if verdict is None:
-            verdict = self._raw_deny(flat, always_only=True)
-        if verdict is None:
-            verdict = self._script(script, 0)
-            if verdict.level == ALLOW and not script.pipelines:
-                verdict = Verdict(CONFIRM, "nothing to run")
-        return Verdict(verdict.level, verdict.reason, script)
-
-    def _raw_deny(self, flat, always_only=False):
-        for pattern, reason in (RAW_DENY[:1] + RAW_DENY[-1:]) if always_only else RAW_DENY:
-            if pattern.search(flat):
-                return Verdict(DENY, reason)
-        for rule in self.custom:
-            if rule[0] == "regex" and rule[1].search(flat):
-                return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
-        return None
-
-    # ---- pass 1: the denylist, through wrappers and obfuscation ----
+class Denylist:
+    """The first pass of CommandPolicy (its base): the catastrophes, found anywhere in a command however it
+    is wrapped or spelled, on the normalised view of its words (what the shell will make of them)."""
 
     def _deny_script(self, script, depth, env, first_piped=False):
         if depth > 16:
             return Verdict(DENY, "commands are nested too deeply to check")
         for pipeline in script.pipelines:
-            verdict = self._deny_exfiltration(pipeline, env)
-            if verdict is not None:
+            if (verdict := self._deny_exfiltration(pipeline, env)) is not None:
                 return verdict
             upstream = None
             for position, command in enumerate(pipeline.commands):
-                verdict = self._deny_node(command, depth, env, position > 0 or first_piped, upstream)
-                if verdict is not None:
+                if (verdict := self._deny_node(command, depth, env, position > 0 or first_piped, upstream)) is not None:
                     return verdict
                 upstream = _printed(command)
         return None
@@ -6499,15 +6639,10 @@ class CommandPolicy:
 
     def _secret_file(self, text):
         """Does an argument (curl's @file and name=@file too) name a key or credential file?"""
-        for candidate in (text, text.lstrip("@<"), text.split("=", 1)[-1].lstrip("@<")):
-            path = self._abs(candidate)
-            if not path:
-                continue
-            for name in (".ssh", ".gnupg", ".aws", ".netrc", ".pgpass", ".docker", ".kube", ".npmrc", ".pypirc",
-                         ".config/gh", ".config/gcloud", ".azure", ".git-credentials"):
-                q = os.path.join(self.home, name)
-                if path == q or path.startswith(q + "/") or os.path.realpath(path).startswith(q + "/"):
-                    return True
+        for path in filter(None, map(self._abs, (text, text.lstrip("@<"), text.split("=", 1)[-1].lstrip("@<")))):
+            if any(p == q or p.startswith(q + "/") for p in (path, os.path.realpath(path))
+                   for q in (os.path.join(self.home, name) for name in CREDENTIAL_NAMES)):
+                return True
         return False
 
     def _deny_node(self, node, depth, env, piped, upstream=None):
@@ -6515,8 +6650,7 @@ class CommandPolicy:
             if _calls_itself(node):
                 return Verdict(DENY, "a fork bomb (function %s calls itself in the background)" % node.name)
             return self._deny_node(node.body, depth + 1, env, piped) if node.body is not None else None
-        verdict = self._deny_redirects(node.redirects, depth, env)
-        if verdict is not None:
+        if (verdict := self._deny_redirects(node.redirects, depth, env)) is not None:
             return verdict
         if isinstance(node, Group):
             for word in node.words:
@@ -6525,8 +6659,7 @@ class CommandPolicy:
             return verdict or self._deny_script(node.script, depth + 1, env, piped and node.kind != "case")
         for word in node.assigns + node.words:
             for sub in word.subs:
-                verdict = self._deny_script(sub, depth + 1, env, sub.stdin_data)
-                if verdict is not None:
+                if (verdict := self._deny_script(sub, depth + 1, env, sub.stdin_data)) is not None:
                     return verdict
         for word in node.assigns:
             name, _, value = word.text.partition("=")
@@ -6539,8 +6672,7 @@ class CommandPolicy:
                 for n, item in enumerate(items[:32]):
                     env["%s[%d]" % (name, n)] = [item]
                 env[name + "[@]"] = env[name + "[*]"] = [" ".join(items)]
-            verdict = self._deny_setting(name, value, depth)
-            if verdict is not None:
+            if (verdict := self._deny_setting(name, value, depth)) is not None:
                 return verdict
         if not node.words:
             return None
@@ -6563,8 +6695,7 @@ class CommandPolicy:
         for argv in argvs:
             if not argv:
                 continue
-            verdict = self._deny_argv(argv, depth, piped, stdin_code)
-            if verdict is not None:
+            if (verdict := self._deny_argv(argv, depth, piped, stdin_code)) is not None:
                 return verdict
             runs = [self._abs(a) for a in argv[:3] if a and not a.startswith("-")]
             if downloads and any(path in downloads for path in runs) and (
@@ -6595,8 +6726,7 @@ class CommandPolicy:
         prog, args = argv[0], argv[1:]
         if prog in ("export", "declare", "typeset", "local", "readonly"):
             for a in args:
-                m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", a, re.S)
-                if m:
+                if m := re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", a, re.S):
                     env[m.group(1)] = [m.group(2)]
         elif prog == "printf" and len(args) >= 3 and args[0] == "-v":
             out = _trivial_output("$(printf %s)" % " ".join(shlex_quote(a) for a in args[2:]))
@@ -6618,8 +6748,7 @@ class CommandPolicy:
                 if word is None:
                     continue
                 for sub in word.subs:
-                    verdict = self._deny_script(sub, depth + 1, env)
-                    if verdict is not None:
+                    if (verdict := self._deny_script(sub, depth + 1, env)) is not None:
                         return verdict
             if target is None or op in ("<<", "<<-"):
                 continue
@@ -6630,24 +6759,17 @@ class CommandPolicy:
                                              "/proc (%s)" % text)
                     if op in ("<", "<<<", "<&") or (op == ">&" and (text.isdigit() or text == "-")):
                         continue
-                    reason = self._protected(text)
-                    if reason:
+                    if reason := self._protected(text):
                         return Verdict(DENY, "redirects output into %s (%s)" % (reason, text))
         return None
 
     def _proc_secret(self, text):
         """Does an argument name another process's environment, memory, root, cwd or descriptors?"""
-        for t in (text, text.split("=", 1)[-1]):
-            for path in (t, self._abs(t)):
-                if not path:
-                    continue
-                if _PROC_SECRET.search(path):
-                    return True
-                parts = path.split("/")
-                if len(parts) > 2 and parts[0] == "" and parts[1] == "proc":
-                    rest = parts[2:]
-                    if any(fnmatch.fnmatchcase(name, part) for part in rest for name in _PROC_SENSITIVE):
-                        return True
+        for path in (p for t in (text, text.split("=", 1)[-1]) for p in (t, self._abs(t)) if p):
+            parts = path.split("/")
+            if _PROC_SECRET.search(path) or len(parts) > 2 and parts[:2] == ["", "proc"] and any(
+                    fnmatch.fnmatchcase(name, part) for part in parts[2:] for name in _PROC_SENSITIVE):
+                return True
         return False
 
     def _deny_code(self, code, depth):
@@ -6665,8 +6787,7 @@ class CommandPolicy:
         """The denylist on one normalised argument list, then on whatever it runs."""
         if depth > 16:
             return Verdict(DENY, "commands are nested too deeply to check")
-        argv = [a for a in argv]
-        if not argv:
+        if not (argv := [a for a in argv]):
             return None
         prog = _prog_name(argv[0])
         args = argv[1:]
@@ -6694,15 +6815,12 @@ class CommandPolicy:
                     verdict = self._deny_code(": " + text, depth)
                     if verdict is not None and verdict.level == DENY:
                         return verdict
-        verdict = self._deny_hidden_programs(prog, args, depth)
-        if verdict is not None:
+        if (verdict := self._deny_hidden_programs(prog, args, depth)) is not None:
             return verdict
         if is_interpreter(prog) or prog in ("source", ".", "eval"):
-            verdict = self._deny_interpreter(prog, args, depth, piped, stdin_code)
-            if verdict is not None:
+            if (verdict := self._deny_interpreter(prog, args, depth, piped, stdin_code)) is not None:
                 return verdict
-        verdict = self._deny_program(prog, args, depth)
-        if verdict is not None:
+        if (verdict := self._deny_program(prog, args, depth)) is not None:
             return verdict
         if prog in WRAPPERS or prog in ("trap", "alias"):
             return self._deny_wrapped(prog, args, depth, piped, stdin_code)
@@ -6728,12 +6846,10 @@ class CommandPolicy:
                 if verdict is not None:
                     return verdict
             elif not eq and a.startswith("-") and _COMMAND_OPTION.search(key) and i + 1 < len(args):
-                verdict = self._deny_code(args[i + 1], depth + 1)
-                if verdict is not None:
+                if (verdict := self._deny_code(args[i + 1], depth + 1)) is not None:
                     return verdict
             if eq and prog in ("env", "export", "declare", "typeset", "local", "readonly", "setenv"):
-                verdict = self._deny_setting(a.split("=", 1)[0].lstrip("-"), value, depth)
-                if verdict is not None:
+                if (verdict := self._deny_setting(a.split("=", 1)[0].lstrip("-"), value, depth)) is not None:
                     return verdict
         if prog in ("gdb", "lldb", "strace", "ltrace", "gcore", "perf", "bpftrace", "pstack", "eu-stack") and any(
                 a in ("-p", "--pid", "--attach", "attach") or a.startswith("--pid=") or
@@ -6762,26 +6878,22 @@ class CommandPolicy:
             for script in _operands(args, takes_value={"-e", "-f", "-l", "--expression", "--file"})[:1] + \
                     [args[i + 1] for i, a in enumerate(args) if a in ("-e", "--expression") and i + 1 < len(args)]:
                 for m in re.finditer(r"(?:^|[;\n{}])\s*(?:[0-9,$!~+]|/[^/]*/[IM]*)*\s*e\s+([^;\n}]+)", script):
-                    verdict = self._deny_code(m.group(1), depth + 1)
-                    if verdict is not None:
+                    if (verdict := self._deny_code(m.group(1), depth + 1)) is not None:
                         return verdict
                 for m in re.finditer(r"(?:^|[;\n{}]|/[a-z]*)\s*[wW]\s+(\S+)", script):
-                    reason = self._protected(m.group(1))
-                    if reason:
+                    if reason := self._protected(m.group(1)):
                         return Verdict(DENY, "sed writes to %s (%s)" % (reason, m.group(1)))
                 for m in re.finditer(r"s([^\w\s\\])((?:\\.|(?!\1)[^\\\n])*)\1((?:\\.|(?!\1)[^\\\n])*)\1([a-zA-Z0-9]*)", script):
                     if "e" in m.group(4) or "w" in m.group(4):
                         replacement = re.sub(r"\\(.)", r"\1", m.group(3))
-                        verdict = self._deny_code(replacement, depth + 1)
-                        if verdict is not None:
+                        if (verdict := self._deny_code(replacement, depth + 1)) is not None:
                             return verdict
         if prog in ("vi", "vim", "nvim", "ex", "view", "gvim", "emacs", "less", "more", "man"):
             for i, a in enumerate(args):
                 text = args[i + 1] if a in ("-c", "--cmd", "--eval", "-e") and i + 1 < len(args) else \
                     a[1:] if a.startswith("+") else None
                 if text and "!" in text:
-                    verdict = self._deny_code(text.split("!", 1)[1], depth + 1)
-                    if verdict is not None:
+                    if (verdict := self._deny_code(text.split("!", 1)[1], depth + 1)) is not None:
                         return verdict
         return None
 
@@ -6794,8 +6906,7 @@ class CommandPolicy:
             if piped and (not args or args[0] in ("/dev/stdin", "-", "/proc/self/fd/0", "/dev/fd/0")):
                 return Verdict(DENY, "data piped into %s runs as code" % prog)
             return None
-        code = _code_argument(prog, args)
-        if code is not None:
+        if (code := _code_argument(prog, args)) is not None:
             if not code.strip():
                 return Verdict(DENY, "%s without its code (under xargs or parallel the input becomes the code)" % prog)
             if prog in SHELLS and "{}" in code:
@@ -6807,8 +6918,7 @@ class CommandPolicy:
                     for n, value in enumerate(positional[:10]):
                         filled = re.sub(r"\$\{?%d\}?" % n, lambda m, v=value: v, filled)
                     filled = re.sub(r"\"?\$\{?[@*]\}?\"?", lambda m: " ".join(positional[1:]), filled)
-                    verdict = self._deny_code(filled, depth)
-                    if verdict is not None:
+                    if (verdict := self._deny_code(filled, depth)) is not None:
                         return verdict
                 return self._deny_code(code, depth)
             return self._deny_embedded(code, depth)
@@ -6825,8 +6935,7 @@ class CommandPolicy:
 
     def _deny_embedded(self, code, depth):
         """Code for another interpreter (python -c, perl -e): the shell commands in its string literals."""
-        raw = self._raw_deny(" ".join(code.split()))
-        if raw is not None:
+        if (raw := self._raw_deny(" ".join(code.split()))) is not None:
             return raw
         if "/proc" in code and re.search(r"environ|\bmem\b|/root\b|/cwd\b", code):
             return Verdict(DENY, "code that reads another process's environment or memory through /proc")
@@ -6836,8 +6945,7 @@ class CommandPolicy:
                 script = ShellParser(_nfkc(literal), min(depth + 1, 20)).parse()
             except ShellSyntaxError:
                 continue
-            verdict = self._deny_script(script, depth + 1, {})
-            if verdict is not None:
+            if (verdict := self._deny_script(script, depth + 1, {})) is not None:
                 return verdict
         return None
 
@@ -6857,8 +6965,7 @@ class CommandPolicy:
                     tries = [[w.replace("{}", item) for w in inner] for item in items] if replace else \
                         [inner + items]
                     for argv in tries:
-                        verdict = self._deny_argv(argv, depth + 1)
-                        if verdict is not None:
+                        if (verdict := self._deny_argv(argv, depth + 1)) is not None:
                             return verdict
                     break
             stdin_code = None
@@ -6878,8 +6985,7 @@ class CommandPolicy:
             for value in args[at + 1:at + 9]:
                 strings.extend(" ".join(args[:at]).replace("{}", value) for _ in (0,))
         for code in strings:
-            verdict = self._deny_code(code, depth + 1)
-            if verdict is not None:
+            if (verdict := self._deny_code(code, depth + 1)) is not None:
                 return verdict
         if prog in ("trap", "alias"):
             return None
@@ -6892,37 +6998,25 @@ class CommandPolicy:
             inner = args[start:]
             if prog == "xargs" and any(a in ("-I", "-i") or a.startswith(("-I", "--replace")) for a in args[:start]):
                 inner = [a for a in inner]
-            verdict = self._deny_argv(inner, depth + 1, piped, stdin_code)
-            if verdict is not None:
+            if (verdict := self._deny_argv(inner, depth + 1, piped, stdin_code)) is not None:
                 return verdict
         return None
 
     def _deny_program(self, prog, args, depth):
         """The catastrophes of one program."""
         if prog in ("rm", "unlink", "rmdir", "shred", "srm", "trash", "trash-put", "gio"):
-            verdict = self._deny_rm(prog, args)
-            if verdict is not None:
+            if (verdict := self._deny_rm(prog, args)) is not None:
                 return verdict
-        if prog == "find":
-            verdict = self._deny_find(args, depth)
-            if verdict is not None:
-                return verdict
-        if prog == "git":
-            verdict = self._deny_git(args, depth)
-            if verdict is not None:
-                return verdict
-        if prog == "rsync":
-            verdict = self._deny_rsync(args, depth)
-            if verdict is not None:
-                return verdict
+        check = {"find": self._deny_find, "git": self._deny_git, "rsync": self._deny_rsync}.get(prog)
+        if check is not None and (verdict := check(args, depth)) is not None:
+            return verdict
         if prog == "dd":
             for a in args:
                 if a.startswith("of="):
                     target = self._abs(a[3:])
                     if target and target.startswith("/dev/") and target not in SAFE_SINKS:
                         return Verdict(DENY, "dd onto a device (%s)" % a[3:])
-                    reason = self._protected(a[3:])
-                    if reason:
+                    if reason := self._protected(a[3:]):
                         return Verdict(DENY, "dd writes to %s (%s)" % (reason, a[3:]))
         if prog in ("chmod", "chown", "chgrp", "setfacl", "chattr", "chcon", "setfattr"):
             operands = _operands(args)
@@ -6931,12 +7025,10 @@ class CommandPolicy:
                     return Verdict(DENY, "%s on a system path (%s)" % (prog, target))
         if prog in ("mv", "gmv"):
             for source in _operands(args, takes_value={"-t", "--target-directory", "-S", "--suffix"})[:-1]:
-                reason = self._catastrophic(source, True, tree_ok=True)
-                if reason:
+                if reason := self._catastrophic(source, True, tree_ok=True):
                     return Verdict(DENY, "mv moves %s away (%s)" % (reason, source))
         for target in _write_targets(prog, args):
-            reason = self._protected(target)
-            if reason:
+            if reason := self._protected(target):
                 return Verdict(DENY, "%s writes to %s (%s)" % (prog, reason, target))
         return None
 
@@ -6956,11 +7048,9 @@ class CommandPolicy:
         recursive = bool(flags & {"r", "R"}) or any("--recursive".startswith(f) and len(f) > 4 for f in flags) or \
             prog in ("rmdir", "trash", "trash-put", "gio")
         for target in targets:
-            reason = self._catastrophic(target, recursive)
-            if reason:
+            if reason := self._catastrophic(target, recursive):
                 return Verdict(DENY, "%s of %s (%s)" % ("recursive rm" if recursive else prog, reason, target))
-            protected = self._protected(target)
-            if protected:
+            if protected := self._protected(target):
                 return Verdict(DENY, "%s removes %s (%s)" % (prog, protected, target))
         return None
 
@@ -6981,8 +7071,7 @@ class CommandPolicy:
                 continue
             break
         whole = base != text
-        path = self._abs(base)
-        if not path:
+        if not (path := self._abs(base)):
             return None
         real = os.path.realpath(path)
         home = self.home.rstrip("/")
@@ -7012,8 +7101,7 @@ class CommandPolicy:
         destructive = any(a in ("-delete",) for a in expression)
         for j, a in enumerate(expression):
             if a in ("-fprint", "-fprint0", "-fprintf", "-fls") and j + 1 < len(expression):
-                reason = self._protected(expression[j + 1])
-                if reason:
+                if reason := self._protected(expression[j + 1]):
                     return Verdict(DENY, "find %s writes to %s" % (a, reason))
             if a in ("-exec", "-execdir", "-ok", "-okdir"):
                 inner = []
@@ -7024,18 +7112,15 @@ class CommandPolicy:
                 for start in starts:
                     outside = bool(self._catastrophic(start, True, tree_ok=True))
                     fill = start if outside else "./{}"
-                    verdict = self._deny_argv([w.replace("{}", fill) for w in inner], depth + 1)
-                    if verdict is not None:
+                    if (verdict := self._deny_argv([w.replace("{}", fill) for w in inner], depth + 1)) is not None:
                         return verdict
                     if _prog_name(inner[0] if inner else "") in ("rm", "shred", "unlink") and outside:
                         destructive = True
         if destructive:
             for start in starts:
-                reason = self._catastrophic(start, True, tree_ok=True)
-                if reason:
+                if reason := self._catastrophic(start, True, tree_ok=True):
                     return Verdict(DENY, "find deletes everything under %s (%s)" % (reason, start))
-                reason = self._protected(start)
-                if reason:
+                if reason := self._protected(start):
                     return Verdict(DENY, "find deletes %s (%s)" % (reason, start))
         return None
 
@@ -7044,17 +7129,14 @@ class CommandPolicy:
                                                 "--rsync-path", "-T", "--temp-dir", "--backup-dir"})
         for i, a in enumerate(args):
             if a in ("-e", "--rsh", "--rsync-path") and i + 1 < len(args):
-                verdict = self._deny_code(args[i + 1], depth + 1)
-                if verdict is not None:
+                if (verdict := self._deny_code(args[i + 1], depth + 1)) is not None:
                     return verdict
             elif a.startswith(("--rsh=", "--rsync-path=")):
-                verdict = self._deny_code(a.split("=", 1)[1], depth + 1)
-                if verdict is not None:
+                if (verdict := self._deny_code(a.split("=", 1)[1], depth + 1)) is not None:
                     return verdict
         deleting = any(a.startswith("--del") or a in ("--remove-source-files", "--remove-sent-files") for a in args)
         if deleting and len(operands) >= 2:
-            reason = self._catastrophic(operands[-1], True)
-            if reason:
+            if reason := self._catastrophic(operands[-1], True):
                 return Verdict(DENY, "rsync --delete onto %s (%s)" % (reason, operands[-1]))
         return None
 
@@ -7094,8 +7176,7 @@ class CommandPolicy:
             return Verdict(DENY, "git -u (--upload-pack) runs a program chosen on the command line")
         for i, a in enumerate(args):
             if a in ("-x", "--exec") and i + 1 < len(args) and "rebase" in words:
-                verdict = self._deny_code(args[i + 1], depth + 1)
-                if verdict is not None:
+                if (verdict := self._deny_code(args[i + 1], depth + 1)) is not None:
                     return verdict
         if "bisect" in words and "run" in words:
             return self._deny_argv(args[args.index("run") + 1:], depth + 1)
@@ -7175,8 +7256,7 @@ class CommandPolicy:
             value = None
         if not rest:
             return unknown if value is None else value
-        op = re.match(r"^(:?[-=?+])(.*)$", rest, re.S)
-        if op:
+        if op := re.match(r"^(:?[-=?+])(.*)$", rest, re.S):
             word = op.group(2).strip("'\"")
             if op.group(1).endswith("+"):
                 return word if value else ("" if value is not None else unknown)
@@ -7206,8 +7286,7 @@ class CommandPolicy:
     def _protected(self, text):
         """Why writing `text` is denied (a system directory, a key or start-up file in the home directory,
         the repository's hooks/config), looking through symbolic links and globs; None when it is not."""
-        path = self._abs(text)
-        if not path:
+        if not (path := self._abs(text)):
             return None
         candidates = [path, os.path.realpath(path),
                       os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))]
@@ -7218,28 +7297,13 @@ class CommandPolicy:
             for match in matches:
                 candidates.extend((match, os.path.realpath(match)))
         for p in candidates:
-            reason = self._protected_path(p)
-            if reason:
+            if reason := self._protected_path(p):
                 return reason
         return None
 
     def _protected_path(self, p):
-        if _inside(p, self.root):
-            for name in TREE_PROTECTED:
-                q = os.path.join(self.root, name)
-                if p == q or p.startswith(q + "/"):
-                    return name
-            return None
-        for name in SYSTEM_PROTECTED:
-            if p == name or p.startswith(name + "/"):
-                return name
-        if _DEVICE.match(p):
-            return "a disk device"
-        for name in HOME_PROTECTED:
-            q = os.path.join(self.home, name)
-            if p == q or p.startswith(q + "/"):
-                return "~/" + name
-        return None
+        conf = self.confinement
+        return conf.runs_later(p) if _inside(p, self.root) else conf.reason(p, holding=False)
 
     def _is_system_path(self, path):
         if not path:
@@ -7252,7 +7316,87 @@ class CommandPolicy:
         return any(base.startswith(root + "/") for root in SYSTEM_ROOTS
                    if root not in ("/", "/home", "/Users", "/opt", "/srv", "/mnt", "/media", "/run"))
 
-    # ---- pass 2: classification (allow only what is proven read-only) ----
+
+# ---- Terminal: the policy, pass 2: only what is proven read-only ----
+
+#: the longest command the policy judges: judging is linear, but a model can write megabytes, and a verdict
+#: must come in well under a second whatever it writes (longer commands are denied)
+MAX_COMMAND_LENGTH = 32768
+
+
+class CommandPolicy(Denylist):
+    """Judges a command line: deny (never runs), allow (proven read-only, inside the jail), or confirm."""
+
+    def __init__(self, root, allowlist=DEFAULT_ALLOWLIST, custom_denylist=(), home=None, path=None):
+        #: what is protected (Confinement.reason); `root` may be a working directory to make one of
+        self.confinement = root if isinstance(root, Confinement) else Confinement(root, home=home)
+        self.root = self.confinement.root
+        entries = [e.split() for e in allowlist if e and e.strip()]
+        #: read-only programs whose every option and operand is checked
+        known = set(SAFE_OPTIONS) | {"git", "find"}
+        self.allowlist = {e[0] for e in entries if len(e) == 1 and e[0] in known}
+        #: configured command prefixes (`make test`, `pytest`): run unasked, confined by the sandbox
+        self.prefixes = [e for e in entries if not (len(e) == 1 and e[0] in known)]
+        self.custom = [_custom_rule(entry) for entry in custom_denylist if entry and entry.strip()]
+        self.home = self.confinement.home
+        #: the PATH commands are looked up in (the child's: the sandbox keeps PATH)
+        self.path = path if path is not None else os.environ.get("PATH", os.defpath)
+        #: while the denylist walks a script: the directory `cd` moved to (None once it cannot be known)
+        self._cwd = self.root
+        #: programs looked up on PATH during one judgement (_resolve)
+        self._resolved = {}
+
+    def judge(self, command):
+        try:
+            return self._judge(command)
+        except (RecursionError, ValueError, IndexError, KeyError, TypeError, OSError) as exc:  # fail closed
+            return Verdict(DENY, "the command could not be checked (%s: %s); it is not run"
+                           % (type(exc).__name__, exc))
+
+    def _judge(self, command):
+        if not command or not command.strip():
+            return Verdict(CONFIRM, "the command is empty")
+        if len(command) > MAX_COMMAND_LENGTH:
+            return Verdict(DENY, "the command is %d characters long, over the %d the policy checks; write long "
+                                 "content with write_file" % (len(command), MAX_COMMAND_LENGTH))
+        if "\x00" in command:
+            return Verdict(DENY, "the command contains a NUL byte")
+        if m := _CONTROL.search(command):
+            return Verdict(DENY, "the command contains a control or invisible character (U+%04X)" % ord(m.group(0)))
+        flat = " ".join(command.replace("\\\n", " ").split())
+        try:
+            script = parse_shell(command)
+        except ShellSyntaxError as exc:
+            raw = self._raw_deny(flat)
+            return raw or Verdict(DENY, "cannot check the command (%s); it is not run: write it in plainer shell "
+                                        "syntax" % exc)
+        self._cwd = self.root
+        self._resolved = {}
+        verdict = self._deny_script(script, 0, {})
+        self._cwd = self.root
+        if verdict is None and not command.isascii():  # full-width and other look-alikes, as NFKC sees them
+            try:
+                verdict = self._deny_script(parse_shell(_nfkc(command)), 0, {})
+            except ShellSyntaxError:
+                pass
+        if verdict is None:
+            verdict = self._raw_deny(flat, always_only=True)
+        if verdict is None:
+            verdict = self._script(script, 0)
+            if verdict.level == ALLOW and not script.pipelines:
+                verdict = Verdict(CONFIRM, "nothing to run")
+        return Verdict(verdict.level, verdict.reason, script)
+
+    def _raw_deny(self, flat, always_only=False):
+        for pattern, reason in (RAW_DENY[:1] + RAW_DENY[-1:]) if always_only else RAW_DENY:
+            if pattern.search(flat):
+                return Verdict(DENY, reason)
+        for rule in self.custom:
+            if rule[0] == "regex" and rule[1].search(flat):
+                return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
+        return None
+
+    # -- pass 2: classification (allow only what is proven read-only) --
 
     def _script(self, script, depth):
         verdict = Verdict(ALLOW, "read-only commands inside the working directory")
@@ -7312,11 +7456,9 @@ class CommandPolicy:
         name = words[0].text
         prog = os.path.basename(name)
         if prog in ("timeout", "nice", "nohup", "command", "time", "stdbuf", "env"):
-            inner = _unwrap(prog, words[1:])
-            if inner is None:
+            if (inner := _unwrap(prog, words[1:])) is None:
                 return Verdict(CONFIRM, "%s with options that are not on its read-only list" % prog)
-            reason = self._resolve(name)
-            if reason:
+            if reason := self._resolve(name):
                 return Verdict(CONFIRM, reason)
             if inner == "prints":
                 return Verdict(ALLOW, "%s only prints" % prog)
@@ -7334,15 +7476,13 @@ class CommandPolicy:
             return Verdict(ALLOW, "%s only tests" % name)
         if prog not in self.allowlist:
             return Verdict(CONFIRM, "%s is not on the read-only allowlist" % prog)
-        reason = self._resolve(name)
-        if reason:
+        if reason := self._resolve(name):
             return Verdict(CONFIRM, reason)
         if prog == "git":
             return self._git_verdict(words[1:])
         if prog == "find":
             return self._find_verdict(words[1:])
-        spec = SAFE_OPTIONS[prog]
-        if spec is None:
+        if (spec := SAFE_OPTIONS[prog]) is None:
             return Verdict(ALLOW, "%s only prints its arguments" % prog)
         verdict, _, _ = self._options_verdict(prog, spec, words[1:])
         return verdict
@@ -7470,8 +7610,7 @@ class CommandPolicy:
         elif spec.operands == "none":
             operands = []
         for w in operands + values:
-            reason = self._operand_reason(w)
-            if reason:
+            if reason := self._operand_reason(w):
                 return Verdict(CONFIRM, "%s reads %s" % (prog, reason)), [], seen
         if seen & spec.walk:
             for w in (operands or [make_word(".")]):
@@ -7518,15 +7657,9 @@ class CommandPolicy:
         start = os.path.realpath(os.path.join(self.root, text))
         if not _inside(start, self.root):
             return True
-        count = 0
-        for dirpath, dirnames, filenames in os.walk(start):
-            for name in dirnames + filenames:
-                count += 1
-                if count > 20000:
-                    return True  # too large to check: fail closed
-                path = os.path.join(dirpath, name)
-                if os.path.islink(path) and not _inside(os.path.realpath(path), self.root):
-                    return True
+        for path, entries in _tree(start, 20000, lambda entry: True):  # too large to check (None): fail closed
+            if path is None or any(e.is_symlink() and not _inside(os.path.realpath(e.path), self.root) for e in entries):
+                return True
         return False
 
     def _find_verdict(self, args):
@@ -7553,13 +7686,11 @@ class CommandPolicy:
             if kind == "path":
                 if i + 1 >= len(args):
                     return Verdict(CONFIRM, "find %s needs a file" % t)
-                reason = self._operand_reason(args[i + 1])
-                if reason:
+                if reason := self._operand_reason(args[i + 1]):
                     return Verdict(CONFIRM, "find reads %s" % reason)
             i += 1 + (1 if kind else 0)
         for w in starts:
-            reason = self._operand_reason(w)
-            if reason:
+            if reason := self._operand_reason(w):
                 return Verdict(CONFIRM, "find searches %s" % reason)
         if walk and any(self._escapes(w.text) for w in (starts or [make_word(".")])):
             return Verdict(CONFIRM, "find -L follows symbolic links out of the working directory")
@@ -7570,8 +7701,7 @@ class CommandPolicy:
         while i < len(args) and args[i].text.startswith("-"):
             t = args[i].text
             if t == "-C" and i + 1 < len(args):
-                reason = self._operand_reason(args[i + 1])
-                if reason:
+                if reason := self._operand_reason(args[i + 1]):
                     return Verdict(CONFIRM, "git -C %s" % reason)
                 dirs.append(os.path.realpath(os.path.join(self.root, args[i + 1].text)))
                 i += 2
@@ -7584,8 +7714,7 @@ class CommandPolicy:
         if i >= len(args):
             return Verdict(CONFIRM, "git without a subcommand")
         sub = args[i].text
-        spec = GIT_SPECS.get(sub)
-        if spec is None:
+        if (spec := GIT_SPECS.get(sub)) is None:
             return Verdict(CONFIRM, "git %s is not one of the read-only git commands (status, diff, log, show, "
                                     "branch)" % sub)
         rest = args[i + 1:]
@@ -7598,8 +7727,7 @@ class CommandPolicy:
             verdict, _, _ = self._options_verdict("git " + sub, spec, rest)
         if verdict.level != ALLOW:
             return verdict
-        reason = _git_config_runs(dirs)
-        if reason:
+        if reason := _git_config_runs(dirs, self.confinement.git(self.path)):
             return Verdict(CONFIRM, "the repository's git configuration may run commands (%s)" % reason)
         return Verdict(ALLOW, "git %s only reads the repository" % sub)
 
@@ -7621,8 +7749,7 @@ class CommandPolicy:
             if op in (">&", "<&") and re.fullmatch(r"\d*-?", target.text):
                 continue
             if op == "<":
-                reason = self._operand_reason(target)
-                if reason:
+                if reason := self._operand_reason(target):
                     verdict = verdict.worse(Verdict(CONFIRM, "reads %s" % reason))
                 continue
             if self._abs(target.text) in SAFE_SINKS and op not in ("<>",):
@@ -7935,125 +8062,6 @@ def _calls_itself(func):
     return False
 
 
-#: repository configuration a read-only git command may meet: keys that only hold data (section -> keys; "*"
-#: any key of the section). Anything else a repository's own config says (include.path, core.fsmonitor,
-#: gpg.program with log.showSignature, a diff driver, a key we never heard of) makes git status/diff/log/show
-#: a `confirm`: a hostile repository ships its .git/config, and only what is known to be inert is allowed.
-_GIT_INERT_CONFIG = {
-    "core": {"repositoryformatversion", "filemode", "bare", "logallrefupdates", "ignorecase", "precomposeunicode",
-             "symlinks", "autocrlf", "eol", "safecrlf", "quotepath", "abbrev", "compression", "loosecompression",
-             "sharedrepository", "untrackedcache", "splitindex", "checkstat", "trustctime", "preloadindex",
-             "commentchar", "commentstring", "whitespace", "multipackindex", "commitgraph", "longpaths", "fscache",
-             "warnambiguousrefs", "deltabasecachelimit", "bigfilethreshold", "packedgitlimit",
-             "packedgitwindowsize", "checkroundtripencoding", "notesref", "filesreflocktimeout",
-             "packedrefstimeout", "fsyncmethod", "fsync"},
-    "remote": {"url", "pushurl", "fetch", "push", "tagopt", "prune", "prunetags", "mirror", "skipdefaultupdate",
-               "skipfetchall", "promisor", "partialclonefilter"},
-    "branch": {"remote", "merge", "rebase", "pushremote", "description"},
-    "submodule": {"url", "active", "branch", "path"},
-    "user": {"*"}, "author": {"*"}, "committer": {"*"}, "init": {"defaultbranch"}, "pull": {"rebase", "ff"},
-    "push": {"default", "autosetupremote", "followtags"}, "fetch": {"prune", "prunetags", "writecommitgraph"},
-    "color": {"*"}, "advice": {"*"}, "column": {"*"}, "i18n": {"*"}, "lfs": {"*"}, "rerere": {"enabled"},
-    "gc": {"auto", "autodetach", "writecommitgraph"}, "index": {"version", "threads", "skiphash"},
-    "feature": {"*"}, "maintenance": {"auto", "strategy"}, "extensions": {"objectformat", "refstorage",
-                                                                           "partialclone", "preciousobjects"},
-}
-_GIT_CONFIG_HEADER = re.compile(r'\s*\[\s*([A-Za-z0-9.-]+)\s*(?:"((?:[^"\\\n]|\\.)*)")?\s*\](.*)$')
-_GIT_CONFIG_KEY = re.compile(r"\s*([A-Za-z][A-Za-z0-9-]*)\s*(=|$|[;#])")
-
-
-def _git_config_reason(path, submodule=False):
-    """Why the git config file at path is not inert (the first key not known to hold only data, or a line we
-    cannot read), or None. A missing file is inert."""
-    if not os.path.lexists(path):
-        return None
-    data = _read_small(path, 1 << 20)  # never blocking on a FIFO planted as the config
-    if data is None:
-        return "an unreadable %s" % os.path.basename(path)
-    text = data.decode("utf-8", "replace")
-    section = None
-    for line in text.splitlines():
-        m = _GIT_CONFIG_HEADER.match(line)
-        if m:
-            section = m.group(1).lower().split(".")[0]
-            line = m.group(3)
-        stripped = line.strip()
-        if not stripped or stripped[0] in "#;":
-            continue
-        k = _GIT_CONFIG_KEY.match(line)
-        if section is None or not k:
-            return "a line git may read differently: %s" % stripped[:60]
-        key = k.group(1).lower()
-        allowed = _GIT_INERT_CONFIG.get(section, ())
-        if submodule and (section, key) == ("core", "worktree"):
-            continue  # every submodule's repository names its working tree
-        if key not in allowed and "*" not in allowed:
-            return "%s.%s" % (section, key)
-    return None
-
-
-def _is_git_dir(d):
-    """Does d look like a repository directory git would use as it is (bare, or a linked worktree's)?"""
-    return os.path.isfile(os.path.join(d, "HEAD")) and (
-        os.path.isdir(os.path.join(d, "objects")) or os.path.isfile(os.path.join(d, "commondir")))
-
-
-def _git_config_runs(dirs):
-    """The first setting in the repositories' own configuration (config, config.worktree, a linked worktree's
-    common config, every submodule's under modules/ and nested in the tree) that is not known to be inert, or
-    None. Git finds a repository the way this walks: `.git` (directory or `gitdir:` file) or the directory
-    itself being a repository (a bare one shipped in the tree); `git status` recurses into submodules."""
-    for start in dirs:
-        d = start
-        while True:
-            git = os.path.join(d, ".git")
-            if os.path.lexists(git) or _is_git_dir(d):
-                reason = _git_repo_reason(git if os.path.lexists(git) else d)
-                if reason:
-                    return reason
-                break
-            parent = os.path.dirname(d)
-            if parent == d:
-                break
-            d = parent
-        for nested in nested_repositories(start, 500)[0]:
-            if os.path.basename(nested).lower() == ".git":
-                reason = _git_repo_reason(nested, submodule=True)
-                if reason:
-                    return reason
-    return None
-
-
-def _git_repo_reason(git, submodule=False):
-    """_git_config_reason over a repository: `git` is a .git directory, a `gitdir:` file, or a bare one."""
-    gitdir = git
-    if os.path.lexists(git) and not os.path.isdir(git):
-        data = _read_small(git)  # a FIFO must not hang the policy
-        if data is None:
-            return "an unreadable .git file"
-        m = re.match(r"gitdir:\s*(.+)", data.decode("utf-8", "replace"))
-        if not m:
-            return "a .git file git may read differently"
-        gitdir = os.path.join(os.path.dirname(git), m.group(1).strip())
-    configs = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-    if os.path.lexists(os.path.join(gitdir, "commondir")):
-        data = _read_small(os.path.join(gitdir, "commondir"))
-        if data is None:
-            return "an unreadable commondir"
-        configs.append(os.path.join(gitdir, os.fsdecode(data.strip()), "config"))
-    seen, modules = 0, []
-    for top, subdirs, files in os.walk(os.path.join(gitdir, "modules")):  # submodules' own repositories
-        seen += 1
-        if seen > 500:
-            return "too many submodule repositories to check"
-        modules += [os.path.join(top, f) for f in ("config", "config.worktree") if f in files]
-    for config in configs + modules:
-        reason = _git_config_reason(config, submodule=submodule or config in modules)
-        if reason:
-            return reason
-    return None
-
-
 def _custom_rule(entry):
     """'sudo' or 'rm -rf' (program plus required flags/words), or 're:REGEX' on the whole command."""
     entry = entry.strip()
@@ -8152,15 +8160,13 @@ def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=N
     sel = selectors.DefaultSelector()
     sel.register(out_fd, selectors.EVENT_READ)
     sel.register(err_fd, selectors.EVENT_READ)
-    exit_fd = job.exit_fd
-    if exit_fd is not None:
+    if (exit_fd := job.exit_fd) is not None:
         sel.register(exit_fd, selectors.EVENT_READ)
     streams, exited = 2, False
     try:
         while streams or not exited:
             if not exited and exit_fd is None and not streams:
-                exited = job.poll()
-                if exited:
+                if exited := job.poll():
                     break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -8176,8 +8182,7 @@ def run_command(command, cwd, timeout, max_stdout, max_stderr, shell=None, env=N
                     sel.unregister(fd)
                     exited = job.exited()
                     continue
-                data = os.read(fd, 65536)
-                if not data:
+                if not (data := os.read(fd, 65536)):
                     sel.unregister(fd)
                     streams -= 1
                     continue
@@ -8225,7 +8230,6 @@ class _LocalJob:
 
 
 def _kill_group(proc):
-    import signal
     try:
         pgid = proc.pid  # start_new_session: the group id is the leader's pid
         if proc.poll() is None and proc.returncode is None:
@@ -8253,10 +8257,12 @@ def _kill_group(proc):
 #   read-only        the same with no writes at all (the private TMPDIR too, as codex does)
 #   off              no confinement; only when asked for by name (the denylist still applies)
 #
-# How (Linux): once per run a helper process is started (`python -I -S`, ~30 ms). It enters new user, mount
-# and (without network) network namespaces, bind-mounts .git and the protected paths read-only, sets
-# no_new_privs, makes itself undumpable and applies a Landlock ruleset (filesystem, TCP and scope rules, as
-# far as the kernel's ABI goes). Then it waits for commands on a socket and starts each with posix_spawn
+# How (Linux): once per run a helper process is started (`python -I -S`, ~30 ms). It enters new user, mount,
+# IPC and (without network) network namespaces (as root: a uid that is nobody to the kernel), makes its view
+# of the system read-only but for the working directory and TMPDIR, bind-mounts .git and the protected paths
+# read-only, sets no_new_privs, makes itself undumpable, applies a seccomp filter (no unix socket that can be
+# pointed at a name, no keyring) and a Landlock ruleset (filesystem, TCP and scope rules, as far as the
+# kernel's ABI goes) and the resource limits. Read grants never come from what commands write. Then it waits for commands on a socket and starts each with posix_spawn
 # (vfork: no copy of a large Python process) as PID 1 of a fresh PID namespace, so every process the command
 # starts — setsid and double forks included — dies with it: when the command ends, at its timeout, or when
 # the run ends (the helper's socket closes and it kills what is left). Starting commands from a small helper
@@ -8294,7 +8300,8 @@ _FILE_ONLY = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_I
 _ACCESS = {"r": _READ, "rw": _READ | _WRITE, "dev-r": _FS_READ_FILE | _FS_IOCTL_DEV,
            "dev-rw": _FS_READ_FILE | _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV}
 
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
+    0x20000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_NOATIME, _MS_NODIRATIME, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 _PR_SET_DUMPABLE, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = 4, 28, 38
@@ -8310,12 +8317,18 @@ SANDBOX_DEVICES = (("/dev/null", "dev-rw"), ("/dev/full", "dev-rw"), ("/dev/zero
 _NEEDS = (("filesystem", "Landlock filesystem rules"), ("network", "network isolation"),
           ("protected", "read-only .git and protected paths"), ("descendants", "killing setsid/double-forked "
                                                                                 "descendants (PID namespaces)"),
-          ("unix_sockets", "keeping unix sockets on the system out of reach (seccomp)"))
+          ("unix_sockets", "keeping unix sockets on the system out of reach (seccomp)"),
+          ("ipc", "a System V IPC namespace"), ("keyring", "keeping the kernel keyring out of reach (seccomp)"),
+          ("metadata", "read-only metadata outside the writable roots (a read-only mount view)"),
+          ("root_files", "keeping files only root may read from commands (running as root: idmapped mounts)"))
+#: resource limits of every command (agent.terminal.limits; 0 = none): tasks (processes and threads, counted
+#: in the sandbox's user namespace), memory per process (RLIMIT_DATA: heap and private writable mappings, so
+#: the address space a JVM, Go or V8 reserves is not counted) and the size of one file written
+SANDBOX_LIMITS = {"processes": 4096, "memory_mb": 8192, "file_size_mb": 8192}
 
 
 def landlock_abi():
     """The kernel's Landlock ABI version, or 0 where there is none (not Linux, disabled, or no ctypes)."""
-    import sys
     if not sys.platform.startswith("linux"):
         return 0
     try:
@@ -8328,11 +8341,40 @@ def landlock_abi():
     return max(0, int(abi))
 
 
-def program_dirs(path_value, home=None, xzatoma_home=None):
+def trusted_realpath(path, untrusted=()):
+    """realpath(path), or None when a link on the way lies in one of the `untrusted` real directories (the
+    working directory and the TMPDIR: a command may have planted it there to point anywhere)."""
+    parts, real, hops = [p for p in os.path.join(os.getcwd(), path).split("/") if p], "/", 0
+    while parts:
+        name = parts.pop(0)
+        if name in (".", ".."):
+            real = os.path.dirname(real) if name == ".." else real
+            continue
+        step = os.path.join(real, name)
+        if not os.path.islink(step):
+            real = step
+            continue
+        hops += 1
+        if hops > 40 or any(_inside(step, top) for top in untrusted):
+            return None
+        try:
+            target = os.readlink(step)
+        except OSError:
+            return None
+        parts[:0] = [p for p in target.split("/") if p]
+        real = "/" if target.startswith("/") else real
+    return real
+
+
+def program_dirs(path_value, home=None, xzatoma_home=None, untrusted=()):
     """Where the programs on PATH live, for read and execute: each PATH directory, its installation prefix
     (…/bin -> …), and the prefixes of programs that are symlinks elsewhere (a venv's python -> its
     interpreter). Never the home directory itself or /, nothing inside XZATOMA_HOME; under the home directory
-    only a prefix's bin, lib, libexec and share (not ~/.cargo/credentials.toml, ~/.local/share/keyrings)."""
+    only a prefix's bin, lib, libexec and share (not ~/.cargo/credentials.toml, ~/.local/share/keyrings).
+    Never derived from what commands can write (`untrusted`: the working directory, the TMPDIR): a PATH
+    entry there (an activated .venv/bin) is readable anyway, and a link there may have been planted by
+    an earlier run to make this one's grants reach ~/.ssh."""
+    untrusted = [os.path.realpath(u) for u in untrusted if u]
     home = os.path.realpath(home) if home else None
     xz = os.path.realpath(xzatoma_home) if xzatoma_home else None
     out = []
@@ -8378,8 +8420,8 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
     for entry in (path_value or "").split(os.pathsep):
         if not entry or not os.path.isabs(entry):
             continue  # "" and "." mean the current directory: never a grant of their own
-        real = os.path.realpath(entry)
-        if not os.path.isdir(real):
+        real = trusted_realpath(entry, untrusted)
+        if real is None or any(inside(real, u) for u in untrusted) or not os.path.isdir(real):
             continue
         add_dir(real)
         if any(inside(real, s) for s in system):
@@ -8389,68 +8431,42 @@ def program_dirs(path_value, home=None, xzatoma_home=None):
         except OSError:
             continue
         for link in links[:2000]:
-            target = os.path.realpath(link)
-            if os.path.isfile(target) and not any(inside(target, s) for s in system):
+            target = trusted_realpath(link, untrusted)
+            if target and os.path.isfile(target) and not any(inside(target, s) for s in system + tuple(untrusted)):
                 add_dir(os.path.dirname(target))
     return out
 
 
-def git_dirs(root):
+def git_dirs(root, untrusted=None):
     """Repository metadata outside the working directory that git needs to read: the enclosing repository
-    of a subdirectory, and the real git directory of a worktree or submodule (a `.git` file)."""
-    out = []
-    path = os.path.realpath(root)
-    while True:
-        dot = os.path.join(path, ".git")
-        if os.path.lexists(dot):
-            if path != os.path.realpath(root):
-                out.append(dot)
-            if os.path.isfile(dot):
-                try:
-                    with open(dot, encoding="utf-8", errors="replace") as fh:
-                        line = fh.readline().strip()
-                except OSError:
-                    line = ""
-                if line.startswith("gitdir:"):
-                    gitdir = os.path.realpath(os.path.join(path, line[7:].strip()))
-                    out.append(gitdir)
-                    common = _read_small(os.path.join(gitdir, "commondir"))  # a FIFO must not hang the start
-                    if common and common.strip():
-                        out.append(os.path.realpath(os.path.join(gitdir, os.fsdecode(common.strip()))))
-            break
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return [p for p in out if os.path.exists(p)]
+    of a subdirectory, and the real git directory of a worktree or submodule (a `.git` file).
+
+    With `untrusted` (the directories commands write: read grants are made of these), a `.git` file in
+    the working directory, which a command may have written, counts only where git's own link comes back:
+    a worktree's directory whose `gitdir` names this `.git`, or a submodule's inside a repository that holds
+    the tree (`…/.git/modules/…`); never through a link a command could have planted."""
+    path = root = os.path.realpath(root)
+    while not os.path.lexists(os.path.join(path, ".git")):
+        if os.path.dirname(path) == path:
+            return []
+        path = os.path.dirname(path)
+    dot = os.path.join(path, ".git")
+    own = untrusted is not None and path == root
+    gitdirs = [] if os.path.isdir(dot) or (own and os.path.islink(dot)) else _gitdirs(dot)
+    if own and gitdirs and not _links_back(gitdirs[0], dot):
+        gitdirs = []
+    out = ([dot] if path != root else []) + gitdirs
+    return [p for p in out if os.path.exists(p) and not any(_inside(p, u) for u in untrusted or ())]
 
 
-def nested_repositories(root, max_dirs=2000):
-    """Repository metadata below the top of the working directory (submodules, vendored clones):
-    (paths, complete). Breadth-first, never following links, at most max_dirs directories looked at, so a
-    huge tree costs a bounded start-up; complete is False when the bound cut the search short."""
-    root = os.path.realpath(root)
-    found, queue, seen = [], [(root, 0)], 0
-    while queue:
-        path, depth = queue.pop(0)
-        seen += 1
-        if seen > max_dirs:
-            return found, False
-        try:
-            entries = list(os.scandir(path))
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.name.lower() in PROTECTED_ANYWHERE:
-                if depth and not entry.is_symlink():
-                    found.append(entry.path)
-                continue
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    queue.append((entry.path, depth + 1))
-            except OSError:
-                pass
-    return found, True
+def _links_back(gitdir, dot):
+    """Did git make `gitdir` for the `.git` file `dot`: a worktree's (its `gitdir` file names dot) or a
+    submodule's (under `.git/modules/` of a directory holding dot)?"""
+    back = _read_small(os.path.join(gitdir, "gitdir"))
+    if back and os.path.realpath(os.path.join(gitdir, os.fsdecode(back.strip()))) == dot:
+        return True
+    holder = gitdir.split("/.git/modules/")[0]
+    return holder != gitdir and _inside(os.path.dirname(dot), holder)
 
 
 def _pinned_parents(paths, root):
@@ -8469,15 +8485,52 @@ def _pinned_parents(paths, root):
 
 
 def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
-    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only."""
+    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only. Nothing
+    granted is derived from the working directory or the TMPDIR, where commands write."""
+    untrusted = (os.path.realpath(root), os.path.realpath(tmpdir))
     rules = [(d, "r") for d in SANDBOX_SYSTEM_DIRS if os.path.exists(d)]
     rules += [(d, access) for d, access in SANDBOX_DEVICES if os.path.exists(d)]
-    rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home)]
-    rules += [(d, "r") for d in git_dirs(root)]
+    rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home, untrusted)]
+    rules += [(d, "r") for d in git_dirs(root, untrusted)]
     writable = "rw" if mode == WORKSPACE_WRITE else "r"
     rules += [(os.path.realpath(root), writable), (os.path.realpath(tmpdir), writable)]
     return rules
 
+
+def _root_mounts(root, tmpdir, rules, writable):
+    """Running as root, the mounts that give commands (nobody to the kernel: see _enter_as_nobody) what they
+    need and nothing of root's more: {"covers": [...], "entries": [[path, writable, idmapped, is_dir], ...]}.
+    Idmapped, root's files shown as the commands' own: the working directory and TMPDIR (writable where the
+    mode writes) and, read-only, the repositories outside that git checks the owner of. A directory others
+    may not enter (/root, 0700) above something granted is covered by an empty tmpfs holding only what is
+    granted beneath it, bound as it is: root-only files there stay root's."""
+    root, tmpdir = os.path.realpath(root), os.path.realpath(tmpdir)
+    git = git_dirs(root, (root, tmpdir))
+    owned = [root, tmpdir] + sorted(set(git) | {os.path.dirname(g) for g in git if os.path.basename(g) == ".git"})
+    owned = [p for i, p in enumerate(owned) if i < 2 or not any(_inside(p, q) for q in owned[:i] + owned[i + 1:])]
+    granted = [p for p, _ in rules if not any(_inside(p, q) for q in owned)]
+    covers = set()
+    for path in granted + owned:
+        cur = ""
+        for part in path.strip("/").split("/"):
+            cur += "/" + part
+            try:
+                mode = os.stat(cur).st_mode
+            except OSError:
+                break
+            if stat.S_ISDIR(mode) and not mode & 0o001:
+                if cur != path:
+                    covers.add(cur)
+                break
+    covers = sorted(c for c in covers if not any(_inside(c, q) for q in covers - {c} | set(owned)))
+    reach = [p for p in granted if any(_inside(p, c) for c in covers)]
+    reach = [p for p in reach if not any(_inside(p, q) and p != q for q in reach)]
+    entries = [[p, writable if p in (root, tmpdir) else False, True, True] for p in owned]
+    entries += [[p, False, False, os.path.isdir(p)] for p in reach]
+    return {"covers": covers, "entries": sorted(entries, key=lambda e: e[0].count("/"))}
+
+
+# ---- Terminal: the after-command watch ----
 
 class ProtectedWatch:
     """What terminal commands create among the protected paths. INFO: the sandbox makes the protected paths
@@ -8485,10 +8538,9 @@ class ProtectedWatch:
     (`mkdir -p sub/.git/hooks`, or `.git` where there was none), a new `.bashrc` or `.ssh/` would be
     writable, and the person's next `git status` there would run its hooks outside any sandbox. So the
     terminal tool asks this before and after each command what appeared, and what appeared is a
-    person's to keep (chat) or is removed (headless), as a file tool's change there would be.
-
-    Repositories a command creates that git would not run code from (`git init`, `git clone`: sample
-    hooks, a config of data keys only) are kept, and checked again after every later command.
+    person's to keep (chat) or is removed (headless), as a file tool's change there would be. Repositories
+    (a `.git`, any directory by git's own rules, the working directory too) and virtualenv start-up files that
+    would run nothing (`git init`, `git clone`, `python -m venv`) are kept, and checked after later commands.
     Cheap per command: one lstat per known directory; only directories whose mtime/ctime changed (or
     changed too recently to tell) are listed again. At most `max_dirs` directories are followed; directories
     that appear during the run past that bound are searched whole after every command instead (a command
@@ -8502,23 +8554,28 @@ class ProtectedWatch:
     #: directories followed at most (a huge tree costs a bounded look; `policy sandbox` says when it is cut)
     MAX_DIRS = 20000
 
-    def __init__(self, root, protected=(), max_dirs=MAX_DIRS):
-        self.root = os.path.realpath(root)
-        #: fixed protected names (repositories are found by name anywhere, below)
-        self.static = [p for p in protected if not _is_glob(p) and p != self.root
-                       and os.path.basename(p).lower() not in PROTECTED_ANYWHERE]
+    def __init__(self, conf, max_dirs=MAX_DIRS):
+        self.conf = conf
+        self.root = conf.root
+        xz = os.path.realpath(conf.xzatoma_home) if conf.xzatoma_home else None
+        #: fixed protected names (repositories are found anywhere, below); XZATOMA_HOME is ours to create
+        self.static = [p for p in conf.protected if not _is_glob(p) and p != self.root and not (xz and _inside(p, xz))
+                       and fold_name(os.path.basename(p)) not in PROTECTED_ANYWHERE]
         #: configured globs, matched against every name listed
-        self.globs = protected_globs(protected, self.root)
+        self.globs = conf.globs
         self.max_dirs = max_dirs
         self.dirs = {}  #: directory -> (mtime_ns, ctime_ns, inode) when last listed
-        self.repos = set()  #: .git/.hg entries present
+        self.repos = set()  #: .git/.hg entries and directories git takes for a repository, present
+        self.defuse = set()  #: directories that were there before and became a repository: only its parts go
+        self.venvs = set()  #: virtualenvs (where pyvenv.cfg is)
+        self.code = set()  #: start-up files (venv_code: a virtualenv's, sitecustomize and .pth anywhere), present
         self.present = {}  #: static protected paths present -> _ident
         self.matched = set()  #: paths a configured glob protects, present
         self.ids = {}  #: repository or glob match -> _ident: a `.git` link swapped for a directory is new
         self.unfollowed = set()  #: directories that appeared past max_dirs: searched whole after each command
         self.unwatchable = {}  #: directory a command made that could not be looked into -> why
         self.blind = set()  #: directories unreadable at the first look (not a command's doing)
-        self.created = set()  #: repositories that appeared during the run and were kept (checked again)
+        self.created = set()  #: repositories and start-up files that appeared and were kept (checked again)
         self.accepted = set()  #: paths a person chose to keep: never asked about again
         self.complete = True
         self.running = 0  #: commands running now (subagents run them in parallel)
@@ -8537,6 +8594,8 @@ class ProtectedWatch:
             new = self._refresh()
             if self.running:
                 self.pending += [p for p in new if p not in self.pending]
+            else:  # not a person's yes (they are accepted): checked again after this command, like a command's
+                self.created |= {p for p in new if (p in self.repos or p in self.code) and p not in self.accepted}
             self.running += 1
 
     def end(self):
@@ -8569,23 +8628,25 @@ class ProtectedWatch:
         self.unfollowed = {d for d in self.unfollowed if os.path.isdir(d) and not os.path.islink(d)}
         if self.unfollowed:
             self._list(sorted(self.unfollowed), new, follow=False)
-        self.repos = {r for r in self.repos if os.path.lexists(r)}
+        self.repos = {r for r in self.repos if os.path.lexists(r) and (
+            fold_name(os.path.basename(r)) in PROTECTED_ANYWHERE or is_git_dir(r))}
+        self.venvs = {v for v in self.venvs if os.path.lexists(os.path.join(v, "pyvenv.cfg"))}
         self.matched = {m for m in self.matched if os.path.lexists(m)}
-        self.ids = {p: i for p, i in self.ids.items() if p in self.repos or p in self.matched}
+        self.code = {c for c in self.code if os.path.lexists(c) and any(_inside(c, v) for v in self.venvs)}
+        self.ids = {p: i for p, i in self.ids.items() if p in self.repos or p in self.matched or p in self.code}
         present = self._static_present()
         new += sorted(p for p, ident in present.items() if self.present.get(p) != ident)  # appeared or replaced
         self.present = present
-        self.created &= self.repos
+        self.created &= self.repos | self.code
         return new
 
     def _static_present(self):
         present = {}
         for path in self.static:
             try:
-                st = os.lstat(path)
+                present[path] = _ident(path, os.lstat(path).st_mode)
             except OSError:
                 continue
-            present[path] = _ident(path, st.st_mode)
         return present
 
     def _seen(self, path, ident, new):
@@ -8594,7 +8655,7 @@ class ProtectedWatch:
         if self.ids.get(path, ident) != ident:
             self.accepted.discard(path)
             self.created.discard(path)
-        elif path in self.repos or path in self.matched:
+        elif path in self.repos or path in self.matched or path in self.code:
             return
         self.ids[path] = ident
         if new is not None:
@@ -8603,7 +8664,6 @@ class ProtectedWatch:
     def _list(self, dirs, new, follow=True):
         """List `dirs` and the directories new below them; follow=False searches whole subtrees and keeps
         none of their directories (past max_dirs)."""
-        import errno
         queue = list(dirs)
         while queue:
             d = queue.pop()
@@ -8621,15 +8681,22 @@ class ProtectedWatch:
                     self.unwatchable[d] = exc.strerror or str(exc)
                     new.append(d)
                 continue
+            known = self.dirs.get(d, (0, 0, 0)) != (0, 0, 0) or d == self.root
             if follow:
                 self.dirs[d] = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-            names = {e.name for e in entries}
-            if d != self.root and "HEAD" in names and ("objects" in names or "commondir" in names):
-                self._seen(d, (stat.S_IFDIR, None), new)  # a bare repository (git init --bare, a mirror
-                self.repos.add(d)  # clone): git's own test
-                continue  # its hooks and config are judged by repository_runs_code, as a .git's are
+            names = [e.name for e in entries]
+            if is_git_dir(d, names=names):  # a bare clone, a mirror, HEAD/objects/refs made one by one: git's rules
+                if d not in self.repos and new is not None and known:
+                    self.defuse.add(d)
+                self._seen(d, (stat.S_IFDIR, None), new)
+                self.repos.add(d)
+                if d != self.root:
+                    continue  # its hooks and config are judged by repository_runs_code, as a .git's are
+            if "pyvenv.cfg" in names:
+                self.venvs.add(d)
+            venvs = [v for v in self.venvs if _inside(d, v)]
             for entry in entries:
-                if entry.name.lower() in PROTECTED_ANYWHERE:
+                if fold_name(entry.name) in PROTECTED_ANYWHERE:
                     self._seen(entry.path, _entry_ident(entry), new)
                     self.repos.add(entry.path)
                     continue  # never listed: git's own files are judged by armed()
@@ -8638,6 +8705,10 @@ class ProtectedWatch:
                     if entry.path in self.matched or _protected_rel(rel, self.globs, self.root) == rel:
                         self._seen(entry.path, _entry_ident(entry), new)
                         self.matched.add(entry.path)
+                if venv_code(entry.path[len(self.root) + 1:], venv=False) or any(
+                        venv_code(os.path.relpath(entry.path, v)) for v in venvs):
+                    self._seen(entry.path, _entry_ident(entry), new)
+                    self.code.add(entry.path)
                 try:
                     is_dir = entry.is_dir(follow_symlinks=False)
                 except OSError:
@@ -8662,10 +8733,30 @@ class ProtectedWatch:
             (self.accepted if accepted else self.created).add(path)
 
     def armed(self):
-        """Repositories kept earlier (created during the run) that would now run code: [path, ...]."""
+        """Repositories and start-up files kept earlier (created during the run) that would now run code."""
         with self._lock:
             candidates = [r for r in self.created if r not in self.accepted]
-        return [r for r in candidates if repository_runs_code(r, self.root)]
+        return [r for r in candidates if self.runs_code(r)]
+
+    def runs_code(self, path):
+        """Why a repository or virtualenv start-up file at `path` would run code (None: it would not)."""
+        if path in self.repos:
+            return repository_runs_code(path, self.root, self.conf.git())
+        return startup_runs_code(path, self.root) if path in self.code else "a protected path"
+
+    def found(self):
+        """[(path, reason)]: what appeared among the protected paths since the last look, and what was kept
+        earlier that would now run code; repositories and start-up files that would run nothing are kept."""
+        found = []
+        for path in self.refresh():
+            reason = ("a directory that cannot be looked into: %s" % self.unwatchable[path]) if \
+                path in self.unwatchable else self.runs_code(path)
+            if reason is None:
+                self.keep(path)  # inert (git init, git clone, python -m venv): kept, checked after later commands
+            else:
+                found.append((path, reason))
+        return found + [(path, self.runs_code(path) or "changed") for path in self.armed()
+                        if path not in [f for f, _ in found]]
 
 
 def _ident(path, mode):
@@ -8701,40 +8792,9 @@ def _gone(path):
     return False
 
 
-def repository_runs_code(dot, root):
-    """Would git or hg run something from this `.git`/`.hg` (a directory, a `gitdir:` file or a link) below
-    root? A reason, or None for a repository as `git init`/`git clone` make it. Anything unsure is a reason."""
-    if os.path.islink(dot):
-        return "a link"
-    if os.path.basename(dot).lower() == ".hg":
-        return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
-    gitdir = _gitdir_of(dot)
-    if gitdir is None:
-        return "a .git file git may read differently"
-    if not _inside(gitdir, root):
-        return "a gitdir outside the working directory"
-    reason = _git_repo_reason(dot)
-    if reason:
-        return "git config: %s" % reason
-    hook_dirs = [os.path.join(gitdir, "hooks")]
-    for top, subdirs, _ in os.walk(os.path.join(gitdir, "modules")):  # submodules' repositories: their hooks
-        subdirs[:] = [d for d in subdirs if d not in ("objects", "hooks", "refs", "logs")]  # run at `git submodule
-        if os.path.lexists(os.path.join(top, "hooks")):                                     # update` there
-            hook_dirs.append(os.path.join(top, "hooks"))
-        if len(hook_dirs) > 500:
-            return "too many submodule repositories to check"
-    for hooks in hook_dirs:
-        try:
-            names = os.listdir(hooks) if os.path.lexists(hooks) else []
-        except OSError:
-            return "unreadable hooks"
-        if os.path.islink(hooks):
-            return "a hooks link"
-        live = [n for n in names if not n.endswith(".sample")]
-        if live:
-            return "%s/%s" % (os.path.relpath(hooks, gitdir), live[0])
-    return None
+# ---- Terminal: the sandbox and its helper process ----
 
+# ---- Terminal: the run's sandbox (the agent's side) ----
 
 class Sandbox:
     """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
@@ -8742,28 +8802,36 @@ class Sandbox:
     ends every command still running and removes the TMPDIR.
 
     `assume_missing` names kernel features to treat as absent ("landlock", "userns", "landlock-net",
-    "scopes", "pidns", "proc", "seccomp", or "abi:N" for a Landlock ABI of at most N): agent.terminal.sandbox_assume_missing,
-    for testing the warnings, --require-sandbox and every ABI's rules on a machine that has them all.
+    "scopes", "pidns", "proc", "seccomp", "idmap", "readonly-view", or "abi:N" for a Landlock ABI of at
+    most N): agent.terminal.sandbox_assume_missing, for testing the warnings, --require-sandbox and every
+    ABI's rules on a machine that has them all.
+
+    What is protected (bound read-only, hidden, watched) it asks its Confinement; `root` may be a working
+    directory instead, with `xzatoma_home`, `protected` and `private_files` to make one of (tests, embedding).
     """
 
     def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
-                 keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=(), private_files=()):
+                 keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=(), private_files=(),
+                 limits=None):
         import sys
         if mode not in SANDBOX_MODES:
             raise ValueError("unknown sandbox mode %r (choose %s)" % (mode, ", ".join(SANDBOX_MODES)))
-        self.root = os.path.realpath(root)
+        if not isinstance(root, Confinement):
+            root = Confinement(root, xzatoma_home, protected, environ=environ, secrets=secrets,
+                               private_files=private_files, sandbox=self)
+        #: what is protected: the read-only binds, the hidden files, what the watch looks for
+        self.confinement = root
+        self.root = root.root
         self.mode = mode
         self.network = bool(network)
         self.environ = dict(os.environ if environ is None else environ)
         self.env_passthrough = tuple(env_passthrough or ())
         self.keep_home = keep_home
-        self.xzatoma_home = xzatoma_home
-        self.protected = tuple(protected)
+        self.xzatoma_home, self.private_files = root.xzatoma_home, root.private_files  #: hidden from commands
         self.secrets = tuple(secrets)
-        #: files outside XZATOMA_HOME that hold credentials or every conversation (an in-tree configuration,
-        #: a history database and its undo key): empty for commands where they can read them
-        self.private_files = tuple(private_files or ())
         self.assume_missing = frozenset(assume_missing or ())
+        #: rlimits of every command (SANDBOX_LIMITS, agent.terminal.limits)
+        self.limits = dict(SANDBOX_LIMITS, **(limits or {}))
         self.linux = sys.platform.startswith("linux")
         #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
         self.confined = mode != SANDBOX_OFF and self.linux
@@ -8797,21 +8865,21 @@ class Sandbox:
     def _spec(self):
         home = self.environ.get("HOME")
         # where .git really lives (a link's target, a gitdir file's directory) and the hooks directory and
-        # programs the repositories' config names are as protected as .git itself (see _resolved_protected)
-        protected = []
-        for p in _resolved_protected(self.root, self.protected):
-            if os.path.lexists(p) and not os.path.islink(p) and p not in protected:
-                protected.append(p)
+        # programs the repositories' config names are as protected as .git itself (Confinement.binds)
+        protected = self.confinement.binds()
         watch = self.watch() if self.mode == WORKSPACE_WRITE else None  # its first look finds the nested ones
         nested = sorted(r for r in watch.repos if not os.path.islink(r) and not (  # the top's own are protected
-            os.path.dirname(r) == self.root and os.path.basename(r).lower() in PROTECTED_ANYWHERE)) if watch else []
+            os.path.dirname(r) == self.root and fold_name(os.path.basename(r)) in PROTECTED_ANYWHERE)) if watch else []
         complete = watch.complete if watch else True
-        globbed = sorted(p for p in watch.matched if not os.path.islink(p)) if watch else []  # `*.pem` that exist
+        # `*.pem` that exist, a virtualenv's .pth files and sitecustomize (links are watched, not bound)
+        globbed = sorted(p for p in watch.matched | watch.code if not os.path.islink(p)) if watch else []
         protected += [p for p in nested + globbed if p not in protected]
         hidden = self._hidden()
-        return {"mode": self.mode, "network": self.network, "root": self.root,
-                "rules": sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home,
-                                       self.xzatoma_home),
+        rules = sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home, self.xzatoma_home)
+        mounts = _root_mounts(self.root, self.tmpdir, rules, self.mode == WORKSPACE_WRITE) \
+            if os.getuid() == 0 and "idmap" not in self.assume_missing else None
+        return {"mode": self.mode, "network": self.network, "root": self.root, "rules": rules, "mounts": mounts,
+                "writable": [self.root, self.tmpdir] if self.mode == WORKSPACE_WRITE else [], "limits": self.limits,
                 "protected": protected, "hidden": hidden,
                 "pinned": _pinned_parents(protected + hidden, self.root) if self.mode == WORKSPACE_WRITE else [],
                 "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
@@ -8843,7 +8911,6 @@ class Sandbox:
         """Start the helper (once); returns at once, report() waits for it."""
         import socket
         import subprocess
-        import sys
         with self._lock:
             if not self.confined or self._state["proc"] is not None:
                 return
@@ -8958,9 +9025,31 @@ class Sandbox:
         lines.append("descendants: %s" % ("a PID namespace per command: everything it starts dies with it"
                                           if report.get("descendants") else
                                           "process group only (%s)" % report.get("pidns_error", "no PID namespace")))
-        lines.append("unix sockets: %s" % ("none can be opened (seccomp): docker, the session bus, agents' "
-                                            "sockets are out of reach; socketpair() works" if report.get("unix_sockets")
+        lines.append("unix sockets: %s" % ("none reachable by name (seccomp: no socket(AF_UNIX), socketpair() "
+                                            "makes connected stream/seqpacket pairs only): docker, the session bus, "
+                                            "/dev/log, agents' sockets are out of reach" if report.get("unix_sockets")
                                             else "reachable by path (%s)" % report.get("unix_sockets_error", "no seccomp")))
+        lines.append("ipc: %s" % ("a namespace of its own: System V objects and POSIX queues of this run only%s" % (
+            ", and a private /dev/shm" if report.get("shm") else "") if report.get("ipc") else
+            "the system's System V objects are reachable (no IPC namespace)"))
+        lines.append("keyring: %s" % ("a fresh session keyring; add_key, keyctl and request_key refused (seccomp)"
+                                      if report.get("keyring") else "the kernel keyring is reachable (%s)" % (
+                                          "no seccomp" if report.get("unix_sockets") is False else "no fresh keyring")))
+        lines.append("metadata: %s" % ("read-only outside the writable roots (a read-only mount view): chmod, "
+                                       "setuid bits, chown, utime and xattrs fail there" if report.get("metadata")
+                                       else "chmod/utime/xattrs of files outside follow file ownership only (%s)"
+                                       % report.get("metadata_error", "no mount namespace")))
+        lines.append("root-only files: %s" % (
+            "closed by the system's permissions (not running as root)" if os.getuid() != 0 else
+            "closed: commands are root inside, nobody to the kernel (idmapped mounts give them the working dir "
+            "and TMPDIR)" if report.get("root_files") else
+            "READABLE: commands run as root (%s)" % report.get("root_files_error", "no user namespace")))
+        limits = report.get("limits") or {}
+        lines.append("limits: %s (agent.terminal.limits)" % (", ".join(text % limits[key] for key, text in (
+            ("processes", "%d processes"), ("memory_mb", "%d MB of memory per process"),
+            ("file_size_mb", "files up to %d MB")) if key in limits) or "none"))
+        lines.append("read grants: never derived from the working dir or TMPDIR (PATH entries, links and .git "
+                     "files there, which commands can plant)")
         lines.append("scopes: %s" % ("signals and abstract unix sockets stay inside the sandbox"
                                      if report.get("scopes") else "not scoped (Landlock ABI < 6)"))
         lines.append("other processes: %s%s" % (
@@ -9007,10 +9096,7 @@ class Sandbox:
         """The run's ProtectedWatch (made at the first command), or None where commands cannot write."""
         with self._lock:
             if self._watch is None:
-                xz = os.path.realpath(self.xzatoma_home) if self.xzatoma_home else None
-                own = [p for p in self.protected if not (xz and (p == xz or p.startswith(xz.rstrip("/") + "/")))]
-                self._watch = False if self.confined and self.mode == READ_ONLY else \
-                    ProtectedWatch(self.root, own)  # XZATOMA_HOME is ours: the audit log may create it
+                self._watch = False if self.confined and self.mode == READ_ONLY else ProtectedWatch(self.confinement)
             return self._watch or None
 
     def close(self):
@@ -9086,16 +9172,21 @@ class _SandboxJob:
                 pass
 
 
+# ---- Terminal: the sandbox helper (inside its namespaces) ----
+
 def _sandbox_helper(spec_text):
     """The helper process: confine itself once, then start commands on request (see the section header).
 
     Runs as `python -I -S -c …` with the commands' environment; everything below happens in this small,
     single-threaded process, never in the agent.
     """
-    import ctypes
-    import selectors
+    import array  # noqa: F401 (socket.recv_fds) — all imported now: as nobody (see _enter_as_nobody) this
+    import ctypes  # process may not reach the interpreter's own directory once its mounts are made
+    import resource  # noqa: F401
+    import selectors  # noqa: F401
     import signal
     import socket
+    import struct  # noqa: F401
     spec = json.loads(spec_text)
     os.set_inheritable(spec["fd"], False)  # commands never get the agent's end of the conversation
     ctl = socket.socket(fileno=spec["fd"])
@@ -9131,24 +9222,27 @@ def _sandbox_helper(spec_text):
         check(libc.mount(None, p, None, ctypes.c_ulong(_MS_BIND | _MS_REMOUNT | _MS_RDONLY | locked), None),
               "read-only %s" % path)
 
-    def write_file(path, text):
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-
     uid, gid = os.getuid(), os.getgid()
-    # 1. namespaces: user (to be allowed the rest), mount (read-only binds), network (none), PID (ours, and
-    #    one per command inside it)
-    flags = _CLONE_NEWNS | (0 if spec["network"] else _CLONE_NEWNET) | (0 if "pidns" in missing else _CLONE_NEWPID)
+    # 1. namespaces: user (to be allowed the rest; as root, nobody to the kernel), mount (read-only views),
+    #    IPC (System V objects and POSIX queues of the run's own), network (none), PID (ours, and one per
+    #    command inside it)
+    flags = _CLONE_NEWNS | _CLONE_NEWIPC | (0 if spec["network"] else _CLONE_NEWNET) | (
+        0 if "pidns" in missing else _CLONE_NEWPID)
+    idmapped = []
     try:
         if "userns" in missing:
             raise OSError(0, "assumed missing (agent.terminal.sandbox_assume_missing)")
-        check(libc.unshare(ctypes.c_int(_CLONE_NEWUSER | flags)), "unshare")
-        write_file("/proc/self/setgroups", "deny")
-        write_file("/proc/self/uid_map", "%d %d 1" % (uid, uid))
-        write_file("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        if uid == 0 and spec.get("mounts"):
+            try:
+                idmapped = _enter_as_nobody(libc, spec, ctl)  # only the child comes back
+            except OSError as exc:
+                report["root_files_error"] = "idmapped mounts refused: %s" % (exc.strerror or exc)
+        if not idmapped:
+            check(libc.unshare(ctypes.c_int(_CLONE_NEWUSER)), "unshare(user)")
+            _write_once("/proc/self/setgroups", "deny")
+            _write_once("/proc/self/uid_map", "%d %d 1" % (uid, uid))
+            _write_once("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+        check(libc.unshare(ctypes.c_int(flags)), "unshare")
         report["userns"] = True
     except OSError as exc:
         report["userns"], report["userns_error"] = False, exc.strerror or str(exc)
@@ -9157,11 +9251,21 @@ def _sandbox_helper(spec_text):
                                     % report["userns_error"])
         else:
             flags = 0
-    report["netns"] = bool(flags & _CLONE_NEWNET)
+    report["netns"], report["ipc"] = bool(flags & _CLONE_NEWNET), bool(flags & _CLONE_NEWIPC)
+    report["root_files"] = uid != 0 or bool(idmapped and flags & _CLONE_NEWNS)
+    if uid == 0 and not spec.get("mounts"):
+        report["root_files_error"] = "assumed missing (agent.terminal.sandbox_assume_missing)"
+    # a session keyring of its own: the agent's is not this process's to search (seccomp, below, also
+    # refuses commands the keyring calls, since no namespace separates the kernel's keys)
+    calls = _SECCOMP_ARCH.get(os.uname().machine, (0, {}))[1]
+    report["keyring"] = "keyctl" in calls and libc.syscall(  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+        ctypes.c_long(calls["keyctl"]), ctypes.c_long(1), None) >= 0
     protected = []
+    report.update(metadata=False, shm=False)
     if flags & _CLONE_NEWNS:
         try:  # nothing mounted here may propagate back to the system's mount namespace
             check(libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None), "make / private")
+            _read_only_view(libc, spec, idmapped, report)
             for path in spec.get("pinned") or ():  # first: a bind made after would hide the read-only ones
                 p = path.encode("utf-8", "surrogateescape")
                 check(libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None), "pin %s" % path)
@@ -9191,14 +9295,7 @@ def _sandbox_helper(spec_text):
     if flags & _CLONE_NEWPID:
         child = os.fork()  # the child is PID 1 of the run's PID namespace: when it dies, every command dies
         if child:
-            ctl.close()
-            while True:
-                try:
-                    _, status = os.waitpid(child, 0)
-                    break
-                except InterruptedError:
-                    continue
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            _stay_behind(child, ctl)
         prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the process the agent started goes, this one goes
         try:
             own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -9218,6 +9315,11 @@ def _sandbox_helper(spec_text):
     else:
         report["descendants"] = False
         report["pidns_error"] = "assumed missing" if "pidns" in missing else "no PID namespace"
+    for listing in ("/proc/keys", "/proc/key-users") if flags & _CLONE_NEWNS else ():
+        try:  # every key this uid may view, the agent's included: described by name, in any namespace
+            bind_read_only("/dev/null", listing)
+        except OSError:
+            report["keyring"] = False
     # 2. no new privileges, no tracing of this process, no root privileges gained by exec in the namespace
     prctl(_PR_SET_DUMPABLE, 0)
     if os.getuid() == 0:
@@ -9229,10 +9331,11 @@ def _sandbox_helper(spec_text):
     try:
         if "seccomp" in missing:
             raise OSError(0, "assumed missing (agent.terminal.sandbox_assume_missing)")
-        _deny_unix_sockets(libc)
+        _seccomp_filter(libc)
         report["unix_sockets"] = True
     except OSError as exc:
         report["unix_sockets"], report["unix_sockets_error"] = False, exc.strerror or str(exc)
+    report["keyring"] = report["keyring"] and report["unix_sockets"]
     # 4. Landlock
     abi = 0 if "landlock" in missing else landlock_abi()
     for item in missing:  # "abi:N": behave as a kernel with Landlock ABI N at most (tests every ABI's masks)
@@ -9250,6 +9353,7 @@ def _sandbox_helper(spec_text):
         report["filesystem_error"] = "no Landlock in this kernel" if "landlock" not in missing else \
             "Landlock assumed missing (agent.terminal.sandbox_assume_missing)"
     report["network"] = report["netns"] or report["landlock_net"]
+    report["limits"] = _set_limits(spec.get("limits") or {})
     ctl.send(json.dumps(report).encode())
     _helper_loop(libc, ctl, own_pidns, check)
 
@@ -9259,7 +9363,6 @@ def _helper_loop(libc, ctl, own_pidns, check):
     or when the command's socket closes; on EOF from the agent kill everything and leave."""
     import ctypes
     import selectors
-    import signal
     import socket
     import struct
     devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -9342,8 +9445,7 @@ def _helper_loop(libc, ctl, own_pidns, check):
                     _, status = os.waitpid(pid, 0)
                     if pid not in jobs:
                         continue
-                    sock = jobs.pop(pid)
-                    if sock is not None:
+                    if (sock := jobs.pop(pid)) is not None:
                         sel.unregister(sock)
                         try:
                             sock.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
@@ -9366,26 +9468,234 @@ def _helper_loop(libc, ctl, own_pidns, check):
     os._exit(0)
 
 
-#: seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h) for _deny_unix_sockets: the native architecture and
-#: its syscall numbers of socket() and io_uring_setup() (io_uring can make a socket without socket())
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
+def _stay_behind(child, ctl):
+    """The parent's part once its child carries on (into a PID namespace, or as nobody): wait, then exit with
+    the child's status, holding nothing of the conversation with the agent."""
+    ctl.close()
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _enter_as_nobody(libc, spec, ctl):
+    """Running as root (CI containers do): a child enters a user namespace where it is uid 0 but, to the
+    kernel, nobody (65534), so files only root may read (/etc/shadow, keys under /etc/ssl/private) are closed
+    to every command by the system's own permissions; capabilities would not help, root owns those files.
+    What commands must own is mounted idmapped, root's files shown as theirs, and what they must reach under
+    a directory others cannot enter is bound as it is (spec["mounts"], see _root_mounts). Only root in the
+    system's namespace may write such a uid map, idmap a mount or reach into /root, so this process does
+    it all, hands the mounts over and stays behind as the child's waiter.
+    Returns the mount descriptors in the child; OSError (the child gone, nothing changed) where refused."""
+    import ctypes
+    import socket
+    here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    os.setgroups([])  # root's supplementary groups would be the child's
+    child = os.fork()
+    if child == 0:
+        here.close()
+        there.send(b"ready" if libc.unshare(ctypes.c_int(_CLONE_NEWUSER)) == 0 else b"refused")
+        msg, fds, _, _ = socket.recv_fds(there, 16, len(spec["mounts"]["entries"]), socket.MSG_CMSG_CLOEXEC)
+        if msg != b"go":
+            os._exit(0)
+        there.close()
+        os.setresgid(0, 0, 0)  # root inside, 65534 outside; the namespace's capabilities stay for the set-up
+        os.setresuid(0, 0, 0)
+        libc.prctl(ctypes.c_int(1), ctypes.c_ulong(9), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        return fds  # PR_SET_PDEATHSIG SIGKILL: its waiter gone, it goes
+    there.close()
+    libc.prctl(ctypes.c_int(_PR_SET_DUMPABLE), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0),
+               ctypes.c_ulong(0))
+    fds, userns = [], None
+    try:
+        if here.recv(16) != b"ready":
+            raise OSError(0, "no user namespace")
+        if len(spec["mounts"]["entries"]) > 250:  # SCM_MAX_FD
+            raise OSError(0, "too many directories to mount")
+        for name, text in (("setgroups", "deny"), ("uid_map", "0 65534 1"), ("gid_map", "0 65534 1")):
+            _write_once("/proc/%d/%s" % (child, name), text)
+        userns = os.open("/proc/%d/ns/user" % child, os.O_RDONLY | os.O_CLOEXEC)
+        for path, writable, idmapped, _ in spec["mounts"]["entries"]:
+            fds.append(_syscall(libc, _OPEN_TREE, _AT_FDCWD, path.encode("utf-8", "surrogateescape"),
+                                _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC))
+            _mount_setattr(libc, fds[-1], b"", _AT_EMPTY_PATH | _AT_RECURSIVE, (_MOUNT_ATTR_IDMAP if idmapped
+                           else 0) | (0 if writable else _MOUNT_ATTR_RDONLY), userns=userns if idmapped else 0)
+        socket.send_fds(here, [b"go"], fds)
+    except OSError:
+        try:
+            here.send(b"no")
+        except OSError:
+            pass
+        os.waitpid(child, 0)
+        raise
+    finally:
+        for fd in fds + ([userns] if userns is not None else []):
+            os.close(fd)
+        here.close()
+    os.setresgid(65534, 65534, 65534)  # a waiter needs no privilege
+    os.setresuid(65534, 65534, 65534)
+    _stay_behind(child, ctl)
+
+
+def _read_only_view(libc, spec, idmapped, report):
+    """The mount namespace's view: everything read-only, so that what Landlock does not mediate (chmod and
+    the setuid bit, chown, utime, xattrs) fails outside the writable roots too; then the writable roots
+    writable again (the mounts made for a root run, or the working directory and TMPDIR bound onto
+    themselves), and a /dev/shm of the run's own (POSIX semaphores and shared memory: multiprocessing)."""
+    import ctypes
+    try:
+        if "readonly-view" in spec["assume_missing"]:
+            raise OSError(0, "assumed missing (agent.terminal.sandbox_assume_missing)")
+        _mount_setattr(libc, _AT_FDCWD, b"/", _AT_RECURSIVE, _MOUNT_ATTR_RDONLY)
+        report["metadata"] = True
+    except OSError as exc:
+        report["metadata_error"] = exc.strerror or str(exc)
+    covers = spec["mounts"]["covers"] if idmapped else []
+    for path in covers:  # what lies under /root stays out of sight, but for what is mounted below
+        if libc.mount(b"tmpfs", path.encode("utf-8", "surrogateescape"), b"tmpfs",
+                      ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC), b"mode=755,size=64k") != 0:
+            raise OSError(ctypes.get_errno(), "cover %s" % path)
+    for (path, _, _, is_dir), fd in zip(spec["mounts"]["entries"] if idmapped else (), idmapped):
+        if not os.path.lexists(path):  # a mount point in a cover
+            os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
+            if not is_dir:
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        _syscall(libc, _MOVE_MOUNT, fd, b"", _AT_FDCWD, path.encode("utf-8", "surrogateescape"),
+                 _MOVE_MOUNT_F_EMPTY_PATH)
+        os.close(fd)
+    for path in covers:
+        _mount_setattr(libc, _AT_FDCWD, path.encode("utf-8", "surrogateescape"), 0, _MOUNT_ATTR_RDONLY)
+    for path in spec["writable"] if report["metadata"] and not idmapped else ():
+        p = path.encode("utf-8", "surrogateescape")
+        if libc.mount(p, p, None, ctypes.c_ulong(_MS_BIND | _MS_REC), None) != 0:
+            raise OSError(ctypes.get_errno(), "bind %s" % path)
+        try:
+            _mount_setattr(libc, _AT_FDCWD, p, _AT_RECURSIVE, 0, _MOUNT_ATTR_RDONLY)
+        except OSError:  # a mount inside it that the system made read-only stays so
+            _mount_setattr(libc, _AT_FDCWD, p, 0, 0, _MOUNT_ATTR_RDONLY)
+    memory = int((spec.get("limits") or {}).get("memory_mb") or 0)
+    if spec["writable"] and os.path.isdir("/dev/shm") and libc.mount(
+            b"tmpfs", b"/dev/shm", b"tmpfs", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC),
+            b"mode=1777" + (b",size=%dm" % memory if memory else b"")) == 0:
+        spec["rules"].append(("/dev/shm", "rw"))
+        report["shm"] = True
+
+
+def _set_limits(limits):
+    """agent.terminal.limits as rlimits of this process and so of every command (soft = hard: a command
+    cannot raise them). Tasks are counted per user namespace, so only the sandbox's own count."""
+    import resource
+    applied = {}
+    for name, which, scale in (("processes", resource.RLIMIT_NPROC, 1), ("memory_mb", resource.RLIMIT_DATA, 1 << 20),
+                               ("file_size_mb", resource.RLIMIT_FSIZE, 1 << 20)):
+        value = int(limits.get(name) or 0) * scale
+        hard = resource.getrlimit(which)[1]
+        if value and (hard == resource.RLIM_INFINITY or value < hard):
+            try:
+                resource.setrlimit(which, (value, value))
+                applied[name] = limits[name]
+            except (OSError, ValueError):
+                pass
+    return applied
+
+
+def _write_once(path, text):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _syscall(libc, *args):
+    import ctypes
+    result = libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def _mount_setattr(libc, dirfd, path, flags, attr_set, attr_clr=0, userns=0):
+    import ctypes
+    attr = (ctypes.c_uint64 * 4)(attr_set, attr_clr, 0, userns)  # struct mount_attr
+    _syscall(libc, _MOUNT_SETATTR, dirfd, path, flags, ctypes.byref(attr), ctypes.sizeof(attr))
+
+
+# the new mount API (linux/mount.h, 5.12+); syscall numbers of the generic table, as Landlock's
+_OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442
+_AT_FDCWD, _AT_EMPTY_PATH, _AT_RECURSIVE = -100, 0x1000, 0x8000
+_OPEN_TREE_CLONE, _MOVE_MOUNT_F_EMPTY_PATH, _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_IDMAP = 1, 4, 1, 0x100000
+
+#: seccomp (linux/seccomp.h, linux/filter.h, linux/audit.h) for _seccomp_filter: the native architecture and
+#: the numbers of the syscalls it judges
+_SECCOMP_ARCH = {
+    "x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "io_uring_setup": 425, "add_key": 248,
+                            "request_key": 249, "keyctl": 250, "openat2": 437,
+                            "mode1": (90, 91, 85, 133), "mode2": (268, 452, 2, 259), "mode3": (257,)}),
+    "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "io_uring_setup": 425, "add_key": 217,
+                             "request_key": 218, "keyctl": 219, "openat2": 437,
+                             "mode1": (52,), "mode2": (53, 452, 33), "mode3": (56,)})}
+#: where a file's mode is the Nth argument: chmod, fchmod, creat, mknod (1); fchmodat, fchmodat2, open,
+#: mknodat (2); openat (3)
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
-_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
-_AF_UNIX, _AF_VSOCK, _EACCES = 1, 40, 13
+_BPF = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "and": 0x54, "ret": 0x06}  # ld = BPF_LD|BPF_W|BPF_ABS
+_AF_UNIX, _AF_VSOCK, _EACCES, _SOCK_STREAM, _SOCK_SEQPACKET = 1, 40, 13, 1, 5
+_EPERM, _ENOSYS, _S_ISUID_ISGID = 1, 38, 0o6000
 
 
-def _deny_unix_sockets(libc):
-    """A seccomp filter for this process and every command: socket(AF_UNIX or AF_VSOCK, …) fails with EACCES (socketpair()
-    still works: it reaches nothing by name), io_uring cannot be set up, and a foreign architecture's
-    syscalls (i386 through int 0x80, x32) fail, since their numbers differ. OSError where it cannot."""
+def _seccomp_filter(libc):
+    """A seccomp filter for this process and every command; what it refuses fails with EACCES.
+
+    Unix sockets: a command can hold none but connected pairs of its own. socket(AF_UNIX) fails, and
+    socketpair() makes stream and seqpacket pairs only: a datagram pair can be pointed at any named socket
+    by sendto() or connect() (/dev/log, journald, sockets under /tmp), and seccomp cannot read the address
+    those calls are given (it is behind a pointer; checking it from outside races with the command's other
+    threads). Nor can a mount view help: connect() looks the name up whatever Landlock grants, and a socket
+    may lie inside the working directory. So nothing the command holds can be pointed anywhere, whatever
+    the name: docker.sock, the session bus, an agent's socket. AF_VSOCK is refused too (a VM's host is not
+    behind the network namespace), and io_uring cannot be set up (it makes sockets without socket()).
+    The kernel keyring, which no namespace separates: add_key, request_key and keyctl fail (as in Docker's
+    default profile). No setuid or setgid file is made, in the tree either (EPERM for a mode with those bits
+    to chmod, open, mknod and their kin, as Flatpak does; openat2, whose mode seccomp cannot see, is ENOSYS
+    and callers fall back to openat): written as a uid the host knows, such a file would give whoever runs
+    it that uid. A foreign architecture's syscalls (i386 through int 0x80, x32) fail, since their
+    numbers differ. OSError where it cannot be applied."""
     import ctypes
-    import platform
-    machine = platform.machine()
+    machine = os.uname().machine
     if machine not in _SECCOMP_ARCH:
         raise OSError(0, "no seccomp filter for %s" % machine)
-    arch, nr_socket, nr_io_uring = _SECCOMP_ARCH[machine]
-    deny = _SECCOMP_RET_ERRNO | _EACCES
+    arch, nr = _SECCOMP_ARCH[machine]
+    code = [("ld", 4), ("jeq", arch, None, "deny"),      # seccomp_data.arch
+            ("ld", 0), ("jge", 0x40000000, "deny"),      # seccomp_data.nr; x32 (x86_64 with __X32_SYSCALL_BIT)
+            *[("jeq", nr[name], "deny") for name in ("io_uring_setup", "add_key", "request_key", "keyctl")],
+            ("jeq", nr["socket"], "socket"), ("jeq", nr["socketpair"], "pair"), ("jeq", nr["openat2"], "nosys"),
+            *[("jeq", number, label) for label in ("mode1", "mode2", "mode3") for number in nr[label]],
+            ("ret", _SECCOMP_RET_ALLOW),
+            "socket", ("ld", 16), ("jeq", _AF_UNIX, "deny"), ("jeq", _AF_VSOCK, "deny"),  # args[0], low half
+            ("ret", _SECCOMP_RET_ALLOW),
+            "pair", ("ld", 16), ("jeq", _AF_UNIX, None, "deny"), ("ld", 24), ("and", 0xF),  # args[1]: the type
+            ("jeq", _SOCK_STREAM, "allow"), ("jeq", _SOCK_SEQPACKET, "allow"), ("ret", _SECCOMP_RET_ERRNO | _EACCES),
+            *[item for n in (1, 2, 3) for item in ("mode%d" % n, ("ld", 16 + 8 * n), ("and", _S_ISUID_ISGID),
+                                                   ("jeq", 0, "allow", "setuid"))],
+            "setuid", ("ret", _SECCOMP_RET_ERRNO | _EPERM), "nosys", ("ret", _SECCOMP_RET_ERRNO | _ENOSYS),
+            "deny", ("ret", _SECCOMP_RET_ERRNO | _EACCES), "allow", ("ret", _SECCOMP_RET_ALLOW)]
+    labels, at = {}, 0
+    for item in code:
+        if isinstance(item, str):
+            labels[item] = at
+        else:
+            at += 1
+    program = []
+    for item in code:
+        if not isinstance(item, str):
+            op, k, jt, jf = (item + (None, None))[:4]
+            hop = [labels[j] - len(program) - 1 if j else 0 for j in (jt, jf)]
+            program.append((_BPF[op], hop[0], hop[1], k))
 
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
@@ -9393,20 +9703,6 @@ def _deny_unix_sockets(libc):
     class Prog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
 
-    program = [
-        (_BPF_LD_W_ABS, 0, 0, 4),                # seccomp_data.arch
-        (_BPF_JEQ_K, 1, 0, arch),
-        (_BPF_RET_K, 0, 0, deny),                # another architecture's numbering
-        (_BPF_LD_W_ABS, 0, 0, 0),                # seccomp_data.nr
-        (_BPF_JGE_K, 6, 0, 0x40000000),          # x32 (x86_64 with __X32_SYSCALL_BIT)
-        (_BPF_JEQ_K, 5, 0, nr_io_uring),
-        (_BPF_JEQ_K, 0, 3, nr_socket),
-        (_BPF_LD_W_ABS, 0, 0, 16),               # seccomp_data.args[0], low half (little-endian)
-        (_BPF_JEQ_K, 2, 0, _AF_UNIX),
-        (_BPF_JEQ_K, 1, 0, _AF_VSOCK),           # the host of a VM: no network namespace stands in the way
-        (_BPF_RET_K, 0, 0, _SECCOMP_RET_ALLOW),
-        (_BPF_RET_K, 0, 0, deny),
-    ]
     filters = (Filter * len(program))(*[Filter(*ins) for ins in program])
     prog = Prog(len(program), filters)
     libc.prctl.argtypes = None
@@ -9427,13 +9723,6 @@ def _landlock_restrict(libc, abi, spec, missing, report):
         _pack_ = 1
         _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
-    def syscall(*args):
-        result = libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
-        if result == -1:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        return result
-
     handled_fs = _LL_FS_BY_ABI[min(abi, _LL_KNOWN_ABI)]
     attr = RulesetAttr(handled_fs, 0, 0)
     size = 8
@@ -9443,7 +9732,7 @@ def _landlock_restrict(libc, abi, spec, missing, report):
     if abi >= 6 and "scopes" not in missing:
         attr.scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
         size = 24
-    ruleset = syscall(_LL_CREATE_RULESET, ctypes.byref(attr), size, 0)
+    ruleset = _syscall(libc, _LL_CREATE_RULESET, ctypes.byref(attr), size, 0)
     try:
         for path, access in spec["rules"]:
             try:
@@ -9455,10 +9744,10 @@ def _landlock_restrict(libc, abi, spec, missing, report):
                 if not stat.S_ISDIR(os.fstat(fd).st_mode):
                     allowed &= _FILE_ONLY
                 rule = PathBeneath(allowed, fd)
-                syscall(_LL_ADD_RULE, ruleset, _LL_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
+                _syscall(libc, _LL_ADD_RULE, ruleset, _LL_RULE_PATH_BENEATH, ctypes.byref(rule), 0)
             finally:
                 os.close(fd)
-        syscall(_LL_RESTRICT_SELF, ruleset, 0)
+        _syscall(libc, _LL_RESTRICT_SELF, ruleset, 0)
     finally:
         os.close(ruleset)
     report["filesystem"] = True
@@ -9478,19 +9767,13 @@ def parse_ipv4_loose(host):
     parts = host.split(".")
     if not 1 <= len(parts) <= 4 or any(p == "" for p in parts):
         return None
-    values = []
-    for p in parts:
-        try:
-            if p.lower().startswith("0x"):
-                values.append(int(p[2:] or "0", 16))
-            elif len(p) > 1 and p.startswith("0"):
-                values.append(int(p, 8))
-            else:
-                values.append(int(p, 10))
-        except ValueError:
-            return None
+    try:  # 0x…: hexadecimal, 0…: octal, else decimal
+        values = [int(p[2:] or "0", 16) if p.lower().startswith("0x") else int(p, 8 if len(p) > 1 and p[0] == "0" else 10)
+                  for p in parts]
+    except ValueError:
+        return None
     last_bits = 32 - 8 * (len(values) - 1)
-    if any(v > 255 for v in values[:-1]) or values[-1] >= (1 << last_bits):
+    if any(v > 255 for v in values[:-1]) or values[-1] >= (1 << last_bits) or min(values) < 0:  # int() takes "-1"
         return None
     number = 0
     for v in values[:-1]:
@@ -9551,18 +9834,15 @@ def address_block_reason(ip):
     if isinstance(ip, str):
         ip = ipaddress.ip_address(ip.split("%")[0])
     if ip.version == 6:
-        embedded = _embedded_ipv4(ip)
-        if embedded:
+        if embedded := _embedded_ipv4(ip):
             form, v4 = embedded
-            inner = address_block_reason(v4)
-            if inner:
+            if inner := address_block_reason(v4):
                 return "%s address embedding %s (%s)" % (form, v4, inner)
             if form != "IPv4-compatible":
                 return None  # reaches exactly the embedded address, which is public
         if ip.teredo:
             for v4 in ip.teredo:
-                inner = address_block_reason(v4)
-                if inner:
+                if inner := address_block_reason(v4):
                     return "Teredo address embedding %s (%s)" % (v4, inner)
     for network, reason in _special_ranges():
         if ip.version == network.version and ip in network:
@@ -9586,8 +9866,7 @@ def check_url(url, allowed_hosts=()):
         raise UrlBlocked("invalid URL %r: %s" % (url, exc))
     if parts.scheme not in ("http", "https"):
         raise UrlBlocked("only http and https URLs can be fetched, not %r" % (parts.scheme or url))
-    host = (parts.hostname or "").rstrip(".")
-    if not host:
+    if not (host := (parts.hostname or "").rstrip(".")):
         raise UrlBlocked("the URL has no host: %s" % url)
     port = port or (443 if parts.scheme == "https" else 80)
     path = parts.path or "/"
@@ -9600,8 +9879,7 @@ def check_url(url, allowed_hosts=()):
     except ValueError:
         literal = parse_ipv4_loose(host)
     if literal is not None:
-        reason = None if allowed else address_block_reason(literal)
-        if reason:
+        if not allowed and (reason := address_block_reason(literal)):
             raise UrlBlocked("%s is %s" % (literal, reason))
         return parts.scheme, host, port, path, str(literal)
     try:
@@ -9622,8 +9900,7 @@ def check_url(url, allowed_hosts=()):
             addresses.append(addr)
     if not allowed:
         for addr in addresses:
-            reason = address_block_reason(addr)
-            if reason:
+            if reason := address_block_reason(addr):
                 raise UrlBlocked("%s resolves to %s, %s" % (host, addr, reason))
     return parts.scheme, host, port, path, addresses[0]
 
@@ -9691,7 +9968,6 @@ def _open_log(path):
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, 0o600)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        import errno
         raise OSError(errno.EINVAL, "not a regular file", path)
     return fd
 

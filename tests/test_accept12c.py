@@ -74,7 +74,8 @@ def test_no_credential_reaches_a_command_even_when_every_name_is_passed_through(
     assert "dumped" in out, out
     dumped = (cli.workdir / "env.txt").read_bytes() + (cli.workdir / "environ.bin").read_bytes() + \
         (cli.workdir / "stolen.txt").read_bytes()
-    assert b"PATH=" in dumped and b"Permission denied" in dumped  # the dump really happened
+    assert b"PATH=" in dumped and (b"Permission denied" in dumped or  # the dump really happened (as root,
+                                   b"No such file or directory" in dumped)  # nothing under its 0700 tmp is there)
     for secret in (key, key.replace("-", "%2D"), cfg_key):
         assert secret.encode() not in dumped, secret
         assert secret not in out and secret not in r.stdout + r.stderr, secret
@@ -346,7 +347,7 @@ def test_no_unix_socket_on_the_system_is_reachable_from_a_command(cli, fake):
     assert "pair-ok" in out and out.count("refused 13") == 4 and "vsock refused 13" in out, out
     assert "OUTSIDE-REACHED" not in out and not accepted
     policy = cli.run("policy", "sandbox")
-    assert "unix sockets: none can be opened (seccomp)" in policy.stdout, policy.stdout
+    assert "unix sockets: none reachable by name (seccomp" in policy.stdout, policy.stdout
 
 
 def test_chat_asks_about_what_a_command_planted_even_in_yolo_and_a_no_removes_it(cli, chat, fake):

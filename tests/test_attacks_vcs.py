@@ -76,10 +76,7 @@ def test_repositories_that_would_run_code_are_removed(cli, fake, script, reason)
                                       (".config/git/config", ".config/git"), (".npmrc", ".npmrc"),
                                       ("deploy/keys", "deploy/keys")])
 def test_new_protected_files_are_removed(cli, fake, path, top):
-    cli.use(fake)
-    cfg = cli.config_path.read_text() + "  tools:\n    protected_paths: [deploy/keys]\n"
-    cfg = cfg.replace("agent:\n", "") if "agent:" in cfg else cfg.replace("  tools:", "agent:\n  tools:")
-    cli.config_path.write_text(cfg)
+    cli.use(fake, tools={"protected_paths": ["deploy/keys"]})
     (cli.workdir / "s0.sh").write_text("mkdir -p $(dirname %s) && echo 'touch PWNED' > %s\n" % (path, path))
     fake.add({"tool_calls": [tool_call("terminal", command="sh s0.sh")]}, {"content": "done"})
     r = cli.run("run", "--allow-dangerous", "--prompt", "x", timeout=90)

@@ -125,7 +125,8 @@ def test_reported_usage_is_not_marked_estimated(cli, fake):
 def test_token_quota_counts_estimates(cli, fake):
     (cli.workdir / "big.txt").write_text("word " * 2000)
     cli.use(fake, provider="openai", quota={"max_total_tokens": 5000})
-    fake.add(*[{"tool_calls": [tool_call("read_file", path="big.txt")], "usage": None}] * 10)
+    fake.add(*[{"tool_calls": [tool_call("read_file", path="big.txt", start_line=1, end_line=i)], "usage": None}
+               for i in range(1, 11)])  # ten different reads: the same call twice in a row is refused as a loop
     r = cli.run("run", "--json", "--prompt", "read it again and again")
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["status"] == "quota_exceeded", r.stderr

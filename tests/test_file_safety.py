@@ -46,7 +46,8 @@ def test_planted_temp_name_symlinks_are_never_written_through(cli, fake, outside
                                        tool_call("edit_file", path="notes.txt", old_text="beta", new_text="gamma"),
                                        tool_call("write_file", path="new.txt", content="fresh\n")])
     assert r.returncode == 0, r.stderr
-    assert results[0] == "Overwrote notes.txt (5 bytes; it had 6 before: its whole content was replaced)"
+    assert results[0] == ("Overwrote notes.txt (5 bytes; it had 6 before: its whole content was replaced). "
+                          "Its content before was:\nalpha")
     assert results[2] == "Created new.txt (6 bytes)"
     assert (work / "notes.txt").read_text() == "gamma\n" and (work / "new.txt").read_text() == "fresh\n"
     assert (outside / "victim.txt").read_text() == "untouched\n" and os.listdir(str(outside)) == ["victim.txt"]

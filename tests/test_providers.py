@@ -253,7 +253,8 @@ def test_a_refusal_over_the_window_teaches_the_window_and_the_run_goes_on(cli, f
                                                "requested 9035 tokens (9030 in the messages, 5 in the completion).",
                                     "type": "invalid_request_error", "param": "messages",
                                     "code": "context_length_exceeded"}})
-    fake.add(*[{"tool_calls": [{"name": "read_file", "arguments": {"path": "big.txt"}}]}] * 6,
+    fake.add(*[{"tool_calls": [{"name": "read_file", "arguments": {"path": "big.txt", "end_line": i}}]}
+               for i in range(1, 7)],
              {"status": 400, "body": refusal}, {"content": "done"})
     r = cli.run("run", "--prompt", "read big.txt many times")
     assert r.returncode == 0 and r.stdout == "done\n", r.stderr

@@ -146,7 +146,9 @@ def test_yaml_plan_then_history(pcli, fake):
     plan = pcli.tmp / "plan.yaml"
     plan.write_text("goal: Generate API documentation\ninstructions:\n  - List all endpoint files\n"
                     "  - Create an OpenAPI spec\n")
-    fake.add({"content": "planned"})
+    fake.add({"tool_calls": [{"name": "list_directory", "arguments": {}}]},
+             {"tool_calls": [{"name": "write_file", "arguments": {"path": "openapi.yaml", "content": "openapi: 3.1.0\n"}}]},
+             {"content": "planned"})
     r = pcli.run("run", "--plan", plan)
     assert r.returncode == 0 and r.stdout == "planned\n", r.stderr
     sent = json.dumps(fake.model_requests()[-1]["body"]["messages"])

@@ -52,7 +52,7 @@ def test_a_script_cannot_write_outside_or_into_git_but_can_inside(cli, fake):
     r, out = attack(cli, fake, script)
     assert r.returncode == 0, r.stderr
     assert not outside.exists() and not home_marker.exists()
-    assert "Permission denied" in out
+    assert "Permission denied" in out or "Read-only file system" in out
     assert not (cli.workdir / ".git" / "hooks" / "pre-commit").exists()
     assert (cli.workdir / ".git" / "config").read_text() == "[core]\n" and not (cli.workdir / "moved-git").exists()
     assert (cli.workdir / "vendor" / "lib" / ".git" / "hooks").is_dir()
@@ -69,7 +69,8 @@ def test_a_script_cannot_read_the_home_directory_or_xzatoma_home(cli, fake):
     r, out = attack(cli, fake, script)
     assert r.returncode == 0, r.stderr
     assert "home-secret-4711" not in out and "xz-secret-4712" not in out and ".netrc" not in out.split("listed")[0]
-    assert out.count("Permission denied") >= 3
+    # as root, what lies under a directory others may not enter (pytest's 0700 tmp) is not even there
+    assert out.count("Permission denied") + out.count("No such file or directory") >= 3
 
 
 @needs_landlock
@@ -189,7 +190,7 @@ def test_run_timeout_holds_while_a_command_runs(cli, fake):
     started = time.monotonic()
     r = cli.run("run", "--allow-dangerous", "--timeout", "5", "--json", "--prompt", "x")
     elapsed = time.monotonic() - started
-    assert elapsed < 20, elapsed
+    assert elapsed < 45, elapsed  # the command would sleep 60: the run ended at its own limit, whatever the load
     assert r.returncode == 1
     result = last_json(r.stdout)
     assert result["status"] == "timeout"
@@ -267,7 +268,7 @@ def test_read_only_mode_writes_nothing(tmp_path):
     try:
         r = reg.execute("terminal", {"command": "cat f.txt; touch new.txt; touch $TMPDIR/t; echo x > /dev/null && "
                                                 "echo NULL-OK"})
-        assert "data" in r.output and "NULL-OK" in r.output and r.output.count("Permission denied") == 2
+        assert "data" in r.output and "NULL-OK" in r.output and r.output.count("Read-only file system") == 2
         assert not (tmp_path / "new.txt").exists()
     finally:
         ctx.sandbox.close()
@@ -326,7 +327,7 @@ def test_every_landlock_abi_confines_with_its_own_rights(tmp_path, abi):
     """As a kernel with only ABI N would: the ruleset must be valid for N and still confine."""
     work = tmp_path / "work"
     work.mkdir()
-    sandbox = Sandbox(str(work), assume_missing=("abi:%d" % abi,))
+    sandbox = Sandbox(str(work), assume_missing=("abi:%d" % abi, "readonly-view", "idmap"))  # Landlock alone
     ctx = ToolContext(str(work), {}, terminal={}, terminal_mode=FULL, sandbox=sandbox)
     reg = build_registry("write", ctx)
     try:

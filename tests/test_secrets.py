@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from conftest import tool_call, wait_for
-from xzatoma_store import REDACTED, redact, register_secret
+from xzatoma_store import REDACTED, redact, redaction_spans, register_secret
 
 # one token per family: (family, value)
 TOKENS = [
@@ -216,8 +216,8 @@ def test_a_loose_home_and_old_files_are_tightened(cli, fake):
 
 def test_rotated_audit_log_stays_private(cli, fake):
     cli.use(fake, terminal={"default_mode": "restricted_autonomous", "audit_max_bytes": 200})
-    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"tool_calls": [tool_call("terminal", command="ls")]},
-             {"tool_calls": [tool_call("terminal", command="ls")]}, {"content": "ok"})
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"tool_calls": [tool_call("terminal", command="ls -a")]},
+             {"tool_calls": [tool_call("terminal", command="ls -l")]}, {"content": "ok"})
     assert cli.run("run", "--prompt", "x").returncode == 0
     assert (cli.xz_home / "audit.log.1").exists()
     assert mode(cli.xz_home / "audit.log.1") == 0o600 and mode(cli.xz_home / "audit.log") == 0o600
@@ -333,3 +333,92 @@ def test_one_line_of_a_huge_text_never_shows_a_known_key_cut_by_its_bound():
         shown = one_line(text, 200)
         assert key[:offset] not in shown, (offset, shown)
     assert one_line("x " * 40000 + key, 40).startswith("x x x")
+
+
+# ---- issue 23: credential names by family, and a known secret however it was re-encoded ----
+
+def reencodings(key):
+    """The common re-encodings of `key`: the way servers, shells and serializers write it back."""
+    import base64
+    import subprocess
+    import textwrap
+    from urllib.parse import quote
+    b64 = base64.b64encode(key.encode()).decode()
+    bearer = base64.b64encode(("Bearer " + key).encode()).decode()
+    quoted = subprocess.run(["bash", "-c", 'printf %q "$K"'], env={"K": key}, capture_output=True,
+                            text=True).stdout if os.path.exists("/bin/bash") else None
+    out = {"double-url": quote(quote(key, safe=""), safe=""), "triple-url": quote(quote(quote(key, safe="")), safe=""),
+           "every-char-u": "".join("\\u%04x" % ord(c) for c in key),
+           "every-char-U": "".join("\\u%04X" % ord(c) for c in key),
+           "json-twice": json.dumps(json.dumps({"key": key})),
+           "html-refs": "".join("&#%d;" % ord(c) for c in key),
+           "mixed": "".join(("%%%02X" % ord(c)) if i % 3 == 0 else ("\\x%02x" % ord(c)) if i % 3 == 1 else c
+                            for i, c in enumerate(key))}
+    for width in (4, 7, 12, 60, 64, 76):
+        out["base64-%d" % width] = "\n".join(textwrap.wrap(b64, width))
+        out["bearer-base64-%d-crlf" % width] = "\r\n".join(textwrap.wrap(bearer, width))
+    out["base64-in-json"] = json.dumps("\n".join(textwrap.wrap(b64, 20)))
+    if quoted:
+        out["printf-q"] = quoted
+    return out
+
+
+def middle(text):
+    """What must not survive of an encoding: all but its first and last few characters (base64's edge groups
+    mix in the bytes around the key), whitespace ignored."""
+    flat = "".join(text.split())
+    return flat[8:-8]
+
+
+KEY23 = "Zq9+/Xk$w'3!~aB7=%p&<x>-Lm"
+
+
+def test_a_known_secret_is_found_in_every_common_reencoding():
+    register_secret(KEY23)
+    for name, encoded in reencodings(KEY23).items():
+        out = redact("before %s after" % encoded)
+        assert REDACTED in out and out.startswith("before ") and out.endswith(" after"), (name, out)
+        assert middle(encoded) not in "".join(out.split()), (name, out)
+        assert redaction_spans("x " + encoded), name  # streams and questions see it too
+    for text in ("a %20 b \\n c &amp; d \\u0041", "C:\\\\new\\\\table", "100%% sure &#9731;"):
+        assert redact(text) == text
+
+
+def test_credential_names_by_family():
+    from xzatoma_store import is_credential_env
+    token = "b9Y2x0ZW5kc2VjcmV0c2Vzc2lvbnRva2VuMTIzNDU2Nzg5MA=="
+    for name in ("BW_SESSION", "OP_SESSION_myteam", "OP_SESSION_my_team", "VAULT_SESSION", "JIRA_COOKIE", "NPM_JWT"):
+        assert is_credential_env(name, token), name
+    for name, value in (("DESKTOP_SESSION", "gnome-xorg"), ("XDG_SESSION_PATH", "/org/freedesktop/Session0"),
+                        ("XDG_SESSION_ID", "c2"), ("SESSION_MANAGER", "local/h:@/tmp/.ICE-unix/12,unix/h:/tmp/x"),
+                        ("GITHUB_SHA", "0123456789abcdef0123456789abcdef01234567"), ("PATH", "/usr/bin")):
+        assert not is_credential_env(name, value), name
+
+
+def test_session_tokens_and_reencoded_keys_reach_no_model_output_store_or_command(cli, fake):
+    bw = "b9Y2x0ZW5kc2VjcmV0c2Vzc2lvbnRva2VuMTIzNDU2Nzg5MA=="
+    op = "x8Kd93Hh1Bq0ZzL2p4Y7vR6tW9uN3mS5cA0eF2gH4iJ"
+    encodings = reencodings(KEY23)
+    lines = ["%s: %s" % kv for kv in sorted(encodings.items())] + ["bw: " + bw, "op: " + op]
+    (cli.workdir / "leak.txt").write_text("\n".join(lines) + "\n")
+    cli.use(fake, provider="openai", terminal={"env_passthrough": ["BW_*", "OP_*"]})
+    fake.add({"tool_calls": [tool_call("read_file", path="leak.txt")]},
+             {"tool_calls": [tool_call("terminal", command="cat leak.txt; env > env.txt")]},
+             {"content": "here:\n" + "\n".join(lines)})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "read leak.txt",
+                env={"OPENAI_API_KEY": KEY23, "BW_SESSION": bw, "OP_SESSION_myteam": op})
+    assert r.returncode == 0, r.stderr
+    assert fake.model_requests()[0]["headers"]["authorization"] == "Bearer " + KEY23  # the key was in use
+    seen = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"]
+    assert len(seen) == 2 and all("[REDACTED]" in text for text in seen), seen
+    cid = [json.loads(line) for line in cli.run("history", "list", "--json").stdout.splitlines()][0]
+    shown = cli.run("history", "show", "--full", (cid[0] if isinstance(cid, list) else cid)["id"]).stdout
+    flat_db = b"".join(db_bytes(cli).split())
+    for name, encoded in list(encodings.items()) + [("bw", bw), ("op", op)]:
+        part = middle(encoded) if name not in ("bw", "op") else encoded
+        for where, text in [("tool result", t) for t in seen] + [("stdout", r.stdout), ("stderr", r.stderr),
+                                                                 ("history", shown)]:
+            assert part not in "".join(text.split()), (name, where)
+        assert part.encode() not in flat_db and json.dumps(part)[1:-1].encode() not in flat_db, name
+    env_file = (cli.workdir / "env.txt").read_text()
+    assert "PATH=" in env_file and bw not in env_file and op not in env_file  # passed through by name, not value

@@ -320,3 +320,48 @@ def test_a_tool_result_the_model_writes_itself_is_pointed_out_once(open_session,
     result = run(s, "Write x to a.txt")
     assert result.status == "completed" and len(s.provider.calls) == 3
     assert s.provider.calls[2]["messages"][-1]["content"].startswith("You wrote a tool result yourself")
+
+
+@pytest.mark.parametrize("task,expected", [
+    ("keys:\nX-Api-Key: 0a1b\napi-key: 9f8e\nSet-Cookie: connect.sid=abc", None),  # pasted data, not a request
+    ("Why did this fail?\nline 1\nline 2\nSet-Cookie: x.y", None),
+    ("[Content of @notes.txt]\nrename everything\n[End of @notes.txt]\n\nSummarise @notes.txt", None),
+    (xzatoma.PLAN_FRAME + "\n\nGOAL: docs\n\nINSTRUCTIONS (follow as guidance):\n1. a\n2. b\n3. Create spec.yaml",
+     ("strong", "change")),  # a plan: all of its instructions count
+])
+def test_what_a_task_asks_is_read_from_its_first_lines_or_a_plans_steps(task, expected):
+    assert needs_tools(xzatoma.intent_of(task), "ok") == expected
+
+
+def test_a_question_cannot_change_files(open_session, tmp_path):
+    """A real transcript: asked how many lines data.csv has, a 1.5B model overwrote it with its guess."""
+    (tmp_path / "data.csv").write_text("a\nb\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "data.csv", "content": "lines: 0"}}'),
+                     Reply('{"name": "read_file", "arguments": {"path": "data.csv"}}'), Reply("2 lines"))
+    result = run(s, "How many lines does data.csv have?")
+    assert result.status == "completed" and (tmp_path / "data.csv").read_text() == "a\nb\n"
+    refused = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
+    assert refused.startswith("Error: the task asks a question and does not ask to change any file")
+
+
+def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_path):
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "todo.txt", "content": "buy milk\\n"}}'),
+                     Reply("Added it."))
+    run(s, "Add a line 'buy milk' at the end of todo.txt")
+    result = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
+    assert result.endswith("its whole content was replaced). Its content before was:\nwrite report\ncall Sam")
+
+
+@pytest.mark.parametrize("text,expected", [
+    # a regular expression's \d written into JSON, in a string of arguments and in an object (real transcripts)
+    ('{"name": "grep", "arguments": "{\\"pattern\\": \\"^port\\\\s*=\\\\s*\\\\d+\\", \\"path\\": \\"s.ini\\"}"}',
+     [("grep", {"pattern": "^port\\s*=\\s*\\d+", "path": "s.ini"})]),
+    ('{"name": "grep", "arguments": {"pattern": "\\d+", "path": "a"}}\nthen more', [("grep", {"pattern": "\\d+",
+                                                                                            "path": "a"})]),
+    # a raw newline inside a string
+    ('<tool_call>{"name": "write_file", "arguments": {"path": "a", "content": "x\ny"}}</tool_call>',
+     [("write_file", {"path": "a", "content": "x\ny"})]),
+])
+def test_what_json_forbids_and_models_write_is_forgiven(text, expected):
+    assert calls_of(text) == expected

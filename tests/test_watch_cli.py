@@ -237,8 +237,10 @@ def test_kafka_secrets_come_from_the_environment_and_are_never_shown(cli, tmp_pa
 
 def test_planning_mode_event_runs_prepare_no_terminal_sandbox(fake, tmp_path, monkeypatch):
     """Issue 22: every event built a terminal sandbox (and its protected set) for a planning-mode run that has no
-    terminal tool. In planning mode none is made; the runs still complete and are stored as kind 'watch'."""
+    terminal tool. In planning mode none is made (issue 23: the protected set is the process's, built once); the
+    runs still complete and are stored as kind 'watch'."""
     import xzatoma
+    import xzatoma_tools
     import xzatoma_watch as w
     from xzatoma_store import Store
     work = tmp_path / "work"
@@ -247,8 +249,8 @@ def test_planning_mode_event_runs_prepare_no_terminal_sandbox(fake, tmp_path, mo
     cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": fake.url,
                                "provider.max_retries": 0}, env=env)
     made = []
-    real = xzatoma.terminal_sandbox
-    monkeypatch.setattr(xzatoma, "terminal_sandbox", lambda *a, **kw: made.append(a) or real(*a, **kw))
+    real = xzatoma_tools.Sandbox
+    monkeypatch.setattr(xzatoma_tools, "Sandbox", lambda *a, **kw: made.append(a) or real(*a, **kw))
     store = Store(str(tmp_path / "c.db")).open()
     try:
         run_plan = xzatoma.watch_runner(cfg, xzatoma.Console(quiet=True), store, w.Settings(working_dir=str(work)),
