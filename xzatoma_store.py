@@ -1,7 +1,7 @@
 """XZatoma persistence: every conversation, undo records and caches in one sqlite3 file.
 
-Read top to bottom: identifiers and times, redaction, the schema and its
-migrations, and the Store. `sqlite3` is imported when a Store opens, so
+Read top to bottom: identifiers and times, redaction, untrusted text for
+terminals, the schema and its migrations, and the Store. `sqlite3` is imported when a Store opens, so
 `xzatoma --help` never pays for it. Each thread gets its own connection; WAL
 and a busy timeout let parallel subagents and several xzatoma processes write
 at once.
@@ -432,6 +432,175 @@ def storable(text):
         except UnicodeEncodeError:
             return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+# ---- Untrusted text for terminals ----
+# Here, beside redaction, so that everything that shows stored text (history, replay) needs no tools.
+# What a model, a file, a command or a server says reaches people only through render_untrusted: control
+# characters, escape sequences and invisible formatting are shown as visible escapes (`\x1b`, `\u202e`),
+# never emitted. Issue 12: `rm -r src #ESC[2K\r  $ ls -la` was displayed as `$ ls -la` and approved.
+# Decided by the Unicode category, not by a list, so a character nobody thought of fails closed.
+
+_RISKY_RUN = re.compile(r"[^\t\n\x20-\x7e]+")  # printable ASCII, tab and newline pass untouched (fast path)
+_HIDDEN_IN_TEXT = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format (bidi, zero-width), unassigned
+_JOINERS = ("\u200c", "\u200d")  # ZWNJ/ZWJ: Persian, Indic scripts and emoji sequences need them in prose
+_visible_memo = {}
+
+
+def _escape_char(ch):
+    cp = ord(ch)
+    if ch == "\r":
+        return "\\r"
+    return "\\x%02x" % cp if cp < 0x100 else "\\u%04x" % cp if cp < 0x10000 else "\\U%08x" % cp
+
+
+def _visible_char(ch, exact):
+    """`ch` as a terminal may show it: itself, or a visible escape."""
+    key = (ch, exact)
+    shown = _visible_memo.get(key)
+    if shown is None:
+        import unicodedata
+        category = unicodedata.category(ch)
+        hidden = category in _HIDDEN_IN_TEXT and not (category == "Co" and not exact)
+        if hidden and not exact and ch in _JOINERS:
+            hidden = False
+        if exact and not hidden:  # a command or path: anything that could pass for something else is shown
+            hidden = category in ("Zs", "Mn", "Me") or ch in _JOINERS
+        shown = _escape_char(ch) if hidden else ch
+        if len(_visible_memo) < 8192:
+            _visible_memo[key] = shown
+    return shown
+
+
+def render_untrusted(text, exact=False):
+    """Text from a model, file, command or server, safe to write to a terminal.
+
+    Newline and tab stay; CRLF becomes a newline; everything else that is not printable ASCII is kept only
+    when it is a visible character: C0/C1 controls (ESC, so every escape sequence, a lone CR, backspace),
+    DEL, bidirectional overrides and isolates, zero-width and other format characters, line/paragraph
+    separators, surrogates and unassigned code points are shown as `\\x1b`, `\\u202e`, `\\U000e0041`.
+    exact=True (a command to approve, a path) also shows non-ASCII spaces, combining marks, joiners and
+    private-use characters, so what is shown is exactly what will run.
+    """
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = str(text)
+    if "\r\n" in text:
+        text = text.replace("\r\n", "\n")
+    if _RISKY_RUN.search(text) is None:
+        return text
+    return _RISKY_RUN.sub(lambda m: "".join(_visible_char(ch, exact) for ch in m.group()), text)
+
+
+def render_json(obj, **dumps_args):
+    """JSON for stdout: secrets redacted in every string, and the characters render_untrusted would show
+    written as \\u escapes (the same data for a parser, nothing a terminal acts on)."""
+    text = json.dumps(redact_data(obj), ensure_ascii=False, **dumps_args)
+
+    def escape(match):
+        out = []
+        for ch in match.group():
+            if _visible_char(ch, False) == ch:
+                out.append(ch)
+            else:
+                units = ch.encode("utf-16-be", "surrogatepass")
+                out.extend("\\u%02x%02x" % (units[i], units[i + 1]) for i in range(0, len(units), 2))
+        return "".join(out)
+    return _RISKY_RUN.sub(escape, text)
+
+
+class UntrustedStream:
+    """Renders streamed text (the chat's answer) delta by delta, redacted and neutralised.
+
+    A secret or a CRLF can be split across deltas: the last few words (and an open PEM block) wait for
+    the next delta or for finish(), so redaction sees them whole.
+    """
+
+    HOLD_WORDS = 3  # 'Authorization: Bearer <token>' is three words
+    MAX_HOLD = 8192
+    #: held text longer than this is looked at again only when it has grown by half: a secret's shape that
+    #: never ends (a key block's base64 streamed on and on) is held whole, and rescanning all of it for each
+    #: delta was quadratic (80 KB took 30 seconds, a megabyte more than an hour)
+    RESCAN_FROM = 1024
+
+    def __init__(self):
+        self.pending = ""
+        self._next_scan = 0  # the held length at which to look again
+
+    def feed(self, text):
+        text = self.pending + (text or "")
+        if len(text) < self._next_scan:
+            self.pending = text
+            return ""
+        cut = self._cut(text)
+        for start, end in redaction_spans(text):  # never emit half of a secret: hold it whole
+            if start < cut < end:
+                cut = start
+        partial = partial_secret(text)  # the beginning of a known secret of more words than are held
+        if partial is not None and partial < cut and len(text) - partial < self.MAX_HOLD:
+            cut = partial
+        self.pending = text[cut:]
+        held = len(self.pending)
+        self._next_scan = held + held // 2 if held > self.RESCAN_FROM else 0
+        return self._render(text[:cut])
+
+    def finish(self):
+        text, self.pending, self._next_scan = self.pending, "", 0
+        return self._render(text)
+
+    def _cut(self, text):
+        """Where the held tail starts: before the last few words, an open PEM block or a CR."""
+        if len(text) > self.MAX_HOLD:
+            return len(text) - self.MAX_HOLD // 2
+        begin = text.rfind("-----BEGIN")
+        if begin != -1 and text.find("-----END", begin) == -1:
+            return begin
+        cut = len(text)
+        while cut > 0 and text[cut - 1].isspace():
+            cut -= 1
+        for _ in range(self.HOLD_WORDS):
+            while cut > 0 and not text[cut - 1].isspace():
+                cut -= 1
+            if cut == 0:
+                return 0
+            if _ < self.HOLD_WORDS - 1:
+                while cut > 0 and text[cut - 1].isspace():
+                    cut -= 1
+        while cut > 0 and text[cut - 1] == "\r":  # half of a CRLF waits for its LF
+            cut -= 1
+        return cut
+
+    @staticmethod
+    def _render(text):
+        if not text:
+            return ""
+        return render_untrusted(redact(text))
+
+
+def preview_arguments(args):
+    """A short argument summary for progress lines: the path, pattern, command or URL when there is one.
+    Redacted here, before any cut: the model's arguments can hold a credential, and the line is cut to its
+    width further on (a key cut in two was shown as its first half)."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except ValueError:
+            return redact(args)[:80]
+    if not isinstance(args, dict):
+        return redact(json.dumps(args, ensure_ascii=False))[:80]
+    for key in ("path", "glob", "pattern", "command", "url", "source_path", "label"):
+        if isinstance(args.get(key), str):
+            return redact(args[key]) if key == "command" else one_line_path(redact(args[key]))
+    return redact(json.dumps(args, ensure_ascii=False))[:80]
+
+
+def one_line_path(path):
+    """A path for a line shown to people: a newline, tab or CR in a name is shown as `\\n`, never obeyed, so a
+    name cannot forge a second line of progress or push a question's end out of sight."""
+    if any(ch in path for ch in "\n\r\t"):
+        path = path.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return path
 
 
 # ---- Private files: XZATOMA_HOME 0700, the files in it 0600 ----

@@ -15,8 +15,8 @@ and a few-line `__main__.py` puts the tree that matches the running interpreter 
 oldest version's tree is the archive's root and holds the sources beside its bytecode (for tracebacks,
 and for interpreters without a tree of their own); the others, `cpython-3N/`, hold bytecode and data
 files only, which keeps the archive's directory (parsed at every start) and its size small. The oldest
-is the root because Python 3.9's zipimport cannot read a data file (certifi's cacert.pem) below a
-subdirectory of the archive; later versions can. Bytecode is compiled by
+is the root because Python 3.9's zipimport cannot read a data file below a subdirectory of the
+archive; later versions can. Bytecode is compiled by
 every supported interpreter found at build time (python3.9 … on PATH and under pyenv), or by the ones
 named with --python; an interpreter without a tree of its own still runs the archive, compiling the
 sources in memory at each start (slower).
@@ -39,21 +39,11 @@ EXIT_NO_WHEELS = 3  #: pip could not fetch the pinned wheels (the test suite ski
 OLDEST = (3, 9)  #: pyproject's requires-python: the oldest interpreter the archive must run on
 
 #: (distribution, version, wheel file name, sha256, top-level packages taken from it). The newest
-#: releases that still support Python 3.9; pure-Python wheels, except PyYAML, which publishes none:
-#: its .py files are taken from a CPython 3.9 wheel and its C extension (`_yaml`) is left out, so
-#: yaml falls back to its pure-Python loader (`yaml.__with_libyaml__` is False).
+#: releases that still support Python 3.9. PyYAML publishes no pure-Python wheel: its .py files are
+#: taken from a CPython 3.9 wheel and its C extension (`_yaml`) is left out, so yaml falls back to its
+#: pure-Python loader (`yaml.__with_libyaml__` is False). HTTP is the standard library's (http.client,
+#: ssl with the system's CA certificates): requests and its four dependencies are no longer needed.
 PINS = [
-    ("requests", "2.32.5", "requests-2.32.5-py3-none-any.whl",
-     "2462f94637a34fd532264295e186976db0f5d453d1cdd31473c85a6a161affb6", ["requests"]),
-    ("urllib3", "2.6.3", "urllib3-2.6.3-py3-none-any.whl",
-     "bf272323e553dfb2e87d9bfd225ca7b0f467b919d7bbd355436d3fd37cb0acd4", ["urllib3"]),
-    ("idna", "3.20", "idna-3.20-py3-none-any.whl",
-     "ab7ae7122974553370f0bdb919e1a960b2cd1bc1ef0276416d896db81c14582c", ["idna"]),
-    # the py3-none-any wheel is the pure build: no mypyc-compiled md/cd modules
-    ("charset_normalizer", "3.5.2", "charset_normalizer-3.5.2-py3-none-any.whl",
-     "b6b751274acb69d77b3323d6b7dbaa3c7fdfc1eb829b7eb61d262f32e1af9685", ["charset_normalizer"]),
-    ("certifi", "2026.10.18", "certifi-2026.10.18-py3-none-any.whl",
-     "73191c47aaa79da394e8fee2dbc2ec827432cab56311122c9e47abf79e390f62", ["certifi"]),
     ("pyyaml", "6.0.3", "pyyaml-6.0.3-cp39-cp39-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
      "0150219816b6a1fa26fb4699fb7daa9caf09eb1999f3b70fb6e786805e80375a", ["yaml"]),
 ]
@@ -61,11 +51,9 @@ PINS = [
 PURE_WHEEL = ["--implementation", "py", "--abi", "none", "--platform", "any"]
 PYYAML_WHEEL = ["--implementation", "cp", "--abi", "cp39", "--platform", "manylinux2014_x86_64"]
 
-#: never bundled: compiled code, type stubs, tests, and modules no code path of XZatoma reaches
-#: (urllib3's Pyodide backend, the charset-normalizer and certifi command lines)
+#: never bundled: compiled code and type stubs
 SKIP_SUFFIXES = (".so", ".pyd", ".dylib", ".pyi", ".js", "py.typed")
-SKIP_PREFIXES = ("certifi/tests/", "certifi/__main__.py", "urllib3/contrib/emscripten/",
-                 "charset_normalizer/cli/", "charset_normalizer/__main__.py")
+SKIP_PREFIXES = ()
 
 #: the archive's entry point. Python 2 and 3.0–3.8 must still be able to read it, to say why they
 #: cannot run XZatoma: no f-strings. `{tags}` is filled in by the build.
@@ -82,9 +70,9 @@ TAGS = {tags}  # trees with bytecode; the first is the archive's root, which als
 tag = getattr(sys.implementation, "cache_tag", None)
 here = os.path.abspath(os.path.dirname(__file__))  # absolute: imports done later still find the archive
 sys.path.insert(0, os.path.join(here, tag) if tag in TAGS[1:] else here)
-import xzatoma  # noqa: E402
+import xzatoma_core  # noqa: E402
 
-sys.exit(xzatoma.main())
+sys.exit(xzatoma_core.main())
 '''
 
 # ---- Fetching the pinned wheels ----
@@ -186,12 +174,12 @@ print(tag)
 '''
 
 PROBE = ("import sys, importlib.util as u; print(sys.implementation.cache_tag, sys.version_info[0], sys.version_info[1],"
-         " int(not any(map(u.find_spec, ('requests', 'yaml', 'keyring')))), sys.executable)")
+         " int(not any(map(u.find_spec, ('yaml', 'keyring')))), sys.executable)")
 
 
 def find_interpreters(prefer_bare=False):
     """Every interpreter here that XZatoma supports, one per version (cache tag); with `prefer_bare`,
-    one without requests, yaml and keyring where there is one (the tests want a restricted server's)."""
+    one without yaml and keyring where there is one (the tests want a restricted server's)."""
     candidates = [sys.executable]
     for minor in range(OLDEST[1], 30):
         name = "python3.%d" % minor
@@ -242,7 +230,7 @@ def compile_trees(src, trees, interpreters):
 EPOCH = (2020, 1, 1, 0, 0, 0)  #: every entry's timestamp: the same inputs give the same archive
 #: what every start reads, stored uncompressed: `--version` and `--help` then neither inflate ~160 KB
 #: nor import zlib (about 1 ms, 3-5% of a bare interpreter's start)
-EVERY_START = ("__main__.py", "xzatoma.pyc")
+EVERY_START = ("__main__.py", "xzatoma_core.pyc")
 
 
 def write_archive(output, trees, tags, licenses):

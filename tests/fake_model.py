@@ -23,6 +23,8 @@ A reply is a dict:
   plain_json     answer with one JSON body even when streaming was asked for
   echo_auth      with `status`: the error body quotes the request's Authorization header (as some servers do)
 
+`connections` counts the TCP connections accepted; `close_after_each` closes each after one answer.
+
 Run standalone (used by the benchmarks, so the server is another process):
   python tests/fake_model.py --loop-tool read_file --loop-args '{"path": "x"}' --turns 500
 prints the port on stdout and serves until killed.
@@ -48,6 +50,7 @@ class FakeModel:
         self.strict_models = False
         self.rejects_null_content = False  # answer an assistant message with "content": null as llama-cpp-python does
         self.raw_routes = {}  # path -> (status, content type, body): what a wrong server (a web page) answers
+        self.close_after_each = False  # close every connection after one answer, unannounced (a keep-alive timeout)
         self.lock = threading.Lock()
         self.server = None
         self.generator = None  # callable(request_body) -> reply, used when the script is empty
@@ -70,6 +73,11 @@ class FakeModel:
         if self.server:
             self.server.shutdown()
             self.server.server_close()
+
+    @property
+    def connections(self):
+        """TCP connections accepted so far."""
+        return self.server.connections
 
     @property
     def port(self):
@@ -140,6 +148,12 @@ def _null_content(body):
 
 
 class _QuietServer(ThreadingHTTPServer):
+    connections = 0  #: TCP connections accepted (a client that keeps its connection alive makes one)
+
+    def process_request(self, request, client_address):
+        self.connections += 1  # only the serving thread accepts: no lock needed
+        super().process_request(request, client_address)
+
     def handle_error(self, request, client_address):
         import sys
         if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
@@ -170,6 +184,7 @@ def _ollama_args(arguments):
 def _make_handler(fake):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # as real model servers do: small streamed writes go out at once
 
         def log_message(self, *args):
             pass
@@ -242,6 +257,11 @@ def _make_handler(fake):
             self.end_headers()
             self.wfile.write(data)
             return True
+
+        def handle_one_request(self):
+            super().handle_one_request()
+            if fake.close_after_each:
+                self.close_connection = True
 
         def do_GET(self):
             self._record(None)

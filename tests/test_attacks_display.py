@@ -108,15 +108,19 @@ def test_edit_starts_empty_when_the_command_has_characters_shown_escaped(chat, f
     assert (cli.workdir / "edited").exists() and not (cli.workdir / "safe\u2028ok").exists()
 
 
-def test_a_command_taller_than_the_screen_is_not_asked_about(chat, fake, cli):
-    # the command's start scrolled out of sight: the person saw blank rows, `ls -la` and the question
+def test_a_command_taller_than_the_screen_is_shown_whole_before_the_question(chat, fake, cli):
+    # the command's start scrolled out of sight: the person saw blank rows, `ls -la` and the question. The
+    # blanks are counted now, so all of it stands on one line right above the question (issue 24: it was
+    # declined without asking, and the model told the person had declined)
     command = "touch pwned #" + " " * 20000 + "ls -la"
     fake.add({"tool_calls": [tool_call("terminal", command=command)]}, {"content": "finished"})
     p = start(chat)
     p.line("list")
-    p.expect("declined without asking: the command takes")
+    shown = p.expect(r"\$ (touch pwned #⟨20000 spaces⟩ls -la)\r\n.*\[e\]dit > ")
+    assert "declined" not in p.seen and len(shown.group(1)) < 40
+    p.line("n")
     p.expect("finished")
-    assert "Run this command?" not in p.seen and not (cli.workdir / "pwned").exists()
+    assert not (cli.workdir / "pwned").exists()
 
 
 def test_progress_lines_show_form_feeds_and_line_separators_not_blanks(cli, fake):

@@ -78,8 +78,8 @@ def test_a_working_directory_inside_a_protected_place_protects_all_of_it(cli, fa
     elif layout != "xzatoma-home":
         assert results[1].startswith("Error: ") and results[1].endswith(HEADLESS), results
     after = snapshot(where)
-    for key in ("conversations.db", "conversations.db-wal", "conversations.db-shm", "audit.log"):
-        before.pop(key, None), after.pop(key, None)  # the run's own history
+    for key in ("conversations.db", "conversations.db-wal", "conversations.db-shm", "audit.log", "keyring-names.json"):
+        before.pop(key, None), after.pop(key, None)  # the run's own history (and which names the keyring holds)
     assert after == before
 
 
@@ -474,6 +474,8 @@ def test_xzatoma_s_own_code_inside_the_tree_is_protected(cli, fake):
     cli.use(fake)
     fake.add({"tool_calls": [tool_call("write_file", path="tool/xzatoma_tools.py", content="pass\n"),
                              tool_call("edit_file", path="tool/xzatoma.py", replace_all=True, old_text="import", new_text="#"),
+                             tool_call("edit_file", path="tool/xzatoma_core.py", replace_all=True, old_text="import",
+                                       new_text="#"),
                              tool_call("write_file", path="tool/xzatoma_watch.py", content="pass\n"),
                              tool_call("write_file", path="tool/__pycache__/xzatoma_store.cpython-311.pyc", content="x"),
                              tool_call("write_file", path="tool/notes.txt", content="ok\n")]}, {"content": "done"})
@@ -481,8 +483,8 @@ def test_xzatoma_s_own_code_inside_the_tree_is_protected(cli, fake):
                        text=True, env=cli.env, cwd=str(cli.workdir), timeout=60)
     assert r.returncode == 0, r.stderr
     results = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"]
-    assert all(x.endswith(HEADLESS) for x in results[:4]), results
-    assert results[4] == "Created tool/notes.txt (3 bytes)"
+    assert all(x.endswith(HEADLESS) for x in results[:5]), results
+    assert results[5] == "Created tool/notes.txt (3 bytes)"
     assert (tool / "xzatoma_tools.py").read_bytes() == open(os.path.join(ROOT, "xzatoma_tools.py"), "rb").read()
 
 

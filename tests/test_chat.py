@@ -245,7 +245,7 @@ def test_resume_clear_history_undo_context_and_model(chat, fake, cli):
     p.expect(r"removed .*new\.txt \(created by the agent\)")
     assert not (cli.workdir / "new.txt").exists()
     p.line("/context")
-    p.expect(r"tokens used of a 100,000 budget")
+    p.expect(r"context now: ~[\d,]+ tokens .*, of a 100,000 budget")
     p.line("/history")
     p.expect(cid[:12])
     p.line("/model qwen3")

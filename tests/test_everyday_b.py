@@ -26,7 +26,7 @@ def test_positional_prompt(cli, fake):
     assert user_text(fake) == "List the Python files"
     r = cli.run("run", "count", "the", "files")  # several words, no quotes needed
     assert r.returncode == 0 and user_text(fake, 2) == "count the files"
-    both = cli.run("run", "task", "--prompt", "other")
+    both = cli.run("run", "--prompt", "other", "task")  # options go before the task (words after it are the task)
     assert both.returncode == 2 and "give the task once" in both.stderr
 
 

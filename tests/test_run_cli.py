@@ -444,11 +444,16 @@ def test_help_and_version_need_no_third_party_packages(cli):
     assert r.returncode == 0 and r.stdout.startswith("xzatoma ")
 
 
-def test_missing_package_is_named(cli, fake):
-    r = subprocess.run([sys.executable, "-S", cli.command()[1], "run", "--provider", "ollama", "--prompt", "x"],
-                       capture_output=True, text=True, env=cli.env, cwd=str(cli.workdir))
+def test_a_run_needs_only_the_standard_library_and_a_missing_package_is_named(cli, fake):
+    fake.add({"content": "stdlib only"})
+    without_site = [sys.executable, "-S", cli.command()[1], "run", "--provider", "ollama", "x"]
+    r = subprocess.run(without_site, capture_output=True, text=True, env=dict(cli.env, OLLAMA_HOST=fake.url),
+                       cwd=str(cli.workdir))
+    assert r.returncode == 0 and r.stdout == "stdlib only\n", r.stderr  # HTTP is the standard library's
+    cli.use(fake)  # a configuration file needs PyYAML
+    r = subprocess.run(without_site, capture_output=True, text=True, env=cli.env, cwd=str(cli.workdir))
     assert r.returncode == 2
-    assert "needs the Python package 'requests'" in r.stderr and "pip install requests" in r.stderr
+    assert "needs the Python package 'pyyaml'" in r.stderr and "pip install pyyaml" in r.stderr
 
 
 def test_global_flags_work_after_the_subcommand(cli, fake):

@@ -234,14 +234,19 @@ def test_policy_sandbox_says_what_is_enforced(cli):
 def test_a_missing_kernel_feature_warns_once_or_refuses_with_require_sandbox(cli, fake):
     cli.use(fake, terminal={"sandbox_assume_missing": ["landlock"]})
     fake.add({"content": "ok"})
+    r = cli.run("run", "--prompt", "x")  # no command ran: the sandbox was never prepared, nothing to say
+    assert r.returncode == 0 and "not enforced here" not in r.stderr
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"tool_calls": [tool_call("terminal", command="ls")]},
+             {"content": "ok"})
     r = cli.run("run", "--prompt", "x")
     assert r.returncode == 0
     warnings = [l for l in r.stderr.splitlines() if "not enforced here" in l]
     assert len(warnings) == 1 and "Landlock filesystem rules" in warnings[0]
+    assert r.stderr.index("not enforced here") < r.stderr.index("▶ terminal ls")  # said before the command
     r = cli.run("run", "--require-sandbox", "--prompt", "x")
     assert r.returncode == 2
     assert "not enforced here: Landlock filesystem rules" in r.stderr and "Traceback" not in r.stderr
-    assert len(fake.model_requests()) == 1  # refused before asking the model
+    assert len(fake.model_requests()) == 4  # refused before asking the model
     r = cli.run("policy", "sandbox", "--require-sandbox")
     assert r.returncode == 2 and "landlock: not available" in r.stdout
 

@@ -1,0 +1,8242 @@
+#!/usr/bin/env python3
+"""XZatoma: an autonomous AI agent for the terminal (started by xzatoma.py, a launcher of a few lines, so
+that this module's bytecode is cached; `import xzatoma` is this module).
+
+One file, read top to bottom in sections (each opened by a `# ---- … ----`
+header): errors and output, configuration, conversation, providers, the agent
+loop and how a run ends (the stop family), the Session (what a run, a chat, a
+subagent and a watcher event share), subagents, prompts, chat, the command line
+(each builder beside its cmd_ function) and the interrupt map. Third-party packages (`yaml`, `keyring`)
+are imported inside the functions that need them, so `--help` and `--version`
+work with the standard library alone and start fast.
+"""
+
+import os
+import sys
+import time
+
+
+class _LazyModule:
+    """A module imported on first attribute use, then swapped in for good (start-up is a feature)."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, attr):
+        import importlib
+        module = importlib.import_module(self._name)
+        globals()[self._name] = module
+        return getattr(module, attr)
+
+
+json = _LazyModule("json")
+
+__version__ = "0.1.0"
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+EXIT_UNVERIFIED = 3
+
+EXIT_CODES_HELP = """exit codes:
+  0    completed
+  1    the task failed (provider error after retries, max turns, timeout)
+  2    bad usage, configuration, plan, or missing credentials
+  3    unverified: the model answered without using any tool on a task that needed one
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)"""
+
+# ---- Errors ----
+
+
+class XzError(Exception):
+    """An error for people: one line, and the exit code it maps to."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message, exit_code=None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(XzError):
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    pass
+
+
+class CredentialsError(UsageError):
+    pass
+
+
+class ProviderError(XzError):
+    """A provider failed: `retryable` ones are retried by the HTTP helper first."""
+
+    def __init__(self, message, status=None, retryable=False, retry_after=None, exit_code=None, unreachable=False,
+                 window=None):
+        super().__init__(message, exit_code)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.unreachable = unreachable  #: nothing is listening: every other request to this server fails too
+        self.window = window  #: the context window the server said the request exceeded (tokens), or None
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM handler; unwinds like Ctrl-C."""
+
+
+def install_hint(package, extra=None):
+    """How to add a package to this installation: pipx keeps xzatoma in a venv of its own, where a plain
+    `pip install` cannot reach (pipx writes pipx_metadata.json at the venv's root)."""
+    if os.path.isfile(os.path.join(sys.prefix, "pipx_metadata.json")):
+        return "pipx inject xzatoma %s" % package
+    if extra:
+        return "pip install 'xzatoma[%s]' (or pip install %s)" % (extra, package)
+    return "pip install %s (or reinstall xzatoma)" % package
+
+
+def require(module, package=None):
+    """Import a third-party module or fail with an install hint."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        pkg = package or module
+        raise UsageError("this command needs the Python package '%s', which is not installed: %s"
+                         % (pkg, install_hint(pkg)))
+
+
+# ---- Output: stdout is data, stderr is for people ----
+
+
+class Console:
+    """Chrome goes to stderr; colour only on a TTY without NO_COLOR.
+
+    Every line passes through clean(): what a model, file, command or server said reaches the terminal with
+    its secrets redacted and its escape sequences shown, never emitted; only our own colours are codes.
+    """
+
+    COLORS = {"dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36", "bold": "1"}
+
+    def __init__(self, quiet=False, verbose=False, color=None, err=None):
+        self.err = err or sys.stderr
+        self.quiet = quiet
+        self.verbose = verbose
+        if color is None:
+            color = _isatty(self.err) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+        self.color = color
+        self._warned = set()
+        import _thread  # built in: costs nothing at start-up
+        self._get_ident = _thread.get_ident
+        self._out_lock = _thread.allocate_lock()
+        self._question = _thread.RLock()  # one question at a time: parallel subagents ask one after another
+        self._holder = None  # the thread asking a question; other threads' lines wait until it is answered
+        self._held = []
+        self._status_shown = False  # a spinner line is on screen
+        self.lines = 0  #: lines written so far: text streamed to the same terminal is rewritten only when none came between
+
+    @staticmethod
+    def clean(text, exact=False):
+        """Untrusted text as it may reach a person: secrets redacted, control characters shown visibly."""
+        from xzatoma_store import redact, render_untrusted
+        return render_untrusted(redact(text), exact)
+
+    def style(self, text, *names):
+        if not self.color or not names:
+            return text
+        codes = ";".join(self.COLORS[n] for n in names)
+        return "\033[%sm%s\033[0m" % (codes, text)
+
+    def _write(self, text):
+        with self._out_lock:
+            if self._holder is not None and self._holder != self._get_ident():
+                self._held.append(text)
+                return
+            self._emit(text)
+
+    def _emit(self, text):
+        try:
+            if self._status_shown:  # wipe the spinner first; it redraws below on its next tick
+                text = "\r\033[K" + text
+                self._status_shown = False
+            self.err.write(text + "\n")
+            self.err.flush()
+            self.lines += 1
+        except (OSError, ValueError):
+            pass
+
+    def status(self, text):
+        """A transient line (the spinner): drawn in place, wiped before any other line, never over a question."""
+        with self._out_lock:
+            if self._holder is not None:
+                return
+            try:
+                self.err.write("\r" + self.clean(text) + "\033[K")
+                self.err.flush()
+                self._status_shown = True
+            except (OSError, ValueError):
+                pass
+
+    def clear_status(self):
+        with self._out_lock:
+            if self._status_shown:
+                self._status_shown = False
+                try:
+                    self.err.write("\r\033[K")
+                    self.err.flush()
+                except (OSError, ValueError):
+                    pass
+
+    def hold(self):
+        """`with console.hold():` around a question. Questions come one at a time; while one is open, lines
+        from other threads (parallel subagents) wait without blocking them, then print whole."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            with self._question:
+                with self._out_lock:
+                    outer = self._holder is not None  # we own the question lock: only we can be holding
+                    self._holder = self._get_ident()
+                try:
+                    yield
+                finally:
+                    if not outer:
+                        with self._out_lock:
+                            self._holder = None
+                            waiting, self._held = self._held, []
+                            for text in waiting:
+                                self._emit(text)
+        return held()
+
+    def info(self, text, *styles):
+        if not self.quiet:
+            self._write(self.style(self.clean(text), *styles))
+
+    def warn(self, text, once_key=None):
+        if once_key is not None:
+            if once_key in self._warned:
+                return
+            self._warned.add(once_key)
+        if not self.quiet:
+            self._write(self.style("warning: ", "yellow") + self.clean(text))
+
+    def error(self, text):
+        self._write(self.style("error: ", "red", "bold") + self.clean(text))
+
+    def debug(self, text):
+        if self.verbose:
+            self._write(self.style("debug: " + self.clean(text), "dim"))
+
+
+class CleanWriter:
+    """stdout for people (history, replay, listings): each write passes through Console.clean."""
+
+    def __init__(self, stream, exact=False):
+        self.stream, self.exact = stream, exact
+
+    def write(self, text):
+        self.stream.write(Console.clean(text, self.exact))
+
+    def flush(self):
+        self.stream.flush()
+
+
+def json_out(obj, **dumps_args):
+    """One JSON document on stdout: secrets redacted, nothing a terminal would act on (see render_json)."""
+    from xzatoma_store import render_json
+    sys.stdout.write(render_json(obj, **dumps_args) + "\n")
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+#: what str.split() takes for a space but a terminal would not show as one (form feed, vertical tab, the
+#: separators U+001C-U+001F, NEL, U+2028/U+2029): shown as an escape, never collapsed into a blank
+_SPLIT_CONTROLS = "\x0b\x0c\x1c\x1d\x1e\x1f\x85\u2028\u2029"
+
+
+#: how much of a long text one_line reads: it shows a line, and redact() costs ~0.3 s per MB (`history show`
+#: passed every stored tool result whole)
+_ONE_LINE_SCAN = 65536
+
+
+def one_line(text, width=100):
+    from xzatoma_store import redact  # before the cut: a secret cut in two is no longer one redact() knows
+    text = str(text)
+    if len(text) > _ONE_LINE_SCAN:  # without the word the bound splits: it could be a credential's beginning
+        text = text[:_ONE_LINE_SCAN]
+        last = text.split()[-1:]  # the last word, where the bound falls inside one (unless it is all there is)
+        if last and not text[-1].isspace() and len(last[0]) < len(text):
+            text = text[:len(text) - len(last[0])]
+    text = redact(text)
+    if any(ch in text for ch in _SPLIT_CONTROLS):  # `a\x0cb.txt` was shown as `a b.txt`
+        text = "".join(("\\x%02x" % ord(ch) if ord(ch) < 0x100 else "\\u%04x" % ord(ch))
+                       if ch in _SPLIT_CONTROLS else ch for ch in text)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# ---- Configuration: defaults < file < environment < flags ----
+
+#: what each provider may send with a request (None: the server's default); provider.<type>.<key>
+SAMPLING = {"temperature": None, "top_p": None, "max_tokens": None, "seed": None, "context_window": None}
+
+DEFAULTS = {
+    "provider": {
+        "type": "copilot",
+        "max_retries": 3,
+        "retry_backoff_seconds": 1.0,
+        "request_timeout_seconds": 300,
+        "copilot": {
+            "model": "gpt-5.3-codex",
+            "api_url": "https://api.githubcopilot.com",
+            "github_url": "https://github.com",
+            "github_api_url": "https://api.github.com",
+            **SAMPLING,
+        },
+        "ollama": {"host": "localhost:11434", "model": "llama3.2:3b", **SAMPLING},
+        "openai": {
+            "base_url": "https://api.openai.com/v1",
+            "model": "gpt-4o-mini",
+            "api_key_env": "OPENAI_API_KEY",
+            "api": "chat",
+            **SAMPLING,
+        },
+    },
+    "agent": {
+        "max_turns": 100,
+        "timeout_seconds": 600,
+        "chat_mode": "planning",
+        "safety_mode": "safe",
+        "conversation": {"max_tokens": 100000, "min_retain_turns": 5, "prune_threshold": 0.8},
+        "tools": {
+            "profile": "auto",
+            "max_output_size": 1048576,
+            "max_file_read_size": 10485760,
+            "grep_regex_seconds": 60,
+            "undo_max_bytes": 52428800,
+            "protected_paths": [],
+            "fetch": {
+                "timeout_seconds": 60,
+                "max_response_size": 1048576,
+                "user_agent": "xzatoma/" + __version__,
+                "cache_ttl_seconds": 86400,
+                "rate_limit_per_minute": 30,
+                "allowed_hosts": [],
+            },
+        },
+        "terminal": {
+            "default_mode": "restricted_autonomous",
+            "timeout_seconds": 30,
+            "max_stdout_bytes": 10485760,
+            "max_stderr_bytes": 1048576,
+            "allowlist": ["ls", "cat", "head", "tail", "grep", "find", "echo", "printf", "pwd", "which",
+                          "type", "wc", "sort", "uniq", "diff", "file", "stat", "du", "df", "tree",
+                          "basename", "dirname", "realpath", "date", "true", "false", "git"],
+            "custom_denylist": [],
+            "audit_max_bytes": 10485760,
+            "max_timeout_seconds": 300,
+            "sandbox": "workspace-write",
+            "network": False,
+            "require_sandbox": False,
+            "env_passthrough": [],
+            "keep_home": False,
+            "sandbox_assume_missing": [],
+            "limits": {"processes": 4096, "memory_mb": 8192, "file_size_mb": 8192},
+        },
+        "subagent": {
+            "max_depth": 3,
+            "default_max_turns": 10,
+            "output_max_size": 4096,
+            "telemetry_enabled": True,
+            "persistence_enabled": True,
+            "provider": None,
+            "model": None,
+        },
+        "quota": {"max_executions": 100, "max_total_tokens": 1000000, "max_total_time_seconds": 3600},
+        "mentions": {"max_file_size": 10485760, "url_cache_ttl_seconds": 86400, "max_urls_per_request": 10},
+        "instructions_files": ["AGENTS.md"],
+        "instructions_max_bytes": 32768,
+        "skills": {"enabled": True, "user_dir": None, "catalog_share": 0.02},
+        "persistence": {"enabled": True, "db_path": None},
+    },
+    "watcher": {
+        "enabled": False,
+        "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
+                  "group_id": "xzatoma-watcher", "output_topic": None, "dead_letter_topic": None,
+                  "security_protocol": "PLAINTEXT", "sasl_mechanism": None, "username": None, "password": None,
+                  "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
+                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000, "max_request_size": 1048576},
+        "filter": {"event_types": [], "sources": [], "platforms": [], "packages": [], "api_versions": [],
+                   "include_failed": False, "actions": [], "names": [], "match_version": None},
+        "format": "auto",
+        "working_dir": None,
+        "mode": "write",
+        "max_concurrent": 1,
+        "timeout_seconds": 300,
+        "allow_dangerous": False,
+        "shutdown_grace_seconds": 30,
+        "answer_max_bytes": 65536,
+        "max_message_bytes": 8388608,
+        "max_attempts": 2,
+        "claim_lease_seconds": 60,
+        "log_file": None,
+    },
+    "xzepr": {
+        "enabled": False,
+        "api_url": None,
+        "api_key": None,
+        "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
+                  "group_id": "xzatoma-consumer", "security_protocol": "PLAINTEXT",
+                  "sasl_mechanism": None},
+    },
+    "logging": {"level": "info", "format": "text"},
+    "mcp": {"timeout_seconds": 30, "project_file": True},  # and mcp.servers: name -> server (see load_config)
+}
+
+CHOICES = {
+    "provider.type": ("copilot", "ollama", "openai"),
+    "provider.openai.api": ("chat", "responses"),
+    "agent.tools.profile": ("auto", "full", "compact"),
+    "agent.chat_mode": ("planning", "write"),
+    "agent.safety_mode": ("safe", "yolo"),
+    "agent.terminal.default_mode": ("interactive", "restricted_autonomous", "full_autonomous"),
+    "agent.terminal.sandbox": ("workspace-write", "read-only", "off"),
+    "watcher.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+    "xzepr.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+    "watcher.kafka.sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+    "watcher.format": ("auto", "xzepr", "cloudevents", "plan"),
+    "watcher.mode": ("write", "planning"),
+    "logging.level": ("debug", "info", "warn", "error"),
+    "logging.format": ("json", "text"),
+}
+
+RANGES = {  # inclusive bounds; None = open
+    "provider.max_retries": (0, 20),
+    "provider.retry_backoff_seconds": (0, 600),
+    "provider.request_timeout_seconds": (1, None),
+    "agent.max_turns": (1, None),
+    "agent.timeout_seconds": (1, None),
+    "agent.conversation.max_tokens": (1000, None),
+    "agent.conversation.min_retain_turns": (1, None),
+    "agent.conversation.prune_threshold": (0.1, 1.0),
+    "agent.tools.max_output_size": (1024, None),
+    "agent.tools.max_file_read_size": (1024, None),
+    "agent.tools.grep_regex_seconds": (1, None),
+    "agent.terminal.timeout_seconds": (1, None),
+    "agent.terminal.max_timeout_seconds": (1, None),
+    **{"agent.terminal.limits." + k: (0, None) for k in ("processes", "memory_mb", "file_size_mb")},
+    "agent.subagent.max_depth": (0, 10),
+    "agent.subagent.default_max_turns": (1, None),
+    "watcher.max_concurrent": (1, 256),
+    "watcher.timeout_seconds": (1, None),
+    "watcher.shutdown_grace_seconds": (0, None),
+    "watcher.answer_max_bytes": (256, None),
+    "watcher.kafka.max_request_size": (16384, None),
+    "watcher.max_message_bytes": (1024, None),
+    "watcher.max_attempts": (1, 100),
+    "watcher.claim_lease_seconds": (5, None),
+    "agent.instructions_max_bytes": (0, None),
+    "agent.skills.catalog_share": (0.0, 0.2),
+    "mcp.timeout_seconds": (1, None),
+    **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
+       for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
+                    ("context_window", (512, None)))},
+}
+
+NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
+    "agent.subagent.provider": str, "agent.subagent.model": str,
+    "agent.persistence.db_path": str, "agent.skills.user_dir": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
+    "xzepr.api_key": str, "watcher.kafka.output_topic": str, "watcher.kafka.dead_letter_topic": str,
+    "watcher.kafka.sasl_mechanism": str, "watcher.kafka.username": str, "watcher.kafka.password": str,
+    "watcher.kafka.ssl_cafile": str, "watcher.kafka.ssl_certfile": str, "watcher.kafka.ssl_keyfile": str,
+    "watcher.filter.match_version": str, "watcher.working_dir": str, "watcher.log_file": str,
+    **{"provider.%s.%s" % (p, k): t for p in ("copilot", "ollama", "openai")
+       for k, t in (("temperature", float), ("top_p", float), ("max_tokens", int), ("seed", int),
+                    ("context_window", int))},
+}
+
+DOCS = {
+    "provider": "AI provider settings",
+    "provider.type": "copilot | ollama | openai (any OpenAI-compatible server)",
+    "provider.max_retries": "retries on connection errors, 429 and 5xx (exponential backoff with jitter)",
+    "provider.request_timeout_seconds": "per-request read timeout",
+    "provider.copilot.api_url": "Copilot API base",
+    "provider.ollama.host": "host:port or URL of the Ollama server (env OLLAMA_HOST)",
+    "provider.openai.base_url": "OpenAI-compatible API base (vLLM, llama.cpp, LM Studio, OpenRouter…)",
+    "provider.openai.api_key_env": "environment variable that holds the API key",
+    "provider.openai.api": "chat (/chat/completions) | responses (/responses)",
+    "provider.openai.temperature": "sampling temperature sent with each request (unset: the server's default); "
+                                   "also top_p, max_tokens (reply length cap) and seed, for each provider type "
+                                   "(Ollama: options temperature, top_p, num_predict, seed)",
+    "provider.openai.context_window": "the model's context window in tokens, when the server does not say or says "
+                                      "wrongly (read from llama.cpp /props, LM Studio, vLLM and Ollama otherwise)",
+    "agent.tools.profile": "auto | full | compact: compact offers six tools with short definitions (a quarter "
+                           "of the tokens) for small models; auto picks it for windows of 16k tokens or less "
+                           "and models of 8B parameters or fewer",
+    "agent.max_turns": "model calls per task before stopping (env XZATOMA_MAX_TURNS)",
+    "agent.timeout_seconds": "wall-clock limit for one task",
+    "agent.conversation.max_tokens": "token budget of the conversation (bounded by the model's window)",
+    "agent.conversation.min_retain_turns": "most recent turns always kept when pruning",
+    "agent.conversation.prune_threshold": "prune when the conversation reaches this share of max_tokens",
+    "agent.tools.max_output_size": "bytes of one tool result sent to the model",
+    "agent.tools.grep_regex_seconds": "longest one grep call may spend matching a regular expression "
+                                      "(a catastrophic pattern is stopped; the run's --timeout also holds)",
+    "agent.tools.undo_max_bytes": "largest file or directory whose previous content is kept for 'xzatoma undo'",
+    "agent.tools.protected_paths": "more paths (relative to the working directory) that need a person's yes "
+                                   "to change, beside .git, shell start-up files and key directories",
+    "agent.terminal.default_mode": "interactive | restricted_autonomous | full_autonomous",
+    "agent.terminal.allowlist": "read-only programs (options and paths checked) or command prefixes such as "
+                                "'make test' that run without confirmation, inside the sandbox",
+    "agent.terminal.custom_denylist": "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or 're:REGEX'",
+    "agent.terminal.audit_max_bytes": "rotate $XZATOMA_HOME/audit.log at this size (the previous file is kept)",
+    "agent.terminal.max_timeout_seconds": "cap on the timeout_seconds a model asks for one command",
+    "agent.terminal.sandbox": "workspace-write | read-only | off: what commands can touch (OS-enforced)",
+    "agent.terminal.network": "let sandboxed commands use the network (shown in the run header)",
+    "agent.terminal.require_sandbox": "refuse to start (exit 2) where the sandbox is not fully enforced",
+    "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
+    "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
+    "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
+                                             "landlock-net, scopes, pidns, proc, seccomp, idmap, readonly-view, "
+                                             "abi:N)",
+    "agent.terminal.limits.processes": "most processes and threads a run's commands may have at once (0: no limit)",
+    "agent.terminal.limits.memory_mb": "most memory (heap and private mappings) one command process may use (0: none)",
+    "agent.terminal.limits.file_size_mb": "largest file a command may write (0: no limit)",
+    "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
+    "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
+                                "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
+                                ".github/copilot-instructions.md",
+    "agent.instructions_max_bytes": "cap on the project instructions read (all files together; 0 turns them off)",
+    "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
+    "agent.skills": "skills: folders holding a SKILL.md, in the project's .xzatoma/skills and .agents/skills and in "
+                    "user_dir (xzatoma skills --help)",
+    "agent.skills.user_dir": "your own skills, used in every project (default: skills/ beside the default "
+                             "config file, ~/.config/xzatoma/skills)",
+    "agent.skills.catalog_share": "share of the context window the skills' names and descriptions may take",
+    "watcher": "xzatoma watch: Kafka topics to plans (flags override these; ${VAR} is read from the environment)",
+    "watcher.kafka.output_topic": "results go here (default: <topic>.results)",
+    "watcher.kafka.password": "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)",
+    "watcher.filter.sources": "regular expressions (search) the event source must match",
+    "watcher.filter.match_version": "semver constraint for plan versions: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2",
+    "watcher.timeout_seconds": "wall-clock limit of one event's run",
+    "watcher.allow_dangerous": "full terminal autonomy for event runs (default: restricted)",
+    "watcher.shutdown_grace_seconds": "on SIGTERM/SIGINT, running plans may finish for this long",
+    "watcher.kafka.max_request_size": "the producer's largest record: every result and dead-letter copy is made to "
+                                      "fit (keep it at or under the broker's message.max.bytes)",
+    "watcher.max_message_bytes": "larger messages are rejected unread",
+    "watcher.max_attempts": "a message that stopped the watcher (a crash reading or running it) this many times "
+                            "is set aside: a failed or rejected result, a dead-letter copy, and the commit",
+    "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
+                                   "other hosts sharing the store (one of this host takes it over at once)",
+    "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
+    "mcp": "MCP servers: mcp.servers.NAME: {command, args, env} or {url, headers}, with network, sandbox, "
+           "tools, allow, read_only … (README, 'MCP servers'; xzatoma mcp list)",
+    "mcp.timeout_seconds": "default for each server: its start-up and handshake, and each call, end after this long",
+    "mcp.project_file": "use a project's .mcp.json (its servers start once a person trusted its content)",
+}
+
+ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to the active provider)
+    ("XZATOMA_PROVIDER", "provider.type"),
+    ("COPILOT_MODEL", "provider.copilot.model"),
+    ("OLLAMA_HOST", "provider.ollama.host"),
+    ("OLLAMA_MODEL", "provider.ollama.model"),
+    ("OPENAI_BASE_URL", "provider.openai.base_url"),
+    ("XZATOMA_MAX_TURNS", "agent.max_turns"),
+    ("KAFKA_USERNAME", "watcher.kafka.username"),
+    ("KAFKA_PASSWORD", "watcher.kafka.password"),
+    ("XZEPR_API_KEY", "xzepr.api_key"),
+)
+
+SECRET_SUFFIXES = ("api_key", "token", "password", "secret")
+
+
+def flatten(tree, prefix=""):
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists and None are leaves."""
+    out = {}
+    for key, value in tree.items():
+        dotted = prefix + key
+        if isinstance(value, dict):
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+DEFAULT_LEAVES = flatten(DEFAULTS)
+SECTIONS = {k.rsplit(".", i)[0] for k in DEFAULT_LEAVES for i in range(1, k.count(".") + 1)}
+
+
+def _set(tree, dotted, value):
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[parts[-1]] = value
+
+
+def _closest(name, candidates):
+    import difflib
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return " (did you mean '%s'?)" % match[0] if match else ""
+
+
+def default_config_path(env):
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "xzatoma", "config.yaml")
+
+
+def private_home(path):
+    """XZATOMA_HOME is 0700 and the files in it 0600: created so, and tightened when looser (never the home
+    directory itself)."""
+    from xzatoma_store import private_dir, private_files_in
+    if os.path.realpath(path) != os.path.realpath(os.path.expanduser("~")):
+        private_dir(path)
+        private_files_in(path)
+    return path
+
+
+def xzatoma_home(env):
+    return env.get("XZATOMA_HOME") or os.path.join(os.path.expanduser("~"), ".xzatoma")
+
+
+def normalize_ollama_host(value):
+    """Accept 'host', 'host:port', ':port' or a URL, as Ollama does; return a base URL."""
+    value = (value or "").strip().rstrip("/")
+    scheme = "http"
+    if "://" in value:
+        scheme, value = value.split("://", 1)
+    host, port = value, "11434"
+    if value.startswith("["):  # [::1]:11434
+        end = value.find("]")
+        host, rest = value[: end + 1], value[end + 1:]
+        if rest.startswith(":") and rest[1:]:
+            port = rest[1:]
+    elif value.count(":") == 1:
+        host, port = value.split(":", 1)
+        port = port or "11434"
+    if "/" in port:
+        port, path = port.split("/", 1)
+    host = host or "127.0.0.1"
+    if host == "0.0.0.0":
+        host = "127.0.0.1"
+    return "%s://%s:%s" % (scheme, host, port)
+
+
+class Config:
+    """A read-only view of the effective configuration and where each value came from."""
+
+    def __init__(self, values, sources, path, path_exists, home, secrets, secret_sources, warnings, network=None):
+        self._values = values
+        self.sources = sources
+        self.path = path
+        self.path_exists = path_exists
+        self.home = home
+        self._secrets = secrets
+        self._secret_sources = secret_sources
+        self.warnings = warnings
+        #: how servers are reached, as the environment says once at start: proxies (http, https, all, no_proxy)
+        #: and a CA bundle (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE); see network_settings
+        self.network = network or {}
+
+    def get(self, dotted):
+        node = self._values
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    def section(self, dotted):
+        import copy
+        return copy.deepcopy(self.get(dotted))
+
+    def secret(self, name):
+        """A credential by provider name ('openai', 'copilot', 'ollama'); never shown."""
+        return self._secrets.get(name)
+
+    def secret_values(self):
+        return [v for v in self._secrets.values() if v]
+
+    def secret_sources(self):
+        """Provider name -> the environment variable its credential comes from."""
+        return dict(self._secret_sources)
+
+    def leaves(self):
+        return flatten(self._values)
+
+    @property
+    def provider_type(self):
+        return self.get("provider.type")
+
+    @property
+    def model(self):
+        return self.get("provider.%s.model" % self.provider_type)
+
+    def db_path(self):
+        path = self.get("agent.persistence.db_path")
+        return os.path.expanduser(path) if path else os.path.join(self.home, "conversations.db")
+
+
+def _coerce(dotted, value, origin):
+    """Check a value against the key's type, choices and range. Returns the value or raises."""
+    default = DEFAULT_LEAVES[dotted]
+    # a secret key's value is never quoted back: a numeric password (YAML reads it as a number, so it is
+    # neither registered nor shaped like a credential) was printed whole by "must be text, got 98765432109"
+    shown = "a %s (not shown: a credential)" % type(value).__name__ if is_secret_key(dotted) else repr(value)
+    expected = NULLABLE_TYPES.get(dotted) or type(default)
+    if value is None and (dotted in NULLABLE_TYPES or dotted.startswith("agent.quota.")):
+        return None
+    if dotted.startswith("agent.quota.") and value is not None:
+        expected = (int, float) if dotted.endswith("seconds") else int
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, str) and expected in (int, float) or (
+            expected == (int, float) and isinstance(value, str)):
+        try:
+            value = int(value) if expected is int else float(value)
+        except ValueError:
+            raise ConfigError("%s: %s must be a number, got %s" % (origin, dotted, shown))
+    if expected is bool and isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        value = value.lower() in ("true", "yes", "1")
+    ok = isinstance(value, expected) and not (isinstance(value, bool) and expected in (int, float, (int, float)))
+    if not ok:
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "text",
+                 list: "a list", (int, float): "a number"}
+        raise ConfigError("%s: %s must be %s, got %s" % (origin, dotted, names.get(expected, expected), shown))
+    if dotted in CHOICES and value not in CHOICES[dotted]:
+        raise ConfigError("%s: %s must be one of %s, got %s" % (
+            origin, dotted, ", ".join(CHOICES[dotted]), shown))
+    if dotted in RANGES:
+        low, high = RANGES[dotted]
+        if (low is not None and value < low) or (high is not None and value > high):
+            bound = ("between %s and %s" % (low, high)) if high is not None else ("at least %s" % low)
+            raise ConfigError("%s: %s must be %s, got %s" % (origin, dotted, bound, shown))
+    if isinstance(default, list) and any(not isinstance(v, str) for v in value):
+        raise ConfigError("%s: %s must be a list of text values" % (origin, dotted))
+    return value
+
+
+def _read_config_file(path):
+    yaml = require("yaml", "pyyaml")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError("cannot read config file %s: %s" % (path, exc.strerror or exc))
+    except UnicodeDecodeError as exc:  # a config error (exit 2), not an internal one
+        raise ConfigError("%s: not UTF-8 text (byte 0x%02x at offset %d)" % (path, exc.object[exc.start], exc.start))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = "%s:%d" % (path, mark.line + 1) if mark else path
+        raise ConfigError("%s: invalid YAML: %s" % (where, getattr(exc, "problem", None) or exc))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("%s: the configuration must be a mapping of keys, got %s" % (path, type(data).__name__))
+    return data
+
+
+def load_config(flags=None, env=None, config_path=None):
+    """Build the effective Config. `flags` maps dotted keys to command-line values."""
+    import copy
+    env = os.environ if env is None else env
+    flags = flags or {}
+    values = copy.deepcopy(DEFAULTS)
+    sources = {k: "default" for k in DEFAULT_LEAVES}
+    warnings = []
+
+    explicit = config_path or env.get("XZATOMA_CONFIG")
+    path = os.path.expanduser(explicit) if explicit else default_config_path(env)
+    exists = os.path.isfile(path)
+    if explicit and not exists:
+        how = "--config" if config_path else "XZATOMA_CONFIG"
+        raise ConfigError("config file not found: %s (given by %s); create it with 'xzatoma config init'"
+                          % (path, how))
+    if exists:
+        data = _read_config_file(path)
+        mcp = data.get("mcp")
+        if isinstance(mcp, dict) and "servers" in mcp:  # names are the person's own: not config keys
+            data = dict(data, mcp={k: v for k, v in mcp.items() if k != "servers"})
+            values["mcp"]["servers"] = mcp["servers"] or {}
+            if isinstance(mcp["servers"], dict):  # anything else is named by mcp_configs, where it is used
+                sources.update(dict.fromkeys(flatten({"mcp": {"servers": mcp["servers"]}}), "file"))
+        for dotted, value in flatten(data).items():
+            if dotted not in DEFAULT_LEAVES:
+                if dotted in SECTIONS:
+                    value = None if value is None else value
+                    if value is None:
+                        continue
+                warnings.append("unknown config key '%s' in %s (ignored)%s"
+                                % (dotted, path, _closest(dotted, DEFAULT_LEAVES)))
+                continue
+            if isinstance(value, str) and dotted.startswith(("watcher.", "xzepr.")):
+                value = _expand_env(value, env, dotted, warnings)
+            _set(values, dotted, _coerce(dotted, value, path))
+            sources[dotted] = "file"
+
+    for var, dotted in ENV_KEYS:
+        raw = env.get(var)
+        if raw:
+            _set(values, dotted, _coerce(dotted, raw, "environment variable " + var))
+            sources[dotted] = "env " + var
+
+    if "provider.type" in flags:
+        _set(values, "provider.type", _coerce("provider.type", flags["provider.type"], "--provider"))
+        sources["provider.type"] = "flag --provider"
+    active = values["provider"]["type"]
+    model_key = "provider.%s.model" % active
+    if env.get("XZATOMA_MODEL"):
+        _set(values, model_key, env["XZATOMA_MODEL"])
+        sources[model_key] = "env XZATOMA_MODEL"
+    for dotted, value in flags.items():
+        if dotted == "provider.type" or value is None:
+            continue
+        if dotted == "model" or dotted in SAMPLING:  # the active provider's: --model, --temperature …
+            dotted = "provider.%s.%s" % (active, "model" if dotted == "model" else dotted)
+        _set(values, dotted, _coerce(dotted, value, "command line"))
+        sources[dotted] = "flag"
+
+    values["provider"]["ollama"]["host"] = normalize_ollama_host(values["provider"]["ollama"]["host"])
+    if not values["agent"]["skills"]["user_dir"]:  # the user's config directory: where config.yaml is by default
+        values["agent"]["skills"]["user_dir"] = os.path.join(os.path.dirname(default_config_path(env)), "skills")
+    key_env = values["provider"]["openai"]["api_key_env"]
+    secrets = {"kafka": values["watcher"]["kafka"]["password"] or None, "xzepr": values["xzepr"]["api_key"] or None,
+               "openai": env.get(key_env) or None,
+               "copilot": env.get("COPILOT_API_TOKEN") or None,
+               "github": env.get("GITHUB_TOKEN") or None,
+               "ollama": env.get("OLLAMA_API_KEY") or None}
+    secret_sources = {"openai": key_env, "copilot": "COPILOT_API_TOKEN",
+                      "github": "GITHUB_TOKEN", "ollama": "OLLAMA_API_KEY"}
+    register_credentials(env, values, secrets.values())
+    register_stored_credentials(xzatoma_home(env))
+    return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings,
+                  network_settings(env))
+
+
+def network_settings(env):
+    """Proxies and a CA bundle from the environment, read once (requests read them again for every request):
+    {"proxies": {"http": …, "https": …, "all": …}, "no_proxy": "…", "ca_bundle": path or None}. The lower-case
+    names win, as curl's do; SSL_CERT_FILE needs nothing here (OpenSSL reads it itself)."""
+    def pick(name):
+        return env.get(name.lower()) or env.get(name.upper()) or None
+    proxies = {scheme: pick(scheme + "_proxy") for scheme in ("http", "https", "all")}
+    return {"proxies": {k: v for k, v in proxies.items() if v}, "no_proxy": pick("no_proxy") or "",
+            "ca_bundle": env.get("REQUESTS_CA_BUNDLE") or env.get("CURL_CA_BUNDLE") or None}
+
+
+def register_credentials(env, values, known):
+    """Tell the redactor every credential configuration knows: the providers' keys, credential-named
+    environment variables (OPENAI_API_KEY, PGPASSWORD, BW_SESSION, …: see is_credential_env), secret config
+    keys, and the credentials in the userinfo of any URL in the configuration or the environment
+    (DATABASE_URL, a proxy, a Sentry DSN)."""
+    from xzatoma_store import is_credential_env, register_secret
+    for value in known:
+        register_secret(value)
+    for name, value in env.items():
+        if is_credential_env(name, value):
+            register_secret(value)
+        register_secret(url_password(value))
+    for dotted, value in flatten(values).items():
+        if isinstance(value, str):
+            if is_secret_key(dotted):
+                register_secret(value)
+            register_secret(url_password(value))
+
+
+def url_password(url):
+    """The credential in a URL's userinfo, or None: its password (scheme://user:password@host), or a user
+    name that is one generated word (https://TOKEN@github.com, a Sentry DSN's key; never 'git' or 'postgres')."""
+    if not isinstance(url, str) or "@" not in url or "://" not in url:
+        return None
+    from urllib.parse import unquote, urlsplit
+    try:
+        parts = urlsplit(url.strip())
+        password, user = parts.password, parts.username
+    except ValueError:
+        return None
+    if password:
+        return unquote(password)
+    if user and len(user) >= 16 and any(ch.isdigit() for ch in user) and any(ch.isalpha() for ch in user):
+        return unquote(user)
+    return None
+
+
+def _expand_env(value, env, dotted, warnings):
+    """${VAR} in the watcher's and XZepr's config values comes from the environment (secrets stay out of files)."""
+    import re
+
+    def sub(m):
+        if m.group(1) not in env:
+            warnings.append("config %s refers to ${%s}, which is not set" % (dotted, m.group(1)))
+        return env.get(m.group(1), "")
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", sub, value)
+
+
+def is_secret_key(dotted):
+    leaf = dotted.rsplit(".", 1)[-1]
+    return any(leaf == s or leaf.endswith("_" + s) for s in SECRET_SUFFIXES)
+
+
+def render_config_template():
+    """A commented config.yaml with every key at its default (parses back to DEFAULTS)."""
+    lines = ["# XZatoma configuration (precedence: flags > environment > this file > defaults).",
+             "# Show the effective values and their sources: xzatoma config show", ""]
+
+    def emit(tree, prefix, indent):
+        for key, value in tree.items():
+            dotted = prefix + key
+            doc = DOCS.get(dotted)
+            pad = "  " * indent
+            if isinstance(value, dict):
+                if doc:
+                    lines.append("%s# %s" % (pad, doc))
+                lines.append("%s%s:" % (pad, key))
+                emit(value, dotted + ".", indent + 1)
+            else:
+                text = "%s%s: %s" % (pad, key, json.dumps(value))
+                lines.append(text + ("  # " + doc if doc else ""))
+    emit(DEFAULTS, "", 0)
+    return "\n".join(lines) + "\n"
+
+
+# ---- Conversation: messages, incremental token count, pruning by whole turns ----
+
+
+def estimate_tokens(message):
+    """About one token per four characters, plus framing."""
+    n = len(message.get("content") or "") + 16
+    for call in message.get("tool_calls") or ():
+        n += len(call["name"]) + len(call.get("arguments") or "") + 16
+    return n // 4
+
+
+def reply_usage(reply, sent_estimate):
+    """(prompt, completion, estimated): the server's counts, or our estimate for what it did not count.
+
+    Some servers send no usage when streaming (llama.cpp without include_usage, Ollama with a cached prompt):
+    without an estimate, quotas on tokens would never count and the totals would read 0.
+    """
+    prompt = reply.usage.get("prompt_tokens") or 0
+    completion = reply.usage.get("completion_tokens") or 0
+    estimated = False
+    if not prompt:
+        prompt, estimated = sent_estimate, True
+    if not completion and (reply.content or reply.tool_calls or reply.thinking):
+        completion = estimate_tokens({"content": (reply.content or "") + (reply.thinking or ""),
+                                      "tool_calls": reply.tool_calls})
+        estimated = True
+    return prompt, completion, estimated
+
+
+class Conversation:
+    """The message list with a running token estimate (O(1) per message) and pruning.
+
+    Messages are plain dicts: role, content, and for assistant tool calls
+    `tool_calls` [{id, name, arguments (JSON text)}]; tool results carry
+    `tool_call_id` and `name`. Pruning removes whole units (an assistant
+    message with all its tool results, or a user message), so a tool call is
+    never separated from its result.
+    """
+
+    def __init__(self, max_tokens=100000, min_retain_turns=5, prune_threshold=0.8):
+        self.messages = []
+        self._estimates = []
+        self._estimated = 0
+        self._offset = 0  # provider-reported prompt tokens minus our estimate
+        self.max_tokens = max_tokens
+        self.min_retain_turns = min_retain_turns
+        self.prune_threshold = prune_threshold
+        self.pruned = {"messages": 0, "turns": 0, "tools": {}, "count": 0}
+        self.on_append = None  # callback(message) for persistence
+        self.calibrated = False  #: the count includes the provider's (tool definitions and all)
+
+    def sent_estimate(self, tools=()):
+        """Tokens a request with these tool definitions carries, for servers that do not say."""
+        return self.tokens + (0 if self.calibrated else len(json.dumps(list(tools))) // 4)
+
+    # adding
+    def add(self, message):
+        est = estimate_tokens(message)
+        self.messages.append(message)
+        self._estimates.append(est)
+        self._estimated += est
+        if self.on_append is not None:
+            self.on_append(message)
+        return message
+
+    def add_system(self, content):
+        return self.add({"role": "system", "content": content})
+
+    def add_user(self, content):
+        return self.add({"role": "user", "content": content})
+
+    def add_assistant(self, content, tool_calls=None):
+        msg = {"role": "assistant", "content": content or ""}
+        if tool_calls:
+            msg["tool_calls"] = [{"id": c["id"], "name": c["name"], "arguments": c.get("arguments") or "{}"}
+                                 for c in tool_calls]
+        return self.add(msg)
+
+    def add_tool_result(self, call_id, name, content):
+        return self.add({"role": "tool", "tool_call_id": call_id, "name": name, "content": content})
+
+    def set_system_prompt(self, content):
+        """Replace the leading system prompt (mode switches keep the rest)."""
+        if self.messages and self.messages[0]["role"] == "system":
+            old = self._estimates[0]
+            self.messages[0] = {"role": "system", "content": content}
+            self._estimates[0] = estimate_tokens(self.messages[0])
+            self._estimated += self._estimates[0] - old
+        else:
+            self.messages.insert(0, {"role": "system", "content": content})
+            self._estimates.insert(0, estimate_tokens(self.messages[0]))
+            self._estimated += self._estimates[0]
+
+    # accounting
+    @property
+    def tokens(self):
+        return max(self._estimated + self._offset, 0)
+
+    def calibrate(self, prompt_tokens):
+        """Adopt the provider's count for everything sent so far (tool definitions included).
+
+        A count far from our estimate (a server that reports nonsense) is ignored.
+        """
+        if prompt_tokens and self._estimated / 4 <= prompt_tokens <= self._estimated * 4 + 2000:
+            self._offset = prompt_tokens - self._estimated
+            self.calibrated = True
+
+    def dangling_calls(self):
+        """Tool calls of the last assistant message that have no result yet."""
+        for i in range(len(self.messages) - 1, -1, -1):
+            msg = self.messages[i]
+            if msg["role"] == "assistant":
+                answered = {m.get("tool_call_id") for m in self.messages[i + 1:] if m["role"] == "tool"}
+                return [c for c in msg.get("tool_calls") or () if c["id"] not in answered]
+            if msg["role"] == "user":
+                return []
+        return []
+
+    def close_dangling(self, text="Error: interrupted"):
+        """Give every unanswered tool call a result, so providers accept the history."""
+        for call in self.dangling_calls():
+            self.add_tool_result(call["id"], call["name"], text)
+
+    # pruning
+    def limit(self, context_window=None):
+        if context_window:
+            return min(self.max_tokens, int(context_window))
+        return self.max_tokens
+
+    def needs_pruning(self, context_window=None):
+        return self.tokens > self.limit(context_window) * self.prune_threshold
+
+    def _head_end(self):
+        """Index after the kept head: leading system messages, the environment, and the original instruction."""
+        i = 0
+        while i < len(self.messages) and (self.messages[i]["role"] == "system"
+                                          or self.messages[i].get("name") == "environment"):
+            i += 1
+        if i < len(self.messages) and self.messages[i]["role"] == "user":
+            i += 1
+        if i < len(self.messages) and self.messages[i].get("pruned_summary"):
+            i += 1
+        return i
+
+    def prune(self, context_window=None, force=False):
+        """Drop the oldest whole turns until well under the threshold. Returns a summary or None.
+        force: the server refused the conversation as too long, whatever our count says."""
+        limit = self.limit(context_window)
+        if force:
+            self._offset = max(self._offset, int(limit) + 1 - self._estimated)
+        if self.tokens <= limit * self.prune_threshold:
+            return None
+        target = limit * self.prune_threshold * 0.7  # hysteresis: pruning is rare, not every turn
+        head = self._head_end()
+        units = []  # start indexes of units after the head
+        for i in range(head, len(self.messages)):
+            if self.messages[i]["role"] != "tool":
+                units.append(i)
+        removable = len(units) - (1 if force else self.min_retain_turns)  # refused as too long: keep only the last
+        if removable <= 0:
+            return None
+        tokens = self.tokens
+        cut_unit = 0
+        while cut_unit < removable and tokens > target:
+            end = units[cut_unit + 1] if cut_unit + 1 < len(units) else len(self.messages)
+            tokens -= sum(self._estimates[units[cut_unit]:end])
+            cut_unit += 1
+        if cut_unit == 0:
+            return None
+        cut = units[cut_unit] if cut_unit < len(units) else len(self.messages)
+        removed = self.messages[head:cut]
+        stats = self.pruned
+        stats["count"] += 1
+        stats["messages"] += len(removed)
+        for msg in removed:
+            if msg["role"] == "assistant":
+                stats["turns"] += 1
+            for call in msg.get("tool_calls") or ():
+                stats["tools"][call["name"]] = stats["tools"].get(call["name"], 0) + 1
+        tools = ", ".join("%s ×%d" % kv for kv in sorted(stats["tools"].items(), key=lambda kv: -kv[1]))
+        text = ("[CONTEXT PRUNED: %d earlier messages from %d turns were removed to fit the context window; "
+                "%d tool calls: %s. Re-run a tool if you need its output again.]"
+                % (stats["messages"], stats["turns"], sum(stats["tools"].values()), tools or "none"))
+        summary = {"role": "system", "content": text, "pruned_summary": True}
+        # replace an earlier summary (it sits just before `head`) rather than stacking them
+        start = head
+        if head > 0 and self.messages[head - 1].get("pruned_summary"):
+            start = head - 1
+        removed_est = sum(self._estimates[start:cut])
+        self.messages[start:cut] = [summary]
+        est = estimate_tokens(summary)
+        self._estimates[start:cut] = [est]
+        self._estimated += est - removed_est
+        return text
+
+    def turn_count(self):
+        return sum(1 for m in self.messages if m["role"] == "assistant")
+
+    def last_user_text(self):
+        """The latest person's message (what the next run is asked), "" when there is none."""
+        for msg in reversed(self.messages):
+            if msg["role"] == "user" and not msg.get("name"):
+                return msg.get("content") or ""
+        return ""
+
+    def read_so_far(self):
+        """Everything the model has read (tool results and user messages), for telling a quoted call from one
+        it makes."""
+        return "\n".join(m.get("content") or "" for m in self.messages if m["role"] in ("tool", "user"))
+
+
+# ---- Credentials: environment, system keyring, or a 0600 file ----
+
+KEYRING_SERVICE = "xzatoma"
+COPILOT_CLIENT_ID = "Iv1.b507a08c87ecfe98"  # the Copilot editor integration's OAuth app
+CREDENTIAL_KEYS = {"copilot": ("github_token", "copilot_token"), "openai": ("openai_api_key",),
+                   "ollama": ("ollama_api_key",)}
+
+
+class CredentialStore:
+    """Stored credentials: the system keyring (service 'xzatoma') when one works, else
+    $XZATOMA_HOME/credentials.json created 0600 (and refused when others can read it)."""
+
+    def __init__(self, home, console):
+        self.home = home
+        self.file = os.path.join(home, "credentials.json")
+        #: the names xzatoma keeps in the keyring (never values): importing keyring and asking its backend costs
+        #: more than a whole one-shot run's model call, so a name not listed here is not looked for
+        self.index = os.path.join(home, "keyring-names.json")
+        self.console = console
+        self._keyring = None
+        self.no_keyring = None  #: why the system keyring is not used (after keyring()), for `auth status`
+
+    def keyring(self):
+        """The keyring module when a real backend works here, else False."""
+        if self._keyring is None:
+            self._keyring = False
+            self.no_keyring = "no system keyring backend works here"
+            self._absent = True  #: no keyring here at all (not a locked or failing one): it holds nothing
+            try:
+                import keyring
+                from keyring.backends import fail
+                backend = keyring.get_keyring()
+                if not isinstance(backend, fail.Keyring) and getattr(backend, "priority", 1) > 0:
+                    self._absent = False
+                    keyring.get_password(KEYRING_SERVICE, "__probe__")
+                    self._keyring, self.no_keyring = keyring, None
+            except ImportError:  # the one-file build (xzatoma.pyz) leaves keyring out
+                self.no_keyring = "the Python package 'keyring' is not installed"
+            except Exception:  # no backend, locked or broken backend: use the file
+                self._keyring = False
+        return self._keyring
+
+    def where_stored(self):
+        """One line for people: where `auth login` puts credentials, and why not in the keyring."""
+        if self.keyring():
+            return "stored credentials go to the system keyring (service '%s')" % KEYRING_SERVICE
+        return "stored credentials go to %s (mode 0600): %s" % (self.file, self.no_keyring)
+
+    def _read_file(self):
+        try:
+            st = os.stat(self.file)
+        except FileNotFoundError:
+            return {}
+        if st.st_mode & 0o077:
+            raise CredentialsError("credentials file %s is readable by other users (mode %s); fix it with "
+                                   "'chmod 600 %s'" % (self.file, oct(st.st_mode & 0o777), self.file))
+        try:
+            with open(self.file, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise CredentialsError("cannot read credentials file %s: %s" % (self.file, getattr(exc, "strerror", exc)))
+        return data if isinstance(data, dict) else {}
+
+    def _write_file(self, data):
+        private_home(self.home)
+        tmp = self.file + ".tmp"
+        try:
+            os.unlink(tmp)  # a leftover (or a planted link) is never written through
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.file)
+
+    def describe(self, where):
+        return "the system keyring" if where == "keyring" else self.file
+
+    def get(self, name):
+        """(value, 'keyring'|'file') or (None, None). Every value read is registered with the redactor."""
+        names = self.keyring_names()
+        if names is None or name in names:
+            kr = self.keyring()
+            if kr:
+                try:
+                    value = kr.get_password(KEYRING_SERVICE, name)
+                except Exception:
+                    value = None
+                if value:
+                    return _registered(value), "keyring"
+        value = self._read_file().get(name)
+        return (_registered(value), "file") if value else (None, None)
+
+    def keyring_names(self):
+        """The names xzatoma stored in the keyring, or None when that is not known yet (no index: the keyring
+        is asked, and the index written from its answers)."""
+        try:
+            with open(self.index, encoding="utf-8") as fh:
+                names = json.load(fh)
+            if isinstance(names, list):
+                return set(names)
+        except (OSError, ValueError):
+            pass
+        return self.reindex()
+
+    def reindex(self):
+        """Ask the keyring for each name xzatoma uses and write down which it holds (`auth status` does this
+        too, so an entry made with another tool is found). None when no keyring works here."""
+        kr = self.keyring()
+        if not kr:
+            if self._absent:  # nothing can be there: later runs need not import keyring to learn it again
+                self._write_index(())
+                return set()
+            return None
+        held = set()
+        for name in sorted({n for names in CREDENTIAL_KEYS.values() for n in names}):
+            try:
+                if kr.get_password(KEYRING_SERVICE, name):
+                    held.add(name)
+            except Exception:
+                return None  # a locked keyring answers nothing now: ask it again next time
+        self._write_index(held)
+        return held
+
+    def _write_index(self, names):
+        try:
+            private_home(self.home)
+            tmp = self.index + ".tmp"
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(sorted(names), fh)
+            os.replace(tmp, self.index)
+        except OSError as exc:  # no index: the keyring is asked each time, as before
+            self.console.debug("cannot write %s: %s" % (self.index, exc))
+
+    def set(self, name, value):
+        _registered(value)
+        kr = self.keyring()
+        if kr:
+            try:
+                kr.set_password(KEYRING_SERVICE, name, value)
+                self._write_index((self.keyring_names() or set()) | {name})
+                return "keyring"
+            except Exception as exc:
+                self.console.debug("keyring refused the credential: %s" % type(exc).__name__)
+        data = self._read_file()
+        data[name] = value
+        self._write_file(data)
+        self.console.warn("no system keyring works here; credentials are stored in %s (mode 0600)" % self.file,
+                          once_key="credentials-file")
+        return "file"
+
+    def delete(self, name):
+        removed = []
+        kr = self.keyring()
+        if kr:
+            try:
+                if kr.get_password(KEYRING_SERVICE, name):
+                    kr.delete_password(KEYRING_SERVICE, name)
+                    removed.append("keyring")
+            except Exception:
+                pass
+            self._write_index((self.keyring_names() or set()) - {name})
+        data = self._read_file()
+        if name in data:
+            del data[name]
+            self._write_file(data)
+            removed.append("file")
+        return removed
+
+
+def register_stored_credentials(home):
+    """Every value in credentials.json is a credential this process knows, whichever provider this run uses:
+    registered at start, so a stored OpenAI key read from a file (or echoed by a server) during a run on Ollama
+    is redacted like the key in use. Only reads: a file others can read is refused where it is used (get())."""
+    import stat
+    path = os.path.join(home, "credentials.json")
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1048576:  # never a FIFO that would block the start
+            return
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return
+    if isinstance(data, dict):
+        for value in data.values():
+            _registered(value)
+
+
+def _registered(value):
+    """A credential value, registered with the redactor (a stored Copilot token is JSON: its token too)."""
+    from xzatoma_store import register_secret
+    if isinstance(value, str):
+        register_secret(value)
+        if value.startswith("{"):
+            try:
+                register_secret(json.loads(value).get("token"))
+            except (ValueError, AttributeError):
+                pass
+    return value
+
+
+def next_poll_interval(current, response):
+    """GitHub's device flow: slow_down asks for the interval it names, or 5 seconds more."""
+    if response.get("error") == "slow_down":
+        return float(response["interval"]) if "interval" in response else current + 5
+    return current
+
+
+def copilot_device_login(cfg, console, creds):
+    """GitHub's OAuth device flow for the Copilot client id; returns the GitHub token."""
+    github = cfg.get("provider.copilot.github_url").rstrip("/")
+    session = HttpSession(cfg.network)
+    headers = {"Accept": "application/json"}
+    try:
+        resp = session.request("POST", github + "/login/device/code", headers=headers, timeout=(30, 30),
+                               data={"client_id": COPILOT_CLIENT_ID, "scope": "read:user"})
+        if resp.status_code >= 400:
+            raise ValueError("HTTP %d: %s" % (resp.status_code, error_text(resp.text)))
+        device = resp.json()
+    except (HttpFailure, ValueError) as exc:
+        raise XzError("cannot start the GitHub login at %s: %s" % (github, one_line(exc, 160)))
+    console._write("To sign in to GitHub Copilot, open %s and enter the code %s"
+                   % (console.clean(device["verification_uri"], exact=True),
+                      console.style(console.clean(device["user_code"], exact=True), "bold")))
+    console._write("Waiting for you to authorise… (Ctrl-C cancels)")
+    expired = XzError("the login code expired before it was used; run 'xzatoma auth login' again")
+    interval = float(device.get("interval", 5))
+    deadline = time.monotonic() + float(device.get("expires_in", 900))
+    while True:
+        try:
+            time.sleep(interval)
+        except KeyboardInterrupt:
+            raise XzError("login cancelled; nothing was stored", EXIT_INTERRUPTED)
+        if time.monotonic() > deadline:
+            raise expired
+        try:
+            resp = session.request("POST", github + "/login/oauth/access_token", headers=headers, timeout=(30, 30),
+                                   data={"client_id": COPILOT_CLIENT_ID, "device_code": device["device_code"],
+                                         "grant_type": "urn:ietf:params:oauth:grant-type:device_code"})
+            data = resp.json()
+        except (HttpFailure, ValueError) as exc:
+            raise XzError("GitHub login failed: %s" % one_line(exc, 160))
+        if data.get("access_token"):
+            return _registered(data["access_token"])
+        error = data.get("error")
+        if error == "authorization_pending":
+            continue
+        if error == "slow_down":
+            interval = next_poll_interval(interval, data)
+            continue
+        if error == "expired_token":
+            raise expired
+        if error == "access_denied":
+            raise XzError("the authorisation was declined on GitHub; nothing was stored")
+        raise XzError("GitHub login failed: %s" % (data.get("error_description") or error or "no token returned"))
+
+
+def exchange_copilot_token(cfg, github_token, session=None):
+    """Trade a GitHub token for a short-lived Copilot token: {token, expires_at, api}."""
+    url = cfg.get("provider.copilot.github_api_url").rstrip("/") + "/copilot_internal/v2/token"
+    headers = dict(CopilotProvider.EDITOR_HEADERS, Authorization="token " + github_token, Accept="application/json")
+    try:
+        resp = (session or HttpSession(cfg.network)).request("GET", url, headers=headers, timeout=(30, 30))
+    except HttpFailure as exc:
+        raise ProviderError("cannot reach GitHub to get a Copilot token: %s" % exc, retryable=exc.kind != "dns")
+    if resp.status_code in (401, 403, 404):
+        raise CredentialsError("GitHub refused the Copilot token exchange (HTTP %d): the GitHub token is invalid, "
+                               "expired or has no Copilot access; run 'xzatoma auth login'" % resp.status_code)
+    if resp.status_code >= 400:
+        raise ProviderError("GitHub returned HTTP %d for the Copilot token exchange" % resp.status_code,
+                            retryable=resp.status_code >= 500)
+    data = resp.json()
+    _registered(data.get("token"))
+    return {"token": data["token"], "expires_at": float(data.get("expires_at") or time.time() + 1500),
+            "api": (data.get("endpoints") or {}).get("api")}
+
+
+class CopilotAuth:
+    """Where the Copilot token comes from, and keeping it fresh (before expiry, and once after a 401)."""
+
+    REFRESH_MARGIN = 120
+
+    def __init__(self, cfg, console, creds=None):
+        import threading
+        self.cfg, self.console = cfg, console
+        self.lock = threading.RLock()  # parallel subagents share one token
+        self.creds = creds or CredentialStore(cfg.home, console)
+        self.ready = cfg.secret("copilot")  # COPILOT_API_TOKEN: used as is, cannot be refreshed
+        self.github, self.github_source = cfg.secret("github"), "env GITHUB_TOKEN"
+        if not self.github and not self.ready:
+            self.github, where = self.creds.get("github_token")
+            self.github_source = where
+        self.current = None
+        if not self.ready and self.github_source != "env GITHUB_TOKEN":  # the cached token is the stored login's
+            cached, _ = self.creds.get("copilot_token")
+            if cached:
+                try:
+                    self.current = json.loads(cached)
+                except ValueError:
+                    self.current = None
+        if not self.ready and not self.github:
+            raise CredentialsError("no Copilot credentials: run 'xzatoma auth login' or set COPILOT_API_TOKEN "
+                                   "(or GITHUB_TOKEN to a token with Copilot access)")
+
+    def source(self):
+        return "env COPILOT_API_TOKEN" if self.ready else self.github_source
+
+    def token(self):
+        if self.ready:
+            return self.ready
+        with self.lock:
+            if not self.current or self.current.get("expires_at", 0) - self.REFRESH_MARGIN < time.time():
+                self.refresh()
+            return self.current["token"]
+
+    def api_base(self):
+        if self.cfg.sources.get("provider.copilot.api_url") == "default" and self.current and self.current.get("api"):
+            return self.current["api"].rstrip("/")
+        return self.cfg.get("provider.copilot.api_url").rstrip("/")
+
+    def refresh(self):
+        """Exchange the GitHub token again; False when there is none to exchange."""
+        if not self.github:
+            return False
+        with self.lock:
+            try:
+                self.current = exchange_copilot_token(self.cfg, self.github)
+            except CredentialsError as exc:
+                if self.github_source == "env GITHUB_TOKEN":
+                    raise CredentialsError(str(exc).replace("the GitHub token", "GITHUB_TOKEN (from the environment)")
+                                           .replace("run 'xzatoma auth login'", "fix or unset it"))
+                raise
+            if self.github_source != "env GITHUB_TOKEN":
+                try:
+                    self.creds.set("copilot_token", json.dumps(self.current))
+                except XzError:
+                    pass
+        return True
+
+
+# ---- HTTP: one kept-alive connection per server, standard library only ----
+# INFO: the providers used `requests`. Importing it cost more than a whole bare POST to a local server (the
+# floor a one-shot run is measured against), it read the proxy settings again for every request, and a
+# stream not read to its very end closed its connection, so every model turn paid a new TCP (and TLS)
+# handshake. What the providers need is small: keep-alive, streamed lines, timeouts, proxies and TLS.
+
+
+class HttpFailure(Exception):
+    """A request that got no HTTP answer. `kind`: refused, dns, timeout, tls, proxy, url, network or broken."""
+
+    def __init__(self, message, kind):
+        super().__init__(message)
+        self.kind = kind
+
+
+#: how much of a stream the caller stopped reading early is still read to keep its connection; beyond it (a
+#: server still generating after a reply was cut off) the connection is closed, which stops the server
+DRAIN_BYTES, DRAIN_SECONDS = 65536, 0.5
+
+
+def _http_failure(exc, connecting=False):
+    """An OSError / http.client error as an HttpFailure with a reason a person can act on."""
+    import http.client
+    import socket
+    import ssl
+    if isinstance(exc, HttpFailure):
+        return exc
+    if isinstance(exc, socket.gaierror):
+        return HttpFailure("host not found (%s)" % (exc.strerror or exc), "dns")
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return HttpFailure("the server's TLS certificate is not trusted here (%s); point REQUESTS_CA_BUNDLE or "
+                           "SSL_CERT_FILE at your CA bundle" % (exc.verify_message or exc.reason), "tls")
+    if isinstance(exc, ssl.SSLError):
+        return HttpFailure("TLS failed: %s" % (exc.reason or exc), "tls")
+    if isinstance(exc, socket.timeout) or getattr(exc, "errno", None) == 110:
+        return HttpFailure("connection timed out" if connecting else "read timed out", "timeout")
+    if isinstance(exc, ConnectionRefusedError):
+        return HttpFailure("connection refused", "refused")
+    if getattr(exc, "errno", None) in (101, 113):  # ENETUNREACH, EHOSTUNREACH
+        return HttpFailure("network unreachable", "network")
+    if isinstance(exc, http.client.HTTPException) and not isinstance(exc, ConnectionError):
+        return HttpFailure("the server broke the HTTP exchange (%s)" % (type(exc).__name__), "broken")
+    return HttpFailure(one_line(exc, 160) or type(exc).__name__, "broken")
+
+
+class HttpResponse:
+    """What the providers read: status_code, headers (case-insensitive .get), json(), text, iter_lines().
+    close() reads what is left of a stream (DRAIN_BYTES at most) so the connection serves the next request."""
+
+    def __init__(self, raw, conn, release):
+        self._raw, self._conn, self._release = raw, conn, release
+        self.status_code = raw.status
+        self.headers = raw.headers
+        self.sock = conn.sock  #: for the deadline's watchdog, which shuts it down
+        self._content = None
+
+    @property
+    def content(self):
+        if self._content is None:
+            try:
+                self._content = self._raw.read()
+            except (OSError, ValueError) as exc:
+                raise _http_failure(exc)
+            except Exception as exc:  # http.client.IncompleteRead and its kin
+                raise _http_failure(exc)
+        return self._content
+
+    @property
+    def text(self):
+        charset = self.headers.get_content_charset() or "utf-8"
+        try:
+            return self.content.decode(charset, "replace")
+        except LookupError:
+            return self.content.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.content)
+
+    def iter_lines(self):
+        """The body's lines without their endings (LF, CRLF or CR), as they arrive."""
+        pending = b""
+        while True:
+            chunk = self._read_some()
+            if not chunk:
+                break
+            pending += chunk
+            lines = pending.split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                line = line[:-1] if line.endswith(b"\r") else line
+                if b"\r" in line:
+                    for part in line.split(b"\r"):
+                        yield part
+                else:
+                    yield line
+        if pending:
+            yield pending
+
+    def _read_some(self):
+        raw = self._raw
+        if raw.isclosed() or (not raw.chunked and raw.length == 0):
+            return b""
+        try:
+            return raw.read1(65536)
+        except Exception as exc:  # OSError, http.client.IncompleteRead …
+            raise _http_failure(exc)
+
+    def close(self):
+        """Give the connection back when the body was read to its end (draining a little), else close it."""
+        raw, conn = self._raw, self._conn
+        if conn is None:
+            return
+        self._conn = None
+        reusable = not raw.will_close
+        if reusable and not raw.isclosed():
+            try:
+                conn.sock.settimeout(DRAIN_SECONDS)
+                left = DRAIN_BYTES
+                while left > 0 and self._read_some():
+                    left -= 65536
+                reusable = raw.isclosed() or (not raw.chunked and raw.length == 0)
+            except (HttpFailure, OSError, ValueError):
+                reusable = False
+        if reusable:
+            raw.close()
+            self._release(conn)
+        else:
+            raw.close()
+            conn.close()
+
+
+class HttpSession:
+    """Requests over one kept-alive connection per server (per thread: Provider.clone makes another)."""
+
+    def __init__(self, network=None, user_agent="xzatoma/" + __version__):
+        network = network or {}
+        self.proxies = network.get("proxies") or {}
+        self.no_proxy = network.get("no_proxy") or ""
+        self.ca_bundle = network.get("ca_bundle")
+        self.user_agent = user_agent
+        self._idle = {}  # (scheme, host, port, proxy) -> an idle connection, checked before it is used again
+        self._tls = None
+
+    def request(self, method, url, json_body=None, data=None, headers=None, stream=False, timeout=(10.0, 300.0)):
+        """An HttpResponse, or HttpFailure when no answer came. Redirects are not followed (a provider's
+        API does not move; the caller names where it points). A stream is the caller's to close()."""
+        import base64
+        import http.client
+        from urllib.parse import unquote, urlencode, urlsplit
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise HttpFailure("invalid URL: %s" % exc, "url")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise HttpFailure("invalid URL (it needs http:// or https:// and a host)", "url")
+        host = parts.hostname
+        port = port or (443 if parts.scheme == "https" else 80)
+        path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        sent = {"User-Agent": self.user_agent, "Accept": "*/*", "Accept-Encoding": "identity"}
+        sent.update(headers or {})
+        if parts.username is not None:  # credentials in the URL are Basic auth, as curl and requests send them
+            pair = "%s:%s" % (unquote(parts.username), unquote(parts.password or ""))
+            sent["Authorization"] = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+        body = None
+        if json_body is not None:
+            body = json.dumps(json_body).encode("utf-8")
+            sent["Content-Type"] = "application/json"
+        elif data is not None:
+            body = urlencode(data).encode("ascii")
+            sent["Content-Type"] = "application/x-www-form-urlencoded"
+        proxy = self.proxy_for(parts.scheme, host, port)
+        if proxy is not None and parts.scheme == "http":  # a plain proxy is asked for the absolute URL
+            path = "http://%s%s" % (_host_port(host, port, 80), path)
+            if proxy[2]:
+                sent["Proxy-Authorization"] = proxy[2]
+        key = (parts.scheme, host, port, proxy)
+        for attempt in (1, 2):
+            conn, reused = self._connection(key, timeout[0])
+            try:
+                conn.sock.settimeout(timeout[1])
+                conn.request(method, path, body=body, headers=sent)
+                raw = conn.getresponse()
+            except Exception as exc:
+                conn.close()
+                # a kept-alive connection the server closed meanwhile: once more on a fresh one
+                if reused and attempt == 1 and isinstance(exc, (ConnectionError, http.client.BadStatusLine)):
+                    continue
+                raise _http_failure(exc)
+            break
+        response = HttpResponse(raw, conn, lambda c: self._idle.__setitem__(key, c))
+        if not stream:
+            try:
+                response.content
+            finally:
+                response.close()
+        return response
+
+    def _connection(self, key, connect_timeout):
+        """(connection, reused): the idle one for `key` when the server has not closed it, else a new one."""
+        import select
+        conn = self._idle.pop(key, None)
+        if conn is not None and conn.sock is not None:
+            readable, _, _ = select.select([conn.sock], [], [], 0)
+            if not readable:  # nothing to read on an idle connection: still open (EOF would be readable)
+                return conn, True
+        if conn is not None:
+            conn.close()
+        return self._connect(key, connect_timeout), False
+
+    def _connect(self, key, timeout):
+        import http.client
+        scheme, host, port, proxy = key
+        try:
+            if proxy is None:
+                conn = (http.client.HTTPSConnection(host, port, timeout=timeout, context=self._context())
+                        if scheme == "https" else http.client.HTTPConnection(host, port, timeout=timeout))
+            elif scheme == "https":  # CONNECT through the proxy, then TLS with the server itself
+                conn = http.client.HTTPSConnection(proxy[0], proxy[1], timeout=timeout, context=self._context())
+                conn.set_tunnel(host, port, headers={"Proxy-Authorization": proxy[2]} if proxy[2] else None)
+            else:
+                conn = http.client.HTTPConnection(proxy[0], proxy[1], timeout=timeout)
+            conn.connect()
+        except Exception as exc:
+            failure = _http_failure(exc, connecting=True)
+            if proxy is not None:
+                failure = HttpFailure("through the proxy %s: %s" % (_host_port(proxy[0], proxy[1], None), failure),
+                                      "proxy" if failure.kind != "timeout" else "timeout")
+            raise failure
+        return conn
+
+    def _context(self):
+        """The TLS context, made once: the system's CA certificates (or REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE),
+        else certifi's where the system has none and certifi is installed."""
+        if self._tls is None:
+            import ssl
+            if self.ca_bundle:
+                self._tls = ssl.create_default_context(cafile=os.path.expanduser(self.ca_bundle))
+            else:
+                self._tls = ssl.create_default_context()
+                paths = ssl.get_default_verify_paths()
+                if not any(p and os.path.exists(p) for p in (paths.cafile, paths.capath)) \
+                        and not self._tls.cert_store_stats().get("x509_ca"):
+                    try:
+                        import certifi
+                        self._tls.load_verify_locations(certifi.where())
+                    except ImportError:
+                        pass
+        return self._tls
+
+    def proxy_for(self, scheme, host, port):
+        """(host, port, Proxy-Authorization or None) of the proxy for this server, or None. Loopback is never
+        proxied (a local model behind a corporate proxy setting), and no_proxy is matched as curl does."""
+        from urllib.parse import unquote, urlsplit
+        url = self.proxies.get(scheme) or self.proxies.get("all")
+        if not url or _bypass_proxy(host, port, self.no_proxy):
+            return None
+        if "://" not in url:
+            url = "http://" + url
+        parts = urlsplit(url)
+        auth = None
+        if parts.username is not None:
+            import base64
+            pair = "%s:%s" % (unquote(parts.username), unquote(parts.password or ""))
+            auth = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+        return parts.hostname, parts.port or 8080, auth
+
+    def close(self):
+        for conn in self._idle.values():
+            conn.close()
+        self._idle.clear()
+
+
+def _host_port(host, port, default):
+    shown = "[%s]" % host if ":" in host else host
+    return shown if port == default else "%s:%s" % (shown, port)
+
+
+def _bypass_proxy(host, port, no_proxy):
+    """True for loopback and for hosts no_proxy names (`*`, a domain and its subdomains, an address, a CIDR
+    block, optionally with :port)."""
+    import ipaddress
+    host = host.lower().rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if host == "localhost" or host.endswith(".localhost") or (address is not None and address.is_loopback):
+        return True
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name, _, entry_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if entry_port and entry_port != str(port):
+            continue
+        name = name.strip("[]").lstrip("*").lstrip(".").rstrip(".")
+        if address is not None and "/" in name:
+            try:
+                if address in ipaddress.ip_network(name, strict=False):
+                    return True
+            except ValueError:
+                pass
+        elif host == name or host.endswith("." + name):
+            return True
+    return False
+
+
+# ---- Providers: one HTTP helper, errors, and what servers say about themselves ----
+
+
+class Reply:
+    """One whole model reply: text, tool calls, usage and why it stopped."""
+
+    __slots__ = ("content", "tool_calls", "usage", "finish_reason", "thinking")
+
+    def __init__(self, content="", tool_calls=None, usage=None, finish_reason="stop", thinking=""):
+        self.content = content
+        self.tool_calls = tool_calls or []
+        self.usage = usage or {"prompt_tokens": 0, "completion_tokens": 0}
+        self.finish_reason = finish_reason
+        self.thinking = thinking
+
+
+RETRY_STATUSES = (408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529)
+
+
+class DeadlineExceeded(Exception):
+    """The task's wall-clock budget ran out while waiting for the model."""
+
+
+def _watchdog(resp, deadline):
+    """A timer that shuts a streaming response's socket down at the deadline (--timeout holds while a server
+    streams keep-alives), or None where there is no deadline."""
+    if deadline is None or resp.sock is None:
+        return None
+    from xzatoma_tools import shutdown_at
+    sock = resp.sock
+    return shutdown_at(deadline, lambda: sock)
+
+
+def _retry_after(headers):
+    value = (headers or {}).get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def error_text(body):
+    """The human part of a provider's JSON error body."""
+    try:
+        data = json.loads(body)
+    except (ValueError, TypeError):
+        return one_line(body or "", 200)
+    if isinstance(data, dict):
+        err = data.get("error", data.get("message", data.get("detail")))
+        if isinstance(err, dict):
+            err = err.get("message") or err.get("code") or json.dumps(err)
+        if err:
+            return one_line(err, 200)
+    return one_line(body, 200)
+
+
+def rejection(body):
+    """What a server rejected, in one line: a pydantic/FastAPI validation error is reduced to the field and
+    the complaint (messages[2].content: Input should be a valid string), other errors to their message."""
+    import re
+    text = error_text(body)
+    found = re.findall(r"'loc': \(([^)]*)\), 'msg': (['\"])(.*?)\2", body or "")
+    if not found:
+        return text
+    ranked = sorted(found, key=lambda f: ("literal_error" in f[0] or "'role'" in f[0] or "Field required" in f[2],))
+    loc, _, msg = ranked[0]
+    parts = [p.strip().strip("'\"") for p in loc.split(",") if p.strip()]
+    shown = ""
+    for part in parts:
+        if part == "body" or part.startswith("ChatCompletion") or part.endswith("Message"):
+            continue
+        shown += "[%s]" % part if part.isdigit() else ("." if shown else "") + part
+    return one_line("%s: %s" % (shown or "the request", msg), 200)
+
+
+def iter_sse(response):
+    """Yield (event, data) pairs from a text/event-stream response."""
+    event, data = None, []
+    for raw in response.iter_lines():
+        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            event = value
+        elif field == "data":
+            data.append(value)
+    if data:
+        yield event, "\n".join(data)
+
+
+class RepetitionGuard:
+    """Notices a reply stuck repeating itself (small models at low temperature fall into loops that run until the
+    window is full: minutes of the same lines). True once the last SPAN characters equal the SPAN characters a
+    period before them, for a period up to MAX_PERIOD; checked every STEP characters, so it costs little."""
+
+    SPAN, MAX_PERIOD, STEP = 2000, 1000, 1024
+
+    def __init__(self):
+        self.parts, self.size, self.checked = [], 0, 0
+
+    def feed(self, text):
+        self.parts.append(text)
+        self.size += len(text)
+        if self.size - self.checked < self.STEP or self.size < 2 * self.SPAN:
+            return False
+        self.checked = self.size
+        tail = "".join(self.parts)[-(self.SPAN + self.MAX_PERIOD):]
+        self.parts = [tail]
+        last = tail[-self.SPAN:]
+        return any(tail[-self.SPAN - p:-p] == last for p in range(1, min(self.MAX_PERIOD, len(tail) - self.SPAN) + 1))
+
+
+class Provider:
+    """complete(messages, tools) -> Reply; models(); context_window(model)."""
+
+    name = "provider"
+
+    def __init__(self, cfg, console, model=None):
+        self.cfg = cfg
+        self.console = console
+        self.model = model or cfg.get("provider.%s.model" % self.name)
+        self.max_retries = cfg.get("provider.max_retries")
+        self.backoff = cfg.get("provider.retry_backoff_seconds")
+        self.timeout = cfg.get("provider.request_timeout_seconds")
+        #: provider.<type>.{temperature, top_p, max_tokens, seed, context_window} (None: not set)
+        self.settings = {k: cfg.get("provider.%s.%s" % (self.name, k)) for k in SAMPLING}
+        self._session = None
+        self._windows = {}
+
+    # -- HTTP with retries --
+    @property
+    def session(self):
+        """The HttpSession: one kept-alive connection to the server for the whole run (per thread)."""
+        if self._session is None:
+            self._session = HttpSession(self.cfg.network)
+        return self._session
+
+    def headers(self):
+        return {}
+
+    def call(self, method, url, handle, body=None, stream=False, deadline=None, what="request", retries=None,
+             timeout=None):
+        """Send a request and hand the response to `handle`, retrying transient failures.
+
+        Not retried, because waiting cannot help and a person wants one line now, not the same line four
+        times: a refused connection to a loopback or private address (nothing is listening there) and a host
+        name that does not resolve.
+        """
+        attempts = (self.max_retries if retries is None else retries) + 1
+        last, attempt, refreshed = None, -1, False
+        while True:
+            attempt += 1
+            read_timeout = timeout or self.timeout
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeadlineExceeded()
+                read_timeout = max(0.1, min(read_timeout, remaining))
+            watchdog = None
+            try:
+                sent = time.monotonic()
+                resp = self.session.request(method, url, json_body=body, headers=self.headers(), stream=stream,
+                                            timeout=(min(10.0, read_timeout), read_timeout))
+                watchdog = _watchdog(resp, deadline)
+                self.console.debug("%s %s: HTTP %d after %.2fs (attempt %d of %d)" % (
+                    method, url.split("?")[0], resp.status_code, time.monotonic() - sent, attempt + 1, attempts))
+                try:
+                    if resp.status_code >= 400:
+                        text = resp.text
+                        raise self.http_error(resp.status_code, text, _retry_after(resp.headers))
+                    if 300 <= resp.status_code < 400:
+                        raise ProviderError("%s answered with a redirect (HTTP %d) to %s; use that address in the "
+                                            "configuration" % (self.label(), resp.status_code,
+                                                               resp.headers.get("Location") or "nowhere"),
+                                            status=resp.status_code, exit_code=EXIT_USAGE)
+                    try:
+                        return handle(resp)
+                    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+                        raise self.bad_body(resp, exc, what)
+                finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
+                    resp.close()  # read to its end: the connection serves the next request
+            except ProviderError as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded()  # the watchdog cut the stream: whatever it broke is the deadline's
+                if exc.status == 401 and not refreshed and self.refresh_credentials():
+                    refreshed = True  # a fresh token, then the request once more
+                    attempt -= 1
+                    continue
+                if not exc.retryable:
+                    raise
+                last = exc
+            except HttpFailure as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded()
+                if exc.kind == "url":
+                    raise ProviderError("invalid URL for %s: %s (%s)" % (self.label(), url.split("?")[0], exc),
+                                        exit_code=EXIT_USAGE)
+                if exc.kind == "timeout" and "read" in str(exc):
+                    last = ProviderError("%s timed out after %ss waiting for %s" % (what, read_timeout, self.label()),
+                                         retryable=True)
+                else:
+                    last = self.connection_error(exc)
+                if exc.kind == "dns":  # resolving again in a second finds the same nothing
+                    last.retryable = False
+                    raise last
+                if exc.kind == "tls":
+                    last.retryable = False
+                    raise last
+                if exc.kind == "refused" and _is_local_url(url):
+                    last.retryable, last.unreachable = False, True
+                    raise last
+            if attempt + 1 >= attempts:
+                break
+            delay = self.backoff * (2 ** attempt) * (0.5 + _jitter())
+            delay = min(delay, 30.0)
+            if last.retry_after is not None:
+                delay = min(max(delay, last.retry_after), 120.0)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise DeadlineExceeded()
+            self.console.info("  retrying in %.1fs (%d/%d): %s" % (delay, attempt + 1, self.max_retries, last),
+                              "dim")
+            time.sleep(delay)
+        raise ProviderError("%s (gave up after %d attempt%s)" % (last, attempts, "s" if attempts > 1 else ""),
+                            status=last.status)
+
+    def get_json(self, url, what="request", retries=None):
+        return self.call("GET", url, lambda r: r.json(), what=what, retries=retries,
+                         timeout=PROBE_TIMEOUT if retries == 0 else None)
+
+    def clone(self):
+        """The same provider for another thread: own HTTP session, shared credentials and caches."""
+        import copy
+        other = copy.copy(self)
+        other._session = None
+        return other
+
+    def refresh_credentials(self):
+        """Get fresh credentials after a 401; True when the request should be tried once more."""
+        return False
+
+    def label(self):
+        return self.name
+
+    def connection_error(self, exc):
+        return ProviderError("cannot connect to %s: %s" % (self.label(), _connection_reason(exc)), retryable=True)
+
+    def expect_stream(self, resp):
+        """A web page (a proxy's, a login portal's) where a stream of events should be."""
+        if "html" in resp.headers.get("Content-Type", ""):
+            raise ValueError("an HTML page")
+
+    def bad_body(self, resp, exc, what):
+        """A body that is not the JSON this wire format has: one line naming the server and what it sent."""
+        self.console.debug("%s: %s: %s" % (what, type(exc).__name__, exc))
+        sample = getattr(exc, "doc", None)
+        if not isinstance(sample, str):
+            try:
+                sample = resp.text
+            except Exception:  # a consumed stream has no text left
+                sample = ""
+        kind = "is not JSON" if isinstance(exc, ValueError) else "is JSON of a shape xzatoma does not understand"
+        shown = json.dumps(one_line(sample, 80), ensure_ascii=True) if sample.strip() else "an empty body"
+        return ProviderError("%s sent a reply that %s (%s; HTTP %d, %s): %s; is the address right?" % (
+            self.label(), kind, what, resp.status_code, resp.headers.get("Content-Type") or "no content type", shown))
+
+    def http_error(self, status, body, retry_after=None):
+        message = error_text(body)
+        if status in (401, 403):
+            return ProviderError("%s rejected the credentials (HTTP %d: %s); %s"
+                                 % (self.label(), status, message, self.login_hint()),
+                                 status=status, exit_code=EXIT_USAGE)
+        if status == 404 and "model" in message.lower():
+            return ProviderError(self.model_not_found(message), status=status, exit_code=EXIT_USAGE)
+        window = window_in(body)
+        if window or rejected_request(body):
+            return ProviderError("%s rejected the request (HTTP %d): %s" % (self.label(), status, rejection(body)),
+                                 status=status, window=window)
+        return ProviderError("%s returned HTTP %d: %s" % (self.label(), status, message or "(no details)"),
+                             status=status, retryable=status in RETRY_STATUSES, retry_after=retry_after)
+
+    def login_hint(self):
+        return "check your credentials"
+
+    def model_not_found(self, message):
+        try:
+            names = [m["id"] for m in self.models()]
+        except XzError:
+            names = []
+        available = ("; available: " + ", ".join(names[:20])) if names else ""
+        return "model '%s' not found on %s%s" % (self.model, self.label(), available)
+
+    # -- interface --
+    def complete(self, messages, tools, on_delta=None, deadline=None):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def models(self, retries=None):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def context_window(self, model=None):
+        """The model's window: provider.<type>.context_window, else probed once with one attempt (a probe must
+        not multiply the retries of the request it serves); an unreachable server is reported at once, since
+        the request would fail too."""
+        model = model or self.model
+        if self.settings.get("context_window"):
+            return self.settings["context_window"]
+        if model not in self._windows:
+            try:
+                self._windows[model] = self._context_window(model)
+            except ProviderError as exc:
+                if exc.unreachable:
+                    raise
+                self.console.debug("context window of %s unknown: %s" % (model, exc))
+                self._windows[model] = None
+            except (XzError, ValueError, KeyError, TypeError) as exc:
+                self.console.debug("context window of %s unknown: %s" % (model, exc))
+                self._windows[model] = None
+        return self._windows[model]
+
+    def _context_window(self, model):
+        for m in self.models(retries=0):
+            if m["id"] == model:
+                return m.get("context_window")
+        return None
+
+    def learn_window(self, window):
+        """The server said how large its window is (refusing a request over it): believe it from now on."""
+        self._windows[self.model] = window
+
+    def is_local(self):
+        """A server on this machine or the local network (a small model, often; probing it costs little)."""
+        return False
+
+    def parameter_billions(self):
+        """The model's size in billions of parameters, when the server or the model's name says; else None."""
+        return model_size(self.model)
+
+    def sampling(self):
+        """The sampling settings configured for this provider: {temperature, top_p, max_tokens, seed} set ones."""
+        return {k: v for k, v in self.settings.items() if k != "context_window" and v is not None}
+
+
+def model_size(name):
+    """Billions of parameters from a model name (qwen2.5-coder-1.5b, Llama-3.2-3B-Instruct, phi3:3.8b), or None."""
+    import re
+    sizes = [float(m.group(1)) for m in re.finditer(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![\w])", name or "")]
+    return sizes[-1] if sizes else None
+
+
+def window_in(body):
+    """The context window a server names when it refuses a request over it: OpenAI, vLLM and llama-cpp-python
+    say "maximum context length is N tokens", llama.cpp's server sends n_ctx; None when the body says nothing."""
+    import re
+    try:
+        data = json.loads(body)
+        err = data.get("error") if isinstance(data, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("n_ctx"), int):
+            return err["n_ctx"]
+    except (ValueError, TypeError, RecursionError):
+        pass
+    m = re.search(r"(?:maximum context length is|context (?:window|length|size) (?:of|is)) (\d{3,8})", body or "")
+    return int(m.group(1)) if m else None
+
+
+#: what servers say when the request itself is at fault: retrying the same request cannot help
+_REJECTED = ("validation error", "invalid_request", "input should be", "field required", "extra inputs are not",
+             "literal_error", "jinja", "template", "roles must alternate", "context_length_exceeded",
+             "maximum context length", "exceed context", "exceeds the available context", "is not supported",
+             "unsupported", "unrecognized", "unknown field", "cannot be null", "must be a string")
+
+
+def rejected_request(body):
+    """True when an error body says the request itself was invalid (llama-cpp-python answers HTTP 500 with a
+    pydantic validation error for a null content): such a request is not retried as transient."""
+    text = (body or "")[:20000].lower()
+    return any(needle in text for needle in _REJECTED)
+
+
+PROBE_TIMEOUT = 30  # seconds for one-attempt probes (context window): a hung server fails the probe fast
+
+
+def _jitter():
+    import random
+    return random.random()
+
+
+def _is_local_url(url):
+    """True when the URL's host is loopback, private or link-local (where 'refused' means 'not running')."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        addresses = [ipaddress.ip_address(host)]
+    except ValueError:
+        try:
+            addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in socket.getaddrinfo(host, None)]
+        except (OSError, ValueError):
+            return False
+    return bool(addresses) and all(a.is_loopback or a.is_private or a.is_link_local for a in addresses)
+
+
+def _connection_reason(exc):
+    """What went wrong reaching a server, in a few words (an HttpFailure says it itself)."""
+    if isinstance(exc, HttpFailure):
+        return str(exc)
+    return one_line(exc, 160)
+
+
+# ---- Providers: the wire formats (Ollama, OpenAI chat completions and Responses, Copilot) ----
+# Each provider turns the conversation into its server's messages and its stream back into one Reply. The wire
+# is kept exact (llama-cpp-python rejects a null content; Ollama wants arguments as an object, OpenAI as text).
+
+
+def tool_call_id(position, index, name, arguments):
+    """A stable id for providers that send none (Ollama): same history, same id."""
+    import hashlib
+    digest = hashlib.sha1(("%d:%d:%s:%s" % (position, index, name, arguments)).encode()).hexdigest()
+    return "call_" + digest[:16]
+
+
+def _args_object(arguments):
+    """Tool-call arguments as an object for wire formats that want one."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class OllamaProvider(Provider):
+    name = "ollama"
+
+    def __init__(self, cfg, console, model=None):
+        super().__init__(cfg, console, model)
+        self.host = cfg.get("provider.ollama.host")
+        self.api_key = stored_key(cfg, console, "ollama")[0]
+        self._shown = {}  #: model -> its /api/show (details, model_info), asked once
+
+    def label(self):
+        return "Ollama at %s" % self.host
+
+    def headers(self):
+        return {"Authorization": "Bearer " + self.api_key} if self.api_key else {}
+
+    def connection_error(self, exc):
+        if getattr(exc, "kind", None) == "dns":  # nothing to start: the name is wrong, or the network is
+            return ProviderError("cannot connect to Ollama at %s (%s); check OLLAMA_HOST / provider.ollama.host "
+                                 "and this machine's network" % (self.host, _connection_reason(exc)))
+        return ProviderError("cannot connect to Ollama at %s (%s); start it with 'ollama serve' or point "
+                             "OLLAMA_HOST / provider.ollama.host at it" % (self.host, _connection_reason(exc)),
+                             retryable=True)
+
+    def login_hint(self):
+        return "set OLLAMA_API_KEY if this server requires a key"
+
+    def model_not_found(self, message):
+        try:
+            names = [m["id"] for m in self.models()]
+        except XzError:
+            names = []
+        available = ("; available: " + ", ".join(names[:20])) if names else "; no models are installed"
+        return "model '%s' not found on %s%s (pull it with 'ollama pull %s')" % (
+            self.model, self.label(), available, self.model)
+
+    def models(self, retries=None):
+        data = self.get_json(self.host + "/api/tags", "listing models", retries=retries)
+        return [{"id": m.get("name") or m.get("model"), "size": m.get("size")} for m in data.get("models", [])]
+
+    def _context_window(self, model):
+        data = self._show(model)
+        for key, value in (data.get("model_info") or {}).items():
+            if key.endswith(".context_length"):
+                return int(value)
+        return None
+
+    def is_local(self):
+        return _is_local_url(self.host)
+
+    def parameter_billions(self):
+        """/api/show's details.parameter_size ("1.5B", "494.03M"), else the model's name."""
+        try:
+            data = self._show(self.model)
+            size = str((data.get("details") or {}).get("parameter_size") or "").upper()
+            if size[:-1].replace(".", "", 1).isdigit() and size[-1:] in ("B", "M"):
+                return float(size[:-1]) / (1000.0 if size.endswith("M") else 1.0)
+        except (XzError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        return model_size(self.model)
+
+    def _show(self, model):
+        if model not in self._shown:
+            self._shown[model] = self.call("POST", self.host + "/api/show", lambda r: r.json(), body={"model": model},
+                                           what="model details", retries=0, timeout=PROBE_TIMEOUT)
+        return self._shown[model]
+
+    def num_ctx(self, estimated_tokens):
+        """Ollama truncates silently beyond num_ctx: size it to the conversation, in powers of two (or the
+        configured provider.ollama.context_window, exactly)."""
+        if self.settings.get("context_window"):
+            return self.settings["context_window"]
+        needed = estimated_tokens + 4096
+        size = 8192
+        while size < needed:
+            size *= 2
+        window = self.context_window()
+        return min(size, window) if window else size
+
+    def to_wire(self, messages):
+        out = []
+        for m in messages:
+            role = m["role"]
+            if role == "assistant" and m.get("tool_calls"):
+                out.append({"role": "assistant", "content": m.get("content") or "",
+                            "tool_calls": [{"function": {"name": c["name"], "arguments": _args_object(c["arguments"])}}
+                                           for c in m["tool_calls"]]})
+            elif role == "tool":
+                out.append({"role": "tool", "content": m["content"], "tool_name": m.get("name", "")})
+            else:
+                out.append({"role": role, "content": m.get("content") or ""})
+        return out
+
+    def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
+        options = {"num_ctx": self.num_ctx(estimated_tokens)}
+        for key, value in self.sampling().items():  # Ollama's names: num_predict caps the reply
+            options["num_predict" if key == "max_tokens" else key] = value
+        body = {"model": self.model, "messages": self.to_wire(messages), "stream": True, "options": options}
+        if tools:
+            body["tools"] = [{"type": "function", "function": t} for t in tools]
+        position = len(messages)
+
+        def handle(resp):
+            self.expect_stream(resp)
+            content, thinking, calls, final, guard = [], [], [], {}, RepetitionGuard()
+            for raw in resp.iter_lines():
+                if not raw:
+                    continue
+                try:
+                    chunk = json.loads(raw)
+                except ValueError:
+                    raise ProviderError("Ollama sent a malformed stream line: %s" % one_line(raw, 80), retryable=True)
+                if chunk.get("error"):
+                    raise ProviderError("Ollama error: %s" % one_line(chunk["error"], 200))
+                msg = chunk.get("message") or {}
+                if msg.get("content"):
+                    content.append(msg["content"])
+                    if on_delta:
+                        on_delta(msg["content"])
+                    if guard.feed(msg["content"]):
+                        final = {"done_reason": "repetition"}
+                        break
+                if msg.get("thinking"):
+                    thinking.append(msg["thinking"])
+                for call in msg.get("tool_calls") or ():
+                    fn = call.get("function") or {}
+                    args = fn.get("arguments")
+                    args = args if isinstance(args, str) else json.dumps(args if args is not None else {})
+                    name = fn.get("name") or ""
+                    calls.append({"id": call.get("id") or tool_call_id(position, len(calls), name, args),
+                                  "name": name, "arguments": args})
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded()
+                if chunk.get("done"):
+                    final = chunk
+                    break
+            if not final:
+                raise ProviderError("Ollama closed the stream before the reply was complete", retryable=True)
+            reason = final.get("done_reason") or "stop"
+            if calls and reason == "stop":
+                reason = "tool_calls"
+            return Reply("".join(content), calls,
+                         {"prompt_tokens": final.get("prompt_eval_count") or 0,
+                          "completion_tokens": final.get("eval_count") or 0},
+                         reason, "".join(thinking))
+
+        return self.call("POST", self.host + "/api/chat", handle, body=body, stream=True, deadline=deadline,
+                         what="chat request")
+
+
+class OpenAIProvider(Provider):
+    """Any OpenAI-compatible server: /chat/completions (SSE) or /responses (SSE events)."""
+
+    name = "openai"
+
+    def __init__(self, cfg, console, model=None):
+        super().__init__(cfg, console, model)
+        self.base_url = cfg.get("provider.openai.base_url").rstrip("/")
+        self.api = cfg.get("provider.openai.api")
+        self.api_key = stored_key(cfg, console, "openai")[0]
+        self._model_list = None
+
+    def label(self):
+        return "the OpenAI-compatible server at %s" % self.base_url
+
+    def headers(self):
+        return {"Authorization": "Bearer " + self.api_key} if self.api_key else {}
+
+    def login_hint(self):
+        return "set %s to a valid API key" % self.cfg.get("provider.openai.api_key_env")
+
+    def connection_error(self, exc):
+        return ProviderError("cannot connect to %s (%s); check provider.openai.base_url / OPENAI_BASE_URL"
+                             % (self.base_url, _connection_reason(exc)), retryable=True)
+
+    def raw_models(self, retries=None):
+        if self._model_list is None:
+            data = self.get_json(self.base_url + "/models", "listing models", retries=retries)
+            self._model_list = data.get("data") if isinstance(data, dict) else data
+            self._model_list = self._model_list or []
+        return self._model_list
+
+    def models(self, retries=None):
+        """[{id, context_window, tools, endpoints}] from /models, in the dialects servers use."""
+        out = []
+        for m in self.raw_models(retries):
+            caps = m.get("capabilities") or {}
+            limits = caps.get("limits") or {}
+            supports = caps.get("supports") or {}
+            window = (limits.get("max_context_window_tokens") or limits.get("max_prompt_tokens")
+                      or m.get("context_length") or m.get("context_window") or m.get("max_model_len")
+                      or (m.get("meta") or {}).get("n_ctx_train"))
+            out.append({"id": m.get("id"), "context_window": window,
+                        "tools": supports.get("tool_calls") if "tool_calls" in supports else None,
+                        "endpoints": m.get("supported_endpoints")})
+        return out
+
+    def uses_responses(self):
+        return self.api == "responses"
+
+    def is_local(self):
+        return _is_local_url(self.base_url)
+
+    def _context_window(self, model):
+        """A local server first says what it runs with (llama.cpp's /props n_ctx, LM Studio's loaded context):
+        its /models may give only what the model was trained for; then /models (vLLM's max_model_len …)."""
+        if self.is_local():
+            root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+            for path, find in (("/props", _props_window), ("/api/v0/models", _lmstudio_window(model))):
+                try:
+                    window = find(self.get_json(root + path, "server properties", retries=0))
+                except ProviderError as exc:
+                    if exc.unreachable:
+                        raise
+                    window = None
+                if window:
+                    return int(window)
+        return super()._context_window(model)
+
+    def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
+        if self.uses_responses():
+            return self._responses(messages, tools, on_delta, deadline)
+        return self._chat(messages, tools, on_delta, deadline)
+
+    # -- /chat/completions --
+    @staticmethod
+    def chat_wire(messages):
+        out = []
+        for m in messages:
+            role = m["role"]
+            if role == "assistant" and m.get("tool_calls"):
+                # "" and never null: llama-cpp-python's server rejects null content (HTTP 500, a pydantic error)
+                out.append({"role": "assistant", "content": m.get("content") or "",
+                            "tool_calls": [{"id": c["id"], "type": "function",
+                                            "function": {"name": c["name"], "arguments": c["arguments"] or "{}"}}
+                                           for c in m["tool_calls"]]})
+            elif role == "tool":
+                out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
+            else:
+                out.append({"role": role, "content": m.get("content") or ""})
+        return out
+
+    def _chat(self, messages, tools, on_delta, deadline):
+        body = {"model": self.model, "messages": self.chat_wire(messages), "stream": True,
+                "stream_options": {"include_usage": True}}
+        body.update(self.sampling())
+        if tools:
+            body["tools"] = [{"type": "function", "function": t} for t in tools]
+
+        def handle(resp):
+            if "json" in resp.headers.get("Content-Type", ""):
+                return self._chat_reply_from_json(resp.json())
+            self.expect_stream(resp)
+            content, thinking, calls, usage, finish = [], [], {}, {}, None
+            events, guard = 0, RepetitionGuard()
+            for _, data in iter_sse(resp):
+                events += 1
+                if data.strip() == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise ProviderError("malformed stream event from %s: %s" % (self.label(), one_line(data, 80)),
+                                        retryable=True)
+                if chunk.get("error"):
+                    raise ProviderError("%s reported an error: %s" % (self.label(), error_text(data)),
+                                        retryable=True)
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        content.append(delta["content"])
+                        if on_delta:
+                            on_delta(delta["content"])
+                        if guard.feed(delta["content"]):
+                            finish = "repetition"
+                    for key in ("reasoning_content", "reasoning"):
+                        if isinstance(delta.get(key), str):
+                            thinking.append(delta[key])
+                    for tc in delta.get("tool_calls") or ():
+                        slot = calls.setdefault(tc.get("index", len(calls)), {"id": None, "name": "", "arguments": ""})
+                        if tc.get("id"):
+                            slot["id"] = tc["id"]
+                        fn = tc.get("function") or {}
+                        name = fn.get("name")
+                        if name and name != slot["name"]:
+                            slot["name"] += name
+                        if fn.get("arguments"):
+                            slot["arguments"] += fn["arguments"]
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded()
+                if finish == "repetition":
+                    break  # closing the stream stops the server generating (llama.cpp, vLLM, Ollama notice)
+            if not events:
+                raise ProviderError("%s ended the chat stream without sending anything" % self.label(),
+                                    retryable=True)
+            tool_calls = []
+            for i, idx in enumerate(sorted(calls)):
+                c = calls[idx]
+                tool_calls.append({"id": c["id"] or tool_call_id(len(messages), i, c["name"], c["arguments"]),
+                                   "name": c["name"], "arguments": c["arguments"]})
+            return Reply("".join(content), tool_calls, _usage(usage), finish or "stop", "".join(thinking))
+
+        return self.call("POST", self.base_url + "/chat/completions", handle, body=body, stream=True,
+                         deadline=deadline, what="chat request")
+
+    @staticmethod
+    def _chat_reply_from_json(data):
+        choice = (data.get("choices") or [{}])[0]
+        msg = choice.get("message") or {}
+        calls = [{"id": c.get("id") or tool_call_id(0, i, c["function"]["name"], c["function"].get("arguments")),
+                  "name": c["function"]["name"], "arguments": c["function"].get("arguments") or "{}"}
+                 for i, c in enumerate(msg.get("tool_calls") or ())]
+        return Reply(msg.get("content") or "", calls, _usage(data.get("usage") or {}),
+                     choice.get("finish_reason") or "stop", msg.get("reasoning_content") or "")
+
+    # -- /responses --
+    @staticmethod
+    def responses_wire(messages):
+        instructions, items = [], []
+        for i, m in enumerate(messages):
+            role = m["role"]
+            if role == "system":
+                if not items:
+                    instructions.append(m["content"])
+                else:
+                    items.append({"role": "developer", "content": m["content"]})
+            elif role == "user":
+                items.append({"role": "user", "content": m["content"]})
+            elif role == "assistant":
+                if m.get("content"):
+                    items.append({"role": "assistant", "content": m["content"]})
+                for c in m.get("tool_calls") or ():
+                    items.append({"type": "function_call", "call_id": c["id"], "name": c["name"],
+                                  "arguments": c["arguments"] or "{}"})
+            elif role == "tool":
+                items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        return "\n\n".join(instructions), items
+
+    def _responses(self, messages, tools, on_delta, deadline):
+        instructions, items = self.responses_wire(messages)
+        body = {"model": self.model, "input": items, "stream": True, "store": False}
+        for key, value in self.sampling().items():  # the Responses API has no seed; it calls the cap max_output_tokens
+            if key != "seed":
+                body["max_output_tokens" if key == "max_tokens" else key] = value
+        if instructions:
+            body["instructions"] = instructions
+        if tools:
+            body["tools"] = [dict(t, type="function") for t in tools]
+
+        def handle(resp):
+            if "json" in resp.headers.get("Content-Type", ""):
+                return self._responses_reply(resp.json(), [], {})
+            self.expect_stream(resp)
+            text, items_done, args_by_item, final = [], {}, {}, None
+            for event, data in iter_sse(resp):
+                try:
+                    ev = json.loads(data)
+                except ValueError:
+                    raise ProviderError("malformed stream event from %s: %s" % (self.label(), one_line(data, 80)),
+                                        retryable=True)
+                kind = ev.get("type") or event
+                if kind == "response.output_text.delta":
+                    text.append(ev.get("delta", ""))
+                    if on_delta:
+                        on_delta(ev.get("delta", ""))
+                elif kind == "response.output_item.added":
+                    item = ev.get("item") or {}
+                    if item.get("type") == "function_call":
+                        args_by_item[item.get("id")] = [item.get("arguments") or ""]
+                elif kind == "response.function_call_arguments.delta":
+                    args_by_item.setdefault(ev.get("item_id"), []).append(ev.get("delta", ""))
+                elif kind == "response.output_item.done":
+                    items_done[ev.get("output_index", len(items_done))] = ev.get("item") or {}
+                elif kind in ("response.completed", "response.incomplete", "response.done"):
+                    final = ev.get("response") or {}
+                    break
+                elif kind == "response.failed":
+                    err = (ev.get("response") or {}).get("error") or {}
+                    raise ProviderError("%s failed the response: %s" % (self.label(), err.get("message") or err),
+                                        retryable=True)
+                elif kind == "error":
+                    raise ProviderError("%s reported an error: %s" % (self.label(), ev.get("message") or data),
+                                        retryable=True)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded()
+            if final is None:
+                raise ProviderError("%s closed the stream before the response completed" % self.label(),
+                                    retryable=True)
+            done = [items_done[k] for k in sorted(items_done)]
+            return self._responses_reply(final, done, args_by_item, "".join(text))
+
+        return self.call("POST", self.base_url + "/responses", handle, body=body, stream=True,
+                         deadline=deadline, what="responses request")
+
+    @staticmethod
+    def _responses_reply(final, done_items, args_by_item, streamed_text=None):
+        output = final.get("output") or done_items
+        text, calls, thinking = [], [], []
+        for item in output:
+            kind = item.get("type")
+            if kind == "message":
+                for part in item.get("content") or ():
+                    if part.get("type") in ("output_text", "text"):
+                        text.append(part.get("text", ""))
+            elif kind == "function_call":
+                args = item.get("arguments")
+                if args is None:
+                    args = "".join(args_by_item.get(item.get("id"), []))
+                calls.append({"id": item.get("call_id") or item.get("id"), "name": item.get("name") or "",
+                              "arguments": args or "{}"})
+            elif kind == "reasoning":
+                for part in item.get("summary") or ():
+                    thinking.append(part.get("text", ""))
+        content = "".join(text) if text or streamed_text is None else streamed_text
+        usage = final.get("usage") or {}
+        reason = "tool_calls" if calls else "stop"
+        if final.get("status") == "incomplete":
+            reason = "length"
+        return Reply(content, calls, {"prompt_tokens": usage.get("input_tokens") or 0,
+                                      "completion_tokens": usage.get("output_tokens") or 0},
+                     reason, "".join(thinking))
+
+
+def _props_window(data):
+    """llama.cpp's server: /props default_generation_settings.n_ctx (older builds: n_ctx at the top)."""
+    settings = data.get("default_generation_settings") if isinstance(data, dict) else None
+    return (settings or {}).get("n_ctx") or (data.get("n_ctx") if isinstance(data, dict) else None)
+
+
+def _lmstudio_window(model):
+    """LM Studio's /api/v0/models: the loaded context length of `model` (or its maximum)."""
+    def find(data):
+        for m in (data.get("data") or []) if isinstance(data, dict) else ():
+            if m.get("id") == model:
+                return m.get("loaded_context_length") or m.get("max_context_length")
+        return None
+    return find
+
+
+def _usage(usage):
+    return {"prompt_tokens": usage.get("prompt_tokens") or 0,
+            "completion_tokens": usage.get("completion_tokens") or 0}
+
+
+class CopilotProvider(OpenAIProvider):
+    """GitHub Copilot: OpenAI wire formats with Copilot's headers; codex models via /responses."""
+
+    name = "copilot"
+    EDITOR_HEADERS = {"Editor-Version": "vscode/1.104.0", "Editor-Plugin-Version": "copilot-chat/0.31.0",
+                      "Copilot-Integration-Id": "vscode-chat", "Openai-Intent": "conversation-agent"}
+
+    def __init__(self, cfg, console, model=None, auth=None):
+        Provider.__init__(self, cfg, console, model)
+        self.api = "auto"
+        self.auth = auth or CopilotAuth(cfg, console)
+        self._model_list = None
+        self._initiator = "user"
+
+    @property
+    def base_url(self):
+        self.auth.token()  # the token says which API endpoint serves this account
+        return self.auth.api_base()
+
+    def refresh_credentials(self):
+        """After a 401: exchange once more, unless the token from the last such exchange was refused too."""
+        if self.auth.current and self.auth.current.get("token") == getattr(self, "_refreshed", None):
+            return False
+        if not self.auth.refresh():
+            return False
+        self._refreshed = self.auth.current["token"]
+        return True
+
+    def label(self):
+        return "GitHub Copilot (%s)" % self.auth.api_base()
+
+    def login_hint(self):
+        return "run 'xzatoma auth login' or set COPILOT_API_TOKEN"
+
+    def headers(self):
+        headers = dict(self.EDITOR_HEADERS)
+        headers["Authorization"] = "Bearer " + self.auth.token()
+        headers["X-Initiator"] = self._initiator
+        return headers
+
+    def uses_responses(self):
+        """Models Copilot serves only through /responses (the codex family) go there."""
+        try:
+            listed = {m["id"]: m for m in self.models()}
+        except XzError as exc:
+            if getattr(exc, "unreachable", False):
+                raise
+            self.console.debug("cannot list Copilot models: %s" % exc)
+            listed = {}
+        info = listed.get(self.model)
+        if info and info.get("endpoints"):
+            endpoints = info["endpoints"]
+            return "/responses" in endpoints and "/chat/completions" not in endpoints
+        return "codex" in self.model.lower()
+
+    def complete(self, messages, tools, on_delta=None, deadline=None, estimated_tokens=0):
+        last = messages[-1] if messages else {"role": "user"}
+        self._initiator = "user" if last["role"] == "user" and not last.get("name") else "agent"
+        return super().complete(messages, tools, on_delta, deadline)
+
+
+PROVIDERS = {"ollama": OllamaProvider, "openai": OpenAIProvider, "copilot": CopilotProvider}
+KEY_NAMES = {"openai": "openai_api_key", "ollama": "ollama_api_key"}
+
+
+def stored_key(cfg, console, provider):
+    """An API key: (value, source) from the environment first, then the credential store."""
+    env_value = cfg.secret(provider)
+    if env_value:
+        return env_value, "env " + cfg.secret_sources()[provider]
+    try:
+        value, where = CredentialStore(cfg.home, console).get(KEY_NAMES[provider])
+    except CredentialsError as exc:
+        console.warn(str(exc), once_key="credentials-mode")
+        return None, None
+    return value, where
+
+
+def model_table(provider):
+    """[{id, context_window, tools}] for `xzatoma models`: tools is True/False, or None when unknown."""
+    rows = []
+    if isinstance(provider, OllamaProvider):
+        for m in provider.models():
+            try:
+                info = provider.call("POST", provider.host + "/api/show", lambda r: r.json(), body={"model": m["id"]},
+                                     what="model details")
+            except ProviderError:
+                info = {}
+            window = next((int(v) for k, v in (info.get("model_info") or {}).items()
+                           if k.endswith(".context_length")), None)
+            caps = info.get("capabilities")
+            rows.append({"id": m["id"], "context_window": window, "tools": ("tools" in caps) if caps else None})
+        return rows
+    return [{"id": m["id"], "context_window": m["context_window"], "tools": m["tools"]} for m in provider.models()]
+
+
+def make_provider(cfg, console, name=None, model=None):
+    return PROVIDERS[name or cfg.provider_type](cfg, console, model)
+
+
+# ---- Model output repair: <think> blocks and tool calls written as text ----
+# Small local models often write their tool calls into the answer the way their chat template taught them
+# (Qwen/Hermes `<tool_call>{…}</tool_call>`, Llama 3 `<|python_tag|>` or a bare `{"name", "parameters"}`,
+# Mistral `[TOOL_CALLS]`, `<function=name>{…}</function>`, fenced ```json blocks), often with a sentence
+# around them, and the server passes that through as text. Such calls are found wherever they stand and
+# checked against the tool schemas like native ones (the Registry validates; the approvals, policy and
+# sandbox are the same). Two rules keep text from acting by accident:
+#   - only a call *shape* counts: a block in one of the forms above holding {"name", "arguments"} (or
+#     "parameters"); JSON inside a sentence, an inline `code span` or a ```python block is prose;
+#   - a block that already appeared in what the model *read* (a tool result, a user message) is a quote, not
+#     a call: a file that says `<tool_call>{"name": "terminal", …}` cannot make its reader run it by echoing it.
+# A block that is clearly an attempt (a tag, or a call-shaped start) but does not parse is reported as
+# malformed, so the loop can say what was wrong instead of taking the text for a final answer. What a model
+# writes after its first call, it wrote without seeing any result ("the count is 1", a made-up
+# <tool_response>, a grep for a line it imagined): the loop runs that first call only, and the rest is not
+# kept in the conversation, where the model would read its guesses back. It is asked again with the result.
+
+def strip_think(text):
+    """Split '<think>…</think>' reasoning from an answer. Returns (answer, thinking)."""
+    if not text or "think>" not in text:
+        return text, ""
+    import re
+    thinking = []
+
+    def keep(m):
+        thinking.append(m.group(1).strip())
+        return ""
+    # only up to the last closing tag: past it every '<think>' would scan to the end for one in vain, so
+    # '<think>' repeated was quadratic (100 KB of them took seconds, a megabyte minutes)
+    end = text.rfind("</think>") + len("</think>")
+    answer = re.sub(r"<think>(.*?)</think>", keep, text[:end], flags=re.S) + text[end:] if end > 7 else text
+    if "</think>" in answer:  # opening tag was in the chat template
+        before, _, answer = answer.partition("</think>")
+        thinking.insert(0, before.strip())
+    if "<think>" in answer:  # cut off while thinking
+        answer, _, rest = answer.partition("<think>")
+        thinking.append(rest.strip())
+    return answer.strip(), "\n".join(t for t in thinking if t)
+
+
+class TextCalls:
+    """What find_text_tool_calls saw in a reply: calls, the prose around them, and failed attempts."""
+
+    __slots__ = ("calls", "prose", "malformed", "quoted", "form", "after")
+
+    def __init__(self, calls, prose, malformed, quoted, form, after=""):
+        self.calls = calls  #: [{name, arguments (JSON text)}] in the order written
+        #: the assistant's own words: before its first call (what it wrote after that, it wrote without the
+        #: call's result: a guess that, kept, it would read back as a fact), or the reply without its call blocks
+        self.prose = prose
+        self.malformed = malformed  #: reasons, one per block that was an attempt but could not be read
+        self.quoted = quoted  #: call blocks skipped because they repeat something the model read
+        self.form = form  #: how the first call was written ("tool_call", "json", …), for the correction turn
+        self.after = after  #: the reply from its first call on (the calls, and whatever was guessed after them)
+
+
+#: opening markers of tagged call forms, and what ends each (None: the end of the reply)
+_CALL_TAGS = {"<tool_call>": "</tool_call>", "<|python_tag|>": "<|eom_id|>", "[TOOL_CALLS]": None,
+              "<function=": "</function>", "<tools>": "</tools>", "<|tool_call|>": "<|/tool_call|>",
+              "<function_call>": "</function_call>"}
+_NAME_KEYS = ("name", "tool", "tool_name", "function")
+_ARG_KEYS = ("arguments", "parameters", "args", "input")
+_FENCE_LANGS = ("", "json", "json5", "jsonc", "tool_call", "tool_code", "tool", "function")
+_MAX_BARE = 16  # bare JSON lines tried per reply: each try may scan to the end (a code listing of `{` lines)
+_opening = None
+
+
+def _opening_re():
+    global _opening
+    if _opening is None:
+        import re
+        tags = "|".join(re.escape(t) for t in _CALL_TAGS)
+        # a fence or a JSON start must begin its line; `[ \t]*` before a one-character look-ahead stays linear
+        _opening = re.compile(r"(%s)|^[ \t]*```[ \t]*([\w.-]*)[ \t]*$|^[ \t]*(?=[\[{])" % tags, re.M)
+    return _opening
+
+
+_LENIENT = None
+
+
+def _lenient():
+    """A JSON decoder that takes what models write and JSON does not: raw newlines and tabs inside strings."""
+    global _LENIENT
+    if _LENIENT is None:
+        _LENIENT = json.JSONDecoder(strict=False)
+    return _LENIENT
+
+
+def _mend_escapes(text):
+    """`\\d` in a regular expression written into JSON (`"pattern": "\\d+"`) is no JSON escape: taken as the
+    backslash it meant, escapes JSON knows kept as they are."""
+    import re
+    return re.sub(r"\\(.)", lambda m: m.group(0) if m.group(1) in '"\\/bfnrtu' else "\\\\" + m.group(1), text,
+                  flags=re.S)
+
+
+def _loads(text):
+    """JSON from a model: as written (raw newlines in strings and unknown backslash escapes forgiven), several
+    values one after the other (a list of them: a <tools> block of JSON lines), or with the doubled braces some
+    GGUF templates teach ({{"name": …}})."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply")
+    except ValueError as exc:
+        first = exc
+        for attempt in (text, _mend_escapes(text)):
+            try:
+                value, end = _lenient().raw_decode(attempt)
+                if not attempt[end:].strip():
+                    return value
+            except (ValueError, RecursionError):
+                pass
+        if exc.msg == "Extra data":
+            values, pos = [], 0
+            try:
+                while pos < len(text):
+                    value, pos = _raw_decode(text, pos)
+                    values.append(value)
+                    while pos < len(text) and text[pos] in " \t\r\n,":
+                        pos += 1
+                return values
+            except ValueError:
+                pass
+        if "{{" not in text:
+            raise first
+    try:
+        return json.loads(text.replace("{{", "{").replace("}}", "}"))
+    except (ValueError, RecursionError):
+        raise first
+
+
+def _raw_decode(text, start):
+    """(value, end) for the JSON value at text[start:], doubled braces accepted; ValueError otherwise."""
+    decoder = json.JSONDecoder()
+    try:
+        return decoder.raw_decode(text, start)
+    except RecursionError:
+        raise ValueError("nested too deeply")
+    except ValueError as exc:
+        first = exc
+    try:  # raw newlines in strings, then unknown escapes (`\\d`): where the value ends is the same or found again
+        return _lenient().raw_decode(text, start)
+    except (ValueError, RecursionError):
+        pass
+    mended = _mend_escapes(text[start:])
+    try:
+        value, end = _lenient().raw_decode(mended)
+        return value, start + end - (mended[:end].count("\\") - text[start:start + end].count("\\"))
+    except (ValueError, RecursionError):
+        if not text.startswith("{{", start):
+            raise first
+    # a doubled object ends where its braces balance ({{ … }}): undouble that span only
+    depth, i, n = 0, start, len(text)
+    while i < n:
+        pair = text[i:i + 2]
+        if pair == "{{":
+            depth, i = depth + 1, i + 2
+        elif pair == "}}" and depth:
+            depth, i = depth - 1, i + 2
+            if depth == 0:
+                try:
+                    return _loads(text[start:i]), i
+                except (ValueError, RecursionError):
+                    break
+        else:
+            i += 1
+    raise ValueError("not JSON")
+
+
+def _call_of(obj, name=None):
+    """{name, arguments} from one call-shaped object, None when it is not call-shaped, or a reason (str)."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):  # OpenAI's own shape: {"type": "function", "function": {…}}
+        obj = obj["function"]
+    if name is None:
+        name = next((obj[k] for k in _NAME_KEYS if isinstance(obj.get(k), str)), None)
+        key = next((k for k in _ARG_KEYS if k in obj), None)
+        if name is None or (key is None and set(obj) - {"name", "type", "id"}):
+            return None
+        args = obj.get(key, {}) if key else {}
+    else:
+        args = obj  # <function=name>{…}: the object is the arguments
+    if isinstance(args, str):
+        try:
+            args = _loads(args) if args.strip() else {}
+        except ValueError as exc:
+            return "the arguments of %s are not JSON (%s)" % (name, exc)
+    if not isinstance(args, dict):
+        return "the arguments of %s must be a JSON object" % name
+    return {"name": name.strip(), "arguments": json.dumps(args, ensure_ascii=False)}
+
+
+def _calls_in(value, name=None):
+    """Calls in a parsed block (an object or a list of them); (calls, reasons)."""
+    calls, reasons = [], []
+    for obj in (value if isinstance(value, list) else [value]):
+        call = _call_of(obj, name)
+        if isinstance(call, dict):
+            calls.append(call)
+        elif isinstance(call, str):
+            reasons.append(call)
+        elif isinstance(value, list) or name is not None:
+            reasons.append("expected {\"name\": …, \"arguments\": {…}}, got %s" % one_line(json.dumps(obj), 60))
+    return calls, reasons
+
+
+def _call_shaped(value):
+    """A JSON value that can only be calls: {"name", "arguments"} objects (or OpenAI's {"function": {…}}), alone
+    or in a list of nothing else; package.json's {"name", "version"} is data."""
+    values = value if isinstance(value, list) else [value]
+    return bool(values) and all(isinstance(v, dict) and (isinstance(v.get("function"), dict) or (
+        any(isinstance(v.get(k), str) for k in _NAME_KEYS) and any(k in v for k in _ARG_KEYS))) for v in values)
+
+
+def _mistral_calls(body):
+    """[TOOL_CALLS] followed by a JSON list, or by name[ARGS]{…} (or name{…}) repeated (newer templates)."""
+    body = body.strip()
+    if body.startswith("[") or body.startswith("{"):
+        return _calls_in(_loads(body))
+    calls, reasons = [], []
+    for part in body.split("[TOOL_CALLS]"):
+        name, sep, args = part.partition("[ARGS]")
+        if not sep:
+            brace = part.find("{")
+            name, args = (part[:brace], part[brace:]) if brace > 0 else (part, "")
+        found, why = _calls_in(_loads(args) if args.strip() else {}, name.strip())
+        calls += found
+        reasons += why
+    return calls, reasons
+
+
+def find_text_tool_calls(content, seen=""):
+    """The tool calls written in a reply's text (see the section note). `seen`: what the model has read so far
+    (tool results and user messages, joined; or a function that joins them, called only when needed); a block
+    found in it is a quote. Returns TextCalls, or None when
+    the text holds neither a call nor an attempt at one."""
+    text = content or ""
+    if not text.strip() or ("{" not in text and not any(tag in text for tag in _CALL_TAGS)):
+        return None
+    scan = _Scan(seen() if callable(seen) else seen)
+    scan.run(text)
+    if not scan.calls and not scan.malformed and not scan.quoted:
+        return None
+    if scan.first_call is not None:  # what follows the first call was written before any result came
+        return TextCalls(scan.calls, text[:scan.first_call].strip(), scan.malformed, scan.quoted,
+                         scan.form or "json", text[scan.first_call:])
+    prose, last = [], 0
+    for start, end in scan.spans:
+        prose.append(text[last:start])
+        last = max(last, end)
+    prose.append(text[last:])
+    return TextCalls(scan.calls, "".join(prose).strip(), scan.malformed, scan.quoted, scan.form or "json")
+
+
+def _looks_like_call(head):
+    """A block that starts like a call ({"name": … after optional brackets) is an attempt even when broken."""
+    return head.replace(" ", "").replace("\n", "").lstrip("[{\n\t").startswith(
+        tuple('"%s"' % k for k in _NAME_KEYS))
+
+
+class _Scan:
+    """One pass over a reply: each opening found is consumed whole, so the pass is linear in the reply."""
+
+    def __init__(self, seen):
+        self.seen = seen
+        self.calls, self.malformed, self.spans = [], [], []
+        self.quoted, self.form, self.bare_tries, self.first_call = 0, None, 0, None
+
+    def found(self, kind, block, value_calls, reasons, span):
+        if block.strip() and block.strip() in self.seen:
+            self.quoted += 1
+        else:
+            if value_calls and self.first_call is None:
+                self.first_call = span[0]
+            self.calls += value_calls
+            self.malformed += reasons
+            if value_calls or reasons:
+                self.form = self.form or kind
+        self.spans.append(span)
+
+    def run(self, text, nested=False):
+        opening, pos = _opening_re(), 0
+        while True:
+            match = opening.search(text, pos)
+            if match is None:
+                return
+            tag, lang, start = match.group(1), match.group(2), match.start()
+            if tag:
+                pos = self.tagged(text, tag, match)
+            elif lang is not None:
+                pos = self.fenced(text, lang, match, nested)
+            else:
+                pos = self.bare(text, match)
+                if pos is None:
+                    return
+
+    def tagged(self, text, tag, match):
+        """<tool_call>…</tool_call> and the other tags: the block runs to its closing tag or the reply's end."""
+        body_start, name = match.end(), None
+        if tag == "<function=":
+            close_name = text.find(">", body_start, body_start + 200)
+            if close_name < 0:
+                return body_start
+            name, body_start = text[body_start:close_name].strip(), close_name + 1
+        closing = _CALL_TAGS[tag]
+        close = text.find(closing, body_start) if closing else -1
+        end = close + len(closing) if close >= 0 else len(text)
+        block = text[body_start:close if close >= 0 else len(text)]
+        if tag == "<|python_tag|>":
+            block = block.split("<|eot_id|>")[0]
+        kind = {"[TOOL_CALLS]": "mistral", "<function=": "function"}.get(tag, "tool_call")
+        try:
+            if kind == "mistral":
+                calls, reasons = _mistral_calls(block)
+            elif block.strip():
+                calls, reasons = _calls_in(_loads(block), name)
+            else:
+                calls, reasons = [], ["the %s block is empty" % tag]
+        except ValueError as exc:
+            calls, reasons = [], ["the call is not valid JSON (%s)" % one_line(exc, 80)]
+        self.found(kind, block, calls, reasons, (match.start(), end))
+        return max(end, match.end())
+
+    def fenced(self, text, lang, match, nested):
+        """```json … ```: the inside is read like a reply of its own; other languages are prose."""
+        body_start = match.end()
+        close = text.find("```", body_start)
+        end = len(text) if close < 0 else close + 3
+        body = text[body_start:close if close >= 0 else len(text)]
+        if nested:
+            return end
+        if lang.lower() not in _FENCE_LANGS and not any(t in body for t in _CALL_TAGS):
+            # ```sh around a call: only a body that is wholly call-shaped JSON counts (code is never a call)
+            try:
+                value = _loads(body)
+            except ValueError:
+                return end
+            calls, reasons = _calls_in(value) if _call_shaped(value) else ([], [])
+            if calls and not reasons:
+                self.found("json", body, calls, [], (match.start(), end))
+            return end
+        inner = _Scan(self.seen)
+        inner.bare_tries = self.bare_tries
+        inner.run(body, nested=True)
+        self.bare_tries = inner.bare_tries
+        if inner.calls or inner.malformed or inner.quoted:
+            if inner.calls and self.first_call is None:
+                self.first_call = match.start()
+            self.calls += inner.calls
+            self.malformed += inner.malformed
+            self.quoted += inner.quoted
+            self.form = self.form or inner.form
+            self.spans.append((match.start(), end))
+        return end
+
+    def bare(self, text, match):
+        """A line that starts with JSON: a call when it is call-shaped ({"name", "arguments"}); None: stop."""
+        self.bare_tries += 1
+        if self.bare_tries > _MAX_BARE:
+            return None
+        body_start = match.end()
+        try:
+            value, end = _raw_decode(text, body_start)
+        except ValueError as exc:
+            if not _looks_like_call(text[body_start:body_start + 60]):
+                return body_start + 1
+            self.found("json", text[body_start:], [], ["the call is not valid JSON (%s)" % one_line(exc, 80)],
+                       (match.start(), len(text)))
+            return None  # the rest of the reply is the broken call
+        if not _call_shaped(value):
+            return end  # JSON data in an answer, not a call
+        calls, reasons = _calls_in(value)
+        self.found("json", text[body_start:end], calls, reasons, (match.start(), end))
+        return end
+
+
+def call_format_hint(form):
+    """How to write a call, in the form the model tried (so the correction speaks its template's language)."""
+    example = '{"name": "<tool name>", "arguments": {<arguments as JSON>}}'
+    if form == "tool_call":
+        return "<tool_call>\n%s\n</tool_call>" % example
+    if form == "mistral":
+        return "[TOOL_CALLS][%s]" % example
+    if form == "function":
+        return "<function=<tool name>>{<arguments as JSON>}</function>"
+    return example
+
+
+# ---- Agent loop: how a run ends (the stop family) ----
+# A run ends with an answer ("completed") or with one of these. They are raised anywhere below
+# Agent.run (the limits check, the model call, the quota, a cancel event) and caught there once;
+# KeyboardInterrupt and SIGTERM (Terminated) become Interrupted at that same edge. Failures that the
+# model can act on are not here: a tool's failure is an `Error: …` result, never an exception.
+
+
+class RunStop(Exception):
+    """Ends a run with `status` (stored, and in --json) and `exit_code`; the message is one line."""
+
+    status, exit_code = "failed", EXIT_FAILED
+
+    def __init__(self, message, exit_code=None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class MaxTurns(RunStop):
+    status = "max_turns"
+
+
+class Timeout(RunStop):
+    status = "timeout"
+
+
+class QuotaExceeded(RunStop):
+    status = "quota_exceeded"
+
+    def __init__(self, message):
+        super().__init__("quota exceeded: " + message)
+
+
+class Interrupted(RunStop):
+    status, exit_code = "interrupted", EXIT_INTERRUPTED
+
+
+class ProviderFailed(RunStop):
+    """The provider failed after its retries, or the model's reply cannot be used."""
+
+
+ANSWERED = ("completed", "unverified")  #: statuses whose answer is printed as the run's output
+
+
+class RunResult:
+    COUNTS = ("turns", "tool_calls", "prompt_tokens", "completion_tokens")  # what the store keeps per conversation
+
+    def __init__(self, conversation_id, progress=None):
+        self.conversation_id = conversation_id
+        self.progress = progress  #: the task's Progress (plan instructions or the model's steps), or None
+        self.status = "running"
+        self.answer = ""
+        self.error = None
+        self.exit_code = EXIT_OK
+        self.turns = 0
+        self.tool_calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.estimated = False  #: some token counts are our estimate: the server sent no usage
+        self.duration = 0.0
+        #: the project files that run later by design (Makefile, conftest.py, CI …) this run created or changed:
+        #: not blocked, but a person reviews them before running anything (Confinement.deferred_changed)
+        self.review = []
+        self.warnings = []  #: what a person should know about how the run ended (an unverified answer)
+
+    def counts(self):
+        return {key: getattr(self, key) for key in self.COUNTS}
+
+    def carry_on(self, stored):
+        """A resumed conversation's totals continue from what the store recorded."""
+        for key in self.COUNTS:
+            setattr(self, key, stored.get(key) or 0)
+
+    def to_json(self):
+        return {"conversation_id": self.conversation_id, "status": self.status, "answer": self.answer,
+                "turns": self.turns, "tool_calls": self.tool_calls,
+                "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                          "total_tokens": self.prompt_tokens + self.completion_tokens, "estimated": self.estimated},
+                "duration_seconds": round(self.duration, 3), "error": self.error, "warnings": list(self.warnings),
+                "steps": self.progress.to_json() if self.progress is not None else [], "review": self.review}
+
+
+class Events:
+    """What the loop reports while it works; the CLI prints these on stderr."""
+
+    #: tools whose successful calls are drawn another way (update_progress: the list, by progress())
+    QUIET_TOOLS = ("update_progress",)
+
+    def __init__(self, console):
+        self.console = console
+
+    def delta(self, text):
+        pass
+
+    def waiting(self):
+        """The model has been asked; nothing has arrived yet."""
+
+    def replied(self):
+        """The model's reply is complete (or failed)."""
+
+    def stop(self):
+        """The turn or run ended, however (Ctrl-C included): nothing of it stays animated on the screen."""
+
+    def thinking(self, text):
+        if text:
+            self.console.debug("thinking: " + one_line(text, 400))
+
+    def tool_start(self, name, preview):
+        if name not in self.QUIET_TOOLS:
+            self.console.info("▶ %s %s" % (name, one_line(preview, 80)), "cyan")
+
+    def tool_end(self, name, result):
+        if name in self.QUIET_TOOLS and result.success:
+            return
+        ok, line = result_summary(result, 100)
+        self.console.info("  %s %s" % ("✓" if ok else "✗", line), "dim" if ok else "yellow")
+        if self.console.verbose:
+            for text in result_detail(result):
+                self.console.info("    │ " + text, "dim")
+
+    def note(self, text):
+        self.console.info(text, "dim")
+
+    def progress(self, progress, step):
+        """The task's steps changed (`step`: the one that did, {step, text, status, added}; None: the list as it
+        starts). Drawn as seed 001 draws it: "Completed 1/2 instructions:", then ✓ done, ⧗ in progress, ○ pending."""
+        for line in progress.lines():
+            self.console.info(line, "dim")
+
+    # what a machine reading --output-format stream-json wants besides the lines above
+    def usage(self, prompt, completion, estimated):
+        """One model call's token counts (estimated: the server sent none)."""
+
+    def message(self, content, tool_calls):
+        """An assistant message: its text and the tool calls it asks for."""
+
+    def tool_call(self, call):
+        """A tool call is about to run: {id, name, arguments (JSON text)}."""
+
+    def tool_result(self, call, result):
+        """A tool call's ToolResult."""
+
+
+def command_streams(output):
+    """[(stream name, text)] of a terminal result's output (the terminal tool's `--- stdout ---` sections)."""
+    import re
+    parts = re.split(r"\n--- (stdout|stderr) ---\n", "\n" + (output or ""))
+    return [(parts[i], re.sub(r"\n\[(stdout|stderr) truncated: [^\]]*\]$", "", parts[i + 1]))
+            for i in range(1, len(parts) - 1, 2)]
+
+
+def _diff_counts(text):
+    """(path, lines added, lines removed, the diff's lines after its header) of the unified diff in a tool's
+    output (edit_file says a sentence before it), or None when there is none."""
+    lines = (text or "").split("\n")
+    for i in range(min(len(lines) - 1, 5)):
+        if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ "):
+            body = lines[i + 2:]
+            added = sum(1 for line in body if line.startswith("+"))
+            removed = sum(1 for line in body if line.startswith("-"))
+            path = lines[i + 1][4:].strip()
+            return (path[2:] if path.startswith("b/") else path), added, removed, body
+    return None
+
+
+def result_summary(result, width=100):
+    """(ok, one line) for a tool result as progress shows it: a command that exited non-zero is not ok and
+    shows its exit code and last error line; an edit shows what it changed, counted."""
+    meta = result.metadata
+    if result.success and "exit_code" in meta:
+        code = meta["exit_code"]
+        text = "exit %s · %.2fs" % (code, meta.get("duration_seconds") or 0.0)
+        if meta.get("edited"):
+            text = "ran as you edited it: %s · %s" % (one_line(meta.get("command") or "", 60), text)
+        streams = command_streams(result.output)
+        lines = [line for _, body in streams for line in body.split("\n") if line.strip()]
+        errors = [line for name, body in streams if name == "stderr" for line in body.split("\n") if line.strip()]
+        if code != 0 and (errors or lines):
+            text += ": " + (errors or lines)[-1].strip()
+        elif lines:
+            text += " · %s of output" % _plural(len(lines), "line")
+        return code == 0, one_line(text, width)
+    if result.success:
+        counted = _diff_counts(result.output)
+        if counted is not None:
+            path, added, removed, _ = counted
+            return True, one_line("%s: +%d −%d %s" % (path, added, removed, "line" if added + removed == 1 else
+                                                        "lines"), width)
+    return result.success, result.preview(width)
+
+
+DETAIL_LINES = 8  #: lines of a command's output (its end) or of a diff (its start) that --verbose shows
+
+
+def result_detail(result):
+    """The lines --verbose shows under a result: a command's last lines of output, an edit's diff (cleaned
+    when printed, like every line)."""
+    if not result.success:
+        return []
+    if "exit_code" in result.metadata:
+        lines = [line for _, body in command_streams(result.output) for line in body.split("\n")]
+        while lines and not lines[-1].strip():
+            lines.pop()
+        shown = lines[-DETAIL_LINES:]
+        return (["… %s above" % _plural(len(lines) - len(shown), "line")] if len(lines) > len(shown) else []) + shown
+    counted = _diff_counts(result.output)
+    if counted is not None:
+        lines = counted[3]
+        more = len(lines) - DETAIL_LINES
+        return lines[:DETAIL_LINES] + (["… %s more" % _plural(more, "line")] if more > 0 else [])
+    return []
+
+
+class StreamedText(Events):
+    """The model's words streamed to a terminal (`out`) as they arrive, redacted and neutralised; tool lines,
+    spinner and notes on stderr. A reply that turns out to ask for tools was interim: its words are dimmed in
+    place (erased with --quiet) where that can be done exactly, else left as they are. What a cut-off reply
+    had streamed stays on the screen and in `partial()`, for the conversation."""
+
+    def __init__(self, console, out, waiting_label="thinking"):
+        super().__init__(console)
+        from xzatoma_store import UntrustedStream
+        self.out = out
+        self.spinner = Spinner(console)
+        self.waiting_label = waiting_label
+        self.filter, self.render = ThinkFilter(), UntrustedStream()
+        self.streamed = False  #: the current line of `out` holds streamed text (a newline ends it)
+        self.shown = []  #: what the current reply put on the screen
+        self.raw = []  #: the current reply's text as it came, until the loop has it whole (message())
+        self.answered = False  #: the last reply was streamed and asked for no tool: the answer is on the screen
+        self._lines_at_start = 0
+
+    def waiting(self):
+        from xzatoma_store import UntrustedStream
+        self.filter, self.render = ThinkFilter(), UntrustedStream()
+        self.shown, self.raw, self.answered = [], [], False
+        self.spinner.start(self.waiting_label)
+
+    def delta(self, text):
+        self.raw.append(text)
+        self._show(self.render.feed(self.filter.feed(text)))
+
+    def _show(self, visible):
+        if visible:
+            self.spinner.stop()
+            if not self.shown:
+                visible = visible.lstrip("\n")
+                if not visible:
+                    return
+                self._lines_at_start = self.console.lines
+            self.out.write(visible)
+            self.out.flush()
+            self.shown.append(visible)
+            self.streamed = True
+
+    def replied(self):
+        self.spinner.stop()
+        self._show(self.render.finish())
+        self._end_line()
+
+    def _end_line(self):
+        if self.streamed:
+            self.out.write("\n")
+            self.out.flush()
+            self.streamed = False
+
+    def stop(self):
+        self.spinner.stop()
+        self._end_line()
+
+    def message(self, content, tool_calls):
+        self.raw = []  # whole now: the conversation holds it
+        if not tool_calls:
+            self.answered = bool(self.shown)
+            return
+        if self.shown:
+            self._interim(content)
+        elif content.strip() and not self.console.quiet:
+            self.console.info(content.strip(), "dim")
+
+    def _interim(self, content):
+        """Dim (or, quiet, erase) the reply just streamed: the cursor goes back up over exactly its rows."""
+        shown = "".join(self.shown)
+        self.shown = []
+        quiet = self.console.quiet
+        if not (quiet or self.console.color) or self.console.lines != self._lines_at_start:
+            return  # no dim to show it in, or a line came in between: the rows are not known
+        size = _terminal_size(self.out)
+        rows = _display_rows(shown, size[0]) if size else None
+        if rows is None or rows >= size[1]:
+            return  # taller than the screen, or of a width not known exactly: left as it is
+        self.out.write("\033[%dA\r\033[J" % rows)
+        if content.strip() and not quiet:
+            self.out.write(self.console.style(self.console.clean(content.strip()), "dim") + "\n")
+        self.out.flush()
+
+    def partial(self):
+        """What a reply cut short (Ctrl-C) had said, without its thinking, or "" when no reply was cut."""
+        return strip_think("".join(self.raw))[0].strip() if self.raw else ""
+
+    def tool_start(self, name, preview):
+        self.spinner.stop()
+        super().tool_start(name, preview)
+        self.spinner.start(name)
+
+    def tool_end(self, name, result):
+        self.spinner.stop()
+        super().tool_end(name, result)
+
+
+def _terminal_size(stream):
+    """(columns, rows) of the terminal `stream` writes to, or None."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+        return (size.columns, size.lines) if size.columns > 0 and size.lines > 0 else None
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _display_rows(text, columns):
+    """How many rows `text` takes on a terminal `columns` wide, or None when that cannot be known exactly
+    (a tab, or a character whose width terminals disagree on)."""
+    import unicodedata
+    rows = 0
+    for line in text.split("\n"):
+        if "\t" in line:
+            return None
+        width = len(line)
+        if not line.isascii():
+            width = 0
+            for ch in line:
+                if unicodedata.combining(ch):
+                    continue
+                kind = unicodedata.east_asian_width(ch)
+                if kind == "A":
+                    return None
+                width += 2 if kind in ("W", "F") else 1
+        rows += max(1, -(-width // columns))
+    return rows
+
+
+class RunEvents(Events):
+    """`run`'s progress on stderr (a spinner with the elapsed time on a terminal); the model's interim words
+    (a reply that asks for tools) dimmed. The answer itself is printed at the end (emit_result)."""
+
+    def __init__(self, console):
+        super().__init__(console)
+        self.spinner = Spinner(console)
+        self.answered = False  #: the answer was streamed to the terminal already (StreamedRunEvents)
+
+    def waiting(self):
+        self.spinner.start("waiting for the model")
+
+    def replied(self):
+        self.spinner.stop()
+
+    def stop(self):
+        self.spinner.stop()
+
+    def message(self, content, tool_calls):
+        if tool_calls and content.strip() and not self.console.quiet:
+            self.console.info(content.strip(), "dim")
+
+    def tool_start(self, name, preview):
+        super().tool_start(name, preview)
+        self.spinner.start(name)
+
+    def tool_end(self, name, result):
+        self.spinner.stop()
+        super().tool_end(name, result)
+
+
+class StreamedRunEvents(StreamedText):
+    """`run` with its answer on a terminal: the words stream as they come (stdout piped: RunEvents, and the
+    answer byte-exact at the end)."""
+
+    def __init__(self, console, out):
+        super().__init__(console, out, "waiting for the model")
+
+
+class StreamJsonEvents(RunEvents):
+    """--output-format stream-json: one JSON object per line on stdout as things happen (README: the schema).
+    Progress lines stay on stderr as with the other formats."""
+
+    def __init__(self, console):
+        super().__init__(console)
+        import threading
+        self.lock = threading.Lock()  # parallel subagents never share a line
+
+    def emit(self, _type, **fields):
+        with self.lock:
+            json_out(dict({"type": _type}, **fields))
+            sys.stdout.flush()
+
+    def usage(self, prompt, completion, estimated):
+        self.emit("usage", prompt_tokens=prompt, completion_tokens=completion,
+                  total_tokens=prompt + completion, estimated=estimated)
+
+    def message(self, content, tool_calls):
+        self.emit("message", role="assistant", content=content,
+                  tool_calls=[{"id": c["id"], "name": c["name"]} for c in tool_calls or ()])
+
+    def tool_call(self, call):
+        self.emit("tool_call", id=call["id"], name=call["name"], arguments=_args_object(call.get("arguments")))
+
+    def tool_result(self, call, result):
+        self.emit("tool_result", id=call["id"], name=call["name"], success=bool(result.success),
+                  preview=result.preview(200), error=result.error if not result.success else None)
+
+    def progress(self, progress, step):
+        super().progress(progress, step)
+        if step is not None:
+            done, total = progress.counts()
+            self.emit("step", step=step["step"], text=step["text"], status=step["status"], added=step["added"],
+                      completed=done, total=total)
+
+
+# ---- Agent loop ----
+
+MAX_MALFORMED_STREAK = 3
+MIN_RESULT_CAP = 2048  #: bytes: a tool result is never cut below this to fit a small window
+
+
+class Turn:
+    """What one model reply asks for: its words, the calls to run, and calls it tried to write but could not."""
+
+    __slots__ = ("content", "calls", "malformed", "form", "raw")
+
+    def __init__(self, content, calls=(), malformed=(), form=None, raw=None):
+        self.content = content  #: the assistant's words (text calls taken out)
+        self.calls = list(calls)  #: [{id, name, arguments}], native or recovered from the text
+        self.malformed = list(malformed)  #: why each attempted call could not be read
+        self.form = form  #: how the model writes calls ("tool_call", "json", …): the correction uses it
+        self.raw = content if raw is None else raw  #: the reply as written (kept when nothing could run)
+
+
+# Honest completion (README): a model that answers without touching a tool cannot have changed a file or
+# read one. These say when an answer deserves a second look; they only ever add one model call.
+NUDGE = ("You answered without doing that with the tools. If the task needs the files or the terminal (to find "
+         "something out or to change something), do it now: reply with a tool call, written as "
+         '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
+         "yourself. If the task truly needs no tool, give your final answer again.")
+EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
+_CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
+            r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
+_LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
+_claims = _task_re = None
+
+
+def _patterns():
+    global _claims, _task_re
+    if _claims is None:
+        import re
+        done = (r"(created|written|wrote|added|appended|inserted|renamed|replaced|changed|edited|modified|updated|"
+                r"fixed|bumped|deleted|removed|moved|copied|ran|run|executed|installed|saved|implemented|"
+                r"generated|formatted)")
+        _claims = re.compile(r"<tool_response>|\b(I\s*(have|'ve)\s+(now\s+|also\s+|successfully\s+)?%s|"
+                             r"I\s+(now\s+)?%s|(has|have|was|were)\s+(now\s+)?(been\s+)?(successfully\s+)?%s|"
+                             r"successfully\s+%s|(file|files|changes?)\s+%s)\b" % (done, done, done, done, done),
+                             re.I)
+        _task_re = re.compile(
+            r"(?P<file>(^|[\s`'\"(])[\w.-]*\w\.[A-Za-z]\w{0,7}\b)|"
+            r"(?P<count>\b(how many|how much|count|number of|list( all| every| the)?)\b)|"
+            r"(?P<ask>\b(which|where|what('s| is| are| does)?)\b)|"
+            r"(?P<change>\b(%s)\w*)|(?P<look>\b(%s)\w*)|"
+            r"(?P<place>\b(files?|director(y|ies)|folders?|repo(sitory)?|project|codebase|here|tests?|scripts?|"
+            r"config(uration)?|functions?|class(es)?|modules?)\b)" % (_CHANGES, _LOOKS), re.I | re.M)
+    return _claims, _task_re
+
+
+PLAN_FRAME = "You are assisting with the following task:"  #: how Plan.to_prompt begins (xzatoma_tools)
+
+
+def intent_of(task):
+    """The part of a task that says what is wanted: a plan's goal and instructions; otherwise the first three
+    lines, without what @mentions and stdin pasted into it (a pasted HTTP dump said "Set-Cookie: … connect.sid",
+    and was taken for a request to change a file)."""
+    import re
+    text = re.sub(r"\[Content of ([^\]\n]*)\]\n.*?\n\[End of \1\]", "", task or "", flags=re.S)
+    if text.lstrip().startswith(PLAN_FRAME):
+        return text[:8000]
+    return "\n".join([line for line in text.splitlines() if line.strip()][:3])[:600]
+
+
+def is_question(task):
+    """True for a task that only asks (what, which, how many …) and names no change to make."""
+    found = set(m.lastgroup for m in _patterns()[1].finditer(task or ""))
+    return "change" not in found and bool(found & {"ask", "count"}) and (task or "").lstrip().lower().startswith(
+        ("what", "which", "where", "how", "who", "when", "why", "is ", "are ", "does ", "do ", "count", "list",
+         "show", "find", "tell"))
+
+
+def claims_work(answer):
+    """True when an answer says something was done (created, updated, ran …) or writes a tool's result itself."""
+    return bool(answer) and _patterns()[0].search(answer[:20000]) is not None
+
+
+def needs_tools(task, answer, root=None):
+    """Whether an answer needs tool work behind it: None, or (strength, kind). kind is "change" when the task
+    asks to change something (or the answer says it did) and "facts" when it asks about the workspace. strength
+    is "strong" when the answer claims work, or the task names an entry of the working directory (`root`),
+    asks to change something written like a file name (create notes.txt) or to count what is there (how many
+    files); "weak" when it asks to act on, or about, the workspace in general (fix the failing test, what is in
+    app.cfg when there is none). A question the model can answer from what it knows needs none."""
+    task = (task or "")[:20000]
+    found = dict.fromkeys(("file", "count", "ask", "change", "look", "place"), False)
+    for m in _patterns()[1].finditer(task):
+        found[m.lastgroup] = True
+    asks = task.lstrip().lower().startswith(("what", "which", "where", "how", "who", "when", "why", "is ", "are ",
+                                             "does ", "do "))
+    kind = "change" if found["change"] and not asks else "facts"
+    if claims_work(answer):
+        return "strong", "change" if kind == "change" or not (found["ask"] or found["count"]) else kind
+    acts = found["change"] or found["look"] or found["ask"] or found["count"]
+    if _names_an_entry(task, root) or (found["file"] and found["change"]) or (found["place"] and found["count"]):
+        return "strong", kind
+    if (found["place"] or found["file"]) and acts:
+        return "weak", kind
+    return None
+
+
+def _call_key(call):
+    """What makes two calls the same: the tool and its arguments as parsed (key order and spacing aside)."""
+    try:
+        args = json.dumps(json.loads(call.get("arguments") or "{}"), sort_keys=True)
+    except (ValueError, RecursionError):
+        args = call.get("arguments")
+    return call["name"], args
+
+
+def _names_an_entry(task, root):
+    """True when a word of the task names an entry of the working directory (Makefile, src/app.py)."""
+    return bool(_named_entries(task, root, first=True))
+
+
+def _named_entries(task, root, first=False):
+    """The words of a task that name entries of the working directory, in order (only the first: `first`)."""
+    found = []
+    if not root or not task:
+        return found
+    import re
+    for word in re.findall(r"[\w][\w./-]*", task[:20000])[:400]:
+        word = word.rstrip(".")
+        if len(word) > 2 and ".." not in word.split("/") and word not in found \
+                and os.path.lexists(os.path.join(root, word)):
+            found.append(word)
+            if first:
+                break
+    return found
+
+
+class Agent:
+    """The loop: send the conversation with tool definitions, run the calls, stop on an answer.
+
+    Built by Session.agent(); everything it uses comes through here. `result` may be shared by
+    several agents in turn (a chat's turns), `deadline` is a time.monotonic() value or None.
+    """
+
+    def __init__(self, provider, registry, conversation, events, result, max_turns=100, deadline=None,
+                 timeout_seconds=None, recorder=None, quota=None, cancel=None, metrics=None, on_step=None,
+                 nested=False, honest=True, review=None):
+        self.provider = provider
+        self.registry = registry
+        self.conversation = conversation
+        self.events = events
+        self.result = result
+        self.max_turns = max_turns
+        self.deadline = deadline
+        self.timeout_seconds = timeout_seconds  #: only for the message when the deadline passes
+        self.recorder = recorder  #: Recorder or None: the conversation's counts are saved after every step
+        self.quota = quota  #: QuotaTracker shared by a whole tree of agents, or None
+        self.cancel = cancel  #: threading.Event: set, this agent stops (parallel subagents, Ctrl-C)
+        self.metrics = metrics or NULL_METRICS
+        self.on_step = on_step  #: callback(agent) after each step (benchmarks)
+        self.review = review  #: () -> the files that run later by design the run changed (top level), or None
+        self.nested = nested  #: a subagent: Ctrl-C / SIGTERM are re-raised to the top-level run's edge
+        self.honest = honest  #: check an answer given without any tool call (conclude)
+        self.malformed_streak = 0  #: turns in a row whose calls were all malformed or invalid
+        self.calls_this_run = 0  #: tool calls this run made that succeeded (the totals in `result` carry on)
+        self.changes_this_run = 0  #: of them, calls of tools that change or execute (write, terminal …)
+        self.nudged = False  #: asked once already to check an answer given without tools
+        self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
+        self.asked_empty = False  #: asked once already for an answer after an empty one
+        self.checked_ends = False  #: pointed out once already what an answer after real work left undone
+        self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
+        #: what this run was asked: the last person's message when it starts (for conclude)
+        asked = conversation.last_user_text()
+        self.task = intent_of(asked)
+        self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
+        #: a headless run asked only a question (how many lines …): tools that change files are refused
+        self.question = honest and is_question(self.task)
+
+    def run(self, final=True, cancel_text="Error: interrupted"):
+        """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
+
+        final=False (chat, subagents) records progress instead of finishing the stored conversation;
+        a cancelled tool call gets `cancel_text` as its result.
+        """
+        started = time.monotonic()
+        result = self.result
+        result_turns = result.turns  # the turn limit counts this run's turns; the totals carry on
+        caught = None
+        try:
+            try:
+                outcome = None
+                while outcome is None:
+                    self.check_limits(result.turns - result_turns)
+                    outcome = self.step()
+            except KeyboardInterrupt as exc:  # the edge where signals join the stop family (see Interrupts)
+                caught = exc
+                raise Interrupted("interrupted (Ctrl-C)")
+            except Terminated as exc:
+                caught = exc
+                raise Interrupted("terminated (SIGTERM)", EXIT_TERMINATED)
+            result.status = outcome
+            result.exit_code = EXIT_UNVERIFIED if outcome == "unverified" else EXIT_OK
+        except RunStop as stop:
+            result.status, result.exit_code, result.error = stop.status, stop.exit_code, str(stop)
+        finally:
+            self.conversation.close_dangling(cancel_text if result.status == "interrupted"
+                                             else "Error: not run (the task ended)")
+            result.duration = time.monotonic() - started
+            if final and self.review is not None:
+                result.review = self.review()
+            if self.recorder is not None:
+                if final:
+                    self.recorder.finish(result)
+                else:
+                    self.recorder.progress(result)
+            if final:
+                self.metrics.run_finished(result)
+        if caught is not None and self.nested:
+            raise caught
+        return result
+
+    def check_limits(self, turns):
+        if turns >= self.max_turns:
+            raise MaxTurns("stopped after %d turns without a final answer (agent.max_turns); "
+                           "raise it with --max-turns or simplify the task" % self.max_turns)
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise self.timed_out()
+        self.check_cancel()
+
+    def check_cancel(self):
+        if self.cancel is not None and self.cancel.is_set():
+            raise Interrupted("cancelled")
+
+    def timed_out(self):
+        if self.timeout_seconds:
+            return Timeout("timed out after %ss (agent.timeout_seconds); raise it with --timeout"
+                           % self.timeout_seconds)
+        return Timeout("the parent run's time limit was reached (agent.timeout_seconds)")
+
+    def step(self):
+        """One turn: ask the model, then act on what it said. Returns how the run ends once the task is
+        answered ("completed", or "unverified": see conclude), None to go on."""
+        try:
+            turn = self.ask_model()
+            if turn.calls:
+                self.run_tools(turn.calls)
+                return None
+            if turn.malformed:
+                self.correct(turn)
+                return None
+            return self.conclude(turn.content)
+        finally:
+            self.save()
+
+    # -- the first half: ask the model --
+    def ask_model(self):
+        """Send the conversation; returns the Turn it answered. Its message is recorded here."""
+        conv = self.conversation
+        window = self.provider.context_window() if conv.tokens > 4096 else None
+        if conv.prune(window):
+            self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
+        tools = self.registry.definitions()
+        sent = conv.sent_estimate(tools)
+        reply = self.complete(tools)
+        self.check_cancel()
+        self.account(reply, sent)
+        if self.quota is not None:
+            self.quota.check()  # after each model call: the whole tree's tokens and time
+        conv.calibrate(reply.usage.get("prompt_tokens"))
+        content, thinking = strip_think(reply.content)
+        self.events.thinking("\n".join(t for t in (reply.thinking, thinking) if t))
+        turn = Turn(content, reply.tool_calls)
+        if not turn.calls and tools:
+            written = find_text_tool_calls(content, conv.read_so_far)
+            if written is not None and (written.calls or written.malformed):
+                # only the first written call runs: the rest of the reply, later calls included, was written
+                # before any result (a grep for a line the model imagined, a file rewritten from a guess)
+                turn = Turn(written.prose, [dict(c, id=tool_call_id(len(conv.messages), i, c["name"], c["arguments"]))
+                                            for i, c in enumerate(written.calls[:1])],
+                            ["your tool call could not be read: " + why for why in written.malformed],
+                            written.form, raw=content)
+                if written.calls:
+                    self.events.thinking("written before any result, not kept: " + written.after)
+        if reply.finish_reason == "repetition" and not turn.calls:
+            turn.malformed.append("your reply kept repeating itself and was cut off; write one tool call, or a "
+                                  "short answer")
+        self.events.message(turn.content, turn.calls)
+        if turn.calls:
+            conv.add_assistant(turn.content, turn.calls)
+        else:
+            conv.add_assistant(turn.raw)
+            if not turn.malformed and reply.finish_reason == "length":
+                self.result.answer = turn.content
+                raise ProviderFailed("the model's answer was cut off (finish reason 'length': the output or "
+                                     "context limit was reached); the partial answer is not a success")
+        return turn
+
+    # -- when the reply holds no call that can run --
+    def correct(self, turn):
+        """A call the model tried to write but that cannot be read: tell it what was wrong and how to write
+        one; the malformed streak stops a model that never gets it right."""
+        tools = ", ".join(sorted(self.registry.names()))
+        self.conversation.add({"role": "user", "name": NOTE, "content":
+                               "Error: %s. To call a tool, write exactly:\n%s\nAvailable tools: %s." % (
+                                   "; ".join(turn.malformed[:3]), call_format_hint(turn.form), tools)})
+        self.events.note("  %s; told the model how to write a call" % one_line(turn.malformed[0], 100))
+        self.count_malformed(True, turn.malformed[0])
+
+    def conclude(self, answer):
+        """An answer without a call. A task that asks for a change needs a change made with a tool (write,
+        execute) in this run, a question about the workspace a tool call of any kind: without them the model
+        may be answering from memory, and it is asked once to check (README, "Honest completion"). Still
+        without them, a task that named files or an answer that claims work ends "unverified"."""
+        self.result.answer = answer
+        if not answer.strip():  # nothing said (only thinking, or a model lost after failed calls)
+            if not self.asked_empty:
+                self.asked_empty = True
+                self.conversation.add({"role": "user", "name": NOTE, "content": EMPTY_ANSWER})
+                self.events.note("  the model's reply was empty; asking it once for an answer")
+                return None
+            if not self.changes_this_run:
+                raise ProviderFailed("the model gave no answer (an empty reply, twice)")
+            return "completed"
+        need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
+        if need is None:
+            return "completed"
+        strength, kind = need
+        provided = kind == "facts" and self.given  # @file mentions or piped input: the facts were given
+        if provided or (self.changes_this_run if kind == "change" else self.calls_this_run):
+            loose = None if self.checked_ends else self.loose_ends(kind, answer)
+            if loose:  # work was done, but the answer claims more, or a file the task names was never touched
+                self.checked_ends = True
+                self.conversation.add({"role": "user", "name": NOTE, "content": loose})
+                self.events.note("  the answer may leave work undone (%s); asking the model once to check"
+                                 % ("a tool result it wrote itself" if "<tool_response>" in answer else
+                                    "a file the task names was not touched"))
+                return None
+            return "completed"  # the work is there (what the model imagines after it does not undo it)
+        if not self.nudged:
+            self.nudged = True
+            self.conversation.add({"role": "user", "name": NOTE, "content": NUDGE})
+            self.events.note("  the answer claims or needs tool work this run did not do; asking the model once "
+                             "to check")
+            return None
+        if strength == "strong":
+            self.result.warnings.append(
+                "the model answered without %s with a tool, so what it says it did or found was not checked "
+                "(status unverified)" % ("making any change" if kind == "change" else "looking anything up"))
+            return "unverified"
+        return "completed"
+
+    def loose_ends(self, kind, answer):
+        """What an answer after real work may still have left undone, as a note to the model (or None): a tool
+        result it wrote itself ("<tool_response> Updated main.py" where no tool touched main.py), or, for a
+        change, a file the task names that no tool of this run read or changed."""
+        if "<tool_response>" in answer:
+            return ("You wrote a tool result yourself; results come only from the tools. If the task is not "
+                    "finished, continue with a tool call; if it is, give your final answer without it.")
+        if kind == "change":
+            touched = "\n".join(self.touched)
+            missed = [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
+            if missed:
+                return ("The task names %s, which no tool has read or changed in this run. If the task needs "
+                        "it, continue with a tool call; if not, give your final answer again." % ", ".join(missed[:5]))
+        return None
+
+    def complete(self, tools):
+        """One model call; provider failures and the deadline become the stop family. A server that refuses
+        the request as over its context window names the window: it is believed, the conversation pruned to
+        it, and the request sent once more."""
+        conv = self.conversation
+        for attempt in (1, 2):
+            self.events.waiting()
+            try:
+                return self.provider.complete(conv.messages, tools, on_delta=self.events.delta,
+                                              deadline=self.deadline, estimated_tokens=conv.tokens)
+            except DeadlineExceeded:
+                raise self.timed_out()
+            except ProviderError as exc:
+                self.metrics.model_request(self.provider.name, "error")
+                if exc.window and attempt == 1 and conv.prune(exc.window, force=True):
+                    self.provider.learn_window(exc.window)
+                    self.events.note("  the server's context window is %d tokens: context pruned to fit (%d tokens "
+                                     "now)" % (exc.window, conv.tokens))
+                    continue
+                raise ProviderFailed(str(exc), exc.exit_code)
+            finally:
+                self.events.replied()
+
+    def account(self, reply, sent):
+        """A reply's tokens (our estimate where the server sent none; `sent`: the request's estimate) into the
+        run's totals, the metrics and the shared quota. The one place tokens are counted."""
+        prompt, completion, estimated = reply_usage(reply, sent)
+        result = self.result
+        result.turns += 1
+        result.estimated |= estimated
+        result.prompt_tokens += prompt
+        result.completion_tokens += completion
+        self.metrics.model_request(self.provider.name, "ok")
+        self.metrics.tokens(prompt, completion)
+        self.events.usage(prompt, completion, estimated)
+        if self.quota is not None:
+            self.quota.add_tokens(prompt + completion)
+
+    # -- the second half: run the tools --
+    def run_tools(self, calls):
+        conv, result = self.conversation, self.result
+        invalid, last_error = 0, None
+        for call in calls:
+            self.check_cancel()
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise self.timed_out()  # a tool call's own limits are capped by the run's, but none starts late
+            self.events.tool_call(call)
+            self.events.tool_start(call["name"], self._preview(call))
+            same = _call_key(call)
+            tool = self.registry.get(call["name"])
+            if same == self.last_call:  # a loop (the same failing grep three times): the result is above
+                from xzatoma_tools import ToolResult
+                tool_result = ToolResult.fail("this is the same call as your last one, and its result is above; "
+                                              "use that result, or do something different", invalid=True)
+            elif self.question and getattr(tool, "permission", "read") == "write":
+                from xzatoma_tools import ToolResult  # a small model asked a line count rewrote the file
+                tool_result = ToolResult.fail("the task asks a question and does not ask to change any file: "
+                                              "answer it from what you read (read_file, grep, list_directory)")
+            else:
+                tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            self.last_call = same
+            if len(tool_result.output) > MIN_RESULT_CAP:
+                tool_result.truncate(self.result_cap())
+            result.tool_calls += 1
+            self.metrics.tool_call(call["name"], "ok" if tool_result.success else "error")
+            conv.add_tool_result(call["id"], call["name"], tool_result.to_message())
+            self.events.tool_end(call["name"], tool_result)
+            self.events.tool_result(call, tool_result)
+            if tool_result.metadata.get("invalid"):
+                invalid += 1
+                last_error = tool_result.error
+            elif tool_result.success and not tool_result.metadata.get("bookkeeping"):  # progress, skills: no work
+                self.calls_this_run += 1
+                self.touched.append(call.get("arguments") or "")
+                self.changes_this_run += getattr(tool, "permission", "read") != "read"
+        self.count_malformed(invalid == len(calls), last_error)
+
+    def count_malformed(self, malformed, last_error):
+        """A turn whose calls were all malformed or invalid extends the streak; one good call ends it."""
+        self.malformed_streak = self.malformed_streak + 1 if malformed else 0
+        if self.malformed_streak >= MAX_MALFORMED_STREAK:
+            raise ProviderFailed("the model made %d malformed or invalid tool calls in a row; stopping (last: %s). "
+                                 "A larger model may follow the tool format better" % (self.malformed_streak,
+                                                                                      last_error))
+
+    def result_cap(self):
+        """Bytes of one tool result the model gets: a quarter of its window where the window is known (a 100 KB
+        file read into an 8k window left room for nothing else), else only the tools' own cap. At about four
+        bytes a token, a quarter of a window of N tokens is N bytes."""
+        window = self.provider.context_window()
+        return max(MIN_RESULT_CAP, int(window)) if window else None
+
+    def summarise(self, prompt):
+        """One more model call, without tools: a subagent's report. Counted like every other call."""
+        self.conversation.add_user(prompt)
+        sent = self.conversation.sent_estimate()
+        reply = self.complete([])
+        self.account(reply, sent)
+        text = strip_think(reply.content)[0]
+        if text:
+            self.conversation.add_assistant(text)
+        return text
+
+    def save(self):
+        if self.recorder is not None:
+            self.recorder.progress(self.result)
+        if self.on_step:
+            self.on_step(self)
+
+    def _preview(self, call):
+        tool = self.registry.get(call["name"])
+        try:
+            args = json.loads(call["arguments"] or "{}")
+        except ValueError:
+            return call["arguments"] or ""
+        if tool is not None and isinstance(args, dict):
+            return tool.preview_args(args)
+        return call["arguments"] or ""
+
+
+# ---- Session: what a run, a chat, a subagent and a watcher event share ----
+# The one place that builds a run's parts: config slice, provider, tool context, registry, store,
+# Conversation + Recorder, quota, metrics, cancel event, confirmation callbacks and output sink.
+#   session = Session.open(cfg, console, mode, working_dir, terminal_mode)   # provider, store, quota
+#   session.start("run" | "plan" | "chat" | "subagent" | "watch", resume=…)  # conversation, tools
+#   result = session.agent(max_turns=…, timeout_seconds=…).run()            # the loop
+#   session.close()                                                          # stop children, close store
+# chat calls session.rebuild(…) for /mode, /safe, /yolo, /model; a subagent is session.child(…).
+
+SESSION_KINDS = ("run", "plan", "chat", "subagent", "watch")
+
+
+def check_working_dir(given):
+    """The jail for run and chat: --working-dir DIR, or the current directory unless that is the home
+    directory or / (cron starts jobs in $HOME: a tool there could rewrite ~/.bashrc or ~/.ssh)."""
+    working_dir = os.path.abspath(given or os.getcwd())
+    if not os.path.isdir(working_dir):
+        raise UsageError("working directory does not exist: %s" % working_dir)
+    if given:
+        return working_dir  # named deliberately; the protected paths still hold inside it
+    real = os.path.realpath(working_dir)
+    for home in user_homes():
+        if real == "/" or real == home or home.startswith(real.rstrip("/") + "/"):
+            raise UsageError("refusing to use %s as the working directory: it is %s, where the tools could change "
+                             "start-up files and keys; cd to a project, or name it deliberately with --working-dir DIR"
+                             % (working_dir, "the filesystem root" if real == "/" else "your home directory"
+                                if real == home else "a directory above your home directory"))
+    return working_dir
+
+
+def user_homes():
+    """The person's home directories: $HOME and the password database's entry (cron may set neither alike)."""
+    homes = {os.path.realpath(os.path.expanduser("~"))}
+    try:
+        import pwd
+        homes.add(os.path.realpath(pwd.getpwuid(os.getuid()).pw_dir))
+    except (ImportError, KeyError):
+        pass
+    return sorted(homes)
+
+
+def private_files(cfg):
+    """Files outside XZATOMA_HOME that hold this run's credentials or every conversation: the configuration
+    file, and a history database named by agent.persistence.db_path (its undo records say what `xzatoma
+    undo` writes, and where) with its journals and undo key. Protected, and empty for commands."""
+    out = [os.path.abspath(os.path.expanduser(cfg.path))] if cfg.path else []
+    if cfg.get("agent.persistence.db_path"):
+        db = os.path.abspath(cfg.db_path())
+        out += [db + suffix for suffix in ("", "-wal", "-shm", "-journal")]
+        out.append(os.path.join(os.path.dirname(db), "undo.key"))
+    return out
+
+
+OWN_MODULES = ("xzatoma", "xzatoma_core", "xzatoma_tools", "xzatoma_store", "xzatoma_watch", "xzatoma_metrics",
+               "xzatoma_mcp")
+
+
+def own_code():
+    """The files XZatoma runs from: its modules and their compiled copies (__pycache__), a .pyz as a whole,
+    and the script it was started as: rewritten, the next run would run the agent's code unconfined."""
+    paths = []
+    for name, module in list(sys.modules.items()):
+        if name in OWN_MODULES + ("__main__",) and getattr(module, "__file__", None):
+            where = os.path.dirname(os.path.realpath(module.__file__))
+            paths += [os.path.join(where, m + ".py") for m in OWN_MODULES] + [os.path.join(where, "__pycache__")]
+    if sys.argv and sys.argv[0] and os.path.isfile(sys.argv[0]):
+        paths.append(os.path.realpath(sys.argv[0]))
+    return sorted(set(paths))
+
+
+def tool_context(cfg, confinement, store, conversation_id=None, **fields):
+    """The tools' view of a session: its Confinement, limits, audit log and undo store."""
+    from xzatoma_store import Redactor
+    from xzatoma_tools import AuditLog, ToolContext
+    secrets = cfg.secret_values()
+    audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
+                     redact=Redactor(secrets))
+    return ToolContext(confinement, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
+                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit, **fields)
+
+
+def build_confinement(cfg, working_dir, store=None):
+    """What a session (or a watcher process) may touch: the canonical root, the one protected set
+    (agent.tools.protected_paths, every home's keys and start-up files, XZatoma's own code, this run's
+    configuration and history files), the jail, the command policy and the OS sandbox (started on a first
+    command; closed with the Confinement)."""
+    from xzatoma_tools import Confinement
+    if store is not None and cfg.get("agent.persistence.db_path"):
+        store.make_undo_key()  # before the sandbox starts: it can hide only a key that exists
+    return Confinement(working_dir, cfg.home, list(cfg.get("agent.tools.protected_paths") or []) + own_code(),
+                       home=os.path.expanduser("~"), homes=user_homes(), terminal=cfg.get("agent.terminal"),
+                       environ=os.environ, secrets=cfg.secret_values(), private_files=private_files(cfg))
+
+
+def check_sandbox(cfg, sandbox, console):
+    """Before a command can run: one warning line naming what the sandbox does not enforce here (never
+    silently weaker), or exit 2 with --require-sandbox. Returns the run header's note."""
+    missing = sandbox.not_enforced()
+    if missing:
+        text = "sandbox %s: not enforced here: %s" % (sandbox.mode, "; ".join(missing))
+        if cfg.get("agent.terminal.require_sandbox"):
+            raise UsageError(text + " (agent.terminal.require_sandbox / --require-sandbox: refusing to run)")
+        console.warn(text + " (--require-sandbox makes this an error)")
+    return sandbox_note(sandbox.mode, sandbox.network)
+
+
+def sandbox_note(mode, network):
+    """The run header's and the chat banner's words for the sandbox (what was asked for; nothing started)."""
+    if mode == "off":
+        return "sandbox OFF: commands are not confined"
+    return "sandbox %s%s" % (mode, ", network on" if network else "")
+
+
+class SandboxCheck:
+    """check_sandbox, once for a session's whole tree, when its first terminal command is about to run: not
+    at start, where waiting for the helper was a third of a one-shot run that may never run a command. With
+    --require-sandbox it is done at start instead (the run must refuse before it does anything)."""
+
+    def __init__(self, cfg, confinement, console):
+        import threading
+        self.cfg, self.confinement, self.console = cfg, confinement, console
+        self._lock = threading.Lock()
+        self.done = False
+
+    def __call__(self):
+        with self._lock:
+            if not self.done:  # the Confinement makes its sandbox on first use: now, not at start
+                check_sandbox(self.cfg, self.confinement.sandbox, self.console)  # a refusal repeats
+                self.done = True
+
+
+def sandbox_note_for_start(cfg, session):
+    """The header's sandbox words; with --require-sandbox the check itself, now, before anything runs."""
+    if cfg.get("agent.terminal.require_sandbox"):
+        session.sandbox_check()
+    return sandbox_note(cfg.get("agent.terminal.sandbox"), cfg.get("agent.terminal.network"))
+
+
+class _SandboxFirst:
+    """An agent's events, with the session's SandboxCheck run before the first terminal call of its tree."""
+
+    def __init__(self, events, check):
+        self._events, self._check = events, check
+
+    def __getattr__(self, name):
+        return getattr(self._events, name)
+
+    def tool_call(self, call):
+        if call.get("name") == "terminal" and not self._check.done:
+            self._check()
+        self._events.tool_call(call)
+
+
+class Session:
+    """Everything one conversation's agents share. Built by `open` (a top-level run) or `child`."""
+
+    def __init__(self, cfg, console, provider, store, mode, confinement, terminal_mode, events=None,
+                 confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
+                 parent_ctx=None, allowed_tools=None, instructions=None, owns=(), mcp=None, skills=(),
+                 sandbox_check=None):
+        import threading
+        self.cfg = cfg
+        self.console = console
+        self.provider = provider  #: the Provider every agent of this session asks
+        self.store = store  #: the Store, or None (history off or unusable)
+        self.mode = mode  #: planning (read tools) or write (all tools)
+        self.confinement = confinement  #: what the tools may touch: root, protected set, policy, sandbox
+        self.root = confinement.root  #: the jail
+        self.terminal_mode = terminal_mode  #: restricted_autonomous, full_autonomous or interactive (chat Safe)
+        self.events = events or Events(console)  #: the output sink: progress lines, streamed text
+        self.confirmations = confirmations  #: chat's Confirmations (a person to ask), None when headless
+        self.quota = quota or QuotaTracker(cfg.get("agent.quota"))  #: shared by the whole tree of agents
+        self.metrics = metrics or NULL_METRICS
+        self.cancel = cancel or threading.Event()  #: set: this session's agents, commands and children stop
+        self.depth = depth  #: 0 at the top, n for a subagent n levels down
+        self.parent_id = parent_id  #: the parent's conversation id (subagents)
+        self.label = label  #: a subagent's label
+        self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
+        self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
+        #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
+        self.sandbox_check = sandbox_check
+        self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
+        self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
+        self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
+        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "confinement", "mcp" (what open() made)
+        #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
+        self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
+        self.kind = None
+        self.id = None  #: the conversation id, from start()
+        self.conversation = self.recorder = self.result = self.ctx = self.registry = None
+        #: from start(): the conversation's SkillState (which skills are active) and Progress (its steps)
+        self.skill_state = self.progress = None
+        self.resumed = False  #: start() continued a stored conversation
+        self.recorded = False  #: the conversation is being written to the store
+
+    @classmethod
+    def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None):
+        """A top-level session in `working_dir` (default: the current directory). What is not given is made
+        here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
+        metrics (with a port or a textfile), the cancel event, the Confinement (its sandbox starts with a first
+        command, if any; a watcher gives its process's own) and the MCP servers. Project skills and a project's
+        .mcp.json not trusted yet are asked about where `confirmations` can ask (chat), and skipped otherwise."""
+        working_dir = check_working_dir(working_dir) if confinement is None else confinement.root
+        provider = provider or make_provider(cfg, console)
+        owns = {"cancel"} if cancel is None else set()
+        if store is None:
+            store = open_store(cfg, console)
+            owns.add("store")
+        if metrics is None and (metrics_port or metrics_textfile):
+            metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
+            owns.add("metrics")
+        if confinement is None:  # built once: a mode switch, a subagent or a resumed turn share it
+            confinement = build_confinement(cfg, working_dir, store)
+            owns.add("confinement")
+        instructions = project_instructions(cfg, working_dir)
+        show_instructions(console, instructions)
+        asker = confirmations.asker if confirmations else None
+        skills = session_skills(cfg, console, working_dir, store, asker)
+        mcp = open_mcp(cfg, console, working_dir, asker=asker, confinement=confinement)
+        if mcp is not None:
+            owns.add("mcp")  # its servers stop with the session: none outlives the run
+        return cls(cfg, console, provider, store, mode, confinement, terminal_mode, events=events,
+                   confirmations=confirmations, metrics=metrics, cancel=cancel, instructions=instructions, owns=owns,
+                   mcp=mcp, skills=skills, sandbox_check=SandboxCheck(cfg, confinement, console))
+
+    # -- a conversation --
+    def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
+        """Start a conversation of `kind`, or continue a stored one (resume: an id prefix, or True for the
+        latest). record=None records now, except a new chat (on its first message) and subagents with
+        agent.subagent.persistence_enabled off. `steps`: a plan's instructions, the progress list the model
+        marks (a stored conversation continues with its own list)."""
+        from xzatoma_store import NotFound, new_ulid
+        from xzatoma_tools import Progress, SkillState
+        assert kind in SESSION_KINDS, kind
+        stored = None
+        if resume:
+            if self.store is None:
+                raise UsageError("cannot resume: conversation history is unavailable")
+            try:
+                conversation_id = self.store.latest() if resume is True else self.store.resolve(resume)
+                stored = self.store.conversation(conversation_id)
+            except NotFound as exc:
+                raise UsageError(str(exc))
+        else:
+            conversation_id = new_ulid()
+        self.kind, self.id, self.resumed, self.recorded = kind, conversation_id, stored is not None, False
+        conv_cfg = self.cfg.get("agent.conversation")
+        self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
+                                         conv_cfg["prune_threshold"])
+        self.recorder = Recorder(self.store, self.console, conversation_id)
+        if stored is not None and stored.get("progress"):
+            self.progress = Progress.restore(stored["progress"], self._progress_changed)
+        else:
+            self.progress = Progress(steps or (), fixed=steps is not None, on_change=self._progress_changed)
+        self.skill_state = SkillState(self.skills)
+        self.result = RunResult(conversation_id, progress=self.progress)
+        self._build()
+        self.conversation.add_system(self.system_prompt())
+        if stored is None:  # after the system prompt, so that stays byte-identical across directories and days
+            self.conversation.add(environment_message(self.ctx.root, self.instructions, self.depth, self.label,
+                                                      catalog=self.skill_catalog()))
+        if stored is not None:  # totals carry on; the turn limit counts each run's own turns
+            self.result.carry_on(stored)
+            for message in load_history(self.store, conversation_id):
+                self.conversation.add(message)
+        if record is None:
+            record = self.resumed or (kind != "chat" and (
+                kind != "subagent" or self.cfg.get("agent.subagent.persistence_enabled")))
+        if record:
+            self.record(title, source)
+        if stored is not None:
+            self.conversation.close_dangling("Error: interrupted")
+        return stored
+
+    def record(self, title=None, source=None):
+        """Write the conversation to the store from now on (what it holds already included)."""
+        if self.recorded:
+            return
+        self.recorded = True
+        if self.resumed:
+            self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
+                                 safety=safety_of(self.ctx))
+        else:
+            self.recorder.start(kind=self.kind, title=title or "", provider=self.provider.name,
+                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
+                                source=source, parent_id=self.parent_id, depth=self.depth, label=self.label,
+                                safety=safety_of(self.ctx))
+            for message in self.conversation.messages:
+                self.recorder.append(message)
+        if len(self.progress):
+            self.recorder.save_progress(self.progress.snapshot())
+        self.recorder.attach(self.conversation)
+
+    def finish(self, status="completed"):
+        """Close the stored conversation with `status`; False when nothing was recorded."""
+        if not self.depth and self.result is not None:
+            self.result.review = self.confinement.deferred_changed()
+        if self.recorded:
+            self.result.status = status
+            self.recorder.finish(self.result)
+        return self.recorded
+
+    def system_prompt(self):
+        from xzatoma_tools import COMPACT_TOOLS
+        return system_prompt(self.mode, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
+
+    # -- skills and progress --
+    def skill_catalog(self):
+        """The skills' names and descriptions for the environment message, within agent.skills.catalog_share of
+        the context window; "" without skills or without activate_skill to load them (the compact profile)."""
+        from xzatoma_tools import skill_catalog
+        if not self.skill_state or "activate_skill" not in self.registry:
+            return ""
+        try:
+            window = self.provider.context_window() or self.conversation.max_tokens
+        except XzError:  # an unreachable server: the first request says so
+            window = self.conversation.max_tokens
+        return skill_catalog(self.skill_state.skills.values(), window * self.cfg.get("agent.skills.catalog_share"))
+
+    def match_skills(self, text):
+        """Skills whose triggers match a request (the person's words, a plan's prompt) are activated before the
+        model is asked: their instructions follow the request, and their allowed-tools hold from now on."""
+        from xzatoma_tools import match_triggers
+        if not self.skill_state:
+            return []
+        matched, problems = match_triggers(self.skill_state.skills.values(), text, given_up=self.skill_state.slow)
+        for problem in problems:
+            self.console.warn(problem)
+        activated = []
+        for skill, trigger in matched:
+            skill, newly = self.skill_state.activate(skill.name)
+            if newly:
+                self.conversation.add({"role": "user", "name": NOTE, "content": skill.instructions(
+                    "because the request matches its trigger %s" % json.dumps(trigger, ensure_ascii=False))})
+                self.events.note("  skill %s activated (trigger %s)" % (skill.name, one_line(trigger, 60)))
+                activated.append(skill.name)
+        return activated
+
+    def _progress_changed(self, progress, step):
+        self.events.progress(progress, step)
+        if self.recorded:
+            self.recorder.save_progress(progress.snapshot())
+
+    def settle_progress(self):
+        """At the end of a run: steps not done are said in the result's warnings (and so in --json, the summary
+        and the watcher's log), with why when the model had no tool to mark them (the compact profile)."""
+        progress = self.progress
+        left = progress.unfinished() if progress is not None else []
+        if not left:
+            return
+        if "update_progress" not in self.registry:
+            self.result.warnings.append(
+                "the %d %s were not tracked: the %s tool profile has no update_progress tool to mark them (--tools "
+                "full offers it)" % (len(progress), progress.noun(), self.profile))
+            return
+        shown = "; ".join("%d. %s (%s)" % (s["step"], one_line(s["text"], 60), s["status"].replace("_", " "))
+                          for s in left[:5])
+        self.result.warnings.append("%s of %d %s not marked done: %s%s" % (
+            len(left), len(progress), progress.noun(), shown, " …" if len(left) > 5 else ""))
+
+    # -- tools --
+    def _build(self):
+        from xzatoma_tools import INTERACTIVE, ActivateSkill, UpdateProgress, build_registry
+        if self.parent_ctx is not None:
+            ctx = self.parent_ctx.child(self.label, self.id)
+        else:
+            asks = self.confirmations
+            ctx = tool_context(self.cfg, self.confinement, self.store, self.id, interactive=asks is not None,
+                               confirm=asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE else None,
+                               confirm_command=asks and asks.confirm_command, ask=asks and asks.ask_irreversible,
+                               terminal_mode=self.terminal_mode, cancel=self.cancel)
+        if self.profile is None:
+            self.profile = tool_profile(self.cfg, self.provider, self.console)
+        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
+                                                         ActivateSkill(self.skill_state), UpdateProgress(self.progress)),
+                                  profile=self.profile, skills=self.skill_state)
+        if self.mcp is not None:
+            registry = registry.extended(self.mcp.tools())
+        if self.allowed_tools is not None:  # [] is no tool at all (an active skill allowed none of those asked)
+            registry = registry.narrowed(set(self.allowed_tools), ctx)
+        self.ctx, self.registry = ctx, registry
+
+    def rebuild(self, mode=None, terminal_mode=None, provider=None):
+        """New tools for chat's /mode, /safe, /yolo, /model (and after a cancelled turn); the conversation stays."""
+        import threading
+        self.mode = mode or self.mode
+        self.terminal_mode = terminal_mode or self.terminal_mode
+        self.provider = provider or self.provider
+        self.cancel = threading.Event()  # a cancelled turn's subagents stay cancelled; the next starts afresh
+        self._build()
+        self.conversation.set_system_prompt(self.system_prompt())
+
+    # -- agents --
+    def agent(self, max_turns=None, timeout_seconds=None, on_step=None):
+        """The Agent for the next run of this conversation. Limits default to the configuration (a subagent:
+        agent.subagent.default_max_turns, and its parent's deadline)."""
+        cfg = self.cfg
+        if self.depth:
+            max_turns = max_turns or cfg.get("agent.subagent.default_max_turns")
+        else:
+            max_turns = max_turns or cfg.get("agent.max_turns")
+            timeout_seconds = timeout_seconds or cfg.get("agent.timeout_seconds")
+        deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
+        ctx = self.ctx.with_deadline(deadline)
+        events = self.events if self.sandbox_check is None else _SandboxFirst(self.events, self.sandbox_check)
+        return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result,
+                     max_turns=max_turns, deadline=deadline, timeout_seconds=timeout_seconds,
+                     recorder=self.recorder if self.recorded else None, quota=self.quota, cancel=self.cancel,
+                     metrics=self.metrics, on_step=on_step, nested=self.depth > 0,
+                     honest=self.kind in ("run", "plan", "watch"),
+                     review=None if self.depth else self.confinement.deferred_changed)
+
+    def child(self, label, allowed_tools=None, ctx=None):
+        """A subagent's session: depth + 1, the tools narrowed to `allowed_tools`, the same quota, store,
+        metrics and cancel; `ctx` is the calling run's tool context (its deadline), default this session's."""
+        cfg = self.cfg
+        narrowed = self.skill_state.allowed() if self.skill_state is not None else None
+        if narrowed is not None:  # an active skill's allowed-tools hold for the subagents it may start too
+            allowed_tools = [t for t in (allowed_tools or self.registry.names()) if t in narrowed]
+        sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
+        provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
+            else self.provider.clone()
+        return Session(cfg, self.console, provider, self.store, self.mode, self.confinement, self.terminal_mode,
+                       events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
+                       metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
+                       label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools,
+                       instructions=self.instructions, mcp=self.mcp, sandbox_check=self.sandbox_check)
+
+    def close(self, wait_for_workers=None):
+        """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
+        wait_for_workers (seconds; the main thread of a run only): let subagent threads record their end
+        in the store before it closes."""
+        if "cancel" in self.owns:
+            self.cancel.set()
+        if "confinement" in self.owns:
+            self.confinement.close()  # every command still running, and the private TMPDIR, go with the run
+        if "mcp" in self.owns:
+            self.mcp.close()  # every MCP server, and what it started, stops with the run
+        if wait_for_workers:
+            _join_workers(wait_for_workers)
+        if "store" in self.owns and self.store is not None:
+            self.store.close()
+        if "metrics" in self.owns:
+            self.metrics.close()
+
+
+# ---- MCP servers: xzatoma_mcp, imported only when some are configured ----
+# mcp.servers in the configuration and a project's .mcp.json (mcpServers, as other tools write it). The module
+# never imports this one: it gets the servers' configuration, a sandbox per stdio server, the credential store,
+# the console's lines and whether a person can be asked. Its tools join the registry (Session._build).
+
+def mcp_configured(cfg, working_dir):
+    """Whether this run has MCP servers to look at: a look at the config and one lstat, nothing imported."""
+    return bool(cfg.get("mcp").get("servers")) or (
+        cfg.get("mcp.project_file") and os.path.lexists(os.path.join(working_dir, ".mcp.json")))
+
+
+def mcp_configs(cfg, console, working_dir, asker=None, trust_all=False):
+    """([ServerConfig] to start, [(name, why)] of a project's servers that are not trusted). A project's
+    .mcp.json starts programs: its servers are used once a person trusted that content of it (asked here when
+    `asker` can; a headless run skips them and says so)."""
+    import xzatoma_mcp as mcp
+    warnings = []
+    timeout = cfg.get("mcp.timeout_seconds")
+    try:
+        configs = mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, warnings, timeout)
+        untrusted = []
+        text, path = mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
+        if text is not None:
+            names = {c.name for c in configs}  # the person's own configuration wins over the project's
+            entries = {k: v for k, v in mcp.project_servers(text, path, warnings).items() if k not in names}
+            project = mcp.parse_servers(entries, path, os.environ, warnings, timeout)
+            trust = mcp.ProjectTrust(cfg.home)
+            if project and (trust.trusted(path, text) or trust_all or (
+                    asker is not None and ask_mcp_trust(console, asker, path, project))):
+                if not trust.trusted(path, text):
+                    trust.trust(path, text)
+                configs += project
+            elif project:
+                why = "%s is not trusted: 'xzatoma mcp trust' (or chat) asks once" % path
+                untrusted = [(c.name, why) for c in project]
+                console.warn("the MCP servers of %s (%s) are not started: the file starts programs and is not "
+                             "trusted yet; review it, then run 'xzatoma mcp trust' (or start a chat, which asks)"
+                             % (path, ", ".join(c.name for c in project)))
+    except mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    for warning in warnings:
+        console.warn(warning)
+    return configs, untrusted
+
+
+def ask_mcp_trust(console, asker, path, configs):
+    """Show what a project's .mcp.json would start, and ask once."""
+    console.info("%s in this project starts these MCP servers:" % path, "yellow")
+    for c in configs:
+        console.info("  %s: %s%s%s" % (c.name, c.describe(), ", network" if c.network else "",
+                                       ", env: " + ", ".join(sorted(c.env)) if c.env else ""))
+    answer = asker.ask("Trust this file and start them (they run in the sandbox)? [y/N] > ")
+    return (answer or "").strip().lower() in ("y", "yes")
+
+
+def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust_all=False, confinement=None):
+    """The run's MCP servers (xzatoma_mcp.Servers), started, or None where none are configured. `only`: the one
+    server named (`mcp tools NAME`, `mcp login NAME`); `confinement`: the session's (else one is made)."""
+    if not mcp_configured(cfg, working_dir):
+        return None
+    import xzatoma_mcp as mcp
+    configs, untrusted = mcp_configs(cfg, console, working_dir, asker, trust_all)
+    if only is not None:
+        configs = [c for c in configs if c.name == only]
+        untrusted = [u for u in untrusted if u[0] == only]
+    if not configs and not untrusted:
+        return None
+
+    def browser(url):
+        import webbrowser
+        try:
+            webbrowser.open(url)
+        except Exception:  # no browser: the URL is on the screen
+            pass
+    confinement = confinement or build_confinement(cfg, working_dir)
+    servers = mcp.Servers(configs, working_dir, lambda mode, network, paths: mcp_sandbox(
+        cfg, confinement, mode, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
+        interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
+        say=console.info, version=__version__, open_browser=browser,
+        require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted)
+    return servers.start() if start else servers
+
+
+def mcp_sandbox(cfg, confinement, mode, network, read_paths):
+    """An MCP stdio server's own sandbox: the terminal's walls from the session's Confinement (protected paths,
+    the hidden XZATOMA_HOME and private files) with the environment allowlist, a private HOME and TMPDIR, and
+    network only when its configuration says so. INFO: Sandbox grants reads to the directories on PATH and their
+    prefixes, and to nothing else outside the tree: the server's installation (its program's directory,
+    read_paths) is put first on the PATH the sandbox is built from."""
+    from xzatoma_tools import Sandbox
+    term = cfg.get("agent.terminal")
+    environ = dict(os.environ, PATH=os.pathsep.join(list(read_paths) + [os.environ.get("PATH", "")]))
+    return Sandbox(confinement, mode or term["sandbox"], network=network, environ=environ,
+                   secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"])
+
+
+COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
+
+
+def tool_profile(cfg, provider, console):
+    """agent.tools.profile, with auto resolved: compact for a local server whose model has a small window or
+    few parameters (what it says, or the model's name), full otherwise (hosted models: nothing is probed)."""
+    from xzatoma_tools import COMPACT_TOOLS, FULL_TOOLS
+    chosen = cfg.get("agent.tools.profile")
+    if chosen != "auto":
+        return chosen
+    if not provider.is_local():
+        return FULL_TOOLS
+    window, size = provider.context_window(), provider.parameter_billions()
+    small = (window and window <= COMPACT_WINDOW) or (size and size <= COMPACT_BILLIONS)
+    console.debug("tool profile: %s (window %s, %s billion parameters)" % (
+        "compact" if small else "full", window or "unknown", size or "unknown"))
+    return COMPACT_TOOLS if small else FULL_TOOLS
+
+
+def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
+                     timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
+                     cancel=None, events=None, provider=None, steps=None, confinement=None):
+    """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
+
+    cfg, console: the loaded Config and the Console for progress lines (stderr).
+    instruction: the task text (a parsed plan's `to_prompt()`).
+    working_dir: the directory the tools are jailed to (must exist; a UsageError otherwise).
+    mode: "write" (all tools) or "planning" (read tools only).
+    terminal_mode: "restricted_autonomous" (default: nobody can be asked, so confirm-level commands are
+        refused) or "full_autonomous".
+    max_turns, timeout_seconds: limits for this run (default agent.max_turns, agent.timeout_seconds).
+    title: stored as the conversation's title (e.g. the plan's goal).
+    source, metadata: stored as the conversation's source: the text `source`, or `metadata` (a dict: the
+        event's id, type, source, topic, partition, offset) as sorted JSON.
+    store: an open Store to record in (kept open; the caller closes it); None opens and closes one.
+    metrics: the metrics sink (default none); cancel: a threading.Event that stops the run when set
+        (the caller's: never set by this function).
+    events: the output sink for progress lines (default: Events(console)).
+    provider: the Provider to ask (e.g. a clone of one checked at start-up); default: built from cfg.
+    steps: the plan's instructions, the progress list the model marks (in the RunResult's `steps`).
+    confinement: the Confinement of `working_dir` shared by every run of a process (a watcher's, kept open;
+        its sandbox's helper serves them all); default: one made for this run and closed with it.
+    Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
+    UsageError/CredentialsError for a bad working directory or provider configuration.
+    """
+    from xzatoma_tools import PLANNING, RESTRICTED
+    session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
+                           metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement)
+    if metadata is not None:
+        source = json.dumps(metadata, sort_keys=True)
+    try:
+        session.start("watch", title=title, source=source, steps=steps)
+        session.conversation.add_user(instruction)
+        session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
+        result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
+        session.settle_progress()
+        return result
+    finally:
+        session.close()
+
+
+# ---- Subagents, quotas and metrics ----
+
+
+class QuotaTracker:
+    """agent.quota limits shared by a whole tree of agents (one run or chat session); thread-safe."""
+
+    def __init__(self, limits):
+        import threading
+        self.limits = dict(limits)
+        self.lock = threading.Lock()
+        self.executions = 0
+        self.tokens = 0
+        self.started = time.monotonic()
+
+    def _over(self):
+        lim = self.limits
+        if lim.get("max_total_tokens") is not None and self.tokens > lim["max_total_tokens"]:
+            return "%s tokens used, over agent.quota.max_total_tokens (%s)" % (
+                _fmt_tokens(self.tokens), _fmt_tokens(lim["max_total_tokens"]))
+        elapsed = time.monotonic() - self.started
+        if lim.get("max_total_time_seconds") is not None and elapsed > lim["max_total_time_seconds"]:
+            return "%.0fs elapsed, over agent.quota.max_total_time_seconds (%s)" % (
+                elapsed, lim["max_total_time_seconds"])
+        return None
+
+    def check(self):
+        with self.lock:
+            reason = self._over()
+        if reason:
+            raise QuotaExceeded(reason)
+
+    def start_execution(self):
+        """Reserve one subagent execution, or refuse with the limit that is reached."""
+        with self.lock:
+            reason = self._over()
+            limit = self.limits.get("max_executions")
+            if not reason and limit is not None and self.executions >= limit:
+                reason = "%d subagent executions, the agent.quota.max_executions limit" % limit
+            if not reason:
+                self.executions += 1
+        if reason:
+            raise QuotaExceeded(reason)
+
+    def add_tokens(self, n):
+        with self.lock:
+            self.tokens += n
+
+    def usage(self):
+        lim = self.limits
+        return ["executions %d/%s" % (self.executions, lim.get("max_executions") or "∞"),
+                "tokens %s/%s" % (_fmt_tokens(self.tokens), _fmt_tokens(lim["max_total_tokens"])
+                                  if lim.get("max_total_tokens") else "∞"),
+                "time %ds/%s" % (time.monotonic() - self.started, "%ss" % lim["max_total_time_seconds"]
+                                 if lim.get("max_total_time_seconds") else "∞")]
+
+
+class NullMetrics:
+    """Metrics off (the default): every hook is a no-op."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kw: None
+
+
+NULL_METRICS = NullMetrics()
+
+
+def load_metrics(port=None, textfile=None, warn=None):
+    """The Prometheus metrics module, or a UsageError naming what to install.
+
+    `warn(text)` hears about a textfile that cannot be written: metrics are a side product, so the answer
+    and the exit code stay the task's.
+    """
+    try:
+        import xzatoma_metrics
+    except ImportError:
+        raise UsageError("metrics need the Python package 'prometheus_client': %s"
+                         % install_hint("prometheus_client", extra="metrics"))
+    try:
+        return xzatoma_metrics.PrometheusMetrics(port=port, textfile=textfile, warn=warn)
+    except OSError as exc:
+        raise UsageError("cannot serve metrics on 127.0.0.1:%s: %s (choose another --metrics-port)"
+                         % (port, exc.strerror or exc))
+
+
+DEFAULT_SUMMARY_PROMPT = ("Summarise your findings concisely for the agent that gave you this task: what you did, "
+                          "what you found, and anything it must know. Do not call tools.")
+
+
+class _ChildEvents(Events):
+    """A subagent's progress: indented, labelled lines on stderr; its text is not streamed."""
+
+    def __init__(self, console, label, depth):
+        super().__init__(console)
+        self.prefix = "  " * depth + "[%s] " % label
+
+    def tool_start(self, name, preview):
+        if name not in self.QUIET_TOOLS:
+            self.console.info("%s▶ %s %s" % (self.prefix, name, one_line(preview, 70)), "cyan")
+
+    def tool_end(self, name, result):
+        if name in self.QUIET_TOOLS and result.success:
+            return
+        ok, line = result_summary(result, 90)
+        self.console.info("%s  %s %s" % (self.prefix, "✓" if ok else "✗", line), "dim" if ok else "yellow")
+
+    def progress(self, progress, step):
+        for line in progress.lines():
+            self.console.info(self.prefix + line, "dim")
+
+    def note(self, text):
+        self.console.info(self.prefix + text.strip(), "dim")
+
+
+def run_subagent(parent, spec, ctx=None):
+    """Run one subagent task to its end and ask it for a summary. Returns a ToolResult; never raises.
+
+    `parent` is the calling Session, `ctx` the calling run's tool context (its deadline)."""
+    from xzatoma_tools import ToolResult
+    cfg = parent.cfg
+    label = str(spec.get("label") or "subagent")
+    depth = parent.depth + 1
+    max_depth = cfg.get("agent.subagent.max_depth")
+    if depth > max_depth:
+        return ToolResult.fail("maximum subagent depth %d reached" % max_depth)
+    parent_names = parent.registry.names()
+    allowed = spec.get("allowed_tools")
+    if allowed:
+        unknown = [t for t in allowed if t not in parent_names]
+        if unknown:
+            return ToolResult.fail("allowed_tools names tools this agent does not have: %s; valid tools: %s"
+                                   % (", ".join(unknown), ", ".join(sorted(parent_names))))
+    try:
+        parent.quota.start_execution()
+    except QuotaExceeded as exc:
+        parent.metrics.subagent_error("quota")
+        return ToolResult.fail(str(exc), status="quota_exceeded")
+    started = time.monotonic()
+    child = parent.child(label, allowed or parent_names, ctx)
+    child.start("subagent", title=spec["task_prompt"])
+    child.conversation.add_user(spec["task_prompt"])
+    agent = child.agent(max_turns=spec.get("max_turns"))
+    parent.metrics.subagent_started(depth)
+    child.events.note("started (depth %d, up to %d turns)" % (depth, agent.max_turns))
+    try:
+        result = agent.run(final=False)
+        summary, error = result.answer, result.error
+        if result.status in ("completed", "max_turns") and not child.cancel.is_set():
+            try:
+                summary = agent.summarise(spec.get("summary_prompt") or DEFAULT_SUMMARY_PROMPT) or summary
+            except RunStop as exc:
+                error = "the summary request failed: %s" % exc
+    except BaseException:  # Ctrl-C or SIGTERM in the main thread: on to the top-level run's edge
+        child.finish("interrupted")
+        raise
+    if child.cancel.is_set():
+        result.status, error = "interrupted", "interrupted"
+    result.duration = time.monotonic() - started
+    child.finish(result.status)
+    tokens = result.prompt_tokens + result.completion_tokens
+    parent.metrics.subagent_finished(depth, result.status, result.duration, result.turns, tokens)
+    meta = {"label": label, "depth": depth, "turns_used": result.turns, "tokens_used": tokens,
+            "status": result.status, "conversation_id": child.id, "duration_seconds": round(result.duration, 3),
+            "max_turns_exceeded": result.status == "max_turns"}
+    child.events.note("%s: %s, %s tokens, %.1fs" % (result.status, _plural(result.turns, "turn"),
+                                                     _fmt_tokens(tokens), result.duration))
+    if result.status not in ("completed", "max_turns") or not summary:
+        parent.metrics.subagent_error(result.status)
+        return ToolResult.fail("subagent %s %s: %s" % (label, result.status, error or "no answer"), **meta)
+    cap = cfg.get("agent.subagent.output_max_size")
+    data = summary.encode("utf-8")
+    if len(data) > cap:
+        summary = data[:cap].decode("utf-8", "ignore") + "\n[summary truncated at %d bytes]" % cap
+    head = "[subagent %s · depth %d · %s · %s · %s tokens · conversation %s]" % (
+        label, depth, result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens), child.id)
+    return ToolResult.ok(head + "\n" + summary, **meta)
+
+
+_TASK_SCHEMA = {"type": "object", "properties": {
+    "label": {"type": "string", "description": "A short name for this task"},
+    "task_prompt": {"type": "string", "description": "Everything the subagent needs to know to do the task"},
+    "summary_prompt": {"type": "string", "description": "How the subagent should report back"},
+    "allowed_tools": {"type": "array", "items": {"type": "string"},
+                      "description": "Only these tools (a subset of yours); default: all of yours"},
+    "max_turns": {"type": "integer", "minimum": 1}}, "required": ["label", "task_prompt"]}
+
+
+class SubagentTool:
+    name = "subagent"
+    description = ("Delegate a self-contained task to a subagent with its own conversation and (optionally) fewer "
+                   "tools. It works until done, then returns a concise summary.")
+    parameters = _TASK_SCHEMA
+    permission = "read"
+
+    def __init__(self, session):
+        self.session = session
+
+    def definition(self):
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def confirmation(self, args, ctx):
+        return None
+
+    def preview_args(self, args):
+        return "%s: %s" % (args.get("label"), one_line(args.get("task_prompt", ""), 60))
+
+    def run(self, args, ctx):
+        return run_subagent(self.session, args, ctx)
+
+
+class ParallelSubagentTool(SubagentTool):
+    name = "parallel_subagent"
+    description = ("Run several independent subagent tasks at the same time; returns one result per task, in the "
+                   "order given, plus totals.")
+    parameters = {"type": "object", "properties": {
+        "tasks": {"type": "array", "items": _TASK_SCHEMA, "minItems": 1},
+        "max_concurrent": {"type": "integer", "minimum": 1, "default": 5},
+        "fail_fast": {"type": "boolean", "default": False}}, "required": ["tasks"]}
+
+    def preview_args(self, args):
+        return "%d tasks: %s" % (len(args.get("tasks") or ()), ", ".join(
+            str(t.get("label")) for t in args.get("tasks") or () if isinstance(t, dict)))
+
+    def run(self, args, ctx):
+        from xzatoma_tools import ToolError, ToolResult, validate_arguments
+        tasks = args["tasks"]
+        if not tasks:
+            raise ToolError("tasks must not be empty")
+        checked = []
+        for i, task in enumerate(tasks, 1):
+            spec, err = validate_arguments(SubagentTool(self.session), task)
+            if err:
+                raise ToolError("task %d: %s" % (i, err))
+            checked.append(spec)
+        return run_parallel(self.session, checked, args.get("max_concurrent") or 5, bool(args.get("fail_fast")), ctx)
+
+
+def run_parallel(session, tasks, max_concurrent, fail_fast, ctx=None):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
+    from xzatoma_tools import ToolResult
+    started = time.monotonic()
+    stop = threading.Event()  # fail_fast: what has not started yet does not start
+    results = [None] * len(tasks)
+
+    def one(i, spec):
+        if stop.is_set() or session.cancel.is_set():
+            return ToolResult.fail("not started (%s)" % ("fail_fast after a failure" if stop.is_set() else "cancelled"),
+                                   label=spec["label"], status="cancelled")
+        return run_subagent(session, spec, ctx)
+
+    pool = ThreadPoolExecutor(max_workers=min(max_concurrent, len(tasks)), thread_name_prefix="subagent")
+    futures = {pool.submit(one, i, spec): i for i, spec in enumerate(tasks)}
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for fut in done:
+                i = futures[fut]
+                if fut.cancelled():  # fail_fast withdrew it before it started
+                    continue
+                results[i] = fut.result()
+                if fail_fast and not results[i].success:
+                    stop.set()
+                    for other in pending:
+                        other.cancel()
+    except BaseException:  # Ctrl-C or SIGTERM: stop every child (their commands' groups are killed)
+        session.cancel.set()
+        pool.shutdown(wait=False)
+        raise
+    pool.shutdown(wait=True)
+    lines, ok, tokens = [], 0, 0
+    for i, (spec, res) in enumerate(zip(tasks, results), 1):
+        if res is None:
+            res = ToolResult.fail("not started (fail_fast after a failure)", label=spec["label"], status="cancelled")
+            results[i - 1] = res
+        meta = res.metadata
+        tokens += meta.get("tokens_used", 0)
+        ok += res.success
+        lines.append("%d. %s — %s (%s, %s tokens, %.1fs)\n%s" % (
+            i, spec["label"], "success" if res.success else "failed: " + meta.get("status", "error"),
+            _plural(meta.get("turns_used", 0), "turn"), _fmt_tokens(meta.get("tokens_used", 0)),
+            meta.get("duration_seconds", 0), res.output if res.success else "Error: " + (res.error or "")))
+    total = "%d of %d tasks succeeded · %s tokens · %.1fs wall" % (ok, len(tasks), _fmt_tokens(tokens),
+                                                                 time.monotonic() - started)
+    output = total + "\n\n" + "\n\n".join(lines)
+    return ToolResult(ok > 0, output, error=None if ok else "all %d subagent tasks failed\n%s" % (len(tasks), output),
+                      metadata={"succeeded": ok, "failed": len(tasks) - ok, "tokens_used": tokens})
+
+
+# ---- Prompts ----
+
+PLANNING_PROMPT = """You are in PLANNING mode and can only read files and create plans. Never attempt to modify files or execute commands.
+Focus on analysis and understanding: explore with the read-only tools, then produce a clear plan (YAML or Markdown) with concrete steps, risks and a safe way to execute them."""
+
+WRITE_PROMPT = """You are in WRITE mode and can modify files and execute commands.
+Work in small, verifiable steps: inspect before you change, make the change with a tool, then check it (run the tests when there are any)."""
+
+
+class ProjectInstructions:
+    """What AGENTS.md-style files tell the model about a project, and where it came from."""
+
+    def __init__(self, files=(), text="", notes=()):
+        self.files = list(files)  #: display paths (relative to the working directory), farthest first
+        self.text = text  #: the block for the system prompt ("" when there is none)
+        self.notes = list(notes)  #: files skipped or cut, and why (for --verbose and /status)
+
+    def describe(self):
+        return ", ".join(self.files) or "none"
+
+
+def instruction_dirs(working_dir, home=None):
+    """The working directory and its parents up to the git root or the home directory, farthest first.
+
+    With neither above it (a checkout in /tmp), only the working directory: a parent such as /tmp is
+    shared with other people, and what it holds must not instruct the model.
+    """
+    wd = os.path.realpath(working_dir)
+    home = os.path.realpath(home) if home else None
+    chain, here = [wd], wd
+    while not (os.path.lexists(os.path.join(here, ".git")) or here == home):
+        parent = os.path.dirname(here)
+        if parent == here:
+            return [wd]
+        chain.append(parent)
+        here = parent
+    return chain[::-1]
+
+
+def load_instructions(working_dir, names=("AGENTS.md",), max_bytes=32768, home=None):
+    """Read project instructions through the jail of each directory (descriptor-relative, as the file tools
+    read): a name that resolves outside its directory (a symlink to ~/.ssh/id_rsa) is refused, special files and binary files are skipped, files
+    in parent directories count only when the person (or root) owns them and nobody else may write them,
+    and all of it together is capped at `max_bytes`."""
+    from xzatoma_tools import Jail, JailError, ToolError
+    wd = os.path.realpath(working_dir)
+    files, blocks, notes, seen, left = [], [], [], set(), max_bytes
+    if max_bytes <= 0:
+        return ProjectInstructions()
+    for directory in instruction_dirs(wd, home):
+        jail = Jail(directory)
+        for name in names:
+            shown = os.path.relpath(os.path.join(directory, name), wd)
+            if not os.path.lexists(os.path.join(directory, name)):
+                continue
+            try:
+                with jail.resolve(name, must_exist=True) as target:  # descriptor-relative, race-free
+                    if target.real in seen:  # CLAUDE.md as a link to AGENTS.md: once is enough
+                        continue
+                    seen.add(target.real)
+                    fd = target.open_regular("not read as project instructions")
+            except JailError:
+                notes.append("%s skipped: it leads outside %s" % (shown, directory))
+                continue
+            except ToolError as exc:
+                notes.append("%s skipped: %s" % (shown, "not a regular file" if "not a regular file" in str(exc)
+                                                  else one_line(exc, 120)))
+                continue
+            except OSError as exc:
+                notes.append("%s skipped: %s" % (shown, exc.strerror or exc))
+                continue
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fd)
+                if st.st_mode & 0o002 or (directory != wd and st.st_uid not in (os.getuid(), 0)):
+                    why = "others can write it" if st.st_mode & 0o002 else "another user owns it"
+                elif left <= 0:
+                    why = "over agent.instructions_max_bytes"
+                else:
+                    why, data = None, fh.read(left + 1)
+            if why:
+                notes.append("%s skipped: %s" % (shown, why))
+                continue
+            if b"\0" in data[:8192]:
+                notes.append("%s skipped: a binary file" % shown)
+                continue
+            cut = len(data) > left
+            text = data[:left].decode("utf-8", "replace").strip()
+            left -= min(len(data), left)
+            if cut:
+                notes.append("%s cut at agent.instructions_max_bytes (%d bytes in all)" % (shown, max_bytes))
+                text += "\n[… cut: agent.instructions_max_bytes]"
+            if text:
+                files.append(shown)
+                blocks.append("--- %s ---\n%s" % (shown, text))
+    if not blocks:
+        return ProjectInstructions(notes=notes)
+    text = ("Project instructions (%s; the nearest comes last and wins where they differ). Follow them unless "
+            "they conflict with the rules above or with what the person asks:\n\n%s"
+            % (", ".join(files), "\n\n".join(blocks)))
+    return ProjectInstructions(files, text, notes)
+
+
+def project_instructions(cfg, working_dir):
+    """The configured project instructions for a working directory."""
+    return load_instructions(working_dir, cfg.get("agent.instructions_files"),
+                             cfg.get("agent.instructions_max_bytes"), home=os.path.expanduser("~"))
+
+
+def show_instructions(console, instructions):
+    """--verbose: which project instructions the model gets, and what was skipped."""
+    console.debug("project instructions: %s" % instructions.describe())
+    for note in instructions.notes:
+        console.debug("  " + note)
+
+
+def system_prompt(mode, tool_names, compact=False):
+    """The system prompt: the same bytes for every directory, day and project, so that a server's prompt cache
+    (llama.cpp, vLLM, hosted APIs) keeps the system prompt and the tool definitions after it; what varies
+    goes in environment_message. Its words match how calls may be made: natively or written as text. The
+    compact tool profile (small models) gets fewer words and one example of a call."""
+    if compact:
+        return "\n".join([
+            "You are XZatoma, an agent that does tasks in the working directory by calling tools. You act: you "
+            "never explain to the person how to do the task.",
+            "Mode: %s. %s" % (mode.upper(), "You can read files; you cannot change them." if mode == "planning"
+                              else "You can read and change files and run commands."),
+            "Tools: %s." % (", ".join(tool_names) or "none"),
+            "",
+            "Each reply is either ONE tool call or the final answer.",
+            'A tool call is a JSON object: {"name": "<tool name>", "arguments": {<arguments>}}',
+            'Example: {"name": "read_file", "arguments": {"path": "notes.txt"}}',
+            "After each call you get its result; then make the next call. Never write a tool's result yourself.",
+            "To change a file: read it, then edit_file replaces old_text with new_text; write_file creates a file "
+            "or replaces all of its content.",
+            "When the task is done, give the final answer: one or two sentences with what you did or found.",
+        ])
+    mode_text = PLANNING_PROMPT if mode == "planning" else WRITE_PROMPT
+    return "\n".join([
+        "You are XZatoma, an autonomous agent that completes tasks by calling tools.",
+        "",
+        "Mode: %s" % mode.upper(),
+        mode_text,
+        "",
+        "Available tools: %s." % (", ".join(tool_names) or "none"),
+        "",
+        "Rules:",
+        "- Do the task yourself by calling tools: never tell the person which commands to run or what to edit.",
+        "- Use the tools to find facts and to make changes; never guess file contents or command output, and "
+        "never say you changed something you did not change with a tool.",
+        "- Work one step at a time: call a tool, read its result, then decide the next step.",
+        "- Paths are relative to the working directory; paths outside it are refused.",
+        "- When a tool returns 'Error: …', read the message and adapt; do not repeat the same failing call.",
+        "- When the task has steps (a plan's instructions, or several of your own), track them with "
+        "update_progress: a step in_progress when you start it, done when it is finished.",
+        "- When a skill listed in the environment message fits the task, load it with activate_skill first.",
+        "- When the task is done, reply without a tool call: say briefly what you did and what you found.",
+    ])
+
+
+ENVIRONMENT = "environment"  #: the name of the user message that carries what varies (working directory, date …)
+NOTE = "xzatoma"  #: the name of user messages xzatoma itself adds (a correction, a nudge), not a person's
+
+
+def environment_message(working_dir, instructions=None, depth=0, label=None, today=None, catalog=""):
+    """What varies between runs, as a user message after the system prompt (codex's environment context):
+    the working directory, the date, a subagent's place, the project instructions (AGENTS.md …) and the
+    skills' catalog."""
+    lines = ["<environment_context>", "  <cwd>%s</cwd>" % working_dir,
+             "  <date>%s</date>" % (today or time.strftime("%Y-%m-%d")), "</environment_context>"]
+    if depth:
+        lines.append("You are a subagent (label %r, depth %d) working for another agent. Do the task, then answer "
+                     "with your findings." % (label, depth))
+    if instructions is not None and instructions.text:
+        lines += ["", instructions.text]
+    if catalog:
+        lines += ["", catalog]
+    return {"role": "user", "name": ENVIRONMENT, "content": "\n".join(lines)}
+
+
+# ---- Persistence glue: recording, history, replay ----
+
+
+def open_store(cfg, console, required=False):
+    """The conversation store, or None (with one warning) when it cannot be used.
+
+    An unwritable or corrupt database never stops a task; history commands
+    (required=True) fail with the reason instead.
+    """
+    if not cfg.get("agent.persistence.enabled"):
+        if required:
+            raise UsageError("conversation history is turned off (agent.persistence.enabled: false)")
+        return None
+    from xzatoma_store import Store
+    try:
+        private_home(cfg.home)
+        store = Store(cfg.db_path(), secrets=cfg.secret_values()).open()
+        store.reap()
+        return store
+    except Exception as exc:  # StoreError, sqlite3.Error, OSError: all mean "no history this time"
+        if required:
+            raise UsageError(str(exc))
+        console.warn("%s; continuing without conversation history" % one_line(exc, 240), once_key="store")
+        return None
+
+
+def safety_of(ctx):
+    """The safety a conversation runs with, in chat's words (run without --allow-dangerous: 'restricted')."""
+    return {"interactive": "safe", "full_autonomous": "yolo"}.get(ctx.terminal_mode, "restricted")
+
+
+class Recorder:
+    """Writes a conversation to the store as it happens; a failing store is dropped with one warning."""
+
+    def __init__(self, store, console, conversation_id):
+        self.store = store
+        self.console = console
+        self.id = conversation_id
+        self.resume_id = None
+
+    def attach(self, conversation):
+        conversation.on_append = self.append
+        return self
+
+    def _guard(self, fn, *args, **kw):
+        if self.store is None:
+            return None
+        try:
+            return fn(*args, **kw)
+        except Exception as exc:
+            self.console.warn("cannot write conversation history (%s); continuing without it" % one_line(exc, 200),
+                              once_key="store-write")
+            self.store = None
+            return None
+
+    def start(self, **fields):
+        return self._guard(self.store.start_conversation if self.store else None, self.id, **fields)
+
+    def resume(self, **fields):
+        return self._guard(self.store.resume_conversation if self.store else None, self.id, **fields)
+
+    def append(self, message):
+        if self.store is not None:
+            self._guard(self.store.append_message, self.id, message, estimate_tokens(message))
+
+    def progress(self, result):
+        if self.store is not None:
+            self._guard(self.store.update_conversation, self.id, **result.counts())
+
+    def save_progress(self, snapshot):
+        """The conversation's steps as they are now (Progress.snapshot())."""
+        if self.store is not None:
+            self._guard(self.store.update_conversation, self.id, progress=json.dumps(snapshot, ensure_ascii=False))
+
+    def finish(self, result):
+        if self.store is not None:
+            self._guard(self.store.finish_conversation, self.id, result.status, error=result.error,
+                        review="\n".join(result.review) or None, **result.counts())
+
+
+def load_history(store, conversation_id):
+    """Stored messages as conversation messages (without the stored system prompt)."""
+    messages = []
+    for i, msg in enumerate(store.messages(conversation_id)):
+        msg.pop("created_at", None)
+        if i == 0 and msg["role"] == "system":
+            continue
+        messages.append(msg)
+    return messages
+
+
+def _plural(n, word):
+    return "%d %s%s" % (n, word, "" if n == 1 else "s")
+
+
+ESTIMATED_NOTE = " (estimated: the server sent no usage)"
+
+
+def _fmt_tokens(n):
+    return "{:,}".format(n or 0)
+
+
+def local_time(stamp):
+    """A stored UTC time (RFC 3339) as local 'YYYY-MM-DD HH:MM' (the header names the zone)."""
+    import calendar
+    try:
+        seconds = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+    except (TypeError, ValueError):
+        return (stamp or "").replace("T", " ")[:16]
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+
+def short_dir(path, width=28):
+    """A working directory for a column: ~ for the home directory, the end kept when it is long."""
+    if not path:
+        return "-"
+    home = os.path.expanduser("~")
+    if path == home or path.startswith(home.rstrip(os.sep) + os.sep):
+        path = "~" + path[len(home):]
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+_LINE = "%-12s  %-16s  %-8s %-11s %8s %9s  %-28s  %s"
+
+
+def conversation_header():
+    return _LINE % ("ID", "STARTED (%s)" % (time.strftime("%Z") or "local"), "KIND", "STATUS", "TURNS", "TOKENS",
+                    "DIRECTORY", "TITLE")
+
+
+def conversation_line(c):
+    tokens = (c.get("prompt_tokens") or 0) + (c.get("completion_tokens") or 0)
+    return _LINE % (c["id"][:12], local_time(c.get("started_at")), c["kind"], c["status"],
+                    _plural(c.get("turns") or 0, "turn"), _fmt_tokens(tokens), short_dir(c.get("working_dir")),
+                    one_line(c.get("title") or "", 60))
+
+
+class history_store:
+    """`with history_store(args, console) as store:` for commands that read the store: an unknown id is a
+    usage error, and the database is closed afterwards."""
+
+    def __init__(self, args, console):
+        self.store = open_store(config_from_args(args, console), console, required=True)
+
+    def __enter__(self):
+        return self.store
+
+    def __exit__(self, kind, exc, tb):
+        from xzatoma_store import NotFound
+        self.store.close()
+        if isinstance(exc, NotFound):
+            raise UsageError(str(exc))
+        return False
+
+
+def _build_history(sub, common, fmt):
+    history = sub.add_parser("history", parents=[common], formatter_class=fmt, help=COMMAND_HELP["history"],
+                             description="Every run and chat is stored in $XZATOMA_HOME/conversations.db as it "
+                                         "happens. Ids match by unique prefix.")
+    hsub = history.add_subparsers(dest="history_command", metavar="ACTION")
+    h = hsub.add_parser("list", parents=[common], help="newest first: id, started (local time), kind, status, turns, "
+                                                       "tokens, directory, title")
+    h.add_argument("--limit", type=int, default=20, metavar="N")
+    h.add_argument("--here", action="store_true", help="only conversations that ran in the current directory")
+    h.add_argument("--kind", choices=("chat", "run", "plan", "subagent", "watch"))
+    h.add_argument("--json", action="store_true", help="print a JSON array of conversation objects")
+    h = hsub.add_parser("show", parents=[common], help="the transcript of one conversation")
+    h.add_argument("id")
+    h.add_argument("--full", action="store_true", help="do not shorten tool calls and results")
+    h.add_argument("--json", action="store_true", help="one object: the conversation's fields and its messages")
+    h = hsub.add_parser("search", parents=[common], help="conversations whose messages contain TEXT")
+    h.add_argument("text")
+    h.add_argument("--limit", type=int, default=20, metavar="N")
+    h.add_argument("--json", action="store_true")
+    h = hsub.add_parser("delete", parents=[common], help="remove a conversation, its subagents and undo records")
+    h.add_argument("id")
+    h = hsub.add_parser("prune", parents=[common], help="remove conversations older than an age")
+    h.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 2w (under an hour asks first)")
+    h.add_argument("--yes", "-y", action="store_true", help="do not ask (needed without a terminal for ages under "
+                                                           "an hour, such as 0d)")
+    history.set_defaults(func=cmd_history)
+
+
+PRUNE_ASK_BELOW_SECONDS = 3600  # '0d', '30' (seconds, meant as days): an age this short deletes nearly all
+
+
+def cmd_history(args, console):
+    from xzatoma_store import parse_age
+    action = args.history_command
+    if action is None:
+        raise UsageError("say what to do: xzatoma history list|show|search|delete|prune (see --help)")
+    out = CleanWriter(sys.stdout)
+    with history_store(args, console) as store:
+        if action == "list":
+            here = os.path.realpath(os.getcwd()) if args.here else None
+            rows = store.list_conversations(args.limit, args.kind, working_dir=here)
+            if args.json:
+                json_out(rows)
+            else:
+                if not rows:
+                    console.info("no conversations in %s yet" % here if here else "no conversations yet")
+                else:
+                    out.write(conversation_header() + "\n")
+                for row in rows:
+                    out.write(conversation_line(row) + "\n")
+        elif action == "show":
+            cid = store.resolve(args.id)
+            conv = store.conversation(cid)
+            messages = store.messages(cid)
+            if args.json:
+                conv["messages"] = [{"role": m["role"], "content": m["content"],
+                                     "tool_calls": m.get("tool_calls"), "tool_call_id": m.get("tool_call_id"),
+                                     "name": m.get("name"), "created_at": m.get("created_at")} for m in messages]
+                json_out(conv)
+            else:
+                out.write(render_transcript(conv, messages, full=args.full))
+        elif action == "search":
+            rows = store.search(args.text, args.limit)
+            if args.json:
+                json_out(rows)
+            else:
+                if not rows:
+                    console.info("no conversation contains %r" % args.text)
+                else:
+                    out.write(conversation_header() + "\n")
+                for row in rows:
+                    out.write(conversation_line(row) + "\n    … %s\n" % one_line(row["snippet"], 100))
+        elif action == "delete":
+            cid = store.resolve(args.id)
+            n = store.delete_conversation(cid)
+            console.info("deleted conversation %s%s" % (cid, " and %d subagent conversations" % (n - 1) if n > 1 else ""))
+        elif action == "prune":
+            try:
+                seconds = parse_age(args.older_than)
+            except ValueError as exc:
+                raise UsageError("--older-than: %s" % exc)
+            doomed = store.older_than(seconds)
+            if doomed and seconds < PRUNE_ASK_BELOW_SECONDS and not args.yes:
+                question = "delete %s (everything last used more than %s ago)? [y/N] " % (
+                    _plural(len(doomed), "conversation"), args.older_than)
+                if not (_isatty(sys.stdin) and _isatty(sys.stderr)):
+                    raise UsageError("--older-than %s would delete %s, nearly everything: add --yes to confirm"
+                                     % (args.older_than, _plural(len(doomed), "conversation")))
+                sys.stderr.write(question)
+                sys.stderr.flush()
+                if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                    console.info("nothing deleted")
+                    return EXIT_OK
+            n = store.prune_older_than(seconds)
+            console.info("deleted %d conversation%s older than %s" % (n, "" if n == 1 else "s", args.older_than))
+        return EXIT_OK
+
+
+def _short(text, full, width=200):
+    text = text or ""
+    if full or len(text) <= width:
+        return text
+    return text[:width].rstrip() + "… (%d more characters; --full shows all)" % (len(text) - width)
+
+
+def render_transcript(conv, messages, full=False):
+    from xzatoma_store import preview_arguments
+    lines = ["conversation %s  %s  %s" % (conv["id"], conv["kind"], conv["status"]),
+             "started %s · %s/%s · mode %s · safety %s · %s" % (
+                 conv["started_at"], conv.get("provider") or "?", conv.get("model") or "?", conv.get("mode") or "?",
+                 conv.get("safety") or "?", conv.get("working_dir") or "?"),
+             "%s · %s · %s tokens%s" % (
+                 _plural(conv.get("turns") or 0, "turn"), _plural(conv.get("tool_calls") or 0, "tool call"),
+                 _fmt_tokens((conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)),
+                 (" · error: " + conv["error"]) if conv.get("error") else "")]
+    if conv.get("review"):  # the files that run later by design the run changed
+        lines.append("review before running anything (changed, they run code later): " +
+                     ", ".join(conv["review"].split("\n")))
+    lines.append("")
+    for msg in messages:
+        role = msg["role"]
+        if role == "system":
+            lines.append("[system] " + _short(msg["content"], full, 120))
+        elif role == "user":
+            lines.append("[%s] " % (msg.get("name") or "user") + _short(msg["content"], full, 2000))
+        elif role == "assistant":
+            if msg.get("content"):
+                lines.append("[assistant] " + _short(msg["content"], full, 4000))
+            for call in msg.get("tool_calls") or ():
+                args = call.get("arguments") or ""
+                lines.append("  ▶ %s %s" % (call["name"], args if full else one_line(preview_arguments(args), 100)))
+        elif role == "tool":
+            lines.append("  ← %s: %s" % (msg.get("name") or "tool", _short(msg["content"], full, 200)
+                                         if full else one_line(msg["content"], 120)))
+    return "\n".join(lines) + "\n"
+
+
+def _build_replay(sub, common, fmt):
+    replay = sub.add_parser("replay", parents=[common], help=COMMAND_HELP["replay"],
+                            description="Replay a stored conversation turn by turn: instructions, tool calls, "
+                                        "results and answers.")
+    replay.add_argument("id")
+    replay.add_argument("--tree", action="store_true", help="print the subagent tree below it instead")
+    replay.set_defaults(func=cmd_replay)
+
+
+def cmd_replay(args, console):
+    from xzatoma_store import preview_arguments
+    with history_store(args, console) as store:
+        cid = store.resolve(args.id)
+        conv = store.conversation(cid)
+        out = CleanWriter(sys.stdout)  # what the model, files and commands said, shown never obeyed
+        if args.tree:
+            out.write(tree_line(conv, 0) + "\n")
+            for child, level in store.descendants(cid):
+                out.write(tree_line(child, level) + "\n")
+            return EXIT_OK
+        out.write("replay of %s (%s, %s)\n" % (cid, conv["kind"], conv["status"]))
+        for msg in store.messages(cid):
+            if msg["role"] == "user" and msg.get("name") == ENVIRONMENT:
+                continue  # the working directory and AGENTS.md: `history show` has them
+            if msg["role"] == "user" and msg.get("name"):
+                out.write("  (%s: %s)\n" % (msg["name"], one_line(msg["content"], 100)))
+            elif msg["role"] == "user":
+                out.write("\n» %s\n" % msg["content"])
+            elif msg["role"] == "assistant":
+                for call in msg.get("tool_calls") or ():
+                    out.write("▶ %s %s\n" % (call["name"], one_line(preview_arguments(call.get("arguments")), 80)))
+                if msg.get("content") and not msg.get("tool_calls"):
+                    out.write("\n%s\n" % msg["content"])
+                elif msg.get("content"):
+                    out.write("  %s\n" % one_line(msg["content"], 100))
+            elif msg["role"] == "tool":
+                ok = not (msg["content"] or "").startswith("Error: ")
+                text = (msg["content"] or "").strip()
+                if ok and msg.get("name") == "update_progress":  # the list, as the run showed it
+                    out.write("".join("  %s\n" % one_line(line, 120) for line in text.splitlines()[:MAX_SHOWN_STEPS]))
+                    continue
+                first = text.splitlines()[0] if text else "(no output)"
+                more = text.count("\n")
+                out.write("  %s %s%s\n" % ("✓" if ok else "✗", one_line(first, 100),
+                                           "  (+%d lines)" % more if more else ""))
+        if conv.get("progress"):  # where the steps stood at the end (also when the model never marked them)
+            from xzatoma_tools import Progress
+            lines = Progress.restore(conv["progress"]).lines()
+            if len(lines) > 1:
+                out.write("\n" + "".join("%s\n" % one_line(line, 120) for line in lines[:MAX_SHOWN_STEPS]))
+        if conv.get("error"):
+            out.write("\n(%s: %s)\n" % (conv["status"], conv["error"]))
+        return EXIT_OK
+
+
+MAX_SHOWN_STEPS = 101  #: lines of a progress list replay shows (its heading and the steps a list may hold)
+
+
+def _build_undo(sub, common, fmt):
+    undo = sub.add_parser("undo", parents=[common], formatter_class=fmt, help=COMMAND_HELP["undo"],
+                          description="Before a tool overwrites, edits, moves over or deletes a file, its previous "
+                                      "content is saved. undo puts the most recent change back; files the agent "
+                                      "created are removed. A path that changed since the agent touched it is "
+                                      "left alone unless --force.")
+    undo.add_argument("--all", action="store_true", help="undo every change of the most recent conversation "
+                                                         "(or of --conversation), newest first")
+    undo.add_argument("--conversation", metavar="ID", help="only changes made in this conversation")
+    undo.add_argument("--list", action="store_true", help="show what can be undone")
+    undo.add_argument("--force", action="store_true", help="restore even over later changes")
+    undo.add_argument("--all-projects", "--global", action="store_true",
+                      help="changes made in any directory (default: conversations run in the current one)")
+    undo.set_defaults(func=cmd_undo)
+
+
+def cmd_undo(args, console):
+    from xzatoma_tools import UndoError, undo_change
+    with history_store(args, console) as store:
+        conversation = store.resolve(args.conversation) if args.conversation else None
+        here = None if conversation or args.all_projects else os.path.realpath(os.getcwd())
+        records = store.undo_records(conversation_id=conversation, working_dir=here)
+        if args.list:
+            if not records:
+                console.info("nothing to undo")
+            for r in records:
+                what = {"absent": "created", "moved": "moved to %s" % (r["content"] or b"").decode("utf-8", "replace"),
+                        "file": "changed", "dir": "directory changed", "link": "link changed"}.get(r["kind"], r["kind"])
+                CleanWriter(sys.stdout).write("#%-5d %s  %s  %-12s %s (%s)\n" % (
+                    r["id"], r["created_at"].replace("T", " ")[:16], (r["conversation_id"] or "-")[:12], r["tool"],
+                    r["path"], what))
+            return EXIT_OK
+        if not records:
+            console.info("nothing to undo%s" % (" in %s (--all-projects looks everywhere)" % here if here else ""))
+            return EXIT_OK
+        if args.all:
+            conversation = conversation or records[0]["conversation_id"]
+            chosen = [r for r in records if r["conversation_id"] == conversation]
+        else:
+            chosen = records[:1]
+        failed = 0
+        for record in chosen:  # newest first
+            try:
+                CleanWriter(sys.stdout).write(undo_change(store, record, force=args.force) + "\n")
+            except (UndoError, OSError) as exc:
+                failed += 1
+                console.error(str(exc))
+                if not args.all:
+                    break
+        return EXIT_FAILED if failed else EXIT_OK
+
+
+def _build_models(sub, common, fmt):
+    models = sub.add_parser("models", parents=[common], formatter_class=fmt, help=COMMAND_HELP["models"],
+                            description="List the provider's models with their context window and tool-call "
+                                        "support; * marks the configured one. Cached for 5 minutes.")
+    models.add_argument("--json", action="store_true", help="print one JSON object")
+    models.add_argument("--refresh", action="store_true", help="ignore the 5-minute cache")
+    models.set_defaults(func=cmd_models)
+
+
+def cmd_models(args, console):
+    cfg = config_from_args(args, console)
+    provider = make_provider(cfg, console)
+    store = open_store(cfg, console)
+    key = "%s|%s" % (provider.name, getattr(provider, "host", None) or provider.cfg.get("provider.%s.%s" % (
+        provider.name, "api_url" if provider.name == "copilot" else "base_url")))
+    rows = None
+    if store is not None and not args.refresh:
+        try:
+            rows = store.model_cache_get(provider.name, key, 300)
+        except Exception:
+            rows = None
+    if rows is None:
+        rows = model_table(provider)
+        if store is not None:
+            try:
+                store.model_cache_put(provider.name, key, rows)
+            except Exception:
+                pass
+    for row in rows:
+        row["configured"] = row["id"] == provider.model
+    if args.json:
+        json_out({"provider": provider.name, "configured": provider.model, "models": rows})
+        return EXIT_OK
+    width = max([len(r["id"]) for r in rows] + [5])
+    out = CleanWriter(sys.stdout)  # model names come from the server
+    out.write("  %-*s  %9s  %s\n" % (width, "MODEL", "CONTEXT", "TOOLS"))
+    for r in rows:
+        tools = {True: "yes", False: "no", None: "?"}[r["tools"]]
+        out.write("%s %-*s  %9s  %s\n" % ("*" if r["configured"] else " ", width, r["id"],
+                                                  _fmt_tokens(r["context_window"]) if r["context_window"] else "?",
+                                                  tools))
+    if not any(r["configured"] for r in rows):
+        console.warn("the configured model '%s' is not in this list" % provider.model)
+    return EXIT_OK
+
+
+def _build_auth(sub, common, fmt):
+    auth = sub.add_parser("auth", parents=[common], formatter_class=fmt, help=COMMAND_HELP["auth"],
+                          description="Credentials live in the system keyring (service 'xzatoma') or, where none "
+                                      "works, in $XZATOMA_HOME/credentials.json (mode 0600) — never in the config "
+                                      "file. Environment variables override them: COPILOT_API_TOKEN, GITHUB_TOKEN, "
+                                      "OPENAI_API_KEY, OLLAMA_API_KEY.",
+                          epilog="examples:\n  xzatoma auth login                      # GitHub device flow for Copilot\n"
+                                 "  echo \"$KEY\" | xzatoma auth login --provider openai\n  xzatoma auth status")
+    asub = auth.add_subparsers(dest="auth_command", metavar="ACTION")
+    a = asub.add_parser("login", parents=[common], help="sign in (Copilot: GitHub device flow; others: an API key)")
+    a.set_defaults(func=cmd_auth)
+    a = asub.add_parser("logout", parents=[common], help="remove stored credentials")
+    a.set_defaults(func=cmd_auth)
+    a = asub.add_parser("status", parents=[common], help="where each credential comes from and whether it works")
+    a.set_defaults(func=cmd_auth)
+    auth.set_defaults(func=cmd_auth)
+
+
+def cmd_auth(args, console):
+    cfg = config_from_args(args, console)
+    creds = CredentialStore(cfg.home, console)
+    action = args.auth_command
+    if action is None:
+        raise UsageError("say what to do: xzatoma auth login|logout|status (see --help)")
+    names = [args.provider] if args.provider else (["copilot", "openai", "ollama"] if action == "status"
+                                                   else [cfg.provider_type])
+    if action == "login":
+        name = names[0]
+        if name == "copilot":
+            github = copilot_device_login(cfg, console, creds)
+            token = exchange_copilot_token(cfg, github)  # proves the account has Copilot
+            where = creds.set("github_token", github)
+            creds.set("copilot_token", json.dumps(token))
+            console.info("Logged in to GitHub Copilot; the GitHub token is stored in %s" % creds.describe(where))
+            return EXIT_OK
+        if _isatty(sys.stdin):
+            import getpass
+            key = getpass.getpass("%s API key (input hidden): " % name, stream=sys.stderr)
+        else:
+            key = sys.stdin.readline()
+        key = key.strip()
+        if not key:
+            raise UsageError("no key given; nothing was stored")
+        where = creds.set(KEY_NAMES[name], key)
+        console.info("stored the %s API key in %s" % (name, creds.describe(where)))
+        return EXIT_OK
+    if action == "logout":
+        for name in names:
+            removed = [w for key in CREDENTIAL_KEYS[name] for w in creds.delete(key)]
+            console.info("removed stored %s credentials (%s)" % (name, ", ".join(sorted(set(removed))))
+                         if removed else "no stored %s credentials" % name)
+        return EXIT_OK
+    failed = False
+    creds.reindex()  # the keyring itself is asked here: an entry made with another tool is found from now on
+    for name in names:
+        line, ok = auth_status_line(cfg, console, name, asked=bool(args.provider))
+        failed |= not ok
+        CleanWriter(sys.stdout).write(line + "\n")
+    CleanWriter(sys.stdout).write(creds.where_stored() + "\n")
+    return EXIT_OK if not failed or args.provider is None else EXIT_FAILED
+
+
+#: what sets up a provider nobody configured (auth status asks no server for those)
+UNCONFIGURED_HINTS = {
+    "copilot": "no Copilot credentials (xzatoma auth login, or COPILOT_API_TOKEN / GITHUB_TOKEN)",
+    "openai": "no API key or address (OPENAI_API_KEY, OPENAI_BASE_URL, or xzatoma auth login --provider openai)",
+    "ollama": "no address or key (OLLAMA_HOST or provider.ollama.host)"}
+
+
+def provider_configured(cfg, console, name):
+    """Whether a person set this provider up: it is the active one, or it has credentials, or its address
+    was given in the configuration or the environment. Nothing is asked of any server."""
+    if name == cfg.provider_type:
+        return True
+    if name == "copilot":
+        return bool(cfg.secret("copilot") or cfg.secret("github")
+                    or CredentialStore(cfg.home, console).get("github_token")[0])
+    address = "provider.ollama.host" if name == "ollama" else "provider.openai.base_url"
+    return cfg.sources.get(address, "default") != "default" or bool(stored_key(cfg, console, name)[0])
+
+
+def auth_status_line(cfg, console, name, asked=False):
+    """'provider  source  verdict' with one cheap request, for a provider that is configured (or `asked`
+    for by name); never shows a secret."""
+    quiet = Console(quiet=True, verbose=False, color=False)
+    if not asked and not provider_configured(cfg, quiet, name):
+        return "%-8s %-24s not configured: %s; nothing asked" % (name, "none", UNCONFIGURED_HINTS[name]), True
+    try:
+        if name == "copilot":
+            auth = CopilotAuth(cfg, quiet)
+            source = auth.source()
+            provider = CopilotProvider(cfg, quiet, auth=auth)
+            provider.max_retries = 0
+            count = len(provider.models())
+            expires = (auth.current or {}).get("expires_at")
+            when = (" · Copilot token expires %s (in %d min)" % (
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires)), max(0, (expires - time.time()) // 60))
+                if expires else "")
+            return "%-8s %-24s works: %d models%s" % (name, source, count, when), True
+        key, source = stored_key(cfg, quiet, name)
+        provider = make_provider(cfg, quiet, name)
+        provider.max_retries = 0
+        count = len(provider.models())
+        return "%-8s %-24s works: %d models" % (name, source or "none", count), True
+    except CredentialsError as exc:
+        return "%-8s %-24s %s" % (name, locals().get("source") or "none", one_line(exc, 160)), False
+    except XzError as exc:
+        return "%-8s %-24s fails: %s" % (name, locals().get("source") or "none", one_line(exc, 160)), False
+
+
+def tree_line(conv, level):
+    tokens = (conv.get("prompt_tokens") or 0) + (conv.get("completion_tokens") or 0)
+    label = conv.get("label") or one_line(conv.get("title") or "", 40)
+    indent = "" if level == 0 else "   " * (level - 1) + "└─ "
+    return "%s%s [%s] depth %d · %s · %s tokens · %s" % (
+        indent, conv["id"][:12], label, conv.get("depth") or 0, _plural(conv.get("turns") or 0, "turn"),
+        _fmt_tokens(tokens), conv["status"])
+
+
+# ---- Chat: @mentions ----
+
+MENTION_PATTERN = r'(?:(?<=\s)|^)(\\?)@(?:(url):(\S+)|(search|grep):"((?:[^"\\]|\\.)*)"|([^\s"\'`]+))'
+TRAILING = ",.;:!?)]}>'\""
+
+
+class Mentions:
+    """Expands @path, @path#L10-20, @dir/, @search:"…", @grep:"…" and @url:… through the jailed tools."""
+
+    def __init__(self, registry_factory, console, cfg):
+        self.registry_factory = registry_factory  # read-only registry over the session's context
+        self.console = console
+        self.cfg = cfg
+        self.files = {}  # (real path, range) -> (mtime, text)
+
+    def expand(self, text):
+        """(text for the model, number of mentions). Failures become blocks that say what went wrong."""
+        import re
+        blocks, count, urls = [], 0, 0
+        registry = None
+        for m in re.finditer(MENTION_PATTERN, text):
+            if m.group(1):  # \@ escapes a mention
+                continue
+            if registry is None:
+                registry = self.registry_factory()
+            count += 1
+            label = m.group(0).lstrip("\\")
+            if m.group(2):
+                urls += 1
+                if urls > self.cfg.get("agent.mentions.max_urls_per_request"):
+                    blocks.append(self._failed(label, "too many URLs in one message (agent.mentions."
+                                                      "max_urls_per_request)", None))
+                    continue
+                blocks.append(self._url(registry, label, m.group(3)))
+            elif m.group(4):
+                pattern = m.group(5).replace('\\"', '"')
+                args = {"pattern": pattern, "max_results": 100}
+                if m.group(4) == "search":
+                    args.update(fixed_string=True, case_sensitive=False)
+                blocks.append(self._tool(registry, label, "grep", args))
+            else:
+                blocks.append(self._path(registry, label, m.group(6)))
+        clean = re.sub(r'(?:(?<=\s)|^)\\@', "@", text)
+        if not blocks:
+            return clean, 0
+        return "\n\n".join(blocks) + "\n\n" + clean, count
+
+    def _report(self, label, status):
+        self.console.info("  %s: %s" % (label, status), "dim")
+
+    def _failed(self, label, error, suggestion):
+        self._report(label, "failed (%s)" % error)
+        text = "Failed to include %s:\n\n<%s>" % (label, error)
+        if suggestion:
+            text += "\n\nSuggestion: %s" % suggestion
+        return text
+
+    def _block(self, label, content):
+        return "[Content of %s]\n%s\n[End of %s]" % (label, content.rstrip("\n"), label)
+
+    def _tool(self, registry, label, name, args):
+        result = registry.execute(name, args)
+        if not result.success:
+            return self._failed(label, result.error, None)
+        self._report(label, "loaded" + (" (cached)" if result.metadata.get("cached") else ""))
+        return self._block(label, result.to_message())
+
+    def _url(self, registry, label, url):
+        if "fetch" not in registry:
+            return self._failed(label, "fetching is not available", None)
+        return self._tool(registry, label, "fetch", {"url": url})
+
+    def _path(self, registry, label, spec):
+        import re
+        from xzatoma_tools import ToolError, resolve_path
+        path, _, fragment = spec.partition("#")
+        rng = re.fullmatch(r"L(\d+)(?:-L?(\d+))?", fragment) if fragment else None
+        if fragment and not rng:
+            return self._failed(label, "unknown line range #%s (use #L10 or #L10-20)" % fragment, None)
+        root = registry.ctx.root
+        try:
+            real = resolve_path(path, root)
+            if not os.path.lexists(real) and path.rstrip(TRAILING) != path:
+                path = path.rstrip(TRAILING)
+                real = resolve_path(path, root)
+            resolve_path(path, root, must_exist=True)
+        except ToolError as exc:
+            message = str(exc)
+            hint = message.split("(did you mean ", 1)
+            suggestion = ("use %s" % hint[1].rstrip(")?")) if len(hint) > 1 else "check the path (relative to %s)" % root
+            return self._failed(label, hint[0].strip(), suggestion)
+        import stat
+        try:
+            with registry.ctx.jail.resolve(path) as target:  # what the tools will see, never a link swapped in
+                st = target.lstat()
+        except (ToolError, OSError) as exc:
+            return self._failed(label, str(exc), None)
+        if st is None:
+            return self._failed(label, "no such file or directory: %s" % path, None)
+        if stat.S_ISDIR(st.st_mode):
+            return self._tool(registry, label, "list_directory", {"path": path})
+        size = st.st_size
+        if size > self.cfg.get("agent.mentions.max_file_size"):
+            return self._failed(label, "the file is %d bytes, over agent.mentions.max_file_size" % size, None)
+        start = int(rng.group(1)) if rng else None
+        end = int(rng.group(2) or rng.group(1)) if rng else None
+        key = (real, start, end)
+        mtime = st.st_mtime
+        cached = self.files.get(key)
+        if cached and cached[0] == mtime:
+            self._report(label, "cached")
+            return self._block(label, cached[1])
+        args = {"path": path}
+        if start:
+            args.update(start_line=start, end_line=end)
+        result = registry.execute("read_file", args)
+        if not result.success:
+            return self._failed(label, result.error, None)
+        text = result.to_message()
+        self.files[key] = (mtime, text)
+        self._report(label, "loaded (%d lines)" % text.count("\n"))
+        return self._block(label, text)
+
+
+# ---- Chat: confirmations, spinner, and output ----
+
+class Asker:
+    """Asks the person on the terminal (never through a piped stdin); one question at a time."""
+
+    def __init__(self, console):
+        self.console = console
+
+    def ask(self, question, prefill=None):
+        """The person's answer, or None. `prefill` starts the line with that text, editable (readline's
+        pre-input hook), so [e]dit begins from the proposed command rather than an empty line."""
+        with self.console.hold():
+            if _isatty(sys.stdin):
+                readline = None
+                if prefill:
+                    try:
+                        import readline
+                        readline.set_pre_input_hook(lambda: (readline.insert_text(prefill), readline.redisplay()))
+                    except (ImportError, AttributeError):
+                        readline = None
+                try:
+                    return input(question)
+                except EOFError:
+                    return None
+                finally:
+                    if readline is not None:
+                        readline.set_pre_input_hook()
+            try:
+                with open("/dev/tty", "r+") as tty:
+                    tty.write(question)
+                    tty.flush()
+                    return tty.readline()
+            except OSError:
+                self.console.warn("no terminal to ask for confirmation; declined")
+                return None
+
+
+#: programs whose first word after the options names what they do: approving `git status` is not `git push`
+SUBCOMMAND_PROGRAMS = {"git", "npm", "npx", "pnpm", "yarn", "cargo", "make", "go", "docker", "podman", "kubectl",
+                       "helm", "pip", "pip3", "uv", "poetry", "dotnet", "mvn", "gradle", "terraform", "apt",
+                       "apt-get", "brew", "systemctl", "gh", "bundle", "rake", "composer", "conda", "tox", "nox"}
+#: programs that run other programs: an [a]lways for them would approve anything, so it covers the exact command
+WRAPPER_PROGRAMS = {"sh", "bash", "zsh", "dash", "ksh", "fish", "env", "timeout", "nice", "nohup", "xargs", "sudo",
+                    "doas", "su", "time", "watch", "strace", "ltrace", "busybox", "exec", "eval", "command",
+                    "builtin", "ssh", "script", "stdbuf", "setsid", "chroot", "unshare", "flock", "parallel",
+                    "find", "awk", "perl", "python", "python3", "node", "ruby", "php", "lua", "tclsh", "expect"}
+
+
+def approval_key(command):
+    """What chat's [a]lways / ne[v]er remember for a command: its program (and subcommand for git, npm, cargo,
+    make, …), or the exact command when it uses shell syntax or runs through a wrapper or interpreter."""
+    from xzatoma_tools import ShellSyntaxError, needs_shell, parse_shell, simple_argv
+    try:
+        script = parse_shell(command)
+    except ShellSyntaxError:
+        return command.strip()
+    if needs_shell(command, script):
+        return command.strip()
+    argv = simple_argv(command, script)
+    if not argv or argv[0] in WRAPPER_PROGRAMS or os.path.basename(argv[0]) in WRAPPER_PROGRAMS:
+        return command.strip()
+    if argv[0] in SUBCOMMAND_PROGRAMS:
+        if len(argv) > 1 and argv[1].startswith("-"):  # `git -C dir push`, `git -c alias.x=…`: only this command
+            return command.strip()
+        return " ".join(argv[:2])
+    return argv[0]
+
+
+def fold_blanks(text):
+    """A command as a person approves it, with long runs of blanks counted instead of drawn (8 spaces or more:
+    `⟨20000 spaces⟩`; 2 tabs or more): 20,000 spaces pushed the end of `touch x #…ls -la` out of sight. A ⟨ or ⟩
+    in the command itself is shown escaped, so nothing typed can pass for a fold."""
+    import re
+    text = text.replace("\u27e8", "\\u27e8").replace("\u27e9", "\\u27e9")
+    return re.sub(r" {8,}|\t{2,}", lambda m: "\u27e8%d %s\u27e9" % (
+        len(m.group()), "spaces" if m.group()[0] == " " else "tabs"), text)
+
+
+def wrap_rows(text, columns):
+    """`text` cut into the rows a terminal `columns` wide shows it in (a wide character takes two columns, a
+    combining one none, a tab reaches the next multiple of 8)."""
+    import unicodedata
+    rows = []
+    for line in text.split("\n"):
+        row, width = [], 0
+        for ch in line:
+            if ch == "\t":
+                ch = " " * (8 - width % 8)
+                w = len(ch)
+            elif ch.isascii():
+                w = 1
+            else:
+                w = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+            if width + w > columns and row:
+                rows.append("".join(row))
+                row, width = [], 0
+                if ch.startswith(" ") and len(ch) > 1:
+                    ch, w = ch[:min(len(ch), 8)], min(len(ch), 8)
+            row.append(ch)
+            width += w
+        rows.append("".join(row))
+    return rows
+
+
+class Confirmations:
+    """Safe mode: the session's always/never answers and the prompts for tools and commands. Tools are
+    remembered by name; commands by approval_key (program and subcommand), never `terminal` as a whole."""
+
+    def __init__(self, asker, console):
+        self.asker = asker
+        self.console = console
+        self.always, self.never = set(), set()
+
+    def reset(self):
+        self.always.clear()
+        self.never.clear()
+
+    def describe(self):
+        """/approvals: what this session approves or refuses without asking."""
+        def shown(names):
+            return ", ".join(sorted(names)) or "-"
+        return ["always: %s" % shown(self.always), "never:  %s" % shown(self.never)]
+
+    def _choice(self, header, detail, edit):
+        with self.console.hold():
+            return self._ask_choice(header, detail, edit)
+
+    def _ask_choice(self, header, detail, edit, scope=None):
+        if header:
+            self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
+        if detail:  # a diff or a command: shown with its hidden characters made visible
+            self.console._write(self.console.clean(detail.rstrip("\n")))
+        options = ("[y]es / [n]o / [a]lways '%s' this session / ne[v]er '%s'" % (scope, scope) if scope else
+                   "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session") + \
+            (" / [e]dit" if edit else "")
+        while True:
+            answer = self.asker.ask(options + " > ")
+            if answer is None:
+                return "n"
+            answer = answer.strip().lower()
+            if answer in ("y", "yes", "n", "no", "", "a", "always", "v", "never") or (edit and answer in ("e", "edit")):
+                return {"yes": "y", "no": "n", "": "n", "always": "a", "never": "v", "edit": "e"}.get(answer, answer)
+            self.console._write("please answer y, n, a, v%s" % (" or e" if edit else ""))
+
+    def _unshowable(self, what, text, changes_only=False):
+        """Why `text` cannot be asked about, or None. What a person sees is redacted, and a [REDACTED] covers
+        whatever is shaped like a credential: `curl http://u:$(touch x)@host` was shown as
+        `curl http://u:[REDACTED]@host` and approved. Nobody says yes to what they did not see, so such a
+        question is not asked (declined). changes_only: a diff, where only its context lines may be redacted
+        (what is already in the file and stays)."""
+        from xzatoma_store import redaction_spans
+        if not text:
+            return None
+        for start, end in redaction_spans(text):
+            if changes_only:
+                first = text.rfind("\n", 0, start) + 1
+                lines = text[first:end].split("\n")
+                if all(line.startswith((" ", "@@")) for line in lines):
+                    continue
+            self.console.warn("declined without asking: part of this %s looks like a credential and would be shown "
+                              "as [REDACTED], so what you approve would not be what runs; do it yourself if you "
+                              "mean it" % what)
+            return True
+        return None
+
+    def confirm_tool(self, name, args, detail, always=False):
+        if name in self.never:
+            return False
+        if name in self.always:
+            return True
+        if self._unshowable("change", detail, changes_only=True):
+            return False
+        answer = self._choice("Allow %s?" % name, detail, edit=False)
+        if answer == "a":
+            self.always.add(name)
+        if answer == "v":
+            self.never.add(name)
+        return answer in ("y", "a")
+
+    def confirm_command(self, command, reason):
+        key = approval_key(command)
+        if key in self.never:
+            return None
+        if key in self.always:
+            return command
+        if self._unshowable("command", command):
+            return None
+        shown = fold_blanks(self.console.clean(command, exact=True))  # exactly what will run, long blanks counted
+        block = "  $ " + shown.replace("\n", "\n    ")
+        rows = self._screen_rows()
+        with self.console.hold():
+            header = "Run this command? (%s)" % reason
+            if self._rows_for(block) + 3 <= rows:
+                answer = self._ask_choice(header, block, edit=True, scope=self.console.clean(key, exact=True))
+            else:  # taller than the screen: its beginning would scroll out of sight where you answer, so it is
+                # shown a screenful at a time and the question comes after its last line
+                self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
+                if not self._page(block, rows):
+                    return None
+                answer = self._ask_choice(None, None, edit=True, scope=self.console.clean(key, exact=True))
+            if answer == "e":  # the line starts from the command only when it is shown as it is (readline
+                # would write its hidden characters raw, and the person would edit what they cannot see)
+                plain = "\n" not in command and shown == command
+                edited = self.asker.ask("edit the command > ", prefill=command if plain else None)
+                return edited.strip() if edited and edited.strip() else None
+        if answer == "a":
+            self.always.add(key)
+        if answer == "v":
+            self.never.add(key)
+        return command if answer in ("y", "a") else None
+
+    def _page(self, text, rows):
+        """`text` a screenful at a time, each after Enter; False when the person leaves (Ctrl-D)."""
+        lines = wrap_rows(text, self._screen_cols())
+        size = max(3, rows - 2)
+        for start in range(0, len(lines), size):
+            self.console._write("\n".join(lines[start:start + size]))
+            if start + size < len(lines):
+                more = self.asker.ask(self.console.style("-- rows %d-%d of %d of this command; Enter shows more --"
+                                                         % (start + 1, start + size, len(lines)), "dim"))
+                if more is None:
+                    return False
+        return True
+
+    def _screen_cols(self):
+        try:
+            return os.get_terminal_size(self.console.err.fileno()).columns or 80
+        except (AttributeError, ValueError, OSError):
+            return 80
+
+    def _screen_rows(self):
+        try:
+            return os.get_terminal_size(self.console.err.fileno()).lines or 24
+        except (AttributeError, ValueError, OSError):
+            return 24  # no size to ask (the question goes to /dev/tty): a small terminal's
+
+    def _rows_for(self, text):
+        """How many terminal rows `text` takes (wrapped at the terminal's width, a tab as 8 columns and a wide
+        character as 2: never fewer than a terminal shows)."""
+        try:
+            cols = os.get_terminal_size(self.console.err.fileno()).columns or 80
+        except (AttributeError, ValueError, OSError):
+            cols = 80
+        rows = 0
+        for line in text.split("\n"):
+            width = len(line) + 7 * line.count("\t")
+            if not line.isascii():
+                import unicodedata
+                width += sum(1 for ch in line if unicodedata.east_asian_width(ch) in ("W", "F"))
+            rows += max(1, -(-width // cols))
+        return rows
+
+    def ask_irreversible(self, name, args, detail):
+        if self._unshowable("change", detail, changes_only=True):
+            return False
+        question, _, change = detail.partition("\n")  # below the question: the diff of what it writes
+        return self._choice("Allow %s? %s" % (name, question), change or None, edit=False) in ("y", "a")
+
+
+class Spinner:
+    """An elapsed-seconds spinner on stderr, only on a TTY; the console wipes it before any other line."""
+
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self, console):
+        import threading
+        self.enabled = _isatty(console.err) and not console.quiet
+        self.console = console
+        self._stop = None
+        self._lock = threading.Lock()
+
+    def start(self, label):
+        with self._lock:
+            self._start(label)
+
+    def _start(self, label):
+        if not self.enabled or self._stop is not None:
+            return
+        import threading
+        self._stop = threading.Event()
+        started = time.monotonic()
+
+        def spin(stop):
+            i = 0
+            while not stop.wait(0.1):
+                self.console.status("%s %s %ds" % (self.FRAMES[i % 10], label, time.monotonic() - started))
+                i += 1
+            self.console.clear_status()
+        self._thread = threading.Thread(target=spin, args=(self._stop,), daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        with self._lock:
+            if self._stop is not None:
+                self._stop.set()
+                self._thread.join()
+                self._stop = None
+
+
+class ThinkFilter:
+    """Hides <think>…</think> from streamed text (shown only with --verbose)."""
+
+    def __init__(self):
+        self.inside = False
+        self.pending = ""
+
+    def feed(self, text):
+        text = self.pending + text
+        self.pending = ""
+        out = []
+        while text:
+            tag = "</think>" if self.inside else "<think>"
+            pos = text.find(tag)
+            if pos == -1:
+                keep = max(0, len(text) - len(tag) + 1)  # a tag may be split across deltas
+                for cut in range(len(text) - 1, keep - 1, -1):
+                    if tag.startswith(text[cut:]):
+                        self.pending = text[cut:]
+                        text = text[:cut]
+                        break
+                if not self.inside:
+                    out.append(text)
+                break
+            if not self.inside:
+                out.append(text[:pos])
+            text = text[pos + len(tag):]
+            self.inside = not self.inside
+        return "".join(out)
+
+
+class ChatEvents(StreamedText):
+    """Chat: the answer streamed to stdout; tool lines, spinner and notes on stderr."""
+
+    def __init__(self, console, out):
+        super().__init__(console, out, "thinking")
+        self.turn_tool_results = []
+
+    def message(self, content, tool_calls):
+        streamed = bool(self.shown)
+        super().message(content, tool_calls)
+        if not tool_calls and not streamed and content.strip():  # a server that answered in one piece
+            self.out.write(self.console.clean(content.strip()) + "\n")
+            self.out.flush()
+
+    def tool_end(self, name, result):
+        super().tool_end(name, result)
+        self.turn_tool_results.append(len(result.to_message()))
+
+
+# ---- Chat: the REPL (reading input, slash commands, rendering; the Session does the rest) ----
+
+MODE_TEXT = {"planning": "PLANNING (Read-only mode for creating plans)",
+             "write": "WRITE (Read/write mode for executing tasks)"}
+SAFETY_TEXT = {"safe": "SAFE (Confirm dangerous operations)", "yolo": "YOLO (Execute without confirmation)"}
+ARG = object()  # in SLASH_COMMANDS: the handler gets the text after the command
+SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG, a fixed value, or None)
+    "/mode": ("/mode planning|write — switch what the agent may do (the conversation is kept)", "switch_mode", ARG),
+    "/planning": ("/planning — read-only tools", "switch_mode", "planning"),
+    "/write": ("/write — all tools", "switch_mode", "write"),
+    "/safe": ("/safe — confirm dangerous operations (resets always/never answers)", "switch_safety", "safe"),
+    "/yolo": ("/yolo — run without confirmations (denied commands stay denied)", "switch_safety", "yolo"),
+    "/status": ("/status — mode, model, tools, conversation size", "status", None),
+    "/help": ("/help — this list", "help", None),
+    "/models": ("/models — the provider's models", "list_models", None),
+    "/model": ("/model NAME — switch model, keep the conversation", "switch_model", ARG),
+    "/context": ("/context — tokens used, the window, what pruning would drop", "context", None),
+    "/clear": ("/clear — start a new conversation", "clear", None),
+    "/history": ("/history — recent conversations", "history", None),
+    "/resume": ("/resume ID — continue a stored conversation", "resume_cmd", ARG),
+    "/undo": ("/undo — put back the last file change", "undo", None),
+    "/approvals": ("/approvals [clear] — the programs answered [a]lways / ne[v]er this session", "approvals", ARG),
+    "/plan": ("/plan — the task's steps and how far each is (update_progress)", "show_plan", None),
+    "/skills": ("/skills — the skills here: usable, active, skipped", "list_skills", None),
+    "/mcp": ("/mcp — the MCP servers: state, protocol, tools and their approval", "mcp_status", None),
+    "/exit": ("/exit, /quit, exit, quit, Ctrl-D — leave", None, None),
+}
+ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
+           "/new": "/clear"}
+
+
+def box(title):
+    inner = 62
+    return "╔" + "═" * inner + "╗\n║" + title.center(inner) + "║\n╚" + "═" * inner + "╝"
+
+
+class ChatSession:
+    """The REPL over a Session: reading input, slash commands (one table), rendering. The Session holds
+    the conversation, tools and provider; this class only talks to the person."""
+
+    def __init__(self, args, cfg, console):
+        self.args, self.cfg, self.console = args, cfg, console
+        self.out = sys.stdout
+        self.interactive = _isatty(sys.stdin)
+        self.safety = args.safety or cfg.get("agent.safety_mode")
+        self.confirmations = Confirmations(Asker(console), console)
+        self.events = ChatEvents(console, self.out)
+        self.warned_write = False
+        self.failed_turns = 0  #: turns that ended in an error (piped chat exits 1 when there were any)
+        target = None
+        if args.resume or args.last:  # its provider, model and mode, unless given again
+            target = find_resume_target(cfg, console, args)
+            self.cfg = cfg = restored_config(args, console, cfg, target[1])
+            args.mode = args.mode or (target[1].get("mode") if target[1].get("mode") in ("write", "planning")
+                                      else None)
+        self.session = Session.open(cfg, console, args.mode or cfg.get("agent.chat_mode"), args.working_dir,
+                                    self.terminal_mode(), events=self.events, confirmations=self.confirmations,
+                                    metrics_port=args.metrics_port)
+        self.mentions = Mentions(self._mention_registry, console, cfg)
+        try:
+            self.sandbox_note = sandbox_note_for_start(cfg, self.session)
+            if target is not None:
+                self.resume(target[0])
+            else:
+                self.session.start("chat")
+        except BaseException:
+            self.session.close()
+            raise
+
+    def terminal_mode(self):
+        from xzatoma_tools import FULL, INTERACTIVE
+        return INTERACTIVE if self.safety == "safe" else FULL
+
+    # -- what the Session holds, as the REPL shows it --
+    @property
+    def mode(self):
+        return self.session.mode
+
+    @property
+    def provider(self):
+        return self.session.provider
+
+    @property
+    def conversation(self):
+        return self.session.conversation
+
+    @property
+    def result(self):
+        return self.session.result
+
+    @property
+    def registry(self):
+        return self.session.registry
+
+    @property
+    def store(self):
+        return self.session.store
+
+    @property
+    def id(self):
+        return self.session.id
+
+    def _mention_registry(self):
+        from xzatoma_tools import PLANNING, build_registry
+        return build_registry(PLANNING, self.session.ctx)  # read tools over the same jail, whatever the mode
+
+    def resume(self, prefix):
+        from xzatoma_store import NotFound
+        if self.store is not None:  # another directory's conversation would run on a different tree
+            try:
+                stored = self.store.conversation(self.store.resolve(prefix))
+            except NotFound as exc:
+                raise UsageError(str(exc))
+            where = stored.get("working_dir")
+            if where and os.path.realpath(where) != os.path.realpath(self.session.root):
+                raise UsageError("conversation %s ran in %s, not in this chat's %s: continue it there with "
+                                 "'xzatoma chat --resume %s --working-dir %s'" % (
+                                     stored["id"][:12], where, self.session.root, stored["id"][:12], where))
+        stored = self.session.start("chat", resume=prefix)
+        self.console.info("resumed conversation %s (%d messages, %s)" % (
+            self.id, len(self.conversation.messages) - 1, stored["status"]))
+
+    # -- display --
+    def prompt(self):
+        text = "[%s][%s] >> " % (self.mode.upper(), self.safety.upper())
+        if not (self.console.color and _isatty(sys.stdout)):  # one colour decision: --no-color, NO_COLOR, TTY
+            return text
+        colour = "36" if self.mode == "planning" else "33"
+        return "\001\033[1;%sm\002[%s]\001\033[0m\002\001\033[1;%sm\002[%s]\001\033[0m\002 >> " % (
+            colour, self.mode.upper(), "32" if self.safety == "safe" else "31", self.safety.upper())
+
+    def banner(self):
+        self.console._write("\n".join([box("XZatoma Interactive Chat Mode - Welcome!"), "",
+                                       "Mode:   %s" % MODE_TEXT[self.mode], "Safety: %s" % SAFETY_TEXT[self.safety],
+                                       "Model:  %s/%s" % (self.provider.name, self.provider.model),
+                                       "Terminal: %s" % self.sandbox_note, "",
+                                       "Type '/help' for available commands, 'exit' to quit", ""]))
+
+    def window(self):
+        try:
+            return self.provider.context_window() or self.conversation.max_tokens
+        except XzError:  # an unreachable server: the turn has said so already
+            return self.conversation.max_tokens
+
+    def status(self):
+        window = self.window()
+        used = self.conversation.tokens
+        lines = [box("XZatoma Session Status"), "",
+                 "Chat Mode:         %s" % MODE_TEXT[self.mode],
+                 "Safety Mode:       %s" % SAFETY_TEXT[self.safety],
+                 "Provider / Model:  %s / %s" % (self.provider.name, self.provider.model),
+                 "Available Tools:   %d (%s)" % (len(self.registry), ", ".join(self.registry.names())),
+                 "Conversation Size: %d messages, ~%s tokens (%d%% of %s)" % (
+                     len(self.conversation.messages), _fmt_tokens(used), 100 * used // max(window, 1),
+                     _fmt_tokens(window)),
+                 "Session Usage:     %s, %s, %s tokens" % (
+                     _plural(self.result.turns, "turn"), _plural(self.result.tool_calls, "tool call"),
+                     _fmt_tokens(self.result.prompt_tokens + self.result.completion_tokens)),
+                 "Instructions:      %s" % self.session.instructions.describe(),
+                 "Conversation ID:   %s" % self.id,
+                 "Quota:             %s" % ", ".join(self.session.quota.usage()),
+                 "Prompt Format:     [%s][%s] >>" % (self.mode.upper(), self.safety.upper())]
+        if self.confirmations.always or self.confirmations.never:
+            lines.append("Session answers:   always: %s; never: %s (/approvals clear forgets them)" % (
+                ", ".join(sorted(self.confirmations.always)) or "-", ", ".join(sorted(self.confirmations.never)) or "-"))
+        self.console._write("\n".join(lines))
+
+    # -- the loop --
+    def run(self):
+        readline = self.setup_readline() if self.interactive else None
+        if self.interactive:
+            self.banner()
+        last_interrupt, notice = 0.0, False
+        first = " ".join(getattr(self.args, "message", None) or ()).strip() or None  # `xzatoma chat "…"`
+        try:
+            while True:
+                try:  # everything between turns is guarded: a Ctrl-C may land anywhere here
+                    if notice:
+                        notice = False
+                        self.console._write("\n(Ctrl-C again within a second, Ctrl-D or 'exit' leaves)")
+                    if first is not None:  # shown as if typed at the prompt, then answered like any message
+                        line, first = first, None
+                        if self.interactive:
+                            sys.stdout.write(self.prompt().replace("\001", "").replace("\002", "") +
+                                             self.console.clean(line) + "\n")
+                            sys.stdout.flush()
+                    else:
+                        line = input(self.prompt()) if self.interactive else sys.stdin.readline()
+                        if not self.interactive and line == "":
+                            break
+                        line = self.continued(line)
+                    text = line.strip()
+                    if readline is not None and text:  # the whole message, once (answers to questions never)
+                        remember_message(readline, line)
+                    if text and self.command(text) == "exit":
+                        break
+                except EOFError:
+                    if self.interactive:
+                        self.console._write("")
+                    break
+                except KeyboardInterrupt:  # only bookkeeping here, so a second Ctrl-C cannot escape
+                    now = time.monotonic()
+                    if now - last_interrupt < 1.0:
+                        break
+                    last_interrupt, notice = now, True
+        finally:
+            if readline is not None:
+                save_chat_history(readline, self.history_file)
+            self.finish()
+        if self.failed_turns and not self.interactive:  # a script piping turns in learns that one failed
+            return EXIT_FAILED
+        return EXIT_OK
+
+    def continued(self, line):
+        """A line ending in a backslash continues on the next one: several lines, one message. (A paste
+        arrives whole anyway where the terminal supports bracketed paste, which readline turns on.)"""
+        lines = [line.rstrip("\n")]
+        while lines[-1].endswith("\\") and not lines[-1].endswith("\\\\"):
+            lines[-1] = lines[-1][:-1]
+            more = input("... ") if self.interactive else sys.stdin.readline()
+            if not self.interactive and more == "":
+                break
+            lines.append(more.rstrip("\n"))
+        return "\n".join(lines)
+
+    def finish(self):
+        recorded = self.session.finish()
+        show_review(self.console, self.session.result.review)
+        if recorded:
+            import shlex
+            self.console.info("Resume this conversation with: xzatoma chat --resume %s -C %s" % (
+                self.id, shlex.quote(self.session.root)))
+        self.session.close()
+
+    def command(self, text):
+        word = text.split()[0].lower()
+        word = ALIASES.get(word, word)
+        import re
+        is_command = word in SLASH_COMMANDS or (text.startswith("/") and re.fullmatch(r"/[a-z?]+", word))
+        if not is_command:
+            self.turn(text)
+            return None
+        if word == "/exit":
+            return "exit"
+        if word not in SLASH_COMMANDS:
+            import difflib
+            close = difflib.get_close_matches(word, list(SLASH_COMMANDS) + list(ALIASES), n=1, cutoff=0.5)
+            self.console.error("unknown command %s%s (see /help)" % (
+                word, "; did you mean %s?" % ALIASES.get(close[0], close[0]) if close else ""))
+            return None
+        _, method, arg = SLASH_COMMANDS[word]
+        if arg is ARG:
+            arg = text.split(None, 1)[1].strip() if len(text.split(None, 1)) > 1 else ""
+        try:
+            getattr(self, method)(*(() if arg is None else (arg,)))
+        except XzError as exc:
+            self.console.error(str(exc))
+        return None
+
+    def show_plan(self):
+        progress = self.session.progress
+        if progress is None or not len(progress):
+            self.console.info("no steps yet: the model adds them with update_progress as it works on a task of "
+                              "several steps")
+            return
+        self.console._write("\n".join(self.console.clean(line) for line in progress.lines(numbered=True)))
+
+    def list_skills(self):
+        state = self.session.skill_state
+        usable = set(state.skills) if state else set()
+        skills, problems = find_skills(self.cfg, self.session.root)
+        if not skills and not problems:
+            self.console.info("no skills here (%s)" % ", ".join(p[3] for p in skill_places(self.cfg, self.session.root)))
+        for skill in skills:
+            status = ("active" if skill.name in state.active else "usable") if skill.name in usable else \
+                "skipped: " + skill_trust(self.store, skill)
+            self.console._write(self.console.clean("  %-20s %-8s %-18s %s" % (skill.name, skill.scope, status,
+                                                                             one_line(skill.description, 70))))
+        for p in problems:
+            self.console._write(self.console.clean("  %s %s: %s" % ("invalid" if p.level == "error" else "note",
+                                                                     p.path, p.reason)))
+
+    def mcp_status(self):
+        if self.session.mcp is None:
+            self.console.info("no MCP servers: add mcp.servers to the configuration, or a .mcp.json to the project")
+            return
+        import xzatoma_mcp
+        self.console._write("\n".join(self.console.clean(line)
+                                      for line in xzatoma_mcp.status_lines(self.session.mcp.rows())))
+
+    def approvals(self, arg):
+        arg = arg.lower()
+        if arg not in ("", "clear"):
+            raise UsageError("usage: /approvals [clear]")
+        if arg == "clear":
+            self.confirmations.reset()
+            self.console.info("cleared: every tool and command asks again")
+            return
+        self.console._write("\n".join(self.console.clean(line) for line in self.confirmations.describe()))
+
+    def help(self):
+        self.console._write("Commands (case-insensitive):\n" + "\n".join("  " + v[0] for v in SLASH_COMMANDS.values()) +
+                            "\nMentions: @path, @path#L10-20, @dir/, @search:\"text\", @grep:\"regex\", @url:https://…"
+                            " (\\@ for a literal @)")
+
+    def switch_mode(self, mode):
+        mode = mode.lower()
+        if mode not in ("planning", "write"):
+            raise UsageError("usage: /mode planning|write")
+        self.session.rebuild(mode=mode)
+        if mode == "write":
+            self.console.info("Switched to WRITE mode. All tools now available.")
+            if not self.warned_write:
+                self.warned_write = True
+                self.console.warn("in Write mode the agent can change files and run commands%s" % (
+                    "; Safe mode asks before dangerous operations" if self.safety == "safe" else
+                    " without asking (YOLO)"))
+        else:
+            self.console.info("Switched to PLANNING mode. Read-only tools only.")
+
+    def switch_safety(self, safety):
+        self.safety = safety
+        if safety == "safe":
+            self.confirmations.reset()
+        self.session.rebuild(terminal_mode=self.terminal_mode())
+        self.console.info("Switched to SAFE mode. Dangerous operations will ask for confirmation." if safety == "safe"
+                          else "Switched to YOLO safety mode. Operations will execute without confirmation.")
+
+    def switch_model(self, name):
+        if not name:
+            raise UsageError("usage: /model NAME (see /models)")
+        try:
+            names = [m["id"] for m in self.provider.models()]
+        except XzError as exc:  # the provider cannot list: switch, and say it is unchecked
+            names = None
+            self.console.warn("cannot check the name against the provider's models (%s)" % one_line(exc, 120))
+        if names is not None and name not in names:
+            raise UsageError("%s has no model '%s'%s (see /models)" % (
+                self.provider.name, name, _closest(name, names).replace(" (", "; ").rstrip(")")))
+        self.session.rebuild(provider=make_provider(self.cfg, self.console, model=name))
+        self.console.info("Switched to model %s (the conversation is kept)" % name)
+
+    def list_models(self):
+        for row in model_table(self.provider):
+            self.console._write("%s %-40s %s" % ("*" if row["id"] == self.provider.model else " ",
+                                                 self.console.clean(row["id"]),
+                                                 _fmt_tokens(row["context_window"]) if row["context_window"] else "?"))
+
+    def context(self):
+        """The same two figures as run's summary: the context now (what the next request sends) and what the
+        session's model calls sent and received in all (each sends the context again, so it grows faster)."""
+        conv, result = self.conversation, self.result
+        window = self.window()
+        limit = conv.limit(window)
+        units = sum(1 for m in conv.messages[conv._head_end():] if m["role"] != "tool")
+        droppable = max(0, units - conv.min_retain_turns)
+        self.console._write(
+            "context now: ~%s tokens (what the next request sends: %d messages and the tool definitions), of a %s "
+            "budget (window %s; pruning starts at %d%%: %s tokens)\n"
+            "this session: %s tokens (%s in / %s out)%s over %s; each call sends the context again\n"
+            "pruning would drop up to %d of %d turns, keeping the instruction and the last %d" % (
+                _fmt_tokens(context_tokens(self.session)), len(conv.messages), _fmt_tokens(limit),
+                _fmt_tokens(window), conv.prune_threshold * 100, _fmt_tokens(int(limit * conv.prune_threshold)),
+                _fmt_tokens(result.prompt_tokens + result.completion_tokens), _fmt_tokens(result.prompt_tokens),
+                _fmt_tokens(result.completion_tokens), ESTIMATED_NOTE if result.estimated else "",
+                _plural(result.turns, "model call"), droppable, units, conv.min_retain_turns))
+
+    def clear(self):
+        self.session.finish()
+        self.session.start("chat")
+        self.console.info("Started a new conversation (%s)" % self.id)
+
+    def history(self):
+        if self.store is None:
+            raise UsageError("conversation history is unavailable")
+        rows = self.store.list_conversations(10, top_level=True)
+        if rows:
+            self.console._write(conversation_header())
+        for row in rows:
+            self.console._write(self.console.clean(conversation_line(row)))
+
+    def resume_cmd(self, arg):
+        if not arg:
+            raise UsageError("usage: /resume ID (see /history)")
+        self.session.finish()
+        self.resume(arg)
+
+    def undo(self):
+        from xzatoma_tools import UndoError, undo_change
+        if self.store is None:
+            raise UsageError("undo needs conversation history, which is unavailable")
+        records = self.store.undo_records(conversation_id=self.id, limit=1)
+        if not records:
+            self.console.info("nothing to undo in this conversation")
+            return
+        try:
+            self.console.info(undo_change(self.store, records[0]))
+        except (UndoError, OSError) as exc:
+            raise XzError(str(exc))
+
+    def turn(self, text):
+        session = self.session
+        expanded, _ = self.mentions.expand(text)
+        session.record(title=text)
+        before = self.result.prompt_tokens + self.result.completion_tokens
+        if session.cancel.is_set():  # a cancelled turn's subagents stay cancelled; the next turn starts afresh
+            session.rebuild()
+        session.conversation.add_user(expanded)
+        session.skill_state.reset()  # skills are active for one turn: their allowed-tools end with it
+        session.match_skills(text)  # the person's words, not what @mentions brought in
+        self.events.turn_tool_results = []
+        try:
+            result = session.agent().run(final=False, cancel_text="Error: cancelled by user")
+        finally:
+            self.events.stop()  # no spinner left ticking over the prompt, whatever ended the turn
+        if result.status == "interrupted":
+            session.cancel.set()  # subagents still running in other threads stop too
+            keep_partial(session, self.events)
+            self.console._write("")
+            self.console.info("turn cancelled; the conversation is intact")
+        elif result.status != "completed":
+            self.failed_turns += 1
+            self.console.error(result.error)
+        result.status = "running"
+        self.footer(before)
+
+    def footer(self, before):
+        used = self.result.prompt_tokens + self.result.completion_tokens
+        window = self.window()
+        conv = self.conversation
+        now = context_tokens(self.session)
+        share = 100 * now // max(window, 1)
+        self.console.info("tokens: %s this turn · %s this session%s · context ~%s (%d%% of %s)" % (
+            _fmt_tokens(used - before), _fmt_tokens(used), ESTIMATED_NOTE if self.result.estimated else "",
+            _fmt_tokens(now), share, _fmt_tokens(window)), "dim")
+        limit = conv.limit(window)
+        if conv.tokens > limit * conv.prune_threshold * 0.85:
+            self.console.warn("the conversation is near its budget (%s of %s tokens): older turns will be pruned soon"
+                              " (/context shows what)" % (_fmt_tokens(conv.tokens), _fmt_tokens(limit)))
+        big = [n for n in self.events.turn_tool_results if n // 4 > limit * 0.25]
+        if big:
+            self.console.warn("a single tool result used ~%s tokens, over a quarter of the budget; ask for ranges or "
+                              "narrower searches" % _fmt_tokens(max(big) // 4))
+
+    # -- readline --
+    def setup_readline(self):
+        try:
+            import readline
+        except ImportError:
+            return None
+        from xzatoma_store import private_file
+        self.history_file = os.path.join(self.cfg.home, "chat_history")
+        try:
+            private_home(self.cfg.home)
+            private_file(self.history_file)  # what people typed: 0600 before it is written
+            load_chat_history(readline, self.history_file)
+        except OSError:
+            pass
+        readline.set_auto_history(False)  # the REPL adds each message whole; answers to questions stay out
+        readline.set_completer_delims(" \t\n")
+        readline.set_completer(self.complete)
+        readline.parse_and_bind("tab: complete")
+        readline.parse_and_bind("set enable-bracketed-paste on")  # a pasted block is one message
+        return readline
+
+    def complete(self, text, state):
+        try:
+            import readline
+            line = readline.get_line_buffer()
+        except ImportError:
+            line = text
+        return (self.completions(line, text) + [None])[state]
+
+    def completions(self, line, text):
+        if line.lstrip().startswith("/") and " " not in line.strip():
+            return sorted(c + " " for c in list(SLASH_COMMANDS) + [a for a in ALIASES if a.startswith("/")]
+                          if c.startswith(text.lower()))
+        if line.lower().startswith("/mode "):
+            return [m for m in ("planning", "write") if m.startswith(text.lower())]
+        if text.startswith("@"):
+            from xzatoma_tools import ToolError, list_fd
+            partial = text[1:]
+            base, prefix = os.path.split(partial)
+            try:  # listed through the jail's descriptors, like the tools
+                with self.session.ctx.jail.resolve(base or ".") as target:
+                    fd = target.open_dir()
+                    try:
+                        entries = list_fd(fd)
+                    finally:
+                        os.close(fd)
+            except (OSError, ToolError):
+                return []
+            # readline lists the matches as they are: a name holding a bidi override or a zero-width character
+            # would reach the terminal raw (and be typed into the line unseen), so it is never offered
+            from xzatoma_store import render_untrusted
+            return ["@" + os.path.join(base, name) + ("/" if kind == "dir" else "")
+                    for name, kind in entries if name.startswith(prefix) and not name.startswith(".git")
+                    and render_untrusted(name, exact=True) == name]
+        return []
+
+
+#: the first line of chat_history since messages of several lines are kept whole (older files: one per line)
+HISTORY_HEADER = "#xzatoma chat history 2: one message per line, \\n a newline, \\\\ a backslash"
+HISTORY_LENGTH = 1000  #: messages kept
+
+
+def remember_message(readline, message):
+    """A message (of any number of lines) as one history entry, unless it repeats the last one."""
+    message = message.rstrip("\n")
+    count = readline.get_current_history_length()
+    if count and readline.get_history_item(count) == message:
+        return
+    readline.add_history(message)
+
+
+def load_chat_history(readline, path):
+    """chat_history into readline: whole messages (a pasted block comes back as it was typed)."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().split("\n")
+    escaped = bool(lines) and lines[0] == HISTORY_HEADER
+    for line in lines[1:] if escaped else lines:
+        if line:
+            readline.add_history(_unescape_history(line) if escaped else line)
+
+
+def save_chat_history(readline, path):
+    """The last HISTORY_LENGTH messages, one per line, redacted (a key typed or pasted stays off disk)."""
+    from xzatoma_store import redact
+    count = readline.get_current_history_length()
+    items = [readline.get_history_item(i) for i in range(max(1, count - HISTORY_LENGTH + 1), count + 1)]
+    text = HISTORY_HEADER + "\n" + "".join(
+        redact(item).replace("\\", "\\\\").replace("\n", "\\n") + "\n" for item in items if item)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError:
+        pass
+
+
+def _unescape_history(line):
+    out, i = [], 0
+    while i < len(line):
+        if line[i] == "\\" and i + 1 < len(line):
+            out.append("\n" if line[i + 1] == "n" else line[i + 1])
+            i += 2
+        else:
+            out.append(line[i])
+            i += 1
+    return "".join(out)
+
+
+def _build_chat(sub, common, fmt):
+    chat = sub.add_parser(
+        "chat", parents=[common], formatter_class=fmt, help=COMMAND_HELP["chat"],
+        description="An interactive session. Planning mode offers read-only tools, Write mode all of them; Safe "
+                    "asks before dangerous operations, YOLO does not. Answers stream to stdout; tool lines and "
+                    "status go to stderr. With stdin piped, each line is a turn (no prompts).",
+        epilog="in the chat: /help lists commands; @path, @path#L10-20, @dir/, @search:\"text\", @grep:\"regex\"\n"
+               "and @url:https://… inject content; Ctrl-C cancels the running turn; Ctrl-D or 'exit' leaves.")
+    chat.add_argument("message", nargs="*", metavar="MESSAGE",
+                      help="a first message, answered before the prompt (every word from the first that is not an "
+                           "option, as for run)")
+    chat.add_argument("--mode", choices=("planning", "write"), help="start mode (default: agent.chat_mode)")
+    chat.add_argument("--safety", choices=("safe", "yolo"), help="start safety (default: agent.safety_mode)")
+    chat.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
+    chat.add_argument("--max-turns", type=int, metavar="N", help="model calls per message (agent.max_turns)")
+    _model_flags(chat)
+    chat.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics during the session")
+    _sandbox_flags(chat)
+    _resume_flags(chat)
+    chat.set_defaults(func=cmd_chat)
+
+
+def cmd_chat(args, console):
+    extra = {}
+    if args.max_turns is not None:
+        extra["agent.max_turns"] = args.max_turns
+    cfg = config_from_args(args, console, _sandbox_config(args, extra))
+    session = ChatSession(args, cfg, console)
+    return session.run()
+
+
+# ---- Skills: where they are found, trust, and `xzatoma skills` ----
+# Discovery, parsing and activation are in xzatoma_tools (Skills). Here: the places of a working directory,
+# which skills a session may use (project skills only once trusted), and the command that lists, shows,
+# validates and trusts them. Trust is a generic record of the store (trusted_files: real path, kind, digest),
+# so another kind of project file (an .mcp.json) can share it.
+
+SKILL_TRUST = "skill"  #: a skill's kind among the store's trusted project files
+
+
+def skill_places(cfg, working_dir):
+    """Where skills are looked for, first wins: the project's .xzatoma/skills and .agents/skills (in the working
+    directory), then agent.skills.user_dir."""
+    from xzatoma_tools import PROJECT_SKILL_DIRS
+    places = [("project", working_dir, rel, rel) for rel in PROJECT_SKILL_DIRS]
+    user = cfg.get("agent.skills.user_dir")
+    if user:
+        user = os.path.abspath(os.path.expanduser(user))
+        places.append(("user", user, ".", short_dir(user, 4096)))
+    return places
+
+
+def find_skills(cfg, working_dir):
+    """(skills, problems) of a working directory, whether or not agent.skills.enabled is on."""
+    from xzatoma_tools import discover_skills
+    return discover_skills(skill_places(cfg, os.path.realpath(working_dir)), hidden=[cfg.home])
+
+
+def skill_trust(store, skill):
+    """'trusted', 'changed' (since it was trusted) or 'untrusted' for a project skill; 'user' for the person's
+    own. Without a store nothing can have been trusted."""
+    if skill.scope != "project":
+        return "user"
+    if store is None:
+        return "untrusted"
+    try:
+        return store.trust_state(skill.directory, SKILL_TRUST, skill.digest)
+    except Exception:  # a store that fails now: as if nothing were trusted
+        return "untrusted"
+
+
+def session_skills(cfg, console, working_dir, store, asker=None):
+    """The skills a session may use. Each invalid one is reported (its file and why), never skipped in silence.
+    Project skills not trusted yet (or changed since) are put to a person once through `asker` (chat): yes
+    trusts them, for good when the store can keep it; without one (headless runs) they are skipped, and a
+    warning names them and how to trust them."""
+    if not cfg.get("agent.skills.enabled"):
+        return []
+    skills, problems = find_skills(cfg, working_dir)
+    for problem in problems:
+        if problem.level == "error":
+            console.warn("skill %s is not used: %s (see xzatoma skills validate)" % (problem.path, problem.reason))
+    states = [skill_trust(store, s) for s in skills]
+    pending = [(s, state) for s, state in zip(skills, states) if state in ("untrusted", "changed")]
+    if pending and asker is not None and ask_skill_trust(console, asker, pending):
+        if store is None:
+            console.warn("conversation history is unavailable, so the trust holds for this session only")
+        for skill, _ in pending:
+            if store is not None:
+                try:
+                    store.trust_file(skill.directory, SKILL_TRUST, skill.digest)
+                except Exception as exc:
+                    console.warn("cannot record the trust (%s): it holds for this session only" % one_line(exc, 120),
+                                 once_key="skill-trust")
+        return skills
+    if pending:
+        console.warn("skipped %s not trusted%s: %s; read %s, then trust %s with 'xzatoma skills trust %s'" % (
+            _plural(len(pending), "project skill"), " (or changed since)" if any(st == "changed" for _, st in pending)
+            else " yet", ", ".join("%s (%s)" % (s.name, s.shown) for s, _ in pending[:10]),
+            "it" if len(pending) == 1 else "them", "it" if len(pending) == 1 else "them",
+            " ".join(s.name for s, _ in pending[:10])))
+    return [s for s, state in zip(skills, states) if state not in ("untrusted", "changed")]
+
+
+def ask_skill_trust(console, asker, pending):
+    """Show the project's skills not trusted yet ([(skill, state)]), and ask once."""
+    console.info("This project has %s not trusted yet; trusted, %s instructions guide the model:" % (
+        _plural(len(pending), "skill"), "its" if len(pending) == 1 else "their"), "yellow")
+    for skill, state in pending:
+        console.info("  %s — %s (%s%s)" % (skill.name, one_line(skill.description, 100), skill.shown,
+                                           ", changed since you trusted it" if state == "changed" else ""))
+    answer = asker.ask("Trust %s? (xzatoma skills show NAME shows one) [y/N] > " % (
+        "it" if len(pending) == 1 else "them"))
+    if (answer or "").strip().lower() in ("y", "yes"):
+        return True
+    console.info("not trusted: %s skipped this session" % ", ".join(s.name for s, _ in pending))
+    return False
+
+
+def _build_skills(sub, common, fmt):
+    skills = sub.add_parser(
+        "skills", parents=[common], formatter_class=fmt, help=COMMAND_HELP["skills"],
+        description="A skill is a folder holding SKILL.md: YAML front matter (name, as the folder; description: what it\n"
+                    "does and when to use it; optional triggers: keywords or /regexes/ that load it when a request\n"
+                    "matches; optional allowed-tools: the only tools the agent may use while it is active), then the\n"
+                    "instructions, and any files beside it. They are found in the project's .xzatoma/skills/ and\n"
+                    ".agents/skills/ and in agent.skills.user_dir (~/.config/xzatoma/skills). The model sees each\n"
+                    "skill's name and description and loads one with activate_skill when the task fits. Project\n"
+                    "skills come with the repository: they are used only once trusted (chat asks once; run and watch\n"
+                    "skip them), and after any change only when trusted again.",
+        epilog="examples:\n  xzatoma skills list\n  xzatoma skills show code-review\n"
+               "  xzatoma skills validate                  # every skill here; exit 1 when one is invalid\n"
+               "  xzatoma skills validate path/to/my-skill  # one folder (or its SKILL.md)\n"
+               "  xzatoma skills trust code-review          # after reading it\n\n"
+               "a SKILL.md:\n  ---\n  name: code-review\n  description: Review a change for bugs and style. Use "
+               "when asked to review code.\n  triggers: [review, \"/check (this|my) (pr|diff)/\"]\n"
+               "  allowed-tools: read_file grep find_path\n  ---\n  # Code review\n  1. …")
+    ssub = skills.add_subparsers(dest="skills_command", metavar="ACTION")
+    a = ssub.add_parser("list", parents=[common], help="the skills found here: scope, trust, triggers, description")
+    a.add_argument("--json", action="store_true", help="print {skills: [...], problems: [...]}")
+    a = ssub.add_parser("show", parents=[common], help="one skill: its fields, files and instructions")
+    a.add_argument("name")
+    a = ssub.add_parser("validate", parents=[common], help="check skills; exit 1 when one is invalid")
+    a.add_argument("paths", nargs="*", metavar="PATH", help="skill folders (or their SKILL.md, or a directory of "
+                                                            "skills); default: every skill found here")
+    a = ssub.add_parser("trust", parents=[common], help="trust project skills (their digest is recorded: a "
+                                                        "change needs trust again)")
+    a.add_argument("names", nargs="*", metavar="NAME")
+    a.add_argument("--all", action="store_true", help="every valid project skill here")
+    a = ssub.add_parser("untrust", parents=[common], help="forget the trust of project skills")
+    a.add_argument("names", nargs="+", metavar="NAME")
+    for a in ssub.choices.values():
+        a.add_argument("--working-dir", "-C", metavar="DIR", help="the project (default: current directory)")
+        a.set_defaults(func=cmd_skills)
+    skills.set_defaults(func=cmd_skills)
+
+
+def cmd_skills(args, console):
+    action = args.skills_command
+    if action is None:
+        raise UsageError("say what to do: xzatoma skills list|show|validate|trust|untrust (see --help)")
+    cfg = config_from_args(args, console)
+    root = os.path.realpath(args.working_dir or os.getcwd())
+    if not os.path.isdir(root):
+        raise UsageError("working directory does not exist: %s" % root)
+    if action == "validate" and args.paths:
+        return _validate_paths(args.paths, console)
+    skills, problems = find_skills(cfg, root)
+    if not cfg.get("agent.skills.enabled"):
+        console.warn("skills are turned off (agent.skills.enabled: false): runs and chats use none")
+    out = CleanWriter(sys.stdout)  # names, descriptions and instructions come from the files
+    if action == "validate":
+        return _report_validation(out, skills, problems)
+    store = open_store(cfg, console, required=action in ("trust", "untrust"))
+    try:
+        if action == "list":
+            rows = [{"name": s.name, "description": s.description, "scope": s.scope, "trust": skill_trust(store, s),
+                     "path": s.shown, "triggers": s.triggers, "allowed_tools": sorted(s.allowed_tools)
+                     if s.allowed_tools is not None else None, "files": s.resources} for s in skills]
+            if args.json:
+                json_out({"skills": rows, "problems": [{"path": p.path, "reason": p.reason, "level": p.level}
+                                                       for p in problems]})
+                return EXIT_OK
+            if rows:
+                width = max([len(r["name"]) for r in rows] + [4])
+                out.write("%-*s  %-7s  %-9s  %-8s  %s\n" % (width, "NAME", "SCOPE", "TRUST", "TRIGGERS", "DESCRIPTION"))
+                for r in rows:
+                    out.write("%-*s  %-7s  %-9s  %-8d  %s\n" % (width, r["name"], r["scope"], r["trust"].replace(
+                        "user", "-"), len(r["triggers"]), one_line(r["description"], 80)))
+            elif not problems:
+                console.info("no skills here (looked in %s)" % ", ".join(p[3] for p in skill_places(cfg, root)))
+            for p in problems:
+                console.warn("%s %s: %s" % ("invalid skill" if p.level == "error" else "skill", p.path, p.reason))
+            return EXIT_OK
+        if action in ("show", "trust", "untrust"):
+            names = [args.name] if action == "show" else args.names
+            if action == "trust" and args.all:
+                names = [s.name for s in skills if s.scope == "project"]
+                if not names:
+                    console.info("no valid project skills here to trust")
+                    return EXIT_OK
+            elif not names:
+                raise UsageError("name the skills to trust, or --all")
+            by_name = {s.name: s for s in skills}
+            missing = [n for n in names if n not in by_name]
+            if missing:
+                bad = [p for p in problems if any("/%s/" % n in p.path + "/" for n in missing)]
+                raise UsageError("no valid skill named %s here%s" % (", ".join(missing), (
+                    ": " + "; ".join("%s: %s" % (p.path, p.reason) for p in bad[:3])) if bad else
+                    " (see xzatoma skills list)"))
+            if action == "show":
+                return _show_skill(out, by_name[args.name], skill_trust(store, by_name[args.name]))
+            for name in names:
+                skill = by_name[name]
+                if skill.scope != "project":
+                    console.info("%s is your own skill (%s): it needs no trust" % (name, skill.shown))
+                elif action == "trust":
+                    store.trust_file(skill.directory, SKILL_TRUST, skill.digest)
+                    console.info("trusted skill %s (%s); a change to its folder needs trust again" % (name, skill.shown))
+                elif store.untrust_file(skill.directory, SKILL_TRUST):
+                    console.info("skill %s is no longer trusted" % name)
+                else:
+                    console.info("skill %s was not trusted" % name)
+        return EXIT_OK
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _show_skill(out, skill, trust):
+    rows = [("name", skill.name), ("description", skill.description),
+            ("scope", skill.scope + ("" if trust == "user" else " (%s)" % trust)), ("path", skill.shown),
+            ("triggers", ", ".join(skill.triggers) or "-"),
+            ("allowed-tools", "-" if skill.allowed_tools is None else ", ".join(sorted(skill.allowed_tools)) or
+             "(none)"), ("files", ", ".join(skill.resources) or "-")]
+    rows += [("warning", w) for w in skill.warnings]
+    out.write("".join("%-14s %s\n" % (k + ":", v) for k, v in rows) + "\n" + (skill.body or "(no instructions)")
+              + "\n")
+    return EXIT_OK
+
+
+def _report_validation(out, skills, problems):
+    for skill in skills:
+        out.write("ok       %s (%s)\n" % (skill.shown, skill.name))
+        for warning in skill.warnings:
+            out.write("warning  %s: %s\n" % (skill.shown, warning))
+    for p in problems:
+        out.write("%-8s %s: %s\n" % (p.level, p.path, p.reason))
+    errors = sum(1 for p in problems if p.level == "error")
+    out.write("%s valid, %s\n" % (_plural(len(skills), "skill"), _plural(errors, "error")))
+    return EXIT_FAILED if errors else EXIT_OK
+
+
+def _validate_paths(paths, console):
+    """`skills validate PATH…`: a skill folder, its SKILL.md, or a directory of skill folders."""
+    from xzatoma_tools import SKILL_FILE, Jail, SkillProblem, discover_skills, load_skill
+    skills, problems = [], []
+    for path in paths:
+        real = os.path.realpath(path)
+        if os.path.basename(real) == SKILL_FILE or os.path.isfile(os.path.join(real, SKILL_FILE)):
+            folder = os.path.dirname(real) if os.path.basename(real) == SKILL_FILE else real
+            shown = os.path.dirname(path.rstrip("/")) if os.path.basename(real) == SKILL_FILE else path.rstrip("/")
+            try:
+                skills.append(load_skill(Jail(os.path.dirname(folder)), os.path.basename(folder), "user",
+                                         shown or "."))
+            except SkillProblem as exc:
+                problems.append(exc)
+        elif os.path.isdir(real):
+            found, bad = discover_skills([("user", real, ".", path.rstrip("/") or ".")])
+            if not found and not bad:
+                bad = [SkillProblem(path, "no skill folders (a folder holding %s) in it" % SKILL_FILE)]
+            skills += found
+            problems += bad
+        else:
+            problems.append(SkillProblem(path, "no such skill folder or %s" % SKILL_FILE))
+    return _report_validation(CleanWriter(sys.stdout), skills, problems)
+
+
+# ---- Command line ----
+
+
+def _add_global_flags(parser, suppress):
+    """Global flags, accepted before or after the subcommand."""
+    import argparse
+    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
+    g = parser.add_argument_group("global options")
+    g.add_argument("--config", metavar="PATH", default=d(None),
+                   help="configuration file (default: $XZATOMA_CONFIG or ~/.config/xzatoma/config.yaml)")
+    g.add_argument("--provider", choices=("copilot", "ollama", "openai"), default=d(None),
+                   help="AI provider (overrides provider.type and XZATOMA_PROVIDER)")
+    g.add_argument("--model", metavar="NAME", default=d(None), help="model of the chosen provider")
+    g.add_argument("-v", "--verbose", action="store_true", default=d(False),
+                   help="show debug detail, model thinking and tracebacks")
+    g.add_argument("-q", "--quiet", action="store_true", default=d(False), help="show only errors on stderr")
+    g.add_argument("--no-color", action="store_true", default=d(False), help="never colour output")
+
+
+def _build_version(sub, common, fmt):
+    version = sub.add_parser("version", help=COMMAND_HELP["version"])
+    version.set_defaults(func=lambda args, console: (print("xzatoma " + __version__), EXIT_OK)[1])
+
+
+def _build_watch(sub, common, fmt):
+    watch = sub.add_parser(
+        "watch", parents=[common], formatter_class=fmt, help=COMMAND_HELP["watch"],
+        description="Consume a Kafka topic and run the plan each event carries (XZepr events, CloudEvents 1.0 in "
+                    "structured or binary mode, or bare plans), headless, one stored conversation of kind 'watch' per "
+                    "event. Each result is published as a CloudEvent on the output topic; offsets are committed only "
+                    "after the result is recorded and published. Flags override the environment and the watcher.* "
+                    "config keys.",
+        epilog="examples:\n"
+               "  xzatoma watch --brokers localhost:9092 --topic builds --event-types build.succeeded\n"
+               "  xzatoma watch --topic plans --dry-run --idle-exit 10      # what would run, nothing run\n"
+               "  xzatoma publish --plan task.yaml --brokers localhost:9092 --topic plans\n\n"
+               "needs kafka-python: pip install 'xzatoma[kafka]'. SIGTERM/SIGINT stop taking events and let running\n"
+               "plans finish for watcher.shutdown_grace_seconds (exit 0). " + "exit codes: 0 stopped, 2 bad usage or "
+               "configuration.")
+    c = watch.add_argument_group("connection")
+    c.add_argument("--brokers", metavar="HOST:PORT[,...]", help="bootstrap servers (watcher.kafka.bootstrap_servers)")
+    c.add_argument("--topic", metavar="T", help="input topic (watcher.kafka.topic)")
+    c.add_argument("--group-id", metavar="G", help="consumer group (default xzatoma-watcher); processes with one "
+                                                   "group share the partitions")
+    c.add_argument("--output-topic", metavar="T", help="results topic (default <topic>.results)")
+    c.add_argument("--dead-letter-topic", metavar="T", help="copies of messages that cannot run")
+    c.add_argument("--create-topics", action="store_true", help="create missing topics first")
+    r = watch.add_argument_group("runs")
+    r.add_argument("--working-dir", "-C", metavar="DIR", help="the jail of every plan (default: current directory)")
+    r.add_argument("--mode", choices=("write", "planning"), help="tools offered to plans (default write)")
+    r.add_argument("--max-concurrent", type=int, metavar="N", help="plans running at once (default 1)")
+    r.add_argument("--max-events", type=int, metavar="N", help="stop after N messages are settled and committed")
+    r.add_argument("--idle-exit", type=float, metavar="SECONDS", help="stop when nothing arrives for that long")
+    r.add_argument("--max-turns", type=int, metavar="N", help="model calls per event (agent.max_turns)")
+    r.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit per event (default 300)")
+    r.add_argument("--dry-run", action="store_true", help="print one JSON line per event that would run; run, "
+                                                          "publish and commit nothing")
+    r.add_argument("--format", choices=("auto", "xzepr", "cloudevents", "plan"), help="message format (default auto)")
+    r.add_argument("--log-format", choices=("text", "json"), help="decision log lines (logging.format)")
+    r.add_argument("--log-file", metavar="PATH", help="decision log here instead of stderr")
+    r.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics while watching")
+    f = watch.add_argument_group("filters (all given must hold)")
+    f.add_argument("--event-types", metavar="A,B", help="event types, exact")
+    f.add_argument("--source", metavar="REGEX", help="event source (search)")
+    f.add_argument("--platform", metavar="ID", help="XZepr platform_id")
+    f.add_argument("--package", metavar="NAME", help="XZepr package")
+    f.add_argument("--api-version", metavar="V", help="XZepr api_version")
+    f.add_argument("--include-failed", action="store_true", default=None,
+                   help="also run XZepr events with success: false")
+    f.add_argument("--action", metavar="REGEX", help="plan action (case-insensitive search)")
+    f.add_argument("--name", metavar="REGEX", help="plan name (case-insensitive search)")
+    f.add_argument("--match-version", metavar="CONSTRAINT", help="plan version: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2")
+    watch.set_defaults(func=cmd_watch)
+
+
+def _build_mcp(sub, common, fmt):
+    mcp = sub.add_parser(
+        "mcp", parents=[common], formatter_class=fmt, help=COMMAND_HELP["mcp"],
+        description="MCP servers give the agent more tools: mcp.servers in the configuration, and a project's "
+                    ".mcp.json once trusted. stdio servers start inside the OS sandbox (no network unless their "
+                    "configuration says network: true); their tools are asked like terminal commands in Safe mode, "
+                    "and a headless run calls only those its configuration allows (allow, read_only).",
+        epilog="examples:\n"
+               "  xzatoma mcp list                       # servers, state, protocol, tools and their approval\n"
+               "  xzatoma mcp tools fs                   # one server's tools\n"
+               "  xzatoma mcp login github               # OAuth in the browser (after the server's 401)\n"
+               "  echo \"$TOKEN\" | xzatoma mcp login api --token\n"
+               "  xzatoma mcp trust                      # start the servers of this project's .mcp.json\n\n"
+               "configuration (xzatoma.yaml):\n"
+               "  mcp:\n"
+               "    servers:\n"
+               "      fs: {command: mcp-server-filesystem, args: [\".\"], allow: [read_text_file]}\n"
+               "      api: {url: https://example.com/mcp, bearer_token_env: API_TOKEN}")
+    msub = mcp.add_subparsers(dest="mcp_command", metavar="ACTION")
+    a = msub.add_parser("list", parents=[common], help="every server: state, protocol, tools and their approval")
+    a.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = msub.add_parser("tools", parents=[common], help="one server's tools, their approval and descriptions")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a = msub.add_parser("login", parents=[common], help="log in to a remote server (OAuth in the browser, or "
+                                                         "--token from stdin)")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a.add_argument("--token", action="store_true", help="store a bearer token read from stdin instead")
+    a = msub.add_parser("logout", parents=[common], help="forget a server's stored tokens")
+    a.add_argument("name", metavar="NAME", help="the server's name")
+    a = msub.add_parser("trust", parents=[common], help="trust this project's .mcp.json (as it is now)")
+    a.add_argument("--yes", action="store_true", help="without asking (after reading it)")
+    mcp.set_defaults(func=cmd_mcp)
+    for a in msub.choices.values():
+        a.add_argument("--working-dir", "-C", metavar="DIR", help="the project (default: the current directory)")
+        a.set_defaults(func=cmd_mcp)
+
+
+def cmd_mcp(args, console):
+    """xzatoma mcp list | tools NAME | login NAME | logout NAME | trust."""
+    action = getattr(args, "mcp_command", None) or "list"
+    cfg = config_from_args(args, console)
+    working_dir = check_working_dir(getattr(args, "working_dir", None))
+    if action == "trust":
+        return _mcp_trust(args, cfg, console, working_dir)
+    name = getattr(args, "name", None)
+    if action == "logout":
+        import xzatoma_mcp as mcp
+        removed = CredentialStore(cfg.home, console).delete(mcp.credential_name(name))
+        console.info("removed the stored tokens of '%s'" % name if removed else "nothing stored for '%s'" % name)
+        return EXIT_OK
+    if action == "login" and args.token:
+        import xzatoma_mcp as mcp
+        token = sys.stdin.readline().strip() if not _isatty(sys.stdin) else __import__("getpass").getpass(
+            "bearer token for '%s': " % name)
+        if not token:
+            raise UsageError("no token given (pipe it on stdin)")
+        where = CredentialStore(cfg.home, console).set(mcp.credential_name(name), json.dumps({"access_token": token}))
+        console.info("stored the token of '%s' (%s)" % (name, "system keyring" if where == "keyring" else where))
+        return EXIT_OK
+    asker = Asker(console) if action == "login" else None
+    servers = open_mcp(cfg, console, working_dir, asker=asker, start=False, only=name)
+    if servers is None or (name and servers.get(name) is None and not servers.untrusted):
+        if name:
+            raise UsageError("no MCP server named '%s' (mcp.servers in %s, or .mcp.json)" % (name, cfg.path))
+        console.info("no MCP servers configured: add mcp.servers to %s, or a .mcp.json to the project" % cfg.path)
+        return EXIT_OK
+    if action == "login" and servers.get(name).config.transport != "http":
+        raise UsageError("'%s' is a stdio server: it needs no login (its env names what it needs)" % name)
+    try:
+        servers.start()
+        rows = servers.rows()
+    finally:
+        servers.close()
+    if action == "login":
+        row = rows[0]
+        if row["state"] != "running":
+            return EXIT_FAILED
+        console.info("'%s' works: %d tools (MCP %s)" % (name, len(row["tools"]), row["protocol"]))
+        return EXIT_OK
+    if getattr(args, "json", False):
+        json_out({"servers": rows}, indent=2)
+    else:
+        import xzatoma_mcp as mcp
+        lines = mcp.status_lines(rows)
+        if action == "tools":
+            lines = []
+            for row in rows:
+                if row["state"] != "running":
+                    console.warn("MCP server '%s' is %s: %s" % (row["name"], row["state"], row.get("error") or "-"))
+                for tool in row["tools"]:
+                    lines.append("%s  (%s)" % (tool["name"], mcp.APPROVAL_TEXT[tool["approval"]]))
+                    lines.append("    " + one_line(tool["description"] or "-", 200))
+        CleanWriter(sys.stdout).write("\n".join(lines) + "\n" if lines else "")
+    return EXIT_OK if all(r["state"] in ("running", "disabled", "untrusted") for r in rows) else EXIT_FAILED
+
+
+def _mcp_trust(args, cfg, console, working_dir):
+    import xzatoma_mcp as mcp
+    text, path = mcp.read_project_file(working_dir)
+    if text is None:
+        raise UsageError("no .mcp.json in %s" % working_dir)
+    warnings = []
+    try:
+        configs = mcp.parse_servers(mcp.project_servers(text, path, warnings), path, os.environ, warnings)
+    except mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    trust = mcp.ProjectTrust(cfg.home)
+    if trust.trusted(path, text):
+        console.info("%s is trusted already (as it is now)" % path)
+        return EXIT_OK
+    if args.yes or ask_mcp_trust(console, Asker(console), path, configs):
+        trust.trust(path, text)
+        console.info("trusted %s: its servers start with the next run or chat (a change asks again)" % path)
+        return EXIT_OK
+    console.info("not trusted")
+    return EXIT_FAILED
+
+
+def _watch_module(command, verbose=False):
+    import xzatoma_watch
+    try:
+        xzatoma_watch.require_kafka(command)
+    except xzatoma_watch.WatchError as exc:
+        raise UsageError(str(exc))
+    xzatoma_watch.quiet_client_logs(verbose, Console.clean)
+    return xzatoma_watch
+
+
+def watch_settings(args, cfg):
+    """The watcher's settings: flags > environment > config (watcher.*) > defaults."""
+    import xzatoma_watch
+    w = cfg.get("watcher")
+    k = w["kafka"]
+
+    def pick(flag, value):
+        return value if flag is None else flag
+    topic = pick(args.topic, k["topic"])
+    given = pick(args.working_dir, w["working_dir"])
+    # as run and chat: an implicit $HOME (a user service's and cron's directory), / or above home is refused
+    working_dir = check_working_dir(os.path.expanduser(given) if given else None)
+    for flag, value in (("--max-concurrent", args.max_concurrent), ("--max-events", args.max_events)):
+        if value is not None and value < 1:
+            raise UsageError("%s must be at least 1" % flag)
+    if args.idle_exit is not None and args.idle_exit <= 0:
+        raise UsageError("--idle-exit must be a positive number of seconds")
+    security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password", "ssl_cafile",
+                                        "ssl_certfile", "ssl_keyfile")}
+    return xzatoma_watch.Settings(
+        brokers=pick(args.brokers, k["bootstrap_servers"]), topic=topic, group_id=pick(args.group_id, k["group_id"]),
+        output_topic=pick(args.output_topic, k["output_topic"]),
+        dead_letter_topic=pick(args.dead_letter_topic, k["dead_letter_topic"]), create_topics=args.create_topics,
+        security=security, working_dir=working_dir, max_concurrent=pick(args.max_concurrent, w["max_concurrent"]),
+        max_events=args.max_events, idle_exit=args.idle_exit, dry_run=args.dry_run,
+        format=pick(args.format, w["format"]), shutdown_grace=float(w["shutdown_grace_seconds"]),
+        answer_limit=w["answer_max_bytes"], max_request_size=k["max_request_size"],
+        max_message_bytes=w["max_message_bytes"], max_attempts=w["max_attempts"],
+        claim_lease=float(w["claim_lease_seconds"]),
+        consumer_options={"session_timeout_ms": k["session_timeout_ms"],
+                          "max_poll_interval_ms": k["max_poll_interval_ms"],
+                          "heartbeat_interval_ms": max(100, min(3000, k["session_timeout_ms"] // 3))})
+
+
+def watch_filters(args, cfg):
+    import xzatoma_watch
+    f = cfg.get("watcher.filter")
+
+    def pick(flag, value):
+        return value if flag is None else flag
+    try:
+        return xzatoma_watch.Filters(
+            event_types=pick(args.event_types, f["event_types"]), sources=pick(args.source and [args.source],
+                                                                                f["sources"]),
+            platforms=pick(args.platform, f["platforms"]), packages=pick(args.package, f["packages"]),
+            api_versions=pick(args.api_version, f["api_versions"]),
+            include_failed=pick(args.include_failed, f["include_failed"]),
+            actions=pick(args.action and [args.action], f["actions"]), names=pick(args.name and [args.name],
+                                                                                   f["names"]),
+            match_version=pick(args.match_version, f["match_version"]))
+    except xzatoma_watch.WatchError as exc:
+        raise UsageError(str(exc))
+
+
+def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
+    """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
+    'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
+    import threading
+    from xzatoma_tools import FULL, RESTRICTED
+    base_provider = make_provider(cfg, console)  # credentials are checked once, at start
+    session_skills(cfg, console, settings.working_dir, store)  # invalid and untrusted skills: said once, here
+    quiet = Console(quiet=True, color=False)
+    per_thread = threading.local()  # each worker thread's own provider: its HTTP connection lives on (issue 22)
+    # one Confinement for the process (its protected set, policy and sandbox), not one per event; it goes with
+    # the process (the sandbox's helper and TMPDIR at exit), and its sandbox starts only if a command runs
+    confinement = build_confinement(cfg, check_working_dir(settings.working_dir), store)
+    if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
+        check_sandbox(cfg, confinement.sandbox, console)
+
+    def run_plan(job):
+        from xzatoma_store import redact
+        provider = getattr(per_thread, "provider", None)
+        if provider is None:
+            provider = per_thread.provider = base_provider.clone()
+        outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
+                                   terminal_mode=FULL if allow_dangerous else RESTRICTED,
+                                   timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
+                                   metadata=job.metadata, store=store, cancel=job.cancel,
+                                   provider=provider, confinement=confinement,
+                                   steps=job.plan.instructions if job.plan is not None else None).to_json()
+        for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
+            outcome[key] = redact(outcome.get(key))
+        return outcome
+    return run_plan
+
+
+def cmd_watch(args, console):
+    watch = _watch_module("watch", args.verbose)
+    extra = {}
+    if args.max_turns is not None:
+        extra["agent.max_turns"] = args.max_turns
+    if args.timeout is not None:
+        extra["watcher.timeout_seconds"] = args.timeout
+    cfg = config_from_args(args, console, extra)
+    settings = watch_settings(args, cfg)
+    filters = watch_filters(args, cfg)
+    log_file = args.log_file or cfg.get("watcher.log_file")
+    stream = sys.stderr
+    if log_file:
+        try:  # created private, like every file that holds what events said (issue 12)
+            fd = os.open(os.path.expanduser(log_file), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            stream = os.fdopen(fd, "a", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError("cannot open the log file %s: %s" % (log_file, exc.strerror or exc))
+    log = watch.WatchLog(stream, args.log_format or cfg.get("logging.format"), cfg.get("logging.level"),
+                         redact=Console.clean)  # redacted, and what a topic said is shown, never obeyed
+    store = open_store(cfg, console) if not settings.dry_run else None
+    mode = args.mode or cfg.get("watcher.mode")
+    run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, mode,
+                                                          cfg.get("watcher.allow_dangerous"))
+    xzepr = None
+    if cfg.get("xzepr.api_url") and not settings.dry_run:
+        xzepr = watch.XzeprClient(cfg.get("xzepr.api_url"), cfg.get("xzepr.api_key"))
+    metrics = load_metrics(args.metrics_port) if args.metrics_port else None
+    watcher = watch.Watcher(settings, filters, run_plan, store=store, log=log, xzepr=xzepr, metrics=metrics)
+
+    import signal
+    previous = {}
+
+    def stop(signum, frame):
+        watcher.request_stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, stop)
+    try:
+        code = watcher.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if metrics is not None:
+            metrics.close()
+        if stream is not sys.stderr:
+            stream.close()
+    _exit_if_runs_linger(code)
+    if store is not None:
+        store.close()
+    return code
+
+
+def _exit_if_runs_linger(code):
+    """A run interrupted after the grace period may still be waiting on a model reply: its event is redelivered
+    anyway, so the watcher exits now instead of waiting for it (its conversation is reaped as interrupted)."""
+    import threading
+    workers = [t for t in threading.enumerate() if t.name.startswith("xzatoma-watch") and t.is_alive()]
+    deadline = time.monotonic() + 2.0
+    for t in workers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in workers):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _build_publish(sub, common, fmt):
+    publish = sub.add_parser(
+        "publish", parents=[common], formatter_class=fmt, help=COMMAND_HELP["publish"],
+        description="Wrap a plan in a CloudEvent (or, with --xzepr, an XZepr event), publish it, and print the "
+                    "event id on stdout: test a watch pipeline end to end with one tool.",
+        epilog="example:\n  id=$(xzatoma publish --plan task.yaml --brokers localhost:9092 --topic plans)\n\n"
+               "exit codes: 0 published, 1 the broker did not take it, 2 bad usage or plan.")
+    publish.add_argument("--plan", metavar="FILE", required=True, help="the plan (YAML, JSON, Markdown; - reads stdin)")
+    publish.add_argument("--brokers", metavar="HOST:PORT[,...]", help="bootstrap servers "
+                                                                     "(watcher.kafka.bootstrap_servers)")
+    publish.add_argument("--topic", metavar="T", help="topic (watcher.kafka.topic)")
+    publish.add_argument("--type", metavar="TYPE", help="event type (default xzatoma.plan.requested)")
+    publish.add_argument("--source", metavar="SRC", help="event source (default xzatoma://<host>/publish)")
+    publish.add_argument("--xzepr", action="store_true", help="an XZepr event (plan in data.events[0].payload.plan)")
+    publish.add_argument("--key", metavar="K", help="message key (default: the event id)")
+    publish.set_defaults(func=cmd_publish)
+
+
+def cmd_publish(args, console):
+    watch = _watch_module("publish", args.verbose)
+    cfg = config_from_args(args, console)
+    if args.plan == "-":
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            with open(args.plan, encoding="utf-8") as fh:
+                text, source = fh.read(), args.plan
+        except FileNotFoundError:
+            raise UsageError("plan file not found: %s" % args.plan)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
+    k = cfg.get("watcher.kafka")
+    try:
+        data, plan = watch.plan_payload(text, source)
+        event = watch.build_event(data, plan, args.type, args.source, args.xzepr)
+        security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password",
+                                            "ssl_cafile", "ssl_certfile", "ssl_keyfile")}
+        event_id = watch.publish(args.brokers or k["bootstrap_servers"], args.topic or k["topic"], event, args.key,
+                                 security)
+    except watch.WatchError as exc:
+        raise UsageError(str(exc))
+    except watch.PublishError as exc:
+        raise XzError(str(exc), EXIT_FAILED)
+    sys.stdout.write(event_id + "\n")
+    return EXIT_OK
+
+
+COMMAND_HELP = {
+    "chat": "an interactive session (Planning/Write, Safe/YOLO, @mentions)",
+    "run": "run one task to completion (prompt, stdin or plan)",
+    "history": "list, show and search stored conversations",
+    "replay": "replay a stored conversation as it was shown",
+    "undo": "put back files the agent changed",
+    "policy": "check what the terminal, fetch and jail rules say about a command, URL or path",
+    "auth": "log in to Copilot, store API keys, check credentials",
+    "models": "list the provider's models",
+    "config": "show or create the configuration",
+    "watch": "run the plans that arrive on a Kafka topic (XZepr, CloudEvents, bare plans)",
+    "publish": "publish a plan to a Kafka topic as a CloudEvent",
+    "mcp": "MCP servers: list them and their tools, log in, trust a project's .mcp.json",
+    "skills": "list, show, validate and trust skills (SKILL.md folders)",
+    "version": "print the version",
+}
+_VALUE_FLAGS = ("--config", "--provider", "--model")
+
+
+def _selected_command(argv):
+    """The subcommand named in argv (skipping global option values), or None."""
+    index = _command_index(argv)
+    return argv[index] if index is not None else None
+
+
+def _command_index(argv):
+    """Where the first word that is not a global option (or its value) stands in argv, or None."""
+    skip = False
+    for i, token in enumerate(argv):
+        if skip:
+            skip = False
+        elif token == "--":
+            return i + 1 if i + 1 < len(argv) else None
+        elif token in _VALUE_FLAGS:
+            skip = True
+        elif not token.startswith("-") or token == "-":
+            return i
+    return None
+
+
+#: subcommands whose words after the options are free text: the task (run) or the first message (chat)
+TEXT_COMMANDS = {"run": "task", "chat": "message"}
+
+
+def route(argv, stdin_is_terminal):
+    """argv as the parser reads it. Bare `xzatoma` on a terminal is `xzatoma chat`; `xzatoma "text"` (a first
+    word that is no command) is `xzatoma chat "text"` on a terminal, `xzatoma run "text"` otherwise (a
+    pipe, cron). A single word close to a command's name stays a mistake to correct, not a prompt."""
+    index = _command_index(argv)
+    if index is None:
+        if any(t in ("-h", "--help", "-V", "--version") for t in argv):
+            return argv
+        if stdin_is_terminal:
+            return argv + ["chat"]
+        return argv + ["run"] if _stdin_is_data() else argv
+    word = argv[index]
+    if word in COMMAND_BUILDERS:
+        return argv
+    words = argv[index:]
+    if words == ["help"]:
+        return argv[:index] + ["--help"]
+    import difflib
+    if len(words) == 1 and " " not in word and difflib.get_close_matches(word, list(COMMAND_BUILDERS), n=1,
+                                                                          cutoff=0.6):
+        return argv  # argparse says: invalid choice 'chta'; did you mean 'chat'?
+    head = [t for t in argv[:index] if t != "--"]
+    return head + ["chat" if stdin_is_terminal else "run", "--"] + words
+
+
+def split_text(parser, argv):
+    """(options part, free text) for run and chat: everything from the command's first word that is not an
+    option, or from `--`, is the text, options and all (`xzatoma run explain what ls -v does`); the options
+    are those before it."""
+    import argparse
+    index = _command_index(argv)
+    if index is None or argv[index] not in TEXT_COMMANDS:
+        return argv, None
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = action.choices[argv[index]]._option_string_actions
+    longs = [o for o in options if o.startswith("--")]
+    i = index + 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i], argv[i + 1:]
+        if not token.startswith("-") or token == "-":
+            return argv[:i], argv[i:]
+        if token.startswith("--"):
+            name = token.split("=", 1)[0]
+            found = options.get(name) or (lambda m: options[m[0]] if len(m) == 1 else None)(
+                [o for o in longs if o.startswith(name)])
+            i += 2 if found is not None and found.nargs != 0 and "=" not in token else 1
+            continue
+        i += 1  # a cluster of short options (-vq), or one with its value (-Cdir, -C dir)
+        for k, ch in enumerate(token[1:]):
+            found = options.get("-" + ch)
+            if found is not None and found.nargs != 0:
+                i += 1 if k == len(token) - 2 else 0  # its value is the next word, or the rest of this one
+                break
+    return argv, []
+
+
+def _parser_class():
+    """argparse, with mistakes answered by the subcommand that was used and a did-you-mean (difflib and re
+    are imported for a mistake only: --help shows no guess)."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def parse_args(self, args=None, namespace=None):
+            namespace, extras = self.parse_known_args(args, namespace)
+            if extras:  # argparse blames the top-level parser: show the usage of the command actually used
+                import difflib
+                parser = self._innermost(namespace)
+                options = [o for a in parser._actions for o in a.option_strings]
+                words, hinted = [], False
+                for token in extras:
+                    close = difflib.get_close_matches(token.split("=", 1)[0], options, n=1, cutoff=0.6) \
+                        if token.startswith("-") else []
+                    words.append("%s (did you mean %s?)" % (token, close[0]) if close else token)
+                    hinted |= bool(close)
+                parser.error("unrecognized argument%s: %s%s" % ("s" if len(extras) > 1 else "", ", ".join(words),
+                                                                "" if hinted else " (see %s --help)" % parser.prog))
+            return namespace
+
+        def _innermost(self, namespace):
+            parser = self
+            while True:
+                action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+                name = getattr(namespace, action.dest, None) if action is not None else None
+                if name not in getattr(action, "choices", {}):
+                    return parser
+                parser = action.choices[name]
+
+        def error(self, message):
+            import difflib
+            import re
+            m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+            if m:
+                choices = [c.strip(" '\"") for c in m.group(2).split(",")]
+                close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.5)
+                if close:
+                    message += "; did you mean '%s'?" % close[0]
+            # argparse quotes unrecognized arguments as they are: a file name from a script's glob can hold ESC
+            try:
+                message = Console.clean(message)
+            except ImportError:  # `python -I xzatoma.py`: no sibling modules on the path; still nothing raw
+                message = ascii(message)[1:-1]
+            super().error(message)
+
+    return Parser
+
+
+def build_parser(argv=None):
+    """The argument parser; only the selected subcommand's own options are built (start-up is a feature)."""
+    import argparse
+    fmt = argparse.RawDescriptionHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global_flags(common, suppress=True)
+
+    parser = _parser_class()(
+        prog="xzatoma", formatter_class=fmt,
+        description="XZatoma: an autonomous AI agent for the terminal. Give it a goal; it works through "
+                    "a model (GitHub Copilot, Ollama or any OpenAI-compatible server) using file, search "
+                    "and terminal tools inside the working directory. Without a command, 'xzatoma' opens a "
+                    "chat on a terminal and 'xzatoma TEXT…' starts one with TEXT (with no terminal, as from a "
+                    "pipe or cron, it runs TEXT as 'xzatoma run' does).",
+        epilog="examples:\n"
+               "  xzatoma                                  # a chat\n"
+               "  xzatoma \"why does the build fail?\"      # a chat that starts with this question\n"
+               "  xzatoma run explain what ls -v does      # one task: the words after the options\n"
+               "  xzatoma run --prompt \"List the Python files and count their lines\"\n"
+               "  xzatoma run --plan task.yaml --json > result.json\n"
+               "  echo \"Summarise README.md\" | xzatoma run --provider ollama --model qwen3\n"
+               "  xzatoma history list\n"
+               "  xzatoma config show\n\n" + EXIT_CODES_HELP)
+    _add_global_flags(parser, suppress=False)
+    parser.add_argument("-V", "--version", action="version", version="xzatoma " + __version__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    selected = _selected_command(argv) if argv is not None else None
+    for name, builder in COMMAND_BUILDERS.items():
+        if argv is None or name == selected:
+            builder(sub, common, fmt)
+        else:
+            sub.add_parser(name, help=COMMAND_HELP[name])
+    return parser
+
+
+def config_from_args(args, console, extra=None):
+    flags = {}
+    if getattr(args, "provider", None):
+        flags["provider.type"] = args.provider
+    if getattr(args, "model", None):
+        flags["model"] = args.model
+    for key in SAMPLING:
+        if getattr(args, key, None) is not None:
+            flags[key] = getattr(args, key)
+    if getattr(args, "tool_profile", None):
+        flags["agent.tools.profile"] = args.tool_profile
+    flags.update(extra or {})
+    cfg = load_config(flags, config_path=getattr(args, "config", None))
+    for warning in cfg.warnings:
+        console.warn(warning)
+    return cfg
+
+
+def run_prompt(args):
+    """The task given on the command line: `run "…"` or `--prompt "…"` (one of them), else None."""
+    task = " ".join(getattr(args, "task", None) or ()) or None  # `xzatoma run list the files` needs no quotes
+    if task is not None and (args.prompt is not None or args.plan):
+        raise UsageError("give the task once: as an argument, with --prompt, or with --plan")
+    return args.prompt if args.prompt is not None else task
+
+
+def _stdin_is_data():
+    """Standard input is a pipe or a file (not a terminal, /dev/null or a socket): something was piped."""
+    import stat
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
+def read_piped_context(args, cap):
+    """`cat build.log | xzatoma run "Why did this fail?"`: what was piped, as a context block to put after the
+    task (None when the task itself comes from stdin or nothing was piped). Capped at `cap` bytes, with a
+    note when cut. Never searched for @mentions: it is data, not the person's words."""
+    prompt = run_prompt(args)
+    if args.plan == "-" or prompt in (None, "-") or not _stdin_is_data():
+        return None
+    data = sys.stdin.buffer.read(cap + 1)
+    if not data:
+        return None
+    text = data[:cap].decode("utf-8", "replace")
+    note = "\n[standard input cut at %d bytes (agent.mentions.max_file_size); the rest was not read]" % cap \
+        if len(data) > cap else ""
+    return "[Content of standard input]\n%s%s\n[End of standard input]" % (text.rstrip("\n"), note)
+
+
+def find_resume_target(cfg, console, args):
+    """resume_target with a store of its own (closed again): before a Session is opened with what it finds."""
+    store = open_store(cfg, console)
+    try:
+        return resume_target(store, args, check_working_dir(args.working_dir))
+    finally:
+        if store is not None:
+            store.close()
+
+
+def resume_target(store, args, working_dir):
+    """(id, stored row) for --resume ID / --last. --last means this working directory's latest
+    (--all-projects: anyone's); a conversation from another directory is refused unless --working-dir
+    names where to continue it (the tools would otherwise work on a different tree than it did)."""
+    from xzatoma_store import NotFound
+    if store is None:
+        raise UsageError("cannot resume: conversation history is unavailable")
+    here = os.path.realpath(working_dir)
+    try:
+        cid = store.resolve(args.resume) if args.resume else store.latest(
+            working_dir=None if getattr(args, "all_projects", False) else here)
+        stored = store.conversation(cid)
+    except NotFound as exc:
+        raise UsageError(str(exc))
+    where = stored.get("working_dir")
+    if where and os.path.realpath(where) != here and not args.working_dir:
+        import shlex
+        raise UsageError("conversation %s ran in %s, not here: continue it there with --working-dir %s"
+                         % (cid[:12], where, shlex.quote(where)))
+    return cid, stored
+
+
+def restored_config(args, console, cfg, stored, extra=None):
+    """The configuration a resumed conversation continues with: its stored provider and model unless
+    --provider/--model are given again (its mode is restored by the caller)."""
+    flags = {}
+    if not getattr(args, "provider", None) and stored.get("provider") in PROVIDERS:
+        flags["provider.type"] = stored["provider"]
+        if not getattr(args, "model", None) and stored.get("model"):
+            flags["model"] = stored["model"]
+    elif getattr(args, "provider", None):
+        flags["provider.type"] = args.provider
+    if getattr(args, "model", None):
+        flags["model"] = args.model
+    if not flags or (flags.get("provider.type") == cfg.provider_type and flags.get("model", cfg.model) == cfg.model):
+        return cfg
+    flags.update(extra or {})
+    return load_config(flags, config_path=getattr(args, "config", None))  # warnings were shown the first time
+
+
+def read_instruction(args, console, default=None):
+    """The task: (text, kind 'run'|'plan', title, source, steps) or a UsageError; steps: a plan's instructions
+    (None for a prompt)."""
+    from xzatoma_tools import PlanError, parse_plan
+    if args.plan:
+        if args.plan == "-":
+            text, source = sys.stdin.read(), "<stdin>"
+        else:
+            try:
+                with open(args.plan, encoding="utf-8") as fh:
+                    text = fh.read()
+            except FileNotFoundError:
+                raise UsageError("plan file not found: %s" % args.plan)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
+            source = os.path.abspath(args.plan)
+        try:
+            plan = parse_plan(text, source=args.plan if args.plan != "-" else source)
+        except PlanError as exc:
+            raise UsageError("invalid plan: %s" % exc)
+        for key in getattr(plan, "unknown_keys", ()):
+            console.warn("plan key '%s' is not used (known: goal, context, instructions; or name, description, version, action, steps)" % key)
+        return plan.to_prompt(), "plan", plan.goal, source, plan.instructions
+    prompt = run_prompt(args)
+    if prompt == "-" or (prompt is None and not _isatty(sys.stdin)):
+        text = sys.stdin.read()
+        if not text.strip() and default:
+            text = default
+    elif prompt is None:
+        if default:
+            return default, "run", default, None, None
+        raise UsageError("nothing to do: give the task (xzatoma run \"…\"), --plan FILE, or pipe it on stdin "
+                         "(see 'xzatoma run --help')")
+    else:
+        text = prompt
+    if not text.strip():
+        raise UsageError("the instruction is empty")
+    return text.strip(), "run", text.strip(), None, None
+
+
+def output_format(args):
+    """text, json or stream-json: --output-format, with --json as the alias of json."""
+    fmt = getattr(args, "output_format", None)
+    if getattr(args, "json", False):
+        if fmt not in (None, "json"):
+            raise UsageError("--json means --output-format json; give one of them")
+        fmt = "json"
+    return fmt or "text"
+
+
+def run_events(console, fmt):
+    """stream-json: JSON lines on stdout; text on a terminal: the answer streams; else progress only."""
+    if fmt == "stream-json":
+        return StreamJsonEvents(console)
+    if fmt == "text" and _isatty(sys.stdout):
+        return StreamedRunEvents(console, sys.stdout)
+    return RunEvents(console)
+
+
+def prepare_task(cfg, console, ctx, instruction, piped=None):
+    """The first user message of a run or plan: @mentions expanded through the read tools over the run's
+    jail (as chat does), then what was piped on stdin as a context block."""
+    from xzatoma_tools import build_registry
+    text, _ = Mentions(lambda: build_registry("planning", ctx), console, cfg).expand(instruction)
+    return text + ("\n\n" + piped if piped else "")
+
+
+def context_tokens(session):
+    """The context now, in tokens: what the next request sends. The server's count of the last request plus
+    estimates of what was added since; before any reply, the estimate with the tool definitions."""
+    return session.conversation.sent_estimate(session.registry.definitions())
+
+
+def keep_partial(session, events):
+    """A reply Ctrl-C cut short: what it had streamed stays on the screen, so it joins the conversation too
+    (the model's next turn and `history show` see what the person saw), marked as cut."""
+    partial = events.partial() if isinstance(events, StreamedText) else ""
+    if partial and session.result.status == "interrupted":
+        session.conversation.add_assistant(partial + "\n\n" + CUT_SHORT)
+
+
+CUT_SHORT = "[cut short: the user pressed Ctrl-C while this reply was arriving]"
+
+
+def emit_result(args, fmt, events, result):
+    """The end of a run on stdout, in the chosen format."""
+    if fmt == "json":
+        json_out(result.to_json())
+        sys.stdout.flush()
+    elif fmt == "stream-json":
+        events.emit("result", **result.to_json())
+    elif result.status in ANSWERED and not events.answered:  # streamed to the terminal already, or:
+        # data when piped: byte-exact but for secrets; neutralised on a TTY
+        from xzatoma_store import redact
+        answer = redact(result.answer.rstrip("\n"))
+        sys.stdout.write((Console.clean(answer) if _isatty(sys.stdout) else answer) + "\n")
+        sys.stdout.flush()
+
+
+def _resume_flags(parser):
+    resume = parser.add_mutually_exclusive_group()
+    resume.add_argument("--resume", metavar="ID", help="continue a stored conversation (unique id prefix) with its "
+                                                      "provider, model and mode unless given again")
+    resume.add_argument("--last", action="store_true", help="continue this directory's most recent conversation")
+    parser.add_argument("--all-projects", "--global", action="store_true",
+                        help="--last looks at every directory's conversations, not only this one's")
+
+
+def _build_run(sub, common, fmt):
+    run = sub.add_parser(
+        "run", parents=[common], formatter_class=fmt, help=COMMAND_HELP["run"],
+        description="Run one task autonomously and print the final answer on stdout (progress goes to "
+                    "stderr; on a terminal the answer streams as it arrives). The task comes as words, --prompt, "
+                    "--plan, or standard input; @mentions (@file#L10-20, @dir/, @search:\"…\", @grep:\"…\", "
+                    "@url:…) work as in chat. Options go before the task: every word from the first that is not "
+                    "an option is the task, as typed, options and all ('xzatoma run explain what ls -v does'); "
+                    "'--' also ends the options ('xzatoma run -- -v means what?').",
+        epilog="plans are YAML, JSON or Markdown files with a goal, optional context and instructions:\n"
+               "  goal: Generate API documentation\n"
+               "  context: {directory: src/api/}\n"
+               "  instructions: [List all API endpoint files, Create an OpenAPI spec]\n\n"
+               "terminal commands: without --allow-dangerous only read-only commands run; others are "
+               "refused\nso the model can adapt. --json prints one object: conversation_id, status, answer, "
+               "turns,\ntool_calls, usage, duration_seconds, error, warnings, steps (a plan's progress). "
+               "--output-format\nstream-json prints JSON lines: start, tool_call, tool_result, message, usage, step, "
+               "then result\n(the --json object).\n\n"
+               "examples:\n  xzatoma run \"List the Python files\"\n"
+               "  cat build.log | xzatoma run \"Why did this fail?\"\n"
+               "  xzatoma run \"Explain @src/app.py#L10-40\"\n\n" + EXIT_CODES_HELP)
+    run.add_argument("task", nargs="*", metavar="TASK", help="what to do: every word from here on (or --prompt, --plan, "
+                                                            "or stdin); with a task, piped stdin is added as context")
+    src = run.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", metavar="TEXT", help="the instruction ('-' reads it from stdin)")
+    src.add_argument("--plan", metavar="FILE", help="a plan file (.yaml, .yml, .json, .md; '-' reads stdin)")
+    run.add_argument("--mode", choices=("write", "planning"),
+                     help="write: all tools (default; a resumed conversation keeps its own); planning: read-only tools")
+    run.add_argument("--max-turns", type=int, metavar="N", help="stop after N model calls (agent.max_turns)")
+    run.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit (agent.timeout_seconds)")
+    run.add_argument("--allow-dangerous", action="store_true",
+                     help="full autonomy: run terminal commands that would otherwise need confirmation "
+                          "(still inside the sandbox)")
+    _sandbox_flags(run)
+    _model_flags(run)
+    run.add_argument("--working-dir", "-C", metavar="DIR",
+                     help="directory the tools work in and cannot leave (default: current directory)")
+    run.add_argument("--output-format", choices=("text", "json", "stream-json"),
+                     help="text: the answer (default); json: one object at the end; stream-json: one JSON object "
+                          "per line as things happen (README: the schema)")
+    run.add_argument("--json", action="store_true", help="the same as --output-format json")
+    _resume_flags(run)
+    run.add_argument("--metrics-textfile", metavar="PATH", help="write Prometheus metrics here at the end "
+                                                               "(node_exporter textfile collector)")
+    run.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics while running")
+    run.set_defaults(func=cmd_run)
+
+
+def cmd_run(args, console):
+    from xzatoma_tools import FULL, RESTRICTED
+    extra = {}
+    if args.max_turns is not None:
+        extra["agent.max_turns"] = args.max_turns
+    if args.timeout is not None:
+        extra["agent.timeout_seconds"] = args.timeout
+    cfg = config_from_args(args, console, _sandbox_config(args, extra))
+    fmt = output_format(args)
+    resume = args.resume or args.last or None
+    instruction, kind, title, source, steps = read_instruction(
+        args, console, default="Continue the task from where it stopped." if resume else None)
+    piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"))
+    if resume:  # this directory's conversation, with its provider, model and mode unless given again
+        resume, stored = find_resume_target(cfg, console, args)
+        cfg = restored_config(args, console, cfg, stored, _sandbox_config(args, extra))
+        args.mode = args.mode or (stored.get("mode") if stored.get("mode") in ("write", "planning") else None)
+    args.mode = args.mode or "write"
+    # nobody can be asked in run: confirm-level commands are refused unless --allow-dangerous
+    full = args.allow_dangerous or cfg.get("agent.terminal.default_mode") == FULL
+    events = run_events(console, fmt)
+    session = Session.open(cfg, console, args.mode, args.working_dir, FULL if full else RESTRICTED, events=events,
+                           metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile)
+    try:
+        session.start(kind, resume=resume, title=title, source=source, steps=steps)
+        sandbox_note = None
+        if "terminal" in session.registry:  # prepared before its first command (SandboxCheck), not now
+            sandbox_note = sandbox_note_for_start(cfg, session)
+        console.info("xzatoma %s · %s · %s · conversation %s%s%s" % (
+            kind, session.provider.name, session.provider.model, session.id, " (resumed)" if resume else "",
+            " · " + sandbox_note if sandbox_note else ""), "dim")
+        session.conversation.add_user(prepare_task(cfg, console, session.ctx, instruction, piped))
+        if fmt == "stream-json":
+            events.emit("start", conversation_id=session.id, kind=kind, provider=session.provider.name,
+                        model=session.provider.model, mode=args.mode, working_dir=session.ctx.root,
+                        resumed=bool(resume), steps=session.progress.to_json())
+        if len(session.progress):
+            events.progress(session.progress, None)
+        # the task's words (a plan's goal and instructions, not the frame around them), never what was piped in
+        session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
+        with sigterm_raises():
+            try:
+                result = session.agent().run()
+            finally:
+                events.stop()  # the spinner, whatever ended the run
+        keep_partial(session, events)
+        session.settle_progress()
+    finally:
+        session.close(wait_for_workers=3.0)  # children still running (Ctrl-C, SIGTERM) stop now
+    summary = "%s: %s · %s · %s tokens (%s in / %s out)%s · context ~%s%s · %.1fs · conversation %s" % (
+        result.status, _plural(result.turns, "turn"), _plural(result.tool_calls, "tool call"),
+        _fmt_tokens(result.prompt_tokens + result.completion_tokens),
+        _fmt_tokens(result.prompt_tokens), _fmt_tokens(result.completion_tokens),
+        ESTIMATED_NOTE if result.estimated else "", _fmt_tokens(context_tokens(session)),
+        " · " + result.progress.brief() if result.progress is not None and len(result.progress) else "",
+        result.duration, result.conversation_id)
+    emit_result(args, fmt, events, result)
+    if result.status not in ANSWERED and fmt == "text" and result.answer and not console.quiet \
+            and not events.answered:  # streamed: on the screen already
+        console.info("partial answer:\n" + result.answer, "dim")
+    for warning in result.warnings:
+        console.warn(warning)
+    if result.status not in ANSWERED:
+        console.error(result.error)
+    if result.turns or result.status in ANSWERED:  # a run that never reached the model: the error says all
+        console.info(summary, "dim")
+    show_review(console, result.review)
+    return result.exit_code
+
+
+def show_review(console, review):
+    """The files that run later by design this run changed, on stderr: a person looks before running them."""
+    if review:
+        console.warn("changed files that run code later (a build, the tests, CI, the editor, a virtualenv): "
+                     "review them before running anything: " + ", ".join(Console.clean(p, exact=True) for p in review))
+
+
+def _model_flags(parser):
+    """How the model is asked: sampling and window (the active provider's provider.<type>.* keys)."""
+    group = parser.add_argument_group("model settings (provider.<type>.* in the configuration)")
+    group.add_argument("--temperature", type=float, metavar="T", help="sampling temperature, e.g. 0.2")
+    group.add_argument("--top-p", type=float, metavar="P", dest="top_p", help="nucleus sampling, e.g. 0.9")
+    group.add_argument("--max-tokens", type=int, metavar="N", dest="max_tokens", help="cap on each reply's length")
+    group.add_argument("--seed", type=int, metavar="N", help="sampling seed, for repeatable runs where the server "
+                                                             "supports it")
+    group.add_argument("--context-window", type=int, metavar="N", dest="context_window",
+                       help="the model's context window in tokens, when the server does not say")
+    group.add_argument("--tools", choices=("auto", "full", "compact"), dest="tool_profile",
+                       help="tool profile: compact offers six short tool definitions for small models "
+                            "(agent.tools.profile; auto picks by window and model size)")
+
+
+def _sandbox_flags(parser):
+    parser.add_argument("--sandbox", choices=("workspace-write", "read-only", "off"),
+                        help="what terminal commands can touch, enforced by the OS (agent.terminal.sandbox; "
+                             "default workspace-write); 'off' only when named")
+    parser.add_argument("--require-sandbox", action="store_true",
+                        help="exit 2 instead of warning where this machine cannot enforce the sandbox")
+
+
+def _sandbox_config(args, extra):
+    if getattr(args, "sandbox", None):
+        extra["agent.terminal.sandbox"] = args.sandbox
+    if getattr(args, "require_sandbox", False):
+        extra["agent.terminal.require_sandbox"] = True
+    return extra
+
+
+def _build_policy(sub, common, fmt):
+    policy = sub.add_parser(
+        "policy", parents=[common], formatter_class=fmt, help=COMMAND_HELP["policy"],
+        description="Print the verdict the tools would reach, then the reason, without running or fetching "
+                    "anything: commands are allow/confirm/deny, URLs allow/block, paths inside/outside.",
+        epilog="examples:\n  xzatoma policy command 'rm -rf ~'\n  xzatoma policy command 'make test' --mode full\n"
+               "  xzatoma policy url http://169.254.169.254/latest/meta-data\n  xzatoma policy path ../secrets\n"
+               "  printf 'ls\\nsudo ls\\n' | xzatoma policy command -     (one verdict per line)\n\n"
+               "exit status: 0 when every verdict lets it through (allow, confirm, inside), 1 when any is refused\n"
+               "(deny, block, outside), 2 for bad usage; so scripts can write: xzatoma policy command \"$c\" && …")
+    psub = policy.add_subparsers(dest="policy_kind", metavar="KIND")
+    for kind, help_text in (("command", "judge a terminal command"), ("url", "judge a URL for fetch"),
+                            ("path", "judge a path against the working-directory jail")):
+        p = psub.add_parser(kind, parents=[common], help=help_text)
+        p.add_argument("value", metavar=kind.upper(), help="the %s, or - to read one per line from stdin" % kind)
+        p.add_argument("--null", "-0", action="store_true", help="with -: items are separated by NUL bytes")
+        if kind != "url":
+            p.add_argument("--working-dir", "-C", metavar="DIR", help="the jail (default: current directory)")
+        if kind == "command":
+            p.add_argument("--mode", choices=("restricted", "full", "interactive"), default="restricted",
+                           help="restricted (run's default), full (--allow-dangerous) or interactive (chat Safe)")
+        p.set_defaults(func=cmd_policy)
+    p = psub.add_parser("sandbox", parents=[common], help="what the OS sandbox enforces on this machine")
+    p.add_argument("--working-dir", "-C", metavar="DIR", help="the working directory (default: current directory)")
+    _sandbox_flags(p)
+    p.set_defaults(func=cmd_policy_sandbox)
+    policy.set_defaults(func=lambda args, console: (policy.print_help(sys.stderr), EXIT_USAGE)[1])
+
+
+#: what the sandbox does not cover, however complete it is here (README: Safety)
+SANDBOX_NOT_COVERED = (
+    "reading what the system directories, the working directory and PATH programs' directories hold",
+    "other processes' command lines in /proc where the kernel refuses the sandbox its own /proc "
+    "(environ and memory stay protected)",
+    "CPU time (only the timeout bounds a command), memory as a whole and disk use beyond one file's size "
+    "(rlimits, no cgroup: agent.terminal.limits)",
+    "what the file tools write (they are jailed and protected separately, not sandboxed)")
+
+
+def cmd_policy_sandbox(args, console):
+    cfg = config_from_args(args, console, _sandbox_config(args, {}))
+    confinement = build_confinement(cfg, args.working_dir or os.getcwd())
+    sandbox = confinement.sandbox
+    try:
+        lines = sandbox.describe()
+        missing = sandbox.not_enforced()
+    finally:
+        confinement.close()
+    lines.append("not enforced here: %s" % ("; ".join(missing) if missing else "nothing this mode needs"))
+    lines += ["not covered: " + item for item in SANDBOX_NOT_COVERED]
+    CleanWriter(sys.stdout, exact=True).write("\n".join(lines) + "\n")  # paths come from the tree: a name can hold ESC
+    if missing and cfg.get("agent.terminal.require_sandbox"):
+        console.error("sandbox %s is not fully enforced here (--require-sandbox)" % sandbox.mode)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+#: exit 1: scripts can test a verdict without parsing it ("error": a symlink loop or an over-long name is no
+#: answer a script may take for "inside")
+REFUSED_VERDICTS = ("deny", "block", "outside", "error")
+
+
+def cmd_policy(args, console):
+    from xzatoma_tools import path_verdict, url_verdict
+    cfg = config_from_args(args, console)
+    confinement = build_confinement(cfg, getattr(args, "working_dir", None) or os.getcwd())
+    if args.value == "-":
+        data = sys.stdin.read()
+        items = [i for i in (data.split("\0") if args.null else data.splitlines()) if i.strip()]
+    else:
+        items = [args.value]
+    policy = confinement.policy  # the one the terminal tool asks, with the same protected set
+    allowed_hosts = cfg.get("agent.tools.fetch.allowed_hosts")
+    refused = False
+    for item in items:
+        if args.policy_kind == "command":
+            verdict = policy.judge(item)
+            word, reason = verdict.level, verdict.reason
+            if word == "confirm":
+                reason += {"restricted": " (restricted mode refuses it: run --allow-dangerous runs it)",
+                           "full": "; full autonomous mode runs it without asking",
+                           "interactive": " (chat in Safe mode asks first)"}[args.mode]
+                if args.mode == "full":
+                    word = "allow"
+        elif args.policy_kind == "url":
+            word, reason = url_verdict(item, allowed_hosts)
+        else:
+            word, reason = path_verdict(item, confinement)
+        refused |= word in REFUSED_VERDICTS
+        CleanWriter(sys.stdout, exact=True).write("%s: %s\n" % (word, reason))
+    return EXIT_FAILED if refused else EXIT_OK
+
+
+def _build_config(sub, common, fmt):
+    config = sub.add_parser("config", parents=[common], formatter_class=fmt, help=COMMAND_HELP["config"],
+                            description="Inspect the effective configuration or create a config file.")
+    csub = config.add_subparsers(dest="config_command", metavar="ACTION")
+    show = csub.add_parser("show", parents=[common], help="effective values and where each came from (secrets masked)")
+    show.add_argument("--json", action="store_true", help="print {key: {value, source}} as JSON")
+    show.set_defaults(func=cmd_config_show)
+    path = csub.add_parser("path", parents=[common], help="print the configuration file path")
+    path.set_defaults(func=cmd_config_path)
+    init = csub.add_parser("init", parents=[common], help="write a commented default config file (never overwrites)")
+    init.set_defaults(func=cmd_config_init)
+    config.set_defaults(func=lambda args, console: (config.print_help(sys.stderr), EXIT_USAGE)[1])
+
+
+def cmd_config_show(args, console):
+    cfg = config_from_args(args, console)
+    leaves = cfg.leaves()
+    if args.json:
+        out = {k: {"value": "****" if is_secret_key(k) and v else v, "source": cfg.sources.get(k, "default")}
+               for k, v in leaves.items()}
+        out["credentials"] = {name: {"env": var, "set": bool(cfg.secret(name))}
+                              for name, var in cfg.secret_sources().items()}
+        json_out(out, indent=2)
+        return EXIT_OK
+    width = max(len(k) for k in leaves)
+    lines = ["# file: %s%s" % (cfg.path, "" if cfg.path_exists else " (not present; using defaults)"),
+             "# home: %s" % cfg.home]
+    for key, value in leaves.items():
+        shown = "****" if is_secret_key(key) and value else json.dumps(value)
+        source = cfg.sources.get(key, "default")
+        lines.append("%-*s = %s%s" % (width, key, shown, "" if source == "default" else "   # " + source))
+    lines.append("# credentials (values never shown):")
+    for name, var in cfg.secret_sources().items():
+        lines.append("#   %-8s %s %s" % (name, var, "set" if cfg.secret(name) else "not set"))
+    CleanWriter(sys.stdout).write("\n".join(lines) + "\n")  # a password in a base URL is redacted
+    return EXIT_OK
+
+
+def cmd_config_path(args, console):
+    env = os.environ
+    explicit = getattr(args, "config", None) or env.get("XZATOMA_CONFIG")
+    _write_path(os.path.expanduser(explicit) if explicit else default_config_path(env))
+    return EXIT_OK
+
+
+def _write_path(path):
+    """A path on stdout: data when piped; on a terminal shown like every other name (XZATOMA_CONFIG can hold ESC)."""
+    sys.stdout.write((Console.clean(path, exact=True) if _isatty(sys.stdout) else path) + "\n")
+
+
+def cmd_config_init(args, console):
+    env = os.environ
+    explicit = getattr(args, "config", None) or env.get("XZATOMA_CONFIG")
+    path = os.path.expanduser(explicit) if explicit else default_config_path(env)
+    if os.path.exists(path):
+        raise UsageError("config file already exists: %s (not overwritten; edit it or remove it first)" % path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "x", encoding="utf-8") as fh:
+        fh.write(render_config_template())
+    console.info("wrote %s" % path)
+    _write_path(path)
+    return EXIT_OK
+
+
+# Every command's builder sits beside its cmd_ function above; build_parser builds only the selected one.
+COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_history, "replay": _build_replay,
+                    "undo": _build_undo, "policy": _build_policy, "auth": _build_auth, "models": _build_models,
+                    "config": _build_config, "watch": _build_watch, "publish": _build_publish, "mcp": _build_mcp,
+                    "skills": _build_skills, "version": _build_version}
+
+
+# ---- Interrupts: how Ctrl-C and SIGTERM travel ----
+# Ctrl-C   The terminal sends SIGINT to its foreground process group: xzatoma alone. Commands never see
+#          it: the sandbox helper that starts them runs in a session of its own and starts each as PID 1
+#          of its own PID namespace; with --sandbox off, each runs in a new session (start_new_session).
+#          Python raises KeyboardInterrupt in the main thread, wherever that is:
+#          - in a model request: it leaves Provider.call / complete;
+#          - in a terminal command (run_command's select loop): its `finally` kills the command and all
+#            it started (the helper SIGKILLs the namespace's PID 1; off: _kill_group, SIGTERM then
+#            SIGKILL to the process group), then it travels on;
+#          - in parallel_subagent's wait (run_parallel): it sets the Session's cancel event, then
+#            travels on; the worker threads' agents see the event between steps (Agent.check_cancel)
+#            and their commands within 0.25 s (run_command's `cancel`), which kills them;
+#          - in a subagent running in the main thread: its Agent.run records "interrupted" and
+#            re-raises (run_subagent closes the child's record), so the whole tree stops;
+#          - the top-level Agent.run is the edge: it becomes Interrupted (status "interrupted", exit
+#            130); its `finally` closes dangling tool calls and saves the conversation.
+#          run: cmd_run closes the Session (cancel set: whatever still runs stops; the sandbox closes: its
+#          helper kills what is left; subagent threads get 3 s to record their end before the store
+#          closes), main returns 130, and
+#          _exit_now_if_threads_linger stops waiting after 3 s for threads blocked on a model.
+#          chat: the turn ends "turn cancelled" and the Session's cancel event is renewed for the next;
+#          between turns the REPL counts Ctrl-C (twice within a second leaves).
+#          Before or after the loop (start-up, reading a plan), main() prints "interrupted", exit 130.
+# SIGTERM  sigterm_raises(), around a run's agent, makes SIGTERM raise Terminated in the main thread:
+#          a BaseException that takes exactly the path of KeyboardInterrupt and ends with exit 143.
+#          Elsewhere (start-up, chat) SIGTERM keeps its default action.
+# watch    cmd_watch handles SIGINT and SIGTERM itself: the watcher stops taking events and sets each
+#          running job's cancel event (the Session's `cancel`), which stops its agent and commands.
+
+
+class sigterm_raises:
+    """`with sigterm_raises():` SIGTERM raises Terminated in the main thread (a no-op in other threads)."""
+
+    def __enter__(self):
+        import signal
+
+        def handler(signum, frame):
+            raise Terminated()
+        try:
+            self.previous = signal.signal(signal.SIGTERM, handler)
+        except (ValueError, OSError):  # not the main thread
+            self.previous = None
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if self.previous is not None:
+            import signal
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def _join_workers(timeout):
+    """Wait (bounded) for subagent threads; True when none is left. Children that run commands stop them
+    within a fraction of a second once cancelled."""
+    if "threading" not in sys.modules:
+        return True
+    import threading
+    workers = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    deadline = time.monotonic() + timeout
+    for t in workers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in workers)
+
+
+def _exit_now_if_threads_linger(code):
+    """After Ctrl-C or SIGTERM, subagent threads blocked in a model request must not hold the exit."""
+    if code not in (EXIT_INTERRUPTED, EXIT_TERMINATED) or "threading" not in sys.modules:
+        return
+    if not _join_workers(3.0):  # the rest wait on a model: do not wait for them
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+# ---- Main ----
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv in (["--version"], ["-V"], ["version"]):  # fast path: no argparse, no imports
+        sys.stdout.write("xzatoma %s\n" % __version__)
+        return EXIT_OK
+    argv = route(argv, _isatty(sys.stdin))
+    parser = build_parser(argv)
+    options, text = split_text(parser, argv)
+    args = parser.parse_args(options)
+    if text is not None:
+        setattr(args, TEXT_COMMANDS[args.command], text)
+    console = Console(quiet=args.quiet, verbose=args.verbose, color=False if args.no_color else None)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        code = args.func(args, console)
+        _exit_now_if_threads_linger(code)
+        return code
+    except XzError as exc:
+        console.error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        console.error("interrupted")
+        return EXIT_INTERRUPTED
+    except Terminated:
+        console.error("terminated")
+        return EXIT_TERMINATED
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_FAILED
+    except Exception as exc:  # a bug: one line unless --verbose
+        if args.verbose:
+            import traceback  # frames quote model and server text: cleaned like every other line
+            console._write(console.clean(traceback.format_exc().rstrip("\n")))
+        else:
+            console.error("internal error: %s: %s (run again with --verbose for the traceback)"
+                          % (type(exc).__name__, one_line(exc, 200)))
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
