@@ -3624,7 +3624,7 @@ def _patterns():
     return _claims, _task_re
 
 
-PLAN_FRAME = "You are assisting with the following task:"  #: how Plan.to_prompt begins (xzatoma_tools)
+PLAN_FRAME = "You are assisting with the following task:"  #: how Plan.to_prompt begins (xzatoma_plans)
 
 
 def intent_of(task):
@@ -7691,7 +7691,7 @@ def restored_config(args, console, cfg, stored, extra=None):
 def read_instruction(args, console, default=None):
     """The task: (text, kind 'run'|'plan', title, source, steps) or a UsageError; steps: a plan's instructions
     (None for a prompt)."""
-    from xzatoma_tools import PlanError, parse_plan
+    from xzatoma_plans import PlanError, parse_plan
     if args.plan:
         if args.plan == "-":
             text, source = sys.stdin.read(), "<stdin>"

@@ -595,6 +595,12 @@ def preview_arguments(args):
     return redact(json.dumps(args, ensure_ascii=False))[:80]
 
 
+def json_type(value):
+    """The JSON name of a value's type, for errors: a tool's argument, a plan's field ("must be text, got array")."""
+    return {dict: "object", list: "array", str: "string", bool: "boolean",
+            int: "integer", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def one_line_path(path):
     """A path for a line shown to people: a newline, tab or CR in a name is shown as `\\n`, never obeyed, so a
     name cannot forge a second line of progress or push a question's end out of sight."""

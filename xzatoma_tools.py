@@ -1,7 +1,8 @@
 """XZatoma tools: what the model can do, and below them the safety kernel that decides what it may touch.
 
 Read top to bottom, in sections opened by `# ---- Name ----`. The tools: ToolResult, Tool, ToolContext, Registry;
-file and search tools; undo; the terminal tool; fetch; plans (the `plan` tool's and `run --plan`'s); build_registry.
+file and search tools (the `plan` tool reads a plan with xzatoma_plans); undo; the terminal tool; fetch;
+build_registry.
 
 The tools also hold plan progress (update_progress) and skills (SKILL.md folders, triggers, the catalog,
 activate_skill).
@@ -17,7 +18,7 @@ The safety kernel (below `# ==== The safety kernel ====`) imports nothing from t
   Sandbox(confinement, mode, …, limits), SANDBOX_LIMITS, ProtectedWatch, run_command, child_env, trusted_realpath
       (read grants never through what commands write); check_url, url_verdict; AuditLog
 
-Only the standard library is imported at module level; `yaml` is imported where a YAML plan is parsed.
+Only the standard library is imported at module level; `yaml` is imported where a skill's front matter is parsed.
 """
 
 
@@ -33,8 +34,8 @@ import sys
 import threading
 import time
 
-from xzatoma_store import (UntrustedStream, one_line_path, preview_arguments, render_json,  # noqa: F401
-                           render_untrusted)
+from xzatoma_store import (UntrustedStream, json_type, one_line_path, preview_arguments,  # noqa: F401
+                           render_json, render_untrusted)
 
 
 # ---- Tool results ----
@@ -322,34 +323,29 @@ def _schema_error(name, prop, schema, value):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
-            return value, "parameter '%s' must be an integer, got %s" % (prop, _json_type(value))
+            return value, "parameter '%s' must be an integer, got %s" % (prop, json_type(value))
         if "minimum" in schema and value < schema["minimum"]:
             return value, "parameter '%s' must be at least %s" % (prop, schema["minimum"])
     elif expected == "boolean":
         if isinstance(value, str) and value.lower() in ("true", "false"):
             value = value.lower() == "true"
         if not isinstance(value, bool):
-            return value, "parameter '%s' must be true or false, got %s" % (prop, _json_type(value))
+            return value, "parameter '%s' must be true or false, got %s" % (prop, json_type(value))
     elif expected == "string":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)
         if not isinstance(value, str):
-            return value, "parameter '%s' must be a string, got %s" % (prop, _json_type(value))
+            return value, "parameter '%s' must be a string, got %s" % (prop, json_type(value))
     elif expected == "array":
         if not isinstance(value, list):
-            return value, "parameter '%s' must be an array, got %s" % (prop, _json_type(value))
+            return value, "parameter '%s' must be an array, got %s" % (prop, json_type(value))
     elif expected == "object":
         if not isinstance(value, dict):
-            return value, "parameter '%s' must be an object, got %s" % (prop, _json_type(value))
+            return value, "parameter '%s' must be an object, got %s" % (prop, json_type(value))
     if "enum" in schema and value not in schema["enum"]:
         return value, "parameter '%s' must be one of %s" % (
             prop, ", ".join(json.dumps(v) for v in schema["enum"]))
     return value, None
-
-
-def _json_type(value):
-    return {dict: "object", list: "array", str: "string", bool: "boolean",
-            int: "integer", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def validate_arguments(tool, raw):
@@ -364,7 +360,7 @@ def validate_arguments(tool, raw):
         except ValueError as exc:
             return None, "invalid JSON in arguments for %s: %s" % (tool.name, exc)
         if not isinstance(args, dict):
-            return None, "arguments for %s must be a JSON object, got %s" % (tool.name, _json_type(args))
+            return None, "arguments for %s must be a JSON object, got %s" % (tool.name, json_type(args))
     props = tool.parameters.get("properties", {})
     missing = [p for p in tool.parameters.get("required", []) if args.get(p) is None]
     if missing:
@@ -1445,6 +1441,7 @@ class PlanTool(Tool):
     parameters = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
 
     def run(self, args, ctx):
+        from xzatoma_plans import PlanError, parse_plan
         with ctx.jail.resolve(args["path"], must_exist=True) as target:
             text = read_text(target, "plan reads plan files only")
             source = display_path(target.real, ctx.root)
@@ -2777,410 +2774,6 @@ def html_to_text(html, base_url=""):
     return text + "\n"
 
 
-# ---- Plans ----
-
-class PlanError(ValueError):
-    """A plan that cannot be used: says the source, the line where known, and what is wrong."""
-
-    def __init__(self, source, message, line=None):
-        self.source, self.line = source, line
-        where = source + (":%d" % line if line else "")
-        super().__init__("%s: %s" % (where, message))
-
-
-class Plan:
-    def __init__(self, goal, context=None, instructions=(), name=None, version=None, action=None):
-        self.goal = goal
-        self.context = context
-        self.instructions = list(instructions)
-        self.name = name
-        self.version = version  #: text, from the name/description/version/action/steps format
-        self.action = action  #: text, ditto; the watcher filters on name, action and version
-
-    def context_lines(self):
-        if not (ctx := self.context):
-            return []
-        if isinstance(ctx, dict):
-            return ["- %s: %s" % (_label(k), _scalar(v)) for k, v in ctx.items()]
-        if isinstance(ctx, list):
-            return ["- %s" % _scalar(v) for v in ctx]
-        return [str(ctx).strip()]
-
-    def to_prompt(self):
-        """The prompt exactly as the seed's 'Plan to Prompt Translation' shows it."""
-        parts = ["You are assisting with the following task:", "", "GOAL: %s" % self.goal, ""]
-        if ctx := self.context_lines():
-            parts += ["CONTEXT:"] + ctx + [""]
-        parts.append("INSTRUCTIONS (follow as guidance):")
-        parts += ["%d. %s" % (i, step) for i, step in enumerate(self.instructions, 1)]
-        parts += ["", "Use the available tools to accomplish this goal. You may adapt your approach "
-                      "as needed, but try to follow the instructions provided."]
-        return "\n".join(parts)
-
-    def describe(self):
-        lines = []
-        if self.name:
-            lines.append("NAME: %s" % self.name + (" %s" % self.version if self.version else ""))
-        if self.action:
-            lines.append("ACTION: %s" % self.action)
-        lines.append("GOAL: %s" % self.goal)
-        if ctx := self.context_lines():
-            lines += ["CONTEXT:"] + ctx
-        lines.append("INSTRUCTIONS:")
-        lines += ["%d. %s" % (i, s) for i, s in enumerate(self.instructions, 1)]
-        return "\n".join(lines)
-
-
-def _label(key):
-    text = str(key).replace("_", " ").strip()
-    return text[:1].upper() + text[1:]
-
-
-def _scalar(value):
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
-
-
-def detect_plan_format(text, filename=None):
-    ext = os.path.splitext(filename or "")[1].lower()
-    if ext in (".json",):
-        return "json"
-    if ext in (".yaml", ".yml"):
-        return "yaml"
-    if ext in (".md", ".markdown"):
-        return "markdown"
-    stripped = text.lstrip()
-    if stripped.startswith(("{", "[")):
-        return "json"
-    if stripped.startswith("#") and re.search(r"^#{1,6}\s", stripped, re.M):
-        return "markdown"
-    return "yaml"
-
-
-def parse_plan(text, source="<plan>", fmt=None):
-    """Parse plan text into a Plan, or raise PlanError naming the source and line."""
-    fmt = fmt or detect_plan_format(text, source)
-    if not text.strip():
-        raise PlanError(source, "the plan is empty")
-    if fmt == "markdown":
-        return _parse_markdown_plan(text, source)
-    try:
-        data = load_json(text) if fmt == "json" else load_yaml(text)
-    except DocumentError as exc:
-        raise PlanError(source, str(exc), exc.line)
-    return _plan_from_mapping(data, source, text)
-
-
-# Plans and the events that carry them come from other people (a Kafka topic, a repository): parsing one is
-# bounded in depth, in values and, for YAML, in what its aliases expand to. A 300-byte YAML of nested aliases
-# is a billion strings once written out (issue 22: 47 s and a 684 MB database), and `[` x 1500 raised
-# RecursionError, which nothing expected. Limits are checked on the parsed shape, so any document that
-# passes is one the rest of the program can walk, dump and store.
-MAX_DOCUMENT_DEPTH = 64  #: nesting of lists and mappings (events and plans use under 15)
-MAX_DOCUMENT_VALUES = 100000  #: values in a document, every alias counted as what it expands to
-ALIAS_ALLOWANCE = 1 << 20  #: bytes of text aliases may add beyond the document's own length
-
-
-class DocumentError(ValueError):
-    """A document that is not valid, or over the limits: the message says which; `line` when known;
-    `over_limit` when it is valid but too deep or too big (another parser would not do better)."""
-
-    def __init__(self, message, line=None, over_limit=False):
-        super().__init__(message)
-        self.line, self.over_limit = line, over_limit
-
-
-def load_json(text, max_depth=MAX_DOCUMENT_DEPTH, max_values=MAX_DOCUMENT_VALUES):
-    """json.loads, bounded: DocumentError for invalid JSON, too deep, too many values (never another error)."""
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise DocumentError("invalid JSON: nested deeper than %d levels" % max_depth, over_limit=True)
-    except ValueError as exc:  # JSONDecodeError, or an integer of more digits than Python converts
-        raise DocumentError("invalid JSON: %s" % (getattr(exc, "msg", None) or exc),
-                            getattr(exc, "lineno", None))
-    _check_values(data, max_depth, max_values)
-    if _SURROGATE_ESCAPE.search(text):  # JSON may name half a character (\ud800), which nothing can store or
-        try:                            # send: each becomes '?'
-            json.dumps(data, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            data = json.loads(json.dumps(data, ensure_ascii=False).encode("utf-8", "replace").decode("utf-8"))
-    return data
-
-
-_SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
-
-
-def _check_values(data, max_depth, max_values):
-    """Depth and value count of parsed JSON, without recursion (a JSON document is a tree)."""
-    count, stack = 0, [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        count += 1
-        if count > max_values:
-            raise DocumentError("more than %d values" % max_values, over_limit=True)
-        if isinstance(value, (dict, list)):
-            if depth > max_depth:
-                raise DocumentError("nested deeper than %d levels" % max_depth, over_limit=True)
-            stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
-
-
-def load_yaml(text, max_depth=MAX_DOCUMENT_DEPTH, max_values=MAX_DOCUMENT_VALUES, allowance=ALIAS_ALLOWANCE):
-    """yaml.safe_load, bounded: the node graph is measured before anything is built from it, counting each
-    alias as the whole of what it names. DocumentError for invalid YAML or a document over the limits."""
-    try:
-        import yaml
-    except ImportError:
-        raise DocumentError("YAML needs the Python package 'pyyaml' (pip install pyyaml)")
-    loader = _bounded_loader(yaml)(text)
-    try:
-        try:
-            node = loader.get_single_node()
-            if node is None:
-                return None
-            _check_nodes(yaml, node, max_depth, max_values, len(text) + allowance)
-            return loader.construct_document(node)
-        finally:
-            loader.dispose()
-    except DocumentError:
-        raise
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise DocumentError("invalid YAML: %s" % problem, mark.line + 1 if mark else None)
-    except RecursionError:
-        raise DocumentError("invalid YAML: nested deeper than %d levels" % max_depth, over_limit=True)
-    except Exception as exc:  # a constructor's ValueError (an integer of 5000 digits), or what was not foreseen
-        raise DocumentError("invalid YAML: %s" % (str(exc).splitlines() or [type(exc).__name__])[0][:200])
-
-
-_LOADERS = {}
-
-
-def _bounded_loader(yaml):
-    """libyaml's safe loader (it stops at 1000 levels itself), else the Python one with a depth guard: its
-    composer recurses, and a deep document would only stop at the interpreter's recursion limit."""
-    if "loader" not in _LOADERS:
-        loader = getattr(yaml, "CSafeLoader", None)
-        if loader is None:
-            class BoundedSafeLoader(yaml.SafeLoader):
-                depth = 0
-
-                def compose_node(self, parent, index):
-                    self.depth += 1
-                    try:
-                        if self.depth > MAX_DOCUMENT_DEPTH:
-                            raise DocumentError("nested deeper than %d levels" % MAX_DOCUMENT_DEPTH,
-                                                over_limit=True)
-                        return super().compose_node(parent, index)
-                    finally:
-                        self.depth -= 1
-            loader = BoundedSafeLoader
-        _LOADERS["loader"] = loader
-    return _LOADERS["loader"]
-
-
-def _check_nodes(yaml, root, max_depth, max_values, max_bytes):
-    """Depth, values and scalar bytes of a composed YAML graph as if its aliases were written out; a node
-    an alias reaches twice is measured once (memo), a node that contains itself is refused."""
-    sizes = {}  # id(node) -> (values, bytes, depth) once measured
-    on_path = set()
-    stack = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        if done:
-            on_path.discard(key)
-            values, size, depth = 1, 0, 1
-            for child in _children(yaml, node):
-                v, b, d = sizes[id(child)]
-                values, size, depth = values + v, size + b, max(depth, d + 1)
-            if values > max_values:
-                raise DocumentError("more than %d values once its aliases are expanded" % max_values,
-                                    over_limit=True)
-            if size > max_bytes:
-                raise DocumentError("its aliases expand to more than %d bytes" % max_bytes, over_limit=True)
-            if depth > max_depth:
-                raise DocumentError("nested deeper than %d levels" % max_depth, over_limit=True)
-            sizes[key] = (values, size, depth)
-            continue
-        if key in sizes:
-            continue
-        if isinstance(node, yaml.ScalarNode):
-            sizes[key] = (1, len(node.value), 0)
-            continue
-        if key in on_path:
-            raise DocumentError("an alias refers to a node that contains it", over_limit=True)
-        on_path.add(key)
-        stack.append((node, True))
-        for child in _children(yaml, node):
-            if id(child) in on_path:
-                raise DocumentError("an alias refers to a node that contains it", over_limit=True)
-            if id(child) not in sizes:
-                stack.append((child, False))
-
-
-def _children(yaml, node):
-    if isinstance(node, yaml.MappingNode):
-        return [part for pair in node.value for part in pair]
-    if isinstance(node, yaml.SequenceNode):
-        return node.value
-    return ()
-
-
-def _key_line(text, key):
-    m = re.search(r'^\s*"?%s"?\s*:' % re.escape(key), text, re.M)
-    return text.count("\n", 0, m.start()) + 1 if m else None
-
-
-def plan_from_data(data, source="<plan>"):
-    """A Plan from already-parsed data (an event's payload): same rules as a plan file."""
-    try:
-        text = json.dumps(data, indent=1, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        text = ""
-    return _plan_from_mapping(data, source, text)
-
-
-def looks_like_plan(data):
-    """True for a mapping in either plan format (used to find a plan inside an event)."""
-    if not isinstance(data, dict):
-        return False
-    if "goal" in data:
-        return True
-    return any(k in data for k in ("steps", "tasks", "instructions")) and \
-        any(isinstance(data.get(k), str) for k in ("name", "description", "action"))
-
-
-def _text_field(data, key, source, text):
-    if (value := data.get(key)) is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise PlanError(source, "'%s' must be text, got %s" % (key, _json_type(value)), _key_line(text, key))
-    return str(value).strip() or None
-
-
-def _step_text(step):
-    """One instruction from a step: text, or {name, action, context} (steps format), or another mapping."""
-    if not isinstance(step, dict):
-        return step
-    head = None
-    if isinstance(step.get("action"), str) and isinstance(step.get("name"), str):
-        head = "%s: %s" % (step["name"].strip(), step["action"].strip())
-    else:
-        for field in ("instruction", "description", "task", "action", "name", "step"):
-            if isinstance(step.get(field), str):
-                head = step[field]
-                break
-    if head is None:
-        return ", ".join("%s: %s" % (k, _scalar(v)) for k, v in step.items())
-    ctx = step.get("context")
-    if ctx not in (None, "", {}, []):
-        if isinstance(ctx, dict):
-            ctx = ", ".join("%s: %s" % (k, _scalar(v)) for k, v in ctx.items())
-        head = "%s (context: %s)" % (head, _scalar(ctx))
-    return head
-
-
-def _plan_from_mapping(data, source, text):
-    if not isinstance(data, dict):
-        raise PlanError(source, "a plan must be a mapping with 'goal' and 'instructions', got %s"
-                        % _json_type(data))
-    known = {"goal", "context", "instructions", "steps", "tasks", "name", "title", "description", "version",
-             "action"}
-    name = _text_field(data, "name", source, text) or _text_field(data, "title", source, text)
-    version = _text_field(data, "version", source, text)
-    action = _text_field(data, "action", source, text)
-    goal = data.get("goal")
-    if goal is None and any(k in data for k in ("steps", "tasks")):
-        # the name/description/version/action/steps format: the description (else the action, else the
-        # name) is the goal
-        if (goal := _text_field(data, "description", source, text) or action or name) is None:
-            raise PlanError(source, "missing 'description' (or 'goal'): what the agent should achieve")
-    if goal is None or (isinstance(goal, str) and not goal.strip()):
-        raise PlanError(source, "missing required key 'goal' (what the agent should achieve)")
-    if not isinstance(goal, str):
-        raise PlanError(source, "'goal' must be text, got %s" % _json_type(goal), _key_line(text, "goal"))
-    key = next((k for k in ("instructions", "steps", "tasks") if k in data), "instructions")
-    if (steps := data.get(key)) is None:
-        raise PlanError(source, "missing required key 'instructions' (a list of steps)")
-    if isinstance(steps, str):
-        steps = [s for s in (line.strip(" -\t") for line in steps.splitlines()) if s]
-    if not isinstance(steps, list) or not steps:
-        raise PlanError(source, "'%s' must be a non-empty list of steps" % key, _key_line(text, key))
-    instructions = []
-    for i, step in enumerate(steps, 1):
-        step = _step_text(step)
-        if isinstance(step, bool) or not isinstance(step, (str, int, float)) or not str(step).strip():
-            raise PlanError(source, "step %d of '%s' is empty or not text" % (i, key), _key_line(text, key))
-        instructions.append(str(step).strip())
-    context = data.get("context")
-    if context is not None and not isinstance(context, (dict, list, str, int, float)):
-        raise PlanError(source, "'context' must be a mapping, list or text", _key_line(text, "context"))
-    unknown = sorted(set(data) - known)
-    plan = Plan(goal.strip(), context, instructions, name, version, action)
-    plan.unknown_keys = unknown
-    return plan
-
-
-_MD_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_MD_MARKER = re.compile(r"\s*(?:[-*+]|\d+[.)])(?=\s)")
-
-
-def _md_item(line):
-    """The text of a list item ('- x', '1. x', '- [ ] x'), or None: what the regex `\\s+(\\[[ xX]\\]\\s+)?(.*\\S)\\s*$`
-    after the marker meant, without its backtracking (a '-' and 100,000 spaces took 28 seconds)."""
-    if not (m := _MD_MARKER.match(line)):
-        return None
-    rest = line[m.end():].strip()
-    if rest[:1] == "[" and rest[2:3] == "]" and rest[1:2] in " xX" and rest[3:4].isspace():
-        return rest[3:].lstrip()  # a checkbox followed by text (alone, it is the text)
-    return rest or None
-
-
-def _parse_markdown_plan(text, source):
-    title, sections, current = None, {}, None
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if m := _MD_HEADING.match(line):
-            name = m.group(2).strip()
-            if len(m.group(1)) == 1 and title is None:
-                title = re.sub(r"^(task|plan)\s*:\s*", "", name, flags=re.I)
-                current = None
-                continue
-            current = name.lower().rstrip(":")
-            sections[current] = {"line": lineno, "lines": []}
-            continue
-        if current is not None:
-            sections[current]["lines"].append(line)
-
-    def find(*names):
-        for key, value in sections.items():
-            if any(key == n or key.startswith(n + " ") for n in names):
-                return value
-        return None
-
-    goal_sec = find("goal", "objective")
-    goal = " ".join(l.strip() for l in goal_sec["lines"] if l.strip()) if goal_sec else (title or "")
-    if not goal:
-        raise PlanError(source, "no goal found (add a '## Goal' section or a '# Task: …' title)")
-    if (steps_sec := find("steps", "instructions", "tasks", "plan")) is None:
-        raise PlanError(source, "no instructions found (expected a '## Steps' or '## Instructions' "
-                                "section with a list)")
-    steps = [item for item in map(_md_item, steps_sec["lines"]) if item]
-    if not steps:
-        raise PlanError(source, "the instructions section has no list items", steps_sec["line"])
-    ctx_sec = find("context", "background")
-    context = None
-    if ctx_sec:
-        items = [item for item in map(_md_item, ctx_sec["lines"]) if item]
-        prose = " ".join(l.strip() for l in ctx_sec["lines"] if l.strip())
-        context = items if items else (prose or None)
-    plan = Plan(goal, context, steps, title)
-    plan.unknown_keys = []
-    return plan
-
-
 # ---- Plan progress: a task's steps, and the one tool that marks them ----
 # Seed 001 (update 6) draws a plan's progress as "Completed 2/4 instructions" with ✓ done, ⧗ in progress and
 # ○ pending. A plan's instructions are its steps (fixed: the model marks them, it cannot add any); a free task
@@ -3465,7 +3058,7 @@ def parse_skill(data, folder, shown):
         raise SkillProblem(shown, "the front matter is nested too deeply")
     if not isinstance(front, dict):
         raise SkillProblem(shown, "the front matter must be a mapping with name and description, got %s"
-                           % _json_type(front))
+                           % json_type(front))
     warnings = []
 
     def where(key):

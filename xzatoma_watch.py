@@ -194,7 +194,7 @@ def _text(value):
 
 # INFO: one message may cost one message, never a partition (issue 22). What a message can make the watcher
 # hold is bounded before it is parsed: its size, its headers, the length of each attribute a result or a log
-# line repeats, and (xzatoma_tools.load_json/load_yaml) the depth, values and alias expansion of its document.
+# line repeats, and (xzatoma_plans.load_json/load_yaml) the depth, values and alias expansion of its document.
 MAX_MESSAGE_BYTES = 8 << 20  #: larger messages are rejected unread (watcher.max_message_bytes)
 MAX_HEADERS = 256  #: headers of one message
 ID_MAX_BYTES = 1024  #: an event id (or a bare plan's key): results, logs and the store repeat it
@@ -209,7 +209,7 @@ def _cut_id(text):
 
 def _load_document(text):
     """JSON, else YAML, both bounded; BadMessage when it is neither or over the limits."""
-    from xzatoma_tools import DocumentError, load_json, load_yaml
+    from xzatoma_plans import DocumentError, load_json, load_yaml
     stripped = text.lstrip()
     json_error = None
     if stripped.startswith(("{", "[", '"')):
@@ -274,7 +274,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     if fmt == "plan":
         return _bare_plan(ev, text, position)
     if "ce_specversion" in hdrs and fmt in ("auto", "cloudevents"):  # binary content mode
-        from xzatoma_tools import DocumentError, load_json
+        from xzatoma_plans import DocumentError, load_json
         attrs = {k[3:]: v for k, v in hdrs.items() if k.startswith("ce_")}
         data = text
         content_type = hdrs.get("content-type", "")
@@ -331,7 +331,7 @@ def _attributes(ev, attrs, kind):
 
 
 def _bare_plan(ev, text, position):
-    from xzatoma_tools import PlanError, parse_plan
+    from xzatoma_plans import PlanError, parse_plan
     ev.format, ev.id, ev.plan_location = "plan", ev.key or position, "value"
     try:
         ev.plan = parse_plan(text, source="message %s" % position)
@@ -341,7 +341,7 @@ def _bare_plan(ev, text, position):
 
 
 def _find_plan(ev):
-    from xzatoma_tools import looks_like_plan
+    from xzatoma_plans import looks_like_plan
     data = ev.data
     if ev.format == "xzepr":
         events = data.get("events") if isinstance(data, dict) else None
@@ -362,7 +362,7 @@ def _find_plan(ev):
 
 
 def _extract_plan(ev):
-    from xzatoma_tools import PlanError, parse_plan, plan_from_data
+    from xzatoma_plans import PlanError, parse_plan, plan_from_data
     where, value = _find_plan(ev)
     ev.plan_location = where
     if ev.is_result:
@@ -1837,7 +1837,7 @@ def create_topics(opts, topics, partitions=1):
 
 def plan_payload(text, source):
     """The plan as it travels: an object when the file is YAML/JSON, else its text (Markdown). Validated first."""
-    from xzatoma_tools import PlanError, detect_plan_format, parse_plan
+    from xzatoma_plans import PlanError, detect_plan_format, parse_plan
     try:
         plan = parse_plan(text, source=source)
     except PlanError as exc:

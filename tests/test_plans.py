@@ -2,7 +2,7 @@
 
 import pytest
 
-from xzatoma_tools import PlanError, detect_plan_format, parse_plan
+from xzatoma_plans import PlanError, detect_plan_format, parse_plan
 
 SEED_MD = """# Task: Generate Project Documentation
 
@@ -128,7 +128,7 @@ def test_steps_format_accepts_tasks_and_falls_back_to_action_then_name():
 
 
 def test_plan_from_data_and_looks_like_plan():
-    from xzatoma_tools import looks_like_plan, plan_from_data
+    from xzatoma_plans import looks_like_plan, plan_from_data
     assert plan_from_data({"goal": "G", "instructions": ["a"]}, "event").goal == "G"
     with pytest.raises(PlanError, match="^event: missing required key 'instructions'"):
         plan_from_data({"goal": "G"}, "event")
@@ -175,9 +175,9 @@ def test_hostile_plans_are_plan_errors_with_bounded_memory(text, fmt, message):
 def test_pure_python_yaml_is_bounded_too(monkeypatch):
     """Without libyaml the Python composer recurses: its depth is guarded before the interpreter's limit."""
     import yaml
-    import xzatoma_tools
+    import xzatoma_plans
     monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
-    monkeypatch.setattr(xzatoma_tools, "_LOADERS", {})
+    monkeypatch.setattr(xzatoma_plans, "_LOADERS", {})
     with pytest.raises(PlanError, match="nested deeper than 64 levels"):
         parse_plan("goal: G\ninstructions: [a]\nc: " + "[" * 300 + "]" * 300 + "\n", source="p", fmt="yaml")
     with pytest.raises(PlanError, match="more than 100000 values"):
