@@ -4,8 +4,8 @@ that this module's bytecode is cached; `import xzatoma` is this module).
 
 One file, read top to bottom in sections (each opened by a `# ---- … ----`
 header): errors and output, configuration, conversation, providers, the agent
-loop and how a run ends (the stop family), the Session (what a run, a chat, a
-subagent and a watcher event share), subagents, prompts, chat, the command line
+loop and how a run ends (the stop family), a task's progress (update_progress), the Session (what a
+run, a chat, a subagent and a watcher event share), subagents, prompts, chat, the command line
 (each builder beside its cmd_ function) and the interrupt map. Third-party packages (`yaml`, `keyring`)
 are imported inside the functions that need them, so `--help` and `--version`
 work with the standard library alone and start fast.
@@ -4054,6 +4054,159 @@ class Agent:
         return call["arguments"] or ""
 
 
+# ---- Plan progress: a task's steps, and the one tool that marks them ----
+# Seed 001 (update 6) draws a plan's progress as "Completed 2/4 instructions" with ✓ done, ⧗ in progress and
+# ○ pending. A plan's instructions are its steps (fixed: the model marks them, it cannot add any); a free task
+# starts with none and the model adds the steps it will take. The Session shows each change on stderr, streams
+# it (--output-format stream-json), stores it with the conversation and puts the list in --json and the
+# watcher's result.
+
+PENDING, IN_PROGRESS, DONE = "pending", "in_progress", "done"
+STEP_MARKS = {DONE: "✓", IN_PROGRESS: "⧗", PENDING: "○"}
+MAX_STEPS = 100  #: steps one list holds (a plan's are cut here too)
+MAX_STEP_TEXT = 500  #: characters of one step's text
+
+
+def _progress_text(text):
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_STEP_TEXT else text[:MAX_STEP_TEXT - 1] + "…"
+
+
+class Progress:
+    """A task's steps and the state of each. Thread-safe; `on_change(progress, step)` hears every change, with
+    the step ({step, text, status, added}) that changed."""
+
+    def __init__(self, steps=(), fixed=False, on_change=None, statuses=None):
+        import threading
+        self.lock = threading.Lock()
+        #: [{"text", "status"}] in order; step N is steps[N - 1]
+        self.steps = [{"text": _progress_text(t), "status": (statuses or {}).get(i, PENDING)}
+                      for i, t in enumerate(list(steps)[:MAX_STEPS])]
+        self.fixed = bool(fixed)  #: a plan's instructions: marked, never added to
+        self.on_change = on_change
+
+    @classmethod
+    def restore(cls, stored, on_change=None):
+        """A list as snapshot() stored it (unknown statuses read as pending)."""
+        stored = stored if isinstance(stored, dict) else {}
+        steps = [s for s in stored.get("steps") or () if isinstance(s, dict) and isinstance(s.get("text"), str)]
+        statuses = {i: s["status"] for i, s in enumerate(steps) if s.get("status") in STEP_MARKS}
+        return cls([s["text"] for s in steps], stored.get("fixed"), on_change, statuses)
+
+    def __len__(self):
+        return len(self.steps)
+
+    def noun(self):
+        return "instructions" if self.fixed else "steps"
+
+    def counts(self):
+        """(done, total)."""
+        return sum(1 for s in self.steps if s["status"] == DONE), len(self.steps)
+
+    def summary(self):
+        done, total = self.counts()
+        return "Completed %d/%d %s" % (done, total, self.noun())
+
+    def brief(self):
+        done, total = self.counts()
+        return "%s %d/%d done" % (self.noun(), done, total)
+
+    def lines(self, numbered=False):
+        """The list as the seed draws it (numbered: for the model, which marks steps by number)."""
+        with self.lock:
+            steps = [dict(s) for s in self.steps]
+        out = [self.summary() + ":"]
+        for i, s in enumerate(steps, 1):
+            out.append("%s %s%s%s" % (STEP_MARKS[s["status"]], "%d. " % i if numbered else "", s["text"],
+                                      " (in progress)" if s["status"] == IN_PROGRESS else ""))
+        return out
+
+    def to_json(self):
+        """[{step, text, status}]: --json's `steps`, the watcher's result, stream-json."""
+        with self.lock:
+            return [{"step": i, "text": s["text"], "status": s["status"]} for i, s in enumerate(self.steps, 1)]
+
+    def snapshot(self):
+        """What the store keeps with the conversation (restore() reads it back)."""
+        return {"fixed": self.fixed, "steps": self.to_json()}
+
+    def unfinished(self):
+        return [s for s in self.to_json() if s["status"] != DONE]
+
+    def mark(self, number, status=DONE):
+        from xzatoma_tools import ToolError  # loaded by then: only the tool marks a step
+        with self.lock:
+            if not 1 <= number <= len(self.steps):
+                raise ToolError("there is no step %d: %s" % (number, "the list has %d %s (1-%d)" % (
+                    len(self.steps), self.noun(), len(self.steps)) if self.steps else
+                    "the list is empty; add the steps first (add=…)"))
+            self.steps[number - 1]["status"] = status
+            change = {"step": number, "text": self.steps[number - 1]["text"], "status": status, "added": False}
+        self._changed(change)
+        return change
+
+    def add(self, text):
+        from xzatoma_tools import ToolError
+        text = _progress_text(text)
+        with self.lock:
+            if self.fixed:
+                raise ToolError("this plan's instructions are its steps and cannot be added to; mark them with "
+                                "step and status")
+            if not text:
+                raise ToolError("add needs the text of the step")
+            if len(self.steps) >= MAX_STEPS:
+                raise ToolError("the list already holds %d steps, the most it can" % MAX_STEPS)
+            self.steps.append({"text": text, "status": PENDING})
+            change = {"step": len(self.steps), "text": text, "status": PENDING, "added": True}
+        self._changed(change)
+        return change
+
+    def _changed(self, change):
+        if self.on_change is not None:
+            self.on_change(self, change)
+
+
+class UpdateProgress:
+    """The one progress tool. Its calls change only xzatoma's own list (bookkeeping: they are not work the
+    honest-completion check counts). Duck-typed like SubagentTool: the Tool base is in xzatoma_tools, which
+    start-up does not import."""
+
+    name = "update_progress"
+    description = ("Track the steps of the task: mark step N in_progress when you start it and done when it is "
+                   "finished. A plan's instructions are its steps; for another task of several steps, first add "
+                   "the steps you will take (add, one call per step). Returns the list.")
+    parameters = {"type": "object", "properties": {
+        "step": {"type": "integer", "minimum": 1, "description": "the step's number"},
+        "status": {"type": "string", "enum": [IN_PROGRESS, DONE, PENDING], "description": "default done"},
+        "add": {"type": "string", "description": "the text of a new step (a task without a plan)"}}}
+    permission = "read"
+
+    def __init__(self, progress):
+        self.progress = progress
+
+    def definition(self):
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def confirmation(self, args, ctx):
+        return None
+
+    def preview_args(self, args):
+        from xzatoma_store import one_line_path
+        if args.get("add"):
+            return "add: " + one_line_path(str(args["add"]))[:70]
+        return "step %s %s" % (args.get("step"), args.get("status") or DONE)
+
+    def run(self, args, ctx):
+        from xzatoma_tools import ToolError, ToolResult
+        if args.get("step") is None and not args.get("add"):
+            raise ToolError("give step (and status: in_progress, done or pending), or add (a new step's text)")
+        if args.get("add"):
+            self.progress.add(args["add"])
+        if args.get("step") is not None:
+            self.progress.mark(args["step"], args.get("status") or DONE)
+        return ToolResult.ok("\n".join(self.progress.lines(numbered=True)), bookkeeping=True)
+
+
 # ---- Session: what a run, a chat, a subagent and a watcher event share ----
 # The one place that builds a run's parts: config slice, provider, tool context, registry, store,
 # Conversation + Recorder, quota, metrics, cancel event, confirmation callbacks and output sink.
@@ -4287,7 +4440,7 @@ class Session:
         agent.subagent.persistence_enabled off. `steps`: a plan's instructions, the progress list the model
         marks (a stored conversation continues with its own list)."""
         from xzatoma_store import NotFound, new_ulid
-        from xzatoma_tools import Progress, SkillState
+        from xzatoma_tools import SkillState
         assert kind in SESSION_KINDS, kind
         stored = None
         if resume:
@@ -4417,7 +4570,7 @@ class Session:
 
     # -- tools --
     def _build(self):
-        from xzatoma_tools import INTERACTIVE, ActivateSkill, UpdateProgress, build_registry
+        from xzatoma_tools import INTERACTIVE, ActivateSkill, build_registry
         if self.parent_ctx is not None:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
@@ -5464,7 +5617,6 @@ def cmd_replay(args, console):
                 out.write("  %s %s%s\n" % ("✓" if ok else "✗", one_line(first, 100),
                                            "  (+%d lines)" % more if more else ""))
         if conv.get("progress"):  # where the steps stood at the end (also when the model never marked them)
-            from xzatoma_tools import Progress
             lines = Progress.restore(conv["progress"]).lines()
             if len(lines) > 1:
                 out.write("\n" + "".join("%s\n" % one_line(line, 120) for line in lines[:MAX_SHOWN_STEPS]))

@@ -4,8 +4,8 @@ Read top to bottom, in sections opened by `# ---- Name ----`. The tools: ToolRes
 file and search tools (the `plan` tool reads a plan with xzatoma_plans); undo; the terminal tool; fetch;
 build_registry.
 
-The tools also hold plan progress (update_progress) and skills (SKILL.md folders, triggers, the catalog,
-activate_skill).
+The tools also hold skills (SKILL.md folders, triggers, the catalog, activate_skill). A task's progress and
+its update_progress tool are the program's (xzatoma_core).
 
 The safety kernel (below `# ==== The safety kernel ====`) imports nothing from the tools. Its API:
   Confinement(root, xzatoma_home, extra, home, homes, terminal, …): .root .jail .policy .sandbox, .reason(path)
@@ -2772,147 +2772,6 @@ def html_to_text(html, base_url=""):
     if title and not text.startswith("# "):
         text = "# %s\n\n%s" % (title, text)
     return text + "\n"
-
-
-# ---- Plan progress: a task's steps, and the one tool that marks them ----
-# Seed 001 (update 6) draws a plan's progress as "Completed 2/4 instructions" with ✓ done, ⧗ in progress and
-# ○ pending. A plan's instructions are its steps (fixed: the model marks them, it cannot add any); a free task
-# starts with none and the model adds the steps it will take. The Session shows each change on stderr, streams
-# it (--output-format stream-json), stores it with the conversation and puts the list in --json and the
-# watcher's result.
-
-PENDING, IN_PROGRESS, DONE = "pending", "in_progress", "done"
-STEP_MARKS = {DONE: "✓", IN_PROGRESS: "⧗", PENDING: "○"}
-MAX_STEPS = 100  #: steps one list holds (a plan's are cut here too)
-MAX_STEP_TEXT = 500  #: characters of one step's text
-
-
-def _progress_text(text):
-    text = " ".join(str(text).split())
-    return text if len(text) <= MAX_STEP_TEXT else text[:MAX_STEP_TEXT - 1] + "…"
-
-
-class Progress:
-    """A task's steps and the state of each. Thread-safe; `on_change(progress, step)` hears every change, with
-    the step ({step, text, status, added}) that changed."""
-
-    def __init__(self, steps=(), fixed=False, on_change=None, statuses=None):
-        import threading
-        self.lock = threading.Lock()
-        #: [{"text", "status"}] in order; step N is steps[N - 1]
-        self.steps = [{"text": _progress_text(t), "status": (statuses or {}).get(i, PENDING)}
-                      for i, t in enumerate(list(steps)[:MAX_STEPS])]
-        self.fixed = bool(fixed)  #: a plan's instructions: marked, never added to
-        self.on_change = on_change
-
-    @classmethod
-    def restore(cls, stored, on_change=None):
-        """A list as snapshot() stored it (unknown statuses read as pending)."""
-        stored = stored if isinstance(stored, dict) else {}
-        steps = [s for s in stored.get("steps") or () if isinstance(s, dict) and isinstance(s.get("text"), str)]
-        statuses = {i: s["status"] for i, s in enumerate(steps) if s.get("status") in STEP_MARKS}
-        return cls([s["text"] for s in steps], stored.get("fixed"), on_change, statuses)
-
-    def __len__(self):
-        return len(self.steps)
-
-    def noun(self):
-        return "instructions" if self.fixed else "steps"
-
-    def counts(self):
-        """(done, total)."""
-        return sum(1 for s in self.steps if s["status"] == DONE), len(self.steps)
-
-    def summary(self):
-        done, total = self.counts()
-        return "Completed %d/%d %s" % (done, total, self.noun())
-
-    def brief(self):
-        done, total = self.counts()
-        return "%s %d/%d done" % (self.noun(), done, total)
-
-    def lines(self, numbered=False):
-        """The list as the seed draws it (numbered: for the model, which marks steps by number)."""
-        with self.lock:
-            steps = [dict(s) for s in self.steps]
-        out = [self.summary() + ":"]
-        for i, s in enumerate(steps, 1):
-            out.append("%s %s%s%s" % (STEP_MARKS[s["status"]], "%d. " % i if numbered else "", s["text"],
-                                      " (in progress)" if s["status"] == IN_PROGRESS else ""))
-        return out
-
-    def to_json(self):
-        """[{step, text, status}]: --json's `steps`, the watcher's result, stream-json."""
-        with self.lock:
-            return [{"step": i, "text": s["text"], "status": s["status"]} for i, s in enumerate(self.steps, 1)]
-
-    def snapshot(self):
-        """What the store keeps with the conversation (restore() reads it back)."""
-        return {"fixed": self.fixed, "steps": self.to_json()}
-
-    def unfinished(self):
-        return [s for s in self.to_json() if s["status"] != DONE]
-
-    def mark(self, number, status=DONE):
-        with self.lock:
-            if not 1 <= number <= len(self.steps):
-                raise ToolError("there is no step %d: %s" % (number, "the list has %d %s (1-%d)" % (
-                    len(self.steps), self.noun(), len(self.steps)) if self.steps else
-                    "the list is empty; add the steps first (add=…)"))
-            self.steps[number - 1]["status"] = status
-            change = {"step": number, "text": self.steps[number - 1]["text"], "status": status, "added": False}
-        self._changed(change)
-        return change
-
-    def add(self, text):
-        text = _progress_text(text)
-        with self.lock:
-            if self.fixed:
-                raise ToolError("this plan's instructions are its steps and cannot be added to; mark them with "
-                                "step and status")
-            if not text:
-                raise ToolError("add needs the text of the step")
-            if len(self.steps) >= MAX_STEPS:
-                raise ToolError("the list already holds %d steps, the most it can" % MAX_STEPS)
-            self.steps.append({"text": text, "status": PENDING})
-            change = {"step": len(self.steps), "text": text, "status": PENDING, "added": True}
-        self._changed(change)
-        return change
-
-    def _changed(self, change):
-        if self.on_change is not None:
-            self.on_change(self, change)
-
-
-class UpdateProgress(Tool):
-    """The one progress tool. Its calls change only xzatoma's own list (bookkeeping: they are not work the
-    honest-completion check counts)."""
-
-    name = "update_progress"
-    description = ("Track the steps of the task: mark step N in_progress when you start it and done when it is "
-                   "finished. A plan's instructions are its steps; for another task of several steps, first add "
-                   "the steps you will take (add, one call per step). Returns the list.")
-    parameters = {"type": "object", "properties": {
-        "step": {"type": "integer", "minimum": 1, "description": "the step's number"},
-        "status": {"type": "string", "enum": [IN_PROGRESS, DONE, PENDING], "description": "default done"},
-        "add": {"type": "string", "description": "the text of a new step (a task without a plan)"}}}
-
-    def __init__(self, progress):
-        self.progress = progress
-
-    def preview_args(self, args):
-        if args.get("add"):
-            return "add: " + one_line_path(str(args["add"]))[:70]
-        return "step %s %s" % (args.get("step"), args.get("status") or DONE)
-
-    def run(self, args, ctx):
-        if args.get("step") is None and not args.get("add"):
-            raise ToolError("give step (and status: in_progress, done or pending), or add (a new step's text)")
-        if args.get("add"):
-            self.progress.add(args["add"])
-        if args.get("step") is not None:
-            self.progress.mark(args["step"], args.get("status") or DONE)
-        return ToolResult.ok("\n".join(self.progress.lines(numbered=True)), bookkeeping=True)
 
 
 # ---- Skills: SKILL.md folders, their triggers, the catalog and activate_skill ----

@@ -8,7 +8,8 @@ import pytest
 
 import xzatoma
 from conftest import tool_call
-from xzatoma_tools import Progress, ToolError, ToolContext, UpdateProgress, build_registry
+from xzatoma import Progress, UpdateProgress
+from xzatoma_tools import ToolError, ToolContext, build_registry
 
 PLAN = "goal: Count the lines of notes.txt\ninstructions:\n  - read notes.txt\n  - count its lines\n"
 
