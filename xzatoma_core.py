@@ -4440,7 +4440,7 @@ class Session:
         agent.subagent.persistence_enabled off. `steps`: a plan's instructions, the progress list the model
         marks (a stored conversation continues with its own list)."""
         from xzatoma_store import NotFound, new_ulid
-        from xzatoma_tools import SkillState
+        from xzatoma_skills import SkillState
         assert kind in SESSION_KINDS, kind
         stored = None
         if resume:
@@ -4518,7 +4518,7 @@ class Session:
     def skill_catalog(self):
         """The skills' names and descriptions for the environment message, within agent.skills.catalog_share of
         the context window; "" without skills or without activate_skill to load them (the compact profile)."""
-        from xzatoma_tools import skill_catalog
+        from xzatoma_skills import skill_catalog
         if not self.skill_state or "activate_skill" not in self.registry:
             return ""
         try:
@@ -4530,7 +4530,7 @@ class Session:
     def match_skills(self, text):
         """Skills whose triggers match a request (the person's words, a plan's prompt) are activated before the
         model is asked: their instructions follow the request, and their allowed-tools hold from now on."""
-        from xzatoma_tools import match_triggers
+        from xzatoma_skills import match_triggers
         if not self.skill_state:
             return []
         matched, problems = match_triggers(self.skill_state.skills.values(), text, given_up=self.skill_state.slow)
@@ -4570,7 +4570,8 @@ class Session:
 
     # -- tools --
     def _build(self):
-        from xzatoma_tools import INTERACTIVE, ActivateSkill, build_registry
+        from xzatoma_skills import ActivateSkill
+        from xzatoma_tools import INTERACTIVE, build_registry
         if self.parent_ctx is not None:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
@@ -6902,7 +6903,7 @@ def cmd_chat(args, console):
 
 
 # ---- Skills: where they are found, trust, and `xzatoma skills` ----
-# Discovery, parsing and activation are in xzatoma_tools (Skills). Here: the places of a working directory,
+# Discovery, parsing and activation are in xzatoma_skills. Here: the places of a working directory,
 # which skills a session may use (project skills only once trusted), and the command that lists, shows,
 # validates and trusts them. Trust is a generic record of the store (trusted_files: real path, kind, digest),
 # so another kind of project file (an .mcp.json) can share it.
@@ -6913,7 +6914,7 @@ SKILL_TRUST = "skill"  #: a skill's kind among the store's trusted project files
 def skill_places(cfg, working_dir):
     """Where skills are looked for, first wins: the project's .xzatoma/skills and .agents/skills (in the working
     directory), then agent.skills.user_dir."""
-    from xzatoma_tools import PROJECT_SKILL_DIRS
+    from xzatoma_skills import PROJECT_SKILL_DIRS
     places = [("project", working_dir, rel, rel) for rel in PROJECT_SKILL_DIRS]
     user = cfg.get("agent.skills.user_dir")
     if user:
@@ -6924,7 +6925,7 @@ def skill_places(cfg, working_dir):
 
 def find_skills(cfg, working_dir):
     """(skills, problems) of a working directory, whether or not agent.skills.enabled is on."""
-    from xzatoma_tools import discover_skills
+    from xzatoma_skills import discover_skills
     return discover_skills(skill_places(cfg, os.path.realpath(working_dir)), hidden=[cfg.home])
 
 
@@ -7125,7 +7126,8 @@ def _report_validation(out, skills, problems):
 
 def _validate_paths(paths, console):
     """`skills validate PATH…`: a skill folder, its SKILL.md, or a directory of skill folders."""
-    from xzatoma_tools import SKILL_FILE, Jail, SkillProblem, discover_skills, load_skill
+    from xzatoma_skills import SKILL_FILE, SkillProblem, discover_skills, load_skill
+    from xzatoma_tools import Jail
     skills, problems = [], []
     for path in paths:
         real = os.path.realpath(path)

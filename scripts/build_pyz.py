@@ -145,8 +145,8 @@ def stage(wheels, src, licenses):
                 elif ".dist-info/" in member and os.path.basename(member).upper().startswith(("LICENSE", "COPYING", "NOTICE")):
                     with open(os.path.join(licenses, "%s-%s.%s" % (name, version, os.path.basename(member))), "wb") as out:
                         out.write(whl.read(member))
-    # every module of the project: xzatoma, _tools, _store and the optional ones (_watch, _metrics, _mcp: the MCP
-    # client is the standard library's alone, so MCP servers work from the one file too)
+    # every module of the project: xzatoma, _core, _tools, _skills, _plans, _store and the optional ones (_watch,
+    # _metrics, _mcp: the MCP client is the standard library's alone, so MCP servers work from the one file too)
     modules = sorted(glob.glob(os.path.join(ROOT, "xzatoma*.py")))
     for module in modules:
         shutil.copy(module, src)

@@ -423,7 +423,8 @@ def test_help_and_history_import_only_what_they_show(cli, fake):
         r = cli.run(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
         assert r.returncode == 0 and "usage:" in r.stdout
         loaded = imported(r.stderr)
-        assert not loaded & {"xzatoma_tools", "xzatoma_store", "json", "sqlite3", "difflib", "http.client"}, args
+        assert not loaded & {"xzatoma_tools", "xzatoma_skills", "xzatoma_plans", "xzatoma_store", "json",
+                             "sqlite3", "difflib", "http.client"}, args
     fake.add({"content": "stored"})
     assert cli.run("run", "--provider", "ollama", "x", env={"OLLAMA_HOST": fake.url}).returncode == 0
     cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
@@ -431,7 +432,8 @@ def test_help_and_history_import_only_what_they_show(cli, fake):
         r = cli.run(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
         assert r.returncode == 0 and cid[:12] in r.stdout, r.stderr[-300:]
         loaded = imported(r.stderr)
-        assert "sqlite3" in loaded and not loaded & {"xzatoma_tools", "http.client", "ssl", "keyring", "yaml"}, args
+        assert "sqlite3" in loaded and not loaded & {"xzatoma_tools", "xzatoma_skills", "xzatoma_plans",
+                                                     "http.client", "ssl", "keyring", "yaml"}, args
 
 
 def test_the_plain_file_start_compiles_nothing_it_can_cache(cli, tmp_path):

@@ -81,6 +81,7 @@ def test_archive_holds_pure_python_only_and_no_keyring(pyz):
         assert fh.readline() == b"#!/usr/bin/env python3\n"
     names = zipfile.ZipFile(pyz).namelist()
     assert "__main__.py" in names and "xzatoma.py" in names and "xzatoma_tools.py" in names
+    assert "xzatoma_skills.py" in names and "xzatoma_plans.py" in names  # imported by runs, not at start-up
     assert "xzatoma_mcp.py" in names  # MCP servers from the one file too: the client needs only the standard library
     assert {n.split("/")[0] for n in names} >= set(DEPENDENCIES)
     assert not [n for n in names if n.endswith((".so", ".pyd", ".dylib"))]

@@ -10,8 +10,9 @@ import pytest
 
 from conftest import tool_call
 from xzatoma_store import Store
-from xzatoma_tools import (ActivateSkill, Skill, SkillProblem, SkillState, ToolContext, build_registry,
-                           discover_skills, match_triggers, parse_skill, skill_catalog)
+from xzatoma_skills import (ActivateSkill, Skill, SkillProblem, SkillState, discover_skills, match_triggers,
+                            parse_skill, skill_catalog)
+from xzatoma_tools import ToolContext, build_registry
 
 GOOD = """---
 name: x
@@ -114,8 +115,8 @@ def test_triggers_match_whole_words_and_a_catastrophic_regex_cannot_stall(tmp_pa
 
 
 def test_one_discovery_reads_a_bounded_amount_of_all_the_skills(tmp_path, monkeypatch):
-    import xzatoma_tools
-    monkeypatch.setattr(xzatoma_tools, "MAX_SKILLS_BYTES", 100 << 10)
+    import xzatoma_skills
+    monkeypatch.setattr(xzatoma_skills, "MAX_SKILLS_BYTES", 100 << 10)
     for name in ("a", "b"):
         d = skill_dir(tmp_path, name, GOOD.replace("name: x", "name: " + name))
         (d / "blob.bin").write_bytes(b"\1" * (80 << 10))
