@@ -14,9 +14,9 @@ import os
 import re
 import stat
 
-from xzatoma_store import json_type, one_line_path
-from xzatoma_tools import (ALL_TOOLS, Jail, JailError, Tool, ToolError, ToolResult, _fmt_size, _RegexWorker,
-                           display_path, list_fd, open_if_regular, read_fd, walk_files)
+from xzatoma_store import fmt_size, json_type, one_line_path
+from xzatoma_tools import (ALL_TOOLS, Jail, JailError, Tool, ToolError, ToolResult, _RegexWorker, display_path,
+                           list_fd, open_if_regular, read_fd, walk_files)
 
 
 # ---- Skills: SKILL.md folders, their triggers, the catalog and activate_skill ----
@@ -133,7 +133,7 @@ def parse_skill(data, folder, shown):
     import yaml
     if len(data) > MAX_SKILL_BYTES:
         raise SkillProblem(shown, "the file is %s, over the %s a SKILL.md may have" % (
-            _fmt_size(len(data)), _fmt_size(MAX_SKILL_BYTES)))
+            fmt_size(len(data)), fmt_size(MAX_SKILL_BYTES)))
     if b"\0" in data:
         raise SkillProblem(shown, "a binary file, not Markdown")
     text = data.decode("utf-8", "replace").lstrip("\ufeff").replace("\r\n", "\n")
@@ -151,7 +151,7 @@ def parse_skill(data, folder, shown):
             break
     if end is None:
         raise SkillProblem(shown, "the front matter has no closing '---' line%s" % (
-            " in its first %s" % _fmt_size(MAX_FRONT_MATTER) if size > MAX_FRONT_MATTER else ""))
+            " in its first %s" % fmt_size(MAX_FRONT_MATTER) if size > MAX_FRONT_MATTER else ""))
     try:
         front = yaml.load("\n".join(lines[1:end]), Loader=_front_matter_loader())
     except yaml.YAMLError as exc:
@@ -255,7 +255,7 @@ class _Budget:
         self.size -= size
         if self.files < 0 or self.size < 0:
             raise SkillProblem("", "the skill folders here hold more than %d files or %s in all; this one was not "
-                                   "read" % (MAX_SKILLS_FILES, _fmt_size(MAX_SKILLS_BYTES)))
+                                   "read" % (MAX_SKILLS_FILES, fmt_size(MAX_SKILLS_BYTES)))
 
 
 def _skill_folder(jail, folder_rel, skill_bytes, want_digest, budget):
@@ -296,7 +296,7 @@ def _skill_folder(jail, folder_rel, skill_bytes, want_digest, budget):
                 total += len(data)
                 budget.spend(size=len(data))
                 if total > MAX_SKILL_FOLDER_BYTES:
-                    raise SkillProblem(folder_rel, "the folder holds more than %s" % _fmt_size(MAX_SKILL_FOLDER_BYTES))
+                    raise SkillProblem(folder_rel, "the folder holds more than %s" % fmt_size(MAX_SKILL_FOLDER_BYTES))
                 digest.update(hashlib.sha256(data).digest())
     return (digest.hexdigest() if digest is not None else None), sorted(resources)
 

@@ -601,6 +601,14 @@ def json_type(value):
             int: "integer", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
+def fmt_size(n):
+    """A size in bytes for people: 512 B, 1.5 KB, 32.0 MB."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+
+
 def one_line_path(path):
     """A path for a line shown to people: a newline, tab or CR in a name is shown as `\\n`, never obeyed, so a
     name cannot forge a second line of progress or push a question's end out of sight."""

@@ -9,7 +9,8 @@ The safety kernel (below `# ==== The safety kernel ====`) imports nothing from t
   Confinement(root, xzatoma_home, extra, home, homes, terminal, …): .root .jail .policy .sandbox, .reason(path)
       (the one protected set), .target_reason/.copied_reason (a file tool's change), .binds(), .deferred_changed()
   is_git_dir (git's rule), git_config (git itself), repository_runs_code, venv_code; PROTECTED_NAMES, fold_name
-  render_untrusted(text, exact), render_json(obj), UntrustedStream (xzatoma_store's, imported here);
+  render_untrusted(text, exact), render_json(obj), UntrustedStream (xzatoma_store's, beside redaction, so that
+      history and replay show stored text without the tools; imported here and part of this API);
   ToolError, JailError, PathError, UrlBlocked
   Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path, read_fd, glob_match
   parse_shell, needs_shell, command_argv; CommandPolicy(confinement).judge(command) -> Verdict (allow/confirm/deny)
@@ -32,8 +33,8 @@ import sys
 import threading
 import time
 
-from xzatoma_store import (UntrustedStream, json_type, one_line_path, preview_arguments,  # noqa: F401
-                           render_json, render_untrusted)
+from xzatoma_store import (UntrustedStream, fmt_size, json_type, one_line_path,  # noqa: F401
+                           preview_arguments, render_json, render_untrusted)
 
 
 # ---- Tool results ----
@@ -258,7 +259,7 @@ class ToolContext:
         if size <= cap:
             return
         detail = "%s is %s, over the undo cap of %s (agent.tools.undo_max_bytes): this cannot be undone" % (
-            display_path(target.real, self.root), _fmt_size(size), _fmt_size(cap))
+            display_path(target.real, self.root), fmt_size(size), fmt_size(cap))
         if self.ask is not None and self.ask(tool, args, detail):
             self.undo_waived = True  # the person accepted this change without an undo record
             return
@@ -496,7 +497,7 @@ def read_whole(fd, name, what="read whole"):
     data = read_fd(fd, MAX_WHOLE_FILE + 1, size=min(size, MAX_WHOLE_FILE))
     if size > MAX_WHOLE_FILE or len(data) > MAX_WHOLE_FILE:
         raise ToolError("%s is %s, over the %s a tool can %s" % (
-            name, _fmt_size(max(size, len(data))), _fmt_size(MAX_WHOLE_FILE), what))
+            name, fmt_size(max(size, len(data))), fmt_size(MAX_WHOLE_FILE), what))
     return data
 
 
@@ -745,13 +746,6 @@ def _owner(st):
         return str(st.st_uid)
 
 
-def _fmt_size(n):
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024.0
-
-
 # ---- File tools ----
 
 class ListDirectory(Tool):
@@ -802,7 +796,7 @@ class ListDirectory(Tool):
                     size, label = st.st_size, self.LABELS[kind] if kind != "special" else _kind_of(st.st_mode)
                 except OSError:
                     size, label = 0, self.LABELS[kind]
-                lines.append("%-5s %10s  %s" % (label, _fmt_size(size), rel))
+                lines.append("%-5s %10s  %s" % (label, fmt_size(size), rel))
         if not lines:
             return ToolResult.ok("(no entries%s in %s)" % (" matching %s" % pattern if pattern else "", base),
                                  count=0)
@@ -851,7 +845,7 @@ class ReadFile(Tool):
         with open(fd, "rb"):  # closes fd
             if is_binary_fd(fd):
                 raise ToolError("%s is a binary file (%s); read_file only reads text" % (
-                    path, _fmt_size(os.fstat(fd).st_size)))
+                    path, fmt_size(os.fstat(fd).st_size)))
             max_bytes = ctx.limit("max_file_read_size", 10485760)
             budget = self.LINE_BUDGET if end is None else max(end - start + 1, 1)
             chunks = file_chunks(fd, lambda: ctx.check_deadline("read_file"), hole_as=self.LONG_LINE + 1)
@@ -1561,7 +1555,7 @@ def _copy_shown(src, dst):
     fd = src.open_regular("")
     try:
         if is_binary_fd(fd):
-            return "(binary file %s, %s)" % (display_path(src.real, src.root), _fmt_size(os.fstat(fd).st_size))
+            return "(binary file %s, %s)" % (display_path(src.real, src.root), fmt_size(os.fstat(fd).st_size))
         new = read_whole(fd, display_path(src.real, src.root)).decode("utf-8", "replace")
     finally:
         os.close(fd)
@@ -1707,7 +1701,7 @@ class FileMetadata(Tool):
             kind = _kind_of(st.st_mode)
             kind = kind if kind in ("file", "directory", "symlink") else "other (%s)" % kind
             lines = ["path: %s" % display_path(resolved.real, ctx.root), "type: %s" % kind,
-                     "size: %d bytes (%s)" % (st.st_size, _fmt_size(st.st_size)),
+                     "size: %d bytes (%s)" % (st.st_size, fmt_size(st.st_size)),
                      "mode: %s (%s)" % (oct(stat.S_IMODE(st.st_mode)), stat.filemode(st.st_mode)),
                      "owner: %s" % _owner(st), "modified: %s" % _rfc3339(st.st_mtime),
                      "changed: %s" % _rfc3339(st.st_ctime)]
@@ -2221,7 +2215,7 @@ def _undo(store, record, force, jail):
             mode = record.get("mode")
             if kind == "file":
                 write_atomic_at(target.dir_fd, target.name, record["content"], mode=mode)
-                message = "restored %s (%s)" % (path, _fmt_size(len(record["content"])))
+                message = "restored %s (%s)" % (path, fmt_size(len(record["content"])))
             elif kind == "link":
                 os.symlink(record["content"].decode("utf-8", "surrogateescape"), target.name, dir_fd=target.dir_fd)
                 message = "restored link %s" % path
@@ -3483,12 +3477,6 @@ def deferred_files(root, max_dirs=20000):
             except OSError:
                 continue
     return out
-
-
-# ---- Untrusted text for terminals ----
-# render_untrusted, render_json, UntrustedStream and preview_arguments live in xzatoma_store, beside redaction
-# (the floor every module stands on): `history` and `replay` show stored text without importing the tools.
-# They are imported at the top of this file, and stay part of its API.
 
 
 # ---- The working-directory jail ----
