@@ -7150,7 +7150,7 @@ def _validate_paths(paths, console):
     return _report_validation(CleanWriter(sys.stdout), skills, problems)
 
 
-# ---- Command line ----
+# ---- Command line: global flags; watch, mcp and publish ----
 
 
 def _add_global_flags(parser, suppress):
@@ -7553,6 +7553,8 @@ def cmd_publish(args, console):
     return EXIT_OK
 
 
+# ---- Command line: routing, and the parser (only the selected command's is built) ----
+
 COMMAND_HELP = {
     "chat": "an interactive session (Planning/Write, Safe/YOLO, @mentions)",
     "run": "run one task to completion (prompt, stdin or plan)",
@@ -7739,6 +7741,8 @@ def build_parser(argv=None):
             sub.add_parser(name, help=COMMAND_HELP[name])
     return parser
 
+
+# ---- Command line: run (its task, output and result), policy and config ----
 
 def config_from_args(args, console, extra=None):
     flags = {}
