@@ -1909,6 +1909,8 @@ class Provider:
         self.timeout = cfg.get("provider.request_timeout_seconds")
         #: provider.<type>.{temperature, top_p, max_tokens, seed, context_window} (None: not set)
         self.settings = {k: cfg.get("provider.%s.%s" % (self.name, k)) for k in SAMPLING}
+        #: sampling a run prefers where the person set nothing (prefer()): the compact profile's temperature
+        self.preferred = {}
         self._session = None
         self._windows = {}
 
@@ -2122,8 +2124,15 @@ class Provider:
         return model_size(self.model)
 
     def sampling(self):
-        """The sampling settings configured for this provider: {temperature, top_p, max_tokens, seed} set ones."""
-        return {k: v for k, v in self.settings.items() if k != "context_window" and v is not None}
+        """The sampling settings sent with each request: {temperature, top_p, max_tokens, seed}, the configured
+        ones, else the run's preferred ones; what neither sets is left to the server."""
+        chosen = dict(self.preferred)
+        chosen.update((k, v) for k, v in self.settings.items() if k != "context_window" and v is not None)
+        return chosen
+
+    def prefer(self, **sampling):
+        """Sampling to send where the configuration sets none (a setting of the person's always wins)."""
+        self.preferred.update(sampling)
 
 
 def model_size(name):
@@ -4571,7 +4580,7 @@ class Session:
     # -- tools --
     def _build(self):
         from xzatoma_skills import ActivateSkill
-        from xzatoma_tools import INTERACTIVE, build_registry
+        from xzatoma_tools import COMPACT_TOOLS, INTERACTIVE, build_registry
         if self.parent_ctx is not None:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
@@ -4582,6 +4591,10 @@ class Session:
                                terminal_mode=self.terminal_mode, cancel=self.cancel)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
+        if self.profile == COMPACT_TOOLS:
+            # INFO: servers default to hot sampling (llama-cpp-python and Ollama: 0.8), under which a small
+            # model's calls wander: a misspelt argument, a tool it never had, prose where the call should be.
+            self.provider.prefer(temperature=SMALL_MODEL_TEMPERATURE)
         registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
                                                          ActivateSkill(self.skill_state), UpdateProgress(self.progress)),
                                   profile=self.profile, skills=self.skill_state)
@@ -4752,6 +4765,7 @@ def mcp_sandbox(cfg, confinement, mode, network, read_paths):
 
 
 COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
+SMALL_MODEL_TEMPERATURE = 0.2  #: sent with the compact profile unless provider.<type>.temperature is set
 
 
 def tool_profile(cfg, provider, console):

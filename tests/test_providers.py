@@ -283,3 +283,17 @@ def test_long_text_that_does_not_repeat_is_not_cut():
     assert not any(guard.feed(text[i:i + 7]) for i in range(0, len(text), 7))
     guard = xzatoma.RepetitionGuard()
     assert any(guard.feed(piece) for piece in ["x = [0, 0, 0, 0]\n"] * 400)
+
+
+def test_a_small_local_model_gets_a_low_temperature_unless_one_is_set(cli, fake):
+    """Servers sample hot by default (llama-cpp-python, Ollama: 0.8); the compact profile sends 0.2, and the
+    person's own setting wins."""
+    cli.use(fake, provider="openai", tools={"profile": "compact"})
+    fake.add({"content": "ok"}, {"content": "ok"}, {"content": "ok"})
+    assert cli.run("run", "hi").returncode == 0
+    assert fake.model_requests()[-1]["body"]["temperature"] == 0.2
+    assert cli.run("run", "--temperature", "0.7", "hi").returncode == 0
+    assert fake.model_requests()[-1]["body"]["temperature"] == 0.7
+    cli.use(fake, provider="openai")  # the full profile: the server decides
+    assert cli.run("run", "hi").returncode == 0
+    assert "temperature" not in fake.model_requests()[-1]["body"]
