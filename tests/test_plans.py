@@ -151,7 +151,9 @@ def _nested_aliases(levels=9, width=9):
     ("[" * 1500 + "]" * 1500, "json", "nested deeper than 64 levels"),
     ('{"a":' * 1500 + "1" + "}" * 1500, "json", "nested deeper than 64 levels"),
     ("[" * 70 + "]" * 70, "json", "nested deeper than 64 levels"),  # parses, but deeper than anything walks
-    ("[" * 1500 + "]" * 1500, "yaml", "nesting depth"),
+    # libyaml's parser stops it ("exceeded maximum nesting depth"); pure-Python PyYAML (no libyaml wheel, as on
+    # some 3.9 installs) is stopped by the composer's guard
+    ("[" * 1500 + "]" * 1500, "yaml", ("nesting depth", "nested deeper than 64 levels")),
     ("goal: G\ninstructions: [a]\nc: " + "[" * 70 + "]" * 70 + "\n", "yaml", "nested deeper than 64 levels"),
     ("goal: " + "1" * 5000 + "\ninstructions: [a]\n", "yaml", "invalid YAML: Exceeds the limit"),
     ('{"goal": ' + "1" * 5000 + ', "instructions": ["a"]}', "json", "invalid JSON: Exceeds the limit"),
@@ -168,7 +170,7 @@ def test_hostile_plans_are_plan_errors_with_bounded_memory(text, fmt, message):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert message in str(exc.value)
+    assert any(m in str(exc.value) for m in ((message,) if isinstance(message, str) else message)), exc.value
     assert peak < 64 * 1024 * 1024, peak
 
 
