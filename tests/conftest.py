@@ -25,6 +25,24 @@ from fake_model import FakeModel  # noqa: E402
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only the I-th of N shares of the tests (by a hash of each test's id): CI runs the "
+                          "shares side by side")
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("--shard")
+    if not shard:
+        return
+    import zlib
+    index, count = (int(part) for part in shard.split("/"))
+    mine = [zlib.crc32(item.nodeid.encode()) % count == index - 1 for item in items]
+    config.hook.pytest_deselected(items=[item for item, keep in zip(items, mine) if not keep])
+    items[:] = [item for item, keep in zip(items, mine) if keep]
+
+
 SCRUBBED = ("OPENAI_API_KEY", "COPILOT_API_TOKEN", "GITHUB_TOKEN", "OLLAMA_API_KEY", "OLLAMA_HOST",
             "OLLAMA_MODEL", "COPILOT_MODEL", "XZATOMA_PROVIDER", "XZATOMA_MODEL", "XZATOMA_MAX_TURNS",
             "XZATOMA_CONFIG", "OPENAI_BASE_URL", "XZATOMA_HOME", "XDG_CONFIG_HOME")
