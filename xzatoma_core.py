@@ -3314,10 +3314,10 @@ def command_streams(output):
             for i in range(1, len(parts) - 1, 2)]
 
 
-def _diff_counts(text):
-    """(path, lines added, lines removed, the diff's lines after its header) of the unified diff in a tool's
-    output (edit_file says a sentence before it), or None when there is none."""
-    lines = (text or "").split("\n")
+def _diff_counts(result):
+    """(path, lines added, lines removed, the diff's lines after its header) of the unified diff of a tool's
+    change (edit_file's in its metadata; write_file's confirmation-style output), or None when there is none."""
+    lines = (result.metadata.get("diff") or result.output or "").split("\n")
     for i in range(min(len(lines) - 1, 5)):
         if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ "):
             body = lines[i + 2:]
@@ -3346,7 +3346,7 @@ def result_summary(result, width=100):
             text += " · %s of output" % _plural(len(lines), "line")
         return code == 0, one_line(text, width)
     if result.success:
-        counted = _diff_counts(result.output)
+        counted = _diff_counts(result)
         if counted is not None:
             path, added, removed, _ = counted
             return True, one_line("%s: +%d −%d %s" % (path, added, removed, "line" if added + removed == 1 else
@@ -3368,7 +3368,7 @@ def result_detail(result):
             lines.pop()
         shown = lines[-DETAIL_LINES:]
         return (["… %s above" % _plural(len(lines) - len(shown), "line")] if len(lines) > len(shown) else []) + shown
-    counted = _diff_counts(result.output)
+    counted = _diff_counts(result)
     if counted is not None:
         lines = counted[3]
         more = len(lines) - DETAIL_LINES
@@ -3684,6 +3684,13 @@ def needs_tools(task, answer, root=None):
     return None
 
 
+REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
+
+
+def _excerpt(text, most):
+    return text if len(text) <= most else text[:most] + "\n[… %d more characters]" % (len(text) - most)
+
+
 def _call_key(call):
     """What makes two calls the same: the tool and its arguments as parsed (key order and spacing aside)."""
     try:
@@ -3746,6 +3753,7 @@ class Agent:
         self.nudged = False  #: asked once already to check an answer given without tools
         self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
         self.asked_empty = False  #: asked once already for an answer after an empty one
+        self.last_output = ""  #: what the last tool call gave (shown again when the model repeats the call)
         self.checked_ends = False  #: pointed out once already what an answer after real work left undone
         self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
@@ -3891,6 +3899,9 @@ class Agent:
         may be answering from memory, and it is asked once to check (README, "Honest completion"). Still
         without them, a task that named files or an answer that claims work ends "unverified"."""
         self.result.answer = answer
+        if self.parrots(answer):  # a lost small model answered with XZatoma's own correction: no answer either
+            self.events.note("  the model answered with XZatoma's own message")
+            answer = self.result.answer = ""
         if not answer.strip():  # nothing said (only thinking, or a model lost after failed calls)
             if not self.asked_empty:
                 self.asked_empty = True
@@ -3927,6 +3938,19 @@ class Agent:
                 "(status unverified)" % ("making any change" if kind == "change" else "looking anything up"))
             return "unverified"
         return "completed"
+
+    def parrots(self, answer):
+        """Whether the answer is one of the corrections XZatoma sent this run, repeated back (an `Error: …` line
+        of a note or a refused call, whole)."""
+        text = answer.strip()
+        if not text.startswith("Error: "):
+            return False
+        for message in self.conversation.messages:
+            said = message.get("content")
+            if (message.get("name") == NOTE or message.get("role") == "tool") and isinstance(said, str) and \
+                    text in said:
+                return True
+        return False
 
     def loose_ends(self, kind, answer):
         """What an answer after real work may still have left undone, as a note to the model (or None): a tool
@@ -3995,8 +4019,10 @@ class Agent:
             tool = self.registry.get(call["name"])
             if same == self.last_call:  # a loop (the same failing grep three times): the result is above
                 from xzatoma_tools import ToolResult
-                tool_result = ToolResult.fail("this is the same call as your last one, and its result is above; "
-                                              "use that result, or do something different", invalid=True)
+                # its result again, shortly: a small model that repeats a call has lost sight of what it gave
+                tool_result = ToolResult.fail("this is the same call as your last one, which gave:\n%s\nAnswer "
+                                              "from that, or do something different (another tool, or other "
+                                              "arguments)" % _excerpt(self.last_output, REPEAT_SHOWN), invalid=True)
             elif self.question and getattr(tool, "permission", "read") == "write":
                 from xzatoma_tools import ToolResult  # a small model asked a line count rewrote the file
                 tool_result = ToolResult.fail("the task asks a question and does not ask to change any file: "
@@ -4004,6 +4030,7 @@ class Agent:
             else:
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             self.last_call = same
+            self.last_output = tool_result.output if tool_result.success else "Error: %s" % tool_result.error
             if len(tool_result.output) > MIN_RESULT_CAP:
                 tool_result.truncate(self.result_cap())
             result.tool_calls += 1

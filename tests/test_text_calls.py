@@ -288,8 +288,21 @@ def test_the_same_call_twice_in_a_row_is_refused_as_a_loop(open_session):
     result = run(s, "what does a.txt say?")
     results = [m["content"] for m in s.conversation.messages if m["role"] == "tool"]
     assert results[0] == "no matches for server_port in a.txt (read_file shows all of it)"
-    assert results[1].startswith("Error: this is the same call as your last one")
+    assert results[1] == ("Error: this is the same call as your last one, which gave:\n"
+                          "no matches for server_port in a.txt (read_file shows all of it)\n"
+                          "Answer from that, or do something different (another tool, or other arguments)")
     assert results[2] == "hello\n" and result.status == "completed"
+
+
+def test_an_answer_that_repeats_xzatomas_own_correction_is_no_answer(open_session):
+    """A real transcript (Qwen2.5-Coder-1.5B): the same grep refused twice, an empty reply, then the empty-reply
+    correction repeated back as the answer, which ended the run `completed` with XZatoma's words for an answer."""
+    grep = '{"name": "grep", "arguments": {"pattern": "hello", "path": "a.txt"}}'
+    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER))
+    result = run(s, "what does a.txt say?")
+    assert result.status == "failed" and "empty reply" in result.error
+    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER + " It says hello."))
+    assert run(s, "what does a.txt say?").status == "completed"  # more than the correction: an answer
 
 
 def test_an_empty_answer_is_asked_for_once_then_fails(open_session):
