@@ -3754,6 +3754,8 @@ class Agent:
         self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
         self.asked_empty = False  #: asked once already for an answer after an empty one
         self.last_output = ""  #: what the last tool call gave (shown again when the model repeats the call)
+        #: path -> why its last change may not be the one meant (a tool's `doubt`), asked about before the end
+        self.doubts = {}
         self.checked_ends = False  #: pointed out once already what an answer after real work left undone
         self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
@@ -3959,6 +3961,9 @@ class Agent:
         if "<tool_response>" in answer:
             return ("You wrote a tool result yourself; results come only from the tools. If the task is not "
                     "finished, continue with a tool call; if it is, give your final answer without it.")
+        if kind == "change" and self.doubts:
+            return ("Check your work before you answer: %s. If that is what the task asks, give your final answer "
+                    "again; if not, fix it with a tool call." % "; ".join(list(self.doubts.values())[:3]))
         if kind == "change":
             touched = "\n".join(self.touched)
             missed = [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
@@ -4045,6 +4050,11 @@ class Agent:
                 self.calls_this_run += 1
                 self.touched.append(call.get("arguments") or "")
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
+                changed = tool_result.metadata.get("changed")
+                if changed and tool_result.metadata.get("doubt"):
+                    self.doubts[changed] = tool_result.metadata["doubt"]
+                elif changed:  # a later change of that file settles it
+                    self.doubts.pop(changed, None)
         self.count_malformed(invalid == len(calls), last_error)
 
     def count_malformed(self, malformed, last_error):

@@ -906,6 +906,23 @@ LOST_SHOWN = 4096  #: bytes: an overwritten file this small is shown in write_fi
 PATCH_SUFFIXES = (".diff", ".patch")
 
 
+def change_doubt(shown, old, new, whole=False):
+    """Why a change may not be the one meant, for the loop to ask about before the run ends (None: no doubt):
+    it altered only whitespace (a model "fixed" a line by rewriting the file as it was), or, for a whole
+    rewrite, the file's earlier lines are gone (a model asked to add a line wrote only that line)."""
+    if old is None or old == new:
+        return None
+    if "".join(old.split()) == "".join(new.split()):
+        return "the change to %s altered only whitespace" % shown
+    if whole and old.strip():
+        kept = set(line.strip() for line in new.splitlines())
+        gone = [line.strip() for line in old.splitlines() if line.strip() and line.strip() not in kept]
+        if gone:
+            return "write_file replaced all of %s and %d of its earlier lines are gone (%s)" % (
+                shown, len(gone), "; ".join(one for one in gone[:3]) + (" …" if len(gone) > 3 else ""))
+    return None
+
+
 def looks_like_diff(text):
     """A unified diff: a `--- ` line, then `+++ `, then a hunk header, at the start of the text."""
     head = text.lstrip("\n").split("\n", 3)
@@ -958,7 +975,8 @@ class WriteFile(Tool):
             lost = "" if not old or old.strip() in args["content"] else \
                 " Its content before was:\n%s" % old.rstrip("\n")
             return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced).%s" % (
-                shown, len(data), st.st_size, lost), bytes=len(data), created=False)
+                shown, len(data), st.st_size, lost), bytes=len(data), created=False, changed=shown,
+                doubt=change_doubt(shown, old, args["content"], whole=True))
 
 
 class EditFile(Tool):
@@ -1017,7 +1035,8 @@ class EditFile(Tool):
         # "saved.") for text to write back, and overwrote the file they had just edited with it.
         first, last, lines = changed_lines(text, updated)
         return ToolResult.ok("Edited %s: %d replacement%s, saved. Lines %d-%d now read:\n%s" % (
-            shown, count, "" if count == 1 else "s", first, last, lines), replacements=count, diff=diff)
+            shown, count, "" if count == 1 else "s", first, last, lines), replacements=count, diff=diff,
+            changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"]))
 
 
 class FindPath(Tool):

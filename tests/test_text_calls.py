@@ -378,3 +378,35 @@ def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_
 ])
 def test_what_json_forbids_and_models_write_is_forgiven(text, expected):
     assert calls_of(text) == expected
+
+
+def test_an_overwrite_that_lost_the_files_lines_is_asked_about_once(open_session, tmp_path):
+    """A real transcript (Qwen2.5-Coder-1.5B): asked to add a line to a to-do list, it wrote only that line,
+    then said the line was added; the run ended completed with two of the three lines gone."""
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
+    write = '{"name": "write_file", "arguments": {"path": "todo.txt", "content": "%s"}}'
+    s = open_session(Reply(write % "buy milk\\n"), Reply("The line 'buy milk' has been added."),
+                     Reply(write % "write report\\ncall Sam\\nbuy milk\\n"), Reply("Added."))
+    result = run(s, "Add a line 'buy milk' at the end of todo.txt.")
+    assert result.status == "completed" and (tmp_path / "todo.txt").read_text().splitlines()[-1] == "buy milk"
+    assert len((tmp_path / "todo.txt").read_text().splitlines()) == 3
+    note = s.provider.calls[2]["messages"][-1]
+    assert note["name"] == "xzatoma" and note["content"] == (
+        "Check your work before you answer: write_file replaced all of todo.txt and 2 of its earlier lines are "
+        "gone (write report; call Sam). If that is what the task asks, give your final answer again; if not, fix "
+        "it with a tool call.")
+
+
+def test_a_change_of_whitespace_only_is_asked_about_once_and_a_real_fix_settles_it(open_session, tmp_path):
+    """A real transcript: told the assert expects the wrong value, the model rewrote the file as it was (one
+    blank line fewer) and said it was updated."""
+    (tmp_path / "t.py").write_text("x = 1\n\nassert x == 2\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "t.py", "content": "x = 1\\nassert x == 2"}}'),
+                     Reply("The file has been updated."),
+                     Reply('{"name": "edit_file", "arguments": {"path": "t.py", "old_text": "== 2", '
+                           '"new_text": "== 1"}}'), Reply("Fixed."))
+    result = run(s, "Fix the assert in t.py: x is 1.")
+    assert result.status == "completed" and (tmp_path / "t.py").read_text() == "x = 1\nassert x == 1"
+    assert s.provider.calls[2]["messages"][-1]["content"].startswith(
+        "Check your work before you answer: the change to t.py altered only whitespace.")
+    assert len(s.provider.calls) == 4  # asked once; after the real fix, the answer is taken
