@@ -3849,6 +3849,8 @@ class Agent:
         if conv.prune(window):
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
         tools = self.registry.definitions()
+        if self.question:  # a headless question is answered by reading: a 1.5B model offered write_file used it
+            tools = [t for t in tools if getattr(self.registry.get(t["name"]), "permission", "read") != "write"]
         sent = conv.sent_estimate(tools)
         reply = self.complete(tools)
         self.check_cancel()

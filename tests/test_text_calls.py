@@ -355,6 +355,8 @@ def test_a_question_cannot_change_files(open_session, tmp_path):
     assert result.status == "completed" and (tmp_path / "data.csv").read_text() == "a\nb\n"
     refused = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
     assert refused.startswith("Error: the task asks a question and does not ask to change any file")
+    offered = s.provider.calls[0]["tools"]  # and the tools that write are not offered for it
+    assert "read_file" in offered and "write_file" not in offered and "edit_file" not in offered
 
 
 def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_path):
