@@ -3684,6 +3684,12 @@ def needs_tools(task, answer, root=None):
     return None
 
 
+def numbers_in(text):
+    """The numbers standing alone in a text (8123, 0.25; not the 3 of qwen3 or a version's parts)."""
+    import re
+    return re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)", text or "")
+
+
 REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
 
 
@@ -3756,6 +3762,7 @@ class Agent:
         self.last_output = ""  #: what the last tool call gave (shown again when the model repeats the call)
         #: path -> why its last change may not be the one meant (a tool's `doubt`), asked about before the end
         self.doubts = {}
+        self.seen_numbers = set()  #: numbers the tools' results showed this run (and a read file's line count)
         self.checked_ends = False  #: pointed out once already what an answer after real work left undone
         self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
@@ -3963,6 +3970,13 @@ class Agent:
         if "<tool_response>" in answer:
             return ("You wrote a tool result yourself; results come only from the tools. If the task is not "
                     "finished, continue with a tool call; if it is, give your final answer without it.")
+        if kind == "facts" and not self.given:
+            unseen = [n for n in dict.fromkeys(numbers_in(answer))
+                      if n not in self.seen_numbers and n not in numbers_in(self.task)]
+            if unseen:  # a small model grepped for the wrong key, found nothing, and answered "port 80"
+                return ("Your answer gives %s, which no tool result of this run shows. Check it with a tool "
+                        "(read_file shows a whole file) before you answer; if it is right, give your final "
+                        "answer again." % ", ".join(unseen[:3]))
         if kind == "change" and self.doubts:
             return ("Check your work before you answer: %s. If that is what the task asks, give your final answer "
                     "again; if not, fix it with a tool call." % "; ".join(list(self.doubts.values())[:3]))
@@ -4036,8 +4050,9 @@ class Agent:
                                               "answer it from what you read (read_file, grep, list_directory)")
             else:
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            if same != self.last_call:  # a refused repeat keeps the result it repeated
+                self.last_output = tool_result.output if tool_result.success else "Error: %s" % tool_result.error
             self.last_call = same
-            self.last_output = tool_result.output if tool_result.success else "Error: %s" % tool_result.error
             if len(tool_result.output) > MIN_RESULT_CAP:
                 tool_result.truncate(self.result_cap())
             result.tool_calls += 1
@@ -4052,6 +4067,9 @@ class Agent:
                 self.calls_this_run += 1
                 self.touched.append(call.get("arguments") or "")
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
+                self.seen_numbers.update(numbers_in(tool_result.output))
+                if isinstance(tool_result.metadata.get("lines"), int):
+                    self.seen_numbers.add(str(tool_result.metadata["lines"]))
                 changed = tool_result.metadata.get("changed")
                 if changed and tool_result.metadata.get("doubt"):
                     self.doubts[changed] = tool_result.metadata["doubt"]

@@ -412,3 +412,32 @@ def test_a_change_of_whitespace_only_is_asked_about_once_and_a_real_fix_settles_
     assert s.provider.calls[2]["messages"][-1]["content"].startswith(
         "Check your work before you answer: the change to t.py altered only whitespace.")
     assert len(s.provider.calls) == 4  # asked once; after the real fix, the answer is taken
+
+
+def test_a_number_no_tool_result_showed_is_checked_once(open_session, tmp_path):
+    """A real transcript (Qwen2.5-Coder-1.5B): it grepped settings.ini for a key that is not there, found
+    nothing, and answered "port 80" — completed, since a tool had been called."""
+    (tmp_path / "settings.ini").write_text("[database]\nport = 5432\n\n[server]\nport = 8123\n")
+    s = open_session(Reply('{"name": "grep", "arguments": {"pattern": "server_port", "path": "settings.ini"}}'),
+                     Reply("The server section uses port 80."),
+                     Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'), Reply("8123"))
+    result = run(s, "Which port does the server section of settings.ini use? Answer with the number.")
+    assert (result.status, result.answer) == ("completed", "8123")
+    assert s.provider.calls[2]["messages"][-1]["content"].startswith(
+        "Your answer gives 80, which no tool result of this run shows.")
+
+
+@pytest.mark.parametrize("answer", ["It has 2 lines.", "8123 (from settings.ini, line 5)"])
+def test_numbers_the_tools_showed_need_no_check(open_session, tmp_path, answer):
+    (tmp_path / "settings.ini").write_text("[server]\nport = 8123\n")  # two lines: read_file counts them
+    s = open_session(Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'), Reply(answer))
+    result = run(s, "What does settings.ini say? Give line 5 too.")
+    assert result.status == "completed" and len(s.provider.calls) == 2
+
+
+def test_a_call_repeated_again_is_shown_the_first_result_not_the_refusal(open_session):
+    grep = '{"name": "grep", "arguments": {"pattern": "nothing", "path": "a.txt"}}'
+    s = open_session(Reply(grep), Reply(grep), Reply(grep), Reply("Nothing matches."))
+    run(s, "does a.txt say nothing?")
+    refusals = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][1:]
+    assert refusals[0] == refusals[1] and refusals[1].count("same call") == 1
