@@ -3204,6 +3204,11 @@ class ProviderFailed(RunStop):
     """The provider failed after its retries, or the model's reply cannot be used."""
 
 
+class StuckAfterWork(RunStop):
+    """The model kept repeating a call after it had changed files: the changes stand, unchecked."""
+    status, exit_code = "unverified", EXIT_UNVERIFIED
+
+
 ANSWERED = ("completed", "unverified")  #: statuses whose answer is printed as the run's output
 
 
@@ -3690,6 +3695,7 @@ def numbers_in(text):
     return re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)", text or "")
 
 
+REPEATED_CALL = "this is the same call as your last one"
 REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
 
 
@@ -3928,6 +3934,12 @@ class Agent:
         strength, kind = need
         provided = kind == "facts" and self.given  # @file mentions or piped input: the facts were given
         if provided or (self.changes_this_run if kind == "change" else self.calls_this_run):
+            if self.checked_ends:
+                left = self.unsettled(kind, answer)
+                if left:  # asked to check, the model answered again without settling it
+                    self.result.warnings.append("%s; the model was asked to check and answered without "
+                                                "changing it (status unverified)" % left)
+                    return "unverified"
             loose = None if self.checked_ends else self.loose_ends(kind, answer)
             if loose:  # work was done, but the answer claims more, or a file the task names was never touched
                 self.checked_ends = True
@@ -3963,6 +3975,33 @@ class Agent:
                 return True
         return False
 
+    def unseen_numbers(self, answer):
+        """The numbers of a fact answer that neither the task nor any tool result of this run showed."""
+        if self.given:  # facts given by @mentions or piped input are not tool results
+            return []
+        return [n for n in dict.fromkeys(numbers_in(answer))
+                if n not in self.seen_numbers and n not in numbers_in(self.task)]
+
+    def standing_doubts(self):
+        """The doubts about this run's changes that the task's words make real: a whitespace-only change where
+        the task says nothing of spacing or format, a file's lines gone where it asks to add to it."""
+        import re
+        from xzatoma_tools import WHITESPACE_ONLY
+        spacing = re.search(r"(?i)\b(white ?space|blank|indent\w*|format\w*|spac\w*|newlines?|trailing|tabs?|"
+                            r"line endings?|wrap\w*|reflow\w*|lint\w*)\b", self.task or "")
+        adds = re.search(r"(?i)\b(add\w*|append\w*|insert\w*|keep\w*|extend\w*|another|also|more)\b|"
+                         r"\bat the (end|top|start|beginning|bottom)\b", self.task or "")
+        whitespace = WHITESPACE_ONLY.split("%s")[1]
+        return [d for d in self.doubts.values() if (not spacing if d.endswith(whitespace) else adds)]
+
+    def unsettled(self, kind, answer):
+        """What still stands after the model was asked to check its work: None, or why the run is unverified."""
+        if kind == "facts":
+            unseen = self.unseen_numbers(answer)
+            return "the answer gives %s, which no tool result showed" % ", ".join(unseen[:3]) if unseen else None
+        doubts = self.standing_doubts() if kind == "change" else None
+        return "; ".join(doubts[:3]) if doubts else None
+
     def loose_ends(self, kind, answer):
         """What an answer after real work may still have left undone, as a note to the model (or None): a tool
         result it wrote itself ("<tool_response> Updated main.py" where no tool touched main.py), or, for a
@@ -3970,16 +4009,15 @@ class Agent:
         if "<tool_response>" in answer:
             return ("You wrote a tool result yourself; results come only from the tools. If the task is not "
                     "finished, continue with a tool call; if it is, give your final answer without it.")
-        if kind == "facts" and not self.given:
-            unseen = [n for n in dict.fromkeys(numbers_in(answer))
-                      if n not in self.seen_numbers and n not in numbers_in(self.task)]
-            if unseen:  # a small model grepped for the wrong key, found nothing, and answered "port 80"
-                return ("Your answer gives %s, which no tool result of this run shows. Check it with a tool "
-                        "(read_file shows a whole file) before you answer; if it is right, give your final "
-                        "answer again." % ", ".join(unseen[:3]))
-        if kind == "change" and self.doubts:
+        unseen = self.unseen_numbers(answer) if kind == "facts" else None
+        if unseen:  # a small model grepped for the wrong key, found nothing, and answered "port 80"
+            return ("Your answer gives %s, which no tool result of this run shows. Check it with a tool "
+                    "(read_file shows a whole file) before you answer; if it is right, give your final "
+                    "answer again." % ", ".join(unseen[:3]))
+        doubts = self.standing_doubts() if kind == "change" else None
+        if doubts:
             return ("Check your work before you answer: %s. If that is what the task asks, give your final answer "
-                    "again; if not, fix it with a tool call." % "; ".join(list(self.doubts.values())[:3]))
+                    "again; if not, fix it with a tool call." % "; ".join(doubts[:3]))
         if kind == "change":
             touched = "\n".join(self.touched)
             missed = [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
@@ -4041,7 +4079,7 @@ class Agent:
             if same == self.last_call:  # a loop (the same failing grep three times): the result is above
                 from xzatoma_tools import ToolResult
                 # its result again, shortly: a small model that repeats a call has lost sight of what it gave
-                tool_result = ToolResult.fail("this is the same call as your last one, which gave:\n%s\nAnswer "
+                tool_result = ToolResult.fail(REPEATED_CALL + ", which gave:\n%s\nAnswer "
                                               "from that, or do something different (another tool, or other "
                                               "arguments)" % _excerpt(self.last_output, REPEAT_SHOWN), invalid=True)
             elif self.question and getattr(tool, "permission", "read") == "write":
@@ -4080,6 +4118,12 @@ class Agent:
     def count_malformed(self, malformed, last_error):
         """A turn whose calls were all malformed or invalid extends the streak; one good call ends it."""
         self.malformed_streak = self.malformed_streak + 1 if malformed else 0
+        if self.malformed_streak >= MAX_MALFORMED_STREAK and self.changes_this_run and \
+                (last_error or "").startswith(REPEATED_CALL):
+            # a small model wrote CHANGES.md as the plan asked, then wrote it again and again: the work is
+            # there but the model never said it was done
+            raise StuckAfterWork("the model repeated its last call %d times after changing files; stopped there "
+                                 "(the changes stand, unchecked)" % self.malformed_streak)
         if self.malformed_streak >= MAX_MALFORMED_STREAK:
             raise ProviderFailed("the model made %d malformed or invalid tool calls in a row; stopping (last: %s). "
                                  "A larger model may follow the tool format better" % (self.malformed_streak,

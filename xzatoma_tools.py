@@ -906,6 +906,10 @@ LOST_SHOWN = 4096  #: bytes: an overwritten file this small is shown in write_fi
 PATCH_SUFFIXES = (".diff", ".patch")
 
 
+WHITESPACE_ONLY = "the change to %s altered only whitespace"
+LINES_GONE = "write_file replaced all of %s and %d of its earlier lines are gone (%s)"
+
+
 def change_doubt(shown, old, new, whole=False):
     """Why a change may not be the one meant, for the loop to ask about before the run ends (None: no doubt):
     it altered only whitespace (a model "fixed" a line by rewriting the file as it was), or, for a whole
@@ -913,12 +917,12 @@ def change_doubt(shown, old, new, whole=False):
     if old is None or old == new:
         return None
     if "".join(old.split()) == "".join(new.split()):
-        return "the change to %s altered only whitespace" % shown
+        return WHITESPACE_ONLY % shown
     if whole and old.strip():
         kept = set(line.strip() for line in new.splitlines())
         gone = [line.strip() for line in old.splitlines() if line.strip() and line.strip() not in kept]
         if gone:
-            return "write_file replaced all of %s and %d of its earlier lines are gone (%s)" % (
+            return LINES_GONE % (
                 shown, len(gone), "; ".join(one for one in gone[:3]) + (" …" if len(gone) > 3 else ""))
     return None
 

@@ -441,3 +441,46 @@ def test_a_call_repeated_again_is_shown_the_first_result_not_the_refusal(open_se
     run(s, "does a.txt say nothing?")
     refusals = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][1:]
     assert refusals[0] == refusals[1] and refusals[1].count("same call") == 1
+
+
+@pytest.mark.parametrize("task,status", [
+    ("Add a line 'buy milk' at the end of todo.txt.", "unverified"),  # the lines it was to keep are gone
+    ("Replace todo.txt with the line 'buy milk'.", "completed"),  # that is what was asked: no question
+])
+def test_lines_still_gone_after_the_check_leave_the_run_unverified(open_session, tmp_path, task, status):
+    """A real transcript: told two lines were gone, the 1.5B model said again that it had added the line."""
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "todo.txt", "content": "\\nbuy milk"}}'),
+                     Reply("The line 'buy milk' has been added to the end of todo.txt."),
+                     Reply("The line 'buy milk' has been added to the end of todo.txt."))
+    result = run(s, task)
+    assert result.status == status and result.exit_code == (3 if status == "unverified" else 0)
+    if status == "unverified":
+        assert result.warnings == ["write_file replaced all of todo.txt and 2 of its earlier lines are gone (write "
+                                   "report; call Sam); the model was asked to check and answered without changing "
+                                   "it (status unverified)"]
+    else:
+        assert len(s.provider.calls) == 2  # nothing to ask
+
+
+def test_a_number_still_unseen_after_the_check_leaves_the_run_unverified(open_session, tmp_path):
+    (tmp_path / "settings.ini").write_text("[server]\nport = 8123\n")
+    s = open_session(Reply('{"name": "grep", "arguments": {"pattern": "server_port", "path": "settings.ini"}}'),
+                     Reply("It uses port 80."), Reply("It uses port 80."))
+    result = run(s, "Which port does the server section of settings.ini use?")
+    assert result.status == "unverified" and "the answer gives 80, which no tool result showed" in result.warnings[0]
+
+
+def test_a_model_repeating_its_call_after_doing_the_work_ends_unverified_not_failed(open_session, tmp_path):
+    """A real transcript: a plan's file written in one call, then the same call three more times. The work is
+    there; the run says so with exit 3 instead of failing (exit 1) as if nothing had been done."""
+    write = Reply('{"name": "write_file", "arguments": {"path": "CHANGES.md", "content": "## 1.0.0\\n"}}')
+    s = open_session(write, write, write, write)
+    result = run(s, "Create CHANGES.md with the line '## 1.0.0'")
+    assert (result.status, result.exit_code) == ("unverified", 3)
+    assert result.error == ("the model repeated its last call 3 times after changing files; stopped there (the "
+                            "changes stand, unchecked)")
+    assert (tmp_path / "CHANGES.md").read_text() == "## 1.0.0\n"
+    s = open_session(Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}'), *[
+        Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}')] * 3)
+    assert run(s, "find x in a.txt").status == "failed"  # nothing done: a loop is a failure
