@@ -3981,7 +3981,28 @@ class Jail:
             return ""
         if close := difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6):
             return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
-        return ""
+        found = self.find_name(os.path.basename(path))
+        return " (did you mean %s?)" % found if found else ""
+
+    def find_name(self, name, most=3000):
+        """The first entry under the root, breadth first, named `name` whatever its case (a small model asked
+        where class Tokenizer is tried Tokenizer.py at the top; it is src/tokenizer.py). Only names are read,
+        hidden directories and symbolic links are not entered, and the walk stops after `most` entries."""
+        want, queue, seen = name.lower(), [""], 0
+        while queue and seen < most:
+            rel = queue.pop(0)
+            try:
+                with os.scandir(os.path.join(self.root, rel)) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if entry.name.lower() == want:
+                            return os.path.join(rel, entry.name)
+                        if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False) and \
+                                entry.path not in self.hidden:
+                            queue.append(os.path.join(rel, entry.name))
+            except OSError:
+                continue
+        return None
 
 
 def resolve_path(path, root, must_exist=False, follow=True):

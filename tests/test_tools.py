@@ -120,6 +120,15 @@ def test_write_and_edit(tree):
     assert (tree.parent / "outside" / "secret.txt").read_text() == "secret\n"
 
 
+def test_a_missing_file_suggests_the_same_name_deeper_in_the_tree(tree):
+    """Asked which file defines Tokenizer, a 1.5B model read Tokenizer.py at the top; it is src/tokenizer.py."""
+    reg = registry(tree)
+    (tree / "src" / "tokenizer.py").write_text("class Tokenizer: pass\n")
+    assert reg.execute("read_file", {"path": "Tokenizer.py"}).error == \
+        "no such file or directory: Tokenizer.py (did you mean src/tokenizer.py?)"
+    assert reg.execute("read_file", {"path": "nowhere.py"}).error == "no such file or directory: nowhere.py"
+
+
 def test_a_diff_written_over_a_file_is_refused_and_a_patch_file_is_written(tree):
     """A small model wrote the diff an edit showed back over the file it had just edited (utils.py became
     `--- a/utils.py …`): write_file writes content as it is, so diff-shaped content over an existing file
