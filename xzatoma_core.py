@@ -3204,6 +3204,11 @@ class ProviderFailed(RunStop):
     """The provider failed after its retries, or the model's reply cannot be used."""
 
 
+class StuckAfterWork(RunStop):
+    """The model kept repeating a call after it had changed files: the changes stand, unchecked."""
+    status, exit_code = "unverified", EXIT_UNVERIFIED
+
+
 ANSWERED = ("completed", "unverified")  #: statuses whose answer is printed as the run's output
 
 
@@ -3314,10 +3319,10 @@ def command_streams(output):
             for i in range(1, len(parts) - 1, 2)]
 
 
-def _diff_counts(text):
-    """(path, lines added, lines removed, the diff's lines after its header) of the unified diff in a tool's
-    output (edit_file says a sentence before it), or None when there is none."""
-    lines = (text or "").split("\n")
+def _diff_counts(result):
+    """(path, lines added, lines removed, the diff's lines after its header) of the unified diff of a tool's
+    change (edit_file's in its metadata; write_file's confirmation-style output), or None when there is none."""
+    lines = (result.metadata.get("diff") or result.output or "").split("\n")
     for i in range(min(len(lines) - 1, 5)):
         if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ "):
             body = lines[i + 2:]
@@ -3346,7 +3351,7 @@ def result_summary(result, width=100):
             text += " · %s of output" % _plural(len(lines), "line")
         return code == 0, one_line(text, width)
     if result.success:
-        counted = _diff_counts(result.output)
+        counted = _diff_counts(result)
         if counted is not None:
             path, added, removed, _ = counted
             return True, one_line("%s: +%d −%d %s" % (path, added, removed, "line" if added + removed == 1 else
@@ -3368,7 +3373,7 @@ def result_detail(result):
             lines.pop()
         shown = lines[-DETAIL_LINES:]
         return (["… %s above" % _plural(len(lines) - len(shown), "line")] if len(lines) > len(shown) else []) + shown
-    counted = _diff_counts(result.output)
+    counted = _diff_counts(result)
     if counted is not None:
         lines = counted[3]
         more = len(lines) - DETAIL_LINES
@@ -3684,6 +3689,20 @@ def needs_tools(task, answer, root=None):
     return None
 
 
+def numbers_in(text):
+    """The numbers standing alone in a text (8123, 0.25; not the 3 of qwen3 or a version's parts)."""
+    import re
+    return re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)", text or "")
+
+
+REPEATED_CALL = "this is the same call as your last one"
+REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
+
+
+def _excerpt(text, most):
+    return text if len(text) <= most else text[:most] + "\n[… %d more characters]" % (len(text) - most)
+
+
 def _call_key(call):
     """What makes two calls the same: the tool and its arguments as parsed (key order and spacing aside)."""
     try:
@@ -3746,6 +3765,10 @@ class Agent:
         self.nudged = False  #: asked once already to check an answer given without tools
         self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
         self.asked_empty = False  #: asked once already for an answer after an empty one
+        self.last_output = ""  #: what the last tool call gave (shown again when the model repeats the call)
+        #: path -> why its last change may not be the one meant (a tool's `doubt`), asked about before the end
+        self.doubts = {}
+        self.seen_numbers = set()  #: numbers the tools' results showed this run (and a read file's line count)
         self.checked_ends = False  #: pointed out once already what an answer after real work left undone
         self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
@@ -3839,6 +3862,8 @@ class Agent:
         if conv.prune(window):
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
         tools = self.registry.definitions()
+        if self.question:  # a headless question is answered by reading: a 1.5B model offered write_file used it
+            tools = [t for t in tools if getattr(self.registry.get(t["name"]), "permission", "read") != "write"]
         sent = conv.sent_estimate(tools)
         reply = self.complete(tools)
         self.check_cancel()
@@ -3891,6 +3916,9 @@ class Agent:
         may be answering from memory, and it is asked once to check (README, "Honest completion"). Still
         without them, a task that named files or an answer that claims work ends "unverified"."""
         self.result.answer = answer
+        if self.parrots(answer):  # a lost small model answered with XZatoma's own correction: no answer either
+            self.events.note("  the model answered with XZatoma's own message")
+            answer = self.result.answer = ""
         if not answer.strip():  # nothing said (only thinking, or a model lost after failed calls)
             if not self.asked_empty:
                 self.asked_empty = True
@@ -3906,6 +3934,12 @@ class Agent:
         strength, kind = need
         provided = kind == "facts" and self.given  # @file mentions or piped input: the facts were given
         if provided or (self.changes_this_run if kind == "change" else self.calls_this_run):
+            if self.checked_ends:
+                left = self.unsettled(kind, answer)
+                if left:  # asked to check, the model answered again without settling it
+                    self.result.warnings.append("%s; the model was asked to check and answered without "
+                                                "changing it (status unverified)" % left)
+                    return "unverified"
             loose = None if self.checked_ends else self.loose_ends(kind, answer)
             if loose:  # work was done, but the answer claims more, or a file the task names was never touched
                 self.checked_ends = True
@@ -3928,6 +3962,46 @@ class Agent:
             return "unverified"
         return "completed"
 
+    def parrots(self, answer):
+        """Whether the answer is one of the corrections XZatoma sent this run, repeated back (an `Error: …` line
+        of a note or a refused call, whole)."""
+        text = answer.strip()
+        if not text.startswith("Error: "):
+            return False
+        for message in self.conversation.messages:
+            said = message.get("content")
+            if (message.get("name") == NOTE or message.get("role") == "tool") and isinstance(said, str) and \
+                    text in said:
+                return True
+        return False
+
+    def unseen_numbers(self, answer):
+        """The numbers of a fact answer that neither the task nor any tool result of this run showed."""
+        if self.given:  # facts given by @mentions or piped input are not tool results
+            return []
+        return [n for n in dict.fromkeys(numbers_in(answer))
+                if n not in self.seen_numbers and n not in numbers_in(self.task)]
+
+    def standing_doubts(self):
+        """The doubts about this run's changes that the task's words make real: a whitespace-only change where
+        the task says nothing of spacing or format, a file's lines gone where it asks to add to it."""
+        import re
+        from xzatoma_tools import WHITESPACE_ONLY
+        spacing = re.search(r"(?i)\b(white ?space|blank|indent\w*|format\w*|spac\w*|newlines?|trailing|tabs?|"
+                            r"line endings?|wrap\w*|reflow\w*|lint\w*)\b", self.task or "")
+        adds = re.search(r"(?i)\b(add\w*|append\w*|insert\w*|keep\w*|extend\w*|another|also|more)\b|"
+                         r"\bat the (end|top|start|beginning|bottom)\b", self.task or "")
+        whitespace = WHITESPACE_ONLY.split("%s")[1]
+        return [d for d in self.doubts.values() if (not spacing if d.endswith(whitespace) else adds)]
+
+    def unsettled(self, kind, answer):
+        """What still stands after the model was asked to check its work: None, or why the run is unverified."""
+        if kind == "facts":
+            unseen = self.unseen_numbers(answer)
+            return "the answer gives %s, which no tool result showed" % ", ".join(unseen[:3]) if unseen else None
+        doubts = self.standing_doubts() if kind == "change" else None
+        return "; ".join(doubts[:3]) if doubts else None
+
     def loose_ends(self, kind, answer):
         """What an answer after real work may still have left undone, as a note to the model (or None): a tool
         result it wrote itself ("<tool_response> Updated main.py" where no tool touched main.py), or, for a
@@ -3935,6 +4009,15 @@ class Agent:
         if "<tool_response>" in answer:
             return ("You wrote a tool result yourself; results come only from the tools. If the task is not "
                     "finished, continue with a tool call; if it is, give your final answer without it.")
+        unseen = self.unseen_numbers(answer) if kind == "facts" else None
+        if unseen:  # a small model grepped for the wrong key, found nothing, and answered "port 80"
+            return ("Your answer gives %s, which no tool result of this run shows. Check it with a tool "
+                    "(read_file shows a whole file) before you answer; if it is right, give your final "
+                    "answer again." % ", ".join(unseen[:3]))
+        doubts = self.standing_doubts() if kind == "change" else None
+        if doubts:
+            return ("Check your work before you answer: %s. If that is what the task asks, give your final answer "
+                    "again; if not, fix it with a tool call." % "; ".join(doubts[:3]))
         if kind == "change":
             touched = "\n".join(self.touched)
             missed = [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
@@ -3995,14 +4078,18 @@ class Agent:
             tool = self.registry.get(call["name"])
             if same == self.last_call:  # a loop (the same failing grep three times): the result is above
                 from xzatoma_tools import ToolResult
-                tool_result = ToolResult.fail("this is the same call as your last one, and its result is above; "
-                                              "use that result, or do something different", invalid=True)
+                # its result again, shortly: a small model that repeats a call has lost sight of what it gave
+                tool_result = ToolResult.fail(REPEATED_CALL + ", which gave:\n%s\nAnswer "
+                                              "from that, or do something different (another tool, or other "
+                                              "arguments)" % _excerpt(self.last_output, REPEAT_SHOWN), invalid=True)
             elif self.question and getattr(tool, "permission", "read") == "write":
                 from xzatoma_tools import ToolResult  # a small model asked a line count rewrote the file
                 tool_result = ToolResult.fail("the task asks a question and does not ask to change any file: "
                                               "answer it from what you read (read_file, grep, list_directory)")
             else:
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
+            if same != self.last_call:  # a refused repeat keeps the result it repeated
+                self.last_output = tool_result.output if tool_result.success else "Error: %s" % tool_result.error
             self.last_call = same
             if len(tool_result.output) > MIN_RESULT_CAP:
                 tool_result.truncate(self.result_cap())
@@ -4018,11 +4105,25 @@ class Agent:
                 self.calls_this_run += 1
                 self.touched.append(call.get("arguments") or "")
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
+                self.seen_numbers.update(numbers_in(tool_result.output))
+                if isinstance(tool_result.metadata.get("lines"), int):
+                    self.seen_numbers.add(str(tool_result.metadata["lines"]))
+                changed = tool_result.metadata.get("changed")
+                if changed and tool_result.metadata.get("doubt"):
+                    self.doubts[changed] = tool_result.metadata["doubt"]
+                elif changed:  # a later change of that file settles it
+                    self.doubts.pop(changed, None)
         self.count_malformed(invalid == len(calls), last_error)
 
     def count_malformed(self, malformed, last_error):
         """A turn whose calls were all malformed or invalid extends the streak; one good call ends it."""
         self.malformed_streak = self.malformed_streak + 1 if malformed else 0
+        if self.malformed_streak >= MAX_MALFORMED_STREAK and self.changes_this_run and \
+                (last_error or "").startswith(REPEATED_CALL):
+            # a small model wrote CHANGES.md as the plan asked, then wrote it again and again: the work is
+            # there but the model never said it was done
+            raise StuckAfterWork("the model repeated its last call %d times after changing files; stopped there "
+                                 "(the changes stand, unchecked)" % self.malformed_streak)
         if self.malformed_streak >= MAX_MALFORMED_STREAK:
             raise ProviderFailed("the model made %d malformed or invalid tool calls in a row; stopping (last: %s). "
                                  "A larger model may follow the tool format better" % (self.malformed_streak,

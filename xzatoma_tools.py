@@ -903,6 +903,36 @@ class ReadFile(Tool):
 LOST_SHOWN = 4096  #: bytes: an overwritten file this small is shown in write_file's result when its content was lost
 
 
+PATCH_SUFFIXES = (".diff", ".patch")
+
+
+WHITESPACE_ONLY = "the change to %s altered only whitespace"
+LINES_GONE = "write_file replaced all of %s and %d of its earlier lines are gone (%s)"
+
+
+def change_doubt(shown, old, new, whole=False):
+    """Why a change may not be the one meant, for the loop to ask about before the run ends (None: no doubt):
+    it altered only whitespace (a model "fixed" a line by rewriting the file as it was), or, for a whole
+    rewrite, the file's earlier lines are gone (a model asked to add a line wrote only that line)."""
+    if old is None or old == new:
+        return None
+    if "".join(old.split()) == "".join(new.split()):
+        return WHITESPACE_ONLY % shown
+    if whole and old.strip():
+        kept = set(line.strip() for line in new.splitlines())
+        gone = [line.strip() for line in old.splitlines() if line.strip() and line.strip() not in kept]
+        if gone:
+            return LINES_GONE % (
+                shown, len(gone), "; ".join(one for one in gone[:3]) + (" …" if len(gone) > 3 else ""))
+    return None
+
+
+def looks_like_diff(text):
+    """A unified diff: a `--- ` line, then `+++ `, then a hunk header, at the start of the text."""
+    head = text.lstrip("\n").split("\n", 3)
+    return len(head) >= 3 and head[0].startswith("--- ") and head[1].startswith("+++ ") and head[2].startswith("@@")
+
+
 class WriteFile(Tool):
     name = "write_file"
     description = "Create or overwrite a text file with the given content; parent directories are created."
@@ -928,6 +958,11 @@ class WriteFile(Tool):
                 raise ToolError("%s is a directory" % path)
             if st is not None and not stat.S_ISREG(st.st_mode):
                 raise special_error(target, st.st_mode, "write_file only replaces regular files")
+            if st is not None and looks_like_diff(args["content"]) and not path.endswith(PATCH_SUFFIXES):
+                # a small model wrote an edit's diff back over the file it had just edited
+                raise ToolError("the content is a diff, and write_file writes content as it is: %s would hold the "
+                                "diff itself. To change part of a file use edit_file; to replace it, give the "
+                                "whole new text" % path)
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(
                 read_text(target, "") if st is not None else "", args["content"], target))
             ctx.check_undo_cap(self.name, target, args)
@@ -944,13 +979,14 @@ class WriteFile(Tool):
             lost = "" if not old or old.strip() in args["content"] else \
                 " Its content before was:\n%s" % old.rstrip("\n")
             return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced).%s" % (
-                shown, len(data), st.st_size, lost), bytes=len(data), created=False)
+                shown, len(data), st.st_size, lost), bytes=len(data), created=False, changed=shown,
+                doubt=change_doubt(shown, old, args["content"], whole=True))
 
 
 class EditFile(Tool):
     name = "edit_file"
     description = ("Replace old_text with new_text in a file. old_text must occur exactly once "
-                   "unless replace_all is true. Returns a unified diff of the change.")
+                   "unless replace_all is true. Returns the changed lines as they now read.")
     parameters = {"type": "object", "properties": {
         "path": {"type": "string"}, "old_text": {"type": "string"}, "new_text": {"type": "string"},
         "replace_all": {"type": "boolean", "default": False}},
@@ -999,9 +1035,12 @@ class EditFile(Tool):
         count = text.count(args["old_text"])
         if not diff:
             return ToolResult.ok("(no change: new_text is old_text)", replacements=count)
-        # a sentence first: the change is saved (a small model took the bare diff for text to write back)
-        return ToolResult.ok("Edited %s: %d replacement%s, saved. The change:\n%s" % (
-            shown, count, "" if count == 1 else "s", diff), replacements=count)
+        # The lines as they now read, numbered like `cat -n`, not a diff: small models took a diff (even after
+        # "saved.") for text to write back, and overwrote the file they had just edited with it.
+        first, last, lines = changed_lines(text, updated)
+        return ToolResult.ok("Edited %s: %d replacement%s, saved. Lines %d-%d now read:\n%s" % (
+            shown, count, "" if count == 1 else "s", first, last, lines), replacements=count, diff=diff,
+            changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"]))
 
 
 class FindPath(Tool):
@@ -1759,6 +1798,26 @@ class DiffFiles(Tool):
 # Every helper here works on a directory descriptor and a name, never following a symlink: the
 # same descriptor-relative discipline as the tools, so a snapshot never reads outside the tree and
 # a restore never writes there.
+
+def changed_lines(old, new, context=2, most=40):
+    """(first, last, text): the lines of `new` around where it differs from `old`, numbered from 1 like
+    `cat -n`; past `most` lines, the start and the end of the change with a note of how many lie between."""
+    a, b = old.splitlines(), new.splitlines()
+    head, limit = 0, min(len(a), len(b))
+    while head < limit and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    first, last = max(0, head - context), min(len(b), len(b) - tail + context)
+    if first >= last:  # an empty file now
+        return 0, 0, "(the file is empty)"
+    numbered = ["%6d\t%s" % (i + 1, b[i]) for i in range(first, last)]
+    if len(numbered) > most:
+        half = most // 2
+        numbered = numbered[:half] + ["   ... (%d lines)" % (len(numbered) - 2 * half)] + numbered[-half:]
+    return first + 1, last, "\n".join(numbered)
+
 
 def text_diff(old, new, name, whole=False):
     """whole=True: a diff shown for a person's approval, never a summary (see bounded_diff)."""
@@ -3922,7 +3981,28 @@ class Jail:
             return ""
         if close := difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6):
             return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
-        return ""
+        found = self.find_name(os.path.basename(path))
+        return " (did you mean %s?)" % found if found else ""
+
+    def find_name(self, name, most=3000):
+        """The first entry under the root, breadth first, named `name` whatever its case (a small model asked
+        where class Tokenizer is tried Tokenizer.py at the top; it is src/tokenizer.py). Only names are read,
+        hidden directories and symbolic links are not entered, and the walk stops after `most` entries."""
+        want, queue, seen = name.lower(), [""], 0
+        while queue and seen < most:
+            rel = queue.pop(0)
+            try:
+                with os.scandir(os.path.join(self.root, rel)) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if entry.name.lower() == want:
+                            return os.path.join(rel, entry.name)
+                        if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False) and \
+                                entry.path not in self.hidden:
+                            queue.append(os.path.join(rel, entry.name))
+            except OSError:
+                continue
+        return None
 
 
 def resolve_path(path, root, must_exist=False, follow=True):

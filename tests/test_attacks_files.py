@@ -105,7 +105,7 @@ def test_rewritten_and_copied_files_drop_set_id_bits(cli, fake):
     r, results = run_calls(cli, fake, [tool_call("copy_path", source_path="tool.sh", destination_path="copy.sh"),
                                        tool_call("edit_file", path="tool.sh", old_text="ok", new_text="pwned")])
     assert r.returncode == 0, r.stderr
-    assert results[1].startswith("Edited tool.sh: 1 replacement, saved. The change:\n---"), results
+    assert results[1] == "Edited tool.sh: 1 replacement, saved. Lines 1-2 now read:\n     1\t#!/bin/sh\n     2\techo pwned"
     assert os.stat(str(prog)).st_mode & 0o7777 == 0o755
     assert os.stat(str(work / "copy.sh")).st_mode & 0o7777 == 0o755
 

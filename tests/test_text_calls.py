@@ -288,8 +288,21 @@ def test_the_same_call_twice_in_a_row_is_refused_as_a_loop(open_session):
     result = run(s, "what does a.txt say?")
     results = [m["content"] for m in s.conversation.messages if m["role"] == "tool"]
     assert results[0] == "no matches for server_port in a.txt (read_file shows all of it)"
-    assert results[1].startswith("Error: this is the same call as your last one")
+    assert results[1] == ("Error: this is the same call as your last one, which gave:\n"
+                          "no matches for server_port in a.txt (read_file shows all of it)\n"
+                          "Answer from that, or do something different (another tool, or other arguments)")
     assert results[2] == "hello\n" and result.status == "completed"
+
+
+def test_an_answer_that_repeats_xzatomas_own_correction_is_no_answer(open_session):
+    """A real transcript (Qwen2.5-Coder-1.5B): the same grep refused twice, an empty reply, then the empty-reply
+    correction repeated back as the answer, which ended the run `completed` with XZatoma's words for an answer."""
+    grep = '{"name": "grep", "arguments": {"pattern": "hello", "path": "a.txt"}}'
+    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER))
+    result = run(s, "what does a.txt say?")
+    assert result.status == "failed" and "empty reply" in result.error
+    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER + " It says hello."))
+    assert run(s, "what does a.txt say?").status == "completed"  # more than the correction: an answer
 
 
 def test_an_empty_answer_is_asked_for_once_then_fails(open_session):
@@ -342,6 +355,8 @@ def test_a_question_cannot_change_files(open_session, tmp_path):
     assert result.status == "completed" and (tmp_path / "data.csv").read_text() == "a\nb\n"
     refused = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
     assert refused.startswith("Error: the task asks a question and does not ask to change any file")
+    offered = s.provider.calls[0]["tools"]  # and the tools that write are not offered for it
+    assert "read_file" in offered and "write_file" not in offered and "edit_file" not in offered
 
 
 def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_path):
@@ -365,3 +380,107 @@ def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_
 ])
 def test_what_json_forbids_and_models_write_is_forgiven(text, expected):
     assert calls_of(text) == expected
+
+
+def test_an_overwrite_that_lost_the_files_lines_is_asked_about_once(open_session, tmp_path):
+    """A real transcript (Qwen2.5-Coder-1.5B): asked to add a line to a to-do list, it wrote only that line,
+    then said the line was added; the run ended completed with two of the three lines gone."""
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
+    write = '{"name": "write_file", "arguments": {"path": "todo.txt", "content": "%s"}}'
+    s = open_session(Reply(write % "buy milk\\n"), Reply("The line 'buy milk' has been added."),
+                     Reply(write % "write report\\ncall Sam\\nbuy milk\\n"), Reply("Added."))
+    result = run(s, "Add a line 'buy milk' at the end of todo.txt.")
+    assert result.status == "completed" and (tmp_path / "todo.txt").read_text().splitlines()[-1] == "buy milk"
+    assert len((tmp_path / "todo.txt").read_text().splitlines()) == 3
+    note = s.provider.calls[2]["messages"][-1]
+    assert note["name"] == "xzatoma" and note["content"] == (
+        "Check your work before you answer: write_file replaced all of todo.txt and 2 of its earlier lines are "
+        "gone (write report; call Sam). If that is what the task asks, give your final answer again; if not, fix "
+        "it with a tool call.")
+
+
+def test_a_change_of_whitespace_only_is_asked_about_once_and_a_real_fix_settles_it(open_session, tmp_path):
+    """A real transcript: told the assert expects the wrong value, the model rewrote the file as it was (one
+    blank line fewer) and said it was updated."""
+    (tmp_path / "t.py").write_text("x = 1\n\nassert x == 2\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "t.py", "content": "x = 1\\nassert x == 2"}}'),
+                     Reply("The file has been updated."),
+                     Reply('{"name": "edit_file", "arguments": {"path": "t.py", "old_text": "== 2", '
+                           '"new_text": "== 1"}}'), Reply("Fixed."))
+    result = run(s, "Fix the assert in t.py: x is 1.")
+    assert result.status == "completed" and (tmp_path / "t.py").read_text() == "x = 1\nassert x == 1"
+    assert s.provider.calls[2]["messages"][-1]["content"].startswith(
+        "Check your work before you answer: the change to t.py altered only whitespace.")
+    assert len(s.provider.calls) == 4  # asked once; after the real fix, the answer is taken
+
+
+def test_a_number_no_tool_result_showed_is_checked_once(open_session, tmp_path):
+    """A real transcript (Qwen2.5-Coder-1.5B): it grepped settings.ini for a key that is not there, found
+    nothing, and answered "port 80" — completed, since a tool had been called."""
+    (tmp_path / "settings.ini").write_text("[database]\nport = 5432\n\n[server]\nport = 8123\n")
+    s = open_session(Reply('{"name": "grep", "arguments": {"pattern": "server_port", "path": "settings.ini"}}'),
+                     Reply("The server section uses port 80."),
+                     Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'), Reply("8123"))
+    result = run(s, "Which port does the server section of settings.ini use? Answer with the number.")
+    assert (result.status, result.answer) == ("completed", "8123")
+    assert s.provider.calls[2]["messages"][-1]["content"].startswith(
+        "Your answer gives 80, which no tool result of this run shows.")
+
+
+@pytest.mark.parametrize("answer", ["It has 2 lines.", "8123 (from settings.ini, line 5)"])
+def test_numbers_the_tools_showed_need_no_check(open_session, tmp_path, answer):
+    (tmp_path / "settings.ini").write_text("[server]\nport = 8123\n")  # two lines: read_file counts them
+    s = open_session(Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'), Reply(answer))
+    result = run(s, "What does settings.ini say? Give line 5 too.")
+    assert result.status == "completed" and len(s.provider.calls) == 2
+
+
+def test_a_call_repeated_again_is_shown_the_first_result_not_the_refusal(open_session):
+    grep = '{"name": "grep", "arguments": {"pattern": "nothing", "path": "a.txt"}}'
+    s = open_session(Reply(grep), Reply(grep), Reply(grep), Reply("Nothing matches."))
+    run(s, "does a.txt say nothing?")
+    refusals = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][1:]
+    assert refusals[0] == refusals[1] and refusals[1].count("same call") == 1
+
+
+@pytest.mark.parametrize("task,status", [
+    ("Add a line 'buy milk' at the end of todo.txt.", "unverified"),  # the lines it was to keep are gone
+    ("Replace todo.txt with the line 'buy milk'.", "completed"),  # that is what was asked: no question
+])
+def test_lines_still_gone_after_the_check_leave_the_run_unverified(open_session, tmp_path, task, status):
+    """A real transcript: told two lines were gone, the 1.5B model said again that it had added the line."""
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "todo.txt", "content": "\\nbuy milk"}}'),
+                     Reply("The line 'buy milk' has been added to the end of todo.txt."),
+                     Reply("The line 'buy milk' has been added to the end of todo.txt."))
+    result = run(s, task)
+    assert result.status == status and result.exit_code == (3 if status == "unverified" else 0)
+    if status == "unverified":
+        assert result.warnings == ["write_file replaced all of todo.txt and 2 of its earlier lines are gone (write "
+                                   "report; call Sam); the model was asked to check and answered without changing "
+                                   "it (status unverified)"]
+    else:
+        assert len(s.provider.calls) == 2  # nothing to ask
+
+
+def test_a_number_still_unseen_after_the_check_leaves_the_run_unverified(open_session, tmp_path):
+    (tmp_path / "settings.ini").write_text("[server]\nport = 8123\n")
+    s = open_session(Reply('{"name": "grep", "arguments": {"pattern": "server_port", "path": "settings.ini"}}'),
+                     Reply("It uses port 80."), Reply("It uses port 80."))
+    result = run(s, "Which port does the server section of settings.ini use?")
+    assert result.status == "unverified" and "the answer gives 80, which no tool result showed" in result.warnings[0]
+
+
+def test_a_model_repeating_its_call_after_doing_the_work_ends_unverified_not_failed(open_session, tmp_path):
+    """A real transcript: a plan's file written in one call, then the same call three more times. The work is
+    there; the run says so with exit 3 instead of failing (exit 1) as if nothing had been done."""
+    write = Reply('{"name": "write_file", "arguments": {"path": "CHANGES.md", "content": "## 1.0.0\\n"}}')
+    s = open_session(write, write, write, write)
+    result = run(s, "Create CHANGES.md with the line '## 1.0.0'")
+    assert (result.status, result.exit_code) == ("unverified", 3)
+    assert result.error == ("the model repeated its last call 3 times after changing files; stopped there (the "
+                            "changes stand, unchecked)")
+    assert (tmp_path / "CHANGES.md").read_text() == "## 1.0.0\n"
+    s = open_session(Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}'), *[
+        Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}')] * 3)
+    assert run(s, "find x in a.txt").status == "failed"  # nothing done: a loop is a failure

@@ -113,10 +113,49 @@ def test_write_and_edit(tree):
     err = reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "a", "new_text": "c"}).error
     assert err == "old_text occurs 2 times in new/dir/f.txt (lines 1, 3); include more context or set replace_all"
     r = reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "b\n", "new_text": "B\n"})
-    assert "-b\n+B\n" in r.output and (tree / "new/dir/f.txt").read_text() == "a\nB\na\n"
+    assert r.output == "Edited new/dir/f.txt: 1 replacement, saved. Lines 1-3 now read:\n     1\ta\n     2\tB\n     3\ta"
+    assert "-b\n+B\n" in r.metadata["diff"] and (tree / "new/dir/f.txt").read_text() == "a\nB\na\n"
     assert "not found" in reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "zz", "new_text": ""}).error
     assert reg.execute("write_file", {"path": "link_out", "content": "x"}).error.startswith("path outside")
     assert (tree.parent / "outside" / "secret.txt").read_text() == "secret\n"
+
+
+def test_a_missing_file_suggests_the_same_name_deeper_in_the_tree(tree):
+    """Asked which file defines Tokenizer, a 1.5B model read Tokenizer.py at the top; it is src/tokenizer.py."""
+    reg = registry(tree)
+    (tree / "src" / "tokenizer.py").write_text("class Tokenizer: pass\n")
+    assert reg.execute("read_file", {"path": "Tokenizer.py"}).error == \
+        "no such file or directory: Tokenizer.py (did you mean src/tokenizer.py?)"
+    assert reg.execute("read_file", {"path": "nowhere.py"}).error == "no such file or directory: nowhere.py"
+
+
+def test_a_diff_written_over_a_file_is_refused_and_a_patch_file_is_written(tree):
+    """A small model wrote the diff an edit showed back over the file it had just edited (utils.py became
+    `--- a/utils.py …`): write_file writes content as it is, so diff-shaped content over an existing file
+    is an error the model can act on; a .patch file, or a new file, is written."""
+    reg = registry(tree)
+    (tree / "utils.py").write_text("def total(p):\n    return sum(p)\n")
+    diff = "--- a/utils.py\n+++ b/utils.py\n@@ -1,2 +1,2 @@\n-def total(p):\n+def compute_total(p):\n"
+    r = reg.execute("write_file", {"path": "utils.py", "content": diff})
+    assert r.error.startswith("the content is a diff, and write_file writes content as it is")
+    assert (tree / "utils.py").read_text() == "def total(p):\n    return sum(p)\n"
+    (tree / "fix.patch").write_text("old\n")
+    assert reg.execute("write_file", {"path": "fix.patch", "content": diff}).success
+    assert reg.execute("write_file", {"path": "new.txt", "content": diff}).success
+
+
+def test_an_edit_shows_the_lines_around_it_and_a_long_one_is_cut_in_the_middle(tree):
+    reg = registry(tree)
+    (tree / "f.txt").write_text("".join("%d\n" % i for i in range(1, 101)))
+    r = reg.execute("edit_file", {"path": "f.txt", "old_text": "50\n", "new_text": "fifty\n"})
+    assert r.output.endswith("Lines 48-52 now read:\n    48\t48\n    49\t49\n    50\tfifty\n    51\t51\n    52\t52")
+    r = reg.execute("edit_file", {"path": "f.txt", "old_text": "fifty\n", "new_text": "x\n" * 100})
+    shown = r.output.split("\n")
+    assert shown[0].endswith("Lines 48-151 now read:") and len(shown) == 42 and shown[21] == "   ... (64 lines)"
+    assert r.output.count("\tx") == 36 and shown[-1] == "   151\t52"
+    r = reg.execute("write_file", {"path": "g.txt", "content": "only\n"})
+    r = reg.execute("edit_file", {"path": "g.txt", "old_text": "only\n", "new_text": ""})
+    assert r.output.endswith("Lines 0-0 now read:\n(the file is empty)")
 
 
 def test_list_directory_and_gitignore(tree):
