@@ -1126,6 +1126,7 @@ class Grep(Tool):
                     out.append(["%s%s%d%s %s" % (rel, ":" if j == i else "-", j + 1, ":" if j == i else "-",
                                                   lines[j].rstrip("\r")) for j in range(first, last)])
 
+        whole = None  #: the one file named, read whole (for a pattern that matches nothing in it)
         for rel, dir_fd, name, kind in files:
             if include and not glob_match(include, rel):
                 continue
@@ -1137,6 +1138,7 @@ class Grep(Tool):
             if (data := _grep_read(ctx, rel, dir_fd, name, kind)) is None:
                 special.append(rel)
                 continue
+            whole = data if isinstance(files, list) and len(files) == 1 else None
             if b"\x00" in data[:8192] or (quick is not None and not quick(data)):
                 continue  # binary, or cannot contain a match
             batch.append((rel, data))
@@ -1153,6 +1155,11 @@ class Grep(Tool):
             one = isinstance(files, list)  # one file named (a directory is walked)
             hint = ("in %s (read_file shows all of it)" % files[0][0] if one else
                     "in the files' contents (list_directory lists names)")
+            if one and whole is not None and len(whole) <= GREP_WHOLE and b"\x00" not in whole:
+                # a small model grepped settings.ini for a key it imagined (server_port) three times over:
+                # the small file it asked about, shown, answers what the pattern missed
+                hint = "in %s; it is small, so here it is whole:\n%s" % (
+                    files[0][0], whole.decode("utf-8", "replace").rstrip("\n"))
             return ToolResult.ok("no matches for %s %s" % (args["pattern"], hint) + ("\n" + note if note else ""),
                                  matches=0)
         text_out = [line for block in out for line in block]
@@ -1161,6 +1168,9 @@ class Grep(Tool):
         if note:
             text_out.append(note)
         return ToolResult.ok("\n".join(text_out), matches=hits)
+
+
+GREP_WHOLE = 2048  #: bytes of a single file grep shows whole when the pattern matches nothing in it
 
 
 def grep_match_lines(regex, text, need):

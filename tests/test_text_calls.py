@@ -287,9 +287,9 @@ def test_the_same_call_twice_in_a_row_is_refused_as_a_loop(open_session):
                      read(), Reply("It says hello."))
     result = run(s, "what does a.txt say?")
     results = [m["content"] for m in s.conversation.messages if m["role"] == "tool"]
-    assert results[0] == "no matches for server_port in a.txt (read_file shows all of it)"
+    assert results[0] == "no matches for server_port in a.txt; it is small, so here it is whole:\nhello"
     assert results[1] == ("Error: this is the same call as your last one, which gave:\n"
-                          "no matches for server_port in a.txt (read_file shows all of it)\n"
+                          "no matches for server_port in a.txt; it is small, so here it is whole:\nhello\n"
                           "Answer from that, or do something different (another tool, or other arguments)")
     assert results[2] == "hello\n" and result.status == "completed"
 

@@ -120,6 +120,18 @@ def test_write_and_edit(tree):
     assert (tree.parent / "outside" / "secret.txt").read_text() == "secret\n"
 
 
+def test_a_pattern_that_misses_in_one_small_file_shows_the_file(tree):
+    """A small model grepped settings.ini for a key it imagined (server_port), three times: shown the small
+    file, it has what the pattern missed. A large file, or a directory, gets the hint only."""
+    reg = registry(tree)
+    (tree / "settings.ini").write_text("[server]\nport = 8123\n")
+    assert reg.execute("grep", {"pattern": "server_port", "path": "settings.ini"}).output == \
+        "no matches for server_port in settings.ini; it is small, so here it is whole:\n[server]\nport = 8123"
+    (tree / "big.ini").write_text("port = 1\n" * 300)
+    assert reg.execute("grep", {"pattern": "server_port", "path": "big.ini"}).output == \
+        "no matches for server_port in big.ini (read_file shows all of it)"
+
+
 def test_a_missing_file_suggests_the_same_name_deeper_in_the_tree(tree):
     """Asked which file defines Tokenizer, a 1.5B model read Tokenizer.py at the top; it is src/tokenizer.py."""
     reg = registry(tree)
