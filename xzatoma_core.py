@@ -3696,6 +3696,7 @@ def numbers_in(text):
 
 
 REPEATED_CALL = "this is the same call as your last one"
+WHITESPACE_DOUBT = " altered only whitespace"  #: how xzatoma_tools.WHITESPACE_ONLY ends
 REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
 
 
@@ -3768,6 +3769,7 @@ class Agent:
         self.last_output = ""  #: what the last tool call gave (shown again when the model repeats the call)
         #: path -> why its last change may not be the one meant (a tool's `doubt`), asked about before the end
         self.doubts = {}
+        self.changed_well = set()  #: files changed this run with no doubt about the change
         self.seen_numbers = set()  #: numbers the tools' results showed this run (and a read file's line count)
         self.checked_ends = False  #: pointed out once already what an answer after real work left undone
         self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
@@ -4108,11 +4110,12 @@ class Agent:
                 self.seen_numbers.update(numbers_in(tool_result.output))
                 if isinstance(tool_result.metadata.get("lines"), int):
                     self.seen_numbers.add(str(tool_result.metadata["lines"]))
-                changed = tool_result.metadata.get("changed")
-                if changed and tool_result.metadata.get("doubt"):
-                    self.doubts[changed] = tool_result.metadata["doubt"]
-                elif changed:  # a later change of that file settles it
+                changed, doubt = tool_result.metadata.get("changed"), tool_result.metadata.get("doubt")
+                if doubt and not (changed in self.changed_well and doubt.endswith(WHITESPACE_DOUBT)):
+                    self.doubts[changed] = doubt  # (a file changed well already may be tidied: a last newline)
+                elif changed and not doubt:  # a later change of that file settles it
                     self.doubts.pop(changed, None)
+                    self.changed_well.add(changed)
         self.count_malformed(invalid == len(calls), last_error)
 
     def count_malformed(self, malformed, last_error):

@@ -3995,10 +3995,12 @@ class Jail:
         return " (did you mean %s?)" % found if found else ""
 
     def find_name(self, name, most=3000):
-        """The first entry under the root, breadth first, named `name` whatever its case (a small model asked
-        where class Tokenizer is tried Tokenizer.py at the top; it is src/tokenizer.py). Only names are read,
+        """The first entry under the root, breadth first, named `name` whatever its case, else the first file of
+        that name with another extension (a small model asked where class Tokenizer is tried Tokenizer.py and
+        Tokenizer.java at the top; it is src/tokenizer.py). Only names are read,
         hidden directories and symbolic links are not entered, and the walk stops after `most` entries."""
-        want, queue, seen = name.lower(), [""], 0
+        want, queue, seen, alike = name.lower(), [""], 0, None
+        stem = os.path.splitext(want)[0]
         while queue and seen < most:
             rel = queue.pop(0)
             try:
@@ -4007,12 +4009,15 @@ class Jail:
                         seen += 1
                         if entry.name.lower() == want:
                             return os.path.join(rel, entry.name)
+                        if alike is None and stem and os.path.splitext(entry.name.lower())[0] == stem and \
+                                entry.is_file(follow_symlinks=False):
+                            alike = os.path.join(rel, entry.name)  # Tokenizer.java asked, src/tokenizer.py there
                         if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False) and \
                                 entry.path not in self.hidden:
                             queue.append(os.path.join(rel, entry.name))
             except OSError:
                 continue
-        return None
+        return alike
 
 
 def resolve_path(path, root, must_exist=False, follow=True):

@@ -484,3 +484,15 @@ def test_a_model_repeating_its_call_after_doing_the_work_ends_unverified_not_fai
     s = open_session(Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}'), *[
         Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}')] * 3)
     assert run(s, "find x in a.txt").status == "failed"  # nothing done: a loop is a failure
+
+
+def test_tidying_whitespace_after_a_real_fix_is_no_doubt(open_session, tmp_path):
+    """A real transcript: the assert fixed with edit_file, then the file written again without its last
+    newline; the whitespace-only last change was taken for the only change and the run ended unverified."""
+    (tmp_path / "t.py").write_text("x = 1\nassert x == 2\n")
+    s = open_session(Reply('{"name": "edit_file", "arguments": {"path": "t.py", "old_text": "== 2", '
+                           '"new_text": "== 1"}}'),
+                     Reply('{"name": "write_file", "arguments": {"path": "t.py", "content": "x = 1\\nassert x == 1"}}'),
+                     Reply("Fixed."))
+    result = run(s, "Fix the assert in t.py: x is 1.")
+    assert result.status == "completed" and len(s.provider.calls) == 3

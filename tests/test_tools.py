@@ -139,6 +139,8 @@ def test_a_missing_file_suggests_the_same_name_deeper_in_the_tree(tree):
     assert reg.execute("read_file", {"path": "Tokenizer.py"}).error == \
         "no such file or directory: Tokenizer.py (did you mean src/tokenizer.py?)"
     assert reg.execute("read_file", {"path": "nowhere.py"}).error == "no such file or directory: nowhere.py"
+    assert reg.execute("read_file", {"path": "Tokenizer.java"}).error == \
+        "no such file or directory: Tokenizer.java (did you mean src/tokenizer.py?)"
 
 
 def test_a_diff_written_over_a_file_is_refused_and_a_patch_file_is_written(tree):
