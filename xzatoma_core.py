@@ -1911,6 +1911,7 @@ class Provider:
         self.settings = {k: cfg.get("provider.%s.%s" % (self.name, k)) for k in SAMPLING}
         #: sampling a run prefers where the person set nothing (prefer()): the compact profile's temperature
         self.preferred = {}
+        self.heat = 0.0  #: added to the preferred temperature while the loop is stuck (set per request)
         self._session = None
         self._windows = {}
 
@@ -2127,6 +2128,8 @@ class Provider:
         """The sampling settings sent with each request: {temperature, top_p, max_tokens, seed}, the configured
         ones, else the run's preferred ones; what neither sets is left to the server."""
         chosen = dict(self.preferred)
+        if self.heat and "temperature" in chosen:
+            chosen["temperature"] = round(min(1.0, chosen["temperature"] + self.heat), 2)
         chosen.update((k, v) for k, v in self.settings.items() if k != "context_window" and v is not None)
         return chosen
 
@@ -3695,6 +3698,7 @@ def numbers_in(text):
     return re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)", text or "")
 
 
+HEAT_STEP = 0.3  #: temperature added per stuck turn in a row (0.2, 0.5, 0.8, then 1.0 at most)
 REPEATED_CALL = "this is the same call as your last one"
 WHITESPACE_DOUBT = " altered only whitespace"  #: how xzatoma_tools.WHITESPACE_ONLY ends
 REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
@@ -3863,6 +3867,11 @@ class Agent:
         window = self.provider.context_window() if conv.tokens > 4096 else None
         if conv.prune(window):
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
+        # INFO: a small model that repeats a call or answers nothing is stuck on its likeliest words; the next
+        # request samples hotter (the run's preferred temperature only: one the person set is theirs), and
+        # the first good turn cools it again
+        stuck = self.malformed_streak + (conv.messages[-1].get("content") == EMPTY_ANSWER)
+        self.provider.heat = HEAT_STEP * stuck
         tools = self.registry.definitions()
         if self.question:  # a headless question is answered by reading: a 1.5B model offered write_file used it
             tools = [t for t in tools if getattr(self.registry.get(t["name"]), "permission", "read") != "write"]

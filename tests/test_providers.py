@@ -297,3 +297,19 @@ def test_a_small_local_model_gets_a_low_temperature_unless_one_is_set(cli, fake)
     cli.use(fake, provider="openai")  # the full profile: the server decides
     assert cli.run("run", "hi").returncode == 0
     assert "temperature" not in fake.model_requests()[-1]["body"]
+
+
+def test_a_stuck_small_model_is_sampled_hotter_until_a_good_turn(cli, fake):
+    """At 0.2 a 1.5B model repeated one grep until the run failed; each stuck turn in a row (a refused repeat,
+    an empty reply, a malformed call) adds 0.3 to the run's own temperature, and a good turn cools it."""
+    (cli.workdir / "a.txt").write_text("A\n")
+    (cli.workdir / "b.txt").write_text("B\n")
+    cli.use(fake, provider="openai", tools={"profile": "compact"})
+    read = lambda path: {"tool_calls": [{"name": "read_file", "arguments": {"path": path}}]}  # noqa: E731
+    fake.add(read("a.txt"), read("a.txt"), read("a.txt"), read("b.txt"), {"content": "A and B"})
+    r = cli.run("run", "what do a.txt and b.txt say?")
+    assert r.returncode == 0, r.stderr
+    assert [q["body"]["temperature"] for q in fake.model_requests()] == [0.2, 0.2, 0.5, 0.8, 0.2]
+    fake.add(read("a.txt"), read("a.txt"), {"content": "A"})
+    assert cli.run("run", "--temperature", "0.1", "what does a.txt say?").returncode == 0
+    assert [q["body"]["temperature"] for q in fake.model_requests()[-3:]] == [0.1, 0.1, 0.1]  # theirs stays
