@@ -3784,6 +3784,12 @@ class Agent:
         final=False (chat, subagents) records progress instead of finishing the stored conversation;
         a cancelled tool call gets `cancel_text` as its result.
         """
+        if self.recorder is None:
+            return self._run(final, cancel_text)
+        with self.recorder.held():  # a step's writes in one transaction, flushed before each wait (Recorder)
+            return self._run(final, cancel_text)
+
+    def _run(self, final, cancel_text):
         started = time.monotonic()
         result = self.result
         result_turns = result.turns  # the turn limit counts this run's turns; the totals carry on
@@ -3858,6 +3864,7 @@ class Agent:
     def ask_model(self):
         """Send the conversation; returns the Turn it answered. Its message is recorded here."""
         conv = self.conversation
+        self.flush()  # the window may be asked of the server: a wait
         window = self.provider.context_window() if conv.tokens > 4096 else None
         if conv.prune(window):
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
@@ -4031,6 +4038,7 @@ class Agent:
         the request as over its context window names the window: it is believed, the conversation pruned to
         it, and the request sent once more."""
         conv = self.conversation
+        self.flush()
         for attempt in (1, 2):
             self.events.waiting()
             try:
@@ -4087,6 +4095,7 @@ class Agent:
                 tool_result = ToolResult.fail("the task asks a question and does not ask to change any file: "
                                               "answer it from what you read (read_file, grep, list_directory)")
             else:
+                self.flush()  # what led to the call is stored before it runs (a command may run for an hour)
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             if same != self.last_call:  # a refused repeat keeps the result it repeated
                 self.last_output = tool_result.output if tool_result.success else "Error: %s" % tool_result.error
@@ -4147,10 +4156,16 @@ class Agent:
             self.conversation.add_assistant(text)
         return text
 
+    def flush(self):
+        """Before a wait (the model, a tool): what the run said so far goes to the store."""
+        if self.recorder is not None:
+            self.recorder.flush()
+
     def save(self):
         if self.recorder is not None:
             self.recorder.progress(self.result)
         if self.on_step:
+            self.flush()  # a callback may do anything, wait too: it sees the store as it is at a wait
             self.on_step(self)
 
     def _preview(self, call):
@@ -4597,18 +4612,19 @@ class Session:
         if self.recorded:
             return
         self.recorded = True
-        if self.resumed:
-            self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
-                                 safety=safety_of(self.ctx))
-        else:
-            self.recorder.start(kind=self.kind, title=title or "", provider=self.provider.name,
-                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
-                                source=source, parent_id=self.parent_id, depth=self.depth, label=self.label,
-                                safety=safety_of(self.ctx))
-            for message in self.conversation.messages:
-                self.recorder.append(message)
-        if len(self.progress):
-            self.recorder.save_progress(self.progress.snapshot())
+        with self.recorder.held():  # one transaction
+            if self.resumed:
+                self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
+                                     safety=safety_of(self.ctx))
+            else:
+                self.recorder.start(kind=self.kind, title=title or "", provider=self.provider.name,
+                                    model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
+                                    source=source, parent_id=self.parent_id, depth=self.depth, label=self.label,
+                                    safety=safety_of(self.ctx))
+                for message in self.conversation.messages:
+                    self.recorder.append(message)
+            if len(self.progress):
+                self.recorder.save_progress(self.progress.snapshot())
         self.recorder.attach(self.conversation)
 
     def finish(self, status="completed"):
@@ -4917,9 +4933,10 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
-        session.start("watch", title=title, source=source, steps=steps)
+        session.start("watch", title=title, source=source, steps=steps, record=False)
         session.conversation.add_user(instruction)
         session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
+        session.record(title, source)  # all of it so far in one transaction, not one per message (issue 22)
         result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
         session.settle_progress()
         return result
@@ -5427,13 +5444,20 @@ def safety_of(ctx):
 
 
 class Recorder:
-    """Writes a conversation to the store as it happens; a failing store is dropped with one warning."""
+    """Writes a conversation to the store as it happens; a failing store is dropped with one warning.
+
+    Inside `held()` (a run, a session's start) writes wait in memory and go to the store in one transaction at
+    the next flush(): the Agent flushes before every model request and every tool call, and the last held() ends
+    with one. So whatever was said before a wait is stored before it (a kill -9 while the model thinks or a
+    command runs loses nothing said), and a step's messages cost one commit instead of one each (issue 22)."""
 
     def __init__(self, store, console, conversation_id):
         self.store = store
         self.console = console
         self.id = conversation_id
         self.resume_id = None
+        self.pending = []  #: (store method, args, kwargs) held back until the next flush
+        self.holding = 0  #: how many held() blocks are open
 
     def attach(self, conversation):
         conversation.on_append = self.append
@@ -5448,31 +5472,74 @@ class Recorder:
             self.console.warn("cannot write conversation history (%s); continuing without it" % one_line(exc, 200),
                               once_key="store-write")
             self.store = None
+            self.pending = []
             return None
 
+    def _write(self, method, *args, **kw):
+        if self.store is None:
+            return
+        if self.holding:
+            self.pending.append((method, args, kw))
+        else:
+            self._guard(getattr(self.store, method), *args, **kw)
+
+    def held(self):
+        """`with recorder.held():` writes wait for the next flush (at the latest, the end of the outermost block).
+        Flush before anything that waits (a model request, a tool, a person) inside it."""
+        return _Held(self)
+
+    def flush(self):
+        """Write what is held back, in one transaction."""
+        if not self.pending or self.store is None:
+            return
+        pending, self.pending = self.pending, []
+        store = self.store
+
+        def write():
+            with store.batch():
+                for method, args, kw in pending:
+                    getattr(store, method)(*args, **kw)
+        try:
+            self._guard(write)
+        except BaseException:  # Ctrl-C in the middle: rolled back, so written at the next flush
+            self.pending = pending + self.pending
+            raise
+
     def start(self, **fields):
-        return self._guard(self.store.start_conversation if self.store else None, self.id, **fields)
+        self._write("start_conversation", self.id, **fields)
 
     def resume(self, **fields):
-        return self._guard(self.store.resume_conversation if self.store else None, self.id, **fields)
+        self._write("resume_conversation", self.id, **fields)
 
     def append(self, message):
-        if self.store is not None:
-            self._guard(self.store.append_message, self.id, message, estimate_tokens(message))
+        # a copy: the message as it is now is what is stored, whenever the write happens
+        self._write("append_message", self.id, dict(message), estimate_tokens(message))
 
     def progress(self, result):
-        if self.store is not None:
-            self._guard(self.store.update_conversation, self.id, **result.counts())
+        self._write("update_conversation", self.id, **result.counts())
 
     def save_progress(self, snapshot):
         """The conversation's steps as they are now (Progress.snapshot())."""
-        if self.store is not None:
-            self._guard(self.store.update_conversation, self.id, progress=json.dumps(snapshot, ensure_ascii=False))
+        self._write("update_conversation", self.id, progress=json.dumps(snapshot, ensure_ascii=False))
 
     def finish(self, result):
-        if self.store is not None:
-            self._guard(self.store.finish_conversation, self.id, result.status, error=result.error,
-                        review="\n".join(result.review) or None, **result.counts())
+        self._write("finish_conversation", self.id, result.status, error=result.error,
+                    review="\n".join(result.review) or None, **result.counts())
+
+
+class _Held:
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def __enter__(self):
+        self.recorder.holding += 1
+        return self.recorder
+
+    def __exit__(self, kind, exc, tb):
+        self.recorder.holding -= 1
+        if not self.recorder.holding:
+            self.recorder.flush()
+        return False
 
 
 def load_history(store, conversation_id):
