@@ -4491,7 +4491,7 @@ class Session:
     def __init__(self, cfg, console, provider, store, mode, confinement, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
                  parent_ctx=None, allowed_tools=None, instructions=None, owns=(), mcp=None, skills=(),
-                 sandbox_check=None):
+                 sandbox_check=None, workspace=None):
         import threading
         self.cfg = cfg
         self.console = console
@@ -4516,6 +4516,7 @@ class Session:
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
         self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
+        self.workspace = workspace  #: the process's Workspace (a watcher's), or None
         self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "confinement", "mcp" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
@@ -4529,12 +4530,14 @@ class Session:
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
-             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None):
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None,
+             workspace=None):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
         metrics (with a port or a textfile), the cancel event, the Confinement (its sandbox starts with a first
         command, if any; a watcher gives its process's own) and the MCP servers. Project skills and a project's
-        .mcp.json not trusted yet are asked about where `confirmations` can ask (chat), and skipped otherwise."""
+        .mcp.json not trusted yet are asked about where `confirmations` can ask (chat), and skipped otherwise.
+        `workspace`: the process's Workspace of working_dir (a watcher's): what it keeps is not read again."""
         working_dir = check_working_dir(working_dir) if confinement is None else confinement.root
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -4547,16 +4550,17 @@ class Session:
         if confinement is None:  # built once: a mode switch, a subagent or a resumed turn share it
             confinement = build_confinement(cfg, working_dir, store)
             owns.add("confinement")
-        instructions = project_instructions(cfg, working_dir)
+        instructions = workspace.instructions() if workspace else project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
         asker = confirmations.asker if confirmations else None
-        skills = session_skills(cfg, console, working_dir, store, asker)
+        skills = workspace.skills(console, store) if workspace and asker is None else \
+            session_skills(cfg, console, working_dir, store, asker)
         mcp = open_mcp(cfg, console, working_dir, asker=asker, confinement=confinement)
         if mcp is not None:
             owns.add("mcp")  # its servers stop with the session: none outlives the run
         return cls(cfg, console, provider, store, mode, confinement, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, instructions=instructions, owns=owns,
-                   mcp=mcp, skills=skills, sandbox_check=SandboxCheck(cfg, confinement, console))
+                   mcp=mcp, skills=skills, sandbox_check=SandboxCheck(cfg, confinement, console), workspace=workspace)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
@@ -4702,7 +4706,9 @@ class Session:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
             asks = self.confirmations
-            ctx = tool_context(self.cfg, self.confinement, self.store, self.id, interactive=asks is not None,
+            make = self.workspace.tool_context if self.workspace is not None else \
+                lambda *a, **kw: tool_context(self.cfg, *a, **kw)
+            ctx = make(self.confinement, self.store, self.id, interactive=asks is not None,
                                confirm=asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE else None,
                                confirm_command=asks and asks.confirm_command, ask=asks and asks.ask_irreversible,
                                terminal_mode=self.terminal_mode, cancel=self.cancel)
@@ -4903,7 +4909,7 @@ def tool_profile(cfg, provider, console):
 
 def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
                      timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
-                     cancel=None, events=None, provider=None, steps=None, confinement=None):
+                     cancel=None, events=None, provider=None, steps=None, confinement=None, workspace=None):
     """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
 
     cfg, console: the loaded Config and the Console for progress lines (stderr).
@@ -4924,12 +4930,15 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     steps: the plan's instructions, the progress list the model marks (in the RunResult's `steps`).
     confinement: the Confinement of `working_dir` shared by every run of a process (a watcher's, kept open;
         its sandbox's helper serves them all); default: one made for this run and closed with it.
+    workspace: the process's Workspace of `working_dir` (a watcher's): instructions, skills and the tools'
+        configuration read once and checked for change, not read for every event.
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
     from xzatoma_tools import PLANNING, RESTRICTED
     session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
-                           metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement)
+                           metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement,
+                           workspace=workspace)
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
@@ -5339,6 +5348,89 @@ def project_instructions(cfg, working_dir):
     """The configured project instructions for a working directory."""
     return load_instructions(working_dir, cfg.get("agent.instructions_files"),
                              cfg.get("agent.instructions_max_bytes"), home=os.path.expanduser("~"))
+
+
+class Workspace:
+    """What a process that opens many sessions in one working directory with one configuration (a watcher: a
+    session per event) reads once, then only checks for change: the project instructions, the skills, and the
+    tools' configuration, credentials list and audit log. Never shared across directories or configurations.
+
+    INFO: the instructions are read again when a stat of any file they come from (or could: every name in every
+    directory instruction_dirs gives) differs, or when one was changed within RACY_SECONDS of being read (a
+    write in the same clock tick keeps the mtime, as git's "racily clean" index entries). Skills are kept only
+    while no skills directory exists; where one does, every session reads them (their trust is checked against
+    their content's digest, which a stat of the folders cannot vouch for)."""
+
+    RACY_SECONDS = 2.0
+
+    def __init__(self, cfg, working_dir):
+        import threading
+        from xzatoma_store import Redactor
+        from xzatoma_tools import AuditLog
+        self.cfg = cfg
+        self.root = working_dir  #: the working directory (the Confinement's root)
+        self.lock = threading.Lock()
+        self._instructions = None  #: (signature, ProjectInstructions) while the files are as they were
+        self._no_skills = None  #: the signature of the skill places while none of them exists
+        self.secrets = cfg.secret_values()
+        self.tools_config = cfg.section("agent.tools")  #: read-only, shared by every session's ToolContext
+        self.terminal_config = cfg.section("agent.terminal")
+        self.audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
+                              redact=Redactor(self.secrets))
+
+    def instructions(self):
+        signature = self._instruction_files()
+        with self.lock:
+            if self._instructions is not None and self._instructions[0] == signature:
+                return self._instructions[1]
+        instructions = project_instructions(self.cfg, self.root)
+        settled = time.time() - self.RACY_SECONDS
+        if all(st is None or st[-1] < settled * 1e9 for _, st in signature):
+            with self.lock:
+                self._instructions = (signature, instructions)
+        return instructions
+
+    def _instruction_files(self):
+        names = self.cfg.get("agent.instructions_files") or ()
+        paths = [os.path.join(d, n) for d in instruction_dirs(self.root, os.path.expanduser("~")) for n in names]
+        return tuple((path, _stat_key(path)) for path in paths)
+
+    def skills(self, console, store):
+        """session_skills, without looking again while there are none to find."""
+        if not self.cfg.get("agent.skills.enabled"):
+            return []
+        signature = tuple(_stat_key(os.path.join(base, rel), follow=False)
+                          for _, base, rel, _ in skill_places(self.cfg, os.path.realpath(self.root)))
+        if any(signature):
+            return session_skills(self.cfg, console, self.root, store)
+        if self._no_skills != signature:
+            skills = session_skills(self.cfg, console, self.root, store)
+            if skills:
+                return skills
+            self._no_skills = signature
+        return []
+
+    def tool_context(self, confinement, store, conversation_id=None, **fields):
+        """tool_context with what does not change per session made once."""
+        from xzatoma_tools import ToolContext
+        return ToolContext(confinement, self.tools_config, store=store, conversation_id=conversation_id,
+                           terminal=self.terminal_config, secrets=self.secrets, audit=self.audit, **fields)
+
+
+def _stat_key(path, follow=True):
+    """What a stat of `path` says of its identity and content (lstat, and stat through a link), or None when it
+    does not exist; ends with its latest mtime and ctime in ns."""
+    keys = []
+    for fn in (os.lstat, os.stat) if follow else (os.lstat,):
+        try:
+            st = fn(path)
+        except OSError:
+            keys.append(None)
+            continue
+        keys.append((st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    if all(k is None for k in keys):
+        return None
+    return tuple(keys) + (max(t for k in keys if k is not None for t in k[-2:]),)
 
 
 def show_instructions(console, instructions):
@@ -7602,6 +7694,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     # one Confinement for the process (its protected set, policy and sandbox), not one per event; it goes with
     # the process (the sandbox's helper and TMPDIR at exit), and its sandbox starts only if a command runs
     confinement = build_confinement(cfg, check_working_dir(settings.working_dir), store)
+    workspace = Workspace(cfg, confinement.root)  # instructions, skills, the tools' configuration: read once
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         check_sandbox(cfg, confinement.sandbox, console)
 
@@ -7614,7 +7707,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=provider, confinement=confinement,
+                                   provider=provider, confinement=confinement, workspace=workspace,
                                    steps=job.plan.instructions if job.plan is not None else None).to_json()
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))
