@@ -3682,7 +3682,7 @@ def needs_tools(task, answer, root=None):
     if claims_work(answer):
         return "strong", "change" if kind == "change" or not (found["ask"] or found["count"]) else kind
     acts = found["change"] or found["look"] or found["ask"] or found["count"]
-    if _names_an_entry(task, root) or (found["file"] and found["change"]) or (found["place"] and found["count"]):
+    if (found["file"] and found["change"]) or (found["place"] and found["count"]) or _names_an_entry(task, root):
         return "strong", kind
     if (found["place"] or found["file"]) and acts:
         return "weak", kind
