@@ -3652,9 +3652,24 @@ def intent_of(task):
     return "\n".join([line for line in text.splitlines() if line.strip()][:3])[:600]
 
 
+_TASK_KINDS = {}  # task -> its kinds, for the last tasks seen (cleared at 64)
+
+
+def _task_kinds(task):
+    """The kinds of words a task holds (file, count, ask, change, look, place). Kept for the last few tasks: a
+    run asks this of one task three times or more, and a watcher of one plan for every event (issue 22)."""
+    kinds = _TASK_KINDS.get(task)
+    if kinds is None:
+        kinds = frozenset(m.lastgroup for m in _patterns()[1].finditer(task))
+        if len(_TASK_KINDS) >= 64:
+            _TASK_KINDS.clear()
+        _TASK_KINDS[task] = kinds
+    return kinds
+
+
 def is_question(task):
     """True for a task that only asks (what, which, how many …) and names no change to make."""
-    found = set(m.lastgroup for m in _patterns()[1].finditer(task or ""))
+    found = _task_kinds(task or "")
     return "change" not in found and bool(found & {"ask", "count"}) and (task or "").lstrip().lower().startswith(
         ("what", "which", "where", "how", "who", "when", "why", "is ", "are ", "does ", "do ", "count", "list",
          "show", "find", "tell"))
@@ -3674,8 +3689,7 @@ def needs_tools(task, answer, root=None):
     app.cfg when there is none). A question the model can answer from what it knows needs none."""
     task = (task or "")[:20000]
     found = dict.fromkeys(("file", "count", "ask", "change", "look", "place"), False)
-    for m in _patterns()[1].finditer(task):
-        found[m.lastgroup] = True
+    found.update(dict.fromkeys(_task_kinds(task), True))
     asks = task.lstrip().lower().startswith(("what", "which", "where", "how", "who", "when", "why", "is ", "are ",
                                              "does ", "do "))
     kind = "change" if found["change"] and not asks else "facts"
