@@ -3655,9 +3655,24 @@ def intent_of(task):
     return "\n".join([line for line in text.splitlines() if line.strip()][:3])[:600]
 
 
+_TASK_KINDS = {}  # task -> its kinds, for the last tasks seen (cleared at 64)
+
+
+def _task_kinds(task):
+    """The kinds of words a task holds (file, count, ask, change, look, place). Kept for the last few tasks: a
+    run asks this of one task three times or more, and a watcher of one plan for every event (issue 22)."""
+    kinds = _TASK_KINDS.get(task)
+    if kinds is None:
+        kinds = frozenset(m.lastgroup for m in _patterns()[1].finditer(task))
+        if len(_TASK_KINDS) >= 64:
+            _TASK_KINDS.clear()
+        _TASK_KINDS[task] = kinds
+    return kinds
+
+
 def is_question(task):
     """True for a task that only asks (what, which, how many …) and names no change to make."""
-    found = set(m.lastgroup for m in _patterns()[1].finditer(task or ""))
+    found = _task_kinds(task or "")
     return "change" not in found and bool(found & {"ask", "count"}) and (task or "").lstrip().lower().startswith(
         ("what", "which", "where", "how", "who", "when", "why", "is ", "are ", "does ", "do ", "count", "list",
          "show", "find", "tell"))
@@ -3677,15 +3692,14 @@ def needs_tools(task, answer, root=None):
     app.cfg when there is none). A question the model can answer from what it knows needs none."""
     task = (task or "")[:20000]
     found = dict.fromkeys(("file", "count", "ask", "change", "look", "place"), False)
-    for m in _patterns()[1].finditer(task):
-        found[m.lastgroup] = True
+    found.update(dict.fromkeys(_task_kinds(task), True))
     asks = task.lstrip().lower().startswith(("what", "which", "where", "how", "who", "when", "why", "is ", "are ",
                                              "does ", "do "))
     kind = "change" if found["change"] and not asks else "facts"
     if claims_work(answer):
         return "strong", "change" if kind == "change" or not (found["ask"] or found["count"]) else kind
     acts = found["change"] or found["look"] or found["ask"] or found["count"]
-    if _names_an_entry(task, root) or (found["file"] and found["change"]) or (found["place"] and found["count"]):
+    if (found["file"] and found["change"]) or (found["place"] and found["count"]) or _names_an_entry(task, root):
         return "strong", kind
     if (found["place"] or found["file"]) and acts:
         return "weak", kind
@@ -3790,6 +3804,12 @@ class Agent:
         final=False (chat, subagents) records progress instead of finishing the stored conversation;
         a cancelled tool call gets `cancel_text` as its result.
         """
+        if self.recorder is None:
+            return self._run(final, cancel_text)
+        with self.recorder.held():  # a step's writes in one transaction, flushed before each wait (Recorder)
+            return self._run(final, cancel_text)
+
+    def _run(self, final, cancel_text):
         started = time.monotonic()
         result = self.result
         result_turns = result.turns  # the turn limit counts this run's turns; the totals carry on
@@ -3864,6 +3884,7 @@ class Agent:
     def ask_model(self):
         """Send the conversation; returns the Turn it answered. Its message is recorded here."""
         conv = self.conversation
+        self.flush()  # the window may be asked of the server: a wait
         window = self.provider.context_window() if conv.tokens > 4096 else None
         if conv.prune(window):
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
@@ -4042,6 +4063,7 @@ class Agent:
         the request as over its context window names the window: it is believed, the conversation pruned to
         it, and the request sent once more."""
         conv = self.conversation
+        self.flush()
         for attempt in (1, 2):
             self.events.waiting()
             try:
@@ -4098,6 +4120,7 @@ class Agent:
                 tool_result = ToolResult.fail("the task asks a question and does not ask to change any file: "
                                               "answer it from what you read (read_file, grep, list_directory)")
             else:
+                self.flush()  # what led to the call is stored before it runs (a command may run for an hour)
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             if same != self.last_call:  # a refused repeat keeps the result it repeated
                 self.last_output = tool_result.output if tool_result.success else "Error: %s" % tool_result.error
@@ -4159,10 +4182,16 @@ class Agent:
             self.conversation.add_assistant(text)
         return text
 
+    def flush(self):
+        """Before a wait (the model, a tool): what the run said so far goes to the store."""
+        if self.recorder is not None:
+            self.recorder.flush()
+
     def save(self):
         if self.recorder is not None:
             self.recorder.progress(self.result)
         if self.on_step:
+            self.flush()  # a callback may do anything, wait too: it sees the store as it is at a wait
             self.on_step(self)
 
     def _preview(self, call):
@@ -4488,7 +4517,7 @@ class Session:
     def __init__(self, cfg, console, provider, store, mode, confinement, terminal_mode, events=None,
                  confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
                  parent_ctx=None, allowed_tools=None, instructions=None, owns=(), mcp=None, skills=(),
-                 sandbox_check=None):
+                 sandbox_check=None, workspace=None):
         import threading
         self.cfg = cfg
         self.console = console
@@ -4513,6 +4542,7 @@ class Session:
         self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
         self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
+        self.workspace = workspace  #: the process's Workspace (a watcher's), or None
         self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "confinement", "mcp" (what open() made)
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
@@ -4526,12 +4556,14 @@ class Session:
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
-             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None):
+             metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None,
+             workspace=None):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
         metrics (with a port or a textfile), the cancel event, the Confinement (its sandbox starts with a first
         command, if any; a watcher gives its process's own) and the MCP servers. Project skills and a project's
-        .mcp.json not trusted yet are asked about where `confirmations` can ask (chat), and skipped otherwise."""
+        .mcp.json not trusted yet are asked about where `confirmations` can ask (chat), and skipped otherwise.
+        `workspace`: the process's Workspace of working_dir (a watcher's): what it keeps is not read again."""
         working_dir = check_working_dir(working_dir) if confinement is None else confinement.root
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -4544,16 +4576,17 @@ class Session:
         if confinement is None:  # built once: a mode switch, a subagent or a resumed turn share it
             confinement = build_confinement(cfg, working_dir, store)
             owns.add("confinement")
-        instructions = project_instructions(cfg, working_dir)
+        instructions = workspace.instructions() if workspace else project_instructions(cfg, working_dir)
         show_instructions(console, instructions)
         asker = confirmations.asker if confirmations else None
-        skills = session_skills(cfg, console, working_dir, store, asker)
+        skills = workspace.skills(console, store) if workspace and asker is None else \
+            session_skills(cfg, console, working_dir, store, asker)
         mcp = open_mcp(cfg, console, working_dir, asker=asker, confinement=confinement)
         if mcp is not None:
             owns.add("mcp")  # its servers stop with the session: none outlives the run
         return cls(cfg, console, provider, store, mode, confinement, terminal_mode, events=events,
                    confirmations=confirmations, metrics=metrics, cancel=cancel, instructions=instructions, owns=owns,
-                   mcp=mcp, skills=skills, sandbox_check=SandboxCheck(cfg, confinement, console))
+                   mcp=mcp, skills=skills, sandbox_check=SandboxCheck(cfg, confinement, console), workspace=workspace)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
@@ -4609,18 +4642,19 @@ class Session:
         if self.recorded:
             return
         self.recorded = True
-        if self.resumed:
-            self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
-                                 safety=safety_of(self.ctx))
-        else:
-            self.recorder.start(kind=self.kind, title=title or "", provider=self.provider.name,
-                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
-                                source=source, parent_id=self.parent_id, depth=self.depth, label=self.label,
-                                safety=safety_of(self.ctx))
-            for message in self.conversation.messages:
-                self.recorder.append(message)
-        if len(self.progress):
-            self.recorder.save_progress(self.progress.snapshot())
+        with self.recorder.held():  # one transaction
+            if self.resumed:
+                self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
+                                     safety=safety_of(self.ctx))
+            else:
+                self.recorder.start(kind=self.kind, title=title or "", provider=self.provider.name,
+                                    model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
+                                    source=source, parent_id=self.parent_id, depth=self.depth, label=self.label,
+                                    safety=safety_of(self.ctx))
+                for message in self.conversation.messages:
+                    self.recorder.append(message)
+            if len(self.progress):
+                self.recorder.save_progress(self.progress.snapshot())
         self.recorder.attach(self.conversation)
 
     def finish(self, status="completed"):
@@ -4698,7 +4732,9 @@ class Session:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
             asks = self.confirmations
-            ctx = tool_context(self.cfg, self.confinement, self.store, self.id, interactive=asks is not None,
+            make = self.workspace.tool_context if self.workspace is not None else \
+                lambda *a, **kw: tool_context(self.cfg, *a, **kw)
+            ctx = make(self.confinement, self.store, self.id, interactive=asks is not None,
                                confirm=asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE else None,
                                confirm_command=asks and asks.confirm_command, ask=asks and asks.ask_irreversible,
                                terminal_mode=self.terminal_mode, cancel=self.cancel)
@@ -4899,7 +4935,7 @@ def tool_profile(cfg, provider, console):
 
 def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
                      timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
-                     cancel=None, events=None, provider=None, steps=None, confinement=None):
+                     cancel=None, events=None, provider=None, steps=None, confinement=None, workspace=None):
     """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
 
     cfg, console: the loaded Config and the Console for progress lines (stderr).
@@ -4920,18 +4956,22 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     steps: the plan's instructions, the progress list the model marks (in the RunResult's `steps`).
     confinement: the Confinement of `working_dir` shared by every run of a process (a watcher's, kept open;
         its sandbox's helper serves them all); default: one made for this run and closed with it.
+    workspace: the process's Workspace of `working_dir` (a watcher's): instructions, skills and the tools'
+        configuration read once and checked for change, not read for every event.
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
     from xzatoma_tools import PLANNING, RESTRICTED
     session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
-                           metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement)
+                           metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement,
+                           workspace=workspace)
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
-        session.start("watch", title=title, source=source, steps=steps)
+        session.start("watch", title=title, source=source, steps=steps, record=False)
         session.conversation.add_user(instruction)
         session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
+        session.record(title, source)  # all of it so far in one transaction, not one per message (issue 22)
         result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
         session.settle_progress()
         return result
@@ -5336,6 +5376,89 @@ def project_instructions(cfg, working_dir):
                              cfg.get("agent.instructions_max_bytes"), home=os.path.expanduser("~"))
 
 
+class Workspace:
+    """What a process that opens many sessions in one working directory with one configuration (a watcher: a
+    session per event) reads once, then only checks for change: the project instructions, the skills, and the
+    tools' configuration, credentials list and audit log. Never shared across directories or configurations.
+
+    INFO: the instructions are read again when a stat of any file they come from (or could: every name in every
+    directory instruction_dirs gives) differs, or when one was changed within RACY_SECONDS of being read (a
+    write in the same clock tick keeps the mtime, as git's "racily clean" index entries). Skills are kept only
+    while no skills directory exists; where one does, every session reads them (their trust is checked against
+    their content's digest, which a stat of the folders cannot vouch for)."""
+
+    RACY_SECONDS = 2.0
+
+    def __init__(self, cfg, working_dir):
+        import threading
+        from xzatoma_store import Redactor
+        from xzatoma_tools import AuditLog
+        self.cfg = cfg
+        self.root = working_dir  #: the working directory (the Confinement's root)
+        self.lock = threading.Lock()
+        self._instructions = None  #: (signature, ProjectInstructions) while the files are as they were
+        self._no_skills = None  #: the signature of the skill places while none of them exists
+        self.secrets = cfg.secret_values()
+        self.tools_config = cfg.section("agent.tools")  #: read-only, shared by every session's ToolContext
+        self.terminal_config = cfg.section("agent.terminal")
+        self.audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
+                              redact=Redactor(self.secrets))
+
+    def instructions(self):
+        signature = self._instruction_files()
+        with self.lock:
+            if self._instructions is not None and self._instructions[0] == signature:
+                return self._instructions[1]
+        instructions = project_instructions(self.cfg, self.root)
+        settled = time.time() - self.RACY_SECONDS
+        if all(st is None or st[-1] < settled * 1e9 for _, st in signature):
+            with self.lock:
+                self._instructions = (signature, instructions)
+        return instructions
+
+    def _instruction_files(self):
+        names = self.cfg.get("agent.instructions_files") or ()
+        paths = [os.path.join(d, n) for d in instruction_dirs(self.root, os.path.expanduser("~")) for n in names]
+        return tuple((path, _stat_key(path)) for path in paths)
+
+    def skills(self, console, store):
+        """session_skills, without looking again while there are none to find."""
+        if not self.cfg.get("agent.skills.enabled"):
+            return []
+        signature = tuple(_stat_key(os.path.join(base, rel), follow=False)
+                          for _, base, rel, _ in skill_places(self.cfg, os.path.realpath(self.root)))
+        if any(signature):
+            return session_skills(self.cfg, console, self.root, store)
+        if self._no_skills != signature:
+            skills = session_skills(self.cfg, console, self.root, store)
+            if skills:
+                return skills
+            self._no_skills = signature
+        return []
+
+    def tool_context(self, confinement, store, conversation_id=None, **fields):
+        """tool_context with what does not change per session made once."""
+        from xzatoma_tools import ToolContext
+        return ToolContext(confinement, self.tools_config, store=store, conversation_id=conversation_id,
+                           terminal=self.terminal_config, secrets=self.secrets, audit=self.audit, **fields)
+
+
+def _stat_key(path, follow=True):
+    """What a stat of `path` says of its identity and content (lstat, and stat through a link), or None when it
+    does not exist; ends with its latest mtime and ctime in ns."""
+    keys = []
+    for fn in (os.lstat, os.stat) if follow else (os.lstat,):
+        try:
+            st = fn(path)
+        except OSError:
+            keys.append(None)
+            continue
+        keys.append((st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    if all(k is None for k in keys):
+        return None
+    return tuple(keys) + (max(t for k in keys if k is not None for t in k[-2:]),)
+
+
 def show_instructions(console, instructions):
     """--verbose: which project instructions the model gets, and what was skipped."""
     console.debug("project instructions: %s" % instructions.describe())
@@ -5439,13 +5562,20 @@ def safety_of(ctx):
 
 
 class Recorder:
-    """Writes a conversation to the store as it happens; a failing store is dropped with one warning."""
+    """Writes a conversation to the store as it happens; a failing store is dropped with one warning.
+
+    Inside `held()` (a run, a session's start) writes wait in memory and go to the store in one transaction at
+    the next flush(): the Agent flushes before every model request and every tool call, and the last held() ends
+    with one. So whatever was said before a wait is stored before it (a kill -9 while the model thinks or a
+    command runs loses nothing said), and a step's messages cost one commit instead of one each (issue 22)."""
 
     def __init__(self, store, console, conversation_id):
         self.store = store
         self.console = console
         self.id = conversation_id
         self.resume_id = None
+        self.pending = []  #: (store method, args, kwargs) held back until the next flush
+        self.holding = 0  #: how many held() blocks are open
 
     def attach(self, conversation):
         conversation.on_append = self.append
@@ -5460,31 +5590,74 @@ class Recorder:
             self.console.warn("cannot write conversation history (%s); continuing without it" % one_line(exc, 200),
                               once_key="store-write")
             self.store = None
+            self.pending = []
             return None
 
+    def _write(self, method, *args, **kw):
+        if self.store is None:
+            return
+        if self.holding:
+            self.pending.append((method, args, kw))
+        else:
+            self._guard(getattr(self.store, method), *args, **kw)
+
+    def held(self):
+        """`with recorder.held():` writes wait for the next flush (at the latest, the end of the outermost block).
+        Flush before anything that waits (a model request, a tool, a person) inside it."""
+        return _Held(self)
+
+    def flush(self):
+        """Write what is held back, in one transaction."""
+        if not self.pending or self.store is None:
+            return
+        pending, self.pending = self.pending, []
+        store = self.store
+
+        def write():
+            with store.batch():
+                for method, args, kw in pending:
+                    getattr(store, method)(*args, **kw)
+        try:
+            self._guard(write)
+        except BaseException:  # Ctrl-C in the middle: rolled back, so written at the next flush
+            self.pending = pending + self.pending
+            raise
+
     def start(self, **fields):
-        return self._guard(self.store.start_conversation if self.store else None, self.id, **fields)
+        self._write("start_conversation", self.id, **fields)
 
     def resume(self, **fields):
-        return self._guard(self.store.resume_conversation if self.store else None, self.id, **fields)
+        self._write("resume_conversation", self.id, **fields)
 
     def append(self, message):
-        if self.store is not None:
-            self._guard(self.store.append_message, self.id, message, estimate_tokens(message))
+        # a copy: the message as it is now is what is stored, whenever the write happens
+        self._write("append_message", self.id, dict(message), estimate_tokens(message))
 
     def progress(self, result):
-        if self.store is not None:
-            self._guard(self.store.update_conversation, self.id, **result.counts())
+        self._write("update_conversation", self.id, **result.counts())
 
     def save_progress(self, snapshot):
         """The conversation's steps as they are now (Progress.snapshot())."""
-        if self.store is not None:
-            self._guard(self.store.update_conversation, self.id, progress=json.dumps(snapshot, ensure_ascii=False))
+        self._write("update_conversation", self.id, progress=json.dumps(snapshot, ensure_ascii=False))
 
     def finish(self, result):
-        if self.store is not None:
-            self._guard(self.store.finish_conversation, self.id, result.status, error=result.error,
-                        review="\n".join(result.review) or None, **result.counts())
+        self._write("finish_conversation", self.id, result.status, error=result.error,
+                    review="\n".join(result.review) or None, **result.counts())
+
+
+class _Held:
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def __enter__(self):
+        self.recorder.holding += 1
+        return self.recorder
+
+    def __exit__(self, kind, exc, tb):
+        self.recorder.holding -= 1
+        if not self.recorder.holding:
+            self.recorder.flush()
+        return False
 
 
 def load_history(store, conversation_id):
@@ -7547,6 +7720,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     # one Confinement for the process (its protected set, policy and sandbox), not one per event; it goes with
     # the process (the sandbox's helper and TMPDIR at exit), and its sandbox starts only if a command runs
     confinement = build_confinement(cfg, check_working_dir(settings.working_dir), store)
+    workspace = Workspace(cfg, confinement.root)  # instructions, skills, the tools' configuration: read once
     if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         check_sandbox(cfg, confinement.sandbox, console)
 
@@ -7559,7 +7733,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
                                    terminal_mode=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=provider, confinement=confinement,
+                                   provider=provider, confinement=confinement, workspace=workspace,
                                    steps=job.plan.instructions if job.plan is not None else None).to_json()
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = redact(outcome.get(key))

@@ -204,6 +204,8 @@ _secrets_lock = threading.Lock()
 _known_secrets = ()  # every spelling of every registered secret, longest first
 _view_needles = ()  # each secret and its base64 cores, without whitespace, looked for in the decoded view
 _compiled = []  # [(triggers, regex)], compiled on first use (start-up is a feature)
+_any_trigger = []  # [regex of every trigger]: one C-speed look at a short text instead of a test per trigger
+SHORT_TEXT = 256  #: up to this length the one look is faster; beyond, its alternation at each place is slower
 
 
 def register_secret(value):
@@ -258,6 +260,8 @@ def _compile():
     if not _compiled:
         with _secrets_lock:
             if not _compiled:
+                every = sorted({t for ts, _ in TOKEN_SHAPES for t in ts}, key=len, reverse=True)
+                _any_trigger.append(re.compile("|".join(map(re.escape, every))))
                 _compiled.extend((triggers, re.compile(shape)) for triggers, shape in TOKEN_SHAPES)
 
 
@@ -363,6 +367,8 @@ def redact(text, shapes=True):
         return text
     _compile()
     lowered = text.lower()
+    if len(lowered) <= SHORT_TEXT and not _any_trigger[0].search(lowered):
+        return text  # no shape's trigger: nothing below would apply (most of what a run stores is short)
     for triggers, pattern in _compiled:
         for trigger in triggers:
             if trigger in lowered:
@@ -787,6 +793,14 @@ MIGRATIONS = [
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
 
+
+def _unindexed(message):
+    """Messages the search index leaves out: XZatoma's own head of every conversation, the system prompt and the
+    environment message (working directory, date, AGENTS.md, the skills' catalog). INFO: the same text in every
+    conversation makes every one match its words, and it was most of what a short run indexed: the system
+    prompt alone cost a watcher 1.8 ms an event in trigram terms (issue 22). They stay stored, and shown."""
+    return message.get("role") == "system" or message.get("name") == "environment"
+
 CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
                        "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
                        "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host",
@@ -935,14 +949,12 @@ class Store:
         content = self.redact(message.get("content"))
         calls = message.get("tool_calls")
         calls_json = self.redact(json.dumps(calls, ensure_ascii=False)) if calls else None
-        conn = self.conn()
-        conn.execute("BEGIN")
-        with conn:
+        with self.batch() as conn:  # the row and its search entry together
             conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, name, "
                          "tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (conversation_id, seq, message["role"], content, calls_json, message.get("tool_call_id"),
                           message.get("name"), tokens, rfc3339()))
-            if self.has_fts:
+            if self.has_fts and not _unindexed(message):
                 conn.execute("INSERT INTO %s (conversation_id, content) VALUES (?, ?)" % FTS_TABLE,
                              (conversation_id, (content or "") + (" " + calls_json if calls_json else "")))
         return seq
@@ -1065,7 +1077,7 @@ class Store:
             except NotFound:
                 continue
             snippet = ""
-            for msg in self.messages(cid):
+            for msg in sorted(self.messages(cid), key=_unindexed):  # what was said first, the head last
                 blob = msg["content"] + (json.dumps(msg["tool_calls"]) if msg.get("tool_calls") else "")
                 pos = blob.lower().find(text.lower())
                 if pos >= 0:
@@ -1348,6 +1360,14 @@ class Store:
         """BEGIN IMMEDIATE … COMMIT (ROLLBACK on an exception): a read and the write it decides, at once."""
         return _Immediate(self.conn())
 
+    def batch(self):
+        """`with store.batch() as conn:` makes this thread's writes inside it one transaction (BEGIN IMMEDIATE …
+        COMMIT, ROLLBACK on an exception); a batch inside a batch joins it. INFO: each commit also flushes the
+        full-text index (a new FTS5 segment), which costs more than the rows: a run's messages written between
+        two waits (Recorder.held) take one commit, not one each. Never hold one across a wait: it holds the
+        database's write lock."""
+        return _Batch(self)
+
 
 class _Immediate:
     def __init__(self, conn):
@@ -1359,6 +1379,27 @@ class _Immediate:
 
     def __exit__(self, kind, exc, tb):
         self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
+        return False
+
+
+class _Batch:
+    def __init__(self, store):
+        self.store = store
+        self.conn = self.local = None
+
+    def __enter__(self):
+        self.local = local = self.store._local  # this thread's: its connection, and how deep its batches go
+        self.conn = self.store.conn()
+        depth = getattr(local, "batch", 0)
+        if not depth:
+            self.conn.execute("BEGIN IMMEDIATE")
+        local.batch = depth + 1
+        return self.conn
+
+    def __exit__(self, kind, exc, tb):
+        self.local.batch -= 1
+        if not self.local.batch:
+            self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
         return False
 
 

@@ -265,3 +265,43 @@ def test_rebuild_keeps_the_conversation_and_renews_the_tools(open_session):
     assert "write_file" not in s.registry and s.cancel is not cancel
     assert s.conversation.messages[0]["content"].count("Mode: PLANNING") == 1
     assert s.conversation.messages[2]["content"] == "hi"
+
+
+def test_what_was_said_is_stored_before_every_wait(open_session, monkeypatch):
+    """A run's writes wait in memory and go in one transaction, but never past a wait: when the model is asked
+    and when a tool runs, everything said before is in the store (a kill -9 then loses nothing said), and a
+    step costs one commit, not one per message (issue 22)."""
+    import xzatoma_tools
+    s = open_session(persist=True)
+    stored = lambda: [(m["role"], m["content"]) for m in s.store.messages(s.id)]  # noqa: E731
+    seen = {}
+
+    def first(messages, tools):
+        seen["first ask"] = stored()
+        return read()
+
+    def second(messages, tools):
+        seen["second ask"] = stored()
+        return Reply("the file says hello")
+    s.provider.script += [first, second]
+    real = xzatoma_tools.ReadFile.run
+
+    def reading(self, args, ctx):
+        seen["tool"] = stored()
+        return real(self, args, ctx)
+    monkeypatch.setattr(xzatoma_tools.ReadFile, "run", reading)
+    s.start("run", title="t")
+    commits = []
+    s.store.conn().set_trace_callback(lambda sql: commits.append(sql) if sql.startswith("COMMIT") else None)
+    s.conversation.add_user("what does a.txt say")
+    assert run_agent(s).status == "completed"
+    assert seen["first ask"][-1] == ("user", "what does a.txt say")
+    assert seen["tool"][-1][0] == "assistant"  # the call is stored before it runs
+    assert seen["second ask"][-1][0] == "tool" and "hello" in seen["second ask"][-1][1]
+    assert stored()[-1] == ("assistant", "the file says hello")
+    assert s.store.conversation(s.id)["status"] == "completed"
+    assert len(commits) == 4  # before the first ask, before the tool, before the second ask, at the end
+
+
+def run_agent(session):
+    return session.agent().run()

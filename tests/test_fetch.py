@@ -235,3 +235,20 @@ def test_the_runs_deadline_bounds_a_fetch(tmp_path, dripper):
     reg = build_registry("planning", ctx.with_deadline(time.monotonic() + 1))
     r = reg.execute("fetch", {"url": dripper})
     assert r.error.startswith("fetch stopped: the run's time limit was reached"), r.error
+
+
+def test_one_thread_keeps_every_deadline():
+    """shutdown_at's deadlines share one thread (a thread started per model request cost a watcher more than
+    the model's answer): due ones fire in order, cancelled ones never, and cancelled far-off ones do not pile up."""
+    import time
+    fired, done = [], threading.Event()
+    start = time.monotonic()
+    alarms = [xzatoma_tools.DEADLINES.at(start + d, lambda d=d: fired.append(d)) for d in (0.3, 0.1, 0.2)]
+    alarms[2].cancel()
+    xzatoma_tools.DEADLINES.at(start + 0.4, done.set)
+    assert done.wait(10)
+    assert fired == [0.1, 0.3]
+    for _ in range(1000):  # a long run's requests: each with a deadline an hour away, each cancelled
+        xzatoma_tools.DEADLINES.at(time.monotonic() + 3600, lambda: None).cancel()
+    assert len(xzatoma_tools.DEADLINES.heap) < 200
+    assert [t.name for t in threading.enumerate()].count("xzatoma-deadlines") == 1

@@ -425,3 +425,36 @@ def test_message_attempts_count_a_single_offset_begun_again(store):
     assert store.conn().execute("SELECT count(*) FROM message_attempts").fetchone()[0] == 1
     store.end_attempt(key, "E")
     assert store.conn().execute("SELECT count(*) FROM message_attempts").fetchone()[0] == 0
+
+
+def test_search_leaves_out_the_head_every_conversation_shares(tmp_path):
+    """The system prompt and the environment message are XZatoma's own text, the same in every conversation:
+    indexed, every conversation matched their words (and they were most of what a short run indexed). Stored
+    and shown as before; what was said is found."""
+    s = Store(str(tmp_path / "h.db")).open()
+    assert s.has_fts
+    cid = s.start_conversation(new_ulid(), "run")
+    s.append_message(cid, {"role": "system", "content": "You are XZatoma; call tools"})
+    s.append_message(cid, {"role": "user", "name": "environment", "content": "<cwd>/srv/okapi</cwd>"})
+    s.append_message(cid, {"role": "user", "content": "count the walruses"})
+    assert [m["content"] for m in s.messages(cid)][:2] == ["You are XZatoma; call tools", "<cwd>/srv/okapi</cwd>"]
+    assert s.search("XZatoma") == [] and s.search("okapi") == []
+    found = s.search("walrus")
+    assert [c["id"] for c in found] == [cid] and "count the walruses" in found[0]["snippet"]
+
+
+def test_a_batch_is_one_transaction(tmp_path):
+    s = Store(str(tmp_path / "b.db")).open()
+    cid = s.start_conversation(new_ulid(), "run")
+    with pytest.raises(RuntimeError):
+        with s.batch():
+            s.append_message(cid, {"role": "user", "content": "one"})
+            with s.batch():  # joins the outer one
+                s.append_message(cid, {"role": "user", "content": "two"})
+            raise RuntimeError("rolled back, both")
+    assert s.messages(cid) == [] and s.search("two") == []
+    other = Store(str(tmp_path / "b.db")).open()  # another connection sees nothing before the commit
+    with s.batch():
+        s.append_message(cid, {"role": "user", "content": "three"})
+        assert other.messages(cid) == []
+    assert [m["content"] for m in other.messages(cid)] == ["three"]

@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import time
 import uuid
 
 import pytest
@@ -268,3 +269,49 @@ def test_planning_mode_event_runs_prepare_no_terminal_sandbox(fake, tmp_path, mo
         assert "terminal" not in tools and "read_file" in tools
     finally:
         store.close()
+
+
+def test_a_watcher_reads_what_changed_between_events_and_only_that(fake, tmp_path, monkeypatch):
+    """The watcher's Workspace reads AGENTS.md and looks for skills once, then only checks a stat (issue 22): an
+    edit that keeps the size and the mtime is still seen (the ctime moves), a file removed or a skill added is
+    seen by the next event, and nothing is read again while nothing changed."""
+    import xzatoma
+    import xzatoma_watch as w
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".git").mkdir()  # the instructions come from the working directory only
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "XZATOMA_HOME": str(tmp_path / "xz")}
+    cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": fake.url,
+                               "provider.max_retries": 0, "agent.tools.profile": "full",
+                               "agent.skills.user_dir": str(tmp_path / "skills")}, env=env)
+    agents = work / "AGENTS.md"
+    agents.write_text("Answer in French.\n")
+    os.utime(agents, (time.time() - 3600,) * 2)
+    reads = []
+    real = xzatoma.load_instructions
+    monkeypatch.setattr(xzatoma, "load_instructions", lambda *a, **kw: reads.append(1) or real(*a, **kw))
+    monkeypatch.setattr(xzatoma.Workspace, "RACY_SECONDS", 0)  # os.utime just moved the ctime: trust it now
+    run_plan = xzatoma.watch_runner(cfg, xzatoma.Console(quiet=True), None, w.Settings(working_dir=str(work)),
+                                    "planning", False)
+
+    def environment():
+        ev = w.decode_message("t", 0, 0, b"k", b"goal: G\ninstructions: [look]\n")
+        fake.add({"content": "ok"})
+        assert run_plan(w.Job(ev, None))["status"] in ("completed", "unverified")
+        return [m["content"] for m in fake.model_requests()[-1]["body"]["messages"]
+                if m["role"] == "user" and "<environment_context>" in m["content"]][0]
+
+    assert "Answer in French." in environment()
+    assert "Answer in French." in environment()
+    assert len(reads) == 1
+    old = agents.stat().st_mtime
+    agents.write_text("Answer in German.\n")  # the same size, and (as within one clock tick) the same mtime
+    os.utime(agents, (old, old))
+    assert "Answer in German." in environment()
+    agents.unlink()
+    assert "Answer in" not in environment()
+    assert "Count words." not in environment()
+    skill = tmp_path / "skills" / "x"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: x\ndescription: Count words. Use for word counts.\n---\nBody\n")
+    assert "Count words." in environment()
