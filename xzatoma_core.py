@@ -257,30 +257,11 @@ def _isatty(stream):
         return False
 
 
-#: what str.split() takes for a space but a terminal would not show as one (form feed, vertical tab, the
-#: separators U+001C-U+001F, NEL, U+2028/U+2029): shown as an escape, never collapsed into a blank
-_SPLIT_CONTROLS = "\x0b\x0c\x1c\x1d\x1e\x1f\x85\u2028\u2029"
-
-
-#: how much of a long text one_line reads: it shows a line, and redact() costs ~0.3 s per MB (`history show`
-#: passed every stored tool result whole)
-_ONE_LINE_SCAN = 65536
-
-
 def one_line(text, width=100):
-    from xzatoma_store import redact  # before the cut: a secret cut in two is no longer one redact() knows
-    text = str(text)
-    if len(text) > _ONE_LINE_SCAN:  # without the word the bound splits: it could be a credential's beginning
-        text = text[:_ONE_LINE_SCAN]
-        last = text.split()[-1:]  # the last word, where the bound falls inside one (unless it is all there is)
-        if last and not text[-1].isspace() and len(last[0]) < len(text):
-            text = text[:len(text) - len(last[0])]
-    text = redact(text)
-    if any(ch in text for ch in _SPLIT_CONTROLS):  # `a\x0cb.txt` was shown as `a b.txt`
-        text = "".join(("\\x%02x" % ord(ch) if ord(ch) < 0x100 else "\\u%04x" % ord(ch))
-                       if ch in _SPLIT_CONTROLS else ch for ch in text)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """xzatoma_store.one_line: redacted, white space folded, cut to `width` (the store's module is imported on
+    first use, not at start-up)."""
+    from xzatoma_store import one_line
+    return one_line(text, width)
 
 
 # ---- Configuration: defaults < file < environment < flags ----

@@ -609,6 +609,32 @@ def fmt_size(n):
         n /= 1024.0
 
 
+#: what str.split() takes for a space but a terminal would not show as one (form feed, vertical tab, the
+#: separators U+001C-U+001F, NEL, U+2028/U+2029): shown as an escape, never collapsed into a blank
+_SPLIT_CONTROLS = "\x0b\x0c\x1c\x1d\x1e\x1f\x85\u2028\u2029"
+
+#: how much of a long text one_line reads: it shows a line, and redact() costs ~0.3 s per MB (`history show`
+#: passed every stored tool result whole)
+_ONE_LINE_SCAN = 65536
+
+
+def one_line(text, width=100):
+    """`text` (anything: an exception, a stored result) as one line of at most `width` characters for people:
+    secrets redacted before the cut, runs of white space folded into one blank, cut with an ellipsis. The one
+    version for the whole program (the watcher's log lines too)."""
+    text = str(text)
+    if len(text) > _ONE_LINE_SCAN:  # without the word the bound splits: it could be a credential's beginning
+        text = text[:_ONE_LINE_SCAN]
+        last = text.split()[-1:]  # the last word, where the bound falls inside one (unless it is all there is)
+        if last and not text[-1].isspace() and len(last[0]) < len(text):
+            text = text[:len(text) - len(last[0])]
+    text = redact(text)  # before the cut: a secret cut in two is no longer one redact() knows
+    if any(ch in text for ch in _SPLIT_CONTROLS):  # `a\x0cb.txt` was shown as `a b.txt`
+        text = "".join(_escape_char(ch) if ch in _SPLIT_CONTROLS else ch for ch in text)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def one_line_path(path):
     """A path for a line shown to people: a newline, tab or CR in a name is shown as `\\n`, never obeyed, so a
     name cannot forge a second line of progress or push a question's end out of sight."""
@@ -909,7 +935,7 @@ class Store:
             "INSERT INTO conversations (id, parent_id, depth, label, title, kind, provider, model, mode, "
             "working_dir, status, started_at, updated_at, source, pid, host, safety) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
-            (id, parent_id, depth, self.redact(label), _shorten(self.redact(title), 120), kind, provider, model, mode,
+            (id, parent_id, depth, self.redact(label), one_line(self.redact(title) or "", 120), kind, provider, model, mode,
              working_dir, now, now, self.redact(source), os.getpid(), _hostname(), safety))
         with self._seq_lock:
             self._seq[id] = 0
@@ -1375,11 +1401,6 @@ def _conversation_row(row):
 
 def _xor(data, stream):
     return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(data), "big")
-
-
-def _shorten(text, width):
-    text = " ".join((text or "").split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _hostname():

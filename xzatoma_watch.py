@@ -1810,9 +1810,9 @@ def _encode(doc):
 
 
 def _one_line(exc, width=300):
-    from xzatoma_store import redact  # before the cut (the log redacts whole lines, but half a key is not one)
-    text = " ".join(redact(str(exc)[:width + REDACT_MARGIN]).split()) or type(exc).__name__
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """An error as one line of the log: xzatoma_store.one_line (redacted before the cut), or its type's name."""
+    from xzatoma_store import one_line
+    return one_line(exc, width) or type(exc).__name__
 
 
 def create_topics(opts, topics, partitions=1):

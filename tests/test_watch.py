@@ -345,6 +345,13 @@ def test_decision_log_escapes_control_characters_and_redacts():
     assert json.loads(buf.getvalue())["event"] == "committed"
 
 
+def test_an_error_in_the_log_is_the_one_hardened_line():
+    """The watcher's error lines are xzatoma_store.one_line: a form feed in a name is shown, not folded into
+    a blank (the copy the watcher had missed that hardening); an error that says nothing is named by its type."""
+    assert w._one_line(OSError("a\x0cb.txt")) == "a\\x0cb.txt"
+    assert w._one_line(TimeoutError()) == "TimeoutError"
+
+
 def test_offsets_commit_up_to_the_lowest_unfinished():
     po = w.PartitionOffsets()
     for o in (10, 11, 12, 13):
