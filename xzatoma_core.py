@@ -87,22 +87,13 @@ class Terminated(BaseException):
     """Raised in the main thread by the SIGTERM handler; unwinds like Ctrl-C."""
 
 
-def install_hint(package, extra=None):
-    """How to add a package to this installation: pipx keeps xzatoma in a venv of its own, where a plain
-    `pip install` cannot reach (pipx writes pipx_metadata.json at the venv's root)."""
-    if os.path.isfile(os.path.join(sys.prefix, "pipx_metadata.json")):
-        return "pipx inject xzatoma %s" % package
-    if extra:
-        return "pip install 'xzatoma[%s]' (or pip install %s)" % (extra, package)
-    return "pip install %s (or reinstall xzatoma)" % package
-
-
 def require(module, package=None):
     """Import a third-party module or fail with an install hint."""
     import importlib
     try:
         return importlib.import_module(module)
     except ImportError:
+        from xzatoma_store import install_hint
         pkg = package or module
         raise UsageError("this command needs the Python package '%s', which is not installed: %s"
                          % (pkg, install_hint(pkg)))
@@ -4882,6 +4873,7 @@ def load_metrics(port=None, textfile=None, warn=None):
     try:
         import xzatoma_metrics
     except ImportError:
+        from xzatoma_store import install_hint
         raise UsageError("metrics need the Python package 'prometheus_client': %s"
                          % install_hint("prometheus_client", extra="metrics"))
     try:

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 
-# ---- Identifiers and times ----
+# ---- Identifiers, times and this installation ----
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _ulid_lock = threading.Lock()
@@ -52,6 +52,18 @@ def ulid_time(ulid):
 
 def rfc3339(ts=None):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
+
+
+def install_hint(package, extra=None, prefix=None):
+    """How to add `package` to this installation (`extra`: the xzatoma extra that brings it). pipx keeps xzatoma
+    in a venv of its own, where a plain `pip install` cannot reach; pipx writes pipx_metadata.json at that
+    venv's root (`prefix`, sys.prefix unless given), wherever PIPX_HOME puts it."""
+    import sys
+    if os.path.isfile(os.path.join(sys.prefix if prefix is None else prefix, "pipx_metadata.json")):
+        return "pipx inject xzatoma %s" % package
+    if extra:
+        return "pip install 'xzatoma[%s]' (or pip install %s)" % (extra, package)
+    return "pip install %s (or reinstall xzatoma)" % package
 
 
 def parse_age(text):

@@ -28,19 +28,13 @@ class WatchError(Exception):
     exit_code = 2
 
 
-def install_hint(prefix=None):
-    """How to add kafka-python to this installation (pipx installs live in a 'pipx' directory)."""
-    prefix = sys.prefix if prefix is None else prefix
-    if "pipx" in prefix.replace("\\", "/").split("/"):
-        return "pipx inject xzatoma kafka-python"
-    return "pip install 'xzatoma[kafka]'"
-
-
 def require_kafka(command="watch"):
     try:
         import kafka
     except ImportError:
-        raise WatchError("xzatoma %s needs the Python package kafka-python: %s" % (command, install_hint()))
+        from xzatoma_store import install_hint
+        raise WatchError("xzatoma %s needs the Python package kafka-python: %s"
+                         % (command, install_hint("kafka-python", extra="kafka")))
     return kafka
 
 

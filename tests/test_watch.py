@@ -367,9 +367,14 @@ def test_offsets_commit_up_to_the_lowest_unfinished():
     assert po.commit_point() == 14
 
 
-def test_missing_kafka_hint():
-    assert w.install_hint("/home/u/.local/pipx/venvs/xzatoma") == "pipx inject xzatoma kafka-python"
-    assert w.install_hint("/usr") == "pip install 'xzatoma[kafka]'"
+def test_missing_kafka_hint(tmp_path):
+    """One install_hint for the program and the watcher: pipx is known by the metadata it writes at its venv's
+    root (a PIPX_HOME of any name), not by a directory called pipx."""
+    from xzatoma_store import install_hint
+    (tmp_path / "pipx_metadata.json").write_text("{}")
+    assert install_hint("kafka-python", "kafka", str(tmp_path)) == "pipx inject xzatoma kafka-python"
+    assert install_hint("kafka-python", "kafka", "/home/u/.local/pipx/nothing-here").startswith(
+        "pip install 'xzatoma[kafka]'")
 
 
 # ---- the consumer loop against a real broker (in-process, run-one-plan injected) ----
