@@ -50,8 +50,11 @@ def ulid_time(ulid):
     return value / 1000.0
 
 
-def rfc3339(ts=None):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
+def rfc3339(ts=None, millis=False):
+    """`ts` (seconds since the epoch; now unless given) in UTC as RFC 3339: 2025-01-15T10:30:45Z, with
+    millis 2025-01-15T10:30:45.123Z (the watcher's log lines and events)."""
+    ts = time.time() if ts is None else ts
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + (".%03dZ" % int(ts % 1 * 1000) if millis else "Z")
 
 
 def install_hint(package, extra=None, prefix=None):

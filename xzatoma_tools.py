@@ -34,7 +34,7 @@ import threading
 import time
 
 from xzatoma_store import (UntrustedStream, fmt_size, json_type, one_line_path,  # noqa: F401
-                           preview_arguments, render_json, render_untrusted)
+                           preview_arguments, render_json, render_untrusted, rfc3339)
 
 
 # ---- Tool results ----
@@ -1703,8 +1703,8 @@ class FileMetadata(Tool):
             lines = ["path: %s" % display_path(resolved.real, ctx.root), "type: %s" % kind,
                      "size: %d bytes (%s)" % (st.st_size, fmt_size(st.st_size)),
                      "mode: %s (%s)" % (oct(stat.S_IMODE(st.st_mode)), stat.filemode(st.st_mode)),
-                     "owner: %s" % _owner(st), "modified: %s" % _rfc3339(st.st_mtime),
-                     "changed: %s" % _rfc3339(st.st_ctime)]
+                     "owner: %s" % _owner(st), "modified: %s" % rfc3339(st.st_mtime),
+                     "changed: %s" % rfc3339(st.st_ctime)]
             if kind == "symlink":
                 lines.append("target: %s" % display_path(resolved.real, ctx.root))
             real_st = resolved.lstat()
@@ -8787,10 +8787,6 @@ def url_verdict(url, allowed_hosts=()):
 
 # ---- Audit log ----
 
-def _rfc3339(ts):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
 class AuditLog:
     """One line per terminal decision; whole lines under a lock, rotated at a size, previous file kept.
 
@@ -8808,7 +8804,7 @@ class AuditLog:
         from xzatoma_store import redact
         text = redact(command)  # secrets out first, then one line of visible text
         text = render_untrusted(text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r"), exact=True)
-        line = "%s | %s | %s | %s | %.3fs | %s\n" % (_rfc3339(time.time()), render_untrusted(cwd, exact=True), text,
+        line = "%s | %s | %s | %s | %.3fs | %s\n" % (rfc3339(time.time()), render_untrusted(cwd, exact=True), text,
                                                    outcome, duration, verdict)
         data = line.encode("utf-8", "replace")
         with self._lock:

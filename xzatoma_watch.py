@@ -468,8 +468,8 @@ RESULT_HEADERS = [("content-type", STRUCTURED_CONTENT_TYPE.encode())]
 
 
 def now_rfc3339():
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%03dZ" % int((t % 1) * 1000)
+    from xzatoma_store import rfc3339
+    return rfc3339(millis=True)
 
 
 def bounded(text, limit):
