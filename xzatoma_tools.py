@@ -4025,9 +4025,9 @@ MAX_GLOB_LENGTH = 4096
 MAX_GLOB_ALTERNATIVES = 256
 
 
-def _brace_expand(pattern, limit=MAX_GLOB_ALTERNATIVES):
-    """'src/**/*.{rs,toml}' -> ['src/**/*.rs', 'src/**/*.toml']; a ToolError past `limit` alternatives
-    ({a,b} thirty times is 2**30 patterns: refused, never generated)."""
+def _glob_alternatives(pattern, limit=MAX_GLOB_ALTERNATIVES):
+    """'src/**/*.{rs,toml}' -> ['src/**/*.rs', 'src/**/*.toml'] (no {1..3}: not bash_brace_expand); a ToolError
+    past `limit` alternatives ({a,b} thirty times is 2**30 patterns: refused, never generated)."""
     out, todo = [], [pattern]
     while todo:
         item = todo.pop()
@@ -4206,7 +4206,7 @@ def glob_regex(pattern):
         return cached
     if len(pattern) > MAX_GLOB_LENGTH:
         raise ToolError("the glob is %d characters long, over the %d a glob may have" % (len(pattern), MAX_GLOB_LENGTH))
-    expanded = _brace_expand(pattern)
+    expanded = _glob_alternatives(pattern)
     if sum(map(len, expanded)) > 4 * MAX_GLOB_LENGTH:
         raise ToolError("the glob %s expands to more than %d characters; narrow it" % (pattern[:80], 4 * MAX_GLOB_LENGTH))
     alternatives = [_glob_tokens(alt) for alt in expanded]
@@ -4966,9 +4966,9 @@ def _is_assignment(word):
     return bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=", "".join(prefix)))
 
 
-def brace_expand(word, limit=256):
+def bash_brace_expand(word, limit=256):
     """The token lists bash makes of `word` by brace expansion ({a,b}, {1..3}): each a list of (text, kind)
-    with unquoted characters one token each; a single list when there is no brace expansion."""
+    with unquoted characters one token each; a single list when there is none (a glob's: _glob_alternatives)."""
     tokens = []
     for text, kind in (word.parts or [(word.text, "q")]):
         tokens.extend([(ch, kind) for ch in text] if kind == "lit" else [(text, kind)])
@@ -6063,7 +6063,7 @@ class Denylist:
             for k in range(count):
                 argv = []
                 for word in words[:256]:
-                    for tokens in brace_expand(word, 64):
+                    for tokens in bash_brace_expand(word, 64):
                         argv.extend(self._fields(tokens, word, env, mode, k))
                 argv = [_nfkc(a) for a in argv]
                 if argv not in out:
@@ -6643,7 +6643,7 @@ def _brace_words(words, limit=1024):
     own glob and tilde), or None when there would be more than `limit`."""
     out = []
     for word in words:
-        variants = brace_expand(word, limit + 1)
+        variants = bash_brace_expand(word, limit + 1)
         if len(variants) == 1 and not any(t == "{" and k == "lit" for t, k in variants[0]):
             out.append(word)
             continue
