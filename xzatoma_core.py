@@ -4967,10 +4967,11 @@ def run_subagent(parent, spec, ctx=None):
     if result.status not in ("completed", "max_turns") or not summary:
         parent.metrics.subagent_error(result.status)
         return ToolResult.fail("subagent %s %s: %s" % (label, result.status, error or "no answer"), **meta)
+    from xzatoma_store import bounded_text
     cap = cfg.get("agent.subagent.output_max_size")
-    data = summary.encode("utf-8")
-    if len(data) > cap:
-        summary = data[:cap].decode("utf-8", "ignore") + "\n[summary truncated at %d bytes]" % cap
+    summary, cut = bounded_text(summary, cap)
+    if cut:
+        summary += "\n[summary truncated at %d bytes]" % cap
     head = "[subagent %s · depth %d · %s · %s · %s tokens · conversation %s]" % (
         label, depth, result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens), child.id)
     return ToolResult.ok(head + "\n" + summary, **meta)

@@ -650,6 +650,20 @@ def one_line(text, width=100):
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def bounded_text(text, limit):
+    """(`text` cut to at most `limit` bytes of UTF-8 at a character's end, whether it was cut): the one way a
+    text is held to a size in bytes (a tool's output, a subagent's summary, a result event's fields). Half a
+    character (a lone surrogate: a byte of a file name that is not UTF-8, or from a model's escaped reply)
+    counts as the '?' it is sent as, and never makes an encoding error."""
+    text = text or ""
+    if len(text) * 4 <= limit:  # no character takes more than four bytes
+        return text, False
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text, False
+    return data[:limit].decode("utf-8", "ignore"), True
+
+
 def one_line_path(path):
     """A path for a line shown to people: a newline, tab or CR in a name is shown as `\\n`, never obeyed, so a
     name cannot forge a second line of progress or push a question's end out of sight."""

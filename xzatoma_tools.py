@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from xzatoma_store import (UntrustedStream, fmt_size, json_type, one_line_path,  # noqa: F401
+from xzatoma_store import (UntrustedStream, bounded_text, fmt_size, json_type, one_line_path,  # noqa: F401
                            preview_arguments, render_json, render_untrusted, rfc3339)
 
 
@@ -64,12 +64,10 @@ class ToolResult:
 
     def truncate(self, max_bytes):
         """Cap the output at max_bytes (UTF-8), keeping the head and saying so."""
-        data = self.output.encode("utf-8", "surrogateescape")
-        if max_bytes is None or len(data) <= max_bytes:
-            return self
-        self.output = data[:max_bytes].decode("utf-8", "ignore")
-        self.truncated = True
-        self.metadata["original_size"] = len(data)
+        head, cut = bounded_text(self.output, max_bytes) if max_bytes is not None else (None, False)
+        if cut:
+            self.metadata["original_size"] = len(self.output.encode("utf-8", "replace"))
+            self.output, self.truncated = head, True
         return self
 
     def to_message(self):

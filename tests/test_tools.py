@@ -87,6 +87,14 @@ def test_output_is_truncated_with_a_note(tree):
     assert r.to_message().endswith("[Note: output truncated at 1024 of 5000 bytes]")
 
 
+def test_output_holding_half_a_character_is_cut_never_an_encoding_error():
+    """An MCP server's or a model's escaped reply can carry a lone surrogate: it counts as the '?' it is sent
+    as (xzatoma_store.bounded_text), and the cut falls at a character's end."""
+    r = ToolResult.ok("\ud800" + "é" * 10).truncate(8)
+    assert r.truncated and r.output == "?" + "é" * 3 and r.metadata["original_size"] == 21
+    assert ToolResult.ok("é" * 4).truncate(8).truncated is False
+
+
 def test_read_file_ranges_and_refusals(tree):
     reg = registry(tree)
     assert reg.execute("read_file", {"path": "src/app.py", "start_line": 3, "end_line": 3}).output == "def main():\n"
