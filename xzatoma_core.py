@@ -1150,17 +1150,9 @@ class CredentialStore:
         return data if isinstance(data, dict) else {}
 
     def _write_file(self, data):
+        from xzatoma_store import write_private
         private_home(self.home)
-        tmp = self.file + ".tmp"
-        try:
-            os.unlink(tmp)  # a leftover (or a planted link) is never written through
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.file)
+        write_private(self.file, json.dumps(data))
 
     def describe(self, where):
         return "the system keyring" if where == "keyring" else self.file
@@ -1213,16 +1205,9 @@ class CredentialStore:
 
     def _write_index(self, names):
         try:
+            from xzatoma_store import write_private
             private_home(self.home)
-            tmp = self.index + ".tmp"
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(sorted(names), fh)
-            os.replace(tmp, self.index)
+            write_private(self.index, json.dumps(sorted(names)))
         except OSError as exc:  # no index: the keyring is asked each time, as before
             self.console.debug("cannot write %s: %s" % (self.index, exc))
 

@@ -301,19 +301,11 @@ class ProjectTrust:
         return self._load().get(os.path.realpath(path)) == self.digest(text)
 
     def trust(self, path, text):
-        from xzatoma_store import private_dir
+        from xzatoma_store import private_dir, write_private
         data = self._load()
         data[os.path.realpath(path)] = self.digest(text)
         private_dir(os.path.dirname(self.path))
-        tmp = self.path + ".tmp"
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(data, indent=1, sort_keys=True))
 
 
 # ---- JSON-RPC ----

@@ -715,6 +715,21 @@ def private_file(path):
     return path
 
 
+def write_private(path, text):
+    """Write `path` whole, 0600: through `path`.tmp, created O_EXCL|O_NOFOLLOW (a leftover, or a link planted
+    in its place, is removed, never written through), then renamed over it (readers see the old or the new)."""
+    tmp = path + ".tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fd, 0o600)  # whatever the umask took away
+        fh.write(text)
+    os.replace(tmp, path)
+
+
 def _tighten(path, mode):
     try:
         st = os.lstat(path)
