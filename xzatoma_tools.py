@@ -664,11 +664,11 @@ def list_fd(fd):
 def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
     """Yield (relpath, dir_fd, name, kind) under the directory Target `start`, in name order.
 
-    The walk goes by descriptors (each directory opened with O_NOFOLLOW relative to its parent), so
-    a directory swapped for a symlink mid-walk is never entered. It skips VCS directories and
-    ignored paths; kind is 'dir', 'file', 'link' (never followed here: callers resolve it through
-    the jail, and a link out of the tree is skipped) or 'special' (FIFO, socket, device). `dir_fd`
-    is valid until the next item is asked for. `check()` runs once per directory (the deadline).
+    The walk is walk_at's (by descriptors: a directory swapped for a symlink mid-walk is never entered),
+    each directory's entries before what is below them. It skips VCS directories and ignored paths; kind is
+    'dir', 'file', 'link' (never followed here: callers resolve it through the jail, and a link out of the
+    tree is skipped) or 'special' (FIFO, socket, device). `dir_fd` is valid until the next item is asked
+    for. `check()` runs before each entry (the deadline).
     """
     ignore = None
     if gitignore:
@@ -678,54 +678,32 @@ def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
         finally:
             os.close(root_fd)
     first = display_path(start.real, jail.root)
-    frames = []
-    try:
-        fd = start.open_dir()
-        frames.append([fd, "" if first == "." else first + "/", None])
-        while frames:
-            frame = frames[-1]
-            fd, prefix, pending = frame
-            if pending is None:  # list this directory, yield its entries, then descend
-                try:
-                    entries = list_fd(fd)
-                except OSError:
-                    entries = []
-                subdirs = []
-                for name, kind in entries:
-                    rel = prefix + name
-                    is_dir = kind == "dir"
-                    if is_dir and name in SKIP_DIRS:
-                        continue
-                    if jail.hidden_rel and is_dir and fold_path(rel) in jail.hidden_rel:
-                        continue  # XZATOMA_HOME in the tree: never listed, searched or copied
-                    if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
-                        continue
-                    if kind == "link" and not _link_inside(jail, rel):
-                        continue
-                    if is_dir:
-                        subdirs.append(name)
-                        if include_dirs:
-                            yield rel, fd, name, kind
-                    else:
-                        yield rel, fd, name, kind
-                frame[2] = iter(subdirs)
+    top = "" if first == "." else first + "/"
+
+    def listing(fd, prefix):
+        if prefix and ignore is not None:
+            ignore.enter(top + prefix[:-1], fd)
+        try:
+            entries = list_fd(fd)
+        except OSError:
+            return []
+        keep = []
+        for name, kind in entries:
+            rel, is_dir = top + prefix + name, kind == "dir"
+            if is_dir and name in SKIP_DIRS:
                 continue
-            if (name := next(pending, None)) is None:
-                frames.pop()
-                os.close(fd)
+            if jail.hidden_rel and is_dir and fold_path(rel) in jail.hidden_rel:
+                continue  # XZATOMA_HOME in the tree: never listed, searched or copied
+            if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
                 continue
-            if check is not None:
-                check()
-            try:
-                sub = os.open(name, _LIST_DIR, dir_fd=fd)
-            except OSError:
-                continue  # swapped for a symlink or removed since the listing: not entered
-            if ignore is not None:
-                ignore.enter(prefix + name, sub)
-            frames.append([sub, prefix + name + "/", None])
-    finally:
-        for frame in frames:
-            os.close(frame[0])
+            if kind == "link" and not _link_inside(jail, rel):
+                continue
+            keep.append((name, kind, is_dir))
+        return keep
+
+    for rel, fd, name, kind, _ in walk_at(start.dir_fd, start.name, check, listing, lenient=True, files_first=True):
+        if rel and (kind != "dir" or include_dirs):
+            yield top + rel, fd, name, kind
 
 
 def _link_inside(jail, rel):
@@ -1819,102 +1797,42 @@ _LINE_ENDS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 def remove_at(dir_fd, name, check=None):
     """Delete `name` in dir_fd: a file, a link (never its target) or a whole tree (never entering links).
 
-    Iterative, with one directory open at a time: a tree thousands of directories deep (past Python's
-    recursion limit, or the open-file limit a stack of open directories would reach, which a command can
-    build in a second) is removed whole, not left half-removed with what it hides (a `.git` whose hooks sort
-    after the deep branch). The way back up is `..`, taken only when it is still the directory we came from
-    (same device and inode)."""
-    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
-    try:
-        here = os.fstat(fd)
-        levels = [(name, os.listdir(fd), (here.st_dev, here.st_ino))]  # per level: name, names left, identity
-        while True:
-            level_name, left, _ = levels[-1]
-            if left:
-                if check is not None:
-                    check()
-                child = left.pop()
-                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
-                    sub = os.open(child, _LIST_DIR, dir_fd=fd)  # O_NOFOLLOW: swapped for a link, it fails
-                    os.close(fd)
-                    fd = sub
-                    here = os.fstat(fd)
-                    levels.append((child, os.listdir(fd), (here.st_dev, here.st_ino)))
-                else:
-                    os.unlink(child, dir_fd=fd)
-                continue
-            levels.pop()
-            if not levels:
-                break
-            up = os.open("..", _LIST_DIR, dir_fd=fd)
-            os.close(fd)
-            fd = up
-            here = os.fstat(fd)
-            if (here.st_dev, here.st_ino) != levels[-1][2]:
-                raise OSError(errno.ESTALE, "moved while it was being removed", name)
-            os.rmdir(level_name, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
+    walk_at's walk, each directory removed once all below it is: a tree thousands of directories deep (past
+    Python's recursion limit, or the open-file limit, which a command can build in a second) is removed whole,
+    not left half-removed with what it hides (a `.git` whose hooks sort after the deep branch)."""
+    for _, fd, child, st, left in walk_at(dir_fd, name, check, leave=True):
+        if left:
+            os.rmdir(child, dir_fd=fd)
+        elif not stat.S_ISDIR(st.st_mode):
+            os.unlink(child, dir_fd=fd)
 
 
 def copy_at(src_dir_fd, src_name, dst_dir_fd, dst_name, check=None, skipped=None, rel=""):
     """Copy `src_name` to `dst_name` (which must not exist): files with their mode and times, links as
-    links, directories recursively (with a stack of its own, as remove_at); FIFOs, sockets and devices are
+    links, directories by walk_at (each made 0700 until its entries are in); FIFOs, sockets and devices are
     skipped (listed in `skipped`). Returns the number of items copied."""
     if check is not None:
         check()
-    st = os.stat(src_name, dir_fd=src_dir_fd, follow_symlinks=False)
-    if not stat.S_ISDIR(st.st_mode):
-        return _copy_leaf(src_dir_fd, src_name, dst_dir_fd, dst_name, st, check, skipped, rel)
-    frames = [_copy_dir_frame(src_dir_fd, src_name, dst_dir_fd, dst_name, st, rel)]
-    count = 1
+    count, dsts = 0, [dst_dir_fd]  # the copy of each directory the walk is in
     try:
-        while frames:
-            sfd, dfd, names, frel, mode = frames[-1]
-            if (child := next(names, None)) is None:
-                frames.pop()
+        for sub, fd, name, st, left in walk_at(src_dir_fd, src_name, check, leave=True):
+            target = name if sub else dst_name
+            if left:
+                dfd = dsts.pop()
                 try:
-                    os.fchmod(dfd, mode)
+                    os.fchmod(dfd, stat.S_IMODE(st.st_mode))
                 finally:
-                    os.close(sfd)
                     os.close(dfd)
-                continue
-            if check is not None:
-                check()
-            cst = os.stat(child, dir_fd=sfd, follow_symlinks=False)
-            if stat.S_ISDIR(cst.st_mode):
-                frames.append(_copy_dir_frame(sfd, child, dfd, child, cst, frel + child + "/"))
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(target, 0o700, dir_fd=dsts[-1])
+                dsts.append(os.open(target, _LIST_DIR, dir_fd=dsts[-1]))
                 count += 1
             else:
-                count += _copy_leaf(sfd, child, dfd, child, cst, check, skipped, frel + child + "/")
+                count += _copy_leaf(fd, name, dsts[-1], target, st, check, skipped, rel + sub)
     finally:
-        for sfd, dfd, _, _, _ in frames:
-            os.close(sfd)
+        for dfd in dsts[1:]:
             os.close(dfd)
     return count
-
-
-def _copy_dir_frame(src_dir_fd, src_name, dst_dir_fd, dst_name, st, rel):
-    """Make the copy of a directory (0700 until its entries are in) and open both: (src fd, dst fd, the
-    names to copy, rel, the mode it gets at the end)."""
-    os.mkdir(dst_name, 0o700, dir_fd=dst_dir_fd)
-    sfd = os.open(src_name, _LIST_DIR, dir_fd=src_dir_fd)
-    try:
-        dfd = os.open(dst_name, _LIST_DIR, dir_fd=dst_dir_fd)
-        try:
-            names = iter(sorted(os.listdir(sfd)))
-        except BaseException:
-            os.close(dfd)
-            raise
-    except BaseException:
-        os.close(sfd)
-        raise
-    return sfd, dfd, names, rel, stat.S_IMODE(st.st_mode)
 
 
 def _copy_leaf(src_dir_fd, src_name, dst_dir_fd, dst_name, st, check, skipped, rel):
@@ -2030,7 +1948,7 @@ def escaping_links(jail, real, check=None):
     with jail.resolve(real, follow=False) as target:
         if target.lstat() is None:
             return out
-        for rel, fd, name, st in _subtree(target.dir_fd, target.name, check):
+        for rel, fd, name, st, _ in walk_at(target.dir_fd, target.name, check):
             if stat.S_ISLNK(st.st_mode) and not os.readlink(name, dir_fd=fd).startswith("/"):
                 path = os.path.join(real, rel) if rel else real
                 if _leads_out(jail, path):
@@ -2041,13 +1959,13 @@ def escaping_links(jail, real, check=None):
 def tree_count_at(target, check=None):
     if target.lstat() is None:
         return 0
-    return sum(1 for _ in _subtree(target.dir_fd, target.name, check))
+    return sum(1 for _ in walk_at(target.dir_fd, target.name, check))
 
 
 def tree_size_at(target, check=None):
     if target.lstat() is None:
         return 0
-    return sum(st.st_size for _, _, _, st in _subtree(target.dir_fd, target.name, check)
+    return sum(st.st_size for _, _, _, st, _ in walk_at(target.dir_fd, target.name, check)
                if not stat.S_ISDIR(st.st_mode))
 
 
@@ -2083,7 +2001,7 @@ def state_hash_at(target):
     if not stat.S_ISDIR(st.st_mode):
         return "special:" + _kind_of(st.st_mode)
     h = hashlib.sha256()
-    for rel, fd, name, est in _subtree(target.dir_fd, target.name):
+    for rel, fd, name, est, _ in walk_at(target.dir_fd, target.name):
         kind = _kind_of(est.st_mode)
         h.update(("%s:%s:" % (kind, rel)).encode("utf-8", "surrogateescape"))
         if stat.S_ISLNK(est.st_mode):
@@ -2116,7 +2034,7 @@ def snapshot_at(target, cap, check=None):
     import tarfile
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for rel, fd, name, est in _subtree(target.dir_fd, target.name, check):
+        for rel, fd, name, est, _ in walk_at(target.dir_fd, target.name, check):
             info = tarfile.TarInfo("./" + rel if rel else ".")
             info.mode, info.mtime = stat.S_IMODE(est.st_mode), int(est.st_mtime)
             if stat.S_ISDIR(est.st_mode):
@@ -3065,7 +2983,7 @@ class Confinement:
         if st is None or not stat.S_ISDIR(st.st_mode):
             return None
         names, venvs = {}, [d for d in _venvs_above(where, self.root)]
-        for sub, _, name, _ in _subtree(source.dir_fd, source.name, check):
+        for sub, _, name, _, _ in walk_at(source.dir_fd, source.name, check):
             path = os.path.join(where, sub)
             if hit := sub and _protected_rel(display_path(path, self.root), self.globs, self.root):
                 return hit
@@ -3982,37 +3900,99 @@ def read_fd(fd, limit=None, size=None):
     return b"".join(chunks)
 
 
-def _subtree(dir_fd, name, check=None):
-    """Yield (rel, parent_fd, name, lstat) for `name` and everything under it (parents first, sorted),
-    never following a symlink; parent_fd is valid until the next item."""
+#: directories one walk_at keeps open at once; deeper, it climbs back by `..`
+_WALK_OPEN = 32
+
+
+class _Level:
+    """A directory walk_at is in: its fd (None while closed for depth), where it is, what is left of it."""
+
+    __slots__ = ("fd", "prefix", "name", "info", "items", "later", "descending", "ident")
+
+    def __init__(self, fd, prefix, name, info):
+        st = os.fstat(fd)
+        self.fd, self.prefix, self.name, self.info, self.items = fd, prefix, name, info, iter(())
+        self.later, self.descending, self.ident = [], False, (st.st_dev, st.st_ino)
+
+
+def walk_at(dir_fd, name, check=None, listing=None, leave=False, lenient=False, files_first=False):
+    """The one walk of a tree by descriptors (listing, searching, hashing, copying, removing): yield (rel, fd,
+    name, info, left) for `name` in dir_fd (rel "", info its lstat) and everything below it, never following a
+    symlink. `fd` holds `name` and is valid until the next item is asked for.
+
+    Each directory is opened relative to its parent with O_NOFOLLOW|O_DIRECTORY: one swapped for a link
+    mid-walk is never entered. At most _WALK_OPEN are open at once; past that depth the way back up is `..`,
+    taken only while it is still the directory the walk came down from (device and inode; else OSError
+    ESTALE): a tree thousands of levels deep (a command builds one in a second) costs neither the recursion
+    limit nor the open-file limit. `listing(fd, prefix)` gives a directory's entries in walk order, each a
+    name (lstat()ed as it is reached; one gone by then is passed over) or (name, info, descend); by default
+    its sorted names. files_first: all of a directory's entries come before anything below them (else each
+    subdirectory's tree follows it); leave: a directory comes again (left=True, `fd` its parent) once all
+    below it has; lenient: a subdirectory that cannot be opened is passed over, not raised. `check()` runs
+    before each entry (the deadline)."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    yield "", dir_fd, name, st
+    yield "", dir_fd, name, st, False
     if not stat.S_ISDIR(st.st_mode):
         return
-    frames = []
+    listing = listing or (lambda fd, prefix: sorted(os.listdir(fd)))
+    levels, child, info = [], name, st
     try:
-        fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
-        frames.append((fd, "", iter(sorted(os.listdir(fd)))))
-        while frames:
-            fd, prefix, names = frames[-1]
-            if (child := next(names, None)) is None:
-                frames.pop()
-                os.close(fd)
+        while True:
+            if child is not None:  # go down into `child` of the current directory
+                parent = levels[-1].fd if levels else dir_fd
+                try:
+                    sub = os.open(child, _LIST_DIR, dir_fd=parent)
+                except OSError:
+                    if not lenient or not levels:
+                        raise
+                    sub = None  # swapped for a symlink or removed since the listing: not entered
+                if sub is not None:
+                    levels.append(_Level(sub, levels[-1].prefix + child + "/" if levels else "", child, info))
+                    if len(levels) > _WALK_OPEN and levels[-_WALK_OPEN - 1].fd is not None:
+                        os.close(levels[-_WALK_OPEN - 1].fd)
+                        levels[-_WALK_OPEN - 1].fd = None
+                    levels[-1].items = iter(listing(sub, levels[-1].prefix))
+                child = None
+            if not levels:
+                return
+            level = levels[-1]
+            item = next(level.items, None)
+            if item is None and level.later:  # files_first: below the entries now, in their order
+                level.items, level.later, level.descending = iter(level.later), [], True
+                continue
+            if item is None:  # done here: back up to the parent (reopened by `..` where closed for depth)
+                levels.pop()
+                try:
+                    if levels and levels[-1].fd is None:
+                        levels[-1].fd = os.open("..", _LIST_DIR, dir_fd=level.fd)
+                        up = os.fstat(levels[-1].fd)
+                        if (up.st_dev, up.st_ino) != levels[-1].ident:
+                            raise OSError(errno.ESTALE, "moved while it was walked", levels[-1].prefix or name)
+                finally:
+                    os.close(level.fd)
+                if leave:
+                    yield level.prefix[:-1], levels[-1].fd if levels else dir_fd, level.name, level.info, True
+                continue
+            if level.descending:
+                child, info = item
                 continue
             if check is not None:
                 check()
-            try:
-                cst = os.stat(child, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            rel = prefix + child
-            yield rel, fd, child, cst
-            if stat.S_ISDIR(cst.st_mode):
-                sub = os.open(child, _LIST_DIR, dir_fd=fd)
-                frames.append((sub, rel + "/", iter(sorted(os.listdir(sub)))))
+            if isinstance(item, str):
+                try:
+                    info = os.stat(item, dir_fd=level.fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                item = (item, info, stat.S_ISDIR(info.st_mode))
+            yield level.prefix + item[0], level.fd, item[0], item[1], False
+            if item[2] and files_first:
+                level.later.append(item[:2])
+            elif item[2]:
+                child, info = item[:2]
     finally:
-        for frame in frames:
-            os.close(frame[0])
+        for level in levels:
+            if level.fd is not None:
+                os.close(level.fd)
 
 
 # ---- Globs: matched in linear time ----
