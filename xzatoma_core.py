@@ -257,261 +257,237 @@ def one_line(text, width=100):
 
 # ---- Configuration: defaults < file < environment < flags ----
 
+class Key:
+    """One configuration key, all that loading, checking, `config show`, `config init` and the README's table
+    know of it. The type is the default's unless given (a key whose default is None names the type it takes
+    when set); None is accepted where the default is None or `nullable` says so."""
+
+    __slots__ = ("name", "default", "doc", "type", "choices", "bounds", "nullable")
+
+    def __init__(self, name, default, doc, type=None, choices=None, bounds=None, nullable=None):
+        self.name = name  #: dotted: agent.terminal.timeout_seconds
+        self.default = default  #: the value when no file, environment variable or flag gives one
+        self.doc = doc  #: what it is for, in a line: the template's comment and the README's table
+        self.type = type or default.__class__  #: int, float, bool, str, list, or (int, float)
+        self.choices = choices  #: the values it may take, or None
+        self.bounds = bounds  #: (low, high), inclusive, None for open; or None
+        self.nullable = default is None if nullable is None else nullable  #: None is a value
+
+
 #: what each provider may send with a request (None: the server's default); provider.<type>.<key>
-SAMPLING = {"temperature": None, "top_p": None, "max_tokens": None, "seed": None, "context_window": None}
+SAMPLING = ("temperature", "top_p", "max_tokens", "seed", "context_window")
 
-DEFAULTS = {
-    "provider": {
-        "type": "copilot",
-        "max_retries": 3,
-        "retry_backoff_seconds": 1.0,
-        "request_timeout_seconds": 300,
-        "copilot": {
-            "model": "gpt-5.3-codex",
-            "api_url": "https://api.githubcopilot.com",
-            "github_url": "https://github.com",
-            "github_api_url": "https://api.github.com",
-            **SAMPLING,
-        },
-        "ollama": {"host": "localhost:11434", "model": "llama3.2:3b", **SAMPLING},
-        "openai": {
-            "base_url": "https://api.openai.com/v1",
-            "model": "gpt-4o-mini",
-            "api_key_env": "OPENAI_API_KEY",
-            "api": "chat",
-            **SAMPLING,
-        },
-    },
-    "agent": {
-        "max_turns": 100,
-        "timeout_seconds": 600,
-        "chat_mode": "planning",
-        "safety_mode": "safe",
-        "conversation": {"max_tokens": 100000, "min_retain_turns": 5, "prune_threshold": 0.8},
-        "tools": {
-            "profile": "auto",
-            "max_output_size": 1048576,
-            "max_file_read_size": 10485760,
-            "grep_regex_seconds": 60,
-            "undo_max_bytes": 52428800,
-            "protected_paths": [],
-            "fetch": {
-                "timeout_seconds": 60,
-                "max_response_size": 1048576,
-                "user_agent": "xzatoma/" + __version__,
-                "cache_ttl_seconds": 86400,
-                "rate_limit_per_minute": 30,
-                "allowed_hosts": [],
-            },
-        },
-        "terminal": {
-            "default_mode": "restricted_autonomous",
-            "timeout_seconds": 30,
-            "max_stdout_bytes": 10485760,
-            "max_stderr_bytes": 1048576,
-            "allowlist": ["ls", "cat", "head", "tail", "grep", "find", "echo", "printf", "pwd", "which",
-                          "type", "wc", "sort", "uniq", "diff", "file", "stat", "du", "df", "tree",
-                          "basename", "dirname", "realpath", "date", "true", "false", "git"],
-            "custom_denylist": [],
-            "audit_max_bytes": 10485760,
-            "max_timeout_seconds": 300,
-            "sandbox": "workspace-write",
-            "network": False,
-            "require_sandbox": False,
-            "env_passthrough": [],
-            "keep_home": False,
-            "sandbox_assume_missing": [],
-            "limits": {"processes": 4096, "memory_mb": 8192, "file_size_mb": 8192},
-        },
-        "subagent": {
-            "max_depth": 3,
-            "default_max_turns": 10,
-            "output_max_size": 4096,
-            "telemetry_enabled": True,
-            "persistence_enabled": True,
-            "provider": None,
-            "model": None,
-        },
-        "quota": {"max_executions": 100, "max_total_tokens": 1000000, "max_total_time_seconds": 3600},
-        "mentions": {"max_file_size": 10485760, "url_cache_ttl_seconds": 86400, "max_urls_per_request": 10},
-        "instructions_files": ["AGENTS.md"],
-        "instructions_max_bytes": 32768,
-        "skills": {"enabled": True, "user_dir": None, "catalog_share": 0.02},
-        "persistence": {"enabled": True, "db_path": None},
-    },
-    "watcher": {
-        "enabled": False,
-        "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
-                  "group_id": "xzatoma-watcher", "output_topic": None, "dead_letter_topic": None,
-                  "security_protocol": "PLAINTEXT", "sasl_mechanism": None, "username": None, "password": None,
-                  "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
-                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000, "max_request_size": 1048576},
-        "filter": {"event_types": [], "sources": [], "platforms": [], "packages": [], "api_versions": [],
-                   "include_failed": False, "actions": [], "names": [], "match_version": None},
-        "format": "auto",
-        "working_dir": None,
-        "mode": "write",
-        "max_concurrent": 1,
-        "timeout_seconds": 300,
-        "allow_dangerous": False,
-        "shutdown_grace_seconds": 30,
-        "answer_max_bytes": 65536,
-        "max_message_bytes": 8388608,
-        "max_attempts": 2,
-        "claim_lease_seconds": 60,
-        "log_file": None,
-    },
-    "xzepr": {
-        "enabled": False,
-        "api_url": None,
-        "api_key": None,
-        "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
-                  "group_id": "xzatoma-consumer", "security_protocol": "PLAINTEXT",
-                  "sasl_mechanism": None},
-    },
-    "logging": {"level": "info", "format": "text"},
-    "mcp": {"timeout_seconds": 30, "project_file": True},  # and mcp.servers: name -> server (see load_config)
-}
 
-CHOICES = {
-    "provider.type": ("copilot", "ollama", "openai"),
-    "provider.openai.api": ("chat", "responses"),
-    "agent.tools.profile": ("auto", "full", "compact"),
-    "agent.chat_mode": ("planning", "write"),
-    "agent.safety_mode": ("safe", "yolo"),
-    "agent.terminal.default_mode": ("interactive", "restricted_autonomous", "full_autonomous"),
-    "agent.terminal.sandbox": ("workspace-write", "read-only", "off"),
-    "watcher.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
-    "xzepr.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
-    "watcher.kafka.sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
-    "watcher.format": ("auto", "xzepr", "cloudevents", "plan"),
-    "watcher.mode": ("write", "planning"),
-    "logging.level": ("debug", "info", "warn", "error"),
-    "logging.format": ("json", "text"),
-}
+def _sampling(provider):
+    """The sampling keys of one provider type: the same five for each."""
+    p = "provider.%s." % provider
+    return (Key(p + "temperature", None, "sampling temperature sent with each request (unset: the server's default)",
+                float, bounds=(0, 2)),
+            Key(p + "top_p", None, "nucleus sampling share sent with each request (unset: the server's default)",
+                float, bounds=(0, 1)),
+            Key(p + "max_tokens", None, "cap on a reply's length in tokens (Ollama: num_predict)", int, bounds=(1, None)),
+            Key(p + "seed", None, "sampling seed, for repeatable replies where the server honours it", int,
+                bounds=(None, None)),
+            Key(p + "context_window", None, "the model's context window in tokens, when the server does not say or "
+                "says wrongly (read from llama.cpp /props, LM Studio, vLLM and Ollama otherwise)", int,
+                bounds=(512, None)))
 
-RANGES = {  # inclusive bounds; None = open
-    "provider.max_retries": (0, 20),
-    "provider.retry_backoff_seconds": (0, 600),
-    "provider.request_timeout_seconds": (1, None),
-    "agent.max_turns": (1, None),
-    "agent.timeout_seconds": (1, None),
-    "agent.conversation.max_tokens": (1000, None),
-    "agent.conversation.min_retain_turns": (1, None),
-    "agent.conversation.prune_threshold": (0.1, 1.0),
-    "agent.tools.max_output_size": (1024, None),
-    "agent.tools.max_file_read_size": (1024, None),
-    "agent.tools.grep_regex_seconds": (1, None),
-    "agent.terminal.timeout_seconds": (1, None),
-    "agent.terminal.max_timeout_seconds": (1, None),
-    **{"agent.terminal.limits." + k: (0, None) for k in ("processes", "memory_mb", "file_size_mb")},
-    "agent.subagent.max_depth": (0, 10),
-    "agent.subagent.default_max_turns": (1, None),
-    "watcher.max_concurrent": (1, 256),
-    "watcher.timeout_seconds": (1, None),
-    "watcher.shutdown_grace_seconds": (0, None),
-    "watcher.answer_max_bytes": (256, None),
-    "watcher.kafka.max_request_size": (16384, None),
-    "watcher.max_message_bytes": (1024, None),
-    "watcher.max_attempts": (1, 100),
-    "watcher.claim_lease_seconds": (5, None),
-    "agent.instructions_max_bytes": (0, None),
-    "agent.skills.catalog_share": (0.0, 0.2),
-    "mcp.timeout_seconds": (1, None),
-    **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
-       for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
-                    ("context_window", (512, None)))},
-}
 
-NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
-    "agent.subagent.provider": str, "agent.subagent.model": str,
-    "agent.persistence.db_path": str, "agent.skills.user_dir": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
-    "xzepr.api_key": str, "watcher.kafka.output_topic": str, "watcher.kafka.dead_letter_topic": str,
-    "watcher.kafka.sasl_mechanism": str, "watcher.kafka.username": str, "watcher.kafka.password": str,
-    "watcher.kafka.ssl_cafile": str, "watcher.kafka.ssl_certfile": str, "watcher.kafka.ssl_keyfile": str,
-    "watcher.filter.match_version": str, "watcher.working_dir": str, "watcher.log_file": str,
-    **{"provider.%s.%s" % (p, k): t for p in ("copilot", "ollama", "openai")
-       for k, t in (("temperature", float), ("top_p", float), ("max_tokens", int), ("seed", int),
-                    ("context_window", int))},
-}
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_RUST_ONLY = "read from configuration files written for the Rust XZatoma; no effect here"
 
-DOCS = {
+#: every configuration key, in the order `config init` writes them and `config show` lists them. The enum
+#: values are the tools' constants written out (xzatoma_tools is not imported at start-up); a test holds
+#: them equal.
+KEYS = (
+    Key("provider.type", "copilot", "copilot | ollama | openai (any OpenAI-compatible server)",
+        choices=("copilot", "ollama", "openai")),
+    Key("provider.max_retries", 3, "retries on connection errors, 429 and 5xx (exponential backoff with jitter)",
+        bounds=(0, 20)),
+    Key("provider.retry_backoff_seconds", 1.0, "the first retry's delay; each next one doubles it", bounds=(0, 600)),
+    Key("provider.request_timeout_seconds", 300, "per-request read timeout", bounds=(1, None)),
+    Key("provider.copilot.model", "gpt-5.3-codex", "the Copilot model (env COPILOT_MODEL, XZATOMA_MODEL; --model)"),
+    Key("provider.copilot.api_url", "https://api.githubcopilot.com", "Copilot API base"),
+    Key("provider.copilot.github_url", "https://github.com", "GitHub, for the device login (`xzatoma auth login`)"),
+    Key("provider.copilot.github_api_url", "https://api.github.com", "GitHub's API, which trades the login for a "
+        "Copilot token"),
+    *_sampling("copilot"),
+    Key("provider.ollama.host", "localhost:11434", "host:port or URL of the Ollama server (env OLLAMA_HOST)"),
+    Key("provider.ollama.model", "llama3.2:3b", "the Ollama model (env OLLAMA_MODEL, XZATOMA_MODEL; --model)"),
+    *_sampling("ollama"),
+    Key("provider.openai.base_url", "https://api.openai.com/v1",
+        "OpenAI-compatible API base (vLLM, llama.cpp, LM Studio, OpenRouter…)"),
+    Key("provider.openai.model", "gpt-4o-mini", "the model (env XZATOMA_MODEL; --model)"),
+    Key("provider.openai.api_key_env", "OPENAI_API_KEY", "environment variable that holds the API key"),
+    Key("provider.openai.api", "chat", "chat (/chat/completions) | responses (/responses)",
+        choices=("chat", "responses")),
+    *_sampling("openai"),
+    Key("agent.max_turns", 100, "model calls per task before stopping (env XZATOMA_MAX_TURNS)", bounds=(1, None)),
+    Key("agent.timeout_seconds", 600, "wall-clock limit for one task", bounds=(1, None)),
+    Key("agent.chat_mode", "planning", "the tool set chat starts with: planning (reads and plans) | write (chat "
+        "--mode)", choices=("planning", "write")),
+    Key("agent.safety_mode", "safe", "chat's approvals at start: safe (asks before changes and commands) | yolo "
+        "(chat --safety)", choices=("safe", "yolo")),
+    Key("agent.conversation.max_tokens", 100000, "token budget of the conversation (bounded by the model's window)",
+        bounds=(1000, None)),
+    Key("agent.conversation.min_retain_turns", 5, "most recent turns always kept when pruning", bounds=(1, None)),
+    Key("agent.conversation.prune_threshold", 0.8, "prune when the conversation reaches this share of max_tokens",
+        bounds=(0.1, 1.0)),
+    Key("agent.tools.profile", "auto", "auto | full | compact: compact offers six tools with short definitions (a "
+        "quarter of the tokens) for small models; auto picks it for windows of 16k tokens or less and models of 8B "
+        "parameters or fewer", choices=("auto", "full", "compact")),
+    Key("agent.tools.max_output_size", 1048576, "bytes of one tool result sent to the model", bounds=(1024, None)),
+    Key("agent.tools.max_file_read_size", 10485760, "bytes read_file reads of one file", bounds=(1024, None)),
+    Key("agent.tools.grep_regex_seconds", 60, "longest one grep call may spend matching a regular expression (a "
+        "catastrophic pattern is stopped; the run's --timeout also holds)", bounds=(1, None)),
+    Key("agent.tools.undo_max_bytes", 52428800, "largest file or directory whose previous content is kept for "
+        "'xzatoma undo'"),
+    Key("agent.tools.protected_paths", [], "more paths (relative to the working directory) that need a person's "
+        "yes to change, beside .git, shell start-up files and key directories"),
+    Key("agent.tools.fetch.timeout_seconds", 60, "longest one fetch may take"),
+    Key("agent.tools.fetch.max_response_size", 1048576, "bytes of a response fetch reads"),
+    Key("agent.tools.fetch.user_agent", "xzatoma/" + __version__, "the User-Agent fetch sends"),
+    Key("agent.tools.fetch.cache_ttl_seconds", 86400, "a fetched page is answered from the store for this long"),
+    Key("agent.tools.fetch.rate_limit_per_minute", 30, "fetches of one host a minute (0: no limit)"),
+    Key("agent.tools.fetch.allowed_hosts", [], "internal hosts fetch may reach deliberately (private addresses are "
+        "refused)"),
+    Key("agent.terminal.default_mode", "restricted_autonomous", "terminal approval of a run: interactive (asks) | "
+        "restricted_autonomous (the allowlist, the rest refused) | full_autonomous (all the policy allows)",
+        choices=("interactive", "restricted_autonomous", "full_autonomous")),
+    Key("agent.terminal.timeout_seconds", 30, "how long one command runs unless the model asks for longer",
+        bounds=(1, None)),
+    Key("agent.terminal.max_stdout_bytes", 10485760, "bytes of a command's standard output kept"),
+    Key("agent.terminal.max_stderr_bytes", 1048576, "bytes of a command's standard error kept"),
+    Key("agent.terminal.allowlist", ["ls", "cat", "head", "tail", "grep", "find", "echo", "printf", "pwd", "which",
+                                     "type", "wc", "sort", "uniq", "diff", "file", "stat", "du", "df", "tree",
+                                     "basename", "dirname", "realpath", "date", "true", "false", "git"],
+        "read-only programs (options and paths checked) or command prefixes such as 'make test' that run without "
+        "confirmation, inside the sandbox"),
+    Key("agent.terminal.custom_denylist", [], "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or "
+        "'re:REGEX'"),
+    Key("agent.terminal.audit_max_bytes", 10485760, "rotate $XZATOMA_HOME/audit.log at this size (the previous file "
+        "is kept)"),
+    Key("agent.terminal.max_timeout_seconds", 300, "cap on the timeout_seconds a model asks for one command",
+        bounds=(1, None)),
+    Key("agent.terminal.sandbox", "workspace-write", "workspace-write | read-only | off: what commands can touch "
+        "(OS-enforced)", choices=("workspace-write", "read-only", "off")),
+    Key("agent.terminal.network", False, "let sandboxed commands use the network (shown in the run header)"),
+    Key("agent.terminal.require_sandbox", False, "refuse to start (exit 2) where the sandbox is not fully enforced"),
+    Key("agent.terminal.env_passthrough", [], "extra environment variables commands get (names or patterns like "
+        "CARGO_*)"),
+    Key("agent.terminal.keep_home", False, "commands see the real HOME (default: HOME is the run's private temp "
+        "dir)"),
+    Key("agent.terminal.sandbox_assume_missing", [], "testing: treat kernel features as absent (landlock, userns, "
+        "landlock-net, scopes, pidns, proc, seccomp, idmap, readonly-view, abi:N)"),
+    Key("agent.terminal.limits.processes", 4096, "most processes and threads a run's commands may have at once (0: "
+        "no limit)", bounds=(0, None)),
+    Key("agent.terminal.limits.memory_mb", 8192, "most memory (heap and private mappings) one command process may "
+        "use (0: none)", bounds=(0, None)),
+    Key("agent.terminal.limits.file_size_mb", 8192, "largest file a command may write (0: no limit)",
+        bounds=(0, None)),
+    Key("agent.subagent.max_depth", 3, "how deep subagents may start subagents of their own (0: no subagents)",
+        bounds=(0, 10)),
+    Key("agent.subagent.default_max_turns", 10, "model calls a subagent gets when its task names none",
+        bounds=(1, None)),
+    Key("agent.subagent.output_max_size", 4096, "bytes of a subagent's summary its parent is given"),
+    Key("agent.subagent.telemetry_enabled", True, _RUST_ONLY),
+    Key("agent.subagent.persistence_enabled", True, "subagents' conversations are stored (history list --kind "
+        "subagent)"),
+    Key("agent.subagent.provider", None, "the provider type subagents use (default: the parent's)", str),
+    Key("agent.subagent.model", None, "the model subagents use (default: the parent's)", str),
+    Key("agent.quota.max_executions", 100, "subagents one run or chat may start in all", nullable=True),
+    Key("agent.quota.max_total_tokens", 1000000, "tokens one run or chat may use, its subagents' included",
+        nullable=True),
+    Key("agent.quota.max_total_time_seconds", 3600, "seconds one run or chat may take, its subagents' included",
+        (int, float), nullable=True),
+    Key("agent.mentions.max_file_size", 10485760, "largest file an @mention (or piped standard input) brings in"),
+    Key("agent.mentions.url_cache_ttl_seconds", 86400, _RUST_ONLY + " (an @url is fetch's, cached as it says)"),
+    Key("agent.mentions.max_urls_per_request", 10, "@urls one message may bring in"),
+    Key("agent.instructions_files", ["AGENTS.md"], "project instructions given to the model, looked for in the "
+        "working directory and its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
+        ".github/copilot-instructions.md"),
+    Key("agent.instructions_max_bytes", 32768, "cap on the project instructions read (all files together; 0 turns "
+        "them off)", bounds=(0, None)),
+    Key("agent.skills.enabled", True, "offer skills to the model (false: none is offered)"),
+    Key("agent.skills.user_dir", None, "your own skills, used in every project (default: skills/ beside the default "
+        "config file, ~/.config/xzatoma/skills)", str),
+    Key("agent.skills.catalog_share", 0.02, "share of the context window the skills' names and descriptions may take",
+        bounds=(0.0, 0.2)),
+    Key("agent.persistence.enabled", True, "store conversations (false: no history, resume or undo records)"),
+    Key("agent.persistence.db_path", None, "defaults to $XZATOMA_HOME/conversations.db", str),
+    Key("watcher.enabled", False, _RUST_ONLY + " (`xzatoma watch` is what starts a watcher)"),
+    Key("watcher.kafka.bootstrap_servers", "localhost:9092", "the brokers, host:port[,…] (--brokers)"),
+    Key("watcher.kafka.topic", "xzepr.events", "the topic plans come on (--topic)"),
+    Key("watcher.kafka.group_id", "xzatoma-watcher", "the consumer group: watchers of one group share the "
+        "partitions (--group-id)"),
+    Key("watcher.kafka.output_topic", None, "results go here (default: <topic>.results)", str),
+    Key("watcher.kafka.dead_letter_topic", None, "copies of messages that cannot run go here (--dead-letter-topic)",
+        str),
+    Key("watcher.kafka.security_protocol", "PLAINTEXT", " | ".join(KAFKA_PROTOCOLS), choices=KAFKA_PROTOCOLS),
+    Key("watcher.kafka.sasl_mechanism", None, "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512", str,
+        choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")),
+    Key("watcher.kafka.username", None, "SASL user name (or KAFKA_USERNAME)", str),
+    Key("watcher.kafka.password", None, "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)", str),
+    Key("watcher.kafka.ssl_cafile", None, "CA certificates the brokers' are checked against (PEM)", str),
+    Key("watcher.kafka.ssl_certfile", None, "the client's certificate (PEM), for brokers that ask for one", str),
+    Key("watcher.kafka.ssl_keyfile", None, "the client certificate's private key (PEM)", str),
+    Key("watcher.kafka.session_timeout_ms", 45000, "a watcher silent this long loses its partitions to the group"),
+    Key("watcher.kafka.max_poll_interval_ms", 300000, "longest a watcher may go between polls before the group "
+        "takes its partitions"),
+    Key("watcher.kafka.max_request_size", 1048576, "the producer's largest record: every result and dead-letter copy "
+        "is made to fit (keep it at or under the broker's message.max.bytes)", bounds=(16384, None)),
+    Key("watcher.filter.event_types", [], "event types that run, exact (--event-types)"),
+    Key("watcher.filter.sources", [], "regular expressions (search) the event source must match"),
+    Key("watcher.filter.platforms", [], "XZepr platform_ids that run (--platform)"),
+    Key("watcher.filter.packages", [], "XZepr packages that run (--package)"),
+    Key("watcher.filter.api_versions", [], "XZepr api_versions that run (--api-version)"),
+    Key("watcher.filter.include_failed", False, "also run XZepr events with success: false (--include-failed)"),
+    Key("watcher.filter.actions", [], "regular expressions (case-insensitive search) the plan's action must match"),
+    Key("watcher.filter.names", [], "regular expressions (case-insensitive search) the plan's name must match"),
+    Key("watcher.filter.match_version", None, "semver constraint for plan versions: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2",
+        str),
+    Key("watcher.format", "auto", "auto | xzepr | cloudevents | plan: how messages are read (--format)",
+        choices=("auto", "xzepr", "cloudevents", "plan")),
+    Key("watcher.working_dir", None, "the jail of every plan (default: the current directory; --working-dir)", str),
+    Key("watcher.mode", "write", "the tool set of event runs: write | planning (--mode)",
+        choices=("write", "planning")),
+    Key("watcher.max_concurrent", 1, "plans running at once (--max-concurrent)", bounds=(1, 256)),
+    Key("watcher.timeout_seconds", 300, "wall-clock limit of one event's run", bounds=(1, None)),
+    Key("watcher.allow_dangerous", False, "full terminal autonomy for event runs (default: restricted)"),
+    Key("watcher.shutdown_grace_seconds", 30, "on SIGTERM/SIGINT, running plans may finish for this long",
+        bounds=(0, None)),
+    Key("watcher.answer_max_bytes", 65536, "bytes of the answer a result event carries", bounds=(256, None)),
+    Key("watcher.max_message_bytes", 8388608, "larger messages are rejected unread", bounds=(1024, None)),
+    Key("watcher.max_attempts", 2, "a message that stopped the watcher (a crash reading or running it) this many "
+        "times is set aside: a failed or rejected result, a dead-letter copy, and the commit", bounds=(1, 100)),
+    Key("watcher.claim_lease_seconds", 60, "a watcher that died holding an event id keeps it this long from "
+        "watchers of other hosts sharing the store (one of this host takes it over at once)", bounds=(5, None)),
+    Key("watcher.log_file", None, "the decision log goes here instead of stderr (--log-file)", str),
+    Key("xzepr.enabled", False, _RUST_ONLY + " (xzepr.api_url turns the posts on)"),
+    Key("xzepr.api_url", None, "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)", str),
+    Key("xzepr.api_key", None, "XZepr's API key (or XZEPR_API_KEY)", str),
+    Key("xzepr.kafka.bootstrap_servers", "localhost:9092", _RUST_ONLY + " (the watcher's are watcher.kafka.*)"),
+    Key("xzepr.kafka.topic", "xzepr.events", _RUST_ONLY),
+    Key("xzepr.kafka.group_id", "xzatoma-consumer", _RUST_ONLY),
+    Key("xzepr.kafka.security_protocol", "PLAINTEXT", _RUST_ONLY, choices=KAFKA_PROTOCOLS),
+    Key("xzepr.kafka.sasl_mechanism", None, _RUST_ONLY, str),
+    Key("logging.level", "info", "debug | info | warn | error: the watcher's decision log lines shown",
+        choices=("debug", "info", "warn", "error")),
+    Key("logging.format", "text", "json | text: the watcher's decision log lines (--log-format)",
+        choices=("json", "text")),
+    Key("mcp.timeout_seconds", 30, "default for each server: its start-up and handshake, and each call, end after "
+        "this long", bounds=(1, None)),
+    Key("mcp.project_file", True, "use a project's .mcp.json (its servers start once a person trusted its content)"),
+)
+
+#: what a whole section of the configuration file is for (its comment in `config init`'s file)
+SECTION_DOCS = {
     "provider": "AI provider settings",
-    "provider.type": "copilot | ollama | openai (any OpenAI-compatible server)",
-    "provider.max_retries": "retries on connection errors, 429 and 5xx (exponential backoff with jitter)",
-    "provider.request_timeout_seconds": "per-request read timeout",
-    "provider.copilot.api_url": "Copilot API base",
-    "provider.ollama.host": "host:port or URL of the Ollama server (env OLLAMA_HOST)",
-    "provider.openai.base_url": "OpenAI-compatible API base (vLLM, llama.cpp, LM Studio, OpenRouter…)",
-    "provider.openai.api_key_env": "environment variable that holds the API key",
-    "provider.openai.api": "chat (/chat/completions) | responses (/responses)",
-    "provider.openai.temperature": "sampling temperature sent with each request (unset: the server's default); "
-                                   "also top_p, max_tokens (reply length cap) and seed, for each provider type "
-                                   "(Ollama: options temperature, top_p, num_predict, seed)",
-    "provider.openai.context_window": "the model's context window in tokens, when the server does not say or says "
-                                      "wrongly (read from llama.cpp /props, LM Studio, vLLM and Ollama otherwise)",
-    "agent.tools.profile": "auto | full | compact: compact offers six tools with short definitions (a quarter "
-                           "of the tokens) for small models; auto picks it for windows of 16k tokens or less "
-                           "and models of 8B parameters or fewer",
-    "agent.max_turns": "model calls per task before stopping (env XZATOMA_MAX_TURNS)",
-    "agent.timeout_seconds": "wall-clock limit for one task",
-    "agent.conversation.max_tokens": "token budget of the conversation (bounded by the model's window)",
-    "agent.conversation.min_retain_turns": "most recent turns always kept when pruning",
-    "agent.conversation.prune_threshold": "prune when the conversation reaches this share of max_tokens",
-    "agent.tools.max_output_size": "bytes of one tool result sent to the model",
-    "agent.tools.grep_regex_seconds": "longest one grep call may spend matching a regular expression "
-                                      "(a catastrophic pattern is stopped; the run's --timeout also holds)",
-    "agent.tools.undo_max_bytes": "largest file or directory whose previous content is kept for 'xzatoma undo'",
-    "agent.tools.protected_paths": "more paths (relative to the working directory) that need a person's yes "
-                                   "to change, beside .git, shell start-up files and key directories",
-    "agent.terminal.default_mode": "interactive | restricted_autonomous | full_autonomous",
-    "agent.terminal.allowlist": "read-only programs (options and paths checked) or command prefixes such as "
-                                "'make test' that run without confirmation, inside the sandbox",
-    "agent.terminal.custom_denylist": "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or 're:REGEX'",
-    "agent.terminal.audit_max_bytes": "rotate $XZATOMA_HOME/audit.log at this size (the previous file is kept)",
-    "agent.terminal.max_timeout_seconds": "cap on the timeout_seconds a model asks for one command",
-    "agent.terminal.sandbox": "workspace-write | read-only | off: what commands can touch (OS-enforced)",
-    "agent.terminal.network": "let sandboxed commands use the network (shown in the run header)",
-    "agent.terminal.require_sandbox": "refuse to start (exit 2) where the sandbox is not fully enforced",
-    "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
-    "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
-    "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
-                                             "landlock-net, scopes, pidns, proc, seccomp, idmap, readonly-view, "
-                                             "abi:N)",
-    "agent.terminal.limits.processes": "most processes and threads a run's commands may have at once (0: no limit)",
-    "agent.terminal.limits.memory_mb": "most memory (heap and private mappings) one command process may use (0: none)",
-    "agent.terminal.limits.file_size_mb": "largest file a command may write (0: no limit)",
-    "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
-    "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
-                                "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
-                                ".github/copilot-instructions.md",
-    "agent.instructions_max_bytes": "cap on the project instructions read (all files together; 0 turns them off)",
-    "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
     "agent.skills": "skills: folders holding a SKILL.md, in the project's .xzatoma/skills and .agents/skills and in "
                     "user_dir (xzatoma skills --help)",
-    "agent.skills.user_dir": "your own skills, used in every project (default: skills/ beside the default "
-                             "config file, ~/.config/xzatoma/skills)",
-    "agent.skills.catalog_share": "share of the context window the skills' names and descriptions may take",
     "watcher": "xzatoma watch: Kafka topics to plans (flags override these; ${VAR} is read from the environment)",
-    "watcher.kafka.output_topic": "results go here (default: <topic>.results)",
-    "watcher.kafka.password": "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)",
-    "watcher.filter.sources": "regular expressions (search) the event source must match",
-    "watcher.filter.match_version": "semver constraint for plan versions: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2",
-    "watcher.timeout_seconds": "wall-clock limit of one event's run",
-    "watcher.allow_dangerous": "full terminal autonomy for event runs (default: restricted)",
-    "watcher.shutdown_grace_seconds": "on SIGTERM/SIGINT, running plans may finish for this long",
-    "watcher.kafka.max_request_size": "the producer's largest record: every result and dead-letter copy is made to "
-                                      "fit (keep it at or under the broker's message.max.bytes)",
-    "watcher.max_message_bytes": "larger messages are rejected unread",
-    "watcher.max_attempts": "a message that stopped the watcher (a crash reading or running it) this many times "
-                            "is set aside: a failed or rejected result, a dead-letter copy, and the commit",
-    "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
-                                   "other hosts sharing the store (one of this host takes it over at once)",
-    "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
     "mcp": "MCP servers: mcp.servers.NAME: {command, args, env} or {url, headers}, with network, sandbox, "
            "tools, allow, read_only … (README, 'MCP servers'; xzatoma mcp list)",
-    "mcp.timeout_seconds": "default for each server: its start-up and handshake, and each call, end after this long",
-    "mcp.project_file": "use a project's .mcp.json (its servers start once a person trusted its content)",
 }
 
 ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to the active provider)
@@ -541,15 +517,25 @@ def flatten(tree, prefix=""):
     return out
 
 
-DEFAULT_LEAVES = flatten(DEFAULTS)
-SECTIONS = {k.rsplit(".", i)[0] for k in DEFAULT_LEAVES for i in range(1, k.count(".") + 1)}
-
-
 def _set(tree, dotted, value):
     parts = dotted.split(".")
     for part in parts[:-1]:
         tree = tree.setdefault(part, {})
     tree[parts[-1]] = value
+
+
+KEY = {key.name: key for key in KEYS}  #: the table by dotted name
+
+
+def _nested(keys):
+    tree = {}
+    for key in keys:
+        _set(tree, key.name, key.default)
+    return tree
+
+
+DEFAULTS = _nested(KEYS)  #: the defaults as the configuration file nests them
+SECTIONS = {k.rsplit(".", i)[0] for k in KEY for i in range(1, k.count(".") + 1)}
 
 
 def _closest(name, candidates):
@@ -654,16 +640,14 @@ class Config:
 
 
 def _coerce(dotted, value, origin):
-    """Check a value against the key's type, choices and range. Returns the value or raises."""
-    default = DEFAULT_LEAVES[dotted]
+    """Check a value against the key's type, choices and bounds (its row in KEYS). Returns the value or raises."""
+    key = KEY[dotted]
     # a secret key's value is never quoted back: a numeric password (YAML reads it as a number, so it is
     # neither registered nor shaped like a credential) was printed whole by "must be text, got 98765432109"
     shown = "a %s (not shown: a credential)" % type(value).__name__ if is_secret_key(dotted) else repr(value)
-    expected = NULLABLE_TYPES.get(dotted) or type(default)
-    if value is None and (dotted in NULLABLE_TYPES or dotted.startswith("agent.quota.")):
+    expected = key.type
+    if value is None and key.nullable:
         return None
-    if dotted.startswith("agent.quota.") and value is not None:
-        expected = (int, float) if dotted.endswith("seconds") else int
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if isinstance(value, str) and expected in (int, float) or (
@@ -679,15 +663,15 @@ def _coerce(dotted, value, origin):
         names = {int: "an integer", float: "a number", bool: "true or false", str: "text",
                  list: "a list", (int, float): "a number"}
         raise ConfigError("%s: %s must be %s, got %s" % (origin, dotted, names.get(expected, expected), shown))
-    if dotted in CHOICES and value not in CHOICES[dotted]:
+    if key.choices and value not in key.choices:
         raise ConfigError("%s: %s must be one of %s, got %s" % (
-            origin, dotted, ", ".join(CHOICES[dotted]), shown))
-    if dotted in RANGES:
-        low, high = RANGES[dotted]
+            origin, dotted, ", ".join(key.choices), shown))
+    if key.bounds:
+        low, high = key.bounds
         if (low is not None and value < low) or (high is not None and value > high):
             bound = ("between %s and %s" % (low, high)) if high is not None else ("at least %s" % low)
             raise ConfigError("%s: %s must be %s, got %s" % (origin, dotted, bound, shown))
-    if isinstance(default, list) and any(not isinstance(v, str) for v in value):
+    if expected is list and any(not isinstance(v, str) for v in value):
         raise ConfigError("%s: %s must be a list of text values" % (origin, dotted))
     return value
 
@@ -718,7 +702,7 @@ def load_config(flags=None, env=None, config_path=None):
     env = os.environ if env is None else env
     flags = flags or {}
     values = copy.deepcopy(DEFAULTS)
-    sources = {k: "default" for k in DEFAULT_LEAVES}
+    sources = {k: "default" for k in KEY}
     warnings = []
 
     explicit = config_path or env.get("XZATOMA_CONFIG")
@@ -737,13 +721,13 @@ def load_config(flags=None, env=None, config_path=None):
             if isinstance(mcp["servers"], dict):  # anything else is named by mcp_configs, where it is used
                 sources.update(dict.fromkeys(flatten({"mcp": {"servers": mcp["servers"]}}), "file"))
         for dotted, value in flatten(data).items():
-            if dotted not in DEFAULT_LEAVES:
+            if dotted not in KEY:
                 if dotted in SECTIONS:
                     value = None if value is None else value
                     if value is None:
                         continue
                 warnings.append("unknown config key '%s' in %s (ignored)%s"
-                                % (dotted, path, _closest(dotted, DEFAULT_LEAVES)))
+                                % (dotted, path, _closest(dotted, KEY)))
                 continue
             if isinstance(value, str) and dotted.startswith(("watcher.", "xzepr.")):
                 value = _expand_env(value, env, dotted, warnings)
@@ -861,7 +845,7 @@ def render_config_template():
     def emit(tree, prefix, indent):
         for key, value in tree.items():
             dotted = prefix + key
-            doc = DOCS.get(dotted)
+            doc = KEY[dotted].doc if dotted in KEY else SECTION_DOCS.get(dotted)
             pad = "  " * indent
             if isinstance(value, dict):
                 if doc:
@@ -873,6 +857,22 @@ def render_config_template():
                 lines.append(text + ("  # " + doc if doc else ""))
     emit(DEFAULTS, "", 0)
     return "\n".join(lines) + "\n"
+
+
+def render_config_table():
+    """The README's table of every configuration key (tests/test_config.py holds README.md to it)."""
+    names = {int: "integer", float: "number", bool: "true or false", str: "text", list: "list of text",
+             (int, float): "number"}
+    rows = ["| key | default | takes | meaning |", "| --- | --- | --- | --- |"]
+    for key in KEYS:
+        default = "unset" if key.default is None else "`%s`" % json.dumps(key.default).replace(__version__, "VERSION")
+        takes = " \\| ".join("`%s`" % c for c in key.choices) if key.choices else names[key.type]
+        low, high = key.bounds or (None, None)
+        if low is not None:
+            takes += ", %s to %s" % (low, high) if high is not None else ", at least %s" % low
+        rows.append("| `%s` | %s | %s | %s |" % (key.name, default, takes + (", or unset" if key.nullable else ""),
+                                               key.doc.replace("|", "\\|")))
+    return "\n".join(rows) + "\n"
 
 
 # ---- Conversation: messages, incremental token count, pruning by whole turns ----
