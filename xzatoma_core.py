@@ -4247,11 +4247,10 @@ def tool_context(cfg, confinement, store, conversation_id=None, **fields):
     """The tools' view of a session: its Confinement, limits, audit log and undo store."""
     from xzatoma_store import Redactor
     from xzatoma_tools import AuditLog, ToolContext
-    secrets = cfg.secret_values()
     audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
-                     redact=Redactor(secrets))
+                     redact=Redactor(cfg.secret_values()))
     return ToolContext(confinement, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
-                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit, **fields)
+                       audit=audit, **fields)
 
 
 def build_confinement(cfg, working_dir, store=None):
@@ -4537,14 +4536,14 @@ class Session:
     # -- tools --
     def _build(self):
         from xzatoma_skills import ActivateSkill
-        from xzatoma_tools import COMPACT_TOOLS, INTERACTIVE, build_registry
+        from xzatoma_tools import COMPACT_TOOLS, INTERACTIVE, Approvals, build_registry
         if self.parent_ctx is not None:
             ctx = self.parent_ctx.child(self.label, self.id)
         else:
             asks = self.confirmations
-            ctx = tool_context(self.cfg, self.confinement, self.store, self.id, interactive=asks is not None,
-                               confirm=asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE else None,
-                               confirm_command=asks and asks.confirm_command, ask=asks and asks.ask_irreversible,
+            people = Approvals(asks is not None, asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE
+                               else None, asks and asks.ask_irreversible, asks and asks.confirm_command)
+            ctx = tool_context(self.cfg, self.confinement, self.store, self.id, approvals=people,
                                terminal_mode=self.terminal_mode, cancel=self.cancel)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)

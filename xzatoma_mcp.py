@@ -1670,7 +1670,7 @@ class McpTool(Tool):
     def run(self, args, ctx):
         if self.withdrawn:
             raise ToolError("%s is no longer available: %s" % (self.label(), self.withdrawn))
-        if self.approval == "ask" and not ctx.interactive:
+        if self.approval == "ask" and not ctx.approvals.interactive:
             raise ToolError(HEADLESS_REFUSAL % (self.name, self.server.config.name, self.remote,
                                                 self.server.config.name))
         deadline = time.monotonic() + self.server.config.timeout

@@ -96,58 +96,75 @@ PLANNING, WRITE_MODE = "planning", "write"
 RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "interactive"  # terminal modes
 
 
+class Approvals:
+    """The people a tool run can ask, and how (chat's Confirmations give them; the default: nobody).
+
+    confirm(tool_name, args, detail) -> bool before a call whose tool asks for it (chat in Safe mode only);
+    ask(tool_name, args, detail) -> bool for an irreversible change; confirm_command(command, reason) -> the
+    command to run (maybe edited) or None. `interactive`: a person can be asked (chat), even with no confirm
+    (YOLO); a callback alone (a test's) does not make a run interactive."""
+
+    def __init__(self, interactive=False, confirm=None, ask=None, confirm_command=None):
+        self.interactive, self.confirm, self.ask, self.confirm_command = interactive, confirm, ask, confirm_command
+
+    def prefixed(self, prefix):
+        """The same people, each question opened by `prefix` (a subagent's label)."""
+        confirm, ask, confirm_command = self.confirm, self.ask, self.confirm_command
+        return Approvals(
+            self.interactive,
+            None if confirm is None else (lambda name, args, detail: confirm(name, args, prefix + (detail or ""))),
+            None if ask is None else (lambda name, args, detail: ask(name, args, prefix + detail)),
+            None if confirm_command is None else (lambda command, reason: confirm_command(command, prefix + reason)))
+
+
+NOBODY = Approvals()  #: a headless run's: nobody to ask
+
+
 class ToolContext:
     """What a tool run may touch (the Confinement), limits, the people who can be asked, the undo log.
 
     Every field is given to the constructor (the Session builds it; tests pass what they need) and
     documented here; tools read them directly, never probing with getattr. `child()` derives a
     subagent's context, `with_deadline()` one run's. `confinement` may be a working directory: a Confinement
-    of it is made from the other arguments (tests, embedding).
+    of it is made with agent.tools.protected_paths (tests, embedding; build one to give it more).
     """
 
-    def __init__(self, confinement, tools_config=None, confirm=None, store=None, conversation_id=None,
-                 interactive=False, ask=None, confirm_command=None, terminal=None, terminal_mode=None,
-                 audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None, xzatoma_home=None,
-                 sandbox=None):
+    def __init__(self, confinement, tools_config=None, approvals=None, terminal_mode=None, store=None,
+                 conversation_id=None, audit=None, cancel=None, deadline=None):
         #: the agent.tools configuration slice (limits such as max_output_size, fetch, undo_max_bytes)
         self.config = tools_config or {}
-        #: the agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist)
-        self.terminal = terminal or {}
         if not isinstance(confinement, Confinement):
-            confinement = Confinement(confinement, xzatoma_home, self.config.get("protected_paths") or (),
-                                      terminal=self.terminal, secrets=secrets, sandbox=sandbox)
+            confinement = Confinement(confinement, extra=self.config.get("protected_paths") or ())
         #: the session's Confinement: the root, the jail, the protected set, the policy and the sandbox
         self.confinement = confinement
-        #: confirm(tool_name, args, detail) -> bool before a call whose tool asks for it; chat in Safe mode only
-        self.confirm = confirm
+        #: who can be asked, and how (Approvals); nobody by default
+        self.approvals = approvals or NOBODY
+        #: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or interactive (Safe)
+        self.terminal_mode = terminal_mode or RESTRICTED
         #: the Store for undo records and the fetch cache, or None (no history this run)
         self.store = store
         #: the stored conversation the undo records belong to
         self.conversation_id = conversation_id
-        #: True only when a person can be asked (chat), even when confirm is None (YOLO)
-        self.interactive = interactive
-        #: ask(tool_name, args, detail) -> bool for an irreversible change; None where nobody can be asked
-        self.ask = ask
-        #: confirm_command(command, reason) -> the command to run (maybe edited) or None; chat only
-        self.confirm_command = confirm_command
-        #: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or interactive (Safe)
-        self.terminal_mode = terminal_mode or RESTRICTED
         #: the AuditLog every terminal command is written to, or None
         self.audit = audit
-        #: credential values: kept out of commands' environment
-        self.secrets = tuple(secrets)
         #: a threading.Event; set, it stops running commands and subagents (Ctrl-C, SIGTERM, fail_fast)
         self.cancel = cancel
         #: time.monotonic() by which the run must end (--timeout), or None; tools and commands honour it
         self.deadline = deadline
-        #: 0 for the top-level agent, n for a subagent n levels down
-        self.depth = depth
-        #: the subagent's label, named in every question it asks; None at the top
-        self.label = label
+        #: 0 for the top-level agent, n for a subagent n levels down (child())
+        self.depth = 0
+        #: the subagent's label, named in every question it asks; None at the top (child())
+        self.label = None
         #: the id of the tool call in progress (set by the Registry for each call; undo records name it)
         self.call_id = None
         #: the person accepted this call's change without an undo record (over the cap); reset for each call
         self.undo_waived = False
+
+    @property
+    def terminal(self):
+        """The agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist): the
+        Confinement's, which its policy and sandbox were made from."""
+        return self.confinement.terminal
 
     @property
     def root(self):
@@ -174,15 +191,8 @@ class ToolContext:
 
     def child(self, label, conversation_id):
         """A subagent's context: same jail, policy, store, cancel and deadline; its questions name it."""
-        prefix = "[subagent %s] " % label
-        confirm, confirm_command, ask = self.confirm, self.confirm_command, self.ask
-        return self._derived(
-            label=label, depth=self.depth + 1, conversation_id=conversation_id,
-            confirm=None if confirm is None else
-            (lambda name, args, detail: confirm(name, args, prefix + (detail or ""))),
-            confirm_command=None if confirm_command is None else
-            (lambda command, reason: confirm_command(command, prefix + reason)),
-            ask=None if ask is None else (lambda name, args, detail: ask(name, args, prefix + detail)))
+        return self._derived(label=label, depth=self.depth + 1, conversation_id=conversation_id,
+                             approvals=self.approvals.prefixed("[subagent %s] " % label))
 
     def with_deadline(self, deadline):
         """The same context for one run that must end by `deadline` (time.monotonic(), or None)."""
@@ -258,10 +268,11 @@ class ToolContext:
             return
         detail = "%s is %s, over the undo cap of %s (agent.tools.undo_max_bytes): this cannot be undone" % (
             display_path(target.real, self.root), fmt_size(size), fmt_size(cap))
-        if self.ask is not None and self.ask(tool, args, detail):
+        ask = self.approvals.ask
+        if ask is not None and ask(tool, args, detail):
             self.undo_waived = True  # the person accepted this change without an undo record
             return
-        raise ToolError(detail + ("; the user declined" if self.ask is not None else
+        raise ToolError(detail + ("; the user declined" if ask is not None else
                                   "; refused without a person to confirm it"))
 
     # -- protected paths --
@@ -278,10 +289,10 @@ class ToolContext:
             return
         detail = "%s %s changes %s, a protected path (agent.tools.protected_paths)" % (
             tool, one_line_path(display_path(target.real, self.root)), one_line_path(what))
-        if not self.interactive or self.ask is None:
+        if not self.approvals.interactive or self.approvals.ask is None:
             raise ToolError("%s; it needs a person's approval; not available in this run" % detail)
         change = shows() if shows is not None else None
-        if not self.ask(tool, args, detail + ("\n" + change if change else "")):
+        if not self.approvals.ask(tool, args, detail + ("\n" + change if change else "")):
             raise ToolError("the user declined: %s" % detail)
         conf.accept(target.real)
 
@@ -453,9 +464,9 @@ class Registry:
         started = time.monotonic()
         self.ctx.call_id, self.ctx.undo_waived = call_id, False
         try:
-            if self.ctx.confirm is not None:
+            if (confirm := self.ctx.approvals.confirm) is not None:
                 detail = tool.confirmation(args, self.ctx)
-                if detail is not None and not self.ctx.confirm(name, args, detail):
+                if detail is not None and not confirm(name, args, detail):
                     return ToolResult.fail("the user declined %s %s" % (name, tool.preview_args(args)),
                                            declined=True)
             result = tool.run(args, self.ctx)
@@ -2248,10 +2259,11 @@ class Terminal(Tool):
 
         verdict = judge(command)
         if verdict.level == CONFIRM and mode != FULL:
-            if mode != INTERACTIVE or ctx.confirm_command is None or not ctx.interactive:  # headless: nobody to ask
+            people = ctx.approvals
+            if mode != INTERACTIVE or people.confirm_command is None or not people.interactive:  # headless: nobody
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
                 raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
-            if (answer := ctx.confirm_command(command, verdict.reason)) is None:
+            if (answer := people.confirm_command(command, verdict.reason)) is None:
                 _audit(audit, ctx, command, "declined", 0, CONFIRM)
                 raise ToolError("the user declined the command: %s" % command)
             if answer != command:  # the person's edit is their approval, but it is validated again
@@ -2321,9 +2333,10 @@ def _settle_protected(ctx, watch, command, body):
         return
     detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
         ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
-    if ctx.interactive and ctx.ask is not None:
+    people = ctx.approvals
+    if people.interactive and people.ask is not None:
         try:
-            keep = ctx.ask("terminal", {"command": command}, detail + ". Keep it (no removes it)?")
+            keep = people.ask("terminal", {"command": command}, detail + ". Keep it (no removes it)?")
         except BaseException:  # Ctrl-C at the question is not a yes
             _remove_protected(ctx, watch, found)
             raise
@@ -2332,7 +2345,7 @@ def _settle_protected(ctx, watch, command, body):
                 watch.keep(path, accepted=True)
             return
     removed, failed = _remove_protected(ctx, watch, found)
-    why = "the user declined" if ctx.interactive and ctx.ask is not None else \
+    why = "the user declined" if people.interactive and people.ask is not None else \
         "it needs a person's approval; not available in this run"
     raise ToolError("%s; %s. Removed: %s%s%s" % (
         detail, why, ", ".join(removed) or "nothing",

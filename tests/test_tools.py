@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from xzatoma_tools import (PLANNING, WRITE_MODE, JailError, ToolContext, ToolResult, build_registry,
+from xzatoma_tools import (PLANNING, WRITE_MODE, Approvals, JailError, ToolContext, ToolResult, build_registry,
                            glob_match, path_verdict, resolve_path)
 
 
@@ -242,7 +242,7 @@ def test_confirmation_is_asked_for_destructive_calls_only(tree):
     def confirm(name, args, detail, always=False):
         asked.append((name, detail))
         return name != "delete_path"
-    reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}, confirm=confirm))
+    reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}, Approvals(confirm=confirm)))
     assert reg.execute("write_file", {"path": "fresh.txt", "content": "x"}).success  # new file: not asked
     assert reg.execute("write_file", {"path": "README.md", "content": "# New\n"}).success
     assert asked[-1][0] == "write_file" and "-# Title" in asked[-1][1] and "+# New" in asked[-1][1]
@@ -318,8 +318,8 @@ def test_delete_over_the_undo_cap_is_refused_without_a_person(undo_env):
     r = reg.execute("delete_path", {"path": "big", "recursive": True})
     assert "over the undo cap" in r.error and "refused without a person" in r.error
     assert (tree / "big" / "blob.txt").exists()
-    asking = ToolContext(str(tree), {"undo_max_bytes": 4096}, store=store, conversation_id="CONV1",
-                         ask=lambda name, args, detail: True)
+    asking = ToolContext(str(tree), {"undo_max_bytes": 4096}, Approvals(ask=lambda name, args, detail: True),
+                         store=store, conversation_id="CONV1")
     reg = build_registry(WRITE_MODE, asking)
     assert reg.execute("delete_path", {"path": "big", "recursive": True}, call_id="c1").success
     assert not (tree / "big").exists()
