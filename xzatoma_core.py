@@ -3671,32 +3671,43 @@ def _named_entries(task, root, first=False):
     return found
 
 
+class RunTerms:
+    """The terms one Agent's run is held to: at most `max_turns` model calls, ended by `deadline` (a
+    time.monotonic() value, or None; `timeout_seconds` only names it in the message), answers checked when
+    `honest` (run, plan, watch: conclude), and `nested` (a subagent's) interrupts re-raised to the top."""
+
+    def __init__(self, max_turns=100, deadline=None, timeout_seconds=None, honest=True, nested=False):
+        self.max_turns, self.deadline, self.timeout_seconds = max_turns, deadline, timeout_seconds
+        self.honest, self.nested = honest, nested
+
+
 class Agent:
     """The loop: send the conversation with tool definitions, run the calls, stop on an answer.
 
     Built by Session.agent(); everything it uses comes through here. `result` may be shared by
-    several agents in turn (a chat's turns), `deadline` is a time.monotonic() value or None.
+    several agents in turn (a chat's turns); `terms` are its RunTerms, `shared` the session tree's RunParts
+    (the quota, the cancel event and the metrics), or None.
     """
 
-    def __init__(self, provider, registry, conversation, events, result, max_turns=100, deadline=None,
-                 timeout_seconds=None, recorder=None, quota=None, cancel=None, metrics=None, on_step=None,
-                 nested=False, honest=True, review=None):
+    def __init__(self, provider, registry, conversation, events, result, terms=None, shared=None, recorder=None,
+                 review=None, on_step=None):
+        terms = terms or RunTerms()
         self.provider = provider
         self.registry = registry
         self.conversation = conversation
         self.events = events
         self.result = result
-        self.max_turns = max_turns
-        self.deadline = deadline
-        self.timeout_seconds = timeout_seconds  #: only for the message when the deadline passes
+        self.max_turns = terms.max_turns
+        self.deadline = terms.deadline
+        self.timeout_seconds = terms.timeout_seconds  #: only for the message when the deadline passes
         self.recorder = recorder  #: Recorder or None: the conversation's counts are saved after every step
-        self.quota = quota  #: QuotaTracker shared by a whole tree of agents, or None
-        self.cancel = cancel  #: threading.Event: set, this agent stops (parallel subagents, Ctrl-C)
-        self.metrics = metrics or NULL_METRICS
+        self.quota = shared and shared.quota  #: QuotaTracker shared by a whole tree of agents, or None
+        self.cancel = shared and shared.cancel  #: threading.Event: set, this agent stops (parallel subagents, Ctrl-C)
+        self.metrics = shared.metrics if shared else NULL_METRICS
         self.on_step = on_step  #: callback(agent) after each step (benchmarks)
         self.review = review  #: () -> the files that run later by design the run changed (top level), or None
-        self.nested = nested  #: a subagent: Ctrl-C / SIGTERM are re-raised to the top-level run's edge
-        self.honest = honest  #: check an answer given without any tool call (conclude)
+        self.nested = terms.nested  #: a subagent: Ctrl-C / SIGTERM are re-raised to the top-level run's edge
+        self.honest = terms.honest  #: check an answer given without any tool call (conclude)
         self.malformed_streak = 0  #: turns in a row whose calls were all malformed or invalid
         self.calls_this_run = 0  #: tool calls this run made that succeeded (the totals in `result` carry on)
         self.changes_this_run = 0  #: of them, calls of tools that change or execute (write, terminal …)
@@ -3710,7 +3721,7 @@ class Agent:
         self.task = intent_of(asked)
         self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
         #: a headless run asked only a question (how many lines …): tools that change files are refused
-        self.question = honest and is_question(self.task)
+        self.question = self.honest and is_question(self.task)
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
@@ -4325,38 +4336,60 @@ class _SandboxFirst:
         self._events.tool_call(call)
 
 
+class RunParts:
+    """What a whole tree of sessions shares: a run's (or a chat's, or a watcher event's), its subagents' and
+    theirs. Session.open makes them (and closes, with the session, what `owns` names); a subagent's session is
+    handed them as they are, owning none."""
+
+    def __init__(self, store, confinement, quota, metrics=None, cancel=None, mcp=None, instructions=None,
+                 sandbox_check=None, owns=()):
+        import threading
+        self.store = store  #: the Store, or None (history off or unusable)
+        self.confinement = confinement  #: what the tools may touch: root, protected set, policy, sandbox
+        self.quota = quota  #: the QuotaTracker of the whole tree
+        self.metrics = metrics or NULL_METRICS
+        self.cancel = cancel or threading.Event()  #: set: the tree's agents, commands and children stop
+        self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), or None
+        self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
+        #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
+        self.sandbox_check = sandbox_check
+        #: what the session that made these ends at its close(): "store", "metrics", "cancel", "confinement", "mcp"
+        self.owns = frozenset(owns)
+
+    def handed_down(self, cancel=None, owns=()):
+        """The same parts for another session: a subagent's (owning none), or chat's after a cancelled turn
+        (a new `cancel` event: that turn's subagents stay cancelled, the next turn starts afresh)."""
+        return RunParts(self.store, self.confinement, self.quota, self.metrics, cancel or self.cancel, self.mcp,
+                        self.instructions, self.sandbox_check, owns)
+
+
+class SubagentLink:
+    """What ties a subagent's session to its parent: the parent's conversation, the subagent's label and depth,
+    the tool context its tools derive from (the calling run's: its deadline), and the narrower tool set."""
+
+    def __init__(self, parent_id, label, depth, ctx, allowed_tools=None):
+        self.parent_id = parent_id  #: the parent's conversation id
+        self.label = label  #: named in the subagent's progress lines and in every question it asks
+        self.depth = depth  #: 1 for a subagent of the top-level run, n for one n levels down
+        self.ctx = ctx  #: the parent's ToolContext, from which the subagent's is derived (ToolContext.child)
+        self.allowed_tools = allowed_tools  #: the tools it may use (None: all the parent has; []: none)
+
+
 class Session:
     """Everything one conversation's agents share. Built by `open` (a top-level run) or `child`."""
 
-    def __init__(self, cfg, console, provider, store, mode, confinement, terminal_mode, events=None,
-                 confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, instructions=None, owns=(), mcp=None, skills=(),
-                 sandbox_check=None):
-        import threading
+    def __init__(self, cfg, console, provider, mode, terminal_mode, shared, events=None, confirmations=None,
+                 skills=(), link=None):
         self.cfg = cfg
         self.console = console
         self.provider = provider  #: the Provider every agent of this session asks
-        self.store = store  #: the Store, or None (history off or unusable)
         self.mode = mode  #: planning (read tools) or write (all tools)
-        self.confinement = confinement  #: what the tools may touch: root, protected set, policy, sandbox
-        self.root = confinement.root  #: the jail
         self.terminal_mode = terminal_mode  #: restricted_autonomous, full_autonomous or interactive (chat Safe)
+        self.shared = shared  #: the RunParts of the whole tree: store, confinement, quota, metrics, cancel, …
         self.events = events or Events(console)  #: the output sink: progress lines, streamed text
         self.confirmations = confirmations  #: chat's Confirmations (a person to ask), None when headless
-        self.quota = quota or QuotaTracker(cfg.get("agent.quota"))  #: shared by the whole tree of agents
-        self.metrics = metrics or NULL_METRICS
-        self.cancel = cancel or threading.Event()  #: set: this session's agents, commands and children stop
-        self.depth = depth  #: 0 at the top, n for a subagent n levels down
-        self.parent_id = parent_id  #: the parent's conversation id (subagents)
-        self.label = label  #: a subagent's label
-        self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
-        self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
-        #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
-        self.sandbox_check = sandbox_check
-        self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
-        self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
-        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "confinement", "mcp" (what open() made)
+        self.link = link  #: a subagent's SubagentLink to its parent; None at the top
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
         self.kind = None
@@ -4366,6 +4399,20 @@ class Session:
         self.skill_state = self.progress = None
         self.resumed = False  #: start() continued a stored conversation
         self.recorded = False  #: the conversation is being written to the store
+
+    # the shared parts and the link, as the session's own
+    store = property(lambda self: self.shared.store)
+    confinement = property(lambda self: self.shared.confinement)
+    root = property(lambda self: self.shared.confinement.root)  #: the jail
+    quota = property(lambda self: self.shared.quota)
+    metrics = property(lambda self: self.shared.metrics)
+    cancel = property(lambda self: self.shared.cancel)
+    mcp = property(lambda self: self.shared.mcp)
+    instructions = property(lambda self: self.shared.instructions)
+    sandbox_check = property(lambda self: self.shared.sandbox_check)
+    depth = property(lambda self: self.link.depth if self.link else 0)  #: 0 at the top, n for a subagent n down
+    label = property(lambda self: self.link.label if self.link else None)  #: a subagent's label
+    parent_id = property(lambda self: self.link.parent_id if self.link else None)  #: the parent's conversation
 
     @classmethod
     def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
@@ -4394,9 +4441,9 @@ class Session:
         mcp = open_mcp(cfg, console, working_dir, asker=asker, confinement=confinement)
         if mcp is not None:
             owns.add("mcp")  # its servers stop with the session: none outlives the run
-        return cls(cfg, console, provider, store, mode, confinement, terminal_mode, events=events,
-                   confirmations=confirmations, metrics=metrics, cancel=cancel, instructions=instructions, owns=owns,
-                   mcp=mcp, skills=skills, sandbox_check=SandboxCheck(cfg, confinement, console))
+        shared = RunParts(store, confinement, QuotaTracker(cfg.get("agent.quota")), metrics, cancel, mcp, instructions,
+                          SandboxCheck(cfg, confinement, console), owns)
+        return cls(cfg, console, provider, mode, terminal_mode, shared, events, confirmations, skills)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
@@ -4537,8 +4584,8 @@ class Session:
     def _build(self):
         from xzatoma_skills import ActivateSkill
         from xzatoma_tools import COMPACT_TOOLS, INTERACTIVE, Approvals, build_registry
-        if self.parent_ctx is not None:
-            ctx = self.parent_ctx.child(self.label, self.id)
+        if self.link is not None:
+            ctx = self.link.ctx.child(self.label, self.id)
         else:
             asks = self.confirmations
             people = Approvals(asks is not None, asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE
@@ -4556,8 +4603,8 @@ class Session:
                                   profile=self.profile, skills=self.skill_state)
         if self.mcp is not None:
             registry = registry.extended(self.mcp.tools())
-        if self.allowed_tools is not None:  # [] is no tool at all (an active skill allowed none of those asked)
-            registry = registry.narrowed(set(self.allowed_tools), ctx)
+        if self.link is not None and self.link.allowed_tools is not None:  # []: no tool at all (an active
+            registry = registry.narrowed(set(self.link.allowed_tools), ctx)  # skill allowed none of those asked)
         self.ctx, self.registry = ctx, registry
 
     def rebuild(self, mode=None, terminal_mode=None, provider=None):
@@ -4566,7 +4613,8 @@ class Session:
         self.mode = mode or self.mode
         self.terminal_mode = terminal_mode or self.terminal_mode
         self.provider = provider or self.provider
-        self.cancel = threading.Event()  # a cancelled turn's subagents stay cancelled; the next starts afresh
+        # a cancelled turn's subagents stay cancelled; the next starts afresh
+        self.shared = self.shared.handed_down(threading.Event(), self.shared.owns)
         self._build()
         self.conversation.set_system_prompt(self.system_prompt())
 
@@ -4583,12 +4631,11 @@ class Session:
         deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
         ctx = self.ctx.with_deadline(deadline)
         events = self.events if self.sandbox_check is None else _SandboxFirst(self.events, self.sandbox_check)
-        return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result,
-                     max_turns=max_turns, deadline=deadline, timeout_seconds=timeout_seconds,
-                     recorder=self.recorder if self.recorded else None, quota=self.quota, cancel=self.cancel,
-                     metrics=self.metrics, on_step=on_step, nested=self.depth > 0,
-                     honest=self.kind in ("run", "plan", "watch"),
-                     review=None if self.depth else self.confinement.deferred_changed)
+        terms = RunTerms(max_turns, deadline, timeout_seconds, honest=self.kind in ("run", "plan", "watch"),
+                         nested=self.depth > 0)
+        return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result, terms,
+                     self.shared, recorder=self.recorder if self.recorded else None,
+                     review=None if self.depth else self.confinement.deferred_changed, on_step=on_step)
 
     def child(self, label, allowed_tools=None, ctx=None):
         """A subagent's session: depth + 1, the tools narrowed to `allowed_tools`, the same quota, store,
@@ -4600,27 +4647,26 @@ class Session:
         sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
         provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
             else self.provider.clone()
-        return Session(cfg, self.console, provider, self.store, self.mode, self.confinement, self.terminal_mode,
-                       events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
-                       metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
-                       label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools,
-                       instructions=self.instructions, mcp=self.mcp, sandbox_check=self.sandbox_check)
+        return Session(cfg, self.console, provider, self.mode, self.terminal_mode, self.shared.handed_down(),
+                       _ChildEvents(self.console, label, self.depth + 1),
+                       link=SubagentLink(self.id, label, self.depth + 1, ctx or self.ctx, allowed_tools))
 
     def close(self, wait_for_workers=None):
         """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
         wait_for_workers (seconds; the main thread of a run only): let subagent threads record their end
         in the store before it closes."""
-        if "cancel" in self.owns:
+        owns = self.shared.owns
+        if "cancel" in owns:
             self.cancel.set()
-        if "confinement" in self.owns:
+        if "confinement" in owns:
             self.confinement.close()  # every command still running, and the private TMPDIR, go with the run
-        if "mcp" in self.owns:
+        if "mcp" in owns:
             self.mcp.close()  # every MCP server, and what it started, stops with the run
         if wait_for_workers:
             _join_workers(wait_for_workers)
-        if "store" in self.owns and self.store is not None:
+        if "store" in owns and self.store is not None:
             self.store.close()
-        if "metrics" in self.owns:
+        if "metrics" in owns:
             self.metrics.close()
 
 
