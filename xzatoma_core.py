@@ -4187,7 +4187,7 @@ class UpdateProgress:
 # ---- Session: what a run, a chat, a subagent and a watcher event share ----
 # The one place that builds a run's parts: config slice, provider, tool context, registry, store,
 # Conversation + Recorder, quota, metrics, cancel event, confirmation callbacks and output sink.
-#   session = Session.open(cfg, console, mode, working_dir, terminal_mode)   # provider, store, quota
+#   session = Session.open(cfg, console, toolset, working_dir, autonomy)     # provider, store, quota
 #   session.start("run" | "plan" | "chat" | "subagent" | "watch", resume=…)  # conversation, tools
 #   result = session.agent(max_turns=…, timeout_seconds=…).run()            # the loop
 #   session.close()                                                          # stop children, close store
@@ -4282,18 +4282,18 @@ def check_sandbox(cfg, sandbox, console):
     silently weaker), or exit 2 with --require-sandbox. Returns the run header's note."""
     missing = sandbox.not_enforced()
     if missing:
-        text = "sandbox %s: not enforced here: %s" % (sandbox.mode, "; ".join(missing))
+        text = "sandbox %s: not enforced here: %s" % (sandbox.access, "; ".join(missing))
         if cfg.get("agent.terminal.require_sandbox"):
             raise UsageError(text + " (agent.terminal.require_sandbox / --require-sandbox: refusing to run)")
         console.warn(text + " (--require-sandbox makes this an error)")
-    return sandbox_note(sandbox.mode, sandbox.network)
+    return sandbox_note(sandbox.access, sandbox.network)
 
 
-def sandbox_note(mode, network):
+def sandbox_note(access, network):
     """The run header's and the chat banner's words for the sandbox (what was asked for; nothing started)."""
-    if mode == "off":
+    if access == "off":
         return "sandbox OFF: commands are not confined"
-    return "sandbox %s%s" % (mode, ", network on" if network else "")
+    return "sandbox %s%s" % (access, ", network on" if network else "")
 
 
 class SandboxCheck:
@@ -4378,13 +4378,14 @@ class SubagentLink:
 class Session:
     """Everything one conversation's agents share. Built by `open` (a top-level run) or `child`."""
 
-    def __init__(self, cfg, console, provider, mode, terminal_mode, shared, events=None, confirmations=None,
+    def __init__(self, cfg, console, provider, toolset, autonomy, shared, events=None, confirmations=None,
                  skills=(), link=None):
         self.cfg = cfg
         self.console = console
         self.provider = provider  #: the Provider every agent of this session asks
-        self.mode = mode  #: planning (read tools) or write (all tools)
-        self.terminal_mode = terminal_mode  #: restricted_autonomous, full_autonomous or interactive (chat Safe)
+        self.toolset = toolset  #: the tool set: planning (read tools) or write (all tools)
+        #: the terminal's autonomy: restricted_autonomous, full_autonomous or interactive (chat's Safe safety)
+        self.autonomy = autonomy
         self.shared = shared  #: the RunParts of the whole tree: store, confinement, quota, metrics, cancel, …
         self.events = events or Events(console)  #: the output sink: progress lines, streamed text
         self.confirmations = confirmations  #: chat's Confirmations (a person to ask), None when headless
@@ -4415,7 +4416,7 @@ class Session:
     parent_id = property(lambda self: self.link.parent_id if self.link else None)  #: the parent's conversation
 
     @classmethod
-    def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
+    def open(cls, cfg, console, toolset, working_dir, autonomy, events=None, confirmations=None, store=None,
              metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
@@ -4443,7 +4444,7 @@ class Session:
             owns.add("mcp")  # its servers stop with the session: none outlives the run
         shared = RunParts(store, confinement, QuotaTracker(cfg.get("agent.quota")), metrics, cancel, mcp, instructions,
                           SandboxCheck(cfg, confinement, console), owns)
-        return cls(cfg, console, provider, mode, terminal_mode, shared, events, confirmations, skills)
+        return cls(cfg, console, provider, toolset, autonomy, shared, events, confirmations, skills)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
@@ -4500,11 +4501,11 @@ class Session:
             return
         self.recorded = True
         if self.resumed:
-            self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
+            self.recorder.resume(mode=self.toolset, model=self.provider.model, provider=self.provider.name,
                                  safety=safety_of(self.ctx))
         else:
             self.recorder.start(kind=self.kind, title=title or "", provider=self.provider.name,
-                                model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
+                                model=self.provider.model, mode=self.toolset, working_dir=self.ctx.root,
                                 source=source, parent_id=self.parent_id, depth=self.depth, label=self.label,
                                 safety=safety_of(self.ctx))
             for message in self.conversation.messages:
@@ -4524,7 +4525,7 @@ class Session:
 
     def system_prompt(self):
         from xzatoma_tools import COMPACT_TOOLS
-        return system_prompt(self.mode, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
+        return system_prompt(self.toolset, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
 
     # -- skills and progress --
     def skill_catalog(self):
@@ -4588,17 +4589,17 @@ class Session:
             ctx = self.link.ctx.child(self.label, self.id)
         else:
             asks = self.confirmations
-            people = Approvals(asks is not None, asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE
+            people = Approvals(asks is not None, asks.confirm_tool if asks and self.autonomy == INTERACTIVE
                                else None, asks and asks.ask_irreversible, asks and asks.confirm_command)
             ctx = tool_context(self.cfg, self.confinement, self.store, self.id, approvals=people,
-                               terminal_mode=self.terminal_mode, cancel=self.cancel)
+                               autonomy=self.autonomy, cancel=self.cancel)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
         if self.profile == COMPACT_TOOLS:
             # INFO: servers default to hot sampling (llama-cpp-python and Ollama: 0.8), under which a small
             # model's calls wander: a misspelt argument, a tool it never had, prose where the call should be.
             self.provider.prefer(temperature=SMALL_MODEL_TEMPERATURE)
-        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
+        registry = build_registry(self.toolset, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
                                                          ActivateSkill(self.skill_state), UpdateProgress(self.progress)),
                                   profile=self.profile, skills=self.skill_state)
         if self.mcp is not None:
@@ -4607,11 +4608,11 @@ class Session:
             registry = registry.narrowed(set(self.link.allowed_tools), ctx)  # skill allowed none of those asked)
         self.ctx, self.registry = ctx, registry
 
-    def rebuild(self, mode=None, terminal_mode=None, provider=None):
+    def rebuild(self, toolset=None, autonomy=None, provider=None):
         """New tools for chat's /mode, /safe, /yolo, /model (and after a cancelled turn); the conversation stays."""
         import threading
-        self.mode = mode or self.mode
-        self.terminal_mode = terminal_mode or self.terminal_mode
+        self.toolset = toolset or self.toolset
+        self.autonomy = autonomy or self.autonomy
         self.provider = provider or self.provider
         # a cancelled turn's subagents stay cancelled; the next starts afresh
         self.shared = self.shared.handed_down(threading.Event(), self.shared.owns)
@@ -4647,7 +4648,7 @@ class Session:
         sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
         provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
             else self.provider.clone()
-        return Session(cfg, self.console, provider, self.mode, self.terminal_mode, self.shared.handed_down(),
+        return Session(cfg, self.console, provider, self.toolset, self.autonomy, self.shared.handed_down(),
                        _ChildEvents(self.console, label, self.depth + 1),
                        link=SubagentLink(self.id, label, self.depth + 1, ctx or self.ctx, allowed_tools))
 
@@ -4745,15 +4746,15 @@ def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust
         except Exception:  # no browser: the URL is on the screen
             pass
     confinement = confinement or build_confinement(cfg, working_dir)
-    servers = mcp.Servers(configs, working_dir, lambda mode, network, paths: mcp_sandbox(
-        cfg, confinement, mode, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
+    servers = mcp.Servers(configs, working_dir, lambda access, network, paths: mcp_sandbox(
+        cfg, confinement, access, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
         interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
         say=console.info, version=__version__, open_browser=browser,
         require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted)
     return servers.start() if start else servers
 
 
-def mcp_sandbox(cfg, confinement, mode, network, read_paths):
+def mcp_sandbox(cfg, confinement, access, network, read_paths):
     """An MCP stdio server's own sandbox: the terminal's walls from the session's Confinement (protected paths,
     the hidden XZATOMA_HOME and private files) with the environment allowlist, a private HOME and TMPDIR, and
     network only when its configuration says so. INFO: Sandbox grants reads to the directories on PATH and their
@@ -4762,7 +4763,7 @@ def mcp_sandbox(cfg, confinement, mode, network, read_paths):
     from xzatoma_tools import Sandbox
     term = cfg.get("agent.terminal")
     environ = dict(os.environ, PATH=os.pathsep.join(list(read_paths) + [os.environ.get("PATH", "")]))
-    return Sandbox(confinement, mode or term["sandbox"], network=network, environ=environ,
+    return Sandbox(confinement, access or term["sandbox"], network=network, environ=environ,
                    secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"])
 
 
@@ -4786,7 +4787,7 @@ def tool_profile(cfg, provider, console):
     return COMPACT_TOOLS if small else FULL_TOOLS
 
 
-def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
+def run_plan_session(cfg, console, instruction, working_dir, toolset="write", autonomy=None, max_turns=None,
                      timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
                      cancel=None, events=None, provider=None, steps=None, confinement=None):
     """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
@@ -4794,8 +4795,8 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     cfg, console: the loaded Config and the Console for progress lines (stderr).
     instruction: the task text (a parsed plan's `to_prompt()`).
     working_dir: the directory the tools are jailed to (must exist; a UsageError otherwise).
-    mode: "write" (all tools) or "planning" (read tools only).
-    terminal_mode: "restricted_autonomous" (default: nobody can be asked, so confirm-level commands are
+    toolset: "write" (all tools) or "planning" (read tools only).
+    autonomy: "restricted_autonomous" (default: nobody can be asked, so confirm-level commands are
         refused) or "full_autonomous".
     max_turns, timeout_seconds: limits for this run (default agent.max_turns, agent.timeout_seconds).
     title: stored as the conversation's title (e.g. the plan's goal).
@@ -4813,7 +4814,7 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
     from xzatoma_tools import PLANNING, RESTRICTED
-    session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
+    session = Session.open(cfg, console, toolset, working_dir, autonomy or RESTRICTED, events=events,
                            metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement)
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
@@ -5234,7 +5235,7 @@ def show_instructions(console, instructions):
         console.debug("  " + note)
 
 
-def system_prompt(mode, tool_names, compact=False):
+def system_prompt(toolset, tool_names, compact=False):
     """The system prompt: the same bytes for every directory, day and project, so that a server's prompt cache
     (llama.cpp, vLLM, hosted APIs) keeps the system prompt and the tool definitions after it; what varies
     goes in environment_message. Its words match how calls may be made: natively or written as text. The
@@ -5243,7 +5244,7 @@ def system_prompt(mode, tool_names, compact=False):
         return "\n".join([
             "You are XZatoma, an agent that does tasks in the working directory by calling tools. You act: you "
             "never explain to the person how to do the task.",
-            "Mode: %s. %s" % (mode.upper(), "You can read files; you cannot change them." if mode == "planning"
+            "Mode: %s. %s" % (toolset.upper(), "You can read files; you cannot change them." if toolset == "planning"
                               else "You can read and change files and run commands."),
             "Tools: %s." % (", ".join(tool_names) or "none"),
             "",
@@ -5255,11 +5256,11 @@ def system_prompt(mode, tool_names, compact=False):
             "or replaces all of its content.",
             "When the task is done, give the final answer: one or two sentences with what you did or found.",
         ])
-    mode_text = PLANNING_PROMPT if mode == "planning" else WRITE_PROMPT
+    mode_text = PLANNING_PROMPT if toolset == "planning" else WRITE_PROMPT
     return "\n".join([
         "You are XZatoma, an autonomous agent that completes tasks by calling tools.",
         "",
-        "Mode: %s" % mode.upper(),
+        "Mode: %s" % toolset.upper(),
         mode_text,
         "",
         "Available tools: %s." % (", ".join(tool_names) or "none"),
@@ -5326,7 +5327,7 @@ def open_store(cfg, console, required=False):
 
 def safety_of(ctx):
     """The safety a conversation runs with, in chat's words (run without --allow-dangerous: 'restricted')."""
-    return {"interactive": "safe", "full_autonomous": "yolo"}.get(ctx.terminal_mode, "restricted")
+    return {"interactive": "safe", "full_autonomous": "yolo"}.get(ctx.autonomy, "restricted")
 
 
 class Recorder:
@@ -6393,7 +6394,7 @@ class ChatSession:
             args.mode = args.mode or (target[1].get("mode") if target[1].get("mode") in ("write", "planning")
                                       else None)
         self.session = Session.open(cfg, console, args.mode or cfg.get("agent.chat_mode"), args.working_dir,
-                                    self.terminal_mode(), events=self.events, confirmations=self.confirmations,
+                                    self.autonomy(), events=self.events, confirmations=self.confirmations,
                                     metrics_port=args.metrics_port)
         self.mentions = Mentions(self._mention_registry, console, cfg)
         try:
@@ -6406,14 +6407,15 @@ class ChatSession:
             self.session.close()
             raise
 
-    def terminal_mode(self):
+    def autonomy(self):
+        """The terminal's autonomy chat's safety gives: Safe asks (interactive), YOLO does not (full)."""
         from xzatoma_tools import FULL, INTERACTIVE
         return INTERACTIVE if self.safety == "safe" else FULL
 
     # -- what the Session holds, as the REPL shows it --
     @property
-    def mode(self):
-        return self.session.mode
+    def toolset(self):
+        return self.session.toolset
 
     @property
     def provider(self):
@@ -6461,16 +6463,16 @@ class ChatSession:
 
     # -- display --
     def prompt(self):
-        text = "[%s][%s] >> " % (self.mode.upper(), self.safety.upper())
+        text = "[%s][%s] >> " % (self.toolset.upper(), self.safety.upper())
         if not (self.console.color and _isatty(sys.stdout)):  # one colour decision: --no-color, NO_COLOR, TTY
             return text
-        colour = "36" if self.mode == "planning" else "33"
+        colour = "36" if self.toolset == "planning" else "33"
         return "\001\033[1;%sm\002[%s]\001\033[0m\002\001\033[1;%sm\002[%s]\001\033[0m\002 >> " % (
-            colour, self.mode.upper(), "32" if self.safety == "safe" else "31", self.safety.upper())
+            colour, self.toolset.upper(), "32" if self.safety == "safe" else "31", self.safety.upper())
 
     def banner(self):
         self.console._write("\n".join([box("XZatoma Interactive Chat Mode - Welcome!"), "",
-                                       "Mode:   %s" % MODE_TEXT[self.mode], "Safety: %s" % SAFETY_TEXT[self.safety],
+                                       "Mode:   %s" % MODE_TEXT[self.toolset], "Safety: %s" % SAFETY_TEXT[self.safety],
                                        "Model:  %s/%s" % (self.provider.name, self.provider.model),
                                        "Terminal: %s" % self.sandbox_note, "",
                                        "Type '/help' for available commands, 'exit' to quit", ""]))
@@ -6485,7 +6487,7 @@ class ChatSession:
         window = self.window()
         used = self.conversation.tokens
         lines = [box("XZatoma Session Status"), "",
-                 "Chat Mode:         %s" % MODE_TEXT[self.mode],
+                 "Chat Mode:         %s" % MODE_TEXT[self.toolset],
                  "Safety Mode:       %s" % SAFETY_TEXT[self.safety],
                  "Provider / Model:  %s / %s" % (self.provider.name, self.provider.model),
                  "Available Tools:   %d (%s)" % (len(self.registry), ", ".join(self.registry.names())),
@@ -6498,7 +6500,7 @@ class ChatSession:
                  "Instructions:      %s" % self.session.instructions.describe(),
                  "Conversation ID:   %s" % self.id,
                  "Quota:             %s" % ", ".join(self.session.quota.usage()),
-                 "Prompt Format:     [%s][%s] >>" % (self.mode.upper(), self.safety.upper())]
+                 "Prompt Format:     [%s][%s] >>" % (self.toolset.upper(), self.safety.upper())]
         if self.confirmations.always or self.confirmations.never:
             lines.append("Session answers:   always: %s; never: %s (/approvals clear forgets them)" % (
                 ", ".join(sorted(self.confirmations.always)) or "-", ", ".join(sorted(self.confirmations.never)) or "-"))
@@ -6646,7 +6648,7 @@ class ChatSession:
         mode = mode.lower()
         if mode not in ("planning", "write"):
             raise UsageError("usage: /mode planning|write")
-        self.session.rebuild(mode=mode)
+        self.session.rebuild(toolset=mode)
         if mode == "write":
             self.console.info("Switched to WRITE mode. All tools now available.")
             if not self.warned_write:
@@ -6661,7 +6663,7 @@ class ChatSession:
         self.safety = safety
         if safety == "safe":
             self.confirmations.reset()
-        self.session.rebuild(terminal_mode=self.terminal_mode())
+        self.session.rebuild(autonomy=self.autonomy())
         self.console.info("Switched to SAFE mode. Dangerous operations will ask for confirmation." if safety == "safe"
                           else "Switched to YOLO safety mode. Operations will execute without confirmation.")
 
@@ -7426,7 +7428,7 @@ def watch_filters(args, cfg):
         raise UsageError(str(exc))
 
 
-def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
+def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
     import threading
@@ -7438,7 +7440,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     # one Confinement for the process (its protected set, policy and sandbox), not one per event; it goes with
     # the process (the sandbox's helper and TMPDIR at exit), and its sandbox starts only if a command runs
     confinement = build_confinement(cfg, check_working_dir(settings.working_dir), store)
-    if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
+    if toolset == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         check_sandbox(cfg, confinement.sandbox, console)
 
     def run_plan(job):
@@ -7446,8 +7448,8 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
         provider = getattr(per_thread, "provider", None)
         if provider is None:
             provider = per_thread.provider = base_provider.clone()
-        outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
-                                   terminal_mode=FULL if allow_dangerous else RESTRICTED,
+        outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, toolset=toolset,
+                                   autonomy=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
                                    provider=provider, confinement=confinement,
@@ -7479,8 +7481,8 @@ def cmd_watch(args, console):
     log = watch.WatchLog(stream, args.log_format or cfg.get("logging.format"), cfg.get("logging.level"),
                          redact=Console.clean)  # redacted, and what a topic said is shown, never obeyed
     store = open_store(cfg, console) if not settings.dry_run else None
-    mode = args.mode or cfg.get("watcher.mode")
-    run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, mode,
+    toolset = args.mode or cfg.get("watcher.mode")
+    run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, toolset,
                                                           cfg.get("watcher.allow_dangerous"))
     xzepr = None
     if cfg.get("xzepr.api_url") and not settings.dry_run:
@@ -8180,7 +8182,7 @@ def cmd_policy_sandbox(args, console):
     lines += ["not covered: " + item for item in SANDBOX_NOT_COVERED]
     CleanWriter(sys.stdout, exact=True).write("\n".join(lines) + "\n")  # paths come from the tree: a name can hold ESC
     if missing and cfg.get("agent.terminal.require_sandbox"):
-        console.error("sandbox %s is not fully enforced here (--require-sandbox)" % sandbox.mode)
+        console.error("sandbox %s is not fully enforced here (--require-sandbox)" % sandbox.access)
         return EXIT_USAGE
     return EXIT_OK
 

@@ -14,7 +14,7 @@ The safety kernel (below `# ==== The safety kernel ====`) imports nothing from t
   ToolError, JailError, PathError, UrlBlocked
   Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path, read_fd, glob_match
   parse_shell, needs_shell, command_argv; CommandPolicy(confinement).judge(command) -> Verdict (allow/confirm/deny)
-  Sandbox(confinement, mode, …, limits), SANDBOX_LIMITS, ProtectedWatch, run_command, child_env, trusted_realpath
+  Sandbox(confinement, access, …, limits), SANDBOX_LIMITS, ProtectedWatch, run_command, child_env, trusted_realpath
       (read grants never through what commands write); check_url, url_verdict; AuditLog
 
 Only the standard library (and xzatoma_store) is imported at module level.
@@ -92,8 +92,8 @@ class ToolResult:
 # ---- Tool and registry ----
 
 READ, WRITE, EXECUTE = "read", "write", "execute"  # a tool's permission; planning mode offers only READ
-PLANNING, WRITE_MODE = "planning", "write"
-RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "interactive"  # terminal modes
+PLANNING, WRITE_MODE = "planning", "write"  # tool sets (chat's /mode, run --mode)
+RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "interactive"  # terminal autonomy
 
 
 class Approvals:
@@ -129,7 +129,7 @@ class ToolContext:
     of it is made with agent.tools.protected_paths (tests, embedding; build one to give it more).
     """
 
-    def __init__(self, confinement, tools_config=None, approvals=None, terminal_mode=None, store=None,
+    def __init__(self, confinement, tools_config=None, approvals=None, autonomy=None, store=None,
                  conversation_id=None, audit=None, cancel=None, deadline=None):
         #: the agent.tools configuration slice (limits such as max_output_size, fetch, undo_max_bytes)
         self.config = tools_config or {}
@@ -139,8 +139,9 @@ class ToolContext:
         self.confinement = confinement
         #: who can be asked, and how (Approvals); nobody by default
         self.approvals = approvals or NOBODY
-        #: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or interactive (Safe)
-        self.terminal_mode = terminal_mode or RESTRICTED
+        #: the terminal's autonomy: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or
+        #: interactive (chat's Safe safety)
+        self.autonomy = autonomy or RESTRICTED
         #: the Store for undo records and the fetch cache, or None (no history this run)
         self.store = store
         #: the stored conversation the undo records belong to
@@ -383,12 +384,12 @@ def validate_arguments(tool, raw):
 
 
 class Registry:
-    """The tools offered to the model in one mode. `execute` never raises."""
+    """The tools offered to the model in one tool set (planning, write). `execute` never raises."""
 
-    def __init__(self, tools, ctx, mode=WRITE_MODE, all_names=(), schemas=None, skills=None):
+    def __init__(self, tools, ctx, toolset=WRITE_MODE, all_names=(), schemas=None, skills=None):
         self.tools = {t.name: t for t in tools}
         self.ctx = ctx
-        self.mode = mode
+        self.toolset = toolset
         self.all_names = set(all_names) | set(self.tools)
         self.schemas = schemas or {}  #: name -> the definition offered instead of the tool's own (a profile's)
         #: the session's SkillState, or None: while active skills narrow the tools (allowed-tools), only those
@@ -397,19 +398,19 @@ class Registry:
 
     def narrowed(self, names, ctx):
         """The same tools, only those named, over another context (a subagent's)."""
-        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.mode, self.all_names,
+        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.toolset, self.all_names,
                         self.schemas, self.skills)
 
     def bound(self, ctx):
         """The same tools over another context (one run's deadline)."""
-        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names,
+        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.toolset, self.all_names,
                                                      self.schemas, self.skills)
 
     def extended(self, tools):
-        """The same registry with more tools (an MCP server's), those the mode offers: planning keeps the
+        """The same registry with more tools (an MCP server's), those the tool set offers: planning keeps the
         read ones. Every profile offers them: the person configured them."""
-        offered = [t for t in tools if self.mode == WRITE_MODE or t.permission == READ]
-        return Registry(list(self.tools.values()) + offered, self.ctx, self.mode,
+        offered = [t for t in tools if self.toolset == WRITE_MODE or t.permission == READ]
+        return Registry(list(self.tools.values()) + offered, self.ctx, self.toolset,
                         self.all_names | {t.name for t in tools}, self.schemas, self.skills)
 
     def __contains__(self, name):
@@ -435,7 +436,7 @@ class Registry:
         tool = self.tools.get(name)
         if tool is None:
             if name in self.all_names:
-                return None, None, "tool %s is not available in %s mode" % (name, self.mode)
+                return None, None, "tool %s is not available in %s mode" % (name, self.toolset)
             return None, None, "unknown tool %r; available tools: %s" % (name, ", ".join(sorted(self.tools)))
         withdrawn = getattr(tool, "withdrawn", None)
         if withdrawn:
@@ -2247,10 +2248,10 @@ class Terminal(Tool):
         term, conf = ctx.terminal, ctx.confinement
         policy = conf.policy
         command = args["command"]
-        mode = ctx.terminal_mode
+        autonomy = ctx.autonomy
         audit = ctx.audit
 
-        def judge(command):  # deny is refused in every mode, also after a person's edit
+        def judge(command):  # deny is refused at every autonomy, also after a person's edit
             verdict = policy.judge(command)
             if verdict.level == DENY:
                 _audit(audit, ctx, command, "denied", 0, DENY)
@@ -2258,9 +2259,9 @@ class Terminal(Tool):
             return verdict
 
         verdict = judge(command)
-        if verdict.level == CONFIRM and mode != FULL:
+        if verdict.level == CONFIRM and autonomy != FULL:
             people = ctx.approvals
-            if mode != INTERACTIVE or people.confirm_command is None or not people.interactive:  # headless: nobody
+            if autonomy != INTERACTIVE or people.confirm_command is None or not people.interactive:  # headless: nobody
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
                 raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
             if (answer := people.confirm_command(command, verdict.reason)) is None:
@@ -2695,7 +2696,7 @@ def html_to_text(html, base_url=""):
     return text + "\n"
 
 
-# ---- Registry builder: the tools of a mode ----
+# ---- Registry builder: the tools of a tool set ----
 
 ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
              FileMetadata, FindPath, Grep, DiffFiles, PlanTool, Terminal, Fetch)
@@ -2734,8 +2735,8 @@ def compact_definition(name):
     return {"name": name, "description": description, "parameters": schema}
 
 
-def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS, skills=None):
-    """The registry for a mode: planning offers the tools whose permission is read, write offers all;
+def build_registry(toolset, ctx, extra=(), profile=FULL_TOOLS, skills=None):
+    """The registry of a tool set: planning offers the tools whose permission is read, write offers all;
     the compact profile offers only the COMPACT tools, with their short definitions (`extra` tools, such as
     activate_skill and update_progress, are not among them). `skills`: the SkillState whose active skills
     narrow the tools.
@@ -2744,12 +2745,12 @@ def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS, skills=None):
     same context as its Write-mode agent.
     """
     tools = [cls() for cls in ALL_TOOLS] + list(extra)
-    offered = [t for t in tools if mode == WRITE_MODE or t.permission == READ]
+    offered = [t for t in tools if toolset == WRITE_MODE or t.permission == READ]
     schemas = None
     if profile == COMPACT_TOOLS:
         offered = [t for t in offered if t.name in COMPACT]
         schemas = {t.name: compact_definition(t.name) for t in offered}
-    return Registry(offered, ctx, mode, all_names=[t.name for t in tools], schemas=schemas, skills=skills)
+    return Registry(offered, ctx, toolset, all_names=[t.name for t in tools], schemas=schemas, skills=skills)
 
 
 # ==== The safety kernel ====
@@ -7134,7 +7135,7 @@ def _kill_group(proc):
 # they can neither signal nor trace it.
 
 WORKSPACE_WRITE, READ_ONLY, SANDBOX_OFF = "workspace-write", "read-only", "off"
-SANDBOX_MODES = (WORKSPACE_WRITE, READ_ONLY, SANDBOX_OFF)
+SANDBOX_ACCESS = (WORKSPACE_WRITE, READ_ONLY, SANDBOX_OFF)  #: what a sandbox lets commands write
 
 # Landlock (include/uapi/linux/landlock.h). The syscall numbers are those of the generic table, shared by
 # x86_64 and aarch64 (and every architecture added since 5.13).
@@ -7172,7 +7173,7 @@ SANDBOX_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/li
                        "/snap", "/run/systemd/resolve", "/proc", "/sys/devices/system/cpu", "/sys/fs/cgroup")
 SANDBOX_DEVICES = (("/dev/null", "dev-rw"), ("/dev/full", "dev-rw"), ("/dev/zero", "dev-r"),
                    ("/dev/random", "dev-r"), ("/dev/urandom", "dev-r"))
-#: what each confining mode needs from the kernel, named as the warning names it
+#: what each confining access needs from the kernel, named as the warning names it
 _NEEDS = (("filesystem", "Landlock filesystem rules"), ("network", "network isolation"),
           ("protected", "read-only .git and protected paths"), ("descendants", "killing setsid/double-forked "
                                                                                 "descendants (PID namespaces)"),
@@ -7343,15 +7344,15 @@ def _pinned_parents(paths, root):
     return sorted(out - set(paths), key=lambda p: (p.count("/"), p))
 
 
-def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
-    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only. Nothing
+def sandbox_rules(root, access, tmpdir, path_value, home=None, xzatoma_home=None):
+    """The Landlock rules of an access: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only. Nothing
     granted is derived from the working directory or the TMPDIR, where commands write."""
     untrusted = (os.path.realpath(root), os.path.realpath(tmpdir))
     rules = [(d, "r") for d in SANDBOX_SYSTEM_DIRS if os.path.exists(d)]
     rules += [(d, access) for d, access in SANDBOX_DEVICES if os.path.exists(d)]
     rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home, untrusted)]
     rules += [(d, "r") for d in git_dirs(root, untrusted)]
-    writable = "rw" if mode == WORKSPACE_WRITE else "r"
+    writable = "rw" if access == WORKSPACE_WRITE else "r"
     rules += [(os.path.realpath(root), writable), (os.path.realpath(tmpdir), writable)]
     return rules
 
@@ -7656,7 +7657,7 @@ def _gone(path):
 # ---- Terminal: the run's sandbox (the agent's side) ----
 
 class Sandbox:
-    """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
+    """One run's sandbox: its access (workspace-write, read-only, off), the commands' environment, the private TMPDIR, and the helper that
     starts confined commands. Shared by the run's subagents (thread-safe); `close()` (or interpreter exit)
     ends every command still running and removes the TMPDIR.
 
@@ -7669,19 +7670,19 @@ class Sandbox:
     directory instead, with `xzatoma_home`, `protected` and `private_files` to make one of (tests, embedding).
     """
 
-    def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
+    def __init__(self, root, access=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
                  keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=(), private_files=(),
                  limits=None):
         import sys
-        if mode not in SANDBOX_MODES:
-            raise ValueError("unknown sandbox mode %r (choose %s)" % (mode, ", ".join(SANDBOX_MODES)))
+        if access not in SANDBOX_ACCESS:
+            raise ValueError("unknown sandbox %r (choose %s)" % (access, ", ".join(SANDBOX_ACCESS)))
         if not isinstance(root, Confinement):
             root = Confinement(root, xzatoma_home, protected, environ=environ, secrets=secrets,
                                private_files=private_files, sandbox=self)
         #: what is protected: the read-only binds, the hidden files, what the watch looks for
         self.confinement = root
         self.root = root.root
-        self.mode = mode
+        self.access = access  #: what commands may write: workspace-write, read-only, or off (unconfined)
         self.network = bool(network)
         self.environ = dict(os.environ if environ is None else environ)
         self.env_passthrough = tuple(env_passthrough or ())
@@ -7693,7 +7694,7 @@ class Sandbox:
         self.limits = dict(SANDBOX_LIMITS, **(limits or {}))
         self.linux = sys.platform.startswith("linux")
         #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
-        self.confined = mode != SANDBOX_OFF and self.linux
+        self.confined = access != SANDBOX_OFF and self.linux
         self._lock = threading.Lock()
         self._ready = threading.Lock()  # one thread reads the helper's report; the others wait for it
         self._state = {"tmpdir": None, "proc": None, "ctl": None}
@@ -7726,7 +7727,7 @@ class Sandbox:
         # where .git really lives (a link's target, a gitdir file's directory) and the hooks directory and
         # programs the repositories' config names are as protected as .git itself (Confinement.binds)
         protected = self.confinement.binds()
-        watch = self.watch() if self.mode == WORKSPACE_WRITE else None  # its first look finds the nested ones
+        watch = self.watch() if self.access == WORKSPACE_WRITE else None  # its first look finds the nested ones
         nested = sorted(r for r in watch.repos if not os.path.islink(r) and not (  # the top's own are protected
             os.path.dirname(r) == self.root and fold_name(os.path.basename(r)) in PROTECTED_ANYWHERE)) if watch else []
         complete = watch.complete if watch else True
@@ -7734,13 +7735,13 @@ class Sandbox:
         globbed = sorted(p for p in watch.matched | watch.code if not os.path.islink(p)) if watch else []
         protected += [p for p in nested + globbed if p not in protected]
         hidden = self._hidden()
-        rules = sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home, self.xzatoma_home)
-        mounts = _root_mounts(self.root, self.tmpdir, rules, self.mode == WORKSPACE_WRITE) \
+        rules = sandbox_rules(self.root, self.access, self.tmpdir, self.env.get("PATH"), home, self.xzatoma_home)
+        mounts = _root_mounts(self.root, self.tmpdir, rules, self.access == WORKSPACE_WRITE) \
             if os.getuid() == 0 and "idmap" not in self.assume_missing else None
-        return {"mode": self.mode, "network": self.network, "root": self.root, "rules": rules, "mounts": mounts,
-                "writable": [self.root, self.tmpdir] if self.mode == WORKSPACE_WRITE else [], "limits": self.limits,
+        return {"access": self.access, "network": self.network, "root": self.root, "rules": rules, "mounts": mounts,
+                "writable": [self.root, self.tmpdir] if self.access == WORKSPACE_WRITE else [], "limits": self.limits,
                 "protected": protected, "hidden": hidden,
-                "pinned": _pinned_parents(protected + hidden, self.root) if self.mode == WORKSPACE_WRITE else [],
+                "pinned": _pinned_parents(protected + hidden, self.root) if self.access == WORKSPACE_WRITE else [],
                 "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
 
     def _hidden(self):
@@ -7750,7 +7751,7 @@ class Sandbox:
         model: what it can read, it can hand over in any encoding the redactor does not know (`rev`, `od`)."""
         xz = os.path.realpath(self.xzatoma_home) if self.xzatoma_home else None
         granted = [self.root, self.tmpdir] + [d for d, _ in sandbox_rules(
-            self.root, self.mode, self.tmpdir, self.env.get("PATH"), self.environ.get("HOME"), xz)]
+            self.root, self.access, self.tmpdir, self.env.get("PATH"), self.environ.get("HOME"), xz)]
         if xz and not os.path.lexists(xz) and any(_inside(xz, d) for d in granted):
             # made now (0700), so that it can be covered: left for a command to make, it would be the
             # command's (a credentials.json of its own, an audit.log linked to ~/.bashrc the agent appends to)
@@ -7800,7 +7801,7 @@ class Sandbox:
     def _read_report(self, timeout):
         if self._report is None:
             if not self.confined:
-                self._report = {"ok": False, "error": "off" if self.mode == SANDBOX_OFF else
+                self._report = {"ok": False, "error": "off" if self.access == SANDBOX_OFF else
                                 "not enforced on this system (Linux Landlock and namespaces only)"}
             else:
                 self.start()
@@ -7817,8 +7818,8 @@ class Sandbox:
         return self._report
 
     def not_enforced(self):
-        """What this mode needs that this machine does not enforce, as short phrases ([] when all is)."""
-        if self.mode == SANDBOX_OFF:
+        """What this access needs that this machine does not enforce, as short phrases ([] when all is)."""
+        if self.access == SANDBOX_OFF:
             return []
         report = self.report()
         if not report.get("ok"):
@@ -7839,10 +7840,10 @@ class Sandbox:
 
     def describe(self):
         """Lines for `xzatoma policy sandbox` and the run header: what is enforced, first things first."""
-        report = self.report() if self.mode != SANDBOX_OFF else {}
-        lines = ["sandbox: %s%s" % (self.mode, "" if self.confined or self.mode == SANDBOX_OFF else
+        report = self.report() if self.access != SANDBOX_OFF else {}
+        lines = ["sandbox: %s%s" % (self.access, "" if self.confined or self.access == SANDBOX_OFF else
                                     " (requested; NOT enforced on this system)")]
-        if self.mode == SANDBOX_OFF:
+        if self.access == SANDBOX_OFF:
             lines.append("confinement: none (--sandbox off): commands can read and write whatever this user "
                          "can; only the policy's denylist applies")
             lines.append("descendants: process group only (a setsid child can outlive the run)")
@@ -7861,7 +7862,7 @@ class Sandbox:
         if report.get("filesystem"):
             lines.append("filesystem: writes only in %s%s; reads: system dirs, the working dir, PATH programs' "
                          "dirs%s" % (
-                             "the working dir and a private TMPDIR" if self.mode == WORKSPACE_WRITE else
+                             "the working dir and a private TMPDIR" if self.access == WORKSPACE_WRITE else
                              "nothing (read-only)", "" if report.get("truncate") else
                              " (truncate not mediated: ABI < 3)", ""))
         else:
@@ -7955,7 +7956,7 @@ class Sandbox:
         """The run's ProtectedWatch (made at the first command), or None where commands cannot write."""
         with self._lock:
             if self._watch is None:
-                self._watch = False if self.confined and self.mode == READ_ONLY else ProtectedWatch(self.confinement)
+                self._watch = False if self.confined and self.access == READ_ONLY else ProtectedWatch(self.confinement)
             return self._watch or None
 
     def close(self):
@@ -8052,7 +8053,7 @@ def _sandbox_helper(spec_text):
     missing = set(spec.get("assume_missing") or ())
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    report = {"ok": True, "errors": [], "mode": spec["mode"], "protected_needed": bool(spec["protected"] or spec.get("hidden"))}
+    report = {"ok": True, "errors": [], "access": spec["access"], "protected_needed": bool(spec["protected"] or spec.get("hidden"))}
     if not spec.get("nested_complete", True):
         report["errors"].append("the working directory is too large to look for every nested .git/.hg: "
                                 "those past the first %d directories are not read-only, and a new one there "

@@ -36,7 +36,7 @@ def main():
 
     def registry(mode):
         sandbox = Sandbox(work, mode)
-        ctx = ToolContext(Confinement(work, terminal=term, sandbox=sandbox), {}, terminal_mode=FULL,
+        ctx = ToolContext(Confinement(work, terminal=term, sandbox=sandbox), {}, autonomy=FULL,
                           audit=AuditLog(os.path.join(work, "audit-%s.log" % mode)))
         return build_registry("write", ctx), sandbox
 
@@ -75,7 +75,7 @@ def main():
     code = ("import resource, sys; sys.path.insert(0, %r)\n"
             "from xzatoma_tools import FULL, Confinement, ToolContext, build_registry\n"
             "ctx = ToolContext(Confinement(%r, terminal={'max_stdout_bytes': 10485760, 'max_stderr_bytes': 1048576}),\n"
-            "                  {}, terminal_mode=FULL)\n"
+            "                  {}, autonomy=FULL)\n"
             "r = build_registry('write', ctx).execute('terminal', {'command': 'yes', 'timeout_seconds': %d})\n"
             "assert 'timed out' in r.error\n"
             "ctx.sandbox.close()\n"

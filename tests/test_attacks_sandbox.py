@@ -384,7 +384,7 @@ def test_everyday_commands_still_run_in_the_sandbox(tmp_path):
         everyday_tree(root)
         sandbox = Sandbox(str(root), mode, environ=environ)
         ctx = ToolContext(Confinement(str(root), terminal={"timeout_seconds": 120, "max_timeout_seconds": 120},
-                                      sandbox=sandbox), {}, terminal_mode=FULL)
+                                      sandbox=sandbox), {}, autonomy=FULL)
         reg = build_registry("write", ctx)
         try:
             results[mode] = {c: reg.execute("terminal", {"command": c, "timeout_seconds": 120}) for c in EVERYDAY}

@@ -96,7 +96,7 @@ def test_existing_repositories_and_ordinary_files_are_left_alone(cli, fake):
 def test_a_person_keeps_what_they_approve_and_is_not_asked_again(tmp_path):
     asked = []
     ctx = ToolContext(str(tmp_path), {}, Approvals(True, ask=lambda tool, args, detail: asked.append(detail) or True),
-                      terminal_mode=FULL)
+                      autonomy=FULL)
     reg = build_registry("write", ctx)
     try:
         (tmp_path / "s.sh").write_text(hook_script("."))
@@ -113,7 +113,7 @@ def test_a_person_keeps_what_they_approve_and_is_not_asked_again(tmp_path):
 
 
 def test_a_person_who_says_no_gets_it_removed(tmp_path):
-    ctx = ToolContext(str(tmp_path), {}, Approvals(True, ask=lambda tool, args, detail: False), terminal_mode=FULL)
+    ctx = ToolContext(str(tmp_path), {}, Approvals(True, ask=lambda tool, args, detail: False), autonomy=FULL)
     try:
         (tmp_path / "s.sh").write_text("echo x > .bashrc")
         r = build_registry("write", ctx).execute("terminal", {"command": "sh s.sh"})

@@ -119,7 +119,7 @@ def test_every_key_is_one_row_with_a_meaning_and_its_choices_are_the_tools_const
         assert key.choices is None or key.default is None or key.default in key.choices, key.name
     key = xzatoma.KEY
     assert set(key["agent.terminal.default_mode"].choices) == {t.RESTRICTED, t.FULL, t.INTERACTIVE}
-    assert set(key["agent.terminal.sandbox"].choices) == set(t.SANDBOX_MODES)
+    assert set(key["agent.terminal.sandbox"].choices) == set(t.SANDBOX_ACCESS)
     assert set(key["agent.chat_mode"].choices) == set(key["watcher.mode"].choices) == {t.PLANNING, t.WRITE_MODE}
     assert set(key["agent.tools.profile"].choices) == {"auto", t.FULL_TOOLS, t.COMPACT_TOOLS}
     assert tuple(key["agent.terminal.allowlist"].default) == t.DEFAULT_ALLOWLIST

@@ -651,7 +651,7 @@ def test_headless_confirm_is_refused_with_what_to_do_instead(tmp_path):
     asked = []
     for mode, interactive in ((RESTRICTED, False), (INTERACTIVE, False), (RESTRICTED, True)):
         ctx = ToolContext(str(tmp_path), {}, Approvals(interactive, confirm_command=lambda command, reason:
-                                                       asked.append(command) or command), terminal_mode=mode)
+                                                       asked.append(command) or command), autonomy=mode)
         r = build_registry("write", ctx).execute("terminal", {"command": "touch made"})
         assert r.error.startswith("command needs a person's approval; not available in this run: touch made"), r.error
         assert "Not run." in r.error and "--allow-dangerous" in r.error

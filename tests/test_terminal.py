@@ -20,7 +20,7 @@ def terminal(tmp_path, mode=RESTRICTED, confirm_command=None, **term):
     confinement = Confinement(str(tmp_path), terminal=dict(
         {"timeout_seconds": 30, "max_stdout_bytes": 10485760, "max_stderr_bytes": 1048576}, **term))
     ctx = ToolContext(confinement, {}, Approvals(confirm_command is not None, confirm_command=confirm_command),
-                      terminal_mode=mode, audit=AuditLog(str(tmp_path / "audit.log")))
+                      autonomy=mode, audit=AuditLog(str(tmp_path / "audit.log")))
     return build_registry("write", ctx), ctx
 
 
