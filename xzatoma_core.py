@@ -87,22 +87,13 @@ class Terminated(BaseException):
     """Raised in the main thread by the SIGTERM handler; unwinds like Ctrl-C."""
 
 
-def install_hint(package, extra=None):
-    """How to add a package to this installation: pipx keeps xzatoma in a venv of its own, where a plain
-    `pip install` cannot reach (pipx writes pipx_metadata.json at the venv's root)."""
-    if os.path.isfile(os.path.join(sys.prefix, "pipx_metadata.json")):
-        return "pipx inject xzatoma %s" % package
-    if extra:
-        return "pip install 'xzatoma[%s]' (or pip install %s)" % (extra, package)
-    return "pip install %s (or reinstall xzatoma)" % package
-
-
 def require(module, package=None):
     """Import a third-party module or fail with an install hint."""
     import importlib
     try:
         return importlib.import_module(module)
     except ImportError:
+        from xzatoma_store import install_hint
         pkg = package or module
         raise UsageError("this command needs the Python package '%s', which is not installed: %s"
                          % (pkg, install_hint(pkg)))
@@ -257,289 +248,246 @@ def _isatty(stream):
         return False
 
 
-#: what str.split() takes for a space but a terminal would not show as one (form feed, vertical tab, the
-#: separators U+001C-U+001F, NEL, U+2028/U+2029): shown as an escape, never collapsed into a blank
-_SPLIT_CONTROLS = "\x0b\x0c\x1c\x1d\x1e\x1f\x85\u2028\u2029"
-
-
-#: how much of a long text one_line reads: it shows a line, and redact() costs ~0.3 s per MB (`history show`
-#: passed every stored tool result whole)
-_ONE_LINE_SCAN = 65536
-
-
 def one_line(text, width=100):
-    from xzatoma_store import redact  # before the cut: a secret cut in two is no longer one redact() knows
-    text = str(text)
-    if len(text) > _ONE_LINE_SCAN:  # without the word the bound splits: it could be a credential's beginning
-        text = text[:_ONE_LINE_SCAN]
-        last = text.split()[-1:]  # the last word, where the bound falls inside one (unless it is all there is)
-        if last and not text[-1].isspace() and len(last[0]) < len(text):
-            text = text[:len(text) - len(last[0])]
-    text = redact(text)
-    if any(ch in text for ch in _SPLIT_CONTROLS):  # `a\x0cb.txt` was shown as `a b.txt`
-        text = "".join(("\\x%02x" % ord(ch) if ord(ch) < 0x100 else "\\u%04x" % ord(ch))
-                       if ch in _SPLIT_CONTROLS else ch for ch in text)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """xzatoma_store.one_line: redacted, white space folded, cut to `width` (the store's module is imported on
+    first use, not at start-up)."""
+    from xzatoma_store import one_line
+    return one_line(text, width)
 
 
 # ---- Configuration: defaults < file < environment < flags ----
 
+class Key:
+    """One configuration key, all that loading, checking, `config show`, `config init` and the README's table
+    know of it. The type is the default's unless given (a key whose default is None names the type it takes
+    when set); None is accepted where the default is None or `nullable` says so."""
+
+    __slots__ = ("name", "default", "doc", "type", "choices", "bounds", "nullable")
+
+    def __init__(self, name, default, doc, type=None, choices=None, bounds=None, nullable=None):
+        self.name = name  #: dotted: agent.terminal.timeout_seconds
+        self.default = default  #: the value when no file, environment variable or flag gives one
+        self.doc = doc  #: what it is for, in a line: the template's comment and the README's table
+        self.type = type or default.__class__  #: int, float, bool, str, list, or (int, float)
+        self.choices = choices  #: the values it may take, or None
+        self.bounds = bounds  #: (low, high), inclusive, None for open; or None
+        self.nullable = default is None if nullable is None else nullable  #: None is a value
+
+
 #: what each provider may send with a request (None: the server's default); provider.<type>.<key>
-SAMPLING = {"temperature": None, "top_p": None, "max_tokens": None, "seed": None, "context_window": None}
+SAMPLING = ("temperature", "top_p", "max_tokens", "seed", "context_window")
 
-DEFAULTS = {
-    "provider": {
-        "type": "copilot",
-        "max_retries": 3,
-        "retry_backoff_seconds": 1.0,
-        "request_timeout_seconds": 300,
-        "copilot": {
-            "model": "gpt-5.3-codex",
-            "api_url": "https://api.githubcopilot.com",
-            "github_url": "https://github.com",
-            "github_api_url": "https://api.github.com",
-            **SAMPLING,
-        },
-        "ollama": {"host": "localhost:11434", "model": "llama3.2:3b", **SAMPLING},
-        "openai": {
-            "base_url": "https://api.openai.com/v1",
-            "model": "gpt-4o-mini",
-            "api_key_env": "OPENAI_API_KEY",
-            "api": "chat",
-            **SAMPLING,
-        },
-    },
-    "agent": {
-        "max_turns": 100,
-        "timeout_seconds": 600,
-        "chat_mode": "planning",
-        "safety_mode": "safe",
-        "conversation": {"max_tokens": 100000, "min_retain_turns": 5, "prune_threshold": 0.8},
-        "tools": {
-            "profile": "auto",
-            "max_output_size": 1048576,
-            "max_file_read_size": 10485760,
-            "grep_regex_seconds": 60,
-            "undo_max_bytes": 52428800,
-            "protected_paths": [],
-            "fetch": {
-                "timeout_seconds": 60,
-                "max_response_size": 1048576,
-                "user_agent": "xzatoma/" + __version__,
-                "cache_ttl_seconds": 86400,
-                "rate_limit_per_minute": 30,
-                "allowed_hosts": [],
-            },
-        },
-        "terminal": {
-            "default_mode": "restricted_autonomous",
-            "timeout_seconds": 30,
-            "max_stdout_bytes": 10485760,
-            "max_stderr_bytes": 1048576,
-            "allowlist": ["ls", "cat", "head", "tail", "grep", "find", "echo", "printf", "pwd", "which",
-                          "type", "wc", "sort", "uniq", "diff", "file", "stat", "du", "df", "tree",
-                          "basename", "dirname", "realpath", "date", "true", "false", "git"],
-            "custom_denylist": [],
-            "audit_max_bytes": 10485760,
-            "max_timeout_seconds": 300,
-            "sandbox": "workspace-write",
-            "network": False,
-            "require_sandbox": False,
-            "env_passthrough": [],
-            "keep_home": False,
-            "sandbox_assume_missing": [],
-            "limits": {"processes": 4096, "memory_mb": 8192, "file_size_mb": 8192},
-        },
-        "subagent": {
-            "max_depth": 3,
-            "default_max_turns": 10,
-            "output_max_size": 4096,
-            "telemetry_enabled": True,
-            "persistence_enabled": True,
-            "provider": None,
-            "model": None,
-        },
-        "quota": {"max_executions": 100, "max_total_tokens": 1000000, "max_total_time_seconds": 3600},
-        "mentions": {"max_file_size": 10485760, "url_cache_ttl_seconds": 86400, "max_urls_per_request": 10},
-        "instructions_files": ["AGENTS.md"],
-        "instructions_max_bytes": 32768,
-        "skills": {"enabled": True, "user_dir": None, "catalog_share": 0.02},
-        "persistence": {"enabled": True, "db_path": None},
-    },
-    "watcher": {
-        "enabled": False,
-        "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
-                  "group_id": "xzatoma-watcher", "output_topic": None, "dead_letter_topic": None,
-                  "security_protocol": "PLAINTEXT", "sasl_mechanism": None, "username": None, "password": None,
-                  "ssl_cafile": None, "ssl_certfile": None, "ssl_keyfile": None,
-                  "session_timeout_ms": 45000, "max_poll_interval_ms": 300000, "max_request_size": 1048576},
-        "filter": {"event_types": [], "sources": [], "platforms": [], "packages": [], "api_versions": [],
-                   "include_failed": False, "actions": [], "names": [], "match_version": None},
-        "format": "auto",
-        "working_dir": None,
-        "mode": "write",
-        "max_concurrent": 1,
-        "timeout_seconds": 300,
-        "allow_dangerous": False,
-        "shutdown_grace_seconds": 30,
-        "answer_max_bytes": 65536,
-        "max_message_bytes": 8388608,
-        "max_attempts": 2,
-        "claim_lease_seconds": 60,
-        "log_file": None,
-    },
-    "xzepr": {
-        "enabled": False,
-        "api_url": None,
-        "api_key": None,
-        "kafka": {"bootstrap_servers": "localhost:9092", "topic": "xzepr.events",
-                  "group_id": "xzatoma-consumer", "security_protocol": "PLAINTEXT",
-                  "sasl_mechanism": None},
-    },
-    "logging": {"level": "info", "format": "text"},
-    "mcp": {"timeout_seconds": 30, "project_file": True},  # and mcp.servers: name -> server (see load_config)
-}
 
-CHOICES = {
-    "provider.type": ("copilot", "ollama", "openai"),
-    "provider.openai.api": ("chat", "responses"),
-    "agent.tools.profile": ("auto", "full", "compact"),
-    "agent.chat_mode": ("planning", "write"),
-    "agent.safety_mode": ("safe", "yolo"),
-    "agent.terminal.default_mode": ("interactive", "restricted_autonomous", "full_autonomous"),
-    "agent.terminal.sandbox": ("workspace-write", "read-only", "off"),
-    "watcher.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
-    "xzepr.kafka.security_protocol": ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
-    "watcher.kafka.sasl_mechanism": ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
-    "watcher.format": ("auto", "xzepr", "cloudevents", "plan"),
-    "watcher.mode": ("write", "planning"),
-    "logging.level": ("debug", "info", "warn", "error"),
-    "logging.format": ("json", "text"),
-}
+def _sampling(provider):
+    """The sampling keys of one provider type: the same five for each."""
+    p = "provider.%s." % provider
+    return (Key(p + "temperature", None, "sampling temperature sent with each request (unset: the server's default)",
+                float, bounds=(0, 2)),
+            Key(p + "top_p", None, "nucleus sampling share sent with each request (unset: the server's default)",
+                float, bounds=(0, 1)),
+            Key(p + "max_tokens", None, "cap on a reply's length in tokens (Ollama: num_predict)", int, bounds=(1, None)),
+            Key(p + "seed", None, "sampling seed, for repeatable replies where the server honours it", int,
+                bounds=(None, None)),
+            Key(p + "context_window", None, "the model's context window in tokens, when the server does not say or "
+                "says wrongly (read from llama.cpp /props, LM Studio, vLLM and Ollama otherwise)", int,
+                bounds=(512, None)))
 
-RANGES = {  # inclusive bounds; None = open
-    "provider.max_retries": (0, 20),
-    "provider.retry_backoff_seconds": (0, 600),
-    "provider.request_timeout_seconds": (1, None),
-    "agent.max_turns": (1, None),
-    "agent.timeout_seconds": (1, None),
-    "agent.conversation.max_tokens": (1000, None),
-    "agent.conversation.min_retain_turns": (1, None),
-    "agent.conversation.prune_threshold": (0.1, 1.0),
-    "agent.tools.max_output_size": (1024, None),
-    "agent.tools.max_file_read_size": (1024, None),
-    "agent.tools.grep_regex_seconds": (1, None),
-    "agent.terminal.timeout_seconds": (1, None),
-    "agent.terminal.max_timeout_seconds": (1, None),
-    **{"agent.terminal.limits." + k: (0, None) for k in ("processes", "memory_mb", "file_size_mb")},
-    "agent.subagent.max_depth": (0, 10),
-    "agent.subagent.default_max_turns": (1, None),
-    "watcher.max_concurrent": (1, 256),
-    "watcher.timeout_seconds": (1, None),
-    "watcher.shutdown_grace_seconds": (0, None),
-    "watcher.answer_max_bytes": (256, None),
-    "watcher.kafka.max_request_size": (16384, None),
-    "watcher.max_message_bytes": (1024, None),
-    "watcher.max_attempts": (1, 100),
-    "watcher.claim_lease_seconds": (5, None),
-    "agent.instructions_max_bytes": (0, None),
-    "agent.skills.catalog_share": (0.0, 0.2),
-    "mcp.timeout_seconds": (1, None),
-    **{"provider.%s.%s" % (p, k): r for p in ("copilot", "ollama", "openai")
-       for k, r in (("temperature", (0, 2)), ("top_p", (0, 1)), ("max_tokens", (1, None)), ("seed", (None, None)),
-                    ("context_window", (512, None)))},
-}
 
-NULLABLE_TYPES = {  # keys whose default is None, and the type they take when set
-    "agent.subagent.provider": str, "agent.subagent.model": str,
-    "agent.persistence.db_path": str, "agent.skills.user_dir": str, "xzepr.api_url": str, "xzepr.kafka.sasl_mechanism": str,
-    "xzepr.api_key": str, "watcher.kafka.output_topic": str, "watcher.kafka.dead_letter_topic": str,
-    "watcher.kafka.sasl_mechanism": str, "watcher.kafka.username": str, "watcher.kafka.password": str,
-    "watcher.kafka.ssl_cafile": str, "watcher.kafka.ssl_certfile": str, "watcher.kafka.ssl_keyfile": str,
-    "watcher.filter.match_version": str, "watcher.working_dir": str, "watcher.log_file": str,
-    **{"provider.%s.%s" % (p, k): t for p in ("copilot", "ollama", "openai")
-       for k, t in (("temperature", float), ("top_p", float), ("max_tokens", int), ("seed", int),
-                    ("context_window", int))},
-}
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_RUST_ONLY = "read from configuration files written for the Rust XZatoma; no effect here"
 
-DOCS = {
+#: every configuration key, in the order `config init` writes them and `config show` lists them. The enum
+#: values are the tools' constants written out (xzatoma_tools is not imported at start-up); a test holds
+#: them equal.
+KEYS = (
+    Key("provider.type", "copilot", "copilot | ollama | openai (any OpenAI-compatible server)",
+        choices=("copilot", "ollama", "openai")),
+    Key("provider.max_retries", 3, "retries on connection errors, 429 and 5xx (exponential backoff with jitter)",
+        bounds=(0, 20)),
+    Key("provider.retry_backoff_seconds", 1.0, "the first retry's delay; each next one doubles it", bounds=(0, 600)),
+    Key("provider.request_timeout_seconds", 300, "per-request read timeout", bounds=(1, None)),
+    Key("provider.copilot.model", "gpt-5.3-codex", "the Copilot model (env COPILOT_MODEL, XZATOMA_MODEL; --model)"),
+    Key("provider.copilot.api_url", "https://api.githubcopilot.com", "Copilot API base"),
+    Key("provider.copilot.github_url", "https://github.com", "GitHub, for the device login (`xzatoma auth login`)"),
+    Key("provider.copilot.github_api_url", "https://api.github.com", "GitHub's API, which trades the login for a "
+        "Copilot token"),
+    *_sampling("copilot"),
+    Key("provider.ollama.host", "localhost:11434", "host:port or URL of the Ollama server (env OLLAMA_HOST)"),
+    Key("provider.ollama.model", "llama3.2:3b", "the Ollama model (env OLLAMA_MODEL, XZATOMA_MODEL; --model)"),
+    *_sampling("ollama"),
+    Key("provider.openai.base_url", "https://api.openai.com/v1",
+        "OpenAI-compatible API base (vLLM, llama.cpp, LM Studio, OpenRouter…)"),
+    Key("provider.openai.model", "gpt-4o-mini", "the model (env XZATOMA_MODEL; --model)"),
+    Key("provider.openai.api_key_env", "OPENAI_API_KEY", "environment variable that holds the API key"),
+    Key("provider.openai.api", "chat", "chat (/chat/completions) | responses (/responses)",
+        choices=("chat", "responses")),
+    *_sampling("openai"),
+    Key("agent.max_turns", 100, "model calls per task before stopping (env XZATOMA_MAX_TURNS)", bounds=(1, None)),
+    Key("agent.timeout_seconds", 600, "wall-clock limit for one task", bounds=(1, None)),
+    Key("agent.chat_mode", "planning", "the tool set chat starts with: planning (reads and plans) | write (chat "
+        "--mode)", choices=("planning", "write")),
+    Key("agent.safety_mode", "safe", "chat's approvals at start: safe (asks before changes and commands) | yolo "
+        "(chat --safety)", choices=("safe", "yolo")),
+    Key("agent.conversation.max_tokens", 100000, "token budget of the conversation (bounded by the model's window)",
+        bounds=(1000, None)),
+    Key("agent.conversation.min_retain_turns", 5, "most recent turns always kept when pruning", bounds=(1, None)),
+    Key("agent.conversation.prune_threshold", 0.8, "prune when the conversation reaches this share of max_tokens",
+        bounds=(0.1, 1.0)),
+    Key("agent.tools.profile", "auto", "auto | full | compact: compact offers six tools with short definitions (a "
+        "quarter of the tokens) for small models; auto picks it for windows of 16k tokens or less and models of 8B "
+        "parameters or fewer", choices=("auto", "full", "compact")),
+    Key("agent.tools.max_output_size", 1048576, "bytes of one tool result sent to the model", bounds=(1024, None)),
+    Key("agent.tools.max_file_read_size", 10485760, "bytes read_file reads of one file", bounds=(1024, None)),
+    Key("agent.tools.grep_regex_seconds", 60, "longest one grep call may spend matching a regular expression (a "
+        "catastrophic pattern is stopped; the run's --timeout also holds)", bounds=(1, None)),
+    Key("agent.tools.undo_max_bytes", 52428800, "largest file or directory whose previous content is kept for "
+        "'xzatoma undo'"),
+    Key("agent.tools.protected_paths", [], "more paths (relative to the working directory) that need a person's "
+        "yes to change, beside .git, shell start-up files and key directories"),
+    Key("agent.tools.fetch.timeout_seconds", 60, "longest one fetch may take"),
+    Key("agent.tools.fetch.max_response_size", 1048576, "bytes of a response fetch reads"),
+    Key("agent.tools.fetch.user_agent", "xzatoma/" + __version__, "the User-Agent fetch sends"),
+    Key("agent.tools.fetch.cache_ttl_seconds", 86400, "a fetched page is answered from the store for this long"),
+    Key("agent.tools.fetch.rate_limit_per_minute", 30, "fetches of one host a minute (0: no limit)"),
+    Key("agent.tools.fetch.allowed_hosts", [], "internal hosts fetch may reach deliberately (private addresses are "
+        "refused)"),
+    Key("agent.terminal.default_mode", "restricted_autonomous", "terminal approval of a run: interactive (asks) | "
+        "restricted_autonomous (the allowlist, the rest refused) | full_autonomous (all the policy allows)",
+        choices=("interactive", "restricted_autonomous", "full_autonomous")),
+    Key("agent.terminal.timeout_seconds", 30, "how long one command runs unless the model asks for longer",
+        bounds=(1, None)),
+    Key("agent.terminal.max_stdout_bytes", 10485760, "bytes of a command's standard output kept"),
+    Key("agent.terminal.max_stderr_bytes", 1048576, "bytes of a command's standard error kept"),
+    Key("agent.terminal.allowlist", ["ls", "cat", "head", "tail", "grep", "find", "echo", "printf", "pwd", "which",
+                                     "type", "wc", "sort", "uniq", "diff", "file", "stat", "du", "df", "tree",
+                                     "basename", "dirname", "realpath", "date", "true", "false", "git"],
+        "read-only programs (options and paths checked) or command prefixes such as 'make test' that run without "
+        "confirmation, inside the sandbox"),
+    Key("agent.terminal.custom_denylist", [], "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or "
+        "'re:REGEX'"),
+    Key("agent.terminal.audit_max_bytes", 10485760, "rotate $XZATOMA_HOME/audit.log at this size (the previous file "
+        "is kept)"),
+    Key("agent.terminal.max_timeout_seconds", 300, "cap on the timeout_seconds a model asks for one command",
+        bounds=(1, None)),
+    Key("agent.terminal.sandbox", "workspace-write", "workspace-write | read-only | off: what commands can touch "
+        "(OS-enforced)", choices=("workspace-write", "read-only", "off")),
+    Key("agent.terminal.network", False, "let sandboxed commands use the network (shown in the run header)"),
+    Key("agent.terminal.require_sandbox", False, "refuse to start (exit 2) where the sandbox is not fully enforced"),
+    Key("agent.terminal.env_passthrough", [], "extra environment variables commands get (names or patterns like "
+        "CARGO_*)"),
+    Key("agent.terminal.keep_home", False, "commands see the real HOME (default: HOME is the run's private temp "
+        "dir)"),
+    Key("agent.terminal.sandbox_assume_missing", [], "testing: treat kernel features as absent (landlock, userns, "
+        "landlock-net, scopes, pidns, proc, seccomp, idmap, readonly-view, abi:N)"),
+    Key("agent.terminal.limits.processes", 4096, "most processes and threads a run's commands may have at once (0: "
+        "no limit)", bounds=(0, None)),
+    Key("agent.terminal.limits.memory_mb", 8192, "most memory (heap and private mappings) one command process may "
+        "use (0: none)", bounds=(0, None)),
+    Key("agent.terminal.limits.file_size_mb", 8192, "largest file a command may write (0: no limit)",
+        bounds=(0, None)),
+    Key("agent.subagent.max_depth", 3, "how deep subagents may start subagents of their own (0: no subagents)",
+        bounds=(0, 10)),
+    Key("agent.subagent.default_max_turns", 10, "model calls a subagent gets when its task names none",
+        bounds=(1, None)),
+    Key("agent.subagent.output_max_size", 4096, "bytes of a subagent's summary its parent is given"),
+    Key("agent.subagent.telemetry_enabled", True, _RUST_ONLY),
+    Key("agent.subagent.persistence_enabled", True, "subagents' conversations are stored (history list --kind "
+        "subagent)"),
+    Key("agent.subagent.provider", None, "the provider type subagents use (default: the parent's)", str),
+    Key("agent.subagent.model", None, "the model subagents use (default: the parent's)", str),
+    Key("agent.quota.max_executions", 100, "subagents one run or chat may start in all", nullable=True),
+    Key("agent.quota.max_total_tokens", 1000000, "tokens one run or chat may use, its subagents' included",
+        nullable=True),
+    Key("agent.quota.max_total_time_seconds", 3600, "seconds one run or chat may take, its subagents' included",
+        (int, float), nullable=True),
+    Key("agent.mentions.max_file_size", 10485760, "largest file an @mention (or piped standard input) brings in"),
+    Key("agent.mentions.url_cache_ttl_seconds", 86400, _RUST_ONLY + " (an @url is fetch's, cached as it says)"),
+    Key("agent.mentions.max_urls_per_request", 10, "@urls one message may bring in"),
+    Key("agent.instructions_files", ["AGENTS.md"], "project instructions given to the model, looked for in the "
+        "working directory and its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
+        ".github/copilot-instructions.md"),
+    Key("agent.instructions_max_bytes", 32768, "cap on the project instructions read (all files together; 0 turns "
+        "them off)", bounds=(0, None)),
+    Key("agent.skills.enabled", True, "offer skills to the model (false: none is offered)"),
+    Key("agent.skills.user_dir", None, "your own skills, used in every project (default: skills/ beside the default "
+        "config file, ~/.config/xzatoma/skills)", str),
+    Key("agent.skills.catalog_share", 0.02, "share of the context window the skills' names and descriptions may take",
+        bounds=(0.0, 0.2)),
+    Key("agent.persistence.enabled", True, "store conversations (false: no history, resume or undo records)"),
+    Key("agent.persistence.db_path", None, "defaults to $XZATOMA_HOME/conversations.db", str),
+    Key("watcher.enabled", False, _RUST_ONLY + " (`xzatoma watch` is what starts a watcher)"),
+    Key("watcher.kafka.bootstrap_servers", "localhost:9092", "the brokers, host:port[,…] (--brokers)"),
+    Key("watcher.kafka.topic", "xzepr.events", "the topic plans come on (--topic)"),
+    Key("watcher.kafka.group_id", "xzatoma-watcher", "the consumer group: watchers of one group share the "
+        "partitions (--group-id)"),
+    Key("watcher.kafka.output_topic", None, "results go here (default: <topic>.results)", str),
+    Key("watcher.kafka.dead_letter_topic", None, "copies of messages that cannot run go here (--dead-letter-topic)",
+        str),
+    Key("watcher.kafka.security_protocol", "PLAINTEXT", " | ".join(KAFKA_PROTOCOLS), choices=KAFKA_PROTOCOLS),
+    Key("watcher.kafka.sasl_mechanism", None, "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512", str,
+        choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")),
+    Key("watcher.kafka.username", None, "SASL user name (or KAFKA_USERNAME)", str),
+    Key("watcher.kafka.password", None, "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)", str),
+    Key("watcher.kafka.ssl_cafile", None, "CA certificates the brokers' are checked against (PEM)", str),
+    Key("watcher.kafka.ssl_certfile", None, "the client's certificate (PEM), for brokers that ask for one", str),
+    Key("watcher.kafka.ssl_keyfile", None, "the client certificate's private key (PEM)", str),
+    Key("watcher.kafka.session_timeout_ms", 45000, "a watcher silent this long loses its partitions to the group"),
+    Key("watcher.kafka.max_poll_interval_ms", 300000, "longest a watcher may go between polls before the group "
+        "takes its partitions"),
+    Key("watcher.kafka.max_request_size", 1048576, "the producer's largest record: every result and dead-letter copy "
+        "is made to fit (keep it at or under the broker's message.max.bytes)", bounds=(16384, None)),
+    Key("watcher.filter.event_types", [], "event types that run, exact (--event-types)"),
+    Key("watcher.filter.sources", [], "regular expressions (search) the event source must match"),
+    Key("watcher.filter.platforms", [], "XZepr platform_ids that run (--platform)"),
+    Key("watcher.filter.packages", [], "XZepr packages that run (--package)"),
+    Key("watcher.filter.api_versions", [], "XZepr api_versions that run (--api-version)"),
+    Key("watcher.filter.include_failed", False, "also run XZepr events with success: false (--include-failed)"),
+    Key("watcher.filter.actions", [], "regular expressions (case-insensitive search) the plan's action must match"),
+    Key("watcher.filter.names", [], "regular expressions (case-insensitive search) the plan's name must match"),
+    Key("watcher.filter.match_version", None, "semver constraint for plan versions: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2",
+        str),
+    Key("watcher.format", "auto", "auto | xzepr | cloudevents | plan: how messages are read (--format)",
+        choices=("auto", "xzepr", "cloudevents", "plan")),
+    Key("watcher.working_dir", None, "the jail of every plan (default: the current directory; --working-dir)", str),
+    Key("watcher.mode", "write", "the tool set of event runs: write | planning (--mode)",
+        choices=("write", "planning")),
+    Key("watcher.max_concurrent", 1, "plans running at once (--max-concurrent)", bounds=(1, 256)),
+    Key("watcher.timeout_seconds", 300, "wall-clock limit of one event's run", bounds=(1, None)),
+    Key("watcher.allow_dangerous", False, "full terminal autonomy for event runs (default: restricted)"),
+    Key("watcher.shutdown_grace_seconds", 30, "on SIGTERM/SIGINT, running plans may finish for this long",
+        bounds=(0, None)),
+    Key("watcher.answer_max_bytes", 65536, "bytes of the answer a result event carries", bounds=(256, None)),
+    Key("watcher.max_message_bytes", 8388608, "larger messages are rejected unread", bounds=(1024, None)),
+    Key("watcher.max_attempts", 2, "a message that stopped the watcher (a crash reading or running it) this many "
+        "times is set aside: a failed or rejected result, a dead-letter copy, and the commit", bounds=(1, 100)),
+    Key("watcher.claim_lease_seconds", 60, "a watcher that died holding an event id keeps it this long from "
+        "watchers of other hosts sharing the store (one of this host takes it over at once)", bounds=(5, None)),
+    Key("watcher.log_file", None, "the decision log goes here instead of stderr (--log-file)", str),
+    Key("xzepr.enabled", False, _RUST_ONLY + " (xzepr.api_url turns the posts on)"),
+    Key("xzepr.api_url", None, "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)", str),
+    Key("xzepr.api_key", None, "XZepr's API key (or XZEPR_API_KEY)", str),
+    Key("xzepr.kafka.bootstrap_servers", "localhost:9092", _RUST_ONLY + " (the watcher's are watcher.kafka.*)"),
+    Key("xzepr.kafka.topic", "xzepr.events", _RUST_ONLY),
+    Key("xzepr.kafka.group_id", "xzatoma-consumer", _RUST_ONLY),
+    Key("xzepr.kafka.security_protocol", "PLAINTEXT", _RUST_ONLY, choices=KAFKA_PROTOCOLS),
+    Key("xzepr.kafka.sasl_mechanism", None, _RUST_ONLY, str),
+    Key("logging.level", "info", "debug | info | warn | error: the watcher's decision log lines shown",
+        choices=("debug", "info", "warn", "error")),
+    Key("logging.format", "text", "json | text: the watcher's decision log lines (--log-format)",
+        choices=("json", "text")),
+    Key("mcp.timeout_seconds", 30, "default for each server: its start-up and handshake, and each call, end after "
+        "this long", bounds=(1, None)),
+    Key("mcp.project_file", True, "use a project's .mcp.json (its servers start once a person trusted its content)"),
+)
+
+#: what a whole section of the configuration file is for (its comment in `config init`'s file)
+SECTION_DOCS = {
     "provider": "AI provider settings",
-    "provider.type": "copilot | ollama | openai (any OpenAI-compatible server)",
-    "provider.max_retries": "retries on connection errors, 429 and 5xx (exponential backoff with jitter)",
-    "provider.request_timeout_seconds": "per-request read timeout",
-    "provider.copilot.api_url": "Copilot API base",
-    "provider.ollama.host": "host:port or URL of the Ollama server (env OLLAMA_HOST)",
-    "provider.openai.base_url": "OpenAI-compatible API base (vLLM, llama.cpp, LM Studio, OpenRouter…)",
-    "provider.openai.api_key_env": "environment variable that holds the API key",
-    "provider.openai.api": "chat (/chat/completions) | responses (/responses)",
-    "provider.openai.temperature": "sampling temperature sent with each request (unset: the server's default); "
-                                   "also top_p, max_tokens (reply length cap) and seed, for each provider type "
-                                   "(Ollama: options temperature, top_p, num_predict, seed)",
-    "provider.openai.context_window": "the model's context window in tokens, when the server does not say or says "
-                                      "wrongly (read from llama.cpp /props, LM Studio, vLLM and Ollama otherwise)",
-    "agent.tools.profile": "auto | full | compact: compact offers six tools with short definitions (a quarter "
-                           "of the tokens) for small models; auto picks it for windows of 16k tokens or less "
-                           "and models of 8B parameters or fewer",
-    "agent.max_turns": "model calls per task before stopping (env XZATOMA_MAX_TURNS)",
-    "agent.timeout_seconds": "wall-clock limit for one task",
-    "agent.conversation.max_tokens": "token budget of the conversation (bounded by the model's window)",
-    "agent.conversation.min_retain_turns": "most recent turns always kept when pruning",
-    "agent.conversation.prune_threshold": "prune when the conversation reaches this share of max_tokens",
-    "agent.tools.max_output_size": "bytes of one tool result sent to the model",
-    "agent.tools.grep_regex_seconds": "longest one grep call may spend matching a regular expression "
-                                      "(a catastrophic pattern is stopped; the run's --timeout also holds)",
-    "agent.tools.undo_max_bytes": "largest file or directory whose previous content is kept for 'xzatoma undo'",
-    "agent.tools.protected_paths": "more paths (relative to the working directory) that need a person's yes "
-                                   "to change, beside .git, shell start-up files and key directories",
-    "agent.terminal.default_mode": "interactive | restricted_autonomous | full_autonomous",
-    "agent.terminal.allowlist": "read-only programs (options and paths checked) or command prefixes such as "
-                                "'make test' that run without confirmation, inside the sandbox",
-    "agent.terminal.custom_denylist": "extra commands never run: 'shutdown', 'rm -rf' (program and flags) or 're:REGEX'",
-    "agent.terminal.audit_max_bytes": "rotate $XZATOMA_HOME/audit.log at this size (the previous file is kept)",
-    "agent.terminal.max_timeout_seconds": "cap on the timeout_seconds a model asks for one command",
-    "agent.terminal.sandbox": "workspace-write | read-only | off: what commands can touch (OS-enforced)",
-    "agent.terminal.network": "let sandboxed commands use the network (shown in the run header)",
-    "agent.terminal.require_sandbox": "refuse to start (exit 2) where the sandbox is not fully enforced",
-    "agent.terminal.env_passthrough": "extra environment variables commands get (names or patterns like CARGO_*)",
-    "agent.terminal.keep_home": "commands see the real HOME (default: HOME is the run's private temp dir)",
-    "agent.terminal.sandbox_assume_missing": "testing: treat kernel features as absent (landlock, userns, "
-                                             "landlock-net, scopes, pidns, proc, seccomp, idmap, readonly-view, "
-                                             "abi:N)",
-    "agent.terminal.limits.processes": "most processes and threads a run's commands may have at once (0: no limit)",
-    "agent.terminal.limits.memory_mb": "most memory (heap and private mappings) one command process may use (0: none)",
-    "agent.terminal.limits.file_size_mb": "largest file a command may write (0: no limit)",
-    "agent.tools.fetch.allowed_hosts": "internal hosts fetch may reach deliberately (private addresses are refused)",
-    "agent.instructions_files": "project instructions given to the model, looked for in the working directory and "
-                                "its parents up to the git root or home (nearest last): e.g. CLAUDE.md, "
-                                ".github/copilot-instructions.md",
-    "agent.instructions_max_bytes": "cap on the project instructions read (all files together; 0 turns them off)",
-    "agent.persistence.db_path": "defaults to $XZATOMA_HOME/conversations.db",
     "agent.skills": "skills: folders holding a SKILL.md, in the project's .xzatoma/skills and .agents/skills and in "
                     "user_dir (xzatoma skills --help)",
-    "agent.skills.user_dir": "your own skills, used in every project (default: skills/ beside the default "
-                             "config file, ~/.config/xzatoma/skills)",
-    "agent.skills.catalog_share": "share of the context window the skills' names and descriptions may take",
     "watcher": "xzatoma watch: Kafka topics to plans (flags override these; ${VAR} is read from the environment)",
-    "watcher.kafka.output_topic": "results go here (default: <topic>.results)",
-    "watcher.kafka.password": "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)",
-    "watcher.filter.sources": "regular expressions (search) the event source must match",
-    "watcher.filter.match_version": "semver constraint for plan versions: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2",
-    "watcher.timeout_seconds": "wall-clock limit of one event's run",
-    "watcher.allow_dangerous": "full terminal autonomy for event runs (default: restricted)",
-    "watcher.shutdown_grace_seconds": "on SIGTERM/SIGINT, running plans may finish for this long",
-    "watcher.kafka.max_request_size": "the producer's largest record: every result and dead-letter copy is made to "
-                                      "fit (keep it at or under the broker's message.max.bytes)",
-    "watcher.max_message_bytes": "larger messages are rejected unread",
-    "watcher.max_attempts": "a message that stopped the watcher (a crash reading or running it) this many times "
-                            "is set aside: a failed or rejected result, a dead-letter copy, and the commit",
-    "watcher.claim_lease_seconds": "a watcher that died holding an event id keeps it this long from watchers of "
-                                   "other hosts sharing the store (one of this host takes it over at once)",
-    "xzepr.api_url": "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)",
     "mcp": "MCP servers: mcp.servers.NAME: {command, args, env} or {url, headers}, with network, sandbox, "
            "tools, allow, read_only … (README, 'MCP servers'; xzatoma mcp list)",
-    "mcp.timeout_seconds": "default for each server: its start-up and handshake, and each call, end after this long",
-    "mcp.project_file": "use a project's .mcp.json (its servers start once a person trusted its content)",
 }
 
 ENV_KEYS = (  # environment variable -> config key (XZATOMA_MODEL is applied to the active provider)
@@ -569,15 +517,25 @@ def flatten(tree, prefix=""):
     return out
 
 
-DEFAULT_LEAVES = flatten(DEFAULTS)
-SECTIONS = {k.rsplit(".", i)[0] for k in DEFAULT_LEAVES for i in range(1, k.count(".") + 1)}
-
-
 def _set(tree, dotted, value):
     parts = dotted.split(".")
     for part in parts[:-1]:
         tree = tree.setdefault(part, {})
     tree[parts[-1]] = value
+
+
+KEY = {key.name: key for key in KEYS}  #: the table by dotted name
+
+
+def _nested(keys):
+    tree = {}
+    for key in keys:
+        _set(tree, key.name, key.default)
+    return tree
+
+
+DEFAULTS = _nested(KEYS)  #: the defaults as the configuration file nests them
+SECTIONS = {k.rsplit(".", i)[0] for k in KEY for i in range(1, k.count(".") + 1)}
 
 
 def _closest(name, candidates):
@@ -682,16 +640,14 @@ class Config:
 
 
 def _coerce(dotted, value, origin):
-    """Check a value against the key's type, choices and range. Returns the value or raises."""
-    default = DEFAULT_LEAVES[dotted]
+    """Check a value against the key's type, choices and bounds (its row in KEYS). Returns the value or raises."""
+    key = KEY[dotted]
     # a secret key's value is never quoted back: a numeric password (YAML reads it as a number, so it is
     # neither registered nor shaped like a credential) was printed whole by "must be text, got 98765432109"
     shown = "a %s (not shown: a credential)" % type(value).__name__ if is_secret_key(dotted) else repr(value)
-    expected = NULLABLE_TYPES.get(dotted) or type(default)
-    if value is None and (dotted in NULLABLE_TYPES or dotted.startswith("agent.quota.")):
+    expected = key.type
+    if value is None and key.nullable:
         return None
-    if dotted.startswith("agent.quota.") and value is not None:
-        expected = (int, float) if dotted.endswith("seconds") else int
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if isinstance(value, str) and expected in (int, float) or (
@@ -707,15 +663,15 @@ def _coerce(dotted, value, origin):
         names = {int: "an integer", float: "a number", bool: "true or false", str: "text",
                  list: "a list", (int, float): "a number"}
         raise ConfigError("%s: %s must be %s, got %s" % (origin, dotted, names.get(expected, expected), shown))
-    if dotted in CHOICES and value not in CHOICES[dotted]:
+    if key.choices and value not in key.choices:
         raise ConfigError("%s: %s must be one of %s, got %s" % (
-            origin, dotted, ", ".join(CHOICES[dotted]), shown))
-    if dotted in RANGES:
-        low, high = RANGES[dotted]
+            origin, dotted, ", ".join(key.choices), shown))
+    if key.bounds:
+        low, high = key.bounds
         if (low is not None and value < low) or (high is not None and value > high):
             bound = ("between %s and %s" % (low, high)) if high is not None else ("at least %s" % low)
             raise ConfigError("%s: %s must be %s, got %s" % (origin, dotted, bound, shown))
-    if isinstance(default, list) and any(not isinstance(v, str) for v in value):
+    if expected is list and any(not isinstance(v, str) for v in value):
         raise ConfigError("%s: %s must be a list of text values" % (origin, dotted))
     return value
 
@@ -746,7 +702,7 @@ def load_config(flags=None, env=None, config_path=None):
     env = os.environ if env is None else env
     flags = flags or {}
     values = copy.deepcopy(DEFAULTS)
-    sources = {k: "default" for k in DEFAULT_LEAVES}
+    sources = {k: "default" for k in KEY}
     warnings = []
 
     explicit = config_path or env.get("XZATOMA_CONFIG")
@@ -765,13 +721,13 @@ def load_config(flags=None, env=None, config_path=None):
             if isinstance(mcp["servers"], dict):  # anything else is named by mcp_configs, where it is used
                 sources.update(dict.fromkeys(flatten({"mcp": {"servers": mcp["servers"]}}), "file"))
         for dotted, value in flatten(data).items():
-            if dotted not in DEFAULT_LEAVES:
+            if dotted not in KEY:
                 if dotted in SECTIONS:
                     value = None if value is None else value
                     if value is None:
                         continue
                 warnings.append("unknown config key '%s' in %s (ignored)%s"
-                                % (dotted, path, _closest(dotted, DEFAULT_LEAVES)))
+                                % (dotted, path, _closest(dotted, KEY)))
                 continue
             if isinstance(value, str) and dotted.startswith(("watcher.", "xzepr.")):
                 value = _expand_env(value, env, dotted, warnings)
@@ -889,7 +845,7 @@ def render_config_template():
     def emit(tree, prefix, indent):
         for key, value in tree.items():
             dotted = prefix + key
-            doc = DOCS.get(dotted)
+            doc = KEY[dotted].doc if dotted in KEY else SECTION_DOCS.get(dotted)
             pad = "  " * indent
             if isinstance(value, dict):
                 if doc:
@@ -901,6 +857,22 @@ def render_config_template():
                 lines.append(text + ("  # " + doc if doc else ""))
     emit(DEFAULTS, "", 0)
     return "\n".join(lines) + "\n"
+
+
+def render_config_table():
+    """The README's table of every configuration key (tests/test_config.py holds README.md to it)."""
+    names = {int: "integer", float: "number", bool: "true or false", str: "text", list: "list of text",
+             (int, float): "number"}
+    rows = ["| key | default | takes | meaning |", "| --- | --- | --- | --- |"]
+    for key in KEYS:
+        default = "unset" if key.default is None else "`%s`" % json.dumps(key.default).replace(__version__, "VERSION")
+        takes = " \\| ".join("`%s`" % c for c in key.choices) if key.choices else names[key.type]
+        low, high = key.bounds or (None, None)
+        if low is not None:
+            takes += ", %s to %s" % (low, high) if high is not None else ", at least %s" % low
+        rows.append("| `%s` | %s | %s | %s |" % (key.name, default, takes + (", or unset" if key.nullable else ""),
+                                               key.doc.replace("|", "\\|")))
+    return "\n".join(rows) + "\n"
 
 
 # ---- Conversation: messages, incremental token count, pruning by whole turns ----
@@ -1178,17 +1150,9 @@ class CredentialStore:
         return data if isinstance(data, dict) else {}
 
     def _write_file(self, data):
+        from xzatoma_store import write_private
         private_home(self.home)
-        tmp = self.file + ".tmp"
-        try:
-            os.unlink(tmp)  # a leftover (or a planted link) is never written through
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.file)
+        write_private(self.file, json.dumps(data))
 
     def describe(self, where):
         return "the system keyring" if where == "keyring" else self.file
@@ -1241,16 +1205,9 @@ class CredentialStore:
 
     def _write_index(self, names):
         try:
+            from xzatoma_store import write_private
             private_home(self.home)
-            tmp = self.index + ".tmp"
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(sorted(names), fh)
-            os.replace(tmp, self.index)
+            write_private(self.index, json.dumps(sorted(names)))
         except OSError as exc:  # no index: the keyring is asked each time, as before
             self.console.debug("cannot write %s: %s" % (self.index, exc))
 
@@ -3752,32 +3709,43 @@ def _named_entries(task, root, first=False):
     return found
 
 
+class RunTerms:
+    """The terms one Agent's run is held to: at most `max_turns` model calls, ended by `deadline` (a
+    time.monotonic() value, or None; `timeout_seconds` only names it in the message), answers checked when
+    `honest` (run, plan, watch: conclude), and `nested` (a subagent's) interrupts re-raised to the top."""
+
+    def __init__(self, max_turns=100, deadline=None, timeout_seconds=None, honest=True, nested=False):
+        self.max_turns, self.deadline, self.timeout_seconds = max_turns, deadline, timeout_seconds
+        self.honest, self.nested = honest, nested
+
+
 class Agent:
     """The loop: send the conversation with tool definitions, run the calls, stop on an answer.
 
     Built by Session.agent(); everything it uses comes through here. `result` may be shared by
-    several agents in turn (a chat's turns), `deadline` is a time.monotonic() value or None.
+    several agents in turn (a chat's turns); `terms` are its RunTerms, `shared` the session tree's RunParts
+    (the quota, the cancel event and the metrics), or None.
     """
 
-    def __init__(self, provider, registry, conversation, events, result, max_turns=100, deadline=None,
-                 timeout_seconds=None, recorder=None, quota=None, cancel=None, metrics=None, on_step=None,
-                 nested=False, honest=True, review=None):
+    def __init__(self, provider, registry, conversation, events, result, terms=None, shared=None, recorder=None,
+                 review=None, on_step=None):
+        terms = terms or RunTerms()
         self.provider = provider
         self.registry = registry
         self.conversation = conversation
         self.events = events
         self.result = result
-        self.max_turns = max_turns
-        self.deadline = deadline
-        self.timeout_seconds = timeout_seconds  #: only for the message when the deadline passes
+        self.max_turns = terms.max_turns
+        self.deadline = terms.deadline
+        self.timeout_seconds = terms.timeout_seconds  #: only for the message when the deadline passes
         self.recorder = recorder  #: Recorder or None: the conversation's counts are saved after every step
-        self.quota = quota  #: QuotaTracker shared by a whole tree of agents, or None
-        self.cancel = cancel  #: threading.Event: set, this agent stops (parallel subagents, Ctrl-C)
-        self.metrics = metrics or NULL_METRICS
+        self.quota = shared and shared.quota  #: QuotaTracker shared by a whole tree of agents, or None
+        self.cancel = shared and shared.cancel  #: threading.Event: set, this agent stops (parallel subagents, Ctrl-C)
+        self.metrics = shared.metrics if shared else NULL_METRICS
         self.on_step = on_step  #: callback(agent) after each step (benchmarks)
         self.review = review  #: () -> the files that run later by design the run changed (top level), or None
-        self.nested = nested  #: a subagent: Ctrl-C / SIGTERM are re-raised to the top-level run's edge
-        self.honest = honest  #: check an answer given without any tool call (conclude)
+        self.nested = terms.nested  #: a subagent: Ctrl-C / SIGTERM are re-raised to the top-level run's edge
+        self.honest = terms.honest  #: check an answer given without any tool call (conclude)
         self.malformed_streak = 0  #: turns in a row whose calls were all malformed or invalid
         self.calls_this_run = 0  #: tool calls this run made that succeeded (the totals in `result` carry on)
         self.changes_this_run = 0  #: of them, calls of tools that change or execute (write, terminal …)
@@ -3796,7 +3764,7 @@ class Agent:
         self.task = intent_of(asked)
         self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
         #: a headless run asked only a question (how many lines …): tools that change files are refused
-        self.question = honest and is_question(self.task)
+        self.question = self.honest and is_question(self.task)
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
@@ -4361,7 +4329,7 @@ class UpdateProgress:
 # ---- Session: what a run, a chat, a subagent and a watcher event share ----
 # The one place that builds a run's parts: config slice, provider, tool context, registry, store,
 # Conversation + Recorder, quota, metrics, cancel event, confirmation callbacks and output sink.
-#   session = Session.open(cfg, console, mode, working_dir, terminal_mode)   # provider, store, quota
+#   session = Session.open(cfg, console, toolset, working_dir, autonomy)     # provider, store, quota
 #   session.start("run" | "plan" | "chat" | "subagent" | "watch", resume=…)  # conversation, tools
 #   result = session.agent(max_turns=…, timeout_seconds=…).run()            # the loop
 #   session.close()                                                          # stop children, close store
@@ -4432,11 +4400,10 @@ def tool_context(cfg, confinement, store, conversation_id=None, **fields):
     """The tools' view of a session: its Confinement, limits, audit log and undo store."""
     from xzatoma_store import Redactor
     from xzatoma_tools import AuditLog, ToolContext
-    secrets = cfg.secret_values()
     audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
-                     redact=Redactor(secrets))
+                     redact=Redactor(cfg.secret_values()))
     return ToolContext(confinement, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
-                       terminal=cfg.section("agent.terminal"), secrets=secrets, audit=audit, **fields)
+                       audit=audit, **fields)
 
 
 def build_confinement(cfg, working_dir, store=None):
@@ -4457,18 +4424,18 @@ def check_sandbox(cfg, sandbox, console):
     silently weaker), or exit 2 with --require-sandbox. Returns the run header's note."""
     missing = sandbox.not_enforced()
     if missing:
-        text = "sandbox %s: not enforced here: %s" % (sandbox.mode, "; ".join(missing))
+        text = "sandbox %s: not enforced here: %s" % (sandbox.access, "; ".join(missing))
         if cfg.get("agent.terminal.require_sandbox"):
             raise UsageError(text + " (agent.terminal.require_sandbox / --require-sandbox: refusing to run)")
         console.warn(text + " (--require-sandbox makes this an error)")
-    return sandbox_note(sandbox.mode, sandbox.network)
+    return sandbox_note(sandbox.access, sandbox.network)
 
 
-def sandbox_note(mode, network):
+def sandbox_note(access, network):
     """The run header's and the chat banner's words for the sandbox (what was asked for; nothing started)."""
-    if mode == "off":
+    if access == "off":
         return "sandbox OFF: commands are not confined"
-    return "sandbox %s%s" % (mode, ", network on" if network else "")
+    return "sandbox %s%s" % (access, ", network on" if network else "")
 
 
 class SandboxCheck:
@@ -4511,39 +4478,62 @@ class _SandboxFirst:
         self._events.tool_call(call)
 
 
+class RunParts:
+    """What a whole tree of sessions shares: a run's (or a chat's, or a watcher event's), its subagents' and
+    theirs. Session.open makes them (and closes, with the session, what `owns` names); a subagent's session is
+    handed them as they are, owning none."""
+
+    def __init__(self, store, confinement, quota, metrics=None, cancel=None, mcp=None, instructions=None,
+                 sandbox_check=None, owns=(), workspace=None):
+        import threading
+        self.store = store  #: the Store, or None (history off or unusable)
+        self.confinement = confinement  #: what the tools may touch: root, protected set, policy, sandbox
+        self.quota = quota  #: the QuotaTracker of the whole tree
+        self.metrics = metrics or NULL_METRICS
+        self.cancel = cancel or threading.Event()  #: set: the tree's agents, commands and children stop
+        self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), or None
+        self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
+        #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
+        self.sandbox_check = sandbox_check
+        #: what the session that made these ends at its close(): "store", "metrics", "cancel", "confinement", "mcp"
+        self.owns = frozenset(owns)
+        self.workspace = workspace  #: the process's Workspace (a watcher's: what it read once), or None
+
+    def handed_down(self, cancel=None, owns=()):
+        """The same parts for another session: a subagent's (owning none), or chat's after a cancelled turn
+        (a new `cancel` event: that turn's subagents stay cancelled, the next turn starts afresh)."""
+        return RunParts(self.store, self.confinement, self.quota, self.metrics, cancel or self.cancel, self.mcp,
+                        self.instructions, self.sandbox_check, owns, self.workspace)
+
+
+class SubagentLink:
+    """What ties a subagent's session to its parent: the parent's conversation, the subagent's label and depth,
+    the tool context its tools derive from (the calling run's: its deadline), and the narrower tool set."""
+
+    def __init__(self, parent_id, label, depth, ctx, allowed_tools=None):
+        self.parent_id = parent_id  #: the parent's conversation id
+        self.label = label  #: named in the subagent's progress lines and in every question it asks
+        self.depth = depth  #: 1 for a subagent of the top-level run, n for one n levels down
+        self.ctx = ctx  #: the parent's ToolContext, from which the subagent's is derived (ToolContext.child)
+        self.allowed_tools = allowed_tools  #: the tools it may use (None: all the parent has; []: none)
+
+
 class Session:
     """Everything one conversation's agents share. Built by `open` (a top-level run) or `child`."""
 
-    def __init__(self, cfg, console, provider, store, mode, confinement, terminal_mode, events=None,
-                 confirmations=None, quota=None, metrics=None, cancel=None, depth=0, parent_id=None, label=None,
-                 parent_ctx=None, allowed_tools=None, instructions=None, owns=(), mcp=None, skills=(),
-                 sandbox_check=None, workspace=None):
-        import threading
+    def __init__(self, cfg, console, provider, toolset, autonomy, shared, events=None, confirmations=None,
+                 skills=(), link=None):
         self.cfg = cfg
         self.console = console
         self.provider = provider  #: the Provider every agent of this session asks
-        self.store = store  #: the Store, or None (history off or unusable)
-        self.mode = mode  #: planning (read tools) or write (all tools)
-        self.confinement = confinement  #: what the tools may touch: root, protected set, policy, sandbox
-        self.root = confinement.root  #: the jail
-        self.terminal_mode = terminal_mode  #: restricted_autonomous, full_autonomous or interactive (chat Safe)
+        self.toolset = toolset  #: the tool set: planning (read tools) or write (all tools)
+        #: the terminal's autonomy: restricted_autonomous, full_autonomous or interactive (chat's Safe safety)
+        self.autonomy = autonomy
+        self.shared = shared  #: the RunParts of the whole tree: store, confinement, quota, metrics, cancel, …
         self.events = events or Events(console)  #: the output sink: progress lines, streamed text
         self.confirmations = confirmations  #: chat's Confirmations (a person to ask), None when headless
-        self.quota = quota or QuotaTracker(cfg.get("agent.quota"))  #: shared by the whole tree of agents
-        self.metrics = metrics or NULL_METRICS
-        self.cancel = cancel or threading.Event()  #: set: this session's agents, commands and children stop
-        self.depth = depth  #: 0 at the top, n for a subagent n levels down
-        self.parent_id = parent_id  #: the parent's conversation id (subagents)
-        self.label = label  #: a subagent's label
-        self.parent_ctx = parent_ctx  #: a subagent's tools derive their context from its parent's
-        self.allowed_tools = allowed_tools  #: a subagent's narrower tool set (None: all the parent has)
-        #: says what the sandbox does not enforce here, before the tree's first command (SandboxCheck), or None
-        self.sandbox_check = sandbox_check
-        self.instructions = instructions  #: the project instructions (AGENTS.md …) in every system prompt
         self.skills = list(skills)  #: the skills this session may use (trusted, valid): see session_skills
-        self.mcp = mcp  #: the run's MCP servers (xzatoma_mcp.Servers), shared with subagents, or None
-        self.workspace = workspace  #: the process's Workspace (a watcher's), or None
-        self.owns = set(owns)  #: what close() ends: "store", "metrics", "cancel", "confinement", "mcp" (what open() made)
+        self.link = link  #: a subagent's SubagentLink to its parent; None at the top
         #: the tool profile (agent.tools.profile; auto resolved on the first build): full or compact
         self.profile = None if cfg.get("agent.tools.profile") == "auto" else cfg.get("agent.tools.profile")
         self.kind = None
@@ -4554,8 +4544,23 @@ class Session:
         self.resumed = False  #: start() continued a stored conversation
         self.recorded = False  #: the conversation is being written to the store
 
+    # the shared parts and the link, as the session's own
+    store = property(lambda self: self.shared.store)
+    confinement = property(lambda self: self.shared.confinement)
+    root = property(lambda self: self.shared.confinement.root)  #: the jail
+    quota = property(lambda self: self.shared.quota)
+    metrics = property(lambda self: self.shared.metrics)
+    cancel = property(lambda self: self.shared.cancel)
+    mcp = property(lambda self: self.shared.mcp)
+    instructions = property(lambda self: self.shared.instructions)
+    sandbox_check = property(lambda self: self.shared.sandbox_check)
+    workspace = property(lambda self: self.shared.workspace)
+    depth = property(lambda self: self.link.depth if self.link else 0)  #: 0 at the top, n for a subagent n down
+    label = property(lambda self: self.link.label if self.link else None)  #: a subagent's label
+    parent_id = property(lambda self: self.link.parent_id if self.link else None)  #: the parent's conversation
+
     @classmethod
-    def open(cls, cfg, console, mode, working_dir, terminal_mode, events=None, confirmations=None, store=None,
+    def open(cls, cfg, console, toolset, working_dir, autonomy, events=None, confirmations=None, store=None,
              metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None,
              workspace=None):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
@@ -4584,9 +4589,9 @@ class Session:
         mcp = open_mcp(cfg, console, working_dir, asker=asker, confinement=confinement)
         if mcp is not None:
             owns.add("mcp")  # its servers stop with the session: none outlives the run
-        return cls(cfg, console, provider, store, mode, confinement, terminal_mode, events=events,
-                   confirmations=confirmations, metrics=metrics, cancel=cancel, instructions=instructions, owns=owns,
-                   mcp=mcp, skills=skills, sandbox_check=SandboxCheck(cfg, confinement, console), workspace=workspace)
+        shared = RunParts(store, confinement, QuotaTracker(cfg.get("agent.quota")), metrics, cancel, mcp, instructions,
+                          SandboxCheck(cfg, confinement, console), owns, workspace)
+        return cls(cfg, console, provider, toolset, autonomy, shared, events, confirmations, skills)
 
     # -- a conversation --
     def start(self, kind, resume=None, title=None, source=None, record=None, steps=None):
@@ -4644,11 +4649,11 @@ class Session:
         self.recorded = True
         with self.recorder.held():  # one transaction
             if self.resumed:
-                self.recorder.resume(mode=self.mode, model=self.provider.model, provider=self.provider.name,
+                self.recorder.resume(mode=self.toolset, model=self.provider.model, provider=self.provider.name,
                                      safety=safety_of(self.ctx))
             else:
                 self.recorder.start(kind=self.kind, title=title or "", provider=self.provider.name,
-                                    model=self.provider.model, mode=self.mode, working_dir=self.ctx.root,
+                                    model=self.provider.model, mode=self.toolset, working_dir=self.ctx.root,
                                     source=source, parent_id=self.parent_id, depth=self.depth, label=self.label,
                                     safety=safety_of(self.ctx))
                 for message in self.conversation.messages:
@@ -4668,7 +4673,7 @@ class Session:
 
     def system_prompt(self):
         from xzatoma_tools import COMPACT_TOOLS
-        return system_prompt(self.mode, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
+        return system_prompt(self.toolset, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
 
     # -- skills and progress --
     def skill_catalog(self):
@@ -4727,39 +4732,40 @@ class Session:
     # -- tools --
     def _build(self):
         from xzatoma_skills import ActivateSkill
-        from xzatoma_tools import COMPACT_TOOLS, INTERACTIVE, build_registry
-        if self.parent_ctx is not None:
-            ctx = self.parent_ctx.child(self.label, self.id)
+        from xzatoma_tools import COMPACT_TOOLS, INTERACTIVE, Approvals, build_registry
+        if self.link is not None:
+            ctx = self.link.ctx.child(self.label, self.id)
         else:
             asks = self.confirmations
+            people = Approvals(asks is not None, asks.confirm_tool if asks and self.autonomy == INTERACTIVE
+                               else None, asks and asks.ask_irreversible, asks and asks.confirm_command)
             make = self.workspace.tool_context if self.workspace is not None else \
                 lambda *a, **kw: tool_context(self.cfg, *a, **kw)
-            ctx = make(self.confinement, self.store, self.id, interactive=asks is not None,
-                               confirm=asks.confirm_tool if asks and self.terminal_mode == INTERACTIVE else None,
-                               confirm_command=asks and asks.confirm_command, ask=asks and asks.ask_irreversible,
-                               terminal_mode=self.terminal_mode, cancel=self.cancel)
+            ctx = make(self.confinement, self.store, self.id, approvals=people, autonomy=self.autonomy,
+                       cancel=self.cancel)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
         if self.profile == COMPACT_TOOLS:
             # INFO: servers default to hot sampling (llama-cpp-python and Ollama: 0.8), under which a small
             # model's calls wander: a misspelt argument, a tool it never had, prose where the call should be.
             self.provider.prefer(temperature=SMALL_MODEL_TEMPERATURE)
-        registry = build_registry(self.mode, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
+        registry = build_registry(self.toolset, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
                                                          ActivateSkill(self.skill_state), UpdateProgress(self.progress)),
                                   profile=self.profile, skills=self.skill_state)
         if self.mcp is not None:
             registry = registry.extended(self.mcp.tools())
-        if self.allowed_tools is not None:  # [] is no tool at all (an active skill allowed none of those asked)
-            registry = registry.narrowed(set(self.allowed_tools), ctx)
+        if self.link is not None and self.link.allowed_tools is not None:  # []: no tool at all (an active
+            registry = registry.narrowed(set(self.link.allowed_tools), ctx)  # skill allowed none of those asked)
         self.ctx, self.registry = ctx, registry
 
-    def rebuild(self, mode=None, terminal_mode=None, provider=None):
+    def rebuild(self, toolset=None, autonomy=None, provider=None):
         """New tools for chat's /mode, /safe, /yolo, /model (and after a cancelled turn); the conversation stays."""
         import threading
-        self.mode = mode or self.mode
-        self.terminal_mode = terminal_mode or self.terminal_mode
+        self.toolset = toolset or self.toolset
+        self.autonomy = autonomy or self.autonomy
         self.provider = provider or self.provider
-        self.cancel = threading.Event()  # a cancelled turn's subagents stay cancelled; the next starts afresh
+        # a cancelled turn's subagents stay cancelled; the next starts afresh
+        self.shared = self.shared.handed_down(threading.Event(), self.shared.owns)
         self._build()
         self.conversation.set_system_prompt(self.system_prompt())
 
@@ -4776,12 +4782,11 @@ class Session:
         deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
         ctx = self.ctx.with_deadline(deadline)
         events = self.events if self.sandbox_check is None else _SandboxFirst(self.events, self.sandbox_check)
-        return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result,
-                     max_turns=max_turns, deadline=deadline, timeout_seconds=timeout_seconds,
-                     recorder=self.recorder if self.recorded else None, quota=self.quota, cancel=self.cancel,
-                     metrics=self.metrics, on_step=on_step, nested=self.depth > 0,
-                     honest=self.kind in ("run", "plan", "watch"),
-                     review=None if self.depth else self.confinement.deferred_changed)
+        terms = RunTerms(max_turns, deadline, timeout_seconds, honest=self.kind in ("run", "plan", "watch"),
+                         nested=self.depth > 0)
+        return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result, terms,
+                     self.shared, recorder=self.recorder if self.recorded else None,
+                     review=None if self.depth else self.confinement.deferred_changed, on_step=on_step)
 
     def child(self, label, allowed_tools=None, ctx=None):
         """A subagent's session: depth + 1, the tools narrowed to `allowed_tools`, the same quota, store,
@@ -4793,27 +4798,26 @@ class Session:
         sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
         provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
             else self.provider.clone()
-        return Session(cfg, self.console, provider, self.store, self.mode, self.confinement, self.terminal_mode,
-                       events=_ChildEvents(self.console, label, self.depth + 1), quota=self.quota,
-                       metrics=self.metrics, cancel=self.cancel, depth=self.depth + 1, parent_id=self.id,
-                       label=label, parent_ctx=ctx or self.ctx, allowed_tools=allowed_tools,
-                       instructions=self.instructions, mcp=self.mcp, sandbox_check=self.sandbox_check)
+        return Session(cfg, self.console, provider, self.toolset, self.autonomy, self.shared.handed_down(),
+                       _ChildEvents(self.console, label, self.depth + 1),
+                       link=SubagentLink(self.id, label, self.depth + 1, ctx or self.ctx, allowed_tools))
 
     def close(self, wait_for_workers=None):
         """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
         wait_for_workers (seconds; the main thread of a run only): let subagent threads record their end
         in the store before it closes."""
-        if "cancel" in self.owns:
+        owns = self.shared.owns
+        if "cancel" in owns:
             self.cancel.set()
-        if "confinement" in self.owns:
+        if "confinement" in owns:
             self.confinement.close()  # every command still running, and the private TMPDIR, go with the run
-        if "mcp" in self.owns:
+        if "mcp" in owns:
             self.mcp.close()  # every MCP server, and what it started, stops with the run
         if wait_for_workers:
             _join_workers(wait_for_workers)
-        if "store" in self.owns and self.store is not None:
+        if "store" in owns and self.store is not None:
             self.store.close()
-        if "metrics" in self.owns:
+        if "metrics" in owns:
             self.metrics.close()
 
 
@@ -4892,15 +4896,15 @@ def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust
         except Exception:  # no browser: the URL is on the screen
             pass
     confinement = confinement or build_confinement(cfg, working_dir)
-    servers = mcp.Servers(configs, working_dir, lambda mode, network, paths: mcp_sandbox(
-        cfg, confinement, mode, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
+    servers = mcp.Servers(configs, working_dir, lambda access, network, paths: mcp_sandbox(
+        cfg, confinement, access, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
         interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
         say=console.info, version=__version__, open_browser=browser,
         require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted)
     return servers.start() if start else servers
 
 
-def mcp_sandbox(cfg, confinement, mode, network, read_paths):
+def mcp_sandbox(cfg, confinement, access, network, read_paths):
     """An MCP stdio server's own sandbox: the terminal's walls from the session's Confinement (protected paths,
     the hidden XZATOMA_HOME and private files) with the environment allowlist, a private HOME and TMPDIR, and
     network only when its configuration says so. INFO: Sandbox grants reads to the directories on PATH and their
@@ -4909,7 +4913,7 @@ def mcp_sandbox(cfg, confinement, mode, network, read_paths):
     from xzatoma_tools import Sandbox
     term = cfg.get("agent.terminal")
     environ = dict(os.environ, PATH=os.pathsep.join(list(read_paths) + [os.environ.get("PATH", "")]))
-    return Sandbox(confinement, mode or term["sandbox"], network=network, environ=environ,
+    return Sandbox(confinement, access or term["sandbox"], network=network, environ=environ,
                    secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"])
 
 
@@ -4933,7 +4937,7 @@ def tool_profile(cfg, provider, console):
     return COMPACT_TOOLS if small else FULL_TOOLS
 
 
-def run_plan_session(cfg, console, instruction, working_dir, mode="write", terminal_mode=None, max_turns=None,
+def run_plan_session(cfg, console, instruction, working_dir, toolset="write", autonomy=None, max_turns=None,
                      timeout_seconds=None, title=None, source=None, metadata=None, store=None, metrics=None,
                      cancel=None, events=None, provider=None, steps=None, confinement=None, workspace=None):
     """Run one plan headless as a Session of kind `watch` and return its RunResult (for the watcher).
@@ -4941,8 +4945,8 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     cfg, console: the loaded Config and the Console for progress lines (stderr).
     instruction: the task text (a parsed plan's `to_prompt()`).
     working_dir: the directory the tools are jailed to (must exist; a UsageError otherwise).
-    mode: "write" (all tools) or "planning" (read tools only).
-    terminal_mode: "restricted_autonomous" (default: nobody can be asked, so confirm-level commands are
+    toolset: "write" (all tools) or "planning" (read tools only).
+    autonomy: "restricted_autonomous" (default: nobody can be asked, so confirm-level commands are
         refused) or "full_autonomous".
     max_turns, timeout_seconds: limits for this run (default agent.max_turns, agent.timeout_seconds).
     title: stored as the conversation's title (e.g. the plan's goal).
@@ -4962,7 +4966,7 @@ def run_plan_session(cfg, console, instruction, working_dir, mode="write", termi
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
     from xzatoma_tools import PLANNING, RESTRICTED
-    session = Session.open(cfg, console, mode, working_dir, terminal_mode or RESTRICTED, events=events,
+    session = Session.open(cfg, console, toolset, working_dir, autonomy or RESTRICTED, events=events,
                            metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement,
                            workspace=workspace)
     if metadata is not None:
@@ -5054,6 +5058,7 @@ def load_metrics(port=None, textfile=None, warn=None):
     try:
         import xzatoma_metrics
     except ImportError:
+        from xzatoma_store import install_hint
         raise UsageError("metrics need the Python package 'prometheus_client': %s"
                          % install_hint("prometheus_client", extra="metrics"))
     try:
@@ -5147,10 +5152,11 @@ def run_subagent(parent, spec, ctx=None):
     if result.status not in ("completed", "max_turns") or not summary:
         parent.metrics.subagent_error(result.status)
         return ToolResult.fail("subagent %s %s: %s" % (label, result.status, error or "no answer"), **meta)
+    from xzatoma_store import bounded_text
     cap = cfg.get("agent.subagent.output_max_size")
-    data = summary.encode("utf-8")
-    if len(data) > cap:
-        summary = data[:cap].decode("utf-8", "ignore") + "\n[summary truncated at %d bytes]" % cap
+    summary, cut = bounded_text(summary, cap)
+    if cut:
+        summary += "\n[summary truncated at %d bytes]" % cap
     head = "[subagent %s · depth %d · %s · %s · %s tokens · conversation %s]" % (
         label, depth, result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens), child.id)
     return ToolResult.ok(head + "\n" + summary, **meta)
@@ -5398,11 +5404,9 @@ class Workspace:
         self.lock = threading.Lock()
         self._instructions = None  #: (signature, ProjectInstructions) while the files are as they were
         self._no_skills = None  #: the signature of the skill places while none of them exists
-        self.secrets = cfg.secret_values()
         self.tools_config = cfg.section("agent.tools")  #: read-only, shared by every session's ToolContext
-        self.terminal_config = cfg.section("agent.terminal")
         self.audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
-                              redact=Redactor(self.secrets))
+                              redact=Redactor(cfg.secret_values()))
 
     def instructions(self):
         signature = self._instruction_files()
@@ -5440,7 +5444,7 @@ class Workspace:
         """tool_context with what does not change per session made once."""
         from xzatoma_tools import ToolContext
         return ToolContext(confinement, self.tools_config, store=store, conversation_id=conversation_id,
-                           terminal=self.terminal_config, secrets=self.secrets, audit=self.audit, **fields)
+                           audit=self.audit, **fields)
 
 
 def _stat_key(path, follow=True):
@@ -5466,7 +5470,7 @@ def show_instructions(console, instructions):
         console.debug("  " + note)
 
 
-def system_prompt(mode, tool_names, compact=False):
+def system_prompt(toolset, tool_names, compact=False):
     """The system prompt: the same bytes for every directory, day and project, so that a server's prompt cache
     (llama.cpp, vLLM, hosted APIs) keeps the system prompt and the tool definitions after it; what varies
     goes in environment_message. Its words match how calls may be made: natively or written as text. The
@@ -5475,7 +5479,7 @@ def system_prompt(mode, tool_names, compact=False):
         return "\n".join([
             "You are XZatoma, an agent that does tasks in the working directory by calling tools. You act: you "
             "never explain to the person how to do the task.",
-            "Mode: %s. %s" % (mode.upper(), "You can read files; you cannot change them." if mode == "planning"
+            "Mode: %s. %s" % (toolset.upper(), "You can read files; you cannot change them." if toolset == "planning"
                               else "You can read and change files and run commands."),
             "Tools: %s." % (", ".join(tool_names) or "none"),
             "",
@@ -5487,11 +5491,11 @@ def system_prompt(mode, tool_names, compact=False):
             "or replaces all of its content.",
             "When the task is done, give the final answer: one or two sentences with what you did or found.",
         ])
-    mode_text = PLANNING_PROMPT if mode == "planning" else WRITE_PROMPT
+    mode_text = PLANNING_PROMPT if toolset == "planning" else WRITE_PROMPT
     return "\n".join([
         "You are XZatoma, an autonomous agent that completes tasks by calling tools.",
         "",
-        "Mode: %s" % mode.upper(),
+        "Mode: %s" % toolset.upper(),
         mode_text,
         "",
         "Available tools: %s." % (", ".join(tool_names) or "none"),
@@ -5558,7 +5562,7 @@ def open_store(cfg, console, required=False):
 
 def safety_of(ctx):
     """The safety a conversation runs with, in chat's words (run without --allow-dangerous: 'restricted')."""
-    return {"interactive": "safe", "full_autonomous": "yolo"}.get(ctx.terminal_mode, "restricted")
+    return {"interactive": "safe", "full_autonomous": "yolo"}.get(ctx.autonomy, "restricted")
 
 
 class Recorder:
@@ -6675,7 +6679,7 @@ class ChatSession:
             args.mode = args.mode or (target[1].get("mode") if target[1].get("mode") in ("write", "planning")
                                       else None)
         self.session = Session.open(cfg, console, args.mode or cfg.get("agent.chat_mode"), args.working_dir,
-                                    self.terminal_mode(), events=self.events, confirmations=self.confirmations,
+                                    self.autonomy(), events=self.events, confirmations=self.confirmations,
                                     metrics_port=args.metrics_port)
         self.mentions = Mentions(self._mention_registry, console, cfg)
         try:
@@ -6688,14 +6692,15 @@ class ChatSession:
             self.session.close()
             raise
 
-    def terminal_mode(self):
+    def autonomy(self):
+        """The terminal's autonomy chat's safety gives: Safe asks (interactive), YOLO does not (full)."""
         from xzatoma_tools import FULL, INTERACTIVE
         return INTERACTIVE if self.safety == "safe" else FULL
 
     # -- what the Session holds, as the REPL shows it --
     @property
-    def mode(self):
-        return self.session.mode
+    def toolset(self):
+        return self.session.toolset
 
     @property
     def provider(self):
@@ -6743,16 +6748,16 @@ class ChatSession:
 
     # -- display --
     def prompt(self):
-        text = "[%s][%s] >> " % (self.mode.upper(), self.safety.upper())
+        text = "[%s][%s] >> " % (self.toolset.upper(), self.safety.upper())
         if not (self.console.color and _isatty(sys.stdout)):  # one colour decision: --no-color, NO_COLOR, TTY
             return text
-        colour = "36" if self.mode == "planning" else "33"
+        colour = "36" if self.toolset == "planning" else "33"
         return "\001\033[1;%sm\002[%s]\001\033[0m\002\001\033[1;%sm\002[%s]\001\033[0m\002 >> " % (
-            colour, self.mode.upper(), "32" if self.safety == "safe" else "31", self.safety.upper())
+            colour, self.toolset.upper(), "32" if self.safety == "safe" else "31", self.safety.upper())
 
     def banner(self):
         self.console._write("\n".join([box("XZatoma Interactive Chat Mode - Welcome!"), "",
-                                       "Mode:   %s" % MODE_TEXT[self.mode], "Safety: %s" % SAFETY_TEXT[self.safety],
+                                       "Mode:   %s" % MODE_TEXT[self.toolset], "Safety: %s" % SAFETY_TEXT[self.safety],
                                        "Model:  %s/%s" % (self.provider.name, self.provider.model),
                                        "Terminal: %s" % self.sandbox_note, "",
                                        "Type '/help' for available commands, 'exit' to quit", ""]))
@@ -6767,7 +6772,7 @@ class ChatSession:
         window = self.window()
         used = self.conversation.tokens
         lines = [box("XZatoma Session Status"), "",
-                 "Chat Mode:         %s" % MODE_TEXT[self.mode],
+                 "Chat Mode:         %s" % MODE_TEXT[self.toolset],
                  "Safety Mode:       %s" % SAFETY_TEXT[self.safety],
                  "Provider / Model:  %s / %s" % (self.provider.name, self.provider.model),
                  "Available Tools:   %d (%s)" % (len(self.registry), ", ".join(self.registry.names())),
@@ -6780,7 +6785,7 @@ class ChatSession:
                  "Instructions:      %s" % self.session.instructions.describe(),
                  "Conversation ID:   %s" % self.id,
                  "Quota:             %s" % ", ".join(self.session.quota.usage()),
-                 "Prompt Format:     [%s][%s] >>" % (self.mode.upper(), self.safety.upper())]
+                 "Prompt Format:     [%s][%s] >>" % (self.toolset.upper(), self.safety.upper())]
         if self.confirmations.always or self.confirmations.never:
             lines.append("Session answers:   always: %s; never: %s (/approvals clear forgets them)" % (
                 ", ".join(sorted(self.confirmations.always)) or "-", ", ".join(sorted(self.confirmations.never)) or "-"))
@@ -6928,7 +6933,7 @@ class ChatSession:
         mode = mode.lower()
         if mode not in ("planning", "write"):
             raise UsageError("usage: /mode planning|write")
-        self.session.rebuild(mode=mode)
+        self.session.rebuild(toolset=mode)
         if mode == "write":
             self.console.info("Switched to WRITE mode. All tools now available.")
             if not self.warned_write:
@@ -6943,7 +6948,7 @@ class ChatSession:
         self.safety = safety
         if safety == "safe":
             self.confirmations.reset()
-        self.session.rebuild(terminal_mode=self.terminal_mode())
+        self.session.rebuild(autonomy=self.autonomy())
         self.console.info("Switched to SAFE mode. Dangerous operations will ask for confirmation." if safety == "safe"
                           else "Switched to YOLO safety mode. Operations will execute without confirmation.")
 
@@ -7708,7 +7713,7 @@ def watch_filters(args, cfg):
         raise UsageError(str(exc))
 
 
-def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
+def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
     import threading
@@ -7721,7 +7726,7 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
     # the process (the sandbox's helper and TMPDIR at exit), and its sandbox starts only if a command runs
     confinement = build_confinement(cfg, check_working_dir(settings.working_dir), store)
     workspace = Workspace(cfg, confinement.root)  # instructions, skills, the tools' configuration: read once
-    if mode == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
+    if toolset == "write":  # said once at start, as run does; --require-sandbox's config key refuses here
         check_sandbox(cfg, confinement.sandbox, console)
 
     def run_plan(job):
@@ -7729,8 +7734,8 @@ def watch_runner(cfg, console, store, settings, mode, allow_dangerous):
         provider = getattr(per_thread, "provider", None)
         if provider is None:
             provider = per_thread.provider = base_provider.clone()
-        outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, mode=mode,
-                                   terminal_mode=FULL if allow_dangerous else RESTRICTED,
+        outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, toolset=toolset,
+                                   autonomy=FULL if allow_dangerous else RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
                                    provider=provider, confinement=confinement, workspace=workspace,
@@ -7762,8 +7767,8 @@ def cmd_watch(args, console):
     log = watch.WatchLog(stream, args.log_format or cfg.get("logging.format"), cfg.get("logging.level"),
                          redact=Console.clean)  # redacted, and what a topic said is shown, never obeyed
     store = open_store(cfg, console) if not settings.dry_run else None
-    mode = args.mode or cfg.get("watcher.mode")
-    run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, mode,
+    toolset = args.mode or cfg.get("watcher.mode")
+    run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, toolset,
                                                           cfg.get("watcher.allow_dangerous"))
     xzepr = None
     if cfg.get("xzepr.api_url") and not settings.dry_run:
@@ -8463,7 +8468,7 @@ def cmd_policy_sandbox(args, console):
     lines += ["not covered: " + item for item in SANDBOX_NOT_COVERED]
     CleanWriter(sys.stdout, exact=True).write("\n".join(lines) + "\n")  # paths come from the tree: a name can hold ESC
     if missing and cfg.get("agent.terminal.require_sandbox"):
-        console.error("sandbox %s is not fully enforced here (--require-sandbox)" % sandbox.mode)
+        console.error("sandbox %s is not fully enforced here (--require-sandbox)" % sandbox.access)
         return EXIT_USAGE
     return EXIT_OK
 

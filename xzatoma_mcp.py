@@ -301,19 +301,11 @@ class ProjectTrust:
         return self._load().get(os.path.realpath(path)) == self.digest(text)
 
     def trust(self, path, text):
-        from xzatoma_store import private_dir
+        from xzatoma_store import private_dir, write_private
         data = self._load()
         data[os.path.realpath(path)] = self.digest(text)
         private_dir(os.path.dirname(self.path))
-        tmp = self.path + ".tmp"
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_private(self.path, json.dumps(data, indent=1, sort_keys=True))
 
 
 # ---- JSON-RPC ----
@@ -497,7 +489,7 @@ class StdioTransport:
     def __init__(self, config, root, make_sandbox, log, warn, require_sandbox=False):
         self.config = config
         self.root = root
-        self.make_sandbox = make_sandbox  #: make_sandbox(mode, network, read_paths) -> xzatoma_tools.Sandbox
+        self.make_sandbox = make_sandbox  #: make_sandbox(access, network, read_paths) -> xzatoma_tools.Sandbox
         self.log = log
         self.warn = warn
         self.require_sandbox = require_sandbox
@@ -522,7 +514,7 @@ class StdioTransport:
         grants = list(cfg.read_paths) + [os.path.dirname(os.path.abspath(found))]
         sandbox = self.make_sandbox(cfg.sandbox, cfg.network, grants)
         self.sandbox = sandbox
-        mode = sandbox.mode if sandbox is not None else "off"
+        access = sandbox.access if sandbox is not None else "off"
         argv = [found] + cfg.args
         if sandbox is not None and sandbox.confined:
             missing = sandbox.not_enforced()
@@ -533,12 +525,12 @@ class StdioTransport:
                 self.warn(text)
             env = dict(sandbox.env, **cfg.env)  # the allowlist, a private HOME and TMPDIR, and what it names
             self.process = _ConfinedProcess(sandbox, argv, env)
-            self.confinement = "sandbox %s%s" % (mode, ", network" if cfg.network else ", no network")
+            self.confinement = "sandbox %s%s" % (access, ", network" if cfg.network else ", no network")
         else:
             if self.require_sandbox:
                 raise McpError("its sandbox is off or unavailable here (agent.terminal.require_sandbox: not started)")
             self.warn("MCP server '%s' runs unconfined (sandbox %s): it can read and write whatever you can" % (
-                cfg.name, mode if mode == "off" else "not available on this system"))
+                cfg.name, access if access == "off" else "not available on this system"))
             self.process = _LocalProcess(argv, _plain_env(cfg.env), self.root)
         for target in (self._read_stdout, self._read_stderr):
             thread = threading.Thread(target=target, name="mcp-%s" % cfg.name, daemon=True)
@@ -1678,7 +1670,7 @@ class McpTool(Tool):
     def run(self, args, ctx):
         if self.withdrawn:
             raise ToolError("%s is no longer available: %s" % (self.label(), self.withdrawn))
-        if self.approval == "ask" and not ctx.interactive:
+        if self.approval == "ask" and not ctx.approvals.interactive:
             raise ToolError(HEADLESS_REFUSAL % (self.name, self.server.config.name, self.remote,
                                                 self.server.config.name))
         deadline = time.monotonic() + self.server.config.timeout
@@ -1851,7 +1843,7 @@ class Servers:
     (timeout_seconds: start-up and handshake); their tools for the registry; all stopped by close().
 
     configs: [ServerConfig]; untrusted: [(name, why)] of servers not started (a project file not trusted);
-    root: the working directory; make_sandbox(mode, network, read_paths) -> xzatoma_tools.Sandbox (or None
+    root: the working directory; make_sandbox(access, network, read_paths) -> xzatoma_tools.Sandbox (or None
     where nothing confines); home: XZATOMA_HOME (logs); credentials: get/set of stored credentials;
     interactive: a person can be asked (logins may open a browser); warn/note/say: lines for people;
     version: XZatoma's, for clientInfo; require_sandbox: a stdio server that cannot be confined is not started.

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 
-# ---- Identifiers and times ----
+# ---- Identifiers, times and this installation ----
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _ulid_lock = threading.Lock()
@@ -50,8 +50,23 @@ def ulid_time(ulid):
     return value / 1000.0
 
 
-def rfc3339(ts=None):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
+def rfc3339(ts=None, millis=False):
+    """`ts` (seconds since the epoch; now unless given) in UTC as RFC 3339: 2025-01-15T10:30:45Z, with
+    millis 2025-01-15T10:30:45.123Z (the watcher's log lines and events)."""
+    ts = time.time() if ts is None else ts
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + (".%03dZ" % int(ts % 1 * 1000) if millis else "Z")
+
+
+def install_hint(package, extra=None, prefix=None):
+    """How to add `package` to this installation (`extra`: the xzatoma extra that brings it). pipx keeps xzatoma
+    in a venv of its own, where a plain `pip install` cannot reach; pipx writes pipx_metadata.json at that
+    venv's root (`prefix`, sys.prefix unless given), wherever PIPX_HOME puts it."""
+    import sys
+    if os.path.isfile(os.path.join(sys.prefix if prefix is None else prefix, "pipx_metadata.json")):
+        return "pipx inject xzatoma %s" % package
+    if extra:
+        return "pip install 'xzatoma[%s]' (or pip install %s)" % (extra, package)
+    return "pip install %s (or reinstall xzatoma)" % package
 
 
 def parse_age(text):
@@ -615,6 +630,46 @@ def fmt_size(n):
         n /= 1024.0
 
 
+#: what str.split() takes for a space but a terminal would not show as one (form feed, vertical tab, the
+#: separators U+001C-U+001F, NEL, U+2028/U+2029): shown as an escape, never collapsed into a blank
+_SPLIT_CONTROLS = "\x0b\x0c\x1c\x1d\x1e\x1f\x85\u2028\u2029"
+
+#: how much of a long text one_line reads: it shows a line, and redact() costs ~0.3 s per MB (`history show`
+#: passed every stored tool result whole)
+_ONE_LINE_SCAN = 65536
+
+
+def one_line(text, width=100):
+    """`text` (anything: an exception, a stored result) as one line of at most `width` characters for people:
+    secrets redacted before the cut, runs of white space folded into one blank, cut with an ellipsis. The one
+    version for the whole program (the watcher's log lines too)."""
+    text = str(text)
+    if len(text) > _ONE_LINE_SCAN:  # without the word the bound splits: it could be a credential's beginning
+        text = text[:_ONE_LINE_SCAN]
+        last = text.split()[-1:]  # the last word, where the bound falls inside one (unless it is all there is)
+        if last and not text[-1].isspace() and len(last[0]) < len(text):
+            text = text[:len(text) - len(last[0])]
+    text = redact(text)  # before the cut: a secret cut in two is no longer one redact() knows
+    if any(ch in text for ch in _SPLIT_CONTROLS):  # `a\x0cb.txt` was shown as `a b.txt`
+        text = "".join(_escape_char(ch) if ch in _SPLIT_CONTROLS else ch for ch in text)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def bounded_text(text, limit):
+    """(`text` cut to at most `limit` bytes of UTF-8 at a character's end, whether it was cut): the one way a
+    text is held to a size in bytes (a tool's output, a subagent's summary, a result event's fields). Half a
+    character (a lone surrogate: a byte of a file name that is not UTF-8, or from a model's escaped reply)
+    counts as the '?' it is sent as, and never makes an encoding error."""
+    text = text or ""
+    if len(text) * 4 <= limit:  # no character takes more than four bytes
+        return text, False
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text, False
+    return data[:limit].decode("utf-8", "ignore"), True
+
+
 def one_line_path(path):
     """A path for a line shown to people: a newline, tab or CR in a name is shown as `\\n`, never obeyed, so a
     name cannot forge a second line of progress or push a question's end out of sight."""
@@ -664,6 +719,21 @@ def private_file(path):
     except FileExistsError:
         _tighten(path, 0o600)
     return path
+
+
+def write_private(path, text):
+    """Write `path` whole, 0600: through `path`.tmp, created O_EXCL|O_NOFOLLOW (a leftover, or a link planted
+    in its place, is removed, never written through), then renamed over it (readers see the old or the new)."""
+    tmp = path + ".tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fd, 0o600)  # whatever the umask took away
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def _tighten(path, mode):
@@ -923,7 +993,7 @@ class Store:
             "INSERT INTO conversations (id, parent_id, depth, label, title, kind, provider, model, mode, "
             "working_dir, status, started_at, updated_at, source, pid, host, safety) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
-            (id, parent_id, depth, self.redact(label), _shorten(self.redact(title), 120), kind, provider, model, mode,
+            (id, parent_id, depth, self.redact(label), one_line(self.redact(title) or "", 120), kind, provider, model, mode,
              working_dir, now, now, self.redact(source), os.getpid(), _hostname(), safety))
         with self._seq_lock:
             self._seq[id] = 0
@@ -1416,11 +1486,6 @@ def _conversation_row(row):
 
 def _xor(data, stream):
     return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(data), "big")
-
-
-def _shorten(text, width):
-    text = " ".join((text or "").split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _hostname():

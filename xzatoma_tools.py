@@ -14,7 +14,7 @@ The safety kernel (below `# ==== The safety kernel ====`) imports nothing from t
   ToolError, JailError, PathError, UrlBlocked
   Jail(root, hidden).resolve(path) -> Target, resolve_path, path_verdict, display_path, read_fd, glob_match
   parse_shell, needs_shell, command_argv; CommandPolicy(confinement).judge(command) -> Verdict (allow/confirm/deny)
-  Sandbox(confinement, mode, …, limits), SANDBOX_LIMITS, ProtectedWatch, run_command, child_env, trusted_realpath
+  Sandbox(confinement, access, …, limits), SANDBOX_LIMITS, ProtectedWatch, run_command, child_env, trusted_realpath
       (read grants never through what commands write); check_url, url_verdict; AuditLog
 
 Only the standard library (and xzatoma_store) is imported at module level.
@@ -33,8 +33,8 @@ import sys
 import threading
 import time
 
-from xzatoma_store import (UntrustedStream, fmt_size, json_type, one_line_path,  # noqa: F401
-                           preview_arguments, render_json, render_untrusted)
+from xzatoma_store import (UntrustedStream, bounded_text, fmt_size, json_type, one_line_path,  # noqa: F401
+                           preview_arguments, render_json, render_untrusted, rfc3339)
 
 
 # ---- Tool results ----
@@ -64,12 +64,10 @@ class ToolResult:
 
     def truncate(self, max_bytes):
         """Cap the output at max_bytes (UTF-8), keeping the head and saying so."""
-        data = self.output.encode("utf-8", "surrogateescape")
-        if max_bytes is None or len(data) <= max_bytes:
-            return self
-        self.output = data[:max_bytes].decode("utf-8", "ignore")
-        self.truncated = True
-        self.metadata["original_size"] = len(data)
+        head, cut = bounded_text(self.output, max_bytes) if max_bytes is not None else (None, False)
+        if cut:
+            self.metadata["original_size"] = len(self.output.encode("utf-8", "replace"))
+            self.output, self.truncated = head, True
         return self
 
     def to_message(self):
@@ -94,8 +92,32 @@ class ToolResult:
 # ---- Tool and registry ----
 
 READ, WRITE, EXECUTE = "read", "write", "execute"  # a tool's permission; planning mode offers only READ
-PLANNING, WRITE_MODE = "planning", "write"
-RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "interactive"  # terminal modes
+PLANNING, WRITE_MODE = "planning", "write"  # tool sets (chat's /mode, run --mode)
+RESTRICTED, FULL, INTERACTIVE = "restricted_autonomous", "full_autonomous", "interactive"  # terminal autonomy
+
+
+class Approvals:
+    """The people a tool run can ask, and how (chat's Confirmations give them; the default: nobody).
+
+    confirm(tool_name, args, detail) -> bool before a call whose tool asks for it (chat in Safe mode only);
+    ask(tool_name, args, detail) -> bool for an irreversible change; confirm_command(command, reason) -> the
+    command to run (maybe edited) or None. `interactive`: a person can be asked (chat), even with no confirm
+    (YOLO); a callback alone (a test's) does not make a run interactive."""
+
+    def __init__(self, interactive=False, confirm=None, ask=None, confirm_command=None):
+        self.interactive, self.confirm, self.ask, self.confirm_command = interactive, confirm, ask, confirm_command
+
+    def prefixed(self, prefix):
+        """The same people, each question opened by `prefix` (a subagent's label)."""
+        confirm, ask, confirm_command = self.confirm, self.ask, self.confirm_command
+        return Approvals(
+            self.interactive,
+            None if confirm is None else (lambda name, args, detail: confirm(name, args, prefix + (detail or ""))),
+            None if ask is None else (lambda name, args, detail: ask(name, args, prefix + detail)),
+            None if confirm_command is None else (lambda command, reason: confirm_command(command, prefix + reason)))
+
+
+NOBODY = Approvals()  #: a headless run's: nobody to ask
 
 
 class ToolContext:
@@ -104,52 +126,46 @@ class ToolContext:
     Every field is given to the constructor (the Session builds it; tests pass what they need) and
     documented here; tools read them directly, never probing with getattr. `child()` derives a
     subagent's context, `with_deadline()` one run's. `confinement` may be a working directory: a Confinement
-    of it is made from the other arguments (tests, embedding).
+    of it is made with agent.tools.protected_paths (tests, embedding; build one to give it more).
     """
 
-    def __init__(self, confinement, tools_config=None, confirm=None, store=None, conversation_id=None,
-                 interactive=False, ask=None, confirm_command=None, terminal=None, terminal_mode=None,
-                 audit=None, secrets=(), cancel=None, deadline=None, depth=0, label=None, xzatoma_home=None,
-                 sandbox=None):
+    def __init__(self, confinement, tools_config=None, approvals=None, autonomy=None, store=None,
+                 conversation_id=None, audit=None, cancel=None, deadline=None):
         #: the agent.tools configuration slice (limits such as max_output_size, fetch, undo_max_bytes)
         self.config = tools_config or {}
-        #: the agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist)
-        self.terminal = terminal or {}
         if not isinstance(confinement, Confinement):
-            confinement = Confinement(confinement, xzatoma_home, self.config.get("protected_paths") or (),
-                                      terminal=self.terminal, secrets=secrets, sandbox=sandbox)
+            confinement = Confinement(confinement, extra=self.config.get("protected_paths") or ())
         #: the session's Confinement: the root, the jail, the protected set, the policy and the sandbox
         self.confinement = confinement
-        #: confirm(tool_name, args, detail) -> bool before a call whose tool asks for it; chat in Safe mode only
-        self.confirm = confirm
+        #: who can be asked, and how (Approvals); nobody by default
+        self.approvals = approvals or NOBODY
+        #: the terminal's autonomy: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or
+        #: interactive (chat's Safe safety)
+        self.autonomy = autonomy or RESTRICTED
         #: the Store for undo records and the fetch cache, or None (no history this run)
         self.store = store
         #: the stored conversation the undo records belong to
         self.conversation_id = conversation_id
-        #: True only when a person can be asked (chat), even when confirm is None (YOLO)
-        self.interactive = interactive
-        #: ask(tool_name, args, detail) -> bool for an irreversible change; None where nobody can be asked
-        self.ask = ask
-        #: confirm_command(command, reason) -> the command to run (maybe edited) or None; chat only
-        self.confirm_command = confirm_command
-        #: restricted_autonomous (run), full_autonomous (--allow-dangerous, YOLO) or interactive (Safe)
-        self.terminal_mode = terminal_mode or RESTRICTED
         #: the AuditLog every terminal command is written to, or None
         self.audit = audit
-        #: credential values: kept out of commands' environment
-        self.secrets = tuple(secrets)
         #: a threading.Event; set, it stops running commands and subagents (Ctrl-C, SIGTERM, fail_fast)
         self.cancel = cancel
         #: time.monotonic() by which the run must end (--timeout), or None; tools and commands honour it
         self.deadline = deadline
-        #: 0 for the top-level agent, n for a subagent n levels down
-        self.depth = depth
-        #: the subagent's label, named in every question it asks; None at the top
-        self.label = label
+        #: 0 for the top-level agent, n for a subagent n levels down (child())
+        self.depth = 0
+        #: the subagent's label, named in every question it asks; None at the top (child())
+        self.label = None
         #: the id of the tool call in progress (set by the Registry for each call; undo records name it)
         self.call_id = None
         #: the person accepted this call's change without an undo record (over the cap); reset for each call
         self.undo_waived = False
+
+    @property
+    def terminal(self):
+        """The agent.terminal configuration slice (timeouts, output caps, allowlist, custom denylist): the
+        Confinement's, which its policy and sandbox were made from."""
+        return self.confinement.terminal
 
     @property
     def root(self):
@@ -176,15 +192,8 @@ class ToolContext:
 
     def child(self, label, conversation_id):
         """A subagent's context: same jail, policy, store, cancel and deadline; its questions name it."""
-        prefix = "[subagent %s] " % label
-        confirm, confirm_command, ask = self.confirm, self.confirm_command, self.ask
-        return self._derived(
-            label=label, depth=self.depth + 1, conversation_id=conversation_id,
-            confirm=None if confirm is None else
-            (lambda name, args, detail: confirm(name, args, prefix + (detail or ""))),
-            confirm_command=None if confirm_command is None else
-            (lambda command, reason: confirm_command(command, prefix + reason)),
-            ask=None if ask is None else (lambda name, args, detail: ask(name, args, prefix + detail)))
+        return self._derived(label=label, depth=self.depth + 1, conversation_id=conversation_id,
+                             approvals=self.approvals.prefixed("[subagent %s] " % label))
 
     def with_deadline(self, deadline):
         """The same context for one run that must end by `deadline` (time.monotonic(), or None)."""
@@ -260,10 +269,11 @@ class ToolContext:
             return
         detail = "%s is %s, over the undo cap of %s (agent.tools.undo_max_bytes): this cannot be undone" % (
             display_path(target.real, self.root), fmt_size(size), fmt_size(cap))
-        if self.ask is not None and self.ask(tool, args, detail):
+        ask = self.approvals.ask
+        if ask is not None and ask(tool, args, detail):
             self.undo_waived = True  # the person accepted this change without an undo record
             return
-        raise ToolError(detail + ("; the user declined" if self.ask is not None else
+        raise ToolError(detail + ("; the user declined" if ask is not None else
                                   "; refused without a person to confirm it"))
 
     # -- protected paths --
@@ -280,10 +290,10 @@ class ToolContext:
             return
         detail = "%s %s changes %s, a protected path (agent.tools.protected_paths)" % (
             tool, one_line_path(display_path(target.real, self.root)), one_line_path(what))
-        if not self.interactive or self.ask is None:
+        if not self.approvals.interactive or self.approvals.ask is None:
             raise ToolError("%s; it needs a person's approval; not available in this run" % detail)
         change = shows() if shows is not None else None
-        if not self.ask(tool, args, detail + ("\n" + change if change else "")):
+        if not self.approvals.ask(tool, args, detail + ("\n" + change if change else "")):
             raise ToolError("the user declined: %s" % detail)
         conf.accept(target.real)
 
@@ -374,12 +384,12 @@ def validate_arguments(tool, raw):
 
 
 class Registry:
-    """The tools offered to the model in one mode. `execute` never raises."""
+    """The tools offered to the model in one tool set (planning, write). `execute` never raises."""
 
-    def __init__(self, tools, ctx, mode=WRITE_MODE, all_names=(), schemas=None, skills=None):
+    def __init__(self, tools, ctx, toolset=WRITE_MODE, all_names=(), schemas=None, skills=None):
         self.tools = {t.name: t for t in tools}
         self.ctx = ctx
-        self.mode = mode
+        self.toolset = toolset
         self.all_names = set(all_names) | set(self.tools)
         self.schemas = schemas or {}  #: name -> the definition offered instead of the tool's own (a profile's)
         #: the session's SkillState, or None: while active skills narrow the tools (allowed-tools), only those
@@ -388,19 +398,19 @@ class Registry:
 
     def narrowed(self, names, ctx):
         """The same tools, only those named, over another context (a subagent's)."""
-        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.mode, self.all_names,
+        return Registry([t for n, t in self.tools.items() if n in names], ctx, self.toolset, self.all_names,
                         self.schemas, self.skills)
 
     def bound(self, ctx):
         """The same tools over another context (one run's deadline)."""
-        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.mode, self.all_names,
+        return self if ctx is self.ctx else Registry(self.tools.values(), ctx, self.toolset, self.all_names,
                                                      self.schemas, self.skills)
 
     def extended(self, tools):
-        """The same registry with more tools (an MCP server's), those the mode offers: planning keeps the
+        """The same registry with more tools (an MCP server's), those the tool set offers: planning keeps the
         read ones. Every profile offers them: the person configured them."""
-        offered = [t for t in tools if self.mode == WRITE_MODE or t.permission == READ]
-        return Registry(list(self.tools.values()) + offered, self.ctx, self.mode,
+        offered = [t for t in tools if self.toolset == WRITE_MODE or t.permission == READ]
+        return Registry(list(self.tools.values()) + offered, self.ctx, self.toolset,
                         self.all_names | {t.name for t in tools}, self.schemas, self.skills)
 
     def __contains__(self, name):
@@ -426,7 +436,7 @@ class Registry:
         tool = self.tools.get(name)
         if tool is None:
             if name in self.all_names:
-                return None, None, "tool %s is not available in %s mode" % (name, self.mode)
+                return None, None, "tool %s is not available in %s mode" % (name, self.toolset)
             return None, None, "unknown tool %r; available tools: %s" % (name, ", ".join(sorted(self.tools)))
         withdrawn = getattr(tool, "withdrawn", None)
         if withdrawn:
@@ -455,9 +465,9 @@ class Registry:
         started = time.monotonic()
         self.ctx.call_id, self.ctx.undo_waived = call_id, False
         try:
-            if self.ctx.confirm is not None:
+            if (confirm := self.ctx.approvals.confirm) is not None:
                 detail = tool.confirmation(args, self.ctx)
-                if detail is not None and not self.ctx.confirm(name, args, detail):
+                if detail is not None and not confirm(name, args, detail):
                     return ToolResult.fail("the user declined %s %s" % (name, tool.preview_args(args)),
                                            declined=True)
             result = tool.run(args, self.ctx)
@@ -666,11 +676,11 @@ def list_fd(fd):
 def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
     """Yield (relpath, dir_fd, name, kind) under the directory Target `start`, in name order.
 
-    The walk goes by descriptors (each directory opened with O_NOFOLLOW relative to its parent), so
-    a directory swapped for a symlink mid-walk is never entered. It skips VCS directories and
-    ignored paths; kind is 'dir', 'file', 'link' (never followed here: callers resolve it through
-    the jail, and a link out of the tree is skipped) or 'special' (FIFO, socket, device). `dir_fd`
-    is valid until the next item is asked for. `check()` runs once per directory (the deadline).
+    The walk is walk_at's (by descriptors: a directory swapped for a symlink mid-walk is never entered),
+    each directory's entries before what is below them. It skips VCS directories and ignored paths; kind is
+    'dir', 'file', 'link' (never followed here: callers resolve it through the jail, and a link out of the
+    tree is skipped) or 'special' (FIFO, socket, device). `dir_fd` is valid until the next item is asked
+    for. `check()` runs before each entry (the deadline).
     """
     ignore = None
     if gitignore:
@@ -680,54 +690,32 @@ def walk_files(jail, start, gitignore=True, include_dirs=False, check=None):
         finally:
             os.close(root_fd)
     first = display_path(start.real, jail.root)
-    frames = []
-    try:
-        fd = start.open_dir()
-        frames.append([fd, "" if first == "." else first + "/", None])
-        while frames:
-            frame = frames[-1]
-            fd, prefix, pending = frame
-            if pending is None:  # list this directory, yield its entries, then descend
-                try:
-                    entries = list_fd(fd)
-                except OSError:
-                    entries = []
-                subdirs = []
-                for name, kind in entries:
-                    rel = prefix + name
-                    is_dir = kind == "dir"
-                    if is_dir and name in SKIP_DIRS:
-                        continue
-                    if jail.hidden_rel and is_dir and fold_path(rel) in jail.hidden_rel:
-                        continue  # XZATOMA_HOME in the tree: never listed, searched or copied
-                    if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
-                        continue
-                    if kind == "link" and not _link_inside(jail, rel):
-                        continue
-                    if is_dir:
-                        subdirs.append(name)
-                        if include_dirs:
-                            yield rel, fd, name, kind
-                    else:
-                        yield rel, fd, name, kind
-                frame[2] = iter(subdirs)
+    top = "" if first == "." else first + "/"
+
+    def listing(fd, prefix):
+        if prefix and ignore is not None:
+            ignore.enter(top + prefix[:-1], fd)
+        try:
+            entries = list_fd(fd)
+        except OSError:
+            return []
+        keep = []
+        for name, kind in entries:
+            rel, is_dir = top + prefix + name, kind == "dir"
+            if is_dir and name in SKIP_DIRS:
                 continue
-            if (name := next(pending, None)) is None:
-                frames.pop()
-                os.close(fd)
+            if jail.hidden_rel and is_dir and fold_path(rel) in jail.hidden_rel:
+                continue  # XZATOMA_HOME in the tree: never listed, searched or copied
+            if ignore is not None and ignore.rules and ignore.ignored(rel, is_dir):
                 continue
-            if check is not None:
-                check()
-            try:
-                sub = os.open(name, _LIST_DIR, dir_fd=fd)
-            except OSError:
-                continue  # swapped for a symlink or removed since the listing: not entered
-            if ignore is not None:
-                ignore.enter(prefix + name, sub)
-            frames.append([sub, prefix + name + "/", None])
-    finally:
-        for frame in frames:
-            os.close(frame[0])
+            if kind == "link" and not _link_inside(jail, rel):
+                continue
+            keep.append((name, kind, is_dir))
+        return keep
+
+    for rel, fd, name, kind, _ in walk_at(start.dir_fd, start.name, check, listing, lenient=True, files_first=True):
+        if rel and (kind != "dir" or include_dirs):
+            yield top + rel, fd, name, kind
 
 
 def _link_inside(jail, rel):
@@ -1752,8 +1740,8 @@ class FileMetadata(Tool):
             lines = ["path: %s" % display_path(resolved.real, ctx.root), "type: %s" % kind,
                      "size: %d bytes (%s)" % (st.st_size, fmt_size(st.st_size)),
                      "mode: %s (%s)" % (oct(stat.S_IMODE(st.st_mode)), stat.filemode(st.st_mode)),
-                     "owner: %s" % _owner(st), "modified: %s" % _rfc3339(st.st_mtime),
-                     "changed: %s" % _rfc3339(st.st_ctime)]
+                     "owner: %s" % _owner(st), "modified: %s" % rfc3339(st.st_mtime),
+                     "changed: %s" % rfc3339(st.st_ctime)]
             if kind == "symlink":
                 lines.append("target: %s" % display_path(resolved.real, ctx.root))
             real_st = resolved.lstat()
@@ -1890,102 +1878,42 @@ _LINE_ENDS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 def remove_at(dir_fd, name, check=None):
     """Delete `name` in dir_fd: a file, a link (never its target) or a whole tree (never entering links).
 
-    Iterative, with one directory open at a time: a tree thousands of directories deep (past Python's
-    recursion limit, or the open-file limit a stack of open directories would reach, which a command can
-    build in a second) is removed whole, not left half-removed with what it hides (a `.git` whose hooks sort
-    after the deep branch). The way back up is `..`, taken only when it is still the directory we came from
-    (same device and inode)."""
-    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=dir_fd)
-        return
-    fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
-    try:
-        here = os.fstat(fd)
-        levels = [(name, os.listdir(fd), (here.st_dev, here.st_ino))]  # per level: name, names left, identity
-        while True:
-            level_name, left, _ = levels[-1]
-            if left:
-                if check is not None:
-                    check()
-                child = left.pop()
-                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
-                    sub = os.open(child, _LIST_DIR, dir_fd=fd)  # O_NOFOLLOW: swapped for a link, it fails
-                    os.close(fd)
-                    fd = sub
-                    here = os.fstat(fd)
-                    levels.append((child, os.listdir(fd), (here.st_dev, here.st_ino)))
-                else:
-                    os.unlink(child, dir_fd=fd)
-                continue
-            levels.pop()
-            if not levels:
-                break
-            up = os.open("..", _LIST_DIR, dir_fd=fd)
-            os.close(fd)
-            fd = up
-            here = os.fstat(fd)
-            if (here.st_dev, here.st_ino) != levels[-1][2]:
-                raise OSError(errno.ESTALE, "moved while it was being removed", name)
-            os.rmdir(level_name, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
+    walk_at's walk, each directory removed once all below it is: a tree thousands of directories deep (past
+    Python's recursion limit, or the open-file limit, which a command can build in a second) is removed whole,
+    not left half-removed with what it hides (a `.git` whose hooks sort after the deep branch)."""
+    for _, fd, child, st, left in walk_at(dir_fd, name, check, leave=True):
+        if left:
+            os.rmdir(child, dir_fd=fd)
+        elif not stat.S_ISDIR(st.st_mode):
+            os.unlink(child, dir_fd=fd)
 
 
 def copy_at(src_dir_fd, src_name, dst_dir_fd, dst_name, check=None, skipped=None, rel=""):
     """Copy `src_name` to `dst_name` (which must not exist): files with their mode and times, links as
-    links, directories recursively (with a stack of its own, as remove_at); FIFOs, sockets and devices are
+    links, directories by walk_at (each made 0700 until its entries are in); FIFOs, sockets and devices are
     skipped (listed in `skipped`). Returns the number of items copied."""
     if check is not None:
         check()
-    st = os.stat(src_name, dir_fd=src_dir_fd, follow_symlinks=False)
-    if not stat.S_ISDIR(st.st_mode):
-        return _copy_leaf(src_dir_fd, src_name, dst_dir_fd, dst_name, st, check, skipped, rel)
-    frames = [_copy_dir_frame(src_dir_fd, src_name, dst_dir_fd, dst_name, st, rel)]
-    count = 1
+    count, dsts = 0, [dst_dir_fd]  # the copy of each directory the walk is in
     try:
-        while frames:
-            sfd, dfd, names, frel, mode = frames[-1]
-            if (child := next(names, None)) is None:
-                frames.pop()
+        for sub, fd, name, st, left in walk_at(src_dir_fd, src_name, check, leave=True):
+            target = name if sub else dst_name
+            if left:
+                dfd = dsts.pop()
                 try:
-                    os.fchmod(dfd, mode)
+                    os.fchmod(dfd, stat.S_IMODE(st.st_mode))
                 finally:
-                    os.close(sfd)
                     os.close(dfd)
-                continue
-            if check is not None:
-                check()
-            cst = os.stat(child, dir_fd=sfd, follow_symlinks=False)
-            if stat.S_ISDIR(cst.st_mode):
-                frames.append(_copy_dir_frame(sfd, child, dfd, child, cst, frel + child + "/"))
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(target, 0o700, dir_fd=dsts[-1])
+                dsts.append(os.open(target, _LIST_DIR, dir_fd=dsts[-1]))
                 count += 1
             else:
-                count += _copy_leaf(sfd, child, dfd, child, cst, check, skipped, frel + child + "/")
+                count += _copy_leaf(fd, name, dsts[-1], target, st, check, skipped, rel + sub)
     finally:
-        for sfd, dfd, _, _, _ in frames:
-            os.close(sfd)
+        for dfd in dsts[1:]:
             os.close(dfd)
     return count
-
-
-def _copy_dir_frame(src_dir_fd, src_name, dst_dir_fd, dst_name, st, rel):
-    """Make the copy of a directory (0700 until its entries are in) and open both: (src fd, dst fd, the
-    names to copy, rel, the mode it gets at the end)."""
-    os.mkdir(dst_name, 0o700, dir_fd=dst_dir_fd)
-    sfd = os.open(src_name, _LIST_DIR, dir_fd=src_dir_fd)
-    try:
-        dfd = os.open(dst_name, _LIST_DIR, dir_fd=dst_dir_fd)
-        try:
-            names = iter(sorted(os.listdir(sfd)))
-        except BaseException:
-            os.close(dfd)
-            raise
-    except BaseException:
-        os.close(sfd)
-        raise
-    return sfd, dfd, names, rel, stat.S_IMODE(st.st_mode)
 
 
 def _copy_leaf(src_dir_fd, src_name, dst_dir_fd, dst_name, st, check, skipped, rel):
@@ -2101,7 +2029,7 @@ def escaping_links(jail, real, check=None):
     with jail.resolve(real, follow=False) as target:
         if target.lstat() is None:
             return out
-        for rel, fd, name, st in _subtree(target.dir_fd, target.name, check):
+        for rel, fd, name, st, _ in walk_at(target.dir_fd, target.name, check):
             if stat.S_ISLNK(st.st_mode) and not os.readlink(name, dir_fd=fd).startswith("/"):
                 path = os.path.join(real, rel) if rel else real
                 if _leads_out(jail, path):
@@ -2112,13 +2040,13 @@ def escaping_links(jail, real, check=None):
 def tree_count_at(target, check=None):
     if target.lstat() is None:
         return 0
-    return sum(1 for _ in _subtree(target.dir_fd, target.name, check))
+    return sum(1 for _ in walk_at(target.dir_fd, target.name, check))
 
 
 def tree_size_at(target, check=None):
     if target.lstat() is None:
         return 0
-    return sum(st.st_size for _, _, _, st in _subtree(target.dir_fd, target.name, check)
+    return sum(st.st_size for _, _, _, st, _ in walk_at(target.dir_fd, target.name, check)
                if not stat.S_ISDIR(st.st_mode))
 
 
@@ -2154,7 +2082,7 @@ def state_hash_at(target):
     if not stat.S_ISDIR(st.st_mode):
         return "special:" + _kind_of(st.st_mode)
     h = hashlib.sha256()
-    for rel, fd, name, est in _subtree(target.dir_fd, target.name):
+    for rel, fd, name, est, _ in walk_at(target.dir_fd, target.name):
         kind = _kind_of(est.st_mode)
         h.update(("%s:%s:" % (kind, rel)).encode("utf-8", "surrogateescape"))
         if stat.S_ISLNK(est.st_mode):
@@ -2187,7 +2115,7 @@ def snapshot_at(target, cap, check=None):
     import tarfile
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for rel, fd, name, est in _subtree(target.dir_fd, target.name, check):
+        for rel, fd, name, est, _ in walk_at(target.dir_fd, target.name, check):
             info = tarfile.TarInfo("./" + rel if rel else ".")
             info.mode, info.mtime = stat.S_IMODE(est.st_mode), int(est.st_mtime)
             if stat.S_ISDIR(est.st_mode):
@@ -2389,10 +2317,10 @@ class Terminal(Tool):
         term, conf = ctx.terminal, ctx.confinement
         policy = conf.policy
         command = args["command"]
-        mode = ctx.terminal_mode
+        autonomy = ctx.autonomy
         audit = ctx.audit
 
-        def judge(command):  # deny is refused in every mode, also after a person's edit
+        def judge(command):  # deny is refused at every autonomy, also after a person's edit
             verdict = policy.judge(command)
             if verdict.level == DENY:
                 _audit(audit, ctx, command, "denied", 0, DENY)
@@ -2400,11 +2328,12 @@ class Terminal(Tool):
             return verdict
 
         verdict = judge(command)
-        if verdict.level == CONFIRM and mode != FULL:
-            if mode != INTERACTIVE or ctx.confirm_command is None or not ctx.interactive:  # headless: nobody to ask
+        if verdict.level == CONFIRM and autonomy != FULL:
+            people = ctx.approvals
+            if autonomy != INTERACTIVE or people.confirm_command is None or not people.interactive:  # headless: nobody
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
                 raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
-            if (answer := ctx.confirm_command(command, verdict.reason)) is None:
+            if (answer := people.confirm_command(command, verdict.reason)) is None:
                 _audit(audit, ctx, command, "declined", 0, CONFIRM)
                 raise ToolError("the user declined the command: %s" % command)
             if answer != command:  # the person's edit is their approval, but it is validated again
@@ -2474,9 +2403,10 @@ def _settle_protected(ctx, watch, command, body):
         return
     detail = "the command made %s (%s): git or a shell would run or read what it holds outside the sandbox" % (
         ", ".join(display_path(p, ctx.root) for p, _ in found), "; ".join(r for _, r in found))
-    if ctx.interactive and ctx.ask is not None:
+    people = ctx.approvals
+    if people.interactive and people.ask is not None:
         try:
-            keep = ctx.ask("terminal", {"command": command}, detail + ". Keep it (no removes it)?")
+            keep = people.ask("terminal", {"command": command}, detail + ". Keep it (no removes it)?")
         except BaseException:  # Ctrl-C at the question is not a yes
             _remove_protected(ctx, watch, found)
             raise
@@ -2485,7 +2415,7 @@ def _settle_protected(ctx, watch, command, body):
                 watch.keep(path, accepted=True)
             return
     removed, failed = _remove_protected(ctx, watch, found)
-    why = "the user declined" if ctx.interactive and ctx.ask is not None else \
+    why = "the user declined" if people.interactive and people.ask is not None else \
         "it needs a person's approval; not available in this run"
     raise ToolError("%s; %s. Removed: %s%s%s" % (
         detail, why, ", ".join(removed) or "nothing",
@@ -2917,7 +2847,7 @@ def html_to_text(html, base_url=""):
     return text + "\n"
 
 
-# ---- Registry builder: the tools of a mode ----
+# ---- Registry builder: the tools of a tool set ----
 
 ALL_TOOLS = (ListDirectory, ReadFile, WriteFile, EditFile, CopyPath, MovePath, DeletePath, CreateDirectory,
              FileMetadata, FindPath, Grep, DiffFiles, PlanTool, Terminal, Fetch)
@@ -2956,8 +2886,8 @@ def compact_definition(name):
     return {"name": name, "description": description, "parameters": schema}
 
 
-def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS, skills=None):
-    """The registry for a mode: planning offers the tools whose permission is read, write offers all;
+def build_registry(toolset, ctx, extra=(), profile=FULL_TOOLS, skills=None):
+    """The registry of a tool set: planning offers the tools whose permission is read, write offers all;
     the compact profile offers only the COMPACT tools, with their short definitions (`extra` tools, such as
     activate_skill and update_progress, are not among them). `skills`: the SkillState whose active skills
     narrow the tools.
@@ -2966,12 +2896,12 @@ def build_registry(mode, ctx, extra=(), profile=FULL_TOOLS, skills=None):
     same context as its Write-mode agent.
     """
     tools = [cls() for cls in ALL_TOOLS] + list(extra)
-    offered = [t for t in tools if mode == WRITE_MODE or t.permission == READ]
+    offered = [t for t in tools if toolset == WRITE_MODE or t.permission == READ]
     schemas = None
     if profile == COMPACT_TOOLS:
         offered = [t for t in offered if t.name in COMPACT]
         schemas = {t.name: compact_definition(t.name) for t in offered}
-    return Registry(offered, ctx, mode, all_names=[t.name for t in tools], schemas=schemas, skills=skills)
+    return Registry(offered, ctx, toolset, all_names=[t.name for t in tools], schemas=schemas, skills=skills)
 
 
 # ==== The safety kernel ====
@@ -3218,7 +3148,7 @@ class Confinement:
         if st is None or not stat.S_ISDIR(st.st_mode):
             return None
         names, venvs = {}, [d for d in _venvs_above(where, self.root)]
-        for sub, _, name, _ in _subtree(source.dir_fd, source.name, check):
+        for sub, _, name, _, _ in walk_at(source.dir_fd, source.name, check):
             path = os.path.join(where, sub)
             if hit := sub and _protected_rel(display_path(path, self.root), self.globs, self.root):
                 return hit
@@ -4161,37 +4091,99 @@ def read_fd(fd, limit=None, size=None):
     return b"".join(chunks)
 
 
-def _subtree(dir_fd, name, check=None):
-    """Yield (rel, parent_fd, name, lstat) for `name` and everything under it (parents first, sorted),
-    never following a symlink; parent_fd is valid until the next item."""
+#: directories one walk_at keeps open at once; deeper, it climbs back by `..`
+_WALK_OPEN = 32
+
+
+class _Level:
+    """A directory walk_at is in: its fd (None while closed for depth), where it is, what is left of it."""
+
+    __slots__ = ("fd", "prefix", "name", "info", "items", "later", "descending", "ident")
+
+    def __init__(self, fd, prefix, name, info):
+        st = os.fstat(fd)
+        self.fd, self.prefix, self.name, self.info, self.items = fd, prefix, name, info, iter(())
+        self.later, self.descending, self.ident = [], False, (st.st_dev, st.st_ino)
+
+
+def walk_at(dir_fd, name, check=None, listing=None, leave=False, lenient=False, files_first=False):
+    """The one walk of a tree by descriptors (listing, searching, hashing, copying, removing): yield (rel, fd,
+    name, info, left) for `name` in dir_fd (rel "", info its lstat) and everything below it, never following a
+    symlink. `fd` holds `name` and is valid until the next item is asked for.
+
+    Each directory is opened relative to its parent with O_NOFOLLOW|O_DIRECTORY: one swapped for a link
+    mid-walk is never entered. At most _WALK_OPEN are open at once; past that depth the way back up is `..`,
+    taken only while it is still the directory the walk came down from (device and inode; else OSError
+    ESTALE): a tree thousands of levels deep (a command builds one in a second) costs neither the recursion
+    limit nor the open-file limit. `listing(fd, prefix)` gives a directory's entries in walk order, each a
+    name (lstat()ed as it is reached; one gone by then is passed over) or (name, info, descend); by default
+    its sorted names. files_first: all of a directory's entries come before anything below them (else each
+    subdirectory's tree follows it); leave: a directory comes again (left=True, `fd` its parent) once all
+    below it has; lenient: a subdirectory that cannot be opened is passed over, not raised. `check()` runs
+    before each entry (the deadline)."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    yield "", dir_fd, name, st
+    yield "", dir_fd, name, st, False
     if not stat.S_ISDIR(st.st_mode):
         return
-    frames = []
+    listing = listing or (lambda fd, prefix: sorted(os.listdir(fd)))
+    levels, child, info = [], name, st
     try:
-        fd = os.open(name, _LIST_DIR, dir_fd=dir_fd)
-        frames.append((fd, "", iter(sorted(os.listdir(fd)))))
-        while frames:
-            fd, prefix, names = frames[-1]
-            if (child := next(names, None)) is None:
-                frames.pop()
-                os.close(fd)
+        while True:
+            if child is not None:  # go down into `child` of the current directory
+                parent = levels[-1].fd if levels else dir_fd
+                try:
+                    sub = os.open(child, _LIST_DIR, dir_fd=parent)
+                except OSError:
+                    if not lenient or not levels:
+                        raise
+                    sub = None  # swapped for a symlink or removed since the listing: not entered
+                if sub is not None:
+                    levels.append(_Level(sub, levels[-1].prefix + child + "/" if levels else "", child, info))
+                    if len(levels) > _WALK_OPEN and levels[-_WALK_OPEN - 1].fd is not None:
+                        os.close(levels[-_WALK_OPEN - 1].fd)
+                        levels[-_WALK_OPEN - 1].fd = None
+                    levels[-1].items = iter(listing(sub, levels[-1].prefix))
+                child = None
+            if not levels:
+                return
+            level = levels[-1]
+            item = next(level.items, None)
+            if item is None and level.later:  # files_first: below the entries now, in their order
+                level.items, level.later, level.descending = iter(level.later), [], True
+                continue
+            if item is None:  # done here: back up to the parent (reopened by `..` where closed for depth)
+                levels.pop()
+                try:
+                    if levels and levels[-1].fd is None:
+                        levels[-1].fd = os.open("..", _LIST_DIR, dir_fd=level.fd)
+                        up = os.fstat(levels[-1].fd)
+                        if (up.st_dev, up.st_ino) != levels[-1].ident:
+                            raise OSError(errno.ESTALE, "moved while it was walked", levels[-1].prefix or name)
+                finally:
+                    os.close(level.fd)
+                if leave:
+                    yield level.prefix[:-1], levels[-1].fd if levels else dir_fd, level.name, level.info, True
+                continue
+            if level.descending:
+                child, info = item
                 continue
             if check is not None:
                 check()
-            try:
-                cst = os.stat(child, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            rel = prefix + child
-            yield rel, fd, child, cst
-            if stat.S_ISDIR(cst.st_mode):
-                sub = os.open(child, _LIST_DIR, dir_fd=fd)
-                frames.append((sub, rel + "/", iter(sorted(os.listdir(sub)))))
+            if isinstance(item, str):
+                try:
+                    info = os.stat(item, dir_fd=level.fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                item = (item, info, stat.S_ISDIR(info.st_mode))
+            yield level.prefix + item[0], level.fd, item[0], item[1], False
+            if item[2] and files_first:
+                level.later.append(item[:2])
+            elif item[2]:
+                child, info = item[:2]
     finally:
-        for frame in frames:
-            os.close(frame[0])
+        for level in levels:
+            if level.fd is not None:
+                os.close(level.fd)
 
 
 # ---- Globs: matched in linear time ----
@@ -4202,9 +4194,9 @@ MAX_GLOB_LENGTH = 4096
 MAX_GLOB_ALTERNATIVES = 256
 
 
-def _brace_expand(pattern, limit=MAX_GLOB_ALTERNATIVES):
-    """'src/**/*.{rs,toml}' -> ['src/**/*.rs', 'src/**/*.toml']; a ToolError past `limit` alternatives
-    ({a,b} thirty times is 2**30 patterns: refused, never generated)."""
+def _glob_alternatives(pattern, limit=MAX_GLOB_ALTERNATIVES):
+    """'src/**/*.{rs,toml}' -> ['src/**/*.rs', 'src/**/*.toml'] (no {1..3}: not bash_brace_expand); a ToolError
+    past `limit` alternatives ({a,b} thirty times is 2**30 patterns: refused, never generated)."""
     out, todo = [], [pattern]
     while todo:
         item = todo.pop()
@@ -4383,7 +4375,7 @@ def glob_regex(pattern):
         return cached
     if len(pattern) > MAX_GLOB_LENGTH:
         raise ToolError("the glob is %d characters long, over the %d a glob may have" % (len(pattern), MAX_GLOB_LENGTH))
-    expanded = _brace_expand(pattern)
+    expanded = _glob_alternatives(pattern)
     if sum(map(len, expanded)) > 4 * MAX_GLOB_LENGTH:
         raise ToolError("the glob %s expands to more than %d characters; narrow it" % (pattern[:80], 4 * MAX_GLOB_LENGTH))
     alternatives = [_glob_tokens(alt) for alt in expanded]
@@ -5143,9 +5135,9 @@ def _is_assignment(word):
     return bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=", "".join(prefix)))
 
 
-def brace_expand(word, limit=256):
+def bash_brace_expand(word, limit=256):
     """The token lists bash makes of `word` by brace expansion ({a,b}, {1..3}): each a list of (text, kind)
-    with unquoted characters one token each; a single list when there is no brace expansion."""
+    with unquoted characters one token each; a single list when there is none (a glob's: _glob_alternatives)."""
     tokens = []
     for text, kind in (word.parts or [(word.text, "q")]):
         tokens.extend([(ch, kind) for ch in text] if kind == "lit" else [(text, kind)])
@@ -6240,7 +6232,7 @@ class Denylist:
             for k in range(count):
                 argv = []
                 for word in words[:256]:
-                    for tokens in brace_expand(word, 64):
+                    for tokens in bash_brace_expand(word, 64):
                         argv.extend(self._fields(tokens, word, env, mode, k))
                 argv = [_nfkc(a) for a in argv]
                 if argv not in out:
@@ -6820,7 +6812,7 @@ def _brace_words(words, limit=1024):
     own glob and tilde), or None when there would be more than `limit`."""
     out = []
     for word in words:
-        variants = brace_expand(word, limit + 1)
+        variants = bash_brace_expand(word, limit + 1)
         if len(variants) == 1 and not any(t == "{" and k == "lit" for t, k in variants[0]):
             out.append(word)
             continue
@@ -7320,7 +7312,7 @@ def _kill_group(proc):
 # they can neither signal nor trace it.
 
 WORKSPACE_WRITE, READ_ONLY, SANDBOX_OFF = "workspace-write", "read-only", "off"
-SANDBOX_MODES = (WORKSPACE_WRITE, READ_ONLY, SANDBOX_OFF)
+SANDBOX_ACCESS = (WORKSPACE_WRITE, READ_ONLY, SANDBOX_OFF)  #: what a sandbox lets commands write
 
 # Landlock (include/uapi/linux/landlock.h). The syscall numbers are those of the generic table, shared by
 # x86_64 and aarch64 (and every architecture added since 5.13).
@@ -7358,7 +7350,7 @@ SANDBOX_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/li
                        "/snap", "/run/systemd/resolve", "/proc", "/sys/devices/system/cpu", "/sys/fs/cgroup")
 SANDBOX_DEVICES = (("/dev/null", "dev-rw"), ("/dev/full", "dev-rw"), ("/dev/zero", "dev-r"),
                    ("/dev/random", "dev-r"), ("/dev/urandom", "dev-r"))
-#: what each confining mode needs from the kernel, named as the warning names it
+#: what each confining access needs from the kernel, named as the warning names it
 _NEEDS = (("filesystem", "Landlock filesystem rules"), ("network", "network isolation"),
           ("protected", "read-only .git and protected paths"), ("descendants", "killing setsid/double-forked "
                                                                                 "descendants (PID namespaces)"),
@@ -7529,15 +7521,15 @@ def _pinned_parents(paths, root):
     return sorted(out - set(paths), key=lambda p: (p.count("/"), p))
 
 
-def sandbox_rules(root, mode, tmpdir, path_value, home=None, xzatoma_home=None):
-    """The Landlock rules of a mode: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only. Nothing
+def sandbox_rules(root, access, tmpdir, path_value, home=None, xzatoma_home=None):
+    """The Landlock rules of an access: [(path, "r" | "rw" | "dev-r" | "dev-rw")], existing paths only. Nothing
     granted is derived from the working directory or the TMPDIR, where commands write."""
     untrusted = (os.path.realpath(root), os.path.realpath(tmpdir))
     rules = [(d, "r") for d in SANDBOX_SYSTEM_DIRS if os.path.exists(d)]
     rules += [(d, access) for d, access in SANDBOX_DEVICES if os.path.exists(d)]
     rules += [(d, "r") for d in program_dirs(path_value, home, xzatoma_home, untrusted)]
     rules += [(d, "r") for d in git_dirs(root, untrusted)]
-    writable = "rw" if mode == WORKSPACE_WRITE else "r"
+    writable = "rw" if access == WORKSPACE_WRITE else "r"
     rules += [(os.path.realpath(root), writable), (os.path.realpath(tmpdir), writable)]
     return rules
 
@@ -7842,7 +7834,7 @@ def _gone(path):
 # ---- Terminal: the run's sandbox (the agent's side) ----
 
 class Sandbox:
-    """One run's sandbox: its mode, the commands' environment, the private TMPDIR, and the helper that
+    """One run's sandbox: its access (workspace-write, read-only, off), the commands' environment, the private TMPDIR, and the helper that
     starts confined commands. Shared by the run's subagents (thread-safe); `close()` (or interpreter exit)
     ends every command still running and removes the TMPDIR.
 
@@ -7855,19 +7847,19 @@ class Sandbox:
     directory instead, with `xzatoma_home`, `protected` and `private_files` to make one of (tests, embedding).
     """
 
-    def __init__(self, root, mode=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
+    def __init__(self, root, access=WORKSPACE_WRITE, network=False, environ=None, env_passthrough=(),
                  keep_home=False, xzatoma_home=None, protected=(), secrets=(), assume_missing=(), private_files=(),
                  limits=None):
         import sys
-        if mode not in SANDBOX_MODES:
-            raise ValueError("unknown sandbox mode %r (choose %s)" % (mode, ", ".join(SANDBOX_MODES)))
+        if access not in SANDBOX_ACCESS:
+            raise ValueError("unknown sandbox %r (choose %s)" % (access, ", ".join(SANDBOX_ACCESS)))
         if not isinstance(root, Confinement):
             root = Confinement(root, xzatoma_home, protected, environ=environ, secrets=secrets,
                                private_files=private_files, sandbox=self)
         #: what is protected: the read-only binds, the hidden files, what the watch looks for
         self.confinement = root
         self.root = root.root
-        self.mode = mode
+        self.access = access  #: what commands may write: workspace-write, read-only, or off (unconfined)
         self.network = bool(network)
         self.environ = dict(os.environ if environ is None else environ)
         self.env_passthrough = tuple(env_passthrough or ())
@@ -7879,7 +7871,7 @@ class Sandbox:
         self.limits = dict(SANDBOX_LIMITS, **(limits or {}))
         self.linux = sys.platform.startswith("linux")
         #: False for `off` and where nothing can be confined (not Linux): commands run unconfined, said aloud
-        self.confined = mode != SANDBOX_OFF and self.linux
+        self.confined = access != SANDBOX_OFF and self.linux
         self._lock = threading.Lock()
         self._ready = threading.Lock()  # one thread reads the helper's report; the others wait for it
         self._state = {"tmpdir": None, "proc": None, "ctl": None}
@@ -7912,7 +7904,7 @@ class Sandbox:
         # where .git really lives (a link's target, a gitdir file's directory) and the hooks directory and
         # programs the repositories' config names are as protected as .git itself (Confinement.binds)
         protected = self.confinement.binds()
-        watch = self.watch() if self.mode == WORKSPACE_WRITE else None  # its first look finds the nested ones
+        watch = self.watch() if self.access == WORKSPACE_WRITE else None  # its first look finds the nested ones
         nested = sorted(r for r in watch.repos if not os.path.islink(r) and not (  # the top's own are protected
             os.path.dirname(r) == self.root and fold_name(os.path.basename(r)) in PROTECTED_ANYWHERE)) if watch else []
         complete = watch.complete if watch else True
@@ -7920,13 +7912,13 @@ class Sandbox:
         globbed = sorted(p for p in watch.matched | watch.code if not os.path.islink(p)) if watch else []
         protected += [p for p in nested + globbed if p not in protected]
         hidden = self._hidden()
-        rules = sandbox_rules(self.root, self.mode, self.tmpdir, self.env.get("PATH"), home, self.xzatoma_home)
-        mounts = _root_mounts(self.root, self.tmpdir, rules, self.mode == WORKSPACE_WRITE) \
+        rules = sandbox_rules(self.root, self.access, self.tmpdir, self.env.get("PATH"), home, self.xzatoma_home)
+        mounts = _root_mounts(self.root, self.tmpdir, rules, self.access == WORKSPACE_WRITE) \
             if os.getuid() == 0 and "idmap" not in self.assume_missing else None
-        return {"mode": self.mode, "network": self.network, "root": self.root, "rules": rules, "mounts": mounts,
-                "writable": [self.root, self.tmpdir] if self.mode == WORKSPACE_WRITE else [], "limits": self.limits,
+        return {"access": self.access, "network": self.network, "root": self.root, "rules": rules, "mounts": mounts,
+                "writable": [self.root, self.tmpdir] if self.access == WORKSPACE_WRITE else [], "limits": self.limits,
                 "protected": protected, "hidden": hidden,
-                "pinned": _pinned_parents(protected + hidden, self.root) if self.mode == WORKSPACE_WRITE else [],
+                "pinned": _pinned_parents(protected + hidden, self.root) if self.access == WORKSPACE_WRITE else [],
                 "nested_complete": complete, "assume_missing": sorted(self.assume_missing)}
 
     def _hidden(self):
@@ -7936,7 +7928,7 @@ class Sandbox:
         model: what it can read, it can hand over in any encoding the redactor does not know (`rev`, `od`)."""
         xz = os.path.realpath(self.xzatoma_home) if self.xzatoma_home else None
         granted = [self.root, self.tmpdir] + [d for d, _ in sandbox_rules(
-            self.root, self.mode, self.tmpdir, self.env.get("PATH"), self.environ.get("HOME"), xz)]
+            self.root, self.access, self.tmpdir, self.env.get("PATH"), self.environ.get("HOME"), xz)]
         if xz and not os.path.lexists(xz) and any(_inside(xz, d) for d in granted):
             # made now (0700), so that it can be covered: left for a command to make, it would be the
             # command's (a credentials.json of its own, an audit.log linked to ~/.bashrc the agent appends to)
@@ -7986,7 +7978,7 @@ class Sandbox:
     def _read_report(self, timeout):
         if self._report is None:
             if not self.confined:
-                self._report = {"ok": False, "error": "off" if self.mode == SANDBOX_OFF else
+                self._report = {"ok": False, "error": "off" if self.access == SANDBOX_OFF else
                                 "not enforced on this system (Linux Landlock and namespaces only)"}
             else:
                 self.start()
@@ -8003,8 +7995,8 @@ class Sandbox:
         return self._report
 
     def not_enforced(self):
-        """What this mode needs that this machine does not enforce, as short phrases ([] when all is)."""
-        if self.mode == SANDBOX_OFF:
+        """What this access needs that this machine does not enforce, as short phrases ([] when all is)."""
+        if self.access == SANDBOX_OFF:
             return []
         report = self.report()
         if not report.get("ok"):
@@ -8025,10 +8017,10 @@ class Sandbox:
 
     def describe(self):
         """Lines for `xzatoma policy sandbox` and the run header: what is enforced, first things first."""
-        report = self.report() if self.mode != SANDBOX_OFF else {}
-        lines = ["sandbox: %s%s" % (self.mode, "" if self.confined or self.mode == SANDBOX_OFF else
+        report = self.report() if self.access != SANDBOX_OFF else {}
+        lines = ["sandbox: %s%s" % (self.access, "" if self.confined or self.access == SANDBOX_OFF else
                                     " (requested; NOT enforced on this system)")]
-        if self.mode == SANDBOX_OFF:
+        if self.access == SANDBOX_OFF:
             lines.append("confinement: none (--sandbox off): commands can read and write whatever this user "
                          "can; only the policy's denylist applies")
             lines.append("descendants: process group only (a setsid child can outlive the run)")
@@ -8047,7 +8039,7 @@ class Sandbox:
         if report.get("filesystem"):
             lines.append("filesystem: writes only in %s%s; reads: system dirs, the working dir, PATH programs' "
                          "dirs%s" % (
-                             "the working dir and a private TMPDIR" if self.mode == WORKSPACE_WRITE else
+                             "the working dir and a private TMPDIR" if self.access == WORKSPACE_WRITE else
                              "nothing (read-only)", "" if report.get("truncate") else
                              " (truncate not mediated: ABI < 3)", ""))
         else:
@@ -8141,7 +8133,7 @@ class Sandbox:
         """The run's ProtectedWatch (made at the first command), or None where commands cannot write."""
         with self._lock:
             if self._watch is None:
-                self._watch = False if self.confined and self.mode == READ_ONLY else ProtectedWatch(self.confinement)
+                self._watch = False if self.confined and self.access == READ_ONLY else ProtectedWatch(self.confinement)
             return self._watch or None
 
     def close(self):
@@ -8238,7 +8230,7 @@ def _sandbox_helper(spec_text):
     missing = set(spec.get("assume_missing") or ())
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    report = {"ok": True, "errors": [], "mode": spec["mode"], "protected_needed": bool(spec["protected"] or spec.get("hidden"))}
+    report = {"ok": True, "errors": [], "access": spec["access"], "protected_needed": bool(spec["protected"] or spec.get("hidden"))}
     if not spec.get("nested_complete", True):
         report["errors"].append("the working directory is too large to look for every nested .git/.hg: "
                                 "those past the first %d directories are not read-only, and a new one there "
@@ -8964,10 +8956,6 @@ def url_verdict(url, allowed_hosts=()):
 
 # ---- Audit log ----
 
-def _rfc3339(ts):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
 class AuditLog:
     """One line per terminal decision; whole lines under a lock, rotated at a size, previous file kept.
 
@@ -8985,7 +8973,7 @@ class AuditLog:
         from xzatoma_store import redact
         text = redact(command)  # secrets out first, then one line of visible text
         text = render_untrusted(text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r"), exact=True)
-        line = "%s | %s | %s | %s | %.3fs | %s\n" % (_rfc3339(time.time()), render_untrusted(cwd, exact=True), text,
+        line = "%s | %s | %s | %s | %.3fs | %s\n" % (rfc3339(time.time()), render_untrusted(cwd, exact=True), text,
                                                    outcome, duration, verdict)
         data = line.encode("utf-8", "replace")
         with self._lock:

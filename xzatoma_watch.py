@@ -19,6 +19,8 @@ import threading
 import time
 import uuid
 
+from xzatoma_store import bounded_text
+
 # ---- The optional dependency ----
 
 
@@ -28,19 +30,13 @@ class WatchError(Exception):
     exit_code = 2
 
 
-def install_hint(prefix=None):
-    """How to add kafka-python to this installation (pipx installs live in a 'pipx' directory)."""
-    prefix = sys.prefix if prefix is None else prefix
-    if "pipx" in prefix.replace("\\", "/").split("/"):
-        return "pipx inject xzatoma kafka-python"
-    return "pip install 'xzatoma[kafka]'"
-
-
 def require_kafka(command="watch"):
     try:
         import kafka
     except ImportError:
-        raise WatchError("xzatoma %s needs the Python package kafka-python: %s" % (command, install_hint()))
+        from xzatoma_store import install_hint
+        raise WatchError("xzatoma %s needs the Python package kafka-python: %s"
+                         % (command, install_hint("kafka-python", extra="kafka")))
     return kafka
 
 
@@ -203,7 +199,7 @@ ATTRIBUTE_MAX_BYTES = 4096  #: any other CloudEvents attribute (type, source, su
 
 def _cut_id(text):
     """An id over ID_MAX_BYTES, cut (and marked) so that a result can still name it."""
-    cut, was_cut = bounded(text, ID_MAX_BYTES - 3)
+    cut, was_cut = bounded_text(text, ID_MAX_BYTES - 3)
     return cut + "…" if was_cut else text
 
 
@@ -474,17 +470,8 @@ RESULT_HEADERS = [("content-type", STRUCTURED_CONTENT_TYPE.encode())]
 
 
 def now_rfc3339():
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ".%03dZ" % int((t % 1) * 1000)
-
-
-def bounded(text, limit):
-    """(text cut to at most `limit` UTF-8 bytes, whether it was cut). Half a character (a lone surrogate, from
-    a model's escaped reply) counts as the '?' it is sent as."""
-    data = (text or "").encode("utf-8", "replace")
-    if len(data) <= limit:
-        return text or "", False
-    return data[:limit].decode("utf-8", "ignore"), True
+    from xzatoma_store import rfc3339
+    return rfc3339(millis=True)
 
 
 REDACT_MARGIN = 32768  #: redacted beyond a cut: longer than any credential shape (a PEM block is up to 16 KB)
@@ -496,7 +483,7 @@ def clipped(text, limit):
     from xzatoma_store import redact
     text = text if isinstance(text, str) else str(text)
     head = text[:limit + REDACT_MARGIN]
-    out, cut = bounded(redact(head), limit)
+    out, cut = bounded_text(redact(head), limit)
     return out, cut or len(head) < len(text)
 
 
@@ -575,7 +562,7 @@ def fit(doc, fields, names, max_bytes, truncated, note_bytes=200):
         truncated.setdefault(name, raw)
         # the text's share of what must go (escaped characters take up to 6 bytes each in JSON)
         keep = raw * max(0, encoded[name] - over) // encoded[name]
-        fields[name] = bounded(fields[name], max(0, min(keep, raw - 1)))[0]
+        fields[name] = bounded_text(fields[name], max(0, min(keep, raw - 1)))[0]
     return len(_encode(doc)) + note_bytes <= max_bytes
 
 
@@ -670,7 +657,7 @@ class XzeprClient:
         """POST one lifecycle event. Every text in it is bounded (a plan's name and an event's attributes are
         someone else's), and the body fits in max_body_bytes, the error cut first (`payload.truncated` says)."""
         phase = name.rsplit(".", 1)[-1]
-        body = {"name": bounded(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
+        body = {"name": bounded_text(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
                 "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
                 "platform_id": ev.platform_id or "xzatoma", "package": ev.package or "xzatoma",
                 "description": "xzatoma plan %s for event %s" % (phase, ev.id),
@@ -678,7 +665,7 @@ class XzeprClient:
         truncated = {}
         for key, limit in (("version", 256), ("release", 256), ("platform_id", 256), ("package", 256),
                            ("description", 2048)):
-            body[key], cut = bounded(str(body[key]), limit)
+            body[key], cut = bounded_text(str(body[key]), limit)
             if cut:
                 truncated[key] = True
         payload = body["payload"]
@@ -1276,7 +1263,7 @@ class Watcher:
         not fit under max_request_size with the added headers is sent cut, and says so."""
         if not self.s.dead_letter_topic or self.s.dry_run or msg is None:
             return
-        ours = [("xzatoma_reason", bounded(reason, 1000)[0].encode("utf-8")),
+        ours = [("xzatoma_reason", bounded_text(reason, 1000)[0].encode("utf-8")),
                 ("xzatoma_origin", ("%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
         headers = [(k, v) for k, v in (msg.headers or []) if isinstance(k, str) and isinstance(v, (bytes, type(None)))]
         value, key = msg.value, msg.key
@@ -1810,9 +1797,9 @@ def _encode(doc):
 
 
 def _one_line(exc, width=300):
-    from xzatoma_store import redact  # before the cut (the log redacts whole lines, but half a key is not one)
-    text = " ".join(redact(str(exc)[:width + REDACT_MARGIN]).split()) or type(exc).__name__
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """An error as one line of the log: xzatoma_store.one_line (redacted before the cut), or its type's name."""
+    from xzatoma_store import one_line
+    return one_line(exc, width) or type(exc).__name__
 
 
 def create_topics(opts, topics, partitions=1):

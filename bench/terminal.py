@@ -23,7 +23,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from xzatoma_tools import FULL, AuditLog, Sandbox, ToolContext, build_registry  # noqa: E402
+from xzatoma_tools import FULL, AuditLog, Confinement, Sandbox, ToolContext, build_registry  # noqa: E402
 
 
 def main():
@@ -36,7 +36,7 @@ def main():
 
     def registry(mode):
         sandbox = Sandbox(work, mode)
-        ctx = ToolContext(work, {}, terminal=term, terminal_mode=FULL, sandbox=sandbox,
+        ctx = ToolContext(Confinement(work, terminal=term, sandbox=sandbox), {}, autonomy=FULL,
                           audit=AuditLog(os.path.join(work, "audit-%s.log" % mode)))
         return build_registry("write", ctx), sandbox
 
@@ -73,9 +73,9 @@ def main():
     print("sandbox helper start-up (once per run)  %.0f ms" % (startup * 1e3))
 
     code = ("import resource, sys; sys.path.insert(0, %r)\n"
-            "from xzatoma_tools import FULL, ToolContext, build_registry\n"
-            "ctx = ToolContext(%r, {}, terminal={'max_stdout_bytes': 10485760, 'max_stderr_bytes': 1048576},\n"
-            "                  terminal_mode=FULL)\n"
+            "from xzatoma_tools import FULL, Confinement, ToolContext, build_registry\n"
+            "ctx = ToolContext(Confinement(%r, terminal={'max_stdout_bytes': 10485760, 'max_stderr_bytes': 1048576}),\n"
+            "                  {}, autonomy=FULL)\n"
             "r = build_registry('write', ctx).execute('terminal', {'command': 'yes', 'timeout_seconds': %d})\n"
             "assert 'timed out' in r.error\n"
             "ctx.sandbox.close()\n"

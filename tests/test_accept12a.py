@@ -673,7 +673,7 @@ def test_a_tree_deeper_than_the_recursion_limit_is_copied_moved_deleted_and_rest
     import resource
     import subprocess
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < 4096:  # a copy holds two descriptors per level (the CLI inherits this limit)
+    if soft < 4096:  # a copy holds a descriptor per level of the copy it makes (the CLI inherits this limit)
         if hard != resource.RLIM_INFINITY and hard < 4096:
             pytest.skip("too few file descriptors allowed (%d) for a 1,200-level tree" % hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))

@@ -197,7 +197,7 @@ def test_a_parallel_commands_look_does_not_swallow_what_another_is_planting(tmp_
     import threading
     from conftest import wait_for as wait
     from xzatoma_tools import FULL, ToolContext, build_registry
-    ctx = ToolContext(str(tmp_path), {}, terminal_mode=FULL, interactive=False)
+    ctx = ToolContext(str(tmp_path), {}, autonomy=FULL)
     reg = build_registry("write", ctx)
     (tmp_path / "a.sh").write_text("mkdir -p sub/.git/hooks && echo x > sub/.git/hooks/post-checkout && touch planted\n"
                                    "i=0; while [ ! -e b-done ] && [ $i -lt 3000 ]; do i=$((i+1)); sleep 0.01; done\n")

@@ -261,7 +261,7 @@ def test_rebuild_keeps_the_conversation_and_renews_the_tools(open_session):
     s.start("chat")
     s.conversation.add_user("hi")
     cancel = s.cancel
-    s.rebuild(mode="planning")
+    s.rebuild(toolset="planning")
     assert "write_file" not in s.registry and s.cancel is not cancel
     assert s.conversation.messages[0]["content"].count("Mode: PLANNING") == 1
     assert s.conversation.messages[2]["content"] == "hi"

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import tool_call
 from test_accept12c import configure, run_commands, script
-from xzatoma_tools import (FULL, Sandbox, ToolContext, build_registry, git_dirs, landlock_abi, program_dirs,
-                           sandbox_rules, trusted_realpath)
+from xzatoma_tools import (FULL, Confinement, Sandbox, ToolContext, build_registry, git_dirs, landlock_abi,
+                           program_dirs, sandbox_rules, trusted_realpath)
 
 pytestmark = pytest.mark.skipif(not landlock_abi(), reason="the kernel has no Landlock: nothing to attack")
 
@@ -383,8 +383,8 @@ def test_everyday_commands_still_run_in_the_sandbox(tmp_path):
         root = tmp_path / mode
         everyday_tree(root)
         sandbox = Sandbox(str(root), mode, environ=environ)
-        ctx = ToolContext(str(root), {}, terminal={"timeout_seconds": 120, "max_timeout_seconds": 120},
-                          terminal_mode=FULL, sandbox=sandbox)
+        ctx = ToolContext(Confinement(str(root), terminal={"timeout_seconds": 120, "max_timeout_seconds": 120},
+                                      sandbox=sandbox), {}, autonomy=FULL)
         reg = build_registry("write", ctx)
         try:
             results[mode] = {c: reg.execute("terminal", {"command": c, "timeout_seconds": 120}) for c in EVERYDAY}

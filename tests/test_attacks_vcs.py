@@ -14,7 +14,7 @@ import pytest
 
 from conftest import tool_call
 from test_file_safety import HEADLESS, tool_results
-from xzatoma_tools import FULL, ToolContext, build_registry
+from xzatoma_tools import FULL, Approvals, ToolContext, build_registry
 
 HOOK = "#!/bin/sh\ntouch \"$(git rev-parse --show-toplevel)/../PWNED\"\n"
 
@@ -95,8 +95,8 @@ def test_existing_repositories_and_ordinary_files_are_left_alone(cli, fake):
 
 def test_a_person_keeps_what_they_approve_and_is_not_asked_again(tmp_path):
     asked = []
-    ctx = ToolContext(str(tmp_path), {}, terminal_mode=FULL, interactive=True,
-                      ask=lambda tool, args, detail: asked.append(detail) or True)
+    ctx = ToolContext(str(tmp_path), {}, Approvals(True, ask=lambda tool, args, detail: asked.append(detail) or True),
+                      autonomy=FULL)
     reg = build_registry("write", ctx)
     try:
         (tmp_path / "s.sh").write_text(hook_script("."))
@@ -113,8 +113,7 @@ def test_a_person_keeps_what_they_approve_and_is_not_asked_again(tmp_path):
 
 
 def test_a_person_who_says_no_gets_it_removed(tmp_path):
-    ctx = ToolContext(str(tmp_path), {}, terminal_mode=FULL, interactive=True,
-                      ask=lambda tool, args, detail: False)
+    ctx = ToolContext(str(tmp_path), {}, Approvals(True, ask=lambda tool, args, detail: False), autonomy=FULL)
     try:
         (tmp_path / "s.sh").write_text("echo x > .bashrc")
         r = build_registry("write", ctx).execute("terminal", {"command": "sh s.sh"})

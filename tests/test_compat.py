@@ -44,3 +44,14 @@ def test_importing_xzatoma_loads_nothing_heavy_and_no_third_party_module():
     third_party = [m for m, f in added.items()
                    if f and m not in ("xzatoma", "xzatoma_core") and not os.path.realpath(f).startswith(stdlib)]
     assert not third_party, third_party
+
+
+def test_the_main_objects_take_a_few_cohesive_values():
+    """Session, ToolContext and Agent get what they need through their constructor, at most ten values each
+    (issue 27: 22, 18 and 16 had grown into them); more is a sign of a value object waiting to be named."""
+    import inspect
+    import xzatoma
+    import xzatoma_tools
+    for cls in (xzatoma.Session, xzatoma_tools.ToolContext, xzatoma.Agent, xzatoma.RunParts, xzatoma.SubagentLink):
+        params = list(inspect.signature(cls.__init__).parameters)[1:]
+        assert len(params) <= 10, (cls.__name__, params)

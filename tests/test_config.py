@@ -100,6 +100,31 @@ def test_template_parses_back_to_the_defaults():
     assert yaml.safe_load(xzatoma.render_config_template()) == xzatoma.DEFAULTS
 
 
+def test_the_readme_lists_every_key_as_the_table_says():
+    """README.md's table of keys is render_config_table()'s: a key added, removed or changed in KEYS fails here
+    until the README is made again (replace the lines between its two `config keys` markers)."""
+    import os
+    with open(os.path.join(os.path.dirname(xzatoma.__file__), "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    start = readme.index("\n", readme.index("<!-- config keys:")) + 1
+    assert readme[start:readme.index("<!-- end of config keys -->")] == xzatoma.render_config_table()
+
+
+def test_every_key_is_one_row_with_a_meaning_and_its_choices_are_the_tools_constants():
+    import xzatoma_tools as t
+    names = [key.name for key in xzatoma.KEYS]
+    assert len(names) == len(set(names)) and all(key.doc for key in xzatoma.KEYS)
+    for key in xzatoma.KEYS:
+        assert key.nullable or isinstance(key.default, key.type), key.name
+        assert key.choices is None or key.default is None or key.default in key.choices, key.name
+    key = xzatoma.KEY
+    assert set(key["agent.terminal.default_mode"].choices) == {t.RESTRICTED, t.FULL, t.INTERACTIVE}
+    assert set(key["agent.terminal.sandbox"].choices) == set(t.SANDBOX_ACCESS)
+    assert set(key["agent.chat_mode"].choices) == set(key["watcher.mode"].choices) == {t.PLANNING, t.WRITE_MODE}
+    assert set(key["agent.tools.profile"].choices) == {"auto", t.FULL_TOOLS, t.COMPACT_TOOLS}
+    assert tuple(key["agent.terminal.allowlist"].default) == t.DEFAULT_ALLOWLIST
+
+
 def test_secrets_are_not_config_values(tmp_path):
     cfg = cfg_with(tmp_path, None, {"OPENAI_API_KEY": "sk-secret-value-123", "COPILOT_API_TOKEN": "tid=abc"})
     assert "sk-secret-value-123" not in json.dumps(cfg.leaves())

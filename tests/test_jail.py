@@ -216,3 +216,35 @@ def test_undo_restores_through_the_jail(tmp_path):
         undo_change(store, record, force=True)
     assert "a symlink now stands in its path" in str(err.value)
     assert os.listdir(str(outside)) == []
+
+
+def test_the_walk_holds_a_bounded_number_of_directories_and_climbs_back_only_the_way_it_came(tmp_path):
+    """walk_at keeps _WALK_OPEN directories open; deeper, it goes back up by `..`, and only while that is the
+    directory it came down from: one moved away meanwhile stops the walk (ESTALE), never walks elsewhere."""
+    import errno
+    from xzatoma_tools import _WALK_OPEN, walk_at
+    names = ["d%d" % i for i in range(_WALK_OPEN + 8)]
+    deep = tmp_path.joinpath("t", *names)
+    deep.mkdir(parents=True)
+    (deep / "f").write_text("x")
+    (tmp_path / "t" / "d0" / "z").write_text("after the deep branch")
+    fd = os.open(str(tmp_path), os.O_RDONLY)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        seen = []
+        for rel, _, _, _, _ in walk_at(fd, "t"):
+            seen.append(rel)
+            if rel.endswith("/f"):
+                assert len(os.listdir("/proc/self/fd")) - before <= _WALK_OPEN + 1
+        assert seen == [""] + ["/".join(names[:i + 1]) for i in range(len(names))] + [
+            "/".join(names + ["f"]), "d0/z"]
+        walk = walk_at(fd, "t")
+        for rel, _, _, _, _ in walk:
+            if rel.endswith("/f"):
+                os.rename(str(tmp_path / "t" / "d0" / "d1"), str(tmp_path / "elsewhere"))
+                break
+        with pytest.raises(OSError) as caught:
+            list(walk)
+        assert caught.value.errno == errno.ESTALE
+    finally:
+        os.close(fd)

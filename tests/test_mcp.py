@@ -20,7 +20,8 @@ class Ctx:
     """What McpTool.run reads of a ToolContext."""
 
     def __init__(self, interactive=False, deadline=None, cancel=None):
-        self.interactive, self.deadline, self.cancel = interactive, deadline, cancel
+        from xzatoma_tools import Approvals
+        self.approvals, self.deadline, self.cancel = Approvals(interactive), deadline, cancel
 
 
 class Store:

@@ -647,11 +647,11 @@ def test_read_only_git_is_not_allowed_when_the_repository_config_runs_commands(c
 
 
 def test_headless_confirm_is_refused_with_what_to_do_instead(tmp_path):
-    from xzatoma_tools import INTERACTIVE, RESTRICTED, ToolContext, build_registry
+    from xzatoma_tools import INTERACTIVE, RESTRICTED, Approvals, ToolContext, build_registry
     asked = []
     for mode, interactive in ((RESTRICTED, False), (INTERACTIVE, False), (RESTRICTED, True)):
-        ctx = ToolContext(str(tmp_path), {}, terminal_mode=mode, interactive=interactive,
-                          confirm_command=lambda command, reason: asked.append(command) or command)
+        ctx = ToolContext(str(tmp_path), {}, Approvals(interactive, confirm_command=lambda command, reason:
+                                                       asked.append(command) or command), autonomy=mode)
         r = build_registry("write", ctx).execute("terminal", {"command": "touch made"})
         assert r.error.startswith("command needs a person's approval; not available in this run: touch made"), r.error
         assert "Not run." in r.error and "--allow-dangerous" in r.error

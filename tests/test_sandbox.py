@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import last_json, processes, tool_call, wait_for
-from xzatoma_tools import (FULL, READ_ONLY, SANDBOX_OFF, WORKSPACE_WRITE, AuditLog, Sandbox, ToolContext,
+from xzatoma_tools import (FULL, READ_ONLY, SANDBOX_OFF, WORKSPACE_WRITE, AuditLog, Confinement, Sandbox, ToolContext,
                            build_registry, child_env, landlock_abi, program_dirs, protected_paths, sandbox_rules)
 
 LANDLOCK = landlock_abi()
@@ -93,8 +93,8 @@ def test_a_script_cannot_read_the_agents_environment_through_proc(cli, fake):
 def test_landlock_alone_keeps_other_processes_environment_unreadable(tmp_path):
     """Without the private /proc (a container may refuse one): the system's /proc lists the agent, and
     Landlock's ptrace rules still refuse its environ and memory."""
-    ctx = ToolContext(str(tmp_path), {}, terminal={}, terminal_mode=FULL,
-                      sandbox=Sandbox(str(tmp_path), assume_missing=("proc",)))
+    ctx = ToolContext(Confinement(str(tmp_path), sandbox=Sandbox(str(tmp_path), assume_missing=("proc",))), {},
+                      autonomy=FULL)
     reg = build_registry("write", ctx)
     (tmp_path / "p.sh").write_text("cat /proc/%d/environ | head -c 100; head -c 16 /proc/%d/mem; "
                                    "tr '\\0' ' ' < /proc/%d/cmdline | head -c 30\n" % ((os.getpid(),) * 3))
@@ -172,7 +172,7 @@ def test_nothing_a_command_started_outlives_it(cli, fake):
 @needs_landlock
 def test_timeout_kills_what_a_command_started(tmp_path):
     token = "62%d.%d" % (os.getpid() % 1000, int(time.time()) % 1000)
-    ctx = ToolContext(str(tmp_path), {}, terminal={"timeout_seconds": 30}, terminal_mode=FULL)
+    ctx = ToolContext(Confinement(str(tmp_path), terminal={"timeout_seconds": 30}), {}, autonomy=FULL)
     reg = build_registry("write", ctx)
     try:
         started = time.monotonic()
@@ -198,8 +198,8 @@ def test_run_timeout_holds_while_a_command_runs(cli, fake):
 
 
 def test_the_models_timeout_is_capped(tmp_path):
-    ctx = ToolContext(str(tmp_path), {}, terminal={"timeout_seconds": 30, "max_timeout_seconds": 1},
-                      terminal_mode=FULL)
+    ctx = ToolContext(Confinement(str(tmp_path), terminal={"timeout_seconds": 30, "max_timeout_seconds": 1}), {},
+                      autonomy=FULL)
     reg = build_registry("write", ctx)
     try:
         r = reg.execute("terminal", {"command": "sleep 30", "timeout_seconds": 1000})
@@ -262,7 +262,7 @@ def test_sandbox_off_is_said_in_the_header_and_runs_unconfined(cli, fake):
 
 @needs_landlock
 def test_read_only_mode_writes_nothing(tmp_path):
-    ctx = ToolContext(str(tmp_path), {}, terminal={"sandbox": READ_ONLY}, terminal_mode=FULL)
+    ctx = ToolContext(Confinement(str(tmp_path), terminal={"sandbox": READ_ONLY}), {}, autonomy=FULL)
     reg = build_registry("write", ctx)
     (tmp_path / "f.txt").write_text("data\n")
     try:
@@ -309,7 +309,7 @@ def test_sandbox_modes_are_checked():
 
 @needs_landlock
 def test_a_program_that_is_not_there_is_an_error_the_model_can_read(tmp_path):
-    ctx = ToolContext(str(tmp_path), {}, terminal={}, terminal_mode=FULL)
+    ctx = ToolContext(str(tmp_path), {}, autonomy=FULL)
     reg = build_registry("write", ctx)
     try:
         assert reg.execute("terminal", {"command": "no-such-program-4722 --x"}).error == \
@@ -328,7 +328,7 @@ def test_every_landlock_abi_confines_with_its_own_rights(tmp_path, abi):
     work = tmp_path / "work"
     work.mkdir()
     sandbox = Sandbox(str(work), assume_missing=("abi:%d" % abi, "readonly-view", "idmap"))  # Landlock alone
-    ctx = ToolContext(str(work), {}, terminal={}, terminal_mode=FULL, sandbox=sandbox)
+    ctx = ToolContext(Confinement(str(work), sandbox=sandbox), {}, autonomy=FULL)
     reg = build_registry("write", ctx)
     try:
         report = sandbox.report()

@@ -341,7 +341,7 @@ def test_an_old_database_is_redacted_on_upgrade_and_deleted_text_is_gone(tmp_pat
 def test_one_line_of_a_huge_text_never_shows_a_known_key_cut_by_its_bound():
     """one_line reads the first 64 KB of a long text (redacting a whole stored tool result per line of
     `history show` cost 0.3 s a MB); the word its bound cuts in two is left out, not shown half redacted."""
-    from xzatoma import _ONE_LINE_SCAN, one_line
+    from xzatoma_store import _ONE_LINE_SCAN, one_line
     key = "kq-7f3b2c9d8e1a4f6b0c5d2e9a"
     register_secret(key)
     for offset in range(1, len(key)):  # the key starts `offset` characters before the bound

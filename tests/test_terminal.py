@@ -9,17 +9,18 @@ import time
 import pytest
 
 from conftest import processes, tool_call, wait_for
-from xzatoma_tools import (FULL, INTERACTIVE, RESTRICTED, AuditLog, ToolContext, build_registry, needs_shell,
-                           run_command)
+from xzatoma_tools import (FULL, INTERACTIVE, RESTRICTED, Approvals, AuditLog, Confinement, ToolContext,
+                           build_registry, needs_shell, run_command)
 
 AUDIT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \| (.+) \| (.*) \| (exit:-?\d+|timeout|cancelled|refused|"
                         r"denied|declined) \| \d+\.\d{3}s \| (allow|confirm|deny)$")
 
 
 def terminal(tmp_path, mode=RESTRICTED, confirm_command=None, **term):
-    ctx = ToolContext(str(tmp_path), {}, terminal_mode=mode, audit=AuditLog(str(tmp_path / "audit.log")),
-                      confirm_command=confirm_command, interactive=confirm_command is not None, terminal=dict(
-                          {"timeout_seconds": 30, "max_stdout_bytes": 10485760, "max_stderr_bytes": 1048576}, **term))
+    confinement = Confinement(str(tmp_path), terminal=dict(
+        {"timeout_seconds": 30, "max_stdout_bytes": 10485760, "max_stderr_bytes": 1048576}, **term))
+    ctx = ToolContext(confinement, {}, Approvals(confirm_command is not None, confirm_command=confirm_command),
+                      autonomy=mode, audit=AuditLog(str(tmp_path / "audit.log")))
     return build_registry("write", ctx), ctx
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from xzatoma_tools import (PLANNING, WRITE_MODE, JailError, ToolContext, ToolResult, build_registry,
+from xzatoma_tools import (PLANNING, WRITE_MODE, Approvals, JailError, ToolContext, ToolResult, build_registry,
                            glob_match, path_verdict, resolve_path)
 
 
@@ -85,6 +85,14 @@ def test_output_is_truncated_with_a_note(tree):
     r = registry(tree, max_output_size=1024).execute("read_file", {"path": "big.txt"})
     assert r.truncated and len(r.output) == 1024
     assert r.to_message().endswith("[Note: output truncated at 1024 of 5000 bytes]")
+
+
+def test_output_holding_half_a_character_is_cut_never_an_encoding_error():
+    """An MCP server's or a model's escaped reply can carry a lone surrogate: it counts as the '?' it is sent
+    as (xzatoma_store.bounded_text), and the cut falls at a character's end."""
+    r = ToolResult.ok("\ud800" + "é" * 10).truncate(8)
+    assert r.truncated and r.output == "?" + "é" * 3 and r.metadata["original_size"] == 21
+    assert ToolResult.ok("é" * 4).truncate(8).truncated is False
 
 
 def test_read_file_ranges_and_refusals(tree):
@@ -287,7 +295,7 @@ def test_confirmation_is_asked_for_destructive_calls_only(tree):
     def confirm(name, args, detail, always=False):
         asked.append((name, detail))
         return name != "delete_path"
-    reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}, confirm=confirm))
+    reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}, Approvals(confirm=confirm)))
     assert reg.execute("write_file", {"path": "fresh.txt", "content": "x"}).success  # new file: not asked
     assert reg.execute("write_file", {"path": "README.md", "content": "# New\n"}).success
     assert asked[-1][0] == "write_file" and "-# Title" in asked[-1][1] and "+# New" in asked[-1][1]
@@ -363,8 +371,8 @@ def test_delete_over_the_undo_cap_is_refused_without_a_person(undo_env):
     r = reg.execute("delete_path", {"path": "big", "recursive": True})
     assert "over the undo cap" in r.error and "refused without a person" in r.error
     assert (tree / "big" / "blob.txt").exists()
-    asking = ToolContext(str(tree), {"undo_max_bytes": 4096}, store=store, conversation_id="CONV1",
-                         ask=lambda name, args, detail: True)
+    asking = ToolContext(str(tree), {"undo_max_bytes": 4096}, Approvals(ask=lambda name, args, detail: True),
+                         store=store, conversation_id="CONV1")
     reg = build_registry(WRITE_MODE, asking)
     assert reg.execute("delete_path", {"path": "big", "recursive": True}, call_id="c1").success
     assert not (tree / "big").exists()

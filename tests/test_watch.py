@@ -345,6 +345,13 @@ def test_decision_log_escapes_control_characters_and_redacts():
     assert json.loads(buf.getvalue())["event"] == "committed"
 
 
+def test_an_error_in_the_log_is_the_one_hardened_line():
+    """The watcher's error lines are xzatoma_store.one_line: a form feed in a name is shown, not folded into
+    a blank (the copy the watcher had missed that hardening); an error that says nothing is named by its type."""
+    assert w._one_line(OSError("a\x0cb.txt")) == "a\\x0cb.txt"
+    assert w._one_line(TimeoutError()) == "TimeoutError"
+
+
 def test_offsets_commit_up_to_the_lowest_unfinished():
     po = w.PartitionOffsets()
     for o in (10, 11, 12, 13):
@@ -360,9 +367,14 @@ def test_offsets_commit_up_to_the_lowest_unfinished():
     assert po.commit_point() == 14
 
 
-def test_missing_kafka_hint():
-    assert w.install_hint("/home/u/.local/pipx/venvs/xzatoma") == "pipx inject xzatoma kafka-python"
-    assert w.install_hint("/usr") == "pip install 'xzatoma[kafka]'"
+def test_missing_kafka_hint(tmp_path):
+    """One install_hint for the program and the watcher: pipx is known by the metadata it writes at its venv's
+    root (a PIPX_HOME of any name), not by a directory called pipx."""
+    from xzatoma_store import install_hint
+    (tmp_path / "pipx_metadata.json").write_text("{}")
+    assert install_hint("kafka-python", "kafka", str(tmp_path)) == "pipx inject xzatoma kafka-python"
+    assert install_hint("kafka-python", "kafka", "/home/u/.local/pipx/nothing-here").startswith(
+        "pip install 'xzatoma[kafka]'")
 
 
 # ---- the consumer loop against a real broker (in-process, run-one-plan injected) ----
