@@ -3663,6 +3663,13 @@ def needs_tools(task, answer, root=None):
     return None
 
 
+def counts(task):
+    """Whether a task asks for a figure worked out from what is read (how many, the sum …), not one read off."""
+    import re
+    return re.search(r"(?i)\bhow (many|much|long)\b|\bcount\b|\bnumber of\b|\b(total|sum|average|mean)\b",
+                     task or "") is not None
+
+
 def numbers_in(text):
     """The numbers standing alone in a text (8123, 0.25; not the 3 of qwen3 or a version's parts)."""
     import re
@@ -3944,9 +3951,8 @@ class Agent:
             if loose:  # work was done, but the answer claims more, or a file the task names was never touched
                 self.checked_ends = True
                 self.conversation.add({"role": "user", "name": NOTE, "content": loose})
-                self.events.note("  the answer may leave work undone (%s); asking the model once to check"
-                                 % ("a tool result it wrote itself" if "<tool_response>" in answer else
-                                    "a file the task names was not touched"))
+                self.events.note("  the answer may leave work undone or be unfounded; asking the model once to "
+                                 "check: %s" % one_line(loose, 120))
                 return None
             return "completed"  # the work is there (what the model imagines after it does not undo it)
         if not self.nudged:
@@ -3977,9 +3983,10 @@ class Agent:
 
     def unseen_numbers(self, answer):
         """The numbers of a fact answer that neither the task nor any tool result of this run showed."""
-        if self.given:  # facts given by @mentions or piped input are not tool results
+        if self.given or counts(self.task):  # facts given (@mentions, piped input); a count is worked out
             return []
-        return [n for n in dict.fromkeys(numbers_in(answer))
+        from xzatoma_store import redact  # as the tool results were: a credential's digits were never shown
+        return [n for n in dict.fromkeys(numbers_in(redact(answer, shapes=False)))
                 if n not in self.seen_numbers and n not in numbers_in(self.task)]
 
     def standing_doubts(self):

@@ -496,3 +496,10 @@ def test_tidying_whitespace_after_a_real_fix_is_no_doubt(open_session, tmp_path)
                      Reply("Fixed."))
     result = run(s, "Fix the assert in t.py: x is 1.")
     assert result.status == "completed" and len(s.provider.calls) == 3
+
+
+def test_a_count_the_model_worked_out_is_not_asked_about(open_session, tmp_path):
+    (tmp_path / "notes.txt").write_text("a b c\n")
+    s = open_session(Reply('{"name": "read_file", "arguments": {"path": "notes.txt"}}'), Reply("3"))
+    result = run(s, "How many words are in notes.txt?")
+    assert result.status == "completed" and len(s.provider.calls) == 2
