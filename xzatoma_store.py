@@ -7,9 +7,11 @@ and a busy timeout let parallel subagents and several xzatoma processes write
 at once.
 """
 
+import errno
 import json
 import os
 import re
+import stat
 import threading
 import time
 
@@ -745,6 +747,175 @@ def _tighten(path, mode):
         if st.st_mode & 0o077:
             os.chmod(path, st.st_mode & mode & 0o7777)
     except (OSError, AttributeError):  # gone, or no getuid (not POSIX)
+        pass
+
+
+# ---- Diffs: a change shown in lines, bounded; what may be wrong with a change ----
+
+PATCH_SUFFIXES = (".diff", ".patch")
+
+
+WHITESPACE_ONLY = "the change to %s altered only whitespace"
+LINES_GONE = "write_file replaced all of %s and %d of its earlier lines are gone (%s)"
+
+
+def change_doubt(shown, old, new, whole=False):
+    """Why a change may not be the one meant, for the loop to ask about before the run ends (None: no doubt):
+    it altered only whitespace (a model "fixed" a line by rewriting the file as it was), or, for a whole
+    rewrite, the file's earlier lines are gone (a model asked to add a line wrote only that line)."""
+    if old is None or old == new:
+        return None
+    if "".join(old.split()) == "".join(new.split()):
+        return WHITESPACE_ONLY % shown
+    if whole and old.strip():
+        kept = set(line.strip() for line in new.splitlines())
+        gone = [line.strip() for line in old.splitlines() if line.strip() and line.strip() not in kept]
+        if gone:
+            return LINES_GONE % (
+                shown, len(gone), "; ".join(one for one in gone[:3]) + (" …" if len(gone) > 3 else ""))
+    return None
+
+
+def looks_like_diff(text):
+    """A unified diff: a `--- ` line, then `+++ `, then a hunk header, at the start of the text."""
+    head = text.lstrip("\n").split("\n", 3)
+    return len(head) >= 3 and head[0].startswith("--- ") and head[1].startswith("+++ ") and head[2].startswith("@@")
+
+
+def changed_lines(old, new, context=2, most=40):
+    """(first, last, text): the lines of `new` around where it differs from `old`, numbered from 1 like
+    `cat -n`; past `most` lines, the start and the end of the change with a note of how many lie between."""
+    a, b = old.splitlines(), new.splitlines()
+    head, limit = 0, min(len(a), len(b))
+    while head < limit and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    first, last = max(0, head - context), min(len(b), len(b) - tail + context)
+    if first >= last:  # an empty file now
+        return 0, 0, "(the file is empty)"
+    numbered = ["%6d\t%s" % (i + 1, b[i]) for i in range(first, last)]
+    if len(numbered) > most:
+        half = most // 2
+        numbered = numbered[:half] + ["   ... (%d lines)" % (len(numbered) - 2 * half)] + numbered[-half:]
+    return first + 1, last, "\n".join(numbered)
+
+
+def text_diff(old, new, name, whole=False):
+    """whole=True: a diff shown for a person's approval, never a summary (see bounded_diff)."""
+    return bounded_diff(old.splitlines(True), new.splitlines(True), "a/" + name, "b/" + name, whole=whole)
+
+
+#: the most line pairs a diff compares (the lines that differ, after the common start and end are set
+#: aside): difflib is quadratic on some inputs (lines repeated two and three times: 20,000 took 9 s), and
+#: files and rewrites come from models and repositories; past it a diff is a summary of the change
+MAX_DIFF_CELLS = 10_000_000
+#: what str.splitlines() also ends a line at: such a line is followed by a newline, without the note
+_LINE_ENDS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_HUNK = re.compile(r"@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
+
+
+def bounded_diff(a, b, fromfile, tofile, n=3, whole=False):
+    """difflib.unified_diff of the line lists a and b as one string, computed on what lies between their
+    common first and last lines (an edit in a long file compares a few lines, not all of them), or a
+    one-line summary when that middle is too large to compare. whole=True (a change a person approves:
+    nothing is elided from what they say yes to) gives that middle as one hunk, every old line removed and
+    every new line added, instead of the summary. Every line of the result ends with a newline: a last
+    line without one would join the next (`-old` then `+new` read as one removed line)."""
+    head = 0
+    limit = min(len(a), len(b))
+    while head < limit and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and a[len(a) - 1 - tail] == b[len(b) - 1 - tail]:
+        tail += 1
+    if head == len(a) == len(b):
+        return ""
+    start, keep_tail = max(0, head - n), max(0, tail - n)
+    mid_a, mid_b = a[start:len(a) - keep_tail], b[start:len(b) - keep_tail]
+    changed_a, changed_b = len(a) - head - tail, len(b) - head - tail
+    if changed_a * changed_b > MAX_DIFF_CELLS and not whole:
+        return "--- %s\n+++ %s\n@@ lines %d-%d (%d lines) become %d lines: too many to compare line by line @@\n" % (
+            fromfile, tofile, head + 1, head + changed_a, changed_a, changed_b)
+    replaced = changed_a * changed_b > MAX_DIFF_CELLS
+    if replaced:  # linear: the whole middle replaced, shown line by line with its real line numbers
+        lines = ["--- %s\n" % fromfile, "+++ %s\n" % tofile, "@@ -%d,%d +%d,%d @@\n" % (
+            start + 1, len(mid_a), start + 1, len(mid_b))]
+        lines += [" " + x for x in a[start:head]] + ["-" + x for x in a[head:len(a) - tail]] + \
+            ["+" + x for x in b[head:len(b) - tail]] + [" " + x for x in a[len(a) - tail:len(a) - keep_tail]]
+    else:
+        import difflib
+        lines = difflib.unified_diff(mid_a, mid_b, fromfile, tofile, n=n)
+    out = []
+    for line in lines:
+        if start and not replaced and line.startswith("@@"):
+            m = _HUNK.match(line)
+            line = "@@ -%d%s +%d%s @@%s" % (int(m.group(1)) + start, m.group(2) or "", int(m.group(3)) + start,
+                                            m.group(4) or "", line[m.end():])
+        if not line.endswith("\n"):
+            line += "\n" if line[-1:] in _LINE_ENDS else "\n\\ No newline at end of file\n"
+        out.append(line)
+    return "".join(out)
+
+
+
+
+# ---- Audit log: one line per terminal decision ----
+
+class AuditLog:
+    """One line per terminal decision; whole lines under a lock, rotated at a size, previous file kept.
+
+    2025-01-15T10:30:45Z | /home/user/project | ls -la | exit:0 | 0.023s | allow
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, path, max_bytes=10485760, redact=None):
+        self.path = path
+        self.max_bytes = max_bytes
+        self.redact = redact
+
+    def record(self, cwd, command, outcome, duration, verdict):
+        text = redact(command)  # secrets out first, then one line of visible text
+        text = render_untrusted(text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r"), exact=True)
+        line = "%s | %s | %s | %s | %.3fs | %s\n" % (rfc3339(time.time()), render_untrusted(cwd, exact=True), text,
+                                                   outcome, duration, verdict)
+        data = line.encode("utf-8", "replace")
+        with self._lock:
+            private_dir(os.path.dirname(os.path.abspath(self.path)))  # XZATOMA_HOME: 0700
+            fd = _open_log(self.path)
+            try:
+                if os.fstat(fd).st_mode & 0o077:  # a log made by an older version: only its owner reads it
+                    os.fchmod(fd, 0o600)
+                _flock(fd)
+                if self.max_bytes and os.fstat(fd).st_size + len(data) > self.max_bytes and \
+                        os.path.exists(self.path) and os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    os.replace(self.path, self.path + ".1")
+                    os.close(fd)
+                    fd = _open_log(self.path)
+                    _flock(fd)
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+
+def _open_log(path):
+    """The log for appending: never through a link (an audit.log linked to ~/.bashrc would have the agent
+    append command lines to it), never a FIFO or device (opening one would hang or write elsewhere)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK |
+                 getattr(os, "O_CLOEXEC", 0), 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def _flock(fd):
+    try:
+        import fcntl
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ImportError, OSError):
         pass
 
 
