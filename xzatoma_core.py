@@ -3990,16 +3990,18 @@ class Agent:
                 if n not in self.seen_numbers and n not in numbers_in(self.task)]
 
     def standing_doubts(self):
-        """The doubts about this run's changes that the task's words make real: a whitespace-only change where
-        the task says nothing of spacing or format, a file's lines gone where it asks to add to it."""
+        """The doubts about this run's changes that the task's words do not explain: a whitespace-only change
+        where the task says nothing of spacing or format, a file's lines gone where it asks for no rewrite."""
         import re
         from xzatoma_tools import WHITESPACE_ONLY
         spacing = re.search(r"(?i)\b(white ?space|blank|indent\w*|format\w*|spac\w*|newlines?|trailing|tabs?|"
                             r"line endings?|wrap\w*|reflow\w*|lint\w*)\b", self.task or "")
-        adds = re.search(r"(?i)\b(add\w*|append\w*|insert\w*|keep\w*|extend\w*|another|also|more)\b|"
-                         r"\bat the (end|top|start|beginning|bottom)\b", self.task or "")
+        # lines gone stand unless the task asks for new content in place of the old (a bump of one field
+        # that wrote {"version": "2.4.1"} over package.json is not one)
+        rewrite = re.search(r"(?i)\b(replac\w*|overwrit\w*|rewrit\w*|writ\w*|creat\w*|clear\w*|empty|reset|"
+                            r"truncat\w*|wipe\w*|only|just)\b", self.task or "")
         whitespace = WHITESPACE_ONLY.split("%s")[1]
-        return [d for d in self.doubts.values() if (not spacing if d.endswith(whitespace) else adds)]
+        return [d for d in self.doubts.values() if not (spacing if d.endswith(whitespace) else rewrite)]
 
     def unsettled(self, kind, answer):
         """What still stands after the model was asked to check its work: None, or why the run is unverified."""

@@ -503,3 +503,13 @@ def test_a_count_the_model_worked_out_is_not_asked_about(open_session, tmp_path)
     s = open_session(Reply('{"name": "read_file", "arguments": {"path": "notes.txt"}}'), Reply("3"))
     result = run(s, "How many words are in notes.txt?")
     assert result.status == "completed" and len(s.provider.calls) == 2
+
+
+def test_a_field_bump_that_wrote_only_the_field_is_asked_about(open_session, tmp_path):
+    """A real transcript: "Bump the version in package.json" wrote {"version": "2.4.1"} over the whole file."""
+    (tmp_path / "package.json").write_text('{\n  "name": "demo",\n  "version": "2.4.0"\n}\n')
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "package.json", '
+                           '"content": "{\\"version\\": \\"2.4.1\\"}"}}'),
+                     Reply("Bumped."), Reply("Bumped."))
+    result = run(s, "Bump the version in package.json from 2.4.0 to 2.4.1.")
+    assert result.status == "unverified" and "earlier lines are gone" in result.warnings[0]
