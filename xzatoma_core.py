@@ -1479,6 +1479,10 @@ class HttpFailure(Exception):
 #: how much of a stream the caller stopped reading early is still read to keep its connection; beyond it (a
 #: server still generating after a reply was cut off) the connection is closed, which stops the server
 DRAIN_BYTES, DRAIN_SECONDS = 65536, 0.5
+#: seconds a host name that did not resolve is answered from memory: a run asks its server three times before
+#: the first model call (is it local? its window? the call), and a resolver with no network behind it takes
+#: seconds per look-up; a watcher that lives for days asks again after this
+UNRESOLVED_SECONDS = 10.0
 
 
 def _http_failure(exc, connecting=False):
@@ -1603,6 +1607,7 @@ class HttpSession:
         self.user_agent = user_agent
         self._idle = {}  # (scheme, host, port, proxy) -> an idle connection, checked before it is used again
         self._tls = None
+        self._unresolved = {}  # host -> (HttpFailure, when): a name that did not resolve, for UNRESOLVED_SECONDS
 
     def request(self, method, url, json_body=None, data=None, headers=None, stream=False, timeout=(10.0, 300.0)):
         """An HttpResponse, or HttpFailure when no answer came. Redirects are not followed (a provider's
@@ -1638,6 +1643,8 @@ class HttpSession:
             if proxy[2]:
                 sent["Proxy-Authorization"] = proxy[2]
         key = (parts.scheme, host, port, proxy)
+        if proxy is None:
+            self._known_unresolved(host)
         for attempt in (1, 2):
             conn, reused = self._connection(key, timeout[0])
             try:
@@ -1686,11 +1693,46 @@ class HttpSession:
             conn.connect()
         except Exception as exc:
             failure = _http_failure(exc, connecting=True)
+            if failure.kind == "dns" and proxy is None:
+                self._unresolved[host] = (failure, time.monotonic())
             if proxy is not None:
                 failure = HttpFailure("through the proxy %s: %s" % (_host_port(proxy[0], proxy[1], None), failure),
                                       "proxy" if failure.kind != "timeout" else "timeout")
             raise failure
         return conn
+
+    def _known_unresolved(self, host):
+        """Raise the HttpFailure of a recent look-up of `host` that found nothing."""
+        known = self._unresolved.get(host)
+        if known is not None:
+            if time.monotonic() - known[1] < UNRESOLVED_SECONDS:
+                raise known[0]
+            del self._unresolved[host]
+
+    def addresses(self, host):
+        """The IP addresses `host` resolves to (HttpFailure "dns" when it does not, remembered as a request's)."""
+        import ipaddress
+        import socket
+        try:
+            return [ipaddress.ip_address(host)]
+        except ValueError:
+            pass
+        self._known_unresolved(host)
+        try:
+            infos = socket.getaddrinfo(host, None)
+        except socket.gaierror as exc:
+            failure = _http_failure(exc)
+            self._unresolved[host] = (failure, time.monotonic())
+            raise failure
+        except OSError as exc:
+            raise _http_failure(exc)
+        out = []
+        for info in infos:
+            try:
+                out.append(ipaddress.ip_address(info[4][0].split("%")[0]))
+            except ValueError:
+                pass
+        return out
 
     def _context(self):
         """The TLS context, made once: the system's CA certificates (or REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE),
@@ -1995,7 +2037,7 @@ class Provider:
                 if exc.kind == "tls":
                     last.retryable = False
                     raise last
-                if exc.kind == "refused" and _is_local_url(url):
+                if exc.kind == "refused" and _is_local_url(url, self.session):
                     last.retryable, last.unreachable = False, True
                     raise last
             if attempt + 1 >= attempts:
@@ -2179,21 +2221,17 @@ def _jitter():
     return random.random()
 
 
-def _is_local_url(url):
-    """True when the URL's host is loopback, private or link-local (where 'refused' means 'not running')."""
-    import ipaddress
-    import socket
+def _is_local_url(url, session):
+    """True when the URL's host is loopback, private or link-local (where 'refused' means 'not running').
+    Resolved through `session`, the HttpSession that will ask it: a name that does not resolve is looked up once."""
     from urllib.parse import urlsplit
     host = (urlsplit(url).hostname or "").lower()
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        addresses = [ipaddress.ip_address(host)]
-    except ValueError:
-        try:
-            addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in socket.getaddrinfo(host, None)]
-        except (OSError, ValueError):
-            return False
+        addresses = session.addresses(host)
+    except HttpFailure:
+        return False
     return bool(addresses) and all(a.is_loopback or a.is_private or a.is_link_local for a in addresses)
 
 
@@ -2272,7 +2310,7 @@ class OllamaProvider(Provider):
         return None
 
     def is_local(self):
-        return _is_local_url(self.host)
+        return _is_local_url(self.host, self.session)
 
     def parameter_billions(self):
         """/api/show's details.parameter_size ("1.5B", "494.03M"), else the model's name."""
@@ -2425,7 +2463,7 @@ class OpenAIProvider(Provider):
         return self.api == "responses"
 
     def is_local(self):
-        return _is_local_url(self.base_url)
+        return _is_local_url(self.base_url, self.session)
 
     def _context_window(self, model):
         """A local server first says what it runs with (llama.cpp's /props n_ctx, LM Studio's loaded context):

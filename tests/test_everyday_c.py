@@ -95,6 +95,46 @@ def test_an_unresolvable_host_fails_at_once_with_one_line(monkeypatch, tmp_path)
     message = str(caught.value)
     assert "\n" not in message and "host not found" in message and "OPENAI_BASE_URL" in message
     assert "gave up" not in message and not caught.value.retryable
+    # asked again at once (a run's window probe, then its first call): answered from memory, not looked up
+    assert not provider.is_local()
+    with pytest.raises(xzatoma.ProviderError):
+        provider.complete([{"role": "user", "content": "hi"}], [])
+    assert asked == ["model-box.invalid"]
+    # but not for ever (a watcher runs for days; the network comes back)
+    failure, when = provider.session._unresolved["model-box.invalid"]
+    provider.session._unresolved["model-box.invalid"] = (failure, when - xzatoma.UNRESOLVED_SECONDS)
+    with pytest.raises(xzatoma.ProviderError):
+        provider.complete([{"role": "user", "content": "hi"}], [])
+    assert asked == ["model-box.invalid"] * 2
+
+
+def test_a_run_against_an_unresolvable_host_fails_at_once_with_one_line(cli, tmp_path):
+    """The CLI as a person meets it: a mistyped host name. Name look-ups for *.invalid fail here as they do on
+    a real resolver (EAI_NONAME), in the run's own process: nothing leaves the machine."""
+    import time as clock
+    site = tmp_path / "site"
+    site.mkdir()
+    asked = tmp_path / "asked.txt"
+    (site / "sitecustomize.py").write_text(
+        "import socket\n"
+        "_real = socket.getaddrinfo\n"
+        "def getaddrinfo(host, *args, **kwargs):\n"
+        "    if str(host).endswith('.invalid'):\n"
+        "        with open(%r, 'a') as fh:\n"
+        "            fh.write(str(host) + '\\n')\n"
+        "        raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')\n"
+        "    return _real(host, *args, **kwargs)\n"
+        "socket.getaddrinfo = getaddrinfo\n" % str(asked))
+    env = {"PYTHONPATH": str(site), "XZATOMA_PROVIDER": "ollama", "OLLAMA_HOST": "http://model-box.invalid:11434"}
+    started = clock.monotonic()
+    r = cli.run("run", "hi", env=env)  # the default retries (3 attempts, seconds apart) apply
+    took = clock.monotonic() - started
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "host not found" in errors[0] and "OLLAMA_HOST" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and "retrying" not in r.stderr
+    assert asked.read_text().splitlines() == ["model-box.invalid"]  # one look-up: no retry
+    assert took < 10, took  # not the backoff of three attempts
 
 
 # ---- auth status asks only the providers someone configured ----
