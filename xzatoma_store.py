@@ -203,7 +203,7 @@ def is_credential_env(name, value=""):
 _secrets_lock = threading.Lock()
 _known_secrets = ()  # every spelling of every registered secret, longest first
 _view_needles = ()  # each secret and its base64 cores, without whitespace, looked for in the decoded view
-_compiled = []  # [(triggers, regex)], compiled on first use (start-up is a feature)
+_compiled = {}  # TOKEN_SHAPES index -> its regex, compiled the first time one of its triggers occurs
 
 
 def register_secret(value):
@@ -254,11 +254,15 @@ def _replace(match):
     return match.group(keep) + REDACTED if keep else REDACTED
 
 
-def _compile():
-    if not _compiled:
-        with _secrets_lock:
-            if not _compiled:
-                _compiled.extend((triggers, re.compile(shape)) for triggers, shape in TOKEN_SHAPES)
+def _shapes(lowered):
+    """The compiled shapes whose triggers occur in `lowered`. Each is compiled when first needed: compiling
+    all of them took 10-25 ms of a one-shot run, whose text wakes a few (start-up is a feature)."""
+    for i, (triggers, shape) in enumerate(TOKEN_SHAPES):
+        if any(trigger in lowered for trigger in triggers):
+            pattern = _compiled.get(i)
+            if pattern is None:  # two threads may both compile it: the same regex either way
+                pattern = _compiled[i] = re.compile(shape)
+            yield pattern
 
 
 #: one escape, and the one character it stands for: URL (%41, and %2541 of encoding twice, at any depth),
@@ -361,13 +365,8 @@ def redact(text, shapes=True):
             text = text[:start] + REDACTED + text[end:]
     if not shapes:
         return text
-    _compile()
-    lowered = text.lower()
-    for triggers, pattern in _compiled:
-        for trigger in triggers:
-            if trigger in lowered:
-                text = pattern.sub(_replace, text)
-                break
+    for pattern in _shapes(text.lower()):
+        text = pattern.sub(_replace, text)
     return text
 
 
@@ -379,11 +378,8 @@ def redaction_spans(text):
         while start != -1:
             spans.append((start, start + len(secret)))
             start = text.find(secret, start + 1)
-    _compile()
-    lowered = text.lower()
-    for triggers, pattern in _compiled:
-        if any(trigger in lowered for trigger in triggers):
-            spans.extend(m.span() for m in pattern.finditer(text))
+    for pattern in _shapes(text.lower()):
+        spans.extend(m.span() for m in pattern.finditer(text))
     return spans
 
 
