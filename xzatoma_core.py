@@ -3648,19 +3648,32 @@ _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|u
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
 _claims = _task_re = None
+#: what an answer that claims work says: it holds one of these (lower-cased), or '<tool_response>'
+DONE_WORDS = ("created", "written", "wrote", "added", "appended", "inserted", "renamed", "replaced", "changed",
+              "edited", "modified", "updated", "fixed", "bumped", "deleted", "removed", "moved", "copied", "ran",
+              "run", "executed", "installed", "saved", "implemented", "generated", "formatted")
+#: the letters besides ASCII's that re.IGNORECASE matches to an ASCII letter (str.lower() keeps them)
+_IGNORECASE_ASCII = {0x130: "i", 0x131: "i", 0x17F: "s", 0x212A: "k"}
 
 
-def _patterns():
-    global _claims, _task_re
+def _claims_re():
+    """The regex of an answer that claims work, compiled when an answer first holds one of DONE_WORDS."""
+    global _claims
     if _claims is None:
         import re
-        done = (r"(created|written|wrote|added|appended|inserted|renamed|replaced|changed|edited|modified|updated|"
-                r"fixed|bumped|deleted|removed|moved|copied|ran|run|executed|installed|saved|implemented|"
-                r"generated|formatted)")
+        done = "(%s)" % "|".join(DONE_WORDS)
         _claims = re.compile(r"<tool_response>|\b(I\s*(have|'ve)\s+(now\s+|also\s+|successfully\s+)?%s|"
                              r"I\s+(now\s+)?%s|(has|have|was|were)\s+(now\s+)?(been\s+)?(successfully\s+)?%s|"
                              r"successfully\s+%s|(file|files|changes?)\s+%s)\b" % (done, done, done, done, done),
                              re.I)
+    return _claims
+
+
+def _task_words():
+    """The regex of what a task names: files, counts, questions, changes, look-ups and places."""
+    global _task_re
+    if _task_re is None:
+        import re
         _task_re = re.compile(
             r"(?P<file>(^|[\s`'\"(])[\w.-]*\w\.[A-Za-z]\w{0,7}\b)|"
             r"(?P<count>\b(how many|how much|count|number of|list( all| every| the)?)\b)|"
@@ -3668,7 +3681,7 @@ def _patterns():
             r"(?P<change>\b(%s)\w*)|(?P<look>\b(%s)\w*)|"
             r"(?P<place>\b(files?|director(y|ies)|folders?|repo(sitory)?|project|codebase|here|tests?|scripts?|"
             r"config(uration)?|functions?|class(es)?|modules?)\b)" % (_CHANGES, _LOOKS), re.I | re.M)
-    return _claims, _task_re
+    return _task_re
 
 
 PLAN_FRAME = "You are assisting with the following task:"  #: how Plan.to_prompt begins (xzatoma_tools)
@@ -3687,7 +3700,7 @@ def intent_of(task):
 
 def is_question(task):
     """True for a task that only asks (what, which, how many …) and names no change to make."""
-    found = set(m.lastgroup for m in _patterns()[1].finditer(task or ""))
+    found = set(m.lastgroup for m in _task_words().finditer(task or ""))
     return "change" not in found and bool(found & {"ask", "count"}) and (task or "").lstrip().lower().startswith(
         ("what", "which", "where", "how", "who", "when", "why", "is ", "are ", "does ", "do ", "count", "list",
          "show", "find", "tell"))
@@ -3695,7 +3708,14 @@ def is_question(task):
 
 def claims_work(answer):
     """True when an answer says something was done (created, updated, ran …) or writes a tool's result itself."""
-    return bool(answer) and _patterns()[0].search(answer[:20000]) is not None
+    if not answer:
+        return False
+    answer = answer[:20000]
+    lowered = answer.translate(_IGNORECASE_ASCII).lower()  # most answers hold none of the words: no regex
+    # to compile (7 ms of a one-shot run); where one is, the regex decides
+    if "<tool_response>" not in lowered and not any(word in lowered for word in DONE_WORDS):
+        return False
+    return _claims_re().search(answer) is not None
 
 
 def needs_tools(task, answer, root=None):
@@ -3707,7 +3727,7 @@ def needs_tools(task, answer, root=None):
     app.cfg when there is none). A question the model can answer from what it knows needs none."""
     task = (task or "")[:20000]
     found = dict.fromkeys(("file", "count", "ask", "change", "look", "place"), False)
-    for m in _patterns()[1].finditer(task):
+    for m in _task_words().finditer(task):
         found[m.lastgroup] = True
     asks = task.lstrip().lower().startswith(("what", "which", "where", "how", "who", "when", "why", "is ", "are ",
                                              "does ", "do "))
