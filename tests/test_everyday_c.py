@@ -145,7 +145,8 @@ def test_auth_status_asks_no_server_nobody_configured(cli, fake):
     cli.write_config({"provider": {"type": "ollama", "ollama": {"host": fake.url}}})
     proxy = FakeModel().start()  # any request to a public host would go here (and nowhere else)
     try:
-        r = cli.run("auth", "status", env={"https_proxy": proxy.url, "http_proxy": proxy.url})
+        r = cli.run("auth", "status", env={"https_proxy": proxy.url, "http_proxy": proxy.url, "no_proxy": "",
+                                           "NO_PROXY": ""})
     finally:
         proxy.stop()
     assert r.returncode == 0, r.stderr
