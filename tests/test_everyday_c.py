@@ -602,3 +602,39 @@ def test_the_readme_starts_with_an_install_and_a_test_command_that_go_together()
     with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as fh:
         extra = re.search(r"^test = \[(.*)\]$", fh.read(), re.M).group(1)
     assert '"pytest' in extra
+
+
+def test_start_up_holds_the_collector_back_only_until_the_work_starts(cli, fake):
+    """Start-up's long-lived objects are not scanned over and over (bench/startup.py measures what that
+    saves); the collector's own threshold is back once the work starts, and after a command that never
+    got to work (in-process callers)."""
+    import gc
+    import xzatoma
+    before = gc.get_threshold()
+    xzatoma._startup_begins()
+    try:
+        assert gc.get_threshold()[0] == max(before[0], xzatoma.STARTUP_GC_THRESHOLD)
+    finally:
+        frozen = gc.get_freeze_count()
+        xzatoma.startup_over()
+    assert gc.get_threshold() == before and gc.get_freeze_count() >= frozen
+    gc.unfreeze()
+    assert xzatoma.main(["config", "path"]) == 0 and gc.get_threshold() == before
+    # a run: the threshold is the interpreter's again from the agent loop on (its first model call)
+    import os
+    cli.use(fake)
+    script = cli.tmp / "threshold.py"
+    script.write_text("import gc, sys\nsys.path.insert(0, %r)\nimport xzatoma_core\n"
+                      "seen = []\nstep = xzatoma_core.Agent.step\n"
+                      "def spy(self, *a, **k):\n    seen.append(gc.get_threshold())\n    return step(self, *a, **k)\n"
+                      "xzatoma_core.Agent.step = spy\ncode = xzatoma_core.main(['run', 'hi'])\n"
+                      "sys.stderr.write('THRESHOLDS %%r %%r\\n' %% (seen, gc.get_threshold()))\nsys.exit(code)\n"
+                      % os.path.dirname(xzatoma.__file__))
+    fake.add({"content": "hello"})
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=cli.env,
+                       cwd=str(cli.workdir), timeout=60)
+    assert r.returncode == 0 and r.stdout == "hello\n", r.stderr
+    seen = re.search(r"THRESHOLDS (.*)", r.stderr).group(1)
+    assert seen == "[%r] %r" % (before, before), seen
