@@ -7656,7 +7656,7 @@ def build_parser(argv=None):
     for name, builder in COMMAND_BUILDERS.items():
         if argv is None or name == selected:
             builder(sub, common, fmt)
-        else:
+        elif selected not in COMMAND_BUILDERS:  # the list of commands is shown (help, a mistake): all named
             sub.add_parser(name, help=COMMAND_HELP[name])
     return parser
 
