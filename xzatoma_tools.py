@@ -4024,10 +4024,14 @@ def fold_name(name):
     and the 8.3 short name `GIT~1` read as `.git` (NTFS): git refuses these spellings for the same reason.
     Over-matching only asks a person more often; under-matching would let a hook through."""
     if (folded := _fold_memo.get(name)) is None:
-        import unicodedata
-        folded = unicodedata.normalize("NFKD", name)
-        folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
-        folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
+        if name.isascii():  # the same, for ASCII: the normal forms change nothing, Cc is what is unprintable
+            folded = name.lower() if name.isprintable() else "".join(ch for ch in name.lower() if ch.isprintable())
+            folded = folded.rstrip(". ")
+        else:
+            import unicodedata
+            folded = unicodedata.normalize("NFKD", name)
+            folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
+            folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
         if short := re.match(r"(git|hg)~\d+\Z", folded):
             folded = "." + short.group(1)
         if len(_fold_memo) < 65536:
