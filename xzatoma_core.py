@@ -1436,6 +1436,10 @@ class HttpFailure(Exception):
 #: how much of a stream the caller stopped reading early is still read to keep its connection; beyond it (a
 #: server still generating after a reply was cut off) the connection is closed, which stops the server
 DRAIN_BYTES, DRAIN_SECONDS = 65536, 0.5
+#: seconds a host name that did not resolve is answered from memory: a run asks its server three times before
+#: the first model call (is it local? its window? the call), and a resolver with no network behind it takes
+#: seconds per look-up; a watcher that lives for days asks again after this
+UNRESOLVED_SECONDS = 10.0
 
 
 def _http_failure(exc, connecting=False):
@@ -1560,6 +1564,7 @@ class HttpSession:
         self.user_agent = user_agent
         self._idle = {}  # (scheme, host, port, proxy) -> an idle connection, checked before it is used again
         self._tls = None
+        self._unresolved = {}  # host -> (HttpFailure, when): a name that did not resolve, for UNRESOLVED_SECONDS
 
     def request(self, method, url, json_body=None, data=None, headers=None, stream=False, timeout=(10.0, 300.0)):
         """An HttpResponse, or HttpFailure when no answer came. Redirects are not followed (a provider's
@@ -1595,6 +1600,8 @@ class HttpSession:
             if proxy[2]:
                 sent["Proxy-Authorization"] = proxy[2]
         key = (parts.scheme, host, port, proxy)
+        if proxy is None:
+            self._known_unresolved(host)
         for attempt in (1, 2):
             conn, reused = self._connection(key, timeout[0])
             try:
@@ -1643,11 +1650,46 @@ class HttpSession:
             conn.connect()
         except Exception as exc:
             failure = _http_failure(exc, connecting=True)
+            if failure.kind == "dns" and proxy is None:
+                self._unresolved[host] = (failure, time.monotonic())
             if proxy is not None:
                 failure = HttpFailure("through the proxy %s: %s" % (_host_port(proxy[0], proxy[1], None), failure),
                                       "proxy" if failure.kind != "timeout" else "timeout")
             raise failure
         return conn
+
+    def _known_unresolved(self, host):
+        """Raise the HttpFailure of a recent look-up of `host` that found nothing."""
+        known = self._unresolved.get(host)
+        if known is not None:
+            if time.monotonic() - known[1] < UNRESOLVED_SECONDS:
+                raise known[0]
+            del self._unresolved[host]
+
+    def addresses(self, host):
+        """The IP addresses `host` resolves to (HttpFailure "dns" when it does not, remembered as a request's)."""
+        import ipaddress
+        import socket
+        try:
+            return [ipaddress.ip_address(host)]
+        except ValueError:
+            pass
+        self._known_unresolved(host)
+        try:
+            infos = socket.getaddrinfo(host, None)
+        except socket.gaierror as exc:
+            failure = _http_failure(exc)
+            self._unresolved[host] = (failure, time.monotonic())
+            raise failure
+        except OSError as exc:
+            raise _http_failure(exc)
+        out = []
+        for info in infos:
+            try:
+                out.append(ipaddress.ip_address(info[4][0].split("%")[0]))
+            except ValueError:
+                pass
+        return out
 
     def _context(self):
         """The TLS context, made once: the system's CA certificates (or REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE),
@@ -1953,7 +1995,7 @@ class Provider:
                 if exc.kind == "tls":
                     last.retryable = False
                     raise last
-                if exc.kind == "refused" and _is_local_url(url):
+                if exc.kind == "refused" and _is_local_url(url, self.session):
                     last.retryable, last.unreachable = False, True
                     raise last
             if attempt + 1 >= attempts:
@@ -2139,21 +2181,17 @@ def _jitter():
     return random.random()
 
 
-def _is_local_url(url):
-    """True when the URL's host is loopback, private or link-local (where 'refused' means 'not running')."""
-    import ipaddress
-    import socket
+def _is_local_url(url, session):
+    """True when the URL's host is loopback, private or link-local (where 'refused' means 'not running').
+    Resolved through `session`, the HttpSession that will ask it: a name that does not resolve is looked up once."""
     from urllib.parse import urlsplit
     host = (urlsplit(url).hostname or "").lower()
     if host == "localhost" or host.endswith(".localhost"):
         return True
     try:
-        addresses = [ipaddress.ip_address(host)]
-    except ValueError:
-        try:
-            addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in socket.getaddrinfo(host, None)]
-        except (OSError, ValueError):
-            return False
+        addresses = session.addresses(host)
+    except HttpFailure:
+        return False
     return bool(addresses) and all(a.is_loopback or a.is_private or a.is_link_local for a in addresses)
 
 
@@ -2232,7 +2270,7 @@ class OllamaProvider(Provider):
         return None
 
     def is_local(self):
-        return _is_local_url(self.host)
+        return _is_local_url(self.host, self.session)
 
     def parameter_billions(self):
         """/api/show's details.parameter_size ("1.5B", "494.03M"), else the model's name."""
@@ -2385,7 +2423,7 @@ class OpenAIProvider(Provider):
         return self.api == "responses"
 
     def is_local(self):
-        return _is_local_url(self.base_url)
+        return _is_local_url(self.base_url, self.session)
 
     def _context_window(self, model):
         """A local server first says what it runs with (llama.cpp's /props n_ctx, LM Studio's loaded context):
@@ -3575,19 +3613,32 @@ _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|u
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
 _claims = _task_re = None
+#: what an answer that claims work says: it holds one of these (lower-cased), or '<tool_response>'
+DONE_WORDS = ("created", "written", "wrote", "added", "appended", "inserted", "renamed", "replaced", "changed",
+              "edited", "modified", "updated", "fixed", "bumped", "deleted", "removed", "moved", "copied", "ran",
+              "run", "executed", "installed", "saved", "implemented", "generated", "formatted")
+#: the letters besides ASCII's that re.IGNORECASE matches to an ASCII letter (str.lower() keeps them)
+_IGNORECASE_ASCII = {0x130: "i", 0x131: "i", 0x17F: "s", 0x212A: "k"}
 
 
-def _patterns():
-    global _claims, _task_re
+def _claims_re():
+    """The regex of an answer that claims work, compiled when an answer first holds one of DONE_WORDS."""
+    global _claims
     if _claims is None:
         import re
-        done = (r"(created|written|wrote|added|appended|inserted|renamed|replaced|changed|edited|modified|updated|"
-                r"fixed|bumped|deleted|removed|moved|copied|ran|run|executed|installed|saved|implemented|"
-                r"generated|formatted)")
+        done = "(%s)" % "|".join(DONE_WORDS)
         _claims = re.compile(r"<tool_response>|\b(I\s*(have|'ve)\s+(now\s+|also\s+|successfully\s+)?%s|"
                              r"I\s+(now\s+)?%s|(has|have|was|were)\s+(now\s+)?(been\s+)?(successfully\s+)?%s|"
                              r"successfully\s+%s|(file|files|changes?)\s+%s)\b" % (done, done, done, done, done),
                              re.I)
+    return _claims
+
+
+def _task_words():
+    """The regex of what a task names: files, counts, questions, changes, look-ups and places."""
+    global _task_re
+    if _task_re is None:
+        import re
         _task_re = re.compile(
             r"(?P<file>(^|[\s`'\"(])[\w.-]*\w\.[A-Za-z]\w{0,7}\b)|"
             r"(?P<count>\b(how many|how much|count|number of|list( all| every| the)?)\b)|"
@@ -3595,7 +3646,7 @@ def _patterns():
             r"(?P<change>\b(%s)\w*)|(?P<look>\b(%s)\w*)|"
             r"(?P<place>\b(files?|director(y|ies)|folders?|repo(sitory)?|project|codebase|here|tests?|scripts?|"
             r"config(uration)?|functions?|class(es)?|modules?)\b)" % (_CHANGES, _LOOKS), re.I | re.M)
-    return _claims, _task_re
+    return _task_re
 
 
 PLAN_FRAME = "You are assisting with the following task:"  #: how Plan.to_prompt begins (xzatoma_plans)
@@ -3620,7 +3671,7 @@ def _task_kinds(task):
     run asks this of one task three times or more, and a watcher of one plan for every event (issue 22)."""
     kinds = _TASK_KINDS.get(task)
     if kinds is None:
-        kinds = frozenset(m.lastgroup for m in _patterns()[1].finditer(task))
+        kinds = frozenset(m.lastgroup for m in _task_words().finditer(task))
         if len(_TASK_KINDS) >= 64:
             _TASK_KINDS.clear()
         _TASK_KINDS[task] = kinds
@@ -3637,7 +3688,14 @@ def is_question(task):
 
 def claims_work(answer):
     """True when an answer says something was done (created, updated, ran …) or writes a tool's result itself."""
-    return bool(answer) and _patterns()[0].search(answer[:20000]) is not None
+    if not answer:
+        return False
+    answer = answer[:20000]
+    lowered = answer.translate(_IGNORECASE_ASCII).lower()  # most answers hold none of the words: no regex
+    # to compile (7 ms of a one-shot run); where one is, the regex decides
+    if "<tool_response>" not in lowered and not any(word in lowered for word in DONE_WORDS):
+        return False
+    return _claims_re().search(answer) is not None
 
 
 def needs_tools(task, answer, root=None):
@@ -3779,6 +3837,7 @@ class Agent:
         final=False (chat, subagents) records progress instead of finishing the stored conversation;
         a cancelled tool call gets `cancel_text` as its result.
         """
+        startup_over()
         if self.recorder is None:
             return self._run(final, cancel_text)
         with self.recorder.held():  # a step's writes in one transaction, flushed before each wait (Recorder)
@@ -6802,6 +6861,7 @@ class ChatSession:
 
     # -- the loop --
     def run(self):
+        startup_over()
         readline = self.setup_readline() if self.interactive else None
         if self.interactive:
             self.banner()
@@ -7792,6 +7852,7 @@ def cmd_watch(args, console):
         watcher.request_stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.signal(sig, stop)
+    startup_over()  # a watcher waits for days: the collector's own threshold from its first poll
     try:
         code = watcher.run()
     finally:
@@ -8052,7 +8113,7 @@ def build_parser(argv=None):
     for name, builder in COMMAND_BUILDERS.items():
         if argv is None or name == selected:
             builder(sub, common, fmt)
-        else:
+        elif selected not in COMMAND_BUILDERS:  # the list of commands is shown (help, a mistake): all named
             sub.add_parser(name, help=COMMAND_HELP[name])
     return parser
 
@@ -8664,6 +8725,34 @@ def _exit_now_if_threads_linger(code):
 
 
 # ---- Main ----
+# INFO: start-up creates some 25,000 objects that live as long as the process (the modules' functions and
+# classes, the tool definitions, the configuration); the cycle collector's young generation, at its default
+# threshold of 700 allocations, went through them 37 times to free nothing: 6% of a one-shot run. Until the
+# first model call the threshold is higher; then what start-up made is frozen (gc.freeze: later collections
+# skip it, as CPython's documentation advises for a process's long-lived start-up state) and the
+# interpreter's own threshold is back. Reference counting frees everything else as always.
+
+STARTUP_GC_THRESHOLD = 50000  #: young-generation allocations between collections until start-up is over
+_gc_threshold = None  #: the interpreter's threshold while start-up has it raised, else None
+
+
+def _startup_begins():
+    global _gc_threshold
+    import gc
+    if _gc_threshold is None:
+        _gc_threshold = gc.get_threshold()
+        gc.set_threshold(max(_gc_threshold[0], STARTUP_GC_THRESHOLD), *_gc_threshold[1:])
+
+
+def startup_over(freeze=True):
+    """The work starts (a model call, a chat's prompt): the collector's own threshold again."""
+    global _gc_threshold
+    if _gc_threshold is not None:
+        import gc
+        if freeze:
+            gc.freeze()
+        gc.set_threshold(*_gc_threshold)
+        _gc_threshold = None
 
 
 def main(argv=None):
@@ -8671,6 +8760,14 @@ def main(argv=None):
     if argv in (["--version"], ["-V"], ["version"]):  # fast path: no argparse, no imports
         sys.stdout.write("xzatoma %s\n" % __version__)
         return EXIT_OK
+    _startup_begins()
+    try:
+        return _main(argv)
+    finally:
+        startup_over(freeze=False)  # a command that never got to work (history, config …), called in-process
+
+
+def _main(argv):
     argv = route(argv, _isatty(sys.stdin))
     parser = build_parser(argv)
     options, text = split_text(parser, argv)

@@ -220,9 +220,11 @@ def is_credential_env(name, value=""):
 _secrets_lock = threading.Lock()
 _known_secrets = ()  # every spelling of every registered secret, longest first
 _view_needles = ()  # each secret and its base64 cores, without whitespace, looked for in the decoded view
-_compiled = []  # [(triggers, regex)], compiled on first use (start-up is a feature)
+_compiled = {}  # TOKEN_SHAPES index -> its regex, compiled the first time one of its triggers occurs
 _any_trigger = []  # [regex of every trigger]: one C-speed look at a short text instead of a test per trigger
 SHORT_TEXT = 256  #: up to this length the one look is faster; beyond, its alternation at each place is slower
+QUICK_AFTER = 32  #: texts redacted before the one look is compiled (2 ms: a one-shot run redacts a few)
+_redacted = [0]  # texts redacted so far (a count: threads may lose an increment, which costs nothing)
 
 
 def register_secret(value):
@@ -274,12 +276,25 @@ def _replace(match):
 
 
 def _compile():
-    if not _compiled:
+    """The one look at a short text: a regex of every shape's trigger, compiled once (issue 22: most of what a
+    long run or a watcher stores is short, and a test per trigger cost 36 us a text)."""
+    if not _any_trigger:
         with _secrets_lock:
-            if not _compiled:
+            if not _any_trigger:
                 every = sorted({t for ts, _ in TOKEN_SHAPES for t in ts}, key=len, reverse=True)
                 _any_trigger.append(re.compile("|".join(map(re.escape, every))))
-                _compiled.extend((triggers, re.compile(shape)) for triggers, shape in TOKEN_SHAPES)
+    return _any_trigger[0]
+
+
+def _shapes(lowered):
+    """The compiled shapes whose triggers occur in `lowered`. Each is compiled when first needed: compiling
+    all of them took 10-25 ms of a one-shot run, whose text wakes a few (start-up is a feature)."""
+    for i, (triggers, shape) in enumerate(TOKEN_SHAPES):
+        if any(trigger in lowered for trigger in triggers):
+            pattern = _compiled.get(i)
+            if pattern is None:  # two threads may both compile it: the same regex either way
+                pattern = _compiled[i] = re.compile(shape)
+            yield pattern
 
 
 #: one escape, and the one character it stands for: URL (%41, and %2541 of encoding twice, at any depth),
@@ -382,15 +397,12 @@ def redact(text, shapes=True):
             text = text[:start] + REDACTED + text[end:]
     if not shapes:
         return text
-    _compile()
     lowered = text.lower()
-    if len(lowered) <= SHORT_TEXT and not _any_trigger[0].search(lowered):
-        return text  # no shape's trigger: nothing below would apply (most of what a run stores is short)
-    for triggers, pattern in _compiled:
-        for trigger in triggers:
-            if trigger in lowered:
-                text = pattern.sub(_replace, text)
-                break
+    _redacted[0] += 1
+    if len(lowered) <= SHORT_TEXT and _redacted[0] > QUICK_AFTER and not _compile().search(lowered):
+        return text  # no shape's trigger: nothing below would apply
+    for pattern in _shapes(lowered):
+        text = pattern.sub(_replace, text)
     return text
 
 
@@ -402,11 +414,8 @@ def redaction_spans(text):
         while start != -1:
             spans.append((start, start + len(secret)))
             start = text.find(secret, start + 1)
-    _compile()
-    lowered = text.lower()
-    for triggers, pattern in _compiled:
-        if any(trigger in lowered for trigger in triggers):
-            spans.extend(m.span() for m in pattern.finditer(text))
+    for pattern in _shapes(text.lower()):
+        spans.extend(m.span() for m in pattern.finditer(text))
     return spans
 
 
@@ -813,7 +822,7 @@ def text_diff(old, new, name, whole=False):
 MAX_DIFF_CELLS = 10_000_000
 #: what str.splitlines() also ends a line at: such a line is followed by a newline, without the note
 _LINE_ENDS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-_HUNK = re.compile(r"@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
+_HUNK = r"@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@"  # compiled at first use, by re's own cache
 
 
 def bounded_diff(a, b, fromfile, tofile, n=3, whole=False):
@@ -850,7 +859,7 @@ def bounded_diff(a, b, fromfile, tofile, n=3, whole=False):
     out = []
     for line in lines:
         if start and not replaced and line.startswith("@@"):
-            m = _HUNK.match(line)
+            m = re.match(_HUNK, line)
             line = "@@ -%d%s +%d%s @@%s" % (int(m.group(1)) + start, m.group(2) or "", int(m.group(3)) + start,
                                             m.group(4) or "", line[m.end():])
         if not line.endswith("\n"):

@@ -21,7 +21,6 @@ Only the standard library (and xzatoma_store) is imported at module level.
 """
 
 
-import difflib
 import errno
 import fnmatch
 import json
@@ -37,6 +36,23 @@ from xzatoma_store import (MAX_DIFF_CELLS, PATCH_SUFFIXES, WHITESPACE_ONLY, Audi
                            bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size, json_type,
                            looks_like_diff, one_line_path, preview_arguments, render_json, render_untrusted,
                            rfc3339, text_diff)
+
+
+class LazyRegex:
+    """re.compile(pattern, flags), done at first use. INFO: this module's patterns (the command policy's
+    above all) took 7-10 ms of every start to compile, and a run that runs no command uses none of them.
+    Use it as the compiled pattern itself: `.match`, `.search`, … (not as an argument to re's functions)."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, pattern, flags=0):
+        self._args = (pattern, flags)
+        self._compiled = None
+
+    def __getattr__(self, name):
+        if self._compiled is None:  # two threads may both compile it: the same pattern either way
+            self._compiled = re.compile(*self._args)
+        return getattr(self._compiled, name)
 
 
 # ---- Tool results ----
@@ -2846,7 +2862,7 @@ PROTECTED_ANYWHERE = (".git", ".hg")
 SYSTEM_PROTECTED = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys",
                     "/root", "/var/spool/cron", "/var/lib", "/dev/mem", "/dev/kmem", "/dev/port",
                     "/proc/sysrq-trigger", "/proc/sys")
-_DEVICE = re.compile(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d|nbd|rbd|zd|mtd)")
+_DEVICE = LazyRegex(r"^/dev/(sd|hd|vd|xvd|nvme|mmcblk|disk|mapper/|md|loop|dm-|sr|fd\d|nbd|rbd|zd|mtd)")
 _fold_memo = {}
 
 
@@ -2857,10 +2873,14 @@ def fold_name(name):
     and the 8.3 short name `GIT~1` read as `.git` (NTFS): git refuses these spellings for the same reason.
     Over-matching only asks a person more often; under-matching would let a hook through."""
     if (folded := _fold_memo.get(name)) is None:
-        import unicodedata
-        folded = unicodedata.normalize("NFKD", name)
-        folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
-        folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
+        if name.isascii():  # the same, for ASCII: the normal forms change nothing, Cc is what is unprintable
+            folded = name.lower() if name.isprintable() else "".join(ch for ch in name.lower() if ch.isprintable())
+            folded = folded.rstrip(". ")
+        else:
+            import unicodedata
+            folded = unicodedata.normalize("NFKD", name)
+            folded = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Cc", "Cn"))
+            folded = unicodedata.normalize("NFKC", folded.casefold()).rstrip(". ")
         if short := re.match(r"(git|hg)~\d+\Z", folded):
             folded = "." + short.group(1)
         if len(_fold_memo) < 65536:
@@ -3514,11 +3534,11 @@ def _openat2_beneath(dir_fd, rel, flags):
 
 
 def _load_openat2():
-    import platform
     if not sys.platform.startswith("linux"):
         return False
-    # openat2 is 437 in the unified table of every architecture added since 5.6 (not alpha/ia64/mips)
-    if platform.machine() not in ("x86_64", "aarch64", "arm64", "armv7l", "armv6l", "i686", "i386", "riscv64",
+    # openat2 is 437 in the unified table of every architecture added since 5.6 (not alpha/ia64/mips); the
+    # machine as uname says it (platform.machine() is the same, after importing platform: 3 ms of a run)
+    if os.uname().machine not in ("x86_64", "aarch64", "arm64", "armv7l", "armv6l", "i686", "i386", "riscv64",
                                   "ppc64le", "ppc64", "s390x", "loongarch64"):
         return False
     try:
@@ -3896,6 +3916,7 @@ class Jail:
             return ""
         if len(names) > 5000:  # get_close_matches is ~50 µs a name: a hint is not worth seconds
             return ""
+        import difflib
         if close := difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6):
             return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
         found = self.find_name(os.path.basename(path))
@@ -4739,7 +4760,7 @@ class ShellParser:
                 break
             node.redirects.extend(holder.redirects)
 
-    _REDIRECT = re.compile(r"(\d*|\{[A-Za-z_][A-Za-z0-9_]*\})(&>>|&>|>>|>\||>&|<<<|<<-|<<|<&|<>|>|<)")
+    _REDIRECT = LazyRegex(r"(\d*|\{[A-Za-z_][A-Za-z0-9_]*\})(&>>|&>|>>|>\||>&|<<<|<<-|<<|<&|<>|>|<)")
 
     def try_redirect(self, simple):
         if self.peek() in "<>" and self.peek(1) == "(":
@@ -5157,7 +5178,7 @@ DEFAULT_ALLOWLIST = ("ls", "cat", "head", "tail", "grep", "find", "echo", "print
                      "date", "true", "false", "git")
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "ash", "mksh", "fish", "csh", "tcsh", "yash", "posh", "rbash",
           "ksh93", "pdksh", "oksh", "loksh", "elvish", "nu", "xonsh", "ion", "rc", "es", "scsh"}
-_INTERPRETER = re.compile(r"^(python|pypy|perl|ruby|php|lua|luajit|tclsh|wish|jython|node|nodejs|deno|bun|"
+_INTERPRETER = LazyRegex(r"^(python|pypy|perl|ruby|php|lua|luajit|tclsh|wish|jython|node|nodejs|deno|bun|"
                           r"Rscript|R|pwsh|powershell|osascript|irb|julia|guile|racket|sbcl|ghci|runghc|groovy|"
                           r"jshell|scala|expect|ipython|bpython|erl|escript|elixir|iex|swift|"
                           r"sqlite3|psql|mysql|mariadb|gdb|lldb|ed|ex|at|batch|crontab)[0-9.]*$")
@@ -5193,31 +5214,31 @@ SYSTEM_ROOTS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64"
                 "/run", "/mnt", "/media")
 SAFE_SINKS = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero")
 #: another process's secrets and escape routes out of every check: environment, memory, root, cwd, fds
-_PROC_SECRET = re.compile(r"/proc/+(?:[^/\s]+/+)?(task/+(?:[^/\s]+/+)?)?(environ|mem|root|cwd|fd|fdinfo|map_files|"
+_PROC_SECRET = LazyRegex(r"/proc/+(?:[^/\s]+/+)?(task/+(?:[^/\s]+/+)?)?(environ|mem|root|cwd|fd|fdinfo|map_files|"
                           r"pagemap|syscall|auxv|exe/)|/proc/+(kcore|kmem|self/+mem)|/dev/+(k?mem|port)\b")
 #: options whose value is a command line some program runs
-_COMMAND_OPTION = re.compile(r"(?i)^(proxycommand|localcommand|remotecommand|to-command|checkpoint-action|"
+_COMMAND_OPTION = LazyRegex(r"(?i)^(proxycommand|localcommand|remotecommand|to-command|checkpoint-action|"
                              r"use-compress-program|compress-program|rsh|rsync-path|unzip-command|info-script|"
                              r"new-volume-script|rmt-command|rsh-command|exec|execute|command|shell-command|editor|"
                              r"pager|askpass|ssh|ssh-command|run|pre-exec|post-exec|onsuccess|onfailure|hook|"
                              r"filter-program|sendmail|lesspipe|lessopen)$")
 #: environment variables that make ordinary programs load or run code chosen by whoever sets them: denied
-_LOADS_CODE_ENV = re.compile(r"^(LD_PRELOAD|LD_AUDIT|DYLD_INSERT_LIBRARIES|GIT_SSH|GIT_SSH_COMMAND|GIT_EXTERNAL_DIFF|"
+_LOADS_CODE_ENV = LazyRegex(r"^(LD_PRELOAD|LD_AUDIT|DYLD_INSERT_LIBRARIES|GIT_SSH|GIT_SSH_COMMAND|GIT_EXTERNAL_DIFF|"
                              r"GIT_ASKPASS|SSH_ASKPASS|SUDO_ASKPASS|GIT_PROXY_COMMAND|GIT_EXEC_PATH|GIT_TEMPLATE_DIR|"
                              r"GIT_CONFIG_PARAMETERS|GIT_CONFIG_COUNT|GIT_CONFIG_KEY_\d+|BASH_ENV|PERL5OPT|PERL5DB|"
                              r"NODE_OPTIONS|RUBYOPT)$")
 #: environment variables holding a command line (PAGER=cat is fine): their value is judged as code
-_COMMAND_ENV = re.compile(r"^(PAGER|GIT_PAGER|MANPAGER|EDITOR|VISUAL|GIT_EDITOR|LESSOPEN|LESSCLOSE|PS1|PS4|ENV|"
+_COMMAND_ENV = LazyRegex(r"^(PAGER|GIT_PAGER|MANPAGER|EDITOR|VISUAL|GIT_EDITOR|LESSOPEN|LESSCLOSE|PS1|PS4|ENV|"
                           r"PROMPT_COMMAND|GIT_SEQUENCE_EDITOR|SYSTEMD_PAGER|BROWSER)$")
 _PROC_SENSITIVE = ("environ", "mem", "root", "cwd", "fd", "fdinfo", "map_files", "pagemap", "auxv", "syscall",
                    "kcore", "kmem", "exe")
 #: C0/C1 controls (but tab and newline), DEL, bidirectional overrides, zero-width characters
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+_CONTROL = LazyRegex("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
 SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[", ":", "command", "time", "[[", "exit"}
 #: shell builtins that only test or end the shell: read-only with any static arguments, allowlist or not
 _ALWAYS_READ_ONLY = {"true", "false", ":", "test", "[", "[[", "exit"}
 #: quoted text that still runs when a builtin evaluates it (test -v 'a[$(cmd)]', [[ 'a[`cmd`]' -eq 1 ]])
-_EVALUATED = re.compile(r"\$[({\[]|`")
+_EVALUATED = LazyRegex(r"\$[({\[]|`")
 #: bash builtins that evaluate an argument as a variable name or arithmetic (array subscripts included)
 _EVALUATING_BUILTINS = {"test", "[", "[[", "printf", "let", "declare", "typeset", "local", "export", "readonly",
                         "read", "unset", "getopts", "wait", "mapfile", "readarray", "shift", "return", "exit"}
@@ -5231,22 +5252,22 @@ _SHELL_ONLY = {"command", "type", "cd", "exec", "builtin", "trap", "alias", "eva
 # failed start scanned is never scanned again from a later start in it (`(\S+)\s*\(` tried every suffix of a
 # long word, `/proc/+X*/+` every split of a run of slashes: 40 KB took seconds each).
 RAW_DENY = [
-    (re.compile(r"(?<![^\s;&|(){}])([^\s;&|(){}]{1,64})\s*\(\s*\)\s*\{(?=[^}(]*\})(?=[^}(]*?\1\s*\|\s*\1)(?=[^}(]*&)"),
+    (LazyRegex(r"(?<![^\s;&|(){}])([^\s;&|(){}]{1,64})\s*\(\s*\)\s*\{(?=[^}(]*\})(?=[^}(]*?\1\s*\|\s*\1)(?=[^}(]*&)"),
      "a fork bomb"),
-    (re.compile(r"(?:^|[|;&])(?=([^|;&]*?\b(?:curl|wget)\b))\1[^|;&]*\|\s*(sudo\s+)?(ba|z|da|k)?sh\b"),
+    (LazyRegex(r"(?:^|[|;&])(?=([^|;&]*?\b(?:curl|wget)\b))\1[^|;&]*\|\s*(sudo\s+)?(ba|z|da|k)?sh\b"),
      "download-and-execute (pipes a download into a shell)"),
-    (re.compile(r"(^|[\s;&|(`'\"])(sudo|doas|pkexec)\s"), "privilege escalation"),
-    (re.compile(r"(^|[\s;&|(`'\"])mkfs(\.\w+)?\s"), "formatting a filesystem (mkfs)"),
-    (re.compile(r"(?<![\w-])rm\s+(?=(?:-\w+\s+)*?-\w*[rR])(?=((?:-\w+\s+)+))\1(/|/\*|~|~/|\$HOME|\$\{HOME\})"
+    (LazyRegex(r"(^|[\s;&|(`'\"])(sudo|doas|pkexec)\s"), "privilege escalation"),
+    (LazyRegex(r"(^|[\s;&|(`'\"])mkfs(\.\w+)?\s"), "formatting a filesystem (mkfs)"),
+    (LazyRegex(r"(?<![\w-])rm\s+(?=(?:-\w+\s+)*?-\w*[rR])(?=((?:-\w+\s+)+))\1(/|/\*|~|~/|\$HOME|\$\{HOME\})"
                 r"([\s'\";)}`|&\]]|$)"),
      "recursive rm of / or home"),
-    (re.compile(r"--no-preserve-root"), "rm --no-preserve-root"),
-    (re.compile(r"dup2\(.{0,80}(/bin/)?(ba)?sh\b|pty\.spawn\(\s*['\"](/bin/)?(ba)?sh"), "a reverse shell"),
-    (re.compile(r"rmtree\(\s*(os\.path\.expanduser\(\s*)?['\"](/|~|~/|/\*)['\"]|(Path\.home|expanduser)\(.{0,40}rmtree"),
+    (LazyRegex(r"--no-preserve-root"), "rm --no-preserve-root"),
+    (LazyRegex(r"dup2\(.{0,80}(/bin/)?(ba)?sh\b|pty\.spawn\(\s*['\"](/bin/)?(ba)?sh"), "a reverse shell"),
+    (LazyRegex(r"rmtree\(\s*(os\.path\.expanduser\(\s*)?['\"](/|~|~/|/\*)['\"]|(Path\.home|expanduser)\(.{0,40}rmtree"),
      "removes the root or home directory tree"),
-    (re.compile(r"\bfork\s+while\s+fork\b|while\s*(?:\(\s*)?(1|True|true)\s*(?:\)\s*)?(?:[:{]\s*)?(os\.)?fork\s*\("),
+    (LazyRegex(r"\bfork\s+while\s+fork\b|while\s*(?:\(\s*)?(1|True|true)\s*(?:\)\s*)?(?:[:{]\s*)?(os\.)?fork\s*\("),
      "a fork bomb"),
-    (re.compile(r"/proc/+(?:[^/\s'\"]+/+)?(environ|mem)\b"), "reads another process's environment or memory"),
+    (LazyRegex(r"/proc/+(?:[^/\s'\"]+/+)?(environ|mem)\b"), "reads another process's environment or memory"),
 ]
 
 
@@ -5453,7 +5474,7 @@ GIT_BAD = {"ext-diff": "git --ext-diff runs an external diff program", "textconv
            "open-files-in-pager": "runs a pager", "exec": "runs a command", "upload-pack": "runs a program",
            "receive-pack": "runs a program", "config": "sets configuration", "template": "copies hooks"}
 #: git configuration that runs programs: never set it from a command line
-_GIT_DANGEROUS_KEY = re.compile(
+_GIT_DANGEROUS_KEY = LazyRegex(
     r"^(alias\.|core\.(sshcommand|fsmonitor|hookspath|pager|editor|gitproxy|askpass|attributesfile|worktree|"
     r"alternaterefscommand|excludesfile)|diff\.|difftool\.|merge\.|mergetool\.|filter\.|pager\.|protocol\.|"
     r"uploadpack\.|receivepack\.|credential\.|sequence\.editor|gpg\.|http\.|https\.|remote\.|include\.|includeif\.|"

@@ -54,11 +54,16 @@ sys.stdout.write(json.loads(r.read().splitlines()[-1])["done_reason"])
 
 
 def install(python, work):
-    """`xzatoma` installed by pip (without its dependencies: none of these commands imports them)."""
-    venv = os.path.join(work, "venv")
+    """`xzatoma` installed by pip (without its dependencies: none of these commands imports them), from a copy
+    of the project: pip builds in the source tree, and its build/ and *.egg-info stay in the throwaway one."""
+    venv, source = os.path.join(work, "venv"), os.path.join(work, "source")
+    os.mkdir(source)
+    for path in [os.path.join(ROOT, "pyproject.toml"), os.path.join(ROOT, "README.md")] + \
+            glob.glob(os.path.join(ROOT, "xzatoma*.py")):
+        shutil.copy(path, source)
     subprocess.run([python, "-m", "venv", venv], check=True)
     subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--quiet",
-                    "--disable-pip-version-check", "--no-deps", ROOT], check=True, stdout=subprocess.DEVNULL)
+                    "--disable-pip-version-check", "--no-deps", source], check=True, stdout=subprocess.DEVNULL)
     return os.path.join(venv, "bin", "xzatoma")
 
 

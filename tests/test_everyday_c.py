@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import tool_call
+from conftest import tool_call, wait_for
 
 PROVIDERS = [("ollama", "chat"), ("openai", "chat"), ("openai", "responses")]
 
@@ -40,6 +40,39 @@ def test_a_connection_the_server_closed_is_replaced(cli, fake):
     assert fake.connections == len(fake.requests) >= 2 and "retrying" not in r.stderr
 
 
+# ---- the sandbox is prepared for the first command, not at start ----
+
+
+def sandbox_helpers(pid):
+    """The sandbox helper processes `pid` started (xzatoma_tools._sandbox_helper), still running."""
+    from conftest import processes
+    return [p for p, ppid, _, state, cmdline in processes() if ppid == pid and state != "Z"
+            and b"_sandbox_helper" in cmdline]
+
+
+def test_a_run_that_runs_no_command_waits_for_no_sandbox(cli, fake):
+    """The helper (a third of a one-shot run's time) starts when a command is about to run: while the model
+    is asked, a run that has run none has no helper; one that has, has it."""
+    cli.use(fake)
+    seen = {}
+
+    def look(name):
+        def at_request(body):
+            seen[name] = sandbox_helpers(proc.pid)
+        return at_request
+    fake.add({"content": "hello", "expect": look("no command yet")})
+    proc = cli.popen("run", "say hello")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == "hello\n", err
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")], "expect": look("before the command")},
+             {"content": "listed", "expect": look("after the command")})
+    proc = cli.popen("run", "list the files")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == "listed\n", err
+    assert seen["no command yet"] == [] and seen["before the command"] == []
+    assert len(seen["after the command"]) == 1  # the same look finds a helper when there is one
+
+
 # ---- a host name that does not resolve fails at once ----
 
 
@@ -62,6 +95,46 @@ def test_an_unresolvable_host_fails_at_once_with_one_line(monkeypatch, tmp_path)
     message = str(caught.value)
     assert "\n" not in message and "host not found" in message and "OPENAI_BASE_URL" in message
     assert "gave up" not in message and not caught.value.retryable
+    # asked again at once (a run's window probe, then its first call): answered from memory, not looked up
+    assert not provider.is_local()
+    with pytest.raises(xzatoma.ProviderError):
+        provider.complete([{"role": "user", "content": "hi"}], [])
+    assert asked == ["model-box.invalid"]
+    # but not for ever (a watcher runs for days; the network comes back)
+    failure, when = provider.session._unresolved["model-box.invalid"]
+    provider.session._unresolved["model-box.invalid"] = (failure, when - xzatoma.UNRESOLVED_SECONDS)
+    with pytest.raises(xzatoma.ProviderError):
+        provider.complete([{"role": "user", "content": "hi"}], [])
+    assert asked == ["model-box.invalid"] * 2
+
+
+def test_a_run_against_an_unresolvable_host_fails_at_once_with_one_line(cli, tmp_path):
+    """The CLI as a person meets it: a mistyped host name. Name look-ups for *.invalid fail here as they do on
+    a real resolver (EAI_NONAME), in the run's own process: nothing leaves the machine."""
+    import time as clock
+    site = tmp_path / "site"
+    site.mkdir()
+    asked = tmp_path / "asked.txt"
+    (site / "sitecustomize.py").write_text(
+        "import socket\n"
+        "_real = socket.getaddrinfo\n"
+        "def getaddrinfo(host, *args, **kwargs):\n"
+        "    if str(host).endswith('.invalid'):\n"
+        "        with open(%r, 'a') as fh:\n"
+        "            fh.write(str(host) + '\\n')\n"
+        "        raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')\n"
+        "    return _real(host, *args, **kwargs)\n"
+        "socket.getaddrinfo = getaddrinfo\n" % str(asked))
+    env = {"PYTHONPATH": str(site), "XZATOMA_PROVIDER": "ollama", "OLLAMA_HOST": "http://model-box.invalid:11434"}
+    started = clock.monotonic()
+    r = cli.run("run", "hi", env=env)  # the default retries (3 attempts, seconds apart) apply
+    took = clock.monotonic() - started
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "host not found" in errors[0] and "OLLAMA_HOST" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and "retrying" not in r.stderr
+    assert asked.read_text().splitlines() == ["model-box.invalid"]  # one look-up: no retry
+    assert took < 10, took  # not the backoff of three attempts
 
 
 # ---- auth status asks only the providers someone configured ----
@@ -72,7 +145,8 @@ def test_auth_status_asks_no_server_nobody_configured(cli, fake):
     cli.write_config({"provider": {"type": "ollama", "ollama": {"host": fake.url}}})
     proxy = FakeModel().start()  # any request to a public host would go here (and nowhere else)
     try:
-        r = cli.run("auth", "status", env={"https_proxy": proxy.url, "http_proxy": proxy.url})
+        r = cli.run("auth", "status", env={"https_proxy": proxy.url, "http_proxy": proxy.url, "no_proxy": "",
+                                           "NO_PROXY": ""})
     finally:
         proxy.stop()
     assert r.returncode == 0, r.stderr
@@ -166,7 +240,9 @@ def test_run_streams_its_answer_on_a_terminal_and_prints_it_whole_when_piped(cli
 
 def test_interim_words_are_dimmed_and_failing_commands_marked(cli, fake):
     cli.use(fake)
-    fake.add({"content": "Let me list the files first.", "tool_calls": [tool_call("terminal", command="ls nothere")]},
+    (cli.workdir / "lines.txt").write_text("".join("%d\n" % i for i in range(1, 21)))
+    command = "cat lines.txt nothere"  # 20 lines of output, then a failure
+    fake.add({"content": "Let me list the files first.", "tool_calls": [tool_call("terminal", command=command)]},
              {"content": "There is nothing called nothere."})
     p = pty(cli, "run", "-v", "is nothere here?", color=True)
     try:
@@ -176,9 +252,21 @@ def test_interim_words_are_dimmed_and_failing_commands_marked(cli, fake):
     seen = p.seen
     # streamed as it came, then (the reply asked for a tool) rewritten in place, dimmed
     assert "Let me list the files first.\r\n\x1b[1A\r\x1b[J\x1b[2mLet me list the files first.\x1b[0m" in seen
-    assert re.search(r"\x1b\[33m  ✗ exit 2 · [\d.]+s: ls: cannot access 'nothere': No such file or directory", seen)
-    assert "│ ls: cannot access 'nothere'" in seen  # --verbose: the last lines of its output
+    assert re.search(r"\x1b\[33m  ✗ exit 1 · [\d.]+s: cat: nothere: No such file or directory", seen), seen
+    assert "✓" not in seen
+    # --verbose: the last lines of its output (the last 8 of 21), and how many came before them
+    detail = re.findall(r"    │ ([^\r\x1b]*)", seen)
+    assert detail == ["… 13 lines above", "14", "15", "16", "17", "18", "19", "20",
+                      "cat: nothere: No such file or directory"], detail
     assert "There is nothing called nothere.\r\n" in seen
+    # without --verbose: the mark and the exit code, no output lines; a command that succeeds is a ✓
+    fake.add({"tool_calls": [tool_call("terminal", command=command)]},
+             {"tool_calls": [tool_call("terminal", command="head -3 lines.txt")]}, {"content": "done"})
+    r = cli.run("run", "count")
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    assert re.search(r"^  ✗ exit 1 · [\d.]+s: cat: nothere: No such file or directory$", r.stderr, re.M), r.stderr
+    assert re.search(r"^  ✓ exit 0 · [\d.]+s · 3 lines of output$", r.stderr, re.M), r.stderr
+    assert "│" not in r.stderr
 
 
 def test_quiet_erases_interim_words_and_edits_are_counted(cli, fake):
@@ -252,6 +340,29 @@ def test_ctrl_c_at_a_confirmation_leaves_no_spinner(chat, fake, cli):
     assert not (cli.workdir / "never.txt").exists()
 
 
+def test_ctrl_c_during_a_command_leaves_a_clean_prompt(chat, fake, cli):
+    """Asked, approved, running: Ctrl-C stops the command and the spinner that ran beside it."""
+    fake.add({"tool_calls": [tool_call("terminal", command="echo $$ > pgid; sleep 30")]}, {"content": "next fine"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.line("run something slow")
+    p.expect(r"/ \[e\]dit > ")
+    p.line("y")
+    assert wait_for(lambda: (cli.workdir / "pgid").exists() and (cli.workdir / "pgid").read_text().strip())
+    p.expect(r"[%s] terminal \d+s" % SPINNER)  # the spinner ticks while the command runs
+    p.interrupt()
+    p.expect("turn cancelled; the conversation is intact")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    assert not set(quiet_after(p)) & set(SPINNER)
+    from test_terminal import group_gone
+    assert group_gone(int((cli.workdir / "pgid").read_text()))
+    p.line("and now?")
+    p.expect("next fine")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    assert [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"] == [
+        "Error: cancelled by user"]
+
+
 def test_ctrl_c_in_run_keeps_what_was_streamed(cli, fake):
     cli.use(fake)
     fake.add({"content": "One two three four five six seven eight nine ten eleven twelve.", "chunk_delay": 0.3})
@@ -279,18 +390,22 @@ def test_an_edited_command_is_what_the_model_and_the_store_see(chat, fake, cli):
     p.line("make a file")
     p.expect(r"/ \[e\]dit > ")
     p.line("e")
-    p.expect("edit the command > ")
-    p.line("\x15touch edited.txt")
-    p.expect("ran as you edited it: touch edited.txt")
+    p.expect("edit the command > touch wanted.txt")  # the line starts from the proposed command
+    p.line("\x15touch edited.txt; cat nothere")  # Ctrl-U: a new line, which fails where the original would not
+    p.expect(r"✗ ran as you edited it: touch edited.txt; cat nothere · exit 1 · [\d.]+s: cat: nothere")
     p.expect("ran edited")
     p.expect(PROMPT % ("WRITE", "SAFE"))
     p.eof()
     assert p.wait() == 0
+    assert (cli.workdir / "edited.txt").exists() and not (cli.workdir / "wanted.txt").exists()
     result = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"][0]
-    assert result.startswith("The user edited the command before it ran; it ran as: touch edited.txt\nexit code: 0")
+    assert result.startswith("The user edited the command before it ran; it ran as: touch edited.txt; cat nothere\n"
+                             "exit code: 1"), result
     conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
-    assert "it ran as: touch edited.txt" in cli.run("history", "show", conv["id"]).stdout
-    assert "it ran as: touch edited.txt" in cli.run("replay", conv["id"]).stdout
+    assert "it ran as: touch edited.txt; cat nothere" in cli.run("history", "show", conv["id"]).stdout
+    assert "it ran as: touch edited.txt; cat nothere" in cli.run("replay", conv["id"]).stdout
+    kept = (cli.xz_home / "chat_history").read_text().split("\n")
+    assert kept[1:] == ["make a file", ""]  # neither the answer 'e' nor the edited command
 
 
 # ---- readline history: messages whole, answers never ----
@@ -370,8 +485,12 @@ def test_run_takes_every_word_after_its_options_as_the_task(cli, fake):
     r = cli.run("--provider", "ollama", "what", "is", "--json")  # no terminal: xzatoma TEXT runs it
     assert r.returncode == 0 and r.stdout == "c\n"
     assert person_messages(fake.model_requests()[2])[-1]["content"] == "what is --json"
+    fake.add({"content": "d"})
+    r = cli.run("summarise the notes, briefly")  # xzatoma "text", as a shell passes it: one word
+    assert r.returncode == 0 and r.stdout == "d\n", r.stderr
+    assert person_messages(fake.model_requests()[3])[-1]["content"] == "summarise the notes, briefly"
     r = cli.run("chta")
-    assert r.returncode == 2 and "did you mean 'chat'?" in r.stderr and len(fake.model_requests()) == 3
+    assert r.returncode == 2 and "did you mean 'chat'?" in r.stderr and len(fake.model_requests()) == 4
 
 
 def test_bare_xzatoma_opens_a_chat_and_text_starts_one(cli, fake):
@@ -485,3 +604,40 @@ def test_the_readme_starts_with_an_install_and_a_test_command_that_go_together()
     with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as fh:
         extra = re.search(r"^test = \[(.*)\]$", fh.read(), re.M).group(1)
     assert '"pytest' in extra
+
+
+def test_start_up_holds_the_collector_back_only_until_the_work_starts(cli, fake):
+    """Start-up's long-lived objects are not scanned over and over (bench/startup.py measures what that
+    saves); the collector's own threshold is back once the work starts, and after a command that never
+    got to work (in-process callers)."""
+    import gc
+    import xzatoma
+    before = gc.get_threshold()
+    xzatoma._startup_begins()
+    try:
+        assert gc.get_threshold()[0] == max(before[0], xzatoma.STARTUP_GC_THRESHOLD)
+    finally:
+        frozen = gc.get_freeze_count()
+        xzatoma.startup_over()
+    assert gc.get_threshold() == before and gc.get_freeze_count() >= frozen
+    gc.unfreeze()
+    assert xzatoma.main(["config", "path", "--config", str(cli.tmp / "c.yaml")]) == 0  # prints a path
+    assert gc.get_threshold() == before
+    # a run: the threshold is the interpreter's again from the agent loop on (its first model call)
+    import os
+    cli.use(fake)
+    script = cli.tmp / "threshold.py"
+    script.write_text("import gc, sys\nsys.path.insert(0, %r)\nimport xzatoma_core\n"
+                      "seen = []\nstep = xzatoma_core.Agent.step\n"
+                      "def spy(self, *a, **k):\n    seen.append(gc.get_threshold())\n    return step(self, *a, **k)\n"
+                      "xzatoma_core.Agent.step = spy\ncode = xzatoma_core.main(['run', 'hi'])\n"
+                      "sys.stderr.write('THRESHOLDS %%r %%r\\n' %% (seen, gc.get_threshold()))\nsys.exit(code)\n"
+                      % os.path.dirname(xzatoma.__file__))
+    fake.add({"content": "hello"})
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=cli.env,
+                       cwd=str(cli.workdir), timeout=60)
+    assert r.returncode == 0 and r.stdout == "hello\n", r.stderr
+    seen = re.search(r"THRESHOLDS (.*)", r.stderr).group(1)
+    assert seen == "[%r] %r" % (before, before), seen

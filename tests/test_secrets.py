@@ -80,6 +80,7 @@ def test_the_quick_look_at_short_text_misses_no_shape(monkeypatch):
                                        for form in ("%s%s", "x %s %s", "%s=%s\n", '"%s": "%s"')]
     texts += [t.upper() for t in texts]
     texts = [t for t in texts if len(t) <= xzatoma_store.SHORT_TEXT]
+    monkeypatch.setattr(xzatoma_store, "QUICK_AFTER", 0)
     quick = [redact(t) for t in texts]
     monkeypatch.setattr(xzatoma_store, "SHORT_TEXT", -1)
     assert quick == [redact(t) for t in texts]
