@@ -245,7 +245,7 @@ def test_an_edit_deep_in_the_tree_reports_what_it_did(cli, fake):
     assert r.returncode == 0, r.stderr
     write, edit, copy, delete = results
     assert write.startswith("Created ") and not edit.startswith("Error"), results
-    assert "+two" in edit and copy.startswith("Copied ") and delete.startswith("Deleted "), results
+    assert edit.endswith("now read:\n     1\ttwo") and copy.startswith("Copied ") and delete.startswith("Deleted "), results
     u = cli.run("undo")
     assert u.returncode == 0, u.stderr
     fd = os.open(str(cli.workdir), os.O_RDONLY)
