@@ -327,12 +327,18 @@ def test_ctrl_c_in_a_streamed_answer_keeps_it_and_leaves_a_clean_prompt(chat, fa
     assert "lambda mu." not in kept[0]  # what had arrived, not the rest
 
 
-def test_ctrl_c_at_a_confirmation_leaves_no_spinner(chat, fake, cli):
-    fake.add({"tool_calls": [tool_call("terminal", command="touch never.txt")]}, {"content": "after"})
+def asked_to_run(chat, fake, command, then):
+    """A chat in Write/Safe mode, its model proposing `command` (then answering `then`), at the question."""
+    fake.add({"tool_calls": [tool_call("terminal", command=command)]}, {"content": then})
     p = chat("--mode", "write")
     p.expect(PROMPT % ("WRITE", "SAFE"))
-    p.line("make a file")
+    p.line("do it")
     p.expect(r"/ \[e\]dit > ")
+    return p
+
+
+def test_ctrl_c_at_a_confirmation_leaves_no_spinner(chat, fake, cli):
+    p = asked_to_run(chat, fake, "touch never.txt", "after")
     p.interrupt()
     p.expect("turn cancelled")
     p.expect(PROMPT % ("WRITE", "SAFE"))
@@ -342,11 +348,7 @@ def test_ctrl_c_at_a_confirmation_leaves_no_spinner(chat, fake, cli):
 
 def test_ctrl_c_during_a_command_leaves_a_clean_prompt(chat, fake, cli):
     """Asked, approved, running: Ctrl-C stops the command and the spinner that ran beside it."""
-    fake.add({"tool_calls": [tool_call("terminal", command="echo $$ > pgid; sleep 30")]}, {"content": "next fine"})
-    p = chat("--mode", "write")
-    p.expect(PROMPT % ("WRITE", "SAFE"))
-    p.line("run something slow")
-    p.expect(r"/ \[e\]dit > ")
+    p = asked_to_run(chat, fake, "echo $$ > pgid; sleep 30", "next fine")
     p.line("y")
     assert wait_for(lambda: (cli.workdir / "pgid").exists() and (cli.workdir / "pgid").read_text().strip())
     p.expect(r"[%s] terminal \d+s" % SPINNER)  # the spinner ticks while the command runs
@@ -384,11 +386,7 @@ def test_ctrl_c_in_run_keeps_what_was_streamed(cli, fake):
 
 
 def test_an_edited_command_is_what_the_model_and_the_store_see(chat, fake, cli):
-    fake.add({"tool_calls": [tool_call("terminal", command="touch wanted.txt")]}, {"content": "ran edited"})
-    p = chat("--mode", "write")
-    p.expect(PROMPT % ("WRITE", "SAFE"))
-    p.line("make a file")
-    p.expect(r"/ \[e\]dit > ")
+    p = asked_to_run(chat, fake, "touch wanted.txt", "ran edited")
     p.line("e")
     p.expect("edit the command > touch wanted.txt")  # the line starts from the proposed command
     p.line("\x15touch edited.txt; cat nothere")  # Ctrl-U: a new line, which fails where the original would not
@@ -405,7 +403,7 @@ def test_an_edited_command_is_what_the_model_and_the_store_see(chat, fake, cli):
     assert "it ran as: touch edited.txt; cat nothere" in cli.run("history", "show", conv["id"]).stdout
     assert "it ran as: touch edited.txt; cat nothere" in cli.run("replay", conv["id"]).stdout
     kept = (cli.xz_home / "chat_history").read_text().split("\n")
-    assert kept[1:] == ["make a file", ""]  # neither the answer 'e' nor the edited command
+    assert kept[1:] == ["do it", ""]  # neither the answer 'e' nor the edited command
 
 
 # ---- readline history: messages whole, answers never ----
