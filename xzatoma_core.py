@@ -3012,6 +3012,13 @@ def find_text_tool_calls(content, seen=""):
     text = content or ""
     if not text.strip() or ("{" not in text and not any(tag in text for tag in _CALL_TAGS)):
         return None
+    if "&#34;" in text or "&quot;" in text:  # llama-cpp-python's chatml-function-calling template escapes what
+        import html  # the model reads as HTML, and a small model then writes its calls so: {&#34;name&#34;: …}
+        for _ in range(3):  # (…and escapes its own escapes again: &amp;#34;)
+            unescaped = html.unescape(text)
+            if unescaped == text:
+                break
+            text = unescaped
     scan = _Scan(seen() if callable(seen) else seen)
     scan.run(text)
     if not scan.calls and not scan.malformed and not scan.quoted:

@@ -145,3 +145,26 @@ def test_a_plan_answered_done_after_only_looking_is_unverified(cli, fake, record
     assert r.returncode == 3 and data["status"] == "unverified", r.stderr
     assert not (cli.workdir / "CHANGES.md").exists()
     assert [n for n, _ in calls_made(sent[1])] == ["list_directory"]
+
+
+# ---- llama-cpp-python's chatml-function-calling format ----
+
+CFC = json.load(open(os.path.join(REPLIES, "llama_cpp_chatml_function_calling.json"), encoding="utf-8"))
+
+
+def test_chatml_function_calling_a_fenced_call_creates_the_file(cli, fake, recorded_dirs):
+    """Streamed with tools, that chat format hands the model's text through: the call comes as a fenced block."""
+    r, data, requests = replay(cli, fake, recorded_dirs, CFC, "create_file", "create_file")
+    assert r.returncode == 0 and data["status"] == "completed", r.stderr
+    assert (cli.workdir / "greeting.txt").read_text().startswith("Hello, world")
+    assert [name for name, _ in calls_made(requests[-1])] == ["write_file"]
+
+
+def test_chatml_function_calling_calls_written_html_escaped_run(cli, fake, recorded_dirs):
+    """Its template escapes what the model reads as HTML, and the model wrote its calls so ({&#34;name&#34;: …}):
+    recorded, the escaped read_file runs; a tool named after the file gets the list of tools."""
+    r, data, requests = replay(cli, fake, recorded_dirs, CFC, "bump_version", "bump_version")
+    results = [m["content"] for m in requests[-1]["messages"] if m["role"] == "tool"]
+    assert results[0].startswith("Error: unknown tool 'package.json'; available tools:")
+    assert '"version": "2.4.0"' in results[1]  # the escaped call ran: the file as it is
+    assert calls_made(requests[-1])[1][0] == "read_file"

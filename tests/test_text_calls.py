@@ -513,3 +513,16 @@ def test_a_field_bump_that_wrote_only_the_field_is_asked_about(open_session, tmp
                      Reply("Bumped."), Reply("Bumped."))
     result = run(s, "Bump the version in package.json from 2.4.0 to 2.4.1.")
     assert result.status == "unverified" and "earlier lines are gone" in result.warnings[0]
+
+
+@pytest.mark.parametrize("text", [
+    '{&#34;name&#34;: &#34;read_file&#34;, &#34;arguments&#34;: {&#34;path&#34;: &#34;a.txt&#34;}}',
+    '{&amp;#34;name&amp;#34;: &amp;#34;read_file&amp;#34;, &amp;#34;arguments&#34;: {&amp;#34;path&amp;#34;: '
+    '&amp;#34;a.txt&amp;#34;}}',
+    '{&quot;name&quot;: &quot;read_file&quot;, &quot;arguments&quot;: {&quot;path&quot;: &quot;a.txt&quot;}}',
+])
+def test_a_call_written_html_escaped_is_a_call(text):
+    """Recorded from llama-cpp-python's chatml-function-calling format (Qwen2.5-Coder-1.5B): its template escapes
+    what the model reads as HTML, and the model wrote its calls so, then escaped its own escapes again."""
+    found = xzatoma.find_text_tool_calls(text)
+    assert [(c["name"], json.loads(c["arguments"])) for c in found.calls] == [("read_file", {"path": "a.txt"})]
