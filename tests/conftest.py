@@ -32,7 +32,27 @@ def pytest_addoption(parser):
                           "shares side by side")
 
 
+#: fixtures that start processes (the CLI, a chat on a pseudo-terminal, a Kafka broker): their tests are "slow";
+#: `pytest -m "not slow"` runs the in-process rest, the inner loop's tier
+SLOW_FIXTURES = {"cli", "chat", "kafka_broker", "processes"}
+#: modules whose tests start sandboxes, servers or interpreters of their own, or race the clock on purpose
+SLOW_MODULES = {"test_sandbox", "test_attacks_sandbox", "test_pyz", "test_mcp_interop", "test_terminal"}
+SLOW_TESTS = ("swap_race", "dripping_server", "stdio_cancel", "whatever_the_split", "oauth_login",
+              "retry_after", "overruns", "deadline_already_near", "runs_deadline_bounds", "concurrent_processes",
+              "processes_sharing_a_store")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: starts processes (the CLI, a pty chat, a broker, a sandbox); "
+                                       "deselect with -m 'not slow' for the fast in-process tier")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__ if getattr(item, "module", None) else ""
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES or \
+                any(part in item.name for part in SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
     shard = config.getoption("--shard")
     if not shard:
         return
