@@ -3735,6 +3735,12 @@ def counts(task):
                      task or "") is not None
 
 
+def spacing_only(doubt):
+    """Whether a change's doubt (xzatoma_tools.change_doubt) is that it altered only whitespace."""
+    from xzatoma_tools import WHITESPACE_ONLY
+    return doubt.endswith(WHITESPACE_ONLY.split("%s")[1])
+
+
 def numbers_in(text):
     """The numbers standing alone in a text (8123, 0.25; not the 3 of qwen3 or a version's parts)."""
     import re
@@ -3743,7 +3749,6 @@ def numbers_in(text):
 
 HEAT_STEP = 0.3  #: temperature added per stuck turn in a row (0.2, 0.5, 0.8, then 1.0 at most)
 REPEATED_CALL = "this is the same call as your last one"
-WHITESPACE_DOUBT = " altered only whitespace"  #: how xzatoma_tools.WHITESPACE_ONLY ends
 REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
 
 
@@ -3828,7 +3833,7 @@ class Agent:
         #: path -> why its last change may not be the one meant (a tool's `doubt`), asked about before the end
         self.doubts = {}
         self.changed_well = set()  #: files changed this run with no doubt about the change
-        self.seen_numbers = set()  #: numbers the tools' results showed this run (and a read file's line count)
+        self.line_counts = set()  #: the line counts of the files read this run (numbers a result implies)
         self.checked_ends = False  #: pointed out once already what an answer after real work left undone
         self.touched = []  #: the arguments of this run's successful calls (which files the tools reached)
         #: what this run was asked: the last person's message when it starts (for conclude)
@@ -4052,22 +4057,23 @@ class Agent:
         if self.given or counts(self.task):  # facts given (@mentions, piped input); a count is worked out
             return []
         from xzatoma_store import redact  # as the tool results were: a credential's digits were never shown
-        return [n for n in dict.fromkeys(numbers_in(redact(answer, shapes=False)))
-                if n not in self.seen_numbers and n not in numbers_in(self.task)]
+        seen = set(self.line_counts).union(numbers_in(self.task))  # derived here, once, not at every tool call
+        for message in self.conversation.messages:
+            if message.get("role") == "tool":
+                seen.update(numbers_in(message.get("content")))
+        return [n for n in dict.fromkeys(numbers_in(redact(answer, shapes=False))) if n not in seen]
 
     def standing_doubts(self):
         """The doubts about this run's changes that the task's words do not explain: a whitespace-only change
         where the task says nothing of spacing or format, a file's lines gone where it asks for no rewrite."""
         import re
-        from xzatoma_tools import WHITESPACE_ONLY
         spacing = re.search(r"(?i)\b(white ?space|blank|indent\w*|format\w*|spac\w*|newlines?|trailing|tabs?|"
                             r"line endings?|wrap\w*|reflow\w*|lint\w*)\b", self.task or "")
         # lines gone stand unless the task asks for new content in place of the old (a bump of one field
         # that wrote {"version": "2.4.1"} over package.json is not one)
         rewrite = re.search(r"(?i)\b(replac\w*|overwrit\w*|rewrit\w*|writ\w*|creat\w*|clear\w*|empty|reset|"
                             r"truncat\w*|wipe\w*|only|just)\b", self.task or "")
-        whitespace = WHITESPACE_ONLY.split("%s")[1]
-        return [d for d in self.doubts.values() if not (spacing if d.endswith(whitespace) else rewrite)]
+        return [d for d in self.doubts.values() if not (spacing if spacing_only(d) else rewrite)]
 
     def unsettled(self, kind, answer):
         """What still stands after the model was asked to check its work: None, or why the run is unverified."""
@@ -4182,11 +4188,10 @@ class Agent:
                 self.calls_this_run += 1
                 self.touched.append(call.get("arguments") or "")
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
-                self.seen_numbers.update(numbers_in(tool_result.output))
                 if isinstance(tool_result.metadata.get("lines"), int):
-                    self.seen_numbers.add(str(tool_result.metadata["lines"]))
+                    self.line_counts.add(str(tool_result.metadata["lines"]))
                 changed, doubt = tool_result.metadata.get("changed"), tool_result.metadata.get("doubt")
-                if doubt and not (changed in self.changed_well and doubt.endswith(WHITESPACE_DOUBT)):
+                if doubt and not (changed in self.changed_well and spacing_only(doubt)):
                     self.doubts[changed] = doubt  # (a file changed well already may be tidied: a last newline)
                 elif changed and not doubt:  # a later change of that file settles it
                     self.doubts.pop(changed, None)
