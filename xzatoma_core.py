@@ -8588,6 +8588,14 @@ def _build_policy(sub, common, fmt):
             p.add_argument("--mode", choices=("restricted", "full", "interactive"), default="restricted",
                            help="restricted (run's default), full (--allow-dangerous) or interactive (chat Safe)")
         p.set_defaults(func=cmd_policy)
+    p = psub.add_parser("tools", parents=[common], help="the tools each profile offers a model, and their token cost",
+                        description="The tool definitions the model is sent, per profile (agent.tools.profile: full, "
+                                    "or compact for small models), with what each costs in tokens (about four "
+                                    "bytes a token, as the context count estimates it; a chat template adds its own).")
+    p.add_argument("--mode", choices=("write", "planning"), default="write",
+                   help="write (run's default: every tool) or planning (the read-only tools)")
+    p.add_argument("--json", action="store_true", help="print {tool: {full, compact}} and the totals as JSON")
+    p.set_defaults(func=cmd_policy_tools)
     p = psub.add_parser("sandbox", parents=[common], help="what the OS sandbox enforces on this machine")
     p.add_argument("--working-dir", "-C", metavar="DIR", help="the working directory (default: current directory)")
     _sandbox_flags(p)
@@ -8620,6 +8628,26 @@ def cmd_policy_sandbox(args, console):
     if missing and cfg.get("agent.terminal.require_sandbox"):
         console.error("sandbox %s is not fully enforced here (--require-sandbox)" % sandbox.access)
         return EXIT_USAGE
+    return EXIT_OK
+
+
+def cmd_policy_tools(args, console):
+    import xzatoma_tools as tools
+    offered = [cls() for cls in tools.ALL_TOOLS]
+    offered = [t for t in offered if args.mode == "write" or t.permission == tools.READ]
+    cost = lambda definition: len(json.dumps(definition)) // 4  # Conversation.sent_estimate's rule
+    table = {t.name: {"full": cost(t.definition()),
+                      "compact": cost(tools.compact_definition(t.name)) if t.name in tools.COMPACT else None}
+             for t in offered}
+    totals = {p: sum(row[p] or 0 for row in table.values()) for p in ("full", "compact")}
+    if args.json:
+        json_out({"tools": table, "total": totals, "mode": args.mode}, indent=2)
+        return EXIT_OK
+    lines = ["%-18s %6s %8s" % ("tool (%s mode)" % args.mode, "full", "compact")]
+    lines += ["%-18s %6d %8s" % (name, row["full"], "-" if row["compact"] is None else row["compact"])
+              for name, row in table.items()]
+    lines.append("%-18s %6d %8d" % ("total tokens", totals["full"], totals["compact"]))
+    CleanWriter(sys.stdout, exact=True).write("\n".join(lines) + "\n")
     return EXIT_OK
 
 

@@ -656,3 +656,21 @@ def test_headless_confirm_is_refused_with_what_to_do_instead(tmp_path):
         assert r.error.startswith("command needs a person's approval; not available in this run: touch made"), r.error
         assert "Not run." in r.error and "--allow-dangerous" in r.error
     assert asked == [] and not (tmp_path / "made").exists()
+
+
+def test_policy_tools_reports_what_each_profile_costs_the_model(cli, tmp_path):
+    """Issue 21: the compact profile's token cost, reported; the figures are those of the definitions the
+    session sends (the same estimate as the context count)."""
+    import json
+    import xzatoma_tools as T
+    r = cli.run("policy", "tools", "--json")
+    assert r.returncode == 0 and r.stderr == ""
+    report = json.loads(r.stdout)
+    registry = T.build_registry("write", T.ToolContext(str(tmp_path), {}), profile=T.COMPACT_TOOLS)
+    sent = registry.definitions()
+    assert {d["name"] for d in sent} == {n for n, row in report["tools"].items() if row["compact"] is not None}
+    assert report["total"]["compact"] == sum(len(json.dumps(d)) // 4 for d in sent)
+    assert report["total"]["compact"] * 3 < report["total"]["full"]
+    text = cli.run("policy", "tools", "--mode", "planning").stdout.splitlines()
+    assert text[0].split() == ["tool", "(planning", "mode)", "full", "compact"] and text[-1].startswith("total")
+    assert "read_file" in "\n".join(text) and "terminal" not in "\n".join(text)
