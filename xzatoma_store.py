@@ -953,6 +953,8 @@ def _redact_stored(conn):
         conn.execute("DELETE FROM %s" % FTS_TABLE)  # the index kept its own copy of the text
         conn.execute("INSERT INTO %s (conversation_id, content) SELECT conversation_id, coalesce(content, '') || "
                      "' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'search_backlog'").fetchone():
+            conn.execute("DELETE FROM search_backlog")  # all of them are in the index now
 
 
 def _trust_and_progress(conn):
@@ -1039,9 +1041,15 @@ MIGRATIONS = [
     _trust_and_progress,
     # 9: the files that run later by design (Makefile, CI, conftest.py …) a run changed, one per line
     _add_review,
+    # 10 (issue 22): messages stored but not yet in the search index (Store.index_backlog)
+    "CREATE TABLE IF NOT EXISTS search_backlog (message_rowid INTEGER PRIMARY KEY)",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
+#: messages indexed for search together (Store.append_message). INFO: every commit that touches the full-text
+#: index writes a new FTS5 segment and merges old ones; a trigram index paid 0.4 ms a commit for it, most of what
+#: a watcher's event cost the store (issue 22). Indexed 64 at a time, a message costs a few microseconds there.
+SEARCH_BATCH = 64
 
 
 def _unindexed(message):
@@ -1077,6 +1085,7 @@ class Store:
         self._local = threading.local()
         self._seq_lock = threading.Lock()
         self._seq = {}
+        self._backlog = 0  #: messages this Store put in the search backlog since it was last indexed
         self.has_fts = False
         self._connections = []
 
@@ -1199,15 +1208,34 @@ class Store:
         content = self.redact(message.get("content"))
         calls = message.get("tool_calls")
         calls_json = self.redact(json.dumps(calls, ensure_ascii=False)) if calls else None
-        with self.batch() as conn:  # the row and its search entry together
-            conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, name, "
-                         "tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (conversation_id, seq, message["role"], content, calls_json, message.get("tool_call_id"),
-                          message.get("name"), tokens, rfc3339()))
+        with self.batch() as conn:  # the row and its place in the search backlog together
+            row = conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, "
+                               "name, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               (conversation_id, seq, message["role"], content, calls_json,
+                                message.get("tool_call_id"), message.get("name"), tokens, rfc3339())).lastrowid
             if self.has_fts and not _unindexed(message):
-                conn.execute("INSERT INTO %s (conversation_id, content) VALUES (?, ?)" % FTS_TABLE,
-                             (conversation_id, (content or "") + (" " + calls_json if calls_json else "")))
+                conn.execute("INSERT OR IGNORE INTO search_backlog (message_rowid) VALUES (?)", (row,))
+                with self._seq_lock:
+                    self._backlog += 1
+                    full = self._backlog >= SEARCH_BATCH
+                if full:
+                    self._index_backlog(conn)
         return seq
+
+    def index_backlog(self):
+        """Put the messages waiting in the search backlog into the full-text index (search does, first)."""
+        if self.has_fts:
+            with self.batch() as conn:
+                self._index_backlog(conn)
+
+    def _index_backlog(self, conn):
+        # the text indexed is what append_message stored: the redacted content, a space, the calls' JSON
+        conn.execute("INSERT INTO %s (conversation_id, content) SELECT m.conversation_id, coalesce(m.content, '') || "
+                     "coalesce(' ' || m.tool_calls, '') FROM search_backlog b JOIN messages m ON m.rowid = "
+                     "b.message_rowid ORDER BY b.message_rowid" % FTS_TABLE)
+        conn.execute("DELETE FROM search_backlog")
+        with self._seq_lock:
+            self._backlog = 0
 
     def update_conversation(self, id, **fields):
         fields["updated_at"] = rfc3339()
@@ -1310,6 +1338,7 @@ class Store:
         """Conversations whose messages contain text, newest first, with one matching snippet each."""
         conn = self.conn()
         if self.has_fts and len(text) >= 3:
+            self.index_backlog()  # every stored message is found, indexed or still waiting
             phrase = '"%s"' % text.replace('"', '""')
             rows = conn.execute("SELECT DISTINCT conversation_id FROM %s WHERE %s MATCH ? ORDER BY conversation_id "
                                 "DESC LIMIT ?" % (FTS_TABLE, FTS_TABLE), (phrase, limit)).fetchall()
@@ -1355,6 +1384,8 @@ class Store:
         conn.execute("BEGIN IMMEDIATE")
         with conn:
             for cid in ids:
+                conn.execute("DELETE FROM search_backlog WHERE message_rowid IN (SELECT rowid FROM messages WHERE "
+                             "conversation_id = ?)", (cid,))  # a rowid used again is not indexed for them
                 for table in ("messages", "undo"):
                     conn.execute("DELETE FROM %s WHERE conversation_id = ?" % table, (cid,))
                 if self.has_fts:

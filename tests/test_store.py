@@ -443,6 +443,39 @@ def test_search_leaves_out_the_head_every_conversation_shares(tmp_path):
     assert [c["id"] for c in found] == [cid] and "count the walruses" in found[0]["snippet"]
 
 
+def test_messages_wait_for_the_search_index_in_batches_and_are_found_meanwhile(tmp_path):
+    """The full-text index is written SEARCH_BATCH messages at a time (a commit that touches it costs a new
+    segment and merges); search indexes what waits first, so nothing stored is missed, not even by another
+    process, nor after a kill -9 (the backlog is a table); a deleted conversation leaves nothing waiting."""
+    from xzatoma_store import SEARCH_BATCH
+    path = str(tmp_path / "s.db")
+    s = Store(path).open()
+
+    def waiting():
+        return s.conn().execute("SELECT count(*) FROM search_backlog").fetchone()[0]
+
+    def indexed():
+        return s.conn().execute("SELECT count(*) FROM messages_fts").fetchone()[0]
+    cid = s.start_conversation(new_ulid(), "watch")
+    s.append_message(cid, {"role": "system", "content": "You are XZatoma"})  # never indexed
+    s.append_message(cid, {"role": "user", "content": "count the narwhals"})
+    call = {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": '{"pattern": "tusk"}'}}
+    s.append_message(cid, {"role": "assistant", "content": "", "tool_calls": [call]})
+    assert (waiting(), indexed()) == (2, 0)
+    other = Store(path).open()  # another process's view: it indexes what this one left waiting
+    assert [c["id"] for c in other.search("narwhal")] == [cid] and [c["id"] for c in other.search("tusk")] == [cid]
+    assert (waiting(), indexed()) == (0, 2) and other.search("XZatoma") == []
+    s = Store(path).open()  # counts what it adds itself
+    for i in range(SEARCH_BATCH):
+        s.append_message(cid, {"role": "user", "content": "message %d of many" % i})
+    assert waiting() == 0 and indexed() == 2 + SEARCH_BATCH  # the batch went in with the message that filled it
+    gone = s.start_conversation(new_ulid(), "watch")
+    s.append_message(gone, {"role": "user", "content": "a dugong"})
+    assert waiting() == 1
+    s.delete_conversation(gone)
+    assert waiting() == 0 and s.search("dugong") == []
+
+
 def test_a_batch_is_one_transaction(tmp_path):
     s = Store(str(tmp_path / "b.db")).open()
     cid = s.start_conversation(new_ulid(), "run")
