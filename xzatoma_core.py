@@ -3616,6 +3616,9 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
          '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
          "yourself. If the task truly needs no tool, give your final answer again.")
 EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
+#: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
+LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from the tool "
+             "results above.")
 _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
@@ -3829,6 +3832,9 @@ class Agent:
         self.nudged = False  #: asked once already to check an answer given without tools
         self.last_call = None  #: (name, arguments) of the call run last: the same again is refused as a loop
         self.asked_empty = False  #: asked once already for an answer after an empty one
+        #: why the model is stuck (repeating a call, answering nothing) when it will be asked for its answer
+        #: without tools (last_word); "" once that was asked
+        self.stuck = None
         self.last_output = ""  #: what the last tool call gave (shown again when the model repeats the call)
         #: path -> why its last change may not be the one meant (a tool's `doubt`), asked about before the end
         self.doubts = {}
@@ -3918,11 +3924,11 @@ class Agent:
             turn = self.ask_model()
             if turn.calls:
                 self.run_tools(turn.calls)
-                return None
-            if turn.malformed:
+            elif turn.malformed:
                 self.correct(turn)
-                return None
-            return self.conclude(turn.content)
+            else:
+                return self.conclude(turn.content)
+            return self.last_word() if self.stuck else None
         finally:
             self.save()
 
@@ -4004,6 +4010,9 @@ class Agent:
                 self.events.note("  the model's reply was empty; asking it once for an answer")
                 return None
             if not self.changes_this_run:
+                if self.may_answer_now():
+                    self.stuck = "the model gave no answer (an empty reply, twice)"
+                    return self.last_word()
                 raise ProviderFailed("the model gave no answer (an empty reply, twice)")
             return "completed"
         need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
@@ -4207,10 +4216,45 @@ class Agent:
             # there but the model never said it was done
             raise StuckAfterWork("the model repeated its last call %d times after changing files; stopped there "
                                  "(the changes stand, unchecked)" % self.malformed_streak)
+        if self.malformed_streak >= MAX_MALFORMED_STREAK and self.may_answer_now():
+            self.stuck = "the model repeated its call %d times" % self.malformed_streak  # step() asks last_word
+            return
         if self.malformed_streak >= MAX_MALFORMED_STREAK:
             raise ProviderFailed("the model made %d malformed or invalid tool calls in a row; stopping (last: %s). "
                                  "A larger model may follow the tool format better" % (self.malformed_streak,
                                                                                       last_error))
+
+    def may_answer_now(self):
+        """Whether a stuck model may be asked for its answer without tools (last_word): once, in a task that asks
+        for no change, after tools of this run gave it something to answer from."""
+        return self.stuck is None and self.calls_this_run > 0 and not self.changes_this_run and \
+            "change" not in _task_kinds(self.task)
+
+    def last_word(self):
+        """A model stuck on a question (the same grep again and again, empty replies) after its tools showed it
+        the answer: one more call with no tools offered, asking for the answer (smolagents asks so at its step
+        limit). The answer is checked like any other (numbers no tool showed: unverified); none fails the run."""
+        why, self.stuck = self.stuck, ""
+        self.events.note("  %s; asking it for its answer with no tools offered" % why)
+        self.conversation.add({"role": "user", "name": NOTE, "content": LAST_WORD})
+        sent = self.conversation.sent_estimate()
+        reply = self.complete([])
+        self.account(reply, sent)
+        text = strip_think(reply.content)[0].strip()
+        written = find_text_tool_calls(text)
+        if written is not None:  # a call written anyway runs nowhere: its prose, if any, is the answer
+            text = written.prose
+        if not text or self.parrots(text) or text.strip() == LAST_WORD:
+            raise ProviderFailed(why + "; asked for its answer with no tools, it gave none")
+        self.conversation.add_assistant(text)
+        self.events.message(text, [])
+        self.result.answer = text
+        unseen = self.unseen_numbers(text)
+        if unseen:
+            self.result.warnings.append("the answer gives %s, which no tool result showed (status unverified)"
+                                        % ", ".join(unseen[:3]))
+            return "unverified"
+        return "completed"
 
     def result_cap(self):
         """Bytes of one tool result the model gets: a quarter of its window where the window is known (a 100 KB

@@ -178,6 +178,9 @@ class ToolContext:
         self.call_id = None
         #: the person accepted this call's change without an undo record (over the cap); reset for each call
         self.undo_waived = False
+        #: the files (real paths) this agent has read, written or edited: write_file replaces only those
+        #: (read_file first, as Claude Code's Write asks); a subagent starts with its own (child())
+        self.seen = set()
 
     @property
     def terminal(self):
@@ -211,7 +214,7 @@ class ToolContext:
     def child(self, label, conversation_id):
         """A subagent's context: same jail, policy, store, cancel and deadline; its questions name it."""
         return self._derived(label=label, depth=self.depth + 1, conversation_id=conversation_id,
-                             approvals=self.approvals.prefixed("[subagent %s] " % label))
+                             approvals=self.approvals.prefixed("[subagent %s] " % label), seen=set())
 
     def with_deadline(self, deadline):
         """The same context for one run that must end by `deadline` (time.monotonic(), or None)."""
@@ -298,7 +301,8 @@ class ToolContext:
     def guard(self, tool, args, target, source=None, shows=None):
         """A change at a protected path (or a directory holding one) needs a person's yes, in every mode;
         so does a copy of `source` (a Target) that creates one below `target`. `shows()` gives what the
-        change writes (a diff): the person sees the code a hook or start-up file would run before saying yes."""
+        change writes (a diff): the person sees the code a hook or start-up file would run before saying yes.
+        Returns True when a person said yes."""
         conf, check = self.confinement, lambda: self.check_deadline(tool)
         conf.before_change()
         what = conf.target_reason(target, check)
@@ -314,6 +318,7 @@ class ToolContext:
         if not self.approvals.ask(tool, args, detail + ("\n" + change if change else "")):
             raise ToolError("the user declined: %s" % detail)
         conf.accept(target.real)
+        return True
 
 
 class Tool:
@@ -848,6 +853,7 @@ class ReadFile(Tool):
             if stat.S_ISDIR(target.lstat().st_mode):
                 raise ToolError("%s is a directory; use list_directory" % path)
             fd = target.open_regular("read_file only reads regular files")
+            ctx.seen.add(target.real)
         with open(fd, "rb"):  # closes fd
             if is_binary_fd(fd):
                 raise ToolError("%s is a binary file (%s); read_file only reads text" % (
@@ -909,6 +915,16 @@ class ReadFile(Tool):
 LOST_SHOWN = 4096  #: bytes: an overwritten file this small is shown in write_file's result when its content was lost
 
 
+def _head_of(text, most=LOST_SHOWN):
+    """A file's text for a tool's message, as read_file shows it: whole up to `most` characters, else its head
+    and what is left out."""
+    text = text.rstrip("\n")
+    if len(text) <= most:
+        return text
+    head = text[:most].rsplit("\n", 1)[0]
+    return head + "\n[… %d more lines; read_file shows them]" % text[len(head):].count("\n")
+
+
 class WriteFile(Tool):
     name = "write_file"
     description = "Create or overwrite a text file with the given content; parent directories are created."
@@ -919,8 +935,8 @@ class WriteFile(Tool):
     def confirmation(self, args, ctx):
         with ctx.jail.resolve(args["path"]) as target:
             st = target.lstat()
-            if st is None or not stat.S_ISREG(st.st_mode):
-                return None
+            if st is None or not stat.S_ISREG(st.st_mode) or (st.st_size and target.real not in ctx.seen):
+                return None  # nothing to replace, or the call is refused until the file is read (run)
             old = read_text(target, "")
             return "overwrite %s:\n%s" % (args["path"], text_diff(old, args["content"],
                                                                   display_path(target.real, ctx.root), whole=True) or "(same content)")
@@ -939,14 +955,26 @@ class WriteFile(Tool):
                 raise ToolError("the content is a diff, and write_file writes content as it is: %s would hold the "
                                 "diff itself. To change part of a file use edit_file; to replace it, give the "
                                 "whole new text" % path)
-            ctx.guard(self.name, args, target, shows=lambda: _change_shown(
-                read_text(target, "") if st is not None else "", args["content"], target))
+            if ctx.guard(self.name, args, target, shows=lambda: _change_shown(
+                read_text(target, "") if st is not None else "", args["content"], target)):
+                ctx.seen.add(target.real)  # the person saw the change, and said yes
+            if st is not None and st.st_size and target.real not in ctx.seen:
+                # INFO: a file is replaced only by an agent that has seen it (Claude Code's Write asks the same):
+                # a small model asked to add a line to todo.txt wrote the line alone over the list, and one asked
+                # to bump a version wrote {"version": "2.4.1"} over package.json. Refused once, with the content
+                # (after the walls: a protected path gets its own message first).
+                ctx.seen.add(target.real)
+                raise ToolError("%s already exists and you have not read it; write_file would replace all of it. "
+                                "It holds now:\n%s\nTo add or change lines, use edit_file; to replace the file, "
+                                "call write_file again with the complete new content" % (
+                                    path, _head_of(read_text(target, ""))))
             ctx.check_undo_cap(self.name, target, args)
             old = read_text(target, "") if st is not None and st.st_size <= LOST_SHOWN else None
             token = ctx.before_create(self.name, target)
             target.make_parents()
             write_atomic_at(target.dir_fd, target.name, data)
             ctx.after_change(token)
+            ctx.seen.add(target.real)
             shown = display_path(target.real, ctx.root)
             if st is None:
                 return ToolResult.ok("Created %s (%d bytes)" % (shown, len(data)), bytes=len(data), created=True)
@@ -989,7 +1017,7 @@ class EditFile(Tool):
             raise ToolError("%s is not valid UTF-8 text; edit_file only edits text" % path)
         count = text.count(old)
         if count == 0:
-            raise ToolError("old_text not found in %s; read the file and copy the text exactly" % path)
+            raise _not_found(path, text, old, new)
         if count > 1 and not args.get("replace_all"):
             lines, pos = [], text.find(old)
             while pos != -1 and len(lines) < 20:
@@ -1001,11 +1029,17 @@ class EditFile(Tool):
 
     def run(self, args, ctx):
         with ctx.jail.resolve(args["path"], must_exist=True) as target:
-            text, updated = self._apply(args, target)
+            try:
+                text, updated = self._apply(args, target)
+            except ToolError as exc:
+                if getattr(exc, "shows_file", False):
+                    ctx.seen.add(target.real)
+                raise
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(text, updated, target))
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
             ctx.after_change(token)
+            ctx.seen.add(target.real)
             shown = display_path(target.real, ctx.root)
             diff = text_diff(text, updated, shown)
         count = text.count(args["old_text"])
@@ -1017,6 +1051,28 @@ class EditFile(Tool):
         return ToolResult.ok("Edited %s: %d replacement%s, saved. Lines %d-%d now read:\n%s" % (
             shown, count, "" if count == 1 else "s", first, last, lines), replacements=count, diff=diff,
             changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"]))
+
+
+def _not_found(path, text, old, new):
+    """The error of an edit whose old_text is not in the file, with what the model needs next: that the change
+    is made already, the file itself when small, or else the lines closest to old_text (as aider shows them)."""
+    if new and new in text:  # a small model edited, overwrote, then made the same edit again
+        exc = ToolError("old_text is not in %s, but new_text already is (line %d): the change seems made already. "
+                        "Go on with the rest of the task, or answer" % (path, text.count("\n", 0, text.find(new)) + 1))
+    elif len(text) <= LOST_SHOWN:
+        exc = ToolError("old_text not found in %s. The file holds:\n%s\nCopy old_text from it exactly, spaces "
+                        "and line breaks too" % (path, _head_of(text)))
+        exc.shows_file = True
+    else:
+        import difflib
+        want = next((line.strip() for line in old.splitlines() if line.strip()), old.strip())
+        lines = text.splitlines()[:20000]
+        close = difflib.get_close_matches(want, [line.strip() for line in lines], n=3, cutoff=0.5)
+        near = ["%6d\t%s" % (i + 1, line) for i, line in enumerate(lines) if line.strip() in close][:5]
+        exc = ToolError("old_text not found in %s; %s" % (path, (
+            "the closest lines are:\n%s\nread_file shows them in context; copy old_text exactly" % "\n".join(near))
+            if near else "read the file and copy the text exactly"))
+    return exc
 
 
 class FindPath(Tool):

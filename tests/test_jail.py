@@ -197,6 +197,7 @@ def test_undo_restores_through_the_jail(tmp_path):
     (root / "sub" / "f.txt").write_text("original\n")
     store = Store(str(tmp_path / "u.db")).open()
     reg = build_registry("write", ToolContext(str(root), {}, store=store, conversation_id="C"))
+    assert reg.execute("read_file", {"path": "sub/f.txt"}).success
     assert reg.execute("write_file", {"path": "sub/f.txt", "content": "changed\n"}).success
     os.rename(str(root / "sub"), str(root / "aside"))
     os.symlink(str(outside), str(root / "sub"))

@@ -16,6 +16,11 @@ from xzatoma import Reply, find_text_tool_calls, needs_tools
 from test_agent_loop import open_session, run  # noqa: F401  (fixture and helper)
 
 
+def read(path):
+    """A model's reply that reads `path` (a file is replaced only after it was read: WriteFile)."""
+    return Reply('{"name": "read_file", "arguments": {"path": "%s"}}' % path)
+
+
 def calls_of(text, seen=""):
     found = find_text_tool_calls(text, seen)
     return None if found is None else [(c["name"], json.loads(c["arguments"])) for c in found.calls]
@@ -298,9 +303,9 @@ def test_an_answer_that_repeats_xzatomas_own_correction_is_no_answer(open_sessio
     """A real transcript (Qwen2.5-Coder-1.5B): the same grep refused twice, an empty reply, then the empty-reply
     correction repeated back as the answer, which ended the run `completed` with XZatoma's words for an answer."""
     grep = '{"name": "grep", "arguments": {"pattern": "hello", "path": "a.txt"}}'
-    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER))
-    result = run(s, "what does a.txt say?")
-    assert result.status == "failed" and "empty reply" in result.error
+    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER), Reply(xzatoma.EMPTY_ANSWER))
+    result = run(s, "what does a.txt say?")  # (the last, asked with no tools offered: Agent.last_word)
+    assert result.status == "failed" and "empty reply" in result.error and "it gave none" in result.error
     s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER + " It says hello."))
     assert run(s, "what does a.txt say?").status == "completed"  # more than the correction: an answer
 
@@ -328,9 +333,9 @@ def test_a_file_the_task_names_that_no_tool_touched_is_pointed_out_once(open_ses
 
 
 def test_a_tool_result_the_model_writes_itself_is_pointed_out_once(open_session, tmp_path):
-    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "a.txt", "content": "x"}}'),
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "new.txt", "content": "x"}}'),
                      Reply("Done.\n<tool_response>\nUpdated b.txt\n</tool_response>"), Reply("Done."))
-    result = run(s, "Write x to a.txt")
+    result = run(s, "Write x to new.txt")
     assert result.status == "completed" and len(s.provider.calls) == 3
     assert s.provider.calls[2]["messages"][-1]["content"].startswith("You wrote a tool result yourself")
 
@@ -361,10 +366,11 @@ def test_a_question_cannot_change_files(open_session, tmp_path):
 
 def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_path):
     (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
-    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "todo.txt", "content": "buy milk\\n"}}'),
+    s = open_session(read("todo.txt"),
+                     Reply('{"name": "write_file", "arguments": {"path": "todo.txt", "content": "buy milk\\n"}}'),
                      Reply("Added it."))
     run(s, "Add a line 'buy milk' at the end of todo.txt")
-    result = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
+    result = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][1]
     assert result.endswith("its whole content was replaced). Its content before was:\nwrite report\ncall Sam")
 
 
@@ -387,12 +393,12 @@ def test_an_overwrite_that_lost_the_files_lines_is_asked_about_once(open_session
     then said the line was added; the run ended completed with two of the three lines gone."""
     (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
     write = '{"name": "write_file", "arguments": {"path": "todo.txt", "content": "%s"}}'
-    s = open_session(Reply(write % "buy milk\\n"), Reply("The line 'buy milk' has been added."),
+    s = open_session(read("todo.txt"), Reply(write % "buy milk\\n"), Reply("The line 'buy milk' has been added."),
                      Reply(write % "write report\\ncall Sam\\nbuy milk\\n"), Reply("Added."))
     result = run(s, "Add a line 'buy milk' at the end of todo.txt.")
     assert result.status == "completed" and (tmp_path / "todo.txt").read_text().splitlines()[-1] == "buy milk"
     assert len((tmp_path / "todo.txt").read_text().splitlines()) == 3
-    note = s.provider.calls[2]["messages"][-1]
+    note = s.provider.calls[3]["messages"][-1]
     assert note["name"] == "xzatoma" and note["content"] == (
         "Check your work before you answer: write_file replaced all of todo.txt and 2 of its earlier lines are "
         "gone (write report; call Sam). If that is what the task asks, give your final answer again; if not, fix "
@@ -403,15 +409,16 @@ def test_a_change_of_whitespace_only_is_asked_about_once_and_a_real_fix_settles_
     """A real transcript: told the assert expects the wrong value, the model rewrote the file as it was (one
     blank line fewer) and said it was updated."""
     (tmp_path / "t.py").write_text("x = 1\n\nassert x == 2\n")
-    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "t.py", "content": "x = 1\\nassert x == 2"}}'),
+    s = open_session(read("t.py"),
+                     Reply('{"name": "write_file", "arguments": {"path": "t.py", "content": "x = 1\\nassert x == 2"}}'),
                      Reply("The file has been updated."),
                      Reply('{"name": "edit_file", "arguments": {"path": "t.py", "old_text": "== 2", '
                            '"new_text": "== 1"}}'), Reply("Fixed."))
     result = run(s, "Fix the assert in t.py: x is 1.")
     assert result.status == "completed" and (tmp_path / "t.py").read_text() == "x = 1\nassert x == 1"
-    assert s.provider.calls[2]["messages"][-1]["content"].startswith(
+    assert s.provider.calls[3]["messages"][-1]["content"].startswith(
         "Check your work before you answer: the change to t.py altered only whitespace.")
-    assert len(s.provider.calls) == 4  # asked once; after the real fix, the answer is taken
+    assert len(s.provider.calls) == 5  # asked once; after the real fix, the answer is taken
 
 
 def test_a_number_no_tool_result_showed_is_checked_once(open_session, tmp_path):
@@ -450,7 +457,8 @@ def test_a_call_repeated_again_is_shown_the_first_result_not_the_refusal(open_se
 def test_lines_still_gone_after_the_check_leave_the_run_unverified(open_session, tmp_path, task, status):
     """A real transcript: told two lines were gone, the 1.5B model said again that it had added the line."""
     (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
-    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "todo.txt", "content": "\\nbuy milk"}}'),
+    s = open_session(read("todo.txt"),
+                     Reply('{"name": "write_file", "arguments": {"path": "todo.txt", "content": "\\nbuy milk"}}'),
                      Reply("The line 'buy milk' has been added to the end of todo.txt."),
                      Reply("The line 'buy milk' has been added to the end of todo.txt."))
     result = run(s, task)
@@ -460,7 +468,7 @@ def test_lines_still_gone_after_the_check_leave_the_run_unverified(open_session,
                                    "report; call Sam); the model was asked to check and answered without changing "
                                    "it (status unverified)"]
     else:
-        assert len(s.provider.calls) == 2  # nothing to ask
+        assert len(s.provider.calls) == 3  # nothing to ask
 
 
 def test_a_number_still_unseen_after_the_check_leaves_the_run_unverified(open_session, tmp_path):
@@ -482,8 +490,8 @@ def test_a_model_repeating_its_call_after_doing_the_work_ends_unverified_not_fai
                             "changes stand, unchecked)")
     assert (tmp_path / "CHANGES.md").read_text() == "## 1.0.0\n"
     s = open_session(Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}'), *[
-        Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}')] * 3)
-    assert run(s, "find x in a.txt").status == "failed"  # nothing done: a loop is a failure
+        Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}')] * 4)
+    assert run(s, "Append x to a.txt").status == "failed"  # nothing done: a loop is a failure
 
 
 def test_tidying_whitespace_after_a_real_fix_is_no_doubt(open_session, tmp_path):
@@ -508,7 +516,7 @@ def test_a_count_the_model_worked_out_is_not_asked_about(open_session, tmp_path)
 def test_a_field_bump_that_wrote_only_the_field_is_asked_about(open_session, tmp_path):
     """A real transcript: "Bump the version in package.json" wrote {"version": "2.4.1"} over the whole file."""
     (tmp_path / "package.json").write_text('{\n  "name": "demo",\n  "version": "2.4.0"\n}\n')
-    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "package.json", '
+    s = open_session(read("package.json"), Reply('{"name": "write_file", "arguments": {"path": "package.json", '
                            '"content": "{\\"version\\": \\"2.4.1\\"}"}}'),
                      Reply("Bumped."), Reply("Bumped."))
     result = run(s, "Bump the version in package.json from 2.4.0 to 2.4.1.")
@@ -526,3 +534,82 @@ def test_a_call_written_html_escaped_is_a_call(text):
     what the model reads as HTML, and the model wrote its calls so, then escaped its own escapes again."""
     found = xzatoma.find_text_tool_calls(text)
     assert [(c["name"], json.loads(c["arguments"])) for c in found.calls] == [("read_file", {"path": "a.txt"})]
+
+
+def test_a_model_stuck_on_a_question_is_asked_for_its_answer_with_no_tools(open_session, tmp_path):
+    """A real transcript (Qwen2.5-Coder-1.5B): the listing said "(7 .md files …)", then the model grepped, read
+    and wrote empty replies until the run failed. Stuck after its tools showed it something, it is asked once
+    for its answer with no tools offered, and that answer is checked like any other."""
+    (tmp_path / "docs").mkdir()
+    for name in ("a", "b", "c"):
+        (tmp_path / "docs" / (name + ".md")).write_text("# %s\n" % name)
+    listing = Reply('{"name": "list_directory", "arguments": {"path": "docs"}}')
+    grep = Reply('{"name": "grep", "arguments": {"pattern": "md", "path": "docs"}}')
+    s = open_session(listing, grep, grep, grep, grep, Reply("There are 3 .md files in docs."))
+    result = run(s, "How many .md files are in the docs directory?")
+    assert (result.status, result.answer) == ("completed", "There are 3 .md files in docs.")
+    last = s.provider.calls[-1]
+    assert last["tools"] == [] and last["messages"][-1]["content"] == xzatoma.LAST_WORD
+    # empty replies, twice, the same way; a number no tool showed leaves the answer unverified
+    (tmp_path / "settings.ini").write_text("[server]\nport = 8123\n")
+    s = open_session(Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'), Reply(""), Reply(""),
+                     Reply('The port is 80.\n{"name": "read_file", "arguments": {"path": "settings.ini"}}'))
+    result = run(s, "Which port does the server use?")
+    assert (result.status, result.answer, result.exit_code) == ("unverified", "The port is 80.", 3)
+    assert "80, which no tool result showed" in result.warnings[0]
+
+
+def test_no_answer_without_tools_is_asked_of_a_task_that_asks_for_a_change(open_session, tmp_path):
+    grep = Reply('{"name": "grep", "arguments": {"pattern": "x", "path": "a.txt"}}')
+    s = open_session(grep, grep, grep, grep, Reply("Done."))
+    result = run(s, "Fix the typo in a.txt")
+    assert result.status == "failed" and len(s.provider.calls) == 4 and all(c["tools"] for c in s.provider.calls)
+    s = open_session(grep, grep, grep, grep, Reply("Done."))  # nor before any tool showed anything
+    s.provider.script[0] = Reply('{"name": "read_file", "arguments": {"path": "missing.txt"}}')
+    s.provider.script[1:4] = [Reply('{"name": "read_file", "arguments": {"path": "missing.txt"}}')] * 3
+    assert run(s, "What does missing.txt say?").status == "failed"
+
+
+def test_a_file_not_read_is_replaced_only_after_the_model_saw_it(open_session, tmp_path):
+    """Real transcripts (Qwen2.5-Coder-1.5B): asked to add a line to todo.txt it wrote the line alone over the
+    list; asked to bump a version it wrote {"version": "2.4.1"} over package.json. The first write of a file
+    the model has not read is refused with the file's content; the next one is its informed choice."""
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
+    write = '{"name": "write_file", "arguments": {"path": "todo.txt", "content": "%s"}}'
+    s = open_session(Reply(write % "buy milk\\n"), Reply(write % "write report\\ncall Sam\\nbuy milk\\n"),
+                     Reply("Added."))
+    result = run(s, "Add a line 'buy milk' at the end of todo.txt.")
+    assert result.status == "completed" and (tmp_path / "todo.txt").read_text() == "write report\ncall Sam\nbuy milk\n"
+    refused = [m["content"] for m in s.conversation.messages if m["role"] == "tool"][0]
+    assert refused == ("Error: todo.txt already exists and you have not read it; write_file would replace all of "
+                       "it. It holds now:\nwrite report\ncall Sam\nTo add or change lines, use edit_file; to "
+                       "replace the file, call write_file again with the complete new content")
+
+
+def registry(root):
+    import xzatoma_tools as T
+    return T.build_registry("write", T.ToolContext(str(root), {}))
+
+
+@pytest.mark.parametrize("old_text,new_text,expected", [
+    # the change made already (edit, overwrite, then the same edit again: a real transcript)
+    ("calc_total", "compute_total", "Error: old_text is not in utils.py, but new_text already is (line 1): the "
+                                    "change seems made already. Go on with the rest of the task, or answer"),
+    # text the model imagined ("is 75.0" for "== 70.0"): a small file is shown whole
+    ("return total(p) is 75", "x", "Error: old_text not found in utils.py. The file holds:\ndef compute_total(p):\n"
+                                   "    return sum(p)\nCopy old_text from it exactly, spaces and line breaks too"),
+])
+def test_an_edit_whose_old_text_is_missing_says_what_the_file_holds(tmp_path, old_text, new_text,
+                                                                     expected):
+    (tmp_path / "utils.py").write_text("def compute_total(p):\n    return sum(p)\n")
+    r = registry(tmp_path).execute("edit_file", {"path": "utils.py", "old_text": old_text, "new_text": new_text})
+    assert r.to_message() == expected
+
+
+def test_an_edit_of_a_large_file_whose_old_text_is_missing_shows_the_closest_lines(tmp_path):
+    body = "".join("def page_%d(request):\n    return render(request, 'page_%d.html')\n" % (i, i) for i in range(300))
+    (tmp_path / "views.py").write_text(body)
+    r = registry(tmp_path).execute("edit_file", {"path": "views.py", "new_text": "x",
+                                                 "old_text": '    return render(request, "page_121.html")'})
+    assert r.error.startswith("old_text not found in views.py; the closest lines are:\n")
+    assert "   244\t    return render(request, 'page_121.html')" in r.error and len(r.error) < 600

@@ -163,6 +163,7 @@ def test_a_diff_written_over_a_file_is_refused_and_a_patch_file_is_written(tree)
     assert r.error.startswith("the content is a diff, and write_file writes content as it is")
     assert (tree / "utils.py").read_text() == "def total(p):\n    return sum(p)\n"
     (tree / "fix.patch").write_text("old\n")
+    assert reg.execute("read_file", {"path": "fix.patch"}).success
     assert reg.execute("write_file", {"path": "fix.patch", "content": diff}).success
     assert reg.execute("write_file", {"path": "new.txt", "content": diff}).success
 
@@ -298,6 +299,8 @@ def test_confirmation_is_asked_for_destructive_calls_only(tree):
         return name != "delete_path"
     reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}, Approvals(confirm=confirm)))
     assert reg.execute("write_file", {"path": "fresh.txt", "content": "x"}).success  # new file: not asked
+    assert "you have not read it" in reg.execute("write_file", {"path": "README.md", "content": "# New\n"}).error
+    assert not asked  # refused until it is read: nothing to ask
     assert reg.execute("write_file", {"path": "README.md", "content": "# New\n"}).success
     assert asked[-1][0] == "write_file" and "-# Title" in asked[-1][1] and "+# New" in asked[-1][1]
     assert reg.execute("edit_file", {"path": "README.md", "old_text": "New", "new_text": "Newer"}).success
@@ -332,6 +335,7 @@ def undo_all(store):
 def test_undo_restores_write_edit_move_delete_create(undo_env):
     reg, store, tree = undo_env
     before = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert reg.execute("read_file", {"path": "README.md"}).success
     assert reg.execute("write_file", {"path": "README.md", "content": "overwritten"}, call_id="c1").success
     assert reg.execute("edit_file", {"path": "src/app.py", "old_text": "1", "new_text": "2"}, call_id="c2").success
     assert reg.execute("write_file", {"path": "brand/new.txt", "content": "n"}, call_id="c3").success
@@ -354,6 +358,7 @@ def test_undo_restores_write_edit_move_delete_create(undo_env):
 
 def test_undo_refuses_after_an_outside_change(undo_env):
     reg, store, tree = undo_env
+    reg.execute("read_file", {"path": "README.md"})
     reg.execute("write_file", {"path": "README.md", "content": "agent version"})
     (tree / "README.md").write_text("the person edited this later")
     record = store.undo_records()[0]
@@ -414,6 +419,8 @@ def test_registry_offers_tools_by_permission_and_never_changes_the_context(tmp_p
     assert not {"write_file", "delete_path", "terminal"} & set(planning.names())
     assert "not available in planning mode" in planning.execute("write_file", {"path": "a", "content": "x"}).error
     assert write.execute("write_file", {"path": "a", "content": "x"}).success
+    assert ctx.seen == {str(tmp_path / "a")}  # what this agent has seen: the one state a run adds
+    ctx.seen.clear()
     assert vars(ctx) == vars(ToolContext(str(tmp_path), {}))
 
 
