@@ -23,8 +23,9 @@ class _LazyModule:
         self._name = name
 
     def __getattr__(self, attr):
-        import importlib
-        module = importlib.import_module(self._name)
+        # INFO: the import statement's own path (__import__), not importlib.import_module: only it is seen by
+        # `python -X importtime` / PYTHONPROFILEIMPORTTIME, which the start-up tests read (the names are top-level)
+        module = __import__(self._name)
         globals()[self._name] = module
         return getattr(module, attr)
 
