@@ -3974,7 +3974,10 @@ class Agent:
         if turn.calls:
             conv.add_assistant(turn.content, turn.calls)
         else:
-            conv.add_assistant(turn.raw)
+            # INFO: an empty reply is not kept: a 1.5B model that read its own empty turn back answered empty
+            # again, and again when asked for its answer with no tools (recorded, llama-cpp-python)
+            if turn.raw.strip() or turn.malformed:
+                conv.add_assistant(turn.raw)
             if not turn.malformed and reply.finish_reason == "length":
                 self.result.answer = turn.content
                 raise ProviderFailed("the model's answer was cut off (finish reason 'length': the output or "
@@ -4002,15 +4005,15 @@ class Agent:
             self.events.note("  the model answered with XZatoma's own message")
             answer = self.result.answer = ""
         if not answer.strip():  # nothing said (only thinking, or a model lost after failed calls)
+            if self.may_answer_now():  # a question its tools already answered: asked afresh, without them
+                self.stuck = "the model gave no answer (an empty reply)"
+                return self.last_word()
             if not self.asked_empty:
                 self.asked_empty = True
                 self.conversation.add({"role": "user", "name": NOTE, "content": EMPTY_ANSWER})
                 self.events.note("  the model's reply was empty; asking it once for an answer")
                 return None
             if not self.changes_this_run:
-                if self.may_answer_now():
-                    self.stuck = "the model gave no answer (an empty reply, twice)"
-                    return self.last_word()
                 raise ProviderFailed("the model gave no answer (an empty reply, twice)")
             return "completed"
         need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
@@ -4114,22 +4117,23 @@ class Agent:
                         "it, continue with a tool call; if not, give your final answer again." % ", ".join(missed[:5]))
         return None
 
-    def complete(self, tools):
-        """One model call; provider failures and the deadline become the stop family. A server that refuses
-        the request as over its context window names the window: it is believed, the conversation pruned to
-        it, and the request sent once more."""
+    def complete(self, tools, messages=None):
+        """One model call (of the conversation, or of `messages`); provider failures and the deadline become the
+        stop family. A server that refuses the conversation as over its context window names the window: it is
+        believed, the conversation pruned to it, and the request sent once more."""
         conv = self.conversation
         self.flush()
         for attempt in (1, 2):
             self.events.waiting()
             try:
-                return self.provider.complete(conv.messages, tools, on_delta=self.events.delta,
-                                              deadline=self.deadline, estimated_tokens=conv.tokens)
+                return self.provider.complete(conv.messages if messages is None else messages, tools,
+                                              on_delta=self.events.delta, deadline=self.deadline,
+                                              estimated_tokens=conv.tokens if messages is None else 0)
             except DeadlineExceeded:
                 raise self.timed_out()
             except ProviderError as exc:
                 self.metrics.model_request(self.provider.name, "error")
-                if exc.window and attempt == 1 and conv.prune(exc.window, force=True):
+                if exc.window and attempt == 1 and messages is None and conv.prune(exc.window, force=True):
                     self.provider.learn_window(exc.window)
                     self.events.note("  the server's context window is %d tokens: context pruned to fit (%d tokens "
                                      "now)" % (exc.window, conv.tokens))
@@ -4234,10 +4238,13 @@ class Agent:
         limit). The answer is checked like any other (numbers no tool showed: unverified); none fails the run."""
         why, self.stuck = self.stuck, ""
         self.events.note("  %s; asking it for its answer with no tools offered" % why)
-        self.conversation.add({"role": "user", "name": NOTE, "content": LAST_WORD})
-        sent = self.conversation.sent_estimate()
-        reply = self.complete([])
-        self.account(reply, sent)
+        # INFO: asked in a fresh request (the task and what the tools showed, once each), not at the end of the
+        # conversation: there a 1.5B model read its repeated calls and empty turns back and answered empty again
+        asked = {"role": "user", "content": "%s\n\nWhat the tools showed:\n%s\n\n%s" % (
+            self.task, self.shown(), LAST_WORD)}
+        self.conversation.add(dict(asked, name=NOTE))
+        reply = self.complete([], [asked])
+        self.account(reply, estimate_tokens(asked))
         text = strip_think(reply.content)[0].strip()
         written = find_text_tool_calls(text)
         if written is not None:  # a call written anyway runs nowhere: its prose, if any, is the answer
@@ -4253,6 +4260,23 @@ class Agent:
                                         % ", ".join(unseen[:3]))
             return "unverified"
         return "completed"
+
+    def shown(self, most=12000):
+        """What this run's tools showed, for last_word: each distinct successful result once, under the call
+        that gave it, the latest kept when they are more than `most` characters together."""
+        calls, blocks, seen = {}, [], set()
+        for message in self.conversation.messages:
+            for call in message.get("tool_calls") or ():
+                calls[call["id"]] = "%s %s" % (call["name"], call.get("arguments") or "")
+            said = message.get("content")
+            if message.get("role") == "tool" and isinstance(said, str) and not said.startswith("Error:") \
+                    and said not in seen:
+                seen.add(said)
+                blocks.append("[%s]\n%s" % (one_line(calls.get(message.get("tool_call_id"), message.get("name")),
+                                                      200), _excerpt(said.rstrip("\n"), most // 3)))
+        while len(blocks) > 1 and sum(len(b) for b in blocks) > most:
+            blocks.pop(0)
+        return "\n\n".join(blocks)
 
     def result_cap(self):
         """Bytes of one tool result the model gets: a quarter of its window where the window is known (a 100 KB

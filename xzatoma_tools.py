@@ -1023,8 +1023,12 @@ class EditFile(Tool):
             while pos != -1 and len(lines) < 20:
                 lines.append(str(text.count("\n", 0, pos) + 1))
                 pos = text.find(old, pos + 1)
-            raise ToolError("old_text occurs %d times in %s (lines %s); include more context or set replace_all"
-                            % (count, path, ", ".join(lines)))
+            # the call that would do it, written out: a small model renaming a function did not know what "set
+            # replace_all" meant, and stopped
+            again = json.dumps({"name": "edit_file", "arguments": dict(args, replace_all=True)}, ensure_ascii=False)
+            raise ToolError("old_text occurs %d times in %s (lines %s). To replace every one, call again with "
+                            "replace_all: %s\nTo replace one, give more of its line as old_text" % (
+                                count, path, ", ".join(lines), _excerpt_call(again)))
         return text, text.replace(old, new)
 
     def run(self, args, ctx):
@@ -1051,6 +1055,10 @@ class EditFile(Tool):
         return ToolResult.ok("Edited %s: %d replacement%s, saved. Lines %d-%d now read:\n%s" % (
             shown, count, "" if count == 1 else "s", first, last, lines), replacements=count, diff=diff,
             changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"]))
+
+
+def _excerpt_call(text, most=600):
+    return text if len(text) <= most else text[:most] + " …"
 
 
 def _not_found(path, text, old, new):
@@ -2833,9 +2841,10 @@ COMPACT = {
              {"pattern": ("string", ""), "path": ("string", "file or directory, default '.'")}, ["pattern"]),
     "write_file": ("Create or overwrite a file.", {"path": ("string", ""), "content": ("string", "")},
                    ["path", "content"]),
-    "edit_file": ("Replace old_text with new_text in a file (old_text must appear exactly once).",
-                  {"path": ("string", ""), "old_text": ("string", ""), "new_text": ("string", "")},
-                  ["path", "old_text", "new_text"]),
+    "edit_file": ("Replace old_text with new_text in a file (old_text must appear exactly once, unless "
+                  "replace_all).",
+                  {"path": ("string", ""), "old_text": ("string", ""), "new_text": ("string", ""),
+                   "replace_all": ("boolean", "")}, ["path", "old_text", "new_text"]),
     "terminal": ("Run a shell command in the working directory. Returns the exit code and output.",
                  {"command": ("string", "")}, ["command"]),
 }

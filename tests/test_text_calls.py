@@ -16,6 +16,10 @@ from xzatoma import Reply, find_text_tool_calls, needs_tools
 from test_agent_loop import open_session, run  # noqa: F401  (fixture and helper)
 
 
+def results(session):
+    return [m["content"] for m in session.conversation.messages if m["role"] == "tool"]
+
+
 def read(path):
     """A model's reply that reads `path` (a file is replaced only after it was read: WriteFile)."""
     return Reply('{"name": "read_file", "arguments": {"path": "%s"}}' % path)
@@ -303,11 +307,15 @@ def test_an_answer_that_repeats_xzatomas_own_correction_is_no_answer(open_sessio
     """A real transcript (Qwen2.5-Coder-1.5B): the same grep refused twice, an empty reply, then the empty-reply
     correction repeated back as the answer, which ended the run `completed` with XZatoma's words for an answer."""
     grep = '{"name": "grep", "arguments": {"pattern": "hello", "path": "a.txt"}}'
-    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER), Reply(xzatoma.EMPTY_ANSWER))
-    result = run(s, "what does a.txt say?")  # (the last, asked with no tools offered: Agent.last_word)
+    s = open_session(Reply(""), Reply(xzatoma.EMPTY_ANSWER))
+    result = run(s, "what does a.txt say?")
+    assert result.status == "failed" and "empty reply" in result.error
+    s = open_session(Reply(""), Reply(xzatoma.EMPTY_ANSWER + " It says hello."))
+    assert run(s, "what is a closure?").status == "completed"  # more than the correction: an answer
+    # a model whose tools answered it is asked afresh (Agent.last_word), and repeats what it was told there
+    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.LAST_WORD))
+    result = run(s, "what does a.txt say?")
     assert result.status == "failed" and "empty reply" in result.error and "it gave none" in result.error
-    s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.EMPTY_ANSWER + " It says hello."))
-    assert run(s, "what does a.txt say?").status == "completed"  # more than the correction: an answer
 
 
 def test_an_empty_answer_is_asked_for_once_then_fails(open_session):
@@ -548,11 +556,15 @@ def test_a_model_stuck_on_a_question_is_asked_for_its_answer_with_no_tools(open_
     s = open_session(listing, grep, grep, grep, grep, Reply("There are 3 .md files in docs."))
     result = run(s, "How many .md files are in the docs directory?")
     assert (result.status, result.answer) == ("completed", "There are 3 .md files in docs.")
-    last = s.provider.calls[-1]
-    assert last["tools"] == [] and last["messages"][-1]["content"] == xzatoma.LAST_WORD
-    # empty replies, twice, the same way; a number no tool showed leaves the answer unverified
+    last = s.provider.calls[-1]  # a fresh request: the task, what the tools showed, the question
+    assert last["tools"] == [] and len(last["messages"]) == 1
+    assert last["messages"][0]["content"] == (
+        "How many .md files are in the docs directory?\n\nWhat the tools showed:\n"
+        "[list_directory {\"path\": \"docs\"}]\n%s\n\n[grep {\"pattern\": \"md\", \"path\": \"docs\"}]\n"
+        "%s\n\n%s" % (results(s)[0].rstrip("\n"), results(s)[1].rstrip("\n"), xzatoma.LAST_WORD))
+    # an empty reply the same way; a number no tool showed leaves the answer unverified
     (tmp_path / "settings.ini").write_text("[server]\nport = 8123\n")
-    s = open_session(Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'), Reply(""), Reply(""),
+    s = open_session(Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'), Reply(""),
                      Reply('The port is 80.\n{"name": "read_file", "arguments": {"path": "settings.ini"}}'))
     result = run(s, "Which port does the server use?")
     assert (result.status, result.answer, result.exit_code) == ("unverified", "The port is 80.", 3)

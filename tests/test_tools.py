@@ -120,7 +120,9 @@ def test_write_and_edit(tree):
     assert r.output == "Created new/dir/f.txt (6 bytes)"
     assert reg.execute("write_file", {"path": "new/dir/f.txt", "content": "a\nb\na\n"}).output.startswith("Overwrote")
     err = reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "a", "new_text": "c"}).error
-    assert err == "old_text occurs 2 times in new/dir/f.txt (lines 1, 3); include more context or set replace_all"
+    assert err == ("old_text occurs 2 times in new/dir/f.txt (lines 1, 3). To replace every one, call again with "
+                   'replace_all: {"name": "edit_file", "arguments": {"path": "new/dir/f.txt", "old_text": "a", '
+                   '"new_text": "c", "replace_all": true}}\nTo replace one, give more of its line as old_text')
     r = reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "b\n", "new_text": "B\n"})
     assert r.output == "Edited new/dir/f.txt: 1 replacement, saved. Lines 1-3 now read:\n     1\ta\n     2\tB\n     3\ta"
     assert "-b\n+B\n" in r.metadata["diff"] and (tree / "new/dir/f.txt").read_text() == "a\nB\na\n"
