@@ -23,13 +23,24 @@ class _LazyModule:
         self._name = name
 
     def __getattr__(self, attr):
-        import importlib
-        module = importlib.import_module(self._name)
+        # INFO: the import statement's own path (__import__), not importlib.import_module: only it is seen by
+        # `python -X importtime` / PYTHONPROFILEIMPORTTIME, which the start-up tests read (the names are top-level)
+        module = __import__(self._name)
         globals()[self._name] = module
         return getattr(module, attr)
 
 
 json = _LazyModule("json")
+#: INFO: the modules below this one are handles like `json`: each is imported at the first use of one of its names
+#: (`xzatoma_tools.build_registry(...)`), so `--help` and `--version` load none of them and `history` only the store,
+#: and every function still names where a name comes from. The optional integrations that may fail to import for want
+#: of their package (xzatoma_metrics: prometheus_client) are imported where that failure is handled.
+xzatoma_store = _LazyModule("xzatoma_store")
+xzatoma_tools = _LazyModule("xzatoma_tools")
+xzatoma_plans = _LazyModule("xzatoma_plans")
+xzatoma_skills = _LazyModule("xzatoma_skills")
+xzatoma_mcp = _LazyModule("xzatoma_mcp")
+xzatoma_watch = _LazyModule("xzatoma_watch")
 
 __version__ = "0.1.0"
 
@@ -93,10 +104,9 @@ def require(module, package=None):
     try:
         return importlib.import_module(module)
     except ImportError:
-        from xzatoma_store import install_hint
         pkg = package or module
         raise UsageError("this command needs the Python package '%s', which is not installed: %s"
-                         % (pkg, install_hint(pkg)))
+                         % (pkg, xzatoma_store.install_hint(pkg)))
 
 
 # ---- Output: stdout is data, stderr is for people ----
@@ -131,8 +141,7 @@ class Console:
     @staticmethod
     def clean(text, exact=False):
         """Untrusted text as it may reach a person: secrets redacted, control characters shown visibly."""
-        from xzatoma_store import redact, render_untrusted
-        return render_untrusted(redact(text), exact)
+        return xzatoma_store.render_untrusted(xzatoma_store.redact(text), exact)
 
     def style(self, text, *names):
         if not self.color or not names:
@@ -237,8 +246,7 @@ class CleanWriter:
 
 def json_out(obj, **dumps_args):
     """One JSON document on stdout: secrets redacted, nothing a terminal would act on (see render_json)."""
-    from xzatoma_store import render_json
-    sys.stdout.write(render_json(obj, **dumps_args) + "\n")
+    sys.stdout.write(xzatoma_store.render_json(obj, **dumps_args) + "\n")
 
 
 def _isatty(stream):
@@ -251,8 +259,7 @@ def _isatty(stream):
 def one_line(text, width=100):
     """xzatoma_store.one_line: redacted, white space folded, cut to `width` (the store's module is imported on
     first use, not at start-up)."""
-    from xzatoma_store import one_line
-    return one_line(text, width)
+    return xzatoma_store.one_line(text, width)
 
 
 # ---- Configuration: defaults < file < environment < flags ----
@@ -552,10 +559,9 @@ def default_config_path(env):
 def private_home(path):
     """XZATOMA_HOME is 0700 and the files in it 0600: created so, and tightened when looser (never the home
     directory itself)."""
-    from xzatoma_store import private_dir, private_files_in
     if os.path.realpath(path) != os.path.realpath(os.path.expanduser("~")):
-        private_dir(path)
-        private_files_in(path)
+        xzatoma_store.private_dir(path)
+        xzatoma_store.private_files_in(path)
     return path
 
 
@@ -789,18 +795,17 @@ def register_credentials(env, values, known):
     environment variables (OPENAI_API_KEY, PGPASSWORD, BW_SESSION, …: see is_credential_env), secret config
     keys, and the credentials in the userinfo of any URL in the configuration or the environment
     (DATABASE_URL, a proxy, a Sentry DSN)."""
-    from xzatoma_store import is_credential_env, register_secret
     for value in known:
-        register_secret(value)
+        xzatoma_store.register_secret(value)
     for name, value in env.items():
-        if is_credential_env(name, value):
-            register_secret(value)
-        register_secret(url_password(value))
+        if xzatoma_store.is_credential_env(name, value):
+            xzatoma_store.register_secret(value)
+        xzatoma_store.register_secret(url_password(value))
     for dotted, value in flatten(values).items():
         if isinstance(value, str):
             if is_secret_key(dotted):
-                register_secret(value)
-            register_secret(url_password(value))
+                xzatoma_store.register_secret(value)
+            xzatoma_store.register_secret(url_password(value))
 
 
 def url_password(url):
@@ -1150,9 +1155,8 @@ class CredentialStore:
         return data if isinstance(data, dict) else {}
 
     def _write_file(self, data):
-        from xzatoma_store import write_private
         private_home(self.home)
-        write_private(self.file, json.dumps(data))
+        xzatoma_store.write_private(self.file, json.dumps(data))
 
     def describe(self, where):
         return "the system keyring" if where == "keyring" else self.file
@@ -1205,9 +1209,8 @@ class CredentialStore:
 
     def _write_index(self, names):
         try:
-            from xzatoma_store import write_private
             private_home(self.home)
-            write_private(self.index, json.dumps(sorted(names)))
+            xzatoma_store.write_private(self.index, json.dumps(sorted(names)))
         except OSError as exc:  # no index: the keyring is asked each time, as before
             self.console.debug("cannot write %s: %s" % (self.index, exc))
 
@@ -1268,12 +1271,11 @@ def register_stored_credentials(home):
 
 def _registered(value):
     """A credential value, registered with the redactor (a stored Copilot token is JSON: its token too)."""
-    from xzatoma_store import register_secret
     if isinstance(value, str):
-        register_secret(value)
+        xzatoma_store.register_secret(value)
         if value.startswith("{"):
             try:
-                register_secret(json.loads(value).get("token"))
+                xzatoma_store.register_secret(json.loads(value).get("token"))
             except (ValueError, AttributeError):
                 pass
     return value
@@ -1797,9 +1799,8 @@ def _watchdog(resp, deadline):
     streams keep-alives), or None where there is no deadline."""
     if deadline is None or resp.sock is None:
         return None
-    from xzatoma_tools import shutdown_at
     sock = resp.sock
-    return shutdown_at(deadline, lambda: sock)
+    return xzatoma_tools.shutdown_at(deadline, lambda: sock)
 
 
 def _retry_after(headers):
@@ -3394,11 +3395,10 @@ class StreamedText(Events):
 
     def __init__(self, console, out, waiting_label="thinking"):
         super().__init__(console)
-        from xzatoma_store import UntrustedStream
         self.out = out
         self.spinner = Spinner(console)
         self.waiting_label = waiting_label
-        self.filter, self.render = ThinkFilter(), UntrustedStream()
+        self.filter, self.render = ThinkFilter(), xzatoma_store.UntrustedStream()
         self.streamed = False  #: the current line of `out` holds streamed text (a newline ends it)
         self.shown = []  #: what the current reply put on the screen
         self.raw = []  #: the current reply's text as it came, until the loop has it whole (message())
@@ -3406,8 +3406,7 @@ class StreamedText(Events):
         self._lines_at_start = 0
 
     def waiting(self):
-        from xzatoma_store import UntrustedStream
-        self.filter, self.render = ThinkFilter(), UntrustedStream()
+        self.filter, self.render = ThinkFilter(), xzatoma_store.UntrustedStream()
         self.shown, self.raw, self.answered = [], [], False
         self.spinner.start(self.waiting_label)
 
@@ -3740,8 +3739,7 @@ def counts(task):
 
 def spacing_only(doubt):
     """Whether a change's doubt (xzatoma_tools.change_doubt) is that it altered only whitespace."""
-    from xzatoma_tools import WHITESPACE_ONLY
-    return doubt.endswith(WHITESPACE_ONLY.split("%s")[1])
+    return doubt.endswith(xzatoma_tools.WHITESPACE_ONLY.split("%s")[1])
 
 
 def numbers_in(text):
@@ -4068,12 +4066,12 @@ class Agent:
         """The numbers of a fact answer that neither the task nor any tool result of this run showed."""
         if self.given or counts(self.task):  # facts given (@mentions, piped input); a count is worked out
             return []
-        from xzatoma_store import redact  # as the tool results were: a credential's digits were never shown
         seen = set(self.line_counts).union(numbers_in(self.task))  # derived here, once, not at every tool call
         for message in self.conversation.messages:
             if message.get("role") == "tool":
                 seen.update(numbers_in(message.get("content")))
-        return [n for n in dict.fromkeys(numbers_in(redact(answer, shapes=False))) if n not in seen]
+        # the answer redacted as the tool results were: a credential's digits were never shown
+        return [n for n in dict.fromkeys(numbers_in(xzatoma_store.redact(answer, shapes=False))) if n not in seen]
 
     def standing_doubts(self):
         """The doubts about this run's changes that the task's words do not explain: a whitespace-only change
@@ -4172,15 +4170,15 @@ class Agent:
             same = _call_key(call)
             tool = self.registry.get(call["name"])
             if same == self.last_call:  # a loop (the same failing grep three times): the result is above
-                from xzatoma_tools import ToolResult
                 # its result again, shortly: a small model that repeats a call has lost sight of what it gave
-                tool_result = ToolResult.fail(REPEATED_CALL + ", which gave:\n%s\nAnswer "
-                                              "from that, or do something different (another tool, or other "
-                                              "arguments)" % _excerpt(self.last_output, REPEAT_SHOWN), invalid=True)
+                tool_result = xzatoma_tools.ToolResult.fail(
+                    REPEATED_CALL + ", which gave:\n%s\nAnswer from that, or do something different (another tool, or "
+                    "other arguments)" % _excerpt(self.last_output, REPEAT_SHOWN), invalid=True)
             elif self.question and getattr(tool, "permission", "read") == "write":
-                from xzatoma_tools import ToolResult  # a small model asked a line count rewrote the file
-                tool_result = ToolResult.fail("the task asks a question and does not ask to change any file: "
-                                              "answer it from what you read (read_file, grep, list_directory)")
+                # a small model asked a line count rewrote the file
+                tool_result = xzatoma_tools.ToolResult.fail(
+                    "the task asks a question and does not ask to change any file: answer it from what you read "
+                    "(read_file, grep, list_directory)")
             else:
                 self.flush()  # what led to the call is stored before it runs (a command may run for an hour)
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
@@ -4401,10 +4399,9 @@ class Progress:
         return [s for s in self.to_json() if s["status"] != DONE]
 
     def mark(self, number, status=DONE):
-        from xzatoma_tools import ToolError  # loaded by then: only the tool marks a step
         with self.lock:
             if not 1 <= number <= len(self.steps):
-                raise ToolError("there is no step %d: %s" % (number, "the list has %d %s (1-%d)" % (
+                raise xzatoma_tools.ToolError("there is no step %d: %s" % (number, "the list has %d %s (1-%d)" % (
                     len(self.steps), self.noun(), len(self.steps)) if self.steps else
                     "the list is empty; add the steps first (add=…)"))
             self.steps[number - 1]["status"] = status
@@ -4413,16 +4410,15 @@ class Progress:
         return change
 
     def add(self, text):
-        from xzatoma_tools import ToolError
         text = _progress_text(text)
         with self.lock:
             if self.fixed:
-                raise ToolError("this plan's instructions are its steps and cannot be added to; mark them with "
-                                "step and status")
+                raise xzatoma_tools.ToolError("this plan's instructions are its steps and cannot be added to; "
+                                              "mark them with step and status")
             if not text:
-                raise ToolError("add needs the text of the step")
+                raise xzatoma_tools.ToolError("add needs the text of the step")
             if len(self.steps) >= MAX_STEPS:
-                raise ToolError("the list already holds %d steps, the most it can" % MAX_STEPS)
+                raise xzatoma_tools.ToolError("the list already holds %d steps, the most it can" % MAX_STEPS)
             self.steps.append({"text": text, "status": PENDING})
             change = {"step": len(self.steps), "text": text, "status": PENDING, "added": True}
         self._changed(change)
@@ -4458,20 +4454,19 @@ class UpdateProgress:
         return None
 
     def preview_args(self, args):
-        from xzatoma_store import one_line_path
         if args.get("add"):
-            return "add: " + one_line_path(str(args["add"]))[:70]
+            return "add: " + xzatoma_store.one_line_path(str(args["add"]))[:70]
         return "step %s %s" % (args.get("step"), args.get("status") or DONE)
 
     def run(self, args, ctx):
-        from xzatoma_tools import ToolError, ToolResult
         if args.get("step") is None and not args.get("add"):
-            raise ToolError("give step (and status: in_progress, done or pending), or add (a new step's text)")
+            raise xzatoma_tools.ToolError("give step (and status: in_progress, done or pending), "
+                                          "or add (a new step's text)")
         if args.get("add"):
             self.progress.add(args["add"])
         if args.get("step") is not None:
             self.progress.mark(args["step"], args.get("status") or DONE)
-        return ToolResult.ok("\n".join(self.progress.lines(numbered=True)), bookkeeping=True)
+        return xzatoma_tools.ToolResult.ok("\n".join(self.progress.lines(numbered=True)), bookkeeping=True)
 
 
 # ---- Session: what a run, a chat, a subagent and a watcher event share ----
@@ -4546,12 +4541,10 @@ def own_code():
 
 def tool_context(cfg, confinement, store, conversation_id=None, **fields):
     """The tools' view of a session: its Confinement, limits, audit log and undo store."""
-    from xzatoma_store import Redactor
-    from xzatoma_tools import AuditLog, ToolContext
-    audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
-                     redact=Redactor(cfg.secret_values()))
-    return ToolContext(confinement, cfg.section("agent.tools"), store=store, conversation_id=conversation_id,
-                       audit=audit, **fields)
+    audit = xzatoma_tools.AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
+                                   redact=xzatoma_store.Redactor(cfg.secret_values()))
+    return xzatoma_tools.ToolContext(confinement, cfg.section("agent.tools"), store=store,
+                                     conversation_id=conversation_id, audit=audit, **fields)
 
 
 def build_confinement(cfg, working_dir, store=None):
@@ -4559,12 +4552,13 @@ def build_confinement(cfg, working_dir, store=None):
     (agent.tools.protected_paths, every home's keys and start-up files, XZatoma's own code, this run's
     configuration and history files), the jail, the command policy and the OS sandbox (started on a first
     command; closed with the Confinement)."""
-    from xzatoma_tools import Confinement
     if store is not None and cfg.get("agent.persistence.db_path"):
         store.make_undo_key()  # before the sandbox starts: it can hide only a key that exists
-    return Confinement(working_dir, cfg.home, list(cfg.get("agent.tools.protected_paths") or []) + own_code(),
-                       home=os.path.expanduser("~"), homes=user_homes(), terminal=cfg.get("agent.terminal"),
-                       environ=os.environ, secrets=cfg.secret_values(), private_files=private_files(cfg))
+    return xzatoma_tools.Confinement(working_dir, cfg.home,
+                                     list(cfg.get("agent.tools.protected_paths") or []) + own_code(),
+                                     home=os.path.expanduser("~"), homes=user_homes(),
+                                     terminal=cfg.get("agent.terminal"), environ=os.environ,
+                                     secrets=cfg.secret_values(), private_files=private_files(cfg))
 
 
 def check_sandbox(cfg, sandbox, console):
@@ -4747,8 +4741,6 @@ class Session:
         latest). record=None records now, except a new chat (on its first message) and subagents with
         agent.subagent.persistence_enabled off. `steps`: a plan's instructions, the progress list the model
         marks (a stored conversation continues with its own list)."""
-        from xzatoma_store import NotFound, new_ulid
-        from xzatoma_skills import SkillState
         assert kind in SESSION_KINDS, kind
         stored = None
         if resume:
@@ -4757,10 +4749,10 @@ class Session:
             try:
                 conversation_id = self.store.latest() if resume is True else self.store.resolve(resume)
                 stored = self.store.conversation(conversation_id)
-            except NotFound as exc:
+            except xzatoma_store.NotFound as exc:
                 raise UsageError(str(exc))
         else:
-            conversation_id = new_ulid()
+            conversation_id = xzatoma_store.new_ulid()
         self.kind, self.id, self.resumed, self.recorded = kind, conversation_id, stored is not None, False
         conv_cfg = self.cfg.get("agent.conversation")
         self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
@@ -4770,7 +4762,7 @@ class Session:
             self.progress = Progress.restore(stored["progress"], self._progress_changed)
         else:
             self.progress = Progress(steps or (), fixed=steps is not None, on_change=self._progress_changed)
-        self.skill_state = SkillState(self.skills)
+        self.skill_state = xzatoma_skills.SkillState(self.skills)
         self.result = RunResult(conversation_id, progress=self.progress)
         self._build()
         self.conversation.add_system(self.system_prompt())
@@ -4820,29 +4812,28 @@ class Session:
         return self.recorded
 
     def system_prompt(self):
-        from xzatoma_tools import COMPACT_TOOLS
-        return system_prompt(self.toolset, self.registry.names(), compact=self.profile == COMPACT_TOOLS)
+        return system_prompt(self.toolset, self.registry.names(), compact=self.profile == xzatoma_tools.COMPACT_TOOLS)
 
     # -- skills and progress --
     def skill_catalog(self):
         """The skills' names and descriptions for the environment message, within agent.skills.catalog_share of
         the context window; "" without skills or without activate_skill to load them (the compact profile)."""
-        from xzatoma_skills import skill_catalog
         if not self.skill_state or "activate_skill" not in self.registry:
             return ""
         try:
             window = self.provider.context_window() or self.conversation.max_tokens
         except XzError:  # an unreachable server: the first request says so
             window = self.conversation.max_tokens
-        return skill_catalog(self.skill_state.skills.values(), window * self.cfg.get("agent.skills.catalog_share"))
+        return xzatoma_skills.skill_catalog(self.skill_state.skills.values(),
+                                            window * self.cfg.get("agent.skills.catalog_share"))
 
     def match_skills(self, text):
         """Skills whose triggers match a request (the person's words, a plan's prompt) are activated before the
         model is asked: their instructions follow the request, and their allowed-tools hold from now on."""
-        from xzatoma_skills import match_triggers
         if not self.skill_state:
             return []
-        matched, problems = match_triggers(self.skill_state.skills.values(), text, given_up=self.skill_state.slow)
+        matched, problems = xzatoma_skills.match_triggers(self.skill_state.skills.values(), text,
+                                                          given_up=self.skill_state.slow)
         for problem in problems:
             self.console.warn(problem)
         activated = []
@@ -4879,27 +4870,28 @@ class Session:
 
     # -- tools --
     def _build(self):
-        from xzatoma_skills import ActivateSkill
-        from xzatoma_tools import COMPACT_TOOLS, INTERACTIVE, Approvals, build_registry
         if self.link is not None:
             ctx = self.link.ctx.child(self.label, self.id)
         else:
             asks = self.confirmations
-            people = Approvals(asks is not None, asks.confirm_tool if asks and self.autonomy == INTERACTIVE
-                               else None, asks and asks.ask_irreversible, asks and asks.confirm_command)
+            people = xzatoma_tools.Approvals(asks is not None,
+                                             asks.confirm_tool if asks and self.autonomy == xzatoma_tools.INTERACTIVE
+                                             else None, asks and asks.ask_irreversible, asks and asks.confirm_command)
             make = self.workspace.tool_context if self.workspace is not None else \
                 lambda *a, **kw: tool_context(self.cfg, *a, **kw)
             ctx = make(self.confinement, self.store, self.id, approvals=people, autonomy=self.autonomy,
                        cancel=self.cancel)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
-        if self.profile == COMPACT_TOOLS:
+        if self.profile == xzatoma_tools.COMPACT_TOOLS:
             # INFO: servers default to hot sampling (llama-cpp-python and Ollama: 0.8), under which a small
             # model's calls wander: a misspelt argument, a tool it never had, prose where the call should be.
             self.provider.prefer(temperature=SMALL_MODEL_TEMPERATURE)
-        registry = build_registry(self.toolset, ctx, extra=(SubagentTool(self), ParallelSubagentTool(self),
-                                                         ActivateSkill(self.skill_state), UpdateProgress(self.progress)),
-                                  profile=self.profile, skills=self.skill_state)
+        registry = xzatoma_tools.build_registry(self.toolset, ctx,
+                                                extra=(SubagentTool(self), ParallelSubagentTool(self),
+                                                       xzatoma_skills.ActivateSkill(self.skill_state),
+                                                       UpdateProgress(self.progress)),
+                                                profile=self.profile, skills=self.skill_state)
         if self.mcp is not None:
             registry = registry.extended(self.mcp.tools())
         if self.link is not None and self.link.allowed_tools is not None:  # []: no tool at all (an active
@@ -4984,18 +4976,18 @@ def mcp_configs(cfg, console, working_dir, asker=None, trust_all=False):
     """([ServerConfig] to start, [(name, why)] of a project's servers that are not trusted). A project's
     .mcp.json starts programs: its servers are used once a person trusted that content of it (asked here when
     `asker` can; a headless run skips them and says so)."""
-    import xzatoma_mcp as mcp
     warnings = []
     timeout = cfg.get("mcp.timeout_seconds")
     try:
-        configs = mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, warnings, timeout)
+        configs = xzatoma_mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, warnings,
+                                            timeout)
         untrusted = []
-        text, path = mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
+        text, path = xzatoma_mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
         if text is not None:
             names = {c.name for c in configs}  # the person's own configuration wins over the project's
-            entries = {k: v for k, v in mcp.project_servers(text, path, warnings).items() if k not in names}
-            project = mcp.parse_servers(entries, path, os.environ, warnings, timeout)
-            trust = mcp.ProjectTrust(cfg.home)
+            entries = {k: v for k, v in xzatoma_mcp.project_servers(text, path, warnings).items() if k not in names}
+            project = xzatoma_mcp.parse_servers(entries, path, os.environ, warnings, timeout)
+            trust = xzatoma_mcp.ProjectTrust(cfg.home)
             if project and (trust.trusted(path, text) or trust_all or (
                     asker is not None and ask_mcp_trust(console, asker, path, project))):
                 if not trust.trusted(path, text):
@@ -5007,7 +4999,7 @@ def mcp_configs(cfg, console, working_dir, asker=None, trust_all=False):
                 console.warn("the MCP servers of %s (%s) are not started: the file starts programs and is not "
                              "trusted yet; review it, then run 'xzatoma mcp trust' (or start a chat, which asks)"
                              % (path, ", ".join(c.name for c in project)))
-    except mcp.ConfigError as exc:
+    except xzatoma_mcp.ConfigError as exc:
         raise ConfigError(str(exc))
     for warning in warnings:
         console.warn(warning)
@@ -5029,7 +5021,6 @@ def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust
     server named (`mcp tools NAME`, `mcp login NAME`); `confinement`: the session's (else one is made)."""
     if not mcp_configured(cfg, working_dir):
         return None
-    import xzatoma_mcp as mcp
     configs, untrusted = mcp_configs(cfg, console, working_dir, asker, trust_all)
     if only is not None:
         configs = [c for c in configs if c.name == only]
@@ -5044,7 +5035,7 @@ def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust
         except Exception:  # no browser: the URL is on the screen
             pass
     confinement = confinement or build_confinement(cfg, working_dir)
-    servers = mcp.Servers(configs, working_dir, lambda access, network, paths: mcp_sandbox(
+    servers = xzatoma_mcp.Servers(configs, working_dir, lambda access, network, paths: mcp_sandbox(
         cfg, confinement, access, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
         interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
         say=console.info, version=__version__, open_browser=browser,
@@ -5058,11 +5049,10 @@ def mcp_sandbox(cfg, confinement, access, network, read_paths):
     network only when its configuration says so. INFO: Sandbox grants reads to the directories on PATH and their
     prefixes, and to nothing else outside the tree: the server's installation (its program's directory,
     read_paths) is put first on the PATH the sandbox is built from."""
-    from xzatoma_tools import Sandbox
     term = cfg.get("agent.terminal")
     environ = dict(os.environ, PATH=os.pathsep.join(list(read_paths) + [os.environ.get("PATH", "")]))
-    return Sandbox(confinement, access or term["sandbox"], network=network, environ=environ,
-                   secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"])
+    return xzatoma_tools.Sandbox(confinement, access or term["sandbox"], network=network, environ=environ,
+                                 secrets=cfg.secret_values(), assume_missing=term["sandbox_assume_missing"])
 
 
 COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
@@ -5072,17 +5062,16 @@ SMALL_MODEL_TEMPERATURE = 0.2  #: sent with the compact profile unless provider.
 def tool_profile(cfg, provider, console):
     """agent.tools.profile, with auto resolved: compact for a local server whose model has a small window or
     few parameters (what it says, or the model's name), full otherwise (hosted models: nothing is probed)."""
-    from xzatoma_tools import COMPACT_TOOLS, FULL_TOOLS
     chosen = cfg.get("agent.tools.profile")
     if chosen != "auto":
         return chosen
     if not provider.is_local():
-        return FULL_TOOLS
+        return xzatoma_tools.FULL_TOOLS
     window, size = provider.context_window(), provider.parameter_billions()
     small = (window and window <= COMPACT_WINDOW) or (size and size <= COMPACT_BILLIONS)
     console.debug("tool profile: %s (window %s, %s billion parameters)" % (
         "compact" if small else "full", window or "unknown", size or "unknown"))
-    return COMPACT_TOOLS if small else FULL_TOOLS
+    return xzatoma_tools.COMPACT_TOOLS if small else xzatoma_tools.FULL_TOOLS
 
 
 def run_plan_session(cfg, console, instruction, working_dir, toolset="write", autonomy=None, max_turns=None,
@@ -5113,8 +5102,7 @@ def run_plan_session(cfg, console, instruction, working_dir, toolset="write", au
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
-    from xzatoma_tools import PLANNING, RESTRICTED
-    session = Session.open(cfg, console, toolset, working_dir, autonomy or RESTRICTED, events=events,
+    session = Session.open(cfg, console, toolset, working_dir, autonomy or xzatoma_tools.RESTRICTED, events=events,
                            metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement,
                            workspace=workspace)
     if metadata is not None:
@@ -5206,9 +5194,8 @@ def load_metrics(port=None, textfile=None, warn=None):
     try:
         import xzatoma_metrics
     except ImportError:
-        from xzatoma_store import install_hint
         raise UsageError("metrics need the Python package 'prometheus_client': %s"
-                         % install_hint("prometheus_client", extra="metrics"))
+                         % xzatoma_store.install_hint("prometheus_client", extra="metrics"))
     try:
         return xzatoma_metrics.PrometheusMetrics(port=port, textfile=textfile, warn=warn)
     except OSError as exc:
@@ -5249,25 +5236,25 @@ def run_subagent(parent, spec, ctx=None):
     """Run one subagent task to its end and ask it for a summary. Returns a ToolResult; never raises.
 
     `parent` is the calling Session, `ctx` the calling run's tool context (its deadline)."""
-    from xzatoma_tools import ToolResult
     cfg = parent.cfg
     label = str(spec.get("label") or "subagent")
     depth = parent.depth + 1
     max_depth = cfg.get("agent.subagent.max_depth")
     if depth > max_depth:
-        return ToolResult.fail("maximum subagent depth %d reached" % max_depth)
+        return xzatoma_tools.ToolResult.fail("maximum subagent depth %d reached" % max_depth)
     parent_names = parent.registry.names()
     allowed = spec.get("allowed_tools")
     if allowed:
         unknown = [t for t in allowed if t not in parent_names]
         if unknown:
-            return ToolResult.fail("allowed_tools names tools this agent does not have: %s; valid tools: %s"
-                                   % (", ".join(unknown), ", ".join(sorted(parent_names))))
+            return xzatoma_tools.ToolResult.fail("allowed_tools names tools this agent does not have: %s; "
+                                                 "valid tools: %s" % (", ".join(unknown),
+                                                                      ", ".join(sorted(parent_names))))
     try:
         parent.quota.start_execution()
     except QuotaExceeded as exc:
         parent.metrics.subagent_error("quota")
-        return ToolResult.fail(str(exc), status="quota_exceeded")
+        return xzatoma_tools.ToolResult.fail(str(exc), status="quota_exceeded")
     started = time.monotonic()
     child = parent.child(label, allowed or parent_names, ctx)
     child.start("subagent", title=spec["task_prompt"])
@@ -5299,15 +5286,15 @@ def run_subagent(parent, spec, ctx=None):
                                                      _fmt_tokens(tokens), result.duration))
     if result.status not in ("completed", "max_turns") or not summary:
         parent.metrics.subagent_error(result.status)
-        return ToolResult.fail("subagent %s %s: %s" % (label, result.status, error or "no answer"), **meta)
-    from xzatoma_store import bounded_text
+        return xzatoma_tools.ToolResult.fail("subagent %s %s: %s" % (label, result.status, error or "no answer"),
+                                             **meta)
     cap = cfg.get("agent.subagent.output_max_size")
-    summary, cut = bounded_text(summary, cap)
+    summary, cut = xzatoma_store.bounded_text(summary, cap)
     if cut:
         summary += "\n[summary truncated at %d bytes]" % cap
     head = "[subagent %s · depth %d · %s · %s · %s tokens · conversation %s]" % (
         label, depth, result.status, _plural(result.turns, "turn"), _fmt_tokens(tokens), child.id)
-    return ToolResult.ok(head + "\n" + summary, **meta)
+    return xzatoma_tools.ToolResult.ok(head + "\n" + summary, **meta)
 
 
 _TASK_SCHEMA = {"type": "object", "properties": {
@@ -5356,15 +5343,14 @@ class ParallelSubagentTool(SubagentTool):
             str(t.get("label")) for t in args.get("tasks") or () if isinstance(t, dict)))
 
     def run(self, args, ctx):
-        from xzatoma_tools import ToolError, ToolResult, validate_arguments
         tasks = args["tasks"]
         if not tasks:
-            raise ToolError("tasks must not be empty")
+            raise xzatoma_tools.ToolError("tasks must not be empty")
         checked = []
         for i, task in enumerate(tasks, 1):
-            spec, err = validate_arguments(SubagentTool(self.session), task)
+            spec, err = xzatoma_tools.validate_arguments(SubagentTool(self.session), task)
             if err:
-                raise ToolError("task %d: %s" % (i, err))
+                raise xzatoma_tools.ToolError("task %d: %s" % (i, err))
             checked.append(spec)
         return run_parallel(self.session, checked, args.get("max_concurrent") or 5, bool(args.get("fail_fast")), ctx)
 
@@ -5372,15 +5358,15 @@ class ParallelSubagentTool(SubagentTool):
 def run_parallel(session, tasks, max_concurrent, fail_fast, ctx=None):
     import threading
     from concurrent.futures import ThreadPoolExecutor, wait, FIRST_COMPLETED
-    from xzatoma_tools import ToolResult
     started = time.monotonic()
     stop = threading.Event()  # fail_fast: what has not started yet does not start
     results = [None] * len(tasks)
 
     def one(i, spec):
         if stop.is_set() or session.cancel.is_set():
-            return ToolResult.fail("not started (%s)" % ("fail_fast after a failure" if stop.is_set() else "cancelled"),
-                                   label=spec["label"], status="cancelled")
+            return xzatoma_tools.ToolResult.fail(
+                "not started (%s)" % ("fail_fast after a failure" if stop.is_set() else "cancelled"),
+                label=spec["label"], status="cancelled")
         return run_subagent(session, spec, ctx)
 
     pool = ThreadPoolExecutor(max_workers=min(max_concurrent, len(tasks)), thread_name_prefix="subagent")
@@ -5406,7 +5392,8 @@ def run_parallel(session, tasks, max_concurrent, fail_fast, ctx=None):
     lines, ok, tokens = [], 0, 0
     for i, (spec, res) in enumerate(zip(tasks, results), 1):
         if res is None:
-            res = ToolResult.fail("not started (fail_fast after a failure)", label=spec["label"], status="cancelled")
+            res = xzatoma_tools.ToolResult.fail("not started (fail_fast after a failure)", label=spec["label"],
+                                                status="cancelled")
             results[i - 1] = res
         meta = res.metadata
         tokens += meta.get("tokens_used", 0)
@@ -5418,8 +5405,9 @@ def run_parallel(session, tasks, max_concurrent, fail_fast, ctx=None):
     total = "%d of %d tasks succeeded · %s tokens · %.1fs wall" % (ok, len(tasks), _fmt_tokens(tokens),
                                                                  time.monotonic() - started)
     output = total + "\n\n" + "\n\n".join(lines)
-    return ToolResult(ok > 0, output, error=None if ok else "all %d subagent tasks failed\n%s" % (len(tasks), output),
-                      metadata={"succeeded": ok, "failed": len(tasks) - ok, "tokens_used": tokens})
+    return xzatoma_tools.ToolResult(ok > 0, output,
+                                    error=None if ok else "all %d subagent tasks failed\n%s" % (len(tasks), output),
+                                    metadata={"succeeded": ok, "failed": len(tasks) - ok, "tokens_used": tokens})
 
 
 # ---- Prompts ----
@@ -5466,13 +5454,12 @@ def load_instructions(working_dir, names=("AGENTS.md",), max_bytes=32768, home=N
     read): a name that resolves outside its directory (a symlink to ~/.ssh/id_rsa) is refused, special files and binary files are skipped, files
     in parent directories count only when the person (or root) owns them and nobody else may write them,
     and all of it together is capped at `max_bytes`."""
-    from xzatoma_tools import Jail, JailError, ToolError
     wd = os.path.realpath(working_dir)
     files, blocks, notes, seen, left = [], [], [], set(), max_bytes
     if max_bytes <= 0:
         return ProjectInstructions()
     for directory in instruction_dirs(wd, home):
-        jail = Jail(directory)
+        jail = xzatoma_tools.Jail(directory)
         for name in names:
             shown = os.path.relpath(os.path.join(directory, name), wd)
             if not os.path.lexists(os.path.join(directory, name)):
@@ -5483,10 +5470,10 @@ def load_instructions(working_dir, names=("AGENTS.md",), max_bytes=32768, home=N
                         continue
                     seen.add(target.real)
                     fd = target.open_regular("not read as project instructions")
-            except JailError:
+            except xzatoma_tools.JailError:
                 notes.append("%s skipped: it leads outside %s" % (shown, directory))
                 continue
-            except ToolError as exc:
+            except xzatoma_tools.ToolError as exc:
                 notes.append("%s skipped: %s" % (shown, "not a regular file" if "not a regular file" in str(exc)
                                                   else one_line(exc, 120)))
                 continue
@@ -5545,16 +5532,15 @@ class Workspace:
 
     def __init__(self, cfg, working_dir):
         import threading
-        from xzatoma_store import Redactor
-        from xzatoma_tools import AuditLog
         self.cfg = cfg
         self.root = working_dir  #: the working directory (the Confinement's root)
         self.lock = threading.Lock()
         self._instructions = None  #: (signature, ProjectInstructions) while the files are as they were
         self._no_skills = None  #: the signature of the skill places while none of them exists
         self.tools_config = cfg.section("agent.tools")  #: read-only, shared by every session's ToolContext
-        self.audit = AuditLog(os.path.join(cfg.home, "audit.log"), cfg.get("agent.terminal.audit_max_bytes"),
-                              redact=Redactor(cfg.secret_values()))
+        self.audit = xzatoma_tools.AuditLog(os.path.join(cfg.home, "audit.log"),
+                                            cfg.get("agent.terminal.audit_max_bytes"),
+                                            redact=xzatoma_store.Redactor(cfg.secret_values()))
 
     def instructions(self):
         signature = self._instruction_files()
@@ -5590,9 +5576,8 @@ class Workspace:
 
     def tool_context(self, confinement, store, conversation_id=None, **fields):
         """tool_context with what does not change per session made once."""
-        from xzatoma_tools import ToolContext
-        return ToolContext(confinement, self.tools_config, store=store, conversation_id=conversation_id,
-                           audit=self.audit, **fields)
+        return xzatoma_tools.ToolContext(confinement, self.tools_config, store=store, conversation_id=conversation_id,
+                                         audit=self.audit, **fields)
 
 
 def _stat_key(path, follow=True):
@@ -5695,10 +5680,9 @@ def open_store(cfg, console, required=False):
         if required:
             raise UsageError("conversation history is turned off (agent.persistence.enabled: false)")
         return None
-    from xzatoma_store import Store
     try:
         private_home(cfg.home)
-        store = Store(cfg.db_path(), secrets=cfg.secret_values()).open()
+        store = xzatoma_store.Store(cfg.db_path(), secrets=cfg.secret_values()).open()
         store.reap()
         return store
     except Exception as exc:  # StoreError, sqlite3.Error, OSError: all mean "no history this time"
@@ -5880,9 +5864,8 @@ class history_store:
         return self.store
 
     def __exit__(self, kind, exc, tb):
-        from xzatoma_store import NotFound
         self.store.close()
-        if isinstance(exc, NotFound):
+        if isinstance(exc, xzatoma_store.NotFound):
             raise UsageError(str(exc))
         return False
 
@@ -5919,7 +5902,6 @@ PRUNE_ASK_BELOW_SECONDS = 3600  # '0d', '30' (seconds, meant as days): an age th
 
 
 def cmd_history(args, console):
-    from xzatoma_store import parse_age
     action = args.history_command
     if action is None:
         raise UsageError("say what to do: xzatoma history list|show|search|delete|prune (see --help)")
@@ -5965,7 +5947,7 @@ def cmd_history(args, console):
             console.info("deleted conversation %s%s" % (cid, " and %d subagent conversations" % (n - 1) if n > 1 else ""))
         elif action == "prune":
             try:
-                seconds = parse_age(args.older_than)
+                seconds = xzatoma_store.parse_age(args.older_than)
             except ValueError as exc:
                 raise UsageError("--older-than: %s" % exc)
             doomed = store.older_than(seconds)
@@ -5993,7 +5975,6 @@ def _short(text, full, width=200):
 
 
 def render_transcript(conv, messages, full=False):
-    from xzatoma_store import preview_arguments
     lines = ["conversation %s  %s  %s" % (conv["id"], conv["kind"], conv["status"]),
              "started %s · %s/%s · mode %s · safety %s · %s" % (
                  conv["started_at"], conv.get("provider") or "?", conv.get("model") or "?", conv.get("mode") or "?",
@@ -6017,7 +5998,8 @@ def render_transcript(conv, messages, full=False):
                 lines.append("[assistant] " + _short(msg["content"], full, 4000))
             for call in msg.get("tool_calls") or ():
                 args = call.get("arguments") or ""
-                lines.append("  ▶ %s %s" % (call["name"], args if full else one_line(preview_arguments(args), 100)))
+                lines.append("  ▶ %s %s" % (call["name"], args if full else
+                                             one_line(xzatoma_store.preview_arguments(args), 100)))
         elif role == "tool":
             lines.append("  ← %s: %s" % (msg.get("name") or "tool", _short(msg["content"], full, 200)
                                          if full else one_line(msg["content"], 120)))
@@ -6034,7 +6016,6 @@ def _build_replay(sub, common, fmt):
 
 
 def cmd_replay(args, console):
-    from xzatoma_store import preview_arguments
     with history_store(args, console) as store:
         cid = store.resolve(args.id)
         conv = store.conversation(cid)
@@ -6054,7 +6035,8 @@ def cmd_replay(args, console):
                 out.write("\n» %s\n" % msg["content"])
             elif msg["role"] == "assistant":
                 for call in msg.get("tool_calls") or ():
-                    out.write("▶ %s %s\n" % (call["name"], one_line(preview_arguments(call.get("arguments")), 80)))
+                    out.write("▶ %s %s\n" % (call["name"],
+                                              one_line(xzatoma_store.preview_arguments(call.get("arguments")), 80)))
                 if msg.get("content") and not msg.get("tool_calls"):
                     out.write("\n%s\n" % msg["content"])
                 elif msg.get("content"):
@@ -6098,7 +6080,6 @@ def _build_undo(sub, common, fmt):
 
 
 def cmd_undo(args, console):
-    from xzatoma_tools import UndoError, undo_change
     with history_store(args, console) as store:
         conversation = store.resolve(args.conversation) if args.conversation else None
         here = None if conversation or args.all_projects else os.path.realpath(os.getcwd())
@@ -6124,8 +6105,8 @@ def cmd_undo(args, console):
         failed = 0
         for record in chosen:  # newest first
             try:
-                CleanWriter(sys.stdout).write(undo_change(store, record, force=args.force) + "\n")
-            except (UndoError, OSError) as exc:
+                CleanWriter(sys.stdout).write(xzatoma_tools.undo_change(store, record, force=args.force) + "\n")
+            except (xzatoma_tools.UndoError, OSError) as exc:
                 failed += 1
                 console.error(str(exc))
                 if not args.all:
@@ -6372,19 +6353,18 @@ class Mentions:
 
     def _path(self, registry, label, spec):
         import re
-        from xzatoma_tools import ToolError, resolve_path
         path, _, fragment = spec.partition("#")
         rng = re.fullmatch(r"L(\d+)(?:-L?(\d+))?", fragment) if fragment else None
         if fragment and not rng:
             return self._failed(label, "unknown line range #%s (use #L10 or #L10-20)" % fragment, None)
         root = registry.ctx.root
         try:
-            real = resolve_path(path, root)
+            real = xzatoma_tools.resolve_path(path, root)
             if not os.path.lexists(real) and path.rstrip(TRAILING) != path:
                 path = path.rstrip(TRAILING)
-                real = resolve_path(path, root)
-            resolve_path(path, root, must_exist=True)
-        except ToolError as exc:
+                real = xzatoma_tools.resolve_path(path, root)
+            xzatoma_tools.resolve_path(path, root, must_exist=True)
+        except xzatoma_tools.ToolError as exc:
             message = str(exc)
             hint = message.split("(did you mean ", 1)
             suggestion = ("use %s" % hint[1].rstrip(")?")) if len(hint) > 1 else "check the path (relative to %s)" % root
@@ -6393,7 +6373,7 @@ class Mentions:
         try:
             with registry.ctx.jail.resolve(path) as target:  # what the tools will see, never a link swapped in
                 st = target.lstat()
-        except (ToolError, OSError) as exc:
+        except (xzatoma_tools.ToolError, OSError) as exc:
             return self._failed(label, str(exc), None)
         if st is None:
             return self._failed(label, "no such file or directory: %s" % path, None)
@@ -6473,14 +6453,13 @@ WRAPPER_PROGRAMS = {"sh", "bash", "zsh", "dash", "ksh", "fish", "env", "timeout"
 def approval_key(command):
     """What chat's [a]lways / ne[v]er remember for a command: its program (and subcommand for git, npm, cargo,
     make, …), or the exact command when it uses shell syntax or runs through a wrapper or interpreter."""
-    from xzatoma_tools import ShellSyntaxError, needs_shell, parse_shell, simple_argv
     try:
-        script = parse_shell(command)
-    except ShellSyntaxError:
+        script = xzatoma_tools.parse_shell(command)
+    except xzatoma_tools.ShellSyntaxError:
         return command.strip()
-    if needs_shell(command, script):
+    if xzatoma_tools.needs_shell(command, script):
         return command.strip()
-    argv = simple_argv(command, script)
+    argv = xzatoma_tools.simple_argv(command, script)
     if not argv or argv[0] in WRAPPER_PROGRAMS or os.path.basename(argv[0]) in WRAPPER_PROGRAMS:
         return command.strip()
     if argv[0] in SUBCOMMAND_PROGRAMS:
@@ -6572,10 +6551,9 @@ class Confirmations:
         `curl http://u:[REDACTED]@host` and approved. Nobody says yes to what they did not see, so such a
         question is not asked (declined). changes_only: a diff, where only its context lines may be redacted
         (what is already in the file and stays)."""
-        from xzatoma_store import redaction_spans
         if not text:
             return None
-        for start, end in redaction_spans(text):
+        for start, end in xzatoma_store.redaction_spans(text):
             if changes_only:
                 first = text.rfind("\n", 0, start) + 1
                 lines = text[first:end].split("\n")
@@ -6842,8 +6820,7 @@ class ChatSession:
 
     def autonomy(self):
         """The terminal's autonomy chat's safety gives: Safe asks (interactive), YOLO does not (full)."""
-        from xzatoma_tools import FULL, INTERACTIVE
-        return INTERACTIVE if self.safety == "safe" else FULL
+        return xzatoma_tools.INTERACTIVE if self.safety == "safe" else xzatoma_tools.FULL
 
     # -- what the Session holds, as the REPL shows it --
     @property
@@ -6875,15 +6852,14 @@ class ChatSession:
         return self.session.id
 
     def _mention_registry(self):
-        from xzatoma_tools import PLANNING, build_registry
-        return build_registry(PLANNING, self.session.ctx)  # read tools over the same jail, whatever the mode
+        # read tools over the same jail, whatever the mode
+        return xzatoma_tools.build_registry(xzatoma_tools.PLANNING, self.session.ctx)
 
     def resume(self, prefix):
-        from xzatoma_store import NotFound
         if self.store is not None:  # another directory's conversation would run on a different tree
             try:
                 stored = self.store.conversation(self.store.resolve(prefix))
-            except NotFound as exc:
+            except xzatoma_store.NotFound as exc:
                 raise UsageError(str(exc))
             where = stored.get("working_dir")
             if where and os.path.realpath(where) != os.path.realpath(self.session.root):
@@ -7059,7 +7035,6 @@ class ChatSession:
         if self.session.mcp is None:
             self.console.info("no MCP servers: add mcp.servers to the configuration, or a .mcp.json to the project")
             return
-        import xzatoma_mcp
         self.console._write("\n".join(self.console.clean(line)
                                       for line in xzatoma_mcp.status_lines(self.session.mcp.rows())))
 
@@ -7161,7 +7136,6 @@ class ChatSession:
         self.resume(arg)
 
     def undo(self):
-        from xzatoma_tools import UndoError, undo_change
         if self.store is None:
             raise UsageError("undo needs conversation history, which is unavailable")
         records = self.store.undo_records(conversation_id=self.id, limit=1)
@@ -7169,8 +7143,8 @@ class ChatSession:
             self.console.info("nothing to undo in this conversation")
             return
         try:
-            self.console.info(undo_change(self.store, records[0]))
-        except (UndoError, OSError) as exc:
+            self.console.info(xzatoma_tools.undo_change(self.store, records[0]))
+        except (xzatoma_tools.UndoError, OSError) as exc:
             raise XzError(str(exc))
 
     def turn(self, text):
@@ -7223,11 +7197,10 @@ class ChatSession:
             import readline
         except ImportError:
             return None
-        from xzatoma_store import private_file
         self.history_file = os.path.join(self.cfg.home, "chat_history")
         try:
             private_home(self.cfg.home)
-            private_file(self.history_file)  # what people typed: 0600 before it is written
+            xzatoma_store.private_file(self.history_file)  # what people typed: 0600 before it is written
             load_chat_history(readline, self.history_file)
         except OSError:
             pass
@@ -7253,24 +7226,22 @@ class ChatSession:
         if line.lower().startswith("/mode "):
             return [m for m in ("planning", "write") if m.startswith(text.lower())]
         if text.startswith("@"):
-            from xzatoma_tools import ToolError, list_fd
             partial = text[1:]
             base, prefix = os.path.split(partial)
             try:  # listed through the jail's descriptors, like the tools
                 with self.session.ctx.jail.resolve(base or ".") as target:
                     fd = target.open_dir()
                     try:
-                        entries = list_fd(fd)
+                        entries = xzatoma_tools.list_fd(fd)
                     finally:
                         os.close(fd)
-            except (OSError, ToolError):
+            except (OSError, xzatoma_tools.ToolError):
                 return []
             # readline lists the matches as they are: a name holding a bidi override or a zero-width character
             # would reach the terminal raw (and be typed into the line unseen), so it is never offered
-            from xzatoma_store import render_untrusted
             return ["@" + os.path.join(base, name) + ("/" if kind == "dir" else "")
                     for name, kind in entries if name.startswith(prefix) and not name.startswith(".git")
-                    and render_untrusted(name, exact=True) == name]
+                    and xzatoma_store.render_untrusted(name, exact=True) == name]
         return []
 
 
@@ -7300,11 +7271,10 @@ def load_chat_history(readline, path):
 
 def save_chat_history(readline, path):
     """The last HISTORY_LENGTH messages, one per line, redacted (a key typed or pasted stays off disk)."""
-    from xzatoma_store import redact
     count = readline.get_current_history_length()
     items = [readline.get_history_item(i) for i in range(max(1, count - HISTORY_LENGTH + 1), count + 1)]
     text = HISTORY_HEADER + "\n" + "".join(
-        redact(item).replace("\\", "\\\\").replace("\n", "\\n") + "\n" for item in items if item)
+        xzatoma_store.redact(item).replace("\\", "\\\\").replace("\n", "\\n") + "\n" for item in items if item)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -7368,8 +7338,7 @@ SKILL_TRUST = "skill"  #: a skill's kind among the store's trusted project files
 def skill_places(cfg, working_dir):
     """Where skills are looked for, first wins: the project's .xzatoma/skills and .agents/skills (in the working
     directory), then agent.skills.user_dir."""
-    from xzatoma_skills import PROJECT_SKILL_DIRS
-    places = [("project", working_dir, rel, rel) for rel in PROJECT_SKILL_DIRS]
+    places = [("project", working_dir, rel, rel) for rel in xzatoma_skills.PROJECT_SKILL_DIRS]
     user = cfg.get("agent.skills.user_dir")
     if user:
         user = os.path.abspath(os.path.expanduser(user))
@@ -7379,8 +7348,7 @@ def skill_places(cfg, working_dir):
 
 def find_skills(cfg, working_dir):
     """(skills, problems) of a working directory, whether or not agent.skills.enabled is on."""
-    from xzatoma_skills import discover_skills
-    return discover_skills(skill_places(cfg, os.path.realpath(working_dir)), hidden=[cfg.home])
+    return xzatoma_skills.discover_skills(skill_places(cfg, os.path.realpath(working_dir)), hidden=[cfg.home])
 
 
 def skill_trust(store, skill):
@@ -7580,27 +7548,27 @@ def _report_validation(out, skills, problems):
 
 def _validate_paths(paths, console):
     """`skills validate PATH…`: a skill folder, its SKILL.md, or a directory of skill folders."""
-    from xzatoma_skills import SKILL_FILE, SkillProblem, discover_skills, load_skill
-    from xzatoma_tools import Jail
     skills, problems = [], []
     for path in paths:
         real = os.path.realpath(path)
-        if os.path.basename(real) == SKILL_FILE or os.path.isfile(os.path.join(real, SKILL_FILE)):
-            folder = os.path.dirname(real) if os.path.basename(real) == SKILL_FILE else real
-            shown = os.path.dirname(path.rstrip("/")) if os.path.basename(real) == SKILL_FILE else path.rstrip("/")
+        named = os.path.basename(real) == xzatoma_skills.SKILL_FILE
+        if named or os.path.isfile(os.path.join(real, xzatoma_skills.SKILL_FILE)):
+            folder = os.path.dirname(real) if named else real
+            shown = os.path.dirname(path.rstrip("/")) if named else path.rstrip("/")
             try:
-                skills.append(load_skill(Jail(os.path.dirname(folder)), os.path.basename(folder), "user",
-                                         shown or "."))
-            except SkillProblem as exc:
+                skills.append(xzatoma_skills.load_skill(xzatoma_tools.Jail(os.path.dirname(folder)),
+                                                        os.path.basename(folder), "user", shown or "."))
+            except xzatoma_skills.SkillProblem as exc:
                 problems.append(exc)
         elif os.path.isdir(real):
-            found, bad = discover_skills([("user", real, ".", path.rstrip("/") or ".")])
+            found, bad = xzatoma_skills.discover_skills([("user", real, ".", path.rstrip("/") or ".")])
             if not found and not bad:
-                bad = [SkillProblem(path, "no skill folders (a folder holding %s) in it" % SKILL_FILE)]
+                bad = [xzatoma_skills.SkillProblem(path, "no skill folders (a folder holding %s) in it"
+                                                   % xzatoma_skills.SKILL_FILE)]
             skills += found
             problems += bad
         else:
-            problems.append(SkillProblem(path, "no such skill folder or %s" % SKILL_FILE))
+            problems.append(xzatoma_skills.SkillProblem(path, "no such skill folder or %s" % xzatoma_skills.SKILL_FILE))
     return _report_validation(CleanWriter(sys.stdout), skills, problems)
 
 
@@ -7726,17 +7694,16 @@ def cmd_mcp(args, console):
         return _mcp_trust(args, cfg, console, working_dir)
     name = getattr(args, "name", None)
     if action == "logout":
-        import xzatoma_mcp as mcp
-        removed = CredentialStore(cfg.home, console).delete(mcp.credential_name(name))
+        removed = CredentialStore(cfg.home, console).delete(xzatoma_mcp.credential_name(name))
         console.info("removed the stored tokens of '%s'" % name if removed else "nothing stored for '%s'" % name)
         return EXIT_OK
     if action == "login" and args.token:
-        import xzatoma_mcp as mcp
         token = sys.stdin.readline().strip() if not _isatty(sys.stdin) else __import__("getpass").getpass(
             "bearer token for '%s': " % name)
         if not token:
             raise UsageError("no token given (pipe it on stdin)")
-        where = CredentialStore(cfg.home, console).set(mcp.credential_name(name), json.dumps({"access_token": token}))
+        where = CredentialStore(cfg.home, console).set(xzatoma_mcp.credential_name(name),
+                                                       json.dumps({"access_token": token}))
         console.info("stored the token of '%s' (%s)" % (name, "system keyring" if where == "keyring" else where))
         return EXIT_OK
     asker = Asker(console) if action == "login" else None
@@ -7762,31 +7729,30 @@ def cmd_mcp(args, console):
     if getattr(args, "json", False):
         json_out({"servers": rows}, indent=2)
     else:
-        import xzatoma_mcp as mcp
-        lines = mcp.status_lines(rows)
+        lines = xzatoma_mcp.status_lines(rows)
         if action == "tools":
             lines = []
             for row in rows:
                 if row["state"] != "running":
                     console.warn("MCP server '%s' is %s: %s" % (row["name"], row["state"], row.get("error") or "-"))
                 for tool in row["tools"]:
-                    lines.append("%s  (%s)" % (tool["name"], mcp.APPROVAL_TEXT[tool["approval"]]))
+                    lines.append("%s  (%s)" % (tool["name"], xzatoma_mcp.APPROVAL_TEXT[tool["approval"]]))
                     lines.append("    " + one_line(tool["description"] or "-", 200))
         CleanWriter(sys.stdout).write("\n".join(lines) + "\n" if lines else "")
     return EXIT_OK if all(r["state"] in ("running", "disabled", "untrusted") for r in rows) else EXIT_FAILED
 
 
 def _mcp_trust(args, cfg, console, working_dir):
-    import xzatoma_mcp as mcp
-    text, path = mcp.read_project_file(working_dir)
+    text, path = xzatoma_mcp.read_project_file(working_dir)
     if text is None:
         raise UsageError("no .mcp.json in %s" % working_dir)
     warnings = []
     try:
-        configs = mcp.parse_servers(mcp.project_servers(text, path, warnings), path, os.environ, warnings)
-    except mcp.ConfigError as exc:
+        configs = xzatoma_mcp.parse_servers(xzatoma_mcp.project_servers(text, path, warnings), path, os.environ,
+                                            warnings)
+    except xzatoma_mcp.ConfigError as exc:
         raise ConfigError(str(exc))
-    trust = mcp.ProjectTrust(cfg.home)
+    trust = xzatoma_mcp.ProjectTrust(cfg.home)
     if trust.trusted(path, text):
         console.info("%s is trusted already (as it is now)" % path)
         return EXIT_OK
@@ -7799,7 +7765,6 @@ def _mcp_trust(args, cfg, console, working_dir):
 
 
 def _watch_module(command, verbose=False):
-    import xzatoma_watch
     try:
         xzatoma_watch.require_kafka(command)
     except xzatoma_watch.WatchError as exc:
@@ -7810,7 +7775,6 @@ def _watch_module(command, verbose=False):
 
 def watch_settings(args, cfg):
     """The watcher's settings: flags > environment > config (watcher.*) > defaults."""
-    import xzatoma_watch
     w = cfg.get("watcher")
     k = w["kafka"]
 
@@ -7843,7 +7807,6 @@ def watch_settings(args, cfg):
 
 
 def watch_filters(args, cfg):
-    import xzatoma_watch
     f = cfg.get("watcher.filter")
 
     def pick(flag, value):
@@ -7866,7 +7829,6 @@ def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
     import threading
-    from xzatoma_tools import FULL, RESTRICTED
     base_provider = make_provider(cfg, console)  # credentials are checked once, at start
     session_skills(cfg, console, settings.working_dir, store)  # invalid and untrusted skills: said once, here
     quiet = Console(quiet=True, color=False)
@@ -7879,18 +7841,17 @@ def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
         check_sandbox(cfg, confinement.sandbox, console)
 
     def run_plan(job):
-        from xzatoma_store import redact
         provider = getattr(per_thread, "provider", None)
         if provider is None:
             provider = per_thread.provider = base_provider.clone()
         outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, toolset=toolset,
-                                   autonomy=FULL if allow_dangerous else RESTRICTED,
+                                   autonomy=xzatoma_tools.FULL if allow_dangerous else xzatoma_tools.RESTRICTED,
                                    timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
                                    metadata=job.metadata, store=store, cancel=job.cancel,
                                    provider=provider, confinement=confinement, workspace=workspace,
                                    steps=job.plan.instructions if job.plan is not None else None).to_json()
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
-            outcome[key] = redact(outcome.get(key))
+            outcome[key] = xzatoma_store.redact(outcome.get(key))
         return outcome
     return run_plan
 
@@ -8266,7 +8227,6 @@ def resume_target(store, args, working_dir):
     """(id, stored row) for --resume ID / --last. --last means this working directory's latest
     (--all-projects: anyone's); a conversation from another directory is refused unless --working-dir
     names where to continue it (the tools would otherwise work on a different tree than it did)."""
-    from xzatoma_store import NotFound
     if store is None:
         raise UsageError("cannot resume: conversation history is unavailable")
     here = os.path.realpath(working_dir)
@@ -8274,7 +8234,7 @@ def resume_target(store, args, working_dir):
         cid = store.resolve(args.resume) if args.resume else store.latest(
             working_dir=None if getattr(args, "all_projects", False) else here)
         stored = store.conversation(cid)
-    except NotFound as exc:
+    except xzatoma_store.NotFound as exc:
         raise UsageError(str(exc))
     where = stored.get("working_dir")
     if where and os.path.realpath(where) != here and not args.working_dir:
@@ -8305,7 +8265,6 @@ def restored_config(args, console, cfg, stored, extra=None):
 def read_instruction(args, console, default=None):
     """The task: (text, kind 'run'|'plan', title, source, steps) or a UsageError; steps: a plan's instructions
     (None for a prompt)."""
-    from xzatoma_plans import PlanError, parse_plan
     if args.plan:
         if args.plan == "-":
             text, source = sys.stdin.read(), "<stdin>"
@@ -8319,8 +8278,8 @@ def read_instruction(args, console, default=None):
                 raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
             source = os.path.abspath(args.plan)
         try:
-            plan = parse_plan(text, source=args.plan if args.plan != "-" else source)
-        except PlanError as exc:
+            plan = xzatoma_plans.parse_plan(text, source=args.plan if args.plan != "-" else source)
+        except xzatoma_plans.PlanError as exc:
             raise UsageError("invalid plan: %s" % exc)
         for key in getattr(plan, "unknown_keys", ()):
             console.warn("plan key '%s' is not used (known: goal, context, instructions; or name, description, version, action, steps)" % key)
@@ -8364,8 +8323,7 @@ def run_events(console, fmt):
 def prepare_task(cfg, console, ctx, instruction, piped=None):
     """The first user message of a run or plan: @mentions expanded through the read tools over the run's
     jail (as chat does), then what was piped on stdin as a context block."""
-    from xzatoma_tools import build_registry
-    text, _ = Mentions(lambda: build_registry("planning", ctx), console, cfg).expand(instruction)
+    text, _ = Mentions(lambda: xzatoma_tools.build_registry("planning", ctx), console, cfg).expand(instruction)
     return text + ("\n\n" + piped if piped else "")
 
 
@@ -8395,8 +8353,7 @@ def emit_result(args, fmt, events, result):
         events.emit("result", **result.to_json())
     elif result.status in ANSWERED and not events.answered:  # streamed to the terminal already, or:
         # data when piped: byte-exact but for secrets; neutralised on a TTY
-        from xzatoma_store import redact
-        answer = redact(result.answer.rstrip("\n"))
+        answer = xzatoma_store.redact(result.answer.rstrip("\n"))
         sys.stdout.write((Console.clean(answer) if _isatty(sys.stdout) else answer) + "\n")
         sys.stdout.flush()
 
@@ -8459,7 +8416,6 @@ def _build_run(sub, common, fmt):
 
 
 def cmd_run(args, console):
-    from xzatoma_tools import FULL, RESTRICTED
     extra = {}
     if args.max_turns is not None:
         extra["agent.max_turns"] = args.max_turns
@@ -8477,9 +8433,10 @@ def cmd_run(args, console):
         args.mode = args.mode or (stored.get("mode") if stored.get("mode") in ("write", "planning") else None)
     args.mode = args.mode or "write"
     # nobody can be asked in run: confirm-level commands are refused unless --allow-dangerous
-    full = args.allow_dangerous or cfg.get("agent.terminal.default_mode") == FULL
+    full = args.allow_dangerous or cfg.get("agent.terminal.default_mode") == xzatoma_tools.FULL
     events = run_events(console, fmt)
-    session = Session.open(cfg, console, args.mode, args.working_dir, FULL if full else RESTRICTED, events=events,
+    session = Session.open(cfg, console, args.mode, args.working_dir,
+                           xzatoma_tools.FULL if full else xzatoma_tools.RESTRICTED, events=events,
                            metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile)
     try:
         session.start(kind, resume=resume, title=title, source=source, steps=steps)
@@ -8632,7 +8589,7 @@ def cmd_policy_sandbox(args, console):
 
 
 def cmd_policy_tools(args, console):
-    import xzatoma_tools as tools
+    tools = xzatoma_tools
     offered = [cls() for cls in tools.ALL_TOOLS]
     offered = [t for t in offered if args.mode == "write" or t.permission == tools.READ]
     cost = lambda definition: len(json.dumps(definition)) // 4  # Conversation.sent_estimate's rule
@@ -8657,7 +8614,6 @@ REFUSED_VERDICTS = ("deny", "block", "outside", "error")
 
 
 def cmd_policy(args, console):
-    from xzatoma_tools import path_verdict, url_verdict
     cfg = config_from_args(args, console)
     confinement = build_confinement(cfg, getattr(args, "working_dir", None) or os.getcwd())
     if args.value == "-":
@@ -8679,9 +8635,9 @@ def cmd_policy(args, console):
                 if args.mode == "full":
                     word = "allow"
         elif args.policy_kind == "url":
-            word, reason = url_verdict(item, allowed_hosts)
+            word, reason = xzatoma_tools.url_verdict(item, allowed_hosts)
         else:
-            word, reason = path_verdict(item, confinement)
+            word, reason = xzatoma_tools.path_verdict(item, confinement)
         refused |= word in REFUSED_VERDICTS
         CleanWriter(sys.stdout, exact=True).write("%s: %s\n" % (word, reason))
     return EXIT_FAILED if refused else EXIT_OK

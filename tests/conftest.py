@@ -19,6 +19,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fake_model import FakeModel  # noqa: E402
+from xzatoma_tools import landlock_abi  # noqa: E402
 
 # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored in every
 # child: the Ctrl-C tests would then test nothing. Handle it here so children get the default back.
@@ -219,3 +220,93 @@ def kafka_broker(tmp_path_factory):
     broker = kb.Broker(binary, str(base / "broker.log")).start()
     yield broker
     broker.stop()
+
+
+#: for tests of the walls the kernel's Landlock builds: skipped, with the reason, on a kernel without it
+needs_landlock = pytest.mark.skipif(not landlock_abi(), reason="the kernel has no Landlock: nothing to attack")
+
+
+# ---- tool calls from the fake model against real trees (the file tools' and protected paths' tests) ----
+
+#: what a headless run answers a call that needs a person's approval
+HEADLESS = "needs a person's approval; not available in this run"
+
+
+def tool_results(fake, index=-1):
+    """The tool results the model was sent in its `index`-th request."""
+    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"] if m["role"] == "tool"]
+
+
+def run_calls(cli, fake, calls, *extra, timeout=60):
+    """One model turn making `calls`, then an answer; returns the CLI result and the tool results."""
+    fake.add({"tool_calls": calls}, {"content": "done"})
+    r = cli.run("run", "--prompt", "go", *extra, timeout=timeout)
+    return r, tool_results(fake)
+
+
+@pytest.fixture
+def outside(cli):
+    """A directory beside the working directory, with a victim file the tools must never touch."""
+    d = cli.tmp / "outside"
+    d.mkdir()
+    (d / "victim.txt").write_text("untouched\n")
+    return d
+
+
+def snapshot(root):
+    """{relative path: link target, file bytes or "dir"} of a whole tree."""
+    out = {}
+    for base, dirs, files in os.walk(str(root)):
+        for name in dirs + files:
+            full = os.path.join(base, name)
+            out[os.path.relpath(full, str(root))] = (os.readlink(full) if os.path.islink(full) else
+                                                     open(full, "rb").read() if os.path.isfile(full) else "dir")
+    return out
+
+
+def configure(cli, fake, **agent):
+    """The fake model as provider, with agent settings merged in (tools:, terminal:)."""
+    cli.use(fake)
+    import yaml
+    cfg = yaml.safe_load(cli.config_path.read_text())
+    cfg.setdefault("agent", {}).update(agent)
+    cli.write_config(cfg)
+
+
+def run_commands(cli, fake, *commands, flags=(), env=None, timeout=90, code=0):
+    """One terminal call per command, one turn each, then an answer; the CLI result and the tool results."""
+    for command in commands:
+        fake.add({"tool_calls": [tool_call("terminal", command=command)]})
+    fake.add({"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x", *flags, env=env, timeout=timeout)
+    assert r.returncode == code, r.stderr
+    return r, tool_results(fake)
+
+
+def script(cli, name, body):
+    (cli.workdir / name).write_text(body)
+    return "sh " + name
+
+
+HOSTILE = ["\x1b", "\u202e", "\x9b", "\x07", "\x08", "\x7f", "\u2066", "\u200b", "\ufeff", "\U000e0041", "\x00"]
+
+
+def assert_clean(text, where):
+    for ch in HOSTILE:
+        assert ch not in text, "%r reached %s raw: %r" % (ch, where, text[-500:])
+    assert "\r" not in text.replace("\r\n", "\n"), "a lone CR reached %s: %r" % (where, text[-500:])
+
+
+def pty(cli, *args, rows=40, cols=120, color=False):
+    from ptyrun import PtyProcess
+    env = dict(cli.env, TERM="xterm")
+    if color:
+        env.pop("NO_COLOR")
+    return PtyProcess(cli.command(*args), env, str(cli.workdir), rows=rows, cols=cols)
+
+
+def person_messages(request):
+    return [m for m in request["body"]["messages"] if not str(m.get("content")).startswith("<environment_context>")]
+
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"

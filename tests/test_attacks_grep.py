@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from conftest import last_json, processes, tool_call, wait_for
-from test_file_safety import tool_results
+from conftest import last_json, processes, tool_call, tool_results, wait_for
 from xzatoma_tools import ToolContext, build_registry
 
 EVIL = "(a+)+$"

@@ -11,11 +11,9 @@ import os
 
 import pytest
 
-from conftest import tool_call
-from test_file_safety import run_calls
-from test_secrets import db_bytes
-
 import xzatoma_tools
+from conftest import run_calls, tool_call
+from test_secrets import db_bytes
 from xzatoma_tools import GitIgnore, ToolError, glob_match, glob_regex
 
 #: a glob with many stars against a long name of a's: a backtracking regex tries every split

@@ -12,8 +12,7 @@ import sys
 
 import pytest
 
-from conftest import tool_call
-from test_accept12c import configure, run_commands, script
+from conftest import configure, run_commands, script
 from xzatoma_tools import (FULL, Confinement, Sandbox, ToolContext, build_registry, git_dirs, landlock_abi,
                            program_dirs, sandbox_rules, trusted_realpath)
 

@@ -226,3 +226,40 @@ def test_secrets_never_leak(cli, fake):
             data = path.read_bytes()
             for secret in secrets:
                 assert secret.encode() not in data, "%s leaked into %s" % (secret[:8], path.name)
+
+
+def test_auth_status_asks_no_server_nobody_configured(cli, fake):
+    from fake_model import FakeModel
+    cli.write_config({"provider": {"type": "ollama", "ollama": {"host": fake.url}}})
+    proxy = FakeModel().start()  # any request to a public host would go here (and nowhere else)
+    try:
+        r = cli.run("auth", "status", env={"https_proxy": proxy.url, "http_proxy": proxy.url, "no_proxy": "",
+                                           "NO_PROXY": ""})
+    finally:
+        proxy.stop()
+    assert r.returncode == 0, r.stderr
+    lines = dict((line.split()[0], line) for line in r.stdout.splitlines())
+    assert "works: 5 models" in lines["ollama"]
+    for name in ("copilot", "openai"):
+        assert "not configured" in lines[name] and "nothing asked" in lines[name]
+    assert proxy.connections == 0 and [q["path"] for q in fake.requests] == ["/api/tags"]
+    asked = cli.run("auth", "status", "--provider", "openai", env={"https_proxy": "http://127.0.0.1:9"})
+    assert asked.returncode == 1 and asked.stdout.startswith("openai   none                     fails: ")  # named: asked
+
+
+def test_auth_status_checks_the_environment_token_not_the_stored_one(cli, fake):
+    cli.use(fake, provider="copilot", github=True, model="gpt-4.1")
+    fake.copilot_valid = set()
+    assert cli.run("auth", "login", "--provider", "copilot").returncode == 0  # stores a GitHub and a Copilot token
+    good = cli.run("auth", "status", "--provider", "copilot")
+    assert good.returncode == 0 and "works:" in good.stdout
+    bad = cli.run("auth", "status", "--provider", "copilot", env={"GITHUB_TOKEN": "ghp_revokedTOKENrevokedTOKEN0123"})
+    assert bad.returncode == 1, bad.stdout
+    assert "env GITHUB_TOKEN" in bad.stdout and "works:" not in bad.stdout
+    r = cli.run("auth", "status", "--provider", "copilot", env={"COPILOT_API_TOKEN": "tid=not-a-valid-one"})
+    assert r.returncode == 1 and "env COPILOT_API_TOKEN" in r.stdout and "works:" not in r.stdout
+    # and a run with the environment's token uses it, not the stored login's
+    fake.add({"content": "never"})
+    run = cli.run("run", "--prompt", "x", env={"GITHUB_TOKEN": "ghp_revokedTOKENrevokedTOKEN0123"})
+    assert run.returncode == 2 and "GitHub refused the Copilot token exchange" in run.stderr
+    assert "GITHUB_TOKEN (from the environment)" in run.stderr

@@ -1,11 +1,13 @@
 """`xzatoma chat` under a real pseudo-terminal against the fake model server."""
 
 import json
+import re
 import subprocess
+import time
 
 import pytest
 
-from conftest import said, tool_call, wait_for
+from conftest import SPINNER, person_messages, pty, said, tool_call, wait_for
 from ptyrun import PtyProcess
 
 PROMPT = r"\[%s\]\[%s\] >> "
@@ -295,3 +297,321 @@ def test_no_color_leaves_the_prompt_plain(cli, fake, flags, coloured):
         assert p.wait() == 0
     finally:
         p.close()
+
+
+# ---- Ctrl-C: a clean prompt, and what was streamed is kept ----
+
+
+def quiet_after(p, seconds=0.6):
+    """What the program writes in the next `seconds` (the spinner redraws every 0.1 s: it would show)."""
+    start = len(p.seen)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        p._read(deadline - time.monotonic())
+    return p.seen[start:]
+
+
+def test_ctrl_c_in_a_streamed_answer_keeps_it_and_leaves_a_clean_prompt(chat, fake):
+    fake.add({"content": "Alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu.", "chunk_delay": 0.3},
+             {"content": "fine"})
+    p = chat()
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.line("recite")
+    p.expect("Alpha beta")
+    p.interrupt()
+    p.expect("turn cancelled; the conversation is intact")
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    assert not set(quiet_after(p)) & set(SPINNER)
+    p.line("go on")
+    p.expect("fine")
+    messages = person_messages(fake.model_requests()[-1])
+    kept = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert len(kept) == 1 and kept[0].startswith("Alpha beta") and kept[0].endswith(
+        "[cut short: the user pressed Ctrl-C while this reply was arriving]")
+    assert "lambda mu." not in kept[0]  # what had arrived, not the rest
+
+
+def asked_to_run(chat, fake, command, then):
+    """A chat in Write/Safe mode, its model proposing `command` (then answering `then`), at the question."""
+    fake.add({"tool_calls": [tool_call("terminal", command=command)]}, {"content": then})
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.line("do it")
+    p.expect(r"/ \[e\]dit > ")
+    return p
+
+
+def test_ctrl_c_at_a_confirmation_leaves_no_spinner(chat, fake, cli):
+    p = asked_to_run(chat, fake, "touch never.txt", "after")
+    p.interrupt()
+    p.expect("turn cancelled")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    assert not set(quiet_after(p)) & set(SPINNER)
+    assert not (cli.workdir / "never.txt").exists()
+
+
+def test_ctrl_c_during_a_command_leaves_a_clean_prompt(chat, fake, cli):
+    """Asked, approved, running: Ctrl-C stops the command and the spinner that ran beside it."""
+    p = asked_to_run(chat, fake, "echo $$ > pgid; sleep 30", "next fine")
+    p.line("y")
+    assert wait_for(lambda: (cli.workdir / "pgid").exists() and (cli.workdir / "pgid").read_text().strip())
+    p.expect(r"[%s] terminal \d+s" % SPINNER)  # the spinner ticks while the command runs
+    p.interrupt()
+    p.expect("turn cancelled; the conversation is intact")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    assert not set(quiet_after(p)) & set(SPINNER)
+    from test_terminal import group_gone
+    assert group_gone(int((cli.workdir / "pgid").read_text()))
+    p.line("and now?")
+    p.expect("next fine")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    assert [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"] == [
+        "Error: cancelled by user"]
+
+
+# ---- what a person sees and keeps: edited commands, history, long commands ----
+
+
+def test_an_edited_command_is_what_the_model_and_the_store_see(chat, fake, cli):
+    p = asked_to_run(chat, fake, "touch wanted.txt", "ran edited")
+    p.line("e")
+    p.expect("edit the command > touch wanted.txt")  # the line starts from the proposed command
+    p.line("\x15touch edited.txt; cat nothere")  # Ctrl-U: a new line, which fails where the original would not
+    p.expect(r"✗ ran as you edited it: touch edited.txt; cat nothere · exit 1 · [\d.]+s: cat: nothere")
+    p.expect("ran edited")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.eof()
+    assert p.wait() == 0
+    assert (cli.workdir / "edited.txt").exists() and not (cli.workdir / "wanted.txt").exists()
+    result = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"][0]
+    assert result.startswith("The user edited the command before it ran; it ran as: touch edited.txt; cat nothere\n"
+                             "exit code: 1"), result
+    conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
+    assert "it ran as: touch edited.txt; cat nothere" in cli.run("history", "show", conv["id"]).stdout
+    assert "it ran as: touch edited.txt; cat nothere" in cli.run("replay", conv["id"]).stdout
+    kept = (cli.xz_home / "chat_history").read_text().split("\n")
+    assert kept[1:] == ["do it", ""]  # neither the answer 'e' nor the edited command
+
+
+def test_history_keeps_whole_messages_and_no_answers(chat, fake, cli):
+    fake.add({"tool_calls": [tool_call("terminal", command="touch a.txt")]}, {"content": "one"},
+             {"content": "two"}, {"content": "three"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.line("make a file")
+    p.expect(r"/ \[e\]dit > ")
+    p.line("y")
+    p.expect("one")
+    p.send("\x1b[200~first pasted line\nsecond pasted line\x1b[201~\r")
+    p.expect("two")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.eof()
+    assert p.wait() == 0
+    kept = (cli.xz_home / "chat_history").read_text().split("\n")
+    assert kept[1:] == ["make a file", "first pasted line\\nsecond pasted line", ""]  # no 'y'
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.send("\x1b[A")  # the pasted message comes back whole
+    p.expect("second pasted line")
+    p.send("\r")
+    p.expect("three")
+    assert person_messages(fake.model_requests()[-1])[-1]["content"] == "first pasted line\nsecond pasted line"
+
+
+def test_a_long_command_on_a_short_terminal_is_folded_or_paged(cli, fake):
+    from ptyrun import PtyProcess
+    spaced = "touch folded.txt #" + " " * 20000 + "ls -la"
+    script = "\n".join("echo line %d >> paged.txt" % i for i in range(30))
+    fake.add({"tool_calls": [tool_call("terminal", command=spaced)]}, {"content": "folded ran"},
+             {"tool_calls": [tool_call("terminal", command=script)]}, {"content": "paged ran"})
+    cli.use(fake)
+    p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir), rows=14,
+                   cols=60)
+    try:
+        p.expect(PROMPT % ("WRITE", "SAFE"))
+        p.line("fold it")
+        p.expect("touch folded.txt #⟨20000 spaces⟩ls -la")  # all of it on one line, the blanks counted
+        p.expect(r"\[e\]dit > ")
+        p.line("y")
+        p.expect("folded ran")
+        p.line("page it")
+        p.expect(r"-- rows 1-12 of 30 of this command; Enter shows more --")
+        p.line("")
+        p.expect(r"-- rows 13-24 of 30")
+        p.line("")
+        p.expect("echo line 29 >> paged.txt")
+        p.expect(r"\[e\]dit > ")
+        p.line("y")
+        p.expect("paged ran")
+    finally:
+        p.close()
+    assert (cli.workdir / "folded.txt").exists() and (cli.workdir / "paged.txt").read_text().count("line") == 30
+    assert "declined" not in p.seen
+
+
+def test_bare_xzatoma_opens_a_chat_and_text_starts_one(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "four"})
+    p = pty(cli)
+    try:
+        p.expect("XZatoma Interactive Chat Mode - Welcome!")
+        p.expect(PROMPT % ("PLANNING", "SAFE"))
+        p.eof()
+        assert p.wait() == 0
+    finally:
+        p.close()
+    p = pty(cli, "what", "is", "2+2?")
+    try:
+        p.expect(PROMPT % ("PLANNING", "SAFE") + r"what is 2\+2\?")
+        p.expect("four")
+        p.expect(PROMPT % ("PLANNING", "SAFE"))  # and the chat goes on
+        p.eof()
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert person_messages(fake.model_requests()[0])[-1]["content"] == "what is 2+2?"
+
+
+def test_chat_context_agrees_with_the_runs_own_count(cli, fake):
+    import subprocess
+    (cli.workdir / "notes.txt").write_text("alpha\n" * 300)
+    cli.use(fake)
+    script = [{"tool_calls": [tool_call("read_file", path="notes.txt")]}, {"content": "ok"}]
+    fake.add(*script)
+    r = cli.run("run", "read notes.txt")
+    run = re.search(r"([\d,]+) tokens \(([\d,]+) in / ([\d,]+) out\) · context ~([\d,]+)", r.stderr).groups()
+    fake.add(*script)
+    c = subprocess.run(cli.command("chat", "--mode", "write"), input="read notes.txt\n/context\n", text=True,
+                       capture_output=True, env=cli.env, cwd=str(cli.workdir), timeout=60)
+    session = re.search(r"this session: ([\d,]+) tokens \(([\d,]+) in / ([\d,]+) out\) over 2 model calls", c.stderr)
+    now = re.search(r"context now: ~([\d,]+) tokens", c.stderr)
+    assert session and now, c.stderr
+    assert session.groups() + now.groups() == run
+    assert "context ~%s" % run[3] in c.stderr  # the footer says the same
+
+
+# ---- approvals people expect, pasting, models, exit codes ----
+
+
+def test_always_approves_the_program_and_subcommand_not_every_command(chat, fake, cli):
+    fake.add({"tool_calls": [tool_call("terminal", command="touch a.txt")]}, {"content": "one"},
+             {"tool_calls": [tool_call("terminal", command="touch b.txt")]}, {"content": "two"},
+             {"tool_calls": [tool_call("terminal", command="mkdir newdir")]}, {"content": "three"},
+             {"tool_calls": [tool_call("terminal", command="git init -q")]}, {"content": "four"},
+             {"tool_calls": [tool_call("terminal", command="git config user.name x")]}, {"content": "five"},
+             {"tool_calls": [tool_call("terminal", command="touch c.txt")]}, {"content": "six"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.line("first")
+    p.expect(r"\$ touch a\.txt")
+    p.expect(r"\[a\]lways 'touch' this session / ne\[v\]er 'touch' / \[e\]dit > ")
+    p.line("a")
+    p.expect("one")
+    p.line("second")  # touch again: approved without asking
+    p.expect("two")
+    assert (cli.workdir / "b.txt").exists() and p.seen.count("Run this command?") == 1
+    p.line("third")  # another program asks
+    p.expect(r"\$ mkdir newdir")
+    p.expect(r"ne\[v\]er 'mkdir'")
+    p.line("v")
+    p.expect("three")
+    assert not (cli.workdir / "newdir").exists()
+    p.line("fourth")
+    p.expect(r"\[a\]lways 'git init' this session")
+    p.line("a")
+    p.expect("four")
+    p.line("fifth")  # git with another subcommand asks again
+    p.expect(r"\[a\]lways 'git config' this session")
+    p.line("n")
+    p.expect("five")
+    p.line("/approvals")
+    p.expect(r"always: git init, touch")
+    p.expect(r"never: +mkdir")
+    p.line("/approvals clear")
+    p.expect("cleared")
+    p.line("sixth")  # touch asks again after the clear
+    p.expect(r"\$ touch c\.txt")
+    p.line("y")
+    p.expect("six")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.eof()
+    assert p.wait() == 0, p.seen[-2000:]
+
+
+def test_approval_keys():
+    from xzatoma import approval_key
+    assert approval_key("git status --short") == "git status"
+    assert approval_key("git push origin main") == "git push"
+    assert approval_key("git -C sub push origin main") == "git -C sub push origin main"  # options first: exact
+    assert approval_key("npm run lint") == "npm run"
+    assert approval_key("make") == "make"
+    assert approval_key("make test") == "make test"
+    assert approval_key("touch x") == "touch"
+    # wrappers, interpreters and shell syntax are approved as the exact command, never as a family
+    assert approval_key("env FOO=1 rm -rf x") == "env FOO=1 rm -rf x"
+    assert approval_key("timeout 5 curl x") == "timeout 5 curl x"
+    assert approval_key("python3 -c 'print(1)'") == "python3 -c 'print(1)'"
+    assert approval_key("touch a && rm b") == "touch a && rm b"
+    assert approval_key("ls $HOME") == "ls $HOME"
+
+
+def test_multi_line_paste_and_backslash_continuation_are_one_message(chat, fake):
+    fake.add({"content": "got the paste"}, {"content": "got the continuation"})
+    p = chat()
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.send("\x1b[200~first pasted line\nsecond pasted line\x1b[201~\r")  # a terminal's bracketed paste
+    p.expect("got the paste")
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.line("one \\")
+    p.expect(r"\.\.\. ")
+    p.line("two")
+    p.expect("got the continuation")
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.eof()
+    assert p.wait() == 0
+    users = [text for q in fake.model_requests() for text in said(q["body"]["messages"])]
+    assert "first pasted line\nsecond pasted line" in users and "one \ntwo" in users
+    assert len(fake.model_requests()) == 2
+
+
+def test_model_switch_checks_the_name(chat, fake):
+    fake.add({"content": "on qwen"})
+    p = chat()
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.line("/model qwen4")
+    p.expect(r"error: ollama has no model 'qwen4'; did you mean 'qwen3'\? \(see /models\)")
+    p.line("/model qwen3")
+    p.expect("Switched to model qwen3")
+    p.line("hello")
+    p.expect("on qwen")
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.eof()
+    assert p.wait() == 0
+    assert fake.model_requests()[-1]["body"]["model"] == "qwen3"
+
+
+def test_piped_chat_exits_1_when_a_turn_failed(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "fine"}, {"status": 400, "body": '{"error": "bad request"}'}, {"content": "fine again"})
+    r = cli.run("chat", input="one\ntwo\nthree\n")
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.count("fine") == 2 and "bad request" in r.stderr
+    fake.add({"content": "ok"})
+    assert cli.run("chat", input="only\n").returncode == 0
+
+
+def test_the_exit_hint_works_as_printed(cli, fake, tmp_path):
+    import shlex
+    project = cli.tmp / "my project"
+    project.mkdir()
+    cli.use(fake)
+    fake.add({"content": "first"}, {"content": "second"})
+    r = cli.run("chat", "-C", project, input="remember the walrus\n")
+    hint = [l for l in r.stderr.splitlines() if l.startswith("Resume this conversation with: ")][0]
+    command = hint.split(": ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:2] == ["xzatoma", "chat"]
+    again = cli.run(*argv[1:], input="and now?\n", cwd=cli.home)  # from another directory, as printed
+    assert again.returncode == 0, again.stderr
+    users = said(fake.model_requests()[-1]["body"]["messages"])
+    assert users == ["remember the walrus", "and now?"]

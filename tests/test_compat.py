@@ -8,6 +8,7 @@ import ast
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -55,3 +56,17 @@ def test_the_main_objects_take_a_few_cohesive_values():
     for cls in (xzatoma.Session, xzatoma_tools.ToolContext, xzatoma.Agent, xzatoma.RunParts, xzatoma.SubagentLink):
         params = list(inspect.signature(cls.__init__).parameters)[1:]
         assert len(params) <= 10, (cls.__name__, params)
+
+
+def test_the_readme_starts_with_an_install_and_a_test_command_that_go_together():
+    """Its first two commands: pipx's isolated virtualenv has no pytest, so the test command must run the
+    interpreter the install command gave the test extra to."""
+    import os
+    from conftest import ROOT
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        install, test = [line.split("#")[0].strip() for line in fh.read().split("\n")[2:4]]
+    assert install == 'python3 -m venv .venv && .venv/bin/pip install ".[test]"'
+    assert test == ".venv/bin/python -m pytest"
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as fh:
+        extra = re.search(r"^test = \[(.*)\]$", fh.read(), re.M).group(1)
+    assert '"pytest' in extra

@@ -5,6 +5,7 @@ import json
 import pytest
 
 import xzatoma
+from conftest import assert_clean
 from xzatoma import ConfigError, load_config, normalize_ollama_host
 
 
@@ -162,3 +163,13 @@ def test_config_show_warns_on_unknown_keys_and_fails_on_bad_values(cli):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "provider.type must be one of" in r.stderr
     r = cli.run("--config", cli.tmp / "missing.yaml", "config", "show")
     assert r.returncode == 2 and "config file not found" in r.stderr
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(cli):
+    cli.config_path.parent.mkdir(parents=True, exist_ok=True)
+    cli.config_path.write_bytes(b"provider:\n  type: ollama # \x9b2J \xff\n")
+    r = cli.run("config", "show")
+    assert r.returncode == 2, r.stderr  # a configuration mistake (was: internal error, exit 1)
+    assert "not UTF-8" in r.stderr and "internal error" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert_clean(r.stderr, "stderr")

@@ -13,9 +13,7 @@ import sys
 import pytest
 
 import xzatoma_tools as T
-from conftest import tool_call
-from test_file_safety import HEADLESS, run_calls, tool_results
-
+from conftest import HEADLESS, run_calls, tool_call
 GIT = ["git", "-c", "init.defaultBranch=main", "-c", "user.name=t", "-c", "user.email=t@t"]
 #: every name either list protected before issue 23: the file tools' two lists, the policy's home list and its
 #: list of credential files (a command reading them and sending them over the network)

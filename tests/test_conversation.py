@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-import xzatoma
+from conftest import tool_call
 from xzatoma import Conversation, estimate_tokens
 
 
@@ -150,3 +150,51 @@ def test_set_system_prompt_keeps_history():
     conv.set_system_prompt("write mode prompt")
     assert conv.messages[0]["content"] == "write mode prompt" and len(conv.messages) == 2
     assert conv.tokens == sum(estimate_tokens(m) for m in conv.messages)
+
+
+# ---- honest usage: estimates end to end ----
+
+
+@pytest.mark.parametrize("provider,api", [("openai", "chat"), ("ollama", "chat"), ("openai", "responses")])
+def test_a_server_without_usage_gets_an_estimate(cli, fake, provider, api):
+    (cli.workdir / "notes.txt").write_text("alpha\n" * 200)
+    cli.use(fake, provider=provider, api=api)
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")], "usage": None},
+             {"content": "two hundred alphas", "usage": None})
+    r = cli.run("run", "--json", "--prompt", "count the alphas")
+    assert r.returncode == 0, r.stderr
+    usage = json.loads(r.stdout)["usage"]
+    assert usage["estimated"] is True
+    # the second request carries the first plus a 1,200-character tool result: about 300 tokens more
+    assert usage["prompt_tokens"] > 2 * 300 and usage["completion_tokens"] > 0
+    assert "(estimated: the server sent no usage)" in r.stderr
+    if provider == "openai" and api == "chat":
+        assert all(q["body"]["stream_options"] == {"include_usage": True} for q in fake.model_requests())
+
+
+def test_reported_usage_is_not_marked_estimated(cli, fake):
+    cli.use(fake, provider="openai")
+    fake.add({"content": "ok", "usage": {"prompt_tokens": 123, "completion_tokens": 4}})
+    r = cli.run("run", "--json", "--prompt", "x")
+    usage = json.loads(r.stdout)["usage"]
+    assert usage == {"prompt_tokens": 123, "completion_tokens": 4, "total_tokens": 127, "estimated": False}
+    assert "estimated" not in r.stderr
+
+
+def test_token_quota_counts_estimates(cli, fake):
+    (cli.workdir / "big.txt").write_text("word " * 2000)
+    cli.use(fake, provider="openai", quota={"max_total_tokens": 5000})
+    fake.add(*[{"tool_calls": [tool_call("read_file", path="big.txt", start_line=1, end_line=i)], "usage": None}
+               for i in range(1, 11)])  # ten different reads: the same call twice in a row is refused as a loop
+    r = cli.run("run", "--json", "--prompt", "read it again and again")
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and out["status"] == "quota_exceeded", r.stderr
+    assert out["turns"] < 10 and out["usage"]["estimated"] is True
+
+
+def test_chat_footer_says_estimated(cli, fake):
+    cli.use(fake, provider="openai")
+    fake.add({"content": "hello there", "usage": None})
+    r = cli.run("chat", input="hi\n")
+    assert r.returncode == 0 and "hello there" in r.stdout
+    assert "this session (estimated: the server sent no usage)" in r.stderr

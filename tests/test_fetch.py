@@ -1,6 +1,5 @@
 """fetch against a local HTTP server: SSRF guard on every hop, caps, HTML to text, cache, rate limit."""
 
-import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -252,3 +251,27 @@ def test_one_thread_keeps_every_deadline():
         xzatoma_tools.DEADLINES.at(time.monotonic() + 3600, lambda: None).cancel()
     assert len(xzatoma_tools.DEADLINES.heap) < 200
     assert [t.name for t in threading.enumerate()].count("xzatoma-deadlines") == 1
+
+
+def test_a_name_that_resolves_differently_the_second_time_is_never_looked_up_twice(tmp_path, monkeypatch):
+    """DNS rebinding: the first answer is public (it passes the check), every later one is 127.0.0.1. The
+    connection must go to the address that was checked (held: a confirming test with a fake resolver)."""
+    import socket
+
+    import xzatoma_tools
+    lookups, connects = [], []
+
+    def resolver(host, port, *a, **k):
+        lookups.append(host)
+        address = "93.184.216.34" if len(lookups) == 1 else "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    def connect(address, *a, **k):
+        connects.append(address[0])
+        raise OSError(111, "Connection refused")
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    monkeypatch.setattr(socket, "create_connection", connect)
+    ctx = xzatoma_tools.ToolContext(str(tmp_path), {"fetch": {"rate_limit_per_minute": 0}})
+    result = xzatoma_tools.build_registry("planning", ctx).execute("fetch", {"url": "http://rebind.example/x"})
+    assert not result.success and "cannot fetch" in result.error, result.to_message()
+    assert lookups == ["rebind.example"] and connects == ["93.184.216.34"]

@@ -122,3 +122,78 @@ def test_a_planted_cache_entry_for_a_blocked_url_is_not_served(tmp_path):
     assert not direct.success and "link-local" in direct.error and "iam" not in direct.to_message()
     via = reg.execute("fetch", {"url": "http://93.184.216.34/redirected"})
     assert not via.success and via.error == "10.0.0.5 is a private address"
+
+
+# ---- names that resolve to special-purpose addresses ----
+
+
+# what the stub resolver answers (the tests never touch real DNS): name -> addresses
+RESOLVES = {
+    "mixed.test": ["93.184.216.34", "192.0.0.170"],  # one public, one IETF-protocol address
+    "nat64-metadata.test": ["64:ff9b::a9fe:a9fe"],
+    "compat.test": ["::10.0.0.1"],
+    "sixtofour.test": ["2002:c0a8:0101::1"],
+    "mapped.test": ["::ffff:192.0.0.8"],
+    "teredo.test": ["2001:0:4136:e378:8000:63bf:3fff:fdd2"],
+    "siit.test": ["::ffff:0:7f00:1"],
+    "public.test": ["93.184.216.34"],
+}
+
+
+@pytest.fixture
+def resolver(monkeypatch):
+    import ipaddress
+    import socket
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        name = host.encode("idna").decode("ascii").lower().rstrip(".") if isinstance(host, str) else host
+        try:
+            addresses = [str(ipaddress.ip_address(name))]
+        except ValueError:
+            addresses = RESOLVES.get(name)
+        if not addresses:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "",
+                 (a, port, 0, 0) if ":" in a else (a, port)) for a in addresses]
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return RESOLVES
+
+
+BLOCKED_URLS = [
+    "http://mixed.test/", "http://nat64-metadata.test/", "http://compat.test/", "http://sixtofour.test/",
+    "http://mapped.test/", "http://teredo.test/", "http://siit.test/", "http://MIXED.test./",
+    "http://\u2460\u2461\u2466.0.0.1/",  # circled digits: IDNA maps them to 127.0.0.1
+    "http://127\u30020\u30020\u30021/", "http://127\uff0e0\uff0e0\uff0e1/",  # ideographic and full-width dots
+    "http://0177.1/", "http://0x7f.1/", "http://2130706433./", "http://0x7f000001/", "http://127.0.0.1../",
+    "http://[::ffff:7f00:1]/", "http://[0:0:0:0:0:ffff:127.0.0.1]/", "http://[::127.0.0.1]/",
+    "http://192.0.0.8/", "http://3221225480/", "http://0300.0.0.010/", "http://[64:ff9b::c000:8]/",
+    "http://[2002:c000:0008::]/", "http://user:pw@192.0.0.9:80/", "https://[fd00::1]:443/",
+    "http://169.254.169.254.nip.io.@192.0.0.10/",
+]
+
+
+@pytest.mark.parametrize("url", BLOCKED_URLS)
+def test_fetch_refuses_special_purpose_addresses_in_every_spelling(resolver, url):
+    import xzatoma_tools
+    verdict, reason = xzatoma_tools.url_verdict(url)
+    assert verdict == "block", (url, reason)
+
+
+def test_a_public_name_is_allowed_by_the_stub(resolver):
+    import xzatoma_tools
+    assert xzatoma_tools.url_verdict("http://public.test/")[0] == "allow"
+
+
+def test_a_cached_page_whose_name_now_resolves_inside_is_not_served(resolver, tmp_path):
+    # cached while the name was public; the name now resolves to a blocked address (rebinding)
+    from xzatoma_store import Store
+    from xzatoma_tools import ToolContext, build_registry
+    store = Store(str(tmp_path / "c.db")).open()
+    store.cache_put("http://rebound.test/page", 200, "text/plain", "http://rebound.test/page", "cached secret page")
+    resolver["rebound.test"] = ["10.1.2.3"]
+    ctx = ToolContext(str(tmp_path), {"fetch": {"cache_ttl_seconds": 86400, "rate_limit_per_minute": 100}},
+                      store=store)
+    result = build_registry("planning", ctx).execute("fetch", {"url": "http://rebound.test/page"})
+    assert not result.success and "10.1.2.3" in result.error and "private" in result.error
+    assert "cached secret page" not in result.to_message()
+    store.close()

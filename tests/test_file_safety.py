@@ -1,35 +1,14 @@
 """The file tools' safety end to end: tool calls from the fake model against real trees, harmless payloads."""
 
 import os
-import subprocess
+import socket
+import stat
 import threading
 import time
 
 import pytest
 
-from conftest import tool_call
-from ptyrun import PtyProcess
-
-HEADLESS = "needs a person's approval; not available in this run"
-
-
-def tool_results(fake, index=-1):
-    return [m["content"] for m in fake.model_requests()[index]["body"]["messages"] if m["role"] == "tool"]
-
-
-def run_calls(cli, fake, calls, *extra, timeout=60):
-    """One model turn making `calls`, then an answer; returns the CLI result and the tool results."""
-    fake.add({"tool_calls": calls}, {"content": "done"})
-    r = cli.run("run", "--prompt", "go", *extra, timeout=timeout)
-    return r, tool_results(fake)
-
-
-@pytest.fixture
-def outside(cli):
-    d = cli.tmp / "outside"
-    d.mkdir()
-    (d / "victim.txt").write_text("untouched\n")
-    return d
+from conftest import needs_landlock, run_calls, snapshot, tool_call, wait_for
 
 
 def test_planted_temp_name_symlinks_are_never_written_through(cli, fake, outside):
@@ -136,160 +115,6 @@ def test_fifo_never_hangs_a_tool(cli, fake):
     assert delete == "Deleted pipe (1 item)" and not os.path.lexists(str(work / "pipe"))
 
 
-@pytest.mark.parametrize("call,path", [
-    (tool_call("write_file", path=".git/hooks/pre-commit", content="#!/bin/sh\ntouch ../pwned\n"), ".git/hooks/pre-commit"),
-    (tool_call("edit_file", path=".git/config", old_text="bare = false", new_text="fsmonitor = touch pwned"),
-     ".git/config"),
-    (tool_call("write_file", path=".bashrc", content="touch pwned\n"), ".bashrc"),
-    (tool_call("write_file", path=".GIT/hooks/post-checkout", content="x"), ".GIT/hooks/post-checkout"),
-    (tool_call("write_file", path="vendor/lib/.git/hooks/pre-commit", content="x"), "vendor/lib/.git/hooks/pre-commit"),
-    (tool_call("write_file", path="hooklink/pre-push", content="x"), ".git/hooks/pre-push"),
-    (tool_call("write_file", path=".ssh/authorized_keys", content="ssh-ed25519 AAAA attacker\n"), ".ssh/authorized_keys"),
-    (tool_call("write_file", path=".config/fish/config.fish", content="x"), ".config/fish/config.fish"),
-    (tool_call("delete_path", path=".git", recursive=True), ".git/config"),
-    (tool_call("delete_path", path="vendor", recursive=True), "vendor/lib/.git/config"),
-    (tool_call("move_path", source_path=".git/config", destination_path="gitconfig.bak"), ".git/config"),
-    (tool_call("move_path", source_path="notes.txt", destination_path=".git/info/exclude"), ".git/info/exclude"),
-    (tool_call("copy_path", source_path="notes.txt", destination_path=".profile", overwrite=True), ".profile"),
-    (tool_call("create_directory", path=".git/hooks/deeper"), ".git/hooks/deeper"),
-    (tool_call("write_file", path="deploy/keys/id", content="x"), "deploy/keys/id"),
-])
-def test_protected_paths_are_refused_headless(cli, fake, call, path):
-    work = cli.workdir
-    (work / ".git" / "hooks").mkdir(parents=True)
-    (work / ".git" / "config").write_text("[core]\n\tbare = false\n")
-    (work / ".git" / "description").write_text("repo\n")
-    (work / "vendor" / "lib" / ".git").mkdir(parents=True)
-    (work / "vendor" / "lib" / ".git" / "config").write_text("[core]\n")
-    (work / ".profile").write_text("# profile\n")
-    (work / "notes.txt").write_text("notes\n")
-    os.symlink(".git/hooks", str(work / "hooklink"))
-    before = snapshot(work)
-    cli.use(fake, tools={"protected_paths": ["deploy/keys"]})
-    r, results = run_calls(cli, fake, [call])
-    assert r.returncode == 0, r.stderr
-    assert results[0].startswith("Error: ") and results[0].endswith(HEADLESS), results[0]
-    assert snapshot(work) == before  # nothing changed, anywhere
-
-
-@pytest.mark.parametrize("layout", ["symlink", "gitdir-file"])
-def test_where_git_really_lives_is_protected(cli, fake, layout):
-    """.git may be a link to the repository's metadata, or a file naming its gitdir (worktrees, submodules)."""
-    work = cli.workdir
-    (work / "meta" / "hooks").mkdir(parents=True)
-    if layout == "symlink":
-        os.symlink("meta", str(work / ".git"))
-    else:
-        (work / ".git").write_text("gitdir: meta\n")
-    cli.use(fake)
-    r, results = run_calls(cli, fake, [tool_call("write_file", path="meta/hooks/pre-commit", content="x"),
-                                       tool_call("write_file", path="META/config", content="x"),
-                                       tool_call("write_file", path="elsewhere.txt", content="ok")])
-    assert results[0].endswith(HEADLESS) and results[1].endswith(HEADLESS), results
-    assert results[2] == "Created elsewhere.txt (2 bytes)"
-    assert sorted(os.listdir(str(work / "meta"))) == ["hooks"] and os.listdir(str(work / "meta" / "hooks")) == []
-
-
-def snapshot(root):
-    out = {}
-    for base, dirs, files in os.walk(str(root)):
-        for name in dirs + files:
-            full = os.path.join(base, name)
-            out[os.path.relpath(full, str(root))] = (os.readlink(full) if os.path.islink(full) else
-                                                     open(full, "rb").read() if os.path.isfile(full) else "dir")
-    return out
-
-
-def test_protected_write_is_asked_in_chat_even_in_yolo(cli, fake):
-    work = cli.workdir
-    (work / ".git" / "hooks").mkdir(parents=True)
-    fake.add({"tool_calls": [tool_call("write_file", path=".git/hooks/pre-commit", content="#!/bin/sh\necho hi\n")]},
-             {"content": "declined noted"},
-             {"tool_calls": [tool_call("write_file", path=".bashrc", content="alias ll='ls -l'\n")]},
-             {"content": "written"})
-    cli.use(fake)
-    p = PtyProcess(cli.command("chat", "--mode", "write", "--safety", "yolo"), dict(cli.env, TERM="xterm"),
-                   str(work))
-    try:
-        p.expect(r"\[WRITE\]\[YOLO\] >> ")
-        p.line("add a hook")
-        p.expect(r"Allow write_file\? write_file \.git/hooks/pre-commit changes \.git, a protected path")
-        p.expect(r"\[y\]es / \[n\]o")
-        p.line("n")
-        p.expect("declined noted")
-        assert tool_results(fake)[0].startswith("Error: the user declined: write_file .git/hooks/pre-commit")
-        assert not (work / ".git" / "hooks" / "pre-commit").exists()
-        p.line("add an alias")
-        p.expect(r"Allow write_file\? write_file \.bashrc changes \.bashrc, a protected path")
-        p.line("y")
-        p.expect("written")
-        assert (work / ".bashrc").read_text() == "alias ll='ls -l'\n"
-        p.expect(r"\[WRITE\]\[YOLO\] >> ")
-        p.eof()
-        assert p.wait() == 0
-    finally:
-        p.close()
-
-
-def test_run_refuses_home_or_root_as_an_implicit_working_directory(cli, fake):
-    cli.use(fake)
-    for where in (cli.home, "/"):
-        r = cli.run("run", "--prompt", "go", cwd=where)
-        assert r.returncode == 2 and r.stdout == ""
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and "--working-dir DIR" in lines[0] and "refusing" in lines[0], r.stderr
-    assert fake.model_requests() == []
-
-
-def test_home_named_deliberately_keeps_its_protected_paths(cli, fake):
-    home = cli.home
-    (home / ".bashrc").write_text("# mine\n")
-    cli.use(fake)
-    r, results = run_calls(cli, fake, [tool_call("write_file", path=".bashrc", content="touch pwned\n"),
-                                       tool_call("write_file", path=".ssh/authorized_keys", content="k\n"),
-                                       tool_call("write_file", path="scratch.txt", content="ok\n")],
-                           "--working-dir", str(home))
-    assert r.returncode == 0, r.stderr
-    assert results[0].endswith(HEADLESS) and results[1].endswith(HEADLESS)
-    assert results[2] == "Created scratch.txt (3 bytes)"
-    assert (home / ".bashrc").read_text() == "# mine\n" and not (home / ".ssh").exists()
-
-
-def test_a_directory_above_home_is_refused_and_given_deliberately_protects_home(cli, fake):
-    cli.use(fake)
-    r = cli.run("run", "--prompt", "go", cwd=cli.tmp)  # cli.tmp holds the test's HOME
-    assert r.returncode == 2 and "a directory above your home directory" in r.stderr and "--working-dir" in r.stderr
-    (cli.home / ".ssh").mkdir()
-    r, results = run_calls(cli, fake, [tool_call("write_file", path="home/.ssh/authorized_keys", content="k\n"),
-                                       tool_call("write_file", path="home/.zshenv", content="touch pwned\n"),
-                                       tool_call("write_file", path="home/notes.txt", content="ok\n")],
-                           "--working-dir", str(cli.tmp))
-    assert r.returncode == 0, r.stderr
-    assert results[0].endswith(HEADLESS) and results[1].endswith(HEADLESS) and results[2].startswith("Created")
-    assert os.listdir(str(cli.home / ".ssh")) == [] and not (cli.home / ".zshenv").exists()
-
-
-def test_configured_protected_globs(cli, fake):
-    cli.use(fake, tools={"protected_paths": ["*.pem", "secrets/**", "deploy/prod.env"]})
-    (cli.workdir / "secrets").mkdir()
-    r, results = run_calls(cli, fake, [
-        tool_call("write_file", path="certs/server.PEM", content="x"),
-        tool_call("write_file", path="secrets/a/b.txt", content="x"),
-        tool_call("write_file", path="deploy/prod.env", content="x"),
-        tool_call("delete_path", path="secrets", recursive=True),
-        tool_call("write_file", path="deploy/dev.env", content="x")])
-    assert [x.endswith(HEADLESS) for x in results] == [True, True, True, True, False], results
-    assert sorted(os.listdir(str(cli.workdir))) == ["deploy", "secrets"]
-    assert os.listdir(str(cli.workdir / "deploy")) == ["dev.env"]
-
-
-def test_chat_refuses_home_as_an_implicit_working_directory(cli, fake):
-    cli.use(fake)
-    r = subprocess.run(cli.command("chat"), input="", capture_output=True, text=True, env=cli.env,
-                       cwd=str(cli.home), timeout=60)
-    assert r.returncode == 2 and "--working-dir DIR" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-
-
 def test_copy_and_move_onto_the_working_directory_are_refused(cli, fake):
     work = cli.workdir
     (work / "src").mkdir()
@@ -360,3 +185,457 @@ def test_policy_path_reports_loops_and_long_names_as_errors(cli):
         r = cli.run("policy", "path", path)
         assert r.returncode == (1 if words.startswith("error") else 0) and r.stdout.startswith(words), (
             path, r.stdout, r.stderr)
+
+
+@needs_landlock
+def test_the_audit_log_never_follows_a_link_or_opens_a_fifo(tmp_path):
+    from xzatoma_tools import AuditLog
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    os.symlink(str(victim), str(tmp_path / "linked.log"))
+    os.mkfifo(str(tmp_path / "fifo.log"))
+    for name in ("linked.log", "fifo.log"):
+        with pytest.raises(OSError):
+            AuditLog(str(tmp_path / name)).record(str(tmp_path), "echo hi", "exit:0", 0.1, "allow")
+    assert victim.read_text() == "victim\n"
+
+
+# ---- special files: FIFOs, sockets, devices ----
+
+
+def _mknod(path, kind):
+    """A device node (char: like /dev/zero, block: like /dev/loop0); skips where the test may not make one."""
+    mode = (stat.S_IFCHR if kind == "char" else stat.S_IFBLK) | 0o666
+    try:
+        os.mknod(str(path), mode, os.makedev(1, 5) if kind == "char" else os.makedev(7, 0))
+    except (PermissionError, AttributeError, OSError) as exc:
+        pytest.skip("cannot make a device node here: %s" % exc)
+
+
+def _plant_specials(where):
+    """A FIFO, a listening unix socket, a char device and a block device in `where`; returns the socket."""
+    os.mkfifo(str(where / "fifo"))
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(where / "sock"))
+    sock.listen(1)
+    _mknod(where / "chr", "char")
+    _mknod(where / "blk", "block")
+    return sock
+
+
+SPECIALS = ("fifo", "sock", "chr", "blk")
+
+
+def test_special_files_are_an_error_for_every_file_tool_directly_and_through_links(cli, fake):
+    work = cli.workdir
+    sock = _plant_specials(work)
+    try:
+        (work / "t.txt").write_text("hello\n")
+        for name in SPECIALS:
+            os.symlink(name, str(work / ("l" + name)))
+        calls = []
+        for name in SPECIALS + tuple("l" + n for n in SPECIALS):
+            calls += [tool_call("read_file", path=name), tool_call("write_file", path=name, content="x"),
+                      tool_call("edit_file", path=name, old_text="a", new_text="b"),
+                      tool_call("copy_path", source_path=name, destination_path=name + ".copy"),
+                      tool_call("diff_files", path1="t.txt", path2=name), tool_call("plan", path=name),
+                      tool_call("grep", pattern="x", path=name)]
+        cli.use(fake)
+        started = time.monotonic()
+        r, results = run_calls(cli, fake, calls, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert time.monotonic() - started < 45
+        for call, result in zip(calls, results):
+            args = call["arguments"]
+            shown = (call["name"], args)
+            if call["name"] == "grep":
+                # a search reads nothing there and says so: never a silent "no matches"
+                assert "skipped 1 special file" in result and "not read" in result, shown + (result,)
+            else:
+                assert result.startswith("Error: "), shown + (result,)
+                assert "FIFO" in result or "socket" in result or "device" in result or "not a text file" in result, \
+                    shown + (result,)
+        for name in SPECIALS:
+            assert not os.path.lexists(str(work / (name + ".copy")))
+            assert not os.path.lexists(str(work / ("l" + name + ".copy")))
+        assert stat.S_ISFIFO(os.lstat(str(work / "fifo")).st_mode)
+        assert stat.S_ISCHR(os.lstat(str(work / "chr")).st_mode)
+    finally:
+        sock.close()
+
+
+def test_a_search_never_opens_a_fifo_it_is_pointed_at(cli, fake):
+    """Opening a FIFO is already an effect: a writer waiting on it (here a thread, in an attack a process the
+    repository's tooling started) is released and its data consumed. The tools must look before they open."""
+    work = cli.workdir
+    os.mkfifo(str(work / "pipe"))
+    os.symlink("pipe", str(work / "via"))
+    released = []
+
+    def writer():
+        try:
+            with open(str(work / "pipe"), "w") as fh:  # blocks until someone opens the FIFO to read
+                released.append(time.monotonic())
+                fh.write("needle\n")
+        except OSError:
+            released.append(-1)
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("grep", pattern="needle", path="pipe"),
+                                       tool_call("grep", pattern="need+le", path="via"),
+                                       tool_call("read_file", path="via"),
+                                       tool_call("file_metadata", path="via")])
+    assert r.returncode == 0, r.stderr
+    assert released == [], "a tool opened the FIFO: %r" % (results,)
+    assert all("needle" not in x.replace("for needle", "").replace("for need+le", "") for x in results), results
+    fd = os.open(str(work / "pipe"), os.O_RDONLY | os.O_NONBLOCK)  # release the writer ourselves
+    try:
+        assert wait_for(lambda: released, timeout=10)
+    finally:
+        os.close(fd)
+    thread.join(timeout=10)
+
+
+def test_special_files_inside_a_tree_that_is_walked_copied_moved_and_deleted(cli, fake):
+    work = cli.workdir
+    (work / "d" / "deep").mkdir(parents=True)
+    (work / "d" / "a.txt").write_text("needle\n")
+    sock = _plant_specials(work / "d" / "deep")
+    try:
+        os.symlink("deep/fifo", str(work / "d" / "lf"))
+        cli.use(fake)
+        started = time.monotonic()
+        r, results = run_calls(cli, fake, [
+            tool_call("grep", pattern="needle"), tool_call("grep", pattern="ne+dle", path="d"),
+            tool_call("list_directory", path="d", recursive=True), tool_call("find_path", glob="**/*"),
+            tool_call("copy_path", source_path="d", destination_path="copy"),
+            tool_call("move_path", source_path="copy", destination_path="moved"),
+            tool_call("delete_path", path="moved", recursive=True),
+            tool_call("delete_path", path="d/deep/fifo")], timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert time.monotonic() - started < 45
+        grep_all, grep_re, listing, found, copy, move, delete, delete_fifo = results
+        for g in (grep_all, grep_re):
+            assert g.startswith("d/a.txt:1: needle") and "skipped 5 special files" in g, g
+        for name in SPECIALS:
+            assert "d/deep/" + name in listing and "d/deep/" + name in found
+        assert copy.startswith("Copied d to copy") and "skipped 4 special files" in copy, copy
+        assert sorted(os.listdir(str(work / "d" / "deep"))) == sorted(SPECIALS[1:])
+        assert move.startswith("Moved copy to moved") and delete.startswith("Deleted moved")
+        assert delete_fifo == "Deleted d/deep/fifo (1 item)"
+        assert not (work / "moved").exists() and not (work / "copy").exists()
+    finally:
+        sock.close()
+
+
+def test_a_fifo_planted_as_git_metadata_hangs_nothing(cli, fake):
+    """A worktree's `commondir` and a repository's `config` as FIFOs: protected-path checks, the sandbox's
+    start and the policy's look at git config must not block reading them."""
+    work = cli.workdir
+    (work / "meta").mkdir()
+    os.mkfifo(str(work / "meta" / "commondir"))
+    (work / "wt").mkdir()
+    (work / "wt" / ".git").write_text("gitdir: ../meta\n")
+    (work / ".git").mkdir()
+    os.mkfifo(str(work / ".git" / "config"))
+    os.mkfifo(str(work / ".git" / "commondir"))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="notes.txt", content="ok\n"),
+                                       tool_call("terminal", command="git status"),
+                                       tool_call("terminal", command="echo hi")], timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert results[0] == "Created notes.txt (3 bytes)", results
+    assert results[1].startswith("Error: ") or "needs a person" in results[1], results
+
+
+# ---- copy, move and delete: destinations, links, deep trees, races ----
+
+
+def test_copy_and_move_never_replace_the_tree_or_swallow_their_source(cli, fake):
+    work = cli.workdir
+    (work / "a" / "b" / "c").mkdir(parents=True)
+    (work / "a" / "b" / "c" / "f.txt").write_text("f\n")
+    (work / "d" / "e").mkdir(parents=True)
+    (work / "keep.txt").write_text("keep\n")
+    os.symlink(".", str(work / "here"))
+    os.symlink("../..", str(work / "d" / "e" / "up2"))
+    os.symlink(str(work), str(work / "absroot"))
+    os.symlink("a", str(work / "la"))
+    os.symlink("a/b", str(work / "lb"))
+    onto_root = ["", " ", ".", "./", "here", "here/", "here/here/.", "d/..", "d/e/up2", "d/e/up2/",
+                 "absroot", "la/..", "lb/../..", str(work), str(work) + "/", "/proc/self/cwd"]
+    calls = []
+    for dest in onto_root:
+        for tool in ("copy_path", "move_path"):
+            calls.append(tool_call(tool, source_path="a", destination_path=dest, overwrite=True))
+            calls.append(tool_call(tool, source_path=dest or ".", destination_path="zz", overwrite=True)
+                         if tool == "copy_path" else tool_call(tool, source_path=".", destination_path="zz"))
+    swallow = [("move_path", "a/b/c", "a"), ("move_path", "a/b/c", "la"), ("move_path", "a/b/c", "lb/.."),
+               ("copy_path", "a/b", "a/b/c/.."), ("copy_path", "a/b", "la"),
+               ("move_path", "a", "a/b/c/new"), ("move_path", "a", "lb/new"), ("copy_path", "a", "la/b/c/new"),
+               ("copy_path", "la", "a/inner"), ("move_path", "a/b", "lb/x/y")]
+    for tool, src, dst in swallow:
+        calls.append(tool_call(tool, source_path=src, destination_path=dst, overwrite=True))
+    cli.use(fake)
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, calls, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for call, result in zip(calls, results):
+        assert result.startswith("Error: "), (call, result)
+        assert any(w in result for w in ("working directory itself", "contains the source", "inside itself",
+                                         "are the same")), (call, result)
+    assert snapshot(work) == before
+
+
+def test_deleting_a_link_to_a_directory_removes_only_the_link_however_it_is_named(cli, fake, outside):
+    work = cli.workdir
+    (work / "data" / "sub").mkdir(parents=True)
+    (work / "data" / "sub" / "keep.txt").write_text("keep\n")
+    (work / ".git" / "hooks").mkdir(parents=True)
+    for name, target in (("l1", "data"), ("l2", "data/sub"), ("l3", str(work / "data")), ("l4", str(outside)),
+                         ("l5", ".git"), ("l6", "../outside"), ("l7", "l1")):
+        os.symlink(target, str(work / name))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [
+        tool_call("delete_path", path="l1/", recursive=True), tool_call("delete_path", path="l2/."),
+        tool_call("delete_path", path="./l3", recursive=True), tool_call("delete_path", path=str(work / "l4") + "/",
+                                                                         recursive=True),
+        tool_call("delete_path", path="l5", recursive=True), tool_call("delete_path", path="l6/", recursive=True),
+        tool_call("delete_path", path="l7", recursive=True)])
+    assert r.returncode == 0, r.stderr
+    for name, result in zip(("l1", "l2", "l3", "l4", "l5", "l6", "l7"), results):
+        assert result == "Deleted %s (1 item)" % name, results
+    assert (work / "data" / "sub" / "keep.txt").read_text() == "keep\n"
+    assert sorted(os.listdir(str(outside))) == ["victim.txt"] and (work / ".git" / "hooks").is_dir()
+    assert sorted(os.listdir(str(work))) == [".git", "data"]
+
+
+def _deep_tree(top, depth):
+    """top/d/d/…/d/f.txt, `depth` levels: made descriptor by descriptor (the path is far over PATH_MAX)."""
+    fd = os.open(str(top), os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        with os.fdopen(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as fh:
+            fh.write("needle\n")
+    finally:
+        os.close(fd)
+
+
+def _deep_file(top, depth):
+    fd = os.open(str(top), os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        with os.fdopen(os.open("f.txt", os.O_RDONLY, dir_fd=fd)) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_copied_moved_deleted_and_restored_whole(cli, fake):
+    """copy_path and delete_path recursed once per level: at ~990 levels they stopped with RecursionError,
+    the copy left half made and the delete refused."""
+    import resource
+    import subprocess
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4096:  # a copy holds a descriptor per level of the copy it makes (the CLI inherits this limit)
+        if hard != resource.RLIM_INFINITY and hard < 4096:
+            pytest.skip("too few file descriptors allowed (%d) for a 1,200-level tree" % hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, hard))
+    work = cli.workdir
+    (work / "deep").mkdir()
+    try:
+        _deep_tree(work / "deep", 1200)
+        cli.use(fake)
+        r, results = run_calls(cli, fake, [
+            tool_call("copy_path", source_path="deep", destination_path="copy"),
+            tool_call("move_path", source_path="copy", destination_path="moved"),
+            tool_call("delete_path", path="moved", recursive=True),
+            tool_call("delete_path", path="deep", recursive=True)], timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert results == ["Copied deep to copy (1202 items)", "Moved copy to moved (1202 items)",
+                           "Deleted moved (1202 items)", "Deleted deep (1202 items)"], results
+        assert os.listdir(str(work)) == []
+        u = cli.run("undo", timeout=120)
+        assert u.returncode == 0, u.stderr
+        assert _deep_file(work / "deep", 1200) == "needle\n"
+    finally:  # pytest's own clean-up of old tmp dirs (shutil.rmtree) recurses per level too
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def test_a_swap_race_never_lets_a_copy_move_or_delete_touch_outside(cli, fake, outside):
+    libc = renameat2_libc()
+    work = cli.workdir
+    (work / "d" / "tree" / "in").mkdir(parents=True)
+    (work / "d" / "tree" / "in" / "f.txt").write_text("inside\n")
+    (work / "d" / "f.txt").write_text("inside\n")
+    for name in ("tree", "made", "moved", "copied"):
+        (outside / name).mkdir()
+        (outside / name / "keep.txt").write_text("OUTSIDE\n")
+    (outside / "f.txt").write_text("OUTSIDE\n")
+    os.symlink(str(outside), str(work / "lnk"))
+    before = snapshot(outside)
+    turn = [tool_call("create_directory", path="d/made/x"),
+            tool_call("copy_path", source_path="d/tree", destination_path="d/copied", overwrite=True),
+            tool_call("move_path", source_path="d/copied", destination_path="d/moved", overwrite=True),
+            tool_call("delete_path", path="d/moved", recursive=True),
+            tool_call("delete_path", path="d/made", recursive=True),
+            tool_call("write_file", path="d/f.txt", content="inside\n"),
+            tool_call("copy_path", source_path="d/f.txt", destination_path="d/tree/in/f.txt", overwrite=True)]
+    fake.add(*[{"tool_calls": turn} for _ in range(30)])
+    fake.add({"content": "done"})
+    cli.use(fake, max_turns=100)
+    proc = cli.popen("run", "--prompt", "go")
+    out, err = swap_while_running(libc, proc, work / "d", work / "lnk")
+    assert proc.returncode == 0, err
+    assert snapshot(outside) == before
+
+
+def test_a_tool_stopped_by_the_deadline_has_changed_nothing_and_recorded_nothing(tmp_path):
+    """Past the run's deadline, delete_path still walked the tree to count it, checked the undo cap, scanned for
+    protected paths and saved a whole snapshot before its first check; move_path renamed without any."""
+    from xzatoma_store import Store
+    from xzatoma_tools import ToolContext, build_registry
+    root = tmp_path / "work"
+    for i in range(20):
+        (root / "tree" / ("d%02d" % i)).mkdir(parents=True)
+        for j in range(20):
+            (root / "tree" / ("d%02d" % i) / ("f%02d.txt" % j)).write_text("x\n")
+    before = snapshot(root)
+    store = Store(str(tmp_path / "u.db")).open()
+    ctx = ToolContext(str(root), {}, store=store, conversation_id=None, deadline=time.monotonic() - 1)
+    reg = build_registry("write", ctx)
+    for name, args in (("delete_path", {"path": "tree", "recursive": True}),
+                       ("move_path", {"source_path": "tree", "destination_path": "moved"}),
+                       ("copy_path", {"source_path": "tree", "destination_path": "copy"})):
+        result = reg.execute(name, args)
+        assert result.error == "%s stopped: the run's time limit was reached" % name, (name, result.to_message())
+    assert snapshot(root) == before
+    assert store.undo_records() == []
+
+
+def test_no_spelling_of_the_working_directory_can_be_deleted(cli, fake):
+    work = cli.workdir
+    (work / "d" / "e").mkdir(parents=True)
+    (work / "keep.txt").write_text("keep\n")
+    os.symlink("../..", str(work / "d" / "e" / "up2"))
+    spellings = ["", " ", ".", "./", "d/..", "d/e/../..", str(work), str(work) + "/", str(work) + "/.",
+                 "/proc/self/cwd", "/proc/self/cwd/", "d/e/up2/d/.."]
+    cli.use(fake)
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, [tool_call("delete_path", path=p, recursive=True) for p in spellings])
+    assert r.returncode == 0, r.stderr
+    assert results == ["Error: refusing to delete the working directory itself"] * len(spellings), results
+    assert snapshot(work) == before
+
+
+def test_hard_link_to_outside_is_never_written_through(cli, fake, outside):
+    work = cli.workdir
+    os.link(str(outside / "victim.txt"), str(work / "hl.txt"))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="hl.txt", content="x\n"),
+                                       tool_call("edit_file", path="hl.txt", old_text="x", new_text="y")])
+    assert r.returncode == 0, r.stderr
+    assert (outside / "victim.txt").read_text() == "untouched\n"
+    assert (work / "hl.txt").read_text() == "y\n"
+
+
+def test_rewritten_and_copied_files_drop_set_id_bits(cli, fake):
+    """Replacing a set-user-ID program's content (or copying it) must not hand the new bytes its privilege."""
+    work = cli.workdir
+    prog = work / "tool.sh"
+    prog.write_text("#!/bin/sh\necho ok\n")
+    os.chmod(str(prog), 0o6755)
+    if os.stat(str(prog)).st_mode & 0o6000 != 0o6000:
+        pytest.skip("this filesystem does not keep set-ID bits")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("copy_path", source_path="tool.sh", destination_path="copy.sh"),
+                                       tool_call("edit_file", path="tool.sh", old_text="ok", new_text="pwned")])
+    assert r.returncode == 0, r.stderr
+    assert results[1] == "Edited tool.sh: 1 replacement, saved. Lines 1-2 now read:\n     1\t#!/bin/sh\n     2\techo pwned"
+    assert os.stat(str(prog)).st_mode & 0o7777 == 0o755
+    assert os.stat(str(work / "copy.sh")).st_mode & 0o7777 == 0o755
+
+
+# ---- sparse and huge files ----
+
+
+def test_a_terabyte_sparse_text_file_is_read_counted_and_copied_at_once(cli, fake):
+    """A text head, then a terabyte hole (`truncate -s 1T`, free to make): read_file and file_metadata read every
+    zero to count lines (minutes; only --timeout stopped them). Holes hold no newline: they are skipped."""
+    work = cli.workdir
+    with open(str(work / "huge.txt"), "wb") as fh:
+        fh.write(b"hello\n" * 2000)
+        fh.seek((1 << 40) - 6)
+        fh.write(b"\ntail\n")
+    cli.use(fake)
+    started = time.monotonic()
+    r, results = run_calls(cli, fake, [
+        tool_call("read_file", path="huge.txt", start_line=1999, end_line=2000),
+        tool_call("read_file", path="huge.txt", start_line=2002),
+        tool_call("read_file", path="huge.txt", start_line=2001, end_line=2001),
+        tool_call("file_metadata", path="huge.txt"),
+        tool_call("copy_path", source_path="huge.txt", destination_path="copy.txt"),
+        tool_call("grep", pattern="tail", path="huge.txt")], "--timeout", "30", timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - started < 25
+    head, tail, hole, meta, copy, grep = results
+    assert head.startswith("hello\nhello\n") and "of 2002" not in head, head
+    assert tail == "tail\n", tail[:200]
+    assert hole.rstrip("\n").endswith("... [line truncated]") and len(hole) < 70000, hole[-100:]
+    assert "lines: 2002" in meta and copy == "Copied huge.txt to copy.txt (1 item)", (meta, copy)
+    assert grep.startswith("no matches"), grep  # grep reads the first 64 MB of a file, by design
+    assert os.stat(str(work / "copy.txt")).st_blocks < 1024
+
+
+def test_a_huge_sparse_file_costs_an_error_not_the_memory(cli, fake):
+    """edit_file and diff_files read files whole: a 100 MB (sparse: free to make) file is refused by size."""
+    work = cli.workdir
+    with open(str(work / "big.txt"), "wb") as fh:
+        fh.write(b"hello needle\n" * 1000)
+        fh.truncate(100 << 20)
+    (work / "small.txt").write_text("a\n")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [
+        tool_call("edit_file", path="big.txt", old_text="hello", new_text="x", replace_all=True),
+        tool_call("diff_files", path1="small.txt", path2="big.txt"),
+        tool_call("grep", pattern="needle", path="big.txt")])
+    assert r.returncode == 0, r.stderr
+    edit, diff, grep = results
+    assert edit.startswith("Error: big.txt is 100.0 MB, over the 64.0 MB"), edit
+    assert diff.startswith("Error: big.txt is 100.0 MB, over the 64.0 MB"), diff
+    assert "big.txt:1: hello needle" in grep
+    assert os.path.getsize(str(work / "big.txt")) == 100 << 20
+
+
+def test_copying_a_sparse_file_does_not_fill_the_disk(cli, fake):
+    """A 4 KB sparse file of 8 GB apparent size (`truncate -s`, a tar --sparse) copied with copy_path was
+    written out as 8 GB of real zeros, a minute of I/O and the disk's free space."""
+    work = cli.workdir
+    with open(str(work / "sparse.bin"), "wb") as fh:
+        fh.write(b"head\n")
+        fh.seek(4 << 30)
+        fh.write(b"middle\n")
+        fh.truncate(8 << 30)
+    if os.stat(str(work / "sparse.bin")).st_blocks * 512 > 1 << 20:
+        pytest.skip("this filesystem does not keep holes")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("copy_path", source_path="sparse.bin", destination_path="copy.bin")],
+                           timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert results == ["Copied sparse.bin to copy.bin (1 item)"]
+    copy = str(work / "copy.bin")
+    assert os.path.getsize(copy) == 8 << 30 and os.stat(copy).st_blocks * 512 < 16 << 20
+    with open(copy, "rb") as fh:
+        assert fh.read(5) == b"head\n"
+        fh.seek(4 << 30)
+        assert fh.read(7) == b"middle\n"
+        fh.seek((4 << 30) - 4096)
+        assert fh.read(4096) == b"\0" * 4096

@@ -1,4 +1,5 @@
-"""The working-directory jail's resolver, in-process and table-driven, with openat2 and without."""
+"""The working-directory jail: its resolver in-process and table-driven, with openat2 and without; then every spelling
+of a way out of the tree, through tool calls from the fake model against a real tree (the CLI as a subprocess)."""
 
 import os
 import threading
@@ -6,8 +7,8 @@ import threading
 import pytest
 
 import xzatoma_tools
-from xzatoma_tools import (Jail, JailError, PathError, ToolContext, ToolError, build_registry, path_verdict,
-                           protected_paths)
+from conftest import run_calls, snapshot, tool_call
+from xzatoma_tools import Jail, JailError, PathError, ToolContext, ToolError, build_registry, path_verdict
 
 
 @pytest.fixture(params=["openat2", "walk"])
@@ -170,15 +171,6 @@ def _exchange():
     return exchange
 
 
-def test_protected_paths_contract(tmp_path):
-    root = str(tmp_path)
-    paths = protected_paths(root, xzatoma_home=str(tmp_path / "xzh"), extra=["deploy/keys", "/elsewhere"])
-    for name in (".git", ".bashrc", ".profile", ".zshrc", ".ssh", ".gnupg", ".aws", ".config/git", "xzh",
-                 "deploy/keys"):
-        assert os.path.join(root, name) in paths
-    assert all(p.startswith(root + "/") for p in paths)  # only what lies under the root
-
-
 def test_tools_stop_at_the_runs_deadline(tmp_path):
     import time
     root = tmp_path / "root"
@@ -249,3 +241,147 @@ def test_the_walk_holds_a_bounded_number_of_directories_and_climbs_back_only_the
         assert caught.value.errno == errno.ESTALE
     finally:
         os.close(fd)
+
+
+# ---- end to end: tool calls from the fake model against a real tree ----
+
+
+SECRET = "OUTSIDE-SECRET-5150"
+
+
+def _escape_tree(work, outside):
+    (outside / "secret.txt").write_text(SECRET + "\n")
+    (work / "d" / "e").mkdir(parents=True)
+    os.symlink(str(outside), str(work / "abs_out"))
+    os.symlink("../outside", str(work / "rel_out"))
+    os.symlink("/proc/self/root" + str(outside), str(work / "proc_out"))
+    os.symlink("/proc/self/cwd/../outside", str(work / "cwd_out"))
+    os.symlink("../../..", str(work / "d" / "e" / "up3"))
+    os.symlink(str(outside / "secret.txt"), str(work / "file_out"))
+    os.symlink("/dev/fd/0", str(work / "fd0"))
+    os.symlink("/proc/self/environ", str(work / "env"))
+
+
+ESCAPES = ["../outside/secret.txt", "d/../../outside/secret.txt", "d/e/up3/outside/secret.txt", "abs_out/secret.txt",
+           "rel_out/secret.txt", "proc_out/secret.txt", "cwd_out/secret.txt", "file_out", "fd0", "env",
+           "/proc/self/root{outside}/secret.txt", "/proc/self/cwd/../outside/secret.txt", "/dev/fd/0",
+           "/proc/self/fd/0", "/proc/self/environ", "/dev/stdin", "{work}/../outside/secret.txt",
+           "//{outside}/secret.txt", "missing/../../outside/secret.txt", "~/../outside/secret.txt",
+           "abs_out/../outside/secret.txt"]
+
+
+def test_no_spelling_of_a_path_out_of_the_tree_reads_or_writes_there(cli, fake, outside):
+    work = cli.workdir
+    _escape_tree(work, outside)
+    before = snapshot(outside)
+    paths = [p.format(outside=outside, work=work) for p in ESCAPES]
+    calls = []
+    for p in paths:
+        calls += [tool_call("read_file", path=p), tool_call("write_file", path=p, content="PWN\n"),
+                  tool_call("grep", pattern="SECRET", path=p), tool_call("copy_path", source_path=p, destination_path="got"),
+                  tool_call("copy_path", source_path="d", destination_path=p, overwrite=True),
+                  tool_call("move_path", source_path="d/e", destination_path=p + "/x"),
+                  tool_call("delete_path", path=p, recursive=True), tool_call("list_directory", path=p + "/.."),
+                  tool_call("edit_file", path=p, old_text="OUTSIDE", new_text="PWN")]
+    cli.use(fake, max_turns=5)
+    r, results = run_calls(cli, fake, calls, timeout=90)
+    assert r.returncode == 0, r.stderr
+    for call, result in zip(calls, results):
+        assert SECRET not in result, (call, result)
+        if call["name"] in ("write_file", "copy_path", "move_path", "edit_file"):
+            assert result.startswith("Error: "), (call, result)
+    assert snapshot(outside) == before
+    assert not os.path.lexists(str(work / "got"))
+    for request in fake.model_requests():
+        for m in request["body"]["messages"]:
+            assert SECRET not in (m.get("content") or ""), m
+
+
+def test_symlink_loops_and_over_long_names_are_errors_for_every_tool(cli, fake):
+    work = cli.workdir
+    os.symlink("self", str(work / "self"))
+    os.symlink("b", str(work / "a"))
+    os.symlink("a", str(work / "b"))
+    os.symlink("deep/x", str(work / "deep"))
+    os.symlink("./ring/..", str(work / "ring"))
+    for i in range(45):  # a chain longer than the 40 links Linux follows
+        os.symlink("c%d" % (i + 1), str(work / ("c%d" % i)))
+    (work / "c45").write_text("end\n")
+    long_name = "n" * 256
+    wide = "\u00e9" * 128  # 256 bytes in UTF-8
+    long_path = "/".join(["p" * 200] * 21)
+    bad = ["self", "self/x", "a", "a/x", "deep/y", "ring/x", "c0", long_name, wide, long_path, "ok/" + long_name]
+    calls = []
+    for p in bad:
+        calls += [tool_call("read_file", path=p), tool_call("write_file", path=p + "/f", content="x"),
+                  tool_call("edit_file", path=p, old_text="a", new_text="b"),
+                  tool_call("list_directory", path=p), tool_call("grep", pattern="x", path=p),
+                  tool_call("find_path", glob="*", path=p), tool_call("file_metadata", path=p),
+                  tool_call("copy_path", source_path=p, destination_path="cp"),
+                  tool_call("copy_path", source_path="c45", destination_path=p + "/f"),
+                  tool_call("move_path", source_path="c45", destination_path=p + "/f"),
+                  tool_call("create_directory", path=p + "/sub"), tool_call("diff_files", path1=p, path2="c45")]
+    cli.use(fake)
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, calls, timeout=90)
+    assert r.returncode == 0, r.stderr
+    for call, result in zip(calls, results):
+        assert result.startswith("Error: "), (call, result)
+        assert "unexpectedly" not in result and "Traceback" not in result, (call, result)
+    assert snapshot(work) == before
+
+
+def test_names_that_begin_with_two_dots_are_inside_and_shown_relative(cli, fake):
+    """`..name` and `...` are names in the tree; they were shown as absolute paths, as if outside."""
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="..name", content="a\n"),
+                                       tool_call("write_file", path="sub/...", content="b\n"),
+                                       tool_call("copy_path", source_path="..name", destination_path="..copy")])
+    assert results == ["Created ..name (2 bytes)", "Created sub/... (2 bytes)", "Copied ..name to ..copy (1 item)"]
+    assert str(cli.tmp) not in r.stdout + r.stderr
+
+
+def test_a_link_moved_or_copied_never_comes_to_point_out_of_the_tree(cli, fake, outside):
+    """`a/b/up2 -> ../..` is the working directory; moved (or copied inside a tree) two levels up, the same words
+    name the directory above it: the next `cat up2/outside/secret.txt` a person, git or a build tool runs leaves
+    the tree. The tools themselves never follow it out, but they must not make such a door either."""
+    work = cli.workdir
+    (outside / "secret.txt").write_text(SECRET + "\n")
+    (work / "a" / "b" / "c").mkdir(parents=True)
+    os.symlink("../..", str(work / "a" / "b" / "up2"))
+    os.symlink("../../../outside/secret.txt", str(work / "a" / "b" / "c" / "o3"))
+    os.symlink("c", str(work / "a" / "b" / "inner"))
+    (work / "venv" / "bin").mkdir(parents=True)
+    os.symlink("/usr/bin/python3", str(work / "venv" / "bin" / "python"))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [
+        tool_call("move_path", source_path="a/b/up2", destination_path="up2"),
+        tool_call("move_path", source_path="a/b/up2", destination_path="a"),
+        tool_call("move_path", source_path="a/b", destination_path="b2"),
+        tool_call("copy_path", source_path="a/b", destination_path="b3"),
+        tool_call("copy_path", source_path="a", destination_path="x/a"),
+        tool_call("move_path", source_path="a/b", destination_path="a/deeper/still/b"),
+        tool_call("copy_path", source_path="venv", destination_path="venv2"),
+        tool_call("read_file", path="b3/inner/../../up2/outside/secret.txt")])
+    assert r.returncode == 0, r.stderr
+    move_link, move_into, move_tree, copy_tree, copy_deeper, move_deeper, copy_venv, read = results
+    assert move_link == "Error: moving a/b/up2 to up2 would make the link a/b/up2 lead outside the working " \
+                       "directory; not moved"
+    assert move_into.startswith("Error: moving a/b/up2 to a would make the link")
+    assert move_tree.startswith("Error: moving a/b to b2 would make the links b2/c/o3, b2/up2 lead outside")
+    assert copy_tree.startswith("Copied a/b to b3 (3 items); left out 2 links") and "b3/up2" in copy_tree, copy_tree
+    assert copy_deeper.startswith("Copied a to x/a (6 items)"), copy_deeper  # one level down: still inside
+    assert move_deeper.startswith("Moved a/b to a/deeper/still/b")
+    assert copy_venv.startswith("Copied venv to venv2 (3 items)")  # an absolute link means the same anywhere
+    assert read.startswith("Error: ") and SECRET not in read
+    for top in ("up2", "b2"):
+        assert not os.path.lexists(str(work / top))
+    assert sorted(os.listdir(str(work / "b3"))) == ["c", "inner"] and os.listdir(str(work / "b3" / "c")) == []
+    for base, dirs, files in os.walk(str(work)):
+        for name in dirs + files:
+            path = os.path.join(base, name)
+            if os.path.islink(path) and not os.readlink(path).startswith("/"):
+                real = os.path.realpath(path)
+                assert real == str(work) or real.startswith(str(work) + "/"), (path, os.readlink(path))
+    u = cli.run("undo")  # the refused moves left nothing to undo; the last real change was the venv copy
+    assert u.returncode == 0 and not (work / "venv2").exists(), (u.stdout, u.stderr)

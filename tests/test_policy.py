@@ -658,6 +658,36 @@ def test_headless_confirm_is_refused_with_what_to_do_instead(tmp_path):
     assert asked == [] and not (tmp_path / "made").exists()
 
 
+def test_policy_path_says_error_with_a_failing_exit_code(cli):
+    """`xzatoma policy path` is for scripts: a loop or an over-long name is not an answer a script may take for
+    'inside' (it exited 0, as for an inside path)."""
+    work = cli.workdir
+    os.symlink("l2", str(work / "l1"))
+    os.symlink("l1", str(work / "l2"))
+    os.symlink("me", str(work / "me"))
+    for path in ("l1", "me/x", "x" * 256, "/".join(["y" * 250] * 17)):
+        r = cli.run("policy", "path", path)
+        assert r.returncode == 1 and r.stdout.startswith("error: "), (path[:40], r.returncode, r.stdout, r.stderr)
+    r = cli.run("policy", "path", "fine/new.txt")
+    assert r.returncode == 0 and r.stdout.startswith("inside: ")
+    r = cli.run("policy", "path", "-", input="ok.txt\nl1\n")
+    assert r.returncode == 1 and r.stdout.splitlines()[0].startswith("inside") and \
+        r.stdout.splitlines()[1].startswith("error")
+
+
+def test_policy_exit_status_is_for_scripts(cli):
+    assert cli.run("policy", "command", "ls").returncode == 0
+    deny = cli.run("policy", "command", "rm -rf ~")
+    assert deny.returncode == 1 and deny.stdout.startswith("deny: ") and deny.stderr == ""
+    assert cli.run("policy", "command", "make test").returncode == 0  # confirm is not a refusal
+    assert cli.run("policy", "url", "http://169.254.169.254/latest/meta-data").returncode == 1
+    assert cli.run("policy", "path", "../secrets").returncode == 1
+    assert cli.run("policy", "path", "notes.txt").returncode == 0
+    mixed = cli.run("policy", "command", "-", input="ls\nsudo ls\n")
+    assert mixed.returncode == 1 and len(mixed.stdout.splitlines()) == 2
+    assert "exit status: 0 when every verdict" in cli.run("policy", "--help").stdout
+
+
 def test_policy_tools_reports_what_each_profile_costs_the_model(cli, tmp_path):
     """Issue 21: the compact profile's token cost, reported; the figures are those of the definitions the
     session sends (the same estimate as the context count)."""

@@ -2,14 +2,16 @@
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import last_json, tool_call, wait_for
+from conftest import SPINNER, person_messages, pty, said, tool_call, wait_for
 
 PROVIDERS = [("ollama", "chat"), ("openai", "chat"), ("openai", "responses"), ("copilot", "chat")]
 
@@ -480,3 +482,451 @@ def test_installed_console_script_matches_the_file(cli):
     a = subprocess.run([exe, "--help"], capture_output=True, text=True, env=cli.env)
     b = cli.run("--help")
     assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
+
+
+# ---- one connection for a whole run; hosts that cannot be reached; proxies ----
+
+
+ONE_CONNECTION_PROVIDERS = [("ollama", "chat"), ("openai", "chat"), ("openai", "responses")]
+
+
+@pytest.mark.parametrize("provider,api", ONE_CONNECTION_PROVIDERS)
+def test_a_ten_turn_run_uses_one_connection(cli, fake, provider, api):
+    for i in range(9):
+        (cli.workdir / ("notes%d.txt" % i)).write_text("alpha %d\n" % i)
+    cli.use(fake, provider=provider, api=api)
+    fake.add(*[{"tool_calls": [tool_call("read_file", path="notes%d.txt" % i)]} for i in range(9)],
+             {"content": "read all nine"})
+    r = cli.run("run", "read the nine notes files")
+    assert r.returncode == 0 and r.stdout == "read all nine\n", r.stderr
+    assert len(fake.model_requests()) == 10
+    assert fake.connections == 1  # every stream read to its end, so the connection served all ten turns
+
+
+def test_a_connection_the_server_closed_is_replaced(cli, fake):
+    """A server that closes idle connections (a keep-alive timeout) costs a new connection, not a failed turn."""
+    (cli.workdir / "notes.txt").write_text("alpha\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]}, {"content": "done"})
+    fake.close_after_each = True
+    r = cli.run("run", "read notes.txt")
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    assert fake.connections == len(fake.requests) >= 2 and "retrying" not in r.stderr
+
+
+def test_an_unresolvable_host_fails_at_once_with_one_line(monkeypatch, tmp_path):
+    import xzatoma
+    asked = []
+
+    def no_such_name(host, *args, **kwargs):
+        asked.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    cfg = xzatoma.load_config({"provider.type": "openai"}, env={
+        "XZATOMA_HOME": str(tmp_path), "HOME": str(tmp_path), "OPENAI_BASE_URL": "http://model-box.invalid:8080/v1",
+        "OPENAI_API_KEY": "sk-test-0123456789abcdef"}, config_path=None)
+    provider = xzatoma.make_provider(cfg, xzatoma.Console(quiet=True))
+    started = time.monotonic()
+    with pytest.raises(xzatoma.ProviderError) as caught:
+        provider.complete([{"role": "user", "content": "hi"}], [])
+    assert time.monotonic() - started < 1.0 and asked == ["model-box.invalid"]  # one attempt, no backoff
+    message = str(caught.value)
+    assert "\n" not in message and "host not found" in message and "OPENAI_BASE_URL" in message
+    assert "gave up" not in message and not caught.value.retryable
+    # asked again at once (a run's window probe, then its first call): answered from memory, not looked up
+    assert not provider.is_local()
+    with pytest.raises(xzatoma.ProviderError):
+        provider.complete([{"role": "user", "content": "hi"}], [])
+    assert asked == ["model-box.invalid"]
+    # but not for ever (a watcher runs for days; the network comes back)
+    failure, when = provider.session._unresolved["model-box.invalid"]
+    provider.session._unresolved["model-box.invalid"] = (failure, when - xzatoma.UNRESOLVED_SECONDS)
+    with pytest.raises(xzatoma.ProviderError):
+        provider.complete([{"role": "user", "content": "hi"}], [])
+    assert asked == ["model-box.invalid"] * 2
+
+
+def test_a_run_against_an_unresolvable_host_fails_at_once_with_one_line(cli, tmp_path):
+    """The CLI as a person meets it: a mistyped host name. Name look-ups for *.invalid fail here as they do on
+    a real resolver (EAI_NONAME), in the run's own process: nothing leaves the machine."""
+    import time as clock
+    site = tmp_path / "site"
+    site.mkdir()
+    asked = tmp_path / "asked.txt"
+    (site / "sitecustomize.py").write_text(
+        "import socket\n"
+        "_real = socket.getaddrinfo\n"
+        "def getaddrinfo(host, *args, **kwargs):\n"
+        "    if str(host).endswith('.invalid'):\n"
+        "        with open(%r, 'a') as fh:\n"
+        "            fh.write(str(host) + '\\n')\n"
+        "        raise socket.gaierror(socket.EAI_NONAME, 'Name or service not known')\n"
+        "    return _real(host, *args, **kwargs)\n"
+        "socket.getaddrinfo = getaddrinfo\n" % str(asked))
+    env = {"PYTHONPATH": str(site), "XZATOMA_PROVIDER": "ollama", "OLLAMA_HOST": "http://model-box.invalid:11434"}
+    started = clock.monotonic()
+    r = cli.run("run", "hi", env=env)  # the default retries (3 attempts, seconds apart) apply
+    took = clock.monotonic() - started
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "host not found" in errors[0] and "OLLAMA_HOST" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and "retrying" not in r.stderr
+    assert asked.read_text().splitlines() == ["model-box.invalid"]  # one look-up: no retry
+    assert took < 10, took  # not the backoff of three attempts
+
+
+def test_proxies_from_the_environment(cli, fake):
+    """A plain-HTTP proxy gets the absolute URL; loopback and no_proxy hosts are reached directly."""
+    import xzatoma
+    assert xzatoma._bypass_proxy("127.0.0.1", 80, "") and xzatoma._bypass_proxy("localhost", 80, "")
+    assert xzatoma._bypass_proxy("api.example.com", 443, "example.com")
+    assert xzatoma._bypass_proxy("api.example.com", 443, ".example.com,other")
+    assert not xzatoma._bypass_proxy("example.org", 443, "example.com")
+    assert xzatoma._bypass_proxy("10.1.2.3", 443, "10.0.0.0/8") and not xzatoma._bypass_proxy("11.1.2.3", 443, "10.0.0.0/8")
+    assert xzatoma._bypass_proxy("gpu", 8080, "gpu:8080") and not xzatoma._bypass_proxy("gpu", 11434, "gpu:8080")
+    assert xzatoma._bypass_proxy("anything", 1, "*")
+    session = xzatoma.HttpSession({"proxies": {"http": "http://u:p%%40ss@127.0.0.1:%d" % fake.port}})
+    resp = session.request("GET", "http://models.internal:11434/api/tags")
+    assert resp.status_code == 404  # the fake, as a proxy, was asked for the whole URL
+    seen = fake.requests[-1]
+    assert seen["path"] == "http://models.internal:11434/api/tags"
+    assert seen["headers"]["proxy-authorization"] == "Basic dTpwQHNz"  # u:p@ss
+
+
+# ---- on a terminal: the answer streams, interim words dimmed, failures marked ----
+
+
+def test_run_streams_its_answer_on_a_terminal_and_prints_it_whole_when_piped(cli, fake):
+    cli.use(fake)
+    answer = "The first half arrives now, and the second half arrives a while later."
+    fake.add({"content": answer, "chunk_delay": 0.15})
+    p = pty(cli, "run", "tell me")
+    try:
+        p.expect("The first half")
+        assert p.proc.poll() is None and "a while later" not in p.seen  # shown before the reply is complete
+        p.expect("a while later")
+        assert p.wait() == 0
+        assert p.seen.count("The first half") == 1  # streamed, not printed again at the end
+    finally:
+        p.close()
+    fake.add({"content": "Let me look.", "tool_calls": [tool_call("list_directory")]}, {"content": answer})
+    r = cli.run("run", "tell me")  # piped: the answer alone, byte for byte; the interim words are progress
+    assert r.returncode == 0 and r.stdout == answer + "\n"
+    assert "Let me look." in r.stderr and "\x1b" not in r.stderr + r.stdout
+
+
+def test_interim_words_are_dimmed_and_failing_commands_marked(cli, fake):
+    cli.use(fake)
+    (cli.workdir / "lines.txt").write_text("".join("%d\n" % i for i in range(1, 21)))
+    command = "cat lines.txt nothere"  # 20 lines of output, then a failure
+    fake.add({"content": "Let me list the files first.", "tool_calls": [tool_call("terminal", command=command)]},
+             {"content": "There is nothing called nothere."})
+    p = pty(cli, "run", "-v", "is nothere here?", color=True)
+    try:
+        assert p.wait() == 0
+    finally:
+        p.close()
+    seen = p.seen
+    # streamed as it came, then (the reply asked for a tool) rewritten in place, dimmed
+    assert "Let me list the files first.\r\n\x1b[1A\r\x1b[J\x1b[2mLet me list the files first.\x1b[0m" in seen
+    assert re.search(r"\x1b\[33m  ✗ exit 1 · [\d.]+s: cat: nothere: No such file or directory", seen), seen
+    assert "✓" not in seen
+    # --verbose: the last lines of its output (the last 8 of 21), and how many came before them
+    detail = re.findall(r"    │ ([^\r\x1b]*)", seen)
+    assert detail == ["… 13 lines above", "14", "15", "16", "17", "18", "19", "20",
+                      "cat: nothere: No such file or directory"], detail
+    assert "There is nothing called nothere.\r\n" in seen
+    # without --verbose: the mark and the exit code, no output lines; a command that succeeds is a ✓
+    fake.add({"tool_calls": [tool_call("terminal", command=command)]},
+             {"tool_calls": [tool_call("terminal", command="head -3 lines.txt")]}, {"content": "done"})
+    r = cli.run("run", "count")
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    assert re.search(r"^  ✗ exit 1 · [\d.]+s: cat: nothere: No such file or directory$", r.stderr, re.M), r.stderr
+    assert re.search(r"^  ✓ exit 0 · [\d.]+s · 3 lines of output$", r.stderr, re.M), r.stderr
+    assert "│" not in r.stderr
+
+
+def test_quiet_erases_interim_words_and_edits_are_counted(cli, fake):
+    (cli.workdir / "notes.txt").write_text("one\ntwo\n")
+    cli.use(fake)
+    fake.add({"content": "Editing.", "tool_calls": [tool_call("edit_file", path="notes.txt", old_text="two\n",
+                                                              new_text="2\n3\n4\n")]},
+             {"content": "Done."})
+    p = pty(cli, "run", "--quiet", "edit notes.txt", color=True)
+    try:
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert "Editing.\r\n\x1b[1A\r\x1b[JDone.\r\n" in p.seen
+    assert cli.run("undo").returncode == 0  # the same edit once more, without --quiet
+    fake.add({"tool_calls": [tool_call("edit_file", path="notes.txt", old_text="two\n", new_text="2\n3\n4\n")]},
+             {"content": "Done."})
+    r = cli.run("run", "edit notes.txt")
+    assert "✓ notes.txt: +3 −1 lines" in r.stderr, r.stderr
+
+
+def test_ctrl_c_in_run_keeps_what_was_streamed(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "One two three four five six seven eight nine ten eleven twelve.", "chunk_delay": 0.3})
+    p = pty(cli, "run", "count")
+    try:
+        p.expect("One two")
+        p.interrupt()
+        assert p.wait() == 130
+    finally:
+        p.close()
+    assert "interrupted" in p.seen and not set(p.seen[p.seen.index("One two"):]) & set(SPINNER)
+    conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
+    shown = json.loads(cli.run("history", "show", conv["id"], "--json").stdout)
+    last = shown["messages"][-1]
+    assert last["role"] == "assistant" and last["content"].startswith("One two") and "cut short" in last["content"]
+
+
+def test_an_answer_that_did_not_stream_is_shown_in_chat_and_run(cli, fake):
+    import subprocess
+    cli.use(fake, provider="openai")
+    fake.add({"content": "in one piece", "plain_json": True}, {"content": "in one piece", "plain_json": True})
+    c = subprocess.run(cli.command("chat"), input="hello\n", capture_output=True, text=True, env=cli.env,
+                       cwd=str(cli.workdir), timeout=60)
+    assert c.returncode == 0 and c.stdout == "in one piece\n", c.stderr
+    p = pty(cli, "run", "hello")
+    try:
+        assert p.wait() == 0 and p.seen.count("in one piece") == 1
+    finally:
+        p.close()
+
+
+# ---- the command line: the words after the options are the task ----
+
+
+def test_run_takes_every_word_after_its_options_as_the_task(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "a"}, {"content": "b"}, {"content": "c"})
+    r = cli.run("run", "explain", "what", "ls", "-v", "does")
+    assert r.returncode == 0 and "debug:" not in r.stderr, r.stderr  # -v is the task's, not --verbose
+    assert person_messages(fake.model_requests()[0])[-1]["content"] == "explain what ls -v does"
+    r = cli.run("run", "-v", "--", "-q", "means", "quiet?")
+    assert r.returncode == 0 and "debug:" in r.stderr
+    assert person_messages(fake.model_requests()[1])[-1]["content"] == "-q means quiet?"
+    r = cli.run("--provider", "ollama", "what", "is", "--json")  # no terminal: xzatoma TEXT runs it
+    assert r.returncode == 0 and r.stdout == "c\n"
+    assert person_messages(fake.model_requests()[2])[-1]["content"] == "what is --json"
+    fake.add({"content": "d"})
+    r = cli.run("summarise the notes, briefly")  # xzatoma "text", as a shell passes it: one word
+    assert r.returncode == 0 and r.stdout == "d\n", r.stderr
+    assert person_messages(fake.model_requests()[3])[-1]["content"] == "summarise the notes, briefly"
+    r = cli.run("chta")
+    assert r.returncode == 2 and "did you mean 'chat'?" in r.stderr and len(fake.model_requests()) == 4
+
+
+# ---- run takes input the usual ways; live events ----
+
+
+def user_text(fake, index=0):
+    return said(fake.model_requests()[index]["body"]["messages"])[0]
+
+
+def test_positional_prompt(cli, fake):
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("list_directory", pattern="*.py")]}, {"content": "two"},
+             {"tool_calls": [tool_call("list_directory")]}, {"content": "three"})
+    r = cli.run("run", "List the Python files")
+    assert r.returncode == 0 and r.stdout == "two\n", r.stderr
+    assert user_text(fake) == "List the Python files"
+    r = cli.run("run", "count", "the", "files")  # several words, no quotes needed
+    assert r.returncode == 0 and user_text(fake, 2) == "count the files"
+    both = cli.run("run", "--prompt", "other", "task")  # options go before the task (words after it are the task)
+    assert both.returncode == 2 and "give the task once" in both.stderr
+
+
+def test_piped_stdin_plus_a_prompt_is_context_after_it(cli, fake):
+    cli.use(fake, mentions={"max_file_size": 64})
+    fake.add({"content": "the linker failed"}, {"content": "short"})
+    log = "step 1 ok\nerror: undefined reference to @main\n"
+    r = cli.run("run", "Why did this fail?", input=log)
+    assert r.returncode == 0 and r.stdout == "the linker failed\n", r.stderr
+    text = user_text(fake)
+    assert text.startswith("Why did this fail?\n\n[Content of standard input]\nstep 1 ok\nerror: undefined")
+    assert text.endswith("[End of standard input]") and "@main" in text  # data: never a mention
+    big = "x" * 200
+    cli.run("run", "--prompt", "summarise", input=big)
+    text = user_text(fake, 1)
+    assert "x" * 64 in text and "x" * 65 not in text
+    assert "[standard input cut at 64 bytes (agent.mentions.max_file_size); the rest was not read]" in text
+
+
+def test_stdin_alone_stays_the_prompt(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "ok"})
+    r = cli.run("run", input="just this\n")
+    assert r.returncode == 0 and user_text(fake) == "just this"
+
+
+def test_mentions_in_run_and_plans(cli, fake):
+    (cli.workdir / "app.py").write_text("".join("line %d\n" % i for i in range(1, 31)))
+    (cli.workdir / "plan.yaml").write_text("goal: Explain @app.py#L10-12\ninstructions: [look at @app.py#L2]\n")
+    cli.use(fake)
+    fake.add({"content": "ok"}, {"content": "ok"}, {"content": "ok"})
+    r = cli.run("run", "Explain @app.py#L10-12 and @missing.txt")
+    assert r.returncode == 0, r.stderr
+    text = user_text(fake)
+    assert "[Content of @app.py#L10-12]\nline 10\nline 11\nline 12\n[End of @app.py#L10-12]" in text
+    assert "Failed to include @missing.txt" in text
+    assert "@app.py#L10-12: loaded" in r.stderr
+    r = cli.run("run", "--plan", "plan.yaml")
+    assert r.returncode == 0, r.stderr
+    text = user_text(fake, 1)
+    assert "line 11" in text and "[Content of @app.py#L2]\nline 2\n" in text
+    outside = cli.run("run", "read @../../etc/passwd")
+    assert "root:" not in user_text(fake, 2) and "Failed to include" in user_text(fake, 2)
+
+
+def test_stream_json_one_object_per_line(cli, fake):
+    (cli.workdir / "notes.txt").write_text("alpha\n")
+    cli.use(fake, provider="openai")
+    fake.add({"content": "let me look", "tool_calls": [tool_call("read_file", path="notes.txt")],
+              "usage": {"prompt_tokens": 100, "completion_tokens": 5}},
+             {"content": "It says alpha.", "usage": None})
+    r = cli.run("run", "--output-format", "stream-json", "what is in notes.txt?")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(l) for l in r.stdout.splitlines()]
+    kinds = [l["type"] for l in lines]
+    assert kinds == ["start", "usage", "message", "tool_call", "tool_result", "usage", "message", "result"]
+    start, result = lines[0], lines[-1]
+    assert start["provider"] == "openai" and start["model"] == "gpt-test" and start["conversation_id"]
+    assert lines[1] == {"type": "usage", "prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105,
+                        "estimated": False}
+    assert lines[2]["content"] == "let me look" and lines[2]["tool_calls"][0]["name"] == "read_file"
+    assert lines[3]["name"] == "read_file" and lines[3]["arguments"] == {"path": "notes.txt"}
+    assert lines[4]["success"] is True and "alpha" in lines[4]["preview"] and lines[4]["id"] == lines[3]["id"]
+    assert lines[5]["estimated"] is True
+    assert result["status"] == "completed" and result["answer"] == "It says alpha."
+    assert result["conversation_id"] == start["conversation_id"]
+    assert set(result) == {"type", "conversation_id", "status", "answer", "turns", "tool_calls", "usage",
+                           "duration_seconds", "error", "warnings", "steps", "review"}  # the --json object's fields
+    assert result["usage"]["estimated"] is True and result["tool_calls"] == 1
+    assert "▶ read_file notes.txt" in r.stderr  # progress for people stays on stderr
+
+
+def test_json_alias_and_conflicts(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "a"}, {"content": "b"})
+    one = json.loads(cli.run("run", "--json", "x").stdout)
+    two = json.loads(cli.run("run", "--output-format", "json", "x").stdout)
+    assert set(one) == set(two) and one["answer"] == "a" and two["answer"] == "b"
+    r = cli.run("run", "--json", "--output-format", "stream-json", "x")
+    assert r.returncode == 2 and "--json means --output-format json" in r.stderr
+
+
+def test_run_spinner_on_a_terminal_and_request_timing_with_verbose(cli, fake):
+    from ptyrun import PtyProcess
+    cli.use(fake)
+    fake.add({"content": "slow answer", "delay": 1.5}, {"content": "fast"})
+    p = PtyProcess(cli.command("run", "--verbose", "x"), dict(cli.env, TERM="xterm"), str(cli.workdir))
+    try:
+        p.expect(r"waiting for the model 1s")  # the elapsed time, redrawn in place
+        p.expect(r"debug: POST http://127\.0\.0\.1:\d+/api/chat: HTTP 200 after 1\.\d\ds \(attempt 1 of 3\)")
+        p.expect("slow answer")
+        assert p.wait() == 0
+    finally:
+        p.close()
+    r = cli.run("run", "x")  # no terminal: no spinner, no carriage returns in what a log collects
+    assert r.returncode == 0 and "\r" not in r.stderr and "waiting for the model" not in r.stderr
+
+
+# ---- failing fast and honestly ----
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("provider", ["ollama", "openai"])
+def test_connection_refused_is_one_line_within_seconds(cli, provider):
+    port = free_port()
+    # the default retry policy (3 retries, 1 s backoff): a retried refusal would take several seconds
+    cli.write_config({"provider": {"type": provider, "ollama": {"host": "127.0.0.1:%d" % port},
+                                   "openai": {"base_url": "http://localhost:%d/v1" % port}}})
+    started = time.monotonic()
+    r = cli.run("run", "--prompt", "summarise big.txt " + "context " * 3000)
+    elapsed = time.monotonic() - started
+    assert r.returncode == 1 and r.stdout == ""
+    assert elapsed < 5, elapsed
+    assert "retrying" not in r.stderr and "gave up" not in r.stderr
+    assert len(error_lines(r.stderr)) == 1 and "(connection refused)" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # the run's header line and the error
+
+
+def test_timeouts_are_still_retried(cli, fake):
+    cli.use(fake, provider="openai")
+    cfg = cli.config_path.read_text().replace("request_timeout_seconds: 20", "request_timeout_seconds: 1")
+    cli.config_path.write_text(cfg)
+    fake.add({"hang": 3}, {"content": "second try"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stdout == "second try\n", r.stderr
+    assert r.stderr.count("retrying in") == 1 and "timed out" in r.stderr
+
+
+def test_the_window_probe_is_one_attempt(cli, fake):
+    cli.use(fake, provider="ollama")
+    fake.raw_routes["/api/show"] = (503, "application/json", '{"error": "busy"}')
+    fake.add({"content": "fine"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stdout == "fine\n", r.stderr
+    shows = [q for q in fake.requests if q["path"] == "/api/show"]
+    assert len(shows) == 1, "the probe was retried %d times" % (len(shows) - 1)
+    assert "retrying" not in r.stderr
+
+
+@pytest.mark.parametrize("provider,path", [("openai", "/web/v1/chat/completions"), ("ollama", "/api/chat")])
+def test_a_web_page_instead_of_an_api_is_one_line(cli, fake, provider, path):
+    cli.use(fake, provider=provider)
+    page = "<html><head><title>Welcome to nginx!</title>\x1b[31m</head></html>"
+    fake.raw_routes[path] = (200, "text/html", page)
+    fake.raw_routes["/api/show"] = (200, "text/html", page)
+    cfg = cli.config_path.read_text().replace(fake.url + "/v1", fake.url + "/web/v1")
+    cli.config_path.write_text(cfg)
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 1 and r.stdout == ""
+    errors = error_lines(r.stderr)
+    assert len(errors) == 1, r.stderr
+    assert fake.url in errors[0] and "text/html" in errors[0] and "Welcome to nginx" in errors[0]
+    assert ("Ollama" if provider == "ollama" else "OpenAI-compatible") in errors[0]
+    assert "Expecting value" not in r.stderr and "JSONDecodeError" not in r.stderr
+    assert "\x1b" not in r.stderr  # what the server sent is shown, never interpreted by the terminal
+
+
+def test_models_listing_that_is_not_json(cli, fake):
+    cli.use(fake, provider="openai")
+    fake.raw_routes["/v1/models"] = (200, "text/plain", "")
+    r = cli.run("models")
+    assert r.returncode == 1
+    assert error_lines(r.stderr) == [e for e in error_lines(r.stderr) if "an empty body" in e] != []
+
+
+# ---- mistakes on the command line ----
+
+
+@pytest.mark.parametrize("argv,prog,hint", [
+    (["run", "--jsno", "-p", "x"], "xzatoma run", "unrecognized argument: --jsno (did you mean --json?)"),
+    (["history", "list", "--hre"], "xzatoma history list", "--hre (did you mean --here?)"),
+    (["chat", "--json"], "xzatoma chat", "unrecognized argument: --json (see xzatoma chat --help)"),
+    (["rnu"], "xzatoma", "invalid choice: 'rnu'"),
+    (["history", "lsit"], "xzatoma history", "did you mean 'list'?"),
+])
+def test_unknown_flags_show_the_subcommand_usage_and_a_guess(cli, argv, prog, hint):
+    r = cli.run(*argv)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("usage: %s " % prog), r.stderr
+    assert hint in r.stderr.splitlines()[-1]
+    if argv == ["rnu"]:
+        assert "did you mean 'run'?" in r.stderr

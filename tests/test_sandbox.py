@@ -2,17 +2,15 @@
 the policy lets it through and only the kernel stands in the way. Harmless payloads: touch markers, a loopback
 listener, unique `sleep` arguments looked for in /proc afterwards."""
 
-import json
 import os
 import socket
-import sys
 import time
 
 import pytest
 
-from conftest import last_json, processes, tool_call, wait_for
-from xzatoma_tools import (FULL, READ_ONLY, SANDBOX_OFF, WORKSPACE_WRITE, AuditLog, Confinement, Sandbox, ToolContext,
-                           build_registry, child_env, landlock_abi, program_dirs, protected_paths, sandbox_rules)
+from conftest import configure, last_json, processes, run_commands, script, tool_call, wait_for
+from xzatoma_tools import (FULL, READ_ONLY, SANDBOX_OFF, WORKSPACE_WRITE, Confinement, Sandbox, ToolContext,
+                           build_registry, child_env, landlock_abi, program_dirs, sandbox_rules)
 
 LANDLOCK = landlock_abi()
 needs_landlock = pytest.mark.skipif(
@@ -295,12 +293,6 @@ def test_rules_never_grant_home_or_xzatoma_home(tmp_path):
     assert dict(sandbox_rules(str(tmp_path / "opt"), READ_ONLY, str(tmp_path), path))[str(tmp_path / "opt")] == "r"
 
 
-def test_protected_paths_are_under_the_root(tmp_path):
-    paths = protected_paths(str(tmp_path), xzatoma_home=str(tmp_path / "xz"), extra=("secrets", "/elsewhere"))
-    assert str(tmp_path / ".git") in paths and str(tmp_path / ".ssh") in paths and str(tmp_path / "xz") in paths
-    assert str(tmp_path / "secrets") in paths and "/elsewhere" not in paths
-
-
 def test_sandbox_modes_are_checked():
     with pytest.raises(ValueError):
         Sandbox("/", "workspace")
@@ -405,3 +397,54 @@ def test_without_user_namespaces_the_warning_names_what_is_lost(tmp_path):
         assert "Landlock filesystem rules" not in missing
     finally:
         sandbox.close()
+
+
+@needs_landlock
+def test_no_unix_socket_on_the_system_is_reachable_from_a_command(cli, fake):
+    """Landlock does not mediate connect(): a socket reached by its name (the session bus, whose systemd
+    starts a process outside the sandbox that outlives the run; docker.sock; an agent's socket) would be."""
+    import socket
+    import threading
+    configure(cli, fake)
+    run_dir = cli.tmp / "run-user"
+    run_dir.mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(run_dir / "bus"))
+    listener.listen(4)
+    accepted, stop = [], threading.Event()
+    listener.settimeout(0.05)
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            accepted.append(True)
+            conn.sendall(b"OUTSIDE-REACHED\n")
+            conn.close()
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    probe = script(cli, "probe.py", "import socket\n"
+                                    "a, b = socket.socketpair()\na.send(b'pair-ok')\nprint(b.recv(16).decode())\n"
+                                    "for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET):\n"
+                                    "    try:\n"
+                                    "        s = socket.socket(socket.AF_UNIX, kind)\n"
+                                    "        s.connect(%r)\n"
+                                    "        print(s.recv(64).decode())\n"
+                                    "    except OSError as exc:\n"
+                                    "        print('refused', exc.errno)\n"
+                                    "try:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n"
+                                    "except OSError as exc:\n    print('vsock refused', exc.errno)\n" % str(run_dir / "bus"))
+    try:
+        r, [out] = run_commands(cli, fake, "python3 " + probe.split()[1])
+    finally:
+        stop.set()
+        server.join(5)
+        listener.close()
+    assert "pair-ok" in out and out.count("refused 13") == 4 and "vsock refused 13" in out, out
+    assert "OUTSIDE-REACHED" not in out and not accepted
+    policy = cli.run("policy", "sandbox")
+    assert "unix sockets: none reachable by name (seccomp" in policy.stdout, policy.stdout

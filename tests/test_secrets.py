@@ -6,11 +6,12 @@ write-ahead log), so an index or a journal cannot keep what the tables do not.
 
 import json
 import os
+import re
 import stat
 
 import pytest
 
-from conftest import tool_call, wait_for
+from conftest import assert_clean, needs_landlock, run_calls, run_commands, script, tool_call, wait_for
 from xzatoma_store import REDACTED, redact, redaction_spans, register_secret
 
 # one token per family: (family, value)
@@ -439,3 +440,480 @@ def test_session_tokens_and_reencoded_keys_reach_no_model_output_store_or_comman
         assert part.encode() not in flat_db and json.dumps(part)[1:-1].encode() not in flat_db, name
     env_file = (cli.workdir / "env.txt").read_text()
     assert "PATH=" in env_file and bw not in env_file and op not in env_file  # passed through by name, not value
+
+
+# ---- credentials: never in a command's environment ----
+
+
+@needs_landlock
+@pytest.mark.parametrize("source", ["env", "keyring", "file"])
+def test_no_credential_reaches_a_command_even_when_every_name_is_passed_through(cli, fake, source):
+    key, cfg_key = "provider-key-%s-0001-plainvalue" % source, "config-held-0004-plainvalue"
+    cli.use(fake, provider="openai")
+    import yaml
+    cfg = yaml.safe_load(cli.config_path.read_text())
+    cfg["xzepr"] = {"api_key": cfg_key}
+    cfg["agent"] = {"terminal": {"env_passthrough": ["*"]}}
+    cli.write_config(cfg)
+    env = {"PROXY_URL": "http://me:%s@127.0.0.1:9/" % key, "AUTH_HEADER": "Bearer " + key,
+           "PLAIN_COPY": "x" + key, "ENCODED": "http://me:%s@h/" % key.replace("-", "%2D"), "CFG_COPY": cfg_key}
+    if source == "env":
+        env["OPENAI_API_KEY"] = key
+    elif source == "keyring":
+        cli.use_test_keyring()
+        cli.keyring_file.write_text(json.dumps({"xzatoma/openai_api_key": key}))
+    else:
+        fd = os.open(str(cli.xz_home / "credentials.json"), os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"openai_api_key": key}, fh)
+    # the command writes what it got to a file in the tree: the bytes on disk are not redacted
+    cmd = script(cli, "dump.sh", "env > env.txt; cat /proc/self/environ > environ.bin; "
+                                 "cat %s %s %s > stolen.txt 2>&1; echo dumped\n"
+                 % (cli.xz_home / "credentials.json", cli.tmp / "keyring.json", cli.config_path))
+    r, [out] = run_commands(cli, fake, cmd, env=env)
+    assert fake.model_requests()[0]["headers"]["authorization"] == "Bearer " + key  # the key was in use
+    assert "dumped" in out, out
+    dumped = (cli.workdir / "env.txt").read_bytes() + (cli.workdir / "environ.bin").read_bytes() + \
+        (cli.workdir / "stolen.txt").read_bytes()
+    assert b"PATH=" in dumped and (b"Permission denied" in dumped or  # the dump really happened (as root,
+                                   b"No such file or directory" in dumped)  # nothing under its 0700 tmp is there)
+    for secret in (key, key.replace("-", "%2D"), cfg_key):
+        assert secret.encode() not in dumped, secret
+        assert secret not in out and secret not in r.stdout + r.stderr, secret
+
+
+def test_a_stored_key_echoed_encoded_in_a_provider_error_reaches_no_output(cli, fake):
+    """A server that echoes the credential base64-encoded (as in Basic auth), URL-encoded or JSON-escaped
+    the PHP/Java way (`\\/`) leaks it as surely as one echoing it plain."""
+    import base64
+    import json
+    import urllib.parse
+    key = "sec/ret+value=0042-no/known+shape"
+    cli.use(fake, provider="openai")
+    write_credentials(cli, {"openai_api_key": key})
+    spellings = [base64.b64encode(key.encode()).decode(), base64.b64encode(("Bearer " + key).encode()).decode()[12:-4],
+                 base64.urlsafe_b64encode(("user:" + key).encode()).decode()[8:-4],
+                 urllib.parse.quote(key, safe=""), key.replace("/", "\\/")]
+    fake.add({"status": 500, "body": json.dumps({"error": "bad " + " | ".join(spellings)})})
+    r = cli.run("run", "--prompt", "hello")
+    assert r.returncode == 1 and "bad [REDACTED]" in r.stderr, r.stderr
+    for spelling in spellings:
+        assert spelling not in r.stderr and spelling.encode() not in db_bytes(cli), spelling
+
+
+@pytest.fixture
+def web():
+    """A loopback page server; /redirect sends the client to a URL carrying a token."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/redirect"):
+                self.send_response(302)
+                self.send_header("Location", "/landing?api_key=sk_live_" + "R" * 24)
+                self.end_headers()
+                return
+            body = b"a page\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield "127.0.0.1:%d" % httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_credential_in_a_fetched_url_never_reaches_the_database(cli, fake, web):
+    """The fetch cache kept its key, the URL, verbatim: a password in the userinfo, a token in the query,
+    a token in the URL a redirect landed on, all in conversations.db's bytes."""
+    secrets = ["Passw0rdInUrl", "ghp_" + "Q" * 36, "sk_live_" + "R" * 24]
+    cli.use(fake, tools={"fetch": {"allowed_hosts": ["127.0.0.1"]}})
+    r, results = run_calls(cli, fake, [
+        tool_call("fetch", url="http://deploy:%s@%s/a" % (secrets[0], web)),
+        tool_call("fetch", url="http://%s/b?access_token=%s" % (web, secrets[1])),
+        tool_call("fetch", url="http://%s/redirect" % web)])
+    assert r.returncode == 0, r.stderr
+    assert all(x.endswith("a page\n") for x in results), results
+    data = db_bytes(cli)
+    for secret in secrets:
+        assert secret.encode() not in data, secret
+        assert secret not in r.stderr and secret not in r.stdout
+
+
+def test_the_watcher_never_publishes_a_credential_in_a_result(cli, fake, kafka_broker, tmp_path):
+    """`run` redacts its answer; the watcher published the same answer (and the run's error) to the results
+    topic as the model wrote it: a token read from a file, echoed in the answer, left for every consumer."""
+    import json
+    import uuid
+
+    import kafka_broker as kb
+    import yaml
+    from test_watch_cli import FAST
+    token = "ghp_" + "W" * 36
+    topic = "rt-" + uuid.uuid4().hex[:8]
+    kb.create_topic(kafka_broker.address, topic)
+    cli.use(fake)
+    cfg = yaml.safe_load(cli.config_path.read_text())
+    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address)}
+    cli.write_config(cfg)
+    plan = tmp_path / "task.yaml"
+    plan.write_text("goal: Say the token\ninstructions: [say it]\n")
+    assert cli.run("publish", "--topic", topic, "--plan", str(plan)).returncode == 0
+    fake.add({"content": "the token is %s" % token})
+    r = cli.run("watch", "--topic", topic, "--max-events", "1", "--log-format", "json", "--group-id", "g-" + topic,
+                timeout=120)
+    assert r.returncode == 0, r.stderr
+    results = [json.loads(m.value) for m in kb.read_all(kafka_broker.address, topic + ".results", 1)]
+    assert results and results[0]["data"]["answer"] == "the token is [REDACTED]", results
+    assert token not in r.stderr
+
+
+def test_a_credential_in_a_file_the_agent_changed_never_reaches_the_database(cli, fake):
+    """Editing .env kept its previous content, token and all, verbatim in conversations.db for undo. The
+    content is now sealed with a key kept beside the database (0600): undo still restores it byte for byte,
+    and without the key it refuses instead of writing garbage."""
+    token = "AKIA" + "Z" * 16
+    env = "AWS_ACCESS_KEY_ID=%s\nDEBUG=1\n" % token
+    (cli.workdir / ".env").write_text(env)
+    (cli.workdir / "cfg").mkdir()
+    (cli.workdir / "cfg" / "a.ini").write_text("token = ghp_%s\n" % ("T" * 36))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("edit_file", path=".env", old_text="DEBUG=1", new_text="DEBUG=0"),
+                                       tool_call("delete_path", path="cfg", recursive=True)])
+    assert r.returncode == 0 and results[1] == "Deleted cfg (2 items)", (r.stderr, results)
+    data = db_bytes(cli)
+    assert token.encode() not in data and b"ghp_" + b"T" * 36 not in data
+    assert oct(os.stat(str(cli.xz_home / "undo.key")).st_mode & 0o777) == "0o600"
+    u = cli.run("undo", "--all")
+    assert u.returncode == 0, u.stderr
+    assert (cli.workdir / ".env").read_text() == env
+    assert (cli.workdir / "cfg" / "a.ini").read_text() == "token = ghp_%s\n" % ("T" * 36)
+    # a lost key: nothing is written from content that cannot be checked
+    fake.add({"tool_calls": [tool_call("write_file", path=".env", content="replaced\n")]}, {"content": "done"})
+    assert cli.run("run", "--prompt", "again").returncode == 0
+    os.unlink(str(cli.xz_home / "undo.key"))
+    u = cli.run("undo")
+    assert u.returncode == 1 and "not restored" in u.stderr and len(u.stderr.strip().splitlines()) == 1, u.stderr
+    assert (cli.workdir / ".env").read_text() == "replaced\n"
+
+
+def test_a_base_url_password_never_reaches_the_model_cache(cli, fake):
+    """`xzatoma models` cached the list under a key holding the base URL, userinfo and all: the password was
+    in conversations.db's bytes although every printed output redacted it."""
+    import yaml
+    password = "Hunter2Passw0rdXYZ"
+    cli.use(fake, provider="openai")
+    cfg = yaml.safe_load(cli.config_path.read_text())
+    cfg["provider"]["openai"]["base_url"] = fake.url.replace("http://", "http://bob:%s@" % password) + "/v1"
+    cli.write_config(cfg)
+    for _ in range(2):  # the second is served from the cache: the key is found again
+        r = cli.run("models")
+        assert r.returncode == 0 and "gpt-test" in r.stdout and password not in r.stdout + r.stderr, r.stderr
+    assert len([q for q in fake.requests if q["path"].endswith("/models")]) == 1
+    assert password.encode() not in db_bytes(cli)
+
+
+def test_a_known_secret_of_many_words_is_never_streamed_in_part():
+    """The chat's stream held the last three words back so a secret split across deltas is redacted whole;
+    a known credential of more words (a passphrase) went out word by word before it was complete."""
+    from xzatoma_store import register_secret
+    from xzatoma_tools import UntrustedStream
+    secret = "correct horse battery staple under the moon"
+    register_secret(secret)
+    stream, shown = UntrustedStream(), ""
+    for word in ("the passphrase is " + secret + " and more text follows here").split(" "):
+        shown += stream.feed(word + " ")
+        assert "correct horse" not in shown and "battery staple under" not in shown, shown
+    shown += stream.finish()
+    assert "the passphrase is [REDACTED] and more text follows here" in shown, shown
+
+
+# ---- credentials named the way real services name them, and their real shapes ----
+
+
+# environment variables real tools read credentials from, named the way they are named
+ENV_CREDENTIALS = {
+    "PGPASSWORD": "pg-pass-value-7a7a",
+    "MYSQL_PWD": "mysql-pwd-value-8b8b",
+    "SECRET_KEY_BASE": "rails-key-base-0c0c0c0c",
+    "GPG_PASSPHRASE": "gpg-pass-phrase-9d9d",
+    "API_KEY_PROD": "api-key-prod-1e1e-value",
+    "CLIENTSECRET": "client-secret-5f5f-value",
+    "GITHUB_TOKEN_RO": "read-only-token-4a4a-value",
+    "SENTRY_DSN": "https://0a1b2c3d4e5f60718293a4b5c6d7e8f9@o1.ingest.sentry.io/1",
+    "UPSTREAM_URL": "https://deploy:upstream-pw-3c3c@git.example.com/repo.git",
+}
+
+
+ENV_NEEDLES = ["pg-pass-value-7a7a", "mysql-pwd-value-8b8b", "rails-key-base-0c0c0c0c", "gpg-pass-phrase-9d9d",
+               "api-key-prod-1e1e-value", "client-secret-5f5f-value", "read-only-token-4a4a-value",
+               "0a1b2c3d4e5f60718293a4b5c6d7e8f9", "upstream-pw-3c3c"]
+
+
+def test_credentials_in_the_environment_under_their_real_names_reach_no_output(cli, fake):
+    cli.use(fake)
+    (cli.workdir / "notes.txt").write_text("\n".join(ENV_NEEDLES) + "\n")
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]},
+             {"content": "found: " + " ".join(ENV_NEEDLES)})
+    r = cli.run("--verbose", "run", "--json", "--prompt", "say " + ENV_NEEDLES[0], env=ENV_CREDENTIALS)
+    assert r.returncode == 0, r.stderr
+    cid = json.loads(r.stdout)["conversation_id"]
+    shown = cli.run("history", "show", "--full", cid).stdout + cli.run("replay", cid).stdout
+    tool_result = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"][0]
+    data = db_bytes(cli)
+    for needle in ENV_NEEDLES:
+        assert needle not in r.stdout and needle not in r.stderr, needle
+        assert needle not in shown and needle not in tool_result, needle
+        assert needle.encode() not in data, needle
+    assert json.loads(r.stdout)["answer"].startswith("found: " + REDACTED)
+
+
+def test_a_token_as_the_user_name_of_a_base_url_reaches_no_output(cli, fake):
+    token = "tok3nAsUserName0123456789"
+    cli.use(fake, provider="openai")
+    cli.write_config({"provider": {"type": "openai", "max_retries": 0, "openai": {
+        "base_url": fake.url.replace("http://", "http://%s@" % token) + "/v1", "model": "gpt-test"}}})
+    fake.add({"status": 500, "body": '{"error": "broken"}'}, {"status": 500, "body": '{"error": "broken"}'})
+    outputs = []
+    for args in (("config", "show"), ("config", "show", "--json"), ("run", "--prompt", "x"),
+                 ("run", "--json", "--prompt", "x"), ("auth", "status"), ("history", "list", "--json")):
+        r = cli.run(*args)
+        outputs.append((args, r.stdout + r.stderr))
+    for args, text in outputs:
+        assert token not in text, args
+    assert token.encode() not in db_bytes(cli)
+    assert fake.model_requests()  # the runs reached the server through that URL
+
+
+def test_a_url_password_holding_an_at_sign_is_redacted_whole():
+    # urllib and requests split userinfo at the last '@': the part after the first one leaked
+    assert redact("see https://bob:p@ss-w0rd-99@host.example/x now") == "see https://bob:[REDACTED]@host.example/x now"
+    assert redact("clone https://x-token-0123456789abcdefXYZ@github.com/o/r") == \
+        "clone https://[REDACTED]@github.com/o/r"
+    for ordinary in ("ssh://git@github.com/o/r", "postgres://postgres@localhost/db", "mailto://me@example.com",
+                     "see https://example.com/a:b@c?"):
+        assert redact(ordinary) == ordinary
+
+
+# real-world shapes a command line, a config file or an HTTP exchange carries: (text, what must go)
+SHAPES = [
+    ("X-Api-Key: 0a1b2c3d4e5f60718293", "0a1b2c3d4e5f60718293"),
+    ("api-key: 9f8e7d6c5b4a39281706abcd", "9f8e7d6c5b4a39281706abcd"),  # Azure OpenAI's header
+    ("curl -s -u admin:Sup3rS3cretPw https://h/", "Sup3rS3cretPw"),
+    ("curl --user deploy:Hunter2Hunter2 https://h/", "Hunter2Hunter2"),
+    ("tool --password S3cretPassw0rd2 --verbose", "S3cretPassw0rd2"),
+    ("sshpass -p 'S3cretPassw0rd3' ssh host", "S3cretPassw0rd3"),
+    ("mysql -u root -pS3cretPassw0rd1 app", "S3cretPassw0rd1"),
+    ('{"auths": {"r.io": {"auth": "YWRtaW46czNjcmV0cGFzc3dvcmQ1"}}}', "YWRtaW46czNjcmV0cGFzc3dvcmQ1"),
+    ("_auth=YWRtaW46czNjcmV0cGFzc3dvcmQ2", "YWRtaW46czNjcmV0cGFzc3dvcmQ2"),  # .npmrc
+    ("Cookie: sessionid=q1w2e3r4t5y6u7i8o9p0", "q1w2e3r4t5y6u7i8o9p0"),
+    ("Set-Cookie: connect.sid=s%3A0a1b2c3d4e5f6071; Path=/", "s%3A0a1b2c3d4e5f6071"),
+    ("https://acct.blob.core.windows.net/c?sv=2020-08-04&sig=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5%2B", "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5"),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Signature=0a1b2c3d4e5f60718293a4b5c6d7e8f9", "0a1b2c3d4e5f60718293a4b5c6d7e8f9"),
+    ("GPG_PASSPHRASE=correct7horse8battery", "correct7horse8battery"),
+    ("access_key = AbCdEf0123456789GhIj", "AbCdEf0123456789GhIj"),
+    ("glsa_" + "Ab1" * 10 + "Ab_0a1b2c3d", "glsa_"),
+    ("sntrys_eyJpYXQiOjE2ODQwMDAwMDAsInVybCI6Imh0dHBzOi8vc2VudHJ5LmlvIn0_abcdef", "sntrys_"),
+    ("EAACEdEose0cBA" + "Zx9" * 10, "EAACEdEose0cBA"),  # Meta
+    ("LTAI5tAbCdEfGh1234567", "LTAI5tAbCdEfGh1234567"),  # Alibaba Cloud
+    ("https://discord.com/api/webhooks/123456789012345678/" + "aB3-" * 17, "aB3-aB3-"),
+]
+
+
+@pytest.mark.parametrize("text,secret", SHAPES, ids=[s[0][:24] for s in SHAPES])
+def test_more_real_world_token_shapes_are_redacted(text, secret):
+    out = redact("before %s after" % text)
+    assert secret not in out and REDACTED in out, out
+    assert out.startswith("before ") and out.endswith(" after")
+
+
+def test_ordinary_command_lines_and_code_are_left_alone():
+    for text in ("docker run -u 1000:1000 img", "git push -u origin main", "sort -u a:bcdef",
+                 "session_factory = make_session(config)", "mysql -p app", "the --password flag asks for it",
+                 "author: Jane Doe", "signature = sign(body)", "sid = 42"):
+        assert redact(text) == text
+
+
+def test_new_shapes_never_reach_the_database_or_history(cli, fake):
+    cli.use(fake)
+    everything = "\n".join(text for text, _ in SHAPES)
+    (cli.workdir / "shapes.txt").write_text(everything + "\n")
+    fake.add({"tool_calls": [tool_call("read_file", path="shapes.txt")]}, {"content": "echo:\n" + everything})
+    r = cli.run("run", "--json", "--prompt", "keys:\n" + everything)
+    assert r.returncode == 0, r.stderr
+    cid = json.loads(r.stdout)["conversation_id"]
+    shown = cli.run("history", "show", "--full", cid).stdout
+    data = db_bytes(cli)
+    for text, secret in SHAPES:
+        assert secret.encode() not in data, text
+        assert secret not in shown and secret not in r.stdout, text
+
+
+def test_a_credential_in_an_event_is_not_echoed_by_dry_run_or_the_result(cli, fake, kafka_broker):
+    # --dry-run printed the goal as it came (only escaped), and the result event repeated it to every
+    # consumer of the results topic; the answer was redacted, the goal beside it was not
+    import uuid
+
+    import kafka_broker as kb
+    from test_watch_cli import FAST
+    secret = "sk_live_4eC39HqLyjWDarjtT1zdp7dQ"
+    topic = "a12b-" + uuid.uuid4().hex[:8]
+    kb.create_topic(kafka_broker.address, topic)
+    cli.use(fake)
+    cfg = __import__("yaml").safe_load(cli.config_path.read_text())
+    cfg["watcher"] = {"kafka": dict(FAST, bootstrap_servers=kafka_broker.address)}
+    cli.write_config(cfg)
+    event = {"specversion": "1.0", "id": "ev-" + uuid.uuid4().hex[:6], "source": "ci\x1b[2J", "type": "build\u202e",
+             "data": {"goal": "deploy with %s \x1b]0;pwned\x07" % secret, "instructions": ["step \x9b2J"]}}
+    kb.produce(kafka_broker.address, topic, [(b"k", json.dumps(event).encode())])
+    log = cli.tmp / "watch.log"
+    r = cli.run("watch", "--topic", topic, "--max-events", "1", "--dry-run", "--group-id", "g-" + topic,
+                "--log-file", log, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert oct(os.stat(str(log)).st_mode & 0o777) == oct(0o600)  # the decision log quotes events: private
+    assert secret not in log.read_text() and "received" in log.read_text()
+    assert json.loads(r.stdout)["event_id"] == event["id"]
+    assert secret not in r.stdout + r.stderr and REDACTED in json.loads(r.stdout)["goal"]
+    assert_clean(r.stdout + r.stderr, "watch --dry-run")
+    fake.add({"content": "deployed"})
+    r = cli.run("watch", "--topic", topic, "--max-events", "1", "--group-id", "g2-" + topic, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert secret not in r.stderr
+    assert_clean(r.stderr, "watch")
+    result = json.loads(kb.read_all(kafka_broker.address, topic + ".results", 1)[0].value)
+    assert result["data"]["status"] == "completed" and result["data"]["answer"] == "deployed"
+    assert secret not in json.dumps(result) and result["data"]["goal"].startswith("deploy with " + REDACTED)
+
+
+def test_kafka_client_lines_with_verbose_are_cleaned(capsys):
+    import logging
+
+    import xzatoma
+    import xzatoma_watch
+    logger = logging.getLogger("kafka")
+    before = list(logger.handlers)
+    try:
+        xzatoma_watch.quiet_client_logs(True, xzatoma.Console.clean)
+        # what kafka-python logs quotes the broker: its advertised host names and error texts
+        logging.getLogger("kafka.conn").warning("connect to %s failed: %s", "evil\x1b]0;pwned\x07host",
+                                                "sasl://svc:Kafka-Pa55word-x@b:9092 \u202ereversed")
+    finally:
+        for handler in list(logger.handlers):
+            if handler not in before:
+                logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "kafka: WARNING connect to evil\\x1b]0;pwned\\x07host failed" in err
+    assert "Kafka-Pa55word-x" not in err
+    assert_clean(err, "stderr")
+
+
+def test_a_key_echoed_encoded_by_a_provider_reaches_no_output(cli, fake):
+    # a server quoting the key form-encoded, %-encoded with lower-case hex, HTML-escaped, JSON as Go writes it
+    # (Ollama is Go: '&' becomes \u0026) or in hex: each spelling went out as the server wrote it
+    import html
+    from urllib.parse import quote, quote_plus
+    key = "kr/Key+with space&<x>=0042"
+    spellings = {"plus": quote_plus(key, safe=""), "path": quote(key),
+                 "lowerhex": re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quote(key, safe="")),
+                 "html": html.escape(key), "go": json.dumps(key)[1:-1].replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e"),
+                 "hex": key.encode().hex()}
+    cli.use(fake, provider="openai").use_test_keyring()
+    cli.keyring_file.write_text(json.dumps({"xzatoma/openai_api_key": key}))
+    body = json.dumps({"error": {"message": "bad key: " + " | ".join("%s=%s" % kv for kv in spellings.items())}})
+    fake.add({"status": 401, "body": body})
+    r = cli.run("run", "--json", "--prompt", "hello")
+    assert r.returncode == 2
+    assert fake.model_requests()[0]["headers"]["authorization"] == "Bearer " + key
+    error = json.loads(r.stdout)["error"]
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    shown = cli.run("history", "show", "--full", cid)
+    data = db_bytes(cli)
+    assert error.count(REDACTED) >= 3, error  # the line is cut to its width: the first few are in it
+    for name, spelling in spellings.items():
+        for text in (r.stdout, r.stderr, shown.stdout, shown.stderr):
+            assert spelling not in text, name
+        assert spelling.encode() not in data, name
+
+
+def test_files_an_older_version_left_loose_are_tightened_at_the_next_run(cli, fake):
+    # the database and audit.log were tightened, but undo.key (it seals undo's saved contents), a rotated
+    # audit.log.1 and chat_history stayed 0644 in a home tightened back to 0700
+    cli.use(fake, terminal={"default_mode": "restricted_autonomous"})
+    fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"content": "ok"})
+    (cli.workdir / "f.txt").write_text("old\n")
+    fake.add({"tool_calls": [tool_call("write_file", path="f.txt", content="new\n")]}, {"content": "ok"})
+    assert cli.run("run", "--prompt", "x").returncode == 0
+    assert cli.run("run", "--mode", "write", "--prompt", "y").returncode == 0
+    assert (cli.xz_home / "undo.key").exists()
+    for name in ("audit.log.1", "chat_history"):
+        (cli.xz_home / name).write_text("older lines\n")
+    os.chmod(str(cli.xz_home), 0o755)
+    loose = sorted(os.listdir(str(cli.xz_home)))
+    for name in loose:
+        os.chmod(str(cli.xz_home / name), 0o644)
+    fake.add({"content": "ok"})
+    assert cli.run("run", "--prompt", "z").returncode == 0
+    assert os.stat(str(cli.xz_home)).st_mode & 0o777 == 0o700
+    modes = {name: oct(os.stat(str(cli.xz_home / name)).st_mode & 0o777) for name in loose}
+    assert set(modes.values()) == {oct(0o600)}, modes
+
+
+def test_a_config_error_never_quotes_a_credential(cli):
+    # YAML reads an all-digit password as a number: neither registered nor credential-shaped, and the type
+    # error quoted it whole on stderr
+    for value in (98765432109876, ["list-held-Pa55word-77"], 3.14159265358979):
+        cli.write_config({"watcher": {"kafka": {"password": value}}, "xzepr": {"api_key": value}})
+        r = cli.run("config", "show")
+        assert r.returncode == 2 and "watcher.kafka.password must be text" in r.stderr, r.stderr
+        for secret in ("98765432109876", "Pa55word", "3.14159265"):
+            assert secret not in r.stdout + r.stderr
+
+
+def test_a_secret_cut_by_a_line_width_is_redacted_before_the_cut(cli, fake):
+    # progress lines, result previews and the stored title were cut to their width first and redacted after:
+    # the half of a key before the cut was no longer a secret redact() knew, and went out as it was
+    key = "plainKnownValue0042xyzwABCDefgh"
+    cli.use(fake, provider="openai")
+    fake.add({"tool_calls": [tool_call("read_file", path="q" * 66 + key)]},
+             {"tool_calls": [tool_call("terminal", command="echo " + "r" * 64 + key)]},
+             {"tool_calls": [tool_call("list_directory", path="s" * 90 + key)]},
+             {"content": "ok"})
+    r = cli.run("run", "--output-format", "stream-json", "--prompt", "p" * 108 + " " + key,
+                env={"OPENAI_API_KEY": key})
+    assert r.returncode == 0, r.stderr
+    assert "q" * 66 + REDACTED in r.stderr and "r" * 64 + REDACTED in r.stderr
+    cid = json.loads(r.stdout.splitlines()[-1])["conversation_id"]
+    listed = cli.run("history", "list").stdout + cli.run("history", "list", "--json").stdout
+    data = db_bytes(cli)
+    half = key[:10]
+    for where, text in (("stderr", r.stderr), ("stream-json", r.stdout), ("history list", listed)):
+        assert half not in text, where
+    assert half.encode() not in data
+    assert cid
+
+
+def test_a_stored_key_of_another_provider_is_redacted_too(cli, fake):
+    # credentials.json's values were registered only when read for the provider in use: a run on Ollama
+    # returned the stored OpenAI key from a file to the model, the store and the answer as it was
+    key = "stored-openai-value-0077-plain"
+    cli.use(fake)  # ollama: needs no key, so credentials.json was never read
+    path = cli.xz_home / "credentials.json"
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"openai_api_key": key}, fh)
+    (cli.workdir / "notes.txt").write_text("deploy key: %s\n" % key)
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]}, {"content": "the key is " + key})
+    r = cli.run("run", "--prompt", "read notes")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "the key is %s\n" % REDACTED
+    result = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"][0]
+    assert key not in result and "deploy key: " + REDACTED in result
+    assert key.encode() not in db_bytes(cli)

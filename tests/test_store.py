@@ -4,6 +4,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sqlite3
 import threading
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import tool_call, wait_for
+from conftest import needs_landlock, run_calls, said, tool_call, wait_for
 from xzatoma_store import MIGRATIONS, SCHEMA_VERSION, Redactor, Store, StoreError, new_ulid, ulid_time
 
 SHAPES = [
@@ -491,3 +492,210 @@ def test_a_batch_is_one_transaction(tmp_path):
         s.append_message(cid, {"role": "user", "content": "three"})
         assert other.messages(cid) == []
     assert [m["content"] for m in other.messages(cid)] == ["three"]
+
+
+@needs_landlock
+def test_parallel_first_undo_records_share_one_key(tmp_path):
+    """Parallel subagents' first writes each made the undo key at once: O_EXCL failed one of them ("file
+    exists": the write was lost; test_subagents' concurrent-confirmations flake) or let it read an empty key."""
+    import threading
+    from xzatoma_store import Store
+    for i in range(40):
+        db = str(tmp_path / ("c%d.db" % i))
+        stores, keys = [Store(db) for _ in range(4)], []
+        barrier = threading.Barrier(4)
+
+        def first_record(store):
+            barrier.wait()
+            try:
+                keys.append(store._undo_key(True))
+            except Exception as exc:  # noqa: BLE001 - what a write would have reported
+                keys.append(exc)
+        threads = [threading.Thread(target=first_record, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(keys) == 4 and all(isinstance(k, bytes) and len(k) == 32 for k in keys), keys
+        assert len(set(keys)) == 1 and not [n for n in os.listdir(str(tmp_path)) if n.endswith(".tmp")]
+        for s in stores:
+            s.close()
+
+
+def test_a_file_name_that_is_not_utf8_does_not_switch_the_history_off(cli, fake):
+    """A repository ships a name with a byte that is not UTF-8: listing it made every later message of the
+    run unstorable ("continuing without it"), so `history show` no longer showed what the agent did next."""
+    import json
+    work = os.fsencode(str(cli.workdir))
+    with open(os.path.join(work, b"bad\xff\x1b[2J.txt"), "w") as fh:
+        fh.write("needle\n")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("list_directory"), tool_call("grep", pattern="needle"),
+                                       tool_call("write_file", path="after.txt", content="later\n")])
+    assert r.returncode == 0, r.stderr
+    assert "history" not in r.stderr, r.stderr
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    shown = cli.run("history", "show", "--full", cid)
+    assert shown.returncode == 0, shown.stderr
+    assert "bad\\udcff\\x1b[2J.txt" in shown.stdout and "Created after.txt" in shown.stdout, shown.stdout
+    assert "\x1b" not in shown.stdout
+
+
+# ---- sessions belong to a project: last, resume, undo ----
+
+
+def test_last_is_this_directorys_and_resume_refuses_another(cli, fake):
+    cli.use(fake)
+    other = cli.tmp / "other"
+    other.mkdir()
+    fake.add({"content": "here 1"}, {"content": "there 1"}, {"content": "here 2"})
+    cli.run("run", "task in work")
+    cli.run("run", "task in other", cwd=other)
+    r = cli.run("run", "--last", "continue")  # the latest overall is other's; --last means this directory's
+    assert r.returncode == 0, r.stderr
+    users = said(fake.model_requests()[-1]["body"]["messages"])
+    assert users == ["task in work", "continue"]
+    rows = json.loads(cli.run("history", "list", "--json").stdout)
+    other_id = [x["id"] for x in rows if x["title"] == "task in other"][0]
+    r = cli.run("run", "--resume", other_id[:10], "go on")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "ran in %s, not here: continue it there with --working-dir %s" % (other, other) in r.stderr
+    fake.add({"content": "continued there"})
+    r = cli.run("run", "--resume", other_id[:10], "--working-dir", other, "go on")
+    assert r.returncode == 0 and r.stdout == "continued there\n", r.stderr
+    empty = cli.tmp / "empty"
+    empty.mkdir()
+    r = cli.run("run", "--last", "x", cwd=empty)
+    assert r.returncode == 2 and "no stored conversation to resume in %s" % empty in r.stderr
+    r = cli.run("run", "--last", "--global", "x", cwd=empty)
+    assert r.returncode == 2 and "ran in" in r.stderr  # found another directory's, and refused it
+
+
+def test_resume_restores_provider_model_and_mode(cli, fake):
+    cli.use(fake)  # ollama by default
+    fake.add({"content": "one"}, {"content": "two"}, {"content": "three"}, {"content": "four"})
+    r = cli.run("run", "--provider", "openai", "--model", "gpt-4.1", "--mode", "planning", "start")
+    assert r.returncode == 0, r.stderr
+    r = cli.run("run", "--last", "continue")
+    assert r.returncode == 0, r.stderr
+    q = fake.model_requests()[-1]
+    assert q["path"] == "/v1/chat/completions" and q["body"]["model"] == "gpt-4.1"
+    names = {t["function"]["name"] for t in q["body"]["tools"]}
+    assert "read_file" in names and "write_file" not in names  # still planning
+    r = cli.run("run", "--last", "--model", "gpt-test", "--mode", "write", "more")  # given again: these win
+    q = fake.model_requests()[-1]
+    assert q["body"]["model"] == "gpt-test" and "write_file" in {t["function"]["name"] for t in q["body"]["tools"]}
+    r = cli.run("chat", "--last", input="and in chat?\n")
+    assert r.returncode == 0, r.stderr
+    q = fake.model_requests()[-1]
+    assert q["path"] == "/v1/chat/completions" and q["body"]["model"] == "gpt-test"
+    assert said(q["body"]["messages"])[-1] == "and in chat?"
+
+
+def test_undo_defaults_to_this_directorys_changes(cli, fake):
+    cli.use(fake)
+    other = cli.tmp / "other"
+    other.mkdir()
+    fake.add({"tool_calls": [tool_call("write_file", path="here.txt", content="x")]}, {"content": "done"},
+             {"tool_calls": [tool_call("write_file", path="there.txt", content="y")]}, {"content": "done"})
+    cli.run("run", "write here")
+    cli.run("run", "write there", cwd=other)
+    r = cli.run("undo")  # the newest change overall is other's; undo here undoes this directory's
+    assert r.returncode == 0, r.stderr
+    assert not (cli.workdir / "here.txt").exists() and (other / "there.txt").exists()
+    assert "nothing to undo in" in cli.run("undo").stderr
+    r = cli.run("undo", "--all-projects")
+    assert r.returncode == 0 and not (other / "there.txt").exists()
+
+
+# ---- sessions belong to a project: the store and history ----
+
+
+def test_every_conversation_records_where_and_how_it_ran(cli, fake):
+    cli.use(fake)
+    other = cli.tmp / "other-project"
+    other.mkdir()
+    fake.add({"content": "a"}, {"content": "b"}, {"content": "c"})
+    assert cli.run("run", "--prompt", "in work").returncode == 0
+    assert cli.run("run", "--allow-dangerous", "--mode", "planning", "--prompt", "in other", cwd=other).returncode == 0
+    assert cli.run("chat", "--safety", "yolo", "--mode", "write", input="hello\n").returncode == 0
+    rows = {r["title"]: r for r in json.loads(cli.run("history", "list", "--json").stdout)}
+    work, elsewhere, chat = rows["in work"], rows["in other"], rows["hello"]
+    assert work["working_dir"] == os.path.realpath(str(cli.workdir)) and elsewhere["working_dir"] == str(other)
+    assert (work["provider"], work["model"], work["mode"], work["safety"]) == ("ollama", "llama3.2:3b", "write",
+                                                                                "restricted")
+    assert (elsewhere["mode"], elsewhere["safety"]) == ("planning", "yolo")
+    assert (chat["kind"], chat["mode"], chat["safety"]) == ("chat", "write", "yolo")
+    show = cli.run("history", "show", work["id"]).stdout
+    assert "mode write · safety restricted · " + work["working_dir"] in show
+
+
+def test_history_list_shows_directories_local_times_and_filters_here(cli, fake):
+    cli.use(fake)
+    other = cli.tmp / "other-project"
+    other.mkdir()
+    fake.add({"content": "a"}, {"tool_calls": [tool_call("list_directory", path=".")]}, {"content": "b"})
+    cli.run("run", "--prompt", "first")
+    cli.run("run", "--prompt", "second", cwd=other)
+    lines = cli.run("history", "list", env={"TZ": "UTC"}).stdout.splitlines()
+    assert lines[0].split()[:3] == ["ID", "STARTED", "(UTC)"] and "DIRECTORY" in lines[0]
+    assert " 1 turn " in lines[2] and " 2 turns " in lines[1]
+    assert re.search(r"/other-project +second$", lines[1]) and re.search(r"/work +first$", lines[2]), lines
+    here = cli.run("history", "list", "--here", cwd=other).stdout.splitlines()
+    assert len(here) == 2 and here[1].rstrip().endswith("second")
+    assert json.loads(cli.run("history", "list", "--here", "--json").stdout)[0]["title"] == "first"
+    stored = json.loads(cli.run("history", "list", "--json").stdout)[0]["started_at"]  # '…T13:40:00Z' in UTC
+    tokyo = cli.run("history", "list", env={"TZ": "Asia/Tokyo"}).stdout.splitlines()
+    assert "STARTED (JST)" in tokyo[0]
+    utc_hour = int(stored[11:13])
+    assert tokyo[1].split()[2].startswith("%02d:" % ((utc_hour + 9) % 24))
+
+
+def test_prune_everything_asks_or_needs_yes(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "a"})
+    cli.run("run", "--prompt", "keep me")
+    r = cli.run("history", "prune", "--older-than", "0d")
+    assert r.returncode == 2 and "add --yes" in r.stderr and "1 conversation" in r.stderr
+    assert len(json.loads(cli.run("history", "list", "--json").stdout)) == 1
+    assert cli.run("history", "prune", "--older-than", "30d").returncode == 0  # a real age needs no answer
+    from ptyrun import PtyProcess
+    p = PtyProcess(cli.command("history", "prune", "--older-than", "0d"), cli.env, str(cli.workdir))
+    try:
+        p.expect(r"delete 1 conversation \(everything last used more than 0d ago\)\? \[y/N\] ")
+        p.line("n")
+        p.expect("nothing deleted")
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert len(json.loads(cli.run("history", "list", "--json").stdout)) == 1
+    p = PtyProcess(cli.command("history", "prune", "--older-than", "0d"), cli.env, str(cli.workdir))
+    try:
+        p.expect(r"\[y/N\] ")
+        p.line("y")
+        p.expect("deleted 1 conversation older than 0d")
+        assert p.wait() == 0
+    finally:
+        p.close()
+    assert json.loads(cli.run("history", "list", "--json").stdout) == []
+
+
+def test_migration_adds_safety_to_an_old_database(tmp_path):
+    import sqlite3
+    from xzatoma_store import MIGRATIONS, SCHEMA_VERSION, Store
+    path = str(tmp_path / "v2.db")
+    conn = sqlite3.connect(path)
+    for script in MIGRATIONS[:2]:
+        conn.executescript(script)
+    conn.execute("PRAGMA user_version = 2")
+    conn.execute("INSERT INTO conversations (id, kind, status, started_at, updated_at, working_dir) VALUES "
+                 "('01OLD0000000000000000000000', 'run', 'completed', '2025-01-01T00:00:00Z', "
+                 "'2025-01-01T00:00:00Z', '/src/app')")
+    conn.commit()
+    conn.close()
+    s = Store(path).open()
+    assert s.conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert s.conversation("01OLD0000000000000000000000")["safety"] is None
+    assert s.latest(working_dir="/src/app") == "01OLD0000000000000000000000"
+    s.resume_conversation("01OLD0000000000000000000000", provider="openai", safety="safe")
+    assert s.conversation("01OLD0000000000000000000000")["safety"] == "safe"

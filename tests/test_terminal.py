@@ -6,9 +6,7 @@ import re
 import threading
 import time
 
-import pytest
-
-from conftest import processes, tool_call, wait_for
+from conftest import configure, last_json, needs_landlock, processes, script, tool_call, wait_for
 from xzatoma_tools import (FULL, INTERACTIVE, RESTRICTED, Approvals, AuditLog, Confinement, ToolContext,
                            build_registry, needs_shell, run_command)
 
@@ -185,3 +183,18 @@ def test_planning_mode_has_no_terminal(cli, fake):
     cli.run("run", "--mode", "planning", "--prompt", "x")
     result = [m for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"][0]
     assert result["content"] == "Error: tool terminal is not available in planning mode"
+
+
+@needs_landlock
+def test_a_command_stuck_on_a_fifo_ends_with_the_run_on_time(cli, fake):
+    configure(cli, fake)
+    os.mkfifo(str(cli.workdir / "pipe"))
+    cmd = script(cli, "s.sh", "trap '' TERM INT HUP; (sleep 120 &); cat pipe; exec 3<>pipe; cat <&3\n")
+    fake.add({"tool_calls": [tool_call("terminal", command=cmd, timeout_seconds=300)]}, {"content": "never"})
+    started = time.monotonic()
+    r = cli.run("run", "--allow-dangerous", "--timeout", "3", "--json", "--prompt", "x")
+    assert time.monotonic() - started < 20
+    assert r.returncode == 1, r.stderr
+    assert last_json(r.stdout)["status"] == "timeout"
+    listed = json.loads(cli.run("history", "list", "--json").stdout)
+    assert listed and listed[0]["id"] == last_json(r.stdout)["conversation_id"]

@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from xzatoma_tools import (PLANNING, WRITE_MODE, Approvals, JailError, ToolContext, ToolResult, build_registry,
-                           glob_match, path_verdict, resolve_path)
+from conftest import run_calls, tool_call
+from xzatoma_tools import (PLANNING, WRITE_MODE, Approvals, ToolContext, ToolResult, build_registry, glob_match,
+                           path_verdict, resolve_path)
 
 
 @pytest.fixture
@@ -433,3 +434,35 @@ def test_grep_finds_no_line_after_the_last_newline(tmp_path):
     for pattern in (".*", "^", "$"):
         lines = reg.execute("grep", {"pattern": pattern, "path": "data.csv"}).output.splitlines()
         assert len(lines) == 12 and lines[-1] == "data.csv:12: row11"
+
+
+def test_an_edit_deep_in_the_tree_reports_what_it_did(cli, fake):
+    """A relative path under the limit whose absolute spelling is over PATH_MAX: the edit was made and then
+    reported as 'path too long' (the undo bookkeeping resolved the absolute path again), so the model retried
+    an edit that had been done."""
+    rel = "/".join(["d" * 200] * 19) + "/f.txt"
+    rel = "e" * (4080 - len(rel) - 1) + "/" + rel  # 4,080 bytes: under the limit; the absolute path is over it
+    assert len(rel.encode()) < 4096 < len(str(cli.workdir).encode()) + 1 + len(rel.encode())
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path=rel, content="one\n"),
+                                       tool_call("edit_file", path=rel, old_text="one", new_text="two"),
+                                       tool_call("copy_path", source_path=rel, destination_path=rel + ".bak"),
+                                       tool_call("delete_path", path=rel + ".bak")])
+    assert r.returncode == 0, r.stderr
+    write, edit, copy, delete = results
+    assert write.startswith("Created ") and not edit.startswith("Error"), results
+    assert edit.endswith("now read:\n     1\ttwo") and copy.startswith("Copied ") and delete.startswith("Deleted "), results
+    u = cli.run("undo")
+    assert u.returncode == 0, u.stderr
+    fd = os.open(str(cli.workdir), os.O_RDONLY)
+    try:
+        parts = rel.split("/")
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        with os.fdopen(os.open(parts[-1], os.O_RDONLY, dir_fd=fd)) as fh:
+            assert fh.read() == "two\n"  # the last change undone: the deleted copy is back; the edit stays
+        assert os.path.lexists("/proc/self/fd/%d/%s.bak" % (fd, parts[-1]))
+    finally:
+        os.close(fd)

@@ -5,25 +5,18 @@ title or reverse the text, in tool-call arguments, file contents, command output
 """
 
 import json
+import os
 import random
 import re
 
 import pytest
 
-from conftest import tool_call
+from conftest import assert_clean, run_calls, tool_call
 from ptyrun import PtyProcess
 from xzatoma_tools import UntrustedStream, render_json, render_untrusted
 
 ESC = "\x1b"
 RLO = "\u202e"
-# Everything that must never be written raw to a terminal (our own colours are off: NO_COLOR=1)
-HOSTILE = [ESC, RLO, "\x9b", "\x07", "\x08", "\x7f", "\u2066", "\u200b", "\ufeff", "\U000e0041"]
-
-
-def assert_clean(text, where):
-    for ch in HOSTILE:
-        assert ch not in text, "%r reached %s raw: %r" % (ch, where, text[-500:])
-    assert "\r" not in text.replace("\r\n", "\n"), "a lone CR reached %s: %r" % (where, text[-500:])
 
 
 @pytest.mark.parametrize("raw,shown", [
@@ -206,3 +199,74 @@ def test_the_diff_for_approval_shows_the_hidden_line(chat, fake, cli):
     assert (cli.workdir / "notes.txt").read_text() == "alpha\n"
     for raw in ("\x1b[1A", "\x1b[2K", "\x1b]0;", "\x1b[2J", "\u202e", "\x07"):
         assert raw not in p.seen
+
+
+def test_a_newline_in_a_path_cannot_forge_a_line_of_progress_or_a_question(cli, fake):
+    """Newlines pass render_untrusted (text has lines), so a path holding one printed a second, forged line:
+    '  ✓ Deleted nothing' under the real call, or a question's 'changes .git' pushed out of sight."""
+    (cli.workdir / ".git" / "hooks").mkdir(parents=True)
+    cli.use(fake)
+    forged = "x\n  \u2713 nothing was written\n\u25b6 read_file README.md"
+    r, results = run_calls(cli, fake, [tool_call("write_file", path=forged, content="x"),
+                                       tool_call("write_file", path=".git/hooks/a\nall is fine", content="x")])
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert not any(l.startswith("  \u2713 nothing") or l.startswith("\u25b6 read_file") for l in lines), r.stderr
+    assert not any(l.startswith("all is fine") for l in lines), r.stderr
+    assert "nothing was written\\n\u25b6 read_file README.md" in r.stderr and "a\\nall is fine" in r.stderr
+
+
+# ---- hostile bytes through argv, paths on a terminal and readline's completion list ----
+
+
+ESC_TITLE = "\x1b]0;pwned\x07\x1b[2J\u202e"
+
+
+def pty_run(cli, *args, env=None):
+    p = PtyProcess(cli.command(*args), dict(cli.env, TERM="xterm", **(env or {})), str(cli.workdir))
+    try:
+        code = p.wait()
+    finally:
+        p.close()
+    return code, p.seen
+
+
+def test_an_unrecognized_argument_is_shown_not_obeyed(cli):
+    # argparse quoted it raw: a file name a script passes on (`xzatoma run $f`) could clear the screen
+    r = cli.run("run", "--bogus" + ESC_TITLE, "--prompt", "x")
+    assert r.returncode == 2
+    assert "unrecognized argument: --bogus\\x1b]0;pwned\\x07" in r.stderr
+    assert_clean(r.stderr, "stderr")
+
+
+def test_config_path_is_data_when_piped_and_inert_on_a_terminal(cli):
+    path = str(cli.tmp / ("conf" + ESC_TITLE + ".yaml"))
+    r = cli.run("config", "path", env={"XZATOMA_CONFIG": path})
+    assert r.returncode == 0 and r.stdout == path + "\n"  # a script reading it gets the name as it is
+    code, seen = pty_run(cli, "config", "path", env={"XZATOMA_CONFIG": path})
+    assert code == 0
+    assert "conf\\x1b]0;pwned\\x07\\x1b[2J\\u202e.yaml" in seen
+    assert_clean(seen, "the terminal")
+
+
+def test_config_init_on_a_terminal_shows_the_path_inert(cli):
+    path = str(cli.tmp / ("new" + ESC_TITLE + ".yaml"))
+    code, seen = pty_run(cli, "config", "init", env={"XZATOMA_CONFIG": path})
+    assert code == 0 and os.path.exists(path)
+    assert_clean(seen, "the terminal")
+
+
+def test_chat_completion_never_offers_a_name_with_hidden_characters(chat, fake, cli):
+    # readline listed the matches raw: a bidi override in a file name reordered the list on screen, and a
+    # zero-width character was typed into the line unseen
+    (cli.workdir / "abc-plain.txt").write_text("x")
+    (cli.workdir / "ab\u202etxt.exe").write_text("x")
+    (cli.workdir / "ab\u200bc-plain.txt").write_text("x")
+    p = chat()
+    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+    p.send("@ab\t\t")
+    p.expect("abc-plain.txt")
+    p.send("\x15")  # clear the line
+    p.line("/status")
+    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+    assert "\u202e" not in p.seen and "\u200b" not in p.seen
