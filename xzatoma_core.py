@@ -2904,6 +2904,47 @@ def _loads(text):
         raise first
 
 
+_PYTHON_WORDS = {"true": "True", "false": "False", "null": "None"}
+
+
+def _python_literal(text, start):
+    """(value, end) for an object at text[start:] written as a Python literal, or None: a small model wrote
+    `"content": '{"version": "2.4.1"}'`, a string in single quotes, three times over. Read by ast.literal_eval,
+    which builds values and runs nothing; JSON's true, false and null are taken as Python's."""
+    if not text.startswith("{", start):
+        return None
+    depth, quote, i, n = 0, None, start, min(len(text), start + 100000)
+    while i < n:  # where the object ends: its braces balance, outside strings of either quote
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                break
+        i += 1
+    else:
+        return None
+    import ast
+    import io
+    import tokenize
+    try:
+        tokens = [(kind, _PYTHON_WORDS.get(word, word) if kind == tokenize.NAME else word)
+                  for kind, word, _, _, _ in tokenize.generate_tokens(io.StringIO(text[start:i + 1]).readline)]
+        value = ast.literal_eval(tokenize.untokenize(tokens).strip())
+        json.dumps(value)  # sets, bytes …: not what a call's arguments can be
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, tokenize.TokenError):
+        return None
+    return (value, i + 1) if isinstance(value, dict) else None
+
+
 def _raw_decode(text, start):
     """(value, end) for the JSON value at text[start:], doubled braces accepted; ValueError otherwise."""
     decoder = json.JSONDecoder()
@@ -2923,7 +2964,10 @@ def _raw_decode(text, start):
         return value, start + end - (mended[:end].count("\\") - text[start:start + end].count("\\"))
     except (ValueError, RecursionError):
         if not text.startswith("{{", start):
-            raise first
+            found = _python_literal(text, start)
+            if found is None:
+                raise first
+            return found
     # a doubled object ends where its braces balance ({{ … }}): undouble that span only
     depth, i, n = 0, start, len(text)
     while i < n:
@@ -3615,6 +3659,7 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
          '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
          "yourself. If the task truly needs no tool, give your final answer again.")
 EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
+LEAD_IN = "Error: your reply ends with a colon and nothing after it. Give your final answer, or call a tool."
 #: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
 LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from the tool "
              "results above.")
@@ -4004,17 +4049,20 @@ class Agent:
         if self.parrots(answer):  # a lost small model answered with XZatoma's own correction: no answer either
             self.events.note("  the model answered with XZatoma's own message")
             answer = self.result.answer = ""
-        if not answer.strip():  # nothing said (only thinking, or a model lost after failed calls)
+        # a headless answer that stops at its lead-in ("…you can use the following command:") gives nothing
+        lead_in = self.honest and answer.rstrip().endswith(":")
+        if not answer.strip() or lead_in:  # nothing said (only thinking, or a model lost after failed calls)
+            what = "a reply that stops at a colon" if lead_in else "an empty reply"
             if self.may_answer_now():  # a question its tools already answered: asked afresh, without them
-                self.stuck = "the model gave no answer (an empty reply)"
+                self.stuck = "the model gave no answer (%s)" % what
                 return self.last_word()
             if not self.asked_empty:
                 self.asked_empty = True
-                self.conversation.add({"role": "user", "name": NOTE, "content": EMPTY_ANSWER})
-                self.events.note("  the model's reply was empty; asking it once for an answer")
+                self.conversation.add({"role": "user", "name": NOTE, "content": LEAD_IN if lead_in else EMPTY_ANSWER})
+                self.events.note("  the model gave no answer (%s); asking it once for one" % what)
                 return None
             if not self.changes_this_run:
-                raise ProviderFailed("the model gave no answer (an empty reply, twice)")
+                raise ProviderFailed("the model gave no answer (%s, after it was asked for one)" % what)
             return "completed"
         need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
         if need is None:
@@ -4050,15 +4098,21 @@ class Agent:
         return "completed"
 
     def parrots(self, answer):
-        """Whether the answer is one of the corrections XZatoma sent this run, repeated back (an `Error: …` line
-        of a note or a refused call, whole)."""
+        """Whether the answer is XZatoma's own words repeated back: one of the corrections it sent this run (an
+        `Error: …` line of a note or a refused call, whole), or an answer that is mostly one stretch of such a
+        message ("The final answer is that the task names main.py, which no tool has read …")."""
         text = answer.strip()
-        if not text.startswith("Error: "):
+        ours = [m["content"] for m in self.conversation.messages if isinstance(m.get("content"), str) and (
+            m.get("name") == NOTE or (m.get("role") == "tool" and m["content"].startswith("Error: ")))]
+        if text.startswith("Error: ") and any(text in said for said in ours):
+            return True
+        if not 40 <= len(text) <= 600:  # a copied stretch is judged in short answers only (the matcher is O(n·m))
             return False
-        for message in self.conversation.messages:
-            said = message.get("content")
-            if (message.get("name") == NOTE or message.get("role") == "tool") and isinstance(said, str) and \
-                    text in said:
+        import difflib
+        for said in ours:
+            match = difflib.SequenceMatcher(None, text, said[:4000], autojunk=False).find_longest_match(
+                0, len(text), 0, min(len(said), 4000))
+            if match.size >= 40 and match.size * 2 >= len(text):
                 return True
         return False
 
@@ -4075,7 +4129,8 @@ class Agent:
 
     def standing_doubts(self):
         """The doubts about this run's changes that the task's words do not explain: a whitespace-only change
-        where the task says nothing of spacing or format, a file's lines gone where it asks for no rewrite."""
+        where the task says nothing of spacing or format, a file's lines gone where it asks for no rewrite; a
+        line break written out as `\\n` always stands."""
         import re
         spacing = re.search(r"(?i)\b(white ?space|blank|indent\w*|format\w*|spac\w*|newlines?|trailing|tabs?|"
                             r"line endings?|wrap\w*|reflow\w*|lint\w*)\b", self.task or "")
@@ -4083,7 +4138,9 @@ class Agent:
         # that wrote {"version": "2.4.1"} over package.json is not one)
         rewrite = re.search(r"(?i)\b(replac\w*|overwrit\w*|rewrit\w*|writ\w*|creat\w*|clear\w*|empty|reset|"
                             r"truncat\w*|wipe\w*|only|just)\b", self.task or "")
-        return [d for d in self.doubts.values() if not (spacing if spacing_only(d) else rewrite)]
+        gone = xzatoma_store.LINES_GONE.split("%s")[0]
+        return [d for d in self.doubts.values()
+                if not (spacing if spacing_only(d) else rewrite if d.startswith(gone) else False)]
 
     def unsettled(self, kind, answer):
         """What still stands after the model was asked to check its work: None, or why the run is unverified."""
@@ -4091,7 +4148,15 @@ class Agent:
             unseen = self.unseen_numbers(answer)
             return "the answer gives %s, which no tool result showed" % ", ".join(unseen[:3]) if unseen else None
         doubts = self.standing_doubts() if kind == "change" else None
-        return "; ".join(doubts[:3]) if doubts else None
+        if doubts:
+            return "; ".join(doubts[:3])
+        missed = self.missed_entries() if kind == "change" else None
+        return "the task names %s, which no tool read or changed" % ", ".join(missed[:5]) if missed else None
+
+    def missed_entries(self):
+        """The entries of the working directory the task names that no successful call of this run reached."""
+        touched = "\n".join(self.touched)
+        return [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
 
     def loose_ends(self, kind, answer):
         """What an answer after real work may still have left undone, as a note to the model (or None): a tool
@@ -4110,8 +4175,7 @@ class Agent:
             return ("Check your work before you answer: %s. If that is what the task asks, give your final answer "
                     "again; if not, fix it with a tool call." % "; ".join(doubts[:3]))
         if kind == "change":
-            touched = "\n".join(self.touched)
-            missed = [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
+            missed = self.missed_entries()
             if missed:
                 return ("The task names %s, which no tool has read or changed in this run. If the task needs "
                         "it, continue with a tool call; if not, give your final answer again." % ", ".join(missed[:5]))

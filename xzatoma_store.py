@@ -766,12 +766,25 @@ PATCH_SUFFIXES = (".diff", ".patch")
 
 WHITESPACE_ONLY = "the change to %s altered only whitespace"
 LINES_GONE = "write_file replaced all of %s and %d of its earlier lines are gone (%s)"
+ESCAPED_BREAKS = "%s holds \\n written out (a backslash and an n) where a line break was meant"
+
+
+def escaped_breaks(text):
+    """Whether a text has no line break but `\\n` written out, outside any quotes: a small model's JSON escaped
+    once too often ("## 1.0.0\\n- first release" became CHANGES.md's one line). In quotes it is code's own."""
+    if "\\n" not in text or "\n" in text.rstrip("\n"):
+        return False
+    import re
+    return "\\n" in re.sub(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', "", text)
 
 
 def change_doubt(shown, old, new, whole=False):
     """Why a change may not be the one meant, for the loop to ask about before the run ends (None: no doubt):
     it altered only whitespace (a model "fixed" a line by rewriting the file as it was), or, for a whole
-    rewrite, the file's earlier lines are gone (a model asked to add a line wrote only that line)."""
+    rewrite, the file's earlier lines are gone (a model asked to add a line wrote only that line); or the new
+    text writes its line breaks out as `\\n` (escaped_breaks). `old` is None for a new file."""
+    if escaped_breaks(new):
+        return ESCAPED_BREAKS % shown
     if old is None or old == new:
         return None
     if "".join(old.split()) == "".join(new.split()):

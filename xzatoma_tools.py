@@ -977,7 +977,8 @@ class WriteFile(Tool):
             ctx.seen.add(target.real)
             shown = display_path(target.real, ctx.root)
             if st is None:
-                return ToolResult.ok("Created %s (%d bytes)" % (shown, len(data)), bytes=len(data), created=True)
+                return ToolResult.ok("Created %s (%d bytes)" % (shown, len(data)), bytes=len(data), created=True,
+                                     changed=shown, doubt=change_doubt(shown, None, args["content"]))
             # what the old content became, said plainly, and shown when the new one lost it: a small model that
             # meant to add a line replaced a whole to-do list with it, and could not know what was gone
             lost = "" if not old or old.strip() in args["content"] else \
@@ -990,7 +991,8 @@ class WriteFile(Tool):
 class EditFile(Tool):
     name = "edit_file"
     description = ("Replace old_text with new_text in a file. old_text must occur exactly once "
-                   "unless replace_all is true. Returns the changed lines as they now read.")
+                   "unless replace_all is true; an empty old_text adds new_text at the end of the file. "
+                   "Returns the changed lines as they now read.")
     parameters = {"type": "object", "properties": {
         "path": {"type": "string"}, "old_text": {"type": "string"}, "new_text": {"type": "string"},
         "replace_all": {"type": "boolean", "default": False}},
@@ -1007,14 +1009,15 @@ class EditFile(Tool):
 
     def _apply(self, args, target):
         path, old, new = args["path"], args["old_text"], args["new_text"]
-        if not old:
-            raise ToolError("old_text must not be empty")
         if stat.S_ISDIR(target.lstat().st_mode):
             raise ToolError("%s is a directory" % path)
         try:
             text = read_text(target, "edit_file only edits regular files", errors="strict")
         except UnicodeDecodeError:
             raise ToolError("%s is not valid UTF-8 text; edit_file only edits text" % path)
+        if not old:  # nothing to find: new_text goes at the end (as an empty SEARCH block appends in aider), on a
+            # line of its own; small models asked to add a line wrote exactly this call
+            return text, text + ("\n" if text and not text.endswith("\n") else "") + new
         count = text.count(old)
         if count == 0:
             raise _not_found(path, text, old, new)
@@ -1046,14 +1049,15 @@ class EditFile(Tool):
             ctx.seen.add(target.real)
             shown = display_path(target.real, ctx.root)
             diff = text_diff(text, updated, shown)
-        count = text.count(args["old_text"])
+        count = text.count(args["old_text"]) if args["old_text"] else 1
         if not diff:
             return ToolResult.ok("(no change: new_text is old_text)", replacements=count)
         # The lines as they now read, numbered like `cat -n`, not a diff: small models took a diff (even after
         # "saved.") for text to write back, and overwrote the file they had just edited with it.
         first, last, lines = changed_lines(text, updated)
-        return ToolResult.ok("Edited %s: %d replacement%s, saved. Lines %d-%d now read:\n%s" % (
-            shown, count, "" if count == 1 else "s", first, last, lines), replacements=count, diff=diff,
+        return ToolResult.ok("Edited %s: %s, saved. Lines %d-%d now read:\n%s" % (
+            shown, "new_text added at the end" if not args["old_text"] else "%d replacement%s" % (
+                count, "" if count == 1 else "s"), first, last, lines), replacements=count, diff=diff,
             changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"]))
 
 
@@ -2842,7 +2846,7 @@ COMPACT = {
     "write_file": ("Create or overwrite a file.", {"path": ("string", ""), "content": ("string", "")},
                    ["path", "content"]),
     "edit_file": ("Replace old_text with new_text in a file (old_text must appear exactly once, unless "
-                  "replace_all).",
+                  "replace_all; an empty old_text adds new_text at the end).",
                   {"path": ("string", ""), "old_text": ("string", ""), "new_text": ("string", ""),
                    "replace_all": ("boolean", "")}, ["path", "old_text", "new_text"]),
     "terminal": ("Run a shell command in the working directory. Returns the exit code and output.",

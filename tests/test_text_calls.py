@@ -310,7 +310,8 @@ def test_an_answer_that_repeats_xzatomas_own_correction_is_no_answer(open_sessio
     s = open_session(Reply(""), Reply(xzatoma.EMPTY_ANSWER))
     result = run(s, "what does a.txt say?")
     assert result.status == "failed" and "empty reply" in result.error
-    s = open_session(Reply(""), Reply(xzatoma.EMPTY_ANSWER + " It says hello."))
+    s = open_session(Reply(""), Reply(xzatoma.EMPTY_ANSWER + " A closure is a function that keeps the variables "
+                                                             "of the scope it was made in."))
     assert run(s, "what is a closure?").status == "completed"  # more than the correction: an answer
     # a model whose tools answered it is asked afresh (Agent.last_word), and repeats what it was told there
     s = open_session(Reply(grep), Reply(grep), Reply(""), Reply(xzatoma.LAST_WORD))
@@ -391,6 +392,13 @@ def test_an_overwrite_that_loses_content_shows_what_was_there(open_session, tmp_
     # a raw newline inside a string
     ('<tool_call>{"name": "write_file", "arguments": {"path": "a", "content": "x\ny"}}</tool_call>',
      [("write_file", {"path": "a", "content": "x\ny"})]),
+    # a string in single quotes, as Python writes it (a real transcript, three times over), and JSON's false
+    ('```json\n{"name": "write_file", "arguments": {"path": "p.json", "content": \'{"version": "2.4.1"}\'}}\n```',
+     [("write_file", {"path": "p.json", "content": '{"version": "2.4.1"}'})]),
+    ("{'name': 'grep', 'arguments': {'pattern': 'x', 'case_sensitive': false}}\nthen I will read it",
+     [("grep", {"pattern": "x", "case_sensitive": False})]),
+    # ...but only literals: what would have to run to give a value is no call
+    ("{'name': 'grep', 'arguments': {'pattern': __import__('os').system('touch pwned')}}", None),
 ])
 def test_what_json_forbids_and_models_write_is_forgiven(text, expected):
     assert calls_of(text) == expected
@@ -625,3 +633,82 @@ def test_an_edit_of_a_large_file_whose_old_text_is_missing_shows_the_closest_lin
                                                  "old_text": '    return render(request, "page_121.html")'})
     assert r.error.startswith("old_text not found in views.py; the closest lines are:\n")
     assert "   244\t    return render(request, 'page_121.html')" in r.error and len(r.error) < 600
+
+
+def test_an_answer_made_of_xzatomas_words_is_no_answer_and_a_named_file_never_reached_stays_unverified(
+        open_session, tmp_path):
+    """A real transcript (Qwen2.5-Coder-1.5B): utils.py renamed, main.py's write refused (not read), then "The
+    final answer is that the file … already exists and you have not read it", and after the note "The final
+    answer is that the task names main.py, which no tool has read or changed in this run" — completed."""
+    (tmp_path / "utils.py").write_text("def calc_total(p):\n    return sum(p)\n")
+    (tmp_path / "main.py").write_text("from utils import calc_total\n")
+    edit = Reply('{"name": "edit_file", "arguments": {"path": "utils.py", "old_text": "calc_total", '
+                 '"new_text": "compute_total"}}')
+    write = Reply('{"name": "write_file", "arguments": {"path": "main.py", "content": "x"}}')
+    s = open_session(edit, write, Reply("The final answer is that the file main.py already exists and you have "
+                                        "not read it; write_file would replace all of it."),
+                     Reply("The final answer is that the task names main.py, which no tool has read or changed "
+                           "in this run."), Reply("Renamed in both files."))
+    result = run(s, "Rename calc_total to compute_total in utils.py and update main.py to use it.")
+    assert (result.status, result.exit_code) == ("unverified", 3)
+    assert result.warnings[-1].startswith("the task names main.py, which no tool read or changed")
+    notes = [m["content"] for m in s.conversation.messages if m.get("name") == "xzatoma"]
+    assert notes[0] == xzatoma.EMPTY_ANSWER and notes[1].startswith("The task names main.py")
+
+
+def test_an_answer_that_stops_at_its_lead_in_is_no_answer(open_session, tmp_path):
+    """A real transcript: "To find the port number …, you can use the following command:" and nothing after
+    it ended a run completed, with no port in the answer."""
+    (tmp_path / "settings.ini").write_text("[server]\nport = 8123\n")
+    s = open_session(Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'),
+                     Reply("To find the port, you can use the following command:\n\n"), Reply("8123"))
+    result = run(s, "Which port does the server section of settings.ini use?")
+    assert (result.status, result.answer) == ("completed", "8123") and s.provider.calls[-1]["tools"] == []
+    s = open_session(Reply("Here is how:"), Reply("Here is how:"))  # no tool gave anything: asked once, then failed
+    result = run(s, "Which port does the server section of settings.ini use?")
+    assert result.status == "failed" and "stops at a colon" in result.error
+    assert s.provider.calls[1]["messages"][-1]["content"] == xzatoma.LEAD_IN
+
+
+def test_an_empty_old_text_adds_new_text_at_the_end(tmp_path):
+    """A real transcript (Qwen2.5-Coder-1.5B): asked to add a line to todo.txt, it called edit_file with an empty
+    old_text three times over (aider's empty SEARCH block appends too)."""
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam")
+    r = registry(tmp_path).execute("edit_file", {"path": "todo.txt", "old_text": "", "new_text": "buy milk\n"})
+    assert r.success and (tmp_path / "todo.txt").read_text() == "write report\ncall Sam\nbuy milk\n"
+    assert r.output == ("Edited todo.txt: new_text added at the end, saved. Lines 1-3 now read:\n"
+                        "     1\twrite report\n     2\tcall Sam\n     3\tbuy milk")
+    (tmp_path / "empty.txt").write_text("")
+    assert registry(tmp_path).execute("edit_file", {"path": "empty.txt", "old_text": "", "new_text": "x"}).success
+    assert (tmp_path / "empty.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize("fix,status", [
+    ('{"name": "write_file", "arguments": {"path": "CHANGES.md", "content": "## 1.0.0\\n- first release\\n"}}',
+     "completed"),
+    ("Done.", "unverified"),
+])
+def test_a_line_break_written_out_is_asked_about_once(open_session, tmp_path, fix, status):
+    """A real transcript: the model wrote "## 1.0.0\\\\n- first release" (its JSON escaped once too often), and
+    CHANGES.md held one line with a backslash in it; the run said completed."""
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "CHANGES.md", '
+                           '"content": "## 1.0.0\\\\n- first release"}}'), Reply("Created the changelog."),
+                     Reply(fix), Reply("Done."))
+    result = run(s, "Create CHANGES.md with the line '## 1.0.0', then add '- first release' under it.")
+    assert result.status == status
+    note = s.provider.calls[2]["messages"][-1]["content"]
+    assert note.startswith("Check your work before you answer: CHANGES.md holds \\n written out")
+    if status == "completed":
+        assert (tmp_path / "CHANGES.md").read_text() == "## 1.0.0\n- first release\n"
+    else:
+        assert "CHANGES.md holds \\n written out" in result.warnings[0]
+
+
+@pytest.mark.parametrize("text,escaped", [
+    ("## 1.0.0\\n- first release", True), ("a\\nb\\nc\n", True),
+    ('print("a\\nb")\n', False), ("sep = '\\n'", False),  # in quotes: code's own escape
+    ("one\ntwo\\n", False), ("plain\n", False),  # real line breaks: the text means what it says
+])
+def test_a_line_break_written_out_is_told_from_codes_own_escapes(text, escaped):
+    import xzatoma_store
+    assert xzatoma_store.escaped_breaks(text) is escaped
