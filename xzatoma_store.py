@@ -1,6 +1,6 @@
 """XZatoma persistence: every conversation, undo records and caches in one sqlite3 file.
 
-Read top to bottom: identifiers and times, redaction, untrusted text for
+Read top to bottom: identifiers and times, redaction, fetched HTML as text, untrusted text for
 terminals, the schema and its migrations, and the Store. `sqlite3` is imported when a Store opens, so
 `xzatoma --help` never pays for it. Each thread gets its own connection; WAL
 and a busy timeout let parallel subagents and several xzatoma processes write
@@ -466,6 +466,125 @@ def storable(text):
     return text
 
 
+# ---- Fetched HTML as text (the fetch tool's pages) ----
+
+def html_to_text(html, base_url=""):
+    """Readable text from HTML: headings, paragraphs, lists, links as 'text (url)', pre kept; noise dropped."""
+    from html.parser import HTMLParser
+    from urllib.parse import urljoin
+
+    class Converter(HTMLParser):
+        SKIP = {"script", "style", "nav", "noscript", "template", "svg", "head", "iframe", "object", "canvas"}
+        BLOCK = {"p", "div", "section", "article", "main", "header", "footer", "aside", "table", "tr", "ul", "ol",
+                 "dl", "dt", "dd", "blockquote", "figure", "figcaption", "form", "hr", "address", "details",
+                 "summary"}
+
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.out, self.skip, self.pre, self.links, self.lists = [], 0, 0, [], []
+            self.title, self.in_title = "", False
+
+        def newline(self, n=1):
+            tail = "".join(self.out[-3:])
+            need = n - (len(tail) - len(tail.rstrip("\n")))
+            if self.out and need > 0:
+                self.out.append("\n" * need)
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "title":
+                self.in_title = True
+            if tag in self.SKIP:
+                self.skip += 1
+                return
+            if self.skip:
+                return
+            attrs = dict(attrs)
+            if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
+                self.newline(2)
+                self.out.append("#" * int(tag[1]) + " ")
+            elif tag == "br":
+                self.out.append("\n")
+            elif tag == "pre":
+                self.newline(2)
+                self.pre += 1
+            elif tag in ("ul", "ol"):
+                self.lists.append([tag, 0])
+                self.newline()
+            elif tag == "li":
+                self.newline()
+                depth = max(len(self.lists) - 1, 0)
+                if self.lists and self.lists[-1][0] == "ol":
+                    self.lists[-1][1] += 1
+                    self.out.append("  " * depth + "%d. " % self.lists[-1][1])
+                else:
+                    self.out.append("  " * depth + "- ")
+            elif tag == "a":
+                self.links.append((attrs.get("href") or "", len(self.out)))
+            elif tag in ("td", "th"):
+                self.out.append(" | ")
+            elif tag == "img" and attrs.get("alt"):
+                self.out.append("[image: %s]" % attrs["alt"])
+            elif tag in self.BLOCK:
+                self.newline(2 if tag in ("p", "blockquote", "table") else 1)
+
+        def handle_endtag(self, tag):
+            if tag == "title":
+                self.in_title = False
+            if tag in self.SKIP:
+                self.skip = max(0, self.skip - 1)
+                return
+            if self.skip:
+                return
+            if tag == "a" and self.links:
+                href, start = self.links.pop()
+                text = "".join(self.out[start:]).strip()
+                if href and not href.startswith(("#", "javascript:", "mailto:")):
+                    url = urljoin(base_url, href)
+                    del self.out[start:]
+                    self.out.append("%s (%s)" % (text, url) if text and text != url else url)
+            elif tag == "pre":
+                self.pre = max(0, self.pre - 1)
+                self.newline(2)
+            elif tag in ("ul", "ol"):
+                if self.lists:
+                    self.lists.pop()
+                self.newline()
+            elif tag in ("h1", "h2", "h3", "h4", "h5", "h6", "p", "blockquote", "table"):
+                self.newline(2)
+            elif tag in self.BLOCK or tag == "li":
+                self.newline()
+
+        def handle_data(self, data):
+            if self.in_title:
+                self.title += data
+            if self.skip:
+                return
+            if self.pre:
+                self.out.append(data)
+                return
+            text = re.sub(r"\s+", " ", data)
+            if text.strip() or (self.out and not self.out[-1].endswith((" ", "\n"))):
+                if self.out and self.out[-1].endswith(("\n", " ", "- ", ". ")) and text.startswith(" "):
+                    text = text.lstrip()
+                self.out.append(text)
+
+    # A '<' with no '>' after it can start no tag, and html.parser scans to the end of the page from each
+    # one (before Python 3.11.13/3.12.11): '<a ' repeated made 200 KB take minutes. They become text.
+    last = html.rfind(">")
+    if "<" in html[last + 1:]:
+        html = html[:last + 1] + html[last + 1:].replace("&", "&amp;").replace("<", "&lt;")
+    conv = Converter()
+    conv.feed(html)
+    conv.close()
+    text = "".join(conv.out)
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    text = re.sub(r"\n{3,}", "\n\n", text).strip()
+    title = " ".join(conv.title.split())
+    if title and not text.startswith("# "):
+        text = "# %s\n\n%s" % (title, text)
+    return text + "\n"
+
+
 # ---- Untrusted text for terminals ----
 # Here, beside redaction, so that everything that shows stored text (history, replay) needs no tools.
 # What a model, a file, a command or a server says reaches people only through render_untrusted: control
@@ -802,6 +921,37 @@ def looks_like_diff(text):
     """A unified diff: a `--- ` line, then `+++ `, then a hunk header, at the start of the text."""
     head = text.lstrip("\n").split("\n", 3)
     return len(head) >= 3 and head[0].startswith("--- ") and head[1].startswith("+++ ") and head[2].startswith("@@")
+
+
+def head_of(text, most):
+    """A file's text for a tool's message, as read_file shows it: whole up to `most` characters, else its head
+    and how many lines are left out."""
+    text = text.rstrip("\n")
+    if len(text) <= most:
+        return text
+    head = text[:most].rsplit("\n", 1)[0]
+    return head + "\n[… %d more lines; read_file shows them]" % text[len(head):].count("\n")
+
+
+def missing_text(path, text, old, new, small):
+    """What an edit whose old_text is not in `text` tells the model to do next: that the change is made already
+    (a small model edited, overwrote, then made the same edit again), the file itself when it is `small`
+    characters or fewer, or else the lines closest to old_text, numbered (as aider shows them)."""
+    if new and new in text:
+        return ("old_text is not in %s, but new_text already is (line %d): the change seems made already. Go on "
+                "with the rest of the task, or answer" % (path, text.count("\n", 0, text.find(new)) + 1))
+    if len(text) <= small:
+        return ("old_text not found in %s. The file holds:\n%s\nCopy old_text from it exactly, spaces and line "
+                "breaks too" % (path, head_of(text, small)))
+    import difflib
+    want = next((line.strip() for line in old.splitlines() if line.strip()), old.strip())
+    lines = text.splitlines()[:20000]
+    close = difflib.get_close_matches(want, [line.strip() for line in lines], n=3, cutoff=0.5)
+    near = ["%6d\t%s" % (i + 1, line) for i, line in enumerate(lines) if line.strip() in close][:5]
+    if not near:
+        return "old_text not found in %s; read the file and copy the text exactly" % path
+    return ("old_text not found in %s; the closest lines are:\n%s\nread_file shows them in context; copy old_text "
+            "exactly" % (path, "\n".join(near)))
 
 
 def changed_lines(old, new, context=2, most=40):

@@ -33,7 +33,9 @@ import threading
 import time
 
 from xzatoma_store import (MAX_DIFF_CELLS, PATCH_SUFFIXES, WHITESPACE_ONLY, AuditLog, UntrustedStream,  # noqa: F401
-                           bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size, json_type,
+                           bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size, head_of, html_to_text,
+                           json_type,
+                           missing_text,
                            looks_like_diff, one_line_path, preview_arguments, render_json, render_untrusted,
                            rfc3339, text_diff)
 
@@ -915,16 +917,6 @@ class ReadFile(Tool):
 LOST_SHOWN = 4096  #: bytes: an overwritten file this small is shown in write_file's result when its content was lost
 
 
-def _head_of(text, most=LOST_SHOWN):
-    """A file's text for a tool's message, as read_file shows it: whole up to `most` characters, else its head
-    and what is left out."""
-    text = text.rstrip("\n")
-    if len(text) <= most:
-        return text
-    head = text[:most].rsplit("\n", 1)[0]
-    return head + "\n[… %d more lines; read_file shows them]" % text[len(head):].count("\n")
-
-
 class WriteFile(Tool):
     name = "write_file"
     description = "Create or overwrite a text file with the given content; parent directories are created."
@@ -967,7 +959,7 @@ class WriteFile(Tool):
                 raise ToolError("%s already exists and you have not read it; write_file would replace all of it. "
                                 "It holds now:\n%s\nTo add or change lines, use edit_file; to replace the file, "
                                 "call write_file again with the complete new content" % (
-                                    path, _head_of(read_text(target, ""))))
+                                    path, head_of(read_text(target, ""), LOST_SHOWN)))
             ctx.check_undo_cap(self.name, target, args)
             old = read_text(target, "") if st is not None and st.st_size <= LOST_SHOWN else None
             token = ctx.before_create(self.name, target)
@@ -1020,7 +1012,9 @@ class EditFile(Tool):
             return text, text + ("\n" if text and not text.endswith("\n") else "") + new
         count = text.count(old)
         if count == 0:
-            raise _not_found(path, text, old, new)
+            exc = ToolError(missing_text(path, text, old, new, LOST_SHOWN))
+            exc.shows_file = len(text) <= LOST_SHOWN and not (new and new in text)  # read it now (ToolContext.seen)
+            raise exc
         if count > 1 and not args.get("replace_all"):
             lines, pos = [], text.find(old)
             while pos != -1 and len(lines) < 20:
@@ -1031,7 +1025,7 @@ class EditFile(Tool):
             again = json.dumps({"name": "edit_file", "arguments": dict(args, replace_all=True)}, ensure_ascii=False)
             raise ToolError("old_text occurs %d times in %s (lines %s). To replace every one, call again with "
                             "replace_all: %s\nTo replace one, give more of its line as old_text" % (
-                                count, path, ", ".join(lines), _excerpt_call(again)))
+                                count, path, ", ".join(lines), again if len(again) <= 600 else again[:600] + " …"))
         return text, text.replace(old, new)
 
     def run(self, args, ctx):
@@ -1059,32 +1053,6 @@ class EditFile(Tool):
             shown, "new_text added at the end" if not args["old_text"] else "%d replacement%s" % (
                 count, "" if count == 1 else "s"), first, last, lines), replacements=count, diff=diff,
             changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"]))
-
-
-def _excerpt_call(text, most=600):
-    return text if len(text) <= most else text[:most] + " …"
-
-
-def _not_found(path, text, old, new):
-    """The error of an edit whose old_text is not in the file, with what the model needs next: that the change
-    is made already, the file itself when small, or else the lines closest to old_text (as aider shows them)."""
-    if new and new in text:  # a small model edited, overwrote, then made the same edit again
-        exc = ToolError("old_text is not in %s, but new_text already is (line %d): the change seems made already. "
-                        "Go on with the rest of the task, or answer" % (path, text.count("\n", 0, text.find(new)) + 1))
-    elif len(text) <= LOST_SHOWN:
-        exc = ToolError("old_text not found in %s. The file holds:\n%s\nCopy old_text from it exactly, spaces "
-                        "and line breaks too" % (path, _head_of(text)))
-        exc.shows_file = True
-    else:
-        import difflib
-        want = next((line.strip() for line in old.splitlines() if line.strip()), old.strip())
-        lines = text.splitlines()[:20000]
-        close = difflib.get_close_matches(want, [line.strip() for line in lines], n=3, cutoff=0.5)
-        near = ["%6d\t%s" % (i + 1, line) for i, line in enumerate(lines) if line.strip() in close][:5]
-        exc = ToolError("old_text not found in %s; %s" % (path, (
-            "the closest lines are:\n%s\nread_file shows them in context; copy old_text exactly" % "\n".join(near))
-            if near else "read the file and copy the text exactly"))
-    return exc
 
 
 class FindPath(Tool):
@@ -2707,123 +2675,6 @@ class Fetch(Tool):
             except Exception:
                 pass
         return ToolResult.ok(output, status=status, truncated_body=truncated)
-
-
-def html_to_text(html, base_url=""):
-    """Readable text from HTML: headings, paragraphs, lists, links as 'text (url)', pre kept; noise dropped."""
-    from html.parser import HTMLParser
-    from urllib.parse import urljoin
-
-    class Converter(HTMLParser):
-        SKIP = {"script", "style", "nav", "noscript", "template", "svg", "head", "iframe", "object", "canvas"}
-        BLOCK = {"p", "div", "section", "article", "main", "header", "footer", "aside", "table", "tr", "ul", "ol",
-                 "dl", "dt", "dd", "blockquote", "figure", "figcaption", "form", "hr", "address", "details",
-                 "summary"}
-
-        def __init__(self):
-            super().__init__(convert_charrefs=True)
-            self.out, self.skip, self.pre, self.links, self.lists = [], 0, 0, [], []
-            self.title, self.in_title = "", False
-
-        def newline(self, n=1):
-            tail = "".join(self.out[-3:])
-            need = n - (len(tail) - len(tail.rstrip("\n")))
-            if self.out and need > 0:
-                self.out.append("\n" * need)
-
-        def handle_starttag(self, tag, attrs):
-            if tag == "title":
-                self.in_title = True
-            if tag in self.SKIP:
-                self.skip += 1
-                return
-            if self.skip:
-                return
-            attrs = dict(attrs)
-            if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
-                self.newline(2)
-                self.out.append("#" * int(tag[1]) + " ")
-            elif tag == "br":
-                self.out.append("\n")
-            elif tag == "pre":
-                self.newline(2)
-                self.pre += 1
-            elif tag in ("ul", "ol"):
-                self.lists.append([tag, 0])
-                self.newline()
-            elif tag == "li":
-                self.newline()
-                depth = max(len(self.lists) - 1, 0)
-                if self.lists and self.lists[-1][0] == "ol":
-                    self.lists[-1][1] += 1
-                    self.out.append("  " * depth + "%d. " % self.lists[-1][1])
-                else:
-                    self.out.append("  " * depth + "- ")
-            elif tag == "a":
-                self.links.append((attrs.get("href") or "", len(self.out)))
-            elif tag in ("td", "th"):
-                self.out.append(" | ")
-            elif tag == "img" and attrs.get("alt"):
-                self.out.append("[image: %s]" % attrs["alt"])
-            elif tag in self.BLOCK:
-                self.newline(2 if tag in ("p", "blockquote", "table") else 1)
-
-        def handle_endtag(self, tag):
-            if tag == "title":
-                self.in_title = False
-            if tag in self.SKIP:
-                self.skip = max(0, self.skip - 1)
-                return
-            if self.skip:
-                return
-            if tag == "a" and self.links:
-                href, start = self.links.pop()
-                text = "".join(self.out[start:]).strip()
-                if href and not href.startswith(("#", "javascript:", "mailto:")):
-                    url = urljoin(base_url, href)
-                    del self.out[start:]
-                    self.out.append("%s (%s)" % (text, url) if text and text != url else url)
-            elif tag == "pre":
-                self.pre = max(0, self.pre - 1)
-                self.newline(2)
-            elif tag in ("ul", "ol"):
-                if self.lists:
-                    self.lists.pop()
-                self.newline()
-            elif tag in ("h1", "h2", "h3", "h4", "h5", "h6", "p", "blockquote", "table"):
-                self.newline(2)
-            elif tag in self.BLOCK or tag == "li":
-                self.newline()
-
-        def handle_data(self, data):
-            if self.in_title:
-                self.title += data
-            if self.skip:
-                return
-            if self.pre:
-                self.out.append(data)
-                return
-            text = re.sub(r"\s+", " ", data)
-            if text.strip() or (self.out and not self.out[-1].endswith((" ", "\n"))):
-                if self.out and self.out[-1].endswith(("\n", " ", "- ", ". ")) and text.startswith(" "):
-                    text = text.lstrip()
-                self.out.append(text)
-
-    # A '<' with no '>' after it can start no tag, and html.parser scans to the end of the page from each
-    # one (before Python 3.11.13/3.12.11): '<a ' repeated made 200 KB take minutes. They become text.
-    last = html.rfind(">")
-    if "<" in html[last + 1:]:
-        html = html[:last + 1] + html[last + 1:].replace("&", "&amp;").replace("<", "&lt;")
-    conv = Converter()
-    conv.feed(html)
-    conv.close()
-    text = "".join(conv.out)
-    text = re.sub(r"[ \t]+\n", "\n", text)
-    text = re.sub(r"\n{3,}", "\n\n", text).strip()
-    title = " ".join(conv.title.split())
-    if title and not text.startswith("# "):
-        text = "# %s\n\n%s" % (title, text)
-    return text + "\n"
 
 
 # ---- Registry builder: the tools of a tool set ----
