@@ -4099,13 +4099,16 @@ class Agent:
 
     def parrots(self, answer):
         """Whether the answer is XZatoma's own words repeated back: one of the corrections it sent this run (an
-        `Error: …` line of a note or a refused call, whole), or an answer that is mostly one stretch of such a
-        message ("The final answer is that the task names main.py, which no tool has read …")."""
+        `Error: …` line of a note or a refused call, whole), or an answer that is mostly one stretch of a note
+        ("The final answer is that the task names main.py, which no tool has read …"). A tool's error quoted
+        in an answer may be the answer (why did the subagent fail?): only a whole one is a parrot."""
         text = answer.strip()
-        ours = [m["content"] for m in self.conversation.messages if isinstance(m.get("content"), str) and (
+        notes = [m["content"] for m in self.conversation.messages if isinstance(m.get("content"), str) and (
             m.get("name") == NOTE or (m.get("role") == "tool" and m["content"].startswith("Error: ")))]
-        if text.startswith("Error: ") and any(text in said for said in ours):
+        if text.startswith("Error: ") and any(text in said for said in notes):
             return True
+        ours = [m["content"] for m in self.conversation.messages
+                if m.get("name") == NOTE and isinstance(m.get("content"), str)]
         if not 40 <= len(text) <= 600:  # a copied stretch is judged in short answers only (the matcher is O(n·m))
             return False
         import difflib

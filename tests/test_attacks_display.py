@@ -57,7 +57,8 @@ def test_a_change_redaction_would_hide_is_not_asked_about(chat, fake, cli):
 def test_a_last_line_without_newline_does_not_swallow_the_added_line(chat, fake, cli):
     # difflib's '-echo hi' had no newline, so '+touch pwned' was shown on its line: a removal, no addition
     (cli.workdir / "run.sh").write_text("echo hi")
-    fake.add({"tool_calls": [tool_call("write_file", path="run.sh", content="touch pwned\n")]},
+    fake.add({"tool_calls": [tool_call("read_file", path="run.sh"),  # a file is replaced once it was read
+                             tool_call("write_file", path="run.sh", content="touch pwned\n")]},
              {"content": "finished"})
     p = start(chat)
     p.line("rewrite")

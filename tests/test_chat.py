@@ -99,7 +99,8 @@ def test_mode_switch_offers_write_tools_and_keeps_history(chat, fake):
 
 
 def test_confirmations_no_always_and_edit(chat, fake, cli):
-    fake.add({"tool_calls": [tool_call("write_file", path="notes.txt", content="replaced\n")]},
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt"),  # a file is replaced once it was read
+                             tool_call("write_file", path="notes.txt", content="replaced\n")]},
              {"content": "declined noted"},
              {"tool_calls": [tool_call("write_file", path="notes.txt", content="v2\n")]},
              {"tool_calls": [tool_call("write_file", path="notes.txt", content="v3\n")]},
@@ -115,7 +116,7 @@ def test_confirmations_no_always_and_edit(chat, fake, cli):
     p.expect(r"\[y\]es / \[n\]o / \[a\]lways for this tool this session / ne\[v\]er this session > ")
     p.line("n")
     p.expect("declined noted")
-    assert tool_results(fake)[0] == "Error: the user declined write_file notes.txt"
+    assert tool_results(fake)[1] == "Error: the user declined write_file notes.txt"
     assert (cli.workdir / "notes.txt").read_text() == "alpha\nbeta\ngamma\n"
     p.line("write it twice")
     p.expect(r"Allow write_file\?")
@@ -142,7 +143,8 @@ def test_confirmations_no_always_and_edit(chat, fake, cli):
 
 
 def test_yolo_runs_without_asking_and_safe_asks_again(chat, fake, cli):
-    fake.add({"tool_calls": [tool_call("write_file", path="notes.txt", content="yolo\n")]}, {"content": "done"},
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt"),  # a file is replaced once it was read
+                             tool_call("write_file", path="notes.txt", content="yolo\n")]}, {"content": "done"},
              {"tool_calls": [tool_call("terminal", command="sudo rm -rf /")]}, {"content": "refused"})
     p = chat("--mode", "write")
     p.expect(PROMPT % ("WRITE", "SAFE"))

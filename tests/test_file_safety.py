@@ -21,13 +21,14 @@ def test_planted_temp_name_symlinks_are_never_written_through(cli, fake, outside
             os.symlink(victim, str(work / ("%s.xzatoma-%d.tmp" % (base, pid))))
         os.symlink(victim, str(work / (".xzatoma-%d.tmp" % pid)))
     cli.use(fake)
-    r, results = run_calls(cli, fake, [tool_call("write_file", path="notes.txt", content="beta\n"),
+    r, results = run_calls(cli, fake, [tool_call("read_file", path="notes.txt"),
+                                       tool_call("write_file", path="notes.txt", content="beta\n"),
                                        tool_call("edit_file", path="notes.txt", old_text="beta", new_text="gamma"),
                                        tool_call("write_file", path="new.txt", content="fresh\n")])
     assert r.returncode == 0, r.stderr
-    assert results[0] == ("Overwrote notes.txt (5 bytes; it had 6 before: its whole content was replaced). "
+    assert results[1] == ("Overwrote notes.txt (5 bytes; it had 6 before: its whole content was replaced). "
                           "Its content before was:\nalpha")
-    assert results[2] == "Created new.txt (6 bytes)"
+    assert results[3] == "Created new.txt (6 bytes)"
     assert (work / "notes.txt").read_text() == "gamma\n" and (work / "new.txt").read_text() == "fresh\n"
     assert (outside / "victim.txt").read_text() == "untouched\n" and os.listdir(str(outside)) == ["victim.txt"]
     assert not [n for n in os.listdir(str(work)) if n.endswith(".tmp") and not os.path.islink(str(work / n))]
@@ -540,7 +541,8 @@ def test_hard_link_to_outside_is_never_written_through(cli, fake, outside):
     work = cli.workdir
     os.link(str(outside / "victim.txt"), str(work / "hl.txt"))
     cli.use(fake)
-    r, results = run_calls(cli, fake, [tool_call("write_file", path="hl.txt", content="x\n"),
+    r, results = run_calls(cli, fake, [tool_call("read_file", path="hl.txt"),
+                                       tool_call("write_file", path="hl.txt", content="x\n"),
                                        tool_call("edit_file", path="hl.txt", old_text="x", new_text="y")])
     assert r.returncode == 0, r.stderr
     assert (outside / "victim.txt").read_text() == "untouched\n"

@@ -249,7 +249,8 @@ def test_protected_questions_come_after_an_always_in_safe_mode_and_name_the_suba
         if msgs[-1]["role"] == "user":
             state["turn"] += 1
             if "ordinary" in last:
-                return {"tool_calls": [tool_call("write_file", path="plain.txt", content="ok\n")]}
+                return {"tool_calls": [tool_call("read_file", path="plain.txt"),  # replaced once it was read
+                                       tool_call("write_file", path="plain.txt", content="ok\n")]}
             if "hook" in last:
                 return {"tool_calls": [tool_call("write_file", path=".git/hooks/pre-commit", content="touch pwned\n")]}
             if "rc" in last:

@@ -597,7 +597,8 @@ def test_a_credential_in_a_file_the_agent_changed_never_reaches_the_database(cli
     assert (cli.workdir / ".env").read_text() == env
     assert (cli.workdir / "cfg" / "a.ini").read_text() == "token = ghp_%s\n" % ("T" * 36)
     # a lost key: nothing is written from content that cannot be checked
-    fake.add({"tool_calls": [tool_call("write_file", path=".env", content="replaced\n")]}, {"content": "done"})
+    fake.add({"tool_calls": [tool_call("read_file", path=".env"), tool_call("write_file", path=".env",
+                                                                          content="replaced\n")]}, {"content": "done"})
     assert cli.run("run", "--prompt", "again").returncode == 0
     os.unlink(str(cli.xz_home / "undo.key"))
     u = cli.run("undo")
@@ -849,7 +850,8 @@ def test_files_an_older_version_left_loose_are_tightened_at_the_next_run(cli, fa
     cli.use(fake, terminal={"default_mode": "restricted_autonomous"})
     fake.add({"tool_calls": [tool_call("terminal", command="ls")]}, {"content": "ok"})
     (cli.workdir / "f.txt").write_text("old\n")
-    fake.add({"tool_calls": [tool_call("write_file", path="f.txt", content="new\n")]}, {"content": "ok"})
+    fake.add({"tool_calls": [tool_call("read_file", path="f.txt"), tool_call("write_file", path="f.txt",
+                                                                           content="new\n")]}, {"content": "ok"})
     assert cli.run("run", "--prompt", "x").returncode == 0
     assert cli.run("run", "--mode", "write", "--prompt", "y").returncode == 0
     assert (cli.xz_home / "undo.key").exists()

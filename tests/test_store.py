@@ -318,7 +318,8 @@ def test_undo_command_after_a_run(cli, fake):
     (cli.workdir / "old").mkdir()
     (cli.workdir / "old" / "keep.txt").write_text("keep me\n")
     cli.use(fake)
-    fake.add({"tool_calls": [tool_call("write_file", path="app.py", content="print('v2')\n"),
+    fake.add({"tool_calls": [tool_call("read_file", path="app.py"),
+                             tool_call("write_file", path="app.py", content="print('v2')\n"),
                              tool_call("write_file", path="new.txt", content="fresh\n"),
                              tool_call("delete_path", path="old", recursive=True)]},
              {"tool_calls": [tool_call("edit_file", path="app.py", old_text="v2", new_text="v3")]},

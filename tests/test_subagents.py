@@ -159,8 +159,8 @@ def test_concurrent_confirmations_are_asked_one_after_the_other(cli, fake):
     (cli.workdir / "a.txt").write_text("old a\n")
     (cli.workdir / "b.txt").write_text("old b\n")
     cli.use(fake)
-    writes = {"task a": [tool_call("write_file", path="a.txt", content="new a\n")],
-              "task b": [tool_call("write_file", path="b.txt", content="new b\n")]}
+    writes = {"task a": [tool_call("read_file", path="a.txt"), tool_call("write_file", path="a.txt", content="new a\n")],
+              "task b": [tool_call("read_file", path="b.txt"), tool_call("write_file", path="b.txt", content="new b\n")]}
     fake.generator = subagent_brain(tool_call("parallel_subagent", tasks=[
         {"label": "A", "task_prompt": "task a"}, {"label": "B", "task_prompt": "task b"}]),
         child_tools=lambda task: writes[task])

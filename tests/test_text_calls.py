@@ -653,7 +653,7 @@ def test_an_answer_made_of_xzatomas_words_is_no_answer_and_a_named_file_never_re
     assert (result.status, result.exit_code) == ("unverified", 3)
     assert result.warnings[-1].startswith("the task names main.py, which no tool read or changed")
     notes = [m["content"] for m in s.conversation.messages if m.get("name") == "xzatoma"]
-    assert notes[0] == xzatoma.EMPTY_ANSWER and notes[1].startswith("The task names main.py")
+    assert notes[0].startswith("The task names main.py") and notes[1] == xzatoma.EMPTY_ANSWER
 
 
 def test_an_answer_that_stops_at_its_lead_in_is_no_answer(open_session, tmp_path):

@@ -184,7 +184,8 @@ def test_a_spoofed_confirmation_shows_the_real_command(chat, fake, cli):
 def test_the_diff_for_approval_shows_the_hidden_line(chat, fake, cli):
     (cli.workdir / "notes.txt").write_text("alpha\n")
     content = "alpha\nEVIL LINE\x1b[1A\x1b[2K\r\n\u202eenil\n"
-    fake.add({"tool_calls": [tool_call("write_file", path="notes.txt", content=content)]},
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt"),  # a file is replaced once it was read
+                             tool_call("write_file", path="notes.txt", content=content)]},
              {"content": "answer with \x1b]0;title\x07 and \x1b[2J inside"})
     p = chat("--mode", "write")
     p.expect(PROMPT)
