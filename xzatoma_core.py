@@ -3775,6 +3775,18 @@ def needs_tools(task, answer, root=None):
     return None
 
 
+#: how an answer that says the work could not be done begins (lower-cased, straight apostrophes)
+ADMISSIONS = ("i'm sorry", "i am sorry", "sorry,", "i apologize", "i apologise", "unfortunately", "i cannot",
+              "i can't", "i can not", "i was unable", "i'm unable", "i am unable", "i was not able", "i couldn't",
+              "i could not")
+
+
+def admits_failure(answer):
+    """Whether an answer begins by saying the task could not be done ("I'm sorry, but I can't assist with
+    that.", "I apologize, but the last call … did not …"): after tool work, that is no report of work done."""
+    return (answer or "").lstrip().lower().replace("\u2019", "'")[:40].startswith(ADMISSIONS)
+
+
 def counts(task):
     """Whether a task asks for a figure worked out from what is read (how many, the sum …), not one read off."""
     import re
@@ -4063,7 +4075,13 @@ class Agent:
                 return None
             if not self.changes_this_run:
                 raise ProviderFailed("the model gave no answer (%s, after it was asked for one)" % what)
+            if self.honest:  # it changed files, then never said the work was done (then parroted the question)
+                raise StuckAfterWork("the model changed files, then gave no answer (%s); the changes stand, "
+                                     "unchecked" % what)
             return "completed"
+        if self.honest and admits_failure(answer) and self.may_answer_now():  # "I'm sorry, but I can't assist…"
+            self.stuck = "the model's answer says it could not do the task"  # after its tools answered it
+            return self.last_word()
         need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
         if need is None:
             return "completed"
@@ -4147,6 +4165,8 @@ class Agent:
 
     def unsettled(self, kind, answer):
         """What still stands after the model was asked to check its work: None, or why the run is unverified."""
+        if admits_failure(answer):
+            return "the model's answer says the task could not be done"
         if kind == "facts":
             unseen = self.unseen_numbers(answer)
             return "the answer gives %s, which no tool result showed" % ", ".join(unseen[:3]) if unseen else None
@@ -4168,6 +4188,9 @@ class Agent:
         if "<tool_response>" in answer:
             return ("You wrote a tool result yourself; results come only from the tools. If the task is not "
                     "finished, continue with a tool call; if it is, give your final answer without it.")
+        if admits_failure(answer):
+            return ("Your answer says the task could not be done. If it is not done, continue with a tool call; "
+                    "if it is done, give your final answer again and say so.")
         unseen = self.unseen_numbers(answer) if kind == "facts" else None
         if unseen:  # a small model grepped for the wrong key, found nothing, and answered "port 80"
             return ("Your answer gives %s, which no tool result of this run shows. Check it with a tool "

@@ -712,3 +712,33 @@ def test_a_line_break_written_out_is_asked_about_once(open_session, tmp_path, fi
 def test_a_line_break_written_out_is_told_from_codes_own_escapes(text, escaped):
     import xzatoma_store
     assert xzatoma_store.escaped_breaks(text) is escaped
+
+
+def test_an_answer_that_says_the_work_could_not_be_done_is_no_report_of_work(open_session, tmp_path):
+    """Real transcripts (Qwen2.5-Coder-1.5B): after a wrong edit, "I apologize, but the last call to edit_file did
+    not provide an old_text…" ended the run completed; after listing docs/, "I'm sorry, but I can't assist with
+    that." did too."""
+    (tmp_path / "t.py").write_text("assert 1 == 2\n")
+    edit = Reply('{"name": "edit_file", "arguments": {"path": "t.py", "old_text": "2", "new_text": "3"}}')
+    sorry = Reply("I apologize, but the last call to edit_file did not provide an old_text.")
+    s = open_session(edit, sorry, sorry)
+    result = run(s, "Fix the assert in t.py")
+    assert (result.status, result.exit_code) == ("unverified", 3)
+    assert result.warnings[0].startswith("the model's answer says the task could not be done")
+    assert s.provider.calls[2]["messages"][-1]["content"].startswith("Your answer says the task could not be done")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# a\n")
+    s = open_session(Reply('{"name": "list_directory", "arguments": {"path": "docs"}}'),
+                     Reply("I'm sorry, but I can't assist with that."), Reply("There is 1 .md file."))
+    result = run(s, "How many .md files are in docs?")
+    assert (result.status, result.answer) == ("completed", "There is 1 .md file.") and s.provider.calls[-1]["tools"] == []
+
+
+def test_a_model_that_changed_files_and_then_answers_nothing_ends_unverified(open_session, tmp_path):
+    """A real transcript: todo.txt rewritten, an empty reply, then XZatoma's own question repeated back as the
+    answer; the run said completed."""
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "new.txt", "content": "x"}}'), Reply(""),
+                     Reply(xzatoma.EMPTY_ANSWER))
+    result = run(s, "Create new.txt holding x")
+    assert (result.status, result.exit_code) == ("unverified", 3) and "gave no answer" in result.error
+    assert (tmp_path / "new.txt").read_text() == "x"
