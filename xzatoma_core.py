@@ -4352,15 +4352,16 @@ class Agent:
         return "completed"
 
     def shown(self, most=12000):
-        """What this run's tools showed, for last_word: each distinct successful result once, under the call
-        that gave it, the latest kept when they are more than `most` characters together."""
+        """What this run's tools showed, for last_word: each distinct result once (errors too: "no such file …
+        did you mean src/tokenizer.py?" answers a question), under the call that gave it, the latest kept when
+        they are more than `most` characters together."""
         calls, blocks, seen = {}, [], set()
         for message in self.conversation.messages:
             for call in message.get("tool_calls") or ():
                 calls[call["id"]] = "%s %s" % (call["name"], call.get("arguments") or "")
             said = message.get("content")
-            if message.get("role") == "tool" and isinstance(said, str) and not said.startswith("Error:") \
-                    and said not in seen:
+            if message.get("role") == "tool" and isinstance(said, str) and \
+                    not said.startswith("Error: " + REPEATED_CALL) and said not in seen:
                 seen.add(said)
                 blocks.append("[%s]\n%s" % (one_line(calls.get(message.get("tool_call_id"), message.get("name")),
                                                       200), _excerpt(said.rstrip("\n"), most // 3)))
