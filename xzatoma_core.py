@@ -3775,16 +3775,20 @@ def needs_tools(task, answer, root=None):
     return None
 
 
-#: how an answer that says the work could not be done begins (lower-cased, straight apostrophes)
-ADMISSIONS = ("i'm sorry", "i am sorry", "sorry,", "i apologize", "i apologise", "unfortunately", "i cannot",
-              "i can't", "i can not", "i was unable", "i'm unable", "i am unable", "i was not able", "i couldn't",
-              "i could not")
+#: how an answer that says the work could not be done begins (lower-cased, straight apostrophes); an apology
+#: counts only with a "but" after it ("I apologize for the confusion. I will now …" is filler)
+APOLOGIES = ("i'm sorry", "i am sorry", "sorry", "i apologize", "i apologise")
+ADMISSIONS = ("unfortunately", "i cannot", "i can't", "i can not", "i was unable", "i'm unable", "i am unable",
+              "i was not able", "i couldn't", "i could not")
 
 
 def admits_failure(answer):
     """Whether an answer begins by saying the task could not be done ("I'm sorry, but I can't assist with
     that.", "I apologize, but the last call … did not …"): after tool work, that is no report of work done."""
-    return (answer or "").lstrip().lower().replace("\u2019", "'")[:40].startswith(ADMISSIONS)
+    head = (answer or "").lstrip().lower().replace("\u2019", "'")[:60]
+    if head.startswith(APOLOGIES):
+        return " but " in head.replace(",", " ")
+    return head.startswith(ADMISSIONS)
 
 
 def counts(task):
