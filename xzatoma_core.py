@@ -4369,9 +4369,37 @@ class Agent:
                 seen.add(said)
                 blocks.append("[%s]\n%s" % (one_line(calls.get(message.get("tool_call_id"), message.get("name")),
                                                       200), _excerpt(said.rstrip("\n"), most // 3)))
+        blocks += self.small_files_read(seen)
         while len(blocks) > 1 and sum(len(b) for b in blocks) > most:
             blocks.pop(0)
         return "\n\n".join(blocks)
+
+    def small_files_read(self, seen, most=3):
+        """The small files (up to GREP_WHOLE bytes) this run's reads and greps named, whole, as read_file gives
+        them: grep's "settings.ini:2: port = 5432 / :6: port = 8123" lost the [server] line above 8123, and a
+        1.5B model answered 5432; the file shows which port is in which section."""
+        import stat
+        blocks, named = [], []
+        for message in self.conversation.messages:
+            for call in message.get("tool_calls") or ():
+                if call["name"] in ("read_file", "grep"):
+                    try:
+                        path = json.loads(call.get("arguments") or "{}").get("path")
+                    except (ValueError, AttributeError, RecursionError):
+                        continue
+                    if isinstance(path, str) and path not in named:
+                        named.append(path)
+        for path in named[:most]:
+            try:
+                with self.registry.ctx.jail.resolve(path, must_exist=True) as target:
+                    st = target.lstat()
+                    small = st is not None and stat.S_ISREG(st.st_mode) and st.st_size <= xzatoma_tools.GREP_WHOLE
+            except (xzatoma_tools.ToolError, OSError):
+                continue
+            result = self.registry.execute("read_file", json.dumps({"path": path})) if small else None
+            if result is not None and result.success and result.output not in seen:
+                blocks.append("[the file %s, whole]\n%s" % (one_line(path, 200), result.output.rstrip("\n")))
+        return blocks
 
     def result_cap(self):
         """Bytes of one tool result the model gets: a quarter of its window where the window is known (a 100 KB

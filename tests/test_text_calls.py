@@ -742,3 +742,14 @@ def test_a_model_that_changed_files_and_then_answers_nothing_ends_unverified(ope
     result = run(s, "Create new.txt holding x")
     assert (result.status, result.exit_code) == ("unverified", 3) and "gave no answer" in result.error
     assert (tmp_path / "new.txt").read_text() == "x"
+
+
+def test_the_last_word_shows_the_small_files_the_tools_looked_in_whole(open_session, tmp_path):
+    """A real transcript (Qwen2.5-Coder-1.5B): grep showed "port = 5432" and "port = 8123" without their sections,
+    and asked afresh the model answered 5432, the database's port."""
+    (tmp_path / "settings.ini").write_text("[database]\nport = 5432\n\n[server]\nport = 8123\n")
+    grep = Reply('{"name": "grep", "arguments": {"pattern": "port", "path": "settings.ini"}}')
+    s = open_session(grep, grep, grep, grep, Reply("8123"))
+    assert run(s, "Which port does the server section of settings.ini use?").answer == "8123"
+    asked = s.provider.calls[-1]["messages"][0]["content"]
+    assert "[the file settings.ini, whole]\n[database]\nport = 5432\n\n[server]\nport = 8123\n\n" in asked
