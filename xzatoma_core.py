@@ -4086,6 +4086,12 @@ class Agent:
         if self.honest and admits_failure(answer) and self.may_answer_now():  # "I'm sorry, but I can't assist…"
             self.stuck = "the model's answer says it could not do the task"  # after its tools answered it
             return self.last_word()
+        if self.question and self.registry.schemas and self.may_answer_now():
+            # INFO: a small model's answer to a question is read again from what the tools showed, in a fresh
+            # request (last_word): after a listing that said "(7 .md files …)", a 1.5B model read one of the
+            # files, grepped it, and answered what that file held, three runs in a row
+            self.stuck = "a small model answered a question"
+            return self.last_word(fallback=answer)
         need = needs_tools(self.task, answer, self.registry.ctx.root) if self.honest and len(self.registry) else None
         if need is None:
             return "completed"
@@ -4326,10 +4332,11 @@ class Agent:
         return self.stuck is None and self.calls_this_run > 0 and not self.changes_this_run and \
             "change" not in _task_kinds(self.task)
 
-    def last_word(self):
+    def last_word(self, fallback=None):
         """A model stuck on a question (the same grep again and again, empty replies) after its tools showed it
         the answer: one more call with no tools offered, asking for the answer (smolagents asks so at its step
-        limit). The answer is checked like any other (numbers no tool showed: unverified); none fails the run."""
+        limit). The answer is checked like any other (numbers no tool showed: unverified); none fails the run,
+        unless there is a `fallback` (the model's own answer, which the fresh one would have replaced)."""
         why, self.stuck = self.stuck, ""
         self.events.note("  %s; asking it for its answer with no tools offered" % why)
         # INFO: asked in a fresh request (the task and what the tools showed, once each), not at the end of the
@@ -4344,7 +4351,9 @@ class Agent:
         if written is not None:  # a call written anyway runs nowhere: its prose, if any, is the answer
             text = written.prose
         if not text or self.parrots(text) or text.strip() == LAST_WORD:
-            raise ProviderFailed(why + "; asked for its answer with no tools, it gave none")
+            if not fallback:
+                raise ProviderFailed(why + "; asked for its answer with no tools, it gave none")
+            text = fallback
         self.conversation.add_assistant(text)
         self.events.message(text, [])
         self.result.answer = text
@@ -4398,7 +4407,8 @@ class Agent:
                 continue
             result = self.registry.execute("read_file", json.dumps({"path": path})) if small else None
             if result is not None and result.success and result.output not in seen:
-                blocks.append("[the file %s, whole]\n%s" % (one_line(path, 200), result.output.rstrip("\n")))
+                blocks.append("[the file %s, whole: %s lines]\n%s" % (one_line(path, 200), result.metadata.get("lines"),
+                                                                    result.output.rstrip("\n")))
         return blocks
 
     def result_cap(self):

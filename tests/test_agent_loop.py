@@ -42,6 +42,9 @@ class Scripted:
     def is_local(self):
         return False
 
+    def prefer(self, **sampling):  # the compact profile's sampling (Provider.prefer)
+        self.preferred = sampling
+
     def clone(self):
         return self
 

@@ -47,9 +47,11 @@ def recorded_dirs():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def replay(cli, fake, recorded_dirs, fixture, run, task_name, *flags):
+def replay(cli, fake, recorded_dirs, fixture, run, task_name, *flags, reread=None):
     """Set up the bench task's files where they were recorded, serve the recorded replies, and run the task as
-    the bench did. Returns (process result, --json object, the model requests)."""
+    the bench did. `reread`: what the model says when a question's answer is asked again afresh (Agent.last_word;
+    recorded before it existed; "" says nothing, so the recorded answer stands). Returns (process result,
+    --json object, the model requests)."""
     recorded = fixture["runs"][run]
     task = TASKS[task_name]
     work = recorded_dirs(recorded["workdir"])
@@ -64,6 +66,8 @@ def replay(cli, fake, recorded_dirs, fixture, run, task_name, *flags):
             fake.add({"raw": {"status": ex["status"], "content_type": ex["content_type"], "body": body}})
         else:
             fake.raw_routes[ex["path"]] = (ex["status"], ex["content_type"], body)
+    if reread is not None:
+        fake.add({"content": reread})
     cli.use(fake, provider="openai", model="qwen2.5-coder-1.5b", tools={"profile": "auto"})
     args = ["run", "--json"] + list(flags)
     if task.plan:
@@ -93,16 +97,18 @@ def test_a_fenced_call_bumps_the_version_and_the_run_completes(cli, fake, record
 
 def test_doubled_braces_in_a_tools_tag_are_a_call(cli, fake, recorded_dirs):
     """`<tools>{{"name": "read_file", …}}}</tools>` then a made-up result: the call runs, the guess is dropped."""
-    r, data, sent = replay(cli, fake, recorded_dirs, GGUF, "config_value_tools_tag", "config_value")
+    r, data, sent = replay(cli, fake, recorded_dirs, GGUF, "config_value_tools_tag", "config_value", reread="")
     assert r.returncode == 0 and data["status"] == "completed", r.stderr
-    assert [n for n, _ in calls_made(sent[-1])] == ["read_file"]
-    assistant = [m for m in sent[-1]["messages"] if m["role"] == "assistant"][0]
-    assert assistant["content"] == "" and "8080" not in json.dumps(sent[-1]["messages"])  # its guessed port
+    assert [n for n, _ in calls_made(sent[-2])] == ["read_file"]
+    assistant = [m for m in sent[-2]["messages"] if m["role"] == "assistant"][0]
+    assert assistant["content"] == "" and "8080" not in json.dumps(sent[-2]["messages"])  # its guessed port
+    assert sent[-1]["messages"][0]["content"].startswith("Which port") and "tools" not in sent[-1]  # asked afresh
 
 
 def test_only_the_first_written_call_runs_and_the_guess_after_it_is_dropped(cli, fake, recorded_dirs):
     """The reply held a listing, a grep for `\\.md$` and the count it guessed before any result ("1")."""
-    r, data, sent = replay(cli, fake, recorded_dirs, GGUF, "count_files_guess_after_calls", "count_files")
+    r, data, sent = replay(cli, fake, recorded_dirs, GGUF, "count_files_guess_after_calls", "count_files",
+                           reread="")
     assert [n for n, _ in calls_made(sent[1])] == ["list_directory"]
     assert "(7 .md files, 1 .png file, 1 .txt file; 9 entries in all)" in json.dumps(sent[1]["messages"])
     assert "directory is 1" not in json.dumps(sent[1]["messages"])  # "The number of .md files … is 1"

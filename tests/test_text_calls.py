@@ -752,4 +752,27 @@ def test_the_last_word_shows_the_small_files_the_tools_looked_in_whole(open_sess
     s = open_session(grep, grep, grep, grep, Reply("8123"))
     assert run(s, "Which port does the server section of settings.ini use?").answer == "8123"
     asked = s.provider.calls[-1]["messages"][0]["content"]
-    assert "[the file settings.ini, whole]\n[database]\nport = 5432\n\n[server]\nport = 8123\n\n" in asked
+    assert "[the file settings.ini, whole: 5 lines]\n[database]\nport = 5432\n\n[server]\nport = 8123\n\n" in asked
+
+
+def test_a_small_models_answer_to_a_question_is_read_again_from_what_the_tools_showed(open_session, tmp_path):
+    """Real transcripts (Qwen2.5-Coder-1.5B, three runs): the listing said "(2 .md files …)", then the model read
+    one of them and answered what it held. With the compact profile (small models) a question's answer is asked
+    again, afresh, from the task and what the tools showed; the model's own stands when that gives nothing."""
+    (tmp_path / "docs").mkdir()
+    for name in ("api", "faq"):
+        (tmp_path / "docs" / (name + ".md")).write_text("# %s\n" % name)
+    script = (Reply('{"name": "list_directory", "arguments": {"path": "docs"}}'),
+              Reply('{"name": "read_file", "arguments": {"path": "docs/api.md"}}'),
+              Reply('The file docs/api.md holds "# api".'))
+    s = open_session(*script, Reply("There are 2 .md files."), **{"agent.tools.profile": "compact"})
+    result = run(s, "How many .md files are in the docs directory?")
+    assert (result.status, result.answer) == ("completed", "There are 2 .md files.")
+    asked = s.provider.calls[-1]
+    assert asked["tools"] == [] and "(2 .md files; 2 entries in all)" in asked["messages"][0]["content"]
+    assert '[read_file {"path": "docs/api.md"}]\n# api\n' in asked["messages"][0]["content"]  # once: read whole
+    s = open_session(*script, Reply(""), **{"agent.tools.profile": "compact"})
+    assert run(s, "How many .md files are in the docs directory?").answer == 'The file docs/api.md holds "# api".'
+    s = open_session(*script, **{"agent.tools.profile": "full"})  # a large model's answer is its own
+    assert run(s, "How many .md files are in the docs directory?").answer == 'The file docs/api.md holds "# api".'
+    assert len(s.provider.calls) == 3
