@@ -3811,6 +3811,9 @@ def numbers_in(text):
 
 HEAT_STEP = 0.3  #: temperature added per stuck turn in a row (0.2, 0.5, 0.8, then 1.0 at most)
 REPEATED_CALL = "this is the same call as your last one"
+#: what a repeat of a call that changed something is told after its first result
+REPEATED_CHANGE = ("That change is made: the same call again changes nothing. If the task is done, reply with one "
+                   "sentence saying what you did, and no tool call; if not, make the next change.")
 REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
 
 
@@ -3895,6 +3898,7 @@ class Agent:
         #: without tools (last_word); "" once that was asked
         self.stuck = None
         self.last_output = ""  #: what the last tool call gave (shown again when the model repeats the call)
+        self.last_changed = False  #: the last call changed something (its repeat is told the change is made)
         #: path -> why its last change may not be the one meant (a tool's `doubt`), asked about before the end
         self.doubts = {}
         self.changed_well = set()  #: files changed this run with no doubt about the change
@@ -4271,9 +4275,11 @@ class Agent:
             tool = self.registry.get(call["name"])
             if same == self.last_call:  # a loop (the same failing grep three times): the result is above
                 # its result again, shortly: a small model that repeats a call has lost sight of what it gave
-                tool_result = xzatoma_tools.ToolResult.fail(
-                    REPEATED_CALL + ", which gave:\n%s\nAnswer from that, or do something different (another tool, or "
-                    "other arguments)" % _excerpt(self.last_output, REPEAT_SHOWN), invalid=True)
+                # (a change made: a small model wrote CHANGES.md as the plan asked, then the same again and again,
+                # not knowing how to say it was done)
+                tool_result = xzatoma_tools.ToolResult.fail(REPEATED_CALL + ", which gave:\n%s\n%s" % (
+                    _excerpt(self.last_output, REPEAT_SHOWN), REPEATED_CHANGE if self.last_changed else
+                    "Answer from that, or do something different (another tool, or other arguments)"), invalid=True)
             elif self.question and getattr(tool, "permission", "read") == "write":
                 # a small model asked a line count rewrote the file
                 tool_result = xzatoma_tools.ToolResult.fail(
@@ -4284,6 +4290,7 @@ class Agent:
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
             if same != self.last_call:  # a refused repeat keeps the result it repeated
                 self.last_output = tool_result.output if tool_result.success else "Error: %s" % tool_result.error
+                self.last_changed = tool_result.success and getattr(tool, "permission", "read") == "write"
             self.last_call = same
             if len(tool_result.output) > MIN_RESULT_CAP:
                 tool_result.truncate(self.result_cap())

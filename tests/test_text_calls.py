@@ -776,3 +776,14 @@ def test_a_small_models_answer_to_a_question_is_read_again_from_what_the_tools_s
     s = open_session(*script, **{"agent.tools.profile": "full"})  # a large model's answer is its own
     assert run(s, "How many .md files are in the docs directory?").answer == 'The file docs/api.md holds "# api".'
     assert len(s.provider.calls) == 3
+
+
+def test_a_repeated_change_is_told_the_change_is_made(open_session, tmp_path):
+    """A real transcript: a plan's CHANGES.md written right, then the same write again three times; the run
+    ended unverified though the work was done. The repeat of a change says so, and how to finish."""
+    write = Reply('{"name": "write_file", "arguments": {"path": "CHANGES.md", "content": "## 1.0.0\\n"}}')
+    s = open_session(write, write, Reply("Created CHANGES.md with the line '## 1.0.0'."))
+    result = run(s, "Create CHANGES.md with the line '## 1.0.0'")
+    assert result.status == "completed"
+    assert results(s)[1] == ("Error: this is the same call as your last one, which gave:\nCreated CHANGES.md (9 "
+                             "bytes)\n" + xzatoma.REPEATED_CHANGE)
