@@ -161,6 +161,93 @@ TASKS = [
 ]
 
 
+
+# A second set, written after the loop's changes were made against TASKS and never used to tune them: the
+# same kinds of work in other words and files (issue 21 judges on a held-out set). --set heldout.
+
+def check_json_created(work, answer):
+    try:
+        data = json.loads(_read(work, "config.json") or "")
+    except ValueError:
+        return "config.json is not JSON: %r" % _read(work, "config.json")
+    return None if data == {"debug": False} else "config.json: %r" % data
+
+
+def check_yaml_value(work, answer):
+    return None if "45" in answer else "answer lacks 45"
+
+
+def check_rename_variable(work, answer):
+    text = _read(work, "stats.py") or ""
+    if "cnt" in text or "count" not in text:
+        return "stats.py: %r" % text
+    code, out = _python(work, "stats.py")
+    return None if code == 0 and "3" in out else "stats.py fails: %s" % out[-200:]
+
+
+def check_count_py(work, answer):
+    import re
+    return None if re.search(r"\b4\b", answer) or "four" in answer.lower() else "answer lacks 4"
+
+
+def check_fix_add(work, answer):
+    code, out = _python(work, "-c", "from calc import add; assert add(2, 3) == 5; print('ok')")
+    return None if code == 0 else "add is still wrong: %s" % out[-200:]
+
+
+def check_notes_plan(work, answer):
+    lines = [l.strip() for l in (_read(work, "notes.md") or "").splitlines() if l.strip()]
+    return None if lines == ["# Notes", "- item one"] else "notes.md: %r" % _read(work, "notes.md")
+
+
+def check_insert_top(work, answer):
+    lines = [l for l in (_read(work, "shopping.txt") or "").splitlines() if l.strip()]
+    return None if lines == ["# Shopping", "eggs", "bread"] else "shopping.txt: %r" % _read(work, "shopping.txt")
+
+
+def check_find_function(work, answer):
+    return None if "cli.py" in answer else "answer lacks cli.py"
+
+
+def check_port_set(work, answer):
+    try:
+        data = json.loads(_read(work, "server.json") or "")
+    except ValueError:
+        return "server.json is not JSON"
+    return None if data == {"host": "localhost", "port": 9090} else "server.json: %r" % data
+
+
+def check_run_count(work, answer):
+    return None if "42" in answer else "answer lacks 42"
+
+
+HELDOUT = [
+    Task("make_json", {}, 'Create a file config.json containing the JSON object {"debug": false}.', check_json_created),
+    Task("yaml_value", {"app.yaml": "name: shop\nhttp:\n  timeout: 45\n  retries: 3\n"},
+         "What is the http timeout in app.yaml?", check_yaml_value),
+    Task("rename_variable", {"stats.py": "values = [1, 2, 3]\ncnt = len(values)\nprint(cnt)\n"},
+         "In stats.py, rename the variable cnt to count.", check_rename_variable),
+    Task("count_py", dict({"src/%s.py" % n: "x = 1\n" for n in ("app", "db", "models", "views")},
+                          **{"src/README.txt": "r", "src/data.json": "{}", "setup.cfg": "[x]\n"}),
+         "How many Python files are there in src?", check_count_py),
+    Task("fix_add", {"calc.py": "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"},
+         "add() in calc.py subtracts instead of adding. Fix it.", check_fix_add),
+    Task("notes_plan", {}, None, check_notes_plan, plan=(
+        "goal: Start a notes file\ninstructions:\n  - Create notes.md with the heading '# Notes'\n"
+        "  - Append the line '- item one' to notes.md\n")),
+    Task("insert_top", {"shopping.txt": "eggs\nbread\n"},
+         "Add the line '# Shopping' at the top of shopping.txt.", check_insert_top),
+    Task("find_function", {"app/cli.py": "import sys\n\n\ndef parse_args(argv):\n    return argv[1:]\n",
+                           "app/core.py": "def run(args):\n    return len(args)\n",
+                           "app/__init__.py": ""},
+         "Which file defines the function parse_args?", check_find_function),
+    Task("set_port", {"server.json": '{\n  "host": "localhost",\n  "port": 8080\n}\n'},
+         "Change the port in server.json to 9090.", check_port_set),
+    Task("run_count", {"count.py": "print(6 * 7)\n"},
+         "Run count.py with python3 and tell me what it prints.", check_run_count, flags=["--allow-dangerous"]),
+]
+SETS = {"tasks": TASKS, "heldout": HELDOUT}
+
 # ---- A recording proxy: what the server really sends, for the replayed fixtures ----
 
 def start_recorder(upstream, out_path):
@@ -281,6 +368,8 @@ def main(argv=None):
     p.add_argument("--model", required=True)
     p.add_argument("--api", choices=("chat", "responses"), default="chat")
     p.add_argument("--api-key", default="none", help="sent as OPENAI_API_KEY (local servers ignore it)")
+    p.add_argument("--set", choices=("tasks", "heldout"), default="tasks",
+                   help="the task set: the one the loop was tuned on, or the held-out one written after it")
     p.add_argument("--only", help="comma-separated task names")
     p.add_argument("--repeat", type=int, default=1, help="runs of each task")
     p.add_argument("--timeout", type=int, default=600, help="seconds per run (xzatoma --timeout)")
@@ -288,7 +377,7 @@ def main(argv=None):
     p.add_argument("--keep", action="store_true", help="keep the working directories (printed)")
     p.add_argument("--json", action="store_true", help="one JSON object per run instead of the table")
     args = p.parse_args(argv)
-    tasks = [t for t in TASKS if not args.only or t.name in args.only.split(",")]
+    tasks = [t for t in SETS[args.set] if not args.only or t.name in args.only.split(",")]
     if args.record:
         os.makedirs(args.record, exist_ok=True)
     rows = []
