@@ -3661,8 +3661,8 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
 EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
 LEAD_IN = "Error: your reply ends with a colon and nothing after it. Give your final answer, or call a tool."
 #: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
-LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from the tool "
-             "results above.")
+LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from what the "
+             "tools showed above.")
 _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
@@ -3911,6 +3911,8 @@ class Agent:
         self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
         #: a headless run asked only a question (how many lines …): tools that change files are refused
         self.question = self.honest and is_question(self.task)
+        #: the values the task quotes that the files it names do not hold yet (values_missing)
+        self.wanted = self.values_wanted() if self.honest and not self.question else []
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
@@ -4173,9 +4175,51 @@ class Agent:
         # that wrote {"version": "2.4.1"} over package.json is not one)
         rewrite = re.search(r"(?i)\b(replac\w*|overwrit\w*|rewrit\w*|writ\w*|creat\w*|clear\w*|empty|reset|"
                             r"truncat\w*|wipe\w*|only|just)\b", self.task or "")
-        gone = xzatoma_store.LINES_GONE.split("%s")[0]
+        # lines an edit removed stand where the task only adds (add, append, insert) and names no change of
+        # what is there: asked to add a line at the end, a 1.5B model replaced the first one with it
+        adds = re.search(r"(?i)\b(add|append|insert|prepend)\w*", self.task or "") and not re.search(
+            r"(?i)\b(replac|remov|delet|renam|chang|fix|updat|modif|edit|rewrit|bump|set|mov|sort|dedup)\w*",
+            self.task or "")
+        gone, removed = xzatoma_store.LINES_GONE.split("%s")[0], xzatoma_store.EDIT_LINES_GONE.split("%d")[0]
         return [d for d in self.doubts.values()
-                if not (spacing if spacing_only(d) else rewrite if d.startswith(gone) else False)]
+                if not (spacing if spacing_only(d) else rewrite if d.startswith(gone) else
+                        not adds if d.startswith(removed) else False)] + self.values_missing()
+
+    def values_wanted(self):
+        """The values a task quotes ('buy milk', "## 1.0.0") or writes as a decimal or a version (75.0, 2.4.1)
+        that no file it names holds before the run: what a change that did the task holds afterwards."""
+        import re
+        task = self.task or ""
+        found = [m.group(2) for m in re.finditer(r"(?:^|(?<=[\s(:=]))(['\"])([^'\"\n]{1,80})\1(?=[\s.,;:!?)]|$)",
+                                                  task)]
+        found += re.findall(r"(?<![\w.])\d+(?:\.\d+)+(?![\w]|\.\d)", task)
+        named = _named_entries(task, self.registry.ctx.root)
+        before = "\n".join(self._text_of(name) for name in named[:10])
+        return [v for v in dict.fromkeys(found) if v.strip() and v not in before and v not in named][:10]
+
+    def values_missing(self):
+        """The wanted values (values_wanted) that no file the run changed or the task names holds now: asked to
+        make an assert expect 75.0, a 1.5B model wrote 80.0 and said the task was done."""
+        if not self.wanted:
+            return []
+        names = list(dict.fromkeys(list(self.changed_well) + list(self.doubts) +
+                                   _named_entries(self.task, self.registry.ctx.root)))
+        now = "\n".join(self._text_of(name) for name in names[:20])
+        missing = [v for v in self.wanted if v not in now]
+        return ["the task names %s, which no file the run changed holds" % ", ".join(
+            repr(v) for v in missing[:3])] if missing else []
+
+    def _text_of(self, name):
+        """A small regular file's text, read through the jail ("" for anything else)."""
+        import stat
+        try:
+            with self.registry.ctx.jail.resolve(name, must_exist=True) as target:
+                st = target.lstat()
+                if st is None or not stat.S_ISREG(st.st_mode) or st.st_size > 262144:
+                    return ""
+                return xzatoma_tools.read_text(target, "")
+        except (xzatoma_tools.ToolError, OSError, ValueError):
+            return ""
 
     def unsettled(self, kind, answer):
         """What still stands after the model was asked to check its work: None, or why the run is unverified."""
@@ -4348,8 +4392,10 @@ class Agent:
         self.events.note("  %s; asking it for its answer with no tools offered" % why)
         # INFO: asked in a fresh request (the task and what the tools showed, once each), not at the end of the
         # conversation: there a 1.5B model read its repeated calls and empty turns back and answered empty again
-        asked = {"role": "user", "content": "%s\n\nWhat the tools showed:\n%s\n\n%s" % (
-            self.task, self.shown(), LAST_WORD)}
+        # (the task last, just before the answer: asked first, a 1.5B model counted 6 where the listing it was
+        # shown said "7 .md files")
+        asked = {"role": "user", "content": "What the tools showed:\n%s\n\nThe task: %s\n\n%s" % (
+            self.shown(), self.task, LAST_WORD)}
         self.conversation.add(dict(asked, name=NOTE))
         reply = self.complete([], [asked])
         self.account(reply, estimate_tokens(asked))

@@ -885,6 +885,7 @@ PATCH_SUFFIXES = (".diff", ".patch")
 
 WHITESPACE_ONLY = "the change to %s altered only whitespace"
 LINES_GONE = "write_file replaced all of %s and %d of its earlier lines are gone (%s)"
+EDIT_LINES_GONE = "edit_file removed %d line%s of %s (%s)"
 ESCAPED_BREAKS = "%s holds \\n written out (a backslash and an n) where a line break was meant"
 
 
@@ -897,17 +898,24 @@ def escaped_breaks(text):
     return "\\n" in re.sub(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', "", text)
 
 
-def change_doubt(shown, old, new, whole=False):
+def change_doubt(shown, old, new, whole=False, within=None):
     """Why a change may not be the one meant, for the loop to ask about before the run ends (None: no doubt):
     it altered only whitespace (a model "fixed" a line by rewriting the file as it was), or, for a whole
-    rewrite, the file's earlier lines are gone (a model asked to add a line wrote only that line); or the new
-    text writes its line breaks out as `\\n` (escaped_breaks). `old` is None for a new file."""
+    rewrite, the file's earlier lines are gone (a model asked to add a line wrote only that line); for an edit
+    of whole lines of the file `within`, lines it removed (asked to add a line, a model replaced one with it);
+    or the new text writes its line breaks out as `\\n` (escaped_breaks). `old` is None for a new file."""
     if escaped_breaks(new):
         return ESCAPED_BREAKS % shown
     if old is None or old == new:
         return None
     if "".join(old.split()) == "".join(new.split()):
         return WHITESPACE_ONLY % shown
+    if within is not None and old.strip() and _whole_lines(within, old):
+        kept = set(line.strip() for line in new.splitlines())
+        gone = [line.strip() for line in old.splitlines() if line.strip() and line.strip() not in kept]
+        if gone:
+            return EDIT_LINES_GONE % (len(gone), "" if len(gone) == 1 else "s", shown, "; ".join(gone[:3]) + (
+                " …" if len(gone) > 3 else ""))
     if whole and old.strip():
         kept = set(line.strip() for line in new.splitlines())
         gone = [line.strip() for line in old.splitlines() if line.strip() and line.strip() not in kept]
@@ -915,6 +923,14 @@ def change_doubt(shown, old, new, whole=False):
             return LINES_GONE % (
                 shown, len(gone), "; ".join(one for one in gone[:3]) + (" …" if len(gone) > 3 else ""))
     return None
+
+
+def _whole_lines(text, part):
+    """Whether `part` stands in `text` as whole lines (from a line's start to a line's end)."""
+    at = text.find(part)
+    end = at + len(part)
+    return at >= 0 and (at == 0 or text[at - 1] == "\n") and (part.endswith("\n") or end == len(text) or
+                                                              text[end] == "\n")
 
 
 def looks_like_diff(text):

@@ -1052,7 +1052,7 @@ class EditFile(Tool):
         return ToolResult.ok("Edited %s: %s, saved. Lines %d-%d now read:\n%s" % (
             shown, "new_text added at the end" if not args["old_text"] else "%d replacement%s" % (
                 count, "" if count == 1 else "s"), first, last, lines), replacements=count, diff=diff,
-            changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"]))
+            changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"], within=text))
 
 
 class FindPath(Tool):

@@ -102,7 +102,7 @@ def test_doubled_braces_in_a_tools_tag_are_a_call(cli, fake, recorded_dirs):
     assert [n for n, _ in calls_made(sent[-2])] == ["read_file"]
     assistant = [m for m in sent[-2]["messages"] if m["role"] == "assistant"][0]
     assert assistant["content"] == "" and "8080" not in json.dumps(sent[-2]["messages"])  # its guessed port
-    assert sent[-1]["messages"][0]["content"].startswith("Which port") and "tools" not in sent[-1]  # asked afresh
+    assert "The task: Which port" in sent[-1]["messages"][0]["content"] and "tools" not in sent[-1]  # afresh
 
 
 def test_only_the_first_written_call_runs_and_the_guess_after_it_is_dropped(cli, fake, recorded_dirs):

@@ -567,9 +567,10 @@ def test_a_model_stuck_on_a_question_is_asked_for_its_answer_with_no_tools(open_
     last = s.provider.calls[-1]  # a fresh request: the task, what the tools showed, the question
     assert last["tools"] == [] and len(last["messages"]) == 1
     assert last["messages"][0]["content"] == (
-        "How many .md files are in the docs directory?\n\nWhat the tools showed:\n"
+        "What the tools showed:\n"
         "[list_directory {\"path\": \"docs\"}]\n%s\n\n[grep {\"pattern\": \"md\", \"path\": \"docs\"}]\n"
-        "%s\n\n%s" % (results(s)[0].rstrip("\n"), results(s)[1].rstrip("\n"), xzatoma.LAST_WORD))
+        "%s\n\nThe task: How many .md files are in the docs directory?\n\n%s" % (
+            results(s)[0].rstrip("\n"), results(s)[1].rstrip("\n"), xzatoma.LAST_WORD))
     # an empty reply the same way; a number no tool showed leaves the answer unverified
     (tmp_path / "settings.ini").write_text("[server]\nport = 8123\n")
     s = open_session(Reply('{"name": "read_file", "arguments": {"path": "settings.ini"}}'), Reply(""),
@@ -787,3 +788,50 @@ def test_a_repeated_change_is_told_the_change_is_made(open_session, tmp_path):
     assert result.status == "completed"
     assert results(s)[1] == ("Error: this is the same call as your last one, which gave:\nCreated CHANGES.md (9 "
                              "bytes)\n" + xzatoma.REPEATED_CHANGE)
+
+
+@pytest.mark.parametrize("task,status", [
+    ("Add a line 'buy milk' at the end of todo.txt.", "unverified"),  # only adding: the line it replaced stands
+    ("Replace the line 'write report' in todo.txt with 'buy milk'.", "completed"),
+])
+def test_lines_an_edit_removed_stand_where_the_task_only_adds(open_session, tmp_path, task, status):
+    """A real transcript (Qwen2.5-Coder-1.5B): asked to add a line at the end of todo.txt, it replaced the first
+    line with it, said the line was added, and the run ended completed."""
+    (tmp_path / "todo.txt").write_text("write report\ncall Sam\n")
+    s = open_session(Reply('{"name": "edit_file", "arguments": {"path": "todo.txt", "old_text": "write report\\n", '
+                           '"new_text": "buy milk\\n"}}'), Reply("The line has been added."), Reply("Added."))
+    result = run(s, task)
+    assert result.status == status
+    if status == "unverified":
+        assert result.warnings[0].startswith("edit_file removed 1 line of todo.txt (write report)")
+
+
+@pytest.mark.parametrize("value,status", [("80.0", "unverified"), ("75.0", "completed")])
+def test_a_value_the_task_asks_for_that_no_changed_file_holds_is_asked_about(open_session, tmp_path, value,
+                                                                              status):
+    """A real transcript (Qwen2.5-Coder-1.5B): told the assert should expect 75.0, it wrote 80.0, and "The task is
+    done." ended the run completed."""
+    (tmp_path / "test_prices.py").write_text("assert discounted(100, 0.25) == 70.0\n")
+    s = open_session(Reply('{"name": "edit_file", "arguments": {"path": "test_prices.py", "old_text": "70.0", '
+                           '"new_text": "%s"}}' % value), Reply("The task is done."), Reply("The task is done."))
+    result = run(s, "test_prices.py fails: discounted(100, 0.25) is 75.0. Fix the assert in test_prices.py.")
+    assert result.status == status
+    if status == "unverified":
+        assert result.warnings[0].startswith("the task names '75.0', which no file the run changed holds")
+        assert "'75.0'" in s.provider.calls[2]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize("task,wanted", [
+    ("Bump the version in package.json from 2.4.0 to 2.4.1.", ["2.4.1"]),  # 2.4.0 is there already
+    ("Add a line 'buy milk' at the end of todo.txt.", ["buy milk"]),
+    ("Don't touch it's contents; add \"x: 1\" to cfg.yaml", ["x: 1"]),  # apostrophes in words are no quotes
+    ("Fix the bug on line 42 of todo.txt", []),  # a plain number is not a value to write
+])
+def test_the_values_a_task_asks_for_are_its_quoted_strings_and_decimals_not_yet_there(open_session, tmp_path, task,
+                                                                                    wanted):
+    (tmp_path / "package.json").write_text('{"version": "2.4.0"}\n')
+    (tmp_path / "todo.txt").write_text("write report\n")
+    s = open_session(Reply("ok"))
+    s.start("run", title=task)
+    s.conversation.add_user(task)
+    assert s.agent().wanted == wanted
