@@ -306,10 +306,11 @@ def test_a_stuck_small_model_is_sampled_hotter_until_a_good_turn(cli, fake):
     (cli.workdir / "b.txt").write_text("B\n")
     cli.use(fake, provider="openai", tools={"profile": "compact"})
     read = lambda path: {"tool_calls": [{"name": "read_file", "arguments": {"path": path}}]}  # noqa: E731
-    fake.add(read("a.txt"), read("a.txt"), read("a.txt"), read("b.txt"), {"content": "A and B"})
+    # (the last request: a small model's answer to a question, read again afresh: Agent.last_word)
+    fake.add(read("a.txt"), read("a.txt"), read("a.txt"), read("b.txt"), {"content": "A and B"}, {"content": "A, B"})
     r = cli.run("run", "what do a.txt and b.txt say?")
     assert r.returncode == 0, r.stderr
-    assert [q["body"]["temperature"] for q in fake.model_requests()] == [0.2, 0.2, 0.5, 0.8, 0.2]
-    fake.add(read("a.txt"), read("a.txt"), {"content": "A"})
+    assert [q["body"]["temperature"] for q in fake.model_requests()] == [0.2, 0.2, 0.5, 0.8, 0.2, 0.2]
+    fake.add(read("a.txt"), read("a.txt"), {"content": "A"}, {"content": "A"})
     assert cli.run("run", "--temperature", "0.1", "what does a.txt say?").returncode == 0
-    assert [q["body"]["temperature"] for q in fake.model_requests()[-3:]] == [0.1, 0.1, 0.1]  # theirs stays
+    assert [q["body"]["temperature"] for q in fake.model_requests()[-4:]] == [0.1, 0.1, 0.1, 0.1]  # theirs stays
