@@ -3661,6 +3661,7 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
 EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
 LEAD_IN = "Error: your reply ends with a colon and nothing after it. Give your final answer, or call a tool."
 #: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
+SHOWN_HEAD = "What the tools showed:\n"  #: how last_word's request begins (its files count as shown)
 LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from what the "
              "tools showed above.")
 _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
@@ -3912,6 +3913,7 @@ class Agent:
         #: a headless run asked only a question (how many lines …): tools that change files are refused
         self.question = self.honest and is_question(self.task)
         #: the values the task quotes that the files it names do not hold yet (values_missing)
+        self.kept = []  #: the code names the task speaks of that the files it names define (values_wanted)
         self.wanted = self.values_wanted() if self.honest and not self.question else []
 
     def run(self, final=True, cancel_text="Error: interrupted"):
@@ -4158,8 +4160,9 @@ class Agent:
         if self.given or counts(self.task):  # facts given (@mentions, piped input); a count is worked out
             return []
         seen = set(self.line_counts).union(numbers_in(self.task))  # derived here, once, not at every tool call
-        for message in self.conversation.messages:
-            if message.get("role") == "tool":
+        for message in self.conversation.messages:  # what the tools gave, and what last_word showed again
+            if message.get("role") == "tool" or (message.get("name") == NOTE and isinstance(message.get("content"), str)
+                                                 and message["content"].startswith(SHOWN_HEAD)):
                 seen.update(numbers_in(message.get("content")))
         # the answer redacted as the tool results were: a credential's digits were never shown
         return [n for n in dict.fromkeys(numbers_in(xzatoma_store.redact(answer, shapes=False))) if n not in seen]
@@ -4195,19 +4198,28 @@ class Agent:
         found += re.findall(r"(?<![\w.])\d+(?:\.\d+)+(?![\w]|\.\d)", task)
         named = _named_entries(task, self.registry.ctx.root)
         before = "\n".join(self._text_of(name) for name in named[:10])
-        return [v for v in dict.fromkeys(found) if v.strip() and v not in before and v not in named][:10]
+        wanted = [v for v in dict.fromkeys(found) if v.strip() and v not in before and v not in named][:10]
+        # and the code names it speaks of (add(), `calc_total`) that the files it names define now, which a
+        # change that does not rename or remove them keeps: told add() subtracts, a model renamed it
+        spoken = [a or b for a, b in re.findall(r"`([A-Za-z_]\w{2,})`|\b([A-Za-z_]\w{2,})\(\)", task)]
+        self.kept = [] if re.search(r"(?i)\b(renam|remov|delet|replac|drop|rewrit)\w*", task) else [
+            n for n in dict.fromkeys(spoken) if re.search(r"\b%s\b" % re.escape(n), before)][:10]
+        return wanted
 
     def values_missing(self):
         """The wanted values (values_wanted) that no file the run changed or the task names holds now: asked to
         make an assert expect 75.0, a 1.5B model wrote 80.0 and said the task was done."""
-        if not self.wanted:
+        if not self.wanted and not self.kept:
             return []
         names = list(dict.fromkeys(list(self.changed_well) + list(self.doubts) +
                                    _named_entries(self.task, self.registry.ctx.root)))
         now = "\n".join(self._text_of(name) for name in names[:20])
+        import re
         missing = [v for v in self.wanted if v not in now]
-        return ["the task names %s, which no file the run changed holds" % ", ".join(
-            repr(v) for v in missing[:3])] if missing else []
+        gone = [n for n in self.kept if not re.search(r"\b%s\b" % re.escape(n), now)]
+        return (["the task names %s, which no file the run changed holds" % ", ".join(
+            repr(v) for v in missing[:3])] if missing else []) + (
+            ["%s, which the task names, is gone from the files it names" % ", ".join(gone[:3])] if gone else [])
 
     def _text_of(self, name):
         """A small regular file's text, read through the jail ("" for anything else)."""
@@ -4380,8 +4392,10 @@ class Agent:
     def may_answer_now(self):
         """Whether a stuck model may be asked for its answer without tools (last_word): once, in a task that asks
         for no change, after tools of this run gave it something to answer from."""
-        return self.stuck is None and self.calls_this_run > 0 and not self.changes_this_run and \
-            "change" not in _task_kinds(self.task)
+        # (a headless question's commands are reads: its write tools are refused, and `run` runs only the
+        # read-only allowlist unless told otherwise)
+        return self.stuck is None and self.calls_this_run > 0 and (self.question or not self.changes_this_run) \
+            and "change" not in _task_kinds(self.task)
 
     def last_word(self, fallback=None):
         """A model stuck on a question (the same grep again and again, empty replies) after its tools showed it
@@ -4394,8 +4408,8 @@ class Agent:
         # conversation: there a 1.5B model read its repeated calls and empty turns back and answered empty again
         # (the task last, just before the answer: asked first, a 1.5B model counted 6 where the listing it was
         # shown said "7 .md files")
-        asked = {"role": "user", "content": "What the tools showed:\n%s\n\nThe task: %s\n\n%s" % (
-            self.shown(), self.task, LAST_WORD)}
+        asked = {"role": "user", "content": "%s%s\n\nThe task: %s\n\n%s" % (
+            SHOWN_HEAD, self.shown(), self.task, LAST_WORD)}
         self.conversation.add(dict(asked, name=NOTE))
         reply = self.complete([], [asked])
         self.account(reply, estimate_tokens(asked))
@@ -4437,11 +4451,11 @@ class Agent:
         return "\n\n".join(blocks)
 
     def small_files_read(self, seen, most=3):
-        """The small files (up to GREP_WHOLE bytes) this run's reads and greps named, whole, as read_file gives
-        them: grep's "settings.ini:2: port = 5432 / :6: port = 8123" lost the [server] line above 8123, and a
+        """The small files (up to GREP_WHOLE bytes) the task and this run's reads and greps named, whole, as
+        read_file gives them (a model that grepped app.yaml for a key it imagined never saw the one there): grep's "settings.ini:2: port = 5432 / :6: port = 8123" lost the [server] line above 8123, and a
         1.5B model answered 5432; the file shows which port is in which section."""
         import stat
-        blocks, named = [], []
+        blocks, named = [], list(_named_entries(self.task, self.registry.ctx.root))  # the task's own, then
         for message in self.conversation.messages:
             for call in message.get("tool_calls") or ():
                 if call["name"] in ("read_file", "grep"):

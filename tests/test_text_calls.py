@@ -835,3 +835,31 @@ def test_the_values_a_task_asks_for_are_its_quoted_strings_and_decimals_not_yet_
     s.start("run", title=task)
     s.conversation.add_user(task)
     assert s.agent().wanted == wanted
+
+
+@pytest.mark.parametrize("task,status", [
+    ("add() in calc.py subtracts instead of adding. Fix it.", "unverified"),  # add() is gone
+    ("Rename add() in calc.py to subtract().", "completed"),  # as asked
+])
+def test_code_the_task_speaks_of_that_a_change_made_disappear_is_asked_about(open_session, tmp_path, task, status):
+    """A held-out bench task (Qwen2.5-Coder-1.5B): told add() subtracts, it renamed add to subtract, and the run
+    ended completed with add() gone."""
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    edit = Reply('{"name": "edit_file", "arguments": {"path": "calc.py", "old_text": "add", "new_text": "subtract"}}')
+    s = open_session(edit, Reply("Fixed calc.py."), Reply("Fixed calc.py."))
+    result = run(s, task)
+    assert result.status == status
+    if status == "unverified":
+        assert result.warnings[0].startswith("add, which the task names, is gone from the files it names")
+
+
+def test_a_question_answered_after_commands_is_read_again_with_the_files_it_names(open_session, tmp_path):
+    """A held-out bench task: `grep 'http_timeout' app.yaml` found nothing (exit 1) and the model answered 60; the
+    question names app.yaml, which the fresh request shows whole."""
+    (tmp_path / "app.yaml").write_text("http:\n  timeout: 45\n")
+    s = open_session(Reply('{"name": "terminal", "arguments": {"command": "grep http_timeout app.yaml"}}'),
+                     Reply("The http timeout is 60 seconds."), Reply("45 seconds."),
+                     **{"agent.tools.profile": "compact"})
+    result = run(s, "What is the http timeout in app.yaml?")
+    assert (result.status, result.answer) == ("completed", "45 seconds.")
+    assert "[the file app.yaml, whole: 2 lines]\nhttp:\n  timeout: 45" in s.provider.calls[-1]["messages"][0]["content"]
