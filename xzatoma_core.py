@@ -4183,10 +4183,15 @@ class Agent:
         adds = re.search(r"(?i)\b(add|append|insert|prepend)\w*", self.task or "") and not re.search(
             r"(?i)\b(replac|remov|delet|renam|chang|fix|updat|modif|edit|rewrit|bump|set|mov|sort|dedup)\w*",
             self.task or "")
+        # text an empty old_text appended stands only where the task puts it elsewhere: asked for a line at the
+        # top, a 1.5B model appended it and said it was at the top
+        elsewhere = re.search(r"(?i)\b(top|beginning|start|first line|prepend\w*|before|above)\b", self.task or "")
         gone, removed = xzatoma_store.LINES_GONE.split("%s")[0], xzatoma_store.EDIT_LINES_GONE.split("%d")[0]
+        appended = xzatoma_store.APPENDED.split("%s")[0]
         return [d for d in self.doubts.values()
                 if not (spacing if spacing_only(d) else rewrite if d.startswith(gone) else
-                        not adds if d.startswith(removed) else False)] + self.values_missing()
+                        not adds if d.startswith(removed) else not elsewhere if d.startswith(appended) else
+                        False)] + self.values_missing()
 
     def values_wanted(self):
         """The values a task quotes ('buy milk', "## 1.0.0") or writes as a decimal or a version (75.0, 2.4.1)

@@ -886,6 +886,7 @@ PATCH_SUFFIXES = (".diff", ".patch")
 WHITESPACE_ONLY = "the change to %s altered only whitespace"
 LINES_GONE = "write_file replaced all of %s and %d of its earlier lines are gone (%s)"
 EDIT_LINES_GONE = "edit_file removed %d line%s of %s (%s)"
+APPENDED = "edit_file added new_text at the end of %s (an empty old_text appends)"
 ESCAPED_BREAKS = "%s holds \\n written out (a backslash and an n) where a line break was meant"
 
 

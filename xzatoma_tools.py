@@ -32,12 +32,10 @@ import sys
 import threading
 import time
 
-from xzatoma_store import (MAX_DIFF_CELLS, PATCH_SUFFIXES, WHITESPACE_ONLY, AuditLog, UntrustedStream,  # noqa: F401
-                           bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size, head_of, html_to_text,
-                           json_type,
-                           missing_text,
-                           looks_like_diff, one_line_path, preview_arguments, render_json, render_untrusted,
-                           rfc3339, text_diff)
+from xzatoma_store import (APPENDED, MAX_DIFF_CELLS, PATCH_SUFFIXES, WHITESPACE_ONLY, AuditLog,  # noqa: F401
+                           UntrustedStream, bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size,
+                           head_of, html_to_text, json_type, looks_like_diff, missing_text, one_line_path,
+                           preview_arguments, render_json, render_untrusted, rfc3339, text_diff)
 
 
 class LazyRegex:
@@ -1052,7 +1050,8 @@ class EditFile(Tool):
         return ToolResult.ok("Edited %s: %s, saved. Lines %d-%d now read:\n%s" % (
             shown, "new_text added at the end" if not args["old_text"] else "%d replacement%s" % (
                 count, "" if count == 1 else "s"), first, last, lines), replacements=count, diff=diff,
-            changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"], within=text))
+            changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"], within=text) or (
+                None if args["old_text"] else APPENDED % shown))
 
 
 class FindPath(Tool):

@@ -863,3 +863,21 @@ def test_a_question_answered_after_commands_is_read_again_with_the_files_it_name
     result = run(s, "What is the http timeout in app.yaml?")
     assert (result.status, result.answer) == ("completed", "45 seconds.")
     assert "[the file app.yaml, whole: 2 lines]\nhttp:\n  timeout: 45" in s.provider.calls[-1]["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("task,status", [
+    ("Add the line '# Shopping' at the top of shopping.txt.", "unverified"),
+    ("Add the line 'milk' at the end of shopping.txt.", "completed"),
+    ("Add the line 'milk' to shopping.txt.", "completed"),
+])
+def test_text_appended_where_the_task_puts_it_elsewhere_is_asked_about(open_session, tmp_path, task, status):
+    """A held-out bench task (Qwen2.5-Coder-1.5B): asked for a line at the top, it appended it with an empty
+    old_text and said the line was at the top."""
+    (tmp_path / "shopping.txt").write_text("eggs\nbread\n")
+    line = task.split("'")[1]
+    s = open_session(Reply('{"name": "edit_file", "arguments": {"path": "shopping.txt", "old_text": "", '
+                           '"new_text": "%s\\n"}}' % line), Reply("Added the line."), Reply("Added the line."))
+    result = run(s, task)
+    assert result.status == status
+    if status == "unverified":
+        assert result.warnings[0].startswith("edit_file added new_text at the end of shopping.txt")
