@@ -3682,7 +3682,11 @@ class Jail:
         real = os.path.realpath(path)
         if _inside(real, root):
             return real[len(root):].lstrip("/") or "."
-        raise JailError("path outside working directory: %s" % shown)
+        # a small model wrote /app.yaml for the working directory's app.yaml: named, not followed
+        near = path.lstrip("/")
+        hint = " (did you mean %s? paths are relative to the working directory)" % near \
+            if near and ".." not in near.split("/") and os.path.lexists(os.path.join(root, near)) else ""
+        raise JailError("path outside working directory: %s%s" % (shown, hint))
 
     def resolve(self, path, follow=True, must_exist=False):
         """A Target for `path`: its parent directory open, checked beneath the root.

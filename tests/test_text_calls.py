@@ -881,3 +881,13 @@ def test_text_appended_where_the_task_puts_it_elsewhere_is_asked_about(open_sess
     assert result.status == status
     if status == "unverified":
         assert result.warnings[0].startswith("edit_file added new_text at the end of shopping.txt")
+
+
+def test_a_path_written_from_the_filesystem_root_names_the_working_directorys_file(tmp_path):
+    """A held-out bench task (Qwen2.5-Coder-1.5B): read_file /app.yaml for the working directory's app.yaml."""
+    (tmp_path / "app.yaml").write_text("x: 1\n")
+    r = registry(tmp_path).execute("read_file", {"path": "/app.yaml"})
+    assert r.error == ("path outside working directory: /app.yaml (did you mean app.yaml? paths are relative to "
+                       "the working directory)")
+    assert registry(tmp_path).execute("read_file", {"path": "/etc/passwd"}).error == \
+        "path outside working directory: /etc/passwd"
