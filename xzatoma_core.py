@@ -3912,8 +3912,8 @@ class Agent:
         self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
         #: a headless run asked only a question (how many lines …): tools that change files are refused
         self.question = self.honest and is_question(self.task)
-        #: the values the task quotes that the files it names do not hold yet (values_missing)
         self.kept = []  #: the code names the task speaks of that the files it names define (values_wanted)
+        #: the values the task quotes that the files it names do not hold yet (values_missing)
         self.wanted = self.values_wanted() if self.honest and not self.question else []
 
     def run(self, final=True, cancel_text="Error: interrupted"):
