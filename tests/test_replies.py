@@ -174,3 +174,33 @@ def test_chatml_function_calling_calls_written_html_escaped_run(cli, fake, recor
     assert results[0].startswith("Error: unknown tool 'package.json'; available tools:")
     assert '"version": "2.4.0"' in results[1]  # the escaped call ran: the file as it is
     assert calls_made(requests[-1])[1][0] == "read_file"
+
+
+# Recorded with this stop's loop (issue 21): a file replaced only once seen, a repeated change told it is made,
+# the doubts asked before the end, and a small model's answer to a question read again afresh.
+CHECKED = json.load(open(os.path.join(REPLIES, "llama_cpp_gguf_template_checked.json"), encoding="utf-8"))
+
+
+def test_a_list_rewritten_without_its_first_line_ends_unverified_not_completed(cli, fake, recorded_dirs):
+    r, data, sent = replay(cli, fake, recorded_dirs, CHECKED, "append_line", "append_line")
+    assert (r.returncode, data["status"]) == (3, "unverified"), r.stderr
+    results = [m["content"] for m in sent[-1]["messages"] if m["role"] == "tool"]
+    assert results[0].endswith("todo.txt already exists and you have not read it; write_file would replace all of "
+                               "it. It holds now:\nwrite report\ncall Sam\nTo add or change lines, use edit_file; "
+                               "to replace the file, call write_file again with the complete new content")
+    assert results[2].endswith("That change is made: the same call again changes nothing. If the task is done, "
+                               "reply with one sentence saying what you did, and no tool call; if not, make the "
+                               "next change.")
+    assert data["warnings"][0].startswith("write_file replaced all of todo.txt and 1 of its earlier lines are gone "
+                                          "(write report)")
+
+
+def test_a_question_the_model_lost_its_way_on_is_answered_afresh_from_what_the_tools_showed(cli, fake,
+                                                                                           recorded_dirs):
+    r, data, sent = replay(cli, fake, recorded_dirs, CHECKED, "count_files", "count_files")
+    assert (r.returncode, data["status"], data["answer"]) == (0, "completed",
+                                                              "There are 7 .md files in the docs directory."), r.stderr
+    last = sent[-1]
+    assert "tools" not in last and len(last["messages"]) == 1
+    assert last["messages"][0]["content"].startswith("What the tools showed:\n[list_directory ")
+    assert "(7 .md files, 1 .png file, 1 .txt file; 9 entries in all)" in last["messages"][0]["content"]
