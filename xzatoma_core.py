@@ -5825,8 +5825,9 @@ def system_prompt(toolset, tool_names, compact=False):
             'A tool call is a JSON object: {"name": "<tool name>", "arguments": {<arguments>}}',
             'Example: {"name": "read_file", "arguments": {"path": "notes.txt"}}',
             "After each call you get its result; then make the next call. Never write a tool's result yourself.",
-            "To change a file: read it, then edit_file replaces old_text with new_text; write_file creates a file "
-            "or replaces all of its content.",
+            "Paths are relative to the working directory: notes.txt, src/app.py (not /notes.txt).",
+            "To change a file: read it, then edit_file replaces old_text with new_text (replace_all: true for "
+            "every occurrence); write_file creates a file or replaces all of its content.",
             "When the task is done, give the final answer: one or two sentences with what you did or found.",
         ])
     mode_text = PLANNING_PROMPT if toolset == "planning" else WRITE_PROMPT
