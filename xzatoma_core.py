@@ -4252,9 +4252,28 @@ class Agent:
         return "the task names %s, which no tool read or changed" % ", ".join(missed[:5]) if missed else None
 
     def missed_entries(self):
-        """The entries of the working directory the task names that no successful call of this run reached."""
-        touched = "\n".join(self.touched)
-        return [n for n in _named_entries(self.task, self.registry.ctx.root) if n not in touched]
+        """The entries of the working directory the task names that no successful call of this run reached: by
+        a path argument naming it, inside it or above it (a grep of its directory), or in a command's words.
+        (Compared as paths, not as text: a 1.5B model created src/stats.py where the task named stats.py.)"""
+        root, reached, commands = self.registry.ctx.root, [], []
+        for raw in self.touched:
+            try:
+                args = json.loads(raw or "{}")
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(args, dict):
+                continue
+            commands += [v for k, v in args.items() if k == "command" and isinstance(v, str)]
+            reached += [os.path.normpath(os.path.join(root, v)) for k, v in args.items()
+                        if k in ("path", "source_path", "destination_path") and isinstance(v, str)]
+        said = "\n".join(commands)
+        missed = []
+        for name in _named_entries(self.task, root):
+            entry = os.path.normpath(os.path.join(root, name))
+            if name not in said and not any(r == entry or r.startswith(entry + "/") or entry.startswith(r + "/")
+                                            for r in reached):
+                missed.append(name)
+        return missed
 
     def loose_ends(self, kind, answer):
         """What an answer after real work may still have left undone, as a note to the model (or None): a tool
@@ -5825,7 +5844,7 @@ def system_prompt(toolset, tool_names, compact=False):
             'A tool call is a JSON object: {"name": "<tool name>", "arguments": {<arguments>}}',
             'Example: {"name": "read_file", "arguments": {"path": "notes.txt"}}',
             "After each call you get its result; then make the next call. Never write a tool's result yourself.",
-            "Paths are relative to the working directory: notes.txt, src/app.py (not /notes.txt).",
+            "Paths are relative to the working directory: notes.txt, not /notes.txt.",
             "To change a file: read it, then edit_file replaces old_text with new_text (replace_all: true for "
             "every occurrence); write_file creates a file or replaces all of its content.",
             "When the task is done, give the final answer: one or two sentences with what you did or found.",

@@ -891,3 +891,19 @@ def test_a_path_written_from_the_filesystem_root_names_the_working_directorys_fi
                        "the working directory)")
     assert registry(tmp_path).execute("read_file", {"path": "/etc/passwd"}).error == \
         "path outside working directory: /etc/passwd"
+
+
+def test_a_named_file_is_reached_by_its_path_not_by_a_name_that_ends_like_it(open_session, tmp_path):
+    """A held-out bench task (Qwen2.5-Coder-1.5B): asked to rename a variable in stats.py, it created src/stats.py
+    and said it was done; 'stats.py' appears in 'src/stats.py', and the run ended completed."""
+    (tmp_path / "stats.py").write_text("cnt = 1\nprint(cnt)\n")
+    write = Reply('{"name": "write_file", "arguments": {"path": "src/stats.py", "content": "count = 0"}}')
+    s = open_session(write, Reply("I renamed the variable."), Reply("I renamed the variable."))
+    result = run(s, "In stats.py, rename the variable cnt to count.")
+    assert result.status == "unverified" and "the task names stats.py, which no tool read or changed" in \
+        result.warnings[0]
+    grep = Reply('{"name": "grep", "arguments": {"pattern": "cnt", "path": "."}}')  # a grep of its directory
+    edit = Reply('{"name": "edit_file", "arguments": {"path": "%s/stats.py", "old_text": "cnt", "new_text": "count", '
+                 '"replace_all": true}}' % tmp_path)  # an absolute path inside
+    s = open_session(grep, edit, Reply("Renamed cnt to count in stats.py."))
+    assert run(s, "In stats.py, rename the variable cnt to count.").status == "completed"
