@@ -3799,11 +3799,6 @@ def counts(task):
                      task or "") is not None
 
 
-def spacing_only(doubt):
-    """Whether a change's doubt (xzatoma_tools.change_doubt) is that it altered only whitespace."""
-    return doubt.endswith(xzatoma_tools.WHITESPACE_ONLY.split("%s")[1])
-
-
 def numbers_in(text):
     """The numbers standing alone in a text (8123, 0.25; not the 3 of qwen3 or a version's parts)."""
     import re
@@ -3912,9 +3907,9 @@ class Agent:
         self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
         #: a headless run asked only a question (how many lines …): tools that change files are refused
         self.question = self.honest and is_question(self.task)
-        self.kept = []  #: the code names the task speaks of that the files it names define (values_wanted)
-        #: the values the task quotes that the files it names do not hold yet (values_missing)
-        self.wanted = self.values_wanted() if self.honest and not self.question else []
+        #: the values the task quotes that the files it names do not hold yet, and the code names it speaks of
+        #: that they define (values_wanted; checked by values_missing)
+        self.wanted, self.kept = self.values_wanted() if self.honest and not self.question else ([], [])
 
     def run(self, final=True, cancel_text="Error: interrupted"):
         """Repeat step() until an answer or a RunStop; always leaves the history consistent and saved.
@@ -4186,30 +4181,30 @@ class Agent:
         # text an empty old_text appended stands only where the task puts it elsewhere: asked for a line at the
         # top, a 1.5B model appended it and said it was at the top
         elsewhere = re.search(r"(?i)\b(top|beginning|start|first line|prepend\w*|before|above)\b", self.task or "")
-        gone, removed = xzatoma_store.LINES_GONE.split("%s")[0], xzatoma_store.EDIT_LINES_GONE.split("%d")[0]
-        appended = xzatoma_store.APPENDED.split("%s")[0]
-        return [d for d in self.doubts.values()
-                if not (spacing if spacing_only(d) else rewrite if d.startswith(gone) else
-                        not adds if d.startswith(removed) else not elsewhere if d.startswith(appended) else
-                        False)] + self.values_missing()
+        excused = {"spacing": spacing, "lines gone": rewrite, "edit lines gone": not adds, "appended": not elsewhere}
+        return [d for d in self.doubts.values() if not excused.get(xzatoma_store.doubt_kind(d))] + \
+            self.values_missing()
 
     def values_wanted(self):
-        """The values a task quotes ('buy milk', "## 1.0.0") or writes as a decimal or a version (75.0, 2.4.1)
-        that no file it names holds before the run: what a change that did the task holds afterwards."""
+        """(wanted, kept): the values a task quotes ('buy milk', "## 1.0.0") or writes as a decimal or a version
+        (75.0, 2.4.1) that no file it names holds before the run, which a change that did the task holds
+        afterwards; and the code names it speaks of (add(), `calc_total`) that those files define, which a
+        change that does not rename or remove them keeps (told add() subtracts, a model renamed it). The
+        files are read only when the task quotes or names something (a watcher's plan rarely does)."""
         import re
         task = self.task or ""
         found = [m.group(2) for m in re.finditer(r"(?:^|(?<=[\s(:=]))(['\"])([^'\"\n]{1,80})\1(?=[\s.,;:!?)]|$)",
                                                   task)]
         found += re.findall(r"(?<![\w.])\d+(?:\.\d+)+(?![\w]|\.\d)", task)
+        spoken = [] if re.search(r"(?i)\b(renam|remov|delet|replac|drop|rewrit)\w*", task) else [
+            a or b for a, b in re.findall(r"`([A-Za-z_]\w{2,})`|\b([A-Za-z_]\w{2,})\(\)", task)]
+        if not found and not spoken:
+            return [], []
         named = _named_entries(task, self.registry.ctx.root)
         before = "\n".join(self._text_of(name) for name in named[:10])
         wanted = [v for v in dict.fromkeys(found) if v.strip() and v not in before and v not in named][:10]
-        # and the code names it speaks of (add(), `calc_total`) that the files it names define now, which a
-        # change that does not rename or remove them keeps: told add() subtracts, a model renamed it
-        spoken = [a or b for a, b in re.findall(r"`([A-Za-z_]\w{2,})`|\b([A-Za-z_]\w{2,})\(\)", task)]
-        self.kept = [] if re.search(r"(?i)\b(renam|remov|delet|replac|drop|rewrit)\w*", task) else [
-            n for n in dict.fromkeys(spoken) if re.search(r"\b%s\b" % re.escape(n), before)][:10]
-        return wanted
+        kept = [n for n in dict.fromkeys(spoken) if re.search(r"\b%s\b" % re.escape(n), before)][:10]
+        return wanted, kept
 
     def values_missing(self):
         """The wanted values (values_wanted) that no file the run changed or the task names holds now: asked to
@@ -4389,7 +4384,7 @@ class Agent:
                 if isinstance(tool_result.metadata.get("lines"), int):
                     self.line_counts.add(str(tool_result.metadata["lines"]))
                 changed, doubt = tool_result.metadata.get("changed"), tool_result.metadata.get("doubt")
-                if doubt and not (changed in self.changed_well and spacing_only(doubt)):
+                if doubt and not (changed in self.changed_well and xzatoma_store.doubt_kind(doubt) == "spacing"):
                     self.doubts[changed] = doubt  # (a file changed well already may be tidied: a last newline)
                 elif changed and not doubt:  # a later change of that file settles it
                     self.doubts.pop(changed, None)

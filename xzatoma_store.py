@@ -934,6 +934,20 @@ def _whole_lines(text, part):
                                                               text[end] == "\n")
 
 
+#: the kinds of doubt about a change (change_doubt, and edit_file's append), by their templates: the loop
+#: excuses some of them by the task's words (Agent.standing_doubts)
+DOUBTS = (("spacing", WHITESPACE_ONLY), ("lines gone", LINES_GONE), ("edit lines gone", EDIT_LINES_GONE),
+          ("appended", APPENDED), ("escaped breaks", ESCAPED_BREAKS))
+
+
+def doubt_kind(doubt):
+    """Which of DOUBTS a doubt's text was made from, or None."""
+    for kind, template in DOUBTS:
+        if re.fullmatch(".*".join(re.escape(part) for part in re.split("%[sd]", template)), doubt, re.S):
+            return kind
+    return None
+
+
 def looks_like_diff(text):
     """A unified diff: a `--- ` line, then `+++ `, then a hunk header, at the start of the text."""
     head = text.lstrip("\n").split("\n", 3)
@@ -951,24 +965,25 @@ def head_of(text, most):
 
 
 def missing_text(path, text, old, new, small):
-    """What an edit whose old_text is not in `text` tells the model to do next: that the change is made already
-    (a small model edited, overwrote, then made the same edit again), the file itself when it is `small`
-    characters or fewer, or else the lines closest to old_text, numbered (as aider shows them)."""
+    """(message, whole): what an edit whose old_text is not in `text` tells the model to do next, and whether
+    that shows the file whole: that the change is made already (a small model edited, overwrote, then made the
+    same edit again), the file itself when it is `small` characters or fewer, or else the lines closest to
+    old_text, numbered (as aider shows them)."""
     if new and new in text:
         return ("old_text is not in %s, but new_text already is (line %d): the change seems made already. Go on "
-                "with the rest of the task, or answer" % (path, text.count("\n", 0, text.find(new)) + 1))
+                "with the rest of the task, or answer" % (path, text.count("\n", 0, text.find(new)) + 1)), False
     if len(text) <= small:
         return ("old_text not found in %s. The file holds:\n%s\nCopy old_text from it exactly, spaces and line "
-                "breaks too" % (path, head_of(text, small)))
+                "breaks too" % (path, head_of(text, small))), True
     import difflib
     want = next((line.strip() for line in old.splitlines() if line.strip()), old.strip())
     lines = text.splitlines()[:20000]
     close = difflib.get_close_matches(want, [line.strip() for line in lines], n=3, cutoff=0.5)
     near = ["%6d\t%s" % (i + 1, line) for i, line in enumerate(lines) if line.strip() in close][:5]
     if not near:
-        return "old_text not found in %s; read the file and copy the text exactly" % path
+        return "old_text not found in %s; read the file and copy the text exactly" % path, False
     return ("old_text not found in %s; the closest lines are:\n%s\nread_file shows them in context; copy old_text "
-            "exactly" % (path, "\n".join(near)))
+            "exactly" % (path, "\n".join(near))), False
 
 
 def changed_lines(old, new, context=2, most=40):

@@ -1010,8 +1010,9 @@ class EditFile(Tool):
             return text, text + ("\n" if text and not text.endswith("\n") else "") + new
         count = text.count(old)
         if count == 0:
-            exc = ToolError(missing_text(path, text, old, new, LOST_SHOWN))
-            exc.shows_file = len(text) <= LOST_SHOWN and not (new and new in text)  # read it now (ToolContext.seen)
+            message, whole = missing_text(path, text, old, new, LOST_SHOWN)
+            exc = ToolError(message)
+            exc.shows_file = whole  # the model has read it now (ToolContext.seen)
             raise exc
         if count > 1 and not args.get("replace_all"):
             lines, pos = [], text.find(old)

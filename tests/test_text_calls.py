@@ -907,3 +907,15 @@ def test_a_named_file_is_reached_by_its_path_not_by_a_name_that_ends_like_it(ope
                  '"replace_all": true}}' % tmp_path)  # an absolute path inside
     s = open_session(grep, edit, Reply("Renamed cnt to count in stats.py."))
     assert run(s, "In stats.py, rename the variable cnt to count.").status == "completed"
+
+
+def test_every_doubt_is_told_apart_by_the_template_it_was_made_from():
+    """The loop excuses some doubts by the task's words (Agent.standing_doubts): each kind is known from its text."""
+    import xzatoma_store as S
+    made = {"spacing": S.change_doubt("t.py", "x = 1\n\ny\n", "x = 1\ny\n"),
+            "lines gone": S.change_doubt("todo.txt", "a\nb\n", "c\n", whole=True),
+            "edit lines gone": S.change_doubt("todo.txt", "a\n", "c\n", within="a\nb\n"),
+            "appended": S.APPENDED % "todo.txt",
+            "escaped breaks": S.change_doubt("C.md", None, "## 1\\n- x")}
+    assert {kind: S.doubt_kind(text) for kind, text in made.items()} == {kind: kind for kind in made}
+    assert S.doubt_kind("something else") is None
