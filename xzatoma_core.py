@@ -343,6 +343,9 @@ KEYS = (
     Key("agent.tools.profile", "auto", "auto | full | compact: compact offers six tools with short definitions (a "
         "quarter of the tokens) for small models; auto picks it for windows of 16k tokens or less and models of 8B "
         "parameters or fewer", choices=("auto", "full", "compact")),
+    Key("agent.read_named", "auto", "auto | on | off: before the model's first turn, read the files (up to 4 KB) and "
+        "list the directories the task names, up to three, as if the model had called read_file and list_directory "
+        "(aider adds files to the chat); auto: with the compact tool profile", choices=("auto", "on", "off")),
     Key("agent.tools.max_output_size", 1048576, "bytes of one tool result sent to the model", bounds=(1024, None)),
     Key("agent.tools.max_file_read_size", 10485760, "bytes read_file reads of one file", bounds=(1024, None)),
     Key("agent.tools.grep_regex_seconds", 60, "longest one grep call may spend matching a regular expression (a "
@@ -3661,6 +3664,7 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
 EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
 LEAD_IN = "Error: your reply ends with a colon and nothing after it. Give your final answer, or call a tool."
 #: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
+READ_NAMED_BYTES = 4096  #: the largest file read before the first turn because the task names it (read_named)
 SHOWN_HEAD = "What the tools showed:\n"  #: how last_word's request begins (its files count as shown)
 LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from what the "
              "tools showed above.")
@@ -3852,9 +3856,11 @@ class RunTerms:
     time.monotonic() value, or None; `timeout_seconds` only names it in the message), answers checked when
     `honest` (run, plan, watch: conclude), and `nested` (a subagent's) interrupts re-raised to the top."""
 
-    def __init__(self, max_turns=100, deadline=None, timeout_seconds=None, honest=True, nested=False):
+    def __init__(self, max_turns=100, deadline=None, timeout_seconds=None, honest=True, nested=False,
+                 read_named=False):
         self.max_turns, self.deadline, self.timeout_seconds = max_turns, deadline, timeout_seconds
         self.honest, self.nested = honest, nested
+        self.read_named = read_named  #: the entries the task names are read before the first turn (read_named)
 
 
 class Agent:
@@ -3905,6 +3911,7 @@ class Agent:
         asked = conversation.last_user_text()
         self.task = intent_of(asked)
         self.given = "\n[End of " in asked  #: the task holds content: @mentions, or input piped to `run`
+        self.read_first = terms.read_named and not self.given  #: read the entries the task names (read_named)
         #: a headless run asked only a question (how many lines …): tools that change files are refused
         self.question = self.honest and is_question(self.task)
         #: the values the task quotes that the files it names do not hold yet, and the code names it speaks of
@@ -3930,6 +3937,8 @@ class Agent:
         caught = None
         try:
             try:
+                if self.read_first:
+                    self.read_named()
                 outcome = None
                 while outcome is None:
                     self.check_limits(result.turns - result_turns)
@@ -4407,6 +4416,37 @@ class Agent:
             raise ProviderFailed("the model made %d malformed or invalid tool calls in a row; stopping (last: %s). "
                                  "A larger model may follow the tool format better" % (self.malformed_streak,
                                                                                       last_error))
+
+    def read_named(self, most=3):
+        """Before the first turn: the small files (READ_NAMED_BYTES) the task names read and the directories it
+        names listed, as the model's own read_file and list_directory calls (aider adds the files a person
+        names to the chat). They run as any call does (the jail, the protected paths), are shown and stored as
+        calls, and count as looked up, but not as the model reaching a file the task names (missed_entries).
+        INFO: a 1.5B model that had not read a file guessed at it: it searched /app.yaml for a key it imagined,
+        edited `port: 8080` in a JSON file, and renamed add() to subtract() where add() subtracted."""
+        import stat
+        ctx, calls = self.registry.ctx, []
+        for name in _named_entries(self.task, ctx.root)[:most]:
+            try:
+                with ctx.jail.resolve(name, must_exist=True) as target:
+                    st, real = target.lstat(), target.real
+            except (xzatoma_tools.ToolError, OSError):
+                continue
+            tool = "list_directory" if st is not None and stat.S_ISDIR(st.st_mode) else "read_file" if (
+                st is not None and stat.S_ISREG(st.st_mode) and st.st_size <= READ_NAMED_BYTES
+                and real not in ctx.seen) else None
+            if tool in self.registry.names():
+                arguments = json.dumps({"path": name})
+                calls.append({"id": tool_call_id(len(self.conversation.messages), len(calls), tool, arguments),
+                              "name": tool, "arguments": arguments})
+        if calls:
+            self.events.note("  reading what the task names first: %s" % ", ".join(
+                one_line(json.loads(c["arguments"])["path"], 80) for c in calls))
+            self.conversation.add_assistant("", calls)
+            reached = len(self.touched)
+            self.run_tools(calls)
+            del self.touched[reached:]
+            self.last_call = None  # the model's own read of them again is no loop
 
     def may_answer_now(self):
         """Whether a stuck model may be asked for its answer without tools (last_word): once, in a task that asks
@@ -5141,8 +5181,10 @@ class Session:
         deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
         ctx = self.ctx.with_deadline(deadline)
         events = self.events if self.sandbox_check is None else _SandboxFirst(self.events, self.sandbox_check)
+        read_named = cfg.get("agent.read_named")
         terms = RunTerms(max_turns, deadline, timeout_seconds, honest=self.kind in ("run", "plan", "watch"),
-                         nested=self.depth > 0)
+                         nested=self.depth > 0, read_named=read_named == "on" or (
+                             read_named == "auto" and self.profile == "compact"))
         return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result, terms,
                      self.shared, recorder=self.recorder if self.recorded else None,
                      review=None if self.depth else self.confinement.deferred_changed, on_step=on_step)

@@ -986,6 +986,54 @@ def missing_text(path, text, old, new, small):
             "exactly" % (path, "\n".join(near))), False
 
 
+def _loose(text):
+    """`text` as loose_replacement compares it: without quotes and white space, and where in `text` each
+    character kept came from."""
+    where = [i for i, ch in enumerate(text) if ch not in "\"'`" and not ch.isspace()]
+    return "".join(text[i] for i in where), where
+
+
+def _wordy(ch):
+    return ch.isalnum() or ch == "_"
+
+
+def loose_replacement(text, old, new):
+    """(start, end, replacement) of `text` for an edit whose old_text differs from the file only in its quotes and
+    spacing ('port: 8080' for `"port": 8080`, a 1.5B model's edit of a JSON file, repeated until the run
+    failed), or None. The change is the one the model wrote, moved onto the file's text: what old_text and
+    new_text do not share at their ends (8080 → 9090) must stand in the file exactly, inside the one place
+    old_text matches loosely; anything less sure is not an edit."""
+    if len(text) > 1 << 20 or not old.strip():
+        return None
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    cut, put = old[head:len(old) - tail], new[head:len(new) - tail]
+    if not cut.strip() or cut[0] in "\"'`" or cut[-1] in "\"'`":
+        return None
+    want, want_at = _loose(old)
+    have, have_at = _loose(text)
+    places, at = [], have.find(want)
+    while at >= 0 and len(places) < 2:
+        # whole words only, at both ends, judged on the file's own text ('port: 80' is not in "port": 8080)
+        first, last = have_at[at], have_at[at + len(want) - 1]
+        if not (_wordy(want[0]) and first and _wordy(text[first - 1])) and \
+                not (_wordy(want[-1]) and last + 1 < len(text) and _wordy(text[last + 1])):
+            places.append(at)
+        at = have.find(want, at + 1)
+    if len(places) != 1:
+        return None  # not there, or not in one place only
+    at = places[0]
+    inside = [k for k, i in enumerate(want_at) if head <= i < len(old) - tail]
+    if not inside:
+        return None
+    start, end = have_at[at + inside[0]], have_at[at + inside[-1]] + 1
+    return (start, end, put) if text[start:end] == cut else None
+
+
 def changed_lines(old, new, context=2, most=40):
     """(first, last, text): the lines of `new` around where it differs from `old`, numbered from 1 like
     `cat -n`; past `most` lines, the start and the end of the change with a note of how many lie between."""

@@ -34,8 +34,8 @@ import time
 
 from xzatoma_store import (APPENDED, MAX_DIFF_CELLS, PATCH_SUFFIXES, WHITESPACE_ONLY, AuditLog,  # noqa: F401
                            UntrustedStream, bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size,
-                           head_of, html_to_text, json_type, looks_like_diff, missing_text, one_line_path,
-                           preview_arguments, render_json, render_untrusted, rfc3339, text_diff)
+                           head_of, html_to_text, json_type, looks_like_diff, loose_replacement, missing_text,
+                           one_line_path, preview_arguments, render_json, render_untrusted, rfc3339, text_diff)
 
 
 class LazyRegex:
@@ -992,7 +992,7 @@ class EditFile(Tool):
     def confirmation(self, args, ctx):
         try:
             with ctx.jail.resolve(args["path"], must_exist=True) as target:
-                text, updated = self._apply(args, target)
+                text, updated, _ = self._apply(args, target)
         except ToolError:
             return None  # the call will fail with its own message; nothing to confirm
         return "edit %s:\n%s" % (args["path"], text_diff(text, updated, args["path"], whole=True))
@@ -1007,30 +1007,25 @@ class EditFile(Tool):
             raise ToolError("%s is not valid UTF-8 text; edit_file only edits text" % path)
         if not old:  # nothing to find: new_text goes at the end (as an empty SEARCH block appends in aider), on a
             # line of its own; small models asked to add a line wrote exactly this call
-            return text, text + ("\n" if text and not text.endswith("\n") else "") + new
+            return text, text + ("\n" if text and not text.endswith("\n") else "") + new, None
         count = text.count(old)
+        loose = loose_replacement(text, old, new) if count == 0 else None
+        if loose:
+            start, end, put = loose
+            return text, text[:start] + put + text[end:], "old_text matched where only quotes or spacing differ"
         if count == 0:
             message, whole = missing_text(path, text, old, new, LOST_SHOWN)
             exc = ToolError(message)
             exc.shows_file = whole  # the model has read it now (ToolContext.seen)
             raise exc
         if count > 1 and not args.get("replace_all"):
-            lines, pos = [], text.find(old)
-            while pos != -1 and len(lines) < 20:
-                lines.append(str(text.count("\n", 0, pos) + 1))
-                pos = text.find(old, pos + 1)
-            # the call that would do it, written out: a small model renaming a function did not know what "set
-            # replace_all" meant, and stopped
-            again = json.dumps({"name": "edit_file", "arguments": dict(args, replace_all=True)}, ensure_ascii=False)
-            raise ToolError("old_text occurs %d times in %s (lines %s). To replace every one, call again with "
-                            "replace_all: %s\nTo replace one, give more of its line as old_text" % (
-                                count, path, ", ".join(lines), again if len(again) <= 600 else again[:600] + " …"))
-        return text, text.replace(old, new)
+            raise ToolError(_several(path, text, args))
+        return text, text.replace(old, new), None
 
     def run(self, args, ctx):
         with ctx.jail.resolve(args["path"], must_exist=True) as target:
             try:
-                text, updated = self._apply(args, target)
+                text, updated, loose = self._apply(args, target)
             except ToolError as exc:
                 if getattr(exc, "shows_file", False):
                     ctx.seen.add(target.real)
@@ -1042,17 +1037,53 @@ class EditFile(Tool):
             ctx.seen.add(target.real)
             shown = display_path(target.real, ctx.root)
             diff = text_diff(text, updated, shown)
-        count = text.count(args["old_text"]) if args["old_text"] else 1
+        count = text.count(args["old_text"]) if args["old_text"] and not loose else 1
         if not diff:
             return ToolResult.ok("(no change: new_text is old_text)", replacements=count)
         # The lines as they now read, numbered like `cat -n`, not a diff: small models took a diff (even after
         # "saved.") for text to write back, and overwrote the file they had just edited with it.
         first, last, lines = changed_lines(text, updated)
         return ToolResult.ok("Edited %s: %s, saved. Lines %d-%d now read:\n%s" % (
-            shown, "new_text added at the end" if not args["old_text"] else "%d replacement%s" % (
+            shown, "new_text added at the end" if not args["old_text"] else loose or "%d replacement%s" % (
                 count, "" if count == 1 else "s"), first, last, lines), replacements=count, diff=diff,
             changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"], within=text) or (
                 None if args["old_text"] else APPENDED % shown))
+
+
+def _several(path, text, args):
+    """What an edit whose old_text occurs more than once is told: where, each with the line above it, and the
+    call that does each thing, written out (a small model renaming a function did not know what "set
+    replace_all" meant, and stopped). A name is most likely renamed everywhere, a line changed in one place:
+    told replace_all first, a 1.5B model asked to fix add() made sub() add too."""
+    old, lines, where, pos = args["old_text"], text.split("\n"), [], text.find(args["old_text"])
+    while pos != -1 and len(where) < 20:
+        line = text.count("\n", 0, pos)
+        where += [] if where and where[-1] == line else [line]
+        pos = text.find(old, pos + 1)
+    shown = []
+    for i in where[:5]:
+        shown += ["%6d\t%s" % (j + 1, lines[j]) for j in range(max(0, i - 1), i + 1)
+                  if not shown or not shown[-1].startswith("%6d\t" % (j + 1))]
+    every = 'replace_all: true (%s)' % _call(dict(args, replace_all=True))
+    first = text.find(old)
+    above = text.rfind("\n", 0, max(0, text.rfind("\n", 0, first)))
+    wider = text[above + 1:first + len(old)]
+    one = "give old_text with more of its lines: %s" % _call(dict(args, old_text=wider, new_text=(
+        wider[:len(wider) - len(old)] + args["new_text"]))) if text.count(wider) == 1 else \
+        "give more of its line as old_text"
+    name = re.fullmatch(r"[\w.$-]+", old) is not None
+    return "old_text occurs %d times in %s (lines %s):\n%s\nTo replace every one, call again with %s.\nTo " \
+        "replace only the first, %s" % (text.count(old), path, ", ".join(str(i + 1) for i in where),
+                                           "\n".join(shown), every, one) if name else \
+        "old_text occurs %d times in %s (lines %s):\n%s\nTo replace only the first, %s\nTo replace every one, " \
+        "call again with %s" % (text.count(old), path, ", ".join(str(i + 1) for i in where), "\n".join(shown), one,
+                                every)
+
+
+def _call(args):
+    """An edit_file call written out for the model to copy, at most 600 characters."""
+    again = json.dumps({"name": "edit_file", "arguments": args}, ensure_ascii=False)
+    return again if len(again) <= 600 else again[:600] + " …"
 
 
 class FindPath(Tool):
@@ -1098,7 +1129,18 @@ class Grep(Tool):
 
     def run(self, args, ctx):
         with ctx.jail.resolve(args.get("path") or ".", must_exist=True) as target:
-            return self._search(args, ctx, target)
+            found = self._search(args, ctx, target)
+            looser = found.metadata.get("matches") == 0 and _looser_pattern(args)
+            if looser:
+                # INFO: a pattern that finds nothing is tried again as its longest word, in any case: a small
+                # model asked which file defines parse_args grepped for "parse_args.py", found nothing, and
+                # answered that no file does
+                again = self._search(dict(args, pattern=looser, fixed_string=True, case_sensitive=False,
+                                          context_lines=0, max_results=20), ctx, target)
+                if again.metadata.get("matches"):
+                    return ToolResult.ok("%s\nLines with %s, in any case:\n%s" % (
+                        found.output, looser, again.output), matches=0, looser=again.metadata["matches"])
+            return found
 
     def _search(self, args, ctx, target):
         # ^ and $ anchor at each line, as in grep (re alone anchors them at the file's ends)
@@ -1180,6 +1222,17 @@ class Grep(Tool):
         if note:
             text_out.append(note)
         return ToolResult.ok("\n".join(text_out), matches=hits)
+
+
+def _looser_pattern(args):
+    """The longest word of a grep pattern (parse_args of "parse_args.py", Timeout of "Timeout:"), when searching
+    for it, as a literal in any case, is a different search; else None."""
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]{2,}", args["pattern"])
+    if not words:
+        return None
+    word = max(words, key=len)
+    same = word == args["pattern"] and not args.get("case_sensitive", True)
+    return None if same else word
 
 
 GREP_WHOLE = 2048  #: bytes of a single file grep shows whole when the pattern matches nothing in it

@@ -859,10 +859,49 @@ def test_a_question_answered_after_commands_is_read_again_with_the_files_it_name
     (tmp_path / "app.yaml").write_text("http:\n  timeout: 45\n")
     s = open_session(Reply('{"name": "terminal", "arguments": {"command": "grep http_timeout app.yaml"}}'),
                      Reply("The http timeout is 60 seconds."), Reply("45 seconds."),
-                     **{"agent.tools.profile": "compact"})
+                     **{"agent.tools.profile": "compact", "agent.read_named": "off"})
     result = run(s, "What is the http timeout in app.yaml?")
     assert (result.status, result.answer) == ("completed", "45 seconds.")
     assert "[the file app.yaml, whole: 2 lines]\nhttp:\n  timeout: 45" in s.provider.calls[-1]["messages"][0]["content"]
+
+
+def test_the_files_and_directories_a_task_names_are_read_before_the_first_turn(open_session, tmp_path):
+    """Held-out bench runs (Qwen2.5-Coder-1.5B): a model that had not read app.yaml searched /app.yaml for a key it
+    imagined; one that had not read server.json edited `port: 8080` in it. With the compact profile the entries
+    the task names are read first, as the model's own calls, so its first turn starts from what they hold."""
+    (tmp_path / "app.yaml").write_text("http:\n  timeout: 45\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "app.py").write_text("x = 1\n")
+    (tmp_path / "big.log").write_text("x" * 5000)
+    s = open_session(Reply("45 seconds."), Reply("45 seconds."), **{"agent.tools.profile": "compact"})
+    result = run(s, "What is the http timeout in app.yaml? See src and big.log too.")
+    assert (result.status, result.answer, result.tool_calls) == ("completed", "45 seconds.", 2)
+    first = s.provider.calls[0]["messages"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in first[-3]["tool_calls"]] == [
+        ("read_file", {"path": "app.yaml"}), ("list_directory", {"path": "src"})]  # big.log: over 4 KB
+    assert first[-2]["content"].startswith("http:\n  timeout: 45") and "app.py" in first[-1]["content"]
+    assert first[-4]["content"].startswith("What is the http timeout")
+    # a file read so is seen: written over without a refusal; a task that names nothing reads nothing
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "app.yaml", "content": "http: {}\\n"}}'),
+                     Reply("Done."), **{"agent.tools.profile": "compact"})
+    assert run(s, "Empty the http section of app.yaml").status == "completed"
+    assert (tmp_path / "app.yaml").read_text() == "http: {}\n"
+    s = open_session(Reply("Hello."), **{"agent.tools.profile": "compact"})
+    assert run(s, "Say hello").tool_calls == 0
+    s = open_session(Reply("45 seconds."), **{"agent.tools.profile": "full"})  # off with the full profile
+    run(s, "What is the http timeout in app.yaml?")
+    assert s.provider.calls[0]["messages"][-1]["content"] == "What is the http timeout in app.yaml?"
+
+
+def test_a_file_read_before_the_first_turn_is_not_the_model_reaching_it(open_session, tmp_path):
+    """A held-out bench run: asked to rename a variable in stats.py, a 1.5B model created src/stats.py. The read
+    before the first turn is XZatoma's, so the file the task names is still unreached: asked about, unverified."""
+    (tmp_path / "stats.py").write_text("values = [1, 2, 3]\ncnt = len(values)\nprint(cnt)\n")
+    write = Reply('{"name": "write_file", "arguments": {"path": "src/stats.py", "content": "count = 0"}}')
+    s = open_session(write, Reply("I renamed cnt to count."), Reply("I renamed cnt to count."),
+                     **{"agent.tools.profile": "compact"})
+    result = run(s, "In stats.py, rename the variable cnt to count.")
+    assert result.status == "unverified" and "stats.py" in result.warnings[0]
 
 
 @pytest.mark.parametrize("task,status", [

@@ -1,5 +1,6 @@
 """Tools: the registry's validation, the jail, and the basic file and search tools."""
 
+import json
 import os
 
 import pytest
@@ -120,15 +121,70 @@ def test_write_and_edit(tree):
     assert r.output == "Created new/dir/f.txt (6 bytes)"
     assert reg.execute("write_file", {"path": "new/dir/f.txt", "content": "a\nb\na\n"}).output.startswith("Overwrote")
     err = reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "a", "new_text": "c"}).error
-    assert err == ("old_text occurs 2 times in new/dir/f.txt (lines 1, 3). To replace every one, call again with "
-                   'replace_all: {"name": "edit_file", "arguments": {"path": "new/dir/f.txt", "old_text": "a", '
-                   '"new_text": "c", "replace_all": true}}\nTo replace one, give more of its line as old_text')
+    assert err == ("old_text occurs 2 times in new/dir/f.txt (lines 1, 3):\n     1\ta\n     2\tb\n     3\ta\n"
+                   "To replace every one, call again with "
+                   'replace_all: true ({"name": "edit_file", "arguments": {"path": "new/dir/f.txt", "old_text": "a", '
+                   '"new_text": "c", "replace_all": true}}).\nTo replace only the first, give more of its line as '
+                   'old_text')
     r = reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "b\n", "new_text": "B\n"})
     assert r.output == "Edited new/dir/f.txt: 1 replacement, saved. Lines 1-3 now read:\n     1\ta\n     2\tB\n     3\ta"
     assert "-b\n+B\n" in r.metadata["diff"] and (tree / "new/dir/f.txt").read_text() == "a\nB\na\n"
     assert "not found" in reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "zz", "new_text": ""}).error
     assert reg.execute("write_file", {"path": "link_out", "content": "x"}).error.startswith("path outside")
     assert (tree.parent / "outside" / "secret.txt").read_text() == "secret\n"
+
+
+def test_a_line_found_twice_is_shown_with_the_line_above_and_the_call_that_changes_only_the_first(tmp_path):
+    """Told add() subtracts, a 1.5B model's edit of `return a - b` found it in add and in sub: shown both with
+    the line above, and the call that changes add's alone, first (replace_all would make sub add too)."""
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n")
+    reg = registry(tmp_path)
+    err = reg.execute("edit_file", {"path": "calc.py", "old_text": "return a - b", "new_text": "return a + b"}).error
+    assert err.splitlines()[:5] == ["old_text occurs 2 times in calc.py (lines 2, 6):", "     1\tdef add(a, b):",
+                                    "     2\t    return a - b", "     5\tdef sub(a, b):", "     6\t    return a - b"]
+    assert err.splitlines()[5].startswith("To replace only the first") and "replace_all" in err.splitlines()[6]
+    first = json.loads(err.splitlines()[5].split(": ", 1)[1])["arguments"]
+    assert reg.execute("edit_file", first).success
+    assert (tmp_path / "calc.py").read_text() == "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+
+
+@pytest.mark.parametrize("old, new, after", [
+    ("port: 8080", "port: 9090", '{\n  "host": "localhost",\n  "port": 9090\n}\n'),  # a 1.5B model's, recorded
+    ('"port":8080', '"port":9090', '{\n  "host": "localhost",\n  "port": 9090\n}\n'),
+    ("'host': 'localhost'", "'host': 'example.org'", '{\n  "host": "example.org",\n  "port": 8080\n}\n'),
+])
+def test_an_edit_whose_old_text_differs_only_in_quotes_and_spacing_changes_what_it_changes(tmp_path, old, new, after):
+    (tmp_path / "server.json").write_text('{\n  "host": "localhost",\n  "port": 8080\n}\n')
+    r = registry(tmp_path).execute("edit_file", {"path": "server.json", "old_text": old, "new_text": new})
+    assert r.success and "only quotes or spacing differ" in r.output
+    assert (tmp_path / "server.json").read_text() == after
+
+
+@pytest.mark.parametrize("text, old, new", [
+    ('{"port": 8080}', "port: 80", "port: 90"),  # not a whole word of the file
+    ('{"port": 8080}', "ort: 8080", "ort: 9090"),
+    ('{"a": 1, "b": {"a": 1}}', "a: 1", "a: 2"),  # in two places
+    ('{"a": "x y"}', 'a: "x y"', "a: 'x z'"),  # the changed part holds a quote: not surely the same change
+    ("name = 'a'", "nom = 'a'", "nom = 'b'"),
+])
+def test_a_loose_match_that_is_not_sure_is_no_edit(tmp_path, text, old, new):
+    (tmp_path / "f.json").write_text(text)
+    r = registry(tmp_path).execute("edit_file", {"path": "f.json", "old_text": old, "new_text": new})
+    assert not r.success and (tmp_path / "f.json").read_text() == text
+
+
+def test_a_grep_that_finds_nothing_shows_the_lines_with_its_longest_word_in_any_case(tmp_path):
+    """Asked which file defines parse_args, a 1.5B model grepped for "parse_args.py" and answered that none does."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "cli.py").write_text("import sys\n\n\ndef parse_args(argv):\n    return argv[1:]\n")
+    reg = registry(tmp_path)
+    r = reg.execute("grep", {"pattern": "parse_args.py"})
+    assert r.output == ("no matches for parse_args.py in the files' contents (list_directory lists names)\n"
+                        "Lines with parse_args, in any case:\napp/cli.py:4: def parse_args(argv):")
+    assert r.metadata["matches"] == 0
+    assert "app/cli.py:4" in reg.execute("grep", {"pattern": "PARSE_ARGS"}).output
+    assert reg.execute("grep", {"pattern": "nowhere_at_all"}).output == (
+        "no matches for nowhere_at_all in the files' contents (list_directory lists names)")
 
 
 def test_a_pattern_that_misses_in_one_small_file_shows_the_file(tree):
