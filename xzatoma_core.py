@@ -3841,10 +3841,15 @@ def _named_entries(task, root, first=False):
     if not root or not task:
         return found
     import re
-    for word in re.findall(r"[\w][\w./-]*", task[:20000])[:400]:
-        word = word.rstrip(".")
-        if len(word) > 2 and ".." not in word.split("/") and word not in found \
-                and os.path.lexists(os.path.join(root, word)):
+    try:  # one listing for the words' first parts, not a stat of every word (each watcher event asks)
+        with os.scandir(root) as listing:
+            top = {entry.name for _, entry in zip(range(20000), listing)}
+    except OSError:
+        return found
+    for word in dict.fromkeys(w.rstrip(".") for w in re.findall(r"[\w][\w./-]*", task[:20000])[:400]):
+        head, _, rest = word.partition("/")
+        if len(word) > 2 and ".." not in word.split("/") and (head in top or len(top) == 20000) and (
+                not rest and head in top or os.path.lexists(os.path.join(root, word))):
             found.append(word)
             if first:
                 break
