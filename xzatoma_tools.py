@@ -945,6 +945,13 @@ class WriteFile(Tool):
                 raise ToolError("the content is a diff, and write_file writes content as it is: %s would hold the "
                                 "diff itself. To change part of a file use edit_file; to replace it, give the "
                                 "whole new text" % path)
+            if st is not None and 0 < st.st_size <= 262144 and _same_words(read_text(target, ""), args["content"]):
+                # INFO: a small model handed a file (read_named) wrote it straight back, in three tasks of ten
+                # (a rename, a fix, a script to run), then said the work was done; nothing is written, and the
+                # way to change white space alone is said
+                raise ToolError("%s already holds that text (at most its white space differs): nothing was "
+                                "written. Write the new text the task asks for; to change only white space, use "
+                                "edit_file" % path)
             if ctx.guard(self.name, args, target, shows=lambda: _change_shown(
                 read_text(target, "") if st is not None else "", args["content"], target)):
                 ctx.seen.add(target.real)  # the person saw the change, and said yes
@@ -976,6 +983,11 @@ class WriteFile(Tool):
             return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced).%s" % (
                 shown, len(data), st.st_size, lost), bytes=len(data), created=False, changed=shown,
                 doubt=change_doubt(shown, old, args["content"], whole=True))
+
+
+def _same_words(old, new):
+    """Whether two texts differ at most in their white space."""
+    return old.split() == new.split()
 
 
 class EditFile(Tool):

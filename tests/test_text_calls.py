@@ -421,9 +421,10 @@ def test_an_overwrite_that_lost_the_files_lines_is_asked_about_once(open_session
         "it with a tool call.")
 
 
-def test_a_change_of_whitespace_only_is_asked_about_once_and_a_real_fix_settles_it(open_session, tmp_path):
-    """A real transcript: told the assert expects the wrong value, the model rewrote the file as it was (one
-    blank line fewer) and said it was updated."""
+def test_a_file_written_back_as_it_was_is_not_written_and_the_run_goes_on(open_session, tmp_path):
+    """Real transcripts: told the assert expects the wrong value, the model rewrote the file as it was (one
+    blank line fewer) and said it was updated; handed a file to rename a variable in, a 1.5B model wrote it
+    straight back. Nothing is written; the answer after it made no change is asked about; a real fix settles it."""
     (tmp_path / "t.py").write_text("x = 1\n\nassert x == 2\n")
     s = open_session(read("t.py"),
                      Reply('{"name": "write_file", "arguments": {"path": "t.py", "content": "x = 1\\nassert x == 2"}}'),
@@ -431,10 +432,24 @@ def test_a_change_of_whitespace_only_is_asked_about_once_and_a_real_fix_settles_
                      Reply('{"name": "edit_file", "arguments": {"path": "t.py", "old_text": "== 2", '
                            '"new_text": "== 1"}}'), Reply("Fixed."))
     result = run(s, "Fix the assert in t.py: x is 1.")
-    assert result.status == "completed" and (tmp_path / "t.py").read_text() == "x = 1\nassert x == 1"
+    assert results(s)[1] == ("Error: t.py already holds that text (at most its white space differs): nothing was "
+                             "written. Write the new text the task asks for; to change only white space, use "
+                             "edit_file")
+    assert result.status == "completed" and (tmp_path / "t.py").read_text() == "x = 1\n\nassert x == 1\n"
+    assert s.provider.calls[3]["messages"][-1]["content"] == xzatoma.NUDGE
+    assert len(s.provider.calls) == 5
+
+
+def test_a_change_of_whitespace_only_is_asked_about_once(open_session, tmp_path):
+    """An edit that changed only white space (where the task did not ask for that) is asked about once."""
+    (tmp_path / "t.py").write_text("x = 1\n\nassert x == 2\n")
+    s = open_session(read("t.py"), Reply('{"name": "edit_file", "arguments": {"path": "t.py", "old_text": '
+                                         '"1\\n\\nassert", "new_text": "1\\nassert"}}'),
+                     Reply("The file has been updated."), Reply("The file has been updated."))
+    result = run(s, "Fix the assert in t.py: x is 1.")
     assert s.provider.calls[3]["messages"][-1]["content"].startswith(
         "Check your work before you answer: the change to t.py altered only whitespace.")
-    assert len(s.provider.calls) == 5  # asked once; after the real fix, the answer is taken
+    assert result.status == "unverified" and (tmp_path / "t.py").read_text() == "x = 1\nassert x == 2\n"
 
 
 def test_a_number_no_tool_result_showed_is_checked_once(open_session, tmp_path):

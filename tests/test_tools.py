@@ -119,6 +119,9 @@ def test_write_and_edit(tree):
     reg = registry(tree)
     r = reg.execute("write_file", {"path": "new/dir/f.txt", "content": "a\nb\na\n"})
     assert r.output == "Created new/dir/f.txt (6 bytes)"
+    assert reg.execute("write_file", {"path": "new/dir/f.txt", "content": "a\nb\n"}).output.startswith("Overwrote")
+    assert reg.execute("write_file", {"path": "new/dir/f.txt", "content": "a\n b\n"}).error.startswith(
+        "new/dir/f.txt already holds that text (at most its white space differs): nothing was written")
     assert reg.execute("write_file", {"path": "new/dir/f.txt", "content": "a\nb\na\n"}).output.startswith("Overwrote")
     err = reg.execute("edit_file", {"path": "new/dir/f.txt", "old_text": "a", "new_text": "c"}).error
     assert err == ("old_text occurs 2 times in new/dir/f.txt (lines 1, 3):\n     1\ta\n     2\tb\n     3\ta\n"
