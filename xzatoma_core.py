@@ -344,8 +344,9 @@ KEYS = (
         "quarter of the tokens) for small models; auto picks it for windows of 16k tokens or less and models of 8B "
         "parameters or fewer", choices=("auto", "full", "compact")),
     Key("agent.read_named", "auto", "auto | on | off: before the model's first turn, read the files (up to 4 KB) and "
-        "list the directories the task names, up to three, as if the model had called read_file and list_directory "
-        "(aider adds files to the chat); auto: with the compact tool profile", choices=("auto", "on", "off")),
+        "list the directories the task names, up to three (or grep for the code it names, when it names no file), "
+        "as if the model had made those calls (aider adds files to the chat); auto: with the compact tool profile",
+        choices=("auto", "on", "off")),
     Key("agent.tools.max_output_size", 1048576, "bytes of one tool result sent to the model", bounds=(1024, None)),
     Key("agent.tools.max_file_read_size", 10485760, "bytes read_file reads of one file", bounds=(1024, None)),
     Key("agent.tools.grep_regex_seconds", 60, "longest one grep call may spend matching a regular expression (a "
@@ -3830,6 +3831,16 @@ def _call_key(call):
     return call["name"], args
 
 
+def _code_names(task):
+    """The names of code a task speaks of, in order: `quoted` or called() words, and words written as code
+    (parse_args, calcTotal); plain words are not (count, files)."""
+    import re
+    found = [a or b or c for a, b, c in re.findall(
+        r"`([A-Za-z_][\w.]{2,})`|\b([A-Za-z_]\w{2,})\(\)|(?<![\w./-])([a-z]\w*_\w+|[a-z]+[A-Z]\w*)(?![\w/-]|\.\w)",
+        task[:20000])]
+    return list(dict.fromkeys(found))
+
+
 def _names_an_entry(task, root):
     """True when a word of the task names an entry of the working directory (Makefile, src/app.py)."""
     return bool(_named_entries(task, root, first=True))
@@ -4425,28 +4436,39 @@ class Agent:
     def read_named(self, most=3):
         """Before the first turn: the small files (READ_NAMED_BYTES) the task names read and the directories it
         names listed, as the model's own read_file and list_directory calls (aider adds the files a person
-        names to the chat). They run as any call does (the jail, the protected paths), are shown and stored as
-        calls, and count as looked up, but not as the model reaching a file the task names (missed_entries).
+        names to the chat); a task that names no entry but speaks of code (parse_args, `calc_total`, add())
+        has its names searched for with grep (a little of aider's repository map). They run as any call does
+        (the jail, the protected paths), are shown and stored as calls, and count as looked up, but not as the
+        model reaching a file the task names (missed_entries).
         INFO: a 1.5B model that had not read a file guessed at it: it searched /app.yaml for a key it imagined,
-        edited `port: 8080` in a JSON file, and renamed add() to subtract() where add() subtracted."""
+        edited `port: 8080` in a JSON file, and renamed add() to subtract() where add() subtracted; asked which
+        file defines parse_args, it read functions.py, which does not exist, and said so."""
         import stat
-        ctx, calls = self.registry.ctx, []
-        for name in _named_entries(self.task, ctx.root)[:most]:
+        ctx, wanted = self.registry.ctx, []
+        named = _named_entries(self.task, ctx.root)
+        for name in named[:most]:
             try:
                 with ctx.jail.resolve(name, must_exist=True) as target:
                     st, real = target.lstat(), target.real
             except (xzatoma_tools.ToolError, OSError):
                 continue
-            tool = "list_directory" if st is not None and stat.S_ISDIR(st.st_mode) else "read_file" if (
-                st is not None and stat.S_ISREG(st.st_mode) and st.st_size <= READ_NAMED_BYTES
-                and real not in ctx.seen) else None
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                wanted.append(("list_directory", {"path": name}))
+            elif st is not None and stat.S_ISREG(st.st_mode) and st.st_size <= READ_NAMED_BYTES and \
+                    real not in ctx.seen:
+                wanted.append(("read_file", {"path": name}))
+        if not named:
+            wanted += [("grep", {"pattern": name, "fixed_string": True, "max_results": 20})
+                       for name in _code_names(self.task)[:2]]
+        calls = []
+        for tool, args in wanted:
             if tool in self.registry.names():
-                arguments = json.dumps({"path": name})
+                arguments = json.dumps(args)
                 calls.append({"id": tool_call_id(len(self.conversation.messages), len(calls), tool, arguments),
                               "name": tool, "arguments": arguments})
         if calls:
-            self.events.note("  reading what the task names first: %s" % ", ".join(
-                one_line(json.loads(c["arguments"])["path"], 80) for c in calls))
+            self.events.note("  looking first at what the task names: %s" % ", ".join(
+                one_line(next(iter(json.loads(c["arguments"]).values())), 80) for c in calls))
             self.conversation.add_assistant("", calls)
             reached = len(self.touched)
             self.run_tools(calls)

@@ -47,11 +47,12 @@ def recorded_dirs():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def replay(cli, fake, recorded_dirs, fixture, run, task_name, *flags, reread=None):
+def replay(cli, fake, recorded_dirs, fixture, run, task_name, *flags, reread=None, read_named="off"):
     """Set up the bench task's files where they were recorded, serve the recorded replies, and run the task as
     the bench did. `reread`: what the model says when a question's answer is asked again afresh (Agent.last_word;
-    recorded before it existed; "" says nothing, so the recorded answer stands). Returns (process result,
-    --json object, the model requests)."""
+    recorded before it existed; "" says nothing, so the recorded answer stands). `read_named` (agent.read_named):
+    off for runs recorded before the files a task names were read first. Returns (process result, --json object,
+    the model requests)."""
     recorded = fixture["runs"][run]
     task = TASKS[task_name]
     work = recorded_dirs(recorded["workdir"])
@@ -68,7 +69,7 @@ def replay(cli, fake, recorded_dirs, fixture, run, task_name, *flags, reread=Non
             fake.raw_routes[ex["path"]] = (ex["status"], ex["content_type"], body)
     if reread is not None:
         fake.add({"content": reread})
-    cli.use(fake, provider="openai", model="qwen2.5-coder-1.5b", tools={"profile": "auto"})
+    cli.use(fake, provider="openai", model="qwen2.5-coder-1.5b", tools={"profile": "auto"}, read_named=read_named)
     args = ["run", "--json"] + list(flags)
     if task.plan:
         (work / "task.yaml").write_text(task.plan)

@@ -908,6 +908,24 @@ def test_the_files_and_directories_a_task_names_are_read_before_the_first_turn(o
     assert s.provider.calls[0]["messages"][-1]["content"] == "What is the http timeout in app.yaml?"
 
 
+def test_the_code_a_task_speaks_of_is_searched_for_first_when_it_names_no_file(open_session, tmp_path):
+    """A held-out bench run: asked which file defines parse_args, a 1.5B model read functions.py, which does not
+    exist, and answered that. A task that names no file but names code has that code grepped for first."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "cli.py").write_text("import sys\n\n\ndef parse_args(argv):\n    return argv[1:]\n")
+    s = open_session(Reply("app/cli.py"), Reply("app/cli.py defines it."), **{"agent.tools.profile": "compact"})
+    result = run(s, "Which file defines the function parse_args?")
+    assert (result.status, result.answer) == ("completed", "app/cli.py defines it.")
+    first = s.provider.calls[0]["messages"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in first[-2]["tool_calls"]] == [
+        ("grep", {"pattern": "parse_args", "fixed_string": True, "max_results": 20})]
+    assert first[-1]["content"] == "app/cli.py:4: def parse_args(argv):"
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    s = open_session(Reply("Done."), **{"agent.tools.profile": "compact"})
+    run(s, "add() in calc.py subtracts. Fix it.")  # a file named: read, and no grep
+    assert [c["name"] for c in s.provider.calls[0]["messages"][-2]["tool_calls"]] == ["read_file"]
+
+
 def test_a_file_read_before_the_first_turn_is_not_the_model_reaching_it(open_session, tmp_path):
     """A held-out bench run: asked to rename a variable in stats.py, a 1.5B model created src/stats.py. The read
     before the first turn is XZatoma's, so the file the task names is still unreached: asked about, unverified."""
