@@ -3831,6 +3831,15 @@ def _call_key(call):
     return call["name"], args
 
 
+def _to_run(task, name):
+    """Whether the task asks to run the entry `name` (Run count.py …): what it prints is wanted, not its text
+    (handed count.py before its first turn, a 1.5B model wrote it back instead of running it, three runs of
+    three)."""
+    import re
+    at = task.find(name)
+    return at >= 0 and re.search(r"(?i)\b(run|execute|launch|invoke)\b[^.;:\n]{0,40}$", task[:at]) is not None
+
+
 def _code_names(task):
     """The names of code a task speaks of, in order: `quoted` or called() words, and words written as code
     (parse_args, calcTotal); plain words are not (count, files)."""
@@ -3917,6 +3926,7 @@ class Agent:
         self.stuck = None
         self.last_output = ""  #: what the last tool call gave (shown again when the model repeats the call)
         self.last_changed = False  #: the last call changed something (its repeat is told the change is made)
+        self.last_again = False  #: the last call's result invites the same call once more (not a loop)
         #: path -> why its last change may not be the one meant (a tool's `doubt`), asked about before the end
         self.doubts = {}
         self.changed_well = set()  #: files changed this run with no doubt about the change
@@ -4373,7 +4383,7 @@ class Agent:
             self.events.tool_start(call["name"], self._preview(call))
             same = _call_key(call)
             tool = self.registry.get(call["name"])
-            if same == self.last_call:  # a loop (the same failing grep three times): the result is above
+            if same == self.last_call and not self.last_again:  # a loop (the same failing grep three times)
                 # its result again, shortly: a small model that repeats a call has lost sight of what it gave
                 # (a change made: a small model wrote CHANGES.md as the plan asked, then the same again and again,
                 # not knowing how to say it was done)
@@ -4388,9 +4398,10 @@ class Agent:
             else:
                 self.flush()  # what led to the call is stored before it runs (a command may run for an hour)
                 tool_result = self.registry.execute(call["name"], call["arguments"], call_id=call["id"])
-            if same != self.last_call:  # a refused repeat keeps the result it repeated
+            if same != self.last_call or self.last_again:  # a refused repeat keeps the result it repeated
                 self.last_output = tool_result.output if tool_result.success else "Error: %s" % tool_result.error
                 self.last_changed = tool_result.success and getattr(tool, "permission", "read") == "write"
+            self.last_again = bool(tool_result.metadata.get("again"))
             self.last_call = same
             if len(tool_result.output) > MIN_RESULT_CAP:
                 tool_result.truncate(self.result_cap())
@@ -4446,7 +4457,7 @@ class Agent:
         import stat
         ctx, wanted = self.registry.ctx, []
         named = _named_entries(self.task, ctx.root)
-        for name in named[:most]:
+        for name in [n for n in named if not _to_run(self.task, n)][:most]:
             try:
                 with ctx.jail.resolve(name, must_exist=True) as target:
                     st, real = target.lstat(), target.real

@@ -181,6 +181,9 @@ class ToolContext:
         #: the files (real paths) this agent has read, written or edited: write_file replaces only those
         #: (read_file first, as Claude Code's Write asks); a subagent starts with its own (child())
         self.seen = set()
+        #: (real path, text) of overwrites refused once for keeping only lines the file had: the same again
+        #: goes through (WriteFile)
+        self.warned = set()
 
     @property
     def terminal(self):
@@ -495,7 +498,7 @@ class Registry:
                                            declined=True)
             result = tool.run(args, self.ctx)
         except ToolError as exc:
-            result = ToolResult.fail(str(exc))
+            result = ToolResult.fail(str(exc), **exc.metadata)
         except (OSError, ValueError, UnicodeError) as exc:
             result = ToolResult.fail(_describe_os_error(exc, self.ctx))
         except Exception as exc:  # a bug in a tool must not end the run
@@ -950,8 +953,20 @@ class WriteFile(Tool):
                 # (a rename, a fix, a script to run), then said the work was done; nothing is written, and the
                 # way to change white space alone is said
                 raise ToolError("%s already holds that text (at most its white space differs): nothing was "
-                                "written. Write the new text the task asks for; to change only white space, use "
+                                "written. If it reads as the task asks, that change is made: answer in one sentence. "
+                                "If not, write the new text the task asks for; to change only white space, use "
                                 "edit_file" % path)
+            dropped = _only_dropped(read_text(target, ""), args["content"]) if st is not None and \
+                0 < st.st_size <= 262144 and (target.real, args["content"]) not in ctx.warned else None
+            if dropped:
+                # INFO: a plan said "create notes.md with '# Notes'", then "append '- item one'": a 1.5B model
+                # wrote both lines, then wrote '- item one' alone over them; refused once, as a deletion can be meant
+                ctx.warned.add((target.real, args["content"]))
+                raise ToolError("write_file replaces the whole file, and this text keeps only lines %s has already: "
+                                "%d would be gone (%s). To add lines, use edit_file (an empty old_text adds "
+                                "new_text at the end); if removing them is the task, make this same call again" % (
+                                    path, len(dropped), "; ".join(d[:60] for d in dropped[:3]) + (
+                                        " …" if len(dropped) > 3 else "")), again=True)
             if ctx.guard(self.name, args, target, shows=lambda: _change_shown(
                 read_text(target, "") if st is not None else "", args["content"], target)):
                 ctx.seen.add(target.real)  # the person saw the change, and said yes
@@ -983,6 +998,16 @@ class WriteFile(Tool):
             return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced).%s" % (
                 shown, len(data), st.st_size, lost), bytes=len(data), created=False, changed=shown,
                 doubt=change_doubt(shown, old, args["content"], whole=True))
+
+
+def _only_dropped(old, new):
+    """The lines of `old` that `new` drops, when every line of `new` is one `old` has (a deletion written as a
+    whole file); else []."""
+    kept = [line.strip() for line in new.splitlines() if line.strip()]
+    had = [line.strip() for line in old.splitlines() if line.strip()]
+    if not kept or not set(kept) <= set(had):
+        return []
+    return [line for line in had if line not in set(kept)]
 
 
 def _same_words(old, new):
@@ -2810,7 +2835,12 @@ def build_registry(toolset, ctx, extra=(), profile=FULL_TOOLS, skills=None):
 # a change, the policy before a write, the sandbox for its read-only binds, the watch after a command.
 
 class ToolError(Exception):
-    """Raised inside a tool (or by a wall of the kernel) for a failure the model should see as `Error: …`."""
+    """Raised inside a tool (or by a wall of the kernel) for a failure the model should see as `Error: …`;
+    `metadata` goes into the failed ToolResult (again=True: the same call once more is not a loop)."""
+
+    def __init__(self, message, **metadata):
+        super().__init__(message)
+        self.metadata = metadata
 
 
 #: THE list of protected names, beneath the working directory and every home directory: what runs code or hands

@@ -433,11 +433,35 @@ def test_a_file_written_back_as_it_was_is_not_written_and_the_run_goes_on(open_s
                            '"new_text": "== 1"}}'), Reply("Fixed."))
     result = run(s, "Fix the assert in t.py: x is 1.")
     assert results(s)[1] == ("Error: t.py already holds that text (at most its white space differs): nothing was "
-                             "written. Write the new text the task asks for; to change only white space, use "
+                             "written. If it reads as the task asks, that change is made: answer in one sentence. "
+                             "If not, write the new text the task asks for; to change only white space, use "
                              "edit_file")
     assert result.status == "completed" and (tmp_path / "t.py").read_text() == "x = 1\n\nassert x == 1\n"
     assert s.provider.calls[3]["messages"][-1]["content"] == xzatoma.NUDGE
     assert len(s.provider.calls) == 5
+
+
+def test_an_overwrite_that_keeps_only_lines_the_file_had_is_refused_once(open_session, tmp_path):
+    """A held-out bench run (a plan: create notes.md with '# Notes', append '- item one'): a 1.5B model wrote both
+    lines, then '- item one' alone over them, and the run ended unverified. Such a write is refused once with what
+    it would drop; an edit that appends follows; the same write made again (a deletion meant) goes through."""
+    write = Reply('{"name": "write_file", "arguments": {"path": "notes.md", "content": "- item one\\n"}}')
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "notes.md", "content": '
+                           '"# Notes\\n- item one\\n"}}'), write,
+                     Reply('{"name": "edit_file", "arguments": {"path": "notes.md", "old_text": "", '
+                           '"new_text": "- item two\\n"}}'), Reply("Done."))
+    assert run(s, "Create notes.md with '# Notes' and the line '- item one'; then add '- item two'").status == \
+        "completed"
+    assert results(s)[1] == ("Error: write_file replaces the whole file, and this text keeps only lines notes.md "
+                             "has already: 1 would be gone (# Notes). To add lines, use edit_file (an empty "
+                             "old_text adds new_text at the end); if removing them is the task, make this same call "
+                             "again")
+    assert (tmp_path / "notes.md").read_text() == "# Notes\n- item one\n- item two\n"
+    s = open_session(read("notes.md"), write, write, Reply("Removed the heading."))
+    result = run(s, "Remove the heading from notes.md")
+    assert results(s)[1].startswith("Error: write_file replaces the whole file")
+    assert (tmp_path / "notes.md").read_text() == "- item one\n" and results(s)[2].startswith("Overwrote notes.md")
+    assert result.status == "unverified"  # the lines gone are still asked about: the run ends unsure, not wrong
 
 
 def test_a_change_of_whitespace_only_is_asked_about_once(open_session, tmp_path):
@@ -903,6 +927,10 @@ def test_the_files_and_directories_a_task_names_are_read_before_the_first_turn(o
     assert (tmp_path / "app.yaml").read_text() == "http: {}\n"
     s = open_session(Reply("Hello."), **{"agent.tools.profile": "compact"})
     assert run(s, "Say hello").tool_calls == 0
+    (tmp_path / "count.py").write_text("print(6 * 7)\n")  # a script to run: what it prints is wanted, not its text
+    s = open_session(Reply("42"), **{"agent.tools.profile": "compact"})
+    run(s, "Run count.py with python3 and tell me what it prints.")
+    assert s.provider.calls[0]["messages"][-1]["content"] == "Run count.py with python3 and tell me what it prints."
     s = open_session(Reply("45 seconds."), **{"agent.tools.profile": "full"})  # off with the full profile
     run(s, "What is the http timeout in app.yaml?")
     assert s.provider.calls[0]["messages"][-1]["content"] == "What is the http timeout in app.yaml?"
