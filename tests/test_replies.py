@@ -24,7 +24,7 @@ def _bench_tasks():
     spec = importlib.util.spec_from_file_location("bench_tasks", os.path.join(ROOT, "bench", "tasks.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return {t.name: t for t in module.TASKS}
+    return {t.name: t for t in module.TASKS + module.HELDOUT}
 
 
 TASKS = _bench_tasks()
@@ -205,3 +205,29 @@ def test_a_question_the_model_lost_its_way_on_is_answered_afresh_from_what_the_t
     assert "tools" not in last and len(last["messages"]) == 1
     assert last["messages"][0]["content"].startswith("What the tools showed:\n[list_directory ")
     assert "(7 .md files, 1 .png file, 1 .txt file; 9 entries in all)" in last["messages"][0]["content"]
+
+
+# Held-out tasks recorded with the files a task names read first (agent.read_named), the code it names grepped
+# for, loose edits and grep's longest word (issue 21).
+READ_FIRST = json.load(open(os.path.join(REPLIES, "llama_cpp_gguf_template_read_first.json"), encoding="utf-8"))
+
+
+def test_the_code_a_question_names_is_found_before_the_first_turn_and_answered(cli, fake, recorded_dirs):
+    r, data, sent = replay(cli, fake, recorded_dirs, READ_FIRST, "find_function", "find_function",
+                           read_named="auto")
+    assert (r.returncode, data["status"]) == (0, "completed"), r.stderr
+    assert "app/cli.py" in data["answer"]
+    assert calls_made(sent[0]) == [("grep", {"pattern": "parse_args", "fixed_string": True, "max_results": 20})]
+    assert [m["content"] for m in sent[0]["messages"] if m["role"] == "tool"] == ["app/cli.py:4: def parse_args(argv):"]
+    assert "looking first at what the task names: parse_args" in r.stderr
+
+
+@pytest.mark.parametrize("run, check", [
+    ("set_port", lambda work, data: json.loads((work / "server.json").read_text())["port"] == 9090),
+    ("yaml_value", lambda work, data: "45" in data["answer"]),
+])
+def test_a_task_that_names_a_file_starts_from_what_it_holds(cli, fake, recorded_dirs, run, check):
+    r, data, sent = replay(cli, fake, recorded_dirs, READ_FIRST, run, run, read_named="auto")
+    assert (r.returncode, data["status"]) == (0, "completed"), r.stderr
+    assert check(cli.workdir, data)
+    assert [name for name, _ in calls_made(sent[0])] == ["read_file"]
