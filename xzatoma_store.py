@@ -382,6 +382,25 @@ def redact(text, shapes=True):
     """`text` with known secrets and (unless shapes=False) credential shapes replaced by [REDACTED]."""
     if not text or not isinstance(text, str):
         return text
+    if len(text) <= SHORT_TEXT or len(text) > 65536 or not shapes:
+        return _redact(text, shapes)
+    # INFO: a watcher stores the same system prompt, environment and plan for every event, and their shapes'
+    # triggers cost 1.3 ms an event; a long text redacted lately is answered from the last few, for the
+    # secrets known now (a secret registered since makes a new key)
+    key = (_known_secrets, text)
+    done = _redact_memo.get(key)
+    if done is None:
+        done = _redact(text, shapes)
+        if len(_redact_memo) >= 32:
+            _redact_memo.clear()
+        _redact_memo[key] = done
+    return done
+
+
+_redact_memo = {}  # (the known secrets, a long text) -> the text redacted, for the last few (cleared at 32)
+
+
+def _redact(text, shapes):
     for secret in _known_secrets:  # longest first: no half-redacted secrets
         if secret in text:
             text = text.replace(secret, REDACTED)

@@ -919,3 +919,12 @@ def test_a_stored_key_of_another_provider_is_redacted_too(cli, fake):
     result = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"][0]
     assert key not in result and "deploy key: " + REDACTED in result
     assert key.encode() not in db_bytes(cli)
+
+
+def test_a_long_text_redacted_before_a_secret_was_known_is_redacted_again_after():
+    """Long texts redacted lately are remembered (a watcher stores the same prompt for every event); a secret
+    registered since must still be removed from them."""
+    text = "the deployment notes say: " + "x" * 400 + " key=q7Zr2LmXw9VbTn4K_late_registered"
+    assert redact(text) == text  # nothing known, no shape
+    register_secret("q7Zr2LmXw9VbTn4K_late_registered")
+    assert redact(text).endswith("key=" + REDACTED) and redact(text) == redact(text)
