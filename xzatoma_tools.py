@@ -181,6 +181,7 @@ class ToolContext:
         #: the files (real paths) this agent has read, written or edited: write_file replaces only those
         #: (read_file first, as Claude Code's Write asks); a subagent starts with its own (child())
         self.seen = set()
+        self.made = set()  #: of them, the files this agent wrote or edited
         #: (real path, text) of overwrites refused once for keeping only lines the file had: the same again
         #: goes through (WriteFile)
         self.warned = set()
@@ -217,7 +218,8 @@ class ToolContext:
     def child(self, label, conversation_id):
         """A subagent's context: same jail, policy, store, cancel and deadline; its questions name it."""
         return self._derived(label=label, depth=self.depth + 1, conversation_id=conversation_id,
-                             approvals=self.approvals.prefixed("[subagent %s] " % label), seen=set())
+                             approvals=self.approvals.prefixed("[subagent %s] " % label), seen=set(), made=set(),
+                             warned=set())
 
     def with_deadline(self, deadline):
         """The same context for one run that must end by `deadline` (time.monotonic(), or None)."""
@@ -952,10 +954,13 @@ class WriteFile(Tool):
                 # INFO: a small model handed a file (read_named) wrote it straight back, in three tasks of ten
                 # (a rename, a fix, a script to run), then said the work was done; nothing is written, and the
                 # way to change white space alone is said
+                # (after a change of its own, a 1.5B model wrote the changed file back again and again: told the
+                # change is made; told so about a file it had not changed, a model answered that none was needed)
                 raise ToolError("%s already holds that text (at most its white space differs): nothing was "
-                                "written. If it reads as the task asks, that change is made: answer in one sentence. "
-                                "If not, write the new text the task asks for; to change only white space, use "
-                                "edit_file" % path)
+                                "written. %s; to change only white space, use edit_file" % (path, (
+                                    "It reads as your change left it: if the task is done, answer in one sentence; "
+                                    "if not, make the next change" if target.real in ctx.made else
+                                    "Write the new text the task asks for")))
             dropped = _only_dropped(read_text(target, ""), args["content"]) if st is not None and \
                 0 < st.st_size <= 262144 and (target.real, args["content"]) not in ctx.warned else None
             if dropped:
@@ -987,6 +992,7 @@ class WriteFile(Tool):
             write_atomic_at(target.dir_fd, target.name, data)
             ctx.after_change(token)
             ctx.seen.add(target.real)
+            ctx.made.add(target.real)
             shown = display_path(target.real, ctx.root)
             if st is None:
                 return ToolResult.ok("Created %s (%d bytes)" % (shown, len(data)), bytes=len(data), created=True,
@@ -1072,6 +1078,7 @@ class EditFile(Tool):
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
             ctx.after_change(token)
             ctx.seen.add(target.real)
+            ctx.made.add(target.real)
             shown = display_path(target.real, ctx.root)
             diff = text_diff(text, updated, shown)
         count = text.count(args["old_text"]) if args["old_text"] and not loose else 1

@@ -433,8 +433,7 @@ def test_a_file_written_back_as_it_was_is_not_written_and_the_run_goes_on(open_s
                            '"new_text": "== 1"}}'), Reply("Fixed."))
     result = run(s, "Fix the assert in t.py: x is 1.")
     assert results(s)[1] == ("Error: t.py already holds that text (at most its white space differs): nothing was "
-                             "written. If it reads as the task asks, that change is made: answer in one sentence. "
-                             "If not, write the new text the task asks for; to change only white space, use "
+                             "written. Write the new text the task asks for; to change only white space, use "
                              "edit_file")
     assert result.status == "completed" and (tmp_path / "t.py").read_text() == "x = 1\n\nassert x == 1\n"
     assert s.provider.calls[3]["messages"][-1]["content"] == xzatoma.NUDGE
@@ -462,6 +461,20 @@ def test_an_overwrite_that_keeps_only_lines_the_file_had_is_refused_once(open_se
     assert results(s)[1].startswith("Error: write_file replaces the whole file")
     assert (tmp_path / "notes.md").read_text() == "- item one\n" and results(s)[2].startswith("Overwrote notes.md")
     assert result.status == "unverified"  # the lines gone are still asked about: the run ends unsure, not wrong
+
+
+def test_a_file_written_back_after_the_agents_own_change_is_told_the_change_is_made(open_session, tmp_path):
+    """A held-out bench run: after renaming cnt with edit_file, a 1.5B model wrote the renamed file back, was
+    refused, and answered nothing; the refusal now says the file reads as its change left it."""
+    (tmp_path / "stats.py").write_text("cnt = 1\nprint(cnt)\n")
+    s = open_session(read("stats.py"), Reply('{"name": "edit_file", "arguments": {"path": "stats.py", "old_text": '
+                                             '"cnt", "new_text": "count", "replace_all": true}}'),
+                     Reply('{"name": "write_file", "arguments": {"path": "stats.py", "content": '
+                           '"count = 1\\nprint(count)"}}'), Reply("Renamed cnt to count."))
+    assert run(s, "In stats.py, rename the variable cnt to count.").status == "completed"
+    assert results(s)[2].endswith("nothing was written. It reads as your change left it: if the task is done, "
+                                  "answer in one sentence; if not, make the next change; to change only white "
+                                  "space, use edit_file")
 
 
 def test_a_change_of_whitespace_only_is_asked_about_once(open_session, tmp_path):

@@ -480,8 +480,10 @@ def test_registry_offers_tools_by_permission_and_never_changes_the_context(tmp_p
     assert not {"write_file", "delete_path", "terminal"} & set(planning.names())
     assert "not available in planning mode" in planning.execute("write_file", {"path": "a", "content": "x"}).error
     assert write.execute("write_file", {"path": "a", "content": "x"}).success
-    assert ctx.seen == {str(tmp_path / "a")}  # what this agent has seen: the one state a run adds
+    # what this agent has seen and, of it, changed: the state a run adds
+    assert ctx.seen == ctx.made == {str(tmp_path / "a")}
     ctx.seen.clear()
+    ctx.made.clear()
     assert vars(ctx) == vars(ToolContext(str(tmp_path), {}))
 
 
