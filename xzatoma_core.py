@@ -3664,8 +3664,8 @@ NUDGE = ("You answered without doing that with the tools. If the task needs the 
          "yourself. If the task truly needs no tool, give your final answer again.")
 EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
 LEAD_IN = "Error: your reply ends with a colon and nothing after it. Give your final answer, or call a tool."
-#: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
 READ_NAMED_BYTES = 4096  #: the largest file read before the first turn because the task names it (read_named)
+#: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
 SHOWN_HEAD = "What the tools showed:\n"  #: how last_word's request begins (its files count as shown)
 LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from what the "
              "tools showed above.")

@@ -1115,13 +1115,11 @@ def _several(path, text, args):
     one = "give old_text with more of its lines: %s" % _call(dict(args, old_text=wider, new_text=(
         wider[:len(wider) - len(old)] + args["new_text"]))) if text.count(wider) == 1 else \
         "give more of its line as old_text"
-    name = re.fullmatch(r"[\w.$-]+", old) is not None
-    return "old_text occurs %d times in %s (lines %s):\n%s\nTo replace every one, call again with %s.\nTo " \
-        "replace only the first, %s" % (text.count(old), path, ", ".join(str(i + 1) for i in where),
-                                           "\n".join(shown), every, one) if name else \
-        "old_text occurs %d times in %s (lines %s):\n%s\nTo replace only the first, %s\nTo replace every one, " \
-        "call again with %s" % (text.count(old), path, ", ".join(str(i + 1) for i in where), "\n".join(shown), one,
-                                every)
+    options = ["To replace every one, call again with %s." % every, "To replace only the first, %s" % one]
+    if re.fullmatch(r"[\w.$-]+", old) is None:  # not a name: a line
+        options.reverse()
+    return "old_text occurs %d times in %s (lines %s):\n%s\n%s" % (
+        text.count(old), path, ", ".join(str(i + 1) for i in where), "\n".join(shown), "\n".join(options))
 
 
 def _call(args):
