@@ -246,7 +246,94 @@ HELDOUT = [
     Task("run_count", {"count.py": "print(6 * 7)\n"},
          "Run count.py with python3 and tell me what it prints.", check_run_count, flags=["--allow-dangerous"]),
 ]
-SETS = {"tasks": TASKS, "heldout": HELDOUT}
+
+
+# A third set, written after the loop's changes of the held-out round (what a task names read first, loose
+# edits, …) and run once for the record before anything was drawn from it: the same kinds of work in other
+# words and files. --set fresh.
+
+def check_yaml_created(work, answer):
+    import yaml
+    try:
+        data = yaml.safe_load(_read(work, "settings.yaml") or "")
+    except yaml.YAMLError:
+        return "settings.yaml is not YAML"
+    return None if data == {"mode": "fast"} else "settings.yaml: %r" % data
+
+
+def check_ini_port(work, answer):
+    return None if "6543" in answer and "11211" not in answer else "answer lacks 6543 (or names 11211)"
+
+
+def check_rename_fetch(work, answer):
+    text = _read(work, "util.py") or ""
+    if "fetch" in text or "def load(" not in text:
+        return "util.py: %r" % text
+    code, out = _python(work, "util.py")
+    return None if code == 0 and out.strip() == "3" else "util.py fails: %s" % out[-200:]
+
+
+def check_count_markdown(work, answer):
+    import re
+    return None if re.search(r"\b3\b", answer) or "three" in answer.lower() else "answer lacks 3"
+
+
+def check_fix_double(work, answer):
+    code, out = _python(work, "-c", "from mathx import double, half; assert double(5) == 10 and half(8) == 4")
+    return None if code == 0 else "double is still wrong: %s" % out[-200:]
+
+
+def check_todo_plan(work, answer):
+    lines = [l.strip() for l in (_read(work, "todo.md") or "").splitlines() if l.strip()]
+    return None if lines == ["# Todo", "- call Ann"] else "todo.md: %r" % _read(work, "todo.md")
+
+
+def check_append_end(work, answer):
+    lines = [l for l in (_read(work, "groceries.txt") or "").splitlines() if l.strip()]
+    return None if lines == ["eggs", "bread", "milk"] else "groceries.txt: %r" % _read(work, "groceries.txt")
+
+
+def check_find_class(work, answer):
+    return None if "parse.py" in answer else "answer lacks parse.py"
+
+
+def check_set_version(work, answer):
+    try:
+        data = json.loads(_read(work, "package.json") or "")
+    except ValueError:
+        return "package.json is not JSON"
+    return None if data == {"name": "tool", "version": "3.1.0"} else "package.json: %r" % data
+
+
+def check_run_hello(work, answer):
+    return None if "hi hi" in answer else "answer lacks 'hi hi'"
+
+
+FRESH = [
+    Task("make_yaml", {}, "Create settings.yaml with the key mode set to fast.", check_yaml_created),
+    Task("ini_port", {"db.ini": "[database]\nhost = db\nport = 6543\n\n[cache]\nport = 11211\n"},
+         "What port does the database section of db.ini use?", check_ini_port),
+    Task("rename_fetch", {"util.py": "def fetch(x):\n    return x\n\n\nprint(fetch(3))\n"},
+         "In util.py, rename the function fetch to load.", check_rename_fetch),
+    Task("count_markdown", {"docs/a.md": "# a\n", "docs/b.md": "# b\n", "docs/c.md": "# c\n",
+                            "docs/img.png": "png", "docs/notes.txt": "n"},
+         "How many Markdown files are in the docs folder?", check_count_markdown),
+    Task("fix_double", {"mathx.py": "def double(n):\n    return n + 2\n\n\ndef half(n):\n    return n / 2\n"},
+         "double() in mathx.py returns its input plus two instead of twice its input. Fix it.", check_fix_double),
+    Task("todo_plan", {}, None, check_todo_plan, plan=(
+        "goal: Start a todo list\ninstructions:\n  - Create todo.md with the heading '# Todo'\n"
+        "  - Append the line '- call Ann' to todo.md\n")),
+    Task("append_end", {"groceries.txt": "eggs\nbread\n"},
+         "Add the line 'milk' at the end of groceries.txt.", check_append_end),
+    Task("find_class", {"lib/parse.py": "class Parser:\n    pass\n", "lib/io.py": "class Reader:\n    pass\n",
+                        "lib/__init__.py": ""},
+         "Which file defines the class Parser?", check_find_class),
+    Task("set_version", {"package.json": '{\n  "name": "tool",\n  "version": "3.0.9"\n}\n'},
+         "Set the version in package.json to 3.1.0.", check_set_version),
+    Task("run_hello", {"hello.py": "print('hi ' * 2)\n"},
+         "Run hello.py with python3 and report its output.", check_run_hello, flags=["--allow-dangerous"]),
+]
+SETS = {"tasks": TASKS, "heldout": HELDOUT, "fresh": FRESH}
 
 # ---- A recording proxy: what the server really sends, for the replayed fixtures ----
 
@@ -368,8 +455,9 @@ def main(argv=None):
     p.add_argument("--model", required=True)
     p.add_argument("--api", choices=("chat", "responses"), default="chat")
     p.add_argument("--api-key", default="none", help="sent as OPENAI_API_KEY (local servers ignore it)")
-    p.add_argument("--set", choices=("tasks", "heldout"), default="tasks",
-                   help="the task set: the one the loop was tuned on, or the held-out one written after it")
+    p.add_argument("--set", choices=sorted(SETS), default="tasks",
+                   help="the task set: tasks (the loop was tuned on it), heldout (written after it; later "
+                        "tuned on too), fresh (written after that, run once for the record)")
     p.add_argument("--only", help="comma-separated task names")
     p.add_argument("--repeat", type=int, default=1, help="runs of each task")
     p.add_argument("--timeout", type=int, default=600, help="seconds per run (xzatoma --timeout)")
