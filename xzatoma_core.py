@@ -4533,6 +4533,7 @@ class Agent:
         did you mean src/tokenizer.py?" answers a question), under the call that gave it, the latest kept when
         they are more than `most` characters together."""
         calls, blocks, seen = {}, [], set()
+        files = self.small_files_read()
         for message in self.conversation.messages:
             for call in message.get("tool_calls") or ():
                 calls[call["id"]] = "%s %s" % (call["name"], call.get("arguments") or "")
@@ -4540,19 +4541,23 @@ class Agent:
             if message.get("role") == "tool" and isinstance(said, str) and \
                     not said.startswith("Error: " + REPEATED_CALL) and said not in seen:
                 seen.add(said)
-                blocks.append("[%s]\n%s" % (one_line(calls.get(message.get("tool_call_id"), message.get("name")),
-                                                      200), _excerpt(said.rstrip("\n"), most // 3)))
-        blocks += self.small_files_read(seen)
+                # a whole small file read is shown as one, with its line count (read before the first turn,
+                # data.csv lost its "12 lines", and asked afresh a 1.5B model counted 13)
+                blocks.append(files.pop(said, None) or "[%s]\n%s" % (one_line(calls.get(
+                    message.get("tool_call_id"), message.get("name")), 200), _excerpt(said.rstrip("\n"), most // 3)))
+        blocks += [block for output, block in files.items() if output not in seen]
         while len(blocks) > 1 and sum(len(b) for b in blocks) > most:
             blocks.pop(0)
         return "\n\n".join(blocks)
 
-    def small_files_read(self, seen, most=3):
-        """The small files (up to GREP_WHOLE bytes) the task and this run's reads and greps named, whole, as
-        read_file gives them (a model that grepped app.yaml for a key it imagined never saw the one there): grep's "settings.ini:2: port = 5432 / :6: port = 8123" lost the [server] line above 8123, and a
-        1.5B model answered 5432; the file shows which port is in which section."""
+    def small_files_read(self, most=3):
+        """{read_file's output: its block}: the small files (up to GREP_WHOLE bytes) the task and this run's reads
+        and greps named, whole, as read_file gives them, under their line count (a model that grepped app.yaml
+        for a key it imagined never saw the one there; grep's "settings.ini:2: port = 5432 / :6: port = 8123"
+        lost the [server] line above 8123, and a 1.5B model answered 5432; the file shows which port is in which
+        section)."""
         import stat
-        blocks, named = [], list(_named_entries(self.task, self.registry.ctx.root))  # the task's own, then
+        blocks, named = {}, list(_named_entries(self.task, self.registry.ctx.root))  # the task's own, then
         for message in self.conversation.messages:
             for call in message.get("tool_calls") or ():
                 if call["name"] in ("read_file", "grep"):
@@ -4570,9 +4575,9 @@ class Agent:
             except (xzatoma_tools.ToolError, OSError):
                 continue
             result = self.registry.execute("read_file", json.dumps({"path": path})) if small else None
-            if result is not None and result.success and result.output not in seen:
-                blocks.append("[the file %s, whole: %s lines]\n%s" % (one_line(path, 200), result.metadata.get("lines"),
-                                                                    result.output.rstrip("\n")))
+            if result is not None and result.success:
+                blocks.setdefault(result.output, "[the file %s, whole: %s lines]\n%s" % (
+                    one_line(path, 200), result.metadata.get("lines"), result.output.rstrip("\n")))
         return blocks
 
     def result_cap(self):

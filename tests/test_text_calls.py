@@ -823,7 +823,8 @@ def test_a_small_models_answer_to_a_question_is_read_again_from_what_the_tools_s
     assert (result.status, result.answer) == ("completed", "There are 2 .md files.")
     asked = s.provider.calls[-1]
     assert asked["tools"] == [] and "(2 .md files; 2 entries in all)" in asked["messages"][0]["content"]
-    assert '[read_file {"path": "docs/api.md"}]\n# api\n' in asked["messages"][0]["content"]  # once: read whole
+    assert '[the file docs/api.md, whole: 1 lines]\n# api\n' in asked["messages"][0]["content"]  # once: read whole
+    assert asked["messages"][0]["content"].count("# api") == 1
     s = open_session(*script, Reply(""), **{"agent.tools.profile": "compact"})
     assert run(s, "How many .md files are in the docs directory?").answer == 'The file docs/api.md holds "# api".'
     s = open_session(*script, **{"agent.tools.profile": "full"})  # a large model's answer is its own
@@ -947,6 +948,18 @@ def test_the_files_and_directories_a_task_names_are_read_before_the_first_turn(o
     s = open_session(Reply("45 seconds."), **{"agent.tools.profile": "full"})  # off with the full profile
     run(s, "What is the http timeout in app.yaml?")
     assert s.provider.calls[0]["messages"][-1]["content"] == "What is the http timeout in app.yaml?"
+
+
+def test_a_file_read_before_the_first_turn_keeps_its_line_count_when_the_question_is_asked_afresh(open_session,
+                                                                                                  tmp_path):
+    """A bench run: data.csv read before the first turn, the model answered 12 lines; asked afresh from what the
+    tools showed, where the read's line count was no longer said, it counted 13."""
+    (tmp_path / "data.csv").write_text("".join("row%d,%d\n" % (i, i * i) for i in range(12)))
+    s = open_session(Reply("The file data.csv has 12 lines."), Reply("12 lines."), **{"agent.tools.profile": "compact"})
+    assert run(s, "How many lines does data.csv have?").answer == "12 lines."
+    asked = s.provider.calls[-1]["messages"][0]["content"]
+    assert asked.startswith("What the tools showed:\n[the file data.csv, whole: 12 lines]\nrow0,0\n")
+    assert asked.count("row11,121") == 1
 
 
 def test_the_code_a_task_speaks_of_is_searched_for_first_when_it_names_no_file(open_session, tmp_path):
