@@ -1073,6 +1073,12 @@ class EditFile(Tool):
                 if getattr(exc, "shows_file", False):
                     ctx.seen.add(target.real)
                 raise
+            if updated == text:
+                # INFO: an edit that changes nothing is no change: a 1.5B model "renamed" cnt with new_text equal to
+                # old_text, was told it had made a change, and said the task was done (status completed)
+                ctx.seen.add(target.real)
+                raise ToolError("new_text is the same as old_text: nothing was changed in %s. Put in new_text the "
+                                "text as the task wants it" % args["path"])
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(text, updated, target))
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
@@ -1082,8 +1088,6 @@ class EditFile(Tool):
             shown = display_path(target.real, ctx.root)
             diff = text_diff(text, updated, shown)
         count = text.count(args["old_text"]) if args["old_text"] and not loose else 1
-        if not diff:
-            return ToolResult.ok("(no change: new_text is old_text)", replacements=count)
         # The lines as they now read, numbered like `cat -n`, not a diff: small models took a diff (even after
         # "saved.") for text to write back, and overwrote the file they had just edited with it.
         first, last, lines = changed_lines(text, updated)

@@ -477,6 +477,25 @@ def test_a_file_written_back_after_the_agents_own_change_is_told_the_change_is_m
                                   "space, use edit_file")
 
 
+def test_an_edit_that_changes_nothing_is_no_change_and_the_run_does_not_end_completed(open_session, tmp_path):
+    """A held-out bench run (Qwen2.5-Coder-1.5B), recorded: asked to rename cnt, the model wrote stats.py back as it
+    was (refused), made an edit whose new_text was its old_text ("no change", counted as a change), wrote the file
+    back again, was told that was its change, and said the task was done: status completed, nothing renamed."""
+    text = "values = [1, 2, 3]\ncnt = len(values)\nprint(cnt)\n"
+    (tmp_path / "stats.py").write_text(text)
+    same = json.dumps(text.rstrip("\n"))
+    write = Reply('{"name": "write_file", "arguments": {"path": "stats.py", "content": %s}}' % same)
+    s = open_session(write, Reply('{"name": "edit_file", "arguments": {"path": "stats.py", "old_text": %s, '
+                                  '"new_text": %s}}' % (same, same)), write, Reply("The task is done."),
+                     Reply("The task is done."), **{"agent.tools.profile": "compact"})
+    result = run(s, "In stats.py, rename the variable cnt to count.")
+    assert result.status == "unverified" and (tmp_path / "stats.py").read_text() == text
+    assert results(s)[2] == ("Error: new_text is the same as old_text: nothing was changed in stats.py. Put in "
+                             "new_text the text as the task wants it")
+    assert results(s)[3].endswith("nothing was written. Write the new text the task asks for; to change only "
+                                  "white space, use edit_file")
+
+
 def test_a_change_of_whitespace_only_is_asked_about_once(open_session, tmp_path):
     """An edit that changed only white space (where the task did not ask for that) is asked about once."""
     (tmp_path / "t.py").write_text("x = 1\n\nassert x == 2\n")
