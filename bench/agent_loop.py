@@ -40,7 +40,8 @@ def loop_benchmark(turns, provider, max_tokens):
         fh.write(("0123456789abcdef" * 4 + "\n") * 31)  # ~2 KB
     server, url = start_server(turns, provider)
     try:
-        env = {"HOME": work, "XDG_CONFIG_HOME": work, "XZATOMA_HOME": work}
+        home = tempfile.mkdtemp(prefix="xzbench-home-")  # apart from the working directory: no tool reaches it
+        env = {"HOME": home, "XDG_CONFIG_HOME": home, "XZATOMA_HOME": home}
         cfg = xzatoma.load_config({"provider.type": provider, "agent.max_turns": turns + 10,
                                    "provider.ollama.host": url, "provider.openai.base_url": url + "/v1",
                                    "agent.conversation.max_tokens": max_tokens,

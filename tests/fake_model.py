@@ -540,7 +540,9 @@ def main():
         if count[0] >= args.turns:
             count[0] = 0
             return {"content": "done"}
-        return {"tool_calls": [{"name": args.loop_tool, "arguments": tool_args}]}
+        # every other call reads from line 2: the loop refuses the same call twice in a row as a loop
+        varied = dict(tool_args, start_line=2) if count[0] % 2 and args.loop_tool == "read_file" else tool_args
+        return {"tool_calls": [{"name": args.loop_tool, "arguments": varied}]}
     fake.generator = generator
     fake.requests = _Discard()
     fake.start()
