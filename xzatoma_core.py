@@ -4231,6 +4231,11 @@ class Agent:
         found = [m.group(2) for m in re.finditer(r"(?:^|(?<=[\s(:=]))(['\"])([^'\"\n]{1,80})\1(?=[\s.,;:!?)]|$)",
                                                   task)]
         found += re.findall(r"(?<![\w.])\d+(?:\.\d+)+(?![\w]|\.\d)", task)
+        # what a rename, change or set is "to" (cnt to count, the port to 9090): a held-out run wrote stats.py back
+        # as it was after an edit that doubled a line, said cnt was renamed, and ended completed
+        found += [m.group(1) for m in re.finditer(
+            r"(?i)\b(?:renam|chang|set|bump|updat|replac)\w*\b(?:[^.;\n]|\.(?=\w)){0,80}?\bto\s+`?([\w$][\w.$/-]*?)`?"
+            r"(?=[.,;:!?](?:\s|$)|$|\s+(?:in|for|everywhere)\b)", task)]
         spoken = [] if re.search(r"(?i)\b(renam|remov|delet|replac|drop|rewrit)\w*", task) else [
             a or b for a, b in re.findall(r"`([A-Za-z_]\w{2,})`|\b([A-Za-z_]\w{2,})\(\)", task)]
         if not found and not spoken:

@@ -937,8 +937,11 @@ def change_doubt(shown, old, new, whole=False, within=None):
             return EDIT_LINES_GONE % (len(gone), "" if len(gone) == 1 else "s", shown, "; ".join(gone[:3]) + (
                 " …" if len(gone) > 3 else ""))
     if whole and old.strip():
+        import difflib
         kept = set(line.strip() for line in new.splitlines())
-        gone = [line.strip() for line in old.splitlines() if line.strip() and line.strip() not in kept]
+        # a line changed in place (a rename: `cnt = 1` → `count = 1`) is not gone; one with no like of it is
+        gone = [line.strip() for line in old.splitlines() if line.strip() and line.strip() not in kept
+                and not difflib.get_close_matches(line.strip(), kept, n=1, cutoff=0.75)]
         if gone:
             return LINES_GONE % (
                 shown, len(gone), "; ".join(one for one in gone[:3]) + (" …" if len(gone) > 3 else ""))

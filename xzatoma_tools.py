@@ -950,30 +950,9 @@ class WriteFile(Tool):
                 raise ToolError("the content is a diff, and write_file writes content as it is: %s would hold the "
                                 "diff itself. To change part of a file use edit_file; to replace it, give the "
                                 "whole new text" % path)
-            if st is not None and 0 < st.st_size <= 262144 and _same_words(read_text(target, ""), args["content"]):
-                # INFO: a small model handed a file (read_named) wrote it straight back, in three tasks of ten
-                # (a rename, a fix, a script to run), then said the work was done; nothing is written, and the
-                # way to change white space alone is said
-                # (after a change of its own, a 1.5B model wrote the changed file back again and again: told the
-                # change is made; told so about a file it had not changed, a model answered that none was needed)
-                raise ToolError("%s already holds that text (at most its white space differs): nothing was "
-                                "written. %s; to change only white space, use edit_file" % (path, (
-                                    "It reads as your change left it: if the task is done, answer in one sentence; "
-                                    "if not, make the next change" if target.real in ctx.made else
-                                    "Write the new text the task asks for")))
-            dropped = _only_dropped(read_text(target, ""), args["content"]) if st is not None and \
-                0 < st.st_size <= 262144 and (target.real, args["content"]) not in ctx.warned else None
-            if dropped:
-                # INFO: a plan said "create notes.md with '# Notes'", then "append '- item one'": a 1.5B model
-                # wrote both lines, then wrote '- item one' alone over them; refused once, as a deletion can be meant
-                ctx.warned.add((target.real, args["content"]))
-                raise ToolError("write_file replaces the whole file, and this text keeps only lines %s has already: "
-                                "%d would be gone (%s). To add lines, use edit_file (an empty old_text adds "
-                                "new_text at the end); if removing them is the task, make this same call again" % (
-                                    path, len(dropped), "; ".join(d[:60] for d in dropped[:3]) + (
-                                        " …" if len(dropped) > 3 else "")), again=True)
-            if ctx.guard(self.name, args, target, shows=lambda: _change_shown(
-                read_text(target, "") if st is not None else "", args["content"], target)):
+            approved = ctx.guard(self.name, args, target, shows=lambda: _change_shown(
+                read_text(target, "") if st is not None else "", args["content"], target))
+            if approved:
                 ctx.seen.add(target.real)  # the person saw the change, and said yes
             if st is not None and st.st_size and target.real not in ctx.seen:
                 # INFO: a file is replaced only by an agent that has seen it (Claude Code's Write asks the same):
@@ -985,6 +964,30 @@ class WriteFile(Tool):
                                 "It holds now:\n%s\nTo add or change lines, use edit_file; to replace the file, "
                                 "call write_file again with the complete new content" % (
                                     path, head_of(read_text(target, ""), LOST_SHOWN)))
+            # the file as it is, for the checks of what the write would do (a person who approved it saw that)
+            now = read_text(target, "") if not approved and st is not None and 0 < st.st_size <= 262144 else None
+            if now is not None and _same_words(now, args["content"]):
+                # INFO: a small model handed a file (read_named) wrote it straight back, in three tasks of ten
+                # (a rename, a fix, a script to run), then said the work was done; nothing is written, and the
+                # way to change white space alone is said
+                # (after a change of its own, a 1.5B model wrote the changed file back again and again: told the
+                # change is made; told so about a file it had not changed, a model answered that none was needed)
+                raise ToolError("%s already holds that text (at most its white space differs): nothing was "
+                                "written. %s; to change only white space, use edit_file" % (path, (
+                                    "It reads as your change left it: if the task is done, answer in one sentence; "
+                                    "if not, make the next change" if target.real in ctx.made else
+                                    "Write the new text the task asks for")))
+            dropped = _only_dropped(now, args["content"]) if now is not None and \
+                (target.real, args["content"]) not in ctx.warned else None
+            if dropped:
+                # INFO: a plan said "create notes.md with '# Notes'", then "append '- item one'": a 1.5B model
+                # wrote both lines, then wrote '- item one' alone over them; refused once, as a deletion can be meant
+                ctx.warned.add((target.real, args["content"]))
+                raise ToolError("write_file replaces the whole file, and this text keeps only lines %s has already: "
+                                "%d would be gone (%s). To add lines, use edit_file (an empty old_text adds "
+                                "new_text at the end); if removing them is the task, make this same call again" % (
+                                    path, len(dropped), "; ".join(d[:60] for d in dropped[:3]) + (
+                                        " …" if len(dropped) > 3 else "")), again=True)
             ctx.check_undo_cap(self.name, target, args)
             old = read_text(target, "") if st is not None and st.st_size <= LOST_SHOWN else None
             token = ctx.before_create(self.name, target)
@@ -1009,11 +1012,12 @@ class WriteFile(Tool):
 def _only_dropped(old, new):
     """The lines of `old` that `new` drops, when every line of `new` is one `old` has (a deletion written as a
     whole file); else []."""
-    kept = [line.strip() for line in new.splitlines() if line.strip()]
-    had = [line.strip() for line in old.splitlines() if line.strip()]
-    if not kept or not set(kept) <= set(had):
+    import collections
+    kept = collections.Counter(line.strip() for line in new.splitlines() if line.strip())
+    had = collections.Counter(line.strip() for line in old.splitlines() if line.strip())
+    if not kept or kept - had:  # (counted: a line the file held twice, written once, is one dropped)
         return []
-    return [line for line in had if line not in set(kept)]
+    return list((had - kept).elements())
 
 
 def _same_words(old, new):

@@ -496,6 +496,26 @@ def test_an_edit_that_changes_nothing_is_no_change_and_the_run_does_not_end_comp
                                   "white space, use edit_file")
 
 
+@pytest.mark.parametrize("task, after, status", [
+    ("In stats.py, rename the variable cnt to count.", "cnt = 1\nprint(cnt)\n# renamed\n", "unverified"),
+    ("In stats.py, rename the variable cnt to count.", "count = 1\nprint(count)\n", "completed"),
+    ("Change the port in stats.py to 9090.", "cnt = 1\nprint(cnt)\n# port\n", "unverified"),
+])
+def test_what_a_rename_or_change_is_to_must_stand_in_the_files_after_it(open_session, tmp_path, task, after,
+                                                                        status):
+    """A held-out bench run (recorded): an edit doubled a line of stats.py, a write put the original text back,
+    and the model said cnt was renamed; the run ended completed. What the task renames or changes something to
+    (count, 9090) is a value the files must hold after the run, asked about once like a quoted one."""
+    (tmp_path / "stats.py").write_text("cnt = 1\nprint(cnt)\n")
+    s = open_session(Reply('{"name": "write_file", "arguments": {"path": "stats.py", "content": %s}}' % json.dumps(
+                         after)), Reply("Renamed cnt to count."), Reply("Renamed cnt to count."),
+                     **{"agent.tools.profile": "compact"})
+    result = run(s, task)
+    assert result.status == status
+    if status == "unverified":
+        assert "which no file the run changed holds" in result.warnings[0]
+
+
 def test_a_change_of_whitespace_only_is_asked_about_once(open_session, tmp_path):
     """An edit that changed only white space (where the task did not ask for that) is asked about once."""
     (tmp_path / "t.py").write_text("x = 1\n\nassert x == 2\n")
