@@ -5193,7 +5193,9 @@ class Session:
         if self.profile == xzatoma_tools.COMPACT_TOOLS:
             # INFO: servers default to hot sampling (llama-cpp-python and Ollama: 0.8), under which a small
             # model's calls wander: a misspelt argument, a tool it never had, prose where the call should be.
-            self.provider.prefer(temperature=SMALL_MODEL_TEMPERATURE)
+            # A reply is bounded too: llama-cpp-python generates to the end of the window when nothing is set, and
+            # a 1.5B model's reply ran on for over eight minutes on two cores.
+            self.provider.prefer(temperature=SMALL_MODEL_TEMPERATURE, max_tokens=SMALL_MODEL_MAX_TOKENS)
         registry = xzatoma_tools.build_registry(self.toolset, ctx,
                                                 extra=(SubagentTool(self), ParallelSubagentTool(self),
                                                        xzatoma_skills.ActivateSkill(self.skill_state),
@@ -5366,6 +5368,7 @@ def mcp_sandbox(cfg, confinement, access, network, read_paths):
 
 COMPACT_WINDOW, COMPACT_BILLIONS = 16384, 8  # auto: the compact tool profile at or below these
 SMALL_MODEL_TEMPERATURE = 0.2  #: sent with the compact profile unless provider.<type>.temperature is set
+SMALL_MODEL_MAX_TOKENS = 2048  #: the same for provider.<type>.max_tokens (a write of ~8 KB fits)
 
 
 def tool_profile(cfg, provider, console):

@@ -285,18 +285,22 @@ def test_long_text_that_does_not_repeat_is_not_cut():
     assert any(guard.feed(piece) for piece in ["x = [0, 0, 0, 0]\n"] * 400)
 
 
-def test_a_small_local_model_gets_a_low_temperature_unless_one_is_set(cli, fake):
-    """Servers sample hot by default (llama-cpp-python, Ollama: 0.8); the compact profile sends 0.2, and the
-    person's own setting wins."""
+def test_a_small_local_model_gets_a_low_temperature_and_a_bounded_reply_unless_they_are_set(cli, fake):
+    """Servers sample hot by default (llama-cpp-python, Ollama: 0.8) and generate to the end of the window (a 1.5B
+    model's reply ran for eight minutes); the compact profile sends 0.2 and 2048 tokens, and the person's own
+    settings win."""
     cli.use(fake, provider="openai", tools={"profile": "compact"})
     fake.add({"content": "ok"}, {"content": "ok"}, {"content": "ok"})
     assert cli.run("run", "hi").returncode == 0
-    assert fake.model_requests()[-1]["body"]["temperature"] == 0.2
-    assert cli.run("run", "--temperature", "0.7", "hi").returncode == 0
-    assert fake.model_requests()[-1]["body"]["temperature"] == 0.7
+    body = fake.model_requests()[-1]["body"]
+    assert (body["temperature"], body["max_tokens"]) == (0.2, 2048)
+    assert cli.run("run", "--temperature", "0.7", "--max-tokens", "300", "hi").returncode == 0
+    body = fake.model_requests()[-1]["body"]
+    assert (body["temperature"], body["max_tokens"]) == (0.7, 300)
     cli.use(fake, provider="openai")  # the full profile: the server decides
     assert cli.run("run", "hi").returncode == 0
     assert "temperature" not in fake.model_requests()[-1]["body"]
+    assert "max_tokens" not in fake.model_requests()[-1]["body"]
 
 
 def test_a_stuck_small_model_is_sampled_hotter_until_a_good_turn(cli, fake):
