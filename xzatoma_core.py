@@ -1883,20 +1883,54 @@ class RepetitionGuard:
     period before them, for a period up to MAX_PERIOD; checked every STEP characters, so it costs little."""
 
     SPAN, MAX_PERIOD, STEP = 2000, 1000, 1024
+    OPENING, WHOLE = '{"name"', 65536  #: how a call written as text begins; how much of a reply is kept to read
 
     def __init__(self):
         self.parts, self.size, self.checked = [], 0, 0
+        self.whole, self.carry, self.openings = [], "", 0
+        self.cut_at = None  #: where the reply ends when a second call was begun (second_call)
 
     def feed(self, text):
+        """Why to stop reading the reply now: "repetition", "calls" (second_call), or None."""
+        if self.second_call(text):
+            return "calls"
         self.parts.append(text)
         self.size += len(text)
         if self.size - self.checked < self.STEP or self.size < 2 * self.SPAN:
-            return False
+            return None
         self.checked = self.size
         tail = "".join(self.parts)[-(self.SPAN + self.MAX_PERIOD):]
         self.parts = [tail]
         last = tail[-self.SPAN:]
-        return any(tail[-self.SPAN - p:-p] == last for p in range(1, min(self.MAX_PERIOD, len(tail) - self.SPAN) + 1))
+        repeats = any(tail[-self.SPAN - p:-p] == last for p in range(1, min(self.MAX_PERIOD, len(tail) - self.SPAN) + 1))
+        return "repetition" if repeats else None
+
+    def second_call(self, text):
+        """True when a reply that holds a whole tool call written as text begins another one. Only the first runs
+        (Agent.ask_model: the rest was written before any result), so reading on is waiting for nothing. INFO: a
+        1.5B model wrote call after imagined call (echo 'call Bob' >> todo.md, then Alice, then Charlie …) for
+        eight minutes; no stretch repeated, so the repetition check never fired."""
+        if self.whole is None:
+            return False
+        self.whole.append(text)
+        window = self.carry + text  # the carry is shorter than an opening: none is counted twice
+        self.carry = window[-(len(self.OPENING) - 1):]
+        found = window.count(self.OPENING)
+        if not found:
+            return False
+        self.openings += found
+        reply = "".join(self.whole)
+        if len(reply) > self.WHOLE:
+            self.whole = None  # a long reply: only repetition is watched
+            return False
+        if self.openings < 2:
+            return False
+        at = reply.rfind(self.OPENING)
+        written = find_text_tool_calls(reply[:at])
+        if written is None or not written.calls or written.malformed:
+            return False
+        self.cut_at = at  # the reply ends before the second call: its start alone would read as a broken call
+        return True
 
 
 class Provider:
@@ -2346,8 +2380,11 @@ class OllamaProvider(Provider):
                     content.append(msg["content"])
                     if on_delta:
                         on_delta(msg["content"])
-                    if guard.feed(msg["content"]):
-                        final = {"done_reason": "repetition"}
+                    stop = guard.feed(msg["content"])
+                    if stop:  # closing the stream stops the server generating
+                        final = {"done_reason": "repetition" if stop == "repetition" else "stop"}
+                        if guard.cut_at is not None:
+                            content = ["".join(content)[:guard.cut_at]]
                         break
                 if msg.get("thinking"):
                     thinking.append(msg["thinking"])
@@ -2480,7 +2517,7 @@ class OpenAIProvider(Provider):
             if "json" in resp.headers.get("Content-Type", ""):
                 return self._chat_reply_from_json(resp.json())
             self.expect_stream(resp)
-            content, thinking, calls, usage, finish = [], [], {}, {}, None
+            content, thinking, calls, usage, finish, cut = [], [], {}, {}, None, False
             events, guard = 0, RepetitionGuard()
             for _, data in iter_sse(resp):
                 events += 1
@@ -2502,8 +2539,11 @@ class OpenAIProvider(Provider):
                         content.append(delta["content"])
                         if on_delta:
                             on_delta(delta["content"])
-                        if guard.feed(delta["content"]):
-                            finish = "repetition"
+                        stop = guard.feed(delta["content"])
+                        if stop:
+                            finish, cut = ("repetition" if stop == "repetition" else "stop"), True
+                            if guard.cut_at is not None:
+                                content = ["".join(content)[:guard.cut_at]]
                     for key in ("reasoning_content", "reasoning"):
                         if isinstance(delta.get(key), str):
                             thinking.append(delta[key])
@@ -2521,7 +2561,7 @@ class OpenAIProvider(Provider):
                         finish = choice["finish_reason"]
                 if deadline is not None and time.monotonic() > deadline:
                     raise DeadlineExceeded()
-                if finish == "repetition":
+                if cut:
                     break  # closing the stream stops the server generating (llama.cpp, vLLM, Ollama notice)
             if not events:
                 raise ProviderError("%s ended the chat stream without sending anything" % self.label(),

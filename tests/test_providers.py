@@ -277,6 +277,22 @@ def test_a_reply_stuck_repeating_itself_is_cut(fake, kind):
     assert reply.finish_reason == "repetition" and len(reply.content) < 8000
 
 
+@pytest.mark.parametrize("kind", ["ollama", "openai"])
+def test_a_reply_that_begins_a_second_call_after_a_whole_one_is_cut_there(fake, kind):
+    """A 1.5B model wrote call after imagined call (echo 'call Bob', then Alice, then Charlie …) for eight minutes,
+    no stretch repeating; only the first call of a reply runs, so the stream is closed when the second begins."""
+    first = '{"name": "list_directory", "arguments": {"path": "."}}\n'
+    more = "".join('{"name": "terminal", "arguments": {"command": "echo call %s >> todo.md"}}\n' % n
+                   for n in range(3000))
+    fake.add({"content": first + more})
+    reply = provider(kind, fake).complete(MSGS, TOOLS)
+    assert reply.finish_reason == "stop" and reply.content == first
+    assert xzatoma.find_text_tool_calls(reply.content).calls[0]["name"] == "list_directory"
+    data = '{"name": "demo", "version": "1.0"}\n'  # data, not calls: read to the end
+    fake.add({"content": "The file says " + data + "and the other one " + data * 3})
+    assert provider(kind, fake).complete(MSGS, TOOLS).content.endswith(data * 3)
+
+
 def test_long_text_that_does_not_repeat_is_not_cut():
     guard = xzatoma.RepetitionGuard()
     text = "".join("line %d says %s\n" % (i, i * i) for i in range(5000))
