@@ -3677,38 +3677,8 @@ class StreamJsonEvents(RunEvents):
                       completed=done, total=total)
 
 
-# ---- Agent loop ----
+# ---- A task's words and an answer's claims (what honest completion reads) ----
 
-MAX_MALFORMED_STREAK = 3
-MIN_RESULT_CAP = 2048  #: bytes: a tool result is never cut below this to fit a small window
-
-
-class Turn:
-    """What one model reply asks for: its words, the calls to run, and calls it tried to write but could not."""
-
-    __slots__ = ("content", "calls", "malformed", "form", "raw")
-
-    def __init__(self, content, calls=(), malformed=(), form=None, raw=None):
-        self.content = content  #: the assistant's words (text calls taken out)
-        self.calls = list(calls)  #: [{id, name, arguments}], native or recovered from the text
-        self.malformed = list(malformed)  #: why each attempted call could not be read
-        self.form = form  #: how the model writes calls ("tool_call", "json", …): the correction uses it
-        self.raw = content if raw is None else raw  #: the reply as written (kept when nothing could run)
-
-
-# Honest completion (README): a model that answers without touching a tool cannot have changed a file or
-# read one. These say when an answer deserves a second look; they only ever add one model call.
-NUDGE = ("You answered without doing that with the tools. If the task needs the files or the terminal (to find "
-         "something out or to change something), do it now: reply with a tool call, written as "
-         '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
-         "yourself. If the task truly needs no tool, give your final answer again.")
-EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
-LEAD_IN = "Error: your reply ends with a colon and nothing after it. Give your final answer, or call a tool."
-READ_NAMED_BYTES = 4096  #: the largest file read before the first turn because the task names it (read_named)
-#: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
-SHOWN_HEAD = "What the tools showed:\n"  #: how last_word's request begins (its files count as shown)
-LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from what the "
-             "tools showed above.")
 _CHANGES = (r"creat|writ|wrote|add|append|insert|renam|replac|chang|edit|modif|updat|fix|bump|set|delet|remov|"
             r"mov|cop|run|ran|execut|install|build|compil|sav|refactor|implement|generat|format|commit")
 _LOOKS = r"count|list|find|search|read|check|show|print|open|look|summari[sz]|tell|report|explain|describe"
@@ -3850,27 +3820,6 @@ def numbers_in(text):
     return re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w]|\.\d)", text or "")
 
 
-HEAT_STEP = 0.3  #: temperature added per stuck turn in a row (0.2, 0.5, 0.8, then 1.0 at most)
-REPEATED_CALL = "this is the same call as your last one"
-#: what a repeat of a call that changed something is told after its first result
-REPEATED_CHANGE = ("That change is made: the same call again changes nothing. If the task is done, reply with one "
-                   "sentence saying what you did, and no tool call; if not, make the next change.")
-REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
-
-
-def _excerpt(text, most):
-    return text if len(text) <= most else text[:most] + "\n[… %d more characters]" % (len(text) - most)
-
-
-def _call_key(call):
-    """What makes two calls the same: the tool and its arguments as parsed (key order and spacing aside)."""
-    try:
-        args = json.dumps(json.loads(call.get("arguments") or "{}"), sort_keys=True)
-    except (ValueError, RecursionError):
-        args = call.get("arguments")
-    return call["name"], args
-
-
 def _to_run(task, name):
     """Whether the task asks to run the entry `name` (Run count.py …): what it prints is wanted, not its text
     (handed count.py before its first turn, a 1.5B model wrote it back instead of running it, three runs of
@@ -3914,6 +3863,59 @@ def _named_entries(task, root, first=False):
             if first:
                 break
     return found
+
+
+# ---- Agent loop ----
+
+MAX_MALFORMED_STREAK = 3
+MIN_RESULT_CAP = 2048  #: bytes: a tool result is never cut below this to fit a small window
+
+
+class Turn:
+    """What one model reply asks for: its words, the calls to run, and calls it tried to write but could not."""
+
+    __slots__ = ("content", "calls", "malformed", "form", "raw")
+
+    def __init__(self, content, calls=(), malformed=(), form=None, raw=None):
+        self.content = content  #: the assistant's words (text calls taken out)
+        self.calls = list(calls)  #: [{id, name, arguments}], native or recovered from the text
+        self.malformed = list(malformed)  #: why each attempted call could not be read
+        self.form = form  #: how the model writes calls ("tool_call", "json", …): the correction uses it
+        self.raw = content if raw is None else raw  #: the reply as written (kept when nothing could run)
+
+
+# Honest completion (README): a model that answers without touching a tool cannot have changed a file or
+# read one. These say when an answer deserves a second look; they only ever add one model call.
+NUDGE = ("You answered without doing that with the tools. If the task needs the files or the terminal (to find "
+         "something out or to change something), do it now: reply with a tool call, written as "
+         '{"name": "<tool name>", "arguments": {<arguments>}}. Tool results come from the tools; never write them '
+         "yourself. If the task truly needs no tool, give your final answer again.")
+EMPTY_ANSWER = "Error: your reply was empty. Give your final answer, or call a tool."
+LEAD_IN = "Error: your reply ends with a colon and nothing after it. Give your final answer, or call a tool."
+READ_NAMED_BYTES = 4096  #: the largest file read before the first turn because the task names it (read_named)
+#: asked, with no tools offered, of a model stuck on a question after its tools gave it something (Agent.last_word)
+SHOWN_HEAD = "What the tools showed:\n"  #: how last_word's request begins (its files count as shown)
+LAST_WORD = ("Stop calling tools now: none will run. Answer the task in one or two sentences, from what the "
+             "tools showed above.")
+HEAT_STEP = 0.3  #: temperature added per stuck turn in a row (0.2, 0.5, 0.8, then 1.0 at most)
+REPEATED_CALL = "this is the same call as your last one"
+#: what a repeat of a call that changed something is told after its first result
+REPEATED_CHANGE = ("That change is made: the same call again changes nothing. If the task is done, reply with one "
+                   "sentence saying what you did, and no tool call; if not, make the next change.")
+REPEAT_SHOWN = 1500  #: characters of a call's result shown again when the model repeats the call
+
+
+def _excerpt(text, most):
+    return text if len(text) <= most else text[:most] + "\n[… %d more characters]" % (len(text) - most)
+
+
+def _call_key(call):
+    """What makes two calls the same: the tool and its arguments as parsed (key order and spacing aside)."""
+    try:
+        args = json.dumps(json.loads(call.get("arguments") or "{}"), sort_keys=True)
+    except (ValueError, RecursionError):
+        args = call.get("arguments")
+    return call["name"], args
 
 
 class RunTerms:

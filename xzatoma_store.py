@@ -1056,6 +1056,56 @@ def loose_replacement(text, old, new):
     return (start, end, put) if text[start:end] == cut else None
 
 
+def only_dropped(old, new):
+    """The lines of `old` that `new` drops, when every line of `new` is one `old` has (a deletion written as a
+    whole file); else []."""
+    import collections
+    kept = collections.Counter(line.strip() for line in new.splitlines() if line.strip())
+    had = collections.Counter(line.strip() for line in old.splitlines() if line.strip())
+    if not kept or kept - had:  # (counted: a line the file held twice, written once, is one dropped)
+        return []
+    return list((had - kept).elements())
+
+
+def same_words(old, new):
+    """Whether two texts differ at most in their white space."""
+    return old.split() == new.split()
+
+
+def several_places(path, text, args):
+    """What an edit whose old_text occurs more than once is told: where, each with the line above it, and the
+    call that does each thing, written out (a small model renaming a function did not know what "set
+    replace_all" meant, and stopped). A name is most likely renamed everywhere, a line changed in one place:
+    told replace_all first, a 1.5B model asked to fix add() made sub() add too."""
+    old, lines, where, pos = args["old_text"], text.split("\n"), [], text.find(args["old_text"])
+    while pos != -1 and len(where) < 20:
+        line = text.count("\n", 0, pos)
+        where += [] if where and where[-1] == line else [line]
+        pos = text.find(old, pos + 1)
+    shown = []
+    for i in where[:5]:
+        shown += ["%6d\t%s" % (j + 1, lines[j]) for j in range(max(0, i - 1), i + 1)
+                  if not shown or not shown[-1].startswith("%6d\t" % (j + 1))]
+    every = 'replace_all: true (%s)' % edit_call(dict(args, replace_all=True))
+    first = text.find(old)
+    above = text.rfind("\n", 0, max(0, text.rfind("\n", 0, first)))
+    wider = text[above + 1:first + len(old)]
+    one = "give old_text with more of its lines: %s" % edit_call(dict(args, old_text=wider, new_text=(
+        wider[:len(wider) - len(old)] + args["new_text"]))) if text.count(wider) == 1 else \
+        "give more of its line as old_text"
+    options = ["To replace every one, call again with %s." % every, "To replace only the first, %s" % one]
+    if re.fullmatch(r"[\w.$-]+", old) is None:  # not a name: a line
+        options.reverse()
+    return "old_text occurs %d times in %s (lines %s):\n%s\n%s" % (
+        text.count(old), path, ", ".join(str(i + 1) for i in where), "\n".join(shown), "\n".join(options))
+
+
+def edit_call(args):
+    """An edit_file call written out for the model to copy, at most 600 characters."""
+    again = json.dumps({"name": "edit_file", "arguments": args}, ensure_ascii=False)
+    return again if len(again) <= 600 else again[:600] + " …"
+
+
 def changed_lines(old, new, context=2, most=40):
     """(first, last, text): the lines of `new` around where it differs from `old`, numbered from 1 like
     `cat -n`; past `most` lines, the start and the end of the change with a note of how many lie between."""

@@ -35,7 +35,8 @@ import time
 from xzatoma_store import (APPENDED, MAX_DIFF_CELLS, PATCH_SUFFIXES, WHITESPACE_ONLY, AuditLog,  # noqa: F401
                            UntrustedStream, bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size,
                            head_of, html_to_text, json_type, looks_like_diff, loose_replacement, missing_text,
-                           one_line_path, preview_arguments, render_json, render_untrusted, rfc3339, text_diff)
+                           one_line_path, only_dropped, preview_arguments, render_json, render_untrusted, rfc3339,
+                           same_words, several_places, text_diff)
 
 
 class LazyRegex:
@@ -966,7 +967,7 @@ class WriteFile(Tool):
                                     path, head_of(read_text(target, ""), LOST_SHOWN)))
             # the file as it is, for the checks of what the write would do (a person who approved it saw that)
             now = read_text(target, "") if not approved and st is not None and 0 < st.st_size <= 262144 else None
-            if now is not None and _same_words(now, args["content"]):
+            if now is not None and same_words(now, args["content"]):
                 # INFO: a small model handed a file (read_named) wrote it straight back, in three tasks of ten
                 # (a rename, a fix, a script to run), then said the work was done; nothing is written, and the
                 # way to change white space alone is said
@@ -977,7 +978,7 @@ class WriteFile(Tool):
                                     "It reads as your change left it: if the task is done, answer in one sentence; "
                                     "if not, make the next change" if target.real in ctx.made else
                                     "Write the new text the task asks for")))
-            dropped = _only_dropped(now, args["content"]) if now is not None and \
+            dropped = only_dropped(now, args["content"]) if now is not None and \
                 (target.real, args["content"]) not in ctx.warned else None
             if dropped:
                 # INFO: a plan said "create notes.md with '# Notes'", then "append '- item one'": a 1.5B model
@@ -1007,22 +1008,6 @@ class WriteFile(Tool):
             return ToolResult.ok("Overwrote %s (%d bytes; it had %d before: its whole content was replaced).%s" % (
                 shown, len(data), st.st_size, lost), bytes=len(data), created=False, changed=shown,
                 doubt=change_doubt(shown, old, args["content"], whole=True))
-
-
-def _only_dropped(old, new):
-    """The lines of `old` that `new` drops, when every line of `new` is one `old` has (a deletion written as a
-    whole file); else []."""
-    import collections
-    kept = collections.Counter(line.strip() for line in new.splitlines() if line.strip())
-    had = collections.Counter(line.strip() for line in old.splitlines() if line.strip())
-    if not kept or kept - had:  # (counted: a line the file held twice, written once, is one dropped)
-        return []
-    return list((had - kept).elements())
-
-
-def _same_words(old, new):
-    """Whether two texts differ at most in their white space."""
-    return old.split() == new.split()
 
 
 class EditFile(Tool):
@@ -1066,7 +1051,7 @@ class EditFile(Tool):
             exc.shows_file = whole  # the model has read it now (ToolContext.seen)
             raise exc
         if count > 1 and not args.get("replace_all"):
-            raise ToolError(_several(path, text, args))
+            raise ToolError(several_places(path, text, args))
         return text, text.replace(old, new), None
 
     def run(self, args, ctx):
@@ -1100,40 +1085,6 @@ class EditFile(Tool):
                 count, "" if count == 1 else "s"), first, last, lines), replacements=count, diff=diff,
             changed=shown, doubt=change_doubt(shown, args["old_text"], args["new_text"], within=text) or (
                 None if args["old_text"] else APPENDED % shown))
-
-
-def _several(path, text, args):
-    """What an edit whose old_text occurs more than once is told: where, each with the line above it, and the
-    call that does each thing, written out (a small model renaming a function did not know what "set
-    replace_all" meant, and stopped). A name is most likely renamed everywhere, a line changed in one place:
-    told replace_all first, a 1.5B model asked to fix add() made sub() add too."""
-    old, lines, where, pos = args["old_text"], text.split("\n"), [], text.find(args["old_text"])
-    while pos != -1 and len(where) < 20:
-        line = text.count("\n", 0, pos)
-        where += [] if where and where[-1] == line else [line]
-        pos = text.find(old, pos + 1)
-    shown = []
-    for i in where[:5]:
-        shown += ["%6d\t%s" % (j + 1, lines[j]) for j in range(max(0, i - 1), i + 1)
-                  if not shown or not shown[-1].startswith("%6d\t" % (j + 1))]
-    every = 'replace_all: true (%s)' % _call(dict(args, replace_all=True))
-    first = text.find(old)
-    above = text.rfind("\n", 0, max(0, text.rfind("\n", 0, first)))
-    wider = text[above + 1:first + len(old)]
-    one = "give old_text with more of its lines: %s" % _call(dict(args, old_text=wider, new_text=(
-        wider[:len(wider) - len(old)] + args["new_text"]))) if text.count(wider) == 1 else \
-        "give more of its line as old_text"
-    options = ["To replace every one, call again with %s." % every, "To replace only the first, %s" % one]
-    if re.fullmatch(r"[\w.$-]+", old) is None:  # not a name: a line
-        options.reverse()
-    return "old_text occurs %d times in %s (lines %s):\n%s\n%s" % (
-        text.count(old), path, ", ".join(str(i + 1) for i in where), "\n".join(shown), "\n".join(options))
-
-
-def _call(args):
-    """An edit_file call written out for the model to copy, at most 600 characters."""
-    again = json.dumps({"name": "edit_file", "arguments": args}, ensure_ascii=False)
-    return again if len(again) <= 600 else again[:600] + " …"
 
 
 class FindPath(Tool):
