@@ -1885,9 +1885,11 @@ class RepetitionGuard:
     SPAN, MAX_PERIOD, STEP = 2000, 1000, 1024
     OPENING, WHOLE = '{"name"', 65536  #: how a call written as text begins; how much of a reply is kept to read
 
-    def __init__(self):
+    def __init__(self, calls=True):
+        """calls: tools were offered, so a call written as text may run (second_call); without them a reply
+        that writes calls is an answer about calls, read whole."""
         self.parts, self.size, self.checked = [], 0, 0
-        self.whole, self.carry, self.openings = [], "", 0
+        self.whole, self.carry, self.openings = ([] if calls else None), "", 0
         self.cut_at = None  #: where the reply ends when a second call was begun (second_call)
 
     def feed(self, text):
@@ -2365,7 +2367,7 @@ class OllamaProvider(Provider):
 
         def handle(resp):
             self.expect_stream(resp)
-            content, thinking, calls, final, guard = [], [], [], {}, RepetitionGuard()
+            content, thinking, calls, final, guard = [], [], [], {}, RepetitionGuard(calls=bool(tools))
             for raw in resp.iter_lines():
                 if not raw:
                     continue
@@ -2518,7 +2520,7 @@ class OpenAIProvider(Provider):
                 return self._chat_reply_from_json(resp.json())
             self.expect_stream(resp)
             content, thinking, calls, usage, finish, cut = [], [], {}, {}, None, False
-            events, guard = 0, RepetitionGuard()
+            events, guard = 0, RepetitionGuard(calls=bool(tools))
             for _, data in iter_sse(resp):
                 events += 1
                 if data.strip() == "[DONE]":

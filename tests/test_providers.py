@@ -288,6 +288,8 @@ def test_a_reply_that_begins_a_second_call_after_a_whole_one_is_cut_there(fake, 
     reply = provider(kind, fake).complete(MSGS, TOOLS)
     assert reply.finish_reason == "stop" and reply.content == first
     assert xzatoma.find_text_tool_calls(reply.content).calls[0]["name"] == "list_directory"
+    fake.add({"content": first + more})  # no tools offered: an answer about calls, read whole
+    assert provider(kind, fake).complete(MSGS, []).content == first + more
     data = '{"name": "demo", "version": "1.0"}\n'  # data, not calls: read to the end
     fake.add({"content": "The file says " + data + "and the other one " + data * 3})
     assert provider(kind, fake).complete(MSGS, TOOLS).content.endswith(data * 3)
