@@ -1893,9 +1893,10 @@ class RepetitionGuard:
         self.cut_at = None  #: where the reply ends when a second call was begun (second_call)
 
     def feed(self, text):
-        """Why to stop reading the reply now: "repetition", "calls" (second_call), or None."""
+        """Why to stop reading the reply now, as its finish reason: "repetition", "stop" (a second call begun:
+        second_call; trim() keeps the reply before it), or None."""
         if self.second_call(text):
-            return "calls"
+            return "stop"
         self.parts.append(text)
         self.size += len(text)
         if self.size - self.checked < self.STEP or self.size < 2 * self.SPAN:
@@ -1933,6 +1934,10 @@ class RepetitionGuard:
             return False
         self.cut_at = at  # the reply ends before the second call: its start alone would read as a broken call
         return True
+
+    def trim(self, content):
+        """The reply's parts as kept: all of them, or what came before a second call (second_call)."""
+        return content if self.cut_at is None else ["".join(content)[:self.cut_at]]
 
 
 class Provider:
@@ -2384,9 +2389,7 @@ class OllamaProvider(Provider):
                         on_delta(msg["content"])
                     stop = guard.feed(msg["content"])
                     if stop:  # closing the stream stops the server generating
-                        final = {"done_reason": "repetition" if stop == "repetition" else "stop"}
-                        if guard.cut_at is not None:
-                            content = ["".join(content)[:guard.cut_at]]
+                        final, content = {"done_reason": stop}, guard.trim(content)
                         break
                 if msg.get("thinking"):
                     thinking.append(msg["thinking"])
@@ -2543,9 +2546,7 @@ class OpenAIProvider(Provider):
                             on_delta(delta["content"])
                         stop = guard.feed(delta["content"])
                         if stop:
-                            finish, cut = ("repetition" if stop == "repetition" else "stop"), True
-                            if guard.cut_at is not None:
-                                content = ["".join(content)[:guard.cut_at]]
+                            finish, cut, content = stop, True, guard.trim(content)
                     for key in ("reasoning_content", "reasoning"):
                         if isinstance(delta.get(key), str):
                             thinking.append(delta[key])
@@ -3857,10 +3858,12 @@ def _named_entries(task, root, first=False):
             top = {entry.name for _, entry in zip(range(20000), listing)}
     except OSError:
         return found
+    listed = len(top) < 20000  # else the listing was cut short: each word is looked up
     for word in dict.fromkeys(w.rstrip(".") for w in re.findall(r"[\w][\w./-]*", task[:20000])[:400]):
         head, _, rest = word.partition("/")
-        if len(word) > 2 and ".." not in word.split("/") and (head in top or len(top) == 20000) and (
-                not rest and head in top or os.path.lexists(os.path.join(root, word))):
+        if len(word) <= 2 or ".." in word.split("/") or (listed and head not in top):
+            continue
+        if (listed and not rest) or os.path.lexists(os.path.join(root, word)):
             found.append(word)
             if first:
                 break
@@ -4520,15 +4523,12 @@ class Agent:
         if not named:
             wanted += [("grep", {"pattern": name, "fixed_string": True, "max_results": 20})
                        for name in _code_names(self.task)[:2]]
-        calls = []
-        for tool, args in wanted:
-            if tool in self.registry.names():
-                arguments = json.dumps(args)
-                calls.append({"id": tool_call_id(len(self.conversation.messages), len(calls), tool, arguments),
-                              "name": tool, "arguments": arguments})
+        wanted = [(tool, args) for tool, args in wanted if tool in self.registry.names()]
+        calls = [{"id": tool_call_id(len(self.conversation.messages), i, tool, json.dumps(args)), "name": tool,
+                  "arguments": json.dumps(args)} for i, (tool, args) in enumerate(wanted)]
         if calls:
             self.events.note("  looking first at what the task names: %s" % ", ".join(
-                one_line(next(iter(json.loads(c["arguments"]).values())), 80) for c in calls))
+                one_line(args.get("path") or args["pattern"], 80) for _, args in wanted))
             self.conversation.add_assistant("", calls)
             reached = len(self.touched)
             self.run_tools(calls)
@@ -4594,7 +4594,7 @@ class Agent:
                 # data.csv lost its "12 lines", and asked afresh a 1.5B model counted 13)
                 blocks.append(files.pop(said, None) or "[%s]\n%s" % (one_line(calls.get(
                     message.get("tool_call_id"), message.get("name")), 200), _excerpt(said.rstrip("\n"), most // 3)))
-        blocks += [block for output, block in files.items() if output not in seen]
+        blocks += files.values()  # (each popped above when a result showed it)
         while len(blocks) > 1 and sum(len(b) for b in blocks) > most:
             blocks.pop(0)
         return "\n\n".join(blocks)
@@ -5278,7 +5278,7 @@ class Session:
         read_named = cfg.get("agent.read_named")
         terms = RunTerms(max_turns, deadline, timeout_seconds, honest=self.kind in ("run", "plan", "watch"),
                          nested=self.depth > 0, read_named=read_named == "on" or (
-                             read_named == "auto" and self.profile == "compact"))
+                             read_named == "auto" and self.profile == xzatoma_tools.COMPACT_TOOLS))
         return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result, terms,
                      self.shared, recorder=self.recorder if self.recorded else None,
                      review=None if self.depth else self.confinement.deferred_changed, on_step=on_step)

@@ -990,7 +990,8 @@ class WriteFile(Tool):
                                     path, len(dropped), "; ".join(d[:60] for d in dropped[:3]) + (
                                         " …" if len(dropped) > 3 else "")), again=True)
             ctx.check_undo_cap(self.name, target, args)
-            old = read_text(target, "") if st is not None and st.st_size <= LOST_SHOWN else None
+            old = (read_text(target, "") if now is None else now) if st is not None and st.st_size <= LOST_SHOWN \
+                else None
             token = ctx.before_create(self.name, target)
             target.make_parents()
             write_atomic_at(target.dir_fd, target.name, data)
@@ -1047,9 +1048,7 @@ class EditFile(Tool):
             return text, text[:start] + put + text[end:], "old_text matched where only quotes or spacing differ"
         if count == 0:
             message, whole = missing_text(path, text, old, new, LOST_SHOWN)
-            exc = ToolError(message)
-            exc.shows_file = whole  # the model has read it now (ToolContext.seen)
-            raise exc
+            raise ToolError(message, shows_file=whole)  # shown whole: the model has read it now (ToolContext.seen)
         if count > 1 and not args.get("replace_all"):
             raise ToolError(several_places(path, text, args))
         return text, text.replace(old, new), None
@@ -1059,7 +1058,7 @@ class EditFile(Tool):
             try:
                 text, updated, loose = self._apply(args, target)
             except ToolError as exc:
-                if getattr(exc, "shows_file", False):
+                if exc.metadata.get("shows_file"):
                     ctx.seen.add(target.real)
                 raise
             if updated == text:
@@ -1136,11 +1135,11 @@ class Grep(Tool):
                 # INFO: a pattern that finds nothing is tried again as its longest word, in any case: a small
                 # model asked which file defines parse_args grepped for "parse_args.py", found nothing, and
                 # answered that no file does
-                again = self._search(dict(args, pattern=looser, fixed_string=True, case_sensitive=False,
+                wider = self._search(dict(args, pattern=looser, fixed_string=True, case_sensitive=False,
                                           context_lines=0, max_results=20), ctx, target)
-                if again.metadata.get("matches"):
+                if wider.metadata.get("matches"):
                     return ToolResult.ok("%s\nLines with %s, in any case:\n%s" % (
-                        found.output, looser, again.output), matches=0, looser=again.metadata["matches"])
+                        found.output, looser, wider.output), matches=0, looser=wider.metadata["matches"])
             return found
 
     def _search(self, args, ctx, target):
