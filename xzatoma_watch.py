@@ -902,6 +902,7 @@ class Job:
         self.store_failures = 0  #: claims that failed because the store could not be used
         self.delays = 0  #: times its result could not be published at all (the next try waits longer)
         self.claimed = False  #: this watcher holds its id's claim in the store
+        self.running = False  #: it holds one of the watcher's max_concurrent run slots
 
 
 # ---- The watcher: consume → filter → extract → run → record → publish → commit ----
@@ -924,7 +925,11 @@ class Watcher:
         self.tracker = OffsetTracker()
         self.cond = threading.Condition()
         self.backlog = collections.deque()
-        self.in_flight = {}  # (tp, offset) -> Job
+        self.in_flight = {}  #: (tp, offset) -> Job, from its start until its offset is settled
+        #: jobs in their run (claim, run, record); the rest of in_flight waits for its result's ack. INFO: a run
+        #: slot is freed before the publish is acknowledged, so the next plan runs while the broker answers (a
+        #: profile gave half a worker's time per event to that wait); at most max_concurrent more wait so.
+        self.running = 0
         self.running_ids = set()
         self.stopping = threading.Event()  #: take no more events
         self.hard_stop = threading.Event()  #: the grace period is over: give up retries
@@ -960,7 +965,7 @@ class Watcher:
         """Watch until stopped (signal, --max-events, --idle-exit); returns the exit code."""
         self.kafka = require_kafka("watch")
         from concurrent.futures import ThreadPoolExecutor
-        self.executor = ThreadPoolExecutor(max_workers=self.s.max_concurrent, thread_name_prefix="xzatoma-watch")
+        self.executor = ThreadPoolExecutor(max_workers=2 * self.s.max_concurrent, thread_name_prefix="xzatoma-watch")
         self._connect()
         if self.consumer is None:
             self.executor.shutdown(wait=False)
@@ -1001,11 +1006,16 @@ class Watcher:
                                   ([self.s.dead_letter_topic] if self.s.dead_letter_topic else []))
                 consumer_opts = dict(opts, group_id=self.s.group_id, enable_auto_commit=False,
                                      auto_offset_reset="earliest", key_deserializer=None, value_deserializer=None)
+                consumer_opts.update(_quiet_sensors(kafka.KafkaConsumer))
                 consumer_opts.update(self.s.consumer_options or {})
                 consumer = kafka.KafkaConsumer(**consumer_opts)
                 producer = None
+                # max_block_ms: a send waits for the topic's metadata (or room in its buffer) no longer than for
+                # an ack, so a broker that stops answering costs a logged retry, not a minute's silence
                 self.producer_opts = dict(opts, acks="all", linger_ms=0, retries=3,
-                                          max_request_size=self.s.max_request_size)
+                                          max_request_size=self.s.max_request_size,
+                                          max_block_ms=int(self.s.publish_timeout * 1000),
+                                          **_quiet_sensors(kafka.KafkaProducer))
                 if not self.s.dry_run:
                     producer = kafka.KafkaProducer(**self.producer_opts)
                 consumer.subscribe([self.s.topic], listener=_listener(kafka, self))
@@ -1292,8 +1302,7 @@ class Watcher:
         with self.cond:
             rotated = 0
             now = time.monotonic()
-            while self.backlog and len(self.in_flight) < self.s.max_concurrent and not self.stopping.is_set() \
-                    and rotated < len(self.backlog):
+            while self.backlog and self._room() and not self.stopping.is_set() and rotated < len(self.backlog):
                 job = self.backlog.popleft()
                 ev = job.event
                 if ev.id in self.running_ids or job.not_before > now:  # the same id runs, or it waits its turn
@@ -1303,14 +1312,29 @@ class Watcher:
                 rotated = 0
                 self.in_flight[(job.tp, ev.offset)] = job
                 self.running_ids.add(ev.id)
+                self.running += 1
+                job.running = True
                 self.metrics.watch_in_flight(len(self.in_flight))
                 self.executor.submit(self._work, job)
+
+    def _room(self):
+        """A run may start: fewer than max_concurrent run, and fewer than as many more wait for their ack."""
+        return self.running < self.s.max_concurrent and len(self.in_flight) < 2 * self.s.max_concurrent
+
+    def _ran(self, job):
+        """The job's run is over (its result is what is left to publish): its run slot goes to the next."""
+        with self.cond:
+            if not job.running:
+                return
+            job.running = False
+            self.running -= 1
+        self._start_runs()
 
     def _flow_control(self):
         """Pause fetching while the backlog is full, so memory stays bounded and the group sees us alive."""
         try:
             assigned = self.consumer.assignment()
-            full = self.stopping.is_set() or bool(self.backlog) or len(self.in_flight) >= self.s.max_concurrent
+            full = self.stopping.is_set() or bool(self.backlog) or not self._room()
             if self.s.dry_run:
                 full = self.stopping.is_set()
             paused = self.consumer.paused()
@@ -1349,6 +1373,7 @@ class Watcher:
                 if result is None:
                     settle = False  # interrupted by us: not committed, redelivered and run to completion later
                     return
+            self._ran(job)
             if not self._deliver(job, result, status):
                 # nothing could be published (the output topic refuses everything, or the grace period ended):
                 # kept, and tried again later (the stored result is published then, nothing is run again)
@@ -1372,6 +1397,9 @@ class Watcher:
                 except Exception as exc:  # its lease ends it
                     self.log("store_failed", level="warn", error=_one_line(exc))
             with self.cond:
+                if job.running:
+                    job.running = False
+                    self.running -= 1
                 self.in_flight.pop((job.tp, ev.offset), None)
                 self.running_ids.discard(ev.id)
                 if again:
@@ -1544,14 +1572,23 @@ class Watcher:
     def _publish(self, topic, key, value, headers, what, give_up_after=None):
         """Send and wait for the broker's ack; retry with backoff until it works, the grace period ends,
         `give_up_after` attempts are made, or the error says the record can never be taken (too large, invalid,
-        not allowed: KafkaError.retriable is False). Returns None when published, else why not (one line)."""
-        attempt = 0
+        not allowed: KafkaError.retriable is False). Returns None when published, else why not (one line).
+        INFO: a send whose ack is late is waited for again, never sent again: its producer still holds it and
+        delivers it when the broker answers, so a second send published the result twice (a broker restarted
+        mid-stream, two results in flight). It is sent again only once it failed, or its producer was replaced
+        (closed by force: it delivers nothing more)."""
+        attempt, future, sent_by = 0, None, None
         while True:
             producer = self.producer
             try:
-                producer.send(topic, key=key, value=value, headers=headers).get(timeout=self.s.publish_timeout)
+                if future is None or sent_by is not producer:
+                    future = None
+                    future, sent_by = producer.send(topic, key=key, value=value, headers=headers), producer
+                future.get(timeout=self.s.publish_timeout)
                 return None
             except Exception as exc:  # KafkaError, or a timeout while the broker is away
+                if future is not None and future.is_done:
+                    future = None  # it failed: the next try sends it again
                 attempt += 1
                 permanent = _refused_for_good(self.kafka, exc)
                 if attempt % 3 == 0:
@@ -1567,7 +1604,8 @@ class Watcher:
 
     def _renew_producer(self, failed):
         """A producer can be left in a state it does not leave (a broker that forgot its producer id after a
-        restart): after repeated failures, publish through a new one."""
+        restart): after repeated failures, publish through a new one. The old one is closed by force, so what it
+        still holds fails (and is sent again through the new one) instead of being delivered late, twice."""
         with self.producer_lock:
             if self.producer is not failed:
                 return  # another worker renewed it already
@@ -1576,10 +1614,7 @@ class Watcher:
             except Exception as exc:
                 self.log("producer_failed", level="warn", error=_one_line(exc))
                 return
-        try:
-            failed.close(timeout=1)
-        except Exception:
-            pass
+        _close_by_force(failed)
         self.log("producer_renewed", level="warn")
 
     # -- committing --
@@ -1786,6 +1821,26 @@ def _guess_id(msg):
         return _cut_id(_text(msg.key)) if msg.key else None
     except (UnicodeDecodeError, AttributeError):
         return None
+
+
+def _quiet_sensors(client_class):
+    """INFO: a client's own sensors (kafka-python >= 2.1) are read by nobody here (the watcher's gauges are its
+    own), yet record several samples per request on the client's network thread: off where the option exists."""
+    return {"metrics_enabled": False} if "metrics_enabled" in getattr(client_class, "DEFAULT_CONFIG", {}) else {}
+
+
+def _close_by_force(producer):
+    """Close a producer now, dropping what it has not delivered (its sends fail). INFO: kafka-python 3's
+    close(timeout) flushes first and raises when that times out, leaving the producer running and delivering
+    later; its sender's force_close is the only way to stop it at once."""
+    sender = getattr(producer, "_sender", None)
+    try:
+        if sender is not None and hasattr(sender, "force_close"):
+            sender.force_close()
+            sender.join(5)
+        producer.close(timeout=0)
+    except Exception:
+        pass
 
 
 def _tps(tps):

@@ -777,6 +777,49 @@ def test_broker_down_at_start_and_restarted_mid_stream(tmp_path, kafka_broker, s
         broker.stop()
 
 
+def test_a_late_ack_is_waited_for_not_sent_again_and_the_next_plan_runs_meanwhile(tmp_path, kafka_broker, store):
+    """A broker that freezes while a result is on its way: each wait for the ack times out (publish_timeout),
+    but the result is not sent again (its producer still holds it and delivers it when the broker wakes: a
+    second send published it twice). Meanwhile the next event's plan runs (one run at a time, its slot freed
+    when the run ends, not when the ack comes). Each event gets exactly one result; the offsets are committed."""
+    import signal
+    import kafka_broker as kb
+    broker = kb.Broker(kafka_broker.binary, str(tmp_path / "broker.log")).start()
+    topic = new_topic(broker)
+    kb.produce(broker.address, topic, [(None, cloudevent("late-%d" % i, data={"plan": PLAN})) for i in range(3)])
+    runner = fake_runner()
+    frozen = threading.Event()
+    started = []
+
+    def run_plan(job):
+        started.append(job.event.id)
+        if job.event.id == "late-1":  # its result goes out to a broker that stops answering
+            assert wait_for(lambda: watcher.log_lines.events("finished"), 30)  # late-0's is out: metadata known
+            broker.proc.send_signal(signal.SIGSTOP)
+            frozen.set()
+        return runner(job)
+    watcher = start_watcher(broker, topic, run_plan, store, publish_timeout=0.4, backoff_initial=0.05,
+                            backoff_max=0.1, max_events=3)
+    try:
+        assert frozen.wait(60)
+        # the ack is late over and over; the next plan has run meanwhile
+        assert wait_for(lambda: watcher.log_lines.events("publish_retry") and "late-2" in started, 30), started
+        assert "Timeout" in watcher.log_lines.events("publish_retry")[0]["error"]
+        broker.proc.send_signal(signal.SIGCONT)
+        watcher.thread.join(60)
+        assert not watcher.thread.is_alive()
+        subjects = sorted(json.loads(r.value)["subject"] for r in kb.read_all(broker.address, topic + ".results", 3))
+        assert subjects == ["late-0", "late-1", "late-2"]
+        assert kb.committed(broker.address, watcher.s.group_id, topic) == [3]
+        assert sorted(started) == ["late-0", "late-1", "late-2"]
+        assert not watcher.log_lines.events("producer_renewed")  # the same producer delivered it, once
+    finally:
+        if broker.proc is not None:
+            broker.proc.send_signal(signal.SIGCONT)
+        watcher.request_stop("test")
+        broker.stop()
+
+
 def test_metrics_hooks_count_outcomes_and_runs(kafka_broker, store):
     prom = pytest.importorskip("prometheus_client")
     import kafka_broker as kb
@@ -810,6 +853,30 @@ def test_results_on_the_input_topic_are_never_run(kafka_broker, store):
     filtered = watcher.log_lines.events("filtered")
     assert len(filtered) == 2 and all("result published by xzatoma" in f["reason"] for f in filtered)
     assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [4]
+
+
+def test_a_watcher_told_to_create_its_topics_makes_them_and_runs(kafka_broker, store):
+    """--create-topics through the watcher itself (its client options, not a test's): the input, results and
+    dead-letter topics are made, and an event published afterwards runs and gets its result."""
+    import kafka_broker as kb
+    topic = "made-" + uuid.uuid4().hex[:8]
+    watcher = start_watcher(kafka_broker, topic, fake_runner(), store, create_topics=True,
+                            dead_letter_topic=topic + ".dlq", max_events=1)
+    try:
+        assert wait_for(lambda: watcher.log_lines.events("connected"), 60), watcher.log_lines.json()
+        assert not watcher.log_lines.events("broker_unavailable")
+        kb.produce(kafka_broker.address, topic, [(None, cloudevent("made-1", data={"plan": PLAN}))])
+        watcher.thread.join(60)
+        results = kb.read_all(kafka_broker.address, topic + ".results", 1)
+        assert [json.loads(r.value)["subject"] for r in results] == ["made-1"]
+        from kafka import KafkaAdminClient
+        admin = KafkaAdminClient(bootstrap_servers=kafka_broker.address)
+        try:
+            assert {topic, topic + ".results", topic + ".dlq"} <= set(admin.list_topics())
+        finally:
+            admin.close()
+    finally:
+        watcher.request_stop("test")
 
 
 def test_create_topics_makes_the_missing_ones(kafka_broker):
