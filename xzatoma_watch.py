@@ -902,7 +902,6 @@ class Job:
         self.store_failures = 0  #: claims that failed because the store could not be used
         self.delays = 0  #: times its result could not be published at all (the next try waits longer)
         self.claimed = False  #: this watcher holds its id's claim in the store
-        self.running = False  #: it holds one of the watcher's max_concurrent run slots
 
 
 # ---- The watcher: consume → filter → extract → run → record → publish → commit ----
@@ -925,11 +924,7 @@ class Watcher:
         self.tracker = OffsetTracker()
         self.cond = threading.Condition()
         self.backlog = collections.deque()
-        self.in_flight = {}  #: (tp, offset) -> Job, from its start until its offset is settled
-        #: jobs in their run (claim, run, record); the rest of in_flight waits for its result's ack. INFO: a run
-        #: slot is freed before the publish is acknowledged, so the next plan runs while the broker answers (a
-        #: profile gave half a worker's time per event to that wait); at most max_concurrent more wait so.
-        self.running = 0
+        self.in_flight = {}  # (tp, offset) -> Job
         self.running_ids = set()
         self.stopping = threading.Event()  #: take no more events
         self.hard_stop = threading.Event()  #: the grace period is over: give up retries
@@ -965,7 +960,7 @@ class Watcher:
         """Watch until stopped (signal, --max-events, --idle-exit); returns the exit code."""
         self.kafka = require_kafka("watch")
         from concurrent.futures import ThreadPoolExecutor
-        self.executor = ThreadPoolExecutor(max_workers=2 * self.s.max_concurrent, thread_name_prefix="xzatoma-watch")
+        self.executor = ThreadPoolExecutor(max_workers=self.s.max_concurrent, thread_name_prefix="xzatoma-watch")
         self._connect()
         if self.consumer is None:
             self.executor.shutdown(wait=False)
@@ -1302,7 +1297,8 @@ class Watcher:
         with self.cond:
             rotated = 0
             now = time.monotonic()
-            while self.backlog and self._room() and not self.stopping.is_set() and rotated < len(self.backlog):
+            while self.backlog and len(self.in_flight) < self.s.max_concurrent and not self.stopping.is_set() \
+                    and rotated < len(self.backlog):
                 job = self.backlog.popleft()
                 ev = job.event
                 if ev.id in self.running_ids or job.not_before > now:  # the same id runs, or it waits its turn
@@ -1312,29 +1308,14 @@ class Watcher:
                 rotated = 0
                 self.in_flight[(job.tp, ev.offset)] = job
                 self.running_ids.add(ev.id)
-                self.running += 1
-                job.running = True
                 self.metrics.watch_in_flight(len(self.in_flight))
                 self.executor.submit(self._work, job)
-
-    def _room(self):
-        """A run may start: fewer than max_concurrent run, and fewer than as many more wait for their ack."""
-        return self.running < self.s.max_concurrent and len(self.in_flight) < 2 * self.s.max_concurrent
-
-    def _ran(self, job):
-        """The job's run is over (its result is what is left to publish): its run slot goes to the next."""
-        with self.cond:
-            if not job.running:
-                return
-            job.running = False
-            self.running -= 1
-        self._start_runs()
 
     def _flow_control(self):
         """Pause fetching while the backlog is full, so memory stays bounded and the group sees us alive."""
         try:
             assigned = self.consumer.assignment()
-            full = self.stopping.is_set() or bool(self.backlog) or not self._room()
+            full = self.stopping.is_set() or bool(self.backlog) or len(self.in_flight) >= self.s.max_concurrent
             if self.s.dry_run:
                 full = self.stopping.is_set()
             paused = self.consumer.paused()
@@ -1373,7 +1354,6 @@ class Watcher:
                 if result is None:
                     settle = False  # interrupted by us: not committed, redelivered and run to completion later
                     return
-            self._ran(job)
             if not self._deliver(job, result, status):
                 # nothing could be published (the output topic refuses everything, or the grace period ended):
                 # kept, and tried again later (the stored result is published then, nothing is run again)
@@ -1397,9 +1377,6 @@ class Watcher:
                 except Exception as exc:  # its lease ends it
                     self.log("store_failed", level="warn", error=_one_line(exc))
             with self.cond:
-                if job.running:
-                    job.running = False
-                    self.running -= 1
                 self.in_flight.pop((job.tp, ev.offset), None)
                 self.running_ids.discard(ev.id)
                 if again:
