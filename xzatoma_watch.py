@@ -1010,7 +1010,7 @@ class Watcher:
                 self.producer_opts = dict(opts, acks="all", linger_ms=0, retries=3,
                                           max_request_size=self.s.max_request_size,
                                           max_block_ms=int(self.s.publish_timeout * 1000),
-                                          **_quiet_sensors(kafka.KafkaProducer))
+                                          **_producer_limits(kafka.KafkaProducer, self.s.publish_timeout))
                 if not self.s.dry_run:
                     producer = kafka.KafkaProducer(**self.producer_opts)
                 consumer.subscribe([self.s.topic], listener=_listener(kafka, self))
@@ -1548,27 +1548,33 @@ class Watcher:
 
     def _publish(self, topic, key, value, headers, what, give_up_after=None):
         """Send and wait for the broker's ack; retry with backoff until it works, the grace period ends,
-        `give_up_after` attempts are made, or the error says the record can never be taken (too large, invalid,
-        not allowed: KafkaError.retriable is False). Returns None when published, else why not (one line).
-        INFO: a send whose ack is late is waited for again, never sent again: its producer still holds it and
-        delivers it when the broker answers, so a second send published the result twice (a broker restarted
-        mid-stream, two results in flight). It is sent again only once it failed, or its producer was replaced
-        (closed by force: it delivers nothing more)."""
-        attempt, future, sent_by = 0, None, None
+        `give_up_after` attempts fail, or the error says the record can never be taken (too large, invalid, not
+        allowed: KafkaError.retriable is False). Returns None when published, else why not (one line).
+        INFO: a send whose ack is late may be on its way, or written already (a frozen broker reads it when it
+        wakes): it is waited for, never sent again nor given up on, or one event got two results (seen: a broker
+        restarted mid-stream; one frozen with a result in flight). Only an answer counts as a failed attempt:
+        its producer gives one within 3 publish timeouts (_producer_limits). A hard stop ends the wait (the
+        result stays stored, to be published after a restart)."""
+        attempt, future = 0, None
         while True:
             producer = self.producer
             try:
-                if future is None or sent_by is not producer:
-                    future = None
-                    future, sent_by = producer.send(topic, key=key, value=value, headers=headers), producer
+                if future is None:
+                    future = producer.send(topic, key=key, value=value, headers=headers)
                 future.get(timeout=self.s.publish_timeout)
                 return None
             except Exception as exc:  # KafkaError, or a timeout while the broker is away
-                if future is not None and future.is_done:
-                    future = None  # it failed: the next try sends it again
+                if future is not None and not future.is_done and not self.hard_stop.is_set():
+                    self.log("publish_waiting", level="warn", what=what, topic=topic, error=_one_line(exc))
+                    continue
+                # it failed (or was never sent): the next try sends it again. One its producer gave up on after
+                # delivery_timeout_ms is not tried through that producer again: a broker that restarted empty
+                # left one that never delivered another record
+                expired = future is not None and isinstance(exc, self.kafka.errors.KafkaTimeoutError)
+                future = None
                 attempt += 1
                 permanent = _refused_for_good(self.kafka, exc)
-                if attempt % 3 == 0:
+                if attempt % 3 == 0 or expired:
                     self._renew_producer(producer)
                 if permanent or self.hard_stop.is_set() or (give_up_after and attempt >= give_up_after):
                     self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
@@ -1581,11 +1587,11 @@ class Watcher:
 
     def _renew_producer(self, failed):
         """A producer can be left in a state it does not leave (a broker that forgot its producer id after a
-        restart): after repeated failures, publish through a new one. The old one is closed by force, so what it
-        still holds fails (and is sent again through the new one) instead of being delivered late, twice."""
+        restart): after repeated failures, publish through a new one. The old one is closed by force: kafka-python
+        3's close(timeout) raises when its flush times out, and left it running, to deliver late."""
         with self.producer_lock:
             if self.producer is not failed:
-                return  # another worker renewed it already
+                return  # another worker renewed it already (and closed it)
             try:
                 self.producer = self.kafka.KafkaProducer(**self.producer_opts)
             except Exception as exc:
@@ -1707,11 +1713,9 @@ class Watcher:
         except Exception as exc:
             self.log("close_failed", level="warn", error=_one_line(exc))
         if self.producer is not None:
-            try:
-                self.producer.flush(timeout=5)
-                self.producer.close(timeout=5)
-            except Exception:
-                pass
+            # every publish waited for its ack: what the producer still holds was given up on (its result is
+            # stored, to be published after a restart), and is dropped, not delivered as well
+            _close_by_force(self.producer)
         self.log("stopped", received=self.received, settled=self.settled,
                  **{k: v for k, v in sorted(self.counts.items())})
 
@@ -1798,6 +1802,18 @@ def _guess_id(msg):
         return _cut_id(_text(msg.key)) if msg.key else None
     except (UnicodeDecodeError, AttributeError):
         return None
+
+
+def _producer_limits(producer_class, publish_timeout):
+    """A producer that answers for every record within 3 publish timeouts (30 s by default, not kafka-python's
+    2 minutes): a request unanswered for one is retried, a record unsent after three fails. The watcher waits
+    for that answer rather than send a record twice (a producer left stuck by a restarted broker answers so
+    too, and is then replaced)."""
+    opts = {"request_timeout_ms": int(publish_timeout * 1000)}
+    if "delivery_timeout_ms" in getattr(producer_class, "DEFAULT_CONFIG", {}):
+        opts["delivery_timeout_ms"] = 3 * opts["request_timeout_ms"]
+    opts.update(_quiet_sensors(producer_class))
+    return opts
 
 
 def _quiet_sensors(client_class):
