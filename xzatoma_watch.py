@@ -1570,7 +1570,8 @@ class Watcher:
                 # it failed (or was never sent): the next try sends it again. One its producer gave up on after
                 # delivery_timeout_ms is not tried through that producer again: a broker that restarted empty
                 # left one that never delivered another record
-                expired = future is not None and isinstance(exc, self.kafka.errors.KafkaTimeoutError)
+                expired = future is not None and future.is_done and \
+                    isinstance(exc, self.kafka.errors.KafkaTimeoutError)
                 future = None
                 attempt += 1
                 permanent = _refused_for_good(self.kafka, exc)
