@@ -1050,7 +1050,12 @@ class Watcher:
             got = False
             for tp, messages in records.items():
                 if self.s.max_events:
-                    messages = messages[:max(0, self.s.max_events - self.received)]
+                    # what this watcher holds: settled, running, waiting to run. Not what it received: events
+                    # dropped unstarted at a rebalance come again, and were cut off here, and the watcher that
+                    # was to stop after max_events settled hung (nothing more ran or was committed)
+                    with self.cond:
+                        held = self.settled + len(self.in_flight) + len(self.backlog)
+                    messages = messages[:max(0, self.s.max_events - held)]
                 if messages:
                     got = True
                     self.received += len(messages)

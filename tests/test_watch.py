@@ -857,6 +857,42 @@ def test_results_on_the_input_topic_are_never_run(kafka_broker, store):
     assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [4]
 
 
+def test_max_events_survives_a_rebalance_that_drops_events_not_yet_started(kafka_broker, store):
+    """--max-events counted what was received, also events dropped unstarted when a rebalance revoked their
+    partition: fetched again, they were cut off, and the watcher never reached max_events (it hung, nothing
+    more ran or was committed). Another consumer joins the group while a backlog waits: every event still runs
+    and gets its one result, the watcher stops after the last, and all is committed. (Found by a fault
+    campaign.)"""
+    import kafka_broker as kb
+    from kafka import KafkaConsumer
+    topic = new_topic(kafka_broker)
+    ids = ["mx-%02d" % i for i in range(12)]
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent(i, data={"plan": PLAN})) for i in ids])
+    runner = fake_runner(delay=0.2)
+    group = "g-" + uuid.uuid4().hex[:8]
+    watcher = start_watcher(kafka_broker, topic, runner, store, group_id=group, max_events=len(ids))
+    intruder = None
+    try:
+        assert wait_for(lambda: len(runner.calls) >= 2, 60)
+        intruder = KafkaConsumer(new_topic(kafka_broker), bootstrap_servers=kafka_broker.address, group_id=group,
+                                 enable_auto_commit=False, **FAST_GROUP)  # the group rebalances
+        assert wait_for(lambda: intruder.poll(timeout_ms=100) is not None and watcher.log_lines.events("revoked")
+                        and watcher.log_lines.events("assigned")[1:], 60)
+        intruder.close(autocommit=False)
+        intruder = None
+        watcher.thread.join(60)
+        assert not watcher.thread.is_alive(), (watcher.settled, watcher.received)
+        assert sorted({j.event.id for j in runner.calls}) == ids
+        subjects = sorted(json.loads(r.value)["subject"]
+                          for r in kb.read_all(kafka_broker.address, topic + ".results", len(ids)))
+        assert subjects == ids
+        assert kb.committed(kafka_broker.address, group, topic) == [len(ids)]
+    finally:
+        if intruder is not None:
+            intruder.close(autocommit=False)
+        watcher.request_stop("test")
+
+
 def test_a_watcher_told_to_create_its_topics_makes_them_and_runs(kafka_broker, store):
     """--create-topics through the watcher itself (its client options, not a test's): the input, results and
     dead-letter topics are made, and an event published afterwards runs and gets its result."""
