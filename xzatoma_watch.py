@@ -1061,7 +1061,7 @@ class Watcher:
                     self.received += len(messages)
                     self._handle_batch(tp, messages)
             self._start_runs()
-            self._commit()
+            self._commit(timeout=self.s.publish_timeout)  # a frozen broker must not hold the loop (nor a stop)
             now = time.monotonic()
             if got or self.in_flight or self.backlog or self.assigned_at is None or self.rebalancing:
                 last_activity = max(now if (got or self.in_flight or self.backlog) else last_activity,
@@ -1560,27 +1560,30 @@ class Watcher:
         restarted mid-stream; one frozen with a result in flight). Only an answer counts as a failed attempt:
         its producer gives one within 3 publish timeouts (_producer_limits). A hard stop ends the wait (the
         result stays stored, to be published after a restart)."""
-        attempt, future = 0, None
+        attempt, future, sent_at = 0, None, 0.0
         while True:
             producer = self.producer
             try:
                 if future is None:
-                    future = producer.send(topic, key=key, value=value, headers=headers)
+                    future, sent_at = producer.send(topic, key=key, value=value, headers=headers), time.monotonic()
                 future.get(timeout=self.s.publish_timeout)
                 return None
             except Exception as exc:  # KafkaError, or a timeout while the broker is away
-                if future is not None and not future.is_done and not self.hard_stop.is_set():
+                pending = future is not None and not future.is_done
+                if pending and not self.hard_stop.is_set() and \
+                        time.monotonic() - sent_at < 4 * self.s.publish_timeout:
                     self.log("publish_waiting", level="warn", what=what, topic=topic, error=_one_line(exc))
                     continue
                 # it failed (or was never sent): the next try sends it again. One its producer gave up on after
-                # delivery_timeout_ms is not tried through that producer again: a broker that restarted empty
-                # left one that never delivered another record
-                expired = future is not None and future.is_done and \
-                    isinstance(exc, self.kafka.errors.KafkaTimeoutError)
+                # delivery_timeout_ms, or never answered for (a producer whose renewal failed while the broker
+                # was frozen 20 s answered nothing after it woke: the partition stopped), is not tried through
+                # that producer again: a broker that restarted empty left one that never delivered another
+                expired = future is not None and not self.hard_stop.is_set() and \
+                    (pending or isinstance(exc, self.kafka.errors.KafkaTimeoutError))
                 future = None
                 attempt += 1
                 permanent = _refused_for_good(self.kafka, exc)
-                if attempt % 3 == 0 or expired:
+                if (attempt % 3 == 0 or expired) and not self.hard_stop.is_set():
                     self._renew_producer(producer)
                 if permanent or self.hard_stop.is_set() or (give_up_after and attempt >= give_up_after):
                     self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
@@ -1607,14 +1610,16 @@ class Watcher:
         self.log("producer_renewed", level="warn")
 
     # -- committing --
-    def _commit(self, tps=None):
+    def _commit(self, tps=None, timeout=None):
+        """Commit what is settled; `timeout` (seconds) bounds the wait where the client allows it (a frozen
+        broker held a stopping watcher in each commit for 30 s: SIGTERM with a 2 s grace exited after 70 s)."""
         if self.s.dry_run:
             return
         points = self.tracker.commit_points(tps)
         if not points:
             return
         try:
-            self.consumer.commit(_offsets(self.kafka, points))
+            self.consumer.commit(_offsets(self.kafka, points), **_bounded(self.consumer.commit, timeout))
         except Exception as exc:  # CommitFailedError in a rebalance, or the broker away: retried next round
             self.log("commit_failed", level="warn", error=_one_line(exc))
             return
@@ -1698,7 +1703,7 @@ class Watcher:
             pass
         deadline = time.monotonic() + self.s.shutdown_grace
         while self.in_flight and time.monotonic() < deadline and not self.hard_stop.is_set():
-            self._commit()
+            self._commit(timeout=max(0.1, deadline - time.monotonic()))
             try:
                 self.consumer.poll(timeout_ms=100)  # paused: keeps the group membership, returns nothing
             except Exception:
@@ -1710,14 +1715,25 @@ class Watcher:
             while self.in_flight and time.monotonic() < end:
                 self.cond.wait(0.2)
         self.hard_stop.set()
-        self._commit()
+        self._commit(timeout=5)
         if self._lag_wanted():
             self._report_lag()  # the last word on what is left waiting
         self.executor.shutdown(wait=False)
-        try:
-            self.consumer.close(autocommit=False)
-        except Exception as exc:
-            self.log("close_failed", level="warn", error=_one_line(exc))
+        # INFO: kafka-python 3's close leaves the group without a bound (its timeout_ms covers the commit only):
+        # a frozen broker held a stopping watcher there for 30 s. It closes in a thread of its own, given 5 s.
+        errors = []
+
+        def close():
+            try:
+                self.consumer.close(autocommit=False, **_bounded(self.consumer.close, 5))
+            except Exception as exc:
+                errors.append(exc)
+        closing = threading.Thread(target=close, name="xzatoma-close", daemon=True)
+        closing.start()
+        closing.join(6)
+        if closing.is_alive() or errors:
+            self.log("close_failed", level="warn", error=_one_line(errors[0]) if errors else
+                     "the broker did not answer within 6 s; leaving the group to its session timeout")
         if self.producer is not None:
             # every publish waited for its ack: what the producer still holds was given up on (its result is
             # stored, to be published after a restart), and is dropped, not delivered as well
@@ -1820,6 +1836,18 @@ def _producer_limits(producer_class, publish_timeout):
         opts["delivery_timeout_ms"] = 3 * opts["request_timeout_ms"]
     opts.update(_quiet_sensors(producer_class))
     return opts
+
+
+def _bounded(method, seconds):
+    """{"timeout_ms": …} for a client call that takes one (kafka-python >= 2.1's commit and close), else {}."""
+    if seconds is None:
+        return {}
+    import inspect
+    try:
+        takes = "timeout_ms" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {"timeout_ms": int(seconds * 1000)} if takes else {}
 
 
 def _quiet_sensors(client_class):
