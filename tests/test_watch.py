@@ -777,14 +777,28 @@ def test_broker_down_at_start_and_restarted_mid_stream(tmp_path, kafka_broker, s
         broker.stop()
 
 
-def test_a_late_ack_is_waited_for_never_sent_again_nor_given_up_on(tmp_path, kafka_broker, store):
+@pytest.fixture
+def freezable_broker(tmp_path, kafka_broker):
+    """A broker of the test's own, which it may freeze (SIGSTOP: it answers nothing, but reads what is on its
+    sockets when thawed) and thaw; thawed and stopped at the end."""
+    import signal
+    import kafka_broker as kb
+    broker = kb.Broker(kafka_broker.binary, str(tmp_path / "broker.log")).start()
+    broker.freeze = lambda: broker.proc.send_signal(signal.SIGSTOP)
+    broker.thaw = lambda: broker.proc.send_signal(signal.SIGCONT)
+    yield broker
+    if broker.proc is not None:
+        broker.thaw()
+    broker.stop()
+
+
+def test_a_late_ack_is_waited_for_never_sent_again_nor_given_up_on(freezable_broker, store):
     """A broker that freezes while a result is on its way: the wait for the ack times out (publish_timeout),
     which is no failed attempt (watcher.publish_attempts is 1), and the result is neither sent again nor
     replaced by a failed one: the broker reads it when it wakes, and a second send (or a replacement) published
     two results for one event. Each event gets exactly one result, the right one; the offsets are committed."""
-    import signal
     import kafka_broker as kb
-    broker = kb.Broker(kafka_broker.binary, str(tmp_path / "broker.log")).start()
+    broker = freezable_broker
     topic = new_topic(broker)
     kb.produce(broker.address, topic, [(None, cloudevent("late-%d" % i, data={"plan": PLAN})) for i in range(3)])
     runner = fake_runner()
@@ -795,7 +809,7 @@ def test_a_late_ack_is_waited_for_never_sent_again_nor_given_up_on(tmp_path, kaf
         started.append(job.event.id)
         if job.event.id == "late-1":  # its result goes out to a broker that stops answering
             assert wait_for(lambda: watcher.log_lines.events("finished"), 30)  # late-0's is out: metadata known
-            broker.proc.send_signal(signal.SIGSTOP)
+            broker.freeze()
             frozen.set()
         return runner(job)
     watcher = start_watcher(broker, topic, run_plan, store, publish_timeout=1.0, publish_attempts=1,
@@ -805,7 +819,7 @@ def test_a_late_ack_is_waited_for_never_sent_again_nor_given_up_on(tmp_path, kaf
         # late (the producer answers within 3 publish timeouts: woken before, the broker acknowledges it)
         assert wait_for(lambda: watcher.log_lines.events("publish_waiting"), 30), started
         assert "Timeout" in watcher.log_lines.events("publish_waiting")[0]["error"]
-        broker.proc.send_signal(signal.SIGCONT)
+        broker.thaw()
         watcher.thread.join(60)
         assert not watcher.thread.is_alive()
         results = sorted((json.loads(r.value)["subject"], json.loads(r.value)["data"]["status"])
@@ -816,10 +830,7 @@ def test_a_late_ack_is_waited_for_never_sent_again_nor_given_up_on(tmp_path, kaf
         assert not watcher.log_lines.events("publish_failed")
         assert not watcher.log_lines.events("producer_renewed")  # the same producer delivered it, once
     finally:
-        if broker.proc is not None:
-            broker.proc.send_signal(signal.SIGCONT)
         watcher.request_stop("test")
-        broker.stop()
 
 
 def test_metrics_hooks_count_outcomes_and_runs(kafka_broker, store):
@@ -857,15 +868,14 @@ def test_results_on_the_input_topic_are_never_run(kafka_broker, store):
     assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [4]
 
 
-def test_a_broker_frozen_past_the_producers_answer_stops_no_partition(tmp_path, kafka_broker, store):
+def test_a_broker_frozen_past_the_producers_answer_stops_no_partition(freezable_broker, store):
     """Frozen far longer than 3 publish timeouts with a result in flight: the producer's renewal fails while the
     broker is away, and the old producer answered nothing after it woke; the watcher waited on it forever and
     the partition stopped (found by a fault campaign). A wait is now bounded at 4 publish timeouts, then the
     record goes through a new producer: every event gets its result and all is committed. (A result may then
     come twice: the broker may have read the first before it froze; the README says so.)"""
-    import signal
     import kafka_broker as kb
-    broker = kb.Broker(kafka_broker.binary, str(tmp_path / "broker.log")).start()
+    broker = freezable_broker
     topic = new_topic(broker)
     ids = ["fz-%d" % i for i in range(6)]
     kb.produce(broker.address, topic, [(None, cloudevent(i, data={"plan": PLAN})) for i in ids])
@@ -874,24 +884,21 @@ def test_a_broker_frozen_past_the_producers_answer_stops_no_partition(tmp_path, 
     def run_plan(job):
         if job.event.id == "fz-1":
             assert wait_for(lambda: watcher.log_lines.events("finished"), 30)
-            broker.proc.send_signal(signal.SIGSTOP)
+            broker.freeze()
         return runner(job)
     watcher = start_watcher(broker, topic, run_plan, store, publish_timeout=0.3, backoff_initial=0.05,
                             backoff_max=0.2, max_events=len(ids))
     try:
         # the wait passes 4 publish timeouts and a new producer cannot be made while the broker is away
         assert wait_for(lambda: watcher.log_lines.events("producer_failed"), 60)
-        broker.proc.send_signal(signal.SIGCONT)
+        broker.thaw()
         watcher.thread.join(90)
         assert not watcher.thread.is_alive(), (watcher.settled, [r["event"] for r in watcher.log_lines.json()][-20:])
         subjects = {json.loads(r.value)["subject"] for r in kb.read_all(broker.address, topic + ".results", len(ids))}
         assert subjects == set(ids)
         assert kb.committed(broker.address, watcher.s.group_id, topic) == [len(ids)]
     finally:
-        if broker.proc is not None:
-            broker.proc.send_signal(signal.SIGCONT)
         watcher.request_stop("test")
-        broker.stop()
 
 
 def test_a_watcher_told_to_create_its_topics_makes_them_and_runs(kafka_broker, store):
