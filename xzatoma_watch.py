@@ -1720,7 +1720,7 @@ class Watcher:
             self._report_lag()  # the last word on what is left waiting
         self.executor.shutdown(wait=False)
         # INFO: kafka-python 3's close leaves the group without a bound (its timeout_ms covers the commit only):
-        # a frozen broker held a stopping watcher there for 30 s. It closes in a thread of its own, given 5 s.
+        # a frozen broker held a stopping watcher there for 30 s. It closes in a thread of its own, given 6 s.
         errors = []
 
         def close():
