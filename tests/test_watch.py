@@ -901,6 +901,33 @@ def test_a_broker_frozen_past_the_producers_answer_stops_no_partition(freezable_
         watcher.request_stop("test")
 
 
+def test_a_watcher_stops_while_its_broker_is_frozen_mid_publish(freezable_broker, store):
+    """Stopped twice (a hard stop) while the broker answers nothing and a result waits for its ack: the last
+    commit and leaving the group each waited about 30 s for the broker (SIGTERM with a 2 s grace exited after
+    70 s, found by a fault campaign). Both are bounded now: the watcher ends while the broker is still frozen."""
+    import kafka_broker as kb
+    broker = freezable_broker
+    topic = new_topic(broker)
+    kb.produce(broker.address, topic, [(None, cloudevent("st-%d" % i, data={"plan": PLAN})) for i in range(3)])
+    runner = fake_runner()
+
+    def run_plan(job):
+        if job.event.id == "st-1":
+            assert wait_for(lambda: watcher.log_lines.events("finished"), 30)  # st-0's result is out
+            broker.freeze()
+        return runner(job)
+    watcher = start_watcher(broker, topic, run_plan, store, publish_timeout=1.0, shutdown_grace=1)
+    try:
+        assert wait_for(lambda: watcher.log_lines.events("publish_waiting"), 30)
+        watcher.request_stop("test")
+        watcher.request_stop("test")  # the second: stop now
+        watcher.thread.join(25)  # 12 s measured; without the bounds, longer than 25 s
+        assert not watcher.thread.is_alive()  # the broker is still frozen
+        assert watcher.log_lines.events("stopped")
+    finally:
+        watcher.request_stop("test")
+
+
 def test_a_watcher_told_to_create_its_topics_makes_them_and_runs(kafka_broker, store):
     """--create-topics through the watcher itself (its client options, not a test's): the input, results and
     dead-letter topics are made, and an event published afterwards runs and gets its result."""
