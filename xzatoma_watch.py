@@ -10,6 +10,7 @@ settings, the store, and a function that runs one plan (a Session of kind
 """
 
 import collections
+import functools
 import json
 import os
 import re
@@ -1840,14 +1841,19 @@ def _producer_limits(producer_class, publish_timeout):
 
 def _bounded(method, seconds):
     """{"timeout_ms": …} for a client call that takes one (kafka-python >= 2.1's commit and close), else {}."""
-    if seconds is None:
+    if seconds is None or not _takes_timeout(getattr(method, "__func__", method)):
         return {}
+    return {"timeout_ms": int(seconds * 1000)}
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_timeout(function):
+    """Asked once per client function, not on every commit of the loop."""
     import inspect
     try:
-        takes = "timeout_ms" in inspect.signature(method).parameters
+        return "timeout_ms" in inspect.signature(function).parameters
     except (TypeError, ValueError):
-        takes = False
-    return {"timeout_ms": int(seconds * 1000)} if takes else {}
+        return False
 
 
 def _quiet_sensors(client_class):
