@@ -960,6 +960,7 @@ class Watcher:
     def run(self):
         """Watch until stopped (signal, --max-events, --idle-exit); returns the exit code."""
         self.kafka = require_kafka("watch")
+        _guard_dead_batches(self.kafka)
         from concurrent.futures import ThreadPoolExecutor
         self.executor = ThreadPoolExecutor(max_workers=self.s.max_concurrent, thread_name_prefix="xzatoma-watch")
         self._connect()
@@ -1043,7 +1044,13 @@ class Watcher:
             try:
                 records = self.consumer.poll(timeout_ms=self.s.poll_ms)
                 poll_failures = 0
-            except self.kafka.errors.KafkaError as exc:
+            except Exception as exc:
+                where = getattr(exc, "xzatoma_unreadable", None)  # see _guard_dead_batches
+                if where is not None:  # a record the client cannot read: it costs that record, then on
+                    self._unreadable(where[0], where[1], exc)
+                    continue
+                if not isinstance(exc, self.kafka.errors.KafkaError):
+                    raise
                 poll_failures += 1
                 self.log("poll_failed", level="warn", attempt=poll_failures, error=_one_line(exc))
                 self.stopping.wait(self._backoff(poll_failures))
@@ -1182,6 +1189,29 @@ class Watcher:
                  partition=msg.partition, offset=msg.offset)
         self.counts["set_aside"] += 1
         self._reject(tp, po, msg, event_id, reason, None, counted=True)
+
+    def _unreadable(self, tp, offset, exc):
+        """The record at `offset` could not be read by the client (a batch compressed with a codec whose library
+        is not installed, a failed CRC, a corrupt body): it is set aside unread with a dead-letter note of where
+        it is, committed past, and reading goes on from the next offset (the rest of its batch, if it was one,
+        comes the same way, one record at a time: nothing readable after it is skipped)."""
+        po = self.tracker.get(tp)
+        po.received(offset)
+        error = _one_line(exc)
+        if not error.startswith(type(exc).__name__):  # kafka-python's errors name themselves
+            error = "%s: %s" % (type(exc).__name__, error)
+        reason = "set aside unread: the Kafka client could not read the record (%s)" % error
+        if type(exc).__name__ == "UnsupportedCodecError":
+            reason += "; install the codec's library beside xzatoma (pip install 'kafka-python[lz4,snappy,zstd]')"
+        self.log("unreadable", level="error", reason=reason, topic=tp.topic, partition=tp.partition, offset=offset)
+        self.counts["unreadable"] += 1
+        origin = _Unread(tp.topic, tp.partition, offset)
+        self._reject(tp, po, origin, None, reason, None, counted=True)
+        try:
+            self.consumer.seek(tp, offset + 1)  # the client drops its dead batch only when the position moves
+        except Exception as exc2:  # unassigned meanwhile: whoever owns it now meets the record and does the same
+            self.log("position_failed", level="warn", partition=tp.partition, error=_one_line(exc2))
+        self._commit([tp], timeout=self.s.publish_timeout)
 
     def _handle(self, tp, msg):
         po = self.tracker.get(tp)
@@ -1782,6 +1812,48 @@ def _listener(kafka, watcher):
         def on_partitions_assigned(self, assigned):
             watcher._assigned(assigned)
     return Listener()
+
+
+class _Unread:
+    """What is known of a record the client could not read: where it is (its dead-letter copy carries only that)."""
+
+    def __init__(self, topic, partition, offset):
+        self.topic, self.partition, self.offset = topic, partition, offset
+        self.key, self.value = None, b""  # empty, not null: a null value is a deletion on a compacted topic
+        self.headers = []
+
+
+def _guard_dead_batches(kafka):
+    """Make a record batch the client cannot read fail loudly, every time, saying where it is.
+
+    INFO: kafka-python raises a batch it cannot unpack (a codec whose library is not installed, a failed CRC, a
+    corrupt body) out of the fetcher's PartitionRecords.take() once. Then the batch stays in line, dead: every
+    later poll spins on it inside the client (take() returns nothing, for good), silently, at full CPU; and
+    the one error is dropped unseen when the partition was paused (the watcher pauses while a run is busy).
+    Wrapped here, a batch that failed raises the same error on every take(), which carries the partition and
+    offset of the record that could not be read (`xzatoma_unreadable`): the watcher sets that record aside and
+    moves the position past it, the only thing that makes the client let the batch go. Applied once, to the
+    class; a client without that class (another version) is left as it is."""
+    cls = getattr(getattr(getattr(getattr(kafka, "consumer", None), "fetcher", None), "Fetcher", None),
+                  "PartitionRecords", None)
+    take = getattr(cls, "take", None)
+    if take is None or getattr(take, "xzatoma_guard", False):
+        return
+
+    def guarded_take(self, *args, **kwargs):
+        failed = getattr(self, "_xzatoma_failed", None)
+        if failed is not None:
+            raise failed.with_traceback(None)  # the same error again, its traceback not grown by each raise
+        try:
+            return take(self, *args, **kwargs)
+        except Exception as exc:
+            where = getattr(self, "topic_partition", None), getattr(self, "next_fetch_offset", None)
+            if where[0] is not None and isinstance(where[1], int):
+                exc.xzatoma_unreadable = where
+                self._xzatoma_failed = exc
+            raise
+    guarded_take.xzatoma_guard = True
+    cls.take = guarded_take
 
 
 def _offsets(kafka, points):

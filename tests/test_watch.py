@@ -1164,6 +1164,75 @@ sys.exit(watcher.run())
 """
 
 
+def _produce_unreadable(address, topic, values, how):
+    """One record batch the consumer cannot read, as the broker keeps it: flagged `snappy` (a codec whose library
+    is not installed here: a Java producer's default choice meets the same) over a body that is not, or with a
+    CRC that does not match. Made by kafka-python's own producer, patched only while it builds the batch."""
+    import pytest
+    import kafka.codec
+    import kafka.record.default_records as records
+    from kafka import KafkaProducer
+    with pytest.MonkeyPatch.context() as mp:
+        if how == "snappy":
+            assert not kafka.codec.has_snappy()  # else the consumer reads it and this test proves nothing
+            mp.setitem(KafkaProducer._COMPRESSORS, "snappy", (lambda: True, records.DefaultRecordBatch.CODEC_SNAPPY))
+            mp.setattr(kafka.codec, "has_snappy", lambda: True)
+            mp.setattr(records, "snappy_encode", lambda data: b"not snappy")
+        else:
+            crc = records.calc_crc32c
+            mp.setattr(records, "calc_crc32c", lambda data: crc(data) ^ 1)
+        producer = KafkaProducer(bootstrap_servers=address, acks="all", linger_ms=100,
+                                 compression_type="snappy" if how == "snappy" else None)
+        try:
+            futures = [producer.send(topic, value=v) for v in values]
+            producer.flush(30)
+            offsets = [f.get(30).offset for f in futures]
+        finally:
+            producer.close(5)
+    assert offsets == list(range(offsets[0], offsets[0] + len(values))), offsets
+    return offsets
+
+
+def test_a_record_batch_the_client_cannot_read_costs_its_records_never_the_partition(kafka_broker, store):
+    """A batch compressed with a codec whose library is missing, or whose CRC fails, or a record with a header name
+    that is not UTF-8, was raised out of poll() by kafka-python once (or not at all, when the partition was paused
+    for a run), and then it spun on it inside every later poll: the watcher hung, silent, at 100% CPU. Now each
+    record of such a batch is set aside unread (a log line, a dead-letter note of where it is, the commit) and
+    the events after it run."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g0", data={"plan": PLAN}))])
+    snappy = _produce_unreadable(kafka_broker.address, topic, [cloudevent("s%d" % i, data={"plan": PLAN})
+                                                              for i in range(3)], "snappy")
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g1", data={"plan": PLAN}))])
+    crc = _produce_unreadable(kafka_broker.address, topic, [cloudevent("c%d" % i, data={"plan": PLAN})
+                                                           for i in range(2)], "crc")
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g2", data={"plan": PLAN}))])
+
+    class Undecodable(str):  # a header name that is not UTF-8 (librdkafka sends any bytes): the client's decode fails
+        def encode(self, *args, **kwargs):
+            return b"\xff\xfe"
+    header = kb.produce(kafka_broker.address, topic, [(None, cloudevent("h0", data={"plan": PLAN}),
+                                                       [(Undecodable("x"), b"v")])])[0].offset
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g3", data={"plan": PLAN}))])
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, dead_letter_topic=topic + ".dlq", max_events=10)
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive(), "the watcher is stuck"
+    assert [j.event.id for j in run_plan.calls] == ["g0", "g1", "g2", "g3"]
+    unread = [l for l in watcher.log_lines.json() if l["event"] == "unreadable"]
+    assert [l["offset"] for l in unread] == snappy + crc + [header]
+    assert all("UnsupportedCodecError" in l["reason"] and "kafka-python[" in l["reason"] for l in unread[:3])
+    assert all("CorruptRecord" in l["reason"] for l in unread[3:5])
+    assert "UnicodeDecodeError" in unread[5]["reason"]
+    dlq = kb.read_all(kafka_broker.address, topic + ".dlq", 6)
+    origins = sorted((dict(r.headers)["xzatoma_origin"].decode() for r in dlq), key=lambda o: int(o.split(":")[2]))
+    assert origins == ["%s:0:%d" % (topic, o) for o in snappy + crc + [header]]
+    results = kb.read_all(kafka_broker.address, topic + ".results", 4)
+    assert sorted(json.loads(r.value)["subject"] for r in results) == ["g0", "g1", "g2", "g3"]
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [10]
+
+
 def test_a_message_that_crashes_the_watcher_is_set_aside_after_max_attempts(kafka_broker, tmp_path):
     """Issue 22: a message that killed the watcher killed it on every restart, and the partition waited forever.
     A watcher process that dies reading (or running) one message leaves a mark in the store; the message is then
