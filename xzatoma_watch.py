@@ -1201,8 +1201,11 @@ class Watcher:
         if not error.startswith(type(exc).__name__):  # kafka-python's errors name themselves
             error = "%s: %s" % (type(exc).__name__, error)
         reason = "set aside unread: the Kafka client could not read the record (%s)" % error
-        if type(exc).__name__ == "UnsupportedCodecError":
-            reason += "; install the codec's library beside xzatoma (pip install 'kafka-python[lz4,snappy,zstd]')"
+        codec = re.search(r"\b(lz4|snappy|zstd)\b", error) if type(exc).__name__ == "UnsupportedCodecError" else None
+        if codec:
+            from xzatoma_store import install_hint
+            package = {"lz4": "lz4", "snappy": "python-snappy", "zstd": "zstandard"}[codec.group(1)]
+            reason += "; to read %s records: %s" % (codec.group(1), install_hint(package, extra="kafka-codecs"))
         self.log("unreadable", level="error", reason=reason, topic=tp.topic, partition=tp.partition, offset=offset)
         self.counts["unreadable"] += 1
         origin = _Unread(tp.topic, tp.partition, offset)

@@ -1222,7 +1222,7 @@ def test_a_record_batch_the_client_cannot_read_costs_its_records_never_the_parti
     assert [j.event.id for j in run_plan.calls] == ["g0", "g1", "g2", "g3"]
     unread = [l for l in watcher.log_lines.json() if l["event"] == "unreadable"]
     assert [l["offset"] for l in unread] == snappy + crc + [header]
-    assert all("UnsupportedCodecError" in l["reason"] and "kafka-python[" in l["reason"] for l in unread[:3])
+    assert all("UnsupportedCodecError" in l["reason"] and "xzatoma[kafka-codecs]" in l["reason"] for l in unread[:3])
     assert all("CorruptRecord" in l["reason"] for l in unread[3:5])
     assert "UnicodeDecodeError" in unread[5]["reason"]
     dlq = kb.read_all(kafka_broker.address, topic + ".dlq", 6)
