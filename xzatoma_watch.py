@@ -746,6 +746,13 @@ class OffsetTracker:
             items = [(tp, po) for tp, po in self.partitions.items() if tps is None or tp in tps]
             return {tp: point for tp, point in ((tp, po.commit_point()) for tp, po in items) if point is not None}
 
+    def skipped(self, tp, offset):
+        """The client read past `offset` without giving it out (a transaction marker): nothing there waits."""
+        with self.lock:
+            po = self.partitions.get(tp)
+            if po is not None and not po.pending and (po.highest is None or offset > po.highest):
+                po.highest = offset
+
     def committed(self, points):
         with self.lock:
             for tp, point in points.items():
@@ -960,7 +967,7 @@ class Watcher:
     def run(self):
         """Watch until stopped (signal, --max-events, --idle-exit); returns the exit code."""
         self.kafka = require_kafka("watch")
-        _guard_dead_batches(self.kafka)
+        guard_client(self.kafka)
         from concurrent.futures import ThreadPoolExecutor
         self.executor = ThreadPoolExecutor(max_workers=self.s.max_concurrent, thread_name_prefix="xzatoma-watch")
         self._connect()
@@ -1004,6 +1011,9 @@ class Watcher:
                 consumer_opts = dict(opts, group_id=self.s.group_id, enable_auto_commit=False,
                                      auto_offset_reset="earliest", key_deserializer=None, value_deserializer=None)
                 consumer_opts.update(_quiet_sensors(kafka.KafkaConsumer))
+                if "isolation_level" in getattr(kafka.KafkaConsumer, "DEFAULT_CONFIG", {}):  # kafka-python >= 2.1
+                    consumer_opts["isolation_level"] = "read_committed"  # a transaction its producer aborted never
+                    # happened: its events are not run
                 consumer_opts.update(self.s.consumer_options or {})
                 consumer = kafka.KafkaConsumer(**consumer_opts)
                 producer = None
@@ -1047,7 +1057,7 @@ class Watcher:
             except Exception as exc:
                 where = getattr(exc, "xzatoma_unreadable", None)  # see _guard_dead_batches
                 if where is not None:  # a record the client cannot read: it costs that record, then on
-                    self._unreadable(where[0], where[1], exc)
+                    self._unreadable(where[0], where[1], where[1], _error_text(exc), moved=False)
                     continue
                 if not isinstance(exc, self.kafka.errors.KafkaError):
                     raise
@@ -1063,12 +1073,17 @@ class Watcher:
                     # was to stop after max_events settled hung (nothing more ran or was committed)
                     with self.cond:
                         held = self.settled + len(self.in_flight) + len(self.backlog)
-                    messages = messages[:max(0, self.s.max_events - held)]
+                    cut = max(0, self.s.max_events - held)
+                    if cut < len(messages):  # what is not taken is read again after a restart: never committed
+                        self.consumer.seek(tp, messages[cut].offset)
+                        messages = messages[:cut]
                 if messages:
                     got = True
                     self.received += len(messages)
                     self._handle_batch(tp, messages)
             self._start_runs()
+            if not got:
+                self._past_markers()
             self._commit(timeout=self.s.publish_timeout)  # a frozen broker must not hold the loop (nor a stop)
             now = time.monotonic()
             if got or self.in_flight or self.backlog or self.assigned_at is None or self.rebalancing:
@@ -1100,6 +1115,24 @@ class Watcher:
             if offset is not None:
                 self.tracker.committed({tp: offset})  # the lag counts from here until this watcher commits
             self.log("positioned", topic=tp.topic, partition=tp.partition, offset=offset or 0)
+
+    def _past_markers(self):
+        """A transaction's commit or abort marker takes an offset the client never gives out, as do the records of
+        an aborted transaction: with one last on a partition, its commit stopped short of the end, for good (the
+        lag read 1 and the commit looked stalled). When everything received is settled and the client reads from
+        further on, that is committed."""
+        if self.s.dry_run:
+            return
+        for tp, po in list(self.tracker.partitions.items()):
+            read_to = po.highest + 1 if po.highest is not None else po.committed
+            if read_to is None or po.pending or tp in self.needs_position:
+                continue
+            try:
+                position = self.consumer.position(tp, **_bounded(self.consumer.position, 0.2))
+            except Exception:  # unassigned meanwhile, or the client busy finding it: next round
+                continue
+            if isinstance(position, int) and position > read_to:
+                self.tracker.skipped(tp, position - 1)
 
     # -- lag: what waits, from what is committed --
     def _lag_wanted(self):
@@ -1190,33 +1223,37 @@ class Watcher:
         self.counts["set_aside"] += 1
         self._reject(tp, po, msg, event_id, reason, None, counted=True)
 
-    def _unreadable(self, tp, offset, exc):
-        """The record at `offset` could not be read by the client (a batch compressed with a codec whose library
-        is not installed, a failed CRC, a corrupt body): it is set aside unread with a dead-letter note of where
-        it is, committed past, and reading goes on from the next offset (the rest of its batch, if it was one,
-        comes the same way, one record at a time: nothing readable after it is skipped)."""
+    def _unreadable(self, tp, first, last, reason, moved=True):
+        """Records the client could not read (see guard_client), `first` to `last`: set aside unread with a
+        dead-letter note of where they are, and committed past. `moved`: the client reads on after them by itself
+        (a stand-in); else the position is moved past them (the backstop's failed batch), the only thing that
+        makes the client let its dead batch go."""
         po = self.tracker.get(tp)
-        po.received(offset)
-        error = _one_line(exc)
-        if not error.startswith(type(exc).__name__):  # kafka-python's errors name themselves
-            error = "%s: %s" % (type(exc).__name__, error)
-        reason = "set aside unread: the Kafka client could not read the record (%s)" % error
-        codec = re.search(r"\b(lz4|snappy|zstd)\b", error) if type(exc).__name__ == "UnsupportedCodecError" else None
+        po.received(last)
+        reason = "set aside unread: the Kafka client could not read %s: %s" % (
+            "the record" if first == last else "records %d to %d" % (first, last), reason)
+        codec = re.search(r"UnsupportedCodecError.*?\b(lz4|snappy|zstd)\b", reason)
         if codec:
             from xzatoma_store import install_hint
             package = {"lz4": "lz4", "snappy": "python-snappy", "zstd": "zstandard"}[codec.group(1)]
             reason += "; to read %s records: %s" % (codec.group(1), install_hint(package, extra="kafka-codecs"))
-        self.log("unreadable", level="error", reason=reason, topic=tp.topic, partition=tp.partition, offset=offset)
-        self.counts["unreadable"] += 1
-        origin = _Unread(tp.topic, tp.partition, offset)
-        self._reject(tp, po, origin, None, reason, None, counted=True)
-        try:
-            self.consumer.seek(tp, offset + 1)  # the client drops its dead batch only when the position moves
-        except Exception as exc2:  # unassigned meanwhile: whoever owns it now meets the record and does the same
-            self.log("position_failed", level="warn", partition=tp.partition, error=_one_line(exc2))
-        self._commit([tp], timeout=self.s.publish_timeout)
+        self.log("unreadable", level="error", reason=reason, topic=tp.topic, partition=tp.partition, offset=first,
+                 **({"last_offset": last} if last != first else {}))
+        self.counts["unreadable"] += last - first + 1
+        with self.cond:
+            self.settled += last - first  # each record of the range is one settled (--max-events); _reject adds one
+        self._reject(tp, po, _Unread(tp.topic, tp.partition, first, last), None, reason, None, counted=True)
+        if not moved:
+            try:
+                self.consumer.seek(tp, last + 1)
+            except Exception as exc:  # unassigned meanwhile: whoever owns it now meets the record and does the same
+                self.log("position_failed", level="warn", partition=tp.partition, error=_one_line(exc))
+            self._commit([tp], timeout=self.s.publish_timeout)
 
     def _handle(self, tp, msg):
+        unread = unread_stand_in(msg.headers)
+        if unread is not None:
+            return self._unreadable(tp, unread[0], msg.offset, unread[1])
         po = self.tracker.get(tp)
         po.received(msg.offset)
         try:
@@ -1308,7 +1345,8 @@ class Watcher:
         if not self.s.dead_letter_topic or self.s.dry_run or msg is None:
             return
         ours = [("xzatoma_reason", bounded_text(reason, 1000)[0].encode("utf-8")),
-                ("xzatoma_origin", ("%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
+                ("xzatoma_origin", (getattr(msg, "origin", None) or
+                                    "%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
         headers = [(k, v) for k, v in (msg.headers or []) if isinstance(k, str) and isinstance(v, (bytes, type(None)))]
         value, key = msg.value, msg.key
         room = self.s.max_request_size - RECORD_OVERHEAD - len(key or b"") - sum(len(k) + len(v) for k, v in ours)
@@ -1776,6 +1814,179 @@ class Watcher:
                  **{k: v for k, v in sorted(self.counts.items())})
 
 
+# ---- Records the client cannot read: each set aside where it is, never a spin, never a skip ----
+# INFO: this section reaches into kafka-python's record classes (3.x; a client without them is left as it is).
+# kafka-python raises a record batch it cannot unpack (a codec whose library is not installed, a failed CRC, a
+# corrupt body, a header name that is not UTF-8) out of poll() once, then keeps the dead batch in line and spins
+# on it inside every later poll, silently, at full CPU; the one error is dropped unseen when the partition was
+# paused. Records after a bad one in its batch could not be reached at all (the client decodes a batch from its
+# start, every time). Here each record the client cannot read becomes a stand-in record where it was, carrying
+# why; the watcher sets it aside (a log line, a dead-letter note of its origin, the commit) and reads on.
+
+#: a batch whose body would inflate past this is unreadable (a 509 KiB gzip bomb inflated to 512 MiB, held twice)
+MAX_INFLATED_BATCH = 64 << 20
+#: a record with more headers is not built (2 million empty ones took 300 MB); up to it, MAX_HEADERS rejects
+MAX_BUILT_HEADERS = 16 * MAX_HEADERS
+
+
+class _Mark(str):
+    """The name of the header that marks a stand-in. A str of this class: one from the wire is a plain str, so no
+    producer can forge the mark (`headers[0][0] is UNREADABLE`)."""
+
+
+UNREADABLE = _Mark("xzatoma-unreadable")
+
+
+def unread_stand_in(headers):
+    """(first offset, reason) when a consumed record is a stand-in for records that could not be read, else None."""
+    if headers and headers[0][0] is UNREADABLE:
+        doc = json.loads(headers[0][1])
+        return doc["first"], doc["reason"]
+    return None
+
+
+class _Unread:
+    """What is known of a record the client could not read: where it is (its dead-letter note carries only that)."""
+
+    def __init__(self, topic, partition, first, last):
+        self.topic, self.partition, self.offset = topic, partition, last
+        self.origin = "%s:%s:%s" % (topic, partition, first if first == last else "%d-%d" % (first, last))
+        self.key, self.value = None, b""  # empty, not null: a null value is a deletion on a compacted topic
+        self.headers = []
+
+
+def _error_text(exc):
+    text = _one_line(exc)
+    return text if text.startswith(type(exc).__name__) else "%s: %s" % (type(exc).__name__, text)
+
+
+def _bounded_gunzip(payload):
+    """kafka-python's gzip_decode, bounded: a body inflating past MAX_INFLATED_BATCH is refused, not held."""
+    import zlib
+    data, out, size = bytes(payload), [], 0
+    while data:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # one gzip member (a stream may hold several)
+        chunk = inflater.decompress(data, MAX_INFLATED_BATCH - size + 1)
+        size += len(chunk)
+        out.append(chunk)
+        if size > MAX_INFLATED_BATCH or inflater.unconsumed_tail:
+            raise ValueError("the batch inflates past %d bytes" % MAX_INFLATED_BATCH)
+        if not inflater.eof:
+            raise ValueError("the gzip body is cut short")
+        data = inflater.unused_data.lstrip(b"\x00")  # zeros after a member are padding, as gzip.GzipFile reads it
+    return b"".join(out)
+
+
+def _peek_record(buffer, pos, decode_varint):
+    """(end, offset delta, header count) of the v2 record at `pos`, read only as far as its header count, or None
+    when not even that can be read (the fields as kafka-python reads them; KIP-98 record format)."""
+    try:
+        length, start = decode_varint(buffer, pos)
+        end = start + length
+        if length < 0 or end > len(buffer):
+            return None
+        _, p = decode_varint(buffer, start)  # attributes
+        _, p = decode_varint(buffer, p)  # timestamp delta
+        delta, p = decode_varint(buffer, p)
+        for _ in range(2):  # key, value: a length (-1: null), then the bytes
+            n, p = decode_varint(buffer, p)
+            p += max(n, 0)
+        count, p = decode_varint(buffer, p)
+        return (end, delta, count) if p <= end else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _read_batch(batch, unpack, next_record, check_crc, make_record, decode_varint):
+    """The records of one v2 batch, each one that cannot be read replaced by a stand-in at its offset; when the
+    batch or the rest of it cannot be told apart, one stand-in for its unread offsets (kafka-python moves past
+    a batch to its header's last offset, as it does for a readable one)."""
+    def stand_in(first, last, reason):
+        doc = json.dumps({"first": first, "reason": reason}).encode()
+        # at the range's last offset: the client drops records below where it reads from, and moves on after it
+        return make_record(0, last, batch.first_timestamp, batch.timestamp_type, None, None, [(UNREADABLE, doc)])
+    reason = None
+    try:
+        if not check_crc(batch):
+            reason = "its batch failed its CRC check"
+        else:
+            unpack(batch)  # inflates a compressed body
+    except Exception as exc:
+        reason = "its batch could not be unpacked (%s)" % _error_text(exc)
+    if reason is not None:
+        yield stand_in(batch.base_offset, batch.last_offset, reason)
+        return
+    done = batch.base_offset - 1  # the last offset given out
+    while True:
+        peek = _peek_record(batch._buffer, batch._pos, decode_varint) \
+            if batch._next_record_index < batch._num_records else None
+        if peek is not None and peek[2] > MAX_BUILT_HEADERS:
+            problem = "%d headers, over the limit of %d" % (peek[2], MAX_BUILT_HEADERS)
+        else:
+            try:
+                record = next_record(batch)
+            except StopIteration:
+                return
+            except Exception as exc:
+                problem = _error_text(exc)
+            else:
+                done = record.offset
+                yield record
+                continue
+        offset = batch.base_offset + peek[1] if peek is not None else None
+        if offset is None or not done < offset <= batch.last_offset:  # the rest cannot be told apart
+            if done < batch.last_offset:
+                yield stand_in(done + 1, batch.last_offset, "the rest of its batch could not be read (%s)" % problem)
+            return
+        batch._pos, batch._next_record_index = peek[0], batch._next_record_index + 1
+        done = offset
+        yield stand_in(offset, offset, "it could not be read (%s)" % problem)
+
+
+def guard_client(kafka):
+    """Fit kafka-python with the above (once; a client without those classes is left as it is)."""
+    records = getattr(getattr(kafka, "record", None), "default_records", None)
+    batch_class = getattr(records, "DefaultRecordBatch", None)
+    needed = ("_maybe_uncompress", "validate_crc", "__next__", "_buffer", "_pos", "_next_record_index",
+              "_num_records", "last_offset", "first_timestamp", "timestamp_type")
+    if batch_class is not None and all(hasattr(batch_class, n) for n in needed) and \
+            not getattr(batch_class, "xzatoma_guard", False) and hasattr(records, "gzip_decode"):
+        unpack, next_record, check_crc = batch_class._maybe_uncompress, batch_class.__next__, batch_class.validate_crc
+        make_record, decode_varint = records.DefaultRecord, records.decode_varint
+        batch_class.__iter__ = lambda self: _read_batch(self, unpack, next_record, check_crc, make_record,
+                                                        decode_varint)
+        batch_class.validate_crc = lambda self: True  # checked as the batch is read, where a failure is set aside
+        batch_class.xzatoma_guard = True
+        records.gzip_decode = _bounded_gunzip
+    _guard_dead_batches(kafka)
+
+
+def _guard_dead_batches(kafka):
+    """The backstop for what the batch reader does not see (another record format, a failure of its own): a batch
+    that failed raises the same error on every take(), not once, carrying where (`xzatoma_unreadable`); the
+    watcher sets that record aside and moves the position past it, which makes the client let the batch go."""
+    cls = getattr(getattr(getattr(getattr(kafka, "consumer", None), "fetcher", None), "Fetcher", None),
+                  "PartitionRecords", None)
+    take = getattr(cls, "take", None)
+    if take is None or getattr(take, "xzatoma_guard", False):
+        return
+
+    def guarded_take(self, *args, **kwargs):
+        failed = getattr(self, "_xzatoma_failed", None)
+        if failed is not None:
+            raise failed.with_traceback(None)  # the same error again, its traceback not grown by each raise
+        try:
+            return take(self, *args, **kwargs)
+        except Exception as exc:
+            where = getattr(self, "topic_partition", None), getattr(self, "next_fetch_offset", None)
+            if where[0] is not None and isinstance(where[1], int):
+                exc.xzatoma_unreadable = where
+                self._xzatoma_failed = exc
+            raise
+    guarded_take.xzatoma_guard = True
+    cls.take = guarded_take
+
+
 # ---- Broker plumbing: the rebalance listener, offsets, final errors, ids of unread messages ----
 
 
@@ -1815,48 +2026,6 @@ def _listener(kafka, watcher):
         def on_partitions_assigned(self, assigned):
             watcher._assigned(assigned)
     return Listener()
-
-
-class _Unread:
-    """What is known of a record the client could not read: where it is (its dead-letter copy carries only that)."""
-
-    def __init__(self, topic, partition, offset):
-        self.topic, self.partition, self.offset = topic, partition, offset
-        self.key, self.value = None, b""  # empty, not null: a null value is a deletion on a compacted topic
-        self.headers = []
-
-
-def _guard_dead_batches(kafka):
-    """Make a record batch the client cannot read fail loudly, every time, saying where it is.
-
-    INFO: kafka-python raises a batch it cannot unpack (a codec whose library is not installed, a failed CRC, a
-    corrupt body) out of the fetcher's PartitionRecords.take() once. Then the batch stays in line, dead: every
-    later poll spins on it inside the client (take() returns nothing, for good), silently, at full CPU; and
-    the one error is dropped unseen when the partition was paused (the watcher pauses while a run is busy).
-    Wrapped here, a batch that failed raises the same error on every take(), which carries the partition and
-    offset of the record that could not be read (`xzatoma_unreadable`): the watcher sets that record aside and
-    moves the position past it, the only thing that makes the client let the batch go. Applied once, to the
-    class; a client without that class (another version) is left as it is."""
-    cls = getattr(getattr(getattr(getattr(kafka, "consumer", None), "fetcher", None), "Fetcher", None),
-                  "PartitionRecords", None)
-    take = getattr(cls, "take", None)
-    if take is None or getattr(take, "xzatoma_guard", False):
-        return
-
-    def guarded_take(self, *args, **kwargs):
-        failed = getattr(self, "_xzatoma_failed", None)
-        if failed is not None:
-            raise failed.with_traceback(None)  # the same error again, its traceback not grown by each raise
-        try:
-            return take(self, *args, **kwargs)
-        except Exception as exc:
-            where = getattr(self, "topic_partition", None), getattr(self, "next_fetch_offset", None)
-            if where[0] is not None and isinstance(where[1], int):
-                exc.xzatoma_unreadable = where
-                self._xzatoma_failed = exc
-            raise
-    guarded_take.xzatoma_guard = True
-    cls.take = guarded_take
 
 
 def _offsets(kafka, points):

@@ -1166,8 +1166,10 @@ sys.exit(watcher.run())
 
 def _produce_unreadable(address, topic, values, how):
     """One record batch the consumer cannot read, as the broker keeps it: flagged `snappy` (a codec whose library
-    is not installed here: a Java producer's default choice meets the same) over a body that is not, or with a
-    CRC that does not match. Made by kafka-python's own producer, patched only while it builds the batch."""
+    is not installed here: a Java producer's default choice meets the same) over a body that is not, with a CRC
+    that does not match, or gzip over a body that inflates to 80 MiB (a bomb). Made by kafka-python's own
+    producer, patched only while it builds the batch."""
+    import gzip
     import pytest
     import kafka.codec
     import kafka.record.default_records as records
@@ -1178,11 +1180,16 @@ def _produce_unreadable(address, topic, values, how):
             mp.setitem(KafkaProducer._COMPRESSORS, "snappy", (lambda: True, records.DefaultRecordBatch.CODEC_SNAPPY))
             mp.setattr(kafka.codec, "has_snappy", lambda: True)
             mp.setattr(records, "snappy_encode", lambda data: b"not snappy")
+        elif how == "bomb":
+            bomb = gzip.compress(bytes(80 << 20), 9)
+            mp.setattr(records, "gzip_encode", lambda data: bomb)
+            values = [v + b" " * len(bomb) for v in values]  # else "no gain": the producer sends it uncompressed
         else:
             crc = records.calc_crc32c
             mp.setattr(records, "calc_crc32c", lambda data: crc(data) ^ 1)
-        producer = KafkaProducer(bootstrap_servers=address, acks="all", linger_ms=100,
-                                 compression_type="snappy" if how == "snappy" else None)
+        compression = {"snappy": "snappy", "bomb": "gzip"}.get(how)
+        producer = KafkaProducer(bootstrap_servers=address, acks="all", linger_ms=100, compression_type=compression,
+                                 max_request_size=4 << 20)
         try:
             futures = [producer.send(topic, value=v) for v in values]
             producer.flush(30)
@@ -1193,44 +1200,124 @@ def _produce_unreadable(address, topic, values, how):
     return offsets
 
 
+class Undecodable(str):
+    """A header name that is not UTF-8 on the wire (librdkafka sends any bytes): the client's decode fails."""
+
+    def encode(self, *args, **kwargs):
+        return b"\xff\xfe"
+
+
 def test_a_record_batch_the_client_cannot_read_costs_its_records_never_the_partition(kafka_broker, store):
-    """A batch compressed with a codec whose library is missing, or whose CRC fails, or a record with a header name
-    that is not UTF-8, was raised out of poll() by kafka-python once (or not at all, when the partition was paused
-    for a run), and then it spun on it inside every later poll: the watcher hung, silent, at 100% CPU. Now each
-    record of such a batch is set aside unread (a log line, a dead-letter note of where it is, the commit) and
-    the events after it run."""
+    """A batch compressed with a codec whose library is missing, whose CRC fails, or that inflates to 80 MiB, or a
+    record with a header name that is not UTF-8, was raised out of poll() by kafka-python once (or not at all,
+    when the partition was paused for a run), and then it spun on it inside every later poll: the watcher hung,
+    silent, at 100% CPU; and the records after a bad one in its batch could never be read. Now what cannot be
+    read is set aside where it is (a log line, a dead-letter note of its origin, the commit), its batch mates
+    run, and so does everything after."""
     import kafka_broker as kb
     topic = new_topic(kafka_broker)
-    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g0", data={"plan": PLAN}))])
-    snappy = _produce_unreadable(kafka_broker.address, topic, [cloudevent("s%d" % i, data={"plan": PLAN})
-                                                              for i in range(3)], "snappy")
-    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g1", data={"plan": PLAN}))])
-    crc = _produce_unreadable(kafka_broker.address, topic, [cloudevent("c%d" % i, data={"plan": PLAN})
-                                                           for i in range(2)], "crc")
-    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g2", data={"plan": PLAN}))])
-
-    class Undecodable(str):  # a header name that is not UTF-8 (librdkafka sends any bytes): the client's decode fails
-        def encode(self, *args, **kwargs):
-            return b"\xff\xfe"
-    header = kb.produce(kafka_broker.address, topic, [(None, cloudevent("h0", data={"plan": PLAN}),
-                                                       [(Undecodable("x"), b"v")])])[0].offset
-    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g3", data={"plan": PLAN}))])
+    good = lambda i: cloudevent("g%d" % i, data={"plan": PLAN})  # noqa: E731
+    kb.produce(kafka_broker.address, topic, [(None, good(0))])
+    snappy = _produce_unreadable(kafka_broker.address, topic, [good(90 + i) for i in range(3)], "snappy")
+    kb.produce(kafka_broker.address, topic, [(None, good(1))])
+    crc = _produce_unreadable(kafka_broker.address, topic, [good(80 + i) for i in range(2)], "crc")
+    bomb = _produce_unreadable(kafka_broker.address, topic, [good(70)], "bomb")
+    # one batch: a good record, one whose header name cannot be decoded, two good ones behind it
+    from kafka import KafkaProducer
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.address, acks="all", linger_ms=500)
+    try:
+        futures = [producer.send(topic, value=good(2)), producer.send(topic, value=good(60),
+                                                                      headers=[(Undecodable("x"), b"v")]),
+                   producer.send(topic, value=good(3)), producer.send(topic, value=good(4))]
+        producer.flush(30)
+        mixed = [f.get(30) for f in futures]
+    finally:
+        producer.close(5)
     run_plan = fake_runner()
-    watcher = start_watcher(kafka_broker, topic, run_plan, store, dead_letter_topic=topic + ".dlq", max_events=10)
+    total = 1 + 3 + 1 + 2 + 1 + 4
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, dead_letter_topic=topic + ".dlq", max_events=total)
     watcher.thread.join(60)
     assert not watcher.thread.is_alive(), "the watcher is stuck"
-    assert [j.event.id for j in run_plan.calls] == ["g0", "g1", "g2", "g3"]
+    assert [j.event.id for j in run_plan.calls] == ["g0", "g1", "g2", "g3", "g4"]
     unread = [l for l in watcher.log_lines.json() if l["event"] == "unreadable"]
-    assert [l["offset"] for l in unread] == snappy + crc + [header]
-    assert all("UnsupportedCodecError" in l["reason"] and "xzatoma[kafka-codecs]" in l["reason"] for l in unread[:3])
-    assert all("CorruptRecord" in l["reason"] for l in unread[3:5])
-    assert "UnicodeDecodeError" in unread[5]["reason"]
-    dlq = kb.read_all(kafka_broker.address, topic + ".dlq", 6)
-    origins = sorted((dict(r.headers)["xzatoma_origin"].decode() for r in dlq), key=lambda o: int(o.split(":")[2]))
-    assert origins == ["%s:0:%d" % (topic, o) for o in snappy + crc + [header]]
-    results = kb.read_all(kafka_broker.address, topic + ".results", 4)
-    assert sorted(json.loads(r.value)["subject"] for r in results) == ["g0", "g1", "g2", "g3"]
-    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [10]
+    header = mixed[1].offset
+    assert [(l["offset"], l.get("last_offset", l["offset"])) for l in unread] == [
+        (snappy[0], snappy[-1]), (crc[0], crc[-1]), (bomb[0], bomb[0]), (header, header)]
+    reasons = [l["reason"] for l in unread]
+    assert "UnsupportedCodecError" in reasons[0] and "xzatoma[kafka-codecs]" in reasons[0]
+    assert "CRC" in reasons[1] and "inflates past" in reasons[2] and "UnicodeDecodeError" in reasons[3]
+    dlq = kb.read_all(kafka_broker.address, topic + ".dlq", 4)
+    origins = sorted((dict(r.headers)["xzatoma_origin"].decode() for r in dlq),
+                     key=lambda o: int(o.split(":")[2].split("-")[0]))
+    assert origins == ["%s:0:%d-%d" % (topic, snappy[0], snappy[-1]), "%s:0:%d-%d" % (topic, crc[0], crc[-1]),
+                       "%s:0:%d" % (topic, bomb[0]), "%s:0:%d" % (topic, header)]
+    results = kb.read_all(kafka_broker.address, topic + ".results", 5)
+    assert sorted(json.loads(r.value)["subject"] for r in results) == ["g0", "g1", "g2", "g3", "g4"]
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [total]
+
+
+def test_a_failure_of_the_batch_reader_itself_costs_a_record_not_the_partition(kafka_broker, store, monkeypatch):
+    """The backstop under the batch reader: whatever else fails while the client unpacks a batch (here the reader
+    itself, for one batch) is raised out of every poll, not once, saying where; the watcher sets that record
+    aside, moves past it, and the events after it run."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    sent = kb.produce(kafka_broker.address, topic, [(None, cloudevent("b%d" % i, data={"plan": PLAN}))
+                                                   for i in range(3)])
+    assert len({m.offset for m in sent}) == 3
+    bad = sent[1].offset
+    read_batch = w._read_batch
+
+    def failing(batch, *args):
+        if batch.base_offset <= bad <= batch.last_offset:
+            raise RuntimeError("the reader broke")
+        return read_batch(batch, *args)
+    monkeypatch.setattr(w, "_read_batch", failing)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("after", data={"plan": PLAN}))])
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, dead_letter_topic=topic + ".dlq", idle_exit=3)
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive(), "the watcher is stuck"
+    ran = [j.event.id for j in run_plan.calls]
+    unread = [l for l in watcher.log_lines.json() if l["event"] == "unreadable"]
+    assert unread and all("the reader broke" in l["reason"] for l in unread)
+    # the failing batch holds the bad offset (and perhaps its neighbours): those are set aside, the rest run
+    lost = {l["offset"] for l in unread}
+    assert bad in lost
+    assert sorted(ran + ["b%d" % sent.index(m) for m in sent if m.offset in lost]) == ["after", "b0", "b1", "b2"]
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [4]
+
+
+def test_a_transaction_marker_last_on_a_partition_is_committed_past(kafka_broker, store):
+    """A transactional producer's commit marker takes an offset the client never gives out: with it last on the
+    partition, the watcher committed one short of the end for good (the lag read 1, the commit looked stalled).
+    The consumer reads committed data only (an aborted transaction's events are not run: Tansu does not mark
+    them, so that half is not observable here)."""
+    import kafka_broker as kb
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    topic = new_topic(kafka_broker)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.address, transactional_id="tx-" + topic, acks="all")
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, value=cloudevent("t1", data={"plan": PLAN})).get(30)
+        producer.commit_transaction()
+    finally:
+        producer.close(5)
+    tp = TopicPartition(topic, 0)
+    reader = KafkaConsumer(bootstrap_servers=kafka_broker.address)
+    try:
+        end = reader.end_offsets([tp])[tp]
+    finally:
+        reader.close()
+    assert end == 2  # the event and the marker
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, idle_exit=3)
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive()
+    assert [j.event.id for j in run_plan.calls] == ["t1"]
+    assert watcher.consumer.config["isolation_level"] == "read_committed"
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [end]
 
 
 def test_a_message_that_crashes_the_watcher_is_set_aside_after_max_attempts(kafka_broker, tmp_path):
