@@ -1230,13 +1230,7 @@ class Watcher:
         makes the client let its dead batch go."""
         po = self.tracker.get(tp)
         po.received(last)
-        reason = "set aside unread: the Kafka client could not read %s: %s" % (
-            "the record" if first == last else "records %d to %d" % (first, last), reason)
-        codec = re.search(r"UnsupportedCodecError.*?\b(lz4|snappy|zstd)\b", reason)
-        if codec:
-            from xzatoma_store import install_hint
-            package = {"lz4": "lz4", "snappy": "python-snappy", "zstd": "zstandard"}[codec.group(1)]
-            reason += "; to read %s records: %s" % (codec.group(1), install_hint(package, extra="kafka-codecs"))
+        reason = _unread_reason(first, last, reason)
         self.log("unreadable", level="error", reason=reason, topic=tp.topic, partition=tp.partition, offset=first,
                  **({"last_offset": last} if last != first else {}))
         self.counts["unreadable"] += last - first + 1
@@ -1853,6 +1847,18 @@ class _Unread:
         self.origin = "%s:%s:%s" % (topic, partition, first if first == last else "%d-%d" % (first, last))
         self.key, self.value = None, b""  # empty, not null: a null value is a deletion on a compacted topic
         self.headers = []
+
+
+def _unread_reason(first, last, reason):
+    """Why records were set aside unread, and for a missing codec, how to read them."""
+    reason = "set aside unread: the Kafka client could not read %s: %s" % (
+        "the record" if first == last else "records %d to %d" % (first, last), reason)
+    codec = re.search(r"UnsupportedCodecError.*?\b(lz4|snappy|zstd)\b", reason)
+    if codec:
+        from xzatoma_store import install_hint
+        package = {"lz4": "lz4", "snappy": "python-snappy", "zstd": "zstandard"}[codec.group(1)]
+        reason += "; to read %s records: %s" % (codec.group(1), install_hint(package, extra="kafka-codecs"))
+    return reason
 
 
 def _error_text(exc):
