@@ -1224,6 +1224,13 @@ def test_a_record_batch_the_client_cannot_read_costs_its_records_never_the_parti
     bomb = _produce_unreadable(kafka_broker.address, topic, [good(70)], "bomb")
     # one batch: a good record, one whose header name cannot be decoded, two good ones behind it
     from kafka import KafkaProducer
+    zipped = KafkaProducer(bootstrap_servers=kafka_broker.address, acks="all", linger_ms=500, compression_type="gzip")
+    try:  # a batch compressed as it should be (gzip is always readable): read through the bounded inflater
+        futures = [zipped.send(topic, value=good(5) + b" " * 2000), zipped.send(topic, value=good(6) + b" " * 2000)]
+        zipped.flush(30)
+        assert [f.get(30).offset for f in futures] == [bomb[0] + 1, bomb[0] + 2]
+    finally:
+        zipped.close(5)
     producer = KafkaProducer(bootstrap_servers=kafka_broker.address, acks="all", linger_ms=500)
     try:
         futures = [producer.send(topic, value=good(2)), producer.send(topic, value=good(60),
@@ -1234,11 +1241,11 @@ def test_a_record_batch_the_client_cannot_read_costs_its_records_never_the_parti
     finally:
         producer.close(5)
     run_plan = fake_runner()
-    total = 1 + 3 + 1 + 2 + 1 + 4
+    total = 1 + 3 + 1 + 2 + 1 + 2 + 4
     watcher = start_watcher(kafka_broker, topic, run_plan, store, dead_letter_topic=topic + ".dlq", max_events=total)
     watcher.thread.join(60)
     assert not watcher.thread.is_alive(), "the watcher is stuck"
-    assert [j.event.id for j in run_plan.calls] == ["g0", "g1", "g2", "g3", "g4"]
+    assert [j.event.id for j in run_plan.calls] == ["g0", "g1", "g5", "g6", "g2", "g3", "g4"]
     unread = [l for l in watcher.log_lines.json() if l["event"] == "unreadable"]
     header = mixed[1].offset
     assert [(l["offset"], l.get("last_offset", l["offset"])) for l in unread] == [
@@ -1251,8 +1258,8 @@ def test_a_record_batch_the_client_cannot_read_costs_its_records_never_the_parti
                      key=lambda o: int(o.split(":")[2].split("-")[0]))
     assert origins == ["%s:0:%d-%d" % (topic, snappy[0], snappy[-1]), "%s:0:%d-%d" % (topic, crc[0], crc[-1]),
                        "%s:0:%d" % (topic, bomb[0]), "%s:0:%d" % (topic, header)]
-    results = kb.read_all(kafka_broker.address, topic + ".results", 5)
-    assert sorted(json.loads(r.value)["subject"] for r in results) == ["g0", "g1", "g2", "g3", "g4"]
+    results = kb.read_all(kafka_broker.address, topic + ".results", 7)
+    assert sorted(json.loads(r.value)["subject"] for r in results) == ["g0", "g1", "g2", "g3", "g4", "g5", "g6"]
     assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [total]
 
 
