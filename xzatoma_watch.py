@@ -1075,7 +1075,8 @@ class Watcher:
                         held = self.settled + len(self.in_flight) + len(self.backlog)
                     cut = max(0, self.s.max_events - held)
                     if cut < len(messages):  # what is not taken is read again after a restart: never committed
-                        self.consumer.seek(tp, messages[cut].offset)
+                        unread = unread_stand_in(messages[cut].headers)  # a range: from its first offset
+                        self.consumer.seek(tp, unread[0] if unread else messages[cut].offset)
                         messages = messages[:cut]
                 if messages:
                     got = True
@@ -1389,6 +1390,9 @@ class Watcher:
             full = self.stopping.is_set() or bool(self.backlog) or len(self.in_flight) >= self.s.max_concurrent
             if self.s.dry_run:
                 full = self.stopping.is_set()
+            if self.s.max_events:  # used up: nothing more is taken, so nothing more is fetched (it spun)
+                with self.cond:
+                    full = full or self.settled + len(self.in_flight) + len(self.backlog) >= self.s.max_events
             paused = self.consumer.paused()
             if full:
                 todo = [tp for tp in assigned if tp not in paused]
@@ -1867,19 +1871,29 @@ def _error_text(exc):
 
 
 def _bounded_gunzip(payload):
-    """kafka-python's gzip_decode, bounded: a body inflating past MAX_INFLATED_BATCH is refused, not held."""
+    """kafka-python's gzip_decode, bounded: a body inflating past MAX_INFLATED_BATCH is refused, not held. Read in
+    small steps, so a body of many members costs time in its length (taking each member's leftover whole made
+    6 MiB of empty members take 31 s, past the group's poll interval: a crash loop)."""
     import zlib
-    data, out, size = bytes(payload), [], 0
-    while data:
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # one gzip member (a stream may hold several)
-        chunk = inflater.decompress(data, MAX_INFLATED_BATCH - size + 1)
-        size += len(chunk)
-        out.append(chunk)
-        if size > MAX_INFLATED_BATCH or inflater.unconsumed_tail:
+    view, out, size, pos, inflater = memoryview(payload), [], 0, 0, None
+    while pos < len(view):
+        chunk = bytes(view[pos:pos + 2048])
+        if inflater is None:  # a member starts; zeros before it are padding, as gzip.GzipFile reads them
+            rest = chunk.lstrip(b"\x00")
+            pos += len(chunk) - len(rest)
+            if not rest:
+                continue
+            chunk, inflater = rest, zlib.decompressobj(16 + zlib.MAX_WBITS)
+        data = inflater.decompress(chunk, MAX_INFLATED_BATCH - size + 1)
+        size += len(data)
+        out.append(data)
+        if size > MAX_INFLATED_BATCH:
             raise ValueError("the batch inflates past %d bytes" % MAX_INFLATED_BATCH)
-        if not inflater.eof:
-            raise ValueError("the gzip body is cut short")
-        data = inflater.unused_data.lstrip(b"\x00")  # zeros after a member are padding, as gzip.GzipFile reads it
+        pos += len(chunk) - len(inflater.unconsumed_tail) - len(inflater.unused_data)
+        if inflater.eof:
+            inflater = None
+    if inflater is not None:
+        raise ValueError("the gzip body is cut short")
     return b"".join(out)
 
 
@@ -1923,6 +1937,7 @@ def _read_batch(batch, unpack, next_record, check_crc, make_record, decode_varin
         yield stand_in(batch.base_offset, batch.last_offset, reason)
         return
     done = batch.base_offset - 1  # the last offset given out
+    failed = False  # a record could not be read: a gap after it is records it hid (a length that lied)
     while True:
         peek = _peek_record(batch._buffer, batch._pos, decode_varint) \
             if batch._next_record_index < batch._num_records else None
@@ -1936,16 +1951,24 @@ def _read_batch(batch, unpack, next_record, check_crc, make_record, decode_varin
             except Exception as exc:
                 problem = _error_text(exc)
             else:
-                done = record.offset
-                yield record
-                continue
+                if not done < record.offset <= batch.last_offset:  # two events on one offset: one would be lost
+                    problem, peek = "offset %d out of order" % record.offset, None
+                else:
+                    if failed and record.offset > done + 1:
+                        yield stand_in(done + 1, record.offset - 1, "they could not be told apart after a record "
+                                                                    "that could not be read")
+                    done = record.offset
+                    yield record
+                    continue
         offset = batch.base_offset + peek[1] if peek is not None else None
         if offset is None or not done < offset <= batch.last_offset:  # the rest cannot be told apart
             if done < batch.last_offset:
                 yield stand_in(done + 1, batch.last_offset, "the rest of its batch could not be read (%s)" % problem)
             return
         batch._pos, batch._next_record_index = peek[0], batch._next_record_index + 1
-        done = offset
+        if offset > done + 1:
+            yield stand_in(done + 1, offset - 1, "they could not be told apart before a record that could not be read")
+        done, failed = offset, True
         yield stand_in(offset, offset, "it could not be read (%s)" % problem)
 
 

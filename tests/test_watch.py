@@ -1295,6 +1295,32 @@ def test_a_failure_of_the_batch_reader_itself_costs_a_record_not_the_partition(k
     assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [4]
 
 
+def test_max_events_used_up_stops_fetching_and_commits_nothing_it_did_not_take(kafka_broker, store):
+    """With --max-events used up while its last run was busy, every poll fetched the records after it, cut them
+    off and sought back: a busy loop (38-50% of a core). And a record cut off that stood for an unreadable
+    range was sought back to at the range's end, so the offsets before it were committed as if skipped by the
+    client. Now fetching pauses, and nothing after what was taken is committed."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g0", data={"plan": PLAN}))])
+    bad = _produce_unreadable(kafka_broker.address, topic, [cloudevent("c%d" % i, data={"plan": PLAN})
+                                                           for i in range(3)], "crc")
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("g1", data={"plan": PLAN}))])
+    release = threading.Event()
+
+    def run_plan(job):
+        release.wait(30)
+        return {"status": "completed", "answer": "done", "conversation_id": "conv-" + job.event.id}
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, max_events=1, max_concurrent=4)
+    assert wait_for(lambda: watcher.in_flight and watcher.consumer.paused(), timeout=30), "fetching goes on"
+    assert wait_for(lambda: any(l["event"] == "received" for l in watcher.log_lines.json()), timeout=5)
+    release.set()
+    watcher.thread.join(30)
+    assert not watcher.thread.is_alive()
+    assert not [l for l in watcher.log_lines.json() if l["event"] == "unreadable"]
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [bad[0]]
+
+
 def test_a_transaction_marker_last_on_a_partition_is_committed_past(kafka_broker, store):
     """A transactional producer's commit marker takes an offset the client never gives out: with it last on the
     partition, the watcher committed one short of the end for good (the lag read 1, the commit looked stalled).
