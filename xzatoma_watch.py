@@ -1011,9 +1011,9 @@ class Watcher:
                 consumer_opts = dict(opts, group_id=self.s.group_id, enable_auto_commit=False,
                                      auto_offset_reset="earliest", key_deserializer=None, value_deserializer=None)
                 consumer_opts.update(_quiet_sensors(kafka.KafkaConsumer))
-                if "isolation_level" in getattr(kafka.KafkaConsumer, "DEFAULT_CONFIG", {}):  # kafka-python >= 2.1
-                    consumer_opts["isolation_level"] = "read_committed"  # a transaction its producer aborted never
-                    # happened: its events are not run
+                # a transaction its producer aborted never happened: its events are not run (kafka-python >= 2.1)
+                if "isolation_level" in getattr(kafka.KafkaConsumer, "DEFAULT_CONFIG", {}):
+                    consumer_opts["isolation_level"] = "read_committed"
                 consumer_opts.update(self.s.consumer_options or {})
                 consumer = kafka.KafkaConsumer(**consumer_opts)
                 producer = None
