@@ -239,8 +239,15 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     if key_text is not None:
         key_text = _cut_id(key_text)
     headers = list(headers or ())
+    # the id a rejected result is keyed by: a binary CloudEvent's ce_id header (the last, as below) when it can be
+    # read, else the key; bad headers or a bad body must not cost the event its result
+    ids = [raw for name, raw in headers[:MAX_BUILT_HEADERS] if isinstance(name, str) and name.lower() == "ce_id"]
+    try:
+        id_hint = _cut_id(_text(ids[-1])) if ids and ids[-1] else key_text
+    except (UnicodeDecodeError, AttributeError, TypeError):
+        id_hint = key_text
     if len(headers) > MAX_HEADERS:
-        raise BadMessage("%d headers, over the limit of %d" % (len(headers), MAX_HEADERS), key_text)
+        raise BadMessage("%d headers, over the limit of %d" % (len(headers), MAX_HEADERS), id_hint)
     hdrs = {}
     for name, raw in headers:
         try:
@@ -252,20 +259,20 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         raw = raw if raw is not None else b""
         if len(raw) > ATTRIBUTE_MAX_BYTES and name != "ce_id":
             raise BadMessage("header %r is %d bytes, over the limit of %d" % (name[:64], len(raw),
-                                                                              ATTRIBUTE_MAX_BYTES), key_text)
+                                                                              ATTRIBUTE_MAX_BYTES), id_hint)
         try:
             hdrs[name] = _text(raw)
         except UnicodeDecodeError:
-            raise BadMessage("header %r is not UTF-8" % (name[:64],), key_text)
+            raise BadMessage("header %r is not UTF-8" % (name[:64],), id_hint)
     if value is None or not value.strip():
-        raise BadMessage("empty message", key_text)
+        raise BadMessage("empty message", id_hint)
     if len(value) > max_bytes:
         raise BadMessage("the message is %d bytes, over the limit of %d (watcher.max_message_bytes)"
-                         % (len(value), max_bytes), key_text)
+                         % (len(value), max_bytes), id_hint)
     try:
         text = _text(value)
     except UnicodeDecodeError as exc:
-        raise BadMessage("not UTF-8 text (byte %d)" % exc.start, key_text)
+        raise BadMessage("not UTF-8 text (byte %d)" % exc.start, id_hint)
     ev = Event(topic=topic, partition=partition, offset=offset, key=key_text)
 
     if fmt == "plan":
@@ -1803,7 +1810,8 @@ class Watcher:
         closing.join(6)
         if closing.is_alive() or errors:
             self.log("close_failed", level="warn", error=_one_line(errors[0]) if errors else
-                     "the broker did not answer within 6 s; leaving the group to its session timeout")
+                     "the consumer did not close within 6 s (the broker slow or away); the group moves its "
+                     "partitions after its session timeout")
         if self.producer is not None:
             # every publish waited for its ack: what the producer still holds was given up on (its result is
             # stored, to be published after a restart), and is dropped, not delivered as well

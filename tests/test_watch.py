@@ -244,8 +244,13 @@ POISON = [
     ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], "i" * 1021 + "…", "event id is 20000"),
     ("a type of 20 KB", None, cloudevent("long-type", type="t" * 20000, data={"plan": PLAN}), [], "long-type",
      "attribute 'type' is over the limit"),
+    # a binary CloudEvent's ce_id is its id whatever else is wrong: its rejection is answered (it was not)
     ("a ce_source header of 20 KB", None) + _binary(b"long-hdr", b"{}", ce_source=b"s" * 20000) +
-    (None, "header 'ce_source' is 20000 bytes"),
+    ("long-hdr", "header 'ce_source' is 20000 bytes"),
+    ("300 headers, binary mode", None, b"{}", BINARY_HEADERS + [("h%d" % i, b"v") for i in range(300)], "bin-1",
+     "304 headers"),
+    ("a body not UTF-8, binary mode", None, b"\xff\xfe{}", BINARY_HEADERS, "bin-1", "not UTF-8"),
+    ("an empty body, binary mode", b"key", b"", BINARY_HEADERS, "bin-1", "empty message"),
     ("300 headers", b"many", b"goal: G\ninstructions: [a]\n", [("h%d" % i, b"v") for i in range(300)], "many",
      "300 headers"),
     ("a context path of a million parts", b"deep-path",
