@@ -1569,6 +1569,8 @@ class HttpSession:
         self.ca_bundle = network.get("ca_bundle")
         self.user_agent = user_agent
         self._idle = {}  # (scheme, host, port, proxy) -> an idle connection, checked before it is used again
+        self._active = None  # the connection of the request in flight (or of the last one)
+        self._cut = False  # cut() was called since the request in flight began
         self._tls = None
         self._unresolved = {}  # host -> (HttpFailure, when): a name that did not resolve, for UNRESOLVED_SECONDS
 
@@ -1608,8 +1610,10 @@ class HttpSession:
         key = (parts.scheme, host, port, proxy)
         if proxy is None:
             self._known_unresolved(host)
+        self._cut = False
         for attempt in (1, 2):
             conn, reused = self._connection(key, timeout[0])
+            self._active = conn
             try:
                 conn.sock.settimeout(timeout[1])
                 conn.request(method, path, body=body, headers=sent)
@@ -1617,7 +1621,8 @@ class HttpSession:
             except Exception as exc:
                 conn.close()
                 # a kept-alive connection the server closed meanwhile: once more on a fresh one
-                if reused and attempt == 1 and isinstance(exc, (ConnectionError, http.client.BadStatusLine)):
+                if reused and attempt == 1 and not self._cut and \
+                        isinstance(exc, (ConnectionError, http.client.BadStatusLine)):
                     continue
                 raise _http_failure(exc)
             break
@@ -1628,6 +1633,12 @@ class HttpSession:
             finally:
                 response.close()
         return response
+
+    def cut(self):
+        """The socket of the request in flight, for another thread to shut down (Provider.interrupt): that request
+        is not sent again on a new connection, as one the server closed would be."""
+        self._cut = True
+        return getattr(self._active, "sock", None)
 
     def _connection(self, key, connect_timeout):
         """(connection, reused): the idle one for `key` when the server has not closed it, else a new one."""
@@ -1957,6 +1968,9 @@ class Provider:
         #: sampling a run prefers where the person set nothing (prefer()): the compact profile's temperature
         self.preferred = {}
         self.heat = 0.0  #: added to the preferred temperature while the loop is stuck (set per request)
+        #: a threading.Event (the asking agent's cancel, set per request): once set, the request in flight is cut
+        #: off within 0.25 s and none is retried
+        self.interrupt = None
         self._session = None
         self._windows = {}
 
@@ -1979,10 +1993,21 @@ class Provider:
         times: a refused connection to a loopback or private address (nothing is listening there) and a host
         name that does not resolve.
         """
+        interrupt = self.interrupt
+        cutter = xzatoma_tools.shutdown_when(interrupt, lambda: self.session.cut())
+        try:
+            return self._call(method, url, handle, body, stream, deadline, what, retries, timeout, interrupt)
+        finally:
+            if cutter is not None:
+                cutter.cancel()
+
+    def _call(self, method, url, handle, body, stream, deadline, what, retries, timeout, interrupt):
         attempts = (self.max_retries if retries is None else retries) + 1
         last, attempt, refreshed = None, -1, False
         while True:
             attempt += 1
+            if interrupt is not None and interrupt.is_set():
+                raise ProviderError("the %s was cancelled" % what)
             read_timeout = timeout or self.timeout
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -2052,9 +2077,14 @@ class Provider:
                 delay = min(max(delay, last.retry_after), 120.0)
             if deadline is not None and time.monotonic() + delay >= deadline:
                 raise DeadlineExceeded()
+            if interrupt is not None and interrupt.is_set():  # cut off by the cancel: nothing to retry, nor say
+                raise ProviderError("the %s was cancelled" % what)
             self.console.info("  retrying in %.1fs (%d/%d): %s" % (delay, attempt + 1, self.max_retries, last),
                               "dim")
-            time.sleep(delay)
+            if interrupt is not None:
+                interrupt.wait(delay)
+            else:
+                time.sleep(delay)
         raise ProviderError("%s (gave up after %d attempt%s)" % (last, attempts, "s" if attempts > 1 else ""),
                             status=last.status)
 
@@ -4387,8 +4417,15 @@ class Agent:
         """One model call (of the conversation, or of `messages`); provider failures and the deadline become the
         stop family. A server that refuses the conversation as over its context window names the window: it is
         believed, the conversation pruned to it, and the request sent once more."""
-        conv = self.conversation
         self.flush()
+        self.provider.interrupt = self.cancel  # a cancelled run does not wait for the model's answer
+        try:
+            return self._complete(tools, messages)
+        finally:
+            self.provider.interrupt = None  # the provider's other callers (a probe, /models) are not this run's
+
+    def _complete(self, tools, messages):
+        conv = self.conversation
         for attempt in (1, 2):
             self.events.waiting()
             try:
@@ -4398,6 +4435,7 @@ class Agent:
             except DeadlineExceeded:
                 raise self.timed_out()
             except ProviderError as exc:
+                self.check_cancel()  # cut off because the run was cancelled: interrupted, not a failed model
                 self.metrics.model_request(self.provider.name, "error")
                 if exc.window and attempt == 1 and messages is None and conv.prune(exc.window, force=True):
                     self.provider.learn_window(exc.window)

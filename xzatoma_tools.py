@@ -2562,6 +2562,36 @@ def shutdown_at(deadline, sock):
     return DEADLINES.at(deadline, cut)
 
 
+class _Watch:
+    """shutdown_when's poller: looks at its event every `every` seconds on the deadline thread."""
+
+    def __init__(self, event, sock, every):
+        self.event, self.sock, self.every, self.done = event, sock, every, False
+        self.alarm = DEADLINES.at(time.monotonic() + every, self.check)
+
+    def check(self):
+        if self.done:
+            return
+        if self.event.is_set() and (target := self.sock()) is not None:
+            import socket
+            try:
+                target.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.alarm = DEADLINES.at(time.monotonic() + self.every, self.check)  # a connection made since: cut too
+
+    def cancel(self):
+        self.done = True
+        self.alarm.cancel()
+
+
+def shutdown_when(event, sock, every=0.25):
+    """A poller that shuts the socket `sock()` returns down once `event` is set (a run cancelled while its model
+    request waits: a watcher stopping after its grace waited for the server's answer, 12 s and more), or None
+    without an event; cancel() it when done."""
+    return None if event is None else _Watch(event, sock, every)
+
+
 class _Alarm:
     """One deadline of Deadlines: cancel() before it is due and it never fires."""
     __slots__ = ("when", "seq", "action", "cancelled")

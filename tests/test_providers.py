@@ -336,3 +336,35 @@ def test_a_stuck_small_model_is_sampled_hotter_until_a_good_turn(cli, fake):
     fake.add(read("a.txt"), read("a.txt"), {"content": "A"}, {"content": "A"})
     assert cli.run("run", "--temperature", "0.1", "what does a.txt say?").returncode == 0
     assert [q["body"]["temperature"] for q in fake.model_requests()[-4:]] == [0.1, 0.1, 0.1, 0.1]  # theirs stays
+
+
+@pytest.mark.parametrize("kind", ["ollama", "openai"])
+def test_a_cancelled_run_does_not_wait_for_the_models_answer(fake, kind, tmp_path):
+    """A watcher stopping after its grace cancels its runs; one waiting for its model's answer waited for the
+    server (12 s and more after SIGTERM), then the watcher gave up on leaving its group cleanly. The request in
+    flight is now cut off within a quarter second of the cancel, not retried, and the run ends interrupted."""
+    import threading
+    from conftest import wait_for
+    fake.add({"content": "too late", "delay": 8}, {"content": "a retry must not be sent"})
+    cfg = load_config({}, env={"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)})
+    session = xzatoma.Session.open(cfg, Console(quiet=True), "planning", str(tmp_path), "restricted_autonomous",
+                                   provider=provider(kind, fake))
+    ended = {}
+
+    def run():
+        session.start("run")
+        session.conversation.add_user("say hello")
+        ended["result"] = session.agent().run()
+    thread = threading.Thread(target=run, daemon=True)
+    try:
+        thread.start()
+        assert wait_for(lambda: fake.model_requests(), timeout=10)
+        cancelled = time.monotonic()
+        session.cancel.set()
+        thread.join(3)
+        assert not thread.is_alive(), "the run waits for the model's answer"
+        assert time.monotonic() - cancelled < 2
+        assert ended["result"].status == "interrupted"
+        assert len(fake.model_requests()) == 1  # not sent again
+    finally:
+        session.close()

@@ -148,6 +148,34 @@ def test_sigterm_lets_the_running_plan_finish_then_exits_0(cli, fake, kafka_brok
     assert kb.committed(kafka_broker.address, "g-" + topic, topic) == [1]
 
 
+def test_sigterm_past_the_grace_cuts_off_the_model_request_and_leaves_the_group(cli, fake, kafka_broker, tmp_path):
+    """Past the grace the runs are interrupted; one waiting for its model's answer waited for the server (the
+    watcher exited ~20 s after SIGTERM with a 3 s grace, its consumer not closed: 'close_failed'). The request
+    is now cut off, the run recorded interrupted and not committed, and the watcher leaves at once."""
+    import signal
+    import kafka_broker as kb
+    from conftest import wait_for
+    topic = _watch_setup(cli, fake, kafka_broker, shutdown_grace_seconds=1)
+    kb.produce(kafka_broker.address, topic, [(b"slow-1", b"goal: G\ninstructions: [a]\n")])
+    fake.add({"content": "far too late", "delay": 60})
+    log = tmp_path / "watch.log"
+    proc = cli.popen("watch", "--log-format", "json", "--log-file", log)
+    try:
+        assert wait_for(lambda: len(fake.model_requests()) == 1, 60)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - signalled
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out == "" and err == ""
+    events = [l["event"] for l in _log(log)]
+    assert "interrupted" in events and "close_failed" not in events and events[-1] == "stopped"
+    assert took < 10, took  # the grace (1 s), the cut (0.25 s), closing; it was over 20 s
+    assert len(fake.model_requests()) == 1  # cut off, not sent again
+    assert kb.committed(kafka_broker.address, "g-" + topic, topic) == [0]  # not past it: redelivered
+
+
 def test_kill_9_mid_run_then_restart_completes_the_event_once(cli, fake, kafka_broker, tmp_path):
     import signal
     import kafka_broker as kb
