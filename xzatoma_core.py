@@ -8004,8 +8004,8 @@ def _build_watch(sub, common, fmt):
                "  xzatoma watch --topic plans --dry-run --idle-exit 10      # what would run, nothing run\n"
                "  xzatoma publish --plan task.yaml --brokers localhost:9092 --topic plans\n\n"
                "needs kafka-python: pip install 'xzatoma[kafka]'. SIGTERM/SIGINT stop taking events and let running\n"
-               "plans finish for watcher.shutdown_grace_seconds (exit 0). " + "exit codes: 0 stopped, 2 bad usage or "
-               "configuration.")
+               "plans finish for watcher.shutdown_grace_seconds (exit 0). exit codes: 0 stopped, 1 an unexpected\n"
+               "error (one line; --verbose for the traceback), 2 bad usage, configuration or a missing package.")
     c = watch.add_argument_group("connection")
     c.add_argument("--brokers", metavar="HOST:PORT[,...]", help="bootstrap servers (watcher.kafka.bootstrap_servers)")
     c.add_argument("--topic", metavar="T", help="input topic (watcher.kafka.topic)")
@@ -8019,7 +8019,8 @@ def _build_watch(sub, common, fmt):
     r.add_argument("--mode", choices=("write", "planning"), help="tools offered to plans (default write)")
     r.add_argument("--max-concurrent", type=int, metavar="N", help="plans running at once (default 1)")
     r.add_argument("--max-events", type=int, metavar="N", help="stop after N messages are settled and committed")
-    r.add_argument("--idle-exit", type=float, metavar="SECONDS", help="stop when nothing arrives for that long")
+    r.add_argument("--idle-exit", type=float, metavar="SECONDS", help="stop when nothing arrives for that long "
+                   "(counted from when the broker answers: one away is retried, not idle)")
     r.add_argument("--max-turns", type=int, metavar="N", help="model calls per event (agent.max_turns)")
     r.add_argument("--timeout", type=int, metavar="SECONDS", help="wall-clock limit per event (default 300)")
     r.add_argument("--dry-run", action="store_true", help="print one JSON line per event that would run; run, "
