@@ -2551,15 +2551,17 @@ def shutdown_at(deadline, sock):
     a read blocked in another thread; close() would not."""
     if deadline is None:
         return None
-    import socket
+    return DEADLINES.at(deadline, lambda: _shut_down(sock()))
 
-    def cut():
-        if (target := sock()) is not None:
-            try:
-                target.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-    return DEADLINES.at(deadline, cut)
+
+def _shut_down(target):
+    """Shut a socket down (a read blocked on it in another thread wakes); None or one already gone is let be."""
+    if target is not None:
+        import socket
+        try:
+            target.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class _Watch:
@@ -2572,12 +2574,8 @@ class _Watch:
     def check(self):
         if self.done:
             return
-        if self.event.is_set() and (target := self.sock()) is not None:
-            import socket
-            try:
-                target.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        if self.event.is_set():
+            _shut_down(self.sock())
         self.alarm = DEADLINES.at(time.monotonic() + self.every, self.check)  # a connection made since: cut too
 
     def cancel(self):

@@ -753,6 +753,13 @@ class OffsetTracker:
             items = [(tp, po) for tp, po in self.partitions.items() if tps is None or tp in tps]
             return {tp: point for tp, point in ((tp, po.commit_point()) for tp, po in items) if point is not None}
 
+    def read_to(self):
+        """{tp: the offset after all it received (else its committed offset)} for partitions where nothing waits."""
+        with self.lock:
+            points = {tp: po.highest + 1 if po.highest is not None else po.committed
+                      for tp, po in self.partitions.items() if not po.pending}
+        return {tp: point for tp, point in points.items() if point is not None}
+
     def skipped(self, tp, offset):
         """The client read past `offset` without giving it out (a transaction marker): nothing there waits."""
         with self.lock:
@@ -1075,12 +1082,10 @@ class Watcher:
             got = False
             for tp, messages in records.items():
                 if self.s.max_events:
-                    # what this watcher holds: settled, running, waiting to run. Not what it received: events
+                    # what this watcher holds (_held), not what it received: events
                     # dropped unstarted at a rebalance come again, and were cut off here, and the watcher that
                     # was to stop after max_events settled hung (nothing more ran or was committed)
-                    with self.cond:
-                        held = self.settled + len(self.in_flight) + len(self.backlog)
-                    cut = max(0, self.s.max_events - held)
+                    cut = max(0, self.s.max_events - self._held())
                     if cut < len(messages):  # what is not taken is read again after a restart: never committed
                         unread = unread_stand_in(messages[cut].headers)  # a range: from its first offset
                         self.consumer.seek(tp, unread[0] if unread else messages[cut].offset)
@@ -1124,6 +1129,11 @@ class Watcher:
                 self.tracker.committed({tp: offset})  # the lag counts from here until this watcher commits
             self.log("positioned", topic=tp.topic, partition=tp.partition, offset=offset or 0)
 
+    def _held(self):
+        """Events this watcher holds toward --max-events: settled, running, waiting to run."""
+        with self.cond:
+            return self.settled + len(self.in_flight) + len(self.backlog)
+
     def _past_markers(self):
         """A transaction's commit or abort marker takes an offset the client never gives out, as do the records of
         an aborted transaction: with one last on a partition, its commit stopped short of the end, for good (the
@@ -1131,9 +1141,8 @@ class Watcher:
         further on, that is committed."""
         if self.s.dry_run:
             return
-        for tp, po in list(self.tracker.partitions.items()):
-            read_to = po.highest + 1 if po.highest is not None else po.committed
-            if read_to is None or po.pending or tp in self.needs_position:
+        for tp, read_to in self.tracker.read_to().items():
+            if tp in self.needs_position:
                 continue
             try:
                 position = self.consumer.position(tp, **_bounded(self.consumer.position, 0.2))
@@ -1398,8 +1407,7 @@ class Watcher:
             if self.s.dry_run:
                 full = self.stopping.is_set()
             if self.s.max_events:  # used up: nothing more is taken, so nothing more is fetched (it spun)
-                with self.cond:
-                    full = full or self.settled + len(self.in_flight) + len(self.backlog) >= self.s.max_events
+                full = full or self._held() >= self.s.max_events
             paused = self.consumer.paused()
             if full:
                 todo = [tp for tp in assigned if tp not in paused]
