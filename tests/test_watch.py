@@ -121,6 +121,16 @@ def test_invalid_plans_are_reported_not_raised():
     assert ev.format == "plan" and ev.plan is None and "must be a mapping" in ev.plan_error
 
 
+def test_a_binary_header_given_twice_counts_its_last_value_in_any_case():
+    # as Java's Headers.lastHeader: a record that names its id twice is run, answered and deduplicated as the last
+    headers = BINARY_HEADERS + [("CE_ID", b"bin-2"), ("content-type", b"application/json")]
+    ev = w.decode_message("t", 0, 1, None, json.dumps({"plan": PLAN}).encode(), headers)
+    assert (ev.format, ev.id) == ("cloudevents", "bin-2")
+    with pytest.raises(w.BadMessage) as bad:
+        w.decode_message("t", 0, 1, None, b"", headers)
+    assert bad.value.event_id == "bin-2"
+
+
 def test_results_are_recognised_and_context_must_stay_in_the_jail(tmp_path):
     ev = w.decode_message("t", 0, 1, None, cloudevent(type="xzatoma.plan.completed", data={"status": "completed"}))
     assert ev.is_result
