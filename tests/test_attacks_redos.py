@@ -226,6 +226,21 @@ def test_a_hostile_markdown_plan_is_parsed_promptly(cli, fake):
     assert "1. first step\n2. second" in prompt
 
 
+
+def test_a_heading_of_blanks_and_a_key_after_blank_lines_are_parsed_promptly(cli, fake):
+    """A heading of 60,000 blanks: its regex backtracked in cubic time (3 KB held a watcher's every thread for
+    seconds, 64 KB for days). A key looked for after 45,000 blank lines of spaces: quadratic (45 s)."""
+    (cli.workdir / "plan.md").write_text("# Task" + " " * 60000 + "tidy ##\n\n## Steps ##\n\n- first step\n")
+    (cli.workdir / "bad.yaml").write_text(" \n" * 45000 + "{goal: G, instructions: 5}\n")
+    cli.use(fake)
+    fake.add({"content": "done"})
+    r = cli.run("run", "--plan", "plan.md", "--timeout", "20", timeout=30)
+    assert r.returncode == 0, r.stderr
+    prompt = fake.model_requests()[0]["body"]["messages"][-1]["content"]
+    assert "tidy" in prompt and "1. first step" in prompt and "##" not in prompt
+    r = cli.run("run", "--plan", "bad.yaml", "--timeout", "20", timeout=30)
+    assert r.returncode == 2 and "bad.yaml: 'instructions' must be a non-empty list" in r.stderr, r.stderr
+
 # ---- the chat's streamed answer ----
 
 def test_a_streamed_secret_that_never_ends_is_held_without_rescanning(monkeypatch):
