@@ -1884,11 +1884,21 @@ class Store:
         row = self.conn().execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
         return dict(row) if row is not None else None
 
-    def record_event(self, event_id, conversation_id, status, result=None, metadata=None):
-        """An event finished: recorded before its result is published, so a crash in between republishes it."""
-        self.conn().execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status, "
-                            "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
-                            (event_id, rfc3339(), conversation_id, status, self.redact(result), self.redact(metadata)))
+    def record_event(self, event_id, conversation_id, status, result=None, metadata=None, owner=None):
+        """An event finished: recorded before its result is published, so a crash in between republishes it.
+        With `owner`, only while its claim stands (the fence): False, and nothing written, when another owner
+        has taken the claim over or the event's result is already out; its result must not be published."""
+        with self._transaction() as conn:
+            if owner is not None:
+                claim = conn.execute("SELECT owner FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
+                out = conn.execute("SELECT 1 FROM processed_events WHERE event_id = ? AND published_at IS NOT NULL",
+                                   (event_id,)).fetchone()
+                if out is not None or (claim is not None and claim["owner"] != owner):
+                    return False
+            conn.execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status, "
+                         "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
+                         (event_id, rfc3339(), conversation_id, status, self.redact(result), self.redact(metadata)))
+        return True
 
     def event_published(self, event_id, owner=None):
         """The event's result is out; `owner`'s claim on it ends in the same transaction."""
@@ -1904,7 +1914,10 @@ class Store:
         Returns (claimed, attempts, record): record is the processed_events row (a finished event is never
         claimed); attempts counts the owners that claimed it without finishing, this one included (a claim
         taken over from a process that died mid-run adds one; that is how a run that kills the watcher is found).
-        Another owner's claim holds until its lease ends, or until its process is gone when it ran here."""
+        Another owner's claim holds until its lease ends, or, when it ran here, for as long as its process lives:
+        a watcher frozen past its lease (a stopped process, a swapped-out VM) still runs the event when it
+        wakes, and its claim is what keeps a second run from starting beside it. Across hosts only the lease can
+        tell, so a result is recorded only under its claim (record_event's owner)."""
         now, host = time.time(), _process_space()
         with self._transaction() as conn:
             row = conn.execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
@@ -1913,8 +1926,11 @@ class Store:
                 return False, 0, record
             claim = conn.execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
             if claim is not None and claim["owner"] != owner:
-                gone = claim["host"] == host and claim["pid"] and not _pid_alive(claim["pid"])
-                if claim["expires_at"] > now and not gone:
+                if claim["host"] == host and claim["pid"]:
+                    held = _pid_alive(claim["pid"], since=claim["claimed_at"])
+                else:
+                    held = claim["expires_at"] > now
+                if held:
                     return False, claim["attempts"], record
                 attempts = claim["attempts"] + 1
             else:
@@ -2031,13 +2047,24 @@ def _process_space():
         return _hostname()
 
 
-def _pid_alive(pid):
+def _pid_alive(pid, since=None):
+    """Whether process `pid` lives; with `since` (a time.time()), whether it is the process that was there then:
+    a pid given to a new process after `since` is not the old one's (Linux: its start time in /proc)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     except OSError:
         return False
-    return True
+    if since is None:
+        return True
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            ticks = int(fh.read().rsplit(b")", 1)[1].split()[19])  # field 22, starttime (proc(5))
+        with open("/proc/stat", "rb") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True  # no /proc: alive is all that can be told
+    return boot + ticks / os.sysconf("SC_CLK_TCK") <= since + 2  # btime is whole seconds; the clock may step

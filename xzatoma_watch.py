@@ -1456,6 +1456,8 @@ class Watcher:
                      duration=result["data"].get("duration_seconds"), result_id=result["id"], **ev.log_fields())
             self.counts[status] += 1
             self.metrics.watch_event(status)
+        except ClaimLost:
+            self._claim_lost(ev)
         except Exception as exc:  # a bug must cost this event, never the watcher nor the partition
             settle = self._fail(job, exc)
             again = not settle and not self.hard_stop.is_set()
@@ -1480,6 +1482,12 @@ class Watcher:
                 self.metrics.watch_in_flight(len(self.in_flight))
                 self.cond.notify_all()
             self._start_runs()  # the next waiting event starts now, not when the loop's poll returns
+
+    def _claim_lost(self, ev):
+        self.log("claim_lost", level="warn", reason="another watcher took this event over while it ran here (this "
+                 "process stalled past watcher.claim_lease): its result is the one published", **ev.log_fields())
+        self.counts["claim_lost"] += 1
+        self.metrics.watch_event("claim_lost")
 
     def _claim(self, job):
         """What to do with this event id, decided in one transaction of the shared store: 'run', 'duplicate'
@@ -1523,14 +1531,20 @@ class Watcher:
         self.counts["set_aside"] += 1
         result = result_event(ev, {"status": "failed", "error": reason}, self.source, self.s.answer_limit,
                               self._budget(ev.id))
-        self._record(ev, None, "failed", result)
+        self._record(job, None, "failed", result)
         self._dead_letter(job.message, reason)
         return result, "failed"
 
-    def _record(self, ev, conversation_id, status, result):
+    def _record(self, job, conversation_id, status, result):
+        """Store the result before it is published; under this watcher's claim only (ClaimLost when it was taken
+        over: another watcher ran the event too, and its result is the one that goes out)."""
+        ev = job.event
         if self.store is not None:
-            self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
-                                    metadata=json.dumps(ev.metadata()))
+            if not self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
+                                           metadata=json.dumps(ev.metadata()),
+                                           owner=self.owner if job.claimed else None):
+                job.claimed = False
+                raise ClaimLost(ev.id)
 
     def _deliver(self, job, result, status):
         """Publish the result, then mark it published (ending the claim). A result the broker will not take (it
@@ -1553,7 +1567,7 @@ class Watcher:
                 self.log("result_replaced", level="error", status=status, reason=reason, **ev.log_fields())
                 self.counts["result_replaced"] += 1
                 self.metrics.watch_event("result_replaced")
-                self._record(ev, data.get("conversation_id"), "failed", replacement)
+                self._record(job, data.get("conversation_id"), "failed", replacement)
                 self._dead_letter(job.message, reason)
         if error is not None:
             return False
@@ -1577,12 +1591,17 @@ class Watcher:
             result = result_event(ev, {"status": "failed", "error": reason}, self.source, self.s.answer_limit,
                                   self._budget(ev.id))
             try:
-                self._record(ev, None, "failed", result)
+                self._record(job, None, "failed", result)
+            except ClaimLost:
+                raise
             except Exception:
                 pass  # the store may be what failed: the result still goes out
             self._dead_letter(job.message, reason)
             job.stored, job.delays = result, job.delays + 1  # what is tried again when nothing can be published
             return self._deliver(job, result, "failed")
+        except ClaimLost:
+            self._claim_lost(ev)
+            return True
         except Exception as again:  # the last resort: this event goes without a result, the partition goes on
             self.log("error", level="error", error="no result for this event either: %s: %s"
                      % (type(again).__name__, _one_line(again)), **ev.log_fields())
@@ -1618,7 +1637,7 @@ class Watcher:
             self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS, "result",
                           give_up_after=1)  # informational: the completed result follows on redelivery
             return None, None
-        self._record(ev, outcome.get("conversation_id"), status, result)
+        self._record(job, outcome.get("conversation_id"), status, result)
         return result, status
 
     def _xzepr(self, ev, phase, result):
@@ -2254,6 +2273,11 @@ def publish(brokers, topic, event, key=None, security=None, timeout=30.0):
         except Exception:
             pass
     return event["id"]
+
+
+class ClaimLost(Exception):
+    """This watcher's claim on an event id was taken over while it ran the event (it was frozen past its lease,
+    on another host): the other owner's result is the one published, never a second."""
 
 
 class PublishError(Exception):

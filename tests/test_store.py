@@ -394,6 +394,16 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     store.conn().execute("UPDATE event_claims SET owner = 'C', pid = ?, host = ? WHERE event_id = 'a'",
                          (dead.pid, __import__("xzatoma_store")._process_space()))
     assert store.claim_event("a", "B", 60) == (True, 3, None)
+    # a live process of this host holds its claim past its lease (it is frozen, not gone: it will run on) ...
+    store.conn().execute("UPDATE event_claims SET owner = 'C', pid = ?, expires_at = 0 WHERE event_id = 'a'",
+                         (os.getpid(),))
+    assert store.claim_event("a", "B", 60) == (False, 3, None)
+    # ... unless its pid now names a process that started after the claim was made (a pid used again)
+    store.conn().execute("UPDATE event_claims SET claimed_at = 1000 WHERE event_id = 'a'")
+    assert store.claim_event("a", "B", 60) == (True, 4, None)
+    # a result is recorded under its claim only: not by an owner whose claim was taken over
+    assert not store.record_event("a", "C1", "completed", result="{}", owner="C")
+    assert store.conn().execute("SELECT count(*) FROM processed_events").fetchone()[0] == 0
     # renewing extends only the owner's claims; releasing ends them
     store.claim_event("b", "B", 1)
     store.renew_claims("B", 600)
@@ -403,8 +413,9 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     store.release_claim("a", "B")
     assert store.claim_event("a", "D", 60) == (True, 1, None)
     # a finished and published event is never claimed; a published record ends the claim with it
-    store.record_event("a", "C1", "completed", result="{}")
+    assert store.record_event("a", "C1", "completed", result="{}", owner="D")
     store.event_published("a", "D")
+    assert not store.record_event("a", "C1", "failed", result="{}", owner="D")  # out already: never replaced
     assert store.conn().execute("SELECT count(*) FROM event_claims WHERE event_id = 'a'").fetchone()[0] == 0
     claimed, _, record = store.claim_event("a", "E", 60)
     assert not claimed and record["status"] == "completed" and record["published_at"]

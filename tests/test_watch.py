@@ -1152,6 +1152,83 @@ def test_two_watchers_sharing_a_store_never_run_one_id_at_once(kafka_broker, sto
         assert kb.committed(kafka_broker.address, x.s.group_id, topic) == [1]
 
 
+def test_a_watcher_frozen_past_its_lease_keeps_its_claim_on_this_host(kafka_broker, tmp_path):
+    """A watcher process stopped (SIGSTOP: as a stall of the whole interpreter, a swapped-out VM) while it ran an
+    event, past its claim's lease: another watcher on this host sharing its store, reading the same event, took
+    the claim over and ran it beside the first, which then finished too: two runs, two results (found by an
+    attack round). A claim of a live process here holds: the second waits, then finds the event done."""
+    import signal
+    import subprocess
+    import sys
+    import kafka_broker as kb
+    from conftest import ROOT
+    from xzatoma_store import Store
+    first, second = new_topic(kafka_broker), new_topic(kafka_broker)
+    db = tmp_path / "s.db"
+    Store(str(db)).open().close()
+    settings = dict(brokers=kafka_broker.address, topic=first, group_id="g-" + first, consumer_options=FAST_GROUP,
+                    claim_lease=1.0, shutdown_grace=2, max_events=1)
+    script = CRASHER % {"paths": [ROOT, os.path.join(ROOT, "tests")]}
+    a = subprocess.Popen([sys.executable, "-c", script, json.dumps(settings), str(db), str(tmp_path / "a.log")],
+                         env=dict(os.environ, STALL_DIR=str(tmp_path)), stderr=subprocess.PIPE, text=True)
+    try:
+        kb.produce(kafka_broker.address, first, [(None, cloudevent("stall", data={"plan": PLAN}))])
+        wait_for(lambda: (tmp_path / "running").exists(), 60)
+        os.kill(a.pid, signal.SIGSTOP)
+        store = Store(str(db)).open()
+        lease_end = store.conn().execute("SELECT expires_at FROM event_claims").fetchone()[0]
+        tries = []
+        claim = store.claim_event
+        store.claim_event = lambda *args: tries.append(time.time()) or claim(*args)
+        runner = fake_runner()
+        b = start_watcher(kafka_broker, second, runner, store, output_topic=first + ".results", claim_lease=1.0,
+                          max_events=1)
+        kb.produce(kafka_broker.address, second, [(None, cloudevent("stall", data={"plan": PLAN}))])
+        # the second watcher asks for the claim again and again after the frozen one's lease has ended
+        wait_for(lambda: len([t for t in tries if t > lease_end + 1]) >= 3, 60)
+        assert runner.calls == [] and b.log_lines.events("claimed_elsewhere")
+        os.kill(a.pid, signal.SIGCONT)
+        (tmp_path / "go").touch()
+        assert a.wait(60) == 0, a.stderr.read()
+        b.thread.join(60)
+        assert not b.thread.is_alive()
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGCONT)
+            a.kill()
+            a.wait()
+    assert runner.calls == [] and len(b.log_lines.events("duplicate")) == 1
+    results = [json.loads(r.value) for r in kb.read_all(kafka_broker.address, first + ".results", 1)]
+    assert [(r["subject"], r["data"]["answer"]) for r in results] == [("stall", "ok %d" % a.pid)]
+    assert kb.committed(kafka_broker.address, "g-" + first, first) == [1]
+    assert kb.committed(kafka_broker.address, b.s.group_id, second) == [1]
+
+
+def test_a_result_is_recorded_and_published_only_under_its_claim(kafka_broker, store):
+    """Across hosts only the lease tells: a watcher frozen past it is taken over, and when it wakes and finishes
+    its run, the other's result is the one that goes out (its own is neither recorded nor published)."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("taken", data={"plan": PLAN})),
+                                             (None, cloudevent("kept", data={"plan": PLAN}))])
+
+    def run_plan(job):
+        if job.event.id == "taken":  # as if frozen past the lease on another host, and taken over meanwhile
+            store.conn().execute("UPDATE event_claims SET host = 'elsewhere', expires_at = 0")
+            assert store.claim_event("taken", "a watcher elsewhere", 60)[0]
+        return {"status": "completed", "answer": "ran here", "conversation_id": "c-" + job.event.id}
+    x = start_watcher(kafka_broker, topic, run_plan, store, max_events=2)
+    x.thread.join(60)
+    assert not x.thread.is_alive()
+    assert [l["event_id"] for l in x.log_lines.events("claim_lost")] == ["taken"]
+    results = [json.loads(r.value)["subject"] for r in kb.read_all(kafka_broker.address, topic + ".results", 1)]
+    assert results == ["kept"]
+    assert store.conn().execute("SELECT owner FROM event_claims WHERE event_id = 'taken'").fetchone()[0] == \
+        "a watcher elsewhere"
+    assert store.conn().execute("SELECT count(*) FROM processed_events WHERE event_id = 'taken'").fetchone()[0] == 0
+    assert kb.committed(kafka_broker.address, x.s.group_id, topic) == [2]
+
+
 CRASHER = r"""
 import json, os, sys
 sys.path[:0] = %(paths)r
@@ -1171,7 +1248,11 @@ w.decode_message = decode
 def run_plan(job):
     if job.event.id == "crash-run":
         os._exit(7)
-    return {"status": "completed", "answer": "ok", "conversation_id": "c-" + job.event.id}
+    if job.event.id == "stall":  # tells the test it runs, then runs until the test says go
+        open(os.environ["STALL_DIR"] + "/running", "w").close()
+        while not os.path.exists(os.environ["STALL_DIR"] + "/go"):
+            job.cancel.wait(0.05)
+    return {"status": "completed", "answer": "ok " + str(os.getpid()), "conversation_id": "c-" + job.event.id}
 store = Store(sys.argv[2]).open()
 log = open(sys.argv[3], "a")
 watcher = w.Watcher(w.Settings(**settings), w.Filters(), run_plan, store=store, log=w.WatchLog(log, "json"))
