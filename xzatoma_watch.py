@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 
-from xzatoma_store import bounded_text
+from xzatoma_store import bounded_text, render_untrusted
 
 # ---- The optional dependency ----
 
@@ -236,8 +236,10 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         key_text = _text(key) or None
     except UnicodeDecodeError:
         key_text = None
+    long_key = 0  # a key over ID_MAX_BYTES: cut, it would make two events one id, so a bare plan under it is refused
     if key_text is not None:
-        key_text = _cut_id(key_text)
+        key_text, long_key = _cut_id(key_text), len(key_text.encode("utf-8"))
+        long_key = long_key if long_key > ID_MAX_BYTES else 0
     headers = list(headers or ())
     # the id a rejected result is keyed by: a binary CloudEvent's ce_id header (the last, as below) when it can be
     # read, else the key; bad headers or a bad body must not cost the event its result
@@ -276,7 +278,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     ev = Event(topic=topic, partition=partition, offset=offset, key=key_text)
 
     if fmt == "plan":
-        return _bare_plan(ev, text, position)
+        return _bare_plan(ev, text, position, long_key)
     if "ce_specversion" in hdrs and fmt in ("auto", "cloudevents"):  # binary content mode
         from xzatoma_plans import DocumentError, load_json
         attrs = {k[3:]: v for k, v in hdrs.items() if k.startswith("ce_")}
@@ -304,7 +306,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     if fmt in ("xzepr", "cloudevents"):
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
                          _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else key_text)
-    return _bare_plan(ev, text, position)
+    return _bare_plan(ev, text, position, long_key)
 
 
 def _attributes(ev, attrs, kind):
@@ -334,8 +336,11 @@ def _attributes(ev, attrs, kind):
     ev.success = None if success is None else bool(success)
 
 
-def _bare_plan(ev, text, position):
+def _bare_plan(ev, text, position, long_key=0):
     from xzatoma_plans import PlanError, parse_plan
+    if long_key:
+        raise BadMessage("the message key (a bare plan's event id) is %d bytes, over the limit of %d"
+                         % (long_key, ID_MAX_BYTES), ev.key)
     ev.format, ev.id, ev.plan_location = "plan", ev.key or position, "value"
     try:
         ev.plan = parse_plan(text, source="message %s" % position)
@@ -806,13 +811,14 @@ class OffsetTracker:
 
 # ---- The decision log: one line per decision, text or JSON ----
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
 LEVELS = {"debug": 10, "info": 20, "warn": 30, "error": 40}
 
 
 def _clean(text):
-    """Text from a topic never reaches a terminal with its control characters: they are shown escaped."""
-    return _UNSAFE.sub(lambda m: "\\u%04x" % ord(m.group()), text)
+    """Text from a topic never reaches a terminal with what it should not: shown escaped by the rule all untrusted
+    text follows (render_untrusted: by Unicode category, so controls, bidi marks, tag characters and whatever
+    else is invisible, not a list of them that missed some), and line breaks too, so a decision is one line."""
+    return render_untrusted(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 class WatchLog:

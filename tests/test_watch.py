@@ -252,6 +252,9 @@ POISON = [
     ("a 5000-digit number", b"num", b"goal: " + b"1" * 5000 + b"\ninstructions: [a]\n", [], "num",
      "integer string conversion"),
     ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], "i" * 1021 + "…", "event id is 20000"),
+    # cut, two keys that differ past the limit were one id: the second plan never ran, logged a duplicate
+    ("a bare plan's key of 2 KB", b"k" * 2048, b"goal: G\ninstructions: [a]\n", [], "k" * 1021 + "…",
+     "message key (a bare plan's event id) is 2048 bytes"),
     ("a type of 20 KB", None, cloudevent("long-type", type="t" * 20000, data={"plan": PLAN}), [], "long-type",
      "attribute 'type' is over the limit"),
     # a binary CloudEvent's ce_id is its id whatever else is wrong: its rejection is answered (it was not)
@@ -354,7 +357,15 @@ def test_decision_log_escapes_control_characters_and_redacts():
     log = w.WatchLog(buf, "text", redact=lambda s: s.replace("hunter2secret", "[REDACTED]"))
     log("received", event_id="a\x1b[2Jb", type="x y", note="hunter2secret")
     line = buf.getvalue()
-    assert "\x1b" not in line and "\\u001b[2J" in line and 'type="x y"' in line and "[REDACTED]" in line
+    assert "\x1b" not in line and "\\x1b[2J" in line and 'type="x y"' in line and "[REDACTED]" in line
+    # invisible characters by their Unicode category, not a list (a bidi mark, tag characters smuggling text,
+    # a soft hyphen, an invisible operator were let through), and line breaks: one decision, one line
+    hidden = "\u061c\u2061\u206a\u00ad\ufff9\U000e0041\U000e007f\u202e\u2028"
+    buf = io.StringIO()
+    w.WatchLog(buf, "text")("received", event_id="id" + hidden, source="s\nforged=line\r\n")
+    line = buf.getvalue()
+    assert line.count("\n") == 1 and line.endswith("\n")
+    assert not set(hidden) & set(line) and "\\U000e0041" in line and "\\u061c" in line
     buf = io.StringIO()
     w.WatchLog(buf, "json")("committed", partition=1, offset=5)
     assert json.loads(buf.getvalue())["event"] == "committed"
