@@ -930,6 +930,7 @@ class Job:
         self.store_failures = 0  #: claims that failed because the store could not be used
         self.delays = 0  #: times its result could not be published at all (the next try waits longer)
         self.claimed = False  #: this watcher holds its id's claim in the store
+        self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
 
 
 # ---- The watcher: consume → filter → extract → run → record → publish → commit ----
@@ -1244,7 +1245,7 @@ class Watcher:
         self.log("set_aside", level="error", event_id=event_id, reason=reason, topic=msg.topic,
                  partition=msg.partition, offset=msg.offset)
         self.counts["set_aside"] += 1
-        self._reject(tp, po, msg, event_id, reason, None, counted=True)
+        self._reject(tp, po, msg, event_id, reason, None, counted=True, now=True)
 
     def _unreadable(self, tp, first, last, reason, moved=True):
         """Records the client could not read (see guard_client), `first` to `last`: set aside unread with a
@@ -1337,24 +1338,44 @@ class Watcher:
             self.settled += 1
             self.cond.notify_all()
 
-    def _reject(self, tp, po, msg, event_id, reason, ev, counted=False):
-        """Bad input never blocks a partition: a rejected result when the id is known, a dead-letter copy, and
-        the offset settled whatever happens on the way."""
+    def _reject(self, tp, po, msg, event_id, reason, ev, counted=False, now=False):
+        """Bad input never blocks a partition. With its id known, a rejected event is answered as a run is (a job:
+        claimed, recorded, its result published or kept until it can be, never answered twice by watchers sharing
+        the store); without, a dead-letter copy. The offset is settled whatever happens on the way. `now`: a
+        message that stopped the watcher as it read it is answered and settled here, at once (a few tries), so
+        that its offset is committed before anything else can stop the watcher again and have it read once more."""
+        queued = False
         try:
             if not counted:
                 self.counts["rejected"] += 1
             self.metrics.watch_event("rejected")
             if not self.s.dry_run:
-                if event_id:
-                    if ev is None:
-                        ev = Event(id=event_id, topic=msg.topic, partition=msg.partition, offset=msg.offset)
-                    result = result_event(ev, {"status": "rejected", "error": reason}, self.source,
-                                          self.s.answer_limit, self._budget(event_id))
-                    self._publish(self.s.output_topic, event_id.encode("utf-8"), _encode(result), RESULT_HEADERS,
-                                  "result", give_up_after=3)
-                self._dead_letter(msg, reason)
+                if event_id and ev is None:
+                    ev = Event(id=event_id, topic=msg.topic, partition=msg.partition, offset=msg.offset)
+                if event_id and not now:
+                    job = Job(ev, po, message=msg)
+                    job.tp, job.rejection = tp, reason
+                    with self.cond:
+                        self.backlog.append(job)
+                    queued = True
+                else:
+                    if event_id:
+                        result = result_event(ev, {"status": "rejected", "error": reason}, self.source,
+                                              self.s.answer_limit, self._budget(event_id))
+                        self._publish(self.s.output_topic, event_id.encode("utf-8"), _encode(result),
+                                      RESULT_HEADERS, "result", give_up_after=3)
+                    self._dead_letter(msg, reason)
         finally:
-            self._settle(po, msg.offset)
+            if not queued:
+                self._settle(po, msg.offset)
+
+    def _rejected(self, job):
+        """A rejected event's answer: its result recorded, its input copied to the dead-letter topic."""
+        result = result_event(job.event, {"status": "rejected", "error": job.rejection}, self.source,
+                              self.s.answer_limit, self._budget(job.event.id))
+        self._record(job, None, "rejected", result)
+        self._dead_letter(job.message, job.rejection)
+        return result, "rejected"
 
     def _dead_letter(self, msg, reason):
         """A copy of the message, with why and where from, on --dead-letter-topic (when given). A copy that would
@@ -1443,6 +1464,8 @@ class Watcher:
             if step == "republish":  # finished before a crash, never published: publish that result again
                 result, status = job.stored, job.stored.get("data", {}).get("status", "completed")
                 self.log("republish", status=status, **ev.log_fields())
+            elif job.rejection is not None:
+                result, status = self._rejected(job)
             elif step == "set_aside":
                 result, status = self._set_aside_run(job)
             else:
@@ -1455,6 +1478,8 @@ class Watcher:
                 # kept, and tried again later (the stored result is published then, nothing is run again)
                 settle, again = False, not self.hard_stop.is_set()
                 job.stored, job.delays = result, job.delays + 1
+                return
+            if job.rejection is not None:  # logged and counted when it was read
                 return
             if self.xzepr is not None and (step != "republish" or job.delays):  # ran here: its end is posted
                 self._xzepr(ev, status, result)

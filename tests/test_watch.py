@@ -1163,6 +1163,39 @@ def test_two_watchers_sharing_a_store_never_run_one_id_at_once(kafka_broker, sto
         assert kb.committed(kafka_broker.address, x.s.group_id, topic) == [1]
 
 
+def test_a_rejected_event_is_answered_like_a_run_once_per_store(kafka_broker, store):
+    """A rejected event's result was tried three times and dropped while the output topic refused results (a
+    run's waits, and goes out when it takes them again), and it was answered again on every read: by a second
+    consumer group on the same store, after a kill -9 (found by an attack round). It is now claimed, recorded
+    and published as a run's result is."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    bad = cloudevent("bad-1", data={"plan": {"goal": "no instructions"}})
+    kb.produce(kafka_broker.address, topic, [(None, bad), (None, cloudevent("good-1", data={"plan": PLAN}))])
+    runner = fake_runner()
+    first = start_watcher(kafka_broker, topic, runner, store, backoff_initial=0.05, backoff_max=0.3, max_events=2,
+                          output_topic="no such topic!", dead_letter_topic=topic + ".dlq")
+    try:
+        assert wait_for(lambda: [j.event.id for j in runner.calls] == ["good-1"], 60)
+        assert wait_for(lambda: len(first.log_lines.events("publish_failed")) >= 2, 60)  # both results held
+        assert kb.committed(kafka_broker.address, first.s.group_id, topic)[0] in (None, 0)
+        first.s.output_topic = topic + ".results"  # the topic takes results again
+        first.thread.join(60)
+        assert not first.thread.is_alive()
+    finally:
+        first.request_stop("test")
+    assert kb.committed(kafka_broker.address, first.s.group_id, topic) == [2]
+    second = start_watcher(kafka_broker, topic, runner, store, max_events=2, dead_letter_topic=topic + ".dlq")
+    second.thread.join(60)
+    assert not second.thread.is_alive()
+    assert len(second.log_lines.events("duplicate")) == 2 and len(runner.calls) == 1
+    results = {json.loads(r.value)["subject"]: json.loads(r.value)["data"]["status"]
+               for r in kb.read_all(kafka_broker.address, topic + ".results", 2)}
+    assert results == {"bad-1": "rejected", "good-1": "completed"}
+    assert len(kb.read_all(kafka_broker.address, topic + ".results", 2)) == 2  # one each, none twice
+    assert len(kb.read_all(kafka_broker.address, topic + ".dlq", 1)) == 1  # copied once, not per try
+
+
 def test_a_watcher_frozen_past_its_lease_keeps_its_claim_on_this_host(kafka_broker, tmp_path):
     """A watcher process stopped (SIGSTOP: as a stall of the whole interpreter, a swapped-out VM) while it ran an
     event, past its claim's lease: another watcher on this host sharing its store, reading the same event, took
