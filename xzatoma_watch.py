@@ -509,16 +509,28 @@ def result_status(status):
 
 # Every field of a result is bounded, and the whole event fits under the producer's max_request_size: a 2 MB
 # goal copied whole made a result the producer refused forever, and the partition's commit stopped (issue 22).
+# INFO: JSON sends a control character as six bytes (\u0001). Only answer, goal and error could be cut, so a
+# 4 KB type of them (24 KB) left a rejected event with no result at all at the smallest max_request_size, and 100
+# steps of them (150 KB) turned a completed run into "failed: a result event cannot fit" (issue 22). Every field
+# from the event or the run can now be cut; only the frame cannot (the status, and the subject: an id of at most
+# ID_MAX_BYTES, 6 KB as JSON), and it fits in the smallest budget a watcher has: 16384 bytes, the least
+# watcher.kafka.max_request_size, less RECORD_OVERHEAD and a key of ID_MAX_BYTES (Watcher._budget; tested).
 FIELD_MAX_BYTES = {"trigger_event_id": ID_MAX_BYTES, "trigger_type": ATTRIBUTE_MAX_BYTES, "conversation_id": 256,
                    "goal": 8192, "error": 8192}
-SHRINKABLE = ("answer", "goal", "error")  #: cut further, largest first, when the whole event is over its budget
+#: cut further when the whole event is over its budget, tier by tier, the largest of a tier first: what matters
+#: least goes first (steps, warnings, the type), then the answer, goal, error and usage (16 numbers: the smallest
+#: unless their names are not), then the ids of the conversation and (in data; `subject` keeps it whole) of the
+#: trigger. The status is never cut nor changed.
+SHRINKABLE = (("steps", "warnings", "trigger_type"), ("answer", "goal", "error", "usage"),
+              ("conversation_id", "trigger_event_id"))
 RECORD_OVERHEAD = 1024  #: bytes of a Kafka record beyond its value and key (batch header, headers, lengths)
 
 
 def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
     """The CloudEvent published for one event that passed the filters. Each text field is redacted, then cut to
-    its bound (`data.truncated` maps each field cut to its size in bytes before); with `max_bytes` the encoded
-    event fits in that many bytes, whatever the outcome held."""
+    its bound (`data.truncated` maps each field cut to its size before: bytes of a text, items of a list); with
+    `max_bytes` (a watcher's budget, 14336 bytes at least) the encoded event fits in that many bytes, whatever the
+    event and the outcome held, cut in SHRINKABLE's order, its status and subject whole."""
     # every consumer of the results topic reads it: the goal and an error quote the event, and a credential in it
     outcome = outcome if isinstance(outcome, dict) else {}  # went out again (issue 12)
     status = result_status(outcome.get("status"))
@@ -536,59 +548,77 @@ def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
         if cut:
             truncated[name] = len(str(value).encode("utf-8", "replace"))
     warnings = outcome.get("warnings")
-    data["warnings"] = [clipped(w, 1024)[0] for w in warnings[:8] if isinstance(w, str)] \
-        if isinstance(warnings, list) else []
+    warnings = [w for w in warnings if isinstance(w, str)] if isinstance(warnings, list) else []
+    data["warnings"] = [clipped(w, 1024)[0] for w in _first(warnings, 8, "warnings", truncated)]
     usage = outcome.get("usage")
-    data["usage"] = {str(k)[:64]: v for k, v in list(usage.items())[:16] if isinstance(v, (int, float))} \
-        if isinstance(usage, dict) else {}
+    usage = [(str(k)[:64], v) for k, v in usage.items() if isinstance(v, (int, float))] \
+        if isinstance(usage, dict) else []
+    data["usage"] = dict(_first(usage, 16, "usage", truncated))
     for name, kind, default in (("turns", int, 0), ("tool_calls", int, 0), ("duration_seconds", float, 0.0)):
         value = outcome.get(name, default)
         data[name] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(default)
-    data["steps"] = result_steps(outcome.get("steps"))
+    # the plan's progress as the run left it: the first 100 steps, each text 256 bytes (~30 KB, 150 KB as JSON)
+    steps = outcome.get("steps")
+    steps = [s for s in steps if isinstance(s, dict) and isinstance(s.get("text"), str) and
+             isinstance(s.get("status"), str)] if isinstance(steps, list) else []
+    data["steps"] = [{"step": n, "text": clipped(s["text"], 256)[0], "status": s["status"][:16]}
+                     for n, s in enumerate(_first(steps, 100, "steps", truncated), 1)]
     doc = {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
            "subject": data["trigger_event_id"] if ev.id is None else ev.id, "time": now_rfc3339(),
            "datacontenttype": "application/json", "data": data}
     if max_bytes is not None:
-        fit(doc, data, SHRINKABLE, max_bytes, truncated)
+        fit(doc, [(data, names) for names in SHRINKABLE], max_bytes, truncated)
     if "answer" in truncated:
         data["answer_truncated"] = True
     if truncated:
         data["truncated"] = truncated
-    if max_bytes is not None and len(_encode(doc)) > max_bytes:  # a budget smaller than the event's frame
+    if max_bytes is not None and len(_encode(doc)) > max_bytes:  # only a budget no watcher has
         raise ValueError("a result event cannot fit in %d bytes" % max_bytes)
     return doc
 
 
-def fit(doc, fields, names, max_bytes, truncated, note_bytes=200):
-    """Cut the text of `fields` (a mapping inside `doc`) among `names`, the largest as encoded first, until `doc`
-    encodes to at most `max_bytes` (less `note_bytes` for the note of what was cut); each field cut is recorded in
-    `truncated` with its size before. Returns whether it fits."""
-    for _ in range(2 * len(names) + 2):
-        over = len(_encode(doc)) + note_bytes + 32 * len(names) - max_bytes
-        if over <= 0:
-            return True
-        encoded = {n: len(_encode(fields[n])) for n in names if isinstance(fields.get(n), str) and fields[n]}
-        if not encoded:
-            return False
-        name = max(encoded, key=encoded.get)
-        raw = len(fields[name].encode("utf-8"))
-        truncated.setdefault(name, raw)
-        # the text's share of what must go (escaped characters take up to 6 bytes each in JSON)
-        keep = raw * max(0, encoded[name] - over) // encoded[name]
-        fields[name] = bounded_text(fields[name], max(0, min(keep, raw - 1)))[0]
-    return len(_encode(doc)) + note_bytes <= max_bytes
+def _first(items, limit, name, truncated):
+    """The first `limit` of `items`; when some are left out, how many there were is noted in `truncated`."""
+    if len(items) > limit:
+        truncated[name] = len(items)
+    return items[:limit]
 
 
-def result_steps(steps, limit=100, width=256):
-    """The plan's progress for a result: [{step, text, status}] as the run left it, bounded (`limit` steps, each
-    text redacted and cut to `width` bytes: at most ~30 KB in all); anything else in the outcome is left out."""
-    out = []
-    for item in steps if isinstance(steps, list) else ():
-        if isinstance(item, dict) and isinstance(item.get("text"), str) and isinstance(item.get("status"), str):
-            out.append({"step": len(out) + 1, "text": clipped(item["text"], width)[0], "status": item["status"][:16]})
-            if len(out) >= limit:
+def fit(doc, tiers, max_bytes, truncated, note_bytes=200):
+    """Cut fields of `doc` until it encodes to at most `max_bytes`, less `note_bytes` (and 32 a field) for the
+    note of what was cut. `tiers` lists (a mapping inside `doc`, names in it), cut in that order, in each the
+    largest as encoded first: a text at a character's end, a list or mapping by items from its end. Each field
+    cut is noted in `truncated` with its size before (bytes of a text, items of a list) unless it is there
+    already. Returns whether it fits."""
+    reserve = note_bytes + 32 * sum(len(names) for _, names in tiers)
+    for fields, names in tiers:
+        again = set()  # fields cut once already
+        while True:
+            over = len(_encode(doc)) + reserve - max_bytes
+            if over <= 0:
+                return True
+            sizes = {n: len(_encode(fields[n])) for n in names if isinstance(fields.get(n), (str, list, dict))
+                     and fields[n]}
+            if not sizes:
                 break
-    return out
+            name = max(sizes, key=sizes.get)
+            value = fields[name]
+            if isinstance(value, str):
+                raw = len(value.encode("utf-8", "replace"))
+                truncated.setdefault(name, raw)
+                # its share of what must go, as if its characters were alike; cut again, at least `over` bytes
+                # go (a character takes as many bytes in JSON as in UTF-8, or up to 6 when escaped)
+                keep = raw * max(0, sizes[name] - over) // sizes[name]
+                keep = min(keep, raw - over) if name in again else keep
+                fields[name] = bounded_text(value, max(0, min(keep, raw - 1)))[0]
+            else:
+                items = list(value.items()) if isinstance(value, dict) else list(value)
+                truncated.setdefault(name, len(items))
+                while items and over > 0:
+                    over -= len(_encode(items.pop())) + 1
+                fields[name] = dict(items) if isinstance(value, dict) else items
+            again.add(name)
+    return len(_encode(doc)) + reserve <= max_bytes
 
 
 def result_source(group, host=None):
@@ -687,7 +717,7 @@ class XzeprClient:
                 payload[key], cut = clipped(value, FIELD_MAX_BYTES.get(key, ID_MAX_BYTES))
                 if cut:
                     truncated[key] = len(value.encode("utf-8", "replace"))
-        fit(body, payload, [k for k, v in payload.items() if isinstance(v, str)], self.max_body_bytes, truncated)
+        fit(body, [(payload, [k for k, v in payload.items() if isinstance(v, str)])], self.max_body_bytes, truncated)
         if truncated:
             payload["truncated"] = truncated
         return self.request("POST", "/api/v1/events", body)

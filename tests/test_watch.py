@@ -306,6 +306,10 @@ def test_half_a_character_is_sent_as_a_question_mark_never_an_encoding_error():
                          max_bytes=20000)
     data = json.loads(w._encode(out))["data"]
     assert data["answer"] == "x?" * 5 and data["error"] == "?"
+    # and when it must be cut to fit (UnicodeEncodeError: the completed run was reported failed)
+    out = w.result_event(ev, {"status": "completed", "answer": "x\udfff" * 20000}, "s", max_bytes=14336)
+    assert len(w._encode(out)) <= 14336 and out["data"]["status"] == "completed"
+    assert json.loads(w._encode(out))["data"]["answer"].startswith("x?x?")
 
 
 def test_headers_the_watcher_does_not_read_are_never_a_reason_to_reject():
@@ -350,6 +354,85 @@ def test_xzepr_posts_are_bounded_too():
     assert body["name"].endswith(".completed") and len(body["name"]) <= 256
     assert len(body["version"]) <= 256 and len(body["release"]) <= 256 and len(body["package"]) <= 256
     assert body["payload"]["truncated"]["error"] == 1 << 20 and body["payload"]["trigger_event_id"] == "xz-big"
+
+
+def _min_request_size():
+    import xzatoma_core
+    return next(k for k in xzatoma_core.KEYS if k.name == "watcher.kafka.max_request_size").bounds[0]
+
+
+def _hostile(kind):
+    """(event, outcome) whose every field is as large as the watcher lets it be, in characters JSON escapes to 6
+    bytes (control), or in characters of 2-4 bytes that a cut must not split (multibyte)."""
+    if kind == "multibyte":
+        plan = {"goal": "é" * 5000 + "𝄞" * 3000, "instructions": ["€" * 200] * 100}
+        ev = w.decode_message("t", 0, 1, None, cloudevent("𝄞" * 255, type="€" * 1365, data={"plan": plan}))
+        return ev, {"status": "completed", "answer": "a𝄞€é" * 20000, "error": "€" * 5000,
+                    "conversation_id": "𝄞" * 100, "warnings": ["𝄞" * 600] * 20,
+                    "usage": {"é" * 60 + str(i): i for i in range(40)},
+                    "steps": [{"text": "é" * 300, "status": "done"}] * 10000, "turns": 3}
+    if kind == "rejected, 4 KB type":  # case B: a bad plan whose type is 4096 control characters
+        ev = w.decode_message("t", 0, 1, None, cloudevent("\x01" * 1021, type="\x01" * 4096,
+                                                          data={"plan": {"goal": "\x01" * 9000}}))
+        assert ev.plan is None
+        return ev, {"status": "rejected", "error": ev.plan_error + "\x01" * 9000}
+    plan = {"goal": "\x01" * 9000, "instructions": ["\x02" * 300] * 100}
+    ev = w.decode_message("t", 0, 1, None, cloudevent("\x01" * 1021, type="\x01" * 4096, data={"plan": plan}))
+    return ev, {"status": "completed", "answer": "\x01" * 70000, "error": "\x1b" * 9000,
+                "conversation_id": "\x02" * 300, "warnings": ["\x03" * 2000] * 50,
+                "usage": {"\x04" * 60 + str(i): i for i in range(40)},
+                "steps": [{"text": "\x05" * 300, "status": "\x06" * 20}] * 10000, "turns": 3}
+
+
+@pytest.mark.parametrize("kind", ["control", "multibyte", "rejected, 4 KB type"])
+def test_a_result_fits_whatever_the_event_and_the_run_held(kind):
+    """Issue 22 (attack round): only answer, goal and error were cut, so the steps (100 x 256 bytes, a control
+    character 6 bytes as JSON), a 4 KB type or the ids left `result_event` raising "cannot fit": a rejected event
+    got no result at all, a completed run was reported failed. Now every field gives way, in order, down to the
+    smallest budget a watcher has, and the status and the subject stay whole."""
+    ev, outcome = _hostile(kind)
+    status = outcome["status"]
+    floor = _min_request_size() - w.RECORD_OVERHEAD - w.ID_MAX_BYTES  # Watcher._budget with the longest key
+    sources = {"trigger_event_id": ev.id, "trigger_type": ev.type, "goal": ev.plan.goal if ev.plan else None,
+               "answer": outcome.get("answer"), "error": outcome["error"],
+               "conversation_id": outcome.get("conversation_id")}
+    for size in (1048576, 65536, 32768, _min_request_size()):
+        for budget in sorted({size - w.RECORD_OVERHEAD - len(ev.id.encode()), max(floor, 14336)}):
+            out = w.result_event(ev, outcome, "xzatoma://h/g", 65536, budget)
+            encoded = w._encode(out)
+            assert len(encoded) <= budget, (size, budget, len(encoded))
+            doc = json.loads(encoded)
+            data = doc["data"]
+            assert (doc["type"], data["status"], doc["subject"]) == ("xzatoma.plan." + status, status, ev.id)
+            for name, source in sources.items():  # each text whole, or a head of it (never half a character, nor a
+                # '?' for one) and named as cut
+                if data[name] != source:
+                    assert source.startswith(data[name]) and data["truncated"][name] >= len(source.encode())
+            assert len(data["steps"]) <= 100 and len(data["warnings"]) <= 8 and len(data["usage"]) <= 16
+            if "steps" in outcome:  # a list cut says how many there were
+                assert data["truncated"]["steps"] == 10000 and data["truncated"]["warnings"] in (20, 50)
+                assert data["truncated"]["usage"] == 40 and all(s["step"] == n + 1 for n, s in
+                                                                enumerate(data["steps"]))
+    assert floor == 14336
+
+
+def test_a_result_keeps_what_matters_most_when_it_must_give_way():
+    """The order of the cut: steps, warnings and the type go before any of the answer; the answer, goal and error
+    before the conversation and trigger ids; a completed run stays completed, with a note of the cut."""
+    plan = {"goal": "Summarise the logs", "instructions": ["\x02" * 250] * 100}
+    ev = w.decode_message("t", 0, 1, None, cloudevent("order-1", type="\x01" * 4096, data={"plan": plan}))
+    outcome = {"status": "completed", "answer": "A" * 30000, "conversation_id": "conv-1",
+               "steps": [{"text": "\x05" * 256, "status": "done"}] * 100, "warnings": ["\x03" * 1024] * 8,
+               "usage": {"prompt_tokens": 7}}
+    roomy = w.result_event(ev, outcome, "s", 65536, 65536 - 1024 - 7)["data"]
+    assert roomy["answer"] == "A" * 30000 and roomy["goal"] == "Summarise the logs"
+    assert len(roomy["steps"]) < 100 and roomy["truncated"]["steps"] == 100 and "answer" not in roomy["truncated"]
+    tight = w.result_event(ev, outcome, "s", 65536, 14336)["data"]
+    assert tight["status"] == "completed" and tight["answer_truncated"] is True and tight["answer"].startswith("A")
+    assert (tight["steps"], tight["warnings"], tight["trigger_type"]) == ([], [], "")
+    assert (tight["conversation_id"], tight["trigger_event_id"], tight["usage"]) == ("conv-1", "order-1",
+                                                                                     {"prompt_tokens": 7})
+    assert tight["truncated"]["trigger_type"] == 4096 and tight["truncated"]["answer"] == 30000
 
 
 def test_decision_log_escapes_control_characters_and_redacts():
