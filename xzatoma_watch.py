@@ -698,7 +698,8 @@ class XzeprClient:
 
     def post_event(self, name, ev, success, payload):
         """POST one lifecycle event. Every text in it is bounded (a plan's name and an event's attributes are
-        someone else's), and the body fits in max_body_bytes, the error cut first (`payload.truncated` says)."""
+        someone else's), and the body fits in max_body_bytes (at least 16 KB), the error cut first, the name and
+        status never (`payload.truncated` says what was)."""
         phase = name.rsplit(".", 1)[-1]
         body = {"name": bounded_text(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
                 "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
@@ -717,7 +718,10 @@ class XzeprClient:
                 payload[key], cut = clipped(value, FIELD_MAX_BYTES.get(key, ID_MAX_BYTES))
                 if cut:
                     truncated[key] = len(value.encode("utf-8", "replace"))
-        fit(body, [(payload, [k for k, v in payload.items() if isinstance(v, str)])], self.max_body_bytes, truncated)
+        # cut, when over: the payload's texts (the error first), then the body's, then the trigger's id
+        texts = tuple(k for k, v in payload.items() if isinstance(v, str) and k not in ("trigger_event_id", "status"))
+        fit(body, [(payload, texts), (body, ("description", "release", "platform_id", "package", "version")),
+                   (payload, ("trigger_event_id",))], self.max_body_bytes, truncated)
         if truncated:
             payload["truncated"] = truncated
         return self.request("POST", "/api/v1/events", body)

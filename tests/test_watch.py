@@ -435,6 +435,26 @@ def test_a_result_keeps_what_matters_most_when_it_must_give_way():
     assert tight["truncated"]["trigger_type"] == 4096 and tight["truncated"]["answer"] == 30000
 
 
+def test_an_xzepr_post_fits_whatever_the_event_held():
+    """The same flaw in the XZepr post: only the payload's texts were cut, largest first, so when an event's name,
+    version, release, platform, package and (in the description) id were control characters, the post was made
+    to fit 16 KB by cutting the trigger's id away, the one link to its event, while the description kept it."""
+    api = FakeXzepr()
+    client = w.XzeprClient(api.url, None, attempts=1, max_body_bytes=16384)
+    ev = w.decode_message("t", 0, 1, None, xzepr_event(event_id="\x01" * 1021, payload={"plan": PLAN},
+                                                       name="\x01" * 4000, version="\x01" * 4000,
+                                                       release="\x01" * 4000, platform_id="\x01" * 4000,
+                                                       package="\x01" * 4000))
+    client.post_event("\x01" * 4000 + ".completed", ev, True,
+                      {"trigger_event_id": ev.id, "status": "completed", "error": "\x01" * (1 << 20),
+                       "conversation_id": "\x02" * 300, "turns": 1})
+    body = api.events()[0]
+    assert len(json.dumps(body, ensure_ascii=False).encode()) <= 16384
+    assert body["name"].endswith(".completed") and body["success"] is True
+    assert (body["payload"]["trigger_event_id"], body["payload"]["status"]) == (ev.id, "completed")
+    assert body["payload"]["truncated"]["error"] == 1 << 20 and body["payload"]["truncated"]["description"]
+
+
 def test_decision_log_escapes_control_characters_and_redacts():
     buf = io.StringIO()
     log = w.WatchLog(buf, "text", redact=lambda s: s.replace("hunter2secret", "[REDACTED]"))
