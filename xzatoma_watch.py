@@ -1421,16 +1421,16 @@ class Watcher:
                                     "%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
         headers = [(k, v) for k, v in (msg.headers or []) if isinstance(k, str) and isinstance(v, (bytes, type(None)))]
         value, key = msg.value, msg.key
-        room = self.s.max_request_size - RECORD_OVERHEAD - len(key or b"") - sum(len(k) + len(v) for k, v in ours)
-        if sum(len(k) + len(v or b"") + 8 for k, v in headers) > room // 4:
-            ours.append(("xzatoma_headers_dropped", str(len(headers)).encode()))
-            headers = []
-        room -= sum(len(k) + len(v or b"") + 8 for k, v in headers)
-        if value is not None and len(value) > room:
-            ours.append(("xzatoma_truncated", str(len(value)).encode()))
-            value = value[:max(0, room - 64)]
         if key is not None and len(key) > ID_MAX_BYTES * 4:
             key = key[:ID_MAX_BYTES * 4]
+        room = self.s.max_request_size - RECORD_OVERHEAD - len(key or b"") - _headers_size(ours)
+        if _headers_size(headers) > room // 4:
+            ours.append(("xzatoma_headers_dropped", str(len(headers)).encode()))
+            headers = []
+        room -= _headers_size(headers) + 64  # the note of a cut (and of headers dropped)
+        if value is not None and len(value) > room:
+            ours.append(("xzatoma_truncated", str(len(value)).encode()))
+            value = value[:max(0, room)]
         error = self._publish(self.s.dead_letter_topic, key, value, headers + ours, "dead_letter", give_up_after=3)
         if error is None:
             self.counts["dead_lettered"] += 1
@@ -2251,6 +2251,12 @@ def _close_by_force(producer):
 
 def _tps(tps):
     return ",".join("%s:%d" % (tp.topic, tp.partition) for tp in sorted(tps, key=lambda t: (t.topic, t.partition)))
+
+
+def _headers_size(pairs):
+    """Bytes of Kafka headers in a record. A name goes as UTF-8: counted in characters, names of 4-byte
+    characters made a dead-letter copy larger than max_request_size, which the producer refused (issue 22)."""
+    return sum(len(k.encode("utf-8", "replace")) + len(v or b"") + 8 for k, v in pairs)
 
 
 def _encode(doc):

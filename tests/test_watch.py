@@ -1198,6 +1198,44 @@ def test_poison_and_faults_cost_one_message_each_never_a_partition(kafka_broker,
     assert store.conn().execute("SELECT count(*) FROM event_claims").fetchone()[0] == 0  # none left behind
 
 
+def test_at_the_smallest_max_request_size_every_event_gets_one_result_that_fits(kafka_broker):
+    """Issue 22 (attack round), against the broker at watcher.kafka.max_request_size 16384 (its minimum): a bad plan
+    whose type is 4096 control characters got no result at all and was committed; a completed run whose 100 steps
+    were control characters was reported failed ("a result event cannot fit"); and a dead-letter copy whose
+    header names were 4-byte characters (counted as one byte each) was over the limit and lost."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    names = [("%03d" % i) + "𝄞" * 24 for i in range(100)]  # 100 headers of 99 bytes, counted as 27
+    kb.produce(kafka_broker.address, topic, [
+        (None, cloudevent("bad-type", type="\x01" * 4096, data={"plan": {"goal": "no instructions"}}), []),
+        (None, cloudevent("steps", data={"plan": PLAN}), []),
+        (b"dl-1", b"goal: " + b"x" * 10000 + b"\n", [(n, b"") for n in names])])  # no instructions: rejected
+
+    def run_plan(job):
+        return {"status": "completed", "answer": "done", "conversation_id": "conv-steps",
+                "steps": [{"text": "\x01" * 256, "status": "done"}] * 100}
+    watcher = start_watcher(kafka_broker, topic, run_plan, dead_letter_topic=topic + ".dlq", max_events=3,
+                            max_request_size=16384)
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive()
+    records = kb.read_all(kafka_broker.address, topic + ".results", 3, timeout=10)
+    assert all(len(r.value) + len(r.key) <= 16384 - w.RECORD_OVERHEAD for r in records)
+    results = {}
+    for r in records:
+        doc = json.loads(r.value)
+        results.setdefault(doc["subject"], []).append(doc["data"])
+    assert {k: [d["status"] for d in v] for k, v in results.items()} == \
+        {"bad-type": ["rejected"], "steps": ["completed"], "dl-1": ["rejected"]}
+    assert results["bad-type"][0]["truncated"]["trigger_type"] == 4096
+    assert results["steps"][0]["answer"] == "done" and results["steps"][0]["truncated"]["steps"] == 100
+    dead = {dict(d.headers)["xzatoma_origin"].decode(): d for d in kb.read_all(kafka_broker.address,
+                                                                              topic + ".dlq", 2, timeout=10)}
+    assert sorted(dead) == ["%s:0:0" % topic, "%s:0:2" % topic]
+    copy = dead["%s:0:2" % topic]
+    assert copy.value == b"goal: " + b"x" * 10000 + b"\n" and dict(copy.headers)["xzatoma_headers_dropped"] == b"100"
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [3]
+
+
 def test_lag_counts_what_waits_and_a_stuck_publish_shows_then_recovers(kafka_broker, store):
     """Issue 22: the lag gauge read 0 while 32 of 40 events waited, and a result that could never be published
     stopped the partition with no alert. Lag is now end offset minus committed offset; while the output topic
