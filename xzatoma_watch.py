@@ -738,13 +738,15 @@ class PartitionOffsets:
         self.highest = None
         self.committed = None  #: the group's committed offset as this watcher knows it (None: nothing yet)
         self.advanced_at = time.monotonic()  #: when `committed` last moved on (or the partition was assigned)
+        self.done = set()  #: offsets settled and not yet committed (lost with the partition: read again elsewhere)
 
     def received(self, offset):
         self.pending[offset] = time.monotonic()
         self.highest = offset if self.highest is None else max(self.highest, offset)
 
     def settled(self, offset):
-        self.pending.pop(offset, None)
+        if self.pending.pop(offset, None) is not None:
+            self.done.add(offset)
 
     def resume_point(self):
         """Where reading must resume for nothing to be skipped: the lowest unfinished offset, else the next one."""
@@ -778,9 +780,9 @@ class OffsetTracker:
                 self.partitions.setdefault(tp, PartitionOffsets())
 
     def forget(self, tps):
+        """Drop partitions; how many of their events were settled but never committed (they count for nothing)."""
         with self.lock:
-            for tp in tps:
-                self.partitions.pop(tp, None)
+            return sum(len(po.done) for po in (self.partitions.pop(tp, None) for tp in tps) if po is not None)
 
     def resume_points(self, tps):
         with self.lock:
@@ -814,6 +816,8 @@ class OffsetTracker:
                     if po.committed is None or point > po.committed:
                         po.advanced_at = time.monotonic()
                     po.committed = point
+                    po.done.difference_update([offset for offset in list(po.done) if offset < point])  # settled
+                    # meanwhile under the watcher's lock are kept: list() and difference_update() are atomic
 
     def stalled(self):
         """{tp: seconds since the committed offset last moved on} for every assigned partition."""
@@ -1858,10 +1862,13 @@ class Watcher:
                     job.cancel.set()
             self.revoking |= lost
             self.backlog = collections.deque(j for j in self.backlog if j.tp not in lost)
-        self.tracker.forget(lost)
+            # settled, never committed: whoever owns the partitions now reads them again, and --max-events counts
+            # what is settled and committed (it stopped with nothing committed after a lost partition)
+            uncommitted = self.tracker.forget(lost)
+            self.settled -= uncommitted
         for tp in lost:
             self.metrics.watch_lag_clear(tp.topic, tp.partition)
-        self.log("lost", level="warn", partitions=_tps(lost))
+        self.log("lost", level="warn", partitions=_tps(lost), uncommitted=uncommitted or None)
 
     # -- stopping --
     def _shutdown(self):

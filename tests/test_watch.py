@@ -496,6 +496,23 @@ def test_offsets_commit_up_to_the_lowest_unfinished():
     assert po.commit_point() == 14
 
 
+def test_a_lost_partition_takes_back_what_it_settled_and_never_committed():
+    """--max-events counts events settled and committed: a watcher whose partition was lost (the broker paused
+    past the session) before its commit exited 0 with nothing committed (found by an attack round)."""
+    from kafka import TopicPartition
+    tracker, tp, other = w.OffsetTracker(), TopicPartition("t", 0), TopicPartition("t", 1)
+    for o in (0, 1, 2, 3):
+        tracker.get(tp).received(o)
+    tracker.get(other).received(0)
+    tracker.get(other).settled(0)
+    for o in (0, 1, 2):
+        tracker.get(tp).settled(o)
+    tracker.get(tp).settled(2)  # settled twice counts once
+    tracker.committed({tp: 1})  # 0 is committed; 1 and 2 are settled, not committed; 3 runs
+    assert tracker.forget([tp]) == 2
+    assert tracker.forget([tp]) == 0 and list(tracker.partitions) == [other]
+
+
 def test_missing_kafka_hint(tmp_path):
     """One install_hint for the program and the watcher: pipx is known by the metadata it writes at its venv's
     root (a PIPX_HOME of any name), not by a directory called pipx."""
