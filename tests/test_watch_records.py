@@ -16,10 +16,11 @@ records = pytest.importorskip("kafka.record.default_records")
 w.guard_client(kafka)
 
 
-def build(values, deltas=None, headers=None):
-    """A v2 batch (uncompressed) of `values` at offset deltas `deltas` (default 0, 1, 2, …)."""
-    builder = records.DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
-                                                producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+def build(values, deltas=None, headers=None, compression=0):
+    """A v2 batch (uncompressed unless told) of `values` at offset deltas `deltas` (default 0, 1, 2, …)."""
+    builder = records.DefaultRecordBatchBuilder(magic=2, compression_type=compression, is_transactional=0,
+                                                producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                                batch_size=1 << 20)
     for i, value in enumerate(values):
         builder.append(deltas[i] if deltas else i, timestamp=1700000000000, key=None, value=value,
                        headers=(headers or {}).get(i, []))
@@ -138,3 +139,114 @@ def test_gzip_is_inflated_bounded_and_in_members_like_gzip_itself():
         w._bounded_gunzip(gzip.compress(b"z" * 1000)[:-12])
     with pytest.raises(Exception):
         w._bounded_gunzip(gzip.compress(b"z") + b"garbage")
+
+
+# ---- the codecs of the kafka-codecs extra: read as kafka-python reads them, under the same bound as gzip ----
+
+#: codec name: (the module kafka-python reads it with, its id in a batch's attributes)
+CODECS = {"zstd": ("zstandard", 4), "lz4": ("lz4.frame", 3), "snappy": ("snappy", 2)}
+
+
+def codec(name):
+    """The id of a codec whose library is installed; else the test is skipped, saying so."""
+    module, code = CODECS[name]
+    pytest.importorskip(module, reason="%s is not installed (the kafka-codecs extra)" % module)
+    return code
+
+
+def reasons(buf):
+    return [w.unread_stand_in(r.headers)[1] for r in records.DefaultRecordBatch(bytes(buf))
+            if w.unread_stand_in(r.headers)]
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_a_batch_in_each_codec_is_read_as_sent(name):
+    values = [v * 500 for v in VALUES]
+    buf = build(values, compression=codec(name))
+    assert len(buf) < sum(map(len, values))  # compressed, not sent as it was for no gain
+    assert read(buf) == list(enumerate(values))
+
+
+def test_each_codec_is_inflated_as_kafka_python_inflates_it():
+    import os
+    import kafka.codec as kc
+    body = os.urandom(3000) * 40
+    cases = []
+    if kc.has_zstd():
+        import zstandard
+        frame = zstandard.ZstdCompressor().compress(body)
+        cases += [(w._bounded_unzstd, kc.zstd_decode, frame + frame)]  # frames one after another: all are read
+    if kc.has_lz4():
+        import lz4.frame
+        cases += [(w._bounded_unlz4, kc.lz4_decode, lz4.frame.compress(body) + b"trailing")]  # one frame is read
+    if kc.has_snappy():
+        import snappy
+        cases += [(w._bounded_unsnappy, kc.snappy_decode, kc.snappy_encode(body)),  # xerial's blocks (Java's)
+                  (w._bounded_unsnappy, kc.snappy_decode, snappy.compress(body))]  # one raw block
+    if not cases:
+        pytest.skip("no codec library of the kafka-codecs extra is installed")
+    for bounded, theirs, payload in cases:
+        assert bounded(payload) == theirs(payload) == (body * 2 if bounded is w._bounded_unzstd else body)
+    if kc.has_lz4():
+        with pytest.raises(ValueError, match="cut short"):
+            w._bounded_unlz4(lz4.frame.compress(body)[:-9])
+    if kc.has_snappy():
+        xerial = kc.snappy_encode(body)
+        with pytest.raises(ValueError, match="cut short"):
+            w._bounded_unsnappy(xerial[:-1])
+        with pytest.raises(ValueError, match="cut short"):
+            w._bounded_unsnappy(xerial[:16] + struct.pack(">i", -4) + xerial[20:])
+
+
+def _bomb(name):
+    """A body that inflates to twice the bound: zeros, compressed as a producer would."""
+    zeros = bytes(2 * w.MAX_INFLATED_BATCH)
+    if name == "zstd":
+        import zstandard
+        return zstandard.ZstdCompressor().compress(zeros)
+    if name == "lz4":
+        import lz4.frame
+        return lz4.frame.compress(zeros)
+    import kafka.codec
+    import snappy
+    return kafka.codec.snappy_encode(zeros) if name == "snappy" else snappy.compress(zeros)
+
+
+@pytest.mark.parametrize("name", ["zstd", "lz4", "snappy", "snappy-raw"])
+def test_a_bomb_in_each_codec_is_set_aside_and_never_inflated_past_the_bound(name, monkeypatch):
+    """A 4 KB zstd batch inflated whole took a watcher from 34 MB to 844 MB: kafka-python inflates every codec
+    but gzip without a bound. The batch is now a stand-in, like a gzip bomb, its inflation stopped at the bound."""
+    import tracemalloc
+    code = codec(name.split("-")[0])
+    bomb = _bomb(name)
+    # kafka-python's CRC-32C is pure Python: 1.5 s for a 6 MB snappy bomb, 30 s under tracemalloc
+    monkeypatch.setattr(records, "calc_crc32c", lambda data: 0)
+    with monkeypatch.context() as mp:
+        mp.setattr(records, name.split("-")[0] + "_encode", lambda data: bomb)
+        buf = build([b" " * (len(bomb) + 1)], compression=code)  # else "no gain": sent uncompressed
+    tracemalloc.start()
+    try:
+        got = reasons(buf)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == 1 and "inflates past %d bytes" % w.MAX_INFLATED_BATCH in got[0], got
+    # the bound and copies of the body on the wire (65-76 MiB); unbounded, the 128 MiB it inflates to is held
+    # twice (kafka-python copies it into a bytearray): 256-280 MiB
+    assert peak < w.MAX_INFLATED_BATCH * 3 // 2, peak
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_a_codec_whose_library_is_missing_still_says_what_to_install(name, monkeypatch):
+    import kafka.codec
+    monkeypatch.setattr(kafka.codec, "has_" + name, lambda: True)
+    monkeypatch.setattr(records, name + "_encode", lambda data: b"body")
+    buf = build([b" " * 100], compression=CODECS[name][1])
+    monkeypatch.setattr(kafka.codec, "has_" + name, lambda: False)
+    reason = w._unread_reason(0, 0, reasons(buf)[0])  # the watcher's log line and dead-letter note
+    assert "UnsupportedCodecError" in reason and name in reason and "kafka-codecs" in reason, reason
+    if name == "lz4":  # lz4 read by kafka-python with lz4f or lz4framed, which have no bound: refused, and named
+        monkeypatch.setattr(kafka.codec, "has_lz4", lambda: True)
+        monkeypatch.setitem(__import__("sys").modules, "lz4.frame", None)
+        reason = w._unread_reason(0, 0, reasons(buf)[0])
+        assert "UnsupportedCodecError" in reason and "kafka-codecs" in reason, reason
