@@ -971,7 +971,7 @@ class Job:
         self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
 
 
-# ---- The watcher: consume → filter → extract → run → record → publish → commit ----
+# ---- The watcher: its loop, consume → filter → extract → queue, lag, flow control ----
 
 
 class Watcher:
@@ -1484,6 +1484,8 @@ class Watcher:
                     self.consumer.resume(*ready)
         except Exception as exc:  # an assignment changing under us: next round
             self.log("flow_control", level="debug", error=_one_line(exc))
+
+# ---- The watcher, one event: claim → run (or reject) → record → publish → release; then rebalances, stop ----
 
     def _work(self, job):
         """One event, start to end: claim its id, run it (or publish what a crashed run left, or set it aside),
