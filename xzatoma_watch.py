@@ -1568,7 +1568,8 @@ class Watcher:
         if self.store is None:
             return "run" if job.stored is None else "republish"
         try:
-            claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease)
+            claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease,
+                                                               over_rejected=job.rejection is None)
         except Exception as exc:  # a locked or failing database: tried again shortly, a few times, then failed
             job.store_failures += 1
             if job.store_failures >= 5:

@@ -1352,6 +1352,15 @@ def test_a_rejected_event_is_answered_like_a_run_once_per_store(kafka_broker, st
     assert results == {"bad-1": "rejected", "good-1": "completed"}
     assert len(kb.read_all(kafka_broker.address, topic + ".results", 2)) == 2  # one each, none twice
     assert len(kb.read_all(kafka_broker.address, topic + ".dlq", 1)) == 1  # copied once, not per try
+    # the producer's fix, sent again under the refused event's id, is run: an id only rejected is not finished
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("bad-1", data={"plan": PLAN}))])
+    third = start_watcher(kafka_broker, topic, runner, store, max_events=1, group_id=first.s.group_id)
+    third.thread.join(60)
+    assert not third.thread.is_alive()
+    assert [j.event.id for j in runner.calls] == ["good-1", "bad-1"]
+    statuses = [(json.loads(r.value)["subject"], json.loads(r.value)["data"]["status"])
+                for r in kb.read_all(kafka_broker.address, topic + ".results", 3)]
+    assert sorted(statuses) == [("bad-1", "completed"), ("bad-1", "rejected"), ("good-1", "completed")]
 
 
 def test_a_watcher_frozen_past_its_lease_keeps_its_claim_on_this_host(kafka_broker, tmp_path):
@@ -1381,13 +1390,13 @@ def test_a_watcher_frozen_past_its_lease_keeps_its_claim_on_this_host(kafka_brok
         lease_end = store.conn().execute("SELECT expires_at FROM event_claims").fetchone()[0]
         tries = []
         claim = store.claim_event
-        store.claim_event = lambda *args: tries.append(time.time()) or claim(*args)
+        store.claim_event = lambda *args, **kw: tries.append(time.time()) or claim(*args, **kw)
         runner = fake_runner()
         b = start_watcher(kafka_broker, second, runner, store, output_topic=first + ".results", claim_lease=1.0,
                           max_events=1)
         kb.produce(kafka_broker.address, second, [(None, cloudevent("stall", data={"plan": PLAN}))])
         # the second watcher asks for the claim again and again after the frozen one's lease has ended
-        wait_for(lambda: len([t for t in tries if t > lease_end + 1]) >= 3, 60)
+        assert wait_for(lambda: len([t for t in tries if t > lease_end + 1]) >= 3, 60)
         assert runner.calls == [] and b.log_lines.events("claimed_elsewhere")
         os.kill(a.pid, signal.SIGCONT)
         (tmp_path / "go").touch()
