@@ -1886,15 +1886,14 @@ class Store:
 
     def record_event(self, event_id, conversation_id, status, result=None, metadata=None, owner=None):
         """An event finished: recorded before its result is published, so a crash in between republishes it.
-        With `owner`, only while its claim stands (the fence): False, and nothing written, when another owner
-        has taken the claim over or the event's result is already out; its result must not be published."""
+        With `owner`, only while no other owner claims it and its result is not out (the fence): else False, and
+        nothing written; the result must not be published (another one was, or will be)."""
         with self._transaction() as conn:
             if owner is not None:
                 claim = conn.execute("SELECT owner FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
-                out = conn.execute("SELECT status FROM processed_events WHERE event_id = ? AND published_at IS NOT "
-                                   "NULL", (event_id,)).fetchone()
-                replaces = out is not None and out["status"] == "rejected" and status != "rejected"  # claim_event
-                if (out is not None and not replaces) or (claim is not None and claim["owner"] != owner):
+                out = conn.execute("SELECT 1 FROM processed_events WHERE event_id = ? AND published_at IS NOT NULL",
+                                   (event_id,)).fetchone()
+                if out is not None or (claim is not None and claim["owner"] != owner):
                     return False
             conn.execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status, "
                          "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
@@ -1909,10 +1908,8 @@ class Store:
                 conn.execute("DELETE FROM event_claims WHERE event_id = ? AND owner = ?", (event_id, owner))
 
     # -- claims: an event id being run, by one owner (a watcher process) at a time --
-    def claim_event(self, event_id, owner, lease, over_rejected=False):
+    def claim_event(self, event_id, owner, lease):
         """Claim `event_id` for `owner` for `lease` seconds, unless it is finished or another owner holds it.
-        `over_rejected`: an event that was only rejected counts as not finished (a valid event sent again under
-        the id of one that was refused: the producer's fix is run, not taken for a duplicate).
 
         Returns (claimed, attempts, record): record is the processed_events row (a finished event is never
         claimed); attempts counts the owners that claimed it without finishing, this one included (a claim
@@ -1926,9 +1923,7 @@ class Store:
             row = conn.execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
             record = dict(row) if row is not None else None
             if record is not None and record.get("published_at"):
-                if not (over_rejected and record.get("status") == "rejected"):
-                    return False, 0, record
-                record = None
+                return False, 0, record
             claim = conn.execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
             if claim is not None and claim["owner"] != owner:
                 if claim["host"] == host and claim["pid"]:

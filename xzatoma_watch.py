@@ -950,6 +950,11 @@ def client_options(settings_or_brokers, security=None):
     return opts
 
 
+#: events that may wait for their turn (a claim held elsewhere, their id running here) while fetching goes on:
+#: each holds its message (at most watcher.max_message_bytes)
+HELD_MAX = 16
+
+
 class Job:
     """One event being run: handed to the run-one-plan function."""
 
@@ -1464,11 +1469,20 @@ class Watcher:
                 self.metrics.watch_in_flight(len(self.in_flight))
                 self.executor.submit(self._work, job)
 
+    def _ready_or_many(self):
+        """Whether a waiting event could start now, or too many wait. One that waits for a claim held elsewhere
+        (a watcher frozen mid-run keeps it as long as it lives) or for its id running here stopped fetching on
+        every partition while it waited (found by an attack round); up to HELD_MAX may wait while others run."""
+        now = time.monotonic()
+        with self.cond:
+            return len(self.backlog) >= HELD_MAX + self.s.max_concurrent or any(
+                job.not_before <= now and job.event.id not in self.running_ids for job in self.backlog)
+
     def _flow_control(self):
         """Pause fetching while the backlog is full, so memory stays bounded and the group sees us alive."""
         try:
             assigned = self.consumer.assignment()
-            full = self.stopping.is_set() or bool(self.backlog) or len(self.in_flight) >= self.s.max_concurrent
+            full = self.stopping.is_set() or len(self.in_flight) >= self.s.max_concurrent or self._ready_or_many()
             if self.s.dry_run:
                 full = self.stopping.is_set()
             if self.s.max_events:  # used up: nothing more is taken, so nothing more is fetched (it spun)
@@ -1555,8 +1569,9 @@ class Watcher:
             self._start_runs()  # the next waiting event starts now, not when the loop's poll returns
 
     def _claim_lost(self, ev):
-        self.log("claim_lost", level="warn", reason="another watcher took this event over while it ran here (this "
-                 "process stalled past watcher.claim_lease): its result is the one published", **ev.log_fields())
+        self.log("claim_lost", level="warn", reason="another watcher sharing the store answered this event or "
+                 "holds it (this one stalled past watcher.claim_lease, or could not claim it): its result is the one "
+                 "published", **ev.log_fields())
         self.counts["claim_lost"] += 1
         self.metrics.watch_event("claim_lost")
 
@@ -1568,8 +1583,7 @@ class Watcher:
         if self.store is None:
             return "run" if job.stored is None else "republish"
         try:
-            claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease,
-                                                               over_rejected=job.rejection is None)
+            claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease)
         except Exception as exc:  # a locked or failing database: tried again shortly, a few times, then failed
             job.store_failures += 1
             if job.store_failures >= 5:
@@ -1613,8 +1627,7 @@ class Watcher:
         ev = job.event
         if self.store is not None:
             if not self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
-                                           metadata=json.dumps(ev.metadata()),
-                                           owner=self.owner if job.claimed else None):
+                                           metadata=json.dumps(ev.metadata()), owner=self.owner):
                 job.claimed = False
                 raise ClaimLost(ev.id)
 
@@ -2448,8 +2461,8 @@ def publish(brokers, topic, event, key=None, security=None, timeout=30.0):
 
 
 class ClaimLost(Exception):
-    """This watcher's claim on an event id was taken over while it ran the event (it was frozen past its lease,
-    on another host): the other owner's result is the one published, never a second."""
+    """Another watcher sharing the store answered this event or holds its claim (this one was frozen past its
+    lease, or could not claim it for a failing store): that one's result is the one published, never a second."""
 
 
 class PublishError(Exception):

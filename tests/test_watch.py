@@ -1352,15 +1352,14 @@ def test_a_rejected_event_is_answered_like_a_run_once_per_store(kafka_broker, st
     assert results == {"bad-1": "rejected", "good-1": "completed"}
     assert len(kb.read_all(kafka_broker.address, topic + ".results", 2)) == 2  # one each, none twice
     assert len(kb.read_all(kafka_broker.address, topic + ".dlq", 1)) == 1  # copied once, not per try
-    # the producer's fix, sent again under the refused event's id, is run: an id only rejected is not finished
+    # a valid event sent again under the answered id is a duplicate: one id, one result (consumers deduplicate
+    # on subject; a second answer would be dropped, or replace the first)
     kb.produce(kafka_broker.address, topic, [(None, cloudevent("bad-1", data={"plan": PLAN}))])
     third = start_watcher(kafka_broker, topic, runner, store, max_events=1, group_id=first.s.group_id)
     third.thread.join(60)
     assert not third.thread.is_alive()
-    assert [j.event.id for j in runner.calls] == ["good-1", "bad-1"]
-    statuses = [(json.loads(r.value)["subject"], json.loads(r.value)["data"]["status"])
-                for r in kb.read_all(kafka_broker.address, topic + ".results", 3)]
-    assert sorted(statuses) == [("bad-1", "completed"), ("bad-1", "rejected"), ("good-1", "completed")]
+    assert [j.event.id for j in runner.calls] == ["good-1"] and len(third.log_lines.events("duplicate")) == 1
+    assert len(kb.read_all(kafka_broker.address, topic + ".results", 2)) == 2
 
 
 def test_a_watcher_frozen_past_its_lease_keeps_its_claim_on_this_host(kafka_broker, tmp_path):
@@ -1413,6 +1412,58 @@ def test_a_watcher_frozen_past_its_lease_keeps_its_claim_on_this_host(kafka_brok
     assert [(r["subject"], r["data"]["answer"]) for r in results] == [("stall", "ok %d" % a.pid)]
     assert kb.committed(kafka_broker.address, "g-" + first, first) == [1]
     assert kb.committed(kafka_broker.address, b.s.group_id, second) == [1]
+
+
+def test_an_event_held_elsewhere_waits_without_stopping_the_others(kafka_broker, store):
+    """An event whose id a live watcher elsewhere holds (frozen mid-run: its claim stands as long as it lives)
+    waits for it. It went back into the queue of waiting events, and a watcher with --max-concurrent 1 stopped
+    fetching while any event waited: every partition stopped (found by an attack round)."""
+    import kafka_broker as kb
+    from xzatoma_store import _process_space
+    topic = new_topic(kafka_broker, partitions=2)
+    store.conn().execute("INSERT INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, attempts) "
+                         "VALUES ('same', 'a frozen watcher', ?, ?, ?, 0, 1)",
+                         (_process_space(), os.getpid(), time.time()))
+    runner = fake_runner()
+    x = start_watcher(kafka_broker, topic, runner, store, max_events=3)
+    try:
+        kb.produce(kafka_broker.address, topic, [(None, cloudevent("same", data={"plan": PLAN}), [], 0)])
+        assert wait_for(lambda: x.log_lines.events("claimed_elsewhere"), 60)
+        kb.produce(kafka_broker.address, topic, [(None, cloudevent("other-0", data={"plan": PLAN}), [], 0),
+                                                 (None, cloudevent("other-1", data={"plan": PLAN}), [], 1)])
+        assert wait_for(lambda: sorted(j.event.id for j in runner.calls) == ["other-0", "other-1"], 60), \
+            [j.event.id for j in runner.calls]
+        store.conn().execute("DELETE FROM event_claims WHERE event_id = 'same'")  # the frozen watcher died
+        x.thread.join(60)
+        assert not x.thread.is_alive()
+    finally:
+        x.request_stop("test")
+    assert sorted(j.event.id for j in runner.calls) == ["other-0", "other-1", "same"]
+    assert kb.committed(kafka_broker.address, x.s.group_id, topic, 2) == [2, 1]
+
+
+def test_a_watcher_that_cannot_claim_an_event_never_replaces_its_published_result(kafka_broker, store):
+    """A watcher whose claims failed (a store locked by another process) ended the event with a failed result
+    recorded without the fence: it replaced another watcher's published completed result in the store, and
+    went out beside it (found by an attack round). It is now recorded only where no other result is out."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("done", data={"plan": PLAN}))])
+    first = start_watcher(kafka_broker, topic, fake_runner(), store, max_events=1)
+    first.thread.join(60)
+    assert not first.thread.is_alive()
+
+    def locked(*args, **kw):
+        import sqlite3
+        raise sqlite3.OperationalError("database is locked")
+    store.claim_event = locked
+    second = start_watcher(kafka_broker, topic, fake_runner(), store, max_events=1)
+    second.thread.join(60)
+    assert not second.thread.is_alive()
+    assert [l["event_id"] for l in second.log_lines.events("claim_lost")] == ["done"]
+    assert store.conn().execute("SELECT status FROM processed_events").fetchall()[0][0] == "completed"
+    results = [json.loads(r.value)["data"]["status"] for r in kb.read_all(kafka_broker.address, topic + ".results", 1)]
+    assert results == ["completed"]
 
 
 def test_a_result_is_recorded_and_published_only_under_its_claim(kafka_broker, store):
