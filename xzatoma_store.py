@@ -1288,6 +1288,12 @@ def _add_review(conn):
         conn.execute("ALTER TABLE conversations ADD COLUMN review TEXT")
 
 
+def _add_claim_start(conn):
+    """event_claims.started, unless it is there (as _add_review)."""
+    if "started" not in [row[1] for row in conn.execute("PRAGMA table_info(event_claims)")]:
+        conn.execute("ALTER TABLE event_claims ADD COLUMN started INTEGER")
+
+
 MIGRATIONS = [
     # 1: conversations and their messages
     """
@@ -1358,6 +1364,9 @@ MIGRATIONS = [
     _add_review,
     # 10 (issue 22): messages stored but not yet in the search index (Store.index_backlog)
     "CREATE TABLE IF NOT EXISTS search_backlog (message_rowid INTEGER PRIMARY KEY)",
+    # 11 (issue 22): a claim's process by its start (clock ticks since boot, Linux): with the pid it names one
+    # process, whatever the wall clock does, so a live claimer is told from a newer process given its pid
+    _add_claim_start,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -1927,7 +1936,7 @@ class Store:
             claim = conn.execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
             if claim is not None and claim["owner"] != owner:
                 if claim["host"] == host and claim["pid"]:
-                    held = _pid_alive(claim["pid"], since=claim["claimed_at"])
+                    held = _pid_alive(claim["pid"]) and claim["started"] in (None, _process_start(claim["pid"]))
                 else:
                     held = claim["expires_at"] > now
                 if held:
@@ -1936,8 +1945,8 @@ class Store:
             else:
                 attempts = claim["attempts"] if claim is not None else 1
             conn.execute("INSERT OR REPLACE INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, "
-                         "attempts) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (event_id, owner, host, os.getpid(), now, now + lease, attempts))
+                         "attempts, started) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (event_id, owner, host, os.getpid(), now, now + lease, attempts, _process_start(os.getpid())))
             return True, attempts, record
 
     def release_claim(self, event_id, owner):
@@ -2047,24 +2056,23 @@ def _process_space():
         return _hostname()
 
 
-def _pid_alive(pid, since=None):
-    """Whether process `pid` lives; with `since` (a time.time()), whether it is the process that was there then:
-    a pid given to a new process after `since` is not the old one's (Linux: its start time in /proc)."""
+def _pid_alive(pid):
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass
+        return True
     except OSError:
         return False
-    if since is None:
-        return True
+    return True
+
+
+def _process_start(pid):
+    """When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat, proc(5)), or None
+    where there is no /proc. Not a wall-clock time: a clock stepped (a VM resumed, NTP) does not change it."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as fh:
-            ticks = int(fh.read().rsplit(b")", 1)[1].split()[19])  # field 22, starttime (proc(5))
-        with open("/proc/stat", "rb") as fh:
-            boot = next(int(line.split()[1]) for line in fh if line.startswith(b"btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return True  # no /proc: alive is all that can be told
-    return boot + ticks / os.sysconf("SC_CLK_TCK") <= since + 2  # btime is whole seconds; the clock may step
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -398,8 +398,9 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     store.conn().execute("UPDATE event_claims SET owner = 'C', pid = ?, expires_at = 0 WHERE event_id = 'a'",
                          (os.getpid(),))
     assert store.claim_event("a", "B", 60) == (False, 3, None)
-    # ... unless its pid now names a process that started after the claim was made (a pid used again)
-    store.conn().execute("UPDATE event_claims SET claimed_at = 1000 WHERE event_id = 'a'")
+    # ... unless its pid now names another process than the one that claimed (a pid used again: another start)
+    assert store.conn().execute("SELECT started FROM event_claims").fetchone()[0] > 0
+    store.conn().execute("UPDATE event_claims SET started = started - 1 WHERE event_id = 'a'")
     assert store.claim_event("a", "B", 60) == (True, 4, None)
     # a result is recorded under its claim only: not by an owner whose claim was taken over
     assert not store.record_event("a", "C1", "completed", result="{}", owner="C")
