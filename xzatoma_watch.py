@@ -1470,13 +1470,15 @@ class Watcher:
                 self.executor.submit(self._work, job)
 
     def _ready_or_many(self):
-        """Whether a waiting event could start now, or too many wait. One that waits for a claim held elsewhere
-        (a watcher frozen mid-run keeps it as long as it lives) or for its id running here stopped fetching on
-        every partition while it waited (found by an attack round); up to HELD_MAX may wait while others run."""
+        """Whether a waiting event could start now, waits to publish its result (the output topic refuses: no
+        more is run meanwhile), or too many wait. One that waits for a claim held elsewhere (a watcher frozen
+        mid-run keeps it as long as it lives) or for its id running here stopped fetching on every partition while
+        it waited (found by an attack round); up to HELD_MAX may wait so while others run."""
         now = time.monotonic()
         with self.cond:
             return len(self.backlog) >= HELD_MAX + self.s.max_concurrent or any(
-                job.not_before <= now and job.event.id not in self.running_ids for job in self.backlog)
+                job.delays or (job.not_before <= now and job.event.id not in self.running_ids)
+                for job in self.backlog)
 
     def _flow_control(self):
         """Pause fetching while the backlog is full, so memory stays bounded and the group sees us alive."""
@@ -1622,8 +1624,8 @@ class Watcher:
         return result, "failed"
 
     def _record(self, job, conversation_id, status, result):
-        """Store the result before it is published; under this watcher's claim only (ClaimLost when it was taken
-        over: another watcher ran the event too, and its result is the one that goes out)."""
+        """Store the result before it is published, behind the store's fence: ClaimLost when another watcher
+        claims the event (it took it over) or has published its result; that one is what goes out."""
         ev = job.event
         if self.store is not None:
             if not self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
