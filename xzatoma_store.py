@@ -1935,7 +1935,10 @@ class Store:
                 return False, 0, record
             claim = conn.execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
             if claim is not None and claim["owner"] != owner:
-                if claim["host"] == host and claim["pid"]:
+                if claim["host"] == host and claim["pid"] and claim["started"] is None \
+                        and _process_start(os.getpid()) is not None:  # written before schema 11: as then
+                    held = claim["expires_at"] > now and _pid_alive(claim["pid"])
+                elif claim["host"] == host and claim["pid"]:  # (where there is no /proc, alive is all there is)
                     held = _pid_alive(claim["pid"]) and claim["started"] in (None, _process_start(claim["pid"]))
                 else:
                     held = claim["expires_at"] > now

@@ -953,6 +953,7 @@ def client_options(settings_or_brokers, security=None):
 #: events that may wait for their turn (a claim held elsewhere, their id running here) while fetching goes on:
 #: each holds its message (at most watcher.max_message_bytes)
 HELD_MAX = 16
+BACKLOG_MAX = 256  #: events received and waiting, past which nothing more is fetched
 
 
 class Job:
@@ -1013,6 +1014,9 @@ class Watcher:
         #: who claims event ids in the store: this process, this watcher (two watchers of one process differ)
         self.owner = "%s:%d:%s" % (socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
         self.finished = threading.Event()  #: set when the watcher has stopped (ends the claims' heartbeat)
+        #: store writes that failed (a claim's release, a result marked published), retried by the claims'
+        #: heartbeat until they succeed: a claim left behind holds its id for as long as this process lives
+        self.chores = collections.deque()
 
     # -- control --
     def request_stop(self, reason="signal"):
@@ -1047,15 +1051,32 @@ class Watcher:
                 self._shutdown()
             finally:
                 self.finished.set()
+                self._do_chores()
         return 0
 
     def _keep_claims(self):
-        """The claims' heartbeat: while this watcher lives, every event id it claimed stays claimed."""
+        """The claims' heartbeat: while this watcher lives, every event id it claimed stays claimed, and what
+        could not be written to the store when it should have been is tried again."""
         while not self.finished.wait(max(0.2, self.s.claim_lease / 4)):
+            self._do_chores()
             try:
                 self.store.renew_claims(self.owner, self.s.claim_lease)
             except Exception as exc:  # a locked or failing database: the next beat tries again
                 self.log("claims_not_renewed", level="warn", error=_one_line(exc))
+
+    def _do_chores(self):
+        while self.chores:
+            event_id, write = self.chores[0]
+            with self.cond:
+                if event_id in self.running_ids:  # claimed again meanwhile: its run ends it
+                    self.chores.popleft()
+                    continue
+            try:
+                write(event_id, self.owner)
+            except Exception as exc:
+                self.log("store_failed", level="warn", error=_one_line(exc), event_id=event_id, retry=True)
+                return
+            self.chores.popleft()
 
     # -- connecting, with capped exponential backoff --
     def _backoff(self, attempt):
@@ -1476,9 +1497,12 @@ class Watcher:
         it waited (found by an attack round); up to HELD_MAX may wait so while others run."""
         now = time.monotonic()
         with self.cond:
-            return len(self.backlog) >= HELD_MAX + self.s.max_concurrent or any(
-                job.delays or (job.not_before <= now and job.event.id not in self.running_ids)
-                for job in self.backlog)
+            if len(self.backlog) >= BACKLOG_MAX or any(
+                    job.delays or (job.not_before <= now and job.event.id not in self.running_ids)
+                    for job in self.backlog):
+                return True
+            return len({job.event.id for job in self.backlog}) >= HELD_MAX + self.s.max_concurrent  # ids, not
+            # copies: 40 copies of one held id (a producer retrying) stopped every partition
 
     def _flow_control(self):
         """Pause fetching while the backlog is full, so memory stays bounded and the group sees us alive."""
@@ -1552,9 +1576,10 @@ class Watcher:
             if job.claimed:  # not ended with its published result (interrupted, failed, or nothing published)
                 try:
                     self.store.release_claim(ev.id, self.owner)
-                    job.claimed = False
-                except Exception as exc:  # its lease ends it
-                    self.log("store_failed", level="warn", error=_one_line(exc))
+                except Exception as exc:  # it would hold the id while this process lives: tried again
+                    self.log("store_failed", level="warn", error=_one_line(exc), event_id=ev.id, retry=True)
+                    self.chores.append((ev.id, self.store.release_claim))
+                job.claimed = False
             with self.cond:
                 self.in_flight.pop((job.tp, ev.offset), None)
                 self.running_ids.discard(ev.id)
@@ -1562,6 +1587,9 @@ class Watcher:
                     settle = False
                     if job.tp not in self.revoking and job.tp in self.tracker.partitions:
                         job.not_before = time.monotonic() + (self._backoff(job.delays) if job.delays else 0.5)
+                        for other in self.backlog:  # copies of its id would get the same answer meanwhile
+                            if other.event.id == ev.id:
+                                other.not_before = max(other.not_before, job.not_before)
                         self.backlog.append(job)
                 if settle:
                     job.po.settled(ev.offset)
@@ -1661,9 +1689,11 @@ class Watcher:
         if self.store is not None:
             try:
                 self.store.event_published(ev.id, self.owner)  # the claim ends with it
-                job.claimed = False
-            except Exception as exc:  # the result is out; a restart would publish the stored one once more
-                self.log("store_failed", level="warn", error=_one_line(exc), **ev.log_fields())
+            except Exception as exc:  # the result is out: tried again (released before, the stored result
+                # would be published once more by whoever claimed it next)
+                self.log("store_failed", level="warn", error=_one_line(exc), retry=True, **ev.log_fields())
+                self.chores.append((ev.id, self.store.event_published))
+            job.claimed = False
         return True
 
     def _fail(self, job, exc):

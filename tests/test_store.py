@@ -402,6 +402,12 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     assert store.conn().execute("SELECT started FROM event_claims").fetchone()[0] > 0
     store.conn().execute("UPDATE event_claims SET started = started - 1 WHERE event_id = 'a'")
     assert store.claim_event("a", "B", 60) == (True, 4, None)
+    # a row written before claims knew their process's start holds until its lease ends, as it did then
+    store.conn().execute("UPDATE event_claims SET owner = 'C', started = NULL, expires_at = ? WHERE event_id = 'a'",
+                         (time.time() + 60,))
+    assert not store.claim_event("a", "B", 60)[0]
+    store.conn().execute("UPDATE event_claims SET expires_at = 0 WHERE event_id = 'a'")
+    assert store.claim_event("a", "B", 60) == (True, 5, None)
     # a result is recorded under its claim only: not by an owner whose claim was taken over
     assert not store.record_event("a", "C1", "completed", result="{}", owner="C")
     assert store.conn().execute("SELECT count(*) FROM processed_events").fetchone()[0] == 0

@@ -1419,16 +1419,17 @@ def test_an_event_held_elsewhere_waits_without_stopping_the_others(kafka_broker,
     waits for it. It went back into the queue of waiting events, and a watcher with --max-concurrent 1 stopped
     fetching while any event waited: every partition stopped (found by an attack round)."""
     import kafka_broker as kb
-    from xzatoma_store import _process_space
+    from xzatoma_store import _process_space, _process_start
     topic = new_topic(kafka_broker, partitions=2)
-    store.conn().execute("INSERT INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, attempts) "
-                         "VALUES ('same', 'a frozen watcher', ?, ?, ?, 0, 1)",
-                         (_process_space(), os.getpid(), time.time()))
+    store.conn().execute("INSERT INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, attempts, "
+                         "started) VALUES ('same', 'a frozen watcher', ?, ?, ?, 0, 1, ?)",
+                         (_process_space(), os.getpid(), time.time(), _process_start(os.getpid())))
     runner = fake_runner()
-    x = start_watcher(kafka_broker, topic, runner, store, max_events=3)
+    x = start_watcher(kafka_broker, topic, runner, store, max_events=42)
     try:
-        kb.produce(kafka_broker.address, topic, [(None, cloudevent("same", data={"plan": PLAN}), [], 0)])
-        assert wait_for(lambda: x.log_lines.events("claimed_elsewhere"), 60)
+        # 40 copies (a producer retrying): they waited one each, and 17 stopped fetching as well
+        kb.produce(kafka_broker.address, topic, [(None, cloudevent("same", data={"plan": PLAN}), [], 0)] * 40)
+        assert wait_for(lambda: x.log_lines.events("claimed_elsewhere"), 60), x.log_lines.lines[-20:]
         kb.produce(kafka_broker.address, topic, [(None, cloudevent("other-0", data={"plan": PLAN}), [], 0),
                                                  (None, cloudevent("other-1", data={"plan": PLAN}), [], 1)])
         assert wait_for(lambda: sorted(j.event.id for j in runner.calls) == ["other-0", "other-1"], 60), \
@@ -1439,7 +1440,33 @@ def test_an_event_held_elsewhere_waits_without_stopping_the_others(kafka_broker,
     finally:
         x.request_stop("test")
     assert sorted(j.event.id for j in runner.calls) == ["other-0", "other-1", "same"]
-    assert kb.committed(kafka_broker.address, x.s.group_id, topic, 2) == [2, 1]
+    assert len(x.log_lines.events("duplicate")) == 39
+    assert kb.committed(kafka_broker.address, x.s.group_id, topic, 2) == [41, 1]
+
+
+def test_a_claim_whose_release_failed_is_released_when_the_store_answers(kafka_broker, store):
+    """A claim holds while its process lives: one whose release failed (a store locked past its busy timeout)
+    held its id for good, renewed by the heartbeat, and the event never got a result (found by an attack round).
+    The release is tried again until the store takes it."""
+    import sqlite3
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("stuck", data={"plan": PLAN}))])
+    release, failures = store.release_claim, []
+
+    def locked_once(*args):
+        if not failures:
+            failures.append(args)
+            raise sqlite3.OperationalError("database is locked")
+        return release(*args)
+    store.release_claim = locked_once
+    x = start_watcher(kafka_broker, topic, fake_runner(delay=60), store, shutdown_grace=0.5, claim_lease=1.0)
+    assert wait_for(lambda: x.log_lines.events("started"), 60)
+    x.request_stop("test")  # past the grace the run is interrupted, and its claim released: that fails once
+    x.thread.join(30)
+    assert not x.thread.is_alive() and failures
+    assert [l.get("retry") for l in x.log_lines.events("store_failed")] == [True]
+    assert store.conn().execute("SELECT count(*) FROM event_claims").fetchone()[0] == 0
 
 
 def test_a_watcher_that_cannot_claim_an_event_never_replaces_its_published_result(kafka_broker, store):
