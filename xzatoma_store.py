@@ -1923,10 +1923,10 @@ class Store:
         Returns (claimed, attempts, record): record is the processed_events row (a finished event is never
         claimed); attempts counts the owners that claimed it without finishing, this one included (a claim
         taken over from a process that died mid-run adds one; that is how a run that kills the watcher is found).
-        Another owner's claim holds until its lease ends, or, when it ran here, for as long as its process lives:
-        a watcher frozen past its lease (a stopped process, a swapped-out VM) still runs the event when it
-        wakes, and its claim is what keeps a second run from starting beside it. Across hosts only the lease can
-        tell, so a result is recorded only under its claim (record_event's owner)."""
+        Another owner's claim holds as _claim_holds says: on this host for exactly as long as its process lives
+        (a watcher frozen past its lease, a stopped process or a swapped-out VM, still runs the event when it
+        wakes; its claim is what keeps a second run from starting beside it), across hosts until its lease ends,
+        which is why a result is recorded only behind record_event's fence."""
         now, host = time.time(), _process_space()
         with self._transaction() as conn:
             row = conn.execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
@@ -1935,14 +1935,7 @@ class Store:
                 return False, 0, record
             claim = conn.execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
             if claim is not None and claim["owner"] != owner:
-                if claim["host"] == host and claim["pid"] and claim["started"] is None \
-                        and _process_start(os.getpid()) is not None:  # written before schema 11: as then
-                    held = claim["expires_at"] > now and _pid_alive(claim["pid"])
-                elif claim["host"] == host and claim["pid"]:  # (where there is no /proc, alive is all there is)
-                    held = _pid_alive(claim["pid"]) and claim["started"] in (None, _process_start(claim["pid"]))
-                else:
-                    held = claim["expires_at"] > now
-                if held:
+                if _claim_holds(claim, host, now):
                     return False, claim["attempts"], record
                 attempts = claim["attempts"] + 1
             else:
@@ -2069,6 +2062,17 @@ def _pid_alive(pid):
     except OSError:
         return False
     return True
+
+
+def _claim_holds(claim, host, now):
+    """Whether an event_claims row holds. Of this host (this pid namespace): while its process lives, known by its
+    pid and its start (without /proc, by its pid alone); a row written before schema 11 (no start), as then:
+    until its lease ends, while its pid lives. Of another host: until its lease ends (renewed while it lives)."""
+    if claim["host"] != host or not claim["pid"]:
+        return claim["expires_at"] > now
+    if claim["started"] is None and _process_start(os.getpid()) is not None:
+        return claim["expires_at"] > now and _pid_alive(claim["pid"])
+    return _pid_alive(claim["pid"]) and claim["started"] in (None, _process_start(claim["pid"]))
 
 
 def _process_start(pid):

@@ -1017,6 +1017,7 @@ class Watcher:
         #: store writes that failed (a claim's release, a result marked published), retried by the claims'
         #: heartbeat until they succeed: a claim left behind holds its id for as long as this process lives
         self.chores = collections.deque()
+        self.chores_lock = threading.Lock()  #: the heartbeat and the stop may do them at once: one at a time
 
     # -- control --
     def request_stop(self, reason="signal"):
@@ -1065,18 +1066,19 @@ class Watcher:
                 self.log("claims_not_renewed", level="warn", error=_one_line(exc))
 
     def _do_chores(self):
-        while self.chores:
-            event_id, write = self.chores[0]
-            with self.cond:
-                if event_id in self.running_ids:  # claimed again meanwhile: its run ends it
-                    self.chores.popleft()
-                    continue
-            try:
-                write(event_id, self.owner)
-            except Exception as exc:
-                self.log("store_failed", level="warn", error=_one_line(exc), event_id=event_id, retry=True)
-                return
-            self.chores.popleft()
+        with self.chores_lock:
+            while self.chores:
+                event_id, write = self.chores[0]
+                with self.cond:
+                    if event_id in self.running_ids:  # claimed again meanwhile: its run ends it
+                        self.chores.popleft()
+                        continue
+                try:
+                    write(event_id, self.owner)
+                except Exception as exc:
+                    self.log("store_failed", level="warn", error=_one_line(exc), event_id=event_id, retry=True)
+                    return
+                self.chores.popleft()
 
     # -- connecting, with capped exponential backoff --
     def _backoff(self, attempt):
