@@ -208,9 +208,11 @@ def test_unreachable_broker_is_retried_with_one_line_per_attempt(cli, tmp_path):
     import socket
     import signal
     from conftest import wait_for
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens here
+    # bound, never listening, and held for the whole test: a connection is refused, and no broker another test
+    # starts meanwhile can take the port (a closed one could be given out again, and the watcher then connected)
+    port_holder = socket.socket()
+    port_holder.bind(("127.0.0.1", 0))
+    port = port_holder.getsockname()[1]
     log = tmp_path / "w.log"
     proc = cli.popen("watch", "--brokers", "127.0.0.1:%d" % port, "--topic", "t", "--dry-run", "--log-file", log)
     try:
@@ -219,6 +221,7 @@ def test_unreachable_broker_is_retried_with_one_line_per_attempt(cli, tmp_path):
         out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
+        port_holder.close()
     assert proc.returncode == 0 and out == "" and err == ""  # kafka-python's own noise stays off stderr
     lines = [l for l in log.read_text().splitlines() if "broker_unavailable" in l]
     assert "attempt=1 " in lines[0] and "attempt=2 " in lines[1] and "retry_in=" in lines[0]
