@@ -1114,6 +1114,7 @@ class Watcher:
                     producer = kafka.KafkaProducer(**self.producer_opts)
                 consumer.subscribe([self.s.topic], listener=_listener(kafka, self))
                 self.consumer, self.producer = consumer, producer
+                self.end_probe = EndProbe(kafka, opts)
                 self.log("connected", brokers=",".join(self.s.bootstrap), topic=self.s.topic,
                          group=self.s.group_id, output_topic=None if self.s.dry_run else self.s.output_topic,
                          max_concurrent=self.s.max_concurrent, dry_run=self.s.dry_run or None)
@@ -1245,16 +1246,20 @@ class Watcher:
                 starts = _offsets_call(self.consumer.beginning_offsets, unknown) if unknown else {}
                 highest = self.tracker.highest_offsets()
                 stalled = self.tracker.stalled()
+                # INFO: each of these only ever falls short of the true end: the broker's answer (Tansu 0.6
+                # answers with the last batch's first offset + 1), the last fetch's high watermark (stale while
+                # paused), the next offset after the highest received. A paused partition is asked by a fetch
+                furthest = {tp: max(known) for tp, known in (
+                    (tp, [x for x in (ends.get(tp), self.consumer.highwater(tp), highest.get(tp)) if x is not None])
+                    for tp in assigned) if known}
+                paused = set(self.consumer.paused())
+                for tp, end in self.end_probe.ends({tp: end for tp, end in furthest.items() if tp in paused}).items():
+                    furthest[tp] = max(furthest[tp], end)
                 for tp in assigned:
                     base = committed.get(tp)
                     base = starts.get(tp) if base is None else base
-                    # INFO: each of these only ever falls short of the true end: the broker's answer (Tansu 0.6
-                    # answers with the last batch's first offset + 1), the last fetch's high watermark (stale while
-                    # paused), the next offset after the highest received
-                    known = [x for x in (ends.get(tp), self.consumer.highwater(tp), highest.get(tp))
-                             if x is not None]
-                    if known and base is not None:
-                        lags[tp] = max(0, max(known) - base)
+                    if tp in furthest and base is not None:
+                        lags[tp] = max(0, furthest[tp] - base)
                         self.metrics.watch_lag(tp.topic, tp.partition, lags[tp])
                         # how long work has waited here without a commit: 0 when nothing waits
                         self.metrics.watch_commit_stalled(tp.topic, tp.partition,
@@ -1944,6 +1949,7 @@ class Watcher:
         self._commit(timeout=5)
         if self._lag_wanted():
             self._report_lag()  # the last word on what is left waiting
+        self.end_probe.close()
         self.executor.shutdown(wait=False)
         # INFO: kafka-python 3's close leaves the group without a bound (its timeout_ms covers the commit only):
         # a frozen broker held a stopping watcher there for 30 s. It closes in a thread of its own, given 6 s.
@@ -2323,6 +2329,51 @@ def _refused_for_good(kafka, exc):
     if errors is None or not isinstance(exc, errors.KafkaError):
         return not isinstance(exc, (OSError, TimeoutError))  # a bug (a wrong type sent): trying again is no cure
     return type(exc).__name__ in RECORD_REFUSED
+
+
+class EndProbe:
+    """The true end of partitions this watcher does not fetch (paused behind its runs): a fetch of each one's
+    last known record, whose response carries the partition's high watermark. INFO: neither cheaper answer can be
+    trusted alone there: the consumer's own high watermark is as old as its last fetch, and Tansu 0.6 answers
+    ListOffsets with the last record batch's first offset + 1 (40 events produced in one batch read as lag 2).
+    Group-less, made on first use; it holds at most one record batch per partition asked about."""
+
+    def __init__(self, kafka, options):
+        self.kafka = kafka
+        self.options = dict(options, group_id=None, enable_auto_commit=False, auto_offset_reset="latest",
+                            fetch_max_wait_ms=50, max_partition_fetch_bytes=1, fetch_max_bytes=1,
+                            key_deserializer=None, value_deserializer=None, **_quiet_sensors(kafka.KafkaConsumer))
+        self.consumer = None  #: made when first asked, closed by close() (or after it failed)
+
+    def ends(self, known, budget=0.5):
+        """{partition: high watermark} for {partition: the furthest end known so far}, for those answering
+        within budget seconds; never raises (the broker away: nothing is learned this round)."""
+        if not known:
+            return {}
+        try:
+            if self.consumer is None:
+                self.consumer = self.kafka.KafkaConsumer(**self.options)
+            consumer = self.consumer
+            consumer.assign([])  # forget the last round's high watermarks: each answer is from this round
+            consumer.assign(list(known))
+            for tp, end in known.items():
+                consumer.seek(tp, max(0, end - 1))
+            found, deadline = {}, time.monotonic() + budget
+            while len(found) < len(known) and time.monotonic() < deadline:
+                consumer.poll(timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)), max_records=1)
+                found.update((tp, consumer.highwater(tp)) for tp in known if consumer.highwater(tp) is not None)
+            return found
+        except Exception:
+            self.close()
+            return {}
+
+    def close(self):
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            try:
+                consumer.close(autocommit=False, **_bounded(consumer.close, 2))
+            except Exception:
+                pass
 
 
 def _offsets_call(method, tps):
