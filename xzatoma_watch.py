@@ -2343,6 +2343,8 @@ class EndProbe:
         self.options = dict(options, group_id=None, enable_auto_commit=False, auto_offset_reset="latest",
                             fetch_max_wait_ms=50, max_partition_fetch_bytes=1, fetch_max_bytes=1,
                             key_deserializer=None, value_deserializer=None, **_quiet_sensors(kafka.KafkaConsumer))
+        if "bootstrap_timeout_ms" in self.options:  # it is made in the watcher's loop: a broker away costs 1 s
+            self.options["bootstrap_timeout_ms"] = 1000
         self.consumer = None  #: made when first asked, closed by close() (or after it failed)
 
     def ends(self, known, budget=0.5):
