@@ -2269,7 +2269,7 @@ def _guard_dead_batches(kafka):
     cls.take = guarded_take
 
 
-# ---- Broker plumbing: the rebalance listener, offsets, final errors, ids of unread messages ----
+# ---- Broker plumbing: the rebalance listener, offsets and paused partitions' ends, final errors, unread ids ----
 
 
 def _listener(kafka, watcher):
