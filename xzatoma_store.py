@@ -2053,15 +2053,18 @@ def _process_space():
 
 
 def _pid_alive(pid):
+    """Whether process `pid` lives: it exists, and has not died unreaped (a zombie, whose parent has not waited for
+    it: a supervisor or a PID 1 that never reaps keeps one for good, and its claims with it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     except OSError:
         return False
-    return True
+    stat = _proc_stat(pid)
+    return stat is None or stat[0] not in (b"Z", b"X", b"x")
 
 
 def _claim_holds(claim, host, now):
@@ -2078,8 +2081,17 @@ def _claim_holds(claim, host, now):
 def _process_start(pid):
     """When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat, proc(5)), or None
     where there is no /proc. Not a wall-clock time: a clock stepped (a VM resumed, NTP) does not change it."""
+    stat = _proc_stat(pid)
+    try:
+        return int(stat[19]) if stat is not None else None
+    except (ValueError, IndexError):
+        return None
+
+
+def _proc_stat(pid):
+    """The fields of /proc/<pid>/stat after the command's name (the first is the state), or None without it."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+            return fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
         return None

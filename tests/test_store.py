@@ -380,6 +380,7 @@ def test_processes_sharing_a_store_never_hold_one_event_id_at_once(tmp_path):
 def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store, tmp_path):
     import subprocess
     import sys
+    from conftest import wait_for
     assert store.claim_event("a", "A", 60) == (True, 1, None)
     assert store.claim_event("a", "A", 60)[0]  # its owner again: still its claim, not a new attempt
     assert store.claim_event("a", "B", 60) == (False, 1, None)  # held: A lives and its lease runs
@@ -394,20 +395,36 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     store.conn().execute("UPDATE event_claims SET owner = 'C', pid = ?, host = ? WHERE event_id = 'a'",
                          (dead.pid, __import__("xzatoma_store")._process_space()))
     assert store.claim_event("a", "B", 60) == (True, 3, None)
+    # nor one killed and not yet reaped (a zombie: a supervisor that never waits keeps it for good)
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with open("/proc/%d/stat" % zombie.pid, "rb") as fh:
+            started = int(fh.read().rsplit(b")", 1)[1].split()[19])
+        store.conn().execute("UPDATE event_claims SET owner = 'Z', pid = ?, started = ? WHERE event_id = 'a'",
+                             (zombie.pid, started))
+        assert store.claim_event("a", "B", 60) == (False, 3, None)  # it lives: its claim holds
+        os.kill(zombie.pid, 9)
+        assert wait_for(lambda: open("/proc/%d/stat" % zombie.pid, "rb").read().rsplit(b")", 1)[1].split()[0]
+                        == b"Z", 10)  # dead, not reaped: its pid is still taken
+        assert store.claim_event("a", "B", 60) == (True, 4, None)
+        assert store.claim_event("a", "B", 60) == (True, 4, None)
+    finally:
+        zombie.kill()
+        zombie.wait()
     # a live process of this host holds its claim past its lease (it is frozen, not gone: it will run on) ...
     store.conn().execute("UPDATE event_claims SET owner = 'C', pid = ?, expires_at = 0 WHERE event_id = 'a'",
                          (os.getpid(),))
-    assert store.claim_event("a", "B", 60) == (False, 3, None)
+    assert store.claim_event("a", "B", 60) == (False, 4, None)
     # ... unless its pid now names another process than the one that claimed (a pid used again: another start)
     assert store.conn().execute("SELECT started FROM event_claims").fetchone()[0] > 0
     store.conn().execute("UPDATE event_claims SET started = started - 1 WHERE event_id = 'a'")
-    assert store.claim_event("a", "B", 60) == (True, 4, None)
+    assert store.claim_event("a", "B", 60) == (True, 5, None)
     # a row written before claims knew their process's start holds until its lease ends, as it did then
     store.conn().execute("UPDATE event_claims SET owner = 'C', started = NULL, expires_at = ? WHERE event_id = 'a'",
                          (time.time() + 60,))
     assert not store.claim_event("a", "B", 60)[0]
     store.conn().execute("UPDATE event_claims SET expires_at = 0 WHERE event_id = 'a'")
-    assert store.claim_event("a", "B", 60) == (True, 5, None)
+    assert store.claim_event("a", "B", 60) == (True, 6, None)
     # a result is recorded under its claim only: not by an owner whose claim was taken over
     assert not store.record_event("a", "C1", "completed", result="{}", owner="C")
     assert store.conn().execute("SELECT count(*) FROM processed_events").fetchone()[0] == 0
