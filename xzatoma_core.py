@@ -8187,10 +8187,20 @@ def watch_settings(args, cfg):
         raise UsageError("--idle-exit must be a positive number of seconds")
     security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password", "ssl_cafile",
                                         "ssl_certfile", "ssl_keyfile")}
+    output_topic = pick(args.output_topic, k["output_topic"])
+    dead_letter_topic = pick(args.dead_letter_topic, k["dead_letter_topic"])
+    try:
+        xzatoma_watch.check_topic(topic, "--topic")
+        if not args.dry_run:  # nothing is published
+            xzatoma_watch.check_topic(output_topic or topic + ".results", "--output-topic" if output_topic else
+                                      "--output-topic (by default the input topic's name + '.results')")
+        if dead_letter_topic and not args.dry_run:
+            xzatoma_watch.check_topic(dead_letter_topic, "--dead-letter-topic")
+    except xzatoma_watch.WatchError as exc:
+        raise UsageError(str(exc))
     return xzatoma_watch.Settings(
         brokers=pick(args.brokers, k["bootstrap_servers"]), topic=topic, group_id=pick(args.group_id, k["group_id"]),
-        output_topic=pick(args.output_topic, k["output_topic"]),
-        dead_letter_topic=pick(args.dead_letter_topic, k["dead_letter_topic"]), create_topics=args.create_topics,
+        output_topic=output_topic, dead_letter_topic=dead_letter_topic, create_topics=args.create_topics,
         security=security, working_dir=working_dir, max_concurrent=pick(args.max_concurrent, w["max_concurrent"]),
         max_events=args.max_events, idle_exit=args.idle_exit, dry_run=args.dry_run,
         format=pick(args.format, w["format"]), shutdown_grace=float(w["shutdown_grace_seconds"]),
@@ -8352,6 +8362,7 @@ def cmd_publish(args, console):
             raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
     k = cfg.get("watcher.kafka")
     try:
+        watch.check_topic(args.topic or k["topic"], "--topic")
         data, plan = watch.plan_payload(text, source)
         event = watch.build_event(data, plan, args.type, args.source, args.xzepr)
         security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password",

@@ -930,6 +930,16 @@ class Settings:
             else list(self.brokers)
 
 
+def check_topic(name, flag):
+    """A topic name Kafka accepts (its Topic.validate: 1-249 of [a-zA-Z0-9._-], not "." or ".."), else WatchError:
+    a watcher given one it can never publish to ran every event and then held each result for good."""
+    if not name or name in (".", "..") or len(name) > 249 or re.search(r"[^a-zA-Z0-9._-]", name):
+        shown = name if len(name or "") <= 60 else name[:57] + "..."
+        raise WatchError("%s: %r is not a Kafka topic name (1 to 249 of the letters a-z A-Z, digits, '.', '_' and "
+                         "'-'; not '.' or '..')" % (flag, shown))
+    return name
+
+
 def client_options(settings_or_brokers, security=None):
     """kafka-python connection options: brokers and security (never logged)."""
     if isinstance(settings_or_brokers, Settings):

@@ -47,6 +47,36 @@ def test_bad_filters_and_plans_are_usage_errors(cli, tmp_path):
     assert r.returncode == 2 and "invalid plan" in r.stderr and "'instructions'" in r.stderr and r.stdout == ""
 
 
+def test_a_topic_no_kafka_client_can_use_is_refused_at_start(cli, tmp_path):
+    """Found by an attack round: given an output topic no client can publish to (a space in it; or the default
+    '<topic>.results' of a legal 249-character topic, 257 characters), the watcher ran every event (its model
+    calls spent) and then held each result for good. Every topic is checked against Kafka's own rule at start:
+    exit 2, one line naming the flag, before any broker is asked."""
+    pytest.importorskip("kafka")
+    from conftest import wait_for
+    long_topic = "t" * 249
+    for args, flag in ((["--topic", "t", "--output-topic", "plan results"], "--output-topic"),
+                       (["--topic", long_topic], "--output-topic (by default"),
+                       (["--topic", "t", "--dead-letter-topic", ".."], "--dead-letter-topic"),
+                       (["--topic", "a/b"], "--topic")):
+        r = cli.run("watch", "--brokers", "127.0.0.1:1", "--idle-exit", "5", *args, timeout=30)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, (args, r.stderr)
+        assert flag in lines[0] and "is not a Kafka topic name" in lines[0], lines
+    # nothing is published by a dry run: its input topic is all that must be legal (it goes on to the broker)
+    log = tmp_path / "w.log"
+    proc = cli.popen("watch", "--brokers", "127.0.0.1:1", "--topic", long_topic, "--dry-run", "--log-file", log)
+    try:
+        assert wait_for(lambda: log.exists() and "broker_unavailable" in log.read_text(), 40)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    plan = tmp_path / "p.yaml"
+    plan.write_text("goal: G\ninstructions: [a]\n")
+    r = cli.run("publish", "--plan", str(plan), "--topic", "bad topic", "--brokers", "127.0.0.1:1")
+    assert r.returncode == 2 and "--topic" in r.stderr and "is not a Kafka topic name" in r.stderr
+
+
 def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
     import kafka_broker as kb
     topic = "cli-" + uuid.uuid4().hex[:8]
