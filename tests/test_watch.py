@@ -296,6 +296,23 @@ def test_poison_messages_are_bad_messages_in_bounded_memory(name, key, value, he
     assert peak < 48 * 1024 * 1024, peak
 
 
+def test_an_id_or_key_of_up_to_1_kb_is_kept_whole_and_one_past_it_is_refused():
+    """Found by an attack round: ids and bare plans' keys of 1,022 to 1,024 bytes (within the documented 1 KB) were
+    cut to make room for the cut's mark: a CloudEvent was rejected, and two keys differing in their last bytes
+    were one id, so the second plan never ran."""
+    plan = b"goal: G\ninstructions: [a]\n"
+    for n in (1022, 1024):
+        assert w.decode_message("t", 0, 1, None, cloudevent("i" * n, data={"plan": PLAN})).id == "i" * n
+        assert w.decode_message("t", 0, 1, b"k" * (n - 3) + b"AAA", plan).id == "k" * (n - 3) + "AAA"
+        assert w.decode_message("t", 0, 1, "é".encode() * (n // 2), plan).id == "é" * (n // 2)  # 2 bytes each
+    with pytest.raises(w.BadMessage) as caught:
+        w.decode_message("t", 0, 1, None, cloudevent("i" * 1025, data={"plan": PLAN}))
+    assert caught.value.event_id == "i" * 1021 + "…" and "1025 bytes" in caught.value.reason
+    with pytest.raises(w.BadMessage) as caught:
+        w.decode_message("t", 0, 1, "é".encode() * 513, plan)
+    assert len(caught.value.event_id.encode()) <= 1024 and "1026 bytes" in caught.value.reason
+
+
 def test_half_a_character_is_sent_as_a_question_mark_never_an_encoding_error():
     """JSON may escape a lone surrogate (\\ud800), and a model's reply may hold one: Python keeps it in a str that
     cannot be encoded, so the result (and its failed replacement) raised UnicodeEncodeError: no result at all."""
