@@ -85,8 +85,9 @@ class PrometheusMetrics:
                                               "Messages of the partition not yet committed: its end offset minus "
                                               "the group's committed offset", ["topic", "partition"], registry=r)
             self.watch_stalled = prom.Gauge("xzatoma_watch_commit_stalled_seconds",
-                                            "Seconds the partition's committed offset has not moved while messages "
-                                            "wait (0 when none wait)", ["topic", "partition"], registry=r)
+                                            "Seconds the partition's committed offset has not moved while its oldest "
+                                            "message is in hand (0 when none waits, or it waits its turn)",
+                                            ["topic", "partition"], registry=r)
             self.watch_oldest = prom.Gauge("xzatoma_watch_oldest_waiting_seconds",
                                            "How long the oldest message received and not yet committed has waited",
                                            registry=r)

@@ -740,6 +740,7 @@ class PartitionOffsets:
         self.highest = None
         self.committed = None  #: the group's committed offset as this watcher knows it (None: nothing yet)
         self.advanced_at = time.monotonic()  #: when `committed` last moved on (or the partition was assigned)
+        self.turn_at = 0.0  #: when its oldest work was last seen merely waiting its turn (see Watcher._their_turn)
         self.done = set()  #: offsets settled and not yet committed (lost with the partition: read again elsewhere)
 
     def received(self, offset):
@@ -822,10 +823,24 @@ class OffsetTracker:
                     # meanwhile under the watcher's lock are kept: list() and difference_update() are atomic
 
     def stalled(self):
-        """{tp: seconds since the committed offset last moved on} for every assigned partition."""
+        """{tp: seconds since the committed offset last moved on, or since its oldest work last merely waited its
+        turn} for every assigned partition: a backlog that drains, however large, is not a stall."""
         now = time.monotonic()
         with self.lock:
-            return {tp: round(now - po.advanced_at, 3) for tp, po in self.partitions.items()}
+            return {tp: round(now - max(po.advanced_at, po.turn_at), 3) for tp, po in self.partitions.items()}
+
+    def heads(self):
+        """{tp: (the lowest offset received and not settled or None, whether settled ones wait for a commit)}."""
+        with self.lock:
+            return {tp: (min(po.pending) if po.pending else None, bool(po.done))
+                    for tp, po in self.partitions.items()}
+
+    def waiting_turn(self, tps):
+        now = time.monotonic()
+        with self.lock:
+            for tp in tps:
+                if tp in self.partitions:
+                    self.partitions[tp].turn_at = now
 
     def committed_offsets(self):
         """{tp: the committed offset this watcher knows, or None} for every assigned partition."""
@@ -1257,6 +1272,7 @@ class Watcher:
                 unknown = [tp for tp in assigned if committed.get(tp) is None]
                 starts = _offsets_call(self.consumer.beginning_offsets, unknown) if unknown else {}
                 highest = self.tracker.highest_offsets()
+                self.tracker.waiting_turn(self._their_turn(assigned))
                 stalled = self.tracker.stalled()
                 # INFO: each of these only ever falls short of the true end: the broker's answer (Tansu 0.6
                 # answers with the last batch's first offset + 1), the last fetch's high watermark (stale while
@@ -1284,6 +1300,24 @@ class Watcher:
         self.log("lag", level="debug", lag=",".join("%d=%d" % (tp.partition, n) for tp, n in sorted(
             lags.items(), key=lambda kv: kv[0].partition)) or None, in_flight=len(self.in_flight),
             backlog=len(self.backlog), oldest_waiting=oldest)
+
+    def _their_turn(self, assigned):
+        """The partitions whose oldest work merely waits its turn: not received yet (fetching paused while the runs
+        are busy), or queued and ready while every run slot is busy or its id runs here. A stall is where the oldest
+        work runs, waits to publish its result, waits for a claim held elsewhere, or waits for a commit (found by an
+        attack round: one event queued behind another partition's ten runs read as stalled for all ten)."""
+        heads, now = self.tracker.heads(), time.monotonic()
+        with self.cond:
+            queued = {(job.tp, job.event.offset): job for job in self.backlog}
+            busy = len(self.in_flight) >= self.s.max_concurrent
+            turn = []
+            for tp in assigned:
+                head, uncommitted = heads.get(tp, (None, False))
+                job = queued.get((tp, head))
+                if (head is None and not uncommitted) or (job is not None and not job.delays and job.not_before <= now
+                                                          and (busy or job.event.id in self.running_ids)):
+                    turn.append(tp)
+        return turn
 
     # -- reading: one partition's batch, each message, and crash-loops --
     def _handle_batch(self, tp, messages):

@@ -1346,6 +1346,45 @@ def test_lag_counts_events_that_arrived_batched_behind_a_paused_partition(kafka_
     assert len(runner.calls) == 41
 
 
+def test_a_partition_waiting_its_turn_behind_busy_runs_is_not_stalled(kafka_broker, store):
+    """Found by an attack round: one event on partition 1 queued behind ten runs of partition 0 read as stalled
+    for all ten, so the README's alert ("not for a backlog that drains, however large") would fire on a healthy
+    watcher. A partition's stall clock now runs only while its own oldest work runs, waits to publish, waits
+    for a claim held elsewhere or for a commit."""
+    from kafka import KafkaProducer
+    topic = new_topic(kafka_broker, partitions=2)
+    release = threading.Semaphore(0)
+    runner = fake_runner()
+
+    def run_plan(job):
+        release.acquire(timeout=60)
+        return runner(job)
+    gauges = Gauges()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, lag_interval=0.05)
+    watcher.metrics = gauges
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.address)
+    try:
+        assert wait_for(lambda: len(watcher.log_lines.events("positioned")) == 2, 60)
+        for i in range(3):
+            producer.send(topic, cloudevent("p0-%d" % i, data={"plan": PLAN}), partition=0).get(10)
+        assert wait_for(lambda: gauges.in_flight == 1, 30)
+        producer.send(topic, cloudevent("p1", data={"plan": PLAN}), partition=1).get(10)
+        assert wait_for(lambda: gauges.lag.get(1) == 1, 30), gauges.lag
+        assert wait_for(lambda: gauges.stalled.get(0, 0) > 2.0, 30)  # partition 0's run holds it: a stall
+        assert gauges.lag.get(1) == 1 and gauges.stalled[1] < 1.0, gauges.stalled  # partition 1 waits its turn
+        for _ in range(4):
+            release.release()
+        assert wait_for(lambda: gauges.lag.get(0) == 0 and gauges.lag.get(1) == 0, 60), gauges.lag
+        assert gauges.stalled == {0: 0.0, 1: 0.0}
+    finally:
+        for _ in range(4):
+            release.release()
+        producer.close()
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+    assert sorted(job.event.id for job in runner.calls) == ["p0-0", "p0-1", "p0-2", "p1"]
+
+
 def test_two_watchers_sharing_a_store_never_run_one_id_at_once(kafka_broker, store):
     """Issue 22: two processes on one store ran an id twice when it arrived twice at once. Two watchers (two
     consumer groups: both get every message) share one store: the id runs once, the other watcher waits for the
