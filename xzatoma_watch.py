@@ -981,6 +981,9 @@ def client_options(settings_or_brokers, security=None):
 #: each holds its message (at most watcher.max_message_bytes)
 HELD_MAX = 16
 BACKLOG_MAX = 256  #: events received and waiting, past which nothing more is fetched
+#: their messages' bytes, past which nothing more is fetched: copies of one id running here count once toward
+#: HELD_MAX, and 256 copies of 8 MB held 2 GB (found by an attack round). Each is held decoded too
+BACKLOG_BYTES = 64 << 20
 
 
 class Job:
@@ -1552,7 +1555,7 @@ class Watcher:
         with self.cond:
             if len(self.backlog) >= BACKLOG_MAX or any(
                     job.delays or (job.not_before <= now and job.event.id not in self.running_ids)
-                    for job in self.backlog):
+                    for job in self.backlog) or sum(map(_message_bytes, self.backlog)) >= BACKLOG_BYTES:
                 return True
             return len({job.event.id for job in self.backlog}) >= HELD_MAX + self.s.max_concurrent  # ids, not
             # copies: 40 copies of one held id (a producer retrying) stopped every partition
@@ -2422,6 +2425,11 @@ class EndProbe:
                 consumer.close(autocommit=False, **_bounded(consumer.close, 2))
             except Exception:
                 pass
+
+
+def _message_bytes(job):
+    msg = job.message
+    return 0 if msg is None else len(msg.value or b"") + len(msg.key or b"")
 
 
 def _offsets_call(method, tps):

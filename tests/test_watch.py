@@ -1508,6 +1508,22 @@ def test_a_watcher_frozen_past_its_lease_keeps_its_claim_on_this_host(kafka_brok
     assert kb.committed(kafka_broker.address, b.s.group_id, second) == [1]
 
 
+def test_copies_of_a_running_id_stop_fetching_once_their_messages_fill_the_backlog_bytes():
+    """Found by an attack round: copies of an id running here (a producer retrying) count once toward the events
+    that may wait, so fetching went on until 256 of them waited: 256 copies of 8 MB held 2 GB. Fetching now stops
+    once what waits holds BACKLOG_BYTES of messages, however few ids."""
+    import types
+    watcher = w.Watcher(w.Settings(brokers="127.0.0.1:1", topic="t", max_concurrent=2), w.Filters(), None,
+                        log=w.WatchLog(Lines(), "json"), out=Lines())
+    watcher.running_ids.add("same")
+    copy = types.SimpleNamespace(value=b"x" * (4 << 20), key=b"same", headers=[])
+    for n in range(1, w.BACKLOG_BYTES // len(copy.value) + 1):
+        watcher.backlog.append(w.Job(w.decode_message("t", 0, n, None, cloudevent("same", data={"plan": PLAN})),
+                                     None, message=copy))
+        assert watcher._ready_or_many() == (n * len(copy.value) >= w.BACKLOG_BYTES), n
+    assert len(watcher.backlog) == 16
+
+
 def test_an_event_held_elsewhere_waits_without_stopping_the_others(kafka_broker, store):
     """An event whose id a live watcher elsewhere holds (frozen mid-run: its claim stands as long as it lives)
     waits for it. It went back into the queue of waiting events, and a watcher with --max-concurrent 1 stopped
