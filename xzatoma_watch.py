@@ -1441,7 +1441,7 @@ class Watcher:
             self.counts["would_run"] += 1
             self.metrics.watch_event("dry_run")
             return self._settle(po, ev.offset)
-        job = Job(ev, po, message=msg)
+        job = Job(ev, po, message=Kept(msg, self.s.max_request_size))
         job.tp = tp
         with self.cond:
             self.backlog.append(job)
@@ -1473,7 +1473,7 @@ class Watcher:
                 if event_id and ev is None:
                     ev = Event(id=event_id, topic=msg.topic, partition=msg.partition, offset=msg.offset)
                 if event_id and not now:
-                    job = Job(ev, po, message=msg)
+                    job = Job(ev, po, message=Kept(msg, self.s.max_request_size))
                     job.tp, job.rejection = tp, reason
                     with self.cond:
                         self.backlog.append(job)
@@ -1510,12 +1510,13 @@ class Watcher:
         if key is not None and len(key) > ID_MAX_BYTES * 4:
             key = key[:ID_MAX_BYTES * 4]
         room = self.s.max_request_size - RECORD_OVERHEAD - len(key or b"") - _headers_size(ours)
-        if _headers_size(headers) > room // 4:
-            ours.append(("xzatoma_headers_dropped", str(len(headers)).encode()))
+        if _headers_size(headers) > room // 4 or getattr(msg, "headers_dropped", 0):
+            ours.append(("xzatoma_headers_dropped", str(len(headers) or msg.headers_dropped).encode()))
             headers = []
         room -= _headers_size(headers) + 64  # the note of a cut (and of headers dropped)
-        if value is not None and len(value) > room:
-            ours.append(("xzatoma_truncated", str(len(value)).encode()))
+        size = getattr(msg, "size", None) or len(value or b"")
+        if value is not None and size > room:
+            ours.append(("xzatoma_truncated", str(size).encode()))
             value = value[:max(0, room)]
         error = self._publish(self.s.dead_letter_topic, key, value, headers + ours, "dead_letter", give_up_after=3)
         if error is None:
@@ -2427,9 +2428,30 @@ class EndProbe:
                 pass
 
 
+class Kept:
+    """What a waiting job keeps of its Kafka record, for its dead-letter copy: that copy never holds more than the
+    producer's max_request_size, so neither does this (a waiting event held its whole record, up to the broker's
+    own limit when it was rejected unread: 20 MB copies behind a running id took 657 MB)."""
+
+    __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "origin", "size", "headers_dropped",
+                 "held")
+
+    def __init__(self, msg, limit):
+        self.topic, self.partition, self.offset = msg.topic, msg.partition, msg.offset
+        self.key = msg.key if msg.key is None or len(msg.key) <= ID_MAX_BYTES * 4 else msg.key[:ID_MAX_BYTES * 4]
+        self.origin = getattr(msg, "origin", None)
+        headers = [(k, v) for k, v in (msg.headers or []) if isinstance(k, str) and isinstance(v, (bytes, type(None)))]
+        headers_size = _headers_size(headers)
+        #: a copy never carries more than a quarter of its room in headers (Watcher._dead_letter)
+        self.headers, self.headers_dropped = (headers, 0) if headers_size <= limit // 4 else ([], len(headers))
+        self.size = len(msg.value or b"")  #: the value's length as it came (a cut copy says it)
+        self.held = self.size + headers_size + len(msg.key or b"")  #: what the record held when fetched
+        self.value = msg.value if msg.value is None or self.size <= limit else msg.value[:limit]
+
+
 def _message_bytes(job):
     msg = job.message
-    return 0 if msg is None else len(msg.value or b"") + len(msg.key or b"")
+    return 0 if msg is None else getattr(msg, "held", None) or len(msg.value or b"") + len(msg.key or b"")
 
 
 def _offsets_call(method, tps):

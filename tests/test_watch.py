@@ -1243,31 +1243,35 @@ def test_at_the_smallest_max_request_size_every_event_gets_one_result_that_fits(
     kb.produce(kafka_broker.address, topic, [
         (None, cloudevent("bad-type", type="\x01" * 4096, data={"plan": {"goal": "no instructions"}}), []),
         (None, cloudevent("steps", data={"plan": PLAN}), []),
-        (b"dl-1", b"goal: " + b"x" * 10000 + b"\n", [(n, b"") for n in names])])  # no instructions: rejected
+        (b"dl-1", b"goal: " + b"x" * 10000 + b"\n", [(n, b"") for n in names]),  # no instructions: rejected
+        (b"big", b"goal: " + b"y" * 40000 + b"\n", [])])  # over max_message_bytes: rejected unread
 
     def run_plan(job):
         return {"status": "completed", "answer": "done", "conversation_id": "conv-steps",
                 "steps": [{"text": "\x01" * 256, "status": "done"}] * 100}
-    watcher = start_watcher(kafka_broker, topic, run_plan, dead_letter_topic=topic + ".dlq", max_events=3,
-                            max_request_size=16384)
+    watcher = start_watcher(kafka_broker, topic, run_plan, dead_letter_topic=topic + ".dlq", max_events=4,
+                            max_request_size=16384, max_message_bytes=32768)
     watcher.thread.join(60)
     assert not watcher.thread.is_alive()
-    records = kb.read_all(kafka_broker.address, topic + ".results", 3, timeout=10)
+    records = kb.read_all(kafka_broker.address, topic + ".results", 4, timeout=10)
     assert all(len(r.value) + len(r.key) <= 16384 - w.RECORD_OVERHEAD for r in records)
     results = {}
     for r in records:
         doc = json.loads(r.value)
         results.setdefault(doc["subject"], []).append(doc["data"])
     assert {k: [d["status"] for d in v] for k, v in results.items()} == \
-        {"bad-type": ["rejected"], "steps": ["completed"], "dl-1": ["rejected"]}
+        {"bad-type": ["rejected"], "steps": ["completed"], "dl-1": ["rejected"], "big": ["rejected"]}
     assert results["bad-type"][0]["truncated"]["trigger_type"] == 4096
     assert results["steps"][0]["answer"] == "done" and results["steps"][0]["truncated"]["steps"] == 100
     dead = {dict(d.headers)["xzatoma_origin"].decode(): d for d in kb.read_all(kafka_broker.address,
-                                                                              topic + ".dlq", 2, timeout=10)}
-    assert sorted(dead) == ["%s:0:0" % topic, "%s:0:2" % topic]
+                                                                              topic + ".dlq", 3, timeout=10)}
+    assert sorted(dead) == ["%s:0:0" % topic, "%s:0:2" % topic, "%s:0:3" % topic]
     copy = dead["%s:0:2" % topic]
     assert copy.value == b"goal: " + b"x" * 10000 + b"\n" and dict(copy.headers)["xzatoma_headers_dropped"] == b"100"
-    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [3]
+    copy = dead["%s:0:3" % topic]  # cut to fit, and says from what
+    assert copy.value.startswith(b"goal: yyy") and len(copy.value) + len(copy.key) < 16384 - w.RECORD_OVERHEAD
+    assert dict(copy.headers)["xzatoma_truncated"] == b"40007"
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [4]
 
 
 def test_lag_counts_what_waits_and_a_stuck_publish_shows_then_recovers(kafka_broker, store):
@@ -1516,12 +1520,15 @@ def test_copies_of_a_running_id_stop_fetching_once_their_messages_fill_the_backl
     watcher = w.Watcher(w.Settings(brokers="127.0.0.1:1", topic="t", max_concurrent=2), w.Filters(), None,
                         log=w.WatchLog(Lines(), "json"), out=Lines())
     watcher.running_ids.add("same")
-    copy = types.SimpleNamespace(value=b"x" * (4 << 20), key=b"same", headers=[])
-    for n in range(1, w.BACKLOG_BYTES // len(copy.value) + 1):
+    copy = types.SimpleNamespace(topic="t", partition=0, offset=1, value=b"x" * (4 << 20), key=b"same",
+                                 headers=[("h", b"v" * 50)])
+    for n in range(1, 17):
+        kept = w.Kept(copy, watcher.s.max_request_size)
         watcher.backlog.append(w.Job(w.decode_message("t", 0, n, None, cloudevent("same", data={"plan": PLAN})),
-                                     None, message=copy))
-        assert watcher._ready_or_many() == (n * len(copy.value) >= w.BACKLOG_BYTES), n
-    assert len(watcher.backlog) == 16
+                                     None, message=kept))
+        assert watcher._ready_or_many() == (n == 16), n  # over 4 MiB a record, as fetched
+    # what each keeps for its dead-letter copy is no more than that copy may carry
+    assert len(kept.value) == watcher.s.max_request_size and kept.size == len(copy.value) and kept.headers
 
 
 def test_an_event_held_elsewhere_waits_without_stopping_the_others(kafka_broker, store):
