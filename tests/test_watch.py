@@ -585,6 +585,16 @@ def start_watcher(broker, topic, run_plan, store=None, filters=None, **settings)
     return watcher
 
 
+def gated_runner(timeout=60):
+    """(gate, runner, run_plan): fake_runner's runs, each held until the gate is set."""
+    gate, runner = threading.Event(), fake_runner()
+
+    def run_plan(job):
+        gate.wait(timeout)
+        return runner(job)
+    return gate, runner, run_plan
+
+
 def fake_runner(delay=0.0, answers=None):
     calls = []
 
@@ -1283,12 +1293,7 @@ def test_lag_counts_what_waits_and_a_stuck_publish_shows_then_recovers(kafka_bro
     topic = new_topic(kafka_broker)
     kb.produce(kafka_broker.address, topic, [(None, cloudevent("lag-%d" % i, data={"plan": PLAN}))
                                              for i in range(5)])
-    gate = threading.Event()
-    runner = fake_runner()
-
-    def run_plan(job):
-        gate.wait(30)
-        return runner(job)
+    gate, runner, run_plan = gated_runner()
     gauges = Gauges()
     watcher = start_watcher(kafka_broker, topic, run_plan, store, lag_interval=0.05, backoff_initial=0.05,
                             backoff_max=0.3, output_topic="no such topic!")
@@ -1321,12 +1326,7 @@ def test_lag_counts_events_that_arrived_batched_behind_a_paused_partition(kafka_
     import kafka_broker as kb
     from kafka import KafkaProducer
     topic = new_topic(kafka_broker)
-    gate = threading.Event()
-    runner = fake_runner()
-
-    def run_plan(job):
-        gate.wait(60)
-        return runner(job)
+    gate, runner, run_plan = gated_runner()
     gauges = Gauges()
     watcher = start_watcher(kafka_broker, topic, run_plan, store, lag_interval=0.05)
     watcher.metrics = gauges
