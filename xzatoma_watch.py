@@ -835,12 +835,12 @@ class OffsetTracker:
             return {tp: (min(po.pending) if po.pending else None, bool(po.done))
                     for tp, po in self.partitions.items()}
 
-    def waiting_turn(self, tps):
-        now = time.monotonic()
+    def waiting_turn(self, since):
+        """{tp: the last moment its oldest work merely waited its turn}: its stall counts from no earlier."""
         with self.lock:
-            for tp in tps:
+            for tp, at in since.items():
                 if tp in self.partitions:
-                    self.partitions[tp].turn_at = now
+                    self.partitions[tp].turn_at = max(self.partitions[tp].turn_at, at)
 
     def committed_offsets(self):
         """{tp: the committed offset this watcher knows, or None} for every assigned partition."""
@@ -1004,6 +1004,7 @@ class Job:
         self.store_failures = 0  #: claims that failed because the store could not be used
         self.delays = 0  #: times its result could not be published at all (the next try waits longer)
         self.claimed = False  #: this watcher holds its id's claim in the store
+        self.held_elsewhere = False  #: its claim was last refused (held by another live process, or no store)
         self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
 
 
@@ -1029,6 +1030,7 @@ class Watcher:
         self.backlog = collections.deque()
         self.in_flight = {}  # (tp, offset) -> Job
         self.running_ids = set()
+        self.slot_freed_at = time.monotonic()  #: when a run last gave its slot back (see _their_turn)
         self.stopping = threading.Event()  #: take no more events
         self.hard_stop = threading.Event()  #: the grace period is over: give up retries
         self.received = self.settled = 0
@@ -1305,21 +1307,24 @@ class Watcher:
             backlog=len(self.backlog), oldest_waiting=oldest)
 
     def _their_turn(self, assigned):
-        """The partitions whose oldest work merely waits its turn: not received yet (fetching paused while the runs
-        are busy), or queued and ready while every run slot is busy or its id runs here. A stall is where the oldest
-        work runs, waits to publish its result, waits for a claim held elsewhere, or waits for a commit (found by an
-        attack round: one event queued behind another partition's ten runs read as stalled for all ten)."""
+        """{partition: the last moment its oldest work merely waited its turn}, for those whose oldest work is not
+        received yet, or queued ready to run: now, when a run slot is free (it starts, or is fetched, at once);
+        else when a run last gave its slot back, so a backlog that drains is no stall, however large, and one
+        behind runs that never end is (found by attack rounds: one event queued behind another partition's ten
+        runs read as stalled for all ten). A stall is where the oldest work runs, waits to publish its result,
+        waits for a claim held elsewhere, or waits for a commit."""
         heads, now = self.tracker.heads(), time.monotonic()
         with self.cond:
             queued = {(job.tp, job.event.offset): job for job in self.backlog}
-            busy = len(self.in_flight) >= self.s.max_concurrent
-            turn = []
+            since = now if len(self.in_flight) < self.s.max_concurrent else self.slot_freed_at
+            turn = {}
             for tp in assigned:
                 head, uncommitted = heads.get(tp, (None, False))
                 job = queued.get((tp, head))
-                if (head is None and not uncommitted) or (job is not None and not job.delays and job.not_before <= now
-                                                          and (busy or job.event.id in self.running_ids)):
-                    turn.append(tp)
+                if head is None and not uncommitted:
+                    turn[tp] = since
+                elif job is not None and not (job.delays or job.held_elsewhere) and job.not_before <= now:
+                    turn[tp] = self.slot_freed_at if job.event.id in self.running_ids else since
         return turn
 
     # -- reading: one partition's batch, each message, and crash-loops --
@@ -1639,6 +1644,7 @@ class Watcher:
                 job.claimed = False
             with self.cond:
                 self.in_flight.pop((job.tp, ev.offset), None)
+                self.slot_freed_at = time.monotonic()
                 self.running_ids.discard(ev.id)
                 if again:
                     settle = False
@@ -1673,11 +1679,12 @@ class Watcher:
             claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease)
         except Exception as exc:  # a locked or failing database: tried again shortly, a few times, then failed
             job.store_failures += 1
+            job.held_elsewhere = True
             if job.store_failures >= 5:
                 raise
             self.log("store_failed", level="warn", error=_one_line(exc), **ev.log_fields())
             return "held"
-        job.claimed = claimed
+        job.claimed, job.held_elsewhere = claimed, not claimed
         if record is not None and (record.get("published_at") or not record.get("result")):
             self.log("duplicate", status=record.get("status"), conversation_id=record.get("conversation_id"),
                      **ev.log_fields())

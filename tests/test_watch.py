@@ -1353,8 +1353,7 @@ def test_lag_counts_events_that_arrived_batched_behind_a_paused_partition(kafka_
 def test_a_partition_waiting_its_turn_behind_busy_runs_is_not_stalled(kafka_broker, store):
     """Found by an attack round: one event on partition 1 queued behind ten runs of partition 0 read as stalled
     for all ten, so the README's alert ("not for a backlog that drains, however large") would fire on a healthy
-    watcher. A partition's stall clock now runs only while its own oldest work runs, waits to publish, waits
-    for a claim held elsewhere or for a commit."""
+    watcher. Work that merely waits for a run slot is stalled only since a run last gave its slot back."""
     from kafka import KafkaProducer
     topic = new_topic(kafka_broker, partitions=2)
     release = threading.Semaphore(0)
@@ -1373,10 +1372,17 @@ def test_a_partition_waiting_its_turn_behind_busy_runs_is_not_stalled(kafka_brok
             producer.send(topic, cloudevent("p0-%d" % i, data={"plan": PLAN}), partition=0).get(10)
         assert wait_for(lambda: gauges.in_flight == 1, 30)
         producer.send(topic, cloudevent("p1", data={"plan": PLAN}), partition=1).get(10)
+        waiting_since = time.monotonic()
         assert wait_for(lambda: gauges.lag.get(1) == 1, 30), gauges.lag
-        assert wait_for(lambda: gauges.stalled.get(0, 0) > 2.0, 30)  # partition 0's run holds it: a stall
-        assert gauges.lag.get(1) == 1 and gauges.stalled[1] < 1.0, gauges.stalled  # partition 1 waits its turn
-        for _ in range(4):
+        for _ in range(2):  # each of partition 0's runs holds its slot 2 s; partition 1 waits behind both
+            assert wait_for(lambda: gauges.stalled.get(0, 0) > 2.0, 30)
+            release.release()
+            assert wait_for(lambda: gauges.stalled.get(0, 9) < 1.0, 30)  # committed: partition 0 moved on
+        assert wait_for(lambda: gauges.stalled.get(0, 0) > 2.0, 30)
+        assert gauges.lag[1] == 1 and len(runner.calls) == 2  # partition 1 still waits its turn, 4 s and more,
+        # yet is stalled no longer than since the last slot was given back
+        assert gauges.stalled[1] < gauges.stalled[0] + 0.5 < time.monotonic() - waiting_since - 1.0, gauges.stalled
+        for _ in range(2):
             release.release()
         assert wait_for(lambda: gauges.lag.get(0) == 0 and gauges.lag.get(1) == 0, 60), gauges.lag
         assert gauges.stalled == {0: 0.0, 1: 0.0}
@@ -1387,6 +1393,36 @@ def test_a_partition_waiting_its_turn_behind_busy_runs_is_not_stalled(kafka_brok
         watcher.request_stop("test")
         watcher.thread.join(30)
     assert sorted(job.event.id for job in runner.calls) == ["p0-0", "p0-1", "p0-2", "p1"]
+
+
+def test_a_partition_behind_a_held_claim_or_a_run_that_never_ends_is_stalled(kafka_broker, store):
+    """Found by an attack round: the oldest event of a partition, waiting for a claim another live process holds,
+    or for a slot that a run which never ends keeps, was taken for one merely waiting its turn: commit_stalled
+    read 0 while the partition never moved again, and the alert could never fire."""
+    import kafka_broker as kb
+    from xzatoma_store import _process_space, _process_start
+    topic = new_topic(kafka_broker)
+    store.conn().execute("INSERT INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, attempts, "
+                         "started) VALUES ('x', 'a frozen watcher', ?, ?, ?, 0, 1, ?)",
+                         (_process_space(), os.getpid(), time.time(), _process_start(os.getpid())))
+    gate, runner, run_plan = gated_runner()
+    gauges = Gauges()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, lag_interval=0.05)
+    watcher.metrics = gauges
+    try:
+        kb.produce(kafka_broker.address, topic, [(None, cloudevent(i, data={"plan": PLAN})) for i in ("x", "y")])
+        assert wait_for(lambda: gauges.in_flight == 1 and gauges.lag.get(0) == 2, 60)  # y runs; x is held
+        assert wait_for(lambda: gauges.stalled.get(0, 0) > 2.0, 30), gauges.stalled
+        store.conn().execute("DELETE FROM event_claims WHERE event_id = 'x'")  # the frozen one is gone: x waits
+        before = gauges.stalled[0]  # for the slot y's run keeps, which it never gives back
+        assert wait_for(lambda: gauges.stalled[0] > before + 1.0, 30), gauges.stalled
+        gate.set()
+        assert wait_for(lambda: gauges.lag.get(0) == 0, 60) and gauges.stalled[0] == 0.0
+    finally:
+        gate.set()
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+    assert sorted(job.event.id for job in runner.calls) == ["x", "y"]
 
 
 def test_two_watchers_sharing_a_store_never_run_one_id_at_once(kafka_broker, store):
