@@ -195,15 +195,17 @@ def _text(value):
 MAX_MESSAGE_BYTES = 8 << 20  #: larger messages are rejected unread (watcher.max_message_bytes)
 MAX_HEADERS = 256  #: headers of one message
 ID_MAX_BYTES = 1024  #: an event id (or a bare plan's key): results, logs and the store repeat it
+ID_CUT_BYTES = ID_MAX_BYTES + len("…".encode("utf-8"))  #: the longest id a result names: one cut, with its mark
 ATTRIBUTE_MAX_BYTES = 4096  #: any other CloudEvents attribute (type, source, subject, …)
 
 
 def _cut_id(text):
     """An id over ID_MAX_BYTES, cut (and marked) so that a result can still name it; one within it, whole (ids
-    of 1,022 to 1,024 bytes were cut to make room for the mark they did not need: two of them were one id)."""
-    if not bounded_text(text, ID_MAX_BYTES)[1]:
-        return text
-    return bounded_text(text, ID_MAX_BYTES - len("…".encode("utf-8")))[0] + "…"
+    of 1,022 to 1,024 bytes were cut to make room for the mark they did not need: two of them were one id). The
+    cut keeps ID_MAX_BYTES and adds its mark past them, so no valid id is ever the same text (cut within the
+    limit, 'A' x 1,100 was answered as the valid 'A' x 1,021 + '…', which then never ran)."""
+    cut, was_cut = bounded_text(text, ID_MAX_BYTES)
+    return cut + "…" if was_cut else text
 
 
 def _load_document(text):
@@ -375,6 +377,7 @@ def _find_plan(ev):
 def _extract_plan(ev):
     from xzatoma_plans import PlanError, parse_plan, plan_from_data
     where, value = _find_plan(ev)
+    ev.data = None  # read: a waiting event holds its plan, not the whole document (whose values cost 25x its bytes)
     ev.plan_location = where
     if ev.is_result:
         return ev
@@ -515,9 +518,9 @@ def result_status(status):
 # 4 KB type of them (24 KB) left a rejected event with no result at all at the smallest max_request_size, and 100
 # steps of them (150 KB) turned a completed run into "failed: a result event cannot fit" (issue 22). Every field
 # from the event or the run can now be cut; only the frame cannot (the status, and the subject: an id of at most
-# ID_MAX_BYTES, 6 KB as JSON), and it fits in the smallest budget a watcher has: 16384 bytes, the least
-# watcher.kafka.max_request_size, less RECORD_OVERHEAD and a key of ID_MAX_BYTES (Watcher._budget; tested).
-FIELD_MAX_BYTES = {"trigger_event_id": ID_MAX_BYTES, "trigger_type": ATTRIBUTE_MAX_BYTES, "conversation_id": 256,
+# ID_CUT_BYTES, 6 KB as JSON), and it fits in the smallest budget a watcher has: 16384 bytes, the least
+# watcher.kafka.max_request_size, less RECORD_OVERHEAD and a key of ID_CUT_BYTES (Watcher._budget; tested).
+FIELD_MAX_BYTES = {"trigger_event_id": ID_CUT_BYTES, "trigger_type": ATTRIBUTE_MAX_BYTES, "conversation_id": 256,
                    "goal": 8192, "error": 8192}
 #: cut further when the whole event is over its budget, tier by tier, the largest of a tier first: what matters
 #: least goes first (steps, warnings, the type), then the answer, goal, error and usage (16 numbers: the smallest
@@ -531,7 +534,7 @@ RECORD_OVERHEAD = 1024  #: bytes of a Kafka record beyond its value and key (bat
 def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
     """The CloudEvent published for one event that passed the filters. Each text field is redacted, then cut to
     its bound (`data.truncated` maps each field cut to its size before: bytes of a text, items of a list); with
-    `max_bytes` (a watcher's budget, 14336 bytes at least) the encoded event fits in that many bytes, whatever the
+    `max_bytes` (a watcher's budget, 14333 bytes at least) the encoded event fits in that many bytes, whatever the
     event and the outcome held, cut in SHRINKABLE's order, its status and subject whole."""
     # every consumer of the results topic reads it: the goal and an error quote the event, and a credential in it
     outcome = outcome if isinstance(outcome, dict) else {}  # went out again (issue 12)
@@ -981,8 +984,9 @@ def client_options(settings_or_brokers, security=None):
 #: each holds its message (at most watcher.max_message_bytes)
 HELD_MAX = 16
 BACKLOG_MAX = 256  #: events received and waiting, past which nothing more is fetched
-#: their messages' bytes, past which nothing more is fetched: copies of one id running here count once toward
-#: HELD_MAX, and 256 copies of 8 MB held 2 GB (found by an attack round). Each is held decoded too
+#: the bytes they hold (their records as fetched, and their plans parsed: _message_bytes), past which nothing more
+#: is fetched: copies of one id running here count once toward HELD_MAX, and 256 copies of 8 MB held 2 GB (found
+#: by an attack round)
 BACKLOG_BYTES = 64 << 20
 
 
@@ -1006,6 +1010,7 @@ class Job:
         self.claimed = False  #: this watcher holds its id's claim in the store
         self.held_elsewhere = False  #: its claim was last refused (held by another live process, or no store)
         self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
+        self.decoded = _decoded_bytes(event.plan)  #: about what its plan takes in memory (see BACKLOG_BYTES)
 
 
 # ---- The watcher: its loop, consume → filter → extract → queue, lag, flow control ----
@@ -2458,7 +2463,25 @@ class Kept:
 
 def _message_bytes(job):
     msg = job.message
-    return 0 if msg is None else getattr(msg, "held", None) or len(msg.value or b"") + len(msg.key or b"")
+    held = 0 if msg is None else getattr(msg, "held", None) or len(msg.value or b"") + len(msg.key or b"")
+    return held + job.decoded
+
+
+def _decoded_bytes(plan):
+    """About the bytes a parsed plan takes in memory: its texts, and 64 more for each value (a '{}' of three bytes
+    in JSON is a dict of 64 in Python: 90,000 of them in a 270 KB event held 6 MB, found by an attack round)."""
+    if plan is None:
+        return 0
+    total, stack = 0, [plan.goal, plan.context, plan.instructions]
+    while stack:
+        value = stack.pop()
+        total += 64 + (len(value) if isinstance(value, str) else 0)
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return total
 
 
 def _offsets_call(method, tps):

@@ -251,9 +251,9 @@ POISON = [
     ("recursive alias", b"rec", b"goal: G\ninstructions: [a]\nc: &c [1, *c]\n", [], "rec", "contains it"),
     ("a 5000-digit number", b"num", b"goal: " + b"1" * 5000 + b"\ninstructions: [a]\n", [], "num",
      "integer string conversion"),
-    ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], "i" * 1021 + "…", "event id is 20000"),
+    ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], "i" * 1024 + "…", "event id is 20000"),
     # cut, two keys that differ past the limit were one id: the second plan never ran, logged a duplicate
-    ("a bare plan's key of 2 KB", b"k" * 2048, b"goal: G\ninstructions: [a]\n", [], "k" * 1021 + "…",
+    ("a bare plan's key of 2 KB", b"k" * 2048, b"goal: G\ninstructions: [a]\n", [], "k" * 1024 + "…",
      "message key (a bare plan's event id) is 2048 bytes"),
     ("a type of 20 KB", None, cloudevent("long-type", type="t" * 20000, data={"plan": PLAN}), [], "long-type",
      "attribute 'type' is over the limit"),
@@ -307,10 +307,16 @@ def test_an_id_or_key_of_up_to_1_kb_is_kept_whole_and_one_past_it_is_refused():
         assert w.decode_message("t", 0, 1, "é".encode() * (n // 2), plan).id == "é" * (n // 2)  # 2 bytes each
     with pytest.raises(w.BadMessage) as caught:
         w.decode_message("t", 0, 1, None, cloudevent("i" * 1025, data={"plan": PLAN}))
-    assert caught.value.event_id == "i" * 1021 + "…" and "1025 bytes" in caught.value.reason
+    assert caught.value.event_id == "i" * 1024 + "…" and "1025 bytes" in caught.value.reason
     with pytest.raises(w.BadMessage) as caught:
         w.decode_message("t", 0, 1, "é".encode() * 513, plan)
-    assert len(caught.value.event_id.encode()) <= 1024 and "1026 bytes" in caught.value.reason
+    assert 1024 < len(caught.value.event_id.encode()) <= w.ID_CUT_BYTES and "1026 bytes" in caught.value.reason
+    # a cut id is never a valid one: 'A' x 1,100 was answered as 'A' x 1,021 + '…', a valid id that then never ran
+    valid = "A" * 1021 + "…"
+    assert w.decode_message("t", 0, 1, None, cloudevent(valid, data={"plan": PLAN})).id == valid
+    with pytest.raises(w.BadMessage) as caught:
+        w.decode_message("t", 0, 1, None, cloudevent("A" * 1100, data={"plan": PLAN}))
+    assert caught.value.event_id != valid and len(caught.value.event_id.encode()) > w.ID_MAX_BYTES
 
 
 def test_half_a_character_is_sent_as_a_question_mark_never_an_encoding_error():
@@ -389,12 +395,12 @@ def _hostile(kind):
                     "usage": {"é" * 60 + str(i): i for i in range(40)},
                     "steps": [{"text": "é" * 300, "status": "done"}] * 10000, "turns": 3}
     if kind == "rejected, 4 KB type":  # case B: a bad plan whose type is 4096 control characters
-        ev = w.decode_message("t", 0, 1, None, cloudevent("\x01" * 1021, type="\x01" * 4096,
+        ev = w.decode_message("t", 0, 1, None, cloudevent("\x01" * 1024, type="\x01" * 4096,
                                                           data={"plan": {"goal": "\x01" * 9000}}))
         assert ev.plan is None
         return ev, {"status": "rejected", "error": ev.plan_error + "\x01" * 9000}
     plan = {"goal": "\x01" * 9000, "instructions": ["\x02" * 300] * 100}
-    ev = w.decode_message("t", 0, 1, None, cloudevent("\x01" * 1021, type="\x01" * 4096, data={"plan": plan}))
+    ev = w.decode_message("t", 0, 1, None, cloudevent("\x01" * 1024, type="\x01" * 4096, data={"plan": plan}))
     return ev, {"status": "completed", "answer": "\x01" * 70000, "error": "\x1b" * 9000,
                 "conversation_id": "\x02" * 300, "warnings": ["\x03" * 2000] * 50,
                 "usage": {"\x04" * 60 + str(i): i for i in range(40)},
@@ -409,12 +415,12 @@ def test_a_result_fits_whatever_the_event_and_the_run_held(kind):
     smallest budget a watcher has, and the status and the subject stay whole."""
     ev, outcome = _hostile(kind)
     status = outcome["status"]
-    floor = _min_request_size() - w.RECORD_OVERHEAD - w.ID_MAX_BYTES  # Watcher._budget with the longest key
+    floor = _min_request_size() - w.RECORD_OVERHEAD - w.ID_CUT_BYTES  # Watcher._budget with the longest key
     sources = {"trigger_event_id": ev.id, "trigger_type": ev.type, "goal": ev.plan.goal if ev.plan else None,
                "answer": outcome.get("answer"), "error": outcome["error"],
                "conversation_id": outcome.get("conversation_id")}
     for size in (1048576, 65536, 32768, _min_request_size()):
-        for budget in sorted({size - w.RECORD_OVERHEAD - len(ev.id.encode()), max(floor, 14336)}):
+        for budget in sorted({size - w.RECORD_OVERHEAD - len(ev.id.encode()), floor}):
             out = w.result_event(ev, outcome, "xzatoma://h/g", 65536, budget)
             encoded = w._encode(out)
             assert len(encoded) <= budget, (size, budget, len(encoded))
@@ -430,7 +436,7 @@ def test_a_result_fits_whatever_the_event_and_the_run_held(kind):
                 assert data["truncated"]["steps"] == 10000 and data["truncated"]["warnings"] in (20, 50)
                 assert data["truncated"]["usage"] == 40 and all(s["step"] == n + 1 for n, s in
                                                                 enumerate(data["steps"]))
-    assert floor == 14336
+    assert floor == 14333  # 16384 less the frame and an id cut to 1 KB, with its mark
 
 
 def test_a_result_keeps_what_matters_most_when_it_must_give_way():
@@ -458,7 +464,7 @@ def test_an_xzepr_post_fits_whatever_the_event_held():
     to fit 16 KB by cutting the trigger's id away, the one link to its event, while the description kept it."""
     api = FakeXzepr()
     client = w.XzeprClient(api.url, None, attempts=1, max_body_bytes=16384)
-    ev = w.decode_message("t", 0, 1, None, xzepr_event(event_id="\x01" * 1021, payload={"plan": PLAN},
+    ev = w.decode_message("t", 0, 1, None, xzepr_event(event_id="\x01" * 1024, payload={"plan": PLAN},
                                                        name="\x01" * 4000, version="\x01" * 4000,
                                                        release="\x01" * 4000, platform_id="\x01" * 4000,
                                                        package="\x01" * 4000))
@@ -1224,7 +1230,7 @@ def test_poison_and_faults_cost_one_message_each_never_a_partition(kafka_broker,
         results.setdefault(doc["subject"], []).append(doc)
     assert all(len(v) == 1 for v in results.values()), {k: len(v) for k, v in results.items()}
     status = {k: v[0]["data"]["status"] for k, v in results.items()}
-    long_id = "i" * 1021 + "…"
+    long_id = "i" * 1024 + "…"
     assert status == dict({g: "completed" for g in good}, **{
         "deep-bin": "rejected", "bomb": "rejected", "boom": "failed", "big-goal": "completed", "garbage": "failed",
         "old-big": "failed", "bad-stored": "failed", long_id: "rejected"})
@@ -1565,6 +1571,19 @@ def test_copies_of_a_running_id_stop_fetching_once_their_messages_fill_the_backl
         assert watcher._ready_or_many() == (n == 16), n  # over 4 MiB a record, as fetched
     # what each keeps for its dead-letter copy is no more than that copy may carry
     assert len(kept.value) == watcher.s.max_request_size and kept.size == len(copy.value) and kept.headers
+    # a plan of 90,000 empty objects is 270 KB as JSON and 6 MB parsed: it counts as parsed (250 such copies held
+    # 1.6 GB), and the rest of the document is not kept at all
+    watcher.backlog.clear()
+    value = cloudevent("same", data={"plan": dict(PLAN, context={"pad": [{}] * 90000}), "pad": [{}] * 9000})
+    record = types.SimpleNamespace(topic="t", partition=0, offset=1, value=value, key=None, headers=[])
+    ev = w.decode_message("t", 0, 1, None, value)
+    assert ev.data is None and len(ev.plan.context["pad"]) == 90000
+    for n in range(1, 13):
+        watcher.backlog.append(w.Job(ev, None, message=w.Kept(record, watcher.s.max_request_size)))
+        if watcher._ready_or_many():
+            break
+    each = w._message_bytes(watcher.backlog[0])
+    assert each > 90000 * 64 and each * n >= w.BACKLOG_BYTES > each * (n - 1), (each, n)
 
 
 def test_an_event_held_elsewhere_waits_without_stopping_the_others(kafka_broker, store):
