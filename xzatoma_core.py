@@ -8190,12 +8190,16 @@ def watch_settings(args, cfg):
     output_topic = pick(args.output_topic, k["output_topic"])
     dead_letter_topic = pick(args.dead_letter_topic, k["dead_letter_topic"])
     try:
-        xzatoma_watch.check_topic(topic, "--topic")
+        xzatoma_watch.check_topic(topic, "--topic (watcher.kafka.topic)")
+        for flag, given in (("--output-topic", args.output_topic), ("--dead-letter-topic", args.dead_letter_topic)):
+            if given is not None and not given.strip():
+                raise xzatoma_watch.WatchError("%s is empty: give a topic, or leave the flag out" % flag)
         if not args.dry_run:  # nothing is published
-            xzatoma_watch.check_topic(output_topic or topic + ".results", "--output-topic" if output_topic else
+            xzatoma_watch.check_topic(output_topic or topic + ".results",
+                                      "--output-topic (watcher.kafka.output_topic)" if output_topic else
                                       "--output-topic (by default the input topic's name + '.results')")
         if dead_letter_topic and not args.dry_run:
-            xzatoma_watch.check_topic(dead_letter_topic, "--dead-letter-topic")
+            xzatoma_watch.check_topic(dead_letter_topic, "--dead-letter-topic (watcher.kafka.dead_letter_topic)")
     except xzatoma_watch.WatchError as exc:
         raise UsageError(str(exc))
     return xzatoma_watch.Settings(
@@ -8362,7 +8366,7 @@ def cmd_publish(args, console):
             raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
     k = cfg.get("watcher.kafka")
     try:
-        watch.check_topic(args.topic or k["topic"], "--topic")
+        watch.check_topic(k["topic"] if args.topic is None else args.topic, "--topic (watcher.kafka.topic)")
         data, plan = watch.plan_payload(text, source)
         event = watch.build_event(data, plan, args.type, args.source, args.xzepr)
         security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password",

@@ -58,11 +58,12 @@ def test_a_topic_no_kafka_client_can_use_is_refused_at_start(cli, tmp_path):
     for args, flag in ((["--topic", "t", "--output-topic", "plan results"], "--output-topic"),
                        (["--topic", long_topic], "--output-topic (by default"),
                        (["--topic", "t", "--dead-letter-topic", ".."], "--dead-letter-topic"),
-                       (["--topic", "a/b"], "--topic")):
+                       (["--topic", "a/b"], "--topic (watcher.kafka.topic)"),
+                       (["--topic", "t", "--output-topic", ""], "--output-topic is empty")):
         r = cli.run("watch", "--brokers", "127.0.0.1:1", "--idle-exit", "5", *args, timeout=30)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, (args, r.stderr)
-        assert flag in lines[0] and "is not a Kafka topic name" in lines[0], lines
+        assert flag in lines[0] and ("is not a Kafka topic name" in lines[0] or "empty" in flag), lines
     # nothing is published by a dry run: its input topic is all that must be legal (it goes on to the broker)
     log = tmp_path / "w.log"
     proc = cli.popen("watch", "--brokers", "127.0.0.1:1", "--topic", long_topic, "--dry-run", "--log-file", log)
@@ -73,8 +74,9 @@ def test_a_topic_no_kafka_client_can_use_is_refused_at_start(cli, tmp_path):
         proc.communicate(timeout=30)
     plan = tmp_path / "p.yaml"
     plan.write_text("goal: G\ninstructions: [a]\n")
-    r = cli.run("publish", "--plan", str(plan), "--topic", "bad topic", "--brokers", "127.0.0.1:1")
-    assert r.returncode == 2 and "--topic" in r.stderr and "is not a Kafka topic name" in r.stderr
+    for topic in ("bad topic", ""):
+        r = cli.run("publish", "--plan", str(plan), "--topic", topic, "--brokers", "127.0.0.1:1")
+        assert r.returncode == 2 and "--topic" in r.stderr and "is not a Kafka topic name" in r.stderr
 
 
 def test_publish_then_watch_end_to_end(cli, fake, kafka_broker, tmp_path):
