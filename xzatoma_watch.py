@@ -1008,7 +1008,7 @@ class Job:
         self.store_failures = 0  #: claims that failed because the store could not be used
         self.delays = 0  #: times its result could not be published at all (the next try waits longer)
         self.claimed = False  #: this watcher holds its id's claim in the store
-        self.held_elsewhere = False  #: its claim was last refused (held by another live process, or no store)
+        self.held_elsewhere = False  #: its claim was last refused (another live process holds it, or the store failed)
         self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
         self.decoded = _decoded_bytes(event.plan)  #: about what its plan takes in memory (see BACKLOG_BYTES)
 
