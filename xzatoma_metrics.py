@@ -86,7 +86,8 @@ class PrometheusMetrics:
                                               "the group's committed offset", ["topic", "partition"], registry=r)
             self.watch_stalled = prom.Gauge("xzatoma_watch_commit_stalled_seconds",
                                             "Seconds the partition's committed offset has not moved while its oldest "
-                                            "message is in hand (0 when none waits, or it waits its turn)",
+                                            "message is in hand (0 when none waits; one waiting for a run slot "
+                                            "counts since a slot was last freed)",
                                             ["topic", "partition"], registry=r)
             self.watch_oldest = prom.Gauge("xzatoma_watch_oldest_waiting_seconds",
                                            "How long the oldest message received and not yet committed has waited",
