@@ -1917,6 +1917,15 @@ class Store:
                 conn.execute("DELETE FROM event_claims WHERE event_id = ? AND owner = ?", (event_id, owner))
 
     # -- claims: an event id being run, by one owner (a watcher process) at a time --
+    def claimed_elsewhere(self, event_ids, owner):
+        """Of `event_ids`, those another owner's claim holds now (read only: nothing is claimed or renewed)."""
+        now, host, held = time.time(), _process_space(), set()
+        for event_id in event_ids:
+            row = self.conn().execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
+            if row is not None and row["owner"] != owner and _claim_holds(row, host, now):
+                held.add(event_id)
+        return held
+
     def claim_event(self, event_id, owner, lease):
         """Claim `event_id` for `owner` for `lease` seconds, unless it is finished or another owner holds it.
 

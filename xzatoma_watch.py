@@ -195,7 +195,8 @@ def _text(value):
 MAX_MESSAGE_BYTES = 8 << 20  #: larger messages are rejected unread (watcher.max_message_bytes)
 MAX_HEADERS = 256  #: headers of one message
 ID_MAX_BYTES = 1024  #: an event id (or a bare plan's key): results, logs and the store repeat it
-ID_CUT_BYTES = ID_MAX_BYTES + len("…".encode("utf-8"))  #: the longest id a result names: one cut, with its mark
+#: the longest id a result names: one cut (_cut_id), with its mark and digest
+ID_CUT_BYTES = ID_MAX_BYTES + len("…".encode("utf-8")) + 16
 ATTRIBUTE_MAX_BYTES = 4096  #: any other CloudEvents attribute (type, source, subject, …)
 
 
@@ -203,9 +204,13 @@ def _cut_id(text):
     """An id over ID_MAX_BYTES, cut (and marked) so that a result can still name it; one within it, whole (ids
     of 1,022 to 1,024 bytes were cut to make room for the mark they did not need: two of them were one id). The
     cut keeps ID_MAX_BYTES and adds its mark past them, so no valid id is ever the same text (cut within the
-    limit, 'A' x 1,100 was answered as the valid 'A' x 1,021 + '…', which then never ran)."""
+    limit, 'A' x 1,100 was answered as the valid 'A' x 1,021 + '…', which then never ran), and 16 hex digits of
+    the whole id's SHA-256 follow the mark, so two long ids sharing their first 1 KB stay two."""
     cut, was_cut = bounded_text(text, ID_MAX_BYTES)
-    return cut + "…" if was_cut else text
+    if not was_cut:
+        return text
+    import hashlib
+    return cut + "…" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
 
 
 def _load_document(text):
@@ -534,7 +539,7 @@ RECORD_OVERHEAD = 1024  #: bytes of a Kafka record beyond its value and key (bat
 def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
     """The CloudEvent published for one event that passed the filters. Each text field is redacted, then cut to
     its bound (`data.truncated` maps each field cut to its size before: bytes of a text, items of a list); with
-    `max_bytes` (a watcher's budget, 14333 bytes at least) the encoded event fits in that many bytes, whatever the
+    `max_bytes` (a watcher's budget, 14317 bytes at least) the encoded event fits in that many bytes, whatever the
     event and the outcome held, cut in SHRINKABLE's order, its status and subject whole."""
     # every consumer of the results topic reads it: the goal and an error quote the event, and a credential in it
     outcome = outcome if isinstance(outcome, dict) else {}  # went out again (issue 12)
@@ -1010,7 +1015,9 @@ class Job:
         self.claimed = False  #: this watcher holds its id's claim in the store
         self.held_elsewhere = False  #: its claim was last refused (another live process holds it, or the store failed)
         self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
-        self.decoded = _decoded_bytes(event.plan)  #: about what its plan takes in memory (see BACKLOG_BYTES)
+        self.decoded = _decoded_bytes(event.plan) + _text_bytes(self.prompt)  #: about what its plan takes in
+        #: memory, parsed and as a prompt (see BACKLOG_BYTES)
+        self.started_at = None  #: when its run last started (time.monotonic())
 
 
 # ---- The watcher: its loop, consume → filter → extract → queue, lag, flow control ----
@@ -1318,18 +1325,28 @@ class Watcher:
         behind runs that never end is (found by attack rounds: one event queued behind another partition's ten
         runs read as stalled for all ten). A stall is where the oldest work runs, waits to publish its result,
         waits for a claim held elsewhere, or waits for a commit."""
-        heads, now = self.tracker.heads(), time.monotonic()
+        heads = self.tracker.heads()
         with self.cond:
             queued = {(job.tp, job.event.offset): job for job in self.backlog}
+            refused = {job.event.id for job in queued.values() if job.held_elsewhere}
+        if refused and self.store is not None:  # refused once, perhaps held no longer (its holder died meanwhile):
+            try:                                # asked again, not assumed (a stale refusal read as a stall)
+                refused = self.store.claimed_elsewhere(refused, self.owner)
+            except Exception:  # the store failing: the refusal stands
+                pass
+        now = time.monotonic()
+        with self.cond:
             since = now if len(self.in_flight) < self.s.max_concurrent else self.slot_freed_at
+            running = {job.event.id: job.started_at or now for job in self.in_flight.values()}
             turn = {}
             for tp in assigned:
                 head, uncommitted = heads.get(tp, (None, False))
                 job = queued.get((tp, head))
                 if head is None and not uncommitted:
                     turn[tp] = since
-                elif job is not None and not (job.delays or job.held_elsewhere) and job.not_before <= now:
-                    turn[tp] = self.slot_freed_at if job.event.id in self.running_ids else since
+                elif job is not None and not job.delays and job.event.id not in refused and job.not_before <= now:
+                    # a copy of an id running here waits for that run, however many others end meanwhile
+                    turn[tp] = running.get(job.event.id, since)
         return turn
 
     # -- reading: one partition's batch, each message, and crash-loops --
@@ -1553,6 +1570,7 @@ class Watcher:
                     continue
                 rotated = 0
                 self.in_flight[(job.tp, ev.offset)] = job
+                job.started_at = now
                 self.running_ids.add(ev.id)
                 self.metrics.watch_in_flight(len(self.in_flight))
                 self.executor.submit(self._work, job)
@@ -2467,15 +2485,21 @@ def _message_bytes(job):
     return held + job.decoded
 
 
+def _text_bytes(value):
+    """What a str holds: one byte a character when all are ASCII, else up to four (CPython stores every character
+    as wide as its widest: one emoji made 7 MiB of ASCII take 28 MiB)."""
+    return 0 if not isinstance(value, str) else len(value) if value.isascii() else 4 * len(value)
+
+
 def _decoded_bytes(plan):
     """About the bytes a parsed plan takes in memory: its texts, and 64 more for each value (a '{}' of three bytes
     in JSON is a dict of 64 in Python: 90,000 of them in a 270 KB event held 6 MB, found by an attack round)."""
     if plan is None:
         return 0
-    total, stack = 0, [plan.goal, plan.context, plan.instructions]
+    total, stack = 0, [plan.goal, plan.context, plan.instructions, plan.name, plan.version, plan.action]
     while stack:
         value = stack.pop()
-        total += 64 + (len(value) if isinstance(value, str) else 0)
+        total += 64 + _text_bytes(value)
         if isinstance(value, dict):
             stack.extend(value.keys())
             stack.extend(value.values())

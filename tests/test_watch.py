@@ -251,9 +251,10 @@ POISON = [
     ("recursive alias", b"rec", b"goal: G\ninstructions: [a]\nc: &c [1, *c]\n", [], "rec", "contains it"),
     ("a 5000-digit number", b"num", b"goal: " + b"1" * 5000 + b"\ninstructions: [a]\n", [], "num",
      "integer string conversion"),
-    ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], "i" * 1024 + "…", "event id is 20000"),
+    ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], w._cut_id("i" * 20000),
+     "event id is 20000"),
     # cut, two keys that differ past the limit were one id: the second plan never ran, logged a duplicate
-    ("a bare plan's key of 2 KB", b"k" * 2048, b"goal: G\ninstructions: [a]\n", [], "k" * 1024 + "…",
+    ("a bare plan's key of 2 KB", b"k" * 2048, b"goal: G\ninstructions: [a]\n", [], w._cut_id("k" * 2048),
      "message key (a bare plan's event id) is 2048 bytes"),
     ("a type of 20 KB", None, cloudevent("long-type", type="t" * 20000, data={"plan": PLAN}), [], "long-type",
      "attribute 'type' is over the limit"),
@@ -307,7 +308,7 @@ def test_an_id_or_key_of_up_to_1_kb_is_kept_whole_and_one_past_it_is_refused():
         assert w.decode_message("t", 0, 1, "é".encode() * (n // 2), plan).id == "é" * (n // 2)  # 2 bytes each
     with pytest.raises(w.BadMessage) as caught:
         w.decode_message("t", 0, 1, None, cloudevent("i" * 1025, data={"plan": PLAN}))
-    assert caught.value.event_id == "i" * 1024 + "…" and "1025 bytes" in caught.value.reason
+    assert caught.value.event_id.startswith("i" * 1024 + "…") and "1025 bytes" in caught.value.reason
     with pytest.raises(w.BadMessage) as caught:
         w.decode_message("t", 0, 1, "é".encode() * 513, plan)
     assert 1024 < len(caught.value.event_id.encode()) <= w.ID_CUT_BYTES and "1026 bytes" in caught.value.reason
@@ -317,6 +318,9 @@ def test_an_id_or_key_of_up_to_1_kb_is_kept_whole_and_one_past_it_is_refused():
     with pytest.raises(w.BadMessage) as caught:
         w.decode_message("t", 0, 1, None, cloudevent("A" * 1100, data={"plan": PLAN}))
     assert caught.value.event_id != valid and len(caught.value.event_id.encode()) > w.ID_MAX_BYTES
+    # and two long ids sharing their first 1 KB stay two (the second got no result: a duplicate of the first)
+    first, second = w._cut_id("A" * 1024 + "-first"), w._cut_id("A" * 1024 + "-second")
+    assert first != second and len(first.encode()) == len(second.encode()) == w.ID_CUT_BYTES
 
 
 def test_half_a_character_is_sent_as_a_question_mark_never_an_encoding_error():
@@ -436,7 +440,7 @@ def test_a_result_fits_whatever_the_event_and_the_run_held(kind):
                 assert data["truncated"]["steps"] == 10000 and data["truncated"]["warnings"] in (20, 50)
                 assert data["truncated"]["usage"] == 40 and all(s["step"] == n + 1 for n, s in
                                                                 enumerate(data["steps"]))
-    assert floor == 14333  # 16384 less the frame and an id cut to 1 KB, with its mark
+    assert floor == 14317  # 16384 less the frame and an id cut to 1 KB, with its mark and digest
 
 
 def test_a_result_keeps_what_matters_most_when_it_must_give_way():
@@ -1230,7 +1234,7 @@ def test_poison_and_faults_cost_one_message_each_never_a_partition(kafka_broker,
         results.setdefault(doc["subject"], []).append(doc)
     assert all(len(v) == 1 for v in results.values()), {k: len(v) for k, v in results.items()}
     status = {k: v[0]["data"]["status"] for k, v in results.items()}
-    long_id = "i" * 1024 + "…"
+    long_id = w._cut_id("i" * 20000)
     assert status == dict({g: "completed" for g in good}, **{
         "deep-bin": "rejected", "bomb": "rejected", "boom": "failed", "big-goal": "completed", "garbage": "failed",
         "old-big": "failed", "bad-stored": "failed", long_id: "rejected"})
@@ -1431,6 +1435,55 @@ def test_a_partition_behind_a_held_claim_or_a_run_that_never_ends_is_stalled(kaf
     assert sorted(job.event.id for job in runner.calls) == ["x", "y"]
 
 
+def test_a_copy_waits_on_its_id_s_run_and_a_refusal_is_asked_again(kafka_broker, store):
+    """Found by an attack round, in the stall clock. A copy of an id whose run never ends read about 0 while other
+    partitions' runs kept ending (it waits for that run, not for a slot); and an event refused its claim once read
+    as stalled for a whole drain after the claim's holder was gone (the refusal was remembered, not asked again)."""
+    from kafka import KafkaProducer
+    from xzatoma_store import _process_space, _process_start
+    topic = new_topic(kafka_broker, partitions=3)
+    store.conn().execute("INSERT INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, attempts, "
+                         "started) VALUES ('held', 'a frozen watcher', ?, ?, ?, 0, 1, ?)",
+                         (_process_space(), os.getpid(), time.time(), _process_start(os.getpid())))
+    hung, release = threading.Event(), threading.Semaphore(0)
+    runner = fake_runner()
+
+    def run_plan(job):
+        (hung.wait if job.event.id == "X" else release.acquire)(timeout=60)
+        return runner(job)
+    gauges = Gauges()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, lag_interval=0.05, max_concurrent=2)
+    watcher.metrics = gauges
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.address)
+    try:
+        assert wait_for(lambda: len(watcher.log_lines.events("positioned")) == 3, 60)
+        producer.send(topic, cloudevent("X", data={"plan": PLAN}), partition=1).get(10)
+        assert wait_for(lambda: gauges.in_flight == 1, 30)
+        producer.send(topic, cloudevent("X", data={"plan": PLAN}), partition=0).get(10)  # a copy: waits on X
+        copy_since = time.monotonic()
+        producer.send(topic, cloudevent("held", data={"plan": PLAN}), partition=2).get(10)
+        for i in range(12):
+            producer.send(topic, cloudevent("drain-%d" % i, data={"plan": PLAN}), partition=2).get(10)
+        assert wait_for(lambda: watcher.log_lines.events("claimed_elsewhere"), 30)
+        assert wait_for(lambda: gauges.stalled.get(2, 0) > 1.0, 30)  # 'held' is refused: partition 2 is stuck
+        store.conn().execute("DELETE FROM event_claims WHERE event_id = 'held'")  # its holder is gone
+        for i in range(6):  # partition 2 drains, a run at a time: under one run's time (the refusal is asked
+            release.release()  # again, and no one holds the claim now)
+            assert wait_for(lambda: len(runner.calls) == i + 1, 30)
+            assert wait_for(lambda: gauges.stalled.get(2, 9) < 1.0, 10), (i, gauges.stalled)
+            assert gauges.stalled[0] > time.monotonic() - copy_since - 1.0, (i, gauges.stalled)  # see below
+        # the copy on partition 0 waits on X's run, which never ends: its stall grows whatever else ends meanwhile
+        assert wait_for(lambda: gauges.stalled[0] > time.monotonic() - copy_since - 1.0 > 1.0, 30), gauges.stalled
+        assert gauges.lag[0] == 1 and gauges.lag[1] == 1
+    finally:
+        hung.set()
+        for _ in range(20):
+            release.release()
+        producer.close()
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+
+
 def test_two_watchers_sharing_a_store_never_run_one_id_at_once(kafka_broker, store):
     """Issue 22: two processes on one store ran an id twice when it arrived twice at once. Two watchers (two
     consumer groups: both get every message) share one store: the id runs once, the other watcher waits for the
@@ -1584,6 +1637,11 @@ def test_copies_of_a_running_id_stop_fetching_once_their_messages_fill_the_backl
             break
     each = w._message_bytes(watcher.backlog[0])
     assert each > 90000 * 64 and each * n >= w.BACKLOG_BYTES > each * (n - 1), (each, n)
+    # a text Python holds four bytes a character (one emoji in it), in any of the plan's fields, counts so: 1 MiB of
+    # ASCII and an emoji in a plan's name, 7 MiB each, took 461 MB for 10 counted as 70 MiB
+    wide = "x" * (1 << 20) + "\U0001F600"
+    ev = w.decode_message("t", 0, 1, None, cloudevent("wide", data={"plan": dict(PLAN, name=wide)}))
+    assert ev.plan.name == wide and w.Job(ev, None).decoded >= 4 * len(wide)
 
 
 def test_an_event_held_elsewhere_waits_without_stopping_the_others(kafka_broker, store):
