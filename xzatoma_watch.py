@@ -1532,7 +1532,7 @@ class Watcher:
         ours = [("xzatoma_reason", bounded_text(reason, 1000)[0].encode("utf-8")),
                 ("xzatoma_origin", (getattr(msg, "origin", None) or
                                     "%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
-        headers = [(k, v) for k, v in (msg.headers or []) if isinstance(k, str) and isinstance(v, (bytes, type(None)))]
+        headers = _plain_headers(msg.headers)
         value, key = msg.value, msg.key
         if key is not None and len(key) > ID_MAX_BYTES * 4:
             key = key[:ID_MAX_BYTES * 4]
@@ -2470,13 +2470,18 @@ class Kept:
         self.topic, self.partition, self.offset = msg.topic, msg.partition, msg.offset
         self.key = msg.key if msg.key is None or len(msg.key) <= ID_MAX_BYTES * 4 else msg.key[:ID_MAX_BYTES * 4]
         self.origin = getattr(msg, "origin", None)
-        headers = [(k, v) for k, v in (msg.headers or []) if isinstance(k, str) and isinstance(v, (bytes, type(None)))]
+        headers = _plain_headers(msg.headers)
         headers_size = _headers_size(headers)
         #: a copy never carries more than a quarter of its room in headers (Watcher._dead_letter)
         self.headers, self.headers_dropped = (headers, 0) if headers_size <= limit // 4 else ([], len(headers))
         self.size = len(msg.value or b"")  #: the value's length as it came (a cut copy says it)
         self.held = self.size + headers_size + len(msg.key or b"")  #: what the record held when fetched
         self.value = msg.value if msg.value is None or self.size <= limit else msg.value[:limit]
+
+
+def _plain_headers(pairs):
+    """A record's headers a copy can carry: a text name, and bytes or no value."""
+    return [(k, v) for k, v in (pairs or []) if isinstance(k, str) and isinstance(v, (bytes, type(None)))]
 
 
 def _message_bytes(job):
