@@ -85,11 +85,13 @@ class Cli:
         self.xz_home = tmp_path / "xzhome"
         self.config_home = tmp_path / "config"
         self.workdir = tmp_path / "work"
-        for d in (self.home, self.xz_home, self.config_home, self.workdir):
+        self.tmpdir = tmp_path / "tmp"  # what the CLI leaves there when a test kills it goes with tmp_path
+        for d in (self.home, self.xz_home, self.config_home, self.workdir, self.tmpdir):
             d.mkdir()
         self.env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
         self.env.update(HOME=str(self.home), XZATOMA_HOME=str(self.xz_home),
-                        XDG_CONFIG_HOME=str(self.config_home), NO_COLOR="1", PYTHONUNBUFFERED="1",
+                        XDG_CONFIG_HOME=str(self.config_home), TMPDIR=str(self.tmpdir), NO_COLOR="1",
+                        PYTHONUNBUFFERED="1",
                         # never the person's keyring: no backend (credentials go to the 0600 file) unless a
                         # test chooses the file-backed test keyring
                         PYTHON_KEYRING_BACKEND="keyring.backends.fail.Keyring")
