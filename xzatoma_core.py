@@ -8200,6 +8200,10 @@ def watch_settings(args, cfg):
                                       "--output-topic (by default the input topic's name + '.results')")
         if dead_letter_topic and not args.dry_run:
             xzatoma_watch.check_topic(dead_letter_topic, "--dead-letter-topic (watcher.kafka.dead_letter_topic)")
+            if dead_letter_topic == topic:
+                raise xzatoma_watch.WatchError("--dead-letter-topic (watcher.kafka.dead_letter_topic) is the input "
+                                               "topic: each copy of a message that cannot run would come back to "
+                                               "be copied again; name another topic")
     except xzatoma_watch.WatchError as exc:
         raise UsageError(str(exc))
     return xzatoma_watch.Settings(
@@ -8266,6 +8270,22 @@ def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
     return run_plan
 
 
+def xzepr_client(cfg, watch):
+    """The XZepr API client, through the proxy network.proxies names for it and with its CA certificates."""
+    from urllib.parse import urlsplit
+    url = cfg.get("xzepr.api_url")
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise UsageError("xzepr.api_url is not a URL (%s)" % exc)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError("xzepr.api_url needs http:// or https:// and a host, like https://xzepr.example.com")
+    session = HttpSession(cfg.network)
+    return watch.XzeprClient(url, cfg.get("xzepr.api_key"), proxy=session.proxy_for(parts.scheme, parts.hostname, port),
+                             ssl_context=session._context() if parts.scheme == "https" else None)
+
+
 def cmd_watch(args, console):
     watch = _watch_module("watch", args.verbose)
     extra = {}
@@ -8292,7 +8312,7 @@ def cmd_watch(args, console):
                                                           cfg.get("watcher.allow_dangerous"))
     xzepr = None
     if cfg.get("xzepr.api_url") and not settings.dry_run:
-        xzepr = watch.XzeprClient(cfg.get("xzepr.api_url"), cfg.get("xzepr.api_key"))
+        xzepr = xzepr_client(cfg, watch)
     metrics = load_metrics(args.metrics_port) if args.metrics_port else None
     watcher = watch.Watcher(settings, filters, run_plan, store=store, log=log, xzepr=xzepr, metrics=metrics)
 

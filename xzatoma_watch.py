@@ -12,6 +12,7 @@ settings, the store, and a function that runs one plan (a Session of kind
 import collections
 import functools
 import json
+import math
 import os
 import re
 import socket
@@ -70,13 +71,16 @@ _PARTIAL = re.compile(r"^v?(0|[1-9]\d*)(?:\.(0|[1-9]\d*))?(?:\.(0|[1-9]\d*))?(?:
 _LOWEST_PRE = (0,)  # sorts below every pre-release and release of the same x.y.z
 
 
+VERSION_DIGITS = 64  #: a version's number longer than this is not a version
+
+
 def semver_key(text):
     """A sortable key for a semantic version (semver.org precedence), or None when it is not one."""
     if isinstance(text, bool) or not isinstance(text, str):
         return None
     m = _SEMVER.match(text.strip())
-    if not m:
-        return None
+    if not m or any(len(part) > VERSION_DIGITS for part in re.findall(r"\d+", text)):
+        return None  # INFO: 5,000 digits raised in int() (Python's limit is 4,300) and rejected a filtered event
     pre = m.group(4)
     if pre is None:
         tail = (1,)  # a release sorts after its pre-releases
@@ -99,7 +103,7 @@ class VersionConstraint:
             m = re.match(r"^(\^|~|>=|<=|==|=|>|<)?(.+)$", part)
             op, version = m.group(1) or "", m.group(2)
             v = _PARTIAL.match(version)
-            if not v:
+            if not v or any(len(n) > VERSION_DIGITS for n in re.findall(r"\d+", version)):
                 raise ValueError("%r is not a version (expected 1.2.3, ^1.2, ~1.2.3, >=1.0,<2)" % part)
             major = int(v.group(1))
             minor = int(v.group(2)) if v.group(2) is not None else None
@@ -139,6 +143,14 @@ CE_REQUIRED = ("specversion", "id", "source", "type")
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json; charset=UTF-8"
 CONTEXT_DIR_KEYS = ("directory", "dir", "working_dir", "working_directory", "workdir", "cwd", "repository", "repo",
                     "path", "root", "folder")
+
+
+class _Unhandled(Exception):
+    """What went wrong after a message was read, with the event it was read as."""
+
+    def __init__(self, event, cause):
+        super().__init__(str(cause))
+        self.event, self.cause = event, cause
 
 
 class BadMessage(Exception):
@@ -417,6 +429,8 @@ def context_outside(plan, working_dir):
             continue  # a repository URL, not a directory here
         if len(value) > 4096:  # longer than any path (PATH_MAX): and realpath's walk of it took seconds per 100 KB
             return "context %s is %d characters, longer than a path can be" % (key, len(value))
+        if "\x00" in value:  # no path holds one (realpath raised ValueError, and the event got no result)
+            return "context %s holds a NUL character, which no path can" % key
         path = os.path.realpath(os.path.join(root, os.path.expanduser(value.strip())))
         if path != root and not path.startswith(root.rstrip(os.sep) + os.sep):
             return "context %s %r is outside the working directory %s" % (key, value[:200], root)
@@ -561,12 +575,11 @@ def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
     warnings = [w for w in warnings if isinstance(w, str)] if isinstance(warnings, list) else []
     data["warnings"] = [clipped(w, 1024)[0] for w in _first(warnings, 8, "warnings", truncated)]
     usage = outcome.get("usage")
-    usage = [(str(k)[:64], v) for k, v in usage.items() if isinstance(v, (int, float))] \
-        if isinstance(usage, dict) else []
+    usage = [(str(k)[:64], v) for k, v in usage.items() if _finite(v)] if isinstance(usage, dict) else []
     data["usage"] = dict(_first(usage, 16, "usage", truncated))
     for name, kind, default in (("turns", int, 0), ("tool_calls", int, 0), ("duration_seconds", float, 0.0)):
         value = outcome.get(name, default)
-        data[name] = value if isinstance(value, (int, float)) and not isinstance(value, bool) else kind(default)
+        data[name] = value if _finite(value) else kind(default)
     # the plan's progress as the run left it: the first 100 steps, each text 256 bytes (~30 KB, 150 KB as JSON)
     steps = outcome.get("steps")
     steps = [s for s in steps if isinstance(s, dict) and isinstance(s.get("text"), str) and
@@ -642,6 +655,9 @@ class XzeprError(Exception):
     pass
 
 
+XZEPR_REPLY_BYTES = 1 << 20  #: of an answer, what is read (a receiver's id, an event's)
+
+
 class XzeprClient:
     """Posts run lifecycle events to XZepr; retries 5xx and connection errors with backoff, then gives up."""
 
@@ -649,42 +665,104 @@ class XzeprClient:
                 "description": "XZatoma plan runs triggered by events", "schema": {}}
 
     def __init__(self, api_url, api_key=None, timeout=10.0, attempts=4, backoff=0.5, max_backoff=8.0, sleep=None,
-                 max_body_bytes=65536):
+                 max_body_bytes=65536, budget=30.0, proxy=None, ssl_context=None):
         self.api_url = api_url.rstrip("/")
         self.max_body_bytes = max_body_bytes  #: an event posted is at most this long (JSON, UTF-8)
         self.api_key = api_key
+        #: seconds one attempt may take, answer read whole; attempts; the waits between them
         self.timeout, self.attempts, self.backoff, self.max_backoff = timeout, attempts, backoff, max_backoff
+        self.budget = budget  #: seconds one request may take in all, every attempt and wait included
+        self.proxy = proxy  #: (host, port, Proxy-Authorization or None) as network.proxies say, or None
+        self.ssl_context = ssl_context  #: for https: the CA certificates the configuration names
         self.sleep = sleep or time.sleep
         self._receiver = None
         self._lock = threading.Lock()
         self.retries = 0  #: attempts that failed and were retried (for logs and tests)
 
     def request(self, method, path, body=None):
-        import urllib.error
-        import urllib.request
+        """The answer's JSON (None when it has none): 2xx. XzeprError for any other answer, or none in time.
+        INFO: a redirect is an error, not followed: the API does not move, and following one carried the API key
+        to whatever host it named. A 2xx is never sent again, whatever its body (sent again, one run was posted
+        eight times), and 4xx are final; 5xx and no answer are tried again while the budget lasts."""
         data = json.dumps(body, ensure_ascii=False).encode("utf-8") if body is not None else None
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "xzatoma-watch"}
         if self.api_key:
             headers["Authorization"] = "Bearer " + self.api_key
+        where = "XZepr %s %s" % (method, path.split("?")[0])
+        give_up = time.monotonic() + self.budget
         delay = self.backoff
         for attempt in range(1, self.attempts + 1):
-            req = urllib.request.Request(self.api_url + path, data=data, headers=headers, method=method)
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    raw = resp.read(1 << 20)
-                    return json.loads(raw.decode("utf-8")) if raw.strip() else None
-            except urllib.error.HTTPError as exc:
-                if exc.code < 500:
-                    raise XzeprError("XZepr %s %s: HTTP %d" % (method, path.split("?")[0], exc.code))
-                problem = "HTTP %d" % exc.code
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                problem = str(getattr(exc, "reason", None) or exc)
-            if attempt == self.attempts:
-                raise XzeprError("XZepr %s %s failed after %d attempts: %s" % (method, path.split("?")[0],
-                                                                               attempt, problem))
+                status, raw = self._send(method, path, data, headers, max(0.1, min(self.timeout,
+                                                                                    give_up - time.monotonic())))
+            except Exception as exc:  # refused, reset, a garbled status line, the deadline: no answer
+                problem = _one_line(exc) or type(exc).__name__
+            else:
+                if 200 <= status < 300:
+                    try:
+                        return json.loads(raw.decode("utf-8")) if raw.strip() else None
+                    except (ValueError, RecursionError):
+                        return None  # taken; what came back is not JSON we can read
+                if status < 500:
+                    raise XzeprError("%s: HTTP %d%s" % (where, status, " (redirects are not followed)"
+                                                        if 300 <= status < 400 else ""))
+                problem = "HTTP %d" % status
+            if attempt == self.attempts or time.monotonic() + delay >= give_up:
+                raise XzeprError("%s failed after %d attempts: %s" % (where, attempt, problem))
             self.retries += 1
             self.sleep(delay)
             delay = min(self.max_backoff, delay * 2)
+
+    def _send(self, method, path, data, headers, seconds):
+        """(status, body up to 1 MiB) of one attempt, all of it within `seconds`: a watchdog shuts the socket down
+        then (a socket timeout bounds each read, not a reply trickled a byte at a time)."""
+        import http.client
+        import socket
+        from urllib.parse import urlsplit
+        url = urlsplit(self.api_url + path)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise XzeprError("xzepr.api_url needs http:// or https:// and a host")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        target = (url.path or "/") + ("?" + url.query if url.query else "")
+        headers = dict(headers)
+        if self.proxy is None:
+            conn = (http.client.HTTPSConnection(url.hostname, port, timeout=seconds, context=self.ssl_context)
+                    if url.scheme == "https" else http.client.HTTPConnection(url.hostname, port, timeout=seconds))
+        elif url.scheme == "https":  # CONNECT through the proxy, then TLS with the API itself
+            conn = http.client.HTTPSConnection(self.proxy[0], self.proxy[1], timeout=seconds, context=self.ssl_context)
+            conn.set_tunnel(url.hostname, port, headers={"Proxy-Authorization": self.proxy[2]} if self.proxy[2] else None)
+        else:  # a plain proxy is asked for the absolute URL
+            conn = http.client.HTTPConnection(self.proxy[0], self.proxy[1], timeout=seconds)
+            target = "http://%s:%d%s" % (url.hostname, port, target)
+            if self.proxy[2]:
+                headers["Proxy-Authorization"] = self.proxy[2]
+        late = threading.Event()
+
+        def watchdog():
+            late.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        timer = threading.Timer(seconds, watchdog)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.request(method, target, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read(XZEPR_REPLY_BYTES) if 200 <= resp.status < 300 else b""
+            if late.is_set():
+                raise XzeprError("no whole answer within %g s" % seconds)
+            return resp.status, raw
+        except Exception:
+            if late.is_set():
+                raise XzeprError("no whole answer within %g s" % seconds)
+            raise
+        finally:
+            timer.cancel()
+            conn.close()
 
     def receiver_id(self):
         with self._lock:
@@ -711,7 +789,7 @@ class XzeprClient:
         someone else's), and the body fits in max_body_bytes (at least 16 KB), the error cut first, the name and
         status never (`payload.truncated` says what was)."""
         phase = name.rsplit(".", 1)[-1]
-        body = {"name": bounded_text(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
+        body = {"name": clipped(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
                 "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
                 "platform_id": ev.platform_id or "xzatoma", "package": ev.package or "xzatoma",
                 "description": "xzatoma plan %s for event %s" % (phase, ev.id),
@@ -719,7 +797,7 @@ class XzeprClient:
         truncated = {}
         for key, limit in (("version", 256), ("release", 256), ("platform_id", 256), ("package", 256),
                            ("description", 2048)):
-            body[key], cut = bounded_text(str(body[key]), limit)
+            body[key], cut = clipped(str(body[key]), limit)  # redacted as a result is: the event's texts
             if cut:
                 truncated[key] = True
         payload = body["payload"]
@@ -777,6 +855,9 @@ class OffsetTracker:
     def __init__(self):
         self.lock = threading.Lock()
         self.partitions = {}
+        #: {tp: (committed offset, when it last moved on)} of partitions given up: assigned again with the offset
+        #: where it was, its stall goes on (a rebalance every few minutes reset it, and the alert never fired)
+        self.unmoved = {}
 
     def get(self, tp):
         with self.lock:
@@ -788,12 +869,19 @@ class OffsetTracker:
     def assign(self, tps):
         with self.lock:
             for tp in tps:
-                self.partitions.setdefault(tp, PartitionOffsets())
+                if tp not in self.partitions:
+                    po = self.partitions[tp] = PartitionOffsets()
+                    if tp in self.unmoved:  # until its committed offset says whether it moved meanwhile
+                        po.advanced_at = self.unmoved[tp][1]
 
     def forget(self, tps):
         """Drop partitions; how many of their events were settled but never committed (they count for nothing)."""
         with self.lock:
-            return sum(len(po.done) for po in (self.partitions.pop(tp, None) for tp in tps) if po is not None)
+            dropped = [(tp, self.partitions.pop(tp, None)) for tp in tps]
+            for tp, po in dropped:
+                if po is not None and po.committed is not None:
+                    self.unmoved[tp] = (po.committed, po.advanced_at)
+            return sum(len(po.done) for tp, po in dropped if po is not None)
 
     def resume_points(self, tps):
         with self.lock:
@@ -824,7 +912,9 @@ class OffsetTracker:
             for tp, point in points.items():
                 po = self.partitions.get(tp)
                 if po is not None:
-                    if po.committed is None or point > po.committed:
+                    if po.committed is None and self.unmoved.get(tp, (None,))[0] == point:
+                        po.advanced_at = self.unmoved[tp][1]  # where it was when given up: not moved since
+                    elif po.committed is None or point > po.committed:
                         po.advanced_at = time.monotonic()
                     po.committed = point
                     po.done.difference_update([offset for offset in list(po.done) if offset < point])  # settled
@@ -894,7 +984,7 @@ class WatchLog:
     def __call__(self, decision, level="info", **fields):
         if LEVELS.get(level, 20) < self.level:
             return
-        fields = {k: v for k, v in fields.items() if v is not None}
+        fields = {k: self._bounded(v) for k, v in fields.items() if v is not None}
         if self.fmt == "json":
             record = {"time": now_rfc3339(), "level": level, "event": decision}
             record.update(fields)
@@ -913,6 +1003,22 @@ class WatchLog:
                 self.stream.flush()
             except (OSError, ValueError):
                 pass
+
+
+    def _bounded(self, value):
+        """A field cut to LOG_FIELD_CHARS, redacted before the cut leaves half a credential (a filtered event's
+        name of a million characters was one 11.5 MB line)."""
+        if isinstance(value, (bool, int, float)):
+            return value
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        if len(text) <= LOG_FIELD_CHARS:
+            return value
+        from xzatoma_store import redact
+        return redact(text[:LOG_FIELD_CHARS + REDACT_MARGIN])[:LOG_FIELD_CHARS] + \
+            "…[%d characters more]" % (len(text) - LOG_FIELD_CHARS)
+
+
+LOG_FIELD_CHARS = 2048  #: of one field of a decision line (it is escaped after: at most 10 characters each)
 
 
 class _NoMetrics:
@@ -1283,14 +1389,20 @@ class Watcher:
         lags = {}
         try:
             assigned = [tp for tp in self.consumer.assignment() if tp not in self.needs_position]
+            # the stall is what this watcher knows, and told even while the broker is away (the gauge froze at
+            # its last value for as long as the broker was, and an outage of hours never fired the alert)
+            self.tracker.waiting_turn(self._their_turn(assigned))
+            stalled, heads = self.tracker.stalled(), self.tracker.heads()
+            for tp in assigned:
+                head, uncommitted = heads.get(tp, (None, False))
+                if head is not None or uncommitted:
+                    self.metrics.watch_commit_stalled(tp.topic, tp.partition, stalled.get(tp, 0.0))
             if assigned:
                 ends = _offsets_call(self.consumer.end_offsets, assigned)
                 committed = self.tracker.committed_offsets()
                 unknown = [tp for tp in assigned if committed.get(tp) is None]
                 starts = _offsets_call(self.consumer.beginning_offsets, unknown) if unknown else {}
                 highest = self.tracker.highest_offsets()
-                self.tracker.waiting_turn(self._their_turn(assigned))
-                stalled = self.tracker.stalled()
                 # INFO: each of these only ever falls short of the true end: the broker's answer (Tansu 0.6
                 # answers with the last batch's first offset + 1), the last fetch's high watermark (stale while
                 # paused), the next offset after the highest received. A paused partition is asked by a fetch
@@ -1309,7 +1421,7 @@ class Watcher:
                         # how long work has waited here without a commit: 0 when nothing waits
                         self.metrics.watch_commit_stalled(tp.topic, tp.partition,
                                                           stalled.get(tp, 0.0) if lags[tp] else 0.0)
-        except Exception as exc:  # the broker away: the gauges keep their last values, the next round asks again
+        except Exception as exc:  # the broker away: the lag keeps its last value, the next round asks again
             self.log("lag_unknown", level="debug", error=_one_line(exc))
         oldest = self.tracker.oldest_waiting()
         self.metrics.watch_in_flight(len(self.in_flight))
@@ -1357,10 +1469,12 @@ class Watcher:
         a message that crashes the watcher costs that message, not the partition (nor a restart loop)."""
         marks = self.store is not None and not self.s.dry_run
         consumer = "%s/%s/%d" % (self.s.group_id, tp.topic, tp.partition)
-        left = self._mark(consumer, messages[0].offset, messages[-1].offset)[0] if marks else None
+        single = messages[0].offset == messages[-1].offset
+        left, counted = self._mark(consumer, messages[0].offset, messages[-1].offset) if marks else (None, 1)
         for i, msg in enumerate(messages):
             if left is not None and left[0] <= msg.offset <= left[1]:
-                attempts = self._mark(consumer, msg.offset, msg.offset)[1]
+                # a batch of one was begun, and counted, by the mark above (marked again, one crash counted twice)
+                attempts = counted if single else self._mark(consumer, msg.offset, msg.offset)[1]
                 if attempts > self.s.max_attempts:
                     self._set_aside(tp, msg, attempts - 1)
                     self._commit([tp])  # now: a crash before the next commit would read it again
@@ -1424,6 +1538,7 @@ class Watcher:
         try:
             self._read(tp, po, msg)
         except Exception as exc:  # a bug, or what nobody foresaw: this message is rejected, the partition goes on
+            ev, exc = (exc.event, exc.cause) if isinstance(exc, _Unhandled) else (None, exc)
             if msg.offset not in po.pending or any(j.tp == tp and j.event.offset == msg.offset
                                                    for j in list(self.backlog)):
                 self.log("error", level="error", error="%s: %s" % (type(exc).__name__, _one_line(exc)),
@@ -1432,7 +1547,8 @@ class Watcher:
             reason = "the watcher could not read this message: %s: %s" % (type(exc).__name__, _one_line(exc))
             self.log("rejected", level="error", reason=reason, topic=msg.topic, partition=msg.partition,
                      offset=msg.offset)
-            self._reject(tp, po, msg, _guess_id(msg), reason, None)
+            # answered under the id it was read with, once read (a guess from its key or headers named another)
+            self._reject(tp, po, msg, ev.id if ev is not None else _guess_id(msg), reason, ev)
 
     def _read(self, tp, po, msg):
         where = dict(topic=msg.topic, partition=msg.partition, offset=msg.offset)
@@ -1443,6 +1559,13 @@ class Watcher:
             self.log("rejected", level="warn", event_id=exc.event_id, reason=exc.reason, **where)
             self._reject(tp, po, msg, exc.event_id, exc.reason, None)
             return
+        try:
+            self._admit(tp, po, msg, ev)
+        except Exception as exc:
+            raise _Unhandled(ev, exc)
+
+    def _admit(self, tp, po, msg, ev):
+        """A message read: skipped, rejected, printed (a dry run) or queued to run."""
         self.log("received", format=ev.format, source=ev.source, **ev.log_fields())
         if ev.is_result:
             return self._skip(po, ev, "a result published by xzatoma")
@@ -1507,14 +1630,44 @@ class Watcher:
                     queued = True
                 else:
                     if event_id:
-                        result = result_event(ev, {"status": "rejected", "error": reason}, self.source,
-                                              self.s.answer_limit, self._budget(event_id))
-                        self._publish(self.s.output_topic, event_id.encode("utf-8"), _encode(result),
-                                      RESULT_HEADERS, "result", give_up_after=3)
+                        self._answer_now(ev, reason)
                     self._dead_letter(msg, reason)
         finally:
             if not queued:
                 self._settle(po, msg.offset)
+
+    def _answer_now(self, ev, reason):
+        """A message that stopped the watcher as it read it, answered at once under its claim and the store's fence,
+        as every result is: not at all when its id is answered already or runs in another watcher sharing the store
+        (found by an attack round: a set-aside message got a second result). A store that cannot be used does not
+        keep it from being answered: it must be settled now."""
+        claimed, record = None, None
+        if self.store is not None:
+            try:
+                claimed, _, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease)
+            except Exception as exc:
+                self.log("store_failed", level="warn", error=_one_line(exc), **ev.log_fields())
+        try:
+            if record is not None and record.get("result") and not record.get("published_at"):
+                result = json.loads(record["result"])  # finished before a crash and never published: that one
+            elif record is not None or claimed is False:
+                self.log("duplicate", reason="answered already, or running in another watcher", **ev.log_fields())
+                return
+            else:
+                result = result_event(ev, {"status": "rejected", "error": reason}, self.source, self.s.answer_limit,
+                                      self._budget(ev.id))
+                if claimed and not self.store.record_event(ev.id, None, "rejected", result=json.dumps(result),
+                                                           metadata=json.dumps(ev.metadata()), owner=self.owner):
+                    return self._claim_lost(ev)
+            if self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS, "result",
+                             give_up_after=3) is None and claimed:
+                self.store.event_published(ev.id, self.owner)
+        finally:
+            if claimed:
+                try:
+                    self.store.release_claim(ev.id, self.owner)
+                except Exception:  # held while this process lives, then free: nothing is lost
+                    pass
 
     def _rejected(self, job):
         """A rejected event's answer: its result recorded, its input copied to the dead-letter topic."""
@@ -1528,6 +1681,13 @@ class Watcher:
         """A copy of the message, with why and where from, on --dead-letter-topic (when given). A copy that would
         not fit under max_request_size with the added headers is sent cut, and says so."""
         if not self.s.dead_letter_topic or self.s.dry_run or msg is None:
+            return
+        origin = next((value for name, value in msg.headers or () if name == "xzatoma_origin"), None)
+        if origin is not None:  # a copy is not copied again: two watchers, each's copies the other's input, loop
+            self.log("dead_letter_skipped", level="warning", reason="it is a dead-letter copy already",
+                     origin=bounded_text(origin.decode("utf-8", "replace") if isinstance(origin, bytes)
+                                         else str(origin), 300)[0], topic=msg.topic,
+                     partition=msg.partition, offset=msg.offset)
             return
         ours = [("xzatoma_reason", bounded_text(reason, 1000)[0].encode("utf-8")),
                 ("xzatoma_origin", (getattr(msg, "origin", None) or
@@ -1672,7 +1832,8 @@ class Watcher:
                 if again:
                     settle = False
                     if job.tp not in self.revoking and job.tp in self.tracker.partitions:
-                        job.not_before = time.monotonic() + (self._backoff(job.delays) if job.delays else 0.5)
+                        tries = job.delays or job.store_failures
+                        job.not_before = time.monotonic() + (self._backoff(tries) if tries else 0.5)
                         for other in self.backlog:  # copies of its id would get the same answer meanwhile
                             if other.event.id == ev.id:
                                 other.not_before = max(other.not_before, job.not_before)
@@ -1700,12 +1861,14 @@ class Watcher:
             return "run" if job.stored is None else "republish"
         try:
             claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease)
-        except Exception as exc:  # a locked or failing database: tried again shortly, a few times, then failed
+        except Exception as exc:  # a locked or failing database: tried again, backing off, for as long as it fails
+            # INFO: never answered without its claim. Given up after 5 tries, a "failed" result went out while
+            # another watcher sharing the store ran the event (a backup held the database's lock for minutes):
+            # two results, and no record of the first. The partition waits instead, and its stall shows.
             job.store_failures += 1
             job.held_elsewhere = True
-            if job.store_failures >= 5:
-                raise
-            self.log("store_failed", level="warn", error=_one_line(exc), **ev.log_fields())
+            self.log("store_failed", level="error" if job.store_failures >= 5 else "warn", error=_one_line(exc),
+                     tries=job.store_failures, **ev.log_fields())
             return "held"
         job.claimed, job.held_elsewhere = claimed, not claimed
         if record is not None and (record.get("published_at") or not record.get("result")):
@@ -1830,7 +1993,6 @@ class Watcher:
         outcome.setdefault("duration_seconds", duration)
         self.metrics.watch_run(duration)
         status = result_status(outcome.get("status"))
-        result = result_event(ev, outcome, self.source, self.s.answer_limit, self._budget(ev.id))
         if status == "interrupted" and job.cancel.is_set():
             # stopped by shutdown or a lost partition: recorded as interrupted in the conversation, offset not
             # committed, so the event is redelivered and runs to completion later
@@ -1838,9 +2000,10 @@ class Watcher:
                      **ev.log_fields())
             self.counts["interrupted"] += 1
             self.metrics.watch_event("interrupted")
-            self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS, "result",
-                          give_up_after=1)  # informational: the completed result follows on redelivery
+            # nothing published: the run after redelivery publishes the event's one result (an "informational"
+            # interrupted result here made two results for one event)
             return None, None
+        result = result_event(ev, outcome, self.source, self.s.answer_limit, self._budget(ev.id))
         self._record(job, outcome.get("conversation_id"), status, result)
         return result, status
 
@@ -1854,10 +2017,11 @@ class Watcher:
         try:
             self.xzepr.post_event(name, ev, phase in ("started", "completed"), payload)
             self.log("xzepr_posted", name=name, **ev.log_fields())
-        except XzeprError as exc:
+        except Exception as exc:  # XZepr is told what happened, or not: it never decides whether a plan runs
             self.counts["xzepr_failed"] += 1
             self.metrics.watch_event("xzepr_failed")
-            self.log("xzepr_failed", level="error", name=name, error=str(exc), **ev.log_fields())
+            error = str(exc) if isinstance(exc, XzeprError) else "%s: %s" % (type(exc).__name__, _one_line(exc))
+            self.log("xzepr_failed", level="error", name=name, error=error, **ev.log_fields())
 
     def _publish(self, topic, key, value, headers, what, give_up_after=None):
         """Send and wait for the broker's ack; retry with backoff until it works, the grace period ends,
@@ -2592,6 +2756,14 @@ def _headers_size(pairs):
     """Bytes of Kafka headers in a record. A name goes as UTF-8: counted in characters, names of 4-byte
     characters made a dead-letter copy larger than max_request_size, which the producer refused (issue 22)."""
     return sum(len(k.encode("utf-8", "replace")) + len(v or b"") + 8 for k, v in pairs)
+
+
+def _finite(value):
+    """A number JSON can carry: NaN and Infinity are not JSON (a model server's usage of NaN made a result
+    strict consumers refuse), and an int of thousands of digits is not a count."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < 10 ** 18 if isinstance(value, int) else math.isfinite(value)
 
 
 def _encode(doc):

@@ -64,6 +64,16 @@ def test_a_topic_no_kafka_client_can_use_is_refused_at_start(cli, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, (args, r.stderr)
         assert flag in lines[0] and ("is not a Kafka topic name" in lines[0] or "empty" in flag), lines
+    # a dead-letter topic that is the input topic would bring each copy back to be copied again, for good
+    r = cli.run("watch", "--brokers", "127.0.0.1:1", "--topic", "t", "--dead-letter-topic", "t", timeout=30)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert "--dead-letter-topic (watcher.kafka.dead_letter_topic) is the input topic" in r.stderr
+    # so is an XZepr API that is not an http(s) URL
+    cli.write_config({"provider": {"type": "ollama", "ollama": {"host": "http://127.0.0.1:1"}},
+                      "xzepr": {"api_url": "xzepr.example.com/api"}})
+    r = cli.run("watch", "--brokers", "127.0.0.1:1", "--topic", "t", timeout=30)
+    assert r.returncode == 2 and "xzepr.api_url needs http:// or https:// and a host" in r.stderr, r.stderr
+    cli.write_config({})
     # nothing is published by a dry run: its input topic is all that must be legal (it goes on to the broker)
     log = tmp_path / "w.log"
     proc = cli.popen("watch", "--brokers", "127.0.0.1:1", "--topic", long_topic, "--dry-run", "--log-file", log)

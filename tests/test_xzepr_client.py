@@ -1,0 +1,154 @@
+"""The XZepr client against an API that misbehaves: it is told what happened, or not, within a bounded time, once,
+never with its key sent elsewhere or a credential in what it posts. Real sockets on 127.0.0.1, scripted replies."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+import xzatoma_watch as w
+
+PLAN = {"goal": "Check the deploy", "instructions": ["look"]}
+
+
+class Scripted:
+    """A TCP server on 127.0.0.1 that answers each connection with `reply(conn, request bytes)`."""
+
+    def __init__(self, reply):
+        self.reply, self.requests = reply, []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                body += conn.recv(65536)
+            self.requests.append((head.decode("latin-1"), body))
+            try:
+                self.reply(conn, head)
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(reply):
+        servers.append(Scripted(reply))
+        return servers[-1]
+    yield start
+    for s in servers:
+        s.close()
+
+
+def answer(status, body=b"", extra=b""):
+    return lambda conn, head: conn.sendall(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n%s\r\n" % (status, len(body), extra)
+                                           + body)
+
+
+def event():
+    return w.decode_message("t", 0, 1, None, json.dumps({"specversion": "1.0", "id": "e-1", "type": "t", "source": "s",
+                                                         "data": {"plan": PLAN}}).encode())
+
+
+def client(url, **kw):
+    kw.setdefault("sleep", lambda s: None)
+    return w.XzeprClient(url, "xzepr-secret-key-0123456789", **kw)
+
+
+@pytest.mark.parametrize("reply", [
+    lambda conn, head: conn.sendall(b"garbage, no status line\r\n\r\n"),  # http.client.BadStatusLine
+    answer(200, b"[" * 200000),  # RecursionError in json
+])
+def test_an_answer_no_client_can_read_is_an_xzepr_error_not_a_crash(serve, reply):
+    api = serve(reply)
+    try:
+        client(api.url, attempts=2).request("GET", "/api/v1/receivers?name=xzatoma")
+    except w.XzeprError:
+        pass  # a garbled status line, tried twice
+    else:
+        assert len(api.requests) == 1  # a 2xx whose body is not JSON we can read: taken, as None
+
+
+def test_a_2xx_is_never_sent_again_whatever_its_body(serve):
+    api = serve(answer(200, b"<html>ok</html>", b"Content-Type: text/html\r\n"))
+    assert client(api.url).request("POST", "/api/v1/events", {"a": 1}) is None
+    assert len(api.requests) == 1
+
+
+def test_an_answer_trickled_a_byte_at_a_time_is_given_up_on_time(serve):
+    def trickle(conn, head):
+        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 1000000\r\n\r\n")
+        while True:
+            conn.sendall(b"x")
+            time.sleep(0.2)  # the server's pace, not a wait in the test
+    api = serve(trickle)
+    t0 = time.monotonic()
+    with pytest.raises(w.XzeprError, match="no whole answer within"):
+        client(api.url, timeout=1.0, attempts=3, budget=2.5).request("POST", "/api/v1/events", {"a": 1})
+    assert time.monotonic() - t0 < 4.0  # the budget (2.5 s), each attempt cut at its timeout
+    assert len(api.requests) == 2  # a third would start past the budget's end (a wait of 0.5 s first)
+
+
+def test_a_status_line_trickled_is_given_up_on_time(serve):
+    def trickle(conn, head):
+        for byte in b"HTTP/1.1 201 Created" * 1000:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.1)
+    api = serve(trickle)
+    t0 = time.monotonic()
+    with pytest.raises(w.XzeprError):
+        client(api.url, timeout=1.0, attempts=1).request("GET", "/x")
+    assert time.monotonic() - t0 < 2.5
+
+
+def test_a_redirect_is_not_followed_and_the_key_stays_home(serve):
+    elsewhere = serve(answer(201, b'{"id": "E1"}'))
+    api = serve(answer(302, b"", b"Location: %s/collect\r\n" % elsewhere.url.encode()))
+    with pytest.raises(w.XzeprError, match="HTTP 302 .redirects are not followed"):
+        client(api.url).request("POST", "/api/v1/events", {"a": 1})
+    assert len(api.requests) == 1 and "Bearer xzepr-secret-key" in api.requests[0][0]
+    assert elsewhere.requests == []
+
+
+def test_what_is_posted_is_redacted_like_a_result(serve):
+    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+    api = serve(answer(201, b'{"id": "R1"}'))
+    plan = dict(PLAN, name="deploy " + token)
+    ev = w.decode_message("t", 0, 1, None, json.dumps({
+        "success": True, "id": "x-1", "specversion": "1.0.1", "type": "deployment.success", "source": "xzepr",
+        "api_version": "v1", "release": token, "platform_id": token, "package": token,
+        "data": {"events": [{"id": "x-1", "payload": {"plan": plan}}]}}).encode())
+    assert ev.release == token  # read as an XZepr event
+    client(api.url).post_event(ev.plan_name() + ".started", ev, True, {"trigger_event_id": ev.id})
+    posted = [body for head, body in api.requests if head.startswith("POST /api/v1/events")]
+    assert len(posted) == 1 and b"ghp_" not in posted[0] and b"[REDACTED]" in posted[0]
+    assert json.loads(posted[0])["name"].endswith(".started")
