@@ -1004,7 +1004,6 @@ class WatchLog:
             except (OSError, ValueError):
                 pass
 
-
     def _bounded(self, value):
         """A field cut to LOG_FIELD_CHARS, redacted before the cut leaves half a credential (a filtered event's
         name of a million characters was one 11.5 MB line)."""
@@ -1656,18 +1655,28 @@ class Watcher:
             else:
                 result = result_event(ev, {"status": "rejected", "error": reason}, self.source, self.s.answer_limit,
                                       self._budget(ev.id))
-                if claimed and not self.store.record_event(ev.id, None, "rejected", result=json.dumps(result),
-                                                           metadata=json.dumps(ev.metadata()), owner=self.owner):
+                if claimed and not self._store_call(self.store.record_event, ev, ev.id, None, "rejected",
+                                                    result=json.dumps(result), metadata=json.dumps(ev.metadata()),
+                                                    owner=self.owner):
                     return self._claim_lost(ev)
             if self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS, "result",
                              give_up_after=3) is None and claimed:
-                self.store.event_published(ev.id, self.owner)
+                self._store_call(self.store.event_published, ev, ev.id, self.owner)
         finally:
             if claimed:
                 try:
                     self.store.release_claim(ev.id, self.owner)
                 except Exception:  # held while this process lives, then free: nothing is lost
                     pass
+
+    def _store_call(self, method, ev, *args, **kw):
+        """A store write that must not stop a message being answered now: True when done, and unless it said
+        False; a failure is logged."""
+        try:
+            return method(*args, **kw) is not False
+        except Exception as exc:
+            self.log("store_failed", level="warn", error=_one_line(exc), **ev.log_fields())
+            return True
 
     def _rejected(self, job):
         """A rejected event's answer: its result recorded, its input copied to the dead-letter topic."""
@@ -1684,7 +1693,7 @@ class Watcher:
             return
         origin = next((value for name, value in msg.headers or () if name == "xzatoma_origin"), None)
         if origin is not None:  # a copy is not copied again: two watchers, each's copies the other's input, loop
-            self.log("dead_letter_skipped", level="warning", reason="it is a dead-letter copy already",
+            self.log("dead_letter_skipped", level="warn", reason="it is a dead-letter copy already",
                      origin=bounded_text(origin.decode("utf-8", "replace") if isinstance(origin, bytes)
                                          else str(origin), 300)[0], topic=msg.topic,
                      partition=msg.partition, offset=msg.offset)
