@@ -4051,7 +4051,7 @@ class Agent:
                 raise Interrupted("interrupted (Ctrl-C)")
             except Terminated as exc:
                 caught = exc
-                raise Interrupted("terminated (SIGTERM)", EXIT_TERMINATED)
+                raise Interrupted("terminated (%s)" % (exc.args[0] if exc.args else "SIGTERM"), EXIT_TERMINATED)
             result.status = outcome
             result.exit_code = EXIT_UNVERIFIED if outcome == "unverified" else EXIT_OK
         except RunStop as stop:
@@ -7312,6 +7312,14 @@ class ChatSession:
 
     # -- the loop --
     def run(self):
+        with leave_on_signals() as signals:
+            try:
+                code = self._run(signals)
+            except Terminated:  # between turns: recorded and closed on the way out (_run's finally)
+                code = EXIT_TERMINATED
+        return 128 + signals.signum if signals.signum else code
+
+    def _run(self, signals):
         startup_over()
         readline = self.setup_readline() if self.interactive else None
         if self.interactive:
@@ -7319,7 +7327,7 @@ class ChatSession:
         last_interrupt, notice = 0.0, False
         first = " ".join(getattr(self.args, "message", None) or ()).strip() or None  # `xzatoma chat "…"`
         try:
-            while True:
+            while not signals.signum:
                 try:  # everything between turns is guarded: a Ctrl-C may land anywhere here
                     if notice:
                         notice = False
@@ -9170,9 +9178,49 @@ COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_hi
 #          Before or after the loop (start-up, reading a plan), main() prints "interrupted", exit 130.
 # SIGTERM  sigterm_raises(), around a run's agent, makes SIGTERM raise Terminated in the main thread:
 #          a BaseException that takes exactly the path of KeyboardInterrupt and ends with exit 143.
-#          Elsewhere (start-up, chat) SIGTERM keeps its default action.
+#          chat: leave_on_signals, for SIGTERM and SIGHUP (its terminal closed): the turn ends as with Ctrl-C,
+#          then chat leaves as /exit does (recorded, sandbox closed), exit 128 + the signal.
+#          Elsewhere (start-up) SIGTERM keeps its default action.
 # watch    cmd_watch handles SIGINT and SIGTERM itself: the watcher stops taking events and sets each
 #          running job's cancel event (the Session's `cancel`), which stops its agent and commands.
+
+
+class leave_on_signals:
+    """`with leave_on_signals() as signals:` SIGTERM, and SIGHUP (its terminal closed), raise Terminated in the main
+    thread and set signals.signum: chat ends its turn as Ctrl-C does, then leaves as /exit does (the conversation
+    recorded, the sandbox closed and its private temp directory removed), where their default action left a
+    "running" conversation and the directory behind. After SIGHUP, the standard streams are /dev/null: the
+    terminal is gone, and what is still said must not fail on it."""
+
+    def __enter__(self):
+        import signal
+        self.signum, self.previous = None, {}
+
+        def handler(signum, frame):
+            self.signum = signum
+            if signum == getattr(signal, "SIGHUP", None):
+                try:
+                    null = os.open(os.devnull, os.O_RDWR)
+                    for fd in (0, 1, 2):
+                        os.dup2(null, fd)
+                    os.close(null)
+                except OSError:
+                    pass
+            raise Terminated("SIGHUP" if signum == getattr(signal, "SIGHUP", None) else "SIGTERM")
+        for name in ("SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                try:
+                    self.previous[sig] = signal.signal(sig, handler)
+                except (ValueError, OSError):  # not the main thread
+                    pass
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        import signal
+        for sig, previous in self.previous.items():
+            signal.signal(sig, previous)
+        return False
 
 
 class sigterm_raises:

@@ -1910,9 +1910,12 @@ class Store:
         return True
 
     def event_published(self, event_id, owner=None):
-        """The event's result is out; `owner`'s claim on it ends in the same transaction."""
+        """The event's result is out; `owner`'s claim on it ends in the same transaction. The result's text goes:
+        it was kept to be published again after a crash, and up to 1 MB an event, kept for good, the database
+        grew without a bound (its id, status and conversation stay, for the dedupe)."""
         with self._transaction() as conn:
-            conn.execute("UPDATE processed_events SET published_at = ? WHERE event_id = ?", (rfc3339(), event_id))
+            conn.execute("UPDATE processed_events SET published_at = ?, result = NULL WHERE event_id = ?",
+                         (rfc3339(), event_id))
             if owner is not None:
                 conn.execute("DELETE FROM event_claims WHERE event_id = ? AND owner = ?", (event_id, owner))
 

@@ -1167,6 +1167,9 @@ class Watcher:
         #: heartbeat until they succeed: a claim left behind holds its id for as long as this process lives
         self.chores = collections.deque()
         self.chores_lock = threading.Lock()  #: the heartbeat and the stop may do them at once: one at a time
+        #: ids whose result is out and not yet marked so in the store (a chore): a copy is a duplicate, not
+        #: published again from the store's unmarked record
+        self.unmarked = set()
 
     # -- control --
     def request_stop(self, reason="signal"):
@@ -1218,16 +1221,28 @@ class Watcher:
         with self.chores_lock:
             while self.chores:
                 event_id, write = self.chores[0]
+                published = event_id in self.unmarked and write == self.store.event_published
                 with self.cond:
-                    if event_id in self.running_ids:  # claimed again meanwhile: its run ends it
+                    if event_id in self.running_ids and not published:  # claimed again meanwhile: its run ends it
                         self.chores.popleft()
                         continue
+                    # INFO: no copy of the id starts while its claim is written (a claim a copy had just made was
+                    # released by the retry of an earlier release: the copy ran unclaimed)
+                    held = event_id not in self.running_ids
+                    self.running_ids.add(event_id)
                 try:
                     write(event_id, self.owner)
                 except Exception as exc:
                     self.log("store_failed", level="warn", error=_one_line(exc), event_id=event_id, retry=True)
                     return
+                finally:
+                    if held:
+                        with self.cond:
+                            self.running_ids.discard(event_id)
+                            self.cond.notify_all()
                 self.chores.popleft()
+                if published:
+                    self.unmarked.discard(event_id)
 
     # -- connecting, with capped exponential backoff --
     def _backoff(self, attempt):
@@ -1868,6 +1883,9 @@ class Watcher:
         ev = job.event
         if self.store is None:
             return "run" if job.stored is None else "republish"
+        if ev.id in self.unmarked:  # its result is out; the store is told so by a chore (found by an attack round:
+            self.log("duplicate", status="published", **ev.log_fields())  # a copy published it once more)
+            return "duplicate"
         try:
             claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease)
         except Exception as exc:  # a locked or failing database: tried again, backing off, for as long as it fails
@@ -1951,6 +1969,7 @@ class Watcher:
             except Exception as exc:  # the result is out: tried again (released before, the stored result
                 # would be published once more by whoever claimed it next)
                 self.log("store_failed", level="warn", error=_one_line(exc), retry=True, **ev.log_fields())
+                self.unmarked.add(ev.id)
                 self.chores.append((ev.id, self.store.event_published))
             job.claimed = False
         return True

@@ -371,6 +371,35 @@ def test_ctrl_c_during_a_command_leaves_a_clean_prompt(chat, fake, cli):
         "Error: cancelled by user"]
 
 
+def test_a_closed_terminal_or_sigterm_ends_chat_as_exit_does(chat, fake, cli):
+    """SIGHUP (the terminal window closed) mid-command, and SIGTERM at the prompt, killed chat by their default
+    action: its conversation was left "running" until reaped, and its sandbox's private temp directory stayed in
+    /tmp. Now the turn ends as with Ctrl-C, the command's group is killed, and chat leaves as /exit does."""
+    import os
+    import signal
+    from test_terminal import group_gone
+    p = asked_to_run(chat, fake, "echo $$ > pgid; sleep 30", "never")
+    p.line("y")
+    assert wait_for(lambda: (cli.workdir / "pgid").exists() and (cli.workdir / "pgid").read_text().strip())
+    assert [d for d in os.listdir(cli.tmpdir) if d.startswith("xzatoma-run-")]  # the sandbox's, while it runs
+    p.proc.send_signal(signal.SIGHUP)
+    assert p.proc.wait(20) == 128 + signal.SIGHUP
+    assert group_gone(int((cli.workdir / "pgid").read_text())) and os.listdir(cli.tmpdir) == []
+    conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
+    assert conv["status"] == "completed" and conv["error"] == "terminated (SIGHUP)"  # recorded, not reaped
+
+    p = chat()  # the reply the cut turn never asked for answers this one
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.line("hi")
+    p.expect("never")
+    p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.wait() == 128 + signal.SIGTERM
+    p.expect("Resume this conversation with")  # left as /exit leaves
+    assert os.listdir(cli.tmpdir) == []
+    assert json.loads(cli.run("history", "list", "--json").stdout)[0]["status"] == "completed"
+
+
 # ---- what a person sees and keeps: edited commands, history, long commands ----
 
 

@@ -1785,6 +1785,31 @@ def test_a_claim_whose_release_failed_is_released_when_the_store_answers(kafka_b
     assert store.conn().execute("SELECT count(*) FROM event_claims").fetchone()[0] == 0
 
 
+def test_a_failed_store_write_retried_later_lets_no_copy_run_or_publish_again(store):
+    """Found by an attack round, reading the code: a result published whose "published" mark failed left the record
+    unmarked, and a copy of its id then published that stored result once more (the mark's retry was dropped
+    while the copy ran); and a retried release could delete the claim a copy of its id had just made."""
+    watcher = w.Watcher(w.Settings(brokers="127.0.0.1:1", topic="t"), w.Filters(), lambda job: None, store=store)
+    watcher.log = lambda *a, **kw: None
+    ev = w.decode_message("t", 0, 1, None, cloudevent("X", data={"plan": PLAN}))
+    assert store.claim_event("X", watcher.owner, 60)[0]
+    store.record_event("X", "c", "completed", result=json.dumps({"subject": "X"}), owner=watcher.owner)
+    # the result went out, and marking it so failed: a chore
+    watcher.unmarked.add("X")
+    watcher.chores.append(("X", store.event_published))
+    assert watcher._claim(w.Job(ev, None)) == "duplicate"  # not "republish"
+    with watcher.cond:
+        watcher.running_ids.add("X")  # even with a copy of it running, the mark is written
+    watcher._do_chores()
+    assert not watcher.chores and not watcher.unmarked and store.event_record("X")["published_at"]
+    assert store.event_record("X")["result"] is None  # out: its text is not kept for good (up to 1 MB an event)
+    # while a chore writes an id's claim, no copy of that id can start (it is among the running ids)
+    seen = []
+    watcher.chores.append(("Y", lambda event_id, owner: seen.append(event_id in watcher.running_ids)))
+    watcher._do_chores()
+    assert seen == [True] and "Y" not in watcher.running_ids
+
+
 def test_a_watcher_that_cannot_claim_an_event_waits_and_never_answers_it_unclaimed(kafka_broker, store):
     """A watcher whose claims failed (a store locked by another process) ended the event with a failed result:
     recorded without the fence it replaced another watcher's published result (found by an attack round); and
