@@ -1664,7 +1664,7 @@ class Watcher:
         try:
             if record is not None and record.get("result") and not record.get("published_at"):
                 result = json.loads(record["result"])  # finished before a crash and never published: that one
-            elif record is not None or claimed is False:
+            elif record is not None or claimed is False or ev.id in self.unmarked:
                 self.log("duplicate", reason="answered already, or running in another watcher", **ev.log_fields())
                 return
             else:
