@@ -1662,11 +1662,12 @@ class Watcher:
             except Exception as exc:
                 self.log("store_failed", level="warn", error=_one_line(exc), **ev.log_fields())
         try:
-            if record is not None and record.get("result") and not record.get("published_at"):
-                result = json.loads(record["result"])  # finished before a crash and never published: that one
-            elif record is not None or claimed is False or ev.id in self.unmarked:
+            if ev.id in self.unmarked or claimed is False or (record is not None and (
+                    record.get("published_at") or not record.get("result"))):
                 self.log("duplicate", reason="answered already, or running in another watcher", **ev.log_fields())
                 return
+            if record is not None:
+                result = json.loads(record["result"])  # finished before a crash and never published: that one
             else:
                 result = result_event(ev, {"status": "rejected", "error": reason}, self.source, self.s.answer_limit,
                                       self._budget(ev.id))
