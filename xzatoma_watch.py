@@ -679,7 +679,7 @@ class XzeprClient:
         self._lock = threading.Lock()
         self.retries = 0  #: attempts that failed and were retried (for logs and tests)
 
-    def request(self, method, path, body=None):
+    def request(self, method, path, body=None, give_up=None):
         """The answer's JSON (None when it has none): 2xx. XzeprError for any other answer, or none in time.
         INFO: a redirect is an error, not followed: the API does not move, and following one carried the API key
         to whatever host it named. A 2xx is never sent again, whatever its body (sent again, one run was posted
@@ -689,7 +689,7 @@ class XzeprClient:
         if self.api_key:
             headers["Authorization"] = "Bearer " + self.api_key
         where = "XZepr %s %s" % (method, path.split("?")[0])
-        give_up = time.monotonic() + self.budget
+        give_up = give_up or time.monotonic() + self.budget  # one budget for a post, its receiver's look-up too
         delay = self.backoff
         for attempt in range(1, self.attempts + 1):
             try:
@@ -705,7 +705,7 @@ class XzeprClient:
                         return None  # taken; what came back is not JSON we can read
                 if status < 500:
                     raise XzeprError("%s: HTTP %d%s" % (where, status, " (redirects are not followed)"
-                                                        if 300 <= status < 400 else ""))
+                                                        if status in (301, 302, 303, 307, 308) else ""))
                 problem = "HTTP %d" % status
             if attempt == self.attempts or time.monotonic() + delay >= give_up:
                 raise XzeprError("%s failed after %d attempts: %s" % (where, attempt, problem))
@@ -736,38 +736,47 @@ class XzeprClient:
             target = "http://%s:%d%s" % (url.hostname, port, target)
             if self.proxy[2]:
                 headers["Proxy-Authorization"] = self.proxy[2]
-        late = threading.Event()
+        late, sockets = threading.Event(), []
 
         def watchdog():
             late.set()
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            for sock in sockets + [conn.sock]:
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
         timer = threading.Timer(seconds, watchdog)
         timer.daemon = True
         timer.start()
         try:
-            conn.request(method, target, body=data, headers=headers)
+            conn.connect()
+            sockets.append(conn.sock)  # the response keeps it when the reply says Connection: close (and conn
+            conn.request(method, target, body=data, headers=headers)  # forgets it): shut down all the same
             resp = conn.getresponse()
-            raw = resp.read(XZEPR_REPLY_BYTES) if 200 <= resp.status < 300 else b""
-            if late.is_set():
-                raise XzeprError("no whole answer within %g s" % seconds)
-            return resp.status, raw
         except Exception:
             if late.is_set():
-                raise XzeprError("no whole answer within %g s" % seconds)
+                raise XzeprError("no answer within %g s" % seconds)
             raise
+        try:
+            if not 200 <= resp.status < 300:
+                return resp.status, b""
+            try:
+                return resp.status, resp.read(XZEPR_REPLY_BYTES)
+            except Exception:  # taken (a 2xx is never sent again): what came with it could not be read, or in time
+                return resp.status, b""
         finally:
             timer.cancel()
             conn.close()
+            resp.close()
 
-    def receiver_id(self):
-        with self._lock:
+    def receiver_id(self, give_up=None):
+        give_up = give_up or time.monotonic() + self.budget
+        if not self._lock.acquire(timeout=max(0.0, give_up - time.monotonic())):  # another post looks it up
+            raise XzeprError("XZepr receiver look-up still under way after the post's %g s" % self.budget)
+        try:
             if self._receiver is None:
-                found = self.request("GET", "/api/v1/receivers?name=" + self.RECEIVER["name"])
+                found = self.request("GET", "/api/v1/receivers?name=" + self.RECEIVER["name"], give_up=give_up)
                 items = found if isinstance(found, list) else []
                 if isinstance(found, dict):
                     items = found.get("receivers") or found.get("data") or found.get("items") or []
@@ -776,24 +785,27 @@ class XzeprClient:
                         self._receiver = str(item["id"])
                         break
                 else:
-                    made = self.request("POST", "/api/v1/receivers", dict(self.RECEIVER))
+                    made = self.request("POST", "/api/v1/receivers", dict(self.RECEIVER), give_up=give_up)
                     if isinstance(made, dict) and isinstance(made.get("data"), dict):
                         made = made["data"]
                     if not isinstance(made, dict) or not made.get("id"):
                         raise XzeprError("XZepr POST /api/v1/receivers returned no id")
                     self._receiver = str(made["id"])
             return self._receiver
+        finally:
+            self._lock.release()
 
     def post_event(self, name, ev, success, payload):
         """POST one lifecycle event. Every text in it is bounded (a plan's name and an event's attributes are
         someone else's), and the body fits in max_body_bytes (at least 16 KB), the error cut first, the name and
         status never (`payload.truncated` says what was)."""
+        give_up = time.monotonic() + self.budget
         phase = name.rsplit(".", 1)[-1]
         body = {"name": clipped(name[:-len(phase) - 1], 255 - len(phase))[0] + "." + phase,
                 "version": ev.plan_version() or "1.0.0", "release": ev.release or "",
                 "platform_id": ev.platform_id or "xzatoma", "package": ev.package or "xzatoma",
                 "description": "xzatoma plan %s for event %s" % (phase, ev.id),
-                "payload": dict(payload), "success": bool(success), "event_receiver_id": self.receiver_id()}
+                "payload": dict(payload), "success": bool(success), "event_receiver_id": self.receiver_id(give_up)}
         truncated = {}
         for key, limit in (("version", 256), ("release", 256), ("platform_id", 256), ("package", 256),
                            ("description", 2048)):
@@ -812,7 +824,7 @@ class XzeprClient:
                    (payload, ("trigger_event_id",))], self.max_body_bytes, truncated)
         if truncated:
             payload["truncated"] = truncated
-        return self.request("POST", "/api/v1/events", body)
+        return self.request("POST", "/api/v1/events", body, give_up=give_up)
 
 
 # ---- Offsets: commit per partition up to the lowest unfinished message ----
@@ -855,8 +867,9 @@ class OffsetTracker:
     def __init__(self):
         self.lock = threading.Lock()
         self.partitions = {}
-        #: {tp: (committed offset, when it last moved on)} of partitions given up: assigned again with the offset
-        #: where it was, its stall goes on (a rebalance every few minutes reset it, and the alert never fired)
+        #: {tp: (committed offset, advanced_at, turn_at)} of partitions given up with work waiting: assigned again
+        #: at the offset where it was, its stall goes on (a rebalance every few minutes reset it, and the alert
+        #: never fired); an idle one starts afresh (its next run inherited the idle time as a stall)
         self.unmoved = {}
 
     def get(self, tp):
@@ -872,15 +885,17 @@ class OffsetTracker:
                 if tp not in self.partitions:
                     po = self.partitions[tp] = PartitionOffsets()
                     if tp in self.unmoved:  # until its committed offset says whether it moved meanwhile
-                        po.advanced_at = self.unmoved[tp][1]
+                        _, po.advanced_at, po.turn_at = self.unmoved[tp]
 
     def forget(self, tps):
         """Drop partitions; how many of their events were settled but never committed (they count for nothing)."""
         with self.lock:
             dropped = [(tp, self.partitions.pop(tp, None)) for tp in tps]
-            for tp, po in dropped:
-                if po is not None and po.committed is not None:
-                    self.unmoved[tp] = (po.committed, po.advanced_at)
+            for tp, po in dropped:  # stuck: work waited there (idle, its next run would inherit the idle time)
+                if po is not None and po.committed is not None and (po.pending or po.done):
+                    self.unmoved[tp] = (po.committed, po.advanced_at, po.turn_at)
+                else:
+                    self.unmoved.pop(tp, None)
             return sum(len(po.done) for tp, po in dropped if po is not None)
 
     def resume_points(self, tps):
@@ -913,9 +928,9 @@ class OffsetTracker:
                 po = self.partitions.get(tp)
                 if po is not None:
                     if po.committed is None and self.unmoved.get(tp, (None,))[0] == point:
-                        po.advanced_at = self.unmoved[tp][1]  # where it was when given up: not moved since
+                        _, po.advanced_at, po.turn_at = self.unmoved[tp]  # where it was when given up: stuck still
                     elif po.committed is None or point > po.committed:
-                        po.advanced_at = time.monotonic()
+                        po.advanced_at, po.turn_at = time.monotonic(), 0.0
                     po.committed = point
                     po.done.difference_update([offset for offset in list(po.done) if offset < point])  # settled
                     # meanwhile under the watcher's lock are kept: list() and difference_update() are atomic

@@ -1489,6 +1489,15 @@ def test_a_stall_is_told_while_the_broker_is_away_and_outlives_a_rebalance():
     tracker.assign([tp])
     tracker.committed({tp: 8})
     assert tracker.stalled()[tp] < 5
+    # given up idle (its commit unmoved for long, nothing waiting) and given back at the same offset, the run it
+    # starts at once does not inherit the idle time as a stall (found by the next round)
+    tracker.get(tp).advanced_at -= 100
+    tracker.waiting_turn({tp: time.monotonic()})  # each lag report: nothing waits, so nothing is stuck
+    tracker.forget([tp])
+    tracker.assign([tp])
+    tracker.committed({tp: 8})
+    tracker.get(tp).received(8)
+    assert tracker.stalled()[tp] < 5
 
 
 def test_a_partition_behind_a_held_claim_or_a_run_that_never_ends_is_stalled(kafka_broker, store):
