@@ -9197,7 +9197,8 @@ class leave_on_signals:
         self.signum, self.previous = None, {}
 
         def handler(signum, frame):
-            self.signum = signum
+            first = self.signum is None
+            self.signum = self.signum or signum
             if signum == getattr(signal, "SIGHUP", None):
                 try:
                     null = os.open(os.devnull, os.O_RDWR)
@@ -9206,7 +9207,8 @@ class leave_on_signals:
                     os.close(null)
                 except OSError:
                     pass
-            raise Terminated("SIGHUP" if signum == getattr(signal, "SIGHUP", None) else "SIGTERM")
+            if first:  # once: a second one must not cut short the recording and closing the first started
+                raise Terminated("SIGHUP" if signum == getattr(signal, "SIGHUP", None) else "SIGTERM")
         for name in ("SIGTERM", "SIGHUP"):
             sig = getattr(signal, name, None)
             if sig is not None:
@@ -9218,8 +9220,8 @@ class leave_on_signals:
 
     def __exit__(self, kind, exc, tb):
         import signal
-        for sig, previous in self.previous.items():
-            signal.signal(sig, previous)
+        for sig, previous in self.previous.items():  # leaving on one: more of them change nothing now
+            signal.signal(sig, signal.SIG_IGN if self.signum else previous)
         return False
 
 

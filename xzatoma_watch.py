@@ -698,12 +698,12 @@ class XzeprClient:
             except Exception as exc:  # refused, reset, a garbled status line, the deadline: no answer
                 problem = _one_line(exc) or type(exc).__name__
             else:
-                if 200 <= status < 300:
+                if status < 300:  # 1xx other than 100 (http.client takes it for the answer): taken, and then 2xx
                     try:
                         return json.loads(raw.decode("utf-8")) if raw.strip() else None
                     except (ValueError, RecursionError):
                         return None  # taken; what came back is not JSON we can read
-                if status < 500:
+                if status < 500 or status >= 600:
                     raise XzeprError("%s: HTTP %d%s" % (where, status, " (redirects are not followed)"
                                                         if status in (301, 302, 303, 307, 308) else ""))
                 problem = "HTTP %d" % status
@@ -749,12 +749,24 @@ class XzeprClient:
         timer = threading.Timer(seconds, watchdog)
         timer.daemon = True
         timer.start()
+        statuses = []  # each status line read: a 2xx whose headers then cannot be read is taken all the same
+
+        class Answer(http.client.HTTPResponse):
+            def _read_status(self):
+                line = super()._read_status()
+                statuses.append(line[1])
+                return line
+        conn.response_class = Answer
         try:
             conn.connect()
             sockets.append(conn.sock)  # the response keeps it when the reply says Connection: close (and conn
             conn.request(method, target, body=data, headers=headers)  # forgets it): shut down all the same
             resp = conn.getresponse()
         except Exception:
+            if statuses and statuses[-1] != 100 and statuses[-1] < 300:
+                timer.cancel()
+                conn.close()
+                return statuses[-1], b""
             if late.is_set():
                 raise XzeprError("no answer within %g s" % seconds)
             raise
@@ -814,6 +826,8 @@ class XzeprClient:
                 truncated[key] = True
         payload = body["payload"]
         for key, value in payload.items():
+            if value is not None and not isinstance(value, (str, int, float, bool)):
+                value = json.dumps(value, ensure_ascii=False, default=str)  # redacted and cut as a text
             if isinstance(value, str):
                 payload[key], cut = clipped(value, FIELD_MAX_BYTES.get(key, ID_MAX_BYTES))
                 if cut:
@@ -839,6 +853,7 @@ class PartitionOffsets:
         self.committed = None  #: the group's committed offset as this watcher knows it (None: nothing yet)
         self.advanced_at = time.monotonic()  #: when `committed` last moved on (or the partition was assigned)
         self.turn_at = 0.0  #: when its oldest work was last seen merely waiting its turn (see Watcher._their_turn)
+        self.turned_at = 0.0  #: the lag report that last saw it so
         self.done = set()  #: offsets settled and not yet committed (lost with the partition: read again elsewhere)
 
     def received(self, offset):
@@ -867,10 +882,11 @@ class OffsetTracker:
     def __init__(self):
         self.lock = threading.Lock()
         self.partitions = {}
-        #: {tp: (committed offset, advanced_at, turn_at)} of partitions given up with work waiting: assigned again
-        #: at the offset where it was, its stall goes on (a rebalance every few minutes reset it, and the alert
-        #: never fired); an idle one starts afresh (its next run inherited the idle time as a stall)
+        #: {tp: (committed offset, since when it was stalled)} of partitions given up stalled: assigned again at the
+        #: offset where it was, its stall goes on (a rebalance every few minutes reset it, and the alert never
+        #: fired); one given up idle starts afresh (its next run inherited the idle time as a stall)
         self.unmoved = {}
+        self.reported_at = 0.0  #: when the last lag report gave turns (waiting_turn)
 
     def get(self, tp):
         with self.lock:
@@ -885,15 +901,18 @@ class OffsetTracker:
                 if tp not in self.partitions:
                     po = self.partitions[tp] = PartitionOffsets()
                     if tp in self.unmoved:  # until its committed offset says whether it moved meanwhile
-                        _, po.advanced_at, po.turn_at = self.unmoved[tp]
+                        po.advanced_at = self.unmoved[tp][1]
 
     def forget(self, tps):
         """Drop partitions; how many of their events were settled but never committed (they count for nothing)."""
         with self.lock:
             dropped = [(tp, self.partitions.pop(tp, None)) for tp in tps]
-            for tp, po in dropped:  # stuck: work waited there (idle, its next run would inherit the idle time)
-                if po is not None and po.committed is not None and (po.pending or po.done):
-                    self.unmoved[tp] = (po.committed, po.advanced_at, po.turn_at)
+            for tp, po in dropped:
+                if po is None or po.committed is None:
+                    continue  # not positioned again yet (a broker away): what was remembered of it stands
+                # stalled: not given a turn at the last lag report (with none yet: work waits there)
+                if po.turned_at < self.reported_at if self.reported_at else po.pending or po.done:
+                    self.unmoved[tp] = (po.committed, max(po.advanced_at, po.turn_at))
                 else:
                     self.unmoved.pop(tp, None)
             return sum(len(po.done) for tp, po in dropped if po is not None)
@@ -928,9 +947,9 @@ class OffsetTracker:
                 po = self.partitions.get(tp)
                 if po is not None:
                     if po.committed is None and self.unmoved.get(tp, (None,))[0] == point:
-                        _, po.advanced_at, po.turn_at = self.unmoved[tp]  # where it was when given up: stuck still
+                        po.advanced_at = self.unmoved[tp][1]  # where it was when given up: stalled still
                     elif po.committed is None or point > po.committed:
-                        po.advanced_at, po.turn_at = time.monotonic(), 0.0
+                        po.advanced_at = time.monotonic()
                     po.committed = point
                     po.done.difference_update([offset for offset in list(po.done) if offset < point])  # settled
                     # meanwhile under the watcher's lock are kept: list() and difference_update() are atomic
@@ -951,9 +970,11 @@ class OffsetTracker:
     def waiting_turn(self, since):
         """{tp: the last moment its oldest work merely waited its turn}: its stall counts from no earlier."""
         with self.lock:
+            self.reported_at = now = time.monotonic()
             for tp, at in since.items():
                 if tp in self.partitions:
-                    self.partitions[tp].turn_at = max(self.partitions[tp].turn_at, at)
+                    po = self.partitions[tp]
+                    po.turn_at, po.turned_at = max(po.turn_at, at), now
 
     def committed_offsets(self):
         """{tp: the committed offset this watcher knows, or None} for every assigned partition."""
@@ -1670,6 +1691,20 @@ class Watcher:
         as every result is: not at all when its id is answered already or runs in another watcher sharing the store
         (found by an attack round: a set-aside message got a second result). A store that cannot be used does not
         keep it from being answered: it must be settled now."""
+        with self.cond:  # running here (a copy): that run answers it, and its claim is not ours to release
+            running = ev.id in self.running_ids
+            self.running_ids.add(ev.id)
+        if running:
+            self.log("duplicate", reason="running in this watcher", **ev.log_fields())
+            return
+        try:
+            self._answer_claimed(ev, reason)
+        finally:
+            with self.cond:
+                self.running_ids.discard(ev.id)
+                self.cond.notify_all()
+
+    def _answer_claimed(self, ev, reason):
         claimed, record = None, None
         if self.store is not None:
             try:

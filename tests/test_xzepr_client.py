@@ -124,6 +124,9 @@ def test_a_body_trickled_a_byte_at_a_time_is_cut_at_the_deadline_and_not_sent_ag
 @pytest.mark.parametrize("reply", [
     b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # a bad chunk size
     b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{",  # closed short
+    b"HTTP/1.1 201 Created\r\n" + b"X-A: b\r\n" * 120 + b"\r\n",  # more headers than http.client reads
+    b"HTTP/1.1 201 Created\r\nX-A: " + b"b" * 70000 + b"\r\n\r\n",  # a header line too long
+    b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n",
 ])
 def test_a_2xx_whose_body_cannot_be_read_is_not_sent_again(serve, reply):
     api = serve(lambda conn, _: conn.sendall(reply))
