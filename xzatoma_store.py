@@ -1367,6 +1367,8 @@ MIGRATIONS = [
     # 11 (issue 22): a claim's process by its start (clock ticks since boot, Linux): with the pid it names one
     # process, whatever the wall clock does, so a live claimer is told from a newer process given its pid
     _add_claim_start,
+    # 12 (issue 22): a published result's text is not kept (Store.event_published): up to 1 MB an event, for good
+    "UPDATE processed_events SET result = NULL WHERE published_at IS NOT NULL",
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"

@@ -250,6 +250,21 @@ def _is_xzepr(doc):
         ("platform_id" in doc and "api_version" in doc)
 
 
+def message_id_hint(key, headers):
+    """The id a message is answered under when it cannot be read: a binary CloudEvent's ce_id header (the last,
+    in any case, as decode_message reads it) when it is text, else its key, else None. One rule for a message
+    rejected as read and one set aside unread (they differed: the first exact-case ce_id against the last)."""
+    ids = [raw for name, raw in list(headers or ())[:MAX_BUILT_HEADERS]
+           if isinstance(name, str) and name.lower() == "ce_id"]
+    for raw in (ids[-1] if ids else None, key):
+        try:
+            if raw:
+                return _cut_id(_text(raw))
+        except (UnicodeDecodeError, AttributeError, TypeError):
+            pass
+    return None
+
+
 def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto", max_bytes=MAX_MESSAGE_BYTES):
     """An Event from one Kafka record, or BadMessage. The plan is parsed and validated here."""
     position = "%s:%s:%s" % (topic, partition, offset)
@@ -262,13 +277,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         key_text, long_key = _cut_id(key_text), len(key_text.encode("utf-8"))
         long_key = long_key if long_key > ID_MAX_BYTES else 0
     headers = list(headers or ())
-    # the id a rejected result is keyed by: a binary CloudEvent's ce_id header (the last, as below) when it can be
-    # read, else the key; bad headers or a bad body must not cost the event its result
-    ids = [raw for name, raw in headers[:MAX_BUILT_HEADERS] if isinstance(name, str) and name.lower() == "ce_id"]
-    try:
-        id_hint = _cut_id(_text(ids[-1])) if ids and ids[-1] else key_text
-    except (UnicodeDecodeError, AttributeError, TypeError):
-        id_hint = key_text
+    id_hint = message_id_hint(key, headers)  # bad headers or a bad body must not cost the event its result
     if len(headers) > MAX_HEADERS:
         raise BadMessage("%d headers, over the limit of %d" % (len(headers), MAX_HEADERS), id_hint)
     hdrs = {}
@@ -322,12 +331,33 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     if isinstance(doc, dict) and "specversion" in doc and fmt != "plan":
         kind = "xzepr" if fmt == "xzepr" or (fmt == "auto" and _is_xzepr(doc)) else "cloudevents"
         _attributes(ev, doc, kind)
-        ev.data = doc.get("data")
+        ev.data = doc.get("data") if "data" in doc or "data_base64" not in doc else _base64_data(ev, doc)
         return _extract_plan(ev)
     if fmt in ("xzepr", "cloudevents"):
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
                          _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else key_text)
     return _bare_plan(ev, text, position, long_key)
+
+
+def _base64_data(ev, doc):
+    """A structured CloudEvent's data_base64 (CloudEvents' JSON format: binary data) as the plan's document: JSON
+    when it reads as JSON (bounded as a message is), else its text (a YAML or Markdown plan); None when it is not
+    base64 of UTF-8 text, which the plan error then says (it was "no plan")."""
+    import base64
+    import binascii
+    from xzatoma_plans import DocumentError, load_json
+    raw = doc.get("data_base64")
+    try:
+        text = base64.b64decode(raw if isinstance(raw, str) else "", validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        raise BadMessage("data_base64 is not base64 of UTF-8 text", ev.id)
+    if "json" in str(doc.get("datacontenttype") or "") or text.lstrip().startswith(("{", "[")):
+        try:
+            return load_json(text)
+        except DocumentError as exc:
+            if exc.over_limit:
+                raise BadMessage("data_base64: JSON %s" % exc, ev.id)
+    return text
 
 
 def _attributes(ev, attrs, kind):
@@ -2766,17 +2796,8 @@ def _offsets_call(method, tps):
 
 
 def _guess_id(msg):
-    """The id of a message that was not (or could not be) read: its ce_id header, else its key, else None."""
-    for name, value in msg.headers or ():
-        if name == "ce_id" and value:
-            try:
-                return _cut_id(_text(value))
-            except (UnicodeDecodeError, AttributeError):
-                break
-    try:
-        return _cut_id(_text(msg.key)) if msg.key else None
-    except (UnicodeDecodeError, AttributeError):
-        return None
+    """The id of a message that was not (or could not be) read (message_id_hint)."""
+    return message_id_hint(msg.key, msg.headers)
 
 
 def _producer_limits(producer_class, publish_timeout):

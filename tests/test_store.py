@@ -735,3 +735,25 @@ def test_migration_adds_safety_to_an_old_database(tmp_path):
     assert s.latest(working_dir="/src/app") == "01OLD0000000000000000000000"
     s.resume_conversation("01OLD0000000000000000000000", provider="openai", safety="safe")
     assert s.conversation("01OLD0000000000000000000000")["safety"] == "safe"
+
+
+def test_migration_drops_the_text_of_results_already_published(tmp_path):
+    """A published result's text is not kept (up to 1 MB an event, for good): a store of schema 11 loses what it
+    kept, and keeps what a restart would still publish."""
+    import sqlite3
+    from xzatoma_store import SCHEMA_VERSION, Store
+    path = str(tmp_path / "v11.db")
+    s = Store(path).open()
+    s.record_event("out", "c1", "completed", result='{"subject": "out"}')
+    s.event_published("out")
+    s.record_event("waiting", "c2", "completed", result='{"subject": "waiting"}')
+    s.close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE processed_events SET result = '{\"subject\": \"out\"}' WHERE event_id = 'out'")
+    conn.execute("PRAGMA user_version = 11")
+    conn.commit()
+    conn.close()
+    s = Store(path).open()
+    assert s.conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert s.event_record("out")["result"] is None and s.event_record("out")["status"] == "completed"
+    assert s.event_record("waiting")["result"] == '{"subject": "waiting"}'

@@ -208,6 +208,38 @@ def test_invalid_filters_name_the_flag(kwargs, flag):
 
 # ---- result events ----
 
+def test_a_structured_cloudevent_s_data_base64_carries_a_plan():
+    """CloudEvents' JSON format puts binary data in data_base64: a plan there was "no plan"."""
+    import base64
+    for body, kind in ((json.dumps({"plan": PLAN}), "application/json"),
+                       ("goal: From base64\ninstructions: [a]\n", "application/yaml")):
+        doc = {"specversion": "1.0", "id": "b64", "type": "t", "source": "s", "datacontenttype": kind,
+               "data_base64": base64.b64encode(body.encode()).decode()}
+        ev = w.decode_message("t", 0, 1, None, json.dumps(doc).encode())
+        assert ev.plan is not None and ev.plan.goal in ("Count the files", "From base64"), ev.plan_error
+    doc = dict(doc, data_base64="not base64!")
+    with pytest.raises(w.BadMessage) as bad:
+        w.decode_message("t", 0, 1, None, json.dumps(doc).encode())
+    assert bad.value.event_id == "b64" and "not base64" in bad.value.reason
+    deep = base64.b64encode(b"[" * 1500 + b"]" * 1500).decode()
+    with pytest.raises(w.BadMessage) as bad:
+        w.decode_message("t", 0, 1, None, json.dumps(dict(doc, data_base64=deep)).encode())
+    assert "nested deeper" in bad.value.reason
+
+
+def test_a_message_read_or_set_aside_unread_is_answered_under_the_same_id():
+    """A set-aside message was keyed by its first exact-case ce_id header, a rejected one by the last in any case
+    (found by an attack round): one rule now, message_id_hint."""
+    import types
+    headers = [("CE_ID", b"first"), ("ce_id", b"last"), ("ce_source", b"\xff")]
+    with pytest.raises(w.BadMessage) as bad:
+        w.decode_message("t", 0, 1, b"key", b"{}", headers)
+    assert bad.value.event_id == "last"
+    assert w._guess_id(types.SimpleNamespace(key=b"key", headers=headers)) == "last"
+    assert w._guess_id(types.SimpleNamespace(key=b"key", headers=[("ce_id", b"\xff")])) == "key"
+    assert w._guess_id(types.SimpleNamespace(key=None, headers=[])) is None
+
+
 def test_result_event_shape_and_bounded_answer():
     ev = _ev()
     out = w.result_event(ev, {"status": "max_turns", "answer": "é" * 10, "conversation_id": "C1", "turns": 3,
