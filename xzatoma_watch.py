@@ -463,7 +463,8 @@ def context_outside(plan, working_dir):
             return "context %s holds a NUL character, which no path can" % key
         path = os.path.realpath(os.path.join(root, os.path.expanduser(value.strip())))
         if path != root and not path.startswith(root.rstrip(os.sep) + os.sep):
-            return "context %s %r is outside the working directory %s" % (key, value[:200], root)
+            # the watcher's own path is not named: the reason goes back to whoever sent the event
+            return "context %s %r is outside the working directory" % (key, value[:200])
     return None
 
 

@@ -136,6 +136,7 @@ def test_results_are_recognised_and_context_must_stay_in_the_jail(tmp_path):
     assert ev.is_result
     plan = w.decode_message("t", 0, 1, None, b"goal: G\ncontext: {directory: ../..}\ninstructions: [a]").plan
     assert "outside the working directory" in w.context_outside(plan, str(tmp_path))
+    assert str(tmp_path) not in w.context_outside(plan, str(tmp_path))  # the reason goes to the event's sender
     (tmp_path / "src").mkdir()
     for ok in ("src", ".", str(tmp_path / "src"), "https://github.com/x/y", "git@github.com:x/y.git"):
         plan.context = {"repository": ok}
