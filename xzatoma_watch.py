@@ -835,6 +835,9 @@ class XzeprClient:
                     if not isinstance(made, dict) or not made.get("id"):
                         raise XzeprError("XZepr POST /api/v1/receivers returned no id")
                     self._receiver = str(made["id"])
+                if len(self._receiver) > 256:  # every post carries it whole: one of 1 MB made none fit
+                    self._receiver = None
+                    raise XzeprError("XZepr's receiver id is over 256 characters")
             return self._receiver
         finally:
             self._lock.release()

@@ -177,3 +177,10 @@ def test_what_is_posted_is_redacted_like_a_result(serve):
     posted = [body for head, body in api.requests if head.startswith("POST /api/v1/events")]
     assert len(posted) == 1 and b"ghp_" not in posted[0] and b"[REDACTED]" in posted[0]
     assert json.loads(posted[0])["name"].endswith(".started")
+
+
+def test_a_receiver_id_too_long_to_carry_is_refused(serve):
+    api = serve(answer(200, json.dumps({"data": [{"name": "xzatoma", "id": "r" * 100000}]}).encode()))
+    with pytest.raises(w.XzeprError, match="over 256"):
+        client(api.url).post_event("p.started", event(), True, {"trigger_event_id": "e-1"})
+    assert len(api.requests) == 1  # the look-up; nothing posted
