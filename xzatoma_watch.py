@@ -327,7 +327,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     try:
         doc = _load_document(text)
     except BadMessage as exc:
-        raise BadMessage(exc.reason, key_text)
+        raise BadMessage(exc.reason, id_hint)  # a binary CloudEvent's ce_id names it even when its body is bad
     if isinstance(doc, dict) and "specversion" in doc and fmt != "plan":
         kind = "xzepr" if fmt == "xzepr" or (fmt == "auto" and _is_xzepr(doc)) else "cloudevents"
         _attributes(ev, doc, kind)
@@ -335,7 +335,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         return _extract_plan(ev)
     if fmt in ("xzepr", "cloudevents"):
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
-                         _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else key_text)
+                         _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else id_hint)
     return _bare_plan(ev, text, position, long_key)
 
 
@@ -1230,6 +1230,7 @@ class Watcher:
         self.rebalancing = False
         self.needs_position = set()  # partitions just assigned: read on from the committed offset first
         self.revoking = set()  # partitions being given up: a job of theirs is never queued again
+        self.gauges_lock = threading.Lock()  #: a partition's gauges are set, or dropped, one at a time
         self.kafka = None
         #: who claims event ids in the store: this process, this watcher (two watchers of one process differ)
         self.owner = "%s:%d:%s" % (socket.gethostname(), os.getpid(), uuid.uuid4().hex[:12])
@@ -1473,7 +1474,9 @@ class Watcher:
         fetched, read 0 while 32 of 40 events waited). With it: runs in flight and the oldest waiting age."""
         lags = {}
         try:
-            assigned = [tp for tp in self.consumer.assignment() if tp not in self.needs_position]
+            # the partitions served: during a rebalance the client still lists those given up (their lag then
+            # read as the whole partition, and stayed on after the other member took them: found by an attack)
+            assigned = [tp for tp in self.consumer.assignment() if tp not in self.needs_position and self._serving(tp)]
             # the stall is what this watcher knows, and told even while the broker is away (the gauge froze at
             # its last value for as long as the broker was, and an outage of hours never fired the alert)
             self.tracker.waiting_turn(self._their_turn(assigned))
@@ -1481,7 +1484,7 @@ class Watcher:
             for tp in assigned:
                 head, uncommitted = heads.get(tp, (None, False))
                 if head is not None or uncommitted:
-                    self.metrics.watch_commit_stalled(tp.topic, tp.partition, stalled.get(tp, 0.0))
+                    self._gauge(self.metrics.watch_commit_stalled, tp, stalled.get(tp, 0.0))
             if assigned:
                 ends = _offsets_call(self.consumer.end_offsets, assigned)
                 committed = self.tracker.committed_offsets()
@@ -1502,10 +1505,9 @@ class Watcher:
                     base = starts.get(tp) if base is None else base
                     if tp in furthest and base is not None:
                         lags[tp] = max(0, furthest[tp] - base)
-                        self.metrics.watch_lag(tp.topic, tp.partition, lags[tp])
+                        self._gauge(self.metrics.watch_lag, tp, lags[tp])
                         # how long work has waited here without a commit: 0 when nothing waits
-                        self.metrics.watch_commit_stalled(tp.topic, tp.partition,
-                                                          stalled.get(tp, 0.0) if lags[tp] else 0.0)
+                        self._gauge(self.metrics.watch_commit_stalled, tp, stalled.get(tp, 0.0) if lags[tp] else 0.0)
         except Exception as exc:  # the broker away: the lag keeps its last value, the next round asks again
             self.log("lag_unknown", level="debug", error=_one_line(exc))
         oldest = self.tracker.oldest_waiting()
@@ -1514,6 +1516,21 @@ class Watcher:
         self.log("lag", level="debug", lag=",".join("%d=%d" % (tp.partition, n) for tp, n in sorted(
             lags.items(), key=lambda kv: kv[0].partition)) or None, in_flight=len(self.in_flight),
             backlog=len(self.backlog), oldest_waiting=oldest)
+
+    def _serving(self, tp):
+        return tp in self.tracker.partitions and tp not in self.revoking
+
+    def _gauge(self, setter, tp, value):
+        """A partition's gauge, set only while it is served: checked and set at once against _clear_gauges (a
+        report begun before a rebalance set it again after the series was dropped)."""
+        with self.gauges_lock:
+            if self._serving(tp):
+                setter(tp.topic, tp.partition, value)
+
+    def _clear_gauges(self, tps):
+        with self.gauges_lock:  # another member reports them now
+            for tp in tps:
+                self.metrics.watch_lag_clear(tp.topic, tp.partition)
 
     def _their_turn(self, assigned):
         """{partition: the last moment its oldest work merely waited its turn}, for those whose oldest work is not
@@ -2248,8 +2265,7 @@ class Watcher:
             for tp, offset in sorted(points.items(), key=lambda kv: kv[0].partition):
                 self.log("committed", topic=tp.topic, partition=tp.partition, offset=offset)
         self.tracker.forget(revoked)
-        for tp in revoked:  # another member reports them now
-            self.metrics.watch_lag_clear(tp.topic, tp.partition)
+        self._clear_gauges(revoked)
 
     def _assigned(self, assigned):
         # The consumer keeps its fetch position for a partition it gets back, past events we dropped unstarted (or
@@ -2279,8 +2295,7 @@ class Watcher:
             # what is settled and committed (it stopped with nothing committed after a lost partition)
             uncommitted = self.tracker.forget(lost)
             self.settled -= uncommitted
-        for tp in lost:
-            self.metrics.watch_lag_clear(tp.topic, tp.partition)
+        self._clear_gauges(lost)
         self.log("lost", level="warn", partitions=_tps(lost), uncommitted=uncommitted or None)
 
     # -- stopping --

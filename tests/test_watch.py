@@ -209,6 +209,15 @@ def test_invalid_filters_name_the_flag(kwargs, flag):
 
 # ---- result events ----
 
+def test_a_message_whose_body_cannot_be_read_is_answered_under_its_ce_id_header():
+    """Found by an attack round: a truncated JSON or broken YAML body with a ce_id header was rejected under its key
+    (none: no result at all), though a body that was not UTF-8 was answered under the header."""
+    for body in (b'{"specversion": "1.0", "id": "x", ', b"{{{: ["):
+        with pytest.raises(w.BadMessage) as bad:
+            w.decode_message("t", 0, 1, None, body, [("ce_id", b"from-header")])
+        assert bad.value.event_id == "from-header", body
+
+
 def test_a_structured_cloudevent_s_data_base64_carries_a_plan():
     """CloudEvents' JSON format puts binary data in data_base64: a plan there was "no plan"."""
     import base64
@@ -1533,6 +1542,43 @@ def test_a_stall_is_told_while_the_broker_is_away_and_outlives_a_rebalance():
     tracker.committed({tp: 8})
     tracker.get(tp).received(8)
     assert tracker.stalled()[tp] < 5
+
+
+def test_lag_is_reported_only_for_partitions_served_and_never_after_their_series_is_dropped():
+    """Found by an attack round, end to end: during a rebalance the client still lists the partitions being given
+    up; their state was gone, so their lag read as the whole partition (from its beginning), and a report begun
+    before the series was dropped set it again after, where it stayed while another member served it."""
+    from kafka import TopicPartition
+    kept, given = TopicPartition("t", 0), TopicPartition("t", 1)
+
+    class Consumer:
+        def assignment(self):
+            return {kept, given}  # as kafka-python answers mid-rebalance
+
+        def end_offsets(self, tps):
+            return {tp: 5 for tp in tps}
+
+        def beginning_offsets(self, tps):
+            return {tp: 0 for tp in tps}
+
+        def highwater(self, tp):
+            return None
+
+        def paused(self):
+            return set()
+    watcher = w.Watcher(w.Settings(brokers="127.0.0.1:1", topic="t"), w.Filters(), lambda job: None)
+    import types
+    watcher.consumer, watcher.metrics = Consumer(), Gauges()
+    watcher.end_probe = types.SimpleNamespace(ends=lambda found: {})  # nothing is paused here
+    watcher.tracker.assign([kept, given])
+    watcher.tracker.committed({kept: 5, given: 5})
+    watcher._report_lag()
+    assert watcher.metrics.lag == {0: 0, 1: 0}
+    watcher.revoking.add(given)  # _revoke: given up from here on
+    watcher._revoked_committed({given}, {})
+    assert watcher.metrics.lag == {0: 0}
+    watcher._report_lag()  # the client still lists it: nothing is reported for it, from its beginning or at all
+    assert watcher.metrics.lag == {0: 0} and 1 not in watcher.metrics.stalled
 
 
 def test_a_partition_behind_a_held_claim_or_a_run_that_never_ends_is_stalled(kafka_broker, store):
