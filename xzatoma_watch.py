@@ -341,8 +341,8 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
 
 def _base64_data(ev, doc):
     """A structured CloudEvent's data_base64 (CloudEvents' JSON format: binary data) as the plan's document: JSON
-    when it reads as JSON (bounded as a message is), else its text (a YAML or Markdown plan); None when it is not
-    base64 of UTF-8 text, which the plan error then says (it was "no plan")."""
+    when it reads as JSON (bounded as a message is), else its text (a YAML or Markdown plan). BadMessage when it is
+    not base64 of UTF-8 text, or its JSON is over the bounds (a plan there was "no plan")."""
     import base64
     import binascii
     from xzatoma_plans import DocumentError, load_json
