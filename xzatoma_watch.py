@@ -683,7 +683,9 @@ def result_source(group, host=None):
 
 
 class XzeprError(Exception):
-    pass
+    def __init__(self, message, answered=False):
+        super().__init__(message)
+        self.answered = answered  #: the API answered (4xx, a status past 599): asking again changes nothing
 
 
 XZEPR_REPLY_BYTES = 1 << 20  #: of an answer, what is read (a receiver's id, an event's)
@@ -710,7 +712,7 @@ class XzeprClient:
         self._lock = threading.Lock()
         self.retries = 0  #: attempts that failed and were retried (for logs and tests)
 
-    def request(self, method, path, body=None, give_up=None):
+    def request(self, method, path, body=None, give_up=None, attempts=None):
         """The answer's JSON (None when it has none): 2xx. XzeprError for any other answer, or none in time.
         INFO: a redirect is an error, not followed: the API does not move, and following one carried the API key
         to whatever host it named. A 2xx is never sent again, whatever its body (sent again, one run was posted
@@ -721,8 +723,8 @@ class XzeprClient:
             headers["Authorization"] = "Bearer " + self.api_key
         where = "XZepr %s %s" % (method, path.split("?")[0])
         give_up = give_up or time.monotonic() + self.budget  # one budget for a post, its receiver's look-up too
-        delay = self.backoff
-        for attempt in range(1, self.attempts + 1):
+        delay, attempts = self.backoff, attempts or self.attempts
+        for attempt in range(1, attempts + 1):
             try:
                 status, raw = self._send(method, path, data, headers, max(0.1, min(self.timeout,
                                                                                     give_up - time.monotonic())))
@@ -736,9 +738,9 @@ class XzeprClient:
                         return None  # taken; what came back is not JSON we can read
                 if status < 500 or status >= 600:
                     raise XzeprError("%s: HTTP %d%s" % (where, status, " (redirects are not followed)"
-                                                        if status in (301, 302, 303, 307, 308) else ""))
+                                                        if status in (301, 302, 303, 307, 308) else ""), True)
                 problem = "HTTP %d" % status
-            if attempt == self.attempts or time.monotonic() + delay >= give_up:
+            if attempt == attempts or time.monotonic() + delay >= give_up:
                 raise XzeprError("%s failed after %d attempts: %s" % (where, attempt, problem))
             self.retries += 1
             self.sleep(delay)
@@ -819,7 +821,8 @@ class XzeprClient:
         if not self._lock.acquire(timeout=max(0.0, give_up - time.monotonic())):  # another post looks it up
             raise XzeprError("XZepr receiver look-up still under way after the post's %g s" % self.budget)
         try:
-            if self._receiver is None:
+            delay = self.backoff
+            while self._receiver is None:
                 found = self.request("GET", "/api/v1/receivers?name=" + self.RECEIVER["name"], give_up=give_up)
                 items = found if isinstance(found, list) else []
                 if isinstance(found, dict):
@@ -829,7 +832,16 @@ class XzeprClient:
                         self._receiver = str(item["id"])
                         break
                 else:
-                    made = self.request("POST", "/api/v1/receivers", dict(self.RECEIVER), give_up=give_up)
+                    try:  # made once: unanswered, it may be made all the same, so it is looked up again first
+                        made = self.request("POST", "/api/v1/receivers", dict(self.RECEIVER), give_up=give_up,
+                                            attempts=1)  # (tried again as it was, a slow API had 4 receivers)
+                    except XzeprError as exc:
+                        if exc.answered or time.monotonic() + delay >= give_up:
+                            raise
+                        self.retries += 1
+                        self.sleep(delay)
+                        delay = min(self.max_backoff, delay * 2)
+                        continue
                     if isinstance(made, dict) and isinstance(made.get("data"), dict):
                         made = made["data"]
                     if not isinstance(made, dict) or not made.get("id"):

@@ -184,3 +184,24 @@ def test_a_receiver_id_too_long_to_carry_is_refused(serve):
     with pytest.raises(w.XzeprError, match="over 256"):
         client(api.url).post_event("p.started", event(), True, {"trigger_event_id": "e-1"})
     assert len(api.requests) == 1  # the look-up; nothing posted
+
+
+def test_a_receiver_made_without_an_answer_is_looked_up_again_not_made_twice(serve):
+    made = []
+
+    def api(conn, head):
+        if head.startswith(b"GET"):
+            body = json.dumps({"data": [{"name": "xzatoma", "id": "R1"}] if made else []}).encode()
+            return conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        if b"/api/v1/receivers" in head.split(b"\r\n")[0]:
+            made.append(1)  # made, and the answer never comes in time
+            time.sleep(3)
+            return
+        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}")
+    server = serve(api)
+    c = client(server.url, timeout=0.5, budget=10.0)
+    c.post_event("p.started", event(), True, {"trigger_event_id": "e-1"})
+    assert made == [1] and c.receiver_id() == "R1"  # a slow API had 4 receivers made for one look-up
+    assert [h.split(" ")[0] + " " + h.split(" ")[1] for h, _ in server.requests] == [
+        "GET /api/v1/receivers?name=xzatoma", "POST /api/v1/receivers", "GET /api/v1/receivers?name=xzatoma",
+        "POST /api/v1/events"]
