@@ -254,8 +254,10 @@ def message_id_hint(key, headers):
     """The id a message is answered under when it cannot be read: a binary CloudEvent's ce_id header (the last,
     in any case, as decode_message reads it) when it is text, else its key, else None. One rule for a message
     rejected as read and one set aside unread (they differed: the first exact-case ce_id against the last)."""
-    ids = [raw for name, raw in list(headers or ())[:MAX_BUILT_HEADERS]
-           if isinstance(name, str) and name.lower() == "ce_id"]
+    named = [(name.lower(), raw) for name, raw in list(headers or ())[:MAX_BUILT_HEADERS] if isinstance(name, str)]
+    ids = [raw for name, raw in named if name == "ce_id"]
+    if not any(name == "ce_specversion" for name, _ in named):
+        ids = []  # not a binary CloudEvent: a ce_id header names nothing (it took over another event's id)
     for raw in (ids[-1] if ids else None, key):
         try:
             if raw:
@@ -341,8 +343,9 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
 
 def _base64_data(ev, doc):
     """A structured CloudEvent's data_base64 (CloudEvents' JSON format: binary data) as the plan's document: JSON
-    when it reads as JSON (bounded as a message is), else its text (a YAML or Markdown plan). BadMessage when it is
-    not base64 of UTF-8 text, or its JSON is over the bounds (a plan there was "no plan")."""
+    when it reads as JSON (bounded as a message is), else its text (a YAML or Markdown plan); None when it is not
+    base64 of UTF-8 text or its JSON is over the bounds: no plan, which only an event the filters keep is told
+    (rejected at once, an image on a shared topic got a result though the filters skipped its type)."""
     import base64
     import binascii
     from xzatoma_plans import DocumentError, load_json
@@ -350,13 +353,13 @@ def _base64_data(ev, doc):
     try:
         text = base64.b64decode(raw if isinstance(raw, str) else "", validate=True).decode("utf-8")
     except (binascii.Error, ValueError):
-        raise BadMessage("data_base64 is not base64 of UTF-8 text", ev.id)
+        return None  # binary data (an image, protobuf): no plan, said only if it passes the filters
     if "json" in str(doc.get("datacontenttype") or "") or text.lstrip().startswith(("{", "[")):
         try:
             return load_json(text)
         except DocumentError as exc:
             if exc.over_limit:
-                raise BadMessage("data_base64: JSON %s" % exc, ev.id)
+                return None
     return text
 
 
@@ -901,6 +904,7 @@ class PartitionOffsets:
         self.advanced_at = time.monotonic()  #: when `committed` last moved on (or the partition was assigned)
         self.turn_at = 0.0  #: when its oldest work was last seen merely waiting its turn (see Watcher._their_turn)
         self.turned_at = 0.0  #: the lag report that last saw it so
+        self.seen = False  #: a lag report has seen it since it was assigned
         self.done = set()  #: offsets settled and not yet committed (lost with the partition: read again elsewhere)
 
     def received(self, offset):
@@ -957,11 +961,16 @@ class OffsetTracker:
             for tp, po in dropped:
                 if po is None or po.committed is None:
                     continue  # not positioned again yet (a broker away): what was remembered of it stands
-                # stalled: not given a turn at the last lag report (with none yet: work waits there)
-                if po.turned_at < self.reported_at if self.reported_at else po.pending or po.done:
-                    self.unmoved[tp] = (po.committed, max(po.advanced_at, po.turn_at))
-                else:
+                if po.seen:  # stalled: not given a turn at the last lag report
+                    stalled = po.turned_at < self.reported_at
+                elif po.pending or po.done:  # no report since it was assigned: stalled when work waits there
+                    stalled = True
+                else:  # nothing waits: as it was given back, if it was (idle, it starts afresh)
+                    stalled = self.unmoved.get(tp, (None,))[0] == po.committed
+                if not stalled:
                     self.unmoved.pop(tp, None)
+                elif po.seen or tp not in self.unmoved:
+                    self.unmoved[tp] = (po.committed, max(po.advanced_at, po.turn_at))
             return sum(len(po.done) for tp, po in dropped if po is not None)
 
     def resume_points(self, tps):
@@ -1018,6 +1027,8 @@ class OffsetTracker:
         """{tp: the last moment its oldest work merely waited its turn}: its stall counts from no earlier."""
         with self.lock:
             self.reported_at = now = time.monotonic()
+            for po in self.partitions.values():
+                po.seen = True
             for tp, at in since.items():
                 if tp in self.partitions:
                     po = self.partitions[tp]
@@ -1493,10 +1504,10 @@ class Watcher:
             # its last value for as long as the broker was, and an outage of hours never fired the alert)
             self.tracker.waiting_turn(self._their_turn(assigned))
             stalled, heads = self.tracker.stalled(), self.tracker.heads()
-            for tp in assigned:
+            for tp in assigned:  # 0 when nothing waits here (it kept its last value through an outage)
                 head, uncommitted = heads.get(tp, (None, False))
-                if head is not None or uncommitted:
-                    self._gauge(self.metrics.watch_commit_stalled, tp, stalled.get(tp, 0.0))
+                self._gauge(self.metrics.watch_commit_stalled, tp,
+                            stalled.get(tp, 0.0) if head is not None or uncommitted else 0.0)
             if assigned:
                 ends = _offsets_call(self.consumer.end_offsets, assigned)
                 committed = self.tracker.committed_offsets()
