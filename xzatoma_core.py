@@ -8280,18 +8280,14 @@ def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
 
 def xzepr_client(cfg, watch):
     """The XZepr API client, through the proxy network.proxies names for it and with its CA certificates."""
-    from urllib.parse import urlsplit
     url = cfg.get("xzepr.api_url")
     try:
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        scheme, host, port = watch.XzeprClient.endpoint(url)
     except ValueError as exc:
-        raise UsageError("xzepr.api_url is not a URL (%s)" % exc)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError("xzepr.api_url needs http:// or https:// and a host, like https://xzepr.example.com")
+        raise UsageError("xzepr.api_url %s" % exc)
     session = HttpSession(cfg.network)
-    return watch.XzeprClient(url, cfg.get("xzepr.api_key"), proxy=session.proxy_for(parts.scheme, parts.hostname, port),
-                             ssl_context=session._context() if parts.scheme == "https" else None)
+    return watch.XzeprClient(url, cfg.get("xzepr.api_key"), proxy=session.proxy_for(scheme, host, port),
+                             ssl_context=session._context() if scheme == "https" else None)
 
 
 def cmd_watch(args, console):

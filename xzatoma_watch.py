@@ -700,8 +700,18 @@ class XzeprClient:
     RECEIVER = {"name": "xzatoma", "type": "xzatoma.plan.result", "version": "1.0.0",
                 "description": "XZatoma plan runs triggered by events", "schema": {}}
 
+    @staticmethod
+    def endpoint(api_url):
+        """(scheme, host, port) of the API; ValueError when it is not an http(s) URL with a host."""
+        from urllib.parse import urlsplit
+        url = urlsplit(api_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError("needs http:// or https:// and a host, like https://xzepr.example.com")
+        return url.scheme, url.hostname, url.port or (443 if url.scheme == "https" else 80)
+
     def __init__(self, api_url, api_key=None, timeout=10.0, attempts=4, backoff=0.5, max_backoff=8.0, sleep=None,
                  max_body_bytes=65536, budget=30.0, proxy=None, ssl_context=None):
+        self.scheme, self.host, self.port = self.endpoint(api_url)
         self.api_url = api_url.rstrip("/")
         self.max_body_bytes = max_body_bytes  #: an event posted is at most this long (JSON, UTF-8)
         self.api_key = api_key
@@ -756,20 +766,18 @@ class XzeprClient:
         import socket
         from urllib.parse import urlsplit
         url = urlsplit(self.api_url + path)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise XzeprError("xzepr.api_url needs http:// or https:// and a host")
-        port = url.port or (443 if url.scheme == "https" else 80)
+        host, port = self.host, self.port
         target = (url.path or "/") + ("?" + url.query if url.query else "")
         headers = dict(headers)
         if self.proxy is None:
-            conn = (http.client.HTTPSConnection(url.hostname, port, timeout=seconds, context=self.ssl_context)
-                    if url.scheme == "https" else http.client.HTTPConnection(url.hostname, port, timeout=seconds))
-        elif url.scheme == "https":  # CONNECT through the proxy, then TLS with the API itself
+            conn = (http.client.HTTPSConnection(host, port, timeout=seconds, context=self.ssl_context)
+                    if self.scheme == "https" else http.client.HTTPConnection(host, port, timeout=seconds))
+        elif self.scheme == "https":  # CONNECT through the proxy, then TLS with the API itself
             conn = http.client.HTTPSConnection(self.proxy[0], self.proxy[1], timeout=seconds, context=self.ssl_context)
-            conn.set_tunnel(url.hostname, port, headers={"Proxy-Authorization": self.proxy[2]} if self.proxy[2] else None)
+            conn.set_tunnel(host, port, headers={"Proxy-Authorization": self.proxy[2]} if self.proxy[2] else None)
         else:  # a plain proxy is asked for the absolute URL
             conn = http.client.HTTPConnection(self.proxy[0], self.proxy[1], timeout=seconds)
-            target = "http://%s:%d%s" % (url.hostname, port, target)
+            target = "http://%s:%d%s" % (host, port, target)
             if self.proxy[2]:
                 headers["Proxy-Authorization"] = self.proxy[2]
         late, sockets = threading.Event(), []
@@ -904,7 +912,7 @@ class PartitionOffsets:
         self.advanced_at = time.monotonic()  #: when `committed` last moved on (or the partition was assigned)
         self.turn_at = 0.0  #: when its oldest work was last seen merely waiting its turn (see Watcher._their_turn)
         self.turned_at = 0.0  #: the lag report that last saw it so
-        self.seen = False  #: a lag report has seen it since it was assigned
+        self.assigned_at = time.monotonic()  #: when it was assigned (a lag report after it has seen it)
         self.done = set()  #: offsets settled and not yet committed (lost with the partition: read again elsewhere)
 
     def received(self, offset):
@@ -961,7 +969,8 @@ class OffsetTracker:
             for tp, po in dropped:
                 if po is None or po.committed is None:
                     continue  # not positioned again yet (a broker away): what was remembered of it stands
-                if po.seen:  # stalled: not given a turn at the last lag report
+                seen = self.reported_at > po.assigned_at
+                if seen:  # stalled: not given a turn at the last lag report
                     stalled = po.turned_at < self.reported_at
                 elif po.pending or po.done:  # no report since it was assigned: stalled when work waits there
                     stalled = True
@@ -969,7 +978,7 @@ class OffsetTracker:
                     stalled = self.unmoved.get(tp, (None,))[0] == po.committed
                 if not stalled:
                     self.unmoved.pop(tp, None)
-                elif po.seen or tp not in self.unmoved:
+                elif seen or tp not in self.unmoved:
                     self.unmoved[tp] = (po.committed, max(po.advanced_at, po.turn_at))
             return sum(len(po.done) for tp, po in dropped if po is not None)
 
@@ -1027,8 +1036,6 @@ class OffsetTracker:
         """{tp: the last moment its oldest work merely waited its turn}: its stall counts from no earlier."""
         with self.lock:
             self.reported_at = now = time.monotonic()
-            for po in self.partitions.values():
-                po.seen = True
             for tp, at in since.items():
                 if tp in self.partitions:
                     po = self.partitions[tp]
@@ -1106,12 +1113,11 @@ class WatchLog:
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
         if len(text) <= LOG_FIELD_CHARS:
             return value
-        from xzatoma_store import redact
-        return redact(text[:LOG_FIELD_CHARS + REDACT_MARGIN])[:LOG_FIELD_CHARS] + \
-            "…[%d characters more]" % (len(text) - LOG_FIELD_CHARS)
+        out, _ = clipped(text, LOG_FIELD_CHARS)
+        return out + "…[%d characters more]" % (len(text) - len(out))
 
 
-LOG_FIELD_CHARS = 2048  #: of one field of a decision line (it is escaped after: at most 10 characters each)
+LOG_FIELD_CHARS = 2048  #: of one field of a decision line, in bytes (escaped after: at most 10 characters each)
 
 
 class _NoMetrics:
