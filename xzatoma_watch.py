@@ -332,7 +332,10 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         raise BadMessage(exc.reason, id_hint)  # a binary CloudEvent's ce_id names it even when its body is bad
     if isinstance(doc, dict) and "specversion" in doc and fmt != "plan":
         kind = "xzepr" if fmt == "xzepr" or (fmt == "auto" and _is_xzepr(doc)) else "cloudevents"
-        _attributes(ev, doc, kind)
+        try:
+            _attributes(ev, doc, kind)
+        except BadMessage as exc:  # no string id (none, or a number): answered under the key, as a body that
+            raise BadMessage(exc.reason, exc.event_id or id_hint)  # cannot be read is (it went unanswered)
         ev.data = doc.get("data") if "data" in doc or "data_base64" not in doc else _base64_data(ev, doc)
         return _extract_plan(ev)
     if fmt in ("xzepr", "cloudevents"):
@@ -366,6 +369,9 @@ def _base64_data(ev, doc):
 def _attributes(ev, attrs, kind):
     ev.format = kind
     event_id = attrs.get("id")
+    if isinstance(event_id, int) and not isinstance(event_id, bool) and abs(event_id) < 10 ** 18:
+        # INFO: CloudEvents ids are strings; a producer that sends 123 means "123", and is told under it
+        raise BadMessage("the event id must be a string (CloudEvents), not the number %d" % event_id, str(event_id))
     ev.id = _cut_id(event_id) if isinstance(event_id, str) and event_id.strip() else None
     if ev.id is not None and ev.id != event_id:
         raise BadMessage("the event id is %d bytes, over the limit of %d" % (len(event_id.encode("utf-8")),
@@ -806,6 +812,14 @@ class XzeprClient:
         try:
             try:
                 conn.connect()
+            except Exception:  # INFO: a proxy's answer to CONNECT is read as a status line too (set_tunnel)
+                if statuses and 400 <= statuses[-1] < 500 and not late.is_set():
+                    return statuses[-1], b""  # the tunnel refused (407: the proxy's credentials): final, as a 4xx
+                if late.is_set():
+                    raise XzeprError("no answer within %g s" % seconds)
+                raise
+            del statuses[:]  # the tunnel's 200 is the proxy's, not the API taking the post (its TLS may yet fail)
+            try:
                 sockets.append(conn.sock)  # the response keeps it when the reply says Connection: close (and conn
                 conn.request(method, target, body=data, headers=headers)  # forgets it): shut down all the same
                 resp = conn.getresponse()

@@ -110,6 +110,19 @@ def test_malformed_messages(value, headers, reason, event_id):
     assert reason in exc.value.reason and exc.value.event_id == event_id
 
 
+def test_a_cloudevent_without_a_string_id_is_answered_under_its_number_or_its_key():
+    """CloudEvents ids are strings: an event with the number 123, or none, is rejected, but answered (found by an
+    attack round: both went unanswered, though a body that could not be read at all was answered under its key)."""
+    doc = {"specversion": "1.0", "source": "s", "type": "t", "data": {"plan": PLAN}}
+    for event_id, key, answered in ((123, None, "123"), (123, b"k", "123"), (None, b"k", "k"), (True, b"k", "k"),
+                                    ([1], b"k", "k"), (1.5, None, None), (10 ** 30, None, None)):
+        with pytest.raises(w.BadMessage) as bad:
+            w.decode_message("t", 0, 1, key, json.dumps(dict(doc, id=event_id)).encode())
+        assert bad.value.event_id == answered, (event_id, key)
+    with pytest.raises(w.BadMessage, match="must be a string"):
+        w.decode_message("t", 0, 1, None, json.dumps(dict(doc, id=7)).encode())
+
+
 def test_invalid_plans_are_reported_not_raised():
     ev = w.decode_message("t", 0, 1, None, xzepr_event(payload={"plan": {"goal": "G"}}))
     assert ev.plan is None and "missing required key 'instructions'" in ev.plan_error

@@ -201,3 +201,19 @@ def test_a_receiver_made_without_an_answer_is_looked_up_again_not_made_twice(ser
     assert [h.split(" ")[0] + " " + h.split(" ")[1] for h, _ in server.requests] == [
         "GET /api/v1/receivers?name=xzatoma", "POST /api/v1/receivers", "GET /api/v1/receivers?name=xzatoma",
         "POST /api/v1/events"]
+
+
+def test_a_proxy_s_answer_to_connect_is_not_taken_for_the_api_s(serve):
+    """Through an https proxy the CONNECT's answer is read as a status line too: a refused tunnel (407: the proxy
+    wants credentials) is final, not retried as no answer; and a tunnel made (200) is not the API taking the post
+    when the TLS handshake behind it fails (it was: the post counted as delivered, silently lost)."""
+    proxy = serve(answer(407))
+    with pytest.raises(w.XzeprError, match="HTTP 407") as refused:
+        client("https://xzepr.invalid", proxy=("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), None),
+               attempts=3).request("POST", "/api/v1/events", {"a": 1})
+    assert refused.value.answered and len(proxy.requests) == 1 and proxy.requests[0][0].startswith("CONNECT ")
+    proxy = serve(lambda conn, head: conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n"))  # then closes
+    with pytest.raises(w.XzeprError, match="failed after 2 attempts"):
+        client("https://xzepr.invalid", proxy=("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]), None),
+               attempts=2).request("POST", "/api/v1/events", {"a": 1})
+    assert len(proxy.requests) == 2
