@@ -151,6 +151,11 @@ def load_json(text, max_depth=MAX_DOCUMENT_DEPTH, max_values=MAX_DOCUMENT_VALUES
 _SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
 
 
+def has_surrogate_escape(text):
+    """Whether JSON text may name half a character (load_json mends each to '?')."""
+    return bool(_SURROGATE_ESCAPE.search(text))
+
+
 def _check_values(data, max_depth, max_values):
     """Depth and value count of parsed JSON, without recursion (a JSON document is a tree)."""
     count, stack = 0, [(data, 1)]

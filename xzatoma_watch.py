@@ -141,8 +141,8 @@ class VersionConstraint:
 FORMATS = ("auto", "xzepr", "cloudevents", "plan")
 CE_REQUIRED = ("specversion", "id", "source", "type")
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json; charset=UTF-8"
-CONTEXT_DIR_KEYS = ("directory", "dir", "working_dir", "working_directory", "workdir", "cwd", "repository", "repo",
-                    "path", "root", "folder")
+#: words of a context key (`working_dir`, `workingDir`: "working" and "dir") that make its texts directories
+CONTEXT_DIR_KEYS = ("directory", "dir", "workdir", "cwd", "repository", "repo", "path", "root", "folder", "workspace")
 
 
 class _Unhandled(Exception):
@@ -256,15 +256,25 @@ def message_id_hint(key, headers):
     rejected as read and one set aside unread (they differed: the first exact-case ce_id against the last)."""
     named = [(name.lower(), raw) for name, raw in list(headers or ())[:MAX_BUILT_HEADERS] if isinstance(name, str)]
     ids = [raw for name, raw in named if name == "ce_id"]
-    if not any(name == "ce_specversion" for name, _ in named):
+    types = [raw for name, raw in named if name == "content-type"]
+    if not _binary_mode(any(name == "ce_specversion" for name, _ in named), types[-1] if types else None):
         ids = []  # not a binary CloudEvent: a ce_id header names nothing (it took over another event's id)
     for raw in (ids[-1] if ids else None, key):
         try:
-            if raw:
+            if raw and _text(raw).strip():  # a blank ce_id names nothing either: the key does
                 return _cut_id(_text(raw))
         except (UnicodeDecodeError, AttributeError, TypeError):
             pass
     return None
+
+
+def _binary_mode(specversion_header, content_type):
+    """Whether a record is a binary-mode CloudEvent: a ce_specversion header, and no content-type of a structured
+    one. INFO: the Kafka binding (3.2) makes `application/cloudevents…` structured whatever else comes with it (a
+    valid structured event that also carried ce_* headers was read as binary: "no plan")."""
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode("latin-1")
+    return specversion_header and not (content_type or "").strip().lower().startswith("application/cloudevents")
 
 
 def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto", max_bytes=MAX_MESSAGE_BYTES):
@@ -298,6 +308,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
             hdrs[name] = _text(raw)
         except UnicodeDecodeError:
             raise BadMessage("header %r is not UTF-8" % (name[:64],), id_hint)
+    binary = fmt in ("auto", "cloudevents") and _binary_mode("ce_specversion" in hdrs, hdrs.get("content-type"))
     if value is None or not value.strip():
         raise BadMessage("empty message", id_hint)
     if len(value) > max_bytes:
@@ -306,24 +317,32 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     try:
         text = _text(value)
     except UnicodeDecodeError as exc:
-        raise BadMessage("not UTF-8 text (byte %d)" % exc.start, id_hint)
+        if not binary:
+            raise BadMessage("not UTF-8 text (byte %d)" % exc.start, id_hint)
+        text = None  # a binary CloudEvent's data (an image): no plan, told only to an event the filters keep
     ev = Event(topic=topic, partition=partition, offset=offset, key=key_text)
 
     if fmt == "plan":
         return _bare_plan(ev, text, position, long_key)
-    if "ce_specversion" in hdrs and fmt in ("auto", "cloudevents"):  # binary content mode
+    if binary:  # binary content mode
         from xzatoma_plans import DocumentError, load_json
         attrs = {k[3:]: v for k, v in hdrs.items() if k.startswith("ce_")}
         data = text
         content_type = hdrs.get("content-type", "")
-        if "json" in content_type or text.lstrip().startswith(("{", "[")):
+        if text is not None and ("json" in content_type or text.lstrip().startswith(("{", "["))):
             try:
                 data = load_json(text)
             except DocumentError as exc:
                 if exc.over_limit:
-                    raise BadMessage("data: JSON %s" % exc, _cut_id(attrs["id"]) if attrs.get("id") else None)
+                    raise BadMessage("data: JSON %s" % exc, _cut_id(attrs["id"]) if attrs.get("id") else id_hint)
                 data = text  # not JSON after all: the plan parser says what it is
-        _attributes(ev, attrs, "cloudevents")
+        try:
+            _attributes(ev, attrs, "cloudevents")
+        except BadMessage as exc:  # a blank ce_id: answered under the key, as an unreadable body is
+            raise BadMessage(exc.reason, exc.event_id or id_hint)
+        if text is None:
+            ev.plan_error = "no plan in the event (its data is not UTF-8 text)"
+            return ev
         ev.data = data
         return _extract_plan(ev)
     try:
@@ -332,6 +351,9 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         raise BadMessage(exc.reason, id_hint)  # a binary CloudEvent's ce_id names it even when its body is bad
     if isinstance(doc, dict) and "specversion" in doc and fmt != "plan":
         kind = "xzepr" if fmt == "xzepr" or (fmt == "auto" and _is_xzepr(doc)) else "cloudevents"
+        if _id_was_mended(doc, text):
+            raise BadMessage("the event id holds half a character (a lone surrogate escape, \\uD800 to \\uDFFF), "
+                             "which no text can", id_hint)
         try:
             _attributes(ev, doc, kind)
         except BadMessage as exc:  # no string id (none, or a number): answered under the key, as a body that
@@ -342,6 +364,22 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
                          _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else id_hint)
     return _bare_plan(ev, text, position, long_key)
+
+
+def _id_was_mended(doc, text):
+    """Whether the JSON id was half a character that load_json mended to '?' (it was then the id of another
+    event: "p-q\\ud800" took "p-q?", found by an attack round). Only then is the document read again, unmended."""
+    from xzatoma_plans import has_surrogate_escape
+    event_id = doc.get("id")
+    if not isinstance(event_id, str) or "?" not in event_id or not has_surrogate_escape(text):
+        return False
+    try:
+        json.loads(text)["id"].encode("utf-8")  # within the bounds load_json checked
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, LookupError, TypeError, AttributeError):  # YAML, whose escapes load_yaml refuses
+        pass
+    return False
 
 
 def _base64_data(ev, doc):
@@ -456,25 +494,62 @@ def _extract_plan(ev):
 
 
 def context_outside(plan, working_dir):
-    """Why the plan's context names a directory outside the jail, or None."""
+    """Why the plan's context names a directory outside the jail, or None. Every text in it, at any depth, under a
+    key that names a place (a word of it is one of CONTEXT_DIR_KEYS, in any case and spelling: `workingDir`,
+    `"directory "`, `directories`, a list of mappings; a file: URL is its path) is resolved: an attack round named
+    /etc in each of these ways. The run is jailed whatever this says: this tells the sender early."""
     ctx = plan.context if plan is not None else None
-    if not isinstance(ctx, dict):
+    if not isinstance(ctx, (dict, list)):
         return None
     root = os.path.realpath(working_dir)
-    for key, value in ctx.items():
-        if str(key).lower() not in CONTEXT_DIR_KEYS or not isinstance(value, str) or not value.strip():
+    checked = 0
+    for key, value in _context_texts(ctx):
+        words = re.findall(r"[a-z]+|[0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", key).lower())
+        if not any(w in CONTEXT_DIR_KEYS or w.rstrip("s") in CONTEXT_DIR_KEYS or w == "directories" for w in words):
             continue
-        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value) or re.match(r"^[\w.-]+@[\w.-]+:", value):
-            continue  # a repository URL, not a directory here
+        path = _context_path(value)
+        if path is None:
+            continue
         if len(value) > 4096:  # longer than any path (PATH_MAX): and realpath's walk of it took seconds per 100 KB
             return "context %s is %d characters, longer than a path can be" % (key, len(value))
         if "\x00" in value:  # no path holds one (realpath raised ValueError, and the event got no result)
             return "context %s holds a NUL character, which no path can" % key
-        path = os.path.realpath(os.path.join(root, os.path.expanduser(value.strip())))
-        if path != root and not path.startswith(root.rstrip(os.sep) + os.sep):
+        checked += 1
+        if checked > 1000:
+            return "the context names more than 1,000 directories"
+        resolved = os.path.realpath(os.path.join(root, os.path.expanduser(path)))
+        if resolved != root and not resolved.startswith(root.rstrip(os.sep) + os.sep):
             # the watcher's own path is not named: the reason goes back to whoever sent the event
             return "context %s %r is outside the working directory" % (key, value[:200])
     return None
+
+
+def _context_texts(ctx):
+    """(key, text) for every text in a plan's context, depth first (a list's items under its key); bounded as the
+    document that held it."""
+    stack = [("context", ctx)]
+    while stack:
+        key, value = stack.pop()
+        if isinstance(value, str):
+            yield key, value
+        elif isinstance(value, dict):
+            stack.extend((str(k)[:64], v) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((key, v) for v in reversed(value))
+
+
+def _context_path(value):
+    """The path a context text names: itself, stripped, or a file: URL's path; None for blank text and for a URL
+    of another kind or an scp-like repository address (git@host:repo), which name no directory here."""
+    text = value.strip()
+    if not text:
+        return None
+    if re.match(r"^file:", text, re.I):
+        from urllib.parse import unquote, urlsplit
+        return unquote(urlsplit(text).path) or "/"
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) or re.match(r"^[\w.-]+@[\w.-]+:", text):
+        return None
+    return text
 
 
 # ---- Filters: every one given must hold ----
@@ -626,6 +701,9 @@ def result_event(ev, outcome, source, answer_limit=65536, max_bytes=None):
              isinstance(s.get("status"), str)] if isinstance(steps, list) else []
     data["steps"] = [{"step": n, "text": clipped(s["text"], 256)[0], "status": s["status"][:16]}
                      for n, s in enumerate(_first(steps, 100, "steps", truncated), 1)]
+    planned = len(ev.plan.instructions) if ev.plan is not None and steps else 0
+    if planned > len(steps):  # the run's list holds 100 (core's MAX_STEPS): the rest went unnamed before
+        truncated.setdefault("steps", planned)
     doc = {"specversion": "1.0", "id": str(uuid.uuid4()), "source": source, "type": RESULT_TYPES[status],
            "subject": data["trigger_event_id"] if ev.id is None else ev.id, "time": now_rfc3339(),
            "datacontenttype": "application/json", "data": data}
@@ -1234,6 +1312,7 @@ class Job:
         self.claimed = False  #: this watcher holds its id's claim in the store
         self.held_elsewhere = False  #: its claim was last refused (another live process holds it, or the store failed)
         self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
+        self.answered = None  #: the store's record of its id when that is answered already (a duplicate)
         self.decoded = _decoded_bytes(event.plan) + _text_bytes(self.prompt)  #: about what its plan takes in
         #: memory, parsed and as a prompt (see BACKLOG_BYTES)
         self.started_at = None  #: when its run last started (time.monotonic())
@@ -1955,6 +2034,10 @@ class Watcher:
             if step == "duplicate":
                 self.counts["duplicate"] += 1
                 self.metrics.watch_event("duplicate")
+                if job.rejection is not None and job.answered is not None and not self._answered_from(job):
+                    # another bad message under an answered id: no result (the id has one), but not lost either
+                    self._dead_letter(job.message, "%s; its id is answered already, so it has no result"
+                                      % job.rejection)
                 return
             if step == "republish":  # finished before a crash, never published: publish that result again
                 result, status = job.stored, job.stored.get("data", {}).get("status", "completed")
@@ -2045,6 +2128,7 @@ class Watcher:
             return "held"
         job.claimed, job.held_elsewhere = claimed, not claimed
         if record is not None and (record.get("published_at") or not record.get("result")):
+            job.answered = record
             self.log("duplicate", status=record.get("status"), conversation_id=record.get("conversation_id"),
                      **ev.log_fields())
             return "duplicate"
@@ -2061,6 +2145,18 @@ class Watcher:
             job.attempts = attempts
             return "set_aside"
         return "run"
+
+    @staticmethod
+    def _answered_from(job):
+        """Whether the stored answer of the job's id was for this very message (read again after a restart: its
+        dead-letter copy was made then), not another one under the same id."""
+        try:
+            where = json.loads(job.answered.get("metadata") or "{}")
+            ev = job.event
+            return (where.get("topic"), where.get("partition"), where.get("offset")) == (ev.topic, ev.partition,
+                                                                                        ev.offset)
+        except (ValueError, AttributeError):
+            return True  # not known: no second copy
 
     def _set_aside_run(self, job):
         ev = job.event

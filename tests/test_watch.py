@@ -123,6 +123,44 @@ def test_a_cloudevent_without_a_string_id_is_answered_under_its_number_or_its_ke
         w.decode_message("t", 0, 1, None, json.dumps(dict(doc, id=7)).encode())
 
 
+def test_a_surrogate_id_a_binary_image_a_structured_event_with_ce_headers_and_a_blank_ce_id():
+    """Found by an attack round. A JSON id of half a character is no id (mended to '?' it took another event's id);
+    a binary CloudEvent whose data is not text is an event without a plan, which the filters decide about (it was
+    rejected as "not UTF-8"); `content-type: application/cloudevents+json` is structured whatever ce_* headers come
+    with it (the Kafka binding: it was read as binary, "no plan"); a blank ce_id is answered under the key."""
+    surrogate = b'{"specversion": "1.0", "id": "p-q\\ud800", "source": "s", "type": "t", "data": {}}'
+    with pytest.raises(w.BadMessage, match="half a character") as bad:
+        w.decode_message("t", 0, 1, b"k", surrogate)
+    assert bad.value.event_id == "k"
+    assert w.decode_message("t", 0, 1, None, cloudevent(id="p-q?")).id == "p-q?"  # the real one is a valid id
+    image = [("ce_specversion", b"1.0"), ("ce_id", b"img-1"), ("ce_type", b"com.example.image"),
+             ("ce_source", b"cam"), ("content-type", b"image/png")]
+    ev = w.decode_message("t", 0, 1, None, b"\x89PNG\r\n\x1a\n\xff\xfe", image)
+    assert (ev.id, ev.plan) == ("img-1", None) and "not UTF-8" in ev.plan_error
+    assert w.Filters(event_types="xz.plan").check(ev)  # skipped by the filters, not rejected
+    structured = [("ce_specversion", b"1.0"), ("ce_id", b"header-id"),
+                  ("Content-Type", b"application/cloudevents+json; charset=utf-8")]
+    ev = w.decode_message("t", 0, 1, None, cloudevent(id="body-id", data={"plan": PLAN}), structured)
+    assert (ev.id, ev.plan.goal) == ("body-id", PLAN["goal"])
+    with pytest.raises(w.BadMessage) as bad:
+        w.decode_message("t", 0, 1, b"k", b"{not json", structured)
+    assert bad.value.event_id == "k"  # the header names nothing on a structured event
+    blank = [("ce_specversion", b"1.0"), ("ce_id", b" "), ("ce_type", b"t"), ("ce_source", b"s")]
+    with pytest.raises(w.BadMessage, match="attribute 'id'") as bad:
+        w.decode_message("t", 0, 1, b"k", json.dumps({"plan": PLAN}).encode(), blank)
+    assert bad.value.event_id == "k"
+
+
+def test_a_plan_s_steps_cut_to_100_are_named_in_truncated():
+    plan = {"goal": "G", "instructions": ["step %d" % i for i in range(150)]}
+    ev = w.decode_message("t", 0, 1, b"k", json.dumps(plan).encode())
+    steps = [{"step": i + 1, "text": "step %d" % i, "status": "pending"} for i in range(100)]  # as the run holds them
+    data = w.result_event(ev, {"status": "completed", "answer": "a", "steps": steps}, "src")["data"]
+    assert len(data["steps"]) == 100 and data["truncated"] == {"steps": 150}
+    data = w.result_event(ev, {"status": "rejected", "error": "e"}, "src")["data"]  # no run, no steps: none cut
+    assert data["steps"] == [] and "truncated" not in data
+
+
 def test_invalid_plans_are_reported_not_raised():
     ev = w.decode_message("t", 0, 1, None, xzepr_event(payload={"plan": {"goal": "G"}}))
     assert ev.plan is None and "missing required key 'instructions'" in ev.plan_error
@@ -157,6 +195,14 @@ def test_results_are_recognised_and_context_must_stay_in_the_jail(tmp_path):
     (tmp_path / "escape").symlink_to("/etc")
     plan.context = {"dir": "escape"}
     assert w.context_outside(plan, str(tmp_path))
+    # however the key is spelled, at whatever depth, and a file: URL (an attack round named /etc in each way)
+    for outside in ({"repo": "file:///etc"}, {"workingDir": "/etc"}, {"directory ": "/etc"}, [{"directory": "/etc"}],
+                    {"directories": ["src", "/root"]}, {"deploy": {"rootPath": "~/.."}}, {"WORKSPACE": "/tmp"}):
+        plan.context = outside
+        assert "outside the working directory" in (w.context_outside(plan, str(tmp_path)) or ""), outside
+    for inside in ({"health": "/healthz", "cluster": "prod"}, {"repository": "org/repo"}, {"paths": ["src", "."]}):
+        plan.context = inside
+        assert w.context_outside(plan, str(tmp_path)) is None, inside
 
 
 # ---- filters ----
@@ -765,6 +811,8 @@ def test_watcher_runs_each_format_once_and_rejects_bad_input(kafka_broker, store
         # a dead-letter copy, back on an input topic: rejected, not copied again (two watchers, each's copies the
         # other's input, looped one message forever)
         (b"copy", b"{{{: [", [("xzatoma_reason", b"x"), ("xzatoma_origin", b"other:0:5")]),
+        # another bad message under an answered id: no second result, but a dead-letter copy (it had neither)
+        (None, xzepr_event(event_id="bad-plan", payload={"plan": {"goal": "Other"}}), []),
     ]
     kb.produce(kafka_broker.address, topic, unique + bad)
     total = len(unique) + len(bad)
@@ -778,7 +826,7 @@ def test_watcher_runs_each_format_once_and_rejects_bad_input(kafka_broker, store
     ran = sorted(j.event.id for j in run_plan.calls)
     assert len(ran) == runnable and len(set(ran)) == runnable  # every format ran, and exactly once
     assert "evt-0" in ran and ran.count("evt-0") == 1
-    assert [r["event_id"] for r in log.events("duplicate")] == ["evt-0"]
+    assert sorted(r["event_id"] for r in log.events("duplicate")) == ["bad-plan", "evt-0"]
     rejected = {r.get("event_id"): r["reason"] for r in log.events("rejected")}
     assert rejected[None].startswith("not UTF-8") and "neither JSON nor YAML" in rejected["bad-yaml"]
     assert "attribute 'source'" in rejected["no-source"] and "'instructions'" in rejected["bad-plan"]
@@ -807,9 +855,10 @@ def test_watcher_runs_each_format_once_and_rejects_bad_input(kafka_broker, store
     assert sample["trigger_event_id"] == "evt-0" and sample["usage"] == {"prompt_tokens": 10, "completion_tokens": 2}
 
     # dead letters: bad input copied with the reason
-    dead = kb.read_all(kafka_broker.address, topic + ".dlq", 4)
-    reasons = sorted(dict(d.headers)["xzatoma_reason"].decode()[:20] for d in dead)
-    assert len(dead) == 4 and any(r.startswith("not UTF-8") for r in reasons)
+    dead = kb.read_all(kafka_broker.address, topic + ".dlq", 5)
+    reasons = sorted(dict(d.headers)["xzatoma_reason"].decode() for d in dead)
+    assert len(dead) == 5 and any(r.startswith("not UTF-8") for r in reasons)
+    assert sum(r.endswith("its id is answered already, so it has no result") for r in reasons) == 1
 
     # committed past every message: a restart re-reads nothing; each run recorded in the store
     assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [total]
