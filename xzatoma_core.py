@@ -8324,7 +8324,7 @@ def cmd_watch(args, console):
     previous = {}
 
     def stop(signum, frame):
-        watcher.request_stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+        watcher.signal_stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")  # takes no lock
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.signal(sig, stop)
     startup_over()  # a watcher waits for days: the collector's own threshold from its first poll

@@ -1414,6 +1414,8 @@ class Store:
         self._backlog = 0  #: messages this Store put in the search backlog since it was last indexed
         self.has_fts = False
         self._connections = []
+        #: seconds a statement waits for another process's lock before "database is locked"
+        self.busy_timeout = 30.0
 
     # -- connections --
     def open(self):
@@ -1441,14 +1443,31 @@ class Store:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             import sqlite3
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
+                                   check_same_thread=False)
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA busy_timeout = %d" % int(self.busy_timeout * 1000))
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA secure_delete = ON")  # deleted or redacted text is zeroed, not left in free pages
             self._local.conn = conn
             self._connections.append(conn)
         return conn
+
+    def patience(self, seconds):
+        """`with store.patience(1):` this thread's statements wait at most `seconds` for another process's lock,
+        not the 30 s they wait otherwise: for a thread that must not stall behind one (the watcher's consumer
+        loop: a backup holding the lock for minutes froze its lag report, and a stop, for 60 s a batch)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def waiting():
+            conn = self.conn()
+            conn.execute("PRAGMA busy_timeout = %d" % int(seconds * 1000))
+            try:
+                yield
+            finally:
+                conn.execute("PRAGMA busy_timeout = %d" % int(self.busy_timeout * 1000))
+        return waiting()
 
     def close(self):
         """Close this thread's connection and forget the others: each closes when its thread lets go of it.

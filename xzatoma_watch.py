@@ -277,9 +277,14 @@ def _binary_mode(specversion_header, content_type):
     return specversion_header and not (content_type or "").strip().lower().startswith("application/cloudevents")
 
 
-def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto", max_bytes=MAX_MESSAGE_BYTES):
-    """An Event from one Kafka record, or BadMessage. The plan is parsed and validated here."""
+def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto", max_bytes=MAX_MESSAGE_BYTES,
+                   timestamp=None):
+    """An Event from one Kafka record, or BadMessage. The plan is parsed and validated here. `timestamp`: the
+    record's (milliseconds), part of a keyless bare plan's id."""
     position = "%s:%s:%s" % (topic, partition, offset)
+    # INFO: a keyless bare plan is named by where it is, and when: offsets start again at 0 on a topic made anew
+    # (or a broker that keeps them in memory, restarted), and a new plan there was a "duplicate" of an old one
+    place = position + ("@%d" % timestamp if isinstance(timestamp, int) and timestamp >= 0 else "")
     try:
         key_text = _text(key) or None
     except UnicodeDecodeError:
@@ -323,7 +328,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     ev = Event(topic=topic, partition=partition, offset=offset, key=key_text)
 
     if fmt == "plan":
-        return _bare_plan(ev, text, position, long_key)
+        return _bare_plan(ev, text, position, long_key, place)
     if binary:  # binary content mode
         from xzatoma_plans import DocumentError, load_json
         attrs = {k[3:]: v for k, v in hdrs.items() if k.startswith("ce_")}
@@ -363,7 +368,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     if fmt in ("xzepr", "cloudevents"):
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
                          _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else id_hint)
-    return _bare_plan(ev, text, position, long_key)
+    return _bare_plan(ev, text, position, long_key, place)
 
 
 def _id_was_mended(doc, text):
@@ -434,12 +439,12 @@ def _attributes(ev, attrs, kind):
     ev.success = None if success is None else bool(success)
 
 
-def _bare_plan(ev, text, position, long_key=0):
+def _bare_plan(ev, text, position, long_key=0, place=None):
     from xzatoma_plans import PlanError, parse_plan
     if long_key:
         raise BadMessage("the message key (a bare plan's event id) is %d bytes, over the limit of %d"
                          % (long_key, ID_MAX_BYTES), ev.key)
-    ev.format, ev.id, ev.plan_location = "plan", ev.key or position, "value"
+    ev.format, ev.id, ev.plan_location = "plan", ev.key or place or position, "value"
     try:
         ev.plan = parse_plan(text, source="message %s" % position)
     except PlanError as exc:
@@ -662,6 +667,8 @@ FIELD_MAX_BYTES = {"trigger_event_id": ID_CUT_BYTES, "trigger_type": ATTRIBUTE_M
 #: trigger. The status is never cut nor changed.
 SHRINKABLE = (("steps", "warnings", "trigger_type"), ("answer", "goal", "error", "usage"),
               ("conversation_id", "trigger_event_id"))
+#: seconds the consumer loop's own store calls wait for another process's lock (marks, a lag report's look-up)
+LOOP_STORE_PATIENCE = 1.0
 RECORD_OVERHEAD = 1024  #: bytes of a Kafka record beyond its value and key (batch header, headers, lengths)
 
 
@@ -1006,14 +1013,19 @@ class PartitionOffsets:
         self.turned_at = 0.0  #: the lag report that last saw it so
         self.assigned_at = time.monotonic()  #: when it was assigned (a lag report after it has seen it)
         self.done = set()  #: offsets settled and not yet committed (lost with the partition: read again elsewhere)
+        self.gone = False  #: given up (revoked or lost): what settles here now counts for nothing
 
     def received(self, offset):
         self.pending[offset] = time.monotonic()
         self.highest = offset if self.highest is None else max(self.highest, offset)
 
     def settled(self, offset):
+        """Whether this counts as an event settled: not when the partition is gone (a run that ended after its
+        partition was lost: --max-events stopped with nothing committed, found by attack round 12)."""
         if self.pending.pop(offset, None) is not None:
             self.done.add(offset)
+            return not self.gone
+        return False
 
     def resume_point(self):
         """Where reading must resume for nothing to be skipped: the lowest unfinished offset, else the next one."""
@@ -1059,6 +1071,8 @@ class OffsetTracker:
         with self.lock:
             dropped = [(tp, self.partitions.pop(tp, None)) for tp in tps]
             for tp, po in dropped:
+                if po is not None:
+                    po.gone = True
                 if po is None or po.committed is None:
                     continue  # not positioned again yet (a broker away): what was remembered of it stands
                 seen = self.reported_at > po.assigned_at
@@ -1313,6 +1327,7 @@ class Job:
         self.held_elsewhere = False  #: its claim was last refused (another live process holds it, or the store failed)
         self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
         self.answered = None  #: the store's record of its id when that is answered already (a duplicate)
+        self.lease_lost = False  #: its run was stopped because its claim could not be renewed (_claims_lapsing)
         self.decoded = _decoded_bytes(event.plan) + _text_bytes(self.prompt)  #: about what its plan takes in
         #: memory, parsed and as a prompt (see BACKLOG_BYTES)
         self.started_at = None  #: when its run last started (time.monotonic())
@@ -1343,6 +1358,7 @@ class Watcher:
         self.slot_freed_at = time.monotonic()  #: when a run last gave its slot back (see _their_turn)
         self.stopping = threading.Event()  #: take no more events
         self.hard_stop = threading.Event()  #: the grace period is over: give up retries
+        self.stop_deadline = None  #: time.monotonic() when the shutdown's grace period ends, once it has begun
         self.received = self.settled = 0
         self.counts = collections.Counter()
         self.consumer = self.producer = self.executor = None
@@ -1364,8 +1380,24 @@ class Watcher:
         #: ids whose result is out and not yet marked so in the store (a chore): a copy is a duplicate, not
         #: published again from the store's unmarked record
         self.unmarked = set()
+        import queue
+        self.stop_requests = queue.SimpleQueue()  #: signals' stop requests, for the stopper thread (signal_stop)
 
     # -- control --
+    def signal_stop(self, reason):
+        """request_stop, from a signal handler. INFO: a handler runs on the main thread between two of its steps,
+        so it must take no lock that thread may hold: request_stop logs, and SIGTERM while the main thread wrote a
+        log line hung the watcher for good, a second signal too (found by an attack round). SimpleQueue.put is
+        reentrant, made for this; a thread of the watcher's own does the rest."""
+        self.stop_requests.put(reason)
+
+    def _stopper(self):
+        while True:
+            reason = self.stop_requests.get()
+            if reason is None:
+                return
+            self.request_stop(reason)
+
     def request_stop(self, reason="signal"):
         if self.stopping.is_set():
             self.log("stop_now", level="warn", reason=reason + " again: not waiting for running plans")
@@ -1373,6 +1405,7 @@ class Watcher:
             for job in list(self.in_flight.values()):
                 job.cancel.set()
         else:
+            self.stop_deadline = time.monotonic() + self.s.shutdown_grace  # the grace period counts from here
             self.log("stopping", reason=reason, running=len(self.in_flight),
                      grace_seconds=self.s.shutdown_grace)
         self.stopping.set()
@@ -1381,6 +1414,13 @@ class Watcher:
 
     def run(self):
         """Watch until stopped (signal, --max-events, --idle-exit); returns the exit code."""
+        threading.Thread(target=self._stopper, name="xzatoma-stop", daemon=True).start()
+        try:
+            return self._run()
+        finally:
+            self.stop_requests.put(None)
+
+    def _run(self):
         self.kafka = require_kafka("watch")
         guard_client(self.kafka)
         from concurrent.futures import ThreadPoolExecutor
@@ -1403,13 +1443,32 @@ class Watcher:
 
     def _keep_claims(self):
         """The claims' heartbeat: while this watcher lives, every event id it claimed stays claimed, and what
-        could not be written to the store when it should have been is tried again."""
+        could not be written to the store when it should have been is tried again. Claims it cannot renew for half
+        their lease are given up: their runs are stopped, to be tried again, before another watcher may take
+        them over (one in another pid namespace judges the lease by the clock alone: a store locked past the
+        lease had two watchers run one id at once, found by attack round 12)."""
+        renewed = time.monotonic()
         while not self.finished.wait(max(0.2, self.s.claim_lease / 4)):
             self._do_chores()
             try:
-                self.store.renew_claims(self.owner, self.s.claim_lease)
+                with self.store.patience(min(5.0, self.s.claim_lease / 8)):  # the beat must not miss the lease
+                    self.store.renew_claims(self.owner, self.s.claim_lease)
+                renewed = time.monotonic()
             except Exception as exc:  # a locked or failing database: the next beat tries again
                 self.log("claims_not_renewed", level="warn", error=_one_line(exc))
+                if time.monotonic() - renewed > self.s.claim_lease / 2:
+                    self._claims_lapsing(time.monotonic() - renewed)
+
+    def _claims_lapsing(self, unrenewed):
+        with self.cond:
+            jobs = [job for job in self.in_flight.values() if job.claimed and not job.cancel.is_set()]
+            for job in jobs:
+                job.lease_lost = True
+                job.cancel.set()
+        if jobs:
+            self.log("claims_lapsing", level="error", running=len(jobs), unrenewed_seconds=round(unrenewed, 1),
+                     reason="the store has not renewed this watcher's claims for half their lease (watcher."
+                     "claim_lease): their runs are stopped and tried again, never run beside another watcher's")
 
     def _do_chores(self):
         with self.chores_lock:
@@ -1522,10 +1581,9 @@ class Watcher:
                         unread = unread_stand_in(messages[cut].headers)  # a range: from its first offset
                         self.consumer.seek(tp, unread[0] if unread else messages[cut].offset)
                         messages = messages[:cut]
-                if messages:
+                if messages and not self.stopping.is_set():  # stopping: the rest waits for a restart
                     got = True
-                    self.received += len(messages)
-                    self._handle_batch(tp, messages)
+                    self.received += self._handle_batch(tp, messages)
             self._start_runs()
             if not got:
                 self._past_markers()
@@ -1667,7 +1725,8 @@ class Watcher:
             refused = {job.event.id for job in queued.values() if job.held_elsewhere}
         if refused and self.store is not None:  # refused once, perhaps held no longer (its holder died meanwhile):
             try:                                # asked again, not assumed (a stale refusal read as a stall)
-                refused = self.store.claimed_elsewhere(refused, self.owner)
+                with self.store.patience(LOOP_STORE_PATIENCE):
+                    refused = self.store.claimed_elsewhere(refused, self.owner)
             except Exception:  # the store failing: the refusal stands
                 pass
         now = time.monotonic()
@@ -1695,7 +1754,11 @@ class Watcher:
         consumer = "%s/%s/%d" % (self.s.group_id, tp.topic, tp.partition)
         single = messages[0].offset == messages[-1].offset
         left, counted = self._mark(consumer, messages[0].offset, messages[-1].offset) if marks else (None, 1)
+        handled = 0
         for i, msg in enumerate(messages):
+            if self.stopping.is_set():  # the rest is read again after a restart (never received: not committed)
+                break
+            handled += 1
             if left is not None and left[0] <= msg.offset <= left[1]:
                 # a batch of one was begun, and counted, by the mark above (marked again, one crash counted twice)
                 attempts = counted if single else self._mark(consumer, msg.offset, msg.offset)[1]
@@ -1710,13 +1773,16 @@ class Watcher:
             self._handle(tp, msg)
         if marks:
             try:
-                self.store.end_attempt(consumer, self.owner)
+                with self.store.patience(LOOP_STORE_PATIENCE):
+                    self.store.end_attempt(consumer, self.owner)
             except Exception as exc:
                 self.log("store_failed", level="warn", error=_one_line(exc))
+        return handled
 
     def _mark(self, consumer, first, last):
         try:
-            return self.store.begin_attempt(consumer, first, last, self.owner)
+            with self.store.patience(LOOP_STORE_PATIENCE):
+                return self.store.begin_attempt(consumer, first, last, self.owner)
         except Exception as exc:  # an unusable store costs the crash-loop guard, never a message
             self.log("store_failed", level="warn", error=_one_line(exc))
             return None, 1
@@ -1778,7 +1844,7 @@ class Watcher:
         where = dict(topic=msg.topic, partition=msg.partition, offset=msg.offset)
         try:
             ev = decode_message(msg.topic, msg.partition, msg.offset, msg.key, msg.value, msg.headers,
-                                self.s.format, self.s.max_message_bytes)
+                                self.s.format, self.s.max_message_bytes, getattr(msg, "timestamp", None))
         except BadMessage as exc:
             self.log("rejected", level="warn", event_id=exc.event_id, reason=exc.reason, **where)
             self._reject(tp, po, msg, exc.event_id, exc.reason, None)
@@ -1828,8 +1894,8 @@ class Watcher:
 
     def _settle(self, po, offset):
         with self.cond:
-            po.settled(offset)
-            self.settled += 1
+            if po.settled(offset):
+                self.settled += 1
             self.cond.notify_all()
 
     def _reject(self, tp, po, msg, event_id, reason, ev, counted=False, now=False):
@@ -2050,6 +2116,7 @@ class Watcher:
                 result, status = self._execute(job)
                 if result is None:
                     settle = False  # interrupted by us: not committed, redelivered and run to completion later
+                    again = job.lease_lost and not self.stopping.is_set()  # or its claim lapsed: tried again here
                     return
             if not self._deliver(job, result, status):
                 # nothing could be published (the output topic refuses everything, or the grace period ended):
@@ -2080,10 +2147,13 @@ class Watcher:
                 job.claimed = False
             with self.cond:
                 self.in_flight.pop((job.tp, ev.offset), None)
-                self.slot_freed_at = time.monotonic()
+                if not job.held_elsewhere:  # a claim refused, or the store failing, is no run's turn ending: it
+                    self.slot_freed_at = time.monotonic()  # restarted every other partition's stall (round 12)
                 self.running_ids.discard(ev.id)
                 if again:
                     settle = False
+                    if job.lease_lost:  # stopped as its claim lapsed: a run afresh, when it is claimed again
+                        job.lease_lost, job.cancel = False, threading.Event()
                     if job.tp not in self.revoking and job.tp in self.tracker.partitions:
                         tries = job.delays or job.store_failures
                         job.not_before = time.monotonic() + (self._backoff(tries) if tries else 0.5)
@@ -2092,8 +2162,8 @@ class Watcher:
                                 other.not_before = max(other.not_before, job.not_before)
                         self.backlog.append(job)
                 if settle:
-                    job.po.settled(ev.offset)
-                    self.settled += 1
+                    if job.po.settled(ev.offset):
+                        self.settled += 1
                 self.metrics.watch_in_flight(len(self.in_flight))
                 self.cond.notify_all()
             self._start_runs()  # the next waiting event starts now, not when the loop's poll returns
@@ -2322,6 +2392,15 @@ class Watcher:
                 # that producer again: a broker that restarted empty left one that never delivered another
                 expired = future is not None and not self.hard_stop.is_set() and \
                     (pending or isinstance(exc, self.kafka.errors.KafkaTimeoutError))
+                if future is not None and self.producer is not producer and not _refused_for_good(self.kafka, exc):
+                    # its producer was renewed for another record's sake, and closed by force under it: the broker
+                    # may have it (sent again at once, one event got two results, attack round 12). As a late
+                    # ack, it is waited out before it goes again
+                    left = sent_at + 4 * self.s.publish_timeout - time.monotonic()
+                    if left > 0 and not self.hard_stop.is_set():
+                        self.log("publish_waiting", level="warn", what=what, topic=topic, error=_one_line(exc),
+                                 reason="its producer was renewed under it")
+                        self.hard_stop.wait(left)
                 future = None
                 attempt += 1
                 permanent = _refused_for_good(self.kafka, exc)
@@ -2371,9 +2450,28 @@ class Watcher:
 
     # -- rebalances (called by the consumer's IO thread) --
     def _revoke(self, revoked):
-        """Finish (within the grace period) runs of partitions being given up; their offsets to commit."""
+        """_revoking, waited for on this thread (kafka-python 2 calls it inside poll(): its heartbeat thread goes
+        on meanwhile). The offsets to commit."""
+        steps = self._revoking(revoked)
+        while True:
+            try:
+                wait = next(steps)
+            except StopIteration as done:
+                return done.value
+            with self.cond:
+                self.cond.wait(wait)
+
+    def _revoking(self, revoked):
+        """Give up partitions: drop their events not started, let their runs finish within the grace period (or
+        what is left of the shutdown's), then interrupt the rest. A generator: it yields how long to wait before it
+        looks again, and returns the offsets to commit.
+        INFO: kafka-python 3 calls the listener on its IO loop, which sends the heartbeats too: waiting there as
+        one call stopped them, the member was evicted mid-run and its event ran twice (attack round 12). Its async
+        listener awaits each wait instead (_listener)."""
         revoked = set(revoked)
         deadline = time.monotonic() + self.s.shutdown_grace
+        if self.stop_deadline is not None:  # a rebalance while stopping starts no grace period of its own
+            deadline = min(deadline, self.stop_deadline)
         self.rebalancing = True  # never idle while the group is still deciding (the clock restarts at assignment)
         with self.cond:
             # events fetched but not started are dropped (their offsets stay unsettled, so the commit stops before
@@ -2381,16 +2479,18 @@ class Watcher:
             self.revoking |= revoked
             self.backlog = collections.deque(j for j in self.backlog if j.tp not in revoked)
 
-            def mine():
+        def mine():
+            with self.cond:
                 return [j for (tp, _), j in self.in_flight.items() if tp in revoked]
-            while mine() and time.monotonic() < deadline and not self.hard_stop.is_set():
-                self.cond.wait(min(0.5, max(0.01, deadline - time.monotonic())))
-            stragglers = mine()
-            for job in stragglers:
-                job.cancel.set()
-            end = time.monotonic() + 10
-            while mine() and time.monotonic() < end:
-                self.cond.wait(0.2)
+        while mine() and time.monotonic() < deadline and not self.hard_stop.is_set():
+            yield min(0.2, max(0.01, deadline - time.monotonic()))
+        stragglers = mine()
+        for job in stragglers:
+            job.cancel.set()
+        end = time.monotonic() + 10
+        while mine() and time.monotonic() < end:
+            yield 0.2
+        with self.cond:
             points = {} if self.s.dry_run else self.tracker.commit_points(revoked)
         if revoked:
             self.log("revoked", partitions=_tps(revoked), interrupted=len(stragglers) or None)
@@ -2403,7 +2503,8 @@ class Watcher:
             self.tracker.committed(points)
             for tp, offset in sorted(points.items(), key=lambda kv: kv[0].partition):
                 self.log("committed", topic=tp.topic, partition=tp.partition, offset=offset)
-        self.tracker.forget(revoked)
+        with self.cond:  # settled, never committed (the commit failed): they count for nothing, as when lost
+            self.settled -= self.tracker.forget(revoked)
         self._clear_gauges(revoked)
 
     def _assigned(self, assigned):
@@ -2444,7 +2545,9 @@ class Watcher:
             self._flow_control()  # pause everything: no new events
         except Exception:
             pass
-        deadline = time.monotonic() + self.s.shutdown_grace
+        if self.stop_deadline is None:  # stopped by itself (--max-events, --idle-exit), not by a signal
+            self.stop_deadline = time.monotonic() + self.s.shutdown_grace
+        deadline = self.stop_deadline
         while self.in_flight and time.monotonic() < deadline and not self.hard_stop.is_set():
             self._commit(timeout=max(0.1, deadline - time.monotonic()))
             try:
@@ -2790,7 +2893,18 @@ def _listener(kafka, watcher):
     if async_base is not None:  # kafka-python 3: the listener runs on the consumer's IO loop; commit by awaiting
         class AsyncListener(async_base):
             async def on_partitions_revoked(self, revoked):
-                points = watcher._revoke(revoked)
+                sleep = getattr(getattr(watcher.consumer, "_net", None), "sleep", None)  # the IO loop's own
+                if sleep is None:
+                    points = watcher._revoke(revoked)
+                else:
+                    steps, points = watcher._revoking(revoked), None
+                    while True:
+                        try:
+                            wait = next(steps)
+                        except StopIteration as done:
+                            points = done.value
+                            break
+                        await sleep(wait)  # heartbeats go on while runs finish
                 error = None
                 if points:
                     try:

@@ -4,6 +4,7 @@ broker with an injected run-one-plan function (the CLI end to end is in test_wat
 import io
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -81,6 +82,19 @@ def test_formats_and_plan_locations(name, key, value, headers, fmt, event_id, wh
     assert ev.plan.to_prompt().startswith("You are assisting with the following task:")
 
 
+def test_a_keyless_bare_plan_is_named_by_its_place_and_time():
+    """Offsets start again at 0 on a topic made anew (or a broker keeping them in memory, restarted): named by its
+    place alone, a new plan there was a "duplicate" of an old one and never ran (found by an attack round). A
+    record read again keeps its timestamp, so it is still the same event."""
+    plan = json.dumps(STEPS_PLAN).encode()
+    first = w.decode_message("t", 0, 9, None, plan, timestamp=1795740118983)
+    assert first.id == "t:0:9@1795740118983"
+    assert w.decode_message("t", 0, 9, None, plan, timestamp=1795740118983).id == first.id  # read again
+    assert w.decode_message("t", 0, 9, None, plan, timestamp=1795740200000).id != first.id  # the topic anew
+    assert w.decode_message("t", 0, 9, b"job-7", plan, timestamp=1795740118983).id == "job-7"  # a key names it
+    assert w.decode_message("t", 0, 9, None, plan, timestamp=-1).id == "t:0:9"  # a record without a time
+
+
 def test_xzepr_attributes_and_forced_formats():
     ev = w.decode_message("t", 0, 1, None, xzepr_event(payload={"plan": PLAN}, success=False))
     assert (ev.platform_id, ev.package, ev.api_version, ev.success, ev.version) == \
@@ -149,6 +163,94 @@ def test_a_surrogate_id_a_binary_image_a_structured_event_with_ce_headers_and_a_
     with pytest.raises(w.BadMessage, match="attribute 'id'") as bad:
         w.decode_message("t", 0, 1, b"k", json.dumps({"plan": PLAN}).encode(), blank)
     assert bad.value.event_id == "k"
+
+
+def test_a_stop_signal_takes_no_lock_the_thread_it_interrupts_may_hold():
+    """A signal handler runs on the main thread between two of its steps: SIGTERM while that thread wrote a log
+    line (its lock held, the pipe full) hung the watcher for good, since the handler logged too (attack round 12)."""
+    watcher = w.Watcher(w.Settings(topic="t"), w.Filters(), None, log=w.WatchLog(io.StringIO()))
+
+    def interrupted():  # holding what the main thread may hold when the signal comes, the handler's call
+        with watcher.log.lock, watcher.cond, watcher.producer_lock:
+            watcher.signal_stop("SIGTERM")
+    thread = threading.Thread(target=interrupted, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive() and not watcher.stopping.is_set()  # asked, not done: the stopper does it
+    stopper = threading.Thread(target=watcher._stopper, daemon=True)
+    stopper.start()
+    assert watcher.stopping.wait(5)
+    watcher.signal_stop("SIGTERM")  # the second: stop now
+    assert watcher.hard_stop.wait(5)
+    watcher.stop_requests.put(None)
+    stopper.join(5)
+    assert not stopper.is_alive()
+
+
+class _Future:
+    def __init__(self):
+        self.is_done, self.error, self.done = False, None, threading.Event()
+
+    def fail(self, exc):
+        self.error, self.is_done = exc, True
+        self.done.set()
+
+    def get(self, timeout=None):
+        if not self.done.wait(timeout):
+            import kafka
+            raise kafka.errors.KafkaTimeoutError("no ack in time")
+        if self.error is not None:
+            raise self.error
+        return "ok"
+
+
+class _Producer:
+    def __init__(self, sends):
+        self.sends = sends
+
+    def send(self, topic, key=None, value=None, headers=None):
+        future = _Future()
+        self.sends.append((time.monotonic(), self, future))
+        if len(self.sends) > 1:  # the second send is acked at once
+            future.is_done = True
+            future.done.set()
+        return future
+
+
+def test_a_result_whose_producer_is_renewed_under_it_is_waited_out_not_sent_again_at_once():
+    """Another worker's failures renew the shared producer and close the old one by force, which fails every
+    record in it, in flight or not: the broker may have this one (sent again at once, one event got two results:
+    attack round 12). It is waited out as a late ack is, four publish timeouts from its send."""
+    import kafka
+    watcher = w.Watcher(w.Settings(topic="t", publish_timeout=0.25), w.Filters(), None,
+                        log=w.WatchLog(io.StringIO()))
+    watcher.kafka = kafka
+    sends = []
+    old = watcher.producer = _Producer(sends)
+
+    def renew_under_it():
+        while not sends:
+            time.sleep(0.01)
+        watcher.producer = _Producer(sends)  # as _renew_producer does for another worker's record
+        sends[0][2].fail(kafka.errors.IllegalStateError("Producer is closed forcefully."))
+    threading.Thread(target=renew_under_it, daemon=True).start()
+    assert watcher._publish("t.results", b"k", b"{}", [], "result") is None
+    assert len(sends) == 2 and sends[0][1] is old and sends[1][1] is not old
+    assert sends[1][0] - sends[0][0] >= 4 * 0.25 - 0.01  # waited out, not sent again at once
+
+
+def test_an_event_settled_after_its_partition_is_gone_counts_for_nothing():
+    """A run that ends after its partition was lost settled on the forgotten partition, and counted: with
+    --max-events the watcher stopped having committed nothing (attack round 12)."""
+    tracker = w.OffsetTracker()
+    tp = ("t", 0)
+    tracker.assign([tp])
+    po = tracker.get(tp)
+    po.received(0)
+    po.received(1)
+    assert po.settled(0) is True
+    tracker.forget([tp])
+    assert po.settled(1) is False and po.settled(7) is False
 
 
 def test_a_plan_s_steps_cut_to_100_are_named_in_truncated():
@@ -847,6 +949,7 @@ def test_watcher_runs_each_format_once_and_rejects_bad_input(kafka_broker, store
     assert all(len(v) == 1 for v in by_subject.values()), by_subject
     completed = {s for s, v in by_subject.items() if v[0]["type"] == "xzatoma.plan.completed"}
     assert completed == set(ran)
+    assert len([s for s in completed if re.match(r"^%s:0:\d+@\d{13}$" % topic, s)]) == 1  # the keyless bare plan
     assert {s for s, v in by_subject.items() if v[0]["type"] == "xzatoma.plan.rejected"} == \
         {"bad-yaml", "no-source", "bad-plan", "copy"}
     assert [r["origin"] for r in log.events("dead_letter_skipped")] == ["other:0:5"]
@@ -1743,6 +1846,184 @@ def test_a_copy_waits_on_its_id_s_run_and_a_refusal_is_asked_again(kafka_broker,
         producer.close()
         watcher.request_stop("test")
         watcher.thread.join(30)
+
+
+def test_a_rebalance_waits_for_a_run_longer_than_the_session_timeout_and_it_runs_once(kafka_broker, tmp_path):
+    """kafka-python 3 calls the rebalance listener on its IO loop, which sends the heartbeats too: waiting there
+    for a run as one call stopped them, the member was evicted mid-run, and the next one ran its event again (two
+    results; attack round 12). Watchers with stores of their own (two machines): only the group keeps them apart."""
+    import kafka_broker as kb
+    from xzatoma_store import Store
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(b"long-1", b"goal: Take a while\ninstructions: [wait]\n")])
+    started, group = threading.Event(), "g-" + uuid.uuid4().hex[:8]
+    opts = dict(FAST_GROUP, max_poll_interval_ms=30000)  # the session: 6 s; the run: 9 s
+    slow = fake_runner(delay=9)
+
+    def run_slowly(job):
+        started.set()
+        return slow(job)
+    stores = [Store(str(tmp_path / name)).open() for name in ("a.db", "b.db")]
+    first = start_watcher(kafka_broker, topic, run_slowly, stores[0], group_id=group, consumer_options=opts,
+                          shutdown_grace=20)
+    assert started.wait(60)
+    other = fake_runner()
+    second = start_watcher(kafka_broker, topic, other, stores[1], group_id=group, consumer_options=opts)
+    try:
+        deadline = time.monotonic() + 60
+        while kb.committed(kafka_broker.address, group, topic) != [1] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert kb.committed(kafka_broker.address, group, topic) == [1]
+        assert [j.event.id for j in slow.calls] == ["long-1"] and other.calls == []
+        assert not first.log_lines.events("commit_failed") and not first.log_lines.events("lost")
+    finally:
+        for watcher in (first, second):
+            watcher.request_stop("test")
+        for watcher in (first, second):
+            watcher.thread.join(60)
+        for s in stores:
+            s.close()
+    results = kb.read_all(kafka_broker.address, topic + ".results", 1)
+    assert [r.key for r in results] == [b"long-1"]
+
+
+def test_a_rebalance_while_stopping_starts_no_grace_period_of_its_own(kafka_broker):
+    """SIGTERM, then a member joins late in the grace period: the revoke had a fresh grace period of its own, and
+    the run went on past the stop's (attack round 12). The join is placed 4 s into a 6 s grace on purpose: the
+    fault is when it comes."""
+    import kafka_broker as kb
+    from kafka import KafkaConsumer
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(b"long-2", b"goal: Take a while\ninstructions: [wait]\n")])
+    started, cancelled_at = threading.Event(), []
+
+    def run_plan(job):
+        started.set()
+        if job.cancel.wait(60):
+            cancelled_at.append(time.monotonic())
+        return {"status": "interrupted"}
+    group = "g-" + uuid.uuid4().hex[:8]
+    watcher = start_watcher(kafka_broker, topic, run_plan, group_id=group, shutdown_grace=6,
+                            consumer_options=dict(FAST_GROUP, max_poll_interval_ms=30000))
+    assert started.wait(60)
+    stopped_at = time.monotonic()
+    watcher.request_stop("SIGTERM")
+    time.sleep(4)
+    other = KafkaConsumer(bootstrap_servers=kafka_broker.address, group_id=group, enable_auto_commit=False,
+                          **FAST_GROUP)
+    other.subscribe([topic])
+    done = threading.Event()
+
+    def member():
+        while not done.is_set():
+            other.poll(timeout_ms=200)
+    polling = threading.Thread(target=member, daemon=True)
+    polling.start()
+    try:
+        watcher.thread.join(60)
+        assert not watcher.thread.is_alive() and cancelled_at
+        assert cancelled_at[0] - stopped_at < 6 + 1.5  # the stop's grace period, not one begun at the join
+    finally:
+        done.set()
+        polling.join(5)
+        other.close(autocommit=False)
+
+
+def _locked_store_watcher(kafka_broker, tmp_path, partitions, busy_timeout=30.0, **settings):
+    """A watcher whose store another process holds locked (BEGIN EXCLUSIVE, as a backup does): (watcher, gauges,
+    the locking connection, topic)."""
+    import sqlite3
+    from xzatoma_store import Store
+    path = str(tmp_path / "conversations.db")
+    store = Store(path).open()
+    store.busy_timeout = busy_timeout
+    topic = new_topic(kafka_broker, partitions=partitions)
+    s = w.Settings(brokers=kafka_broker.address, topic=topic, group_id="g-" + uuid.uuid4().hex[:8],
+                   consumer_options=FAST_GROUP, lag_interval=0.3, **settings)
+    log = Lines()
+    watcher = w.Watcher(s, w.Filters(), fake_runner(), store=store, log=w.WatchLog(log, "json"), metrics=Gauges())
+    watcher.log_lines = log
+    watcher.thread = threading.Thread(target=watcher.run, daemon=True)
+    watcher.thread.start()
+    assert wait_for(lambda: any(e.get("partitions") for e in log.events("assigned")), 60)
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    return watcher, locker, topic
+
+
+def test_a_store_locked_by_another_process_holds_neither_the_lag_report_nor_a_stop(kafka_broker, tmp_path):
+    """The consumer loop's own store calls (marks, a lag report's look-up) waited out the 30 s busy timeout each:
+    with a backup holding the lock, every gauge read 0 for minutes, and SIGTERM took three (attack round 12)."""
+    import kafka_broker as kb
+    watcher, locker, topic = _locked_store_watcher(kafka_broker, tmp_path, 1, shutdown_grace=2)
+    try:
+        kb.produce(kafka_broker.address, topic, [(b"locked-1", b"goal: G\ninstructions: [a]\n")])
+        assert wait_for(lambda: watcher.metrics.stalled.get(0, 0) >= 3 and watcher.metrics.lag.get(0) == 1, 20), \
+            (watcher.metrics.stalled, watcher.metrics.lag)
+        asked = time.monotonic()
+        watcher.request_stop("SIGTERM")
+        watcher.thread.join(30)
+        assert not watcher.thread.is_alive() and time.monotonic() - asked < 2 + 12  # the grace, the run's stop
+        assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) != [1]  # read again after a restart
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+
+
+def test_a_store_locked_by_another_process_stalls_every_partition_it_holds(kafka_broker, tmp_path):
+    """A claim the locked store refused gave its run slot back, and that restarted the other partitions' stall as
+    if they merely waited their turn: commit_stalled saw-toothed under 60 s for a lock of hours (attack round 12)."""
+    import kafka_broker as kb
+    watcher, locker, topic = _locked_store_watcher(kafka_broker, tmp_path, 2, busy_timeout=0.5)
+    try:
+        kb.produce(kafka_broker.address, topic, [(b"p0", b"goal: G\ninstructions: [a]\n", [], 0),
+                                                 (b"p1", b"goal: G\ninstructions: [a]\n", [], 1)])
+        assert wait_for(lambda: len(watcher.log_lines.events("store_failed")) >= 4, 30)
+        assert wait_for(lambda: min(watcher.metrics.stalled.get(p, 0) for p in (0, 1)) >= 4, 20), \
+            watcher.metrics.stalled
+        locker.execute("ROLLBACK")
+        assert wait_for(lambda: len(watcher.log_lines.events("finished")) == 2, 30)  # the store back: both run
+    finally:
+        locker.close()
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+    assert sorted(r.key for r in kb.read_all(kafka_broker.address, topic + ".results", 2)) == [b"p0", b"p1"]
+
+
+def test_a_run_whose_claim_cannot_be_renewed_stops_before_its_lease_ends_and_runs_again(kafka_broker, tmp_path):
+    """A store locked past the claim lease: the holder could not renew, and a watcher in another pid namespace
+    (which judges the lease by the clock alone) took the claim over while the holder's run went on: one id ran
+    twice at once (attack round 12). Claims unrenewed for half their lease now stop their runs, tried again."""
+    import sqlite3
+    import kafka_broker as kb
+    from xzatoma_store import Store
+    path = str(tmp_path / "conversations.db")
+    store = Store(path).open()
+    topic = new_topic(kafka_broker)
+    calls = []
+
+    def run_plan(job):  # the first run waits to be stopped; the second ends at once
+        calls.append(job.event.id)
+        if len(calls) == 1:
+            job.cancel.wait(60)
+            return {"status": "interrupted", "error": "interrupted"}
+        return {"status": "completed", "answer": "done", "conversation_id": "c"}
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, claim_lease=2)
+    kb.produce(kafka_broker.address, topic, [(b"lapse-1", b"goal: G\ninstructions: [a]\n")])
+    locker = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert wait_for(lambda: calls, 60)
+        locker.execute("BEGIN EXCLUSIVE")  # a backup, say
+        assert wait_for(lambda: watcher.log_lines.events("claims_lapsing"), 20)
+        locker.execute("ROLLBACK")
+        assert wait_for(lambda: watcher.log_lines.events("finished"), 30)
+        assert calls == ["lapse-1", "lapse-1"] and len(watcher.log_lines.events("interrupted")) == 1
+    finally:
+        locker.close()
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+        store.close()
+    assert [r.key for r in kb.read_all(kafka_broker.address, topic + ".results", 1)] == [b"lapse-1"]
 
 
 def test_two_watchers_sharing_a_store_never_run_one_id_at_once(kafka_broker, store):
