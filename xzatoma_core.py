@@ -8291,7 +8291,19 @@ def xzepr_client(cfg, watch):
 
 
 def cmd_watch(args, console):
+    import signal
     watch = _watch_module("watch", args.verbose)
+
+    def starting(signum, frame):  # SIGTERM before the watcher exists (its checks, its sandbox: seconds in a big
+        raise SystemExit(0)       # tree): leave as a stop does, exit 0, what was set up undone (the sandbox's TMPDIR)
+    early = signal.signal(signal.SIGTERM, starting)
+    try:
+        return _watch(args, console, watch)
+    finally:
+        signal.signal(signal.SIGTERM, early)
+
+
+def _watch(args, console, watch):
     extra = {}
     if args.max_turns is not None:
         extra["agent.max_turns"] = args.max_turns
