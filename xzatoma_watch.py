@@ -1967,7 +1967,13 @@ class Watcher:
                     return self._claim_lost(ev)
             if self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS, "result",
                              give_up_after=3) is None and claimed:
-                self._store_call(self.store.event_published, ev, ev.id, self.owner)
+                try:
+                    self.store.event_published(ev.id, self.owner)  # the claim ends with it
+                except Exception as exc:  # out, and not marked: held until a chore marks it (released, the next
+                    self.log("store_failed", level="warn", error=_one_line(exc), retry=True, **ev.log_fields())
+                    self.unmarked.add(ev.id)  # claimant republished the stored result: found by attack round 12)
+                    self.chores.append((ev.id, self.store.event_published))
+                claimed = False
         finally:
             if claimed:
                 try:

@@ -253,6 +253,28 @@ def test_an_event_settled_after_its_partition_is_gone_counts_for_nothing():
     assert po.settled(1) is False and po.settled(7) is False
 
 
+def test_a_set_aside_answer_out_but_not_marked_keeps_its_claim_until_a_chore_marks_it(store):
+    """Published, then the store refused the "published" mark: the claim was released all the same, and the next
+    watcher sharing the store republished the stored result, two results (attack round 12, argued)."""
+    watcher = w.Watcher(w.Settings(topic="t"), w.Filters(), None, store=store, log=w.WatchLog(io.StringIO()))
+    watcher._publish = lambda *args, **kw: None  # the result goes out
+    marks = []
+
+    def refused(event_id, owner):  # the first time: the lock passes before the chore's try
+        marks.append(event_id)
+        if len(marks) == 1:
+            raise OSError("database is locked")
+        return store.event_published(event_id, owner)
+    watcher.store = type("Refusing", (), {"__getattr__": lambda self, name: getattr(store, name),
+                                          "event_published": staticmethod(refused)})()
+    ev = w.Event(id="aside-1", topic="t", partition=0, offset=3)
+    watcher._answer_claimed(ev, "set aside")
+    assert marks == ["aside-1"] and "aside-1" in watcher.unmarked and watcher.chores
+    assert store.claimed_elsewhere({"aside-1"}, "another-owner") == {"aside-1"}  # still held: nobody republishes
+    watcher._do_chores()
+    assert "aside-1" not in watcher.unmarked and store.event_record("aside-1")["published_at"]
+
+
 def test_a_plan_s_steps_cut_to_100_are_named_in_truncated():
     plan = {"goal": "G", "instructions": ["step %d" % i for i in range(150)]}
     ev = w.decode_message("t", 0, 1, b"k", json.dumps(plan).encode())
