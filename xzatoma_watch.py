@@ -141,8 +141,12 @@ class VersionConstraint:
 FORMATS = ("auto", "xzepr", "cloudevents", "plan")
 CE_REQUIRED = ("specversion", "id", "source", "type")
 STRUCTURED_CONTENT_TYPE = "application/cloudevents+json; charset=UTF-8"
-#: words of a context key (`working_dir`, `workingDir`: "working" and "dir") that make its texts directories
-CONTEXT_DIR_KEYS = ("directory", "dir", "workdir", "cwd", "repository", "repo", "path", "root", "folder", "workspace")
+#: words of a context key (`working_dir`, `workingDir`: "working" and "dir") that make its texts directories, at any
+#: depth; a word ending in "dir" (basedir, srcdir) too. `path` and `root` only as the whole key at the top, as
+#: ever: anywhere, they named URL paths (`api_path: /v1/health`, an OpenAPI `paths` list), refused as directories
+CONTEXT_DIR_KEYS = ("directory", "directories", "dir", "dirs", "dirpath", "dirname", "workdir", "cwd", "repository",
+                    "repositories", "repo", "repos", "folder", "folders", "workspace")
+CONTEXT_TOP_KEYS = ("path", "root", "workingdirectory", "workingdir", "rootdir")
 
 
 class _Unhandled(Exception):
@@ -367,8 +371,19 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         return _extract_plan(ev)
     if fmt in ("xzepr", "cloudevents"):
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
-                         _cut_id(doc["id"]) if isinstance(doc, dict) and isinstance(doc.get("id"), str) else id_hint)
+                         _body_id(doc, text, id_hint))
     return _bare_plan(ev, text, position, long_key, place)
+
+
+def _body_id(doc, text, fallback):
+    """The id a document that is no event names for its answer, as an event's is read: its text (cut), or the
+    number it holds; else `fallback` (half a character mended to '?' is no id: review found this path missed)."""
+    event_id = doc.get("id") if isinstance(doc, dict) else None
+    if isinstance(event_id, int) and not isinstance(event_id, bool) and abs(event_id) < 10 ** 18:
+        return str(event_id)
+    if isinstance(event_id, str) and event_id.strip() and not _id_was_mended(doc, text):
+        return _cut_id(event_id)
+    return fallback
 
 
 def _id_was_mended(doc, text):
@@ -508,16 +523,18 @@ def context_outside(plan, working_dir):
         return None
     root = os.path.realpath(working_dir)
     checked = 0
-    for key, value in _context_texts(ctx):
+    for key, value, top in _context_texts(ctx):
         words = re.findall(r"[a-z]+|[0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", key).lower())
-        if not any(w in CONTEXT_DIR_KEYS or w.rstrip("s") in CONTEXT_DIR_KEYS or w == "directories" for w in words):
+        whole = "".join(words)
+        if not (any(w in CONTEXT_DIR_KEYS or (w.endswith(("dir", "dirs")) and w not in ("redir", "redirs"))
+                    for w in words) or (top and whole in CONTEXT_TOP_KEYS)):
             continue
         path = _context_path(value)
         if path is None:
             continue
         if len(value) > 4096:  # longer than any path (PATH_MAX): and realpath's walk of it took seconds per 100 KB
             return "context %s is %d characters, longer than a path can be" % (key, len(value))
-        if "\x00" in value:  # no path holds one (realpath raised ValueError, and the event got no result)
+        if "\x00" in value or "\x00" in path:  # no path holds one (realpath raised ValueError: no result)
             return "context %s holds a NUL character, which no path can" % key
         checked += 1
         if checked > 1000:
@@ -530,17 +547,17 @@ def context_outside(plan, working_dir):
 
 
 def _context_texts(ctx):
-    """(key, text) for every text in a plan's context, depth first (a list's items under its key); bounded as the
-    document that held it."""
-    stack = [("context", ctx)]
+    """(key, text, whether at the top) for every text in a plan's context, depth first (a list's items under its
+    key); bounded as the document that held it."""
+    stack = [("context", ctx, True)]
     while stack:
-        key, value = stack.pop()
+        key, value, top = stack.pop()
         if isinstance(value, str):
-            yield key, value
+            yield key, value, top
         elif isinstance(value, dict):
-            stack.extend((str(k)[:64], v) for k, v in reversed(list(value.items())))
+            stack.extend((str(k)[:64], v, value is ctx) for k, v in reversed(list(value.items())))
         elif isinstance(value, list):
-            stack.extend((key, v) for v in reversed(value))
+            stack.extend((key, v, top and value is ctx) for v in reversed(value))
 
 
 def _context_path(value):
@@ -1379,7 +1396,7 @@ class Watcher:
         self.chores_lock = threading.Lock()  #: the heartbeat and the stop may do them at once: one at a time
         #: ids whose result is out and not yet marked so in the store (a chore): a copy is a duplicate, not
         #: published again from the store's unmarked record
-        self.unmarked = set()
+        self.unmarked = {}  #: event id -> (topic, partition, offset) of the message its result answered
         import queue
         self.stop_requests = queue.SimpleQueue()  #: signals' stop requests, for the stopper thread (signal_stop)
 
@@ -1448,16 +1465,19 @@ class Watcher:
         them over (one in another pid namespace judges the lease by the clock alone: a store locked past the
         lease had two watchers run one id at once, found by attack round 12)."""
         renewed = time.monotonic()
+        patience = min(5.0, self.s.claim_lease / 8)  # the beat must not miss the lease
         while not self.finished.wait(max(0.2, self.s.claim_lease / 4)):
-            self._do_chores()
             try:
-                with self.store.patience(min(5.0, self.s.claim_lease / 8)):  # the beat must not miss the lease
+                with self.store.patience(patience):
                     self.store.renew_claims(self.owner, self.s.claim_lease)
                 renewed = time.monotonic()
             except Exception as exc:  # a locked or failing database: the next beat tries again
                 self.log("claims_not_renewed", level="warn", error=_one_line(exc))
                 if time.monotonic() - renewed > self.s.claim_lease / 2:
                     self._claims_lapsing(time.monotonic() - renewed)
+            # after the renewal, and as patient: a chore waiting out the busy timeout first (a chore is due just
+            # when the store was locked) held the lapse back past the lease itself (found in review)
+            self._do_chores(patience)
 
     def _claims_lapsing(self, unrenewed):
         with self.cond:
@@ -1470,7 +1490,7 @@ class Watcher:
                      reason="the store has not renewed this watcher's claims for half their lease (watcher."
                      "claim_lease): their runs are stopped and tried again, never run beside another watcher's")
 
-    def _do_chores(self):
+    def _do_chores(self, patience=None):
         with self.chores_lock:
             while self.chores:
                 event_id, write = self.chores[0]
@@ -1484,7 +1504,11 @@ class Watcher:
                     held = event_id not in self.running_ids
                     self.running_ids.add(event_id)
                 try:
-                    write(event_id, self.owner)
+                    if patience is None:
+                        write(event_id, self.owner)
+                    else:
+                        with self.store.patience(patience):
+                            write(event_id, self.owner)
                 except Exception as exc:
                     self.log("store_failed", level="warn", error=_one_line(exc), event_id=event_id, retry=True)
                     return
@@ -1495,7 +1519,7 @@ class Watcher:
                             self.cond.notify_all()
                 self.chores.popleft()
                 if published:
-                    self.unmarked.discard(event_id)
+                    self.unmarked.pop(event_id, None)
 
     # -- connecting, with capped exponential backoff --
     def _backoff(self, attempt):
@@ -1581,7 +1605,7 @@ class Watcher:
                         unread = unread_stand_in(messages[cut].headers)  # a range: from its first offset
                         self.consumer.seek(tp, unread[0] if unread else messages[cut].offset)
                         messages = messages[:cut]
-                if messages and not self.stopping.is_set():  # stopping: the rest waits for a restart
+                if messages:  # got, even when a stop leaves them unread: never taken for markers (_past_markers)
                     got = True
                     self.received += self._handle_batch(tp, messages)
             self._start_runs()
@@ -1628,8 +1652,9 @@ class Watcher:
         """A transaction's commit or abort marker takes an offset the client never gives out, as do the records of
         an aborted transaction: with one last on a partition, its commit stopped short of the end, for good (the
         lag read 1 and the commit looked stalled). When everything received is settled and the client reads from
-        further on, that is committed."""
-        if self.s.dry_run:
+        further on, that is committed. INFO: not once a stop is asked for: what a poll fetched is then left unread,
+        the client's position past it, and it was committed as markers, never answered (found in review)."""
+        if self.s.dry_run or self.stopping.is_set():
             return
         for tp, read_to in self.tracker.read_to().items():
             if tp in self.needs_position:
@@ -1970,8 +1995,9 @@ class Watcher:
                 try:
                     self.store.event_published(ev.id, self.owner)  # the claim ends with it
                 except Exception as exc:  # out, and not marked: held until a chore marks it (released, the next
+                    # claimant republished the stored result: found by attack round 12)
                     self.log("store_failed", level="warn", error=_one_line(exc), retry=True, **ev.log_fields())
-                    self.unmarked.add(ev.id)  # claimant republished the stored result: found by attack round 12)
+                    self.unmarked[ev.id] = (ev.topic, ev.partition, ev.offset)
                     self.chores.append((ev.id, self.store.event_published))
                 claimed = False
         finally:
@@ -2190,6 +2216,8 @@ class Watcher:
             return "run" if job.stored is None else "republish"
         if ev.id in self.unmarked:  # its result is out; the store is told so by a chore (found by an attack round:
             self.log("duplicate", status="published", **ev.log_fields())  # a copy published it once more)
+            where = dict(zip(("topic", "partition", "offset"), self.unmarked.get(ev.id) or ()))
+            job.answered = {"metadata": json.dumps(where)}  # which message it answered (_answered_from)
             return "duplicate"
         try:
             claimed, attempts, record = self.store.claim_event(ev.id, self.owner, self.s.claim_lease)
@@ -2287,7 +2315,7 @@ class Watcher:
             except Exception as exc:  # the result is out: tried again (released before, the stored result
                 # would be published once more by whoever claimed it next)
                 self.log("store_failed", level="warn", error=_one_line(exc), retry=True, **ev.log_fields())
-                self.unmarked.add(ev.id)
+                self.unmarked[ev.id] = (ev.topic, ev.partition, ev.offset)
                 self.chores.append((ev.id, self.store.event_published))
             job.claimed = False
         return True
@@ -2510,7 +2538,9 @@ class Watcher:
             for tp, offset in sorted(points.items(), key=lambda kv: kv[0].partition):
                 self.log("committed", topic=tp.topic, partition=tp.partition, offset=offset)
         with self.cond:  # settled, never committed (the commit failed): they count for nothing, as when lost
-            self.settled -= self.tracker.forget(revoked)
+            uncommitted = self.tracker.forget(revoked)
+            if not self.s.dry_run:  # a dry run commits nothing: what it printed counts
+                self.settled -= uncommitted
         self._clear_gauges(revoked)
 
     def _assigned(self, assigned):
@@ -2540,7 +2570,8 @@ class Watcher:
             # settled, never committed: whoever owns the partitions now reads them again, and --max-events counts
             # what is settled and committed (it stopped with nothing committed after a lost partition)
             uncommitted = self.tracker.forget(lost)
-            self.settled -= uncommitted
+            if not self.s.dry_run:  # a dry run commits nothing: what it printed counts
+                self.settled -= uncommitted
         self._clear_gauges(lost)
         self.log("lost", level="warn", partitions=_tps(lost), uncommitted=uncommitted or None)
 

@@ -147,6 +147,13 @@ def test_a_surrogate_id_a_binary_image_a_structured_event_with_ce_headers_and_a_
         w.decode_message("t", 0, 1, b"k", surrogate)
     assert bad.value.event_id == "k"
     assert w.decode_message("t", 0, 1, None, cloudevent(id="p-q?")).id == "p-q?"  # the real one is a valid id
+    for fmt in ("cloudevents", "xzepr"):  # forced formats, a document that is no event: the same rule (review)
+        with pytest.raises(w.BadMessage) as bad:
+            w.decode_message("t", 0, 1, b"k", b'{"id": "p-q\\ud800", "goal": "G"}', fmt=fmt)
+        assert bad.value.event_id == "k"
+        with pytest.raises(w.BadMessage) as bad:
+            w.decode_message("t", 0, 1, b"k", b'{"id": 77, "goal": "G"}', fmt=fmt)
+        assert bad.value.event_id == "77"
     image = [("ce_specversion", b"1.0"), ("ce_id", b"img-1"), ("ce_type", b"com.example.image"),
              ("ce_source", b"cam"), ("content-type", b"image/png")]
     ev = w.decode_message("t", 0, 1, None, b"\x89PNG\r\n\x1a\n\xff\xfe", image)
@@ -275,6 +282,53 @@ def test_a_set_aside_answer_out_but_not_marked_keeps_its_claim_until_a_chore_mar
     assert "aside-1" not in watcher.unmarked and store.event_record("aside-1")["published_at"]
 
 
+def test_a_stop_asked_for_while_a_poll_fetches_commits_nothing_it_fetched():
+    """The stopper thread asks for a stop at any moment, a poll in progress included: what that poll fetched is
+    left unread, the client's position past it, and it was then committed as transaction markers, never answered
+    (found in review)."""
+    import collections
+    import kafka
+    tp = kafka.TopicPartition("t", 0)
+    Record = collections.namedtuple("Record", "topic partition offset key value headers timestamp")
+
+    class Consumer:
+        def __init__(self, watcher):
+            self.watcher, self.pos, self.commits, self.polls = watcher, 5, [], 0
+
+        def assignment(self):
+            return {tp}
+
+        def paused(self):
+            return set()
+
+        def pause(self, *tps):
+            pass
+
+        def resume(self, *tps):
+            pass
+
+        def position(self, tp, timeout_ms=None):
+            return self.pos
+
+        def commit(self, offsets, timeout_ms=None):
+            self.commits.append({p: o.offset for p, o in offsets.items()})
+
+        def poll(self, timeout_ms=None):
+            self.polls += 1
+            if self.polls == 1:
+                return {}
+            self.watcher.request_stop("SIGTERM")  # while the client fetches
+            self.pos = 8
+            return {tp: [Record("t", 0, o, b"k%d" % o, b"goal: G\ninstructions: [a]\n", [], 1000) for o in (5, 6, 7)]}
+    watcher = w.Watcher(w.Settings(topic="t", poll_ms=10), w.Filters(), None, log=w.WatchLog(io.StringIO()))
+    watcher.kafka, watcher.consumer = kafka, Consumer(watcher)
+    watcher.tracker.assign([tp])
+    watcher.tracker.committed({tp: 5})
+    watcher._loop()
+    watcher._commit()
+    assert watcher.received == 0 and all(c[tp] <= 5 for c in watcher.consumer.commits)
+
+
 def test_a_plan_s_steps_cut_to_100_are_named_in_truncated():
     plan = {"goal": "G", "instructions": ["step %d" % i for i in range(150)]}
     ev = w.decode_message("t", 0, 1, b"k", json.dumps(plan).encode())
@@ -321,10 +375,16 @@ def test_results_are_recognised_and_context_must_stay_in_the_jail(tmp_path):
     assert w.context_outside(plan, str(tmp_path))
     # however the key is spelled, at whatever depth, and a file: URL (an attack round named /etc in each way)
     for outside in ({"repo": "file:///etc"}, {"workingDir": "/etc"}, {"directory ": "/etc"}, [{"directory": "/etc"}],
-                    {"directories": ["src", "/root"]}, {"deploy": {"rootPath": "~/.."}}, {"WORKSPACE": "/tmp"}):
+                    {"directories": ["src", "/root"]}, {"deploy": {"rootDir": "~/.."}}, {"WORKSPACE": "/tmp"},
+                    {"basedir": "/etc"}, {"srcdir": "/etc"}):
         plan.context = outside
         assert "outside the working directory" in (w.context_outside(plan, str(tmp_path)) or ""), outside
-    for inside in ({"health": "/healthz", "cluster": "prod"}, {"repository": "org/repo"}, {"paths": ["src", "."]}):
+    plan.context = {"dir": "file:///tmp/%00x"}  # a NUL once decoded: refused, not raised (review)
+    assert "NUL" in w.context_outside(plan, str(tmp_path))
+    # URL paths are not directories: these ran before the check read every depth, and run still (review)
+    for inside in ({"health": "/healthz", "cluster": "prod"}, {"repository": "org/repo"}, {"paths": ["/pets"]},
+                   {"endpoints": [{"method": "GET", "path": "/users"}]}, {"api_path": "/v1/health"},
+                   {"service": {"root": "/"}}, {"redirect": "/login"}):
         plan.context = inside
         assert w.context_outside(plan, str(tmp_path)) is None, inside
 
@@ -2035,8 +2095,9 @@ def test_a_run_whose_claim_cannot_be_renewed_stops_before_its_lease_ends_and_run
     locker = sqlite3.connect(path, isolation_level=None)
     try:
         assert wait_for(lambda: calls, 60)
-        locker.execute("BEGIN EXCLUSIVE")  # a backup, say
-        assert wait_for(lambda: watcher.log_lines.events("claims_lapsing"), 20)
+        watcher.chores.append(("another-id", store.release_claim))  # a store write due: waited out first, it held
+        locker.execute("BEGIN EXCLUSIVE")  # a backup, say                 # the lapse back past the lease itself
+        assert wait_for(lambda: watcher.log_lines.events("claims_lapsing"), 10)
         locker.execute("ROLLBACK")
         assert wait_for(lambda: watcher.log_lines.events("finished"), 30)
         assert calls == ["lapse-1", "lapse-1"] and len(watcher.log_lines.events("interrupted")) == 1
@@ -2273,9 +2334,13 @@ def test_a_failed_store_write_retried_later_lets_no_copy_run_or_publish_again(st
     assert store.claim_event("X", watcher.owner, 60)[0]
     store.record_event("X", "c", "completed", result=json.dumps({"subject": "X"}), owner=watcher.owner)
     # the result went out, and marking it so failed: a chore
-    watcher.unmarked.add("X")
+    watcher.unmarked["X"] = ("t", 0, 1)
     watcher.chores.append(("X", store.event_published))
-    assert watcher._claim(w.Job(ev, None)) == "duplicate"  # not "republish"
+    copy = w.Job(ev, None)
+    assert watcher._claim(copy) == "duplicate"  # not "republish"
+    assert watcher._answered_from(copy)  # the same message: its dead-letter copy, if bad, was made then
+    other = w.Job(w.decode_message("t", 0, 9, None, cloudevent("X", data={"plan": PLAN})), None)
+    assert watcher._claim(other) == "duplicate" and not watcher._answered_from(other)  # another: copied (review)
     with watcher.cond:
         watcher.running_ids.add("X")  # even with a copy of it running, the mark is written
     watcher._do_chores()
