@@ -1570,6 +1570,7 @@ class HttpSession:
         self.user_agent = user_agent
         self._idle = {}  # (scheme, host, port, proxy) -> an idle connection, checked before it is used again
         self._active = None  # the connection of the request in flight (or of the last one)
+        self._active_sock = None  # its socket, which a reply ending with the connection takes from it
         self._cut = False  # cut() was called since the request in flight began
         self._tls = None
         self._unresolved = {}  # host -> (HttpFailure, when): a name that did not resolve, for UNRESOLVED_SECONDS
@@ -1613,7 +1614,10 @@ class HttpSession:
         self._cut = False
         for attempt in (1, 2):
             conn, reused = self._connection(key, timeout[0])
-            self._active = conn
+            # INFO: the socket itself, not the connection's: a reply that ends by closing the connection takes the
+            # socket from it (http.client leaves conn.sock None), and a cut found nothing to shut down: a stopping
+            # watcher waited for the model's whole answer (found by attack round 13)
+            self._active, self._active_sock = conn, conn.sock
             try:
                 conn.sock.settimeout(timeout[1])
                 conn.request(method, path, body=body, headers=sent)
@@ -1638,7 +1642,7 @@ class HttpSession:
         """The socket of the request in flight, for another thread to shut down (Provider.interrupt): that request
         is not sent again on a new connection, as one the server closed would be."""
         self._cut = True
-        return getattr(self._active, "sock", None)
+        return self._active_sock
 
     def _connection(self, key, connect_timeout):
         """(connection, reused): the idle one for `key` when the server has not closed it, else a new one."""
@@ -8275,6 +8279,7 @@ def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = xzatoma_store.redact(outcome.get(key))
         return outcome
+    run_plan.close = confinement.close  # the sandbox's helper and TMPDIR, when the process cannot wait for exit
     return run_plan
 
 
@@ -8291,19 +8296,32 @@ def xzepr_client(cfg, watch):
 
 
 def cmd_watch(args, console):
+    """`xzatoma watch`. SIGTERM and SIGINT stop it (exit 0), however many come, whenever they come: before the
+    watcher exists (its checks, its sandbox: seconds in a big tree) the first leaves at once, what was set up undone
+    (the default action left the sandbox's TMPDIR behind); once it runs they go to it (Watcher.signal_stop). Once a
+    signal came, more are ignored until the process is gone: a storm restored to the default action killed it mid-way
+    through its clean-up, the TMPDIR left again (attack round 13)."""
     import signal
     watch = _watch_module("watch", args.verbose)
+    state = {"signalled": False, "watcher": None}
 
-    def starting(signum, frame):  # SIGTERM before the watcher exists (its checks, its sandbox: seconds in a big
-        raise SystemExit(0)       # tree): leave as a stop does, exit 0, what was set up undone (the sandbox's TMPDIR)
-    early = signal.signal(signal.SIGTERM, starting)
+    def on_signal(signum, frame):
+        state["signalled"] = True
+        if state["watcher"] is not None:  # takes no lock: the interrupted thread may hold any
+            state["watcher"].signal_stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(EXIT_OK)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return _watch(args, console, watch)
+        return _watch(args, console, watch, state)
     finally:
-        signal.signal(signal.SIGTERM, early)
+        for sig, handler in previous.items():  # leaving on one: more of them change nothing now
+            signal.signal(sig, signal.SIG_IGN if state["signalled"] else handler)
 
 
-def _watch(args, console, watch):
+def _watch(args, console, watch, state):
     extra = {}
     if args.max_turns is not None:
         extra["agent.max_turns"] = args.max_turns
@@ -8331,39 +8349,37 @@ def _watch(args, console, watch):
         xzepr = xzepr_client(cfg, watch)
     metrics = load_metrics(args.metrics_port) if args.metrics_port else None
     watcher = watch.Watcher(settings, filters, run_plan, store=store, log=log, xzepr=xzepr, metrics=metrics)
-
-    import signal
-    previous = {}
-
-    def stop(signum, frame):
-        watcher.signal_stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")  # takes no lock
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous[sig] = signal.signal(sig, stop)
+    state["watcher"] = watcher  # signals go to it from here on
     startup_over()  # a watcher waits for days: the collector's own threshold from its first poll
     try:
         code = watcher.run()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if metrics is not None:
             metrics.close()
         if stream is not sys.stderr:
             stream.close()
-    _exit_if_runs_linger(code)
+    _exit_if_runs_linger(code, getattr(run_plan, "close", None))
     if store is not None:
         store.close()
     return code
 
 
-def _exit_if_runs_linger(code):
-    """A run interrupted after the grace period may still be waiting on a model reply: its event is redelivered
-    anyway, so the watcher exits now instead of waiting for it (its conversation is reaped as interrupted)."""
+def _exit_if_runs_linger(code, close=None):
+    """A run interrupted after the grace period may still be waiting on a model reply (or on a store another
+    process holds locked): its event is redelivered anyway, so the watcher exits now instead of waiting for it (its
+    conversation is reaped as interrupted). `close` is done first: os._exit skips the clean-ups of exit (the
+    sandbox's TMPDIR was left behind)."""
     import threading
     workers = [t for t in threading.enumerate() if t.name.startswith("xzatoma-watch") and t.is_alive()]
     deadline = time.monotonic() + 2.0
     for t in workers:
         t.join(max(0.0, deadline - time.monotonic()))
     if any(t.is_alive() for t in workers):
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                pass
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

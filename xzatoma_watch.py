@@ -288,7 +288,11 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     position = "%s:%s:%s" % (topic, partition, offset)
     # INFO: a keyless bare plan is named by where it is, and when: offsets start again at 0 on a topic made anew
     # (or a broker that keeps them in memory, restarted), and a new plan there was a "duplicate" of an old one
-    place = position + ("@%d" % timestamp if isinstance(timestamp, int) and timestamp >= 0 else "")
+    if isinstance(timestamp, int) and timestamp >= 0:
+        place = "%s@%d" % (position, timestamp)
+    else:  # a record without a time (-1): what it holds tells a new plan there from the old one (attack round 13)
+        import hashlib
+        place = "%s#%s" % (position, hashlib.sha256(value if isinstance(value, bytes) else b"").hexdigest()[:16])
     try:
         key_text = _text(key) or None
     except UnicodeDecodeError:
@@ -555,7 +559,7 @@ def _context_texts(ctx):
         if isinstance(value, str):
             yield key, value, top
         elif isinstance(value, dict):
-            stack.extend((str(k)[:64], v, value is ctx) for k, v in reversed(list(value.items())))
+            stack.extend((str(k)[:256], v, value is ctx) for k, v in reversed(list(value.items())))
         elif isinstance(value, list):
             stack.extend((key, v, top and value is ctx) for v in reversed(value))
 
@@ -2521,7 +2525,8 @@ class Watcher:
         stragglers = mine()
         for job in stragglers:
             job.cancel.set()
-        end = time.monotonic() + 10
+        # stopping, the shutdown waited for them already: those left are stuck (a store locked by another process)
+        end = time.monotonic() + (0 if self.hard_stop.is_set() else 10)
         while mine() and time.monotonic() < end:
             yield 0.2
         with self.cond:
@@ -2594,7 +2599,9 @@ class Watcher:
         with self.cond:
             for job in self.in_flight.values():
                 job.cancel.set()
-            end = time.monotonic() + 10
+            # a cancelled run ends within a second (its model request cut, its command stopped); one that does not
+            # is stuck (a store another process holds locked): its event is read again after the restart anyway
+            end = time.monotonic() + 5
             while self.in_flight and time.monotonic() < end:
                 self.cond.wait(0.2)
         self.hard_stop.set()

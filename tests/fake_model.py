@@ -23,7 +23,9 @@ A reply is a dict:
   plain_json     answer with one JSON body even when streaming was asked for
   echo_auth      with `status`: the error body quotes the request's Authorization header (as some servers do)
 
-`connections` counts the TCP connections accepted; `close_after_each` closes each after one answer.
+`connections` counts the TCP connections accepted; `close_after_each` closes each after one answer;
+`close_delimited` streams with `Connection: close`, the body ending with the connection (as HTTP/1.0 servers and
+some proxies answer).
 
 Run standalone (used by the benchmarks, so the server is another process):
   python tests/fake_model.py --loop-tool read_file --loop-args '{"path": "x"}' --turns 500
@@ -51,6 +53,7 @@ class FakeModel:
         self.rejects_null_content = False  # answer an assistant message with "content": null as llama-cpp-python does
         self.raw_routes = {}  # path -> (status, content type, body): what a wrong server (a web page) answers
         self.close_after_each = False  # close every connection after one answer, unannounced (a keep-alive timeout)
+        self.close_delimited = False  # stream with Connection: close, the body ending with the connection (HTTP/1.0)
         self.lock = threading.Lock()
         self.server = None
         self.generator = None  # callable(request_body) -> reply, used when the script is empty
@@ -214,7 +217,11 @@ def _make_handler(fake):
         def _start_stream(self, content_type):
             self.send_response(200)
             self.send_header("Content-Type", content_type)
-            self.send_header("Transfer-Encoding", "chunked")
+            if fake.close_delimited:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            else:
+                self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
 
         def _chunk(self, data, delay=0):
@@ -222,11 +229,12 @@ def _make_handler(fake):
                 time.sleep(delay)
             if isinstance(data, str):
                 data = data.encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(data if fake.close_delimited else b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
 
         def _end_stream(self):
-            self.wfile.write(b"0\r\n\r\n")
+            if not fake.close_delimited:
+                self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
         def _record(self, body):

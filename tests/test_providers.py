@@ -338,14 +338,21 @@ def test_a_stuck_small_model_is_sampled_hotter_until_a_good_turn(cli, fake):
     assert [q["body"]["temperature"] for q in fake.model_requests()[-4:]] == [0.1, 0.1, 0.1, 0.1]  # theirs stays
 
 
-@pytest.mark.parametrize("kind", ["ollama", "openai"])
-def test_a_cancelled_run_does_not_wait_for_the_models_answer(fake, kind, tmp_path):
+@pytest.mark.parametrize("kind,streaming", [("ollama", None), ("openai", None), ("ollama", "close"),
+                                            ("openai", "close")])
+def test_a_cancelled_run_does_not_wait_for_the_models_answer(fake, kind, streaming, tmp_path):
     """A watcher stopping after its grace cancels its runs; one waiting for its model's answer waited for the
     server (12 s and more after SIGTERM), then the watcher gave up on leaving its group cleanly. The request in
-    flight is now cut off within a quarter second of the cancel, not retried, and the run ends interrupted."""
+    flight is now cut off within a quarter second of the cancel, not retried, and the run ends interrupted. So it
+    is mid-answer when the reply ends by closing the connection: http.client hands the socket to the response,
+    and the cut found none to shut down (attack round 13)."""
     import threading
     from conftest import wait_for
-    fake.add({"content": "too late", "delay": 8}, {"content": "a retry must not be sent"})
+    if streaming == "close":  # the answer begins at once, then trickles: the reply is read when the cancel comes
+        fake.close_delimited = True
+        fake.add({"content": "too late " * 20, "chunk_delay": 0.5}, {"content": "a retry must not be sent"})
+    else:
+        fake.add({"content": "too late", "delay": 8}, {"content": "a retry must not be sent"})
     cfg = load_config({}, env={"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)})
     session = xzatoma.Session.open(cfg, Console(quiet=True), "planning", str(tmp_path), "restricted_autonomous",
                                    provider=provider(kind, fake))

@@ -218,6 +218,34 @@ def test_sigterm_past_the_grace_cuts_off_the_model_request_and_leaves_the_group(
     assert kb.committed(kafka_broker.address, "g-" + topic, topic) == [0]  # not past it: redelivered
 
 
+def test_a_storm_of_signals_while_stopping_still_exits_0_with_nothing_left(cli, fake, kafka_broker, tmp_path):
+    """SIGTERM and SIGINT every few milliseconds, a run in flight: once the watcher had stopped, its handlers were
+    put back to the default action while the process still cleaned up, and the storm killed it there (-15, or a
+    KeyboardInterrupt traceback out of the sandbox's clean-up), its private TMPDIR left behind (attack round 13)."""
+    import signal
+    import kafka_broker as kb
+    from conftest import wait_for
+    topic = _watch_setup(cli, fake, kafka_broker, shutdown_grace_seconds=1)
+    kb.produce(kafka_broker.address, topic, [(b"storm-1", b"goal: G\ninstructions: [a]\n")])
+    fake.add({"content": "far too late", "delay": 60})
+    log = tmp_path / "watch.log"
+    proc = cli.popen("watch", "--mode", "write", "--log-format", "json", "--log-file", log)
+    try:
+        assert wait_for(lambda: len(fake.model_requests()) == 1, 60)
+        assert list(cli.tmpdir.glob("xzatoma-run-*"))  # the sandbox's, made at start for a write-mode watcher
+        deadline, n = time.monotonic() + 30, 0
+        while proc.poll() is None and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGTERM if n % 2 else signal.SIGINT)
+            n += 1
+            time.sleep(0.005)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, (proc.returncode, err[-800:])
+    assert not list(cli.tmpdir.glob("xzatoma-run-*")) and n > 10
+    assert _log(log)[-1]["event"] == "stopped"
+
+
 def test_kill_9_mid_run_then_restart_completes_the_event_once(cli, fake, kafka_broker, tmp_path):
     import signal
     import kafka_broker as kb
