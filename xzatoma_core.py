@@ -1477,11 +1477,13 @@ class HttpResponse:
     """What the providers read: status_code, headers (case-insensitive .get), json(), text, iter_lines().
     close() reads what is left of a stream (DRAIN_BYTES at most) so the connection serves the next request."""
 
-    def __init__(self, raw, conn, release):
+    def __init__(self, raw, conn, release, sock=None):
         self._raw, self._conn, self._release = raw, conn, release
         self.status_code = raw.status
         self.headers = raw.headers
-        self.sock = conn.sock  #: for the deadline's watchdog, which shuts it down
+        #: for the deadline's watchdog, which shuts it down: the request's own socket, which a reply ending with
+        #: its connection takes from `conn` (the run's deadline went unenforced on one, found in review)
+        self.sock = sock or conn.sock
         self._content = None
 
     @property
@@ -1630,7 +1632,7 @@ class HttpSession:
                     continue
                 raise _http_failure(exc)
             break
-        response = HttpResponse(raw, conn, lambda c: self._idle.__setitem__(key, c))
+        response = HttpResponse(raw, conn, lambda c: self._idle.__setitem__(key, c), self._active_sock)
         if not stream:
             try:
                 response.content

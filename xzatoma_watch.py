@@ -144,8 +144,8 @@ STRUCTURED_CONTENT_TYPE = "application/cloudevents+json; charset=UTF-8"
 #: words of a context key (`working_dir`, `workingDir`: "working" and "dir") that make its texts directories, at any
 #: depth; a word ending in "dir" (basedir, srcdir) too. `path` and `root` only as the whole key at the top, as
 #: ever: anywhere, they named URL paths (`api_path: /v1/health`, an OpenAPI `paths` list), refused as directories
-CONTEXT_DIR_KEYS = ("directory", "directories", "dir", "dirs", "dirpath", "dirname", "workdir", "cwd", "repository",
-                    "repositories", "repo", "repos", "folder", "folders", "workspace")
+CONTEXT_DIR_KEYS = ("directory", "directories", "dir", "dirs", "dirpath", "dirname", "workdir", "cwd", "cwds",
+                    "repository", "repositories", "repo", "repos", "folder", "folders", "workspace", "workspaces")
 CONTEXT_TOP_KEYS = ("path", "root", "workingdirectory", "workingdir", "rootdir")
 
 
@@ -551,17 +551,18 @@ def context_outside(plan, working_dir):
 
 
 def _context_texts(ctx):
-    """(key, text, whether at the top) for every text in a plan's context, depth first (a list's items under its
-    key); bounded as the document that held it."""
-    stack = [("context", ctx, True)]
+    """(key, text, whether its key is one of the context's own) for every text in a plan's context, depth first; a
+    list's items count under its key, and a list context's mappings as the context's own (a list under a top-level
+    `path` went unread: found in review). Bounded as the document that held it."""
+    stack = [("context", ctx, 0)]  # the mappings a value sits in: its key is the context's own at 1
     while stack:
-        key, value, top = stack.pop()
+        key, value, depth = stack.pop()
         if isinstance(value, str):
-            yield key, value, top
+            yield key, value, depth == 1
         elif isinstance(value, dict):
-            stack.extend((str(k)[:256], v, value is ctx) for k, v in reversed(list(value.items())))
+            stack.extend((str(k)[:256], v, depth + 1) for k, v in reversed(list(value.items())))
         elif isinstance(value, list):
-            stack.extend((key, v, top and value is ctx) for v in reversed(value))
+            stack.extend((key, v, depth) for v in reversed(value))
 
 
 def _context_path(value):

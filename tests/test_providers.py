@@ -375,3 +375,17 @@ def test_a_cancelled_run_does_not_wait_for_the_models_answer(fake, kind, streami
         assert len(fake.model_requests()) == 1  # not sent again
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("close_delimited", [False, True])
+def test_the_runs_deadline_holds_while_a_reply_only_keeps_alive(fake, close_delimited):
+    """SSE keep-alives and no answer: the deadline's watchdog shuts the request's socket down. A reply that ends by
+    closing its connection hands that socket from the connection to the response, and the watchdog found none:
+    the run waited out the whole stream, past watcher.timeout_seconds (found in review)."""
+    fake.close_delimited = close_delimited
+    fake.add({"content": "late", "keepalive": (40, 0.25)})  # 10 s of keep-alives, then the answer
+    started = time.monotonic()
+    with pytest.raises(xzatoma.DeadlineExceeded):
+        provider("openai", fake, retries=0).complete([{"role": "user", "content": "hi"}], [],
+                                                     deadline=time.monotonic() + 1.0)
+    assert time.monotonic() - started < 3

@@ -379,7 +379,8 @@ def test_results_are_recognised_and_context_must_stay_in_the_jail(tmp_path):
     # however the key is spelled, at whatever depth, and a file: URL (an attack round named /etc in each way)
     for outside in ({"repo": "file:///etc"}, {"workingDir": "/etc"}, {"directory ": "/etc"}, [{"directory": "/etc"}],
                     {"directories": ["src", "/root"]}, {"deploy": {"rootDir": "~/.."}}, {"WORKSPACE": "/tmp"},
-                    {"basedir": "/etc"}, {"srcdir": "/etc"}):
+                    {"basedir": "/etc"}, {"srcdir": "/etc"}, {"path": ["/etc"]}, {"root": [["/"]]},
+                    [{"path": "/etc"}], {"settings": {"workspaces": ["/etc"]}}, {"extra_cwds": ["/etc"]}):
         plan.context = outside
         assert "outside the working directory" in (w.context_outside(plan, str(tmp_path)) or ""), outside
     plan.context = {"dir": "file:///tmp/%00x"}  # a NUL once decoded: refused, not raised (review)
