@@ -146,7 +146,7 @@ STRUCTURED_CONTENT_TYPE = "application/cloudevents+json; charset=UTF-8"
 #: ever: anywhere, they named URL paths (`api_path: /v1/health`, an OpenAPI `paths` list), refused as directories
 CONTEXT_DIR_KEYS = ("directory", "directories", "dir", "dirs", "dirpath", "dirname", "workdir", "cwd", "cwds",
                     "repository", "repositories", "repo", "repos", "folder", "folders", "workspace", "workspaces")
-CONTEXT_TOP_KEYS = ("path", "root", "workingdirectory", "workingdir", "rootdir")
+CONTEXT_TOP_KEYS = ("path", "root", "workingdirectory")
 
 
 class _Unhandled(Exception):
@@ -286,13 +286,6 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     """An Event from one Kafka record, or BadMessage. The plan is parsed and validated here. `timestamp`: the
     record's (milliseconds), part of a keyless bare plan's id."""
     position = "%s:%s:%s" % (topic, partition, offset)
-    # INFO: a keyless bare plan is named by where it is, and when: offsets start again at 0 on a topic made anew
-    # (or a broker that keeps them in memory, restarted), and a new plan there was a "duplicate" of an old one
-    if isinstance(timestamp, int) and timestamp >= 0:
-        place = "%s@%d" % (position, timestamp)
-    else:  # a record without a time (-1): what it holds tells a new plan there from the old one (attack round 13)
-        import hashlib
-        place = "%s#%s" % (position, hashlib.sha256(value if isinstance(value, bytes) else b"").hexdigest()[:16])
     try:
         key_text = _text(key) or None
     except UnicodeDecodeError:
@@ -336,7 +329,7 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     ev = Event(topic=topic, partition=partition, offset=offset, key=key_text)
 
     if fmt == "plan":
-        return _bare_plan(ev, text, position, long_key, place)
+        return _bare_plan(ev, text, position, long_key, timestamp, value)
     if binary:  # binary content mode
         from xzatoma_plans import DocumentError, load_json
         attrs = {k[3:]: v for k, v in hdrs.items() if k.startswith("ce_")}
@@ -376,15 +369,33 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     if fmt in ("xzepr", "cloudevents"):
         raise BadMessage("not a CloudEvent: no 'specversion' attribute (--format %s)" % fmt,
                          _body_id(doc, text, id_hint))
-    return _bare_plan(ev, text, position, long_key, place)
+    return _bare_plan(ev, text, position, long_key, timestamp, value)
+
+
+def _place(position, timestamp, value):
+    """A keyless bare plan's id: where it is, and when. INFO: offsets start again at 0 on a topic made anew (or a
+    broker that keeps them in memory, restarted), and a new plan there was a "duplicate" of an old one; a record
+    without a time (-1) is told by what it holds (attack rounds 12 and 13)."""
+    if isinstance(timestamp, int) and timestamp >= 0:
+        return "%s@%d" % (position, timestamp)
+    import hashlib
+    return "%s#%s" % (position, hashlib.sha256(value if isinstance(value, bytes) else b"").hexdigest()[:16])
+
+
+def _number_id(value):
+    """The text of an id sent as a JSON integer (CloudEvents ids are strings: a producer that sends 123 means
+    "123"), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10 ** 18:
+        return str(value)
+    return None
 
 
 def _body_id(doc, text, fallback):
     """The id a document that is no event names for its answer, as an event's is read: its text (cut), or the
     number it holds; else `fallback` (half a character mended to '?' is no id: review found this path missed)."""
     event_id = doc.get("id") if isinstance(doc, dict) else None
-    if isinstance(event_id, int) and not isinstance(event_id, bool) and abs(event_id) < 10 ** 18:
-        return str(event_id)
+    if _number_id(event_id) is not None:
+        return _number_id(event_id)
     if isinstance(event_id, str) and event_id.strip() and not _id_was_mended(doc, text):
         return _cut_id(event_id)
     return fallback
@@ -431,9 +442,9 @@ def _base64_data(ev, doc):
 def _attributes(ev, attrs, kind):
     ev.format = kind
     event_id = attrs.get("id")
-    if isinstance(event_id, int) and not isinstance(event_id, bool) and abs(event_id) < 10 ** 18:
-        # INFO: CloudEvents ids are strings; a producer that sends 123 means "123", and is told under it
-        raise BadMessage("the event id must be a string (CloudEvents), not the number %d" % event_id, str(event_id))
+    if _number_id(event_id) is not None:  # told under it
+        raise BadMessage("the event id must be a string (CloudEvents), not the number %d" % event_id,
+                         _number_id(event_id))
     ev.id = _cut_id(event_id) if isinstance(event_id, str) and event_id.strip() else None
     if ev.id is not None and ev.id != event_id:
         raise BadMessage("the event id is %d bytes, over the limit of %d" % (len(event_id.encode("utf-8")),
@@ -458,12 +469,12 @@ def _attributes(ev, attrs, kind):
     ev.success = None if success is None else bool(success)
 
 
-def _bare_plan(ev, text, position, long_key=0, place=None):
+def _bare_plan(ev, text, position, long_key=0, timestamp=None, value=b""):
     from xzatoma_plans import PlanError, parse_plan
     if long_key:
         raise BadMessage("the message key (a bare plan's event id) is %d bytes, over the limit of %d"
                          % (long_key, ID_MAX_BYTES), ev.key)
-    ev.format, ev.id, ev.plan_location = "plan", ev.key or place or position, "value"
+    ev.format, ev.id, ev.plan_location = "plan", ev.key or _place(position, timestamp, value), "value"
     try:
         ev.plan = parse_plan(text, source="message %s" % position)
     except PlanError as exc:
@@ -518,10 +529,11 @@ def _extract_plan(ev):
 
 
 def context_outside(plan, working_dir):
-    """Why the plan's context names a directory outside the jail, or None. Every text in it, at any depth, under a
-    key that names a place (a word of it is one of CONTEXT_DIR_KEYS, in any case and spelling: `workingDir`,
-    `"directory "`, `directories`, a list of mappings; a file: URL is its path) is resolved: an attack round named
-    /etc in each of these ways. The run is jailed whatever this says: this tells the sender early."""
+    """Why the plan's context names a directory outside the jail, or None. Every text in it, at any depth, whose
+    own key has a word that names a directory (CONTEXT_DIR_KEYS, or one ending in "dir", in any case and spelling:
+    `workingDir`, `"directory "`, `basedir`), or that is one of the context's own keys in CONTEXT_TOP_KEYS, is
+    resolved, a file: URL as its path (attack rounds named /etc in each of these ways). The run is jailed whatever
+    this says: this tells the sender early."""
     ctx = plan.context if plan is not None else None
     if not isinstance(ctx, (dict, list)):
         return None
