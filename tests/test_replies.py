@@ -34,7 +34,10 @@ GGUF = json.load(open(os.path.join(REPLIES, "llama_cpp_gguf_template.json"), enc
 @pytest.fixture
 def recorded_dirs():
     """The working directories the replies were recorded in (the model wrote absolute paths into them, token by
-    token, so they cannot be replaced in the stream): made for the test, removed after it."""
+    token, so they cannot be replaced in the stream): made for the test, removed after it. The paths are the same
+    for every run of the suite, so one test at a time holds them, across processes: CI runs two interpreters' suites
+    at once, and one removed the other's files mid-test ("no such file or directory")."""
+    import fcntl
     made = []
 
     def make(path):
@@ -42,9 +45,13 @@ def recorded_dirs():
         os.makedirs(path)
         made.append(os.path.dirname(path))
         return pathlib.Path(path)
-    yield make
-    for path in made:
-        shutil.rmtree(path, ignore_errors=True)
+    with open("/tmp/xzatoma-recorded-dirs.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield make
+        finally:
+            for path in made:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def replay(cli, fake, recorded_dirs, fixture, run, task_name, *flags, reread=None, read_named="off"):
