@@ -393,6 +393,7 @@ def test_a_closed_terminal_or_sigterm_ends_chat_as_exit_does(chat, fake, cli):
     p.line("hi")
     p.expect("never")
     p.expect(PROMPT % ("PLANNING", "SAFE"))
+    p.wait_idle()  # in select(): a signal between the prompt and select() waits for a key (see wait_idle)
     p.proc.send_signal(signal.SIGTERM)
     assert p.wait() == 128 + signal.SIGTERM
     p.expect("Resume this conversation with")  # left as /exit leaves
