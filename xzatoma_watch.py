@@ -1576,6 +1576,9 @@ class Watcher:
                 self.log("connected", brokers=",".join(self.s.bootstrap), topic=self.s.topic,
                          group=self.s.group_id, output_topic=None if self.s.dry_run else self.s.output_topic,
                          max_concurrent=self.s.max_concurrent, dry_run=self.s.dry_run or None)
+                if not crc_in_c():
+                    self.log("slow_crc", level="warn", hint="pip install crc32c: kafka-python checks every batch's "
+                             "CRC-32C in pure Python without it, 110 ms of CPU for each MB read or written")
                 return
             except kafka.errors.KafkaError as exc:
                 attempt += 1
@@ -3156,6 +3159,15 @@ def _takes_timeout(function):
         return "timeout_ms" in inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
+
+
+def crc_in_c():
+    """Whether kafka-python checks CRC-32C with the C module `crc32c` (the kafka extra's), not in pure Python."""
+    try:
+        from kafka.record import util
+    except ImportError:
+        return False
+    return getattr(util, "crc32c_c", None) is not None
 
 
 def _quiet_sensors(client_class):

@@ -184,7 +184,8 @@ def main():
             s.terminate()
             s.wait()
         broker.stop()
-    print("== xzatoma watch against a local Tansu broker (one partition) ==")
+    print("== xzatoma watch against a local Tansu broker (one partition); kafka-python's CRC-32C in %s =="
+          % ("C (crc32c)" if w.crc_in_c() else "pure Python: pip install crc32c"))
     floor_rate = max(rate for rate, _ in floors)
     for when, (rate, seconds) in zip(("first", "last"), floors):
         print("floor (%-5s): consume, produce, commit  %5d events  %6.2f s  %7.1f events/s  %.2f of the floor"

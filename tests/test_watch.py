@@ -1060,8 +1060,10 @@ def test_watcher_runs_each_format_once_and_rejects_bad_input(kafka_broker, store
                             "topic": topic, "partition": 0, "offset": 0, "format": "xzepr"}
 
 
-def test_dry_run_prints_what_would_run_and_commits_nothing(kafka_broker):
+def test_dry_run_prints_what_would_run_and_commits_nothing(kafka_broker, monkeypatch):
     import kafka_broker as kb
+    from kafka.record import util
+    monkeypatch.setattr(util, "crc32c_c", None)  # as if the kafka extra's crc32c were missing: said, once
     topic = new_topic(kafka_broker)
     kb.produce(kafka_broker.address, topic, [
         (None, cloudevent(event_id="d1", data={"plan": PLAN})),
@@ -1080,6 +1082,8 @@ def test_dry_run_prints_what_would_run_and_commits_nothing(kafka_broker):
     assert run_plan.calls == []
     assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [None]
     assert kb.read_all(kafka_broker.address, topic + ".results", 1, timeout=2) == []
+    slow = watcher.log_lines.events("slow_crc")
+    assert len(slow) == 1 and "pip install crc32c" in slow[0]["hint"]
 
 
 class FakeXzepr:
