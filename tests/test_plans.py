@@ -158,6 +158,10 @@ def _nested_aliases(levels=9, width=9):
     ("goal: " + "1" * 5000 + "\ninstructions: [a]\n", "yaml", "invalid YAML: Exceeds the limit"),
     ('{"goal": ' + "1" * 5000 + ', "instructions": ["a"]}', "json", "invalid JSON: Exceeds the limit"),
     ('{"goal": "G", "instructions": [%s]}' % ",".join(["0"] * 100001), "json", "more than 100000 values"),
+    # libyaml composes a whole document before it can be measured: 8 MB of these made 8 million nodes (4 GB)
+    ("goal: G\ninstructions: [a]\nx: {" + "a," * 300000 + "a}\n", "yaml", "more than 100000 values"),
+    ("goal: G\ninstructions: [a]\nx: [" + "a," * 300000 + "a]\n", "yaml", "more than 100000 values"),
+    ("goal: G\ninstructions: [a]\nx:\n" + "- a\n" * 300000, "yaml", "more than 100000 values"),
 ])
 def test_hostile_plans_are_plan_errors_with_bounded_memory(text, fmt, message):
     """Issue 22: a 356-byte plan of nested aliases took 47 s and 684 MB; `[` x 1500 raised RecursionError.
