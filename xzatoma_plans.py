@@ -9,6 +9,7 @@ each importing this module where it needs it. It imports only the standard libra
 `yaml` is imported where a YAML document is parsed.
 """
 
+import itertools
 import json
 import os
 import re
@@ -116,6 +117,7 @@ def parse_plan(text, source="<plan>", fmt=None):
 # is a billion strings once written out (issue 22: 47 s and a 684 MB database), and `[` x 1500 raised
 # RecursionError, which nothing expected. Limits are checked on the parsed shape, so any document that
 # passes is one the rest of the program can walk, dump and store.
+MAX_PLAN_STEPS = 1000  #: instructions in one plan: the model reads them all in its first request
 MAX_DOCUMENT_DEPTH = 64  #: nesting of lists and mappings (events and plans use under 15)
 MAX_DOCUMENT_VALUES = 100000  #: values in a document, every alias counted as what it expands to
 ALIAS_ALLOWANCE = 1 << 20  #: bytes of text aliases may add beyond the document's own length
@@ -380,6 +382,8 @@ def _plan_from_mapping(data, source, text):
         steps = [s for s in (line.strip(" -\t") for line in steps.splitlines()) if s]
     if not isinstance(steps, list) or not steps:
         raise PlanError(source, "'%s' must be a non-empty list of steps" % key, _key_line(text, key))
+    if len(steps) > MAX_PLAN_STEPS:
+        raise PlanError(source, _too_many_steps(len(steps)), _key_line(text, key))
     instructions = []
     for i, step in enumerate(steps, 1):
         step = _step_text(step)
@@ -393,6 +397,14 @@ def _plan_from_mapping(data, source, text):
     plan = Plan(goal.strip(), context, instructions, name, version, action)
     plan.unknown_keys = unknown
     return plan
+
+
+def _too_many_steps(count=None):
+    """A plan of more than MAX_PLAN_STEPS: its whole list is the model's first request (1.6 million Markdown
+    items made one of 18 MB, and a conversation of as much in the store: attack round 15a)."""
+    if count:
+        return "{:,} steps, more than {:,}: split the plan into smaller ones".format(count, MAX_PLAN_STEPS)
+    return "more than {:,} steps: split the plan into smaller ones".format(MAX_PLAN_STEPS)
 
 
 def _md_heading(line):
@@ -450,9 +462,11 @@ def _parse_markdown_plan(text, source):
     if (steps_sec := find("steps", "instructions", "tasks", "plan")) is None:
         raise PlanError(source, "no instructions found (expected a '## Steps' or '## Instructions' "
                                 "section with a list)")
-    steps = [item for item in map(_md_item, steps_sec["lines"]) if item]
+    steps = list(itertools.islice(filter(None, map(_md_item, steps_sec["lines"])), MAX_PLAN_STEPS + 1))
     if not steps:
         raise PlanError(source, "the instructions section has no list items", steps_sec["line"])
+    if len(steps) > MAX_PLAN_STEPS:
+        raise PlanError(source, _too_many_steps(), steps_sec["line"])
     ctx_sec = find("context", "background")
     context = None
     if ctx_sec:

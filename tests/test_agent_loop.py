@@ -308,3 +308,14 @@ def test_what_was_said_is_stored_before_every_wait(open_session, monkeypatch):
 
 def run_agent(session):
     return session.agent().run()
+
+
+def test_a_task_over_twice_the_window_is_never_sent(open_session):
+    """Pruning never cuts the task: one over twice the window was sent whole (an event's Markdown plan of 1.6
+    million steps was an 18 MB request; Ollama cuts such a prompt silently). The run fails, saying why."""
+    s = open_session(Reply("done"))
+    r = run(s, "count these: " + "word " * 200000)  # about 250,000 tokens, the budget 100,000
+    assert (r.status, r.exit_code) == ("failed", 1) and s.provider.calls == []
+    assert "more than twice what the model can take (100,000)" in r.error and "shorten it" in r.error
+    s = open_session(Reply("done"))
+    assert run(s, "count these: " + "word " * 100000).status == "completed"  # over the budget, not twice: sent

@@ -1,5 +1,7 @@
 """Plan parsing (YAML, JSON, Markdown) and the plan-to-prompt translation."""
 
+import json
+
 import pytest
 
 from xzatoma_plans import PlanError, detect_plan_format, parse_plan
@@ -190,3 +192,19 @@ def test_pure_python_yaml_is_bounded_too(monkeypatch):
         parse_plan(_nested_aliases(), source="p", fmt="yaml")
     plan = parse_plan("goal: G\nx: &x {k: 1}\ny: {<<: *x}\ninstructions: [a]\n", source="p", fmt="yaml")
     assert plan.goal == "G" and plan.instructions == ["a"]
+
+
+@pytest.mark.parametrize("fmt,make", [
+    ("markdown", lambda n: "# Task: count\n\n## Steps\n" + "".join("- step %d\n" % i for i in range(n))),
+    ("yaml", lambda n: "goal: count\ninstructions:\n" + "".join("  - step %d\n" % i for i in range(n))),
+    ("yaml", lambda n: "goal: count\ninstructions: |\n" + "".join("  step %d\n" % i for i in range(n))),
+    ("json", lambda n: json.dumps({"goal": "count", "steps": ["step %d" % i for i in range(n)],
+                                   "description": "d"})),
+])
+def test_a_plan_holds_at_most_1000_steps_in_any_format(fmt, make):
+    """The model reads a plan's whole list in its first request: 1.6 million Markdown items (under an event's
+    8 MB) were an 18 MB request and as big a stored conversation (attack round 15a)."""
+    assert len(parse_plan(make(1000), source="p", fmt=fmt).instructions) == 1000
+    with pytest.raises(PlanError, match="more than 1,000: split the plan|more than 1,000 steps: split") as exc:
+        parse_plan(make(1001), source="p", fmt=fmt)
+    assert exc.value.line is not None or fmt == "json"  # the line of the list (one-line JSON has none)
