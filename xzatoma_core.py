@@ -5597,12 +5597,19 @@ class NullMetrics:
 NULL_METRICS = NullMetrics()
 
 
+def check_metrics_port(port):
+    """A port the metrics server can bind (70000 was an OverflowError: an "internal error", exit 1)."""
+    if port is not None and not 0 < port < 65536:
+        raise UsageError("--metrics-port must be 1 to 65535, not %s" % port)
+
+
 def load_metrics(port=None, textfile=None, warn=None):
     """The Prometheus metrics module, or a UsageError naming what to install.
 
     `warn(text)` hears about a textfile that cannot be written: metrics are a side product, so the answer
     and the exit code stay the task's.
     """
+    check_metrics_port(port)
     try:
         import xzatoma_metrics
     except ImportError:
@@ -8209,6 +8216,9 @@ def watch_settings(args, cfg):
     for flag, value in (("--max-concurrent", args.max_concurrent), ("--max-events", args.max_events)):
         if value is not None and value < 1:
             raise UsageError("%s must be at least 1" % flag)
+    if args.max_concurrent is not None and args.max_concurrent > 256:  # watcher.max_concurrent's own bound
+        raise UsageError("--max-concurrent must be at most 256 (watcher.max_concurrent)")
+    check_metrics_port(args.metrics_port)  # before the provider and the store are set up
     if args.idle_exit is not None and args.idle_exit <= 0:
         raise UsageError("--idle-exit must be a positive number of seconds")
     security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password", "ssl_cafile",
@@ -8216,6 +8226,8 @@ def watch_settings(args, cfg):
     output_topic = pick(args.output_topic, k["output_topic"])
     dead_letter_topic = pick(args.dead_letter_topic, k["dead_letter_topic"])
     try:
+        xzatoma_watch.check_brokers(pick(args.brokers, k["bootstrap_servers"]),
+                                    "--brokers (watcher.kafka.bootstrap_servers)")
         xzatoma_watch.check_topic(topic, "--topic (watcher.kafka.topic)")
         for flag, given in (("--output-topic", args.output_topic), ("--dead-letter-topic", args.dead_letter_topic)):
             if given is not None and not given.strip():
@@ -8354,7 +8366,16 @@ def _watch(args, console, watch, state):
             raise UsageError("cannot open the log file %s: %s" % (log_file, exc.strerror or exc))
     log = watch.WatchLog(stream, args.log_format or cfg.get("logging.format"), cfg.get("logging.level"),
                          redact=Console.clean)  # redacted, and what a topic said is shown, never obeyed
-    store = open_store(cfg, console) if not settings.dry_run else None
+    store = None
+    if not settings.dry_run:  # its exactly-once records are there: without them an id ran once per process
+        if not cfg.get("agent.persistence.enabled"):
+            raise UsageError("the watcher records every event it answers in the store, so that none runs twice: "
+                             "it cannot run with agent.persistence.enabled: false (--dry-run can)")
+        try:
+            store = open_store(cfg, console, required=True)
+        except UsageError as exc:
+            raise UsageError("cannot open the store the watcher records every event in (%s): %s"
+                             % (cfg.db_path(), exc))
     toolset = args.mode or cfg.get("watcher.mode")
     run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, toolset,
                                                           cfg.get("watcher.allow_dangerous"))
@@ -8432,6 +8453,7 @@ def cmd_publish(args, console):
             raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
     k = cfg.get("watcher.kafka")
     try:
+        watch.check_brokers(args.brokers or k["bootstrap_servers"], "--brokers (watcher.kafka.bootstrap_servers)")
         watch.check_topic(k["topic"] if args.topic is None else args.topic, "--topic (watcher.kafka.topic)")
         data, plan = watch.plan_payload(text, source)
         event = watch.build_event(data, plan, args.type, args.source, args.xzepr)

@@ -1300,6 +1300,21 @@ class Settings:
             else list(self.brokers)
 
 
+def check_brokers(brokers, flag):
+    """Bootstrap servers as kafka-python takes them (host[:port], comma-separated), else WatchError: a port that is
+    not a number or no broker at all reached the client, whose ValueError and IndexError were "internal errors"."""
+    entries = [b.strip() for b in brokers.split(",")] if isinstance(brokers, str) else list(brokers or ())
+    if not any(entries):
+        raise WatchError("%s: no broker given (host:port, comma-separated)" % flag)
+    for entry in filter(None, entries):
+        host, colon, port = entry.rpartition(":") if not entry.endswith("]") else (entry, "", "")
+        if not colon:
+            host = entry
+        if not host.strip("[]") or colon and not (port.isdigit() and 0 < int(port) < 65536):
+            raise WatchError("%s: %r is not host:port (a port is 1 to 65535)" % (flag, entry[:100]))
+    return brokers
+
+
 def check_topic(name, flag):
     """A topic name Kafka accepts (its Topic.validate: 1-249 of [a-zA-Z0-9._-], not "." or ".."), else WatchError:
     a watcher given one it can never publish to ran every event and then held each result for good."""

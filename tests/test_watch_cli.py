@@ -47,6 +47,38 @@ def test_bad_filters_and_plans_are_usage_errors(cli, tmp_path):
     assert r.returncode == 2 and "invalid plan" in r.stderr and "'instructions'" in r.stderr and r.stdout == ""
 
 
+def test_a_watcher_never_runs_without_its_store_and_bad_flags_are_usage_errors(cli, tmp_path):
+    """Found by an attack round: a store that could not be opened (not a database, its disk full, locked by a
+    backup past the busy timeout, or persistence turned off) left the watcher running with none, for good: no
+    claims, no records, one id answered by every process and after every restart. And flags the client could
+    not use were "internal errors", exit 1. Each is refused at start: exit 2, one line."""
+    pytest.importorskip("kafka")
+    bad = tmp_path / "not-a.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    cli.write_config({"agent": {"persistence": {"db_path": str(bad)}}})
+    r = cli.run("watch", "--brokers", "127.0.0.1:1", "--topic", "t", timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "cannot open the store the watcher records every event in (%s)" % bad in r.stderr
+    cli.write_config({"agent": {"persistence": {"enabled": False}}})
+    r = cli.run("watch", "--brokers", "127.0.0.1:1", "--topic", "t", timeout=60)
+    assert r.returncode == 2 and "agent.persistence.enabled: false" in r.stderr and r.stdout == ""
+    cli.write_config({})
+    for args, said in ((["--brokers", "localhost:notaport"], "'localhost:notaport' is not host:port"),
+                       (["--brokers", ""], "no broker given"),
+                       (["--brokers", " , "], "no broker given"),
+                       (["--brokers", "127.0.0.1:70000"], "is not host:port"),
+                       (["--metrics-port", "70000"], "--metrics-port must be 1 to 65535"),
+                       (["--max-concurrent", "100000"], "--max-concurrent must be at most 256")):
+        r = cli.run("watch", "--topic", "t", *(["--brokers", "127.0.0.1:1"] if args[0] != "--brokers" else []),
+                    *args, timeout=60)
+        assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert said in r.stderr and "internal error" not in r.stderr, (args, r.stderr)
+    plan = tmp_path / "p.yaml"
+    plan.write_text("goal: G\ninstructions: [a]\n")
+    r = cli.run("publish", "--plan", str(plan), "--topic", "t", "--brokers", "h:port")
+    assert r.returncode == 2 and "'h:port' is not host:port" in r.stderr and r.stdout == ""
+
+
 def test_a_topic_no_kafka_client_can_use_is_refused_at_start(cli, tmp_path):
     """Found by an attack round: given an output topic no client can publish to (a space in it; or the default
     '<topic>.results' of a legal 249-character topic, 257 characters), the watcher ran every event (its model
