@@ -1367,6 +1367,8 @@ class Job:
         self.cancel = threading.Event()  #: set on shutdown after the grace period, or on a lost partition
         self.po = partition_offsets
         self.stored = stored  #: a result recorded earlier but never published: publish it, run nothing
+        self.unrecorded = False  #: `stored` is a result the store could not record yet: recorded before it goes out
+        self.copy_pending = None  #: the reason of a dead-letter copy to make once `stored` is recorded
         self.tp = None
         self.message = message  #: the Kafka record it came from (its dead-letter copy)
         self.not_before = 0.0  #: time.monotonic() before which it is not tried again (claimed by another process)
@@ -2055,7 +2057,11 @@ class Watcher:
         """A rejected event's answer: its result recorded, its input copied to the dead-letter topic."""
         result = result_event(job.event, {"status": "rejected", "error": job.rejection}, self.source,
                               self.s.answer_limit, self._budget(job.event.id))
-        self._record(job, None, "rejected", result)
+        try:
+            self._record(job, None, "rejected", result)
+        except RecordFailed as exc:
+            exc.copy = job.rejection  # copied once it is recorded
+            raise
         self._dead_letter(job.message, job.rejection)
         return result, "rejected"
 
@@ -2172,9 +2178,17 @@ class Watcher:
                     self._dead_letter(job.message, "%s; its id is answered already, so it has no result"
                                       % job.rejection)
                 return
+            fresh = job.unrecorded  # a result that waited for the store: recorded now, then published
             if step == "republish":  # finished before a crash, never published: publish that result again
                 result, status = job.stored, job.stored.get("data", {}).get("status", "completed")
-                self.log("republish", status=status, **ev.log_fields())
+                if fresh:
+                    self._record(job, result["data"].get("conversation_id"), status, result)
+                    job.unrecorded = False
+                    if job.copy_pending is not None:
+                        self._dead_letter(job.message, job.copy_pending)
+                        job.copy_pending = None
+                else:
+                    self.log("republish", status=status, **ev.log_fields())
             elif job.rejection is not None:
                 result, status = self._rejected(job)
             elif step == "set_aside":
@@ -2193,7 +2207,7 @@ class Watcher:
                 return
             if job.rejection is not None:  # logged and counted when it was read
                 return
-            if self.xzepr is not None and (step != "republish" or job.delays):  # ran here: its end is posted
+            if self.xzepr is not None and (step != "republish" or job.delays or fresh):  # ran here: end posted
                 self._xzepr(ev, status, result)
             self.log("finished", status=status, conversation_id=result["data"].get("conversation_id"),
                      duration=result["data"].get("duration_seconds"), result_id=result["id"], **ev.log_fields())
@@ -2201,6 +2215,9 @@ class Watcher:
             self.metrics.watch_event(status)
         except ClaimLost:
             self._claim_lost(ev)
+        except RecordFailed as exc:
+            self._record_failed(job, exc)
+            settle, again = False, not self.hard_stop.is_set()
         except Exception as exc:  # a bug must cost this event, never the watcher nor the partition
             settle = self._fail(job, exc)
             again = not settle and not self.hard_stop.is_set()
@@ -2234,6 +2251,18 @@ class Watcher:
                 self.metrics.watch_in_flight(len(self.in_flight))
                 self.cond.notify_all()
             self._start_runs()  # the next waiting event starts now, not when the loop's poll returns
+
+    def _record_failed(self, job, exc):
+        """The store could not record the result: it waits in memory, unpublished, and the event is tried again,
+        backing off, as a claim the store refuses is (recorded first, then published)."""
+        job.stored, job.unrecorded = exc.result, True
+        if exc.copy is not None:
+            job.copy_pending = exc.copy
+        job.store_failures += 1
+        job.held_elsewhere = True
+        self.log("store_failed", level="error" if job.store_failures >= 5 else "warn", error=_one_line(exc.error),
+                 tries=job.store_failures, waiting="its result, to be recorded before it is published",
+                 **job.event.log_fields())
 
     def _claim_lost(self, ev):
         self.log("claim_lost", level="warn", reason="another watcher sharing the store answered this event or "
@@ -2305,7 +2334,11 @@ class Watcher:
         self.counts["set_aside"] += 1
         result = result_event(ev, {"status": "failed", "error": reason}, self.source, self.s.answer_limit,
                               self._budget(ev.id))
-        self._record(job, None, "failed", result)
+        try:
+            self._record(job, None, "failed", result)
+        except RecordFailed as exc:
+            exc.copy = reason
+            raise
         self._dead_letter(job.message, reason)
         return result, "failed"
 
@@ -2314,8 +2347,12 @@ class Watcher:
         claims the event (it took it over) or has published its result; that one is what goes out."""
         ev = job.event
         if self.store is not None:
-            if not self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
-                                           metadata=json.dumps(ev.metadata()), owner=self.owner):
+            try:
+                fenced = self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
+                                                 metadata=json.dumps(ev.metadata()), owner=self.owner)
+            except Exception as exc:  # full, locked, read-only: the result waits for the store (RecordFailed)
+                raise RecordFailed(result, exc)
+            if not fenced:
                 job.claimed = False
                 raise ClaimLost(ev.id)
 
@@ -2340,7 +2377,10 @@ class Watcher:
                 self.log("result_replaced", level="error", status=status, reason=reason, **ev.log_fields())
                 self.counts["result_replaced"] += 1
                 self.metrics.watch_event("result_replaced")
-                self._record(job, data.get("conversation_id"), "failed", replacement)
+                try:
+                    self._record(job, data.get("conversation_id"), "failed", replacement)
+                except RecordFailed as exc:  # out already: the first result's record stands, marked below
+                    self.log("store_failed", level="warn", error=_one_line(exc.error), **ev.log_fields())
                 self._dead_letter(job.message, reason)
         if error is not None:
             return False
@@ -2368,10 +2408,10 @@ class Watcher:
                                   self._budget(ev.id))
             try:
                 self._record(job, None, "failed", result)
-            except ClaimLost:
-                raise
-            except Exception:
-                pass  # the store may be what failed: the result still goes out
+            except RecordFailed as exc:  # never out without its record: it waits for the store
+                exc.copy = reason
+                self._record_failed(job, exc)
+                return False
             self._dead_letter(job.message, reason)
             job.stored, job.delays = result, job.delays + 1  # what is tried again when nothing can be published
             return self._deliver(job, result, "failed")
@@ -3308,6 +3348,16 @@ def publish(brokers, topic, event, key=None, security=None, timeout=30.0):
         except Exception:
             pass
     return event["id"]
+
+
+class RecordFailed(Exception):
+    """The store could not record a result before it is published: the result waits, unpublished, and is recorded
+    when the store works again (published without its record, a second group sharing the store ran the event
+    again: two results, attack round 15b). `copy`: the dead-letter copy it was to make after the record."""
+
+    def __init__(self, result, error, copy=None):
+        super().__init__(str(error))
+        self.result, self.error, self.copy = result, error, copy
 
 
 class ClaimLost(Exception):

@@ -2400,6 +2400,45 @@ def test_a_watcher_that_cannot_claim_an_event_waits_and_never_answers_it_unclaim
     assert results == ["completed"]
 
 
+def test_a_result_the_store_cannot_record_waits_for_it_and_never_goes_out_unrecorded(kafka_broker, store):
+    """Found by an attack round: with the store's disk full as a run ended, its result was replaced by a failed
+    one, published without a record; a second consumer group sharing the store then ran the event again (two
+    results), and a completed run's answer was lost. The result now waits, unpublished, and is recorded then
+    published once the store works; a rejected message's dead-letter copy follows its record."""
+    import sqlite3
+    import kafka_broker as kb
+    topic, dead = new_topic(kafka_broker), new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("full", data={"plan": PLAN})),
+                                             (None, cloudevent("bad", data={"plan": {"goal": "G"}}))])
+    record, fails = store.record_event, []
+
+    def full(*args, **kw):
+        if len(fails) < 6:
+            fails.append(args[0])
+            raise sqlite3.OperationalError("database or disk is full")
+        return record(*args, **kw)
+    store.record_event = full
+    runner = fake_runner()
+    first = start_watcher(kafka_broker, topic, runner, store, max_events=2, backoff_initial=0.05, backoff_max=0.2,
+                          dead_letter_topic=dead)
+    first.thread.join(60)
+    assert not first.thread.is_alive()
+    store.record_event = record
+    assert len(fails) == 6 and {"full", "bad"} <= set(fails) and len(runner.calls) == 1  # run once, recorded late
+    waits = first.log_lines.events("store_failed")
+    assert len(waits) == 6 and all(w["waiting"].startswith("its result") for w in waits)
+    results = {json.loads(r.value)["subject"]: json.loads(r.value)["data"]["status"]
+               for r in kb.read_all(kafka_broker.address, topic + ".results", 2, timeout=10)}
+    assert results == {"full": "completed", "bad": "rejected"}
+    assert len(kb.read_all(kafka_broker.address, topic + ".results", 3, timeout=2)) == 2
+    assert [m.key for m in kb.read_all(kafka_broker.address, dead, 2, timeout=3)] == [None]  # the bad one, once
+    rows = dict(store.conn().execute("SELECT event_id, published_at IS NOT NULL FROM processed_events"))
+    assert rows == {"full": 1, "bad": 1}
+    second = start_watcher(kafka_broker, topic, fake_runner(), store, max_events=2)  # another group, one store
+    second.thread.join(60)
+    assert sorted(l["event_id"] for l in second.log_lines.events("duplicate")) == ["bad", "full"]
+
+
 def test_a_result_is_recorded_and_published_only_under_its_claim(kafka_broker, store):
     """Across hosts only the lease tells: a watcher frozen past it is taken over, and when it wakes and finishes
     its run, the other's result is the one that goes out (its own is neither recorded nor published)."""
