@@ -2562,11 +2562,12 @@ class OpenAIProvider(Provider):
             if "json" in resp.headers.get("Content-Type", ""):
                 return self._chat_reply_from_json(resp.json())
             self.expect_stream(resp)
-            content, thinking, calls, usage, finish, cut = [], [], {}, {}, None, False
+            content, thinking, calls, usage, finish, cut, done = [], [], {}, {}, None, False, False
             events, guard = 0, RepetitionGuard(calls=bool(tools))
             for _, data in iter_sse(resp):
                 events += 1
                 if data.strip() == "[DONE]":
+                    done = True
                     break
                 try:
                     chunk = json.loads(data)
@@ -2608,6 +2609,13 @@ class OpenAIProvider(Provider):
                     break  # closing the stream stops the server generating (llama.cpp, vLLM, Ollama notice)
             if not events:
                 raise ProviderError("%s ended the chat stream without sending anything" % self.label(),
+                                    retryable=True)
+            # INFO: neither `[DONE]` nor a finish_reason: the reply was cut off, by the run's deadline (its watchdog
+            # closes the stream) or by the server or the network. Half an answer was a completed run (round 15b).
+            if not (done or finish or cut):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded()
+                raise ProviderError("%s closed the chat stream before the reply was complete" % self.label(),
                                     retryable=True)
             tool_calls = []
             for i, idx in enumerate(sorted(calls)):
@@ -8374,8 +8382,8 @@ def _watch(args, console, watch, state):
         try:
             store = open_store(cfg, console, required=True)
         except UsageError as exc:
-            raise UsageError("cannot open the store the watcher records every event in (%s): %s"
-                             % (cfg.db_path(), exc))
+            raise UsageError("%s (the watcher records every event it answers there, so that none runs twice)"
+                             % exc)
     toolset = args.mode or cfg.get("watcher.mode")
     run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, toolset,
                                                           cfg.get("watcher.allow_dangerous"))
@@ -8391,6 +8399,7 @@ def _watch(args, console, watch, state):
     finally:
         if metrics is not None:
             metrics.close()
+        log.close()  # what the log's writer holds, for 2 s at most: a reader that never reads is not waited for
         if stream is not sys.stderr:
             stream.close()
     _exit_if_runs_linger(code, getattr(run_plan, "close", None))

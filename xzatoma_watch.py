@@ -1216,11 +1216,25 @@ def _clean(text):
 
 
 class WatchLog:
+    """The decision log: one line per decision, text or JSON, redacted and bounded.
+
+    INFO: a log on a pipe, a terminal or a socket is written by a thread of its own, from a bounded queue: a reader
+    that stops reading (a stalled log shipper, `2>&1 | less`) froze every thread that logged, the consumer loop
+    and the signal's stopper included, so the watcher neither committed nor stopped on SIGTERM (attack round 15b).
+    Now the lines it cannot take are dropped and counted, said when it reads again, and the watcher goes on. The
+    thread writes with os.write, holding no lock of the stream's: at exit it is left behind, never waited for."""
+
+    QUEUE_LINES = 4096  #: lines waiting for a slow reader before more are dropped
+
     def __init__(self, stream=None, fmt="text", level="info", redact=None):
         self.stream = stream if stream is not None else sys.stderr
         self.fmt, self.level = fmt, LEVELS.get(level, 20)
         self.redact = redact or (lambda text: text)
         self.lock = threading.Lock()
+        self.dropped = 0  #: lines dropped because the log's reader did not keep up
+        self._fd = _blocking_fd(self.stream)  #: the descriptor the writer thread writes, or None: written here
+        self._queue = None
+        self._writer = None
 
     def __call__(self, decision, level="info", **fields):
         if LEVELS.get(level, 20) < self.level:
@@ -1238,12 +1252,66 @@ class WatchLog:
                                         else v))
             line = " ".join(parts)
         line = self.redact(line)
+        if self._fd is not None:
+            self._enqueue(line)
+            return
         with self.lock:
             try:
                 self.stream.write(line + "\n")
                 self.stream.flush()
             except (OSError, ValueError):
                 pass
+
+    def _enqueue(self, line):
+        import queue
+        with self.lock:
+            if self._writer is None:
+                self._queue = queue.Queue(self.QUEUE_LINES)
+                self._writer = threading.Thread(target=self._write_lines, name="xzatoma-log", daemon=True)
+                self._writer.start()
+        try:
+            self._queue.put_nowait(line)
+        except queue.Full:
+            with self.lock:
+                self.dropped += 1
+
+    def _write_lines(self):
+        encoding = getattr(self.stream, "encoding", None) or "utf-8"
+        while True:
+            line = self._queue.get()
+            try:
+                if line is None:
+                    return
+                with self.lock:
+                    dropped, self.dropped = self.dropped, 0
+                if dropped:
+                    self._write("%s WARN log_dropped lines=%d reason=\"the log's reader did not keep up\""
+                                % (now_rfc3339(), dropped) if self.fmt != "json" else
+                                json.dumps({"time": now_rfc3339(), "level": "warn", "event": "log_dropped",
+                                            "lines": dropped, "reason": "the log's reader did not keep up"}),
+                                encoding)
+                self._write(line, encoding)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, line, encoding):
+        data = (line + "\n").encode(encoding, "backslashreplace")
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+        except OSError:
+            pass  # a closed log: what is left is lost, as a write to it would be
+
+    def close(self, timeout=2.0):
+        """Write what waits, for at most `timeout` seconds (a reader that never reads is not waited for)."""
+        if self._writer is None:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            self._queue.put(None, timeout=timeout)
+        except Exception:
+            return
+        self._writer.join(max(0.0, deadline - time.monotonic()))
 
     def _bounded(self, value):
         """A field cut to LOG_FIELD_CHARS, redacted before the cut leaves half a credential (a filtered event's
@@ -1255,6 +1323,19 @@ class WatchLog:
             return value
         out, _ = clipped(text, LOG_FIELD_CHARS)
         return out + "…[%d characters more]" % (len(text) - len(out))
+
+
+def _blocking_fd(stream):
+    """The descriptor under `stream` when a write to it can wait on a reader (a pipe, a terminal, a socket), its
+    Python buffer flushed first; None for files, StringIO and the like (written at once, in order)."""
+    import stat
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+        stream.flush()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return fd if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode) else None
 
 
 LOG_FIELD_CHARS = 2048  #: of one field of a decision line, in bytes (escaped after: at most 10 characters each)

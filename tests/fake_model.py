@@ -455,6 +455,8 @@ def _make_handler(fake):
                 event({"reasoning_content": reply["thinking"]})
             for piece in _pieces(content):
                 event({"content": piece})
+            if reply.get("cut"):  # the connection ends mid-reply: no finish_reason, no [DONE]
+                return self._end_stream()
             if reply.get("malformed"):
                 self._chunk("data: {broken json\n\n")
             for i, c in enumerate(calls):

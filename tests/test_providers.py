@@ -44,6 +44,20 @@ def test_streamed_text_and_parallel_tool_calls(fake, kind, api):
     assert reply.finish_reason == "tool_calls"
 
 
+def test_an_openai_stream_cut_before_its_end_is_never_an_answer(fake):
+    """Found by an attack round: a chat-completions stream that ended after "par", with neither a finish_reason
+    nor [DONE] (a connection reset, a proxy's timeout, the run's deadline), was a completed answer "par"."""
+    fake.add({"content": "partial answer", "cut": True}, {"content": "the whole answer"})
+    reply = provider("openai", fake).complete(MSGS, [])
+    assert reply.content == "the whole answer" and len(fake.model_requests()) == 2  # retried, as a dropped stream
+    fake.add(*[{"content": "partial answer", "cut": True}] * 3)
+    with pytest.raises(ProviderError, match="closed the chat stream before the reply was complete"):
+        provider("openai", fake).complete(MSGS, [])
+    fake.add({"content": "slow answer", "chunk_delay": 0.3})  # the deadline's watchdog closes the stream
+    with pytest.raises(xzatoma.DeadlineExceeded):
+        provider("openai", fake).complete(MSGS, [], deadline=time.monotonic() + 1.0)
+
+
 def test_ollama_ids_are_stable_for_the_same_history(fake):
     p = provider("ollama", fake)
     fake.add(*[{"tool_calls": [{"name": "read_file", "arguments": {"path": "x"}}]}] * 2)

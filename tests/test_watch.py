@@ -782,6 +782,36 @@ def test_an_xzepr_post_fits_whatever_the_event_held():
     assert body["payload"]["truncated"]["error"] == 1 << 20 and body["payload"]["truncated"]["description"]
 
 
+def test_a_log_whose_reader_stops_reading_never_holds_the_watcher():
+    """Found by an attack round: with stderr a pipe nobody read, every thread that logged waited on it, the
+    consumer loop and the signal's stopper included: 12 of 400 events committed, then nothing, and SIGTERM twice
+    did not stop it. Lines the reader cannot take are dropped and counted, and said once it reads again."""
+    import select
+    r, wfd = os.pipe()
+    stream = os.fdopen(wfd, "w")
+    log = w.WatchLog(stream, "json")
+    logged = threading.Thread(target=lambda: [log("received", event_id="e%d" % i, note="x" * 300)
+                                              for i in range(20000)])
+    logged.start()
+    logged.join(60)
+    assert not logged.is_alive() and log.dropped > 0  # 20,000 lines against a 64 KB pipe: it never waited
+    seen, deadline = b"", time.monotonic() + 60
+    while b"log_dropped" not in seen and time.monotonic() < deadline:  # the reader is back
+        if select.select([r], [], [], 1)[0]:
+            seen = seen[-200000:] + os.read(r, 1 << 16)
+    note = json.loads(next(l for l in seen.split(b"\n") if b"log_dropped" in l))
+    assert note["lines"] > 0 and note["level"] == "warn"
+    log("stopped")
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    while closer.is_alive() or select.select([r], [], [], 0)[0]:
+        if select.select([r], [], [], 0.5)[0]:
+            seen = seen[-200000:] + os.read(r, 1 << 16)
+    assert seen.rstrip().endswith(b'"event": "stopped"}')  # close() wrote what waited
+    stream.close()
+    os.close(r)
+
+
 def test_decision_log_escapes_control_characters_and_redacts():
     buf = io.StringIO()
     log = w.WatchLog(buf, "text", redact=lambda s: s.replace("hunter2secret", "[REDACTED]"))
