@@ -1443,6 +1443,12 @@ class HttpFailure(Exception):
         self.kind = kind
 
 
+#: the most of one reply's body, and of one line of a stream, that is read: a server answering without end (a
+#: broken proxy's endless error page, JSON that never closes) took a watcher past 1.5 GB in 6 s (round 15b)
+MAX_BODY_BYTES, MAX_LINE_BYTES = 32 << 20, 16 << 20
+#: of an error reply, only what is shown
+ERROR_BODY_BYTES = 65536
+
 #: how much of a stream the caller stopped reading early is still read to keep its connection; beyond it (a
 #: server still generating after a reply was cut off) the connection is closed, which stops the server
 DRAIN_BYTES, DRAIN_SECONDS = 65536, 0.5
@@ -1494,7 +1500,12 @@ class HttpResponse:
     def content(self):
         if self._content is None:
             try:
-                self._content = self._raw.read()
+                self._content = self._raw.read(MAX_BODY_BYTES + 1)
+                if len(self._content) > MAX_BODY_BYTES:
+                    self._content = None
+                    raise HttpFailure("the reply is larger than %d MB" % (MAX_BODY_BYTES >> 20), "too_large")
+            except HttpFailure:
+                raise
             except (OSError, ValueError) as exc:
                 raise _http_failure(exc)
             except Exception as exc:  # http.client.IncompleteRead and its kin
@@ -1503,25 +1514,46 @@ class HttpResponse:
 
     @property
     def text(self):
+        return self._decode(self.content)
+
+    def head(self, size=ERROR_BODY_BYTES):
+        """The body's first `size` bytes as text (an error reply: only its beginning is ever shown)."""
+        if self._content is not None:
+            return self._decode(self._content[:size])
+        try:
+            return self._decode(self._raw.read(size))
+        except Exception as exc:  # OSError, http.client.IncompleteRead …
+            raise _http_failure(exc)
+
+    def _decode(self, data):
         charset = self.headers.get_content_charset() or "utf-8"
         try:
-            return self.content.decode(charset, "replace")
+            return data.decode(charset, "replace")
         except LookupError:
-            return self.content.decode("utf-8", "replace")
+            return data.decode("utf-8", "replace")
 
     def json(self):
         return json.loads(self.content)
 
     def iter_lines(self):
-        """The body's lines without their endings (LF, CRLF or CR), as they arrive."""
-        pending = b""
+        """The body's lines without their endings (LF, CRLF or CR), as they arrive; none over MAX_LINE_BYTES.
+        Only the new chunk is searched for a line's end: splitting all that waited was quadratic in a long line."""
+        pending, size = [], 0  # the line so far, in chunks without a line feed
         while True:
             chunk = self._read_some()
             if not chunk:
                 break
-            pending += chunk
-            lines = pending.split(b"\n")
-            pending = lines.pop()
+            if b"\n" not in chunk:
+                pending.append(chunk)
+                size += len(chunk)
+                if size > MAX_LINE_BYTES:
+                    raise HttpFailure("a line of the reply is longer than %d MB" % (MAX_LINE_BYTES >> 20),
+                                      "too_large")
+                continue
+            lines = chunk.split(b"\n")
+            lines[0] = b"".join(pending) + lines[0]
+            tail = lines.pop()
+            pending, size = ([tail], len(tail)) if tail else ([], 0)
             for line in lines:
                 line = line[:-1] if line.endswith(b"\r") else line
                 if b"\r" in line:
@@ -1530,7 +1562,7 @@ class HttpResponse:
                 else:
                     yield line
         if pending:
-            yield pending
+            yield b"".join(pending)
 
     def _read_some(self):
         raw = self._raw
@@ -2034,7 +2066,7 @@ class Provider:
                     method, url.split("?")[0], resp.status_code, time.monotonic() - sent, attempt + 1, attempts))
                 try:
                     if resp.status_code >= 400:
-                        text = resp.text
+                        text = resp.head()
                         raise self.http_error(resp.status_code, text, _retry_after(resp.headers))
                     if 300 <= resp.status_code < 400:
                         raise ProviderError("%s answered with a redirect (HTTP %d) to %s; use that address in the "
@@ -2065,6 +2097,8 @@ class Provider:
                 if exc.kind == "url":
                     raise ProviderError("invalid URL for %s: %s (%s)" % (self.label(), url.split("?")[0], exc),
                                         exit_code=EXIT_USAGE)
+                if exc.kind == "too_large":  # asked again, it answers as much again
+                    raise ProviderError("%s sent more than a model's reply can be: %s" % (self.label(), exc))
                 if exc.kind == "timeout" and "read" in str(exc):
                     last = ProviderError("%s timed out after %ss waiting for %s" % (what, read_timeout, self.label()),
                                          retryable=True)
@@ -2130,7 +2164,7 @@ class Provider:
         sample = getattr(exc, "doc", None)
         if not isinstance(sample, str):
             try:
-                sample = resp.text
+                sample = resp.head(4096)  # 80 characters are shown
             except Exception:  # a consumed stream has no text left
                 sample = ""
         kind = "is not JSON" if isinstance(exc, ValueError) else "is JSON of a shape xzatoma does not understand"

@@ -403,3 +403,84 @@ def test_the_runs_deadline_holds_while_a_reply_only_keeps_alive(fake, close_deli
         provider("openai", fake, retries=0).complete([{"role": "user", "content": "hi"}], [],
                                                      deadline=time.monotonic() + 1.0)
     assert time.monotonic() - started < 3
+
+
+class EndlessServer:
+    """Answers each request with `head`, then `piece` over and over, up to `limit` bytes (a broken proxy's endless
+    error page, JSON that never closes, a line without end); `sent` counts what went out on each connection."""
+
+    def __init__(self, head, piece, limit):
+        import socket
+        import threading
+        self.head, self.piece, self.limit, self.sent = head, piece, limit, []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import threading
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next((l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")),
+                          b"0"))
+        while len(body) < length:
+            body += conn.recv(65536)
+        sent = 0
+        try:
+            conn.sendall(self.head)
+            while sent < self.limit:
+                conn.sendall(self.piece)
+                sent += len(self.piece)
+        except OSError:
+            pass  # the client went away: what it read is all it ever reads
+        self.sent.append(sent)
+        conn.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def _chunked(piece):
+    return b"%x\r\n%s\r\n" % (len(piece), piece)
+
+
+@pytest.mark.parametrize("kind,head,piece,said", [
+    # an error page without end: only its beginning is ever shown, so only that is read
+    ("ollama", b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nTransfer-Encoding: chunked\r\n\r\n",
+     _chunked(b"<p>gateway</p>" * 4000), "HTTP 502"),
+    # a 200 of JSON that never closes: 32 MB at most, then a failure that is not retried
+    ("openai", b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+     _chunked(b'{"a": [' + b"1, " * 20000), "sent more than a model's reply can be: the reply is larger than 32 MB"),
+    # a stream line that never ends: 16 MB at most
+    ("ollama", b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
+     _chunked(b'{"message": {"content": "' + b"x" * 60000), "a line of the reply is longer than 16 MB"),
+])
+def test_a_reply_without_end_is_read_within_bounds(kind, head, piece, said):
+    """Found by an attack round: a reply's body was read whole, whatever its size: an endless 502 page or JSON
+    that never closed took a watcher past 1.5 GB in 6 s, and a stream line without end grew with the run's time
+    limit (quadratic in CPU, 300 MB in 120 s). Each server here stops at 200 MB; what it could send is counted."""
+    server = EndlessServer(head, piece, 200 << 20)
+
+    class Fake:  # what provider() needs of the fake model: its address
+        url = server.url
+    try:
+        with pytest.raises(ProviderError) as exc:
+            provider(kind, Fake, retries=1).complete(MSGS, [])
+        assert said in str(exc.value), exc.value
+        from conftest import wait_for
+        assert wait_for(lambda: server.sent)  # the server sees the client go
+        assert max(server.sent) < 64 << 20, server.sent  # it stopped reading long before the 200 MB
+    finally:
+        server.close()

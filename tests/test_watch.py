@@ -801,6 +801,9 @@ def test_a_log_whose_reader_stops_reading_never_holds_the_watcher():
             seen = seen[-200000:] + os.read(r, 1 << 16)
     note = json.loads(next(l for l in seen.split(b"\n") if b"log_dropped" in l))
     assert note["lines"] > 0 and note["level"] == "warn"
+    while log._queue.unfinished_tasks and time.monotonic() < deadline:  # all that waited is written
+        if select.select([r], [], [], 1)[0]:
+            seen = seen[-200000:] + os.read(r, 1 << 16)
     log("stopped")
     closer = threading.Thread(target=log.close)
     closer.start()
