@@ -2158,7 +2158,8 @@ class Watcher:
                                          else str(origin), 300)[0], topic=msg.topic,
                      partition=msg.partition, offset=msg.offset)
             return
-        ours = [("xzatoma_reason", bounded_text(reason, 1000)[0].encode("utf-8")),
+        ours = [("xzatoma_reason", clipped(reason, 1000)[0].encode("utf-8")),  # redacted: the log's and the
+                # result's are; a token quoted in a rejection went out whole here (attack round 15a)
                 ("xzatoma_origin", (getattr(msg, "origin", None) or
                                     "%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
         headers = _plain_headers(msg.headers)

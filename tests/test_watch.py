@@ -782,6 +782,21 @@ def test_an_xzepr_post_fits_whatever_the_event_held():
     assert body["payload"]["truncated"]["error"] == 1 << 20 and body["payload"]["truncated"]["description"]
 
 
+def test_a_dead_letter_copy_s_reason_is_redacted_as_the_log_and_the_result_are():
+    """Found by an attack round: a token quoted in a rejection reason (a specversion, a YAML tag, a context path)
+    was [REDACTED] in the log and the result, and whole in the dead-letter copy's xzatoma_reason header."""
+    from types import SimpleNamespace
+    token = "ghp_" + "QWERTYUIOPasdfghjklzxcvbnmQWERTYUIOP"
+    watcher = w.Watcher(w.Settings(topic="t", dead_letter_topic="dlq"), w.Filters(), None,
+                        log=w.WatchLog(io.StringIO()))
+    sent = []
+    watcher._publish = lambda topic, key, value, headers, what, give_up_after=None: sent.append(dict(headers))
+    msg = SimpleNamespace(topic="t", partition=0, offset=7, key=b"k", value=b"{}", headers=[("h", b"v")])
+    watcher._dead_letter(msg, "unsupported specversion %r" % token)
+    reason = sent[0]["xzatoma_reason"].decode()
+    assert token not in reason and "[REDACTED]" in reason and sent[0]["h"] == b"v"  # the message's own: as sent
+
+
 def test_a_log_whose_reader_stops_reading_never_holds_the_watcher():
     """Found by an attack round: with stderr a pipe nobody read, every thread that logged waited on it, the
     consumer loop and the signal's stopper included: 12 of 400 events committed, then nothing, and SIGTERM twice
