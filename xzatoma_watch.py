@@ -354,6 +354,9 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
     try:
         doc = _load_document(text)
     except BadMessage as exc:
+        from xzatoma_plans import detect_plan_format
+        if fmt == "auto" and detect_plan_format(text) == "markdown":  # a Markdown plan is no YAML: read as the
+            return _bare_plan(ev, text, position, long_key, timestamp, value)  # plan it is (attack round 15a)
         raise BadMessage(exc.reason, id_hint)  # a binary CloudEvent's ce_id names it even when its body is bad
     if isinstance(doc, dict) and "specversion" in doc and fmt != "plan":
         kind = "xzepr" if fmt == "xzepr" or (fmt == "auto" and _is_xzepr(doc)) else "cloudevents"
@@ -385,8 +388,9 @@ def _place(position, timestamp, value):
 def _number_id(value):
     """The text of an id sent as a JSON integer (CloudEvents ids are strings: a producer that sends 123 means
     "123"), else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10 ** 18:
-        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = str(value)  # JSON's integers stop at 4,300 digits; an id at ID_MAX_BYTES (10**18 lost its result)
+        return text if len(text) <= ID_MAX_BYTES else None
     return None
 
 
@@ -443,8 +447,10 @@ def _attributes(ev, attrs, kind):
     ev.format = kind
     event_id = attrs.get("id")
     if _number_id(event_id) is not None:  # told under it
-        raise BadMessage("the event id must be a string (CloudEvents), not the number %d" % event_id,
+        raise BadMessage("the event id must be a string (CloudEvents), not %s" % _json_kind(event_id),
                          _number_id(event_id))
+    if event_id is not None and not isinstance(event_id, str):  # 1.5, true, {}: said so, not "missing"
+        raise BadMessage("the event id must be a string (CloudEvents), not %s" % _json_kind(event_id))
     ev.id = _cut_id(event_id) if isinstance(event_id, str) and event_id.strip() else None
     if ev.id is not None and ev.id != event_id:
         raise BadMessage("the event id is %d bytes, over the limit of %d" % (len(event_id.encode("utf-8")),
@@ -467,6 +473,15 @@ def _attributes(ev, attrs, kind):
     if isinstance(success, str):
         success = success.strip().lower() not in ("false", "0", "no")
     ev.success = None if success is None else bool(success)
+
+
+def _json_kind(value):
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        shown = str(value)
+        return "the number %s" % (shown if len(shown) <= 40 else "of %d digits" % len(shown))
+    return {dict: "an object", list: "an array"}.get(type(value), type(value).__name__)
 
 
 def _bare_plan(ev, text, position, long_key=0, timestamp=None, value=b""):

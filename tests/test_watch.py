@@ -70,6 +70,11 @@ FORMAT_CASES = [
      "Bare"),
     ("bare JSON steps plan, no key", None, json.dumps(STEPS_PLAN).encode(), [], "plan", "t:0:9@1795740118983", "value",
      "Write release notes"),
+    # Markdown that is no YAML ("Fix the build: it fails" is a mapping key YAML cannot end) was rejected under
+    # --format auto, while `run --plan` read it (found by an attack round)
+    ("bare Markdown plan that is no YAML", b"md-1",
+     b"# Task: Fix the build\n\n## Goal\nFix the build: it fails on main.\n\n## Steps\n- run it\n- fix it\n", [],
+     "plan", "md-1", "value", "Fix the build: it fails on main."),
 ]
 
 
@@ -132,12 +137,17 @@ def test_a_cloudevent_without_a_string_id_is_answered_under_its_number_or_its_ke
     attack round: both went unanswered, though a body that could not be read at all was answered under its key)."""
     doc = {"specversion": "1.0", "source": "s", "type": "t", "data": {"plan": PLAN}}
     for event_id, key, answered in ((123, None, "123"), (123, b"k", "123"), (None, b"k", "k"), (True, b"k", "k"),
-                                    ([1], b"k", "k"), (1.5, None, None), (10 ** 30, None, None)):
+                                    ([1], b"k", "k"), (1.5, None, None), (1.5, b"k", "k"),
+                                    (10 ** 30, None, "1" + "0" * 30), (10 ** 1024, b"k", "k")):
         with pytest.raises(w.BadMessage) as bad:
             w.decode_message("t", 0, 1, key, json.dumps(dict(doc, id=event_id)).encode())
         assert bad.value.event_id == answered, (event_id, key)
-    with pytest.raises(w.BadMessage, match="must be a string"):
-        w.decode_message("t", 0, 1, None, json.dumps(dict(doc, id=7)).encode())
+        assert "must be a string" in bad.value.reason or event_id is None, bad.value.reason
+    # said as what it is, never "missing" (found by an attack round: 1.5, 5.0 and 10**18 had no id, it said)
+    for event_id, said in ((7, "not the number 7"), (5.0, "not the number 5.0"), (True, "not a boolean"),
+                           ({}, "not an object"), (10 ** 1024, "not the number of 1025 digits")):
+        with pytest.raises(w.BadMessage, match="must be a string \\(CloudEvents\\), %s" % said):
+            w.decode_message("t", 0, 1, None, json.dumps(dict(doc, id=event_id)).encode())
 
 
 def test_a_surrogate_id_a_binary_image_a_structured_event_with_ce_headers_and_a_blank_ce_id():
