@@ -2120,7 +2120,10 @@ class Provider:
             if last.retry_after is not None:
                 delay = min(max(delay, last.retry_after), 120.0)
             if deadline is not None and time.monotonic() + delay >= deadline:
-                raise DeadlineExceeded()
+                # the server's own words, not "timed out … raise --timeout": a 429 asking for 600 s was said as a
+                # timeout after 3 ms (attack round 15b)
+                raise ProviderError("%s (not tried again: waiting %.0fs%s would pass the run's deadline)" % (
+                    last, delay, " as the server asks" if last.retry_after is not None else ""), status=last.status)
             if interrupt is not None and interrupt.is_set():  # cut off by the cancel: nothing to retry, nor say
                 raise ProviderError("the %s was cancelled" % what)
             self.console.info("  retrying in %.1fs (%d/%d): %s" % (delay, attempt + 1, self.max_retries, last),

@@ -2034,8 +2034,13 @@ class Watcher:
                     "goal": clipped(ev.plan.goal, FIELD_MAX_BYTES["goal"])[0],
                     "instructions": len(ev.plan.instructions)}
             from xzatoma_store import redact_data  # the goal is the event's text: a credential in it is not shown
-            self.out.write(json.dumps(redact_data(line), ensure_ascii=True) + "\n")
-            self.out.flush()
+            try:
+                self.out.write(json.dumps(redact_data(line), ensure_ascii=True) + "\n")
+                self.out.flush()
+            except (OSError, ValueError, AttributeError) as exc:  # `| head -1` went, or stdout was closed (None):
+                self.log("output_closed", level="warn", error=_one_line(exc))  # never the message's fault (each
+                self.request_stop("the dry run's output was closed")  # later one was "rejected", round 15b)
+                return
             self.counts["would_run"] += 1
             self.metrics.watch_event("dry_run")
             return self._settle(po, ev.offset)

@@ -140,6 +140,17 @@ def test_retry_after_is_honoured(fake):
     assert time.monotonic() - started >= 1.0
 
 
+def test_a_retry_that_would_pass_the_deadline_says_the_servers_words_not_timed_out(fake):
+    """Found by an attack round: a 429 asking for 600 s, with a minute left, was "timed out after 60s; raise it
+    with --timeout" after 3 ms, the server's own words nowhere."""
+    fake.add({"status": 429, "headers": {"Retry-After": "600"}, "body": '{"error": {"message": "slow down"}}'})
+    with pytest.raises(ProviderError) as err:
+        provider("openai", fake).complete(MSGS, [], deadline=time.monotonic() + 60)
+    assert "HTTP 429" in str(err.value) and "slow down" in str(err.value), err.value
+    assert "waiting 120s as the server asks would pass the run's deadline" in str(err.value), err.value
+    assert len(fake.model_requests()) == 1
+
+
 def test_client_errors_are_not_retried(fake):
     fake.add({"status": 400, "body": '{"error": {"message": "tools[0] is invalid"}}'}, {"content": "never"})
     with pytest.raises(ProviderError) as err:

@@ -1144,6 +1144,31 @@ def test_dry_run_prints_what_would_run_and_commits_nothing(kafka_broker, monkeyp
     assert len(slow) == 1 and "pip install crc32c" in slow[0]["hint"]
 
 
+def test_a_dry_run_whose_output_is_closed_stops_and_blames_no_message(kafka_broker):
+    """Found by an attack round: after `--dry-run | head -1` the reader went, and every later message was logged
+    "rejected: the watcher could not read this message: BrokenPipeError", 49 of 50. The run stops instead."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(b"p%d" % i, json.dumps(PLAN).encode()) for i in range(5)])
+
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+    log = Lines()
+    s = w.Settings(brokers=kafka_broker.address, topic=topic, group_id="g-" + uuid.uuid4().hex[:8], dry_run=True,
+                   consumer_options=FAST_GROUP, shutdown_grace=5)
+    watcher = w.Watcher(s, w.Filters(), None, log=w.WatchLog(log, "json"), out=Gone())
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert len(log.events("output_closed")) == 1 and log.events("rejected") == []
+    assert "dry run's output was closed" in log.events("stopping")[0]["reason"]
+
+
 class FakeXzepr:
     """A local XZepr API: receivers and events, with scripted failures."""
 
