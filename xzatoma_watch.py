@@ -355,8 +355,9 @@ def decode_message(topic, partition, offset, key, value, headers=(), fmt="auto",
         doc = _load_document(text)
     except BadMessage as exc:
         from xzatoma_plans import detect_plan_format
-        if fmt == "auto" and detect_plan_format(text) == "markdown":  # a Markdown plan is no YAML: read as the
-            return _bare_plan(ev, text, position, long_key, timestamp, value)  # plan it is (attack round 15a)
+        # a Markdown plan is no YAML: it is read as the plan it is (it was rejected, attack round 15a)
+        if fmt == "auto" and detect_plan_format(text) == "markdown":
+            return _bare_plan(ev, text, position, long_key, timestamp, value)
         raise BadMessage(exc.reason, id_hint)  # a binary CloudEvent's ce_id names it even when its body is bad
     if isinstance(doc, dict) and "specversion" in doc and fmt != "plan":
         kind = "xzepr" if fmt == "xzepr" or (fmt == "auto" and _is_xzepr(doc)) else "cloudevents"
@@ -2037,9 +2038,11 @@ class Watcher:
             try:
                 self.out.write(json.dumps(redact_data(line), ensure_ascii=True) + "\n")
                 self.out.flush()
-            except (OSError, ValueError, AttributeError) as exc:  # `| head -1` went, or stdout was closed (None):
-                self.log("output_closed", level="warn", error=_one_line(exc))  # never the message's fault (each
-                self.request_stop("the dry run's output was closed")  # later one was "rejected", round 15b)
+            except (OSError, ValueError, AttributeError) as exc:
+                # `| head -1` went, or stdout was closed (None): never the message's fault (each later one was
+                # "rejected", attack round 15b)
+                self.log("output_closed", level="warn", error=_one_line(exc))
+                self.request_stop("the dry run's output was closed")
                 return
             self.counts["would_run"] += 1
             self.metrics.watch_event("dry_run")
@@ -2178,8 +2181,8 @@ class Watcher:
                                          else str(origin), 300)[0], topic=msg.topic,
                      partition=msg.partition, offset=msg.offset)
             return
-        ours = [("xzatoma_reason", clipped(reason, 1000)[0].encode("utf-8")),  # redacted: the log's and the
-                # result's are; a token quoted in a rejection went out whole here (attack round 15a)
+        # the reason redacted, as the log's and the result's are (a token quoted in a rejection went out whole)
+        ours = [("xzatoma_reason", clipped(reason, 1000)[0].encode("utf-8")),
                 ("xzatoma_origin", (getattr(msg, "origin", None) or
                                     "%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
         headers = _plain_headers(msg.headers)
