@@ -174,7 +174,8 @@ def _check_values(data, max_depth, max_values):
 
 def load_yaml(text, max_depth=MAX_DOCUMENT_DEPTH, max_values=MAX_DOCUMENT_VALUES, allowance=ALIAS_ALLOWANCE):
     """yaml.safe_load, bounded: its parser events are counted before a node is made, and the node graph is
-    measured before anything is built from it, counting each alias as the whole of what it names. DocumentError for invalid YAML or a document over the limits."""
+    measured before anything is built from it, counting each alias as the whole of what it names.
+    DocumentError for invalid YAML or a document over the limits."""
     try:
         import yaml
     except ImportError:
