@@ -2321,8 +2321,14 @@ class Watcher:
         except ClaimLost:
             self._claim_lost(ev)
         except RecordFailed as exc:
-            self._record_failed(job, exc)
-            settle, again = False, not self.hard_stop.is_set()
+            settle = False
+            if job.lease_lost and not self.stopping.is_set():  # kept, and recorded once it is claimed again
+                self._record_failed(job, exc)
+                again = True
+            else:  # stopped with the store still failing: nothing is out, so it runs again where it is redelivered
+                self.log("interrupted", reason="its result could not be recorded before the watcher stopped",
+                         **ev.log_fields())
+                self.counts["interrupted"] += 1
         except Exception as exc:  # a bug must cost this event, never the watcher nor the partition
             settle = self._fail(job, exc)
             again = not settle and not self.hard_stop.is_set()
@@ -2358,16 +2364,13 @@ class Watcher:
             self._start_runs()  # the next waiting event starts now, not when the loop's poll returns
 
     def _record_failed(self, job, exc):
-        """The store could not record the result: it waits in memory, unpublished, and the event is tried again,
-        backing off, as a claim the store refuses is (recorded first, then published)."""
+        """The store could not record the result before its claim lapsed: the result waits in memory, unpublished,
+        and the event is tried again, backing off (claimed again, then recorded, then published)."""
         job.stored, job.unrecorded = exc.result, True
         if exc.copy is not None:
             job.copy_pending = exc.copy
         job.store_failures += 1
         job.held_elsewhere = True
-        self.log("store_failed", level="error" if job.store_failures >= 5 else "warn", error=_one_line(exc.error),
-                 tries=job.store_failures, waiting="its result, to be recorded before it is published",
-                 **job.event.log_fields())
 
     def _claim_lost(self, ev):
         self.log("claim_lost", level="warn", reason="another watcher sharing the store answered this event or "
@@ -2452,11 +2455,24 @@ class Watcher:
         claims the event (it took it over) or has published its result; that one is what goes out."""
         ev = job.event
         if self.store is not None:
-            try:
-                fenced = self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
-                                                 metadata=json.dumps(ev.metadata()), owner=self.owner)
-            except Exception as exc:  # full, locked, read-only: the result waits for the store (RecordFailed)
-                raise RecordFailed(result, exc)
+            tries = 0
+            while True:
+                # INFO: a store that fails here (full, locked, read-only) is waited for as the run was: its claim
+                # held and renewed, its partition's revoke and a stop's grace waiting on it. Put back in the queue,
+                # the claim went and another watcher ran the event again, and a rebalance or a stop dropped the
+                # finished run (attack round 15c). Only a cancel (the grace over, the partition gone, the claim
+                # lapsing) gives up: RecordFailed, nothing published.
+                try:
+                    fenced = self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
+                                                     metadata=json.dumps(ev.metadata()), owner=self.owner)
+                    break
+                except Exception as exc:
+                    tries += 1
+                    self.log("store_failed", level="error" if tries >= 5 else "warn", error=_one_line(exc),
+                             tries=tries, waiting="its result, to be recorded before it is published",
+                             **ev.log_fields())
+                    if job.cancel.wait(self._backoff(tries)) or self.hard_stop.is_set():
+                        raise RecordFailed(result, exc)
             if not fenced:
                 job.claimed = False
                 raise ClaimLost(ev.id)
@@ -3456,9 +3472,9 @@ def publish(brokers, topic, event, key=None, security=None, timeout=30.0):
 
 
 class RecordFailed(Exception):
-    """The store could not record a result before it is published: the result waits, unpublished, and is recorded
-    when the store works again (published without its record, a second group sharing the store ran the event
-    again: two results, attack round 15b). `copy`: the dead-letter copy it was to make after the record."""
+    """The store could not record a result before the run was cancelled (the grace period over, the partition
+    gone, the claim lapsing): nothing is published (published without its record, a second group sharing the store
+    ran the event again: two results, attack round 15b). `copy`: the dead-letter copy to make after the record."""
 
     def __init__(self, result, error, copy=None):
         super().__init__(str(error))
