@@ -1028,10 +1028,6 @@ class Conversation:
             i += 1
         return i
 
-    def head_tokens(self):
-        """The estimated tokens of what pruning always keeps: the system messages, environment and instruction."""
-        return sum(self._estimates[:self._head_end()])
-
     def prune(self, context_window=None, force=False):
         """Drop the oldest whole turns until well under the threshold. Returns a summary or None.
         force: the server refused the conversation as too long, whatever our count says."""
@@ -1909,14 +1905,15 @@ def rejection(body):
 
 
 def iter_sse(response):
-    """Yield (event, data) pairs from a text/event-stream response."""
-    event, data = None, []
+    """Yield (event, data) pairs from a text/event-stream response; an event's data is MAX_LINE_BYTES at most (a
+    server sending `data:` lines and never the blank line that ends an event took a run past 3 GB in 7 s)."""
+    event, data, size = None, [], 0
     for raw in response.iter_lines():
         line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
         if not line:
             if data:
                 yield event, "\n".join(data)
-            event, data = None, []
+            event, data, size = None, [], 0
             continue
         if line.startswith(":"):
             continue
@@ -1926,6 +1923,10 @@ def iter_sse(response):
             event = value
         elif field == "data":
             data.append(value)
+            size += len(value) + 1
+            if size > MAX_LINE_BYTES:
+                raise HttpFailure("an event of the reply's stream is longer than %d MB" % (MAX_LINE_BYTES >> 20),
+                                  "too_large")
     if data:
         yield event, "\n".join(data)
 
@@ -2122,8 +2123,9 @@ class Provider:
             if deadline is not None and time.monotonic() + delay >= deadline:
                 # the server's own words, not "timed out … raise --timeout": a 429 asking for 600 s was said as a
                 # timeout after 3 ms (attack round 15b)
+                asks = " (the server asks %.0fs)" % last.retry_after if last.retry_after is not None else ""
                 raise ProviderError("%s (not tried again: waiting %.0fs%s would pass the run's deadline)" % (
-                    last, delay, " as the server asks" if last.retry_after is not None else ""), status=last.status)
+                    last, delay, asks), status=last.status)
             if interrupt is not None and interrupt.is_set():  # cut off by the cancel: nothing to retry, nor say
                 raise ProviderError("the %s was cancelled" % what)
             self.console.info("  retrying in %.1fs (%d/%d): %s" % (delay, attempt + 1, self.max_retries, last),
@@ -4173,10 +4175,12 @@ class Agent:
         # prompt silently, other servers refuse it, and an event's Markdown plan of 1.6 million steps was an 18 MB
         # request (attack round 15a)
         room = max(window or 0, conv.max_tokens)
-        if conv.tokens > 2 * room and conv.head_tokens() > 2 * room:
-            raise RunStop("the task is about %s tokens, more than twice what the model can take (%s), and pruning "
-                          "never cuts the task; shorten it, or raise agent.conversation.max_tokens"
-                          % (_fmt_tokens(conv.head_tokens()), _fmt_tokens(room)))
+        if conv.tokens > 2 * room:  # all but the last turn goes, as when a server refuses it (chat's 4 MB line)
+            conv.prune(window, force=True)
+        if conv.tokens > 2 * room:
+            raise RunStop("the conversation is about %s tokens even pruned, more than twice what the model can take "
+                          "(%s): its task or last message is too long; shorten it, or raise "
+                          "agent.conversation.max_tokens" % (_fmt_tokens(conv.tokens), _fmt_tokens(room)))
         # INFO: a small model that repeats a call or answers nothing is stuck on its likeliest words; the next
         # request samples hotter (the run's preferred temperature only: one the person set is theirs), and
         # the first good turn cools it again

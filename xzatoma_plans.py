@@ -208,10 +208,13 @@ _LOADERS = {}
 
 def _bounded_loader(yaml):
     """libyaml's safe loader (it stops at 1000 levels itself), else the Python one with a depth guard: its
-    composer recurses, and a deep document would only stop at the interpreter's recursion limit."""
+    composer recurses, and a deep document would only stop at the interpreter's recursion limit. Either builds
+    numbers of at most MAX_NUMBER_CHARS characters."""
     if "loader" not in _LOADERS:
         loader = getattr(yaml, "CSafeLoader", None)
-        if loader is None:
+        if loader is not None:
+            loader = type("BoundedCSafeLoader", (loader,), {})  # its own constructors, not the shared class's
+        else:
             class BoundedSafeLoader(yaml.SafeLoader):
                 depth = 0
 
@@ -225,8 +228,25 @@ def _bounded_loader(yaml):
                     finally:
                         self.depth -= 1
             loader = BoundedSafeLoader
+        for tag, build in (("int", yaml.constructor.SafeConstructor.construct_yaml_int),
+                           ("float", yaml.constructor.SafeConstructor.construct_yaml_float)):
+            loader.add_constructor("tag:yaml.org,2002:" + tag, _bounded_number(build))
         _LOADERS["loader"] = loader
     return _LOADERS["loader"]
+
+
+MAX_NUMBER_CHARS = 1000  #: of a YAML number: YAML 1.1's base 60 (`1:1:1:…`) is a product per part, and 600 KB of
+#: it held a watcher's consumer loop 38 s, 8 MB for hours (attack round 15c); Python's int() stops at 4,300 digits
+
+
+def _bounded_number(build):
+    def construct(loader, node):
+        if len(node.value) > MAX_NUMBER_CHARS:
+            raise DocumentError("a number of %d characters, over the limit of %d" % (len(node.value),
+                                                                                    MAX_NUMBER_CHARS),
+                                node.start_mark.line + 1, over_limit=True)
+        return build(loader, node)
+    return construct
 
 
 def _check_events(yaml, text, max_values):

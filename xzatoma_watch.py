@@ -1404,10 +1404,11 @@ def check_brokers(brokers, flag):
     if not any(entries):
         raise WatchError("%s: no broker given (host:port, comma-separated)" % flag)
     for entry in filter(None, entries):
-        host, colon, port = entry.rpartition(":") if not entry.endswith("]") else (entry, "", "")
+        hostport = re.sub(r"^[A-Za-z_]+://", "", entry)  # PLAINTEXT://host:port, as kafka-python reads it
+        host, colon, port = hostport.rpartition(":") if not hostport.endswith("]") else (hostport, "", "")
         if not colon:
-            host = entry
-        if not host.strip("[]") or colon and not (port.isdigit() and 0 < int(port) < 65536):
+            host = hostport
+        if not host.strip("[]") or colon and not (re.fullmatch(r"[0-9]{1,5}", port) and 0 < int(port) < 65536):
             raise WatchError("%s: %r is not host:port (a port is 1 to 65535)" % (flag, entry[:100]))
     return brokers
 

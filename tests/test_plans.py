@@ -157,13 +157,16 @@ def _nested_aliases(levels=9, width=9):
     # some 3.9 installs) is stopped by the composer's guard
     ("[" * 1500 + "]" * 1500, "yaml", ("nesting depth", "nested deeper than 64 levels")),
     ("goal: G\ninstructions: [a]\nc: " + "[" * 70 + "]" * 70 + "\n", "yaml", "nested deeper than 64 levels"),
-    ("goal: " + "1" * 5000 + "\ninstructions: [a]\n", "yaml", "invalid YAML: Exceeds the limit"),
+    ("goal: " + "1" * 5000 + "\ninstructions: [a]\n", "yaml", "a number of 5000 characters, over the limit"),
     ('{"goal": ' + "1" * 5000 + ', "instructions": ["a"]}', "json", "invalid JSON: Exceeds the limit"),
     ('{"goal": "G", "instructions": [%s]}' % ",".join(["0"] * 100001), "json", "more than 100000 values"),
     # libyaml composes a whole document before it can be measured: 8 MB of these made 8 million nodes (4 GB)
     ("goal: G\ninstructions: [a]\nx: {" + "a," * 300000 + "a}\n", "yaml", "more than 100000 values"),
     ("goal: G\ninstructions: [a]\nx: [" + "a," * 300000 + "a]\n", "yaml", "more than 100000 values"),
     ("goal: G\ninstructions: [a]\nx:\n" + "- a\n" * 300000, "yaml", "more than 100000 values"),
+    # YAML 1.1's base 60 is a product per part: 200 KB took 4.4 s, 8 MB hours (one scalar, few events)
+    ("goal: G\ninstructions: [a]\nnote: " + ":".join(["1"] * 100000) + "\n", "yaml",
+     "a number of 199999 characters, over the limit of 1000"),
 ])
 def test_hostile_plans_are_plan_errors_with_bounded_memory(text, fmt, message):
     """Issue 22: a 356-byte plan of nested aliases took 47 s and 684 MB; `[` x 1500 raised RecursionError.

@@ -147,7 +147,7 @@ def test_a_retry_that_would_pass_the_deadline_says_the_servers_words_not_timed_o
     with pytest.raises(ProviderError) as err:
         provider("openai", fake).complete(MSGS, [], deadline=time.monotonic() + 60)
     assert "HTTP 429" in str(err.value) and "slow down" in str(err.value), err.value
-    assert "waiting 120s as the server asks would pass the run's deadline" in str(err.value), err.value
+    assert "waiting 120s (the server asks 600s) would pass the run's deadline" in str(err.value), err.value
     assert len(fake.model_requests()) == 1
 
 
@@ -474,6 +474,9 @@ def _chunked(piece):
     # a 200 of JSON that never closes: 32 MB at most, then a failure that is not retried
     ("openai", b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
      _chunked(b'{"a": [' + b"1, " * 20000), "sent more than a model's reply can be: the reply is larger than 32 MB"),
+    # an SSE event of `data:` lines that never ends (no blank line): 16 MB at most
+    ("openai", b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+     _chunked(b"data: " + b"x" * 60000 + b"\n"), "an event of the reply's stream is longer than 16 MB"),
     # a stream line that never ends: 16 MB at most
     ("ollama", b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
      _chunked(b'{"message": {"content": "' + b"x" * 60000), "a line of the reply is longer than 16 MB"),

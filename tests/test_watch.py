@@ -560,7 +560,9 @@ POISON = [
      "bomb-ce", "once its aliases are expanded"),
     ("recursive alias", b"rec", b"goal: G\ninstructions: [a]\nc: &c [1, *c]\n", [], "rec", "contains it"),
     ("a 5000-digit number", b"num", b"goal: " + b"1" * 5000 + b"\ninstructions: [a]\n", [], "num",
-     "integer string conversion"),
+     "a number of 5000 characters"),
+    ("YAML base 60 of 200 KB", b"b60", b"goal: G\ninstructions: [a]\nn: " + b":".join([b"1"] * 100000) + b"\n", [],
+     "b60", "a number of 199999 characters"),
     ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], w._cut_id("i" * 20000),
      "event id is 20000"),
     # cut, two keys that differ past the limit were one id: the second plan never ran, logged a duplicate

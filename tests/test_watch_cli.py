@@ -68,6 +68,7 @@ def test_a_watcher_never_runs_without_its_store_and_bad_flags_are_usage_errors(c
                        (["--brokers", ""], "no broker given"),
                        (["--brokers", " , "], "no broker given"),
                        (["--brokers", "127.0.0.1:70000"], "is not host:port"),
+                       (["--brokers", "localhost:\u00b2"], "is not host:port"),  # a digit to isdigit(), not to int()
                        (["--metrics-port", "70000"], "--metrics-port must be 1 to 65535"),
                        (["--max-concurrent", "100000"], "--max-concurrent must be at most 256")):
         r = cli.run("watch", "--topic", "t", *(["--brokers", "127.0.0.1:1"] if args[0] != "--brokers" else []),
