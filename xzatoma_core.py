@@ -2011,6 +2011,7 @@ class Provider:
         #: sampling a run prefers where the person set nothing (prefer()): the compact profile's temperature
         self.preferred = {}
         self.heat = 0.0  #: added to the preferred temperature while the loop is stuck (set per request)
+        self.on_retry = None  #: called before a request is tried again (the Agent's display: what streamed is void)
         #: a threading.Event (the asking agent's cancel, set per request): once set, the request in flight is cut
         #: off within 0.25 s and none is retried
         self.interrupt = None
@@ -2130,6 +2131,8 @@ class Provider:
                 raise ProviderError("the %s was cancelled" % what)
             self.console.info("  retrying in %.1fs (%d/%d): %s" % (delay, attempt + 1, self.max_retries, last),
                               "dim")
+            if self.on_retry is not None:  # what the failed attempt streamed is not the answer
+                self.on_retry()
             if interrupt is not None:
                 interrupt.wait(delay)
             else:
@@ -3449,6 +3452,9 @@ class Events:
     def waiting(self):
         """The model has been asked; nothing has arrived yet."""
 
+    def retrying(self):
+        """The reply so far was cut off, and the model is asked again: what it streamed is not the answer."""
+
     def replied(self):
         """The model's reply is complete (or failed)."""
 
@@ -3591,6 +3597,15 @@ class StreamedText(Events):
     def delta(self, text):
         self.raw.append(text)
         self._show(self.render.feed(self.filter.feed(text)))
+
+    def retrying(self):
+        """What a cut-off reply streamed stays, marked, and the next attempt starts on a line of its own (it was
+        glued to it: 'PARTIAL-FIRST-ATTEMPT The final answer is 42.', attack round 15c)."""
+        if self.shown:
+            self._show(self.render.finish())
+            self.out.write(self.console.style(" [cut off: asked again]", "dim"))
+            self._end_line()
+        self.waiting()
 
     def _show(self, visible):
         if visible:
@@ -4495,6 +4510,7 @@ class Agent:
         conv = self.conversation
         for attempt in (1, 2):
             self.events.waiting()
+            self.provider.on_retry = self.events.retrying
             try:
                 return self.provider.complete(conv.messages if messages is None else messages, tools,
                                               on_delta=self.events.delta, deadline=self.deadline,

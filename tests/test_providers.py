@@ -498,3 +498,21 @@ def test_a_reply_without_end_is_read_within_bounds(kind, head, piece, said):
         assert max(server.sent) < 64 << 20, server.sent  # it stopped reading long before the 200 MB
     finally:
         server.close()
+
+
+def test_a_reply_cut_off_and_asked_again_is_marked_not_glued_to_the_next(fake):
+    """Found by an attack round: a cut-off stream is retried now, and what it had streamed stayed on the screen
+    glued to the answer ('PARTIAL-FIRST-ATTEMPT The final answer is 42.'). It stays, marked, on a line of its own."""
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    shown = xzatoma.StreamedText(Console(color=False, err=err), out)
+    p = provider("openai", fake)
+    fake.add({"content": "PARTIAL FIRST line\nand more", "cut": True}, {"content": "The final answer is 42."})
+    shown.waiting()
+    p.on_retry = shown.retrying
+    reply = p.complete(MSGS, [], on_delta=shown.delta)
+    shown.replied()
+    assert reply.content == "The final answer is 42."
+    assert out.getvalue() == "PARTIAL FIRST line\nand more [cut off: asked again]\nThe final answer is 42.\n", \
+        out.getvalue()
+    assert "".join(shown.raw) == "The final answer is 42."  # the conversation keeps the answer, not the cut
