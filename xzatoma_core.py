@@ -1028,6 +1028,10 @@ class Conversation:
             i += 1
         return i
 
+    def head_tokens(self):
+        """The estimated tokens of what pruning always keeps: the system messages, environment and instruction."""
+        return sum(self._estimates[:self._head_end()])
+
     def prune(self, context_window=None, force=False):
         """Drop the oldest whole turns until well under the threshold. Returns a summary or None.
         force: the server refused the conversation as too long, whatever our count says."""
@@ -4189,13 +4193,13 @@ class Agent:
         # INFO: what pruning cannot cut (the task itself) is never sent over twice the window: Ollama cuts such a
         # prompt silently, other servers refuse it, and an event's Markdown plan of 1.6 million steps was an 18 MB
         # request (attack round 15a)
+        # (the task alone: a later turn over the window is the server's to refuse, and the loop prunes for it;
+        # refused here, a chat lost its recent turns and a run its big tool results, attack round 15d)
         room = max(window or 0, conv.max_tokens)
-        if conv.tokens > 2 * room:  # all but the last turn goes, as when a server refuses it (chat's 4 MB line)
-            conv.prune(window, force=True)
-        if conv.tokens > 2 * room:
-            raise RunStop("the conversation is about %s tokens even pruned, more than twice what the model can take "
-                          "(%s): its task or last message is too long; shorten it, or raise "
-                          "agent.conversation.max_tokens" % (_fmt_tokens(conv.tokens), _fmt_tokens(room)))
+        if conv.tokens > 2 * room and conv.head_tokens() > 2 * room:
+            raise RunStop("the task is about %s tokens, more than twice what the model can take (%s), and pruning "
+                          "never cuts the task; shorten it, or raise agent.conversation.max_tokens"
+                          % (_fmt_tokens(conv.head_tokens()), _fmt_tokens(room)))
         # INFO: a small model that repeats a call or answers nothing is stuck on its likeliest words; the next
         # request samples hotter (the run's preferred temperature only: one the person set is theirs), and
         # the first good turn cools it again

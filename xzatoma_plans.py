@@ -209,7 +209,7 @@ _LOADERS = {}
 def _bounded_loader(yaml):
     """libyaml's safe loader (it stops at 1000 levels itself), else the Python one with a depth guard: its
     composer recurses, and a deep document would only stop at the interpreter's recursion limit. Either builds
-    numbers of at most MAX_NUMBER_CHARS characters."""
+    base-60 numbers of at most MAX_BASE60_CHARS characters."""
     if "loader" not in _LOADERS:
         loader = getattr(yaml, "CSafeLoader", None)
         if loader is not None:
@@ -235,15 +235,15 @@ def _bounded_loader(yaml):
     return _LOADERS["loader"]
 
 
-MAX_NUMBER_CHARS = 1000  #: of a YAML number: YAML 1.1's base 60 (`1:1:1:…`) is a product per part, and 600 KB of
-#: it held a watcher's consumer loop 38 s, 8 MB for hours (attack round 15c); Python's int() stops at 4,300 digits
+MAX_BASE60_CHARS = 1000  #: of a YAML 1.1 base-60 number (`1:1:1:…`), a product per part: 600 KB of it held a
+#: watcher's consumer loop 38 s, 8 MB for hours (attack round 15c). Decimal ones stop at Python's 4,300 digits.
 
 
 def _bounded_number(build):
     def construct(loader, node):
-        if len(node.value) > MAX_NUMBER_CHARS:
-            raise DocumentError("a number of %d characters, over the limit of %d" % (len(node.value),
-                                                                                    MAX_NUMBER_CHARS),
+        if ":" in node.value and len(node.value) > MAX_BASE60_CHARS:
+            raise DocumentError("a base-60 number (x:y:z) of %d characters, over the limit of %d; quote it to keep "
+                                "it as text" % (len(node.value), MAX_BASE60_CHARS),
                                 node.start_mark.line + 1, over_limit=True)
         return build(loader, node)
     return construct

@@ -1914,10 +1914,13 @@ class Store:
         row = self.conn().execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
         return dict(row) if row is not None else None
 
-    def record_event(self, event_id, conversation_id, status, result=None, metadata=None, owner=None):
+    def record_event(self, event_id, conversation_id, status, result=None, metadata=None, owner=None, lease=None):
         """An event finished: recorded before its result is published, so a crash in between republishes it.
         With `owner`, only while no other owner claims it and its result is not out (the fence): else False, and
-        nothing written; the result must not be published (another one was, or will be)."""
+        nothing written; the result must not be published (another one was, or will be). With `lease`, the
+        owner's claim is renewed in the same transaction: the result has a whole lease to go out in (recorded
+        after a wait on a locked store, past the claim's end, a watcher on another host took the claim over and
+        published the stored result too: two results, attack round 15d)."""
         with self._transaction() as conn:
             if owner is not None:
                 claim = conn.execute("SELECT owner FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
@@ -1925,6 +1928,9 @@ class Store:
                                    (event_id,)).fetchone()
                 if out is not None or (claim is not None and claim["owner"] != owner):
                     return False
+                if claim is not None and lease is not None:
+                    conn.execute("UPDATE event_claims SET expires_at = ? WHERE event_id = ? AND owner = ?",
+                                 (time.time() + lease, event_id, owner))
             conn.execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status, "
                          "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
                          (event_id, rfc3339(), conversation_id, status, self.redact(result), self.redact(metadata)))

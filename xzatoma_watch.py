@@ -2327,9 +2327,11 @@ class Watcher:
                 self._record_failed(job, exc)
                 again = True
             else:  # stopped with the store still failing: nothing is out, so it runs again where it is redelivered
-                self.log("interrupted", reason="its result could not be recorded before the watcher stopped",
-                         **ev.log_fields())
-                self.counts["interrupted"] += 1
+                self.log("interrupted", reason="its result could not be recorded before its run was stopped (a stop "
+                         "or its partition gone)", **ev.log_fields())
+                if job.rejection is None:  # a rejected message was counted as such when it was read
+                    self.counts["interrupted"] += 1
+                    self.metrics.watch_event("interrupted")
         except Exception as exc:  # a bug must cost this event, never the watcher nor the partition
             settle = self._fail(job, exc)
             again = not settle and not self.hard_stop.is_set()
@@ -2465,7 +2467,8 @@ class Watcher:
                 # lapsing) gives up: RecordFailed, nothing published.
                 try:
                     fenced = self.store.record_event(ev.id, conversation_id, status, result=json.dumps(result),
-                                                     metadata=json.dumps(ev.metadata()), owner=self.owner)
+                                                     metadata=json.dumps(ev.metadata()), owner=self.owner,
+                                                     lease=self.s.claim_lease)
                     break
                 except Exception as exc:
                     tries += 1

@@ -319,10 +319,8 @@ def test_a_task_over_twice_the_window_is_never_sent(open_session):
     assert "more than twice what the model can take (100,000)" in r.error and "shorten it" in r.error
     s = open_session(Reply("done"))
     assert run(s, "count these: " + "word " * 100000).status == "completed"  # over the budget, not twice: sent
-    # a later message too (found by the next round: chat's second line of 4 MB went out whole): earlier turns are
-    # pruned first, and what is still over twice the window is never sent
-    s = open_session(Reply("first"), Reply("second"), Reply("third"))
-    assert run(s, "hello").status == "completed" and len(s.provider.calls) == 1
-    r = run(s, "and these: " + "word " * 200000)
-    assert r.status == "failed" and "its task or last message is too long" in r.error and len(s.provider.calls) == 1
-    assert run(s, "hello again").status == "completed" and len(s.provider.calls) == 2  # the session goes on
+    # the task alone: a later turn as big is the server's to refuse (refused here, a chat lost its recent turns
+    # and a run with big tool results stopped, found by an attack round)
+    s = open_session(Reply("first"), Reply("second"))
+    assert run(s, "hello").status == "completed"
+    assert run(s, "and these: " + "word " * 200000).status == "completed" and len(s.provider.calls) == 2

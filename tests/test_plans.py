@@ -157,7 +157,7 @@ def _nested_aliases(levels=9, width=9):
     # some 3.9 installs) is stopped by the composer's guard
     ("[" * 1500 + "]" * 1500, "yaml", ("nesting depth", "nested deeper than 64 levels")),
     ("goal: G\ninstructions: [a]\nc: " + "[" * 70 + "]" * 70 + "\n", "yaml", "nested deeper than 64 levels"),
-    ("goal: " + "1" * 5000 + "\ninstructions: [a]\n", "yaml", "a number of 5000 characters, over the limit"),
+    ("goal: " + "1" * 5000 + "\ninstructions: [a]\n", "yaml", "invalid YAML: Exceeds the limit"),
     ('{"goal": ' + "1" * 5000 + ', "instructions": ["a"]}', "json", "invalid JSON: Exceeds the limit"),
     ('{"goal": "G", "instructions": [%s]}' % ",".join(["0"] * 100001), "json", "more than 100000 values"),
     # libyaml composes a whole document before it can be measured: 8 MB of these made 8 million nodes (4 GB)
@@ -166,7 +166,7 @@ def _nested_aliases(levels=9, width=9):
     ("goal: G\ninstructions: [a]\nx:\n" + "- a\n" * 300000, "yaml", "more than 100000 values"),
     # YAML 1.1's base 60 is a product per part: 200 KB took 4.4 s, 8 MB hours (one scalar, few events)
     ("goal: G\ninstructions: [a]\nnote: " + ":".join(["1"] * 100000) + "\n", "yaml",
-     "a number of 199999 characters, over the limit of 1000"),
+     "a base-60 number (x:y:z) of 199999 characters, over the limit of 1000; quote it"),
 ])
 def test_hostile_plans_are_plan_errors_with_bounded_memory(text, fmt, message):
     """Issue 22: a 356-byte plan of nested aliases took 47 s and 684 MB; `[` x 1500 raised RecursionError.
@@ -211,3 +211,12 @@ def test_a_plan_holds_at_most_1000_steps_in_any_format(fmt, make):
     with pytest.raises(PlanError, match="more than 1,000: split the plan|more than 1,000 steps: split") as exc:
         parse_plan(make(1001), source="p", fmt=fmt)
     assert exc.value.line is not None or fmt == "json"  # the line of the list (one-line JSON has none)
+
+
+def test_a_long_decimal_number_is_still_a_number_and_base_60_is_bounded():
+    """The bound is on base 60 alone, the costly one (a plan carrying an RSA-4096 modulus of 1,234 digits was
+    refused by a bound on every number, found by an attack round)."""
+    modulus = "9" * 1234
+    plan = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  modulus: %s\n  at: 1:30\n" % modulus, source="p",
+                      fmt="yaml")
+    assert plan.context == {"modulus": int(modulus), "at": 90}

@@ -377,6 +377,20 @@ def test_processes_sharing_a_store_never_hold_one_event_id_at_once(tmp_path):
     assert sorted(won) == sorted(ids)  # every id claimed, each by exactly one process
 
 
+def test_a_result_recorded_renews_its_claim_for_the_time_it_takes_to_go_out(store):
+    """Found by an attack round: a record that waited on a locked store past its claim's lease went in, and a
+    watcher of another host took the claim over and published the stored result too (two results). The record
+    renews its owner's claim in its own transaction, so no one takes it over before the result is out."""
+    assert store.claim_event("r", "A", 6)[0]
+    store.conn().execute("UPDATE event_claims SET host = 'elsewhere', expires_at = ? WHERE event_id = 'r'",
+                         (time.time() - 1,))  # the lease ran out while the store was locked
+    assert store.record_event("r", "c", "completed", result="{}", owner="A", lease=60)
+    expires = store.conn().execute("SELECT expires_at FROM event_claims WHERE event_id = 'r'").fetchone()[0]
+    assert expires > time.time() + 50
+    assert store.claim_event("r", "B", 60)[0] is False  # held: A publishes now
+    assert not store.record_event("r", "c", "completed", result="{}", owner="B", lease=60)  # the fence
+
+
 def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store, tmp_path):
     import subprocess
     import sys

@@ -560,9 +560,9 @@ POISON = [
      "bomb-ce", "once its aliases are expanded"),
     ("recursive alias", b"rec", b"goal: G\ninstructions: [a]\nc: &c [1, *c]\n", [], "rec", "contains it"),
     ("a 5000-digit number", b"num", b"goal: " + b"1" * 5000 + b"\ninstructions: [a]\n", [], "num",
-     "a number of 5000 characters"),
+     "integer string conversion"),
     ("YAML base 60 of 200 KB", b"b60", b"goal: G\ninstructions: [a]\nn: " + b":".join([b"1"] * 100000) + b"\n", [],
-     "b60", "a number of 199999 characters"),
+     "b60", "a base-60 number (x:y:z) of 199999 characters"),
     ("an id of 20 KB", None, cloudevent("i" * 20000, data={"plan": PLAN}), [], w._cut_id("i" * 20000),
      "event id is 20000"),
     # cut, two keys that differ past the limit were one id: the second plan never ran, logged a duplicate
@@ -2568,6 +2568,41 @@ def test_a_result_waiting_for_the_store_keeps_its_claim_and_its_place(kafka_brok
     results = kb.read_all(kafka_broker.address, topic + ".results", 2, timeout=5)
     assert [json.loads(r.value)["data"]["status"] for r in results] == ["completed"]
     assert kb.committed(kafka_broker.address, a.s.group_id, topic) == [1]  # settled within the grace period
+
+
+def test_a_result_the_store_never_records_before_the_stop_is_an_interrupted_run_in_the_counts_and_metrics(
+        kafka_broker, store):
+    """The grace period ends with the store still full: nothing is published, nothing committed (it runs again
+    after redelivery), and the run counts as interrupted in the log's counts and the metrics alike (the metrics
+    had nothing of it, found by an attack round)."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("never", data={"plan": PLAN}))])
+    full = threading.Event()
+    full.set()
+    record = _store_full_until(store, full)
+    outcomes = []
+
+    class Events(Gauges):
+        def watch_event(self, outcome):
+            outcomes.append(outcome)
+    log = Lines()
+    s = w.Settings(brokers=kafka_broker.address, topic=topic, group_id="g-" + uuid.uuid4().hex[:8],
+                   consumer_options=FAST_GROUP, shutdown_grace=1, backoff_initial=0.05, backoff_max=0.2)
+    watcher = w.Watcher(s, w.Filters(), fake_runner(), store=store, log=w.WatchLog(log, "json"), metrics=Events())
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: len(log.events("store_failed")) >= 2, 30)
+        watcher.request_stop("test")
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        store.record_event = record
+    assert watcher.counts["interrupted"] == 1 and outcomes.count("interrupted") == 1
+    assert [l["event_id"] for l in log.events("interrupted")] == ["never"]
+    assert kb.read_all(kafka_broker.address, topic + ".results", 1, timeout=2) == []
+    assert kb.committed(kafka_broker.address, s.group_id, topic) in ([None], [0])  # read again from it
 
 
 def test_a_result_is_recorded_and_published_only_under_its_claim(kafka_broker, store):
