@@ -1923,14 +1923,18 @@ class Store:
         published the stored result too: two results, attack round 15d)."""
         with self._transaction() as conn:
             if owner is not None:
-                claim = conn.execute("SELECT owner FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
+                claim = conn.execute("SELECT owner, attempts FROM event_claims WHERE event_id = ?",
+                                     (event_id,)).fetchone()
                 out = conn.execute("SELECT 1 FROM processed_events WHERE event_id = ? AND published_at IS NOT NULL",
                                    (event_id,)).fetchone()
                 if out is not None or (claim is not None and claim["owner"] != owner):
                     return False
-                if claim is not None and lease is not None:
-                    conn.execute("UPDATE event_claims SET expires_at = ? WHERE event_id = ? AND owner = ?",
-                                 (time.time() + lease, event_id, owner))
+                if lease is not None:  # renewed, or taken again when none holds it (its taker since released it)
+                    now = time.time()
+                    conn.execute("INSERT OR REPLACE INTO event_claims (event_id, owner, host, pid, claimed_at, "
+                                 "expires_at, attempts, started) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (event_id, owner, _process_space(), os.getpid(), now, now + lease,
+                                  claim["attempts"] if claim is not None else 1, _process_start(os.getpid())))
             conn.execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status, "
                          "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
                          (event_id, rfc3339(), conversation_id, status, self.redact(result), self.redact(metadata)))

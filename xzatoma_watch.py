@@ -2130,7 +2130,7 @@ class Watcher:
                                       self._budget(ev.id))
                 if claimed and not self._store_call(self.store.record_event, ev, ev.id, None, "rejected",
                                                     result=json.dumps(result), metadata=json.dumps(ev.metadata()),
-                                                    owner=self.owner):
+                                                    owner=self.owner, lease=self.s.claim_lease):
                     return self._claim_lost(ev)
             if self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS, "result",
                              give_up_after=3) is None and claimed:

@@ -389,6 +389,14 @@ def test_a_result_recorded_renews_its_claim_for_the_time_it_takes_to_go_out(stor
     assert expires > time.time() + 50
     assert store.claim_event("r", "B", 60)[0] is False  # held: A publishes now
     assert not store.record_event("r", "c", "completed", result="{}", owner="B", lease=60)  # the fence
+    # no claim at all (its taker since stopped and released it: found by the next round): taken again with the
+    # record, so a claimant of the redelivered message waits for the result instead of publishing it too
+    assert store.claim_event("s", "B", 60)[0]
+    store.release_claim("s", "B")
+    assert store.record_event("s", "c", "completed", result="{}", owner="A", lease=60)
+    assert store.conn().execute("SELECT owner FROM event_claims WHERE event_id = 's'").fetchone()[0] == "A"
+    store.conn().execute("UPDATE event_claims SET host = 'elsewhere' WHERE event_id = 's'")
+    assert store.claim_event("s", "C", 60)[0] is False
 
 
 def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store, tmp_path):
