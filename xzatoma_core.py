@@ -4192,9 +4192,8 @@ class Agent:
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
         # INFO: what pruning cannot cut (the task itself) is never sent over twice the window: Ollama cuts such a
         # prompt silently, other servers refuse it, and an event's Markdown plan of 1.6 million steps was an 18 MB
-        # request (attack round 15a)
-        # (the task alone: a later turn over the window is the server's to refuse, and the loop prunes for it;
-        # refused here, a chat lost its recent turns and a run its big tool results, attack round 15d)
+        # request (attack round 15a). The task alone: a later turn that big is the server's to refuse, and the loop
+        # prunes for it (refused here, a chat lost its recent turns and a run its big tool results, round 15d).
         room = max(window or 0, conv.max_tokens)
         if conv.tokens > 2 * room and conv.head_tokens() > 2 * room:
             raise RunStop("the task is about %s tokens, more than twice what the model can take (%s), and pruning "

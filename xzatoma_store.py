@@ -1930,11 +1930,8 @@ class Store:
                 if out is not None or (claim is not None and claim["owner"] != owner):
                     return False
                 if lease is not None:  # renewed, or taken again when none holds it (its taker since released it)
-                    now = time.time()
-                    conn.execute("INSERT OR REPLACE INTO event_claims (event_id, owner, host, pid, claimed_at, "
-                                 "expires_at, attempts, started) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (event_id, owner, _process_space(), os.getpid(), now, now + lease,
-                                  claim["attempts"] if claim is not None else 1, _process_start(os.getpid())))
+                    _put_claim(conn, event_id, owner, _process_space(), time.time(), lease,
+                               claim["attempts"] if claim is not None else 1)
             conn.execute("INSERT OR REPLACE INTO processed_events (event_id, processed_at, conversation_id, status, "
                          "result, published_at, metadata) VALUES (?, ?, ?, ?, ?, NULL, ?)",
                          (event_id, rfc3339(), conversation_id, status, self.redact(result), self.redact(metadata)))
@@ -1983,9 +1980,7 @@ class Store:
                 attempts = claim["attempts"] + 1
             else:
                 attempts = claim["attempts"] if claim is not None else 1
-            conn.execute("INSERT OR REPLACE INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, "
-                         "attempts, started) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                         (event_id, owner, host, os.getpid(), now, now + lease, attempts, _process_start(os.getpid())))
+            _put_claim(conn, event_id, owner, host, now, lease, attempts)
             return True, attempts, record
 
     def release_claim(self, event_id, owner):
@@ -2119,6 +2114,13 @@ def _claim_holds(claim, host, now):
     if claim["started"] is None and _process_start(os.getpid()) is not None:
         return claim["expires_at"] > now and _pid_alive(claim["pid"])
     return _pid_alive(claim["pid"]) and claim["started"] in (None, _process_start(claim["pid"]))
+
+
+def _put_claim(conn, event_id, owner, host, now, lease, attempts):
+    """`owner`'s claim on `event_id` until now + lease, as this process (its pid and start time) of `host`."""
+    conn.execute("INSERT OR REPLACE INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, attempts, "
+                 "started) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 (event_id, owner, host, os.getpid(), now, now + lease, attempts, _process_start(os.getpid())))
 
 
 def _process_start(pid):

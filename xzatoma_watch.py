@@ -399,8 +399,9 @@ def _body_id(doc, text, fallback):
     """The id a document that is no event names for its answer, as an event's is read: its text (cut), or the
     number it holds; else `fallback` (half a character mended to '?' is no id: review found this path missed)."""
     event_id = doc.get("id") if isinstance(doc, dict) else None
-    if _number_id(event_id) is not None:
-        return _number_id(event_id)
+    number = _number_id(event_id)
+    if number is not None:
+        return number
     if isinstance(event_id, str) and event_id.strip() and not _id_was_mended(doc, text):
         return _cut_id(event_id)
     return fallback
@@ -447,11 +448,9 @@ def _base64_data(ev, doc):
 def _attributes(ev, attrs, kind):
     ev.format = kind
     event_id = attrs.get("id")
-    if _number_id(event_id) is not None:  # told under it
+    if event_id is not None and not isinstance(event_id, str):  # 123 is told under it; 1.5, true, {} under none
         raise BadMessage("the event id must be a string (CloudEvents), not %s" % _json_kind(event_id),
                          _number_id(event_id))
-    if event_id is not None and not isinstance(event_id, str):  # 1.5, true, {}: said so, not "missing"
-        raise BadMessage("the event id must be a string (CloudEvents), not %s" % _json_kind(event_id))
     ev.id = _cut_id(event_id) if isinstance(event_id, str) and event_id.strip() else None
     if ev.id is not None and ev.id != event_id:
         raise BadMessage("the event id is %d bytes, over the limit of %d" % (len(event_id.encode("utf-8")),
@@ -1255,6 +1254,19 @@ class WatchLog:
     def __call__(self, decision, level="info", **fields):
         if LEVELS.get(level, 20) < self.level:
             return
+        line = self._line(decision, level, fields)
+        if self._fd is not None:
+            self._enqueue(line)
+            return
+        with self.lock:
+            try:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+
+    def _line(self, decision, level, fields):
+        """One decision as its line: text or JSON, fields bounded, the whole redacted."""
         fields = {k: self._bounded(v) for k, v in fields.items() if v is not None}
         if self.fmt == "json":
             record = {"time": now_rfc3339(), "level": level, "event": decision}
@@ -1267,16 +1279,7 @@ class WatchLog:
                 parts.append("%s=%s" % (k, json.dumps(v, ensure_ascii=False) if (not v or re.search(r'[\s"=]', v))
                                         else v))
             line = " ".join(parts)
-        line = self.redact(line)
-        if self._fd is not None:
-            self._enqueue(line)
-            return
-        with self.lock:
-            try:
-                self.stream.write(line + "\n")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass
+        return self.redact(line)
 
     def _enqueue(self, line):
         import queue
@@ -1301,11 +1304,8 @@ class WatchLog:
                 with self.lock:
                     dropped, self.dropped = self.dropped, 0
                 if dropped:
-                    self._write("%s WARN log_dropped lines=%d reason=\"the log's reader did not keep up\""
-                                % (now_rfc3339(), dropped) if self.fmt != "json" else
-                                json.dumps({"time": now_rfc3339(), "level": "warn", "event": "log_dropped",
-                                            "lines": dropped, "reason": "the log's reader did not keep up"}),
-                                encoding)
+                    self._write(self._line("log_dropped", "warn", {"lines": dropped, "reason": "the log's reader "
+                                                                   "did not keep up"}), encoding)
                 self._write(line, encoding)
             finally:
                 self._queue.task_done()
@@ -2134,13 +2134,7 @@ class Watcher:
                     return self._claim_lost(ev)
             if self._publish(self.s.output_topic, ev.id.encode("utf-8"), _encode(result), RESULT_HEADERS, "result",
                              give_up_after=3) is None and claimed:
-                try:
-                    self.store.event_published(ev.id, self.owner)  # the claim ends with it
-                except Exception as exc:  # out, and not marked: held until a chore marks it (released, the next
-                    # claimant republished the stored result: found by attack round 12)
-                    self.log("store_failed", level="warn", error=_one_line(exc), retry=True, **ev.log_fields())
-                    self.unmarked[ev.id] = (ev.topic, ev.partition, ev.offset)
-                    self.chores.append((ev.id, self.store.event_published))
+                self._mark_published(ev)
                 claimed = False
         finally:
             if claimed:
@@ -2510,15 +2504,20 @@ class Watcher:
         if error is not None:
             return False
         if self.store is not None:
-            try:
-                self.store.event_published(ev.id, self.owner)  # the claim ends with it
-            except Exception as exc:  # the result is out: tried again (released before, the stored result
-                # would be published once more by whoever claimed it next)
-                self.log("store_failed", level="warn", error=_one_line(exc), retry=True, **ev.log_fields())
-                self.unmarked[ev.id] = (ev.topic, ev.partition, ev.offset)
-                self.chores.append((ev.id, self.store.event_published))
+            self._mark_published(ev)
             job.claimed = False
         return True
+
+    def _mark_published(self, ev):
+        """The store told the event's result is out, its claim ending with it; failing, a chore tries again and the
+        id is held until then (released at once, the next claimant published the stored result once more: found by
+        attack round 12)."""
+        try:
+            self.store.event_published(ev.id, self.owner)
+        except Exception as exc:
+            self.log("store_failed", level="warn", error=_one_line(exc), retry=True, **ev.log_fields())
+            self.unmarked[ev.id] = (ev.topic, ev.partition, ev.offset)
+            self.chores.append((ev.id, self.store.event_published))
 
     def _fail(self, job, exc):
         """An error nobody foresaw while handling one event: a failed result and a dead-letter copy, then the
