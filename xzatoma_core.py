@@ -913,6 +913,10 @@ def reply_usage(reply, sent_estimate):
     return prompt, completion, estimated
 
 
+#: how much of a task refused as too large is kept, stored and shown to the model after it (Conversation.cut_task)
+TASK_KEPT = 2000
+
+
 class Conversation:
     """The message list with a running token estimate (O(1) per message) and pruning.
 
@@ -933,6 +937,7 @@ class Conversation:
         self.prune_threshold = prune_threshold
         self.pruned = {"messages": 0, "turns": 0, "tools": {}, "count": 0}
         self.on_append = None  # callback(message) for persistence
+        self.on_replace = None  #: callback(old message, new message) when a message not yet sent is rewritten
         self.calibrated = False  #: the count includes the provider's (tool definitions and all)
 
     def sent_estimate(self, tools=()):
@@ -1082,6 +1087,20 @@ class Conversation:
         self._estimates[start:cut] = [est]
         self._estimated += est - removed_est
         return text
+
+    def cut_task(self, note):
+        """The task (the instruction pruning keeps) cut to its first TASK_KEPT characters and `note`, which is
+        formatted with the characters left out: what was refused is neither stored whole nor sent again."""
+        i = self._head_end() - 1
+        if i < 0 or self.messages[i]["role"] != "user" or len(self.messages[i].get("content") or "") <= TASK_KEPT:
+            return
+        old = self.messages[i]
+        new = dict(old, content=old["content"][:TASK_KEPT] + note % _fmt_tokens(len(old["content"]) - TASK_KEPT))
+        est = estimate_tokens(new)
+        self.messages[i], self._estimated = new, self._estimated + est - self._estimates[i]
+        self._estimates[i] = est
+        if self.on_replace is not None:
+            self.on_replace(old, new)
 
     def turn_count(self):
         return sum(1 for m in self.messages if m["role"] == "assistant")
@@ -4107,7 +4126,10 @@ class Agent:
         if self.recorder is None:
             return self._run(final, cancel_text)
         with self.recorder.held():  # a step's writes in one transaction, flushed before each wait (Recorder)
-            return self._run(final, cancel_text)
+            try:
+                return self._run(final, cancel_text)
+            finally:
+                self.recorder.settle()  # a task held for the verdict on its size is stored, however the run ended
 
     def _run(self, final, cancel_text):
         started = time.monotonic()
@@ -4186,19 +4208,25 @@ class Agent:
     def ask_model(self):
         """Send the conversation; returns the Turn it answered. Its message is recorded here."""
         conv = self.conversation
-        self.flush()  # the window may be asked of the server: a wait
-        window = self.provider.context_window() if conv.tokens > 4096 else None
-        if conv.prune(window):
-            self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
         # INFO: what pruning cannot cut (the task itself) is never sent over twice the window: Ollama cuts such a
         # prompt silently, other servers refuse it, and an event's Markdown plan of 1.6 million steps was an 18 MB
         # request (attack round 15a). The task alone: a later turn that big is the server's to refuse, and the loop
         # prunes for it (refused here, a chat lost its recent turns and a run its big tool results, round 15d).
+        # A message that may be so refused waits in the Recorder for the verdict, and is stored cut if refused (a
+        # 7 MB plan was stored whole for every event, round 15c).
+        self.flush()  # the window may be asked of the server: a wait
+        window = self.provider.context_window() if conv.tokens > 4096 else None
+        if conv.prune(window):
+            self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
         room = max(window or 0, conv.max_tokens)
         if conv.tokens > 2 * room and conv.head_tokens() > 2 * room:
-            raise RunStop("the task is about %s tokens, more than twice what the model can take (%s), and pruning "
-                          "never cuts the task; shorten it, or raise agent.conversation.max_tokens"
-                          % (_fmt_tokens(conv.head_tokens()), _fmt_tokens(room)))
+            why = ("the task is about %s tokens, more than twice what the model can take (%s), and pruning never "
+                   "cuts the task" % (_fmt_tokens(conv.head_tokens()), _fmt_tokens(room)))
+            conv.cut_task("\n[… %%s more characters not sent: %s]" % why)
+            raise RunStop(why + "; shorten it, or raise agent.conversation.max_tokens")
+        if self.recorder is not None and self.recorder.hold_over is not None:
+            self.recorder.settle()
+            self.flush()
         # INFO: a small model that repeats a call or answers nothing is stuck on its likeliest words; the next
         # request samples hotter (the run's preferred temperature only: one the person set is theirs), and
         # the first good turn cools it again
@@ -5232,7 +5260,7 @@ class Session:
         conv_cfg = self.cfg.get("agent.conversation")
         self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
                                          conv_cfg["prune_threshold"])
-        self.recorder = Recorder(self.store, self.console, conversation_id)
+        self.recorder = Recorder(self.store, self.console, conversation_id, hold_over=2 * conv_cfg["max_tokens"])
         if stored is not None and stored.get("progress"):
             self.progress = Progress.restore(stored["progress"], self._progress_changed)
         else:
@@ -6193,16 +6221,21 @@ class Recorder:
     with one. So whatever was said before a wait is stored before it (a kill -9 while the model thinks or a
     command runs loses nothing said), and a step's messages cost one commit instead of one each (issue 22)."""
 
-    def __init__(self, store, console, conversation_id):
+    def __init__(self, store, console, conversation_id, hold_over=None):
         self.store = store
         self.console = console
         self.id = conversation_id
         self.resume_id = None
         self.pending = []  #: (store method, args, kwargs) held back until the next flush
         self.holding = 0  #: how many held() blocks are open
+        #: a message estimated over these tokens waits, with every message after it, for settle(): a task that
+        #: may be refused as too large (Agent.ask_model) is stored cut if it is (twice the conversation's budget)
+        self.hold_over = hold_over
+        self.deferred = []  #: (store method, args, kwargs) of the messages waiting for settle()
 
     def attach(self, conversation):
         conversation.on_append = self.append
+        conversation.on_replace = self.replace
         return self
 
     def _guard(self, fn, *args, **kw):
@@ -6255,7 +6288,25 @@ class Recorder:
 
     def append(self, message):
         # a copy: the message as it is now is what is stored, whenever the write happens
-        self._write("append_message", self.id, dict(message), estimate_tokens(message))
+        tokens = estimate_tokens(message)
+        if self.deferred or (self.hold_over is not None and tokens > self.hold_over):
+            self.deferred.append(("append_message", (self.id, dict(message), tokens), {}))
+        else:
+            self._write("append_message", self.id, dict(message), tokens)
+
+    def settle(self):
+        """The messages that waited for the verdict on the task's size are written (held, or at once). Given
+        once: later messages are never refused, and they are stored before each wait as ever."""
+        deferred, self.deferred, self.hold_over = self.deferred, [], None
+        for method, args, kw in deferred:
+            self._write(method, *args, **kw)
+
+    def replace(self, old, new):
+        """A message rewritten before it was stored is stored as rewritten (the store never rewrites a row)."""
+        for held in (self.pending, self.deferred):
+            for i, (method, args, kw) in enumerate(held):
+                if method == "append_message" and args[1].get("content") is old.get("content"):
+                    held[i] = (method, (args[0], dict(new), estimate_tokens(new)), kw)
 
     def progress(self, result):
         self._write("update_conversation", self.id, **result.counts())

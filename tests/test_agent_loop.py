@@ -324,3 +324,21 @@ def test_a_task_over_twice_the_window_is_never_sent(open_session):
     s = open_session(Reply("first"), Reply("second"))
     assert run(s, "hello").status == "completed"
     assert run(s, "and these: " + "word " * 200000).status == "completed" and len(s.provider.calls) == 2
+
+
+def test_a_refused_task_is_kept_cut_and_the_conversation_goes_on(open_session):
+    """A refused task is stored as its beginning and a note, not whole (an event's 7 MB plan was stored whole for
+    every event, attack round 15c), and it is cut in the conversation too: a chat whose first message was
+    refused went on refusing every later turn, since pruning keeps the task."""
+    s = open_session(Reply("hello back"), persist=True)
+    task = "count these: " + "word " * 200000
+    r = run(s, task)
+    assert (r.status, r.exit_code) == ("failed", 1) and s.provider.calls == []
+    stored = [m for m in s.store.messages(s.id) if m["role"] == "user" and not m.get("name")]
+    assert len(stored) == 1 and stored[0]["content"].startswith("count these: word word")
+    assert len(stored[0]["content"]) < 3000 and "998,013 more characters not sent" in stored[0]["content"]
+    assert "not sent" in stored[0]["content"]
+    assert run(s, "hello").status == "completed"  # the next turn is sent, the cut task with it
+    sent = s.provider.calls[0]["messages"]
+    assert sent[-1]["content"] == "hello" and any("not sent" in (m.get("content") or "") for m in sent)
+    assert len(s.store.messages(s.id)) < 10
