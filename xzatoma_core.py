@@ -1095,7 +1095,10 @@ class Conversation:
         if i < 0 or self.messages[i]["role"] != "user" or len(self.messages[i].get("content") or "") <= TASK_KEPT:
             return
         old = self.messages[i]
-        new = dict(old, content=old["content"][:TASK_KEPT] + note % _fmt_tokens(len(old["content"]) - TASK_KEPT))
+        # redacted before the cut (a secret cut in two is no longer one redact() knows), in a window a secret
+        # across the cut fits in: the whole task would cost 0.3 s a MB
+        kept = xzatoma_store.redact(old["content"][:TASK_KEPT + 4096])[:TASK_KEPT]
+        new = dict(old, content=kept + note % _fmt_tokens(len(old["content"]) - TASK_KEPT))
         est = estimate_tokens(new)
         self.messages[i], self._estimated = new, self._estimated + est - self._estimates[i]
         self._estimates[i] = est

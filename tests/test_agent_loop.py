@@ -14,6 +14,7 @@ import pytest
 import xzatoma
 from xzatoma import Reply
 from xzatoma_tools import RESTRICTED
+import xzatoma_store
 from xzatoma_store import Store
 
 
@@ -342,3 +343,12 @@ def test_a_refused_task_is_kept_cut_and_the_conversation_goes_on(open_session):
     sent = s.provider.calls[0]["messages"]
     assert sent[-1]["content"] == "hello" and any("not sent" in (m.get("content") or "") for m in sent)
     assert len(s.store.messages(s.id)) < 10
+
+
+def test_a_secret_across_the_cut_of_a_refused_task_is_not_kept_in_part(open_session):
+    s = open_session(Reply("done"), persist=True)
+    xzatoma_store.register_secret("s3cr3t-" + "k" * 40)
+    task = "x" * (xzatoma.TASK_KEPT - 20) + " s3cr3t-" + "k" * 40 + " " + "word " * 200000
+    assert run(s, task).status == "failed"
+    stored = [m["content"] for m in s.store.messages(s.id) if m["role"] == "user" and not m.get("name")][0]
+    assert "s3cr3t" not in stored and "kkkk" not in stored and "[REDACTED]" in stored
