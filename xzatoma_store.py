@@ -1294,6 +1294,14 @@ def _add_claim_start(conn):
         conn.execute("ALTER TABLE event_claims ADD COLUMN started INTEGER")
 
 
+def _add_beats_and_spaces(conn):
+    """event_claims.beat and .lease; conversations.space and .started (unless there, as _add_review)."""
+    for table, column, kind in (("event_claims", "beat", "INTEGER NOT NULL DEFAULT 0"), ("event_claims", "lease", "REAL"),
+                                ("conversations", "space", "TEXT"), ("conversations", "started", "INTEGER")):
+        if column not in [row[1] for row in conn.execute("PRAGMA table_info(%s)" % table)]:
+            conn.execute("ALTER TABLE %s ADD COLUMN %s %s" % (table, column, kind))
+
+
 MIGRATIONS = [
     # 1: conversations and their messages
     """
@@ -1369,6 +1377,9 @@ MIGRATIONS = [
     _add_claim_start,
     # 12 (issue 22): a published result's text is not kept (Store.event_published): up to 1 MB an event, for good
     "UPDATE processed_events SET result = NULL WHERE published_at IS NOT NULL",
+    # 13 (issue 22): a claim's heartbeats, counted, and its lease, so another host judges it by its own clock
+    # (Store._holds); a conversation's process by its pid namespace, machine and start (Store.reap)
+    _add_beats_and_spaces,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 FTS_TABLE = "messages_fts"
@@ -1416,6 +1427,10 @@ class Store:
         self._connections = []
         #: seconds a statement waits for another process's lock before "database is locked"
         self.busy_timeout = 30.0
+        #: the clock another host's claims are judged by: this process's own (Store._holds)
+        self.clock = time.monotonic
+        #: event id -> (another host's claim as last seen: owner, beat, expiry; when this process first saw it so)
+        self._seen_claims = {}
 
     # -- connections --
     def open(self):
@@ -1525,10 +1540,11 @@ class Store:
         now = rfc3339()
         self.conn().execute(
             "INSERT INTO conversations (id, parent_id, depth, label, title, kind, provider, model, mode, "
-            "working_dir, status, started_at, updated_at, source, pid, host, safety) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
+            "working_dir, status, started_at, updated_at, source, pid, host, safety, space, started) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
             (id, parent_id, depth, self.redact(label), one_line(self.redact(title) or "", 120), kind, provider, model, mode,
-             working_dir, now, now, self.redact(source), os.getpid(), _hostname(), safety))
+             working_dir, now, now, self.redact(source), os.getpid(), _hostname(), safety, _process_space(),
+             _process_start(os.getpid())))
         with self._seq_lock:
             self._seq[id] = 0
         return id
@@ -1537,9 +1553,10 @@ class Store:
         """Mark a stored conversation as running again in this process (with what it runs with now)."""
         self.conn().execute(
             "UPDATE conversations SET status = 'running', completed_at = NULL, error = NULL, updated_at = ?, "
-            "pid = ?, host = ?, mode = coalesce(?, mode), model = coalesce(?, model), "
+            "pid = ?, host = ?, space = ?, started = ?, mode = coalesce(?, mode), model = coalesce(?, model), "
             "provider = coalesce(?, provider), safety = coalesce(?, safety) WHERE id = ?",
-            (rfc3339(), os.getpid(), _hostname(), mode, model, provider, safety, id))
+            (rfc3339(), os.getpid(), _hostname(), _process_space(), _process_start(os.getpid()), mode, model, provider,
+             safety, id))
 
     def append_message(self, conversation_id, message, tokens=None):
         """Append one message as it happens (never rewrites earlier rows)."""
@@ -1596,12 +1613,17 @@ class Store:
         self.update_conversation(id, **fields)
 
     def reap(self):
-        """Conversations left 'running' by a process that is gone become 'interrupted'."""
-        host = _hostname()
-        rows = self.conn().execute("SELECT id, pid FROM conversations WHERE status = 'running' AND host = ?",
-                                   (host,)).fetchall()
+        """Conversations left 'running' by a process that is gone become 'interrupted'. Only this process space's
+        (host, machine and pid namespace: another's pids are not ours to judge; a `history list` in a container
+        sharing the store marked a live watcher's run interrupted, attack round 16a), known by pid and start."""
+        space = _process_space()
+        rows = self.conn().execute("SELECT id, pid, space, started FROM conversations WHERE status = 'running' AND "
+                                   "host = ?", (_hostname(),)).fetchall()
         for row in rows:
-            if row["pid"] and not _pid_alive(row["pid"]):
+            if row["space"] is not None and row["space"] != space:
+                continue
+            alive = row["pid"] and _pid_alive(row["pid"]) and row["started"] in (None, _process_start(row["pid"]))
+            if row["pid"] and not alive:
                 self.conn().execute("UPDATE conversations SET status = 'interrupted', error = ?, updated_at = ? "
                                     "WHERE id = ? AND status = 'running'",
                                     ("the process ended without finishing (killed or crashed)", rfc3339(), row["id"]))
@@ -1948,14 +1970,35 @@ class Store:
                 conn.execute("DELETE FROM event_claims WHERE event_id = ? AND owner = ?", (event_id, owner))
 
     # -- claims: an event id being run, by one owner (a watcher process) at a time --
-    def claimed_elsewhere(self, event_ids, owner):
+    def claimed_elsewhere(self, event_ids, owner, lease=None):
         """Of `event_ids`, those another owner's claim holds now (read only: nothing is claimed or renewed)."""
-        now, host, held = time.time(), _process_space(), set()
+        host, held = _process_space(), set()
         for event_id in event_ids:
             row = self.conn().execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
-            if row is not None and row["owner"] != owner and _claim_holds(row, host, now):
+            if row is not None and row["owner"] != owner and self._holds(row, host, lease):
                 held.add(event_id)
         return held
+
+    def _holds(self, claim, host, lease=None):
+        """Whether an event_claims row holds. Of this process space (host, machine, pid namespace): while its
+        process lives, known by its pid and its start (without /proc, by its pid alone); a row written before
+        schema 11 (no start), as then: until its lease ends, while its pid lives. Of another: while it beats. A
+        claim that has not changed (its beat, its expiry) for its lease by this process's clock is taken over.
+        INFO: not by its expiry against our clock: a host whose clock ran 600 s ahead took over a live claim, and
+        the event ran twice (attack round 16a); a claim never seen beating waits one lease from when it was seen."""
+        if claim["host"] == host and claim["pid"]:
+            if claim["started"] is None and _process_start(os.getpid()) is not None:
+                return claim["expires_at"] > time.time() and _pid_alive(claim["pid"])
+            return _pid_alive(claim["pid"]) and claim["started"] in (None, _process_start(claim["pid"]))
+        now, event_id = self.clock(), claim["event_id"]
+        beat = (claim["owner"], claim["beat"], claim["expires_at"])  # an older version's renewals move the expiry
+        seen = self._seen_claims.get(event_id)
+        if seen is None or seen[0] != beat:
+            if len(self._seen_claims) >= 4096:  # ids seen once and long gone: forgotten
+                self._seen_claims = {k: v for k, v in self._seen_claims.items() if now - v[1] < 3600}
+            self._seen_claims[event_id] = (beat, now)
+            return True
+        return now - seen[1] < (claim["lease"] or lease or 60)
 
     def claim_event(self, event_id, owner, lease):
         """Claim `event_id` for `owner` for `lease` seconds, unless it is finished or another owner holds it.
@@ -1963,10 +2006,10 @@ class Store:
         Returns (claimed, attempts, record): record is the processed_events row (a finished event is never
         claimed); attempts counts the owners that claimed it without finishing, this one included (a claim
         taken over from a process that died mid-run adds one; that is how a run that kills the watcher is found).
-        Another owner's claim holds as _claim_holds says: on this host for exactly as long as its process lives
+        Another owner's claim holds as _holds says: on this host for exactly as long as its process lives
         (a watcher frozen past its lease, a stopped process or a swapped-out VM, still runs the event when it
-        wakes; its claim is what keeps a second run from starting beside it), across hosts until its lease ends,
-        which is why a result is recorded only behind record_event's fence."""
+        wakes; its claim is what keeps a second run from starting beside it), across hosts until it has not beaten
+        for its lease, which is why a result is recorded only behind record_event's fence."""
         now, host = time.time(), _process_space()
         with self._transaction() as conn:
             row = conn.execute("SELECT * FROM processed_events WHERE event_id = ?", (event_id,)).fetchone()
@@ -1975,7 +2018,7 @@ class Store:
                 return False, 0, record
             claim = conn.execute("SELECT * FROM event_claims WHERE event_id = ?", (event_id,)).fetchone()
             if claim is not None and claim["owner"] != owner:
-                if _claim_holds(claim, host, now):
+                if self._holds(claim, host, lease):
                     return False, claim["attempts"], record
                 attempts = claim["attempts"] + 1
             else:
@@ -1987,8 +2030,9 @@ class Store:
         self.conn().execute("DELETE FROM event_claims WHERE event_id = ? AND owner = ?", (event_id, owner))
 
     def renew_claims(self, owner, lease):
-        """Extend every claim `owner` holds by `lease` seconds from now (the watcher's heartbeat)."""
-        self.conn().execute("UPDATE event_claims SET expires_at = ? WHERE owner = ?", (time.time() + lease, owner))
+        """Extend every claim `owner` holds by `lease` seconds from now (the watcher's heartbeat: a beat more)."""
+        self.conn().execute("UPDATE event_claims SET expires_at = ?, lease = ?, beat = beat + 1 WHERE owner = ?",
+                            (time.time() + lease, lease, owner))
 
     # -- message attempts: the offsets a consumer is handling, left behind by a crash --
     def begin_attempt(self, consumer, first, last, owner):
@@ -2083,11 +2127,26 @@ def _hostname():
 
 def _process_space():
     """Where a pid means one process: this host name and, on Linux, this pid namespace (two containers sharing
-    a host name and a store must not judge each other's pids: each sees only its own)."""
+    a host name and a store must not judge each other's pids: each sees only its own) of this machine's boot (an
+    init namespace reads the same on every machine: two named alike took each other's live claims, round 16a)."""
     try:
-        return "%s %s" % (_hostname(), os.readlink("/proc/self/ns/pid"))
+        return "%s %s %s" % (_hostname(), os.readlink("/proc/self/ns/pid"), _boot_id())
     except OSError:
         return _hostname()
+
+
+def _boot_id():
+    """This boot of this machine (random, from the kernel: /proc/sys/kernel/random/boot_id), read once."""
+    if not _boot:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as fh:
+                _boot.append(fh.read().strip())
+        except OSError:
+            _boot.append("")
+    return _boot[0]
+
+
+_boot = []
 
 
 def _pid_alive(pid):
@@ -2105,22 +2164,14 @@ def _pid_alive(pid):
     return stat is None or stat[0] not in (b"Z", b"X", b"x")
 
 
-def _claim_holds(claim, host, now):
-    """Whether an event_claims row holds. Of this host (this pid namespace): while its process lives, known by its
-    pid and its start (without /proc, by its pid alone); a row written before schema 11 (no start), as then:
-    until its lease ends, while its pid lives. Of another host: until its lease ends (renewed while it lives)."""
-    if claim["host"] != host or not claim["pid"]:
-        return claim["expires_at"] > now
-    if claim["started"] is None and _process_start(os.getpid()) is not None:
-        return claim["expires_at"] > now and _pid_alive(claim["pid"])
-    return _pid_alive(claim["pid"]) and claim["started"] in (None, _process_start(claim["pid"]))
-
-
 def _put_claim(conn, event_id, owner, host, now, lease, attempts):
-    """`owner`'s claim on `event_id` until now + lease, as this process (its pid and start time) of `host`."""
+    """`owner`'s claim on `event_id` until now + lease, as this process (its pid and start time) of `host`; a
+    claim taken again (a record's renewal) beats once more."""
     conn.execute("INSERT OR REPLACE INTO event_claims (event_id, owner, host, pid, claimed_at, expires_at, attempts, "
-                 "started) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                 (event_id, owner, host, os.getpid(), now, now + lease, attempts, _process_start(os.getpid())))
+                 "started, lease, beat) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, coalesce((SELECT beat + 1 FROM event_claims "
+                 "WHERE event_id = ?), 0))",
+                 (event_id, owner, host, os.getpid(), now, now + lease, attempts, _process_start(os.getpid()), lease,
+                  event_id))
 
 
 def _process_start(pid):

@@ -1886,7 +1886,7 @@ class Watcher:
         if refused and self.store is not None:  # refused once, perhaps held no longer (its holder died meanwhile):
             try:                                # asked again, not assumed (a stale refusal read as a stall)
                 with self.store.patience(LOOP_STORE_PATIENCE):
-                    refused = self.store.claimed_elsewhere(refused, self.owner)
+                    refused = self.store.claimed_elsewhere(refused, self.owner, self.s.claim_lease)
             except Exception:  # the store failing: the refusal stands
                 pass
         now = time.monotonic()

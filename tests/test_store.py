@@ -406,10 +406,22 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     assert store.claim_event("a", "A", 60) == (True, 1, None)
     assert store.claim_event("a", "A", 60)[0]  # its owner again: still its claim, not a new attempt
     assert store.claim_event("a", "B", 60) == (False, 1, None)  # held: A lives and its lease runs
-    # A of another host stopped renewing: held until the lease ends, then taken over (one more attempt)
-    store.conn().execute("UPDATE event_claims SET host = 'elsewhere' WHERE event_id = 'a'")
+    # A of another host: held while it beats, by this process's clock (not by its expiry against ours: a host
+    # whose clock ran ahead took a live claim over, attack round 16a); taken over (one more attempt) once it has
+    # not beaten for its lease since this process saw it
+    now = [1000.0]
+    store.clock = lambda: now[0]
+    store.conn().execute("UPDATE event_claims SET host = 'elsewhere', expires_at = ? WHERE event_id = 'a'",
+                         (time.time() - 600,))  # expired by our clock, 600 s ahead of A's
     assert not store.claim_event("a", "B", 60)[0]
-    store.conn().execute("UPDATE event_claims SET expires_at = ? WHERE event_id = 'a'", (time.time() - 1,))
+    for _ in range(5):  # A beats every 15 s: held for 75 s, whatever its expiry says
+        now[0] += 15
+        store.renew_claims("A", 60)
+        store.conn().execute("UPDATE event_claims SET host = 'elsewhere', expires_at = expires_at - 600")
+        assert not store.claim_event("a", "B", 60)[0]
+    now[0] += 59
+    assert not store.claim_event("a", "B", 60)[0]  # silent for 59 s of its 60
+    now[0] += 2
     assert store.claim_event("a", "B", 60) == (True, 2, None)
     # a process of this host that is gone (kill -9) holds nothing, lease or not
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -417,6 +429,16 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     store.conn().execute("UPDATE event_claims SET owner = 'C', pid = ?, host = ? WHERE event_id = 'a'",
                          (dead.pid, __import__("xzatoma_store")._process_space()))
     assert store.claim_event("a", "B", 60) == (True, 3, None)
+    # but a pid of another machine named alike, in its init pid namespace (which reads the same on every machine),
+    # is not ours to judge (taken at once, the event ran twice: attack round 16a): its claim holds while it beats
+    space = __import__("xzatoma_store")._process_space()
+    assert len(space.split()) == 3 and len(space.split()[2]) == 36  # host, pid namespace, boot id
+    store.conn().execute("UPDATE event_claims SET owner = 'M', pid = ?, host = ? WHERE event_id = 'a'",
+                         (dead.pid, space[:-36] + "0" * 36))
+    assert store.claim_event("a", "B", 60) == (False, 3, None)
+    now[0] += 61
+    assert store.claim_event("a", "B", 60) == (True, 4, None)
+    store.conn().execute("UPDATE event_claims SET attempts = 3")
     # nor one killed and not yet reaped (a zombie: a supervisor that never waits keeps it for good)
     zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -779,3 +801,25 @@ def test_migration_drops_the_text_of_results_already_published(tmp_path):
     assert s.conn().execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert s.event_record("out")["result"] is None and s.event_record("out")["status"] == "completed"
     assert s.event_record("waiting")["result"] == '{"subject": "waiting"}'
+
+
+def test_reap_judges_only_its_own_process_space(store):
+    """A conversation left running by a process that is gone is interrupted, one whose pid is used again by
+    another process too; one of another pid namespace or machine under the same host name is not ours to judge
+    (a `history list` in a container sharing the store marked a live watcher's run interrupted, round 16a)."""
+    import subprocess
+    import sys
+    import xzatoma_store
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for cid in ("gone", "elsewhere", "reused", "alive"):
+        store.start_conversation(cid, "watch")
+    space = xzatoma_store._process_space()
+    rows = {"gone": (dead.pid, space), "elsewhere": (dead.pid, space.replace("pid:[", "pid:[9")),
+            "reused": (os.getpid(), space)}
+    for cid, (pid, where) in rows.items():
+        store.conn().execute("UPDATE conversations SET pid = ?, space = ? WHERE id = ?", (pid, where, cid))
+    store.conn().execute("UPDATE conversations SET started = started - 1 WHERE id = 'reused'")
+    store.reap()
+    status = {cid: store.conversation(cid)["status"] for cid in ("gone", "elsewhere", "reused", "alive")}
+    assert status == {"gone": "interrupted", "elsewhere": "running", "reused": "interrupted", "alive": "running"}
