@@ -915,6 +915,9 @@ def reply_usage(reply, sent_estimate):
 
 #: how much of a task refused as too large is kept, stored and shown to the model after it (Conversation.cut_task)
 TASK_KEPT = 2000
+#: tokens over which a task waits for the verdict on its size before it is stored (Recorder.hold_over): twice the
+#: smallest window worth a run (512 tokens); a shorter one is stored at once
+TASK_HELD_OVER = 1024
 
 
 class Conversation:
@@ -4221,12 +4224,15 @@ class Agent:
         window = self.provider.context_window() if conv.tokens > 4096 else None
         if conv.prune(window):
             self.events.note("  context pruned to fit the window (%d tokens now)" % conv.tokens)
-        room = max(window or 0, conv.max_tokens)
+        # INFO: the model's window when the server says it, not the larger of it and max_tokens: 128,000 tokens
+        # went whole to a model of 4,096 (round 16a); the budget only when the window is not known
+        room = window or conv.max_tokens
         if conv.tokens > 2 * room and conv.head_tokens() > 2 * room:
             why = ("the task is about %s tokens, more than twice what the model can take (%s), and pruning never "
                    "cuts the task" % (_fmt_tokens(conv.head_tokens()), _fmt_tokens(room)))
             conv.cut_task("\n[… %%s more characters not sent: %s]" % why)
-            raise RunStop(why + "; shorten it, or raise agent.conversation.max_tokens")
+            raise RunStop(why + ("; shorten it, or use a model with a larger window" if window else
+                                 "; shorten it, or raise agent.conversation.max_tokens"))
         if self.recorder is not None and self.recorder.hold_over is not None:
             self.recorder.settle()
             self.flush()
@@ -5263,7 +5269,7 @@ class Session:
         conv_cfg = self.cfg.get("agent.conversation")
         self.conversation = Conversation(conv_cfg["max_tokens"], conv_cfg["min_retain_turns"],
                                          conv_cfg["prune_threshold"])
-        self.recorder = Recorder(self.store, self.console, conversation_id, hold_over=2 * conv_cfg["max_tokens"])
+        self.recorder = Recorder(self.store, self.console, conversation_id, hold_over=TASK_HELD_OVER)
         if stored is not None and stored.get("progress"):
             self.progress = Progress.restore(stored["progress"], self._progress_changed)
         else:
@@ -6232,7 +6238,7 @@ class Recorder:
         self.pending = []  #: (store method, args, kwargs) held back until the next flush
         self.holding = 0  #: how many held() blocks are open
         #: a message estimated over these tokens waits, with every message after it, for settle(): a task that
-        #: may be refused as too large (Agent.ask_model) is stored cut if it is (twice the conversation's budget)
+        #: may be refused as too large (Agent.ask_model) is stored cut if it is (TASK_HELD_OVER)
         self.hold_over = hold_over
         self.deferred = []  #: (store method, args, kwargs) of the messages waiting for settle()
 
@@ -8564,16 +8570,8 @@ def _build_publish(sub, common, fmt):
 def cmd_publish(args, console):
     watch = _watch_module("publish", args.verbose)
     cfg = config_from_args(args, console)
-    if args.plan == "-":
-        text, source = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            with open(args.plan, encoding="utf-8") as fh:
-                text, source = fh.read(), args.plan
-        except FileNotFoundError:
-            raise UsageError("plan file not found: %s" % args.plan)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
+    # a watcher rejects a larger message unread (watcher.max_message_bytes)
+    text, source = read_plan_file(args.plan, cfg.get("watcher.max_message_bytes"), "watcher.max_message_bytes")
     k = cfg.get("watcher.kafka")
     try:
         watch.check_brokers(args.brokers or k["bootstrap_servers"], "--brokers (watcher.kafka.bootstrap_servers)")
@@ -8884,20 +8882,38 @@ def restored_config(args, console, cfg, stored, extra=None):
     return load_config(flags, config_path=getattr(args, "config", None))  # warnings were shown the first time
 
 
+#: the most of a task or plan `run` reads, in characters: twice the largest window a model has, and more. INFO:
+#: `--plan /dev/zero` (or a FIFO, or a log piped in by mistake) was read until memory ran out (attack round 16a)
+MAX_TASK_CHARS = 32 << 20
+
+
+def read_plan_file(path, limit, what):
+    """(text, source) of a plan file, or of stdin for '-', read to at most `limit` characters (`what` names the
+    bound); a UsageError for a file that is missing, unreadable, not UTF-8 text, or larger."""
+    try:
+        if path == "-":
+            return read_bounded(sys.stdin, limit, "the plan on stdin", what), "<stdin>"
+        with open(path, encoding="utf-8") as fh:
+            return read_bounded(fh, limit, "plan file %s" % path, what), path
+    except FileNotFoundError:
+        raise UsageError("plan file not found: %s" % path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError("cannot read plan file %s: %s" % (path, getattr(exc, "strerror", None) or exc))
+
+
+def read_bounded(stream, limit, name, what):
+    text = stream.read(limit + 1)
+    if len(text) > limit:
+        raise UsageError("%s is larger than %s characters (%s); give a smaller one" % (name, "{:,}".format(limit), what))
+    return text
+
+
 def read_instruction(args, console, default=None):
     """The task: (text, kind 'run'|'plan', title, source, steps) or a UsageError; steps: a plan's instructions
     (None for a prompt)."""
     if args.plan:
-        if args.plan == "-":
-            text, source = sys.stdin.read(), "<stdin>"
-        else:
-            try:
-                with open(args.plan, encoding="utf-8") as fh:
-                    text = fh.read()
-            except FileNotFoundError:
-                raise UsageError("plan file not found: %s" % args.plan)
-            except (OSError, UnicodeDecodeError) as exc:
-                raise UsageError("cannot read plan file %s: %s" % (args.plan, getattr(exc, "strerror", None) or exc))
+        text, source = read_plan_file(args.plan, MAX_TASK_CHARS, "no model takes a task that large")
+        if args.plan != "-":
             source = os.path.abspath(args.plan)
         try:
             plan = xzatoma_plans.parse_plan(text, source=args.plan if args.plan != "-" else source)
@@ -8908,7 +8924,7 @@ def read_instruction(args, console, default=None):
         return plan.to_prompt(), "plan", plan.goal, source, plan.instructions
     prompt = run_prompt(args)
     if prompt == "-" or (prompt is None and not _isatty(sys.stdin)):
-        text = sys.stdin.read()
+        text = read_bounded(sys.stdin, MAX_TASK_CHARS, "the task on stdin", "no model takes a task that large")
         if not text.strip() and default:
             text = default
     elif prompt is None:

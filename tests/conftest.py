@@ -133,10 +133,11 @@ class Cli:
     def command(self, *args):
         return [sys.executable, SCRIPT] + [str(a) for a in args]
 
-    def run(self, *args, input=None, env=None, timeout=60, cwd=None):
+    def run(self, *args, input=None, env=None, timeout=60, cwd=None, stdin=None):
         full_env = dict(self.env, **(env or {}))
-        return subprocess.run(self.command(*args), input=input, capture_output=True, text=True,
-                              env=full_env, cwd=str(cwd or self.workdir), timeout=timeout)
+        feed = {"input": input} if stdin is None else {"stdin": stdin}  # stdin: a file (/dev/zero), not text
+        return subprocess.run(self.command(*args), capture_output=True, text=True, env=full_env,
+                              cwd=str(cwd or self.workdir), timeout=timeout, **feed)
 
     def popen(self, *args, env=None, **kw):
         full_env = dict(self.env, **(env or {}))

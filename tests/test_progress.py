@@ -182,14 +182,15 @@ def test_chat_plan_shows_the_steps(chat, cli, fake):
 
 
 def test_a_plan_refused_as_too_large_is_stored_cut(fake, tmp_path):
-    """An event's plan too large for the model is refused before it is sent, and its conversation keeps the
-    plan's beginning and a note: a 7 MB plan was stored whole for every event (attack round 15c)."""
+    """An event's plan too large for the model's window is refused before it is sent (128,000 tokens went whole
+    to a model of 4,096: the larger of the window and the budget was the bound, round 16a), and its conversation
+    keeps the plan's beginning and a note: a 7 MB plan was stored whole for every event (round 15c)."""
     import xzatoma_watch as w
     from xzatoma_store import Store
     home = tmp_path / "home"
     env = {"HOME": str(home), "XZATOMA_HOME": str(home), "XDG_CONFIG_HOME": str(home)}
     cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": fake.url, "provider.max_retries": 0,
-                               "agent.conversation.max_tokens": 10000, "provider.ollama.model": "qwen3"}, env=env)
+                               "provider.ollama.model": "qwen3"}, env=env)  # a window of 32,768 under the budget of 100,000
     store = Store(str(tmp_path / "x.db")).open()
     try:
         run_plan = xzatoma.watch_runner(cfg, xzatoma.Console(quiet=True), store,
@@ -197,7 +198,8 @@ def test_a_plan_refused_as_too_large_is_stored_cut(fake, tmp_path):
         plan = {"goal": "Sum the numbers", "context": "1 2 3 " * 100000, "instructions": ["add them up"]}
         ev = w.decode_message("plans", 0, 7, b"evt-1", json.dumps(plan).encode())
         outcome = run_plan(w.Job(ev, None))
-        assert outcome["status"] == "failed" and "more than twice what the model can take" in outcome["error"]
+        assert outcome["status"] == "failed" and "more than twice what the model can take (32,768)" in \
+            outcome["error"] and "a model with a larger window" in outcome["error"]
         assert fake.model_requests() == []
         messages = store.messages(outcome["conversation_id"])
         task = [m["content"] for m in messages if m["role"] == "user" and not m.get("name")]

@@ -196,6 +196,20 @@ def test_missing_plan_file(cli, fake):
     assert r.returncode == 2 and "plan file not found: nope.yaml" in r.stderr
 
 
+def test_a_plan_or_task_without_end_is_refused_not_read_to_the_end(cli, fake):
+    """`--plan /dev/zero` (or a FIFO, or a log piped in by mistake) was read until memory ran out (attack round
+    16a): read to a bound, then refused as a usage error."""
+    cli.use(fake)
+    for args, what in ((["run", "--plan", "/dev/zero"], "plan file /dev/zero is larger than 33,554,432 characters"),
+                       (["run", "--plan", "-"], "the plan on stdin is larger than"),
+                       (["run"], "the task on stdin is larger than")):
+        with open("/dev/zero", "rb") as zero:
+            r = cli.run(*args, stdin=zero)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert what in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert fake.requests == []
+
+
 def test_copilot_without_token_exits_2(cli, fake):
     cli.use(fake, provider="copilot")
     r = cli.run("run", "--prompt", "x", env={"COPILOT_API_TOKEN": ""})

@@ -87,6 +87,21 @@ def test_formats_and_plan_locations(name, key, value, headers, fmt, event_id, wh
     assert ev.plan.to_prompt().startswith("You are assisting with the following task:")
 
 
+def test_publish_carries_what_yaml_plans_hold_as_strict_json():
+    """`run --plan` reads plans with dates, times, sets, binary and NaN; publish failed on them ("Object of type
+    date is not JSON serializable", exit 1 as if the broker refused) and sent NaN (attack round 16a)."""
+    text = ("goal: Ship it\ncontext:\n  deadline: 2024-06-01\n  at: 2024-06-01T10:00:00Z\n  2024-01-01: new year\n"
+            "  tags: !!set {a, b}\n  blob: !!binary aGVsbG8=\n  ratio: .nan\n  top: .inf\ninstructions: [check]\n")
+    data, plan = w.plan_payload(text, "plan.yaml")
+    value = w._encode(w.build_event(data, plan))
+    doc = json.loads(value, parse_constant=lambda name: pytest.fail("not JSON: " + name))
+    ctx = doc["data"]["plan"]["context"]
+    assert ctx == {"deadline": "2024-06-01", "at": "2024-06-01T10:00:00+00:00", "2024-01-01": "new year",
+                   "tags": ["a", "b"], "blob": "aGVsbG8=", "ratio": ".nan", "top": ".inf"}
+    ev = w.decode_message("plans", 0, 1, None, value)
+    assert ev.plan is not None and ev.plan.goal == "Ship it" and ev.plan_error is None
+
+
 def test_a_keyless_bare_plan_is_named_by_its_place_and_time():
     """Offsets start again at 0 on a topic made anew (or a broker keeping them in memory, restarted): named by its
     place alone, a new plan there was a "duplicate" of an old one and never ran (found by an attack round). A

@@ -366,6 +366,13 @@ def test_publish_to_an_unreachable_broker_fails_with_exit_1(cli, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and "cannot reach the Kafka brokers 127.0.0.1:1" in r.stderr
 
 
+def test_publish_refuses_a_plan_larger_than_a_watcher_reads_before_reading_it_all(cli, tmp_path):
+    pytest.importorskip("kafka")
+    r = cli.run("publish", "--plan", "/dev/zero", "--brokers", "127.0.0.1:1", "--topic", "t")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert "plan file /dev/zero is larger than 8,388,608 characters (watcher.max_message_bytes)" in r.stderr
+
+
 def test_kafka_secrets_come_from_the_environment_and_are_never_shown(cli, tmp_path):
     pytest.importorskip("kafka")
     import signal
