@@ -2621,8 +2621,9 @@ def test_a_result_the_store_never_records_before_the_stop_is_an_interrupted_run_
 
 
 def test_a_result_is_recorded_and_published_only_under_its_claim(kafka_broker, store):
-    """Across hosts only the lease tells: a watcher frozen past it is taken over, and when it wakes and finishes
-    its run, the other's result is the one that goes out (its own is neither recorded nor published)."""
+    """Across hosts only the claim's beats tell: a watcher frozen past its lease is taken over (how: test_store),
+    and when it wakes and finishes its run, the other's result is the one that goes out (its own is neither
+    recorded nor published)."""
     import kafka_broker as kb
     topic = new_topic(kafka_broker)
     kb.produce(kafka_broker.address, topic, [(None, cloudevent("taken", data={"plan": PLAN})),
@@ -2630,8 +2631,8 @@ def test_a_result_is_recorded_and_published_only_under_its_claim(kafka_broker, s
 
     def run_plan(job):
         if job.event.id == "taken":  # as if frozen past the lease on another host, and taken over meanwhile
-            store.conn().execute("UPDATE event_claims SET host = 'elsewhere', expires_at = 0")
-            assert store.claim_event("taken", "a watcher elsewhere", 60)[0]
+            store.conn().execute("UPDATE event_claims SET owner = 'a watcher elsewhere', host = 'elsewhere', "
+                                 "attempts = 2 WHERE event_id = 'taken'")
         return {"status": "completed", "answer": "ran here", "conversation_id": "c-" + job.event.id}
     x = start_watcher(kafka_broker, topic, run_plan, store, max_events=2)
     x.thread.join(60)
