@@ -1095,6 +1095,8 @@ class Conversation:
         """The task (the instruction pruning keeps) cut to its first TASK_KEPT characters and `note`, which is
         formatted with the characters left out: what was refused is neither stored whole nor sent again."""
         i = self._head_end() - 1
+        if i > 0 and self.messages[i].get("pruned_summary"):  # pruned after it: the summary follows the task
+            i -= 1
         if i < 0 or self.messages[i]["role"] != "user" or len(self.messages[i].get("content") or "") <= TASK_KEPT:
             return
         old = self.messages[i]
@@ -7714,6 +7716,7 @@ class ChatSession:
         session.skill_state.reset()  # skills are active for one turn: their allowed-tools end with it
         session.match_skills(text)  # the person's words, not what @mentions brought in
         self.events.turn_tool_results = []
+        self.result.error = None  # a turn's own: a refused turn's stayed on later ones, and was stored at the end
         try:
             result = session.agent().run(final=False, cancel_text="Error: cancelled by user")
         finally:

@@ -7,6 +7,7 @@ and a busy timeout let parallel subagents and several xzatoma processes write
 at once.
 """
 
+import collections
 import errno
 import json
 import os
@@ -1382,6 +1383,8 @@ MIGRATIONS = [
     _add_beats_and_spaces,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+#: claims of other hosts whose beats a Store remembers (Store._holds)
+MAX_SEEN_CLAIMS = 4096
 FTS_TABLE = "messages_fts"
 #: messages indexed for search together (Store.append_message). INFO: every commit that touches the full-text
 #: index writes a new FTS5 segment and merges old ones; a trigram index paid 0.4 ms a commit for it, most of what
@@ -1429,8 +1432,9 @@ class Store:
         self.busy_timeout = 30.0
         #: the clock another host's claims are judged by: this process's own (Store._holds)
         self.clock = time.monotonic
-        #: event id -> (another host's claim as last seen: owner, beat, expiry; when this process first saw it so)
-        self._seen_claims = {}
+        #: event id -> (another host's claim as last seen: owner, beat, expiry; when this process first saw it so),
+        #: the last MAX_SEEN_CLAIMS seen (one forgotten and seen again waits a whole lease again: later, never sooner)
+        self._seen_claims = collections.OrderedDict()
 
     # -- connections --
     def open(self):
@@ -1621,8 +1625,14 @@ class Store:
                                    "host = ?", (_hostname(),)).fetchall()
         for row in rows:
             if row["space"] is not None and row["space"] != space:
-                continue
-            alive = row["pid"] and _pid_alive(row["pid"]) and row["started"] in (None, _process_start(row["pid"]))
+                # an earlier boot of this host (its name and pid namespace, another boot): that process is gone;
+                # left running, a run cut off by a reboot was never reaped, nor pruned (round 16b). A machine of
+                # the same name is taken for it: a status at worst (claims are judged by their beats)
+                if row["space"].rsplit(" ", 1)[0] != space.rsplit(" ", 1)[0] or len(space.split(" ")) != 3:
+                    continue
+                alive = False
+            else:
+                alive = row["pid"] and _pid_alive(row["pid"]) and row["started"] in (None, _process_start(row["pid"]))
             if row["pid"] and not alive:
                 self.conn().execute("UPDATE conversations SET status = 'interrupted', error = ?, updated_at = ? "
                                     "WHERE id = ? AND status = 'running'",
@@ -1994,11 +2004,15 @@ class Store:
         beat = (claim["owner"], claim["beat"], claim["expires_at"])  # an older version's renewals move the expiry
         seen = self._seen_claims.get(event_id)
         if seen is None or seen[0] != beat:
-            if len(self._seen_claims) >= 4096:  # ids seen once and long gone: forgotten
-                self._seen_claims = {k: v for k, v in self._seen_claims.items() if now - v[1] < 3600}
             self._seen_claims[event_id] = (beat, now)
+            self._seen_claims.move_to_end(event_id)
+            while len(self._seen_claims) > MAX_SEEN_CLAIMS:
+                self._seen_claims.popitem(last=False)
             return True
-        return now - seen[1] < (claim["lease"] or lease or 60)
+        # its owner's lease; a row of a version before schema 13 has none: what it spans from its claim, at least
+        # the owner's lease (both by the owner's clock), or a taker of a shorter lease took a live claim (16b)
+        owners = claim["lease"] or max(lease or 0, claim["expires_at"] - claim["claimed_at"])
+        return now - seen[1] < owners
 
     def claim_event(self, event_id, owner, lease):
         """Claim `event_id` for `owner` for `lease` seconds, unless it is finished or another owner holds it.
@@ -2024,6 +2038,7 @@ class Store:
             else:
                 attempts = claim["attempts"] if claim is not None else 1
             _put_claim(conn, event_id, owner, host, now, lease, attempts)
+            self._seen_claims.pop(event_id, None)
             return True, attempts, record
 
     def release_claim(self, event_id, owner):

@@ -352,3 +352,24 @@ def test_a_secret_across_the_cut_of_a_refused_task_is_not_kept_in_part(open_sess
     assert run(s, task).status == "failed"
     stored = [m["content"] for m in s.store.messages(s.id) if m["role"] == "user" and not m.get("name")][0]
     assert "s3cr3t" not in stored and "kkkk" not in stored and "[REDACTED]" in stored
+
+
+def test_a_task_refused_after_pruning_is_cut_and_the_chat_goes_on(open_session):
+    """Pruned, a conversation keeps a summary after its task: cut_task looked at the summary and cut nothing, and
+    a chat whose window then shrank (a /model switch, a window learned from a refusal) refused every later turn
+    (round 16b). The task is cut, and the next turn is sent."""
+    s = open_session(*[Reply("answer %d" % i) for i in range(8)], persist=True)
+    task = "remember these: " + "word " * 30000  # about 37,500 tokens: within a window of 131,072
+    s.provider.context_window = lambda model=None: 131072
+    assert run(s, task).status == "completed"
+    for i in range(6):
+        assert run(s, "more " * 8000 + "turn %d" % i).status == "completed"
+    s.conversation.prune(force=True)
+    assert any(m.get("pruned_summary") for m in s.conversation.messages)
+    s.provider.context_window = lambda model=None: 4096  # another model, or the server said so
+    r = run(s, "and now?")
+    assert r.status == "failed" and "more than twice what the model can take (4,096)" in r.error
+    task_now = [m for m in s.conversation.messages if m["role"] == "user"][1]["content"]
+    assert len(task_now) < 3000 and "more characters not sent" in task_now
+    calls = len(s.provider.calls)
+    assert run(s, "hello").status == "completed" and len(s.provider.calls) == calls + 1

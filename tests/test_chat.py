@@ -647,3 +647,20 @@ def test_the_exit_hint_works_as_printed(cli, fake, tmp_path):
     assert again.returncode == 0, again.stderr
     users = said(fake.model_requests()[-1]["body"]["messages"])
     assert users == ["remember the walrus", "and now?"]
+
+
+def test_a_failed_turn_s_error_does_not_stay_on_the_turns_after_it(cli, fake):
+    """A refused turn's error stayed on the chat's result through later turns that went well, and was stored as
+    the conversation's error at its end (round 16b)."""
+    import argparse
+    import xzatoma
+    cli.use(fake)
+    cfg = xzatoma.load_config({"provider.max_retries": 0}, env=cli.env)
+    args = argparse.Namespace(mode=None, safety=None, working_dir=str(cli.workdir), resume=None, last=False,
+                              metrics_port=None)
+    session = xzatoma.ChatSession(args, cfg, xzatoma.Console(quiet=True))
+    fake.add({"status": 400}, {"content": "hello"})
+    session.turn("first")
+    assert session.result.error and "400" in session.result.error
+    session.turn("second")
+    assert session.result.error is None

@@ -423,6 +423,16 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     assert not store.claim_event("a", "B", 60)[0]  # silent for 59 s of its 60
     now[0] += 2
     assert store.claim_event("a", "B", 60) == (True, 2, None)
+    # its owner's lease, not the taker's: a row of an older version has none, and what it spans counts (a taker
+    # of a lease of 5 took a live claim renewed every 75 s: round 16b)
+    store.conn().execute("UPDATE event_claims SET owner = 'A', host = 'elsewhere', lease = NULL, claimed_at = ?, "
+                         "expires_at = ? WHERE event_id = 'a'", (time.time(), time.time() + 300))
+    assert not store.claim_event("a", "B", 5)[0]
+    now[0] += 200
+    assert not store.claim_event("a", "B", 5)[0]
+    now[0] += 101
+    assert store.claim_event("a", "B", 5) == (True, 3, None)
+    store.conn().execute("UPDATE event_claims SET attempts = 2")
     # a process of this host that is gone (kill -9) holds nothing, lease or not
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -812,14 +822,26 @@ def test_reap_judges_only_its_own_process_space(store):
     import xzatoma_store
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    for cid in ("gone", "elsewhere", "reused", "alive"):
+    for cid in ("gone", "elsewhere", "reused", "alive", "rebooted"):
         store.start_conversation(cid, "watch")
     space = xzatoma_store._process_space()
     rows = {"gone": (dead.pid, space), "elsewhere": (dead.pid, space.replace("pid:[", "pid:[9")),
-            "reused": (os.getpid(), space)}
+            "reused": (os.getpid(), space), "rebooted": (os.getpid(), space[:-36] + "0" * 36)}
     for cid, (pid, where) in rows.items():
         store.conn().execute("UPDATE conversations SET pid = ?, space = ? WHERE id = ?", (pid, where, cid))
     store.conn().execute("UPDATE conversations SET started = started - 1 WHERE id = 'reused'")
     store.reap()
-    status = {cid: store.conversation(cid)["status"] for cid in ("gone", "elsewhere", "reused", "alive")}
-    assert status == {"gone": "interrupted", "elsewhere": "running", "reused": "interrupted", "alive": "running"}
+    status = {cid: store.conversation(cid)["status"] for cid in ("gone", "elsewhere", "reused", "alive", "rebooted")}
+    assert status == {"gone": "interrupted", "elsewhere": "running", "reused": "interrupted", "alive": "running",
+                      "rebooted": "interrupted"}  # its pid lives, in this boot: not the process of the other
+
+
+def test_the_claims_another_host_beats_are_remembered_within_a_bound(store):
+    """30,000 ids seen held within an hour grew the table past its cap, at 8.6 ms a look (round 16b): the oldest
+    seen are forgotten, which only makes a taker wait a whole lease again."""
+    import xzatoma_store
+    for i in range(xzatoma_store.MAX_SEEN_CLAIMS + 500):
+        store._holds({"event_id": "e%d" % i, "owner": "A", "beat": 0, "expires_at": 1.0, "host": "elsewhere",
+                      "pid": 1, "lease": 60, "claimed_at": 0.0}, "here")
+    assert len(store._seen_claims) == xzatoma_store.MAX_SEEN_CLAIMS and "e0" not in store._seen_claims
+    assert "e%d" % (xzatoma_store.MAX_SEEN_CLAIMS + 499) in store._seen_claims
