@@ -6509,7 +6509,7 @@ def cmd_history(args, console):
                                      % (args.older_than, _plural(len(doomed), "conversation")))
                 sys.stderr.write(question)
                 sys.stderr.flush()
-                if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                if stdin_line().strip().lower() not in ("y", "yes"):
                     console.info("nothing deleted")
                     return EXIT_OK
             n = store.prune_older_than(seconds)
@@ -6749,7 +6749,7 @@ def cmd_auth(args, console):
             import getpass
             key = getpass.getpass("%s API key (input hidden): " % name, stream=sys.stderr)
         else:
-            key = sys.stdin.readline()
+            key = stdin_line()
         key = key.strip()
         if not key:
             raise UsageError("no key given; nothing was stored")
@@ -7494,7 +7494,7 @@ class ChatSession:
                                              self.console.clean(line) + "\n")
                             sys.stdout.flush()
                     else:
-                        line = input(self.prompt()) if self.interactive else sys.stdin.readline()
+                        line = input(self.prompt()) if self.interactive else stdin_line()
                         if not self.interactive and line == "":
                             break
                         line = self.continued(line)
@@ -7526,7 +7526,7 @@ class ChatSession:
         lines = [line.rstrip("\n")]
         while lines[-1].endswith("\\") and not lines[-1].endswith("\\\\"):
             lines[-1] = lines[-1][:-1]
-            more = input("... ") if self.interactive else sys.stdin.readline()
+            more = input("... ") if self.interactive else stdin_line()
             if not self.interactive and more == "":
                 break
             lines.append(more.rstrip("\n"))
@@ -8258,7 +8258,7 @@ def cmd_mcp(args, console):
         console.info("removed the stored tokens of '%s'" % name if removed else "nothing stored for '%s'" % name)
         return EXIT_OK
     if action == "login" and args.token:
-        token = sys.stdin.readline().strip() if not _isatty(sys.stdin) else __import__("getpass").getpass(
+        token = stdin_line().strip() if not _isatty(sys.stdin) else __import__("getpass").getpass(
             "bearer token for '%s': " % name)
         if not token:
             raise UsageError("no token given (pipe it on stdin)")
@@ -8573,8 +8573,12 @@ def _build_publish(sub, common, fmt):
 def cmd_publish(args, console):
     watch = _watch_module("publish", args.verbose)
     cfg = config_from_args(args, console)
-    # a watcher rejects a larger message unread (watcher.max_message_bytes)
-    text, source = read_plan_file(args.plan, cfg.get("watcher.max_message_bytes"), "watcher.max_message_bytes")
+    # a watcher rejects a larger message unread (watcher.max_message_bytes): read as characters, then measured
+    limit = cfg.get("watcher.max_message_bytes")
+    text, source = read_plan_file(args.plan, limit, "watcher.max_message_bytes")
+    if len(text.encode("utf-8", "surrogatepass")) > limit:
+        raise UsageError("plan file %s is larger than %s bytes (watcher.max_message_bytes); give a smaller one"
+                         % (source, "{:,}".format(limit)))
     k = cfg.get("watcher.kafka")
     try:
         watch.check_brokers(args.brokers or k["bootstrap_servers"], "--brokers (watcher.kafka.bootstrap_servers)")
@@ -8902,6 +8906,16 @@ def read_plan_file(path, limit, what):
         raise UsageError("plan file not found: %s" % path)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError("cannot read plan file %s: %s" % (path, getattr(exc, "strerror", None) or exc))
+
+
+def stdin_line():
+    """A line of standard input ("" at its end), of at most MAX_TASK_CHARS characters: `chat < /dev/zero` read
+    one line without end until memory ran out (round 16b)."""
+    line = sys.stdin.readline(MAX_TASK_CHARS + 1)
+    if len(line) > MAX_TASK_CHARS:
+        raise UsageError("a line on standard input is longer than %s characters; no model takes a message that "
+                         "large" % "{:,}".format(MAX_TASK_CHARS))
+    return line
 
 
 def read_bounded(stream, limit, name, what):

@@ -237,6 +237,9 @@ def _bounded_loader(yaml):
 
 MAX_BASE60_CHARS = 1000  #: of a YAML 1.1 base-60 number (`1:1:1:…`), a product per part: 600 KB of it held a
 #: watcher's consumer loop 38 s, 8 MB for hours (attack round 15c). Decimal ones stop at Python's 4,300 digits.
+#: INFO: an integer written in hex, octal or binary (`0x` and 5,000 f's) is built whatever its size, and could then
+#: not be written in decimal (the prompt, JSON): it killed the watcher (round 16b). Any base: 4,300 digits at most.
+MAX_INT_BITS = 14284  # 10**4300 < 2**14285
 
 
 def _bounded_number(build):
@@ -245,7 +248,11 @@ def _bounded_number(build):
             raise DocumentError("a base-60 number (x:y:z) of %d characters, over the limit of %d; quote it to keep "
                                 "it as text" % (len(node.value), MAX_BASE60_CHARS),
                                 node.start_mark.line + 1, over_limit=True)
-        return build(loader, node)
+        value = build(loader, node)
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            raise DocumentError("a number of more than 4,300 digits; quote it to keep it as text",
+                                node.start_mark.line + 1, over_limit=True)
+        return value
     return construct
 
 

@@ -1456,10 +1456,13 @@ BACKLOG_BYTES = 64 << 20
 class Job:
     """One event being run: handed to the run-one-plan function."""
 
-    def __init__(self, event, partition_offsets, stored=None, message=None):
+    def __init__(self, event, partition_offsets, stored=None, message=None, rejection=None):
         self.event = event
         self.plan = event.plan
-        self.prompt = event.plan.to_prompt() if event.plan is not None and stored is None else None
+        # a rejected event is answered, never run: nothing is made of its plan (to_prompt() failing on it there
+        # killed the watcher: an uncaught error in the path that handles errors, round 16b)
+        self.prompt = event.plan.to_prompt() if event.plan is not None and stored is None and rejection is None \
+            else None
         self.title = event.plan.goal if event.plan is not None else event.id
         self.metadata = event.metadata()
         self.cancel = threading.Event()  #: set on shutdown after the grace period, or on a lost partition
@@ -1474,7 +1477,7 @@ class Job:
         self.delays = 0  #: times its result could not be published at all (the next try waits longer)
         self.claimed = False  #: this watcher holds its id's claim in the store
         self.held_elsewhere = False  #: its claim was last refused (another live process holds it, or the store failed)
-        self.rejection = None  #: why the event is rejected: answered like a run (claimed, recorded, published)
+        self.rejection = rejection  #: why the event is rejected: answered like a run (claimed, recorded, published)
         self.answered = None  #: the store's record of its id when that is answered already (a duplicate)
         self.lease_lost = False  #: its run was stopped because its claim could not be renewed (_claims_lapsing)
         self.decoded = _decoded_bytes(event.plan) + _text_bytes(self.prompt)  #: about what its plan takes in
@@ -1998,7 +2001,12 @@ class Watcher:
             self.log("rejected", level="error", reason=reason, topic=msg.topic, partition=msg.partition,
                      offset=msg.offset)
             # answered under the id it was read with, once read (a guess from its key or headers named another)
-            self._reject(tp, po, msg, ev.id if ev is not None else _guess_id(msg), reason, ev)
+            try:
+                self._reject(tp, po, msg, ev.id if ev is not None else _guess_id(msg), reason, ev)
+            except Exception as again:  # the last resort: settled (_reject's finally), the partition goes on
+                self.log("error", level="error", error="no result for this message either: %s: %s"
+                         % (type(again).__name__, _one_line(again)), topic=msg.topic, partition=msg.partition,
+                         offset=msg.offset)
 
     def _read(self, tp, po, msg):
         where = dict(topic=msg.topic, partition=msg.partition, offset=msg.offset)
@@ -2080,8 +2088,8 @@ class Watcher:
                 if event_id and ev is None:
                     ev = Event(id=event_id, topic=msg.topic, partition=msg.partition, offset=msg.offset)
                 if event_id and not now:
-                    job = Job(ev, po, message=Kept(msg, self.s.max_request_size))
-                    job.tp, job.rejection = tp, reason
+                    job = Job(ev, po, message=Kept(msg, self.s.max_request_size), rejection=reason)
+                    job.tp = tp
                     with self.cond:
                         self.backlog.append(job)
                     queued = True

@@ -167,6 +167,10 @@ def _nested_aliases(levels=9, width=9):
     # YAML 1.1's base 60 is a product per part: 200 KB took 4.4 s, 8 MB hours (one scalar, few events)
     ("goal: G\ninstructions: [a]\nnote: " + ":".join(["1"] * 100000) + "\n", "yaml",
      "a base-60 number (x:y:z) of 199999 characters, over the limit of 1000; quote it"),
+    # hex, octal and binary are built whatever their size, then cannot be written in decimal (the prompt, JSON):
+    # one killed the watcher (round 16b)
+    ("goal: G\ninstructions: [a]\nn: 0x" + "f" * 5000 + "\n", "yaml", "a number of more than 4,300 digits"),
+    ("goal: G\ninstructions: [a]\nn: 0b" + "1" * 20000 + "\n", "yaml", "a number of more than 4,300 digits"),
 ])
 def test_hostile_plans_are_plan_errors_with_bounded_memory(text, fmt, message):
     """Issue 22: a 356-byte plan of nested aliases took 47 s and 684 MB; `[` x 1500 raised RecursionError.
@@ -220,3 +224,5 @@ def test_a_long_decimal_number_is_still_a_number_and_base_60_is_bounded():
     plan = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  modulus: %s\n  at: 1:30\n" % modulus, source="p",
                       fmt="yaml")
     assert plan.context == {"modulus": int(modulus), "at": 90}
+    big = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  n: 0x%s\n" % ("f" * 3500), source="p", fmt="yaml")
+    assert str(big.context["n"]).startswith("2") and big.to_prompt()  # 4,214 digits: within the bound

@@ -202,7 +202,8 @@ def test_a_plan_or_task_without_end_is_refused_not_read_to_the_end(cli, fake):
     cli.use(fake)
     for args, what in ((["run", "--plan", "/dev/zero"], "plan file /dev/zero is larger than 33,554,432 characters"),
                        (["run", "--plan", "-"], "the plan on stdin is larger than"),
-                       (["run"], "the task on stdin is larger than")):
+                       (["run"], "the task on stdin is larger than"),
+                       (["chat"], "a line on standard input is longer than 33,554,432 characters")):
         with open("/dev/zero", "rb") as zero:
             r = cli.run(*args, stdin=zero)
         assert (r.returncode, r.stdout) == (2, ""), r.stderr

@@ -1014,6 +1014,47 @@ def store(tmp_path):
     s.close()
 
 
+def test_an_error_while_a_message_is_rejected_costs_that_message_alone(kafka_broker, store, monkeypatch):
+    """Found by round 16b: a rejected event's plan was made a prompt, and failed there (an integer too long to be
+    written in decimal): the error escaped the path that handles errors and the watcher exited 1, on every start.
+    A rejected event is answered without its plan; an error in rejecting it costs that message, not the watcher."""
+    import kafka_broker as kb
+    import xzatoma_plans
+    topic = new_topic(kafka_broker)
+
+    class Broken(w.Filters):
+        def check(self, ev):
+            if ev.id in ("boom", "worse"):
+                raise RuntimeError("a bug")
+            return super().check(ev)
+    prompt = xzatoma_plans.Plan.to_prompt
+
+    def to_prompt(plan):
+        if plan.goal == "explode":
+            raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+        return prompt(plan)
+    monkeypatch.setattr(xzatoma_plans.Plan, "to_prompt", to_prompt)
+    job = w.Job.__init__
+
+    def init(self, event, *args, **kw):
+        if event.id == "worse":
+            raise RuntimeError("the rejection broke too")
+        job(self, event, *args, **kw)
+    monkeypatch.setattr(w.Job, "__init__", init)
+    kb.produce(kafka_broker.address, topic, [
+        (None, cloudevent(event_id="boom", data={"plan": dict(PLAN, goal="explode")})),
+        (None, cloudevent(event_id="worse", data={"plan": PLAN})),
+        (None, cloudevent(event_id="after", data={"plan": PLAN}))])
+    run_plan = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, max_events=3, filters=Broken())
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive() and [j.event.id for j in run_plan.calls] == ["after"]
+    results = {json.loads(r.value)["subject"]: json.loads(r.value)
+               for r in kb.read_all(kafka_broker.address, topic + ".results", 2)}
+    assert sorted(results) == ["after", "boom"] and results["boom"]["type"] == "xzatoma.plan.rejected"
+    assert any("the rejection broke too" in l.get("error", "") for l in watcher.log_lines.events("error"))
+    assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [3]
+
 def test_a_message_that_breaks_the_watcher_after_it_was_read_is_answered_under_its_own_id(kafka_broker, store):
     """Found by an attack round: a NUL in a plan's context directory raised in realpath, and the catch-all answered
     under a guess from the message's key (no key: no result at all); a version of 5,000 digits raised in int()
