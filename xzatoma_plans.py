@@ -11,6 +11,7 @@ each importing this module where it needs it. It imports only the standard libra
 
 import itertools
 import json
+import math
 import os
 import re
 
@@ -78,8 +79,34 @@ def _label(key):
 
 def _scalar(value):
     if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(json_ready(value), ensure_ascii=False)
     return str(value)
+
+
+def json_ready(value):
+    """A plan's data as JSON can carry it: YAML's dates and times as ISO 8601 text, its sets as lists, its binary
+    as the base64 it was written in, and numbers JSON has no form for (NaN, Infinity) as YAML spells them. `run
+    --plan` reads these plans; publish failed on them, blaming the broker, and sent NaN (attack round 16a), and a
+    nested one failed the prompt (round 16c)."""
+    import base64
+    import datetime
+    if isinstance(value, dict):
+        return {_json_key(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_ready(v) for v in (sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value)]
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if value != value else (".inf" if value > 0 else "-.inf")
+    return value
+
+
+def _json_key(key):
+    """A mapping's key as JSON takes one: a date (YAML allows any scalar) as its text."""
+    return key if key is None or isinstance(key, (str, int, bool)) else str(json_ready(key))
+
 
 
 def detect_plan_format(text, filename=None):

@@ -1383,7 +1383,7 @@ MIGRATIONS = [
     _add_beats_and_spaces,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
-#: claims of other hosts whose beats a Store remembers (Store._holds)
+#: claims of other hosts whose beats a Store remembers (Store._holds): the last looked at
 MAX_SEEN_CLAIMS = 4096
 FTS_TABLE = "messages_fts"
 #: messages indexed for search together (Store.append_message). INFO: every commit that touches the full-text
@@ -1625,10 +1625,10 @@ class Store:
                                    "host = ?", (_hostname(),)).fetchall()
         for row in rows:
             if row["space"] is not None and row["space"] != space:
-                # an earlier boot of this host (its name and pid namespace, another boot): that process is gone;
-                # left running, a run cut off by a reboot was never reaped, nor pruned (round 16b). A machine of
-                # the same name is taken for it: a status at worst (claims are judged by their beats)
-                if row["space"].rsplit(" ", 1)[0] != space.rsplit(" ", 1)[0] or len(space.split(" ")) != 3:
+                # an earlier boot of this machine (its name, pid namespace and machine id; another boot): that
+                # process is gone; left running, a run cut off by a reboot was never reaped, nor pruned (round 16b).
+                # Not another machine of the same name: its live run was marked interrupted, then pruned (16c)
+                if not _earlier_boot(row["space"], space):
                     continue
                 alive = False
             else:
@@ -2004,10 +2004,13 @@ class Store:
         beat = (claim["owner"], claim["beat"], claim["expires_at"])  # an older version's renewals move the expiry
         seen = self._seen_claims.get(event_id)
         if seen is None or seen[0] != beat:
-            self._seen_claims[event_id] = (beat, now)
-            self._seen_claims.move_to_end(event_id)
-            while len(self._seen_claims) > MAX_SEEN_CLAIMS:
-                self._seen_claims.popitem(last=False)
+            seen = self._seen_claims[event_id] = (beat, now)
+        # the last looked at are kept: evicted while it was still asked about, a dead claim waited a whole lease
+        # again at every look, for good where more than 4,096 others were seen within a lease (round 16c)
+        self._seen_claims.move_to_end(event_id)
+        while len(self._seen_claims) > MAX_SEEN_CLAIMS:
+            self._seen_claims.popitem(last=False)
+        if seen[1] == now:
             return True
         # its owner's lease; a row of a version before schema 13 has none: what it spans from its claim, at least
         # the owner's lease (both by the owner's clock), or a taker of a shorter lease took a live claim (16b)
@@ -2150,14 +2153,27 @@ def _process_space():
         return _hostname()
 
 
+def _earlier_boot(then, now):
+    """Whether process space `then` is `now`'s on an earlier boot of the same machine (known by its machine id)."""
+    then, now = then.split(" "), now.split(" ")
+    if len(then) != 3 or len(now) != 3 or then[:2] != now[:2]:
+        return False
+    (machine, boot), (machine_now, boot_now) = then[2].partition("/")[::2], now[2].partition("/")[::2]
+    return machine == machine_now != "-" and boot != boot_now
+
+
 def _boot_id():
-    """This boot of this machine (random, from the kernel: /proc/sys/kernel/random/boot_id), read once."""
+    """This machine and its boot: machine-id (systemd's, stable across boots) and the kernel's random boot id,
+    as `machine/boot`; read once."""
     if not _boot:
-        try:
-            with open("/proc/sys/kernel/random/boot_id") as fh:
-                _boot.append(fh.read().strip())
-        except OSError:
-            _boot.append("")
+        ids = []
+        for path in ("/etc/machine-id", "/proc/sys/kernel/random/boot_id"):
+            try:
+                with open(path) as fh:
+                    ids.append(fh.read().strip().replace(" ", "") or "-")
+            except OSError:
+                ids.append("-")
+        _boot.append("/".join(ids))
     return _boot[0]
 
 

@@ -3427,42 +3427,18 @@ def create_topics(opts, topics, partitions=1):
 
 def plan_payload(text, source):
     """The plan as it travels: an object when the file is YAML/JSON, else its text (Markdown). Validated first."""
-    from xzatoma_plans import PlanError, detect_plan_format, parse_plan
+    from xzatoma_plans import PlanError, detect_plan_format, json_ready, parse_plan
     try:
         plan = parse_plan(text, source=source)
     except PlanError as exc:
         raise WatchError("invalid plan: %s" % exc)
     fmt = detect_plan_format(text, source)
     if fmt == "json":
-        return _json_ready(json.loads(text)), plan
+        return json_ready(json.loads(text)), plan
     if fmt == "yaml":
         import yaml
-        return _json_ready(yaml.safe_load(text)), plan
+        return json_ready(yaml.safe_load(text)), plan
     return text, plan
-
-
-def _json_ready(value):
-    """A plan's data as JSON can carry it: YAML's dates and times as ISO 8601 text, its sets as lists, its binary
-    as the base64 it was written in, and numbers JSON has no form for (NaN, Infinity) as YAML spells them. `run
-    --plan` reads these plans; publish failed on them, blaming the broker, and sent NaN (attack round 16a)."""
-    import base64
-    import datetime
-    if isinstance(value, dict):
-        return {_json_key(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_json_ready(v) for v in (sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value)]
-    if isinstance(value, (datetime.date, datetime.datetime)):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, float) and not math.isfinite(value):
-        return ".nan" if value != value else (".inf" if value > 0 else "-.inf")
-    return value
-
-
-def _json_key(key):
-    """A mapping's key as JSON takes one: a date (YAML allows any scalar) as its text."""
-    return key if key is None or isinstance(key, (str, int, bool)) else str(_json_ready(key))
 
 
 def build_event(plan_data, plan, event_type=None, source=None, xzepr=False, event_id=None):

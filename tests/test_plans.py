@@ -224,5 +224,8 @@ def test_a_long_decimal_number_is_still_a_number_and_base_60_is_bounded():
     plan = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  modulus: %s\n  at: 1:30\n" % modulus, source="p",
                       fmt="yaml")
     assert plan.context == {"modulus": int(modulus), "at": 90}
+    nested = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  release: {due: 2024-06-01, tags: !!set {x}, "
+                        "blob: !!binary aGk=}\n", source="p", fmt="yaml")  # `run --plan` crashed on it (16c)
+    assert '"due": "2024-06-01"' in nested.to_prompt() and '"tags": ["x"]' in nested.to_prompt()
     big = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  n: 0x%s\n" % ("f" * 3500), source="p", fmt="yaml")
     assert str(big.context["n"]).startswith("2") and big.to_prompt()  # 4,214 digits: within the bound

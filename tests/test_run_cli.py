@@ -208,6 +208,11 @@ def test_a_plan_or_task_without_end_is_refused_not_read_to_the_end(cli, fake):
             r = cli.run(*args, stdin=zero)
         assert (r.returncode, r.stdout) == (2, ""), r.stderr
         assert what in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    lines = cli.workdir / "lines.txt"  # a message of lines that each end in a backslash: bounded as a whole (16c)
+    lines.write_text(("x" * (1 << 20) + "\\\n") * 33)
+    with open(lines, "rb") as fh:
+        r = cli.run("chat", stdin=fh)
+    assert (r.returncode, r.stdout) == (2, "") and "a message on standard input is longer than" in r.stderr
     assert fake.requests == []
 
 

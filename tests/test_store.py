@@ -442,9 +442,9 @@ def test_a_claim_is_taken_over_after_its_lease_or_when_its_process_is_gone(store
     # but a pid of another machine named alike, in its init pid namespace (which reads the same on every machine),
     # is not ours to judge (taken at once, the event ran twice: attack round 16a): its claim holds while it beats
     space = __import__("xzatoma_store")._process_space()
-    assert len(space.split()) == 3 and len(space.split()[2]) == 36  # host, pid namespace, boot id
+    assert len(space.split()) == 3 and len(space.split()[2]) == 69  # host, pid namespace, machine id/boot id
     store.conn().execute("UPDATE event_claims SET owner = 'M', pid = ?, host = ? WHERE event_id = 'a'",
-                         (dead.pid, space[:-36] + "0" * 36))
+                         (dead.pid, space[:-69] + "0" * 32 + "/" + "0" * 36))
     assert store.claim_event("a", "B", 60) == (False, 3, None)
     now[0] += 61
     assert store.claim_event("a", "B", 60) == (True, 4, None)
@@ -822,18 +822,21 @@ def test_reap_judges_only_its_own_process_space(store):
     import xzatoma_store
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    for cid in ("gone", "elsewhere", "reused", "alive", "rebooted"):
+    for cid in ("gone", "elsewhere", "reused", "alive", "rebooted", "same name"):
         store.start_conversation(cid, "watch")
     space = xzatoma_store._process_space()
     rows = {"gone": (dead.pid, space), "elsewhere": (dead.pid, space.replace("pid:[", "pid:[9")),
-            "reused": (os.getpid(), space), "rebooted": (os.getpid(), space[:-36] + "0" * 36)}
+            "reused": (os.getpid(), space), "rebooted": (os.getpid(), space[:-36] + "0" * 36),
+            "same name": (dead.pid, space[:-69] + "0" * 32 + "/" + "0" * 36)}  # another machine (its machine id)
     for cid, (pid, where) in rows.items():
         store.conn().execute("UPDATE conversations SET pid = ?, space = ? WHERE id = ?", (pid, where, cid))
     store.conn().execute("UPDATE conversations SET started = started - 1 WHERE id = 'reused'")
     store.reap()
-    status = {cid: store.conversation(cid)["status"] for cid in ("gone", "elsewhere", "reused", "alive", "rebooted")}
+    status = {cid: store.conversation(cid)["status"]
+              for cid in ("gone", "elsewhere", "reused", "alive", "rebooted", "same name")}
     assert status == {"gone": "interrupted", "elsewhere": "running", "reused": "interrupted", "alive": "running",
-                      "rebooted": "interrupted"}  # its pid lives, in this boot: not the process of the other
+                      "rebooted": "interrupted",  # its pid lives, in this boot: not the process of the other
+                      "same name": "running"}  # a live run of another machine named alike was pruned (16c)
 
 
 def test_the_claims_another_host_beats_are_remembered_within_a_bound(store):
@@ -845,3 +848,17 @@ def test_the_claims_another_host_beats_are_remembered_within_a_bound(store):
                       "pid": 1, "lease": 60, "claimed_at": 0.0}, "here")
     assert len(store._seen_claims) == xzatoma_store.MAX_SEEN_CLAIMS and "e0" not in store._seen_claims
     assert "e%d" % (xzatoma_store.MAX_SEEN_CLAIMS + 499) in store._seen_claims
+    # the last looked at are kept: a dead claim still asked about is not forgotten, however many others pass
+    # (forgotten, it waited a whole lease again at every look, for good: round 16c)
+    now = [0.0]
+    store.clock = lambda: now[0]
+    dead = {"event_id": "dead", "owner": "A", "beat": 0, "expires_at": 1.0, "host": "elsewhere", "pid": 1,
+            "lease": 60, "claimed_at": 0.0}
+    assert store._holds(dead, "here")
+    for i in range(120):  # 100 other ids a second, the dead one looked at every second
+        now[0] += 1
+        for j in range(100):
+            store._holds(dict(dead, event_id="o%d-%d" % (i, j)), "here")
+        if not store._holds(dead, "here"):
+            break
+    assert now[0] == 60  # taken over after its lease
