@@ -78,8 +78,9 @@ def _label(key):
 
 
 def _scalar(value):
+    value = json_ready(value)  # as publish writes it, so a plan reads the same run here or sent to a watcher (16d)
     if isinstance(value, (dict, list)):
-        return json.dumps(json_ready(value), ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=False)
     return str(value)
 
 

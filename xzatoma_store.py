@@ -1435,6 +1435,7 @@ class Store:
         #: event id -> (another host's claim as last seen: owner, beat, expiry; when this process first saw it so),
         #: the last MAX_SEEN_CLAIMS seen (one forgotten and seen again waits a whole lease again: later, never sooner)
         self._seen_claims = collections.OrderedDict()
+        self._seen_lock = threading.Lock()  # the watcher's threads look at once (a KeyError between two, 16d)
 
     # -- connections --
     def open(self):
@@ -2002,14 +2003,15 @@ class Store:
             return _pid_alive(claim["pid"]) and claim["started"] in (None, _process_start(claim["pid"]))
         now, event_id = self.clock(), claim["event_id"]
         beat = (claim["owner"], claim["beat"], claim["expires_at"])  # an older version's renewals move the expiry
-        seen = self._seen_claims.get(event_id)
-        if seen is None or seen[0] != beat:
-            seen = self._seen_claims[event_id] = (beat, now)
-        # the last looked at are kept: evicted while it was still asked about, a dead claim waited a whole lease
-        # again at every look, for good where more than 4,096 others were seen within a lease (round 16c)
-        self._seen_claims.move_to_end(event_id)
-        while len(self._seen_claims) > MAX_SEEN_CLAIMS:
-            self._seen_claims.popitem(last=False)
+        with self._seen_lock:
+            seen = self._seen_claims.get(event_id)
+            if seen is None or seen[0] != beat:
+                seen = self._seen_claims[event_id] = (beat, now)
+            # the last looked at are kept: evicted while it was still asked about, a dead claim waited a whole lease
+            # again at every look, for good where more than 4,096 others were seen within a lease (round 16c)
+            self._seen_claims.move_to_end(event_id)
+            while len(self._seen_claims) > MAX_SEEN_CLAIMS:
+                self._seen_claims.popitem(last=False)
         if seen[1] == now:
             return True
         # its owner's lease; a row of a version before schema 13 has none: what it spans from its claim, at least
@@ -2041,7 +2043,8 @@ class Store:
             else:
                 attempts = claim["attempts"] if claim is not None else 1
             _put_claim(conn, event_id, owner, host, now, lease, attempts)
-            self._seen_claims.pop(event_id, None)
+            with self._seen_lock:
+                self._seen_claims.pop(event_id, None)
             return True, attempts, record
 
     def release_claim(self, event_id, owner):
@@ -2154,12 +2157,14 @@ def _process_space():
 
 
 def _earlier_boot(then, now):
-    """Whether process space `then` is `now`'s on an earlier boot of the same machine (known by its machine id)."""
+    """Whether process space `then` is `now`'s on an earlier boot of the same machine: its host name and pid
+    namespace, another boot, and its machine id, where both know one (a machine without one, or a row written
+    before machine ids were, is taken for this one: a reboot is likelier than a machine of the same name)."""
     then, now = then.split(" "), now.split(" ")
     if len(then) != 3 or len(now) != 3 or then[:2] != now[:2]:
         return False
-    (machine, boot), (machine_now, boot_now) = then[2].partition("/")[::2], now[2].partition("/")[::2]
-    return machine == machine_now != "-" and boot != boot_now
+    (machine, _, boot), (machine_now, _, boot_now) = then[2].rpartition("/"), now[2].rpartition("/")
+    return boot != boot_now and (machine == machine_now or "-" in (machine or "-", machine_now or "-"))
 
 
 def _boot_id():
@@ -2167,11 +2172,15 @@ def _boot_id():
     as `machine/boot`; read once."""
     if not _boot:
         ids = []
-        for path in ("/etc/machine-id", "/proc/sys/kernel/random/boot_id"):
-            try:
-                with open(path) as fh:
-                    ids.append(fh.read().strip().replace(" ", "") or "-")
-            except OSError:
+        for paths in (("/etc/machine-id", "/var/lib/dbus/machine-id"), ("/proc/sys/kernel/random/boot_id",)):
+            for path in paths:
+                try:
+                    with open(path) as fh:
+                        ids.append(fh.read().strip().replace(" ", "").replace("/", "") or "-")
+                    break
+                except OSError:
+                    pass
+            else:
                 ids.append("-")
         _boot.append("/".join(ids))
     return _boot[0]

@@ -227,5 +227,8 @@ def test_a_long_decimal_number_is_still_a_number_and_base_60_is_bounded():
     nested = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  release: {due: 2024-06-01, tags: !!set {x}, "
                         "blob: !!binary aGk=}\n", source="p", fmt="yaml")  # `run --plan` crashed on it (16c)
     assert '"due": "2024-06-01"' in nested.to_prompt() and '"tags": ["x"]' in nested.to_prompt()
+    top = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  tags: !!set {y, x}\n  at: 2024-06-01 10:00:00\n"
+                     "  blob: !!binary aGk=\n", source="p", fmt="yaml").to_prompt()  # as publish writes them (16d)
+    assert '["x", "y"]' in top and "2024-06-01T10:00:00" in top and "aGk=" in top
     big = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  n: 0x%s\n" % ("f" * 3500), source="p", fmt="yaml")
     assert str(big.context["n"]).startswith("2") and big.to_prompt()  # 4,214 digits: within the bound

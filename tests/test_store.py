@@ -822,21 +822,24 @@ def test_reap_judges_only_its_own_process_space(store):
     import xzatoma_store
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    for cid in ("gone", "elsewhere", "reused", "alive", "rebooted", "same name"):
+    names = ("gone", "elsewhere", "reused", "alive", "rebooted", "same name", "no machine id", "written before")
+    for cid in names:
         store.start_conversation(cid, "watch")
     space = xzatoma_store._process_space()
     rows = {"gone": (dead.pid, space), "elsewhere": (dead.pid, space.replace("pid:[", "pid:[9")),
             "reused": (os.getpid(), space), "rebooted": (os.getpid(), space[:-36] + "0" * 36),
-            "same name": (dead.pid, space[:-69] + "0" * 32 + "/" + "0" * 36)}  # another machine (its machine id)
+            "same name": (dead.pid, space[:-69] + "0" * 32 + "/" + "0" * 36),  # another machine (its machine id)
+            "no machine id": (os.getpid(), space[:-69] + "-/" + "0" * 36),  # a reboot is likelier (16d)
+            "written before": (os.getpid(), space[:-69] + "0" * 36)}  # no machine id in the row: as then
     for cid, (pid, where) in rows.items():
         store.conn().execute("UPDATE conversations SET pid = ?, space = ? WHERE id = ?", (pid, where, cid))
     store.conn().execute("UPDATE conversations SET started = started - 1 WHERE id = 'reused'")
     store.reap()
-    status = {cid: store.conversation(cid)["status"]
-              for cid in ("gone", "elsewhere", "reused", "alive", "rebooted", "same name")}
+    status = {cid: store.conversation(cid)["status"] for cid in names}
     assert status == {"gone": "interrupted", "elsewhere": "running", "reused": "interrupted", "alive": "running",
                       "rebooted": "interrupted",  # its pid lives, in this boot: not the process of the other
-                      "same name": "running"}  # a live run of another machine named alike was pruned (16c)
+                      "same name": "running",  # a live run of another machine named alike was pruned (16c)
+                      "no machine id": "interrupted", "written before": "interrupted"}
 
 
 def test_the_claims_another_host_beats_are_remembered_within_a_bound(store):
