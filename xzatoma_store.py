@@ -1625,13 +1625,14 @@ class Store:
         rows = self.conn().execute("SELECT id, pid, space, started FROM conversations WHERE status = 'running' AND "
                                    "host = ?", (_hostname(),)).fetchall()
         for row in rows:
-            if row["space"] is not None and row["space"] != space:
+            boot = _boot_of(row["space"], space) if row["space"] not in (None, space) else "this"
+            if boot == "earlier":
                 # an earlier boot of this machine (its name, pid namespace and machine id; another boot): that
                 # process is gone; left running, a run cut off by a reboot was never reaped, nor pruned (round 16b).
                 # Not another machine of the same name: its live run was marked interrupted, then pruned (16c)
-                if not _earlier_boot(row["space"], space):
-                    continue
                 alive = False
+            elif boot is None:
+                continue
             else:
                 alive = row["pid"] and _pid_alive(row["pid"]) and row["started"] in (None, _process_start(row["pid"]))
             if row["pid"] and not alive:
@@ -2156,15 +2157,18 @@ def _process_space():
         return _hostname()
 
 
-def _earlier_boot(then, now):
-    """Whether process space `then` is `now`'s on an earlier boot of the same machine: its host name and pid
-    namespace, another boot, and its machine id, where both know one (a machine without one, or a row written
-    before machine ids were, is taken for this one: a reboot is likelier than a machine of the same name)."""
+def _boot_of(then, now):
+    """Process space `then` as seen from `now`: "this" boot of this machine, an "earlier" one, or None (another pid
+    namespace or machine). The same host name and pid namespace, and machine id where both know one (a machine
+    without one, or a row written before machine ids were, is taken for this one: a reboot is likelier than a
+    machine of the same name; a row of that format from this boot is judged by its pid, round 16e)."""
     then, now = then.split(" "), now.split(" ")
     if len(then) != 3 or len(now) != 3 or then[:2] != now[:2]:
-        return False
+        return None
     (machine, _, boot), (machine_now, _, boot_now) = then[2].rpartition("/"), now[2].rpartition("/")
-    return boot != boot_now and (machine == machine_now or "-" in (machine or "-", machine_now or "-"))
+    if machine != machine_now and "-" not in (machine or "-", machine_now or "-"):
+        return None
+    return "this" if boot == boot_now else "earlier"
 
 
 def _boot_id():
@@ -2176,10 +2180,12 @@ def _boot_id():
             for path in paths:
                 try:
                     with open(path) as fh:
-                        ids.append(fh.read().strip().replace(" ", "").replace("/", "") or "-")
-                    break
+                        found = fh.read().strip().replace(" ", "").replace("/", "")
                 except OSError:
-                    pass
+                    continue
+                if found and found != "uninitialized":  # systemd's word for one not made yet (machine-id(5))
+                    ids.append(found)
+                    break
             else:
                 ids.append("-")
         _boot.append("/".join(ids))

@@ -822,7 +822,8 @@ def test_reap_judges_only_its_own_process_space(store):
     import xzatoma_store
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    names = ("gone", "elsewhere", "reused", "alive", "rebooted", "same name", "no machine id", "written before")
+    names = ("gone", "elsewhere", "reused", "alive", "rebooted", "same name", "no machine id", "written before",
+             "then, gone", "then, alive")
     for cid in names:
         store.start_conversation(cid, "watch")
     space = xzatoma_store._process_space()
@@ -830,7 +831,8 @@ def test_reap_judges_only_its_own_process_space(store):
             "reused": (os.getpid(), space), "rebooted": (os.getpid(), space[:-36] + "0" * 36),
             "same name": (dead.pid, space[:-69] + "0" * 32 + "/" + "0" * 36),  # another machine (its machine id)
             "no machine id": (os.getpid(), space[:-69] + "-/" + "0" * 36),  # a reboot is likelier (16d)
-            "written before": (os.getpid(), space[:-69] + "0" * 36)}  # no machine id in the row: as then
+            "written before": (os.getpid(), space[:-69] + "0" * 36),  # no machine id in the row: as then
+            "then, gone": (dead.pid, space[:-69] + space[-36:]), "then, alive": (os.getpid(), space[:-69] + space[-36:])}
     for cid, (pid, where) in rows.items():
         store.conn().execute("UPDATE conversations SET pid = ?, space = ? WHERE id = ?", (pid, where, cid))
     store.conn().execute("UPDATE conversations SET started = started - 1 WHERE id = 'reused'")
@@ -839,7 +841,8 @@ def test_reap_judges_only_its_own_process_space(store):
     assert status == {"gone": "interrupted", "elsewhere": "running", "reused": "interrupted", "alive": "running",
                       "rebooted": "interrupted",  # its pid lives, in this boot: not the process of the other
                       "same name": "running",  # a live run of another machine named alike was pruned (16c)
-                      "no machine id": "interrupted", "written before": "interrupted"}
+                      "no machine id": "interrupted", "written before": "interrupted",
+                      "then, gone": "interrupted", "then, alive": "running"}  # this boot's, by its pid (16e)
 
 
 def test_the_claims_another_host_beats_are_remembered_within_a_bound(store):
