@@ -8926,7 +8926,8 @@ def stdin_line():
 def read_bounded(stream, limit, name, what):
     text = stream.read(limit + 1)
     if len(text) > limit:
-        raise UsageError("%s is larger than %s characters (%s); give a smaller one" % (name, "{:,}".format(limit), what))
+        raise UsageError("%s is larger than %s characters (%s); give a smaller one"
+                         % (name, "{:,}".format(limit), what))
     return text
 
 

@@ -1297,8 +1297,9 @@ def _add_claim_start(conn):
 
 def _add_beats_and_spaces(conn):
     """event_claims.beat and .lease; conversations.space and .started (unless there, as _add_review)."""
-    for table, column, kind in (("event_claims", "beat", "INTEGER NOT NULL DEFAULT 0"), ("event_claims", "lease", "REAL"),
-                                ("conversations", "space", "TEXT"), ("conversations", "started", "INTEGER")):
+    for table, column, kind in (("event_claims", "beat", "INTEGER NOT NULL DEFAULT 0"),
+                                ("event_claims", "lease", "REAL"), ("conversations", "space", "TEXT"),
+                                ("conversations", "started", "INTEGER")):
         if column not in [row[1] for row in conn.execute("PRAGMA table_info(%s)" % table)]:
             conn.execute("ALTER TABLE %s ADD COLUMN %s %s" % (table, column, kind))
 

@@ -190,7 +190,7 @@ def test_a_plan_refused_as_too_large_is_stored_cut(fake, tmp_path):
     home = tmp_path / "home"
     env = {"HOME": str(home), "XZATOMA_HOME": str(home), "XDG_CONFIG_HOME": str(home)}
     cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": fake.url, "provider.max_retries": 0,
-                               "provider.ollama.model": "qwen3"}, env=env)  # a window of 32,768 under the budget of 100,000
+                               "provider.ollama.model": "qwen3"}, env=env)  # a window of 32,768, a budget of 100,000
     store = Store(str(tmp_path / "x.db")).open()
     try:
         run_plan = xzatoma.watch_runner(cfg, xzatoma.Console(quiet=True), store,

@@ -832,7 +832,8 @@ def test_reap_judges_only_its_own_process_space(store):
             "same name": (dead.pid, space[:-69] + "0" * 32 + "/" + "0" * 36),  # another machine (its machine id)
             "no machine id": (os.getpid(), space[:-69] + "-/" + "0" * 36),  # a reboot is likelier (16d)
             "written before": (os.getpid(), space[:-69] + "0" * 36),  # no machine id in the row: as then
-            "then, gone": (dead.pid, space[:-69] + space[-36:]), "then, alive": (os.getpid(), space[:-69] + space[-36:])}
+            "then, gone": (dead.pid, space[:-69] + space[-36:]),
+            "then, alive": (os.getpid(), space[:-69] + space[-36:])}
     for cid, (pid, where) in rows.items():
         store.conn().execute("UPDATE conversations SET pid = ?, space = ? WHERE id = ?", (pid, where, cid))
     store.conn().execute("UPDATE conversations SET started = started - 1 WHERE id = 'reused'")
