@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from xzatoma_plans import PlanError, detect_plan_format, parse_plan
+from xzatoma_plans import DocumentError, PlanError, detect_plan_format, load_json, parse_plan
 
 SEED_MD = """# Task: Generate Project Documentation
 
@@ -185,6 +185,43 @@ def test_hostile_plans_are_plan_errors_with_bounded_memory(text, fmt, message):
         tracemalloc.stop()
     assert any(m in str(exc.value) for m in ((message,) if isinstance(message, str) else message)), exc.value
     assert peak < 64 * 1024 * 1024, peak
+
+
+@pytest.mark.parametrize("text", [
+    "[" + "{}, " * 500000 + "{}]",  # 2 MB of empty mappings: 500,001 dicts, once built
+    "[" + ",".join(["[" * 60 + "1" + "]" * 60] * 17000) + "]",  # chains json.loads takes, over a million lists
+    '{"goal": "G", "instructions": ["a"], "x": [' + '"s",' * 300000 + '"s"]}',
+])
+def test_json_over_the_value_limit_is_refused_before_it_is_built(text):
+    """json.loads builds a whole document before it can be measured: 8 MB of `[{}, {}, ...]` took 1.3 s and
+    450 MB only to be refused (round 16e). Its values are counted on the text first."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        with pytest.raises(PlanError, match="more than 100000 values"):
+            parse_plan(text, source="p", fmt="json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * len(text), (peak, len(text))
+
+
+@pytest.mark.parametrize("text", [
+    '[]', '{}', '1', '"a,[{"', '[[], {}, [[]], {"a": {}}]', '{"a,": [1, "]", {"b\\"": [ ]}], "c": null}',
+    '[ 1 , [ 2 ,\n\t3 ] , { "k" : "v" , "l" : [ ] } , "\\\\" , "\\",\\"" ]',
+    json.dumps({"goal": "G", "instructions": ["a", "b, c [d] {e}"], "context": {"x": [[], {}, [1, [2, {}]]]}}),
+])
+def test_the_count_on_the_text_is_the_count_of_the_parsed_document(text):
+    from xzatoma_plans import _json_values
+    count, stack = 0, [json.loads(text)]
+    while stack:
+        value = stack.pop()
+        count += 1
+        stack.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
+    assert _json_values(text) == count, text
+    assert load_json(text, max_values=count) == json.loads(text)
+    with pytest.raises(DocumentError, match="more than %d values" % (count - 1)):
+        load_json(text, max_values=count - 1)
 
 
 def test_pure_python_yaml_is_bounded_too(monkeypatch):
