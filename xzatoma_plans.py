@@ -92,7 +92,14 @@ def json_ready(value):
     import base64
     import datetime
     if isinstance(value, dict):
-        return {_json_key(k): json_ready(v) for k, v in value.items()}
+        ready = {_json_key(k): json_ready(v) for k, v in value.items()}
+        if len(ready) < len(value):  # JSON has no other keys than text: `1` and '1' would be one key, the last
+            seen = {}                # one's value silently kept (round 16d)
+            for key in value:
+                if (other := seen.setdefault(_json_key(key), key)) is not key:
+                    raise DocumentError("two keys of one mapping, %s and %s, are one key in JSON: rename one"
+                                        % (_key_repr(other), _key_repr(key)))
+        return ready
     if isinstance(value, (list, tuple, set, frozenset)):
         return [json_ready(v) for v in (sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value)]
     if isinstance(value, (datetime.date, datetime.datetime)):
@@ -105,9 +112,16 @@ def json_ready(value):
 
 
 def _json_key(key):
-    """A mapping's key as JSON takes one: a date (YAML allows any scalar) as its text."""
-    return key if key is None or isinstance(key, (str, int, bool)) else str(json_ready(key))
+    """A mapping's key as JSON writes it (YAML allows any scalar): always text."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, (bool, int)) or (isinstance(key, float) and math.isfinite(key)):
+        return json.dumps(key)
+    return str(json_ready(key))
 
+
+def _key_repr(key):
+    return "'%s'" % key if isinstance(key, str) else _json_key(key)
 
 
 def detect_plan_format(text, filename=None):
@@ -431,6 +445,10 @@ def _plan_from_mapping(data, source, text):
     if not isinstance(data, dict):
         raise PlanError(source, "a plan must be a mapping with 'goal' and 'instructions', got %s"
                         % json_type(data))
+    try:
+        json_ready(data)  # as publish sends it and the prompt writes it
+    except DocumentError as exc:
+        raise PlanError(source, str(exc))
     known = {"goal", "context", "instructions", "steps", "tasks", "name", "title", "description", "version",
              "action"}
     name = _text_field(data, "name", source, text) or _text_field(data, "title", source, text)

@@ -1,6 +1,7 @@
 """Plan parsing (YAML, JSON, Markdown) and the plan-to-prompt translation."""
 
 import json
+import re
 
 import pytest
 
@@ -269,3 +270,24 @@ def test_a_long_decimal_number_is_still_a_number_and_base_60_is_bounded():
     assert '["x", "y"]' in top and "2024-06-01T10:00:00" in top and "aGk=" in top
     big = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  n: 0x%s\n" % ("f" * 3500), source="p", fmt="yaml")
     assert str(big.context["n"]).startswith("2") and big.to_prompt()  # 4,214 digits: within the bound
+
+
+@pytest.mark.parametrize("mapping,first,second", [
+    ("{1: a, '1': b}", "1", "'1'"),
+    ("{2024-01-02: a, '2024-01-02': b}", "2024-01-02", "'2024-01-02'"),
+    ("{'true': a, true: b}", "'true'", "true"),
+    ("{null: a, 'null': b}", "null", "'null'"),
+    ("{1.5: a, '1.5': b}", "1.5", "'1.5'"),
+])
+def test_keys_that_are_one_key_in_json_are_refused_not_merged(mapping, first, second):
+    """YAML keys may be any scalar; JSON's are text. `1` and '1' became one key as publish sent the plan, and the
+    prompt of `run --plan` kept only the last one's value (rounds 16d, 16e)."""
+    with pytest.raises(PlanError, match="two keys of one mapping, %s and %s, are one key in JSON: rename one"
+                       % (re.escape(first), re.escape(second))):
+        parse_plan("goal: G\ninstructions: [a]\ncontext:\n  nested: %s\n" % mapping, source="p.yaml")
+
+
+def test_keys_of_other_scalars_read_as_json_writes_them():
+    plan = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  ports: {1: a, 2.5: b, false: c, null: d}\n",
+                      source="p.yaml")
+    assert '{"1": "a", "2.5": "b", "false": "c", "null": "d"}' in plan.to_prompt()
