@@ -1063,6 +1063,9 @@ class PartitionOffsets:
         self.assigned_at = time.monotonic()  #: when it was assigned (a lag report after it has seen it)
         self.done = set()  #: offsets settled and not yet committed (lost with the partition: read again elsewhere)
         self.gone = False  #: given up (revoked or lost): what settles here now counts for nothing
+        #: read again from this offset, the group's own being out of the log's range: committed though nothing
+        #: is received (the group's offset is set right at once), and below the group's offset
+        self.restarted_at = None
 
     def received(self, offset):
         self.pending[offset] = time.monotonic()
@@ -1085,9 +1088,15 @@ class PartitionOffsets:
     def commit_point(self):
         """The offset to commit (the next message to read after a restart), or None when nothing is new."""
         if self.highest is None:
-            return None
-        point = min(self.pending) if self.pending else self.highest + 1
-        return point if self.committed is None or point > self.committed else None
+            point = self.restarted_at
+        else:
+            point = min(self.pending) if self.pending else self.highest + 1
+        return point if point is not None and (self.committed is None or point > self.committed) else None
+
+    def read_to(self):
+        """The offset after all this partition was read to, by what was received or committed (None: neither)."""
+        known = [x for x in (self.committed, None if self.highest is None else self.highest + 1) if x is not None]
+        return max(known) if known else None
 
 
 class OffsetTracker:
@@ -1136,6 +1145,32 @@ class OffsetTracker:
                 elif seen or tp not in self.unmoved:
                     self.unmoved[tp] = (po.committed, max(po.advanced_at, po.turn_at))
             return sum(len(po.done) for tp, po in dropped if po is not None)
+
+    def restart(self, tp, offset):
+        """The partition is read again from `offset`: what it held is forgotten (its runs still answer their
+        events, and settle where they were received, counting for nothing), and `offset` is committed next."""
+        with self.lock:
+            old = self.partitions.get(tp)
+            if old is not None:
+                old.gone = True
+            po = self.partitions[tp] = PartitionOffsets()
+            po.restarted_at = offset
+            self.unmoved.pop(tp, None)
+
+    def rewound(self, tp, offset):
+        """Where this partition was read to, when a message at `offset` comes from before it (else None): its log
+        was read again from an earlier offset (Kafka's answer to an offset out of its range: the client starts
+        again from the oldest)."""
+        with self.lock:
+            po = self.partitions.get(tp)
+            read_to = po.read_to() if po is not None else None
+            return read_to if read_to is not None and offset < read_to and offset not in po.pending else None
+
+    def read_to_all(self):
+        """{tp: the offset after all it was read to, by what was received or committed} (see PartitionOffsets)."""
+        with self.lock:
+            points = {tp: po.read_to() for tp, po in self.partitions.items()}
+        return {tp: point for tp, point in points.items() if point is not None}
 
     def resume_points(self, tps):
         with self.lock:
@@ -1757,9 +1792,11 @@ class Watcher:
             elif self.s.idle_exit and now - max(last_activity, self.assigned_at) >= self.s.idle_exit:
                 self.log("idle_exit", idle_seconds=self.s.idle_exit)
                 break
-            if now - last_lag >= self.s.lag_interval and self._lag_wanted():
+            if now - last_lag >= self.s.lag_interval:
                 last_lag = now
-                self._report_lag()
+                self._check_ends()
+                if self._lag_wanted():
+                    self._report_lag()
 
     def _position_assigned(self):
         with self.cond:
@@ -1768,7 +1805,8 @@ class Watcher:
         for tp in todo:
             try:
                 offset = self.consumer.committed(tp)
-                if offset is None:
+                start = None if offset is None else self._out_of_range(tp, offset)
+                if offset is None or start is not None:
                     self.consumer.seek_to_beginning(tp)  # a new group (or a broker that lost it): the oldest
                 else:
                     self.consumer.seek(tp, offset)
@@ -1777,9 +1815,67 @@ class Watcher:
                 continue
             with self.cond:
                 self.needs_position.discard(tp)
-            if offset is not None:
+            if start is not None:
+                self.tracker.restart(tp, start)  # committed at once: the group's offset is set right
+            elif offset is not None:
                 self.tracker.committed({tp: offset})  # the lag counts from here until this watcher commits
-            self.log("positioned", topic=tp.topic, partition=tp.partition, offset=offset or 0)
+            self.log("positioned", topic=tp.topic, partition=tp.partition,
+                     offset=start if start is not None else offset or 0)
+
+    def _out_of_range(self, tp, offset):
+        """The partition's first offset when the group's committed `offset` is out of its log's range, else None.
+        INFO: past the end (the topic deleted and made anew, a broker that lost its data), Tansu 0.6 answers each
+        fetch with nothing, and Kafka with OFFSET_OUT_OF_RANGE, where the client starts again from the oldest but
+        the watcher committed only past the group's offset: either way no event was answered again, and every
+        gauge read 0 (attack round 17a). Before the start, its records were deleted unread. The partition is read
+        from its start; the store answers once what was answered before."""
+        start = _offsets_call(self.consumer.beginning_offsets, [tp]).get(tp)
+        end = _offsets_call(self.consumer.end_offsets, [tp]).get(tp)
+        if start is None or end is None:
+            return None
+        if offset > end:  # Tansu's ListOffsets may fall short of the end (EndProbe): its high watermark says
+            end = max(end, self.end_probe.ends({tp: end}).get(tp, offset))
+        if start <= offset <= end:
+            return None
+        self.log("offset_out_of_range", level="warn", topic=tp.topic, partition=tp.partition, offset=offset,
+                 start=start, end=end, reason=(
+                     "the log ends before the group's offset (the topic made anew, or the broker lost its data): "
+                     "read again from its start" if offset > end else
+                     "%d records were deleted before they were read: read on from the oldest" % (start - offset)))
+        return start
+
+    def _check_ends(self):
+        """A partition whose log now ends before where it was read to is read again from its start (see
+        _out_of_range: a topic made anew under a running watcher). Its end as the broker's ListOffsets or the
+        last fetch says it, and when that is short, as a fetch of its end says it (EndProbe)."""
+        if self.stopping.is_set():
+            return
+        assigned = [tp for tp in self.consumer.assignment() if tp not in self.needs_position and self._serving(tp)]
+        read_to = self.tracker.read_to_all()
+        if not any(tp in read_to for tp in assigned):
+            return
+        try:
+            ends = _offsets_call(self.consumer.end_offsets, [tp for tp in assigned if tp in read_to])
+        except Exception as exc:  # the broker away: the next round asks again
+            self.log("lag_unknown", level="debug", error=_one_line(exc))
+            return
+        short = {tp: max(end, self.consumer.highwater(tp) or 0) for tp, end in ends.items()
+                 if max(end, self.consumer.highwater(tp) or 0) < read_to[tp]}
+        if not short:
+            return
+        for tp, end in self.end_probe.ends(short).items():
+            if end >= read_to[tp]:
+                continue
+            try:
+                start = _offsets_call(self.consumer.beginning_offsets, [tp]).get(tp, 0)
+                self.consumer.seek_to_beginning(tp)
+            except Exception as exc:  # unassigned meanwhile, or the broker away: the next round
+                self.log("position_failed", level="warn", partition=tp.partition, error=_one_line(exc))
+                continue
+            self.log("offset_out_of_range", level="warn", topic=tp.topic, partition=tp.partition,
+                     offset=read_to[tp], start=start, end=end, reason="the log ends before where it was read to "
+                     "(the topic made anew, or the broker lost its data): read again from its start")
+            self.tracker.restart(tp, start)
 
     def _held(self):
         """Events this watcher holds toward --max-events: settled, running, waiting to run."""
@@ -1913,6 +2009,12 @@ class Watcher:
         read; a mark that another process left there means it died reading one of them. Those are then read one
         at a time, each marked first, and one begun more than watcher.max_attempts times is set aside unread:
         a message that crashes the watcher costs that message, not the partition (nor a restart loop)."""
+        read_to = self.tracker.rewound(tp, messages[0].offset)
+        if read_to is not None:
+            self.log("offset_out_of_range", level="warn", topic=tp.topic, partition=tp.partition, offset=read_to,
+                     start=messages[0].offset, reason="the client read the log again from an earlier offset (Kafka's "
+                     "answer to an offset out of the log's range): its offsets start again from there")
+            self.tracker.restart(tp, messages[0].offset)
         marks = self.store is not None and not self.s.dry_run
         consumer = "%s/%s/%d" % (self.s.group_id, tp.topic, tp.partition)
         single = messages[0].offset == messages[-1].offset

@@ -138,6 +138,29 @@ def read_all(address, topic, expect, timeout=30):
         consumer.close()
 
 
+def commit(address, group, topic, offsets):
+    """Set a group's committed offsets {partition: offset} from outside, as kafka-consumer-groups --reset-offsets."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+    consumer = KafkaConsumer(bootstrap_servers=address, group_id=group, enable_auto_commit=False)
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in offsets])
+        consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+    finally:
+        consumer.close(autocommit=False)
+
+
+def make_topic_anew(address, name, partitions=1):
+    """Delete a topic and create it again, empty (its offsets start at 0 again)."""
+    from kafka import KafkaAdminClient
+    admin = KafkaAdminClient(bootstrap_servers=address)
+    try:
+        admin.delete_topics([name])
+    finally:
+        admin.close()
+    create_topic(address, name, partitions)
+
+
 def committed(address, group, topic, partitions=1):
     from kafka import KafkaConsumer, TopicPartition
     consumer = KafkaConsumer(bootstrap_servers=address, group_id=group, enable_auto_commit=False)

@@ -925,6 +925,32 @@ def test_a_lost_partition_takes_back_what_it_settled_and_never_committed():
     assert tracker.forget([tp]) == 0 and list(tracker.partitions) == [other]
 
 
+def test_a_log_read_again_from_an_earlier_offset_starts_the_partition_s_offsets_again():
+    """Kafka answers a fetch past a log's end with OFFSET_OUT_OF_RANGE (the topic made anew), and the client reads
+    again from the oldest record: the watcher committed only past the group's old offset, so nothing it answered
+    there was ever committed (attack round 17a). A message from before where the partition was read to starts
+    its offsets again; the runs received before settle where they were received, counting for nothing."""
+    from kafka import TopicPartition
+    tracker, tp = w.OffsetTracker(), TopicPartition("t", 0)
+    tracker.committed({tp: 0})
+    old = tracker.get(tp)
+    for o in range(6):
+        old.received(o)
+    for o in range(5):
+        old.settled(o)
+    tracker.committed({tp: 5})  # 5 still runs
+    assert tracker.rewound(tp, 6) is None and tracker.rewound(tp, 5) is None  # read on; a message waiting
+    assert tracker.rewound(tp, 0) == 6
+    tracker.restart(tp, 0)
+    assert tracker.commit_points() == {tp: 0}  # the group's offset (6) set right at once
+    new = tracker.get(tp)
+    new.received(0)
+    assert old.settled(5) is False and tracker.commit_points() == {tp: 0}  # the old run counts for nothing here
+    assert new.settled(0) is True and tracker.commit_points() == {tp: 1}
+    tracker.committed({tp: 1})
+    assert tracker.commit_points() == {} and tracker.rewound(tp, 1) is None
+
+
 def test_missing_kafka_hint(tmp_path):
     """One install_hint for the program and the watcher: pipx is known by the metadata it writes at its venv's
     root (a PIPX_HOME of any name), not by a directory called pipx."""
@@ -1790,6 +1816,49 @@ def test_at_the_smallest_max_request_size_every_event_gets_one_result_that_fits(
     assert copy.value.startswith(b"goal: yyy") and len(copy.value) + len(copy.key) < 16384 - w.RECORD_OVERHEAD
     assert dict(copy.headers)["xzatoma_truncated"] == b"40007"
     assert kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [4]
+
+
+def test_a_group_offset_past_the_log_s_end_is_read_from_the_start_and_set_right(kafka_broker, store):
+    """A group's committed offset past its partition's end (set by hand, or kept while the log was lost): Tansu
+    answers each fetch with nothing, and the watcher sat with every gauge at 0 while events waited; after a
+    restart they were skipped for good (attack round 17a). It reads the partition from its start, the store
+    answering once what was answered before, and commits where it is."""
+    import kafka_broker as kb
+    topic, group = new_topic(kafka_broker), "g-" + uuid.uuid4().hex[:8]
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("far-%d" % i, data={"plan": PLAN})) for i in range(2)])
+    store.record_event("far-0", "C0", "completed")
+    store.event_published("far-0")  # answered before
+    kb.commit(kafka_broker.address, group, topic, {0: 100})
+    runner = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, runner, store, group_id=group, max_events=2)
+    watcher.thread.join(60)
+    assert not watcher.thread.is_alive()
+    assert [j.event.id for j in runner.calls] == ["far-1"]  # far-0 was answered before: a duplicate
+    assert kb.committed(kafka_broker.address, group, topic) == [2]
+    (out,) = watcher.log_lines.events("offset_out_of_range")
+    assert (out["offset"], out["start"], out["end"]) == (100, 0, 2), out
+
+
+def test_a_topic_made_anew_under_a_running_watcher_is_read_again_from_its_start(kafka_broker, store):
+    """The input topic deleted and made anew while a watcher runs: its position and committed offset (2) are
+    past the new log's end, and Tansu answers each fetch there with nothing: 3 new events waited unanswered,
+    every gauge at 0 (attack round 17a). The end is checked every lag interval, metrics or not."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("old-%d" % i, data={"plan": PLAN})) for i in range(2)])
+    runner = fake_runner()
+    watcher = start_watcher(kafka_broker, topic, runner, store, lag_interval=0.2)
+    try:
+        assert wait_for(lambda: kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [2], 60)
+        kb.make_topic_anew(kafka_broker.address, topic)
+        kb.produce(kafka_broker.address, topic, [(None, cloudevent("new-0", data={"plan": PLAN}))])
+        assert wait_for(lambda: len(runner.calls) == 3, 60), watcher.log_lines.events("offset_out_of_range")
+        assert wait_for(lambda: kb.committed(kafka_broker.address, watcher.s.group_id, topic) == [1], 30)
+    finally:
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+    assert [j.event.id for j in runner.calls] == ["old-0", "old-1", "new-0"]
+    assert watcher.log_lines.events("offset_out_of_range")[0]["end"] < 2
 
 
 def test_lag_counts_what_waits_and_a_stuck_publish_shows_then_recovers(kafka_broker, store):
