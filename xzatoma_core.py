@@ -1563,13 +1563,19 @@ class HttpResponse:
         return json.loads(self.content)
 
     def iter_lines(self):
-        """The body's lines without their endings (LF, CRLF or CR), as they arrive; none over MAX_LINE_BYTES.
+        """The body's lines without their endings (LF, CRLF or CR), as they arrive; none over MAX_LINE_BYTES, and
+        all of them MAX_BODY_BYTES at most, as a whole body is: a stream of 300 MB of answer, in lines under the
+        bound, took a watcher past 1.7 GB and its store past 2 GB, and the one write of it held the store's lock
+        until the watcher's own claims lapsed, so the event ran again, for good (attack round 17b).
         Only the new chunk is searched for a line's end: splitting all that waited was quadratic in a long line."""
-        pending, size = [], 0  # the line so far, in chunks without a line feed
+        pending, size, total = [], 0, 0  # the line so far, in chunks without a line feed
         while True:
             chunk = self._read_some()
             if not chunk:
                 break
+            total += len(chunk)
+            if total > MAX_BODY_BYTES:
+                raise HttpFailure("the reply is larger than %d MB" % (MAX_BODY_BYTES >> 20), "too_large")
             if b"\n" not in chunk:
                 pending.append(chunk)
                 size += len(chunk)

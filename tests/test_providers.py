@@ -1,6 +1,7 @@
 """Providers in-process against the fake server: wire formats, deltas, retries, errors."""
 
 import json
+import os
 import time
 
 import pytest
@@ -480,6 +481,14 @@ def _chunked(piece):
     # a stream line that never ends: 16 MB at most
     ("ollama", b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
      _chunked(b'{"message": {"content": "' + b"x" * 60000), "a line of the reply is longer than 16 MB"),
+    # a stream of lines under the bound, without end: 32 MB of it in all, as a body (a 300 MB answer took a watcher
+    # past 1.7 GB and held its store's lock until its claims lapsed, round 17b); text without a period to repeat
+    ("ollama", b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n",
+     _chunked(b'{"message": {"content": "%s"}}\n' % os.urandom(30000).hex().encode()),
+     "sent more than a model's reply can be: the reply is larger than 32 MB"),
+    ("openai", b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+     _chunked(b'data: {"choices": [{"delta": {"content": "%s"}}]}\n\n' % os.urandom(30000).hex().encode()),
+     "sent more than a model's reply can be: the reply is larger than 32 MB"),
 ])
 def test_a_reply_without_end_is_read_within_bounds(kind, head, piece, said):
     """Found by an attack round: a reply's body was read whole, whatever its size: an endless 502 page or JSON
