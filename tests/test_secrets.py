@@ -736,10 +736,27 @@ def test_more_real_world_token_shapes_are_redacted(text, secret):
     assert out.startswith("before ") and out.endswith(" after")
 
 
+GH = "ghp_" + "A1b2C3d4E5" * 4
+
+
+@pytest.mark.parametrize("text,secret", [
+    ("/etc/x%s/y" % GH, GH), ("id_" + GH, GH), ("v1" + GH, GH), ("\u00e9" + GH, GH),  # glued to a word
+    ("repo=xsk-proj-" + "Ab1_" * 6, "Ab1_Ab1_"), ("token%3D" + GH, GH), ("key%3DAKIAABCDEFGHIJKLMNOP", "AKIAABCD"),
+    ('"line\\nsk-' + "q9W8e7R6t5Y4u3I2" + '"', "q9W8e7R6t5Y4u3I2"), ("a\\tSG.%s.%s" % ("x1" * 9, "y2" * 9), "x1x1"),
+    ("%2Cxoxb-1234567890-abcdefghij", "abcdefghij"),
+])
+def test_a_token_glued_to_what_comes_before_it_is_redacted(text, secret):
+    """Shapes began at a word boundary: a token right after a letter, a digit, an underscore or an escape
+    (URL-encoded, JSON's \\n) was kept whole, in a result's error, a dead-letter reason and the log (round 17b)."""
+    out = redact(text)
+    assert secret not in out and REDACTED in out, out
+
+
 def test_ordinary_command_lines_and_code_are_left_alone():
     for text in ("docker run -u 1000:1000 img", "git push -u origin main", "sort -u a:bcdef",
                  "session_factory = make_session(config)", "mysql -p app", "the --password flag asks for it",
-                 "author: Jane Doe", "signature = sign(body)", "sid = 42"):
+                 "author: Jane Doe", "signature = sign(body)", "sid = 42", "task-abcdefghijklmnopqrstuvwxyz",
+                 "risk-management-framework-for-2024", "mask-0123456789abcdef0123", "ASKIAABCDEFGHIJKLMNOPQ"):
         assert redact(text) == text
 
 
