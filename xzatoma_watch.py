@@ -870,7 +870,7 @@ class XzeprClient:
         INFO: a redirect is an error, not followed: the API does not move, and following one carried the API key
         to whatever host it named. A 2xx is never sent again, whatever its body (sent again, one run was posted
         eight times), and 4xx are final; 5xx and no answer are tried again while the budget lasts."""
-        data = json.dumps(body, ensure_ascii=False).encode("utf-8") if body is not None else None
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8", "replace") if body is not None else None
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "xzatoma-watch"}
         if self.api_key:
             headers["Authorization"] = "Bearer " + self.api_key

@@ -175,6 +175,15 @@ def test_what_is_posted_is_redacted_like_a_result(serve):
     assert json.loads(posted[0])["name"].endswith(".started")
 
 
+def test_half_a_character_in_a_post_is_sent_as_a_question_mark_never_an_encoding_error(serve):
+    """A run's error holding a lone surrogate (a model's stream said \\ud800) lost the `.failed` post: its
+    body could not be encoded (round 17b). It goes as the result does, the half character as '?'."""
+    api = serve(answer(201, b'{"id": "R1"}'))
+    client(api.url).request("POST", "/api/v1/events", {"error": "the model failed \ud800 here"})
+    (posted,) = [body for head, body in api.requests if head.startswith("POST /api/v1/events")]
+    assert json.loads(posted) == {"error": "the model failed ? here"}
+
+
 def test_a_receiver_id_too_long_to_carry_is_refused(serve):
     api = serve(answer(200, json.dumps({"data": [{"name": "xzatoma", "id": "r" * 100000}]}).encode()))
     with pytest.raises(w.XzeprError, match="over 256"):
