@@ -2292,8 +2292,11 @@ class Watcher:
                                     "%s:%s:%s" % (msg.topic, msg.partition, msg.offset)).encode())]
         headers = _plain_headers(msg.headers)
         value, key = msg.value, msg.key
+        key_size = getattr(msg, "key_size", None) or len(key or b"")
         if key is not None and len(key) > ID_MAX_BYTES * 4:
             key = key[:ID_MAX_BYTES * 4]
+        if key is not None and key_size > len(key):  # said, as a cut value is (a 5,000-byte key went out cut
+            ours.append(("xzatoma_key_truncated", str(key_size).encode()))  # to 4,096 silently, round 17b)
         room = self.s.max_request_size - RECORD_OVERHEAD - len(key or b"") - _headers_size(ours)
         if _headers_size(headers) > room // 4 or getattr(msg, "headers_dropped", 0):
             ours.append(("xzatoma_headers_dropped", str(len(headers) or msg.headers_dropped).encode()))
@@ -3358,12 +3361,13 @@ class Kept:
     producer's max_request_size, so neither does this (a waiting event held its whole record, up to the broker's
     own limit when it was rejected unread: 20 MB copies behind a running id took 657 MB)."""
 
-    __slots__ = ("topic", "partition", "offset", "key", "value", "headers", "origin", "size", "headers_dropped",
-                 "held")
+    __slots__ = ("topic", "partition", "offset", "key", "key_size", "value", "headers", "origin", "size",
+                 "headers_dropped", "held")
 
     def __init__(self, msg, limit):
         self.topic, self.partition, self.offset = msg.topic, msg.partition, msg.offset
         self.key = msg.key if msg.key is None or len(msg.key) <= ID_MAX_BYTES * 4 else msg.key[:ID_MAX_BYTES * 4]
+        self.key_size = len(msg.key or b"")  #: the key's length as it came (a cut copy says it)
         self.origin = getattr(msg, "origin", None)
         headers = _plain_headers(msg.headers)
         headers_size = _headers_size(headers)

@@ -824,6 +824,22 @@ def test_a_dead_letter_copy_s_reason_is_redacted_as_the_log_and_the_result_are()
     assert token not in reason and "[REDACTED]" in reason and sent[0]["h"] == b"v"  # the message's own: as sent
 
 
+def test_a_dead_letter_copy_says_its_key_was_cut_as_it_says_its_value_was():
+    """A rejected event's 5,000-byte key went to the dead-letter topic cut to 4,096 bytes with nothing saying so,
+    though the copy was far under any limit (round 17b): a replay of it lands elsewhere, under another id."""
+    from types import SimpleNamespace
+    watcher = w.Watcher(w.Settings(topic="t", dead_letter_topic="dlq"), w.Filters(), None,
+                        log=w.WatchLog(io.StringIO()))
+    sent = []
+    watcher._publish = lambda topic, key, value, headers, what, give_up_after=None: sent.append((key, dict(headers)))
+    msg = SimpleNamespace(topic="t", partition=0, offset=7, key=b"k" * 5000, value=b"{}", headers=[])
+    watcher._dead_letter(msg, "the key is too long")
+    watcher._dead_letter(w.Kept(msg, 1 << 20), "the key is too long")  # as a waiting job keeps it
+    watcher._dead_letter(SimpleNamespace(topic="t", partition=0, offset=8, key=b"k", value=b"{}", headers=[]), "r")
+    assert [(len(key), headers.get("xzatoma_key_truncated")) for key, headers in sent] == \
+        [(4096, b"5000"), (4096, b"5000"), (1, None)]
+
+
 def test_a_log_whose_reader_stops_reading_never_holds_the_watcher():
     """Found by an attack round: with stderr a pipe nobody read, every thread that logged waited on it, the
     consumer loop and the signal's stopper included: 12 of 400 events committed, then nothing, and SIGTERM twice
