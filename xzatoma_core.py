@@ -8599,7 +8599,7 @@ def cmd_publish(args, console):
         security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password",
                                             "ssl_cafile", "ssl_certfile", "ssl_keyfile")}
         event_id = watch.publish(args.brokers or k["bootstrap_servers"], args.topic or k["topic"], event, args.key,
-                                 security)
+                                 security, max_bytes=limit)
     except watch.WatchError as exc:
         raise UsageError(str(exc))
     except watch.PublishError as exc:

@@ -376,6 +376,13 @@ def test_publish_refuses_a_plan_larger_than_a_watcher_reads_before_reading_it_al
     plan.write_text("goal: G\ninstructions: [a]\ncontext: " + "\u20ac" * 1000 + "\n", encoding="utf-8")
     r = cli.run("publish", "--plan", plan, "--brokers", "127.0.0.1:1", "--topic", "t")  # 1,000 characters, 3,000 bytes
     assert (r.returncode, r.stdout) == (2, "") and "larger than 2,048 bytes" in r.stderr, r.stderr
+    # a plan under the limit whose event is over it (round 17b: 925 bytes of plan, events of 1,166 and 2,529 bytes
+    # that a watcher rejected unread): refused before any broker is asked
+    plan.write_text("goal: " + "g" * 1950 + "\ninstructions: [a]\n")
+    for extra in ((), ("--xzepr",)):
+        r = cli.run("publish", "--plan", plan, "--brokers", "127.0.0.1:1", "--topic", "t", *extra)
+        assert (r.returncode, r.stdout) == (2, "") and "over watcher.max_message_bytes (2,048): a watcher would " \
+            "reject it unread; give a smaller plan" in r.stderr and "the event is " in r.stderr, r.stderr
 
 
 def test_kafka_secrets_come_from_the_environment_and_are_never_shown(cli, tmp_path):
