@@ -2066,6 +2066,13 @@ class Store:
                 self._seen_claims.pop(event_id, None)
             return True, attempts, record
 
+    def stopping_claims(self, owner):
+        """`owner` stops, as asked (a signal): its runs now end by that stop, not by a crash. A supervisor that kills
+        it before they finish (Kubernetes after 30 s, `docker stop` after 10) must not have them counted toward
+        watcher.max_attempts: two such restarts set a valid event aside as `failed` (attack round 17c)."""
+        self.conn().execute("UPDATE event_claims SET attempts = attempts - 1 WHERE owner = ? AND attempts > 0",
+                            (owner,))
+
     def release_claim(self, event_id, owner):
         self.conn().execute("DELETE FROM event_claims WHERE event_id = ? AND owner = ?", (event_id, owner))
 

@@ -2895,6 +2895,13 @@ class Watcher:
             self._flow_control()  # pause everything: no new events
         except Exception:
             pass
+        if self.store is not None and self.in_flight and not self.s.dry_run:
+            try:  # a kill after the grace period is then no crash of theirs (Store.stopping_claims)
+                with self.store.patience(LOOP_STORE_PATIENCE):
+                    self.store.stopping_claims(self.owner)
+                self.log("runs_stopping", running=len(self.in_flight))
+            except Exception as exc:
+                self.log("store_failed", level="warn", error=_one_line(exc))
         if self.stop_deadline is None:  # stopped by itself (--max-events, --idle-exit), not by a signal
             self.stop_deadline = time.monotonic() + self.s.shutdown_grace
         deadline = self.stop_deadline

@@ -2789,6 +2789,10 @@ w.decode_message = decode
 
 
 def run_plan(job):
+    if job.event.id == "long" and os.environ.get("STALL_DIR"):  # runs until it is cancelled, told where it is
+        open(os.environ["STALL_DIR"] + "/running", "w").close()
+        job.cancel.wait(600)
+        return {"status": "interrupted", "conversation_id": "c-long", "error": "interrupted"}
     if job.event.id == "crash-run":
         os._exit(7)
     if job.event.id == "stall":  # tells the test it runs, then runs until the test says go
@@ -2799,8 +2803,47 @@ def run_plan(job):
 store = Store(sys.argv[2]).open()
 log = open(sys.argv[3], "a")
 watcher = w.Watcher(w.Settings(**settings), w.Filters(), run_plan, store=store, log=w.WatchLog(log, "json"))
+import signal
+signal.signal(signal.SIGTERM, lambda signum, frame: watcher.signal_stop("SIGTERM"))
 sys.exit(watcher.run())
 """
+
+
+def test_a_watcher_killed_after_it_was_asked_to_stop_has_not_crashed_its_runs(kafka_broker, tmp_path):
+    """Kubernetes stops a pod with SIGTERM and kills it 30 s later (`docker stop`, 10 s), the watcher's own grace
+    period being 30 s: each such stop of a long run counted as a crash of it, and after watcher.max_attempts of
+    them a valid event was set aside as `failed`, never run to its end (attack round 17c). A run that ends by a
+    stop asked for is no crash, whether or not the process lives to the end of its grace."""
+    import signal
+    import subprocess
+    import sys
+    import kafka_broker as kb
+    from conftest import ROOT
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("long", data={"plan": PLAN}))])
+    quick = {"session_timeout_ms": 1500, "heartbeat_interval_ms": 300, "max_poll_interval_ms": 8000}
+    settings = dict(brokers=kafka_broker.address, topic=topic, group_id="g-" + topic, consumer_options=quick,
+                    max_attempts=1, idle_exit=1.0, shutdown_grace=60)
+    script = CRASHER % {"paths": [ROOT, os.path.join(ROOT, "tests")]}
+    log, stall = tmp_path / "watch.log", tmp_path / "stall"
+    stall.mkdir()
+    args = [sys.executable, "-c", script, json.dumps(settings), str(tmp_path / "s.db"), str(log)]
+    for _ in range(2):  # asked to stop, then killed within its grace period: twice
+        (stall / "running").unlink() if (stall / "running").exists() else None
+        proc = subprocess.Popen(args, env=dict(os.environ, STALL_DIR=str(stall)))
+        try:
+            assert wait_for(lambda: (stall / "running").exists(), 60)
+            proc.send_signal(signal.SIGTERM)
+            assert wait_for(lambda: log.read_text().count('"runs_stopping"') == _ + 1, 30)
+        finally:
+            proc.kill()
+            proc.wait(30)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)  # no stall now: it runs to its end
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(l) for l in log.read_text().splitlines()]
+    assert not [l for l in lines if l["event"] == "set_aside"]
+    (result,) = kb.read_all(kafka_broker.address, topic + ".results", 1)
+    assert json.loads(result.value)["data"]["status"] == "completed"
 
 
 def _produce_unreadable(address, topic, values, how):
