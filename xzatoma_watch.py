@@ -2717,8 +2717,10 @@ class Watcher:
         wakes): it is waited for, never sent again nor given up on, or one event got two results (seen: a broker
         restarted mid-stream; one frozen with a result in flight). Only an answer counts as a failed attempt:
         its producer gives one within 3 publish timeouts (_producer_limits). A hard stop ends the wait (the
-        result stays stored, to be published after a restart)."""
-        attempt, future, sent_at = 0, None, 0.0
+        result stays stored, to be published after a restart). `give_up_after` counts refusals, answers of the
+        broker: a broker that answers nothing for 17 minutes had a completed run's result replaced by `failed`
+        after 20 timeouts (attack round 17c); it is waited for, its stall shown, as long as it is silent."""
+        attempt, refused, future, sent_at = 0, 0, None, 0.0
         while True:
             producer = self.producer
             try:
@@ -2749,10 +2751,11 @@ class Watcher:
                         self.hard_stop.wait(left)
                 future = None
                 attempt += 1
+                refused += not expired
                 permanent = _refused_for_good(self.kafka, exc)
                 if (attempt % 3 == 0 or expired) and not self.hard_stop.is_set():
                     self._renew_producer(producer)
-                if permanent or self.hard_stop.is_set() or (give_up_after and attempt >= give_up_after):
+                if permanent or self.hard_stop.is_set() or (give_up_after and refused >= give_up_after):
                     self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
                              error=_one_line(exc))
                     return _one_line(exc)

@@ -840,6 +840,51 @@ def test_a_dead_letter_copy_says_its_key_was_cut_as_it_says_its_value_was():
         [(4096, b"5000"), (4096, b"5000"), (1, None)]
 
 
+def test_only_the_broker_s_refusals_count_toward_giving_a_result_up():
+    """A broker that answered nothing for 17 minutes had a completed run's result replaced by `failed` after 20
+    timeouts (attack round 17c): a silence is waited out (the stall shows on the metrics), never taken for the
+    broker refusing the result, which is what watcher.publish_attempts counts."""
+    kafka = pytest.importorskip("kafka")
+
+    class Future:
+        def __init__(self, error=None):
+            self.error, self.is_done = error, error is not None
+
+        def get(self, timeout):
+            if self.error is None:
+                time.sleep(timeout)
+                raise kafka.errors.KafkaTimeoutError("no answer")
+            raise self.error
+
+    class Producer:
+        def __init__(self, error=None):
+            self.error, self.sent = error, 0
+
+        def send(self, *args, **kwargs):
+            self.sent += 1
+            return Future(self.error)
+
+    def watcher(producer):
+        watcher = w.Watcher(w.Settings(topic="t", publish_timeout=0.01, backoff_initial=0.001, backoff_max=0.002),
+                            w.Filters(), None, log=w.WatchLog(io.StringIO()))
+        watcher.kafka, watcher.producer = kafka, producer
+        watcher._renew_producer = lambda failed: None
+        return watcher
+
+    refusing = watcher(Producer(kafka.errors.NotLeaderForPartitionError("refused")))
+    assert "refused" in refusing._publish("out", b"k", b"v", [], "result", give_up_after=3)
+    assert refusing.producer.sent == 3
+    silent = watcher(Producer())
+    done = []
+    thread = threading.Thread(target=lambda: done.append(silent._publish("out", b"k", b"v", [], "result",
+                                                                         give_up_after=3)))
+    thread.start()
+    assert wait_for(lambda: silent.producer.sent >= 10, 30) and not done  # ten silences: still waited out
+    silent.hard_stop.set()
+    thread.join(10)
+    assert done and "no answer" in done[0]
+
+
 def test_a_log_whose_reader_stops_reading_never_holds_the_watcher():
     """Found by an attack round: with stderr a pipe nobody read, every thread that logged waited on it, the
     consumer loop and the signal's stopper included: 12 of 400 events committed, then nothing, and SIGTERM twice
