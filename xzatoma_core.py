@@ -442,9 +442,10 @@ KEYS = (
     Key("watcher.kafka.ssl_cafile", None, "CA certificates the brokers' are checked against (PEM)", str),
     Key("watcher.kafka.ssl_certfile", None, "the client's certificate (PEM), for brokers that ask for one", str),
     Key("watcher.kafka.ssl_keyfile", None, "the client certificate's private key (PEM)", str),
-    Key("watcher.kafka.session_timeout_ms", 45000, "a watcher silent this long loses its partitions to the group"),
+    Key("watcher.kafka.session_timeout_ms", 45000, "a watcher silent this long loses its partitions to the group",
+        bounds=(1000, 3600000)),
     Key("watcher.kafka.max_poll_interval_ms", 300000, "longest a watcher may go between polls before the group "
-        "takes its partitions"),
+        "takes its partitions", bounds=(1000, None)),
     Key("watcher.kafka.max_request_size", 1048576, "the producer's largest record: every result and dead-letter copy "
         "is made to fit (keep it at or under the broker's message.max.bytes)", bounds=(16384, None)),
     Key("watcher.filter.event_types", [], "event types that run, exact (--event-types)"),
@@ -4068,8 +4069,9 @@ class RunTerms:
     `honest` (run, plan, watch: conclude), and `nested` (a subagent's) interrupts re-raised to the top."""
 
     def __init__(self, max_turns=100, deadline=None, timeout_seconds=None, honest=True, nested=False,
-                 read_named=False):
+                 read_named=False, timeout_key="agent.timeout_seconds"):
         self.max_turns, self.deadline, self.timeout_seconds = max_turns, deadline, timeout_seconds
+        self.timeout_key = timeout_key  #: the setting the message names (a watcher's runs: watcher.timeout_seconds)
         self.honest, self.nested = honest, nested
         self.read_named = read_named  #: the entries the task names are read before the first turn (read_named)
 
@@ -4093,6 +4095,7 @@ class Agent:
         self.max_turns = terms.max_turns
         self.deadline = terms.deadline
         self.timeout_seconds = terms.timeout_seconds  #: only for the message when the deadline passes
+        self.timeout_key = terms.timeout_key
         self.recorder = recorder  #: Recorder or None: the conversation's counts are saved after every step
         self.quota = shared and shared.quota  #: QuotaTracker shared by a whole tree of agents, or None
         self.cancel = shared and shared.cancel  #: threading.Event: set, this agent stops (parallel subagents, Ctrl-C)
@@ -4199,9 +4202,9 @@ class Agent:
 
     def timed_out(self):
         if self.timeout_seconds:
-            return Timeout("timed out after %ss (agent.timeout_seconds); raise it with --timeout"
-                           % self.timeout_seconds)
-        return Timeout("the parent run's time limit was reached (agent.timeout_seconds)")
+            return Timeout("timed out after %ss (%s); raise it with --timeout" % (self.timeout_seconds,
+                                                                                  self.timeout_key))
+        return Timeout("the parent run's time limit was reached (%s)" % self.timeout_key)
 
     def step(self):
         """One turn: ask the model, then act on what it said. Returns how the run ends once the task is
@@ -5447,7 +5450,8 @@ class Session:
         read_named = cfg.get("agent.read_named")
         terms = RunTerms(max_turns, deadline, timeout_seconds, honest=self.kind in ("run", "plan", "watch"),
                          nested=self.depth > 0, read_named=read_named == "on" or (
-                             read_named == "auto" and self.profile == xzatoma_tools.COMPACT_TOOLS))
+                             read_named == "auto" and self.profile == xzatoma_tools.COMPACT_TOOLS),
+                         timeout_key="watcher.timeout_seconds" if self.kind == "watch" else "agent.timeout_seconds")
         return Agent(self.provider, self.registry.bound(ctx), self.conversation, events, self.result, terms,
                      self.shared, recorder=self.recorder if self.recorded else None,
                      review=None if self.depth else self.confinement.deferred_changed, on_step=on_step)
@@ -8361,10 +8365,19 @@ def watch_settings(args, cfg):
     if args.max_concurrent is not None and args.max_concurrent > 256:  # watcher.max_concurrent's own bound
         raise UsageError("--max-concurrent must be at most 256 (watcher.max_concurrent)")
     check_metrics_port(args.metrics_port)  # before the provider and the store are set up
-    if args.idle_exit is not None and args.idle_exit <= 0:
+    if args.idle_exit is not None and not 0 < args.idle_exit < float("inf"):  # nan: never idle
         raise UsageError("--idle-exit must be a positive number of seconds")
+    if not pick(args.group_id, k["group_id"]).strip():
+        raise UsageError("--group-id (watcher.kafka.group_id) is empty: name the consumer group")
     security = {key: k[key] for key in ("security_protocol", "sasl_mechanism", "username", "password", "ssl_cafile",
                                         "ssl_certfile", "ssl_keyfile")}
+    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):  # else retried for good as a broker away, unnamed
+        if security[key]:
+            try:
+                with open(security[key], "rb"):
+                    pass
+            except OSError as exc:
+                raise UsageError("cannot read watcher.kafka.%s %s: %s" % (key, security[key], exc.strerror or exc))
     output_topic = pick(args.output_topic, k["output_topic"])
     dead_letter_topic = pick(args.dead_letter_topic, k["dead_letter_topic"])
     try:
@@ -8405,6 +8418,12 @@ def watch_filters(args, cfg):
 
     def pick(flag, value):
         return value if flag is None else flag
+    for flag, given in (("--event-types", args.event_types), ("--source", args.source), ("--platform", args.platform),
+                        ("--package", args.package), ("--api-version", args.api_version), ("--action", args.action),
+                        ("--name", args.name), ("--match-version", args.match_version)):
+        if given is not None and not given.replace(",", "").strip():  # `--platform "$P"` with P unset ran every
+            raise UsageError("%s is empty: give a value, or leave the flag out (an empty filter would let every "
+                             "event run)" % flag)  # event (attack round 17c)
     try:
         return xzatoma_watch.Filters(
             event_types=pick(args.event_types, f["event_types"]), sources=pick(args.source and [args.source],
@@ -8530,6 +8549,8 @@ def _watch(args, console, watch, state):
     startup_over()  # a watcher waits for days: the collector's own threshold from its first poll
     try:
         code = watcher.run()
+    except watch.WatchError as exc:  # the client refused its settings: no broker cures it
+        raise UsageError(str(exc))
     finally:
         if metrics is not None:
             metrics.close()

@@ -1734,6 +1734,8 @@ class Watcher:
                              "CRC-32C in pure Python without it, 110 ms of CPU for each MB read or written")
                 return
             except kafka.errors.KafkaError as exc:
+                if isinstance(exc, kafka.errors.KafkaConfigurationError):  # no broker cures it (it was retried
+                    raise WatchError("the Kafka client refuses its settings: %s" % _one_line(exc))  # for good)
                 attempt += 1
                 delay = self._backoff(attempt)
                 self.log("broker_unavailable", level="warn", attempt=attempt, retry_in=delay,

@@ -126,6 +126,10 @@ def test_the_deadline_ends_the_run_between_steps(open_session, monkeypatch):
     assert (r.status, r.exit_code, r.turns) == ("timeout", 1, 3)
     assert r.error == "timed out after 10s (agent.timeout_seconds); raise it with --timeout"
     assert s.provider.calls[0]["deadline"] == 1010.0  # the provider and the tools get the same deadline
+    s = open_session(slow, slow, slow, slow)  # a watcher's run names the watcher's setting (round 17c)
+    s.start("watch", title="do it")
+    r = run(s, timeout_seconds=10)
+    assert r.error == "timed out after 10s (watcher.timeout_seconds); raise it with --timeout"
 
 
 def test_a_deadline_inside_the_model_call_is_a_timeout(open_session):

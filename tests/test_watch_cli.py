@@ -81,6 +81,33 @@ def test_a_watcher_never_runs_without_its_store_and_bad_flags_are_usage_errors(c
     assert r.returncode == 2 and "'h:port' is not host:port" in r.stderr and r.stdout == ""
 
 
+def test_settings_no_broker_can_cure_are_refused_at_start(cli, tmp_path):
+    """Found by an SRE's audit (round 17c): an empty filter flag (`--platform "$P"`, P unset) turned the filter
+    off and every event ran; a CA file that does not exist, or a session timeout the client refuses (45, meant as
+    seconds), was retried for good as `broker_unavailable`, the cause never named; `--idle-exit nan` never went
+    idle; `--group-id ""` was taken. Each is exit 2, one line naming it, before any broker is asked."""
+    pytest.importorskip("kafka")
+    base = ["watch", "--brokers", "127.0.0.1:1", "--topic", "t", "--idle-exit", "5"]
+    for args, said in ((["--platform", ""], "--platform is empty: give a value, or leave the flag out"),
+                       (["--event-types", ","], "--event-types is empty"), (["--source", " "], "--source is empty"),
+                       (["--name", ""], "--name is empty"), (["--match-version", ""], "--match-version is empty"),
+                       (["--group-id", ""], "--group-id (watcher.kafka.group_id) is empty"),
+                       (["--idle-exit", "nan"], "--idle-exit must be a positive number of seconds")):
+        r = cli.run(*(base + args), timeout=30)
+        lines = r.stderr.strip().splitlines()
+        assert (r.returncode, r.stdout, len(lines)) == (2, "", 1) and said in lines[0], (args, r.stderr)
+    missing = tmp_path / "no-ca.pem"
+    for config, said in (({"ssl_cafile": str(missing), "security_protocol": "SSL"},
+                          "cannot read watcher.kafka.ssl_cafile %s: No such file or directory" % missing),
+                         ({"session_timeout_ms": 45}, "watcher.kafka.session_timeout_ms"),
+                         ({"max_poll_interval_ms": 0}, "watcher.kafka.max_poll_interval_ms")):
+        cli.write_config({"watcher": {"kafka": config}})
+        r = cli.run(*base, timeout=30)
+        lines = r.stderr.strip().splitlines()
+        assert (r.returncode, r.stdout) == (2, "") and said in r.stderr, (config, r.stderr)
+    cli.write_config({})
+
+
 def test_a_topic_no_kafka_client_can_use_is_refused_at_start(cli, tmp_path):
     """Found by an attack round: given an output topic no client can publish to (a space in it; or the default
     '<topic>.results' of a legal 249-character topic, 257 characters), the watcher ran every event (its model
