@@ -3426,7 +3426,12 @@ class Interrupted(RunStop):
 
 
 class ProviderFailed(RunStop):
-    """The provider failed after its retries, or the model's reply cannot be used."""
+    """The provider failed after its retries, or the model's reply cannot be used. `unreachable`: nothing listens
+    where the model server should be (ProviderError.unreachable)."""
+
+    def __init__(self, message, exit_code=None, unreachable=False):
+        super().__init__(message, exit_code)
+        self.unreachable = unreachable
 
 
 class StuckAfterWork(RunStop):
@@ -3457,6 +3462,7 @@ class RunResult:
         #: not blocked, but a person reviews them before running anything (Confinement.deferred_changed)
         self.review = []
         self.warnings = []  #: what a person should know about how the run ended (an unverified answer)
+        self.unreachable = False  #: it failed because nothing listens where the model server should be
 
     def counts(self):
         return {key: getattr(self, key) for key in self.COUNTS}
@@ -4171,6 +4177,7 @@ class Agent:
             result.exit_code = EXIT_UNVERIFIED if outcome == "unverified" else EXIT_OK
         except RunStop as stop:
             result.status, result.exit_code, result.error = stop.status, stop.exit_code, str(stop)
+            result.unreachable = getattr(stop, "unreachable", False)
         finally:
             self.conversation.close_dangling(cancel_text if result.status == "interrupted"
                                              else "Error: not run (the task ended)")
@@ -4576,7 +4583,7 @@ class Agent:
                     self.events.note("  the server's context window is %d tokens: context pruned to fit (%d tokens "
                                      "now)" % (exc.window, conv.tokens))
                     continue
-                raise ProviderFailed(str(exc), exc.exit_code)
+                raise ProviderFailed(str(exc), exc.exit_code, unreachable=exc.unreachable)
             finally:
                 self.events.replied()
 
@@ -8457,12 +8464,20 @@ def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
         provider = getattr(per_thread, "provider", None)
         if provider is None:
             provider = per_thread.provider = base_provider.clone()
-        outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, toolset=toolset,
-                                   autonomy=xzatoma_tools.FULL if allow_dangerous else xzatoma_tools.RESTRICTED,
-                                   timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
-                                   metadata=job.metadata, store=store, cancel=job.cancel,
-                                   provider=provider, confinement=confinement, workspace=workspace,
-                                   steps=job.plan.instructions if job.plan is not None else None).to_json()
+        try:
+            outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, toolset=toolset,
+                                       autonomy=xzatoma_tools.FULL if allow_dangerous else xzatoma_tools.RESTRICTED,
+                                       timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
+                                       metadata=job.metadata, store=store, cancel=job.cancel,
+                                       provider=provider, confinement=confinement, workspace=workspace,
+                                       steps=job.plan.instructions if job.plan is not None else None)
+        except ProviderError as exc:  # before the loop: the session asks the server for the model's window
+            if not exc.unreachable:
+                raise
+            return {"status": "failed", "error": xzatoma_store.redact(str(exc)), "model_unreachable": True}
+        unreachable, outcome = outcome.unreachable, outcome.to_json()
+        if unreachable:  # the watcher waits for the model server, and runs the event again (not answered)
+            outcome["model_unreachable"] = True
         for key in ("answer", "error"):  # published to every consumer of the results topic, as `run` prints them
             outcome[key] = xzatoma_store.redact(outcome.get(key))
         return outcome

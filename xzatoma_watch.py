@@ -1543,6 +1543,9 @@ class Watcher:
         self.in_flight = {}  # (tp, offset) -> Job
         self.running_ids = set()
         self.slot_freed_at = time.monotonic()  #: when a run last gave its slot back (see _their_turn)
+        #: runs in a row that found nothing listening where the model server should be, and when the next may try
+        #: (time.monotonic()): meanwhile no run starts, then one at a time until one reaches it (_model_away)
+        self.model_failures, self.model_back_at = 0, 0.0
         self.stopping = threading.Event()  #: take no more events
         self.hard_stop = threading.Event()  #: the grace period is over: give up retries
         self.stop_deadline = None  #: time.monotonic() when the shutdown's grace period ends, once it has begun
@@ -2323,6 +2326,8 @@ class Watcher:
         with self.cond:
             rotated = 0
             now = time.monotonic()
+            if self.model_failures and (now < self.model_back_at or self.in_flight):  # one tries it, when it may
+                return
             while self.backlog and len(self.in_flight) < self.s.max_concurrent and not self.stopping.is_set() \
                     and rotated < len(self.backlog):
                 job = self.backlog.popleft()
@@ -2412,7 +2417,8 @@ class Watcher:
                 result, status = self._execute(job)
                 if result is None:
                     settle = False  # interrupted by us: not committed, redelivered and run to completion later
-                    again = job.lease_lost and not self.stopping.is_set()  # or its claim lapsed: tried again here
+                    # or its claim lapsed, or the model server is away: tried again here
+                    again = (job.lease_lost or status == "model_away") and not self.stopping.is_set()
                     return
             if not self._deliver(job, result, status):
                 # nothing could be published (the output topic refuses everything, or the grace period ended):
@@ -2678,6 +2684,13 @@ class Watcher:
         if not isinstance(outcome, dict):
             outcome = {"status": "failed", "error": "the run returned %s, not an outcome" % type(outcome).__name__}
         duration = round(time.monotonic() - start, 3)
+        if outcome.get("model_unreachable") and not job.cancel.is_set():
+            self._model_away(job, outcome.get("error"))
+            return None, "model_away"
+        if self.model_failures:
+            with self.cond:
+                self.model_failures = 0
+            self.log("model_available", **ev.log_fields())
         outcome.setdefault("duration_seconds", duration)
         self.metrics.watch_run(duration)
         status = result_status(outcome.get("status"))
@@ -2694,6 +2707,19 @@ class Watcher:
         result = result_event(ev, outcome, self.source, self.s.answer_limit, self._budget(ev.id))
         self._record(job, outcome.get("conversation_id"), status, result)
         return result, status
+
+    def _model_away(self, job, error):
+        """Nothing listens where the model server should be (a local server restarting, down): the event is not
+        answered but run again once the server is back, and no other run starts meanwhile, then one at a time,
+        backing off. Each run had failed in a millisecond, and the whole backlog was answered `failed` and
+        committed during a restart of the server (attack round 17c). The wait shows as the stall it is."""
+        with self.cond:
+            self.model_failures += 1
+            wait = self._backoff(self.model_failures)
+            self.model_back_at = time.monotonic() + wait
+        self.counts["model_unavailable"] += 1
+        self.log("model_unavailable", level="warn" if self.model_failures < 5 else "error", error=error,
+                 retry_in=wait, **job.event.log_fields())
 
     def _xzepr(self, ev, phase, result):
         name = "%s.%s" % (ev.plan_name() or "xzatoma.plan", phase)

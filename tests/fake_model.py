@@ -65,9 +65,9 @@ class FakeModel:
         self.issued = []
 
     # -- control --
-    def start(self):
+    def start(self, port=0):
         handler = _make_handler(self)
-        self.server = _QuietServer(("127.0.0.1", 0), handler)
+        self.server = _QuietServer(("127.0.0.1", port), handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self

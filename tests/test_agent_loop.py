@@ -203,6 +203,10 @@ def test_provider_failure_ends_the_run_with_its_message(open_session):
     r = run(s)
     assert (r.status, r.exit_code, r.turns) == ("failed", 1, 1)
     assert r.error == "the model server said no (HTTP 500); try again later"
+    assert r.unreachable is False
+    s = open_session(read(), xzatoma.ProviderError("cannot connect to Ollama (connection refused)", unreachable=True))
+    r = run(s)  # nothing listening: said, so that a watcher waits for the server instead of answering `failed`
+    assert (r.status, r.unreachable) == ("failed", True)
 
 
 def test_a_cut_off_answer_is_not_a_success(open_session):

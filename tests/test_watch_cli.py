@@ -478,6 +478,53 @@ def test_planning_mode_event_runs_prepare_no_terminal_sandbox(fake, tmp_path, mo
         store.close()
 
 
+def test_a_model_server_away_is_waited_for_and_its_events_run_when_it_is_back(kafka_broker, tmp_path):
+    """A local model server down (restarting): each run failed in a millisecond, nothing listening, and the whole
+    backlog was answered `failed` and committed (attack round 17c). The watcher waits for the server instead,
+    backing off, one run trying it at a time, and every event runs once it is back."""
+    import kafka_broker as kb
+    import xzatoma
+    import xzatoma_watch as w
+    from conftest import wait_for
+    from fake_model import FakeModel
+    from test_watch import Lines, cloudevent, new_topic, PLAN
+    from xzatoma_store import Store
+    work = tmp_path / "work"
+    work.mkdir()
+    port = kb.free_port()
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "XZATOMA_HOME": str(tmp_path / "xz")}
+    cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": "127.0.0.1:%d" % port,
+                               "provider.max_retries": 0}, env=env)
+    store = Store(str(tmp_path / "c.db")).open()
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("away-%d" % i, data={"plan": PLAN})) for i in range(3)])
+    run_plan = xzatoma.watch_runner(cfg, xzatoma.Console(quiet=True), store, w.Settings(working_dir=str(work)),
+                                    "planning", False)
+    log, fake = Lines(), None
+    settings = w.Settings(brokers=kafka_broker.address, topic=topic, group_id="g-" + topic, max_events=3,
+                          max_concurrent=2, backoff_initial=0.05, backoff_max=0.2, consumer_options=FAST)
+    watcher = w.Watcher(settings, w.Filters(), run_plan, store=store, log=w.WatchLog(log, "json"))
+    thread = __import__("threading").Thread(target=watcher.run, daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: len(log.events("model_unavailable")) >= 3, 60)
+        assert not log.events("finished") and len(kb.read_all(kafka_broker.address, topic + ".results", 0, 1)) == 0
+        fake = FakeModel().start(port)
+        fake.generator = lambda body: {"content": "done"}
+        thread.join(90)
+        assert not thread.is_alive()
+    finally:
+        watcher.request_stop("test")
+        thread.join(30)
+        store.close()
+        if fake is not None:
+            fake.stop()
+    assert len(log.events("model_available")) == 1
+    results = [json.loads(r.value) for r in kb.read_all(kafka_broker.address, topic + ".results", 3)]
+    assert sorted(r["subject"] for r in results) == ["away-0", "away-1", "away-2"]
+    assert {r["data"]["status"] for r in results} == {"unverified"}  # answered without a tool: run, not failed
+
+
 def test_a_watcher_reads_what_changed_between_events_and_only_that(fake, tmp_path, monkeypatch):
     """The watcher's Workspace reads AGENTS.md and looks for skills once, then only checks a stat (issue 22): an
     edit that keeps the size and the mtime is still seen (the ctime moves), a file removed or a skill added is
