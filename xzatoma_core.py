@@ -431,7 +431,7 @@ KEYS = (
     Key("watcher.kafka.topic", "xzepr.events", "the topic plans come on (--topic)"),
     Key("watcher.kafka.group_id", "xzatoma-watcher", "the consumer group: watchers of one group share the "
         "partitions (--group-id)"),
-    Key("watcher.kafka.output_topic", None, "results go here (default: <topic>.results)", str),
+    Key("watcher.kafka.output_topic", None, "results go here (default: <topic>.results; --output-topic)", str),
     Key("watcher.kafka.dead_letter_topic", None, "copies of messages that cannot run go here (--dead-letter-topic)",
         str),
     Key("watcher.kafka.security_protocol", "PLAINTEXT", " | ".join(KAFKA_PROTOCOLS), choices=KAFKA_PROTOCOLS),
@@ -449,13 +449,15 @@ KEYS = (
     Key("watcher.kafka.max_request_size", 1048576, "the producer's largest record: every result and dead-letter copy "
         "is made to fit (keep it at or under the broker's message.max.bytes)", bounds=(16384, None)),
     Key("watcher.filter.event_types", [], "event types that run, exact (--event-types)"),
-    Key("watcher.filter.sources", [], "regular expressions (search) the event source must match"),
+    Key("watcher.filter.sources", [], "regular expressions (search) the event source must match (--source)"),
     Key("watcher.filter.platforms", [], "XZepr platform_ids that run (--platform)"),
     Key("watcher.filter.packages", [], "XZepr packages that run (--package)"),
     Key("watcher.filter.api_versions", [], "XZepr api_versions that run (--api-version)"),
     Key("watcher.filter.include_failed", False, "also run XZepr events with success: false (--include-failed)"),
-    Key("watcher.filter.actions", [], "regular expressions (case-insensitive search) the plan's action must match"),
-    Key("watcher.filter.names", [], "regular expressions (case-insensitive search) the plan's name must match"),
+    Key("watcher.filter.actions", [], "regular expressions (case-insensitive search) the plan's action must match "
+        "(--action)"),
+    Key("watcher.filter.names", [], "regular expressions (case-insensitive search) the plan's name must match "
+        "(--name)"),
     Key("watcher.filter.match_version", None, "semver constraint for plan versions: 1.2.3, ^1.2, ~1.2.3, >=1.0,<2",
         str),
     Key("watcher.format", "auto", "auto | xzepr | cloudevents | plan: how messages are read (--format)",
@@ -464,7 +466,7 @@ KEYS = (
     Key("watcher.mode", "write", "the tool set of event runs: write | planning (--mode)",
         choices=("write", "planning")),
     Key("watcher.max_concurrent", 1, "plans running at once (--max-concurrent)", bounds=(1, 256)),
-    Key("watcher.timeout_seconds", 300, "wall-clock limit of one event's run", bounds=(1, None)),
+    Key("watcher.timeout_seconds", 300, "wall-clock limit of one event's run (--timeout)", bounds=(1, None)),
     Key("watcher.allow_dangerous", False, "full terminal autonomy for event runs (default: restricted)"),
     Key("watcher.shutdown_grace_seconds", 30, "on SIGTERM/SIGINT, running plans may finish for this long",
         bounds=(0, None)),
@@ -475,6 +477,8 @@ KEYS = (
     Key("watcher.claim_lease_seconds", 60, "a watcher that died holding an event id keeps it this long from "
         "watchers of other hosts sharing the store (one of this host takes it over at once)", bounds=(5, None)),
     Key("watcher.log_file", None, "the decision log goes here instead of stderr (--log-file)", str),
+    Key("watcher.metrics_host", "127.0.0.1", "the address --metrics-port listens on: 0.0.0.0 (or this host's) for a "
+        "Prometheus on another machine (--metrics-host)"),
     Key("xzepr.enabled", False, _RUST_ONLY + " (xzepr.api_url turns the posts on)"),
     Key("xzepr.api_url", None, "with it, run lifecycle events are posted to XZepr too (key: XZEPR_API_KEY)", str),
     Key("xzepr.api_key", None, "XZepr's API key (or XZEPR_API_KEY)", str),
@@ -5727,7 +5731,7 @@ def check_metrics_port(port):
         raise UsageError("--metrics-port must be 1 to 65535, not %s" % port)
 
 
-def load_metrics(port=None, textfile=None, warn=None):
+def load_metrics(port=None, textfile=None, warn=None, host="127.0.0.1"):
     """The Prometheus metrics module, or a UsageError naming what to install.
 
     `warn(text)` hears about a textfile that cannot be written: metrics are a side product, so the answer
@@ -5740,10 +5744,10 @@ def load_metrics(port=None, textfile=None, warn=None):
         raise UsageError("metrics need the Python package 'prometheus_client': %s"
                          % xzatoma_store.install_hint("prometheus_client", extra="metrics"))
     try:
-        return xzatoma_metrics.PrometheusMetrics(port=port, textfile=textfile, warn=warn)
-    except OSError as exc:
-        raise UsageError("cannot serve metrics on 127.0.0.1:%s: %s (choose another --metrics-port)"
-                         % (port, exc.strerror or exc))
+        return xzatoma_metrics.PrometheusMetrics(port=port, textfile=textfile, warn=warn, host=host)
+    except (OSError, ValueError) as exc:  # ValueError: an address that is no address
+        raise UsageError("cannot serve metrics on %s:%s: %s (choose another --metrics-port)"
+                         % (host, port, getattr(exc, "strerror", None) or exc))
 
 
 DEFAULT_SUMMARY_PROMPT = ("Summarise your findings concisely for the agent that gave you this task: what you did, "
@@ -8190,8 +8194,11 @@ def _build_watch(sub, common, fmt):
                "  xzatoma watch --topic plans --dry-run --idle-exit 10      # what would run, nothing run\n"
                "  xzatoma publish --plan task.yaml --brokers localhost:9092 --topic plans\n\n"
                "needs kafka-python: pip install 'xzatoma[kafka]'. SIGTERM/SIGINT stop taking events and let running\n"
-               "plans finish for watcher.shutdown_grace_seconds (exit 0). exit codes: 0 stopped, 1 an unexpected\n"
-               "error (one line; --verbose for the traceback), 2 bad usage, configuration or a missing package.")
+               "plans finish for watcher.shutdown_grace_seconds (default 30 s; give a supervisor a longer stop\n"
+               "timeout), exit 0. What was answered is recorded in the store (agent.persistence.db_path, default\n"
+               "$XZATOMA_HOME/conversations.db): keep it on a lasting volume; watchers sharing it never run an id\n"
+               "twice. exit codes: 0 stopped, 1 an unexpected error (one line; --verbose for the traceback), 2 bad\n"
+               "usage, configuration or a missing package.")
     c = watch.add_argument_group("connection")
     c.add_argument("--brokers", metavar="HOST:PORT[,...]", help="bootstrap servers (watcher.kafka.bootstrap_servers)")
     c.add_argument("--topic", metavar="T", help="input topic (watcher.kafka.topic)")
@@ -8215,6 +8222,8 @@ def _build_watch(sub, common, fmt):
     r.add_argument("--log-format", choices=("text", "json"), help="decision log lines (logging.format)")
     r.add_argument("--log-file", metavar="PATH", help="decision log here instead of stderr")
     r.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus /metrics while watching")
+    r.add_argument("--metrics-host", metavar="ADDR", help="the address /metrics listens on (default 127.0.0.1: this "
+                                                          "machine only; 0.0.0.0 for a Prometheus elsewhere)")
     f = watch.add_argument_group("filters (all given must hold)")
     f.add_argument("--event-types", metavar="A,B", help="event types, exact")
     f.add_argument("--source", metavar="REGEX", help="event source (search)")
@@ -8445,7 +8454,7 @@ def watch_filters(args, cfg):
         raise UsageError(str(exc))
 
 
-def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
+def watch_runner(cfg, console, store, settings, toolset, allow_dangerous, metrics=None):
     """The function the watcher calls to run one event's plan: a headless run, stored as a conversation of kind
     'watch' carrying the event's id, type, source, topic, partition and offset. Nothing waits on a person."""
     import threading
@@ -8468,7 +8477,7 @@ def watch_runner(cfg, console, store, settings, toolset, allow_dangerous):
             outcome = run_plan_session(cfg, quiet, job.prompt, settings.working_dir, toolset=toolset,
                                        autonomy=xzatoma_tools.FULL if allow_dangerous else xzatoma_tools.RESTRICTED,
                                        timeout_seconds=cfg.get("watcher.timeout_seconds"), title=job.title,
-                                       metadata=job.metadata, store=store, cancel=job.cancel,
+                                       metadata=job.metadata, store=store, cancel=job.cancel, metrics=metrics,
                                        provider=provider, confinement=confinement, workspace=workspace,
                                        steps=job.plan.instructions if job.plan is not None else None)
         except ProviderError as exc:  # before the loop: the session asks the server for the model's window
@@ -8553,12 +8562,13 @@ def _watch(args, console, watch, state):
             raise UsageError("%s (the watcher records every event it answers there, so that none runs twice)"
                              % exc)
     toolset = args.mode or cfg.get("watcher.mode")
+    metrics = load_metrics(args.metrics_port, host=args.metrics_host or cfg.get("watcher.metrics_host")) \
+        if args.metrics_port else None
     run_plan = None if settings.dry_run else watch_runner(cfg, console, store, settings, toolset,
-                                                          cfg.get("watcher.allow_dangerous"))
+                                                          cfg.get("watcher.allow_dangerous"), metrics)
     xzepr = None
     if cfg.get("xzepr.api_url") and not settings.dry_run:
         xzepr = xzepr_client(cfg, watch)
-    metrics = load_metrics(args.metrics_port) if args.metrics_port else None
     watcher = watch.Watcher(settings, filters, run_plan, store=store, log=log, xzepr=xzepr, metrics=metrics)
     state["watcher"] = watcher  # signals go to it from here on
     startup_over()  # a watcher waits for days: the collector's own threshold from its first poll

@@ -12,7 +12,7 @@ import prometheus_client as prom
 class PrometheusMetrics:
     """Counters and histograms for runs, turns, tools, model requests, tokens and subagents."""
 
-    def __init__(self, port=None, textfile=None, warn=None):
+    def __init__(self, port=None, textfile=None, warn=None, host="127.0.0.1"):
         self.registry = prom.CollectorRegistry()
         self.textfile = textfile
         self.warn = warn  #: callable(text) for problems that must not fail the task (an unwritable textfile)
@@ -40,7 +40,7 @@ class PrometheusMetrics:
                                          registry=r, buckets=(100, 1000, 5000, 10000, 50000, 100000, 500000, 1000000))
         self.server = None
         if port:
-            self.server = prom.start_http_server(port, addr="127.0.0.1", registry=r)
+            self.server = prom.start_http_server(port, addr=host, registry=r)
 
     # hooks called by the agent loop
     def run_finished(self, result):

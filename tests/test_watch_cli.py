@@ -478,6 +478,28 @@ def test_planning_mode_event_runs_prepare_no_terminal_sandbox(fake, tmp_path, mo
         store.close()
 
 
+def test_a_watcher_s_runs_count_in_its_metrics_as_run_s_do(fake, tmp_path):
+    """The watcher's /metrics served the agent's metrics with no series: its runs were given none (round 17c)."""
+    pytest.importorskip("prometheus_client")
+    import xzatoma
+    import xzatoma_metrics
+    import xzatoma_watch as w
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path), "XZATOMA_HOME": str(tmp_path / "xz")}
+    cfg = xzatoma.load_config({"provider.type": "ollama", "provider.ollama.host": fake.url,
+                               "provider.max_retries": 0}, env=env)
+    metrics = xzatoma_metrics.PrometheusMetrics()
+    run_plan = xzatoma.watch_runner(cfg, xzatoma.Console(quiet=True), None, w.Settings(working_dir=str(work)),
+                                    "planning", False, metrics)
+    fake.add({"content": "one"}, {"content": "two"})
+    ev = w.decode_message("t", 0, 0, b"k", b"goal: G\ninstructions: [look]\n")
+    assert run_plan(w.Job(ev, None))["status"] == "completed"
+    value = metrics.registry.get_sample_value
+    assert value("xzatoma_runs_total", {"status": "completed"}) == 1
+    assert value("xzatoma_model_requests_total", {"provider": "ollama", "status": "ok"}) >= 1
+
+
 def test_a_model_server_away_is_waited_for_and_its_events_run_when_it_is_back(kafka_broker, tmp_path):
     """A local model server down (restarting): each run failed in a millisecond, nothing listening, and the whole
     backlog was answered `failed` and committed (attack round 17c). The watcher waits for the server instead,
