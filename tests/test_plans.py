@@ -207,6 +207,28 @@ def test_json_over_the_value_limit_is_refused_before_it_is_built(text):
     assert peak < 8 * len(text), (peak, len(text))
 
 
+def test_the_count_on_the_text_is_linear_whatever_the_quotes_and_escapes():
+    """Round 17d: the count's string pattern stepped over escapes, and `"` then `\\",` 100,001 times (300 KB)
+    took 284 s, quadratic in the size; 8 MB of escapes in one valid string took 307 MB of backtracking. A ceiling
+    on a process of its own (the old pattern needed minutes for 1 MB), and the memory of the valid one."""
+    import subprocess
+    import sys
+    import tracemalloc
+    from conftest import ROOT
+    code = ("import sys; sys.path.insert(0, %r); import xzatoma_plans as p\n"
+            "try:\n    p.load_json('\"' + '\\\\\",' * 350000)\nexcept p.DocumentError as e:\n    print(e)" % ROOT)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "more than 100000 values", (r.stdout, r.stderr)
+    text = '["' + "\\n," * 1000000 + '"]'
+    tracemalloc.start()
+    try:
+        assert load_json(text) == ["\n," * 1000000]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * len(text), (peak, len(text))
+
+
 @pytest.mark.parametrize("text", [
     '[]', '{}', '1', '"a,[{"', '[[], {}, [[]], {"a": {}}]', '{"a,": [1, "]", {"b\\"": [ ]}], "c": null}',
     '[ 1 , [ 2 ,\n\t3 ] , { "k" : "v" , "l" : [ ] } , "\\\\" , "\\",\\"" ]',

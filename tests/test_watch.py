@@ -102,6 +102,14 @@ def test_publish_carries_what_yaml_plans_hold_as_strict_json():
     assert ev.plan is not None and ev.plan.goal == "Ship it" and ev.plan_error is None
 
 
+def test_a_yaml_plan_that_begins_like_json_is_read_as_yaml_whatever_its_commas():
+    """Round 17d: a block YAML plan whose first key is quoted is tried as JSON first, and the count of JSON values
+    on its text (100,002 commas in one instruction) refused it, YAML never tried; the count is exact only for JSON."""
+    text = '"goal": G\ninstructions:\n  - ' + ",".join(["id"] * 100002) + "\n"
+    ev = w.decode_message("t", 0, 5, b"k", text.encode())
+    assert ev.plan is not None and ev.plan.goal == "G" and ev.plan.instructions[0].count(",") == 100001
+
+
 def test_a_keyless_bare_plan_is_named_by_its_place_and_time():
     """Offsets start again at 0 on a topic made anew (or a broker keeping them in memory, restarted): named by its
     place alone, a new plan there was a "duplicate" of an old one and never ran (found by an attack round). A
