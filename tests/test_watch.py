@@ -1930,6 +1930,30 @@ def test_a_topic_made_anew_under_a_running_watcher_is_read_again_from_its_start(
     assert watcher.log_lines.events("offset_out_of_range")[0]["end"] < 2
 
 
+def test_a_topic_made_anew_under_a_partition_paused_behind_a_run_is_found_while_it_waits(kafka_broker, store):
+    """Round 17d: a partition paused behind its runs is not fetched, so its high watermark stayed the old log's
+    and hid the new log's end until the backlog drained; by then the new log reached past the old offset and its
+    first events were skipped. The new end is found while the run still holds the partition."""
+    import kafka_broker as kb
+    topic = new_topic(kafka_broker)
+    kb.produce(kafka_broker.address, topic, [(None, cloudevent("held-%d" % i, data={"plan": PLAN})) for i in range(2)])
+    gate, runner, run_plan = gated_runner()
+    watcher = start_watcher(kafka_broker, topic, run_plan, store, lag_interval=0.2)
+    try:
+        assert wait_for(lambda: len(watcher.in_flight) == 1 and len(watcher.backlog) == 1, 60)
+        kb.make_topic_anew(kafka_broker.address, topic)
+        kb.produce(kafka_broker.address, topic, [(None, cloudevent("fresh-0", data={"plan": PLAN}))])
+        assert wait_for(lambda: watcher.log_lines.events("offset_out_of_range"), 30)  # the run still holds it
+        assert runner.calls == []  # the first run still waits at its gate
+        gate.set()
+        assert wait_for(lambda: len(runner.calls) == 3, 60)
+    finally:
+        gate.set()
+        watcher.request_stop("test")
+        watcher.thread.join(30)
+    assert [j.event.id for j in runner.calls] == ["held-0", "held-1", "fresh-0"]
+
+
 def test_lag_counts_what_waits_and_a_stuck_publish_shows_then_recovers(kafka_broker, store):
     """Issue 22: the lag gauge read 0 while 32 of 40 events waited, and a result that could never be published
     stopped the partition with no alert. Lag is now end offset minus committed offset; while the output topic
