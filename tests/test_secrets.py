@@ -740,14 +740,16 @@ GH = "ghp_" + "A1b2C3d4E5" * 4
 
 
 @pytest.mark.parametrize("text,secret", [
-    ("/etc/x%s/y" % GH, GH), ("id_" + GH, GH), ("v1" + GH, GH), ("\u00e9" + GH, GH),  # glued to a word
-    ("repo=xsk-proj-" + "Ab1_" * 6, "Ab1_Ab1_"), ("token%3D" + GH, GH), ("key%3DAKIAABCDEFGHIJKLMNOP", "AKIAABCD"),
+    ("id_" + GH, GH), ("v1" + GH, GH), ("\u00e9" + GH, GH), ("repo=x_sk-proj-" + "Ab1_" * 6, "Ab1_Ab1_"),
+    ("token%3D" + GH, GH), ("key%3DAKIAABCDEFGHIJKLMNOP", "AKIAABCD"), ("AKIAIOSFODNN7EXAMPLE_prod", "AKIAIOSF"),
     ('"line\\nsk-' + "q9W8e7R6t5Y4u3I2" + '"', "q9W8e7R6t5Y4u3I2"), ("a\\tSG.%s.%s" % ("x1" * 9, "y2" * 9), "x1x1"),
-    ("%2Cxoxb-1234567890-abcdefghij", "abcdefghij"),
+    ("%2Cxoxb-1234567890-abcdefghij", "abcdefghij"), ("key\\x3d" + GH, GH), ('{"k":"\\u003c' + GH + '"}', GH),
+    ("https://api.telegram.org/bot1234567890:AAH" + "x9Y8z7" * 6 + "/sendMessage", "AAHx9Y8z7"),
 ])
 def test_a_token_glued_to_what_comes_before_it_is_redacted(text, secret):
-    """Shapes began at a word boundary: a token right after a letter, a digit, an underscore or an escape
-    (URL-encoded, JSON's \\n) was kept whole, in a result's error, a dead-letter reason and the log (round 17b)."""
+    """Shapes began at a word boundary: a token right after a digit, an underscore or an escape (URL-encoded,
+    JSON's \\n and \\u003c, C's \\x3d) was kept whole, in a result's error, a dead-letter reason and the log
+    (rounds 17b, 17d). Right after a letter it is a word's end (helpdesk-admin-...), left alone."""
     out = redact(text)
     assert secret not in out and REDACTED in out, out
 
@@ -756,7 +758,10 @@ def test_ordinary_command_lines_and_code_are_left_alone():
     for text in ("docker run -u 1000:1000 img", "git push -u origin main", "sort -u a:bcdef",
                  "session_factory = make_session(config)", "mysql -p app", "the --password flag asks for it",
                  "author: Jane Doe", "signature = sign(body)", "sid = 42", "task-abcdefghijklmnopqrstuvwxyz",
-                 "risk-management-framework-for-2024", "mask-0123456789abcdef0123", "ASKIAABCDEFGHIJKLMNOPQ"):
+                 "risk-management-framework-for-2024", "mask-0123456789abcdef0123", "ASKIAABCDEFGHIJKLMNOPQ",
+                 "helpdesk-admin-dashboard-settings", "task-proj-" + "settings" * 3, "kiosk-admin-panel-" * 2,
+                 "benchmark_test_ThroughputLargeBatch", "bookmark_live_" + "Folder" * 4, "weighs_" + "ABCDEF" * 4,
+                 "laughs_" + "Abc1" * 6):
         assert redact(text) == text
 
 
