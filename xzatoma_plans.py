@@ -293,8 +293,35 @@ def _bounded_loader(yaml):
         for tag, build in (("int", yaml.constructor.SafeConstructor.construct_yaml_int),
                            ("float", yaml.constructor.SafeConstructor.construct_yaml_float)):
             loader.add_constructor("tag:yaml.org,2002:" + tag, _bounded_number(build))
+        loader.construct_mapping = _unique_keys(yaml.constructor.SafeConstructor.construct_mapping)
         _LOADERS["loader"] = loader
     return _LOADERS["loader"]
+
+
+def _unique_keys(construct_mapping):
+    """A mapping whose keys are one key once built (`a:` twice, `true:` and `1:`, `null:` and `~:`, `0x10:` and
+    `16:`) is refused, naming both: PyYAML keeps the last value under the first spelling, silently, and a plan
+    lost an instruction or a value of its context (round 17d). Keys merged in with `<<:` may be overridden."""
+    def construct(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # a list as a key: PyYAML's own error says so
+                continue
+            if first is not key_node:
+                raise DocumentError("two keys of one mapping, %s and %s, are one key: rename one"
+                                    % (_spelled(first), _spelled(key_node)), key_node.start_mark.line + 1)
+        return construct_mapping(self, node, deep)
+    return construct
+
+
+def _spelled(node):
+    text = getattr(node, "value", "")
+    return repr(text[:40]) if isinstance(text, str) else "a mapping"
 
 
 MAX_BASE60_CHARS = 1000  #: of a YAML 1.1 base-60 number (`1:1:1:…`), a product per part: 600 KB of it held a

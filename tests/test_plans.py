@@ -309,6 +309,23 @@ def test_keys_that_are_one_key_in_json_are_refused_not_merged(mapping, first, se
         parse_plan("goal: G\ninstructions: [a]\ncontext:\n  nested: %s\n" % mapping, source="p.yaml")
 
 
+@pytest.mark.parametrize("mapping,first,second", [
+    ("{a: 1, a: 2}", "a", "a"), ("{true: a, 1: b}", "true", "1"), ("{1: a, 1.0: b}", "1", "1.0"),
+    ("{null: a, ~: b}", "null", "~"), ("{0x10: a, 16: b}", "0x10", "16"), ("{-0.0: a, 0.0: b}", "-0.0", "0.0"),
+])
+def test_keys_yaml_would_build_as_one_are_refused_not_merged(mapping, first, second):
+    """PyYAML keeps the last value under the first key's spelling, silently: a plan lost a value of its context,
+    or an instruction under a repeated key (round 17d). Keys merged in with `<<:` may still be overridden."""
+    with pytest.raises(PlanError, match="p.yaml:4: two keys of one mapping, '%s' and '%s', are one key: rename one"
+                       % (re.escape(first), re.escape(second))):
+        parse_plan("goal: G\ninstructions: [a]\ncontext:\n  nested: %s\n" % mapping, source="p.yaml")
+    with pytest.raises(PlanError, match="two keys of one mapping, 'goal' and 'goal'"):
+        parse_plan("goal: G\ngoal: H\ninstructions: [a]\n", source="p.yaml")
+    plan = parse_plan("goal: G\nx: &x {k: 1, j: 2}\ncontext: {y: {<<: *x, k: 3}}\ninstructions: [a]\n",
+                      source="p.yaml")
+    assert plan.context == {"y": {"k": 3, "j": 2}}
+
+
 def test_keys_of_other_scalars_read_as_json_writes_them():
     plan = parse_plan("goal: G\ninstructions: [a]\ncontext:\n  ports: {1: a, 2.5: b, false: c, null: d}\n",
                       source="p.yaml")
