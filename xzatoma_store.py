@@ -145,7 +145,8 @@ TOKEN_SHAPES = [
     (("hf_", "api_org_"), r"hf_(?:_B3_)[A-Za-z0-9]{20,}|api_org_(?:_B8_)[A-Za-z0-9]{20,}"),  # Hugging Face
     (("npm_",), r"npm_(?:_B4_)[A-Za-z0-9]{20,}"),
     (("pypi-age",), r"pypi-AgE(?:_B8_)%s{20,}" % _V),
-    (("aiza", "ya29.", "gocspx-"), r"AIza(?:_B4_)%s{30,}|ya29\.(?:_B5_)%s{20,}|GOCSPX-(?:_B7_)%s{20,}" % (_V, _V, _V)),  # Google
+    (("aiza", "ya29.", "gocspx-"),  # Google
+     r"AIza(?:_B4_)%s{30,}|ya29\.(?:_B5_)%s{20,}|GOCSPX-(?:_B7_)%s{20,}" % (_V, _V, _V)),
     # OpenAI (sk-, sk-proj-, sk-svcacct-, sk-admin-), Anthropic (sk-ant-), DeepSeek, …
     (("sk-",), r"sk-(?:_B3_)%s{16,}" % _V),
     (("sg.",), r"SG\.(?:_B3_)%s{16,}\.%s{16,}" % (_V, _V)),  # SendGrid
@@ -171,7 +172,8 @@ TOKEN_SHAPES = [
     (("accountkey=", "sharedaccesskey="),  # Azure connection strings
      r"(?P<azure>(?i:AccountKey|SharedAccessKey)=)[A-Za-z0-9+/]{20,}={0,2}"),
     (("mfa.", ".g"),  # Discord
-     r"mfa\.(?:_B4_)[A-Za-z0-9_\-]{60,}|[MNO](?:_B1_)[A-Za-z0-9_\-]{23,25}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,38}\b"),
+     r"mfa\.(?:_B4_)[A-Za-z0-9_\-]{60,}"
+     r"|[MNO](?:_B1_)[A-Za-z0-9_\-]{23,25}\.[A-Za-z0-9_\-]{6}\.[A-Za-z0-9_\-]{27,38}\b"),
     (("tid=",), r"tid=(?:_B4_)[A-Za-z0-9;=:._\-]{16,}"),  # Copilot tokens
     # Authorization headers, in HTTP, curl -H, JSON or YAML spellings
     (("authorization",),
