@@ -2687,7 +2687,7 @@ class Watcher:
         if not isinstance(outcome, dict):
             outcome = {"status": "failed", "error": "the run returned %s, not an outcome" % type(outcome).__name__}
         duration = round(time.monotonic() - start, 3)
-        if outcome.get("model_unreachable") and not job.cancel.is_set():
+        if outcome.get("model_unreachable"):  # never answered so: run again, here or where it is redelivered
             self._model_away(job, outcome.get("error"))
             return None, "model_away"
         if self.model_failures:
