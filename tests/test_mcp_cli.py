@@ -130,11 +130,14 @@ def test_a_server_that_dies_is_reported_once_and_its_tools_removed(cli, fake):
 
 
 def test_a_call_past_its_deadline_is_cancelled_on_the_server(cli, fake):
-    use(cli, fake, {"fake": server(allow=["slow"], timeout_seconds=1.5)})
-    fake.add({"tool_calls": [tool_call("mcp__fake__slow", seconds=30)]}, {"content": "too slow"})
+    use(cli, fake, {"fake": server(allow=["slow", "echo"], timeout_seconds=1.5)})
+    # a call after the cancel: the server reads its input in order, so it has read (and logged) the cancel by the
+    # time it answers; the run ended at once otherwise, and the server could be stopped before it read it (CI)
+    fake.add({"tool_calls": [tool_call("mcp__fake__slow", seconds=30)]},
+             {"tool_calls": [tool_call("mcp__fake__echo", text="after")]}, {"content": "too slow"})
     r = cli.run("run", "--prompt", "be slow")
     assert r.returncode == 0, r.stderr
-    result = tool_results(fake)[0]
+    result = tool_results(fake, 1)[0]
     assert result.startswith("Error: MCP tool 'slow' of server 'fake': no answer within 1.5s "
                              "(mcp.servers.fake.timeout_seconds); the server was told to cancel it")
     assert "mcp fake/slow: 0% step 0" in r.stderr  # progress notifications, on stderr
