@@ -1688,8 +1688,12 @@ class HttpSession:
         if proxy is None:
             self._known_unresolved(host)
         self._cut = False
+        first = None  # what broke a kept-alive connection, tried once more on a fresh one
         for attempt in (1, 2):
-            conn, reused = self._connection(key, timeout[0])
+            try:
+                conn, reused = self._connection(key, timeout[0])
+            except HttpFailure as failure:  # refused just after the server took our request: it went away in it
+                raise _http_failure(first) if first is not None and failure.kind == "refused" else failure
             # INFO: the socket itself, not the connection's: a reply that ends by closing the connection takes the
             # socket from it (http.client leaves conn.sock None), and a cut found nothing to shut down: a stopping
             # watcher waited for the model's whole answer (found by attack round 13)
@@ -1703,6 +1707,7 @@ class HttpSession:
                 # a kept-alive connection the server closed meanwhile: once more on a fresh one
                 if reused and attempt == 1 and not self._cut and \
                         isinstance(exc, (ConnectionError, http.client.BadStatusLine)):
+                    first = exc
                     continue
                 raise _http_failure(exc)
             break
@@ -2090,6 +2095,7 @@ class Provider:
     def _call(self, method, url, handle, body, stream, deadline, what, retries, timeout, interrupt):
         attempts = (self.max_retries if retries is None else retries) + 1
         last, attempt, refreshed = None, -1, False
+        reached = False  #: an attempt got past connecting: a server refused after it went away in this request
         while True:
             attempt += 1
             if interrupt is not None and interrupt.is_set():
@@ -2126,6 +2132,7 @@ class Provider:
                         watchdog.cancel()
                     resp.close()  # read to its end: the connection serves the next request
             except ProviderError as exc:
+                reached = True
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded()  # the watchdog cut the stream: whatever it broke is the deadline's
                 if exc.status == 401 and not refreshed and self.refresh_credentials():
@@ -2155,8 +2162,12 @@ class Provider:
                     last.retryable = False
                     raise last
                 if exc.kind == "refused" and _is_local_url(url, self.session):
-                    last.retryable, last.unreachable = False, True
+                    # unreachable: nothing listened from the start (a watcher waits for it). Refused after this
+                    # request got through, the server went away in it: a poison event that crashes a local server
+                    # was run again and again, never answered, the partition stopped (attack round 17e)
+                    last.retryable, last.unreachable = False, not reached
                     raise last
+                reached = reached or not (exc.kind in ("dns", "tls", "network") or "connection timed" in str(exc))
             if attempt + 1 >= attempts:
                 break
             delay = self.backoff * (2 ** attempt) * (0.5 + _jitter())
@@ -8389,6 +8400,9 @@ def watch_settings(args, cfg):
                                         "ssl_certfile", "ssl_keyfile")}
     for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):  # else retried for good as a broker away, unnamed
         if security[key]:
+            security[key] = os.path.expanduser(security[key])
+            if "SSL" not in (security["security_protocol"] or ""):
+                continue  # not opened without TLS (a file left in the configuration of another host)
             try:
                 with open(security[key], "rb"):
                     pass
@@ -8434,12 +8448,13 @@ def watch_filters(args, cfg):
 
     def pick(flag, value):
         return value if flag is None else flag
-    for flag, given in (("--event-types", args.event_types), ("--source", args.source), ("--platform", args.platform),
-                        ("--package", args.package), ("--api-version", args.api_version), ("--action", args.action),
-                        ("--name", args.name), ("--match-version", args.match_version)):
-        if given is not None and not given.replace(",", "").strip():  # `--platform "$P"` with P unset ran every
+    for flag, given, listed in (("--event-types", args.event_types, True), ("--source", args.source, False),
+                                ("--platform", args.platform, True), ("--package", args.package, True),
+                                ("--api-version", args.api_version, True), ("--action", args.action, False),
+                                ("--name", args.name, False), ("--match-version", args.match_version, False)):
+        if given is not None and not (given.replace(",", "") if listed else given).strip():  # `--platform "$P"`
             raise UsageError("%s is empty: give a value, or leave the flag out (an empty filter would let every "
-                             "event run)" % flag)  # event (attack round 17c)
+                             "event run)" % flag)  # with P unset ran every event (attack round 17c)
     try:
         return xzatoma_watch.Filters(
             event_types=pick(args.event_types, f["event_types"]), sources=pick(args.source and [args.source],

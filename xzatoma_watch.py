@@ -2006,8 +2006,10 @@ class Watcher:
                 job = queued.get((tp, head))
                 if head is None and not uncommitted:
                     turn[tp] = since
-                elif job is not None and not job.delays and job.event.id not in refused and job.not_before <= now:
-                    # a copy of an id running here waits for that run, however many others end meanwhile
+                elif job is not None and not job.delays and job.event.id not in refused and job.not_before <= now \
+                        and not self.model_failures:  # waiting for the model server is a stall (round 17e: the
+                    # alert never fired, whatever the wait). A copy of an id running here waits for that run,
+                    # however many others end meanwhile
                     turn[tp] = running.get(job.event.id, since)
         return turn
 
@@ -2329,17 +2331,20 @@ class Watcher:
         with self.cond:
             rotated = 0
             now = time.monotonic()
-            if self.model_failures and (now < self.model_back_at or self.in_flight):  # one tries it, when it may
-                return
+            # the model server away: no run asks it until it may be back, then one at a time; a rejection or a
+            # stored result to publish needs no model, and goes on (round 17e)
+            model_wait = self.model_failures and (now < self.model_back_at or any(
+                _asks_model(job) for job in self.in_flight.values()))
             while self.backlog and len(self.in_flight) < self.s.max_concurrent and not self.stopping.is_set() \
                     and rotated < len(self.backlog):
                 job = self.backlog.popleft()
                 ev = job.event
-                if ev.id in self.running_ids or job.not_before > now:  # the same id runs, or it waits its turn
+                if ev.id in self.running_ids or job.not_before > now or (model_wait and _asks_model(job)):
                     self.backlog.append(job)
                     rotated += 1
                     continue
                 rotated = 0
+                model_wait = model_wait or (self.model_failures and _asks_model(job))  # the one that tries it
                 self.in_flight[(job.tp, ev.offset)] = job
                 job.started_at = now
                 self.running_ids.add(ev.id)
@@ -3417,6 +3422,11 @@ class Kept:
         self.size = len(msg.value or b"")  #: the value's length as it came (a cut copy says it)
         self.held = self.size + headers_size + len(msg.key or b"")  #: what the record held when fetched
         self.value = msg.value if msg.value is None or self.size <= limit else msg.value[:limit]
+
+
+def _asks_model(job):
+    """Whether the job's run asks the model: not a rejection, nor a stored result to publish."""
+    return job.rejection is None and job.stored is None
 
 
 def _plain_headers(pairs):

@@ -509,6 +509,41 @@ def test_a_reply_without_end_is_read_within_bounds(kind, head, piece, said):
         server.close()
 
 
+@pytest.mark.parametrize("kind", ["ollama", "openai"])
+def test_a_local_server_that_goes_away_in_a_request_is_not_taken_for_one_never_there(kind):
+    """A watcher waits for a model server nothing listens on, and runs the event again once it is back (round
+    17c). A server that took the request and went away in it (a poison event crashing it) is refused after too,
+    and was taken for one never there: that event ran again at every try, never answered (round 17e)."""
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    class Fake:
+        url = "http://127.0.0.1:%d" % port
+
+    def crash():  # reads the chat request, then is gone: the connection and the port close
+        while True:
+            conn, _ = listener.accept()
+            if b"/api/show" in conn.recv(65536):  # Ollama's look-up of the model's window comes first
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                             b"Connection: close\r\n\r\n{}")
+                conn.close()
+                continue
+            listener.close()
+            conn.close()
+            return
+    threading.Thread(target=crash, daemon=True).start()
+    with pytest.raises(ProviderError) as went_away:
+        provider(kind, Fake, retries=2).complete(MSGS, [])
+    assert went_away.value.unreachable is False
+    with pytest.raises(ProviderError) as never_there:  # nothing listens there now, nor did before the request
+        provider(kind, Fake, retries=2).complete(MSGS, [])
+    assert never_there.value.unreachable is True and "connection refused" in str(never_there.value)
+
+
 def test_a_reply_cut_off_and_asked_again_is_marked_not_glued_to_the_next(fake):
     """Found by an attack round: a cut-off stream is retried now, and what it had streamed stayed on the screen
     glued to the answer ('PARTIAL-FIRST-ATTEMPT The final answer is 42.'). It stays, marked, on a line of its own."""

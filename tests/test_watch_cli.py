@@ -87,6 +87,7 @@ def test_settings_no_broker_can_cure_are_refused_at_start(cli, tmp_path):
     seconds), was retried for good as `broker_unavailable`, the cause never named; `--idle-exit nan` never went
     idle; `--group-id ""` was taken. Each is exit 2, one line naming it, before any broker is asked."""
     pytest.importorskip("kafka")
+    from conftest import wait_for
     base = ["watch", "--brokers", "127.0.0.1:1", "--topic", "t", "--idle-exit", "5"]
     for args, said in ((["--platform", ""], "--platform is empty: give a value, or leave the flag out"),
                        (["--event-types", ","], "--event-types is empty"), (["--source", " "], "--source is empty"),
@@ -103,8 +104,22 @@ def test_settings_no_broker_can_cure_are_refused_at_start(cli, tmp_path):
                          ({"max_poll_interval_ms": 0}, "watcher.kafka.max_poll_interval_ms")):
         cli.write_config({"watcher": {"kafka": config}})
         r = cli.run(*base, timeout=30)
-        lines = r.stderr.strip().splitlines()
         assert (r.returncode, r.stdout) == (2, "") and said in r.stderr, (config, r.stderr)
+    # not refused: a TLS file left in the configuration of a PLAINTEXT broker (never opened), `~` in its path,
+    # and a single regular expression that is a comma (round 17e): each goes on to the broker, unreachable here
+    (cli.home / "ca.pem").write_text("not read here")
+    for config, args in (({"ssl_cafile": str(missing)}, []), ({"ssl_cafile": "~/ca.pem", "security_protocol": "SSL"},
+                                                              []), ({}, ["--source", ","])):
+        cli.write_config({"provider": {"type": "ollama", "ollama": {"host": "http://127.0.0.1:1"}},
+                          "watcher": {"kafka": config}})
+        log = tmp_path / "w.log"
+        log.unlink() if log.exists() else None
+        proc = cli.popen(*(base + args + ["--log-file", str(log)]))
+        try:
+            assert wait_for(lambda: log.exists() and "broker_unavailable" in log.read_text(), 40), (config, args)
+        finally:
+            proc.kill()
+            proc.communicate(timeout=30)
     cli.write_config({})
 
 
@@ -509,7 +524,7 @@ def test_a_model_server_away_is_waited_for_and_its_events_run_when_it_is_back(ka
     import xzatoma_watch as w
     from conftest import wait_for
     from fake_model import FakeModel
-    from test_watch import Lines, cloudevent, new_topic, PLAN
+    from test_watch import Gauges, Lines, cloudevent, new_topic, PLAN
     from xzatoma_store import Store
     work = tmp_path / "work"
     work.mkdir()
@@ -524,12 +539,16 @@ def test_a_model_server_away_is_waited_for_and_its_events_run_when_it_is_back(ka
                                     "planning", False)
     log, fake = Lines(), None
     settings = w.Settings(brokers=kafka_broker.address, topic=topic, group_id="g-" + topic, max_events=3,
-                          max_concurrent=2, backoff_initial=0.05, backoff_max=0.2, consumer_options=FAST)
-    watcher = w.Watcher(settings, w.Filters(), run_plan, store=store, log=w.WatchLog(log, "json"))
+                          max_concurrent=2, backoff_initial=2.0, backoff_max=2.0, consumer_options=FAST,
+                          lag_interval=0.1)
+    gauges = Gauges()
+    watcher = w.Watcher(settings, w.Filters(), run_plan, store=store, log=w.WatchLog(log, "json"), metrics=gauges)
     thread = __import__("threading").Thread(target=watcher.run, daemon=True)
     thread.start()
     try:
         assert wait_for(lambda: len(log.events("model_unavailable")) >= 3, 60)
+        # the wait is a stall, as the alert sees it (round 17e: it restarted at every lag report)
+        assert wait_for(lambda: gauges.stalled.get(0, 0.0) > 1.5, 30), gauges.stalled
         assert not log.events("finished") and len(kb.read_all(kafka_broker.address, topic + ".results", 0, 1)) == 0
         fake = FakeModel().start(port)
         fake.generator = lambda body: {"content": "done"}
