@@ -2756,8 +2756,21 @@ class Watcher:
         result stays stored, to be published after a restart). `give_up_after` counts refusals, answers of the
         broker: a broker that answers nothing for 17 minutes had a completed run's result replaced by `failed`
         after 20 timeouts (attack round 17c); it is waited for, its stall shown, as long as it is silent."""
-        attempt, refused, future, sent_at = 0, 0, None, 0.0
+        attempt, refused, future, sent_at, stale, error = 0, 0, None, 0.0, None, None
         while True:
+            if stale is not None:  # INFO: its last send expired unanswered, and no new producer could be made (the
+                # broker still silent): sent again only through a new one, once the broker answers. Sent again
+                # through the old one at every expiry, a broker frozen for 110 s wrote the result twice, and longer
+                # silences more times (attack round 17e)
+                self._renew_producer(stale)
+                if self.producer is stale:
+                    if self.hard_stop.is_set():
+                        self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
+                                 error=error)
+                        return error
+                    self.hard_stop.wait(self._backoff(attempt))
+                    continue
+                stale = None
             producer = self.producer
             try:
                 if future is None:
@@ -2785,12 +2798,13 @@ class Watcher:
                         self.log("publish_waiting", level="warn", what=what, topic=topic, error=_one_line(exc),
                                  reason="its producer was renewed under it")
                         self.hard_stop.wait(left)
-                future = None
+                future, error = None, _one_line(exc)
                 attempt += 1
                 refused += not expired
                 permanent = _refused_for_good(self.kafka, exc)
                 if (attempt % 3 == 0 or expired) and not self.hard_stop.is_set():
                     self._renew_producer(producer)
+                    stale = producer if expired and self.producer is producer else None
                 if permanent or self.hard_stop.is_set() or (give_up_after and refused >= give_up_after):
                     self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
                              error=_one_line(exc))
