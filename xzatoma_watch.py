@@ -2765,8 +2765,7 @@ class Watcher:
                 self._renew_producer(stale)
                 if self.producer is stale:
                     if self.hard_stop.is_set():
-                        self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
-                                 error=error)
+                        self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt, error=error)
                         return error
                     self.hard_stop.wait(self._backoff(attempt))
                     continue
@@ -2806,12 +2805,11 @@ class Watcher:
                     self._renew_producer(producer)
                     stale = producer if expired and self.producer is producer else None
                 if permanent or self.hard_stop.is_set() or (give_up_after and refused >= give_up_after):
-                    self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt,
-                             error=_one_line(exc))
-                    return _one_line(exc)
+                    self.log("publish_failed", level="error", what=what, topic=topic, attempts=attempt, error=error)
+                    return error
                 delay = self._backoff(attempt)
                 self.log("publish_retry", level="warn", what=what, topic=topic, attempt=attempt, retry_in=delay,
-                         error=_one_line(exc))
+                         error=error)
                 self.hard_stop.wait(delay)
 
     def _renew_producer(self, failed):
