@@ -8647,7 +8647,7 @@ def cmd_publish(args, console):
     cfg = config_from_args(args, console)
     # a watcher rejects a larger message unread (watcher.max_message_bytes): read as characters, then measured
     limit = cfg.get("watcher.max_message_bytes")
-    text, source = read_plan_file(args.plan, limit, "watcher.max_message_bytes")
+    text, source = read_plan_file(args.plan, limit, "watcher.max_message_bytes", unit="bytes")
     if len(text.encode("utf-8", "surrogatepass")) > limit:
         raise UsageError("plan file %s is larger than %s bytes (watcher.max_message_bytes); give a smaller one"
                          % (source, "{:,}".format(limit)))
@@ -8966,14 +8966,15 @@ def restored_config(args, console, cfg, stored, extra=None):
 MAX_TASK_CHARS = 32 << 20
 
 
-def read_plan_file(path, limit, what):
+def read_plan_file(path, limit, what, unit="characters"):
     """(text, source) of a plan file, or of stdin for '-', read to at most `limit` characters (`what` names the
-    bound); a UsageError for a file that is missing, unreadable, not UTF-8 text, or larger."""
+    bound, `unit` what it counts: more characters than a limit of bytes are more bytes too); a UsageError for a
+    file that is missing, unreadable, not UTF-8 text, or larger."""
     try:
         if path == "-":
-            return read_bounded(sys.stdin, limit, "the plan on stdin", what), "<stdin>"
+            return read_bounded(sys.stdin, limit, "the plan on stdin", what, unit), "<stdin>"
         with open(path, encoding="utf-8") as fh:
-            return read_bounded(fh, limit, "plan file %s" % path, what), path
+            return read_bounded(fh, limit, "plan file %s" % path, what, unit), path
     except FileNotFoundError:
         raise UsageError("plan file not found: %s" % path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -8990,11 +8991,10 @@ def stdin_line():
     return line
 
 
-def read_bounded(stream, limit, name, what):
+def read_bounded(stream, limit, name, what, unit="characters"):
     text = stream.read(limit + 1)
     if len(text) > limit:
-        raise UsageError("%s is larger than %s characters (%s); give a smaller one"
-                         % (name, "{:,}".format(limit), what))
+        raise UsageError("%s is larger than %s %s (%s); give a smaller one" % (name, "{:,}".format(limit), unit, what))
     return text
 
 

@@ -412,7 +412,7 @@ def test_publish_refuses_a_plan_larger_than_a_watcher_reads_before_reading_it_al
     pytest.importorskip("kafka")
     r = cli.run("publish", "--plan", "/dev/zero", "--brokers", "127.0.0.1:1", "--topic", "t")
     assert (r.returncode, r.stdout) == (2, "")
-    assert "plan file /dev/zero is larger than 8,388,608 characters (watcher.max_message_bytes)" in r.stderr
+    assert "plan file /dev/zero is larger than 8,388,608 bytes (watcher.max_message_bytes)" in r.stderr
     cli.write_config({"watcher": {"max_message_bytes": 2048}})
     plan = tmp_path / "p.yaml"
     plan.write_text("goal: G\ninstructions: [a]\ncontext: " + "\u20ac" * 1000 + "\n", encoding="utf-8")
