@@ -4339,7 +4339,7 @@ class ShellSyntaxError(ValueError):
 class Word:
     """One shell word after quote removal; expansions are kept as their source text."""
 
-    __slots__ = ("text", "dynamic", "subs", "glob", "tilde", "quoted", "variables", "parts")
+    __slots__ = ("text", "dynamic", "subs", "glob", "tilde", "quoted", "variables", "parts", "start", "end")
 
     def __init__(self):
         self.text = ""
@@ -4351,6 +4351,7 @@ class Word:
         self.variables = []
         self.parts = []  # (text, kind): "lit" unquoted character, "q" quoted text, "x"/"qx" an expansion's
         # source unquoted/inside double quotes: what brace expansion, field splitting and globbing act on
+        self.start = self.end = None  # where the word is in the command line parse_shell was given (or None)
 
     def __repr__(self):
         return "Word(%r)" % self.text
@@ -4445,10 +4446,11 @@ def ansi_c_decode(body):
 
 
 class ShellParser:
-    def __init__(self, text, depth=0):
+    def __init__(self, text, depth=0, top=None):
         self.s = text
         self.i = 0
         self.depth = depth
+        self.top = top  # the command line itself: a word read from it knows where it begins (Word.start)
         self.pending_heredocs = []
         if depth > 20:
             raise ShellSyntaxError("commands are nested too deeply")
@@ -4843,6 +4845,8 @@ class ShellParser:
         word = Word()
         buf, mask = [], []
         start = self.i
+        if self.s is self.top:
+            word.start = start
 
         def add(text, kind="q"):
             buf.append(text)
@@ -4912,6 +4916,8 @@ class ShellParser:
                 self.i += 1
         word.text = "".join(buf)
         word.parts = list(zip(buf, mask))
+        if word.start is not None:
+            word.end = self.i
         return word
 
     def read_array(self, word, add):
@@ -4967,7 +4973,7 @@ class ShellParser:
             word.dynamic = True
         elif self.startswith("$("):
             self.i += 2
-            sub = ShellParser(self.s, self.depth + 1)
+            sub = ShellParser(self.s, self.depth + 1, self.top)
             sub.i = self.i
             script = sub.parse_script(")")
             if sub.peek() != ")":
@@ -5046,8 +5052,9 @@ class ShellParser:
         self.i = end + 1
 
 
-def parse_shell(text):
-    return ShellParser(text).parse()
+def parse_shell(text, offsets=False):
+    """The Script of a command line; with `offsets`, each word read from it knows where it begins (Word.start)."""
+    return ShellParser(text, top=text if offsets else None).parse()
 
 
 def _is_assignment(word):
@@ -5158,7 +5165,10 @@ def simple_argv(text, script=None):
 
 
 def command_argv(command, verdict=None):
-    """How a validated command runs: an argument list when it has no shell syntax, else /bin/sh -c."""
+    """How a validated command runs: an argument list when it has no shell syntax, else /bin/sh -c (as the
+    policy rewrote it: Verdict.run_as)."""
+    if getattr(verdict, "run_as", None) is not None:
+        return ["/bin/sh", "-c", verdict.run_as]
     script = getattr(verdict, "script", None)
     if needs_shell(command, script):
         return ["/bin/sh", "-c", command]
@@ -5282,12 +5292,15 @@ RAW_DENY = [
 
 
 class Verdict:
-    __slots__ = ("level", "reason", "script")
+    __slots__ = ("level", "reason", "script", "run_as")
 
-    def __init__(self, level, reason, script=None):
+    def __init__(self, level, reason, script=None, run_as=None):
         self.level = level
         self.reason = reason
         self.script = script
+        #: the command line as it runs, when it differs: each pattern that could expand to a file named like an
+        #: option (`?exec` to `-exec`) gets `./` before it, so what the policy judged as a path is one
+        self.run_as = run_as
 
     def __repr__(self):
         return "Verdict(%s, %r)" % (self.level, self.reason)
@@ -6307,6 +6320,8 @@ class CommandPolicy(Denylist):
         self._cwd = self.root
         #: programs looked up on PATH during one judgement (_resolve)
         self._resolved = {}
+        #: during one judgement, the words that could expand to an option: start -> (end, the text they run as)
+        self._option_patterns = {}
 
     def judge(self, command):
         try:
@@ -6327,7 +6342,7 @@ class CommandPolicy(Denylist):
             return Verdict(DENY, "the command contains a control or invisible character (U+%04X)" % ord(m.group(0)))
         flat = " ".join(command.replace("\\\n", " ").split())
         try:
-            script = parse_shell(command)
+            script = parse_shell(command, offsets=True)
         except ShellSyntaxError as exc:
             raw = self._raw_deny(flat)
             return raw or Verdict(DENY, "cannot check the command (%s); it is not run: write it in plainer shell "
@@ -6343,11 +6358,15 @@ class CommandPolicy(Denylist):
                 pass
         if verdict is None:
             verdict = self._raw_deny(flat, always_only=True)
+        run_as = None
         if verdict is None:
+            self._option_patterns = {}
             verdict = self._script(script, 0)
             if verdict.level == ALLOW and not script.pipelines:
                 verdict = Verdict(CONFIRM, "nothing to run")
-        return Verdict(verdict.level, verdict.reason, script)
+            for start, (end, text) in sorted(self._option_patterns.items(), reverse=True):
+                run_as = (run_as or command)[:start] + text + (run_as or command)[end:]
+        return Verdict(verdict.level, verdict.reason, script, run_as)
 
     def _raw_deny(self, flat, always_only=False):
         for pattern, reason in (RAW_DENY[:1] + RAW_DENY[-1:]) if always_only else RAW_DENY:
@@ -6408,6 +6427,22 @@ class CommandPolicy(Denylist):
             return verdict.worse(Verdict(CONFIRM, "the program name has non-ASCII characters (%s)" % first.text))
         if (first.glob and first.text not in ("[", "[[")) or first.tilde or not first.text:
             return verdict.worse(Verdict(CONFIRM, "the program name is a pattern (%s)" % first.text))
+        if first.text != "[[":  # [[ … ]] matches its patterns; it expands no file names
+            find = os.path.basename(first.text) == "find"
+            for before, word in zip(words, words[1:]):
+                if not _may_expand_to_option(word):
+                    continue
+                # INFO: `find . ?exec pytho?? ?c …` beside files named -exec, python3 and -c ran code as a read-only
+                # find (attack round 18a). The pattern runs as ./?exec, so it expands to paths only, whatever files
+                # exist by then (another tool may make one while this command starts)
+                if word.start is None:  # in code the shell reads again (sh -c, a here-document): not rewritten
+                    return verdict.worse(Verdict(CONFIRM, "the pattern %s may expand to a file named like an "
+                                                          "option; write ./%s" % (word.text, word.text)))
+                if find and before.text in FIND_PATTERNS and word.end is not None and not word.dynamic:
+                    # find's own pattern (find . -name *.py), as it was meant, and judged: not the files it matches
+                    self._option_patterns[word.start] = (word.end, shlex_quote(word.text))
+                else:
+                    self._option_patterns.setdefault(word.start, (word.start, "./"))
         texts = [w.text for w in simple.words]
         for entry in self.prefixes:
             if texts[:len(entry)] == entry and ("/" in entry[0] or self._resolve(entry[0]) is None):
@@ -6748,10 +6783,48 @@ def _brace_words(words, limit=1024):
             w.quoted, w.dynamic, w.subs, w.variables = word.quoted, word.dynamic, word.subs, word.variables
             w.glob = any(k == "lit" and t in "*?[" for t, k in tokens)
             w.tilde = bool(tokens) and tokens[0] == ("~", "lit")
+            w.start = word.start  # ./ before the braces is ./ before every word they make
             out.append(w)
         if len(out) > limit:
             return None
     return out
+
+
+#: find's tests whose value is a pattern find matches itself
+FIND_PATTERNS = {"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-lname", "-ilname", "-regex",
+                 "-iregex"}
+
+
+def _may_expand_to_option(word):
+    """Can pathname expansion make `word` begin with '-' (a file named like an option)? It can when the word
+    begins with an unquoted * or ?, or with a bracket expression that matches '-' (negated, a class, '-' itself,
+    or a range over it)."""
+    parts = word.parts
+    if not word.glob or not parts or parts[0] != ("[", "lit") and parts[0] not in (("*", "lit"), ("?", "lit")):
+        return False
+    if parts[0][0] != "[":
+        return True
+    text = word.text
+    i = 1
+    if i < len(text) and text[i] in "!^":
+        return True
+    end = text.find("]", i + 1)  # a ] first in the expression is one of its characters
+    if end == -1:
+        return False  # no bracket expression: a literal [
+    members = text[i:end]
+    if "[" in members:  # [[:punct:]] and its kin: not worked out, as if it matched
+        return True
+    j = 0
+    while j < len(members):
+        if j + 2 < len(members) and members[j + 1] == "-":
+            if members[j] <= "-" <= members[j + 2]:
+                return True
+            j += 3
+            continue
+        if members[j] == "-":
+            return True
+        j += 1
+    return False
 
 
 def _value_word(word):

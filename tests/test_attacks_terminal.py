@@ -242,3 +242,42 @@ def test_brace_expansion_in_path_operands(cli):
     verdicts = run_table(cli, [c for c, _ in BRACES])
     wrong = [(c, want, got) for (c, want), got in zip(BRACES, verdicts) if got[0] != want]
     assert not wrong, wrong
+
+
+# ---- file names that become options ----
+# The shell expands a pattern after the policy has judged it: beside files named -exec, python3 and -c (a model
+# writes them with write_file), the read-only `find . ?exec pytho?? ?c …` ran `find . -exec python3 -c …` and
+# `find ?delete` emptied the tree (attack round 18a). A pattern that could begin with '-' runs as ./pattern, so it
+# expands to paths only, whatever files exist by the time the shell expands it.
+
+OPTION_PATTERNS = [
+    ("ls *.py", "ls ./*.py"), ("grep -n x ?exec [!a]b [+-.]c", "grep -n x ./?exec ./[!a]b ./[+-.]c"),
+    ("echo $(ls *)", "echo $(ls ./*)"), ("wc -l -- * | sort", "wc -l -- ./* | sort"),
+    ("find . -name *.py -o -iname ?x", "find . -name '*.py' -o -iname '?x'"),
+    ("grep [0-9] f", None), ("cat a* src/*.py ./*", None), ("echo '*' \\?", None), ("[[ $x == *y ]]", None),
+]
+
+
+@pytest.mark.parametrize("command, runs_as", OPTION_PATTERNS)
+def test_a_pattern_that_could_expand_to_an_option_runs_as_a_path(tmp_path, command, runs_as):
+    import xzatoma_tools as T
+    verdict = T.CommandPolicy(str(tmp_path), home=str(tmp_path)).judge(command)
+    assert verdict.run_as == runs_as
+    assert T.command_argv(command, verdict)[-1] == (runs_as or command) or runs_as is None
+
+
+def test_file_names_like_options_never_turn_a_read_only_command_into_code(cli, fake):
+    marker, victim = cli.tmp / "pwned", cli.workdir / "keep.txt"
+    victim.write_text("keep\n")
+    code = "open(%r, 'w')" % str(marker)
+    names = ["-exec", "python3", "-c", code, ";", "-delete"]
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path=n, content="") for n in names]},
+             {"tool_calls": [tool_call("terminal", command="find . ?exec pytho?? ?c 'open(*' ?"),
+                             tool_call("terminal", command="find ?delete")]},
+             {"content": "done"})
+    r = cli.run("run", "--sandbox", "off", "--prompt", "x")
+    assert r.returncode in (0, 3), r.stderr
+    assert not marker.exists() and victim.read_text() == "keep\n"
+    assert all((cli.workdir / n).exists() for n in names[:2])
+    assert "./-exec" in tool_results(fake)[-2] and "No such file" not in tool_results(fake)[-1]
