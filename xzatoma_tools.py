@@ -3155,16 +3155,25 @@ def _read_small(path, limit=4096):
 
 def _gitdirs(dot):
     """The real git directories a `.git` entry (or a bare repository) stands for: itself or the `gitdir:` its
-    file names, and a linked worktree's common one; [] when the file says nothing git would read."""
+    file names, and a linked worktree's common one; [] when the file says nothing git would read. A file is read
+    as git's read_gitfile_gently reads it ("gitdir: ", then every byte to the end but the line endings there) and
+    also leniently (a stripped first line): the directory git uses, and the one a reader may take it for, are
+    both protected. INFO: the lenient reading alone named another directory than git uses (`gitdir:  meta`,
+    `gitdir: meta\nx`), whose harmless config was checked (attack round 18b)."""
     if os.path.isdir(dot) and not os.path.islink(dot):
-        gitdir = os.path.realpath(dot)
+        candidates = [dot]
     else:
-        line = (_read_small(dot) or b"").decode("utf-8", "replace").strip().splitlines()
-        if not line or not line[0].startswith("gitdir:"):
-            return []
-        gitdir = os.path.realpath(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
-    common = (_read_small(os.path.join(gitdir, "commondir")) or b"").strip()
-    return [gitdir] + ([os.path.realpath(os.path.join(gitdir, os.fsdecode(common)))] if common else [])
+        data, candidates = _read_small(dot, 1 << 16) or b"", []
+        if data.startswith(b"gitdir: ") and len(data) < 1 << 16:
+            candidates.append(os.path.join(os.path.dirname(dot), os.fsdecode(data[8:].rstrip(b"\r\n"))))
+        line = data.decode("utf-8", "replace").strip().splitlines()
+        if line and line[0].startswith("gitdir:"):
+            candidates.append(os.path.join(os.path.dirname(dot), line[0][7:].strip()))
+    out = []
+    for gitdir in dict.fromkeys(os.path.realpath(c) for c in candidates):
+        common = (_read_small(os.path.join(gitdir, "commondir")) or b"").strip()
+        out += [gitdir] + ([os.path.realpath(os.path.join(gitdir, os.fsdecode(common)))] if common else [])
+    return list(dict.fromkeys(out))
 
 
 def _resolved_protected(conf):
@@ -3184,7 +3193,8 @@ def _resolved_protected(conf):
     for dot, top in dots:  # a `.git` (or what it links to) and the top of its working tree
         gitdirs = _gitdirs(dot)
         out += [d for d in gitdirs if _inside(d, conf.root) and d not in out]
-        out += _git_config_paths(conf, top, gitdirs[0]) if gitdirs else []
+        for gitdir in gitdirs:
+            out += [p for p in _git_config_paths(conf, top, gitdir) if p not in out]
     return out
 
 
@@ -3343,13 +3353,30 @@ def _submodules(gitdir):
     return out
 
 
+#: hooks only commands that write run (a commit, a merge, a push, a checkout …); any other hook, and a name nobody
+#: here has heard of, may run at a read-only command: post-index-change runs when `git status` refreshes the index
+WRITING_HOOKS = frozenset("""applypatch-msg pre-applypatch post-applypatch pre-commit pre-merge-commit
+prepare-commit-msg commit-msg post-commit pre-rebase post-checkout post-merge pre-push pre-receive update
+proc-receive post-receive post-update push-to-checkout pre-auto-gc post-rewrite sendemail-validate
+p4-changelist p4-prepare-changelist p4-post-changelist p4-pre-submit""".split())
+
+
 def _git_repo_reason(dot, git, submodule=False, hooks=False):
     """The first key of the configuration of a repository (a .git directory or file, or a bare one) and of its
     submodules' (modules/) that is not known to hold only data (as git names it), or None; a reason too when
-    git cannot be asked. hooks=True: then the first hook they hold (a submodule's run at `git submodule update`)."""
-    if not (gitdirs := _gitdirs(dot)[:1]):
+    git cannot be asked. hooks=True: then the first hook they hold (a submodule's run at `git submodule update`);
+    hooks="read": the first a read-only command may run (not in WRITING_HOOKS)."""
+    if not (gitdirs := _gitdirs(dot)):
         return "a .git file git may read differently"
-    if len(gitdirs := gitdirs + _submodules(gitdirs[0])) > 64:
+    for gitdir in gitdirs:  # as git reads a .git file, as it may be taken for, and a worktree's common directory
+        if reason := _gitdir_reason(gitdir, git, submodule, hooks):
+            return reason
+    return None
+
+
+def _gitdir_reason(gitdir, git, submodule=False, hooks=False):
+    """_git_repo_reason of the repository directory git uses."""
+    if len(gitdirs := [gitdir] + _submodules(gitdir)) > 64:
         return "too many submodule repositories to check"
     for i, gitdir in enumerate(gitdirs):
         if (entries := git_config(gitdir, git)) is None:
@@ -3365,25 +3392,75 @@ def _git_repo_reason(dot, git, submodule=False, hooks=False):
             live = [n for n in (os.listdir(path) if os.path.lexists(path) else []) if not n.endswith(".sample")]
         except OSError:
             return "unreadable hooks"
+        live = [n for n in live if hooks is True or n not in WRITING_HOOKS]
         if os.path.islink(path) or live:
             return "a hooks link" if os.path.islink(path) else "%s/%s" % (os.path.relpath(path, gitdirs[0]), live[0])
     return None
 
 
 def _git_config_runs(dirs, git):
-    """The first key in the configuration of the repositories a git command in `dirs` meets (found as git
-    finds them: a `.git` or the directory itself, from each dir upwards; and those nested in the tree, as `git
-    status` recurses into submodules) that is not known to be inert, or None."""
+    """The first key in the configuration of the repositories a git command in `dirs` meets, or a hook it may
+    run, or None. The repositories are found by git itself: the one each dir is in (`git rev-parse`), then the
+    submodules its index holds (`git ls-files`), whose own repositories `git status` and `git diff` run in.
+    INFO: a walk of our own missed what git finds: a submodule past the first 500 directories, a `.git` that is
+    a link, an empty `.git/` that git passes over for the repository above it (attack round 18b)."""
+    if not git:
+        return "no git outside the tree to ask"
+    seen = set()
     for start in dirs:
-        d = start
-        while not (os.path.lexists(os.path.join(d, ".git")) or is_git_dir(d)) and os.path.dirname(d) != d:
-            d = os.path.dirname(d)
-        dot = os.path.join(d, ".git") if os.path.lexists(os.path.join(d, ".git")) else d if is_git_dir(d) else None
-        if dot and (reason := _git_repo_reason(dot, git)):
+        if reason := _git_tree_reason(start, git, seen, None):
             return reason
-        for nested in nested_repositories(start, 500)[0]:
-            reason = fold_name(os.path.basename(nested)) == ".git" and _git_repo_reason(nested, git, submodule=True)
-            if reason:
+    return None
+
+
+def _git(git, args, cwd, env=None, limit=1 << 20):
+    """(exit code, stdout, stderr) of git asked about a repository; None when it could not answer (it runs
+    nothing a repository names: no system or person's configuration, no fsmonitor, no hooks, no pager)."""
+    import subprocess
+    base = {"PATH": os.path.dirname(git), "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent", "LC_ALL": "C",
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
+    base.update(env or {})
+    try:
+        done = subprocess.run([git, "-c", "core.fsmonitor=false", "-c", "core.hookspath=/nonexistent",
+                               "--no-pager"] + args, env=base, cwd=cwd, capture_output=True, timeout=10,
+                              start_new_session=True, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return None if len(done.stdout) > limit else (done.returncode, done.stdout, done.stderr)
+
+
+def _git_tree_reason(start, git, seen, env, submodule=False):
+    """_git_config_runs for the repository git uses in `start` (with `env`: GIT_DIR=.git, as git starts a
+    submodule's status) and, recursively, its submodules'."""
+    found = _git(git, ["rev-parse", "--absolute-git-dir", "--is-bare-repository", "--show-cdup"], start, env)
+    if found is None:
+        return "git could not say which repository is here"
+    code, out, err = found
+    if code != 0:
+        return None if b"not a git repository" in err else "git could not say which repository is here (%s)" % (
+            err.decode("utf-8", "replace").strip().splitlines() or ["exit %d" % code])[-1][:200]
+    lines = out.split(b"\n")  # a bare repository has no --show-cdup line
+    if len(lines) != (3 if lines[1:2] == [b"true"] else 4) or lines[-1] or lines[1] not in (b"true", b"false"):
+        return "git named a repository this check cannot read"  # a name with a line feed in it, say
+    gitdir = os.path.realpath(os.fsdecode(lines[0]))
+    if gitdir in seen:
+        return None
+    seen.add(gitdir)
+    if len(seen) > 64:
+        return "too many repositories to check"
+    if reason := _gitdir_reason(gitdir, git, submodule, hooks="read"):
+        return reason
+    if lines[1] == b"true":
+        return None
+    top = os.path.realpath(os.path.join(start, os.fsdecode(lines[2])))
+    listed = _git(git, ["ls-files", "--stage", "-z"], top, env, limit=256 << 20)
+    if listed is None or listed[0] != 0:
+        return "git could not list the submodules"
+    for entry in listed[1].split(b"\0"):
+        if entry.startswith(b"160000 "):  # a gitlink: a submodule
+            path = os.path.join(top, os.fsdecode(entry.partition(b"\t")[2]))
+            if os.path.lexists(os.path.join(path, ".git")) and (reason := _git_tree_reason(
+                    path, git, seen, {"GIT_DIR": ".git"}, True)):
                 return reason
     return None
 
@@ -3396,8 +3473,7 @@ def repository_runs_code(dot, root, git):
         return "a link"
     if fold_name(os.path.basename(dot)) == ".hg":
         return "an hgrc" if os.path.lexists(os.path.join(dot, "hgrc")) else None
-    gitdirs = _gitdirs(dot)
-    if gitdirs and not _inside(gitdirs[0], root):
+    if any(not _inside(d, root) for d in _gitdirs(dot)):
         return "a gitdir outside the working directory"
     return _git_repo_reason(dot, git, hooks=True)
 

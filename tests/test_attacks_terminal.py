@@ -104,6 +104,10 @@ def test_a_submodules_own_config_is_checked_too(cli):
     assert run_table(cli, ["git status"])[0][0] == ALLOW
     subprocess.run(["git", "-C", str(cli.workdir / "vendor" / "sub2"), "config", "core.fsmonitor", "touch pwned"],
                    check=True)
+    # untracked, git status passes it by (it lists vendor/ as untracked); git -C enters it, and so does git status
+    # once the index holds it as a gitlink
+    assert [v for v, _ in run_table(cli, ["git status", "git -C vendor/sub2 status"])] == [ALLOW, CONFIRM]
+    subprocess.run(["git", "-C", str(cli.workdir), "add", "vendor/sub2"], check=True, capture_output=True)
     assert run_table(cli, ["git status"])[0][0] == CONFIRM
 
 
@@ -281,3 +285,84 @@ def test_file_names_like_options_never_turn_a_read_only_command_into_code(cli, f
     assert not marker.exists() and victim.read_text() == "keep\n"
     assert all((cli.workdir / n).exists() for n in names[:2])
     assert "./-exec" in tool_results(fake)[-2] and "No such file" not in tool_results(fake)[-1]
+
+
+# ---- the repositories git itself finds ----
+# The check walked the tree its own way and missed what git finds (attack round 18b): a submodule past the first
+# 500 directories, a submodule whose .git is a link, a .git file read otherwise than git reads it, an empty
+# .git/ that git passes over for the repository the directory itself is, and a hook `git status` runs. Now git
+# says which repository a command meets (rev-parse) and which submodules it enters (its index's gitlinks).
+
+G = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.file.allow=always"]
+
+
+def _commit(path):
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    (path / "f").write_text("x\n")
+    subprocess.run(G + ["-C", str(path), "add", "f"], check=True)
+    subprocess.run(G + ["-C", str(path), "commit", "-qm", "i"], check=True)
+
+
+def _fsmonitor(gitdir, marker):
+    subprocess.run(["git", "--git-dir", str(gitdir), "config", "core.fsmonitor", "touch %s; false" % marker],
+                   check=True)
+
+
+def test_a_submodule_deep_in_a_large_tree_is_checked(cli):
+    work = cli.workdir
+    _commit(work)
+    for i in range(600):
+        (work / "src" / ("d%03d" % i)).mkdir(parents=True)
+    _commit(work / "zz" / "vendor" / "lib")
+    subprocess.run(G + ["-C", str(work), "add", "zz/vendor/lib"], check=True, capture_output=True)
+    assert run_table(cli, ["git status"])[0][0] == ALLOW
+    _fsmonitor(work / "zz" / "vendor" / "lib" / ".git", cli.tmp / "pwned")
+    assert [v for v, _ in run_table(cli, ["git status", "git diff"])] == [CONFIRM] * 2
+
+
+def test_a_submodule_whose_git_is_a_link_is_checked(cli):
+    work = cli.workdir
+    _commit(work)
+    _commit(work / "sub")
+    subprocess.run(G + ["-C", str(work), "add", "sub"], check=True, capture_output=True)
+    (work / "sub" / ".git").rename(work / "meta")
+    (work / "sub" / ".git").symlink_to("../meta")
+    subprocess.run(["git", "--git-dir", str(work / "meta"), "config", "--unset", "core.worktree"], capture_output=True)
+    assert run_table(cli, ["git status"])[0][0] == ALLOW
+    _fsmonitor(work / "meta", cli.tmp / "pwned")
+    assert run_table(cli, ["git status"])[0][0] == CONFIRM
+
+
+@pytest.mark.parametrize("content, name", [(b"gitdir:  meta\n", " meta"), (b"gitdir: meta\nx\n", "meta\nx"),
+                                           (b"gitdir: m\xffeta\n", "m\udcffeta")])
+def test_a_git_file_is_read_as_git_reads_it(cli, content, name):
+    work = cli.workdir
+    subprocess.run(["git", "init", "-q", "--bare", str(work / "meta")], check=True)  # harmless, and misread
+    subprocess.run(["git", "init", "-q", "--bare", str(work / name)], check=True)
+    _fsmonitor(work / name, cli.tmp / "pwned")
+    (work / ".git").write_bytes(content)
+    verdict = run_table(cli, ["git status"])[0]
+    assert verdict[0] == CONFIRM and ("fsmonitor" in verdict[1] or "\n" in name), verdict
+
+
+def test_an_empty_git_directory_does_not_hide_the_repository_git_uses(cli):
+    work = cli.workdir
+    subprocess.run(["git", "init", "-q", "--bare", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "config", "diff.external", "touch pwned"], check=True)
+    (work / ".git").mkdir()
+    verdict = run_table(cli, ["git diff HEAD~1 HEAD", "git log"])
+    assert [v for v, _ in verdict] == [CONFIRM] * 2 and "diff.external" in verdict[0][1], verdict
+
+
+def test_a_hook_a_read_only_command_runs_is_checked(cli):
+    """git status writes the refreshed index, and runs post-index-change; a pre-commit hook (pre-commit's own
+    install) is run only by a commit."""
+    work = cli.workdir
+    _commit(work)
+    hook = work / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\ntouch pwned\n")
+    hook.chmod(0o755)
+    assert run_table(cli, ["git status"])[0][0] == ALLOW
+    hook.rename(work / ".git" / "hooks" / "post-index-change")
+    verdict = run_table(cli, ["git status"])[0]
+    assert verdict[0] == CONFIRM and "post-index-change" in verdict[1], verdict

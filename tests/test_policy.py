@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -638,7 +639,7 @@ def test_allowlist_prefixes_run_unasked_but_the_denylist_still_holds(cli, attack
 
 def test_read_only_git_is_not_allowed_when_the_repository_config_runs_commands(cli, attack_jail):
     git = attack_jail / ".git"
-    git.mkdir()
+    subprocess.run(["git", "init", "-q", str(attack_jail)], check=True)
     (git / "config").write_text("[core]\n\trepositoryformatversion = 0\n")
     assert run_table(cli, "command", ["git status", "git diff"])[0][0] == ALLOW
     (git / "config").write_text("[core]\n\tfsmonitor = touch pwned\n")
