@@ -3043,7 +3043,7 @@ class Confinement:
         adds to it, and as Python finds a virtualenv's start-up code."""
         if holding and (is_git_dir(real) or os.path.lexists(os.path.join(real, "pyvenv.cfg"))):
             return display_path(real, self.root) + (" (a git directory)" if is_git_dir(real) else " (a virtualenv)")
-        if hit := venv_code(display_path(real, self.root), venv=False):
+        if hit := venv_code(display_path(real, self.root), venv=False, top=self.root):
             return "%s (%s)" % (display_path(real, self.root), hit)
         d, child = os.path.dirname(real), os.path.basename(real)
         while _inside(d, self.root):
@@ -3051,7 +3051,7 @@ class Confinement:
                 return display_path(d, self.root) + " (a git directory)"
             if os.path.lexists(os.path.join(d, "pyvenv.cfg")) or (d, fold_name(child)) == (
                     os.path.dirname(real), "pyvenv.cfg"):  # a virtualenv, or one this change makes
-                if hit := venv_code(os.path.relpath(real, d)):
+                if hit := venv_code(os.path.relpath(real, d), top=d):
                     return "%s (%s)" % (display_path(real, self.root), hit)
             if d == self.root:
                 return None
@@ -3078,8 +3078,8 @@ class Confinement:
                 venvs += [os.path.dirname(path)] if fold_name(name) == "pyvenv.cfg" else []
         for d, entries in names.items():
             hit = is_git_dir(d, names=entries) and "a git directory" or next(filter(None, [venv_code(
-                display_path(os.path.join(d, n), self.root), venv=False) for n in entries] + [venv_code(os.path.relpath(
-                    os.path.join(d, n), v)) for v in venvs if _inside(d, v) for n in entries]), None)
+                display_path(os.path.join(d, n), self.root), venv=False, top=self.root) for n in entries] + [venv_code(
+                    os.path.relpath(os.path.join(d, n), v), top=v) for v in venvs if _inside(d, v) for n in entries]), None)
             if hit:
                 return "%s (%s)" % (display_path(d, self.root), hit)
         return None
@@ -3478,16 +3478,24 @@ def repository_runs_code(dot, root, git):
     return _git_repo_reason(dot, git, hooks=True)
 
 
-def venv_code(rel, venv=True):
+def venv_code(rel, venv=True, top=None):
     """What Python runs at every start without anyone running it, from `rel`: anywhere, sitecustomize and
-    usercustomize (a module, a compiled or native one, a package: imported from wherever the path finds it) and a
-    site directory's .pth files (an `import` line runs); with venv=True (`rel` relative to a virtualenv's top,
-    where pyvenv.cfg is) its configuration (`home` picks the standard library) and interpreter links. Or None."""
+    usercustomize (a module, a compiled or native one, a package: imported from wherever the path finds it), a
+    site directory's .pth files (an `import` line runs) and, with `top` (the directory `rel` is relative to),
+    the modules such a line names; with venv=True (`rel` relative to a virtualenv's top, where pyvenv.cfg is)
+    its configuration (`home` picks the standard library) and interpreter links. Or None."""
     parts = [fold_name(p) for p in rel.split("/")]
     if any(p.split(".")[0] in ("sitecustomize", "usercustomize") for p in parts):
         return "code every Python start runs"
     if len(parts) > 1 and parts[-1].endswith(".pth") and parts[-2] in ("site-packages", "dist-packages"):
         return "a .pth file every Python start reads"
+    site = next((i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")), None)
+    if top is not None and site is not None and site + 1 < len(parts):
+        # INFO: virtualenv's _virtualenv.pth runs `import _virtualenv`, setuptools' distutils-precedence.pth
+        # imports _distutils_hack: the .pth files were protected, the code they run was not (attack round 18a)
+        module = parts[site + 2] if parts[site + 1] == "__pycache__" and site + 2 < len(parts) else parts[site + 1]
+        if module.split(".")[0] in _pth_names(os.path.join(top, *rel.split("/")[:site + 1])):
+            return "a module a .pth file imports at every Python start"
     if venv and parts == ["pyvenv.cfg"]:
         return "a virtualenv's configuration"
     if venv and len(parts) == 2 and parts[0] in ("bin", "scripts") and parts[1].startswith(("python", "pypy")):
@@ -3527,9 +3535,45 @@ def startup_runs_code(path, root):
 DEFERRED_NAMES = ("makefile", "gnumakefile", "*.mk", "conftest.py", "package.json", ".envrc", "justfile",
                   "taskfile.yml", "noxfile.py", "tox.ini", "setup.py", "pyproject.toml", ".pre-commit-config.yaml",
                   "dockerfile", ".gitlab-ci.yml", ".travis.yml", "jenkinsfile", "azure-pipelines.yml",
-                  "bitbucket-pipelines.yml", ".gitattributes", ".gitmodules")
+                  "bitbucket-pipelines.yml", ".gitattributes", ".gitmodules",
+                  # what a build, a test run or an editor reads as code or as a program to run (round 18a)
+                  "pytest.ini", "setup.cfg", ".pylintrc", "pylintrc", ".mcp.json", ".yarnrc.yml", ".yarnrc", ".npmrc",
+                  "build.rs", "cmakelists.txt", "*.cmake", "build.gradle", "build.gradle.kts", "settings.gradle",
+                  "settings.gradle.kts", "gradlew", "mvnw", "pom.xml", "gemfile", "rakefile", "*.gemspec",
+                  "docker-compose.yml", "docker-compose.yaml", "compose.yml", "compose.yaml", ".gitpod.yml",
+                  "*.config.js", "*.config.cjs", "*.config.mjs", "*.config.ts", ".eslintrc.js", ".eslintrc.cjs",
+                  ".babelrc.js", "meson.build", "configure", "build.sh", "cargo.toml", ".drone.yml", ".woodpecker.yml")
 DEFERRED_DIRS = (".github/workflows", ".github/actions", ".circleci", ".vscode", ".devcontainer", ".husky",
-                 ".idea/runconfigurations")
+                 ".idea/runconfigurations", ".cargo", ".buildkite", ".gitea/workflows", ".forgejo/workflows",
+                 ".woodpecker", ".mvn", ".githooks")
+
+
+_pth_cache = {}  # site directory -> (its mtime, the .pth files' state, the names their import lines hold)
+
+
+def _pth_names(site):
+    """Every name in the `import` lines of a site directory's .pth files (folded), which Python runs at each
+    start: a module named there is start-up code. Read again when the directory or a .pth file changes."""
+    try:
+        mtime = os.stat(site).st_mtime_ns
+    except OSError:
+        return frozenset()
+    cached = _pth_cache.get(site)
+    if cached is not None and cached[0] == mtime and _state(cached[1]) == cached[2]:
+        return cached[3]
+    try:
+        files = sorted(e.path for e in os.scandir(site) if e.name.endswith(".pth"))[:256]
+    except OSError:
+        return frozenset()
+    names = set()
+    for path in files:
+        for line in (_read_small(path, 1 << 16) or b"").decode("utf-8", "replace").splitlines():
+            if line.startswith(("import ", "import\t")):
+                names.update(fold_name(n) for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", line))
+    if len(_pth_cache) > 64:
+        _pth_cache.clear()
+    _pth_cache[site] = (mtime, files, _state(files), frozenset(names))
+    return _pth_cache[site][3]
 
 
 def deferred_files(root, max_dirs=20000):
@@ -7816,8 +7860,8 @@ class ProtectedWatch:
                     if entry.path in self.matched or _protected_rel(rel, self.globs, self.root) == rel:
                         self._seen(entry.path, _entry_ident(entry), new)
                         self.matched.add(entry.path)
-                if venv_code(entry.path[len(self.root) + 1:], venv=False) or any(
-                        venv_code(os.path.relpath(entry.path, v)) for v in venvs):
+                if venv_code(entry.path[len(self.root) + 1:], venv=False, top=self.root) or any(
+                        venv_code(os.path.relpath(entry.path, v), top=v) for v in venvs):
                     self._seen(entry.path, _entry_ident(entry), new)
                     self.code.add(entry.path)
                 try:

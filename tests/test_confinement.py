@@ -187,12 +187,18 @@ def make_venv(root):
     (root / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (root / ".venv" / "bin").mkdir()
     os.symlink(sys.executable, str(root / ".venv" / "bin" / "python"))
-    (root / SITE / "distutils-precedence.pth").write_text("import os\n")
+    # as setuptools and virtualenv write them: the modules they import run at every start (round 18a)
+    (root / SITE / "distutils-precedence.pth").write_text(
+        "import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os.environ.get(var, 'local') == 'local'; "
+        "enabled and __import__('_distutils_hack').add_shim(); \n")
+    (root / SITE / "_virtualenv.pth").write_text("import _virtualenv\n")
+    (root / SITE / "_virtualenv.py").write_text("pass\n")
 
 
 @pytest.mark.parametrize("path", [SITE + "/evil.pth", SITE + "/sitecustomize.py", SITE + "/usercustomize/__init__.py",
                                   SITE + "/sitecustomize.cpython-312-x86_64-linux-gnu.so", ".venv/pyvenv.cfg",
-                                  SITE + "/distutils-precedence.pth", ".venv/bin/python3.12"])
+                                  SITE + "/distutils-precedence.pth", ".venv/bin/python3.12", SITE + "/_virtualenv.py",
+                                  SITE + "/_distutils_hack/__init__.py", SITE + "/__pycache__/_virtualenv.cpython-312.pyc"])
 def test_a_virtualenvs_start_up_code_is_protected_from_the_file_tools_and_the_policy(tmp_path, path):
     work = tmp_path / "work"
     work.mkdir()
@@ -202,6 +208,15 @@ def test_a_virtualenvs_start_up_code_is_protected_from_the_file_tools_and_the_po
     assert not r.success and HEADLESS in r.error, r.to_message()
     verdict = ctx.confinement.policy.judge("echo 'import os' > %s" % path)
     assert verdict.level == "deny", verdict
+
+
+def test_a_virtualenvs_other_modules_stay_writable(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    make_venv(work)
+    r = T.build_registry("write", T.ToolContext(str(work), {})).execute(
+        "write_file", {"path": SITE + "/mypkg/__init__.py", "content": "x = 1\n"})
+    assert r.success, r.to_message()
 
 
 def test_a_venv_made_elsewhere_and_copied_in_is_caught(tmp_path):
@@ -221,13 +236,15 @@ def test_a_command_cannot_plant_start_up_code_in_a_virtualenv(cli, fake):
         "echo 'import os; os.system(\"touch PWNED\")' > %s/distutils-precedence.pth; echo rc1=$?\n"
         "echo 'import os' > %s/zz.pth; echo rc2=$?\n"
         "mkdir -p %s/sitecustomize && echo x > %s/sitecustomize/__init__.py; echo rc3=$?\n"
-        "python3 -m venv --without-pip v2 && echo venv-made\n" % (SITE, SITE, SITE, SITE))
+        "echo 'import os' > %s/_virtualenv.py; echo rc4=$?\n"
+        "python3 -m venv --without-pip v2 && echo venv-made\n" % (SITE, SITE, SITE, SITE, SITE))
     cli.use(fake)
     r, [out] = run_calls(cli, fake, [tool_call("terminal", command="sh s.sh")], "--allow-dangerous", timeout=120)
     assert "rc1=0" not in out, out  # read-only
     assert out.startswith("Error: the command made ") and HEADLESS in out, out
     assert not (cli.workdir / SITE / "zz.pth").exists() and not (cli.workdir / SITE / "sitecustomize").exists()
-    assert (cli.workdir / SITE / "distutils-precedence.pth").read_text() == "import os\n"
+    assert (cli.workdir / SITE / "distutils-precedence.pth").read_text().startswith("import os; var = ")
+    assert (cli.workdir / SITE / "_virtualenv.py").read_text() == "pass\n", out
     assert (cli.workdir / "v2" / "pyvenv.cfg").exists(), out  # a new virtualenv that runs nothing is kept
 
 
@@ -240,16 +257,20 @@ def test_a_run_lists_the_files_that_run_later_that_it_changed(cli, fake):
     fake.add({"tool_calls": [tool_call("edit_file", path="Makefile", old_text="true", new_text="touch PWNED"),
                              tool_call("write_file", path="tests/conftest.py", content="import os\n"),
                              tool_call("write_file", path=".github/workflows/ci.yml", content="on: push\n"),
+                             tool_call("write_file", path="pytest.ini", content="[pytest]\naddopts = -p evil\n"),
+                             tool_call("write_file", path=".cargo/config.toml", content="[build]\n"),
+                             tool_call("write_file", path="web/vite.config.js", content="x\n"),
                              tool_call("write_file", path="README.md", content="y\n")]},
              {"content": "done"})
     r = cli.run("run", "--json", "--prompt", "x")
     assert r.returncode == 0, r.stderr
     review = json.loads(r.stdout)["review"]
-    assert review == [".github/workflows/ci.yml", "Makefile", "tests/conftest.py"], review
+    assert review == [".cargo/config.toml", ".github/workflows/ci.yml", "Makefile", "pytest.ini", "tests/conftest.py",
+                      "web/vite.config.js"], review
     assert "review them before running anything" in r.stderr and "tests/conftest.py" in r.stderr
     conversation = json.loads(r.stdout)["conversation_id"]
     shown = cli.run("history", "show", conversation)
-    assert ".github/workflows/ci.yml, Makefile, tests/conftest.py" in shown.stdout, shown.stdout
+    assert ".github/workflows/ci.yml, Makefile, pytest.ini" in shown.stdout, shown.stdout
 
 
 def test_a_run_that_changes_nothing_lists_nothing(cli, fake):
