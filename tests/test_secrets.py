@@ -49,6 +49,8 @@ TOKENS = [
 ]
 PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c2VjcmV0a2V5bWF0ZXJpYWwxMjM0NTY3ODkw\n"
        "c2Vjb25kbGluZW9mdGhla2V5bWF0ZXJpYWwxMjM0NTY3ODkwYWJj\n-----END RSA PRIVATE KEY-----")
+#: the same key as kubeconfig's client-key-data holds it (round 18a: stored whole)
+PEM64 = __import__("base64").b64encode(PEM.encode()).decode()
 
 
 def secret_part(value):
@@ -61,7 +63,7 @@ def secret_part(value):
     return value
 
 
-@pytest.mark.parametrize("family,value", TOKENS + [("pem", PEM)])
+@pytest.mark.parametrize("family,value", TOKENS + [("pem", PEM), ("pem-base64", PEM64)])
 def test_each_token_family_is_redacted(family, value):
     text = "before %s after" % value
     out = redact(text)
@@ -114,7 +116,7 @@ def db_bytes(cli):
 
 def test_token_shapes_never_reach_the_database_or_history(cli, fake):
     cli.use(fake, terminal={"default_mode": "restricted_autonomous"})
-    everything = "\n".join(v for _, v in TOKENS) + "\n" + PEM
+    everything = "\n".join(v for _, v in TOKENS) + "\n" + PEM + "\nclient-key-data: " + PEM64
     (cli.workdir / "creds.txt").write_text(everything + "\n")
     fake.add({"tool_calls": [tool_call("read_file", path="creds.txt")]},
              {"tool_calls": [tool_call("terminal", command="echo %s" % TOKENS[0][1])]},
@@ -126,7 +128,7 @@ def test_token_shapes_never_reach_the_database_or_history(cli, fake):
         + cli.run("replay", cid).stdout
     data = db_bytes(cli)
     audit = (cli.xz_home / "audit.log").read_text()
-    for family, value in TOKENS + [("pem", PEM)]:
+    for family, value in TOKENS + [("pem", PEM), ("pem-base64", PEM64[20:])]:
         part = secret_part(value)
         needle = part.split("\n")[1] if family == "pem" else part
         assert needle.encode() not in data, family
