@@ -890,6 +890,51 @@ def _www_authenticate(header):
     return out
 
 
+def _origin_path(url):
+    """(scheme, host, port, path without its trailing slash) of a URL, or None when it has a query, a fragment
+    or no host."""
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"https": 443, "http": 80}.get(parts.scheme.lower())
+    except ValueError:
+        return None
+    if not parts.hostname or parts.query or parts.fragment:
+        return None
+    return parts.scheme.lower(), parts.hostname.lower(), port, parts.path.rstrip("/")
+
+
+def covers(resource, url):
+    """Is `resource` (an RFC 9728 protected-resource identifier) the server at `url`, or a path above it on the
+    same origin? INFO: a prefix test of the text took http://127.0.0.1:3738 for the server at
+    http://127.0.0.1:37383, and https://api.example.com for https://api.example.com.evil.net (attack round 18d)."""
+    mine, theirs = _origin_path(url), _origin_path(resource)
+    if mine is None or theirs is None or mine[:3] != theirs[:3]:
+        return False
+    return mine[3] == theirs[3] or mine[3].startswith(theirs[3] + "/")
+
+
+def web_endpoint(value, what):
+    """An authorization server's endpoint as a URL a browser or this client may be sent to: https, or http on
+    the loopback interface; anything else (file:, javascript:, plain http to another host) is refused
+    (a hostile server's metadata had the browser open file:///etc/passwd, attack round 18d)."""
+    from urllib.parse import urlsplit
+    import ipaddress
+    try:
+        parts = urlsplit(str(value))
+        host = parts.hostname or ""
+    except ValueError:
+        parts, host = None, ""
+    loopback = host == "localhost"
+    try:
+        loopback = loopback or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    if parts is None or not host or not (parts.scheme == "https" or parts.scheme == "http" and loopback):
+        raise McpError("the authorization server's %s is not an https URL (%s): refused" % (what, shown(value)))
+    return str(value)
+
+
 def _well_known(url, name, insert=True):
     """RFC 8414 / 9728 well-known URLs for `url`: the suffix inserted before the path, then at the root."""
     from urllib.parse import urlsplit
@@ -1007,7 +1052,7 @@ class OAuth:
             meta = self._json(url, "protected-resource metadata")
             if meta and meta.get("authorization_servers"):
                 resource = str(meta.get("resource") or "").rstrip("/")
-                if resource and not self.config.url.rstrip("/").startswith(resource):
+                if resource and not covers(resource, self.config.url):
                     raise McpError("the protected-resource metadata is for %s, not %s: not used (RFC 9728 §3.3)"
                                    % (shown(resource), self.config.url))
                 return meta, params
@@ -1028,6 +1073,10 @@ class OAuth:
                                "§3.3)" % (shown(str(meta.get("issuer"))), issuer))
             if "S256" not in (meta.get("code_challenge_methods_supported") or ()):
                 raise McpError("the authorization server %s does not offer PKCE S256: no login" % issuer)
+            web_endpoint(issuer, "issuer")
+            for key in ("authorization_endpoint", "token_endpoint", "registration_endpoint"):
+                if key in meta or key != "registration_endpoint":
+                    web_endpoint(meta.get(key), key)
             return meta
         raise McpError("no authorization-server metadata found for %s" % issuer)
 

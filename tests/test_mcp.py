@@ -262,6 +262,32 @@ def test_oauth_refuses_metadata_naming_another_issuer(http, tmp_path):
     s.close()
 
 
+@pytest.mark.parametrize("resource, url, ok", [
+    ("http://127.0.0.1:3738", "http://127.0.0.1:37383/mcp", False),  # a prefix of the text, another origin
+    ("https://api.example.com", "https://api.example.com.evil.net/mcp", False),
+    ("https://api.example.com/mc", "https://api.example.com/mcp", False),  # not at a path boundary
+    ("http://api.example.com/mcp", "https://api.example.com/mcp", False),
+    ("https://api.example.com/mcp?x=1", "https://api.example.com/mcp", False),
+    ("https://api.example.com", "https://api.example.com/mcp", True), ("https://API.example.com:443/mcp/",
+                                                                        "https://api.example.com/mcp", True),
+    ("https://api.example.com/mcp", "https://api.example.com/mcp/v1", True)])
+def test_a_protected_resource_covers_only_its_own_origin_and_paths_below(resource, url, ok):
+    """RFC 9728 §3.3 (attack round 18d: a text prefix test took another origin for the server's own)."""
+    assert mcp.covers(resource, url) is ok
+
+
+@pytest.mark.parametrize("endpoint, ok", [
+    ("https://as.example.com/authorize", True), ("http://127.0.0.1:9/authorize", True),
+    ("http://localhost:9/a", True), ("http://[::1]:9/a", True), ("file:///etc/passwd?x", False),
+    ("javascript:alert(1)", False), ("http://as.example.com/authorize", False), ("", False), (None, False)])
+def test_an_authorization_endpoint_is_https_or_loopback(endpoint, ok):
+    if ok:
+        assert mcp.web_endpoint(endpoint, "authorization_endpoint") == endpoint
+    else:
+        with pytest.raises(mcp.McpError, match="not an https URL"):
+            mcp.web_endpoint(endpoint, "authorization_endpoint")
+
+
 # ---- stdio ----
 
 def test_stdio_cancel_sends_notifications_cancelled(tmp_path):
