@@ -67,6 +67,20 @@ def test_headless_runs_allow_only_by_rule(cli, fake):
     assert "xzatoma-run-" in env  # HOME is the sandbox's private directory, not the person's
 
 
+def test_a_credential_written_in_a_servers_env_is_redacted_wherever_the_server_echoes_it(cli, fake):
+    """Round 18d: SERVICE_TOKEN's literal value, echoed by the server, reached the model, stderr and the history."""
+    use(cli, fake, {"fake": server(allow=["env"], env={"SERVICE_TOKEN": "literalOpaqueValue0123",
+                                                       "LOG_LEVEL": "debug-verbose-1"})})
+    fake.add({"tool_calls": [{"name": "mcp__fake__env", "arguments": {"name": "SERVICE_TOKEN"}}]},
+             {"tool_calls": [{"name": "mcp__fake__env", "arguments": {"name": "LOG_LEVEL"}}]},
+             {"content": "done"})
+    r = cli.run("run", "-v", "--prompt", "read the env")
+    assert r.returncode == 0, r.stderr
+    assert tool_results(fake) == ["'[REDACTED]'", "'debug-verbose-1'"]
+    db = b"".join(p.read_bytes() for p in cli.xz_home.rglob("*") if p.is_file())
+    assert b"literalOpaqueValue0123" not in db and "literalOpaqueValue0123" not in r.stderr + r.stdout
+
+
 def test_a_stdio_server_cannot_write_outside_the_tree_or_reach_the_network_unless_configured(cli, fake, tmp_path):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
