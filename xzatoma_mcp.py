@@ -1584,10 +1584,15 @@ APPROVAL_TEXT = {"read-only": "read-only (runs; offered in planning mode)", "all
 
 
 def tool_name(server, remote, taken):
-    """mcp__SERVER__TOOL in the characters every provider accepts, at most 64, unique in `taken`."""
+    """mcp__SERVER__TOOL in the characters every provider accepts, at most 64, unique in `taken` (the server's own
+    tools named before, in its order). A server name holding the separator `__`, or ending with `_` (server `a_`
+    with tool `x` and server `a` with tool `_x`), always gets a suffix of the hash of both names, as a name cut
+    to 64 does, so no server's plain name is another's. INFO: server `a` with
+    tool `b__x` and server `a__b` with tool `x` were both mcp__a__b__x, and the plain name went to whichever server
+    started first: one name meant another server's tool from one run to the next (attack round 18d)."""
     base = "mcp__%s__%s" % (re.sub(r"[^A-Za-z0-9_-]", "_", server), re.sub(r"[^A-Za-z0-9_-]", "_", remote))
     name = base[:NAME_MAX]
-    if name != base or name in taken:
+    if name != base or "__" in server or server.endswith("_") or name in taken:
         import hashlib
         suffix = hashlib.sha256(("%s\0%s" % (server, remote)).encode()).hexdigest()[:8]
         name = base[: NAME_MAX - 9] + "_" + suffix
