@@ -1583,6 +1583,10 @@ APPROVAL_TEXT = {"read-only": "read-only (runs; offered in planning mode)", "all
                  "ask": "asks in Safe mode; refused headless"}
 
 
+#: the most tools, and bytes of their definitions (schemas, descriptions), one server offers the model
+TOOLS_PER_SERVER, TOOLS_BYTES = 128, 128 << 10
+
+
 def tool_name(server, remote, taken):
     """mcp__SERVER__TOOL in the characters every provider accepts, at most 64, unique in `taken` (the server's own
     tools named before, in its order). A server name holding the separator `__`, or ending with `_` (server `a_`
@@ -1822,11 +1826,21 @@ class Server:
             self.client.connect(deadline, probe=False)
         listed = self.client.list_tools(deadline)
         taken = set(s.names)
+        room, over = TOOLS_BYTES, []
         for spec in listed:
             remote = spec["name"]
             if (cfg.tools is not None and remote not in cfg.tools) or remote in cfg.disabled_tools:
                 self.skipped.append((remote, "not enabled in the configuration"))
                 continue
+            # INFO: 3,000 tools went into one request of 1.6M tokens for a 131k window (attack round 18d): a
+            # server's tools are offered up to TOOLS_PER_SERVER of them and TOOLS_BYTES of definitions
+            size = len(json.dumps(spec.get("inputSchema"), default=str)) + min(len(str(spec.get("description") or
+                                                                                      "")), 2048)
+            if len(self.tools) >= TOOLS_PER_SERVER or size > room:
+                over.append(remote)
+                self.skipped.append((remote, "over the tools one server may offer"))
+                continue
+            room -= size
             if transport.kind == "http":
                 try:
                     transport.tool_headers[remote] = mcp_headers(spec.get("inputSchema"))
@@ -1837,6 +1851,12 @@ class Server:
             name = tool_name(cfg.name, remote, taken)
             taken.add(name)
             self.tools.append(McpTool(self, spec, name))
+        if over:
+            s.warn("MCP server '%s' offers more tools than are offered to the model (%d, %d KB of definitions at "
+                   "most): %d left out (%s); choose the ones you need with mcp.servers.%s.tools" % (
+                       cfg.name, TOOLS_PER_SERVER, TOOLS_BYTES >> 10, len(over), ", ".join(shown(n, 40) for n in
+                                                                                            over[:5]) +
+                       (", …" if len(over) > 5 else ""), cfg.name))
         with s.lock:
             s.names.update(t.name for t in self.tools)
         if cfg.tools is not None:

@@ -47,6 +47,9 @@ TOOLS = [
     {"name": "spawn", "description": "Start a long-lived child process; return its pid.",
      "inputSchema": {"type": "object", "properties": {}}},
 ]
+#: FAKE_MCP_EXTRA_TOOLS=N: N more tools, each with a 2 KB description (a server offering too many)
+TOOLS += [{"name": "extra%d" % i, "description": "x" * 2048, "inputSchema": {"type": "object", "properties": {}}}
+          for i in range(int(os.environ.get("FAKE_MCP_EXTRA_TOOLS") or 0))]
 
 
 class Core:

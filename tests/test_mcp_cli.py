@@ -81,6 +81,19 @@ def test_a_credential_written_in_a_servers_env_is_redacted_wherever_the_server_e
     assert b"literalOpaqueValue0123" not in db and "literalOpaqueValue0123" not in r.stderr + r.stdout
 
 
+def test_a_server_offering_thousands_of_tools_offers_a_bounded_share(cli, fake):
+    """Round 18d: 3,000 tools went into one request of 6.5 MB (1.6M tokens) for a 131k window."""
+    use(cli, fake, {"fake": server(env={"FAKE_MCP_EXTRA_TOOLS": "3000"})})
+    fake.add({"content": "done"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode in (0, 3), r.stderr
+    offered_names = offered(fake, 0)
+    extra = [n for n in offered_names if n.startswith("mcp__fake__extra")]
+    assert 0 < len(extra) < 128 and "mcp__fake__echo" in offered_names
+    assert len(json.dumps(fake.model_requests()[0]["body"])) < 400000
+    assert "left out" in r.stderr and "mcp.servers.fake.tools" in r.stderr
+
+
 def test_a_stdio_server_cannot_write_outside_the_tree_or_reach_the_network_unless_configured(cli, fake, tmp_path):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
