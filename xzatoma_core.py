@@ -7990,7 +7990,18 @@ def session_skills(cfg, console, working_dir, store, asker=None):
             else " yet", ", ".join("%s (%s)" % (s.name, s.shown) for s, _ in pending[:10]),
             "it" if len(pending) == 1 else "them", "it" if len(pending) == 1 else "them",
             " ".join(s.name for s, _ in pending[:10])))
-    return [s for s, state in zip(skills, states) if state not in ("untrusted", "changed")]
+    # INFO: the person's own skill of a name an untrusted project skill takes is used, and said so: the project's
+    # silently switched it off (its narrowed allowed-tools too), for anything that can write the tree (round 18d)
+    own = {p.shadowed.name: p.shadowed for p in problems if p.shadowed is not None and p.shadowed.scope != "project"}
+    used = []
+    for skill, state in zip(skills, states):
+        if state not in ("untrusted", "changed"):
+            used.append(skill)
+        elif skill.name in own:
+            console.warn("your own skill %s (%s) is used: the project's skill of that name is not trusted"
+                         % (skill.name, own[skill.name].shown))
+            used.append(own[skill.name])
+    return used
 
 
 def ask_skill_trust(console, asker, pending):

@@ -13,6 +13,7 @@ parsed. Where skills are looked for and which a session may use (trust) is the p
 import os
 import re
 import stat
+import time
 
 from xzatoma_store import fmt_size, json_type, one_line_path
 from xzatoma_tools import (ALL_TOOLS, Jail, JailError, Tool, ToolError, ToolResult, _RegexWorker, display_path,
@@ -56,6 +57,7 @@ class SkillProblem(Exception):
     def __init__(self, path, reason, level="error"):
         super().__init__("%s: %s" % (path, reason))
         self.path, self.reason, self.level = path, reason, level
+        self.shadowed = None  #: a skill left out for one of the same name before it (used if that one is not trusted)
 
 
 class Skill:
@@ -391,8 +393,10 @@ def discover_skills(places, hidden=()):
                 problems.append(exc)
                 continue
             if skill.name in seen:
-                problems.append(SkillProblem(skill.shown, "skill %r is already defined by %s, which is used"
-                                             % (skill.name, seen[skill.name].shown), "warning"))
+                problem = SkillProblem(skill.shown, "skill %r is already defined by %s, which is used"
+                                       % (skill.name, seen[skill.name].shown), "warning")
+                problem.shadowed = skill
+                problems.append(problem)
                 continue
             seen[skill.name] = skill
             skills.append(skill)
@@ -420,6 +424,9 @@ def match_triggers(skills, text, seconds=TRIGGER_SECONDS, given_up=None):
     a set of skill names whose regexes are not tried (those given up on are added: a session pays once)."""
     matched, problems = [], []
     text = text or ""
+    # INFO: `seconds` is for all the skills of one request together: given per skill, 15 skills with a trigger
+    # that backtracks stalled a run for 30 s before its first model call (attack round 18d)
+    deadline, skipped = time.monotonic() + seconds, []
     for skill in skills:
         hit = None
         for keyword in skill.keywords():
@@ -428,9 +435,13 @@ def match_triggers(skills, text, seconds=TRIGGER_SECONDS, given_up=None):
                 break
         patterns = skill.patterns()
         if hit is None and patterns and text and skill.name not in (given_up or ()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                skipped.append(skill.name)
+                continue
             try:
                 if _bounded_search("|".join("(?:%s)" % p for p in patterns), text, re.IGNORECASE | re.MULTILINE,
-                                   seconds):
+                                   left):
                     hit = "/%s/" % patterns[0] if len(patterns) == 1 else "one of its regular expressions"
             except ToolError as exc:
                 if given_up is not None:
@@ -441,6 +452,10 @@ def match_triggers(skills, text, seconds=TRIGGER_SECONDS, given_up=None):
                     "" if given_up is None else " for the rest of this session"))
         if hit is not None:
             matched.append((skill, hit))
+    if skipped:
+        problems.append("the regular expressions of skill%s %s were not tried for this request: the triggers took "
+                        "%g s in all" % ("s" if len(skipped) > 1 else "", ", ".join(skipped[:10]) +
+                                         (", …" if len(skipped) > 10 else ""), seconds))
     return matched, problems
 
 

@@ -114,6 +114,17 @@ def test_triggers_match_whole_words_and_a_catastrophic_regex_cannot_stall(tmp_pa
     assert given_up == {"slow"} and match_triggers([slow], "a" * 40 + "!", given_up=given_up) == ([], [])
 
 
+def test_the_trigger_time_limit_is_for_all_the_skills_of_a_request_together(tmp_path):
+    """Round 18d: 2 s per skill, and 15 skills with a trigger that backtracks stalled a run for 30 s."""
+    slow = [Skill("slow%d" % i, "d", "b", "project", str(tmp_path), "s", triggers=["/^(a+)+$/"]) for i in range(8)]
+    x = Skill("x", "d", "b", "project", str(tmp_path), "s", triggers=["review"])
+    started = time.monotonic()
+    matched, problems = match_triggers(slow + [x], "a" * 40 + "!" + " review", seconds=0.5)
+    assert time.monotonic() - started < 2.5  # one budget (and the worker's start), not eight
+    assert [s.name for s, _ in matched] == ["x"]
+    assert "skill slow0" in problems[0] and "were not tried for this request" in problems[-1], problems
+
+
 def test_one_discovery_reads_a_bounded_amount_of_all_the_skills(tmp_path, monkeypatch):
     import xzatoma_skills
     monkeypatch.setattr(xzatoma_skills, "MAX_SKILLS_BYTES", 100 << 10)
@@ -275,6 +286,23 @@ def test_a_project_skill_runs_only_trusted_and_its_tools_hold(cli, fake):
     r = cli.run("run", task)
     assert "skipped 1 project skill not trusted (or changed since): x" in r.stderr
     assert "CHANGED-BODY" not in json.dumps(fake.model_requests()[-1]["body"])
+
+
+def test_an_untrusted_project_skill_does_not_switch_off_the_persons_own(cli, fake):
+    """Round 18d: a repository's untrusted skill of the same name dropped the person's own skill from the catalog
+    (its narrowed allowed-tools too), with nothing said."""
+    own = cli.tmp / "myskills"
+    skill_dir(own, where=".", text=GOOD.replace("SKILL-BODY-MARK", "MY-OWN-MARK"))
+    skill_dir(cli.workdir)
+    cli.use(fake, skills={"user_dir": str(own)})
+    fake.add({"content": "3"})
+    r = cli.run("run", "How many words are in notes.txt?")
+    assert r.returncode in (0, 3), r.stderr
+    assert "your own skill x (" in r.stderr and "the project's skill of that name is not trusted" in r.stderr
+    first = fake.model_requests()[0]["body"]
+    sent = json.dumps(first["messages"])
+    assert "MY-OWN-MARK" in sent and "SKILL-BODY-MARK" not in sent  # the person's skill, triggered
+    assert sorted(t["function"]["name"] for t in first["tools"])[:3] == ["activate_skill", "grep", "read_file"]
 
 
 def test_chat_asks_once_to_trust_and_lists_skills(chat, cli, fake):
