@@ -1890,8 +1890,13 @@ class Reply:
 RETRY_STATUSES = (408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 524, 529)
 
 
-class DeadlineExceeded(Exception):
-    """The task's wall-clock budget ran out while waiting for the model."""
+class DeadlineExceeded(XzError):
+    """The task's wall-clock budget ran out while waiting for the model. An XzError: one before the loop (a
+    probe of the server) that nobody catches is one line and exit 1, as the loop's own timeout is."""
+
+    def __init__(self, message="the run's time limit (agent.timeout_seconds) was reached while waiting for the "
+                               "model server"):
+        super().__init__(message)
 
 
 def _watchdog(resp, deadline):
@@ -2062,6 +2067,9 @@ class Provider:
         #: a threading.Event (the asking agent's cancel, set per request): once set, the request in flight is cut
         #: off within 0.25 s and none is retried
         self.interrupt = None
+        #: the run's deadline (time.monotonic()), which bounds every request, the probes before the loop included:
+        #: a server that never answered held `run --timeout 5` for 60-90 s in its probes (round 18c)
+        self.deadline = None
         self._session = None
         self._windows = {}
 
@@ -2093,6 +2101,8 @@ class Provider:
                 cutter.cancel()
 
     def _call(self, method, url, handle, body, stream, deadline, what, retries, timeout, interrupt):
+        if self.deadline is not None:
+            deadline = self.deadline if deadline is None else min(deadline, self.deadline)
         attempts = (self.max_retries if retries is None else retries) + 1
         last, attempt, refreshed = None, -1, False
         reached = False  #: an attempt got past connecting: a server refused after it went away in this request
@@ -2195,7 +2205,7 @@ class Provider:
 
     def get_json(self, url, what="request", retries=None):
         return self.call("GET", url, lambda r: r.json(), what=what, retries=retries,
-                         timeout=PROBE_TIMEOUT if retries == 0 else None)
+                         timeout=min(PROBE_TIMEOUT, self.timeout) if retries == 0 else None)
 
     def clone(self):
         """The same provider for another thread: own HTTP session, shared credentials and caches."""
@@ -2467,7 +2477,7 @@ class OllamaProvider(Provider):
     def _show(self, model):
         if model not in self._shown:
             self._shown[model] = self.call("POST", self.host + "/api/show", lambda r: r.json(), body={"model": model},
-                                           what="model details", retries=0, timeout=PROBE_TIMEOUT)
+                                           what="model details", retries=0, timeout=min(PROBE_TIMEOUT, self.timeout))
         return self._shown[model]
 
     def num_ctx(self, estimated_tokens):
@@ -5230,6 +5240,8 @@ class Session:
         self.skill_state = self.progress = None
         self.resumed = False  #: start() continued a stored conversation
         self.recorded = False  #: the conversation is being written to the store
+        #: a run's deadline, counted from its start (cmd_run): its agent keeps it, not a fresh one of its own
+        self.deadline = None
 
     # the shared parts and the link, as the session's own
     store = property(lambda self: self.shared.store)
@@ -5466,7 +5478,8 @@ class Session:
         else:
             max_turns = max_turns or cfg.get("agent.max_turns")
             timeout_seconds = timeout_seconds or cfg.get("agent.timeout_seconds")
-        deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
+        deadline = self.deadline if self.deadline is not None and not self.depth else \
+            time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
         ctx = self.ctx.with_deadline(deadline)
         events = self.events if self.sandbox_check is None else _SandboxFirst(self.events, self.sandbox_check)
         read_named = cfg.get("agent.read_named")
@@ -8907,20 +8920,46 @@ def _stdin_is_data():
     return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
-def read_piped_context(args, cap):
+def read_piped_context(args, cap, deadline=None):
     """`cat build.log | xzatoma run "Why did this fail?"`: what was piped, as a context block to put after the
     task (None when the task itself comes from stdin or nothing was piped). Capped at `cap` bytes, with a
-    note when cut. Never searched for @mentions: it is data, not the person's words."""
+    note when cut. Never searched for @mentions: it is data, not the person's words. Read until its end or
+    `deadline` (a pipe a CI runner or `ssh` leaves open without a word: an error, not a run that never starts)."""
     prompt = run_prompt(args)
     if args.plan == "-" or prompt in (None, "-") or not _stdin_is_data():
         return None
-    data = sys.stdin.buffer.read(cap + 1)
+    data = read_until(sys.stdin.buffer, cap + 1, deadline)
+    if data is None:
+        raise XzError("standard input stayed open without ending until the run's time limit (agent.timeout_seconds):"
+                      " give the command </dev/null (or ssh -n) when nothing is piped in")
     if not data:
         return None
     text = data[:cap].decode("utf-8", "replace")
     note = "\n[standard input cut at %d bytes (agent.mentions.max_file_size); the rest was not read]" % cap \
         if len(data) > cap else ""
     return "[Content of standard input]\n%s%s\n[End of standard input]" % (text.rstrip("\n"), note)
+
+
+def read_until(stream, size, deadline):
+    """Up to `size` bytes of `stream` (to its end), or None when `deadline` (time.monotonic()) comes first."""
+    import select
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    if deadline is None or fd is None:
+        return stream.read(size)
+    chunks, got = [], 0
+    while got < size:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, min(size - got, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 def find_resume_target(cfg, console, args):
@@ -9155,6 +9194,9 @@ def _build_run(sub, common, fmt):
 
 
 def cmd_run(args, console):
+    # INFO: the time limit counts from here: what comes before the loop (the task piped in, the server's
+    # probes, an @url: mention) held `run --timeout 5` for 20-90 s against a silent server or stdin (round 18c)
+    started = time.monotonic()
     extra = {}
     if args.max_turns is not None:
         extra["agent.max_turns"] = args.max_turns
@@ -9165,18 +9207,23 @@ def cmd_run(args, console):
     resume = args.resume or args.last or None
     instruction, kind, title, source, steps = read_instruction(
         args, console, default="Continue the task from where it stopped." if resume else None)
-    piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"))
+    piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"),
+                               started + cfg.get("agent.timeout_seconds"))
     if resume:  # this directory's conversation, with its provider, model and mode unless given again
         resume, stored = find_resume_target(cfg, console, args)
         cfg = restored_config(args, console, cfg, stored, _sandbox_config(args, extra))
         args.mode = args.mode or (stored.get("mode") if stored.get("mode") in ("write", "planning") else None)
     args.mode = args.mode or "write"
+    deadline = started + cfg.get("agent.timeout_seconds")
     # nobody can be asked in run: confirm-level commands are refused unless --allow-dangerous
     full = args.allow_dangerous or cfg.get("agent.terminal.default_mode") == xzatoma_tools.FULL
     events = run_events(console, fmt)
+    provider = make_provider(cfg, console)
+    provider.deadline = deadline
     session = Session.open(cfg, console, args.mode, args.working_dir,
                            xzatoma_tools.FULL if full else xzatoma_tools.RESTRICTED, events=events,
-                           metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile)
+                           metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile, provider=provider)
+    session.deadline = deadline
     try:
         session.start(kind, resume=resume, title=title, source=source, steps=steps)
         sandbox_note = None
@@ -9185,7 +9232,8 @@ def cmd_run(args, console):
         console.info("xzatoma %s · %s · %s · conversation %s%s%s" % (
             kind, session.provider.name, session.provider.model, session.id, " (resumed)" if resume else "",
             " · " + sandbox_note if sandbox_note else ""), "dim")
-        session.conversation.add_user(prepare_task(cfg, console, session.ctx, instruction, piped))
+        session.conversation.add_user(prepare_task(cfg, console, session.ctx.with_deadline(deadline), instruction,
+                                                   piped))
         if fmt == "stream-json":
             events.emit("start", conversation_id=session.id, kind=kind, provider=session.provider.name,
                         model=session.provider.model, mode=args.mode, working_dir=session.ctx.root,

@@ -950,3 +950,45 @@ def test_unknown_flags_show_the_subcommand_usage_and_a_guess(cli, argv, prog, hi
     assert hint in r.stderr.splitlines()[-1]
     if argv == ["rnu"]:
         assert "did you mean 'run'?" in r.stderr
+
+
+# ---- the time limit counts from the start ----
+# Round 18c: before the loop, nothing was bounded by --timeout: the server's probes against a server that never
+# answers (60-90 s for `run --timeout 5`), a stdin pipe left open without a word (CI runners, ssh without -n).
+
+@pytest.mark.parametrize("provider", ["ollama", "openai"])
+def test_a_silent_model_server_cannot_hold_a_run_past_its_time_limit(cli, fake, provider):
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts (the kernel's backlog) and never answers
+    try:
+        url = "http://127.0.0.1:%d" % silent.getsockname()[1]
+        cli.use(fake, provider=provider)
+        cli.write_config({"provider": {"type": provider, "max_retries": 1, "request_timeout_seconds": 30,
+                                       "ollama": {"host": url, "model": "llama3.2:3b"},
+                                       "openai": {"base_url": url + "/v1", "model": "gpt-test"}}})
+        started = time.monotonic()
+        r = cli.run("run", "--timeout", "3", "hello", timeout=60)
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    assert took < 15, took
+    assert "timed out after 3s (agent.timeout_seconds)" in r.stderr or "time limit" in r.stderr, r.stderr
+
+
+def test_a_stdin_left_open_without_a_word_ends_at_the_time_limit(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "hi"})
+    proc = subprocess.Popen(cli.command("run", "--timeout", "2", "hello"), env=cli.env, cwd=str(cli.workdir),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.wait(timeout=30)  # stdin stays open (communicate() would close it)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    finally:
+        proc.stdin.close()
+    out, err = proc.stdout.read(), proc.stderr.read()
+    assert proc.returncode == 1 and out == "", err
+    assert "</dev/null" in err and len(err.strip().splitlines()) == 1, err
