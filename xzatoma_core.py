@@ -3732,7 +3732,7 @@ class StreamedText(Events):
 
     def partial(self):
         """What a reply cut short (Ctrl-C) had said, without its thinking, or "" when no reply was cut."""
-        return strip_think("".join(self.raw))[0].strip() if self.raw else ""
+        return _partial(self.raw)
 
     def tool_start(self, name, preview):
         self.spinner.stop()
@@ -3775,17 +3775,36 @@ def _display_rows(text, columns):
     return rows
 
 
+def _partial(raw):
+    """What the deltas of a reply cut short said, without its thinking ("" when none came)."""
+    return strip_think("".join(raw))[0].strip() if raw else ""
+
+
 class RunEvents(Events):
     """`run`'s progress on stderr (a spinner with the elapsed time on a terminal); the model's interim words
-    (a reply that asks for tools) dimmed. The answer itself is printed at the end (emit_result)."""
+    (a reply that asks for tools) dimmed. The answer itself is printed at the end (emit_result); what a reply
+    cut short had said is kept for the conversation (`partial()`), as on a terminal."""
 
     def __init__(self, console):
         super().__init__(console)
         self.spinner = Spinner(console)
         self.answered = False  #: the answer was streamed to the terminal already (StreamedRunEvents)
+        #: the current reply's text as it comes, until the loop has it whole: a piped run stopped by Ctrl-C or
+        #: its time limit stored nothing of it, and answered "" (round 18c)
+        self.raw = []
 
     def waiting(self):
+        self.raw = []
         self.spinner.start("waiting for the model")
+
+    def delta(self, text):
+        self.raw.append(text)
+
+    def retrying(self):
+        self.raw = []
+
+    def partial(self):
+        return _partial(self.raw)
 
     def replied(self):
         self.spinner.stop()
@@ -3794,6 +3813,7 @@ class RunEvents(Events):
         self.spinner.stop()
 
     def message(self, content, tool_calls):
+        self.raw = []  # whole now: the conversation holds it
         if tool_calls and content.strip() and not self.console.quiet:
             self.console.info(content.strip(), "dim")
 
@@ -9112,11 +9132,19 @@ def context_tokens(session):
 
 
 def keep_partial(session, events):
-    """A reply Ctrl-C cut short: what it had streamed stays on the screen, so it joins the conversation too
-    (the model's next turn and `history show` see what the person saw), marked as cut."""
-    partial = events.partial() if isinstance(events, StreamedText) else ""
-    if partial and session.result.status == "interrupted":
-        session.conversation.add_assistant(partial + "\n\n" + CUT_SHORT)
+    """A reply Ctrl-C, SIGTERM or the time limit cut short: what it had said joins the conversation (the model's
+    next turn and `history show` see it), marked as cut; on a terminal it stays on the screen, elsewhere it is
+    the result's (partial) answer."""
+    partial = events.partial() if hasattr(events, "partial") else ""
+    result = session.result
+    if not partial or result.status not in ("interrupted", "timeout"):
+        return
+    marker = CUT_SHORT if result.exit_code == EXIT_INTERRUPTED else \
+        "[cut short: the run's time limit was reached while this reply was arriving]" if result.status == "timeout" \
+        else "[cut short: the run was terminated while this reply was arriving]"
+    session.conversation.add_assistant(partial + "\n\n" + marker)
+    if not isinstance(events, StreamedText) and not result.answer:
+        result.answer = partial
 
 
 CUT_SHORT = "[cut short: the user pressed Ctrl-C while this reply was arriving]"

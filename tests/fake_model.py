@@ -42,6 +42,7 @@ class FakeModel:
     def __init__(self, models=None):
         self.script = []
         self.requests = []
+        self.chunks = 0  #: pieces of streamed replies sent (a test waits for some to have gone out)
         self.models = models if models is not None else {
             "llama3.2:3b": {"context_length": 131072},
             "qwen3": {"context_length": 32768},
@@ -231,6 +232,7 @@ def _make_handler(fake):
                 data = data.encode()
             self.wfile.write(data if fake.close_delimited else b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
+            fake.chunks += 1
 
         def _end_stream(self):
             if not fake.close_delimited:

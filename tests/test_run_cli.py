@@ -702,6 +702,27 @@ def test_ctrl_c_in_run_keeps_what_was_streamed(cli, fake):
     assert last["role"] == "assistant" and last["content"].startswith("One two") and "cut short" in last["content"]
 
 
+def test_a_piped_or_json_run_cut_short_keeps_what_was_said(cli, fake):
+    """Round 18c: on a terminal the words of a reply cut short were kept; piped (Ctrl-C) or with --json and its
+    time limit, nothing was, and --json answered ""."""
+    cli.use(fake)
+    words = "One two three four five six seven eight nine ten eleven twelve thirteen fourteen."
+    fake.add({"content": words, "chunk_delay": 0.3})
+    proc = cli.popen("run", "count")
+    assert wait_for(lambda: fake.chunks >= 3, timeout=30)  # "One two three" went out
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and out == "", err
+    fake.add({"content": words, "chunk_delay": 0.3})
+    r = cli.run("run", "--json", "--timeout", "2", "count")
+    assert r.returncode == 1
+    result = json.loads(r.stdout)
+    assert result["status"] == "timeout" and result["answer"].startswith("One two"), result
+    for conv, why in zip(json.loads(cli.run("history", "list", "--json").stdout)[:2], ("time limit", "Ctrl-C")):
+        last = json.loads(cli.run("history", "show", conv["id"], "--json").stdout)["messages"][-1]
+        assert last["role"] == "assistant" and last["content"].startswith("One two") and why in last["content"]
+
+
 def test_an_answer_that_did_not_stream_is_shown_in_chat_and_run(cli, fake):
     import subprocess
     cli.use(fake, provider="openai")
