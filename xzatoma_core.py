@@ -9682,13 +9682,79 @@ def main(argv=None):
         sys.stdout.write("xzatoma %s\n" % __version__)
         return EXIT_OK
     _startup_begins()
+    saved = sys.stdout, sys.stderr
     try:
         return _main(argv)
     finally:
         startup_over(freeze=False)  # a command that never got to work (history, config …), called in-process
+        sys.stdout, sys.stderr = saved
+
+
+class GuardedOutput:
+    """Standard output that a reader gone (`| head -c 10`) or a full disk (`--json > result.json`) cannot turn
+    into a crash: the first failed write is kept in `error`, the descriptor is pointed at /dev/null (so the
+    interpreter's last flush fails no more: it exited 120 with Python's own messages), and the rest is dropped
+    while the run goes on to its end and its record (round 18c: a completed task exited 1, history said
+    "killed or crashed")."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.error = None  #: the OSError of the first write that failed, or None
+
+    def write(self, text):
+        if self.error is None:
+            try:
+                return self._stream.write(text)
+            except (OSError, ValueError) as exc:
+                self._failed(exc)
+        return len(text)
+
+    def flush(self):
+        if self.error is None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError) as exc:
+                self._failed(exc)
+
+    def _failed(self, exc):
+        self.error = exc
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _guard_streams():
+    """A closed stdout or stderr (`2>&-`: sys.stderr is None) is /dev/null, and stdout is a GuardedOutput."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")
+    if not isinstance(sys.stdout, GuardedOutput):
+        sys.stdout = GuardedOutput(sys.stdout)
+    return sys.stdout
+
+
+def _output_lost(out, console, code):
+    """The exit code once stdout failed: a reader that stopped reading is its choice (the task's own code, a note);
+    a write that failed otherwise (a full disk) lost the answer, which is a failure, said in one line."""
+    out.flush()  # what waits in the buffer is written now, through the guard, not at the interpreter's exit
+    if out.error is None:
+        return code
+    if isinstance(out.error, BrokenPipeError):
+        console.info("standard output was closed by its reader; the rest of the output was dropped", "dim")
+        return code
+    console.error("cannot write standard output: %s" % (getattr(out.error, "strerror", None) or out.error))
+    return code if code not in (EXIT_OK, EXIT_UNVERIFIED) else EXIT_FAILED
 
 
 def _main(argv):
+    out = _guard_streams()
     argv = route(argv, _isatty(sys.stdin))
     parser = build_parser(argv)
     options, text = split_text(parser, argv)
@@ -9700,12 +9766,12 @@ def _main(argv):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        code = args.func(args, console)
+        code = _output_lost(out, console, args.func(args, console))
         _exit_now_if_threads_linger(code)
         return code
     except XzError as exc:
         console.error(str(exc))
-        return exc.exit_code
+        return _output_lost(out, console, exc.exit_code)
     except KeyboardInterrupt:
         console.error("interrupted")
         return EXIT_INTERRUPTED

@@ -1013,3 +1013,46 @@ def test_a_stdin_left_open_without_a_word_ends_at_the_time_limit(cli, fake):
     out, err = proc.stdout.read(), proc.stderr.read()
     assert proc.returncode == 1 and out == "", err
     assert "</dev/null" in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---- standard output and error that fail ----
+# Round 18c: a full disk under `--json > result.json` exited 120 with Python's own messages; a reader that stopped
+# reading (`| head -c 10`) made a completed task exit 1 and, streaming, a history of "killed or crashed"; with
+# stderr closed (2>&-) the answer was lost.
+
+def test_a_full_disk_on_stdout_is_one_line_and_exit_1(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "the answer"})
+    for args in (("run", "--json", "hi"), ("history", "list")):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(cli.command(*args), env=cli.env, cwd=str(cli.workdir), stdout=full,
+                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert "cannot write standard output: No space left on device" in r.stderr
+        assert "Exception ignored" not in r.stderr and "internal error" not in r.stderr and "Traceback" not in r.stderr
+    conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
+    assert conv["status"] == "completed"  # the run itself did its work, and it is recorded
+
+
+@pytest.mark.parametrize("fmt", ["text", "stream-json"])
+def test_a_reader_that_stops_reading_leaves_the_task_its_own_exit_code(cli, fake, fmt):
+    cli.use(fake)
+    fake.add({"content": "".join("w%d " % (i * 7919 % 100003) for i in range(30000))})  # more than a pipe holds
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    proc = subprocess.Popen(cli.command("run", "--output-format", fmt, "hi"), env=cli.env, cwd=str(cli.workdir),
+                            stdout=write, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    os.close(write)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "internal error" not in err and "Traceback" not in err
+    conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
+    assert conv["status"] == "completed", conv
+
+
+def test_a_closed_stderr_loses_no_answer(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "the answer"})
+    r = subprocess.run(cli.command("run", "hi"), env=cli.env, cwd=str(cli.workdir), capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=60, preexec_fn=lambda: os.close(2))
+    assert (r.returncode, r.stdout) == (0, "the answer\n")
