@@ -46,12 +46,14 @@ __version__ = "0.1.0"
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 EXIT_UNVERIFIED = 3
+EXIT_HANGUP = 129  #: 128 + SIGHUP: the terminal or ssh session closed under a run
 
 EXIT_CODES_HELP = """exit codes:
   0    completed
   1    the task failed (provider error after retries, max turns, timeout)
   2    bad usage, configuration, plan, or missing credentials
   3    unverified: the model answered without using any tool on a task that needed one
+  129  hung up (SIGHUP: the terminal or ssh session closed)
   130  interrupted (Ctrl-C)
   143  terminated (SIGTERM)"""
 
@@ -4217,7 +4219,8 @@ class Agent:
                 raise Interrupted("interrupted (Ctrl-C)")
             except Terminated as exc:
                 caught = exc
-                raise Interrupted("terminated (%s)" % (exc.args[0] if exc.args else "SIGTERM"), EXIT_TERMINATED)
+                name = exc.args[0] if exc.args else "SIGTERM"
+                raise Interrupted("terminated (%s)" % name, EXIT_HANGUP if name == "SIGHUP" else EXIT_TERMINATED)
             result.status = outcome
             result.exit_code = EXIT_UNVERIFIED if outcome == "unverified" else EXIT_OK
         except RunStop as stop:
@@ -9552,8 +9555,8 @@ COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_hi
 #          chat: the turn ends "turn cancelled" and the Session's cancel event is renewed for the next;
 #          between turns the REPL counts Ctrl-C (twice within a second leaves).
 #          Before or after the loop (start-up, reading a plan), main() prints "interrupted", exit 130.
-# SIGTERM  sigterm_raises(), around a run's agent, makes SIGTERM raise Terminated in the main thread:
-#          a BaseException that takes exactly the path of KeyboardInterrupt and ends with exit 143.
+# SIGTERM  sigterm_raises(), around a run's agent, makes SIGTERM (and SIGHUP) raise Terminated in the main
+#          thread: a BaseException that takes exactly the path of KeyboardInterrupt and ends with exit 143 (129).
 #          chat: leave_on_signals, for SIGTERM and SIGHUP (its terminal closed): the turn ends as with Ctrl-C,
 #          then chat leaves as /exit does (recorded, sandbox closed), exit 128 + the signal.
 #          Elsewhere (start-up) SIGTERM keeps its default action.
@@ -9602,23 +9605,29 @@ class leave_on_signals:
 
 
 class sigterm_raises:
-    """`with sigterm_raises():` SIGTERM raises Terminated in the main thread (a no-op in other threads)."""
+    """`with sigterm_raises():` SIGTERM, and SIGHUP (the ssh session or terminal closed), raise Terminated in the
+    main thread (a no-op in other threads). INFO: SIGHUP kept its default action in run: the process died with
+    no record of its end and its private temp directory left behind (round 18c)."""
 
     def __enter__(self):
         import signal
 
         def handler(signum, frame):
-            raise Terminated()
-        try:
-            self.previous = signal.signal(signal.SIGTERM, handler)
-        except (ValueError, OSError):  # not the main thread
-            self.previous = None
+            raise Terminated("SIGHUP" if signum == getattr(signal, "SIGHUP", None) else "SIGTERM")
+        self.previous = {}
+        for name in ("SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)
+            try:
+                if sig is not None:
+                    self.previous[sig] = signal.signal(sig, handler)
+            except (ValueError, OSError):  # not the main thread
+                pass
         return self
 
     def __exit__(self, kind, exc, tb):
-        if self.previous is not None:
-            import signal
-            signal.signal(signal.SIGTERM, self.previous)
+        import signal
+        for sig, previous in self.previous.items():
+            signal.signal(sig, previous)
         return False
 
 

@@ -442,8 +442,10 @@ def test_working_dir_is_the_jail(cli, fake, tmp_path):
     assert r.returncode == 2 and "working directory does not exist" in r.stderr
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signals_end_the_run_cleanly(cli, fake, sig, code):
+    """SIGHUP (the ssh session closed) kept its default action: no record of the end, the temp directory left
+    (round 18c)."""
     cli.use(fake)
     fake.add({"tool_calls": [tool_call("list_directory")]}, {"hang": 30})
     proc = cli.popen("run", "--json", "--prompt", "x")
