@@ -9113,10 +9113,12 @@ def output_format(args):
 
 
 def run_events(console, fmt):
-    """stream-json: JSON lines on stdout; text on a terminal: the answer streams; else progress only."""
+    """stream-json: JSON lines on stdout; text on a terminal (stdout and stderr both): the answer streams; else
+    progress only. INFO: with stderr redirected (`2>run.log`) a streamed reply that then asked for tools was left
+    on stdout, and its words never reached the log (round 18c)."""
     if fmt == "stream-json":
         return StreamJsonEvents(console)
-    if fmt == "text" and _isatty(sys.stdout):
+    if fmt == "text" and _isatty(sys.stdout) and _isatty(sys.stderr):
         return StreamedRunEvents(console, sys.stdout)
     return RunEvents(console)
 

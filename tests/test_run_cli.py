@@ -1058,3 +1058,30 @@ def test_a_closed_stderr_loses_no_answer(cli, fake):
     r = subprocess.run(cli.command("run", "hi"), env=cli.env, cwd=str(cli.workdir), capture_output=True, text=True,
                        stdin=subprocess.DEVNULL, timeout=60, preexec_fn=lambda: os.close(2))
     assert (r.returncode, r.stdout) == (0, "the answer\n")
+
+
+def test_with_stderr_redirected_the_words_between_tool_calls_reach_its_log(cli, fake, tmp_path):
+    """Round 18c: `run "…" 2>run.log` on a terminal streamed a reply that then asked for tools onto stdout."""
+    import pty as ptymod
+    cli.use(fake)
+    fake.add({"content": "INTERIM words before a tool", "tool_calls": [tool_call("list_directory")]},
+             {"content": "FINAL answer"})
+    master, slave = ptymod.openpty()
+    log = tmp_path / "run.log"
+    with open(log, "w") as errf:
+        proc = subprocess.Popen(cli.command("run", "look"), env=dict(cli.env, TERM="xterm"), cwd=str(cli.workdir),
+                                stdin=subprocess.DEVNULL, stdout=slave, stderr=errf)
+        os.close(slave)
+        out = b""
+        while True:  # read until the child closes its end (EIO on Linux)
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            out += data
+        assert proc.wait(timeout=30) == 0
+    os.close(master)
+    assert b"FINAL answer" in out and b"INTERIM" not in out, out
+    assert "INTERIM words before a tool" in log.read_text()
