@@ -7583,7 +7583,8 @@ class ChatSession:
         finally:
             if readline is not None:
                 save_chat_history(readline, self.history_file)
-            self.finish()
+            # a chat SIGTERM or SIGHUP ended is recorded so, not as one the person left (round 18c: "completed")
+            self.finish("interrupted" if signals.signum else "completed")
         if self.failed_turns and not self.interactive:  # a script piping turns in learns that one failed
             return EXIT_FAILED
         return EXIT_OK
@@ -7605,8 +7606,8 @@ class ChatSession:
                                  "that large" % "{:,}".format(MAX_TASK_CHARS))
         return done.getvalue() + last
 
-    def finish(self):
-        recorded = self.session.finish()
+    def finish(self, status="completed"):
+        recorded = self.session.finish(status)
         show_review(self.console, self.session.result.review)
         if recorded:
             import shlex

@@ -386,7 +386,9 @@ def test_a_closed_terminal_or_sigterm_ends_chat_as_exit_does(chat, fake, cli):
     assert p.proc.wait(20) == 128 + signal.SIGHUP
     assert group_gone(int((cli.workdir / "pgid").read_text())) and os.listdir(cli.tmpdir) == []
     conv = json.loads(cli.run("history", "list", "--json").stdout)[0]
-    assert conv["status"] == "completed" and conv["error"] == "terminated (SIGHUP)"  # recorded, not reaped
+    # recorded, not reaped; as what ended it (round 18c: "completed", and the cut reply said "the user pressed Ctrl-C")
+    assert conv["status"] == "interrupted" and conv["error"] == "terminated (SIGHUP)"
+    assert "pressed Ctrl-C" not in cli.run("history", "show", conv["id"]).stdout
 
     p = chat()  # the reply the cut turn never asked for answers this one
     p.expect(PROMPT % ("PLANNING", "SAFE"))
@@ -398,7 +400,7 @@ def test_a_closed_terminal_or_sigterm_ends_chat_as_exit_does(chat, fake, cli):
     assert p.wait() == 128 + signal.SIGTERM
     p.expect("Resume this conversation with")  # left as /exit leaves
     assert os.listdir(cli.tmpdir) == []
-    assert json.loads(cli.run("history", "list", "--json").stdout)[0]["status"] == "completed"
+    assert json.loads(cli.run("history", "list", "--json").stdout)[0]["status"] == "interrupted"
 
 
 # ---- what a person sees and keeps: edited commands, history, long commands ----
