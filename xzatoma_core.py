@@ -7041,7 +7041,7 @@ class Asker:
                     except (ImportError, AttributeError):
                         readline = None
                 try:
-                    return input(question)
+                    return prompt_input(question)
                 except EOFError:
                     return None
                 finally:
@@ -7562,7 +7562,7 @@ class ChatSession:
                                              self.console.clean(line) + "\n")
                             sys.stdout.flush()
                     else:
-                        line = input(self.prompt()) if self.interactive else stdin_line()
+                        line = prompt_input(self.prompt()) if self.interactive else stdin_line()
                         if not self.interactive and line == "":
                             break
                         line = self.continued(line)
@@ -7596,7 +7596,7 @@ class ChatSession:
         done, last, size = io.StringIO(), line.rstrip("\n"), len(line)  # a list of short lines cost 20x (16d)
         while last.endswith("\\") and not last.endswith("\\\\"):
             last = last[:-1]
-            more = input("... ") if self.interactive else stdin_line()
+            more = prompt_input("... ") if self.interactive else stdin_line()
             if not self.interactive and more == "":
                 break
             done.write(last + "\n")
@@ -9053,6 +9053,17 @@ def read_plan_file(path, limit, what, unit="characters"):
         raise UsageError("plan file not found: %s" % path)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError("cannot read plan file %s: %s" % (path, getattr(exc, "strerror", None) or exc))
+
+
+def prompt_input(prompt):
+    """input(prompt); with stdout not the terminal (`chat > answers.txt`), the prompt goes to the terminal on
+    stderr: input() wrote it into the file, and the person never saw the prompt or a question's choices (round
+    18c). Python's line editing needs stdout on the terminal too, so there is none then."""
+    if _isatty(sys.stdout) or not _isatty(sys.stderr):
+        return input(prompt)
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    return input("")
 
 
 def stdin_line():

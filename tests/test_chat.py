@@ -666,3 +666,46 @@ def test_a_failed_turn_s_error_does_not_stay_on_the_turns_after_it(cli, fake):
     assert session.result.error and "400" in session.result.error
     session.turn("second")
     assert session.result.error is None
+
+
+def test_with_stdout_in_a_file_the_prompt_and_questions_stay_on_the_terminal(cli, fake, tmp_path):
+    """Round 18c: `chat > answers.txt` wrote the prompt and the [y]es/[n]o choices into the file; the person at the
+    terminal saw neither."""
+    import os
+    import pty as ptymod
+    import select
+    import subprocess
+    import time
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="touch marker")]}, {"content": "not run, fine"})
+    master, slave = ptymod.openpty()
+    answers = tmp_path / "answers.txt"
+    seen = b""
+
+    def read_until(needle, timeout=20, count=1):
+        nonlocal seen
+        end = time.monotonic() + timeout
+        while seen.count(needle) < count and time.monotonic() < end:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:
+                    break
+        return seen.count(needle) >= count
+    with open(answers, "wb") as out:
+        proc = subprocess.Popen(cli.command("chat", "--mode", "write"), env=dict(cli.env, TERM="xterm"),
+                                cwd=str(cli.workdir), stdin=slave, stdout=out, stderr=slave, start_new_session=True)
+        os.close(slave)
+        try:
+            assert read_until(b">> "), seen
+            os.write(master, b"make the marker\r")
+            assert read_until(b"[e]dit"), seen
+            os.write(master, b"n\r")
+            assert read_until(b">> ", count=2), seen  # the next prompt: the turn is over
+            os.write(master, b"\x04")
+            assert proc.wait(timeout=20) == 0
+        finally:
+            proc.kill()
+            os.close(master)
+    text = answers.read_text()
+    assert ">> " not in text and "[e]dit" not in text, text
