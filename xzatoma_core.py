@@ -8763,6 +8763,11 @@ def _command_index(argv):
 TEXT_COMMANDS = {"run": "task", "chat": "message"}
 
 
+#: a subcommand's own word, typed as a command (round 18c: `xzatoma login` was a write-mode task for the model)
+SUBCOMMAND_HOMES = {"login": "auth login", "logout": "auth logout", "status": "auth status", "signin": "auth login",
+                    "list": "history list", "show": "history show"}
+
+
 def route(argv, stdin_is_terminal):
     """argv as the parser reads it. Bare `xzatoma` on a terminal is `xzatoma chat`; `xzatoma "text"` (a first
     word that is no command) is `xzatoma chat "text"` on a terminal, `xzatoma run "text"` otherwise (a
@@ -8784,6 +8789,9 @@ def route(argv, stdin_is_terminal):
     if len(words) == 1 and " " not in word and difflib.get_close_matches(word, list(COMMAND_BUILDERS), n=1,
                                                                           cutoff=0.6):
         return argv  # argparse says: invalid choice 'chta'; did you mean 'chat'?
+    if len(words) == 1 and word.lower() in SUBCOMMAND_HOMES:  # `xzatoma login` went to a model as its task
+        raise UsageError("'%s' is not a command: did you mean 'xzatoma %s'? (a one-word task: xzatoma run -- %s)"
+                         % (word, SUBCOMMAND_HOMES[word.lower()], word))
     head = [t for t in argv[:index] if t != "--"]
     return head + ["chat" if stdin_is_terminal else "run", "--"] + words
 
@@ -9778,7 +9786,11 @@ def _output_lost(out, console, code):
 
 def _main(argv):
     out = _guard_streams()
-    argv = route(argv, _isatty(sys.stdin))
+    try:
+        argv = route(argv, _isatty(sys.stdin))
+    except UsageError as exc:
+        Console().error(str(exc))
+        return exc.exit_code
     parser = build_parser(argv)
     options, text = split_text(parser, argv)
     args = parser.parse_args(options)

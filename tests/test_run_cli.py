@@ -760,6 +760,10 @@ def test_run_takes_every_word_after_its_options_as_the_task(cli, fake):
     assert person_messages(fake.model_requests()[3])[-1]["content"] == "summarise the notes, briefly"
     r = cli.run("chta")
     assert r.returncode == 2 and "did you mean 'chat'?" in r.stderr and len(fake.model_requests()) == 4
+    # a subcommand's own word (round 18c: `xzatoma login` went to a write-mode model as its task)
+    r = cli.run("login")
+    assert (r.returncode, r.stdout) == (2, "") and "did you mean 'xzatoma auth login'?" in r.stderr
+    assert len(fake.model_requests()) == 4
 
 
 # ---- run takes input the usual ways; live events ----
