@@ -7948,10 +7948,13 @@ def find_skills(cfg, working_dir):
 
 
 def skill_trust(store, skill):
-    """'trusted', 'changed' (since it was trusted) or 'untrusted' for a project skill; 'user' for the person's
-    own. Without a store nothing can have been trusted."""
+    """'trusted', 'changed' (since it was trusted) or 'untrusted' for a project skill, or 'untrustable' where no
+    digest covers it (skill.untrustable says why: a link out of the project, a folder over the bounds); 'user'
+    for the person's own. Without a store nothing can have been trusted."""
     if skill.scope != "project":
         return "user"
+    if skill.untrustable or not skill.digest:
+        return "untrustable"
     if store is None:
         return "untrusted"
     try:
@@ -7972,6 +7975,10 @@ def session_skills(cfg, console, working_dir, store, asker=None):
         if problem.level == "error":
             console.warn("skill %s is not used: %s (see xzatoma skills validate)" % (problem.path, problem.reason))
     states = [skill_trust(store, s) for s in skills]
+    for skill, state in zip(skills, states):
+        if state == "untrustable":
+            console.warn("skill %s (%s) is not used: it cannot be trusted: %s" % (
+                skill.name, skill.shown, skill.untrustable or "it has no digest"))
     pending = [(s, state) for s, state in zip(skills, states) if state in ("untrusted", "changed")]
     if pending and asker is not None and ask_skill_trust(console, asker, pending):
         if store is None:
@@ -7990,7 +7997,7 @@ def session_skills(cfg, console, working_dir, store, asker=None):
             else " yet", ", ".join("%s (%s)" % (s.name, s.shown) for s, _ in pending[:10]),
             "it" if len(pending) == 1 else "them", "it" if len(pending) == 1 else "them",
             " ".join(s.name for s, _ in pending[:10])))
-    return [s for s, state in zip(skills, states) if state not in ("untrusted", "changed")]
+    return [s for s, state in zip(skills, states) if state not in ("untrusted", "changed", "untrustable")]
 
 
 def ask_skill_trust(console, asker, pending):
@@ -8066,22 +8073,27 @@ def cmd_skills(args, console):
     try:
         if action == "list":
             rows = [{"name": s.name, "description": s.description, "scope": s.scope, "trust": skill_trust(store, s),
-                     "path": s.shown, "triggers": s.triggers, "allowed_tools": sorted(s.allowed_tools)
-                     if s.allowed_tools is not None else None, "files": s.resources} for s in skills]
+                     "trust_problem": s.untrustable, "path": s.shown, "triggers": s.triggers,
+                     "allowed_tools": sorted(s.allowed_tools) if s.allowed_tools is not None else None,
+                     "files": s.resources} for s in skills]
             if args.json:
                 json_out({"skills": rows, "problems": [{"path": p.path, "reason": p.reason, "level": p.level}
                                                        for p in problems]})
                 return EXIT_OK
             if rows:
                 width = max([len(r["name"]) for r in rows] + [4])
-                out.write("%-*s  %-7s  %-9s  %-8s  %s\n" % (width, "NAME", "SCOPE", "TRUST", "TRIGGERS", "DESCRIPTION"))
+                out.write("%-*s  %-7s  %-11s  %-8s  %s\n" % (width, "NAME", "SCOPE", "TRUST", "TRIGGERS",
+                                                             "DESCRIPTION"))
                 for r in rows:
-                    out.write("%-*s  %-7s  %-9s  %-8d  %s\n" % (width, r["name"], r["scope"], r["trust"].replace(
+                    out.write("%-*s  %-7s  %-11s  %-8d  %s\n" % (width, r["name"], r["scope"], r["trust"].replace(
                         "user", "-"), len(r["triggers"]), one_line(r["description"], 80)))
             elif not problems:
                 console.info("no skills here (looked in %s)" % ", ".join(p[3] for p in skill_places(cfg, root)))
             for p in problems:
                 console.warn("%s %s: %s" % ("invalid skill" if p.level == "error" else "skill", p.path, p.reason))
+            for r in rows:
+                if r["trust"] == "untrustable":
+                    console.warn("skill %s cannot be trusted: %s" % (r["name"], r["trust_problem"]))
             return EXIT_OK
         if action in ("show", "trust", "untrust"):
             names = [args.name] if action == "show" else args.names
@@ -8101,10 +8113,14 @@ def cmd_skills(args, console):
                     " (see xzatoma skills list)"))
             if action == "show":
                 return _show_skill(out, by_name[args.name], skill_trust(store, by_name[args.name]))
+            refused = 0
             for name in names:
                 skill = by_name[name]
                 if skill.scope != "project":
                     console.info("%s is your own skill (%s): it needs no trust" % (name, skill.shown))
+                elif action == "trust" and skill_trust(store, skill) == "untrustable":
+                    console.error("skill %s (%s) cannot be trusted: %s" % (name, skill.shown, skill.untrustable))
+                    refused += 1
                 elif action == "trust":
                     store.trust_file(skill.directory, SKILL_TRUST, skill.digest)
                     console.info("trusted skill %s (%s); a change to its folder needs trust again" % (name, skill.shown))
@@ -8112,6 +8128,7 @@ def cmd_skills(args, console):
                     console.info("skill %s is no longer trusted" % name)
                 else:
                     console.info("skill %s was not trusted" % name)
+            return EXIT_FAILED if refused else EXIT_OK
         return EXIT_OK
     finally:
         if store is not None:
@@ -8121,10 +8138,11 @@ def cmd_skills(args, console):
 def _show_skill(out, skill, trust):
     rows = [("name", skill.name), ("description", skill.description),
             ("scope", skill.scope + ("" if trust == "user" else " (%s)" % trust)), ("path", skill.shown),
+            ("trust", "cannot be trusted: %s" % skill.untrustable if skill.untrustable else None),
             ("triggers", ", ".join(skill.triggers) or "-"),
             ("allowed-tools", "-" if skill.allowed_tools is None else ", ".join(sorted(skill.allowed_tools)) or
              "(none)"), ("files", ", ".join(skill.resources) or "-")]
-    rows += [("warning", w) for w in skill.warnings]
+    rows = [(k, v) for k, v in rows if v is not None] + [("warning", w) for w in skill.warnings]
     out.write("".join("%-14s %s\n" % (k + ":", v) for k, v in rows) + "\n" + (skill.body or "(no instructions)")
               + "\n")
     return EXIT_OK
