@@ -267,11 +267,12 @@ def one_line(text, width=100):
 class Key:
     """One configuration key, all that loading, checking, `config show`, `config init` and the README's table
     know of it. The type is the default's unless given (a key whose default is None names the type it takes
-    when set); None is accepted where the default is None or `nullable` says so."""
+    when set); None is accepted where the default is None or `nullable` says so. A `path` key names a file or
+    directory: written relative in a config file, it is taken from that file's directory (load_config)."""
 
-    __slots__ = ("name", "default", "doc", "type", "choices", "bounds", "nullable")
+    __slots__ = ("name", "default", "doc", "type", "choices", "bounds", "nullable", "path")
 
-    def __init__(self, name, default, doc, type=None, choices=None, bounds=None, nullable=None):
+    def __init__(self, name, default, doc, type=None, choices=None, bounds=None, nullable=None, path=False):
         self.name = name  #: dotted: agent.terminal.timeout_seconds
         self.default = default  #: the value when no file, environment variable or flag gives one
         self.doc = doc  #: what it is for, in a line: the template's comment and the README's table
@@ -279,6 +280,7 @@ class Key:
         self.choices = choices  #: the values it may take, or None
         self.bounds = bounds  #: (low, high), inclusive, None for open; or None
         self.nullable = default is None if nullable is None else nullable  #: None is a value
+        self.path = path  #: a file or directory: relative in a config file means beside that file
 
 
 #: what each provider may send with a request (None: the server's default); provider.<type>.<key>
@@ -421,11 +423,11 @@ KEYS = (
         "them off)", bounds=(0, None)),
     Key("agent.skills.enabled", True, "offer skills to the model (false: none is offered)"),
     Key("agent.skills.user_dir", None, "your own skills, used in every project (default: skills/ beside the default "
-        "config file, ~/.config/xzatoma/skills)", str),
+        "config file, ~/.config/xzatoma/skills)", str, path=True),
     Key("agent.skills.catalog_share", 0.02, "share of the context window the skills' names and descriptions may take",
         bounds=(0.0, 0.2)),
     Key("agent.persistence.enabled", True, "store conversations (false: no history, resume or undo records)"),
-    Key("agent.persistence.db_path", None, "defaults to $XZATOMA_HOME/conversations.db", str),
+    Key("agent.persistence.db_path", None, "defaults to $XZATOMA_HOME/conversations.db", str, path=True),
     Key("watcher.enabled", False, _RUST_ONLY + " (`xzatoma watch` is what starts a watcher)"),
     Key("watcher.kafka.bootstrap_servers", "localhost:9092", "the brokers, host:port[,…] (--brokers)"),
     Key("watcher.kafka.topic", "xzepr.events", "the topic plans come on (--topic)"),
@@ -439,9 +441,10 @@ KEYS = (
         choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")),
     Key("watcher.kafka.username", None, "SASL user name (or KAFKA_USERNAME)", str),
     Key("watcher.kafka.password", None, "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)", str),
-    Key("watcher.kafka.ssl_cafile", None, "CA certificates the brokers' are checked against (PEM)", str),
-    Key("watcher.kafka.ssl_certfile", None, "the client's certificate (PEM), for brokers that ask for one", str),
-    Key("watcher.kafka.ssl_keyfile", None, "the client certificate's private key (PEM)", str),
+    Key("watcher.kafka.ssl_cafile", None, "CA certificates the brokers' are checked against (PEM)", str, path=True),
+    Key("watcher.kafka.ssl_certfile", None, "the client's certificate (PEM), for brokers that ask for one", str,
+        path=True),
+    Key("watcher.kafka.ssl_keyfile", None, "the client certificate's private key (PEM)", str, path=True),
     Key("watcher.kafka.session_timeout_ms", 45000, "a watcher silent this long loses its partitions to the group",
         bounds=(1000, 3600000)),
     Key("watcher.kafka.max_poll_interval_ms", 300000, "longest a watcher may go between polls before the group "
@@ -462,7 +465,8 @@ KEYS = (
         str),
     Key("watcher.format", "auto", "auto | xzepr | cloudevents | plan: how messages are read (--format)",
         choices=("auto", "xzepr", "cloudevents", "plan")),
-    Key("watcher.working_dir", None, "the jail of every plan (default: the current directory; --working-dir)", str),
+    Key("watcher.working_dir", None, "the jail of every plan (default: the current directory; --working-dir)", str,
+        path=True),
     Key("watcher.mode", "write", "the tool set of event runs: write | planning (--mode)",
         choices=("write", "planning")),
     Key("watcher.max_concurrent", 1, "plans running at once (--max-concurrent)", bounds=(1, 256)),
@@ -476,7 +480,7 @@ KEYS = (
         "times is set aside: a failed or rejected result, a dead-letter copy, and the commit", bounds=(1, 100)),
     Key("watcher.claim_lease_seconds", 60, "a watcher that died holding an event id keeps it this long from "
         "watchers of other hosts sharing the store (one of this host takes it over at once)", bounds=(5, None)),
-    Key("watcher.log_file", None, "the decision log goes here instead of stderr (--log-file)", str),
+    Key("watcher.log_file", None, "the decision log goes here instead of stderr (--log-file)", str, path=True),
     Key("watcher.metrics_host", "127.0.0.1", "the address --metrics-port listens on: 0.0.0.0 (or this host's) for a "
         "Prometheus on another machine (--metrics-host)"),
     Key("xzepr.enabled", False, _RUST_ONLY + " (xzepr.api_url turns the posts on)"),
@@ -561,7 +565,12 @@ def _closest(name, candidates):
 
 
 def default_config_path(env):
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    """$XDG_CONFIG_HOME/xzatoma/config.yaml, else ~/.config/xzatoma/config.yaml. A relative XDG_CONFIG_HOME is
+    ignored, as the XDG spec says: taken from the current directory, a project's folder would be the person's
+    configuration."""
+    base = env.get("XDG_CONFIG_HOME")
+    if not base or not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".config")
     return os.path.join(base, "xzatoma", "config.yaml")
 
 
@@ -575,7 +584,10 @@ def private_home(path):
 
 
 def xzatoma_home(env):
-    return env.get("XZATOMA_HOME") or os.path.join(os.path.expanduser("~"), ".xzatoma")
+    """$XZATOMA_HOME (a relative one from the current directory, as a shell means it, made absolute once at
+    start), else ~/.xzatoma."""
+    home = env.get("XZATOMA_HOME")
+    return os.path.abspath(os.path.expanduser(home)) if home else os.path.join(os.path.expanduser("~"), ".xzatoma")
 
 
 def normalize_ollama_host(value):
@@ -746,7 +758,11 @@ def load_config(flags=None, env=None, config_path=None):
                 continue
             if isinstance(value, str) and dotted.startswith(("watcher.", "xzepr.")):
                 value = _expand_env(value, env, dotted, warnings)
-            _set(values, dotted, _coerce(dotted, value, path))
+            value = _coerce(dotted, value, path)
+            if KEY[dotted].path and value:  # beside the file that says it, never where xzatoma happens to start
+                value = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(path)),
+                                                     os.path.expanduser(value)))
+            _set(values, dotted, value)
             sources[dotted] = "file"
 
     for var, dotted in ENV_KEYS:
@@ -880,7 +896,8 @@ def render_config_table():
     rows = ["| key | default | takes | meaning |", "| --- | --- | --- | --- |"]
     for key in KEYS:
         default = "unset" if key.default is None else "`%s`" % json.dumps(key.default).replace(__version__, "VERSION")
-        takes = " \\| ".join("`%s`" % c for c in key.choices) if key.choices else names[key.type]
+        takes = " \\| ".join("`%s`" % c for c in key.choices) if key.choices else \
+            "path" if key.path else names[key.type]
         low, high = key.bounds or (None, None)
         if low is not None:
             takes += ", %s to %s" % (low, high) if high is not None else ", at least %s" % low
