@@ -8007,7 +8007,7 @@ def session_skills(cfg, console, working_dir, store, asker=None):
                 except Exception as exc:
                     console.warn("cannot record the trust (%s): it holds for this session only" % one_line(exc, 120),
                                  once_key="skill-trust")
-        return skills
+        return [s for s, state in zip(skills, states) if state != "untrustable"]
     if pending:
         console.warn("skipped %s not trusted%s: %s; read %s, then trust %s with 'xzatoma skills trust %s'" % (
             _plural(len(pending), "project skill"), " (or changed since)" if any(st == "changed" for _, st in pending)

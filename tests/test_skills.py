@@ -458,3 +458,25 @@ def test_cli_trust_ends_with_a_change_anywhere_in_the_folder_and_a_link_out_cann
     assert r.returncode == 0, r.stderr
     assert "skill lint (.agents/skills/lint/SKILL.md) is not used: it cannot be trusted: " + why in r.stderr
     assert "activated" not in r.stderr and "SKILL-BODY-MARK" not in json.dumps(fake.model_requests()[-1]["body"])
+
+
+def test_chat_does_not_ask_to_trust_what_cannot_be_trusted_and_says_why(chat, cli, fake):
+    skill_dir(cli.workdir)
+    d = skill_dir(cli.workdir, "lint", GOOD.replace("name: x", "name: lint").replace("wordcount", "lintnow"))
+    outside = cli.tmp / "elsewhere.sh"
+    outside.write_text("echo hi\n")
+    os.symlink(outside, d / "hook.sh")
+    p = chat()
+    p.expect(r"skill lint \(\.agents/skills/lint/SKILL\.md\) is not used: it cannot be trusted: "
+             r"\.agents/skills/lint/hook\.sh links outside the project")
+    p.expect(r"This project has 1 skill not trusted yet")
+    p.expect(r"x — Count the words of text files")
+    p.expect(r"Trust it\? .*\[y/N\] > ")
+    p.line("y")
+    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+    p.line("/skills")
+    p.expect(r"lint\s+project\s+skipped: untrustable")
+    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+    p.eof()
+    assert p.wait() == 0
+    assert "lint —" not in p.seen
