@@ -269,11 +269,12 @@ def one_line(text, width=100):
 class Key:
     """One configuration key, all that loading, checking, `config show`, `config init` and the README's table
     know of it. The type is the default's unless given (a key whose default is None names the type it takes
-    when set); None is accepted where the default is None or `nullable` says so."""
+    when set); None is accepted where the default is None or `nullable` says so. A `path` key names a file or
+    directory: written relative in a config file, it is taken from that file's directory (load_config)."""
 
-    __slots__ = ("name", "default", "doc", "type", "choices", "bounds", "nullable")
+    __slots__ = ("name", "default", "doc", "type", "choices", "bounds", "nullable", "path")
 
-    def __init__(self, name, default, doc, type=None, choices=None, bounds=None, nullable=None):
+    def __init__(self, name, default, doc, type=None, choices=None, bounds=None, nullable=None, path=False):
         self.name = name  #: dotted: agent.terminal.timeout_seconds
         self.default = default  #: the value when no file, environment variable or flag gives one
         self.doc = doc  #: what it is for, in a line: the template's comment and the README's table
@@ -281,6 +282,7 @@ class Key:
         self.choices = choices  #: the values it may take, or None
         self.bounds = bounds  #: (low, high), inclusive, None for open; or None
         self.nullable = default is None if nullable is None else nullable  #: None is a value
+        self.path = path  #: a file or directory: relative in a config file means beside that file
 
 
 #: what each provider may send with a request (None: the server's default); provider.<type>.<key>
@@ -423,11 +425,11 @@ KEYS = (
         "them off)", bounds=(0, None)),
     Key("agent.skills.enabled", True, "offer skills to the model (false: none is offered)"),
     Key("agent.skills.user_dir", None, "your own skills, used in every project (default: skills/ beside the default "
-        "config file, ~/.config/xzatoma/skills)", str),
+        "config file, ~/.config/xzatoma/skills)", str, path=True),
     Key("agent.skills.catalog_share", 0.02, "share of the context window the skills' names and descriptions may take",
         bounds=(0.0, 0.2)),
     Key("agent.persistence.enabled", True, "store conversations (false: no history, resume or undo records)"),
-    Key("agent.persistence.db_path", None, "defaults to $XZATOMA_HOME/conversations.db", str),
+    Key("agent.persistence.db_path", None, "defaults to $XZATOMA_HOME/conversations.db", str, path=True),
     Key("watcher.enabled", False, _RUST_ONLY + " (`xzatoma watch` is what starts a watcher)"),
     Key("watcher.kafka.bootstrap_servers", "localhost:9092", "the brokers, host:port[,…] (--brokers)"),
     Key("watcher.kafka.topic", "xzepr.events", "the topic plans come on (--topic)"),
@@ -441,9 +443,10 @@ KEYS = (
         choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")),
     Key("watcher.kafka.username", None, "SASL user name (or KAFKA_USERNAME)", str),
     Key("watcher.kafka.password", None, "SASL password (or KAFKA_PASSWORD; KAFKA_USERNAME for the username)", str),
-    Key("watcher.kafka.ssl_cafile", None, "CA certificates the brokers' are checked against (PEM)", str),
-    Key("watcher.kafka.ssl_certfile", None, "the client's certificate (PEM), for brokers that ask for one", str),
-    Key("watcher.kafka.ssl_keyfile", None, "the client certificate's private key (PEM)", str),
+    Key("watcher.kafka.ssl_cafile", None, "CA certificates the brokers' are checked against (PEM)", str, path=True),
+    Key("watcher.kafka.ssl_certfile", None, "the client's certificate (PEM), for brokers that ask for one", str,
+        path=True),
+    Key("watcher.kafka.ssl_keyfile", None, "the client certificate's private key (PEM)", str, path=True),
     Key("watcher.kafka.session_timeout_ms", 45000, "a watcher silent this long loses its partitions to the group",
         bounds=(1000, 3600000)),
     Key("watcher.kafka.max_poll_interval_ms", 300000, "longest a watcher may go between polls before the group "
@@ -464,7 +467,8 @@ KEYS = (
         str),
     Key("watcher.format", "auto", "auto | xzepr | cloudevents | plan: how messages are read (--format)",
         choices=("auto", "xzepr", "cloudevents", "plan")),
-    Key("watcher.working_dir", None, "the jail of every plan (default: the current directory; --working-dir)", str),
+    Key("watcher.working_dir", None, "the jail of every plan (default: the current directory; --working-dir)", str,
+        path=True),
     Key("watcher.mode", "write", "the tool set of event runs: write | planning (--mode)",
         choices=("write", "planning")),
     Key("watcher.max_concurrent", 1, "plans running at once (--max-concurrent)", bounds=(1, 256)),
@@ -478,7 +482,7 @@ KEYS = (
         "times is set aside: a failed or rejected result, a dead-letter copy, and the commit", bounds=(1, 100)),
     Key("watcher.claim_lease_seconds", 60, "a watcher that died holding an event id keeps it this long from "
         "watchers of other hosts sharing the store (one of this host takes it over at once)", bounds=(5, None)),
-    Key("watcher.log_file", None, "the decision log goes here instead of stderr (--log-file)", str),
+    Key("watcher.log_file", None, "the decision log goes here instead of stderr (--log-file)", str, path=True),
     Key("watcher.metrics_host", "127.0.0.1", "the address --metrics-port listens on: 0.0.0.0 (or this host's) for a "
         "Prometheus on another machine (--metrics-host)"),
     Key("xzepr.enabled", False, _RUST_ONLY + " (xzepr.api_url turns the posts on)"),
@@ -563,7 +567,12 @@ def _closest(name, candidates):
 
 
 def default_config_path(env):
-    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    """$XDG_CONFIG_HOME/xzatoma/config.yaml, else ~/.config/xzatoma/config.yaml. A relative XDG_CONFIG_HOME is
+    ignored, as the XDG spec says: taken from the current directory, a project's folder would be the person's
+    configuration."""
+    base = env.get("XDG_CONFIG_HOME")
+    if not base or not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".config")
     return os.path.join(base, "xzatoma", "config.yaml")
 
 
@@ -577,7 +586,10 @@ def private_home(path):
 
 
 def xzatoma_home(env):
-    return env.get("XZATOMA_HOME") or os.path.join(os.path.expanduser("~"), ".xzatoma")
+    """$XZATOMA_HOME (a relative one from the current directory, as a shell means it, made absolute once at
+    start), else ~/.xzatoma."""
+    home = env.get("XZATOMA_HOME")
+    return os.path.abspath(os.path.expanduser(home)) if home else os.path.join(os.path.expanduser("~"), ".xzatoma")
 
 
 def normalize_ollama_host(value):
@@ -748,7 +760,11 @@ def load_config(flags=None, env=None, config_path=None):
                 continue
             if isinstance(value, str) and dotted.startswith(("watcher.", "xzepr.")):
                 value = _expand_env(value, env, dotted, warnings)
-            _set(values, dotted, _coerce(dotted, value, path))
+            value = _coerce(dotted, value, path)
+            if KEY[dotted].path and value:  # beside the file that says it, never where xzatoma happens to start
+                value = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(path)),
+                                                     os.path.expanduser(value)))
+            _set(values, dotted, value)
             sources[dotted] = "file"
 
     for var, dotted in ENV_KEYS:
@@ -882,7 +898,8 @@ def render_config_table():
     rows = ["| key | default | takes | meaning |", "| --- | --- | --- | --- |"]
     for key in KEYS:
         default = "unset" if key.default is None else "`%s`" % json.dumps(key.default).replace(__version__, "VERSION")
-        takes = " \\| ".join("`%s`" % c for c in key.choices) if key.choices else names[key.type]
+        takes = " \\| ".join("`%s`" % c for c in key.choices) if key.choices else \
+            "path" if key.path else names[key.type]
         low, high = key.bounds or (None, None)
         if low is not None:
             takes += ", %s to %s" % (low, high) if high is not None else ", at least %s" % low
@@ -7985,10 +8002,13 @@ def find_skills(cfg, working_dir):
 
 
 def skill_trust(store, skill):
-    """'trusted', 'changed' (since it was trusted) or 'untrusted' for a project skill; 'user' for the person's
-    own. Without a store nothing can have been trusted."""
+    """'trusted', 'changed' (since it was trusted) or 'untrusted' for a project skill, or 'untrustable' where no
+    digest covers it (skill.untrustable says why: a link out of the project, a folder over the bounds); 'user'
+    for the person's own. Without a store nothing can have been trusted."""
     if skill.scope != "project":
         return "user"
+    if skill.untrustable or not skill.digest:
+        return "untrustable"
     if store is None:
         return "untrusted"
     try:
@@ -8009,6 +8029,10 @@ def session_skills(cfg, console, working_dir, store, asker=None):
         if problem.level == "error":
             console.warn("skill %s is not used: %s (see xzatoma skills validate)" % (problem.path, problem.reason))
     states = [skill_trust(store, s) for s in skills]
+    for skill, state in zip(skills, states):
+        if state == "untrustable":
+            console.warn("skill %s (%s) is not used: it cannot be trusted: %s" % (
+                skill.name, skill.shown, skill.untrustable or "it has no digest"))
     pending = [(s, state) for s, state in zip(skills, states) if state in ("untrusted", "changed")]
     if pending and asker is not None and ask_skill_trust(console, asker, pending):
         if store is None:
@@ -8020,7 +8044,7 @@ def session_skills(cfg, console, working_dir, store, asker=None):
                 except Exception as exc:
                     console.warn("cannot record the trust (%s): it holds for this session only" % one_line(exc, 120),
                                  once_key="skill-trust")
-        return skills
+        return [s for s, state in zip(skills, states) if state != "untrustable"]
     if pending:
         console.warn("skipped %s not trusted%s: %s; read %s, then trust %s with 'xzatoma skills trust %s'" % (
             _plural(len(pending), "project skill"), " (or changed since)" if any(st == "changed" for _, st in pending)
@@ -8032,7 +8056,7 @@ def session_skills(cfg, console, working_dir, store, asker=None):
     own = {p.shadowed.name: p.shadowed for p in problems if p.shadowed is not None and p.shadowed.scope != "project"}
     used = []
     for skill, state in zip(skills, states):
-        if state not in ("untrusted", "changed"):
+        if state not in ("untrusted", "changed", "untrustable"):
             used.append(skill)
         elif skill.name in own:
             console.warn("your own skill %s (%s) is used: the project's skill of that name is not trusted"
@@ -8114,22 +8138,27 @@ def cmd_skills(args, console):
     try:
         if action == "list":
             rows = [{"name": s.name, "description": s.description, "scope": s.scope, "trust": skill_trust(store, s),
-                     "path": s.shown, "triggers": s.triggers, "allowed_tools": sorted(s.allowed_tools)
-                     if s.allowed_tools is not None else None, "files": s.resources} for s in skills]
+                     "trust_problem": s.untrustable, "path": s.shown, "triggers": s.triggers,
+                     "allowed_tools": sorted(s.allowed_tools) if s.allowed_tools is not None else None,
+                     "files": s.resources} for s in skills]
             if args.json:
                 json_out({"skills": rows, "problems": [{"path": p.path, "reason": p.reason, "level": p.level}
                                                        for p in problems]})
                 return EXIT_OK
             if rows:
                 width = max([len(r["name"]) for r in rows] + [4])
-                out.write("%-*s  %-7s  %-9s  %-8s  %s\n" % (width, "NAME", "SCOPE", "TRUST", "TRIGGERS", "DESCRIPTION"))
+                out.write("%-*s  %-7s  %-11s  %-8s  %s\n" % (width, "NAME", "SCOPE", "TRUST", "TRIGGERS",
+                                                             "DESCRIPTION"))
                 for r in rows:
-                    out.write("%-*s  %-7s  %-9s  %-8d  %s\n" % (width, r["name"], r["scope"], r["trust"].replace(
+                    out.write("%-*s  %-7s  %-11s  %-8d  %s\n" % (width, r["name"], r["scope"], r["trust"].replace(
                         "user", "-"), len(r["triggers"]), one_line(r["description"], 80)))
             elif not problems:
                 console.info("no skills here (looked in %s)" % ", ".join(p[3] for p in skill_places(cfg, root)))
             for p in problems:
                 console.warn("%s %s: %s" % ("invalid skill" if p.level == "error" else "skill", p.path, p.reason))
+            for r in rows:
+                if r["trust"] == "untrustable":
+                    console.warn("skill %s cannot be trusted: %s" % (r["name"], r["trust_problem"]))
             return EXIT_OK
         if action in ("show", "trust", "untrust"):
             names = [args.name] if action == "show" else args.names
@@ -8149,10 +8178,14 @@ def cmd_skills(args, console):
                     " (see xzatoma skills list)"))
             if action == "show":
                 return _show_skill(out, by_name[args.name], skill_trust(store, by_name[args.name]))
+            refused = 0
             for name in names:
                 skill = by_name[name]
                 if skill.scope != "project":
                     console.info("%s is your own skill (%s): it needs no trust" % (name, skill.shown))
+                elif action == "trust" and skill_trust(store, skill) == "untrustable":
+                    console.error("skill %s (%s) cannot be trusted: %s" % (name, skill.shown, skill.untrustable))
+                    refused += 1
                 elif action == "trust":
                     store.trust_file(skill.directory, SKILL_TRUST, skill.digest)
                     console.info("trusted skill %s (%s); a change to its folder needs trust again" % (name, skill.shown))
@@ -8160,6 +8193,7 @@ def cmd_skills(args, console):
                     console.info("skill %s is no longer trusted" % name)
                 else:
                     console.info("skill %s was not trusted" % name)
+            return EXIT_FAILED if refused else EXIT_OK
         return EXIT_OK
     finally:
         if store is not None:
@@ -8169,10 +8203,11 @@ def cmd_skills(args, console):
 def _show_skill(out, skill, trust):
     rows = [("name", skill.name), ("description", skill.description),
             ("scope", skill.scope + ("" if trust == "user" else " (%s)" % trust)), ("path", skill.shown),
+            ("trust", "cannot be trusted: %s" % skill.untrustable if skill.untrustable else None),
             ("triggers", ", ".join(skill.triggers) or "-"),
             ("allowed-tools", "-" if skill.allowed_tools is None else ", ".join(sorted(skill.allowed_tools)) or
              "(none)"), ("files", ", ".join(skill.resources) or "-")]
-    rows += [("warning", w) for w in skill.warnings]
+    rows = [(k, v) for k, v in rows if v is not None] + [("warning", w) for w in skill.warnings]
     out.write("".join("%-14s %s\n" % (k + ":", v) for k, v in rows) + "\n" + (skill.body or "(no instructions)")
               + "\n")
     return EXIT_OK

