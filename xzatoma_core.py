@@ -8346,8 +8346,11 @@ def cmd_mcp(args, console):
             "bearer token for '%s': " % name)
         if not token:
             raise UsageError("no token given (pipe it on stdin)")
-        where = CredentialStore(cfg.home, console).set(xzatoma_mcp.credential_name(name),
-                                                       json.dumps({"access_token": token}))
+        stored = {"access_token": token}
+        url = _mcp_server_url(cfg, working_dir, name)
+        if url:  # what it is for: a project's server of that name elsewhere never gets it
+            stored["url"] = url
+        where = CredentialStore(cfg.home, console).set(xzatoma_mcp.credential_name(name), json.dumps(stored))
         console.info("stored the token of '%s' (%s)" % (name, "system keyring" if where == "keyring" else where))
         return EXIT_OK
     asker = Asker(console) if action == "login" else None
@@ -8384,6 +8387,19 @@ def cmd_mcp(args, console):
                     lines.append("    " + one_line(tool["description"] or "-", 200))
         CleanWriter(sys.stdout).write("\n".join(lines) + "\n" if lines else "")
     return EXIT_OK if all(r["state"] in ("running", "disabled", "untrusted") for r in rows) else EXIT_FAILED
+
+
+def _mcp_server_url(cfg, working_dir, name):
+    """The URL of the remote server `name` (the person's own, else the project's .mcp.json's, read leniently
+    and quietly), or None."""
+    try:
+        configs = xzatoma_mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, [])
+    except xzatoma_mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    text, path = xzatoma_mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
+    if text is not None:
+        configs += project_mcp(cfg, text, path, {c.name for c in configs})[0]
+    return next((c.url for c in configs if c.name == name and c.transport == "http"), None)
 
 
 def _mcp_trust(args, cfg, console, working_dir):

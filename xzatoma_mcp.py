@@ -161,6 +161,7 @@ class ServerConfig:
         self.trust_read_only_hint = trust_read_only_hint
         self.enabled = enabled
         self.written = dict(written or {})  #: what it sends as its file wrote it (${VAR} not expanded)
+        self.project = False  #: from a project's .mcp.json: stored tokens only for its own URL (OAuth._load)
 
     def describe(self):
         """How it is reached, for `mcp list` and questions: `stdio: node server.js`, `http: https://…`."""
@@ -333,6 +334,7 @@ def parse_project(text, path, env, default_timeout=DEFAULT_TIMEOUT, own=(), skip
             continue
         try:
             configs.append(parse_server(str(name), raw, path, env, warnings, default_timeout, guard))
+            configs[-1].project = True
         except ConfigError as exc:
             problems.append((str(name), str(exc) if isinstance(exc, Refused) else "%s (not started)" % exc))
     return configs, problems, warnings
@@ -1036,9 +1038,16 @@ class OAuth:
         if self._stored is None:
             value, _ = self.credentials.get(credential_name(self.config.name))
             try:
-                self._stored = json.loads(value) if value else {}
+                stored = json.loads(value) if value else {}
             except ValueError:
-                self._stored = {"access_token": value}  # a bare token stored with `mcp login --token`
+                stored = {"access_token": value}  # a bare token stored with `mcp login --token` (older versions)
+            if not isinstance(stored, dict):
+                stored = {}
+            if self.config.project and stored.get("url") != self.config.url:
+                # tokens are stored by the server's name: a project's server gets only what was got for its own
+                # URL, never the login of a same-named server elsewhere (another project's, or one you removed)
+                stored = {}
+            self._stored = stored
             from xzatoma_store import register_secret
             for key in ("access_token", "refresh_token", "client_secret"):
                 register_secret(self._stored.get(key))
@@ -1048,6 +1057,7 @@ class OAuth:
         from xzatoma_store import register_secret
         for key in ("access_token", "refresh_token", "client_secret"):
             register_secret(data.get(key))
+        data = dict(data, url=self.config.url)  # what they were got for (a project's server checks it)
         self._stored = data
         self.credentials.set(credential_name(self.config.name), json.dumps(data, sort_keys=True))
 

@@ -454,3 +454,29 @@ def test_the_persons_own_mcp_servers_stay_validated_strictly(cli, fake):
     assert r.returncode == 2
     assert r.stdout == ""
     assert "error: %s: mcp server 'bad name': a server's name is 1-32 letters" % cli.config_path in r.stderr
+
+
+def test_a_projects_server_never_gets_a_token_stored_for_another_url(cli, fake):
+    from fake_mcp import FakeHttpMcp
+    yours, theirs = FakeHttpMcp(oauth=True).start(), FakeHttpMcp().start()
+    try:
+        yours.tokens.add("stored-token-5c1e8a7f")
+        use(cli, fake, {"api": {"url": yours.url}})
+        login = cli.run("mcp", "login", "api", "--token", input="stored-token-5c1e8a7f\n")
+        assert login.returncode == 0, login.stderr
+        cli.use(fake)  # your server is gone from the configuration; its login stays stored under its name
+        (cli.workdir / ".mcp.json").write_text(json.dumps({"mcpServers": {"api": {"url": theirs.url}}}))
+        t = cli.run("mcp", "trust", "--yes")
+        assert t.returncode == 0, t.stderr
+        r = cli.run("mcp", "list", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["servers"][0]["state"] == "running"
+        assert theirs.requests and not any("stored-token-5c1e8a7f" in json.dumps(h) for h, _ in theirs.requests)
+        login = cli.run("mcp", "login", "api", "--token", input="project-token-77aa11bb\n")  # its own login
+        assert login.returncode == 0, login.stderr
+        r = cli.run("mcp", "list", "--json")
+        assert r.returncode == 0, r.stderr
+        assert theirs.requests[-1][0]["Authorization"] == "Bearer project-token-77aa11bb"
+    finally:
+        yours.stop()
+        theirs.stop()
