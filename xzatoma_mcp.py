@@ -164,10 +164,12 @@ class ServerConfig:
         self.project = False  #: from a project's .mcp.json: stored tokens only for its own URL (OAuth._load)
 
     def describe(self):
-        """How it is reached, for `mcp list` and questions: `stdio: node server.js`, `http: https://…`."""
+        """How it is reached, for `mcp list` and questions: `stdio: node server.js`, `http: https://…` (a newline,
+        CR or tab in it shown as \\n: a line of its own could pass for another server or an answer)."""
+        from xzatoma_store import one_line_path
         if self.transport == "stdio":
-            return "stdio: " + " ".join([self.command] + self.args)
-        return "http: " + self.url
+            return one_line_path("stdio: " + " ".join([self.command] + self.args))
+        return one_line_path("http: " + self.url)
 
     def written_lines(self):
         """Everything this server would be given, as its file wrote it (${VAR} as written, not its value), for

@@ -379,6 +379,9 @@ def test_trusting_a_projects_mcp_json_shows_everything_its_servers_would_get_as_
     assert "warning: %s: mcp server 'creds' not started: bearer_token_env names DOCS_TOKEN, a credential by its " \
            "name" % (cli.workdir / ".mcp.json") in lines[7]
     assert "eu-west-1" not in t.stderr and "\x1b" not in t.stderr
+    l = cli.run("mcp", "list", env=env)  # a newline in an argument is no line of its own there either
+    assert "tool  failed  stdio: %s %s tool two words eu-west-1 line\\nfake: stdio: rm -rf /\n" % (
+        sys.executable, srv_py) in l.stdout, l.stdout
     (cli.workdir / ".mcp.json").write_text((cli.workdir / ".mcp.json").read_text() + " ")  # changed: asked again
     p = pty(cli, "mcp", "trust")
     p.expect(r"  docs: http: 'https://docs\.example/mcp\?r=\$\{REGION\}'\r?\n +header: X-Region: \$\{REGION\}")
