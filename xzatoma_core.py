@@ -5576,45 +5576,87 @@ def mcp_configured(cfg, working_dir):
 
 
 def mcp_configs(cfg, console, working_dir, asker=None, trust_all=False):
-    """([ServerConfig] to start, [(name, why)] of a project's servers that are not trusted). A project's
+    """([ServerConfig] to start, [(name, why[, state])] of a project's servers not started). A project's
     .mcp.json starts programs: its servers are used once a person trusted that content of it (asked here when
-    `asker` can; a headless run skips them and says so)."""
+    `asker` can, showing everything they would be given and what is wrong in it; a headless run skips them and
+    says so). Only the person's own mcp.servers is validated strictly (exit 2): the project's file is the
+    project's (the model can write it), so a mistake in it leaves its servers out and never stops a run."""
     warnings = []
     timeout = cfg.get("mcp.timeout_seconds")
     try:
         configs = xzatoma_mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, warnings,
                                             timeout)
-        untrusted = []
-        text, path = xzatoma_mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
-        if text is not None:
-            names = {c.name for c in configs}  # the person's own configuration wins over the project's
-            entries = {k: v for k, v in xzatoma_mcp.project_servers(text, path, warnings).items() if k not in names}
-            project = xzatoma_mcp.parse_servers(entries, path, os.environ, warnings, timeout)
-            trust = xzatoma_mcp.ProjectTrust(cfg.home)
-            if project and (trust.trusted(path, text) or trust_all or (
-                    asker is not None and ask_mcp_trust(console, asker, path, project))):
-                if not trust.trusted(path, text):
-                    trust.trust(path, text)
-                configs += project
-            elif project:
-                why = "%s is not trusted: 'xzatoma mcp trust' (or chat) asks once" % path
-                untrusted = [(c.name, why) for c in project]
-                console.warn("the MCP servers of %s (%s) are not started: the file starts programs and is not "
-                             "trusted yet; review it, then run 'xzatoma mcp trust' (or start a chat, which asks)"
-                             % (path, ", ".join(c.name for c in project)))
     except xzatoma_mcp.ConfigError as exc:
         raise ConfigError(str(exc))
+    untrusted = []
+    text, path = xzatoma_mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
+    project = problems = None
+    if text is not None:
+        project, problems, notes = project_mcp(cfg, text, path, {c.name for c in configs})
+    if project or problems:  # a file naming no server (or only the person's own names) is nothing to ask about
+        names = [c.name for c in project] + [name for name, _ in problems if name is not None]
+        trust = xzatoma_mcp.ProjectTrust(cfg.home)
+        trusted = trust.trusted(path, text) or trust_all
+        asked = False
+        if not trusted and asker is not None and project:
+            asked = True
+            trusted = ask_mcp_trust(console, asker, path, project, problems, notes)
+        if trusted:
+            if not trust.trusted(path, text):
+                trust.trust(path, text)
+            configs += project
+            if not asked:  # shown with the question otherwise
+                warnings += notes + [why for _, why in problems]
+            untrusted = [(name, why, "refused") for name, why in problems if name is not None]
+        else:
+            why = "%s is not trusted: 'xzatoma mcp trust' (or chat) asks once" % path
+            untrusted = [(name, why) for name in names]
+            listed = " (%s)" % ", ".join(names) if names else ""
+            if asker is not None and not asked:  # a person is here, but nothing in it could start: say why
+                for warning in notes + [why for _, why in problems]:
+                    console.warn(warning)
+                console.warn("the MCP servers of %s%s are not started: none of them can (above)" % (path, listed))
+            else:
+                console.warn("the MCP servers of %s%s are not started: the file starts programs and is not "
+                             "trusted yet; review it, then run 'xzatoma mcp trust' (or start a chat, which asks)"
+                             % (path, listed))
     for warning in warnings:
         console.warn(warning)
     return configs, untrusted
 
 
-def ask_mcp_trust(console, asker, path, configs):
-    """Show what a project's .mcp.json would start, and ask once."""
+def mcp_credential_vars(cfg):
+    """The environment variables XZatoma reads its own credentials from: the providers' (the configured
+    api_key_env too), Kafka's and XZepr's. A project's .mcp.json never gets them (xzatoma_mcp.project_guard)."""
+    own = set(cfg.secret_sources().values())
+    own.update(var for var, dotted in ENV_KEYS if is_secret_key(dotted) or dotted.endswith(".username"))
+    return own
+
+
+def project_mcp(cfg, text, path, skip=()):
+    """A project's .mcp.json read leniently: ([ServerConfig], problems [(name or None, why)], warnings)."""
+    return xzatoma_mcp.parse_project(text, path, os.environ, cfg.get("mcp.timeout_seconds"),
+                                     own=mcp_credential_vars(cfg), skip=skip)
+
+
+def show_mcp_project(console, path, configs, problems=(), notes=()):
+    """What a project's .mcp.json would start and give each server, as written (${VAR} not expanded), and what
+    in it cannot start: the question that trusts it is about all of this."""
     console.info("%s in this project starts these MCP servers:" % path, "yellow")
     for c in configs:
-        console.info("  %s: %s%s%s" % (c.name, c.describe(), ", network" if c.network else "",
-                                       ", env: " + ", ".join(sorted(c.env)) if c.env else ""))
+        lines = c.written_lines()
+        console.info("  %s: %s" % (c.name, lines[0]))
+        for line in lines[1:]:
+            console.info("      " + line)
+    for note in notes:
+        console.warn(note)
+    for _, why in problems:
+        console.warn(why)
+
+
+def ask_mcp_trust(console, asker, path, configs, problems=(), notes=()):
+    """Show what a project's .mcp.json would start (show_mcp_project), and ask once."""
+    show_mcp_project(console, path, configs, problems, notes)
     answer = asker.ask("Trust this file and start them (they run in the sandbox)? [y/N] > ")
     return (answer or "").strip().lower() in ("y", "yes")
 
@@ -8387,8 +8429,11 @@ def cmd_mcp(args, console):
             "bearer token for '%s': " % name)
         if not token:
             raise UsageError("no token given (pipe it on stdin)")
-        where = CredentialStore(cfg.home, console).set(xzatoma_mcp.credential_name(name),
-                                                       json.dumps({"access_token": token}))
+        stored = {"access_token": token}
+        url = _mcp_server_url(cfg, working_dir, name)
+        if url:  # what it is for: a project's server of that name elsewhere never gets it
+            stored["url"] = url
+        where = CredentialStore(cfg.home, console).set(xzatoma_mcp.credential_name(name), json.dumps(stored))
         console.info("stored the token of '%s' (%s)" % (name, "system keyring" if where == "keyring" else where))
         return EXIT_OK
     asker = Asker(console) if action == "login" else None
@@ -8427,21 +8472,39 @@ def cmd_mcp(args, console):
     return EXIT_OK if all(r["state"] in ("running", "disabled", "untrusted") for r in rows) else EXIT_FAILED
 
 
+def _mcp_server_url(cfg, working_dir, name):
+    """The URL of the remote server `name` (the person's own, else the project's .mcp.json's, read leniently
+    and quietly), or None."""
+    try:
+        configs = xzatoma_mcp.parse_servers(cfg.get("mcp").get("servers") or None, cfg.path, os.environ, [])
+    except xzatoma_mcp.ConfigError as exc:
+        raise ConfigError(str(exc))
+    text, path = xzatoma_mcp.read_project_file(working_dir) if cfg.get("mcp.project_file") else (None, None)
+    if text is not None:
+        configs += project_mcp(cfg, text, path, {c.name for c in configs})[0]
+    return next((c.url for c in configs if c.name == name and c.transport == "http"), None)
+
+
 def _mcp_trust(args, cfg, console, working_dir):
     text, path = xzatoma_mcp.read_project_file(working_dir)
     if text is None:
         raise UsageError("no .mcp.json in %s" % working_dir)
-    warnings = []
-    try:
-        configs = xzatoma_mcp.parse_servers(xzatoma_mcp.project_servers(text, path, warnings), path, os.environ,
-                                            warnings)
-    except xzatoma_mcp.ConfigError as exc:
-        raise ConfigError(str(exc))
+    own = cfg.get("mcp").get("servers")
+    configs, problems, notes = project_mcp(cfg, text, path, set(own) if isinstance(own, dict) else ())
+    unusable = [why for name, why in problems if name is None]
+    if unusable:
+        raise ConfigError(unusable[0])
     trust = xzatoma_mcp.ProjectTrust(cfg.home)
     if trust.trusted(path, text):
         console.info("%s is trusted already (as it is now)" % path)
         return EXIT_OK
-    if args.yes or ask_mcp_trust(console, Asker(console), path, configs):
+    if problems and not configs:
+        for _, why in problems:
+            console.warn(why)
+        raise ConfigError("%s: none of its MCP servers can start (above): nothing to trust" % path)
+    if args.yes:
+        show_mcp_project(console, path, configs, problems, notes)
+    if args.yes or ask_mcp_trust(console, Asker(console), path, configs, problems, notes):
         trust.trust(path, text)
         console.info("trusted %s: its servers start with the next run or chat (a change asks again)" % path)
         return EXIT_OK

@@ -90,12 +90,58 @@ def expand(value, env, where, warnings):
     return _VAR.sub(sub, value) if isinstance(value, str) else value
 
 
+class Refused(ConfigError):
+    """A project's server whose values would hand it the environment's credentials: it is not started."""
+
+
+#: a header or env entry by this name carries a credential, whatever variable fills it
+_CREDENTIAL_HEADER = re.compile(r"(?i)^(?:authorization|proxy-authorization|cookie)$|key|token|secret|auth|pass|session")
+
+
+def project_guard(env, own=()):
+    """What a project's .mcp.json may take from the environment: why(var, credential_place) is None for a plain
+    variable (HOME, a region, a port), else why ${var} is refused there. Refused: the agent's own credentials
+    (`own`: the variables XZatoma reads its keys from), XZATOMA_* variables, any variable named like a
+    credential (*_KEY, *_TOKEN, *_SECRET, *PASSWORD*, …: xzatoma_store.is_credential_env), any variable whose
+    value the redactor knows or recognises as a credential, and any variable at all in a place that carries a
+    credential (bearer_token, bearer_token_env, oauth, a credential-named header or env entry). Decided by name
+    first, so an unset credential is refused too: what a file may do does not depend on this shell."""
+    from xzatoma_store import is_credential_env, redact
+    own = set(own)
+
+    def why(var, credential_place=False):
+        value = env.get(var) or ""
+        if var in own:
+            return "the agent's own credential"
+        if var.upper().startswith("XZATOMA_"):
+            return "XZatoma's own variable"
+        if is_credential_env(var, value):
+            return "a credential by its name"
+        if credential_place:
+            return "a credential by where it goes"
+        if value and redact(value) != value:
+            return "a credential by its value"
+        return None
+    return why
+
+
+def _written(value):
+    """One value of a server's entry, as written in its file, for a question: quoted as a shell would need it,
+    a newline, tab or CR shown as \\n (never a line of its own), every other hidden character made visible."""
+    import shlex
+    text = "" if value is None else value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = shlex.quote(text) if text == "" or re.search(r"[^\w@%+=:,./${}-]", text) else text
+    text = text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return render_untrusted(text, exact=True)
+
+
 class ServerConfig:
     """One server as configured: how to reach it, what it may touch, and which calls need nobody's yes."""
 
     def __init__(self, name, origin, transport, command=None, args=(), env=None, url=None, headers=None,
                  bearer_token=None, oauth=None, network=False, sandbox=None, read_paths=(), timeout=DEFAULT_TIMEOUT,
-                 tools=None, disabled_tools=(), allow=(), read_only=(), trust_read_only_hint=False, enabled=True):
+                 tools=None, disabled_tools=(), allow=(), read_only=(), trust_read_only_hint=False, enabled=True,
+                 written=None):
         self.name = name  #: the key in mcp.servers / mcpServers
         self.origin = origin  #: where it was configured (a file's path), for messages
         self.transport = transport  #: "stdio" or "http"
@@ -114,12 +160,34 @@ class ServerConfig:
         self.read_only = set(read_only)  #: tools declared read-only by the person
         self.trust_read_only_hint = trust_read_only_hint
         self.enabled = enabled
+        self.written = dict(written or {})  #: what it sends as its file wrote it (${VAR} not expanded)
+        self.project = False  #: from a project's .mcp.json: stored tokens only for its own URL (OAuth._load)
 
     def describe(self):
-        """How it is reached, for `mcp list` and questions: `stdio: node server.js`, `http: https://…`."""
+        """How it is reached, for `mcp list` and questions: `stdio: node server.js`, `http: https://…` (a newline,
+        CR or tab in it shown as \\n: a line of its own could pass for another server or an answer)."""
+        from xzatoma_store import one_line_path
         if self.transport == "stdio":
-            return "stdio: " + " ".join([self.command] + self.args)
-        return "http: " + self.url
+            return one_line_path("stdio: " + " ".join([self.command] + self.args))
+        return one_line_path("http: " + self.url)
+
+    def written_lines(self):
+        """Everything this server would be given, as its file wrote it (${VAR} as written, not its value), for
+        the question that trusts a project's file: `stdio: python3 srv.py`, then `env: LOG_LEVEL=${X}`,
+        `header: X-Trace: ${X}`, `bearer_token_env: NAME`, each value made safe to show (_written)."""
+        w = self.written
+        if self.transport == "stdio":
+            head = "stdio: " + " ".join(_written(v) for v in [w.get("command")] + list(w.get("args") or []))
+            lines = ["env: %s=%s" % (_written(k), _written(v)) for k, v in (w.get("env") or {}).items()]
+        else:
+            head = "http: " + _written(w.get("url"))
+            lines = ["header: %s: %s" % (_written(k), _written(v)) for k, v in (w.get("headers") or {}).items()]
+            for key in ("bearer_token", "bearer_token_env"):
+                if w.get(key) is not None:
+                    lines.append("%s: %s" % (key, _written(w[key])))
+            lines += ["oauth.%s: %s" % (_written(k), _written(v)) for k, v in (w.get("oauth") or {}).items()]
+        head += "".join(", " + flag for flag, on in (("network", self.network), ("disabled", not self.enabled)) if on)
+        return [head] + lines
 
 
 def _strings(value, where):
@@ -138,9 +206,25 @@ def _mapping(value, where):
     return {k: "" if v is None else str(v) if isinstance(v, (int, float, bool)) else v for k, v in value.items()}
 
 
-def parse_server(name, raw, origin, env, warnings, default_timeout=DEFAULT_TIMEOUT):
-    """A ServerConfig from one entry of mcp.servers or mcpServers; ConfigError names the key that is wrong."""
+def parse_server(name, raw, origin, env, warnings, default_timeout=DEFAULT_TIMEOUT, guard=None):
+    """A ServerConfig from one entry of mcp.servers or mcpServers; ConfigError names the key that is wrong.
+    guard (a project's file: project_guard) decides which ${VAR} may be expanded; Refused names the first that
+    may not."""
     where = "%s: mcp server '%s'" % (origin, name)
+
+    def refuse(place, var, reason):
+        raise Refused("%s not started: %s %s, %s; a project's file cannot hand the environment's credentials to "
+                      "a server (give it one in your own configuration, mcp.servers.%s)"
+                      % (where, place, var, reason, name))
+
+    def exp(value, place, credential_place=False):
+        """`value` with ${VAR} expanded, where the guard lets every variable in it be."""
+        if guard is not None and isinstance(value, str):
+            for m in _VAR.finditer(value):
+                reason = guard(m.group(1), credential_place)
+                if reason:
+                    refuse(place + " refers to", "${%s}" % m.group(1), reason)
+        return expand(value, env, "%s %s" % (where, place), warnings)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}", name or ""):
         raise ConfigError("%s: a server's name is 1-32 letters, digits, '.', '_' or '-' (it is part of its tools' "
                           "names)" % where)
@@ -161,7 +245,7 @@ def parse_server(name, raw, origin, env, warnings, default_timeout=DEFAULT_TIMEO
         value = raw.get(key)
         if value is not None and not isinstance(value, str):
             raise ConfigError("%s: %s must be text" % (where, key))
-        return expand(value, env, "%s %s" % (where, key), warnings)
+        return exp(value, key, key == "bearer_token")
 
     def flag(key, default):
         value = raw.get(key, default)
@@ -175,9 +259,11 @@ def parse_server(name, raw, origin, env, warnings, default_timeout=DEFAULT_TIMEO
         if not command:
             raise ConfigError("%s: a stdio server needs a command (or give url for a remote one)" % where)
         fields["command"] = command
-        fields["args"] = [expand(a, env, where + " args", warnings) for a in _strings(raw.get("args") or [], where + ": args")]
-        fields["env"] = {k: expand(v, env, "%s env.%s" % (where, k), warnings)
-                         for k, v in _mapping(raw.get("env"), where + ": env").items()}
+        written = {"command": raw.get("command"), "args": _strings(raw.get("args") or [], where + ": args"),
+                   "env": _mapping(raw.get("env"), where + ": env")}
+        from xzatoma_store import is_credential_env
+        fields["args"] = [exp(a, "args") for a in written["args"]]
+        fields["env"] = {k: exp(v, "env." + k, is_credential_env(k)) for k, v in written["env"].items()}
         fields["read_paths"] = [os.path.abspath(os.path.expanduser(expand(p, env, where, warnings)))
                                 for p in _strings(raw.get("read_paths") or [], where + ": read_paths")]
         fields["network"] = flag("network", False)
@@ -190,10 +276,18 @@ def parse_server(name, raw, origin, env, warnings, default_timeout=DEFAULT_TIMEO
         if not url or not re.match(r"(?i)https?://[^/\s]", url):
             raise ConfigError("%s: an http server needs url: http(s)://host/path" % where)
         fields["url"] = url
-        fields["headers"] = {k: expand(v, env, "%s headers.%s" % (where, k), warnings)
-                             for k, v in _mapping(raw.get("headers"), where + ": headers").items()}
+        written = {"url": raw.get("url"), "headers": _mapping(raw.get("headers"), where + ": headers"),
+                   "bearer_token": raw.get("bearer_token"), "bearer_token_env": raw.get("bearer_token_env"),
+                   "oauth": raw.get("oauth")}
+        fields["headers"] = {k: exp(v, "headers." + k, bool(_CREDENTIAL_HEADER.search(k)))
+                             for k, v in written["headers"].items()}
         token = text("bearer_token")
         if raw.get("bearer_token_env"):
+            if not isinstance(raw["bearer_token_env"], str):
+                raise ConfigError("%s: bearer_token_env must be text (a variable's name)" % where)
+            reason = guard(raw["bearer_token_env"], True) if guard is not None else None
+            if reason:
+                refuse("bearer_token_env names", raw["bearer_token_env"], reason)
             token = env.get(raw["bearer_token_env"]) or token
             if not token:
                 warnings.append("%s: bearer_token_env names %s, which is not set" % (where, raw["bearer_token_env"]))
@@ -201,7 +295,7 @@ def parse_server(name, raw, origin, env, warnings, default_timeout=DEFAULT_TIMEO
         oauth = raw.get("oauth") or {}
         if not isinstance(oauth, dict):
             raise ConfigError("%s: oauth must be a mapping (client_id, client_secret, scopes, callback_port)" % where)
-        fields["oauth"] = {k: expand(v, env, where + " oauth", warnings) for k, v in oauth.items()}
+        fields["oauth"] = {k: exp(v, "oauth." + str(k), True) for k, v in oauth.items()}
     timeout = raw.get("timeout_seconds", default_timeout)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ConfigError("%s: timeout_seconds must be a positive number" % where)
@@ -212,7 +306,7 @@ def parse_server(name, raw, origin, env, warnings, default_timeout=DEFAULT_TIMEO
                         disabled_tools=_strings(raw.get("disabled_tools") or [], where + ": disabled_tools"),
                         allow=allow, read_only=_strings(raw.get("read_only") or [], where + ": read_only"),
                         trust_read_only_hint=flag("trust_read_only_hint", False), enabled=flag("enabled", True),
-                        **fields)
+                        written=written, **fields)
 
 
 def parse_servers(entries, origin, env, warnings, default_timeout=DEFAULT_TIMEOUT):
@@ -222,6 +316,30 @@ def parse_servers(entries, origin, env, warnings, default_timeout=DEFAULT_TIMEOU
     if not isinstance(entries, dict):
         raise ConfigError("%s: the MCP servers must be a mapping of names to servers" % origin)
     return [parse_server(str(name), raw, origin, env, warnings, default_timeout) for name, raw in entries.items()]
+
+
+def parse_project(text, path, env, default_timeout=DEFAULT_TIMEOUT, own=(), skip=()):
+    """A project's .mcp.json, never fatal (the file is the project's, maybe written by the model; a mistake in it
+    must not stop a run): ([ServerConfig], problems, warnings). problems: [(name, why)] of servers that cannot
+    start (a mistake, or Refused: a credential from the environment), (None, why) when the file as a whole is
+    unusable. `own`: the agent's credential variables (project_guard); `skip`: names the person's own
+    configuration has (theirs win)."""
+    warnings = []
+    try:
+        entries = project_servers(text, path, warnings)
+    except ConfigError as exc:
+        return [], [(None, str(exc))], warnings
+    guard = project_guard(env, own)
+    configs, problems = [], []
+    for name, raw in entries.items():
+        if name in skip:
+            continue
+        try:
+            configs.append(parse_server(str(name), raw, path, env, warnings, default_timeout, guard))
+            configs[-1].project = True
+        except ConfigError as exc:
+            problems.append((str(name), str(exc) if isinstance(exc, Refused) else "%s (not started)" % exc))
+    return configs, problems, warnings
 
 
 def read_project_file(root):
@@ -967,9 +1085,16 @@ class OAuth:
         if self._stored is None:
             value, _ = self.credentials.get(credential_name(self.config.name))
             try:
-                self._stored = json.loads(value) if value else {}
+                stored = json.loads(value) if value else {}
             except ValueError:
-                self._stored = {"access_token": value}  # a bare token stored with `mcp login --token`
+                stored = {"access_token": value}  # a bare token stored with `mcp login --token` (older versions)
+            if not isinstance(stored, dict):
+                stored = {}
+            if self.config.project and stored.get("url") != self.config.url:
+                # tokens are stored by the server's name: a project's server gets only what was got for its own
+                # URL, never the login of a same-named server elsewhere (another project's, or one you removed)
+                stored = {}
+            self._stored = stored
             from xzatoma_store import register_secret
             for key in ("access_token", "refresh_token", "client_secret"):
                 register_secret(self._stored.get(key))
@@ -979,6 +1104,7 @@ class OAuth:
         from xzatoma_store import register_secret
         for key in ("access_token", "refresh_token", "client_secret"):
             register_secret(data.get(key))
+        data = dict(data, url=self.config.url)  # what they were got for (a project's server checks it)
         self._stored = data
         self.credentials.set(credential_name(self.config.name), json.dumps(data, sort_keys=True))
 
@@ -1921,7 +2047,8 @@ class Servers:
     """The MCP servers of one run (or chat): started in parallel at its start, each under its own deadline
     (timeout_seconds: start-up and handshake); their tools for the registry; all stopped by close().
 
-    configs: [ServerConfig]; untrusted: [(name, why)] of servers not started (a project file not trusted);
+    configs: [ServerConfig]; untrusted: [(name, why[, state])] of a project's servers not started (state
+    'untrusted': its file is not trusted; 'refused': trusted, but the entry is wrong or wants a credential);
     root: the working directory; make_sandbox(access, network, read_paths) -> xzatoma_tools.Sandbox (or None
     where nothing confines); home: XZATOMA_HOME (logs); credentials: get/set of stored credentials;
     interactive: a person can be asked (logins may open a browser); warn/note/say: lines for people;
@@ -2005,9 +2132,10 @@ class Servers:
 
     def rows(self):
         rows = [s.describe() for s in self.servers]
-        rows += [{"name": name, "state": "untrusted", "error": why, "transport": "-", "protocol": "-",
-                  "confinement": "-", "tools": [], "skipped": [], "origin": PROJECT_FILE, "server": "-", "log": None}
-                 for name, why in self.untrusted]
+        rows += [{"name": entry[0], "state": entry[2] if len(entry) > 2 else "untrusted", "error": entry[1],
+                  "transport": "-", "protocol": "-", "confinement": "-", "tools": [], "skipped": [],
+                  "origin": PROJECT_FILE, "server": "-", "log": None}
+                 for entry in self.untrusted]
         return rows
 
     def close(self):

@@ -318,3 +318,44 @@ def mcp_wait(predicate, timeout=5):
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def test_a_projects_file_takes_only_plain_variables_from_the_environment():
+    from xzatoma_store import register_secret
+    register_secret("registered-secret-9f8e7d6c5b4a")
+    env = {"OPENAI_API_KEY": "sk-x", "MY_LLM": "v", "GH_TOKEN": "t", "REGION": "eu", "XZATOMA_HOME": "/h",
+           "DB": "postgres://u:registered-secret-9f8e7d6c5b4a@db/x"}
+    entries = {"own": {"command": "s", "env": {"A": "${MY_LLM}"}},
+               "tok": {"command": "s", "args": ["${GH_TOKEN:-x}"]},
+               "xz": {"command": "s", "args": ["--home=${XZATOMA_HOME}"]},
+               "val": {"command": "s", "env": {"URL": "${DB}"}},
+               "unset": {"command": "s", "env": {"K": "${NOT_SET_API_KEY}"}},
+               "place": {"url": "https://h/mcp", "headers": {"Authorization": "Bearer ${REGION}"}},
+               "oauth": {"url": "https://h/mcp", "oauth": {"client_secret": "${REGION}"}},
+               "plain": {"command": "s", "args": ["${REGION}", "${NOPE:-d}"], "env": {"R": "${REGION}"},
+                         "allow": ["*"]},
+               "bad name": {"command": "s"}}
+    configs, problems, warnings = mcp.parse_project(json.dumps({"mcpServers": entries}), "p/.mcp.json", env,
+                                                    own={"MY_LLM"})
+    assert [c.name for c in configs] == ["plain"]
+    plain = configs[0]
+    assert plain.args == ["eu", "d"] and plain.env == {"R": "eu"} and not plain.allow
+    assert plain.written_lines() == ["stdio: s ${REGION} ${NOPE:-d}", "env: R=${REGION}"]
+    why = dict(problems)
+    for name, text in (("own", "env.A refers to ${MY_LLM}, the agent's own credential"),
+                       ("tok", "args refers to ${GH_TOKEN}, a credential by its name"),
+                       ("xz", "args refers to ${XZATOMA_HOME}, XZatoma's own variable"),
+                       ("val", "env.URL refers to ${DB}, a credential by its value"),
+                       ("unset", "env.K refers to ${NOT_SET_API_KEY}, a credential by its name"),
+                       ("place", "headers.Authorization refers to ${REGION}, a credential by where it goes"),
+                       ("oauth", "oauth.client_secret refers to ${REGION}, a credential by where it goes")):
+        assert why[name] == ("p/.mcp.json: mcp server '%s' not started: %s; a project's file cannot hand the "
+                             "environment's credentials to a server (give it one in your own configuration, "
+                             "mcp.servers.%s)" % (name, text, name))
+    assert why["bad name"].endswith("(not started)")
+    assert any("allow ignored" in w for w in warnings)
+    configs, problems, _ = mcp.parse_project("{", "p", env)  # the file as a whole: never raised
+    assert configs == [] and problems[0][0] is None and problems[0][1].startswith("p: not valid JSON")
+    # the person's own configuration expands every variable, as before
+    own, = mcp.parse_servers({"own": {"command": "s", "env": {"K": "${OPENAI_API_KEY}"}}}, "cfg", env, [])
+    assert own.env == {"K": "sk-x"}
