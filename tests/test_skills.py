@@ -305,16 +305,21 @@ def test_an_untrusted_project_skill_does_not_switch_off_the_persons_own(cli, fak
     assert sorted(t["function"]["name"] for t in first["tools"])[:3] == ["activate_skill", "grep", "read_file"]
 
 
-def test_chat_asks_once_to_trust_and_lists_skills(chat, cli, fake):
-    skill_dir(cli.workdir)
-    fake.add({"content": "counted"})
-    p = chat()
+def trust_x_and_list(p):
+    """In chat: the question about the project's skill x, answered yes, then /skills."""
     p.expect(r"This project has 1 skill not trusted yet")
     p.expect(r"x — Count the words of text files")
     p.expect(r"Trust it\? .*\[y/N\] > ")
     p.line("y")
     p.expect(r"\[PLANNING\]\[SAFE\] >> ")
     p.line("/skills")
+
+
+def test_chat_asks_once_to_trust_and_lists_skills(chat, cli, fake):
+    skill_dir(cli.workdir)
+    fake.add({"content": "counted"})
+    p = chat()
+    trust_x_and_list(p)
     p.expect(r"x\s+project\s+usable\s+Count the words")
     p.line("wordcount please")
     p.expect(r"skill x activated \(trigger wordcount\)")
@@ -497,12 +502,7 @@ def test_chat_does_not_ask_to_trust_what_cannot_be_trusted_and_says_why(chat, cl
     p = chat()
     p.expect(r"skill lint \(\.agents/skills/lint/SKILL\.md\) is not used: it cannot be trusted: "
              r"\.agents/skills/lint/hook\.sh links outside the project")
-    p.expect(r"This project has 1 skill not trusted yet")
-    p.expect(r"x — Count the words of text files")
-    p.expect(r"Trust it\? .*\[y/N\] > ")
-    p.line("y")
-    p.expect(r"\[PLANNING\]\[SAFE\] >> ")
-    p.line("/skills")
+    trust_x_and_list(p)
     p.expect(r"lint\s+project\s+skipped: untrustable")
     p.expect(r"\[PLANNING\]\[SAFE\] >> ")
     p.eof()
