@@ -2043,7 +2043,7 @@ class Server:
             if not self.client.probe_killed:
                 raise
             # a 2025 server that exits on a request it does not know: once more, with the handshake at once
-            transport.close()
+            self.client.close()  # its transport, and its outgoing thread
             transport = StdioTransport(cfg, s.root, s.make_sandbox, self.log, s.warn, s.require_sandbox)
             self.client = Client(cfg, transport, self.log, s.version, on_death=self._died)
             self.client.connect(deadline, probe=False)
