@@ -5301,13 +5301,14 @@ class Session:
     @classmethod
     def open(cls, cfg, console, toolset, working_dir, autonomy, events=None, confirmations=None, store=None,
              metrics=None, metrics_port=None, metrics_textfile=None, cancel=None, provider=None, confinement=None,
-             workspace=None):
+             workspace=None, deadline=None):
         """A top-level session in `working_dir` (default: the current directory). What is not given is made
         here: the provider (from cfg) and, ended by close(), the store (when history is on), Prometheus
         metrics (with a port or a textfile), the cancel event, the Confinement (its sandbox starts with a first
         command, if any; a watcher gives its process's own) and the MCP servers. Project skills and a project's
         .mcp.json not trusted yet are asked about where `confirmations` can ask (chat), and skipped otherwise.
-        `workspace`: the process's Workspace of working_dir (a watcher's): what it keeps is not read again."""
+        `workspace`: the process's Workspace of working_dir (a watcher's): what it keeps is not read again.
+        `deadline`: the run's (time.monotonic()), when it is one task with a time limit: MCP start-up ends by it."""
         working_dir = check_working_dir(working_dir) if confinement is None else confinement.root
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
@@ -5325,7 +5326,7 @@ class Session:
         asker = confirmations.asker if confirmations else None
         skills = workspace.skills(console, store) if workspace and asker is None else \
             session_skills(cfg, console, working_dir, store, asker)
-        mcp = open_mcp(cfg, console, working_dir, asker=asker, confinement=confinement)
+        mcp = open_mcp(cfg, console, working_dir, asker=asker, confinement=confinement, deadline=deadline)
         if mcp is not None:
             owns.add("mcp")  # its servers stop with the session: none outlives the run
         shared = RunParts(store, confinement, QuotaTracker(cfg.get("agent.quota")), metrics, cancel, mcp, instructions,
@@ -5509,17 +5510,20 @@ class Session:
         self.conversation.set_system_prompt(self.system_prompt())
 
     # -- agents --
-    def agent(self, max_turns=None, timeout_seconds=None, on_step=None):
+    def agent(self, max_turns=None, timeout_seconds=None, on_step=None, deadline=None):
         """The Agent for the next run of this conversation. Limits default to the configuration (a subagent:
-        agent.subagent.default_max_turns, and its parent's deadline)."""
+        agent.subagent.default_max_turns, and its parent's deadline); `deadline`: the run's, set when it began
+        (its MCP servers' start-up counts against the time limit)."""
         cfg = self.cfg
         if self.depth:
             max_turns = max_turns or cfg.get("agent.subagent.default_max_turns")
         else:
             max_turns = max_turns or cfg.get("agent.max_turns")
             timeout_seconds = timeout_seconds or cfg.get("agent.timeout_seconds")
-        deadline = self.deadline if self.deadline is not None and not self.depth else \
-            time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
+        started = deadline if deadline is not None else self.deadline if not self.depth else None
+        deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
+        if started is not None:
+            deadline = started if deadline is None else min(deadline, started)
         ctx = self.ctx.with_deadline(deadline)
         events = self.events if self.sandbox_check is None else _SandboxFirst(self.events, self.sandbox_check)
         read_named = cfg.get("agent.read_named")
@@ -5661,9 +5665,11 @@ def ask_mcp_trust(console, asker, path, configs, problems=(), notes=()):
     return (answer or "").strip().lower() in ("y", "yes")
 
 
-def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust_all=False, confinement=None):
+def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust_all=False, confinement=None,
+             deadline=None):
     """The run's MCP servers (xzatoma_mcp.Servers), started, or None where none are configured. `only`: the one
-    server named (`mcp tools NAME`, `mcp login NAME`); `confinement`: the session's (else one is made)."""
+    server named (`mcp tools NAME`, `mcp login NAME`); `confinement`: the session's (else one is made);
+    `deadline`: the run's, which bounds the servers' start-up as it bounds their calls."""
     if not mcp_configured(cfg, working_dir):
         return None
     configs, untrusted = mcp_configs(cfg, console, working_dir, asker, trust_all)
@@ -5684,7 +5690,7 @@ def open_mcp(cfg, console, working_dir, asker=None, start=True, only=None, trust
         cfg, confinement, access, network, paths), home=cfg.home, credentials=CredentialStore(cfg.home, console),
         interactive=asker is not None, warn=console.warn, note=lambda text: console.info(text, "dim"),
         say=console.info, version=__version__, open_browser=browser,
-        require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted)
+        require_sandbox=cfg.get("agent.terminal.require_sandbox"), untrusted=untrusted, deadline=deadline)
     return servers.start() if start else servers
 
 
@@ -5748,9 +5754,10 @@ def run_plan_session(cfg, console, instruction, working_dir, toolset="write", au
     Never raises for a failed run: the RunResult's status/error/exit_code say how it ended. Raises
     UsageError/CredentialsError for a bad working directory or provider configuration.
     """
+    deadline = time.monotonic() + (timeout_seconds or cfg.get("agent.timeout_seconds"))  # start-up counts
     session = Session.open(cfg, console, toolset, working_dir, autonomy or xzatoma_tools.RESTRICTED, events=events,
                            metrics=metrics, store=store, cancel=cancel, provider=provider, confinement=confinement,
-                           workspace=workspace)
+                           workspace=workspace, deadline=deadline)
     if metadata is not None:
         source = json.dumps(metadata, sort_keys=True)
     try:
@@ -5758,7 +5765,7 @@ def run_plan_session(cfg, console, instruction, working_dir, toolset="write", au
         session.conversation.add_user(instruction)
         session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
         session.record(title, source)  # all of it so far in one transaction, not one per message (issue 22)
-        result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds).run()
+        result = session.agent(max_turns=max_turns, timeout_seconds=timeout_seconds, deadline=deadline).run()
         session.settle_progress()
         return result
     finally:
@@ -9373,7 +9380,8 @@ def cmd_run(args, console):
     provider.deadline = deadline
     session = Session.open(cfg, console, args.mode, args.working_dir,
                            xzatoma_tools.FULL if full else xzatoma_tools.RESTRICTED, events=events,
-                           metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile, provider=provider)
+                           metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile, provider=provider,
+                           deadline=deadline)  # --timeout: MCP start-up counts against it
     session.deadline = deadline
     try:
         session.start(kind, resume=resume, title=title, source=source, steps=steps)
@@ -9395,7 +9403,7 @@ def cmd_run(args, console):
         session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
         with sigterm_raises():
             try:
-                result = session.agent().run()
+                result = session.agent(deadline=deadline).run()
             finally:
                 events.stop()  # the spinner, whatever ended the run
         keep_partial(session, events)

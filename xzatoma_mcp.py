@@ -14,7 +14,9 @@ are configured, so a run without MCP pays nothing for it.
 """
 
 import json
+import math
 import os
+import queue
 import re
 import threading
 import time
@@ -33,6 +35,10 @@ PROBE_SECONDS = 3  #: a stdio server silent this long after `server/discover` sp
 MAX_MESSAGE = 32 << 20  #: bytes of one message from a server; a longer line is logged in pieces and dropped
 LOG_MAX = 1 << 20  #: bytes of a server's stderr kept in its log per run
 NAME_MAX = 64  #: characters of a tool name the providers accept ([A-Za-z0-9_-])
+OUTBOX_MAX = 64  #: answers to a server's own requests waiting to be sent; beyond it they are dropped (a flood)
+REPLY_SECONDS = 2  #: longest one of those answers (or a cancel) may take to send
+CLOSE_SECONDS = 2  #: longest the goodbye to an HTTP server (DELETE of its session) may take
+PROGRESS_INTERVAL = 0.25  #: seconds between two progress lines of one call shown to a person (the rest dropped)
 
 
 class McpError(Exception):
@@ -45,6 +51,31 @@ class ConfigError(McpError):
 
 class AuthNeeded(McpError):
     """The server wants a login that cannot happen here (a headless run): the message says how."""
+
+
+def load_json(text):
+    """json.loads that fails only with ValueError: text nested deeper than the parser's recursion limit (a
+    server's `[[[[…`, a project's .mcp.json) is an invalid document like any other, never a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply")
+
+
+def _guarded(target, log, what):
+    """A thread's target that never dies with a traceback on the person's terminal: whatever escapes it (a
+    bug, or a server's message no check foresaw) is written to the server's log."""
+    def run(*args):
+        try:
+            target(*args)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence of a thread
+            import traceback
+            try:
+                log.write("internal error in %s: %s: %s\n%s" % (what, type(exc).__name__, exc,
+                                                                traceback.format_exc()))
+            except Exception:  # noqa: BLE001
+                pass
+    return run
 
 
 # ---- Configuration: mcp.servers in xzatoma.yaml, mcpServers in a project's .mcp.json ----
@@ -375,7 +406,7 @@ def project_servers(text, path, warnings=None):
     """The mcpServers mapping of a .mcp.json text (the format Claude Code, Cursor and others write), without
     the keys only the person's own configuration may set (named in `warnings`)."""
     try:
-        data = json.loads(text)
+        data = load_json(text)
     except ValueError as exc:
         raise ConfigError("%s: not valid JSON: %s" % (path, exc))
     if not isinstance(data, dict):
@@ -651,7 +682,8 @@ class StdioTransport:
                 cfg.name, access if access == "off" else "not available on this system"))
             self.process = _LocalProcess(argv, _plain_env(cfg.env), self.root)
         for target in (self._read_stdout, self._read_stderr):
-            thread = threading.Thread(target=target, name="mcp-%s" % cfg.name, daemon=True)
+            thread = threading.Thread(target=_guarded(target, self.log, "the reader of server '%s'" % cfg.name),
+                                      name="mcp-%s" % cfg.name, daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -662,7 +694,11 @@ class StdioTransport:
         if process is None or self.closing:
             raise McpError("the server is not running")
         import select
-        with self._write_lock:
+        # the lock too is waited for only until the deadline: a writer stuck on a server that stopped reading
+        # its input must not hold up a cancel (or a call) past its own deadline
+        if not self._write_lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise McpError("the server does not read its input (timed out writing to it)")
+        try:
             view = memoryview(data)
             while view:
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -677,11 +713,17 @@ class StdioTransport:
                         raise McpError("the server stopped")
                 except OSError as exc:
                     raise McpError("the server stopped reading its input (%s)" % (exc.strerror or exc))
+        finally:
+            self._write_lock.release()
 
     def _read_stdout(self):
         try:
             for line in _lines(self.process.stdout, MAX_MESSAGE):
-                self._take(line)
+                try:
+                    self._take(line)
+                except Exception as exc:  # noqa: BLE001 - one bad message costs that message, never the reader
+                    self.log.write("stdout: a message not handled (%s: %s): %s" % (
+                        type(exc).__name__, exc, line[:300].decode("utf-8", "replace")))
         finally:
             if self.on_closed is not None:
                 self.on_closed(None if self.closing else self._exit_text())
@@ -691,16 +733,12 @@ class StdioTransport:
         if not line:
             return
         try:
-            message = json.loads(line.decode("utf-8", "replace"))
-        except ValueError:  # junk, or a message over MAX_MESSAGE given in pieces: logged, never kept
-            self.log.write("stdout (not JSON-RPC): " + line[:2000].decode("utf-8", "replace"))
+            message = load_json(line.decode("utf-8", "replace"))
+        except ValueError as exc:  # junk, or a message over MAX_MESSAGE given in pieces: logged, never kept
+            self.log.write("stdout (not JSON-RPC: %s): %s" % (exc, line[:2000].decode("utf-8", "replace")))
             return
-        if isinstance(message, list):  # a batch (2025-03-26 allowed them)
-            for item in message:
-                if isinstance(item, dict) and self.on_message is not None:
-                    self.on_message(item)
-        elif isinstance(message, dict) and self.on_message is not None:
-            self.on_message(message)
+        if self.on_message is not None:
+            self.on_message(message)  # the Client checks its shape
 
     def _read_stderr(self):
         for line in _lines(self.process.stderr, 65536):
@@ -774,29 +812,103 @@ def header_value(value):
     return value if plain else "=?base64?%s?=" % base64.b64encode(value.encode("utf-8")).decode("ascii")
 
 
-def parse_sse(readline):
-    """The events of a text/event-stream, as (event, data) pairs (data lines joined by newlines)."""
-    event, data = None, []
+def parse_sse(readline, limit=None):
+    """The events of a text/event-stream, as (event, data) pairs (data lines joined by newlines). An event
+    whose data is over `limit` bytes (one long line, or many) is not kept: it comes as (event, None), and
+    memory stays bounded whatever a server sends. `readline(size)` reads at most `size` bytes."""
+    limit = limit or MAX_MESSAGE
+    event, data, size, over = None, [], 0, False
     while True:
-        raw = readline()
+        raw = readline(limit + 2)
         if not raw:
-            if data:
-                yield event, "\n".join(data)
+            if data or over:
+                yield event, None if over else "\n".join(data)
             return
+        if not raw.endswith(b"\n") and len(raw) >= limit + 2:  # a line over the limit: the rest is skipped
+            over, data, size = True, [], 0
+            while raw and not raw.endswith(b"\n"):
+                raw = readline(min(limit + 2, 65536))
+            continue
         line = raw.decode("utf-8", "replace").rstrip("\r\n")
         if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = None, []
+            if data or over:
+                yield event, None if over else "\n".join(data)
+            event, data, size, over = None, [], 0, False
         elif line.startswith(":"):
             continue  # a comment (keep-alive)
         else:
             field, _, value = line.partition(":")
             value = value[1:] if value.startswith(" ") else value
-            if field == "data":
-                data.append(value)
+            if field == "data" and not over:
+                size += len(value) + 1
+                if size > limit:
+                    over, data = True, []
+                else:
+                    data.append(value)
             elif field == "event":
-                event = value
+                event = value[:200]
+
+
+class _Watchdog:
+    """Shuts the connection of an HTTP exchange whose deadline has passed. A socket timeout bounds one read
+    only: a server that trickles a byte a second keeps every read short and the exchange going for ever, so
+    each exchange (a request, a notification, an answer, the goodbye) is watched until its deadline, by one
+    thread for all of them."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._heap = []  #: (deadline, token)
+        self._watched = {}  #: token -> socket
+        self._next = 0
+        self._thread = None
+
+    def watch(self, deadline, sock):
+        import heapq
+        with self._cond:
+            self._next += 1
+            token = self._next
+            self._watched[token] = sock
+            heapq.heappush(self._heap, (deadline, token))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mcp-http-deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return token
+
+    def release(self, token):
+        with self._cond:
+            self._watched.pop(token, None)
+
+    def _run(self):
+        import heapq
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0][1] not in self._watched:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                deadline, token = self._heap[0]
+                now = time.monotonic()
+                if now < deadline:
+                    self._cond.wait(deadline - now)
+                    continue
+                heapq.heappop(self._heap)
+                sock = self._watched.pop(token, None)
+            _shut(sock)
+
+
+def _shut(sock):
+    """Shut a connection's socket under whoever reads it (their read ends at once)."""
+    if sock is not None:
+        import socket
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+_WATCHDOG = _Watchdog()
 
 
 class HttpError(McpError):
@@ -825,7 +937,7 @@ class HttpTransport:
         self.on_message = None
         self.on_closed = None
         self.confinement = "remote"
-        self._open = {}  #: request id -> its connection, to abort
+        self._open = {}  #: ("request", id) or a token -> the socket of an exchange under way, to abort
         self._lock = threading.Lock()
         self.tool_headers = {}  #: tool name -> [(header name, property path)] from x-mcp-header
 
@@ -871,14 +983,23 @@ class HttpTransport:
     def post(self, message, deadline, stream=None):
         """POST one message; returns (status, headers, body bytes) for a plain answer, or hands an SSE stream
         to `stream(response)`. A 401 is answered by the auth (once), then raised as HttpError."""
+        import http.client
         body = json.dumps(message, ensure_ascii=False).encode("utf-8")
+        deadline = deadline or time.monotonic() + DEFAULT_TIMEOUT  # every exchange ends, whatever the server does
+        key = ("request", message["id"]) if "method" in message and "id" in message else object()
         for attempt in (1, 2):
-            timeout = max(0.5, deadline - time.monotonic()) if deadline else DEFAULT_TIMEOUT
-            conn = self._connection(timeout)
-            if "id" in message:
-                with self._lock:
-                    self._open[message["id"]] = conn
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise McpError("no answer in time")
+            conn = self._connection(remaining)
+            watch = None
             try:
+                # the socket itself is watched (and aborted): http.client lets go of it once an answer says
+                # Connection: close, while the answer is still read from it
+                conn.connect()
+                watch = _WATCHDOG.watch(deadline, conn.sock)
+                with self._lock:
+                    self._open[key] = conn.sock
                 path = self.parts.path or "/"
                 if self.parts.query:
                     path += "?" + self.parts.query
@@ -888,24 +1009,29 @@ class HttpTransport:
                 if resp.getheader("Mcp-Session-Id") and not self.modern:
                     self.session_id = resp.getheader("Mcp-Session-Id")
                 if resp.status == 401 and attempt == 1 and self.auth is not None and not self.config.bearer_token:
-                    resp.read()
+                    resp.read(1 << 16)
                     self.auth.unauthorized(resp.getheader("WWW-Authenticate") or "")
                     continue  # with the new token
                 if resp.status == 200 and kind == "text/event-stream" and stream is not None:
                     stream(resp)
                     return 200, {}, b""
                 data = resp.read(MAX_MESSAGE + 1)
+                if time.monotonic() >= deadline:  # the watchdog cut it: what came is not the whole answer
+                    raise McpError("no answer in time")
                 if resp.status == 401:
                     raise AuthNeeded(self._auth_hint(resp))
                 if resp.status >= 300 and resp.status != 400 and not (resp.status == 404 and data[:1] == b"{"):
                     raise HttpError(resp.status, data, dict(resp.getheaders()))
                 return resp.status, dict(resp.getheaders()), data
-            except OSError as exc:
-                raise McpError("cannot reach %s: %s" % (self.url, getattr(exc, "strerror", None) or exc))
+            except (OSError, http.client.HTTPException, ValueError) as exc:  # a bad URL or answer, a cut stream
+                if time.monotonic() >= deadline:
+                    raise McpError("no answer in time")
+                raise McpError("cannot reach %s: %s" % (shown(self.url), shown(getattr(exc, "strerror", None) or exc)))
             finally:
-                if "id" in message:
-                    with self._lock:
-                        self._open.pop(message["id"], None)
+                if watch is not None:
+                    _WATCHDOG.release(watch)
+                with self._lock:
+                    self._open.pop(key, None)
                 conn.close()
         raise McpError("the server refused the new token")
 
@@ -915,75 +1041,114 @@ class HttpTransport:
         return "the server needs a login (HTTP 401): run 'xzatoma mcp login %s' in a terminal" % self.config.name
 
     def send(self, message, deadline=None):
-        """Send without waiting: a request's answer (JSON, or SSE events) reaches on_message from a thread."""
-        if "id" not in message:  # a notification: 202 Accepted, nothing to read
+        """A request is sent without waiting: its answer (JSON, or SSE events) reaches on_message from a thread
+        of its own. A notification, or an answer to the server's own request, is posted here (202 Accepted,
+        nothing to read), until `deadline` at the latest."""
+        if "method" not in message or "id" not in message:
             try:
                 self.post(message, deadline or time.monotonic() + 10)
             except McpError as exc:
-                self.log.write("notification %s not accepted: %s" % (message.get("method"), exc))
+                self.log.write("%s not accepted: %s" % (message.get("method") or "an answer", exc))
             return
-        thread = threading.Thread(target=self._exchange, args=(message, deadline), daemon=True,
-                                  name="mcp-http-%s" % self.config.name)
+        thread = threading.Thread(target=_guarded(self._exchange, self.log, "an exchange with server '%s'"
+                                                  % self.config.name),
+                                  args=(message, deadline), daemon=True, name="mcp-http-%s" % self.config.name)
         thread.start()
 
     def _exchange(self, message, deadline):
+        """One request and its answer. Whatever goes wrong ends with an answer for the waiting call (an error
+        it reports at once), never with this thread dying and the call waiting out its deadline; past the
+        deadline, the waiting call says so itself (and cancels)."""
+        request_id = message["id"]
+        answered = []
+        dropped = []
+
         def stream(resp):
             for _, data in parse_sse(resp.readline):
-                try:
-                    item = json.loads(data)
-                except ValueError:
+                if data is None:
+                    dropped.append("an event over %d bytes" % MAX_MESSAGE)
+                    self.log.write("an SSE event over %d bytes dropped" % MAX_MESSAGE)
                     continue
-                if isinstance(item, dict):
-                    self.on_message(item)
-                    if item.get("id") == message["id"] and "method" not in item:
-                        return  # the answer ends this request's stream
-        try:
-            status, _, data = self.post(message, deadline, stream)
-            if status == 200 and not data:
-                return
-            try:
-                item = json.loads(data.decode("utf-8", "replace")) if data else None
-            except ValueError:
-                item = None
-            if isinstance(item, dict) and ("result" in item or "error" in item):
-                if item.get("id") is None:  # an error about the request itself carries no id (or null)
-                    item["id"] = message["id"]
-                item["_http_status"] = status
+                try:
+                    item = load_json(data)
+                except ValueError as exc:
+                    dropped.append("an event that is not JSON (%s)" % exc)
+                    self.log.write("SSE data not JSON-RPC (%s): %s" % (exc, data[:300]))
+                    continue
                 self.on_message(item)
-            else:
-                self.on_message({"id": message["id"], "_http_status": status, "error": {
-                    "code": 0, "message": "HTTP %d: %s" % (status, shown(data[:300].decode("utf-8", "replace")))}})
+                if isinstance(item, dict) and "method" not in item and item.get("id") == request_id and \
+                        not isinstance(request_id, bool):
+                    answered.append(True)
+                    return  # the answer ends this request's stream
+
+        def fail(text, status=None, exc=None):
+            """The waiting call's answer: `exc` raised (McpError), else an error answer (RpcError)."""
+            if time.monotonic() < deadline_at:
+                answer = {"id": request_id, "_http_status": status, "error": {"code": 0, "message": text}}
+                if exc is not None:
+                    answer["_exception"] = exc
+                self.on_message(answer)
+        deadline_at = deadline or time.monotonic() + DEFAULT_TIMEOUT
+        try:
+            status, _, data = self.post(message, deadline_at, stream)
         except McpError as exc:
-            status = getattr(exc, "status", None)
-            self.on_message({"id": message["id"], "_http_status": status, "_exception": exc,
-                             "error": {"code": 0, "message": str(exc)}})
+            fail(str(exc), getattr(exc, "status", None), exc)
+            return
+        if status == 200 and not data:  # an SSE stream: its answer came through on_message, or never will
+            if not answered:
+                text = "the server's stream ended without an answer%s" % (
+                    " (dropped: %s)" % ", ".join(dropped[:3]) if dropped else "")
+                fail(text, 200, McpError(text))
+            return
+        unreadable = None
+        try:
+            item = load_json(data.decode("utf-8", "replace")) if data else None
+        except ValueError as exc:
+            item, unreadable = None, str(exc)
+        if isinstance(item, dict) and ("result" in item or "error" in item):
+            if item.get("id") is None:  # an error about the request itself carries no id (or null)
+                item["id"] = request_id
+            item["_http_status"] = status
+            self.on_message(item)
+        elif len(data) > MAX_MESSAGE:
+            text = "the server's answer is over %d MB: not read" % (MAX_MESSAGE >> 20)
+            fail(text, status, McpError(text))
+        elif status == 200 and unreadable:
+            text = "the server's answer is not JSON-RPC (%s)" % unreadable
+            fail(text, status, McpError(text))
+        else:
+            fail("HTTP %d: %s" % (status, shown(data[:300].decode("utf-8", "replace"))), status)
 
     def abort(self, request_id):
         """Close a request's connection: on 2026-07-28 servers that is the cancellation itself."""
         with self._lock:
-            conn = self._open.pop(request_id, None)
-        if conn is not None:
-            try:
-                if conn.sock is not None:
-                    import socket
-                    conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            sock = self._open.pop(("request", request_id), None)
+        _shut(sock)
 
     def close(self):
-        if self.session_id and not self.modern:  # 2025: end the session (a server may answer 405)
+        if self.session_id and not self.modern:  # 2025: end the session (a server may answer 405), briefly
+            deadline = time.monotonic() + CLOSE_SECONDS
+            conn = None
             try:
-                conn = self._connection(3)
-                headers = self.headers({})
-                conn.request("DELETE", self.parts.path or "/", headers=headers)
-                conn.getresponse().read()
-                conn.close()
-            except (OSError, McpError):
+                import http.client
+                conn = self._connection(CLOSE_SECONDS)
+                conn.connect()
+                watch = _WATCHDOG.watch(deadline, conn.sock)
+                try:
+                    conn.request("DELETE", self.parts.path or "/", headers=self.headers({}))
+                    conn.getresponse().read(1 << 16)
+                finally:
+                    _WATCHDOG.release(watch)
+            except (OSError, McpError, http.client.HTTPException, ValueError):
                 pass
+            finally:
+                if conn is not None:
+                    conn.close()
         with self._lock:
-            ids = list(self._open)
-        for request_id in ids:
-            self.abort(request_id)
+            socks = list(self._open.values())
+            self._open.clear()
+        for sock in socks:  # requests, notifications and answers still under way
+            _shut(sock)
 
 
 # ---- OAuth 2.1: protected-resource metadata, authorization-server metadata, registration, PKCE ----
@@ -1149,16 +1314,30 @@ class OAuth:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, headers=headers)
+        box = {}
+
+        def fetch():
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    box["answer"] = resp.read(1 << 20), resp.status
+            except urllib.error.HTTPError as exc:
+                box["answer"] = exc.read(1 << 16), exc.code
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                box["error"] = exc
+        import http.client
+        # on a thread, waited for 30 s in all: urlopen's timeout bounds each read, and a server that trickles
+        # its answer a byte at a time would hold the run for ever (that thread is left to its socket timeout)
+        worker = threading.Thread(target=fetch, name="mcp-oauth", daemon=True)
+        worker.start()
+        worker.join(30)
+        if worker.is_alive():
+            raise McpError("cannot reach %s: no answer within 30s" % shown(url))
+        if "error" in box:
+            exc = box["error"]
+            raise McpError("cannot reach %s: %s" % (shown(url), shown(getattr(exc, "reason", None) or exc)))
+        raw, status = box["answer"]
         try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
-                raw = resp.read(1 << 20)
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            raw, status = exc.read(1 << 16), exc.code
-        except (OSError, ValueError) as exc:
-            raise McpError("cannot reach %s: %s" % (url, getattr(exc, "reason", None) or exc))
-        try:
-            parsed = json.loads(raw.decode("utf-8", "replace")) if raw else {}
+            parsed = load_json(raw.decode("utf-8", "replace")) if raw else {}
         except ValueError:
             parsed = None
         return status, parsed
@@ -1344,6 +1523,40 @@ class _Callback:
 
 # ---- The client: which protocol, the tools, calls ----
 
+def _is_id(value):
+    """A JSON-RPC id: text or an integer (a list, an object or true cannot name a request)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _malformed(message):
+    """Why a JSON value a server sent is not a message this client can take, or None. The one check of a
+    message's shape: what passes has a text method (a request also an id) and object params, or is an
+    answer with an id and a result or an error."""
+    if not isinstance(message, dict):
+        return "not an object"
+    if "method" in message:
+        if not isinstance(message["method"], str):
+            return "its method is not text"
+        if "id" in message and not _is_id(message["id"]):
+            return "its id is neither text nor an integer"
+        if message.get("params") is not None and not isinstance(message["params"], dict):
+            return "its params are not an object"
+        return None
+    if not _is_id(message.get("id")):
+        return "an answer whose id is neither text nor an integer"
+    if "result" not in message and "error" not in message:
+        return "an answer with neither result nor error"
+    return None
+
+
+def _excerpt(message):
+    try:
+        text = json.dumps(message, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):
+        text = repr(type(message))
+    return text[:300]
+
+
 class Client:
     """One server's conversation: era detection and handshake, tools/list, tools/call. Thread-safe: parallel
     subagents may call at once."""
@@ -1366,6 +1579,9 @@ class Client:
         self._next = 0
         self._pending = {}
         self._lock = threading.Lock()
+        self._outbox = None  #: answers to the server's requests (and HTTP cancels), sent by one thread
+        self._dropped = 0  #: of them, dropped because too many waited
+        self._stopped = False  #: closed: nothing more is sent
         transport.on_message = self.dispatch
         transport.on_closed = self._closed
 
@@ -1376,39 +1592,88 @@ class Client:
             return self._next
 
     def dispatch(self, message):
-        if "method" in message:
-            if "id" in message:
-                self._answer_server(message)
-            else:
-                self._notification(message)
+        """Every JSON value a server sends comes here, from its transport's thread. Its shape is checked here,
+        once (a batch is its messages, each on its own); a message that is not JSON-RPC, or that something here
+        cannot handle, costs that message only: it is logged, and a call it answered fails at once with the
+        reason. Nothing a server sends ends the thread that reads it."""
+        if isinstance(message, list):  # a batch (2025-03-26 allowed them): its messages, none of them a batch
+            for item in message[:OUTBOX_MAX * 16]:
+                self.dispatch(item if not isinstance(item, list) else None)
             return
-        with self._lock:
-            pending = self._pending.get(message.get("id"))
-        if pending is not None:
-            pending.message = message
-            pending.event.set()
+        why = _malformed(message)
+        if why is not None:
+            self.log.write("a message that is not JSON-RPC ignored (%s): %s" % (why, _excerpt(message)))
+            return
+        try:
+            if "method" in message:
+                if "id" in message:
+                    self._answer_server(message)
+                else:
+                    self._notification(message)
+                return
+            with self._lock:
+                pending = self._pending.get(message.get("id"))
+            if pending is not None:
+                pending.message = message
+                pending.event.set()
+        except Exception as exc:  # noqa: BLE001 - a bug, or a message no check foresaw
+            self.log.write("a message not handled (%s: %s): %s" % (type(exc).__name__, exc, _excerpt(message)))
+            with self._lock:
+                pending = self._pending.get(message.get("id")) if "method" not in message else None
+            if pending is not None and not pending.event.is_set():
+                error = McpError("the server's answer could not be read (%s)" % type(exc).__name__)
+                pending.message = {"error": {"code": 0}, "_exception": error}
+                pending.event.set()
 
     def _answer_server(self, message):
-        """Requests from the server: ping is answered; we offer no sampling, roots or elicitation."""
+        """Requests from the server: ping is answered; we offer no sampling, roots or elicitation. The answers
+        go out from one thread through a short queue: a server that floods requests (and stops reading) gets
+        the rest dropped, and neither the thread that reads it nor a call waits on it."""
         if message["method"] == "ping":
             reply = {"jsonrpc": "2.0", "id": message["id"], "result": {}}
         else:
             reply = {"jsonrpc": "2.0", "id": message["id"],
-                     "error": {"code": METHOD_NOT_FOUND, "message": "XZatoma offers no %s" % message["method"]}}
+                     "error": {"code": METHOD_NOT_FOUND, "message": "XZatoma offers no %s" % message["method"][:100]}}
+        self._post(reply)
+
+    def _post(self, message):
+        """Send a message from the outgoing thread (not waited for); dropped, and logged once a while, when
+        OUTBOX_MAX are waiting already."""
+        with self._lock:
+            if self._outbox is None:
+                self._outbox = queue.Queue(OUTBOX_MAX)
+                threading.Thread(target=_guarded(self._send_out, self.log, "the sender of server '%s'"
+                                                 % self.config.name),
+                                 name="mcp-out-%s" % self.config.name, daemon=True).start()
         try:
-            self.transport.send(reply, time.monotonic() + 5)
-        except McpError:
-            pass
+            self._outbox.put_nowait(message)
+        except queue.Full:
+            self._dropped += 1
+            if self._dropped in (1, 10, 100, 1000) or self._dropped % 10000 == 0:
+                self.log.write("the server sends more requests than it reads answers: %d answer%s dropped" % (
+                    self._dropped, "" if self._dropped == 1 else "s"))
+
+    def _send_out(self):
+        while True:
+            message = self._outbox.get()
+            if message is None or self.dead or self._stopped:
+                return
+            try:
+                self.transport.send(message, time.monotonic() + REPLY_SECONDS)
+            except McpError as exc:
+                self.log.write("%s not sent: %s" % (message.get("method") or "an answer", exc))
 
     def _notification(self, message):
         method, params = message.get("method"), message.get("params") or {}
         if method == "notifications/progress":
             with self._lock:
-                pending = self._pending.get(params.get("progressToken"))
+                pending = self._pending.get(params.get("progressToken")) if _is_id(params.get("progressToken")) \
+                    else None
             if pending is not None and pending.progress is not None:
                 pending.progress(params.get("progress"), params.get("total"), params.get("message"))
         elif method == "notifications/message":
-            self.log.write("log %s: %s" % (params.get("level"), json.dumps(params.get("data"), ensure_ascii=False)))
+            self.log.write("log %s: %s" % (shown(params.get("level"), 20),
+                                           json.dumps(params.get("data"), ensure_ascii=False)[:4000]))
         elif method == "notifications/tools/list_changed":
             self.log.write("the server's tool list changed (the tools offered stay those of the start)")
 
@@ -1505,11 +1770,19 @@ class Client:
         return None
 
     def _cancel(self, request_id, reason):
+        """Tell the server a request is given up, without waiting on it past REPLY_SECONDS: on stdio it is
+        written at once (before what is sent next: a server reads in order); over HTTP it is posted from the
+        outgoing thread, so a server that is slow to take it (or trickles its answer) keeps no call waiting."""
         self.transport.abort(request_id)
         if self.modern and self.transport.kind == "http":
             return  # closing the stream is the cancellation (2026-07-28)
+        message = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": request_id, "reason": reason}}
+        if self.transport.kind == "http":
+            self._post(message)
+            return
         try:
-            self.notify("notifications/cancelled", {"requestId": request_id, "reason": reason})
+            self.transport.send(message, time.monotonic() + REPLY_SECONDS)
         except McpError:
             pass
 
@@ -1696,6 +1969,14 @@ class Client:
 
     def close(self):
         self.transport.close()
+        with self._lock:
+            self._stopped = True
+            outbox = self._outbox
+        if outbox is not None:
+            try:
+                outbox.put_nowait(None)  # the outgoing thread ends (or at its next message)
+            except queue.Full:
+                pass
 
 
 # ---- MCP tools as XZatoma tools: names, approvals, results ----
@@ -1861,8 +2142,13 @@ class McpTool(Tool):
         if ctx.deadline is not None:
             deadline = min(deadline, ctx.deadline)
         server = self.server
+        last = []
 
-        def progress(done, total, message):
+        def progress(done, total, message):  # a few lines a second at most: a server may send thousands
+            now = time.monotonic()
+            if last and now - last[0] < PROGRESS_INTERVAL:
+                return
+            last[:] = [now]
             server.progress(self.remote, done, total, message)
         try:
             try:
@@ -1946,7 +2232,7 @@ class Server:
             if not self.client.probe_killed:
                 raise
             # a 2025 server that exits on a request it does not know: once more, with the handshake at once
-            transport.close()
+            self.client.close()  # its transport, and its outgoing thread
             transport = StdioTransport(cfg, s.root, s.make_sandbox, self.log, s.warn, s.require_sandbox)
             self.client = Client(cfg, transport, self.log, s.version, on_death=self._died)
             self.client.connect(deadline, probe=False)
@@ -2012,8 +2298,19 @@ class Server:
     def progress(self, tool, done, total, message):
         if done is None:
             return
-        amount = ("%d%%" % (100.0 * done / total) if total else "%g" % done) if isinstance(done, (int, float)) \
-            and (not total or isinstance(total, (int, float))) else "?"
+        amount = "?"
+        if isinstance(done, (int, float)) and not isinstance(done, bool):
+            try:
+                amount = "%g" % done
+            except OverflowError:  # an integer past any float
+                amount = "?"
+            if isinstance(total, (int, float)) and not isinstance(total, bool) and total:
+                try:
+                    share = 100.0 * done / total
+                except (ArithmeticError, ValueError):
+                    share = float("nan")
+                if math.isfinite(share) and 0 <= share <= 1000:
+                    amount = "%d%%" % share
         self.servers.note("  mcp %s/%s: %s%s" % (self.config.name, shown(tool, 60), amount,
                                                   " " + shown(message, 120) if message else ""))
 
@@ -2056,8 +2353,10 @@ class Servers:
     """
 
     def __init__(self, configs, root, make_sandbox, home=None, credentials=None, interactive=False, warn=None,
-                 note=None, say=None, version="0", open_browser=None, require_sandbox=False, untrusted=()):
+                 note=None, say=None, version="0", open_browser=None, require_sandbox=False, untrusted=(),
+                 deadline=None):
         self.root = root
+        self.deadline = deadline  #: the run's own deadline (time.monotonic()), which bounds start-up too
         self.make_sandbox = make_sandbox
         self.home = home
         self.credentials = credentials
@@ -2091,6 +2390,8 @@ class Servers:
             if server.state != "starting":
                 continue
             deadline = time.monotonic() + server.config.timeout
+            if self.deadline is not None:
+                deadline = min(deadline, self.deadline)
             thread = threading.Thread(target=self._start_one, args=(server, deadline), daemon=True,
                                       name="mcp-start-%s" % server.config.name)
             thread.start()
@@ -2099,9 +2400,13 @@ class Servers:
             thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
             while thread.is_alive() and server.logging_in():  # a person in the browser: not a server's delay
                 thread.join(0.2)
-            if thread.is_alive() or server.state == "starting":
+            late = thread.is_alive() or server.state == "starting" or (
+                server.state == "failed" and str(server.error).startswith("no answer in time"))
+            if late:
                 server.state, server.error = "failed", "no answer within %gs (start-up and handshake; " \
                     "mcp.servers.%s.timeout_seconds)" % (server.config.timeout, server.config.name)
+                if self.deadline is not None and self.deadline <= deadline:
+                    server.error = "not started within the run's time limit (agent.timeout_seconds, --timeout)"
                 server.close()
                 server.state = "failed"
             if server.state == "failed":

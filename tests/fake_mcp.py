@@ -2,8 +2,12 @@
 stateless revision (server/discover, per-request _meta, required headers), or both; an OAuth 2.1 stub.
 
 stdio:  python tests/fake_mcp.py [--era legacy|modern|dual] [--legacy-version V] [--probe error|silent|crash]
+        [--hostile] [--mute] [--flood N]
 Every message received is written to stderr as `recv: {json}` (XZatoma keeps a server's stderr in its log).
-HTTP:   FakeHttpMcp(era=..., oauth=False, sse=False).start() in the test process; .url is the MCP endpoint.
+Hostile modes: --hostile sends malformed messages before each call's answer, --mute never answers anything,
+--flood N answers a call after N sampling/createMessage requests, and stops reading its input first.
+HTTP:   FakeHttpMcp(era=..., oauth=False, sse=False, hostile=None).start() in the test process; .url is the MCP
+endpoint; `hostile` (see FakeHttpMcp) makes it hang, trickle, or answer with what a client must survive.
 
 Tools: echo (readOnlyHint), add (structured content), write_file, connect (a TCP connection to 127.0.0.1),
 slow (progress notifications; stops when cancelled), rich (image, resource link, embedded resource), fail
@@ -55,7 +59,10 @@ TOOLS += [{"name": "extra%d" % i, "description": "x" * 2048, "inputSchema": {"ty
 class Core:
     """The protocol, whatever carries it. `send(message)` writes one message to the client."""
 
-    def __init__(self, era="dual", legacy_version=LEGACY, probe="error", send=None, log=None):
+    def __init__(self, era="dual", legacy_version=LEGACY, probe="error", send=None, log=None, hostile=False,
+                 flood=0):
+        self.hostile = hostile  #: malformed messages before each call's answer
+        self.flood = flood  #: server->client requests sent before each call's answer
         self.era = era
         self.legacy_version = legacy_version
         self.probe = probe
@@ -108,6 +115,22 @@ class Core:
         return error(mid, -32601, "Method not found: %s" % method)
 
     def call(self, mid, name, args, token):
+        if self.hostile and self.send is not None:
+            deep = "[" * 100000
+            for raw in (deep, '{"jsonrpc": "2.0", "id": [1], "result": {}}', '{"jsonrpc": "2.0", "id": {"a": 1}}',
+                        '{"jsonrpc": "2.0", "method": "notifications/progress", "params": "x"}',
+                        '{"jsonrpc": "2.0", "method": 5}', '{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": 3}',
+                        '[1, "two", {"id": true, "result": {}}]', '"text"', "not json",
+                        json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                                    "params": {"progressToken": token, "progress": 1e308, "total": 1e-308}}),
+                        json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                                    "params": {"progressToken": [token], "progress": 1}}),
+                        json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                                    "params": {"level": {"x": 1}, "data": 10 ** 400}})):
+                self.send(raw)  # text: written as it is
+        for k in range(self.flood):
+            if self.send is not None:
+                self.send({"jsonrpc": "2.0", "id": "s%d" % k, "method": "sampling/createMessage", "params": {}})
         if name == "echo":
             return result(mid, {"content": [{"type": "text", "text": args.get("text", "")}]})
         if name == "add":
@@ -174,12 +197,12 @@ def error(mid, code, message, data=None):
 
 # ---- stdio ----
 
-def serve_stdio(core):
+def serve_stdio(core, mute=False):
     lock = threading.Lock()
 
     def send(message):
         with lock:
-            sys.stdout.write(json.dumps(message) + "\n")
+            sys.stdout.write((message if isinstance(message, str) else json.dumps(message)) + "\n")
             sys.stdout.flush()
     core.send = send
     core.log = lambda text: (sys.stderr.write(text + "\n"), sys.stderr.flush())
@@ -188,6 +211,9 @@ def serve_stdio(core):
         if not line:
             continue
         message = json.loads(line)
+        if mute:
+            core.log("recv (not answered): " + line)
+            continue
 
         def work(message=message):
             answer = core.handle(message)
@@ -195,6 +221,8 @@ def serve_stdio(core):
                 send(answer)
         if message.get("method") == "tools/call":
             threading.Thread(target=work, daemon=True).start()  # so a cancel can arrive while it runs
+            if core.flood:
+                threading.Event().wait()  # it floods, and reads nothing more: the client's answers fill the pipe
         else:
             work()
 
@@ -204,7 +232,12 @@ def serve_stdio(core):
 class FakeHttpMcp:
     """A Streamable HTTP MCP server on 127.0.0.1 (in the test process). `requests` records (headers, body)."""
 
-    def __init__(self, era="dual", oauth=False, sse=False, bad_issuer=False, token_ttl=3600):
+    def __init__(self, era="dual", oauth=False, sse=False, bad_issuer=False, token_ttl=3600, hostile=None):
+        #: {"hang": {methods never answered}, "drip": {methods, or "DELETE", answered a byte at a time},
+        #:  "call": "deep" | "sse_deep" | ("sse_big", MB) | ("flood", N): how tools/call is answered,
+        #:  "hold": seconds the answers to its own requests (roots/list) are held before 202}
+        self.hostile = dict(hostile or {})
+        self.release = threading.Event()  #: set by stop(): whatever hangs or trickles ends
         self.era = era
         self.oauth = oauth
         self.sse = sse
@@ -225,6 +258,7 @@ class FakeHttpMcp:
         return self
 
     def stop(self):
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -286,7 +320,63 @@ def _handler(fake):
                 return self._empty(405)
             return self._empty(404)
 
+        def _drip(self):
+            """200, then a body one byte at a time, for as long as the test runs: every read is short."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                while not fake.release.wait(0.1):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+            except OSError:
+                pass
+            self.close_connection = True
+
+        def _hostile_call(self, message):
+            """tools/call answered as fake.hostile["call"] says."""
+            how = fake.hostile["call"]
+            mid = message.get("id")
+            if how == "deep":
+                body = b"[" * 100000
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                if how == "sse_deep":
+                    self.wfile.write(b"data: " + b"[" * 100000 + b"\n\n")
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                kind, n = how
+                if kind == "sse_big":
+                    self.wfile.write(b"data: ")
+                    chunk = b"x" * (1 << 20)
+                    for _ in range(n):
+                        self.wfile.write(chunk)
+                    self.wfile.write(b"\n\n")
+                elif kind == "flood":
+                    for k in range(n):
+                        self.wfile.write(("data: %s\n\n" % json.dumps({"jsonrpc": "2.0", "id": "s%d" % k,
+                                                                        "method": "roots/list"})).encode())
+                self.wfile.write(("data: %s\n\n" % json.dumps(result(mid, {"content": [
+                    {"type": "text", "text": "done"}]}))).encode())
+                self.wfile.flush()
+            except OSError:
+                pass
+            self.close_connection = True
+
         def do_DELETE(self):
+            if "DELETE" in fake.hostile.get("drip", ()):
+                return self._drip()
             fake.sessions.pop(self.headers.get("Mcp-Session-Id"), None)
             return self._empty(200)
 
@@ -326,6 +416,18 @@ def _handler(fake):
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             message = json.loads(raw)
             fake.requests.append((dict(self.headers), message))
+            hostile, method = fake.hostile, message.get("method")
+            if method is None and "id" in message and hostile.get("hold"):  # an answer to its own request
+                fake.release.wait(hostile["hold"])
+                return self._empty(202)
+            if method in hostile.get("hang", ()):
+                fake.release.wait(120)
+                self.close_connection = True
+                return
+            if method in hostile.get("drip", ()):
+                return self._drip()
+            if method == "tools/call" and hostile.get("call"):
+                return self._hostile_call(message)
             if fake.oauth:
                 auth = self.headers.get("Authorization") or ""
                 if not auth.startswith("Bearer ") or auth[7:] not in fake.tokens:
@@ -386,8 +488,12 @@ def main():
     parser.add_argument("--legacy-version", default=LEGACY)
     parser.add_argument("--probe", default="error", choices=("error", "silent", "crash"))
     parser.add_argument("--marker", help="ignored: a word tests look for among the processes")
+    parser.add_argument("--hostile", action="store_true", help="malformed messages before each call's answer")
+    parser.add_argument("--mute", action="store_true", help="never answer anything")
+    parser.add_argument("--flood", type=int, default=0, help="server->client requests before each call's answer")
     args = parser.parse_args()
-    serve_stdio(Core(era=args.era, legacy_version=args.legacy_version, probe=args.probe))
+    serve_stdio(Core(era=args.era, legacy_version=args.legacy_version, probe=args.probe, hostile=args.hostile,
+                     flood=args.flood), mute=args.mute)
 
 
 if __name__ == "__main__":

@@ -183,14 +183,16 @@ def test_http_sse_answers_carry_progress_and_a_cancel_closes_the_stream(http, tm
     try:
         slow = next(t for t in s.tools() if t.remote == "slow")
         assert slow.run({"seconds": 0.3}, Ctx()).output == "slept 0.3s"
-        assert "  mcp h/slow: 50% step 5" in notes
+        assert notes[0] == "  mcp h/slow: 0% step 0"  # then a few a second (PROGRESS_INTERVAL), not all ten
+        assert 1 <= len(notes) < 10 and all(n.startswith("  mcp h/slow: ") for n in notes)
         cancel = threading.Event()
         threading.Timer(0.3, cancel.set).start()
         started = time.monotonic()
         with pytest.raises(mcp.ToolError, match="cancelled by user; the server was told to cancel it"):
             slow.run({"seconds": 20}, Ctx(cancel=cancel))
         assert time.monotonic() - started < 5
-        assert any(b.get("method") == "notifications/cancelled" for _, b in fake.requests)
+        # posted from the client's outgoing thread (no call waits on a server slow to take it)
+        assert mcp_wait(lambda: any(b.get("method") == "notifications/cancelled" for _, b in fake.requests))
     finally:
         s.close()
 
@@ -359,3 +361,156 @@ def test_a_projects_file_takes_only_plain_variables_from_the_environment():
     # the person's own configuration expands every variable, as before
     own, = mcp.parse_servers({"own": {"command": "s", "env": {"K": "${OPENAI_API_KEY}"}}}, "cfg", env, [])
     assert own.env == {"K": "sk-x"}
+
+
+# ---- hostile servers: every exchange ends by its deadline; one bad message costs that message only ----
+
+def tool(s, remote):
+    return next(t for t in s.tools() if t.remote == remote)
+
+
+def in_thread(function, *args):
+    """Run function(*args) on a thread; (thread, box): box["result"] or box["error"] once it ends."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = function(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+@pytest.fixture
+def thread_errors(monkeypatch):
+    """What escaped a thread (a traceback on the person's terminal otherwise)."""
+    caught = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: caught.append(args.exc_type.__name__))
+    return caught
+
+
+def test_a_server_trickling_its_answers_holds_neither_a_call_nor_the_close_past_their_deadlines(
+        http, tmp_path, thread_errors):
+    # the call is never answered; the answers to notifications/cancelled and to the closing DELETE come a byte
+    # at a time for ever: every read is short, so only a deadline on the whole exchange ends them
+    fake = http(era="legacy", hostile={"hang": {"tools/call"}, "drip": {"notifications/cancelled", "DELETE"}})
+    s = servers({"h": {"url": fake.url, "allow": ["*"], "timeout_seconds": 1.5}}, tmp_path).start()
+    assert s.get("h").state == "running", s.get("h").error
+    echo = tool(s, "echo")
+    for run_limit, why in ((None, "no answer within 1.5s"), (0.8, "the run's time limit")):
+        started = time.monotonic()
+        ctx = Ctx(deadline=run_limit and started + run_limit)
+        thread, box = in_thread(echo.run, {"text": "x"}, ctx)
+        thread.join(8)
+        assert not thread.is_alive(), "the call is still waiting after 8s"
+        assert isinstance(box.get("error"), mcp.ToolError) and why in str(box["error"]), box
+        assert time.monotonic() - started < 1.5 + 1.5
+    assert mcp_wait(lambda: sum(b.get("method") == "notifications/cancelled" for _, b in fake.requests) == 2), \
+        [(b.get("method"), (b.get("params") or {}).get("requestId")) for _, b in fake.requests][4:]
+    started = time.monotonic()
+    thread, _ = in_thread(s.close)
+    thread.join(8)
+    assert not thread.is_alive() and time.monotonic() - started < mcp.CLOSE_SECONDS + 1.5
+    assert thread_errors == []
+
+
+@pytest.mark.parametrize("answer,said", [
+    ("deep", "the server's answer is not JSON-RPC (nested too deeply)"),
+    ("sse_deep", "the server's stream ended without an answer (dropped: an event that is not JSON (nested too "
+                 "deeply))")])
+def test_an_unreadable_http_answer_fails_its_call_at_once_and_kills_no_thread(http, tmp_path, thread_errors,
+                                                                              answer, said):
+    fake = http(era="legacy", hostile={"call": answer})
+    s = servers({"h": {"url": fake.url, "allow": ["*"], "timeout_seconds": 20}}, tmp_path).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(mcp.ToolError) as caught:
+            tool(s, "echo").run({"text": "x"}, Ctx())
+        assert str(caught.value) == "MCP tool 'echo' of server 'h': " + said
+        assert time.monotonic() - started < 5  # not the 20s of its timeout
+        assert s.get("h").state == "running"  # the server is still used
+    finally:
+        s.close()
+    assert thread_errors == []
+
+
+def test_a_url_http_cannot_send_fails_the_server_at_once(tmp_path, thread_errors):
+    s = servers({"h": {"url": "http://127.0.0.1:9/m\x01cp", "timeout_seconds": 20}}, tmp_path)
+    started = time.monotonic()
+    s.start()
+    assert s.get("h").state == "failed" and s.get("h").error.startswith("cannot reach http://127.0.0.1:9/m")
+    assert "\x01" not in s.get("h").error
+    assert time.monotonic() - started < 5
+    s.close()
+    assert thread_errors == []
+
+
+def test_an_sse_event_over_the_message_limit_is_dropped_as_it_is_read(http, tmp_path, monkeypatch):
+    import tracemalloc
+    monkeypatch.setattr(mcp, "MAX_MESSAGE", 1 << 20)
+    fake = http(era="legacy", hostile={"call": ("sse_big", 24)})  # one data line of 24 MB, then the answer
+    s = servers({"h": {"url": fake.url, "allow": ["*"], "timeout_seconds": 20}}, tmp_path).start()
+    try:
+        tracemalloc.start()
+        try:
+            assert tool(s, "echo").run({"text": "x"}, Ctx()).output == "done"
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20, peak  # the server's own 1 MB chunks and ours: never the 24 MB line
+        assert "an SSE event over 1048576 bytes dropped" in (tmp_path / "xz" / "mcp" / "h.log").read_text()
+    finally:
+        s.close()
+
+
+def test_parse_sse_never_reads_more_than_its_limit_at_once():
+    import io
+    stream = io.BytesIO(b"data: " + b"x" * 5000 + b"\n\n" + b"data: y\n" * 600 + b"\n" + b"event: e\ndata: ok\n\n")
+    sizes = []
+
+    def readline(size=-1):
+        line = stream.readline(size)
+        sizes.append(len(line))
+        return line
+    assert list(mcp.parse_sse(readline, limit=1000)) == [(None, None), (None, None), ("e", "ok")]
+    assert max(sizes) <= 1002
+
+
+def test_a_flood_of_server_requests_over_http_is_answered_from_one_thread(http, tmp_path, thread_errors):
+    # 2000 roots/list requests in the call's stream; the server holds each refusal POSTed to it for 3 s
+    fake = http(era="legacy", hostile={"call": ("flood", 2000), "hold": 3})
+    s = servers({"h": {"url": fake.url, "allow": ["*"], "timeout_seconds": 20}}, tmp_path).start()
+    try:
+        assert tool(s, "echo").run({"text": "x"}, Ctx()).output == "done"
+        ours = [t.name for t in threading.enumerate() if t.name.startswith("mcp-")]
+        assert len(ours) < 10, ours
+        log = tmp_path / "xz" / "mcp" / "h.log"
+        assert mcp_wait(lambda: "answers dropped" in log.read_text())
+    finally:
+        started = time.monotonic()
+        s.close()
+        assert time.monotonic() - started < mcp.CLOSE_SECONDS + 3
+    assert thread_errors == []
+
+
+def test_progress_of_a_call_is_shown_a_few_times_a_second(tmp_path):
+    notes = []
+    s = servers({"f": {"command": sys.executable, "args": [os.path.join(HERE, "fake_mcp.py"), "--era", "legacy"],
+                       "allow": ["*"]}}, tmp_path, note=notes.append).start()
+    try:
+        started = time.monotonic()
+        assert tool(s, "slow").run({"seconds": 0.6}, Ctx()).output == "slept 0.6s"  # 10 steps, 60 ms apart
+        took = time.monotonic() - started
+        assert notes[0] == "  mcp f/slow: 0% step 0" and len(notes) <= took / mcp.PROGRESS_INTERVAL + 1, notes
+        assert len(notes) < 10
+    finally:
+        s.close()
+
+
+def test_a_project_file_nested_too_deeply_is_an_invalid_file():
+    with pytest.raises(mcp.ConfigError, match=r"^p/\.mcp\.json: not valid JSON: nested too deeply$"):
+        mcp.project_servers("[" * 100000, "p/.mcp.json")
+    with pytest.raises(ValueError, match="nested too deeply"):
+        mcp.load_json('{"a":' * 100000)

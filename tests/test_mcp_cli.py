@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import sys
+import time
 import uuid
 
 import pytest
@@ -510,3 +511,62 @@ def test_a_projects_server_never_gets_a_token_stored_for_another_url(cli, fake):
     finally:
         yours.stop()
         theirs.stop()
+
+
+# ---- hostile servers through the CLI: stdout, stderr and exit codes; a run ends by its --timeout ----
+
+def test_malformed_messages_from_a_stdio_server_cost_those_messages_only(cli, fake):
+    # before each answer: a line nested 100 000 deep, ids that are lists or objects, params that are text, a
+    # method that is a number, a batch of junk, progress of 1e308 out of 1e-308, a log level that is an object
+    use(cli, fake, {"fake": server("--hostile", allow=["echo"], timeout_seconds=20)})
+    fake.add({"tool_calls": [tool_call("mcp__fake__echo", text="first")]},
+             {"tool_calls": [tool_call("mcp__fake__echo", text="second")]}, {"content": "both answered"})
+    started = time.monotonic()
+    r = cli.run("run", "--prompt", "echo twice")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "both answered\n"
+    assert tool_results(fake) == ["first", "second"]  # the reader lived on: the second answer came too
+    assert time.monotonic() - started < 15  # neither call waited out its 20s
+    for bad in ("Traceback", "Exception in thread", "Error:", "stopped"):
+        assert bad not in r.stderr, r.stderr
+    log = (cli.xz_home / "mcp" / "fake.log").read_text()
+    assert "(not JSON-RPC: nested too deeply)" in log and "whose id is neither text nor an integer" in log
+    assert "its params are not an object" in log and "its method is not text" in log
+
+
+def test_a_flood_of_server_requests_cannot_push_a_run_past_its_timeout(cli, fake):
+    # 50 000 sampling requests before the answer, and the server reads nothing more: the refusals fill its pipe
+    use(cli, fake, {"fake": server("--flood", "50000", allow=["echo"], timeout_seconds=100)})
+    fake.add({"tool_calls": [tool_call("mcp__fake__echo", text="after the flood")]}, {"content": "done"})
+    started = time.monotonic()
+    r = cli.run("run", "--timeout", "12", "--prompt", "flood")
+    assert time.monotonic() - started < 12, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "done\n" and tool_results(fake) == ["after the flood"]
+    assert "Traceback" not in r.stderr
+    assert "answers dropped" in (cli.xz_home / "mcp" / "fake.log").read_text()
+
+
+def test_mcp_start_up_ends_by_the_runs_timeout(cli, fake):
+    use(cli, fake, {"mute": server("--mute", timeout_seconds=60)})  # it never answers its handshake
+    fake.add({"content": "never asked"})
+    started = time.monotonic()
+    r = cli.run("run", "--timeout", "4", "--prompt", "hi")
+    assert time.monotonic() - started < 4 + 3, r.stderr
+    assert "warning: MCP server 'mute' not used: not started within the run's time limit (agent.timeout_seconds, " \
+           "--timeout)" in r.stderr
+    assert r.returncode != 0 and "timed out after 4s" in r.stderr, r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+
+
+def test_a_project_mcp_json_nested_too_deeply_is_reported_as_that_file(cli, fake):
+    cli.use(fake)
+    project = cli.workdir / ".mcp.json"
+    project.write_text("[" * 100000)
+    fake.add({"content": "ran"})
+    r = cli.run("run", "--prompt", "hi")
+    assert r.returncode in (0, 2), r.stderr  # a config error for that file (or skipped: never trusted)
+    assert "internal error" not in r.stderr and "RecursionError" not in r.stderr and "Traceback" not in r.stderr
+    assert str(project) in r.stderr
+    if r.returncode == 2:
+        assert r.stderr.strip().splitlines()[-1] == "error: %s: not valid JSON: nested too deeply" % project
