@@ -4710,7 +4710,13 @@ class Agent:
                 invalid += 1
                 last_error = tool_result.error
             elif tool_result.success and not tool_result.metadata.get("bookkeeping"):  # progress, skills: no work
-                self.calls_this_run += 1
+                # INFO: a command that failed (exit 2 and over: trouble, where 1 is often an answer, as grep's "no
+                # match") and printed nothing showed nothing of the workspace, as a read_file error does not:
+                # after `ls src/parser.js` (exit 2) a 1.5B model answered "Which file defines Parser?" with
+                # "src/parser.js does not exist", completed (bench/tasks.py --set fresh)
+                code = tool_result.metadata.get("exit_code")
+                self.calls_this_run += not (isinstance(code, int) and code >= 2 and
+                                            tool_result.metadata.get("printed") is False)
                 self.touched.append(call.get("arguments") or "")
                 self.changes_this_run += getattr(tool, "permission", "read") != "read"
                 if isinstance(tool_result.metadata.get("lines"), int):

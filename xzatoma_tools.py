@@ -2384,7 +2384,8 @@ class Terminal(Tool):
         if edited:  # chat's [e]dit: the model (and the stored conversation) learn what really ran
             head = "The user edited the command before it ran; it ran as: %s\n%s" % (command, head)
         return ToolResult(True, head + body, metadata={"exit_code": res.exit_code, "duration_seconds": duration,
-                                                       "command": command, "edited": edited})
+                                                       "command": command, "edited": edited,
+                                                       "printed": bool(res.stdout_total)})
 
     def _run(self, ctx, command, verdict, timeout, sandbox):
         term = ctx.terminal

@@ -1084,3 +1084,17 @@ def test_every_doubt_is_told_apart_by_the_template_it_was_made_from():
             "escaped breaks": S.change_doubt("C.md", None, "## 1\\n- x")}
     assert {kind: S.doubt_kind(text) for kind, text in made.items()} == {kind: kind for kind in made}
     assert S.doubt_kind("something else") is None
+
+
+def test_a_command_that_failed_and_printed_nothing_looked_nothing_up(open_session, tmp_path):
+    """bench/tasks.py --set fresh: after `ls src/parser.js` (exit 2, nothing on stdout) a 1.5B model answered
+    "Which file defines the class Parser?" with "src/parser.js does not exist" and the run was completed. Such a
+    command is no look at the workspace, as a read_file error is not: the model is asked once to look."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "parse.py").write_text("class Parser:\n    pass\n")
+    ls = Reply("", [{"id": "t1", "name": "terminal", "arguments": json.dumps({"command": "ls src/parser.js"})}])
+    grep = Reply("", [{"id": "g1", "name": "grep", "arguments": json.dumps({"pattern": "class Parser"})}])
+    s = open_session(ls, Reply("src/parser.js does not exist."), grep, Reply("lib/parse.py defines Parser."))
+    result = run(s, "Which file defines the class Parser?")
+    assert len(s.provider.calls) == 4, [c["messages"][-1] for c in s.provider.calls]
+    assert result.status == "completed" and result.answer == "lib/parse.py defines Parser."
