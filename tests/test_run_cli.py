@@ -179,6 +179,12 @@ def test_plan_from_stdin_detects_format(cli, fake):
     ("bad.json", '{"goal": "x",\n "instructions": [1,,2]}', "bad.json:2: invalid JSON"),
     ("nogoal.yaml", "instructions: [a]\n", "missing required key 'goal'"),
     ("nosteps.md", "# Task: T\n\n## Goal\n\nDo it\n", "no instructions found"),
+    # the line of what is wrong, from the parser's marks: the empty step's own line, and the top-level goal's,
+    # not a `goal:` nested under `context:` (round 18c)
+    ("step.yaml", "goal: tidy\ninstructions:\n  - list\n  - count\n  - write\n  - ''\n",
+     "step.yaml:6: step 4 of 'instructions' is empty"),
+    ("nested.yaml", "context:\n  goal: the team's goal\ngoal: 5\ninstructions: [a]\n",
+     "nested.yaml:3: 'goal' must be text"),
 ])
 def test_bad_plan_fails_before_any_model_call(cli, fake, name, text, expected):
     cli.use(fake)
