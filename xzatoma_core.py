@@ -1384,7 +1384,8 @@ def exchange_copilot_token(cfg, github_token, session=None):
     try:
         resp = (session or HttpSession(cfg.network)).request("GET", url, headers=headers, timeout=(30, 30))
     except HttpFailure as exc:
-        raise ProviderError("cannot reach GitHub to get a Copilot token: %s" % exc, retryable=exc.kind != "dns")
+        raise ProviderError("cannot reach GitHub to get a Copilot token: %s" % exc,
+                            retryable=exc.kind not in ("dns", "not_http"))
     if resp.status_code in (401, 403, 404):
         raise CredentialsError("GitHub refused the Copilot token exchange (HTTP %d): the GitHub token is invalid, "
                                "expired or has no Copilot access; run 'xzatoma auth login'" % resp.status_code)
@@ -1510,6 +1511,13 @@ def _http_failure(exc, connecting=False):
         return HttpFailure("connection refused", "refused")
     if getattr(exc, "errno", None) in (101, 113):  # ENETUNREACH, EHOSTUNREACH
         return HttpFailure("network unreachable", "network")
+    if isinstance(exc, (http.client.BadStatusLine, http.client.LineTooLong)) and \
+            not isinstance(exc, ConnectionError):
+        # connected, and something else answered (an SSH or SMTP banner, a database): a wrong port, not a
+        # transient failure, and said with what it sent (round 18c: retried 4 times as "cannot connect")
+        sent = getattr(exc, "line", "") if isinstance(exc, http.client.BadStatusLine) else ""
+        shown = json.dumps(sent[:60], ensure_ascii=True) if sent.strip() else "a line longer than HTTP allows"
+        return HttpFailure("the server answered, but not in HTTP: %s" % shown, "not_http")
     if isinstance(exc, http.client.HTTPException) and not isinstance(exc, ConnectionError):
         return HttpFailure("the server broke the HTTP exchange (%s)" % (type(exc).__name__), "broken")
     return HttpFailure(one_line(exc, 160) or type(exc).__name__, "broken")
@@ -2148,6 +2156,9 @@ class Provider:
                 if exc.kind == "url":
                     raise ProviderError("invalid URL for %s: %s (%s)" % (self.label(), url.split("?")[0], exc),
                                         exit_code=EXIT_USAGE)
+                if exc.kind == "not_http":  # a wrong port: asked again, the same service answers
+                    raise ProviderError("%s; is the address (its port) right?"
+                                        % str(exc).replace("the server", self.label(), 1))
                 if exc.kind == "too_large":  # asked again, it answers as much again
                     raise ProviderError("%s sent more than a model's reply can be: %s" % (self.label(), exc))
                 if exc.kind == "timeout" and "read" in str(exc):

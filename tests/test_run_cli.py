@@ -892,6 +892,45 @@ def test_connection_refused_is_one_line_within_seconds(cli, provider):
     assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # the run's header line and the error
 
 
+@pytest.mark.parametrize("provider", ["ollama", "openai"])
+@pytest.mark.parametrize("banner", [b"SSH-2.0-OpenSSH_9.6\r\n", b"\x1b[2J220 smtp ready\r\n"])
+def test_a_service_that_is_not_http_is_one_line_showing_what_answered(cli, provider, banner):
+    """A wrong port (an SSH or SMTP banner) was retried 4 times and said as "cannot connect … start it with
+    'ollama serve'", though it connected (round 18c): one line, what answered (escaped), no retry."""
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port, accepted = listener.getsockname()[1], []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.sendall(banner)
+            time.sleep(0.2)
+            conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    cli.write_config({"provider": {"type": provider, "max_retries": 3, "retry_backoff_seconds": 0.5,
+                                   "ollama": {"host": "127.0.0.1:%d" % port},
+                                   "openai": {"base_url": "http://127.0.0.1:%d/v1" % port}}})
+    try:
+        r = cli.run("run", "--prompt", "hi", env={"OPENAI_API_KEY": "sk-test"})
+    finally:
+        listener.close()
+    assert r.returncode == 1 and r.stdout == ""
+    errors = error_lines(r.stderr)
+    assert len(errors) == 1, r.stderr
+    assert "not in HTTP" in errors[0] and "127.0.0.1:%d" % port in errors[0], errors
+    assert json.dumps(banner.decode("latin-1")[:60]) in errors[0]  # escaped: \x1b is shown, not sent
+    assert "\x1b" not in r.stderr and "retrying" not in r.stderr and "ollama serve" not in r.stderr
+    assert "cannot connect" not in r.stderr and "gave up" not in r.stderr and "Traceback" not in r.stderr
+    assert accepted  # it was reached
+
+
 def test_timeouts_are_still_retried(cli, fake):
     cli.use(fake, provider="openai")
     cfg = cli.config_path.read_text().replace("request_timeout_seconds: 20", "request_timeout_seconds: 1")
