@@ -5037,10 +5037,21 @@ class UpdateProgress:
 SESSION_KINDS = ("run", "plan", "chat", "subagent", "watch")
 
 
+def current_dir(path=None):
+    """`path` made absolute, or the current directory without one: a usage error when that needs the current
+    directory and it was removed under the shell (a rebuilt build directory, a removed worktree); it was an
+    internal error, exit 1 (round 18c)."""
+    try:
+        return os.path.abspath(path or os.getcwd())
+    except FileNotFoundError:
+        raise UsageError("the current directory no longer exists (it was removed): cd to one that does%s"
+                         % (", or give an absolute path" if path else ""))
+
+
 def check_working_dir(given):
     """The jail for run and chat: --working-dir DIR, or the current directory unless that is the home
     directory or / (cron starts jobs in $HOME: a tool there could rewrite ~/.bashrc or ~/.ssh)."""
-    working_dir = os.path.abspath(given or os.getcwd())
+    working_dir = current_dir(given)
     if not os.path.isdir(working_dir):
         raise UsageError("working directory does not exist: %s" % working_dir)
     if given:
@@ -6501,7 +6512,7 @@ def cmd_history(args, console):
     out = CleanWriter(sys.stdout)
     with history_store(args, console) as store:
         if action == "list":
-            here = os.path.realpath(os.getcwd()) if args.here else None
+            here = os.path.realpath(current_dir()) if args.here else None
             rows = store.list_conversations(args.limit, args.kind, working_dir=here)
             if args.json:
                 json_out(rows)
@@ -6675,7 +6686,7 @@ def _build_undo(sub, common, fmt):
 def cmd_undo(args, console):
     with history_store(args, console) as store:
         conversation = store.resolve(args.conversation) if args.conversation else None
-        here = None if conversation or args.all_projects else os.path.realpath(os.getcwd())
+        here = None if conversation or args.all_projects else os.path.realpath(current_dir())
         records = store.undo_records(conversation_id=conversation, working_dir=here)
         if args.list:
             if not records:
@@ -8073,7 +8084,7 @@ def cmd_skills(args, console):
     if action is None:
         raise UsageError("say what to do: xzatoma skills list|show|validate|trust|untrust (see --help)")
     cfg = config_from_args(args, console)
-    root = os.path.realpath(args.working_dir or os.getcwd())
+    root = os.path.realpath(current_dir(args.working_dir))
     if not os.path.isdir(root):
         raise UsageError("working directory does not exist: %s" % root)
     if action == "validate" and args.paths:
@@ -9322,7 +9333,7 @@ SANDBOX_NOT_COVERED = (
 
 def cmd_policy_sandbox(args, console):
     cfg = config_from_args(args, console, _sandbox_config(args, {}))
-    confinement = build_confinement(cfg, args.working_dir or os.getcwd())
+    confinement = build_confinement(cfg, current_dir(args.working_dir))
     sandbox = confinement.sandbox
     try:
         lines = sandbox.describe()
@@ -9365,7 +9376,7 @@ REFUSED_VERDICTS = ("deny", "block", "outside", "error")
 
 def cmd_policy(args, console):
     cfg = config_from_args(args, console)
-    confinement = build_confinement(cfg, getattr(args, "working_dir", None) or os.getcwd())
+    confinement = build_confinement(cfg, current_dir(getattr(args, "working_dir", None)))
     if args.value == "-":
         data = sys.stdin.read()
         items = [i for i in (data.split("\0") if args.null else data.splitlines()) if i.strip()]

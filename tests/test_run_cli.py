@@ -931,6 +931,22 @@ def test_a_service_that_is_not_http_is_one_line_showing_what_answered(cli, provi
     assert accepted  # it was reached
 
 
+@pytest.mark.parametrize("argv", [["run", "hi"], ["undo"], ["run", "-C", "rel", "hi"], ["history", "list", "--here"]])
+def test_a_current_directory_that_was_removed_is_a_usage_error(cli, fake, argv):
+    """A shell left in a removed directory (a rebuilt build dir, a removed worktree): 'internal error:
+    FileNotFoundError', exit 1, for run and undo (round 18c)."""
+    cli.use(fake)
+    gone = cli.tmp / "gone"
+    gone.mkdir()
+    script = 'cd "$1" && rmdir "$1" && shift && exec "$@"'
+    r = subprocess.run(["sh", "-c", script, "sh", str(gone)] + cli.command(*argv), capture_output=True, text=True,
+                       env=cli.env, stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines() == error_lines(r.stderr) and len(error_lines(r.stderr)) == 1, r.stderr
+    assert "the current directory no longer exists" in r.stderr and "internal error" not in r.stderr
+    assert fake.requests == []
+
+
 def test_timeouts_are_still_retried(cli, fake):
     cli.use(fake, provider="openai")
     cfg = cli.config_path.read_text().replace("request_timeout_seconds: 20", "request_timeout_seconds: 1")
