@@ -578,6 +578,24 @@ def xzatoma_home(env):
     return env.get("XZATOMA_HOME") or os.path.join(os.path.expanduser("~"), ".xzatoma")
 
 
+def check_home(env):
+    """XZATOMA_HOME (or its default ~/.xzatoma) that is a file, or lies under one: a configuration error naming
+    it and what to do; it was 'internal error: NotADirectoryError' or a bare '[Errno 17] File exists' (round 18c)."""
+    import stat
+    home = xzatoma_home(env)
+    try:
+        is_dir = stat.S_ISDIR(os.stat(home).st_mode)
+    except NotADirectoryError:
+        is_dir = False
+    except OSError:  # not there yet (made when first needed), or not ours to judge here
+        return
+    if not is_dir:
+        named = "XZATOMA_HOME (%s)" % home if env.get("XZATOMA_HOME") else \
+            "%s (the default of XZATOMA_HOME)" % home
+        raise ConfigError("%s is not a directory: xzatoma keeps its history and credentials there; move the file "
+                          "away, or point XZATOMA_HOME at a directory" % named)
+
+
 def normalize_ollama_host(value):
     """Accept 'host', 'host:port', ':port' or a URL, as Ollama does; return a base URL."""
     value = (value or "").strip().rstrip("/")
@@ -783,6 +801,7 @@ def load_config(flags=None, env=None, config_path=None):
     secret_sources = {"openai": key_env, "copilot": "COPILOT_API_TOKEN",
                       "github": "GITHUB_TOKEN", "ollama": "OLLAMA_API_KEY"}
     register_credentials(env, values, secrets.values())
+    check_home(env)
     register_stored_credentials(xzatoma_home(env))
     return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings,
                   network_settings(env))
@@ -6267,9 +6286,11 @@ def open_store(cfg, console, required=False):
         store.reap()
         return store
     except Exception as exc:  # StoreError, sqlite3.Error, OSError: all mean "no history this time"
+        where = " (set by agent.persistence.db_path)" if cfg.get("agent.persistence.db_path") else ""
         if required:
-            raise UsageError(str(exc))
-        console.warn("%s; continuing without conversation history" % one_line(exc, 240), once_key="store")
+            raise UsageError(str(exc) + where)
+        console.warn("%s%s; continuing without conversation history" % (one_line(exc, 240), where),
+                     once_key="store")
         return None
 
 

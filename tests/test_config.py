@@ -173,3 +173,28 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(cli):
     assert "not UTF-8" in r.stderr and "internal error" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert_clean(r.stderr, "stderr")
+
+
+@pytest.mark.parametrize("argv", [["run", "hi"], ["history", "list"], ["auth", "status"]])
+@pytest.mark.parametrize("under", [False, True])
+def test_an_xzatoma_home_that_is_a_file_is_one_config_line(cli, argv, under):
+    """XZATOMA_HOME naming a file (or a path under one): 'internal error: NotADirectoryError' (run, auth status)
+    or a bare '[Errno 17] File exists' (history list), naming neither XZATOMA_HOME nor what to do (round 18c)."""
+    home = cli.tmp / "a-file"
+    home.write_text("oops\n")
+    cli.write_config({"provider": {"type": "ollama", "ollama": {"host": "127.0.0.1:9"}}})
+    r = cli.run(*argv, env={"XZATOMA_HOME": str(home / "sub" if under else home)})
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: XZATOMA_HOME ("), r.stderr
+    assert "is not a directory" in lines[0] and "point XZATOMA_HOME at a directory" in lines[0]
+    assert "internal error" not in r.stderr and "Errno" not in r.stderr
+    assert home.read_text() == "oops\n"
+
+
+def test_a_database_path_that_cannot_be_used_names_its_key(cli):
+    (cli.tmp / "a-file").write_text("oops\n")
+    cli.write_config({"agent": {"persistence": {"db_path": str(cli.tmp / "a-file" / "db.sqlite")}}})
+    r = cli.run("history", "list")
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "agent.persistence.db_path" in r.stderr, r.stderr
