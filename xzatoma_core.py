@@ -709,6 +709,21 @@ def _coerce(dotted, value, origin):
     return value
 
 
+def _not_a_section(dotted, value, path):
+    """`provider: ollama` (a value where a section belongs): it was warned as an unknown key and ignored, and the
+    run then failed on the default provider's missing credentials (round 18c)."""
+    kind = {str: "text", int: "a number", float: "a number", bool: "true or false", list: "a list"}.get(
+        type(value), type(value).__name__)
+    typed = KEY.get(dotted + ".type")
+    if typed is not None and typed.choices and value in typed.choices:  # a name: shown (anything else may be secret)
+        return ("%s: %s must be a mapping, got %r (%s.type: %s is written '%s:' with '  type: %s' on the next "
+                "line)" % (path, dotted, value, dotted, value, dotted.rsplit(".", 1)[-1], value))
+    keys = sorted({k[len(dotted) + 1:].split(".")[0] for k in KEY if k.startswith(dotted + ".")},
+                  key=lambda k: (k != "type", k))
+    return "%s: %s must be a mapping of its keys (%s), got %s" % (
+        path, dotted, ", ".join(keys[:6]) + (", …" if len(keys) > 6 else ""), kind)
+
+
 def _read_config_file(path):
     yaml = require("yaml", "pyyaml")
     try:
@@ -759,6 +774,7 @@ def load_config(flags=None, env=None, config_path=None):
                     value = None if value is None else value
                     if value is None:
                         continue
+                    raise ConfigError(_not_a_section(dotted, value, path))
                 warnings.append("unknown config key '%s' in %s (ignored)%s"
                                 % (dotted, path, _closest(dotted, KEY)))
                 continue

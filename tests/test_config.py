@@ -198,3 +198,22 @@ def test_a_database_path_that_cannot_be_used_names_its_key(cli):
     r = cli.run("history", "list")
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "agent.persistence.db_path" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("text,said", [
+    ("provider: ollama\n", "provider must be a mapping, got 'ollama' (provider.type: ollama is written 'provider:' "
+                           "with '  type: ollama' on the next line)"),
+    ("provider: gemini\n", "provider must be a mapping of its keys (type, copilot,"),
+    ("provider:\n  type: ollama\n  ollama: localhost:11434\n", "provider.ollama must be a mapping of its keys ("),
+    ("agent: [1]\n", "agent must be a mapping of its keys ("),
+])
+def test_a_value_where_a_section_belongs_is_one_config_line(cli, text, said):
+    """`provider: ollama` was warned as an unknown key and ignored; the run then failed on the default provider's
+    missing Copilot credentials (round 18c)."""
+    cli.config_path.parent.mkdir(parents=True, exist_ok=True)
+    cli.config_path.write_text(text)
+    r = cli.run("run", "hi")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: %s: " % cli.config_path) and said in lines[0], lines
+    assert "unknown config key" not in r.stderr and "Copilot" not in r.stderr and "gemini" not in r.stderr
