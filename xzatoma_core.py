@@ -3755,8 +3755,9 @@ class StreamedText(Events):
         shown = "".join(self.shown)
         self.shown = []
         quiet = self.console.quiet
-        if not (quiet or self.console.color) or self.console.lines != self._lines_at_start:
-            return  # no dim to show it in, or a line came in between: the rows are not known
+        if not (quiet or self.console.color) or self.console.lines != self._lines_at_start or \
+                os.environ.get("TERM") == "dumb":
+            return  # no dim to show it in, a line came in between (the rows are not known), or no escapes
         size = _terminal_size(self.out)
         rows = _display_rows(shown, size[0]) if size else None
         if rows is None or rows >= size[1]:
@@ -7307,7 +7308,8 @@ class Spinner:
 
     def __init__(self, console):
         import threading
-        self.enabled = _isatty(console.err) and not console.quiet
+        # not on TERM=dumb (emacs' shell, some CI consoles): it is drawn and wiped with escapes (round 18c)
+        self.enabled = _isatty(console.err) and not console.quiet and os.environ.get("TERM") != "dumb"
         self.console = console
         self._stop = None
         self._lock = threading.Lock()

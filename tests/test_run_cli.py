@@ -860,6 +860,27 @@ def test_run_spinner_on_a_terminal_and_request_timing_with_verbose(cli, fake):
     assert r.returncode == 0 and "\r" not in r.stderr and "waiting for the model" not in r.stderr
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_dumb_terminal_gets_no_escape_sequences(cli, fake, quiet):
+    """TERM=dumb (emacs' shell, some CI consoles): colour was off, but the spinner was drawn and wiped with \\x1b[K
+    (round 18c); nor are interim words erased with cursor moves there."""
+    from ptyrun import PtyProcess
+    (cli.workdir / "notes.txt").write_text("one\n")
+    cli.use(fake)
+    fake.add({"content": "Reading.", "delay": 1.5, "tool_calls": [tool_call("read_file", path="notes.txt")]},
+             {"content": "plain answer"})
+    env = dict(cli.env, TERM="dumb")
+    env.pop("NO_COLOR")
+    p = PtyProcess(cli.command("run", *(["--quiet"] if quiet else []), "read notes.txt"), env, str(cli.workdir))
+    try:
+        assert p.wait() == 0
+        p.expect("plain answer")
+    finally:
+        p.close()
+    assert "\x1b" not in p.seen, repr(p.seen)
+    assert "Reading." in p.seen and "waiting for the model" not in p.seen
+
+
 # ---- failing fast and honestly ----
 
 
