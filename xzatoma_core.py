@@ -7175,9 +7175,14 @@ class Confirmations:
             self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
         if detail:  # a diff or a command: shown with its hidden characters made visible
             self.console._write(self.console.clean(detail.rstrip("\n")))
-        options = ("[y]es / [n]o / [a]lways '%s' this session / ne[v]er '%s'" % (scope, scope) if scope else
-                   "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session") + \
-            (" / [e]dit" if edit else "")
+        if scope and ("\n" in scope or len(scope) > 40):  # a whole command: quoted in full, twice, the question
+            # was taller than the screen it was paged onto (round 18c); its beginning names it, on one line
+            options = "[y]es / [n]o / [a]lways this command ('%s...') this session / ne[v]er it" % (
+                scope.split("\n", 1)[0][:30].rstrip())
+        else:
+            options = ("[y]es / [n]o / [a]lways '%s' this session / ne[v]er '%s'" % (scope, scope) if scope else
+                       "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session")
+        options += " / [e]dit" if edit else ""
         while True:
             answer = self.asker.ask(options + " > ")
             if answer is None:

@@ -481,6 +481,35 @@ def test_a_long_command_on_a_short_terminal_is_folded_or_paged(cli, fake):
     assert "declined" not in p.seen
 
 
+def test_the_question_after_a_tall_command_is_one_bounded_line(cli, fake):
+    """[a]lways and ne[v]er quoted the whole command: after a 42-line here-document paged onto a 12-row
+    terminal, the question itself was 85 lines and scrolled the command away (round 18c)."""
+    script = "cat > out.txt <<'EOF'\n" + "\n".join("line%02d text" % i for i in range(40)) + "\nEOF"
+    fake.add({"tool_calls": [tool_call("terminal", command=script)]}, {"content": "first ran"},
+             {"tool_calls": [tool_call("terminal", command=script)]}, {"content": "second ran"})
+    cli.use(fake)
+    p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir), rows=12,
+                   cols=80)
+    try:
+        p.expect(PROMPT % ("WRITE", "SAFE"))
+        p.line("write it")
+        for _ in range(6):
+            question = p.expect(r"Enter shows more --|\[y\]es / \[n\]o /[^\r\n]*\[e\]dit > ").group(0)
+            if question.startswith("[y]es"):
+                break
+            p.line("")
+        assert question == "[y]es / [n]o / [a]lways this command ('cat > out.txt <<'EOF'...') this session / " \
+                           "ne[v]er it / [e]dit > ", question
+        p.line("a")
+        p.expect("first ran")
+        p.line("again")  # the same command is approved for the session: not asked again
+        p.expect("second ran")
+    finally:
+        p.close()
+    assert p.seen.count("line39 text") == 1 and p.seen.count("[y]es") == 1, p.seen[-2000:]
+    assert (cli.workdir / "out.txt").read_text().count("text") == 40
+
+
 def test_bare_xzatoma_opens_a_chat_and_text_starts_one(cli, fake):
     cli.use(fake)
     fake.add({"content": "four"})
