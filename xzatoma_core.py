@@ -7428,6 +7428,25 @@ ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/
            "/new": "/clear"}
 
 
+def invoked_as():
+    """How the person started xzatoma, as a shell command that works from any directory: `xzatoma` when that is
+    what PATH finds, else the program's path, or the interpreter and the file (`python3 /srv/xzatoma.pyz`). The
+    resume hint named `xzatoma`, which a one-file server does not have (round 18c)."""
+    import shlex
+    import shutil
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "xzatoma"
+    program = os.path.abspath(argv0)
+    if not argv0.endswith((".py", ".pyz")) and os.path.basename(argv0) != "__main__.py":  # a console script
+        found = shutil.which("xzatoma")
+        return "xzatoma" if found and os.path.realpath(found) == os.path.realpath(program) or \
+            not os.path.exists(program) else shlex.quote(program)
+    python = sys.executable or "python3"
+    found = shutil.which(os.path.basename(python))
+    if found and os.path.abspath(found) == os.path.abspath(python):  # the same interpreter, by its name
+        python = os.path.basename(python)
+    return "%s %s" % (shlex.quote(python), shlex.quote(program))
+
+
 def box(title):
     inner = 62
     return "╔" + "═" * inner + "╗\n║" + title.center(inner) + "║\n╚" + "═" * inner + "╝"
@@ -7512,8 +7531,9 @@ class ChatSession:
             where = stored.get("working_dir")
             if where and os.path.realpath(where) != os.path.realpath(self.session.root):
                 raise UsageError("conversation %s ran in %s, not in this chat's %s: continue it there with "
-                                 "'xzatoma chat --resume %s --working-dir %s'" % (
-                                     stored["id"][:12], where, self.session.root, stored["id"][:12], where))
+                                 "'%s chat --resume %s --working-dir %s'" % (
+                                     stored["id"][:12], where, self.session.root, invoked_as(), stored["id"][:12],
+                                     where))
         stored = self.session.start("chat", resume=prefix)
         self.console.info("resumed conversation %s (%d messages, %s)" % (
             self.id, len(self.conversation.messages) - 1, stored["status"]))
@@ -7640,8 +7660,8 @@ class ChatSession:
         show_review(self.console, self.session.result.review)
         if recorded:
             import shlex
-            self.console.info("Resume this conversation with: xzatoma chat --resume %s -C %s" % (
-                self.id, shlex.quote(self.session.root)))
+            self.console.info("Resume this conversation with: %s chat --resume %s -C %s" % (
+                invoked_as(), self.id, shlex.quote(self.session.root)))
         self.session.close()
 
     def command(self, text):

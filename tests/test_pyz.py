@@ -234,6 +234,31 @@ def test_shebang_from_another_directory_writes_nothing_beside_itself(python, pyz
     assert os.listdir(str(shelf)) == ["xzatoma.pyz"] and copy.read_bytes() == original
 
 
+def test_chat_s_resume_hint_names_how_it_was_started(pcli, fake):
+    """The hint printed at a chat's end named `xzatoma chat --resume …`, which a one-file server does not have
+    (bash: xzatoma: command not found, round 18c): it is the interpreter and the archive, as started."""
+    import shlex
+    bindir, elsewhere = pcli.tmp / "bin", pcli.tmp / "elsewhere"
+    bindir.mkdir()
+    elsewhere.mkdir()
+    os.symlink(pcli.python, str(bindir / "python3"))
+    pcli.use(fake, provider="ollama")
+    fake.add({"content": "first"}, {"content": "second"})
+    env = dict(pcli.env, PATH="%s:/usr/bin:/bin" % bindir)
+    r = subprocess.run(["python3", "-I", pcli.pyz, "chat"], input="remember the walrus\n", capture_output=True,
+                       text=True, env=env, cwd=str(pcli.workdir), timeout=60)
+    assert r.returncode == 0, r.stderr
+    hint = [l for l in r.stderr.splitlines() if l.startswith("Resume this conversation with: ")][0]
+    command = hint.split(": ", 1)[1]
+    assert shlex.split(command)[:3] == ["python3", os.path.abspath(pcli.pyz), "chat"], command
+    again = subprocess.run(["sh", "-c", command], input="and now?\n", capture_output=True, text=True, env=env,
+                           cwd=str(elsewhere), timeout=60)  # as printed, from another directory
+    assert again.returncode == 0, again.stderr
+    users = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"]
+             if m["role"] == "user" and not m["content"].startswith("<environment_context>")]
+    assert users == ["remember the walrus", "and now?"]
+
+
 def test_too_old_python_is_told_plainly(pyz, tmp_path):
     candidates = [shutil.which("python3.8") or ""] + sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.[678].*/bin/python3")))
     old = next((t for t in map(build_pyz.probe, candidates) if t and t[1] < (3, 9)), None)
