@@ -6303,11 +6303,11 @@ def open_store(cfg, console, required=False):
         store.reap()
         return store
     except Exception as exc:  # StoreError, sqlite3.Error, OSError: all mean "no history this time"
-        where = " (set by agent.persistence.db_path)" if cfg.get("agent.persistence.db_path") else ""
+        if cfg.get("agent.persistence.db_path"):  # the key that chose it, named beside its path
+            exc = str(exc).replace(cfg.db_path(), "%s (agent.persistence.db_path)" % cfg.db_path(), 1)
         if required:
-            raise UsageError(str(exc) + where)
-        console.warn("%s%s; continuing without conversation history" % (one_line(exc, 240), where),
-                     once_key="store")
+            raise UsageError(str(exc))
+        console.warn("%s; continuing without conversation history" % one_line(exc, 240), once_key="store")
         return None
 
 
