@@ -592,6 +592,24 @@ def xzatoma_home(env):
     return os.path.abspath(os.path.expanduser(home)) if home else os.path.join(os.path.expanduser("~"), ".xzatoma")
 
 
+def check_home(env):
+    """XZATOMA_HOME (or its default ~/.xzatoma) that is a file, or lies under one: a configuration error naming
+    it and what to do; it was 'internal error: NotADirectoryError' or a bare '[Errno 17] File exists' (round 18c)."""
+    import stat
+    home = xzatoma_home(env)
+    try:
+        is_dir = stat.S_ISDIR(os.stat(home).st_mode)
+    except NotADirectoryError:
+        is_dir = False
+    except OSError:  # not there yet (made when first needed), or not ours to judge here
+        return
+    if not is_dir:
+        named = "XZATOMA_HOME (%s)" % home if env.get("XZATOMA_HOME") else \
+            "%s (the default of XZATOMA_HOME)" % home
+        raise ConfigError("%s is not a directory: xzatoma keeps its history and credentials there; move the file "
+                          "away, or point XZATOMA_HOME at a directory" % named)
+
+
 def normalize_ollama_host(value):
     """Accept 'host', 'host:port', ':port' or a URL, as Ollama does; return a base URL."""
     value = (value or "").strip().rstrip("/")
@@ -705,6 +723,21 @@ def _coerce(dotted, value, origin):
     return value
 
 
+def _not_a_section(dotted, value, path):
+    """`provider: ollama` (a value where a section belongs): it was warned as an unknown key and ignored, and the
+    run then failed on the default provider's missing credentials (round 18c)."""
+    kind = {str: "text", int: "a number", float: "a number", bool: "true or false", list: "a list"}.get(
+        type(value), type(value).__name__)
+    typed = KEY.get(dotted + ".type")
+    if typed is not None and typed.choices and value in typed.choices:  # a name: shown (anything else may be secret)
+        return ("%s: %s must be a mapping, got %r (%s.type: %s is written '%s:' with '  type: %s' on the next "
+                "line)" % (path, dotted, value, dotted, value, dotted.rsplit(".", 1)[-1], value))
+    keys = sorted({k[len(dotted) + 1:].split(".")[0] for k in KEY if k.startswith(dotted + ".")},
+                  key=lambda k: (k != "type", k))
+    return "%s: %s must be a mapping of its keys (%s), got %s" % (
+        path, dotted, ", ".join(keys[:6]) + (", …" if len(keys) > 6 else ""), kind)
+
+
 def _read_config_file(path):
     yaml = require("yaml", "pyyaml")
     try:
@@ -755,6 +788,7 @@ def load_config(flags=None, env=None, config_path=None):
                     value = None if value is None else value
                     if value is None:
                         continue
+                    raise ConfigError(_not_a_section(dotted, value, path))
                 warnings.append("unknown config key '%s' in %s (ignored)%s"
                                 % (dotted, path, _closest(dotted, KEY)))
                 continue
@@ -801,6 +835,7 @@ def load_config(flags=None, env=None, config_path=None):
     secret_sources = {"openai": key_env, "copilot": "COPILOT_API_TOKEN",
                       "github": "GITHUB_TOKEN", "ollama": "OLLAMA_API_KEY"}
     register_credentials(env, values, secrets.values())
+    check_home(env)
     register_stored_credentials(xzatoma_home(env))
     return Config(values, sources, path, exists, xzatoma_home(env), secrets, secret_sources, warnings,
                   network_settings(env))
@@ -1403,7 +1438,8 @@ def exchange_copilot_token(cfg, github_token, session=None):
     try:
         resp = (session or HttpSession(cfg.network)).request("GET", url, headers=headers, timeout=(30, 30))
     except HttpFailure as exc:
-        raise ProviderError("cannot reach GitHub to get a Copilot token: %s" % exc, retryable=exc.kind != "dns")
+        raise ProviderError("cannot reach GitHub to get a Copilot token: %s" % exc,
+                            retryable=exc.kind not in ("dns", "not_http"))
     if resp.status_code in (401, 403, 404):
         raise CredentialsError("GitHub refused the Copilot token exchange (HTTP %d): the GitHub token is invalid, "
                                "expired or has no Copilot access; run 'xzatoma auth login'" % resp.status_code)
@@ -1529,6 +1565,13 @@ def _http_failure(exc, connecting=False):
         return HttpFailure("connection refused", "refused")
     if getattr(exc, "errno", None) in (101, 113):  # ENETUNREACH, EHOSTUNREACH
         return HttpFailure("network unreachable", "network")
+    if isinstance(exc, (http.client.BadStatusLine, http.client.LineTooLong)) and \
+            not isinstance(exc, ConnectionError):
+        # connected, and something else answered (an SSH or SMTP banner, a database): a wrong port, not a
+        # transient failure, and said with what it sent (round 18c: retried 4 times as "cannot connect")
+        sent = getattr(exc, "line", "") if isinstance(exc, http.client.BadStatusLine) else ""
+        shown = json.dumps(sent[:60], ensure_ascii=True) if sent.strip() else "a line longer than HTTP allows"
+        return HttpFailure("the server answered, but not in HTTP: %s" % shown, "not_http")
     if isinstance(exc, http.client.HTTPException) and not isinstance(exc, ConnectionError):
         return HttpFailure("the server broke the HTTP exchange (%s)" % (type(exc).__name__), "broken")
     return HttpFailure(one_line(exc, 160) or type(exc).__name__, "broken")
@@ -2177,6 +2220,9 @@ class Provider:
                 if exc.kind == "url":
                     raise ProviderError("invalid URL for %s: %s (%s)" % (self.label(), url.split("?")[0], exc),
                                         exit_code=EXIT_USAGE)
+                if exc.kind == "not_http":  # a wrong port: asked again, the same service answers
+                    raise ProviderError("%s; is the address (its port) right?"
+                                        % str(exc).replace("the server", self.label(), 1))
                 if exc.kind == "too_large":  # asked again, it answers as much again
                     raise ProviderError("%s sent more than a model's reply can be: %s" % (self.label(), exc))
                 if exc.kind == "timeout" and "read" in str(exc):
@@ -3738,8 +3784,9 @@ class StreamedText(Events):
         shown = "".join(self.shown)
         self.shown = []
         quiet = self.console.quiet
-        if not (quiet or self.console.color) or self.console.lines != self._lines_at_start:
-            return  # no dim to show it in, or a line came in between: the rows are not known
+        if not (quiet or self.console.color) or self.console.lines != self._lines_at_start or \
+                os.environ.get("TERM") == "dumb":
+            return  # no dim to show it in, a line came in between (the rows are not known), or no escapes
         size = _terminal_size(self.out)
         rows = _display_rows(shown, size[0]) if size else None
         if rows is None or rows >= size[1]:
@@ -5082,10 +5129,21 @@ class UpdateProgress:
 SESSION_KINDS = ("run", "plan", "chat", "subagent", "watch")
 
 
+def current_dir(path=None):
+    """`path` made absolute, or the current directory without one: a usage error when that needs the current
+    directory and it was removed under the shell (a rebuilt build directory, a removed worktree); it was an
+    internal error, exit 1 (round 18c)."""
+    try:
+        return os.path.abspath(path or os.getcwd())
+    except FileNotFoundError:
+        raise UsageError("the current directory no longer exists (it was removed): cd to one that does%s"
+                         % (", or give an absolute path" if path else ""))
+
+
 def check_working_dir(given):
     """The jail for run and chat: --working-dir DIR, or the current directory unless that is the home
     directory or / (cron starts jobs in $HOME: a tool there could rewrite ~/.bashrc or ~/.ssh)."""
-    working_dir = os.path.abspath(given or os.getcwd())
+    working_dir = current_dir(given)
     if not os.path.isdir(working_dir):
         raise UsageError("working directory does not exist: %s" % working_dir)
     if given:
@@ -6353,6 +6411,8 @@ def open_store(cfg, console, required=False):
         store.reap()
         return store
     except Exception as exc:  # StoreError, sqlite3.Error, OSError: all mean "no history this time"
+        if cfg.get("agent.persistence.db_path"):  # the key that chose it, named beside its path
+            exc = str(exc).replace(cfg.db_path(), "%s (agent.persistence.db_path)" % cfg.db_path(), 1)
         if required:
             raise UsageError(str(exc))
         console.warn("%s; continuing without conversation history" % one_line(exc, 240), once_key="store")
@@ -6598,7 +6658,7 @@ def cmd_history(args, console):
     out = CleanWriter(sys.stdout)
     with history_store(args, console) as store:
         if action == "list":
-            here = os.path.realpath(os.getcwd()) if args.here else None
+            here = os.path.realpath(current_dir()) if args.here else None
             rows = store.list_conversations(args.limit, args.kind, working_dir=here)
             if args.json:
                 json_out(rows)
@@ -6772,7 +6832,7 @@ def _build_undo(sub, common, fmt):
 def cmd_undo(args, console):
     with history_store(args, console) as store:
         conversation = store.resolve(args.conversation) if args.conversation else None
-        here = None if conversation or args.all_projects else os.path.realpath(os.getcwd())
+        here = None if conversation or args.all_projects else os.path.realpath(current_dir())
         records = store.undo_records(conversation_id=conversation, working_dir=here)
         if args.list:
             if not records:
@@ -7223,9 +7283,14 @@ class Confirmations:
             self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
         if detail:  # a diff or a command: shown with its hidden characters made visible
             self.console._write(self.console.clean(detail.rstrip("\n")))
-        options = ("[y]es / [n]o / [a]lways '%s' this session / ne[v]er '%s'" % (scope, scope) if scope else
-                   "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session") + \
-            (" / [e]dit" if edit else "")
+        if scope and ("\n" in scope or len(scope) > 40):  # a whole command: quoted in full, twice, the question
+            # was taller than the screen it was paged onto (round 18c); its beginning names it, on one line
+            options = "[y]es / [n]o / [a]lways this command ('%s...') this session / ne[v]er it" % (
+                scope.split("\n", 1)[0][:30].rstrip())
+        else:
+            options = ("[y]es / [n]o / [a]lways '%s' this session / ne[v]er '%s'" % (scope, scope) if scope else
+                       "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session")
+        options += " / [e]dit" if edit else ""
         while True:
             answer = self.asker.ask(options + " > ")
             if answer is None:
@@ -7356,7 +7421,8 @@ class Spinner:
 
     def __init__(self, console):
         import threading
-        self.enabled = _isatty(console.err) and not console.quiet
+        # not on TERM=dumb (emacs' shell, some CI consoles): it is drawn and wiped with escapes (round 18c)
+        self.enabled = _isatty(console.err) and not console.quiet and os.environ.get("TERM") != "dumb"
         self.console = console
         self._stop = None
         self._lock = threading.Lock()
@@ -7470,6 +7536,25 @@ ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/
            "/new": "/clear"}
 
 
+def invoked_as():
+    """How the person started xzatoma, as a shell command that works from any directory: `xzatoma` when that is
+    what PATH finds, else the program's path, or the interpreter and the file (`python3 /srv/xzatoma.pyz`). The
+    resume hint named `xzatoma`, which a one-file server does not have (round 18c)."""
+    import shlex
+    import shutil
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "xzatoma"
+    program = os.path.abspath(argv0)
+    if not argv0.endswith((".py", ".pyz")) and os.path.basename(argv0) != "__main__.py":  # a console script
+        found = shutil.which("xzatoma")
+        return "xzatoma" if found and os.path.realpath(found) == os.path.realpath(program) or \
+            not os.path.exists(program) else shlex.quote(program)
+    python = sys.executable or "python3"
+    found = shutil.which(os.path.basename(python))
+    if found and os.path.abspath(found) == os.path.abspath(python):  # the same interpreter, by its name
+        python = os.path.basename(python)
+    return "%s %s" % (shlex.quote(python), shlex.quote(program))
+
+
 def box(title):
     inner = 62
     return "╔" + "═" * inner + "╗\n║" + title.center(inner) + "║\n╚" + "═" * inner + "╝"
@@ -7554,8 +7639,9 @@ class ChatSession:
             where = stored.get("working_dir")
             if where and os.path.realpath(where) != os.path.realpath(self.session.root):
                 raise UsageError("conversation %s ran in %s, not in this chat's %s: continue it there with "
-                                 "'xzatoma chat --resume %s --working-dir %s'" % (
-                                     stored["id"][:12], where, self.session.root, stored["id"][:12], where))
+                                 "'%s chat --resume %s --working-dir %s'" % (
+                                     stored["id"][:12], where, self.session.root, invoked_as(), stored["id"][:12],
+                                     where))
         stored = self.session.start("chat", resume=prefix)
         self.console.info("resumed conversation %s (%d messages, %s)" % (
             self.id, len(self.conversation.messages) - 1, stored["status"]))
@@ -7683,8 +7769,8 @@ class ChatSession:
         show_review(self.console, self.session.result.review)
         if recorded:
             import shlex
-            self.console.info("Resume this conversation with: xzatoma chat --resume %s -C %s" % (
-                self.id, shlex.quote(self.session.root)))
+            self.console.info("Resume this conversation with: %s chat --resume %s -C %s" % (
+                invoked_as(), self.id, shlex.quote(self.session.root)))
         self.session.close()
 
     def command(self, text):
@@ -8178,7 +8264,7 @@ def cmd_skills(args, console):
     if action is None:
         raise UsageError("say what to do: xzatoma skills list|show|validate|trust|untrust (see --help)")
     cfg = config_from_args(args, console)
-    root = os.path.realpath(args.working_dir or os.getcwd())
+    root = os.path.realpath(current_dir(args.working_dir))
     if not os.path.isdir(root):
         raise UsageError("working directory does not exist: %s" % root)
     if action == "validate" and args.paths:
@@ -9524,7 +9610,7 @@ SANDBOX_NOT_COVERED = (
 
 def cmd_policy_sandbox(args, console):
     cfg = config_from_args(args, console, _sandbox_config(args, {}))
-    confinement = build_confinement(cfg, args.working_dir or os.getcwd())
+    confinement = build_confinement(cfg, current_dir(args.working_dir))
     sandbox = confinement.sandbox
     try:
         lines = sandbox.describe()
@@ -9567,7 +9653,7 @@ REFUSED_VERDICTS = ("deny", "block", "outside", "error")
 
 def cmd_policy(args, console):
     cfg = config_from_args(args, console)
-    confinement = build_confinement(cfg, getattr(args, "working_dir", None) or os.getcwd())
+    confinement = build_confinement(cfg, current_dir(getattr(args, "working_dir", None)))
     if args.value == "-":
         data = sys.stdin.read()
         items = [i for i in (data.split("\0") if args.null else data.splitlines()) if i.strip()]

@@ -151,7 +151,7 @@ def parse_plan(text, source="<plan>", fmt=None):
         data = load_json(text) if fmt == "json" else load_yaml(text)
     except DocumentError as exc:
         raise PlanError(source, str(exc), exc.line)
-    return _plan_from_mapping(data, source, text)
+    return _plan_from_mapping(data, source, text, fmt)
 
 
 # Plans and the events that carry them come from other people (a Kafka topic, a repository): parsing one is
@@ -410,18 +410,69 @@ def _children(yaml, node):
     return ()
 
 
-def _key_line(text, key):
-    """The line a key is written on (`key:` or `"key":`), or None. A scan, not a regex: `^\\s*` from every line
-    start of 30,000 blank lines took 11 s."""
-    for lineno, line in enumerate(text.split("\n"), 1):
-        rest = line.lstrip()
-        rest = rest[1:] if rest[:1] == '"' else rest
-        if rest.startswith(key):
-            rest = rest[len(key):]
-            rest = rest[1:] if rest[:1] == '"' else rest
-            if rest.lstrip()[:1] == ":":
-                return lineno
-    return None
+def _key_line(text, fmt, key, index=None):
+    """The line a top-level key is written on, or with `index` the line of that step of its list, or None: from
+    the parser's own marks (YAML's nodes, JSON's positions), so a `goal:` nested under `context:` is not the
+    plan's goal, and an empty step 4 is named at its own line, not its list's (round 18c)."""
+    try:
+        if fmt == "yaml":
+            return _yaml_key_line(text, key, index)
+        return _json_key_line(text, key, index)
+    except Exception:  # a line is a help; never a second error in place of the plan's
+        return None
+
+
+def _yaml_key_line(text, key, index):
+    import yaml
+    loader = _bounded_loader(yaml)(text)
+    try:
+        root = loader.get_single_node()
+    finally:
+        loader.dispose()
+    if not isinstance(root, yaml.MappingNode):
+        return None
+    found = None
+    for key_node, value_node in root.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+            found = (key_node, value_node)
+    if found is None:
+        return None
+    key_node, value_node = found
+    if index is not None and isinstance(value_node, yaml.SequenceNode) and 0 < index <= len(value_node.value):
+        return value_node.value[index - 1].start_mark.line + 1
+    return key_node.start_mark.line + 1
+
+
+_JSON_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _json_key_line(text, key, index):
+    """Walks the top-level object with json's own decoder, counting lines only up to what it looks for."""
+    decode = json.JSONDecoder().raw_decode
+    pos = _JSON_WS.match(text, 1 if text[:1] == "\ufeff" else 0).end()
+    if text[pos:pos + 1] != "{":
+        return None
+    found = None
+    pos = _JSON_WS.match(text, pos + 1).end()
+    while text[pos:pos + 1] == '"':
+        name, end = decode(text, pos)
+        start = _JSON_WS.match(text, _JSON_WS.match(text, end).end() + 1).end()  # past the ':'
+        _, after = decode(text, start)
+        if name == key:
+            found = (pos, start)
+        pos = _JSON_WS.match(text, after).end()
+        pos = _JSON_WS.match(text, pos + 1).end() if text[pos:pos + 1] == "," else pos
+    if found is None:
+        return None
+    at, start = found
+    if index is not None and text[start:start + 1] == "[":
+        item = _JSON_WS.match(text, start + 1).end()
+        for _ in range(index - 1):
+            _, item = decode(text, item)
+            item = _JSON_WS.match(text, item).end()
+            item = _JSON_WS.match(text, item + 1).end()  # past the ','
+        at = item
+    return text.count("\n", 0, at) + 1
 
 
 def plan_from_data(data, source="<plan>"):
@@ -430,7 +481,7 @@ def plan_from_data(data, source="<plan>"):
         text = json.dumps(data, indent=1, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         text = ""
-    return _plan_from_mapping(data, source, text)
+    return _plan_from_mapping(data, source, text, "json")
 
 
 def looks_like_plan(data):
@@ -443,11 +494,12 @@ def looks_like_plan(data):
         any(isinstance(data.get(k), str) for k in ("name", "description", "action"))
 
 
-def _text_field(data, key, source, text):
+def _text_field(data, key, source, text, fmt):
     if (value := data.get(key)) is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise PlanError(source, "'%s' must be text, got %s" % (key, json_type(value)), _key_line(text, key))
+        raise PlanError(source, "'%s' must be text, got %s" % (key, json_type(value)),
+                         _key_line(text, fmt, key))
     return str(value).strip() or None
 
 
@@ -473,7 +525,7 @@ def _step_text(step):
     return head
 
 
-def _plan_from_mapping(data, source, text):
+def _plan_from_mapping(data, source, text, fmt):
     if not isinstance(data, dict):
         raise PlanError(source, "a plan must be a mapping with 'goal' and 'instructions', got %s"
                         % json_type(data))
@@ -483,37 +535,38 @@ def _plan_from_mapping(data, source, text):
         raise PlanError(source, str(exc))
     known = {"goal", "context", "instructions", "steps", "tasks", "name", "title", "description", "version",
              "action"}
-    name = _text_field(data, "name", source, text) or _text_field(data, "title", source, text)
-    version = _text_field(data, "version", source, text)
-    action = _text_field(data, "action", source, text)
+    name = _text_field(data, "name", source, text, fmt) or _text_field(data, "title", source, text, fmt)
+    version = _text_field(data, "version", source, text, fmt)
+    action = _text_field(data, "action", source, text, fmt)
     goal = data.get("goal")
     if goal is None and any(k in data for k in ("steps", "tasks")):
         # the name/description/version/action/steps format: the description (else the action, else the
         # name) is the goal
-        if (goal := _text_field(data, "description", source, text) or action or name) is None:
+        if (goal := _text_field(data, "description", source, text, fmt) or action or name) is None:
             raise PlanError(source, "missing 'description' (or 'goal'): what the agent should achieve")
     if goal is None or (isinstance(goal, str) and not goal.strip()):
         raise PlanError(source, "missing required key 'goal' (what the agent should achieve)")
     if not isinstance(goal, str):
-        raise PlanError(source, "'goal' must be text, got %s" % json_type(goal), _key_line(text, "goal"))
+        raise PlanError(source, "'goal' must be text, got %s" % json_type(goal), _key_line(text, fmt, "goal"))
     key = next((k for k in ("instructions", "steps", "tasks") if k in data), "instructions")
     if (steps := data.get(key)) is None:
         raise PlanError(source, "missing required key 'instructions' (a list of steps)")
     if isinstance(steps, str):
         steps = [s for s in (line.strip(" -\t") for line in steps.splitlines()) if s]
     if not isinstance(steps, list) or not steps:
-        raise PlanError(source, "'%s' must be a non-empty list of steps" % key, _key_line(text, key))
+        raise PlanError(source, "'%s' must be a non-empty list of steps" % key, _key_line(text, fmt, key))
     if len(steps) > MAX_PLAN_STEPS:
-        raise PlanError(source, _too_many_steps(len(steps)), _key_line(text, key))
+        raise PlanError(source, _too_many_steps(len(steps)), _key_line(text, fmt, key))
     instructions = []
     for i, step in enumerate(steps, 1):
         step = _step_text(step)
         if isinstance(step, bool) or not isinstance(step, (str, int, float)) or not str(step).strip():
-            raise PlanError(source, "step %d of '%s' is empty or not text" % (i, key), _key_line(text, key))
+            raise PlanError(source, "step %d of '%s' is empty or not text" % (i, key),
+                             _key_line(text, fmt, key, i))
         instructions.append(str(step).strip())
     context = data.get("context")
     if context is not None and not isinstance(context, (dict, list, str, int, float)):
-        raise PlanError(source, "'context' must be a mapping, list or text", _key_line(text, "context"))
+        raise PlanError(source, "'context' must be a mapping, list or text", _key_line(text, fmt, "context"))
     unknown = sorted(set(data) - known)
     plan = Plan(goal.strip(), context, instructions, name, version, action)
     plan.unknown_keys = unknown

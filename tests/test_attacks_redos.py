@@ -239,7 +239,7 @@ def test_a_heading_of_blanks_and_a_key_after_blank_lines_are_parsed_promptly(cli
     prompt = fake.model_requests()[0]["body"]["messages"][-1]["content"]
     assert "tidy" in prompt and "1. first step" in prompt and "##" not in prompt
     r = cli.run("run", "--plan", "bad.yaml", "--timeout", "20", timeout=30)
-    assert r.returncode == 2 and "bad.yaml: 'instructions' must be a non-empty list" in r.stderr, r.stderr
+    assert r.returncode == 2 and "bad.yaml:45001: 'instructions' must be a non-empty list" in r.stderr, r.stderr
 
 # ---- the chat's streamed answer ----
 

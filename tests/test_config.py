@@ -258,3 +258,47 @@ def test_cli_a_relative_user_dir_is_the_persons_skills_not_the_projects(cli, fak
     assert "MINE-BODY" in sent and "EVIL-BODY" not in sent
     assert (cli.config_path.parent / "state" / "history.db").exists()  # the history beside the config too
     assert not (cli.workdir / "state").exists()
+
+
+@pytest.mark.parametrize("argv", [["run", "hi"], ["history", "list"], ["auth", "status"]])
+@pytest.mark.parametrize("under", [False, True])
+def test_an_xzatoma_home_that_is_a_file_is_one_config_line(cli, argv, under):
+    """XZATOMA_HOME naming a file (or a path under one): 'internal error: NotADirectoryError' (run, auth status)
+    or a bare '[Errno 17] File exists' (history list), naming neither XZATOMA_HOME nor what to do (round 18c)."""
+    home = cli.tmp / "a-file"
+    home.write_text("oops\n")
+    cli.write_config({"provider": {"type": "ollama", "ollama": {"host": "127.0.0.1:9"}}})
+    r = cli.run(*argv, env={"XZATOMA_HOME": str(home / "sub" if under else home)})
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: XZATOMA_HOME ("), r.stderr
+    assert "is not a directory" in lines[0] and "point XZATOMA_HOME at a directory" in lines[0]
+    assert "internal error" not in r.stderr and "Errno" not in r.stderr
+    assert home.read_text() == "oops\n"
+
+
+def test_a_database_path_that_cannot_be_used_names_its_key(cli):
+    (cli.tmp / "a-file").write_text("oops\n")
+    cli.write_config({"agent": {"persistence": {"db_path": str(cli.tmp / "a-file" / "db.sqlite")}}})
+    r = cli.run("history", "list")
+    assert r.returncode == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "agent.persistence.db_path" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("text,said", [
+    ("provider: ollama\n", "provider must be a mapping, got 'ollama' (provider.type: ollama is written 'provider:' "
+                           "with '  type: ollama' on the next line)"),
+    ("provider: gemini\n", "provider must be a mapping of its keys (type, copilot,"),
+    ("provider:\n  type: ollama\n  ollama: localhost:11434\n", "provider.ollama must be a mapping of its keys ("),
+    ("agent: [1]\n", "agent must be a mapping of its keys ("),
+])
+def test_a_value_where_a_section_belongs_is_one_config_line(cli, text, said):
+    """`provider: ollama` was warned as an unknown key and ignored; the run then failed on the default provider's
+    missing Copilot credentials (round 18c)."""
+    cli.config_path.parent.mkdir(parents=True, exist_ok=True)
+    cli.config_path.write_text(text)
+    r = cli.run("run", "hi")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: %s: " % cli.config_path) and said in lines[0], lines
+    assert "unknown config key" not in r.stderr and "Copilot" not in r.stderr and "gemini" not in r.stderr

@@ -66,6 +66,25 @@ def test_plan_errors_name_source_and_line(text, source, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("text,source,line", [
+    ("goal: tidy\ninstructions:\n  - list\n  - count\n  - write\n  - ''\n", "p.yaml", 6),
+    ("goal: G\ninstructions:\n - ok\n - \n", "p.yaml", 4),
+    ("context:\n  goal: the team's goal\n  owner: me\ngoal: 5\ninstructions:\n  - a\n", "p.yaml", 4),
+    ("context:\n  instructions: x\ngoal: G\ninstructions: []\n", "p.yaml", 4),
+    ("name: n\ndescription: d\nsteps:\n  - name: a\n    action: b\n  - []\n", "p.yaml", 6),
+    ('{\n  "context": {"goal": "x"},\n  "goal": ["not", "text"],\n  "instructions": ["a"]\n}\n', "p.json", 3),
+    ('{"context": {"goal": 1},\n "goal": 5,\n "instructions": ["a"]}', "p.json", 2),
+    ('{\n "context": {"instructions": "x"},\n "goal": "g",\n "instructions": [\n  "a",\n  {"x": [1, 2]},\n\n'
+     '  ""\n ]\n}\n', "p.json", 8),
+])
+def test_plan_errors_name_the_line_of_what_is_wrong(text, source, line):
+    """From the parser's own marks, not a search for the key's text: an empty step 4 was named at its list's
+    line, and a bad top-level goal at a `goal:` nested under `context:` (round 18c)."""
+    with pytest.raises(PlanError) as err:
+        parse_plan(text, source=source)
+    assert err.value.line == line and str(err.value).startswith("%s:%d: " % (source, line)), str(err.value)
+
+
 def test_seed_translation_exactly():
     plan = parse_plan("goal: \"Generate API documentation\"\ncontext:\n  directory: \"src/api/\"\n"
                       "instructions:\n  - List all API endpoint files\n  - Extract function signatures\n"

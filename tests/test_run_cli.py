@@ -179,6 +179,12 @@ def test_plan_from_stdin_detects_format(cli, fake):
     ("bad.json", '{"goal": "x",\n "instructions": [1,,2]}', "bad.json:2: invalid JSON"),
     ("nogoal.yaml", "instructions: [a]\n", "missing required key 'goal'"),
     ("nosteps.md", "# Task: T\n\n## Goal\n\nDo it\n", "no instructions found"),
+    # the line of what is wrong, from the parser's marks: the empty step's own line, and the top-level goal's,
+    # not a `goal:` nested under `context:` (round 18c)
+    ("step.yaml", "goal: tidy\ninstructions:\n  - list\n  - count\n  - write\n  - ''\n",
+     "step.yaml:6: step 4 of 'instructions' is empty"),
+    ("nested.yaml", "context:\n  goal: the team's goal\ngoal: 5\ninstructions: [a]\n",
+     "nested.yaml:3: 'goal' must be text"),
 ])
 def test_bad_plan_fails_before_any_model_call(cli, fake, name, text, expected):
     cli.use(fake)
@@ -881,6 +887,27 @@ def test_run_spinner_on_a_terminal_and_request_timing_with_verbose(cli, fake):
     assert r.returncode == 0 and "\r" not in r.stderr and "waiting for the model" not in r.stderr
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_dumb_terminal_gets_no_escape_sequences(cli, fake, quiet):
+    """TERM=dumb (emacs' shell, some CI consoles): colour was off, but the spinner was drawn and wiped with \\x1b[K
+    (round 18c); nor are interim words erased with cursor moves there."""
+    from ptyrun import PtyProcess
+    (cli.workdir / "notes.txt").write_text("one\n")
+    cli.use(fake)
+    fake.add({"content": "Reading.", "delay": 1.5, "tool_calls": [tool_call("read_file", path="notes.txt")]},
+             {"content": "plain answer"})
+    env = dict(cli.env, TERM="dumb")
+    env.pop("NO_COLOR")
+    p = PtyProcess(cli.command("run", *(["--quiet"] if quiet else []), "read notes.txt"), env, str(cli.workdir))
+    try:
+        assert p.wait() == 0
+        p.expect("plain answer")
+    finally:
+        p.close()
+    assert "\x1b" not in p.seen, repr(p.seen)
+    assert "Reading." in p.seen and "waiting for the model" not in p.seen
+
+
 # ---- failing fast and honestly ----
 
 
@@ -911,6 +938,61 @@ def test_connection_refused_is_one_line_within_seconds(cli, provider):
     assert len(error_lines(r.stderr)) == 1 and "(connection refused)" in r.stderr
     assert "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # the run's header line and the error
+
+
+@pytest.mark.parametrize("provider", ["ollama", "openai"])
+@pytest.mark.parametrize("banner", [b"SSH-2.0-OpenSSH_9.6\r\n", b"\x1b[2J220 smtp ready\r\n"])
+def test_a_service_that_is_not_http_is_one_line_showing_what_answered(cli, provider, banner):
+    """A wrong port (an SSH or SMTP banner) was retried 4 times and said as "cannot connect … start it with
+    'ollama serve'", though it connected (round 18c): one line, what answered (escaped), no retry."""
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port, accepted = listener.getsockname()[1], []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            conn.sendall(banner)
+            time.sleep(0.2)
+            conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    cli.write_config({"provider": {"type": provider, "max_retries": 3, "retry_backoff_seconds": 0.5,
+                                   "ollama": {"host": "127.0.0.1:%d" % port},
+                                   "openai": {"base_url": "http://127.0.0.1:%d/v1" % port}}})
+    try:
+        r = cli.run("run", "--prompt", "hi", env={"OPENAI_API_KEY": "sk-test"})
+    finally:
+        listener.close()
+    assert r.returncode == 1 and r.stdout == ""
+    errors = error_lines(r.stderr)
+    assert len(errors) == 1, r.stderr
+    assert "not in HTTP" in errors[0] and "127.0.0.1:%d" % port in errors[0], errors
+    assert json.dumps(banner.decode("latin-1")[:60]) in errors[0]  # escaped: \x1b is shown, not sent
+    assert "\x1b" not in r.stderr and "retrying" not in r.stderr and "ollama serve" not in r.stderr
+    assert "cannot connect" not in r.stderr and "gave up" not in r.stderr and "Traceback" not in r.stderr
+    assert accepted  # it was reached
+
+
+@pytest.mark.parametrize("argv", [["run", "hi"], ["undo"], ["run", "-C", "rel", "hi"], ["history", "list", "--here"]])
+def test_a_current_directory_that_was_removed_is_a_usage_error(cli, fake, argv):
+    """A shell left in a removed directory (a rebuilt build dir, a removed worktree): 'internal error:
+    FileNotFoundError', exit 1, for run and undo (round 18c)."""
+    cli.use(fake)
+    gone = cli.tmp / "gone"
+    gone.mkdir()
+    script = 'cd "$1" && rmdir "$1" && shift && exec "$@"'
+    r = subprocess.run(["sh", "-c", script, "sh", str(gone)] + cli.command(*argv), capture_output=True, text=True,
+                       env=cli.env, stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr.strip().splitlines() == error_lines(r.stderr) and len(error_lines(r.stderr)) == 1, r.stderr
+    assert "the current directory no longer exists" in r.stderr and "internal error" not in r.stderr
+    assert fake.requests == []
 
 
 def test_timeouts_are_still_retried(cli, fake):

@@ -58,7 +58,8 @@ def test_a_watcher_never_runs_without_its_store_and_bad_flags_are_usage_errors(c
     cli.write_config({"agent": {"persistence": {"db_path": str(bad)}}})
     r = cli.run("watch", "--brokers", "127.0.0.1:1", "--topic", "t", timeout=60)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "cannot use the conversation database %s: file is not a database (the watcher records every" % bad \
+    assert "cannot use the conversation database %s (agent.persistence.db_path): file is not a database (the " \
+           "watcher records every" % bad \
         in r.stderr
     cli.write_config({"agent": {"persistence": {"enabled": False}}})
     r = cli.run("watch", "--brokers", "127.0.0.1:1", "--topic", "t", timeout=60)
