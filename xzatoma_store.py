@@ -127,8 +127,10 @@ TOKEN_SHAPES = [
                        r"|(?:[A-Za-z0-9+/=\s:,.-]|\\[nr])*)"),
     # PEM blocks in base64, as kubeconfig's client-key-data and Kubernetes secrets hold a private key ("-----BEGIN "
     # at each of the three alignments; certificates too, which costs nothing): stored whole before (round 18a)
-    (("ls0tls1crudjti", "0tls0tqkvhsu4", "tls0tlujfr0lo"),
-     r"(?:LS0tLS1CRUdJTi|0tLS0tQkVHSU4|tLS0tLUJFR0lO)[A-Za-z0-9+/=]*(?:(?:\r?\n|\\[rn]){1,2}[A-Za-z0-9+/]{40,}={0,2})*"),
+    # and in base64 again (a Kubernetes Secret holding a kubeconfig: round 18e); wrapped lines may be indented (YAML)
+    (("ls0tls1crudjti", "0tls0tqkvhsu4", "tls0tlujfr0lo", "tfmwdextmunsvwrk", "tmhrmuzfdulvk", "muzb0tfmxq1jvz"),
+     r"(?:LS0tLS1CRUdJTi|0tLS0tQkVHSU4|tLS0tLUJFR0lO|TFMwdExTMUNSVWRK|TMHRMUzFDUlVk|MUzB0TFMxQ1JVZ)[A-Za-z0-9+/=]*"
+     r"(?:(?:\r?\n|\\r\\n|\\n)[ \t]*[A-Za-z0-9+/]{40,}={0,2}(?![^\s\\\"',]))*"),
     # JWT. A start is tried only where a run of token characters begins (the prefix up to its first 'eyJ'
     # is kept): '-eyJ' repeated is one long run with a start after every '-', and trying each of them ran
     # the rest of the run again (a megabyte took minutes). The first start of a run is the only one that

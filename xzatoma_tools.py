@@ -3388,7 +3388,10 @@ def _gitdir_reason(gitdir, git, submodule=False, hooks=False):
             if section.lower() not in ("color", "advice") and name not in GIT_DATA_KEYS and not (
                     (submodule or i) and name == "core.worktree"):  # a submodule's repository names its working tree
                 return ("git config: " if hooks else "") + key
-    for path in [os.path.join(d, "hooks") for d in gitdirs] if hooks else []:
+    # a linked worktree runs the hooks of its common directory (main/.git/hooks), not its own (round 18e)
+    common = (_read_small(os.path.join(gitdirs[0], "commondir")) or b"").strip()
+    commons = [os.path.realpath(os.path.join(gitdirs[0], os.fsdecode(common)))] if common else []
+    for path in [os.path.join(d, "hooks") for d in gitdirs + commons] if hooks else []:
         try:
             live = [n for n in (os.listdir(path) if os.path.lexists(path) else []) if not n.endswith(".sample")]
         except OSError:
@@ -3444,6 +3447,12 @@ def _git_tree_reason(start, git, seen, env, submodule=False):
     if len(lines) != (3 if lines[1:2] == [b"true"] else 4) or lines[-1] or lines[1] not in (b"true", b"false"):
         return "git named a repository this check cannot read"  # a name with a line feed in it, say
     gitdir = os.path.realpath(os.fsdecode(lines[0]))
+    if submodule:  # core.worktree, allowed a submodule's repository, must name this checkout: elsewhere, git
+        # status reads another tree and index than the one looked at here (round 18e)
+        for key, value, _ in git_config(gitdir, git) or ():
+            if key.lower() == "core.worktree" and os.path.realpath(os.path.join(gitdir, value)) != \
+                    os.path.realpath(start):
+                return "a submodule whose core.worktree names another directory (%s)" % value[:200]
     if gitdir in seen:
         return None
     seen.add(gitdir)
@@ -3552,6 +3561,16 @@ DEFERRED_DIRS = (".github/workflows", ".github/actions", ".circleci", ".vscode",
 _pth_cache = {}  # site directory -> (its mtime, the .pth files' state, the names their import lines hold)
 
 
+class _EveryName:
+    """The names of .pth files too many or too large to read: every module of that site directory is start-up code."""
+
+    def __contains__(self, name):
+        return True
+
+
+_EVERY_NAME = _EveryName()
+
+
 def _pth_names(site):
     """Every name in the `import` lines of a site directory's .pth files (folded), which Python runs at each
     start: a module named there is start-up code. Read again when the directory or a .pth file changes."""
@@ -3563,17 +3582,23 @@ def _pth_names(site):
     if cached is not None and cached[0] == mtime and _state(cached[1]) == cached[2]:
         return cached[3]
     try:
-        files = sorted(e.path for e in os.scandir(site) if e.name.endswith(".pth"))[:256]
+        files = sorted(e.path for e in os.scandir(site) if e.name.endswith(".pth"))
     except OSError:
         return frozenset()
     names = set()
-    for path in files:
-        for line in (_read_small(path, 1 << 16) or b"").decode("utf-8", "replace").splitlines():
+    for path in files[:256]:
+        data = _read_small(path, 1 << 20) or b""
+        if len(data) >= 1 << 20:
+            names = _EVERY_NAME  # past what is read: any module may be one it imports (round 18e: 64 KB)
+            break
+        for line in data.decode("utf-8", "replace").splitlines():
             if line.startswith(("import ", "import\t")):
-                names.update(fold_name(n) for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", line))
+                names.update(fold_name(n) for n in re.findall(r"\w+", line))
+    if len(files) > 256:
+        names = _EVERY_NAME
     if len(_pth_cache) > 64:
         _pth_cache.clear()
-    _pth_cache[site] = (mtime, files, _state(files), frozenset(names))
+    _pth_cache[site] = (mtime, files, _state(files), names if names is _EVERY_NAME else frozenset(names))
     return _pth_cache[site][3]
 
 
@@ -5590,7 +5615,7 @@ _GIT_DIFF = ("p u s patch no-patch unified= U stat[=] numstat shortstat dirstat[
              "anchored= relative[=] no-relative z no-ext-diff no-textconv ignore-submodules[=] src-prefix= "
              "dst-prefix= no-prefix default-prefix line-prefix= stat-width= stat-count= compact-summary G S "
              "pickaxe-all pickaxe-regex exit-code quiet cached staged merge-base indent-heuristic "
-             "no-indent-heuristic submodule[=] check ws-error-highlight= inter-hunk-context= irreversible-delete "
+             "no-indent-heuristic check ws-error-highlight= inter-hunk-context= irreversible-delete "
              "rename-empty no-rename-empty")
 _GIT_LOG = (_GIT_DIFF + " oneline n max-count= skip= since= after= until= before= author= committer= grep= "
             "all-match invert-grep i regexp-ignore-case E F P basic-regexp extended-regexp fixed-strings "
@@ -5613,6 +5638,7 @@ GIT_READ_ONLY = {
               "abbrev= no-abbrev omit-empty",
 }
 GIT_BAD = {"ext-diff": "git --ext-diff runs an external diff program", "textconv": "git --textconv runs filters",
+           "submodule": "git --submodule diffs inside the submodules history holds, with their own configuration",
            "output": "git --output writes a file", "show-signature": "git --show-signature runs gpg",
            "no-index": "git diff --no-index compares files anywhere", "O": "reads an order file",
            "open-files-in-pager": "runs a pager", "exec": "runs a command", "upload-pack": "runs a program",
@@ -6549,8 +6575,14 @@ class CommandPolicy(Denylist):
         if (first.glob and first.text not in ("[", "[[")) or first.tilde or not first.text:
             return verdict.worse(Verdict(CONFIRM, "the program name is a pattern (%s)" % first.text))
         if first.text != "[[":  # [[ … ]] matches its patterns; it expands no file names
-            find = os.path.basename(first.text) == "find"
+            find = False  # a find met so far (after a wrapper too: timeout 5 find . -name *.py)
             for before, word in zip(words, words[1:]):
+                find = find or os.path.basename(before.text) == "find"
+                if word.glob and word.text.startswith("-") and any(k == "lit" and t in "*?[" for t, k in word.parts):
+                    # an option with a pattern expands to more options (`sort -t -*` beside a file named
+                    # --compress-program=sh): no rewrite keeps its meaning (round 18e)
+                    return verdict.worse(Verdict(CONFIRM, "%s is an option with a pattern: it may expand to other "
+                                                          "options" % word.text))
                 if not _may_expand_to_option(word):
                     continue
                 # INFO: `find . ?exec pytho?? ?c …` beside files named -exec, python3 and -c ran code as a read-only
@@ -6821,7 +6853,10 @@ class CommandPolicy(Denylist):
             if t == "-C" and i + 1 < len(args):
                 if reason := self._operand_reason(args[i + 1]):
                     return Verdict(CONFIRM, "git -C %s" % reason)
-                dirs.append(os.path.realpath(os.path.join(self.root, args[i + 1].text)))
+                # each -C is taken from the one before, as git takes it (-C a -C b is a/b: round 18e)
+                dirs.append(os.path.realpath(os.path.join(dirs[-1], args[i + 1].text)))
+                if not _inside(dirs[-1], self.root):
+                    return Verdict(CONFIRM, "git -C leads outside the working directory (%s)" % dirs[-1])
                 i += 2
                 continue
             if t in ("--no-pager", "-P", "--no-optional-locks", "--literal-pathspecs", "--no-replace-objects",
@@ -6920,7 +6955,7 @@ def _may_expand_to_option(word):
     """Can pathname expansion make `word` begin with '-' (a file named like an option)? It can when the word
     begins with an unquoted * or ?, or with a bracket expression that matches '-' (negated, a class, '-' itself,
     or a range over it)."""
-    parts = word.parts
+    parts = [p for p in word.parts if p[0]]  # '' before a pattern is nothing: ''?delete is ?delete (round 18e)
     if not word.glob or not parts or parts[0] != ("[", "lit") and parts[0] not in (("*", "lit"), ("?", "lit")):
         return False
     if parts[0][0] != "[":

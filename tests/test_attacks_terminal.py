@@ -259,6 +259,8 @@ OPTION_PATTERNS = [
     ("echo $(ls *)", "echo $(ls ./*)"), ("wc -l -- * | sort", "wc -l -- ./* | sort"),
     ("find . -name *.py -o -iname ?x", "find . -name '*.py' -o -iname '?x'"),
     ("grep [0-9] f", None), ("cat a* src/*.py ./*", None), ("echo '*' \\?", None), ("[[ $x == *y ]]", None),
+    # round 18e: '' before the pattern is nothing to the shell; find behind a wrapper
+    ("find . ''?delete", "find . ./''?delete"), ("timeout 5 find . -name *.py", "timeout 5 find . -name '*.py'"),
 ]
 
 
@@ -268,6 +270,14 @@ def test_a_pattern_that_could_expand_to_an_option_runs_as_a_path(tmp_path, comma
     verdict = T.CommandPolicy(str(tmp_path), home=str(tmp_path)).judge(command)
     assert verdict.run_as == runs_as
     assert T.command_argv(command, verdict)[-1] == (runs_as or command) or runs_as is None
+
+
+@pytest.mark.parametrize("command", ["sort -t -* x", "find . -newer -*", "grep -e -* f", "ls -I -*", "head -n -* f",
+                                     "git log --grep -*", "git diff -S -*"])
+def test_an_option_with_a_pattern_is_not_read_only(tmp_path, command):
+    """Round 18e: beside files named --buffer-size=1k and --compress-program=sh, `sort -t -* x` ran sh."""
+    import xzatoma_tools as T
+    assert T.CommandPolicy(str(tmp_path), home=str(tmp_path)).judge(command).level == CONFIRM
 
 
 def test_file_names_like_options_never_turn_a_read_only_command_into_code(cli, fake):
@@ -366,3 +376,34 @@ def test_a_hook_a_read_only_command_runs_is_checked(cli):
     hook.rename(work / ".git" / "hooks" / "post-index-change")
     verdict = run_table(cli, ["git status"])[0]
     assert verdict[0] == CONFIRM and "post-index-change" in verdict[1], verdict
+
+
+def test_git_meets_what_git_itself_would(cli):
+    """Round 18e: -C after -C is taken from the one before; a linked worktree runs its common directory's hooks;
+    --submodule diffs inside the submodules history holds; a submodule's core.worktree must name itself."""
+    work = cli.workdir
+    _commit(work / "a" / "b")
+    _fsmonitor(work / "a" / "b" / ".git", cli.tmp / "pwned")
+    assert [v for v, _ in run_table(cli, ["git -C a -C b status", "git -C a/b status"])] == [CONFIRM] * 2
+    main = cli.tmp / "main"
+    _commit(main)
+    subprocess.run(["git", "-C", str(main), "worktree", "add", "-q", str(work / "wt")], check=True, capture_output=True)
+    assert run_table(cli, ["git -C wt status"])[0][0] == ALLOW
+    hook = main / ".git" / "hooks" / "post-index-change"
+    hook.write_text("#!/bin/sh\ntouch pwned\n")
+    hook.chmod(0o755)
+    assert run_table(cli, ["git -C wt status"])[0][0] == CONFIRM
+    assert [v for v, _ in run_table(cli, ["git log -p --submodule=diff", "git show --submodule"])] == [CONFIRM] * 2
+
+
+def test_a_submodule_whose_core_worktree_names_another_directory_is_not_read_only(cli):
+    work = cli.workdir
+    _commit(work)
+    _commit(work / "sub")
+    subprocess.run(G + ["-C", str(work), "add", "sub"], check=True, capture_output=True)
+    assert run_table(cli, ["git status"])[0][0] == ALLOW
+    (work / "other").mkdir()
+    subprocess.run(["git", "--git-dir", str(work / "sub" / ".git"), "config", "core.worktree", "../../other"],
+                   check=True)
+    verdict = run_table(cli, ["git status"])[0]
+    assert verdict[0] == CONFIRM and "core.worktree" in verdict[1], verdict

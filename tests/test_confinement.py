@@ -210,6 +210,17 @@ def test_a_virtualenvs_start_up_code_is_protected_from_the_file_tools_and_the_po
     assert verdict.level == "deny", verdict
 
 
+def test_a_pth_file_too_large_to_read_makes_every_module_start_up_code(tmp_path):
+    """Round 18e: `import zzhelper` after 64 KB of comments was past what was read; zzhelper.py was writable."""
+    work = tmp_path / "work"
+    work.mkdir()
+    make_venv(work)
+    (work / SITE / "big.pth").write_text("# x\n" * 300000 + "import zzhelper\n")
+    r = T.build_registry("write", T.ToolContext(str(work), {})).execute(
+        "write_file", {"path": SITE + "/zzhelper.py", "content": "import os\n"})
+    assert not r.success and HEADLESS in r.error, r.to_message()
+
+
 def test_a_virtualenvs_other_modules_stay_writable(tmp_path):
     work = tmp_path / "work"
     work.mkdir()

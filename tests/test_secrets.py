@@ -51,6 +51,10 @@ PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA1c2VjcmV0a2V5bWF0ZXJpYW
        "c2Vjb25kbGluZW9mdGhla2V5bWF0ZXJpYWwxMjM0NTY3ODkwYWJj\n-----END RSA PRIVATE KEY-----")
 #: the same key as kubeconfig's client-key-data holds it (round 18a: stored whole)
 PEM64 = __import__("base64").b64encode(PEM.encode()).decode()
+#: round 18e: a Secret holding a kubeconfig (base64 twice), and base64 wrapped in an indented YAML block
+PEM64TWICE = __import__("base64").b64encode(("users:\n- user:\n    client-key-data: " + PEM64 * 3).encode()).decode()
+PEM64YAML = "key: |\n" + "\n".join("    " + line for line in __import__("base64").encodebytes(
+    (PEM * 3).encode()).decode().splitlines())
 
 
 def secret_part(value):
@@ -952,3 +956,11 @@ def test_a_long_text_redacted_before_a_secret_was_known_is_redacted_again_after(
     assert redact(text) == text  # nothing known, no shape
     register_secret("q7Zr2LmXw9VbTn4K_late_registered")
     assert redact(text).endswith("key=" + REDACTED) and redact(text) == redact(text)
+
+
+@pytest.mark.parametrize("text", [PEM64TWICE, PEM64YAML])
+def test_a_key_in_base64_twice_or_wrapped_in_yaml_is_redacted_whole(text):
+    out = redact("before\n" + text + "\nafter")
+    assert REDACTED in out and out.endswith("\nafter")
+    pieces = [text[i:i + 24] for i in range(80, len(text) - 24, 24) if "\n" not in text[i:i + 24]]
+    assert pieces and not [p for p in pieces if p in out]  # nothing of the encoded key is left
