@@ -6578,7 +6578,7 @@ class CommandPolicy(Denylist):
             find = False  # a find met so far (after a wrapper too: timeout 5 find . -name *.py)
             for before, word in zip(words, words[1:]):
                 find = find or os.path.basename(before.text) == "find"
-                if word.glob and word.text.startswith("-") and any(k == "lit" and t in "*?[" for t, k in word.parts):
+                if word.glob and word.text.startswith("-") and _option_name_open(word):
                     # an option with a pattern expands to more options (`sort -t -*` beside a file named
                     # --compress-program=sh): no rewrite keeps its meaning (round 18e)
                     return verdict.worse(Verdict(CONFIRM, "%s is an option with a pattern: it may expand to other "
@@ -6949,6 +6949,18 @@ def _brace_words(words, limit=1024):
 #: find's tests whose value is a pattern find matches itself
 FIND_PATTERNS = {"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-lname", "-ilname", "-regex",
                  "-iregex"}
+
+
+def _option_name_open(word):
+    """Does a pattern in this option-like word come before its name is fixed? `--include=*.py` expands to
+    --include= options only (its name and '=' are literal); `-*`, `--*`, `-t*` may expand to any option."""
+    prefix = []
+    for text, kind in word.parts:
+        if kind == "lit" and text in "*?[":
+            break
+        prefix.append(text)
+    prefix = "".join(prefix)
+    return prefix != word.text and not (prefix.startswith("--") and "=" in prefix)
 
 
 def _may_expand_to_option(word):
