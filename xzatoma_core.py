@@ -9181,8 +9181,10 @@ def read_until(stream, size, deadline):
     chunks, got = [], 0
     while got < size:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
+        if left <= 0 or not select.select([fd], [], [], min(left, 86400.0))[0]:  # select() refuses centuries
+            if time.monotonic() >= deadline:
+                return None
+            continue
         chunk = os.read(fd, min(size - got, 1 << 20))
         if not chunk:
             break
@@ -9245,15 +9247,43 @@ def restored_config(args, console, cfg, stored, extra=None):
 MAX_TASK_CHARS = 32 << 20
 
 
-def read_plan_file(path, limit, what, unit="characters"):
+def open_until(path, deadline):
+    """open(path) as UTF-8 text; a named pipe nobody opens for writing waits until `deadline` at most (round 18f:
+    `run --timeout 3 --plan FIFO` waited for ever in open())."""
+    import stat as st
+    try:
+        fifo = deadline is not None and st.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        fifo = False
+    if not fifo:
+        return open(path, encoding="utf-8")
+    import threading
+    box = []
+
+    def opening():
+        try:
+            box.append(open(path, encoding="utf-8"))
+        except OSError as exc:
+            box.append(exc)
+    thread = threading.Thread(target=opening, name="xzatoma-open", daemon=True)
+    thread.start()
+    thread.join(min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX))
+    if not box:
+        raise XzError("plan file %s: nothing wrote to it before the run's time limit (agent.timeout_seconds)" % path)
+    if isinstance(box[0], OSError):
+        raise box[0]
+    return box[0]
+
+
+def read_plan_file(path, limit, what, unit="characters", deadline=None):
     """(text, source) of a plan file, or of stdin for '-', read to at most `limit` characters (`what` names the
-    bound, `unit` what it counts: more characters than a limit of bytes are more bytes too); a UsageError for a
-    file that is missing, unreadable, not UTF-8 text, or larger."""
+    bound, `unit` what it counts: more characters than a limit of bytes are more bytes too) and until `deadline`
+    (a pipe: `--plan <(slow)`); a UsageError for a file that is missing, unreadable, not UTF-8 text, or larger."""
     try:
         if path == "-":
-            return read_bounded(sys.stdin, limit, "the plan on stdin", what, unit), "<stdin>"
-        with open(path, encoding="utf-8") as fh:
-            return read_bounded(fh, limit, "plan file %s" % path, what, unit), path
+            return read_bounded(sys.stdin, limit, "the plan on stdin", what, unit, deadline), "<stdin>"
+        with open_until(path, deadline) as fh:
+            return read_bounded(fh, limit, "plan file %s" % path, what, unit, deadline), path
     except FileNotFoundError:
         raise UsageError("plan file not found: %s" % path)
     except (OSError, UnicodeDecodeError) as exc:
@@ -9281,18 +9311,29 @@ def stdin_line():
     return line
 
 
-def read_bounded(stream, limit, name, what, unit="characters"):
-    text = stream.read(limit + 1)
+def read_bounded(stream, limit, name, what, unit="characters", deadline=None):
+    if deadline is None:
+        text = stream.read(limit + 1)
+    else:  # a pipe left open, or trickling, ends at the run's time limit (round 18f: the task on stdin waited)
+        data = read_until(getattr(stream, "buffer", stream), 4 * limit + 4, deadline)
+        if data is None:
+            raise XzError("%s did not end before the run's time limit (agent.timeout_seconds); give the command "
+                          "</dev/null (or ssh -n) when nothing is piped in" % name)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError("%s is not UTF-8 text (%s)" % (name, exc.reason))
     if len(text) > limit:
         raise UsageError("%s is larger than %s %s (%s); give a smaller one" % (name, "{:,}".format(limit), unit, what))
     return text
 
 
-def read_instruction(args, console, default=None):
+def read_instruction(args, console, default=None, deadline=None):
     """The task: (text, kind 'run'|'plan', title, source, steps) or a UsageError; steps: a plan's instructions
-    (None for a prompt)."""
+    (None for a prompt). What is read from stdin or a pipe is read until `deadline`."""
     if args.plan:
-        text, source = read_plan_file(args.plan, MAX_TASK_CHARS, "no model takes a task that large")
+        text, source = read_plan_file(args.plan, MAX_TASK_CHARS, "no model takes a task that large",
+                                      deadline=deadline)
         if args.plan != "-":
             source = os.path.abspath(args.plan)
         try:
@@ -9304,7 +9345,8 @@ def read_instruction(args, console, default=None):
         return plan.to_prompt(), "plan", plan.goal, source, plan.instructions
     prompt = run_prompt(args)
     if prompt == "-" or (prompt is None and not _isatty(sys.stdin)):
-        text = read_bounded(sys.stdin, MAX_TASK_CHARS, "the task on stdin", "no model takes a task that large")
+        text = read_bounded(sys.stdin, MAX_TASK_CHARS, "the task on stdin", "no model takes a task that large",
+                            deadline=deadline)
         if not text.strip() and default:
             text = default
     elif prompt is None:
@@ -9444,6 +9486,13 @@ def _build_run(sub, common, fmt):
 
 
 def cmd_run(args, console):
+    # SIGTERM and SIGHUP, from the start: before the loop (MCP servers starting, stdin read) they killed the run by
+    # their default action, with no line and no record (round 18f); the loop's own catch is inside
+    with sigterm_raises():
+        return _cmd_run(args, console)
+
+
+def _cmd_run(args, console):
     # INFO: the time limit counts from here: what comes before the loop (the task piped in, the server's
     # probes, an @url: mention) held `run --timeout 5` for 20-90 s against a silent server or stdin (round 18c)
     started = time.monotonic()
@@ -9456,7 +9505,8 @@ def cmd_run(args, console):
     fmt = output_format(args)
     resume = args.resume or args.last or None
     instruction, kind, title, source, steps = read_instruction(
-        args, console, default="Continue the task from where it stopped." if resume else None)
+        args, console, default="Continue the task from where it stopped." if resume else None,
+        deadline=started + cfg.get("agent.timeout_seconds"))
     piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"),
                                started + cfg.get("agent.timeout_seconds"))
     if resume:  # this directory's conversation, with its provider, model and mode unless given again
@@ -9958,12 +10008,31 @@ class GuardedOutput:
         return getattr(self._stream, name)
 
 
+class _ClosedOutput:
+    """Standard output that was closed before the process started."""
+
+    encoding, errors = "utf-8", "strict"
+
+    def write(self, text):
+        import errno
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        raise ValueError("standard output is closed")
+
+
 def _guard_streams():
     """A closed stdout or stderr (`2>&-`: sys.stderr is None) is /dev/null, and stdout is a GuardedOutput."""
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")
-    if sys.stdout is None:
-        sys.stdout = open(os.devnull, "w")
+    if sys.stdout is None:  # 1>&-: what is written fails, once, as on a full disk (round 18f: exit 0, silent)
+        sys.stdout = GuardedOutput(_ClosedOutput())
     if not isinstance(sys.stdout, GuardedOutput):
         sys.stdout = GuardedOutput(sys.stdout)
     return sys.stdout
@@ -10008,9 +10077,10 @@ def _main(argv):
     except KeyboardInterrupt:
         console.error("interrupted")
         return EXIT_INTERRUPTED
-    except Terminated:
-        console.error("terminated")
-        return EXIT_TERMINATED
+    except Terminated as exc:
+        name = exc.args[0] if exc.args else "SIGTERM"
+        console.error("terminated (%s)" % name)
+        return EXIT_HANGUP if name == "SIGHUP" else EXIT_TERMINATED
     except BrokenPipeError:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1213,7 +1213,9 @@ def web_endpoint(value, what):
         loopback = loopback or ipaddress.ip_address(host).is_loopback
     except ValueError:
         pass
-    if parts is None or not host or not (parts.scheme == "https" or parts.scheme == "http" and loopback):
+    if parts is None or not host or re.search(r"[\\\s\x00-\x1f]", str(value)) or \
+            not (parts.scheme == "https" or parts.scheme == "http" and loopback):
+        # a browser takes `\` for `/`: http://evil.example\@127.0.0.1/ is evil.example to it (round 18f)
         raise McpError("the authorization server's %s is not an https URL (%s): refused" % (what, shown(value)))
     return str(value)
 
@@ -1953,13 +1955,17 @@ class Client:
 
     # -- tools --
     def list_tools(self, deadline):
-        tools, cursor = [], None
+        tools, cursor, names, cursors = [], None, set(), set()
         for _ in range(100):  # pages; a server that never stops paging is cut off
             result = self.request("tools/list", {"cursor": cursor} if cursor else None, deadline=deadline)
-            tools += [t for t in result.get("tools") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+            for tool in result.get("tools") or []:  # a name given again (a page served twice) is the first one's
+                if isinstance(tool, dict) and isinstance(tool.get("name"), str) and tool["name"] not in names:
+                    names.add(tool["name"])
+                    tools.append(tool)
             cursor = result.get("nextCursor")
-            if not cursor:
+            if not cursor or not isinstance(cursor, str) or cursor in cursors:  # a cursor again: the same pages
                 break
+            cursors.add(cursor)
         self.tools = tools
         return tools
 
@@ -2003,7 +2009,8 @@ def tool_name(server, remote, taken):
     started first: one name meant another server's tool from one run to the next (attack round 18d)."""
     base = "mcp__%s__%s" % (re.sub(r"[^A-Za-z0-9_-]", "_", server), re.sub(r"[^A-Za-z0-9_-]", "_", remote))
     name = base[:NAME_MAX]
-    if name != base or "__" in server or server.endswith("_") or name in taken:
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", server)  # server `a..b` is a__b once its dots are replaced (round 18f)
+    if name != base or "__" in safe or safe.endswith("_") or name in taken:
         import hashlib
         suffix = hashlib.sha256(("%s\0%s" % (server, remote)).encode()).hexdigest()[:8]
         name = base[: NAME_MAX - 9] + "_" + suffix
@@ -2397,7 +2404,7 @@ class Servers:
             thread.start()
             threads.append((server, thread, deadline))
         for server, thread, deadline in threads:
-            thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            thread.join(min(max(0.0, deadline - time.monotonic()) + 1.0, threading.TIMEOUT_MAX))
             while thread.is_alive() and server.logging_in():  # a person in the browser: not a server's delay
                 thread.join(0.2)
             late = thread.is_alive() or server.state == "starting" or (

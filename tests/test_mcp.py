@@ -95,6 +95,9 @@ def test_tool_names_fit_every_provider_and_stay_unique():
     assert other.startswith("mcp__a__b__x_") and mcp.tool_name("a__b", "x", {"mcp__a__b__x"}) == other
     assert mcp.tool_name("a", "b__x", set()) == mcp.tool_name("a", "b__x", {other}) == "mcp__a__b__x"
     assert mcp.tool_name("a", "_x", set()) == "mcp__a___x"
+    # round 18f: a server name's dots become underscores, so `a..b` is `a__b` and `a.` is `a_`
+    assert mcp.tool_name("a..b", "x", set()).startswith("mcp__a__b__x_")
+    assert mcp.tool_name("a.", "x", set()).startswith("mcp__a___x_")
     assert mcp.tool_name("a_", "x", set()).startswith("mcp__a___x_")
 
 
@@ -287,7 +290,8 @@ def test_a_protected_resource_covers_only_its_own_origin_and_paths_below(resourc
 @pytest.mark.parametrize("endpoint, ok", [
     ("https://as.example.com/authorize", True), ("http://127.0.0.1:9/authorize", True),
     ("http://localhost:9/a", True), ("http://[::1]:9/a", True), ("file:///etc/passwd?x", False),
-    ("javascript:alert(1)", False), ("http://as.example.com/authorize", False), ("", False), (None, False)])
+    ("javascript:alert(1)", False), ("http://as.example.com/authorize", False), ("", False), (None, False),
+    ("http://evil.example\\@127.0.0.1/authorize", False), ("https://as.example.com/a b", False)])
 def test_an_authorization_endpoint_is_https_or_loopback(endpoint, ok):
     if ok:
         assert mcp.web_endpoint(endpoint, "authorization_endpoint") == endpoint
@@ -514,3 +518,17 @@ def test_a_project_file_nested_too_deeply_is_an_invalid_file():
         mcp.project_servers("[" * 100000, "p/.mcp.json")
     with pytest.raises(ValueError, match="nested too deeply"):
         mcp.load_json('{"a":' * 100000)
+
+
+def test_a_cursor_given_again_ends_the_listing_and_a_name_given_again_is_the_first():
+    """Round 18f: a server repeating its page and cursor was paged 100 times, and its one tool offered twice."""
+    class Pager:
+        asked = 0
+        tools = None
+
+        def request(self, method, params, deadline=None):
+            self.asked += 1
+            return {"tools": [{"name": "t", "description": "d"}], "nextCursor": "again"}
+    pager = Pager()
+    tools = mcp.Client.list_tools(pager, None)
+    assert [t["name"] for t in tools] == ["t"] and pager.asked == 2

@@ -1171,3 +1171,64 @@ def test_with_stderr_redirected_the_words_between_tool_calls_reach_its_log(cli, 
     os.close(master)
     assert b"FINAL answer" in out and b"INTERIM" not in out, out
     assert "INTERIM words before a tool" in log.read_text()
+
+
+def test_the_task_or_plan_read_from_a_pipe_left_open_ends_at_the_time_limit(cli, fake, tmp_path):
+    """Round 18f: only the piped context was bounded; the task on stdin, --plan - and a named pipe were not."""
+    cli.use(fake)
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(str(fifo))
+    for args in (("run", "--timeout", "2", "-"), ("run", "--timeout", "2", "--plan", "-"),
+                 ("run", "--timeout", "2", "--plan", str(fifo))):
+        proc = subprocess.Popen(cli.command(*args), env=cli.env, cwd=str(cli.workdir), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+            proc.stdin.close()
+        err = proc.stderr.read()
+        assert proc.returncode == 1 and proc.stdout.read() == "", (args, err)
+        assert "time limit (agent.timeout_seconds)" in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
+def _wchan(pid):
+    try:
+        with open("/proc/%d/wchan" % pid) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def test_sigterm_before_the_loop_is_a_clean_exit(cli, fake):
+    """Round 18f: SIGTERM or SIGHUP while stdin was read (or MCP servers started) killed run by default action."""
+    cli.use(fake)
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGHUP, 129)):
+        proc = subprocess.Popen(cli.command("run", "--timeout", "60", "-"), env=cli.env, cwd=str(cli.workdir),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # the child waits on stdin (its main thread in select(): the kernel's wait channel says so)
+            assert wait_for(lambda: any(w in _wchan(proc.pid) for w in ("poll_schedule_timeout", "do_select",
+                                                                        "do_sys_poll")), timeout=30)
+            proc.send_signal(sig)
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+            proc.stdin.close()
+        err = proc.stderr.read()
+        assert proc.returncode == code and "terminated (%s)" % sig.name in err and "Traceback" not in err, err
+
+
+def test_a_closed_stdout_is_said_and_exit_1(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "the answer"})
+    r = subprocess.run(cli.command("run", "hi"), env=cli.env, cwd=str(cli.workdir), stderr=subprocess.PIPE,
+                       stdin=subprocess.DEVNULL, text=True, timeout=60, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 1 and "cannot write standard output: standard output is closed" in r.stderr, r.stderr
+
+
+def test_a_time_limit_of_centuries_is_no_internal_error(cli, fake):
+    cli.use(fake)
+    fake.add({"content": "ok"})
+    r = cli.run("run", "--timeout", "9999999999", "explain", input="some context\n")
+    assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
