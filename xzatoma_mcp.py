@@ -22,6 +22,7 @@ import threading
 import time
 
 from xzatoma_tools import EXECUTE, READ, Tool, ToolError, ToolResult, render_json, render_untrusted
+from xzatoma_tools import _shut_down as _shut  # a connection's socket shut under whoever reads it
 
 #: the protocol revisions this client speaks: the stateless one (per-request _meta, `server/discover`), and the
 #: handshake ones, newest first (the first is what `initialize` asks for; the others are accepted as answers)
@@ -896,16 +897,6 @@ class _Watchdog:
                 heapq.heappop(self._heap)
                 sock = self._watched.pop(token, None)
             _shut(sock)
-
-
-def _shut(sock):
-    """Shut a connection's socket under whoever reads it (their read ends at once)."""
-    if sock is not None:
-        import socket
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 _WATCHDOG = _Watchdog()

@@ -313,6 +313,14 @@ def _commit(path):
     subprocess.run(G + ["-C", str(path), "commit", "-qm", "i"], check=True)
 
 
+def _with_submodule(work):
+    """A repository at `work` whose index holds the repository `sub` as a submodule."""
+    _commit(work)
+    _commit(work / "sub")
+    subprocess.run(G + ["-C", str(work), "add", "sub"], check=True, capture_output=True)
+    return work
+
+
 def _fsmonitor(gitdir, marker):
     subprocess.run(["git", "--git-dir", str(gitdir), "config", "core.fsmonitor", "touch %s; false" % marker],
                    check=True)
@@ -331,10 +339,7 @@ def test_a_submodule_deep_in_a_large_tree_is_checked(cli):
 
 
 def test_a_submodule_whose_git_is_a_link_is_checked(cli):
-    work = cli.workdir
-    _commit(work)
-    _commit(work / "sub")
-    subprocess.run(G + ["-C", str(work), "add", "sub"], check=True, capture_output=True)
+    work = _with_submodule(cli.workdir)
     (work / "sub" / ".git").rename(work / "meta")
     (work / "sub" / ".git").symlink_to("../meta")
     subprocess.run(["git", "--git-dir", str(work / "meta"), "config", "--unset", "core.worktree"], capture_output=True)
@@ -397,10 +402,7 @@ def test_git_meets_what_git_itself_would(cli):
 
 
 def test_a_submodule_whose_core_worktree_names_another_directory_is_not_read_only(cli):
-    work = cli.workdir
-    _commit(work)
-    _commit(work / "sub")
-    subprocess.run(G + ["-C", str(work), "add", "sub"], check=True, capture_output=True)
+    work = _with_submodule(cli.workdir)
     assert run_table(cli, ["git status"])[0][0] == ALLOW
     (work / "other").mkdir()
     subprocess.run(["git", "--git-dir", str(work / "sub" / ".git"), "config", "core.worktree", "../../other"],

@@ -453,17 +453,22 @@ def test_history_keeps_whole_messages_and_no_answers(chat, fake, cli):
     assert person_messages(fake.model_requests()[-1])[-1]["content"] == "first pasted line\nsecond pasted line"
 
 
+def write_chat_on(cli, fake, rows, cols):
+    """chat in write mode on a terminal of rows x cols, at its first prompt."""
+    cli.use(fake)
+    p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir), rows=rows,
+                   cols=cols)
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    return p
+
+
 def test_a_long_command_on_a_short_terminal_is_folded_or_paged(cli, fake):
-    from ptyrun import PtyProcess
     spaced = "touch folded.txt #" + " " * 20000 + "ls -la"
     script = "\n".join("echo line %d >> paged.txt" % i for i in range(30))
     fake.add({"tool_calls": [tool_call("terminal", command=spaced)]}, {"content": "folded ran"},
              {"tool_calls": [tool_call("terminal", command=script)]}, {"content": "paged ran"})
-    cli.use(fake)
-    p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir), rows=14,
-                   cols=60)
+    p = write_chat_on(cli, fake, rows=14, cols=60)
     try:
-        p.expect(PROMPT % ("WRITE", "SAFE"))
         p.line("fold it")
         p.expect("touch folded.txt #⟨20000 spaces⟩ls -la")  # all of it on one line, the blanks counted
         p.expect(r"\[e\]dit > ")
@@ -490,11 +495,8 @@ def test_the_question_after_a_tall_command_is_one_bounded_line(cli, fake):
     script = "cat > out.txt <<'EOF'\n" + "\n".join("line%02d text" % i for i in range(40)) + "\nEOF"
     fake.add({"tool_calls": [tool_call("terminal", command=script)]}, {"content": "first ran"},
              {"tool_calls": [tool_call("terminal", command=script)]}, {"content": "second ran"})
-    cli.use(fake)
-    p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir), rows=12,
-                   cols=80)
+    p = write_chat_on(cli, fake, rows=12, cols=80)
     try:
-        p.expect(PROMPT % ("WRITE", "SAFE"))
         p.line("write it")
         for _ in range(6):
             question = p.expect(r"Enter shows more --|\[y\]es / \[n\]o /[^\r\n]*\[e\]dit > ").group(0)
