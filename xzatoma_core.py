@@ -8277,11 +8277,20 @@ def cmd_skills(args, console):
         return _report_validation(out, skills, problems)
     store = open_store(cfg, console, required=action in ("trust", "untrust"))
     try:
+        # the person's own skill a project skill not trusted would hide is the one runs use (session_skills), and
+        # is listed and shown as used (round 18f: list said the project's was, and called yours a duplicate)
+        states = {s.name: skill_trust(store, s) for s in skills}
+        own = {p.shadowed.name: p for p in problems if p.shadowed is not None and p.shadowed.scope != "project"
+               and states.get(p.shadowed.name) in ("untrusted", "changed", "untrustable")}
+        problems = [p for p in problems if p not in own.values()]
         if action == "list":
-            rows = [{"name": s.name, "description": s.description, "scope": s.scope, "trust": skill_trust(store, s),
+            listed = skills + [p.shadowed for p in own.values()]
+            rows = [{"name": s.name, "description": s.description, "scope": s.scope,
+                     "trust": skill_trust(store, s) if s.scope == "project" or s.name not in own else "user",
                      "trust_problem": s.untrustable, "path": s.shown, "triggers": s.triggers,
                      "allowed_tools": sorted(s.allowed_tools) if s.allowed_tools is not None else None,
-                     "files": s.resources} for s in skills]
+                     "files": s.resources, "used": s.scope != "project" or states.get(s.name) not in (
+                         "untrusted", "changed", "untrustable")} for s in listed]
             if args.json:
                 json_out({"skills": rows, "problems": [{"path": p.path, "reason": p.reason, "level": p.level}
                                                        for p in problems]})
@@ -8300,6 +8309,9 @@ def cmd_skills(args, console):
             for r in rows:
                 if r["trust"] == "untrustable":
                     console.warn("skill %s cannot be trusted: %s" % (r["name"], r["trust_problem"]))
+            for name, p in own.items():
+                console.info("your own skill %s (%s) is used: the project's skill of that name is not trusted"
+                             % (name, p.shadowed.shown))
             return EXIT_OK
         if action in ("show", "trust", "untrust"):
             names = [args.name] if action == "show" else args.names
@@ -8318,6 +8330,10 @@ def cmd_skills(args, console):
                     ": " + "; ".join("%s: %s" % (p.path, p.reason) for p in bad[:3])) if bad else
                     " (see xzatoma skills list)"))
             if action == "show":
+                if args.name in own:  # what runs use; the project's is named, for trusting it
+                    console.info("the project's skill %s (%s) is not trusted: your own is used" % (
+                        args.name, by_name[args.name].shown))
+                    return _show_skill(out, own[args.name].shadowed, "user")
                 return _show_skill(out, by_name[args.name], skill_trust(store, by_name[args.name]))
             refused = 0
             for name in names:

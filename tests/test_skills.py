@@ -303,6 +303,14 @@ def test_an_untrusted_project_skill_does_not_switch_off_the_persons_own(cli, fak
     sent = json.dumps(first["messages"])
     assert "MY-OWN-MARK" in sent and "SKILL-BODY-MARK" not in sent  # the person's skill, triggered
     assert sorted(t["function"]["name"] for t in first["tools"])[:3] == ["activate_skill", "grep", "read_file"]
+    # listed and shown as runs use them (round 18f: list called the person's a duplicate of the project's)
+    listed = json.loads(cli.run("skills", "list", "--json").stdout)
+    assert [(r["scope"], r["used"]) for r in listed["skills"] if r["name"] == "x"] == [("project", False),
+                                                                                        ("user", True)]
+    assert not [p for p in listed["problems"] if "already defined" in p["reason"]]
+    shown = cli.run("skills", "show", "x")
+    assert "MY-OWN-MARK" in shown.stdout and "scope:         user" in shown.stdout
+    assert "the project's skill x (.agents/skills/x/SKILL.md) is not trusted: your own is used" in shown.stderr
 
 
 def trust_x_and_list(p):
