@@ -2498,6 +2498,8 @@ class OllamaProvider(Provider):
         if getattr(exc, "kind", None) == "dns":  # nothing to start: the name is wrong, or the network is
             return ProviderError("cannot connect to Ollama at %s (%s); check OLLAMA_HOST / provider.ollama.host "
                                  "and this machine's network" % (self.host, _connection_reason(exc)))
+        if getattr(exc, "kind", None) == "broken":  # it took the connection: something listens there
+            return _dropped(self.label(), exc, "OLLAMA_HOST / provider.ollama.host")
         return ProviderError("cannot connect to Ollama at %s (%s); start it with 'ollama serve' or point "
                              "OLLAMA_HOST / provider.ollama.host at it" % (self.host, _connection_reason(exc)),
                              retryable=True)
@@ -2650,9 +2652,14 @@ class OpenAIProvider(Provider):
     def login_hint(self):
         return "set %s to a valid API key" % self.cfg.get("provider.openai.api_key_env")
 
+    #: what names this provider's address, for its errors
+    ADDRESS = "provider.openai.base_url / OPENAI_BASE_URL"
+
     def connection_error(self, exc):
-        return ProviderError("cannot connect to %s (%s); check provider.openai.base_url / OPENAI_BASE_URL"
-                             % (self.base_url, _connection_reason(exc)), retryable=True)
+        if getattr(exc, "kind", None) == "broken":  # it took the connection: something listens there
+            return _dropped(self.label(), exc, self.ADDRESS)
+        return ProviderError("cannot connect to %s (%s); check %s" % (self.base_url, _connection_reason(exc),
+                                                                      self.ADDRESS), retryable=True)
 
     def raw_models(self, retries=None):
         if self._model_list is None:
@@ -2936,10 +2943,18 @@ def _usage(usage):
             "completion_tokens": usage.get("completion_tokens") or 0}
 
 
+def _dropped(label, exc, where):
+    """A server that took the connection and closed (or reset) it without an HTTP answer: not "start it" (round
+    18c: a port where something else listens said "cannot connect … start it with 'ollama serve'")."""
+    return ProviderError("%s closed the connection without an answer (%s); is %s the model server's address?"
+                         % (label, _connection_reason(exc), where), retryable=True)
+
+
 class CopilotProvider(OpenAIProvider):
     """GitHub Copilot: OpenAI wire formats with Copilot's headers; codex models via /responses."""
 
     name = "copilot"
+    ADDRESS = "provider.copilot.api_url"  # its errors named OpenAI's settings (round 18c)
     EDITOR_HEADERS = {"Editor-Version": "vscode/1.104.0", "Editor-Plugin-Version": "copilot-chat/0.31.0",
                       "Copilot-Integration-Id": "vscode-chat", "Openai-Intent": "conversation-agent"}
 

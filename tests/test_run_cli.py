@@ -1232,3 +1232,42 @@ def test_a_time_limit_of_centuries_is_no_internal_error(cli, fake):
     fake.add({"content": "ok"})
     r = cli.run("run", "--timeout", "9999999999", "explain", input="some context\n")
     assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+
+
+@pytest.mark.parametrize("provider", ["ollama", "openai", "copilot"])
+def test_a_server_that_resets_the_connection_is_not_told_to_be_started(cli, fake, provider):
+    """Round 18c: a port where something took the connection and reset it said "cannot connect … start it with
+    'ollama serve'"; Copilot's named provider.openai.base_url."""
+    import struct
+    import threading
+    resetting = socket.socket()
+    resetting.bind(("127.0.0.1", 0))
+    resetting.listen(16)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = resetting.accept()
+            except OSError:
+                return
+            conn.recv(100)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # RST
+    threading.Thread(target=serve, daemon=True).start()
+    url = "http://127.0.0.1:%d" % resetting.getsockname()[1]
+    try:
+        cli.use(fake, provider=provider)
+        cfg = {"provider": {"type": provider, "max_retries": 1, "retry_backoff_seconds": 0.01,
+                            "ollama": {"host": url, "model": "llama3.2:3b"},
+                            "openai": {"base_url": url + "/v1", "model": "gpt-test"},
+                            "copilot": {"api_url": url, "model": "gpt-4.1", "github_url": url,
+                                        "github_api_url": url}}}
+        cli.write_config(cfg)
+        r = cli.run("run", "--timeout", "30", "hi")
+    finally:
+        resetting.close()
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "closed the connection without an answer" in last and "ollama serve" not in last, last
+    if provider == "copilot":
+        assert "provider.copilot.api_url" in last and "provider.openai.base_url" not in last, last
