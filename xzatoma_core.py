@@ -2270,7 +2270,12 @@ class Provider:
 
     def get_json(self, url, what="request", retries=None):
         return self.call("GET", url, lambda r: r.json(), what=what, retries=retries,
-                         timeout=min(PROBE_TIMEOUT, self.timeout) if retries == 0 else None)
+                         timeout=self.probe_timeout() if retries == 0 else None)
+
+    def probe_timeout(self):
+        """Seconds for a one-attempt probe (the model's window, its details): a hung server fails it fast, and
+        never later than provider.request_timeout_seconds says."""
+        return min(PROBE_TIMEOUT, self.timeout)
 
     def clone(self):
         """The same provider for another thread: own HTTP session, shared credentials and caches."""
@@ -2544,7 +2549,7 @@ class OllamaProvider(Provider):
     def _show(self, model):
         if model not in self._shown:
             self._shown[model] = self.call("POST", self.host + "/api/show", lambda r: r.json(), body={"model": model},
-                                           what="model details", retries=0, timeout=min(PROBE_TIMEOUT, self.timeout))
+                                           what="model details", retries=0, timeout=self.probe_timeout())
         return self._shown[model]
 
     def num_ctx(self, estimated_tokens):
@@ -5359,8 +5364,6 @@ class Session:
         self.skill_state = self.progress = None
         self.resumed = False  #: start() continued a stored conversation
         self.recorded = False  #: the conversation is being written to the store
-        #: a run's deadline, counted from its start (cmd_run): its agent keeps it, not a fresh one of its own
-        self.deadline = None
 
     # the shared parts and the link, as the session's own
     store = property(lambda self: self.shared.store)
@@ -5599,10 +5602,8 @@ class Session:
         else:
             max_turns = max_turns or cfg.get("agent.max_turns")
             timeout_seconds = timeout_seconds or cfg.get("agent.timeout_seconds")
-        started = deadline if deadline is not None else self.deadline if not self.depth else None
-        deadline = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
-        if started is not None:
-            deadline = started if deadline is None else min(deadline, started)
+        own = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
+        deadline = own if deadline is None else deadline if own is None else min(own, deadline)
         ctx = self.ctx.with_deadline(deadline)
         events = self.events if self.sandbox_check is None else _SandboxFirst(self.events, self.sandbox_check)
         read_named = cfg.get("agent.read_named")
@@ -8173,6 +8174,19 @@ def skill_trust(store, skill):
         return "untrusted"
 
 
+#: the trust states of a project skill no run uses
+NOT_USED = ("untrusted", "changed", "untrustable")
+
+
+def own_in_place(problems, state_of):
+    """{name: the person's own skill} that runs use in place of a project skill of its name not trusted
+    (`state_of(name)` says the project skill's trust): discovery kept the project's and left the person's as a
+    problem (SkillProblem.shadowed). INFO: the project's silently switched it off, its narrowed allowed-tools too,
+    for anything that can write the tree (round 18d); `skills list` called it a duplicate (18f)."""
+    return {p.shadowed.name: p.shadowed for p in problems if p.shadowed is not None and p.shadowed.scope != "project"
+            and state_of(p.shadowed.name) in NOT_USED}
+
+
 def session_skills(cfg, console, working_dir, store, asker=None):
     """The skills a session may use. Each invalid one is reported (its file and why), never skipped in silence.
     Project skills not trusted yet (or changed since) are put to a person once through `asker` (chat): yes
@@ -8190,6 +8204,7 @@ def session_skills(cfg, console, working_dir, store, asker=None):
             console.warn("skill %s (%s) is not used: it cannot be trusted: %s" % (
                 skill.name, skill.shown, skill.untrustable or "it has no digest"))
     pending = [(s, state) for s, state in zip(skills, states) if state in ("untrusted", "changed")]
+    own = own_in_place(problems, dict(zip((s.name for s in skills), states)).get)
     if pending and asker is not None and ask_skill_trust(console, asker, pending):
         if store is None:
             console.warn("conversation history is unavailable, so the trust holds for this session only")
@@ -8207,12 +8222,9 @@ def session_skills(cfg, console, working_dir, store, asker=None):
             else " yet", ", ".join("%s (%s)" % (s.name, s.shown) for s, _ in pending[:10]),
             "it" if len(pending) == 1 else "them", "it" if len(pending) == 1 else "them",
             " ".join(s.name for s, _ in pending[:10])))
-    # INFO: the person's own skill of a name an untrusted project skill takes is used, and said so: the project's
-    # silently switched it off (its narrowed allowed-tools too), for anything that can write the tree (round 18d)
-    own = {p.shadowed.name: p.shadowed for p in problems if p.shadowed is not None and p.shadowed.scope != "project"}
     used = []
     for skill, state in zip(skills, states):
-        if state not in ("untrusted", "changed", "untrustable"):
+        if state not in NOT_USED:
             used.append(skill)
         elif skill.name in own:
             console.warn("your own skill %s (%s) is used: the project's skill of that name is not trusted"
@@ -8292,20 +8304,17 @@ def cmd_skills(args, console):
         return _report_validation(out, skills, problems)
     store = open_store(cfg, console, required=action in ("trust", "untrust"))
     try:
-        # the person's own skill a project skill not trusted would hide is the one runs use (session_skills), and
-        # is listed and shown as used (round 18f: list said the project's was, and called yours a duplicate)
+        # listed and shown as runs use them: the person's own skill in place of a project one not trusted
         states = {s.name: skill_trust(store, s) for s in skills}
-        own = {p.shadowed.name: p for p in problems if p.shadowed is not None and p.shadowed.scope != "project"
-               and states.get(p.shadowed.name) in ("untrusted", "changed", "untrustable")}
-        problems = [p for p in problems if p not in own.values()]
+        own = own_in_place(problems, states.get)
+        problems = [p for p in problems if p.shadowed not in own.values()]
         if action == "list":
-            listed = skills + [p.shadowed for p in own.values()]
             rows = [{"name": s.name, "description": s.description, "scope": s.scope,
-                     "trust": skill_trust(store, s) if s.scope == "project" or s.name not in own else "user",
+                     "trust": states[s.name] if s.scope == "project" else "user",
                      "trust_problem": s.untrustable, "path": s.shown, "triggers": s.triggers,
                      "allowed_tools": sorted(s.allowed_tools) if s.allowed_tools is not None else None,
-                     "files": s.resources, "used": s.scope != "project" or states.get(s.name) not in (
-                         "untrusted", "changed", "untrustable")} for s in listed]
+                     "files": s.resources, "used": s.scope != "project" or states[s.name] not in NOT_USED}
+                    for s in skills + list(own.values())]
             if args.json:
                 json_out({"skills": rows, "problems": [{"path": p.path, "reason": p.reason, "level": p.level}
                                                        for p in problems]})
@@ -8324,9 +8333,9 @@ def cmd_skills(args, console):
             for r in rows:
                 if r["trust"] == "untrustable":
                     console.warn("skill %s cannot be trusted: %s" % (r["name"], r["trust_problem"]))
-            for name, p in own.items():
+            for name, skill in own.items():
                 console.info("your own skill %s (%s) is used: the project's skill of that name is not trusted"
-                             % (name, p.shadowed.shown))
+                             % (name, skill.shown))
             return EXIT_OK
         if action in ("show", "trust", "untrust"):
             names = [args.name] if action == "show" else args.names
@@ -8348,7 +8357,7 @@ def cmd_skills(args, console):
                 if args.name in own:  # what runs use; the project's is named, for trusting it
                     console.info("the project's skill %s (%s) is not trusted: your own is used" % (
                         args.name, by_name[args.name].shown))
-                    return _show_skill(out, own[args.name].shadowed, "user")
+                    return _show_skill(out, own[args.name], "user")
                 return _show_skill(out, by_name[args.name], skill_trust(store, by_name[args.name]))
             refused = 0
             for name in names:
@@ -9535,17 +9544,15 @@ def _cmd_run(args, console):
     cfg = config_from_args(args, console, _sandbox_config(args, extra))
     fmt = output_format(args)
     resume = args.resume or args.last or None
+    deadline = started + cfg.get("agent.timeout_seconds")
     instruction, kind, title, source, steps = read_instruction(
-        args, console, default="Continue the task from where it stopped." if resume else None,
-        deadline=started + cfg.get("agent.timeout_seconds"))
-    piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"),
-                               started + cfg.get("agent.timeout_seconds"))
+        args, console, default="Continue the task from where it stopped." if resume else None, deadline=deadline)
+    piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"), deadline)
     if resume:  # this directory's conversation, with its provider, model and mode unless given again
         resume, stored = find_resume_target(cfg, console, args)
         cfg = restored_config(args, console, cfg, stored, _sandbox_config(args, extra))
         args.mode = args.mode or (stored.get("mode") if stored.get("mode") in ("write", "planning") else None)
     args.mode = args.mode or "write"
-    deadline = started + cfg.get("agent.timeout_seconds")
     # nobody can be asked in run: confirm-level commands are refused unless --allow-dangerous
     full = args.allow_dangerous or cfg.get("agent.terminal.default_mode") == xzatoma_tools.FULL
     events = run_events(console, fmt)
@@ -9555,7 +9562,6 @@ def _cmd_run(args, console):
                            xzatoma_tools.FULL if full else xzatoma_tools.RESTRICTED, events=events,
                            metrics_port=args.metrics_port, metrics_textfile=args.metrics_textfile, provider=provider,
                            deadline=deadline)  # --timeout: MCP start-up counts against it
-    session.deadline = deadline
     try:
         session.start(kind, resume=resume, title=title, source=source, steps=steps)
         sandbox_note = None
@@ -9574,11 +9580,10 @@ def _cmd_run(args, console):
             events.progress(session.progress, None)
         # the task's words (a plan's goal and instructions, not the frame around them), never what was piped in
         session.match_skills(instruction if steps is None else "\n".join([title or ""] + list(steps)))
-        with sigterm_raises():
-            try:
-                result = session.agent(deadline=deadline).run()
-            finally:
-                events.stop()  # the spinner, whatever ended the run
+        try:
+            result = session.agent(deadline=deadline).run()
+        finally:
+            events.stop()  # the spinner, whatever ended the run
         keep_partial(session, events)
         session.settle_progress()
     finally:
@@ -9856,7 +9861,7 @@ COMMAND_BUILDERS = {"chat": _build_chat, "run": _build_run, "history": _build_hi
 #          chat: the turn ends "turn cancelled" and the Session's cancel event is renewed for the next;
 #          between turns the REPL counts Ctrl-C (twice within a second leaves).
 #          Before or after the loop (start-up, reading a plan), main() prints "interrupted", exit 130.
-# SIGTERM  sigterm_raises(), around a run's agent, makes SIGTERM (and SIGHUP) raise Terminated in the main
+# SIGTERM  sigterm_raises(), around a whole run, makes SIGTERM (and SIGHUP) raise Terminated in the main
 #          thread: a BaseException that takes exactly the path of KeyboardInterrupt and ends with exit 143 (129).
 #          chat: leave_on_signals, for SIGTERM and SIGHUP (its terminal closed): the turn ends as with Ctrl-C,
 #          then chat leaves as /exit does (recorded, sandbox closed), exit 128 + the signal.

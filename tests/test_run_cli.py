@@ -940,16 +940,12 @@ def test_connection_refused_is_one_line_within_seconds(cli, provider):
     assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # the run's header line and the error
 
 
-@pytest.mark.parametrize("provider", ["ollama", "openai"])
-@pytest.mark.parametrize("banner", [b"SSH-2.0-OpenSSH_9.6\r\n", b"\x1b[2J220 smtp ready\r\n"])
-def test_a_service_that_is_not_http_is_one_line_showing_what_answered(cli, provider, banner):
-    """A wrong port (an SSH or SMTP banner) was retried 4 times and said as "cannot connect … start it with
-    'ollama serve'", though it connected (round 18c): one line, what answered (escaped), no retry."""
+def loopback_server(answer):
+    """A listener on 127.0.0.1 that hands every connection to `answer(conn)`, in a thread; the caller closes it."""
     import threading
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    port, accepted = listener.getsockname()[1], []
+    listener.listen(16)
 
     def serve():
         while True:
@@ -957,11 +953,25 @@ def test_a_service_that_is_not_http_is_one_line_showing_what_answered(cli, provi
                 conn, _ = listener.accept()
             except OSError:
                 return
-            accepted.append(1)
-            conn.sendall(banner)
-            time.sleep(0.2)
-            conn.close()
+            answer(conn)
     threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+@pytest.mark.parametrize("provider", ["ollama", "openai"])
+@pytest.mark.parametrize("banner", [b"SSH-2.0-OpenSSH_9.6\r\n", b"\x1b[2J220 smtp ready\r\n"])
+def test_a_service_that_is_not_http_is_one_line_showing_what_answered(cli, provider, banner):
+    """A wrong port (an SSH or SMTP banner) was retried 4 times and said as "cannot connect … start it with
+    'ollama serve'", though it connected (round 18c): one line, what answered (escaped), no retry."""
+    accepted = []
+
+    def answer(conn):
+        accepted.append(1)
+        conn.sendall(banner)
+        time.sleep(0.2)
+        conn.close()
+    listener = loopback_server(answer)
+    port = listener.getsockname()[1]
     cli.write_config({"provider": {"type": provider, "max_retries": 3, "retry_backoff_seconds": 0.5,
                                    "ollama": {"host": "127.0.0.1:%d" % port},
                                    "openai": {"base_url": "http://127.0.0.1:%d/v1" % port}}})
@@ -1239,21 +1249,12 @@ def test_a_server_that_resets_the_connection_is_not_told_to_be_started(cli, fake
     """Round 18c: a port where something took the connection and reset it said "cannot connect … start it with
     'ollama serve'"; Copilot's named provider.openai.base_url."""
     import struct
-    import threading
-    resetting = socket.socket()
-    resetting.bind(("127.0.0.1", 0))
-    resetting.listen(16)
 
-    def serve():
-        while True:
-            try:
-                conn, _ = resetting.accept()
-            except OSError:
-                return
-            conn.recv(100)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            conn.close()  # RST
-    threading.Thread(target=serve, daemon=True).start()
+    def reset(conn):
+        conn.recv(100)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # RST
+    resetting = loopback_server(reset)
     url = "http://127.0.0.1:%d" % resetting.getsockname()[1]
     try:
         cli.use(fake, provider=provider)
