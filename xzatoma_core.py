@@ -5331,8 +5331,9 @@ class SubagentLink:
     """What ties a subagent's session to its parent: the parent's conversation, the subagent's label and depth,
     the tool context its tools derive from (the calling run's: its deadline), and the narrower tool set."""
 
-    def __init__(self, parent_id, label, depth, ctx, allowed_tools=None):
+    def __init__(self, parent_id, label, depth, ctx, allowed_tools=None, turn_limit=None):
         self.parent_id = parent_id  #: the parent's conversation id
+        self.turn_limit = turn_limit  #: the parent's turns: the most the subagent's own max_turns may be
         self.label = label  #: named in the subagent's progress lines and in every question it asks
         self.depth = depth  #: 1 for a subagent of the top-level run, n for one n levels down
         self.ctx = ctx  #: the parent's ToolContext, from which the subagent's is derived (ToolContext.child)
@@ -5363,6 +5364,9 @@ class Session:
         #: from start(): the conversation's SkillState (which skills are active) and Progress (its steps)
         self.skill_state = self.progress = None
         self.resumed = False  #: start() continued a stored conversation
+        #: the turns its last agent() may take: a subagent it starts gets at most as many (`run --max-turns 3`
+        #: with `subagent {max_turns: 40}` made 44 model calls: round 19c)
+        self.turn_limit = None
         self.recorded = False  #: the conversation is being written to the store
 
     # the shared parts and the link, as the session's own
@@ -5602,6 +5606,10 @@ class Session:
         else:
             max_turns = max_turns or cfg.get("agent.max_turns")
             timeout_seconds = timeout_seconds or cfg.get("agent.timeout_seconds")
+        parent_limit = self.link.turn_limit if self.link is not None else None
+        if parent_limit:
+            max_turns = min(max_turns, parent_limit)
+        self.turn_limit = max_turns
         own = time.monotonic() + timeout_seconds if timeout_seconds else self.ctx.deadline
         deadline = own if deadline is None else deadline if own is None else min(own, deadline)
         ctx = self.ctx.with_deadline(deadline)
@@ -5621,13 +5629,15 @@ class Session:
         cfg = self.cfg
         narrowed = self.skill_state.allowed() if self.skill_state is not None else None
         if narrowed is not None:  # an active skill's allowed-tools hold for the subagents it may start too
-            allowed_tools = [t for t in (allowed_tools or self.registry.names()) if t in narrowed]
+            allowed_tools = [t for t in (self.registry.names() if allowed_tools is None else allowed_tools)
+                             if t in narrowed]
         sub_name, sub_model = cfg.get("agent.subagent.provider"), cfg.get("agent.subagent.model")
         provider = make_provider(cfg, self.console, sub_name, sub_model) if (sub_name or sub_model) \
             else self.provider.clone()
         return Session(cfg, self.console, provider, self.toolset, self.autonomy, self.shared.handed_down(),
                        _ChildEvents(self.console, label, self.depth + 1),
-                       link=SubagentLink(self.id, label, self.depth + 1, ctx or self.ctx, allowed_tools))
+                       link=SubagentLink(self.id, label, self.depth + 1, ctx or self.ctx, allowed_tools,
+                                         self.turn_limit))
 
     def close(self, wait_for_workers=None):
         """The end: whatever still runs below (subagents, their commands) stops; what open() made closes.
@@ -5723,24 +5733,27 @@ def project_mcp(cfg, text, path, skip=()):
                                      own=mcp_credential_vars(cfg), skip=skip)
 
 
-def show_mcp_project(console, path, configs, problems=(), notes=()):
+def show_mcp_project(console, path, configs, problems=(), notes=(), asker=None):
     """What a project's .mcp.json would start and give each server, as written (${VAR} not expanded), and what
-    in it cannot start: the question that trusts it is about all of this."""
-    console.info("%s in this project starts these MCP servers:" % path, "yellow")
+    in it cannot start: the question that trusts it is about all of this; shown where `asker` asks, if given."""
+    def show(text, warn=False):
+        if asker is not None:
+            asker.show(console.clean(("warning: " if warn else "") + text))
+        else:
+            (console.warn if warn else console.info)(text)
+    show("%s in this project starts these MCP servers:" % path)
     for c in configs:
         lines = c.written_lines()
-        console.info("  %s: %s" % (c.name, lines[0]))
+        show("  %s: %s" % (c.name, lines[0]))
         for line in lines[1:]:
-            console.info("      " + line)
-    for note in notes:
-        console.warn(note)
-    for _, why in problems:
-        console.warn(why)
+            show("      " + line)
+    for note in list(notes) + [why for _, why in problems]:
+        show(note, True)
 
 
 def ask_mcp_trust(console, asker, path, configs, problems=(), notes=()):
     """Show what a project's .mcp.json would start (show_mcp_project), and ask once."""
-    show_mcp_project(console, path, configs, problems, notes)
+    show_mcp_project(console, path, configs, problems, notes, asker)
     answer = asker.ask("Trust this file and start them (they run in the sandbox)? [y/N] > ")
     return (answer or "").strip().lower() in ("y", "yes")
 
@@ -5983,8 +5996,8 @@ def run_subagent(parent, spec, ctx=None):
     if depth > max_depth:
         return xzatoma_tools.ToolResult.fail("maximum subagent depth %d reached" % max_depth)
     parent_names = parent.registry.names()
-    allowed = spec.get("allowed_tools")
-    if allowed:
+    allowed = spec.get("allowed_tools")  # None: all the parent's tools; []: none (it was all of them: 19c)
+    if allowed is not None:
         unknown = [t for t in allowed if t not in parent_names]
         if unknown:
             return xzatoma_tools.ToolResult.fail("allowed_tools names tools this agent does not have: %s; "
@@ -5996,7 +6009,7 @@ def run_subagent(parent, spec, ctx=None):
         parent.metrics.subagent_error("quota")
         return xzatoma_tools.ToolResult.fail(str(exc), status="quota_exceeded")
     started = time.monotonic()
-    child = parent.child(label, allowed or parent_names, ctx)
+    child = parent.child(label, parent_names if allowed is None else allowed, ctx)
     child.start("subagent", title=spec["task_prompt"])
     child.conversation.add_user(spec["task_prompt"])
     agent = child.agent(max_turns=spec.get("max_turns"))
@@ -7196,29 +7209,87 @@ class Asker:
                     if readline is not None:
                         readline.set_pre_input_hook()
             try:
-                with open("/dev/tty", "r+") as tty:
+                with _Tty() as tty:
                     tty.write(question)
-                    tty.flush()
                     return tty.readline()
             except OSError:
                 self.console.warn("no terminal to ask for confirmation; declined")
                 return None
+
+    def show(self, text):
+        """Write what a question is about where the question is asked: chrome's stderr when it is the terminal,
+        else stdout on it (`chat 2>chat.log`: the command went to the log and only the choices to the person,
+        who answered y to a command not seen: round 19c), else /dev/tty (stdin piped)."""
+        if _isatty(self.console.err):
+            self.console._write(text)
+        elif _isatty(sys.stdin) and _isatty(sys.stdout):
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+        else:
+            try:
+                with _Tty() as tty:
+                    tty.write(text + "\n")
+            except OSError:
+                self.console._write(text)
+
+
+class _Tty:
+    """The controlling terminal, read and written unbuffered: open("/dev/tty", "r+") is refused by Python (a
+    terminal cannot seek), so piped chat declined every question without asking (round 19c)."""
+
+    def __enter__(self):
+        self.fd = os.open("/dev/tty", os.O_RDWR | getattr(os, "O_NOCTTY", 0))
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+        return False
+
+    def write(self, text):
+        data = text.encode("utf-8", "replace")
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def readline(self, limit=65536):
+        """A line typed (the terminal is in line mode: each read is one line), or "" at end of input."""
+        data = b""
+        while not data.endswith(b"\n") and len(data) < limit:
+            chunk = os.read(self.fd, limit - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data.decode("utf-8", "replace")
 
 
 #: programs whose first word after the options names what they do: approving `git status` is not `git push`
 SUBCOMMAND_PROGRAMS = {"git", "npm", "npx", "pnpm", "yarn", "cargo", "make", "go", "docker", "podman", "kubectl",
                        "helm", "pip", "pip3", "uv", "poetry", "dotnet", "mvn", "gradle", "terraform", "apt",
                        "apt-get", "brew", "systemctl", "gh", "bundle", "rake", "composer", "conda", "tox", "nox"}
-#: programs that run other programs: an [a]lways for them would approve anything, so it covers the exact command
-WRAPPER_PROGRAMS = {"sh", "bash", "zsh", "dash", "ksh", "fish", "env", "timeout", "nice", "nohup", "xargs", "sudo",
-                    "doas", "su", "time", "watch", "strace", "ltrace", "busybox", "exec", "eval", "command",
-                    "builtin", "ssh", "script", "stdbuf", "setsid", "chroot", "unshare", "flock", "parallel",
-                    "find", "awk", "perl", "python", "python3", "node", "ruby", "php", "lua", "tclsh", "expect"}
+#: programs that run other programs: an [a]lways for them would approve anything, so it covers the exact command.
+#: The kernel's own lists (shells, wrappers, interpreters by name and version: python3.11, perl5.36) come first.
+WRAPPER_PROGRAMS = {"find", "awk", "gawk", "mawk", "nawk", "busybox", "sed", "gsed", "tar", "rsync", "vim", "vi",
+                    "nvim", "view", "ex", "emacs", "less", "more", "man", "zip", "ssh", "scp", "xdg-open",
+                    "exec", "eval", "command", "builtin", "source", "."}
+#: a subcommand that runs what its arguments name (`uv run python -c …`, `npm exec`, `git submodule foreach`,
+#: `git rebase --exec`): an [a]lways for it covers the exact command; `npm run` runs the project's own scripts
+RUNNER_SUBCOMMANDS = {"exec", "x", "dlx", "run", "tool", "shell", "foreach", "submodule", "bisect", "rebase",
+                      "eval", "sh", "debug", "attach", "install"}
+
+
+def _runs_any_code(name):
+    """Whether an [a]lways for program `name` would approve any code: by the policy's own judgement of what
+    runs other programs, and the version-suffixed names of those (python3.11, mawk, tclsh8.6: round 19c)."""
+    import re
+    base = re.sub(r"[0-9._-]+$", "", name) or name
+    kernel = xzatoma_tools
+    return any(n in WRAPPER_PROGRAMS or n in kernel.WRAPPERS or n in kernel.SHELLS or n in kernel.CODE_WRAPPERS
+               or n in kernel.PRIVILEGE or kernel.is_interpreter(n) for n in (name, base))
 
 
 def approval_key(command):
     """What chat's [a]lways / ne[v]er remember for a command: its program (and subcommand for git, npm, cargo,
-    make, …), or the exact command when it uses shell syntax or runs through a wrapper or interpreter."""
+    …), or the exact command when it uses shell syntax, names its program by a path (`./git`, `/usr/bin/git`),
+    runs through a wrapper or interpreter, or its subcommand runs what it is given (`uv run`)."""
     try:
         script = xzatoma_tools.parse_shell(command)
     except xzatoma_tools.ShellSyntaxError:
@@ -7226,22 +7297,26 @@ def approval_key(command):
     if xzatoma_tools.needs_shell(command, script):
         return command.strip()
     argv = xzatoma_tools.simple_argv(command, script)
-    if not argv or argv[0] in WRAPPER_PROGRAMS or os.path.basename(argv[0]) in WRAPPER_PROGRAMS:
+    if not argv or "/" in argv[0] or argv[0] != xzatoma_tools.prog_name(argv[0]) or _runs_any_code(argv[0]):
         return command.strip()
     if argv[0] in SUBCOMMAND_PROGRAMS:
         if len(argv) > 1 and argv[1].startswith("-"):  # `git -C dir push`, `git -c alias.x=…`: only this command
+            return command.strip()
+        if len(argv) > 1 and argv[1] in RUNNER_SUBCOMMANDS and (argv[0], argv[1]) not in (("npm", "run"),
+                                                                                       ("pnpm", "run")):
             return command.strip()
         return " ".join(argv[:2])
     return argv[0]
 
 
-def fold_blanks(text):
-    """A command as a person approves it, with long runs of blanks counted instead of drawn (8 spaces or more:
-    `⟨20000 spaces⟩`; 2 tabs or more): 20,000 spaces pushed the end of `touch x #…ls -la` out of sight. A ⟨ or ⟩
-    in the command itself is shown escaped, so nothing typed can pass for a fold."""
+def fold_blanks(text, spaces=8):
+    """A command as a person approves it, with long runs of blanks counted instead of drawn (`spaces` or more:
+    `⟨20000 spaces⟩`; 2 tabs or more, 8 in a diff): 20,000 spaces pushed the end of `touch x #…ls -la` out of sight. A ⟨ or ⟩
+    in the command itself is shown escaped, so nothing typed can pass for a fold. A diff folds from 32 spaces:
+    its code's indentation stays drawn."""
     import re
     text = text.replace("\u27e8", "\\u27e8").replace("\u27e9", "\\u27e9")
-    return re.sub(r" {8,}|\t{2,}", lambda m: "\u27e8%d %s\u27e9" % (
+    return re.sub(r" {%d,}|\t{%d,}" % (spaces, 2 if spaces <= 8 else 8), lambda m: "\u27e8%d %s\u27e9" % (
         len(m.group()), "spaces" if m.group()[0] == " " else "tabs"), text)
 
 
@@ -7290,16 +7365,35 @@ class Confirmations:
             return ", ".join(sorted(names)) or "-"
         return ["always: %s" % shown(self.always), "never:  %s" % shown(self.never)]
 
-    def _choice(self, header, detail, edit):
+    def _choice(self, header, detail, edit, only_once=False):
+        """Ask about a change (a diff): shown as a command is, long blanks counted and a screenful at a time, the
+        question after its last line (a hook's 3,000-line diff with 5,000 spaces before `; curl … | sh` was
+        written at once: round 19b). only_once: yes or no, nothing remembered (a protected path)."""
         with self.console.hold():
-            return self._ask_choice(header, detail, edit)
+            if not self._present(header, fold_blanks(self.console.clean(detail.rstrip("\n")), 32) if detail
+                                 else None):
+                return "n"
+            return self._ask_choice(None, None, edit, only_once=only_once)
 
-    def _ask_choice(self, header, detail, edit, scope=None):
+    def _present(self, header, block):
+        """The question's header and what it is about, paged when taller than the screen; False when the person
+        leaves (Ctrl-D) before its end."""
         if header:
-            self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
-        if detail:  # a diff or a command: shown with its hidden characters made visible
-            self.console._write(self.console.clean(detail.rstrip("\n")))
-        if scope and ("\n" in scope or len(scope) > 40):  # a whole command: quoted in full, twice, the question
+            self.asker.show(self.console.style(self.console.clean(header), "yellow", "bold"))
+        if not block:
+            return True
+        rows = self._screen_rows()
+        if self._rows_for(block) + 3 <= rows:
+            self.asker.show(block)
+            return True
+        return self._page(block, rows)
+
+    def _ask_choice(self, header, detail, edit, scope=None, only_once=False):
+        if header or detail:
+            self._present(header, detail)
+        if only_once:
+            options = "[y]es / [n]o"
+        elif scope and ("\n" in scope or len(scope) > 40):  # a whole command: quoted in full, twice, the question
             # was taller than the screen it was paged onto (round 18c); its beginning names it, on one line
             options = "[y]es / [n]o / [a]lways this command ('%s...') this session / ne[v]er it" % (
                 scope.split("\n", 1)[0][:30].rstrip())
@@ -7307,14 +7401,16 @@ class Confirmations:
             options = ("[y]es / [n]o / [a]lways '%s' this session / ne[v]er '%s'" % (scope, scope) if scope else
                        "[y]es / [n]o / [a]lways for this tool this session / ne[v]er this session")
         options += " / [e]dit" if edit else ""
+        accepted = ("y", "yes", "n", "no", "") + (() if only_once else ("a", "always", "v", "never"))
         while True:
             answer = self.asker.ask(options + " > ")
             if answer is None:
                 return "n"
             answer = answer.strip().lower()
-            if answer in ("y", "yes", "n", "no", "", "a", "always", "v", "never") or (edit and answer in ("e", "edit")):
+            if answer in accepted or (edit and answer in ("e", "edit")):
                 return {"yes": "y", "no": "n", "": "n", "always": "a", "never": "v", "edit": "e"}.get(answer, answer)
-            self.console._write("please answer y, n, a, v%s" % (" or e" if edit else ""))
+            self.asker.show("please answer %s" % ("y or n" if only_once else "y, n, a, v%s" % (
+                " or e" if edit else "")))
 
     def _unshowable(self, what, text, changes_only=False):
         """Why `text` cannot be asked about, or None. What a person sees is redacted, and a [REDACTED] covers
@@ -7360,17 +7456,12 @@ class Confirmations:
             return None
         shown = fold_blanks(self.console.clean(command, exact=True))  # exactly what will run, long blanks counted
         block = "  $ " + shown.replace("\n", "\n    ")
-        rows = self._screen_rows()
         with self.console.hold():
-            header = "Run this command? (%s)" % reason
-            if self._rows_for(block) + 3 <= rows:
-                answer = self._ask_choice(header, block, edit=True, scope=self.console.clean(key, exact=True))
-            else:  # taller than the screen: its beginning would scroll out of sight where you answer, so it is
-                # shown a screenful at a time and the question comes after its last line
-                self.console._write(self.console.style(self.console.clean(header), "yellow", "bold"))
-                if not self._page(block, rows):
-                    return None
-                answer = self._ask_choice(None, None, edit=True, scope=self.console.clean(key, exact=True))
+            # taller than the screen, its beginning would scroll out of sight where you answer, so it is shown
+            # a screenful at a time and the question comes after its last line
+            if not self._present("Run this command? (%s)" % reason, block):
+                return None
+            answer = self._ask_choice(None, None, edit=True, scope=self.console.clean(key, exact=True))
             if answer == "e":  # the line starts from the command only when it is shown as it is (readline
                 # would write its hidden characters raw, and the person would edit what they cannot see)
                 plain = "\n" not in command and shown == command
@@ -7387,9 +7478,9 @@ class Confirmations:
         lines = wrap_rows(text, self._screen_cols())
         size = max(3, rows - 2)
         for start in range(0, len(lines), size):
-            self.console._write("\n".join(lines[start:start + size]))
+            self.asker.show("\n".join(lines[start:start + size]))
             if start + size < len(lines):
-                more = self.asker.ask(self.console.style("-- rows %d-%d of %d of this command; Enter shows more --"
+                more = self.asker.ask(self.console.style("-- rows %d-%d of %d; Enter shows more --"
                                                          % (start + 1, start + size, len(lines)), "dim"))
                 if more is None:
                     return False
@@ -7427,7 +7518,7 @@ class Confirmations:
         if self._unshowable("change", detail, changes_only=True):
             return False
         question, _, change = detail.partition("\n")  # below the question: the diff of what it writes
-        return self._choice("Allow %s? %s" % (name, question), change or None, edit=False) in ("y", "a")
+        return self._choice("Allow %s? %s" % (name, question), change or None, edit=False, only_once=True) == "y"
 
 
 class Spinner:
@@ -7550,6 +7641,19 @@ SLASH_COMMANDS = {  # command: (help line, ChatSession method, its argument: ARG
 }
 ALIASES = {"/quit": "/exit", "/q": "/exit", "exit": "/exit", "quit": "/exit", "/h": "/help", "/?": "/help",
            "/new": "/clear"}
+
+
+def shell_word(text):
+    """`text` as one shell word a person can paste: shlex's quoting, or bash's $'…' with escapes where it holds
+    characters a terminal must not get raw (a directory named with ESC or a bidi control was shown made visible
+    inside '…', which the shell read as other characters: round 19b)."""
+    import shlex
+    if text.isprintable():
+        return shlex.quote(text)
+    return "$'%s'" % "".join(
+        "\\" + ch if ch in "\\'" else ch if ch.isprintable() else
+        "\\x%02x" % ord(ch) if ord(ch) < 0x100 else "\\u%04x" % ord(ch) if ord(ch) < 0x10000 else
+        "\\U%08x" % ord(ch) for ch in text)
 
 
 def invoked_as():
@@ -7784,9 +7888,8 @@ class ChatSession:
         recorded = self.session.finish(status)
         show_review(self.console, self.session.result.review)
         if recorded:
-            import shlex
             self.console.info("Resume this conversation with: %s chat --resume %s -C %s" % (
-                invoked_as(), self.id, shlex.quote(self.session.root)))
+                invoked_as(), self.id, shell_word(self.session.root)))
         self.session.close()
 
     def command(self, text):
@@ -7808,6 +7911,11 @@ class ChatSession:
         _, method, arg = SLASH_COMMANDS[word]
         if arg is ARG:
             arg = text.split(None, 1)[1].strip() if len(text.split(None, 1)) > 1 else ""
+        raises = (method, str(arg).strip().lower()) in (("switch_mode", "write"), ("switch_safety", "yolo"))
+        if raises and not _isatty(sys.stdin):  # a file piped into chat held `/yolo`: its author had the switches
+            self.console.error("%s is taken only from the keyboard, not from piped input; start the chat with %s "
+                               "to allow it" % (word, "--mode write" if method == "switch_mode" else "--safety yolo"))
+            return None
         try:
             getattr(self, method)(*(() if arg is None else (arg,)))
         except XzError as exc:
@@ -8235,11 +8343,11 @@ def session_skills(cfg, console, working_dir, store, asker=None):
 
 def ask_skill_trust(console, asker, pending):
     """Show the project's skills not trusted yet ([(skill, state)]), and ask once."""
-    console.info("This project has %s not trusted yet; trusted, %s instructions guide the model:" % (
-        _plural(len(pending), "skill"), "its" if len(pending) == 1 else "their"), "yellow")
+    asker.show(console.clean("This project has %s not trusted yet; trusted, %s instructions guide the model:" % (
+        _plural(len(pending), "skill"), "its" if len(pending) == 1 else "their")))
     for skill, state in pending:
-        console.info("  %s — %s (%s%s)" % (skill.name, one_line(skill.description, 100), skill.shown,
-                                           ", changed since you trusted it" if state == "changed" else ""))
+        asker.show(console.clean("  %s — %s (%s%s)" % (skill.name, one_line(skill.description, 100), skill.shown,
+                                                       ", changed since you trusted it" if state == "changed" else "")))
     answer = asker.ask("Trust %s? (xzatoma skills show NAME shows one) [y/N] > " % (
         "it" if len(pending) == 1 else "them"))
     if (answer or "").strip().lower() in ("y", "yes"):
@@ -8973,6 +9081,27 @@ COMMAND_HELP = {
     "version": "print the version",
 }
 _VALUE_FLAGS = ("--config", "--provider", "--model")
+#: what may come before the command: the global flags (and help, version)
+_GLOBAL_FLAGS = _VALUE_FLAGS + ("-v", "--verbose", "-q", "--quiet", "--no-color", "-h", "--help", "-V", "--version")
+
+
+def _misplaced_option(argv):
+    """The first option before the command that is not a global flag, or None. argparse read such an option as
+    an abbreviation of a global one (`--mode=planning` before `run` became `--model=planning`, and the run went
+    on in write mode: round 19c), or its value as the command (`--mode planning run`: a traceback)."""
+    value = False
+    for token in argv:
+        if value:
+            value = False
+            continue
+        if token == "--" or not token.startswith("-") or token == "-":
+            return None
+        name = token.split("=", 1)[0] if token.startswith("--") else token
+        value = token in _VALUE_FLAGS
+        if name in _GLOBAL_FLAGS or (not token.startswith("--") and set(token[1:]) <= set("vqhV")):
+            continue
+        return name
+    return None
 
 
 def _selected_command(argv):
@@ -9009,6 +9138,11 @@ def route(argv, stdin_is_terminal):
     """argv as the parser reads it. Bare `xzatoma` on a terminal is `xzatoma chat`; `xzatoma "text"` (a first
     word that is no command) is `xzatoma chat "text"` on a terminal, `xzatoma run "text"` otherwise (a
     pipe, cron). A single word close to a command's name stays a mistake to correct, not a prompt."""
+    misplaced = _misplaced_option(argv)
+    if misplaced is not None:
+        raise UsageError("%s is not an option of xzatoma itself: put it after the command (xzatoma run %s …); only "
+                         "--config, --provider, --model, -v, -q and --no-color may come before the command"
+                         % (misplaced, misplaced))
     index = _command_index(argv)
     if index is None:
         if any(t in ("-h", "--help", "-V", "--version") for t in argv):
@@ -9124,7 +9258,7 @@ def build_parser(argv=None):
     _add_global_flags(common, suppress=True)
 
     parser = _parser_class()(
-        prog="xzatoma", formatter_class=fmt,
+        prog="xzatoma", formatter_class=fmt, allow_abbrev=False,  # `--mod=x` is not --model (round 19c)
         description="XZatoma: an autonomous AI agent for the terminal. Give it a goal; it works through "
                     "a model (GitHub Copilot, Ollama or any OpenAI-compatible server) using file, search "
                     "and terminal tools inside the working directory. Without a command, 'xzatoma' opens a "
@@ -9258,9 +9392,8 @@ def resume_target(store, args, working_dir):
         raise UsageError(str(exc))
     where = stored.get("working_dir")
     if where and os.path.realpath(where) != here and not args.working_dir:
-        import shlex
         raise UsageError("conversation %s ran in %s, not here: continue it there with --working-dir %s"
-                         % (cid[:12], where, shlex.quote(where)))
+                         % (cid[:12], where, shell_word(where)))
     return cid, stored
 
 

@@ -377,9 +377,26 @@ def _schema_error(name, prop, schema, value):
     elif expected == "array":
         if not isinstance(value, list):
             return value, "parameter '%s' must be an array, got %s" % (prop, json_type(value))
+        if schema.get("items"):  # each item as its schema says: `allowed_tools: [null]` was a TypeError (19c)
+            value = list(value)
+            for i, item in enumerate(value):
+                value[i], err = _schema_error(name, "%s[%d]" % (prop, i), schema["items"], item)
+                if err:
+                    return value, err
     elif expected == "object":
         if not isinstance(value, dict):
             return value, "parameter '%s' must be an object, got %s" % (prop, json_type(value))
+        inner = schema.get("properties")
+        if inner:
+            value = dict(value)
+            missing = [k for k in schema.get("required", ()) if value.get(k) is None]
+            if missing:
+                return value, "parameter '%s' lacks %s" % (prop, ", ".join(missing))
+            for key, sub in inner.items():
+                if value.get(key) is not None:
+                    value[key], err = _schema_error(name, "%s.%s" % (prop, key), sub, value[key])
+                    if err:
+                        return value, err
     if "enum" in schema and value not in schema["enum"]:
         return value, "parameter '%s' must be one of %s" % (
             prop, ", ".join(json.dumps(v) for v in schema["enum"]))
@@ -934,8 +951,8 @@ class WriteFile(Tool):
             if st is None or not stat.S_ISREG(st.st_mode) or (st.st_size and target.real not in ctx.seen):
                 return None  # nothing to replace, or the call is refused until the file is read (run)
             old = read_text(target, "")
-            return "overwrite %s:\n%s" % (args["path"], text_diff(old, args["content"],
-                                                                  display_path(target.real, ctx.root), whole=True) or "(same content)")
+            return "overwrite %s:\n%s" % (_named(args["path"], target, ctx), text_diff(
+                old, args["content"], display_path(target.real, ctx.root), whole=True) or "(same content)")
 
     def run(self, args, ctx):
         path = args["path"]
@@ -1026,9 +1043,10 @@ class EditFile(Tool):
         try:
             with ctx.jail.resolve(args["path"], must_exist=True) as target:
                 text, updated, _ = self._apply(args, target)
+            shown = _named(args["path"], target, ctx)
         except ToolError:
             return None  # the call will fail with its own message; nothing to confirm
-        return "edit %s:\n%s" % (args["path"], text_diff(text, updated, args["path"], whole=True))
+        return "edit %s:\n%s" % (shown, text_diff(text, updated, display_path(target.real, ctx.root), whole=True))
 
     def _apply(self, args, target):
         path, old, new = args["path"], args["old_text"], args["new_text"]
@@ -1696,6 +1714,13 @@ class MovePath(CopyPath):
     description = "Move or rename a file or directory. overwrite=true replaces an existing destination."
     verb = "moved"
     follow_source = False
+
+    def confirmation(self, args, ctx):
+        """Always asked in Safe mode: a move takes the source's name away, as a delete does. Asked only over an
+        existing destination, `move run.sh .old` then `write_file run.sh` replaced a file with no question
+        (round 19c)."""
+        return CopyPath.confirmation(self, args, ctx) or "move %s to %s" % (args["source_path"],
+                                                                          args["destination_path"])
 
     def _refuse_escaping(self, links, args):
         raise ToolError("moving %s to %s would make the link%s %s lead outside the working directory; not moved" % (
@@ -4136,6 +4161,13 @@ def _inside(real, root):
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _named(path, target, ctx):
+    """`path` as a question names it, with the file it leads to when that is another (a link followed): `edit
+    notes.md` changed deploy/prod.sh, which the question never named (round 19c)."""
+    real = display_path(target.real, ctx.root)
+    return path if os.path.normpath(path) == real else "%s (the file %s)" % (path, real)
+
+
 def display_path(real, root):
     """Paths shown to people and the model are relative to the working directory."""
     if real == root:
@@ -5464,7 +5496,7 @@ def _nfkc(text):
     return unicodedata.normalize("NFKC", text) if not text.isascii() else text
 
 
-def _prog_name(text):
+def prog_name(text):
     """The program a word names, as the denylist compares it: NFKC, no directory, no leading backslash."""
     return os.path.basename(_nfkc(text).lstrip("\\").rstrip("/")) if text else ""
 
@@ -5730,7 +5762,7 @@ class Denylist:
             for argv in self._argvs(command.words, env, ("empty",))[:2]:
                 if not argv:
                     continue
-                prog = _prog_name(argv[0])
+                prog = prog_name(argv[0])
                 secrets = [a for a in argv[1:] if self._secret_file(a)] + [
                     s for w in command.words for s in w.subs if self._reads_secret(s, env)]  # -d "$(cat ~/.ssh/x)"
                 if prog in DOWNLOADERS or prog in ("nc", "ncat", "netcat", "socat", "telnet", "ssh", "openssl"):
@@ -5809,10 +5841,10 @@ class Denylist:
             [s for r in node.redirects if r[1] is not None for s in r[1].subs]
         if any(_script_downloads(s) for s in fetched):
             for argv in argvs:
-                runner = [a for a in argv[:8] if is_interpreter(_prog_name(a)) or
-                          _prog_name(a) in ("eval", ".", "source")]
+                runner = [a for a in argv[:8] if is_interpreter(prog_name(a)) or
+                          prog_name(a) in ("eval", ".", "source")]
                 if runner:
-                    return Verdict(DENY, "download-and-execute: %s runs fetched code" % _prog_name(runner[0]))
+                    return Verdict(DENY, "download-and-execute: %s runs fetched code" % prog_name(runner[0]))
         downloads = env.setdefault("\0downloads", [])
         for argv in argvs:
             if not argv:
@@ -5821,14 +5853,14 @@ class Denylist:
                 return verdict
             runs = [self._abs(a) for a in argv[:3] if a and not a.startswith("-")]
             if downloads and any(path in downloads for path in runs) and (
-                    "/" in argv[0] or is_interpreter(_prog_name(argv[0])) or _prog_name(argv[0]) in (".", "source")):
+                    "/" in argv[0] or is_interpreter(prog_name(argv[0])) or prog_name(argv[0]) in (".", "source")):
                 return Verdict(DENY, "download-and-execute: runs a file downloaded earlier in the command")
-            if _prog_name(argv[0]) in DOWNLOADERS:
+            if prog_name(argv[0]) in DOWNLOADERS:
                 outputs = _write_targets("curl", argv[1:]) + [t.text for op, t, b, l in node.redirects
                                                                if t is not None and op in (">", ">>", ">|", "&>")]
                 outputs += [a.rsplit("/", 1)[-1] for a in argv[1:] if "://" in a and
                             any(o in argv for o in ("-O", "--remote-name")) or ("://" in a and
-                                                                                _prog_name(argv[0]) == "wget")]
+                                                                                prog_name(argv[0]) == "wget")]
                 downloads.extend(self._abs(o) for o in outputs if self._abs(o))
         first = argvs[0] if argvs else []
         self._remember_variables(first, env, stdin_code)
@@ -5911,7 +5943,7 @@ class Denylist:
             return Verdict(DENY, "commands are nested too deeply to check")
         if not (argv := [a for a in argv]):
             return None
-        prog = _prog_name(argv[0])
+        prog = prog_name(argv[0])
         args = argv[1:]
         for rule in self.custom:
             if rule[0] == "words" and _matches_custom(rule, prog, args):
@@ -5990,8 +6022,8 @@ class Denylist:
             if program and "-f" not in args:
                 for m in re.finditer(r"\|\s*\"([^\"]+)\"", program[0]):
                     sink = m.group(1).split()
-                    if sink and (is_interpreter(_prog_name(sink[0])) and len(sink) == 1 or
-                                 _prog_name(sink[0]) in SHELLS and "-s" in sink):
+                    if sink and (is_interpreter(prog_name(sink[0])) and len(sink) == 1 or
+                                 prog_name(sink[0]) in SHELLS and "-s" in sink):
                         return Verdict(DENY, "awk pipes its data into %s, which runs it as code" % sink[0])
                 return self._deny_embedded(program[0], depth)
         if prog in ("sed", "gsed"):
@@ -6236,7 +6268,7 @@ class Denylist:
                     fill = start if outside else "./{}"
                     if (verdict := self._deny_argv([w.replace("{}", fill) for w in inner], depth + 1)) is not None:
                         return verdict
-                    if _prog_name(inner[0] if inner else "") in ("rm", "shred", "unlink") and outside:
+                    if prog_name(inner[0] if inner else "") in ("rm", "shred", "unlink") and outside:
                         destructive = True
         if destructive:
             for start in starts:
@@ -7244,7 +7276,7 @@ def _script_downloads(script):
     for pipeline in script.pipelines:
         for command in pipeline.commands:
             if isinstance(command, Simple) and command.words:
-                if any(_prog_name(w.text) in DOWNLOADERS for w in command.words[:4]):
+                if any(prog_name(w.text) in DOWNLOADERS for w in command.words[:4]):
                     return True
                 if any(_script_downloads(s) for w in command.words for s in w.subs):
                     return True

@@ -10,17 +10,22 @@ import time
 
 
 class PtyProcess:
-    def __init__(self, argv, env, cwd, rows=40, cols=200):
+    def __init__(self, argv, env, cwd, rows=40, cols=200, stdin=None, stderr=None):
+        """stdin, stderr: a file (or subprocess.PIPE for stdin) in place of the terminal; the terminal stays the
+        program's controlling terminal (/dev/tty) all the same."""
         self.master, slave = pty.openpty()
         import fcntl
         import struct
         import termios
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        name = os.ttyname(slave)
+
         def controlling_terminal():  # a session of its own, with the pty as its terminal: Ctrl-C sends SIGINT
             os.setsid()
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            os.close(os.open(name, os.O_RDWR))  # the first terminal a session leader opens becomes its own
 
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
+        self.proc = subprocess.Popen(argv, stdin=slave if stdin is None else stdin, stdout=slave,
+                                     stderr=slave if stderr is None else stderr, env=env, cwd=cwd,
                                      preexec_fn=controlling_terminal)
         os.close(slave)
         self.buffer = ""

@@ -4,6 +4,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -619,6 +620,13 @@ def test_approval_keys():
     assert approval_key("python3 -c 'print(1)'") == "python3 -c 'print(1)'"
     assert approval_key("touch a && rm b") == "touch a && rm b"
     assert approval_key("ls $HOME") == "ls $HOME"
+    # round 19c: interpreters by their versioned names, the awk family, git by a path, runner subcommands
+    for command in ("python3.11 -c 'print(1)'", "pypy3 x.py", "perl5.36.0 -e 1", "tclsh8.6 x", "mawk 'BEGIN{}'",
+                    "gawk 1", "sed -n p f", "ionice ls", "taskset 1 ls", "uvx tool", "/usr/bin/git init -q sub",
+                    "./git status", "uv run python", "npm exec x", "git submodule foreach x", "git rebase -x t",
+                    "docker run img", "pip install x"):
+        assert approval_key(command) == command, command
+    assert approval_key("pytest -q") == "pytest" and approval_key("cargo build") == "cargo build"
 
 
 def test_multi_line_paste_and_backslash_continuation_are_one_message(chat, fake):
@@ -744,3 +752,125 @@ def test_with_stdout_in_a_file_the_prompt_and_questions_stay_on_the_terminal(cli
             os.close(master)
     text = answers.read_text()
     assert ">> " not in text and "[e]dit" not in text, text
+
+
+def test_always_for_an_interpreter_with_a_version_approves_only_that_command(chat, fake, cli):
+    """Round 19c: [a]lways for `python3.11 -c 'print(1)'` approved every later python3.11 command."""
+    python = "python%d.%d" % sys.version_info[:2]
+    if not shutil.which(python):
+        pytest.skip("no %s on PATH" % python)
+    fake.add({"tool_calls": [tool_call("terminal", command="%s -c 'print(1)'" % python)]},
+             {"tool_calls": [tool_call("terminal", command="%s -c 'open(\"marker\", \"w\")'" % python)]},
+             {"content": "done"})
+    p = chat("--mode", "write")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    p.line("print one")
+    p.expect(r"\[a\]lways '%s -c" % re.escape(python))
+    p.line("a")
+    p.expect(r"Run this command\?")  # the second command is asked about again
+    p.line("n")
+    p.expect(PROMPT % ("WRITE", "SAFE"))
+    assert not (cli.workdir / "marker").exists()
+
+
+def _write_then_chat(cli, fake, command):
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command=command)]}, {"content": "over"})
+
+
+def test_piped_chat_asks_on_the_terminal_and_shows_the_command_there(cli, fake, tmp_path):
+    """Round 19c: piped chat opened /dev/tty with mode "r+", which Python refuses for a terminal, so every question
+    was declined without asking; asked, the command went to the redirected stderr and only the choices to the
+    person."""
+    import subprocess as sp
+    _write_then_chat(cli, fake, "touch marker")
+    with open(str(tmp_path / "chat.log"), "wb") as log:
+        p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir),
+                       stdin=sp.PIPE, stderr=log)
+        try:
+            p.proc.stdin.write(b"make the marker\n")
+            p.proc.stdin.close()
+            p.expect(r"\$ touch marker")  # on the terminal, before the question
+            p.expect(r"\[e\]dit > ")
+            p.line("y")
+            assert p.wait() == 0
+        finally:
+            p.close()
+    assert (cli.workdir / "marker").exists()
+    assert "no terminal to ask" not in (tmp_path / "chat.log").read_text()
+
+
+def test_with_stderr_in_a_file_the_command_is_shown_where_the_question_is(cli, fake, tmp_path):
+    _write_then_chat(cli, fake, "touch marker")
+    with open(str(tmp_path / "chat.log"), "wb") as log:
+        p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir),
+                       stderr=log)
+        try:
+            p.expect(r">> ")
+            p.line("make the marker")
+            seen = p.expect(r"\[e\]dit > ")
+            assert "$ touch marker" in p.seen[:p.seen.index("[e]dit")]
+            p.line("n")
+            p.expect(r">> ")
+            p.eof()
+            p.wait()
+        finally:
+            p.close()
+    assert seen and not (cli.workdir / "marker").exists()
+
+
+def test_piped_lines_cannot_switch_on_write_or_yolo(cli, fake):
+    """Round 19c: a file piped into chat held `/write` and `/yolo`, and its author had the session's switches."""
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("terminal", command="touch marker")]}, {"content": "over"})
+    r = cli.run("chat", input="/write\n/mode write\n/yolo\nmake the marker\n")
+    assert r.stderr.count("is taken only from the keyboard") == 3, r.stderr
+    assert not (cli.workdir / "marker").exists()
+    names = {t["function"]["name"] for t in fake.model_requests()[0]["body"]["tools"]}
+    assert "terminal" not in names and "write_file" not in names  # still planning
+    r = cli.run("chat", "--mode", "write", input="/planning\n/safe\nhello\n")  # lowering is fine
+    assert "keyboard" not in r.stderr
+
+
+def test_a_protected_path_question_is_folded_and_paged_and_only_yes_or_no(cli, fake):
+    """Round 19b: a hook's 3,000-line diff was written at once, with 5,000 blanks drawn before `; curl … | sh`;
+    the question offered [a]lways, which it never remembered."""
+    subprocess.run(["git", "init", "-q", str(cli.workdir)], check=True)
+    content = "#!/bin/sh\n" + "".join("# line %d\n" % i for i in range(200)) + "echo ok" + " " * 5000 + "; evil\n"
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path=".git/hooks/pre-commit", content=content)]},
+             {"content": "over"})
+    p = PtyProcess(cli.command("chat", "--mode", "write", "--safety", "yolo"), dict(cli.env, TERM="xterm"),
+                   str(cli.workdir), rows=30, cols=100)
+    try:
+        p.expect(r">> ")
+        p.line("install the hook")
+        pages = 0
+        while True:
+            m = p.expect(r"Enter shows more|\[y\]es / \[n\]o > ")
+            if m.group().startswith("[y]"):
+                break
+            pages += 1
+            p.line("")
+        p.line("n")
+        p.expect(r">> ")
+    finally:
+        p.close()
+    assert "\u27e85000 spaces\u27e9; evil" in p.seen and " " * 100 not in p.seen
+    assert "[a]lways" not in p.seen and pages >= 7  # 205 rows, 28 a screen
+    assert not (cli.workdir / ".git" / "hooks" / "pre-commit").exists()
+
+
+def test_the_exit_hint_names_a_directory_with_control_characters_as_the_shell_reads_it(cli, fake):
+    """Round 19b: a directory named with ESC or a bidi control was shown made visible inside '…', which the shell
+    read as other characters; bash's $'…' says it exactly, and nothing raw reaches the terminal."""
+    project = cli.tmp / "w $(touch M) 'q\"\x1b[5m\u202e"
+    project.mkdir()
+    cli.use(fake)
+    fake.add({"content": "first"})
+    r = cli.run("chat", "-C", project, input="hello\n")
+    hint = [l for l in r.stderr.splitlines() if l.startswith("Resume this conversation with: ")][0]
+    assert "\x1b" not in hint and "\u202e" not in hint
+    word = hint.split(" -C ", 1)[1]
+    said_back = subprocess.run(["bash", "-c", "printf %s " + word], capture_output=True, timeout=30).stdout
+    assert said_back.decode() == str(project)

@@ -1071,6 +1071,21 @@ def test_unknown_flags_show_the_subcommand_usage_and_a_guess(cli, argv, prog, hi
         assert "did you mean 'run'?" in r.stderr
 
 
+@pytest.mark.parametrize("argv", [["--mode=planning", "run", "fix it"], ["--mode=planning", "fix it"],
+                                  ["--mod=planning", "run", "fix it"], ["--mode", "planning", "run", "fix it"],
+                                  ["--model", "m", "-C", ".", "fix it"]])
+def test_a_command_s_option_before_the_command_is_a_usage_error(cli, fake, argv):
+    """Round 19c: argparse read `--mode=planning` before `run` as an abbreviation of the global --model, and the
+    run went on in write mode with a model named "planning"; `--mode planning run` was a traceback."""
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path="marker", content="x")]}, {"content": "done"})
+    r = cli.run(*argv)
+    assert r.returncode == 2 and r.stdout == "" and fake.model_requests() == []
+    assert r.stderr.startswith("error: -") and "put it after the command" in r.stderr and len(
+        r.stderr.splitlines()) == 1, r.stderr
+    assert not (cli.workdir / "marker").exists()
+
+
 # ---- the time limit counts from the start ----
 # Round 18c: before the loop, nothing was bounded by --timeout: the server's probes against a server that never
 # answers (60-90 s for `run --timeout 5`), a stdin pipe left open without a word (CI runners, ssh without -n).

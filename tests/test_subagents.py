@@ -76,6 +76,37 @@ def test_no_escalation_and_unknown_tools(cli, fake):
     assert child_requests(fake) == []
 
 
+def test_an_empty_allowed_tools_gives_no_tools_and_bad_items_are_an_error(cli, fake):
+    """Round 19c: `allowed_tools: []` gave the child every tool of its parent; `[null]` was a TypeError."""
+    cli.use(fake)
+    fake.generator = subagent_brain(tool_call("subagent", label="none", task_prompt="think", allowed_tools=[]))
+    r = cli.run("run", "--json", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    assert [q["body"].get("tools") for q in child_requests(fake)] == [None, None]  # the task, the summary
+    fake.generator = subagent_brain(tool_call("parallel_subagent", tasks=[
+        {"label": "a", "task_prompt": "t", "allowed_tools": [None]}]))
+    answer = json.loads(cli.run("run", "--json", "--prompt", "x").stdout)["answer"]
+    assert "Error: parameter 'tasks[0].allowed_tools[0]' must be a string, got null" in answer, answer
+
+
+def test_a_subagent_gets_at_most_its_parent_s_turns(cli, fake):
+    """Round 19c: `run --max-turns 3` with `subagent {max_turns: 40}` made 44 model calls."""
+    cli.use(fake)
+    calls = []
+
+    def brain(body):
+        calls.append(body)
+        if "You are a subagent" in body["messages"][1]["content"]:
+            return {"tool_calls": [tool_call("list_directory", path=".")]}  # never done
+        return {"tool_calls": [tool_call("subagent", label="long", task_prompt="loop", max_turns=40)]}
+    fake.generator = brain
+    r = cli.run("run", "--max-turns", "3", "--json", "--prompt", "x")
+    assert r.returncode == 1, r.stderr
+    children = [b for b in calls if "You are a subagent" in b["messages"][1]["content"]]
+    assert len(children) <= 3 * 4 and "up to 3 turns" in r.stderr  # three subagents, each 3 turns + a summary
+    assert len(calls) <= 3 + 3 * 4
+
+
 def parallel_call(n, **kw):
     return tool_call("parallel_subagent", tasks=[{"label": "t%d" % i, "task_prompt": "task %d" % i}
                                                  for i in range(n)], **kw)

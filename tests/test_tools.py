@@ -387,6 +387,25 @@ def test_confirmation_is_asked_for_destructive_calls_only(tree):
     assert reg.execute("copy_path", {"source_path": "README.md", "destination_path": "c.md",
                                      "overwrite": True}).success
     assert len(asked) == n + 1
+    # round 19c: a move takes the source's name away, as a delete does: `move run.sh .old`, then a write_file of
+    # run.sh (no file there: not asked), replaced a file with no question
+    assert reg.execute("move_path", {"source_path": "c.md", "destination_path": "d.md"}).success
+    assert asked[-1] == ("move_path", "move c.md to d.md")
+
+
+def test_a_question_names_the_file_a_link_leads_to(tree):
+    """Round 19c: `edit notes.md:` (a link to deploy/prod.sh) changed prod.sh, which the question never named."""
+    asked = []
+    (tree / "deploy").mkdir()
+    (tree / "deploy" / "prod.sh").write_text("echo deploy\n")
+    (tree / "notes.md").symlink_to("deploy/prod.sh")
+    reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}, Approvals(
+        confirm=lambda name, args, detail, always=False: asked.append(detail) or True)))
+    assert reg.execute("edit_file", {"path": "notes.md", "old_text": "deploy", "new_text": "ship"}).success
+    assert asked[-1].startswith("edit notes.md (the file deploy/prod.sh):\n--- a/deploy/prod.sh")
+    assert reg.execute("read_file", {"path": "notes.md"}).success
+    assert reg.execute("write_file", {"path": "notes.md", "content": "x\n"}).success
+    assert asked[-1].startswith("overwrite notes.md (the file deploy/prod.sh):")
 
 
 # ---- undo, through the store ----
