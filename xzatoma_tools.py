@@ -377,7 +377,8 @@ def _schema_error(name, prop, schema, value):
     elif expected == "array":
         if not isinstance(value, list):
             return value, "parameter '%s' must be an array, got %s" % (prop, json_type(value))
-        if schema.get("items"):  # each item as its schema says: `allowed_tools: [null]` was a TypeError (19c)
+        if isinstance(schema.get("items"), dict):  # each item as its schema says (an MCP server's may be a
+            # list, JSON Schema's tuple form: not checked): `allowed_tools: [null]` was a TypeError (round 19c)
             value = list(value)
             for i, item in enumerate(value):
                 value[i], err = _schema_error(name, "%s[%d]" % (prop, i), schema["items"], item)
@@ -387,7 +388,7 @@ def _schema_error(name, prop, schema, value):
         if not isinstance(value, dict):
             return value, "parameter '%s' must be an object, got %s" % (prop, json_type(value))
         inner = schema.get("properties")
-        if inner:
+        if isinstance(inner, dict) and all(isinstance(sub, dict) for sub in inner.values()):
             value = dict(value)
             missing = [k for k in schema.get("required", ()) if value.get(k) is None]
             if missing:
