@@ -390,7 +390,8 @@ def _schema_error(name, prop, schema, value):
         inner = schema.get("properties")
         if isinstance(inner, dict) and all(isinstance(sub, dict) for sub in inner.values()):
             value = dict(value)
-            missing = [k for k in schema.get("required", ()) if value.get(k) is None]
+            required = schema.get("required")
+            missing = [k for k in (required if isinstance(required, list) else ()) if value.get(k) is None]
             if missing:
                 return value, "parameter '%s' lacks %s" % (prop, ", ".join(missing))
             for key, sub in inner.items():
