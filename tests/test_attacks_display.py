@@ -4,6 +4,8 @@ Attacker's view with harmless payloads (touch markers): a model proposes a comma
 shown form differs from what would run or be written, and waits for the person's `y`.
 """
 
+import re
+
 from conftest import tool_call
 
 PROMPT = r"\[WRITE\]\[%s\] >> "
@@ -84,11 +86,11 @@ def test_a_huge_change_to_a_protected_path_is_shown_whole(chat, fake, cli):
     p = start(chat, "yolo")
     p.line("rewrite the hook")
     p.expect(r"Allow write_file\?")
-    p.expect(r"\n\+touch pwned-%d\r?\n" % n, timeout=30)
-    p.expect(r"ne\[v\]er this session > ")
+    while not p.expect(r"Enter shows more|\[y\]es / \[n\]o > ", timeout=30).group().startswith("[y]"):
+        p.line("")  # a screenful at a time, the question after the last line (round 19b)
     p.line("n")
     p.expect("finished")
-    assert "too many to compare" not in p.seen
+    assert re.search(r"\n\+touch pwned-%d\r?\n" % n, p.seen) and "too many to compare" not in p.seen
 
 
 def test_edit_starts_empty_when_the_command_has_characters_shown_escaped(chat, fake, cli):
