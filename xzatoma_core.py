@@ -6018,7 +6018,10 @@ def run_subagent(parent, spec, ctx=None):
     try:
         result = agent.run(final=False)
         summary, error = result.answer, result.error
-        if result.status in ("completed", "max_turns") and not child.cancel.is_set():
+        # the summary is a model call too: only with a turn left for it (a subagent held to its parent's one turn
+        # made two calls: round 19e); without it, the last answer is the summary
+        if result.status in ("completed", "max_turns") and not child.cancel.is_set() and \
+                result.turns < agent.max_turns:
             try:
                 summary = agent.summarise(spec.get("summary_prompt") or DEFAULT_SUMMARY_PROMPT) or summary
             except RunStop as exc:
@@ -7261,35 +7264,22 @@ class _Tty:
         return data.decode("utf-8", "replace")
 
 
-#: programs whose first word after the options names what they do: approving `git status` is not `git push`
-SUBCOMMAND_PROGRAMS = {"git", "npm", "npx", "pnpm", "yarn", "cargo", "make", "go", "docker", "podman", "kubectl",
-                       "helm", "pip", "pip3", "uv", "poetry", "dotnet", "mvn", "gradle", "terraform", "apt",
-                       "apt-get", "brew", "systemctl", "gh", "bundle", "rake", "composer", "conda", "tox", "nox"}
-#: programs that run other programs: an [a]lways for them would approve anything, so it covers the exact command.
-#: The kernel's own lists (shells, wrappers, interpreters by name and version: python3.11, perl5.36) come first.
-WRAPPER_PROGRAMS = {"find", "awk", "gawk", "mawk", "nawk", "busybox", "sed", "gsed", "tar", "rsync", "vim", "vi",
-                    "nvim", "view", "ex", "emacs", "less", "more", "man", "zip", "ssh", "scp", "xdg-open",
-                    "exec", "eval", "command", "builtin", "source", "."}
-#: a subcommand that runs what its arguments name (`uv run python -c …`, `npm exec`, `git submodule foreach`,
-#: `git rebase --exec`): an [a]lways for it covers the exact command; `npm run` runs the project's own scripts
-RUNNER_SUBCOMMANDS = {"exec", "x", "dlx", "run", "tool", "shell", "foreach", "submodule", "bisect", "rebase",
-                      "eval", "sh", "debug", "attach", "install"}
-
-
-def _runs_any_code(name):
-    """Whether an [a]lways for program `name` would approve any code: by the policy's own judgement of what
-    runs other programs, and the version-suffixed names of those (python3.11, mawk, tclsh8.6: round 19c)."""
-    import re
-    base = re.sub(r"[0-9._-]+$", "", name) or name
-    kernel = xzatoma_tools
-    return any(n in WRAPPER_PROGRAMS or n in kernel.WRAPPERS or n in kernel.SHELLS or n in kernel.CODE_WRAPPERS
-               or n in kernel.PRIVILEGE or kernel.is_interpreter(n) for n in (name, base))
+#: programs whose arguments are only data: an [a]lways for one covers the program, whatever its arguments. Every
+#: other program is remembered as the exact command. A list of the dangerous ones was always short of one
+#: (`git grep -O'touch x'`, `make test -f evil.mk`, `cmake -E env …`, `pip3.11 wheel ./evil`: rounds 19c, 19e):
+#: none of these has an option that runs a program or loads code (GNU install --strip-program, sort
+#: --compress-program and split --filter do: not here)
+REMEMBERED_PROGRAMS = {"touch", "mkdir", "rmdir", "rm", "cp", "mv", "ln", "chmod", "truncate", "unlink", "mktemp"}
+#: git's subcommands whose arguments are only data (paths, refs, messages): [a]lways covers the subcommand (`git
+#: add` is not `git push`). What runs behind them (hooks, merge drivers, filters) is git's configuration, which the
+#: sandbox keeps read-only and the protected paths keep from the tools.
+REMEMBERED_GIT = {"add", "commit", "mv", "rm", "restore", "switch", "checkout", "stash", "branch", "tag", "reset"}
 
 
 def approval_key(command):
-    """What chat's [a]lways / ne[v]er remember for a command: its program (and subcommand for git, npm, cargo,
-    …), or the exact command when it uses shell syntax, names its program by a path (`./git`, `/usr/bin/git`),
-    runs through a wrapper or interpreter, or its subcommand runs what it is given (`uv run`)."""
+    """What chat's [a]lways / ne[v]er remember for a command: the program for one whose arguments are only data
+    (`touch`, `mkdir`, `rm`, …), git and its subcommand for git's data-only ones (`git add`), and otherwise the
+    exact command (interpreters, wrappers, build tools, anything not known to be only data, shell syntax)."""
     try:
         script = xzatoma_tools.parse_shell(command)
     except xzatoma_tools.ShellSyntaxError:
@@ -7297,16 +7287,11 @@ def approval_key(command):
     if xzatoma_tools.needs_shell(command, script):
         return command.strip()
     argv = xzatoma_tools.simple_argv(command, script)
-    if not argv or "/" in argv[0] or argv[0] != xzatoma_tools.prog_name(argv[0]) or _runs_any_code(argv[0]):
-        return command.strip()
-    if argv[0] in SUBCOMMAND_PROGRAMS:
-        if len(argv) > 1 and argv[1].startswith("-"):  # `git -C dir push`, `git -c alias.x=…`: only this command
-            return command.strip()
-        if len(argv) > 1 and argv[1] in RUNNER_SUBCOMMANDS and (argv[0], argv[1]) not in (("npm", "run"),
-                                                                                       ("pnpm", "run")):
-            return command.strip()
-        return " ".join(argv[:2])
-    return argv[0]
+    if argv and argv[0] in REMEMBERED_PROGRAMS:
+        return argv[0]
+    if len(argv) > 1 and argv[0] == "git" and argv[1] in REMEMBERED_GIT:
+        return "git " + argv[1]
+    return command.strip()
 
 
 def fold_blanks(text, spaces=8):

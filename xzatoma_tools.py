@@ -1589,12 +1589,24 @@ class CopyPath(Tool):
     follow_source = True  # cp copies what a link names; mv renames the link itself
 
     def confirmation(self, args, ctx):
-        with ctx.jail.resolve(args["destination_path"]) as dst:
+        question = self._question(args, ctx)
+        return question[0] if question and question[1] and args.get("overwrite") else None
+
+    def _question(self, args, ctx):
+        """(question, over an existing one) naming what changes as the tool will find it: a destination that is a
+        link is the file it leads to, an existing directory the name inside it (`copy draft.txt over the existing
+        notes.md` wrote deploy/prod.sh, never named: round 19e); None when the call will fail anyway."""
+        try:
+            src, dst = self._targets(args, ctx)
+        except ToolError:
+            return None
+        with src, dst:
             exists = dst.lstat() is not None
-        if args.get("overwrite") and exists:
-            return "%s %s over the existing %s" % (self.name.split("_")[0], args["source_path"],
-                                                  args["destination_path"])
-        return None
+            source, destination = _named(args["source_path"], src, ctx), _named(args["destination_path"], dst, ctx)
+        verb = self.name.split("_")[0]
+        if exists:
+            return "%s %s over the existing %s" % (verb, source, destination), True
+        return "%s %s to %s" % (verb, source, destination), False
 
     def _targets(self, args, ctx):
         """(source, destination) Targets, both open; the destination checked against the source."""
@@ -1721,8 +1733,8 @@ class MovePath(CopyPath):
         """Always asked in Safe mode: a move takes the source's name away, as a delete does. Asked only over an
         existing destination, `move run.sh .old` then `write_file run.sh` replaced a file with no question
         (round 19c)."""
-        return CopyPath.confirmation(self, args, ctx) or "move %s to %s" % (args["source_path"],
-                                                                          args["destination_path"])
+        question = self._question(args, ctx)
+        return question[0] if question else None
 
     def _refuse_escaping(self, links, args):
         raise ToolError("moving %s to %s would make the link%s %s lead outside the working directory; not moved" % (
@@ -1788,7 +1800,8 @@ class DeletePath(Tool):
             if target.lstat() is None:
                 return None
             count = tree_count_at(target)
-        return "delete %s (%d item%s)" % (args["path"], count, "" if count == 1 else "s")
+            named = _named(args["path"], target, ctx)  # `notes/prod.sh` through a link to deploy (round 19e)
+        return "delete %s (%d item%s)" % (named, count, "" if count == 1 else "s")
 
     def run(self, args, ctx):
         path = args["path"]
@@ -4167,7 +4180,7 @@ def _named(path, target, ctx):
     """`path` as a question names it, with the file it leads to when that is another (a link followed): `edit
     notes.md` changed deploy/prod.sh, which the question never named (round 19c)."""
     real = display_path(target.real, ctx.root)
-    return path if os.path.normpath(path) == real else "%s (the file %s)" % (path, real)
+    return path if os.path.normpath(path) == real else "%s (that is %s)" % (path, real)
 
 
 def display_path(real, root):

@@ -103,8 +103,12 @@ def test_a_subagent_gets_at_most_its_parent_s_turns(cli, fake):
     r = cli.run("run", "--max-turns", "3", "--json", "--prompt", "x")
     assert r.returncode == 1, r.stderr
     children = [b for b in calls if "You are a subagent" in b["messages"][1]["content"]]
-    assert len(children) <= 3 * 4 and "up to 3 turns" in r.stderr  # three subagents, each 3 turns + a summary
-    assert len(calls) <= 3 + 3 * 4
+    # each subagent 3 turns, its summary included (round 19e: the summary was a call past the limit)
+    assert len(children) in (3, 6, 9) and "up to 3 turns" in r.stderr
+    assert len(calls) == 3 + len(children)
+    calls.clear()
+    r = cli.run("run", "--max-turns", "1", "--json", "--prompt", "x")
+    assert len(calls) == 2, [b["messages"][1]["content"][:40] for b in calls]
 
 
 def parallel_call(n, **kw):

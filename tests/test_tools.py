@@ -402,10 +402,23 @@ def test_a_question_names_the_file_a_link_leads_to(tree):
     reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}, Approvals(
         confirm=lambda name, args, detail, always=False: asked.append(detail) or True)))
     assert reg.execute("edit_file", {"path": "notes.md", "old_text": "deploy", "new_text": "ship"}).success
-    assert asked[-1].startswith("edit notes.md (the file deploy/prod.sh):\n--- a/deploy/prod.sh")
+    assert asked[-1].startswith("edit notes.md (that is deploy/prod.sh):\n--- a/deploy/prod.sh")
     assert reg.execute("read_file", {"path": "notes.md"}).success
     assert reg.execute("write_file", {"path": "notes.md", "content": "x\n"}).success
-    assert asked[-1].startswith("overwrite notes.md (the file deploy/prod.sh):")
+    assert asked[-1].startswith("overwrite notes.md (that is deploy/prod.sh):")
+    # round 19e: copy, move and delete named the paths as given
+    (tree / "draft.txt").write_text("draft\n")
+    assert reg.execute("copy_path", {"source_path": "draft.txt", "destination_path": "notes.md",
+                                     "overwrite": True}).success
+    assert asked[-1] == "copy draft.txt over the existing notes.md (that is deploy/prod.sh)"
+    (tree / "x").mkdir()
+    (tree / "x" / "prod.sh").write_text("other\n")
+    assert reg.execute("move_path", {"source_path": "x/prod.sh", "destination_path": "deploy",
+                                     "overwrite": True}).success
+    assert asked[-1] == "move x/prod.sh over the existing deploy (that is deploy/prod.sh)"
+    (tree / "lnk").symlink_to("deploy")
+    assert reg.execute("delete_path", {"path": "lnk/prod.sh"}).success
+    assert asked[-1] == "delete lnk/prod.sh (that is deploy/prod.sh) (1 item)"
 
 
 # ---- undo, through the store ----
