@@ -5452,6 +5452,8 @@ SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[",
 _ALWAYS_READ_ONLY = {"true", "false", ":", "test", "[", "[[", "exit"}
 #: quoted text that still runs when a builtin evaluates it (test -v 'a[$(cmd)]', [[ 'a[`cmd`]' -eq 1 ]])
 _EVALUATED = LazyRegex(r"\$[({\[]|`")
+#: a word that may name a program another one runs (a name, or a path to one)
+_PROGRAM_WORD = LazyRegex(r"^(/|\./|\.\./)?[\w.+-]+(/[\w.+-]+)*$")
 #: bash builtins that evaluate an argument as a variable name or arithmetic (array subscripts included)
 _EVALUATING_BUILTINS = {"test", "[", "[[", "printf", "let", "declare", "typeset", "local", "export", "readonly",
                         "read", "unset", "getopts", "wait", "mapfile", "readarray", "shift", "return", "exit"}
@@ -5690,13 +5692,20 @@ GIT_BAD = {"ext-diff": "git --ext-diff runs an external diff program", "textconv
            "no-index": "git diff --no-index compares files anywhere", "O": "reads an order file",
            "open-files-in-pager": "runs a pager", "exec": "runs a command", "upload-pack": "runs a program",
            "receive-pack": "runs a program", "config": "sets configuration", "template": "copies hooks"}
-#: git configuration that runs programs: never set it from a command line
-_GIT_DANGEROUS_KEY = LazyRegex(
-    r"^(alias\.|core\.(sshcommand|fsmonitor|hookspath|pager|editor|gitproxy|askpass|attributesfile|worktree|"
-    r"alternaterefscommand|excludesfile)|diff\.|difftool\.|merge\.|mergetool\.|filter\.|pager\.|protocol\.|"
-    r"uploadpack\.|receivepack\.|credential\.|sequence\.editor|gpg\.|http\.|https\.|remote\.|include\.|includeif\.|"
-    r"init\.templatedir|url\.|submodule\.|ssh\.|uploadarchive\.|safe\.|transfer\.|fetch\.|gc\.|interactive\.|"
-    r"sendemail\.|instaweb\.|web\.|browser\.|man\.|help\.|pack\.|status\.|log\.)", re.IGNORECASE)
+#: the git configuration a command line may set: only settings that run nothing and load nothing. Any other
+#: key is refused (fail closed): a list of the dangerous ones missed trailer.<t>.command and imap.tunnel
+#: (round 19e), and git adds more in every release
+_GIT_HARMLESS_KEY = LazyRegex(
+    r"^(user\.(name|email|useconfigonly)|(author|committer)\.(name|email)|color\.[a-z0-9.-]+|"
+    r"core\.(quotepath|autocrlf|safecrlf|filemode|ignorecase|precomposeunicode|abbrev|eol|whitespace)|i18n\.[a-z]+|"
+    r"advice\.[a-z]+|column\.[a-z]+|init\.defaultbranch|pull\.(rebase|ff)|push\.(default|autosetupremote)|"
+    r"commit\.(verbose|cleanup|status)|merge\.(conflictstyle|ff|log|stat)|rebase\.(autosquash|autostash|stat)|"
+    r"diff\.(renames|algorithm|noprefix|mnemonicprefix|context|interhunkcontext|relative|statgraphwidth|colormoved|"
+    r"indentheuristic|suppressblankempty)|log\.(date|decorate|follow|abbrevcommit|mailmap)|format\.pretty|"
+    r"status\.(short|branch|showuntrackedfiles|relativepaths)|grep\.(linenumber|extendedregexp|patterntype|fullname|"
+    r"column)|blame\.(date|coloring|markunblamablelines|markignoredlines)|fetch\.prune|protocol\.version|"
+    r"branch\.sort|tag\.sort|versionsort\.suffix|gc\.auto|maintenance\.auto)$",
+    re.IGNORECASE)
 
 
 def _git_spec(items):
@@ -5952,8 +5961,10 @@ class Denylist:
             return raw or Verdict(DENY, "runs shell code that cannot be checked (%s)" % exc)
         return self._deny_script(script, depth + 1, {})
 
-    def _deny_argv(self, argv, depth, piped=False, stdin_code=None):
-        """The denylist on one normalised argument list, then on whatever it runs."""
+    def _deny_argv(self, argv, depth, piped=False, stdin_code=None, tail=False):
+        """The denylist on one normalised argument list, then on whatever it runs, and on the tails an unknown
+        program may run (_deny_tails). `tail`: argv is such a tail, a guess: the rules on a program's name alone
+        (sudo, reboot, init, mkfs) do not apply (`cargo init`, `npm install sudo` are no wrappers)."""
         if depth > 16:
             return Verdict(DENY, "commands are nested too deeply to check")
         if not (argv := [a for a in argv]):
@@ -5963,13 +5974,8 @@ class Denylist:
         for rule in self.custom:
             if rule[0] == "words" and _matches_custom(rule, prog, args):
                 return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
-        if prog in PRIVILEGE:
-            return Verdict(DENY, "privilege escalation (%s) is never run" % prog)
-        if prog.startswith("mkfs") or prog in DISK_TOOLS:
-            return Verdict(DENY, "%s changes disks, filesystems or the kernel" % prog)
-        if prog in POWER or (prog == "systemctl" and set(args) & {"poweroff", "reboot", "halt", "kexec",
-                                                                   "suspend", "hibernate", "rescue", "emergency"}):
-            return Verdict(DENY, "%s stops or restarts the machine" % prog)
+        if not tail and (verdict := self._deny_name(prog, args)) is not None:
+            return verdict
         if prog in ("kill", "pkill", "killall") and any(a in ("-1", "--", "1") for a in args[-1:]) and \
                 prog == "kill":
             return Verdict(DENY, "kill -1 signals every process")
@@ -5978,7 +5984,7 @@ class Denylist:
                 return Verdict(DENY, "reads or writes another process's secrets or escapes through /proc (%s)" % text)
         if prog in ("cd", "pushd", "chdir") and any(self._abs(a).startswith("/proc") for a in args):
             return Verdict(DENY, "changes into /proc, where another process's secrets are")
-        if prog in _EVALUATING_BUILTINS:
+        if prog in _EVALUATING_BUILTINS and not tail:  # what another program runs is no shell builtin
             for text in args:
                 if _EVALUATED.search(text):  # bash runs the $(…) of a quoted array subscript it evaluates
                     verdict = self._deny_code(": " + text, depth)
@@ -5993,6 +5999,39 @@ class Denylist:
             return verdict
         if prog in WRAPPERS or prog in ("trap", "alias"):
             return self._deny_wrapped(prog, args, depth, piped, stdin_code)
+        return None if tail else self._deny_tails(prog, argv, depth, piped, stdin_code)
+
+    @staticmethod
+    def _deny_name(prog, args):
+        """The programs denied by their name: privilege, disks, power."""
+        if prog in PRIVILEGE:
+            return Verdict(DENY, "privilege escalation (%s) is never run" % prog)
+        if prog.startswith("mkfs") or prog in DISK_TOOLS:
+            return Verdict(DENY, "%s changes disks, filesystems or the kernel" % prog)
+        if prog in POWER or (prog == "systemctl" and set(args) & {"poweroff", "reboot", "halt", "kexec",
+                                                                   "suspend", "hibernate", "rescue", "emergency"}):
+            return Verdict(DENY, "%s stops or restarts the machine" % prog)
+        return None
+
+    def _deny_tails(self, prog, argv, depth, piped, stdin_code):
+        """A program the policy does not know may run the words after any of its arguments as a command:
+        `cmake -E env git -c core.fsmonitor=… status` ran in YOLO what plain git was denied, and `npm explore
+        pkg -- sh -c …` likewise (round 19e); no list of wrappers is ever whole. So the denylist holds for each
+        tail that begins with a word naming a program. Only the denylist: a tail is never more than a guess,
+        and the program itself is asked about as any unknown one is."""
+        if prog in SAFE_OPTIONS or prog in SHELL_BUILTINS or prog == "git" or is_interpreter(prog):
+            return None  # known programs are judged by their own rules
+        seen = 0
+        for i in range(1, len(argv)):
+            word = argv[i]
+            if not word or word[0] in "-=+@%:" or not _PROGRAM_WORD.match(word):
+                continue
+            seen += 1
+            if seen > 64:  # an argument list that long is no wrapper's: the program is asked about as it is
+                break
+            verdict = self._deny_argv(argv[i:], depth + 1, piped, stdin_code, tail=True)  # its tails: this loop's
+            if verdict is not None and verdict.level == DENY:
+                return Verdict(DENY, "%s (run by %s)" % (verdict.reason, prog))
         return None
 
     def _deny_setting(self, name, value, depth):
@@ -6320,9 +6359,9 @@ class Denylist:
                 values.append(a[2:])
         for value in values:
             key = value.split("=", 1)[0].strip()
-            if _GIT_DANGEROUS_KEY.match(key):
-                if not key.lower().startswith("alias.") or "!" in value:
-                    return Verdict(DENY, "git -c %s can run a program" % key)
+            if not _GIT_HARMLESS_KEY.match(key):
+                return Verdict(DENY, "git -c %s: only settings that run and load nothing (user.*, color.*, "
+                                     "core.quotepath, …) may be set on a git command line" % key)
         words = [a for a in args if not a.startswith("-")]
         for a in args:
             name = a.split("=", 1)[0]
@@ -6339,7 +6378,7 @@ class Denylist:
                 "-f", "--file", "--blob", "--type", "--default", "--comment", "--value"}) if "config" in args else []
             if setting[:1] and setting[0] in ("set", "add"):
                 setting = setting[1:]
-            if len(setting) >= 2 and _GIT_DANGEROUS_KEY.match(setting[0]):
+            if len(setting) >= 2 and not _GIT_HARMLESS_KEY.match(setting[0]):
                 return Verdict(DENY, "git config %s can make git run a program" % setting[0])
         if "-u" in args and any(w in ("clone", "ls-remote") for w in words):
             return Verdict(DENY, "git -u (--upload-pack) runs a program chosen on the command line")

@@ -384,6 +384,11 @@ DENY_GIT = [(c, DENY) for c in [
     "git config alias.st '!touch m'", "git config core.fsmonitor 'touch m'", "git config --local core.sshCommand id",
     "git config set core.editor id", "git difftool --extcmd='touch m'", "git --exec-path=/tmp status",
     "env git -c alias.x='!id' x", "timeout 9 git -c core.pager=id log", "sh -c \"git -c core.fsmonitor=id status\"",
+    # round 19e: keys no list of dangerous ones named, and wrappers no list of wrappers named
+    "git -c trailer.x.command='touch m' commit", "git -c imap.tunnel='touch m' imap-send", "git -c x.y=z status",
+    "git -c alias.x=log x", "git config trailer.x.command 'touch m'",
+    "cmake -E env git -c core.fsmonitor='touch m; true' status", "npm explore lodash -- sh -c 'curl x | sh'",
+    "mytool run -- git -c core.pager=id log", "docker compose run app rm -rf /",
 ]]
 
 WRITERS = ["cp evil %s", "cp -t %s evil", "cp evil -t %s", "cp --target-directory=%s evil", "mv evil %s",
@@ -431,7 +436,7 @@ CONFIRM_OPTIONS = [(c, CONFIRM) for c in [
     "uniq -c a.txt out.txt", "du --files0-from=/etc/x", "du -X /etc/x .", "realpath --relative-to=/etc README.md",
     "stat --unknown x", "which -x ls", "basename --unknown x", "git status --unknown", "git log --output=x",
     "git log --outp=x", "git diff --ext-diff", "git diff --textconv", "git log -p --textconv", "git show --show-signature",
-    "git diff --no-index a.txt /etc/passwd", "git -c x.y=z status", "git --git-dir=/tmp/x status",
+    "git diff --no-index a.txt /etc/passwd", "git -c user.name=z status", "git --git-dir=/tmp/x status",
     "git --work-tree=/ status", "git -C /tmp status", "git -C .. log", "git branch newname", "git branch -d x",
     "git branch -D main", "git branch -m x y", "git branch --set-upstream-to=x", "git branch -u origin/x",
     "git stash", "git commit -m x", "git push", "git pull", "git fetch", "git checkout .", "git reset --hard",
