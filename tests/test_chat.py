@@ -476,7 +476,7 @@ def test_a_long_command_on_a_short_terminal_is_folded_or_paged(cli, fake):
         p.line("y")
         p.expect("folded ran")
         p.line("page it")
-        p.expect(r"-- rows 1-12 of 30 of this command; Enter shows more --")
+        p.expect(r"-- rows 1-12 of 30; Enter shows more --")
         p.line("")
         p.expect(r"-- rows 13-24 of 30")
         p.line("")
