@@ -1703,7 +1703,10 @@ class MovePath(CopyPath):
 
     def _run(self, args, ctx, src, dst):
         ctx.guard(self.name, args, src)
-        if (token := self._replace_destination(args, ctx, dst)) is not None:
+        # the tree is judged at its new place, as a copy's is: a staged `evil.pth` moved in as site-packages
+        # runs at the next Python start; and the question shows what lands there (round 19b: without src it
+        # was never checked, and in chat the question crashed)
+        if (token := self._replace_destination(args, ctx, dst, src)) is not None:
             ctx.after_change(token, expected="absent")  # undone after the move back, when dst is gone again
         check = lambda: ctx.check_deadline(self.name)  # noqa: E731
         count = tree_count_at(src, check)
@@ -2926,10 +2929,14 @@ def protected_paths(root, xzatoma_home=None, extra=(), homes=()):
             if (_inside(real, root) or _inside(root, real)) and full not in out:
                 out.append(full)
             continue
-        real = os.path.realpath(os.path.join(root, path))
-        # below the root, or the root itself lies in it (`cd ~/.ssh`, XZATOMA_HOME): then all of the root is
-        if ((_inside(real, root) and real != root) or _inside(root, real)) and real not in out:
-            out.append(real)
+        full = os.path.normpath(os.path.join(root, path))
+        # the name as given (its directories resolved) and where it leads: a config file named by a link is
+        # replaced by deleting the link and writing a file under its name (round 19b: only the target was kept)
+        for real in (os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full)),
+                     os.path.realpath(full)):
+            # below the root, or the root itself lies in it (`cd ~/.ssh`, XZATOMA_HOME): then all of the root is
+            if ((_inside(real, root) and real != root) or _inside(root, real)) and real not in out:
+                out.append(real)
     return out
 
 
@@ -2968,6 +2975,7 @@ class Confinement:
             e for e in extra or () if isinstance(e, str) and os.path.isabs(e) and not _is_glob(e)] if p]
         self._sandbox, self._policy, self._lock = sandbox, None, threading.RLock()
         self._resolved = None  #: [(path, folded)] of _resolved_protected, until the next change
+        self._around = {}  #: a repository's top -> [(path, folded)] its config names (_named_by_repository)
         self._deferred = None  #: deferred_files() before this run's first change
         self._git = {}  #: PATH -> the git program outside the tree (or None)
 
@@ -3002,6 +3010,7 @@ class Confinement:
 
     def changed(self):  # a command ran, a file tool wrote: what is derived from the tree is looked at again
         self._resolved = None
+        self._around = {}
 
     def _resolved_set(self):
         with self._lock:
@@ -3050,6 +3059,8 @@ class Confinement:
         while _inside(d, self.root):
             if is_git_dir(d, adding=child):
                 return display_path(d, self.root) + " (a git directory)"
+            if hit := self._named_by_repository(d, real):
+                return hit
             if os.path.lexists(os.path.join(d, "pyvenv.cfg")) or (d, fold_name(child)) == (
                     os.path.dirname(real), "pyvenv.cfg"):  # a virtualenv, or one this change makes
                 if hit := venv_code(os.path.relpath(real, d), top=d):
@@ -3059,9 +3070,34 @@ class Confinement:
             d, child = os.path.dirname(d), os.path.basename(d)
         return None
 
+    def _named_by_repository(self, top, real):
+        """When `top` holds a `.git` (a directory, a link or a file; not its own metadata): what of `real` its
+        config makes git run or read (core.hooksPath, include.path …), or the links in it lead to, else None.
+        INFO: the scan of the whole tree (nested_repositories) stops after 2000 directories, and a repository
+        past them lost its hooksPath (round 19b); the repository a write is in is judged here on demand."""
+        dot = os.path.join(top, ".git")
+        if fold_name(os.path.basename(top)) in PROTECTED_ANYWHERE or not os.path.lexists(dot):
+            return None
+        with self._lock:
+            if (paths := self._around.get(top)) is None:
+                paths = []
+                for gitdir in _gitdirs(dot):
+                    paths += [gitdir] if _inside(gitdir, self.root) else []
+                    paths += _git_config_paths(self, top, gitdir)
+                paths += _linked_from(self, paths)
+                if len(self._around) > 256:
+                    self._around.clear()
+                self._around[top] = paths = [(p, fold_path(p)) for p in dict.fromkeys(paths)]
+        folded = fold_path(real)
+        hit = next((p for p, q in paths if folded == q or folded.startswith(q + "/")), None)
+        return display_path(hit, self.root) if hit else None
+
     def target_reason(self, target, check=None):
-        """reason() for a file tool's Target, and for a directory anything protected below it."""
-        return self.reason(target.real) or self.copied_reason(target, target.real, check)
+        """reason() for a file tool's Target, and for a directory anything protected below it. A path is judged
+        at the name it was given, at every link it passed and where it leads: `.git/hooks/pre-commit` linked to
+        `scripts/pre-commit` (the usual way to share a hook) is a hook, whatever file holds it (round 19b)."""
+        return self.reason(target.real) or next(filter(None, (self.reason(p, holding=False) for p in getattr(
+            target, "passed", ()))), None) or self.copied_reason(target, target.real, check)
 
     def copied_reason(self, source, where, check=None):
         """The first protected path below the directory Target `source` were its tree at `where`: a `.git`, a
@@ -3161,7 +3197,7 @@ def _gitdirs(dot):
     also leniently (a stripped first line): the directory git uses, and the one a reader may take it for, are
     both protected. INFO: the lenient reading alone named another directory than git uses (`gitdir:  meta`,
     `gitdir: meta\nx`), whose harmless config was checked (attack round 18b)."""
-    if os.path.isdir(dot) and not os.path.islink(dot):
+    if os.path.isdir(dot):  # a directory, or a link to one: git follows it (round 19b: `sub/.git -> ../meta`)
         candidates = [dot]
     else:
         data, candidates = _read_small(dot, 1 << 16) or b"", []
@@ -3196,7 +3232,37 @@ def _resolved_protected(conf):
         out += [d for d in gitdirs if _inside(d, conf.root) and d not in out]
         for gitdir in gitdirs:
             out += [p for p in _git_config_paths(conf, top, gitdir) if p not in out]
-    return out
+    return out + [p for p in _linked_from(conf, out) if p not in out]
+
+
+def _linked_from(conf, protected, most=20000):
+    """Where the links inside protected directories lead in the tree, at any depth, and the links there in
+    turn: `.git/hooks/pre-commit -> ../../scripts/pre-commit`, `.git/hooks -> ../githooks`, `.git/config ->
+    ../repo.gitconfig`, `~/.ssh/config -> ../dotfiles/ssh/config`. git and ssh read those files through the
+    link, so the file it leads to is the hook or the config: protected under its own name too, and read-only
+    for commands (round 19b). A repository's objects are data git never runs, and are not looked into."""
+    found, todo, seen = [], [p for p in protected if not _is_glob(p)], 0
+    while todo and seen < most:
+        top = todo.pop()
+        if not os.path.isdir(top) or os.path.islink(top):
+            continue
+        for path, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if not (d in ("objects", "lfs") and is_git_dir(path))]
+            seen += len(dirs) + len(files)
+            for name in dirs + files:
+                if not os.path.islink(os.path.join(path, name)):
+                    continue
+                try:
+                    with conf.jail.resolve(os.path.join(path, name)) as target:
+                        real = target.real
+                except (ToolError, OSError):
+                    continue  # out of the tree (the jail refuses it there), a loop
+                if real != conf.root and real not in found and real not in protected:
+                    found.append(real)
+                    todo.append(real)
+            if seen >= most:
+                break
+    return found
 
 
 def _git_config_paths(conf, top, gitdir):
@@ -3269,8 +3335,8 @@ def nested_repositories(root, max_dirs=2000):
     for path, entries in _tree(root, max_dirs, lambda e: fold_name(e.name) not in PROTECTED_ANYWHERE):
         if path is None:
             return found, False
-        found += [e.path for e in entries if path != root and fold_name(e.name) in PROTECTED_ANYWHERE and
-                  not e.is_symlink()]
+        # a `.git` link too: git follows it to the repository (round 19b), whose config is judged as any other
+        found += [e.path for e in entries if path != root and fold_name(e.name) in PROTECTED_ANYWHERE]
     return found, True
 
 
@@ -3740,10 +3806,13 @@ class Target:
     close() it (or use it as a context manager).
     """
 
-    __slots__ = ("root", "_fds", "names", "missing", "name", "followed")
+    __slots__ = ("root", "_fds", "names", "missing", "name", "followed", "passed")
 
-    def __init__(self, root, fds, names, missing, name, followed):
+    def __init__(self, root, fds, names, missing, name, followed, passed=()):
         self.root = root
+        #: where the path was read through on its way to `real`: the name as it was given (lexically, in the tree)
+        #: and every symlink followed, at the place it stands; a change is judged at each of them too (round 19b)
+        self.passed = list(passed)
         self._fds = fds  # descriptors from the root down to the parent (None: not open, reopen on need)
         self.names = names  # components from the root to the parent, symlinks resolved
         self.missing = missing
@@ -3934,6 +4003,9 @@ class Jail:
         except BaseException:
             os.close(root_fd)
             raise
+        lexical = os.path.normpath(os.path.join(self.root, rel))
+        if _inside(lexical, self.root) and lexical != target.real and lexical not in target.passed:
+            target.passed.insert(0, lexical)
         if self.hidden_root or self.hidden and any(_inside(fold_path(target.real), h) for h in self._hidden_folded):
             target.close()
             raise ToolError("%s is inside XZATOMA_HOME (xzatoma's credentials, conversations and undo data): "
@@ -3967,7 +4039,7 @@ class Jail:
             os.close(fd)
             return None
         names = [n for n in where[len(self.root):].split("/") if n]
-        if not names:  # a link back to the root itself: nothing to shortcut
+        if names != parent_parts:  # a link on the way (or none to shortcut): the walk notes where each one stands
             os.close(fd)
             return None
         return [root_fd] + [None] * (len(names) - 1) + [fd] + [names]
@@ -3976,12 +4048,13 @@ class Jail:
         """Resolve `parts` from the directory fds[-1] (reached through `names`), one component at a time."""
         todo = list(reversed(parts))
         links = retries = 0
+        passed = []  # the symlinks followed, where they stand (Target.passed)
         missing = []  # components below a missing one: taken lexically, as realpath does
         while True:
             while todo and todo[-1] in ("", "."):
                 todo.pop()
             if missing and not todo:
-                return Target(self.root, fds, names, missing[:-1], missing[-1], links)
+                return Target(self.root, fds, names, missing[:-1], missing[-1], links, passed)
             if missing:
                 comp = todo.pop()
                 if comp == "..":
@@ -3994,12 +4067,12 @@ class Jail:
                 continue
             if not todo:  # the path names a directory we are in: step back up to name it in its parent
                 if not names:
-                    return Target(self.root, fds, names, [], ".", links)
+                    return Target(self.root, fds, names, [], ".", links, passed)
                 name = names.pop()
                 if (fd := fds.pop()) is not None:
                     os.close(fd)
                 self._reopen(fds, names)
-                return Target(self.root, fds, names, [], name, links)
+                return Target(self.root, fds, names, [], name, links, passed)
             comp = todo.pop()
             if comp == "..":
                 if not names:
@@ -4022,6 +4095,7 @@ class Jail:
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise PathError("too many levels of symbolic links: %s" % shown)
+                passed.append(os.path.join(self.root, *names, comp))
                 target = os.readlink(comp, dir_fd=dir_fd)
                 if target.startswith("/"):
                     inner = self._absolute(target, shown)
@@ -4034,7 +4108,7 @@ class Jail:
                     todo.extend(reversed(target.split("/")))
                 continue
             if last:
-                return Target(self.root, fds, names, [], comp, links)
+                return Target(self.root, fds, names, [], comp, links, passed)
             if not stat.S_ISDIR(st.st_mode):
                 raise ToolError("not a directory: %s (in %s)" % ("/".join(names + [comp]), shown))
             try:
