@@ -3155,8 +3155,12 @@ class Confinement:
         relative and sorted ([] without one); the next run starts a list of its own."""
         with self._lock:
             before, self._deferred = self._deferred, None
-        return [] if before is None else sorted(
-            p for p, ident in deferred_files(self.root).items() if before.get(p) != ident)
+        if before is None:
+            return []
+        now, complete = deferred_files(self.root)
+        changed = sorted(p for p, ident in now.items() if before[0].get(p) != ident)
+        # a tree too large to look at whole: said, never taken for "nothing changed" (round 19b)
+        return changed + ([] if complete and before[1] else [INCOMPLETE_REVIEW])
 
 
 # ---- Repositories and virtualenvs, judged by their own rules ----
@@ -3309,10 +3313,10 @@ def _protected_rel(rel, globs, root):
     return None
 
 
-def _tree(root, max_dirs, enter):
+def _tree(root, max_dirs, enter, first=None):
     """Breadth-first over the directories below `root`, never following links: yields (directory, its entries)
     for at most `max_dirs` directories (then (None, None): the bound cut it short); `enter(entry)` says
-    whether to look into a subdirectory."""
+    whether to look into a subdirectory, `first(entry)` whether to look into it before the others waiting."""
     import collections
     queue = collections.deque([root])
     while queue:
@@ -3325,7 +3329,9 @@ def _tree(root, max_dirs, enter):
         except OSError:
             continue
         yield path, entries
-        queue.extend(e.path for e in entries if e.is_dir(follow_symlinks=False) and enter(e))
+        subdirs = [e for e in entries if e.is_dir(follow_symlinks=False) and enter(e)]
+        queue.extend(e.path for e in subdirs if first is None or not first(e))
+        queue.extendleft(e.path for e in subdirs if first is not None and first(e))
 
 
 def nested_repositories(root, max_dirs=2000):
@@ -3622,6 +3628,10 @@ DEFERRED_NAMES = ("makefile", "gnumakefile", "*.mk", "conftest.py", "package.jso
 DEFERRED_DIRS = (".github/workflows", ".github/actions", ".circleci", ".vscode", ".devcontainer", ".husky",
                  ".idea/runconfigurations", ".cargo", ".buildkite", ".gitea/workflows", ".forgejo/workflows",
                  ".woodpecker", ".mvn", ".githooks")
+#: DEFERRED_DIRS and the directories on the way to them (`.github`)
+DEFERRED_PREFIXES = tuple({d.rsplit("/", i)[0] for d in DEFERRED_DIRS for i in range(d.count("/") + 1)})
+#: the last entry of a review list when the tree was too large to compare whole
+INCOMPLETE_REVIEW = "(the tree is too large to compare whole: this list may be incomplete)"
 
 
 _pth_cache = {}  # site directory -> (its mtime, the .pth files' state, the names their import lines hold)
@@ -3669,28 +3679,66 @@ def _pth_names(site):
 
 
 def deferred_files(root, max_dirs=20000):
-    """{relative path: (inode, ctime, size)} of the files in the tree that run later by design: DEFERRED_NAMES
-    anywhere, what DEFERRED_DIRS and a virtualenv's bin/ hold (not its libraries, not node_modules/)."""
-    out, whole, venvs, cut = {}, set(), set(), len(root.rstrip("/")) + 1
+    """({relative path: identity}, complete) of the files in the tree that run later by design: DEFERRED_NAMES
+    anywhere, what DEFERRED_DIRS (at any depth: cargo reads `.cargo/config.toml` in every directory) and a
+    virtualenv's bin/ hold (not its libraries, not node_modules/). A link counts by what it leads to, and a link
+    to a directory is looked into (`Makefile -> mk/rules.txt`, `.vscode -> editor/`), so an edit through either
+    changes the identity. complete=False: past max_dirs directories the rest was not looked at (round 19b)."""
+    out, whole, venvs, cut, dirs = {}, set(), set(), len(root.rstrip("/")) + 1, [max_dirs]
     names = re.compile("|".join(fnmatch.translate(n) for n in DEFERRED_NAMES))
+
+    def deferred_dir(rel, leading=False):  # rel is one (leading=True: or on the way to one, looked at first)
+        rel = "/" + rel.lower()
+        return any(rel.endswith("/" + d) for d in (DEFERRED_PREFIXES if leading else DEFERRED_DIRS))
+
+    def identity(path):
+        st = os.stat(path, follow_symlinks=False)
+        ident = (st.st_ino, st.st_ctime_ns, st.st_size)
+        if stat.S_ISLNK(st.st_mode):  # the file it leads to, and where it leads
+            try:
+                real = os.stat(path)
+                ident += (os.readlink(path), real.st_ino, real.st_ctime_ns, real.st_size)
+            except OSError:
+                ident += (os.readlink(path),)
+        return ident
+
+    def linked_tree(link, rel):  # a deferred directory that is a link: what it holds, under the link's name
+        real = os.path.realpath(link)
+        if not _inside(real, root) or real == root:
+            return True
+        for path, entries in _tree(real, dirs[0], lambda e: True):
+            dirs[0] -= 1
+            if path is None:
+                return False
+            for e in entries:
+                if not e.is_dir(follow_symlinks=False):
+                    try:
+                        out[rel + e.path[len(real):]] = identity(e.path)
+                    except OSError:
+                        continue
+        return True
 
     def enter(entry):
         name, up = entry.name.lower(), os.path.dirname(entry.path)
-        if up in venvs or up in whole or entry.path[cut:].lower() in DEFERRED_DIRS:
+        if up in venvs or up in whole or deferred_dir(entry.path[cut:]):
             whole.add(entry.path)
         return name in ("bin", "scripts") if up in venvs else name not in (".git", ".hg", "node_modules", "__pycache__")
-    for path, entries in _tree(root, max_dirs, enter):
+    complete = True
+    for path, entries in _tree(root, max_dirs, enter, first=lambda e: deferred_dir(e.path[cut:], True)):
         if path is None:
+            complete = False
             break
+        dirs[0] -= 1
         venvs |= {path} if any(e.name == "pyvenv.cfg" for e in entries) else set()
         for e in entries:
             try:
-                if (path in whole or names.match(e.name.lower())) and not e.is_dir(follow_symlinks=False):
-                    st = e.stat(follow_symlinks=False)
-                    out[e.path[cut:]] = (st.st_ino, st.st_ctime_ns, st.st_size)
+                if e.is_symlink() and e.is_dir() and (path in whole or deferred_dir(e.path[cut:])):
+                    complete = linked_tree(e.path, e.path[cut:]) and complete
+                elif (path in whole or names.match(e.name.lower())) and not e.is_dir(follow_symlinks=False):
+                    out[e.path[cut:]] = identity(e.path)
             except OSError:
                 continue
-    return out
+    return out, complete
 
 
 # ---- The working-directory jail ----
