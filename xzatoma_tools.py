@@ -283,7 +283,10 @@ class ToolContext:
             record, real = token
             if expected is None:
                 with self.jail.resolve(real, follow=False) as target:
-                    expected = state_hash_at(target)
+                    try:
+                        expected = state_hash_at(target, lambda: self.check_deadline("fingerprinting the change"))
+                    except ToolError:  # the change is made; undo will not take it for unchanged since
+                        expected = UNFINGERPRINTED
             self.store.set_undo_after(record, expected)
 
     def check_undo_cap(self, tool, target, args):
@@ -1068,6 +1071,8 @@ class EditFile(Tool):
                 raise ToolError("new_text is the same as old_text: nothing was changed in %s. Put in new_text the "
                                 "text as the task wants it" % args["path"])
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(text, updated, target))
+            # over the undo cap the record would hold the file cut short, and undo "restored" it so (round 19b)
+            ctx.check_undo_cap(self.name, target, args)
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
             ctx.after_change(token)
@@ -2053,7 +2058,7 @@ def tree_size_at(target, check=None):
                if not stat.S_ISDIR(st.st_mode))
 
 
-def _file_hash(dir_fd, name, h):
+def _file_hash(dir_fd, name, h, check=None):
     fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
@@ -2067,12 +2072,15 @@ def _file_hash(dir_fd, name, h):
             return
         for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
             h.update(chunk)
+            if check is not None:
+                check()
     finally:
         os.close(fd)
 
 
-def state_hash_at(target):
-    """A fingerprint of what is at a Target now: absent, a file's bytes, a link, or a whole tree."""
+def state_hash_at(target, check=None):
+    """A fingerprint of what is at a Target now: absent, a file's bytes, a link, or a whole tree; `check()`
+    runs for each entry and megabyte (the run's deadline: round 19b, 300 sparse files took 50 s past it)."""
     import hashlib
     if (st := target.lstat()) is None:
         return "absent"
@@ -2080,18 +2088,18 @@ def state_hash_at(target):
         return "link:" + os.readlink(target.name, dir_fd=target.dir_fd)
     if stat.S_ISREG(st.st_mode):
         h = hashlib.sha256()
-        _file_hash(target.dir_fd, target.name, h)
+        _file_hash(target.dir_fd, target.name, h, check)
         return "file:" + h.hexdigest()
     if not stat.S_ISDIR(st.st_mode):
         return "special:" + _kind_of(st.st_mode)
     h = hashlib.sha256()
-    for rel, fd, name, est, _ in walk_at(target.dir_fd, target.name):
+    for rel, fd, name, est, _ in walk_at(target.dir_fd, target.name, check):
         kind = _kind_of(est.st_mode)
         h.update(("%s:%s:" % (kind, rel)).encode("utf-8", "surrogateescape"))
         if stat.S_ISLNK(est.st_mode):
             h.update(os.readlink(name, dir_fd=fd).encode("utf-8", "surrogateescape"))
         elif stat.S_ISREG(est.st_mode):
-            _file_hash(fd, name, h)
+            _file_hash(fd, name, h, check)
         h.update(b"\n")
     return "dir:" + h.hexdigest()
 
@@ -2107,9 +2115,11 @@ def snapshot_at(target, cap, check=None):
     if stat.S_ISREG(st.st_mode):
         fd = target.open_regular("")
         try:
-            return "file", read_fd(fd, cap + 1), mode
+            data = read_fd(fd, cap + 1)
         finally:
             os.close(fd)
+        # past the cap (grown since check_undo_cap looked): a record saying so, never a cut file to restore whole
+        return ("too large", None, mode) if len(data) > cap else ("file", data, mode)
     if stat.S_ISFIFO(st.st_mode):
         return "fifo", None, mode
     if not stat.S_ISDIR(st.st_mode):
@@ -2133,6 +2143,8 @@ def snapshot_at(target, cap, check=None):
                     data = read_fd(efd, cap + 1) if stat.S_ISREG(os.fstat(efd).st_mode) else b""
                 finally:
                     os.close(efd)
+                if len(data) > cap:
+                    return "too large", None, mode
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return "dir", buf.getvalue(), mode
@@ -2140,6 +2152,10 @@ def snapshot_at(target, cap, check=None):
 
 class UndoError(Exception):
     pass
+
+
+#: the after-hash of a change whose fingerprint the run's deadline cut short: undo asks for --force
+UNFINGERPRINTED = "unknown: the time limit came first"
 
 
 def undo_root(store, record):
@@ -2191,9 +2207,15 @@ def _undo(store, record, force, jail):
     where = record["content"].decode("utf-8", "surrogateescape") if kind == "moved" else path
     with _undo_resolve(jail, where) as target:
         current = state_hash_at(target)
+    if record["after_hash"] == UNFINGERPRINTED and not force:
+        raise UndoError("%s was not fingerprinted after the change (the run's time limit came first), so a change "
+                        "since cannot be ruled out; not restored (use --force to restore anyway)" % where)
     if record["after_hash"] and current != record["after_hash"] and not force:
         raise UndoError("%s changed since the agent touched it; not restored (use --force to restore anyway)"
                         % where)
+    if kind == "too large":  # nothing was saved: the file stays as it is (never replaced by a part of it)
+        raise UndoError("%s: not restored (it was over the undo cap, agent.tools.undo_max_bytes, when it was "
+                        "changed; nothing of it was saved)" % path)
     with _undo_resolve(jail, path) as target:
         if kind == "moved":
             if target.lstat() is not None and not force:
