@@ -3270,7 +3270,9 @@ def _linked_from(conf, protected, most=20000):
     found, todo, seen = [], [p for p in protected if not _is_glob(p)], 0
     while todo and seen < most:
         top = todo.pop()
-        if not os.path.isdir(top) or os.path.islink(top):
+        # not a place around the root (`--working-dir ~/.ssh/x`: all of the tree is protected, and what lies
+        # outside is not walked)
+        if top == conf.root or not _inside(top, conf.root) or not os.path.isdir(top) or os.path.islink(top):
             continue
         for path, dirs, files in os.walk(top):
             dirs[:] = [d for d in dirs if not (d in ("objects", "lfs") and is_git_dir(path))]
