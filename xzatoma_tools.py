@@ -3097,9 +3097,16 @@ class Confinement:
         config makes git run or read (core.hooksPath, include.path …), or the links in it lead to, else None.
         INFO: the scan of the whole tree (nested_repositories) stops after 2000 directories, and a repository
         past them lost its hooksPath (round 19b); the repository a write is in is judged here on demand."""
+        folded = fold_path(real)
+        hit = next((p for p, q in self.repository_paths(top) if folded == q or folded.startswith(q + "/")), None)
+        return display_path(hit, self.root) if hit else None
+
+    def repository_paths(self, top):
+        """[(path, folded)] in the tree of the repository whose `.git` (a directory, link or file) is in `top`:
+        where git really keeps it, what its config names and what links in those lead to; [] without one."""
         dot = os.path.join(top, ".git")
         if fold_name(os.path.basename(top)) in PROTECTED_ANYWHERE or not os.path.lexists(dot):
-            return None
+            return []
         with self._lock:
             if (paths := self._around.get(top)) is None:
                 paths = []
@@ -3110,9 +3117,7 @@ class Confinement:
                 if len(self._around) > 256:
                     self._around.clear()
                 self._around[top] = paths = [(p, fold_path(p)) for p in dict.fromkeys(paths)]
-        folded = fold_path(real)
-        hit = next((p for p, q in paths if folded == q or folded.startswith(q + "/")), None)
-        return display_path(hit, self.root) if hit else None
+            return paths
 
     def target_reason(self, target, check=None):
         """reason() for a file tool's Target, and for a directory anything protected below it. A path is judged
@@ -8223,6 +8228,12 @@ class Sandbox:
         # `*.pem` that exist, a virtualenv's .pth files and sitecustomize (links are watched, not bound)
         globbed = sorted(p for p in watch.matched | watch.code if not os.path.islink(p)) if watch else []
         protected += [p for p in nested + globbed if p not in protected]
+        # what the config of a repository the watch found names (core.hooksPath …): the capped scan behind
+        # binds() passed over one past its first 2000 directories, and a script rewrote its hooks (round 19b)
+        named = [p for r in (watch.repos if watch else ()) if fold_name(os.path.basename(r)) == ".git"
+                 for p, _ in self.confinement.repository_paths(os.path.dirname(r))]
+        protected += [p for p in dict.fromkeys(named) if p not in protected and os.path.lexists(p) and
+                      not os.path.islink(p)]
         hidden = self._hidden()
         rules = sandbox_rules(self.root, self.access, self.tmpdir, self.env.get("PATH"), home, self.xzatoma_home)
         mounts = _root_mounts(self.root, self.tmpdir, rules, self.access == WORKSPACE_WRITE) \

@@ -1504,6 +1504,13 @@ def test_a_repository_past_the_scan_keeps_its_hooks_path(cli, fake):
     assert results[0].startswith("Error: ") and results[0].endswith(HEADLESS), results
     assert results[1] == "Created zz/lib/other.txt (3 bytes)"
     assert (lib / "myhooks" / "pre-commit").read_text() == "#!/bin/sh\n"
+    # the terminal's view: a script a command runs meets the hooks read-only (the sandbox's walls)
+    (work / "attack.sh").write_text("echo x >> zz/lib/myhooks/pre-commit; echo ok > zz/lib/ok.txt && echo INSIDE-OK\n")
+    fake.add({"tool_calls": [tool_call("terminal", command="sh attack.sh")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    assert "INSIDE-OK" in tool_results(fake)[-1], tool_results(fake)
+    assert (lib / "myhooks" / "pre-commit").read_text() == "#!/bin/sh\n"
 
 
 def test_a_protected_file_named_by_a_link_cannot_be_deleted_and_written_again(cli, fake):
