@@ -283,7 +283,10 @@ class ToolContext:
             record, real = token
             if expected is None:
                 with self.jail.resolve(real, follow=False) as target:
-                    expected = state_hash_at(target)
+                    try:
+                        expected = state_hash_at(target, lambda: self.check_deadline("fingerprinting the change"))
+                    except ToolError:  # the change is made; undo will not take it for unchanged since
+                        expected = UNFINGERPRINTED
             self.store.set_undo_after(record, expected)
 
     def check_undo_cap(self, tool, target, args):
@@ -1088,6 +1091,8 @@ class EditFile(Tool):
                 raise ToolError("new_text is the same as old_text: nothing was changed in %s. Put in new_text the "
                                 "text as the task wants it" % args["path"])
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(text, updated, target))
+            # over the undo cap the record would hold the file cut short, and undo "restored" it so (round 19b)
+            ctx.check_undo_cap(self.name, target, args)
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))
             ctx.after_change(token)
@@ -1742,7 +1747,10 @@ class MovePath(CopyPath):
 
     def _run(self, args, ctx, src, dst):
         ctx.guard(self.name, args, src)
-        if (token := self._replace_destination(args, ctx, dst)) is not None:
+        # the tree is judged at its new place, as a copy's is: a staged `evil.pth` moved in as site-packages
+        # runs at the next Python start; and the question shows what lands there (round 19b: without src it
+        # was never checked, and in chat the question crashed)
+        if (token := self._replace_destination(args, ctx, dst, src)) is not None:
             ctx.after_change(token, expected="absent")  # undone after the move back, when dst is gone again
         check = lambda: ctx.check_deadline(self.name)  # noqa: E731
         count = tree_count_at(src, check)
@@ -2090,7 +2098,7 @@ def tree_size_at(target, check=None):
                if not stat.S_ISDIR(st.st_mode))
 
 
-def _file_hash(dir_fd, name, h):
+def _file_hash(dir_fd, name, h, check=None):
     fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
@@ -2104,12 +2112,15 @@ def _file_hash(dir_fd, name, h):
             return
         for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
             h.update(chunk)
+            if check is not None:
+                check()
     finally:
         os.close(fd)
 
 
-def state_hash_at(target):
-    """A fingerprint of what is at a Target now: absent, a file's bytes, a link, or a whole tree."""
+def state_hash_at(target, check=None):
+    """A fingerprint of what is at a Target now: absent, a file's bytes, a link, or a whole tree; `check()`
+    runs for each entry and megabyte (the run's deadline: round 19b, 300 sparse files took 50 s past it)."""
     import hashlib
     if (st := target.lstat()) is None:
         return "absent"
@@ -2117,18 +2128,18 @@ def state_hash_at(target):
         return "link:" + os.readlink(target.name, dir_fd=target.dir_fd)
     if stat.S_ISREG(st.st_mode):
         h = hashlib.sha256()
-        _file_hash(target.dir_fd, target.name, h)
+        _file_hash(target.dir_fd, target.name, h, check)
         return "file:" + h.hexdigest()
     if not stat.S_ISDIR(st.st_mode):
         return "special:" + _kind_of(st.st_mode)
     h = hashlib.sha256()
-    for rel, fd, name, est, _ in walk_at(target.dir_fd, target.name):
+    for rel, fd, name, est, _ in walk_at(target.dir_fd, target.name, check):
         kind = _kind_of(est.st_mode)
         h.update(("%s:%s:" % (kind, rel)).encode("utf-8", "surrogateescape"))
         if stat.S_ISLNK(est.st_mode):
             h.update(os.readlink(name, dir_fd=fd).encode("utf-8", "surrogateescape"))
         elif stat.S_ISREG(est.st_mode):
-            _file_hash(fd, name, h)
+            _file_hash(fd, name, h, check)
         h.update(b"\n")
     return "dir:" + h.hexdigest()
 
@@ -2144,9 +2155,11 @@ def snapshot_at(target, cap, check=None):
     if stat.S_ISREG(st.st_mode):
         fd = target.open_regular("")
         try:
-            return "file", read_fd(fd, cap + 1), mode
+            data = read_fd(fd, cap + 1)
         finally:
             os.close(fd)
+        # past the cap (grown since check_undo_cap looked): a record saying so, never a cut file to restore whole
+        return ("too large", None, mode) if len(data) > cap else ("file", data, mode)
     if stat.S_ISFIFO(st.st_mode):
         return "fifo", None, mode
     if not stat.S_ISDIR(st.st_mode):
@@ -2170,6 +2183,8 @@ def snapshot_at(target, cap, check=None):
                     data = read_fd(efd, cap + 1) if stat.S_ISREG(os.fstat(efd).st_mode) else b""
                 finally:
                     os.close(efd)
+                if len(data) > cap:
+                    return "too large", None, mode
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return "dir", buf.getvalue(), mode
@@ -2177,6 +2192,10 @@ def snapshot_at(target, cap, check=None):
 
 class UndoError(Exception):
     pass
+
+
+#: the after-hash of a change whose fingerprint the run's deadline cut short: undo asks for --force
+UNFINGERPRINTED = "unknown: the time limit came first"
 
 
 def undo_root(store, record):
@@ -2228,9 +2247,15 @@ def _undo(store, record, force, jail):
     where = record["content"].decode("utf-8", "surrogateescape") if kind == "moved" else path
     with _undo_resolve(jail, where) as target:
         current = state_hash_at(target)
+    if record["after_hash"] == UNFINGERPRINTED and not force:
+        raise UndoError("%s was not fingerprinted after the change (the run's time limit came first), so a change "
+                        "since cannot be ruled out; not restored (use --force to restore anyway)" % where)
     if record["after_hash"] and current != record["after_hash"] and not force:
         raise UndoError("%s changed since the agent touched it; not restored (use --force to restore anyway)"
                         % where)
+    if kind == "too large":  # nothing was saved: the file stays as it is (never replaced by a part of it)
+        raise UndoError("%s: not restored (it was over the undo cap, agent.tools.undo_max_bytes, when it was "
+                        "changed; nothing of it was saved)" % path)
     with _undo_resolve(jail, path) as target:
         if kind == "moved":
             if target.lstat() is not None and not force:
@@ -2966,10 +2991,14 @@ def protected_paths(root, xzatoma_home=None, extra=(), homes=()):
             if (_inside(real, root) or _inside(root, real)) and full not in out:
                 out.append(full)
             continue
-        real = os.path.realpath(os.path.join(root, path))
-        # below the root, or the root itself lies in it (`cd ~/.ssh`, XZATOMA_HOME): then all of the root is
-        if ((_inside(real, root) and real != root) or _inside(root, real)) and real not in out:
-            out.append(real)
+        full = os.path.normpath(os.path.join(root, path))
+        # the name as given (its directories resolved) and where it leads: a config file named by a link is
+        # replaced by deleting the link and writing a file under its name (round 19b: only the target was kept)
+        for real in (os.path.join(os.path.realpath(os.path.dirname(full)), os.path.basename(full)),
+                     os.path.realpath(full)):
+            # below the root, or the root itself lies in it (`cd ~/.ssh`, XZATOMA_HOME): then all of the root is
+            if ((_inside(real, root) and real != root) or _inside(root, real)) and real not in out:
+                out.append(real)
     return out
 
 
@@ -3008,6 +3037,7 @@ class Confinement:
             e for e in extra or () if isinstance(e, str) and os.path.isabs(e) and not _is_glob(e)] if p]
         self._sandbox, self._policy, self._lock = sandbox, None, threading.RLock()
         self._resolved = None  #: [(path, folded)] of _resolved_protected, until the next change
+        self._around = {}  #: a repository's top -> [(path, folded)] its config names (_named_by_repository)
         self._deferred = None  #: deferred_files() before this run's first change
         self._git = {}  #: PATH -> the git program outside the tree (or None)
 
@@ -3042,6 +3072,7 @@ class Confinement:
 
     def changed(self):  # a command ran, a file tool wrote: what is derived from the tree is looked at again
         self._resolved = None
+        self._around = {}
 
     def _resolved_set(self):
         with self._lock:
@@ -3090,6 +3121,8 @@ class Confinement:
         while _inside(d, self.root):
             if is_git_dir(d, adding=child):
                 return display_path(d, self.root) + " (a git directory)"
+            if hit := self._named_by_repository(d, real):
+                return hit
             if os.path.lexists(os.path.join(d, "pyvenv.cfg")) or (d, fold_name(child)) == (
                     os.path.dirname(real), "pyvenv.cfg"):  # a virtualenv, or one this change makes
                 if hit := venv_code(os.path.relpath(real, d), top=d):
@@ -3099,9 +3132,39 @@ class Confinement:
             d, child = os.path.dirname(d), os.path.basename(d)
         return None
 
+    def _named_by_repository(self, top, real):
+        """When `top` holds a `.git` (a directory, a link or a file; not its own metadata): what of `real` its
+        config makes git run or read (core.hooksPath, include.path …), or the links in it lead to, else None.
+        INFO: the scan of the whole tree (nested_repositories) stops after 2000 directories, and a repository
+        past them lost its hooksPath (round 19b); the repository a write is in is judged here on demand."""
+        folded = fold_path(real)
+        hit = next((p for p, q in self.repository_paths(top) if folded == q or folded.startswith(q + "/")), None)
+        return display_path(hit, self.root) if hit else None
+
+    def repository_paths(self, top):
+        """[(path, folded)] in the tree of the repository whose `.git` (a directory, link or file) is in `top`:
+        where git really keeps it, what its config names and what links in those lead to; [] without one."""
+        dot = os.path.join(top, ".git")
+        if fold_name(os.path.basename(top)) in PROTECTED_ANYWHERE or not os.path.lexists(dot):
+            return []
+        with self._lock:
+            if (paths := self._around.get(top)) is None:
+                paths = []
+                for gitdir in _gitdirs(dot):
+                    paths += [gitdir] if _inside(gitdir, self.root) else []
+                    paths += _git_config_paths(self, top, gitdir)
+                paths += _linked_from(self, paths)
+                if len(self._around) > 256:
+                    self._around.clear()
+                self._around[top] = paths = [(p, fold_path(p)) for p in dict.fromkeys(paths)]
+            return paths
+
     def target_reason(self, target, check=None):
-        """reason() for a file tool's Target, and for a directory anything protected below it."""
-        return self.reason(target.real) or self.copied_reason(target, target.real, check)
+        """reason() for a file tool's Target, and for a directory anything protected below it. A path is judged
+        at the name it was given, at every link it passed and where it leads: `.git/hooks/pre-commit` linked to
+        `scripts/pre-commit` (the usual way to share a hook) is a hook, whatever file holds it (round 19b)."""
+        return self.reason(target.real) or next(filter(None, (self.reason(p, holding=False) for p in getattr(
+            target, "passed", ()))), None) or self.copied_reason(target, target.real, check)
 
     def copied_reason(self, source, where, check=None):
         """The first protected path below the directory Target `source` were its tree at `where`: a `.git`, a
@@ -3159,8 +3222,12 @@ class Confinement:
         relative and sorted ([] without one); the next run starts a list of its own."""
         with self._lock:
             before, self._deferred = self._deferred, None
-        return [] if before is None else sorted(
-            p for p, ident in deferred_files(self.root).items() if before.get(p) != ident)
+        if before is None:
+            return []
+        now, complete = deferred_files(self.root)
+        changed = sorted(p for p, ident in now.items() if before[0].get(p) != ident)
+        # a tree too large to look at whole: said, never taken for "nothing changed" (round 19b)
+        return changed + ([] if complete and before[1] else [INCOMPLETE_REVIEW])
 
 
 # ---- Repositories and virtualenvs, judged by their own rules ----
@@ -3201,7 +3268,7 @@ def _gitdirs(dot):
     also leniently (a stripped first line): the directory git uses, and the one a reader may take it for, are
     both protected. INFO: the lenient reading alone named another directory than git uses (`gitdir:  meta`,
     `gitdir: meta\nx`), whose harmless config was checked (attack round 18b)."""
-    if os.path.isdir(dot) and not os.path.islink(dot):
+    if os.path.isdir(dot):  # a directory, or a link to one: git follows it (round 19b: `sub/.git -> ../meta`)
         candidates = [dot]
     else:
         data, candidates = _read_small(dot, 1 << 16) or b"", []
@@ -3236,7 +3303,39 @@ def _resolved_protected(conf):
         out += [d for d in gitdirs if _inside(d, conf.root) and d not in out]
         for gitdir in gitdirs:
             out += [p for p in _git_config_paths(conf, top, gitdir) if p not in out]
-    return out
+    return out + [p for p in _linked_from(conf, out) if p not in out]
+
+
+def _linked_from(conf, protected, most=20000):
+    """Where the links inside protected directories lead in the tree, at any depth, and the links there in
+    turn: `.git/hooks/pre-commit -> ../../scripts/pre-commit`, `.git/hooks -> ../githooks`, `.git/config ->
+    ../repo.gitconfig`, `~/.ssh/config -> ../dotfiles/ssh/config`. git and ssh read those files through the
+    link, so the file it leads to is the hook or the config: protected under its own name too, and read-only
+    for commands (round 19b). A repository's objects are data git never runs, and are not looked into."""
+    found, todo, seen = [], [p for p in protected if not _is_glob(p)], 0
+    while todo and seen < most:
+        top = todo.pop()
+        # not a place around the root (`--working-dir ~/.ssh/x`: all of the tree is protected, and what lies
+        # outside is not walked)
+        if top == conf.root or not _inside(top, conf.root) or not os.path.isdir(top) or os.path.islink(top):
+            continue
+        for path, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if not (d in ("objects", "lfs") and is_git_dir(path))]
+            seen += len(dirs) + len(files)
+            for name in dirs + files:
+                if not os.path.islink(os.path.join(path, name)):
+                    continue
+                try:
+                    with conf.jail.resolve(os.path.join(path, name)) as target:
+                        real = target.real
+                except (ToolError, OSError):
+                    continue  # out of the tree (the jail refuses it there), a loop
+                if real != conf.root and real not in found and real not in protected:
+                    found.append(real)
+                    todo.append(real)
+            if seen >= most:
+                break
+    return found
 
 
 def _git_config_paths(conf, top, gitdir):
@@ -3283,10 +3382,10 @@ def _protected_rel(rel, globs, root):
     return None
 
 
-def _tree(root, max_dirs, enter):
+def _tree(root, max_dirs, enter, first=None):
     """Breadth-first over the directories below `root`, never following links: yields (directory, its entries)
     for at most `max_dirs` directories (then (None, None): the bound cut it short); `enter(entry)` says
-    whether to look into a subdirectory."""
+    whether to look into a subdirectory, `first(entry)` whether to look into it before the others waiting."""
     import collections
     queue = collections.deque([root])
     while queue:
@@ -3299,7 +3398,9 @@ def _tree(root, max_dirs, enter):
         except OSError:
             continue
         yield path, entries
-        queue.extend(e.path for e in entries if e.is_dir(follow_symlinks=False) and enter(e))
+        subdirs = [e for e in entries if e.is_dir(follow_symlinks=False) and enter(e)]
+        queue.extend(e.path for e in subdirs if first is None or not first(e))
+        queue.extendleft(e.path for e in subdirs if first is not None and first(e))
 
 
 def nested_repositories(root, max_dirs=2000):
@@ -3309,8 +3410,8 @@ def nested_repositories(root, max_dirs=2000):
     for path, entries in _tree(root, max_dirs, lambda e: fold_name(e.name) not in PROTECTED_ANYWHERE):
         if path is None:
             return found, False
-        found += [e.path for e in entries if path != root and fold_name(e.name) in PROTECTED_ANYWHERE and
-                  not e.is_symlink()]
+        # a `.git` link too: git follows it to the repository (round 19b), whose config is judged as any other
+        found += [e.path for e in entries if path != root and fold_name(e.name) in PROTECTED_ANYWHERE]
     return found, True
 
 
@@ -3596,6 +3697,10 @@ DEFERRED_NAMES = ("makefile", "gnumakefile", "*.mk", "conftest.py", "package.jso
 DEFERRED_DIRS = (".github/workflows", ".github/actions", ".circleci", ".vscode", ".devcontainer", ".husky",
                  ".idea/runconfigurations", ".cargo", ".buildkite", ".gitea/workflows", ".forgejo/workflows",
                  ".woodpecker", ".mvn", ".githooks")
+#: DEFERRED_DIRS and the directories on the way to them (`.github`)
+DEFERRED_PREFIXES = tuple({d.rsplit("/", i)[0] for d in DEFERRED_DIRS for i in range(d.count("/") + 1)})
+#: the last entry of a review list when the tree was too large to compare whole
+INCOMPLETE_REVIEW = "(the tree is too large to compare whole: this list may be incomplete)"
 
 
 _pth_cache = {}  # site directory -> (its mtime, the .pth files' state, the names their import lines hold)
@@ -3643,28 +3748,66 @@ def _pth_names(site):
 
 
 def deferred_files(root, max_dirs=20000):
-    """{relative path: (inode, ctime, size)} of the files in the tree that run later by design: DEFERRED_NAMES
-    anywhere, what DEFERRED_DIRS and a virtualenv's bin/ hold (not its libraries, not node_modules/)."""
-    out, whole, venvs, cut = {}, set(), set(), len(root.rstrip("/")) + 1
+    """({relative path: identity}, complete) of the files in the tree that run later by design: DEFERRED_NAMES
+    anywhere, what DEFERRED_DIRS (at any depth: cargo reads `.cargo/config.toml` in every directory) and a
+    virtualenv's bin/ hold (not its libraries, not node_modules/). A link counts by what it leads to, and a link
+    to a directory is looked into (`Makefile -> mk/rules.txt`, `.vscode -> editor/`), so an edit through either
+    changes the identity. complete=False: past max_dirs directories the rest was not looked at (round 19b)."""
+    out, whole, venvs, cut, dirs = {}, set(), set(), len(root.rstrip("/")) + 1, [max_dirs]
     names = re.compile("|".join(fnmatch.translate(n) for n in DEFERRED_NAMES))
+
+    def deferred_dir(rel, leading=False):  # rel is one (leading=True: or on the way to one, looked at first)
+        rel = "/" + rel.lower()
+        return any(rel.endswith("/" + d) for d in (DEFERRED_PREFIXES if leading else DEFERRED_DIRS))
+
+    def identity(path):
+        st = os.stat(path, follow_symlinks=False)
+        ident = (st.st_ino, st.st_ctime_ns, st.st_size)
+        if stat.S_ISLNK(st.st_mode):  # the file it leads to, and where it leads
+            try:
+                real = os.stat(path)
+                ident += (os.readlink(path), real.st_ino, real.st_ctime_ns, real.st_size)
+            except OSError:
+                ident += (os.readlink(path),)
+        return ident
+
+    def linked_tree(link, rel):  # a deferred directory that is a link: what it holds, under the link's name
+        real = os.path.realpath(link)
+        if not _inside(real, root) or real == root:
+            return True
+        for path, entries in _tree(real, dirs[0], lambda e: True):
+            dirs[0] -= 1
+            if path is None:
+                return False
+            for e in entries:
+                if not e.is_dir(follow_symlinks=False):
+                    try:
+                        out[rel + e.path[len(real):]] = identity(e.path)
+                    except OSError:
+                        continue
+        return True
 
     def enter(entry):
         name, up = entry.name.lower(), os.path.dirname(entry.path)
-        if up in venvs or up in whole or entry.path[cut:].lower() in DEFERRED_DIRS:
+        if up in venvs or up in whole or deferred_dir(entry.path[cut:]):
             whole.add(entry.path)
         return name in ("bin", "scripts") if up in venvs else name not in (".git", ".hg", "node_modules", "__pycache__")
-    for path, entries in _tree(root, max_dirs, enter):
+    complete = True
+    for path, entries in _tree(root, max_dirs, enter, first=lambda e: deferred_dir(e.path[cut:], True)):
         if path is None:
+            complete = False
             break
+        dirs[0] -= 1
         venvs |= {path} if any(e.name == "pyvenv.cfg" for e in entries) else set()
         for e in entries:
             try:
-                if (path in whole or names.match(e.name.lower())) and not e.is_dir(follow_symlinks=False):
-                    st = e.stat(follow_symlinks=False)
-                    out[e.path[cut:]] = (st.st_ino, st.st_ctime_ns, st.st_size)
+                if e.is_symlink() and e.is_dir() and (path in whole or deferred_dir(e.path[cut:])):
+                    complete = linked_tree(e.path, e.path[cut:]) and complete
+                elif (path in whole or names.match(e.name.lower())) and not e.is_dir(follow_symlinks=False):
+                    out[e.path[cut:]] = identity(e.path)
             except OSError:
                 continue
-    return out
+    return out, complete
 
 
 # ---- The working-directory jail ----
@@ -3780,10 +3923,13 @@ class Target:
     close() it (or use it as a context manager).
     """
 
-    __slots__ = ("root", "_fds", "names", "missing", "name", "followed")
+    __slots__ = ("root", "_fds", "names", "missing", "name", "followed", "passed")
 
-    def __init__(self, root, fds, names, missing, name, followed):
+    def __init__(self, root, fds, names, missing, name, followed, passed=()):
         self.root = root
+        #: where the path was read through on its way to `real`: the name as it was given (lexically, in the tree)
+        #: and every symlink followed, at the place it stands; a change is judged at each of them too (round 19b)
+        self.passed = list(passed)
         self._fds = fds  # descriptors from the root down to the parent (None: not open, reopen on need)
         self.names = names  # components from the root to the parent, symlinks resolved
         self.missing = missing
@@ -3974,6 +4120,9 @@ class Jail:
         except BaseException:
             os.close(root_fd)
             raise
+        lexical = os.path.normpath(os.path.join(self.root, rel))
+        if _inside(lexical, self.root) and lexical != target.real and lexical not in target.passed:
+            target.passed.insert(0, lexical)
         if self.hidden_root or self.hidden and any(_inside(fold_path(target.real), h) for h in self._hidden_folded):
             target.close()
             raise ToolError("%s is inside XZATOMA_HOME (xzatoma's credentials, conversations and undo data): "
@@ -4007,7 +4156,7 @@ class Jail:
             os.close(fd)
             return None
         names = [n for n in where[len(self.root):].split("/") if n]
-        if not names:  # a link back to the root itself: nothing to shortcut
+        if names != parent_parts:  # a link on the way (or none to shortcut): the walk notes where each one stands
             os.close(fd)
             return None
         return [root_fd] + [None] * (len(names) - 1) + [fd] + [names]
@@ -4016,12 +4165,13 @@ class Jail:
         """Resolve `parts` from the directory fds[-1] (reached through `names`), one component at a time."""
         todo = list(reversed(parts))
         links = retries = 0
+        passed = []  # the symlinks followed, where they stand (Target.passed)
         missing = []  # components below a missing one: taken lexically, as realpath does
         while True:
             while todo and todo[-1] in ("", "."):
                 todo.pop()
             if missing and not todo:
-                return Target(self.root, fds, names, missing[:-1], missing[-1], links)
+                return Target(self.root, fds, names, missing[:-1], missing[-1], links, passed)
             if missing:
                 comp = todo.pop()
                 if comp == "..":
@@ -4034,12 +4184,12 @@ class Jail:
                 continue
             if not todo:  # the path names a directory we are in: step back up to name it in its parent
                 if not names:
-                    return Target(self.root, fds, names, [], ".", links)
+                    return Target(self.root, fds, names, [], ".", links, passed)
                 name = names.pop()
                 if (fd := fds.pop()) is not None:
                     os.close(fd)
                 self._reopen(fds, names)
-                return Target(self.root, fds, names, [], name, links)
+                return Target(self.root, fds, names, [], name, links, passed)
             comp = todo.pop()
             if comp == "..":
                 if not names:
@@ -4062,6 +4212,7 @@ class Jail:
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise PathError("too many levels of symbolic links: %s" % shown)
+                passed.append(os.path.join(self.root, *names, comp))
                 target = os.readlink(comp, dir_fd=dir_fd)
                 if target.startswith("/"):
                     inner = self._absolute(target, shown)
@@ -4074,7 +4225,7 @@ class Jail:
                     todo.extend(reversed(target.split("/")))
                 continue
             if last:
-                return Target(self.root, fds, names, [], comp, links)
+                return Target(self.root, fds, names, [], comp, links, passed)
             if not stat.S_ISDIR(st.st_mode):
                 raise ToolError("not a directory: %s (in %s)" % ("/".join(names + [comp]), shown))
             try:
@@ -8163,6 +8314,12 @@ class Sandbox:
         # `*.pem` that exist, a virtualenv's .pth files and sitecustomize (links are watched, not bound)
         globbed = sorted(p for p in watch.matched | watch.code if not os.path.islink(p)) if watch else []
         protected += [p for p in nested + globbed if p not in protected]
+        # what the config of a repository the watch found names (core.hooksPath …): the capped scan behind
+        # binds() passed over one past its first 2000 directories, and a script rewrote its hooks (round 19b)
+        named = [p for r in (watch.repos if watch else ()) if fold_name(os.path.basename(r)) == ".git"
+                 for p, _ in self.confinement.repository_paths(os.path.dirname(r))]
+        protected += [p for p in dict.fromkeys(named) if p not in protected and os.path.lexists(p) and
+                      not os.path.islink(p)]
         hidden = self._hidden()
         rules = sandbox_rules(self.root, self.access, self.tmpdir, self.env.get("PATH"), home, self.xzatoma_home)
         mounts = _root_mounts(self.root, self.tmpdir, rules, self.access == WORKSPACE_WRITE) \

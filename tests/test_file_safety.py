@@ -524,6 +524,30 @@ def test_a_tool_stopped_by_the_deadline_has_changed_nothing_and_recorded_nothing
     assert store.undo_records() == []
 
 
+def test_the_fingerprint_after_a_move_stops_at_the_deadline_and_undo_then_asks_for_force(tmp_path):
+    """After move_path and copy_path the tree was hashed whole with no deadline: 300 sparse 63 MB files ran a
+    run 50 s past --timeout 5 (round 19b). The hash stops there; undo then wants --force, not a guess."""
+    from xzatoma_store import Store
+    from xzatoma_tools import ToolContext, UndoError, build_registry, undo_change
+    root = tmp_path / "work"
+    (root / "big").mkdir(parents=True)
+    for i in range(100):
+        with open(root / "big" / ("f%03d" % i), "wb") as fh:
+            fh.truncate(63 << 20)  # holes: nothing on disk, 6 GB of zeros to hash
+    store = Store(str(tmp_path / "u.db")).open()
+    ctx = ToolContext(str(root), {}, store=store, conversation_id=None, deadline=time.monotonic() + 1)
+    started = time.monotonic()
+    result = build_registry("write", ctx).execute("move_path", {"source_path": "big", "destination_path": "big2"})
+    assert result.success, result.to_message()
+    assert time.monotonic() - started < 4
+    record = store.undo_records()[0]
+    with pytest.raises(UndoError, match="time limit"):
+        undo_change(store, record, root=str(root))
+    assert (root / "big2").is_dir()
+    assert undo_change(store, record, force=True, root=str(root)).startswith("moved")
+    assert (root / "big").is_dir() and not (root / "big2").exists()
+
+
 def test_no_spelling_of_the_working_directory_can_be_deleted(cli, fake):
     work = cli.workdir
     (work / "d" / "e").mkdir(parents=True)

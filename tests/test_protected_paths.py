@@ -1399,3 +1399,190 @@ def test_a_kept_repository_armed_through_a_submodules_hooks_is_caught(cli, fake)
     assert made.startswith("exit code: 0"), made  # inert: kept, and looked at again after every command
     assert armed.startswith("Error: the command made sub/.git (modules/lib/hooks/post-checkout)"), armed
     assert planted(cli) == []
+
+
+# ---- round 19b: links in protected directories, names given through links, repositories found on demand ----
+
+
+def _linked_layout(work):
+    """The usual ways to share a hook or a config through a link into the tree."""
+    (work / ".git" / "hooks").mkdir(parents=True)
+    for name in ("HEAD", "description"):
+        (work / ".git" / name).write_text("x\n")
+    (work / ".git" / "refs").mkdir()
+    (work / "scripts").mkdir()
+    (work / "scripts" / "pre-commit").write_text("#!/bin/sh\necho checking\n")
+    os.symlink("../../scripts/pre-commit", str(work / ".git" / "hooks" / "pre-commit"))
+    (work / "repo.gitconfig").write_text("[core]\n\tbare = false\n")
+    os.symlink("../repo.gitconfig", str(work / ".git" / "config"))
+    (work / "dotfiles" / "ssh").mkdir(parents=True)
+    (work / "dotfiles" / "ssh" / "config").write_text("Host *\n")
+    (work / ".ssh").mkdir()
+    os.symlink("../dotfiles/ssh/config", str(work / ".ssh" / "config"))
+    (work / "vendor" / "lib" / ".git").mkdir(parents=True)
+    (work / "githooks").mkdir()
+    (work / "githooks" / "post-checkout").write_text("#!/bin/sh\n")
+    os.symlink("../../../githooks", str(work / "vendor" / "lib" / ".git" / "hooks"))
+
+
+def test_a_link_inside_a_protected_directory_is_protected_by_its_name_and_where_it_leads(cli, fake):
+    """`.git/hooks/pre-commit -> ../../scripts/pre-commit` was matched only where it leads, which was not
+    protected: the hook was edited by its very name, and by the name it leads to (round 19b)."""
+    work = cli.workdir
+    _linked_layout(work)
+    cli.use(fake)
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, [
+        tool_call("edit_file", path=".git/hooks/pre-commit", old_text="checking", new_text="x; touch PWNED"),
+        tool_call("edit_file", path="scripts/pre-commit", old_text="checking", new_text="x; touch PWNED"),
+        tool_call("write_file", path="repo.gitconfig", content="[core]\n\tfsmonitor = touch PWNED\n"),
+        tool_call("write_file", path="dotfiles/ssh/config", content="Host *\n  ProxyCommand touch PWNED\n"),
+        tool_call("write_file", path="githooks/post-checkout", content="#!/bin/sh\ntouch PWNED\n"),
+        tool_call("write_file", path="vendor/lib/.git/hooks/pre-push", content="x"),
+        tool_call("write_file", path="notes.txt", content="ok\n")])
+    assert r.returncode == 0, r.stderr
+    for result in results[:6]:
+        assert result.startswith("Error: ") and result.endswith(HEADLESS), results
+    assert results[6] == "Created notes.txt (3 bytes)"
+    after = snapshot(work)
+    del after["notes.txt"]
+    assert after == before
+    shown = cli.run("policy", "path", ".git/hooks/pre-commit")
+    assert "resolves to scripts/pre-commit; protected" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_the_sandbox_keeps_where_links_in_protected_directories_lead_read_only(cli, fake):
+    """The terminal's view of the same links: a script writing the hook through the link, or the file it
+    leads to, meets a read-only file (the sandbox binds the protected set as it really is)."""
+    work = cli.workdir
+    _linked_layout(work)
+    script = ("echo x >> .git/hooks/pre-commit; echo x >> scripts/pre-commit; echo x >> repo.gitconfig;"
+              " echo x >> githooks/post-checkout; echo inside > ok.txt && echo INSIDE-OK\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path="attack.sh", content=script)]},
+             {"tool_calls": [tool_call("terminal", command="sh attack.sh")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    assert "INSIDE-OK" in tool_results(fake)[-1], tool_results(fake)
+    assert (work / "scripts" / "pre-commit").read_text() == "#!/bin/sh\necho checking\n"
+    assert (work / "repo.gitconfig").read_text() == "[core]\n\tbare = false\n"
+    assert (work / "githooks" / "post-checkout").read_text() == "#!/bin/sh\n"
+
+
+def test_a_nested_repository_whose_git_is_a_link_keeps_its_hooks_path(cli, fake):
+    """`sub/.git -> ../meta` with core.hooksPath=myhooks: git follows the link; the scan of nested
+    repositories passed over it, and sub/myhooks/pre-commit was edited headless (round 19b)."""
+    work = cli.workdir
+    (work / "meta" / "refs").mkdir(parents=True)
+    (work / "meta" / "HEAD").write_text("ref: refs/heads/main\n")
+    (work / "meta" / "config").write_text("[core]\n\thooksPath = myhooks\n")
+    (work / "sub" / "myhooks").mkdir(parents=True)
+    (work / "sub" / "myhooks" / "pre-commit").write_text("#!/bin/sh\n")
+    os.symlink("../meta", str(work / "sub" / ".git"))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("edit_file", path="sub/myhooks/pre-commit", old_text="#!/bin/sh",
+                                                 new_text="#!/bin/sh\ntouch PWNED")])
+    assert results[0].startswith("Error: ") and results[0].endswith(HEADLESS), results
+    assert (work / "sub" / "myhooks" / "pre-commit").read_text() == "#!/bin/sh\n"
+
+
+def test_a_repository_past_the_scan_keeps_its_hooks_path(cli, fake):
+    """The scan of nested repositories stops after 2000 directories; a repository past them lost its
+    core.hooksPath. The repository a write is in is judged on demand (round 19b)."""
+    work = cli.workdir
+    for i in range(2100):
+        (work / ("d%04d" % i)).mkdir()
+    lib = work / "zz" / "lib"
+    (lib / ".git" / "refs").mkdir(parents=True)
+    (lib / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (lib / ".git" / "config").write_text("[core]\n\thooksPath = myhooks\n")
+    (lib / "myhooks").mkdir()
+    (lib / "myhooks" / "pre-commit").write_text("#!/bin/sh\n")
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [tool_call("write_file", path="zz/lib/myhooks/pre-commit", content="x"),
+                                       tool_call("write_file", path="zz/lib/other.txt", content="ok\n")])
+    assert results[0].startswith("Error: ") and results[0].endswith(HEADLESS), results
+    assert results[1] == "Created zz/lib/other.txt (3 bytes)"
+    assert (lib / "myhooks" / "pre-commit").read_text() == "#!/bin/sh\n"
+    # the terminal's view: a script a command runs meets the hooks read-only (the sandbox's walls)
+    (work / "attack.sh").write_text("echo x >> zz/lib/myhooks/pre-commit; echo ok > zz/lib/ok.txt && echo INSIDE-OK\n")
+    fake.add({"tool_calls": [tool_call("terminal", command="sh attack.sh")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    assert "INSIDE-OK" in tool_results(fake)[-1], tool_results(fake)
+    assert (lib / "myhooks" / "pre-commit").read_text() == "#!/bin/sh\n"
+
+
+def test_a_protected_file_named_by_a_link_cannot_be_deleted_and_written_again(cli, fake):
+    """The config the run was started with, named by a link in the tree (and a protected_paths entry that is
+    a link): only the file it led to was protected, so the link was deleted and a file written under its
+    name, which the next run read (round 19b)."""
+    work = cli.workdir
+    (work / "conf").mkdir()
+    cli.use(fake, tools={"protected_paths": ["deploy/key"]})
+    (work / "conf" / "real.yaml").write_text(cli.config_path.read_text())
+    os.symlink("real.yaml", str(work / "conf" / "xz.yaml"))
+    (work / "deploy").mkdir()
+    (work / "deploy" / "real.key").write_text("k\n")
+    os.symlink("real.key", str(work / "deploy" / "key"))
+    before = snapshot(work)
+    fake.add({"tool_calls": [tool_call("delete_path", path="conf/xz.yaml"),
+                             tool_call("write_file", path="conf/xz.yaml", content="agent: {}\n"),
+                             tool_call("delete_path", path="deploy/key"),
+                             tool_call("move_path", source_path="deploy/key", destination_path="k2")]},
+             {"content": "done"})
+    r = cli.run("run", "--prompt", "go", env={"XZATOMA_CONFIG": str(work / "conf" / "xz.yaml")})
+    assert r.returncode == 0, r.stderr
+    for result in tool_results(fake):
+        assert result.startswith("Error: ") and result.endswith(HEADLESS), tool_results(fake)
+    assert snapshot(work) == before
+
+
+def test_a_tree_moved_into_site_packages_is_judged_at_its_new_place(cli, fake):
+    """move_path checked only what stood at the destination: a staged `evil.pth` tree moved in as a
+    virtualenv's site-packages ran at the next Python start, where a copy of it was refused (round 19b)."""
+    work = cli.workdir
+    site = work / ".venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (work / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (work / "stage" / "sp").mkdir(parents=True)
+    (work / "stage" / "sp" / "evil.pth").write_text("import os; os.system('touch PWNED')\n")
+    (work / "stage" / "plain").mkdir()
+    (work / "stage" / "plain" / "a.txt").write_text("a\n")
+    os.rmdir(str(site))
+    cli.use(fake)
+    r, results = run_calls(cli, fake, [
+        tool_call("move_path", source_path="stage/sp", destination_path=".venv/lib/python3.11/site-packages"),
+        tool_call("move_path", source_path="stage/plain", destination_path="plain")])
+    assert results[0].startswith("Error: ") and results[0].endswith(HEADLESS), results
+    assert "a .pth file every Python start reads" in results[0]
+    assert results[1] == "Moved stage/plain to plain (2 items)"
+    assert not site.exists() and (work / "stage" / "sp" / "evil.pth").exists()
+
+
+def test_a_move_onto_a_protected_path_is_asked_in_chat_with_what_it_writes(cli, fake):
+    """The question for a move onto a protected path crashed (AttributeError: the source was not passed to
+    it), so no person could ever approve one (round 19b)."""
+    work = cli.workdir
+    (work / ".git" / "hooks").mkdir(parents=True)
+    (work / "stage").mkdir()
+    (work / "stage" / "pre-commit").write_text("#!/bin/sh\necho staged-hook\n")
+    fake.add({"tool_calls": [tool_call("move_path", source_path="stage/pre-commit",
+                                       destination_path=".git/hooks/pre-commit")]}, {"content": "moved it"})
+    cli.use(fake)
+    p = PtyProcess(cli.command("chat", "--mode", "write", "--safety", "yolo"), dict(cli.env, TERM="xterm"),
+                   str(work))
+    try:
+        p.expect(r"\[WRITE\]\[YOLO\] >> ")
+        p.line("move the hook")
+        p.expect(r"Allow move_path\? move_path \.git/hooks/pre-commit changes \.git, a protected path")
+        p.expect("staged-hook")
+        p.expect(r"\[y\]es / \[n\]o")
+        p.line("y")
+        p.expect("moved it")
+        assert (work / ".git" / "hooks" / "pre-commit").read_text() == "#!/bin/sh\necho staged-hook\n"
+        p.expect(r"\[WRITE\]\[YOLO\] >> ")
+        p.eof()
+        assert p.wait() == 0
+    finally:
+        p.close()

@@ -493,6 +493,22 @@ def test_delete_over_the_undo_cap_is_refused_without_a_person(undo_env):
     assert [r["tool_call_id"] for r in store.undo_records(conversation_id="CONV1")] == ["c2"]
 
 
+def test_an_edit_over_the_undo_cap_is_refused_without_a_person_and_never_recorded_cut(undo_env):
+    """edit_file never checked the cap: the record held the first cap+1 bytes, and `xzatoma undo` "restored"
+    the file cut short, silently (round 19b). Refused headless as write_file is; with a person's yes, no record."""
+    reg, store, tree = undo_env
+    text = "".join("line %05d\n" % i for i in range(1000))  # 11,000 bytes, over the 4096 of undo_env
+    (tree / "big.txt").write_text(text)
+    r = reg.execute("edit_file", {"path": "big.txt", "old_text": "line 00001", "new_text": "LINE 00001"})
+    assert "over the undo cap" in r.error and "refused without a person" in r.error, r.to_message()
+    assert (tree / "big.txt").read_text() == text and store.undo_records() == []
+    asking = ToolContext(str(tree), {"undo_max_bytes": 4096}, Approvals(ask=lambda name, args, detail: True),
+                         store=store, conversation_id="CONV1")
+    assert build_registry(WRITE_MODE, asking).execute("edit_file", {"path": "big.txt", "old_text": "line 00001",
+                                                                    "new_text": "LINE 00001"}).success
+    assert store.undo_records() == []  # nothing that would put back a part of it
+
+
 @pytest.mark.parametrize("pattern,fixed,found", [
     ("caf.", False, True), ("a.b", False, True), ("caf\\w", False, True), ("é", True, True),
     ("x{2}yz", False, True), ("colou?r", False, True), ("nothere", False, False), ("(aé|zz)b", False, True),
