@@ -433,3 +433,18 @@ def test_url_mentions_leave_the_sentence_punctuation_and_may_stand_in_brackets(c
     assert server.hits == {"/plain.txt": 1, "/data.json": 1}
     message = "\n".join(m["content"] for m in fake.model_requests()[0]["body"]["messages"] if m["role"] == "user")
     assert "[Content of @url:%s]" % server.url("/plain.txt") in message and '{"a": 1}' in message
+
+
+def test_a_parser_that_cannot_go_on_leaves_the_rest_as_plain_text(monkeypatch):
+    """round 19a: an exception out of html.parser made the page an error; now the text so far and the rest as
+    plain text. The failure is forced where no construct's guard can catch it (goahead's own bookkeeping)."""
+    import _markupbase
+    calls, updatepos = [], _markupbase.ParserBase.updatepos
+
+    def failing(self, i, j):
+        calls.append(i)
+        if len(calls) == 4:
+            raise RuntimeError("the parser's own failure")
+        return updatepos(self, i, j)
+    monkeypatch.setattr(_markupbase.ParserBase, "updatepos", failing)
+    assert html_to_text("<p>one</p>\n<p>two &amp; <b>three</b></p>\n<p>four</p>") == "one\n\ntwo & three four\n"
