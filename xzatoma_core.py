@@ -359,13 +359,14 @@ KEYS = (
         "'xzatoma undo'"),
     Key("agent.tools.protected_paths", [], "more paths (relative to the working directory) that need a person's "
         "yes to change, beside .git, shell start-up files and key directories"),
-    Key("agent.tools.fetch.timeout_seconds", 60, "longest one fetch may take"),
-    Key("agent.tools.fetch.max_response_size", 1048576, "bytes of a response fetch reads"),
+    Key("agent.tools.fetch.timeout_seconds", 60, "longest one fetch may take", bounds=(1, None)),
+    Key("agent.tools.fetch.max_response_size", 1048576, "bytes of a response fetch reads", bounds=(1, None)),
     Key("agent.tools.fetch.user_agent", "xzatoma/" + __version__, "the User-Agent fetch sends"),
-    Key("agent.tools.fetch.cache_ttl_seconds", 86400, "a fetched page is answered from the store for this long"),
-    Key("agent.tools.fetch.rate_limit_per_minute", 30, "fetches of one host a minute (0: no limit)"),
+    Key("agent.tools.fetch.cache_ttl_seconds", 86400, "a fetched page is answered from the store for this long "
+        "(0: never)", bounds=(0, None)),
+    Key("agent.tools.fetch.rate_limit_per_minute", 30, "fetches of one host a minute (0: no limit)", bounds=(0, None)),
     Key("agent.tools.fetch.allowed_hosts", [], "internal hosts fetch may reach deliberately (private addresses are "
-        "refused)"),
+        "refused); host:port allows that port only"),
     Key("agent.terminal.default_mode", "restricted_autonomous", "terminal approval of a run: interactive (asks) | "
         "restricted_autonomous (the allowlist, the rest refused) | full_autonomous (all the policy allows)",
         choices=("interactive", "restricted_autonomous", "full_autonomous")),
@@ -611,26 +612,25 @@ def check_home(env):
 
 
 def normalize_ollama_host(value):
-    """Accept 'host', 'host:port', ':port' or a URL, as Ollama does; return a base URL."""
+    """Accept 'host', 'host:port', ':port' or a URL, as Ollama does; return a base URL. Parsed by urllib, so
+    userinfo (sent as Basic auth, redacted wherever shown) and a path (a reverse proxy's /ollama) are kept
+    (round 19a: 'http://bob:pw@host:8080' became '…:8080:11434' and '/ollama' was dropped)."""
+    from urllib.parse import urlsplit
     value = (value or "").strip().rstrip("/")
-    scheme = "http"
-    if "://" in value:
-        scheme, value = value.split("://", 1)
-    host, port = value, "11434"
-    if value.startswith("["):  # [::1]:11434
-        end = value.find("]")
-        host, rest = value[: end + 1], value[end + 1:]
-        if rest.startswith(":") and rest[1:]:
-            port = rest[1:]
-    elif value.count(":") == 1:
-        host, port = value.split(":", 1)
-        port = port or "11434"
-    if "/" in port:
-        port, path = port.split("/", 1)
-    host = host or "127.0.0.1"
+    parts = urlsplit(value if "://" in value else "http://" + value)
+    try:
+        port = parts.port or 11434
+    except ValueError:  # the value is not quoted back: its userinfo may hold a password
+        raise ConfigError("the port in provider.ollama.host (or OLLAMA_HOST) is not a number from 0 to 65535; "
+                          "give host:port or a URL such as http://localhost:11434")
+    netloc = parts.netloc
+    userinfo = netloc.rpartition("@")[0] + "@" if "@" in netloc else ""
+    host = parts.hostname or "127.0.0.1"  # lower-cased by urllib, the brackets of an IPv6 address removed
     if host == "0.0.0.0":
         host = "127.0.0.1"
-    return "%s://%s:%s" % (scheme, host, port)
+    if ":" in host:
+        host = "[%s]" % host
+    return "%s://%s%s:%d%s" % (parts.scheme or "http", userinfo, host, port, parts.path.rstrip("/"))
 
 
 class Config:
@@ -7063,8 +7063,27 @@ def tree_line(conv, level):
 
 # ---- Chat: @mentions ----
 
-MENTION_PATTERN = r'(?:(?<=\s)|^)(\\?)@(?:(url):(\S+)|(search|grep):"((?:[^"\\]|\\.)*)"|([^\s"\'`]+))'
+#: where a mention may start: at the start, after a blank or after an opening bracket or quote ("(@url:…)")
+MENTION_START = r'(?:(?<=[\s(\[{<"\'])|^)'
+MENTION_PATTERN = MENTION_START + r'(\\?)@(?:(url):(\S+)|(search|grep):"((?:[^"\\]|\\.)*)"|([^\s"\'`]+))'
 TRAILING = ",.;:!?)]}>'\""
+
+
+def strip_trailing(text):
+    """A mention without the sentence's punctuation after it: TRAILING characters are dropped from the end, a
+    closing bracket only while it has no partner in the mention (…/Foo_(bar) keeps its own). One rule for @url
+    and @path (round 19a: '@url:http://…/doc.' fetched /doc.); a path that exists as written is not stripped."""
+    pairs = {")": "(", "]": "[", "}": "{", ">": "<"}
+    counts = {c: text.count(c) for c in "()[]{}<>"}
+    end = len(text)
+    while end and text[end - 1] in TRAILING:
+        close = text[end - 1]
+        if close in pairs and counts[pairs[close]] >= counts[close]:
+            break
+        if close in pairs:
+            counts[close] -= 1
+        end -= 1
+    return text[:end]
 
 
 class Mentions:
@@ -7094,7 +7113,8 @@ class Mentions:
                     blocks.append(self._failed(label, "too many URLs in one message (agent.mentions."
                                                       "max_urls_per_request)", None))
                     continue
-                blocks.append(self._url(registry, label, m.group(3)))
+                url = strip_trailing(m.group(3))
+                blocks.append(self._url(registry, "@url:" + url, url))
             elif m.group(4):
                 pattern = m.group(5).replace('\\"', '"')
                 args = {"pattern": pattern, "max_results": 100}
@@ -7103,7 +7123,7 @@ class Mentions:
                 blocks.append(self._tool(registry, label, "grep", args))
             else:
                 blocks.append(self._path(registry, label, m.group(6)))
-        clean = re.sub(r'(?:(?<=\s)|^)\\@', "@", text)
+        clean = re.sub(MENTION_START + r'\\@', "@", text)
         if not blocks:
             return clean, 0
         return "\n\n".join(blocks) + "\n\n" + clean, count
@@ -7136,14 +7156,15 @@ class Mentions:
     def _path(self, registry, label, spec):
         import re
         path, _, fragment = spec.partition("#")
-        rng = re.fullmatch(r"L(\d+)(?:-L?(\d+))?", fragment) if fragment else None
+        lines = r"L(\d+)(?:-L?(\d+))?"
+        rng = re.fullmatch(lines, fragment) or re.fullmatch(lines, strip_trailing(fragment)) if fragment else None
         if fragment and not rng:
             return self._failed(label, "unknown line range #%s (use #L10 or #L10-20)" % fragment, None)
         root = registry.ctx.root
         try:
             real = xzatoma_tools.resolve_path(path, root)
-            if not os.path.lexists(real) and path.rstrip(TRAILING) != path:
-                path = path.rstrip(TRAILING)
+            if not os.path.lexists(real) and strip_trailing(path) != path:
+                path = strip_trailing(path)
                 real = xzatoma_tools.resolve_path(path, root)
             xzatoma_tools.resolve_path(path, root, must_exist=True)
         except xzatoma_tools.ToolError as exc:

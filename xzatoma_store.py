@@ -517,32 +517,100 @@ def storable(text):
 
 
 # ---- Fetched HTML as text (the fetch tool's pages) ----
+# Round 19a: a hostile page must cost time and memory in proportion to its size, under the fetch's deadline.
+# Every step here is linear: no regex that can rescan a run (re.sub(r"[ \t]+\n") over 300 KB of blanks in a
+# <pre> took 80 s), no join of a growing tail per tag (unclosed <a>s, then as many </a>), no indentation
+# that grows with nesting ("  " * depth made 13.5 KB of <ul> 4.5 MB of text). The parser is fed in pieces so
+# a deadline between them cuts whatever is slow, and the text stops growing at the size it would be cut to.
 
-def html_to_text(html, base_url=""):
-    """Readable text from HTML: headings, paragraphs, lists, links as 'text (url)', pre kept; noise dropped."""
+LIST_INDENT_MAX = 8  #: deepest list shown by indentation; deeper ones are indented as this one
+TITLE_MAX = 1000  #: characters of <title> kept
+#: what may stand in <head>; any other start tag or text ends it, as HTML's parser does (round 19a: a page
+#: that left out the optional </head> lost its whole body)
+HEAD_CONTENT = frozenset(("meta", "link", "title", "style", "script", "noscript", "base", "template", "basefont",
+                          "bgsound"))
+_HTML_GUARDED = ("parse_starttag", "parse_endtag", "parse_comment", "parse_pi", "parse_html_declaration",
+                 "parse_bogus_comment", "parse_marked_section", "parse_declaration")
+
+
+def html_to_text(html, base_url="", limit=None, deadline=None):
+    """Readable text from HTML: headings, paragraphs, lists, links as 'text (url)', pre kept; noise dropped.
+
+    Linear in the page. `limit` (characters) stops the text at that size; `deadline` (time.monotonic())
+    stops the conversion, keeping what was converted, with a note. A construct that cannot be read (a link
+    urljoin refuses, a marked section html.parser asserts on) costs that construct only, never the page."""
     from html.parser import HTMLParser
-    from urllib.parse import urljoin
 
     class Converter(HTMLParser):
-        SKIP = {"script", "style", "nav", "noscript", "template", "svg", "head", "iframe", "object", "canvas"}
+        SKIP = {"script", "style", "nav", "noscript", "template", "svg", "iframe", "object", "canvas"}
         BLOCK = {"p", "div", "section", "article", "main", "header", "footer", "aside", "table", "tr", "ul", "ol",
                  "dl", "dt", "dd", "blockquote", "figure", "figcaption", "form", "hr", "address", "details",
                  "summary"}
 
         def __init__(self):
             super().__init__(convert_charrefs=True)
-            self.out, self.skip, self.pre, self.links, self.lists = [], 0, 0, [], []
-            self.title, self.in_title = "", False
+            self.out, self.size, self.trail, self.full = [], 0, 0, False  # trail: newlines ending the text
+            self.skip, self.pre, self.link, self.lists = 0, 0, None, []  # link: (href, index in out) or None
+            self.title, self.title_size, self.in_title, self.in_head = [], 0, False, False
+
+        def emit(self, s):
+            if self.full or not s:
+                return
+            if limit is not None and self.size + len(s) >= limit:
+                s, self.full = s[:limit - self.size], True
+            self.out.append(s)
+            self.size += len(s)
+            bare = s.rstrip("\n")
+            self.trail = self.trail + len(s) if not bare else len(s) - len(bare)
 
         def newline(self, n=1):
-            tail = "".join(self.out[-3:])
-            need = n - (len(tail) - len(tail.rstrip("\n")))
-            if self.out and need > 0:
-                self.out.append("\n" * need)
+            if self.out and self.trail < n:
+                self.emit("\n" * (n - self.trail))
 
+        def close_link(self):
+            from urllib.parse import urljoin
+            href, start = self.link
+            self.link = None
+            if not href or href.startswith(("#", "javascript:", "mailto:")) or start > len(self.out):
+                return
+            text = "".join(self.out[start:]).strip()
+            try:
+                url = urljoin(base_url, href)
+            except ValueError:  # round 19a: href="http://[[url]]" made the whole page an error
+                url = href
+            self.size -= sum(map(len, self.out[start:]))
+            del self.out[start:]
+            self.trail = 0
+            self.full = False
+            self.emit("%s (%s)" % (text, url) if text and text != url else url)
+
+        # Each handler's failure costs its own construct (round 19a), never the page.
         def handle_starttag(self, tag, attrs):
+            try:
+                self.start(tag, attrs)
+            except Exception:
+                pass
+
+        def handle_endtag(self, tag):
+            try:
+                self.end(tag)
+            except Exception:
+                pass
+
+        def handle_data(self, data):
+            try:
+                self.data(data)
+            except Exception:
+                pass
+
+        def start(self, tag, attrs):
             if tag == "title":
                 self.in_title = True
+            if tag == "head":
+                self.in_head = True
+                return
+            if self.in_head and tag not in HEAD_CONTENT:
+                self.in_head = False
             if tag in self.SKIP:
                 self.skip += 1
                 return
@@ -551,9 +619,9 @@ def html_to_text(html, base_url=""):
             attrs = dict(attrs)
             if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
                 self.newline(2)
-                self.out.append("#" * int(tag[1]) + " ")
+                self.emit("#" * int(tag[1]) + " ")
             elif tag == "br":
-                self.out.append("\n")
+                self.emit("\n")
             elif tag == "pre":
                 self.newline(2)
                 self.pre += 1
@@ -562,36 +630,36 @@ def html_to_text(html, base_url=""):
                 self.newline()
             elif tag == "li":
                 self.newline()
-                depth = max(len(self.lists) - 1, 0)
+                indent = "  " * min(max(len(self.lists) - 1, 0), LIST_INDENT_MAX)
                 if self.lists and self.lists[-1][0] == "ol":
                     self.lists[-1][1] += 1
-                    self.out.append("  " * depth + "%d. " % self.lists[-1][1])
+                    self.emit(indent + "%d. " % self.lists[-1][1])
                 else:
-                    self.out.append("  " * depth + "- ")
+                    self.emit(indent + "- ")
             elif tag == "a":
-                self.links.append((attrs.get("href") or "", len(self.out)))
+                if self.link is not None:  # links do not nest: a new <a> ends the open one, as in HTML
+                    self.close_link()
+                self.link = (attrs.get("href") or "", len(self.out))
             elif tag in ("td", "th"):
-                self.out.append(" | ")
+                self.emit(" | ")
             elif tag == "img" and attrs.get("alt"):
-                self.out.append("[image: %s]" % attrs["alt"])
+                self.emit("[image: %s]" % attrs["alt"])
             elif tag in self.BLOCK:
                 self.newline(2 if tag in ("p", "blockquote", "table") else 1)
 
-        def handle_endtag(self, tag):
+        def end(self, tag):
             if tag == "title":
                 self.in_title = False
+            if tag in ("head", "body"):
+                self.in_head = False
             if tag in self.SKIP:
                 self.skip = max(0, self.skip - 1)
                 return
             if self.skip:
                 return
-            if tag == "a" and self.links:
-                href, start = self.links.pop()
-                text = "".join(self.out[start:]).strip()
-                if href and not href.startswith(("#", "javascript:", "mailto:")):
-                    url = urljoin(base_url, href)
-                    del self.out[start:]
-                    self.out.append("%s (%s)" % (text, url) if text and text != url else url)
+            if tag == "a":
+                if self.link is not None:
+                    self.close_link()
             elif tag == "pre":
                 self.pre = max(0, self.pre - 1)
                 self.newline(2)
@@ -604,19 +672,44 @@ def html_to_text(html, base_url=""):
             elif tag in self.BLOCK or tag == "li":
                 self.newline()
 
-        def handle_data(self, data):
+        def data(self, data):
             if self.in_title:
-                self.title += data
-            if self.skip:
+                if self.title_size < TITLE_MAX:
+                    self.title.append(data[:TITLE_MAX - self.title_size])
+                    self.title_size += len(self.title[-1])
+                return
+            if self.in_head:
+                if not data.strip():
+                    return
+                self.in_head = False  # text ends the head
+            if self.skip or self.full:
                 return
             if self.pre:
-                self.out.append(data)
+                self.emit(data)
                 return
             text = re.sub(r"\s+", " ", data)
-            if text.strip() or (self.out and not self.out[-1].endswith((" ", "\n"))):
-                if self.out and self.out[-1].endswith(("\n", " ", "- ", ". ")) and text.startswith(" "):
+            last = self.out[-1] if self.out else ""
+            if text.strip() or (last and not last.endswith((" ", "\n"))):
+                if last.endswith(("\n", " ", "- ", ". ")) and text.startswith(" "):
                     text = text.lstrip()
-                self.out.append(text)
+                self.emit(text)
+
+    def guarded(name):
+        method = getattr(HTMLParser, name, None)
+        if method is None:
+            return None
+
+        def parse(self, i, *args, **kwargs):
+            try:
+                return method(self, i, *args, **kwargs)
+            except Exception:  # round 19a: <![foo[ x ]]> raised AssertionError out of feed(); drop it alone
+                end = self.rawdata.find(">", i + 1)
+                return end + 1 if end >= 0 else -1  # -1: not complete yet (at the end: shown as text)
+        return parse
+
+    for name in _HTML_GUARDED:
+        if (parse := guarded(name)) is not None:
+            setattr(Converter, name, parse)
 
     # A '<' with no '>' after it can start no tag, and html.parser scans to the end of the page from each
     # one (before Python 3.11.13/3.12.11): '<a ' repeated made 200 KB take minutes. They become text.
@@ -624,15 +717,47 @@ def html_to_text(html, base_url=""):
     if "<" in html[last + 1:]:
         html = html[:last + 1] + html[last + 1:].replace("&", "&amp;").replace("<", "&lt;")
     conv = Converter()
-    conv.feed(html)
-    conv.close()
+    piece = max(65536, len(html) // 16)  # 16 pieces or more: a construct left open is rescanned that often
+    stopped = None
+    done = 0
+    try:
+        while done < len(html) and not conv.full:
+            if deadline is not None and time.monotonic() >= deadline:
+                stopped = "[The rest of the page was not converted: the fetch's time limit was reached]"
+                break
+            conv.feed(html[done:done + piece])
+            done += piece
+        if stopped is None and not conv.full:
+            conv.close()
+    except Exception:  # the parser cannot go on: the rest of the page as plain text, never an error
+        conv.newline(2)
+        conv.emit(_plain_text(html[_html_offset(html, *conv.getpos()):]))
     text = "".join(conv.out)
-    text = re.sub(r"[ \t]+\n", "\n", text)
+    text = "\n".join(line.rstrip(" \t") for line in text.split("\n"))
     text = re.sub(r"\n{3,}", "\n\n", text).strip()
-    title = " ".join(conv.title.split())
+    title = " ".join("".join(conv.title).split())
     if title and not text.startswith("# "):
         text = "# %s\n\n%s" % (title, text)
+    if stopped:
+        text += "\n\n" + stopped
     return text + "\n"
+
+
+def _html_offset(html, lineno, offset):
+    """The index in `html` of html.parser's getpos() (line from 1, column from 0)."""
+    index = 0
+    for _ in range(lineno - 1):
+        index = html.find("\n", index) + 1
+        if index == 0:
+            return len(html)
+    return min(index + offset, len(html))
+
+
+def _plain_text(html):
+    """Text of markup the parser gave up on: tags dropped, entities decoded, blanks collapsed (linear: a tag
+    is matched up to the next '<', never rescanned to the end)."""
+    from html import unescape
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^<>]*>", " ", html))).strip()
 
 
 # ---- Untrusted text for terminals ----

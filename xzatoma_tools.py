@@ -2542,15 +2542,24 @@ _rate_lock = threading.Lock()
 _rate_log = {}
 
 
-def _rate_check(host, per_minute):
+def _rate_check(host, address, per_minute):
+    """Count a fetch of `host` against its limit, keyed by the checked address (round 19a: 8.8.8.8, 134744072,
+    0x08080808 and [::ffff:8.8.8.8] were eight hosts to a limit that counted spellings)."""
+    import ipaddress
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        key = str(getattr(ip, "ipv4_mapped", None) or ip)
+    except ValueError:
+        key = address.lower()
     now = time.monotonic()
     with _rate_lock:
-        recent = [t for t in _rate_log.get(host, ()) if now - t < 60]
+        recent = [t for t in _rate_log.get(key, ()) if now - t < 60]
         if per_minute and len(recent) >= per_minute:
+            named = host if host == key else "%s (%s)" % (host, key)
             raise ToolError("rate limit: %d fetches from %s in the last minute; try again later"
-                            % (len(recent), host))
+                            % (len(recent), named))
         recent.append(now)
-        _rate_log[host] = recent
+        _rate_log[key] = recent
 
 
 def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent, deadline=None):
@@ -2603,6 +2612,8 @@ def _http_get(scheme, host, port, path, address, timeout, max_bytes, user_agent,
             raise socket.timeout("the whole request took longer than its time limit")
         if isinstance(exc, OSError):
             raise
+        if isinstance(exc, http.client.InvalidURL):  # raised before sending: the URL's fault, not the server's
+            raise OSError("the URL cannot be sent (%s)" % exc)
         raise OSError("the server's answer is not valid HTTP (%s)" % type(exc).__name__)
     finally:
         if timer is not None:
@@ -2765,24 +2776,27 @@ class Fetch(Tool):
         ttl = cfg.get("cache_ttl_seconds", 86400)
         store = ctx.store
         allowed = cfg.get("allowed_hosts") or ()
-        if store is not None and ttl:
+        timeout = cfg.get("timeout_seconds") or 60
+        deadline = time.monotonic() + timeout  # for the whole fetch: resolving, redirects and conversion
+        if ctx.deadline is not None:
+            deadline = min(deadline, ctx.deadline)
+        # Only whole pages are cached, so only a call that would read a whole page is answered from the cache
+        # (round 19a: max_bytes 10 cached its 10 bytes as the page for a day).
+        whole = max_bytes == cap
+        if store is not None and ttl and whole:
             try:
                 hit = store.cache_get(url, ttl)
             except Exception:
                 hit = None
             if hit is not None:  # today's verdict, not the one from the day it was cached (issue 12)
-                check_url(url, allowed)
+                check_url(url, allowed, deadline)
                 if hit.get("final_url") and hit["final_url"] != url:
-                    check_url(hit["final_url"], allowed)
+                    check_url(hit["final_url"], allowed, deadline)
                 return ToolResult.ok(hit["body"], cached=True, status=hit["status"])
-        timeout = cfg.get("timeout_seconds") or 60
-        deadline = time.monotonic() + timeout  # for the whole fetch, redirects included
-        if ctx.deadline is not None:
-            deadline = min(deadline, ctx.deadline)
         current = url
         for hop in range(6):
-            scheme, host, port, path, address = check_url(current, allowed)
-            _rate_check(host, cfg.get("rate_limit_per_minute", 30))
+            scheme, host, port, path, address = check_url(current, allowed, deadline)
+            _rate_check(host, address, cfg.get("rate_limit_per_minute", 30))
             ctx.check_deadline("fetch")
             try:
                 status, headers, body, truncated = _http_get(scheme, host, port, path, address, timeout, max_bytes,
@@ -2794,34 +2808,83 @@ class Fetch(Tool):
             if status in (301, 302, 303, 307, 308) and headers.get("location"):
                 if hop == 5:
                     raise ToolError("too many redirects (more than 5) starting at %s" % url)
-                from urllib.parse import urljoin
-                current = urljoin(current, headers["location"])
+                current = _redirect_target(current, headers["location"])
                 continue
             break
         ctype = (headers.get("content-type") or "").split(";")[0].strip().lower()
-        charset = re.search(r"charset=([\w.-]+)", headers.get("content-type") or "", re.I)
-        encoding = charset.group(1) if charset else "utf-8"
+        body, cut = _decoded_body(body, headers.get("content-encoding") or "", max_bytes, current)
+        truncated = truncated or cut
         is_text = ctype.startswith("text/") or ctype in TEXT_TYPES or ctype.endswith(("+json", "+xml"))
         if not ctype:
             is_text = b"\x00" not in body[:4096]
         if not is_text:
             raise ToolError("%s is binary content (%s, %d bytes); fetch returns only text" % (current, ctype, len(body)))
-        try:
-            text = body.decode(encoding, "replace")
-        except LookupError:
-            text = body.decode("utf-8", "replace")
-        if ctype in ("text/html", "application/xhtml+xml"):
-            text = html_to_text(text, current)
+        is_html = ctype in ("text/html", "application/xhtml+xml")
+        text = body.decode(_body_charset(body, headers.get("content-type") or "", is_html), "replace")
+        if is_html:
+            text = html_to_text(text, current, ctx.limit("max_output_size", 1048576), deadline)
         head = "URL: %s\nStatus: %d\nContent-Type: %s\n" % (current, status, ctype or "unknown")
         if truncated:
             head += "[Truncated at %d bytes]\n" % max_bytes
         output = head + "\n" + text
-        if store is not None and ttl and 200 <= status < 300:
+        if store is not None and ttl and 200 <= status < 300 and not truncated:
             try:
                 store.cache_put(url, status, ctype, current, output)
             except Exception:
                 pass
         return ToolResult.ok(output, status=status, truncated_body=truncated)
+
+
+def _redirect_target(current, location):
+    """The URL a Location header names, relative to `current`. Its bytes are read as UTF-8, as browsers do
+    (http.client decodes headers as Latin-1: /wiki/Caf\u00e9 arrived as mojibake, round 19a)."""
+    from urllib.parse import urljoin
+    try:
+        location = location.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        pass
+    try:
+        return urljoin(current, location.strip())
+    except ValueError as exc:
+        raise ToolError("%s redirected to an invalid URL %r: %s" % (current, location, exc))
+
+
+def _decoded_body(body, encoding, max_bytes, url):
+    """(body, truncated) with a gzip or deflate Content-Encoding undone, never to more than max_bytes (a gzip
+    bomb stops there, round 19a); fetch asks for identity, but servers send gzip anyway."""
+    import zlib
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body, False
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ToolError("%s came encoded as %r, which fetch cannot decode (it reads gzip and deflate)"
+                        % (url, encoding))
+    tries = (16 + zlib.MAX_WBITS,) if encoding != "deflate" else (zlib.MAX_WBITS, -zlib.MAX_WBITS)  # zlib or raw
+    for wbits in tries:
+        try:
+            out = zlib.decompressobj(wbits).decompress(body, max_bytes + 1)
+        except zlib.error:
+            continue
+        return out[:max_bytes], len(out) > max_bytes
+    raise ToolError("%s came %s-encoded, but its body is not valid %s data" % (url, encoding, encoding))
+
+
+def _body_charset(body, content_type, is_html):
+    """The body's character set: the Content-Type's charset (quoted or not, RFC 9110), else for HTML a BOM or a
+    <meta charset> in the first 1024 bytes (HTML's prescan), else UTF-8. Only text codecs are used."""
+    import codecs
+    found = re.search(r"charset\s*=\s*[\"']?([\w.:-]+)", content_type, re.I)
+    if not found and body.startswith(codecs.BOM_UTF8):
+        return "utf-8-sig"
+    if not found and is_html:
+        found = re.search(rb"<meta\s[^>]*?charset\s*=\s*[\"']?\s*([\w.:-]+)", body[:1024], re.I)
+    name = found.group(1) if found else "utf-8"
+    name = name.decode("ascii") if isinstance(name, bytes) else name
+    try:
+        b"".decode(name)  # LookupError for an unknown name and for rot13, base64 and other non-text codecs
+        return name
+    except LookupError:
+        return "utf-8"
 
 
 # ---- Registry builder: the tools of a tool set ----
@@ -9300,11 +9363,59 @@ def address_block_reason(ip):
     return None
 
 
-def check_url(url, allowed_hosts=()):
-    """Validate a URL and resolve its host once. Returns (scheme, host, port, path, address) or raises UrlBlocked."""
+def host_allowed(host, port, allowed_hosts):
+    """Whether agent.tools.fetch.allowed_hosts allows `host` (as check_url spells it) on `port`: names compare
+    without case or a trailing dot; an entry 'host:port' (or '[v6]:port') allows that port only. One rule for
+    fetch and `policy url` (round 19a: policy url compared exactly and called LocalHost's loopback public)."""
+    for entry in allowed_hosts:
+        entry = str(entry).strip().lower()
+        name, entry_port = entry, None
+        if entry.startswith("["):
+            name, _, rest = entry[1:].partition("]")
+            entry_port = rest[1:] if rest.startswith(":") else None
+        elif entry.count(":") == 1:
+            name, entry_port = entry.split(":")
+        if name.rstrip(".") == host.lower().rstrip(".") and (entry_port is None or entry_port == str(port)):
+            return True
+    return False
+
+
+def _resolve(host, port, deadline):
+    """socket.getaddrinfo, waited for until `deadline` (time.monotonic(), None: no limit). INFO: the system
+    resolver cannot be interrupted; past the deadline its thread is left to finish alone (round 19a: a slow
+    DNS server held a fetch with a 2 s limit for 8 s)."""
+    import socket
+    if deadline is None:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    answer = {}
+
+    def lookup():
+        try:
+            answer["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except Exception as exc:
+            answer["error"] = exc
+
+    thread = threading.Thread(target=lookup, name="xzatoma-resolve", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        raise UrlBlocked("resolving %s took longer than the fetch's time limit" % host)
+    if "error" in answer:
+        raise answer["error"]
+    return answer["infos"]
+
+
+#: ASCII a URL's path and query keep as written; the rest (spaces, non-ASCII as UTF-8, "<>`{}) is
+#: percent-encoded, as browsers do (round 19a: /wiki/Café failed with an 'ascii' codec error)
+URL_SAFE = "".join(chr(c) for c in range(0x21, 0x7f) if chr(c) not in '"<>`{}')
+
+
+def check_url(url, allowed_hosts=(), deadline=None):
+    """Validate a URL and resolve its host once (by `deadline`, time.monotonic()). Returns (scheme, host, port,
+    path, address), the path and query percent-encoded, or raises UrlBlocked saying what is wrong."""
     import ipaddress
     import socket
-    from urllib.parse import urlsplit
+    from urllib.parse import quote, urlsplit
     try:
         parts = urlsplit(url.strip())
         port = parts.port
@@ -9315,10 +9426,10 @@ def check_url(url, allowed_hosts=()):
     if not (host := (parts.hostname or "").rstrip(".")):
         raise UrlBlocked("the URL has no host: %s" % url)
     port = port or (443 if parts.scheme == "https" else 80)
-    path = parts.path or "/"
+    path = quote(parts.path or "/", safe=URL_SAFE)
     if parts.query:
-        path += "?" + parts.query
-    allowed = host in {h.lower().rstrip(".") for h in allowed_hosts}
+        path += "?" + quote(parts.query, safe=URL_SAFE)
+    allowed = host_allowed(host, port, allowed_hosts)
     literal = None
     try:
         literal = ipaddress.ip_address(host)
@@ -9335,7 +9446,7 @@ def check_url(url, allowed_hosts=()):
     if not re.fullmatch(r"[A-Za-z0-9._-]+", ascii_host):
         raise UrlBlocked("the host %r is not a valid name" % host)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _resolve(host, port, deadline)
     except (socket.gaierror, UnicodeError) as exc:
         raise UrlBlocked("cannot resolve %s: %s" % (host, exc.strerror if hasattr(exc, "strerror") and
                                                     exc.strerror else exc))
@@ -9357,7 +9468,7 @@ def url_verdict(url, allowed_hosts=()):
         scheme, host, port, path, address = check_url(url, allowed_hosts)
     except UrlBlocked as exc:
         return "block", str(exc)
-    if host in allowed_hosts:
+    if host_allowed(host, port, allowed_hosts):
         return "allow", "%s is in agent.tools.fetch.allowed_hosts (connects to %s)" % (host, address)
     return "allow", "%s resolves to %s, a public address" % (host, address) if host != address else \
         "%s is a public address" % address

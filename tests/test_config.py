@@ -49,6 +49,11 @@ def test_precedence(tmp_path, file_text, env, flags, key, value, source):
     ("agent: {conversation: {prune_threshold: 3}}\n", "prune_threshold must be between 0.1 and 1.0"),
     ("agent: {subagent: {max_depth: 11}}\n", "agent.subagent.max_depth must be between 0 and 10"),
     ("agent: {terminal: {allowlist: ls}}\n", "agent.terminal.allowlist must be a list"),
+    # round 19a: -1 emptied every page, timed every fetch out, refused every fetch
+    ("agent: {tools: {fetch: {max_response_size: -1}}}\n", "agent.tools.fetch.max_response_size must be at least 1"),
+    ("agent: {tools: {fetch: {timeout_seconds: -1}}}\n", "agent.tools.fetch.timeout_seconds must be at least 1"),
+    ("agent: {tools: {fetch: {rate_limit_per_minute: -1}}}\n", "rate_limit_per_minute must be at least 0"),
+    ("agent: {tools: {fetch: {cache_ttl_seconds: -5}}}\n", "cache_ttl_seconds must be at least 0"),
     ("provider: {openai: {api: soap}}\n", "provider.openai.api must be one of chat, responses"),
     ("[1, 2]\n", "must be a mapping of keys"),
     ("provider:\n  type: [\n", "invalid YAML"),
@@ -91,9 +96,19 @@ def test_missing_explicit_file_is_an_error_missing_default_is_fine(tmp_path):
     ("https://ollama.example.com", "https://ollama.example.com:11434"),
     ("[::1]:5000", "http://[::1]:5000"),
     (":7000", "http://127.0.0.1:7000"),
+    # round 19a: userinfo made '…:8080:11434', a reverse proxy's path was dropped
+    ("http://bob:pw@127.0.0.1:8080", "http://bob:pw@127.0.0.1:8080"),
+    ("https://gw.example.com:8443/ollama/", "https://gw.example.com:8443/ollama"),
+    ("http://u@[::1]/x", "http://u@[::1]:11434/x"),
 ])
 def test_ollama_host_forms(value, url):
     assert normalize_ollama_host(value) == url
+
+
+def test_an_ollama_host_with_a_bad_port_is_refused_without_quoting_its_password():
+    with pytest.raises(ConfigError) as err:
+        normalize_ollama_host("http://bob:hunter2hunter2@box:port")
+    assert "hunter2" not in str(err.value) and "provider.ollama.host" in str(err.value)
 
 
 def test_template_parses_back_to_the_defaults():

@@ -22,6 +22,23 @@ PAGE = """<!doctype html><html><head><title>Demo &amp; Test</title><style>body{c
 <h2>Sub</h2><p>End.</p></body></html>"""
 
 
+# round 19a: an HTML5 page may leave out </head>; a template's unfilled link and a marked section html.parser
+# asserts on must cost themselves only
+HEADLESS = ("<html><head><meta charset=utf-8><title>Release notes</title><body><h1>Version 2.0</h1>"
+            "<p>BREAKING: foo is now bar.</p>")
+HOSTILE = ('<h1>Docs</h1><p><a href="http://[[url]]">mirror</a></p><![foo[ x ]]><p>Install with pip.</p>'
+           '<p>See <a href="/guide">the guide</a>.</p>')
+
+
+def _gzip(data):
+    import gzip
+    return gzip.compress(data)
+
+
+GZIPPED = _gzip(b"hello from gzip\n")
+BOMB = _gzip(b"\0" * 50_000_000)  # 50 MB of zeros in about 50 KB
+
+
 class Server:
     def __init__(self):
         self.hits = {}
@@ -40,7 +57,22 @@ class Server:
                     "/image.png": (200, "image/png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 100),
                     "/big.txt": (200, "text/plain", b"b" * 3_000_000),
                     "/latin1.txt": (200, "text/plain; charset=iso-8859-1", "café".encode("latin-1")),
+                    "/wiki/Caf%C3%A9": (200, "text/plain", b"the cafe page"),
+                    "/search?q=two%20words": (200, "text/plain", b"two words found"),
+                    "/quoted.txt": (200, 'text/plain; charset="iso-8859-1"', "café naïve".encode("latin-1")),
+                    "/meta.html": (200, "text/html", "<meta charset=windows-1252><p>café €</p>".encode("cp1252")),
+                    "/head.html": (200, "text/html", HEADLESS.encode()),
+                    "/hostile.html": (200, "text/html", HOSTILE.encode()),
                 }
+                if self.path in ("/gzip.txt", "/bomb.txt"):  # sent encoded though identity was asked for
+                    body = GZIPPED if self.path == "/gzip.txt" else BOMB
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Encoding", "gzip")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if self.path in routes:
                     status, ctype, body = routes[self.path]
                     self.send_response(status)
@@ -56,6 +88,7 @@ class Server:
                     "/to-private": "http://10.1.2.3/",
                     "/to-file": "file:///etc/passwd",
                     "/loop": "/loop",
+                    "/to-cafe": "/wiki/Caf\xc3\xa9",  # UTF-8 bytes, as servers send them (written as Latin-1)
                 }
                 if self.path in redirects:
                     self.send_response(302)
@@ -275,3 +308,143 @@ def test_a_name_that_resolves_differently_the_second_time_is_never_looked_up_twi
     result = xzatoma_tools.build_registry("planning", ctx).execute("fetch", {"url": "http://rebind.example/x"})
     assert not result.success and "cannot fetch" in result.error, result.to_message()
     assert lookups == ["rebind.example"] and connects == ["93.184.216.34"]
+
+
+def test_a_hostile_page_converts_in_linear_time_and_bounded_size():
+    """round 19a: <pre> and 300,000 blanks took 80 s (re.sub rescanning the run); unclosed <a>s then as many
+    </a> joined a growing tail each; "  " * depth made 13.5 KB of nested lists 4.5 MB of text. A child process,
+    so the code before the fix fails by its timeout rather than holding the suite for minutes."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import time
+        from xzatoma_store import html_to_text
+        M = 1_000_000
+        shapes = {"pre blanks": "<pre>" + " " * M + "x</pre>", "blanks and tabs": (" \\t" * 500 + "<br>") * (M // 1004),
+                  "unclosed links": "<a href=x>" * 40000 + "t " * 40000 + "</a>" * 40000,
+                  "nested lists": "<ul>" * 110000 + "<li>x" * 110000, "paragraphs after big text":
+                  "<pre>" + "x" * 500000 + "</pre>" + "<p>" * 120000, "title pieces": "<title>" + "x<b>" * 250000,
+                  "marked sections": "<![foo[ x ]]>" * 76000, "many attributes": "<a " + "b=c " * 250000 + ">"}
+        worst = 0
+        for name, html in shapes.items():
+            started = time.monotonic()
+            text = html_to_text(html, "http://h/", 1048576)
+            worst = max(worst, time.monotonic() - started)
+            assert len(text) <= 1048576 + 200, (name, len(text))
+        small = html_to_text("<ul>" * 1500 + "<li>x" * 1500)
+        assert len(small) < 40000, len(small)  # was 4,500,002 characters
+        print("worst %.1f s" % worst)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=__import__("os").path.dirname(xzatoma_tools.__file__))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_conversion_stops_at_its_deadline_and_its_limit():
+    import time
+    page = "<p>first</p>" + "<p>more words here</p>" * 20000
+    text = html_to_text(page, "", None, time.monotonic() - 1)
+    assert text.endswith("[The rest of the page was not converted: the fetch's time limit was reached]\n")
+    assert len(html_to_text(page, "", 5000)) < 5100
+
+
+def test_one_bad_construct_costs_only_itself_and_head_ends_at_the_body(tmp_path, server):
+    reg = fetcher(tmp_path)
+    out = reg.execute("fetch", {"url": server.url("/hostile.html")}).output
+    assert "mirror (http://[[url]])" in out and "Install with pip." in out
+    assert "the guide (%s)" % server.url("/guide") in out
+    out = reg.execute("fetch", {"url": server.url("/head.html")}).output
+    assert out.endswith("\n\n# Version 2.0\n\nBREAKING: foo is now bar.\n"), out
+    assert html_to_text("<head><title>T</title></head><p>x") == "# T\n\nx\n"
+
+
+def test_urls_are_percent_encoded_as_browsers_do(tmp_path, server):
+    reg = fetcher(tmp_path)
+    assert reg.execute("fetch", {"url": server.url("/wiki/Café")}).output.endswith("the cafe page")
+    assert reg.execute("fetch", {"url": server.url("/to-cafe")}).output.endswith("the cafe page")
+    assert reg.execute("fetch", {"url": server.url("/search?q=two words")}).output.endswith("two words found")
+    assert server.hits["/wiki/Caf%C3%A9"] == 2 and server.hits["/search?q=two%20words"] == 1
+
+
+def test_declared_charsets_and_gzip_are_decoded_and_a_bomb_stays_bounded(tmp_path, server):
+    reg = fetcher(tmp_path)
+    assert reg.execute("fetch", {"url": server.url("/quoted.txt")}).output.endswith("café naïve")
+    assert reg.execute("fetch", {"url": server.url("/meta.html")}).output.endswith("café €\n")
+    assert reg.execute("fetch", {"url": server.url("/gzip.txt")}).output.endswith("\n\nhello from gzip\n")
+    r = fetcher(tmp_path, max_response_size=100000).execute("fetch", {"url": server.url("/bomb.txt")})
+    assert "[Truncated at 100000 bytes]" in r.output and r.output.endswith("\n\n" + "\0" * 100000)
+
+
+def test_a_truncated_body_is_never_cached(tmp_path, server):
+    store = Store(str(tmp_path / "c.db")).open()
+    reg = fetcher(tmp_path, store=store)
+    first = reg.execute("fetch", {"url": server.url("/big.txt"), "max_bytes": 10})
+    assert first.output.endswith("\n\nbbbbbbbbbb")
+    small = reg.execute("fetch", {"url": server.url("/plain.txt"), "max_bytes": 1000})  # whole: cached
+    second = fetcher(tmp_path, store=store, max_response_size=1000).execute("fetch", {"url": server.url("/big.txt")})
+    assert second.output.endswith("b" * 1000) and not second.metadata.get("cached")
+    assert server.hits["/big.txt"] == 2 and small.success
+
+
+def test_the_rate_limit_counts_an_address_however_it_is_spelled(tmp_path, server):
+    spellings = ["127.0.0.1", "2130706433", "0x7f000001", "127.1"]
+    reg = fetcher(tmp_path, allowed=spellings, rate_limit_per_minute=2, cache_ttl_seconds=0)
+    results = [reg.execute("fetch", {"url": "http://%s:%d/plain.txt" % (h, server.port)}) for h in spellings]
+    assert [r.success for r in results] == [True, True, False, False]
+    assert results[2].error.startswith("rate limit: 2 fetches from 0x7f000001 (127.0.0.1) in the last minute")
+
+
+def test_a_slow_dns_answer_is_waited_for_only_until_the_fetch_deadline(tmp_path, monkeypatch):
+    import socket
+    import time
+    release = threading.Event()
+
+    def slow(*a, **k):
+        release.wait(30)
+        raise socket.gaierror(-2, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    try:
+        started = time.monotonic()
+        r = fetcher(tmp_path, timeout_seconds=1).execute("fetch", {"url": "http://slow.example/"})
+        assert r.error == "resolving slow.example took longer than the fetch's time limit", r.error
+        assert time.monotonic() - started < 10
+    finally:
+        release.set()
+
+
+def test_allowed_hosts_one_rule_and_a_port_narrows(tmp_path, server):
+    verdict, reason = xzatoma_tools.url_verdict("http://127.0.0.1:8080/", ["LocalHost", "127.0.0.1."])
+    assert (verdict, reason) == ("allow", "127.0.0.1 is in agent.tools.fetch.allowed_hosts (connects to 127.0.0.1)")
+    assert xzatoma_tools.url_verdict("http://localhost./", ["LocalHost"])[1].startswith("localhost is in")
+    assert fetcher(tmp_path, allowed=["127.0.0.1:%d" % server.port]).execute(
+        "fetch", {"url": server.url("/plain.txt")}).success
+    err = fetcher(tmp_path, allowed=["127.0.0.1:%d" % (server.port + 1)]).execute(
+        "fetch", {"url": server.url("/plain.txt")}).error
+    assert err == "127.0.0.1 is a loopback address"
+
+
+def test_url_mentions_leave_the_sentence_punctuation_and_may_stand_in_brackets(cli, fake, tmp_path, server):
+    cli.use(fake, tools={"fetch": {"allowed_hosts": ["127.0.0.1"]}})
+    fake.add({"content": "ok"})
+    task = "Read @url:%s. Then (@url:%s), and \\@url:%s." % (server.url("/plain.txt"), server.url("/data.json"),
+                                                              server.url("/missing"))
+    assert cli.run("run", "--prompt", task).returncode == 0
+    assert server.hits == {"/plain.txt": 1, "/data.json": 1}
+    message = "\n".join(m["content"] for m in fake.model_requests()[0]["body"]["messages"] if m["role"] == "user")
+    assert "[Content of @url:%s]" % server.url("/plain.txt") in message and '{"a": 1}' in message
+
+
+def test_a_parser_that_cannot_go_on_leaves_the_rest_as_plain_text(monkeypatch):
+    """round 19a: an exception out of html.parser made the page an error; now the text so far and the rest as
+    plain text. The failure is forced where no construct's guard can catch it (goahead's own bookkeeping)."""
+    import _markupbase
+    calls, updatepos = [], _markupbase.ParserBase.updatepos
+
+    def failing(self, i, j):
+        calls.append(i)
+        if len(calls) == 4:
+            raise RuntimeError("the parser's own failure")
+        return updatepos(self, i, j)
+    monkeypatch.setattr(_markupbase.ParserBase, "updatepos", failing)
+    assert html_to_text("<p>one</p>\n<p>two &amp; <b>three</b></p>\n<p>four</p>") == "one\n\ntwo & three four\n"

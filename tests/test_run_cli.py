@@ -834,6 +834,19 @@ def test_mentions_in_run_and_plans(cli, fake):
     assert "root:" not in user_text(fake, 2) and "Failed to include" in user_text(fake, 2)
 
 
+def test_path_mentions_end_as_url_mentions_do(cli, fake):
+    """round 19a: one rule for @path and @url: the sentence's punctuation is not the mention's, a closing bracket
+    the mention opened is (doc(1).txt.), and a mention may stand in brackets."""
+    (cli.workdir / "doc(1).txt").write_text("in brackets\n")
+    (cli.workdir / "notes.txt").write_text("plain notes\n")
+    cli.use(fake)
+    fake.add({"content": "ok"})
+    r = cli.run("run", "Compare @doc(1).txt. with the notes (@notes.txt#L1).")
+    assert r.returncode == 0, r.stderr
+    text = user_text(fake)
+    assert "[Content of @doc(1).txt.]\nin brackets" in text and "plain notes" in text, text
+
+
 def test_stream_json_one_object_per_line(cli, fake):
     (cli.workdir / "notes.txt").write_text("alpha\n")
     cli.use(fake, provider="openai")
