@@ -5666,6 +5666,10 @@ SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[",
 _ALWAYS_READ_ONLY = {"true", "false", ":", "test", "[", "[[", "exit"}
 #: quoted text that still runs when a builtin evaluates it (test -v 'a[$(cmd)]', [[ 'a[`cmd`]' -eq 1 ]])
 _EVALUATED = LazyRegex(r"\$[({\[]|`")
+#: while an argument is judged as the command line it may be (CommandPolicy._guess_code), in this thread
+_GUESSING = threading.local()
+#: a word that may be a command line another program hands to a shell: a program's name, a blank, then more
+_SHELL_CODE_WORD = LazyRegex(r"^\s*[\w./-]+\s+\S")
 #: a word that may name a program another one runs (a name, or a path to one)
 _PROGRAM_WORD = LazyRegex(r"^(/|\./|\.\./)?[\w.+-]+(/[\w.+-]+)*$")
 #: bash builtins that evaluate an argument as a variable name or arithmetic (array subscripts included)
@@ -6172,6 +6176,8 @@ class Denylist:
             script = ShellParser(_nfkc(code), min(depth, 20)).parse()
         except ShellSyntaxError as exc:
             raw = self._raw_deny(" ".join(code.split()))
+            if raw is None and getattr(_GUESSING, "depth", 0):
+                return None  # a guess (_guess_code): words, not code
             return raw or Verdict(DENY, "runs shell code that cannot be checked (%s)" % exc)
         return self._deny_script(script, depth + 1, {})
 
@@ -6188,7 +6194,7 @@ class Denylist:
         for rule in self.custom:
             if rule[0] == "words" and _matches_custom(rule, prog, args):
                 return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
-        if not tail and (verdict := self._deny_name(prog, args)) is not None:
+        if not tail and not getattr(_GUESSING, "depth", 0) and (verdict := self._deny_name(prog, args)) is not None:
             return verdict
         if prog in ("kill", "pkill", "killall") and any(a in ("-1", "--", "1") for a in args[-1:]) and \
                 prog == "kill":
@@ -6215,6 +6221,15 @@ class Denylist:
             return self._deny_wrapped(prog, args, depth, piped, stdin_code)
         return None if tail else self._deny_tails(prog, argv, depth, piped, stdin_code)
 
+    def _guess_code(self, code, depth):
+        """_deny_code for an argument that may be a command line or may be words (`--title 'reboot fails'`):
+        judged as a tail is, with no rule on a name alone, and text that is no shell code is words."""
+        _GUESSING.depth = getattr(_GUESSING, "depth", 0) + 1
+        try:
+            return self._deny_code(code, depth)
+        finally:
+            _GUESSING.depth -= 1
+
     @staticmethod
     def _deny_name(prog, args):
         """The programs denied by their name: privilege, disks, power."""
@@ -6238,14 +6253,17 @@ class Denylist:
         seen = 0
         for i in range(1, len(argv)):
             word = argv[i]
-            if not word or word[0] in "-=+@%:" or not _PROGRAM_WORD.match(word):
+            if _SHELL_CODE_WORD.search(word):  # one argument that is a command line: `npm explore pkg -- 'curl … |
+                verdict = self._guess_code(word, depth + 1)  # sh'` hands it to a shell (round 19e)
+            elif word and word[0] not in "-=+@%:" and _PROGRAM_WORD.match(word):
+                verdict = self._deny_argv(argv[i:], depth + 1, piped, stdin_code, tail=True)  # its tails: here
+            else:
                 continue
-            seen += 1
-            if seen > 64:  # an argument list that long is no wrapper's: the program is asked about as it is
-                break
-            verdict = self._deny_argv(argv[i:], depth + 1, piped, stdin_code, tail=True)  # its tails: this loop's
             if verdict is not None and verdict.level == DENY:
                 return Verdict(DENY, "%s (run by %s)" % (verdict.reason, prog))
+            seen += 1
+            if seen >= 64:  # an argument list that long is no wrapper's: the program is asked about as it is
+                break
         return None
 
     def _deny_setting(self, name, value, depth):
