@@ -6405,7 +6405,9 @@ def environment_message(working_dir, instructions=None, depth=0, label=None, tod
         lines += ["", instructions.text]
     if catalog:
         lines += ["", catalog]
-    return {"role": "user", "name": ENVIRONMENT, "content": "\n".join(lines)}
+    # redacted as every tool result is: a key quoted in AGENTS.md reached the model whole here, and as
+    # [REDACTED] through read_file of the same file (round 19d)
+    return {"role": "user", "name": ENVIRONMENT, "content": xzatoma_store.redact("\n".join(lines))}
 
 
 # ---- Persistence glue: recording, history, replay ----
