@@ -251,6 +251,47 @@ def is_credential_env(name, value=""):
         and re.search(r"[A-Za-z]", value) is not None
 
 
+#: names whose values are passwords (PGPASSWORD, MYSQL_PWD, DB_PASS): often words, registered whatever they look like
+_PASSWORD_NAME = re.compile(r"PASSW(?:OR)?D|PASSPHRASE|(?:^|_)PASS$|PWD$")
+#: a file's path: absolute, home- or dot-relative, or a Windows drive's
+_PATH_VALUE = re.compile(r"(?:~|\.{1,2})?/[^\s\0]*|[A-Za-z]:[\\/][^\0]*")
+#: a name (a header's, a cookie's, a setting's): letters in words joined by - _ . / (Authorization, csrftoken,
+#: X-CSRF-Token, application/json), each word lower case, Capitalised or upper case
+_NAME_VALUE = re.compile(r"[A-Za-z]+(?:[-_./][A-Za-z]+)*")
+_HUMPS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
+#: a run that looks generated: 12 or more characters mixing upper and lower case letters and digits
+_GENERATED = re.compile(r"(?=[A-Za-z0-9_+=~-]{0,200}[0-9])(?=[A-Za-z0-9_+=~-]{0,200}[a-z])"
+                        r"(?=[A-Za-z0-9_+=~-]{0,200}[A-Z])[A-Za-z0-9_+=~-]{12,}")
+
+
+def env_credential(name, value):
+    """Is `value`, held by the environment variable `name`, a credential to redact? Named like one
+    (is_credential_env) and, by what it is, able to be one (round 19d: GOOGLE_APPLICATION_CREDENTIALS holds a
+    path, CSRF_COOKIE_NAME=csrftoken a cookie's name, API_KEY_HEADER=Authorization a header's name; registered
+    by name alone, the project's own settings reached the model as [REDACTED], and were written back so).
+    Not one: a path to a file, a URL with no userinfo, query or generated-looking part, and a short name of a
+    few words. A password-named variable's value is one whatever it looks like (passwords are words). What a
+    project may reference (xzatoma_mcp.project_guard) still goes by the name alone."""
+    if not is_credential_env(name, value) or not isinstance(value, str):
+        return False
+    value = value.strip()
+    if len(value) < MIN_SECRET_LENGTH:
+        return False  # not registered either way
+    if _PATH_VALUE.fullmatch(value) and not _GENERATED.search(value):
+        parts = [p for p in re.split(r"[\\/]", value) if p not in ("", "~", ".", "..")]
+        if len(parts) > 1 or "." in value.rsplit("/", 1)[-1] or os.path.exists(os.path.expanduser(value)):
+            return False
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]{0,30}://[^/?#@\s]*(?:[/#][^?@\s]*)?\Z", value) and not _GENERATED.search(value):
+        return False  # an endpoint: https://oauth2.googleapis.com/token (the password in a URL is registered apart)
+    if _PASSWORD_NAME.search(name.upper().replace("-", "_")):
+        return True
+    if len(value) <= 24 and _NAME_VALUE.fullmatch(value):
+        words = [_HUMPS.findall(word) for word in re.split(r"[-_./]", value)]  # X-CSRF-Token, csrfToken
+        if sum(map(len, words)) <= 4 and all(len(w) == 1 or min(map(len, w)) > 1 for w in words):
+            return False  # a header's, cookie's or setting's name; random letters change case more often
+    return True
+
+
 _secrets_lock = threading.Lock()
 _known_secrets = ()  # every spelling of every registered secret, longest first
 _view_needles = ()  # each secret and its base64 cores as the view reads them (_View.flat), longest first
@@ -1196,6 +1237,24 @@ def only_dropped(old, new):
     if not kept or kept - had:  # (counted: a line the file held twice, written once, is one dropped)
         return []
     return list((had - kept).elements())
+
+
+def lost_credentials(path, old, new):
+    """Why writing `new` over `old` (a file's text) is refused, or None: it puts [REDACTED] where `old` held a
+    credential redaction replaces. The model only ever sees such a value as [REDACTED]; written back, the
+    marker replaced the real key in app.env, and in settings.py the values it stood for (round 19d). Refused
+    when the new text holds the marker more often than the old and some value redaction finds in the old is
+    gone from the new: a change that keeps every value is written."""
+    if old is None or REDACTED not in new or new.count(REDACTED) <= old.count(REDACTED):
+        return None
+    gone = [start for start, end in redaction_spans(old) if old[start:end] not in new]
+    if not gone:
+        return None
+    line = old.count("\n", 0, min(gone)) + 1
+    return ("%s holds a credential you were shown as %s (line %d), and this text writes %s in its place: the "
+            "real value would be lost. Nothing was written. Change the other lines with edit_file and leave the "
+            "lines showing %s out of old_text and new_text; the file keeps its credential" % (
+                path, REDACTED, line, REDACTED, REDACTED))
 
 
 def same_words(old, new):

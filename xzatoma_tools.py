@@ -32,11 +32,11 @@ import sys
 import threading
 import time
 
-from xzatoma_store import (APPENDED, MAX_DIFF_CELLS, PATCH_SUFFIXES, WHITESPACE_ONLY, AuditLog,  # noqa: F401
-                           UntrustedStream, bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size,
-                           head_of, html_to_text, json_type, looks_like_diff, loose_replacement, missing_text,
-                           one_line_path, only_dropped, preview_arguments, render_json, render_untrusted, rfc3339,
-                           same_words, several_places, text_diff)
+from xzatoma_store import (APPENDED, MAX_DIFF_CELLS, PATCH_SUFFIXES, REDACTED, WHITESPACE_ONLY,  # noqa: F401
+                           AuditLog, UntrustedStream, bounded_diff, bounded_text, change_doubt, changed_lines,
+                           fmt_size, head_of, html_to_text, json_type, looks_like_diff, lost_credentials,
+                           loose_replacement, missing_text, one_line_path, only_dropped, preview_arguments,
+                           render_json, render_untrusted, rfc3339, same_words, several_places, text_diff)
 
 
 class LazyRegex:
@@ -951,6 +951,10 @@ class WriteFile(Tool):
                 raise ToolError("the content is a diff, and write_file writes content as it is: %s would hold the "
                                 "diff itself. To change part of a file use edit_file; to replace it, give the "
                                 "whole new text" % path)
+            lost = lost_credentials(path, read_text(target, ""), args["content"]) \
+                if st is not None and REDACTED in args["content"] else None
+            if lost:
+                raise ToolError(lost)
             approved = ctx.guard(self.name, args, target, shows=lambda: _change_shown(
                 read_text(target, "") if st is not None else "", args["content"], target))
             if approved:
@@ -1067,6 +1071,9 @@ class EditFile(Tool):
                 ctx.seen.add(target.real)
                 raise ToolError("new_text is the same as old_text: nothing was changed in %s. Put in new_text the "
                                 "text as the task wants it" % args["path"])
+            lost = lost_credentials(args["path"], text, updated)
+            if lost:
+                raise ToolError(lost)
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(text, updated, target))
             token = ctx.before_change(self.name, target)
             write_atomic_at(target.dir_fd, target.name, updated.encode("utf-8"))

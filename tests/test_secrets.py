@@ -1060,3 +1060,52 @@ def test_a_key_split_by_markup_in_an_html_error_page_reaches_no_output(cli, fake
     assert r.returncode != 0 and REDACTED in r.stderr, r.stderr
     for half in (key[:12], key[12:]):
         assert half not in r.stderr and half.encode() not in db_bytes(cli), r.stderr
+
+
+def test_credential_named_variables_holding_ordinary_values_are_not_redacted():
+    """Round 19d: GOOGLE_APPLICATION_CREDENTIALS (a path), CSRF_COOKIE_NAME=csrftoken and
+    API_KEY_HEADER=Authorization were registered by name alone. A value is a credential by what it is too;
+    a password-named one whatever it looks like, and real keys always."""
+    from xzatoma_store import env_credential
+    for name, value in (("GOOGLE_APPLICATION_CREDENTIALS", "/etc/gcp/service-account.json"),
+                        ("CSRF_COOKIE_NAME", "csrftoken"), ("API_KEY_HEADER", "Authorization"),
+                        ("CSRF_TOKEN_HEADER", "X-CSRF-Token"), ("SESSION_COOKIE_NAME", "sessionid"),
+                        ("SECRET_KEY_FILE", "~/.config/app/secret.key"), ("TOKEN_FILE", "/run/secrets/token"),
+                        ("OAUTH_TOKEN_URL", "https://oauth2.googleapis.com/token"), ("AUTH_TOKEN_TYPE", "accessToken")):
+        assert not env_credential(name, value), (name, value)
+    for name, value in (("MY_SERVICE_TOKEN", KEY19), ("PGPASSWORD", "mysecretpassword"), ("MYSQL_PWD", "hunterhunter"),
+                        ("DB_PASS", "correcthorse"), ("GPG_PASSPHRASE", "correct horse battery staple"),
+                        ("API_TOKEN", "kjhasdKJHsdkjhASDkjh"), ("API_KEY", "aBcDeFgHiJkL"), ("X_TOKEN", "/aB3xK9mP2qL7vR4"),
+                        ("SENTRY_DSN", "https://0a1b2c3d4e5f60718293a4b5c6d7e8f9@o1.ingest.sentry.io/1"),
+                        ("WEBHOOK_SECRET", "https://hooks.example.com/T0A1B2/Xk9mP2qL7vR4tW8y"),
+                        ("BW_SESSION", "b9Y2x0ZW5kc2VjcmV0c2Vzc2lvbnRva2VuMTIzNDU2Nzg5MA==")) + tuple(
+            (k, v) for k, v in ENV_CREDENTIALS.items() if k != "UPSTREAM_URL"):  # a URL password: registered apart
+        assert env_credential(name, value), (name, value)
+
+
+def test_ordinary_values_reach_the_model_and_redacted_ones_are_never_written_back(cli, fake):
+    """Round 19d: settings.py reached the model with its cookie name, path and header name as [REDACTED], and
+    a model that wrote back what it was shown put "[REDACTED]" in place of a real key in app.env. Ordinary
+    values are shown as they are; a write_file or edit_file that would put the marker where the file held a
+    credential is refused, and the file keeps it."""
+    settings = 'CSRF_COOKIE_NAME = "csrftoken"\nCREDS_PATH = "/etc/gcp/service-account.json"\nAUTH_HEADER = "Authorization"\n'
+    (cli.workdir / "settings.py").write_text(settings)
+    app_env = "SERVICE_TOKEN=%s\nPORT=80\n" % KEY19
+    (cli.workdir / "app.env").write_text(app_env)
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("read_file", path="settings.py"), tool_call("read_file", path="app.env")]},
+             {"tool_calls": [tool_call("write_file", path="app.env", content="SERVICE_TOKEN=[REDACTED]\nPORT=80\nDEBUG=0\n")]},
+             {"tool_calls": [tool_call("edit_file", path="app.env", old_text="PORT=80", new_text="PORT=80\nDEBUG=0")]},
+             {"tool_calls": [tool_call("edit_file", path="app.env", old_text="SERVICE_TOKEN=", new_text="TOKEN=[REDACTED]\n#")]},
+             {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "add DEBUG=0 to app.env",
+                env={"MY_SERVICE_TOKEN": KEY19, "CSRF_COOKIE_NAME": "csrftoken", "API_KEY_HEADER": "Authorization",
+                     "GOOGLE_APPLICATION_CREDENTIALS": "/etc/gcp/service-account.json"})
+    assert r.returncode == 0, r.stderr
+    read = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"]
+    assert read[0] == settings and read[1] == "SERVICE_TOKEN=[REDACTED]\nPORT=80\n", read
+    refused = [m["content"] for m in fake.model_requests()[2]["body"]["messages"] if m["role"] == "tool"][-1]
+    assert refused.startswith("Error: app.env holds a credential") and "edit_file" in refused, refused
+    edited = [m["content"] for m in fake.model_requests()[4]["body"]["messages"] if m["role"] == "tool"][-1]
+    assert edited.startswith("Error: app.env holds a credential"), edited  # the key's line, moved behind the marker
+    assert (cli.workdir / "app.env").read_text() == "SERVICE_TOKEN=%s\nPORT=80\nDEBUG=0\n" % KEY19
