@@ -95,6 +95,24 @@ def parse_age(text):
 # still join to a known value (partial_secret), so a terminal shows what the whole text would. One combined
 # regex, rebuilt only when a secret is added, keeps an append to the store well under a millisecond.
 
+class LazyRegex:
+    """re.compile(pattern, flags), done at first use. INFO: the tools' patterns (the command policy's above
+    all) took 7-10 ms of every start to compile, and a run that runs no command uses none of them; the
+    redaction's views need theirs only where a known value may be (round 19d).
+    Use it as the compiled pattern itself: `.match`, `.search`, … (not as an argument to re's functions)."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, pattern, flags=0):
+        self._args = (pattern, flags)
+        self._compiled = None
+
+    def __getattr__(self, name):
+        if self._compiled is None:  # two threads may both compile it: the same pattern either way
+            self._compiled = re.compile(*self._args)
+        return getattr(self._compiled, name)
+
+
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 8  # shorter known values are not registered: they would redact ordinary words
 
@@ -281,7 +299,8 @@ def env_credential(name, value):
         parts = [p for p in re.split(r"[\\/]", value) if p not in ("", "~", ".", "..")]
         if len(parts) > 1 or "." in value.rsplit("/", 1)[-1] or os.path.exists(os.path.expanduser(value)):
             return False
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]{0,30}://[^/?#@\s]*(?:[/#][^?@\s]*)?\Z", value) and not _GENERATED.search(value):
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]{0,30}://[^/?#@\s]*(?:[/#][^?@\s]*)?\Z", value) \
+            and not _GENERATED.search(value):
         return False  # an endpoint: https://oauth2.googleapis.com/token (the password in a URL is registered apart)
     if _PASSWORD_NAME.search(name.upper().replace("-", "_")):
         return True
@@ -296,8 +315,7 @@ _secrets_lock = threading.Lock()
 _known_secrets = ()  # every spelling of every registered secret, longest first
 _view_needles = ()  # each secret and its base64 cores as the view reads them (_View.flat), longest first
 _hex_needles = ()  # each secret's hex (and a hex secret itself), looked for in _View.hexflat
-_needle_prefixes = frozenset()  # every beginning of a needle: what a stream holds (partial_secret)
-_longest_needle = 0
+_prefixes = {}  # the needles -> (every beginning of every needle, the longest needle's length): partial_secret
 _compiled = {}  # TOKEN_SHAPES index -> its regex, compiled the first time one of its triggers occurs
 _any_trigger = []  # [regex of every trigger]: one C-speed look at a short text instead of a test per trigger
 SHORT_TEXT = 256  #: up to this length the one look is faster; beyond, its alternation at each place is slower
@@ -307,7 +325,7 @@ _redacted = [0]  # texts redacted so far (a count: threads may lose an increment
 
 def register_secret(value):
     """Remember a credential this process knows, so redact() removes it wherever it appears."""
-    global _known_secrets, _view_needles, _hex_needles, _needle_prefixes, _longest_needle
+    global _known_secrets, _view_needles, _hex_needles
     if not isinstance(value, str):
         return
     value = value.strip()
@@ -325,7 +343,8 @@ def register_secret(value):
     spellings.update(re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), e) for e in encoded)  # %2f as well as %2F
     spellings.update(_base64_cores(value))
     # looked for in the view (_View), as it would read there: white space, escape sequences and tags dropped
-    needles = {n for v in {value} | _base64_cores(value) for n in ("".join(v.split()), _IGNORED.sub("", v))}
+    needles = {n for v in {value} | _base64_cores(value)
+               for n in ("".join(v.split()), "".join(_MARKUP.sub("", v).split()))}
     # in the view of hex digits: its hex, as xxd, od and hexdump print it (round 19d: wrapped at 60 columns or
     # spaced, it went through), and a value that is hex itself, written with separators
     raw = value.encode("utf-8", "surrogateescape").hex()
@@ -336,9 +355,6 @@ def register_secret(value):
         if not needles <= set(_view_needles) or not hexes <= set(_hex_needles):
             _view_needles = tuple(sorted(needles | set(_view_needles), key=len, reverse=True))
             _hex_needles = tuple(sorted(hexes | set(_hex_needles), key=len, reverse=True))
-            # every beginning of every needle, for streams (partial_secret): a set looked up per tail length
-            _needle_prefixes = frozenset(n[:k] for n in _view_needles + _hex_needles for k in range(1, len(n)))
-            _longest_needle = max(map(len, _view_needles + _hex_needles))
 
 
 def _base64_cores(value):
@@ -433,17 +449,18 @@ def _decode(match):
 _MARKUP = (r"(?:\x1b\x1f*|\x9b)(?:\[[0-?\x1f]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b\n]{0,512}\x07?|[ -/]*[0-~])|\x07"
            r"|</?[A-Za-z][A-Za-z0-9:-]{0,30}(?:[ \t\r\n/][^<>\x1f]{0,512})?>")
 _LOOK_THROUGH = r"\s|" + _MARKUP
-_IGNORED = re.compile("(?:%s)+" % _LOOK_THROUGH)
+_IGNORED = LazyRegex("(?:%s)+" % _LOOK_THROUGH)
 _MARKUP = re.compile(_MARKUP)  # alone, its literal beginnings are searched at C speed: half the time of _IGNORED
 #: and in the view of hex digits also the separators of hex dumps and byte lists (`71:5a`, `0x71, 0x5a`), a dump's
 #: offsets (xxd, hexdump -C, od) and the printable column at the end of its lines, so one run of digits remains
-_HEX_IGNORED = re.compile(r"(?:(?m:^)[ \t]*[0-9A-Fa-f]{6,8}:?(?=[ \t])|(?<![ \t])[ \t]{2,}[^\n]{1,18}(?m:$)"  # tried first
+# (a dump's offsets and printable column are tried first: \s would take their spaces one by one)
+_HEX_IGNORED = LazyRegex(r"(?:(?m:^)[ \t]*[0-9A-Fa-f]{6,8}:?(?=[ \t])|(?<![ \t])[ \t]{2,}[^\n]{1,18}(?m:$)"
                           r"|%s|0[xX](?=[0-9A-Fa-f])|[:,;.'\"|-])+" % _LOOK_THROUGH)
 #: what may follow a hex match on its line in a dump: the line's other bytes and its printable column (which
 #: shows the value's last characters: redacted with it)
-_DUMP_REST = re.compile(r"[0-9A-Fa-f \t:,]*[ \t]{2}[^\n]{1,18}")  # one class: no nested repetition
+_DUMP_REST = LazyRegex(r"[0-9A-Fa-f \t:,]*[ \t]{2}[^\n]{1,18}")  # one class: no nested repetition
 #: the end of a text that may be the beginning of an escape, an ESC sequence or a tag: a stream holds it
-_OPEN_END = re.compile(r"(?:\\+(?:[uUx]\{?[0-9A-Fa-f]{0,7})?|%(?:25)*[0-9A-Fa-f]?|&(?:amp;)*(?:#[xX]?[0-9A-Fa-f]{0,6}"
+_OPEN_END = LazyRegex(r"(?:\\+(?:[uUx]\{?[0-9A-Fa-f]{0,7})?|%(?:25)*[0-9A-Fa-f]?|&(?:amp;)*(?:#[xX]?[0-9A-Fa-f]{0,6}"
                        r"|[a-z]{0,4})|(?:\x1b|\x9b)[^\x07\n]{0,64}|</?[A-Za-z][^<>\n]{0,256})\Z")
 
 
@@ -600,6 +617,18 @@ def redaction_spans(text):
     return spans
 
 
+def _needle_prefixes():
+    """Every beginning of every needle (a set, looked up once per tail length), and the longest needle's length:
+    made when a stream first needs them after a secret is added, not at each registration (start-up)."""
+    needles = _view_needles + _hex_needles
+    made = _prefixes.get(needles)
+    if made is None:
+        made = (frozenset(n[:k] for n in needles for k in range(1, len(n))), max(map(len, needles), default=0))
+        _prefixes.clear()
+        _prefixes[needles] = made
+    return made
+
+
 def partial_secret(text):
     """Where the longest tail of `text` that may be the beginning of a known value starts, or None: a stream
     holds that tail until the rest arrives, so that it shows what the whole-text redactor would (round 19d:
@@ -610,13 +639,13 @@ def partial_secret(text):
     opened = _OPEN_END.search(text, max(0, len(text) - 320))  # what it can match is shorter
     if opened is not None and opened.start() < len(text):
         best = opened.start()
-    prefixes = _needle_prefixes
+    prefixes, longest = _needle_prefixes()
     if not prefixes or not text:
         return best
     seen = _View(text)
     for hexes in (False, True):
         flat = seen.hexflat if hexes else seen.flat
-        for k in range(min(_longest_needle - 1, len(flat)), 0, -1):
+        for k in range(min(longest - 1, len(flat)), 0, -1):
             if flat[-k:] in prefixes:
                 start = seen.original(len(flat) - k, hexes)
                 best = start if best is None else min(best, start)

@@ -33,27 +33,11 @@ import threading
 import time
 
 from xzatoma_store import (APPENDED, MAX_DIFF_CELLS, PATCH_SUFFIXES, REDACTED, WHITESPACE_ONLY,  # noqa: F401
-                           AuditLog, UntrustedStream, bounded_diff, bounded_text, change_doubt, changed_lines,
-                           fmt_size, head_of, html_to_text, json_type, looks_like_diff, lost_credentials,
-                           loose_replacement, missing_text, one_line_path, only_dropped, preview_arguments,
-                           render_json, render_untrusted, rfc3339, same_words, several_places, text_diff)
-
-
-class LazyRegex:
-    """re.compile(pattern, flags), done at first use. INFO: this module's patterns (the command policy's
-    above all) took 7-10 ms of every start to compile, and a run that runs no command uses none of them.
-    Use it as the compiled pattern itself: `.match`, `.search`, … (not as an argument to re's functions)."""
-
-    __slots__ = ("_args", "_compiled")
-
-    def __init__(self, pattern, flags=0):
-        self._args = (pattern, flags)
-        self._compiled = None
-
-    def __getattr__(self, name):
-        if self._compiled is None:  # two threads may both compile it: the same pattern either way
-            self._compiled = re.compile(*self._args)
-        return getattr(self._compiled, name)
+                           AuditLog, LazyRegex, UntrustedStream, bounded_diff, bounded_text, change_doubt,
+                           changed_lines, fmt_size, head_of, html_to_text, json_type, looks_like_diff,
+                           lost_credentials, loose_replacement, missing_text, one_line_path, only_dropped,
+                           preview_arguments, render_json, render_untrusted, rfc3339, same_words, several_places,
+                           text_diff)
 
 
 # ---- Tool results ----

@@ -1075,7 +1075,8 @@ def test_credential_named_variables_holding_ordinary_values_are_not_redacted():
         assert not env_credential(name, value), (name, value)
     for name, value in (("MY_SERVICE_TOKEN", KEY19), ("PGPASSWORD", "mysecretpassword"), ("MYSQL_PWD", "hunterhunter"),
                         ("DB_PASS", "correcthorse"), ("GPG_PASSPHRASE", "correct horse battery staple"),
-                        ("API_TOKEN", "kjhasdKJHsdkjhASDkjh"), ("API_KEY", "aBcDeFgHiJkL"), ("X_TOKEN", "/aB3xK9mP2qL7vR4"),
+                        ("API_TOKEN", "kjhasdKJHsdkjhASDkjh"), ("API_KEY", "aBcDeFgHiJkL"),
+                        ("X_TOKEN", "/aB3xK9mP2qL7vR4"),
                         ("SENTRY_DSN", "https://0a1b2c3d4e5f60718293a4b5c6d7e8f9@o1.ingest.sentry.io/1"),
                         ("WEBHOOK_SECRET", "https://hooks.example.com/T0A1B2/Xk9mP2qL7vR4tW8y"),
                         ("BW_SESSION", "b9Y2x0ZW5kc2VjcmV0c2Vzc2lvbnRva2VuMTIzNDU2Nzg5MA==")) + tuple(
@@ -1088,15 +1089,18 @@ def test_ordinary_values_reach_the_model_and_redacted_ones_are_never_written_bac
     a model that wrote back what it was shown put "[REDACTED]" in place of a real key in app.env. Ordinary
     values are shown as they are; a write_file or edit_file that would put the marker where the file held a
     credential is refused, and the file keeps it."""
-    settings = 'CSRF_COOKIE_NAME = "csrftoken"\nCREDS_PATH = "/etc/gcp/service-account.json"\nAUTH_HEADER = "Authorization"\n'
+    settings = ('CSRF_COOKIE_NAME = "csrftoken"\nCREDS_PATH = "/etc/gcp/service-account.json"\n'
+                'AUTH_HEADER = "Authorization"\n')
     (cli.workdir / "settings.py").write_text(settings)
     app_env = "SERVICE_TOKEN=%s\nPORT=80\n" % KEY19
     (cli.workdir / "app.env").write_text(app_env)
     cli.use(fake)
     fake.add({"tool_calls": [tool_call("read_file", path="settings.py"), tool_call("read_file", path="app.env")]},
-             {"tool_calls": [tool_call("write_file", path="app.env", content="SERVICE_TOKEN=[REDACTED]\nPORT=80\nDEBUG=0\n")]},
+             {"tool_calls": [tool_call("write_file", path="app.env",
+                                       content="SERVICE_TOKEN=[REDACTED]\nPORT=80\nDEBUG=0\n")]},
              {"tool_calls": [tool_call("edit_file", path="app.env", old_text="PORT=80", new_text="PORT=80\nDEBUG=0")]},
-             {"tool_calls": [tool_call("edit_file", path="app.env", old_text="SERVICE_TOKEN=", new_text="TOKEN=[REDACTED]\n#")]},
+             {"tool_calls": [tool_call("edit_file", path="app.env", old_text="SERVICE_TOKEN=",
+                                       new_text="TOKEN=[REDACTED]\n#")]},
              {"content": "done"})
     r = cli.run("run", "--allow-dangerous", "--prompt", "add DEBUG=0 to app.env",
                 env={"MY_SERVICE_TOKEN": KEY19, "CSRF_COOKIE_NAME": "csrftoken", "API_KEY_HEADER": "Authorization",
