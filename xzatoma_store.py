@@ -84,8 +84,8 @@ def parse_age(text):
 # One implementation for the whole program: the store, the console (stderr), errors, the audit log, `config
 # show`, `auth status`, --json and the final answer all call redact(). It removes common credential shapes
 # whatever their source, and every credential this process knows: configuration and credential loading register
-# them (register_secret) as they are read, environment variables by the families of their names
-# (is_credential_env). A known secret is found as written, in the spellings registered with it, and in a decoded
+# them (register_secret) as they are read, environment variables by the families of their names and by what
+# their values are (env_credential). A known secret is found as written, in the spellings registered with it, and in a decoded
 # view of the text: every escape undone once (URL at any depth, the backslash escapes of C, JSON, JavaScript,
 # Python and the shell, HTML character references), and whitespace, terminal escape sequences and markup tags
 # looked through (_View), so that a key echoed double-URL-encoded, shell-quoted, as \uXXXX escapes of any
@@ -446,11 +446,11 @@ def _decode(match):
 #: of decoded escapes), terminal escape sequences (CSI as `grep --color=always` puts around a match inside a key,
 #: OSC as a hyperlink wraps text, the other ESC sequences, 8-bit CSI) and markup tags (`<b>half</b><i>half</i>` of
 #: an HTML error page). A tag is a name after '<', so `a < b` and a decoded `&lt;` (padded) are not tags.
-_MARKUP = (r"(?:\x1b\x1f*|\x9b)(?:\[[0-?\x1f]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b\n]{0,512}\x07?|[ -/]*[0-~])|\x07"
-           r"|</?[A-Za-z][A-Za-z0-9:-]{0,30}(?:[ \t\r\n/][^<>\x1f]{0,512})?>")
-_LOOK_THROUGH = r"\s|" + _MARKUP
+_MARKUP_PATTERN = (r"(?:\x1b\x1f*|\x9b)(?:\[[0-?\x1f]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b\n]{0,512}\x07?|[ -/]*[0-~])|\x07"
+                   r"|</?[A-Za-z][A-Za-z0-9:-]{0,30}(?:[ \t\r\n/][^<>\x1f]{0,512})?>")
+_LOOK_THROUGH = r"\s|" + _MARKUP_PATTERN
 _IGNORED = LazyRegex("(?:%s)+" % _LOOK_THROUGH)
-_MARKUP = re.compile(_MARKUP)  # alone, its literal beginnings are searched at C speed: half the time of _IGNORED
+_MARKUP = re.compile(_MARKUP_PATTERN)  # alone, its literal beginnings are searched at C speed: half _IGNORED's time
 #: and in the view of hex digits also the separators of hex dumps and byte lists (`71:5a`, `0x71, 0x5a`), a dump's
 #: offsets (xxd, hexdump -C, od) and the printable column at the end of its lines, so one run of digits remains
 # (a dump's offsets and printable column are tried first: \s would take their spaces one by one)
@@ -474,7 +474,7 @@ class _View:
     def __init__(self, text):
         view = text
         if "\x1b\\" in view:  # the string terminator ESC \ as BEL: the backslash is no escape's beginning
-            view = view.replace("\x1b\\", "\x1f\x07")
+            view = view.replace("\x1b\\", "\x07\x07")
         if "\\" in view:
             for escape, padded in _PLAIN_ESCAPES:
                 view = view.replace(escape, padded)
@@ -884,8 +884,9 @@ def render_json(obj, **dumps_args):
 class UntrustedStream:
     """Renders streamed text (the chat's answer) delta by delta, redacted and neutralised.
 
-    A secret or a CRLF can be split across deltas: the last few words (and an open PEM block) wait for
-    the next delta or for finish(), so redaction sees them whole.
+    A secret or a CRLF can be split across deltas: the last few words (and an open PEM block, and whatever
+    may still become a known value in redact()'s view: partial_secret) wait for the next delta or for
+    finish(), so redaction sees them whole and the terminal shows what a pipe and the store do.
     """
 
     HOLD_WORDS = 3  # 'Authorization: Bearer <token>' is three words
@@ -908,7 +909,7 @@ class UntrustedStream:
         for start, end in redaction_spans(text):  # never emit half of a secret: hold it whole
             if start < cut < end:
                 cut = start
-        partial = partial_secret(text)  # the beginning of a known secret of more words than are held
+        partial = partial_secret(text)  # what redact() could still join to a known value (round 19d)
         if partial is not None and partial < cut and len(text) - partial < self.MAX_HOLD:
             cut = partial
         self.pending = text[cut:]
