@@ -854,13 +854,13 @@ def network_settings(env):
 
 def register_credentials(env, values, known):
     """Tell the redactor every credential configuration knows: the providers' keys, credential-named
-    environment variables (OPENAI_API_KEY, PGPASSWORD, BW_SESSION, …: see is_credential_env), secret config
+    environment variables (OPENAI_API_KEY, PGPASSWORD, BW_SESSION, …: see env_credential), secret config
     keys, and the credentials in the userinfo of any URL in the configuration or the environment
     (DATABASE_URL, a proxy, a Sentry DSN)."""
     for value in known:
         xzatoma_store.register_secret(value)
     for name, value in env.items():
-        if xzatoma_store.is_credential_env(name, value):
+        if xzatoma_store.env_credential(name, value):  # by its name, and by what it is (round 19d)
             xzatoma_store.register_secret(value)
         xzatoma_store.register_secret(url_password(value))
     for dotted, value in flatten(values).items():
@@ -6421,7 +6421,9 @@ def environment_message(working_dir, instructions=None, depth=0, label=None, tod
         lines += ["", instructions.text]
     if catalog:
         lines += ["", catalog]
-    return {"role": "user", "name": ENVIRONMENT, "content": "\n".join(lines)}
+    # redacted as every tool result is: a key quoted in AGENTS.md reached the model whole here, and as
+    # [REDACTED] through read_file of the same file (round 19d)
+    return {"role": "user", "name": ENVIRONMENT, "content": xzatoma_store.redact("\n".join(lines))}
 
 
 # ---- Persistence glue: recording, history, replay ----

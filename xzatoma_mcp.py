@@ -2206,12 +2206,12 @@ class Server:
         s = self.servers
         cfg = self.config
         self.log = ServerLog(os.path.join(s.home, "mcp", cfg.name + ".log") if s.home else None)
-        from xzatoma_store import is_credential_env, register_secret
+        from xzatoma_store import env_credential, register_secret
         if cfg.transport == "stdio":
             # a credential written in the config itself, as one taken from the environment is: redacted wherever the
             # server echoes it (attack round 18d: SERVICE_TOKEN's literal value reached the model and the history)
             for name, value in cfg.env.items():
-                if is_credential_env(name, value):
+                if env_credential(name, value):
                     register_secret(value)
             transport = StdioTransport(cfg, s.root, s.make_sandbox, self.log, s.warn, s.require_sandbox)
         else:

@@ -84,13 +84,34 @@ def parse_age(text):
 # One implementation for the whole program: the store, the console (stderr), errors, the audit log, `config
 # show`, `auth status`, --json and the final answer all call redact(). It removes common credential shapes
 # whatever their source, and every credential this process knows: configuration and credential loading register
-# them (register_secret) as they are read, environment variables by the families of their names
-# (is_credential_env). A known secret is found as written, in the spellings registered with it, and in a decoded
+# them (register_secret) as they are read, environment variables by the families of their names and by what
+# their values are (env_credential). A known secret is found as written, in the spellings registered with it, and in a decoded
 # view of the text: every escape undone once (URL at any depth, the backslash escapes of C, JSON, JavaScript,
-# Python and the shell, HTML character references) and whitespace ignored, so that a key echoed
-# double-URL-encoded, shell-quoted, as \uXXXX escapes of any character or base64 wrapped at any width is found
-# without a list of such spellings: the grammar of escapes is the list. One combined regex, rebuilt only when a
-# secret is added, keeps an append to the store well under a millisecond.
+# Python and the shell, HTML character references), and whitespace, terminal escape sequences and markup tags
+# looked through (_View), so that a key echoed double-URL-encoded, shell-quoted, as \uXXXX escapes of any
+# character, base64 wrapped at any width, coloured by grep or split by tags is found without a list of such
+# spellings: the grammar of escapes is the list. Its hex is looked for where a dump's separators, offsets and
+# printable column are dropped too (xxd, od, hexdump, `0x71, 0x5a`). A stream holds back whatever the view could
+# still join to a known value (partial_secret), so a terminal shows what the whole text would. One combined
+# regex, rebuilt only when a secret is added, keeps an append to the store well under a millisecond.
+
+class LazyRegex:
+    """re.compile(pattern, flags), done at first use. INFO: the tools' patterns (the command policy's above
+    all) took 7-10 ms of every start to compile, and a run that runs no command uses none of them; the
+    redaction's views need theirs only where a known value may be (round 19d).
+    Use it as the compiled pattern itself: `.match`, `.search`, … (not as an argument to re's functions)."""
+
+    __slots__ = ("_args", "_compiled")
+
+    def __init__(self, pattern, flags=0):
+        self._args = (pattern, flags)
+        self._compiled = None
+
+    def __getattr__(self, name):
+        if self._compiled is None:  # two threads may both compile it: the same pattern either way
+            self._compiled = re.compile(*self._args)
+        return getattr(self._compiled, name)
+
 
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 8  # shorter known values are not registered: they would redact ordinary words
@@ -248,9 +269,53 @@ def is_credential_env(name, value=""):
         and re.search(r"[A-Za-z]", value) is not None
 
 
+#: names whose values are passwords (PGPASSWORD, MYSQL_PWD, DB_PASS): often words, registered whatever they look like
+_PASSWORD_NAME = re.compile(r"PASSW(?:OR)?D|PASSPHRASE|(?:^|_)PASS$|PWD$")
+#: a file's path: absolute, home- or dot-relative, or a Windows drive's
+_PATH_VALUE = re.compile(r"(?:~|\.{1,2})?/[^\s\0]*|[A-Za-z]:[\\/][^\0]*")
+#: a name (a header's, a cookie's, a setting's): letters in words joined by - _ . / (Authorization, csrftoken,
+#: X-CSRF-Token, application/json), each word lower case, Capitalised or upper case
+_NAME_VALUE = re.compile(r"[A-Za-z]+(?:[-_./][A-Za-z]+)*")
+_HUMPS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
+#: a run that looks generated: 12 or more characters mixing upper and lower case letters and digits
+_GENERATED = re.compile(r"(?=[A-Za-z0-9_+=~-]{0,200}[0-9])(?=[A-Za-z0-9_+=~-]{0,200}[a-z])"
+                        r"(?=[A-Za-z0-9_+=~-]{0,200}[A-Z])[A-Za-z0-9_+=~-]{12,}")
+
+
+def env_credential(name, value):
+    """Is `value`, held by the environment variable `name`, a credential to redact? Named like one
+    (is_credential_env) and, by what it is, able to be one (round 19d: GOOGLE_APPLICATION_CREDENTIALS holds a
+    path, CSRF_COOKIE_NAME=csrftoken a cookie's name, API_KEY_HEADER=Authorization a header's name; registered
+    by name alone, the project's own settings reached the model as [REDACTED], and were written back so).
+    Not one: a path to a file, a URL with no userinfo, query or generated-looking part, and a short name of a
+    few words. A password-named variable's value is one whatever it looks like (passwords are words). What a
+    project may reference (xzatoma_mcp.project_guard) still goes by the name alone."""
+    if not is_credential_env(name, value) or not isinstance(value, str):
+        return False
+    value = value.strip()
+    if len(value) < MIN_SECRET_LENGTH:
+        return False  # not registered either way
+    if _PATH_VALUE.fullmatch(value) and not _GENERATED.search(value):
+        parts = [p for p in re.split(r"[\\/]", value) if p not in ("", "~", ".", "..")]
+        if len(parts) > 1 or "." in value.rsplit("/", 1)[-1] or os.path.exists(os.path.expanduser(value)):
+            return False
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]{0,30}://[^/?#@\s]*(?:[/#][^?@\s]*)?\Z", value) \
+            and not _GENERATED.search(value):
+        return False  # an endpoint: https://oauth2.googleapis.com/token (the password in a URL is registered apart)
+    if _PASSWORD_NAME.search(name.upper().replace("-", "_")):
+        return True
+    if len(value) <= 24 and _NAME_VALUE.fullmatch(value):
+        words = [_HUMPS.findall(word) for word in re.split(r"[-_./]", value)]  # X-CSRF-Token, csrfToken
+        if sum(map(len, words)) <= 4 and all(len(w) == 1 or min(map(len, w)) > 1 for w in words):
+            return False  # a header's, cookie's or setting's name; random letters change case more often
+    return True
+
+
 _secrets_lock = threading.Lock()
 _known_secrets = ()  # every spelling of every registered secret, longest first
-_view_needles = ()  # each secret and its base64 cores, without whitespace, looked for in the decoded view
+_view_needles = ()  # each secret and its base64 cores as the view reads them (_View.flat), longest first
+_hex_needles = ()  # each secret's hex (and a hex secret itself), looked for in _View.hexflat
+_prefixes = {}  # the needles -> (every beginning of every needle, the longest needle's length): partial_secret
 _compiled = {}  # TOKEN_SHAPES index -> its regex, compiled the first time one of its triggers occurs
 _any_trigger = []  # [regex of every trigger]: one C-speed look at a short text instead of a test per trigger
 SHORT_TEXT = 256  #: up to this length the one look is faster; beyond, its alternation at each place is slower
@@ -260,7 +325,7 @@ _redacted = [0]  # texts redacted so far (a count: threads may lose an increment
 
 def register_secret(value):
     """Remember a credential this process knows, so redact() removes it wherever it appears."""
-    global _known_secrets, _view_needles
+    global _known_secrets, _view_needles, _hex_needles
     if not isinstance(value, str):
         return
     value = value.strip()
@@ -277,12 +342,19 @@ def register_secret(value):
     spellings.update(encoded)
     spellings.update(re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), e) for e in encoded)  # %2f as well as %2F
     spellings.update(_base64_cores(value))
-    needles = {"".join(n.split()) for n in {value} | _base64_cores(value)}  # looked for where whitespace is not
+    # looked for in the view (_View), as it would read there: white space, escape sequences and tags dropped
+    needles = {n for v in {value} | _base64_cores(value)
+               for n in ("".join(v.split()), "".join(_MARKUP.sub("", v).split()))}
+    # in the view of hex digits: its hex, as xxd, od and hexdump print it (round 19d: wrapped at 60 columns or
+    # spaced, it went through), and a value that is hex itself, written with separators
+    raw = value.encode("utf-8", "surrogateescape").hex()
+    hexes = {raw, raw.upper()} | ({value.lower(), value.upper()} if re.fullmatch(r"[0-9A-Fa-f]+", value) else set())
     with _secrets_lock:
         if not spellings <= set(_known_secrets):
             _known_secrets = tuple(sorted(spellings | set(_known_secrets), key=len, reverse=True))
-        if not needles <= set(_view_needles):
+        if not needles <= set(_view_needles) or not hexes <= set(_hex_needles):
             _view_needles = tuple(sorted(needles | set(_view_needles), key=len, reverse=True))
+            _hex_needles = tuple(sorted(hexes | set(_hex_needles), key=len, reverse=True))
 
 
 def _base64_cores(value):
@@ -370,42 +442,118 @@ def _decode(match):
     return (" " if decoded.isspace() else decoded).ljust(match.end() - match.start(), "\x1f")
 
 
-def _decoded_spans(text):
-    """Where in `text` a known secret stands in the decoded view (see the section header): [(start, end)]."""
-    import bisect
-    if not _view_needles:
-        return []
-    view = text
-    if "\\" in view:
-        for escape, padded in _PLAIN_ESCAPES:
-            view = view.replace(escape, padded)
-    if "%" in view or "\\" in view or "&" in view:
-        view = _ESCAPE.sub(_unescape, view)
-    flat = "".join(view.split())
-    found = []
-    for needle in _view_needles:
-        at = flat.find(needle)
-        while at != -1:
-            found.append((at, at + len(needle)))
-            at = flat.find(needle, at + 1)
-    if not found:
-        return []
-    gap_at, gap_removed, removed = [], [], 0  # the whitespace runs flat lacks
-    for m in re.finditer(r"\s+", view):
-        removed += m.end() - m.start()
-        gap_at.append(m.end() - removed)
-        gap_removed.append(removed)
+#: what the view looks through between the characters of a known value (round 19d): white space (and the padding
+#: of decoded escapes), terminal escape sequences (CSI as `grep --color=always` puts around a match inside a key,
+#: OSC as a hyperlink wraps text, the other ESC sequences, 8-bit CSI) and markup tags (`<b>half</b><i>half</i>` of
+#: an HTML error page). A tag is a name after '<', so `a < b` and a decoded `&lt;` (padded) are not tags.
+_MARKUP_PATTERN = (r"(?:\x1b\x1f*|\x9b)(?:\[[0-?\x1f]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b\n]{0,512}\x07?|[ -/]*[0-~])|\x07"
+                   r"|</?[A-Za-z][A-Za-z0-9:-]{0,30}(?:[ \t\r\n/][^<>\x1f]{0,512})?>")
+_LOOK_THROUGH = r"\s|" + _MARKUP_PATTERN
+_IGNORED = LazyRegex("(?:%s)+" % _LOOK_THROUGH)
+_MARKUP = re.compile(_MARKUP_PATTERN)  # alone, its literal beginnings are searched at C speed: half _IGNORED's time
+#: and in the view of hex digits also the separators of hex dumps and byte lists (`71:5a`, `0x71, 0x5a`), a dump's
+#: offsets (xxd, hexdump -C, od) and the printable column at the end of its lines, so one run of digits remains
+# (a dump's offsets and printable column are tried first: \s would take their spaces one by one)
+_HEX_IGNORED = LazyRegex(r"(?:(?m:^)[ \t]*[0-9A-Fa-f]{6,8}:?(?=[ \t])|(?<![ \t])[ \t]{2,}[^\n]{1,18}(?m:$)"
+                          r"|%s|0[xX](?=[0-9A-Fa-f])|[:,;.'\"|-])+" % _LOOK_THROUGH)
+#: what may follow a hex match on its line in a dump: the line's other bytes and its printable column (which
+#: shows the value's last characters: redacted with it)
+_DUMP_REST = LazyRegex(r"[0-9A-Fa-f \t:,]*[ \t]{2}[^\n]{1,18}")  # one class: no nested repetition
+#: the end of a text that may be the beginning of an escape, an ESC sequence or a tag: a stream holds it
+_OPEN_END = LazyRegex(r"(?:\\+(?:[uUx]\{?[0-9A-Fa-f]{0,7})?|%(?:25)*[0-9A-Fa-f]?|&(?:amp;)*(?:#[xX]?[0-9A-Fa-f]{0,6}"
+                       r"|[a-z]{0,4})|(?:\x1b|\x9b)[^\x07\n]{0,64}|</?[A-Za-z][^<>\n]{0,256})\Z")
 
-    def unflat(k):  # flat's character k in the view (and so in text)
+
+class _View:
+    """`text` as known values are searched in it (round 19d): every escape decoded once, padded to the escape's
+    length (`view`, the text's own indices), then what _IGNORED looks through dropped (`flat`), and for hex
+    needles also the separators of dumps (`hexflat`). Each of the two flat texts keeps a map back to the
+    text: the runs it dropped, built only when something is found. One pass of C-speed substitution each, so
+    the cost is linear in the text and bounded per needle by str.find."""
+
+    def __init__(self, text):
+        view = text
+        if "\x1b\\" in view:  # the string terminator ESC \ as BEL: the backslash is no escape's beginning
+            view = view.replace("\x1b\\", "\x07\x07")
+        if "\\" in view:
+            for escape, padded in _PLAIN_ESCAPES:
+                view = view.replace(escape, padded)
+        if "%" in view or "\\" in view or "&" in view:
+            view = _ESCAPE.sub(_unescape, view)
+        self.text, self.view, self._maps = text, view, {}
+        self.marked = "\x1b" in view or "\x9b" in view or "<" in view or "\x07" in view
+        # C speed where only white space is looked through (most text): str.split knows the same spaces as \s
+        self.flat = "".join((_MARKUP.sub("", view) if self.marked else view).split())  # what _IGNORED drops
+        self._hexflat = None
+
+    @property
+    def hexflat(self):
+        if self._hexflat is None:
+            self._hexflat = _HEX_IGNORED.sub("", self.view)
+        return self._hexflat
+
+    def original(self, k, hexes=False):
+        """The index in the text of the flat text's character k (or of the end, k == len(flat))."""
+        import bisect
+        gaps = self._maps.get(hexes)
+        if gaps is None:
+            gap_at, gap_removed, removed = [], [], 0  # where each dropped run was, and how much was dropped
+            for m in (_HEX_IGNORED if hexes else _IGNORED).finditer(self.view):
+                removed += m.end() - m.start()
+                gap_at.append(m.end() - removed)
+                gap_removed.append(removed)
+            gaps = self._maps[hexes] = (gap_at, gap_removed)
+        gap_at, gap_removed = gaps
         i = bisect.bisect_right(gap_at, k)
         return k + (gap_removed[i - 1] if i else 0)
 
-    spans = []
-    for a, b in found:
-        start, end = unflat(a), unflat(b - 1) + 1
+    def span(self, a, b, hexes=False):
+        """The text's (start, end) of the flat text's characters a..b."""
+        start, end = self.original(a, hexes), self.original(b - 1, hexes) + 1
+        text, view = self.text, self.view
         while end < len(text) and view[end] == "\x1f" != text[end]:
             end += 1  # the rest of the escape the last character came from
-        spans.append((start, end))
+        if hexes:  # a dump's line goes on with the value's characters in its printable column
+            line_end = text.find("\n", end)
+            line_end = len(text) if line_end == -1 else line_end
+            if line_end - end <= 80 and _DUMP_REST.fullmatch(text, end, line_end):
+                end = line_end
+        return start, end
+
+
+def _hex_gate():
+    """A regex of the first two bytes of every hex needle, and of its second and third (a dump's line may end
+    between two of them), with a few separators between: the hex view costs 0.2 s a megabyte, this look 5 ms,
+    so the view is made only where it can find something. One alternation of literal beginnings is searched
+    at C speed; compiled when first needed after a secret is added."""
+    needles = _hex_needles
+    gate = _hex_gates.get(needles)
+    if gate is None:
+        pairs = {(n[i:i + 2], n[i + 2:i + 4]) for n in needles for i in (0, 2)}
+        gate = re.compile("|".join(r"%s[^0-9A-Za-z]{0,6}(?:0[xX])?%s" % pair for pair in sorted(pairs)) or "(?!)")
+        _hex_gates.clear()
+        _hex_gates[needles] = gate
+    return gate
+
+
+_hex_gates = {}  # the hex needles -> their gate (the last one only)
+
+
+def _decoded_spans(text):
+    """Where in `text` a known value stands in the view (see _View): [(start, end)]."""
+    if not _view_needles:
+        return []
+    seen = _View(text)
+    spans = []
+    for hexes, needles in ((False, _view_needles), (True, _hex_needles)):
+        if hexes and not _hex_gate().search(seen.view):
+            break  # no two of a value's first bytes in hex anywhere: its hex view would find nothing
+        flat = seen.hexflat if hexes else seen.flat
+        for needle in needles:
+            at = flat.find(needle)
+            while at != -1:
+                spans.append(seen.span(at, at + len(needle), hexes))
+                at = flat.find(needle, at + 1)
     return spans
 
 
@@ -469,16 +617,38 @@ def redaction_spans(text):
     return spans
 
 
+def _needle_prefixes():
+    """Every beginning of every needle (a set, looked up once per tail length), and the longest needle's length:
+    made when a stream first needs them after a secret is added, not at each registration (start-up)."""
+    needles = _view_needles + _hex_needles
+    made = _prefixes.get(needles)
+    if made is None:
+        made = (frozenset(n[:k] for n in needles for k in range(1, len(n))), max(map(len, needles), default=0))
+        _prefixes.clear()
+        _prefixes[needles] = made
+    return made
+
+
 def partial_secret(text):
-    """Where the longest tail of `text` that is the beginning of a known secret starts, or None: a stream
-    holds that tail until the rest arrives (a passphrase of many words must not go out word by word)."""
+    """Where the longest tail of `text` that may be the beginning of a known value starts, or None: a stream
+    holds that tail until the rest arrives, so that it shows what the whole-text redactor would (round 19d:
+    a key split by spaces into six pieces went out, as the stream held three words). The tail is taken in
+    the view redact() searches (white space, escape sequences, tags and escapes looked through), and an
+    escape, an ESC sequence or a tag cut off at the end is held too."""
     best = None
-    for secret in _known_secrets:
-        if not any(ch.isspace() for ch in secret):
-            continue  # a secret of one word is within the words a stream holds anyway
-        for k in range(min(len(secret) - 1, len(text)), 0, -1):
-            if text.endswith(secret[:k]):
-                best = len(text) - k if best is None else min(best, len(text) - k)
+    opened = _OPEN_END.search(text, max(0, len(text) - 320))  # what it can match is shorter
+    if opened is not None and opened.start() < len(text):
+        best = opened.start()
+    prefixes, longest = _needle_prefixes()
+    if not prefixes or not text:
+        return best
+    seen = _View(text)
+    for hexes in (False, True):
+        flat = seen.hexflat if hexes else seen.flat
+        for k in range(min(longest - 1, len(flat)), 0, -1):
+            if flat[-k:] in prefixes:
+                start = seen.original(len(flat) - k, hexes)
+                best = start if best is None else min(best, start)
                 break
     return best
 
@@ -839,8 +1009,9 @@ def render_json(obj, **dumps_args):
 class UntrustedStream:
     """Renders streamed text (the chat's answer) delta by delta, redacted and neutralised.
 
-    A secret or a CRLF can be split across deltas: the last few words (and an open PEM block) wait for
-    the next delta or for finish(), so redaction sees them whole.
+    A secret or a CRLF can be split across deltas: the last few words (and an open PEM block, and whatever
+    may still become a known value in redact()'s view: partial_secret) wait for the next delta or for
+    finish(), so redaction sees them whole and the terminal shows what a pipe and the store do.
     """
 
     HOLD_WORDS = 3  # 'Authorization: Bearer <token>' is three words
@@ -863,7 +1034,7 @@ class UntrustedStream:
         for start, end in redaction_spans(text):  # never emit half of a secret: hold it whole
             if start < cut < end:
                 cut = start
-        partial = partial_secret(text)  # the beginning of a known secret of more words than are held
+        partial = partial_secret(text)  # what redact() could still join to a known value (round 19d)
         if partial is not None and partial < cut and len(text) - partial < self.MAX_HOLD:
             cut = partial
         self.pending = text[cut:]
@@ -1221,6 +1392,24 @@ def only_dropped(old, new):
     if not kept or kept - had:  # (counted: a line the file held twice, written once, is one dropped)
         return []
     return list((had - kept).elements())
+
+
+def lost_credentials(path, old, new):
+    """Why writing `new` over `old` (a file's text) is refused, or None: it puts [REDACTED] where `old` held a
+    credential redaction replaces. The model only ever sees such a value as [REDACTED]; written back, the
+    marker replaced the real key in app.env, and in settings.py the values it stood for (round 19d). Refused
+    when the new text holds the marker more often than the old and some value redaction finds in the old is
+    gone from the new: a change that keeps every value is written."""
+    if old is None or REDACTED not in new or new.count(REDACTED) <= old.count(REDACTED):
+        return None
+    gone = [start for start, end in redaction_spans(old) if old[start:end] not in new]
+    if not gone:
+        return None
+    line = old.count("\n", 0, min(gone)) + 1
+    return ("%s holds a credential you were shown as %s (line %d), and this text writes %s in its place: the "
+            "real value would be lost. Nothing was written. Change the other lines with edit_file and leave the "
+            "lines showing %s out of old_text and new_text; the file keeps its credential" % (
+                path, REDACTED, line, REDACTED, REDACTED))
 
 
 def same_words(old, new):

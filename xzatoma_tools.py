@@ -32,28 +32,12 @@ import sys
 import threading
 import time
 
-from xzatoma_store import (APPENDED, MAX_DIFF_CELLS, PATCH_SUFFIXES, WHITESPACE_ONLY, AuditLog,  # noqa: F401
-                           UntrustedStream, bounded_diff, bounded_text, change_doubt, changed_lines, fmt_size,
-                           head_of, html_to_text, json_type, looks_like_diff, loose_replacement, missing_text,
-                           one_line_path, only_dropped, preview_arguments, render_json, render_untrusted, rfc3339,
-                           same_words, several_places, text_diff)
-
-
-class LazyRegex:
-    """re.compile(pattern, flags), done at first use. INFO: this module's patterns (the command policy's
-    above all) took 7-10 ms of every start to compile, and a run that runs no command uses none of them.
-    Use it as the compiled pattern itself: `.match`, `.search`, … (not as an argument to re's functions)."""
-
-    __slots__ = ("_args", "_compiled")
-
-    def __init__(self, pattern, flags=0):
-        self._args = (pattern, flags)
-        self._compiled = None
-
-    def __getattr__(self, name):
-        if self._compiled is None:  # two threads may both compile it: the same pattern either way
-            self._compiled = re.compile(*self._args)
-        return getattr(self._compiled, name)
+from xzatoma_store import (APPENDED, MAX_DIFF_CELLS, PATCH_SUFFIXES, REDACTED, WHITESPACE_ONLY,  # noqa: F401
+                           AuditLog, LazyRegex, UntrustedStream, bounded_diff, bounded_text, change_doubt,
+                           changed_lines, fmt_size, head_of, html_to_text, json_type, looks_like_diff,
+                           lost_credentials, loose_replacement, missing_text, one_line_path, only_dropped,
+                           preview_arguments, render_json, render_untrusted, rfc3339, same_words, several_places,
+                           text_diff)
 
 
 # ---- Tool results ----
@@ -973,6 +957,10 @@ class WriteFile(Tool):
                 raise ToolError("the content is a diff, and write_file writes content as it is: %s would hold the "
                                 "diff itself. To change part of a file use edit_file; to replace it, give the "
                                 "whole new text" % path)
+            lost = lost_credentials(path, read_text(target, ""), args["content"]) \
+                if st is not None and REDACTED in args["content"] else None
+            if lost:
+                raise ToolError(lost)
             approved = ctx.guard(self.name, args, target, shows=lambda: _change_shown(
                 read_text(target, "") if st is not None else "", args["content"], target))
             if approved:
@@ -1090,6 +1078,9 @@ class EditFile(Tool):
                 ctx.seen.add(target.real)
                 raise ToolError("new_text is the same as old_text: nothing was changed in %s. Put in new_text the "
                                 "text as the task wants it" % args["path"])
+            lost = lost_credentials(args["path"], text, updated)
+            if lost:
+                raise ToolError(lost)
             ctx.guard(self.name, args, target, shows=lambda: _change_shown(text, updated, target))
             # over the undo cap the record would hold the file cut short, and undo "restored" it so (round 19b)
             ctx.check_undo_cap(self.name, target, args)

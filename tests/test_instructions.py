@@ -93,3 +93,16 @@ def test_subagents_and_chat_get_the_instructions_too(cli, fake):
     finally:
         p.close()
     assert "FRENCH-RULE" in system_text(fake, -1)
+
+
+def test_a_credential_quoted_in_agents_md_reaches_the_model_redacted(cli, fake):
+    """Round 19d: read_file of AGENTS.md gave the model [REDACTED], the instructions block the key itself."""
+    key = "qZ7xKp2LmN9vR4tW8yB3cD6fG1hJ5kLs"
+    (cli.workdir / "AGENTS.md").write_text("Deploys use the token %s. Use tabs.\n" % key)
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("read_file", path="AGENTS.md")]}, {"content": "ok"})
+    r = cli.run("run", "--prompt", "hello", env={"MY_SERVICE_TOKEN": key})
+    assert r.returncode == 0, r.stderr
+    sent = fake.model_requests()[-1]["body"]["messages"]
+    assert not any(key in m["content"] for m in sent), sent
+    assert "Deploys use the token [REDACTED]. Use tabs." in system_text(fake)

@@ -964,3 +964,152 @@ def test_a_key_in_base64_twice_or_wrapped_in_yaml_is_redacted_whole(text):
     assert REDACTED in out and out.endswith("\nafter")
     pieces = [text[i:i + 24] for i in range(80, len(text) - 24, 24) if "\n" not in text[i:i + 24]]
     assert pieces and not [p for p in pieces if p in out]  # nothing of the encoded key is left
+
+
+# ---- round 19d: a known value through colour codes, markup and hex dumps; streams agree with the whole text ----
+
+KEY19 = "qZ7xKp2LmN9vR4tW8yB3cD6fG1hJ5kLs"
+
+
+def hex_dumps(data):
+    """`data` as xxd -p (60 columns), od -An -tx1, xxd, hexdump -C, xxd -i and a colon list print it."""
+    h = data.hex()
+    lines16 = [data[i:i + 16] for i in range(0, len(data), 16)]
+    return {
+        "xxd-p": "\n".join(h[i:i + 60] for i in range(0, len(h), 60)) + "\n",
+        "od": "".join(" " + " ".join("%02x" % b for b in line) + "\n" for line in lines16),
+        "xxd": "".join("%08x: %-40s  %s\n" % (16 * n, " ".join(line[i:i + 2].hex() for i in range(0, len(line), 2)),
+                                               "".join(chr(b) if 32 <= b < 127 else "." for b in line))
+                       for n, line in enumerate(lines16)),
+        "hexdump-C": "".join("%08x  %-49s |%s|\n" % (16 * n, " ".join("%02x" % b for b in line[:8]) + "  " +
+                                                      " ".join("%02x" % b for b in line[8:]),
+                                                      "".join(chr(b) if 32 <= b < 127 else "." for b in line))
+                             for n, line in enumerate(lines16)),
+        "xxd-i": ",\n  ".join(", ".join("0x%02x" % b for b in data[i:i + 12]) for i in range(0, len(data), 12)),
+        "colons": ":".join("%02X" % b for b in data),
+    }
+
+
+def test_a_known_value_is_found_through_colour_codes_markup_and_hex_dumps():
+    """Round 19d: `grep --color=always` put ESC[01;31m…ESC[m inside a key, an HTML error page split one by
+    tags, and xxd -p (wrapped at 60 columns) or od -An -tx1 (spaced) printed one as hex: each went whole to
+    the model and the store. The view redact() searches looks through all of them."""
+    register_secret(KEY19)
+    data = ("SERVICE_TOKEN=%s\nPORT=80\n" % KEY19).encode()
+    forms = {"grep-color": "k.txt:qZ7xKp\x1b[01;31m\x1b[K2LmN\x1b[m\x1b[K9vR4tW8yB3cD6fG1hJ5kLs\n",
+             "osc-link": "\x1b]8;;https://x.test\x1b\\qZ7xKp2LmN\x1b]8;;\x1b\\9vR4tW8yB3cD6fG1hJ5kLs",
+             "json-colour": json.dumps("qZ7xKp\x1b[31m2LmN9vR4tW8y\x1b[0mB3cD6fG1hJ5kLs"),
+             "html": "<html>Invalid key <b>qZ7xKp2LmN9v</b><i>R4tW8yB3cD6fG1hJ5kLs</i></html>",
+             "html-attrs": '<span class="k">qZ7xKp2LmN</span>\n<span class="k">9vR4tW8yB3cD6fG1hJ5kLs</span>'}
+    forms.update(hex_dumps(data))
+    for name, text in forms.items():
+        out = redact("before\n" + text + "\nafter")
+        assert REDACTED in out and out.startswith("before\n") and out.endswith("\nafter"), (name, out)
+        flat = re.sub(r"\x1b\[[0-9;]*[mK]|<[^>]*>|\s|0x|[:,]", "", out)
+        for piece in (KEY19[4:14], KEY19[14:24], KEY19[22:], KEY19.encode().hex()[8:28], KEY19.encode().hex()[-20:]):
+            assert piece not in flat and piece.upper() not in flat, (name, out)
+        assert redaction_spans(text), name  # a stream and a question see it too
+    # what is not a known value stays as it was: markup, colours and hex around other text
+    for text in ("<b>bold</b> and \x1b[01;31mred\x1b[m", "xxd: 7a 7a 7a 7a 7a 7a 7a 7a", "if a<b and c>d: pass",
+                 "00000000: 5345 5256 4943 455f 544f 4b45 4e3d 0a0a  SERVICE_TOKEN=..", "de:ad:be:ef:00:11"):
+        assert redact(text) == text
+
+
+def test_a_known_value_split_by_spaces_is_never_streamed_in_part():
+    """Round 19d: an answer showing a known token split by spaces into six pieces was redacted when piped and
+    in the store, but streamed to a terminal whole (the stream held the last three words). The stream holds
+    whatever the whole-text redactor could still join, so both show the same."""
+    from xzatoma_tools import UntrustedStream
+    register_secret(KEY19)
+    pieces = " ".join(KEY19[i:i + 6] for i in range(0, len(KEY19), 6))
+    for answer in ("Here it is: %s and that is all for today, thanks." % pieces,
+                   "Here it is: <b>%s</b><i>%s</i> and more words after it." % (KEY19[:12], KEY19[12:]),
+                   "Here it is: %s and more words after it." % " ".join("%02x" % b for b in KEY19.encode()),
+                   "Here it is: %s and more words after it." % KEY19.replace("x", "\\u0078")):
+        for size in (1, 3, 7):
+            stream, shown = UntrustedStream(), ""
+            for i in range(0, len(answer), size):
+                shown += stream.feed(answer[i:i + size])
+                assert KEY19[:6] not in shown and "qZ7x" not in shown and "71 5a 37" not in shown, (size, shown)
+            shown += stream.finish()
+            assert shown == redact(answer) and REDACTED in shown, (size, shown)
+
+
+def test_a_key_in_colour_codes_or_hex_from_a_command_reaches_neither_the_model_nor_the_store(cli, fake):
+    """Round 19d, end to end: grep --color=always, xxd -p and od -An -tx1 printing a key the process knows."""
+    (cli.workdir / "k.txt").write_text(KEY19 + "\n")
+    cli.use(fake)
+    r, results = run_commands(cli, fake, "grep --color=always 2LmN k.txt", "xxd -p k.txt", "od -An -tx1 k.txt",
+                              env={"MY_SERVICE_TOKEN": KEY19})
+    assert len(results) == 3 and all(REDACTED in t for t in results), results
+    hexkey = KEY19.encode().hex()
+    flat_db = b"".join(db_bytes(cli).split())
+    for part in (KEY19[10:], hexkey[:24], hexkey[-24:]):
+        assert not any(part in "".join(t.split()) for t in results), (part, results)
+        assert part.encode() not in flat_db
+
+
+def test_a_key_split_by_markup_in_an_html_error_page_reaches_no_output(cli, fake):
+    """Round 19d: a 401 page `<b>half</b><i>half</i>` showed the whole key on stderr and in the store."""
+    key = "kq9ZmW3xLp7RtV2nYc8BdF4h"
+    cli.use(fake, provider="openai")
+    write_credentials(cli, {"openai_api_key": key})
+    fake.add({"status": 401, "headers": {"Content-Type": "text/html"},
+              "body": "<html><body>Invalid key <b>%s</b><i>%s</i></body></html>" % (key[:12], key[12:])})
+    r = cli.run("run", "--prompt", "hi")
+    assert r.returncode != 0 and REDACTED in r.stderr, r.stderr
+    for half in (key[:12], key[12:]):
+        assert half not in r.stderr and half.encode() not in db_bytes(cli), r.stderr
+
+
+def test_credential_named_variables_holding_ordinary_values_are_not_redacted():
+    """Round 19d: GOOGLE_APPLICATION_CREDENTIALS (a path), CSRF_COOKIE_NAME=csrftoken and
+    API_KEY_HEADER=Authorization were registered by name alone. A value is a credential by what it is too;
+    a password-named one whatever it looks like, and real keys always."""
+    from xzatoma_store import env_credential
+    for name, value in (("GOOGLE_APPLICATION_CREDENTIALS", "/etc/gcp/service-account.json"),
+                        ("CSRF_COOKIE_NAME", "csrftoken"), ("API_KEY_HEADER", "Authorization"),
+                        ("CSRF_TOKEN_HEADER", "X-CSRF-Token"), ("SESSION_COOKIE_NAME", "sessionid"),
+                        ("SECRET_KEY_FILE", "~/.config/app/secret.key"), ("TOKEN_FILE", "/run/secrets/token"),
+                        ("OAUTH_TOKEN_URL", "https://oauth2.googleapis.com/token"), ("AUTH_TOKEN_TYPE", "accessToken")):
+        assert not env_credential(name, value), (name, value)
+    for name, value in (("MY_SERVICE_TOKEN", KEY19), ("PGPASSWORD", "mysecretpassword"), ("MYSQL_PWD", "hunterhunter"),
+                        ("DB_PASS", "correcthorse"), ("GPG_PASSPHRASE", "correct horse battery staple"),
+                        ("API_TOKEN", "kjhasdKJHsdkjhASDkjh"), ("API_KEY", "aBcDeFgHiJkL"),
+                        ("X_TOKEN", "/aB3xK9mP2qL7vR4"),
+                        ("SENTRY_DSN", "https://0a1b2c3d4e5f60718293a4b5c6d7e8f9@o1.ingest.sentry.io/1"),
+                        ("WEBHOOK_SECRET", "https://hooks.example.com/T0A1B2/Xk9mP2qL7vR4tW8y"),
+                        ("BW_SESSION", "b9Y2x0ZW5kc2VjcmV0c2Vzc2lvbnRva2VuMTIzNDU2Nzg5MA==")) + tuple(
+            (k, v) for k, v in ENV_CREDENTIALS.items() if k != "UPSTREAM_URL"):  # a URL password: registered apart
+        assert env_credential(name, value), (name, value)
+
+
+def test_ordinary_values_reach_the_model_and_redacted_ones_are_never_written_back(cli, fake):
+    """Round 19d: settings.py reached the model with its cookie name, path and header name as [REDACTED], and
+    a model that wrote back what it was shown put "[REDACTED]" in place of a real key in app.env. Ordinary
+    values are shown as they are; a write_file or edit_file that would put the marker where the file held a
+    credential is refused, and the file keeps it."""
+    settings = ('CSRF_COOKIE_NAME = "csrftoken"\nCREDS_PATH = "/etc/gcp/service-account.json"\n'
+                'AUTH_HEADER = "Authorization"\n')
+    (cli.workdir / "settings.py").write_text(settings)
+    app_env = "SERVICE_TOKEN=%s\nPORT=80\n" % KEY19
+    (cli.workdir / "app.env").write_text(app_env)
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("read_file", path="settings.py"), tool_call("read_file", path="app.env")]},
+             {"tool_calls": [tool_call("write_file", path="app.env",
+                                       content="SERVICE_TOKEN=[REDACTED]\nPORT=80\nDEBUG=0\n")]},
+             {"tool_calls": [tool_call("edit_file", path="app.env", old_text="PORT=80", new_text="PORT=80\nDEBUG=0")]},
+             {"tool_calls": [tool_call("edit_file", path="app.env", old_text="SERVICE_TOKEN=",
+                                       new_text="TOKEN=[REDACTED]\n#")]},
+             {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "add DEBUG=0 to app.env",
+                env={"MY_SERVICE_TOKEN": KEY19, "CSRF_COOKIE_NAME": "csrftoken", "API_KEY_HEADER": "Authorization",
+                     "GOOGLE_APPLICATION_CREDENTIALS": "/etc/gcp/service-account.json"})
+    assert r.returncode == 0, r.stderr
+    read = [m["content"] for m in fake.model_requests()[1]["body"]["messages"] if m["role"] == "tool"]
+    assert read[0] == settings and read[1] == "SERVICE_TOKEN=[REDACTED]\nPORT=80\n", read
+    refused = [m["content"] for m in fake.model_requests()[2]["body"]["messages"] if m["role"] == "tool"][-1]
+    assert refused.startswith("Error: app.env holds a credential") and "edit_file" in refused, refused
+    edited = [m["content"] for m in fake.model_requests()[4]["body"]["messages"] if m["role"] == "tool"][-1]
+    assert edited.startswith("Error: app.env holds a credential"), edited  # the key's line, moved behind the marker
+    assert (cli.workdir / "app.env").read_text() == "SERVICE_TOKEN=%s\nPORT=80\nDEBUG=0\n" % KEY19
