@@ -5431,6 +5431,12 @@ class Session:
                 stored = self.store.conversation(conversation_id)
             except xzatoma_store.NotFound as exc:
                 raise UsageError(str(exc))
+            try:  # taken now, before anything runs: a conversation another live process runs is refused
+                self.store.resume_conversation(conversation_id)
+            except xzatoma_store.Busy as exc:
+                raise UsageError(str(exc))
+            except Exception:  # a store that cannot be written: the recorder says so at its first write
+                pass
         else:
             conversation_id = xzatoma_store.new_ulid()
         self.kind, self.id, self.resumed, self.recorded = kind, conversation_id, stored is not None, False
@@ -6631,7 +6637,7 @@ class history_store:
 
     def __exit__(self, kind, exc, tb):
         self.store.close()
-        if isinstance(exc, xzatoma_store.NotFound):
+        if isinstance(exc, (xzatoma_store.NotFound, xzatoma_store.Busy)):
             raise UsageError(str(exc))
         return False
 

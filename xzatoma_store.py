@@ -1444,6 +1444,11 @@ class NotFound(StoreError):
     pass
 
 
+class Busy(StoreError):
+    """The conversation is being run by another live process (round 19d): continued or deleted under it, two runs
+    interleaved their messages in one transcript, or one wrote rows no command could reach any more."""
+
+
 # ---- The store ----
 
 
@@ -1454,8 +1459,7 @@ class Store:
         self.path = path
         self.redact = Redactor(secrets)
         self._local = threading.local()
-        self._seq_lock = threading.Lock()
-        self._seq = {}
+        self._seq_lock = threading.Lock()  # the search backlog's count (a message's seq is the database's own)
         self._backlog = 0  #: messages this Store put in the search backlog since it was last indexed
         self.has_fts = False
         self._connections = []
@@ -1581,32 +1585,34 @@ class Store:
             (id, parent_id, depth, self.redact(label), one_line(self.redact(title) or "", 120), kind, provider, model, mode,
              working_dir, now, now, self.redact(source), os.getpid(), _hostname(), safety, _process_space(),
              _process_start(os.getpid())))
-        with self._seq_lock:
-            self._seq[id] = 0
         return id
 
     def resume_conversation(self, id, mode=None, model=None, provider=None, safety=None):
-        """Mark a stored conversation as running again in this process (with what it runs with now)."""
-        self.conn().execute(
-            "UPDATE conversations SET status = 'running', completed_at = NULL, error = NULL, updated_at = ?, "
-            "pid = ?, host = ?, space = ?, started = ?, mode = coalesce(?, mode), model = coalesce(?, model), "
-            "provider = coalesce(?, provider), safety = coalesce(?, safety) WHERE id = ?",
-            (rfc3339(), os.getpid(), _hostname(), _process_space(), _process_start(os.getpid()), mode, model, provider,
-             safety, id))
+        """Mark a stored conversation as running again in this process (with what it runs with now). Busy when
+        another live process runs it: judged and taken in one transaction, so of two resuming at once one is
+        refused (round 19d: both ran, and one transcript interleaved two tasks)."""
+        with self.batch() as conn:
+            self._refuse_running(conn, [id], "continue it")
+            conn.execute(
+                "UPDATE conversations SET status = 'running', completed_at = NULL, error = NULL, updated_at = ?, "
+                "pid = ?, host = ?, space = ?, started = ?, mode = coalesce(?, mode), model = coalesce(?, model), "
+                "provider = coalesce(?, provider), safety = coalesce(?, safety) WHERE id = ?",
+                (rfc3339(), os.getpid(), _hostname(), _process_space(), _process_start(os.getpid()), mode, model,
+                 provider, safety, id))
 
     def append_message(self, conversation_id, message, tokens=None):
-        """Append one message as it happens (never rewrites earlier rows)."""
-        with self._seq_lock:
-            seq = self._seq.get(conversation_id)
-            if seq is None:
-                row = self.conn().execute("SELECT coalesce(max(seq) + 1, 0) FROM messages WHERE conversation_id = ?",
-                                          (conversation_id,)).fetchone()
-                seq = row[0]
-            self._seq[conversation_id] = seq + 1
+        """Append one message as it happens (never rewrites earlier rows). Its seq is taken inside the write's
+        transaction, from the database: a count this process kept went stale when another process wrote to the
+        conversation, and the row collided (round 19d). A conversation deleted meanwhile is NotFound, not rows
+        no command can reach."""
         content = self.redact(message.get("content"))
         calls = message.get("tool_calls")
         calls_json = self.redact(json.dumps(calls, ensure_ascii=False)) if calls else None
         with self.batch() as conn:  # the row and its place in the search backlog together
+            if conn.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is None:
+                raise NotFound("conversation %s is no longer stored (deleted meanwhile)" % conversation_id)
+            seq = conn.execute("SELECT coalesce(max(seq) + 1, 0) FROM messages WHERE conversation_id = ?",
+                               (conversation_id,)).fetchone()[0]
             row = conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, "
                                "name, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                (conversation_id, seq, message["role"], content, calls_json,
@@ -1652,25 +1658,29 @@ class Store:
         """Conversations left 'running' by a process that is gone become 'interrupted'. Only this process space's
         (host, machine and pid namespace: another's pids are not ours to judge; a `history list` in a container
         sharing the store marked a live watcher's run interrupted, attack round 16a), known by pid and start."""
-        space = _process_space()
-        rows = self.conn().execute("SELECT id, pid, space, started FROM conversations WHERE status = 'running' AND "
-                                   "host = ?", (_hostname(),)).fetchall()
+        rows = self.conn().execute("SELECT id, pid, host, space, started FROM conversations WHERE status = 'running' "
+                                   "AND host = ?", (_hostname(),)).fetchall()
         for row in rows:
-            boot = _boot_of(row["space"], space) if row["space"] not in (None, space) else "this"
-            if boot == "earlier":
-                # an earlier boot of this machine (its name, pid namespace and machine id; another boot): that
-                # process is gone; left running, a run cut off by a reboot was never reaped, nor pruned (round 16b).
-                # Not another machine of the same name: its live run was marked interrupted, then pruned (16c)
-                alive = False
-            elif boot is None:
-                continue
-            else:
-                alive = row["pid"] and _pid_alive(row["pid"]) and row["started"] in (None, _process_start(row["pid"]))
-            if row["pid"] and not alive:
+            if row["pid"] and _runner_alive(row) is False:
                 self.conn().execute("UPDATE conversations SET status = 'interrupted', error = ?, updated_at = ? "
                                     "WHERE id = ? AND status = 'running'",
                                     ("the process ended without finishing (killed or crashed)", rfc3339(), row["id"]))
         return len(rows)
+
+    def _refuse_running(self, conn, ids, what):
+        """Busy when another process that lives (or may: one of another host or container, whose pids are not ours
+        to judge) runs one of conversations `ids`, as reap judges it. This process's own are its to continue."""
+        for cid in ids:
+            row = conn.execute("SELECT id, status, pid, host, space, started FROM conversations WHERE id = ?",
+                               (cid,)).fetchone()
+            if row is None or row["status"] != "running" or not row["pid"]:
+                continue
+            if row["pid"] == os.getpid() and row["host"] == _hostname() and row["space"] in (None, _process_space()):
+                continue
+            if _runner_alive(row) is not False:
+                where = "" if row["host"] == _hostname() else " on %s" % row["host"]
+                raise Busy("conversation %s is running in process %d%s: let it finish or stop it first, then %s"
+                           % (row["id"], row["pid"], where, what))
 
     def resolve(self, prefix):
         """A conversation id from a unique prefix (case-insensitive)."""
@@ -1788,11 +1798,13 @@ class Store:
         return out
 
     def delete_conversation(self, id):
-        """Remove a conversation, its subagent tree, messages and undo records. Returns how many."""
+        """Remove a conversation, its subagent tree, messages and undo records. Returns how many. Busy while a live
+        process runs one of them (round 19d: deleted under a run, it went on writing rows nothing could reach)."""
         ids = [id] + [c["id"] for c, _ in self.descendants(id)]
         conn = self.conn()
         conn.execute("BEGIN IMMEDIATE")
         with conn:
+            self._refuse_running(conn, ids, "delete it")
             for cid in ids:
                 conn.execute("DELETE FROM search_backlog WHERE message_rowid IN (SELECT rowid FROM messages WHERE "
                              "conversation_id = ?)", (cid,))  # a rowid used again is not indexed for them
@@ -1811,7 +1823,13 @@ class Store:
         return [r["id"] for r in rows]
 
     def prune_older_than(self, seconds):
-        return sum(self.delete_conversation(cid) for cid in self.older_than(seconds))
+        removed = 0
+        for cid in self.older_than(seconds):
+            try:
+                removed += self.delete_conversation(cid)
+            except Busy:  # a subagent of it still runs: left for a later prune
+                continue
+        return removed
 
     # -- undo records (issue: file tools) --
     # What a file held before the agent changed it must be kept as it was (undo restores it byte for byte),
@@ -2231,6 +2249,23 @@ def _boot_id():
 
 
 _boot = []
+
+
+def _runner_alive(row):
+    """Whether the process a 'running' conversation row names (pid, host, space, started) lives: True, False (it is
+    gone), or None (another host, pid namespace or machine: not ours to judge)."""
+    if row["host"] != _hostname():
+        return None
+    space = _process_space()
+    boot = _boot_of(row["space"], space) if row["space"] not in (None, space) else "this"
+    if boot == "earlier":
+        # an earlier boot of this machine (its name, pid namespace and machine id; another boot): that process is
+        # gone; left running, a run cut off by a reboot was never reaped, nor pruned (round 16b). Not another
+        # machine of the same name: its live run was marked interrupted, then pruned (16c)
+        return False
+    if boot is None:
+        return None
+    return bool(row["pid"] and _pid_alive(row["pid"]) and row["started"] in (None, _process_start(row["pid"])))
 
 
 def _pid_alive(pid):

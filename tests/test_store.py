@@ -869,3 +869,49 @@ def test_the_claims_another_host_beats_are_remembered_within_a_bound(store):
         if not store._holds(dead, "here"):
             break
     assert now[0] == 60  # taken over after its lease
+
+
+def test_a_message_takes_its_place_from_the_database_not_a_stale_count(tmp_path):
+    """Two processes writing one conversation: each message's seq is taken inside its write's transaction, so
+    neither collides with the other's rows (round 19d: a count kept per process went stale, and one run's
+    history was dropped on a UNIQUE constraint)."""
+    path = str(tmp_path / "c.db")
+    a, b = Store(path).open(), Store(path).open()
+    cid = a.start_conversation(new_ulid(), "run")
+    for i in range(3):
+        a.append_message(cid, {"role": "user", "content": "a%d" % i})
+        b.append_message(cid, {"role": "user", "content": "b%d" % i})
+    assert [m["content"] for m in a.messages(cid)] == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    a.delete_conversation(cid)
+    with pytest.raises(StoreError, match="no longer stored"):  # never rows nothing can reach
+        b.append_message(cid, {"role": "user", "content": "late"})
+    assert b.conn().execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+
+
+def test_a_conversation_a_live_process_runs_is_neither_continued_nor_deleted(cli, fake):
+    """round 19d: `run --resume ID` beside a run of ID interleaved both tasks in one transcript, and `history
+    delete ID` reported success while the run went on writing rows nothing could reach. Both are refused with
+    the process named; once it is gone, both work."""
+    cli.use(fake)
+    fake.add({"hang": 60})
+    proc = cli.popen("run", "--prompt", "long task")
+    try:
+        assert wait_for(lambda: len(fake.model_requests()) == 1)
+        cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+        for args in (("run", "--resume", cid[:10], "--prompt", "other task"), ("run", "--last", "--prompt", "x"),
+                     ("history", "delete", cid[:10])):
+            r = cli.run(*args)
+            assert r.returncode == 2 and r.stdout == "", r.stderr
+            assert r.stderr.strip() == "error: conversation %s is running in process %d: let it finish or stop it " \
+                "first, then %s" % (cid, proc.pid, "delete it" if "delete" in args else "continue it")
+        assert len(fake.model_requests()) == 1  # nothing was asked for the refused runs
+    finally:
+        proc.kill()
+        proc.wait(10)
+    fake.add({"content": "continued"})
+    r = cli.run("run", "--resume", cid[:10], "--prompt", "go on")
+    assert r.returncode == 0 and r.stdout == "continued\n", r.stderr
+    messages = json.loads(cli.run("history", "show", cid[:10], "--json").stdout)["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user" and not m.get("name")] == ["long task", "go on"]
+    r = cli.run("history", "delete", cid[:10])
+    assert r.returncode == 0 and "deleted conversation" in r.stderr
