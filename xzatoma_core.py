@@ -5395,7 +5395,7 @@ class Session:
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
         if store is None:
-            store = open_store(cfg, console)
+            store = open_store(cfg, console, deadline=deadline)
             owns.add("store")
         if metrics is None and (metrics_port or metrics_textfile):
             metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
@@ -6417,11 +6417,12 @@ def environment_message(working_dir, instructions=None, depth=0, label=None, tod
 # ---- Persistence glue: recording, history, replay ----
 
 
-def open_store(cfg, console, required=False):
+def open_store(cfg, console, required=False, deadline=None):
     """The conversation store, or None (with one warning) when it cannot be used.
 
     An unwritable or corrupt database never stops a task; history commands
-    (required=True) fail with the reason instead.
+    (required=True) fail with the reason instead. `deadline` (time.monotonic()): a run's time limit, which no
+    wait for another process's lock on the database outlasts.
     """
     if not cfg.get("agent.persistence.enabled"):
         if required:
@@ -6429,10 +6430,13 @@ def open_store(cfg, console, required=False):
         return None
     try:
         private_home(cfg.home)
-        store = xzatoma_store.Store(cfg.db_path(), secrets=cfg.secret_values()).open()
+        store = xzatoma_store.Store(cfg.db_path(), secrets=cfg.secret_values())
+        store.deadline = deadline
+        store.open()
         store.reap()
         return store
     except Exception as exc:  # StoreError, sqlite3.Error, OSError: all mean "no history this time"
+        exc = xzatoma_store.describe_error(exc)
         if cfg.get("agent.persistence.db_path"):  # the key that chose it, named beside its path
             exc = str(exc).replace(cfg.db_path(), "%s (agent.persistence.db_path)" % cfg.db_path(), 1)
         if required:
@@ -6477,8 +6481,8 @@ class Recorder:
         try:
             return fn(*args, **kw)
         except Exception as exc:
-            self.console.warn("cannot write conversation history (%s); continuing without it" % one_line(exc, 200),
-                              once_key="store-write")
+            self.console.warn("cannot write conversation history (%s); continuing without it"
+                              % one_line(xzatoma_store.describe_error(exc), 200), once_key="store-write")
             self.store = None
             self.pending = []
             return None
@@ -6569,14 +6573,24 @@ class _Held:
 
 
 def load_history(store, conversation_id):
-    """Stored messages as conversation messages (without the stored system prompt)."""
-    messages = []
+    """Stored messages as conversation messages (without the stored system prompt). A damaged row is left out,
+    and the tool results right after it (their call went with it: a provider refuses results without one)."""
+    messages, dropped = [], False
     for i, msg in enumerate(store.messages(conversation_id)):
         msg.pop("created_at", None)
         if i == 0 and msg["role"] == "system":
             continue
+        if msg.pop("damaged", None) or (dropped and msg["role"] == "tool"):
+            dropped = True
+            continue
+        dropped = False
         messages.append(msg)
     return messages
+
+
+def damaged_note(msg):
+    """' [damaged row: …]' for a stored message that is not what xzatoma writes, else ''."""
+    return " [damaged row: %s]" % msg["damaged"] if msg.get("damaged") else ""
 
 
 def _plural(n, word):
@@ -6696,9 +6710,11 @@ def cmd_history(args, console):
             conv = store.conversation(cid)
             messages = store.messages(cid)
             if args.json:
-                conv["messages"] = [{"role": m["role"], "content": m["content"],
-                                     "tool_calls": m.get("tool_calls"), "tool_call_id": m.get("tool_call_id"),
-                                     "name": m.get("name"), "created_at": m.get("created_at")} for m in messages]
+                conv["messages"] = [dict({"role": m["role"], "content": m["content"],
+                                          "tool_calls": m.get("tool_calls"), "tool_call_id": m.get("tool_call_id"),
+                                          "name": m.get("name"), "created_at": m.get("created_at")},
+                                         **({"damaged": m["damaged"]} if m.get("damaged") else {}))
+                                     for m in messages]
                 json_out(conv)
             else:
                 out.write(render_transcript(conv, messages, full=args.full))
@@ -6761,7 +6777,9 @@ def render_transcript(conv, messages, full=False):
     lines.append("")
     for msg in messages:
         role = msg["role"]
-        if role == "system":
+        if msg.get("damaged"):
+            lines.append("[%s]%s %s" % (role, damaged_note(msg), _short(msg["content"], full, 200)))
+        elif role == "system":
             lines.append("[system] " + _short(msg["content"], full, 120))
         elif role == "user":
             lines.append("[%s] " % (msg.get("name") or "user") + _short(msg["content"], full, 2000))
@@ -6801,7 +6819,9 @@ def cmd_replay(args, console):
         for msg in store.messages(cid):
             if msg["role"] == "user" and msg.get("name") == ENVIRONMENT:
                 continue  # the working directory and AGENTS.md: `history show` has them
-            if msg["role"] == "user" and msg.get("name"):
+            if msg.get("damaged"):
+                out.write("  (%s%s: %s)\n" % (msg["role"], damaged_note(msg), one_line(msg["content"], 100)))
+            elif msg["role"] == "user" and msg.get("name"):
                 out.write("  (%s: %s)\n" % (msg["name"], one_line(msg["content"], 100)))
             elif msg["role"] == "user":
                 out.write("\n» %s\n" % msg["content"])
@@ -9239,9 +9259,9 @@ def read_until(stream, size, deadline):
     return b"".join(chunks)
 
 
-def find_resume_target(cfg, console, args):
+def find_resume_target(cfg, console, args, deadline=None):
     """resume_target with a store of its own (closed again): before a Session is opened with what it finds."""
-    store = open_store(cfg, console)
+    store = open_store(cfg, console, deadline=deadline)
     try:
         return resume_target(store, args, check_working_dir(args.working_dir))
     finally:
@@ -9555,7 +9575,7 @@ def _cmd_run(args, console):
         args, console, default="Continue the task from where it stopped." if resume else None, deadline=deadline)
     piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"), deadline)
     if resume:  # this directory's conversation, with its provider, model and mode unless given again
-        resume, stored = find_resume_target(cfg, console, args)
+        resume, stored = find_resume_target(cfg, console, args, deadline)
         cfg = restored_config(args, console, cfg, stored, _sandbox_config(args, extra))
         args.mode = args.mode or (stored.get("mode") if stored.get("mode") in ("write", "planning") else None)
     args.mode = args.mode or "write"

@@ -1444,6 +1444,14 @@ class NotFound(StoreError):
     pass
 
 
+def describe_error(exc):
+    """A store error in a person's words: "database is locked" is another process holding the database."""
+    text = str(exc)
+    if "database is locked" in text or "database table is locked" in text:
+        return "the conversation database is locked by another process, such as a backup or a VACUUM"
+    return text
+
+
 class Busy(StoreError):
     """The conversation is being run by another live process (round 19d): continued or deleted under it, two runs
     interleaved their messages in one transcript, or one wrote rows no command could reach any more."""
@@ -1465,6 +1473,10 @@ class Store:
         self._connections = []
         #: seconds a statement waits for another process's lock before "database is locked"
         self.busy_timeout = 30.0
+        #: a run's time limit (time.monotonic()): a wait for a lock takes at most half the time left, so the run
+        #: still has time to answer without its history (round 19d: a backup holding the database held
+        #: `run --timeout 5` for 30 s at its first write, and it failed although the model answered at once)
+        self.deadline = None
         #: the clock another host's claims are judged by: this process's own (Store._holds)
         self.clock = time.monotonic
         #: event id -> (another host's claim as last seen: owner, beat, expiry; when this process first saw it so),
@@ -1505,8 +1517,22 @@ class Store:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA secure_delete = ON")  # deleted or redacted text is zeroed, not left in free pages
             self._local.conn = conn
+            self._local.wait_ms = int(self.busy_timeout * 1000)
             self._connections.append(conn)
+        if self.deadline is not None:
+            self._wait(conn, getattr(self._local, "patience", None))
         return conn
+
+    def _wait(self, conn, seconds=None):
+        """This thread's busy timeout: `seconds` (its patience) or busy_timeout, at most half the time to the
+        deadline."""
+        seconds = self.busy_timeout if seconds is None else seconds
+        if self.deadline is not None:
+            seconds = min(seconds, max(0.0, self.deadline - time.monotonic()) / 2)
+        ms, now = int(seconds * 1000), getattr(self._local, "wait_ms", None)
+        if now is None or ms > now or now - ms >= 100:  # set again as the deadline nears, a tenth of a second a step
+            conn.execute("PRAGMA busy_timeout = %d" % ms)
+            self._local.wait_ms = ms
 
     def patience(self, seconds):
         """`with store.patience(1):` this thread's statements wait at most `seconds` for another process's lock,
@@ -1517,11 +1543,13 @@ class Store:
         @contextlib.contextmanager
         def waiting():
             conn = self.conn()
-            conn.execute("PRAGMA busy_timeout = %d" % int(seconds * 1000))
+            self._local.patience = seconds
+            self._wait(conn, seconds)
             try:
                 yield
             finally:
-                conn.execute("PRAGMA busy_timeout = %d" % int(self.busy_timeout * 1000))
+                self._local.patience = None
+                self._wait(conn)
         return waiting()
 
     def close(self):
@@ -1740,17 +1768,32 @@ class Store:
         return [_conversation_row(row) for row in rows]
 
     def messages(self, conversation_id):
+        """The stored messages in order. A row that is not what this version writes (a hand-edited or damaged
+        database) comes back as text with `damaged` saying what is wrong, and without its tool calls; one row
+        never fails history, replay, search or a resume (round 19d: unguarded json.loads, "internal error")."""
         out = []
         for row in self.conn().execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq",
                                        (conversation_id,)):
-            msg = {"role": row["role"], "content": row["content"] or ""}
+            msg = {"role": _text(row["role"]), "content": _text(row["content"]) or ""}
+            damage = []
+            if not isinstance(row["content"], (str, type(None))):
+                damage.append("its content is not text")
             if row["tool_calls"]:
-                msg["tool_calls"] = json.loads(row["tool_calls"])
-            if row["tool_call_id"] is not None:
-                msg["tool_call_id"] = row["tool_call_id"]
-            if row["name"] is not None:
-                msg["name"] = row["name"]
-            msg["created_at"] = row["created_at"]
+                try:
+                    calls = json.loads(row["tool_calls"])
+                except (TypeError, ValueError):
+                    calls = None
+                if isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                                   and isinstance(c.get("id"), str) for c in calls):
+                    msg["tool_calls"] = calls
+                else:
+                    damage.append("its tool calls are not a list of calls")
+            for key in ("tool_call_id", "name"):
+                if row[key] is not None:
+                    msg[key] = _text(row[key])
+            msg["created_at"] = _text(row["created_at"])
+            if damage:
+                msg["damaged"] = "; ".join(damage)
             out.append(msg)
         return out
 
@@ -2181,14 +2224,24 @@ class _Batch:
 
 
 def _conversation_row(row):
-    """A conversation as callers want it: its progress list decoded (stored as JSON text)."""
-    out = dict(row)
+    """A conversation as callers want it: its progress list decoded (stored as JSON text); bytes a damaged row
+    holds where text belongs, as text."""
+    out = {key: _text(value) if isinstance(value, bytes) else value for key, value in dict(row).items()}
     if out.get("progress"):
         try:
             out["progress"] = json.loads(out["progress"])
-        except ValueError:
+        except (TypeError, ValueError):
             out["progress"] = None
     return out
+
+
+def _text(value):
+    """A stored value as text (None stays None): bytes decoded, replacing what is not UTF-8; numbers spelt."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
 
 
 def _xor(data, stream):

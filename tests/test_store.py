@@ -915,3 +915,58 @@ def test_a_conversation_a_live_process_runs_is_neither_continued_nor_deleted(cli
     assert [m["content"] for m in messages if m["role"] == "user" and not m.get("name")] == ["long task", "go on"]
     r = cli.run("history", "delete", cid[:10])
     assert r.returncode == 0 and "deleted conversation" in r.stderr
+
+
+def test_a_locked_database_never_holds_a_run_past_its_time_limit(cli, fake):
+    """round 19d: another process holding the database (a backup's BEGIN EXCLUSIVE) held `run --timeout 5` for
+    the store's 30 s busy wait, and it failed although the model answered at once. A wait for the lock takes at
+    most half the time the run has left; the run answers without its history, and says why."""
+    cli.use(fake)
+    fake.add({"content": "warm"}, {"content": "the answer"})
+    assert cli.run("run", "--prompt", "warm").returncode == 0
+    conn = sqlite3.connect(str(cli.xz_home / "conversations.db"), isolation_level=None)
+    conn.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.monotonic()
+        r = cli.run("run", "--timeout", "6", "--prompt", "say it")
+        took = time.monotonic() - started
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+    assert r.returncode == 0 and r.stdout == "the answer\n", r.stderr
+    assert took < 6, took
+    assert r.stderr.count("warning:") == 1 and "locked by another process" in r.stderr
+
+
+def test_a_damaged_row_is_shown_as_damaged_and_the_rest_works(cli, fake):
+    """round 19d: tool calls that were not JSON (or not a list), or content stored as a BLOB, made `history show`,
+    `replay`, `history search` (for the whole store) and `run --resume` exit 1 with "internal error"."""
+    cli.use(fake)
+    fake.add({"content": "first answer"})
+    assert cli.run("run", "--prompt", "first task about otters").returncode == 0
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    conn = sqlite3.connect(str(cli.xz_home / "conversations.db"))
+    rows = [(cid, 10, "assistant", "", "{not json"), (cid, 11, "tool", "orphan result", None),
+            (cid, 12, "assistant", "", '{"a": 1}'), (cid, 13, "user", b"\xff\xfebinary otters", None),
+            (cid, 14, "assistant", "", json.dumps([{"type": "function", "function": {"name": "terminal"}}]))]
+    for row in rows:
+        conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, "
+                     "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", row + (("c1" if row[2] == "tool" else None),
+                                                                   b"\xffwhen"))
+    conn.commit()
+    conn.close()
+    r = cli.run("history", "show", cid[:10])
+    assert r.returncode == 0 and r.stdout.count("[damaged row: its tool calls are not a list of calls]") == 3
+    assert "[damaged row: its content is not text]" in r.stdout and "binary otters" in r.stdout
+    r = cli.run("history", "show", "--json", cid[:10])
+    assert r.returncode == 0 and sum("damaged" in m for m in json.loads(r.stdout)["messages"]) == 4
+    r = cli.run("replay", cid[:10])
+    assert r.returncode == 0 and "first answer" in r.stdout and "damaged row" in r.stdout
+    r = cli.run("history", "search", "otters", "--json")
+    assert r.returncode == 0 and [c["id"] for c in json.loads(r.stdout)] == [cid]
+    fake.add({"content": "resumed"})
+    r = cli.run("run", "--resume", cid[:10], "--prompt", "go on")
+    assert r.returncode == 0 and r.stdout == "resumed\n", r.stderr
+    sent = fake.model_requests()[-1]["body"]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "user"][-2:] == ["first task about otters", "go on"]
+    assert not any(m["role"] == "tool" for m in sent)  # the result whose call was damaged went with it
