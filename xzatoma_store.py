@@ -891,14 +891,46 @@ def private_files_in(path):
             _tighten(full, 0o600)
 
 
-def private_file(path):
-    """Create `path` empty 0600 unless it exists (never following a symlink), or tighten it to 0600."""
+class NotRegularFile(OSError):
+    """A path meant for a private file names a directory, FIFO, socket or device."""
+
+
+def private_file(path, follow=False):
+    """Create `path` empty 0600 unless it exists, or tighten it to 0600: only ever a regular file, judged by fstat
+    on an O_NOFOLLOW descriptor and changed through it (round 19d: a db_path naming a directory, a FIFO or
+    /dev/null had it chmod-ed 0600). Anything else raises NotRegularFile, untouched. A symlink is left alone,
+    unless `follow`: then its target is created (O_EXCL) or tightened (the database: sqlite follows the link, and
+    gives its -wal and -shm the mode of the file it reaches; round 19d found one made through a link 0644)."""
+    target = os.path.realpath(path) if follow else path
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        os.close(fd)
+        fd = os.open(target, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        created = True
     except FileExistsError:
-        _tighten(path, 0o600)
+        st = os.lstat(target)
+        if stat.S_ISLNK(st.st_mode):
+            return path  # not ours to change (not followed, or put there since realpath looked)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "is %s, not a file" % _file_kind(st.st_mode), path)
+        fd = os.open(target, flags | getattr(os, "O_NONBLOCK", 0))  # swapped for a FIFO meanwhile: never blocks
+        created = False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "is %s, not a file" % _file_kind(st.st_mode), path)
+        if created or (st.st_uid == os.getuid() and st.st_mode & 0o077):  # new: 0600 whatever the umask took
+            os.fchmod(fd, 0o600 if created else stat.S_IMODE(st.st_mode) & 0o600)
+    finally:
+        os.close(fd)
     return path
+
+
+def _file_kind(mode):
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def write_private(path, text):
@@ -917,11 +949,12 @@ def write_private(path, text):
 
 
 def _tighten(path, mode):
+    """Take group/other access away from `path`: a directory (mode 0700) or a regular file (0600), nothing else."""
     try:
         st = os.lstat(path)
         import stat
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
-            return  # not ours to change (a link, or someone else's file)
+        if not (stat.S_ISDIR if mode & 0o100 else stat.S_ISREG)(st.st_mode) or st.st_uid != os.getuid():
+            return  # not ours to change (a link, a device, a FIFO, or someone else's)
         if st.st_mode & 0o077:
             os.chmod(path, st.st_mode & mode & 0o7777)
     except (OSError, AttributeError):  # gone, or no getuid (not POSIX)
@@ -1491,10 +1524,16 @@ class Store:
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            # sqlite gives the -wal and -shm files the database's mode: create it 0600 first
-            for path in (self.path, self.path + "-wal", self.path + "-shm"):
-                if path == self.path or os.path.exists(path):
+            # sqlite gives the -wal, -shm and -journal files the mode of the database it reaches (through a link,
+            # the link's target, beside which it makes them): that file is created 0600 first, whatever the umask
+            private_file(self.path, follow=True)
+            real = os.path.realpath(self.path)
+            for path in (real + "-wal", real + "-shm", real + "-journal"):
+                if os.path.lexists(path):
                     private_file(path)
+        except NotRegularFile as exc:
+            raise StoreError("the conversation database %s %s: conversation history needs a file path"
+                             % (exc.filename, exc.strerror))
         except OSError as exc:
             raise StoreError("cannot create %s: %s" % (self.path, exc.strerror or exc))
         try:

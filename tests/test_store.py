@@ -970,3 +970,45 @@ def test_a_damaged_row_is_shown_as_damaged_and_the_rest_works(cli, fake):
     sent = fake.model_requests()[-1]["body"]["messages"]
     assert [m["content"] for m in sent if m["role"] == "user"][-2:] == ["first task about otters", "go on"]
     assert not any(m["role"] == "tool" for m in sent)  # the result whose call was damaged went with it
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_db_path_that_is_not_a_file_is_said_so_and_left_as_it_is(cli, fake, tmp_path, kind):
+    """round 19d: a db_path naming a directory (or a FIFO, or a device) had its mode changed to 0600: a directory
+    nobody could enter any more. Only a regular file is ever chmod-ed; anything else is one warning."""
+    target = tmp_path / "shared_data"
+    if kind == "directory":
+        target.mkdir()
+    else:
+        os.mkfifo(str(target))
+    os.chmod(str(target), 0o755)
+    cli.use(fake, persistence={"db_path": str(target)})
+    fake.add({"content": "fine"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stdout == "fine\n"
+    assert r.stderr.count("warning:") == 1 and "is a %s, not a file" % ("directory" if kind == "directory" else
+                                                                      "named pipe") in r.stderr
+    assert os.stat(str(target)).st_mode & 0o777 == 0o755
+
+
+def test_a_database_reached_through_a_symlink_and_its_wal_are_private(cli, fake, tmp_path):
+    """round 19d: conversations.db a symlink to a database not made yet (on another disk): sqlite made it, and
+    its -wal and -shm, 0644 under umask 022. The target is created 0600 first, whatever the umask."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (cli.xz_home / "conversations.db").symlink_to(data / "conversations.db")
+    cli.use(fake)
+    fake.add({"hang": 60})
+    old = os.umask(0o022)
+    try:
+        proc = cli.popen("run", "--prompt", "private task")
+    finally:
+        os.umask(old)
+    try:
+        assert wait_for(lambda: len(fake.model_requests()) == 1)
+        modes = {p.name: p.stat().st_mode & 0o777 for p in data.iterdir()}
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert modes == {"conversations.db": 0o600, "conversations.db-wal": 0o600, "conversations.db-shm": 0o600}
+    assert (cli.xz_home / "conversations.db").is_symlink()
