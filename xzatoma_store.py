@@ -1331,7 +1331,7 @@ def _redact_stored(conn):
     if changed and conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (FTS_TABLE,)).fetchone():
         conn.execute("DELETE FROM %s" % FTS_TABLE)  # the index kept its own copy of the text
         conn.execute("INSERT INTO %s (conversation_id, content) SELECT conversation_id, coalesce(content, '') || "
-                     "' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
+                     "' ' || coalesce(tool_calls, '') FROM messages WHERE %s" % (FTS_TABLE, SEARCHED_ROWS))
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'search_backlog'").fetchone():
             conn.execute("DELETE FROM search_backlog")  # all of them are in the index now
 
@@ -1462,6 +1462,11 @@ def _unindexed(message):
     conversation makes every one match its words, and it was most of what a short run indexed: the system
     prompt alone cost a watcher 1.8 ms an event in trigram terms (issue 22). They stay stored, and shown."""
     return message.get("role") == "system" or message.get("name") == "environment"
+
+
+#: _unindexed in SQL: the message rows search looks through, by FTS or by LIKE (round 19d: the LIKE search of 1-2
+#: characters went through every row, and "XZ" found every conversation by its system prompt)
+SEARCHED_ROWS = "role != 'system' AND coalesce(name, '') != 'environment'"
 
 CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
                        "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
@@ -1636,7 +1641,8 @@ class Store:
                 conn.execute("CREATE VIRTUAL TABLE %s USING fts5(conversation_id UNINDEXED, content, "
                              "tokenize = '%s')" % (FTS_TABLE, tokenizer))
                 conn.execute("INSERT INTO %s (conversation_id, content) SELECT conversation_id, "
-                             "coalesce(content, '') || ' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
+                             "coalesce(content, '') || ' ' || coalesce(tool_calls, '') FROM messages WHERE %s"
+                             % (FTS_TABLE, SEARCHED_ROWS))
                 return
             except sqlite3.OperationalError:
                 continue  # no FTS5 in this interpreter's sqlite: search falls back to LIKE
@@ -1847,9 +1853,9 @@ class Store:
             ids = [r[0] for r in rows]
         else:
             like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            rows = conn.execute("SELECT DISTINCT conversation_id FROM messages WHERE content LIKE ? ESCAPE '\\' "
-                                "OR tool_calls LIKE ? ESCAPE '\\' ORDER BY conversation_id DESC LIMIT ?",
-                                (like, like, limit)).fetchall()
+            rows = conn.execute("SELECT DISTINCT conversation_id FROM messages WHERE (content LIKE ? ESCAPE '\\' "
+                                "OR tool_calls LIKE ? ESCAPE '\\') AND %s ORDER BY conversation_id DESC LIMIT ?"
+                                % SEARCHED_ROWS, (like, like, limit)).fetchall()
             ids = [r[0] for r in rows]
         out = []
         for cid in ids:

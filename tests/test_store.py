@@ -532,6 +532,9 @@ def test_search_leaves_out_the_head_every_conversation_shares(tmp_path):
     assert s.search("XZatoma") == [] and s.search("okapi") == []
     found = s.search("walrus")
     assert [c["id"] for c in found] == [cid] and "count the walruses" in found[0]["snippet"]
+    # under 3 characters (no trigram): the same rows left out (round 19d: "XZ", "_" and "<c" found every one)
+    assert s.search("XZ") == [] and s.search("_") == [] and s.search("<c") == [] and s.search(";") == []
+    assert [c["id"] for c in s.search("wa")] == [cid]
 
 
 def test_messages_wait_for_the_search_index_in_batches_and_are_found_meanwhile(tmp_path):
