@@ -5395,7 +5395,7 @@ class Session:
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
         if store is None:
-            store = open_store(cfg, console, deadline=deadline)
+            store = open_store(cfg, console, deadline=deadline, changes="chat" if confirmations else "run")
             owns.add("store")
         if metrics is None and (metrics_port or metrics_textfile):
             metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
@@ -5555,6 +5555,13 @@ class Session:
             len(left), len(progress), progress.noun(), shown, " …" if len(left) > 5 else ""))
 
     # -- tools --
+    def undo_store(self):
+        """Where the file tools record what they change: the Store; without a usable one (history on), this
+        process's memory (round 19d: changes went unrecorded); with history off, nowhere (as documented)."""
+        if self.store is not None:
+            return self.store
+        return xzatoma_store.memory_undo() if self.cfg.get("agent.persistence.enabled") else None
+
     def _build(self):
         if self.link is not None:
             ctx = self.link.ctx.child(self.label, self.id)
@@ -5565,7 +5572,7 @@ class Session:
                                              else None, asks and asks.ask_irreversible, asks and asks.confirm_command)
             make = self.workspace.tool_context if self.workspace is not None else \
                 lambda *a, **kw: tool_context(self.cfg, *a, **kw)
-            ctx = make(self.confinement, self.store, self.id, approvals=people, autonomy=self.autonomy,
+            ctx = make(self.confinement, self.undo_store(), self.id, approvals=people, autonomy=self.autonomy,
                        cancel=self.cancel)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
@@ -6417,12 +6424,13 @@ def environment_message(working_dir, instructions=None, depth=0, label=None, tod
 # ---- Persistence glue: recording, history, replay ----
 
 
-def open_store(cfg, console, required=False, deadline=None):
+def open_store(cfg, console, required=False, deadline=None, changes=False):
     """The conversation store, or None (with one warning) when it cannot be used.
 
     An unwritable or corrupt database never stops a task; history commands
     (required=True) fail with the reason instead. `deadline` (time.monotonic()): a run's time limit, which no
-    wait for another process's lock on the database outlasts.
+    wait for another process's lock on the database outlasts. `changes` ("run" or "chat"): for a session whose
+    tools may change files, the warning says their undo records last only as long as this process (MemoryUndo).
     """
     if not cfg.get("agent.persistence.enabled"):
         if required:
@@ -6441,7 +6449,10 @@ def open_store(cfg, console, required=False, deadline=None):
             exc = str(exc).replace(cfg.db_path(), "%s (agent.persistence.db_path)" % cfg.db_path(), 1)
         if required:
             raise UsageError(str(exc))
-        console.warn("%s; continuing without conversation history" % one_line(exc, 240), once_key="store")
+        console.warn("%s; continuing without conversation history%s" % (one_line(exc, 240), {
+            "run": ": file changes this run makes cannot be undone afterwards ('xzatoma undo' will not see them)",
+            "chat": ": file changes can be undone with /undo until this chat ends, not by 'xzatoma undo' later",
+        }.get(changes, "")), once_key="store")
         return None
 
 
@@ -7968,14 +7979,15 @@ class ChatSession:
         self.resume(arg)
 
     def undo(self):
-        if self.store is None:
-            raise UsageError("undo needs conversation history, which is unavailable")
-        records = self.store.undo_records(conversation_id=self.id, limit=1)
+        store = self.session.undo_store()  # without a usable database, this process's own records
+        if store is None:
+            raise UsageError("undo needs conversation history, which is off (agent.persistence.enabled: false)")
+        records = store.undo_records(conversation_id=self.id, limit=1)
         if not records:
             self.console.info("nothing to undo in this conversation")
             return
         try:
-            self.console.info(xzatoma_tools.undo_change(self.store, records[0]))
+            self.console.info(xzatoma_tools.undo_change(store, records[0]))
         except (xzatoma_tools.UndoError, OSError) as exc:
             raise XzError(str(exc))
 

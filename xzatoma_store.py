@@ -2234,6 +2234,69 @@ class Store:
         return _Batch(self)
 
 
+class MemoryUndo:
+    """Undo records kept in this process's memory where the database cannot be used (it cannot be opened, or this
+    Python has no sqlite3): the file tools still record what they change, so chat's /undo works within the
+    session; `xzatoma undo` after the process cannot (round 19d: changes were made with no record at all, and
+    only "no conversation history" was said). At most MAX_MEMORY_UNDO_BYTES of content: the oldest go first."""
+
+    def __init__(self):
+        self._records = []
+        self._lock = threading.Lock()
+        self._next = 1
+
+    def record_undo(self, conversation_id, tool_call_id, tool, path, kind, content=None, mode=None, after_hash=None):
+        record = {"conversation_id": conversation_id, "tool_call_id": tool_call_id, "tool": tool, "path": path,
+                  "kind": kind, "content": bytes(content) if content is not None else None, "mode": mode,
+                  "after_hash": after_hash, "created_at": rfc3339(), "restored_at": None}
+        with self._lock:
+            record["id"] = self._next
+            self._next += 1
+            self._records.append(record)
+            total = sum(len(r["content"] or b"") for r in self._records)
+            while total > MAX_MEMORY_UNDO_BYTES and len(self._records) > 1:
+                total -= len(self._records.pop(0)["content"] or b"")
+        return record["id"]
+
+    def _record(self, undo_id):
+        return next((r for r in self._records if r["id"] == undo_id), {})
+
+    def set_undo_after(self, undo_id, after_hash):
+        with self._lock:
+            self._record(undo_id)["after_hash"] = after_hash
+
+    def mark_restored(self, undo_id):
+        with self._lock:
+            self._record(undo_id)["restored_at"] = rfc3339()
+
+    def undo_records(self, conversation_id=None, pending=True, limit=None, working_dir=None):
+        with self._lock:
+            rows = [dict(r) for r in reversed(self._records) if (conversation_id is None or
+                    r["conversation_id"] == conversation_id) and not (pending and r["restored_at"])]
+        return rows[:limit] if limit else rows
+
+    def conversation(self, id):
+        raise NotFound("no conversation %s (history is unavailable)" % id)
+
+    def cache_get(self, url, ttl):
+        return None
+
+    def cache_put(self, *args):
+        pass
+
+
+#: what MemoryUndo keeps at most, in bytes of saved content
+MAX_MEMORY_UNDO_BYTES = 256 << 20
+_memory_undo = []
+
+
+def memory_undo():
+    """This process's MemoryUndo (one: a chat's conversations and subagents share it)."""
+    if not _memory_undo:
+        _memory_undo.append(MemoryUndo())
+    return _memory_undo[0]
+
+
 class _Immediate:
     def __init__(self, conn):
         self.conn = conn

@@ -744,3 +744,26 @@ def test_with_stdout_in_a_file_the_prompt_and_questions_stay_on_the_terminal(cli
             os.close(master)
     text = answers.read_text()
     assert ">> " not in text and "[e]dit" not in text, text
+
+
+def test_undo_works_within_a_chat_whose_history_cannot_be_stored(chat, fake, cli, tmp_path):
+    """round 19d: with a database that cannot be opened (or no sqlite3), the file tools changed files with no undo
+    record and only "no conversation history" was said. The warning says changes can be undone only in the chat,
+    and /undo works there: the records are kept in memory."""
+    (cli.workdir / "notes.txt").write_text("precious original\n")
+    (tmp_path / "a-directory").mkdir()  # no database can be there
+    cli.use(fake, persistence={"db_path": str(tmp_path / "a-directory")})
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]},
+             {"tool_calls": [tool_call("write_file", path="notes.txt", content="overwritten\n")]}, {"content": "done"})
+    p = chat("--mode", "write", "--safety", "yolo")
+    p.expect(r"continuing without conversation history: file changes can be undone with /undo until this chat "
+             r"ends, not by 'xzatoma undo' later")
+    p.expect(PROMPT % ("WRITE", "YOLO"))
+    p.line("rewrite the notes")
+    p.expect("done")
+    assert (cli.workdir / "notes.txt").read_text() == "overwritten\n", p.seen
+    p.line("/undo")
+    p.expect(r"restored .*notes\.txt")
+    assert (cli.workdir / "notes.txt").read_text() == "precious original\n"
+    p.eof()
+    assert p.wait() == 0

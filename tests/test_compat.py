@@ -86,3 +86,5 @@ def test_a_python_without_an_optional_extension_still_runs(cli, fake, tmp_path, 
     r = cli.run("run", "--prompt", "x", env={"PYTHONPATH": str(shadow)})
     assert r.returncode == 0 and r.stdout == "fine\n", r.stderr
     assert "internal error" not in r.stderr and r.stderr.count("warning:") <= 1
+    if missing == "_sqlite3":  # no history, and the person is told the run's changes cannot be undone (#13)
+        assert "file changes this run makes cannot be undone afterwards" in r.stderr
