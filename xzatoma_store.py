@@ -1367,6 +1367,19 @@ def _add_beats_and_spaces(conn):
             conn.execute("ALTER TABLE %s ADD COLUMN %s %s" % (table, column, kind))
 
 
+def _seal_undo(conn, store):
+    """Undo content an earlier version stored as it was (before sealing, or before its key) is sealed with
+    undo.key as new records are (round 19d: a `.env`'s keys stayed readable in the database after the migration
+    that redacted everything else: undo content must restore byte for byte, so it cannot be redacted)."""
+    rows = conn.execute("SELECT id, content FROM undo WHERE content IS NOT NULL AND kind != 'moved'").fetchall()
+    for row in rows:
+        content = bytes(row[1])
+        if not content.startswith(Store.SEAL):
+            conn.execute("UPDATE undo SET content = ? WHERE id = ?", (store._seal(content), row[0]))
+
+
+_seal_undo.needs_store = True
+
 MIGRATIONS = [
     # 1: conversations and their messages
     """
@@ -1445,6 +1458,8 @@ MIGRATIONS = [
     # 13 (issue 22): a claim's heartbeats, counted, and its lease, so another host judges it by its own clock
     # (Store._holds); a conversation's process by its pid namespace, machine and start (Store.reap)
     _add_beats_and_spaces,
+    # 14: undo content stored unsealed by an earlier version is sealed (_seal_undo)
+    _seal_undo,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 #: claims of other hosts whose beats a Store remembers (Store._holds): the last looked at
@@ -1624,7 +1639,8 @@ class Store:
             version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
             for number in range(version, SCHEMA_VERSION):
                 if callable(MIGRATIONS[number]):
-                    MIGRATIONS[number](conn)
+                    MIGRATIONS[number](*((conn, self) if getattr(MIGRATIONS[number], "needs_store", False)
+                                         else (conn,)))
                     continue
                 for statement in MIGRATIONS[number].split(";"):
                     if statement.strip():
@@ -1632,6 +1648,9 @@ class Store:
             if version < 2:
                 self._create_fts(conn)
             conn.execute("PRAGMA user_version = %d" % SCHEMA_VERSION)
+        # what the migrations redacted or sealed leaves the database file now, not at some later checkpoint (a
+        # process killed before then left it there); secure_delete zeroed the pages it was in
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @staticmethod
     def _create_fts(conn):
@@ -1924,7 +1943,7 @@ class Store:
     # so it cannot be redacted: a `.env` the agent edited would leave its keys in the database's bytes. The
     # content is sealed instead, with a key kept beside the database (undo.key, 0600): a stream from SHAKE-256
     # of the key and a per-record nonce, and an HMAC-SHA-256 tag so a missing or changed key is an error,
-    # never garbage restored. Records written before this are read as they were stored.
+    # never garbage restored. Records an earlier version wrote unsealed are sealed by migration 14 (_seal_undo).
     SEAL = b"XZU1"
 
     def make_undo_key(self):

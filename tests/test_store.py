@@ -1015,3 +1015,30 @@ def test_a_database_reached_through_a_symlink_and_its_wal_are_private(cli, fake,
         proc.wait(10)
     assert modes == {"conversations.db": 0o600, "conversations.db-wal": 0o600, "conversations.db-shm": 0o600}
     assert (cli.xz_home / "conversations.db").is_symlink()
+
+
+def test_migration_seals_undo_content_an_earlier_version_stored_as_it_was(tmp_path):
+    """round 19d: the redaction migration cannot touch undo content (it must restore byte for byte), and nothing
+    sealed it: a `.env`'s key stayed readable in the database file. It is sealed as new records are, and still
+    restores as it was."""
+    path = str(tmp_path / "old.db")
+    key = b"OPENAI_API_KEY=sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2\n"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    for migration in MIGRATIONS[:4]:
+        for statement in migration.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    conn.execute("PRAGMA user_version = 4")
+    conn.execute("INSERT INTO undo (conversation_id, tool_call_id, tool, path, kind, content, created_at) VALUES "
+                 "('01OLD', 'c1', 'edit_file', '/w/.env', 'file', ?, '2025-01-01T00:00:00Z')", (key,))
+    conn.execute("INSERT INTO undo (conversation_id, tool_call_id, tool, path, kind, content, created_at) VALUES "
+                 "('01OLD', 'c2', 'move_path', '/w/a', 'moved', ?, '2025-01-01T00:00:00Z')", (b"/w/b",))
+    conn.close()
+    s = Store(path).open()
+    records = s.undo_records()
+    assert [(r["kind"], r["content"]) for r in records] == [("moved", b"/w/b"), ("file", key)]
+    s.close()
+    data = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
+    assert b"sk-proj-Zz9Yy8" not in data and b"/w/b" in data  # a move's destination is a path, shown by --list
+    assert os.stat(str(tmp_path / "undo.key")).st_mode & 0o777 == 0o600
