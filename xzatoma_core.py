@@ -9292,7 +9292,8 @@ def resume_target(store, args, working_dir):
         cid = store.resolve(args.resume) if args.resume else store.latest(
             working_dir=None if getattr(args, "all_projects", False) else here)
         stored = store.conversation(cid)
-    except xzatoma_store.NotFound as exc:
+        store.refuse_running(cid)  # before anything starts (the Session takes it over in one transaction)
+    except (xzatoma_store.NotFound, xzatoma_store.Busy) as exc:
         raise UsageError(str(exc))
     where = stored.get("working_dir")
     if where and os.path.realpath(where) != here and not args.working_dir:

@@ -1774,6 +1774,10 @@ class Store:
                 raise Busy("conversation %s is running in process %d%s: let it finish or stop it first, then %s"
                            % (row["id"], row["pid"], where, what))
 
+    def refuse_running(self, id, what="continue it"):
+        """Busy when another live process runs conversation `id` (a look only: resume_conversation decides)."""
+        self._refuse_running(self.conn(), [id], what)
+
     def resolve(self, prefix):
         """A conversation id from a unique prefix (case-insensitive)."""
         prefix = (prefix or "").strip().upper()
