@@ -2257,6 +2257,68 @@ class Store:
         return _Batch(self)
 
 
+class _Immediate:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def __enter__(self):
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, kind, exc, tb):
+        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
+        return False
+
+
+class _Batch:
+    def __init__(self, store):
+        self.store = store
+        self.conn = self.local = None
+
+    def __enter__(self):
+        self.local = local = self.store._local  # this thread's: its connection, and how deep its batches go
+        self.conn = self.store.conn()
+        depth = getattr(local, "batch", 0)
+        if not depth:
+            self.conn.execute("BEGIN IMMEDIATE")
+        local.batch = depth + 1
+        return self.conn
+
+    def __exit__(self, kind, exc, tb):
+        self.local.batch -= 1
+        if not self.local.batch:
+            self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
+        return False
+
+
+def _conversation_row(row):
+    """A conversation as callers want it: its progress list decoded (stored as JSON text); bytes a damaged row
+    holds where text belongs, as text."""
+    out = {key: _text(value) if isinstance(value, bytes) else value for key, value in dict(row).items()}
+    if out.get("progress"):
+        try:
+            out["progress"] = json.loads(out["progress"])
+        except (TypeError, ValueError):
+            out["progress"] = None
+    return out
+
+
+def _text(value):
+    """A stored value as text (None stays None): bytes decoded, replacing what is not UTF-8; numbers spelt."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _xor(data, stream):
+    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(data), "big")
+
+
+# ---- Undo records in memory: where the database cannot be used ----
+
+
 class MemoryUndo:
     """Undo records kept in this process's memory where the database cannot be used (it cannot be opened, or this
     Python has no sqlite3): the file tools still record what they change, so chat's /undo works within the
@@ -2320,63 +2382,7 @@ def memory_undo():
     return _memory_undo[0]
 
 
-class _Immediate:
-    def __init__(self, conn):
-        self.conn = conn
-
-    def __enter__(self):
-        self.conn.execute("BEGIN IMMEDIATE")
-        return self.conn
-
-    def __exit__(self, kind, exc, tb):
-        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
-        return False
-
-
-class _Batch:
-    def __init__(self, store):
-        self.store = store
-        self.conn = self.local = None
-
-    def __enter__(self):
-        self.local = local = self.store._local  # this thread's: its connection, and how deep its batches go
-        self.conn = self.store.conn()
-        depth = getattr(local, "batch", 0)
-        if not depth:
-            self.conn.execute("BEGIN IMMEDIATE")
-        local.batch = depth + 1
-        return self.conn
-
-    def __exit__(self, kind, exc, tb):
-        self.local.batch -= 1
-        if not self.local.batch:
-            self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
-        return False
-
-
-def _conversation_row(row):
-    """A conversation as callers want it: its progress list decoded (stored as JSON text); bytes a damaged row
-    holds where text belongs, as text."""
-    out = {key: _text(value) if isinstance(value, bytes) else value for key, value in dict(row).items()}
-    if out.get("progress"):
-        try:
-            out["progress"] = json.loads(out["progress"])
-        except (TypeError, ValueError):
-            out["progress"] = None
-    return out
-
-
-def _text(value):
-    """A stored value as text (None stays None): bytes decoded, replacing what is not UTF-8; numbers spelt."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def _xor(data, stream):
-    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(data), "big")
+# ---- Processes: who runs a conversation, who holds a claim ----
 
 
 def _hostname():
