@@ -760,10 +760,12 @@ def test_undo_works_within_a_chat_whose_history_cannot_be_stored(chat, fake, cli
              r"ends, not by 'xzatoma undo' later")
     p.expect(PROMPT % ("WRITE", "YOLO"))
     p.line("rewrite the notes")
-    p.expect("done")
+    p.expect(r"\ndone")
     assert (cli.workdir / "notes.txt").read_text() == "overwritten\n", p.seen
+    p.expect(PROMPT % ("WRITE", "YOLO"))
     p.line("/undo")
-    p.expect(r"restored .*notes\.txt")
-    assert (cli.workdir / "notes.txt").read_text() == "precious original\n"
+    p.expect(r"restored \S*notes\.txt")
+    assert (cli.workdir / "notes.txt").read_text() == "precious original\n", p.seen
+    p.expect(PROMPT % ("WRITE", "YOLO"))
     p.eof()
     assert p.wait() == 0

@@ -937,7 +937,7 @@ def test_a_locked_database_never_holds_a_run_past_its_time_limit(cli, fake):
         conn.execute("ROLLBACK")
         conn.close()
     assert r.returncode == 0 and r.stdout == "the answer\n", r.stderr
-    assert took < 6, took
+    assert took < 15, took  # the 30 s wait it replaced, far from it (a loaded machine starts slowly)
     assert r.stderr.count("warning:") == 1 and "locked by another process" in r.stderr
 
 
