@@ -5399,7 +5399,7 @@ class Session:
         provider = provider or make_provider(cfg, console)
         owns = {"cancel"} if cancel is None else set()
         if store is None:
-            store = open_store(cfg, console)
+            store = open_store(cfg, console, deadline=deadline, changes="chat" if confirmations else "run")
             owns.add("store")
         if metrics is None and (metrics_port or metrics_textfile):
             metrics = load_metrics(metrics_port, metrics_textfile, console.warn)
@@ -5435,6 +5435,12 @@ class Session:
                 stored = self.store.conversation(conversation_id)
             except xzatoma_store.NotFound as exc:
                 raise UsageError(str(exc))
+            try:  # taken now, before anything runs: a conversation another live process runs is refused
+                self.store.resume_conversation(conversation_id)
+            except xzatoma_store.Busy as exc:
+                raise UsageError(str(exc))
+            except Exception:  # a store that cannot be written: the recorder says so at its first write
+                pass
         else:
             conversation_id = xzatoma_store.new_ulid()
         self.kind, self.id, self.resumed, self.recorded = kind, conversation_id, stored is not None, False
@@ -5553,6 +5559,13 @@ class Session:
             len(left), len(progress), progress.noun(), shown, " …" if len(left) > 5 else ""))
 
     # -- tools --
+    def undo_store(self):
+        """Where the file tools record what they change: the Store; without a usable one (history on), this
+        process's memory (round 19d: changes went unrecorded); with history off, nowhere (as documented)."""
+        if self.store is not None:
+            return self.store
+        return xzatoma_store.memory_undo() if self.cfg.get("agent.persistence.enabled") else None
+
     def _build(self):
         if self.link is not None:
             ctx = self.link.ctx.child(self.label, self.id)
@@ -5563,7 +5576,7 @@ class Session:
                                              else None, asks and asks.ask_irreversible, asks and asks.confirm_command)
             make = self.workspace.tool_context if self.workspace is not None else \
                 lambda *a, **kw: tool_context(self.cfg, *a, **kw)
-            ctx = make(self.confinement, self.store, self.id, approvals=people, autonomy=self.autonomy,
+            ctx = make(self.confinement, self.undo_store(), self.id, approvals=people, autonomy=self.autonomy,
                        cancel=self.cancel)
         if self.profile is None:
             self.profile = tool_profile(self.cfg, self.provider, self.console)
@@ -6429,11 +6442,13 @@ def environment_message(working_dir, instructions=None, depth=0, label=None, tod
 # ---- Persistence glue: recording, history, replay ----
 
 
-def open_store(cfg, console, required=False):
+def open_store(cfg, console, required=False, deadline=None, changes=False):
     """The conversation store, or None (with one warning) when it cannot be used.
 
     An unwritable or corrupt database never stops a task; history commands
-    (required=True) fail with the reason instead.
+    (required=True) fail with the reason instead. `deadline` (time.monotonic()): a run's time limit, which no
+    wait for another process's lock on the database outlasts. `changes` ("run" or "chat"): for a session whose
+    tools may change files, the warning says their undo records last only as long as this process (MemoryUndo).
     """
     if not cfg.get("agent.persistence.enabled"):
         if required:
@@ -6441,15 +6456,21 @@ def open_store(cfg, console, required=False):
         return None
     try:
         private_home(cfg.home)
-        store = xzatoma_store.Store(cfg.db_path(), secrets=cfg.secret_values()).open()
+        store = xzatoma_store.Store(cfg.db_path(), secrets=cfg.secret_values())
+        store.deadline = deadline
+        store.open()
         store.reap()
         return store
     except Exception as exc:  # StoreError, sqlite3.Error, OSError: all mean "no history this time"
+        exc = xzatoma_store.describe_error(exc)
         if cfg.get("agent.persistence.db_path"):  # the key that chose it, named beside its path
             exc = str(exc).replace(cfg.db_path(), "%s (agent.persistence.db_path)" % cfg.db_path(), 1)
         if required:
             raise UsageError(str(exc))
-        console.warn("%s; continuing without conversation history" % one_line(exc, 240), once_key="store")
+        console.warn("%s; continuing without conversation history%s" % (one_line(exc, 240), {
+            "run": ": file changes this run makes cannot be undone afterwards ('xzatoma undo' will not see them)",
+            "chat": ": file changes can be undone with /undo until this chat ends, not by 'xzatoma undo' later",
+        }.get(changes, "")), once_key="store")
         return None
 
 
@@ -6489,8 +6510,8 @@ class Recorder:
         try:
             return fn(*args, **kw)
         except Exception as exc:
-            self.console.warn("cannot write conversation history (%s); continuing without it" % one_line(exc, 200),
-                              once_key="store-write")
+            self.console.warn("cannot write conversation history (%s); continuing without it"
+                              % one_line(xzatoma_store.describe_error(exc), 200), once_key="store-write")
             self.store = None
             self.pending = []
             return None
@@ -6581,14 +6602,24 @@ class _Held:
 
 
 def load_history(store, conversation_id):
-    """Stored messages as conversation messages (without the stored system prompt)."""
-    messages = []
+    """Stored messages as conversation messages (without the stored system prompt). A damaged row is left out,
+    and the tool results right after it (their call went with it: a provider refuses results without one)."""
+    messages, dropped = [], False
     for i, msg in enumerate(store.messages(conversation_id)):
         msg.pop("created_at", None)
         if i == 0 and msg["role"] == "system":
             continue
+        if msg.pop("damaged", None) or (dropped and msg["role"] == "tool"):
+            dropped = True
+            continue
+        dropped = False
         messages.append(msg)
     return messages
+
+
+def damaged_note(msg):
+    """' [damaged row: …]' for a stored message that is not what xzatoma writes, else ''."""
+    return " [damaged row: %s]" % msg["damaged"] if msg.get("damaged") else ""
 
 
 def _plural(n, word):
@@ -6649,7 +6680,7 @@ class history_store:
 
     def __exit__(self, kind, exc, tb):
         self.store.close()
-        if isinstance(exc, xzatoma_store.NotFound):
+        if isinstance(exc, (xzatoma_store.NotFound, xzatoma_store.Busy)):
             raise UsageError(str(exc))
         return False
 
@@ -6708,9 +6739,11 @@ def cmd_history(args, console):
             conv = store.conversation(cid)
             messages = store.messages(cid)
             if args.json:
-                conv["messages"] = [{"role": m["role"], "content": m["content"],
-                                     "tool_calls": m.get("tool_calls"), "tool_call_id": m.get("tool_call_id"),
-                                     "name": m.get("name"), "created_at": m.get("created_at")} for m in messages]
+                conv["messages"] = [dict({"role": m["role"], "content": m["content"],
+                                          "tool_calls": m.get("tool_calls"), "tool_call_id": m.get("tool_call_id"),
+                                          "name": m.get("name"), "created_at": m.get("created_at")},
+                                         **({"damaged": m["damaged"]} if m.get("damaged") else {}))
+                                     for m in messages]
                 json_out(conv)
             else:
                 out.write(render_transcript(conv, messages, full=args.full))
@@ -6773,7 +6806,9 @@ def render_transcript(conv, messages, full=False):
     lines.append("")
     for msg in messages:
         role = msg["role"]
-        if role == "system":
+        if msg.get("damaged"):
+            lines.append("[%s]%s %s" % (role, damaged_note(msg), _short(msg["content"], full, 200)))
+        elif role == "system":
             lines.append("[system] " + _short(msg["content"], full, 120))
         elif role == "user":
             lines.append("[%s] " % (msg.get("name") or "user") + _short(msg["content"], full, 2000))
@@ -6813,7 +6848,9 @@ def cmd_replay(args, console):
         for msg in store.messages(cid):
             if msg["role"] == "user" and msg.get("name") == ENVIRONMENT:
                 continue  # the working directory and AGENTS.md: `history show` has them
-            if msg["role"] == "user" and msg.get("name"):
+            if msg.get("damaged"):
+                out.write("  (%s%s: %s)\n" % (msg["role"], damaged_note(msg), one_line(msg["content"], 100)))
+            elif msg["role"] == "user" and msg.get("name"):
                 out.write("  (%s: %s)\n" % (msg["name"], one_line(msg["content"], 100)))
             elif msg["role"] == "user":
                 out.write("\n» %s\n" % msg["content"])
@@ -8058,14 +8095,15 @@ class ChatSession:
         self.resume(arg)
 
     def undo(self):
-        if self.store is None:
-            raise UsageError("undo needs conversation history, which is unavailable")
-        records = self.store.undo_records(conversation_id=self.id, limit=1)
+        store = self.session.undo_store()  # without a usable database, this process's own records
+        if store is None:
+            raise UsageError("undo needs conversation history, which is off (agent.persistence.enabled: false)")
+        records = store.undo_records(conversation_id=self.id, limit=1)
         if not records:
             self.console.info("nothing to undo in this conversation")
             return
         try:
-            self.console.info(xzatoma_tools.undo_change(self.store, records[0]))
+            self.console.info(xzatoma_tools.undo_change(store, records[0]))
         except (xzatoma_tools.UndoError, OSError) as exc:
             raise XzError(str(exc))
 
@@ -9375,9 +9413,9 @@ def read_until(stream, size, deadline):
     return b"".join(chunks)
 
 
-def find_resume_target(cfg, console, args):
+def find_resume_target(cfg, console, args, deadline=None):
     """resume_target with a store of its own (closed again): before a Session is opened with what it finds."""
-    store = open_store(cfg, console)
+    store = open_store(cfg, console, deadline=deadline)
     try:
         return resume_target(store, args, check_working_dir(args.working_dir))
     finally:
@@ -9396,7 +9434,8 @@ def resume_target(store, args, working_dir):
         cid = store.resolve(args.resume) if args.resume else store.latest(
             working_dir=None if getattr(args, "all_projects", False) else here)
         stored = store.conversation(cid)
-    except xzatoma_store.NotFound as exc:
+        store.refuse_running(cid)  # before anything starts (the Session takes it over in one transaction)
+    except (xzatoma_store.NotFound, xzatoma_store.Busy) as exc:
         raise UsageError(str(exc))
     where = stored.get("working_dir")
     if where and os.path.realpath(where) != here and not args.working_dir:
@@ -9690,7 +9729,7 @@ def _cmd_run(args, console):
         args, console, default="Continue the task from where it stopped." if resume else None, deadline=deadline)
     piped = read_piped_context(args, cfg.get("agent.mentions.max_file_size"), deadline)
     if resume:  # this directory's conversation, with its provider, model and mode unless given again
-        resume, stored = find_resume_target(cfg, console, args)
+        resume, stored = find_resume_target(cfg, console, args, deadline)
         cfg = restored_config(args, console, cfg, stored, _sandbox_config(args, extra))
         args.mode = args.mode or (stored.get("mode") if stored.get("mode") in ("write", "planning") else None)
     args.mode = args.mode or "write"

@@ -1187,14 +1187,46 @@ def private_files_in(path):
             _tighten(full, 0o600)
 
 
-def private_file(path):
-    """Create `path` empty 0600 unless it exists (never following a symlink), or tighten it to 0600."""
+class NotRegularFile(OSError):
+    """A path meant for a private file names a directory, FIFO, socket or device."""
+
+
+def private_file(path, follow=False):
+    """Create `path` empty 0600 unless it exists, or tighten it to 0600: only ever a regular file, judged by fstat
+    on an O_NOFOLLOW descriptor and changed through it (round 19d: a db_path naming a directory, a FIFO or
+    /dev/null had it chmod-ed 0600). Anything else raises NotRegularFile, untouched. A symlink is left alone,
+    unless `follow`: then its target is created (O_EXCL) or tightened (the database: sqlite follows the link, and
+    gives its -wal and -shm the mode of the file it reaches; round 19d found one made through a link 0644)."""
+    target = os.path.realpath(path) if follow else path
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        os.close(fd)
+        fd = os.open(target, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        created = True
     except FileExistsError:
-        _tighten(path, 0o600)
+        st = os.lstat(target)
+        if stat.S_ISLNK(st.st_mode):
+            return path  # not ours to change (not followed, or put there since realpath looked)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "is %s, not a file" % _file_kind(st.st_mode), path)
+        fd = os.open(target, flags | getattr(os, "O_NONBLOCK", 0))  # swapped for a FIFO meanwhile: never blocks
+        created = False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "is %s, not a file" % _file_kind(st.st_mode), path)
+        if created or (st.st_uid == os.getuid() and st.st_mode & 0o077):  # new: 0600 whatever the umask took
+            os.fchmod(fd, 0o600 if created else stat.S_IMODE(st.st_mode) & 0o600)
+    finally:
+        os.close(fd)
     return path
+
+
+def _file_kind(mode):
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def write_private(path, text):
@@ -1213,11 +1245,12 @@ def write_private(path, text):
 
 
 def _tighten(path, mode):
+    """Take group/other access away from `path`: a directory (mode 0700) or a regular file (0600), nothing else."""
     try:
         st = os.lstat(path)
         import stat
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
-            return  # not ours to change (a link, or someone else's file)
+        if not (stat.S_ISDIR if mode & 0o100 else stat.S_ISREG)(st.st_mode) or st.st_uid != os.getuid():
+            return  # not ours to change (a link, a device, a FIFO, or someone else's)
         if st.st_mode & 0o077:
             os.chmod(path, st.st_mode & mode & 0o7777)
     except (OSError, AttributeError):  # gone, or no getuid (not POSIX)
@@ -1612,7 +1645,7 @@ def _redact_stored(conn):
     if changed and conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (FTS_TABLE,)).fetchone():
         conn.execute("DELETE FROM %s" % FTS_TABLE)  # the index kept its own copy of the text
         conn.execute("INSERT INTO %s (conversation_id, content) SELECT conversation_id, coalesce(content, '') || "
-                     "' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
+                     "' ' || coalesce(tool_calls, '') FROM messages WHERE %s" % (FTS_TABLE, SEARCHED_ROWS))
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'search_backlog'").fetchone():
             conn.execute("DELETE FROM search_backlog")  # all of them are in the index now
 
@@ -1647,6 +1680,19 @@ def _add_beats_and_spaces(conn):
         if column not in [row[1] for row in conn.execute("PRAGMA table_info(%s)" % table)]:
             conn.execute("ALTER TABLE %s ADD COLUMN %s %s" % (table, column, kind))
 
+
+def _seal_undo(conn, store):
+    """Undo content an earlier version stored as it was (before sealing, or before its key) is sealed with
+    undo.key as new records are (round 19d: a `.env`'s keys stayed readable in the database after the migration
+    that redacted everything else: undo content must restore byte for byte, so it cannot be redacted)."""
+    rows = conn.execute("SELECT id, content FROM undo WHERE content IS NOT NULL AND kind != 'moved'").fetchall()
+    for row in rows:
+        content = bytes(row[1])
+        if not content.startswith(Store.SEAL):
+            conn.execute("UPDATE undo SET content = ? WHERE id = ?", (store._seal(content), row[0]))
+
+
+_seal_undo.needs_store = True
 
 MIGRATIONS = [
     # 1: conversations and their messages
@@ -1726,6 +1772,8 @@ MIGRATIONS = [
     # 13 (issue 22): a claim's heartbeats, counted, and its lease, so another host judges it by its own clock
     # (Store._holds); a conversation's process by its pid namespace, machine and start (Store.reap)
     _add_beats_and_spaces,
+    # 14: undo content stored unsealed by an earlier version is sealed (_seal_undo)
+    _seal_undo,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 #: claims of other hosts whose beats a Store remembers (Store._holds): the last looked at
@@ -1744,6 +1792,11 @@ def _unindexed(message):
     prompt alone cost a watcher 1.8 ms an event in trigram terms (issue 22). They stay stored, and shown."""
     return message.get("role") == "system" or message.get("name") == "environment"
 
+
+#: _unindexed in SQL: the message rows search looks through, by FTS or by LIKE (round 19d: the LIKE search of 1-2
+#: characters went through every row, and "XZ" found every conversation by its system prompt)
+SEARCHED_ROWS = "role != 'system' AND coalesce(name, '') != 'environment'"
+
 CONVERSATION_FIELDS = ("id", "parent_id", "depth", "label", "title", "kind", "provider", "model", "mode",
                        "working_dir", "status", "started_at", "updated_at", "completed_at", "turns",
                        "tool_calls", "prompt_tokens", "completion_tokens", "source", "error", "pid", "host",
@@ -1758,6 +1811,19 @@ class NotFound(StoreError):
     pass
 
 
+def describe_error(exc):
+    """A store error in a person's words: "database is locked" is another process holding the database."""
+    text = str(exc)
+    if "database is locked" in text or "database table is locked" in text:
+        return "the conversation database is locked by another process, such as a backup or a VACUUM"
+    return text
+
+
+class Busy(StoreError):
+    """The conversation is being run by another live process (round 19d): continued or deleted under it, two runs
+    interleaved their messages in one transcript, or one wrote rows no command could reach any more."""
+
+
 # ---- The store ----
 
 
@@ -1768,13 +1834,16 @@ class Store:
         self.path = path
         self.redact = Redactor(secrets)
         self._local = threading.local()
-        self._seq_lock = threading.Lock()
-        self._seq = {}
+        self._seq_lock = threading.Lock()  # the search backlog's count (a message's seq is the database's own)
         self._backlog = 0  #: messages this Store put in the search backlog since it was last indexed
         self.has_fts = False
         self._connections = []
         #: seconds a statement waits for another process's lock before "database is locked"
         self.busy_timeout = 30.0
+        #: a run's time limit (time.monotonic()): a wait for a lock takes at most half the time left, so the run
+        #: still has time to answer without its history (round 19d: a backup holding the database held
+        #: `run --timeout 5` for 30 s at its first write, and it failed although the model answered at once)
+        self.deadline = None
         #: the clock another host's claims are judged by: this process's own (Store._holds)
         self.clock = time.monotonic
         #: event id -> (another host's claim as last seen: owner, beat, expiry; when this process first saw it so),
@@ -1789,10 +1858,16 @@ class Store:
         directory = os.path.dirname(os.path.abspath(self.path))
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            # sqlite gives the -wal and -shm files the database's mode: create it 0600 first
-            for path in (self.path, self.path + "-wal", self.path + "-shm"):
-                if path == self.path or os.path.exists(path):
+            # sqlite gives the -wal, -shm and -journal files the mode of the database it reaches (through a link,
+            # the link's target, beside which it makes them): that file is created 0600 first, whatever the umask
+            private_file(self.path, follow=True)
+            real = os.path.realpath(self.path)
+            for path in (real + "-wal", real + "-shm", real + "-journal"):
+                if os.path.lexists(path):
                     private_file(path)
+        except NotRegularFile as exc:
+            raise StoreError("the conversation database %s %s: conversation history needs a file path"
+                             % (exc.filename, exc.strerror))
         except OSError as exc:
             raise StoreError("cannot create %s: %s" % (self.path, exc.strerror or exc))
         try:
@@ -1815,8 +1890,22 @@ class Store:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA secure_delete = ON")  # deleted or redacted text is zeroed, not left in free pages
             self._local.conn = conn
+            self._local.wait_ms = int(self.busy_timeout * 1000)
             self._connections.append(conn)
+        if self.deadline is not None:
+            self._wait(conn, getattr(self._local, "patience", None))
         return conn
+
+    def _wait(self, conn, seconds=None):
+        """This thread's busy timeout: `seconds` (its patience) or busy_timeout, at most half the time to the
+        deadline."""
+        seconds = self.busy_timeout if seconds is None else seconds
+        if self.deadline is not None:
+            seconds = min(seconds, max(0.0, self.deadline - time.monotonic()) / 2)
+        ms, now = int(seconds * 1000), getattr(self._local, "wait_ms", None)
+        if now is None or ms > now or now - ms >= 100:  # set again as the deadline nears, a tenth of a second a step
+            conn.execute("PRAGMA busy_timeout = %d" % ms)
+            self._local.wait_ms = ms
 
     def patience(self, seconds):
         """`with store.patience(1):` this thread's statements wait at most `seconds` for another process's lock,
@@ -1827,11 +1916,13 @@ class Store:
         @contextlib.contextmanager
         def waiting():
             conn = self.conn()
-            conn.execute("PRAGMA busy_timeout = %d" % int(seconds * 1000))
+            self._local.patience = seconds
+            self._wait(conn, seconds)
             try:
                 yield
             finally:
-                conn.execute("PRAGMA busy_timeout = %d" % int(self.busy_timeout * 1000))
+                self._local.patience = None
+                self._wait(conn)
         return waiting()
 
     def close(self):
@@ -1862,7 +1953,8 @@ class Store:
             version = conn.execute("PRAGMA user_version").fetchone()[0]  # another process may have won
             for number in range(version, SCHEMA_VERSION):
                 if callable(MIGRATIONS[number]):
-                    MIGRATIONS[number](conn)
+                    MIGRATIONS[number](*((conn, self) if getattr(MIGRATIONS[number], "needs_store", False)
+                                         else (conn,)))
                     continue
                 for statement in MIGRATIONS[number].split(";"):
                     if statement.strip():
@@ -1870,6 +1962,9 @@ class Store:
             if version < 2:
                 self._create_fts(conn)
             conn.execute("PRAGMA user_version = %d" % SCHEMA_VERSION)
+        # what the migrations redacted or sealed leaves the database file now, not at some later checkpoint (a
+        # process killed before then left it there); secure_delete zeroed the pages it was in
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @staticmethod
     def _create_fts(conn):
@@ -1879,7 +1974,8 @@ class Store:
                 conn.execute("CREATE VIRTUAL TABLE %s USING fts5(conversation_id UNINDEXED, content, "
                              "tokenize = '%s')" % (FTS_TABLE, tokenizer))
                 conn.execute("INSERT INTO %s (conversation_id, content) SELECT conversation_id, "
-                             "coalesce(content, '') || ' ' || coalesce(tool_calls, '') FROM messages" % FTS_TABLE)
+                             "coalesce(content, '') || ' ' || coalesce(tool_calls, '') FROM messages WHERE %s"
+                             % (FTS_TABLE, SEARCHED_ROWS))
                 return
             except sqlite3.OperationalError:
                 continue  # no FTS5 in this interpreter's sqlite: search falls back to LIKE
@@ -1895,32 +1991,34 @@ class Store:
             (id, parent_id, depth, self.redact(label), one_line(self.redact(title) or "", 120), kind, provider, model, mode,
              working_dir, now, now, self.redact(source), os.getpid(), _hostname(), safety, _process_space(),
              _process_start(os.getpid())))
-        with self._seq_lock:
-            self._seq[id] = 0
         return id
 
     def resume_conversation(self, id, mode=None, model=None, provider=None, safety=None):
-        """Mark a stored conversation as running again in this process (with what it runs with now)."""
-        self.conn().execute(
-            "UPDATE conversations SET status = 'running', completed_at = NULL, error = NULL, updated_at = ?, "
-            "pid = ?, host = ?, space = ?, started = ?, mode = coalesce(?, mode), model = coalesce(?, model), "
-            "provider = coalesce(?, provider), safety = coalesce(?, safety) WHERE id = ?",
-            (rfc3339(), os.getpid(), _hostname(), _process_space(), _process_start(os.getpid()), mode, model, provider,
-             safety, id))
+        """Mark a stored conversation as running again in this process (with what it runs with now). Busy when
+        another live process runs it: judged and taken in one transaction, so of two resuming at once one is
+        refused (round 19d: both ran, and one transcript interleaved two tasks)."""
+        with self.batch() as conn:
+            self._refuse_running(conn, [id], "continue it")
+            conn.execute(
+                "UPDATE conversations SET status = 'running', completed_at = NULL, error = NULL, updated_at = ?, "
+                "pid = ?, host = ?, space = ?, started = ?, mode = coalesce(?, mode), model = coalesce(?, model), "
+                "provider = coalesce(?, provider), safety = coalesce(?, safety) WHERE id = ?",
+                (rfc3339(), os.getpid(), _hostname(), _process_space(), _process_start(os.getpid()), mode, model,
+                 provider, safety, id))
 
     def append_message(self, conversation_id, message, tokens=None):
-        """Append one message as it happens (never rewrites earlier rows)."""
-        with self._seq_lock:
-            seq = self._seq.get(conversation_id)
-            if seq is None:
-                row = self.conn().execute("SELECT coalesce(max(seq) + 1, 0) FROM messages WHERE conversation_id = ?",
-                                          (conversation_id,)).fetchone()
-                seq = row[0]
-            self._seq[conversation_id] = seq + 1
+        """Append one message as it happens (never rewrites earlier rows). Its seq is taken inside the write's
+        transaction, from the database: a count this process kept went stale when another process wrote to the
+        conversation, and the row collided (round 19d). A conversation deleted meanwhile is NotFound, not rows
+        no command can reach."""
         content = self.redact(message.get("content"))
         calls = message.get("tool_calls")
         calls_json = self.redact(json.dumps(calls, ensure_ascii=False)) if calls else None
         with self.batch() as conn:  # the row and its place in the search backlog together
+            if conn.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is None:
+                raise NotFound("conversation %s is no longer stored (deleted meanwhile)" % conversation_id)
+            seq = conn.execute("SELECT coalesce(max(seq) + 1, 0) FROM messages WHERE conversation_id = ?",
+                               (conversation_id,)).fetchone()[0]
             row = conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, "
                                "name, tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                (conversation_id, seq, message["role"], content, calls_json,
@@ -1966,25 +2064,33 @@ class Store:
         """Conversations left 'running' by a process that is gone become 'interrupted'. Only this process space's
         (host, machine and pid namespace: another's pids are not ours to judge; a `history list` in a container
         sharing the store marked a live watcher's run interrupted, attack round 16a), known by pid and start."""
-        space = _process_space()
-        rows = self.conn().execute("SELECT id, pid, space, started FROM conversations WHERE status = 'running' AND "
-                                   "host = ?", (_hostname(),)).fetchall()
+        rows = self.conn().execute("SELECT id, pid, host, space, started FROM conversations WHERE status = 'running' "
+                                   "AND host = ?", (_hostname(),)).fetchall()
         for row in rows:
-            boot = _boot_of(row["space"], space) if row["space"] not in (None, space) else "this"
-            if boot == "earlier":
-                # an earlier boot of this machine (its name, pid namespace and machine id; another boot): that
-                # process is gone; left running, a run cut off by a reboot was never reaped, nor pruned (round 16b).
-                # Not another machine of the same name: its live run was marked interrupted, then pruned (16c)
-                alive = False
-            elif boot is None:
-                continue
-            else:
-                alive = row["pid"] and _pid_alive(row["pid"]) and row["started"] in (None, _process_start(row["pid"]))
-            if row["pid"] and not alive:
+            if row["pid"] and _runner_alive(row) is False:
                 self.conn().execute("UPDATE conversations SET status = 'interrupted', error = ?, updated_at = ? "
                                     "WHERE id = ? AND status = 'running'",
                                     ("the process ended without finishing (killed or crashed)", rfc3339(), row["id"]))
         return len(rows)
+
+    def _refuse_running(self, conn, ids, what):
+        """Busy when another process that lives (or may: one of another host or container, whose pids are not ours
+        to judge) runs one of conversations `ids`, as reap judges it. This process's own are its to continue."""
+        for cid in ids:
+            row = conn.execute("SELECT id, status, pid, host, space, started FROM conversations WHERE id = ?",
+                               (cid,)).fetchone()
+            if row is None or row["status"] != "running" or not row["pid"]:
+                continue
+            if row["pid"] == os.getpid() and row["host"] == _hostname() and row["space"] in (None, _process_space()):
+                continue
+            if _runner_alive(row) is not False:
+                where = "" if row["host"] == _hostname() else " on %s" % row["host"]
+                raise Busy("conversation %s is running in process %d%s: let it finish or stop it first, then %s"
+                           % (row["id"], row["pid"], where, what))
+
+    def refuse_running(self, id, what="continue it"):
+        """Busy when another live process runs conversation `id` (a look only: resume_conversation decides)."""
+        self._refuse_running(self.conn(), [id], what)
 
     def resolve(self, prefix):
         """A conversation id from a unique prefix (case-insensitive)."""
@@ -2044,17 +2150,32 @@ class Store:
         return [_conversation_row(row) for row in rows]
 
     def messages(self, conversation_id):
+        """The stored messages in order. A row that is not what this version writes (a hand-edited or damaged
+        database) comes back as text with `damaged` saying what is wrong, and without its tool calls; one row
+        never fails history, replay, search or a resume (round 19d: unguarded json.loads, "internal error")."""
         out = []
         for row in self.conn().execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq",
                                        (conversation_id,)):
-            msg = {"role": row["role"], "content": row["content"] or ""}
+            msg = {"role": _text(row["role"]), "content": _text(row["content"]) or ""}
+            damage = []
+            if not isinstance(row["content"], (str, type(None))):
+                damage.append("its content is not text")
             if row["tool_calls"]:
-                msg["tool_calls"] = json.loads(row["tool_calls"])
-            if row["tool_call_id"] is not None:
-                msg["tool_call_id"] = row["tool_call_id"]
-            if row["name"] is not None:
-                msg["name"] = row["name"]
-            msg["created_at"] = row["created_at"]
+                try:
+                    calls = json.loads(row["tool_calls"])
+                except (TypeError, ValueError):
+                    calls = None
+                if isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                                   and isinstance(c.get("id"), str) for c in calls):
+                    msg["tool_calls"] = calls
+                else:
+                    damage.append("its tool calls are not a list of calls")
+            for key in ("tool_call_id", "name"):
+                if row[key] is not None:
+                    msg[key] = _text(row[key])
+            msg["created_at"] = _text(row["created_at"])
+            if damage:
+                msg["damaged"] = "; ".join(damage)
             out.append(msg)
         return out
 
@@ -2069,9 +2190,9 @@ class Store:
             ids = [r[0] for r in rows]
         else:
             like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            rows = conn.execute("SELECT DISTINCT conversation_id FROM messages WHERE content LIKE ? ESCAPE '\\' "
-                                "OR tool_calls LIKE ? ESCAPE '\\' ORDER BY conversation_id DESC LIMIT ?",
-                                (like, like, limit)).fetchall()
+            rows = conn.execute("SELECT DISTINCT conversation_id FROM messages WHERE (content LIKE ? ESCAPE '\\' "
+                                "OR tool_calls LIKE ? ESCAPE '\\') AND %s ORDER BY conversation_id DESC LIMIT ?"
+                                % SEARCHED_ROWS, (like, like, limit)).fetchall()
             ids = [r[0] for r in rows]
         out = []
         for cid in ids:
@@ -2102,11 +2223,13 @@ class Store:
         return out
 
     def delete_conversation(self, id):
-        """Remove a conversation, its subagent tree, messages and undo records. Returns how many."""
+        """Remove a conversation, its subagent tree, messages and undo records. Returns how many. Busy while a live
+        process runs one of them (round 19d: deleted under a run, it went on writing rows nothing could reach)."""
         ids = [id] + [c["id"] for c, _ in self.descendants(id)]
         conn = self.conn()
         conn.execute("BEGIN IMMEDIATE")
         with conn:
+            self._refuse_running(conn, ids, "delete it")
             for cid in ids:
                 conn.execute("DELETE FROM search_backlog WHERE message_rowid IN (SELECT rowid FROM messages WHERE "
                              "conversation_id = ?)", (cid,))  # a rowid used again is not indexed for them
@@ -2125,14 +2248,20 @@ class Store:
         return [r["id"] for r in rows]
 
     def prune_older_than(self, seconds):
-        return sum(self.delete_conversation(cid) for cid in self.older_than(seconds))
+        removed = 0
+        for cid in self.older_than(seconds):
+            try:
+                removed += self.delete_conversation(cid)
+            except Busy:  # a subagent of it still runs: left for a later prune
+                continue
+        return removed
 
     # -- undo records (issue: file tools) --
     # What a file held before the agent changed it must be kept as it was (undo restores it byte for byte),
     # so it cannot be redacted: a `.env` the agent edited would leave its keys in the database's bytes. The
     # content is sealed instead, with a key kept beside the database (undo.key, 0600): a stream from SHAKE-256
     # of the key and a per-record nonce, and an HMAC-SHA-256 tag so a missing or changed key is an error,
-    # never garbage restored. Records written before this are read as they were stored.
+    # never garbage restored. Records an earlier version wrote unsealed are sealed by migration 14 (_seal_undo).
     SEAL = b"XZU1"
 
     def make_undo_key(self):
@@ -2477,18 +2606,97 @@ class _Batch:
 
 
 def _conversation_row(row):
-    """A conversation as callers want it: its progress list decoded (stored as JSON text)."""
-    out = dict(row)
+    """A conversation as callers want it: its progress list decoded (stored as JSON text); bytes a damaged row
+    holds where text belongs, as text."""
+    out = {key: _text(value) if isinstance(value, bytes) else value for key, value in dict(row).items()}
     if out.get("progress"):
         try:
             out["progress"] = json.loads(out["progress"])
-        except ValueError:
+        except (TypeError, ValueError):
             out["progress"] = None
     return out
 
 
+def _text(value):
+    """A stored value as text (None stays None): bytes decoded, replacing what is not UTF-8; numbers spelt."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
 def _xor(data, stream):
     return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(data), "big")
+
+
+# ---- Undo records in memory: where the database cannot be used ----
+
+
+class MemoryUndo:
+    """Undo records kept in this process's memory where the database cannot be used (it cannot be opened, or this
+    Python has no sqlite3): the file tools still record what they change, so chat's /undo works within the
+    session; `xzatoma undo` after the process cannot (round 19d: changes were made with no record at all, and
+    only "no conversation history" was said). At most MAX_MEMORY_UNDO_BYTES of content: the oldest go first."""
+
+    def __init__(self):
+        self._records = []
+        self._lock = threading.Lock()
+        self._next = 1
+
+    def record_undo(self, conversation_id, tool_call_id, tool, path, kind, content=None, mode=None, after_hash=None):
+        record = {"conversation_id": conversation_id, "tool_call_id": tool_call_id, "tool": tool, "path": path,
+                  "kind": kind, "content": bytes(content) if content is not None else None, "mode": mode,
+                  "after_hash": after_hash, "created_at": rfc3339(), "restored_at": None}
+        with self._lock:
+            record["id"] = self._next
+            self._next += 1
+            self._records.append(record)
+            total = sum(len(r["content"] or b"") for r in self._records)
+            while total > MAX_MEMORY_UNDO_BYTES and len(self._records) > 1:
+                total -= len(self._records.pop(0)["content"] or b"")
+        return record["id"]
+
+    def _record(self, undo_id):
+        return next((r for r in self._records if r["id"] == undo_id), {})
+
+    def set_undo_after(self, undo_id, after_hash):
+        with self._lock:
+            self._record(undo_id)["after_hash"] = after_hash
+
+    def mark_restored(self, undo_id):
+        with self._lock:
+            self._record(undo_id)["restored_at"] = rfc3339()
+
+    def undo_records(self, conversation_id=None, pending=True, limit=None, working_dir=None):
+        with self._lock:
+            rows = [dict(r) for r in reversed(self._records) if (conversation_id is None or
+                    r["conversation_id"] == conversation_id) and not (pending and r["restored_at"])]
+        return rows[:limit] if limit else rows
+
+    def conversation(self, id):
+        raise NotFound("no conversation %s (history is unavailable)" % id)
+
+    def cache_get(self, url, ttl):
+        return None
+
+    def cache_put(self, *args):
+        pass
+
+
+#: what MemoryUndo keeps at most, in bytes of saved content
+MAX_MEMORY_UNDO_BYTES = 256 << 20
+_memory_undo = []
+
+
+def memory_undo():
+    """This process's MemoryUndo (one: a chat's conversations and subagents share it)."""
+    if not _memory_undo:
+        _memory_undo.append(MemoryUndo())
+    return _memory_undo[0]
+
+
+# ---- Processes: who runs a conversation, who holds a claim ----
 
 
 def _hostname():
@@ -2545,6 +2753,23 @@ def _boot_id():
 
 
 _boot = []
+
+
+def _runner_alive(row):
+    """Whether the process a 'running' conversation row names (pid, host, space, started) lives: True, False (it is
+    gone), or None (another host, pid namespace or machine: not ours to judge)."""
+    if row["host"] != _hostname():
+        return None
+    space = _process_space()
+    boot = _boot_of(row["space"], space) if row["space"] not in (None, space) else "this"
+    if boot == "earlier":
+        # an earlier boot of this machine (its name, pid namespace and machine id; another boot): that process is
+        # gone; left running, a run cut off by a reboot was never reaped, nor pruned (round 16b). Not another
+        # machine of the same name: its live run was marked interrupted, then pruned (16c)
+        return False
+    if boot is None:
+        return None
+    return bool(row["pid"] and _pid_alive(row["pid"]) and row["started"] in (None, _process_start(row["pid"])))
 
 
 def _pid_alive(pid):

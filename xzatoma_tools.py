@@ -3934,7 +3934,7 @@ def _load_openat2():
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         syscall = libc.syscall
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, ImportError):  # no _ctypes (a Python built without libffi): the slower walk
         return False
     syscall.restype = ctypes.c_long
     syscall.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)

@@ -866,3 +866,28 @@ def test_the_exit_hint_names_a_directory_with_control_characters_as_the_shell_re
     word = hint.split(" -C ", 1)[1]
     said_back = subprocess.run(["bash", "-c", "printf %s " + word], capture_output=True, timeout=30).stdout
     assert said_back.decode() == str(project)
+
+
+def test_undo_works_within_a_chat_whose_history_cannot_be_stored(chat, fake, cli, tmp_path):
+    """round 19d: with a database that cannot be opened (or no sqlite3), the file tools changed files with no undo
+    record and only "no conversation history" was said. The warning says changes can be undone only in the chat,
+    and /undo works there: the records are kept in memory."""
+    (cli.workdir / "notes.txt").write_text("precious original\n")
+    (tmp_path / "a-directory").mkdir()  # no database can be there
+    cli.use(fake, persistence={"db_path": str(tmp_path / "a-directory")})
+    fake.add({"tool_calls": [tool_call("read_file", path="notes.txt")]},
+             {"tool_calls": [tool_call("write_file", path="notes.txt", content="overwritten\n")]}, {"content": "done"})
+    p = chat("--mode", "write", "--safety", "yolo")
+    p.expect(r"continuing without conversation history: file changes can be undone with /undo until this chat "
+             r"ends, not by 'xzatoma undo' later")
+    p.expect(PROMPT % ("WRITE", "YOLO"))
+    p.line("rewrite the notes")
+    p.expect(r"\ndone")
+    assert (cli.workdir / "notes.txt").read_text() == "overwritten\n", p.seen
+    p.expect(PROMPT % ("WRITE", "YOLO"))
+    p.line("/undo")
+    p.expect(r"restored \S*notes\.txt")
+    assert (cli.workdir / "notes.txt").read_text() == "precious original\n", p.seen
+    p.expect(PROMPT % ("WRITE", "YOLO"))
+    p.eof()
+    assert p.wait() == 0

@@ -70,3 +70,21 @@ def test_the_readme_starts_with_an_install_and_a_test_command_that_go_together()
     with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as fh:
         extra = re.search(r"^test = \[(.*)\]$", fh.read(), re.M).group(1)
     assert '"pytest' in extra
+
+
+@pytest.mark.parametrize("missing", ["_ctypes", "_sqlite3"])
+def test_a_python_without_an_optional_extension_still_runs(cli, fake, tmp_path, missing):
+    """A Python built without libffi has no _ctypes, one without libsqlite3 no _sqlite3: a run works without
+    them, with at most one warning (round 19d: no _ctypes ended every run with "internal error")."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / (missing + ".py")).write_text("raise ModuleNotFoundError(\"No module named '%s'\", name=%r)\n"
+                                            % (missing, missing))
+    (cli.workdir / "notes.txt").write_text("hello\n")
+    cli.use(fake)
+    fake.add({"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]}, {"content": "fine"})
+    r = cli.run("run", "--prompt", "x", env={"PYTHONPATH": str(shadow)})
+    assert r.returncode == 0 and r.stdout == "fine\n", r.stderr
+    assert "internal error" not in r.stderr and r.stderr.count("warning:") <= 1
+    if missing == "_sqlite3":  # no history, and the person is told the run's changes cannot be undone (#13)
+        assert "file changes this run makes cannot be undone afterwards" in r.stderr

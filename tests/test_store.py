@@ -532,6 +532,9 @@ def test_search_leaves_out_the_head_every_conversation_shares(tmp_path):
     assert s.search("XZatoma") == [] and s.search("okapi") == []
     found = s.search("walrus")
     assert [c["id"] for c in found] == [cid] and "count the walruses" in found[0]["snippet"]
+    # under 3 characters (no trigram): the same rows left out (round 19d: "XZ", "_" and "<c" found every one)
+    assert s.search("XZ") == [] and s.search("_") == [] and s.search("<c") == [] and s.search(";") == []
+    assert [c["id"] for c in s.search("wa")] == [cid]
 
 
 def test_messages_wait_for_the_search_index_in_batches_and_are_found_meanwhile(tmp_path):
@@ -869,3 +872,173 @@ def test_the_claims_another_host_beats_are_remembered_within_a_bound(store):
         if not store._holds(dead, "here"):
             break
     assert now[0] == 60  # taken over after its lease
+
+
+def test_a_message_takes_its_place_from_the_database_not_a_stale_count(tmp_path):
+    """Two processes writing one conversation: each message's seq is taken inside its write's transaction, so
+    neither collides with the other's rows (round 19d: a count kept per process went stale, and one run's
+    history was dropped on a UNIQUE constraint)."""
+    path = str(tmp_path / "c.db")
+    a, b = Store(path).open(), Store(path).open()
+    cid = a.start_conversation(new_ulid(), "run")
+    for i in range(3):
+        a.append_message(cid, {"role": "user", "content": "a%d" % i})
+        b.append_message(cid, {"role": "user", "content": "b%d" % i})
+    assert [m["content"] for m in a.messages(cid)] == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    a.delete_conversation(cid)
+    with pytest.raises(StoreError, match="no longer stored"):  # never rows nothing can reach
+        b.append_message(cid, {"role": "user", "content": "late"})
+    assert b.conn().execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+
+
+def test_a_conversation_a_live_process_runs_is_neither_continued_nor_deleted(cli, fake):
+    """round 19d: `run --resume ID` beside a run of ID interleaved both tasks in one transcript, and `history
+    delete ID` reported success while the run went on writing rows nothing could reach. Both are refused with
+    the process named; once it is gone, both work."""
+    cli.use(fake)
+    fake.add({"hang": 60})
+    proc = cli.popen("run", "--prompt", "long task")
+    try:
+        assert wait_for(lambda: len(fake.model_requests()) == 1)
+        cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+        for args in (("run", "--resume", cid[:10], "--prompt", "other task"), ("run", "--last", "--prompt", "x"),
+                     ("history", "delete", cid[:10])):
+            r = cli.run(*args)
+            assert r.returncode == 2 and r.stdout == "", r.stderr
+            assert r.stderr.strip() == "error: conversation %s is running in process %d: let it finish or stop it " \
+                "first, then %s" % (cid, proc.pid, "delete it" if "delete" in args else "continue it")
+        assert len(fake.model_requests()) == 1  # nothing was asked for the refused runs
+    finally:
+        proc.kill()
+        proc.wait(10)
+    fake.add({"content": "continued"})
+    r = cli.run("run", "--resume", cid[:10], "--prompt", "go on")
+    assert r.returncode == 0 and r.stdout == "continued\n", r.stderr
+    messages = json.loads(cli.run("history", "show", cid[:10], "--json").stdout)["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user" and not m.get("name")] == ["long task", "go on"]
+    r = cli.run("history", "delete", cid[:10])
+    assert r.returncode == 0 and "deleted conversation" in r.stderr
+
+
+def test_a_locked_database_never_holds_a_run_past_its_time_limit(cli, fake):
+    """round 19d: another process holding the database (a backup's BEGIN EXCLUSIVE) held `run --timeout 5` for
+    the store's 30 s busy wait, and it failed although the model answered at once. A wait for the lock takes at
+    most half the time the run has left; the run answers without its history, and says why."""
+    cli.use(fake)
+    fake.add({"content": "warm"}, {"content": "the answer"})
+    assert cli.run("run", "--prompt", "warm").returncode == 0
+    conn = sqlite3.connect(str(cli.xz_home / "conversations.db"), isolation_level=None)
+    conn.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.monotonic()
+        r = cli.run("run", "--timeout", "6", "--prompt", "say it")
+        took = time.monotonic() - started
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+    assert r.returncode == 0 and r.stdout == "the answer\n", r.stderr
+    assert took < 15, took  # the 30 s wait it replaced, far from it (a loaded machine starts slowly)
+    assert r.stderr.count("warning:") == 1 and "locked by another process" in r.stderr
+
+
+def test_a_damaged_row_is_shown_as_damaged_and_the_rest_works(cli, fake):
+    """round 19d: tool calls that were not JSON (or not a list), or content stored as a BLOB, made `history show`,
+    `replay`, `history search` (for the whole store) and `run --resume` exit 1 with "internal error"."""
+    cli.use(fake)
+    fake.add({"content": "first answer"})
+    assert cli.run("run", "--prompt", "first task about otters").returncode == 0
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    conn = sqlite3.connect(str(cli.xz_home / "conversations.db"))
+    rows = [(cid, 10, "assistant", "", "{not json"), (cid, 11, "tool", "orphan result", None),
+            (cid, 12, "assistant", "", '{"a": 1}'), (cid, 13, "user", b"\xff\xfebinary otters", None),
+            (cid, 14, "assistant", "", json.dumps([{"type": "function", "function": {"name": "terminal"}}]))]
+    for row in rows:
+        conn.execute("INSERT INTO messages (conversation_id, seq, role, content, tool_calls, tool_call_id, "
+                     "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", row + (("c1" if row[2] == "tool" else None),
+                                                                   b"\xffwhen"))
+    conn.commit()
+    conn.close()
+    r = cli.run("history", "show", cid[:10])
+    assert r.returncode == 0 and r.stdout.count("[damaged row: its tool calls are not a list of calls]") == 3
+    assert "[damaged row: its content is not text]" in r.stdout and "binary otters" in r.stdout
+    r = cli.run("history", "show", "--json", cid[:10])
+    assert r.returncode == 0 and sum("damaged" in m for m in json.loads(r.stdout)["messages"]) == 4
+    r = cli.run("replay", cid[:10])
+    assert r.returncode == 0 and "first answer" in r.stdout and "damaged row" in r.stdout
+    r = cli.run("history", "search", "otters", "--json")
+    assert r.returncode == 0 and [c["id"] for c in json.loads(r.stdout)] == [cid]
+    fake.add({"content": "resumed"})
+    r = cli.run("run", "--resume", cid[:10], "--prompt", "go on")
+    assert r.returncode == 0 and r.stdout == "resumed\n", r.stderr
+    sent = fake.model_requests()[-1]["body"]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "user"][-2:] == ["first task about otters", "go on"]
+    assert not any(m["role"] == "tool" for m in sent)  # the result whose call was damaged went with it
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_db_path_that_is_not_a_file_is_said_so_and_left_as_it_is(cli, fake, tmp_path, kind):
+    """round 19d: a db_path naming a directory (or a FIFO, or a device) had its mode changed to 0600: a directory
+    nobody could enter any more. Only a regular file is ever chmod-ed; anything else is one warning."""
+    target = tmp_path / "shared_data"
+    if kind == "directory":
+        target.mkdir()
+    else:
+        os.mkfifo(str(target))
+    os.chmod(str(target), 0o755)
+    cli.use(fake, persistence={"db_path": str(target)})
+    fake.add({"content": "fine"})
+    r = cli.run("run", "--prompt", "x")
+    assert r.returncode == 0 and r.stdout == "fine\n"
+    assert r.stderr.count("warning:") == 1 and "is a %s, not a file" % ("directory" if kind == "directory" else
+                                                                      "named pipe") in r.stderr
+    assert os.stat(str(target)).st_mode & 0o777 == 0o755
+
+
+def test_a_database_reached_through_a_symlink_and_its_wal_are_private(cli, fake, tmp_path):
+    """round 19d: conversations.db a symlink to a database not made yet (on another disk): sqlite made it, and
+    its -wal and -shm, 0644 under umask 022. The target is created 0600 first, whatever the umask."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (cli.xz_home / "conversations.db").symlink_to(data / "conversations.db")
+    cli.use(fake)
+    fake.add({"hang": 60})
+    old = os.umask(0o022)
+    try:
+        proc = cli.popen("run", "--prompt", "private task")
+    finally:
+        os.umask(old)
+    try:
+        assert wait_for(lambda: len(fake.model_requests()) == 1)
+        modes = {p.name: p.stat().st_mode & 0o777 for p in data.iterdir()}
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert modes == {"conversations.db": 0o600, "conversations.db-wal": 0o600, "conversations.db-shm": 0o600}
+    assert (cli.xz_home / "conversations.db").is_symlink()
+
+
+def test_migration_seals_undo_content_an_earlier_version_stored_as_it_was(tmp_path):
+    """round 19d: the redaction migration cannot touch undo content (it must restore byte for byte), and nothing
+    sealed it: a `.env`'s key stayed readable in the database file. It is sealed as new records are, and still
+    restores as it was."""
+    path = str(tmp_path / "old.db")
+    key = b"OPENAI_API_KEY=sk-proj-Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2\n"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    for migration in MIGRATIONS[:4]:
+        for statement in migration.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    conn.execute("PRAGMA user_version = 4")
+    conn.execute("INSERT INTO undo (conversation_id, tool_call_id, tool, path, kind, content, created_at) VALUES "
+                 "('01OLD', 'c1', 'edit_file', '/w/.env', 'file', ?, '2025-01-01T00:00:00Z')", (key,))
+    conn.execute("INSERT INTO undo (conversation_id, tool_call_id, tool, path, kind, content, created_at) VALUES "
+                 "('01OLD', 'c2', 'move_path', '/w/a', 'moved', ?, '2025-01-01T00:00:00Z')", (b"/w/b",))
+    conn.close()
+    s = Store(path).open()
+    records = s.undo_records()
+    assert [(r["kind"], r["content"]) for r in records] == [("moved", b"/w/b"), ("file", key)]
+    s.close()
+    data = b"".join(open(p, "rb").read() for p in (path, path + "-wal") if os.path.exists(p))
+    assert b"sk-proj-Zz9Yy8" not in data and b"/w/b" in data  # a move's destination is a path, shown by --list
+    assert os.stat(str(tmp_path / "undo.key")).st_mode & 0o777 == 0o600
