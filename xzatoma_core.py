@@ -6706,6 +6706,9 @@ def _build_history(sub, common, fmt):
     h.add_argument("--json", action="store_true")
     h = hsub.add_parser("delete", parents=[common], help="remove a conversation, its subagents and undo records")
     h.add_argument("id")
+    h.add_argument("--force", action="store_true", help="delete it even while it is marked running by a process "
+                                                        "that may live (one of another host or container, which "
+                                                        "cannot be checked from here)")
     h = hsub.add_parser("prune", parents=[common], help="remove conversations older than an age")
     h.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 30d, 12h, 2w (under an hour asks first)")
     h.add_argument("--yes", "-y", action="store_true", help="do not ask (needed without a terminal for ages under "
@@ -6760,7 +6763,7 @@ def cmd_history(args, console):
                     out.write(conversation_line(row) + "\n    … %s\n" % one_line(row["snippet"], 100))
         elif action == "delete":
             cid = store.resolve(args.id)
-            n = store.delete_conversation(cid)
+            n = store.delete_conversation(cid, force=args.force)
             console.info("deleted conversation %s%s" % (cid, " and %d subagent conversations" % (n - 1) if n > 1 else ""))
         elif action == "prune":
             try:

@@ -2083,10 +2083,12 @@ class Store:
                 continue
             if row["pid"] == os.getpid() and row["host"] == _hostname() and row["space"] in (None, _process_space()):
                 continue
-            if _runner_alive(row) is not False:
+            alive = _runner_alive(row)
+            if alive is not False:
                 where = "" if row["host"] == _hostname() else " on %s" % row["host"]
-                raise Busy("conversation %s is running in process %d%s: let it finish or stop it first, then %s"
-                           % (row["id"], row["pid"], where, what))
+                raise Busy("conversation %s is running in process %d%s: let it finish or stop it first, then %s%s"
+                           % (row["id"], row["pid"], where, what, "" if alive or what != "delete it" else
+                              " (that process cannot be checked from here: if it is gone, delete it with --force)"))
 
     def refuse_running(self, id, what="continue it"):
         """Busy when another live process runs conversation `id` (a look only: resume_conversation decides)."""
@@ -2222,14 +2224,16 @@ class Store:
         walk(id, 1)
         return out
 
-    def delete_conversation(self, id):
+    def delete_conversation(self, id, force=False):
         """Remove a conversation, its subagent tree, messages and undo records. Returns how many. Busy while a live
-        process runs one of them (round 19d: deleted under a run, it went on writing rows nothing could reach)."""
+        process runs one of them (round 19d: deleted under a run, it went on writing rows nothing could reach),
+        unless `force`: a row left `running` by a container that is gone cannot be judged from here (16c)."""
         ids = [id] + [c["id"] for c, _ in self.descendants(id)]
         conn = self.conn()
         conn.execute("BEGIN IMMEDIATE")
         with conn:
-            self._refuse_running(conn, ids, "delete it")
+            if not force:
+                self._refuse_running(conn, ids, "delete it")
             for cid in ids:
                 conn.execute("DELETE FROM search_backlog WHERE message_rowid IN (SELECT rowid FROM messages WHERE "
                              "conversation_id = ?)", (cid,))  # a rowid used again is not indexed for them

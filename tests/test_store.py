@@ -920,6 +920,25 @@ def test_a_conversation_a_live_process_runs_is_neither_continued_nor_deleted(cli
     assert r.returncode == 0 and "deleted conversation" in r.stderr
 
 
+def test_a_conversation_another_host_runs_is_deleted_only_with_force(cli, fake):
+    """A run of a container that was killed stays marked running under a host name no process here can check
+    (16c); refused as possibly live (round 19d), it needs a way out: --force, which the refusal names."""
+    cli.use(fake)
+    fake.add({"content": "done"})
+    assert cli.run("run", "--prompt", "x").returncode == 0
+    cid = json.loads(cli.run("history", "list", "--json").stdout)[0]["id"]
+    conn = sqlite3.connect(str(cli.xz_home / "conversations.db"))
+    with conn:
+        conn.execute("UPDATE conversations SET status = 'running', host = 'gone-container', pid = 4242 WHERE id = ?",
+                     (cid,))
+    conn.close()
+    r = cli.run("history", "delete", cid)
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        "(that process cannot be checked from here: if it is gone, delete it with --force)"), r.stderr
+    r = cli.run("history", "delete", cid, "--force")
+    assert r.returncode == 0 and json.loads(cli.run("history", "list", "--json").stdout) == []
+
+
 def test_a_locked_database_never_holds_a_run_past_its_time_limit(cli, fake):
     """round 19d: another process holding the database (a backup's BEGIN EXCLUSIVE) held `run --timeout 5` for
     the store's 30 s busy wait, and it failed although the model answered at once. A wait for the lock takes at
