@@ -100,6 +100,13 @@ class PtyProcess:
             pass
         return code
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def close(self):
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)

@@ -777,17 +777,14 @@ def test_piped_chat_asks_on_the_terminal_and_shows_the_command_there(cli, fake, 
     import subprocess as sp
     _write_then_chat(cli, fake, "touch marker")
     with open(str(tmp_path / "chat.log"), "wb") as log:
-        p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir),
-                       stdin=sp.PIPE, stderr=log)
-        try:
+        with PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir),
+                        stdin=sp.PIPE, stderr=log) as p:
             p.proc.stdin.write(b"make the marker\n")
             p.proc.stdin.close()
             p.expect(r"\$ touch marker")  # on the terminal, before the question
             p.expect(r"\[e\]dit > ")
             p.line("y")
             assert p.wait() == 0
-        finally:
-            p.close()
     assert (cli.workdir / "marker").exists()
     assert "no terminal to ask" not in (tmp_path / "chat.log").read_text()
 
@@ -795,9 +792,8 @@ def test_piped_chat_asks_on_the_terminal_and_shows_the_command_there(cli, fake, 
 def test_with_stderr_in_a_file_the_command_is_shown_where_the_question_is(cli, fake, tmp_path):
     _write_then_chat(cli, fake, "touch marker")
     with open(str(tmp_path / "chat.log"), "wb") as log:
-        p = PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir),
-                       stderr=log)
-        try:
+        with PtyProcess(cli.command("chat", "--mode", "write"), dict(cli.env, TERM="xterm"), str(cli.workdir),
+                        stderr=log) as p:
             p.expect(r">> ")
             p.line("make the marker")
             seen = p.expect(r"\[e\]dit > ")
@@ -806,8 +802,6 @@ def test_with_stderr_in_a_file_the_command_is_shown_where_the_question_is(cli, f
             p.expect(r">> ")
             p.eof()
             p.wait()
-        finally:
-            p.close()
     assert seen and not (cli.workdir / "marker").exists()
 
 
@@ -832,9 +826,8 @@ def test_a_protected_path_question_is_folded_and_paged_and_only_yes_or_no(cli, f
     cli.use(fake)
     fake.add({"tool_calls": [tool_call("write_file", path=".git/hooks/pre-commit", content=content)]},
              {"content": "over"})
-    p = PtyProcess(cli.command("chat", "--mode", "write", "--safety", "yolo"), dict(cli.env, TERM="xterm"),
-                   str(cli.workdir), rows=30, cols=100)
-    try:
+    with PtyProcess(cli.command("chat", "--mode", "write", "--safety", "yolo"), dict(cli.env, TERM="xterm"),
+                    str(cli.workdir), rows=30, cols=100) as p:
         p.expect(r">> ")
         p.line("install the hook")
         pages = 0
@@ -846,8 +839,6 @@ def test_a_protected_path_question_is_folded_and_paged_and_only_yes_or_no(cli, f
             p.line("")
         p.line("n")
         p.expect(r">> ")
-    finally:
-        p.close()
     assert "\u27e85000 spaces\u27e9; evil" in p.seen and " " * 100 not in p.seen
     assert "[a]lways" not in p.seen and pages >= 7  # 205 rows, 28 a screen
     assert not (cli.workdir / ".git" / "hooks" / "pre-commit").exists()

@@ -29,6 +29,31 @@ HOOK = "#!/bin/sh\ntouch \"$(git rev-parse --show-toplevel)/../PWNED\"\n"
 # ---- the protected set: refused headless, asked in chat, however it is named ----
 
 
+def script_run(cli, fake, script):
+    """The model writes `script` (ending in `echo … && echo INSIDE-OK`) and runs it with `sh`, in the sandbox
+    (--allow-dangerous: nothing asked); its output, which shows it ran to its end."""
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("write_file", path="attack.sh", content=script)]},
+             {"tool_calls": [tool_call("terminal", command="sh attack.sh")]}, {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x")
+    assert r.returncode == 0, r.stderr
+    out = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"][-1]
+    assert "INSIDE-OK" in out, out
+    return out
+
+
+def refused_unchanged(cli, fake, work, refused, allowed=()):
+    """Run the `refused` calls, then the `allowed` ones ((call, its result)), headless: each refused one is
+    refused as needing a person, each allowed one answers as given. Returns the tree's (before, after)."""
+    before = snapshot(work)
+    r, results = run_calls(cli, fake, list(refused) + [call for call, _ in allowed])
+    assert r.returncode == 0, r.stderr
+    for result in results[:len(refused)]:
+        assert result.startswith("Error: ") and result.endswith(HEADLESS), results
+    assert results[len(refused):] == [want for _, want in allowed]
+    return before, snapshot(work)
+
+
 def test_protected_paths_contract(tmp_path):
     root = str(tmp_path)
     paths = protected_paths(root, xzatoma_home=str(tmp_path / "xzh"), extra=["deploy/keys", "/elsewhere"])
@@ -398,17 +423,11 @@ def test_a_copy_that_creates_protected_paths_below_its_destination_is_asked(cli,
     (work / "plain").mkdir()
     (work / "plain" / "a.txt").write_text("a\n")
     cli.use(fake, tools={"protected_paths": ["*.pem"]})
-    before = snapshot(work)
-    r, results = run_calls(cli, fake, [
+    before, after = refused_unchanged(cli, fake, work, [
         tool_call("copy_path", source_path="incoming", destination_path="deploy"),
         tool_call("copy_path", source_path="vendor/lib", destination_path="vendor/lib2"),
-        tool_call("copy_path", source_path="vendor", destination_path="third_party"),
-        tool_call("copy_path", source_path="plain", destination_path="plain2")])
-    assert r.returncode == 0, r.stderr
-    for result in results[:3]:
-        assert result.startswith("Error: ") and result.endswith(HEADLESS), results
-    assert results[3] == "Copied plain to plain2 (2 items)"
-    after = snapshot(work)
+        tool_call("copy_path", source_path="vendor", destination_path="third_party")],
+        [(tool_call("copy_path", source_path="plain", destination_path="plain2"), "Copied plain to plain2 (2 items)")])
     del after["plain2"], after["plain2/a.txt"]
     assert after == before
 
@@ -874,13 +893,7 @@ def test_the_sandbox_keeps_where_git_really_lives_and_what_its_config_runs_read_
     (work / "sub" / ".git").write_text("gitdir: ../meta2\n")
     script = ("echo x > meta/hooks/pre-commit; echo x > tools/hooks/pre-commit; echo x > meta2/hooks/pre-commit;"
               " echo '[x]' >> meta/config; echo inside > ok.txt && echo INSIDE-OK\n")
-    cli.use(fake)
-    fake.add({"tool_calls": [tool_call("write_file", path="attack.sh", content=script)]},
-             {"tool_calls": [tool_call("terminal", command="sh attack.sh")]}, {"content": "done"})
-    r = cli.run("run", "--allow-dangerous", "--prompt", "x")
-    assert r.returncode == 0, r.stderr
-    out = [m["content"] for m in fake.model_requests()[-1]["body"]["messages"] if m["role"] == "tool"][-1]
-    assert "INSIDE-OK" in out, out
+    out = script_run(cli, fake, script)
     for hook in ("meta/hooks/pre-commit", "tools/hooks/pre-commit", "meta2/hooks/pre-commit"):
         assert not (work / hook).exists(), hook
     assert (work / "meta" / "config").read_text() == "[core]\n\thooksPath = tools/hooks\n"
@@ -1431,20 +1444,14 @@ def test_a_link_inside_a_protected_directory_is_protected_by_its_name_and_where_
     work = cli.workdir
     _linked_layout(work)
     cli.use(fake)
-    before = snapshot(work)
-    r, results = run_calls(cli, fake, [
+    before, after = refused_unchanged(cli, fake, work, [
         tool_call("edit_file", path=".git/hooks/pre-commit", old_text="checking", new_text="x; touch PWNED"),
         tool_call("edit_file", path="scripts/pre-commit", old_text="checking", new_text="x; touch PWNED"),
         tool_call("write_file", path="repo.gitconfig", content="[core]\n\tfsmonitor = touch PWNED\n"),
         tool_call("write_file", path="dotfiles/ssh/config", content="Host *\n  ProxyCommand touch PWNED\n"),
         tool_call("write_file", path="githooks/post-checkout", content="#!/bin/sh\ntouch PWNED\n"),
-        tool_call("write_file", path="vendor/lib/.git/hooks/pre-push", content="x"),
-        tool_call("write_file", path="notes.txt", content="ok\n")])
-    assert r.returncode == 0, r.stderr
-    for result in results[:6]:
-        assert result.startswith("Error: ") and result.endswith(HEADLESS), results
-    assert results[6] == "Created notes.txt (3 bytes)"
-    after = snapshot(work)
+        tool_call("write_file", path="vendor/lib/.git/hooks/pre-push", content="x")],
+        [(tool_call("write_file", path="notes.txt", content="ok\n"), "Created notes.txt (3 bytes)")])
     del after["notes.txt"]
     assert after == before
     shown = cli.run("policy", "path", ".git/hooks/pre-commit")
@@ -1458,12 +1465,7 @@ def test_the_sandbox_keeps_where_links_in_protected_directories_lead_read_only(c
     _linked_layout(work)
     script = ("echo x >> .git/hooks/pre-commit; echo x >> scripts/pre-commit; echo x >> repo.gitconfig;"
               " echo x >> githooks/post-checkout; echo inside > ok.txt && echo INSIDE-OK\n")
-    cli.use(fake)
-    fake.add({"tool_calls": [tool_call("write_file", path="attack.sh", content=script)]},
-             {"tool_calls": [tool_call("terminal", command="sh attack.sh")]}, {"content": "done"})
-    r = cli.run("run", "--allow-dangerous", "--prompt", "x")
-    assert r.returncode == 0, r.stderr
-    assert "INSIDE-OK" in tool_results(fake)[-1], tool_results(fake)
+    script_run(cli, fake, script)
     assert (work / "scripts" / "pre-commit").read_text() == "#!/bin/sh\necho checking\n"
     assert (work / "repo.gitconfig").read_text() == "[core]\n\tbare = false\n"
     assert (work / "githooks" / "post-checkout").read_text() == "#!/bin/sh\n"
@@ -1560,7 +1562,7 @@ def test_a_tree_moved_into_site_packages_is_judged_at_its_new_place(cli, fake):
     assert not site.exists() and (work / "stage" / "sp" / "evil.pth").exists()
 
 
-def test_a_move_onto_a_protected_path_is_asked_in_chat_with_what_it_writes(cli, fake):
+def test_a_move_onto_a_protected_path_is_asked_in_chat_with_what_it_writes(cli, fake, chat):
     """The question for a move onto a protected path crashed (AttributeError: the source was not passed to
     it), so no person could ever approve one (round 19b)."""
     work = cli.workdir
@@ -1569,20 +1571,15 @@ def test_a_move_onto_a_protected_path_is_asked_in_chat_with_what_it_writes(cli, 
     (work / "stage" / "pre-commit").write_text("#!/bin/sh\necho staged-hook\n")
     fake.add({"tool_calls": [tool_call("move_path", source_path="stage/pre-commit",
                                        destination_path=".git/hooks/pre-commit")]}, {"content": "moved it"})
-    cli.use(fake)
-    p = PtyProcess(cli.command("chat", "--mode", "write", "--safety", "yolo"), dict(cli.env, TERM="xterm"),
-                   str(work))
-    try:
-        p.expect(r"\[WRITE\]\[YOLO\] >> ")
-        p.line("move the hook")
-        p.expect(r"Allow move_path\? move_path \.git/hooks/pre-commit changes \.git, a protected path")
-        p.expect("staged-hook")
-        p.expect(r"\[y\]es / \[n\]o")
-        p.line("y")
-        p.expect("moved it")
-        assert (work / ".git" / "hooks" / "pre-commit").read_text() == "#!/bin/sh\necho staged-hook\n"
-        p.expect(r"\[WRITE\]\[YOLO\] >> ")
-        p.eof()
-        assert p.wait() == 0
-    finally:
-        p.close()
+    p = chat("--mode", "write", "--safety", "yolo")
+    p.expect(r"\[WRITE\]\[YOLO\] >> ")
+    p.line("move the hook")
+    p.expect(r"Allow move_path\? move_path \.git/hooks/pre-commit changes \.git, a protected path")
+    p.expect("staged-hook")
+    p.expect(r"\[y\]es / \[n\]o")
+    p.line("y")
+    p.expect("moved it")
+    assert (work / ".git" / "hooks" / "pre-commit").read_text() == "#!/bin/sh\necho staged-hook\n"
+    p.expect(r"\[WRITE\]\[YOLO\] >> ")
+    p.eof()
+    assert p.wait() == 0
