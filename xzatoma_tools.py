@@ -3091,6 +3091,9 @@ class Confinement:
             e for e in extra or () if isinstance(e, str) and os.path.isabs(e) and not _is_glob(e)] if p]
         self._sandbox, self._policy, self._lock = sandbox, None, threading.RLock()
         self._resolved = None  #: [(path, folded)] of _resolved_protected, until the next change
+        #: whether _resolved_protected saw every link of the protected directories (_linked_from's bound): when
+        #: not, a file tool's change anywhere needs a person (fail closed: an unseen link may lead to it)
+        self.links_complete = True
         self._around = {}  #: a repository's top -> [(path, folded)] its config names (_named_by_repository)
         self._deferred = None  #: deferred_files() before this run's first change
         self._git = {}  #: PATH -> the git program outside the tree (or None)
@@ -3204,10 +3207,11 @@ class Confinement:
         with self._lock:
             if (paths := self._around.get(top)) is None:
                 paths = []
-                for gitdir in _gitdirs(dot):
+                gitdirs = _gitdirs(dot)
+                for gitdir in gitdirs:
                     paths += [gitdir] if _inside(gitdir, self.root) else []
                     paths += _git_config_paths(self, top, gitdir)
-                paths += _linked_from(self, paths)
+                paths += _linked_from(self, paths, [g for g in gitdirs if not _inside(g, self.root)])[0]
                 if len(self._around) > 256:
                     self._around.clear()
                 self._around[top] = paths = [(p, fold_path(p)) for p in dict.fromkeys(paths)]
@@ -3217,8 +3221,12 @@ class Confinement:
         """reason() for a file tool's Target, and for a directory anything protected below it. A path is judged
         at the name it was given, at every link it passed and where it leads: `.git/hooks/pre-commit` linked to
         `scripts/pre-commit` (the usual way to share a hook) is a hook, whatever file holds it (round 19b)."""
-        return self.reason(target.real) or next(filter(None, (self.reason(p, holding=False) for p in getattr(
+        found = self.reason(target.real) or next(filter(None, (self.reason(p, holding=False) for p in getattr(
             target, "passed", ()))), None) or self.copied_reason(target, target.real, check)
+        if found is None and not self.links_complete:
+            found = ("somewhere the protected directories' links may lead (they hold over %s entries, too many "
+                     "to follow every link)" % "{:,}".format(LINKED_MOST))
+        return found
 
     def copied_reason(self, source, where, check=None):
         """The first protected path below the directory Target `source` were its tree at `where`: a `.git`, a
@@ -3352,44 +3360,71 @@ def _resolved_protected(conf):
             continue
         out += [real] if real != path else []
         dots += [(real, os.path.dirname(path))] if st is not None and fold_name(os.path.basename(path)) == ".git" else []
+    tops = []  # every gitdir, the enclosing repository's outside the tree too: its hooks may link into it (19f)
     for dot, top in dots:  # a `.git` (or what it links to) and the top of its working tree
         gitdirs = _gitdirs(dot)
-        out += [d for d in gitdirs if _inside(d, conf.root) and d not in out]
+        tops += gitdirs
+        out += [d for d in gitdirs if _inside(d, conf.root)]
         for gitdir in gitdirs:
-            out += [p for p in _git_config_paths(conf, top, gitdir) if p not in out]
-    return out + [p for p in _linked_from(conf, out) if p not in out]
+            out += _git_config_paths(conf, top, gitdir)
+    out = list(dict.fromkeys(out))
+    # every repository around the tree, not only the nearest: a nested one's own .git hides the outer from git
+    # rev-parse, and the outer's hooks still run at its commits
+    up = os.path.dirname(conf.root)
+    while up != os.path.dirname(up):
+        if os.path.isdir(os.path.join(up, ".git")):
+            tops.append(os.path.join(up, ".git"))
+        up = os.path.dirname(up)
+    linked, complete = _linked_from(conf, out, list(dict.fromkeys(t for t in tops if not _inside(t, conf.root))))
+    conf.links_complete = complete
+    known = set(out)
+    return out + [p for p in linked if p not in known]
 
 
-def _linked_from(conf, protected, most=20000):
-    """Where the links inside protected directories lead in the tree, at any depth, and the links there in
-    turn: `.git/hooks/pre-commit -> ../../scripts/pre-commit`, `.git/hooks -> ../githooks`, `.git/config ->
-    ../repo.gitconfig`, `~/.ssh/config -> ../dotfiles/ssh/config`. git and ssh read those files through the
+#: entries of protected directories looked at for links, in all (a home directory's ~/.cargo/registry)
+LINKED_MOST = 200000
+#: a git directory's data, never run: not looked into for links
+_GIT_DATA = {"objects", "lfs", "refs", "logs", "packed-refs", "rr-cache"}
+
+
+def _linked_from(conf, protected, outside=(), most=LINKED_MOST):
+    """(where the links inside protected directories lead in the tree, and the links there in turn; whether all
+    were seen): `.git/hooks/pre-commit -> ../../scripts/pre-commit`, `.git/hooks -> ../githooks`, `.git/config
+    -> ../repo.gitconfig`, `~/.ssh/config -> ../dotfiles/ssh/config`. git and ssh read those files through the
     link, so the file it leads to is the hook or the config: protected under its own name too, and read-only
-    for commands (round 19b). A repository's objects are data git never runs, and are not looked into."""
-    found, todo, seen = [], [p for p in protected if not _is_glob(p)], 0
-    while todo and seen < most:
-        top = todo.pop()
-        # not a place around the root (`--working-dir ~/.ssh/x`: all of the tree is protected, and what lies
-        # outside is not walked)
-        if top == conf.root or not _inside(top, conf.root) or not os.path.isdir(top) or os.path.islink(top):
+    for commands (round 19b). Breadth first over all of them at once, shallow entries (hooks, config) before
+    deep ones, a repository's data never (a 20,000-file ~/.cargo/registry walked first had hidden ~/.ssh's links,
+    round 19f); a link is followed as the kernel follows it (`../` above the tree and back in counts), and
+    `outside`: git directories outside the tree whose links may lead into it (the enclosing repository's)."""
+    import collections
+    root = conf.root
+    found, known = [], set(protected)
+    queue = collections.deque(p for p in dict.fromkeys(protected) if not _is_glob(p) and _inside(p, root))
+    queue.extend(outside)
+    seen = 0
+    while queue:
+        top = queue.popleft()
+        # not the tree, nor a place around it (`--working-dir ~/.ssh/x`: all of the tree is protected already)
+        if _inside(root, top) or os.path.islink(top) or not os.path.isdir(top):
             continue
-        for path, dirs, files in os.walk(top):
-            dirs[:] = [d for d in dirs if not (d in ("objects", "lfs") and is_git_dir(path))]
-            seen += len(dirs) + len(files)
-            for name in dirs + files:
-                if not os.path.islink(os.path.join(path, name)):
-                    continue
-                try:
-                    with conf.jail.resolve(os.path.join(path, name)) as target:
-                        real = target.real
-                except (ToolError, OSError):
-                    continue  # out of the tree (the jail refuses it there), a loop
-                if real != conf.root and real not in found and real not in protected:
-                    found.append(real)
-                    todo.append(real)
-            if seen >= most:
-                break
-    return found
+        data = is_git_dir(top)
+        try:
+            with os.scandir(top) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > most:
+                        return found, False
+                    if entry.is_symlink():
+                        real = os.path.realpath(entry.path)
+                        if _inside(real, root) and real != root and real not in known:
+                            known.add(real)
+                            found.append(real)
+                            queue.append(real)
+                    elif entry.is_dir(follow_symlinks=False) and not (data and entry.name in _GIT_DATA):
+                        queue.append(entry.path)
+        except OSError:
+            continue
+    return found, True
 
 
 def _git_config_paths(conf, top, gitdir):
@@ -3855,7 +3890,9 @@ def deferred_files(root, max_dirs=20000):
         venvs |= {path} if any(e.name == "pyvenv.cfg" for e in entries) else set()
         for e in entries:
             try:
-                if e.is_symlink() and e.is_dir() and (path in whole or deferred_dir(e.path[cut:])):
+                # a link on the way to one too (`.github -> ci/gh`: its workflows were missed, round 19f): all of
+                # what it holds is listed, more than the deferred directory alone, never less
+                if e.is_symlink() and e.is_dir() and (path in whole or deferred_dir(e.path[cut:], True)):
                     complete = linked_tree(e.path, e.path[cut:]) and complete
                 elif (path in whole or names.match(e.name.lower())) and not e.is_dir(follow_symlinks=False):
                     out[e.path[cut:]] = identity(e.path)
@@ -8437,12 +8474,19 @@ class Sandbox:
         spec = self._spec()
         spec["fd"] = theirs.fileno()
         here = os.path.dirname(os.path.abspath(__file__))
-        boot = "import sys; sys.path.insert(0, %r); import xzatoma_tools; xzatoma_tools._sandbox_helper(sys.argv[1])"
+        # the spec on standard input, not as an argument: one argument holds at most 128 KB (MAX_ARG_STRLEN), and
+        # a tree with 2,000 protected links made it larger (round 19f)
+        boot = ("import sys; sys.path.insert(0, %r); import xzatoma_tools; "
+                "xzatoma_tools._sandbox_helper(sys.stdin.buffer.read().decode())")
         try:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", boot % here, json.dumps(spec)],
-                                    cwd=self.root, env=self.env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", boot % here],
+                                    cwd=self.root, env=self.env, stdin=subprocess.PIPE,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                                     start_new_session=True)
+            try:
+                proc.stdin.write(json.dumps(spec).encode())  # the helper reads it whole before anything else
+            finally:
+                proc.stdin.close()
         except OSError as exc:
             self._report = {"ok": False, "error": "the sandbox helper could not start: %s" % exc}
             proc = None
@@ -8467,7 +8511,7 @@ class Sandbox:
                 if self._report is None:
                     ctl.settimeout(timeout)
                     try:
-                        data = ctl.recv(65536)
+                        data = ctl.recv(_REPORT_MAX)  # one message (SOCK_SEQPACKET): a larger one is cut
                         self._report = json.loads(data.decode()) if data else {
                             "ok": False, "error": "the sandbox helper exited during set-up"}
                     except (OSError, ValueError) as exc:
@@ -8535,9 +8579,11 @@ class Sandbox:
                 how.append("Landlock TCP bind/connect denied")
             lines.append("network: %s" % (" + ".join(how) if how else "NOT isolated"))
         prot = report.get("protected_paths") or []
+        more = (report.get("protected_count") or len(prot)) - len(prot)
         lines.append("protected paths: %s" % (
             ("read-only bind mounts in a private mount namespace: " + ", ".join(
-                display_path(p, self.root) for p in prot)) if report.get("protected") and prot else
+                display_path(p, self.root) for p in prot) + (" and %d more" % more if more > 0 else ""))
+            if report.get("protected") and prot else
             "none present" if report.get("protected") else "NOT read-only (%s)" % report.get(
                 "protected_error", "no mount namespace")))
         lines.append("descendants: %s" % ("a PID namespace per command: everything it starts dies with it"
@@ -8622,6 +8668,7 @@ class Sandbox:
 
 
 _SPAWN_MAX = 200000  # bytes of one request; the helper reads requests into a buffer of this size
+_REPORT_MAX = 1 << 20  # bytes of the helper's report, read as one message
 
 
 def _sandbox_cleanup(state):
@@ -8808,7 +8855,9 @@ def _sandbox_helper(spec_text):
             report["protected"], report["protected_error"] = False, exc.strerror or str(exc)
     else:
         report["protected"], report["protected_error"] = False, "no mount namespace"
-    report["protected_paths"] = protected
+    # what `profile sandbox` names: the first of them and how many (the report is one message of at most
+    # _REPORT_MAX bytes: 2,000 protected links cut it, and every command was refused, round 19f)
+    report["protected_paths"], report["protected_count"] = protected[:200], len(protected)
     own_pidns = None
     if flags & _CLONE_NEWPID:
         child = os.fork()  # the child is PID 1 of the run's PID namespace: when it dies, every command dies
