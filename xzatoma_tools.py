@@ -4187,11 +4187,15 @@ class Jail:
         root = self.root
         if path == root or path.startswith(root.rstrip("/") + "/"):
             return path[len(root):].lstrip("/") or "."
-        # spelled through another name for the root (/tmp -> /private/tmp): the resolved spelling
-        # only picks the components; the walk below checks every one of them again from the root fd
-        real = os.path.realpath(path)
-        if _inside(real, root):
-            return real[len(root):].lstrip("/") or "."
+        # spelled through another name for the root (/tmp -> /private/tmp): the shortest beginning that leads
+        # into the tree is resolved, and the rest walked by the jail as written, so the links it passes are seen
+        # (resolving all of it, `alias/link` deleted what the link leads to and `alias/.git/hooks/x` was
+        # written through the hook's link unseen: round 19f)
+        parts = path.split("/")
+        for i in range(2, len(parts) + 1):
+            real = os.path.realpath("/".join(parts[:i]))
+            if _inside(real, root):
+                return "/".join(p for p in [real[len(root):].strip("/")] + parts[i:] if p) or "."
         # a small model wrote /app.yaml for the working directory's app.yaml: named, not followed
         near = path.lstrip("/")
         hint = " (did you mean %s? paths are relative to the working directory)" % near \

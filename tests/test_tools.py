@@ -588,3 +588,16 @@ def test_an_edit_deep_in_the_tree_reports_what_it_did(cli, fake):
         assert os.path.lexists("/proc/self/fd/%d/%s.bak" % (fd, parts[-1]))
     finally:
         os.close(fd)
+
+
+def test_an_absolute_path_through_another_name_of_the_tree_is_walked_as_written(tree, tmp_path):
+    """`<alias>/link`, with alias a link to the working directory: the whole path was resolved before the walk,
+    so a delete removed what the link leads to, not the link (round 19f)."""
+    alias = tmp_path / "alias"
+    alias.symlink_to(tree)
+    (tree / "keep.txt").write_text("keep\n")
+    (tree / "link").symlink_to("keep.txt")
+    reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}))
+    assert reg.execute("delete_path", {"path": str(alias / "link")}).success
+    assert not os.path.lexists(str(tree / "link")) and (tree / "keep.txt").read_text() == "keep\n"
+    assert reg.execute("read_file", {"path": str(alias / "keep.txt")}).success
