@@ -304,11 +304,18 @@ def env_credential(name, value):
         return False  # an endpoint: https://oauth2.googleapis.com/token (the password in a URL is registered apart)
     if _PASSWORD_NAME.search(name.upper().replace("-", "_")):
         return True
-    if len(value) <= 24 and _NAME_VALUE.fullmatch(value):
+    # a few words are a header's, cookie's or setting's name only where the variable says it holds a name: a
+    # secret of words (JWT_SECRET=mysupersecretkey, SESSION_SECRET=keyboard-cat-secret) is still one (19f)
+    if len(value) <= 24 and _NAME_VALUE.fullmatch(value) and _NAMES_A_NAME.search(name.upper().replace("-", "_")):
         words = [_HUMPS.findall(word) for word in re.split(r"[-_./]", value)]  # X-CSRF-Token, csrfToken
         if sum(map(len, words)) <= 4 and all(len(w) == 1 or min(map(len, w)) > 1 for w in words):
             return False  # a header's, cookie's or setting's name; random letters change case more often
     return True
+
+
+#: the end of a variable's name that says its value names something (CSRF_COOKIE_NAME, API_KEY_HEADER)
+_NAMES_A_NAME = re.compile(r"_(NAME|HEADER|COOKIE|FIELD|PARAM|PARAMETER|PREFIX|ALGORITHM|ALG|TYPE|FORMAT|SCHEME|"
+                           r"STRATEGY|BACKEND|PROVIDER|MODE|STYLE|ENV|REGION)$")
 
 
 _secrets_lock = threading.Lock()
@@ -348,13 +355,30 @@ def register_secret(value):
     # in the view of hex digits: its hex, as xxd, od and hexdump print it (round 19d: wrapped at 60 columns or
     # spaced, it went through), and a value that is hex itself, written with separators
     raw = value.encode("utf-8", "surrogateescape").hex()
-    hexes = {raw, raw.upper()} | ({value.lower(), value.upper()} if re.fullmatch(r"[0-9A-Fa-f]+", value) else set())
+    hexes = {raw, raw.upper()} | _swapped_words(value.encode("utf-8", "surrogateescape"))
+    # a value that is hex itself, long and not a number (PGPASSWORD=20240101 redacted every 2024-01-01, 19f)
+    if len(value) >= 16 and re.fullmatch(r"[0-9A-Fa-f]+", value) and not value.isdigit():
+        hexes |= {value.lower(), value.upper()}
     with _secrets_lock:
         if not spellings <= set(_known_secrets):
             _known_secrets = tuple(sorted(spellings | set(_known_secrets), key=len, reverse=True))
         if not needles <= set(_view_needles) or not hexes <= set(_hex_needles):
             _view_needles = tuple(sorted(needles | set(_view_needles), key=len, reverse=True))
             _hex_needles = tuple(sorted(hexes | set(_hex_needles), key=len, reverse=True))
+
+
+def _swapped_words(raw):
+    """The hex of `raw` as `od -x` and `hexdump` print it: 16-bit words, each's two bytes swapped (little-endian),
+    at both alignments, without the words at its edges that mix in other bytes (round 19f: all 16 words of a key
+    went through)."""
+    out = set()
+    for k in (0, 1):
+        data = b"\0" * k + raw + b"\0" * ((len(raw) + k) % 2)
+        words = [data[i + 1:i + 2].hex() + data[i:i + 1].hex() for i in range(0, len(data), 2)]
+        core = "".join(words[1:-1])
+        if len(core) >= 16:
+            out |= {core, core.upper()}
+    return out
 
 
 def _base64_cores(value):
@@ -406,8 +430,9 @@ def _shapes(lowered):
 #: \t \f \v stand for spaces), HTML character references (&#65; &#x41; &amp; … and &amp;amp; twice)
 _ESCAPE = re.compile(r"%(?:25)*([0-9A-Fa-f]{2})|\\+(?:u\{?([0-9A-Fa-f]{4})\}?|U([0-9A-Fa-f]{8})|x([0-9A-Fa-f]{2})"
                      r"|([0-7]{3})|([nrtfv])|(.))|&(?:amp;)*(?:#[xX]([0-9A-Fa-f]{1,6});|#([0-9]{1,7});"
-                     r"|(amp|lt|gt|quot|apos);)", re.S)
-_ENTITIES = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
+                     r"|(amp|lt|gt|quot|apos|shy|nbsp|zwj|zwnj|lrm|rlm);)", re.S)
+_ENTITIES = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'", "shy": "\u00ad", "nbsp": " ",
+             "zwj": "\u200d", "zwnj": "\u200c", "lrm": "\u200e", "rlm": "\u200f"}
 
 
 #: the commonest escapes, undone at C speed before the rest: JSON's and C's newlines, tabs, quotes and slashes
@@ -431,8 +456,8 @@ _unescaped = {}  # escape -> its padded character: texts repeat a few escapes ma
 
 def _decode(match):
     url, u4, u8, x2, octal, space, char, hexref, decref, named = match.groups()
-    if char is not None or named is not None:
-        decoded = char if char is not None else _ENTITIES[named]
+    if char is not None or named is not None:  # \e and \E: ESC, as printf %q and bash write it (round 19f)
+        decoded = ("\x1b" if char in "eE" else char) if char is not None else _ENTITIES[named]
     elif space is not None:
         decoded = " "
     else:
@@ -445,23 +470,31 @@ def _decode(match):
 #: what the view looks through between the characters of a known value (round 19d): white space (and the padding
 #: of decoded escapes), terminal escape sequences (CSI as `grep --color=always` puts around a match inside a key,
 #: OSC as a hyperlink wraps text, the other ESC sequences, 8-bit CSI) and markup tags (`<b>half</b><i>half</i>` of
-#: an HTML error page). A tag is a name after '<', so `a < b` and a decoded `&lt;` (padded) are not tags.
+#: an HTML error page). A tag is a name after '<', so `a < b` is not one; a tag written URL-encoded (`%3Cb%3E`, its
+#: characters padded when decoded) is one (round 19f).
 _MARKUP_PATTERN = (r"(?:\x1b\x1f*|\x9b)(?:\[[0-?\x1f]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b\n]{0,512}\x07?|[ -/]*[0-~])|\x07"
-                   r"|</?[A-Za-z][A-Za-z0-9:-]{0,30}(?:[ \t\r\n/][^<>\x1f]{0,512})?>")
-_LOOK_THROUGH = r"\s|" + _MARKUP_PATTERN
+                   r"|<\x1f*/?\x1f*[A-Za-z][A-Za-z0-9:-]{0,30}\x1f*(?:[ \t\r\n/][^<>]{0,512})?>")
+#: and the characters that draw nothing: format characters (zero-width, bidi marks, the soft hyphen of &shy;)
+#: and the controls a terminal ignores (NUL, SO, SI, DEL) put between a key's characters (round 19f)
+_INVISIBLE = "[\x00\x0e\x0f\x7f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+_DRAWS_NOTHING = re.compile(_INVISIBLE)
+_LOOK_THROUGH = r"\s|%s|%s" % (_INVISIBLE, _MARKUP_PATTERN)
 _IGNORED = LazyRegex("(?:%s)+" % _LOOK_THROUGH)
 _MARKUP = re.compile(_MARKUP_PATTERN)  # alone, its literal beginnings are searched at C speed: half _IGNORED's time
 #: and in the view of hex digits also the separators of hex dumps and byte lists (`71:5a`, `0x71, 0x5a`), a dump's
 #: offsets (xxd, hexdump -C, od) and the printable column at the end of its lines, so one run of digits remains
 # (a dump's offsets and printable column are tried first: \s would take their spaces one by one)
-_HEX_IGNORED = LazyRegex(r"(?:(?m:^)[ \t]*[0-9A-Fa-f]{6,8}:?(?=[ \t])|(?<![ \t])[ \t]{2,}[^\n]{1,18}(?m:$)"
+_HEX_IGNORED = LazyRegex(r"(?:(?m:^)[ \t]*[0-9A-Fa-f]{6,8}:?(?=[ \t])|(?<=[^ \t\n])[ \t]{2,}[^\n]{1,18}(?m:$)"
                           r"|%s|0[xX](?=[0-9A-Fa-f])|[:,;.'\"|-])+" % _LOOK_THROUGH)
 #: what may follow a hex match on its line in a dump: the line's other bytes and its printable column (which
 #: shows the value's last characters: redacted with it)
 _DUMP_REST = LazyRegex(r"[0-9A-Fa-f \t:,]*[ \t]{2}[^\n]{1,18}")  # one class: no nested repetition
 #: the end of a text that may be the beginning of an escape, an ESC sequence or a tag: a stream holds it
-_OPEN_END = LazyRegex(r"(?:\\+(?:[uUx]\{?[0-9A-Fa-f]{0,7})?|%(?:25)*[0-9A-Fa-f]?|&(?:amp;)*(?:#[xX]?[0-9A-Fa-f]{0,6}"
-                       r"|[a-z]{0,4})|(?:\x1b|\x9b)[^\x07\n]{0,64}|</?[A-Za-z][^<>\n]{0,256})\Z")
+# (a run of backslashes is tried from its first only: from each, it was quadratic in a run, round 19f; a tag as
+# long as the view looks through)
+_OPEN_END = LazyRegex(r"(?:(?<!\\)\\+(?:[uUx]\{?[0-9A-Fa-f]{0,7})?|(?<!%25)%(?:25)*[0-9A-Fa-f]?"
+                       r"|(?<!&amp;)&(?:amp;)*(?:#[xX]?[0-9A-Fa-f]{0,6}|[a-z]{0,4})|(?:\x1b|\x9b)[^\x07\n]{0,64}"
+                       r"|</?[A-Za-z][^<>\n]{0,600})\Z")
 
 
 class _View:
@@ -483,7 +516,10 @@ class _View:
         self.text, self.view, self._maps = text, view, {}
         self.marked = "\x1b" in view or "\x9b" in view or "<" in view or "\x07" in view
         # C speed where only white space is looked through (most text): str.split knows the same spaces as \s
-        self.flat = "".join((_MARKUP.sub("", view) if self.marked else view).split())  # what _IGNORED drops
+        flat = _MARKUP.sub("", view) if self.marked else view
+        if _DRAWS_NOTHING.search(flat):
+            flat = _DRAWS_NOTHING.sub("", flat)
+        self.flat = "".join(flat.split())  # what _IGNORED drops
         self._hexflat = None
 
     @property
@@ -636,14 +672,18 @@ def partial_secret(text):
     the view redact() searches (white space, escape sequences, tags and escapes looked through), and an
     escape, an ESC sequence or a tag cut off at the end is held too."""
     best = None
-    opened = _OPEN_END.search(text, max(0, len(text) - 320))  # what it can match is shorter
+    opened = _OPEN_END.search(text, max(0, len(text) - 700))  # what it can match is shorter
     if opened is not None and opened.start() < len(text):
         best = opened.start()
     prefixes, longest = _needle_prefixes()
     if not prefixes or not text:
         return best
-    seen = _View(text)
+    # what comes before an open tag or escape, as the view will read it once that closes: the half of a key
+    # before a long `<span title="…">` went out while the tag was still arriving (round 19f)
+    seen = _View(text if best is None else text[:best])
     for hexes in (False, True):
+        if hexes and not _hex_gate().search(seen.view):
+            break  # no hex of a value's first bytes here: no hex view (it was built for every delta, round 19f)
         flat = seen.hexflat if hexes else seen.flat
         for k in range(min(longest - 1, len(flat)), 0, -1):
             if flat[-k:] in prefixes:
@@ -1431,11 +1471,15 @@ def lost_credentials(path, old, new):
     """Why writing `new` over `old` (a file's text) is refused, or None: it puts [REDACTED] where `old` held a
     credential redaction replaces. The model only ever sees such a value as [REDACTED]; written back, the
     marker replaced the real key in app.env, and in settings.py the values it stood for (round 19d). Refused
-    when the new text holds the marker more often than the old and some value redaction finds in the old is
-    gone from the new: a change that keeps every value is written."""
-    if old is None or REDACTED not in new or new.count(REDACTED) <= old.count(REDACTED):
+    when the new text holds the marker and a value the model was shown as the marker (a tool result's
+    redaction hides it in the old text) is gone from the new: a change that keeps every such value is written, and one that drops a
+    value the model saw as it is (a hard-coded key moved to the environment) too. Not by counting markers: a
+    comment holding the word [REDACTED] let the value go (round 19f)."""
+    if old is None or REDACTED not in new:
         return None
-    gone = [start for start, end in redaction_spans(old) if old[start:end] not in new]
+    shown = redact(old, shapes=False)  # as a tool result shows it (ToolRegistry.execute)
+    gone = [start for start, end in redaction_spans(old)
+            if old[start:end] not in new and old[start:end] not in shown]
     if not gone:
         return None
     line = old.count("\n", 0, min(gone)) + 1

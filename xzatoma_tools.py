@@ -1666,6 +1666,7 @@ class CopyPath(Tool):
         st = src.lstat()
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             raise special_error(src, st.st_mode, "copy_path copies files, directories and links")
+        _keeps_credentials(args, src, dst)
         if (token := self._replace_destination(args, ctx, dst, src)) is None:
             token = ctx.before_create(self.name, dst)
         dst.make_parents()
@@ -1719,6 +1720,21 @@ def _skipped_note(skipped):
         len(skipped), "" if len(skipped) == 1 else "s", ", ".join(skipped[:10]))
 
 
+def _keeps_credentials(args, src, dst, most=1 << 20):
+    """ToolError when a file copied or moved over another puts [REDACTED] where that one held a credential (a
+    write_file refused, then `write a.env.new` and a move over a.env, lost the key: round 19f); files up to
+    `most` bytes, as write_file's check reads them."""
+    sst, dst_st = src.lstat(), dst.lstat()
+    if sst is None or dst_st is None or not (stat.S_ISREG(sst.st_mode) and stat.S_ISREG(dst_st.st_mode)) or \
+            max(sst.st_size, dst_st.st_size) > most:
+        return
+    new = read_text(src, "")
+    if REDACTED in new:
+        lost = lost_credentials(args["destination_path"], read_text(dst, ""), new)
+        if lost:
+            raise ToolError(lost)
+
+
 class MovePath(CopyPath):
     name = "move_path"
     description = "Move or rename a file or directory. overwrite=true replaces an existing destination."
@@ -1738,6 +1754,7 @@ class MovePath(CopyPath):
 
     def _run(self, args, ctx, src, dst):
         ctx.guard(self.name, args, src)
+        _keeps_credentials(args, src, dst)
         # the tree is judged at its new place, as a copy's is: a staged `evil.pth` moved in as site-packages
         # runs at the next Python start; and the question shows what lands there (round 19b: without src it
         # was never checked, and in chat the question crashed)

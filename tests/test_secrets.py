@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from conftest import assert_clean, needs_landlock, run_calls, run_commands, script, tool_call, wait_for
+from conftest import assert_clean, needs_landlock, run_calls, run_commands, script, tool_call, tool_results, wait_for
 from xzatoma_store import REDACTED, redact, redaction_spans, register_secret
 
 # one token per family: (family, value)
@@ -1113,3 +1113,81 @@ def test_ordinary_values_reach_the_model_and_redacted_ones_are_never_written_bac
     edited = [m["content"] for m in fake.model_requests()[4]["body"]["messages"] if m["role"] == "tool"][-1]
     assert edited.startswith("Error: app.env holds a credential"), edited  # the key's line, moved behind the marker
     assert (cli.workdir / "app.env").read_text() == "SERVICE_TOKEN=%s\nPORT=80\nDEBUG=0\n" % KEY19
+
+
+def test_a_known_value_is_found_in_word_swapped_hex_and_through_what_draws_nothing():
+    """Round 19f: `od -x` and `hexdump` print 16-bit words with their bytes swapped, `xxd -i`'s last line of two
+    bytes looked like a dump's printable column, and zero-width characters, a soft hyphen (&shy;), NUL, bidi
+    marks, `\\E[…m` escapes (printf %q) and URL-encoded tags between a key's characters hid it."""
+    register_secret(KEY19)
+    data = ("SERVICE_TOKEN=%s\n" % KEY19).encode()
+    for skip in (0, 1):  # both alignments of the key in the words
+        body = b"x" * skip + data + b"\n" * (len(data) % 2)
+        words = [body[i + 1:i + 2].hex() + body[i:i + 1].hex() for i in range(0, len(body), 2)]
+        od_x = "".join("%07o %s\n" % (16 * n, " ".join(words[n * 8:n * 8 + 8])) for n in range((len(words) + 7) // 8))
+        assert REDACTED in redact(od_x), od_x
+    xxd_i = "unsigned char k_txt[] = {\n  " + ",\n  ".join(
+        ", ".join("0x%02x" % b for b in data[i:i + 12]) for i in range(0, len(data), 12)) + "\n};\n"
+    assert KEY19.encode()[-2:].hex() not in redact(xxd_i).replace("0x", "").replace(", ", ""), redact(xxd_i)
+    for between in ("\u200b", "&shy;", "\x00", "\u200e", "\\E[01;31m", "%3C/b%3E%3Ci%3E", "&zwj;"):
+        text = "token: %s%s%s end" % (KEY19[:12], between, KEY19[12:])
+        assert redact(text) == "token: %s end" % REDACTED, (between, redact(text))
+    assert redact("a\u200bb and x&shy;y, 2024-01-01") == "a\u200bb and x&shy;y, 2024-01-01"
+
+
+def test_secrets_of_words_are_registered_and_a_short_number_stays_a_number():
+    """Round 19f: JWT_SECRET=mysupersecretkey and the like were taken for a header's or cookie's name (the
+    fix for CSRF_COOKIE_NAME=csrftoken), and PGPASSWORD=20240101 redacted every 2024-01-01 (a value of hex
+    digits was looked for in hex dumps, separators and all)."""
+    from xzatoma_store import env_credential
+    for name, value in (("JWT_SECRET", "mysupersecretkey"), ("SESSION_SECRET", "keyboard-cat-secret"),
+                        ("FLASK_SECRET_KEY", "dev-secret-key"), ("APP_SECRET", "ThisIsMySecret"),
+                        ("MY_API_KEY", "CorrectHorseBattery")):
+        assert env_credential(name, value), (name, value)
+    register_secret("20240101")
+    assert redact("## 2024-01-01, v2024.01.01, 20240101") == "## 2024-01-01, v2024.01.01, %s" % REDACTED
+
+
+def test_the_write_refusal_holds_only_for_what_the_model_was_shown_redacted(cli, fake):
+    """Round 19f: a hard-coded key the model saw as it is could not be moved to the environment (refused as
+    "shown as [REDACTED]"); a comment holding the word [REDACTED] let a real key go; and a refused write could
+    be made through a copy or a move over the file."""
+    register_secret(KEY19)
+    (cli.workdir / "a.py").write_text('import os\nAWS_KEY = "AKIAIOSFODNN7EXAMPLE"\n')
+    app_env = "# values shown as [REDACTED] are secrets\nSERVICE_TOKEN=%s\nPORT=80\n" % KEY19
+    (cli.workdir / "app.env").write_text(app_env)
+    cli.use(fake)
+    fake.add({"tool_calls": [tool_call("read_file", path="a.py"), tool_call("read_file", path="app.env")]},
+             {"tool_calls": [tool_call("write_file", path="a.py", content='import os\nAWS_KEY = os.environ["AWS_KEY"]\n'
+                                                                          'print(AWS_KEY[:4] + "[REDACTED]")\n'),
+                             tool_call("write_file", path="app.env", content="SERVICE_TOKEN=[REDACTED]\nPORT=80\n"),
+                             tool_call("write_file", path="new.env", content="SERVICE_TOKEN=[REDACTED]\nPORT=81\n"),
+                             tool_call("copy_path", source_path="new.env", destination_path="app.env",
+                                       overwrite=True),
+                             tool_call("move_path", source_path="new.env", destination_path="app.env",
+                                       overwrite=True)]},
+             {"content": "done"})
+    r = cli.run("run", "--allow-dangerous", "--prompt", "x", env={"MY_SERVICE_TOKEN": KEY19})
+    assert r.returncode == 0, r.stderr
+    results = tool_results(fake)[2:]  # after the two reads
+    assert not results[0].startswith("Error") and "AWS_KEY = os.environ" in (cli.workdir / "a.py").read_text()
+    assert not results[2].startswith("Error"), results  # new.env: no credential was there
+    for refused in results[1:2] + results[3:5]:
+        assert refused.startswith("Error: app.env holds a credential"), results
+    assert (cli.workdir / "app.env").read_text() == app_env
+
+
+def test_a_key_split_by_a_long_tag_is_never_streamed_in_part():
+    """Round 19f: the half of a key before a 366-character `<span title="…">` went out while the tag was still
+    arriving (the stream held an open tag of 256 characters, and judged the text before it without it)."""
+    from xzatoma_tools import UntrustedStream
+    register_secret(KEY19)
+    title = " ".join("word%d" % i for i in range(60))  # a sentence, spaces and all
+    answer = 'Key: %s<span title="%s">%s</span> and that is all for today, thanks.' % (KEY19[:12], title, KEY19[12:])
+    for size in (1, 5, 64):
+        stream, shown = UntrustedStream(), ""
+        for i in range(0, len(answer), size):
+            shown += stream.feed(answer[i:i + size])
+            assert KEY19[:6] not in shown, (size, shown)
+        shown += stream.finish()
+        assert shown == redact(answer) and REDACTED in shown, (size, shown)
