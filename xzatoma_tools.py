@@ -4376,10 +4376,13 @@ class Jail:
         if len(names) > 5000:  # get_close_matches is ~50 µs a name: a hint is not worth seconds
             return ""
         import difflib
-        if close := difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.6):
+        base = os.path.basename(path)
+        if base in names:  # it is there, and leads nowhere: a link to a missing file (never "did you mean" itself)
+            return " (%s is a link to something missing)" % path
+        if close := difflib.get_close_matches(base, names, n=1, cutoff=0.6):
             return " (did you mean %s?)" % os.path.normpath(os.path.join(parent, close[0]))
-        found = self.find_name(os.path.basename(path))
-        return " (did you mean %s?)" % found if found else ""
+        found = self.find_name(base)
+        return " (did you mean %s?)" % found if found and os.path.normpath(found) != os.path.normpath(path) else ""
 
     def find_name(self, name, most=3000):
         """The first entry under the root named `name` whatever its case, else the first file of that name

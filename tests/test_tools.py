@@ -601,3 +601,12 @@ def test_an_absolute_path_through_another_name_of_the_tree_is_walked_as_written(
     assert reg.execute("delete_path", {"path": str(alias / "link")}).success
     assert not os.path.lexists(str(tree / "link")) and (tree / "keep.txt").read_text() == "keep\n"
     assert reg.execute("read_file", {"path": str(alias / "keep.txt")}).success
+
+
+def test_a_link_to_nothing_is_said_so_not_suggested_as_itself(tree):
+    """`no such file or directory: docs/latest (did you mean docs/latest?)` (round 19f)."""
+    (tree / "docs").mkdir(exist_ok=True)
+    (tree / "docs" / "latest").symlink_to("v9")
+    reg = build_registry(WRITE_MODE, ToolContext(str(tree), {}))
+    assert reg.execute("read_file", {"path": "docs/latest"}).to_message() == \
+        "Error: no such file or directory: docs/latest (docs/latest is a link to something missing)"
