@@ -448,3 +448,42 @@ def test_a_parser_that_cannot_go_on_leaves_the_rest_as_plain_text(monkeypatch):
         return updatepos(self, i, j)
     monkeypatch.setattr(_markupbase.ParserBase, "updatepos", failing)
     assert html_to_text("<p>one</p>\n<p>two &amp; <b>three</b></p>\n<p>four</p>") == "one\n\ntwo & three four\n"
+
+
+def test_unclosed_comments_and_sections_stay_linear_and_close_keeps_the_deadline():
+    """round 19f2: '<!--x>' repeated with no '-->' after made html.parser's close() search the rest of the page
+    once per comment: 1 MB took 250 s, past the deadline (close() ran unchecked). A child process, so the code
+    before the fix fails by its timeout."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import time
+        from xzatoma_store import html_to_text
+        M = 1_000_000
+        shapes = {"comments": "<p>hi</p>" + "<!--x>" * (M // 6), "dashed comments": "<!---x>" * (M // 7),
+                  "comments, one end": "<!--x>" * (M // 6) + "-->", "after the last end": "<!-- a -->" + "<!--x>" * (M // 6),
+                  "sections": "<![CDATA[x>" * (M // 11), "sections, a short end": "<![CDATA[x>" * (M // 11) + "]>",
+                  "mixed": "<!--x><![CDATA[y><?z><!w></v <!DOCTYPE >" * (M // 40)}
+        worst = 0
+        for name, html in shapes.items():
+            started = time.monotonic()
+            html_to_text(html, "http://h/", 1048576, time.monotonic() + 10)
+            worst = max(worst, time.monotonic() - started)
+            assert time.monotonic() - started < 8, name
+        assert html_to_text("<p>a<!-- c -->b<!--x>y</p>") == "ab<!--x>y\\n"
+        print("worst %.1f s" % worst)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=__import__("os").path.dirname(xzatoma_tools.__file__))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_numeric_reference_of_any_length_costs_only_itself():
+    """round 19f2: html.unescape's int() refuses more than 4300 digits, and one such reference made the whole
+    page an error (the plain-text fallback too)."""
+    from xzatoma_store import _plain_text
+    long_refs = "&#%s;&#%s65;&#x%s41;&#x110000;" % ("1" * 5000, "0" * 5000, "0" * 5000)
+    page = "<p>Install with pip.</p><p>%s</p><a href='/x&#%s;'>link</a>" % (long_refs, "9" * 5000)
+    assert html_to_text(page, "http://h/") == "Install with pip.\n\n\ufffdAA\ufffd\n\nlink (http://h/x\ufffd)\n"
+    assert _plain_text(page) == "Install with pip. \ufffdAA\ufffd link"
