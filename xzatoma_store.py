@@ -926,6 +926,7 @@ def html_to_text(html, base_url="", limit=None, deadline=None):
     last = html.rfind(">")
     if "<" in html[last + 1:]:
         html = html[:last + 1] + html[last + 1:].replace("&", "&amp;").replace("<", "&lt;")
+    html = _capped_charrefs(_unclosable_as_text(html))
     conv = Converter()
     piece = max(65536, len(html) // 16)  # 16 pieces or more: a construct left open is rescanned that often
     stopped = None
@@ -938,7 +939,15 @@ def html_to_text(html, base_url="", limit=None, deadline=None):
             conv.feed(html[done:done + piece])
             done += piece
         if stopped is None and not conv.full:
-            conv.close()
+            if deadline is not None and time.monotonic() >= deadline:  # close() parses what feed() held back
+                stopped = "[The rest of the page was not converted: the fetch's time limit was reached]"
+            elif "<" in conv.rawdata[1:] and not conv.cdata_elem:  # markup after a construct that never
+                rest, conv.rawdata = conv.rawdata, ""  # ended: close() would search the rest once per construct
+                if not conv.skip:  # (round 19f2); as plain text it is linear
+                    conv.newline(2)
+                    conv.emit(_plain_text(rest))
+            else:
+                conv.close()
     except Exception:  # the parser cannot go on: the rest of the page as plain text, never an error
         conv.newline(2)
         conv.emit(_plain_text(html[_html_offset(html, *conv.getpos()):]))
@@ -967,7 +976,47 @@ def _plain_text(html):
     """Text of markup the parser gave up on: tags dropped, entities decoded, blanks collapsed (linear: a tag
     is matched up to the next '<', never rescanned to the end)."""
     from html import unescape
-    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^<>]*>", " ", html))).strip()
+    return re.sub(r"\s+", " ", unescape(_capped_charrefs(re.sub(r"<[^<>]*>", " ", html)))).strip()
+
+
+# Round 19f2: html.parser's close() turns each construct it could not finish into text up to the next '>' and
+# parses on from there, searching the rest of the page for that construct's end again: '<!--x>' repeated (no
+# '-->' anywhere after) made 1 MB take 250 s, past every time limit. A comment or marked section that opens
+# after the last place it could close can never close: its '<' becomes text here, in one pass. A comment's
+# end is the one the running html.parser looks for (3.11: '--\s*>', later ones '--!?>'), and a marked section
+# needs the strictest end ']]>' (a '<![if x]>' after the last ']]>' is shown as text: escaping one opener too
+# many only shows it, one too few is quadratic). What else stays unfinished is read as plain text, not by close().
+_COMMENT, _MARKED, _MARKED_END = re.compile(r"<!--"), re.compile(r"<!\["), re.compile(r"\]\s*\]\s*>")
+
+
+def _unclosable_as_text(html):
+    from html import parser
+    comment_end = getattr(parser, "commentclose", None) or re.compile(r"--\s*>")
+    for opener, closer, skip in ((_COMMENT, comment_end, 4), (_MARKED, _MARKED_END, 3)):  # skip: where the
+        end = -1  # parser starts looking for the end, from the opener
+        for end in (m.start() for m in closer.finditer(html)):
+            pass
+        first = opener.search(html, max(0, end - skip + 1))  # the first whose end search starts past the last end
+        if first:
+            html = html[:first.start()] + opener.sub(lambda m: "&lt;" + m.group()[1:], html[first.start():])
+    return html
+
+
+# Round 19f2: html.unescape reads a numeric reference with int(), which refuses more than 4300 digits
+# ('&#' + '0' * 5000 + '65;' made the whole page an error). Leading zeros go; a reference with more digits
+# than any code point has becomes U+FFFD, as one past U+10FFFF does anyway. Linear: each run of digits once.
+_CHARREF = re.compile(r"&#(?:([xX])0*([0-9a-fA-F]+)|0*([0-9]+))")
+
+
+def _capped_charrefs(text):
+    if "&#" not in text:
+        return text
+
+    def capped(m):
+        if m.group(1):
+            return "&#x" + m.group(2) if len(m.group(2)) <= 6 else "&#xFFFD"
+        return "&#" + m.group(3) if len(m.group(3)) <= 7 else "&#65533"
+    return _CHARREF.sub(capped, text)
 
 
 # ---- Untrusted text for terminals ----

@@ -2828,7 +2828,7 @@ class Fetch(Tool):
         if not is_text:
             raise ToolError("%s is binary content (%s, %d bytes); fetch returns only text" % (current, ctype, len(body)))
         is_html = ctype in ("text/html", "application/xhtml+xml")
-        text = body.decode(_body_charset(body, headers.get("content-type") or "", is_html), "replace")
+        text = _body_text(body, headers.get("content-type") or "", is_html)
         if is_html:
             text = html_to_text(text, current, ctx.limit("max_output_size", 1048576), deadline)
         head = "URL: %s\nStatus: %d\nContent-Type: %s\n" % (current, status, ctype or "unknown")
@@ -2869,30 +2869,83 @@ def _decoded_body(body, encoding, max_bytes, url):
                         % (url, encoding))
     tries = (16 + zlib.MAX_WBITS,) if encoding != "deflate" else (zlib.MAX_WBITS, -zlib.MAX_WBITS)  # zlib or raw
     for wbits in tries:
+        out, pos, view = bytearray(), 0, memoryview(body)
         try:
-            out = zlib.decompressobj(wbits).decompress(body, max_bytes + 1)
+            # Round 19f2: a gzip body may be several members, one after another (RFC 1952 2.2), and all of
+            # them are the body (only the first was read). Together they stay within max_bytes + 1; the body
+            # is fed in pieces from an offset, never copied per member (50,000 empty members cost 2 s so).
+            while pos < len(body) and len(out) <= max_bytes and (pos == 0 or body.startswith(b"\x1f\x8b", pos)):
+                member = zlib.decompressobj(wbits)  # what follows the last member (zeros, garbage) is left,
+                while pos < len(body) and not member.eof and len(out) <= max_bytes:  # as gzip -d leaves it
+                    piece = view[pos:pos + 65536]
+                    out += member.decompress(piece, max_bytes + 1 - len(out))
+                    pos += len(piece) - len(member.unconsumed_tail) - len(member.unused_data)
+                if not member.eof or wbits < 0 or wbits == zlib.MAX_WBITS:  # deflate is one stream
+                    break
         except zlib.error:
-            continue
-        return out[:max_bytes], len(out) > max_bytes
+            if not out:
+                continue
+        return bytes(out[:max_bytes]), len(out) > max_bytes
     raise ToolError("%s came %s-encoded, but its body is not valid %s data" % (url, encoding, encoding))
 
 
+#: WHATWG encoding labels (and a common server misspelling) that Python does not know, or reads otherwise
+#: (round 19f2: each made fetch fail). x-user-defined is read as windows-1252, as HTML's prescan does: its own
+#: decoder maps every byte past ASCII to the private use area, which nobody can read.
+CHARSET_ALIASES = {
+    "x-user-defined": "cp1252", "utf-16": "utf-16-le", "utf8mb4": "utf-8", "utf8mb3": "utf-8", "unicode-1-1-utf-8": "utf-8",
+    "unicode11utf8": "utf-8", "unicode20utf8": "utf-8", "x-unicode20utf8": "utf-8", "iso-8859-8-i": "iso-8859-8",
+    "csiso88598i": "iso-8859-8", "logical": "iso-8859-8", "iso-8859-8-e": "iso-8859-8", "csiso88598e": "iso-8859-8",
+    "visual": "iso-8859-8", "iso-8859-6-i": "iso-8859-6", "iso-8859-6-e": "iso-8859-6", "csiso88596i": "iso-8859-6",
+    "csiso88596e": "iso-8859-6", "windows-874": "cp874", "dos-874": "cp874", "tis-620": "cp874",
+    "iso-8859-11": "cp874", "iso8859-11": "cp874", "x-mac-cyrillic": "mac-cyrillic", "x-mac-ukrainian": "mac-cyrillic",
+    "x-mac-roman": "mac-roman", "x-sjis": "shift_jis", "ms_kanji": "shift_jis", "windows-31j": "cp932",
+    "x-euc-jp": "euc-jp", "x-gbk": "gbk", "gb2312": "gbk", "gb_2312": "gbk", "gb_2312-80": "gbk", "chinese": "gbk",
+    "csgb2312": "gbk", "iso-ir-58": "gbk", "euc-kr": "cp949", "ks_c_5601-1987": "cp949", "ks_c_5601-1989": "cp949",
+    "ksc5601": "cp949", "ksc_5601": "cp949", "korean": "cp949", "windows-949": "cp949", "x-x-big5": "big5",
+    "big5-hkscs": "big5hkscs", "ascii": "cp1252", "us-ascii": "cp1252", "iso-8859-1": "cp1252",
+    "iso8859-1": "cp1252", "latin1": "cp1252", "l1": "cp1252", "iso_8859-1": "cp1252",
+}
+#: text codecs of Python that are no character set of the web: never a page's (idna cannot even 'replace')
+NOT_CHARSETS = frozenset(("idna", "punycode", "unicode-escape", "raw-unicode-escape", "undefined", "utf-7",
+                          "mbcs", "oem"))
+_BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
 def _body_charset(body, content_type, is_html):
-    """The body's character set: the Content-Type's charset (quoted or not, RFC 9110), else for HTML a BOM or a
-    <meta charset> in the first 1024 bytes (HTML's prescan), else UTF-8. Only text codecs are used."""
+    """The body's character set, as HTML's encoding sniffing finds it: a byte order mark, else the
+    Content-Type's charset (quoted or not, RFC 9110), else for HTML a <meta charset> in the first 1024 bytes
+    (the prescan), else UTF-8. Unknown names and codecs that are no character set mean UTF-8."""
     import codecs
+    for bom, name in _BOMS:
+        if body.startswith(bom):
+            return name
     found = re.search(r"charset\s*=\s*[\"']?([\w.:-]+)", content_type, re.I)
-    if not found and body.startswith(codecs.BOM_UTF8):
-        return "utf-8-sig"
-    if not found and is_html:
+    meta = not found and is_html
+    if meta:
         found = re.search(rb"<meta\s[^>]*?charset\s*=\s*[\"']?\s*([\w.:-]+)", body[:1024], re.I)
-    name = found.group(1) if found else "utf-8"
-    name = name.decode("ascii") if isinstance(name, bytes) else name
+    if not found:
+        return "utf-8"
+    name = found.group(1)
+    name = (name.decode("ascii") if isinstance(name, bytes) else name).lower()
+    name = CHARSET_ALIASES.get(name, name)
     try:
-        b"".decode(name)  # LookupError for an unknown name and for rot13, base64 and other non-text codecs
-        return name
+        codec = codecs.lookup(name)  # round 19f2: b"".decode(name) never looks the codec up
     except LookupError:
         return "utf-8"
+    if not codec._is_text_encoding or codec.name in NOT_CHARSETS:  # hex, rot13, base64; idna
+        return "utf-8"
+    if meta and codec.name.startswith(("utf-16", "utf-32")):  # a <meta> read as ASCII is no UTF-16 page: the
+        return "utf-8"  # prescan's rule (round 19f2: an ASCII page came back as CJK)
+    return codec.name
+
+
+def _body_text(body, content_type, is_html):
+    """The body decoded by _body_charset; a codec that fails anyway gives UTF-8, never an error."""
+    try:
+        return body.decode(_body_charset(body, content_type, is_html), "replace")
+    except Exception:  # round 19f2: a codec's own failure made the whole fetch fail
+        return body.decode("utf-8", "replace")
 
 
 # ---- Registry builder: the tools of a tool set ----

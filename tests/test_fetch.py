@@ -37,6 +37,18 @@ def _gzip(data):
 
 GZIPPED = _gzip(b"hello from gzip\n")
 BOMB = _gzip(b"\0" * 50_000_000)  # 50 MB of zeros in about 50 KB
+MEMBERS = _gzip(b"PART ONE. ") + _gzip(b"PART TWO: BREAKING CHANGES.") + _gzip(b"") + _gzip(b" END.") + b"\0" * 8
+#: round 19f2: unknown and non-text charset names made fetch fail; a UTF-16 <meta> made an ASCII page CJK
+CHARSET_ROUTES = {
+    "/x-user-defined.html": (200, "text/html; charset=x-user-defined", "<p>café “q”</p>".encode("cp1252")),
+    "/utf8mb4.html": (200, "text/html; charset=utf8mb4", "<p>café</p>".encode()),
+    "/unknown.txt": (200, "text/plain; charset=no-such-charset", "café".encode()),
+    "/hex.txt": (200, "text/plain; charset=hex", "café".encode()),
+    "/idna.txt": (200, "text/plain; charset=idna", b"caf\xc3\xa9 \xff"),
+    "/hebrew.html": (200, "text/html", "<meta charset=iso-8859-8-i><p>שלום</p>".encode("iso-8859-8")),
+    "/meta16.html": (200, "text/html", b'<html><head><meta charset="utf-16"></head><p>Install with pip.</p>'),
+    "/bom16.html": (200, "text/html; charset=iso-8859-1", "\ufeff<p>Install with pip.</p>".encode("utf-16-le")),
+}
 
 
 class Server:
@@ -64,8 +76,9 @@ class Server:
                     "/head.html": (200, "text/html", HEADLESS.encode()),
                     "/hostile.html": (200, "text/html", HOSTILE.encode()),
                 }
-                if self.path in ("/gzip.txt", "/bomb.txt"):  # sent encoded though identity was asked for
-                    body = GZIPPED if self.path == "/gzip.txt" else BOMB
+                routes.update(CHARSET_ROUTES)
+                if self.path in ("/gzip.txt", "/bomb.txt", "/members.txt"):  # encoded though identity was asked
+                    body = {"/gzip.txt": GZIPPED, "/bomb.txt": BOMB, "/members.txt": MEMBERS}[self.path]
                     self.send_response(200)
                     self.send_header("Content-Type", "text/plain")
                     self.send_header("Content-Encoding", "gzip")
@@ -448,3 +461,73 @@ def test_a_parser_that_cannot_go_on_leaves_the_rest_as_plain_text(monkeypatch):
         return updatepos(self, i, j)
     monkeypatch.setattr(_markupbase.ParserBase, "updatepos", failing)
     assert html_to_text("<p>one</p>\n<p>two &amp; <b>three</b></p>\n<p>four</p>") == "one\n\ntwo & three four\n"
+
+
+def test_unclosed_comments_and_sections_stay_linear_and_close_keeps_the_deadline():
+    """round 19f2: '<!--x>' repeated with no '-->' after made html.parser's close() search the rest of the page
+    once per comment: 1 MB took 250 s, past the deadline (close() ran unchecked). A child process, so the code
+    before the fix fails by its timeout."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import time
+        from xzatoma_store import html_to_text
+        M = 1_000_000
+        shapes = {"comments": "<p>hi</p>" + "<!--x>" * (M // 6), "dashed comments": "<!---x>" * (M // 7),
+                  "comments, one end": "<!--x>" * (M // 6) + "-->", "after the last end": "<!-- a -->" + "<!--x>" * (M // 6),
+                  "sections": "<![CDATA[x>" * (M // 11), "sections, a short end": "<![CDATA[x>" * (M // 11) + "]>",
+                  "mixed": "<!--x><![CDATA[y><?z><!w></v <!DOCTYPE >" * (M // 40)}
+        worst = 0
+        for name, html in shapes.items():
+            started = time.monotonic()
+            html_to_text(html, "http://h/", 1048576, time.monotonic() + 10)
+            worst = max(worst, time.monotonic() - started)
+            assert time.monotonic() - started < 8, name
+        assert html_to_text("<p>a<!-- c -->b<!--x>y</p>") == "ab<!--x>y\\n"
+        print("worst %.1f s" % worst)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=__import__("os").path.dirname(xzatoma_tools.__file__))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_numeric_reference_of_any_length_costs_only_itself():
+    """round 19f2: html.unescape's int() refuses more than 4300 digits, and one such reference made the whole
+    page an error (the plain-text fallback too)."""
+    from xzatoma_store import _plain_text
+    long_refs = "&#%s;&#%s65;&#x%s41;&#x110000;" % ("1" * 5000, "0" * 5000, "0" * 5000)
+    page = "<p>Install with pip.</p><p>%s</p><a href='/x&#%s;'>link</a>" % (long_refs, "9" * 5000)
+    assert html_to_text(page, "http://h/") == "Install with pip.\n\n\ufffdAA\ufffd\n\nlink (http://h/x\ufffd)\n"
+    assert _plain_text(page) == "Install with pip. \ufffdAA\ufffd link"
+
+
+def test_unknown_and_non_text_charsets_read_as_utf8_and_whatwg_labels_are_known(tmp_path, server):
+    """round 19f2: b"".decode(name) never looked the codec up, so x-user-defined, utf8mb4, hex and idna made
+    fetch fail; iso-8859-8-i (the WHATWG label of Hebrew pages) too."""
+    reg = fetcher(tmp_path)
+    out = {path: reg.execute("fetch", {"url": server.url(path)}) for path in CHARSET_ROUTES}
+    assert all(r.success for r in out.values()), {p: r.error for p, r in out.items() if not r.success}
+    assert out["/x-user-defined.html"].output.endswith("\n\ncafé “q”\n")
+    assert out["/utf8mb4.html"].output.endswith("\n\ncafé\n")
+    for path in ("/unknown.txt", "/hex.txt"):
+        assert out[path].output.endswith("\n\ncafé"), out[path].output
+    assert out["/idna.txt"].output.endswith("\n\ncafé \ufffd")
+    assert out["/hebrew.html"].output.endswith("\n\nשלום\n")
+
+
+def test_a_utf16_meta_means_utf8_and_a_bom_decides(tmp_path, server):
+    """round 19f2: <meta charset="utf-16"> on an ASCII page turned it into CJK; HTML's prescan reads a UTF-16
+    label in a <meta> as UTF-8 (a meta readable as ASCII is no UTF-16 page), and a byte order mark wins."""
+    reg = fetcher(tmp_path)
+    assert reg.execute("fetch", {"url": server.url("/meta16.html")}).output.endswith("\n\nInstall with pip.\n")
+    assert reg.execute("fetch", {"url": server.url("/bom16.html")}).output.endswith("\n\nInstall with pip.\n")
+
+
+def test_every_gzip_member_is_decoded_within_the_size_cap(tmp_path, server):
+    """round 19f2: only the first member of a multi-member gzip body was read, with no note."""
+    r = fetcher(tmp_path).execute("fetch", {"url": server.url("/members.txt")})
+    assert r.output.endswith("\n\nPART ONE. PART TWO: BREAKING CHANGES. END.") and "[Truncated" not in r.output
+    assert xzatoma_tools._decoded_body(MEMBERS, "gzip", 20, "u") == (b"PART ONE. PART TWO: ", True)
+    many = xzatoma_tools._decoded_body(_gzip(b"") * 50000 + _gzip(b"last"), "gzip", 10, "u")
+    assert many == (b"last", False)
