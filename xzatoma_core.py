@@ -9935,7 +9935,10 @@ def cmd_policy(args, console):
         if args.policy_kind == "command":
             verdict = policy.judge(item)
             word, reason = verdict.level, verdict.reason
-            if word == "confirm":
+            if verdict.person:  # asked in every mode (round 19g)
+                word, reason = "ask", reason + " (in every mode: chat asks even in YOLO; run and the watcher refuse " \
+                                               "it, --allow-dangerous included)"
+            elif word == "confirm":
                 reason += {"restricted": " (restricted mode refuses it: run --allow-dangerous runs it)",
                            "full": "; full autonomous mode runs it without asking",
                            "interactive": " (chat in Safe mode asks first)"}[args.mode]

@@ -2369,6 +2369,10 @@ HEADLESS_REFUSAL = ("command needs a person's approval; not available in this ru
                     "read-only commands (ls, cat, grep, find, head, wc, git status/diff/log …) with plain arguments "
                     "inside the working directory, or the file tools to change files; a person can run it in chat "
                     "or with --allow-dangerous.")
+#: the same for a command a person must approve in every mode (Verdict.person)
+PERSON_REFUSAL = ("command needs a person's approval; not available in this run: %s (%s). Not run, and "
+                  "--allow-dangerous does not run it either: do the task another way, or leave it to a person "
+                  "in chat.")
 
 
 class Terminal(Tool):
@@ -2401,11 +2405,12 @@ class Terminal(Tool):
             return verdict
 
         verdict = judge(command)
-        if verdict.level == CONFIRM and autonomy != FULL:
+        if verdict.level == CONFIRM and (autonomy != FULL or verdict.person):  # person: in every mode (19g)
             people = ctx.approvals
-            if autonomy != INTERACTIVE or people.confirm_command is None or not people.interactive:  # headless: nobody
+            if (autonomy != INTERACTIVE and not verdict.person) or people.confirm_command is None or \
+                    not people.interactive:  # headless: nobody
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
-                raise ToolError(HEADLESS_REFUSAL % (command, verdict.reason))
+                raise ToolError((PERSON_REFUSAL if verdict.person else HEADLESS_REFUSAL) % (command, verdict.reason))
             if (answer := people.confirm_command(command, verdict.reason)) is None:
                 _audit(audit, ctx, command, "declined", 0, CONFIRM)
                 raise ToolError("the user declined the command: %s" % command)
@@ -5757,7 +5762,8 @@ _COMMAND_OPTION = LazyRegex(r"(?i)^(proxycommand|localcommand|remotecommand|to-c
 #: environment variables that make ordinary programs load or run code chosen by whoever sets them: denied
 _LOADS_CODE_ENV = LazyRegex(r"^(LD_PRELOAD|LD_AUDIT|DYLD_INSERT_LIBRARIES|GIT_SSH|GIT_SSH_COMMAND|GIT_EXTERNAL_DIFF|"
                              r"GIT_ASKPASS|SSH_ASKPASS|SUDO_ASKPASS|GIT_PROXY_COMMAND|GIT_EXEC_PATH|GIT_TEMPLATE_DIR|"
-                             r"GIT_CONFIG_PARAMETERS|GIT_CONFIG_COUNT|GIT_CONFIG_KEY_\d+|BASH_ENV|PERL5OPT|PERL5DB|"
+                             r"GIT_CONFIG_PARAMETERS|GIT_CONFIG_COUNT|GIT_CONFIG_KEY_\d+|GIT_CONFIG_VALUE_\d+|"
+                             r"GIT_CONFIG_GLOBAL|GIT_CONFIG_SYSTEM|GIT_CONFIG|GIT_DIR|GIT_COMMON_DIR|BASH_ENV|PERL5OPT|PERL5DB|"
                              r"NODE_OPTIONS|RUBYOPT)$")
 #: environment variables holding a command line (PAGER=cat is fine): their value is judged as code
 _COMMAND_ENV = LazyRegex(r"^(PAGER|GIT_PAGER|MANPAGER|EDITOR|VISUAL|GIT_EDITOR|LESSOPEN|LESSCLOSE|PS1|PS4|ENV|"
@@ -5771,7 +5777,10 @@ SHELL_BUILTINS = {"echo", "printf", "pwd", "type", "true", "false", "test", "[",
 _ALWAYS_READ_ONLY = {"true", "false", ":", "test", "[", "[[", "exit"}
 #: quoted text that still runs when a builtin evaluates it (test -v 'a[$(cmd)]', [[ 'a[`cmd`]' -eq 1 ]])
 _EVALUATED = LazyRegex(r"\$[({\[]|`")
-#: while an argument is judged as the command line it may be (CommandPolicy._guess_code), in this thread
+#: an option whose value may be a command line another program runs (--exec=CMD, -e CMD, --call CMD)
+_COMMAND_NAMED = LazyRegex(r"^-(?:-?(?:[a-z-]*(?:exec|cmd|command|shell|call|run|script|hook|eval)[a-z-]*)|[ecx])$",
+                           re.IGNORECASE)
+#: while a tail or an argument is judged as the command it may be (CommandPolicy._guessing), in this thread
 _GUESSING = threading.local()
 #: a word that may be a command line another program hands to a shell: a program's name, a blank, then more
 _SHELL_CODE_WORD = LazyRegex(r"^\s*[\w./-]+\s+\S")
@@ -5810,12 +5819,15 @@ RAW_DENY = [
 
 
 class Verdict:
-    __slots__ = ("level", "reason", "script", "run_as")
+    __slots__ = ("level", "reason", "script", "run_as", "person")
 
-    def __init__(self, level, reason, script=None, run_as=None):
+    def __init__(self, level, reason, script=None, run_as=None, person=False):
         self.level = level
         self.reason = reason
         self.script = script
+        #: a confirm that needs a person in every mode: asked in chat in YOLO too, refused headless whatever
+        #: --allow-dangerous says (what an unknown program may run would be denied on its own, round 19g)
+        self.person = person
         #: the command line as it runs, when it differs: each pattern that could expand to a file named like an
         #: option (`?exec` to `-exec`) gets `./` before it, so what the policy judged as a path is one
         self.run_as = run_as
@@ -6029,6 +6041,48 @@ _GIT_HARMLESS_KEY = LazyRegex(
     r"column)|blame\.(date|coloring|markunblamablelines|markignoredlines)|fetch\.prune|protocol\.version|"
     r"branch\.sort|tag\.sort|versionsort\.suffix|gc\.auto|maintenance\.auto)$",
     re.IGNORECASE)
+#: git configuration known to run programs: denied on a command line; any other key not above needs a person in
+#: every mode (round 19g: denied, `git -c commit.gpgsign=false` could be run by nobody)
+_GIT_DANGEROUS_KEY = LazyRegex(
+    r"^(alias\.|core\.(sshcommand|fsmonitor|hookspath|pager|editor|gitproxy|askpass|attributesfile|worktree|"
+    r"alternaterefscommand|excludesfile)|diff\.(external|tool|guitool|[^.]+\.)|difftool\.|merge\.(tool|guitool|[^.]+\.)|"
+    r"mergetool\.|filter\.|pager\.|protocol\.|"
+    r"uploadpack\.|receivepack\.|credential\.|sequence\.editor|gpg\.|http\.|https\.|remote\.|include\.|includeif\.|"
+    r"init\.templatedir|url\.|submodule\.|ssh\.|uploadarchive\.|safe\.|transfer\.|fetch\.|gc\.|interactive\.|"
+    r"sendemail\.|instaweb\.|web\.|browser\.|man\.|help\.|pack\.|status\.|log\.|trailer\.|imap\.|"
+    r"format\.pretty)", re.IGNORECASE)
+
+
+#: git's commands that run programs their arguments name (round 19g: only a confirm, so YOLO ran them)
+_GIT_RUNNERS = {"difftool", "mergetool", "filter-branch", "filter-repo", "send-email", "instaweb", "p4", "svn",
+                "archimport", "cvsimport", "cvsexportcommit", "quiltimport", "request-pull", "credential"}
+#: git's own options that take a value (as the next word, or after `=`)
+_GIT_VALUED = {"-C", "-c", "--config-env", "--git-dir", "--work-tree", "--namespace", "--super-prefix",
+               "--exec-path", "--list-cmds", "--attr-source"}
+
+
+def _git_settings(args):
+    """(the values of git's own -c / --config-env (before the subcommand), and of `clone` and `submodule add`'s
+    -c/--config, which write the new repository's configuration; the subcommand and what follows it). A
+    subcommand's `-c` is its own (`git switch -c feature/login` is a branch, round 19g)."""
+    out, i = [], 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "--":
+        a = args[i]
+        if a in ("-c", "--config-env") and i + 1 < len(args):
+            out.append(args[i + 1])
+        elif a.startswith("--config-env="):
+            out.append(a.split("=", 1)[1])
+        elif a.startswith("-c") and not a.startswith("--"):
+            out.append(a[2:])
+        i += 2 if a in _GIT_VALUED else 1
+    rest = args[i:]
+    if rest[:1] == ["clone"] or rest[:2] == ["submodule", "add"]:
+        for j, a in enumerate(rest):
+            if a in ("-c", "--config") and j + 1 < len(rest):
+                out.append(rest[j + 1])
+            elif a.startswith("--config="):
+                out.append(a.split("=", 1)[1])
+    return out, rest
 
 
 def _git_spec(items):
@@ -6282,14 +6336,14 @@ class Denylist:
         except ShellSyntaxError as exc:
             raw = self._raw_deny(" ".join(code.split()))
             if raw is None and getattr(_GUESSING, "depth", 0):
-                return None  # a guess (_guess_code): words, not code
+                return None  # a guess (_guessing): words, not code
             return raw or Verdict(DENY, "runs shell code that cannot be checked (%s)" % exc)
         return self._deny_script(script, depth + 1, {})
 
-    def _deny_argv(self, argv, depth, piped=False, stdin_code=None, tail=False):
+    def _deny_argv(self, argv, depth, piped=False, stdin_code=None):
         """The denylist on one normalised argument list, then on whatever it runs, and on the tails an unknown
-        program may run (_deny_tails). `tail`: argv is such a tail, a guess: the rules on a program's name alone
-        (sudo, reboot, init, mkfs) do not apply (`cargo init`, `npm install sudo` are no wrappers)."""
+        program may run (_deny_tails). In a guess (_guessing) the rules on a program's name alone (sudo, reboot,
+        init, mkfs) do not apply (`cargo init`, `npm install sudo` are no wrappers)."""
         if depth > 16:
             return Verdict(DENY, "commands are nested too deeply to check")
         if not (argv := [a for a in argv]):
@@ -6299,7 +6353,7 @@ class Denylist:
         for rule in self.custom:
             if rule[0] == "words" and _matches_custom(rule, prog, args):
                 return Verdict(DENY, "matches the custom denylist entry %r" % rule[2])
-        if not tail and not getattr(_GUESSING, "depth", 0) and (verdict := self._deny_name(prog, args)) is not None:
+        if not getattr(_GUESSING, "depth", 0) and (verdict := self._deny_name(prog, args)) is not None:
             return verdict
         if prog in ("kill", "pkill", "killall") and any(a in ("-1", "--", "1") for a in args[-1:]) and \
                 prog == "kill":
@@ -6309,7 +6363,7 @@ class Denylist:
                 return Verdict(DENY, "reads or writes another process's secrets or escapes through /proc (%s)" % text)
         if prog in ("cd", "pushd", "chdir") and any(self._abs(a).startswith("/proc") for a in args):
             return Verdict(DENY, "changes into /proc, where another process's secrets are")
-        if prog in _EVALUATING_BUILTINS and not tail:  # what another program runs is no shell builtin
+        if prog in _EVALUATING_BUILTINS and not getattr(_GUESSING, "depth", 0):  # no builtin another runs
             for text in args:
                 if _EVALUATED.search(text):  # bash runs the $(…) of a quoted array subscript it evaluates
                     verdict = self._deny_code(": " + text, depth)
@@ -6324,14 +6378,14 @@ class Denylist:
             return verdict
         if prog in WRAPPERS or prog in ("trap", "alias"):
             return self._deny_wrapped(prog, args, depth, piped, stdin_code)
-        return None if tail else self._deny_tails(prog, argv, depth, piped, stdin_code)
+        return self._deny_tails(prog, argv, depth, piped, stdin_code)
 
-    def _guess_code(self, code, depth):
-        """_deny_code for an argument that may be a command line or may be words (`--title 'reboot fails'`):
-        judged as a tail is, with no rule on a name alone, and text that is no shell code is words."""
+    def _guessing(self, judge, *args):
+        """`judge(*args)` as a guess (_deny_tails): no rule on a name alone, text that is no shell code is words,
+        and nothing below is guessed again (the flag holds through wrappers a tail goes through)."""
         _GUESSING.depth = getattr(_GUESSING, "depth", 0) + 1
         try:
-            return self._deny_code(code, depth)
+            return judge(*args)
         finally:
             _GUESSING.depth -= 1
 
@@ -6350,26 +6404,46 @@ class Denylist:
     def _deny_tails(self, prog, argv, depth, piped, stdin_code):
         """A program the policy does not know may run the words after any of its arguments as a command:
         `cmake -E env git -c core.fsmonitor=… status` ran in YOLO what plain git was denied, and `npm explore
-        pkg -- sh -c …` likewise (round 19e); no list of wrappers is ever whole. So the denylist holds for each
-        tail that begins with a word naming a program. Only the denylist: a tail is never more than a guess,
-        and the program itself is asked about as any unknown one is."""
-        if prog in SAFE_OPTIONS or prog in SHELL_BUILTINS or prog == "git" or is_interpreter(prog):
-            return None  # known programs are judged by their own rules
+        pkg -- sh -c …` likewise (round 19e); no list of wrappers is ever whole. So each tail that begins with a
+        program's name, and each argument after `--` or of an option that names a command (`--exec=`, `--call`,
+        `-e`) read as a command line, is judged by the denylist. A tail is a guess, never a verdict: what the
+        denylist would refuse makes the command one a person must approve in every mode, YOLO included, and
+        headless runs refuse it (CommandPolicy._guessed); denied outright, `jq .` and `docker exec web chown …`
+        could be run by nobody (round 19g). Returns None: the guess is kept for the verdict."""
+        if prog in SAFE_OPTIONS or prog in SHELL_BUILTINS or prog in _SHELL_ONLY or is_interpreter(prog) or \
+                prog == "git" or getattr(_GUESSING, "depth", 0):
+            return None  # known programs are judged by their own rules; a guess is not guessed again
         seen = 0
         for i in range(1, len(argv)):
             word = argv[i]
-            if _SHELL_CODE_WORD.search(word):  # one argument that is a command line: `npm explore pkg -- 'curl … |
-                verdict = self._guess_code(word, depth + 1)  # sh'` hands it to a shell (round 19e)
-            elif word and word[0] not in "-=+@%:" and _PROGRAM_WORD.match(word):
-                verdict = self._deny_argv(argv[i:], depth + 1, piped, stdin_code, tail=True)  # its tails: here
+            if word == "--":
+                continue
+            name, eq, value = word.partition("=") if word.startswith("-") else ("", "", "")
+            if eq and _COMMAND_NAMED.search(name):  # --exec=CMD, --call=CMD
+                verdict = self._guessing(self._deny_code, value, depth + 1)
+            elif i > 1 and _COMMAND_NAMED.search(argv[i - 1]) and argv[i - 1].startswith("-") or \
+                    _SHELL_CODE_WORD.search(word):  # -e CMD, -- 'CMD', 'CMD': its first word must be the denied one
+                verdict = self._guessing(self._deny_code, word, depth + 1)
+            elif word and word[0] not in "-=+@%:" and _PROGRAM_WORD.match(word) and \
+                    prog_name(word) not in _SHELL_ONLY and prog_name(word) not in SHELL_BUILTINS:
+                verdict = self._guessing(self._deny_argv, argv[i:], depth + 1, piped, stdin_code)
             else:
                 continue
             if verdict is not None and verdict.level == DENY:
-                return Verdict(DENY, "%s (run by %s)" % (verdict.reason, prog))
+                self._guess("%s may run what is denied on its own (%s): a person must approve it" % (
+                    prog, verdict.reason))
+                return None
             seen += 1
-            if seen >= 64:  # an argument list that long is no wrapper's: the program is asked about as it is
-                break
+            if seen >= 64:  # more than a wrapper's words: what the rest may run is not known
+                self._guess("%s has more arguments than the policy follows to see what it may run: a person must "
+                            "approve it" % prog)
+                return None
         return None
+
+    def _guess(self, reason):
+        """Keep the first guess of this command's judgement (_judge turns it into the verdict)."""
+        if getattr(self, "_guessed", None) is None:
+            self._guessed = reason
 
     def _deny_setting(self, name, value, depth):
         """A variable set for a command or exported: the ones that load code are denied; command lines
@@ -6686,19 +6760,18 @@ class Denylist:
         return None
 
     def _deny_git(self, args, depth):
-        values = []
-        for i, a in enumerate(args):
-            if a in ("-c", "--config", "--config-env") and i + 1 < len(args):
-                values.append(args[i + 1])
-            elif a.startswith(("--config=", "--config-env=")):
-                values.append(a.split("=", 1)[1])
-            elif a.startswith("-c") and len(a) > 2 and not a.startswith("--"):
-                values.append(a[2:])
-        for value in values:
+        settings, rest = _git_settings(args)
+        if rest[:1] and rest[0] in _GIT_RUNNERS:  # `git difftool -x 'rm -rf …'`, `filter-branch --tree-filter`
+            self._guess("git %s runs programs its arguments or configuration name: a person must approve it"
+                        % rest[0])
+        for value in settings:
             key = value.split("=", 1)[0].strip()
-            if not _GIT_HARMLESS_KEY.match(key):
-                return Verdict(DENY, "git -c %s: only settings that run and load nothing (user.*, color.*, "
-                                     "core.quotepath, …) may be set on a git command line" % key)
+            if _GIT_HARMLESS_KEY.match(key):
+                continue
+            if _GIT_DANGEROUS_KEY.match(key):
+                return Verdict(DENY, "git -c %s can run a program" % key)
+            self._guess("git -c %s: only settings known to run and load nothing (user.*, color.*, "
+                        "core.quotepath, …) are judged; a person must approve this one" % key)
         words = [a for a in args if not a.startswith("-")]
         for a in args:
             name = a.split("=", 1)[0]
@@ -6715,7 +6788,7 @@ class Denylist:
                 "-f", "--file", "--blob", "--type", "--default", "--comment", "--value"}) if "config" in args else []
             if setting[:1] and setting[0] in ("set", "add"):
                 setting = setting[1:]
-            if len(setting) >= 2 and not _GIT_HARMLESS_KEY.match(setting[0]):
+            if len(setting) >= 2 and _GIT_DANGEROUS_KEY.match(setting[0]) and not _GIT_HARMLESS_KEY.match(setting[0]):
                 return Verdict(DENY, "git config %s can make git run a program" % setting[0])
         if "-u" in args and any(w in ("clone", "ls-remote") for w in words):
             return Verdict(DENY, "git -u (--upload-pack) runs a program chosen on the command line")
@@ -6919,6 +6992,7 @@ class CommandPolicy(Denylist):
                                         "syntax" % exc)
         self._cwd = self.root
         self._resolved = {}
+        self._guessed = None  #: _deny_tails' guess: a person must approve this command, in every mode
         verdict = self._deny_script(script, 0, {})
         self._cwd = self.root
         if verdict is None and not command.isascii():  # full-width and other look-alikes, as NFKC sees them
@@ -6936,6 +7010,8 @@ class CommandPolicy(Denylist):
                 verdict = Verdict(CONFIRM, "nothing to run")
             for start, (end, text) in sorted(self._option_patterns.items(), reverse=True):
                 run_as = (run_as or command)[:start] + text + (run_as or command)[end:]
+        if verdict.level != DENY and self._guessed:
+            return Verdict(CONFIRM, self._guessed, script, run_as, person=True)
         return Verdict(verdict.level, verdict.reason, script, run_as)
 
     def _raw_deny(self, flat, always_only=False):
