@@ -6626,7 +6626,8 @@ class Denylist:
         if prog in ("rm", "unlink", "rmdir", "shred", "srm", "trash", "trash-put", "gio"):
             if (verdict := self._deny_rm(prog, args)) is not None:
                 return verdict
-        check = {"find": self._deny_find, "git": self._deny_git, "rsync": self._deny_rsync}.get(prog)
+        check = {"find": self._deny_find, "git": self._deny_git, "scalar": self._deny_git, "hub": self._deny_git,
+                 "rsync": self._deny_rsync}.get(prog)  # scalar and hub take git's -c (round 19g)
         if check is not None and (verdict := check(args, depth)) is not None:
             return verdict
         if prog == "dd":

@@ -387,7 +387,8 @@ DENY_GIT = [(c, DENY) for c in [
     # round 19e: keys no list of dangerous ones named, and wrappers no list of wrappers named
     "git -c trailer.x.command='touch m' commit", "git -c imap.tunnel='touch m' imap-send",
     "git -c alias.x=log x", "git config trailer.x.command 'touch m'", "GIT_CONFIG_GLOBAL=x.cfg git status",
-    "git clone -c core.fsmonitor='touch m' a b",
+    "git clone -c core.fsmonitor='touch m' a b", "scalar -c core.fsmonitor='touch m' clone u d",
+    "hub -c core.fsmonitor='touch m' status",
 ]]
 
 #: what an unknown program may run, or a git setting not known to be harmless: asked in every mode (19e, 19g)
