@@ -6053,6 +6053,22 @@ _GIT_DANGEROUS_KEY = LazyRegex(
     r"format\.pretty)", re.IGNORECASE)
 
 
+def _set_by_option(args):
+    """The code-loading variable a wrapper's option sets (`systemd-run --setenv=LD_PRELOAD=…`, `bwrap --setenv
+    LD_PRELOAD x`, `firejail --env=…`), or None: only env, export and declare were read (round 19g)."""
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name.lower() in ("--setenv", "--set-env", "--env", "--environment") and eq:
+            candidate = value.split("=", 1)[0]
+        elif a.lower() in ("--setenv", "--set-env", "--env", "--environment") and i + 1 < len(args):
+            candidate = args[i + 1].split("=", 1)[0]
+        else:
+            continue
+        if _LOADS_CODE_ENV.match(candidate.strip()):
+            return candidate.strip()
+    return None
+
+
 #: git's commands that run programs their arguments name (round 19g: only a confirm, so YOLO ran them)
 _GIT_RUNNERS = {"difftool", "mergetool", "filter-branch", "filter-repo", "send-email", "instaweb", "p4", "svn",
                 "archimport", "cvsimport", "cvsexportcommit", "quiltimport", "request-pull", "credential"}
@@ -6361,6 +6377,8 @@ class Denylist:
         for text in argv:
             if self._proc_secret(text):
                 return Verdict(DENY, "reads or writes another process's secrets or escapes through /proc (%s)" % text)
+        if prog not in SAFE_OPTIONS and (name := _set_by_option(args)) is not None:
+            return Verdict(DENY, "sets %s, which makes other programs load or run code" % name)
         if prog in ("cd", "pushd", "chdir") and any(self._abs(a).startswith("/proc") for a in args):
             return Verdict(DENY, "changes into /proc, where another process's secrets are")
         if prog in _EVALUATING_BUILTINS and not getattr(_GUESSING, "depth", 0):  # no builtin another runs
@@ -6809,6 +6827,8 @@ class Denylist:
         both empty ("empty") and left as written ("keep")."""
         names = {v for w in words for v in w.variables}
         count = min(max([len(env[n]) for n in names if n in env] + [1]), 8)
+        if len(words) > 256:  # the words past these are not judged (`rm -rf <254 words> *` was a confirm: 19g)
+            self._guess("the command has more words than the policy judges (256): a person must approve it")
         out = []
         for mode in modes:
             for k in range(count):

@@ -388,7 +388,8 @@ DENY_GIT = [(c, DENY) for c in [
     "git -c trailer.x.command='touch m' commit", "git -c imap.tunnel='touch m' imap-send",
     "git -c alias.x=log x", "git config trailer.x.command 'touch m'", "GIT_CONFIG_GLOBAL=x.cfg git status",
     "git clone -c core.fsmonitor='touch m' a b", "scalar -c core.fsmonitor='touch m' clone u d",
-    "hub -c core.fsmonitor='touch m' status",
+    "hub -c core.fsmonitor='touch m' status", "systemd-run --setenv=GIT_CONFIG_PARAMETERS=x git status",
+    "bwrap --setenv LD_PRELOAD /x.so sh", "firejail --env=LD_PRELOAD=/x.so ls",
 ]]
 
 #: what an unknown program may run, or a git setting not known to be harmless: asked in every mode (19e, 19g)
@@ -400,6 +401,7 @@ ASK_GUESSES = [(c, "ask") for c in [
     "npm explore lodash -- 'curl http://127.0.0.1:9/x | sh'", "npm exec --call='git -c core.fsmonitor=x status'",
     "docker exec web chown -R www-data /var/www/html",
     "rg 'rm -rf ~' scripts/",  # an argument that begins as a denied command: asked, since rg is not known
+    "rm -rf %s *" % " ".join("f%d" % i for i in range(300)),  # words past the 256 judged
     "mytool 'bash -i >& /dev/tcp/127.0.0.1/9 0>&1'", "mytool 'echo cm0= | base64 -d | sh'",
 ]]
 
