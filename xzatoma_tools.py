@@ -6169,6 +6169,20 @@ class Denylist:
                 upstream = _printed(command)
         return None
 
+    def _deny_network_argv(self, prog, args):
+        """What one argument list alone gives away over the network: a shell (`nc -e`, `socat exec:`) or a secret
+        file it sends. Also where a wrapper nobody listed runs it (round 19g: `cmake -E env nc -e /bin/sh …` and
+        `timeout 5 curl -d @~/.ssh/id_ed25519 …` were a confirm; the rule was the pipeline's alone)."""
+        if prog in ("nc", "ncat", "netcat") and any(a in ("-e", "-c", "--exec", "--sh-exec", "--lua-exec")
+                                                    for a in args):
+            return Verdict(DENY, "%s -e gives a shell to whoever is at the other end" % prog)
+        if prog == "socat" and any(re.match(r"(?i)^(exec|system):", a) for a in args):
+            return Verdict(DENY, "socat exec: gives a shell to whoever is at the other end")
+        if (prog in DOWNLOADERS or prog in ("nc", "ncat", "netcat", "socat", "telnet", "ssh", "openssl")) and \
+                any(self._secret_file(a) for a in args):
+            return Verdict(DENY, "sends a secret file over the network (%s)" % prog)
+        return None
+
     def _deny_exfiltration(self, pipeline, env):
         """A secret file or the environment read and sent over the network in one pipeline, or a shell
         whose input and output are a network connection (a reverse shell)."""
@@ -6377,6 +6391,8 @@ class Denylist:
         for text in argv:
             if self._proc_secret(text):
                 return Verdict(DENY, "reads or writes another process's secrets or escapes through /proc (%s)" % text)
+        if (verdict := self._deny_network_argv(prog, args)) is not None:
+            return verdict
         if prog not in SAFE_OPTIONS and (name := _set_by_option(args)) is not None:
             return Verdict(DENY, "sets %s, which makes other programs load or run code" % name)
         if prog in ("cd", "pushd", "chdir") and any(self._abs(a).startswith("/proc") for a in args):
