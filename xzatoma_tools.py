@@ -5783,7 +5783,7 @@ _COMMAND_NAMED = LazyRegex(r"^-(?:-?(?:[a-z-]*(?:exec|cmd|command|shell|call|run
 #: while a tail or an argument is judged as the command it may be (CommandPolicy._guessing), in this thread
 _GUESSING = threading.local()
 #: a word that may be a command line another program hands to a shell: a program's name, a blank, then more
-_SHELL_CODE_WORD = LazyRegex(r"^\s*[\w./-]+\s+\S")
+_SHELL_CODE_WORD = LazyRegex(r"^[\s({!;&|]*(?:\w+=\S*\s+)*[\\\"']?[\w./-]+[\"']?\s+\S")  # `(rm …)`, `X=1 rm …`
 #: a word that may name a program another one runs (a name, or a path to one)
 _PROGRAM_WORD = LazyRegex(r"^(/|\./|\.\./)?[\w.+-]+(/[\w.+-]+)*$")
 #: bash builtins that evaluate an argument as a variable name or arithmetic (array subscripts included)

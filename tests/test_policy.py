@@ -406,6 +406,7 @@ ASK_GUESSES = [(c, "ask") for c in [
     "rm -rf %s *" % " ".join("f%d" % i for i in range(300)),  # words past the 256 judged
     "mytool 'bash -i >& /dev/tcp/127.0.0.1/9 0>&1'", "mytool 'echo cm0= | base64 -d | sh'",
     "cmake -E env nc -e /bin/sh 127.0.0.1 9", "mytool socat tcp:127.0.0.1:9 exec:sh",
+    "mytool '(rm -rf ~)'", "mytool '{ rm -rf ~; }'", "mytool 'X=1 rm -rf ~'", "mytool '\"rm\" -rf ~'",
 ]]
 
 WRITERS = ["cp evil %s", "cp -t %s evil", "cp evil -t %s", "cp --target-directory=%s evil", "mv evil %s",
