@@ -7416,6 +7416,10 @@ class CommandPolicy(Denylist):
             verdict, _, _ = self._options_verdict("git " + sub, spec, rest)
         if verdict.level != ALLOW:
             return verdict
+        if any("%G" in w.text for w in rest if w.text.startswith(("--format", "--pretty", "%"))) or any(
+                "%G" in b.text for a, b in zip(rest, rest[1:]) if a.text in ("--format", "--pretty")):
+            # a signature's placeholder runs gpg, as --show-signature does (round 19g)
+            return Verdict(CONFIRM, "git %s with a signature placeholder (%%G) runs gpg" % sub)
         if reason := _git_config_runs(dirs, self.confinement.git(self.path)):
             return Verdict(CONFIRM, "the repository's git configuration may run commands (%s)" % reason)
         return Verdict(ALLOW, "git %s only reads the repository" % sub)

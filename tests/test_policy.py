@@ -453,7 +453,7 @@ CONFIRM_OPTIONS = [(c, CONFIRM) for c in [
     "grep -e x -f ../x README.md", "diff -l a.txt b.txt", "diff --paginate a.txt b.txt", "uniq a.txt b.txt",
     "uniq -c a.txt out.txt", "du --files0-from=/etc/x", "du -X /etc/x .", "realpath --relative-to=/etc README.md",
     "stat --unknown x", "which -x ls", "basename --unknown x", "git status --unknown", "git log --output=x",
-    "git log --outp=x", "git diff --ext-diff", "git diff --textconv", "git log -p --textconv", "git show --show-signature",
+    "git log --outp=x", "git diff --ext-diff", "git diff --textconv", "git log -p --textconv", "git show --show-signature", "git log --format=%G? -1", "git log --pretty=format:%GS",
     "git diff --no-index a.txt /etc/passwd", "git -c user.name=z status", "git --git-dir=/tmp/x status",
     "git --work-tree=/ status", "git -C /tmp status", "git -C .. log", "git branch newname", "git branch -d x",
     "git branch -D main", "git branch -m x y", "git branch --set-upstream-to=x", "git branch -u origin/x",
