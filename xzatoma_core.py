@@ -7494,8 +7494,10 @@ class Confirmations:
             self.never.add(name)
         return answer in ("y", "a")
 
-    def confirm_command(self, command, reason):
-        key = approval_key(command)
+    def confirm_command(self, command, reason, exact=False):
+        """The command to run (maybe edited) or None. `exact`: a command asked in every mode (Verdict.person),
+        which no program's [a]lways covers: its answer is remembered for this very command only."""
+        key = command.strip() if exact else approval_key(command)
         if key in self.never:
             return None
         if key in self.always:

@@ -103,8 +103,8 @@ class Approvals:
     """The people a tool run can ask, and how (chat's Confirmations give them; the default: nobody).
 
     confirm(tool_name, args, detail) -> bool before a call whose tool asks for it (chat in Safe mode only);
-    ask(tool_name, args, detail) -> bool for an irreversible change; confirm_command(command, reason) -> the
-    command to run (maybe edited) or None. `interactive`: a person can be asked (chat), even with no confirm
+    ask(tool_name, args, detail) -> bool for an irreversible change; confirm_command(command, reason, exact) -> the
+    command to run (maybe edited) or None (exact: an [a]lways or ne[v]er covers this very command only). `interactive`: a person can be asked (chat), even with no confirm
     (YOLO); a callback alone (a test's) does not make a run interactive."""
 
     def __init__(self, interactive=False, confirm=None, ask=None, confirm_command=None):
@@ -117,7 +117,8 @@ class Approvals:
             self.interactive,
             None if confirm is None else (lambda name, args, detail: confirm(name, args, prefix + (detail or ""))),
             None if ask is None else (lambda name, args, detail: ask(name, args, prefix + detail)),
-            None if confirm_command is None else (lambda command, reason: confirm_command(command, prefix + reason)))
+            None if confirm_command is None else (lambda command, reason, exact=False: confirm_command(
+                command, prefix + reason, exact)))
 
 
 NOBODY = Approvals()  #: a headless run's: nobody to ask
@@ -2411,7 +2412,10 @@ class Terminal(Tool):
                     not people.interactive:  # headless: nobody
                 _audit(audit, ctx, command, "refused", 0, CONFIRM)
                 raise ToolError((PERSON_REFUSAL if verdict.person else HEADLESS_REFUSAL) % (command, verdict.reason))
-            if (answer := people.confirm_command(command, verdict.reason)) is None:
+            # a command asked in every mode is covered by no program's [a]lways, only by its own (round 19h:
+            # [a]lways 'mv' let `mv -- git -c core.fsmonitor=… status` run unasked)
+            if (answer := people.confirm_command(command, verdict.reason, *((True,) if verdict.person else ()))) \
+                    is None:
                 _audit(audit, ctx, command, "declined", 0, CONFIRM)
                 raise ToolError("the user declined the command: %s" % command)
             if answer != command:  # the person's edit is their approval, but it is validated again

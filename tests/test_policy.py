@@ -759,3 +759,24 @@ def test_what_an_unknown_program_may_run_is_asked_in_every_mode_and_refused_head
     p.line("n")
     p.expect("declined, fine")
     assert not (cli.workdir / "marker").exists()
+
+
+def test_an_always_for_a_program_does_not_cover_what_it_may_run(cli, fake, chat):
+    """Round 19h: [a]lways 'mv' let `mv -- git -c core.fsmonitor=… status` (asked in every mode) run unasked."""
+    fake.add({"tool_calls": [tool_call("terminal", command="mv a b")]}, {"content": "moved"},
+             {"tool_calls": [tool_call("terminal", command="mv -- git -c core.fsmonitor=x status")]},
+             {"content": "declined, fine"})
+    (cli.workdir / "a").write_text("x")
+    cli.use(fake)
+    p = chat("--mode", "write")
+    p.expect(r"\[WRITE\]\[SAFE\] >> ")
+    p.line("move it")
+    p.expect(r"\[a\]lways 'mv' this session")
+    p.line("a")
+    p.expect("moved")
+    p.line("again")
+    p.expect(r"Run this command\? \(mv may run what is denied on its own")
+    p.expect(r"\[a\]lways this command|\[a\]lways 'mv -- git")
+    p.line("n")
+    p.expect("declined, fine")
+    assert not (cli.workdir / "status").exists()
