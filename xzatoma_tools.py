@@ -6189,7 +6189,7 @@ class Denylist:
 
     def _deny_exfiltration(self, pipeline, env):
         """A secret file or the environment read and sent over the network in one pipeline, or a shell
-        whose input and output are a network connection (a reverse shell)."""
+        whose input and output are a network connection through /dev/tcp (a reverse shell)."""
         secret_seen = False
         for command in pipeline.commands:
             if not isinstance(command, Simple) or not command.words:
@@ -6201,13 +6201,8 @@ class Denylist:
                 secrets = [a for a in argv[1:] if self._secret_file(a)] + [
                     s for w in command.words for s in w.subs if self._reads_secret(s, env)]  # -d "$(cat ~/.ssh/x)"
                 if prog in DOWNLOADERS or prog in ("nc", "ncat", "netcat", "socat", "telnet", "ssh", "openssl"):
-                    if secret_seen or secrets:
+                    if secret_seen or secrets:  # (a shell handed over alone: _deny_network_argv, per command)
                         return Verdict(DENY, "sends a secret file or the environment over the network (%s)" % prog)
-                    if prog in ("nc", "ncat", "netcat") and any(a in ("-e", "-c", "--exec", "--sh-exec", "--lua-exec")
-                                                                for a in argv[1:]):
-                        return Verdict(DENY, "%s -e gives a shell to whoever is at the other end" % prog)
-                    if prog == "socat" and any(re.match(r"(?i)^(exec|system):", a) for a in argv[1:]):
-                        return Verdict(DENY, "socat exec: gives a shell to whoever is at the other end")
                 if secrets or prog in ("env", "printenv", "set", "export", "declare") and len(argv) == 1:
                     secret_seen = True
                 targets = [r[1].text for r in command.redirects if r[1] is not None]
